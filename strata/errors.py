@@ -1,0 +1,32 @@
+"""strata's error types. Each names what is wrong (file, tensor, layer/expert, limit) in one line,
+so the CLI can print `error: <message>` instead of a traceback."""
+
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Base of every error strata raises on purpose."""
+
+
+class FormatError(StrataError):
+    """A model or experts file is malformed: bad magic, truncated, wrong shape, bad checksum."""
+
+
+class MissingTensorError(FormatError):
+    """A tensor the model needs is not in the file."""
+
+
+class ConfigError(StrataError, ValueError):
+    """A configuration value or key is invalid."""
+
+
+class ContextLimitError(StrataError, ValueError):
+    """A prompt (plus requested tokens) does not fit the model's context."""
+
+
+class ExpertReadError(StrataError, OSError):
+    """Reading an expert record failed (I/O error, short read, checksum mismatch)."""
+
+
+class ArenaTooSmallError(StrataError):
+    """The arena cannot hold one window's selections plus the read-ahead depth."""

@@ -1,0 +1,101 @@
+"""The one definition of every weight format strata stores: block size, bytes, layout, size formula.
+
+Kernels, readers, writers and the reference all take these constants from here; nothing
+retypes a block size. (The pattern is ggml's `block_q4_0` with its `static_assert`.)
+
+Layouts (all little-endian; a "row" is one output channel, quantized along its inputs):
+
+- F32, F16: plain arrays, block 1.
+- Q8_0 (ggml's): blocks of 32 weights, 34 bytes: `d: float16`, then 32 x int8 `qs`.
+  Value = d * qs[j].
+- Q4_0 (ggml's): blocks of 32 weights, 18 bytes: `d: float16`, then 16 bytes `qs`; weight j < 16
+  is the low nibble of byte j, weight j >= 16 the high nibble of byte j - 16. Value = d * (q - 8).
+- Q2_0 (strata's own; not a ggml type): blocks of 32 weights, 10 bytes: `d: float16`, then
+  8 bytes `qs`; code j (0..31) is in byte j // 4 at bits 2 * (j % 4), LSB first.
+  Value = d * (q - 2), so levels are {-2d, -d, 0, d}. The code order is MLX's 2-bit affine order
+  (scale = d, bias = -2d, group 32).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class QuantType(enum.IntEnum):
+    """Weight formats. Values shared with ggml keep ggml's type ids; Q2_0 takes an id ggml
+    does not use, so a strata file can never be mistaken for a ggml tensor of another type."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q8_0 = 8
+    Q2_0 = 200
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """How one block of `block_size` weights is stored in `block_bytes` bytes."""
+
+    block_size: int
+    block_bytes: int
+    scale_bytes: int  # leading float16 scale (0 for float types)
+    bits: int  # bits per weight code (the float width for float types)
+
+    @property
+    def code_bytes(self) -> int:
+        return self.block_bytes - self.scale_bytes
+
+
+LAYOUTS: dict[QuantType, BlockLayout] = {
+    QuantType.F32: BlockLayout(block_size=1, block_bytes=4, scale_bytes=0, bits=32),
+    QuantType.F16: BlockLayout(block_size=1, block_bytes=2, scale_bytes=0, bits=16),
+    QuantType.Q8_0: BlockLayout(block_size=32, block_bytes=34, scale_bytes=2, bits=8),
+    QuantType.Q4_0: BlockLayout(block_size=32, block_bytes=18, scale_bytes=2, bits=4),
+    QuantType.Q2_0: BlockLayout(block_size=32, block_bytes=10, scale_bytes=2, bits=2),
+}
+
+# The layout constants must agree with the bit widths (ggml's static_assert, done once at import).
+for _qt, _layout in LAYOUTS.items():
+    if _layout.scale_bytes:
+        assert _layout.code_bytes * 8 == _layout.block_size * _layout.bits, _qt
+    else:
+        assert _layout.block_bytes * 8 == _layout.bits, _qt
+del _qt, _layout
+
+Q2_0_LEVEL_OFFSET = 2  # value = d * (q - 2)
+Q4_0_LEVEL_OFFSET = 8  # value = d * (q - 8)
+
+
+def layout(qtype: QuantType | int) -> BlockLayout:
+    return LAYOUTS[QuantType(qtype)]
+
+
+def row_bytes(qtype: QuantType | int, n_cols: int) -> int:
+    """Bytes of one row of `n_cols` weights. Raises ValueError if n_cols is not a whole number
+    of blocks."""
+    lay = layout(qtype)
+    if n_cols % lay.block_size:
+        raise ValueError(
+            f"{QuantType(qtype).name} rows must be a multiple of {lay.block_size} weights, got {n_cols}"
+        )
+    return n_cols // lay.block_size * lay.block_bytes
+
+
+def matrix_bytes(qtype: QuantType | int, n_rows: int, n_cols: int) -> int:
+    """Bytes of an [n_rows, n_cols] matrix stored row by row."""
+    return n_rows * row_bytes(qtype, n_cols)
+
+
+def parse_quant_type(name: str) -> QuantType:
+    """'q2_0' / 'Q2_0' / 'f16' -> QuantType, with an error listing the supported names."""
+    try:
+        return QuantType[name.upper()]
+    except KeyError:
+        names = ", ".join(q.name.lower() for q in QuantType)
+        raise ValueError(f"unknown quant type {name!r}; supported: {names}") from None
+
+
+FLOAT_DTYPES = {QuantType.F32: np.dtype("<f4"), QuantType.F16: np.dtype("<f2")}

@@ -1,0 +1,154 @@
+"""The architecture of a model: one frozen dataclass, stored in the GGUF file's metadata.
+
+Every architecture strata runs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, and the made test models)
+is a decoder of the same shape; the differences are these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+from strata.errors import ConfigError
+
+
+class RoutingOrder(enum.Enum):
+    """How router logits become k experts and their weights."""
+
+    SOFTMAX_TOPK = "softmax_topk"  # Qwen/OLMoE: softmax over all, top-k, optional renormalization
+    TOPK_SOFTMAX = "topk_softmax"  # Mixtral: top-k logits, softmax over those k
+
+
+class QKNorm(enum.Enum):
+    """RMSNorm on queries and keys before RoPE."""
+
+    NONE = "none"
+    PER_HEAD = "per_head"  # Qwen3: one [head_dim] weight shared by all heads
+    FULL = "full"  # OLMoE: over the whole [n_heads * head_dim] projection
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_experts: int
+    n_experts_per_token: int
+    expert_ffn_size: int
+    shared_ffn_size: int = 0  # 0: no shared expert
+    shared_expert_gated: bool = False  # Qwen2-MoE: shared output * sigmoid(w . x)
+    routing_order: RoutingOrder = RoutingOrder.SOFTMAX_TOPK
+    norm_topk_prob: bool = True
+    qk_norm: QKNorm = QKNorm.NONE
+    attention_bias: bool = False  # Qwen2-MoE: q/k/v projections carry a bias
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_context: int = 4096
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                    "n_experts", "n_experts_per_token", "expert_ffn_size", "max_context")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model config: n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.n_experts_per_token > self.n_experts:
+            raise ConfigError(f"model config: top-{self.n_experts_per_token} of only {self.n_experts} experts")
+        if self.head_dim % 2:
+            raise ConfigError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_ffn_size > 0
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["routing_order"] = self.routing_order.value
+        out["qk_norm"] = self.qk_norm.value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"model config: unknown keys {sorted(unknown)}")
+        d = dict(d)
+        if "routing_order" in d:
+            d["routing_order"] = RoutingOrder(d["routing_order"])
+        if "qk_norm" in d:
+            d["qk_norm"] = QKNorm(d["qk_norm"])
+        return cls(**d)
+
+
+class TensorNames:
+    """Dense tensor names (llama.cpp's GGUF spelling); numpy shapes are [out, in]."""
+
+    token_embd = "token_embd.weight"  # [vocab, hidden]
+    output_norm = "output_norm.weight"  # [hidden]
+    output = "output.weight"  # [vocab, hidden]; absent when embeddings are tied
+
+    @staticmethod
+    def block(layer: int, name: str) -> str:
+        return f"blk.{layer}.{name}"
+
+    # per-layer suffixes, used with block()
+    attn_norm = "attn_norm.weight"  # [hidden]
+    attn_q = "attn_q.weight"  # [n_heads * head_dim, hidden]
+    attn_k = "attn_k.weight"  # [n_kv_heads * head_dim, hidden]
+    attn_v = "attn_v.weight"  # [n_kv_heads * head_dim, hidden]
+    attn_q_bias = "attn_q.bias"
+    attn_k_bias = "attn_k.bias"
+    attn_v_bias = "attn_v.bias"
+    attn_output = "attn_output.weight"  # [hidden, n_heads * head_dim]
+    attn_q_norm = "attn_q_norm.weight"  # [head_dim] (PER_HEAD) or [n_heads * head_dim] (FULL)
+    attn_k_norm = "attn_k_norm.weight"  # [head_dim] or [n_kv_heads * head_dim]
+    ffn_norm = "ffn_norm.weight"  # [hidden]
+    router = "ffn_gate_inp.weight"  # [n_experts, hidden], F32
+    shexp_gate = "ffn_gate_shexp.weight"  # [shared_ffn, hidden]
+    shexp_up = "ffn_up_shexp.weight"  # [shared_ffn, hidden]
+    shexp_down = "ffn_down_shexp.weight"  # [hidden, shared_ffn]
+    shexp_gate_inp = "ffn_gate_inp_shexp.weight"  # [hidden]: the shared expert's sigmoid gate
+
+
+def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
+    n = TensorNames
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),
+                                          n.output_norm: (cfg.hidden_size,)}
+    if not cfg.tie_embeddings:
+        shapes[n.output] = (cfg.vocab_size, cfg.hidden_size)
+    for l in range(cfg.n_layers):
+        b = lambda s: n.block(l, s)  # noqa: E731
+        shapes[b(n.attn_norm)] = (cfg.hidden_size,)
+        shapes[b(n.attn_q)] = (q_dim, cfg.hidden_size)
+        shapes[b(n.attn_k)] = (kv_dim, cfg.hidden_size)
+        shapes[b(n.attn_v)] = (kv_dim, cfg.hidden_size)
+        shapes[b(n.attn_output)] = (cfg.hidden_size, q_dim)
+        if cfg.attention_bias:
+            shapes[b(n.attn_q_bias)] = (q_dim,)
+            shapes[b(n.attn_k_bias)] = (kv_dim,)
+            shapes[b(n.attn_v_bias)] = (kv_dim,)
+        if cfg.qk_norm is QKNorm.PER_HEAD:
+            shapes[b(n.attn_q_norm)] = (cfg.head_dim,)
+            shapes[b(n.attn_k_norm)] = (cfg.head_dim,)
+        elif cfg.qk_norm is QKNorm.FULL:
+            shapes[b(n.attn_q_norm)] = (q_dim,)
+            shapes[b(n.attn_k_norm)] = (kv_dim,)
+        shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
+        shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
+        if cfg.has_shared_expert:
+            shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
+            shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)
+            shapes[b(n.shexp_down)] = (cfg.hidden_size, cfg.shared_ffn_size)
+            if cfg.shared_expert_gated:
+                shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
+    return shapes
