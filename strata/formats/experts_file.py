@@ -1,0 +1,336 @@
+"""The `.experts` file: every routed expert of a model, one 4096-aligned record per (layer, expert).
+
+Layout (little-endian; docs/formats.md is normative):
+
+    [0, 176)                fixed header (HEADER_FIELDS)
+    [176, 176 + 4*N)        checksum table: CRC-32 of each record's unpadded bytes, N = L * E,
+                            in record order (layer-major)
+    [176 + 4*N, +4)         header CRC-32 over bytes [0, 176 + 4*N)
+    zeros up to data_offset (the next multiple of 4096)
+    record (l, e) at data_offset + (l * E + e) * padded_bytes, `padded_bytes` long
+
+The record layout (strata.formats.expert_record) is recomputed by the reader and checked
+against the plane offsets stored in the header, so a writer and reader that disagree about
+the layout fail at open, not with garbage weights.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from strata.errors import FormatError
+from strata.formats.expert_record import (
+    PLANE_ALIGN,
+    PLANE_NAMES,
+    RECORD_ALIGN,
+    ExpertWeights,
+    RecordLayout,
+    align_up,
+    pack_record,
+    unpack_record,
+)
+from strata.formats.quant_types import QuantType
+
+MAGIC = b"STRXPRT1"
+VERSION = 1
+
+# (name, struct code), in file order. The offsets are pinned by tests/test_experts_file.py.
+HEADER_FIELDS: tuple[tuple[str, str], ...] = (
+    ("magic", "8s"),  # 0
+    ("version", "I"),  # 8
+    ("qtype", "I"),  # 12: QuantType value
+    ("n_layers", "I"),  # 16
+    ("n_experts", "I"),  # 20
+    ("hidden", "I"),  # 24: D
+    ("expert_ffn", "I"),  # 28: F
+    ("plane_align", "I"),  # 32: 16
+    ("record_align", "I"),  # 36: 4096
+    ("record_bytes", "Q"),  # 40: unpadded record size (the checksummed bytes)
+    ("padded_bytes", "Q"),  # 48: record stride
+    *((f"plane_offset.{n}", "Q") for n in PLANE_NAMES),  # 56..104: within a record
+    *((f"plane_bytes.{n}", "Q") for n in PLANE_NAMES),  # 104..152
+    ("table_offset", "Q"),  # 152: the checksum table (= HEADER_SIZE)
+    ("data_offset", "Q"),  # 160: first record, a multiple of 4096
+    ("file_bytes", "Q"),  # 168: total file size
+)
+HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
+HEADER_SIZE = HEADER_STRUCT.size  # 176
+CHECKSUM = struct.Struct("<I")
+
+assert HEADER_SIZE == 176 and HEADER_SIZE % 8 == 0
+
+
+def checksum(data: bytes | memoryview | np.ndarray) -> int:
+    """CRC-32 (zlib's, the IEEE polynomial) of a record's unpadded bytes."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class ExpertsHeader:
+    """The header fields of an `.experts` file (the plane offsets/sizes live in `layout`)."""
+
+    version: int
+    qtype: QuantType
+    n_layers: int
+    n_experts: int
+    hidden: int
+    expert_ffn: int
+    record_bytes: int
+    padded_bytes: int
+    table_offset: int
+    data_offset: int
+    file_bytes: int
+
+    @property
+    def n_records(self) -> int:
+        return self.n_layers * self.n_experts
+
+
+def file_geometry(n_layers: int, n_experts: int, padded_bytes: int) -> tuple[int, int]:
+    """(data_offset, file_bytes) of an `.experts` file: header + table + header CRC, padded to
+    RECORD_ALIGN, then n_layers * n_experts records of padded_bytes."""
+    n = n_layers * n_experts
+    data_offset = align_up(HEADER_SIZE + CHECKSUM.size * n + CHECKSUM.size, RECORD_ALIGN)
+    return data_offset, data_offset + n * padded_bytes
+
+
+def _pack_header(rec: RecordLayout, n_layers: int, n_experts: int) -> bytes:
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes)
+    values = [MAGIC, VERSION, int(rec.qtype), n_layers, n_experts, rec.hidden, rec.expert_ffn,
+              PLANE_ALIGN, RECORD_ALIGN, rec.record_bytes, rec.padded_bytes,
+              *(p.offset for p in rec.planes), *(p.nbytes for p in rec.planes),
+              HEADER_SIZE, data_offset, file_bytes]
+    return HEADER_STRUCT.pack(*values)
+
+
+# ---------------------------------------------------------------- writer
+
+
+def write_experts(
+    path: str | os.PathLike,
+    *,
+    qtype: QuantType,
+    n_layers: int,
+    n_experts: int,
+    hidden: int,
+    expert_ffn: int,
+    get_expert: Callable[[int, int], ExpertWeights],
+    progress: bool = False,
+) -> ExpertsHeader:
+    """Write an `.experts` file, one record at a time (never more than one expert in memory).
+
+    The file is written to `path + ".tmp"` and renamed over `path` only when complete, so an
+    interrupted write (an exception from `get_expert`, Ctrl-C) leaves nothing under `path`.
+    """
+    path = os.fspath(path)
+    if n_layers <= 0 or n_experts <= 0:
+        raise ValueError(f"{path}: n_layers={n_layers} and n_experts={n_experts} must be positive")
+    rec = RecordLayout(QuantType(qtype), hidden, expert_ffn)
+    header = _pack_header(rec, n_layers, n_experts)
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes)
+    crcs = np.zeros(n_layers * n_experts, "<u4")
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(bytes(data_offset))  # header placeholder; filled in once the checksums are known
+            for l in range(n_layers):
+                for e in range(n_experts):
+                    w = get_expert(l, e)
+                    try:
+                        buf = pack_record(w, rec)
+                    except ValueError as err:
+                        raise ValueError(f"{path}: layer {l} expert {e}: {err}") from None
+                    crcs[l * n_experts + e] = checksum(memoryview(buf)[: rec.record_bytes])
+                    f.write(buf)
+                if progress:
+                    print(f"{os.path.basename(path)}: layer {l + 1}/{n_layers}", file=sys.stderr, flush=True)
+            head = header + crcs.tobytes()
+            f.seek(0)
+            f.write(head + CHECKSUM.pack(checksum(head)))
+            f.flush()
+            os.fsync(f.fileno())
+            written = f.seek(0, os.SEEK_END)
+            if written != file_bytes:  # pragma: no cover - a bug in this writer, not in its input
+                raise RuntimeError(f"{tmp}: wrote {written} bytes, the header says {file_bytes}")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return _parse_header(path, header, file_bytes)
+
+
+# ---------------------------------------------------------------- reader
+
+
+def _unpack_fields(raw: bytes) -> dict[str, object]:
+    return dict(zip((name for name, _ in HEADER_FIELDS), HEADER_STRUCT.unpack(raw)))
+
+
+def _parse_header(name: str, raw: bytes, actual_bytes: int) -> ExpertsHeader:
+    """Check the fixed header against the layout this reader computes. raw: HEADER_SIZE bytes."""
+    v = _unpack_fields(raw)
+    try:
+        qtype = QuantType(v["qtype"])
+    except ValueError:
+        raise FormatError(f"{name}: unknown quant type id {v['qtype']}") from None
+    try:
+        rec = RecordLayout(qtype, v["hidden"], v["expert_ffn"])
+    except ValueError as e:
+        raise FormatError(f"{name}: bad header: {e}") from None
+    if v["n_layers"] <= 0 or v["n_experts"] <= 0:
+        raise FormatError(f"{name}: bad header: n_layers={v['n_layers']}, n_experts={v['n_experts']}")
+    want = _unpack_fields(_pack_header(rec, v["n_layers"], v["n_experts"]))
+    for key, expected in want.items():
+        if v[key] != expected:
+            raise FormatError(f"{name}: header field {key} is {v[key]}, expected {expected} for "
+                              f"{qtype.name} D={rec.hidden} F={rec.expert_ffn}")
+    if actual_bytes != v["file_bytes"]:
+        what = "truncated" if actual_bytes < v["file_bytes"] else "trailing bytes"
+        raise FormatError(f"{name}: {what}: {actual_bytes} bytes, header says {v['file_bytes']}")
+    return ExpertsHeader(version=v["version"], qtype=qtype, n_layers=v["n_layers"], n_experts=v["n_experts"],
+                         hidden=v["hidden"], expert_ffn=v["expert_ffn"], record_bytes=v["record_bytes"],
+                         padded_bytes=v["padded_bytes"], table_offset=v["table_offset"],
+                         data_offset=v["data_offset"], file_bytes=v["file_bytes"])
+
+
+class ExpertsFile:
+    """An open `.experts` file. Reads use pread on one descriptor, so they are thread-safe;
+    the runtime may also pread `fileno()` itself at `record_offset(l, e)`."""
+
+    def __init__(self, path: str, fd: int, header: ExpertsHeader, checksums: np.ndarray) -> None:
+        self.path = path
+        self.header = header
+        self.layout = RecordLayout(header.qtype, header.hidden, header.expert_ffn)
+        self._fd = fd
+        self._checksums = checksums  # [n_layers, n_experts] uint32
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "ExpertsFile":
+        """Open and validate (magic, version, header checksum, layout, file length)."""
+        path = os.fspath(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise FormatError(f"{path}: cannot open: {e.strerror}") from None
+        try:
+            header, sums = cls._validate(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, header, sums)
+
+    @staticmethod
+    def _validate(path: str, fd: int) -> tuple[ExpertsHeader, np.ndarray]:
+        size = os.fstat(fd).st_size
+        raw = os.pread(fd, HEADER_SIZE, 0)
+        if raw[: len(MAGIC)] != MAGIC:
+            raise FormatError(f"{path}: not a strata .experts file (magic {raw[:len(MAGIC)]!r}, expected {MAGIC!r})")
+        if len(raw) < HEADER_SIZE:
+            raise FormatError(f"{path}: truncated: {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+        version = HEADER_STRUCT.unpack(raw)[1]
+        if version != VERSION:
+            raise FormatError(f"{path}: unsupported .experts version {version} (this reader knows {VERSION})")
+        v = _unpack_fields(raw)
+        n = v["n_layers"] * v["n_experts"]
+        table_end = HEADER_SIZE + CHECKSUM.size * n
+        if table_end + CHECKSUM.size > size:
+            raise FormatError(f"{path}: truncated or corrupt header: {size} bytes, the checksum table of "
+                              f"{v['n_layers']}x{v['n_experts']} records ends at {table_end + CHECKSUM.size}")
+        table = os.pread(fd, table_end + CHECKSUM.size - HEADER_SIZE, HEADER_SIZE)
+        (stored,) = CHECKSUM.unpack(table[-CHECKSUM.size:])
+        if checksum(raw + table[: -CHECKSUM.size]) != stored:
+            raise FormatError(f"{path}: header checksum mismatch (header or checksum table corrupt)")
+        header = _parse_header(path, raw, size)
+        sums = np.frombuffer(table[: -CHECKSUM.size], "<u4").reshape(header.n_layers, header.n_experts)
+        return header, sums
+
+    # -------------------------------------------------------- records
+
+    def _check_index(self, layer: int, expert: int) -> None:
+        h = self.header
+        if not (0 <= layer < h.n_layers and 0 <= expert < h.n_experts):
+            raise ValueError(f"{self.path}: no record for layer {layer} expert {expert} "
+                             f"(file has {h.n_layers} layers x {h.n_experts} experts)")
+
+    def record_offset(self, layer: int, expert: int) -> int:
+        """Byte offset of record (layer, expert): a multiple of 4096."""
+        self._check_index(layer, expert)
+        return self.header.data_offset + (layer * self.header.n_experts + expert) * self.header.padded_bytes
+
+    def checksum(self, layer: int, expert: int) -> int:
+        """The stored CRC-32 of record (layer, expert)."""
+        self._check_index(layer, expert)
+        return int(self._checksums[layer, expert])
+
+    def read_record(self, layer: int, expert: int, *, verify: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+        """The `padded_bytes` bytes of a record, read with one pread (into `out` if given, e.g. an
+        arena slot: a writable uint8 array of at least padded_bytes).
+
+        Shapes:
+            -> uint8 [padded_bytes]
+        """
+        offset = self.record_offset(layer, expert)
+        n = self.header.padded_bytes
+        if out is None:
+            out = np.empty(n, np.uint8)
+        elif out.dtype != np.uint8 or out.ndim != 1 or out.size < n or not out.flags.c_contiguous:
+            raise ValueError(f"read_record: out must be a contiguous 1-D uint8 array of >= {n} bytes")
+        else:
+            out = out[:n]
+        got = os.preadv(self.fileno(), [memoryview(out)], offset)
+        if got != n:
+            raise FormatError(f"{self.path}: short read of layer {layer} expert {expert} at offset {offset}: "
+                              f"{got} of {n} bytes")
+        if verify:
+            actual, stored = checksum(out[: self.header.record_bytes]), self.checksum(layer, expert)
+            if actual != stored:
+                raise FormatError(f"{self.path}: checksum mismatch in layer {layer} expert {expert} "
+                                  f"(record at offset {offset}): crc32 {actual:#010x}, header says {stored:#010x}")
+        return out
+
+    def expert(self, layer: int, expert: int, *, verify: bool = True) -> ExpertWeights:
+        """The weights of (layer, expert), as views of a freshly read record."""
+        return unpack_record(self.read_record(layer, expert, verify=verify), self.layout)
+
+    def verify_all(self) -> None:
+        """Read every record and check its checksum (FormatError at the first mismatch)."""
+        buf = np.empty(self.header.padded_bytes, np.uint8)
+        for l in range(self.header.n_layers):
+            for e in range(self.header.n_experts):
+                self.read_record(l, e, out=buf)
+
+    # -------------------------------------------------------- lifetime
+
+    def fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError(f"{self.path}: file is closed")
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> "ExpertsFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        h = self.header
+        return (f"ExpertsFile({self.path!r}, {h.qtype.name}, {h.n_layers} layers x {h.n_experts} experts, "
+                f"D={h.hidden}, F={h.expert_ffn}, {h.padded_bytes} bytes/record)")

@@ -1,0 +1,281 @@
+"""The dense model file: a GGUF (via the `gguf` package) holding the ModelConfig, the tokenizer,
+the chat template and every dense tensor (attention, norms, routers, shared expert, embeddings,
+head). Routed experts live in the separate `.experts` file (strata.formats.experts_file).
+
+Metadata keys (docs/formats.md): `general.architecture = "strata"`, `strata.format_version`,
+one `strata.<field>` per ModelConfig field, `tokenizer.huggingface.json`,
+`tokenizer.chat_template`. Tensor names and numpy shapes are `dense_tensor_shapes(cfg)`
+(llama.cpp's spelling); GGUF lists dims innermost first, the reverse of numpy, and the
+`gguf` package's writer reverses on the way out; the reader here reverses on the way in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from strata.errors import ConfigError, FormatError, MissingTensorError
+from strata.formats.quant_types import QuantType
+from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
+
+ARCHITECTURE = "strata"
+FORMAT_VERSION = 1
+KEY_ARCHITECTURE = "general.architecture"
+KEY_FORMAT_VERSION = "strata.format_version"
+KEY_TOKENIZER_JSON = "tokenizer.huggingface.json"
+KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
+CONFIG_PREFIX = "strata."
+
+DENSE_TYPES = (QuantType.F32, QuantType.F16, QuantType.Q8_0)  # what write_model can store 2-D matrices as
+
+
+def _gguf():
+    import gguf  # imported late: `import strata` stays cheap for tools that never touch GGUF
+
+    return gguf
+
+
+# ModelConfig field type (its annotation string) -> GGUF value type name. A new field type must
+# be added here; the assert below fails at import otherwise.
+_FIELD_VALUE_TYPES = {"int": "UINT32", "bool": "BOOL", "float": "FLOAT64", "str": "STRING",
+                      "RoutingOrder": "STRING", "QKNorm": "STRING"}
+assert all(str(f.type) in _FIELD_VALUE_TYPES for f in dataclasses.fields(ModelConfig)), "new ModelConfig field type"
+
+
+def config_key(field_name: str) -> str:
+    return CONFIG_PREFIX + field_name
+
+
+_RESERVED_KEYS = frozenset(
+    [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, "general.alignment"]
+    + [config_key(f.name) for f in dataclasses.fields(ModelConfig)]
+)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelFile:
+    """A dense model read from GGUF.
+
+    Shapes:
+        dense[name]: float32, the shape dense_tensor_shapes(cfg)[name] ([out, in] for matrices)
+    """
+
+    path: str
+    cfg: ModelConfig
+    dense: dict[str, np.ndarray]
+    tokenizer_json: str
+    chat_template: str | None
+    dense_types: dict[str, Any]  # QuantType where one exists, else the gguf GGMLQuantizationType
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)  # extra_metadata given to write_model
+
+
+# ---------------------------------------------------------------- writer
+
+
+def _tensor_type(name: str, shape: tuple[int, ...], dense_type: QuantType) -> QuantType:
+    """Routers and 1-D tensors are always F32. Matrices take dense_type, except that a row
+    length that is not a whole number of Q8_0 blocks stays F32 (documented in docs/formats.md)."""
+    if len(shape) == 1 or name.endswith("." + TensorNames.router):
+        return QuantType.F32
+    if dense_type is QuantType.Q8_0 and shape[-1] % 32:
+        return QuantType.F32
+    return dense_type
+
+
+def _check_dense(cfg: ModelConfig, dense: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    shapes = dense_tensor_shapes(cfg)
+    missing = [n for n in shapes if n not in dense]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"write_model: missing dense tensor {missing[0]}{more}")
+    extra = [n for n in dense if n not in shapes]
+    if extra:
+        raise ConfigError(f"write_model: unexpected tensor {extra[0]} (not a dense tensor of this config)")
+    for name, want in shapes.items():
+        got = tuple(np.shape(dense[name]))
+        if got != want:
+            raise ConfigError(f"write_model: tensor {name}: expected shape {want}, got {got}")
+    return shapes
+
+
+def _add_value(writer, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_int64(key, value)
+    elif isinstance(value, float):
+        writer.add_float64(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, (list, tuple)) and value:
+        writer.add_array(key, list(value))
+    else:
+        raise ConfigError(f"write_model: metadata {key!r}: unsupported value {value!r} (use str, int, float, bool or a list)")
+
+
+def write_model(
+    path: str | os.PathLike,
+    cfg: ModelConfig,
+    dense: dict[str, np.ndarray],
+    *,
+    tokenizer_json: str,
+    chat_template: str | None = None,
+    dense_type: QuantType = QuantType.F32,
+    extra_metadata: dict[str, Any] | None = None,
+) -> None:
+    """Write the dense model as GGUF: to `path + ".tmp"`, renamed over `path` when complete.
+
+    Shapes:
+        dense[name]: dense_tensor_shapes(cfg)[name], any float dtype (stored as described above)
+    """
+    gguf = _gguf()
+    path = os.fspath(path)
+    dense_type = QuantType(dense_type)
+    if dense_type not in DENSE_TYPES:
+        raise ConfigError(f"write_model: dense_type {dense_type.name} not supported; use one of "
+                          f"{', '.join(q.name for q in DENSE_TYPES)}")
+    shapes = _check_dense(cfg, dense)
+    for key in extra_metadata or {}:
+        if key in _RESERVED_KEYS or key.startswith(CONFIG_PREFIX) or key.startswith("GGUF."):
+            raise ConfigError(f"write_model: extra metadata key {key!r} is reserved")
+    tmp = path + ".tmp"
+    try:
+        w = gguf.GGUFWriter(tmp, ARCHITECTURE)
+        w.add_uint32(KEY_FORMAT_VERSION, FORMAT_VERSION)
+        types = {f.name: _FIELD_VALUE_TYPES[str(f.type)] for f in dataclasses.fields(ModelConfig)}
+        for name, value in cfg.to_dict().items():
+            w.add_key_value(config_key(name), value, gguf.GGUFValueType[types[name]])
+        w.add_string(KEY_TOKENIZER_JSON, tokenizer_json)
+        if chat_template is not None:
+            w.add_string(KEY_CHAT_TEMPLATE, chat_template)
+        for key, value in (extra_metadata or {}).items():
+            _add_value(w, key, value)
+        for name, shape in shapes.items():
+            x = np.ascontiguousarray(dense[name], dtype=np.float32)
+            qt = _tensor_type(name, shape, dense_type)
+            if qt is QuantType.F32:
+                w.add_tensor(name, x)
+            elif qt is QuantType.F16:
+                w.add_tensor(name, x.astype(np.float16))
+            else:
+                ggml_type = gguf.GGMLQuantizationType(int(qt))
+                w.add_tensor(name, gguf.quants.quantize(x, ggml_type), raw_dtype=ggml_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# ---------------------------------------------------------------- reader
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _open(path: str):
+    """GGUFReader on `path`; every failure becomes a one-line FormatError naming the file."""
+    gguf = _gguf()
+    try:
+        return gguf.GGUFReader(path)
+    except OSError as e:
+        raise FormatError(f"{path}: cannot open: {e.strerror or _one_line(e)}") from e
+    except Exception as e:  # the gguf package raises ValueError, IndexError, struct/numpy errors
+        try:
+            with open(path, "rb") as f:
+                magic, size = f.read(4), os.fstat(f.fileno()).st_size
+        except OSError:
+            magic, size = b"", 0
+        if magic != b"GGUF":
+            raise FormatError(f"{path}: not a GGUF file (magic {magic!r})") from e
+        raise FormatError(f"{path}: truncated or corrupt GGUF ({size} bytes; gguf reader: {_one_line(e)})") from e
+
+
+def _field(reader, path: str, key: str, required: bool = True) -> Any:
+    f = reader.get_field(key)
+    if f is None:
+        if required:
+            raise FormatError(f"{path}: missing metadata key {key}")
+        return None
+    try:
+        return f.contents()
+    except Exception as e:
+        raise FormatError(f"{path}: metadata key {key} unreadable: {_one_line(e)}") from e
+
+
+def _config(reader, path: str) -> ModelConfig:
+    gguf = _gguf()
+    arch = _field(reader, path, KEY_ARCHITECTURE)
+    if arch != ARCHITECTURE:
+        raise FormatError(f"{path}: not a strata model file ({KEY_ARCHITECTURE} is {arch!r}, expected {ARCHITECTURE!r})")
+    version = _field(reader, path, KEY_FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{path}: unsupported strata model format version {version} (this reader knows {FORMAT_VERSION})")
+    values = {}
+    for f in dataclasses.fields(ModelConfig):
+        key = config_key(f.name)
+        want = gguf.GGUFValueType[_FIELD_VALUE_TYPES[str(f.type)]]
+        field = reader.get_field(key)
+        if field is None:
+            raise FormatError(f"{path}: missing metadata key {key}")
+        if field.types != [want]:
+            found = "/".join(t.name for t in field.types)
+            raise FormatError(f"{path}: metadata key {key} has type {found}, expected {want.name}")
+        values[f.name] = _field(reader, path, key)
+    try:
+        return ModelConfig.from_dict(values)
+    except (ConfigError, ValueError) as e:
+        raise FormatError(f"{path}: invalid strata metadata: {_one_line(e)}") from e
+
+
+def read_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a model file, from its metadata only (no tensor data is read)."""
+    path = os.fspath(path)
+    return _config(_open(path), path)
+
+
+def _quant_type(ggml_type) -> Any:
+    try:
+        return QuantType(int(ggml_type))
+    except ValueError:
+        return ggml_type
+
+
+def read_model(path: str | os.PathLike) -> ModelFile:
+    """Read a model file written by write_model; every dense tensor dequantized to float32."""
+    gguf = _gguf()
+    path = os.fspath(path)
+    reader = _open(path)
+    cfg = _config(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    dense: dict[str, np.ndarray] = {}
+    types: dict[str, Any] = {}
+    for name, want in dense_tensor_shapes(cfg).items():
+        t = tensors.get(name)
+        if t is None:
+            raise MissingTensorError(f"{path}: missing tensor {name}")
+        found = tuple(reversed([int(d) for d in t.shape]))  # GGUF dims are innermost first
+        if found != want:
+            raise FormatError(f"{path}: tensor {name}: expected shape {want}, found {found}")
+        try:
+            x = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise FormatError(f"{path}: tensor {name}: cannot dequantize {t.tensor_type.name}: {_one_line(e)}") from e
+        dense[name] = np.array(x, dtype=np.float32).reshape(want)  # a copy: no view into the mmap
+        types[name] = _quant_type(t.tensor_type)
+    metadata = {k: _field(reader, path, k) for k in reader.fields
+                if not k.startswith("GGUF.") and k not in _RESERVED_KEYS}
+    return ModelFile(path=path, cfg=cfg, dense=dense, tokenizer_json=_field(reader, path, KEY_TOKENIZER_JSON),
+                     chat_template=_field(reader, path, KEY_CHAT_TEMPLATE, required=False),
+                     dense_types=types, metadata=metadata)
