@@ -1,0 +1,303 @@
+"""Reference routing (pure numpy): the model's own top-k rule, and MoCE on top of it (SPEC §3).
+
+The model's rule (`RouterRule`) turns router logits z into k experts and their combine weights.
+MoCE (`MoCEPolicy`, cache-conditional routing) re-ranks with a bonus for resident experts so a
+resident expert can take a slot from a non-resident one with a slightly higher logit:
+
+1. the top-J experts by z are protected: always selected, ranks 0..J-1 in z order;
+2. the other k-J slots go to the top by z' = z + b·resident(e) among the rest, where
+   b = λ (`BonusScale.ABSOLUTE`) or λ·Δ_avg (`BonusScale.RANGE`, Qualcomm's Cache-Prior form,
+   Δ_avg = a running average of the logit range max(z)-min(z), see `LogitRange`);
+3. margin gating (optional) caps b at the margin, see `MoCEPolicy`;
+4. drop-tail (optional) removes small-weight misses from the tail, see `MoCEPolicy`.
+
+Weights always come from the model's rule on the unbiased z over the selected set
+(`combine_weights`): the bias changes which experts run, never how they are mixed.
+
+Tie-breaking (deterministic, so the reference, the fast twin and the replay agree bit for bit):
+- ranking by z: higher z first, equal z -> lower expert index first. For SOFTMAX_TOPK this *is*
+  "top-k by probability" (softmax is strictly increasing), ranked on z so that float32 rounding
+  of the probabilities (equal or underflowed to 0) cannot create ties the logits do not have;
+- ranking by z': equal z' -> the z order above. So a bonus must strictly exceed a logit lead to
+  overturn it, and with b = 0 the order is exactly the z order.
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.errors import ConfigError
+from strata.model_config import ModelConfig, RoutingOrder
+
+__all__ = [
+    "STOCK_J", "STOCK_BONUS", "STOCK_DROP_TAIL_RANK", "SEED_DROP_TAIL_WEIGHT", "LOGIT_RANGE_DECAY",
+    "BonusScale", "RouterRule", "MoCEPolicy", "Selection", "LogitRange",
+    "route", "route_batch", "combine_weights", "router_logits", "update_logit_range",
+]
+
+STOCK_J = 3  # seed §1.1: the top-3 unbiased picks are protected
+STOCK_BONUS = 0.85  # seed §1.1: λ in absolute logits (median z1-z3 is 0.35, so it binds often)
+STOCK_DROP_TAIL_RANK = 6  # seed §1.1: "drop tail misses w<0.05 (rank >= 6)"
+SEED_DROP_TAIL_WEIGHT = 0.05  # the weight the seed measured drop-tail with (off by default)
+LOGIT_RANGE_DECAY = 0.99  # EMA decay of the logit range: a horizon of ~100 tokens per layer
+
+
+class BonusScale(enum.Enum):
+    """The unit of the MoCE bonus λ."""
+
+    ABSOLUTE = "absolute"  # z' = z + λ·resident
+    RANGE = "range"  # z' = z + λ·Δ_avg·resident (Qualcomm Cache-Prior)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: object) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(float(v))
+
+
+@dataclass(frozen=True)
+class RouterRule:
+    """The model's own rule: k experts per token, and how logits become weights.
+
+    SOFTMAX_TOPK (Qwen/OLMoE): p = softmax(z) over all E; top-k by p; weights p, divided by
+    their sum if `norm_topk_prob`. TOPK_SOFTMAX (Mixtral): top-k by z; softmax over those k.
+    """
+
+    k: int
+    order: RoutingOrder
+    norm_topk_prob: bool = True
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.k) or self.k < 1:
+            raise ConfigError(f"router rule: k must be a positive int, got {self.k!r}")
+        if not isinstance(self.order, RoutingOrder):
+            raise ConfigError(f"router rule: order must be a RoutingOrder, got {self.order!r}")
+        if not isinstance(self.norm_topk_prob, bool):
+            raise ConfigError(f"router rule: norm_topk_prob must be a bool, got {self.norm_topk_prob!r}")
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig) -> "RouterRule":
+        return cls(cfg.n_experts_per_token, cfg.routing_order, cfg.norm_topk_prob)
+
+
+@dataclass(frozen=True)
+class MoCEPolicy:
+    """Cache-conditional routing parameters. `MoCEPolicy.off()` (bonus 0, no drop-tail) routes
+    exactly like the model (`route(..., policy=None)`), bit for bit.
+
+    protect_top_j (J): the top-J by z are always selected (J >= k: plain routing).
+    bonus (λ >= 0) and bonus_scale: see `BonusScale`.
+    margin (None: no gating): a resident expert r may displace a non-resident n only if n's
+        unbiased lead z_n - z_r is < margin. Pairwise, "r beats n" becomes
+        z_r + b > z_n and z_r + margin > z_n, i.e. z_r + min(b, margin) > z_n, so gating is
+        exactly ranking by z' with the bonus capped at `margin` (in logits, whatever the
+        bonus_scale): a total order, applied to the non-protected experts only. With
+        ABSOLUTE and margin >= λ it never binds; with RANGE it bounds the range-scaled bonus.
+    drop_tail_weight (w, 0 = off) and drop_tail_min_rank (r): after selection, a selected expert
+        that is not resident, not protected, at rank >= r, and whose weight is < w is dropped
+        (not computed: a miss that would cost a read for little output). The weights of the
+        remaining experts are NOT renormalized: dropping is then exactly "that term of the
+        routed sum is zero", so the error it adds is the dropped terms and nothing else, and the
+        kept experts' outputs are bit-identical to the undropped run. Dropped experts are
+        reported in `Selection.dropped`.
+    """
+
+    protect_top_j: int = STOCK_J
+    bonus: float = STOCK_BONUS
+    bonus_scale: BonusScale = BonusScale.ABSOLUTE
+    margin: float | None = None
+    drop_tail_weight: float = 0.0
+    drop_tail_min_rank: int = STOCK_DROP_TAIL_RANK
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.protect_top_j) or self.protect_top_j < 0:
+            raise ConfigError(f"MoCE: protect_top_j must be an int >= 0, got {self.protect_top_j!r}")
+        if not _is_real(self.bonus) or self.bonus < 0:
+            raise ConfigError(f"MoCE: bonus must be a finite number >= 0, got {self.bonus!r}")
+        if not isinstance(self.bonus_scale, BonusScale):
+            raise ConfigError(f"MoCE: bonus_scale must be a BonusScale, got {self.bonus_scale!r}")
+        if self.margin is not None and (not _is_real(self.margin) or self.margin <= 0):
+            raise ConfigError(f"MoCE: margin must be None or a finite number > 0, got {self.margin!r}")
+        if not _is_real(self.drop_tail_weight) or not 0 <= self.drop_tail_weight <= 1:
+            raise ConfigError(f"MoCE: drop_tail_weight must be in [0, 1], got {self.drop_tail_weight!r}")
+        if not _is_int(self.drop_tail_min_rank) or self.drop_tail_min_rank < 0:
+            raise ConfigError(f"MoCE: drop_tail_min_rank must be an int >= 0, got {self.drop_tail_min_rank!r}")
+
+    @classmethod
+    def off(cls) -> "MoCEPolicy":
+        """No bonus, no drop-tail: the model's own routing."""
+        return cls(bonus=0.0)
+
+    def effective_bonus(self, logit_range: float | None = None) -> float:
+        """The bonus b added to resident logits, in logits (after scaling and margin cap)."""
+        b = float(self.bonus)
+        if self.bonus_scale is BonusScale.RANGE:
+            if logit_range is None or not _is_real(logit_range) or logit_range < 0:
+                raise ValueError(f"MoCE RANGE form needs a finite logit_range >= 0, got {logit_range!r}")
+            b *= float(logit_range)
+        return b if self.margin is None else min(b, float(self.margin))
+
+
+@dataclass(frozen=True, eq=False)
+class Selection:
+    """One token's routing result, in rank order (protected by z, then the rest by z').
+
+    Shapes (k' = k - n experts kept, n dropped by drop-tail):
+        experts:  int64 [k']     expert ids
+        weights:  float32 [k']   combine weights (the model's rule on unbiased z, before drops)
+        protected: bool [k']     among the top-J by z
+        resident: bool [k']      resident when routed
+        ranks:    int64 [k']     selected rank 0..k-1 (differs from position only after drops)
+        dropped:  int64 [n]      experts removed by drop-tail, in rank order
+        dropped_weights: float32 [n]  the weights they would have had
+        logits:   float32 [E]    the unbiased z
+    """
+
+    experts: np.ndarray
+    weights: np.ndarray
+    protected: np.ndarray
+    resident: np.ndarray
+    ranks: np.ndarray
+    dropped: np.ndarray
+    dropped_weights: np.ndarray
+    logits: np.ndarray
+
+
+@dataclass(frozen=True)
+class LogitRange:
+    """Running average Δ_avg of the router's logit range max(z) - min(z), for the RANGE form.
+
+    Rule: exponential moving average, avg <- DECAY·avg + (1-DECAY)·range with
+    DECAY = LOGIT_RANGE_DECAY, started at the first token's range (so it is never biased toward
+    0). An EMA rather than a cumulative mean so that it follows the prompt-to-generation drift of
+    the router's scale without a tuning knob beyond the horizon. Keep one per layer: router
+    scales differ by layer. Update with a token's logits before routing that token.
+    """
+
+    average: float = 0.0
+    count: int = 0
+
+
+def update_logit_range(state: LogitRange, logits: np.ndarray) -> LogitRange:
+    """Fold one token's (or T tokens', in order) logit range into the running average.
+
+    Shapes:
+        logits: [E] or [T, E]
+    """
+    z = np.asarray(logits, dtype=np.float32)
+    if z.ndim not in (1, 2) or z.size == 0:
+        raise ValueError(f"update_logit_range wants [E] or [T, E] logits, got shape {z.shape}")
+    rows = z.reshape(-1, z.shape[-1])  # [T, E]
+    avg, count = float(state.average), int(state.count)
+    for r in (rows.max(axis=-1).astype(np.float64) - rows.min(axis=-1)).tolist():  # [T]
+        avg = r if count == 0 else LOGIT_RANGE_DECAY * avg + (1.0 - LOGIT_RANGE_DECAY) * r
+        count += 1
+    return LogitRange(average=avg, count=count)
+
+
+def router_logits(w_router: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """z = W_router · x in float32.
+
+    Shapes:
+        w_router: [E, D];  x: [D] or [T, D]  ->  z: [E] or [T, E]
+    """
+    w = np.asarray(w_router, dtype=np.float32)
+    x = np.asarray(x, dtype=np.float32)
+    if w.ndim != 2 or x.ndim not in (1, 2) or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"router_logits: W {w.shape} cannot multiply x {x.shape}")
+    return (x @ w.T).astype(np.float32)
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    """float32 softmax; the sum runs in the array's order."""
+    e = np.exp(z - z.max())
+    return (e / e.sum()).astype(np.float32)
+
+
+def combine_weights(logits: np.ndarray, experts: np.ndarray, rule: RouterRule) -> np.ndarray:
+    """The model's combine weights of `experts` (a selected set), from the unbiased logits.
+
+    Sums run over the set in expert-id order, so the weights depend only on the set, never on
+    the rank order a policy produced (bit for bit).
+
+    Shapes:
+        logits: float32 [E];  experts: int [k]  ->  weights: float32 [k], aligned with experts
+    """
+    z = np.asarray(logits, dtype=np.float32)
+    sel = np.asarray(experts, dtype=np.int64)
+    canon = np.argsort(sel, kind="stable")  # [k] summation order
+    if rule.order is RoutingOrder.SOFTMAX_TOPK:
+        w = _softmax(z)[sel]
+        if rule.norm_topk_prob:
+            w = (w / w[canon].sum()).astype(np.float32)
+        return w
+    w = np.empty(sel.shape, np.float32)
+    w[canon] = _softmax(z[sel[canon]])
+    return w
+
+
+def _check(logits: np.ndarray, resident: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
+    z = np.asarray(logits, dtype=np.float32)
+    if z.ndim != 1 or not np.all(np.isfinite(z)):
+        raise ValueError(f"route wants finite [E] logits, got shape {z.shape}")
+    if k > z.size:
+        raise ValueError(f"route: top-{k} of only {z.size} experts")
+    res = np.zeros(z.shape, bool) if resident is None else np.asarray(resident)
+    if res.dtype != bool or res.shape != z.shape:
+        raise ValueError(f"route: resident must be bool {z.shape}, got {res.dtype} {res.shape}")
+    return z, res
+
+
+def route(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None,
+          resident: np.ndarray | None = None, logit_range: float | None = None) -> Selection:
+    """Select one token's experts: the model's rule, with MoCE when `policy` is given.
+
+    `resident` None means nothing is resident (the bonus has nothing to favour; drop-tail then
+    treats every tail expert as a miss). `logit_range` is Δ_avg for the RANGE form (typically
+    `LogitRange.average` of this layer) and is ignored by the ABSOLUTE form.
+
+    Shapes:
+        logits: float32 [E];  resident: bool [E]  ->  Selection with k' <= k experts
+    """
+    z, res = _check(logits, resident, rule.k)
+    k = rule.k
+    j = min(policy.protect_top_j, k) if policy is not None else 0
+    b = policy.effective_bonus(logit_range) if policy is not None else 0.0
+    by_z = np.argsort(-z, kind="stable")  # [E] z descending, ties -> lower index
+    rest = by_z[j:]  # [E-j] non-protected, in z order
+    # z' in float32 with the bonus rounded to float32, as the GPU kernels compute it (no float64).
+    z_biased = z[rest] + np.float32(b) * res[rest].astype(np.float32)  # [E-j] z'
+    rest = rest[np.argsort(-z_biased, kind="stable")[: k - j]]  # z' ties keep the z order
+    experts = np.concatenate([by_z[:j], rest]).astype(np.int64)  # [k] rank order
+    weights = combine_weights(z, experts, rule)  # [k]
+    ranks = np.arange(k, dtype=np.int64)
+    drop = np.zeros(k, bool)
+    if policy is not None and policy.drop_tail_weight > 0:
+        drop = (~res[experts]) & (ranks >= max(j, policy.drop_tail_min_rank)) & (
+            weights < np.float32(policy.drop_tail_weight))
+    keep = ~drop
+    return Selection(
+        experts=experts[keep], weights=weights[keep], protected=(ranks < j)[keep],
+        resident=res[experts][keep], ranks=ranks[keep], dropped=experts[drop],
+        dropped_weights=weights[drop], logits=z,
+    )
+
+
+def route_batch(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None,
+                resident: np.ndarray | None = None, logit_range: float | None = None) -> list[Selection]:
+    """`route` for each of T tokens against the same (or a per-token) residency.
+
+    Shapes:
+        logits: float32 [T, E];  resident: bool [E] or [T, E]  ->  T Selections
+    """
+    z = np.asarray(logits, dtype=np.float32)
+    if z.ndim != 2:
+        raise ValueError(f"route_batch wants [T, E] logits, got shape {z.shape}")
+    res = None if resident is None else np.broadcast_to(np.asarray(resident), z.shape)
+    return [route(z[t], rule, policy, None if res is None else res[t], logit_range) for t in range(z.shape[0])]
