@@ -1,0 +1,133 @@
+"""`stream_generate` (one typed response per token) and `generate` (loops over it)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from strata.engine import Engine, ReferenceEngine
+from strata.errors import ContextLimitError, StrataError
+from strata.loader import Model, load
+from strata.reference.sampling import SamplerConfig, log_softmax, sample
+
+
+@dataclass(frozen=True)
+class GenerationResponse:
+    """One generated token.
+
+    text: the new text this token completes (may be "" while a multi-byte character is partial)
+    token: its id; logprob: its log-probability under the model (before temperature)
+    prompt_tokens / prompt_tps: prompt length and prefill speed (tokens/s)
+    generation_tokens / generation_tps: tokens generated so far and decode speed (tokens/s)
+    token_seconds: wall time of this token's step
+    finish_reason: None while generating; "stop" (end-of-text), "length" (max_tokens) or
+        "context" (the model's context is full) on the last response
+    """
+
+    text: str
+    token: int
+    logprob: float
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    token_seconds: float
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What `generate` returns: the text and the run's summary."""
+
+    text: str
+    tokens: list[int] = field(repr=False)
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tps: float
+    finish_reason: str | None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _open(model: Model | str | Path) -> Model:
+    return model if isinstance(model, Model) else load(model)
+
+
+def _engine_for(model: Model) -> Engine:
+    return ReferenceEngine(model.resident_params())
+
+
+def stream_generate(
+    model: Model | str | Path,
+    prompt: str | list[int],
+    *,
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    engine: Engine | None = None,
+) -> Iterator[GenerationResponse]:
+    """Generate from `prompt`, yielding a GenerationResponse per token.
+
+    `model` is a loaded Model or a path; `prompt` text or token ids. Greedy when temperature is 0.
+    """
+    model = _open(model)
+    sampler = SamplerConfig(temperature=temperature, top_p=top_p, seed=seed)
+    if max_tokens < 0:
+        raise StrataError(f"max_tokens must be >= 0, got {max_tokens}")
+    from strata.tokenizer import StreamingDetokenizer
+
+    tokens = model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not tokens:
+        raise StrataError("the prompt is empty")
+    limit = model.cfg.max_context
+    if len(tokens) >= limit:
+        raise ContextLimitError(f"the prompt has {len(tokens)} tokens; the model's context is {limit}")
+    engine = engine or _engine_for(model)
+    detok = StreamingDetokenizer(model.tokenizer)
+
+    start = time.perf_counter()
+    logits = engine.prefill(tokens)
+    prompt_seconds = time.perf_counter() - start
+    prompt_tps = len(tokens) / max(prompt_seconds, 1e-9)
+    decode_start = time.perf_counter()
+    for n in range(max_tokens):
+        step_start = time.perf_counter()
+        token = sample(logits, sampler, n)
+        logprob = float(log_softmax(logits)[token])
+        finish = None
+        if token in model.tokenizer.eos_ids:
+            finish = "stop"
+        elif n + 1 == max_tokens:
+            finish = "length"
+        elif engine.length >= limit:
+            finish = "context"
+        if finish is None:
+            logits = engine.decode(token)
+        text = detok.add(token) if finish != "stop" else ""
+        if finish is not None:
+            text += detok.flush()
+        now = time.perf_counter()
+        yield GenerationResponse(
+            text=text, token=token, logprob=logprob, prompt_tokens=len(tokens), prompt_tps=prompt_tps,
+            generation_tokens=n + 1, generation_tps=(n + 1) / max(now - decode_start, 1e-9),
+            token_seconds=now - step_start, finish_reason=finish,
+        )
+        if finish is not None:
+            return
+
+
+def generate(model: Model | str | Path, prompt: str | list[int], **kwargs) -> GenerationResult:
+    """Generate and return the whole text with the run's summary. Options as stream_generate."""
+    pieces, tokens, last = [], [], None
+    for last in stream_generate(model, prompt, **kwargs):
+        pieces.append(last.text)
+        tokens.append(last.token)
+    return GenerationResult(
+        text="".join(pieces), tokens=tokens,
+        prompt_tokens=last.prompt_tokens if last else 0, prompt_tps=last.prompt_tps if last else 0.0,
+        generation_tps=last.generation_tps if last else 0.0, finish_reason=last.finish_reason if last else None,
+    )

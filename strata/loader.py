@@ -1,0 +1,71 @@
+"""Open a strata model (`<name>.gguf` + `<name>.experts`) for generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from strata.errors import FormatError
+from strata.formats.expert_record import ExpertWeights
+from strata.formats.experts_file import ExpertsFile
+from strata.formats.model_file import read_model
+from strata.model_config import ModelConfig
+from strata.reference.model import ModelParams
+from strata.tokenizer import Tokenizer
+
+
+class ResidentExperts:
+    """Every routed expert read into memory once (the all-resident path; no streaming)."""
+
+    def __init__(self, experts_file: ExpertsFile) -> None:
+        h = experts_file.header
+        self._experts = {(l, e): experts_file.expert(l, e) for l in range(h.n_layers) for e in range(h.n_experts)}
+
+    def expert(self, layer: int, expert: int) -> ExpertWeights:
+        return self._experts[(layer, expert)]
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A loaded model: config, dense weights, tokenizer, and its experts file."""
+
+    cfg: ModelConfig
+    dense: dict
+    tokenizer: Tokenizer
+    experts_file: ExpertsFile
+    model_path: Path
+
+    def resident_params(self) -> ModelParams:
+        """Parameters with every expert resident in memory (the reference path)."""
+        return ModelParams(self.cfg, self.dense, ResidentExperts(self.experts_file))
+
+
+def experts_path_for(model_path: Path) -> Path:
+    return model_path.with_suffix(".experts")
+
+
+def load(model: str | Path, *, experts: str | Path | None = None) -> Model:
+    """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
+
+    The experts file defaults to the model's name with the `.experts` suffix.
+    """
+    model_path = Path(model)
+    if not model_path.exists() and model_path.suffix != ".gguf":
+        model_path = model_path.with_name(model_path.name + ".gguf")
+    if not model_path.exists():
+        raise FormatError(f"{model}: no such model file")
+    experts_path = Path(experts) if experts else experts_path_for(model_path)
+    if not experts_path.exists():
+        raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
+    mf = read_model(model_path)
+    xf = ExpertsFile.open(experts_path)
+    h, cfg = xf.header, mf.cfg
+    found = (h.n_layers, h.n_experts, h.hidden, h.expert_ffn)
+    wanted = (cfg.n_layers, cfg.n_experts, cfg.hidden_size, cfg.expert_ffn_size)
+    if found != wanted:
+        xf.close()
+        raise FormatError(
+            f"{experts_path}: holds (layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
+        )
+    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path))
+    return Model(cfg, dict(mf.dense), tok, xf, model_path)

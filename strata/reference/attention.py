@@ -1,0 +1,94 @@
+"""Grouped-query attention with RoPE, optional q/k RMSNorm and an explicit KV cache (pure numpy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.model_config import ModelConfig, QKNorm, TensorNames
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, in float32."""
+    x = np.asarray(x, dtype=np.float32)
+    inv = np.float32(1.0) / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))
+    return x * inv * weight
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """Rotary embedding in the "rotate half" form (the first and second halves of each head are
+    the pair), as Qwen, OLMoE and Mixtral use it.
+
+    Shapes:
+        x: [H, T, hd]; positions: [T] -> [H, T, hd]
+    """
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # [hd/2]
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [T, hd/2]
+    cos = np.cos(np.concatenate([angles, angles], axis=-1)).astype(np.float32)  # [T, hd]
+    sin = np.sin(np.concatenate([angles, angles], axis=-1)).astype(np.float32)
+    half = hd // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's cached keys and values. Shapes: keys, values: [n_kv_heads, T_cached, head_dim]"""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+    @staticmethod
+    def empty(cfg: ModelConfig) -> "LayerKV":
+        z = np.zeros((cfg.n_kv_heads, 0, cfg.head_dim), np.float32)
+        return LayerKV(z, z)
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[1]
+
+
+def attention(
+    cfg: ModelConfig, dense: dict, layer: int, kv: LayerKV, x: np.ndarray
+) -> tuple[np.ndarray, LayerKV]:
+    """Causal self-attention of the new positions over the cache and themselves.
+
+    Shapes:
+        x: [T, D] (already normed) -> ([T, D], LayerKV with T more positions)
+    """
+    n = TensorNames
+    w = lambda s: dense[n.block(layer, s)]  # noqa: E731
+    t = x.shape[0]
+    q = x @ w(n.attn_q).T  # [T, H*hd]
+    k = x @ w(n.attn_k).T  # [T, KV*hd]
+    v = x @ w(n.attn_v).T
+    if cfg.attention_bias:
+        q, k, v = q + w(n.attn_q_bias), k + w(n.attn_k_bias), v + w(n.attn_v_bias)
+    if cfg.qk_norm is QKNorm.FULL:
+        q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
+        k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
+    q = q.reshape(t, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # [H, T, hd]
+    k = k.reshape(t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)  # [KV, T, hd]
+    v = v.reshape(t, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
+    if cfg.qk_norm is QKNorm.PER_HEAD:
+        q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
+        k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
+    positions = np.arange(kv.length, kv.length + t)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+    keys = np.concatenate([kv.keys, k], axis=1)  # [KV, S, hd]
+    values = np.concatenate([kv.values, v], axis=1)
+    group = cfg.n_heads // cfg.n_kv_heads
+    keys_h = np.repeat(keys, group, axis=0)  # [H, S, hd]
+    values_h = np.repeat(values, group, axis=0)
+    scores = (q @ keys_h.transpose(0, 2, 1)) / np.float32(np.sqrt(cfg.head_dim))  # [H, T, S]
+    s = keys.shape[1]
+    causal = np.arange(s)[None, :] <= positions[:, None]  # [T, S]
+    scores = np.where(causal[None], scores, np.float32(-np.inf))
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]
+    return (out @ w(n.attn_output).T).astype(np.float32), LayerKV(keys, values)

@@ -1,0 +1,158 @@
+"""Small valid models for tests and demos: `make_model(path, shape, seed)` (CLI: `strata make-model`).
+
+The weights are random, but the routing is shaped like a trained model's (see docs/testing.md):
+
+- **Skew.** Every hidden state carries a shared direction `c` (the embeddings' common mean,
+  which RMSNorm keeps), and each router row carries `popularity[e] * c` with Zipf-like
+  popularity, so a few experts win often and most rarely.
+- **Locality.** Attention is near-uniform over the context (small q/k), so its output is a
+  running average that moves slowly from token to token; the value/output projections write
+  into a low-rank "context" subspace, and the routers read mostly that subspace (low-rank
+  routers). Consecutive tokens therefore share many of their experts, as real models do.
+- Per-token noise (a small full-rank router term) keeps routing from being constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from strata.formats.expert_record import ExpertWeights
+from strata.formats.experts_file import write_experts
+from strata.formats.model_file import write_model
+from strata.formats.quant_types import QuantType
+from strata.model_config import ModelConfig, QKNorm, TensorNames, dense_tensor_shapes
+from strata.reference.quants import quantize
+from strata.tokenizer import byte_level_tokenizer_json
+
+BYTE_VOCAB = 257  # 256 bytes + <|endoftext|>
+
+SHAPES: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=2, n_heads=4,
+        n_kv_heads=2, head_dim=16, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
+    ),
+    "small": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=128, n_layers=4, n_heads=4,
+        n_kv_heads=2, head_dim=32, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
+        shared_ffn_size=64, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=1024,
+    ),
+    "demo": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
+        n_kv_heads=2, head_dim=32, n_experts=64, n_experts_per_token=4, expert_ffn_size=128,
+        shared_ffn_size=256, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=2048,
+    ),
+}
+
+CONTEXT_RANK = 8  # dimension of the slowly-varying subspace the routers read
+ZIPF_EXPONENT = 1.1  # expert popularity ~ 1 / rank^s
+POPULARITY_SCALE = 2.0  # logit spread the popularity term gives across experts
+ROUTER_NOISE = 2.0  # weight of the full-rank, per-token router term
+QK_SCALE = 0.02  # small q/k: near-uniform attention, a slowly moving context average
+COMMON_SCALE = 0.3  # size of the shared direction in every embedding, relative to the per-token part
+CONTEXT_ROUTER_SCALE = 2.0  # weight of the low-rank (context) router term
+ATTN_OUT_SCALE = 0.5  # how strongly attention writes the context average into the residual
+
+
+@dataclass(frozen=True)
+class MadeModel:
+    model_path: Path
+    experts_path: Path
+    cfg: ModelConfig
+
+
+def model_paths(path: str | Path) -> tuple[Path, Path]:
+    """`x` or `x.gguf` -> (x.gguf, x.experts)."""
+    p = Path(path)
+    if p.suffix != ".gguf":
+        p = p.with_name(p.name + ".gguf")
+    return p, p.with_suffix(".experts")
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """Dense weights with the routing structure described in the module docstring."""
+    rng = np.random.default_rng([seed, 0])
+    d = cfg.hidden_size
+    n = TensorNames
+    common = _normal(rng, (d,), 1.0)  # the shared direction c
+    common /= np.linalg.norm(common)
+    basis = np.linalg.qr(rng.standard_normal((d, CONTEXT_RANK)))[0].T.astype(np.float32)  # [r, D]
+    dense: dict[str, np.ndarray] = {}
+    for name, shape in dense_tensor_shapes(cfg).items():
+        if len(shape) == 1:
+            dense[name] = np.ones(shape, np.float32)  # norms; biases are overwritten below
+        else:
+            dense[name] = _normal(rng, shape, 1.0 / np.sqrt(shape[1]))
+    embd = _normal(rng, (cfg.vocab_size, d), 1.0) + COMMON_SCALE * np.sqrt(d) * common
+    dense[n.token_embd] = (embd / np.sqrt(d)).astype(np.float32)
+    ranks = np.arange(1, cfg.n_experts + 1, dtype=np.float64)
+    for layer in range(cfg.n_layers):
+        b = lambda s: n.block(layer, s)  # noqa: E731
+        dense[b(n.attn_q)] *= QK_SCALE
+        dense[b(n.attn_k)] *= QK_SCALE
+        # values/output: write the context average into the low-rank subspace the routers read
+        dense[b(n.attn_output)] = (basis.T @ _normal(rng, (CONTEXT_RANK, dense[b(n.attn_output)].shape[1]), 1.0)
+                                   * ATTN_OUT_SCALE / np.sqrt(CONTEXT_RANK)).astype(np.float32)
+        if cfg.attention_bias:
+            for bias in (n.attn_q_bias, n.attn_k_bias, n.attn_v_bias):
+                dense[b(bias)] = _normal(rng, dense[b(bias)].shape, 0.02)
+        popularity = np.log(1.0 / ranks ** ZIPF_EXPONENT)
+        popularity = rng.permutation((popularity - popularity.mean()) / popularity.std() * POPULARITY_SCALE)
+        low_rank = _normal(rng, (cfg.n_experts, CONTEXT_RANK), CONTEXT_ROUTER_SCALE) @ basis  # [E, D]
+        noise = _normal(rng, (cfg.n_experts, d), ROUTER_NOISE)
+        dense[b(n.router)] = (popularity[:, None] * common[None, :] + low_rank + noise).astype(np.float32)
+        if cfg.has_shared_expert and cfg.shared_expert_gated:
+            dense[b(n.shexp_gate_inp)] = _normal(rng, (d,), 1.0 / np.sqrt(d))
+    return dense
+
+
+def make_expert(cfg: ModelConfig, seed: int, layer: int, expert: int, qtype: QuantType) -> ExpertWeights:
+    """One routed expert, random, drawn from its own seeded stream (so writing can stream)."""
+    rng = np.random.default_rng([seed, 1, layer, expert])
+    d, f = cfg.hidden_size, cfg.expert_ffn_size
+    return ExpertWeights(
+        gate=quantize(qtype, _normal(rng, (f, d), 1.0 / np.sqrt(d))),
+        up=quantize(qtype, _normal(rng, (f, d), 1.0 / np.sqrt(d))),
+        down=quantize(qtype, _normal(rng, (d, f), 1.0 / np.sqrt(f))),
+    )
+
+
+def make_model(
+    path: str | Path,
+    shape: str | ModelConfig = "tiny",
+    seed: int = 0,
+    *,
+    expert_type: QuantType = QuantType.Q2_0,
+    dense_type: QuantType = QuantType.F32,
+    progress: bool = False,
+    **overrides,
+) -> MadeModel:
+    """Write `<path>.gguf` and `<path>.experts`: a small valid model with structured routing.
+
+    `shape` names a preset in SHAPES (or is a ModelConfig); keyword `overrides` replace config
+    fields (for example `n_layers=3`).
+    """
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"unknown model shape {shape!r}; choose one of {', '.join(SHAPES)}")
+        cfg = SHAPES[shape]
+    else:
+        cfg = shape
+    cfg = replace(cfg, **overrides) if overrides else cfg
+    model_path, experts_path = model_paths(path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    write_model(model_path, cfg, make_dense(cfg, seed), tokenizer_json=byte_level_tokenizer_json(),
+                dense_type=dense_type)
+    write_experts(
+        experts_path, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+        hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
+        get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
+    )
+    return MadeModel(model_path, experts_path, cfg)
