@@ -51,3 +51,57 @@ def moce_policies(drop_tail: bool = True, max_bonus: float = 4.0):
 
 
 logit_ranges = st.floats(0.0, 32.0)
+
+
+# ---------------------------------------------------------------- expert cache (tests/test_cache_*.py)
+
+from strata.reference.cache_types import (  # noqa: E402
+    AfterLayer, AtLayer, BeginWindow, CacheConfig, HoldRegion, min_capacity,
+)
+
+
+@st.composite
+def cache_configs(draw, *, max_layers: int = 4, max_experts: int = 8, below_min: bool = False):
+    """Small CacheConfigs over every knob. Capacity is the smallest legal one plus a little
+    (below_min: anything from 1 up, so victim() may legitimately fail)."""
+    n_layers = draw(st.integers(1, max_layers))
+    n_experts = draw(st.integers(2, max_experts))
+    top_k = draw(st.integers(1, min(3, n_experts)))
+    window = draw(st.integers(1, 2))
+    k = draw(st.integers(0, 4))
+    split, prefetch2 = draw(st.booleans()), draw(st.booleans())
+    least = min_capacity(n_layers, top_k, k, window=window, split_turn=split, prefetch2=prefetch2,
+                         n_experts=n_experts)
+    capacity = draw(st.integers(1, least + 2) if below_min else st.integers(least, least + 6))
+    return CacheConfig(capacity=capacity, n_layers=n_layers, n_experts=n_experts, top_k=top_k,
+                       window=window, prefetch_depth=k, prefetch_touch=draw(st.booleans()),
+                       prefetch2=prefetch2, split_turn=split)
+
+
+def cache_selections(config: CacheConfig, prompt: bool):
+    """A turn's selected experts: distinct, rank order; a prompt chunk may select any number."""
+    most = config.n_experts if prompt else config.max_selected
+    return st.lists(st.integers(0, config.n_experts - 1), unique=True, min_size=1, max_size=most).map(tuple)
+
+
+def cache_guesses(config: CacheConfig):
+    """Ranked guesses, sometimes longer than K (the machine uses the first K)."""
+    most = min(config.prefetch_depth + 1, config.n_experts)
+    return st.lists(st.integers(0, config.n_experts - 1), unique=True, max_size=most).map(tuple)
+
+
+@st.composite
+def cache_turn_sequences(draw, config: CacheConfig, max_windows: int = 4):
+    """A legal event sequence without ReadDone: whole windows, some inside a held prompt region."""
+    events, prompt = [], False
+    for _ in range(draw(st.integers(1, max_windows))):
+        if draw(st.integers(0, 3)) == 0:
+            prompt = not prompt
+            events.append(HoldRegion(prompt))
+        events.append(BeginWindow())
+        for layer in range(config.n_layers):
+            events.append(AtLayer(layer, draw(cache_selections(config, prompt))))
+            events.append(AfterLayer(layer, draw(cache_guesses(config)), draw(cache_guesses(config))))
+    if prompt:
+        events.append(HoldRegion(False))
+    return events
