@@ -86,8 +86,16 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def n_protected(policy: MoCEPolicy | None, k: int) -> int:
-    return 0 if policy is None else min(policy.protect_top_j, k)
+def n_protected(policy: MoCEPolicy | None, k: int, z: np.ndarray | None = None) -> int:
+    """The protected count written out directly: min(J, k); under margin gating, the top-1 plus
+    each rank 1..J-1 whose lead over the z-rank-J expert is >= margin."""
+    if policy is None:
+        return 0
+    j = min(policy.protect_top_j, k)
+    if policy.margin is None or j <= 1 or j >= len(z):
+        return j
+    zs = np.sort(z)[::-1]
+    return 1 + sum(1 for i in range(1, j) if zs[i] - zs[j] >= np.float32(policy.margin))
 
 
 def no_drop(policy: MoCEPolicy) -> MoCEPolicy:
@@ -166,15 +174,17 @@ def test_selection_is_top_j_by_z_then_top_by_biased_z(problem, order, policy, lo
     z, resident, k = problem
     sel = route(z, RouterRule(k, order), policy, resident, logit_range)
     bonus = policy.effective_bonus(logit_range)
-    assert sel.experts.tolist() == expected_experts(z, resident, k, policy.protect_top_j, bonus)
+    assert sel.experts.tolist() == expected_experts(z, resident, k, n_protected(policy, k, z), bonus)
 
 
 @given(problem=routing_problems(), order=routing_orders, policy=moce_policies(), logit_range=logit_ranges)
 def test_top_j_by_z_always_selected_first(problem, order, policy, logit_range):
     z, resident, k = problem
     sel = route(z, RouterRule(k, order), policy, resident, logit_range)
-    j = n_protected(policy, k)
+    j = n_protected(policy, k, z)
     assert sel.experts[:j].tolist() == _by_z(z)[:j]
+    if policy.margin is None:
+        assert j == min(policy.protect_top_j, k)
     assert sel.protected.tolist() == [r < j for r in sel.ranks]
     # structure: k experts in all, each once, ranks increasing, flags aligned
     assert sel.experts.size + sel.dropped.size == k
@@ -221,24 +231,16 @@ def test_range_form_is_absolute_form_with_the_scaled_bonus(problem, policy, logi
 
 
 @given(problem=routing_problems(), policy=moce_policies(drop_tail=False), logit_range=logit_ranges)
-def test_margin_gates_every_displacement(problem, policy, logit_range):
-    """Every non-protected resident that took the place of a non-resident with a higher z did so
-    with a lead below the margin (and below the bonus), both as float32 values; margin gating is
-    the bonus capped at the margin."""
+def test_margin_gating_is_plain_moce_with_fewer_protected(problem, policy, logit_range):
+    """Margin gating only shrinks the protected prefix: it equals ungated MoCE with J set to the
+    gated count, which is at least 1 (when J >= 1) and at most J."""
     z, resident, k = problem
     rule = RouterRule(k, RoutingOrder.TOPK_SOFTMAX)
     sel = route(z, rule, policy, resident, logit_range)
-    cap = np.float64(np.float32(policy.effective_bonus(logit_range)))
-    unprotected = set(_by_z(z)[n_protected(policy, k):])
-    chosen = set(sel.experts.tolist())
-    for r in unprotected & chosen:
-        for n in unprotected - chosen:
-            if resident[r] and not resident[n] and z[n] > z[r]:
-                assert np.float64(z[n]) - np.float64(z[r]) < cap
-    if policy.margin is not None:
-        capped = dataclasses.replace(policy, margin=None, bonus_scale=BonusScale.ABSOLUTE,
-                                     bonus=min(policy.effective_bonus(logit_range), policy.margin))
-        assert sel.experts.tolist() == route(z, rule, capped, resident).experts.tolist()
+    j = n_protected(policy, k, z)
+    assert min(1, policy.protect_top_j, k) <= j <= min(policy.protect_top_j, k)
+    ungated = dataclasses.replace(policy, margin=None, protect_top_j=j)
+    assert sel.experts.tolist() == route(z, rule, ungated, resident, logit_range).experts.tolist()
 
 
 @given(problem=routing_problems(), order=routing_orders, policy=moce_policies(), logit_range=logit_ranges)
@@ -250,7 +252,7 @@ def test_drop_tail_removes_only_small_tail_misses_and_keeps_weights(problem, ord
     keep = np.isin(whole.experts, sel.experts)
     assert same_bits(whole.experts[keep], sel.experts) and same_bits(whole.weights[keep], sel.weights)
     assert same_bits(whole.experts[~keep], sel.dropped) and same_bits(whole.weights[~keep], sel.dropped_weights)
-    j = n_protected(policy, k)
+    j = n_protected(policy, k, z)
     droppable = (~whole.resident) & (whole.ranks >= max(j, policy.drop_tail_min_rank)) & (
         whole.weights < np.float32(policy.drop_tail_weight))
     assert droppable.tolist() == (~keep).tolist()
@@ -301,15 +303,16 @@ def test_range_form_hand_example():
     assert route(HAND_Z, rule, ranged, HAND_RESIDENT, logit_range=2.0).experts.tolist() == [0, 1, 2, 4]
 
 
-def test_margin_gating_hand_example():
+@pytest.mark.parametrize("margin, expected", [
+    # J=3: the z-rank-3 candidate is expert 3 (2.6); leads of ranks 1, 2 are 0.4 and 0.2
+    (0.5, [0, 4, 1, 5]),  # neither lead reaches 0.5: only the top-1 protected, as J=1
+    (0.3, [0, 1, 4, 5]),  # rank 1 keeps protection (0.4), rank 2 loses it: as J=2
+    (0.1, [0, 1, 2, 4]),  # both keep it: as J=3 ungated
+])
+def test_margin_gating_hand_example(margin, expected):
     rule = RouterRule(k=4, **QWEN)
-    # λ = 0.85 ungated gives [0, 4, 1, 5] (J=1). Margin 0.5: 4 may pass 3 (lead 0.4) but not 1
-    # (0.8) or 2 (0.6); 5 may pass nobody (leads 0.6, 0.8, 1.0).
-    gated = MoCEPolicy(protect_top_j=1, bonus=STOCK_BONUS, margin=0.5)
-    assert route(HAND_Z, rule, gated, HAND_RESIDENT).experts.tolist() == [0, 1, 2, 4]
-    # a margin above λ never binds
-    wide = MoCEPolicy(protect_top_j=1, bonus=STOCK_BONUS, margin=1.0)
-    assert route(HAND_Z, rule, wide, HAND_RESIDENT).experts.tolist() == [0, 4, 1, 5]
+    gated = MoCEPolicy(protect_top_j=3, bonus=STOCK_BONUS, margin=margin)
+    assert route(HAND_Z, rule, gated, HAND_RESIDENT).experts.tolist() == expected
 
 
 def test_drop_tail_hand_example():

@@ -46,8 +46,12 @@ def _signed_absmax(blocks: np.ndarray) -> np.ndarray:
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
+    """1/d, and 0 where that is not finite: d = 0 (as ggml), or d so tiny that 1/d overflows
+    float32 (ggml casts inf to int there, which C leaves undefined; every such block stores a
+    float16 scale of 0, so its values dequantize to 0 whatever the codes)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(1.0) / d
+    return np.where(np.isfinite(inv), inv, np.float32(0.0)).astype(np.float32)
 
 
 def _pack_bits(q: np.ndarray, bits: int) -> np.ndarray:

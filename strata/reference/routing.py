@@ -93,12 +93,11 @@ class MoCEPolicy:
 
     protect_top_j (J): the top-J by z are always selected (J >= k: plain routing).
     bonus (λ >= 0) and bonus_scale: see `BonusScale`.
-    margin (None: no gating): a resident expert r may displace a non-resident n only if n's
-        unbiased lead z_n - z_r is < margin. Pairwise, "r beats n" becomes
-        z_r + b > z_n and z_r + margin > z_n, i.e. z_r + min(b, margin) > z_n, so gating is
-        exactly ranking by z' with the bonus capped at `margin` (in logits, whatever the
-        bonus_scale): a total order, applied to the non-protected experts only. With
-        ABSOLUTE and margin >= λ it never binds; with RANGE it bounds the range-scaled bonus.
+    margin (None: no gating): the seed's margin gating. The top-1 stays protected; a protected
+        rank i in 1..J-1 keeps its protection only while its unbiased lead over the best
+        unprotected candidate (the expert at z-rank J) is >= margin. Leads shrink with rank, so
+        the protected experts stay a prefix of the z order (`protected_count`). Because λ = 0.85
+        exceeds most router gaps, margins of 0.5-1.0 make J3 behave like J1 (seed §1.1).
     drop_tail_weight (w, 0 = off) and drop_tail_min_rank (r): after selection, a selected expert
         that is not resident, not protected, at rank >= r, and whose weight is < w is dropped
         (not computed: a miss that would cost a read for little output). The weights of the
@@ -135,13 +134,13 @@ class MoCEPolicy:
         return cls(bonus=0.0)
 
     def effective_bonus(self, logit_range: float | None = None) -> float:
-        """The bonus b added to resident logits, in logits (after scaling and margin cap)."""
+        """The bonus b added to resident logits, in logits (after the RANGE scaling)."""
         b = float(self.bonus)
         if self.bonus_scale is BonusScale.RANGE:
             if logit_range is None or not _is_real(logit_range) or logit_range < 0:
                 raise ValueError(f"MoCE RANGE form needs a finite logit_range >= 0, got {logit_range!r}")
             b *= float(logit_range)
-        return b if self.margin is None else min(b, float(self.margin))
+        return b
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,6 +253,21 @@ def _check(logits: np.ndarray, resident: np.ndarray | None, k: int) -> tuple[np.
     return z, res
 
 
+def protected_count(z_sorted: np.ndarray, policy: MoCEPolicy | None, k: int) -> int:
+    """How many of the top experts by z are protected: min(J, k), less under margin gating.
+
+    Shapes:
+        z_sorted: float32 [E], descending
+    """
+    if policy is None:
+        return 0
+    j = min(policy.protect_top_j, k)
+    if policy.margin is None or j <= 1 or j >= z_sorted.size:
+        return j
+    leads = z_sorted[1:j] - z_sorted[j]  # [j-1] float32, non-increasing
+    return 1 + int(np.count_nonzero(leads >= np.float32(policy.margin)))
+
+
 def route(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None,
           resident: np.ndarray | None = None, logit_range: float | None = None) -> Selection:
     """Select one token's experts: the model's rule, with MoCE when `policy` is given.
@@ -267,9 +281,9 @@ def route(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None
     """
     z, res = _check(logits, resident, rule.k)
     k = rule.k
-    j = min(policy.protect_top_j, k) if policy is not None else 0
     b = policy.effective_bonus(logit_range) if policy is not None else 0.0
     by_z = np.argsort(-z, kind="stable")  # [E] z descending, ties -> lower index
+    j = protected_count(z[by_z], policy, k)
     rest = by_z[j:]  # [E-j] non-protected, in z order
     # z' in float32 with the bonus rounded to float32, as the GPU kernels compute it (no float64).
     z_biased = z[rest] + np.float32(b) * res[rest].astype(np.float32)  # [E-j] z'
