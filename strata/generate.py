@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from strata.config import Backend, Config, load_config
 from strata.engine import Engine, ReferenceEngine
-from strata.errors import ContextLimitError, StrataError
+from strata.errors import ConfigError, ContextLimitError, StrataError
 from strata.loader import Model, load
+from strata.reference.cache_types import CacheStats
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
+from strata.runtime.report import StreamReport
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class GenerationResponse:
     token_seconds: wall time of this token's step
     finish_reason: None while generating; "stop" (end-of-text), "length" (max_tokens) or
         "context" (the model's context is full) on the last response
+    cache: the expert cache's cumulative counts (prompt and decode) when streaming, else None
+    report: the stream report (SPEC §8), on the last response only, when streaming
     """
 
     text: str
@@ -35,6 +40,8 @@ class GenerationResponse:
     generation_tps: float
     token_seconds: float
     finish_reason: str | None = None
+    cache: CacheStats | None = field(default=None, repr=False)
+    report: StreamReport | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class GenerationResult:
     prompt_tps: float
     generation_tps: float
     finish_reason: str | None
+    report: StreamReport | None = field(default=None, repr=False)  # when streaming (SPEC §8)
 
     def __str__(self) -> str:
         return self.text
@@ -56,8 +64,42 @@ def _open(model: Model | str | Path) -> Model:
     return model if isinstance(model, Model) else load(model)
 
 
-def _engine_for(model: Model) -> Engine:
+def _engine_for(model: Model, config: Config) -> Engine:
+    """The engine a run gets. Streaming whenever the config names an arena or the budget rule
+    (SPEC §7) says the experts do not all fit; otherwise the all-resident reference, which is
+    what streaming would compute anyway (with every expert resident MoCE's bonus lifts all
+    logits alike, so routing is the model's own) without a reader pool or slot bookkeeping."""
+    from strata.runtime.decode import arena_plan_for, open_streaming_engine
+
+    backend = config.backend
+    if backend is Backend.MLX:
+        # The MLX backend plugs in here: build its LayerCompute and Arena, then
+        # StreamingEngine(model, config, arena, compute, io) exactly as open_streaming_engine does.
+        raise ConfigError("the MLX backend is not available yet; use backend numpy (or auto)")
+    # Backend.AUTO resolves to NUMPY until the MLX backend exists.
+    plan = arena_plan_for(model, config)
+    if plan.streaming:
+        return open_streaming_engine(model, config, plan=plan)
     return ReferenceEngine(model.resident_params())
+
+
+def _report_of(engine: Engine) -> StreamReport | None:
+    from strata.runtime.decode import StreamingEngine
+
+    return engine.report() if isinstance(engine, StreamingEngine) else None
+
+
+def _close(engine: Engine) -> None:
+    from strata.runtime.decode import StreamingEngine
+
+    if isinstance(engine, StreamingEngine):  # its reader threads and file descriptors
+        engine.close()
+
+
+def _cache_of(engine: Engine) -> CacheStats | None:
+    from strata.runtime.decode import StreamingEngine
+
+    return engine.streamer.totals if isinstance(engine, StreamingEngine) else None
 
 
 def stream_generate(
@@ -69,24 +111,37 @@ def stream_generate(
     top_p: float = 1.0,
     seed: int = 0,
     engine: Engine | None = None,
+    config: Config | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a GenerationResponse per token.
 
     `model` is a loaded Model or a path; `prompt` text or token ids. Greedy when temperature is 0.
+    `config` is the runtime configuration (default: `STRATA_*` variables over the defaults); it
+    picks the engine unless `engine` is given (then the caller owns and closes it).
     """
     model = _open(model)
     sampler = SamplerConfig(temperature=temperature, top_p=top_p, seed=seed)
     if max_tokens < 0:
         raise StrataError(f"max_tokens must be >= 0, got {max_tokens}")
-    from strata.tokenizer import StreamingDetokenizer
-
     tokens = model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise StrataError("the prompt is empty")
     limit = model.cfg.max_context
     if len(tokens) >= limit:
         raise ContextLimitError(f"the prompt has {len(tokens)} tokens; the model's context is {limit}")
-    engine = engine or _engine_for(model)
+    owned = engine is None
+    engine = engine or _engine_for(model, config if config is not None else load_config())
+    try:
+        yield from _run(model, engine, tokens, sampler, max_tokens, limit)
+    finally:
+        if owned:
+            _close(engine)
+
+
+def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int,
+         limit: int) -> Iterator[GenerationResponse]:
+    from strata.tokenizer import StreamingDetokenizer
+
     detok = StreamingDetokenizer(model.tokenizer)
 
     start = time.perf_counter()
@@ -114,7 +169,8 @@ def stream_generate(
         yield GenerationResponse(
             text=text, token=token, logprob=logprob, prompt_tokens=len(tokens), prompt_tps=prompt_tps,
             generation_tokens=n + 1, generation_tps=(n + 1) / max(now - decode_start, 1e-9),
-            token_seconds=now - step_start, finish_reason=finish,
+            token_seconds=now - step_start, finish_reason=finish, cache=_cache_of(engine),
+            report=_report_of(engine) if finish is not None else None,
         )
         if finish is not None:
             return
@@ -130,4 +186,5 @@ def generate(model: Model | str | Path, prompt: str | list[int], **kwargs) -> Ge
         text="".join(pieces), tokens=tokens,
         prompt_tokens=last.prompt_tokens if last else 0, prompt_tps=last.prompt_tps if last else 0.0,
         generation_tps=last.generation_tps if last else 0.0, finish_reason=last.finish_reason if last else None,
+        report=last.report if last else None,
     )

@@ -1,0 +1,152 @@
+"""How many arena slots a run gets (SPEC §7): `--arena SIZE` or the budget rule.
+
+    arena = available − keep − ple_reserve − dense_unwired
+
+`available` is the kernel's MemAvailable less the page cache already holding the model's own
+files (SPEC: "inactive file pages of the model itself are not available" — they are what the
+arena would displace). `dense_unwired` is the part of the dense weights that sits in
+reclaimable file pages: strata's loader copies dense tensors into anonymous memory (already
+outside MemAvailable once loaded), so it is 0 here, and 0 by definition with `mlock_dense`.
+The rule never grows an arena past its budget; it only decides a size once, at engine start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from strata.errors import ArenaTooSmallError, ConfigError
+
+__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "mem_available", "cached_file_bytes", "fmt_bytes"]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """A parsed size: bytes, or a slot count (`300slots`)."""
+
+    nbytes: int = 0
+    slots: int = 0
+
+    def to_slots(self, slot_bytes: int) -> int:
+        return self.slots if self.slots else self.nbytes // slot_bytes
+
+
+def parse_size(text: str, *, what: str = "size", allow_slots: bool = True) -> SizeSpec:
+    """"2GB", "512MB", "1.5GiB", "4096", "300slots" -> SizeSpec. Decimal units (GB = 10^9),
+    binary with an i (GiB = 2^30); a bare number is bytes."""
+    m = _SIZE.match(str(text))
+    if m:
+        number, unit = m.group(1), m.group(2).lower()
+        if unit in ("slot", "slots"):
+            if allow_slots and "." not in number:
+                return SizeSpec(slots=int(number))
+        elif unit in _UNITS:
+            return SizeSpec(nbytes=int(float(number) * _UNITS[unit]))
+    slots = ", a slot count like 300slots" if allow_slots else ""
+    raise ConfigError(f"{what}: cannot read {text!r} as a size (like 2GB, 512MB, 1.5GiB{slots})")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo (Linux); elsewhere the free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cached_file_bytes(path: str | os.PathLike) -> int:
+    """Bytes of `path` in the page cache (mincore over a private map); 0 where that fails."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        size = os.path.getsize(path)
+        if size == 0:
+            return 0
+        page = mmap.PAGESIZE
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mm:
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                return 0
+            resident = sum(b & 1 for b in bytes(vec))
+            del addr
+        return min(size, resident * page)
+    except (OSError, ValueError, AttributeError, TypeError, BufferError):
+        return 0
+
+
+@dataclass(frozen=True)
+class ArenaPlan:
+    """The arena a run gets. `streaming` False: every expert fits, the all-resident engine runs."""
+
+    streaming: bool
+    slots: int  # arena slots (0 when not streaming)
+    slot_bytes: int
+    min_slots: int  # the smallest legal arena for this configuration
+    total_experts: int  # n_layers * n_experts
+    reason: str  # one line: where the size came from
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+
+def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
+               dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None) -> ArenaPlan:
+    """Decide the arena from `config.arena` or the budget rule (module docstring).
+
+    An explicit size always streams (capped at one slot per expert: more can never be used);
+    the budget rule streams only when the experts do not all fit. Raises ArenaTooSmallError when
+    the size cannot hold one window's selections plus the read-ahead depth (`min_slots`).
+    """
+    if config.arena:
+        spec = parse_size(config.arena, what="arena")
+        slots = spec.to_slots(slot_bytes)
+        reason = f"--arena {config.arena}"
+        if slots > max(total_experts, min_slots):
+            slots = max(total_experts, min_slots)
+            reason += f" (capped at {slots} slots: one per expert)"
+        _check(slots, min_slots, slot_bytes, reason)
+        return ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
+    avail = mem_available() if available is None else available
+    cached = sum(cached_file_bytes(p) for p in model_files)
+    keep = parse_size(config.keep, what="keep", allow_slots=False).nbytes
+    ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes
+    dense_unwired = 0  # see the module docstring: dense tensors are anonymous copies
+    budget = avail - cached - keep - ple - dense_unwired
+    reason = (f"budget: available {fmt_bytes(avail)} - model page cache {fmt_bytes(cached)} - keep "
+              f"{fmt_bytes(keep)} - ple {fmt_bytes(ple)} - dense unwired {fmt_bytes(dense_unwired)} "
+              f"= {fmt_bytes(budget)}")
+    slots = max(0, budget) // slot_bytes
+    if slots >= total_experts:
+        return ArenaPlan(False, 0, slot_bytes, min_slots, total_experts, reason + ": every expert fits")
+    _check(slots, min_slots, slot_bytes, reason)
+    return ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
+
+
+def _check(slots: int, min_slots: int, slot_bytes: int, reason: str) -> None:
+    if slots < min_slots:
+        raise ArenaTooSmallError(
+            f"arena of {slots} slots ({fmt_bytes(slots * slot_bytes)}, from {reason}) cannot hold one "
+            f"window's selections of every layer plus the read-ahead depth: this configuration needs at "
+            f"least {min_slots} slots ({fmt_bytes(min_slots * slot_bytes)}); give --arena {min_slots}slots "
+            f"or more, or lower --prefetch")

@@ -1,0 +1,301 @@
+"""The reader pool: a few threads `preadv` expert records into arena slots (SPEC §1, §5).
+
+- Priority: urgent reads (the turn waits on them) before read-aheads, FIFO within each.
+- `cancel(ticket)` drops a read that is still queued; a running one finishes (its slot is in
+  limbo until the state machine has waited for it, so it cannot land on a reused slot).
+- `wait(tickets)` blocks until each read is done or dropped, with a timeout (never a hang);
+  `check(slot, ticket, layer, expert)` is called at the moment of use and raises the read's
+  error, if any, in the caller's thread: layer, expert and file offset are in the message.
+- Completions are queued for the owner to feed back as `ReadDone` (`completed()`).
+- O_DIRECT where the filesystem allows; the first EINVAL switches to buffered reads, once.
+- `IOHook` (tests): runs in the worker around each read; it may sleep, raise OSError or
+  corrupt the bytes, which is how random delays, completion orders and faults are injected.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from strata.errors import ExpertReadError
+from strata.formats.experts_file import ExpertsFile, checksum
+from strata.runtime.arena import Arena
+
+__all__ = ["ReadRequest", "IOHook", "ReaderPool", "RandomDelays", "Faults"]
+
+URGENT, AHEAD = 0, 1  # queue priorities: smaller first
+_QUEUED, _RUNNING, _DONE, _DROPPED = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    ticket: int
+    slot: int
+    layer: int
+    expert: int
+    urgent: bool
+    offset: int  # byte offset of the record in the .experts file
+
+
+class IOHook(Protocol):
+    def before(self, req: ReadRequest) -> None:
+        """In the worker, before the read: may sleep or raise OSError."""
+
+    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
+        """In the worker, after the read filled `buf` with `got` bytes, before verification:
+        may alter the bytes; returns the byte count to report (tests shorten it)."""
+
+
+class RandomDelays:
+    """Seeded random delays per read (the seed and the ticket pick the delay), so reads
+    complete in random orders; the same seed gives the same delays, not the same order."""
+
+    def __init__(self, seed: int, max_ms: float = 2.0) -> None:
+        self.seed, self.max_s = seed, max_ms / 1e3
+
+    def before(self, req: ReadRequest) -> None:
+        rng = np.random.default_rng([self.seed, req.ticket])
+        if rng.random() < 0.5:  # half the reads are instant: orders mix fast and slow
+            time.sleep(rng.random() * self.max_s)
+
+    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
+        return got
+
+
+class Faults:
+    """Fail the reads of some (layer, expert) keys: `eio` raises EIO, `short` returns fewer
+    bytes, `corrupt` flips a byte (caught only with verify_reads). Optionally after `delays`."""
+
+    def __init__(self, *, eio=(), short=(), corrupt=(), delays: IOHook | None = None) -> None:
+        self.eio, self.short, self.corrupt = set(eio), set(short), set(corrupt)
+        self.delays = delays
+
+    def before(self, req: ReadRequest) -> None:
+        if self.delays is not None:
+            self.delays.before(req)
+        if (req.layer, req.expert) in self.eio:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
+        if (req.layer, req.expert) in self.corrupt:
+            buf[7] ^= 0xFF
+        return got // 2 if (req.layer, req.expert) in self.short else got
+
+
+class _Job:
+    __slots__ = ("req", "status", "error")
+
+    def __init__(self, req: ReadRequest) -> None:
+        self.req, self.status, self.error = req, _QUEUED, None
+
+
+class ReaderPool:
+    """Threads that fill arena slots from an `.experts` file. Thread-safe; one owner thread
+    submits, cancels, waits and drains completions."""
+
+    def __init__(self, experts: ExpertsFile, arena: Arena, *, threads: int = 4, direct: bool = True,
+                 verify: bool = False, timeout: float = 60.0, hook: IOHook | None = None) -> None:
+        if arena.slot_bytes < experts.header.padded_bytes:
+            raise ValueError(f"arena slots of {arena.slot_bytes} bytes cannot hold "
+                             f"{experts.header.padded_bytes}-byte records")
+        self.experts, self.arena = experts, arena
+        self.verify, self.timeout, self.hook = verify, timeout, hook
+        self.nbytes = experts.header.padded_bytes
+        self._fd, self.direct, self.note = self._open(direct)
+        self._cv = threading.Condition()
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._jobs: dict[int, _Job] = {}  # ticket -> job, the latest read of each slot only
+        self._slot_job: dict[int, _Job] = {}
+        self._done: list[tuple[int, int]] = []  # (slot, ticket) completed or dropped, not yet drained
+        self._closed = False
+        self._retired_fds: list[int] = []
+        self.bytes_read = 0
+        self.reads_done = 0
+        self.dropped = 0
+        self.errors = 0
+        self._workers = [threading.Thread(target=self._work, name=f"strata-io-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._workers:
+            t.start()
+
+    # -------------------------------------------------------- opening
+
+    def _open(self, direct: bool) -> tuple[int, bool, str]:
+        path = self.experts.path
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as e:
+                return os.dup(self.experts.fileno()), False, f"buffered reads (O_DIRECT open failed: {e.strerror})"
+            try:  # the filesystem may accept the flag and still refuse the read
+                probe = mmapped_probe(self.nbytes)
+                os.preadv(fd, [probe], self.experts.record_offset(0, 0))
+                return fd, True, "O_DIRECT reads"
+            except OSError as e:
+                os.close(fd)
+                return os.dup(self.experts.fileno()), False, f"buffered reads (O_DIRECT read failed: {e.strerror})"
+        why = "off by config" if direct is False else "no O_DIRECT on this system"
+        return os.dup(self.experts.fileno()), False, f"buffered reads ({why})"
+
+    # -------------------------------------------------------- owner side
+
+    def submit(self, ticket: int, slot: int, layer: int, expert: int, urgent: bool) -> None:
+        req = ReadRequest(ticket, slot, layer, expert, urgent, self.experts.record_offset(layer, expert))
+        job = _Job(req)
+        with self._cv:
+            old = self._slot_job.get(slot)
+            if old is not None:
+                if old.status in (_QUEUED, _RUNNING):
+                    raise RuntimeError(f"read {ticket} into slot {slot} while read {old.req.ticket} "
+                                       f"of layer {old.req.layer} expert {old.req.expert} is in flight")
+                self._jobs.pop(old.req.ticket, None)
+            self._slot_job[slot] = job
+            self._jobs[ticket] = job
+            heapq.heappush(self._heap, (URGENT if urgent else AHEAD, next(self._seq), job))
+            self._cv.notify()
+
+    def cancel(self, ticket: int) -> bool:
+        """Drop a queued read; False when it is running or finished (then it completes)."""
+        with self._cv:
+            job = self._jobs.get(ticket)
+            if job is None or job.status != _QUEUED:
+                return False
+            job.status = _DROPPED
+            self.dropped += 1
+            self._done.append((job.req.slot, ticket))
+            self._cv.notify_all()
+            return True
+
+    def wait(self, tickets) -> float:
+        """Block until these reads are done or dropped; return the seconds spent blocked."""
+        start = time.perf_counter()
+        deadline = start + self.timeout
+        with self._cv:
+            jobs = [self._jobs[t] for t in tickets if t in self._jobs]
+            while True:
+                pending = [j for j in jobs if j.status in (_QUEUED, _RUNNING)]
+                if not pending:
+                    break
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    r = pending[0].req
+                    raise ExpertReadError(
+                        f"{self.experts.path}: read of layer {r.layer} expert {r.expert} at offset {r.offset} "
+                        f"did not complete within {self.timeout:g} s ({len(pending)} reads pending)")
+                self._cv.wait(left)
+        return time.perf_counter() - start
+
+    def check(self, slot: int, ticket: int, layer: int, expert: int) -> None:
+        """At the moment of use: the slot's latest read is `ticket`, of (layer, expert), done
+        without error. Raises ExpertReadError otherwise."""
+        with self._cv:
+            job = self._slot_job.get(slot)
+        if job is None or job.req.ticket != ticket or (job.req.layer, job.req.expert) != (layer, expert):
+            have = "nothing" if job is None else f"layer {job.req.layer} expert {job.req.expert} (read {job.req.ticket})"
+            raise ExpertReadError(f"slot {slot} should hold layer {layer} expert {expert} (read {ticket}), holds {have}")
+        if job.error is not None:
+            raise job.error
+        if job.status != _DONE:
+            state = {_QUEUED: "still queued", _RUNNING: "still reading", _DROPPED: "was cancelled"}[job.status]
+            raise ExpertReadError(f"slot {slot}: the read of layer {layer} expert {expert} at offset "
+                                  f"{job.req.offset} {state} when compute needed it")
+
+    def completed(self) -> list[tuple[int, int]]:
+        """(slot, ticket) of every read completed or dropped since the last call."""
+        with self._cv:
+            out, self._done = self._done, []
+        return out
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for t in self._workers:
+            t.join(timeout=self.timeout)
+        for fd in [self._fd, *self._retired_fds]:
+            if fd >= 0:
+                os.close(fd)
+        self._fd, self._retired_fds = -1, []
+
+    # -------------------------------------------------------- workers
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                job = heapq.heappop(self._heap)[2]
+                if job.status != _QUEUED:
+                    continue  # cancelled while queued
+                job.status = _RUNNING
+            try:
+                self._read(job.req)
+                error = None
+            except ExpertReadError as e:
+                error = e
+            except BaseException as e:  # noqa: BLE001 - any failure must reach the waiter, never hang it
+                r = job.req
+                error = ExpertReadError(f"{self.experts.path}: reading layer {r.layer} expert {r.expert} at "
+                                        f"offset {r.offset} failed: {e!r}")
+            with self._cv:
+                job.error = error
+                job.status = _DONE
+                if error is None:
+                    self.bytes_read += self.nbytes
+                    self.reads_done += 1
+                else:
+                    self.errors += 1
+                self._done.append((job.req.slot, job.req.ticket))
+                self._cv.notify_all()
+
+    def _read(self, r: ReadRequest) -> None:
+        buf = self.arena.slot_buffer(r.slot)[: self.nbytes]
+        where = f"{self.experts.path}: layer {r.layer} expert {r.expert} at offset {r.offset}"
+        try:
+            if self.hook is not None:
+                self.hook.before(r)
+            got = self._pread(buf, r.offset)
+            if self.hook is not None:
+                got = self.hook.after(r, buf, got)
+        except OSError as e:
+            raise ExpertReadError(f"{where}: read error: {e.strerror or e}") from None
+        if got != self.nbytes:
+            raise ExpertReadError(f"{where}: short read: {got} of {self.nbytes} bytes")
+        if self.verify:
+            rec = self.experts.header.record_bytes
+            actual, stored = checksum(buf[:rec]), self.experts.checksum(r.layer, r.expert)
+            if actual != stored:
+                raise ExpertReadError(f"{where}: checksum mismatch: crc32 {actual:#010x}, the file says {stored:#010x}")
+        self.arena.publish(r.slot)
+
+    def _pread(self, buf: np.ndarray, offset: int) -> int:
+        try:
+            return os.preadv(self._fd, [buf], offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not self.direct:
+                raise
+        with self._cv:  # O_DIRECT refused this buffer or offset: buffered from now on, said once
+            if self.direct:
+                self.direct = False
+                self.note = "buffered reads (O_DIRECT refused a read: EINVAL)"
+                self._retired_fds.append(self._fd)  # another worker may still be reading with it
+                self._fd = os.dup(self.experts.fileno())
+        return os.preadv(self._fd, [buf], offset)
+
+
+def mmapped_probe(nbytes: int) -> np.ndarray:
+    """A page-aligned scratch buffer (O_DIRECT wants aligned memory)."""
+    import mmap
+
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)

@@ -1,0 +1,99 @@
+"""The stream report (SPEC §8): one dataclass, one text line, one JSON object.
+
+Counts come from the cache state machine's totals over the decode windows only (the prompt
+has its own line); times from the streamer's turn timers. Per-token figures divide by decoded
+tokens (= decode windows of one position).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from strata.reference.cache_types import CacheStats
+from strata.runtime.budget import fmt_bytes
+
+__all__ = ["StreamReport", "build_report", "stats_delta", "stats_add"]
+
+
+@dataclass(frozen=True)
+class StreamReport:
+    tokens: int  # decoded tokens (decode windows)
+    ms_per_token: float
+    urgent_misses_per_token: float
+    readahead_hits_per_token: float
+    reads_per_token: float
+    bytes_per_token: float
+    hit_rate: float  # (hits + read-ahead hits) / lookups, decode
+    host_ms_per_window: float  # the host's turns (lookups, misses, waits), per window
+    waiting_ms_per_window: float  # of it, blocked on reads
+    late: int  # read-aheads claimed before their read completed (decode)
+    after_ms: float  # per window: the split turn's after_layer work, done after compute went on
+    misses_by_rank: tuple[float, ...]  # urgent misses per token by selected rank 0..k-1
+    arena_slots: int
+    arena_bytes: int
+    # beyond the SPEC's list
+    io: str = ""  # "O_DIRECT reads" or why buffered
+    prompt_tokens: int = 0
+    prompt_ms: float = 0.0
+    prompt_reads: int = 0
+    readahead_cancelled_per_token: float = 0.0
+    profile: dict[str, float] = field(default_factory=dict)  # ms per token by phase (--profile)
+
+    def text(self) -> str:
+        ranks = " ".join(f"{m:.1f}" for m in self.misses_by_rank)
+        line = (f"stream: {self.tokens} tokens, {self.ms_per_token:.2f} ms/token; urgent misses "
+                f"{self.urgent_misses_per_token:.2f}/token, read-ahead hits {self.readahead_hits_per_token:.2f}/token, "
+                f"reads {self.reads_per_token:.2f}/token ({fmt_bytes(self.bytes_per_token)}/token), "
+                f"hit rate {100 * self.hit_rate:.2f}%; host {self.host_ms_per_window:.2f} ms per window, of it "
+                f"waiting {self.waiting_ms_per_window:.2f} (+ {self.after_ms:.2f} ms after the GPU went on); "
+                f"late {self.late}; misses by rank {ranks}; arena {self.arena_slots} slots "
+                f"({fmt_bytes(self.arena_bytes)}); {self.io}")
+        if self.prompt_tokens:
+            line += f"; prompt {self.prompt_tokens} tokens in {self.prompt_ms:.0f} ms, {self.prompt_reads} reads"
+        if self.profile:
+            line += "; profile ms/token: " + ", ".join(f"{k} {v:.2f}" for k, v in self.profile.items())
+        return line
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["misses_by_rank"] = list(self.misses_by_rank)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def stats_delta(end: CacheStats | dict, start: CacheStats | dict) -> dict:
+    """end - start, field by field (by-rank tuples elementwise)."""
+    a = end if isinstance(end, dict) else asdict(end)
+    b = start if isinstance(start, dict) else asdict(start)
+    return {k: tuple(x - y for x, y in zip(v, b[k])) if isinstance(v, tuple) else v - b[k] for k, v in a.items()}
+
+
+def stats_add(a: CacheStats | dict, b: CacheStats | dict) -> dict:
+    a = a if isinstance(a, dict) else asdict(a)
+    b = b if isinstance(b, dict) else asdict(b)
+    return {k: tuple(x + y for x, y in zip(v, b[k])) if isinstance(v, tuple) else v + b[k] for k, v in a.items()}
+
+
+def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, waiting_s: float,
+                 after_s: float, slot_bytes: int, arena_slots: int, io: str, prompt_tokens: int = 0,
+                 prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None) -> StreamReport:
+    """The report of `tokens` decode windows whose cache counts are `decode` (a stats_delta)."""
+    d, n = decode, tokens
+    per = 1.0 / n if n else 0.0
+    lookups = d["lookups"]
+    return StreamReport(
+        tokens=n, ms_per_token=1e3 * seconds * per,
+        urgent_misses_per_token=d["urgent_misses"] * per, readahead_hits_per_token=d["readahead_hits"] * per,
+        reads_per_token=d["reads_issued"] * per, bytes_per_token=d["reads_issued"] * slot_bytes * per,
+        hit_rate=(d["hits"] + d["readahead_hits"]) / lookups if lookups else 0.0,
+        host_ms_per_window=1e3 * host_s * per, waiting_ms_per_window=1e3 * waiting_s * per,
+        late=d["late_readaheads"], after_ms=1e3 * after_s * per,
+        misses_by_rank=tuple(m * per for m in d["urgent_misses_by_rank"]),
+        arena_slots=arena_slots, arena_bytes=arena_slots * slot_bytes, io=io,
+        prompt_tokens=prompt_tokens, prompt_ms=1e3 * prompt_s, prompt_reads=prompt_reads,
+        readahead_cancelled_per_token=d["reads_cancelled"] * per,
+        profile={k: 1e3 * v * per for k, v in (profile or {}).items()},
+    )

@@ -1,0 +1,154 @@
+"""The streamer: owns the expert-cache state and applies its actions to real I/O (SPEC §5).
+
+Every slot decision is taken by `strata.reference.cache.step`; this module only carries the
+actions out: `Read` -> the reader pool, `Cancel` -> drop a queued read, `WaitFor` -> block on
+those slots' reads, `Evict` -> bookkeeping, `Use` -> hand the slots to compute (after checking
+that each holds the expert it should, read without error). Reads that completed are fed back
+as `ReadDone` before each turn; they can change only the late count and which waits are
+needed, never a decision (the state machine's determinism invariant), so the decision trace
+of a run depends on its turns alone, whatever the I/O timing.
+
+Residency for MoCE (`resident_mask`): RES slots (claimed, in `smap`) count as resident. An
+unclaimed read-ahead (PRE) counts only with `moce_pre`: it is in the arena or on its way, but
+claiming one that is still in flight makes the turn wait ("late"), so by default the bonus goes
+only to experts that cost nothing. Both are decision-only state, so routing stays deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from strata.reference.cache import initial_state, step
+from strata.reference.cache_types import (
+    AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Cancel, Evict, HoldRegion, Read, ReadDone,
+    Use, WaitFor,
+)
+from strata.runtime.io import ReaderPool
+
+__all__ = ["Streamer", "TurnTimes"]
+
+
+class TurnTimes:
+    """Seconds spent in the host's turns, accumulated (the stream report's host/waiting/after)."""
+
+    __slots__ = ("host", "waiting", "after", "overlap")
+
+    def __init__(self) -> None:
+        self.host = self.waiting = self.after = self.overlap = 0.0
+
+
+class Streamer:
+    """Feeds turns to the cache state machine and applies what it says.
+
+    `trace` (when kept) is the list of turn events in order: replaying them through `step`
+    from `initial_state(config)` gives the same decisions and the same `decision_view`.
+    """
+
+    def __init__(self, config: CacheConfig, pool: ReaderPool, *, keep_trace: bool = False,
+                 moce_pre: bool = False) -> None:
+        self.config = config
+        self.pool = pool
+        self.state = initial_state(config)
+        self.trace: list | None = [] if keep_trace else None
+        self.decisions: list | None = [] if keep_trace else None
+        self.times = TurnTimes()
+        self.moce_pre = moce_pre
+        cap = config.capacity
+        self._key = [(-1, -1)] * cap  # (layer, expert) of each slot's latest read
+        self._ticket = [0] * cap
+
+    # -------------------------------------------------------- turns
+
+    def begin_window(self) -> None:
+        self._apply(self._step(BeginWindow()))
+
+    def hold_region(self, begin: bool) -> None:
+        self._apply(self._step(HoldRegion(begin)))
+
+    def at_layer(self, layer: int, selected, *, on_use: Callable[[Use], None],
+                 overlap: Callable[[], None] | None = None) -> None:
+        """The host's turn for `layer`. `on_use` runs for each pass (decode: one) once its
+        reads are complete; `overlap` runs once, after this turn's reads are issued and
+        before the wait for them (the shared expert: work placed between signal and wait)."""
+        start = time.perf_counter()
+        actions = self._step(AtLayer(layer, tuple(selected)))
+        outside = self._apply(actions, on_use=on_use, overlap=overlap)
+        self.times.host += time.perf_counter() - start - outside
+
+    def after_layer(self, layer: int, guesses=(), guesses2=(), *, in_turn: bool = False) -> None:
+        """After `layer`'s compute was handed off: retire, release limbo, read ahead.
+        `in_turn` (split turn off): this runs inside the host's turn and is timed as host."""
+        start = time.perf_counter()
+        self._apply(self._step(AfterLayer(layer, tuple(guesses), tuple(guesses2))))
+        dt = time.perf_counter() - start
+        if in_turn:
+            self.times.host += dt
+        else:
+            self.times.after += dt
+
+    # -------------------------------------------------------- views
+
+    def resident_mask(self, layer: int) -> np.ndarray:
+        """bool [E]: the experts of `layer` that count as resident for the MoCE bonus."""
+        e = self.config.n_experts
+        mask = self.state.smap[layer * e:(layer + 1) * e] >= 0
+        if self.moce_pre:
+            mask = mask | (self.state.pmap[layer * e:(layer + 1) * e] >= 0)
+        return mask
+
+    @property
+    def totals(self) -> CacheStats:
+        return self.state.totals
+
+    # -------------------------------------------------------- applying actions
+
+    def _step(self, event) -> tuple:
+        for slot, ticket in self.pool.completed():
+            self.state, _ = step(self.state, ReadDone(slot, ticket))
+        self.state, actions = step(self.state, event)
+        if self.trace is not None:
+            self.trace.append(event)
+            self.decisions.extend(a for a in actions if not isinstance(a, WaitFor))
+        return actions
+
+    def _apply(self, actions: tuple, *, on_use=None, overlap=None) -> float:
+        """Carry out `actions` in order; return the seconds spent in the callbacks (compute,
+        not host work)."""
+        outside = 0.0
+        overlap_at = -1
+        if overlap is not None:  # before the wait that precedes the (decode) Use, else at the Use
+            overlap_at = len(actions) - 1
+            if len(actions) >= 2 and isinstance(actions[-2], WaitFor):
+                overlap_at -= 1
+        for i, a in enumerate(actions):
+            if i == overlap_at:
+                t = time.perf_counter()
+                overlap()
+                dt = time.perf_counter() - t
+                self.times.overlap += dt
+                outside += dt
+            if isinstance(a, Read):
+                self._key[a.slot] = (a.layer, a.expert)
+                self._ticket[a.slot] = a.ticket
+                self.pool.submit(a.ticket, a.slot, a.layer, a.expert, a.urgent)
+            elif isinstance(a, Cancel):
+                self.pool.cancel(a.ticket)
+            elif isinstance(a, WaitFor):
+                self.times.waiting += self.pool.wait([self._ticket[s] for s in a.slots])
+            elif isinstance(a, Evict):
+                self._key[a.slot] = (-1, -1)
+            elif isinstance(a, Use):
+                for e, s in zip(a.experts, a.slots):
+                    if self._key[s] != (a.layer, e):
+                        raise AssertionError(f"cache said slot {s} holds layer {a.layer} expert {e}, "
+                                             f"the runtime read {self._key[s]} into it")
+                    self.pool.check(s, self._ticket[s], a.layer, e)
+                if on_use is None:
+                    raise AssertionError(f"a Use of layer {a.layer} outside a layer turn")
+                t = time.perf_counter()
+                on_use(a)
+                outside += time.perf_counter() - t
+        return outside
