@@ -1,0 +1,54 @@
+"""`strata trace MODEL TEXT -o TRACE`: record router inputs, logits and λ = 0 selections."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = """\
+Run MODEL over TEXT (a string, or @file) at λ = 0, one token at a time as decoding does, and
+save what every layer's router saw and chose: router inputs [T, L, D], logits [T, L, E], the
+routers [L, E, D] and the selections [T, L, k], in one .npz (docs/analysis.md). The trace is
+all `strata replay` and `strata recall` need.
+
+example:
+  strata trace model.gguf @prompt.txt -o /tmp/trace.npz --max-tokens 1024"""
+
+
+def add_parser(sub, name: str) -> None:
+    p = sub.add_parser(name, help="record a routing trace (router inputs and selections)", description=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="model path (name.gguf; its experts in name.experts)")
+    p.add_argument("text", help="the text, or @path to read it from a file")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (.npz)")
+    p.add_argument("--max-tokens", type=int, default=0, help="keep only the first N tokens (default: all)")
+    p.add_argument("--f16", action="store_true", help="store router inputs as float16 (half the size)")
+    p.add_argument("--batch", action="store_true",
+                   help="one forward over the whole text instead of decode order (faster; rounds differently)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from strata.errors import ConfigError
+    from strata.loader import load
+    from strata.tools.options import read_text
+    from strata.tools.quality import fast_params
+    from strata.tools.trace import record_trace, save_trace
+
+    model = load(args.model)
+    tokens = model.tokenizer.encode(read_text(args.text))
+    if args.max_tokens > 0:
+        tokens = tokens[: args.max_tokens]
+    if not tokens:
+        raise ConfigError("the text has no tokens")
+    if len(tokens) > model.cfg.max_context:
+        raise ConfigError(f"{len(tokens)} tokens exceed the model's context of {model.cfg.max_context} "
+                          f"(use --max-tokens)")
+    start = time.perf_counter()
+    trace = record_trace(fast_params(model.resident_params()), tokens, input_dtype="f16" if args.f16 else "f32",
+                         decode_order=not args.batch, meta={"model": str(model.model_path), "tokens": len(tokens)})
+    path = save_trace(args.output, trace)
+    print(f"wrote {path}: {trace.n_tokens} tokens x {trace.n_layers} layers x {trace.n_experts} experts "
+          f"(top-{trace.top_k}) in {time.perf_counter() - start:.1f} s")
+    return 0

@@ -1,0 +1,140 @@
+"""Command-line options shared by the analysis subcommands (`strata replay`, `quality`, `sweep`):
+how flags become `LoopConfig`s. Lists are comma-separated; several list flags make a grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+from strata.errors import ConfigError
+from strata.reference.cache_types import min_capacity
+from strata.reference.routing import STOCK_BONUS, STOCK_DROP_TAIL_RANK, STOCK_J, BonusScale, MoCEPolicy
+from strata.tools.closed_loop import GuessRanking, LoopConfig
+
+__all__ = ["add_policy_options", "add_cache_options", "loop_configs", "parse_capacity", "read_text",
+           "parse_list", "SEED_PRESET"]
+
+SEED_PRESET = "seed"
+_ON_OFF = {"on": (True,), "off": (False,), "both": (False, True)}
+
+
+def parse_list(text: str, kind=float, what: str = "value") -> list:
+    try:
+        return [kind(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{what}: expected a comma-separated list, got {text!r}") from None
+
+
+def parse_capacity(text: str, *, n_layers: int, n_experts: int, top_k: int, prefetch_depth: int,
+                   prefetch2: bool = False, split_turn: bool = True) -> int:
+    """'300' slots, '25%' of all experts (L·E), or 'min' (the smallest legal arena)."""
+    t = str(text).strip().lower()
+    least = min_capacity(n_layers, top_k, prefetch_depth, prefetch2=prefetch2, split_turn=split_turn,
+                         n_experts=n_experts)
+    try:
+        if t == "min":
+            return least
+        if t.endswith("%"):
+            return max(1, round(float(t[:-1]) / 100.0 * n_layers * n_experts))
+        return int(t)
+    except ValueError:
+        raise ConfigError(f"capacity: expected slots, a percentage or 'min', got {text!r}") from None
+
+
+def read_text(arg: str) -> str:
+    """TEXT as given, or the contents of a file when written '@path'."""
+    if arg.startswith("@"):
+        p = Path(arg[1:])
+        if not p.exists():
+            raise ConfigError(f"{p}: no such text file")
+        return p.read_text(encoding="utf-8", errors="replace")
+    return arg
+
+
+def add_policy_options(p: argparse.ArgumentParser, *, lists: bool) -> None:
+    many = " (comma-separated list: one run each)" if lists else ""
+    p.add_argument("--J", dest="J", default=str(STOCK_J), help=f"MoCE protected top-J (default {STOCK_J}){many}")
+    p.add_argument("--lambda", dest="lam", default=str(STOCK_BONUS),
+                   help=f"MoCE bonus λ; 0 is the model's own routing (default {STOCK_BONUS}){many}")
+    p.add_argument("--range", action="store_true", help="λ in units of the running logit range (Cache-Prior form)")
+    p.add_argument("--margin", type=float, default=None, help="margin gating: cap the bonus at this many logits")
+    p.add_argument("--drop-tail", type=float, default=0.0, metavar="W",
+                   help="drop non-resident picks with weight < W (default 0: off)")
+    p.add_argument("--drop-rank", type=int, default=STOCK_DROP_TAIL_RANK,
+                   help=f"... at selected rank >= this (default {STOCK_DROP_TAIL_RANK})")
+
+
+def add_cache_options(p: argparse.ArgumentParser, *, lists: bool) -> None:
+    many = " (list)" if lists else ""
+    p.add_argument("--K", dest="K", default="10", help=f"read-ahead depth, 0 = none (default 10){many}")
+    p.add_argument("--touch", default="off", choices=sorted(_ON_OFF),
+                   help="move resident guesses to the LRU front (default off; 'both' runs each)")
+    p.add_argument("--two-ahead", action="store_true", help="also read ahead two layers ahead (prefetch2)")
+    p.add_argument("--in-turn", action="store_true", help="the old order: read-ahead inside the host turn")
+    p.add_argument("--f32-guess", action="store_true", help="guess on the float32 routers (default: Q8_0 copy)")
+    p.add_argument("--moce-pre", action="store_true", help="unclaimed read-aheads count as resident for the bonus")
+    p.add_argument("--guess", default="plain", choices=[g.value for g in GuessRanking],
+                   help="rank read-ahead guesses by z (plain, the runtime's) or by the MoCE policy (the seed's)")
+    p.add_argument("--warmup", type=int, default=0, help="tokens that fill the cache but are not counted (default 0)")
+
+
+def _policies(args) -> list[MoCEPolicy]:
+    js = parse_list(args.J, int, "--J")
+    lams = parse_list(args.lam, float, "--lambda")
+    out, seen = [], set()
+    for j, lam in itertools.product(js, lams):
+        try:
+            pol = MoCEPolicy(protect_top_j=j, bonus=lam,
+                             bonus_scale=BonusScale.RANGE if args.range else BonusScale.ABSOLUTE,
+                             margin=args.margin, drop_tail_weight=args.drop_tail, drop_tail_min_rank=args.drop_rank)
+        except ConfigError as e:
+            raise ConfigError(str(e)) from None
+        key = (None if lam == 0 else j, lam)  # λ = 0 routes alike whatever J
+        if key not in seen:
+            seen.add(key)
+            out.append(pol)
+    return out
+
+
+def loop_configs(args, caps: list[str], *, n_layers: int, n_experts: int, top_k: int) -> list[LoopConfig]:
+    """The grid caps × K × touch × policies the flags describe (or the seed preset's list)."""
+    if getattr(args, "preset", None) == SEED_PRESET:
+        return seed_preset(caps, n_layers=n_layers, n_experts=n_experts, top_k=top_k)
+    out = []
+    for k, touch, pol in itertools.product(parse_list(args.K, int, "--K"), _ON_OFF[args.touch], _policies(args)):
+        base = LoopConfig(capacity=1, prefetch_depth=k, prefetch_touch=touch, prefetch2=args.two_ahead,
+                          split_turn=not args.in_turn, pred_q8=not args.f32_guess, policy=pol,
+                          moce_pre=args.moce_pre, guess=GuessRanking(args.guess))
+        for cap in caps:
+            c = parse_capacity(cap, n_layers=n_layers, n_experts=n_experts, top_k=top_k, prefetch_depth=k,
+                               prefetch2=base.prefetch2, split_turn=base.split_turn)
+            out.append(replace(base, capacity=c))
+    return out
+
+
+def seed_preset(caps: list[str], *, n_layers: int, n_experts: int, top_k: int) -> list[LoopConfig]:
+    """The seed's replay experiments (§1.1-§1.3), per capacity: stock (J3 λ0.85 K10, LRU touch
+    of resident guesses, as the seed's engine did), K10/K16 with and without touch, no
+    read-ahead with and without MoCE, λ = 0 with read-ahead, two layers ahead."""
+    stock = MoCEPolicy()
+    variants = [
+        dict(prefetch_depth=10, prefetch_touch=True, policy=stock),
+        dict(prefetch_depth=10, prefetch_touch=False, policy=stock),
+        dict(prefetch_depth=16, prefetch_touch=True, policy=stock),
+        dict(prefetch_depth=16, prefetch_touch=False, policy=stock),
+        dict(prefetch_depth=0, policy=stock),
+        dict(prefetch_depth=0, policy=None),
+        dict(prefetch_depth=10, policy=None),
+        dict(prefetch_depth=10, prefetch2=True, policy=stock),
+    ]
+    out = []
+    for v in variants:
+        base = LoopConfig(capacity=1, **v)
+        for cap in caps:
+            c = parse_capacity(cap, n_layers=n_layers, n_experts=n_experts, top_k=top_k,
+                               prefetch_depth=base.prefetch_depth, prefetch2=base.prefetch2)
+            out.append(replace(base, capacity=c))
+    return out

@@ -1,0 +1,181 @@
+"""Routing traces: what the routers saw on a text, saved as one self-contained `.npz`.
+
+A trace holds, for every token × layer, the router input h = rms_norm(x) (the seed's dump of
+router inputs), the router logits z = W_router(l)·h(l) as the forward pass computed them, the
+routers themselves, and the model's own (λ = 0) selections. That is all the replay and recall
+tools need (the read-ahead guesses W_router(l+1)·h(l) are recomputed from it), so they never
+need the model files.
+
+The λ = 0 router inputs are what a replay re-routes under MoCE. Under a bonus the real hidden
+states drift from them (a swapped expert changes the residual stream); the replay ignores that
+drift, as the seed's replay did. `strata quality` runs the model itself, in decode order, and
+measures misses with the drift included.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from strata.errors import FormatError
+from strata.model_config import RoutingOrder, TensorNames
+from strata.reference.model import ModelParams, ModelState, forward, router_rule
+from strata.reference.routing import RouterRule, route
+from strata.tools.closed_loop import GuessRouters
+
+__all__ = ["Trace", "record_trace", "save_trace", "load_trace", "TRACE_VERSION"]
+
+TRACE_VERSION = 1
+_INPUT_DTYPES = {"f32": np.float32, "f16": np.float16}
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One text's routing, token by token.
+
+    Shapes:
+        tokens:        int64 [T]
+        router_inputs: float32 or float16 [T, L, D]   h(t, l), the input of layer l's router
+        routers:       float32 [L, E, D]              W_router(l)
+        logits:        float32 [T, L, E]              z(t, l) exactly as the forward pass computed it
+        selected:      int64 [T, L, k]                the model's own selection, rank order
+        weights:       float32 [T, L, k]              its combine weights
+    """
+
+    tokens: np.ndarray
+    router_inputs: np.ndarray
+    routers: np.ndarray
+    logits: np.ndarray
+    selected: np.ndarray
+    weights: np.ndarray
+    rule: RouterRule
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.router_inputs.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.routers.shape[0])
+
+    @property
+    def n_experts(self) -> int:
+        return int(self.routers.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return self.rule.k
+
+    def guess_logits(self, ahead: int, *, pred_q8: bool = False) -> np.ndarray:
+        """The read-ahead guess after layer l for layer l+ahead: W_router(l+ahead) · h(t, l),
+        one [1, D] row at a time as decoding computes it (so it is bit-identical to the
+        runtime's guess; a [T, D] matmul may round differently). `pred_q8`: on the Q8_0 copy.
+
+        Shapes: -> float32 [T, L - ahead, E]; row l is the guess made after layer l.
+        """
+        T, L, E = self.n_tokens, self.n_layers, self.n_experts
+        if ahead < 1 or ahead >= L:
+            return np.zeros((T, 0, E), np.float32)
+        routers = GuessRouters(self.routers, pred_q8=pred_q8)
+        h = self.router_inputs.astype(np.float32, copy=False)
+        out = np.empty((T, L - ahead, E), np.float32)
+        for t in range(T):
+            for l in range(L - ahead):
+                out[t, l] = routers.logits(l + ahead, h[t, l])
+        return out
+
+    def truncated(self, n_tokens: int) -> "Trace":
+        """The first n_tokens tokens."""
+        return Trace(self.tokens[:n_tokens], self.router_inputs[:n_tokens], self.routers, self.logits[:n_tokens],
+                     self.selected[:n_tokens], self.weights[:n_tokens], self.rule, dict(self.meta))
+
+
+def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decode_order: bool = True,
+                 meta: dict | None = None) -> Trace:
+    """Run the model over `tokens` at λ = 0 and record every router input, logit and selection.
+
+    decode_order: one token at a time with the KV cache, as generation (and the streaming
+    runtime) computes it, so the trace's numbers are the runtime's bit for bit; off: one
+    forward over the whole sequence (faster; equal up to float32 rounding).
+
+    Shapes: tokens [T] -> Trace with T tokens
+    """
+    if input_dtype not in _INPUT_DTYPES:
+        raise ValueError(f"trace input dtype must be one of {sorted(_INPUT_DTYPES)}, got {input_dtype!r}")
+    cfg = params.cfg
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.ndim != 1 or tokens.size == 0:
+        raise ValueError(f"a trace needs a non-empty token sequence, got shape {tokens.shape}")
+    if decode_order:
+        state, inputs, sels = ModelState.empty(cfg), [], []
+        for tok in tokens.tolist():
+            _, state, ft = forward(params, state, np.array([tok], np.int64), trace=True)
+            inputs.append(ft.router_inputs[:, 0])  # [L, D]
+            sels.append([layer_sel[0] for layer_sel in ft.selections])  # L selections
+        h = np.stack(inputs)  # [T, L, D]
+    else:
+        _, _, ft = forward(params, ModelState.empty(cfg), tokens, trace=True)
+        h = ft.router_inputs.transpose(1, 0, 2)  # [T, L, D]
+        sels = [[ft.selections[l][t] for l in range(cfg.n_layers)] for t in range(len(tokens))]
+    routers = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.router)], np.float32)
+                        for l in range(cfg.n_layers)])  # [L, E, D]
+    return Trace(
+        tokens=tokens, router_inputs=np.ascontiguousarray(h).astype(_INPUT_DTYPES[input_dtype]), routers=routers,
+        logits=np.array([[s.logits for s in row] for row in sels], np.float32),
+        selected=np.array([[s.experts for s in row] for row in sels], np.int64),
+        weights=np.array([[s.weights for s in row] for row in sels], np.float32),
+        rule=router_rule(cfg), meta=dict(meta or {}),
+    )
+
+
+def save_trace(path: str | Path, trace: Trace) -> Path:
+    """Write `trace` as an uncompressed .npz (the suffix is added when missing)."""
+    path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = {
+        "version": TRACE_VERSION, "k": trace.rule.k, "order": trace.rule.order.name,
+        "norm_topk_prob": trace.rule.norm_topk_prob, "meta": trace.meta,
+    }
+    np.savez(path, tokens=trace.tokens, router_inputs=trace.router_inputs, routers=trace.routers,
+             logits=trace.logits, selected=trace.selected, weights=trace.weights, header=np.array(json.dumps(header)))
+    return path
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a trace written by `save_trace` (or `strata trace`)."""
+    path = Path(path)
+    if not path.exists() and path.suffix != ".npz" and path.with_name(path.name + ".npz").exists():
+        path = path.with_name(path.name + ".npz")
+    if not path.exists():
+        raise FormatError(f"{path}: no such trace file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(str(z["header"]))
+            arrays = {k: z[k] for k in ("tokens", "router_inputs", "routers", "logits", "selected", "weights")}
+    except (OSError, KeyError, ValueError) as e:
+        raise FormatError(f"{path}: not a strata trace ({e})") from None
+    if header.get("version") != TRACE_VERSION:
+        raise FormatError(f"{path}: trace version {header.get('version')!r}, this strata reads {TRACE_VERSION}")
+    rule = RouterRule(int(header["k"]), RoutingOrder[header["order"]], bool(header["norm_topk_prob"]))
+    t, l, d = arrays["router_inputs"].shape
+    e = arrays["routers"].shape[1]
+    if (arrays["routers"].shape != (l, e, d) or arrays["selected"].shape != (t, l, rule.k)
+            or arrays["logits"].shape != (t, l, e)):
+        raise FormatError(f"{path}: inconsistent trace shapes "
+                          f"{ {k: v.shape for k, v in arrays.items()} }")
+    return Trace(rule=rule, meta=header.get("meta", {}), **arrays)
+
+
+def reroute_check(trace: Trace) -> float:
+    """Fraction of (token, layer) whose λ = 0 selection recomputed from the stored logits equals
+    the stored one (1.0 unless the file was edited)."""
+    z = trace.logits
+    same = [np.array_equal(route(z[t, l], trace.rule).experts, trace.selected[t, l])
+            for t in range(trace.n_tokens) for l in range(trace.n_layers)]
+    return float(np.mean(same)) if same else 1.0
