@@ -61,6 +61,11 @@ class Config:
     logpos: str = ""  # path: dump per-position logits for KLD (raw float32 rows of vocab_size)
 
     def __post_init__(self) -> None:
+        for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI
+            value = getattr(self, name)
+            coerced = _coerce(name, value, typ)
+            if coerced is not value:
+                object.__setattr__(self, name, coerced)
         if self.prefetch < 0:
             raise ConfigError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.moce_j < 0:
@@ -115,18 +120,18 @@ def _coerce(name: str, value, typ: str):
         raise ConfigError(f"{name}: expected on/off, got {value!r}")
     try:
         if typ == "int":
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value)
+            return value if type(value) is int else int(value)
         if typ == "float":
-            return float(value)
+            return value if type(value) is float else float(value)
         if typ in _ENUMS:
             cls = _ENUMS[typ]
             return value if isinstance(value, cls) else cls(str(value).lower())
     except ValueError:
         choices = f" (one of {', '.join(m.value for m in _ENUMS[typ])})" if typ in _ENUMS else ""
         raise ConfigError(f"{name}: cannot read {value!r} as {typ}{choices}") from None
-    return str(value)
+    return value if type(value) is str else str(value)
 
 
 def from_mapping(values: Mapping[str, object], base: Config | None = None) -> Config:

@@ -1,0 +1,66 @@
+"""Config (one frozen object; env and CLI read in one place) and the arena budget rule."""
+
+import pytest
+
+from strata.config import Backend, Config, from_env, load_config, parse_assignments
+from strata.errors import ArenaTooSmallError, ConfigError
+from strata.reference.routing import BonusScale, MoCEPolicy
+from strata.runtime.budget import SizeSpec, parse_size, plan_arena
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("2GB", SizeSpec(nbytes=2_000_000_000)), ("512MB", SizeSpec(nbytes=512_000_000)),
+    ("1.5GiB", SizeSpec(nbytes=3 * 2**29)), ("4096", SizeSpec(nbytes=4096)), ("300slots", SizeSpec(slots=300)),
+    (" 7 gb ", SizeSpec(nbytes=7_000_000_000)),
+])
+def test_sizes_parse(text, spec):
+    assert parse_size(text) == spec
+
+
+@pytest.mark.parametrize("text", ["", "GB", "2XB", "-1GB", "1.5slots"])
+def test_bad_sizes_are_clear_errors(text):
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_size(text, what="arena")
+
+
+def test_env_then_cli_override_and_unknown_keys_fail():
+    env = {"STRATA_PREFETCH": "16", "STRATA_SPLIT_TURN": "off", "STRATA_MOCE_SCALE": "range", "PATH": "/bin"}
+    c = load_config({"prefetch": 12, "backend": "numpy"}, environ=env)
+    assert (c.prefetch, c.split_turn, c.moce_scale, c.backend) == (12, False, BonusScale.RANGE, Backend.NUMPY)
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        from_env({"STRATA_PREFETCHH": "16"})
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        load_config({"nope": 1}, environ={})
+    with pytest.raises(ConfigError, match="arena"):
+        Config(arena="lots")
+    with pytest.raises(ConfigError, match="expected on/off"):
+        load_config({"pred_q8": "maybe"}, environ={})
+    assert parse_assignments(["prefetch=16", "split-turn = off"]) == {"prefetch": "16", "split_turn": "off"}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_assignments(["prefetch"])
+
+
+def test_config_is_frozen_and_stock():
+    c = Config()
+    with pytest.raises(Exception):
+        c.prefetch = 3  # noqa
+    assert (c.prefetch, c.prefetch_touch, c.split_turn, c.shexp_overlap, c.pred_q8, c.prefetch2) == \
+        (10, False, True, True, True, False)
+    assert c.moce_policy() == MoCEPolicy(protect_top_j=3, bonus=0.85)
+    assert Config(moce_lambda=0).moce_policy().effective_bonus() == 0.0
+
+
+def test_budget_rule_and_explicit_arena():
+    common = dict(slot_bytes=1000, total_experts=500, min_slots=40, dense_bytes=0)
+    fits = plan_arena(config=Config(keep="1000"), available=600_000, **common)
+    assert not fits.streaming and "every expert fits" in fits.reason
+    tight = plan_arena(config=Config(keep="500000", ple_reserve="10000"), available=600_000, **common)
+    assert tight.streaming and tight.slots == 90
+    explicit = plan_arena(config=Config(arena="64slots"), available=10**12, **common)
+    assert explicit.streaming and explicit.slots == 64 and explicit.nbytes == 64_000
+    capped = plan_arena(config=Config(arena="1GB"), available=0, **common)
+    assert capped.slots == 500 and "capped" in capped.reason
+    with pytest.raises(ArenaTooSmallError, match="needs at least 40 slots"):
+        plan_arena(config=Config(arena="39slots"), **common)
+    with pytest.raises(ArenaTooSmallError, match="budget"):
+        plan_arena(config=Config(keep="599000"), available=600_000, **common)
