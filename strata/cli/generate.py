@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from strata.cli.runtime_flags import add_runtime_flags, config_from_args, print_report
+
 HELP = """\
 Generate text. With one positional argument it is the prompt and the embedded default model
 is used; with two, the first is a model (`name.gguf`, its experts in `name.experts`).
@@ -20,6 +22,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--quiet", action="store_true", help="print only the generated text")
+    add_runtime_flags(p)
     p.set_defaults(run=run)
 
 
@@ -32,10 +35,11 @@ def run(args: argparse.Namespace) -> int:
     if len(args.args) > 2:
         raise StrataError(f"expected [MODEL] PROMPT, got {len(args.args)} arguments (quote the prompt)")
     model_arg, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))
+    config = config_from_args(args)
     model = load(model_arg if model_arg else default_model_path(announce=not args.quiet))
     last = None
     for last in stream_generate(model, prompt, max_tokens=args.max_tokens, temperature=args.temp,
-                                top_p=args.top_p, seed=args.seed):
+                                top_p=args.top_p, seed=args.seed, config=config):
         sys.stdout.write(last.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -46,4 +50,5 @@ def run(args: argparse.Namespace) -> int:
             f"finish: {last.finish_reason}]",
             file=sys.stderr,
         )
+    print_report(args, last, sys.stderr)
     return 0
