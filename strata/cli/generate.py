@@ -10,7 +10,8 @@ from strata.cli.runtime_flags import add_runtime_flags, config_from_args, print_
 HELP = """\
 Generate text. With one positional argument it is the prompt and the embedded default model
 is used; with two, the first is a model (`name.gguf`, its experts in `name.experts`).
-Greedy by default (--temp 0); --seed makes sampled runs reproducible."""
+Greedy by default (--temp 0); --seed makes sampled runs reproducible. --chat wraps the prompt
+as one user turn in the model's chat template (converted models keep their checkpoint's)."""
 
 
 def add_parser(sub, name: str) -> None:
@@ -21,6 +22,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 is greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     p.add_argument("--quiet", action="store_true", help="print only the generated text")
     add_runtime_flags(p)
     p.set_defaults(run=run)
@@ -37,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     model_arg, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))
     config = config_from_args(args)
     model = load(model_arg if model_arg else default_model_path(announce=not args.quiet))
+    if args.chat:
+        from strata.convert.chat_template import chat_prompt
+
+        prompt = chat_prompt(model, prompt)
     last = None
     for last in stream_generate(model, prompt, max_tokens=args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed, config=config):

@@ -10,6 +10,12 @@ from strata.errors import StrataError
 SUBCOMMANDS = {
     "generate": "strata.cli.generate",
     "make-model": "strata.cli.make_model",
+    "convert": "strata.cli.convert",
+    "trace": "strata.cli.trace",
+    "replay": "strata.cli.replay",
+    "recall": "strata.cli.recall",
+    "quality": "strata.cli.quality",
+    "sweep": "strata.cli.sweep",
 }
 
 DESCRIPTION = """\
@@ -20,6 +26,7 @@ examples:
   strata generate "def fibonacci(n):"            the embedded default model
   strata generate model.gguf "Once upon" -n 64    a converted model (model.gguf + model.experts)
   strata make-model /tmp/tiny --shape tiny        write a small random test model
+  strata convert ~/hf/Qwen3-30B-A3B /data/qwen3   convert a Hugging Face MoE checkpoint
 """
 
 

@@ -1,0 +1,51 @@
+"""`strata convert HF_DIR OUT`: a Hugging Face MoE checkpoint -> OUT.gguf + OUT.experts."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+HELP = """\
+Convert a downloaded Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json) of a
+Qwen3-MoE, Qwen2-MoE, OLMoE or Mixtral model into OUT.gguf (dense weights, config, tokenizer,
+chat template) and OUT.experts (routed experts). Streams tensor by tensor; nothing appears
+under OUT's names until the conversion is complete. See docs/convert.md.
+
+example:
+  strata convert ~/models/Qwen3-30B-A3B /data/qwen3-30b --experts q2_0"""
+
+
+def add_parser(sub, name: str) -> None:
+    p = sub.add_parser(name, help="convert a Hugging Face MoE checkpoint", description=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory")
+    p.add_argument("out", metavar="OUT", help="output path (OUT.gguf and OUT.experts are written)")
+    p.add_argument("--experts", default="q2_0", help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0)")
+    p.add_argument("--dense", default="f32", help="dense matrix type: f32, f16, q8_0 (default f32)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(run=run)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # so a `kill` (SIGTERM) cleans up like Ctrl-C does
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.convert import convert
+    from strata.errors import ConfigError
+    from strata.formats.quant_types import parse_quant_type
+
+    try:
+        expert_type, dense_type = parse_quant_type(args.experts), parse_quant_type(args.dense)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    c = r.cfg
+    print(f"wrote {r.model_path} and {r.experts_path}: {r.family}, {c.n_layers} layers, {c.n_experts} experts "
+          f"(top-{c.n_experts_per_token}), experts {r.expert_type.name}, dense {r.dense_type.name}, "
+          f"{r.seconds:.1f} s")
+    return 0

@@ -1,0 +1,26 @@
+"""The architecture families `strata convert` supports, by config.json `model_type`."""
+
+from __future__ import annotations
+
+from strata.convert.common import Family
+from strata.convert.hf_config import HFConfig
+from strata.convert.mixtral import MIXTRAL
+from strata.convert.olmoe import OLMOE
+from strata.convert.qwen_moe import QWEN2_MOE, QWEN3_MOE
+from strata.errors import ConfigError
+
+FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN2_MOE, OLMOE, MIXTRAL)
+BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def supported_list() -> str:
+    return ", ".join(f"{t} ({f.name})" for t, f in BY_MODEL_TYPE.items())
+
+
+def family_for(hf: HFConfig) -> Family:
+    """The family of a config, or a ConfigError listing the supported model types."""
+    t = hf.model_type
+    if t not in BY_MODEL_TYPE:
+        what = f"unknown model_type {t!r}" if t is not None else "no model_type"
+        raise ConfigError(f"{hf.path}: {what}; supported: {supported_list()}")
+    return BY_MODEL_TYPE[t]

@@ -1,0 +1,180 @@
+"""`convert(hf_dir, out)`: a Hugging Face MoE checkpoint -> `out.gguf` + `out.experts`, streamed.
+
+Order of work, and why:
+1. Everything is checked before a byte is written: config (architecture, features), every
+   shard's header (missing shard, truncation), every tensor's name and shape, the tokenizer,
+   and that the expert sizes fit the requested quant type. A bad checkpoint fails in seconds.
+2. Routed experts (the bulk: ~95% of a large MoE) are written first, one (layer, expert) at a
+   time through `write_experts`'s callback: read gate/up/down from the shards, quantize,
+   pack, forget. Nothing else is held while they stream.
+3. Dense tensors are then read one by one into the dict `write_model` takes, in the dtype they
+   will be stored in (float16 for --dense f16, so the dict is half the float32 size).
+
+Peak memory is therefore max(one expert in float32 + its quantized copy, the dense weights in
+their stored dtype + one float32 tensor + the GGUF writer's copies) plus the interpreter;
+docs/convert.md gives the measured numbers.
+
+Both files are written under `.partial` names and renamed to their final names only at the
+very end (experts first, the .gguf last, so a `.gguf` under the final name always has its
+experts beside it): an interrupted conversion leaves nothing under the final names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from strata.convert.architectures import family_for
+from strata.convert.chat_template import SPECIAL_TOKEN_KEY_PREFIX
+from strata.convert.common import ExpertTensors, check_unused, dense_sources, find_moe_block, reshape_to
+from strata.convert.hf_config import HFConfig
+from strata.convert.safetensors_reader import Checkpoint
+from strata.convert.tokenizer_files import read_tokenizer_files
+from strata.errors import ConfigError
+from strata.formats.expert_record import ExpertWeights, RecordLayout
+from strata.formats.experts_file import write_experts
+from strata.formats.model_file import DENSE_TYPES, write_model
+from strata.formats.quant_types import QuantType
+from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
+from strata.reference.quants import quantize
+from strata.tokenizer import Tokenizer
+
+EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
+DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # SPEC §4: routed experts are Q2_0
+DEFAULT_DENSE_TYPE = QuantType.F32
+PARTIAL_SUFFIX = ".partial"
+SOURCE_KEY = "convert.source_model_type"  # extra GGUF metadata: where the model came from
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    model_path: Path
+    experts_path: Path
+    cfg: ModelConfig
+    family: str
+    expert_type: QuantType
+    dense_type: QuantType
+    seconds: float
+
+
+def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
+    """`out` (with or without `.gguf`) -> (out.gguf, out.experts)."""
+    out = Path(out)
+    if out.suffix == ".gguf":
+        out = out.with_suffix("")
+    return out.with_name(out.name + ".gguf"), out.with_name(out.name + ".experts")
+
+
+def _check_expert_type(cfg: ModelConfig, qtype: QuantType) -> None:
+    if qtype not in EXPERT_TYPES:
+        raise ConfigError(f"expert type {qtype.name.lower()} not supported; use one of "
+                          f"{', '.join(q.name.lower() for q in EXPERT_TYPES)}")
+    try:
+        RecordLayout(qtype, cfg.hidden_size, cfg.expert_ffn_size)
+    except ValueError as e:
+        raise ConfigError(f"cannot store experts as {qtype.name.lower()}: {str(e).removeprefix('record layout: ')} "
+                          "(hidden_size and the expert ffn size; use --experts f16)") from None
+
+
+def _check_tokenizer(tok_json: str, cfg: ModelConfig, where: Path) -> None:
+    n = Tokenizer.from_json(tok_json, source=str(where)).vocab_size
+    if n > cfg.vocab_size:
+        raise ConfigError(f"{where}: the tokenizer has {n} tokens but the model's vocab_size is {cfg.vocab_size}")
+
+
+def _bar(total: int, desc: str, unit: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+
+
+def _unlink(*paths: Path) -> None:
+    for p in paths:
+        for q in (p, Path(str(p) + ".tmp")):  # the writers' own temporary names
+            try:
+                q.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def convert(
+    hf_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    expert_type: QuantType = DEFAULT_EXPERT_TYPE,
+    dense_type: QuantType = DEFAULT_DENSE_TYPE,
+    progress: bool = False,
+) -> ConvertResult:
+    """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc)."""
+    start = time.perf_counter()
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
+    expert_type, dense_type = QuantType(expert_type), QuantType(dense_type)
+    if dense_type not in DENSE_TYPES:
+        raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
+                          f"{', '.join(q.name.lower() for q in DENSE_TYPES)}")
+    hf = HFConfig.read(hf_dir)
+    family = family_for(hf)
+    hf = dataclasses.replace(hf, family=family.name)
+    with Checkpoint(hf_dir) as ckpt:
+        cfg = family.model_config(hf, ckpt)
+        _check_expert_type(cfg, expert_type)
+        moe = find_moe_block(family, ckpt)
+        experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+        sources = dense_sources(cfg, moe)
+        shapes = dense_tensor_shapes(cfg)
+        for name, src in sources.items():  # names and sizes now; values after the experts
+            found = ckpt.shape(src)
+            if int(np.prod(found)) != int(np.prod(shapes[name])):
+                raise ConfigError(f"{hf_dir}: tensor {src}: shape {list(found)}, expected {list(shapes[name])}")
+        check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
+        tok = read_tokenizer_files(hf_dir)
+        _check_tokenizer(tok.tokenizer_json, cfg, hf_dir)
+
+        model_path, experts_path = output_paths(out)
+        model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
+        experts_partial = Path(str(experts_path) + PARTIAL_SUFFIX)
+        model_path.parent.mkdir(parents=True, exist_ok=True)
+        renamed = False
+        try:
+            with _bar(cfg.n_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
+                      progress) as bar:
+                def get_expert(layer: int, e: int) -> ExpertWeights:
+                    gate, up, down = experts.read(layer, e)
+                    w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
+                                      quantize(expert_type, down))
+                    bar.update(1)
+                    return w
+
+                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+                              hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
+            # float16 storage can be held as float16 (write_model's own cast is then exact);
+            # anything else is quantized from float32
+            hold = np.float16 if dense_type is QuantType.F16 else np.float32
+            dense: dict[str, np.ndarray] = {}
+            with _bar(len(sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
+                for name, src in sources.items():
+                    x = reshape_to(ckpt.read(src), shapes[name], f"{hf_dir}: tensor {src}")
+                    # routers and 1-D tensors are stored F32 whatever dense_type is: keep them exact
+                    dense[name] = x if x.ndim == 1 or name.endswith("." + TensorNames.router) else x.astype(hold)
+                    bar.update(1)
+            extra = {SOURCE_KEY: hf.model_type}
+            extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in tok.special_tokens.items()})
+            write_model(model_partial, cfg, dense, tokenizer_json=tok.tokenizer_json,
+                        chat_template=tok.chat_template, dense_type=dense_type, extra_metadata=extra)
+            del dense
+            os.replace(experts_partial, experts_path)
+            renamed = True
+            os.replace(model_partial, model_path)
+        except BaseException:
+            _unlink(model_partial, experts_partial, *([experts_path] if renamed else []))
+            raise
+    return ConvertResult(model_path, experts_path, cfg, family.name, expert_type, dense_type,
+                         time.perf_counter() - start)

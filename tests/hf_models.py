@@ -1,0 +1,212 @@
+"""Tiny Hugging Face checkpoints for the convert tests, built offline.
+
+- `build_checkpoint(arch, dir)`: a random model of each supported architecture built by
+  `transformers` from a config and written with `save_pretrained` (so the files are exactly
+  what transformers writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a
+  ChatML-style chat template.
+- `write_synthetic_checkpoint(dir, ...)`: a larger Qwen3-MoE checkpoint written directly as
+  BF16 safetensors (no torch, streamed to disk) for the memory and interruption tests.
+
+The tiny models are trained for TRAIN_STEPS steps on CORPUS before saving (~1 s each). A
+random model's next-token distribution is nearly flat, so the top two logits are often closer
+than any quantization noise and "same argmax" would measure luck; a model that has learned
+its text predicts it with margins like a real model's, which is what the q8_0 argmax and the
+greedy comparisons are about. PARITY_TEXT (the corpus) is what the tests evaluate on.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
+TOKENIZER_VOCAB = 320  # 256 bytes + 3 special tokens + merges
+MODEL_VOCAB = 336  # real checkpoints pad the embedding past the tokenizer; so do these
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+EOS_TOKEN = "<|im_end|>"
+INIT_STD = 0.15  # transformers' 0.02 makes every logit and router score nearly equal
+TRAIN_STEPS = 20
+TRAIN_LR = 1e-2
+HIDDEN, LAYERS, HEADS, KV_HEADS, EXPERTS, TOP_K, EXPERT_FFN = 64, 2, 4, 2, 8, 2, 64
+MAX_POSITIONS = 512
+
+CHAT_TEMPLATE = """{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+<|im_start|>system
+{{ message['content'] }}<|im_end|>
+    {%- else %}
+<|im_start|>{{ message['role'] }}
+{{ message['content'] | trim }}<|im_end|>
+    {%- endif %}
+
+{% endfor %}
+{%- if add_generation_prompt %}
+<|im_start|>assistant
+{% endif %}"""
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog; def main(): return 0",
+    "naïve café über straße — 日本語のテキスト, emoji 🙂 and tabs\tand   spaces",
+    "Mixture of experts models route each token to a few experts out of many.",
+]
+PARITY_TEXT = " ".join(CORPUS)
+
+# per architecture: (transformers config class, model class, config overrides)
+_ARCH_KW = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_experts=EXPERTS, moe_intermediate_size=EXPERT_FFN, head_dim=32, norm_topk_prob=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=EXPERTS, moe_intermediate_size=EXPERT_FFN, shared_expert_intermediate_size=96,
+                       norm_topk_prob=False, tie_word_embeddings=True)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
+}
+# how each test checkpoint is saved: olmoe in bfloat16 (the Hub's usual dtype), mixtral in shards
+SAVE_DTYPE = {"olmoe": "bfloat16"}
+SHARDED = {"mixtral": "150KB"}
+
+
+def write_tokenizer(directory: Path) -> None:
+    """tokenizer.json (a byte-level BPE trained on CORPUS) and tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 10, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN, "pad_token": "<|endoftext|>",
+              "bos_token": None, "model_max_length": MAX_POSITIONS, "chat_template": CHAT_TEMPLATE}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+
+
+def hf_config(arch: str, **overrides):
+    import transformers
+
+    config_cls, _, kw = _ARCH_KW[arch]
+    fields = dict(vocab_size=MODEL_VOCAB, hidden_size=HIDDEN, intermediate_size=EXPERT_FFN, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, num_experts_per_tok=TOP_K,
+                  max_position_embeddings=MAX_POSITIONS, initializer_range=INIT_STD, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    fields.update(kw)
+    fields.update(overrides)
+    return getattr(transformers, config_cls)(**fields)
+
+
+def train_briefly(model, ids) -> None:
+    """A few AdamW steps of next-token prediction on `ids` [1, T] (see the module doc)."""
+    import torch
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=TRAIN_LR)
+    for _ in range(TRAIN_STEPS):
+        loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def build_checkpoint(arch: str, directory: Path, seed: int = 0):
+    """Save a trained tiny `arch` model (and the tokenizer) in `directory`; returns the model as
+    transformers loads it back, in float32."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    _, model_cls, _ = _ARCH_KW[arch]
+    write_tokenizer(directory)
+    ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(PARITY_TEXT).ids
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(hf_config(arch))
+    train_briefly(model, torch.tensor(ids)[None])
+    saved = model.to(getattr(torch, SAVE_DTYPE[arch])) if arch in SAVE_DTYPE else model
+    saved.save_pretrained(directory, max_shard_size=SHARDED.get(arch, "5GB"))
+    # the reference: what the saved file holds, in float32
+    return getattr(transformers, model_cls).from_pretrained(directory, dtype=torch.float32).eval()
+
+
+# ---------------------------------------------------------------- a larger synthetic checkpoint
+
+
+def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], fill) -> None:
+    """A BF16 safetensors file, written tensor by tensor: fill(name, shape) -> float32 values."""
+    header, offset = {}, 0
+    for name, shape in tensors:
+        n = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name, shape in tensors:
+            x = np.ascontiguousarray(fill(name, shape), dtype=np.float32)
+            f.write((x.view(np.uint32) >> 16).astype("<u2").tobytes())  # truncation to bf16: fine for noise
+
+
+def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int = 64, hidden: int = 256,
+                               ffn: int = 512, shards: int = 2, seed: int = 0) -> int:
+    """A Qwen3-MoE checkpoint of random BF16 weights in `shards` files with an index, plus the
+    tokenizer. Returns the routed experts' size in float32 bytes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    heads, kv, hd = 4, 2, 64
+    config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": MODEL_VOCAB,
+              "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "head_dim": hd, "num_experts": experts, "num_experts_per_tok": 4,
+              "moe_intermediate_size": ffn, "intermediate_size": ffn, "rms_norm_eps": 1e-6,
+              "rope_theta": 1e6, "rope_scaling": None, "max_position_embeddings": 4096, "norm_topk_prob": True,
+              "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    dense = [("model.embed_tokens.weight", (MODEL_VOCAB, hidden)), ("model.norm.weight", (hidden,)),
+             ("lm_head.weight", (MODEL_VOCAB, hidden))]
+    per_layer: list[list[tuple[str, tuple[int, ...]]]] = []
+    for l in range(layers):
+        p = f"model.layers.{l}."
+        t = [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,)),
+             (p + "self_attn.q_proj.weight", (heads * hd, hidden)), (p + "self_attn.k_proj.weight", (kv * hd, hidden)),
+             (p + "self_attn.v_proj.weight", (kv * hd, hidden)), (p + "self_attn.o_proj.weight", (hidden, heads * hd)),
+             (p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,)),
+             (p + "mlp.gate.weight", (experts, hidden))]
+        for e in range(experts):
+            q = p + f"mlp.experts.{e}."
+            t += [(q + "gate_proj.weight", (ffn, hidden)), (q + "up_proj.weight", (ffn, hidden)),
+                  (q + "down_proj.weight", (hidden, ffn))]
+        per_layer.append(t)
+    rng = np.random.default_rng(seed)
+    fill = lambda name, shape: (np.ones(shape, np.float32) if len(shape) == 1  # noqa: E731
+                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(0.05))
+    per = max(1, layers // shards)
+    groups = [sum(per_layer[i: i + per], []) for i in range(0, layers, per)]
+    groups[0] = dense + groups[0]
+    weight_map = {}
+    for i, group in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        _write_safetensors(directory / name, group, fill)
+        weight_map.update({t: name for t, _ in group})
+    index = {"metadata": {}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    write_tokenizer(directory)
+    return layers * experts * 3 * ffn * hidden * 4
+
+
+_BUILT: dict[str, tuple[Path, object]] = {}
+
+
+def cached_checkpoint(arch: str, tmp_path_factory) -> tuple[Path, object]:
+    """(checkpoint dir, transformers model) for `arch`, built once per test session and shared
+    by every convert test module."""
+    if arch not in _BUILT:
+        import torch
+
+        # these models are tiny: one thread is ~5x faster than two fighting over small ops
+        torch.set_num_threads(1)
+        directory = tmp_path_factory.mktemp(f"hf_{arch}")
+        _BUILT[arch] = (directory, build_checkpoint(arch, directory))
+    return _BUILT[arch]
