@@ -78,16 +78,20 @@ def cache_configs(draw, *, max_layers: int = 4, max_experts: int = 8, below_min:
                        prefetch2=prefetch2, split_turn=split)
 
 
-def cache_selections(config: CacheConfig, prompt: bool):
-    """A turn's selected experts: distinct, rank order; a prompt chunk may select any number."""
+@st.composite
+def cache_selections(draw, config: CacheConfig, prompt: bool):
+    """A turn's selected experts: distinct, rank order; a prompt chunk may select any number.
+    The size is drawn first so that large (arena-filling) turns are as likely as small ones."""
     most = config.n_experts if prompt else config.max_selected
-    return st.lists(st.integers(0, config.n_experts - 1), unique=True, min_size=1, max_size=most).map(tuple)
+    n = draw(st.integers(1, most))
+    return tuple(draw(st.permutations(range(config.n_experts)))[:n])
 
 
-def cache_guesses(config: CacheConfig):
+@st.composite
+def cache_guesses(draw, config: CacheConfig):
     """Ranked guesses, sometimes longer than K (the machine uses the first K)."""
-    most = min(config.prefetch_depth + 1, config.n_experts)
-    return st.lists(st.integers(0, config.n_experts - 1), unique=True, max_size=most).map(tuple)
+    n = draw(st.integers(0, min(config.prefetch_depth + 1, config.n_experts)))
+    return tuple(draw(st.permutations(range(config.n_experts)))[:n])
 
 
 @st.composite

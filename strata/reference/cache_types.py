@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from strata.errors import ArenaTooSmallError, StrataError
 
 __all__ = [
-    "SlotState", "CacheConfig", "min_capacity", "CacheFullError", "CacheProtocolError",
+    "SlotState", "Phase", "CacheConfig", "min_capacity", "CacheFullError", "CacheProtocolError",
     "BeginWindow", "AtLayer", "AfterLayer", "HoldRegion", "ReadDone", "Event",
     "Read", "Cancel", "WaitFor", "Evict", "Use", "Action", "DECISIONS", "CacheStats",
 ]
@@ -23,6 +23,14 @@ class SlotState(enum.IntEnum):
     RES = 1  # claimed: in `smap`, the GPU may read it
     PRE = 2  # read-ahead issued (in flight or done), not yet claimed; in the read-ahead map only
     LIMBO = 3  # retired read-ahead, possibly still reading; never a victim until released
+
+
+class Phase(enum.IntEnum):
+    """Which event the machine expects next (ReadDone is welcome at any time)."""
+
+    IDLE = 0  # between windows: BeginWindow or HoldRegion
+    AT_LAYER = 1  # AtLayer(state.layer)
+    AFTER_LAYER = 2  # AfterLayer(state.layer)
 
 
 class CacheFullError(ArenaTooSmallError):
