@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from strata.tools.belady import belady, request_stream
 from strata.tools.closed_loop import LoopConfig
 from strata.tools.replay import replay
-from tests.tools_traces import synthetic_trace
+from tests.test_tools_synthetic import synthetic_trace
 
 
 def as_selections(keys):

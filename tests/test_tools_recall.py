@@ -7,7 +7,7 @@ from strata.model_config import RoutingOrder
 from strata.reference.routing import RouterRule
 from strata.tools.recall import readahead_recall
 from strata.tools.trace import Trace
-from tests.tools_traces import synthetic_trace
+from tests.test_tools_synthetic import synthetic_trace
 
 
 def hand_trace():

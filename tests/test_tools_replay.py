@@ -12,7 +12,7 @@ from strata.reference.cache_replay import replay as open_loop_replay
 from strata.reference.routing import MoCEPolicy, route
 from strata.tools.closed_loop import GuessRanking, LoopConfig
 from strata.tools.replay import NO_EXPERT, ReplayInputs, replay, replay_grid, save_dump
-from tests.tools_traces import synthetic_trace
+from tests.test_tools_synthetic import synthetic_trace
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Small synthetic traces for the analysis-kit tests (no model run): random routers and router
+"""Small synthetic traces for the analysis-kit tests (imported by the other test_tools_* modules;
+no model run): random routers and router
 inputs with a shared direction (so some experts are popular and caches have something to hit),
 logits and λ = 0 selections computed by the reference routing."""
 
@@ -29,3 +30,11 @@ def synthetic_trace(n_tokens: int = 24, n_layers: int = 3, n_experts: int = 16, 
         selected=np.array([[s.experts for s in row] for row in sels], np.int64),
         weights=np.array([[s.weights for s in row] for row in sels], np.float32), rule=rule,
     )
+
+
+def test_synthetic_trace_is_a_consistent_trace():
+    from strata.tools.trace import reroute_check
+
+    tr = synthetic_trace(n_tokens=8, seed=1)
+    assert reroute_check(tr) == 1.0
+    assert len(np.unique(tr.selected)) < tr.n_experts * 0.95 or tr.n_experts <= tr.top_k * 2  # skewed
