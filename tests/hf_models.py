@@ -205,8 +205,11 @@ def cached_checkpoint(arch: str, tmp_path_factory) -> tuple[Path, object]:
     if arch not in _BUILT:
         import torch
 
+        import transformers
+
         # these models are tiny: one thread is ~5x faster than two fighting over small ops
         torch.set_num_threads(1)
+        transformers.utils.logging.disable_progress_bar()
         directory = tmp_path_factory.mktemp(f"hf_{arch}")
         _BUILT[arch] = (directory, build_checkpoint(arch, directory))
     return _BUILT[arch]

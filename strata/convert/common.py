@@ -138,6 +138,7 @@ class ExpertTensors:
             raise FormatError(f"{self._ckpt.directory}: tensor {name}: shape {list(found)}, expected {list(shape)} "
                               f"for experts={self._cfg.n_experts} ffn={self._cfg.expert_ffn_size} "
                               f"hidden={self._cfg.hidden_size}")
+        self._ckpt.check_dtype(name)
 
     def read(self, layer: int, expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Shapes: -> gate [F, D], up [F, D], down [D, F], float32"""

@@ -134,6 +134,7 @@ def convert(
             found = ckpt.shape(src)
             if int(np.prod(found)) != int(np.prod(shapes[name])):
                 raise ConfigError(f"{hf_dir}: tensor {src}: shape {list(found)}, expected {list(shapes[name])}")
+            ckpt.check_dtype(src)
         check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
         tok = read_tokenizer_files(hf_dir)
         _check_tokenizer(tok.tokenizer_json, cfg, hf_dir)

@@ -143,6 +143,13 @@ class Checkpoint:
         except KeyError:
             raise FormatError(f"{self.directory}: checkpoint has no tensor {name}") from None
 
+    def check_dtype(self, name: str) -> None:
+        """A FormatError now if tensor `name` is stored in a dtype `read` cannot convert."""
+        info = self.info(name)
+        if info.dtype not in DTYPES:
+            raise FormatError(f"{info.shard.name}: tensor {name} has dtype {info.dtype}; supported: "
+                              f"{', '.join(DTYPES)} (pre-quantized checkpoints are not supported)")
+
     def _pread(self, info: TensorInfo, begin: int, nbytes: int) -> bytearray:
         fd = self._fds.get(info.shard)
         if fd is None:
@@ -160,11 +167,9 @@ class Checkpoint:
         Shapes:
             -> shape(name), or shape(name)[1:] with index
         """
+        self.check_dtype(name)
         info = self.info(name)
-        if info.dtype not in DTYPES:
-            raise FormatError(f"{info.shard.name}: tensor {name} has dtype {info.dtype}; supported: "
-                              f"{', '.join(DTYPES)} (pre-quantized checkpoints are not supported)")
-        itemsize, np_dtype = DTYPES[info.dtype]
+        np_dtype = DTYPES[info.dtype][1]
         shape, begin, nbytes = info.shape, info.begin, info.end - info.begin
         if index is not None:
             if not shape or not 0 <= index < shape[0]:

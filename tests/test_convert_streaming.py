@@ -1,0 +1,122 @@
+"""`strata convert` streams: bounded memory on a larger checkpoint, and an interrupted
+conversion leaves nothing under the output's final names.
+
+The checkpoint is hf_models.write_synthetic_checkpoint: a Qwen3-MoE in two BF16 shards whose
+routed experts are SYNTHETIC_EXPERT_MIB in float32 (what a convert that loaded every expert
+would hold), against a few MiB of dense weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import hf_models
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+RSS_SLACK = 32 * MIB  # allocator arenas, lazily imported modules, the GGUF writer's buffers
+KILL_AFTER_BYTES = 4 * MIB  # interrupt once this much of the experts file has been written
+KILL_WAIT_S = 60.0
+
+# Peak RSS of the conversion itself: imports first, then reset the kernel's high-water mark
+# (writing 5 to /proc/self/clear_refs resets VmHWM), convert, and read VmHWM against the VmRSS
+# the conversion started from. Prints "start peak" in bytes.
+RSS_SCRIPT = """
+import sys
+from strata.cli.main import main
+import gguf, tqdm, strata.convert, strata.cli.convert
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+start = status("VmRSS")
+rc = main(["convert", *sys.argv[1:], "--quiet"])
+assert rc == 0, rc
+print(start, status("VmHWM"))
+"""
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    d = tmp_path_factory.mktemp("synthetic_qwen3")
+    experts_f32 = hf_models.write_synthetic_checkpoint(d)
+    return d, experts_f32
+
+
+def _run_python(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          check=False)
+
+
+def _rss(*args: str) -> tuple[int, int]:
+    r = _run_python(RSS_SCRIPT, *args)
+    assert r.returncode == 0, r.stderr
+    start, peak = r.stdout.split()[-2:]
+    return int(start), int(peak)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs")
+def test_peak_memory_is_dense_plus_one_expert(synthetic, tmp_path):
+    directory, experts_f32 = synthetic
+    from strata.convert.hf_config import HFConfig
+    from strata.convert.qwen_moe import qwen3_moe_config
+    from strata.convert.safetensors_reader import Checkpoint
+    from strata.model_config import dense_tensor_shapes
+
+    with Checkpoint(directory) as ckpt:
+        cfg = qwen3_moe_config(HFConfig.read(directory), ckpt)
+    dense_f32 = sum(4 * int(__import__("math").prod(s)) for s in dense_tensor_shapes(cfg).values())
+    expert_f32 = 3 * 4 * cfg.hidden_size * cfg.expert_ffn_size
+    bound = 2 * dense_f32 + 4 * expert_f32 + RSS_SLACK  # dense held + the writer's copies; one expert's temporaries
+    baseline, peak = _rss(str(directory), str(tmp_path / "out"), "--experts", "q2_0")
+    print(f"\npeak RSS {peak / MIB:.1f} MiB = baseline {baseline / MIB:.1f} MiB + {(peak - baseline) / MIB:.1f} MiB; "
+          f"dense {dense_f32 / MIB:.1f} MiB f32, one expert {expert_f32 / MIB:.2f} MiB f32, all experts "
+          f"{experts_f32 / MIB:.0f} MiB f32; bound {bound / MIB:.1f} MiB over baseline")
+    assert peak - baseline < bound
+    assert peak - baseline < experts_f32 / 8  # streaming: nowhere near every expert at once
+    assert (tmp_path / "out.gguf").exists() and (tmp_path / "out.experts").exists()
+
+
+def _start_convert(directory: Path, out: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "strata.cli.main", "convert", str(directory), str(out), "--experts", "q8_0", "--quiet"]
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_partial(proc: subprocess.Popen, out: Path) -> None:
+    """Until the experts file is being written (KILL_AFTER_BYTES of it exist)."""
+    tmp = Path(str(out) + ".experts.partial.tmp")
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"convert finished before it could be interrupted: {proc.communicate()}"
+        if tmp.exists() and tmp.stat().st_size >= KILL_AFTER_BYTES:
+            return
+        time.sleep(0.005)
+    proc.kill()
+    pytest.fail("convert did not start writing in time")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_interrupted_conversion_leaves_no_output(sig, synthetic, tmp_path):
+    out = tmp_path / "out"
+    proc = _start_convert(synthetic[0], out)
+    _wait_for_partial(proc, out)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=KILL_WAIT_S)
+    assert proc.returncode != 0
+    assert not (tmp_path / "out.gguf").exists()
+    assert not (tmp_path / "out.experts").exists()
+    if sig is not signal.SIGKILL:  # a catchable signal also removes the temporary files
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+        assert err.strip().splitlines()[-1] == "interrupted"
