@@ -108,6 +108,8 @@ class _Turn:
         self._expect(_AT, f"AtLayer({ev.layer})", ev.layer)
         limit = self.E if self.prompt else self.cfg.max_selected
         self._check_experts(ev.selected, limit, "selected")
+        if not ev.selected:
+            raise CacheProtocolError(f"cache: AtLayer({ev.layer}) selects no expert")
         self.turn_counts = np.zeros_like(self.turn_counts)
         self.phase = _AFTER
         if self.prompt:
@@ -172,7 +174,7 @@ class _Turn:
                 experts, slots, waits = [], [], []
                 self.stamp += 1
                 s = self.victim()
-            if s == _NONE:
+            if s == _NONE:  # a guard: limbo after a layer is < capacity, it pinned one slot
                 raise self.full_error()
             self.evict(s)
             self.assign(s, base + e, RES, urgent=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from strata.errors import ArenaTooSmallError, StrataError
+from strata.errors import ArenaTooSmallError, ConfigError, StrataError
 
 __all__ = [
     "SlotState", "Phase", "CacheConfig", "min_capacity", "CacheFullError", "CacheProtocolError",
@@ -59,9 +59,9 @@ def min_capacity(n_layers: int, top_k: int, prefetch_depth: int, *, window: int 
     The split-turn bound without prefetch2 is tight (tests/test_cache_golden.py builds the
     case that fails at one slot less); the others are sufficient (tests check that they are).
     """
-    e = n_experts if n_experts is not None else top_k * window
-    per_layer = min(top_k * window, e)
-    k = min(prefetch_depth, e)
+    per_layer, k = top_k * window, prefetch_depth
+    if n_experts is not None:  # a turn can't select, nor guess, more experts than there are
+        per_layer, k = min(per_layer, n_experts), min(k, n_experts)
     ahead = {(True, False): 2 * k, (False, False): k, (True, True): 5 * k, (False, True): 3 * k}
     return n_layers * per_layer + ahead[(split_turn, prefetch2)]
 
@@ -84,14 +84,14 @@ class CacheConfig:
         for name in ("capacity", "n_layers", "n_experts", "top_k", "window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise CacheProtocolError(f"cache config: {name} must be a positive int, got {value!r}")
+                raise ConfigError(f"cache config: {name} must be a positive int, got {value!r}")
         if self.top_k > self.n_experts:
-            raise CacheProtocolError(f"cache config: top_k {self.top_k} > n_experts {self.n_experts}")
+            raise ConfigError(f"cache config: top_k {self.top_k} > n_experts {self.n_experts}")
         if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 0:
-            raise CacheProtocolError(f"cache config: prefetch_depth must be an int >= 0, got {self.prefetch_depth!r}")
+            raise ConfigError(f"cache config: prefetch_depth must be an int >= 0, got {self.prefetch_depth!r}")
         for name in ("prefetch_touch", "prefetch2", "split_turn"):
             if not isinstance(getattr(self, name), bool):
-                raise CacheProtocolError(f"cache config: {name} must be a bool, got {getattr(self, name)!r}")
+                raise ConfigError(f"cache config: {name} must be a bool, got {getattr(self, name)!r}")
 
     @property
     def max_selected(self) -> int:
