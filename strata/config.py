@@ -56,6 +56,7 @@ class Config:
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows (buffered otherwise)
     io_threads: int = 4
     io_timeout: float = STOCK_IO_TIMEOUT
+    io_switch_ms: float = 0.2  # thread switch interval while streaming (0: Python's own 5 ms)
     prefill_chunk: int = STOCK_PREFILL_CHUNK
     profile: bool = False  # per-phase timings in the stream report
     logpos: str = ""  # path: dump per-position logits for KLD (raw float32 rows of vocab_size)
@@ -76,6 +77,8 @@ class Config:
             raise ConfigError(f"moce_margin must be >= 0 (0: off), got {self.moce_margin}")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
+        if self.io_switch_ms < 0:
+            raise ConfigError(f"io_switch_ms must be >= 0 (0: Python's own), got {self.io_switch_ms}")
         if not self.io_timeout > 0:
             raise ConfigError(f"io_timeout must be > 0 seconds, got {self.io_timeout}")
         if self.prefill_chunk < 1:

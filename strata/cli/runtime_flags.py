@@ -28,6 +28,7 @@ FLAGS: tuple[tuple[str, str, object, str], ...] = (
     ("--verify-reads", "verify_reads", "bool", "check each record's CRC-32 when it lands (default off)"),
     ("--direct-io", "direct_io", "bool", "O_DIRECT reads where allowed (default on)"),
     ("--io-threads", "io_threads", int, "reader threads (default 4)"),
+    ("--io-switch-ms", "io_switch_ms", float, "thread switch interval while streaming (default 0.2; 0: Python's)"),
     ("--prefill-chunk", "prefill_chunk", int, "prompt positions per chunk (default 64)"),
     ("--profile", "profile", "bool", "per-phase ms/token in the stream report"),
     ("--logpos", "logpos", str, "append every position's logits (float32 rows) to this file, for KLD"),

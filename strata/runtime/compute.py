@@ -18,13 +18,13 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from strata.formats.expert_record import RecordLayout, unpack_record
+from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.model_config import TensorNames
 from strata.reference import model as ref
 from strata.reference.attention import LayerKV
 from strata.reference.experts import swiglu_expert
-from strata.reference.quants import gemv, quantize
+from strata.reference.quants import dequantize, quantize
 from strata.runtime.arena import Arena
 
 __all__ = ["LayerCompute", "NumpyCompute", "RoutedPart"]
@@ -65,6 +65,12 @@ class LayerCompute(Protocol):
 
     def routed(self, layer: int, h: Tensor, slots: np.ndarray, weights: np.ndarray) -> Tensor: ...
 
+    def _weights(self, slot: int) -> ExpertWeights:
+        w = self._slot_weights.get(slot)
+        if w is None:
+            w = self._slot_weights[slot] = unpack_record(self.arena.slot_buffer(slot), self.layout)
+        return w
+
     def combine(self, x: Tensor, parts: Sequence[Tensor], shared: Tensor) -> Tensor: ...
 
     def head(self, x: Tensor) -> np.ndarray: ...
@@ -89,7 +95,12 @@ class NumpyCompute:
         routers = [params.dense[TensorNames.block(l, TensorNames.router)] for l in range(cfg.n_layers)]
         # pred_q8: the guess GEMV reads a Q8_0 copy of each router (seed §2.2: -92 MB/token of
         # F32 reads on the GPU); the guess only chooses what to read ahead, never the math.
-        self.guess_routers = [quantize(QuantType.Q8_0, w) for w in routers] if pred_q8 else routers
+        # numpy has no Q8_0 GEMV, so the copy is kept dequantized: the same values `gemv` would
+        # use (x @ dequantize(q).T), without dequantizing E x D weights per layer per token.
+        self.guess_routers = [dequantize(quantize(QuantType.Q8_0, w)) for w in routers] if pred_q8 else routers
+        # A slot's ExpertWeights are views of its buffer (unpack_record is zero-copy), valid
+        # whatever record the slot holds: unpacked once per slot, not once per use.
+        self._slot_weights: dict[int, ExpertWeights] = {}
 
     @property
     def length(self) -> int:
@@ -109,8 +120,7 @@ class NumpyCompute:
         return ref.layer_router_logits(self.params, layer, h)
 
     def guess_logits(self, layer: int, h: np.ndarray) -> np.ndarray:
-        w = self.guess_routers[layer]
-        return (gemv(w, h) if not isinstance(w, np.ndarray) else h @ w.T).astype(np.float32)
+        return (h @ self.guess_routers[layer].T).astype(np.float32)
 
     def shared(self, layer: int, h: np.ndarray) -> np.ndarray:
         return ref.shared_output(self.params, layer, h)
@@ -118,9 +128,15 @@ class NumpyCompute:
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
         for t, r in zip(*np.nonzero(slots >= 0)):
-            w = unpack_record(self.arena.slot_buffer(int(slots[t, r])), self.layout)
+            w = self._weights(int(slots[t, r]))
             part.terms[(int(t), int(r))] = weights[t, r] * swiglu_expert(w, h[t])  # as routed_experts
         return part
+
+    def _weights(self, slot: int) -> ExpertWeights:
+        w = self._slot_weights.get(slot)
+        if w is None:
+            w = self._slot_weights[slot] = unpack_record(self.arena.slot_buffer(slot), self.layout)
+        return w
 
     def combine(self, x: np.ndarray, parts: Sequence[RoutedPart], shared: np.ndarray) -> np.ndarray:
         terms: dict[tuple[int, int], np.ndarray] = {}

@@ -247,7 +247,8 @@ def open_streaming_engine(model: Model, config: Config, *, plan: ArenaPlan | Non
         ok = all(mlock_buffer(a) for a in model.dense.values())
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
-                      verify=config.verify_reads, timeout=config.io_timeout, hook=hook)
+                      verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
+                      switch_interval=config.io_switch_ms / 1e3)
     try:
         params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
         compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8)

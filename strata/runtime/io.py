@@ -18,6 +18,7 @@ import errno
 import heapq
 import itertools
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -32,6 +33,11 @@ from strata.runtime.arena import Arena
 __all__ = ["ReadRequest", "IOHook", "ReaderPool", "RandomDelays", "Faults"]
 
 URGENT, AHEAD = 0, 1  # queue priorities: smaller first
+# While a pool is open the interpreter switches threads every SWITCH_INTERVAL seconds instead of
+# Python's 5 ms: a reader needs the GIL for a few microseconds around each pread, and with the
+# decode thread busy in numpy it otherwise waits up to 5 ms for it, so read-aheads that the
+# disk finishes in 30 µs arrive late (docs/perf.md has the measurement). Restored on close.
+SWITCH_INTERVAL = 2e-4
 _QUEUED, _RUNNING, _DONE, _DROPPED = range(4)
 
 
@@ -90,6 +96,27 @@ class Faults:
         return got // 2 if (req.layer, req.expert) in self.short else got
 
 
+class _SwitchInterval:
+    """Reference-counted sys.setswitchinterval for the pools that are open."""
+
+    lock, users, saved = threading.Lock(), 0, None
+
+    @classmethod
+    def enter(cls, seconds: float) -> None:
+        with cls.lock:
+            if cls.users == 0:
+                cls.saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(seconds, cls.saved))
+            cls.users += 1
+
+    @classmethod
+    def leave(cls) -> None:
+        with cls.lock:
+            cls.users -= 1
+            if cls.users == 0 and cls.saved is not None:
+                sys.setswitchinterval(cls.saved)
+
+
 class _Job:
     __slots__ = ("req", "status", "error")
 
@@ -102,7 +129,8 @@ class ReaderPool:
     submits, cancels, waits and drains completions."""
 
     def __init__(self, experts: ExpertsFile, arena: Arena, *, threads: int = 4, direct: bool = True,
-                 verify: bool = False, timeout: float = 60.0, hook: IOHook | None = None) -> None:
+                 verify: bool = False, timeout: float = 60.0, hook: IOHook | None = None,
+                 switch_interval: float = SWITCH_INTERVAL) -> None:
         if arena.slot_bytes < experts.header.padded_bytes:
             raise ValueError(f"arena slots of {arena.slot_bytes} bytes cannot hold "
                              f"{experts.header.padded_bytes}-byte records")
@@ -122,6 +150,9 @@ class ReaderPool:
         self.reads_done = 0
         self.dropped = 0
         self.errors = 0
+        self._switch = switch_interval > 0
+        if self._switch:
+            _SwitchInterval.enter(switch_interval)
         self._workers = [threading.Thread(target=self._work, name=f"strata-io-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._workers:
@@ -217,10 +248,14 @@ class ReaderPool:
 
     def close(self) -> None:
         with self._cv:
+            if self._closed:
+                return
             self._closed = True
             self._cv.notify_all()
         for t in self._workers:
             t.join(timeout=self.timeout)
+        if self._switch:
+            _SwitchInterval.leave()
         for fd in [self._fd, *self._retired_fds]:
             if fd >= 0:
                 os.close(fd)
