@@ -1,0 +1,157 @@
+"""Grouped-query attention on MLX arrays: the twin of strata.reference.attention.
+
+Three layers (STYLE §4): kernels/attention.py (fused QKV + norms + RoPE + cache write, and
+attention + output projection per head), an MLX-ops path, and `attention_partials` which
+chooses. The KV cache is preallocated per layer ([KVH, max_context, HD] float32) and written in
+place at positions length..length+T-1 (kernel path: by the QKV kernel; ops path: one
+slice update, in place when nothing else aliases the cache).
+
+RoPE uses a cos/sin table computed once on the host in float64 exactly as the reference
+computes its angles, so both paths rotate by the reference's float32 values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from strata.mlx_backend.kernels import attention as attn_kernels
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.model_config import ModelConfig, QKNorm
+
+__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials"]
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """Twin of reference `rms_norm`: x / sqrt(mean(x^2) + eps) * weight, float32."""
+    x = x.astype(mx.float32)
+    inv = 1.0 / mx.sqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x * inv * weight.astype(mx.float32)
+
+
+def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
+    """cos, sin float32 [max_context, head_dim/2]: the reference's angles (float64), rounded once."""
+    hd = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
+
+
+@dataclass(frozen=True, eq=False)
+class MlxLayerKV:
+    """One layer's KV cache: buffers [n_kv_heads, max_context, head_dim] float32, `length` used.
+
+    The buffers are shared by successive MlxLayerKV values of a layer (written in place), so
+    only the newest value of a layer is valid."""
+
+    keys: mx.array
+    values: mx.array
+    length: int
+
+    @staticmethod
+    def empty(cfg: ModelConfig) -> "MlxLayerKV":
+        shape = (cfg.n_kv_heads, cfg.max_context, cfg.head_dim)
+        k, v = mx.zeros(shape, mx.float32), mx.zeros(shape, mx.float32)
+        mx.eval(k, v)
+        return MlxLayerKV(k, v, 0)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionWeights:
+    """One layer's attention weights (float16 on the kernel path, float32 on the ops path).
+
+    Shapes: norm [D]; wqkv [(H + 2 KVH) HD, D] (q rows, then k, then v); bqkv like its rows or
+    None; q_norm / k_norm [HD] (PER_HEAD) or [H HD] / [KVH HD] (FULL) or None; wo [D, H HD]
+    """
+
+    norm: mx.array
+    wqkv: mx.array
+    bqkv: mx.array | None
+    q_norm: mx.array | None
+    k_norm: mx.array | None
+    wo: mx.array
+
+
+def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
+    return (current_path() is not KernelPath.OPS and w.wqkv.dtype == mx.float16 and cfg.qk_norm is not QKNorm.FULL
+            and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.THREADS)
+
+
+def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
+    t = x.shape[0]
+    hd, h, kvh = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    qr, kr = h * hd, kvh * hd
+    f32 = lambda a: a.astype(mx.float32)  # noqa: E731
+    xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
+    qkv = xn @ f32(w.wqkv).T  # [T, QR + 2 KR]
+    if w.bqkv is not None:
+        qkv = qkv + f32(w.bqkv)
+    q, k, v = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:]
+    if cfg.qk_norm is QKNorm.FULL:
+        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    q = q.reshape(t, h, hd).transpose(1, 0, 2)  # [H, T, hd]
+    k = k.reshape(t, kvh, hd).transpose(1, 0, 2)  # [KVH, T, hd]
+    v = v.reshape(t, kvh, hd).transpose(1, 0, 2)
+    if cfg.qk_norm is QKNorm.PER_HEAD:
+        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    cos_t, sin_t = rope_table_cached(cfg)
+    start = kv.length
+    cos = mx.concatenate([cos_t[start:start + t]] * 2, axis=-1)  # [T, hd]
+    sin = mx.concatenate([sin_t[start:start + t]] * 2, axis=-1)
+    rot = lambda a: mx.concatenate([-a[..., hd // 2:], a[..., :hd // 2]], axis=-1)  # noqa: E731
+    q = q * cos + rot(q) * sin
+    k = k * cos + rot(k) * sin
+    keys, values = kv.keys, kv.values
+    keys[:, start:start + t, :] = k
+    values[:, start:start + t, :] = v
+    s = start + t
+    group = h // kvh
+    kh = mx.repeat(keys[:, :s], group, axis=0)  # [H, S, hd]
+    vh = mx.repeat(values[:, :s], group, axis=0)
+    scores = (q @ kh.transpose(0, 2, 1)) / np.float32(np.sqrt(hd))  # [H, T, S]
+    causal = mx.arange(s)[None, :] <= mx.arange(start, s)[:, None]  # [T, S]
+    scores = mx.where(causal[None], scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = mx.exp(scores)
+    probs = probs / probs.sum(axis=-1, keepdims=True)
+    out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
+    return out @ f32(w.wo).T, MlxLayerKV(keys, values, s)
+
+
+_tables: dict[tuple, tuple[mx.array, mx.array]] = {}
+
+
+def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
+    key = (cfg.head_dim, cfg.rope_theta, cfg.max_context)
+    if key not in _tables:
+        _tables[key] = rope_table(cfg)
+    return _tables[key]
+
+
+def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
+    """The attention output of new positions as partials (their sum over axis 1 is the output).
+
+    Shapes:
+        x float32 [T, D] (the residual, not yet normed) -> ([T, P, D], MlxLayerKV with T more positions)
+    """
+    t = x.shape[0]
+    if kv.length + t > cfg.max_context:
+        raise ValueError(f"attention: {kv.length + t} positions exceed the context of {cfg.max_context}")
+    if _kernel_ok(cfg, w):
+        cos, sin = rope_table_cached(cfg)
+        q = attn_kernels.qkv_rope(x, w.norm, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values,
+                                  kv.length, cfg.rms_norm_eps, cfg.n_heads)
+        parts = attn_kernels.attend(q, kv.keys, kv.values, w.wo, kv.length)
+        return parts, MlxLayerKV(kv.keys, kv.values, kv.length + t)
+    out, kv = _ops(cfg, w, kv, x)
+    return out[:, None, :], kv
+
+
+def attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x) -> tuple[mx.array, MlxLayerKV]:
+    """Twin of reference `attention`: x [T, D] (normed by the caller in the reference; here the
+    layer's attn_norm is part of `w`, so x is the residual) -> ([T, D], MlxLayerKV)."""
+    x = x if isinstance(x, mx.array) else mx.array(np.asarray(x, np.float32))
+    parts, kv = attention_partials(cfg, w, kv, x)
+    return parts.sum(axis=1), kv

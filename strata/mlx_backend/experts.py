@@ -1,0 +1,218 @@
+"""SwiGLU experts on MLX arrays: the twins of strata.reference.experts, and the routed-expert
+step of a layer in three layers (STYLE §4): the fused kernel (kernels/moe.py), an MLX-ops path
+(`mx.gather_qmm` on the Q2_0 layout), and public functions that choose.
+
+A layer's routed output is kept as *partials* [T, P, D] (P terms whose sum, times nothing more,
+is sum_i w_i expert_i(x)); `combine` adds them and the shared expert to the residual. The kernel
+path produces one partial per (rank, F-chunk), the ops path one per rank.
+
+Shapes: see each function (T tokens, D hidden, F expert ffn, k selected, E experts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from strata.formats.expert_record import PROJECTIONS, ExpertWeights, RecordLayout, pack_record
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend.kernels import combine as combine_kernel
+from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels import shared as shared_kernel
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.mlx_backend.quants import AFFINE, GROUP
+from strata.mlx_backend.routing import select_device
+from strata.reference.routing import RouterRule
+
+__all__ = ["silu", "swiglu_expert", "routed_experts", "shared_expert", "ExpertStack", "stack_experts",
+           "slot_planes", "routed_partials", "routed_partials_route", "shared_partials", "combine",
+           "SharedWeights"]
+
+
+def silu(x: mx.array) -> mx.array:
+    return x / (1.0 + mx.exp(-x))
+
+
+# ---------------------------------------------------------------- MLX affine form of expert stacks
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertStack:
+    """n experts of one record layout in MLX's affine form, per projection (w, scales, biases).
+
+    Shapes: gate/up w uint32 [n, F, D/16], scales/biases float32 [n, F, D/32]; down [n, D, F/16], [n, D, F/32]
+    """
+
+    gate: tuple[mx.array, mx.array, mx.array]
+    up: tuple[mx.array, mx.array, mx.array]
+    down: tuple[mx.array, mx.array, mx.array]
+    bits: int
+
+
+def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
+    """The affine form of n arena records (uint8 [n, >= record_bytes]) of a Q2_0/Q4_0-free layout:
+    only types whose codes plane is MLX's packing (Q2_0) can be re-viewed without repacking."""
+    if rec.qtype is not QuantType.Q2_0:
+        raise ValueError(f"arena records must be Q2_0 for the MLX path, got {rec.qtype.name}")
+    bits, _, bias = AFFINE[rec.qtype]
+    n = records.shape[0]
+    out = {}
+    for proj in PROJECTIONS:
+        rows, cols = rec.shape(proj)
+        c, s = rec.codes(proj), rec.scales(proj)
+        w = records[:, c.offset:c.end].view(mx.uint32).reshape(n, rows, cols * bits // 32)
+        sc = records[:, s.offset:s.end].view(mx.float16).reshape(n, rows, cols // GROUP).astype(mx.float32)
+        out[proj] = (w, sc, -float(bias) * sc)
+    return ExpertStack(out["gate"], out["up"], out["down"], bits)
+
+
+def stack_experts(experts: Sequence[ExpertWeights], rec: RecordLayout) -> tuple[mx.array, ExpertStack]:
+    """Pack experts as arena records -> (records uint8 [n, padded_bytes], their affine form)."""
+    buf = np.frombuffer(b"".join(pack_record(w, rec) for w in experts), np.uint8).reshape(len(experts), -1)
+    records = mx.array(buf)
+    return records, slot_planes(records, rec)
+
+
+def _qmm(x: mx.array, wsb: tuple[mx.array, mx.array, mx.array], idx: mx.array, bits: int) -> mx.array:
+    w, s, b = wsb
+    return mx.gather_qmm(x, w, s, b, rhs_indices=idx, transpose=True, group_size=GROUP, bits=bits)
+
+
+def _stack_partials(stack: ExpertStack, x: mx.array, idx: mx.array, weights: mx.array, valid: mx.array) -> mx.array:
+    """Ops path over an ExpertStack. x [T, D]; idx int [T, k] into the stack; weights [T, k];
+    valid bool [T, k] -> partials [T, k, D]"""
+    xe = x.astype(mx.float32)[:, None, None, :]  # [T, 1, 1, D]
+    g = _qmm(xe, stack.gate, idx, stack.bits)  # [T, k, 1, F]
+    u = _qmm(xe, stack.up, idx, stack.bits)
+    y = _qmm(silu(g) * u, stack.down, idx, stack.bits)[:, :, 0, :]  # [T, k, D]
+    return mx.where(valid[..., None], weights[..., None] * y, 0.0)
+
+
+# ---------------------------------------------------------------- twins of strata.reference.experts
+
+
+def swiglu_expert(w: ExpertWeights, x) -> mx.array:
+    """Twin of reference `swiglu_expert`. x [D] or [T, D] -> like x"""
+    x = mx.array(np.asarray(x, np.float32)) if not isinstance(x, mx.array) else x
+    one = x.ndim == 1
+    x2 = x.reshape(1, -1) if one else x
+    t = x2.shape[0]
+    y = routed_experts([w] * t, np.ones(t, np.float32), x2, per_token=True)
+    return y.reshape(-1) if one else y
+
+
+def routed_experts(experts: Sequence[ExpertWeights], weights, x, *, per_token: bool = False) -> mx.array:
+    """Twin of reference `routed_experts`: sum_i weight_i * expert_i(x) for one token [D] -> [D].
+    (per_token: expert i applies to row i of x [k, D] -> [k, D]; used by `swiglu_expert`.)"""
+    experts = list(experts)
+    x = mx.array(np.asarray(x, np.float32)) if not isinstance(x, mx.array) else x.astype(mx.float32)
+    w0 = experts[0]
+    rec = RecordLayout(w0.qtype, w0.hidden, w0.expert_ffn)
+    records, _ = stack_experts(experts, rec)
+    k = len(experts)
+    wts = mx.array(np.asarray(weights, np.float32).reshape(1, k))
+    if per_token:
+        slots = mx.arange(k, dtype=mx.int32).reshape(k, 1)
+        parts = routed_partials(records, rec, x, slots, wts.reshape(k, 1))
+        return parts.sum(axis=1)
+    parts = routed_partials(records, rec, x.reshape(1, -1), mx.arange(k, dtype=mx.int32).reshape(1, k), wts)
+    return parts.sum(axis=1).reshape(-1)
+
+
+@dataclass(frozen=True, eq=False)
+class SharedWeights:
+    """One layer's shared expert. gate/up [Fs, D], down [D, Fs] (float16 on the kernel path);
+    gate_inp [D] or None."""
+
+    gate: mx.array
+    up: mx.array
+    down: mx.array
+    gate_inp: mx.array | None
+
+
+def shared_expert(gate, up, down, gate_inp, x) -> mx.array:
+    """Twin of reference `shared_expert`. x [D] or [T, D] -> like x"""
+    arr = lambda a: a if isinstance(a, mx.array) else mx.array(np.asarray(a, np.float32))  # noqa: E731
+    x = arr(x).astype(mx.float32)
+    one = x.ndim == 1
+    x2 = x.reshape(1, -1) if one else x
+    sw = SharedWeights(arr(gate), arr(up), arr(down), None if gate_inp is None else arr(gate_inp))
+    parts = shared_partials(x2, sw)
+    y = combine(mx.zeros_like(x2), mx.zeros((x2.shape[0], 1, x2.shape[1]), mx.float32), parts, x2, sw.gate_inp)
+    return y.reshape(-1) if one else y
+
+
+# ---------------------------------------------------------------- public layer steps (choose a path)
+
+
+def _kernel_path() -> bool:
+    return current_path() is not KernelPath.OPS
+
+
+def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights) -> mx.array:
+    """The routed experts of T tokens from arena slots.
+
+    Shapes:
+        arena uint8 [S, SLOT]; x float32 [T, D]; slots int [T, k] (-1: skip); weights float32 [T, k]
+        -> partials float32 [T, P, D] (sum over P = sum_i w_i expert_i(x_t))
+    """
+    if _kernel_path() and rec.qtype is QuantType.Q2_0:
+        return moe.moe_slots(arena, rec, x, slots, weights)
+    slots_mx = slots if isinstance(slots, mx.array) else mx.array(np.asarray(slots, np.int32))
+    w_mx = weights if isinstance(weights, mx.array) else mx.array(np.asarray(weights, np.float32))
+    if isinstance(slots, np.ndarray):  # host slots: gather each distinct slot once
+        s = np.asarray(slots)
+        uniq, inv = np.unique(np.where(s >= 0, s, -1), return_inverse=True)
+        keep = uniq >= 0
+        used = uniq[keep] if keep.any() else np.zeros(1, np.int64)
+        remap = np.cumsum(keep) - 1  # index into `used`
+        idx = np.where(s >= 0, remap[inv.reshape(s.shape)], 0)
+        records = mx.take(arena, mx.array(used.astype(np.int32)), axis=0)
+        return _stack_partials(slot_planes(records, rec), x, mx.array(idx.astype(np.int32)), w_mx,
+                               mx.array(s >= 0))
+    valid = slots_mx >= 0
+    t, k = slots_mx.shape
+    records = mx.take(arena, mx.where(valid, slots_mx, 0).reshape(-1), axis=0)  # [T*k, SLOT]
+    idx = mx.arange(t * k, dtype=mx.int32).reshape(t, k)
+    return _stack_partials(slot_planes(records, rec), x, idx, w_mx, valid)
+
+
+def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack | None, x: mx.array,
+                          z: mx.array, slot_base: int, rule: RouterRule) -> mx.array:
+    """Route on the device (the model's own rule) and run the selected experts, every expert of
+    the layer resident (arena slot slot_base + e, or `stack` index e on the ops path).
+
+    Shapes:
+        x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
+    """
+    if _kernel_path() and rec.qtype is QuantType.Q2_0:
+        return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
+    experts, weights, _, _ = select_device(z, rule, None, None, 0.0)
+    if stack is None:
+        return routed_partials(arena, rec, x, experts + slot_base, weights)
+    return _stack_partials(stack, x, experts, weights, mx.ones(experts.shape, mx.bool_))
+
+
+def shared_partials(x: mx.array, sw: SharedWeights) -> mx.array:
+    """The shared expert's output without its gate, as partials. x [T, D] -> [T, P, D]"""
+    if _kernel_path() and sw.gate.dtype == mx.float16:
+        return shared_kernel.shared_partials(x, sw.gate, sw.up, sw.down)
+    x = x.astype(mx.float32)
+    h = silu(x @ sw.gate.astype(mx.float32).T) * (x @ sw.up.astype(mx.float32).T)
+    return (h @ sw.down.astype(mx.float32).T)[:, None, :]
+
+
+def combine(x: mx.array, routed: mx.array, shared: mx.array | None, h: mx.array, gate_inp: mx.array | None) -> mx.array:
+    """x + (sum routed + sigmoid(gate_inp . h) * sum shared). routed [T, P, D], shared [T, PS, D] or None."""
+    if _kernel_path() and (gate_inp is None or gate_inp.dtype == mx.float16):
+        return combine_kernel.combine(x, routed, shared, h, gate_inp)
+    r = routed.sum(axis=1)
+    if shared is None:
+        return x + r
+    s = shared.sum(axis=1)
+    if gate_inp is not None:
+        s = s * mx.sigmoid(h.astype(mx.float32) @ gate_inp.astype(mx.float32))[:, None]
+    return x + (r + s)

@@ -1,0 +1,8 @@
+"""Custom kernels: one body per kernel shared by Metal, CUDA and the CPU emulator.
+
+preludes.py  the per-dialect names (thread ids, warp reductions, barriers, half types)
+source.py    KernelSource and the translation units MLX (or the emulator) compiles
+launch.py    KernelPath (GPU / EMULATED / OPS), build-once, launch
+emulate.py   the CPU emulator dialect
+q8_gemv.py, moe.py, shared.py, attention.py, router.py, combine.py   the bodies
+"""

@@ -1,0 +1,185 @@
+"""Run a shared kernel body on the CPU: the EMU dialect (C++20, one OS thread per GPU thread).
+
+MLX's CPU build cannot run custom kernels, so CI would otherwise never execute the bodies the
+GPU runs. Here the body of `KernelSource` is compiled with g++ against the EMU prelude and run
+with numpy buffers: blocks one after another, the block's threads concurrently (std::barrier for
+BARRIER(), a per-warp buffer for warp_sum), `SHARED` arrays shared by the block's threads. It
+checks the body's arithmetic, indexing and barrier discipline (a thread that skips a barrier
+deadlocks, which `run` reports as an error after a timeout); it does not model the GPU's memory
+ordering between blocks (blocks never communicate in strata's kernels).
+
+Inputs are used in place (an input a kernel writes, like a KV cache, is written here too);
+outputs are poisoned (NaN / 0xA5 bytes) before the run, so an unwritten element shows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from strata.mlx_backend.kernels.preludes import Dialect
+from strata.mlx_backend.kernels.source import KernelSource, full_source
+
+RUNTIME = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace strata_emu {
+
+struct half {  // IEEE binary16 storage with float conversion (what the kernels use)
+  uint16_t bits;
+  operator float() const {
+    const uint32_t s = (bits & 0x8000u) << 16, e = (bits >> 10) & 0x1fu, m = bits & 0x3ffu;
+    uint32_t f;
+    if (e == 0) {
+      if (m == 0) { f = s; }
+      else { int ee = -1; uint32_t mm = m; do { ee++; mm <<= 1; } while (!(mm & 0x400u));
+             f = s | ((uint32_t)(127 - 15 - ee) << 23) | ((mm & 0x3ffu) << 13); }
+    } else if (e == 31) { f = s | 0x7f800000u | (m << 13); }
+    else { f = s | ((e + 112u) << 23) | (m << 13); }
+    float out; std::memcpy(&out, &f, 4); return out;
+  }
+};
+
+struct Block {
+  explicit Block(int nt) : bar(nt) {
+    for (int w = 0; w < nt / 32; ++w) warp_bars.emplace_back(std::make_unique<std::barrier<>>(32));
+    buf.assign((size_t)nt, 0.0f);
+  }
+  std::barrier<> bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+  std::vector<float> buf;
+};
+
+struct Ctx {
+  uint32_t tid, bx, by, bz;
+  Block* blk;
+  void barrier() { blk->bar.arrive_and_wait(); }
+  float warp_reduce(float x, bool is_max) {
+    const uint32_t w = tid >> 5, base = w * 32;
+    blk->buf[tid] = x;
+    blk->warp_bars[w]->arrive_and_wait();
+    float r = blk->buf[base];
+    for (int i = 1; i < 32; ++i) r = is_max ? std::fmax(r, blk->buf[base + i]) : r + blk->buf[base + i];
+    blk->warp_bars[w]->arrive_and_wait();
+    return r;
+  }
+  float warp_sum(float x) { return warp_reduce(x, false); }
+  float warp_max(float x) { return warp_reduce(x, true); }
+};
+
+thread_local Ctx* ctx = nullptr;
+
+inline int run_grid(int gx, int gy, int gz, int nt, const std::function<void()>& body) {
+  if (nt <= 0 || nt % 32) return 1;
+  Block blk(nt);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < nt; ++t) {
+    threads.emplace_back([&, t]() {
+      Ctx c{(uint32_t)t, 0, 0, 0, &blk};
+      ctx = &c;
+      for (int z = 0; z < gz; ++z)
+        for (int y = 0; y < gy; ++y)
+          for (int x = 0; x < gx; ++x) {
+            c.bx = x; c.by = y; c.bz = z;
+            body();
+            blk.bar.arrive_and_wait();  // the block's SHARED arrays are reused by the next block
+          }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return 0;
+}
+
+}  // namespace strata_emu
+"""
+
+TIMEOUT_S = 120.0  # a deadlocked body (a thread skipped a barrier) is an error, not a hang
+_POISON_BYTE = 0xA5
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL] = {}
+
+
+def available() -> bool:
+    """True where a C++20 compiler is on PATH (the emulator's only need)."""
+    return shutil.which(os.environ.get("CXX", "g++")) is not None
+
+
+def _cache_dir() -> Path:
+    d = Path(tempfile.gettempdir()) / f"strata-emu-{os.getuid()}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _compile(code: str) -> ctypes.CDLL:
+    key = hashlib.sha256(code.encode()).hexdigest()[:24]
+    with _lock:
+        if key in _libs:
+            return _libs[key]
+        so = _cache_dir() / f"k_{key}.so"
+        if not so.exists():
+            src = so.with_suffix(".cpp")
+            src.write_text(code)
+            tmp = so.with_suffix(f".{os.getpid()}.tmp")
+            cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread",
+                   "-Wno-unused-variable", "-o", str(tmp), str(src)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"emulator build failed:\n{proc.stderr[-4000:]}")
+            os.replace(tmp, so)
+        lib = ctypes.CDLL(str(so))
+        lib.strata_launch.restype = ctypes.c_int
+        lib.strata_launch.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_int] * 4
+        _libs[key] = lib
+        return lib
+
+
+def translation_unit(src: KernelSource, in_types, out_types, template) -> str:
+    return RUNTIME + full_source(src, Dialect.EMU, tuple(in_types), tuple(out_types), tuple(template))
+
+
+def run(src: KernelSource, inputs: list[np.ndarray], output_shapes: list[tuple[int, ...]],
+        output_dtypes: list, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
+        template: tuple[tuple[str, int], ...]) -> list[np.ndarray]:
+    """Run `src` like MLX would on a GPU. Inputs must be C-contiguous numpy arrays (written in
+    place if the kernel writes them); returns the outputs."""
+    for a in inputs:
+        if not a.flags.c_contiguous:
+            raise ValueError("emulator inputs must be C-contiguous")
+    outs = []
+    for shape, dt in zip(output_shapes, output_dtypes):
+        o = np.empty(shape, dtype=np.dtype(dt))
+        o.view(np.uint8).fill(_POISON_BYTE) if o.dtype.kind in "iub" else o.fill(np.nan)
+        outs.append(o)
+    in_types = [a.dtype.name for a in inputs]
+    out_types = [o.dtype.name for o in outs]
+    lib = _compile(translation_unit(src, in_types, out_types, template))
+    ptrs = (ctypes.c_void_p * (len(inputs) + len(outs)))(*[a.ctypes.data for a in inputs + outs])
+    nt = threadgroup[0]
+    if threadgroup[1:] != (1, 1) or grid[0] % nt:
+        raise ValueError(f"emulator: grid {grid} must be whole blocks of ({nt}, 1, 1)")
+    result: list[int] = []
+    th = threading.Thread(target=lambda: result.append(lib.strata_launch(ptrs, grid[0] // nt, grid[1], grid[2], nt)),
+                          daemon=True)
+    th.start()
+    th.join(TIMEOUT_S)
+    if th.is_alive():
+        raise RuntimeError(f"kernel {src.name} did not finish in {TIMEOUT_S:.0f} s on the emulator: "
+                           "a thread skipped a barrier (deadlock)")
+    if result != [0]:
+        raise RuntimeError(f"kernel {src.name}: emulator launch failed ({result})")
+    return outs

@@ -1,0 +1,168 @@
+"""Per-dialect preludes: the only code that differs between Metal, CUDA and the emulator.
+
+A kernel body (strata/mlx_backend/kernels/*.py) is written once against these names:
+
+    ids        tid (thread in block), bx/by/bz (block in grid), lane (0..31), warp_id
+    memory     SHARED (block-shared array), DEVICE (global-memory pointer qualifier),
+               BARRIER() (block barrier, threadgroup memory)
+    reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
+    types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
+               arrays returned by value), uint32_t / int32_t / uint64_t
+    math       F32(x) (to float), exp_f, sqrt_f, NEG_BIG (a finite -infinity), UNROLL
+    loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
+
+Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
+(thread ids as locals; prepended to MLX's `source=`, because MLX adds a Metal attribute to the
+signature only when its name appears in the body, and CUDA has no attributes at all).
+
+Dialects:
+- METAL: MLX `mx.fast.metal_kernel` (Apple GPUs). simdgroups are 32 wide on Apple GPUs.
+- CUDA: MLX `mx.fast.cuda_kernel` (NVIDIA; NVRTC). There is no `uint` in CUDA: bodies use
+  uint32_t. warp_sum broadcasts lane 0's sum so every lane holds the same bits.
+- EMU: C++20 on the CPU (strata.mlx_backend.kernels.emulate): one OS thread per GPU thread,
+  blocks one after another, std::barrier for barriers, warp reductions through a per-warp
+  buffer. SHARED is `static` (one copy, shared by the block's threads; blocks never overlap).
+  It runs the shared bodies in CI, where MLX's CPU build cannot run custom kernels.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Dialect(enum.Enum):
+    METAL = "metal"
+    CUDA = "cuda"
+    EMU = "emu"
+
+
+METAL_HEADER = r"""
+#include <metal_stdlib>
+using namespace metal;
+#define DEVICE device
+#define SHARED threadgroup
+#define INLINE inline
+#define BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
+#define UNROLL _Pragma("clang loop unroll(full)")
+#define F32(x) static_cast<float>(x)
+#define NEG_BIG (-3.0e38f)
+typedef half half_t;
+struct f4 { float v[4]; };
+struct f8 { float v[8]; };
+INLINE float warp_sum(float x) { return simd_sum(x); }
+INLINE float warp_max(float x) { return simd_max(x); }
+INLINE float exp_f(float x) { return metal::exp(x); }
+INLINE float sqrt_f(float x) { return metal::sqrt(x); }
+INLINE f4 load_f4(const device float* p) {
+  const float4 a = *(const device float4*)p;
+  f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
+  return r;
+}
+INLINE f8 load_h8(const device half* p) {
+  const float4 a = float4(*(const device half4*)p);
+  const float4 b = float4(*(const device half4*)(p + 4));
+  f8 r;
+  r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
+  r.v[4] = b.x; r.v[5] = b.y; r.v[6] = b.z; r.v[7] = b.w;
+  return r;
+}
+"""
+
+METAL_BODY = r"""
+  const uint32_t tid = thread_position_in_threadgroup.x;
+  const uint32_t bx = threadgroup_position_in_grid.x;
+  const uint32_t by = threadgroup_position_in_grid.y;
+  const uint32_t bz = threadgroup_position_in_grid.z;
+  const uint32_t lane = thread_index_in_simdgroup;
+  const uint32_t warp_id = simdgroup_index_in_threadgroup;
+"""
+
+CUDA_HEADER = r"""
+#define DEVICE
+#define SHARED __shared__
+#define INLINE __device__ __forceinline__
+#define BARRIER() __syncthreads()
+#define UNROLL _Pragma("unroll")
+#define F32(x) static_cast<float>(x)
+#define NEG_BIG (-3.0e38f)
+typedef __half half_t;
+struct f4 { float v[4]; };
+struct f8 { float v[8]; };
+INLINE float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return __shfl_sync(0xffffffffu, x, 0);  // one lane's bits for all: lanes may sum in other orders
+}
+INLINE float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+INLINE float exp_f(float x) { return expf(x); }
+INLINE float sqrt_f(float x) { return sqrtf(x); }
+INLINE f4 load_f4(const float* p) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
+  return r;
+}
+INLINE f8 load_h8(const __half* p) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+  f8 r;
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    r.v[2 * i] = f.x; r.v[2 * i + 1] = f.y;
+  }
+  return r;
+}
+"""
+
+CUDA_BODY = r"""
+  const uint32_t tid = threadIdx.x;
+  const uint32_t bx = blockIdx.x;
+  const uint32_t by = blockIdx.y;
+  const uint32_t bz = blockIdx.z;
+  const uint32_t lane = threadIdx.x & 31u;
+  const uint32_t warp_id = threadIdx.x >> 5;
+"""
+
+# The emulator's runtime (EmuCtx, barriers, half) is in emulate.py; this is its kernel-facing side.
+EMU_HEADER = r"""
+#define DEVICE
+#define SHARED static
+#define INLINE inline
+#define BARRIER() strata_emu::ctx->barrier()
+#define UNROLL
+#define F32(x) static_cast<float>(x)
+#define NEG_BIG (-3.0e38f)
+typedef strata_emu::half half_t;
+struct f4 { float v[4]; };
+struct f8 { float v[8]; };
+struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
+INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
+INLINE float exp_f(float x) { return std::exp(x); }
+INLINE float sqrt_f(float x) { return std::sqrt(x); }
+INLINE f4 load_f4(const float* p) {
+  f4 r; for (int i = 0; i < 4; ++i) r.v[i] = p[i];
+  return r;
+}
+INLINE f8 load_h8(const half_t* p) {
+  f8 r; for (int i = 0; i < 8; ++i) r.v[i] = F32(p[i]);
+  return r;
+}
+"""
+
+EMU_BODY = r"""
+  const uint32_t tid = strata_emu::ctx->tid;
+  const uint32_t bx = strata_emu::ctx->bx;
+  const uint32_t by = strata_emu::ctx->by;
+  const uint32_t bz = strata_emu::ctx->bz;
+  const uint32_t lane = strata_emu::ctx->tid & 31u;
+  const uint32_t warp_id = strata_emu::ctx->tid >> 5;
+  (void)bx; (void)by; (void)bz; (void)lane; (void)warp_id;
+"""
+
+HEADER = {Dialect.METAL: METAL_HEADER, Dialect.CUDA: CUDA_HEADER, Dialect.EMU: EMU_HEADER}
+BODY = {Dialect.METAL: METAL_BODY, Dialect.CUDA: CUDA_BODY, Dialect.EMU: EMU_BODY}
+
+WARP = 32  # lanes per simdgroup / warp: Apple GPUs and NVIDIA GPUs alike

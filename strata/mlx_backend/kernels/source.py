@@ -1,0 +1,147 @@
+"""One kernel, three dialects: the source MLX (or the emulator) compiles for a shared body.
+
+`KernelSource` is a body written once against the names of `preludes.py`. `mlx_source(...)`
+returns the dialect's (header, body) pair as `mx.fast.metal_kernel` / `mx.fast.cuda_kernel` take
+them; `full_source(...)` returns the whole translation unit the way MLX assembles it (MLX
+generates the signature from the input/output names and dtypes; see MLX's
+`mlx/backend/metal/custom_kernel.cpp::write_signature` and `mlx/backend/cuda/custom_kernel.cpp::
+build_kernel`), which is what the compile checks (tests/test_metal_compile.py) and the emulator
+build.
+
+Rules every body keeps (they make the dialects agree):
+- every input has at least `MIN_INPUT_SIZE` elements (`launch` pads smaller ones), so Metal passes
+  all of them as `const device T*` (MLX puts arrays under 8 elements in `constant` space);
+- compile-time sizes are int template arguments; runtime scalars travel in small int32/float32
+  arrays;
+- the grid is whole blocks (`grid = (blocks * NT, y, z)`, threadgroup `(NT, 1, 1)`), because Metal
+  dispatches threads (partial last group) and CUDA dispatches whole blocks;
+- no early return before a barrier; branches around barriers are block-uniform.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.mlx_backend.kernels.preludes import BODY, HEADER, Dialect
+
+MIN_INPUT_SIZE = 8  # MLX Metal: arrays smaller than this are bound in the constant address space
+
+# dtype name (numpy spelling) -> the type MLX writes in the generated signature
+METAL_TYPES = {"uint8": "uint8_t", "int8": "int8_t", "uint16": "uint16_t", "int16": "int16_t",
+               "uint32": "uint32_t", "int32": "int32_t", "uint64": "uint64_t", "int64": "int64_t",
+               "float16": "float16_t", "bfloat16": "bfloat16_t", "float32": "float", "bool": "bool"}
+CUDA_TYPES = {**METAL_TYPES, "float16": "__half", "bfloat16": "__nv_bfloat16"}
+EMU_TYPES = {**METAL_TYPES, "float16": "half_t", "bfloat16": "uint16_t"}
+
+# Metal kernel attributes MLX adds to the signature when their name appears in the body, in
+# MLX's order (mlx/backend/metal/custom_kernel.cpp).
+METAL_ATTRIBUTES = (
+    ("dispatch_quadgroups_per_threadgroup", "uint"), ("dispatch_simdgroups_per_threadgroup", "uint"),
+    ("dispatch_threads_per_threadgroup", "uint3"), ("grid_origin", "uint3"), ("grid_size", "uint3"),
+    ("quadgroup_index_in_threadgroup", "uint"), ("quadgroups_per_threadgroup", "uint"),
+    ("simdgroup_index_in_threadgroup", "uint"), ("simdgroups_per_threadgroup", "uint"),
+    ("thread_execution_width", "uint"), ("thread_index_in_quadgroup", "uint"),
+    ("thread_index_in_simdgroup", "uint"), ("thread_index_in_threadgroup", "uint"),
+    ("thread_position_in_grid", "uint3"), ("thread_position_in_threadgroup", "uint3"),
+    ("threadgroup_position_in_grid", "uint3"), ("threadgroups_per_grid", "uint3"),
+    ("threads_per_grid", "uint3"), ("threads_per_simdgroup", "uint"), ("threads_per_threadgroup", "uint3"),
+)
+
+# What MLX puts in front of a Metal kernel's header (`metal::utils()`: metal_stdlib and its type names).
+METAL_MLX_PREAMBLE = "#include <metal_stdlib>\nusing namespace metal;\ntypedef bfloat bfloat16_t;\ntypedef half float16_t;\n"
+# MLX's CUDA default header (mlx/backend/cuda/custom_kernel.cpp).
+CUDA_MLX_PREAMBLE = ('#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
+                     "#define inf cuda::std::numeric_limits<float>::infinity()\n\n")
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A kernel body shared by every dialect.
+
+    `helpers` are device functions (dialect-neutral, through the prelude's macros) placed after
+    the prelude in the header; `body` is the kernel's body (MLX writes the signature).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    body: str
+    helpers: str = ""
+
+    def __post_init__(self) -> None:
+        if re.search(r"\buint\b", self.body + self.helpers):
+            raise ValueError(f"kernel {self.name}: write uint32_t, not uint (CUDA has no uint)")
+        for n in self.inputs + self.outputs:
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", n):
+                raise ValueError(f"kernel {self.name}: bad argument name {n!r}")
+
+
+def mlx_source(src: KernelSource, dialect: Dialect) -> tuple[str, str]:
+    """(header, source) as `mx.fast.metal_kernel` / `mx.fast.cuda_kernel` take them."""
+    return HEADER[dialect] + src.helpers, BODY[dialect] + src.body
+
+
+def dtype_name(dtype) -> str:
+    """numpy spelling of an MLX or numpy dtype ('float16', 'uint8', ...)."""
+    s = str(dtype)
+    return s.split(".")[-1] if "." in s else np.dtype(s).name
+
+
+def kernel_name(src: KernelSource, dialect: Dialect, template: tuple[tuple[str, int], ...]) -> str:
+    suffix = "_".join(str(int(v)) for _, v in template)
+    return f"custom_kernel_{src.name}" + (f"_{suffix}" if suffix else "")
+
+
+def _metal_signature(src, name, in_types, out_types, template) -> str:
+    header, body = mlx_source(src, Dialect.METAL)
+    out = [METAL_MLX_PREAMBLE, header]
+    if template:
+        out.append("template <" + ", ".join(f"int {k}" for k, _ in template) + ">\n")
+    params = [f"  const device {METAL_TYPES[t]}* {n} [[buffer({i})]]" for i, (n, t) in enumerate(zip(src.inputs, in_types))]
+    base = len(src.inputs)
+    params += [f"  device {METAL_TYPES[t]}* {n} [[buffer({base + i})]]" for i, (n, t) in enumerate(zip(src.outputs, out_types))]
+    params += [f"  {ty} {attr} [[{attr}]]" for attr, ty in METAL_ATTRIBUTES if attr in body]
+    out.append(f"[[kernel]] void {name}(\n" + ",\n".join(params) + ") {\n" + body + "\n}\n")
+    if template:
+        args = "<" + ", ".join(str(int(v)) for _, v in template) + ">"
+        out.append(f'\ntemplate [[host_name("{name}")]] [[kernel]] decltype({name}{args}) {name}{args};\n')
+    return "".join(out)
+
+
+def _cuda_source(src, name, in_types, out_types, template) -> str:
+    header, body = mlx_source(src, Dialect.CUDA)
+    params = [f"    const {CUDA_TYPES[t]}* {n}" for n, t in zip(src.inputs, in_types)]
+    params += [f"    {CUDA_TYPES[t]}* {n}" for n, t in zip(src.outputs, out_types)]
+    consts = "".join(f"  constexpr int {k} = {int(v)};\n" for k, v in template)
+    return (CUDA_MLX_PREAMBLE + header + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+            f"__global__ void {name}(\n" + ",\n".join(params) + ") {\n" + consts + "\n" + body
+            + "\n}\n\n} // namespace mlx::core::cu\n")
+
+
+def _emu_source(src, name, in_types, out_types, template) -> str:
+    header, body = mlx_source(src, Dialect.EMU)
+    params = [f"const {EMU_TYPES[t]}* {n}" for n, t in zip(src.inputs, in_types)]
+    params += [f"{EMU_TYPES[t]}* {n}" for n, t in zip(src.outputs, out_types)]
+    consts = "".join(f"  constexpr int {k} = {int(v)};\n" for k, v in template)
+    casts = [f"(const {EMU_TYPES[t]}*)a[{i}]" for i, t in enumerate(in_types)]
+    casts += [f"({EMU_TYPES[t]}*)a[{len(in_types) + i}]" for i, t in enumerate(out_types)]
+    return (header + f"static void {name}(" + ", ".join(params) + ") {\n" + consts + body + "\n}\n\n"
+            'extern "C" int strata_launch(void** a, int gx, int gy, int gz, int nt) {\n'
+            f"  return strata_emu::run_grid(gx, gy, gz, nt, [&]() {{ {name}({', '.join(casts)}); }});\n}}\n")
+
+
+def full_source(src: KernelSource, dialect: Dialect, in_types: tuple[str, ...], out_types: tuple[str, ...],
+                template: tuple[tuple[str, int], ...]) -> str:
+    """The translation unit MLX compiles for this body, argument dtypes and template.
+
+    in_types / out_types are numpy dtype names ('uint8', 'float16', 'float32', ...).
+    For EMU the unit ends in `extern "C" strata_launch(args, gx, gy, gz, nt)` (see emulate.py).
+    """
+    if len(in_types) != len(src.inputs) or len(out_types) != len(src.outputs):
+        raise ValueError(f"kernel {src.name}: {len(src.inputs)} inputs / {len(src.outputs)} outputs expected")
+    name = kernel_name(src, dialect, template)
+    build = {Dialect.METAL: _metal_signature, Dialect.CUDA: _cuda_source, Dialect.EMU: _emu_source}[dialect]
+    return build(src, name, tuple(in_types), tuple(out_types), tuple(template))

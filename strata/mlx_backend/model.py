@@ -1,0 +1,254 @@
+"""The decoder forward on MLX arrays: the twin of strata.reference.model.
+
+Per layer (decode, GPU path) six launches: QKV+RoPE+cache write, attention+output projection,
+the router kernel (residual, router input, logits, guess), the shared expert, the routed experts
+(routing on the GPU when every expert is resident) and combine. The ops path runs the same steps
+as MLX ops. Dense weights are float16 on the kernel path (the reference's float32 weights rounded
+once; tests use float16-exact weights so the two agree to float32 reordering) and float32 on the
+ops path; the router stays float32 (SPEC §3) and the read-ahead guess reads a Q8_0 copy.
+
+Shapes: T positions, D hidden, E experts, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import mlx.core as mx
+import numpy as np
+
+from strata.formats.expert_record import RecordLayout, pack_record
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
+from strata.mlx_backend.experts import (SharedWeights, combine, routed_partials, routed_partials_route,
+                                        shared_partials)
+from strata.mlx_backend.kernels import dense_gemv as dense_kernel
+from strata.mlx_backend.kernels import router as router_kernel
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
+from strata.model_config import ModelConfig, QKNorm, TensorNames
+from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, router_rule
+from strata.reference.quants import quantize
+from strata.reference.routing import Selection
+
+__all__ = ["LayerWeights", "MlxParams", "MlxModelState", "to_mlx_params", "default_dtype", "embed",
+           "attention_block", "router_stage", "head", "forward", "fill_resident_arena"]
+
+
+def default_dtype() -> mx.Dtype:
+    """float16 where kernels run (they read float16 dense weights), float32 on the ops path."""
+    return mx.float32 if current_path() is KernelPath.OPS else mx.float16
+
+
+@dataclass(frozen=True, eq=False)
+class LayerWeights:
+    attn: AttentionWeights
+    ffn_norm: mx.array  # [D]
+    router: mx.array  # float32 [E, D]
+    guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous layer)
+    shared: SharedWeights | None
+
+
+@dataclass(frozen=True, eq=False)
+class MlxParams:
+    """Resident weights. `arena` holds every expert (slot l*E + e) for the all-resident engine,
+    or is None when experts stream through a runtime arena."""
+
+    cfg: ModelConfig
+    layers: tuple[LayerWeights, ...]
+    embed: mx.array  # [V, D]
+    out_norm: mx.array  # [D]
+    output: mx.array  # [V, D]
+    dtype: mx.Dtype
+    arena: MlxArena | None = None
+    rec: RecordLayout | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class MlxModelState:
+    layers: tuple[MlxLayerKV, ...]
+
+    @staticmethod
+    def empty(cfg: ModelConfig) -> "MlxModelState":
+        return MlxModelState(tuple(MlxLayerKV.empty(cfg) for _ in range(cfg.n_layers)))
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+
+def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype,
+                   pred_q8: bool) -> LayerWeights:
+    n = TensorNames
+    get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
+    arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)])  # [QR + 2 KR, D]
+    bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]) if cfg.attention_bias else None
+    qk = cfg.qk_norm is not QKNorm.NONE
+    attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
+                            arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
+                            arr(get(n.attn_output)))
+    shared = None
+    if cfg.has_shared_expert:
+        gi = arr(get(n.shexp_gate_inp)) if cfg.shared_expert_gated else None
+        shared = SharedWeights(arr(get(n.shexp_gate)), arr(get(n.shexp_up)), arr(get(n.shexp_down)), gi)
+    router = get(n.router)
+    guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
+    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared)
+
+
+def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
+                  dtype: mx.Dtype | None = None, pred_q8: bool = True) -> MlxParams:
+    """MLX weights from the reference's dense dict (float32 numpy). With `experts`, every routed
+    expert is packed into a resident MLX arena (slot l*E + e)."""
+    dtype = dtype or default_dtype()
+    n = TensorNames
+    layers = tuple(_layer_weights(cfg, dense, l, dtype, pred_q8) for l in range(cfg.n_layers))
+    embed_w = mx.array(np.asarray(dense[n.token_embd], np.float32)).astype(dtype)
+    output = embed_w if cfg.tie_embeddings else mx.array(np.asarray(dense[n.output], np.float32)).astype(dtype)
+    out_norm = mx.array(np.asarray(dense[n.output_norm], np.float32)).astype(dtype)
+    arena = rec = None
+    if experts is not None:
+        first = experts.expert(0, 0)
+        rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn)
+        arena = MlxArena(cfg.n_layers * cfg.n_experts, rec.padded_bytes)
+        fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
+    mx.eval(embed_w, output, out_norm, *[a for lw in layers for a in _arrays(lw)])
+    return MlxParams(cfg, layers, embed_w, out_norm, output, dtype, arena, rec)
+
+
+def _arrays(lw: LayerWeights) -> list[mx.array]:
+    a = lw.attn
+    out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [x for x in (a.bqkv, a.q_norm, a.k_norm) if x is not None]
+    if lw.shared is not None:
+        out += [lw.shared.gate, lw.shared.up, lw.shared.down] + ([lw.shared.gate_inp] if lw.shared.gate_inp is not None else [])
+    return out
+
+
+def fill_resident_arena(arena: MlxArena, cfg: ModelConfig, record: Callable[[int, int], bytes | np.ndarray]) -> None:
+    """Slot l*E + e <- record(l, e) for every expert."""
+    for l in range(cfg.n_layers):
+        for e in range(cfg.n_experts):
+            arena.fill(l * cfg.n_experts + e, record(l, e))
+
+
+# ---------------------------------------------------------------- layer pieces (twins of reference.model)
+
+
+def embed(p: MlxParams, tokens) -> mx.array:
+    """Twin of reference `embed`. tokens [T] -> float32 [T, D]"""
+    tokens = np.asarray(tokens, np.int64)
+    vocab = p.cfg.vocab_size
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"token ids must be in [0, {vocab}), got {tokens.min()}..{tokens.max()}")
+    x = p.embed[mx.array(tokens.astype(np.int32))]
+    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+
+
+def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
+    """Twin of reference `attention_block`: x + attention(rms_norm(x)). [T, D] -> ([T, D], kv)"""
+    parts, kv = attention_partials(p.cfg, p.layers[layer].attn, kv, x)
+    return x + parts.sum(axis=1), kv
+
+
+def _router_kernel_ok(p: MlxParams) -> bool:
+    return current_path() is not KernelPath.OPS and p.dtype == mx.float16 and p.cfg.hidden_size % 32 == 0
+
+
+def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: MlxQuantMatrix | None = None
+                 ) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:
+    """The residual after attention, the router input h, router logits z, and (with `guess`, the
+    next layer's Q8_0 router) the read-ahead guess logits.
+
+    Shapes:
+        x [T, D], parts [T, P, D] -> x_mid [T, D], h [T, D], z float32 [T, E], g [T, E] or None
+    """
+    lw, cfg = p.layers[layer], p.cfg
+    if _router_kernel_ok(p):
+        g_codes = guess.codes if guess is not None else None
+        g_scales = guess.raw_scales if guess is not None else None
+        x_mid, h, z, g = router_kernel.router(x, parts, lw.ffn_norm, lw.router, g_codes, g_scales, cfg.rms_norm_eps)
+        return x_mid, h, z, (g if guess is not None else None)
+    x_mid = x + parts.sum(axis=1)
+    h = rms_norm(x_mid, lw.ffn_norm, cfg.rms_norm_eps)
+    z = h @ lw.router.T
+    return x_mid, h, z, (gemv(guess, h) if guess is not None else None)
+
+
+def head(p: MlxParams, x: mx.array) -> mx.array:
+    """Twin of reference `head`: final norm and LM head. [T, D] -> float32 [T, V]"""
+    xn = rms_norm(x, p.out_norm, p.cfg.rms_norm_eps)
+    if current_path() is not KernelPath.OPS and p.output.dtype == mx.float16 and p.cfg.hidden_size % 8 == 0:
+        return dense_kernel.dense_gemv(p.output, xn)
+    return xn @ p.output.astype(mx.float32).T
+
+
+def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select: SelectFn | None = None,
+                  trace: list | None = None) -> tuple[mx.array, MlxLayerKV]:
+    """One decoder layer over all-resident experts. select None: the model's own rule on the
+    GPU (no host round trip); else one host round trip for the router logits."""
+    cfg, lw = p.cfg, p.layers[layer]
+    if p.arena is None:
+        raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
+    parts, kv = attention_partials(cfg, lw.attn, kv, x)
+    x_mid, h, z, _ = router_stage(p, layer, x, parts)
+    shared = shared_partials(h, lw.shared) if lw.shared is not None else None
+    base = layer * cfg.n_experts
+    if select is None:
+        routed = routed_partials_route(p.arena.array, p.rec, None, h, z, base, router_rule(cfg))
+    else:
+        zh = np.array(z)
+        sels = [select(layer, zh[t]) for t in range(zh.shape[0])]
+        slots, weights = selections_to_slots(sels, cfg.n_experts_per_token, base)
+        routed = routed_partials(p.arena.array, p.rec, h, slots, weights)
+        if trace is not None:
+            trace.append((np.array(h), tuple(sels)))
+    gate_inp = lw.shared.gate_inp if lw.shared is not None else None
+    return combine(x_mid, routed, shared, h, gate_inp), kv
+
+
+def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Selections -> slots int32 [T, k] (base + expert; -1 where a selection is shorter) and weights."""
+    slots = np.full((len(sels), k), -1, np.int32)
+    weights = np.zeros((len(sels), k), np.float32)
+    for t, s in enumerate(sels):
+        n = len(s.experts)
+        slots[t, :n] = base + s.experts
+        weights[t, :n] = s.weights
+    return slots, weights
+
+
+def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | None = None, trace: bool = False):
+    """Twin of reference `forward`: process `tokens` after the cached positions.
+
+    select None (and no trace): routing on the device by the model's rule. A `select` (or trace)
+    routes each token on the host, like the reference.
+
+    Shapes:
+        tokens: [T] -> logits float32 [T, V] (mx.array)
+    """
+    if trace and select is None:
+        from strata.reference.model import plain_select
+
+        select = plain_select(p.cfg)
+    x = embed(p, tokens)
+    layers, records = [], [] if trace else None
+    for layer in range(p.cfg.n_layers):
+        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records)
+        layers.append(kv)
+    logits = head(p, x)
+    new_state = MlxModelState(tuple(layers))
+    if trace:
+        return logits, new_state, ForwardTrace(np.stack([r[0] for r in records]), tuple(r[1] for r in records))
+    return logits, new_state
+
+
+def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> MlxParams:
+    """MlxParams (experts resident) from the reference's ModelParams."""
+    return to_mlx_params(params.cfg, params.dense, experts=params.experts, dtype=dtype)
+
+
+__all__ += ["layer_forward", "selections_to_slots", "from_reference"]
+_ = field  # dataclasses.field kept for frozen defaults above
