@@ -133,6 +133,9 @@ def run_child(args, overrides) -> dict:
     cmd = [sys.executable, __file__, "--child", json.dumps(overrides), "--model", str(args.model),
            "--arena", args.arena, "--tokens", str(args.tokens)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}  # the runs' configs only
+    # one BLAS thread: the matrices are tiny (D=256), and BLAS threads spinning beside the
+    # reader threads made run-to-run times swing by 50% on a 16-core machine
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"run failed: {overrides}\n{done.stderr}")
@@ -174,7 +177,7 @@ def main() -> None:
           f"arena {slots} slots = {slots * record / 1e6:.1f} MB ({args.arena_fraction:.0%}); {args.tokens} tokens")
     print(f"disk: random {record} B records {disk['random_GBps']:.2f} GB/s, sequential {disk['sequential_GBps']:.2f} GB/s "
           f"({'O_DIRECT' if disk['direct'] else 'buffered'}; {disk['cached_after_drop']} B cached after the drop; "
-          f"{disk['cpus']} CPUs)")
+          f"{disk['cpus']} CPUs; one BLAS thread)")
     print(f"{'run':<28} {'ms/tok':>7} {'urgent/tok':>10} {'ra hits/tok':>11} {'reads/tok':>9} {'MB/tok':>7} "
           f"{'hit %':>6} {'host ms':>7} {'wait ms':>7} {'late':>5} {'target x':>8} {'RSS MB':>7} {'bound MB':>8}")
     summary = {"disk": disk, "compute_ms_per_token": compute_ms, "arena_slots": slots, "runs": {}}
