@@ -9,7 +9,7 @@ from typing import Iterator
 
 from strata.config import Backend, Config, load_config
 from strata.engine import Engine, ReferenceEngine
-from strata.errors import ConfigError, ContextLimitError, StrataError
+from strata.errors import ContextLimitError, StrataError
 from strata.loader import Model, load
 from strata.reference.cache_types import CacheStats
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
@@ -72,10 +72,10 @@ def _engine_for(model: Model, config: Config) -> Engine:
     from strata.runtime.decode import arena_plan_for, open_streaming_engine
 
     backend = config.backend
-    if backend is Backend.MLX:
-        # The MLX backend plugs in here: build its LayerCompute and Arena, then
-        # StreamingEngine(model, config, arena, compute, io) exactly as open_streaming_engine does.
-        raise ConfigError("the MLX backend is not available yet; use backend numpy (or auto)")
+    if backend is Backend.MLX:  # MlxArena + MlxCompute in a StreamingEngine, or all-resident MlxEngine
+        from strata.mlx_backend.engine import open_mlx_engine
+
+        return open_mlx_engine(model, config, arena_plan_for(model, config))
     # Backend.AUTO resolves to NUMPY until the MLX backend exists.
     plan = arena_plan_for(model, config)
     if plan.streaming:

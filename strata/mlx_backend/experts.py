@@ -159,6 +159,8 @@ def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weig
         arena uint8 [S, SLOT]; x float32 [T, D]; slots int [T, k] (-1: skip); weights float32 [T, k]
         -> partials float32 [T, P, D] (sum over P = sum_i w_i expert_i(x_t))
     """
+    if slots.shape[1] == 0:  # every selection dropped (drop-tail)
+        return mx.zeros((x.shape[0], 1, x.shape[1]), mx.float32)
     if _kernel_path() and rec.qtype is QuantType.Q2_0:
         return moe.moe_slots(arena, rec, x, slots, weights)
     slots_mx = slots if isinstance(slots, mx.array) else mx.array(np.asarray(slots, np.int32))

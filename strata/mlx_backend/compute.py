@@ -1,0 +1,111 @@
+"""`MlxCompute`: the runtime's LayerCompute seam (strata.runtime.compute) on MLX arrays.
+
+The streaming loop calls attention -> router_input -> router_logits (host) -> shared (during the
+host turn) -> routed -> guess_logits (after the turn) -> combine for each layer. Here:
+
+- attention returns a lazy `_Residual` (the residual in, the attention partials);
+- router_input launches the router kernel once: residual after attention, h, the router logits
+  and the next layer's Q8_0 guess logits together; router_logits is the layer's one host round
+  trip (evaluating z evaluates the guess too, so guess_logits costs a copy, not a sync);
+- shared and routed are started with `mx.async_eval`, so the GPU runs them while the host takes
+  its turn (SPEC §4: the shared expert between signal and wait) and does its after-layer work;
+- combine adds the partials (one list per pass; several passes in a prompt) and the shared expert.
+
+Decode launches per layer: QKV, attend, router, shared, routed, combine = 6.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from strata.formats.expert_record import RecordLayout
+from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.attention import MlxLayerKV, attention_partials
+from strata.mlx_backend.experts import combine, routed_partials, shared_partials
+from strata.mlx_backend.model import MlxParams, embed, head, router_stage
+from strata.mlx_backend.quants import gemv
+
+__all__ = ["MlxCompute"]
+
+
+class _Residual:
+    """What `attention` hands the loop: the layer's input residual and attention partials; after
+    `router_input`, also the residual after attention and the router input."""
+
+    __slots__ = ("layer", "x", "parts", "x_mid", "h")
+
+    def __init__(self, layer: int, x: mx.array, parts: mx.array) -> None:
+        self.layer, self.x, self.parts = layer, x, parts
+        self.x_mid = self.h = None
+
+
+class _RouterInput:
+    __slots__ = ("layer", "h", "z", "g", "residual")
+
+    def __init__(self, layer: int, h: mx.array, z: mx.array, g: mx.array | None, residual: _Residual) -> None:
+        self.layer, self.h, self.z, self.g, self.residual = layer, h, z, g, residual
+
+
+class MlxCompute:
+    """LayerCompute over MlxParams (dense, resident) and an MlxArena (experts by slot)."""
+
+    def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
+        self.params, self.arena, self.layout, self.pred_q8 = params, arena, layout, pred_q8
+        self.kv = [MlxLayerKV.empty(params.cfg) for _ in range(params.cfg.n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.kv[0].length
+
+    def embed(self, tokens: np.ndarray) -> mx.array:
+        return embed(self.params, tokens)
+
+    def attention(self, layer: int, x: mx.array) -> _Residual:
+        parts, self.kv[layer] = attention_partials(self.params.cfg, self.params.layers[layer].attn, self.kv[layer], x)
+        return _Residual(layer, x, parts)
+
+    def router_input(self, layer: int, x: _Residual) -> _RouterInput:
+        nxt = layer + 1
+        guess = self.params.layers[nxt].guess if self.pred_q8 and nxt < self.params.cfg.n_layers else None
+        x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
+        return _RouterInput(layer, x.h, z, g, x)
+
+    def router_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
+        return np.array(h.z, dtype=np.float32)  # the layer's host round trip
+
+    def guess_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
+        if h.g is not None and layer == h.layer + 1:
+            return np.array(h.g, dtype=np.float32)  # computed with z by the router kernel
+        lw = self.params.layers[layer]
+        g = gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T
+        return np.array(g, dtype=np.float32)
+
+    def shared(self, layer: int, h: _RouterInput):
+        sw = self.params.layers[layer].shared
+        if sw is None:
+            return None
+        out = shared_partials(h.h, sw)
+        mx.async_eval(out)  # runs on the GPU while the host takes its turn
+        return out
+
+    def routed(self, layer: int, h: _RouterInput, slots: np.ndarray, weights: np.ndarray) -> mx.array:
+        out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
+                              np.asarray(weights, np.float32))
+        if slots.shape[0] > 1:
+            # A prompt layer may run in several passes whose slots the next pass reuses (SPEC §5):
+            # the pass must have read its slots before the cache hands them out again.
+            mx.eval(out)
+        else:
+            mx.async_eval(out)  # decode: one pass, its slots pinned for the whole window
+        return out
+
+    def combine(self, x: _Residual, parts: Sequence[mx.array], shared) -> mx.array:
+        routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)
+        sw = self.params.layers[x.layer].shared
+        return combine(x.x_mid, routed, shared, x.h, sw.gate_inp if sw is not None else None)
+
+    def head(self, x: mx.array) -> np.ndarray:
+        return np.array(head(self.params, x), dtype=np.float32)

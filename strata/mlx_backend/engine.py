@@ -1,0 +1,78 @@
+"""Engines on the MLX backend (`Config.backend = mlx`).
+
+- `MlxEngine`: every expert resident in one MLX arena (slot l*E + e), routing on the GPU by the
+  model's own rule (with all experts resident MoCE's bonus lifts every logit alike, so the
+  selection is the model's): one host round trip per token, six launches per layer.
+- streaming: `StreamingEngine` (strata.runtime) with an `MlxArena` and `MlxCompute`, built
+  exactly as `open_streaming_engine` builds the numpy ones.
+
+`open_mlx_engine(model, config, plan)` picks by the arena plan (SPEC §7).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.config import Config
+from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.compute import MlxCompute
+from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
+
+__all__ = ["MlxEngine", "open_mlx_engine", "load_resident_arena"]
+
+
+def load_resident_arena(experts_file, *, verify: bool = False) -> MlxArena:
+    """Every record of an `.experts` file, pread straight into an MLX arena (slot l*E + e)."""
+    h = experts_file.header
+    arena = MlxArena(h.n_layers * h.n_experts, h.padded_bytes)
+    for l in range(h.n_layers):
+        for e in range(h.n_experts):
+            experts_file.read_record(l, e, verify=verify, out=arena.slot_buffer(l * h.n_experts + e))
+    return arena
+
+
+class MlxEngine:
+    """The Engine protocol (prefill / decode / length) over MlxParams with resident experts."""
+
+    def __init__(self, params: MlxParams) -> None:
+        if params.arena is None:
+            raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
+        self.params = params
+        self.state = MlxModelState.empty(params.cfg)
+
+    @property
+    def length(self) -> int:
+        return self.state.length
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, np.asarray(tokens))
+        return np.array(logits[-1], dtype=np.float32)
+
+    def decode(self, token: int) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, np.asarray([token]))
+        return np.array(logits[-1], dtype=np.float32)
+
+
+def open_mlx_engine(model, config: Config, plan=None):
+    """The MLX engine for `model` (a strata.loader.Model): all-resident when the plan fits every
+    expert, else streaming through an MlxArena of `plan.slots` slots."""
+    from strata.runtime.decode import StreamingEngine, arena_plan_for
+    from strata.runtime.io import ReaderPool
+
+    plan = plan or arena_plan_for(model, config)
+    xf = model.experts_file
+    if not plan.streaming:
+        params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
+        params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
+                           load_resident_arena(xf, verify=config.verify_reads), xf.layout)
+        return MlxEngine(params)
+    arena = MlxArena(plan.slots, xf.header.padded_bytes)
+    pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=config.verify_reads,
+                      timeout=config.io_timeout)
+    try:
+        params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
+        compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
+        return StreamingEngine(model, config, arena, compute, pool, notes=("mlx backend",))
+    except BaseException:
+        pool.close()
+        raise
