@@ -152,20 +152,20 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], f
 
 
 def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int = 64, hidden: int = 256,
-                               ffn: int = 512, shards: int = 2, seed: int = 0) -> int:
+                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0) -> int:
     """A Qwen3-MoE checkpoint of random BF16 weights in `shards` files with an index, plus the
     tokenizer. Returns the routed experts' size in float32 bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     heads, kv, hd = 4, 2, 64
-    config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": MODEL_VOCAB,
+    config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": vocab,
               "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv, "head_dim": hd, "num_experts": experts, "num_experts_per_tok": 4,
               "moe_intermediate_size": ffn, "intermediate_size": ffn, "rms_norm_eps": 1e-6,
               "rope_theta": 1e6, "rope_scaling": None, "max_position_embeddings": 4096, "norm_topk_prob": True,
               "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
     (directory / "config.json").write_text(json.dumps(config, indent=1))
-    dense = [("model.embed_tokens.weight", (MODEL_VOCAB, hidden)), ("model.norm.weight", (hidden,)),
-             ("lm_head.weight", (MODEL_VOCAB, hidden))]
+    dense = [("model.embed_tokens.weight", (vocab, hidden)), ("model.norm.weight", (hidden,)),
+             ("lm_head.weight", (vocab, hidden))]
     per_layer: list[list[tuple[str, tuple[int, ...]]]] = []
     for l in range(layers):
         p = f"model.layers.{l}."

@@ -7,12 +7,12 @@ Order of work, and why:
 2. Routed experts (the bulk: ~95% of a large MoE) are written first, one (layer, expert) at a
    time through `write_experts`'s callback: read gate/up/down from the shards, quantize,
    pack, forget. Nothing else is held while they stream.
-3. Dense tensors are then read one by one into the dict `write_model` takes, in the dtype they
-   will be stored in (float16 for --dense f16, so the dict is half the float32 size).
+3. Dense tensors are then read one at a time, as `write_model` asks for each (`LazyTensor`),
+   so only their stored form is held (float32, float16 or Q8_0) until the GGUF is written.
 
-Peak memory is therefore max(one expert in float32 + its quantized copy, the dense weights in
-their stored dtype + one float32 tensor + the GGUF writer's copies) plus the interpreter;
-docs/convert.md gives the measured numbers.
+Peak memory is therefore about max(one expert in float32 + its quantized copy, the dense
+weights in their stored type + the largest tensor in float32 and in its checkpoint dtype)
+plus the interpreter; docs/convert.md gives the measured numbers.
 
 Both files are written under `.partial` names and renamed to their final names only at the
 very end (experts first, the .gguf last, so a `.gguf` under the final name always has its
@@ -88,6 +88,30 @@ def _check_tokenizer(tok_json: str, cfg: ModelConfig, where: Path) -> None:
         raise ConfigError(f"{where}: the tokenizer has {n} tokens but the model's vocab_size is {cfg.vocab_size}")
 
 
+class LazyTensor:
+    """A dense tensor that is read from the checkpoint only when numpy asks for its values.
+
+    `write_model` takes a dict of arrays; it checks shapes with `np.shape` (this `.shape`) and
+    converts each tensor with `np.ascontiguousarray(x, dtype=float32)` (this `__array__`), then
+    keeps only what it stores. Handing it these instead of arrays means the float32 copies are
+    never all held at once: with --dense f16 or q8_0 the dense weights cost their stored size,
+    not their float32 size (measured in docs/convert.md).
+
+    Shapes: shape = dense_tensor_shapes(cfg)[name]; the checkpoint's [1, D] gate becomes [D]
+    """
+
+    def __init__(self, ckpt: Checkpoint, source: str, shape: tuple[int, ...], bar=None) -> None:
+        self._ckpt, self._source, self._bar = ckpt, source, bar
+        self.shape = tuple(shape)
+        self.ndim = len(self.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        x = reshape_to(self._ckpt.read(self._source), self.shape, f"{self._ckpt.directory}: tensor {self._source}")
+        if self._bar is not None:
+            self._bar.update(1)
+        return x if dtype is None else x.astype(dtype, copy=False)
+
+
 def _bar(total: int, desc: str, unit: str, enabled: bool):
     from tqdm import tqdm
 
@@ -156,20 +180,12 @@ def convert(
 
                 write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
-            # float16 storage can be held as float16 (write_model's own cast is then exact);
-            # anything else is quantized from float32
-            hold = np.float16 if dense_type is QuantType.F16 else np.float32
-            dense: dict[str, np.ndarray] = {}
-            with _bar(len(sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
-                for name, src in sources.items():
-                    x = reshape_to(ckpt.read(src), shapes[name], f"{hf_dir}: tensor {src}")
-                    # routers and 1-D tensors are stored F32 whatever dense_type is: keep them exact
-                    dense[name] = x if x.ndim == 1 or name.endswith("." + TensorNames.router) else x.astype(hold)
-                    bar.update(1)
             extra = {SOURCE_KEY: hf.model_type}
             extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in tok.special_tokens.items()})
-            write_model(model_partial, cfg, dense, tokenizer_json=tok.tokenizer_json,
-                        chat_template=tok.chat_template, dense_type=dense_type, extra_metadata=extra)
+            with _bar(len(sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
+                dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in sources.items()}
+                write_model(model_partial, cfg, dense, tokenizer_json=tok.tokenizer_json,
+                            chat_template=tok.chat_template, dense_type=dense_type, extra_metadata=extra)
             del dense
             os.replace(experts_partial, experts_path)
             renamed = True

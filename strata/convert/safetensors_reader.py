@@ -39,8 +39,11 @@ DTYPES: dict[str, tuple[int, np.dtype]] = {
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """uint16 bfloat16 bit patterns -> float32 (exact)."""
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    """uint16 bfloat16 bit patterns -> float32 (exact). In place after one widening copy, so
+    converting a tensor holds its bf16 bytes and one float32 copy, nothing more."""
+    wide = bits.astype(np.uint32)
+    wide <<= np.uint32(16)
+    return wide.view(np.float32)
 
 
 @dataclass(frozen=True)
