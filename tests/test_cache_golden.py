@@ -249,7 +249,6 @@ def test_stale_read_done_changes_nothing():
     ([BeginWindow(), HoldRegion(True)], "expected AtLayer"),
     ([HoldRegion(False)], "not held"),
     ([BeginWindow(), AtLayer(0, (1,)), AfterLayer(0, (2, 2))], "distinct"),
-    ([BeginWindow(), AtLayer(0, ())], "no expert"),
     (["not an event"], "not a cache event"),
 ])
 def test_protocol_errors(events, message):
@@ -282,3 +281,16 @@ def test_config_rejects_bad_values(fields, message):
         CacheConfig(**{**base, **fields})
     with pytest.raises(TypeError):
         CacheConfig(**base, prefetch=16)  # unknown knob
+
+
+def test_empty_selection_and_a_prompt_pass_that_cannot_start():
+    """Drop-tail may leave a layer with nothing to compute; a prompt layer then pins nothing,
+    so its retired read-aheads can fill the arena: the next pass can't start (a clear error)."""
+    s, acts = play([BeginWindow(), AtLayer(0, ())])
+    assert acts[-1] == (Use(0, (), ()),) and s.turn.lookups == 0
+    cfg = CacheConfig(capacity=2, n_layers=3, n_experts=8, top_k=1, prefetch_depth=2)
+    s, acts = play([HoldRegion(True), BeginWindow(), AtLayer(0, ()), AfterLayer(0, (1, 2)), AtLayer(1, ()),
+                    AfterLayer(1)], config=cfg)
+    assert s.limbo == (0, 1)
+    with pytest.raises(CacheFullError, match="2 in limbo"):
+        step(s, AtLayer(2, (3,)))

@@ -107,9 +107,7 @@ class _Turn:
     def at_layer(self, ev: AtLayer) -> None:
         self._expect(_AT, f"AtLayer({ev.layer})", ev.layer)
         limit = self.E if self.prompt else self.cfg.max_selected
-        self._check_experts(ev.selected, limit, "selected")
-        if not ev.selected:
-            raise CacheProtocolError(f"cache: AtLayer({ev.layer}) selects no expert")
+        self._check_experts(ev.selected, limit, "selected")  # may be empty: drop-tail can skip all
         self.turn_counts = np.zeros_like(self.turn_counts)
         self.phase = _AFTER
         if self.prompt:
@@ -174,7 +172,7 @@ class _Turn:
                 experts, slots, waits = [], [], []
                 self.stamp += 1
                 s = self.victim()
-            if s == _NONE:  # a guard: limbo after a layer is < capacity, it pinned one slot
+            if s == _NONE:  # only when limbo fills the arena (the layer before selected nothing)
                 raise self.full_error()
             self.evict(s)
             self.assign(s, base + e, RES, urgent=True)
