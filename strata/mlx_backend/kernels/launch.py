@@ -11,6 +11,7 @@ The default is GPU where MLX sees a GPU, else OPS. `using_path(p)` switches it (
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import enum
@@ -42,6 +43,23 @@ def gpu_dialect() -> Dialect | None:
 
 def default_path() -> KernelPath:
     return KernelPath.GPU if gpu_dialect() is not None else KernelPath.OPS
+
+
+LAUNCHES: collections.Counter = collections.Counter()  # custom-kernel launches by kernel name (benchmarks)
+
+_recording: contextvars.ContextVar[list | None] = contextvars.ContextVar("strata_kernel_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Collect (source, input dtype names, output dtype names, template) of every launch in the
+    block (the compile checks build each specialisation that actually ran for Metal and CUDA)."""
+    seen: list = []
+    token = _recording.set(seen)
+    try:
+        yield seen
+    finally:
+        _recording.reset(token)
 
 
 _path: contextvars.ContextVar[KernelPath | None] = contextvars.ContextVar("strata_kernel_path", default=None)
@@ -118,6 +136,13 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     grid = (blocks[0] * threads, blocks[1], blocks[2])
     tg = (threads, 1, 1)
     inputs = [_padded(a) for a in inputs]
+    LAUNCHES[src.name] += 1
+    rec = _recording.get()
+    if rec is not None:
+        key = (src, tuple(str(a.dtype).split(".")[-1] for a in inputs),
+               tuple(str(d).split(".")[-1] for d in output_dtypes), template)
+        if key not in rec:
+            rec.append(key)
     if path is KernelPath.GPU:
         kernel = _built(src, gpu_dialect())
         return kernel(inputs=list(inputs), template=list(template), grid=grid, threadgroup=tg,

@@ -1,0 +1,3 @@
+// Stand-in for CUDA's <cooperative_groups.h> (tests/test_metal_compile.py's CUDA check).
+#pragma once
+namespace cooperative_groups {}

@@ -1,0 +1,34 @@
+// A stand-in for what MLX's CUDA custom-kernel header provides (CUDA's device builtins and
+// cuda_fp16 types), so g++ can syntax-check strata's CUDA kernels (tests/test_metal_compile.py).
+// Only what the kernels may use is declared: `uint` is deliberately absent (CUDA has none).
+#pragma once
+#include <cstdint>
+#include <cmath>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __grid_constant__
+
+struct dim3 { unsigned int x, y, z; };
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
+float __shfl_sync(unsigned int mask, float v, int src);
+
+struct __half {
+  uint16_t bits;
+  operator float() const;
+};
+struct __nv_bfloat16 {
+  uint16_t bits;
+  operator float() const;
+};
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+struct __half2 { __half x, y; };
+float2 __half22float2(__half2);

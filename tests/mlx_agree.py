@@ -1,0 +1,58 @@
+"""One comparison helper, named error budgets (STYLE §7) for the MLX backend's differential tests.
+
+FAST: the MLX twin vs the float32 reference on the same (float16-exact) weights; only the order
+of float32 sums and the GPU's exp/sqrt differ. QUANTIZED: a quantized stand-in vs its float
+original (the Q8_0 read-ahead router vs the F32 router). EXACT: bit for bit. ROUTING: selected
+experts exactly, weights to float32 reordering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Budget:
+    rel_l2: float  # ||fast - ref|| / ||ref||
+    max_rel: float  # max |fast - ref| / max |ref|
+
+
+BUDGETS = {
+    "EXACT": Budget(0.0, 0.0),
+    "FAST": Budget(rel_l2=2e-5, max_rel=1e-4),
+    "ROUTING": Budget(rel_l2=1e-5, max_rel=1e-5),
+    "QUANTIZED": Budget(rel_l2=2e-2, max_rel=5e-2),
+}
+
+
+def to_numpy(a) -> np.ndarray:
+    return np.array(a) if not isinstance(a, np.ndarray) else a
+
+
+def assert_backends_agree(ref, fast, budget: str | Budget, *, what: str = "") -> None:
+    """Shape, dtype (fast is float32 wherever the reference is), finiteness, then closeness."""
+    b = BUDGETS[budget] if isinstance(budget, str) else budget
+    r, f = to_numpy(ref), to_numpy(fast)
+    assert r.shape == f.shape, f"{what}: shape {f.shape}, reference {r.shape}"
+    if r.dtype == np.float32:
+        assert f.dtype == np.float32, f"{what}: dtype {f.dtype}, reference float32"
+    assert np.all(np.isfinite(f)) or not np.all(np.isfinite(r)), f"{what}: non-finite values"
+    if b.rel_l2 == 0.0:
+        np.testing.assert_array_equal(f, r, err_msg=what)
+        return
+    r64, f64 = r.astype(np.float64), f.astype(np.float64)
+    scale = max(float(np.abs(r64).max(initial=0.0)), 1e-30)
+    err = np.abs(f64 - r64)
+    rel = float(np.linalg.norm(err) / max(np.linalg.norm(r64), 1e-30))
+    assert rel <= b.rel_l2, f"{what}: relative L2 error {rel:.3g} > {b.rel_l2:g}"
+    assert float(err.max(initial=0.0)) <= b.max_rel * scale, \
+        f"{what}: max error {err.max():.3g} > {b.max_rel:g} x max|ref| {scale:.3g}"
+
+
+def assert_selections_agree(ref, fast, *, what: str = "") -> None:
+    """Two Selections: the same experts, ranks, protection, drops; weights to ROUTING."""
+    for field in ("experts", "ranks", "protected", "resident", "dropped"):
+        np.testing.assert_array_equal(getattr(fast, field), getattr(ref, field), err_msg=f"{what}: {field}")
+    assert_backends_agree(ref.weights, fast.weights, "ROUTING", what=f"{what}: weights")

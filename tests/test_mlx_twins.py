@@ -1,0 +1,239 @@
+"""Differential tests: every twin of strata/mlx_backend/twins.py against the reference, on every
+kernel path this machine has (STYLE §1, §7):
+
+- ops:      MLX ops (CPU in CI; the GPU device where MLX has one)
+- emulated: the shared kernel bodies compiled for the CPU (needs a C++20 compiler)
+- gpu:      the shared bodies through mx.fast.metal_kernel / cuda_kernel (marked `gpu`)
+
+Inputs are fresh random values for every example (hypothesis draws the seed and the variant);
+dense weights are float16-exact, so the float16 kernel path and the float32 reference compute on
+the same numbers and the FAST budget applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from mlx_agree import assert_backends_agree, assert_selections_agree
+from models import DictExperts
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend import model as mlx_model
+from strata.mlx_backend.attention import MlxLayerKV
+from strata.mlx_backend.kernels import emulate
+from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.twins import BY_NAME, TWINS
+from strata.model_config import QKNorm, RoutingOrder
+from strata.reference import model as ref_model
+from strata.reference.attention import LayerKV
+from strata.reference.quants import quantize
+from strata.reference.routing import RouterRule
+from strata.testing import SHAPES, make_dense, make_expert
+from strategies import logit_ranges, moce_policies, routing_problems
+
+PATHS = [
+    pytest.param(KernelPath.OPS, id="ops"),
+    pytest.param(KernelPath.EMULATED, id="emulated",
+                 marks=pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")),
+    pytest.param(KernelPath.GPU, id="gpu",
+                 marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]),
+]
+# Examples per path: the emulator runs a GPU thread per OS thread, so it gets fewer.
+EXAMPLES = {KernelPath.OPS: 25, KernelPath.EMULATED: 4, KernelPath.GPU: 12}
+
+# Model variants the layer-level twins run on (each a set of kernel specialisations).
+VARIANTS = {
+    "tiny": {},
+    "no_shared_topk_softmax": dict(shared_ffn_size=0, routing_order=RoutingOrder.TOPK_SOFTMAX, qk_norm=QKNorm.NONE),
+    "bias_full_norm": dict(attention_bias=True, qk_norm=QKNorm.FULL, shared_expert_gated=False, n_experts=8,
+                           n_experts_per_token=2),
+}
+seeds = st.integers(0, 2**31 - 1)
+
+
+def fp16_exact(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def tiny_model(variant: str, seed: int) -> ref_model.ModelParams:
+    cfg = replace(SHAPES["tiny"], **VARIANTS[variant])
+    dense = {k: fp16_exact(v) for k, v in make_dense(cfg, seed).items()}
+    experts = {(l, e): make_expert(cfg, seed, l, e, QuantType.Q2_0) for l in range(cfg.n_layers) for e in range(cfg.n_experts)}
+    return ref_model.ModelParams(cfg, dense, DictExperts(experts))
+
+
+def boundary_gap(trace: ref_model.ForwardTrace, k: int) -> float:
+    """The smallest gap between the k-th and (k+1)-th router logit over every (layer, token):
+    below float32 noise the twins may legitimately pick different experts."""
+    gaps = []
+    for layer in trace.selections:
+        for sel in layer:
+            z = np.sort(sel.logits)[::-1]
+            if z.size > k:
+                gaps.append(float(z[k - 1] - z[k]))
+    return min(gaps, default=np.inf)
+
+
+# ---------------------------------------------------------------- one case per twin: -> [(what, ref, fast)]
+
+
+def case_dequantize(rng, path):
+    qt = [QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16][int(rng.integers(4))]
+    m = quantize(qt, rng.standard_normal((int(rng.integers(1, 9)), 32 * int(rng.integers(1, 5)))) * rng.uniform(0.01, 100))
+    t = BY_NAME["quants.dequantize"]
+    return [(qt.name, t.reference(m), t.fast(m))]
+
+
+def case_gemv(rng, path):
+    rows, cols = [(8, 64), (40, 96), (256, 128)][int(rng.integers(3))]
+    qt = [QuantType.Q2_0, QuantType.Q8_0, QuantType.Q4_0][int(rng.integers(3))]
+    m = quantize(qt, rng.standard_normal((rows, cols)))
+    x = rng.standard_normal((int(rng.integers(1, 4)), cols)).astype(np.float32)
+    t = BY_NAME["quants.gemv"]
+    return [(f"{qt.name} {rows}x{cols}", t.reference(m, x), t.fast(m, x))]
+
+
+def case_router_logits(rng, path):
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    t = BY_NAME["routing.router_logits"]
+    return [("z", t.reference(w, x), t.fast(w, x))]
+
+
+def case_rms_norm(rng, path):
+    x = (rng.standard_normal((3, 64)) * rng.uniform(0.01, 10)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    t = BY_NAME["attention.rms_norm"]
+    return [("rms", t.reference(x, w, 1e-6), t.fast(mx.array(x), mx.array(w), 1e-6))]
+
+
+def case_swiglu_expert(rng, path):
+    cfg = SHAPES["tiny"]
+    w = make_expert(cfg, int(rng.integers(1 << 30)), 0, 0, QuantType.Q2_0)
+    x = rng.standard_normal((int(rng.integers(1, 4)), cfg.hidden_size)).astype(np.float32)
+    t = BY_NAME["experts.swiglu_expert"]
+    return [("expert", t.reference(w, x), t.fast(w, x))]
+
+
+def case_routed_experts(rng, path):
+    cfg = SHAPES["tiny"] if rng.random() < 0.5 else SHAPES["small"]
+    k = int(rng.integers(1, 6))
+    ex = [make_expert(cfg, int(rng.integers(1 << 30)), 0, e, QuantType.Q2_0) for e in range(k)]
+    wts = rng.random(k).astype(np.float32)
+    x = rng.standard_normal(cfg.hidden_size).astype(np.float32)
+    t = BY_NAME["experts.routed_experts"]
+    return [(f"k={k}", t.reference(ex, wts, x), t.fast(ex, wts, x))]
+
+
+def case_shared_expert(rng, path):
+    d, fs = 64, [32, 64][int(rng.integers(2))]
+    g, u = (fp16_exact(rng.standard_normal((fs, d)) / 8) for _ in range(2))
+    dn = fp16_exact(rng.standard_normal((d, fs)) / 8)
+    gi = fp16_exact(rng.standard_normal(d) / 8) if rng.random() < 0.5 else None
+    x = rng.standard_normal((int(rng.integers(1, 4)), d)).astype(np.float32)
+    dt = mlx_model.default_dtype()
+    conv = lambda a: None if a is None else mx.array(a).astype(dt)  # noqa: E731
+    t = BY_NAME["experts.shared_expert"]
+    return [("shared", t.reference(g, u, dn, gi, x), t.fast(conv(g), conv(u), conv(dn), conv(gi), x))]
+
+
+def case_embed(rng, path):
+    params = tiny_model("tiny", int(rng.integers(1 << 30)))
+    tokens = rng.integers(0, params.cfg.vocab_size, int(rng.integers(1, 6)))
+    t = BY_NAME["model.embed"]
+    return [("embed", t.reference(params, tokens), t.fast(mlx_model.from_reference(params), tokens))]
+
+
+def case_attention_block(rng, path):
+    variant = list(VARIANTS)[int(rng.integers(len(VARIANTS)))]
+    params = tiny_model(variant, int(rng.integers(1 << 30)))
+    cfg = params.cfg
+    mp = mlx_model.from_reference(params)
+    layer = int(rng.integers(cfg.n_layers))
+    prefix = (rng.standard_normal((int(rng.integers(0, 5)), cfg.hidden_size))).astype(np.float32)
+    new = rng.standard_normal((int(rng.integers(1, 4)), cfg.hidden_size)).astype(np.float32)
+    kv_r, kv_f = LayerKV.empty(cfg), MlxLayerKV.empty(cfg)
+    out = []
+    t = BY_NAME["model.attention_block"]
+    for i, x in enumerate((prefix, new)):
+        if len(x):
+            r, kv_r = t.reference(params, layer, kv_r, x)
+            f, kv_f = t.fast(mp, layer, kv_f, mx.array(x))
+            out.append((f"{variant} chunk {i}", r, f))
+    return out
+
+
+def case_head(rng, path):
+    params = tiny_model("tiny", int(rng.integers(1 << 30)))
+    x = rng.standard_normal((2, params.cfg.hidden_size)).astype(np.float32)
+    t = BY_NAME["model.head"]
+    return [("head", t.reference(params, x), t.fast(mlx_model.from_reference(params), mx.array(x)))]
+
+
+def case_forward(rng, path):
+    variant = list(VARIANTS)[int(rng.integers(len(VARIANTS)))]
+    params = tiny_model(variant, int(rng.integers(1 << 30)))
+    cfg = params.cfg
+    prompt = rng.integers(0, cfg.vocab_size, int(rng.integers(1, 7)))
+    step = rng.integers(0, cfg.vocab_size, 1)
+    ref1, st_r, tr1 = ref_model.forward(params, ref_model.ModelState.empty(cfg), prompt, trace=True)
+    ref2, _, tr2 = ref_model.forward(params, st_r, step, trace=True)
+    assume(min(boundary_gap(tr1, cfg.n_experts_per_token), boundary_gap(tr2, cfg.n_experts_per_token)) > 1e-3)
+    mp = mlx_model.from_reference(params)
+    t = BY_NAME["model.forward"]
+    f1, st_f = t.fast(mp, mlx_model.MlxModelState.empty(cfg), prompt)
+    f2, _ = t.fast(mp, st_f, step)
+    return [(f"{variant} prompt", ref1, f1), (f"{variant} decode", ref2, f2)]
+
+
+CASES = {
+    "quants.dequantize": case_dequantize, "quants.gemv": case_gemv, "routing.router_logits": case_router_logits,
+    "attention.rms_norm": case_rms_norm, "experts.swiglu_expert": case_swiglu_expert,
+    "experts.routed_experts": case_routed_experts, "experts.shared_expert": case_shared_expert,
+    "model.embed": case_embed, "model.attention_block": case_attention_block, "model.head": case_head,
+    "model.forward": case_forward,
+}
+
+
+def test_every_twin_has_a_case():
+    assert set(CASES) | {"routing.route"} == {t.name for t in TWINS}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_twin_agrees_with_reference(name, path):
+    twin = BY_NAME[name]
+    if path is not KernelPath.OPS and not twin.kernel:
+        pytest.skip("no kernel path: the ops run covers it")
+
+    @settings(max_examples=EXAMPLES[path])
+    @given(seed=seeds)
+    def check(seed):
+        with using_path(path):
+            for what, ref, fast in CASES[name](np.random.default_rng(seed), path):
+                assert_backends_agree(ref, fast, twin.budget, what=f"{name} [{path.value}] {what}")
+
+    check()
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p.id != "emulated"])
+@settings(max_examples=200)
+@given(problem=routing_problems(max_experts=64), policy=moce_policies(), logit_range=logit_ranges,
+       order=st.sampled_from(list(RoutingOrder)), norm=st.booleans(), with_policy=st.booleans())
+def test_route_twin_selects_exactly(path, problem, policy, logit_range, order, norm, with_policy):
+    logits, resident, k = problem
+    rule = RouterRule(k, order, norm)
+    policy = policy if with_policy else None
+    twin = BY_NAME["routing.route"]
+    ref = twin.reference(logits, rule, policy, resident, logit_range)
+    if policy is not None and policy.drop_tail_weight > 0:  # a weight at the threshold may round either way
+        all_w = np.concatenate([ref.weights, ref.dropped_weights])
+        assume(np.all(np.abs(all_w - np.float32(policy.drop_tail_weight)) > 1e-5))
+    with using_path(path):
+        fast = twin.fast(logits, rule, policy, resident, logit_range)
+    assert_selections_agree(ref, fast, what="route")
