@@ -93,11 +93,16 @@ def dense_sources(cfg: ModelConfig, moe: str) -> dict[str, str]:
     return out
 
 
+def same_up_to_unit_axes(found: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """[1, D] and [D] are the same tensor (the shared expert's gate); [D, F] and [F, D] are not."""
+    return [d for d in found if d != 1] == [d for d in want if d != 1]
+
+
 def reshape_to(x: np.ndarray, want: tuple[int, ...], what: str) -> np.ndarray:
     """`x` in shape `want` if it only differs by unit axes ([1, D] -> [D]); else a FormatError."""
     if tuple(x.shape) == want:
         return x
-    if int(np.prod(x.shape)) == int(np.prod(want)) and [d for d in x.shape if d != 1] == [d for d in want if d != 1]:
+    if same_up_to_unit_axes(tuple(x.shape), want):
         return x.reshape(want)
     raise FormatError(f"{what}: shape {list(x.shape)}, expected {list(want)}")
 

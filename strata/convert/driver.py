@@ -32,16 +32,24 @@ import numpy as np
 
 from strata.convert.architectures import family_for
 from strata.convert.chat_template import SPECIAL_TOKEN_KEY_PREFIX
-from strata.convert.common import ExpertTensors, check_unused, dense_sources, find_moe_block, reshape_to
+from strata.convert.common import (
+    ExpertTensors,
+    Family,
+    check_unused,
+    dense_sources,
+    find_moe_block,
+    reshape_to,
+    same_up_to_unit_axes,
+)
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.tokenizer_files import read_tokenizer_files
-from strata.errors import ConfigError
+from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
+from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights, RecordLayout
 from strata.formats.experts_file import write_experts
 from strata.formats.model_file import DENSE_TYPES, write_model
 from strata.formats.quant_types import QuantType
-from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
+from strata.model_config import ModelConfig, dense_tensor_shapes
 from strata.reference.quants import quantize
 from strata.tokenizer import Tokenizer
 
@@ -127,6 +135,37 @@ def _unlink(*paths: Path) -> None:
                 pass
 
 
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """Everything checked before writing: the model, where each tensor comes from, the tokenizer."""
+
+    hf: HFConfig
+    family: Family
+    cfg: ModelConfig
+    experts: ExpertTensors
+    sources: dict[str, str]  # strata dense name -> checkpoint tensor name
+    tokenizer: TokenizerFiles
+
+
+def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) -> _Plan:
+    family = family_for(hf)
+    hf = dataclasses.replace(hf, family=family.name)
+    cfg = family.model_config(hf, ckpt)
+    _check_expert_type(cfg, expert_type)
+    moe = find_moe_block(family, ckpt)
+    experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+    sources = dense_sources(cfg, moe)
+    shapes = dense_tensor_shapes(cfg)
+    for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
+        if not same_up_to_unit_axes(ckpt.shape(src), shapes[name]):
+            raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
+        ckpt.check_dtype(src)
+    check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
+    tok = read_tokenizer_files(hf_dir)
+    _check_tokenizer(tok.tokenizer_json, cfg, hf_dir)
+    return _Plan(hf, family, cfg, experts, sources, tok)
+
+
 def convert(
     hf_dir: str | os.PathLike,
     out: str | os.PathLike,
@@ -145,24 +184,9 @@ def convert(
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
                           f"{', '.join(q.name.lower() for q in DENSE_TYPES)}")
     hf = HFConfig.read(hf_dir)
-    family = family_for(hf)
-    hf = dataclasses.replace(hf, family=family.name)
     with Checkpoint(hf_dir) as ckpt:
-        cfg = family.model_config(hf, ckpt)
-        _check_expert_type(cfg, expert_type)
-        moe = find_moe_block(family, ckpt)
-        experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
-        sources = dense_sources(cfg, moe)
-        shapes = dense_tensor_shapes(cfg)
-        for name, src in sources.items():  # names and sizes now; values after the experts
-            found = ckpt.shape(src)
-            if int(np.prod(found)) != int(np.prod(shapes[name])):
-                raise ConfigError(f"{hf_dir}: tensor {src}: shape {list(found)}, expected {list(shapes[name])}")
-            ckpt.check_dtype(src)
-        check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
-        tok = read_tokenizer_files(hf_dir)
-        _check_tokenizer(tok.tokenizer_json, cfg, hf_dir)
-
+        plan = _plan(hf_dir, ckpt, hf, expert_type)
+        cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
         experts_partial = Path(str(experts_path) + PARTIAL_SUFFIX)
@@ -172,7 +196,7 @@ def convert(
             with _bar(cfg.n_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
                 def get_expert(layer: int, e: int) -> ExpertWeights:
-                    gate, up, down = experts.read(layer, e)
+                    gate, up, down = plan.experts.read(layer, e)
                     w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
                                       quantize(expert_type, down))
                     bar.update(1)
@@ -180,18 +204,17 @@ def convert(
 
                 write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
-            extra = {SOURCE_KEY: hf.model_type}
-            extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in tok.special_tokens.items()})
-            with _bar(len(sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
-                dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in sources.items()}
-                write_model(model_partial, cfg, dense, tokenizer_json=tok.tokenizer_json,
-                            chat_template=tok.chat_template, dense_type=dense_type, extra_metadata=extra)
-            del dense
+            extra = {SOURCE_KEY: plan.hf.model_type}
+            extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in plan.tokenizer.special_tokens.items()})
+            with _bar(len(plan.sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
+                dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
+                write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
+                            chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra)
             os.replace(experts_partial, experts_path)
             renamed = True
             os.replace(model_partial, model_path)
         except BaseException:
             _unlink(model_partial, experts_partial, *([experts_path] if renamed else []))
             raise
-    return ConvertResult(model_path, experts_path, cfg, family.name, expert_type, dense_type,
+    return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
                          time.perf_counter() - start)

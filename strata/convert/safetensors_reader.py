@@ -90,7 +90,8 @@ def _read_header(path: Path) -> dict[str, TensorInfo]:
         if dtype in DTYPES:
             want = DTYPES[dtype][0] * int(np.prod(shape, dtype=np.int64))
             if e - b != want:
-                raise FormatError(f"{path}: tensor {tname}: {dtype} {list(shape)} needs {want} bytes, header gives {e - b}")
+                raise FormatError(f"{path}: tensor {tname}: {dtype} {list(shape)} needs {want} bytes, "
+                                  f"the header gives {e - b}")
         if data_start + e > size:
             raise FormatError(f"{path}: truncated: tensor {tname} ends at byte {data_start + e}, the file has {size} "
                               f"(re-download {name})")
