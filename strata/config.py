@@ -48,7 +48,7 @@ class Config:
     moce_drop_rank: int = STOCK_DROP_TAIL_RANK  # ... at selected rank >= r
     moce_pre: bool = False  # count unclaimed read-aheads (PRE) as resident for the bonus
     arena: str = ""  # arena size ("2GB", "512MB", "300slots"); empty: the budget rule
-    keep: str = "7GB"  # memory the budget rule leaves to the system
+    keep: str = "auto"  # memory the budget rule leaves to the system; auto: 7 GB per 24 GB of RAM (the seed's)
     ple_reserve: str = "0"  # memory the budget rule reserves for per-layer embeddings
     mlock_dense: bool = False
     wire_arena: bool = False
@@ -87,7 +87,7 @@ class Config:
 
         for name in ("arena", "keep", "ple_reserve"):
             value = getattr(self, name)
-            if value:
+            if value and not (name == "keep" and value == "auto"):
                 parse_size(value, what=name, allow_slots=name == "arena")
         self.moce_policy()  # validates the MoCE fields together
 

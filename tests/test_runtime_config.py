@@ -64,3 +64,13 @@ def test_budget_rule_and_explicit_arena():
         plan_arena(config=Config(arena="39slots"), **common)
     with pytest.raises(ArenaTooSmallError, match="budget"):
         plan_arena(config=Config(keep="599000"), available=600_000, **common)
+
+
+def test_keep_auto_scales_with_memory():
+    from strata.runtime.budget import SEED_KEEP_FRACTION, keep_bytes
+    import os
+
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert keep_bytes("auto") == int(ram * SEED_KEEP_FRACTION)
+    assert keep_bytes("7GB") == 7_000_000_000
+    assert Config().keep == "auto"

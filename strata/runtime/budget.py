@@ -22,7 +22,8 @@ from pathlib import Path
 
 from strata.errors import ArenaTooSmallError, ConfigError
 
-__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "mem_available", "cached_file_bytes", "fmt_bytes"]
+__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "keep_bytes", "mem_available", "cached_file_bytes",
+           "fmt_bytes"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
           "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -60,6 +61,17 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+SEED_KEEP_FRACTION = 7 / 24  # seed §2.5: keep = 7 GB on a 24 GB Mac
+
+
+def keep_bytes(keep: str) -> int:
+    """`keep` in bytes; "auto" scales the seed's 7 GB of 24 GB to this machine's RAM, so a small
+    machine is not told to keep more than it has."""
+    if keep == "auto":
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * SEED_KEEP_FRACTION)
+    return parse_size(keep, what="keep", allow_slots=False).nbytes
 
 
 def mem_available() -> int:
@@ -129,7 +141,7 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
         return ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
     avail = mem_available() if available is None else available
     cached = sum(cached_file_bytes(p) for p in model_files)
-    keep = parse_size(config.keep, what="keep", allow_slots=False).nbytes
+    keep = keep_bytes(config.keep)
     ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes
     dense_unwired = 0  # see the module docstring: dense tensors are anonymous copies
     budget = avail - cached - keep - ple - dense_unwired
