@@ -247,3 +247,31 @@ def test_not_a_directory(tmp_path, capsys):
 def test_unknown_expert_type(ckpts, tmp_path, capsys):
     assert "q3_k" in _cli_error(capsys, ckpts["qwen3_moe"], tmp_path / "out", "--experts", "q3_k")
 
+
+
+def test_rope_parameters_with_full_rotary_factor_is_plain_rope(ckpts, tmp_path):
+    d = _copy(ckpts["qwen3_moe"], tmp_path / "q")
+    _edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 1.0})
+    assert _model_config(d).rope_theta == 5e5
+
+
+# ---------------------------------------------------------------- tokenizer files
+
+
+def test_chat_template_sources_in_transformers_order(ckpts, tmp_path):
+    from strata.convert.tokenizer_files import read_tokenizer_files
+
+    d = _copy(ckpts["qwen3_moe"], tmp_path / "q")
+    cfg_path = d / "tokenizer_config.json"
+    tc = json.loads(cfg_path.read_text())
+    tc["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
+    tc["bos_token"] = {"content": "<|endoftext|>", "special": True}
+    cfg_path.write_text(json.dumps(tc))
+    got = read_tokenizer_files(d)
+    assert got.chat_template == "D"
+    assert got.special_tokens == {"bos_token": "<|endoftext|>", "eos_token": hf_models.EOS_TOKEN,
+                                  "pad_token": "<|endoftext|>"}
+    (d / "chat_template.json").write_text(json.dumps({"chat_template": "J"}))
+    assert read_tokenizer_files(d).chat_template == "J"
+    (d / "chat_template.jinja").write_text("K")
+    assert read_tokenizer_files(d).chat_template == "K"

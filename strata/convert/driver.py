@@ -51,7 +51,6 @@ from strata.formats.model_file import DENSE_TYPES, write_model
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, dense_tensor_shapes
 from strata.reference.quants import quantize
-from strata.tokenizer import Tokenizer
 
 EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
 DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # SPEC §4: routed experts are Q2_0
@@ -90,10 +89,10 @@ def _check_expert_type(cfg: ModelConfig, qtype: QuantType) -> None:
                           "(hidden_size and the expert ffn size; use --experts f16)") from None
 
 
-def _check_tokenizer(tok_json: str, cfg: ModelConfig, where: Path) -> None:
-    n = Tokenizer.from_json(tok_json, source=str(where)).vocab_size
-    if n > cfg.vocab_size:
-        raise ConfigError(f"{where}: the tokenizer has {n} tokens but the model's vocab_size is {cfg.vocab_size}")
+def _check_tokenizer(tok: TokenizerFiles, cfg: ModelConfig, where: Path) -> None:
+    if tok.vocab_size > cfg.vocab_size:
+        raise ConfigError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
+                          f"{cfg.vocab_size}")
 
 
 class LazyTensor:
@@ -162,7 +161,7 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
         ckpt.check_dtype(src)
     check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
     tok = read_tokenizer_files(hf_dir)
-    _check_tokenizer(tok.tokenizer_json, cfg, hf_dir)
+    _check_tokenizer(tok, cfg, hf_dir)
     return _Plan(hf, family, cfg, experts, sources, tok)
 
 

@@ -104,10 +104,10 @@ class HFConfig:
             kind = d.get("rope_type", d.get("type", "default"))
             if kind != "default":
                 raise self.unsupported(f"{name}.rope_type = {kind!r}", "plain RoPE (rope_type 'default' or no scaling)")
-            extra = sorted(set(d) - {"rope_type", "type", "rope_theta"})
+            extra = sorted(set(d) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
             if extra:
                 raise self.unsupported(f"{name} keys {extra}", "plain RoPE with only 'rope_theta'")
-        partial = self.get("partial_rotary_factor", default=1.0)
+        partial = (params or {}).get("partial_rotary_factor", self.get("partial_rotary_factor", default=1.0))
         if partial != 1.0:
             raise self.unsupported(f"partial_rotary_factor = {partial}", "rotary embedding over the whole head (1.0)")
         if params is not None and params.get("rope_theta") is not None:

@@ -26,6 +26,7 @@ DEFAULT_TEMPLATE_NAME = "default"
 @dataclass(frozen=True)
 class TokenizerFiles:
     tokenizer_json: str
+    vocab_size: int  # ids the tokenizer can produce, added tokens included
     chat_template: str | None
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token etc. -> its text
 
@@ -68,7 +69,7 @@ def read_tokenizer_files(directory: str | Path) -> TokenizerFiles:
                           "supported; transformers' fast tokenizers save it)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: unreadable ({e})") from None
-    Tokenizer.from_json(text, source=str(path))  # fail here, not at load time
+    vocab_size = Tokenizer.from_json(text, source=str(path)).vocab_size  # fail here, not at load time
     config = _json(d / TOKENIZER_CONFIG) if (d / TOKENIZER_CONFIG).exists() else {}
     special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(config.get(k))) is not None}
     if (d / CHAT_TEMPLATE_JINJA).exists():
@@ -77,4 +78,4 @@ def read_tokenizer_files(directory: str | Path) -> TokenizerFiles:
         template = _template(_json(d / CHAT_TEMPLATE_JSON).get("chat_template"), d / CHAT_TEMPLATE_JSON)
     else:
         template = _template(config.get("chat_template"), d / TOKENIZER_CONFIG)
-    return TokenizerFiles(text, template, special)
+    return TokenizerFiles(text, vocab_size, template, special)
