@@ -26,7 +26,7 @@ def assert_unchanged(state: CacheState, before: dict) -> None:
     for name, value in before.items():
         array = getattr(state, name)
         assert not array.flags.writeable, name
-        np.testing.assert_array_equal(array, value, err_msg=name)
+        assert np.array_equal(array, value), f"step changed the old state's {name}"
 
 
 def check_structure(state: CacheState) -> None:

@@ -59,9 +59,12 @@ def _read_done(state: CacheState, event: ReadDone) -> CacheState:
         return state  # stale or unknown: the read was already waited for, or the slot moved on
     inflight = state.inflight.copy()
     inflight[s] = False
-    fields = {name: getattr(state, name) for name in CacheState.__slots__}
-    fields["inflight"] = _frozen(inflight)
-    return CacheState(**fields)
+    return CacheState(
+        config=state.config, slot_state=state.slot_state, slot_key=state.slot_key, pin=state.pin,
+        tick=state.tick, ticket=state.ticket, inflight=_frozen(inflight), smap=state.smap, pmap=state.pmap,
+        stamp=state.stamp, front=state.front, back=state.back, next_ticket=state.next_ticket,
+        phase=state.phase, layer=state.layer, prompt=state.prompt, turn_counts=state.turn_counts,
+        total_counts=state.total_counts)
 
 
 class _Turn:
