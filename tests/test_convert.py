@@ -18,10 +18,10 @@ import os
 import numpy as np
 import pytest
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: it reads these once
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: it reads it once
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 pytest.importorskip("transformers")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from strata.cli.main import main  # noqa: E402
 from strata.convert import convert  # noqa: E402
