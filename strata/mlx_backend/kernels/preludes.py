@@ -83,11 +83,15 @@ CUDA_HEADER = r"""
 #define INLINE __device__ __forceinline__
 #define BARRIER() __syncthreads()
 #define UNROLL _Pragma("unroll")
-#define F32(x) static_cast<float>(x)
 #define NEG_BIG (-3.0e38f)
 typedef __half half_t;
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
+// __half2float, not a cast: MLX may build with __CUDA_NO_HALF_CONVERSIONS__
+INLINE float F32(float x) { return x; }
+INLINE float F32(__half x) { return __half2float(x); }
+INLINE float F32(int x) { return static_cast<float>(x); }
+INLINE float F32(unsigned int x) { return static_cast<float>(x); }
 INLINE float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return __shfl_sync(0xffffffffu, x, 0);  // one lane's bits for all: lanes may sum in other orders

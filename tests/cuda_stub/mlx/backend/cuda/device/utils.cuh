@@ -18,9 +18,8 @@ void __syncthreads();
 float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
 float __shfl_sync(unsigned int mask, float v, int src);
 
-struct __half {
+struct __half {  // no conversion operator: kernels must convert with __half2float
   uint16_t bits;
-  operator float() const;
 };
 struct __nv_bfloat16 {
   uint16_t bits;
@@ -32,3 +31,4 @@ struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 struct __half2 { __half x, y; };
 float2 __half22float2(__half2);
+float __half2float(__half);

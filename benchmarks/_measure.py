@@ -1,0 +1,93 @@
+"""Shared measurements for benchmarks/kernels.py and benchmarks/decode.py (METHOD.md: measure the
+ceilings in the same run): copy bandwidth, host dispatch per op / per custom kernel, host round
+trip, and the kernel launches of a lazy MLX graph (counted from its DOT export)."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import tempfile
+import time
+
+import mlx.core as mx
+import numpy as np
+
+# graph nodes that are views or metadata (no kernel of their own)
+VIEW_OPS = {"Broadcast", "Reshape", "Squeeze", "ExpandDims", "Slice", "Transpose", "AsStrided", "View",
+            "Depends", "StopGradient"}
+
+
+def median_time(fn, *, warmup: int = 3, reps: int = 10) -> float:
+    """Median wall seconds of fn() (which must evaluate / synchronize what it times)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int) -> dict:
+    """Device copy (read + write counted) and read-only bandwidth, bytes/s."""
+    n = nbytes // 4
+    x = mx.random.uniform(shape=(n,))
+    mx.eval(x)
+    t_copy = median_time(lambda: mx.eval(x + 1.0))
+    t_read = median_time(lambda: mx.eval(x.sum()))
+    return {"bytes": n * 4, "copy_Bps": 2 * n * 4 / t_copy, "read_Bps": n * 4 / t_read,
+            "copy_s": t_copy, "read_s": t_read}
+
+
+def dispatch_costs(n_ops: int = 1000, n_trips: int = 200, kernel_op=None) -> dict:
+    """Host seconds per MLX op and per custom-kernel call in a long lazy chain (GPU work per op
+    is tiny, so the host's encoding is what the chain costs), and per host round trip (one tiny
+    op, then its value on the host)."""
+    y0 = mx.zeros((8,), mx.float32)
+    mx.eval(y0)
+
+    def chain(op):
+        def run():
+            y = y0
+            for _ in range(n_ops):
+                y = op(y)
+            mx.eval(y)
+        return run
+
+    out = {"op_s": median_time(chain(lambda y: y + 1.0), warmup=2, reps=5) / n_ops}
+    if kernel_op is not None:
+        out["kernel_s"] = median_time(chain(kernel_op), warmup=2, reps=5) / n_ops
+
+    def trips():
+        y = y0
+        for _ in range(n_trips):
+            y = y + 1.0
+            np.array(y)
+    out["round_trip_s"] = median_time(trips, warmup=1, reps=5) / n_trips
+    return out
+
+
+def graph_launches(*outputs: mx.array) -> dict[str, int]:
+    """Kernel-launching nodes of the lazy graph behind `outputs`, by primitive name."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *outputs)
+        labels = re.findall(r'\[label ="([^"]+)", shape=rectangle\]', open(path).read())
+    finally:
+        os.unlink(path)
+    counts: dict[str, int] = {}
+    for lab in labels:
+        if lab not in VIEW_OPS:
+            counts[lab] = counts.get(lab, 0) + 1
+    return counts
+
+
+def device_name() -> str:
+    try:
+        info = mx.device_info() if hasattr(mx, "device_info") else {}
+    except Exception:  # noqa: BLE001 - informational only
+        info = {}
+    return str(info.get("device_name", mx.default_device()))

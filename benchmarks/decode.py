@@ -1,0 +1,268 @@
+"""Decode benchmarks (GPU): ms/token of a full-size made model (48 layers, 256 experts, top-10,
+shared expert; random valid Q2_0 experts), broken into bytes / bandwidth, kernel launches x
+measured dispatch, and host round trips, all measured in this run:
+
+1. all-resident (MlxEngine: every expert in one MLX arena, routing on the GPU);
+2. a capped arena streaming misses from host memory (StreamingEngine + MlxArena + MlxCompute;
+   the `.experts` file lives in /dev/shm, so a miss is a memory copy, not a disk read);
+3. the per-layer host synchronisation cost (the seed's handshake bench, MLX form).
+
+Prints a table, then one JSON line.
+
+    python benchmarks/decode.py             # full size (GPU; ~17 GB arena, ~17 GB file in /dev/shm)
+    python benchmarks/decode.py --small     # smoke test (any machine)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time  # noqa: E402
+from strata.config import Backend, Config  # noqa: E402
+from strata.formats.expert_record import ExpertWeights  # noqa: E402
+from strata.formats.experts_file import ExpertsFile, write_experts  # noqa: E402
+from strata.formats.quant_matrix import QuantMatrix  # noqa: E402
+from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.mlx_backend.arena import MlxArena  # noqa: E402
+from strata.mlx_backend.compute import MlxCompute  # noqa: E402
+from strata.mlx_backend.engine import MlxEngine  # noqa: E402
+from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path  # noqa: E402
+from strata.mlx_backend.model import MlxModelState, MlxParams, forward  # noqa: E402
+from strata.mlx_backend.synthetic import SEED_SHAPE, random_params  # noqa: E402
+from strata.model_config import ModelConfig  # noqa: E402
+
+SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
+                shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=256)
+
+
+def bytes_per_token(p: MlxParams, context: int) -> int:
+    """Bytes one decoded token must read: every dense weight once, k experts per layer, the KV cache."""
+    cfg = p.cfg
+    total = p.out_norm.nbytes + p.output.nbytes + cfg.hidden_size * 2
+    for lw in p.layers:
+        a = lw.attn
+        total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)
+        total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv) if x is not None)
+        if lw.shared is not None:
+            total += lw.shared.gate.nbytes + lw.shared.up.nbytes + lw.shared.down.nbytes
+            total += lw.shared.gate_inp.nbytes if lw.shared.gate_inp is not None else 0
+        total += cfg.n_experts_per_token * p.rec.record_bytes
+        total += 2 * cfg.n_kv_heads * context * cfg.head_dim * 4
+    return total
+
+
+def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw: dict, rows: list, res: dict) -> None:
+    t0 = time.time()
+    p = random_params(cfg, seed=0, pred_q8=False)
+    res["build_s"] = time.time() - t0
+    eng = MlxEngine(p)
+    rng = np.random.default_rng(0)
+    eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
+    # launches of one decode token, from its lazy graph (routing on the GPU: no sync inside)
+    logits, state = forward(p, eng.state, np.array([1]))
+    launches = graph_launches(logits)
+    mx.eval(logits)
+    eng.state = state
+    custom = launches.get("CustomKernel", 0)
+    n_launch = sum(launches.values())
+    before = sum(LAUNCHES.values())
+    times = []
+    for i in range(n_decode):
+        t = time.perf_counter()
+        eng.decode(int(rng.integers(0, cfg.vocab_size)))
+        times.append(time.perf_counter() - t)
+    res["kernel_calls_per_token"] = (sum(LAUNCHES.values()) - before) / n_decode
+    ms = float(np.median(times[2:] if len(times) > 4 else times)) * 1e3
+    nbytes = bytes_per_token(p, eng.length)
+    t_bytes = nbytes / bw["read_Bps"]
+    per_kernel = costs.get("kernel_s", costs["op_s"])
+    t_launch = custom * per_kernel + (n_launch - custom) * costs["op_s"]
+    t_trips = 1 * costs["round_trip_s"]
+    floor = max(t_bytes, t_launch + t_trips)
+    res.update({"resident_ms_per_token": ms, "resident_bytes_per_token": nbytes, "resident_launches_per_token": n_launch,
+                "resident_custom_kernels_per_token": custom, "resident_launches_per_layer": n_launch / cfg.n_layers,
+                "resident_custom_per_layer": custom / cfg.n_layers, "resident_graph_ops": launches,
+                "resident_bytes_ms": t_bytes * 1e3, "resident_launch_ms": t_launch * 1e3,
+                "resident_round_trip_ms": t_trips * 1e3, "resident_floor_ms": floor * 1e3,
+                "resident_ratio_to_floor": ms / (floor * 1e3)})
+    rows += [("all-resident decode", f"{ms:.2f} ms/token", f"{1e3 / ms:.0f} tok/s"),
+             ("  bytes / read bandwidth", f"{t_bytes * 1e3:.2f} ms", f"{nbytes / 1e9:.2f} GB/token"),
+             ("  launches x dispatch", f"{t_launch * 1e3:.2f} ms",
+              f"{n_launch} launches/token ({custom} custom; {n_launch / cfg.n_layers:.1f}/layer)"),
+             ("  host round trips", f"{t_trips * 1e3:.3f} ms", "1 per token (the logits)"),
+             ("  ratio to max(bytes, launches + trips)", f"{ms / (floor * 1e3):.2f}x", "target <= 1.5x")]
+    del eng, p
+
+
+def make_experts_file(path: Path, cfg: ModelConfig, seed: int) -> None:
+    """A valid .experts file: 256 random Q2_0 experts, reused by every layer (values don't matter)."""
+    rng = np.random.default_rng(seed)
+    d, f = cfg.hidden_size, cfg.expert_ffn_size
+
+    def qm(rows: int, cols: int) -> QuantMatrix:
+        return QuantMatrix(QuantType.Q2_0, rows, cols, rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8),
+                           rng.uniform(1e-3, 2e-2, (rows, cols // 32)).astype(np.float16))
+
+    pool = [ExpertWeights(qm(f, d), qm(f, d), qm(d, f)) for _ in range(cfg.n_experts)]
+    write_experts(path, qtype=QuantType.Q2_0, n_layers=cfg.n_layers, n_experts=cfg.n_experts, hidden=d,
+                  expert_ffn=f, get_expert=lambda l, e: pool[e])
+
+
+def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: list, res: dict) -> None:
+    from strata.loader import Model
+    from strata.runtime.decode import StreamingEngine
+    from strata.runtime.io import ReaderPool
+
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    path = base / f"strata_bench_{os.getpid()}.experts"
+    t0 = time.time()
+    make_experts_file(path, cfg, 1)
+    res["experts_file_s"] = time.time() - t0
+    res["experts_file_dir"] = str(base)
+    xf = ExpertsFile.open(path)
+    try:
+        from strata.runtime.decode import cache_config_for
+
+        model = Model(cfg, {}, None, xf, path.with_suffix(".gguf"))
+        least = cache_config_for(model, Config(), 1).min_capacity
+        slots = max(slots, least)
+        config = Config(backend=Backend.MLX, arena=f"{slots}slots")
+        params = random_params(cfg, seed=0, experts=False, pred_q8=config.pred_q8)
+        arena = MlxArena(slots, xf.header.padded_bytes)
+        pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=False,
+                          timeout=config.io_timeout)
+        compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
+        eng = StreamingEngine(model, config, arena, compute, pool, notes=("mlx backend",))
+        rng = np.random.default_rng(0)
+        eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
+        for _ in range(n_decode):
+            eng.decode(int(rng.integers(0, cfg.vocab_size)))
+        r = eng.report()
+        eng.close()
+    finally:
+        xf.close()
+        path.unlink(missing_ok=True)
+    host_turn_us = (r.host_ms_per_window - r.waiting_ms_per_window) / cfg.n_layers * 1e3
+    res.update({"stream_ms_per_token": r.ms_per_token, "stream_urgent_misses_per_token": r.urgent_misses_per_token,
+                "stream_readahead_hits_per_token": r.readahead_hits_per_token, "stream_reads_per_token": r.reads_per_token,
+                "stream_hit_rate": r.hit_rate, "stream_host_ms_per_window": r.host_ms_per_window,
+                "stream_waiting_ms_per_window": r.waiting_ms_per_window, "stream_after_ms": r.after_ms,
+                "stream_host_turn_us_per_layer": host_turn_us, "stream_arena_slots": slots,
+                "stream_arena_GB": slots * xf.header.padded_bytes / 1e9})
+    rows += [(f"streaming decode, arena {slots} slots ({res['stream_arena_GB']:.1f} GB)", f"{r.ms_per_token:.2f} ms/token",
+              f"hit rate {r.hit_rate:.3f}"),
+             ("  urgent misses / read-ahead hits / reads per token",
+              f"{r.urgent_misses_per_token:.1f} / {r.readahead_hits_per_token:.1f} / {r.reads_per_token:.1f}", "random routing"),
+             ("  host per window, of it waiting", f"{r.host_ms_per_window:.2f} / {r.waiting_ms_per_window:.2f} ms", ""),
+             ("  host turn (non-wait) per layer", f"{host_turn_us:.1f} us", "target < 50 us")]
+
+
+def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:
+    """The seed's hs bench in MLX form: 48 segments of two 4 MB dispatches; one eval for all, a host
+    round trip per segment, and a round trip with one more dispatch queued between signal and wait."""
+    n = nbytes // 4
+    bufs = [mx.random.uniform(shape=(n,)) for _ in range(2)]
+    mx.eval(*bufs)
+
+    def seg(x):
+        return (x * 1.0001) + 1.0
+
+    def one_eval():
+        x = bufs[0]
+        for _ in range(segments):
+            x = seg(x)
+        mx.eval(x)
+
+    def per_segment():
+        x = bufs[0]
+        for _ in range(segments):
+            x = seg(x)
+            np.array(x[:1])  # signal + host answers at once + wait
+
+    def with_side_work():
+        x, side = bufs[0], bufs[1]
+        for _ in range(segments):
+            x = seg(x)
+            mx.async_eval(x)
+            side = side * 1.0001  # queued while the host takes its turn
+            mx.async_eval(side)
+            np.array(x[:1])
+        mx.eval(side)
+
+    t_a = median_time(one_eval)
+    t_b = median_time(per_segment)
+    t_c = median_time(with_side_work)
+    res.update({"hs_one_eval_ms": t_a * 1e3, "hs_round_trips_ms": t_b * 1e3, "hs_side_work_ms": t_c * 1e3,
+                "hs_cost_per_segment_us": (t_b - t_a) / segments * 1e6})
+    rows += [(f"handshake: {segments} x 2 x {nbytes >> 20} MB, one eval", f"{t_a * 1e3:.3f} ms", ""),
+             ("  + host round trip per segment", f"{t_b * 1e3:.3f} ms",
+              f"{(t_b - t_a) / segments * 1e6:.1f} us per segment"),
+             ("  + 1 dispatch between signal and wait", f"{t_c * 1e3:.3f} ms", "the shared-expert overlap")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
+    args = ap.parse_args()
+    cfg = SMALL if args.small else SEED_SHAPE
+    skip = set(filter(None, args.skip.split(",")))
+    res: dict = {"device": device_name(), "path": current_path().value, "layers": cfg.n_layers, "experts": cfg.n_experts,
+                 "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size}
+    rows: list = []
+    bw = copy_bandwidth((64 << 20) if args.small else (1 << 30))
+    kop = None
+    if current_path() is KernelPath.GPU:
+        xs = mx.zeros((1, 8, 8))
+        kop = lambda y: combine_kernel.combine(y.reshape(1, 8), xs, None, y.reshape(1, 8), None).reshape(8)  # noqa: E731
+    costs = dispatch_costs(kernel_op=kop)
+    res.update({"read_GBps": bw["read_Bps"] / 1e9, "copy_GBps": bw["copy_Bps"] / 1e9, "dispatch_op_us": costs["op_s"] * 1e6,
+                "dispatch_kernel_us": costs.get("kernel_s", float("nan")) * 1e6, "round_trip_us": costs["round_trip_s"] * 1e6})
+    rows += [("read / copy bandwidth", f"{bw['read_Bps'] / 1e9:.0f} / {bw['copy_Bps'] / 1e9:.0f} GB/s", ""),
+             ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
+             ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
+    n_prompt = 8 if args.small else 16
+    for part, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res)),
+                     ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, args.slots or cfg.n_layers * cfg.n_experts // 4,
+                                                     rows, res)),
+                     ("handshake", lambda: handshake(48, 4 << 20, rows, res))):
+        if part in skip:
+            continue
+        t0 = time.time()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - one part failing must not lose the others' numbers
+            res[f"{part}_error"] = f"{type(e).__name__}: {e}"
+            rows.append((f"{part} FAILED", type(e).__name__, str(e)[:100]))
+        res[f"{part}_s"] = time.time() - t0
+    print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
+          f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
+    w0 = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        print(f"{name:<{w0}}  {val:>22}  {note}")
+    print("JSON " + json.dumps(res, sort_keys=True, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"[decode.py {time.time() - t0:.1f} s]")
+    sys.exit(rc)

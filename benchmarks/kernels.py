@@ -1,0 +1,204 @@
+"""Kernel benchmarks (GPU): copy bandwidth; host dispatch and round trip; the fused routed-expert
+kernel vs mx.gather_qmm for k = 10 of 256 experts at the seed's expert size (~1.38 MB Q2_0);
+the Q8_0 router-guess GEMV. Prints a table, then one JSON line.
+
+Two numbers first (METHOD.md): a layer's k = 10 experts are 10 x 1.3824 MB = 13.8 MB of Q2_0,
+~3.5 us at 4 TB/s, while one custom-kernel call costs ~8 us of host dispatch: a single decode
+call measures dispatch, not the kernel. So the kernel is timed on the GPU side by giving one
+launch many tokens (T tokens, each its own 10 experts from a pool of 12 layers x 256 experts,
+4.2 GB, so nothing is served from the 60 MB L2), and separately per decode-shaped call.
+
+    python benchmarks/kernels.py            # full size (GPU)
+    python benchmarks/kernels.py --small    # smoke test (any machine)
+    python benchmarks/kernels.py --ncu      # only single-token launches, for ncu to time
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _measure import copy_bandwidth, device_name, dispatch_costs, median_time  # noqa: E402
+from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
+from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
+from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
+from strata.mlx_backend.kernels import moe, q8_gemv  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath, current_path  # noqa: E402
+from strata.mlx_backend.synthetic import q8_router, random_records  # noqa: E402
+from strata.reference.experts import routed_experts  # noqa: E402
+
+GROUP = 32
+
+
+def natural_stack(records: mx.array, rec: RecordLayout):
+    """mlx-lm's layout for gather_qmm: contiguous per-projection w, float16 scales and biases."""
+    st = slot_planes(records, rec)
+    out = []
+    for w, s, b in (st.gate, st.up, st.down):
+        out.append((mx.contiguous(w), s.astype(mx.float16), b.astype(mx.float16)))
+    mx.eval(*[a for t in out for a in t])
+    return out
+
+
+def gather_qmm_experts(stack, x16: mx.array, idx: mx.array, weights: mx.array) -> mx.array:
+    """mlx-lm's SwitchGLU on the stack: 3 gather_qmm + SwiGLU + the weighted sum. -> [T, D]"""
+    (gw, gs, gb), (uw, us, ub), (dw, ds, db) = stack
+    xe = x16[:, None, None, :]
+    g = mx.gather_qmm(xe, gw, gs, gb, rhs_indices=idx, transpose=True, group_size=GROUP, bits=2)
+    u = mx.gather_qmm(xe, uw, us, ub, rhs_indices=idx, transpose=True, group_size=GROUP, bits=2)
+    y = mx.gather_qmm(silu(g) * u, dw, ds, db, rhs_indices=idx, transpose=True, group_size=GROUP, bits=2)
+    return (y[:, :, 0, :].astype(mx.float32) * weights[..., None]).sum(axis=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on any machine")
+    ap.add_argument("--ncu", action="store_true", help="only a few single-token launches (for ncu)")
+    args = ap.parse_args()
+    gpu = current_path() is KernelPath.GPU
+    small = args.small
+    d, f = (256, 64) if small else (2560, 576)
+    e, k, pools = (32, 4, 2) if small else (256, 10, 12)
+    rec = RecordLayout(QuantType.Q2_0, d, f)
+    rng = np.random.default_rng(0)
+    records = random_records(rec, pools * e, mx.random.key(1))  # [pools*E, SLOT]
+    expert_bytes = rec.record_bytes
+    res: dict = {"device": device_name(), "path": current_path().value, "D": d, "F": f, "E": e, "k": k,
+                 "expert_bytes": expert_bytes}
+
+    def slots_for(t: int) -> np.ndarray:
+        return np.stack([(i % pools) * e + rng.choice(e, k, replace=False) for i in range(t)]).astype(np.int32)
+
+    if args.ncu:
+        if not gpu:
+            print("--ncu needs the GPU path")
+            return 1
+        stack = natural_stack(records, rec)
+        x = mx.random.normal((1, d))
+        for i in range(6):
+            s = slots_for(1)
+            w = np.full((1, k), 0.1, np.float32)
+            mx.eval(moe.moe_slots(records, rec, x, s, w))
+            mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), mx.array(s), mx.array(w)))
+        return 0
+
+    rows = []
+    bw = copy_bandwidth((64 << 20) if small else (2 << 30))
+    res["copy_GBps"] = bw["copy_Bps"] / 1e9
+    res["read_GBps"] = bw["read_Bps"] / 1e9
+    rows.append(("copy bandwidth (read+write)", f"{res['copy_GBps']:.0f} GB/s", f"{bw['bytes'] / 2**30:.2f} GiB"))
+    rows.append(("read bandwidth (sum)", f"{res['read_GBps']:.0f} GB/s", ""))
+    kop = None
+    if gpu:
+        xs = mx.zeros((1, 8, 8))
+        kop = lambda y: combine_kernel.combine(y.reshape(1, 8), xs, None, y.reshape(1, 8), None).reshape(8)  # noqa: E731
+    disp = dispatch_costs(kernel_op=kop)
+    res.update({"dispatch_op_us": disp["op_s"] * 1e6, "round_trip_us": disp["round_trip_s"] * 1e6})
+    rows.append(("host dispatch per MLX op", f"{disp['op_s'] * 1e6:.1f} us", "chain of 1000 tiny ops"))
+    if "kernel_s" in disp:
+        res["dispatch_kernel_us"] = disp["kernel_s"] * 1e6
+        rows.append(("host dispatch per custom kernel", f"{disp['kernel_s'] * 1e6:.1f} us", "chain of 1000"))
+    rows.append(("host round trip", f"{disp['round_trip_s'] * 1e6:.1f} us", "tiny op + value to host"))
+
+    # ---------------------------------------------------------------- correctness at this size
+    stack = natural_stack(records, rec)
+    x1 = mx.random.normal((1, d))
+    s1 = slots_for(1)
+    w1 = rng.random((1, k)).astype(np.float32)
+    host = np.array(records)
+    ref = routed_experts([unpack_record(host[s], rec) for s in s1[0]], w1[0], np.array(x1)[0])
+    got_q = np.array(gather_qmm_experts(stack, x1.astype(mx.float16), mx.array(s1), mx.array(w1)))[0]
+    err = lambda a: float(np.linalg.norm(a - ref) / np.linalg.norm(ref))  # noqa: E731
+    res["gather_qmm_rel_err"] = err(got_q)
+    if gpu:
+        got_k = np.array(moe.moe_slots(records, rec, x1, s1, w1).sum(axis=1))[0]
+        res["fused_rel_err"] = err(got_k)
+        rows.append(("fused kernel vs reference (rel L2)", f"{res['fused_rel_err']:.2e}", "seed-size expert, k=10"))
+    rows.append(("gather_qmm (f16 x) vs reference (rel L2)", f"{res['gather_qmm_rel_err']:.2e}", ""))
+
+    # ---------------------------------------------------------------- GPU-side: many tokens per launch
+    tok = 8 if small else 64
+    reps = 10
+    xs = [mx.random.normal((tok, d)) for _ in range(reps)]
+    ss = [slots_for(tok) for _ in range(reps)]
+    ws = [np.full((tok, k), 0.1, np.float32) for _ in range(reps)]
+    moved = tok * k * expert_bytes  # bytes of Q2_0 each call must read
+    mx.eval(*xs)
+    variants = {}
+    if gpu:
+        for fc in (32, 64):
+            if f % fc:
+                continue
+            def fused(fc=fc):
+                mx.eval([moe.moe_slots(records, rec, xs[i], ss[i], ws[i], fc=fc) for i in range(reps)])
+            variants[f"fused FC={fc}"] = median_time(fused, warmup=2, reps=5) / reps
+    idxs = [mx.array(s) for s in ss]
+    wms = [mx.array(w) for w in ws]
+    x16 = [x.astype(mx.float16) for x in xs]
+    mx.eval(*idxs, *wms, *x16)
+
+    def gq():
+        mx.eval([gather_qmm_experts(stack, x16[i], idxs[i], wms[i]) for i in range(reps)])
+    variants["gather_qmm"] = median_time(gq, warmup=2, reps=5) / reps
+    gq_bytes = tok * k * sum(a.nbytes // a.shape[0] for t in stack for a in t)
+    for name, t in variants.items():
+        nb = gq_bytes if name == "gather_qmm" else moved
+        res[f"{name}_us"] = t * 1e6
+        res[f"{name}_GBps"] = nb / t / 1e9
+        rows.append((f"{name}: {tok} tokens x k={k} per launch", f"{t * 1e6:.0f} us",
+                     f"{nb / t / 1e9:.0f} GB/s = {nb / t / bw['copy_Bps'] * 100:.0f}% of copy"))
+
+    # ---------------------------------------------------------------- decode-shaped: one token per call
+    n_layers = 48
+    one_x = [mx.random.normal((1, d)) for _ in range(n_layers)]
+    one_s = [slots_for(1) for _ in range(n_layers)]
+    one_w = np.full((1, k), 0.1, np.float32)
+    mx.eval(*one_x)
+    per_call = {}
+    if gpu:
+        per_call["fused"] = median_time(lambda: mx.eval([moe.moe_slots(records, rec, one_x[i], one_s[i], one_w)
+                                                         for i in range(n_layers)])) / n_layers
+    one_i = [mx.array(s) for s in one_s]
+    one_wm = mx.array(one_w)
+    per_call["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(stack, one_x[i].astype(mx.float16), one_i[i], one_wm)
+                                                          for i in range(n_layers)])) / n_layers
+    for name, t in per_call.items():
+        res[f"{name}_per_layer_us"] = t * 1e6
+        rows.append((f"{name}: 1 token, 48 calls per eval", f"{t * 1e6:.1f} us/layer", "host dispatch included"))
+
+    # ---------------------------------------------------------------- Q8_0 guess GEMV (E x D)
+    if gpu:
+        g = q8_router(e, d, mx.random.key(3))
+        hx = [mx.random.normal((1, d)) for _ in range(n_layers)]
+        mx.eval(g.codes, g.raw_scales, *hx)
+        t = median_time(lambda: mx.eval([q8_gemv.q8_gemv(g.codes, g.raw_scales, hx[i]) for i in range(n_layers)])) / n_layers
+        res["q8_gemv_per_call_us"] = t * 1e6
+        rows.append((f"Q8_0 GEMV {e}x{d} (router guess)", f"{t * 1e6:.1f} us/call", f"{g.codes.nbytes / 1e6:.2f} MB"))
+
+    print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
+    w0 = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        print(f"{name:<{w0}}  {val:>16}  {note}")
+    fused_best = max((res[k2] for k2 in res if k2.startswith("fused FC") and k2.endswith("_GBps")), default=None)
+    if fused_best is not None:
+        res["fused_best_fraction_of_copy"] = fused_best * 1e9 / bw["copy_Bps"]
+        print(f"target: fused >= 50% of copy bandwidth: {res['fused_best_fraction_of_copy'] * 100:.0f}%")
+    print("JSON " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"[kernels.py {time.time() - t0:.1f} s]")
+    sys.exit(rc)

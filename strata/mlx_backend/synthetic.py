@@ -1,0 +1,107 @@
+"""Full-size made models in MLX memory, for benchmarks: random float16 dense weights and random
+*valid* Q2_0 expert records, generated on the device (no files, no GGUF).
+
+The values are random (routing is noise-like, so streaming sees close to worst-case locality);
+the byte counts, shapes and kernels are the real ones.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from strata.formats.expert_record import RecordLayout
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend.attention import AttentionWeights
+from strata.mlx_backend.experts import SharedWeights
+from strata.mlx_backend.model import LayerWeights, MlxParams
+from strata.mlx_backend.quants import MlxQuantMatrix
+from strata.model_config import ModelConfig, QKNorm
+
+__all__ = ["SEED_SHAPE", "random_params", "random_records", "q8_router"]
+
+# The seed's model class (48 layers, 256 experts, top-10, shared expert) with experts of the
+# seed's size: 3 x 2560 x 576 weights at 2.5 bits = 1.3824 MB of Q2_0 per expert.
+SEED_SHAPE = ModelConfig(
+    architecture="strata_test", vocab_size=32768, hidden_size=2560, n_layers=48, n_heads=16, n_kv_heads=4,
+    head_dim=128, n_experts=256, n_experts_per_token=10, expert_ffn_size=576, shared_ffn_size=512,
+    shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=4096,
+)
+
+
+def _normal(shape, std, key) -> mx.array:
+    return (mx.random.normal(shape, key=key) * std).astype(mx.float16)
+
+
+def random_records(rec: RecordLayout, n: int, key: mx.array) -> mx.array:
+    """n valid Q2_0 records (uint8 [n, padded_bytes]): random codes, scales in [1e-3, 2e-2]."""
+    if rec.qtype is not QuantType.Q2_0:
+        raise ValueError("random records are Q2_0")
+    pieces, end = [], 0
+    keys = mx.random.split(key, 8)
+    for i, span in enumerate(rec.planes):
+        if span.offset > end:
+            pieces.append(mx.zeros((n, span.offset - end), mx.uint8))
+        if i % 2 == 0:  # codes
+            pieces.append(mx.random.randint(0, 256, (n, span.nbytes), key=keys[i]).astype(mx.uint8))
+        else:  # float16 scales, viewed as bytes
+            sc = mx.random.uniform(1e-3, 2e-2, (n, span.nbytes // 2), key=keys[i]).astype(mx.float16)
+            pieces.append(sc.view(mx.uint8))
+        end = span.offset + span.nbytes
+    pieces.append(mx.zeros((n, rec.padded_bytes - end), mx.uint8))
+    out = mx.concatenate(pieces, axis=1)
+    mx.eval(out)
+    return out
+
+
+def q8_router(e: int, d: int, key: mx.array) -> MlxQuantMatrix:
+    """A random valid Q8_0 matrix [e, d] (the read-ahead router copy)."""
+    k1, k2 = mx.random.split(key)
+    codes = mx.random.randint(-127, 128, (e, d), key=k1).astype(mx.int8).view(mx.uint8)
+    scales = mx.random.uniform(1e-3, 1e-2, (e, d // 32), key=k2).astype(mx.float16)
+    return MlxQuantMatrix(QuantType.Q8_0, e, d, codes, None, None, codes, scales)
+
+
+def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool = True,
+                  pred_q8: bool = True) -> MlxParams:
+    """MlxParams with random float16 dense weights (and, with `experts`, a resident arena of every
+    expert, slot l*E + e)."""
+    key = mx.random.key(seed)
+    d, hd = cfg.hidden_size, cfg.head_dim
+    qr, kr = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    layers = []
+    layer_keys = mx.random.split(key, cfg.n_layers + 1)
+    for l in range(cfg.n_layers):
+        ks = mx.random.split(layer_keys[l], 10)
+        ones = lambda n: mx.ones((n,), mx.float16)  # noqa: E731
+        attn = AttentionWeights(ones(d), _normal((qr + 2 * kr, d), d ** -0.5, ks[0]), None,
+                                ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
+                                ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
+                                _normal((d, qr), qr ** -0.5, ks[1]))
+        shared = None
+        if cfg.has_shared_expert:
+            fs = cfg.shared_ffn_size
+            shared = SharedWeights(_normal((fs, d), d ** -0.5, ks[2]), _normal((fs, d), d ** -0.5, ks[3]),
+                                   _normal((d, fs), fs ** -0.5, ks[4]),
+                                   _normal((d,), d ** -0.5, ks[5]) if cfg.shared_expert_gated else None)
+        router = (mx.random.normal((cfg.n_experts, d), key=ks[6]) * d ** -0.5).astype(mx.float32)
+        guess = q8_router(cfg.n_experts, d, ks[7]) if pred_q8 else None
+        layers.append(LayerWeights(attn, ones(d), router, guess, shared))
+    kk = mx.random.split(layer_keys[-1], 3)
+    embed = _normal((cfg.vocab_size, d), 1.0, kk[0])
+    output = _normal((cfg.vocab_size, d), d ** -0.5, kk[1])
+    arena = rec = None
+    if experts:
+        rec = RecordLayout(QuantType.Q2_0, d, cfg.expert_ffn_size)
+        arena = _DeviceArena(random_records(rec, cfg.n_layers * cfg.n_experts, kk[2]))
+    mx.eval(embed, output, *[x for lw in layers for x in (lw.attn.wqkv, lw.attn.wo, lw.router)])
+    return MlxParams(cfg, tuple(layers), embed, mx.ones((d,), mx.float16), output, mx.float16, arena, rec)
+
+
+class _DeviceArena:
+    """An all-resident arena made on the device (never touched by the host: no managed-memory
+    migration), with the `array` attribute the model reads."""
+
+    def __init__(self, array: mx.array) -> None:
+        self.array = array
+        self.capacity, self.slot_bytes = array.shape
+
