@@ -115,7 +115,8 @@ def stream_generate(
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a GenerationResponse per token.
 
-    `model` is a loaded Model or a path; `prompt` text or token ids. Greedy when temperature is 0.
+    `model` is a loaded Model or a path; `prompt` text (tokenized with the tokenizer's own special
+    tokens, e.g. a Llama-style BOS) or token ids (used as given). Greedy when temperature is 0.
     `config` is the runtime configuration (default: `STRATA_*` variables over the defaults); it
     picks the engine unless `engine` is given (then the caller owns and closes it).
     """
@@ -123,7 +124,7 @@ def stream_generate(
     sampler = SamplerConfig(temperature=temperature, top_p=top_p, seed=seed)
     if max_tokens < 0:
         raise StrataError(f"max_tokens must be >= 0, got {max_tokens}")
-    tokens = model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    tokens = model.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise StrataError("the prompt is empty")
     limit = model.cfg.max_context

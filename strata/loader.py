@@ -13,6 +13,8 @@ from strata.model_config import ModelConfig
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
 
+EOS_TOKEN_KEY = "tokenizer.huggingface.eos_token"  # written by strata convert (strata/convert/chat_template.py)
+
 
 class ResidentExperts:
     """Every routed expert read into memory once (the all-resident path; no streaming)."""
@@ -67,5 +69,7 @@ def load(model: str | Path, *, experts: str | Path | None = None) -> Model:
         raise FormatError(
             f"{experts_path}: holds (layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
         )
-    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path))
+    eos = mf.metadata.get(EOS_TOKEN_KEY)
+    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
+                              eos_tokens=(eos,) if isinstance(eos, str) else ())
     return Model(cfg, dict(mf.dense), tok, xf, model_path)

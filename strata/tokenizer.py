@@ -48,20 +48,26 @@ class Tokenizer:
     chat_template: str | None = None
 
     @classmethod
-    def from_json(cls, text: str, *, chat_template: str | None = None, source: str = "model") -> "Tokenizer":
+    def from_json(cls, text: str, *, chat_template: str | None = None, source: str = "model",
+                  eos_tokens: tuple[str, ...] = ()) -> "Tokenizer":
+        """`eos_tokens`: the model's own end-of-sequence strings (a converted checkpoint's
+        eos_token), in addition to the common names below."""
         try:
             hf = _HFTokenizer.from_str(text)
         except Exception as e:  # the tokenizers library raises plain Exceptions with long texts
             raise FormatError(f"{source}: the stored tokenizer.json does not load ({str(e).splitlines()[0]})") from e
-        eos = {hf.token_to_id(t) for t in (END_OF_TEXT, "<|im_end|>", "</s>", "<|end_of_text|>", "<eos>")}
+        eos = {hf.token_to_id(t) for t in (END_OF_TEXT, "<|im_end|>", "</s>", "<|end_of_text|>", "<eos>", *eos_tokens)}
         return cls(hf, frozenset(i for i in eos if i is not None), chat_template)
 
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`. With add_special_tokens, the tokenizer's own post-processor runs
+        (a Llama/Mixtral tokenizer.json adds its BOS there; byte-level and Qwen ones add nothing),
+        as transformers' `tokenizer(text)` does for a plain prompt."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)

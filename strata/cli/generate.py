@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chat:
         from strata.convert.chat_template import chat_prompt
 
-        prompt = chat_prompt(model, prompt)
+        prompt = model.tokenizer.encode(chat_prompt(model, prompt))  # the template holds any BOS
     last = None
     for last in stream_generate(model, prompt, max_tokens=args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed, config=config):
