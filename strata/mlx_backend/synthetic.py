@@ -19,6 +19,8 @@ from strata.model_config import ModelConfig, QKNorm
 
 __all__ = ["SEED_SHAPE", "random_params", "random_records", "q8_router"]
 
+RECORD_CHUNK = 1024  # records generated per step
+
 # The seed's model class (48 layers, 256 experts, top-10, shared expert) with experts of the
 # seed's size: 3 x 2560 x 576 weights at 2.5 bits = 1.3824 MB of Q2_0 per expert.
 SEED_SHAPE = ModelConfig(
@@ -36,19 +38,25 @@ def random_records(rec: RecordLayout, n: int, key: mx.array) -> mx.array:
     """n valid Q2_0 records (uint8 [n, padded_bytes]): random codes, scales in [1e-3, 2e-2]."""
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError("random records are Q2_0")
-    pieces, end = [], 0
-    keys = mx.random.split(key, 8)
-    for i, span in enumerate(rec.planes):
-        if span.offset > end:
-            pieces.append(mx.zeros((n, span.offset - end), mx.uint8))
-        if i % 2 == 0:  # codes
-            pieces.append(mx.random.randint(0, 256, (n, span.nbytes), key=keys[i]).astype(mx.uint8))
-        else:  # float16 scales, viewed as bytes
-            sc = mx.random.uniform(1e-3, 2e-2, (n, span.nbytes // 2), key=keys[i]).astype(mx.float16)
-            pieces.append(sc.view(mx.uint8))
-        end = span.offset + span.nbytes
-    pieces.append(mx.zeros((n, rec.padded_bytes - end), mx.uint8))
-    out = mx.concatenate(pieces, axis=1)
+    chunks = []
+    for c0 in range(0, n, RECORD_CHUNK):  # bounded temporaries: a 48 x 256 arena is 17 GB
+        m = min(RECORD_CHUNK, n - c0)
+        keys = mx.random.split(mx.random.split(key, (n + RECORD_CHUNK - 1) // RECORD_CHUNK)[c0 // RECORD_CHUNK], 8)
+        pieces, end = [], 0
+        for i, span in enumerate(rec.planes):
+            if span.offset > end:
+                pieces.append(mx.zeros((m, span.offset - end), mx.uint8))
+            if i % 2 == 0:  # codes: any byte is valid
+                pieces.append(mx.random.randint(0, 256, (m, span.nbytes), key=keys[i]).astype(mx.uint8))
+            else:  # float16 scales, viewed as bytes
+                sc = mx.random.uniform(1e-3, 2e-2, (m, span.nbytes // 2), key=keys[i]).astype(mx.float16)
+                pieces.append(sc.view(mx.uint8))
+            end = span.offset + span.nbytes
+        pieces.append(mx.zeros((m, rec.padded_bytes - end), mx.uint8))
+        chunk = mx.concatenate(pieces, axis=1)
+        mx.eval(chunk)
+        chunks.append(chunk)
+    out = chunks[0] if len(chunks) == 1 else mx.concatenate(chunks, axis=0)
     mx.eval(out)
     return out
 
