@@ -218,7 +218,7 @@ def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
     args = ap.parse_args()
@@ -238,11 +238,11 @@ def main() -> int:
     rows += [("read / copy bandwidth", f"{bw['read_Bps'] / 1e9:.0f} / {bw['copy_Bps'] / 1e9:.0f} GB/s", ""),
              ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
              ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
-    n_prompt = 8 if args.small else 16
+    n_prompt = 8
     for part, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res)),
+                     ("handshake", lambda: handshake(48, 4 << 20, rows, res)),
                      ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, args.slots or cfg.n_layers * cfg.n_experts // 4,
-                                                     rows, res)),
-                     ("handshake", lambda: handshake(48, 4 << 20, rows, res))):
+                                                     rows, res))):
         if part in skip:
             continue
         t0 = time.time()
@@ -252,6 +252,8 @@ def main() -> int:
             res[f"{part}_error"] = f"{type(e).__name__}: {e}"
             rows.append((f"{part} FAILED", type(e).__name__, str(e)[:100]))
         res[f"{part}_s"] = time.time() - t0
+        print("JSON-PART " + json.dumps(res, sort_keys=True, default=str), flush=True)  # survives a later kill
+        print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in rows), flush=True)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
           f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
     w0 = max(len(r[0]) for r in rows)

@@ -11,6 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci PYTHONDONTWRITEBYTECODE=1
 START=$(date +%s)
 BUDGET=${STRATA_DEVICE_BUDGET:-540}   # seconds this script may use (the call's limit is 600)
+TESTS_S=${STRATA_TESTS_S:-170} KERNELS_S=${STRATA_KERNELS_S:-110} DECODE_S=${STRATA_DECODE_S:-220}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -30,13 +31,13 @@ cat "$OUT/env.log"
 
 # GPU tests + the differential suite (ops path on the CUDA device, kernel path through cuda_kernel).
 # The emulated path is CPU-only and already runs in CI: skipped here to save device time.
-stage tests 170 python3 -m pytest -q -p no:cacheprovider -rs tests/test_mlx_twins.py tests/test_mlx_kernels.py \
+stage tests $TESTS_S python3 -m pytest -q -p no:cacheprovider -rs tests/test_mlx_twins.py tests/test_mlx_kernels.py \
   tests/test_mlx_engine.py -k "not emulated" --durations=10
-stage kernels 110 python3 benchmarks/kernels.py
-stage decode 220 python3 benchmarks/decode.py
+stage kernels $KERNELS_S python3 benchmarks/kernels.py
+stage decode $DECODE_S python3 benchmarks/decode.py
 if command -v ncu >/dev/null; then
   stage ncu 80 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     -k 'regex:moe|qmm|qmv|gather' python3 benchmarks/kernels.py --ncu
 fi
-grep -h '^JSON ' "$OUT"/kernels.log "$OUT"/decode.log > "$OUT/results.jsonl" 2>/dev/null
+grep -h '^JSON' "$OUT"/kernels.log "$OUT"/decode.log > "$OUT/results.jsonl" 2>/dev/null
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"

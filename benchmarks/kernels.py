@@ -132,6 +132,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
         res['correctness_error'] = f"{type(exc).__name__}: {exc}"
         rows.append(('correctness FAILED', type(exc).__name__, str(exc)[:120]))
+    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     # ---------------------------------------------------------------- GPU-side: many tokens per launch
     try:
@@ -169,6 +170,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
         res['batched_error'] = f"{type(exc).__name__}: {exc}"
         rows.append(('batched FAILED', type(exc).__name__, str(exc)[:120]))
+    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     # ---------------------------------------------------------------- decode-shaped: one token per call
     try:
@@ -192,6 +194,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
         res['per_call_error'] = f"{type(exc).__name__}: {exc}"
         rows.append(('per_call FAILED', type(exc).__name__, str(exc)[:120]))
+    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     # ---------------------------------------------------------------- Q8_0 guess GEMV (E x D)
     try:
@@ -206,6 +209,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
         res['q8_error'] = f"{type(exc).__name__}: {exc}"
         rows.append(('q8 FAILED', type(exc).__name__, str(exc)[:120]))
+    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
     w0 = max(len(r[0]) for r in rows)
