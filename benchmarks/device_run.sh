@@ -31,10 +31,11 @@ cat "$OUT/env.log"
 
 # GPU tests + the differential suite (ops path on the CUDA device, kernel path through cuda_kernel).
 # The emulated path is CPU-only and already runs in CI: skipped here to save device time.
+# STRATA_TEST_SELECT narrows the test run when device time is short (e.g. "-m gpu").
 stage tests $TESTS_S python3 -m pytest -q -p no:cacheprovider -rs tests/test_mlx_twins.py tests/test_mlx_kernels.py \
-  tests/test_mlx_engine.py -k "not emulated" --durations=10
+  tests/test_mlx_engine.py -k "not emulated" ${STRATA_TEST_SELECT:-} --durations=10
 stage kernels $KERNELS_S python3 benchmarks/kernels.py
-stage decode $DECODE_S python3 benchmarks/decode.py
+stage decode $DECODE_S python3 benchmarks/decode.py ${STRATA_DECODE_ARGS:-}
 if command -v ncu >/dev/null; then
   stage ncu 80 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     -k 'regex:moe|qmm|qmv|gather' python3 benchmarks/kernels.py --ncu
