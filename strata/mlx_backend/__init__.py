@@ -1,0 +1,16 @@
+"""The MLX backend: the interfaces of strata.reference on MLX arrays, with custom kernels whose
+bodies are shared by Metal, CUDA and a CPU emulator (docs/mlx_backend.md).
+
+Modules (one concept each; the same names as strata/reference/ where they twin it):
+    quants     Q2_0 / Q4_0 / Q8_0 in MLX's affine layout; dequantize, gemv
+    routing    route / route_batch (MoCE), exact ranking on the device
+    experts    SwiGLU experts: fused kernel, gather_qmm ops path, shared expert, combine
+    attention  attention with a preallocated KV cache written in place
+    model      MlxParams, the layer steps and forward
+    arena      MlxArena: the runtime's Arena over MLX memory (zero-copy slot writes)
+    compute    MlxCompute: the runtime's LayerCompute
+    engine     MlxEngine (all-resident), open_mlx_engine (the backend's entry point)
+    synthetic  full-size random models on the device (benchmarks)
+    twins      the reference <-> MLX twin table the differential tests iterate
+    kernels/   the shared bodies, per-dialect preludes, build-once launch, the emulator
+"""

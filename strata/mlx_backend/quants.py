@@ -89,7 +89,7 @@ def to_mlx(m: QuantMatrix) -> MlxQuantMatrix:
 def dequantize(m: QuantMatrix | MlxQuantMatrix) -> mx.array:
     """Twin of reference `dequantize`. -> float32 [n_rows, n_cols]"""
     m = to_mlx(m)
-    if m.scales is None:
+    if m.qtype in FLOAT_DTYPES:
         return m.w
     return mx.dequantize(m.w, m.scales, m.biases, group_size=GROUP, bits=m.bits).astype(mx.float32)
 
@@ -107,7 +107,7 @@ def gemv(m: QuantMatrix | MlxQuantMatrix, x) -> mx.array:
     one = x.ndim == 1
     x2 = x.reshape(1, -1) if one else x
     x2 = x2.astype(mx.float32)
-    if m.scales is None:
+    if m.qtype in FLOAT_DTYPES:
         y = x2 @ m.w.T
     elif m.qtype is QuantType.Q8_0 and current_path() is not KernelPath.OPS:
         y = q8_kernel.q8_gemv(m.codes, m.raw_scales, x2)

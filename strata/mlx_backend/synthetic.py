@@ -66,7 +66,10 @@ def q8_router(e: int, d: int, key: mx.array) -> MlxQuantMatrix:
     k1, k2 = mx.random.split(key)
     codes = mx.random.randint(-127, 128, (e, d), key=k1).astype(mx.int8).view(mx.uint8)
     scales = mx.random.uniform(1e-3, 1e-2, (e, d // 32), key=k2).astype(mx.float16)
-    return MlxQuantMatrix(QuantType.Q8_0, e, d, codes, None, None, codes, scales)
+    q = (codes ^ 0x80).astype(mx.uint32).reshape(e, d // 4, 4)  # MLX's affine 8-bit: q + 128, LSB first
+    w = q[..., 0] | (q[..., 1] << 8) | (q[..., 2] << 16) | (q[..., 3] << 24)
+    sf = scales.astype(mx.float32)
+    return MlxQuantMatrix(QuantType.Q8_0, e, d, w, sf, -128.0 * sf, codes, scales)
 
 
 def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool = True,
