@@ -8,8 +8,9 @@ noisy next-layer guesses with the seed's recall) through `strata.reference.cache
 decode window per token, under three read-ahead settings: none, K = 10 with the old LRU touch
 (the seed's stock), K = 16 without it (the seed's recommendation). Target: the K = 16 replay of
 1,000 tokens x 48 layers in under 20 s on one core (CPU time of this single-threaded process,
-so a busy shared machine doesn't distort it; wall time is printed too). Prints a table, then
-one JSON line.
+so a busy shared machine doesn't distort it; wall time is printed too). Each setting is then
+replayed again through the runtime's fast twin (`strata.runtime.fast_cache.FastCache`, the
+"fast" rows), which must end with the same counts. Prints a table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -23,12 +24,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.reference.cache_replay import replay  # noqa: E402
-from strata.reference.cache_types import CacheConfig  # noqa: E402
+from strata.reference.cache_types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read  # noqa: E402
+from strata.runtime.fast_cache import FastCache  # noqa: E402
 from strata.testing_traces import recall_at, synthetic_routing_trace  # noqa: E402
 
 TARGET_SECONDS = 20.0  # for the K = 16 run at the default shape
 SETTINGS = (("none", 0, False), ("K10 touch", 10, True), ("K16 no-touch", 16, False))
 SEED_URGENT = {"none": 19.65, "K10 touch": 9.82, "K16 no-touch": 6.99}  # seed §1, real trace, MoCE on
+
+
+def replay_fast(config: CacheConfig, selected, guesses) -> CacheStats:
+    """`strata.reference.cache_replay.replay` (read-aheads land before the next turn) through
+    FastCache; returns the totals."""
+    cache = FastCache(config)
+    sel, gs = selected.tolist(), guesses[..., :config.prefetch_depth].tolist()
+    pending: list = []
+    for t in range(len(sel)):
+        cache.step(BeginWindow())
+        for layer in range(len(sel[t])):
+            cache.read_done_many(pending)
+            cache.step(AtLayer(layer, sel[t][layer]))
+            actions = cache.step(AfterLayer(layer, gs[t][layer], ()))
+            pending = [(a.slot, a.ticket) for a in actions if isinstance(a, Read)]
+    return cache.totals
 
 
 def main(argv=None) -> int:
@@ -53,14 +71,21 @@ def main(argv=None) -> int:
               "hit rate", "seed urgent/tok")
     print(" | ".join(f"{h:>12}" for h in header))
     rows = {}
-    for name, k, touch in SETTINGS:
+    runs = [(name, k, touch, fast) for name, k, touch in SETTINGS for fast in (False, True)]
+    for name, k, touch, fast in runs:
         cfg = CacheConfig(capacity=a.capacity, n_layers=a.layers, n_experts=a.experts, top_k=a.top_k,
                           prefetch_depth=k, prefetch_touch=touch)
         t0, c0 = time.perf_counter(), time.process_time()
-        totals = replay(cfg, trace.selected, trace.guesses).totals
+        if fast:
+            totals = replay_fast(cfg, trace.selected, trace.guesses)
+            if totals != rows[name]["totals"]:
+                sys.exit(f"{name}: the fast twin's counts differ from the reference's")
+            name = f"{name} fast"
+        else:
+            totals = replay(cfg, trace.selected, trace.guesses).totals
         wall, seconds = time.perf_counter() - t0, time.process_time() - c0
         per = lambda n: n / a.tokens  # noqa: E731
-        rows[name] = dict(K=k, touch=touch, seconds=round(seconds, 2), wall_seconds=round(wall, 2),
+        rows[name] = dict(totals=totals, K=k, touch=touch, seconds=round(seconds, 2), wall_seconds=round(wall, 2),
                           us_per_turn=round(1e6 * seconds / turns, 1),
                           urgent_per_token=round(per(totals.urgent_misses), 2),
                           readahead_hits_per_token=round(per(totals.readahead_hits), 2),
@@ -70,11 +95,16 @@ def main(argv=None) -> int:
                           urgent_by_rank_per_token=[round(per(n), 2) for n in totals.urgent_misses_by_rank])
         r = rows[name]
         cells = (name, r["seconds"], r["wall_seconds"], r["us_per_turn"], r["urgent_per_token"],
-                 r["readahead_hits_per_token"], r["reads_per_token"], r["cancels_per_token"], r["hit_rate"], SEED_URGENT[name])
+                 r["readahead_hits_per_token"], r["reads_per_token"], r["cancels_per_token"], r["hit_rate"], SEED_URGENT[name.removesuffix(" fast")])
         print(" | ".join(f"{c:>12}" for c in cells))
+    for r in rows.values():
+        del r["totals"]
     print("\nurgent misses by selected rank per token:")
-    for name, r in rows.items():
-        print(f"  {name:>12}: " + " ".join(f"{x:.1f}" for x in r["urgent_by_rank_per_token"]))
+    for name, _, _ in SETTINGS:
+        print(f"  {name:>12}: " + " ".join(f"{x:.1f}" for x in rows[name]["urgent_by_rank_per_token"]))
+    print("\nfast twin (same decisions, same counts): " + "; ".join(
+        f"{name} {rows[name]['us_per_turn']} -> {rows[name + ' fast']['us_per_turn']} us/turn "
+        f"({rows[name]['seconds'] / max(rows[name + ' fast']['seconds'], 1e-9):.1f}x)" for name, _, _ in SETTINGS))
     k16 = rows["K16 no-touch"]["seconds"]
     ok = k16 < TARGET_SECONDS
     print(f"\nK16 replay {k16:.1f} CPU s ({'under' if ok else 'OVER'} the {TARGET_SECONDS:.0f} s target; CPU "

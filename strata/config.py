@@ -59,6 +59,7 @@ class Config:
     io_switch_ms: float = 0.2  # thread switch interval while streaming (0: Python's own 5 ms)
     prefill_chunk: int = STOCK_PREFILL_CHUNK
     profile: bool = False  # per-phase timings in the stream report
+    reference_cache: bool = False  # drive the runtime with the pure reference cache machine (slow; for A/B and debugging)
     logpos: str = ""  # path: dump per-position logits for KLD (raw float32 rows of vocab_size)
 
     def __post_init__(self) -> None:

@@ -80,7 +80,8 @@ class StreamingEngine:
             raise ArenaTooSmallError(
                 f"arena of {arena.capacity} slots ({fmt_bytes(arena.capacity * arena.slot_bytes)}) cannot hold one "
                 f"window's selections of every layer plus the read-ahead depth: needs at least {least} slots")
-        self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre)
+        self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
+                                 reference=config.reference_cache)
         self.selector = Selector(model.cfg, config.moce_policy())
         self.notes = notes
         self.tokens = 0

@@ -1,7 +1,8 @@
 """The streamer: owns the expert-cache state and applies its actions to real I/O (SPEC §5).
 
-Every slot decision is taken by `strata.reference.cache.step`; this module only carries the
-actions out: `Read` -> the reader pool, `Cancel` -> drop a queued read, `WaitFor` -> block on
+Every slot decision is the reference machine's (`strata.reference.cache.step`), taken by its
+fast twin `strata.runtime.fast_cache.FastCache` (held to it by tests; `reference=True`, i.e.
+`Config.reference_cache`, steps the reference itself); this module only carries the actions out: `Read` -> the reader pool, `Cancel` -> drop a queued read, `WaitFor` -> block on
 those slots' reads, `Evict` -> bookkeeping, `Use` -> hand the slots to compute (after checking
 that each holds the expert it should, read without error). Reads that completed are fed back
 as `ReadDone` before each turn; they can change only the late count and which waits are
@@ -21,11 +22,11 @@ from typing import Callable
 
 import numpy as np
 
-from strata.reference.cache import initial_state, step
+from strata.reference.cache import CacheState
 from strata.reference.cache_types import (
-    AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Cancel, Evict, HoldRegion, Read, ReadDone,
-    Use, WaitFor,
+    AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Cancel, Evict, HoldRegion, Read, Use, WaitFor,
 )
+from strata.runtime.fast_cache import open_cache
 from strata.runtime.io import ReaderPool
 
 __all__ = ["Streamer", "TurnTimes"]
@@ -45,13 +46,14 @@ class Streamer:
 
     `trace` (when kept) is the list of turn events in order: replaying them through `step`
     from `initial_state(config)` gives the same decisions and the same `decision_view`.
+    `reference`: step the pure reference machine instead of the fast twin (slow; A/B, debugging).
     """
 
     def __init__(self, config: CacheConfig, pool: ReaderPool, *, keep_trace: bool = False,
-                 moce_pre: bool = False) -> None:
+                 moce_pre: bool = False, reference: bool = False) -> None:
         self.config = config
         self.pool = pool
-        self.state = initial_state(config)
+        self.cache = open_cache(config, reference=reference)
         self.trace: list | None = [] if keep_trace else None
         self.decisions: list | None = [] if keep_trace else None
         self.times = TurnTimes()
@@ -93,22 +95,23 @@ class Streamer:
 
     def resident_mask(self, layer: int) -> np.ndarray:
         """bool [E]: the experts of `layer` that count as resident for the MoCE bonus."""
-        e = self.config.n_experts
-        mask = self.state.smap[layer * e:(layer + 1) * e] >= 0
-        if self.moce_pre:
-            mask = mask | (self.state.pmap[layer * e:(layer + 1) * e] >= 0)
-        return mask
+        return self.cache.resident_mask(layer, pre=self.moce_pre)
 
     @property
     def totals(self) -> CacheStats:
-        return self.state.totals
+        return self.cache.totals
+
+    @property
+    def state(self) -> CacheState:
+        """The cache's state as a reference `CacheState` (with the fast twin, a copy built on
+        each access: for tests and debugging, not for the loop)."""
+        return self.cache.state()
 
     # -------------------------------------------------------- applying actions
 
     def _step(self, event) -> tuple:
-        for slot, ticket in self.pool.completed():
-            self.state, _ = step(self.state, ReadDone(slot, ticket))
-        self.state, actions = step(self.state, event)
+        self.cache.read_done_many(self.pool.completed())
+        actions = self.cache.step(event)
         if self.trace is not None:
             self.trace.append(event)
             self.decisions.extend(a for a in actions if not isinstance(a, WaitFor))
