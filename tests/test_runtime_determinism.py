@@ -1,6 +1,7 @@
 """Determinism with real threads: random read delays and completion orders (hypothesis-drawn
 seeds) change neither the decision trace nor the tokens, at λ = 0 and at λ > 0; the late count
-(the one timing-dependent number) is free to vary."""
+(the one timing-dependent number) is free to vary. Run with the fast cache twin (the default)
+and with the reference machine (`reference_cache`), which must agree with each other too."""
 
 import numpy as np
 import pytest
@@ -40,17 +41,28 @@ def run(model, config, hook):
         return tokens, engine.streamer.trace, engine.streamer.decisions
 
 
+CACHES = {"fast": False, "reference": True}  # Config.reference_cache
+
+
 @pytest.fixture(scope="module")
 def undelayed(model):
-    return {name: run(model, c, None) for name, c in CONFIGS.items()}
+    return {(name, cache): run(model, c.replace(reference_cache=ref), None)
+            for name, c in CONFIGS.items() for cache, ref in CACHES.items()}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_fast_cache_and_the_reference_machine_agree(undelayed, name):
+    assert undelayed[(name, "fast")] == undelayed[(name, "reference")]
+
+
+@pytest.mark.parametrize("cache", list(CACHES))
+@pytest.mark.parametrize("name", list(CONFIGS))
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_random_io_timing_changes_no_decision_and_no_token(model, undelayed, name, seed):
-    tokens, trace, decisions = run(model, CONFIGS[name], RandomDelays(seed, max_ms=1.0))
-    want_tokens, want_trace, want_decisions = undelayed[name]
+def test_random_io_timing_changes_no_decision_and_no_token(model, undelayed, name, cache, seed):
+    config = CONFIGS[name].replace(reference_cache=CACHES[cache])
+    tokens, trace, decisions = run(model, config, RandomDelays(seed, max_ms=1.0))
+    want_tokens, want_trace, want_decisions = undelayed[(name, cache)]
     assert tokens == want_tokens
     assert trace == want_trace  # the turns (routing and guesses) the machine was fed
     assert decisions == want_decisions  # Read, Cancel, Evict, Use: slot for slot
