@@ -41,6 +41,7 @@ def plot_capacity_sweep(results, path: str | Path, *, belady=(), total_experts: 
         ax.plot(xs, ys, linestyle="--", marker="x", label=f"Belady MIN ({label})")
     ax.set_xlabel("arena capacity (slots)")
     ax.set_ylabel("urgent misses / token")
+    _log_y(ax, [y for pts in list(lines.values()) + list(bounds.values()) for _, y in pts])
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -64,9 +65,21 @@ def plot_policy_table(rows, path: str | Path, *, title: str = "MoCE: misses vs q
                         xytext=(3, 3), textcoords="offset points")
         ax.set_xlabel(name)
         ax.set_ylabel("urgent misses / token")
+        _log_y(ax, [row["urgent_per_token"] for row in rows])
         ax.grid(True, alpha=0.3)
     fig.suptitle(title)
     return _save(fig, path, plt)
+
+
+def _log_y(ax, ys) -> None:
+    """Misses span orders of magnitude (λ = 0 vs MoCE, small vs large arenas): a log axis, or
+    symlog when some run has none."""
+    ys = [y for y in ys if y == y]
+    if ys and max(ys) > 0:
+        if min(ys) > 0:
+            ax.set_yscale("log")
+        else:
+            ax.set_yscale("symlog", linthresh=max(min((y for y in ys if y > 0), default=0.01), 1e-3))
 
 
 def _save(fig, path, plt) -> Path:

@@ -37,7 +37,7 @@ def replay_rows(results, *, opt: dict | None = None, total_experts: int | None =
         row = [r.label, r.config.capacity]
         if total_experts:
             row.append(f"{100.0 * r.config.capacity / total_experts:.1f}")
-        row += [r.urgent_per_token, r.readahead_hits_per_token, r.reads_per_token, r.hit_rate,
+        row += [r.urgent_per_token, r.readahead_hits_per_token, r.reads_per_token, f"{100 * r.hit_rate:.2f}%",
                 " ".join(f"{x:.1f}" for x in r.misses_by_rank_per_token)]
         if opt:
             b = opt.get(i)
