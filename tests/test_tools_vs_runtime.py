@@ -1,6 +1,7 @@
 """The simulator and the streaming runtime make the same decisions: on the same text and
 configuration, identical cache counts (every count but `late_readaheads`, the one that depends
-on I/O timing).
+on I/O timing), whichever cache the runtime drives (its fast in-place twin, the default, or the
+reference machine).
 
 At λ = 0 the replay of the decode-order trace is compared (the trace's logits are the run's).
 With MoCE the real run's hidden states drift from the λ = 0 trace, so the closed loop run live
@@ -69,8 +70,9 @@ LAMBDA0 = [
 
 @pytest.mark.parametrize("switch", LAMBDA0, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "stock")
 @pytest.mark.parametrize("extra", [0, 9])
-def test_replay_matches_runtime_at_lambda_zero(model, tokens, trace, switch, extra):
-    config = Config(moce_lambda=0.0, **switch)
+@pytest.mark.parametrize("reference_cache", [False, True], ids=["fast-cache", "reference-cache"])
+def test_replay_matches_runtime_at_lambda_zero(model, tokens, trace, switch, extra, reference_cache):
+    config = Config(moce_lambda=0.0, reference_cache=reference_cache, **switch)
     cap = capacity(config, extra)
     config = config.replace(arena=f"{cap}slots")
     got, _ = run_runtime(model, tokens, config)
@@ -87,8 +89,9 @@ MOCE = [
 
 
 @pytest.mark.parametrize("switch", MOCE, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "stock")
-def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, switch):
-    config = Config().replace(**switch)
+@pytest.mark.parametrize("reference_cache", [False, True], ids=["fast-cache", "reference-cache"])
+def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, switch, reference_cache):
+    config = Config(reference_cache=reference_cache).replace(**switch)
     cap = capacity(config, 5)
     config = config.replace(arena=f"{cap}slots")
     got, logits = run_runtime(model, tokens, config)
