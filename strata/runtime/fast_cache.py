@@ -40,17 +40,18 @@ raises (the runtime treats the error as fatal anyway).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from operator import add
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from strata.reference.cache import step
 from strata.reference.cache_state import (
     _AFTER, _AT, _CANCELLED, _DECODE_TURNS, _EVICTIONS, _FIELDS, _HITS, _IDLE, _LATE, _LOOKUPS, _PASSES,
     _PROMPT_MISSES, _PROMPT_TURNS, _RA_HITS, _RANK0, _READS, _READS_AHEAD, _URGENT, _WINDOWS, FREE, LIMBO,
     PRE, RES, CacheState, _frozen, decision_view, initial_state,
 )
-from strata.reference.cache import step
 from strata.reference.cache_types import (
     AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheFullError, CacheProtocolError, CacheStats, Cancel,
     Evict, HoldRegion, Read, ReadDone, Use, WaitFor,
@@ -78,7 +79,7 @@ class ExpertCache(Protocol):
     def state(self) -> CacheState: ...
 
 
-def open_cache(config: CacheConfig, *, reference: bool = False) -> "ExpertCache":
+def open_cache(config: CacheConfig, *, reference: bool = False) -> ExpertCache:
     """The runtime's cache machine: the fast twin, or (reference=True) the pure reference."""
     return ReferenceCache(config) if reference else FastCache(config)
 
