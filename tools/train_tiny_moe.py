@@ -1,4 +1,4 @@
-"""Train strata's embedded default model: a small Qwen2-MoE on the Python standard library.
+"""Train strata's embedded default model: a small Qwen2-MoE on Python source (the standard library).
 
 Run on one GPU (it was trained on an H200; see docs/model-card.md):
 
@@ -6,8 +6,8 @@ Run on one GPU (it was trained on an H200; see docs/model-card.md):
 
 and convert the result like any other checkpoint:
 
-    tar -xf OUT/small.tar -C OUT/hf && mv OUT/*.safetensors OUT/hf/   (what the device run returns)
-    strata convert OUT/hf strata/data/default --experts q4_0 --dense f16
+    mkdir OUT/hf && tar -xf OUT/small.tar -C OUT/hf && cp OUT/*.safetensors OUT/hf/
+    strata convert OUT/hf strata/data/default --experts q2_0 --dense f16
 
 What it does, in order (all of it deterministic given --seed, except where noted):
 
