@@ -149,7 +149,6 @@ def from_mapping(values: Mapping[str, object], base: Config | None = None) -> Co
 
 
 ENV_PREFIX = "STRATA_"
-_NOT_CONFIG_ENV = {"STRATA_CACHE_DIR", "STRATA_HOME"}
 
 
 def from_env(environ: Mapping[str, str] | None = None, base: Config | None = None) -> Config:
@@ -158,7 +157,7 @@ def from_env(environ: Mapping[str, str] | None = None, base: Config | None = Non
     environ = os.environ if environ is None else environ
     values = {}
     for key, value in environ.items():
-        if key.startswith(ENV_PREFIX) and key not in _NOT_CONFIG_ENV:
+        if key.startswith(ENV_PREFIX):
             values[key[len(ENV_PREFIX):].lower()] = value
     return from_mapping(values, base=base)
 

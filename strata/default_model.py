@@ -1,32 +1,24 @@
-"""Where `strata generate PROMPT` finds its model when none is named.
+"""Where `strata generate PROMPT` finds its model when none is named: the embedded default.
 
-The embedded model ships in `strata/data/` once it is trained; until then a demo model (random
-weights, structured routing) is built on first use and cached in `$STRATA_CACHE_DIR`
-(default `~/.cache/strata`).
+The embedded model (`strata/data/default.gguf` + `default.experts`, docs/model-card.md) is a
+small Qwen2-MoE-style model trained on Python source and converted with `strata convert`; it
+loads through the same public loader as any converted checkpoint.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+from strata.errors import FormatError
+
 EMBEDDED = Path(__file__).parent / "data" / "default.gguf"
-DEMO_NAME = "demo-v1"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("STRATA_CACHE_DIR") or Path.home() / ".cache" / "strata")
-
-
-def default_model_path(*, announce: bool = True) -> Path:
-    if EMBEDDED.exists():
-        return EMBEDDED
-    from strata.testing import make_model, model_paths
-
-    model_path, experts_path = model_paths(cache_dir() / DEMO_NAME)
-    if not (model_path.exists() and experts_path.exists()):
-        if announce:
-            print(f"building the demo model (random weights) in {model_path.parent} ...", file=sys.stderr)
-        make_model(model_path, "demo", seed=0)
-    return model_path
+def default_model_path(*, announce: bool = False) -> Path:
+    if not EMBEDDED.exists():
+        raise FormatError(f"{EMBEDDED}: the embedded default model is missing from this install; "
+                          "reinstall strata or name a model")
+    if announce:
+        print(f"model: {EMBEDDED.name} (embedded default, docs/model-card.md)", file=sys.stderr)
+    return EMBEDDED
