@@ -10,6 +10,7 @@ from typing import Iterator
 from strata.config import Backend, Config, load_config
 from strata.engine import Engine, ReferenceEngine
 from strata.errors import ContextLimitError, StrataError
+from strata.formats.quant_types import QuantType
 from strata.loader import Model, load
 from strata.reference.cache_types import CacheStats
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
@@ -64,6 +65,27 @@ def _open(model: Model | str | Path) -> Model:
     return model if isinstance(model, Model) else load(model)
 
 
+def mlx_gpu_available() -> bool:
+    """Whether MLX has a GPU here (Metal or CUDA). MLX's CPU backend runs GEMVs ~9x slower than
+    numpy's BLAS (docs/perf.md), so without a GPU numpy is the faster backend."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return False
+    cuda = getattr(mx, "cuda", None)
+    return bool(mx.metal.is_available() or (cuda is not None and cuda.is_available()))
+
+
+def resolve_backend(model: Model, config: Config) -> Backend:
+    """`Backend.AUTO` by measurement: MLX where it has a GPU and its kernels read the model's
+    experts (Q2_0), numpy otherwise. An explicit backend is taken as asked."""
+    if config.backend is not Backend.AUTO:
+        return config.backend
+    if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
+        return Backend.MLX
+    return Backend.NUMPY
+
+
 def _engine_for(model: Model, config: Config) -> Engine:
     """The engine a run gets. Streaming whenever the config names an arena or the budget rule
     (SPEC §7) says the experts do not all fit; otherwise the all-resident reference, which is
@@ -71,12 +93,10 @@ def _engine_for(model: Model, config: Config) -> Engine:
     logits alike, so routing is the model's own) without a reader pool or slot bookkeeping."""
     from strata.runtime.decode import arena_plan_for, open_streaming_engine
 
-    backend = config.backend
-    if backend is Backend.MLX:  # MlxArena + MlxCompute in a StreamingEngine, or all-resident MlxEngine
+    if resolve_backend(model, config) is Backend.MLX:  # MlxArena + MlxCompute, or all-resident MlxEngine
         from strata.mlx_backend.engine import open_mlx_engine
 
         return open_mlx_engine(model, config, arena_plan_for(model, config))
-    # Backend.AUTO resolves to NUMPY until the MLX backend exists.
     plan = arena_plan_for(model, config)
     if plan.streaming:
         return open_streaming_engine(model, config, plan=plan)

@@ -1,5 +1,6 @@
 """The public API: load, generate, stream_generate, on a made model written to disk."""
 
+import sys
 import numpy as np
 import pytest
 
@@ -61,3 +62,27 @@ def test_generation_stops_at_the_context_limit(model):
 def test_empty_prompt_is_an_error(model):
     with pytest.raises(StrataError, match="empty"):
         strata.generate(model, "", max_tokens=1)
+
+
+@pytest.mark.parametrize("gpu, expert_type, expected", [
+    (False, "Q2_0", "numpy"), (True, "Q2_0", "mlx"), (True, "Q4_0", "numpy"),
+])
+def test_auto_backend_is_mlx_only_on_a_gpu_with_q2_0_experts(tmp_path, monkeypatch, gpu, expert_type, expected):
+    gen = sys.modules["strata.generate"]  # the module (strata.generate the name is the function)
+    from strata.config import Backend, Config
+    from strata.formats.quant_types import QuantType
+
+    made = make_model(tmp_path / "m", "tiny", expert_type=QuantType[expert_type])
+    monkeypatch.setattr(gen, "mlx_gpu_available", lambda: gpu)
+    model = strata.load(made.model_path)
+    assert gen.resolve_backend(model, Config()) is Backend(expected)
+    assert gen.resolve_backend(model, Config(backend=Backend.NUMPY)) is Backend.NUMPY
+
+
+def test_no_gpu_here_means_auto_runs_numpy(model):
+    gen = sys.modules["strata.generate"]  # the module (strata.generate the name is the function)
+    from strata.config import Config
+
+    if gen.mlx_gpu_available():
+        pytest.skip("this machine has an MLX GPU")
+    assert gen.resolve_backend(model, Config()).value == "numpy"
