@@ -36,18 +36,12 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import loop_configs, read_text
+    from strata.tools.options import loop_configs, scoring_tokens
     from strata.tools.quality import fast_params, quality
 
     model = load(args.model)
     cfg = model.cfg
-    tokens = model.tokenizer.encode(read_text(args.text))
-    if args.max_tokens > 0:
-        tokens = tokens[: args.max_tokens]
-    if len(tokens) < 2:
-        raise ConfigError("the text needs at least 2 tokens")
-    if len(tokens) > cfg.max_context:
-        raise ConfigError(f"{len(tokens)} tokens exceed the model's context of {cfg.max_context} (use --max-tokens)")
+    tokens = scoring_tokens(model, args.text, args.max_tokens)
     if args.touch == "both":
         raise ConfigError("quality scores one configuration: --touch on or off")
     configs = loop_configs(args, [args.cap], n_layers=cfg.n_layers, n_experts=cfg.n_experts,

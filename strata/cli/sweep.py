@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import loop_configs, read_text
+    from strata.tools.options import loop_configs, scoring_tokens
     from strata.tools.plots import plot_policy_table
     from strata.tools.quality import fast_params
     from strata.tools.sweep import policy_sweep, write_csv
@@ -45,13 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     model = load(args.model)
     cfg = model.cfg
-    tokens = model.tokenizer.encode(read_text(args.text))
-    if args.max_tokens > 0:
-        tokens = tokens[: args.max_tokens]
-    if len(tokens) < 2:
-        raise ConfigError("the text needs at least 2 tokens")
-    if len(tokens) > cfg.max_context:
-        raise ConfigError(f"{len(tokens)} tokens exceed the model's context of {cfg.max_context} (use --max-tokens)")
+    tokens = scoring_tokens(model, args.text, args.max_tokens)
     if args.touch == "both":
         raise ConfigError("sweep varies the policy only: --touch on or off")
     L, E, k = cfg.n_layers, cfg.n_experts, cfg.n_experts_per_token

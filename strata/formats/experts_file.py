@@ -36,6 +36,7 @@ from strata.formats.expert_record import (
     pack_record,
     unpack_record,
 )
+from strata.formats.atomic import atomic_output
 from strata.formats.quant_types import QuantType
 
 MAGIC = b"STRXPRT1"
@@ -136,8 +137,7 @@ def write_experts(
     header = _pack_header(rec, n_layers, n_experts)
     data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes)
     crcs = np.zeros(n_layers * n_experts, "<u4")
-    tmp = path + ".tmp"
-    try:
+    with atomic_output(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(bytes(data_offset))  # header placeholder; filled in once the checksums are known
             for l in range(n_layers):
@@ -159,13 +159,6 @@ def write_experts(
             written = f.seek(0, os.SEEK_END)
             if written != file_bytes:  # pragma: no cover - a bug in this writer, not in its input
                 raise RuntimeError(f"{tmp}: wrote {written} bytes, the header says {file_bytes}")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return _parse_header(path, header, file_bytes)
 
 

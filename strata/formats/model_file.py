@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from strata.errors import ConfigError, FormatError, MissingTensorError
+from strata.formats.atomic import atomic_output
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
 
@@ -142,8 +143,7 @@ def write_model(
     for key in extra_metadata or {}:
         if key in _RESERVED_KEYS or key.startswith(CONFIG_PREFIX) or key.startswith("GGUF."):
             raise ConfigError(f"write_model: extra metadata key {key!r} is reserved")
-    tmp = path + ".tmp"
-    try:
+    with atomic_output(path) as tmp:
         w = gguf.GGUFWriter(tmp, ARCHITECTURE)
         w.add_uint32(KEY_FORMAT_VERSION, FORMAT_VERSION)
         types = {f.name: _FIELD_VALUE_TYPES[str(f.type)] for f in dataclasses.fields(ModelConfig)}
@@ -168,13 +168,6 @@ def write_model(
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 # ---------------------------------------------------------------- reader

@@ -138,3 +138,18 @@ def seed_preset(caps: list[str], *, n_layers: int, n_experts: int, top_k: int) -
                                prefetch_depth=base.prefetch_depth, prefetch2=base.prefetch2)
             out.append(replace(base, capacity=c))
     return out
+
+
+def scoring_tokens(model, text_arg: str, max_tokens: int) -> list[int]:
+    """The tokens `strata quality` / `strata sweep` score: TEXT (or @FILE), the first
+    `max_tokens` of it (0: all), at least 2 and within the model's context."""
+    from strata.errors import ConfigError
+
+    tokens = model.tokenizer.encode(read_text(text_arg))
+    if max_tokens > 0:
+        tokens = tokens[:max_tokens]
+    if len(tokens) < 2:
+        raise ConfigError("the text needs at least 2 tokens")
+    if len(tokens) > model.cfg.max_context:
+        raise ConfigError(f"{len(tokens)} tokens exceed the model's context of {model.cfg.max_context} (use --max-tokens)")
+    return tokens
