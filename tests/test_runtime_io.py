@@ -4,7 +4,6 @@ and every failure (EIO, short read, checksum mismatch, a stuck read) is a clear 
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from strata.errors import ExpertReadError
