@@ -2,43 +2,66 @@
 # One call on the GPU machine does everything (METHOD.md: few, full calls): the GPU tests and the
 # differential tests on the CUDA build of MLX, benchmarks/kernels.py, benchmarks/decode.py, and
 # (time permitting) ncu's GPU-side time of the fused expert kernel vs gather_qmm.
-# Logs and JSON lines land in $OUT (the device tool brings them back). Each stage has its own
-# time limit and a failing stage does not stop the next; the whole run fits in 600 s.
-#   usage (device):  bash .devwhl/pN/install.sh && bash benchmarks/device_run.sh
+# Logs and JSON lines land in $OUT (the device tool brings them back; at most 8 files: env,
+# summary, tests, junit.xml, kernels, decode, ncu, results.jsonl). Each stage has its own time
+# limit, a share of STRATA_DEVICE_BUDGET, and a failing stage does not stop the next. A stage at
+# its limit gets SIGINT first: pytest then still prints its summary and writes junit.xml, and the
+# benchmarks have already printed a JSON-PART line per finished part.
+#   usage (device):  bash .devwhl/pN/install.sh && STRATA_DEVICE_BUDGET=300 bash benchmarks/device_run.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/strata-device-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=ci PYTHONDONTWRITEBYTECODE=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 START=$(date +%s)
 BUDGET=${STRATA_DEVICE_BUDGET:-540}   # seconds this script may use (the call's limit is 600)
-TESTS_S=${STRATA_TESTS_S:-170} KERNELS_S=${STRATA_KERNELS_S:-110} DECODE_S=${STRATA_DECODE_S:-220}
+TESTS_S=${STRATA_TESTS_S:-$(( BUDGET * 38 / 100 ))} KERNELS_S=${STRATA_KERNELS_S:-$(( BUDGET * 17 / 100 ))}
+DECODE_S=${STRATA_DECODE_S:-$(( BUDGET * 33 / 100 ))}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
   local l; l=$(left); (( l - 5 < limit )) && limit=$(( l - 5 ))
   if (( limit < 15 )); then echo "== $name skipped (no time left)" | tee -a "$OUT/summary.log"; return; fi
   echo "== $name (limit ${limit}s) $(date +%T)" | tee -a "$OUT/summary.log"
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout -s INT -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name rc=$? after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"
   tail -n 25 "$OUT/$name.log"
 }
 
+# float32 matmul precision: strata.mlx_backend sets MLX_ENABLE_TF32=0 unless the user set it.
+# Check that the in-code default takes effect (and what TF32 would give); if it does not, export it.
+tf32() {  # tf32 [VALUE]: relative error of a float32 GPU matmul (K = 2560) vs float64
+  local e=(env -u MLX_ENABLE_TF32); [ -n "${1:-}" ] && e=(env MLX_ENABLE_TF32="$1")
+  "${e[@]}" python3 -c '
+import numpy as np, mlx.core as mx, strata.mlx_backend
+r = np.random.default_rng(0); a = r.standard_normal((16, 2560)).astype(np.float32); b = r.standard_normal((2560, 512)).astype(np.float32)
+g = np.array(mx.array(a) @ mx.array(b)); ref = a.astype(np.float64) @ b.astype(np.float64)
+print(f"{float(np.linalg.norm(g - ref) / np.linalg.norm(ref)):.3g}")' 2>&1 | tail -1
+}
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c 'import mlx.core as mx, numpy, sys; print("mlx", mx.__version__, mx.default_device(), "cuda", mx.cuda.is_available(), "numpy", numpy.__version__, sys.version.split()[0])'
+  python3 -c 'import pytest, hypothesis, gguf; print("pytest", pytest.__version__, "hypothesis", hypothesis.__version__, "gguf ok")'
   df -h /dev/shm | tail -1; nproc; free -g | head -2; which g++ ncu || true
+  echo "float32 matmul rel err: strata default $(tf32), MLX_ENABLE_TF32=1 $(tf32 1), =0 $(tf32 0)"
 } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"
+if ! grep -q "strata default [0-9.e-]*e-0[6-9]" "$OUT/env.log"; then
+  echo "== the in-code TF32 default did not take effect: exporting MLX_ENABLE_TF32=0" | tee -a "$OUT/summary.log"
+  export MLX_ENABLE_TF32=0
+fi
 
-# GPU tests + the differential suite (ops path on the CUDA device, kernel path through cuda_kernel).
-# The emulated path is CPU-only and already runs in CI: skipped here to save device time.
-# STRATA_TEST_SELECT narrows the test run when device time is short (e.g. "-m gpu").
-stage tests $TESTS_S python3 -m pytest -q -p no:cacheprovider -rs tests/test_mlx_twins.py tests/test_mlx_kernels.py \
-  tests/test_mlx_engine.py -k "not emulated" ${STRATA_TEST_SELECT:-} --durations=10
-stage kernels $KERNELS_S python3 benchmarks/kernels.py
-stage decode $DECODE_S python3 benchmarks/decode.py ${STRATA_DECODE_ARGS:-}
+# The engine tests and the launch budget first, then the kernels, then the differential suite
+# (ops path on the CUDA device, kernel path through cuda_kernel). `device` profile: few examples,
+# no shrinking. -v: one line per test as it ends; -p mlx_agree: a failure's traceback at once.
+# The emulated path is CPU-only and already runs in CI: deselected here.
+stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --junitxml="$OUT/junit.xml" --durations=15 \
+  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_twins.py -k "not emulated" ${STRATA_TEST_SELECT:-}
+stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
+stage decode "$DECODE_S" python3 benchmarks/decode.py ${STRATA_DECODE_ARGS:-}
 if command -v ncu >/dev/null; then
-  stage ncu 80 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-    -k 'regex:moe|qmm|qmv|gather' python3 benchmarks/kernels.py --ncu
+  stage ncu 80 ncu --clock-control none -k 'regex:strata_moe|qmm' --metrics \
+    gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/kernels.py --ncu
 fi
 grep -h '^JSON' "$OUT"/kernels.log "$OUT"/decode.log > "$OUT/results.jsonl" 2>/dev/null
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"

@@ -8,6 +8,10 @@ call measures dispatch, not the kernel. So the kernel is timed on the GPU side b
 launch many tokens (T tokens, each its own 10 experts from a pool of 12 layers x 256 experts,
 4.2 GB, so nothing is served from the 60 MB L2), and separately per decode-shaped call.
 
+Kernel inputs are staged in device memory before timing (`on_device`): on MLX's CUDA build an
+array made from host memory is managed memory the GPU faults in at its first read, which is a
+cost of the call, not of the kernel; the dispatch rows measure it separately ("fresh host input").
+
     python benchmarks/kernels.py            # full size (GPU)
     python benchmarks/kernels.py --small    # smoke test (any machine)
     python benchmarks/kernels.py --ncu      # only single-token launches, for ncu to time
@@ -35,9 +39,56 @@ from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels import moe, q8_gemv  # noqa: E402
 from strata.mlx_backend.kernels.launch import KernelPath, current_path  # noqa: E402
 from strata.mlx_backend.synthetic import q8_router, random_records  # noqa: E402
+from strata.model_config import RoutingOrder  # noqa: E402
 from strata.reference.experts import routed_experts  # noqa: E402
 
 GROUP = 32
+
+
+def on_device(a) -> mx.array:
+    """a as an array in device memory (an op's output), evaluated: what a kernel reads without a
+    page fault on MLX CUDA (host-made arrays are managed memory the GPU faults in)."""
+    out = mx.array(a) + 0 if isinstance(a, np.ndarray) else a + 0
+    mx.eval(out)
+    return out
+
+
+def kernel_dispatch(n: int = 1000) -> dict:
+    """Host seconds per custom-kernel call in a lazy chain of n (the combine kernel on 8 values):
+    with every input in device memory, and with one fresh host array per call (what a per-call
+    scalar from the host costs on MLX CUDA); the host time to build one call (no evaluation);
+    and a round trip whose value comes from a custom kernel (managed memory) rather than an op."""
+    y0, xs = on_device(np.zeros(8, np.float32)), on_device(np.zeros((1, 8, 8), np.float32))
+
+    def chain(fresh: bool):
+        def run():
+            y = y0
+            for _ in range(n):
+                sh = np.zeros((1, 1, 8), np.float32) if fresh else None  # a shared-expert partial from the host
+                y = combine_kernel.combine(y.reshape(1, 8), xs, sh, y.reshape(1, 8), None).reshape(8)
+            mx.eval(y)
+        return run
+
+    out = {"kernel_s": median_time(chain(False), warmup=2, reps=5) / n,
+           "kernel_host_input_s": median_time(chain(True), warmup=2, reps=5) / n}
+
+    def build():
+        y = y0
+        for _ in range(n):
+            y = combine_kernel.combine(y.reshape(1, 8), xs, None, y.reshape(1, 8), None).reshape(8)
+        return y
+    t0 = time.perf_counter()
+    y = build()
+    out["launch_build_s"] = (time.perf_counter() - t0) / n
+    mx.eval(y)
+
+    def trips():
+        y = y0
+        for _ in range(200):
+            y = combine_kernel.combine(y.reshape(1, 8), xs, None, y.reshape(1, 8), None).reshape(8)
+            np.array(y)
+    out["round_trip_kernel_s"] = median_time(trips, warmup=1, reps=5) / 200
+    return out
 
 
 def natural_stack(records: mx.array, rec: RecordLayout):
@@ -84,12 +135,18 @@ def main() -> int:
             print("--ncu needs the GPU path")
             return 1
         stack = natural_stack(records, rec)
-        x = mx.random.normal((1, d))
-        for i in range(6):
+        mx.eval(records.sum())  # every record read once before the profiled launches
+        x = on_device(np.random.default_rng(1).standard_normal((1, d)).astype(np.float32))
+        w = on_device(np.full((1, k), 0.1, np.float32))
+        for i in range(3):
             s = slots_for(1)
-            w = np.full((1, k), 0.1, np.float32)
-            mx.eval(moe.moe_slots(records, rec, x, s, w))
-            mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), mx.array(s), mx.array(w)))
+            sd = on_device(s)
+            mx.eval(moe.moe_slots(records, rec, x, sd, w))
+            mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), sd, w))
+        x64 = on_device(np.random.default_rng(2).standard_normal((64, d)).astype(np.float32))
+        w64 = on_device(np.full((64, k), 0.1, np.float32))
+        for fc in (32, 64):
+            mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc))
         return 0
 
     rows = []
@@ -98,17 +155,21 @@ def main() -> int:
     res["read_GBps"] = bw["read_Bps"] / 1e9
     rows.append(("copy bandwidth (read+write)", f"{res['copy_GBps']:.0f} GB/s", f"{bw['bytes'] / 2**30:.2f} GiB"))
     rows.append(("read bandwidth (sum)", f"{res['read_GBps']:.0f} GB/s", ""))
-    kop = None
-    if gpu:
-        xs = mx.zeros((1, 8, 8))
-        kop = lambda y: combine_kernel.combine(y.reshape(1, 8), xs, None, y.reshape(1, 8), None).reshape(8)  # noqa: E731
-    disp = dispatch_costs(kernel_op=kop)
+    disp = dispatch_costs()
     res.update({"dispatch_op_us": disp["op_s"] * 1e6, "round_trip_us": disp["round_trip_s"] * 1e6})
     rows.append(("host dispatch per MLX op", f"{disp['op_s'] * 1e6:.1f} us", "chain of 1000 tiny ops"))
-    if "kernel_s" in disp:
-        res["dispatch_kernel_us"] = disp["kernel_s"] * 1e6
-        rows.append(("host dispatch per custom kernel", f"{disp['kernel_s'] * 1e6:.1f} us", "chain of 1000"))
+    if gpu:
+        kd = kernel_dispatch()
+        res.update({"dispatch_kernel_us": kd["kernel_s"] * 1e6, "dispatch_kernel_host_input_us": kd["kernel_host_input_s"] * 1e6,
+                    "launch_build_us": kd["launch_build_s"] * 1e6, "round_trip_kernel_us": kd["round_trip_kernel_s"] * 1e6})
+        rows.append(("host dispatch per custom kernel", f"{kd['kernel_s'] * 1e6:.1f} us", "chain of 1000, inputs on the device"))
+        rows.append(("  ... with a fresh host array per call", f"{kd['kernel_host_input_s'] * 1e6:.1f} us",
+                     "managed memory the GPU faults in"))
+        rows.append(("  host time to build one call", f"{kd['launch_build_s'] * 1e6:.1f} us", "Python + MLX graph, no eval"))
     rows.append(("host round trip", f"{disp['round_trip_s'] * 1e6:.1f} us", "tiny op + value to host"))
+    if gpu:
+        rows.append(("host round trip, value from a custom kernel", f"{res['round_trip_kernel_us']:.1f} us",
+                     "kernel output (managed) to host"))
 
     # ---------------------------------------------------------------- correctness at this size
     try:
@@ -141,6 +202,7 @@ def main() -> int:
         xs = [mx.random.normal((tok, d)) for _ in range(reps)]
         ss = [slots_for(tok) for _ in range(reps)]
         ws = [np.full((tok, k), 0.1, np.float32) for _ in range(reps)]
+        ssd, wsd = [on_device(a) for a in ss], [on_device(a) for a in ws]
         moved = tok * k * expert_bytes  # bytes of Q2_0 each call must read
         mx.eval(*xs)
         variants = {}
@@ -149,10 +211,9 @@ def main() -> int:
                 if f % fc:
                     continue
                 def fused(fc=fc):
-                    mx.eval([moe.moe_slots(records, rec, xs[i], ss[i], ws[i], fc=fc) for i in range(reps)])
+                    mx.eval([moe.moe_slots(records, rec, xs[i], ssd[i], wsd[i], fc=fc) for i in range(reps)])
                 variants[f"fused FC={fc}"] = median_time(fused, warmup=2, reps=5) / reps
-        idxs = [mx.array(s) for s in ss]
-        wms = [mx.array(w) for w in ws]
+        idxs, wms = ssd, wsd
         x16 = [x.astype(mx.float16) for x in xs]
         mx.eval(*idxs, *wms, *x16)
 
@@ -176,20 +237,25 @@ def main() -> int:
     try:
         n_layers = 48
         one_x = [mx.random.normal((1, d)) for _ in range(n_layers)]
-        one_s = [slots_for(1) for _ in range(n_layers)]
-        one_w = np.full((1, k), 0.1, np.float32)
+        one_s = [on_device(slots_for(1)) for _ in range(n_layers)]
+        one_w = on_device(np.full((1, k), 0.1, np.float32))
         mx.eval(*one_x)
         per_call = {}
         if gpu:
             per_call["fused"] = median_time(lambda: mx.eval([moe.moe_slots(records, rec, one_x[i], one_s[i], one_w)
                                                              for i in range(n_layers)])) / n_layers
-        one_i = [mx.array(s) for s in one_s]
-        one_wm = mx.array(one_w)
+        one_i, one_wm = one_s, one_w
         per_call["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(stack, one_x[i].astype(mx.float16), one_i[i], one_wm)
                                                               for i in range(n_layers)])) / n_layers
         for name, t in per_call.items():
             res[f"{name}_per_layer_us"] = t * 1e6
             rows.append((f"{name}: 1 token, 48 calls per eval", f"{t * 1e6:.1f} us/layer", "host dispatch included"))
+        if gpu:  # what the all-resident decode launches: routing on the device from the logits
+            zs = [on_device(np.random.default_rng(i).standard_normal((1, e)).astype(np.float32)) for i in range(n_layers)]
+            t = median_time(lambda: mx.eval([moe.moe_route(records, rec, one_x[i], zs[i], (i % pools) * e, k,
+                                                           RoutingOrder.SOFTMAX_TOPK, True) for i in range(n_layers)])) / n_layers
+            res["fused_route_per_layer_us"] = t * 1e6
+            rows.append(("fused, routing on the GPU: 1 token, 48 calls", f"{t * 1e6:.1f} us/layer", "host dispatch included"))
 
     except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
         res['per_call_error'] = f"{type(exc).__name__}: {exc}"
@@ -201,7 +267,7 @@ def main() -> int:
         if gpu:
             g = q8_router(e, d, mx.random.key(3))
             hx = [mx.random.normal((1, d)) for _ in range(n_layers)]
-            mx.eval(g.codes, g.raw_scales, *hx)
+            mx.eval(g.codes, g.raw_scales, *hx)  # (device-made: no host arrays)
             t = median_time(lambda: mx.eval([q8_gemv.q8_gemv(g.codes, g.raw_scales, hx[i]) for i in range(n_layers)])) / n_layers
             res["q8_gemv_per_call_us"] = t * 1e6
             rows.append((f"Q8_0 GEMV {e}x{d} (router guess)", f"{t * 1e6:.1f} us/call", f"{g.codes.nbytes / 1e6:.2f} MB"))

@@ -10,9 +10,11 @@ experts exactly, weights to float32 reordering.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
+from hypothesis import settings
 
 
 @dataclass(frozen=True)
@@ -59,3 +61,24 @@ def assert_selections_agree(ref, fast, *, what: str = "") -> None:
     for field in ("experts", "ranks", "protected", "resident", "dropped"):
         np.testing.assert_array_equal(getattr(fast, field), getattr(ref, field), err_msg=f"{what}: {field}")
     assert_backends_agree(ref.weights, fast.weights, "ROUTING", what=f"{what}: weights")
+
+
+# ---------------------------------------------------------------- GPU runs under a time limit
+
+DEVICE_PROFILE = "device"  # tests/conftest.py
+
+
+def examples(n: int) -> int:
+    """n hypothesis examples, or at most the `device` profile's when that profile is loaded (a GPU
+    run has a time limit; every other profile keeps n)."""
+    if getattr(settings, "_current_profile", None) == DEVICE_PROFILE:
+        return max(1, min(n, settings.default.max_examples))
+    return n
+
+
+def pytest_runtest_logreport(report) -> None:
+    """As a pytest plugin (`-p mlx_agree`, benchmarks/device_run.sh): a failure's traceback is
+    printed the moment it happens, so a run killed at its time limit still shows it."""
+    if report.failed:
+        print(f"\n---- FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n----",
+              file=sys.stdout, flush=True)

@@ -1,6 +1,8 @@
 """Kernel-level checks beyond the twins: the fused expert kernel at the seed's expert size, the
 GPU routing variant against host routing, determinism (a moving result is a race), the arena's
-host writes reaching the kernels with no copy, and the launch budget per decoded layer.
+host writes reaching the kernels with no copy, arenas past 2 and 4 GiB (index math and MLX's int32
+shapes), no host arrays in a decoded token's kernel inputs, and the launch budget per decoded
+layer.
 
 GPU tests are marked `gpu` and skip where MLX has no GPU; the emulated ones run the same shared
 bodies on the CPU (medium sizes: several words per lane, several chunks per expert).
@@ -8,6 +10,7 @@ bodies on the CPU (medium sizes: several words per lane, several chunks per expe
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import replace
 
 import mlx.core as mx
@@ -15,13 +18,13 @@ import numpy as np
 import pytest
 
 from mlx_agree import assert_backends_agree
-from strata.formats.expert_record import RecordLayout, unpack_record
+from strata.formats.expert_record import RECORD_ALIGN, RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
-from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.arena import MLX_MAX_DIM, MlxArena, arena_geometry
 from strata.mlx_backend.experts import routed_partials
 from strata.mlx_backend.kernels import emulate, moe
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.routing import route_batch
 from strata.mlx_backend.synthetic import SEED_SHAPE, random_params, random_records
 from strata.model_config import RoutingOrder
@@ -115,6 +118,66 @@ def test_arena_host_writes_reach_the_kernels_without_a_copy(path):
             assert_backends_agree(ref[None], got, "FAST", what=f"experts {a},{b} via the arena")
         assert np.array(arena.array, copy=False).ctypes.data == ptr
         assert np.array(alias).shape == (2, rec.padded_bytes)
+
+
+@pytest.mark.parametrize("base", [0, 3016, 4095, 1 << 40])
+def test_arena_geometry_past_int32(base):
+    """The H200 run's streaming arena: 3072 seed-size slots = 4.25 GB, which one MLX dimension
+    (int32) cannot hold (the old flat allocation, 4253024256 + 4096 bytes, failed there with
+    "Integer value 4253028352 is outside the supported range"). Every dimension fits, slot 0 is
+    page-aligned, and the view stays inside the allocation, for any allocation address. Computed,
+    not allocated."""
+    cap, slot = 3072, RecordLayout(QuantType.Q2_0, *SEED_EXPERT).padded_bytes
+    geo = arena_geometry(cap, slot, base)
+    assert geo.nbytes + RECORD_ALIGN == 4253028352 and geo.nbytes > 2**31
+    assert all(0 < dim <= MLX_MAX_DIM for dim in geo.alloc_shape)
+    assert (base + geo.offset) % RECORD_ALIGN == 0
+    assert geo.offset + geo.nbytes <= geo.alloc_shape[0] * geo.alloc_shape[1]
+    with pytest.raises(ValueError, match="int32"):
+        arena_geometry(MLX_MAX_DIM, slot, base)
+
+
+@emulated
+def test_fused_kernel_reads_slots_past_4_gib():
+    """Slots whose byte offsets pass 2**31 and 2**32 (the kernel indexes the arena with 64-bit
+    offsets): an arena of reserved, untouched memory; only the two slots read are written."""
+    rec = RecordLayout(QuantType.Q2_0, *MEDIUM_EXPERT)
+    cap = (1 << 32) // rec.padded_bytes + 3
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    mm = mmap.mmap(-1, cap * rec.padded_bytes, flags=flags)
+    arena = np.frombuffer(mm, np.uint8).reshape(cap, rec.padded_bytes)
+    far = np.array([[cap - 1, (1 << 31) // rec.padded_bytes + 1]], np.int32)
+    assert int(far[0, 0]) * rec.padded_bytes > 2**32 and int(far[0, 1]) * rec.padded_bytes > 2**31
+    host = np.array(random_records(rec, 2, mx.random.key(11)))
+    arena[far[0, 0]], arena[far[0, 1]] = host[0], host[1]
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, rec.hidden)).astype(np.float32)
+    weights = np.array([[0.6, 0.4]], np.float32)
+    pad = lambda a: np.concatenate([a.reshape(-1), np.zeros(8 - a.size, a.dtype)])  # noqa: E731
+    fc = moe.chunk_rows(rec, 1)
+    nch = rec.expert_ffn // fc
+    out = emulate.run(moe.SLOTS_SOURCE, [arena, x, pad(far), pad(weights)], [(1, 2 * nch, rec.hidden)], [np.float32],
+                      (2 * nch * moe.THREADS, 1, 1), (moe.THREADS, 1, 1), tuple(moe._template(rec, 2, fc)))[0]
+    ref = routed_experts([unpack_record(host[0], rec), unpack_record(host[1], rec)], weights[0], x[0])
+    assert_backends_agree(ref[None], out.sum(axis=1), "FAST", what="slots past 4 GiB")
+    del arena
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_decoded_token_sends_no_host_arrays_to_kernels(path):
+    """A decoded token (all experts resident, routing on the device) launches 6 kernels per layer
+    plus the embedding and the head, and none of them reads an array made from host memory (on
+    MLX CUDA such an input is managed memory the GPU must fault in: tens of us per launch)."""
+    cfg = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
+                  shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
+    with using_path(path):
+        p = random_params(cfg, seed=2, pred_q8=False)
+        _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(cfg), np.array([7, 3]))
+        launches, host = sum(LAUNCHES.values()), sum(HOST_INPUTS.values())
+        logits, _ = mlx_model.forward(p, state, np.array([5]))
+        mx.eval(logits)
+        assert sum(LAUNCHES.values()) - launches == 6 * cfg.n_layers + 2
+        assert sum(HOST_INPUTS.values()) == host, dict(HOST_INPUTS)
 
 
 @pytest.mark.gpu

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from mlx_agree import assert_backends_agree, assert_selections_agree
+from mlx_agree import assert_backends_agree, assert_selections_agree, examples
 from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
@@ -45,7 +45,8 @@ PATHS = [
 ]
 # Examples per path: the emulator runs a GPU thread per OS thread, so it gets fewer.
 # Where a GPU is, the ops path runs there too with fewer examples (CI runs it on the CPU at 25).
-EXAMPLES = {KernelPath.OPS: 25 if gpu_dialect() is None else 6, KernelPath.EMULATED: 4, KernelPath.GPU: 8}
+EXAMPLES = {KernelPath.OPS: examples(25 if gpu_dialect() is None else 6), KernelPath.EMULATED: examples(4),
+            KernelPath.GPU: examples(8)}
 
 # Model variants the layer-level twins run on (each a set of kernel specialisations).
 VARIANTS = {
@@ -223,7 +224,7 @@ def test_twin_agrees_with_reference(name, path):
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p.id != "emulated"])
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(problem=routing_problems(max_experts=64), policy=moce_policies(), logit_range=logit_ranges,
        order=st.sampled_from(list(RoutingOrder)), norm=st.booleans(), with_policy=st.booleans())
 def test_route_twin_selects_exactly(path, problem, policy, logit_range, order, norm, with_policy):
@@ -238,3 +239,16 @@ def test_route_twin_selects_exactly(path, problem, policy, logit_range, order, n
     with using_path(path):
         fast = twin.fast(logits, rule, policy, resident, logit_range)
     assert_selections_agree(ref, fast, what="route")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+def test_float32_matmul_is_full_precision_on_the_gpu():
+    """The ops path's float32 products are float32 on the GPU: strata.mlx_backend sets
+    MLX_ENABLE_TF32=0 unless the user chose otherwise (TF32 would be ~3e-4 relative here, 10-bit
+    mantissas; the FAST budget is 2e-5)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 2560)).astype(np.float32)
+    b = rng.standard_normal((2560, 512)).astype(np.float32)
+    got = np.array(mx.array(a) @ mx.array(b))
+    assert_backends_agree(a.astype(np.float64) @ b.astype(np.float64), got, "FAST", what="float32 matmul on the GPU")

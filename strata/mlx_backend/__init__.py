@@ -14,3 +14,13 @@ Modules (one concept each; the same names as strata/reference/ where they twin i
     twins      the reference <-> MLX twin table the differential tests iterate
     kernels/   the shared bodies, per-dialect preludes, build-once launch, the emulator
 """
+
+import os as _os
+
+# Full float32 matrix products. MLX runs float32 matmul-family ops (matmul, quantized matmul,
+# attention) at reduced precision (TF32: a 10-bit mantissa) on GPUs with matrix units unless
+# MLX_ENABLE_TF32=0 is set before the first such op (MLX's "Numerical Precision" page). The ops
+# path promises float32 agreement with the reference (tests/mlx_agree.py FAST: 2e-5 relative),
+# and TF32 rounding alone is ~2^-11 per operand: on the H200 the ops-path twins that multiply
+# matrices failed with it. A value set by the user is kept.
+_os.environ.setdefault("MLX_ENABLE_TF32", "0")

@@ -10,39 +10,71 @@ numpy view of the array IS the arena: `slot_buffer(slot)` is a zero-copy [slot_b
 pread lands where the kernels read, and a slot update costs O(slot) - the read itself - with no
 MLX op at all. `publish` has nothing to do.
 
-The view starts on a 4096-byte boundary (the array is over-allocated by one page and offset), so
-O_DIRECT reads can land in it. Safety is the cache machine's: a slot is written only while no
-kernel of the current window may read it (pinned slots are never victims; SPEC §5).
+The view starts on a 4096-byte boundary (the array is over-allocated by one slot and viewed at an
+offset), so O_DIRECT reads can land in it. Safety is the cache machine's: a slot is written only
+while no kernel of the current window may read it (pinned slots are never victims; SPEC §5).
+
+Size: MLX shapes are int32 per dimension, so the allocation is 2-D ([capacity + 1, slot_bytes],
+never one flat dimension: 3072 seed-size slots are 4.25 GB, which a 1-D shape cannot hold; seen
+on the H200 as `OverflowError: Integer value 4253028352 ...`) and the page-aligned view is an
+`as_strided` view with a 64-bit element offset. `arena_geometry` is that arithmetic, testable
+without allocating; the kernels index the arena with 64-bit byte offsets (slot * SLOT in uint64).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RECORD_ALIGN
 
-__all__ = ["MlxArena"]
+__all__ = ["MlxArena", "ArenaGeometry", "arena_geometry", "MLX_MAX_DIM"]
+
+MLX_MAX_DIM = 2**31 - 1  # MLX array dimensions are int32
+
+
+@dataclass(frozen=True)
+class ArenaGeometry:
+    """Where an arena lives in its allocation: `alloc_shape` (each dimension an MLX int32) and
+    the element (= byte) offset of slot 0, which puts slot 0 on a RECORD_ALIGN boundary."""
+
+    alloc_shape: tuple[int, int]
+    offset: int  # bytes from the allocation's start to slot 0
+    nbytes: int  # capacity * slot_bytes (Python int: may exceed 2**31)
+
+
+def arena_geometry(capacity: int, slot_bytes: int, base_address: int) -> ArenaGeometry:
+    """The allocation for `capacity` slots of `slot_bytes` and the aligned offset of slot 0, for
+    an allocation that starts at `base_address` (its alignment is the allocator's; any works)."""
+    if capacity < 1 or slot_bytes < 1 or slot_bytes % RECORD_ALIGN:
+        raise ValueError(f"arena: capacity {capacity} and slot_bytes {slot_bytes} "
+                         f"(a multiple of {RECORD_ALIGN}) must be positive")
+    rows = capacity + 1  # one spare slot (>= RECORD_ALIGN bytes) absorbs the alignment offset
+    if rows > MLX_MAX_DIM or slot_bytes > MLX_MAX_DIM:
+        raise ValueError(f"arena: {capacity} slots of {slot_bytes} bytes exceed MLX's int32 dimensions")
+    offset = (-base_address) % RECORD_ALIGN
+    return ArenaGeometry((rows, slot_bytes), offset, capacity * slot_bytes)
 
 
 class MlxArena:
     """Arena protocol over MLX memory. `array` is what kernels take (uint8 [capacity, slot_bytes])."""
 
     def __init__(self, capacity: int, slot_bytes: int) -> None:
-        if capacity < 1 or slot_bytes < 1 or slot_bytes % RECORD_ALIGN:
-            raise ValueError(f"arena: capacity {capacity} and slot_bytes {slot_bytes} "
-                             f"(a multiple of {RECORD_ALIGN}) must be positive")
         self._capacity, self._slot_bytes = capacity, slot_bytes
-        n = capacity * slot_bytes
-        flat = mx.zeros((n + RECORD_ALIGN,), mx.uint8)
-        mx.eval(flat)
-        base = np.array(flat, copy=False).ctypes.data  # first host touch: CUDA moves it to managed memory
-        off = (-base) % RECORD_ALIGN
-        self.array = flat[off:off + n].reshape(capacity, slot_bytes)
+        shape = arena_geometry(capacity, slot_bytes, 0).alloc_shape  # validates before allocating
+        alloc = mx.zeros(shape, mx.uint8)
+        mx.eval(alloc)
+        base = np.array(alloc, copy=False).ctypes.data  # first host touch: CUDA moves it to managed memory
+        geo = arena_geometry(capacity, slot_bytes, base)
+        # [capacity, slot_bytes] at a 64-bit byte offset: a view (no copy), row-contiguous
+        self.array = mx.as_strided(alloc, (capacity, slot_bytes), (slot_bytes, 1), geo.offset)
         mx.eval(self.array)
-        self._flat = flat  # keeps the allocation; `array` is a view of it (no copy)
+        self._alloc = alloc  # keeps the allocation; `array` is a view of it (no copy)
         self._host = np.array(self.array, copy=False)  # [capacity, slot_bytes], zero-copy
-        if not self._host.flags.writeable or self._host.ctypes.data % RECORD_ALIGN:
+        if (not self._host.flags.writeable or self._host.ctypes.data % RECORD_ALIGN
+                or self._host.ctypes.data != base + geo.offset):
             raise RuntimeError("MLX arena: the host view is not a writable, page-aligned view of MLX memory")
 
     @property

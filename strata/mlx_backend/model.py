@@ -25,8 +25,9 @@ from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention
 from strata.mlx_backend.experts import (SharedWeights, combine, routed_partials, routed_partials_route,
                                         shared_partials)
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
+from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels import router as router_kernel
-from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import ModelConfig, QKNorm, TensorNames
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, router_rule
@@ -138,12 +139,19 @@ def fill_resident_arena(arena: MlxArena, cfg: ModelConfig, record: Callable[[int
 
 
 def embed(p: MlxParams, tokens) -> mx.array:
-    """Twin of reference `embed`. tokens [T] -> float32 [T, D]"""
-    tokens = np.asarray(tokens, np.int64)
+    """Twin of reference `embed`. tokens [T] -> float32 [T, D]
+
+    One decode token's id is a view into the device index table (no host write: see
+    kernels/launch.py); a prompt's ids come from the host."""
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
     vocab = p.cfg.vocab_size
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"token ids must be in [0, {vocab}), got {tokens.min()}..{tokens.max()}")
-    x = p.embed[mx.array(tokens.astype(np.int32))]
+    one = tokens.size == 1
+    if current_path() is not KernelPath.OPS and p.embed.dtype == mx.float16 and tokens.size:
+        ids = index_param(int(tokens[0])) if one else tokens.astype(np.int32)
+        return embed_kernel.embed_rows(p.embed, ids, tokens.size)
+    x = p.embed[index_view(int(tokens[0])) if one else mx.array(tokens.astype(np.int32))]
     return x if x.dtype == mx.float32 else x.astype(mx.float32)
 
 
@@ -178,10 +186,14 @@ def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: 
 
 
 def head(p: MlxParams, x: mx.array) -> mx.array:
-    """Twin of reference `head`: final norm and LM head. [T, D] -> float32 [T, V]"""
+    """Twin of reference `head`: final norm and LM head. [T, D] -> float32 [T, V]
+
+    Kernel path: one launch (the norm fused into the head GEMV; the ops path takes nine)."""
+    d = p.cfg.hidden_size
+    if (current_path() is not KernelPath.OPS and p.output.dtype == mx.float16 and p.out_norm.dtype == mx.float16
+            and d % 8 == 0 and d <= dense_kernel.MAX_COLS):
+        return dense_kernel.dense_gemv(p.output, x, p.out_norm, p.cfg.rms_norm_eps)
     xn = rms_norm(x, p.out_norm, p.cfg.rms_norm_eps)
-    if current_path() is not KernelPath.OPS and p.output.dtype == mx.float16 and p.cfg.hidden_size % 8 == 0:
-        return dense_kernel.dense_gemv(p.output, xn)
     return xn @ p.output.astype(mx.float32).T
 
 

@@ -4,5 +4,5 @@ preludes.py  the per-dialect names (thread ids, warp reductions, barriers, half 
 source.py    KernelSource and the translation units MLX (or the emulator) compiles
 launch.py    KernelPath (GPU / EMULATED / OPS), build-once, launch
 emulate.py   the CPU emulator dialect
-q8_gemv.py, moe.py, shared.py, attention.py, router.py, combine.py   the bodies
+q8_gemv.py, moe.py, shared.py, attention.py, router.py, combine.py, dense_gemv.py, embed.py   the bodies
 """

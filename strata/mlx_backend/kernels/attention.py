@@ -23,7 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import as_f32, float_params, int_params, launch
+from strata.mlx_backend.kernels.launch import absent, as_f32, float_params, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256
@@ -187,10 +187,10 @@ def qkv_rope(x: mx.array, norm_w: mx.array, wqkv: mx.array, bias: mx.array | Non
     kvh, s_max, hd = kc.shape
     if d % 8 or hd % 8 or hd > THREADS:
         raise ValueError(f"qkv kernel: hidden {d} and head_dim {hd} must be multiples of 8, head_dim <= {THREADS}")
-    half = np.zeros(8, np.float16)  # absent inputs: host zeros, no launch
+    half = absent(np.float16)  # absent optional inputs
     return launch(QKV_SOURCE, [as_f32(x), norm_w, wqkv, bias if bias is not None else half,
                                q_norm if q_norm is not None else half, k_norm if k_norm is not None else half,
-                               rope_cos, rope_sin, int_params(pos0), float_params(eps), kc, vc],
+                               rope_cos, rope_sin, index_param(pos0), float_params(eps), kc, vc],
                   [(t, n_heads, hd)], [mx.float32], blocks=(n_heads + 2 * kvh, t, 1), threads=THREADS,
                   template=(("D", d), ("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max),
                             ("QKN", int(q_norm is not None)), ("BIAS", int(bias is not None)), ("NT", THREADS)))[0]
@@ -201,6 +201,6 @@ def attend(q: mx.array, kc: mx.array, vc: mx.array, wo: mx.array, pos0: int) -> 
     t, h, hd = q.shape
     kvh, s_max, _ = kc.shape
     d = wo.shape[0]
-    return launch(ATTEND_SOURCE, [q, kc, vc, wo, int_params(pos0)], [(t, h, d)], [mx.float32],
+    return launch(ATTEND_SOURCE, [q, kc, vc, wo, index_param(pos0)], [(t, h, d)], [mx.float32],
                   blocks=(h, t, 1), threads=THREADS,
                   template=(("D", d), ("H", h), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("NT", THREADS)))[0]

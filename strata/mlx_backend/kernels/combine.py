@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import launch
+from strata.mlx_backend.kernels.launch import absent, launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256
@@ -50,9 +50,9 @@ def combine(x: mx.array, routed: mx.array, shared: mx.array | None, h: mx.array,
     """Kernel path. shared None: no shared expert; gate_inp None: ungated."""
     t, d = x.shape
     ps = 0 if shared is None else shared.shape[1]
-    shared = np.zeros(8, np.float32) if shared is None else shared
+    shared = absent(np.float32) if shared is None else shared
     gated = gate_inp is not None and ps > 0
-    gate_inp = gate_inp if gate_inp is not None else np.zeros(8, np.float16)
+    gate_inp = gate_inp if gate_inp is not None else absent(np.float16)
     return launch(SOURCE, [x, routed, shared, h, gate_inp], [(t, d)], [mx.float32],
                   blocks=((d + THREADS - 1) // THREADS, t, 1), threads=THREADS,
                   template=(("D", d), ("P", routed.shape[1]), ("PS", ps), ("GATED", int(gated)), ("NT", THREADS)))[0]

@@ -84,6 +84,9 @@ def using_path(path: KernelPath) -> Iterator[None]:
         _path.reset(token)
 
 
+_signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
+
+
 @functools.cache
 def _built(src: KernelSource, dialect: Dialect):
     header, body = mlx_source(src, dialect)
@@ -92,10 +95,15 @@ def _built(src: KernelSource, dialect: Dialect):
                 source=body, header=header)
 
 
-def _padded(a) -> mx.array:
+HOST_INPUTS: collections.Counter = collections.Counter()  # host (numpy) inputs by kernel name (tests, benchmarks)
+
+
+def _padded(a, name: str) -> mx.array:
     """An input of at least MIN_INPUT_SIZE elements. Host (numpy) inputs are padded on the host,
-    which costs no launch; a small MLX array costs one concatenate (avoid in hot paths)."""
+    which costs no launch (but see `device_const`); a small MLX array costs one concatenate
+    (avoid in hot paths)."""
     if isinstance(a, np.ndarray):
+        HOST_INPUTS[name] += 1
         a = np.ascontiguousarray(a)
         if a.size < MIN_INPUT_SIZE:
             a = np.concatenate([a.reshape(-1), np.zeros(MIN_INPUT_SIZE - a.size, a.dtype)])
@@ -113,13 +121,65 @@ def as_f32(a):
     return a if a.dtype == mx.float32 else a.astype(mx.float32)
 
 
-def int_params(*values: int) -> np.ndarray:
-    """Runtime int scalars for a kernel (a host array: padded without a launch)."""
-    return np.array(values, dtype=np.int32)
+# ---------------------------------------------------------------- per-call scalars stay on the device
+#
+# On MLX's CUDA build an array made from host memory is CUDA managed memory the host has just
+# written: the first kernel that reads it stalls on a GPU page fault while the page migrates. On the
+# H200 (MLX 0.32.4) a custom kernel fed two fresh host arrays per call cost 50 us per launch against
+# 6.7 us for an MLX op, and ncu timed the fused expert kernel (14 MB) at 230-257 us of GPU time with
+# fresh host slot arrays. So the per-call scalars of the decode path never come from the host:
+# constants are made once and kept in device memory (`device_const`, `absent`, `float_params`), and
+# runtime indices (a position, a slot base, a token id) are views into a device arange
+# (`index_param`, `index_view`): no host write, no launch.
+
+_CONSTS: dict[tuple, mx.array] = {}
+_CONSTS_MAX = 1024  # distinct constants kept (eps values, absent-input zeros: a handful per model)
+_index_table: list[mx.array] = []
+INDEX_TABLE_MIN = 1 << 16
 
 
-def float_params(*values: float) -> np.ndarray:
-    return np.array(values, dtype=np.float32)
+def device_const(values) -> mx.array:
+    """A small constant kernel input (padded to MIN_INPUT_SIZE), made once per (dtype, value) and
+    kept in device memory: the host copy is read once, by the op that makes the device copy."""
+    a = np.ascontiguousarray(values).reshape(-1)
+    if a.size < MIN_INPUT_SIZE:
+        a = np.concatenate([a, np.zeros(MIN_INPUT_SIZE - a.size, a.dtype)])
+    key = (a.dtype.str, a.tobytes())
+    hit = _CONSTS.get(key)
+    if hit is None:
+        if len(_CONSTS) >= _CONSTS_MAX:
+            _CONSTS.pop(next(iter(_CONSTS)))
+        hit = mx.array(a) + 0  # an op's output: device memory on MLX CUDA (the host array is not)
+        _CONSTS[key] = hit
+    return hit
+
+
+def absent(dtype) -> mx.array:
+    """The stand-in for an absent optional input (zeros of `dtype`; the body does not read it)."""
+    return device_const(np.zeros(MIN_INPUT_SIZE, np.dtype(dtype)))
+
+
+def float_params(*values: float) -> mx.array:
+    """Runtime float constants for a kernel (an eps): device-resident, made once per value."""
+    return device_const(np.array(values, dtype=np.float32))
+
+
+def index_view(i: int, n: int = 1) -> mx.array:
+    """int32 [n] holding i, i+1, ..., i+n-1: a view into a device arange (no host write, no launch)."""
+    if i < 0:
+        raise ValueError(f"index_view: negative index {i}")
+    tab = _index_table[0] if _index_table else None
+    if tab is None or tab.size < i + n:
+        size = max(INDEX_TABLE_MIN, i + n, 2 * (tab.size if tab is not None else 0))
+        tab = mx.arange(size, dtype=mx.int32)
+        _index_table[:] = [tab]
+    return tab[i:i + n]
+
+
+def index_param(i: int) -> mx.array:
+    """A runtime int scalar for a kernel (a position, a slot base): element 0 of an int32
+    [MIN_INPUT_SIZE] view into the device arange."""
+    return index_view(i, MIN_INPUT_SIZE)
 
 
 def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[int, ...]],
@@ -135,8 +195,14 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     template = tuple((k, int(v)) for k, v in template)
     grid = (blocks[0] * threads, blocks[1], blocks[2])
     tg = (threads, 1, 1)
-    inputs = [_padded(a) for a in inputs]
+    inputs = [_padded(a, src.name) for a in inputs]
     LAUNCHES[src.name] += 1
+    dtypes = tuple(str(a.dtype) for a in inputs) + tuple(str(d) for d in output_dtypes)
+    if _signatures.setdefault((src.name, template), dtypes) != dtypes:
+        # MLX names a custom kernel by its name and template values only (and caches the compiled
+        # module under that name, on disk too): other dtypes would silently run the first build
+        raise TypeError(f"kernel {src.name} {dict(template)}: dtypes {dtypes}, built for "
+                        f"{_signatures[(src.name, template)]}; add a template argument that tells them apart")
     rec = _recording.get()
     if rec is not None:
         key = (src, tuple(str(a.dtype).split(".")[-1] for a in inputs),

@@ -8,7 +8,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
     reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
-    math       F32(x) (to float), exp_f, sqrt_f, NEG_BIG (a finite -infinity), UNROLL
+    math       F32(x) (to float), exp_f, sqrt_f, NEG_BIG (a finite -infinity), UNROLL,
+               bits_f32(u) (the float whose bits are the uint32_t u)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
 
 Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
@@ -53,6 +54,10 @@ INLINE float warp_sum(float x) { return simd_sum(x); }
 INLINE float warp_max(float x) { return simd_max(x); }
 INLINE float exp_f(float x) { return metal::exp(x); }
 INLINE float sqrt_f(float x) { return metal::sqrt(x); }
+#ifndef __METAL_VERSION__
+template <typename T, typename U> T as_type(U);  // Metal's own; declared for the g++ syntax check
+#endif
+INLINE float bits_f32(uint32_t u) { return as_type<float>(u); }
 INLINE f4 load_f4(const device float* p) {
   const float4 a = *(const device float4*)p;
   f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
@@ -102,6 +107,7 @@ INLINE float warp_max(float x) {
 }
 INLINE float exp_f(float x) { return expf(x); }
 INLINE float sqrt_f(float x) { return sqrtf(x); }
+INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
 INLINE f4 load_f4(const float* p) {
   const float4 a = *reinterpret_cast<const float4*>(p);
   f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
@@ -146,6 +152,7 @@ INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
+INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 INLINE f4 load_f4(const float* p) {
   f4 r; for (int i = 0; i < 4; ++i) r.v[i] = p[i];
   return r;

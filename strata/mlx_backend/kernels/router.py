@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import float_params, launch
+from strata.mlx_backend.kernels.launch import absent, float_params, launch
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
 
@@ -93,7 +93,7 @@ def router(x: mx.array, parts: mx.array, norm_w: mx.array, w_router: mx.array, g
     nw = THREADS // WARP
     blocks = (e + nw - 1) // nw + (ng + nw - 1) // nw
     return tuple(launch(
-        SOURCE, [x, parts, norm_w, w_router, g_codes if ng else np.zeros(8, np.uint8),
-                 g_scales if ng else np.zeros(8, np.float16), float_params(eps)],
+        SOURCE, [x, parts, norm_w, w_router, g_codes if ng else absent(np.uint8),
+                 g_scales if ng else absent(np.float16), float_params(eps)],
         [(t, d), (t, d), (t, e), (t, max(ng, 1))], [mx.float32] * 4, blocks=(blocks, t, 1), threads=THREADS,
         template=(("D", d), ("P", parts.shape[1]), ("E", e), ("NG", ng), ("NT", THREADS))))
