@@ -32,8 +32,9 @@ class KernelPath(enum.Enum):
     OPS = "ops"
 
 
+@functools.cache
 def gpu_dialect() -> Dialect | None:
-    """The dialect of the GPU MLX sees here, or None (CPU-only MLX)."""
+    """The dialect of the GPU MLX sees here, or None (CPU-only MLX). Asked once per process."""
     if mx.metal.is_available():
         return Dialect.METAL
     if hasattr(mx, "cuda") and mx.cuda.is_available():
@@ -87,12 +88,18 @@ def using_path(path: KernelPath) -> Iterator[None]:
 _signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
 
 
-@functools.cache
-def _built(src: KernelSource, dialect: Dialect):
+_kernels: dict[str, object] = {}  # kernel name -> the MLX kernel object, built once (a dict lookup per launch)
+
+
+def _build(src: KernelSource):
+    dialect = gpu_dialect()
     header, body = mlx_source(src, dialect)
     make = mx.fast.metal_kernel if dialect is Dialect.METAL else mx.fast.cuda_kernel
-    return make(name=src.name, input_names=list(src.inputs), output_names=list(src.outputs),
-                source=body, header=header)
+    kernel = make(name=src.name, input_names=list(src.inputs), output_names=list(src.outputs),
+                  source=body, header=header)
+    if _kernels.setdefault(src.name, kernel) is not kernel:
+        raise ValueError(f"two kernel bodies are named {src.name}")
+    return kernel
 
 
 HOST_INPUTS: collections.Counter = collections.Counter()  # host (numpy) inputs by kernel name (tests, benchmarks)
@@ -154,14 +161,26 @@ def device_const(values) -> mx.array:
     return hit
 
 
+_by_key: dict[tuple, mx.array] = {}  # the two helpers below, keyed by their arguments (a lookup per launch)
+
+
 def absent(dtype) -> mx.array:
     """The stand-in for an absent optional input (zeros of `dtype`; the body does not read it)."""
-    return device_const(np.zeros(MIN_INPUT_SIZE, np.dtype(dtype)))
+    key = ("absent", dtype)
+    hit = _by_key.get(key)
+    if hit is None:
+        hit = _by_key[key] = device_const(np.zeros(MIN_INPUT_SIZE, np.dtype(dtype)))
+    return hit
 
 
 def float_params(*values: float) -> mx.array:
     """Runtime float constants for a kernel (an eps): device-resident, made once per value."""
-    return device_const(np.array(values, dtype=np.float32))
+    hit = _by_key.get(values)
+    if hit is None:
+        if len(_by_key) >= _CONSTS_MAX:
+            _by_key.clear()
+        hit = _by_key[values] = device_const(np.array(values, dtype=np.float32))
+    return hit
 
 
 def index_view(i: int, n: int = 1) -> mx.array:
@@ -192,27 +211,31 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     Must not be called on the OPS path.
     """
     path = current_path()
-    template = tuple((k, int(v)) for k, v in template)
+    template = tuple(template)  # (name, Python int) pairs, as the callers build them
     grid = (blocks[0] * threads, blocks[1], blocks[2])
-    tg = (threads, 1, 1)
-    inputs = [_padded(a, src.name) for a in inputs]
+    inputs = [a if type(a) is mx.array and a.size >= MIN_INPUT_SIZE else _padded(a, src.name) for a in inputs]
     LAUNCHES[src.name] += 1
-    dtypes = tuple(str(a.dtype) for a in inputs) + tuple(str(d) for d in output_dtypes)
-    if _signatures.setdefault((src.name, template), dtypes) != dtypes:
+    sig = (src.name, template)
+    dtypes = tuple([a.dtype for a in inputs] + list(output_dtypes))
+    seen = _signatures.get(sig)
+    if seen is None:
+        _signatures[sig] = dtypes
+    elif seen != dtypes:
         # MLX names a custom kernel by its name and template values only (and caches the compiled
         # module under that name, on disk too): other dtypes would silently run the first build
-        raise TypeError(f"kernel {src.name} {dict(template)}: dtypes {dtypes}, built for "
-                        f"{_signatures[(src.name, template)]}; add a template argument that tells them apart")
+        raise TypeError(f"kernel {src.name} {dict(template)}: dtypes {dtypes}, built for {seen}; "
+                        "add a template argument that tells them apart")
     rec = _recording.get()
     if rec is not None:
         key = (src, tuple(str(a.dtype).split(".")[-1] for a in inputs),
                tuple(str(d).split(".")[-1] for d in output_dtypes), template)
         if key not in rec:
             rec.append(key)
+    tg = (threads, 1, 1)
     if path is KernelPath.GPU:
-        kernel = _built(src, gpu_dialect())
-        return kernel(inputs=list(inputs), template=list(template), grid=grid, threadgroup=tg,
-                      output_shapes=[tuple(s) for s in output_shapes], output_dtypes=list(output_dtypes))
+        kernel = _kernels.get(src.name) or _build(src)
+        return kernel(inputs=inputs, template=list(template), grid=grid, threadgroup=tg,
+                      output_shapes=list(output_shapes), output_dtypes=list(output_dtypes))
     if path is KernelPath.EMULATED:
         mx.eval(*inputs)
         host = [np.array(a, copy=False) for a in inputs]  # zero-copy: in-place writes reach MLX memory

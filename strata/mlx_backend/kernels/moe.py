@@ -31,6 +31,8 @@ Shapes:
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 
@@ -227,7 +229,8 @@ def chunk_rows(rec: RecordLayout, tokens: int) -> int:
     return wide if tokens >= FEW_TOKENS and rec.expert_ffn % wide == 0 else Q2.block_size
 
 
-def _template(rec: RecordLayout, k: int, fc: int) -> list[tuple[str, int]]:
+@functools.cache
+def _template(rec: RecordLayout, k: int, fc: int) -> tuple[tuple[str, int], ...]:
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
     d, f = rec.hidden, rec.expert_ffn
@@ -235,9 +238,9 @@ def _template(rec: RecordLayout, k: int, fc: int) -> list[tuple[str, int]]:
         raise ValueError(f"fused experts: F={f} must be a multiple of FC={fc} (a multiple of 32), D={d} of 16")
     off = {n: rec.codes(n).offset for n in ("gate", "up", "down")}
     sc = {n: rec.scales(n).offset for n in ("gate", "up", "down")}
-    return [("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
+    return (("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
             ("GC", off["gate"]), ("GS", sc["gate"]), ("UC", off["up"]), ("US", sc["up"]),
-            ("DC", off["down"]), ("DS", sc["down"]), ("NT", THREADS)]
+            ("DC", off["down"]), ("DS", sc["down"]), ("NT", THREADS))
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None) -> mx.array:
@@ -263,8 +266,8 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     t, e = z.shape
     fc = fc or chunk_rows(rec, t)
     nch = rec.expert_ffn // fc
-    template = _template(rec, k, fc) + [("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
-                                        ("NORM", int(norm_topk_prob))]
+    template = _template(rec, k, fc) + (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
+                                        ("NORM", int(norm_topk_prob)))
     return launch(ROUTE_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)],
                   [(t, k * nch, rec.hidden)], [mx.float32], blocks=(k * nch, t, 1), threads=THREADS,
                   template=template)[0]
