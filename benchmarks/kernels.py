@@ -14,7 +14,8 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
 
     python benchmarks/kernels.py            # full size (GPU)
     python benchmarks/kernels.py --small    # smoke test (any machine)
-    python benchmarks/kernels.py --ncu      # only single-token launches, for ncu to time
+    python benchmarks/kernels.py --ncu      # a few launches for ncu to time (the expert kernel at 1 and
+                                            # 64 tokens, gather_qmm, every kernel of a decoded token)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +40,8 @@ from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
 from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels import moe, q8_gemv  # noqa: E402
 from strata.mlx_backend.kernels.launch import KernelPath, current_path  # noqa: E402
-from strata.mlx_backend.synthetic import q8_router, random_records  # noqa: E402
+from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
+from strata.mlx_backend.synthetic import SEED_SHAPE, q8_router, random_params, random_records  # noqa: E402
 from strata.model_config import RoutingOrder  # noqa: E402
 from strata.reference.experts import routed_experts  # noqa: E402
 
@@ -147,6 +150,13 @@ def main() -> int:
         w64 = on_device(np.full((64, k), 0.1, np.float32))
         for fc in (32, 64):
             mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc))
+        # every kernel of a decoded token (2 layers of the seed's shape): the per-kernel GPU times
+        cfg = replace(SEED_SHAPE, n_layers=2)
+        p = random_params(cfg, seed=0, pred_q8=False)
+        logits, state = forward(p, MlxModelState.empty(cfg), np.array([1, 2, 3]))
+        mx.eval(logits)
+        logits, _ = forward(p, state, np.array([5]))
+        mx.eval(logits)
         return 0
 
     rows = []

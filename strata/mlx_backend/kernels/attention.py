@@ -11,7 +11,9 @@ aliases the cache, a copy of all of it.
 `attend`: block (h, t) runs one query head over positions 0..pos0+t of its KV head: each warp
 takes every NW-th position with an online softmax (running max, sum, weighted values), warps merge
 through threadgroup memory; then the head's slice of the output projection, a partial [D] output
-per head ([T, H, D]), summed by the router kernel into the residual.
+per head ([T, H, D]), summed by the router kernel into the residual. The projection takes a
+thread per output row with 8 loads of 16 bytes in flight (a first version, a warp per row with 16
+lanes and one load each, waited on memory once per row: 320 times per block at the seed's size).
 
 Shapes:
     qkv_rope: x float32 [T, D] -> q float32 [T, H, HD]; writes kc/vc [KVH, S_MAX, HD]
@@ -159,16 +161,21 @@ ATTEND_BODY = r"""
     o[r] = aa / ll;
   }
   BARRIER();
+  // output projection: a thread per output row (HD halves), GB 16-byte loads in flight before use
+  constexpr int NG = HD / 8;
+  constexpr int GB = NG % 8 == 0 ? 8 : (NG % 4 == 0 ? 4 : (NG % 2 == 0 ? 2 : 1));
   DEVICE float* dst = out + ((uint64_t)t * H + h) * D;
-  for (uint32_t d = warp_id; d < (uint32_t)D; d += NW) {
+  for (uint32_t d = tid; d < (uint32_t)D; d += NT) {
     const DEVICE half_t* row = wo + (uint64_t)d * (H * HD) + (uint64_t)h * HD;
     float a = 0.0f;
-    for (uint32_t g = lane; g < (uint32_t)(HD / 8); g += 32) {
-      const f8 w = load_h8(row + 8 * g);
-      UNROLL for (int j = 0; j < 8; ++j) a += w.v[j] * o[8 * g + j];
+    for (int g0 = 0; g0 < NG; g0 += GB) {
+      f8 w[GB];
+      UNROLL for (int g = 0; g < GB; ++g) w[g] = load_h8(row + 8 * (g0 + g));
+      UNROLL for (int g = 0; g < GB; ++g) {
+        UNROLL for (int j = 0; j < 8; ++j) a += w[g].v[j] * o[8 * (g0 + g) + j];
+      }
     }
-    a = warp_sum(a);
-    if (lane == 0) dst[d] = a;
+    dst[d] = a;
   }
 """
 
