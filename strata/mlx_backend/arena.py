@@ -16,13 +16,18 @@ while no kernel of the current window may read it (pinned slots are never victim
 
 Size: MLX shapes are int32 per dimension, so the allocation is 2-D ([capacity + 1, slot_bytes],
 never one flat dimension: 3072 seed-size slots are 4.25 GB, which a 1-D shape cannot hold; seen
-on the H200 as `OverflowError: Integer value 4253028352 ...`) and the page-aligned view is an
-`as_strided` view with a 64-bit element offset. `arena_geometry` is that arithmetic, testable
-without allocating; the kernels index the arena with 64-bit byte offsets (slot * SLOT in uint64).
+on the H200 as `OverflowError: Integer value 4253028352 ...`). The page-aligned view of it is a row
+slice when the allocation starts on a page (MLX CUDA's large allocations do), else an `as_strided`
+view at a byte offset - but `as_strided` flattens its input, so that only works below 2**31 bytes
+(seen on the H200: `[flatten] Shape dimension 4254408704 ...`); a larger arena on a misaligned
+allocation is used as it is, unaligned (the reader pool then falls back from O_DIRECT to buffered
+reads at its first EINVAL). `arena_geometry` is that arithmetic, testable without allocating; the
+kernels index the arena with 64-bit byte offsets (slot * SLOT in uint64).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -30,17 +35,26 @@ import numpy as np
 
 from strata.formats.expert_record import RECORD_ALIGN
 
-__all__ = ["MlxArena", "ArenaGeometry", "arena_geometry", "MLX_MAX_DIM"]
+__all__ = ["MlxArena", "ArenaGeometry", "ArenaView", "arena_geometry", "MLX_MAX_DIM"]
 
 MLX_MAX_DIM = 2**31 - 1  # MLX array dimensions are int32
+FLAT_LIMIT = MLX_MAX_DIM  # mx.as_strided flattens its input: larger allocations cannot be offset-viewed
+
+
+class ArenaView(enum.Enum):
+    ROWS = "rows"  # the allocation starts on a page: slot 0 is row 0 (a row slice)
+    OFFSET = "offset"  # an as_strided view `offset` bytes in (allocations under FLAT_LIMIT bytes)
+    UNALIGNED = "unaligned"  # a row slice of a misaligned allocation (buffered reads, not O_DIRECT)
 
 
 @dataclass(frozen=True)
 class ArenaGeometry:
-    """Where an arena lives in its allocation: `alloc_shape` (each dimension an MLX int32) and
-    the element (= byte) offset of slot 0, which puts slot 0 on a RECORD_ALIGN boundary."""
+    """Where an arena lives in its allocation: `alloc_shape` (each dimension an MLX int32), how
+    slot 0 is viewed, and its element (= byte) offset (slot 0 on a RECORD_ALIGN boundary unless
+    the view is UNALIGNED)."""
 
     alloc_shape: tuple[int, int]
+    view: ArenaView
     offset: int  # bytes from the allocation's start to slot 0
     nbytes: int  # capacity * slot_bytes (Python int: may exceed 2**31)
 
@@ -55,7 +69,13 @@ def arena_geometry(capacity: int, slot_bytes: int, base_address: int) -> ArenaGe
     if rows > MLX_MAX_DIM or slot_bytes > MLX_MAX_DIM:
         raise ValueError(f"arena: {capacity} slots of {slot_bytes} bytes exceed MLX's int32 dimensions")
     offset = (-base_address) % RECORD_ALIGN
-    return ArenaGeometry((rows, slot_bytes), offset, capacity * slot_bytes)
+    if offset == 0:
+        view = ArenaView.ROWS
+    elif rows * slot_bytes <= FLAT_LIMIT:
+        view = ArenaView.OFFSET
+    else:
+        view, offset = ArenaView.UNALIGNED, 0
+    return ArenaGeometry((rows, slot_bytes), view, offset, capacity * slot_bytes)
 
 
 class MlxArena:
@@ -68,14 +88,18 @@ class MlxArena:
         mx.eval(alloc)
         base = np.array(alloc, copy=False).ctypes.data  # first host touch: CUDA moves it to managed memory
         geo = arena_geometry(capacity, slot_bytes, base)
-        # [capacity, slot_bytes] at a 64-bit byte offset: a view (no copy), row-contiguous
-        self.array = mx.as_strided(alloc, (capacity, slot_bytes), (slot_bytes, 1), geo.offset)
+        self.view = geo.view
+        if geo.view is ArenaView.OFFSET:  # [capacity, slot_bytes] `offset` bytes in: a view, row-contiguous
+            self.array = mx.as_strided(alloc, (capacity, slot_bytes), (slot_bytes, 1), geo.offset)
+        else:
+            self.array = alloc[:capacity]  # a row slice: a view, row-contiguous
         mx.eval(self.array)
         self._alloc = alloc  # keeps the allocation; `array` is a view of it (no copy)
         self._host = np.array(self.array, copy=False)  # [capacity, slot_bytes], zero-copy
-        if (not self._host.flags.writeable or self._host.ctypes.data % RECORD_ALIGN
-                or self._host.ctypes.data != base + geo.offset):
-            raise RuntimeError("MLX arena: the host view is not a writable, page-aligned view of MLX memory")
+        aligned = geo.view is not ArenaView.UNALIGNED
+        if (not self._host.flags.writeable or self._host.ctypes.data != base + geo.offset
+                or (aligned and self._host.ctypes.data % RECORD_ALIGN)):
+            raise RuntimeError("MLX arena: the host view is not a writable view of MLX memory where expected")
 
     @property
     def capacity(self) -> int:

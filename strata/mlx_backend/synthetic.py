@@ -104,8 +104,21 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
     if experts:
         rec = RecordLayout(QuantType.Q2_0, d, cfg.expert_ffn_size)
         arena = _DeviceArena(random_records(rec, cfg.n_layers * cfg.n_experts, kk[2]))
-    mx.eval(embed, output, *[x for lw in layers for x in (lw.attn.wqkv, lw.attn.wo, lw.router)])
-    return MlxParams(cfg, tuple(layers), embed, mx.ones((d,), mx.float16), output, mx.float16, arena, rec)
+    out_norm = mx.ones((d,), mx.float16)
+    # every weight evaluated here: a lazy one would be recomputed into the first forward's graph
+    # (the launch count of a decoded token, tests/test_mlx_kernels.py, reads that graph)
+    mx.eval(embed, output, out_norm, *[x for lw in layers for x in _weights(lw)])
+    return MlxParams(cfg, tuple(layers), embed, out_norm, output, mx.float16, arena, rec)
+
+
+def _weights(lw: LayerWeights) -> list[mx.array]:
+    a, sh, g = lw.attn, lw.shared, lw.guess
+    out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm) if w is not None]
+    if sh is not None:
+        out += [w for w in (sh.gate, sh.up, sh.down, sh.gate_inp) if w is not None]
+    if g is not None:
+        out += [w for w in (g.codes, g.raw_scales, g.w, g.scales, g.biases) if w is not None]
+    return out
 
 
 class _DeviceArena:
