@@ -8,16 +8,18 @@ w_i * down[:, chunk] . h[chunk], a partial [D] output. The partials ([T, k*NCH, 
 by the combine kernel in a fixed order (deterministic; no atomics).
 
 Reads: gate/up rows are read by one warp each, a lane taking uint32 words (16 codes = half a
-Q2_0 block) at lane + 32 i, so a warp reads 128 contiguous bytes per step and the lane's slice
-of x (16 floats a word) stays in registers for every row. Down: a thread per output row reads its
+Q2_0 block) at lane + 32 i, so a warp reads 128 contiguous bytes per row and step, and the lane's
+16 x values of word i serve all the warp's rows in that step. Down: a thread per output row reads its
 chunk's FC/16 words. Per 16-code word: d * (sum q_j x_j - 2 sum x_j) = sum d (q_j - 2) x_j.
 Plane offsets and sizes come from strata.formats.expert_record.RecordLayout (template ints).
 
-Instruction budget (what bounds it on the H200, measured): a code costs a bit-and, a subtract and
-an FMA (`q2_code`: no int-to-float conversion, whose 16/clock/SM rate bounded the first version at
-31% of copy bandwidth), and each thread issues all its loads of a row (gate/up) or of its down rows
-before the arithmetic, so a block waits for memory about twice rather than once per row. The
-results are bit for bit those of the straightforward form (products of exactly scaled values).
+Instruction budget (what bounds it on the H200, measured with ncu): a code costs an AND, a
+subtract and an FMA (`q2_code`: no int-to-float conversion, whose 16/clock/SM rate bounded the
+first version at 31% of copy bandwidth), and each thread issues a step's loads (the RPW rows of
+one word, gate/up; all its down rows) before the arithmetic. The word loop is outside the row
+loop, so a lane holds 16 x values rather than all of its row's: 73 registers per thread instead
+of 128, 3 blocks per SM instead of 2 (sm_90, FC = 32; ptxas -v). The results are bit for bit
+those of the straightforward form (products of exactly scaled values, sums in the same order).
 
 Two entries share the body:
 - `moe_slots`: slots [T, k] int32 (-1: skip) and weights [T, k] from the host (streaming);
@@ -45,7 +47,6 @@ from strata.model_config import RoutingOrder
 
 Q2 = layout(QuantType.Q2_0)
 THREADS = 256
-FEW_TOKENS = 4  # from this many tokens per launch, 64 hidden units per block (chunk_rows)
 WORD_CODES = 32 // Q2.bits  # 16 codes per uint32 word
 
 SLOTS_PREAMBLE = r"""
@@ -101,13 +102,18 @@ HELPERS = r"""
 // A Q2_0 code as a float without an int-to-float conversion: I2F issues at 16 per clock per SM on
 // the H200 (sm_90), a quarter of the rate of the bit operations used instead, and the first
 // version of this kernel, one I2F per code, was bound by it (64 tokens x k=10: 491K codes per
-// block -> 15.5 us of I2F per block; 844 us measured per launch). Code j of a word w is put in the
-// mantissa of 1.0f: (1 + q 2^(s-23)) - 1 = q 2^(s-23) exactly, with s = 2j for j <= 10 (bits
-// 0..21 of w) and s = 2(j-11) for j >= 11 (read from hi = w >> 22). What it multiplies (x or h)
-// is pre-scaled by q2_scale(j) = 2^(23-s), exactly, so each product is q * x bit for bit.
-INLINE float q2_code(uint32_t w, uint32_t hi, int j) {
-  const uint32_t m = j <= 10 ? (w & (3u << (2 * j))) : (hi & (3u << (2 * (j - 11))));
-  return bits_f32(m | 0x3F800000u) - 1.0f;
+// block -> 15.5 us of I2F per block; 844 us measured per launch). Per word, once: lo holds codes
+// 0..10 (bits 0..21 of w) and hi codes 11..15 (w >> 22), each under the exponent of 1.0f. Per
+// code j, one AND leaves 1.0f's exponent and the code: (1 + q 2^(s-23)) - 1 = q 2^(s-23) exactly,
+// s = 2j (j <= 10) or 2(j-11) (j >= 11). What it multiplies (x or h) is pre-scaled by
+// q2_scale(j) = 2^(23-s), exactly, so each product is q * x bit for bit. (A code costs an AND, a
+// subtract and an FMA; as first written, an AND and an OR per code, two LOP3.)
+// (`opaque`: else the compiler folds the per-word OR back into every code, two LOP3 per code.)
+INLINE uint32_t q2_lo(uint32_t w) { return opaque((w & 0x003FFFFFu) | 0x3F800000u); }
+INLINE uint32_t q2_hi(uint32_t w) { return opaque((w >> 22) | 0x3F800000u); }
+INLINE float q2_code(uint32_t lo, uint32_t hi, int j) {
+  const uint32_t m = j <= 10 ? (lo & (0xFF800000u | (3u << (2 * j)))) : (hi & (0xFF800000u | (3u << (2 * (j - 11)))));
+  return bits_f32(m) - 1.0f;
 }
 INLINE float q2_scale(int j) {
   const int s = j <= 10 ? 2 * j : 2 * (j - 11);
@@ -126,51 +132,54 @@ COMMON = r"""
   const bool live = slot >= 0;
   SHARED float hs[FC];
   SHARED float hsum[FC / 16];
-  // this lane's words of x: word w = lane + 32 i holds x[16 w .. 16 w + 15], pre-scaled per code
-  float xr[WPL * 16];
-  float xs16[WPL];
+  const DEVICE uint8_t* rec = arena + (uint64_t)(live ? slot : 0) * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
+  // gate/up: warp warp_id takes rows warp_id + NW rr; lane word w = lane + 32 i of each row, so a
+  // warp reads 128 contiguous bytes per row and step. The word loop is outside the row loop: the
+  // lane's 16 x values of word w (pre-scaled per code) live only through step i (fewer registers,
+  // more blocks per SM), and each step has the RPW rows' loads in flight together.
+  float ga[RPW], ua[RPW];
+  UNROLL for (int rr = 0; rr < RPW; ++rr) { ga[rr] = 0.0f; ua[rr] = 0.0f; }
   UNROLL for (int i = 0; i < WPL; ++i) {
     const int w = (int)lane + 32 * i;
-    float s = 0.0f;
-    UNROLL for (int j = 0; j < 16; j += 4) {
-      f4 v; v.v[0] = 0.0f; v.v[1] = 0.0f; v.v[2] = 0.0f; v.v[3] = 0.0f;
-      if (w < WPR) v = load_f4(x + (uint64_t)t * D + 16 * w + j);
-      UNROLL for (int q = 0; q < 4; ++q) { xr[i * 16 + j + q] = v.v[q] * q2_scale(j + q); s += v.v[q]; }
-    }
-    xs16[i] = s;
-  }
-  const DEVICE uint8_t* rec = arena + (uint64_t)(live ? slot : 0) * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
-  UNROLL for (int rr = 0; rr < RPW; ++rr) {
-    const int r = (int)warp_id + NW * rr;     // warp-uniform
-    if (r < FC) {
-      const uint64_t f = (uint64_t)c * FC + r;
-      const DEVICE uint32_t* gq = (const DEVICE uint32_t*)(rec + GC + f * (D / 4));
-      const DEVICE uint32_t* uq = (const DEVICE uint32_t*)(rec + UC + f * (D / 4));
-      const DEVICE half_t* gs = (const DEVICE half_t*)(rec + GS) + f * (D / 32);
-      const DEVICE half_t* us = (const DEVICE half_t*)(rec + US) + f * (D / 32);
-      uint32_t gw[WPL], uw[WPL];
-      float gd[WPL], ud[WPL];
-      UNROLL for (int i = 0; i < WPL; ++i) {  // every load of the row before any use
-        const int w = (int)lane + 32 * i;
-        gw[i] = 0u; uw[i] = 0u; gd[i] = 0.0f; ud[i] = 0.0f;
-        if (live && w < WPR) { gw[i] = gq[w]; uw[i] = uq[w]; gd[i] = F32(gs[w >> 1]); ud[i] = F32(us[w >> 1]); }
+    if (w < WPR) {  // lane-dependent only where WPR is not a multiple of 32; no warp op inside
+      float xv[16];
+      float xs = 0.0f;
+      UNROLL for (int j = 0; j < 16; j += 4) {
+        const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
+        UNROLL for (int q = 0; q < 4; ++q) { xv[j + q] = v.v[q] * q2_scale(j + q); xs += v.v[q]; }
       }
-      float ga = 0.0f, ua = 0.0f;
-      UNROLL for (int i = 0; i < WPL; ++i) {
-        if ((int)lane + 32 * i < WPR) {
-          const uint32_t gh = gw[i] >> 22, uh = uw[i] >> 22;
-          float gsum = 0.0f, usum = 0.0f;
-          UNROLL for (int j = 0; j < 16; ++j) {
-            gsum += q2_code(gw[i], gh, j) * xr[i * 16 + j];
-            usum += q2_code(uw[i], uh, j) * xr[i * 16 + j];
-          }
-          ga += gd[i] * (gsum - 2.0f * xs16[i]);
-          ua += ud[i] * (usum - 2.0f * xs16[i]);
+      uint32_t gw[RPW], uw[RPW];
+      float gd[RPW], ud[RPW];
+      UNROLL for (int rr = 0; rr < RPW; ++rr) {  // every load of the step before any use
+        const int r = (int)warp_id + NW * rr;
+        gw[rr] = 0u; uw[rr] = 0u; gd[rr] = 0.0f; ud[rr] = 0.0f;
+        if (live && r < FC) {
+          const uint64_t f = (uint64_t)c * FC + r;
+          gw[rr] = ((const DEVICE uint32_t*)(rec + GC + f * (D / 4)))[w];
+          uw[rr] = ((const DEVICE uint32_t*)(rec + UC + f * (D / 4)))[w];
+          gd[rr] = F32(((const DEVICE half_t*)(rec + GS))[f * (D / 32) + (w >> 1)]);
+          ud[rr] = F32(((const DEVICE half_t*)(rec + US))[f * (D / 32) + (w >> 1)]);
         }
       }
-      ga = warp_sum(ga);
-      ua = warp_sum(ua);
-      if (lane == 0) hs[r] = ga / (1.0f + exp_f(-ga)) * ua;
+      UNROLL for (int rr = 0; rr < RPW; ++rr) {
+        if (live && (int)warp_id + NW * rr < FC) {
+          const uint32_t gl = q2_lo(gw[rr]), gh = q2_hi(gw[rr]), ul = q2_lo(uw[rr]), uh = q2_hi(uw[rr]);
+          float gsum = 0.0f, usum = 0.0f;
+          UNROLL for (int j = 0; j < 16; ++j) {
+            gsum += q2_code(gl, gh, j) * xv[j];
+            usum += q2_code(ul, uh, j) * xv[j];
+          }
+          ga[rr] += gd[rr] * (gsum - 2.0f * xs);
+          ua[rr] += ud[rr] * (usum - 2.0f * xs);
+        }
+      }
+    }
+  }
+  UNROLL for (int rr = 0; rr < RPW; ++rr) {
+    const int r = (int)warp_id + NW * rr;  // warp-uniform
+    if (r < FC) {
+      const float g = warp_sum(ga[rr]), u = warp_sum(ua[rr]);
+      if (lane == 0) hs[r] = g / (1.0f + exp_f(-g)) * u;
     }
   }
   BARRIER();
@@ -203,9 +212,9 @@ COMMON = r"""
       float acc = 0.0f;
       if (live) {
         UNROLL for (int w = 0; w < WC; ++w) {
-          const uint32_t qw = dq[i][w], qh = qw >> 22;
+          const uint32_t ql = q2_lo(dq[i][w]), qh = q2_hi(dq[i][w]);
           float dd = 0.0f;
-          UNROLL for (int j = 0; j < 16; ++j) dd += q2_code(qw, qh, j) * hx[16 * w + j];
+          UNROLL for (int j = 0; j < 16; ++j) dd += q2_code(ql, qh, j) * hx[16 * w + j];
           acc += dsc[i][w >> 1] * (dd - 2.0f * hsum[w]);
         }
       }
@@ -221,12 +230,11 @@ ROUTE_SOURCE = KernelSource("strata_moe_route", ("arena", "x", "z", "slot_base")
 
 
 def chunk_rows(rec: RecordLayout, tokens: int) -> int:
-    """FC: the hidden units one block takes (a multiple of 32 dividing F). 32 gives the most
-    blocks, which a decode token needs (k = 10 at the seed's size: 180 blocks for 132 SMs); with
-    several tokens there are blocks enough, and 64 halves the per-block overhead (x loads, the
-    barriers, the h exchange) per byte (on the H200: 844 vs 996 us for 64 tokens, first version)."""
-    wide = 2 * Q2.block_size
-    return wide if tokens >= FEW_TOKENS and rec.expert_ffn % wide == 0 else Q2.block_size
+    """FC: the hidden units one block takes (a multiple of 32 dividing F). 32: the most blocks,
+    which a decode token needs (k = 10 at the seed's size: 180 blocks for 132 SMs), and the
+    fewest registers per thread; on the H200, 64 tokens x k = 10 per launch took 843 us with
+    FC = 32 (128 registers, 2 blocks per SM) and 1704 us with FC = 64 (152 registers, 1 block)."""
+    return Q2.block_size
 
 
 @functools.cache

@@ -9,7 +9,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
     math       F32(x) (to float), exp_f, sqrt_f, NEG_BIG (a finite -infinity), UNROLL,
-               bits_f32(u) (the float whose bits are the uint32_t u)
+               bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
+               compiler may not re-derive from how it was computed)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
 
 Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
@@ -58,6 +59,7 @@ INLINE float sqrt_f(float x) { return metal::sqrt(x); }
 template <typename T, typename U> T as_type(U);  // Metal's own; declared for the g++ syntax check
 #endif
 INLINE float bits_f32(uint32_t u) { return as_type<float>(u); }
+INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const device float* p) {
   const float4 a = *(const device float4*)p;
   f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
@@ -108,6 +110,7 @@ INLINE float warp_max(float x) {
 INLINE float exp_f(float x) { return expf(x); }
 INLINE float sqrt_f(float x) { return sqrtf(x); }
 INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
+INLINE uint32_t opaque(uint32_t u) { asm("" : "+r"(u)); return u; }  // no instruction: hides u's bits from ptxas
 INLINE f4 load_f4(const float* p) {
   const float4 a = *reinterpret_cast<const float4*>(p);
   f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
@@ -153,6 +156,7 @@ INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
 INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const float* p) {
   f4 r; for (int i = 0; i < 4; ++i) r.v[i] = p[i];
   return r;
