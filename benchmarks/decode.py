@@ -238,7 +238,8 @@ def main() -> int:
     cfg = SMALL if args.small else SEED_SHAPE
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"device": device_name(), "path": current_path().value, "layers": cfg.n_layers, "experts": cfg.n_experts,
-                 "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size}
+                 "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size,
+                 "mlx_max_ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER")}  # MLX CUDA: graph size
     rows: list = []
     bw = copy_bandwidth((64 << 20) if args.small else (1 << 30))
     kop = None
