@@ -6,10 +6,12 @@ One decode window (one token) runs every layer as:
     host turn:  at_layer(l, selected): hits, read-ahead claims, urgent reads ... the shared
                 expert is computed here, between issuing the reads and waiting for them
                 (shexp_overlap) ... wait -> Use(slots)
-    routed(l, h, slots) handed to compute
     after_layer(l, guesses for l+1 from W_router(l+1)·h on the Q8_0 router copy): retire this
                 layer's unclaimed read-aheads, release limbo, read ahead (split_turn; off: the
-                old order, inside the host turn before compute)
+                old order, timed as part of the host turn). numpy computes synchronously, so
+                the hand-off is the moment before routed(l) runs: read-aheads for l+1 are
+                issued there and land while layer l's experts compute
+    routed(l, h, slots) computed
     x += routed + shared
 
 Every switch of SPEC §6 comes from the one Config and restores the old behaviour when flipped.
@@ -151,15 +153,17 @@ class StreamingEngine:
             overlap = (lambda: shared.append(c.shared(layer, h))) if conf.shexp_overlap else None
             s.at_layer(layer, union_in_rank_order(selections), on_use=uses.append, overlap=overlap)
             t0 = self._clock("turn", t0)
-            if not conf.split_turn:  # the old order: read ahead inside the host turn, before compute
-                self._after_layer(layer, h, in_turn=True)
-                t0 = self._clock("after", t0)
+            # Read ahead before the routed compute, in both orders. numpy computes synchronously,
+            # so "hand-off" is this point: the split turn's AfterLayer(l) runs here, and layer
+            # l+1's read-aheads land during layer l's routed experts instead of only during
+            # layer l+1's attention. Same events in the same order, so the same decisions: the
+            # slots Use(l) handed over are pinned for the window, never read-ahead victims.
+            # The old order times it as host (in the turn), the split turn as after.
+            self._after_layer(layer, h, in_turn=not conf.split_turn)
+            t0 = self._clock("after", t0)
             slots, weights = slots_for(selections, uses[0])
             part = c.routed(layer, h, slots, weights)
             t0 = self._clock("routed", t0)
-            if conf.split_turn:  # compute is handed off: the host's bookkeeping runs beside it
-                self._after_layer(layer, h)
-                t0 = self._clock("after", t0)
             if not shared:
                 shared.append(c.shared(layer, h))
                 t0 = self._clock("shared", t0)

@@ -126,8 +126,12 @@ class Streamer:
             overlap_at = len(actions) - 1
             if len(actions) >= 2 and isinstance(actions[-2], WaitFor):
                 overlap_at -= 1
+        reads: list = []  # consecutive Reads go to the pool in one batch (one lock, one wake-up each)
         for i, a in enumerate(actions):
             if i == overlap_at:
+                if reads:
+                    self.pool.submit_many(reads)
+                    reads = []
                 t = time.perf_counter()
                 overlap()
                 dt = time.perf_counter() - t
@@ -136,13 +140,18 @@ class Streamer:
             if isinstance(a, Read):
                 self._key[a.slot] = (a.layer, a.expert)
                 self._ticket[a.slot] = a.ticket
-                self.pool.submit(a.ticket, a.slot, a.layer, a.expert, a.urgent)
-            elif isinstance(a, Cancel):
+                reads.append((a.ticket, a.slot, a.layer, a.expert, a.urgent))
+                continue
+            if isinstance(a, Evict):  # bookkeeping only: the batch of reads goes on
+                self._key[a.slot] = (-1, -1)
+                continue
+            if reads:
+                self.pool.submit_many(reads)
+                reads = []
+            if isinstance(a, Cancel):
                 self.pool.cancel(a.ticket)
             elif isinstance(a, WaitFor):
                 self.times.waiting += self.pool.wait([self._ticket[s] for s in a.slots])
-            elif isinstance(a, Evict):
-                self._key[a.slot] = (-1, -1)
             elif isinstance(a, Use):
                 for e, s in zip(a.experts, a.slots):
                     if self._key[s] != (a.layer, e):
@@ -154,4 +163,6 @@ class Streamer:
                 t = time.perf_counter()
                 on_use(a)
                 outside += time.perf_counter() - t
+        if reads:
+            self.pool.submit_many(reads)
         return outside
