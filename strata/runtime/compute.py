@@ -88,6 +88,10 @@ class RoutedPart:
 class NumpyCompute:
     """LayerCompute on the numpy reference pieces; experts are read from arena slots."""
 
+    # `routed` returns when the experts are computed: the loop's hand-off point (where the
+    # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
+    synchronous = True
+
     def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
         self.params, self.arena, self.layout = params, arena, layout
         cfg = params.cfg

@@ -8,10 +8,10 @@ One decode window (one token) runs every layer as:
                 (shexp_overlap) ... wait -> Use(slots)
     after_layer(l, guesses for l+1 from W_router(l+1)·h on the Q8_0 router copy): retire this
                 layer's unclaimed read-aheads, release limbo, read ahead (split_turn; off: the
-                old order, timed as part of the host turn). numpy computes synchronously, so
-                the hand-off is the moment before routed(l) runs: read-aheads for l+1 are
-                issued there and land while layer l's experts compute
-    routed(l, h, slots) computed
+                old order, inside the host turn before compute). A synchronous backend (numpy)
+                hands off before routed(l), so its read-aheads for l+1 are issued there and
+                land while layer l's experts compute; an asynchronous one (MLX) after it
+    routed(l, h, slots) computed (numpy) or handed to the device (MLX)
     x += routed + shared
 
 Every switch of SPEC §6 comes from the one Config and restores the old behaviour when flipped.
@@ -153,17 +153,23 @@ class StreamingEngine:
             overlap = (lambda: shared.append(c.shared(layer, h))) if conf.shexp_overlap else None
             s.at_layer(layer, union_in_rank_order(selections), on_use=uses.append, overlap=overlap)
             t0 = self._clock("turn", t0)
-            # Read ahead before the routed compute, in both orders. numpy computes synchronously,
-            # so "hand-off" is this point: the split turn's AfterLayer(l) runs here, and layer
-            # l+1's read-aheads land during layer l's routed experts instead of only during
-            # layer l+1's attention. Same events in the same order, so the same decisions: the
-            # slots Use(l) handed over are pinned for the window, never read-ahead victims.
-            # The old order times it as host (in the turn), the split turn as after.
-            self._after_layer(layer, h, in_turn=not conf.split_turn)
-            t0 = self._clock("after", t0)
+            # A synchronous backend (numpy: `routed` returns when the experts are computed) has
+            # its hand-off before `routed`, so the split turn's AfterLayer(l) runs there, and
+            # layer l+1's read-aheads land during layer l's routed experts instead of only
+            # during layer l+1's attention (docs/perf.md: late read-aheads 2,700 -> 0). Same
+            # events in the same order, so the same decisions: the slots Use(l) handed over
+            # are pinned for the window, never read-ahead victims. An asynchronous backend
+            # (MLX: `routed` ends in async_eval) hands off after `routed`, as before.
+            early = not conf.split_turn or getattr(c, "synchronous", False)
+            if early:  # the old order (timed as host) or a synchronous backend's hand-off
+                self._after_layer(layer, h, in_turn=not conf.split_turn)
+                t0 = self._clock("after", t0)
             slots, weights = slots_for(selections, uses[0])
             part = c.routed(layer, h, slots, weights)
             t0 = self._clock("routed", t0)
+            if not early:  # compute is handed off: the host's bookkeeping runs beside it
+                self._after_layer(layer, h)
+                t0 = self._clock("after", t0)
             if not shared:
                 shared.append(c.shared(layer, h))
                 t0 = self._clock("shared", t0)
