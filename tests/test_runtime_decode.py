@@ -202,3 +202,17 @@ def test_moce_changes_routing_only_through_residency(model):
     (_, _), e0 = stream(model, base.replace(arena=arena, moce_lambda=0.0), n=16)
     (_, _), e1 = stream(model, base.replace(arena=arena, moce_lambda=2.0, moce_j=1), n=16)
     assert e1.report().urgent_misses_per_token < e0.report().urgent_misses_per_token
+
+
+@pytest.mark.parametrize("split_turn", [True, False])
+def test_waiting_is_part_of_the_host_turn(tmp_path, split_turn):
+    """The report's 'host X ms per window, of it waiting Y': Y never exceeds X, also when the
+    after-turn waits for limbo slots still reading (those waits belong to `after`). A 16-expert
+    model at the smallest arena with K = 16 retires read-aheads that are still reading."""
+    small = strata.load(make_model(tmp_path / "tiny16", "tiny", seed=0).model_path)
+    config = Config(prefetch=16, split_turn=split_turn)
+    config = config.replace(arena=f"{min_slots(small, config)}slots")
+    _, engine = stream(small, config, hook=RandomDelays(seed=5, max_ms=3))
+    times = engine.streamer.times
+    assert times.waiting > 0
+    assert times.waiting <= times.host

@@ -65,10 +65,10 @@ class Streamer:
     # -------------------------------------------------------- turns
 
     def begin_window(self) -> None:
-        self._apply(self._step(BeginWindow()))
+        self._host_step(BeginWindow())
 
     def hold_region(self, begin: bool) -> None:
-        self._apply(self._step(HoldRegion(begin)))
+        self._host_step(HoldRegion(begin))
 
     def at_layer(self, layer: int, selected, *, on_use: Callable[[Use], None],
                  overlap: Callable[[], None] | None = None) -> None:
@@ -77,18 +77,20 @@ class Streamer:
         before the wait for them (the shared expert: work placed between signal and wait)."""
         start = time.perf_counter()
         actions = self._step(AtLayer(layer, tuple(selected)))
-        outside = self._apply(actions, on_use=on_use, overlap=overlap)
+        outside, waited = self._apply(actions, on_use=on_use, overlap=overlap)
         self.times.host += time.perf_counter() - start - outside
+        self.times.waiting += waited
 
     def after_layer(self, layer: int, guesses=(), guesses2=(), *, in_turn: bool = False) -> None:
         """After `layer`'s compute was handed off: retire, release limbo, read ahead.
         `in_turn` (split turn off): this runs inside the host's turn and is timed as host."""
         start = time.perf_counter()
-        self._apply(self._step(AfterLayer(layer, tuple(guesses), tuple(guesses2))))
+        _, waited = self._apply(self._step(AfterLayer(layer, tuple(guesses), tuple(guesses2))))
         dt = time.perf_counter() - start
         if in_turn:
             self.times.host += dt
-        else:
+            self.times.waiting += waited
+        else:  # a wait here (limbo still reading) is part of the after time, not of the turn's
             self.times.after += dt
 
     # -------------------------------------------------------- views
@@ -117,10 +119,17 @@ class Streamer:
             self.decisions.extend(a for a in actions if not isinstance(a, WaitFor))
         return actions
 
-    def _apply(self, actions: tuple, *, on_use=None, overlap=None) -> float:
-        """Carry out `actions` in order; return the seconds spent in the callbacks (compute,
-        not host work)."""
-        outside = 0.0
+    def _host_step(self, event) -> None:
+        """A step outside any layer's turn (window and region edges): host time, its waits included."""
+        start = time.perf_counter()
+        _, waited = self._apply(self._step(event))
+        self.times.host += time.perf_counter() - start
+        self.times.waiting += waited
+
+    def _apply(self, actions: tuple, *, on_use=None, overlap=None) -> tuple[float, float]:
+        """Carry out `actions` in order; return (seconds spent in the callbacks — compute, not
+        host work —, seconds spent waiting for reads)."""
+        outside = waited = 0.0
         overlap_at = -1
         if overlap is not None:  # before the wait that precedes the (decode) Use, else at the Use
             overlap_at = len(actions) - 1
@@ -151,7 +160,7 @@ class Streamer:
             if isinstance(a, Cancel):
                 self.pool.cancel(a.ticket)
             elif isinstance(a, WaitFor):
-                self.times.waiting += self.pool.wait([self._ticket[s] for s in a.slots])
+                waited += self.pool.wait([self._ticket[s] for s in a.slots])
             elif isinstance(a, Use):
                 for e, s in zip(a.experts, a.slots):
                     if self._key[s] != (a.layer, e):
@@ -165,4 +174,4 @@ class Streamer:
                 outside += time.perf_counter() - t
         if reads:
             self.pool.submit_many(reads)
-        return outside
+        return outside, waited
