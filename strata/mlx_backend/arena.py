@@ -34,6 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RECORD_ALIGN
+from strata.runtime.arena import SlotArena, check_slot_geometry
 
 __all__ = ["MlxArena", "ArenaGeometry", "ArenaView", "arena_geometry", "MLX_MAX_DIM"]
 
@@ -62,9 +63,7 @@ class ArenaGeometry:
 def arena_geometry(capacity: int, slot_bytes: int, base_address: int) -> ArenaGeometry:
     """The allocation for `capacity` slots of `slot_bytes` and the aligned offset of slot 0, for
     an allocation that starts at `base_address` (its alignment is the allocator's; any works)."""
-    if capacity < 1 or slot_bytes < 1 or slot_bytes % RECORD_ALIGN:
-        raise ValueError(f"arena: capacity {capacity} and slot_bytes {slot_bytes} "
-                         f"(a multiple of {RECORD_ALIGN}) must be positive")
+    check_slot_geometry(capacity, slot_bytes)
     rows = capacity + 1  # one spare slot (>= RECORD_ALIGN bytes) absorbs the alignment offset
     if rows > MLX_MAX_DIM or slot_bytes > MLX_MAX_DIM:
         raise ValueError(f"arena: {capacity} slots of {slot_bytes} bytes exceed MLX's int32 dimensions")
@@ -78,11 +77,11 @@ def arena_geometry(capacity: int, slot_bytes: int, base_address: int) -> ArenaGe
     return ArenaGeometry((rows, slot_bytes), view, offset, capacity * slot_bytes)
 
 
-class MlxArena:
+class MlxArena(SlotArena):
     """Arena protocol over MLX memory. `array` is what kernels take (uint8 [capacity, slot_bytes])."""
 
     def __init__(self, capacity: int, slot_bytes: int) -> None:
-        self._capacity, self._slot_bytes = capacity, slot_bytes
+        super().__init__(capacity, slot_bytes)
         shape = arena_geometry(capacity, slot_bytes, 0).alloc_shape  # validates before allocating
         alloc = mx.zeros(shape, mx.uint8)
         mx.eval(alloc)
@@ -101,21 +100,8 @@ class MlxArena:
                 or (aligned and self._host.ctypes.data % RECORD_ALIGN)):
             raise RuntimeError("MLX arena: the host view is not a writable view of MLX memory where expected")
 
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def slot_bytes(self) -> int:
-        return self._slot_bytes
-
-    @property
-    def nbytes(self) -> int:
-        return self._capacity * self._slot_bytes
-
     def slot_buffer(self, slot: int) -> np.ndarray:
-        if not 0 <= slot < self._capacity:
-            raise IndexError(f"arena has {self._capacity} slots, no slot {slot}")
+        self._check_slot(slot)
         return self._host[slot]
 
     def publish(self, slot: int) -> None:

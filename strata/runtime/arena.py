@@ -19,7 +19,7 @@ import numpy as np
 
 from strata.formats.expert_record import RECORD_ALIGN
 
-__all__ = ["Arena", "NumpyArena", "mlock_buffer"]
+__all__ = ["Arena", "NumpyArena", "SlotArena", "check_slot_geometry", "mlock_buffer"]
 
 
 class Arena(Protocol):
@@ -39,17 +39,18 @@ class Arena(Protocol):
         I/O thread, before the read is reported done."""
 
 
-class NumpyArena:
-    """One 4096-aligned anonymous mapping of capacity × slot_bytes."""
+def check_slot_geometry(capacity: int, slot_bytes: int) -> None:
+    if capacity < 1 or slot_bytes < 1 or slot_bytes % RECORD_ALIGN:
+        raise ValueError(f"arena: capacity {capacity} and slot_bytes {slot_bytes} "
+                         f"(a multiple of {RECORD_ALIGN}) must be positive")
 
-    def __init__(self, capacity: int, slot_bytes: int, *, wire: bool = False) -> None:
-        if capacity < 1 or slot_bytes < 1 or slot_bytes % RECORD_ALIGN:
-            raise ValueError(f"arena: capacity {capacity} and slot_bytes {slot_bytes} "
-                             f"(a multiple of {RECORD_ALIGN}) must be positive")
+
+class SlotArena:
+    """What every arena shares: its slot geometry and a bounds-checked slot index."""
+
+    def __init__(self, capacity: int, slot_bytes: int) -> None:
+        check_slot_geometry(capacity, slot_bytes)
         self._capacity, self._slot_bytes = capacity, slot_bytes
-        self._map = mmap.mmap(-1, capacity * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._data = np.frombuffer(self._map, dtype=np.uint8)  # [capacity * slot_bytes]
-        self.wired = mlock_buffer(self._data) if wire else False
 
     @property
     def capacity(self) -> int:
@@ -63,9 +64,22 @@ class NumpyArena:
     def nbytes(self) -> int:
         return self._capacity * self._slot_bytes
 
-    def slot_buffer(self, slot: int) -> np.ndarray:
+    def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self._capacity:
             raise IndexError(f"arena has {self._capacity} slots, no slot {slot}")
+
+
+class NumpyArena(SlotArena):
+    """One 4096-aligned anonymous mapping of capacity × slot_bytes."""
+
+    def __init__(self, capacity: int, slot_bytes: int, *, wire: bool = False) -> None:
+        super().__init__(capacity, slot_bytes)
+        self._map = mmap.mmap(-1, capacity * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._data = np.frombuffer(self._map, dtype=np.uint8)  # [capacity * slot_bytes]
+        self.wired = mlock_buffer(self._data) if wire else False
+
+    def slot_buffer(self, slot: int) -> np.ndarray:
+        self._check_slot(slot)
         start = slot * self._slot_bytes
         return self._data[start:start + self._slot_bytes]
 
