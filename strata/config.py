@@ -19,7 +19,7 @@ from strata.reference.routing import STOCK_DROP_TAIL_RANK, BonusScale, MoCEPolic
 
 
 class Backend(enum.Enum):
-    AUTO = "auto"  # MLX where a GPU is, numpy otherwise (chosen by measurement: docs/perf.md)
+    AUTO = "auto"  # MLX where a GPU is and the experts are Q2_0, numpy otherwise (docs/perf.md)
     NUMPY = "numpy"
     MLX = "mlx"
 

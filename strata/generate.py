@@ -66,8 +66,7 @@ def _open(model: Model | str | Path) -> Model:
 
 
 def mlx_gpu_available() -> bool:
-    """Whether MLX has a GPU here (Metal or CUDA). MLX's CPU backend runs GEMVs ~9x slower than
-    numpy's BLAS (docs/perf.md), so without a GPU numpy is the faster backend."""
+    """Whether MLX has a GPU here (Metal or CUDA)."""
     try:
         import mlx.core as mx
     except ImportError:
@@ -77,8 +76,10 @@ def mlx_gpu_available() -> bool:
 
 
 def resolve_backend(model: Model, config: Config) -> Backend:
-    """`Backend.AUTO` by measurement: MLX where it has a GPU and its kernels read the model's
-    experts (Q2_0), numpy otherwise. An explicit backend is taken as asked."""
+    """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
+    numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
+    (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
+    whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
     if config.backend is not Backend.AUTO:
         return config.backend
     if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
