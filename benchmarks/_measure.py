@@ -4,6 +4,8 @@ trip, and the kernel launches of a lazy MLX graph (counted from its DOT export).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import statistics
@@ -91,3 +93,16 @@ def device_name() -> str:
     except Exception:  # noqa: BLE001 - informational only
         info = {}
     return str(info.get("device_name", mx.default_device()))
+
+
+@contextlib.contextmanager
+def part(name: str, res: dict, rows: list):
+    """One benchmark part: a failure is recorded (`<name>_error`, a FAILED row) instead of losing
+    the other parts' numbers, and the results so far are printed as a JSON-PART line, which
+    survives a later kill."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
+        res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+        rows.append((f"{name} FAILED", type(exc).__name__, str(exc)[:120]))
+    print("JSON-PART " + json.dumps(res, sort_keys=True, default=str), flush=True)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time  # noqa: E402
+from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.expert_record import ExpertWeights  # noqa: E402
 from strata.formats.experts_file import ExpertsFile, write_experts  # noqa: E402
@@ -41,7 +41,7 @@ from strata.mlx_backend.compute import MlxCompute  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, current_path  # noqa: E402
-from strata.mlx_backend.model import MlxModelState, MlxParams, forward  # noqa: E402
+from strata.mlx_backend.model import MlxParams, forward  # noqa: E402
 from strata.mlx_backend.synthetic import SEED_SHAPE, random_params  # noqa: E402
 from strata.model_config import ModelConfig  # noqa: E402
 
@@ -253,20 +253,18 @@ def main() -> int:
              ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
              ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
     n_prompt = 8
-    for part, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res)),
+    for name, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res)),
                      ("handshake", lambda: handshake(48, 4 << 20, rows, res)),
                      ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, args.slots or cfg.n_layers * cfg.n_experts // 4,
                                                      rows, res))):
-        if part in skip:
+        if name in skip:
             continue
         t0 = time.time()
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - one part failing must not lose the others' numbers
-            res[f"{part}_error"] = f"{type(e).__name__}: {e}"
-            rows.append((f"{part} FAILED", type(e).__name__, str(e)[:100]))
-        res[f"{part}_s"] = time.time() - t0
-        print("JSON-PART " + json.dumps(res, sort_keys=True, default=str), flush=True)  # survives a later kill
+        with part(name, res, rows):
+            try:
+                fn()
+            finally:
+                res[f"{name}_s"] = time.time() - t0
         print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in rows), flush=True)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
           f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")

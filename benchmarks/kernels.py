@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, dispatch_costs, median_time  # noqa: E402
+from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
@@ -182,7 +182,7 @@ def main() -> int:
                      "kernel output (managed) to host"))
 
     # ---------------------------------------------------------------- correctness at this size
-    try:
+    with part("correctness", res, rows):
         stack = natural_stack(records, rec)
         x1 = mx.random.normal((1, d))
         s1 = slots_for(1)
@@ -200,13 +200,9 @@ def main() -> int:
             rows.append(("fused kernel vs reference (rel L2)", f"{res['fused_rel_err']:.2e}", "seed-size expert, k=10"))
         rows.append(("gather_qmm (f16 x) vs reference (rel L2)", f"{res['gather_qmm_rel_err']:.2e}", ""))
 
-    except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
-        res['correctness_error'] = f"{type(exc).__name__}: {exc}"
-        rows.append(('correctness FAILED', type(exc).__name__, str(exc)[:120]))
-    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     # ---------------------------------------------------------------- GPU-side: many tokens per launch
-    try:
+    with part("batched", res, rows):
         tok = 8 if small else 64
         reps = 10
         xs = [mx.random.normal((tok, d)) for _ in range(reps)]
@@ -238,13 +234,9 @@ def main() -> int:
             rows.append((f"{name}: {tok} tokens x k={k} per launch", f"{t * 1e6:.0f} us",
                          f"{nb / t / 1e9:.0f} GB/s = {nb / t / bw['copy_Bps'] * 100:.0f}% of copy"))
 
-    except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
-        res['batched_error'] = f"{type(exc).__name__}: {exc}"
-        rows.append(('batched FAILED', type(exc).__name__, str(exc)[:120]))
-    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     # ---------------------------------------------------------------- decode-shaped: one token per call
-    try:
+    with part("per_call", res, rows):
         n_layers = 48
         one_x = [mx.random.normal((1, d)) for _ in range(n_layers)]
         one_s = [on_device(slots_for(1)) for _ in range(n_layers)]
@@ -267,13 +259,9 @@ def main() -> int:
             res["fused_route_per_layer_us"] = t * 1e6
             rows.append(("fused, routing on the GPU: 1 token, 48 calls", f"{t * 1e6:.1f} us/layer", "host dispatch included"))
 
-    except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
-        res['per_call_error'] = f"{type(exc).__name__}: {exc}"
-        rows.append(('per_call FAILED', type(exc).__name__, str(exc)[:120]))
-    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     # ---------------------------------------------------------------- Q8_0 guess GEMV (E x D)
-    try:
+    with part("q8", res, rows):
         if gpu:
             g = q8_router(e, d, mx.random.key(3))
             hx = [mx.random.normal((1, d)) for _ in range(n_layers)]
@@ -282,10 +270,6 @@ def main() -> int:
             res["q8_gemv_per_call_us"] = t * 1e6
             rows.append((f"Q8_0 GEMV {e}x{d} (router guess)", f"{t * 1e6:.1f} us/call", f"{g.codes.nbytes / 1e6:.2f} MB"))
 
-    except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
-        res['q8_error'] = f"{type(exc).__name__}: {exc}"
-        rows.append(('q8 FAILED', type(exc).__name__, str(exc)[:120]))
-    print('JSON-PART ' + json.dumps(res, sort_keys=True), flush=True)
 
     print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
     w0 = max(len(r[0]) for r in rows)
