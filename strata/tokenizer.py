@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
+from tokenizers.decoders import DecodeStream
 
 from strata.errors import FormatError
 
@@ -76,24 +77,24 @@ class Tokenizer:
 class StreamingDetokenizer:
     """Turns a growing token list into text pieces without splitting a UTF-8 character.
 
-    Decodes the tokens since the last emitted boundary and holds back text that ends in the
-    replacement character (an incomplete multi-byte sequence) until the next token completes it.
+    Each step decodes only the new token (`tokenizers`' DecodeStream holds back an incomplete
+    multi-byte sequence until a later token completes it), so a long generation costs O(1) per
+    token, not a re-decode of everything so far. `flush` emits whatever is still held back.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
         self._tokens: list[int] = []
-        self._emitted = ""
+        self._emitted = 0  # characters handed out so far
 
     def add(self, token: int) -> str:
         self._tokens.append(token)
-        text = self._tok.decode(self._tokens)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self._emitted = text[len(self._emitted):], text
+        piece = self._stream.step(self._tok.hf, token) or ""
+        self._emitted += len(piece)
         return piece
 
     def flush(self) -> str:
-        text = self._tok.decode(self._tokens)
-        piece, self._emitted = text[len(self._emitted):], text
+        piece = self._tok.decode(self._tokens)[self._emitted:]
+        self._emitted += len(piece)
         return piece
