@@ -15,6 +15,7 @@ from strata.loader import Model, load
 from strata.reference.cache_types import CacheStats
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
+from strata.tokenizer import StreamingDetokenizer
 
 
 @dataclass(frozen=True)
@@ -104,23 +105,11 @@ def _engine_for(model: Model, config: Config) -> Engine:
     return ReferenceEngine(model.resident_params())
 
 
-def _report_of(engine: Engine) -> StreamReport | None:
+def _streaming(engine: Engine):
+    """The engine as a StreamingEngine (which has a report, cache totals and threads to close), or None."""
     from strata.runtime.decode import StreamingEngine
 
-    return engine.report() if isinstance(engine, StreamingEngine) else None
-
-
-def _close(engine: Engine) -> None:
-    from strata.runtime.decode import StreamingEngine
-
-    if isinstance(engine, StreamingEngine):  # its reader threads and file descriptors
-        engine.close()
-
-
-def _cache_of(engine: Engine) -> CacheStats | None:
-    from strata.runtime.decode import StreamingEngine
-
-    return engine.streamer.totals if isinstance(engine, StreamingEngine) else None
+    return engine if isinstance(engine, StreamingEngine) else None
 
 
 def stream_generate(
@@ -156,14 +145,12 @@ def stream_generate(
     try:
         yield from _run(model, engine, tokens, sampler, max_tokens, limit)
     finally:
-        if owned:
-            _close(engine)
+        if owned and _streaming(engine):  # its reader threads and file descriptors
+            engine.close()
 
 
 def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int,
          limit: int) -> Iterator[GenerationResponse]:
-    from strata.tokenizer import StreamingDetokenizer
-
     detok = StreamingDetokenizer(model.tokenizer)
 
     start = time.perf_counter()
@@ -188,11 +175,13 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
         if finish is not None:
             text += detok.flush()
         now = time.perf_counter()
+        streaming = _streaming(engine)
         yield GenerationResponse(
             text=text, token=token, logprob=logprob, prompt_tokens=len(tokens), prompt_tps=prompt_tps,
             generation_tokens=n + 1, generation_tps=(n + 1) / max(now - decode_start, 1e-9),
-            token_seconds=now - step_start, finish_reason=finish, cache=_cache_of(engine),
-            report=_report_of(engine) if finish is not None else None,
+            token_seconds=now - step_start, finish_reason=finish,
+            cache=streaming.streamer.totals if streaming else None,
+            report=streaming.report() if streaming and finish is not None else None,
         )
         if finish is not None:
             return
