@@ -175,8 +175,10 @@ def test_fused_kernel_reads_slots_past_4_gib():
     pad = lambda a: np.concatenate([a.reshape(-1), np.zeros(8 - a.size, a.dtype)])  # noqa: E731
     fc = moe.chunk_rows(rec, 1)
     nch = rec.expert_ffn // fc
-    out = emulate.run(moe.SLOTS_SOURCE, [arena, x, pad(far), pad(weights)], [(1, 2 * nch, rec.hidden)], [np.float32],
-                      (2 * nch * moe.THREADS, 1, 1), (moe.THREADS, 1, 1), tuple(moe._template(rec, 2, fc)))[0]
+    none = np.zeros(8, np.float16)  # no shared expert
+    out = emulate.run(moe.SLOTS_SOURCE, [arena, x, pad(far), pad(weights), none, none, none],
+                      [(1, 2 * nch, rec.hidden), (1, 1, rec.hidden)], [np.float32, np.float32],
+                      (2 * nch * moe.THREADS, 1, 1), (moe.THREADS, 1, 1), moe.full_template(rec, 2, fc))[0]
     ref = routed_experts([unpack_record(host[0], rec), unpack_record(host[1], rec)], weights[0], x[0])
     assert_backends_agree(ref[None], out.sum(axis=1), "FAST", what="slots past 4 GiB")
     del arena

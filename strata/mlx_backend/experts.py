@@ -28,7 +28,7 @@ from strata.mlx_backend.routing import select_device
 from strata.reference.routing import RouterRule
 
 __all__ = ["silu", "swiglu_expert", "routed_experts", "shared_expert", "ExpertStack", "stack_experts",
-           "slot_planes", "routed_partials", "routed_partials_route", "shared_partials", "combine",
+           "slot_planes", "routed_partials", "routed_partials_route", "experts_route", "shared_partials", "combine",
            "SharedWeights"]
 
 
@@ -198,9 +198,27 @@ def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack
     return _stack_partials(stack, x, experts, weights, mx.ones(experts.shape, mx.bool_))
 
 
+def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, rule: RouterRule,
+                  shared: SharedWeights | None) -> tuple[mx.array, mx.array | None]:
+    """The routed experts (routing on the device, every expert resident) and the shared expert
+    of a layer. Kernel path: one launch for both (the shared expert's blocks ride in the routed
+    kernel's grid); else the two steps apart.
+
+    Shapes:
+        x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
+    """
+    if (shared is not None and _kernel_path() and rec.qtype is QuantType.Q2_0 and shared.gate.dtype == mx.float16
+            and rec.hidden <= shared_kernel.MAX_HIDDEN):
+        return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
+                             shared=(shared.gate, shared.up, shared.down))
+    routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule)
+    return routed, (shared_partials(x, shared) if shared is not None else None)
+
+
 def shared_partials(x: mx.array, sw: SharedWeights) -> mx.array:
     """The shared expert's output without its gate, as partials. x [T, D] -> [T, P, D]"""
-    if _kernel_path() and sw.gate.dtype == mx.float16:
+    d = x.shape[1]
+    if _kernel_path() and sw.gate.dtype == mx.float16 and d % 8 == 0 and d <= shared_kernel.MAX_HIDDEN:
         return shared_kernel.shared_partials(x, sw.gate, sw.up, sw.down)
     x = x.astype(mx.float32)
     h = silu(x @ sw.gate.astype(mx.float32).T) * (x @ sw.up.astype(mx.float32).T)

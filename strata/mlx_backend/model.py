@@ -1,8 +1,9 @@
 """The decoder forward on MLX arrays: the twin of strata.reference.model.
 
-Per layer (decode, GPU path) six launches: QKV+RoPE+cache write, attention+output projection,
-the router kernel (residual, router input, logits, guess), the shared expert, the routed experts
-(routing on the GPU when every expert is resident) and combine. The ops path runs the same steps
+Per layer (decode, GPU path) six launches: the QKV projection, attention (q/k norms, RoPE, cache
+write), the output projection, the router kernel (residual, router input, logits, guess), the
+routed experts with the shared expert's blocks in the same grid (routing on the GPU when every
+expert is resident) and combine. The ops path runs the same steps
 as MLX ops. Dense weights are float16 on the kernel path (the reference's float32 weights rounded
 once; tests use float16-exact weights so the two agree to float32 reordering) and float32 on the
 ops path; the router stays float32 (SPEC §3) and the read-ahead guess reads a Q8_0 copy.
@@ -22,8 +23,7 @@ from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
-from strata.mlx_backend.experts import (SharedWeights, combine, routed_partials, routed_partials_route,
-                                        shared_partials)
+from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels import router as router_kernel
@@ -206,11 +206,11 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
     parts, kv = attention_partials(cfg, lw.attn, kv, x)
     x_mid, h, z, _ = router_stage(p, layer, x, parts)
-    shared = shared_partials(h, lw.shared) if lw.shared is not None else None
     base = layer * cfg.n_experts
     if select is None:
-        routed = routed_partials_route(p.arena.array, p.rec, None, h, z, base, router_rule(cfg))
+        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, router_rule(cfg), lw.shared)
     else:
+        shared = shared_partials(h, lw.shared) if lw.shared is not None else None
         zh = np.array(z)
         sels = [select(layer, zh[t]) for t in range(zh.shape[0])]
         slots, weights = selections_to_slots(sels, cfg.n_experts_per_token, base)

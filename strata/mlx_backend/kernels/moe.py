@@ -40,7 +40,8 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType, layout
-from strata.mlx_backend.kernels.launch import as_f32, index_param, launch
+from strata.mlx_backend.kernels import shared as shared_kernel
+from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
 from strata.model_config import RoutingOrder
@@ -51,7 +52,8 @@ WORD_CODES = 32 // Q2.bits  # 16 codes per uint32 word
 
 SLOTS_PREAMBLE = r"""
   const uint32_t t = by;
-  const uint32_t rank = bx / NCH;
+  const uint32_t rb = bx >= (uint32_t)NSB ? bx - NSB : 0u;  // routed block (shared blocks come first)
+  const uint32_t rank = rb / NCH;
   const int32_t slot = slots[t * K + rank];
   const float wt = weights[t * K + rank];
 """
@@ -59,7 +61,8 @@ SLOTS_PREAMBLE = r"""
 ROUTE_PREAMBLE = r"""
   constexpr int NWR = NT / 32;
   const uint32_t t = by;
-  const uint32_t rank = bx / NCH;
+  const uint32_t rb = bx >= (uint32_t)NSB ? bx - NSB : 0u;  // routed block (shared blocks come first)
+  const uint32_t rank = rb / NCH;
   SHARED float zs[E];
   SHARED int32_t top[K];
   SHARED float topw[K];
@@ -128,10 +131,8 @@ COMMON = r"""
   constexpr int RPW = (FC + NW - 1) / NW;     // gate/up rows per warp
   constexpr int WC = FC / 16;                 // words of one down row in this chunk
   constexpr int DPT = (D + NT - 1) / NT;      // down rows per thread
-  const uint32_t c = bx % NCH;                // chunk of FC hidden units
+  const uint32_t c = rb % NCH;                // chunk of FC hidden units
   const bool live = slot >= 0;
-  SHARED float hs[FC];
-  SHARED float hsum[FC / 16];
   const DEVICE uint8_t* rec = arena + (uint64_t)(live ? slot : 0) * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
   // gate/up: warp warp_id takes rows warp_id + NW rr; lane word w = lane + 32 i of each row, so a
   // warp reads 128 contiguous bytes per row and step. The word loop is outside the row loop: the
@@ -205,7 +206,7 @@ COMMON = r"""
       UNROLL for (int w = 0; w < WC / 2; ++w) dsc[i][w] = F32(sc[w]);
     }
   }
-  DEVICE float* dst = out + ((uint64_t)t * (K * NCH) + bx) * D;
+  DEVICE float* dst = out + ((uint64_t)t * (K * NCH) + rb) * D;
   UNROLL for (int i = 0; i < DPT; ++i) {
     const uint32_t d = tid + NT * i;
     if (d < (uint32_t)D) {
@@ -223,10 +224,27 @@ COMMON = r"""
   }
 """
 
-SLOTS_SOURCE = KernelSource("strata_moe_slots", ("arena", "x", "slots", "weights"), ("out",),
-                            SLOTS_PREAMBLE + COMMON, HELPERS)
-ROUTE_SOURCE = KernelSource("strata_moe_route", ("arena", "x", "z", "slot_base"), ("out",),
-                            ROUTE_PREAMBLE + COMMON, HELPERS)
+# Threadgroup memory at the kernel's scope (Metal allows it nowhere else): the routed blocks'
+# h chunk and its per-word sums, and the shared blocks' x and h chunk (XSN = 1 without them).
+DECLS = r"""
+  SHARED float hs[HSN];
+  SHARED float hsum[FC / 16];
+  SHARED float xsh[XSN];
+"""
+# shared-expert blocks first (bx < NSB): they are the larger ones, so they start first
+BRANCH = r"""
+  if (bx < (uint32_t)NSB) {
+    const uint32_t sb = bx;
+""" + shared_kernel.SHARED_BLOCK + r"""
+  } else {
+""" + COMMON + r"""
+  }
+"""
+INPUTS_SHARED = ("sgate", "sup", "sdown")
+SLOTS_SOURCE = KernelSource("strata_moe_slots", ("arena", "x", "slots", "weights") + INPUTS_SHARED, ("out", "sout"),
+                            SLOTS_PREAMBLE + DECLS + BRANCH, HELPERS)
+ROUTE_SOURCE = KernelSource("strata_moe_route", ("arena", "x", "z", "slot_base") + INPUTS_SHARED, ("out", "sout"),
+                            ROUTE_PREAMBLE + DECLS + BRANCH, HELPERS)
 
 
 def chunk_rows(rec: RecordLayout, tokens: int) -> int:
@@ -251,9 +269,39 @@ def _template(rec: RecordLayout, k: int, fc: int) -> tuple[tuple[str, int], ...]
             ("DC", off["down"]), ("DS", sc["down"]), ("NT", THREADS))
 
 
-def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None) -> mx.array:
+def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
+    """The shared expert's inputs, template ints and block count (NSB = 0: none)."""
+    if shared is None:
+        none = absent(np.float16)
+        return [none, none, none], (("FS", 8), ("FCS", 8), ("NSB", 0), ("HSN", fc), ("XSN", 1)), 0
+    gate, up, down = shared
+    shared_kernel.check_hidden(rec.hidden)
+    tpl = tuple(kv for kv in shared_kernel.template(rec.hidden, gate.shape[0]) if kv[0] != "D")
+    fcs, nsb = dict(tpl)["FCS"], dict(tpl)["NSB"]
+    return [gate, up, down], tpl + (("HSN", max(fc, fcs)), ("XSN", rec.hidden)), nsb
+
+
+def full_template(rec: RecordLayout, k: int, fc: int, shared=None) -> tuple[tuple[str, int], ...]:
+    """Every template int of the host-slots kernel (tests that run the body directly)."""
+    return _template(rec, k, fc) + _with_shared(rec, fc, shared)[1]
+
+
+def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc: int, template: tuple,
+            shared) -> tuple[mx.array, mx.array | None]:
+    nch = rec.expert_ffn // fc
+    sh_inputs, sh_template, nsb = _with_shared(rec, fc, shared)
+    out, sout = launch(src, head + sh_inputs, [(t, k * nch, rec.hidden), (t, max(nsb, 1), rec.hidden)],
+                       [mx.float32, mx.float32], blocks=(nsb + k * nch, t, 1), threads=THREADS,
+                       template=template + sh_template)
+    return out, (sout if nsb else None)
+
+
+def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
+              shared=None) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, host-chosen slots. x [T, D], slots int [T, k] (-1 skip), weights [T, k]
-    (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D]"""
+    (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D].
+    shared (gate, up, down float16): the shared expert's blocks ride in the same launch and the
+    result is (routed partials, shared partials [T, Fs/FCS, D])."""
     t, k = slots.shape
     if isinstance(slots, np.ndarray):
         slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
@@ -261,24 +309,23 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, f
         slots = slots if slots.dtype == mx.int32 else slots.astype(mx.int32)
         weights = as_f32(weights)
     fc = fc or chunk_rows(rec, t)
-    nch = rec.expert_ffn // fc
-    return launch(SLOTS_SOURCE, [arena, as_f32(x), slots, weights],
-                  [(t, k * nch, rec.hidden)], [mx.float32], blocks=(k * nch, t, 1), threads=THREADS,
-                  template=_template(rec, k, fc))[0]
+    out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc, _template(rec, k, fc), shared)
+    return out if shared is None else (out, sout)
 
 
 def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
-              order: RoutingOrder, norm_topk_prob: bool, fc: int | None = None) -> mx.array:
+              order: RoutingOrder, norm_topk_prob: bool, fc: int | None = None,
+              shared=None) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, routing on the GPU (the model's own rule; every expert resident at
-    slot_base + e). x [T, D], z [T, E] -> partials float32 [T, k * F/FC, D]"""
+    slot_base + e). x [T, D], z [T, E] -> partials float32 [T, k * F/FC, D]; with shared (gate,
+    up, down), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
     t, e = z.shape
     fc = fc or chunk_rows(rec, t)
-    nch = rec.expert_ffn // fc
     template = _template(rec, k, fc) + (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                         ("NORM", int(norm_topk_prob)))
-    return launch(ROUTE_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)],
-                  [(t, k * nch, rec.hidden)], [mx.float32], blocks=(k * nch, t, 1), threads=THREADS,
-                  template=template)[0]
+    out, sout = _launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base)], t, k, fc,
+                        template, shared)
+    return out if shared is None else (out, sout)
 
 
 assert WORD_CODES == 16 and THREADS % WARP == 0
