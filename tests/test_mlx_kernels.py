@@ -25,6 +25,7 @@ from strata.mlx_backend import arena as arena_module
 from strata.mlx_backend.arena import MLX_MAX_DIM, ArenaView, MlxArena, arena_geometry
 from strata.mlx_backend.experts import routed_partials
 from strata.mlx_backend.kernels import emulate, moe
+from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.routing import route_batch
 from strata.mlx_backend.synthetic import SEED_SHAPE, random_params, random_records
@@ -63,6 +64,32 @@ def test_fused_experts_against_reference(path, seed):
         for fc in (32, 96 if rec.expert_ffn == 96 else 64):
             got = moe.moe_slots(records, rec, mx.array(x), slots, weights, fc=fc).sum(axis=1)
             assert_backends_agree(ref, got, "FAST", what=f"fused experts FC={fc}")
+        for threads in (128, 512):  # the block shapes the benchmark compares
+            got = moe.moe_slots(records, rec, mx.array(x), slots, weights, threads=threads).sum(axis=1)
+            assert_backends_agree(ref, got, "FAST", what=f"fused experts NT={threads}")
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_shared_expert_blocks_in_the_routed_launch(path):
+    """The shared expert's blocks riding in the routed kernel's grid give the standalone kernels'
+    partials, bit for bit (the same bodies on the same inputs), with host slots and GPU routing."""
+    with using_path(path):
+        rec, records, x, slots, weights, _ = _case(path, 7, k=4, tokens=3)
+        d, fs = rec.hidden, 2 * 64
+        rng = np.random.default_rng(7)
+        gate, up, down = (mx.array((rng.standard_normal(s) * 0.05).astype(np.float16)) for s in ((fs, d), (fs, d), (d, fs)))
+        xm = mx.array(x)
+        routed, shared = moe.moe_slots(records, rec, xm, slots, weights, shared=(gate, up, down))
+        np.testing.assert_array_equal(np.array(routed), np.array(moe.moe_slots(records, rec, xm, slots, weights)))
+        np.testing.assert_array_equal(np.array(shared), np.array(shared_kernel.shared_partials(xm, gate, up, down)))
+        z = mx.array(rng.standard_normal((3, 24)).astype(np.float32))
+        routed, shared2 = moe.moe_route(records, rec, xm, z, 0, 4, RoutingOrder.SOFTMAX_TOPK, True, shared=(gate, up, down))
+        np.testing.assert_array_equal(np.array(shared2), np.array(shared))
+        np.testing.assert_array_equal(np.array(routed),
+                                      np.array(moe.moe_route(records, rec, xm, z, 0, 4, RoutingOrder.SOFTMAX_TOPK, True)))
+        hf = lambda w: np.asarray(w, np.float64)  # noqa: E731
+        h = (lambda g, u: g / (1 + np.exp(-g)) * u)(x @ hf(gate).T, x @ hf(up).T)
+        assert_backends_agree(h @ hf(down).T, np.array(shared).sum(axis=1), "FAST", what="shared expert")
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)

@@ -256,7 +256,7 @@ def chunk_rows(rec: RecordLayout, tokens: int) -> int:
 
 
 @functools.cache
-def _template(rec: RecordLayout, k: int, fc: int) -> tuple[tuple[str, int], ...]:
+def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS) -> tuple[tuple[str, int], ...]:
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
     d, f = rec.hidden, rec.expert_ffn
@@ -266,7 +266,7 @@ def _template(rec: RecordLayout, k: int, fc: int) -> tuple[tuple[str, int], ...]
     sc = {n: rec.scales(n).offset for n in ("gate", "up", "down")}
     return (("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
             ("GC", off["gate"]), ("GS", sc["gate"]), ("UC", off["up"]), ("US", sc["up"]),
-            ("DC", off["down"]), ("DS", sc["down"]), ("NT", THREADS))
+            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads))
 
 
 def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
@@ -287,21 +287,22 @@ def full_template(rec: RecordLayout, k: int, fc: int, shared=None) -> tuple[tupl
 
 
 def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc: int, template: tuple,
-            shared) -> tuple[mx.array, mx.array | None]:
+            shared, threads: int) -> tuple[mx.array, mx.array | None]:
     nch = rec.expert_ffn // fc
     sh_inputs, sh_template, nsb = _with_shared(rec, fc, shared)
     out, sout = launch(src, head + sh_inputs, [(t, k * nch, rec.hidden), (t, max(nsb, 1), rec.hidden)],
-                       [mx.float32, mx.float32], blocks=(nsb + k * nch, t, 1), threads=THREADS,
+                       [mx.float32, mx.float32], blocks=(nsb + k * nch, t, 1), threads=threads,
                        template=template + sh_template)
     return out, (sout if nsb else None)
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
-              shared=None) -> mx.array | tuple[mx.array, mx.array]:
+              shared=None, threads: int = THREADS) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, host-chosen slots. x [T, D], slots int [T, k] (-1 skip), weights [T, k]
     (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D].
     shared (gate, up, down float16): the shared expert's blocks ride in the same launch and the
-    result is (routed partials, shared partials [T, Fs/FCS, D])."""
+    result is (routed partials, shared partials [T, Fs/FCS, D]). fc / threads: other block shapes
+    (the benchmarks compare them)."""
     t, k = slots.shape
     if isinstance(slots, np.ndarray):
         slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
@@ -309,7 +310,8 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, f
         slots = slots if slots.dtype == mx.int32 else slots.astype(mx.int32)
         weights = as_f32(weights)
     fc = fc or chunk_rows(rec, t)
-    out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc, _template(rec, k, fc), shared)
+    out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc,
+                        _template(rec, k, fc, threads), shared, threads)
     return out if shared is None else (out, sout)
 
 
@@ -324,7 +326,7 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     template = _template(rec, k, fc) + (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                         ("NORM", int(norm_topk_prob)))
     out, sout = _launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base)], t, k, fc,
-                        template, shared)
+                        template, shared, THREADS)
     return out if shared is None else (out, sout)
 
 
