@@ -3,7 +3,7 @@
 # differential tests on the CUDA build of MLX, benchmarks/kernels.py, benchmarks/decode.py, and
 # (time permitting) ncu's GPU-side time of the fused expert kernel vs gather_qmm.
 # Logs and JSON lines land in $OUT (the device tool brings them back; at most 8 files: env,
-# summary, tests, junit.xml, kernels, decode, ncu, results.jsonl). Each stage has its own time
+# summary, tests, junit.xml, kernels, decode, ncu_moe, ncu; the JSON lines are in kernels.log and decode.log). Each stage has its own time
 # limit, a share of STRATA_DEVICE_BUDGET, and a failing stage does not stop the next. A stage at
 # its limit gets SIGINT first: pytest then still prints its summary and writes junit.xml, and the
 # benchmarks have already printed a JSON-PART line per finished part.
@@ -66,9 +66,15 @@ stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 stage decode "$DECODE_S" bash -c "python3 benchmarks/decode.py $DECODE_ARGS; for n in 6 64; do
   MLX_MAX_OPS_PER_BUFFER=\$n python3 benchmarks/decode.py --skip streaming,handshake --tokens 8; done"
 if command -v ncu >/dev/null; then
-  stage ncu 80 ncu --clock-control none -k 'regex:strata_|qmm' --metrics \
-    gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    python3 benchmarks/kernels.py --ncu
+  # the expert kernel's 64-token launches (one per block shape), with the sections that say why
+  # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
+  # (the prompt's 14 launches skipped)
+  stage ncu_moe 75 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+    python3 benchmarks/kernels.py --ncu moe
+  stage ncu 75 ncu --clock-control none -k 'regex:strata_' --launch-skip 14 --metrics \
+    gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/kernels.py --ncu decode
 fi
-grep -h '^JSON' "$OUT"/kernels.log "$OUT"/decode.log > "$OUT/results.jsonl" 2>/dev/null
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"

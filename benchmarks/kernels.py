@@ -46,6 +46,8 @@ from strata.model_config import RoutingOrder  # noqa: E402
 from strata.reference.experts import routed_experts  # noqa: E402
 
 GROUP = 32
+# (FC hidden units, NT threads) per block of the fused expert kernel; the first is the default
+BLOCK_SHAPES = ((32, moe.THREADS), (32, 128), (32, 512), (64, moe.THREADS))
 
 
 def on_device(a) -> mx.array:
@@ -117,7 +119,9 @@ def gather_qmm_experts(stack, x16: mx.array, idx: mx.array, weights: mx.array) -
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on any machine")
-    ap.add_argument("--ncu", action="store_true", help="only a few single-token launches (for ncu)")
+    ap.add_argument("--ncu", choices=("all", "moe", "decode"), nargs="?", const="all", default=None,
+                    help="only a few launches for ncu to time: the expert kernel at 1 and 64 tokens and "
+                         "gather_qmm (moe), every kernel of a decoded token (decode), or both (all)")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
     small = args.small
@@ -137,19 +141,22 @@ def main() -> int:
         if not gpu:
             print("--ncu needs the GPU path")
             return 1
-        stack = natural_stack(records, rec)
-        mx.eval(records.sum())  # every record read once before the profiled launches
-        x = on_device(np.random.default_rng(1).standard_normal((1, d)).astype(np.float32))
-        w = on_device(np.full((1, k), 0.1, np.float32))
-        for i in range(3):
-            s = slots_for(1)
-            sd = on_device(s)
-            mx.eval(moe.moe_slots(records, rec, x, sd, w))
-            mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), sd, w))
-        x64 = on_device(np.random.default_rng(2).standard_normal((64, d)).astype(np.float32))
-        w64 = on_device(np.full((64, k), 0.1, np.float32))
-        for fc in (32, 64):
-            mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc))
+        if args.ncu in ("all", "moe"):  # 3 single-token launches, then one 64-token launch per block shape
+            stack = natural_stack(records, rec)
+            mx.eval(records.sum())  # every record read once before the profiled launches
+            x = on_device(np.random.default_rng(1).standard_normal((1, d)).astype(np.float32))
+            w = on_device(np.full((1, k), 0.1, np.float32))
+            for i in range(3):
+                s = slots_for(1)
+                sd = on_device(s)
+                mx.eval(moe.moe_slots(records, rec, x, sd, w))
+                mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), sd, w))
+            x64 = on_device(np.random.default_rng(2).standard_normal((64, d)).astype(np.float32))
+            w64 = on_device(np.full((64, k), 0.1, np.float32))
+            for fc, nt in BLOCK_SHAPES:
+                mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc, threads=nt))
+        if args.ncu == "moe":
+            return 0
         # every kernel of a decoded token (2 layers of the seed's shape): the per-kernel GPU times
         cfg = replace(SEED_SHAPE, n_layers=2)
         p = random_params(cfg, seed=0, pred_q8=False)
@@ -213,12 +220,12 @@ def main() -> int:
         mx.eval(*xs)
         variants = {}
         if gpu:
-            for fc in (32, 64):
+            for fc, nt in BLOCK_SHAPES:
                 if f % fc:
                     continue
-                def fused(fc=fc):
-                    mx.eval([moe.moe_slots(records, rec, xs[i], ssd[i], wsd[i], fc=fc) for i in range(reps)])
-                variants[f"fused FC={fc}"] = median_time(fused, warmup=2, reps=5) / reps
+                def fused(fc=fc, nt=nt):
+                    mx.eval([moe.moe_slots(records, rec, xs[i], ssd[i], wsd[i], fc=fc, threads=nt) for i in range(reps)])
+                variants[f"fused FC={fc} NT={nt}"] = median_time(fused, warmup=2, reps=5) / reps
         idxs, wms = ssd, wsd
         x16 = [x.astype(mx.float16) for x in xs]
         mx.eval(*idxs, *wms, *x16)

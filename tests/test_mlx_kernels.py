@@ -248,7 +248,7 @@ def test_decode_launches_per_layer_within_budget():
             state = mlx_model.MlxModelState.empty(cfg)
             prompt_logits, state = mlx_model.forward(p, state, np.array([1, 2]))
             mx.eval(prompt_logits)  # the decoded token's graph alone is counted
-            logits, _ = mlx_model.forward(p, state, np.array([5]))
+            logits, _ = mlx_model.forward(p, state, np.array([5]), eval_every=0)  # the whole graph, lazy
             before = sum(LAUNCHES.values())
             counts[n] = sum(graph_launches(logits).values())
             mx.eval(logits)
