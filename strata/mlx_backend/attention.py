@@ -1,10 +1,12 @@
 """Grouped-query attention on MLX arrays: the twin of strata.reference.attention.
 
-Three layers (STYLE §4): kernels/attention.py (fused QKV + norms + RoPE + cache write, and
-attention + output projection per head), an MLX-ops path, and `attention_partials` which
-chooses. The KV cache is preallocated per layer ([KVH, max_context, HD] float32) and written in
-place at positions length..length+T-1 (kernel path: by the QKV kernel; ops path: one
-slice update, in place when nothing else aliases the cache).
+Three layers (STYLE §4): the kernels, an MLX-ops path, and `attention_partials` which chooses.
+The kernel path is three launches (kernels/attention.py says why, with the H200's numbers):
+the QKV projection (kernels/dense_gemv.py: RMSNorm + W_qkv + bias -> raw q | k | v rows),
+`attend` (q/k RMSNorm + RoPE, attention over the cache and the chunk's own positions, cache
+write) and the output projection (dense_gemv). The KV cache is preallocated per layer
+([KVH, max_context, HD] float32) and written in place at positions length..length+T-1 (kernel
+path: by `attend`; ops path: one slice update, in place when nothing else aliases the cache).
 
 RoPE uses a cos/sin table computed once on the host in float64 exactly as the reference
 computes its angles, so both paths rotate by the reference's float32 values.
@@ -18,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn_kernels
+from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
 
@@ -76,7 +79,8 @@ class AttentionWeights:
 
 def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
     return (current_path() is not KernelPath.OPS and w.wqkv.dtype == mx.float16 and cfg.qk_norm is not QKNorm.FULL
-            and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.THREADS)
+            and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.MAX_HEAD_DIM
+            and cfg.hidden_size <= dense_kernel.MAX_COLS and cfg.n_heads * cfg.head_dim <= dense_kernel.MAX_COLS)
 
 
 def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
@@ -131,20 +135,22 @@ def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
 
 
 def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
-    """The attention output of new positions as partials (their sum over axis 1 is the output).
+    """The attention output of new positions as partials (their sum over axis 1 is the output;
+    one part on both paths: the router kernel adds x + sum_p parts).
 
     Shapes:
-        x float32 [T, D] (the residual, not yet normed) -> ([T, P, D], MlxLayerKV with T more positions)
+        x float32 [T, D] (the residual, not yet normed) -> ([T, 1, D], MlxLayerKV with T more positions)
     """
     t = x.shape[0]
     if kv.length + t > cfg.max_context:
         raise ValueError(f"attention: {kv.length + t} positions exceed the context of {cfg.max_context}")
     if _kernel_ok(cfg, w):
         cos, sin = rope_table_cached(cfg)
-        q = attn_kernels.qkv_rope(x, w.norm, w.wqkv, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values,
-                                  kv.length, cfg.rms_norm_eps, cfg.n_heads)
-        parts = attn_kernels.attend(q, kv.keys, kv.values, w.wo, kv.length)
-        return parts, MlxLayerKV(kv.keys, kv.values, kv.length + t)
+        qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH) HD]
+        o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
+                                cfg.rms_norm_eps, cfg.n_heads)  # [T, H HD]
+        out = dense_kernel.dense_gemv(w.wo, o)  # [T, D]
+        return out[:, None, :], MlxLayerKV(kv.keys, kv.values, kv.length + t)
     out, kv = _ops(cfg, w, kv, x)
     return out[:, None, :], kv
 

@@ -1,0 +1,139 @@
+"""The decode attention's three launches (QKV GEMV, attend, output GEMV) on the emulated kernel
+path against the reference, on the cases the model twins reach only by chance: a prompt chunk of
+T > 1 at pos0 > 0, GQA groups > 1, q/k norm on and off, bias on and off, head_dim with one and
+two rotate-half pairs per lane; and the cache after each call holds the reference's keys
+(normed, roped) and values. Then the dense GEMV alone: two rows per warp, a row tail, batched
+loads (more 16-byte groups per lane than one batch), and the Metal / CUDA compile check of the
+specialisation the tiny models never launch (two rows per warp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_agree import assert_backends_agree
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials
+from strata.mlx_backend.kernels import dense_gemv as dense_kernel
+from strata.mlx_backend.kernels import emulate
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path
+from strata.mlx_backend.kernels.preludes import Dialect
+from strata.model_config import QKNorm, TensorNames
+from strata.reference.attention import LayerKV, attention, rms_norm
+from strata.testing import SHAPES
+
+pytestmark = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
+
+CHUNKS = (3, 4, 1)  # a prompt chunk at 0, a chunk of 4 at pos0 = 3, then a decoded token at 7
+
+
+def fp16_exact(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _layer(cfg, rng) -> tuple[dict, AttentionWeights]:
+    """Layer 0's attention weights (float16-exact): the reference's dict and the kernel path's."""
+    n, d, hd = TensorNames, cfg.hidden_size, cfg.head_dim
+    qr, kr = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    w = {n.attn_norm: 1.0 + 0.2 * rng.standard_normal(d), n.attn_q: rng.standard_normal((qr, d)) / np.sqrt(d),
+         n.attn_k: rng.standard_normal((kr, d)) / np.sqrt(d), n.attn_v: rng.standard_normal((kr, d)) / np.sqrt(d),
+         n.attn_output: rng.standard_normal((d, qr)) / np.sqrt(qr)}
+    if cfg.attention_bias:
+        w.update({n.attn_q_bias: rng.standard_normal(qr), n.attn_k_bias: rng.standard_normal(kr),
+                  n.attn_v_bias: rng.standard_normal(kr)})
+    if cfg.qk_norm is QKNorm.PER_HEAD:
+        w.update({n.attn_q_norm: 1.0 + 0.2 * rng.standard_normal(hd), n.attn_k_norm: 1.0 + 0.2 * rng.standard_normal(hd)})
+    w = {k: fp16_exact(v) for k, v in w.items()}
+    dense = {n.block(0, k): v for k, v in w.items()}
+    h16 = lambda a: mx.array(a).astype(mx.float16)  # noqa: E731
+    bias = np.concatenate([w[n.attn_q_bias], w[n.attn_k_bias], w[n.attn_v_bias]]) if cfg.attention_bias else None
+    qkn = cfg.qk_norm is QKNorm.PER_HEAD
+    fast = AttentionWeights(h16(w[n.attn_norm]), h16(np.concatenate([w[n.attn_q], w[n.attn_k], w[n.attn_v]])),
+                            None if bias is None else h16(bias), h16(w[n.attn_q_norm]) if qkn else None,
+                            h16(w[n.attn_k_norm]) if qkn else None, h16(w[n.attn_output]))
+    return dense, fast
+
+
+@pytest.mark.parametrize("qkn", [QKNorm.PER_HEAD, QKNorm.NONE], ids=["qknorm", "no_qknorm"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("heads", [(8, 2, 32), (4, 1, 128), (6, 3, 16)], ids=["group4_hd32", "group4_hd128", "group2_hd16"])
+def test_attention_chunks_and_cache_against_reference(qkn, bias, heads):
+    h, kvh, hd = heads
+    cfg = replace(SHAPES["tiny"], hidden_size=96, n_heads=h, n_kv_heads=kvh, head_dim=hd, qk_norm=qkn,
+                  attention_bias=bias, max_context=16)
+    rng = np.random.default_rng([h, kvh, hd, int(bias), int(qkn is QKNorm.NONE)])
+    dense, w = _layer(cfg, rng)
+    kv_r, kv_f = LayerKV.empty(cfg), MlxLayerKV.empty(cfg)
+    with using_path(KernelPath.EMULATED):
+        for t in CHUNKS:
+            x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
+            pos0 = kv_f.length
+            ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, dense[TensorNames.block(0, TensorNames.attn_norm)],
+                                                                  cfg.rms_norm_eps))
+            before = sum(LAUNCHES.values())
+            parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
+            mx.eval(parts)
+            assert sum(LAUNCHES.values()) - before == 3  # QKV GEMV, attend, output GEMV
+            assert parts.shape == (t, 1, cfg.hidden_size)
+            what = f"chunk of {t} at {pos0}"
+            assert_backends_agree(ref, parts[:, 0], "FAST", what=what)
+            assert kv_f.length == kv_r.length
+            keys, values = np.array(kv_f.keys), np.array(kv_f.values)
+            assert_backends_agree(kv_r.keys, keys[:, :kv_f.length], "FAST", what=f"{what}: cached keys")
+            assert_backends_agree(kv_r.values, values[:, :kv_f.length], "FAST", what=f"{what}: cached values")
+            assert not keys[:, kv_f.length:].any() and not values[:, kv_f.length:].any(), "written past the chunk"
+
+
+def test_attention_is_deterministic():
+    """The same chunk over the same cache twice: the same bits (no atomics, a fixed merge order)."""
+    cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=32, max_context=16)
+    rng = np.random.default_rng(7)
+    _, w = _layer(cfg, rng)
+    prefix, x = rng.standard_normal((5, 64)).astype(np.float32), mx.array(rng.standard_normal((2, 64)).astype(np.float32))
+    with using_path(KernelPath.EMULATED):
+        _, kv = attention_partials(cfg, w, MlxLayerKV.empty(cfg), mx.array(prefix))
+        a, _ = attention_partials(cfg, w, kv, x)
+        b, _ = attention_partials(cfg, w, kv, x)
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def _gemv_ref(w, x, norm_w, eps, bias):
+    xn = rms_norm(x, norm_w, eps) if norm_w is not None else x
+    y = xn.astype(np.float64) @ w.astype(np.float64).T
+    return (y + bias if bias is not None else y).astype(np.float32)
+
+
+@pytest.mark.parametrize("rpw", [1, 2])
+@pytest.mark.parametrize("shape", [(37, 2600), (21, 72)], ids=["batched_loads", "narrow"])
+@pytest.mark.parametrize("norm,bias", [(True, True), (False, False)], ids=["norm_bias", "plain"])
+def test_dense_gemv_against_reference(monkeypatch, rpw, shape, norm, bias):
+    """Rows past R in the last block, C/8 groups not a multiple of 32, more groups per lane than
+    a batch of loads (C = 2600: 11 per lane, 8 per batch at two rows per warp)."""
+    if rpw == 2:
+        monkeypatch.setattr(dense_kernel, "MIN_BLOCKS_FOR_TWO_ROWS", 1)
+    r, c = shape
+    assert dense_kernel.rows_per_warp(r) == rpw
+    rng = np.random.default_rng([r, c, rpw])
+    w = fp16_exact(rng.standard_normal((r, c)) / np.sqrt(c))
+    x = rng.standard_normal((3, c)).astype(np.float32)
+    nw = fp16_exact(1.0 + 0.2 * rng.standard_normal(c)) if norm else None
+    b = fp16_exact(rng.standard_normal(r)) if bias else None
+    h16 = lambda a: None if a is None else mx.array(a).astype(mx.float16)  # noqa: E731
+    with using_path(KernelPath.EMULATED):
+        y = dense_kernel.dense_gemv(h16(w), mx.array(x), h16(nw), 1e-6, bias=h16(b))
+    assert_backends_agree(_gemv_ref(w, x, nw, 1e-6, b), y, "FAST", what=f"dense GEMV {r}x{c} rpw {rpw}")
+
+
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+def test_two_rows_per_warp_compiles(tmp_path, monkeypatch, dialect):
+    """The LM head's specialisation (two rows per warp, batched loads) as Metal and CUDA."""
+    from test_metal_compile import _check
+
+    monkeypatch.setattr(dense_kernel, "MIN_BLOCKS_FOR_TWO_ROWS", 1)
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        mx.eval(dense_kernel.dense_gemv(mx.ones((20, 2600), mx.float16), mx.ones((1, 2600)), mx.ones((2600,), mx.float16), 1e-6))
+    assert len(rec) == 1 and dict(rec[0][3])["RPW"] == 2
+    assert _check(tmp_path, dialect, rec[0]) is None
