@@ -234,6 +234,12 @@ def slots_for(selections: list[Selection], use: Use) -> tuple[np.ndarray, np.nda
     """
     where = dict(zip(use.experts, use.slots))
     k = max((len(sel.experts) for sel in selections), default=0)
+    if len(selections) == 1 and len(selections[0].experts) == k:  # decode: one row, no per-item numpy writes
+        sel = selections[0]
+        row = [where.get(e, -1) for e in sel.experts.tolist()]
+        slots = np.array([row], np.int64).reshape(1, k)
+        weights = np.where(slots >= 0, sel.weights.astype(np.float32, copy=False), np.float32(0))
+        return slots, weights
     slots = np.full((len(selections), k), -1, np.int64)
     weights = np.zeros((len(selections), k), np.float32)
     for t, sel in enumerate(selections):

@@ -135,43 +135,48 @@ class Streamer:
             overlap_at = len(actions) - 1
             if len(actions) >= 2 and isinstance(actions[-2], WaitFor):
                 overlap_at -= 1
+        pool, key, ticket = self.pool, self._key, self._ticket
         reads: list = []  # consecutive Reads go to the pool in one batch (one lock, one wake-up each)
         for i, a in enumerate(actions):
             if i == overlap_at:
                 if reads:
-                    self.pool.submit_many(reads)
+                    pool.submit_many(reads)
                     reads = []
                 t = time.perf_counter()
                 overlap()
                 dt = time.perf_counter() - t
                 self.times.overlap += dt
                 outside += dt
-            if isinstance(a, Read):
-                self._key[a.slot] = (a.layer, a.expert)
-                self._ticket[a.slot] = a.ticket
+            kind = type(a)  # exact types: the machine's actions are final dataclasses
+            if kind is Read:
+                key[a.slot] = (a.layer, a.expert)
+                ticket[a.slot] = a.ticket
                 reads.append((a.ticket, a.slot, a.layer, a.expert, a.urgent))
                 continue
-            if isinstance(a, Evict):  # bookkeeping only: the batch of reads goes on
-                self._key[a.slot] = (-1, -1)
+            if kind is Evict:  # bookkeeping only: the batch of reads goes on
+                key[a.slot] = (-1, -1)
                 continue
             if reads:
-                self.pool.submit_many(reads)
+                pool.submit_many(reads)
                 reads = []
-            if isinstance(a, Cancel):
-                self.pool.cancel(a.ticket)
-            elif isinstance(a, WaitFor):
-                waited += self.pool.wait([self._ticket[s] for s in a.slots])
-            elif isinstance(a, Use):
+            if kind is Cancel:
+                pool.cancel(a.ticket)
+            elif kind is WaitFor:
+                waited += pool.wait([ticket[s] for s in a.slots])
+            elif kind is Use:
+                layer = a.layer
                 for e, s in zip(a.experts, a.slots):
-                    if self._key[s] != (a.layer, e):
-                        raise AssertionError(f"cache said slot {s} holds layer {a.layer} expert {e}, "
-                                             f"the runtime read {self._key[s]} into it")
-                    self.pool.check(s, self._ticket[s], a.layer, e)
+                    if key[s] != (layer, e):
+                        raise AssertionError(f"cache said slot {s} holds layer {layer} expert {e}, "
+                                             f"the runtime read {key[s]} into it")
+                pool.check_many(a.slots, [ticket[s] for s in a.slots], layer, a.experts)
                 if on_use is None:
-                    raise AssertionError(f"a Use of layer {a.layer} outside a layer turn")
+                    raise AssertionError(f"a Use of layer {layer} outside a layer turn")
                 t = time.perf_counter()
                 on_use(a)
                 outside += time.perf_counter() - t
+            else:
+                raise AssertionError(f"not a cache action: {a!r}")
         if reads:
-            self.pool.submit_many(reads)
+            pool.submit_many(reads)
         return outside, waited
