@@ -48,7 +48,7 @@ def expand(body: str, **snippets: str) -> str:
     """body with each line that is only a snippet's name replaced by the snippet, indented alike."""
     def one(m: re.Match) -> str:
         return textwrap.indent(textwrap.dedent(snippets[m.group(2)]).strip("\n"), m.group(1)) + "\n"
-    return re.sub(r"^( *)(" + "|".join(snippets) + r")\n", one, body, flags=re.M)
+    return re.sub(r"^( *)(" + "|".join(snippets) + r")\n", one, body, flags=re.MULTILINE)
 
 
 THREADS = 128  # 4 warps, one row each: 128 blocks at the seed shape, one per H200 SM
