@@ -11,7 +11,10 @@ straight layout, lane l reading xn[8 l + j], is an 8-way bank conflict: 640 shar
 per row at C = 2560, against ~250 cycles of HBM time for the row's 5 KB). Then a warp per RPW
 rows: each lane owns the 16-byte groups g = lane + 32 i of the rows and issues all of them
 (up to MAX_LOADS per lane) before using any, so a lane has 160 bytes in flight at C = 2560
-instead of waiting on memory once per group. At the seed shape (D 2560, 16 + 2 x 4 heads of
+instead of waiting on memory once per group. Writing the loads first is not enough: ptxas
+(CUDA 13, sm_90) interleaved them with their FMAs, 3 in flight, to stay at 32 registers (the old
+fused kernels' loads were interleaved the same way, SASS read with nvdisasm); a `warp_sync()`
+between the loads and their use keeps all 10 LDG.128 ahead (55 registers at C = 2560). At the seed shape (D 2560, 16 + 2 x 4 heads of
 128) the QKV projection runs on 384 blocks of 8 rows (40 KB of weights each, 2.9 per H200 SM)
 and the output projection on 320 blocks (32 KB each); the old fused QKV kernel had 24 blocks
 (one per head slot), so 24 of 132 SMs moved all 15.7 MB (64 us, ~12% of copy bandwidth).
@@ -80,6 +83,7 @@ BODY = r"""
       const int gc = g < GPR ? g : GPR - 1;  // past the row: re-read its last group (unused; no branch)
       UNROLL for (int k = 0; k < RPW; ++k) wv[k][i] = load_h8(rows[k] + 8 * gc);
     }
+    warp_sync();  // a fence for the scheduler: the loads above all issue before the FMAs below
     UNROLL for (int i = 0; i < GB; ++i) {
       const int g = (int)lane + 32 * (b * GB + i);
       if (g < GPR) {

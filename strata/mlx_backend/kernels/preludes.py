@@ -6,6 +6,9 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
     memory     SHARED (block-shared array), DEVICE (global-memory pointer qualifier),
                BARRIER() (block barrier, threadgroup memory)
     reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
+    warp_sync() a warp barrier (every lane of the warp calls it), used as a scheduling fence: ptxas
+               issues every global load above it before any use below (without one it interleaves
+               a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
     math       F32(x) (to float), exp_f, sqrt_f, NEG_BIG (a finite -infinity), UNROLL,
@@ -53,6 +56,7 @@ struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
 INLINE float warp_max(float x) { return simd_max(x); }
+INLINE void warp_sync() { simdgroup_barrier(mem_flags::mem_none); }
 INLINE float exp_f(float x) { return metal::exp(x); }
 INLINE float sqrt_f(float x) { return metal::sqrt(x); }
 #ifndef __METAL_VERSION__
@@ -107,6 +111,7 @@ INLINE float warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
+INLINE void warp_sync() { __syncwarp(); }
 INLINE float exp_f(float x) { return expf(x); }
 INLINE float sqrt_f(float x) { return sqrtf(x); }
 INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
@@ -153,6 +158,7 @@ struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
+INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait(); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
 INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }

@@ -15,6 +15,7 @@
 struct dim3 { unsigned int x, y, z; };
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 void __syncthreads();
+void __syncwarp(unsigned int mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
 float __shfl_sync(unsigned int mask, float v, int src);
 
