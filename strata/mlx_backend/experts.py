@@ -161,7 +161,7 @@ def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weig
     """
     if slots.shape[1] == 0:  # every selection dropped (drop-tail)
         return mx.zeros((x.shape[0], 1, x.shape[1]), mx.float32)
-    if _kernel_path() and rec.qtype is QuantType.Q2_0:
+    if _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN:
         return moe.moe_slots(arena, rec, x, slots, weights)
     slots_mx = slots if isinstance(slots, mx.array) else mx.array(np.asarray(slots, np.int32))
     w_mx = weights if isinstance(weights, mx.array) else mx.array(np.asarray(weights, np.float32))
@@ -190,7 +190,7 @@ def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
     """
-    if _kernel_path() and rec.qtype is QuantType.Q2_0:
+    if _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN:
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
     experts, weights, _, _ = select_device(z, rule, None, None, 0.0)
     if stack is None:
@@ -207,7 +207,7 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
     """
-    if (shared is not None and _kernel_path() and rec.qtype is QuantType.Q2_0 and shared.gate.dtype == mx.float16
+    if (shared is not None and _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN and shared.gate.dtype == mx.float16
             and rec.hidden <= shared_kernel.MAX_HIDDEN):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
                              shared=(shared.gate, shared.up, shared.down))

@@ -48,6 +48,7 @@ from strata.model_config import RoutingOrder
 
 Q2 = layout(QuantType.Q2_0)
 THREADS = 256
+MAX_HIDDEN = 8192  # x pre-scaled in threadgroup memory: 1.25 D floats (40 KB at 8192) of the 48 KB
 WORD_CODES = 32 // Q2.bits  # 16 codes per uint32 word
 
 SLOTS_PREAMBLE = r"""
@@ -134,34 +135,49 @@ COMMON = r"""
   const uint32_t c = rb % NCH;                // chunk of FC hidden units
   const bool live = slot >= 0;
   const DEVICE uint8_t* rec = arena + (uint64_t)(live ? slot : 0) * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
+  // x, once per block: pre-scaled per code into threadgroup memory (word w's 16 values at
+  // XW * w: the 16-byte reads of 8 lanes then meet 8 different bank quads) and each word's plain
+  // sum, in the order the arithmetic below used when it read x itself. That version loaded x
+  // from L2 and summed it at every step before issuing the step's weight loads, so each step
+  // waited for an L2 round trip and then a DRAM one (SASS, sm_90), and spent 32 of its ~520
+  // instructions re-scaling x.
+  for (uint32_t w = tid; w < (uint32_t)WPR; w += NT) {
+    float s = 0.0f;
+    UNROLL for (int j = 0; j < 16; j += 4) {
+      const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
+      UNROLL for (int q = 0; q < 4; ++q) { xsh[XW * w + j + q] = v.v[q] * q2_scale(j + q); s += v.v[q]; }
+    }
+    xsum[w] = s;
+  }
+  BARRIER();
   // gate/up: warp warp_id takes rows warp_id + NW rr; lane word w = lane + 32 i of each row, so a
   // warp reads 128 contiguous bytes per row and step. The word loop is outside the row loop: the
-  // lane's 16 x values of word w (pre-scaled per code) live only through step i (fewer registers,
-  // more blocks per SM), and each step has the RPW rows' loads in flight together.
+  // lane's 16 x values of word w live only through step i (fewer registers, more blocks per SM).
+  // Each step issues the RPW rows' loads together; warp_sync() keeps ptxas from sinking them
+  // into the arithmetic.
   float ga[RPW], ua[RPW];
   UNROLL for (int rr = 0; rr < RPW; ++rr) { ga[rr] = 0.0f; ua[rr] = 0.0f; }
   UNROLL for (int i = 0; i < WPL; ++i) {
     const int w = (int)lane + 32 * i;
-    if (w < WPR) {  // lane-dependent only where WPR is not a multiple of 32; no warp op inside
+    const bool wl = w < WPR;  // lane-dependent only where WPR is not a multiple of 32
+    uint32_t gw[RPW], uw[RPW];
+    float gd[RPW], ud[RPW];
+    UNROLL for (int rr = 0; rr < RPW; ++rr) {  // every load of the step before any use
+      const int r = (int)warp_id + NW * rr;
+      gw[rr] = 0u; uw[rr] = 0u; gd[rr] = 0.0f; ud[rr] = 0.0f;
+      if (wl && live && r < FC) {
+        const uint64_t f = (uint64_t)c * FC + r;
+        gw[rr] = ((const DEVICE uint32_t*)(rec + GC + f * (D / 4)))[w];
+        uw[rr] = ((const DEVICE uint32_t*)(rec + UC + f * (D / 4)))[w];
+        gd[rr] = F32(((const DEVICE half_t*)(rec + GS))[f * (D / 32) + (w >> 1)]);
+        ud[rr] = F32(((const DEVICE half_t*)(rec + US))[f * (D / 32) + (w >> 1)]);
+      }
+    }
+    warp_sync();
+    if (wl) {
       float xv[16];
-      float xs = 0.0f;
-      UNROLL for (int j = 0; j < 16; j += 4) {
-        const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
-        UNROLL for (int q = 0; q < 4; ++q) { xv[j + q] = v.v[q] * q2_scale(j + q); xs += v.v[q]; }
-      }
-      uint32_t gw[RPW], uw[RPW];
-      float gd[RPW], ud[RPW];
-      UNROLL for (int rr = 0; rr < RPW; ++rr) {  // every load of the step before any use
-        const int r = (int)warp_id + NW * rr;
-        gw[rr] = 0u; uw[rr] = 0u; gd[rr] = 0.0f; ud[rr] = 0.0f;
-        if (live && r < FC) {
-          const uint64_t f = (uint64_t)c * FC + r;
-          gw[rr] = ((const DEVICE uint32_t*)(rec + GC + f * (D / 4)))[w];
-          uw[rr] = ((const DEVICE uint32_t*)(rec + UC + f * (D / 4)))[w];
-          gd[rr] = F32(((const DEVICE half_t*)(rec + GS))[f * (D / 32) + (w >> 1)]);
-          ud[rr] = F32(((const DEVICE half_t*)(rec + US))[f * (D / 32) + (w >> 1)]);
-        }
-      }
+      UNROLL for (int j = 0; j < 16; ++j) xv[j] = xsh[XW * w + j];
+      const float xs = xsum[w];
       UNROLL for (int rr = 0; rr < RPW; ++rr) {
         if (live && (int)warp_id + NW * rr < FC) {
           const uint32_t gl = q2_lo(gw[rr]), gh = q2_hi(gw[rr]), ul = q2_lo(uw[rr]), uh = q2_hi(uw[rr]);
@@ -225,11 +241,13 @@ COMMON = r"""
 """
 
 # Threadgroup memory at the kernel's scope (Metal allows it nowhere else): the routed blocks'
-# h chunk and its per-word sums, and the shared blocks' x and h chunk (XSN = 1 without them).
+# h chunk and its per-word sums, x pre-scaled and its per-word sums; the shared blocks' x and h chunk.
 DECLS = r"""
+  constexpr int XW = 20;  // floats per x word in threadgroup memory (16 values, 4 of padding)
   SHARED float hs[HSN];
   SHARED float hsum[FC / 16];
-  SHARED float xsh[XSN];
+  SHARED float xsh[(D / 16) * XW];  // routed blocks: x pre-scaled per code; shared blocks: x
+  SHARED float xsum[D / 16];
 """
 # shared-expert blocks first (bx < NSB): they are the larger ones, so they start first
 BRANCH = r"""
@@ -260,8 +278,9 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS) -> tup
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
     d, f = rec.hidden, rec.expert_ffn
-    if f % fc or fc % Q2.block_size or d % (Q2.block_size * 4 // 2):
-        raise ValueError(f"fused experts: F={f} must be a multiple of FC={fc} (a multiple of 32), D={d} of 16")
+    if f % fc or fc % Q2.block_size or d % (Q2.block_size * 4 // 2) or d > MAX_HIDDEN:
+        raise ValueError(f"fused experts: F={f} must be a multiple of FC={fc} (a multiple of 32), D={d} of 16 "
+                         f"and at most {MAX_HIDDEN}")
     off = {n: rec.codes(n).offset for n in ("gate", "up", "down")}
     sc = {n: rec.scales(n).offset for n in ("gate", "up", "down")}
     return (("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
@@ -273,12 +292,12 @@ def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
     """The shared expert's inputs, template ints and block count (NSB = 0: none)."""
     if shared is None:
         none = absent(np.float16)
-        return [none, none, none], (("FS", 8), ("FCS", 8), ("NSB", 0), ("HSN", fc), ("XSN", 1)), 0
+        return [none, none, none], (("FS", 8), ("FCS", 8), ("NSB", 0), ("HSN", fc)), 0
     gate, up, down = shared
     shared_kernel.check_hidden(rec.hidden)
     tpl = tuple(kv for kv in shared_kernel.template(rec.hidden, gate.shape[0]) if kv[0] != "D")
     fcs, nsb = dict(tpl)["FCS"], dict(tpl)["NSB"]
-    return [gate, up, down], tpl + (("HSN", max(fc, fcs)), ("XSN", rec.hidden)), nsb
+    return [gate, up, down], tpl + (("HSN", max(fc, fcs)),), nsb
 
 
 def full_template(rec: RecordLayout, k: int, fc: int, shared=None) -> tuple[tuple[str, int], ...]:
