@@ -27,6 +27,7 @@ from strata.mlx_backend.experts import routed_partials
 from strata.mlx_backend.kernels import emulate, moe
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.routing import route_batch
 from strata.mlx_backend.synthetic import SEED_SHAPE, random_params, random_records
 from strata.model_config import RoutingOrder
@@ -67,6 +68,26 @@ def test_fused_experts_against_reference(path, seed):
         for threads in (128, 512):  # the block shapes the benchmark compares
             got = moe.moe_slots(records, rec, mx.array(x), slots, weights, threads=threads).sum(axis=1)
             assert_backends_agree(ref, got, "FAST", what=f"fused experts NT={threads}")
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_subnormal_code_form_matches_the_exponent_form(path):
+    """DN = 1 (an AND and an FMA per code, codes as subnormal floats) against DN = 0 (codes under
+    1.0f's exponent, then a subtract) and the reference. On the GPU the two forms are the same
+    arithmetic (every product exact, the same FMA order), bit for bit; the emulator's DN = 0 adds
+    its products apart (g++ does not contract), so there the bound is the reference's."""
+    with using_path(path):
+        rec, records, x, slots, weights, ref = _case(path, 9)
+        x[0, :5] = [3e-18, -7e-19, 2e4, -3e4, 0.0]  # tiny (near 2^-62), an outlier, and zero
+        with np.errstate(over="ignore"):  # silu of a large negative gate: exp(-g) is inf, the value -0
+            ref = np.stack([routed_experts([unpack_record(np.array(records)[s], rec) for s in slots[t] if s >= 0],
+                                           weights[t][slots[t] >= 0], x[t]) for t in range(len(x))])
+        exp_form = np.array(moe.moe_slots(records, rec, mx.array(x), slots, weights, denormals=False))
+        sub_form = np.array(moe.moe_slots(records, rec, mx.array(x), slots, weights, denormals=True))
+        assert_backends_agree(ref, sub_form.sum(axis=1), "FAST", what="subnormal code form")
+        assert_backends_agree(ref, exp_form.sum(axis=1), "FAST", what="exponent code form")
+        if path is KernelPath.GPU and gpu_dialect() is Dialect.CUDA:
+            np.testing.assert_array_equal(sub_form, exp_form)
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)

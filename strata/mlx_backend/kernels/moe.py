@@ -41,8 +41,8 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType, layout
 from strata.mlx_backend.kernels import shared as shared_kernel
-from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
-from strata.mlx_backend.kernels.preludes import WARP
+from strata.mlx_backend.kernels.launch import absent, as_f32, gpu_dialect, index_param, launch
+from strata.mlx_backend.kernels.preludes import WARP, Dialect
 from strata.mlx_backend.kernels.source import KernelSource
 from strata.model_config import RoutingOrder
 
@@ -123,6 +123,20 @@ INLINE float q2_scale(int j) {
   const int s = j <= 10 ? 2 * j : 2 * (j - 11);
   return bits_f32((uint32_t)(127 + 23 - s) << 23);
 }
+// DN = 1: an AND and an FMA per code, no subtract. Code j masked in place, with no exponent
+// bits, is the subnormal float q 2^(s-149); what it multiplies is pre-scaled by
+// q2_scale_dn(j) = 2^(85-s), so each product is q x 2^-64, exactly the DN = 0 product scaled by
+// a power of two, and the word's sum times TWO64 (exact) is the DN = 0 sum bit for bit while
+// every |x| and |h| is in [2^-62, 2^43] (outside it, products under- or overflow). fma_keep is
+// an FMA that keeps subnormals whatever the compiler's flush mode. (ncu, H200, 64 tokens x
+// k = 10: 204M of the 387M warp instructions were FP32, half of them the subtract.)
+#define TWO64 18446744073709551616.0f
+INLINE float q2_dn(uint32_t w, int s) { return bits_f32(w & (3u << s)); }
+INLINE float q2_scale_dn(int j) {
+  const int s = j <= 10 ? 2 * j : 2 * (j - 11);
+  return bits_f32((uint32_t)(127 + 85 - s) << 23);
+}
+INLINE int q2_shift(int j) { return j <= 10 ? 2 * j : 2 * (j - 11); }  // code j's bit position in w or w >> 22
 """
 
 COMMON = r"""
@@ -145,7 +159,10 @@ COMMON = r"""
     float s = 0.0f;
     UNROLL for (int j = 0; j < 16; j += 4) {
       const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
-      UNROLL for (int q = 0; q < 4; ++q) { xsh[XW * w + j + q] = v.v[q] * q2_scale(j + q); s += v.v[q]; }
+      UNROLL for (int q = 0; q < 4; ++q) {
+        xsh[XW * w + j + q] = v.v[q] * (DN ? q2_scale_dn(j + q) : q2_scale(j + q));
+        s += v.v[q];
+      }
     }
     xsum[w] = s;
   }
@@ -180,14 +197,25 @@ COMMON = r"""
       const float xs = xsum[w];
       UNROLL for (int rr = 0; rr < RPW; ++rr) {
         if (live && (int)warp_id + NW * rr < FC) {
-          const uint32_t gl = q2_lo(gw[rr]), gh = q2_hi(gw[rr]), ul = q2_lo(uw[rr]), uh = q2_hi(uw[rr]);
-          float gsum = 0.0f, usum = 0.0f;
-          UNROLL for (int j = 0; j < 16; ++j) {
-            gsum += q2_code(gl, gh, j) * xv[j];
-            usum += q2_code(ul, uh, j) * xv[j];
+          if (DN) {
+            const uint32_t gh = gw[rr] >> 22, uh = uw[rr] >> 22;
+            float gsum = 0.0f, usum = 0.0f;
+            UNROLL for (int j = 0; j < 16; ++j) {
+              gsum = fma_keep(q2_dn(j <= 10 ? gw[rr] : gh, q2_shift(j)), xv[j], gsum);
+              usum = fma_keep(q2_dn(j <= 10 ? uw[rr] : uh, q2_shift(j)), xv[j], usum);
+            }
+            ga[rr] += gd[rr] * fma_keep(gsum, TWO64, -2.0f * xs);
+            ua[rr] += ud[rr] * fma_keep(usum, TWO64, -2.0f * xs);
+          } else {
+            const uint32_t gl = q2_lo(gw[rr]), gh = q2_hi(gw[rr]), ul = q2_lo(uw[rr]), uh = q2_hi(uw[rr]);
+            float gsum = 0.0f, usum = 0.0f;
+            UNROLL for (int j = 0; j < 16; ++j) {
+              gsum += q2_code(gl, gh, j) * xv[j];
+              usum += q2_code(ul, uh, j) * xv[j];
+            }
+            ga[rr] += gd[rr] * (gsum - 2.0f * xs);
+            ua[rr] += ud[rr] * (usum - 2.0f * xs);
           }
-          ga[rr] += gd[rr] * (gsum - 2.0f * xs);
-          ua[rr] += ud[rr] * (usum - 2.0f * xs);
         }
       }
     }
@@ -208,7 +236,7 @@ COMMON = r"""
   BARRIER();
   // down: thread d takes rows d, d + NT, ...; every load first (registers), then the arithmetic
   float hx[FC];  // this chunk's h, pre-scaled per code
-  UNROLL for (int f = 0; f < FC; ++f) hx[f] = hs[f] * q2_scale(f % 16);
+  UNROLL for (int f = 0; f < FC; ++f) hx[f] = hs[f] * (DN ? q2_scale_dn(f % 16) : q2_scale(f % 16));
   uint32_t dq[DPT][WC];
   float dsc[DPT][WC / 2];
   UNROLL for (int i = 0; i < DPT; ++i) {
@@ -229,10 +257,17 @@ COMMON = r"""
       float acc = 0.0f;
       if (live) {
         UNROLL for (int w = 0; w < WC; ++w) {
-          const uint32_t ql = q2_lo(dq[i][w]), qh = q2_hi(dq[i][w]);
-          float dd = 0.0f;
-          UNROLL for (int j = 0; j < 16; ++j) dd += q2_code(ql, qh, j) * hx[16 * w + j];
-          acc += dsc[i][w >> 1] * (dd - 2.0f * hsum[w]);
+          if (DN) {
+            const uint32_t qw = dq[i][w], qh = qw >> 22;
+            float dd = 0.0f;
+            UNROLL for (int j = 0; j < 16; ++j) dd = fma_keep(q2_dn(j <= 10 ? qw : qh, q2_shift(j)), hx[16 * w + j], dd);
+            acc += dsc[i][w >> 1] * fma_keep(dd, TWO64, -2.0f * hsum[w]);
+          } else {
+            const uint32_t ql = q2_lo(dq[i][w]), qh = q2_hi(dq[i][w]);
+            float dd = 0.0f;
+            UNROLL for (int j = 0; j < 16; ++j) dd += q2_code(ql, qh, j) * hx[16 * w + j];
+            acc += dsc[i][w >> 1] * (dd - 2.0f * hsum[w]);
+          }
         }
       }
       dst[d] = wt * acc;
@@ -265,6 +300,14 @@ ROUTE_SOURCE = KernelSource("strata_moe_route", ("arena", "x", "z", "slot_base")
                             ROUTE_PREAMBLE + DECLS + BRANCH, HELPERS)
 
 
+def subnormal_codes() -> bool:
+    """DN, the code form: subnormal codes (an AND and an FMA per code) on CUDA and the emulator,
+    whose FMAs keep subnormals (fma_keep: PTX fma.rn.f32, std::fma); Metal keeps the exponent
+    form (three instructions per code) until the subnormal form is measured on a Mac: Metal's
+    fast math may flush subnormals to zero."""
+    return gpu_dialect() is not Dialect.METAL
+
+
 def chunk_rows(rec: RecordLayout, tokens: int) -> int:
     """FC: the hidden units one block takes (a multiple of 32 dividing F). 32: the most blocks,
     which a decode token needs (k = 10 at the seed's size: 180 blocks for 132 SMs), and the
@@ -274,7 +317,9 @@ def chunk_rows(rec: RecordLayout, tokens: int) -> int:
 
 
 @functools.cache
-def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS) -> tuple[tuple[str, int], ...]:
+def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denormals: bool | None = None
+              ) -> tuple[tuple[str, int], ...]:
+    denormals = subnormal_codes() if denormals is None else denormals
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
     d, f = rec.hidden, rec.expert_ffn
@@ -285,7 +330,7 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS) -> tup
     sc = {n: rec.scales(n).offset for n in ("gate", "up", "down")}
     return (("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
             ("GC", off["gate"]), ("GS", sc["gate"]), ("UC", off["up"]), ("US", sc["up"]),
-            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads))
+            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads), ("DN", int(denormals)))
 
 
 def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
@@ -316,12 +361,12 @@ def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
-              shared=None, threads: int = THREADS) -> mx.array | tuple[mx.array, mx.array]:
+              shared=None, threads: int = THREADS, denormals: bool | None = None) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, host-chosen slots. x [T, D], slots int [T, k] (-1 skip), weights [T, k]
     (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D].
     shared (gate, up, down float16): the shared expert's blocks ride in the same launch and the
     result is (routed partials, shared partials [T, Fs/FCS, D]). fc / threads: other block shapes
-    (the benchmarks compare them)."""
+    (the benchmarks compare them); denormals: the code form (default `subnormal_codes()`)."""
     t, k = slots.shape
     if isinstance(slots, np.ndarray):
         slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
@@ -330,7 +375,7 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, f
         weights = as_f32(weights)
     fc = fc or chunk_rows(rec, t)
     out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc,
-                        _template(rec, k, fc, threads), shared, threads)
+                        _template(rec, k, fc, threads, denormals), shared, threads)
     return out if shared is None else (out, sout)
 
 

@@ -6,6 +6,7 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
     memory     SHARED (block-shared array), DEVICE (global-memory pointer qualifier),
                BARRIER() (block barrier, threadgroup memory)
     reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
+    fma_keep(a, b, c) a * b + c rounded once, subnormal operands and results kept (no flush to zero)
     warp_sync() a warp barrier (every lane of the warp calls it), used as a scheduling fence: ptxas
                issues every global load above it before any use below (without one it interleaves
                a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
@@ -57,6 +58,7 @@ struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
 INLINE float warp_max(float x) { return simd_max(x); }
 INLINE void warp_sync() { simdgroup_barrier(mem_flags::mem_none); }
+INLINE float fma_keep(float a, float b, float c) { return metal::fma(a, b, c); }
 INLINE float exp_f(float x) { return metal::exp(x); }
 INLINE float sqrt_f(float x) { return metal::sqrt(x); }
 #ifndef __METAL_VERSION__
@@ -112,6 +114,8 @@ INLINE float warp_max(float x) {
   return x;
 }
 INLINE void warp_sync() { __syncwarp(); }
+// fma.rn.f32 without .ftz: subnormal operands and results kept even under -ftz / fast math
+INLINE float fma_keep(float a, float b, float c) { float d; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c)); return d; }
 INLINE float exp_f(float x) { return expf(x); }
 INLINE float sqrt_f(float x) { return sqrtf(x); }
 INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
@@ -159,6 +163,7 @@ struct uint4 { uint32_t x, y, z, w; };
 INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
 INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait(); }
+INLINE float fma_keep(float a, float b, float c) { return std::fma(a, b, c); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
 INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
