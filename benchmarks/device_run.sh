@@ -3,9 +3,9 @@
 # differential tests on the CUDA build of MLX, benchmarks/kernels.py, benchmarks/decode.py, and
 # (time permitting) ncu's GPU-side time of the fused expert kernel vs gather_qmm.
 # Logs and JSON lines land in $OUT (the device tool brings them back; at most 8 files: env,
-# summary, tests, junit.xml, kernels, decode, ncu_moe, ncu; the JSON lines are in kernels.log and decode.log). Each stage has its own time
+# summary, tests, kernels, host_turn, decode, ncu_moe, ncu; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
 # limit, a share of STRATA_DEVICE_BUDGET, and a failing stage does not stop the next. A stage at
-# its limit gets SIGINT first: pytest then still prints its summary and writes junit.xml, and the
+# its limit gets SIGINT first: pytest then still prints its summary, and the
 # benchmarks have already printed a JSON-PART line per finished part.
 #   usage (device):  bash .devwhl/pN/install.sh && STRATA_DEVICE_BUDGET=300 bash benchmarks/device_run.sh
 set -uo pipefail
@@ -19,7 +19,8 @@ DECODE_S=${STRATA_DECODE_S:-$(( BUDGET * 33 / 100 ))}
 TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 # strata reads every STRATA_* variable as a config key and rejects unknown ones (seen on the H200:
 # "unknown config keys ['device_budget']" in test_generate_with_backend_mlx): none reach the stages
-unset STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS
+HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
+unset STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -58,9 +59,11 @@ fi
 # no shrinking. -v: one line per test as it ends; -p mlx_agree: a failure's traceback at once.
 # The emulated path is CPU-only and already runs in CI: deselected here.
 stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
-  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --junitxml="$OUT/junit.xml" --durations=15 \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=15 \
   tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_twins.py -k "not emulated" $TEST_SELECT
 stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
+# the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
+stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 # decode, then the all-resident decode again with MLX's CUDA graphs cut every 6 nodes (a layer)
 # and every 64 (MLX's default is 20: host encoding and GPU work overlap only between graphs)
 stage decode "$DECODE_S" bash -c "python3 benchmarks/decode.py $DECODE_ARGS; for n in 6 64; do
@@ -69,7 +72,7 @@ if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
   # (the prompt's 14 launches skipped)
-  stage ncu_moe 75 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
+  stage ncu_moe 75 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 3 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/kernels.py --ncu moe
