@@ -11,7 +11,9 @@ host turn) -> routed -> guess_logits (after the turn) -> combine for each layer.
   its turn (SPEC §4: the shared expert between signal and wait) and does its after-layer work;
 - combine adds the partials (one list per pass; several passes in a prompt) and the shared expert.
 
-Decode launches per layer: QKV, attend, router, shared, routed, combine = 6.
+Decode launches per layer: QKV, attend, output projection, router, shared, routed, combine = 7
+(the all-resident engine puts the shared expert's blocks in the routed launch: 6; here it runs
+alone, during the host turn).
 """
 
 from __future__ import annotations
