@@ -24,7 +24,8 @@ from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials"]
+__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials",
+           "kernel_applies"]
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
@@ -75,6 +76,11 @@ class AttentionWeights:
     q_norm: mx.array | None
     k_norm: mx.array | None
     wo: mx.array
+
+
+def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
+    """Whether `attention_partials` takes the kernel path for this layer (on the current path)."""
+    return _kernel_ok(cfg, w)
 
 
 def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
@@ -134,9 +140,14 @@ def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
     return _tables[key]
 
 
-def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
+def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, *,
+                       pos: mx.array | None = None) -> tuple[mx.array, MlxLayerKV]:
     """The attention output of new positions as partials (their sum over axis 1 is the output;
     one part on both paths: the router kernel adds x + sum_p parts).
+
+    pos: kv.length already on the device (int32, element 0: `launch.index_param(kv.length)`), for
+    a traced step (compiled.py) whose graph must not hold the position as a constant. Kernel path
+    only: the ops path slices the cache by the Python int.
 
     Shapes:
         x float32 [T, D] (the residual, not yet normed) -> ([T, 1, D], MlxLayerKV with T more positions)
@@ -144,11 +155,13 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
     t = x.shape[0]
     if kv.length + t > cfg.max_context:
         raise ValueError(f"attention: {kv.length + t} positions exceed the context of {cfg.max_context}")
+    if pos is not None and not _kernel_ok(cfg, w):
+        raise ValueError("attention: a device position needs the attend kernel (the ops path slices by kv.length)")
     if _kernel_ok(cfg, w):
         cos, sin = rope_table_cached(cfg)
         qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH) HD]
         o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
-                                cfg.rms_norm_eps, cfg.n_heads)  # [T, H HD]
+                                cfg.rms_norm_eps, cfg.n_heads, pos=pos)  # [T, H HD]
         out = dense_kernel.dense_gemv(w.wo, o)  # [T, D]
         return out[:, None, :], MlxLayerKV(kv.keys, kv.values, kv.length + t)
     out, kv = _ops(cfg, w, kv, x)

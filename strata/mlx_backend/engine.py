@@ -2,7 +2,9 @@
 
 - `MlxEngine`: every expert resident in one MLX arena (slot l*E + e), routing on the GPU by the
   model's own rule (with all experts resident MoCE's bonus lifts every logit alike, so the
-  selection is the model's): one host round trip per token, six launches per layer.
+  selection is the model's): one host round trip per token, six launches per layer. On the GPU
+  the decode step is compiled (compiled.py: traced once, replayed from C++) unless
+  `compiled=False` or `compiled.COMPILED_DECODE` is False; prefill stays uncompiled.
 - streaming: `StreamingEngine` (strata.runtime) with an `MlxArena` and `MlxCompute`, built
   exactly as `open_streaming_engine` builds the numpy ones.
 
@@ -11,11 +13,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from strata.config import Config
+from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
+from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
 
 __all__ = ["MlxEngine", "open_mlx_engine", "load_resident_arena"]
@@ -32,13 +38,20 @@ def load_resident_arena(experts_file, *, verify: bool = False) -> MlxArena:
 
 
 class MlxEngine:
-    """The Engine protocol (prefill / decode / length) over MlxParams with resident experts."""
+    """The Engine protocol (prefill / decode / length) over MlxParams with resident experts.
 
-    def __init__(self, params: MlxParams) -> None:
+    compiled: decode through a `CompiledDecode` where it can run (the GPU kernel path); None
+    reads `compiled.COMPILED_DECODE`. If its first (tracing) call raises, the engine warns once,
+    keeps the reason in `compile_error` and decodes uncompiled from then on."""
+
+    def __init__(self, params: MlxParams, *, compiled: bool | None = None) -> None:
         if params.arena is None:
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
         self.params = params
         self.state = MlxModelState.empty(params.cfg)
+        self.compiled = compiled_step.COMPILED_DECODE if compiled is None else compiled
+        self.compile_error: str | None = None
+        self._step: compiled_step.CompiledDecode | None = None
 
     @property
     def length(self) -> int:
@@ -49,8 +62,43 @@ class MlxEngine:
         return np.array(logits[-1], dtype=np.float32)
 
     def decode(self, token: int) -> np.ndarray:
+        step = self._compiled_step()
+        if step is not None:
+            compiled_step.check_decode(self.params, self.state, int(token))  # raises like forward
+            first = step.calls == 0
+            try:
+                logits, state = step(self.state, int(token))
+                out = np.array(logits[-1], dtype=np.float32)
+            except Exception as exc:  # noqa: BLE001 - any failure of the trace: decode uncompiled
+                if not first:
+                    raise
+                self._give_up(f"{type(exc).__name__}: {exc}")
+            else:
+                self.state = state
+                return out
         logits, self.state = forward(self.params, self.state, np.asarray([token]))
         return np.array(logits[-1], dtype=np.float32)
+
+    def _compiled_step(self) -> compiled_step.CompiledDecode | None:
+        """The compiled step bound to this state's KV buffers (built on first use), or None where
+        it is off, failed before, or cannot run here (the ops and emulated paths: quietly)."""
+        if not self.compiled or self.compile_error is not None:
+            return None
+        if compiled_step.unsupported(self.params) is not None:
+            return None
+        if self._step is None or not self._step.bound_to(self.state) or self._step.path is not current_path():
+            try:
+                self._step = compiled_step.CompiledDecode(self.params, self.state)
+            except Exception as exc:  # noqa: BLE001
+                self._give_up(f"{type(exc).__name__}: {exc}")
+                return None
+        return self._step
+
+    def _give_up(self, reason: str) -> None:
+        self.compile_error = reason
+        self._step = None
+        warnings.warn(f"MlxEngine: the compiled decode step failed ({reason}); decoding uncompiled from now on",
+                      RuntimeWarning, stacklevel=3)
 
 
 def open_mlx_engine(model, config: Config, plan=None):

@@ -148,10 +148,24 @@ def embed(p: MlxParams, tokens) -> mx.array:
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"token ids must be in [0, {vocab}), got {tokens.min()}..{tokens.max()}")
     one = tokens.size == 1
-    if current_path() is not KernelPath.OPS and p.embed.dtype == mx.float16 and tokens.size:
+    if _embed_kernel_ok(p) and tokens.size:
         ids = index_param(int(tokens[0])) if one else tokens.astype(np.int32)
         return embed_kernel.embed_rows(p.embed, ids, tokens.size)
     x = p.embed[index_view(int(tokens[0])) if one else mx.array(tokens.astype(np.int32))]
+    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+
+
+def _embed_kernel_ok(p: MlxParams) -> bool:
+    return current_path() is not KernelPath.OPS and p.embed.dtype == mx.float16
+
+
+def embed_token(p: MlxParams, ids: mx.array) -> mx.array:
+    """One decode token whose id is already on the device: element 0 of `ids` (int32, e.g.
+    `index_param(token)`). No range check (the id is not on the host): the caller checks it.
+    Same launches and values as `embed(p, [token])`. ids int32 [>= 1] -> float32 [1, D]"""
+    if _embed_kernel_ok(p):
+        return embed_kernel.embed_rows(p.embed, ids, 1)
+    x = p.embed[ids[:1]]
     return x if x.dtype == mx.float32 else x.astype(mx.float32)
 
 
@@ -198,13 +212,14 @@ def head(p: MlxParams, x: mx.array) -> mx.array:
 
 
 def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select: SelectFn | None = None,
-                  trace: list | None = None) -> tuple[mx.array, MlxLayerKV]:
+                  trace: list | None = None, *, pos: mx.array | None = None) -> tuple[mx.array, MlxLayerKV]:
     """One decoder layer over all-resident experts. select None: the model's own rule on the
-    GPU (no host round trip); else one host round trip for the router logits."""
+    GPU (no host round trip); else one host round trip for the router logits. pos: kv.length on
+    the device (attention_partials; kernel path only)."""
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
-    parts, kv = attention_partials(cfg, lw.attn, kv, x)
+    parts, kv = attention_partials(cfg, lw.attn, kv, x, pos=pos)
     x_mid, h, z, _ = router_stage(p, layer, x, parts)
     base = layer * cfg.n_experts
     if select is None:
@@ -255,19 +270,38 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
 
         select = plain_select(p.cfg)
     x = embed(p, tokens)
-    layers, records = [], [] if trace else None
+    records = [] if trace else None
     every = EVAL_EVERY if eval_every is None else eval_every
     every = every if current_path() is KernelPath.GPU else 0
-    for layer in range(p.cfg.n_layers):
-        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records)
-        layers.append(kv)
-        if every and (layer + 1) % every == 0:
-            mx.async_eval(x)
-    logits = head(p, x)
-    new_state = MlxModelState(tuple(layers))
+    logits, new_state = _layers_and_head(p, state, x, select, records, every)
     if trace:
         return logits, new_state, ForwardTrace(np.stack([r[0] for r in records]), tuple(r[1] for r in records))
     return logits, new_state
+
+
+def _layers_and_head(p: MlxParams, state: MlxModelState, x: mx.array, select: SelectFn | None, records: list | None,
+                     every: int, pos: mx.array | None = None) -> tuple[mx.array, MlxModelState]:
+    layers = []
+    for layer in range(p.cfg.n_layers):
+        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos)
+        layers.append(kv)
+        if every and (layer + 1) % every == 0:
+            mx.async_eval(x)
+    return head(p, x), MlxModelState(tuple(layers))
+
+
+def decode_device(p: MlxParams, state: MlxModelState, ids: mx.array, pos: mx.array) -> tuple[mx.array, MlxModelState]:
+    """`forward(p, state, [token], eval_every=0)` with the token id and the position already on
+    the device (ids: element 0 is the token, pos: element 0 is state.length; int32 index views),
+    routing on the device: the body compiled.py traces, where nothing may be a per-call Python
+    int and no evaluation may start (mx.async_eval raises inside mx.compile). Kernel path only
+    (the ops attention slices by the Python length). The caller checks the id's range and the
+    context (the returned state's lengths are the trace's, +1).
+
+    Shapes:
+        ids int32 [>= 1], pos int32 [>= 1] -> logits float32 [1, V]
+    """
+    return _layers_and_head(p, state, embed_token(p, ids), None, None, 0, pos)
 
 
 def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> MlxParams:
@@ -275,5 +309,5 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
     return to_mlx_params(params.cfg, params.dense, experts=params.experts, dtype=dtype)
 
 
-__all__ += ["layer_forward", "selections_to_slots", "from_reference"]
+__all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device"]
 _ = field  # dataclasses.field kept for frozen defaults above

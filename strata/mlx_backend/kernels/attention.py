@@ -158,9 +158,13 @@ ATTEND_SOURCE = KernelSource(
 
 
 def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array,
-           kc: mx.array, vc: mx.array, pos0: int, eps: float, n_heads: int) -> mx.array:
+           kc: mx.array, vc: mx.array, pos0: int, eps: float, n_heads: int, *, pos: mx.array | None = None) -> mx.array:
     """Kernel path. Raw qkv rows of positions pos0.. over the cache -> the attention output of
     every query head; writes those positions' keys (normed, roped) and values into kc / vc.
+
+    pos: pos0 already on the device (int32, element 0; `launch.index_param(pos0)` makes one), used
+    in place of `pos0`, which is then not read. Under mx.compile the position must be an input of
+    the traced function, not a Python int baked into its graph (compiled.py).
 
     Shapes:
         qkv float32 [T, (H + 2 KVH) HD], q_norm / k_norm float16 [HD] or None (together),
@@ -174,10 +178,12 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
                          f"{kvh} KV heads, qkv width {width}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("attend kernel: q_norm and k_norm come together")
+    if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
+        raise ValueError(f"attend kernel: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
     qkn = q_norm is not None
     half = absent(np.float16)  # absent optional inputs
     return launch(ATTEND_SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
-                                  index_param(pos0), float_params(eps), kc, vc],
+                                  index_param(pos0) if pos is None else pos, float_params(eps), kc, vc],
                   [(t, n_heads * hd)], [mx.float32], blocks=(n_heads, t, 1), threads=THREADS,
                   template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                             ("NT", THREADS)))[0]

@@ -26,7 +26,14 @@ SOURCE = KernelSource("strata_embed", ("table", "tokens"), ("out",), BODY)
 
 def embed_rows(table: mx.array, tokens, n_tokens: int) -> mx.array:
     """Kernel path. table float16 [V, D]; tokens int32 (mx view or host array), first n_tokens used
-    -> float32 [n_tokens, D]"""
+    -> float32 [n_tokens, D]
+
+    A device `tokens` (a `launch.index_param(token)` view, or an input of a traced function) is
+    read as it is: no range check here (the kernel reads row tokens[t] unchecked; callers check
+    ids on the host, where they still are Python ints)."""
+    if isinstance(tokens, mx.array) and (tokens.dtype != mx.int32 or tokens.size < n_tokens):
+        raise ValueError(f"embed kernel: tokens must be int32 with at least {n_tokens} elements, "
+                         f"got {tokens.dtype} [{tokens.size}]")
     d = table.shape[1]
     return launch(SOURCE, [table, tokens], [(n_tokens, d)], [mx.float32],
                   blocks=((d + THREADS - 1) // THREADS, n_tokens, 1), threads=THREADS,
