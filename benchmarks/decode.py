@@ -124,6 +124,32 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
     rows += [(f"  asynchronous evaluation every {k} layers" if k else "  one evaluation per token",
               f"{v[0] * 1e3:.2f} ms/token", f"graph built in {v[1] * 1e3:.2f} ms" + (" (default)" if k == EVAL_EVERY else ""))
              for k, v in by_every.items()]
+    # the compiled decode step (strata/mlx_backend/compiled.py) from the same state: the first call
+    # traces (timed apart), the rest replay; a failure is a row, not a lost part
+    from strata.mlx_backend.compiled import CompiledDecode, unsupported
+
+    res["resident_compiled_ms_per_token"] = None
+    why, times, calls = unsupported(p), [], []
+    try:
+        step = CompiledDecode(p, eng.state) if why is None else None
+        for _ in range(n_decode + 1 if step else 0):
+            t = time.perf_counter()
+            logits, state = step(eng.state, int(rng.integers(0, cfg.vocab_size)))
+            tc = time.perf_counter()
+            np.array(logits[-1], dtype=np.float32)
+            eng.state = state
+            times.append(time.perf_counter() - t)
+            calls.append(tc - t)
+    except Exception as exc:  # noqa: BLE001 - reported in the table and the JSON
+        why = res["resident_compiled_error"] = f"failed: {type(exc).__name__}: {exc}"
+    if why is None:
+        cms, call_ms = float(np.median(times[1:])) * 1e3, float(np.median(calls[1:])) * 1e3
+        res.update({"resident_compiled_ms_per_token": cms, "resident_compiled_call_ms": call_ms,
+                    "resident_compiled_first_ms": times[0] * 1e3})
+        rows.append(("compiled decode step", f"{cms:.2f} ms/token",
+                     f"{1e3 / cms:.0f} tok/s; call {call_ms:.2f} ms; first (trace) {times[0] * 1e3:.0f} ms"))
+    else:
+        rows.append(("compiled decode step", "n/a", why[:100]))
     del eng, p
 
 
