@@ -140,7 +140,7 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
             eng.state = state
             times.append(time.perf_counter() - t)
             calls.append(tc - t)
-    except Exception as exc:  # noqa: BLE001 - reported in the table and the JSON
+    except Exception as exc:  # reported in the table and the JSON
         why = res["resident_compiled_error"] = f"failed: {type(exc).__name__}: {exc}"
     if why is None:
         cms, call_ms = float(np.median(times[1:])) * 1e3, float(np.median(calls[1:])) * 1e3

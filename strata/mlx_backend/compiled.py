@@ -88,6 +88,7 @@ class CompiledDecode:
         self.traced = traced
         self.path = current_path()
         self._bufs = _buffers(state)
+        self._last: MlxModelState | None = None  # the state the last step returned (bound: same buffers)
         self.calls = 0  # steps run; the first traces
         pending: list[MlxModelState] = []  # the state of the call being traced (read by the trace only)
 
@@ -100,6 +101,8 @@ class CompiledDecode:
 
     def bound_to(self, state: MlxModelState) -> bool:
         """Whether `state` holds the very KV buffers this step's graph writes (by identity)."""
+        if state is self._last:
+            return True
         bufs = _buffers(state)
         return len(bufs) == len(self._bufs) and all(a is b for a, b in zip(bufs, self._bufs))
 
@@ -117,4 +120,5 @@ class CompiledDecode:
             self._pending.clear()  # the trace is done with it; nothing kept between calls
         self.calls += 1
         new = MlxModelState(tuple(MlxLayerKV(kv.keys, kv.values, kv.length + 1) for kv in state.layers))
+        self._last = new
         return logits, new

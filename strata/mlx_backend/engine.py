@@ -69,7 +69,7 @@ class MlxEngine:
             try:
                 logits, state = step(self.state, int(token))
                 out = np.array(logits[-1], dtype=np.float32)
-            except Exception as exc:  # noqa: BLE001 - any failure of the trace: decode uncompiled
+            except Exception as exc:  # any failure of the trace: decode uncompiled
                 if not first:
                     raise
                 self._give_up(f"{type(exc).__name__}: {exc}")
@@ -84,14 +84,16 @@ class MlxEngine:
         it is off, failed before, or cannot run here (the ops and emulated paths: quietly)."""
         if not self.compiled or self.compile_error is not None:
             return None
+        step = self._step
+        if step is not None and step.path is current_path() and step.bound_to(self.state):
+            return step  # the per-token case: no per-layer eligibility check (~2 us a layer)
         if compiled_step.unsupported(self.params) is not None:
             return None
-        if self._step is None or not self._step.bound_to(self.state) or self._step.path is not current_path():
-            try:
-                self._step = compiled_step.CompiledDecode(self.params, self.state)
-            except Exception as exc:  # noqa: BLE001
-                self._give_up(f"{type(exc).__name__}: {exc}")
-                return None
+        try:
+            self._step = compiled_step.CompiledDecode(self.params, self.state)
+        except Exception as exc:  # a constructor failure counts as a failed compile
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return None
         return self._step
 
     def _give_up(self, reason: str) -> None:
