@@ -60,14 +60,11 @@ fi
 # The emulated path is CPU-only and already runs in CI: deselected here.
 stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
   -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=15 \
-  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_twins.py -k "not emulated" $TEST_SELECT
+  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py -k "not emulated" $TEST_SELECT
 stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
-# decode, then the all-resident decode again with MLX's CUDA graphs cut every 6 nodes (a layer)
-# and every 64 (MLX's default is 20: host encoding and GPU work overlap only between graphs)
-stage decode "$DECODE_S" bash -c "python3 benchmarks/decode.py $DECODE_ARGS; for n in 6 64; do
-  MLX_MAX_OPS_PER_BUFFER=\$n python3 benchmarks/decode.py --skip streaming,handshake --tokens 8; done"
+stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS
 if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
