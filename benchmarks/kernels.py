@@ -48,7 +48,10 @@ from strata.reference.experts import routed_experts  # noqa: E402
 GROUP = 32
 # (FC hidden units, NT threads, DN code form) of the fused expert kernel; the first is the default.
 # Run 1 of 2026-11-29 (H200): NT = 128 and FC = 64 were 24% and 42% slower than (32, 256).
-VARIANTS = ((32, moe.THREADS, moe.subnormal_codes()), (32, moe.THREADS, False), (32, 512, moe.subnormal_codes()))
+# Run B: the subnormal code form 604 us vs 681 (ncu 550 vs 625); NT = 512 629 us. HX: h in registers
+# (76 registers, 3 blocks per SM) or read from threadgroup memory (58: 4 blocks per SM).
+DN = moe.subnormal_codes()
+VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED), (32, moe.THREADS, DN, not moe.HX_SHARED), (32, moe.THREADS, False, True))
 
 
 def on_device(a) -> mx.array:
@@ -154,8 +157,9 @@ def main() -> int:
                 mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), sd, w))
             x64 = on_device(np.random.default_rng(2).standard_normal((64, d)).astype(np.float32))
             w64 = on_device(np.full((64, k), 0.1, np.float32))
-            for fc, nt, dn in VARIANTS:
-                mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc, threads=nt, denormals=dn))
+            for fc, nt, dn, hx in VARIANTS:
+                mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc, threads=nt, denormals=dn,
+                                      hx_shared=hx))
         if args.ncu == "moe":
             return 0
         # every kernel of a decoded token (2 layers of the seed's shape): the per-kernel GPU times
@@ -221,13 +225,13 @@ def main() -> int:
         mx.eval(*xs)
         variants = {}
         if gpu:
-            for fc, nt, dn in VARIANTS:
+            for fc, nt, dn, hx in VARIANTS:
                 if f % fc:
                     continue
-                def fused(fc=fc, nt=nt, dn=dn):
-                    mx.eval([moe.moe_slots(records, rec, xs[i], ssd[i], wsd[i], fc=fc, threads=nt, denormals=dn)
-                             for i in range(reps)])
-                variants[f"fused FC={fc} NT={nt} DN={int(dn)}"] = median_time(fused, warmup=2, reps=5) / reps
+                def fused(fc=fc, nt=nt, dn=dn, hx=hx):
+                    mx.eval([moe.moe_slots(records, rec, xs[i], ssd[i], wsd[i], fc=fc, threads=nt, denormals=dn,
+                                           hx_shared=hx) for i in range(reps)])
+                variants[f"fused FC={fc} NT={nt} DN={int(dn)} HX={int(hx)}"] = median_time(fused, warmup=2, reps=5) / reps
         idxs, wms = ssd, wsd
         x16 = [x.astype(mx.float16) for x in xs]
         mx.eval(*idxs, *wms, *x16)

@@ -48,6 +48,7 @@ from strata.model_config import RoutingOrder
 
 Q2 = layout(QuantType.Q2_0)
 THREADS = 256
+HX_SHARED = True  # the down step reads h from threadgroup memory, not registers: 58 registers, not 76 (sm_90)
 MAX_HIDDEN = 8192  # x pre-scaled in threadgroup memory: 1.25 D floats (40 KB at 8192) of the 48 KB
 WORD_CODES = 32 // Q2.bits  # 16 codes per uint32 word
 
@@ -233,10 +234,13 @@ COMMON = r"""
     for (int j = 0; j < 16; ++j) s += hs[16 * tid + j];
     hsum[tid] = s;
   }
+  for (uint32_t f = tid; f < (uint32_t)FC; f += NT) hxs[f] = hs[f] * (DN ? q2_scale_dn((int)(f % 16)) : q2_scale((int)(f % 16)));
   BARRIER();
-  // down: thread d takes rows d, d + NT, ...; every load first (registers), then the arithmetic
-  float hx[FC];  // this chunk's h, pre-scaled per code
-  UNROLL for (int f = 0; f < FC; ++f) hx[f] = hs[f] * (DN ? q2_scale_dn(f % 16) : q2_scale(f % 16));
+  // down: thread d takes rows d, d + NT, ...; every load first (registers), then the arithmetic.
+  // This chunk's h, pre-scaled per code: in registers (HX = 0: FC of them per thread) or read from
+  // threadgroup memory as used (HX = 1: every lane reads the same address, a broadcast).
+  float hx[FC];
+  if (!HX) { UNROLL for (int f = 0; f < FC; ++f) hx[f] = hxs[f]; }
   uint32_t dq[DPT][WC];
   float dsc[DPT][WC / 2];
   UNROLL for (int i = 0; i < DPT; ++i) {
@@ -260,12 +264,12 @@ COMMON = r"""
           if (DN) {
             const uint32_t qw = dq[i][w], qh = qw >> 22;
             float dd = 0.0f;
-            UNROLL for (int j = 0; j < 16; ++j) dd = fma_keep(q2_dn(j <= 10 ? qw : qh, q2_shift(j)), hx[16 * w + j], dd);
+            UNROLL for (int j = 0; j < 16; ++j) dd = fma_keep(q2_dn(j <= 10 ? qw : qh, q2_shift(j)), HX ? hxs[16 * w + j] : hx[16 * w + j], dd);
             acc += dsc[i][w >> 1] * fma_keep(dd, TWO64, -2.0f * hsum[w]);
           } else {
             const uint32_t ql = q2_lo(dq[i][w]), qh = q2_hi(dq[i][w]);
             float dd = 0.0f;
-            UNROLL for (int j = 0; j < 16; ++j) dd += q2_code(ql, qh, j) * hx[16 * w + j];
+            UNROLL for (int j = 0; j < 16; ++j) dd += q2_code(ql, qh, j) * (HX ? hxs[16 * w + j] : hx[16 * w + j]);
             acc += dsc[i][w >> 1] * (dd - 2.0f * hsum[w]);
           }
         }
@@ -281,6 +285,7 @@ DECLS = r"""
   constexpr int XW = 20;  // floats per x word in threadgroup memory (16 values, 4 of padding)
   SHARED float hs[HSN];
   SHARED float hsum[FC / 16];
+  SHARED float hxs[FC];
   SHARED float xsh[(D / 16) * XW];  // routed blocks: x pre-scaled per code; shared blocks: x
   SHARED float xsum[D / 16];
 """
@@ -317,8 +322,8 @@ def chunk_rows(rec: RecordLayout, tokens: int) -> int:
 
 
 @functools.cache
-def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denormals: bool | None = None
-              ) -> tuple[tuple[str, int], ...]:
+def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denormals: bool | None = None,
+              hx_shared: bool = HX_SHARED) -> tuple[tuple[str, int], ...]:
     denormals = subnormal_codes() if denormals is None else denormals
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
@@ -330,7 +335,7 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denorm
     sc = {n: rec.scales(n).offset for n in ("gate", "up", "down")}
     return (("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
             ("GC", off["gate"]), ("GS", sc["gate"]), ("UC", off["up"]), ("US", sc["up"]),
-            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads), ("DN", int(denormals)))
+            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads), ("DN", int(denormals)), ("HX", int(hx_shared)))
 
 
 def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
@@ -361,12 +366,14 @@ def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
-              shared=None, threads: int = THREADS, denormals: bool | None = None) -> mx.array | tuple[mx.array, mx.array]:
+              shared=None, threads: int = THREADS, denormals: bool | None = None,
+              hx_shared: bool = HX_SHARED) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, host-chosen slots. x [T, D], slots int [T, k] (-1 skip), weights [T, k]
     (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D].
     shared (gate, up, down float16): the shared expert's blocks ride in the same launch and the
     result is (routed partials, shared partials [T, Fs/FCS, D]). fc / threads: other block shapes
-    (the benchmarks compare them); denormals: the code form (default `subnormal_codes()`)."""
+    (the benchmarks compare them); denormals: the code form (default `subnormal_codes()`);
+    hx_shared: where the down step reads h (default HX_SHARED)."""
     t, k = slots.shape
     if isinstance(slots, np.ndarray):
         slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
@@ -375,7 +382,7 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, f
         weights = as_f32(weights)
     fc = fc or chunk_rows(rec, t)
     out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc,
-                        _template(rec, k, fc, threads, denormals), shared, threads)
+                        _template(rec, k, fc, threads, denormals, hx_shared), shared, threads)
     return out if shared is None else (out, sout)
 
 
