@@ -248,10 +248,11 @@ def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.nd
 
 
 # Kernel path: hand MLX each `EVAL_EVERY` layers' graph as soon as it is built (mx.async_eval), so
-# the GPU runs layer l while Python builds layer l + 1. Without it nothing runs until the logits
-# are evaluated: on the H200 the host spent 3.9-5.8 ms building a token's graph before the GPU
-# started its ~8 ms (run 3, docs/perf.md). 0: one evaluation at the end.
-EVAL_EVERY = 1
+# the GPU could run layer l while Python builds layer l + 1. Measured on the H200 (docs/perf.md,
+# runs A and B) once the GPU work had shrunk to ~2.9 ms a token: every layer 9.90 / 10.26 ms per
+# token, every 4 layers 9.00 / 9.07, once 9.44 / 8.63: the evaluations cost the host more than
+# the overlap gains. 0: one evaluation at the end (the default; decode itself runs compiled).
+EVAL_EVERY = 0
 
 
 def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | None = None, trace: bool = False,
