@@ -16,20 +16,29 @@ the reference does over all slots is an O(1) (amortized) lookup in a structure k
   tick (>= 0), because a slot leaves FREE only by `assign`, which touches it, and enters FREE
   only by `free`, which hands out back ticks. FREE slots are always eligible (their pin is -1),
   so the victim is the back-most FREE slot when there is one: a deque in tick order. Otherwise
-  it is the oldest eligible slot of a doubly linked list of the other slots in touch order.
-- **Lazy skipping.** Within one stamp (and one region mode) an ineligible slot of the list
-  (pinned by the current stamp, LIMBO, or PRE in decode) stays ineligible until it moves: a
-  pin lasts the stamp, LIMBO leaves only by `free`, and a PRE slot leaves PRE only by a claim
-  (which touches it) or by retirement to LIMBO. So a cursor remembers the prefix of the list
-  already found ineligible; a victim search resumes after it, and the cursor is reset when
-  the stamp or the region mode changes. Each slot is skipped at most once per stamp unless it
-  moves, and the victim is the reference's argmin exactly.
+  it is the oldest eligible slot of the other slots in touch order, an OrderedDict (a touch is
+  one C-level `move_to_end`, ~30 ns; the doubly linked list of Python lists it replaced cost
+  ~250 ns, and a decode turn touches ~10 slots).
+- **Lazy skipping.** Within one stamp (and one region mode) an ineligible slot (pinned by the
+  current stamp, LIMBO, or PRE in decode) stays ineligible until it moves: a pin lasts the
+  stamp, LIMBO leaves only by `free`, and a PRE slot leaves PRE only by a claim (which touches
+  it) or by retirement to LIMBO. So a victim search moves the ineligible slots it passes at
+  the old end of the LRU into `_skipped` (oldest first; every one older than every slot still
+  in the LRU) and the next search starts after them. A touch or a free takes a slot out of
+  `_skipped`; a new stamp or region mode puts them all back at the old end, in order. Each
+  slot is skipped at most once per stamp unless it moves, and the victim is the reference's
+  argmin exactly.
 - **Limbo and read-aheads** are kept as a set and per-layer sets, sorted (they are at most a
   few K) where the reference walks slots in slot order.
 
-Counters: `_turn` holds the current turn's counts and `_base` the totals before it, so an
-increment touches one list. `decision_view()` and `state()` rebuild the reference's
+Counters: `_count` holds the totals and `_mark` a copy of them taken when the current turn
+began (AtLayer), so an increment touches one list and a turn starts with one list copy; the
+turn's counts are the difference. `decision_view()` and `state()` rebuild the reference's
 `CacheState` (slow, for tests and debugging).
+
+Actions are built by `_read`, `_use`, ... below: the same frozen dataclass instances, equal to
+the ones the reference builds, without the dataclass `__init__` (its `object.__setattr__` per
+field made a `Read` cost ~550 ns, ~350 ns this way).
 
 Errors: a `CacheProtocolError` is raised before anything changes, as in the reference. A
 `CacheFullError` is raised at the same point as the reference's, but the reference's input
@@ -39,9 +48,10 @@ raises (the runtime treats the error as fatal anyway).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
-from operator import add
+from dataclasses import fields
+from operator import itemgetter, sub
 from typing import Protocol
 
 import numpy as np
@@ -60,6 +70,64 @@ from strata.reference.cache_types import (
 __all__ = ["ExpertCache", "FastCache", "ReferenceCache", "open_cache"]
 
 _NONE = -1
+
+
+# ------------------------------------------------------------------ action builders
+
+
+def _setters(cls, names: tuple[str, ...]) -> tuple:
+    """The slot descriptors' setters of a frozen, slotted action dataclass, in field order."""
+    if tuple(f.name for f in fields(cls)) != names:
+        raise AssertionError(f"fast cache: {cls.__name__}'s fields are not {names}: update its builder")
+    return tuple(cls.__dict__[n].__set__ for n in names)
+
+
+_new = object.__new__
+_READ_SLOT, _READ_LAYER, _READ_EXPERT, _READ_URGENT, _READ_TICKET = _setters(
+    Read, ("slot", "layer", "expert", "urgent", "ticket"))
+_USE_LAYER, _USE_EXPERTS, _USE_SLOTS = _setters(Use, ("layer", "experts", "slots"))
+_EVICT_SLOT, _EVICT_LAYER, _EVICT_EXPERT = _setters(Evict, ("slot", "layer", "expert"))
+_CANCEL_SLOT, _CANCEL_TICKET = _setters(Cancel, ("slot", "ticket"))
+(_WAIT_SLOTS,) = _setters(WaitFor, ("slots",))
+
+
+def _read(slot: int, layer: int, expert: int, urgent: bool, ticket: int) -> Read:
+    a = _new(Read)
+    _READ_SLOT(a, slot)
+    _READ_LAYER(a, layer)
+    _READ_EXPERT(a, expert)
+    _READ_URGENT(a, urgent)
+    _READ_TICKET(a, ticket)
+    return a
+
+
+def _use(layer: int, experts: tuple, slots: tuple) -> Use:
+    a = _new(Use)
+    _USE_LAYER(a, layer)
+    _USE_EXPERTS(a, experts)
+    _USE_SLOTS(a, slots)
+    return a
+
+
+def _evict(slot: int, layer: int, expert: int) -> Evict:
+    a = _new(Evict)
+    _EVICT_SLOT(a, slot)
+    _EVICT_LAYER(a, layer)
+    _EVICT_EXPERT(a, expert)
+    return a
+
+
+def _cancel(slot: int, ticket: int) -> Cancel:
+    a = _new(Cancel)
+    _CANCEL_SLOT(a, slot)
+    _CANCEL_TICKET(a, ticket)
+    return a
+
+
+def _wait_for(slots: tuple) -> WaitFor:
+    a = _new(WaitFor)
+    _WAIT_SLOTS(a, slots)
+    return a
 
 
 class ExpertCache(Protocol):
@@ -96,6 +164,8 @@ class FastCache:
         cap, n_keys = cfg.capacity, cfg.n_layers * cfg.n_experts
         self._E = cfg.n_experts
         self._cap = cap
+        self._n_layers = cfg.n_layers
+        self._max_selected = cfg.max_selected
         # the reference's arrays, as lists
         self._state = [FREE] * cap
         self._key = [_NONE] * cap
@@ -104,20 +174,25 @@ class FastCache:
         self._ticket = [0] * cap
         self._inflight = [False] * cap
         self._smap = [_NONE] * n_keys
+        # smap again, one list per layer: a decode turn looks its experts up in one C call
+        self._smap_rows = [[_NONE] * cfg.n_experts for _ in range(cfg.n_layers)]
+        self._experts = frozenset(range(cfg.n_experts))  # the valid expert ids
         self._pmap = [_NONE] * n_keys
         # residency masks for the runtime's MoCE bonus, kept beside smap and pmap  # [n_keys]
-        self._res_mask = np.zeros(n_keys, bool)
-        self._pre_mask = np.zeros(n_keys, bool)
+        # (bytearrays: an item store costs a third of a numpy array's; read through bool views)
+        self._res_mask = bytearray(n_keys)
+        self._pre_mask = bytearray(n_keys)
+        self._res_view = np.frombuffer(self._res_mask, np.bool_)
+        self._pre_view = np.frombuffer(self._pre_mask, np.bool_)
         self._stamp, self._front, self._back, self._next_ticket = 0, 0, -cap, 1
         self._phase, self._layer, self._prompt = _IDLE, 0, False
         n_counts = _RANK0 + cfg.max_selected
-        self._turn = [0] * n_counts
-        self._base = [0] * n_counts
-        # LRU: FREE slots back-most first; the others in a circular list through node `cap`
+        self._count = [0] * n_counts  # totals
+        self._mark = [0] * n_counts  # the totals when the current turn began
+        # LRU: FREE slots back-most first; the others oldest first, less the skipped prefix
         self._free = deque(range(cap))
-        self._nxt = [cap] * (cap + 1)  # toward the front (newer)
-        self._prv = [cap] * (cap + 1)  # toward the back (older)
-        self._cursor = cap  # the list up to here (from the oldest) is known ineligible
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._skipped: dict[int, None] = {}  # known ineligible for this stamp and mode, oldest first
         self._limbo: set[int] = set()
         self._pre_of_layer: list[set[int]] = [set() for _ in range(cfg.n_layers)]
         self._actions: list = []
@@ -132,7 +207,7 @@ class FastCache:
         if isinstance(event, ReadDone):
             self._read_done(event.slot, event.ticket)
             return ()
-        self._actions = []
+        self._actions = actions = []
         try:
             if isinstance(event, AtLayer):
                 self._at_layer(event.layer, event.selected)
@@ -147,7 +222,7 @@ class FastCache:
         except CacheFullError as err:
             self._failed = err
             raise
-        return tuple(self._actions)
+        return tuple(actions)
 
     def read_done_many(self, notices) -> None:
         """(slot, ticket) pairs, applied in order: the same state as one ReadDone step each."""
@@ -160,21 +235,21 @@ class FastCache:
         """bool [E]: the experts of `layer` in smap (RES), or with `pre` in smap or pmap (PRE)."""
         lo, hi = layer * self._E, (layer + 1) * self._E
         if pre:
-            return self._res_mask[lo:hi] | self._pre_mask[lo:hi]
-        return self._res_mask[lo:hi].copy()
+            return self._res_view[lo:hi] | self._pre_view[lo:hi]
+        return self._res_view[lo:hi].copy()
 
     @property
     def totals(self) -> CacheStats:
-        return _stats([b + t for b, t in zip(self._base, self._turn)])
+        return _stats(self._count)
 
     @property
     def turn(self) -> CacheStats:
-        return _stats(self._turn)
+        return _stats(list(map(sub, self._count, self._mark)))
 
     def state(self) -> CacheState:
         """The equivalent reference `CacheState` (a copy; slow, for tests and debugging)."""
         cfg = self.config
-        turn = np.array(self._turn, np.int64)
+        total = np.array(self._count, np.int64)
         return CacheState(
             config=cfg,
             slot_state=_frozen(np.array(self._state, np.int8)),
@@ -187,7 +262,7 @@ class FastCache:
             pmap=_frozen(np.array(self._pmap, np.int32)),
             stamp=self._stamp, front=self._front, back=self._back, next_ticket=self._next_ticket,
             phase=self._phase, layer=self._layer, prompt=self._prompt,
-            turn_counts=_frozen(turn), total_counts=_frozen(np.array(self._base, np.int64) + turn),
+            turn_counts=_frozen(total - np.array(self._mark, np.int64)), total_counts=_frozen(total),
         )
 
     def decision_view(self) -> tuple:
@@ -205,7 +280,7 @@ class FastCache:
         if not self._prompt:
             self._new_stamp()  # a decode stamp lasts one window; a prompt stamp one layer (pass)
         self._phase, self._layer = _AT, 0
-        self._turn[_WINDOWS] += 1
+        self._count[_WINDOWS] += 1
 
     def _hold_region(self, begin: bool) -> None:
         self._expect(_IDLE, "HoldRegion")
@@ -213,94 +288,109 @@ class FastCache:
             raise CacheProtocolError(f"HoldRegion(begin={begin}) while a region is {'held' if begin else 'not held'}")
         self._release_limbo()
         self._prompt = begin
-        self._cursor = self._cap  # PRE slots change eligibility with the mode
+        self._unskip()  # PRE slots change eligibility with the mode
 
     def _at_layer(self, layer: int, selected: tuple[int, ...]) -> None:
-        self._expect(_AT, f"AtLayer({layer})", layer)
-        limit = self._E if self._prompt else self.config.max_selected
-        self._check_experts(selected, limit, "selected")
-        self._base = list(map(add, self._base, self._turn))
-        self._turn = turn = [0] * len(self._turn)
+        if self._phase != _AT or layer != self._layer:
+            self._expect(_AT, f"AtLayer({layer})", layer)
+        prompt = self._prompt
+        n, limit = len(selected), self._E if self._prompt else self._max_selected
+        if n:  # `_check_experts`, inlined
+            distinct = set(selected)
+            if n > limit or len(distinct) != n or not distinct <= self._experts:
+                self._check_experts(selected, limit, "selected")
+        count = self._count
+        self._mark = count[:]
         self._phase = _AFTER
-        if self._prompt:
+        if prompt:
             self._new_stamp()
         if not self.config.split_turn:
             self._retire_unused_pre(layer, keep=selected, to_limbo=False)
-        turn[_LOOKUPS] += len(selected)
-        if self._prompt:
+        count[_LOOKUPS] += n
+        if prompt:
             self._prompt_layer(layer, selected)
         else:
             self._decode_layer(layer, selected)
 
     def _after_layer(self, ev: AfterLayer) -> None:
-        self._expect(_AFTER, f"AfterLayer({ev.layer})", ev.layer)
+        layer = ev.layer
+        if self._phase != _AFTER or layer != self._layer:
+            self._expect(_AFTER, f"AfterLayer({layer})", layer)
         cfg = self.config
-        k, n_layers = cfg.prefetch_depth, cfg.n_layers
-        guesses = ev.guesses[:k] if ev.layer + 1 < n_layers else ()
-        guesses2 = ev.guesses2[:k] if cfg.prefetch2 and ev.layer + 2 < n_layers else ()
+        k, n_layers = cfg.prefetch_depth, self._n_layers
+        guesses = ev.guesses[:k] if layer + 1 < n_layers else ()
+        guesses2 = ev.guesses2[:k] if cfg.prefetch2 and layer + 2 < n_layers else ()
         self._check_experts(guesses, k, "guesses")
         self._check_experts(guesses2, k, "guesses2")
         if cfg.split_turn:
             self._release_limbo()
-            self._retire_unused_pre(ev.layer, keep=(), to_limbo=True)
-        self._ahead(ev.layer + 1, guesses)
-        self._ahead(ev.layer + 2, guesses2)
-        if ev.layer == n_layers - 1:
+            self._retire_unused_pre(layer, keep=(), to_limbo=True)
+        if guesses:
+            self._ahead(layer + 1, guesses)
+        if guesses2:
+            self._ahead(layer + 2, guesses2)
+        if layer == n_layers - 1:
             self._phase, self._layer = _IDLE, 0
         else:
-            self._phase, self._layer = _AT, ev.layer + 1
+            self._phase, self._layer = _AT, layer + 1
 
     # ---------------------------------------------------------- the turn's parts
 
     def _decode_layer(self, layer: int, selected: tuple[int, ...]) -> None:
-        """`_find` + `_touch` inlined for the hits: a decode turn is ~10 lookups, most of them hits,
-        and two method calls per lookup were a third of the turn (benchmarks/host_turn.py)."""
-        base, slots, waits, turn = layer * self._E, [], [], self._turn
-        smap, pmap, pin, stamp = self._smap, self._pmap, self._pin, self._stamp
-        nxt, prv, end, tick = self._nxt, self._prv, self._cap, self._tick
-        hits = 0
-        turn[_DECODE_TURNS] += 1
-        for rank, e in enumerate(selected):
+        """Rank order: hit -> pin; read-ahead -> claim; else urgent miss. Then wait, then use.
+        A decode turn is ~10 lookups, nearly all hits: when all are, the turn is one loop of
+        pin, tick and `move_to_end` over the slots (benchmarks/cache_step.py)."""
+        base, smap, count = layer * self._E, self._smap, self._count
+        count[_DECODE_TURNS] += 1
+        found = itemgetter(*selected)(self._smap_rows[layer]) if len(selected) > 1 else (_NONE,)
+        if _NONE not in found:  # every lookup a hit (of two or more experts)
+            pin, tick, stamp, front = self._pin, self._tick, self._stamp, self._front
+            move = self._lru.move_to_end
+            for s in found:
+                pin[s] = stamp
+                tick[s] = front
+                front += 1
+                try:
+                    move(s)
+                except KeyError:  # skipped by a victim search this stamp (prefetch_touch only)
+                    self._relist(s)
+            self._front = front
+            count[_HITS] += len(found)
+            self._actions.append(_use(layer, selected, found))
+            return
+        slots, waits = [], []
+        pin, tick, stamp, move = self._pin, self._tick, self._stamp, self._lru.move_to_end
+        for rank, e in enumerate(selected):  # looked up again: a miss may evict a later selection
             key = base + e
             s = smap[key]
-            if s != _NONE:
-                hits += 1
-            elif pmap[key] != _NONE:  # a read-ahead claimed: `_find`'s other branch
-                s = self._find(key, waits)
-                slots.append(s)
-                continue
-            else:  # an urgent miss
-                s = self._victim()
-                if s == _NONE:
-                    raise self._full_error()
-                self._evict(s)
-                self._assign(s, key, RES, True)
-                waits.append(s)
-                turn[_URGENT] += 1
-                turn[_RANK0 + rank] += 1
-                slots.append(s)
-                continue
-            pin[s] = stamp  # a hit: pin, then `_touch` (inlined)
-            p, n = prv[s], nxt[s]
-            if s == self._cursor:
-                self._cursor = p
-            nxt[p] = n
-            prv[n] = p
-            last = prv[end]
-            nxt[last] = s
-            prv[s] = last
-            nxt[s] = end
-            prv[end] = s
-            tick[s] = self._front
-            self._front += 1
+            if s != _NONE:  # a hit: `_find` and `_touch`, inlined
+                count[_HITS] += 1
+                pin[s] = stamp
+                tick[s] = self._front
+                self._front += 1
+                try:
+                    move(s)
+                except KeyError:
+                    self._relist(s)
+            else:
+                s = self._claim(key, waits)
+                if s == _NONE:  # an urgent miss
+                    s = self._victim()
+                    if s == _NONE:
+                        raise self._full_error()
+                    self._replace(s, key, RES, True)
+                    waits.append(s)
+                    count[_URGENT] += 1
+                    count[_RANK0 + rank] += 1
             slots.append(s)
-        turn[_HITS] += hits
-        self._finish_pass(layer, selected, slots, waits)
+        if waits:
+            self._wait(waits)
+        self._actions.append(_use(layer, selected, tuple(slots)))
 
     def _prompt_layer(self, layer: int, selected: tuple[int, ...]) -> None:
         base, waits, experts, slots, missing = layer * self._E, [], [], [], []
-        turn = self._turn
-        turn[_PROMPT_TURNS] += 1
+        count = self._count
+        count[_PROMPT_TURNS] += 1
         for e in selected:
             s = self._find(base + e, waits)
             if s == _NONE:
@@ -317,32 +407,42 @@ class FastCache:
                 s = self._victim()
             if s == _NONE:
                 raise self._full_error()
-            self._evict(s)
-            self._assign(s, base + e, RES, True)
-            turn[_PROMPT_MISSES] += 1
+            self._replace(s, base + e, RES, True)
+            count[_PROMPT_MISSES] += 1
             experts.append(e)
             slots.append(s)
             waits.append(s)
         self._finish_pass(layer, experts, slots, waits)
 
     def _find(self, key: int, waits: list) -> int:
+        """A hit (pin, LRU front) or a read-ahead hit (`_claim`); -1 on a miss."""
         s = self._smap[key]
-        if s != _NONE:
-            self._turn[_HITS] += 1
-        else:
-            s = self._pmap[key]
-            if s == _NONE:
-                return _NONE
-            self._pmap[key] = _NONE
-            self._pre_mask[key] = False
-            self._smap[key] = s
-            self._res_mask[key] = True
-            self._state[s] = RES
-            self._pre_of_layer[key // self._E].discard(s)
-            self._turn[_RA_HITS] += 1
-            if self._inflight[s]:  # timing only: the wait list and the late count
-                self._turn[_LATE] += 1
-                waits.append(s)
+        if s == _NONE:
+            return self._claim(key, waits)
+        self._count[_HITS] += 1
+        self._pin[s] = self._stamp
+        self._touch(s)
+        return s
+
+    def _claim(self, key: int, waits: list) -> int:
+        """A read-ahead hit: claim it into smap, pin, LRU front; late if its read is not known
+        done (then the turn waits for it). -1 when `key` is not read ahead either."""
+        s = self._pmap[key]
+        if s == _NONE:
+            return _NONE
+        E = self._E
+        self._pmap[key] = _NONE
+        self._pre_mask[key] = False
+        self._smap[key] = s
+        self._smap_rows[key // E][key % E] = s
+        self._res_mask[key] = True
+        self._state[s] = RES
+        self._pre_of_layer[key // E].discard(s)
+        count = self._count
+        count[_RA_HITS] += 1
+        if self._inflight[s]:  # timing only: the wait list and the late count
+            count[_LATE] += 1
+            waits.append(s)
         self._pin[s] = self._stamp
         self._touch(s)
         return s
@@ -351,13 +451,25 @@ class FastCache:
         if waits:
             self._wait(waits)
         if self._prompt:
-            self._turn[_PASSES] += 1
-        self._actions.append(Use(layer, tuple(experts), tuple(slots)))
+            self._count[_PASSES] += 1
+        self._actions.append(_use(layer, tuple(experts), tuple(slots)))
 
     def _ahead(self, layer: int, guesses: tuple[int, ...]) -> None:
-        if layer >= self.config.n_layers:
+        """Read ahead the guesses for `layer` (the reference's `ahead`). ~5 of 16 guesses are read
+        per decode turn, each a victim search, an eviction and a read: the common victims (a
+        FREE slot, a RES one) are handled here with the state in locals, a PRE one (prompt
+        only) by `_replace`."""
+        if layer >= self._n_layers:
             return
-        base, smap, pmap, touch = layer * self._E, self._smap, self._pmap, self.config.prefetch_touch
+        E, touch = self._E, self.config.prefetch_touch
+        base = layer * E
+        smap, pmap, rows = self._smap, self._pmap, self._smap_rows
+        state, keys, pin, tick, ticket, inflight = (
+            self._state, self._key, self._pin, self._tick, self._ticket, self._inflight)
+        res_mask, pre_mask, pre_set = self._res_mask, self._pre_mask, self._pre_of_layer[layer]
+        free, lru, count = self._free, self._lru, self._count
+        append = self._actions.append
+        stamp = self._stamp
         for g in guesses:
             key = base + g
             s = smap[key]
@@ -367,13 +479,40 @@ class FastCache:
                 continue
             if pmap[key] != _NONE:
                 continue
-            s = self._victim()
-            if s == _NONE:
-                if self._prompt:
-                    return  # the prompt pass just filled the arena: read-ahead is optional
-                raise self._full_error()
-            self._evict(s)
-            self._assign(s, key, PRE, False)
+            if free:  # the back-most FREE slot: it joins the LRU at the front
+                s = free.popleft()
+                lru[s] = None
+            else:
+                s = self._victim()
+                if s == _NONE:
+                    if self._prompt:
+                        return  # the prompt pass just filled the arena: read-ahead is optional
+                    raise self._full_error()
+                if state[s] != RES:
+                    self._replace(s, key, PRE, False)
+                    continue
+                old = keys[s]  # evict
+                smap[old] = _NONE
+                rows[old // E][old % E] = _NONE
+                res_mask[old] = False
+                append(_evict(s, old // E, old % E))
+                count[_EVICTIONS] += 1
+                lru.move_to_end(s)  # a victim is listed, never skipped
+            state[s] = PRE  # assign
+            keys[s] = key
+            pmap[key] = s
+            pre_mask[key] = True
+            pre_set.add(s)
+            pin[s] = stamp
+            tick[s] = self._front
+            self._front += 1
+            t = self._next_ticket
+            self._next_ticket = t + 1
+            ticket[s] = t
+            inflight[s] = True
+            append(_read(s, layer, g, False, t))
+            count[_READS] += 1
+            count[_READS_AHEAD] += 1
 
     def _release_limbo(self) -> None:
         if self._limbo:
@@ -396,17 +535,19 @@ class FastCache:
             return
         pre.difference_update(mine)
         ticket, key, pin, pmap, pre_mask = self._ticket, self._key, self._pin, self._pmap, self._pre_mask
+        append = self._actions.append
         for s in mine:
-            self._actions.append(Cancel(s, ticket[s]))
+            append(_cancel(s, ticket[s]))
             k = key[s]
             pmap[k] = _NONE
             pre_mask[k] = False
             key[s] = _NONE
             pin[s] = _NONE
-        self._turn[_CANCELLED] += len(mine)
+        self._count[_CANCELLED] += len(mine)
         if to_limbo:
+            state = self._state
             for s in mine:
-                self._state[s] = LIMBO
+                state[s] = LIMBO
             self._limbo.update(mine)
         else:
             inflight = self._inflight
@@ -416,78 +557,99 @@ class FastCache:
     # ---------------------------------------------------------- slots
 
     def _victim(self) -> int:
-        """The reference's victim: the back-most FREE slot, else the oldest eligible listed one."""
+        """The reference's victim: the back-most FREE slot, else the oldest eligible listed one.
+        The ineligible slots passed on the way are moved to `_skipped` (see the module doc)."""
         if self._free:
             return self._free[0]
-        stamp, decode, pin, state, nxt = self._stamp, not self._prompt, self._pin, self._state, self._nxt
-        cursor, end = self._cursor, self._cap
-        s = nxt[cursor]
-        while s != end:
+        stamp, decode, pin, state = self._stamp, not self._prompt, self._pin, self._state
+        passed = []
+        victim = _NONE
+        for s in self._lru:
             st = state[s]
             if pin[s] != stamp and st != LIMBO and not (decode and st == PRE):
-                self._cursor = cursor
-                return s
-            cursor = s
-            s = nxt[s]
-        self._cursor = cursor
-        return _NONE
+                victim = s
+                break
+            passed.append(s)
+        if passed:
+            lru, skipped = self._lru, self._skipped
+            for s in passed:
+                del lru[s]
+                skipped[s] = None
+        return victim
 
     def _new_stamp(self) -> None:
         self._stamp += 1
-        self._cursor = self._cap  # the old stamp's pins no longer protect: rescan from the back
+        self._unskip()  # the old stamp's pins no longer protect
 
-    def _evict(self, s: int) -> None:
-        st, key = self._state[s], self._key[s]
-        if st == RES:
-            self._smap[key] = _NONE
-            self._res_mask[key] = False
-        elif st == PRE:  # only in a prompt: decode never picks a PRE slot
-            self._pmap[key] = _NONE
-            self._pre_mask[key] = False
-            self._pre_of_layer[key // self._E].discard(s)
-            self._actions.append(Cancel(s, self._ticket[s]))
-            self._turn[_CANCELLED] += 1
+    def _unskip(self) -> None:
+        """Put the skipped slots back at the LRU's old end, in order: eligible again, maybe."""
+        skipped = self._skipped
+        if skipped:
+            lru = self._lru
+            move = lru.move_to_end
+            for s in reversed(skipped):
+                lru[s] = None
+                move(s, last=False)
+            skipped.clear()
+
+    def _replace(self, s: int, key: int, state: int, urgent: bool) -> None:
+        """Evict what victim `s` holds, then read `key` into it (the reference's evict + assign)."""
+        E = self._E
+        actions = self._actions
+        count = self._count
+        old_state, old = self._state[s], self._key[s]
+        # evict
+        if old_state == RES:
+            self._smap[old] = _NONE
+            self._smap_rows[old // E][old % E] = _NONE
+            self._res_mask[old] = False
+            actions.append(_evict(s, old // E, old % E))
+            count[_EVICTIONS] += 1
+        elif old_state == PRE:  # only in a prompt: decode never picks a PRE slot
+            self._pmap[old] = _NONE
+            self._pre_mask[old] = False
+            self._pre_of_layer[old // E].discard(s)
+            actions.append(_cancel(s, self._ticket[s]))
+            count[_CANCELLED] += 1
             if self._inflight[s]:
                 self._wait([s])
-        else:
-            return
-        self._actions.append(Evict(s, key // self._E, key % self._E))
-        self._turn[_EVICTIONS] += 1
-
-    def _assign(self, s: int, key: int, state: int, urgent: bool) -> None:
-        was_free = self._state[s] == FREE
+            actions.append(_evict(s, old // E, old % E))
+            count[_EVICTIONS] += 1
+        # assign
         self._state[s] = state
         self._key[s] = key
         if state == RES:
             self._smap[key] = s
+            self._smap_rows[key // E][key % E] = s
             self._res_mask[key] = True
         else:
             self._pmap[key] = s
             self._pre_mask[key] = True
-            self._pre_of_layer[key // self._E].add(s)
+            self._pre_of_layer[key // E].add(s)
         self._pin[s] = self._stamp
-        if was_free:  # the victim was the back-most FREE slot: it joins the list at the front
+        if old_state == FREE:  # the victim was the back-most FREE slot: it joins the LRU at the front
             if self._free.popleft() != s:
                 raise AssertionError(f"fast cache: assigned FREE slot {s} is not the LRU back")
-            self._append(s)
-            self._tick[s] = self._front
-            self._front += 1
+            self._lru[s] = None
         else:
-            self._touch(s)
+            try:
+                self._lru.move_to_end(s)
+            except KeyError:
+                self._relist(s)
+        self._tick[s] = self._front
+        self._front += 1
         t = self._next_ticket
-        self._next_ticket += 1
+        self._next_ticket = t + 1
         self._ticket[s] = t
         self._inflight[s] = True
-        E = self._E
-        self._actions.append(Read(s, key // E, key % E, urgent, t))
-        turn = self._turn
-        turn[_READS] += 1
+        actions.append(_read(s, key // E, key % E, urgent, t))
+        count[_READS] += 1
         if not urgent:
-            turn[_READS_AHEAD] += 1
+            count[_READS_AHEAD] += 1
 
     def _wait(self, slots: list) -> None:
         if slots:
-            self._actions.append(WaitFor(tuple(slots)))
+            self._actions.append(_wait_for(tuple(slots)))
             inflight = self._inflight
             for s in slots:
                 inflight[s] = False
@@ -495,6 +657,7 @@ class FastCache:
     def _free_slots(self, slots: list) -> None:
         """`slots` (sorted, none FREE) become FREE at the LRU back, the lowest slot back-most."""
         state, key, pin, inflight, tick = self._state, self._key, self._pin, self._inflight, self._tick
+        lru, skipped = self._lru, self._skipped
         t = self._back - len(slots)
         for s in slots:
             state[s] = FREE
@@ -503,41 +666,24 @@ class FastCache:
             inflight[s] = False
             tick[s] = t
             t += 1
-            self._unlink(s)
+            if lru.pop(s, _NONE) is _NONE:
+                del skipped[s]
         self._back -= len(slots)
         self._free.extendleft(reversed(slots))
 
     def _touch(self, s: int) -> None:
-        """Move a listed slot to the LRU front (`_unlink` + `_append`, inlined: the hot path)."""
-        nxt, prv, end = self._nxt, self._prv, self._cap
-        p, n = prv[s], nxt[s]
-        if s == self._cursor:
-            self._cursor = p
-        nxt[p] = n
-        prv[n] = p
-        last = prv[end]
-        nxt[last] = s
-        prv[s] = last
-        nxt[s] = end
-        prv[end] = s
+        """Move a listed slot to the LRU front."""
+        try:
+            self._lru.move_to_end(s)
+        except KeyError:
+            self._relist(s)
         self._tick[s] = self._front
         self._front += 1
 
-    def _unlink(self, s: int) -> None:
-        nxt, prv = self._nxt, self._prv
-        p, n = prv[s], nxt[s]
-        if s == self._cursor:
-            self._cursor = p  # what was known ineligible before it still is
-        nxt[p] = n
-        prv[n] = p
-
-    def _append(self, s: int) -> None:
-        nxt, prv, end = self._nxt, self._prv, self._cap
-        last = prv[end]
-        nxt[last] = s
-        prv[s] = last
-        nxt[s] = end
-        prv[end] = s
+    def _relist(self, s: int) -> None:
+        """A skipped slot that moves (a touch) is the LRU's newest again."""
+        del self._skipped[s]
+        self._lru[s] = None
 
     # ---------------------------------------------------------- checks
 
