@@ -2,15 +2,25 @@
 
     python benchmarks/cache_step.py [--tokens 64] [--layers 16] [--experts 256] [--top-k 10]
                                     [--prefetch 16] [--arena-fraction 0.25] [--repeat 15]
+                                    [--source synthetic|engine] [--pollute MB]
                                     [--baseline REV]   # also time fast_cache.py as of git REV (A/B)
-                                    [--source synthetic|engine]
 
-Records one event stream, then replays it through a fresh FastCache per repeat, timing every call. Each candidate's repeats
-are interleaved with the others' (same machine load), and per event type the minimum over
-repeats of the summed time is kept (a shared, busy machine only ever adds time). Per-call times
-come from `time.perf_counter_ns` minus the timer's own cost; the whole replay is also timed in
-thread CPU time (`time.thread_time`), which preemption doesn't inflate. The candidates must
-return identical actions (checked on the first repeat). Prints a table, then one JSON line.
+Records one event stream, then replays it through a fresh FastCache per repeat, timing every
+call. Each candidate's repeats are interleaved with the others' (same machine load), and per
+event type the minimum over repeats of the summed time is kept (a shared, busy machine only ever
+adds time). Per-call times come from `time.perf_counter_ns` minus the timer's own cost; the
+whole replay is also timed in thread CPU time (`time.thread_time`, the pollution sweeps
+included), which preemption doesn't inflate. The candidates must return identical actions
+(checked on the first repeat). Prints a table, then one JSON line.
+
+Sources: `synthetic` (default) is a synthetic routing trace (strata/testing_traces.py) in the
+streamer's order (completions fed back, AtLayer, AfterLayer; read-aheads complete before the
+next turn). `engine` records what a StreamingEngine's streamer feeds its cache in
+benchmarks/host_turn.py's setup (numpy compute, reads completing as queued: `--io null`), the
+prompt included; its prompt-mode AtLayer/AfterLayer calls get rows of their own.
+
+`--pollute MB`: between events (outside the timed calls) sweep a numpy buffer of MB megabytes,
+as a layer's compute does in the engine, so each step starts with cold CPU caches.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
 
 from strata.reference.cache_types import AfterLayer, AtLayer, BeginWindow, CacheConfig, Read  # noqa: E402
 from strata.runtime.fast_cache import FastCache  # noqa: E402
@@ -108,15 +120,17 @@ def record_engine(a) -> tuple[CacheConfig, list]:
         path.unlink(missing_ok=True)
 
 
-def replay_timed(cls, config: CacheConfig, events: list, keep: bool):
+def replay_timed(cls, config: CacheConfig, events: list, keep: bool, pollute=None):
     """One replay: ({kind: summed ns}, thread CPU s, the actions if `keep`)."""
     cache = cls(config)
+    sweep = (lambda: pollute.__iadd__(1)) if pollute is not None else (lambda: None)
     step, rdm = cache.step, cache.read_done_many
     clock = time.perf_counter_ns
     sums = dict.fromkeys(KINDS, 0)
     out = [] if keep else None
     c0 = time.thread_time()
     for kind, ev in events:
+        sweep()
         if kind == "read_done_many":
             t = clock()
             rdm(ev)
@@ -152,6 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--arena-fraction", type=float, default=0.25)
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pollute", type=float, default=0.0, help="MB of memory swept between events")
     p.add_argument("--source", choices=("synthetic", "engine"), default="synthetic")
     p.add_argument("--baseline", default=None, help="git revision of fast_cache.py to time beside the tree's")
     a = p.parse_args(argv)
@@ -181,12 +196,13 @@ def main(argv=None) -> int:
     if a.baseline:
         cands = {f"base {a.baseline}": load_baseline(a.baseline), "tree": FastCache}
     overhead = timer_cost_ns()
+    pollute = np.zeros(int(a.pollute * 2**20) // 8) if a.pollute > 0 else None
     best = {name: dict.fromkeys(kinds, float("inf")) for name in cands}
     best_cpu = dict.fromkeys(cands, float("inf"))
     first = {}
     for r in range(a.repeat):
         for name, cls in cands.items():
-            sums, cpu, out = replay_timed(cls, cfg, events, keep=(r == 0))
+            sums, cpu, out = replay_timed(cls, cfg, events, keep=(r == 0), pollute=pollute)
             if r == 0:
                 first[name] = out
             for k in kinds:
@@ -198,7 +214,8 @@ def main(argv=None) -> int:
             sys.exit(f"{name}: actions differ from {names[0]}'s")
 
     per = {name: {k: best[name][k] / counts[k] / 1e3 for k in kinds} for name in names}
-    print(f"timer cost {overhead:.0f} ns (subtracted); us per call, min over {a.repeat} repeats")
+    print(f"timer cost {overhead:.0f} ns (subtracted); us per call, min over {a.repeat} repeats; "
+          f"{a.pollute:g} MB swept between events")
     print(f"{'event':>17} | {'calls':>6} | " + " | ".join(f"{n:>14}" for n in names)
           + (" | ratio" if len(names) > 1 else ""))
     for k in kinds:
@@ -211,7 +228,7 @@ def main(argv=None) -> int:
     if len(names) > 1:
         row += f" | {best_cpu[names[0]] / best_cpu[names[-1]]:.2f}x"
     print(row)
-    print(json.dumps(dict(benchmark="cache_step", source=a.source, tokens=a.tokens, layers=a.layers, experts=a.experts,
+    print(json.dumps(dict(benchmark="cache_step", source=a.source, pollute_mb=a.pollute, tokens=a.tokens, layers=a.layers, experts=a.experts,
                           top_k=a.top_k, prefetch=a.prefetch, capacity=cfg.capacity, hit_rate=round(hit_rate, 4),
                           us_per_call={n: {k: round(v, 2) for k, v in per[n].items()} for n in names},
                           cpu_us_per_turn={n: round(1e6 * best_cpu[n] / turns, 2) for n in names})))

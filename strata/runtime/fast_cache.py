@@ -166,6 +166,7 @@ class FastCache:
         self._cap = cap
         self._n_layers = cfg.n_layers
         self._max_selected = cfg.max_selected
+        self._split = cfg.split_turn
         # the reference's arrays, as lists
         self._state = [FREE] * cap
         self._key = [_NONE] * cap
@@ -197,13 +198,51 @@ class FastCache:
         self._pre_of_layer: list[set[int]] = [set() for _ in range(cfg.n_layers)]
         self._actions: list = []
         self._failed: CacheFullError | None = None
+        # an all-hit decode turn's slots, not yet pinned, ticked and moved (`_settle`)
+        self._held: tuple = ()
+        self._held_front = 0
 
     # ---------------------------------------------------------- the interface
 
     def step(self, event) -> tuple:
-        """Apply one event; return the actions, in order (the reference's, exactly)."""
+        """Apply one event; return the actions, in order (the reference's, exactly).
+
+        The common decode turn, every selected expert a hit or a read-ahead, is taken here with
+        as few calls as can be: it is the host's turn, and after a layer's compute the CPU
+        caches are cold, so every function and object touched costs (benchmarks/cache_step.py
+        --pollute). Its pins, ticks and LRU moves are held for `_settle`, which the next step
+        starts with. Anything else (a miss, an error) takes the general path, `_at_layer`."""
         if self._failed is not None:
             raise CacheProtocolError(f"the expert cache failed earlier and cannot continue: {self._failed}")
+        if self._held:
+            self._settle()
+        if type(event) is AtLayer and self._phase == _AT and not self._prompt and self._split:
+            layer, selected = event.layer, event.selected
+            n = len(selected)
+            if layer == self._layer and 1 < n <= self._max_selected:
+                distinct = set(selected)
+                if len(distinct) == n and distinct <= self._experts:
+                    found = itemgetter(*selected)(self._smap_rows[layer])
+                    count = self._count
+                    if _NONE not in found:
+                        self._mark = count[:]
+                        count[_HITS] += n
+                        wait = None
+                    else:
+                        claimed = self._claim_all(layer, selected, found)
+                        if claimed is not None:  # else a miss: the general path
+                            found, wait = claimed
+                    if _NONE not in found:
+                        count[_LOOKUPS] += n
+                        count[_DECODE_TURNS] += 1
+                        self._phase = _AFTER
+                        self._held, self._held_front = found, self._front
+                        self._front += n
+                        use = _new(Use)
+                        _USE_LAYER(use, layer)
+                        _USE_EXPERTS(use, selected)
+                        _USE_SLOTS(use, found)
+                        return (use,) if wait is None else (wait, use)
         if isinstance(event, ReadDone):
             self._read_done(event.slot, event.ticket)
             return ()
@@ -248,6 +287,8 @@ class FastCache:
 
     def state(self) -> CacheState:
         """The equivalent reference `CacheState` (a copy; slow, for tests and debugging)."""
+        if self._held:
+            self._settle()
         cfg = self.config
         total = np.array(self._count, np.int64)
         return CacheState(
@@ -304,7 +345,7 @@ class FastCache:
         self._phase = _AFTER
         if prompt:
             self._new_stamp()
-        if not self.config.split_turn:
+        if not self._split:
             self._retire_unused_pre(layer, keep=selected, to_limbo=False)
         count[_LOOKUPS] += n
         if prompt:
@@ -338,26 +379,9 @@ class FastCache:
 
     def _decode_layer(self, layer: int, selected: tuple[int, ...]) -> None:
         """Rank order: hit -> pin; read-ahead -> claim; else urgent miss. Then wait, then use.
-        A decode turn is ~10 lookups, nearly all hits: when all are, the turn is one loop of
-        pin, tick and `move_to_end` over the slots (benchmarks/cache_step.py)."""
+        (A turn of hits only is taken by `step` before it gets here.)"""
         base, smap, count = layer * self._E, self._smap, self._count
         count[_DECODE_TURNS] += 1
-        found = itemgetter(*selected)(self._smap_rows[layer]) if len(selected) > 1 else (_NONE,)
-        if _NONE not in found:  # every lookup a hit (of two or more experts)
-            pin, tick, stamp, front = self._pin, self._tick, self._stamp, self._front
-            move = self._lru.move_to_end
-            for s in found:
-                pin[s] = stamp
-                tick[s] = front
-                front += 1
-                try:
-                    move(s)
-                except KeyError:  # skipped by a victim search this stamp (prefetch_touch only)
-                    self._relist(s)
-            self._front = front
-            count[_HITS] += len(found)
-            self._actions.append(_use(layer, selected, found))
-            return
         slots, waits = [], []
         pin, tick, stamp, move = self._pin, self._tick, self._stamp, self._lru.move_to_end
         for rank, e in enumerate(selected):  # looked up again: a miss may evict a later selection
@@ -446,6 +470,42 @@ class FastCache:
         self._pin[s] = self._stamp
         self._touch(s)
         return s
+
+    def _claim_all(self, layer: int, selected: tuple[int, ...], found: tuple) -> tuple | None:
+        """`step`'s decode turn when some selected experts are not hits: None (nothing changed)
+        if one is not read ahead either, else the turn's counts are started and the read-aheads
+        claimed (`_claim` without its pin and touch, which `_settle` does in rank order):
+        (the slots, the WaitFor of the late ones or None)."""
+        base, pmap = layer * self._E, self._pmap
+        slots = list(found)
+        for i, s in enumerate(found):
+            if s == _NONE:
+                s = pmap[base + selected[i]]
+                if s == _NONE:
+                    return None
+                slots[i] = s
+        count = self._count
+        self._mark = count[:]
+        smap, row, state, inflight = self._smap, self._smap_rows[layer], self._state, self._inflight
+        pre_mask, res_mask, pre = self._pre_mask, self._res_mask, self._pre_of_layer[layer]
+        waits = []
+        for i, s in enumerate(found):
+            if s == _NONE:
+                s, key = slots[i], base + selected[i]
+                pmap[key] = _NONE
+                pre_mask[key] = False
+                smap[key] = s
+                row[key - base] = s
+                res_mask[key] = True
+                state[s] = RES
+                pre.discard(s)
+                count[_RA_HITS] += 1
+                if inflight[s]:  # timing only: the wait list and the late count
+                    count[_LATE] += 1
+                    waits.append(s)
+                    inflight[s] = False
+        count[_HITS] += len(found) - found.count(_NONE)
+        return tuple(slots), (_wait_for(tuple(waits)) if waits else None)
 
     def _finish_pass(self, layer, experts, slots, waits) -> None:
         if waits:
@@ -679,6 +739,24 @@ class FastCache:
             self._relist(s)
         self._tick[s] = self._front
         self._front += 1
+
+    def _settle(self) -> None:
+        """Pin, tick and move to the LRU front the held hits of the last (all-hit) decode turn,
+        as that turn would have: it holds them so the host's turn skips ~10 x 4 list and dict
+        stores. Every step starts here (and `state()`), so nothing reads the pins, ticks or LRU
+        before they are right: the stamp is still the turn's, `front` already counts the held
+        ticks. With the split turn this runs in AfterLayer, after the GPU was released."""
+        held, front = self._held, self._held_front
+        self._held = ()
+        pin, tick, stamp, move = self._pin, self._tick, self._stamp, self._lru.move_to_end
+        for s in held:
+            pin[s] = stamp
+            tick[s] = front
+            front += 1
+            try:
+                move(s)
+            except KeyError:  # skipped by a victim search this stamp (prefetch_touch only)
+                self._relist(s)
 
     def _relist(self, s: int) -> None:
         """A skipped slot that moves (a touch) is the LRU's newest again."""
