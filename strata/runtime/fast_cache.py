@@ -361,9 +361,12 @@ class FastCache:
         k, n_layers = cfg.prefetch_depth, self._n_layers
         guesses = ev.guesses[:k] if layer + 1 < n_layers else ()
         guesses2 = ev.guesses2[:k] if cfg.prefetch2 and layer + 2 < n_layers else ()
-        self._check_experts(guesses, k, "guesses")
-        self._check_experts(guesses2, k, "guesses2")
-        if cfg.split_turn:
+        for what, experts in (("guesses", guesses), ("guesses2", guesses2)):
+            if experts:  # `_check_experts`, its raise left to it (slices: never more than k)
+                distinct = set(experts)
+                if len(distinct) != len(experts) or not distinct <= self._experts:
+                    self._check_experts(experts, k, what)
+        if self._split:
             self._release_limbo()
             self._retire_unused_pre(layer, keep=(), to_limbo=True)
         if guesses:
@@ -530,6 +533,9 @@ class FastCache:
         free, lru, count = self._free, self._lru, self._count
         append = self._actions.append
         stamp = self._stamp
+        new, evict_slot, evict_layer, evict_expert = _new, _EVICT_SLOT, _EVICT_LAYER, _EVICT_EXPERT  # `_evict`
+        read_slot, read_layer, read_expert, read_urgent, read_ticket = (  # `_read`
+            _READ_SLOT, _READ_LAYER, _READ_EXPERT, _READ_URGENT, _READ_TICKET)
         for g in guesses:
             key = base + g
             s = smap[key]
@@ -543,19 +549,26 @@ class FastCache:
                 s = free.popleft()
                 lru[s] = None
             else:
-                s = self._victim()
-                if s == _NONE:
-                    if self._prompt:
-                        return  # the prompt pass just filled the arena: read-ahead is optional
-                    raise self._full_error()
-                if state[s] != RES:
-                    self._replace(s, key, PRE, False)
-                    continue
+                s = next(iter(lru), _NONE)  # `_victim`, when the LRU's oldest slot is eligible
+                if s == _NONE or pin[s] == stamp or state[s] != RES:
+                    s = self._victim()
+                    if s == _NONE:
+                        if self._prompt:
+                            return  # the prompt pass just filled the arena: read-ahead is optional
+                        raise self._full_error()
+                    if state[s] != RES:
+                        self._replace(s, key, PRE, False)
+                        continue
                 old = keys[s]  # evict
                 smap[old] = _NONE
-                rows[old // E][old % E] = _NONE
+                old_layer, old_expert = divmod(old, E)
+                rows[old_layer][old_expert] = _NONE
                 res_mask[old] = False
-                append(_evict(s, old // E, old % E))
+                a = new(Evict)
+                evict_slot(a, s)
+                evict_layer(a, old_layer)
+                evict_expert(a, old_expert)
+                append(a)
                 count[_EVICTIONS] += 1
                 lru.move_to_end(s)  # a victim is listed, never skipped
             state[s] = PRE  # assign
@@ -570,7 +583,13 @@ class FastCache:
             self._next_ticket = t + 1
             ticket[s] = t
             inflight[s] = True
-            append(_read(s, layer, g, False, t))
+            a = new(Read)
+            read_slot(a, s)
+            read_layer(a, layer)
+            read_expert(a, g)
+            read_urgent(a, False)
+            read_ticket(a, t)
+            append(a)
             count[_READS] += 1
             count[_READS_AHEAD] += 1
 
@@ -596,8 +615,12 @@ class FastCache:
         pre.difference_update(mine)
         ticket, key, pin, pmap, pre_mask = self._ticket, self._key, self._pin, self._pmap, self._pre_mask
         append = self._actions.append
+        new, cancel_slot, cancel_ticket = _new, _CANCEL_SLOT, _CANCEL_TICKET  # `_cancel`
         for s in mine:
-            append(_cancel(s, ticket[s]))
+            a = new(Cancel)
+            cancel_slot(a, s)
+            cancel_ticket(a, ticket[s])
+            append(a)
             k = key[s]
             pmap[k] = _NONE
             pre_mask[k] = False
