@@ -48,8 +48,8 @@ from strata.reference.experts import routed_experts  # noqa: E402
 GROUP = 32
 # (FC hidden units, NT threads, DN code form) of the fused expert kernel; the first is the default.
 # Run 1 of 2026-11-29 (H200): NT = 128 and FC = 64 were 24% and 42% slower than (32, 256).
-# Run B: the subnormal code form 604 us vs 681 (ncu 550 vs 625); NT = 512 629 us. HX: h in registers
-# (76 registers, 3 blocks per SM) or read from threadgroup memory (58: 4 blocks per SM).
+# Run B: the subnormal code form 604 us vs 681 (ncu 550 vs 625); NT = 512 629 us. Run C, HX: h in
+# registers (76 registers, 3 blocks per SM) 578 us (ncu 529) vs threadgroup memory (58: 4 blocks) 604.
 DN = moe.subnormal_codes()
 VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED), (32, moe.THREADS, DN, not moe.HX_SHARED), (32, moe.THREADS, False, True))
 
