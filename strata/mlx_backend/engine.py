@@ -118,7 +118,7 @@ def open_mlx_engine(model, config: Config, plan=None):
         return MlxEngine(params)
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
     pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=config.verify_reads,
-                      timeout=config.io_timeout)
+                      timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3)
     try:
         params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
         compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
