@@ -294,3 +294,16 @@ def test_empty_selection_and_a_prompt_pass_that_cannot_start():
     assert s.limbo == (0, 1)
     with pytest.raises(CacheFullError, match="2 in limbo"):
         step(s, AtLayer(2, (3,)))
+
+
+def test_stats_delta_and_sum_are_inverse_field_by_field():
+    """The one count arithmetic (runtime report, replay, quality): a by-rank tuple missing on one
+    side counts as zeros, and (a + b) - b == a in every field."""
+    from strata.reference.cache_types import CacheStats, stats_delta, stats_sum
+
+    a = CacheStats(windows=3, lookups=20, hits=15, urgent_misses=2, urgent_misses_by_rank=(1, 0, 1), reads_issued=7)
+    b = CacheStats(windows=1, lookups=4, hits=4)  # a fresh state's totals: no by-rank tuple yet
+    total = stats_sum(a, b)
+    assert total.lookups == 24 and total.urgent_misses_by_rank == (1, 0, 1)
+    assert stats_delta(total, b) == a
+    assert stats_delta(a, a) == CacheStats(urgent_misses_by_rank=(0, 0, 0))

@@ -14,7 +14,7 @@ from strata.errors import ArenaTooSmallError, ConfigError, StrataError
 __all__ = [
     "SlotState", "Phase", "CacheConfig", "min_capacity", "CacheFullError", "CacheProtocolError",
     "BeginWindow", "AtLayer", "AfterLayer", "HoldRegion", "ReadDone", "Event",
-    "Read", "Cancel", "WaitFor", "Evict", "Use", "Action", "DECISIONS", "CacheStats",
+    "Read", "Cancel", "WaitFor", "Evict", "Use", "Action", "DECISIONS", "CacheStats", "stats_delta", "stats_sum",
 ]
 
 
@@ -243,3 +243,22 @@ class CacheStats:
     reads_ahead: int = 0  # of those, read-aheads
     reads_cancelled: int = 0  # every Cancel action (retired or evicted read-aheads)
     evictions: int = 0  # every Evict action
+
+
+def _combine(a: CacheStats, b: CacheStats, sign: int) -> CacheStats:
+    ra, rb = a.urgent_misses_by_rank, b.urgent_misses_by_rank
+    n = max(len(ra), len(rb))  # a missing by-rank tuple (a fresh state's) counts as zeros
+    ra, rb = ra + (0,) * (n - len(ra)), rb + (0,) * (n - len(rb))
+    fields = {f: getattr(a, f) + sign * getattr(b, f) for f in CacheStats.__dataclass_fields__
+              if f != "urgent_misses_by_rank"}
+    return CacheStats(**fields, urgent_misses_by_rank=tuple(x + sign * y for x, y in zip(ra, rb)))
+
+
+def stats_delta(after: CacheStats, before: CacheStats) -> CacheStats:
+    """The counts accumulated between two snapshots of `totals`, field by field."""
+    return _combine(after, before, -1)
+
+
+def stats_sum(a: CacheStats, b: CacheStats) -> CacheStats:
+    """a + b, field by field (counts of separate stretches, e.g. every prompt of a run)."""
+    return _combine(a, b, 1)

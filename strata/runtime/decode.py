@@ -30,14 +30,14 @@ from strata.config import Config
 from strata.errors import ArenaTooSmallError
 from strata.formats.expert_record import ExpertWeights
 from strata.loader import Model
-from strata.reference.cache_types import CacheConfig, CacheStats, Use
+from strata.reference.cache_types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.reference.model import ModelParams
 from strata.reference.routing import Selection
 from strata.runtime.arena import Arena, NumpyArena, mlock_buffer
 from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
 from strata.runtime.compute import LayerCompute, NumpyCompute
 from strata.runtime.io import IOHook, ReaderPool
-from strata.runtime.report import StreamReport, build_report, stats_add, stats_delta
+from strata.runtime.report import StreamReport, build_report
 from strata.runtime.selector import Selector, union_in_rank_order
 from strata.runtime.streamer import Streamer
 
@@ -90,8 +90,7 @@ class StreamingEngine:
         self.decode_s = 0.0
         self.prompt_tokens = 0
         self.prompt_s = 0.0
-        zero = asdict(CacheStats(urgent_misses_by_rank=(0,) * self.cache_config.max_selected))
-        self._prompt_counts = zero
+        self._prompt_counts = CacheStats()  # the cache's counts during prompts (the report leaves them out)
         self._prompt_times = [0.0, 0.0, 0.0]  # host, waiting, after spent in prompts
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._logpos = open(config.logpos, "ab") if config.logpos else None
@@ -113,7 +112,7 @@ class StreamingEngine:
         logits = prefill(self, np.asarray(tokens, dtype=np.int64))
         self.prompt_s += time.perf_counter() - start
         self.prompt_tokens += len(tokens)
-        self._prompt_counts = stats_add(self._prompt_counts, stats_delta(self.streamer.totals, before))
+        self._prompt_counts = stats_sum(self._prompt_counts, stats_delta(self.streamer.totals, before))
         for i, (now, then) in enumerate(zip((t.host, t.waiting, t.after), times)):
             self._prompt_times[i] += now - then
         return logits
@@ -200,15 +199,14 @@ class StreamingEngine:
 
     def report(self) -> StreamReport:
         t = self.streamer.times
-        decode = stats_delta(stats_delta(self.streamer.totals, asdict(CacheStats(
-            urgent_misses_by_rank=(0,) * self.cache_config.max_selected))), self._prompt_counts)
+        decode = asdict(stats_delta(self.streamer.totals, self._prompt_counts))
         host, waiting, after = (now - p for now, p in zip((t.host, t.waiting, t.after), self._prompt_times))
         io = self.io.note + "".join(f"; {n}" for n in self.notes)
         return build_report(
             decode=decode, tokens=self.tokens, seconds=self.decode_s, host_s=host, waiting_s=waiting,
             after_s=after, slot_bytes=self.arena.slot_bytes, arena_slots=self.arena.capacity, io=io,
             prompt_tokens=self.prompt_tokens, prompt_s=self.prompt_s,
-            prompt_reads=self._prompt_counts["reads_issued"],
+            prompt_reads=self._prompt_counts.reads_issued,
             profile=self.phase_s if self.config.profile else None)
 
     def close(self) -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from strata.reference.cache_types import CacheStats
 from strata.runtime.budget import fmt_bytes
 
-__all__ = ["StreamReport", "build_report", "stats_delta", "stats_add"]
+__all__ = ["StreamReport", "build_report"]
 
 
 @dataclass(frozen=True)
@@ -64,23 +63,11 @@ class StreamReport:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def stats_delta(end: CacheStats | dict, start: CacheStats | dict) -> dict:
-    """end - start, field by field (by-rank tuples elementwise)."""
-    a = end if isinstance(end, dict) else asdict(end)
-    b = start if isinstance(start, dict) else asdict(start)
-    return {k: tuple(x - y for x, y in zip(v, b[k])) if isinstance(v, tuple) else v - b[k] for k, v in a.items()}
-
-
-def stats_add(a: CacheStats | dict, b: CacheStats | dict) -> dict:
-    a = a if isinstance(a, dict) else asdict(a)
-    b = b if isinstance(b, dict) else asdict(b)
-    return {k: tuple(x + y for x, y in zip(v, b[k])) if isinstance(v, tuple) else v + b[k] for k, v in a.items()}
-
-
 def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, waiting_s: float,
                  after_s: float, slot_bytes: int, arena_slots: int, io: str, prompt_tokens: int = 0,
                  prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None) -> StreamReport:
-    """The report of `tokens` decode windows whose cache counts are `decode` (a stats_delta)."""
+    """The report of `tokens` decode windows whose cache counts are `decode` (asdict of a
+    `stats_delta`)."""
     d, n = decode, tokens
     per = 1.0 / n if n else 0.0
     lookups = d["lookups"]

@@ -22,7 +22,7 @@ from strata.reference.routing import (
     BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
 )
 
-__all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters", "stats_delta"]
+__all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters"]
 
 
 class GuessRanking(enum.Enum):
@@ -131,15 +131,6 @@ class LoopConfig:
 
 def _has_bonus(p: MoCEPolicy | None) -> bool:
     return p is not None and p.bonus > 0
-
-
-def stats_delta(after: CacheStats, before: CacheStats) -> CacheStats:
-    """Counts accumulated between two `state.totals` snapshots."""
-    fields = {f: getattr(after, f) - getattr(before, f) for f in CacheStats.__dataclass_fields__
-              if f != "urgent_misses_by_rank"}
-    a, b = after.urgent_misses_by_rank, before.urgent_misses_by_rank
-    b = b if b else (0,) * len(a)
-    return CacheStats(**fields, urgent_misses_by_rank=tuple(x - y for x, y in zip(a, b)))
 
 
 class ClosedLoop:

@@ -29,7 +29,7 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType
 from strata.model_config import TensorNames
-from strata.reference.cache_types import CacheStats
+from strata.reference.cache_types import CacheStats, stats_delta
 from strata.reference.experts import swiglu_expert
 from strata.reference.model import (
     ExpertSource, ModelParams, ModelState, attention_block, embed, head, layer_router_logits, moe_output,
@@ -38,7 +38,7 @@ from strata.reference.model import (
 from strata.reference.quants import dequantize
 from strata.reference.routing import Selection, route
 from strata.reference.sampling import log_softmax
-from strata.tools.closed_loop import ClosedLoop, GuessRouters, LoopConfig, stats_delta
+from strata.tools.closed_loop import ClosedLoop, GuessRouters, LoopConfig
 
 __all__ = ["DequantizedExperts", "decode_token", "RunOutput", "run_decode", "QualityResult", "quality",
            "kld_rows", "DEQUANT_CACHE_BYTES"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.reference.cache_types import CacheStats
-from strata.tools.closed_loop import ClosedLoop, LoopConfig, stats_delta
+from strata.reference.cache_types import CacheStats, stats_delta
+from strata.tools.closed_loop import ClosedLoop, LoopConfig
 from strata.tools.trace import Trace
 
 __all__ = ["ReplayResult", "ReplayInputs", "replay", "replay_grid", "save_dump"]
