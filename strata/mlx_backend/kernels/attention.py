@@ -36,12 +36,12 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
-from strata.mlx_backend.kernels.source import KernelSource
+from strata.mlx_backend.kernels.source import KernelSource, expand
 
 THREADS = 256
 MAX_HEAD_DIM = 256  # rotate-half pairs per lane: (HD / 2) / 32 <= 4
 
-ATTEND_BODY = r"""
+_ATTEND_TEMPLATE = r"""
   constexpr int NW = NT / 32;
   constexpr int HALF = HD / 2;
   constexpr int PPL = (HALF + 31) / 32;   // rotate-half pairs per lane
@@ -68,18 +68,7 @@ ATTEND_BODY = r"""
       qb[i] = r < HALF ? src[r + HALF] : 0.0f;
       s2 += qa[i] * qa[i] + qb[i] * qb[i];
     }
-    const float inv = QKN ? 1.0f / sqrt_f(warp_sum(s2) / (float)HD + eps) : 1.0f;
-    const uint64_t rp = (uint64_t)(pos0 + (int32_t)t) * HALF;
-    UNROLL for (int i = 0; i < PPL; ++i) {
-      const int r = (int)lane + 32 * i;
-      if (r < HALF) {
-        const float a = QKN ? qa[i] * inv * F32(q_norm[r]) : qa[i];
-        const float b = QKN ? qb[i] * inv * F32(q_norm[r + HALF]) : qb[i];
-        const float cs = rope_cos[rp + r], sn = rope_sin[rp + r];
-        qa[i] = a * cs - b * sn;
-        qb[i] = b * cs + a * sn;
-      }
-    }
+    NORM_ROPE_Q
   }
   float m = NEG_BIG, l = 0.0f;
   float oa[PPL], ob[PPL];
@@ -108,22 +97,10 @@ ATTEND_BODY = r"""
         vb[i] = r < HALF ? vs[r + HALF] : 0.0f;
         s2 += ka[i] * ka[i] + kb[i] * kb[i];
       }
-      const float inv = QKN ? 1.0f / sqrt_f(warp_sum(s2) / (float)HD + eps) : 1.0f;
-      const uint64_t rp = (uint64_t)p * HALF;
       const bool write = h % G == 0 && p == n_pos - 1;  // one writer per (KV head, position)
       DEVICE float* kd = (DEVICE float*)kc + ((uint64_t)kvh * S_MAX + p) * HD;
       DEVICE float* vd = (DEVICE float*)vc + ((uint64_t)kvh * S_MAX + p) * HD;
-      UNROLL for (int i = 0; i < PPL; ++i) {
-        const int r = (int)lane + 32 * i;
-        if (r < HALF) {
-          const float a = QKN ? ka[i] * inv * F32(k_norm[r]) : ka[i];
-          const float b = QKN ? kb[i] * inv * F32(k_norm[r + HALF]) : kb[i];
-          const float cs = rope_cos[rp + r], sn = rope_sin[rp + r];
-          ka[i] = a * cs - b * sn;
-          kb[i] = b * cs + a * sn;
-          if (write) { kd[r] = ka[i]; kd[r + HALF] = kb[i]; vd[r] = va[i]; vd[r + HALF] = vb[i]; }
-        }
-      }
+      NORM_ROPE_K
     }
     float dot = 0.0f;
     UNROLL for (int i = 0; i < PPL; ++i) dot += qa[i] * ka[i] + qb[i] * kb[i];
@@ -151,6 +128,32 @@ ATTEND_BODY = r"""
     out[((uint64_t)t * H + h) * HD + r] = aa / ll;
   }
 """
+
+def _norm_rope(a: str, b: str, weight: str, position: str, then: str = "") -> str:
+    """One head's rotate-half pairs (a[i], b[i]) of this lane, whose sum of squares is in s2:
+    the per-head RMSNorm with `weight` (QKN), then RoPE at `position`; `then` runs per pair
+    after it. Written once for q and for the chunk's own keys."""
+    return f"""
+    const float inv = QKN ? 1.0f / sqrt_f(warp_sum(s2) / (float)HD + eps) : 1.0f;
+    const uint64_t rp = (uint64_t)({position}) * HALF;
+    UNROLL for (int i = 0; i < PPL; ++i) {{
+      const int r = (int)lane + 32 * i;
+      if (r < HALF) {{
+        const float a = QKN ? {a}[i] * inv * F32({weight}[r]) : {a}[i];
+        const float b = QKN ? {b}[i] * inv * F32({weight}[r + HALF]) : {b}[i];
+        const float cs = rope_cos[rp + r], sn = rope_sin[rp + r];
+        {a}[i] = a * cs - b * sn;
+        {b}[i] = b * cs + a * sn;{then}
+      }}
+    }}
+"""
+
+
+ATTEND_BODY = expand(
+    _ATTEND_TEMPLATE,
+    NORM_ROPE_Q=_norm_rope("qa", "qb", "q_norm", "pos0 + (int32_t)t"),
+    NORM_ROPE_K=_norm_rope("ka", "kb", "k_norm", "p", then="\n        if (write) { kd[r] = ka[i]; kd[r + HALF] = kb[i]; vd[r] = va[i]; vd[r + HALF] = vb[i]; }"))
+
 
 ATTEND_SOURCE = KernelSource(
     "strata_attend", ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params", "fparams", "kc", "vc"),

@@ -34,8 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.kernels.launch import absent, launch
-from strata.mlx_backend.kernels.router import expand
-from strata.mlx_backend.kernels.source import KernelSource
+from strata.mlx_backend.kernels.source import KernelSource, expand
 
 THREADS = 256
 STRIP = 16  # columns a block: D/16 = 160 blocks at the seed's D=2560 (more than the H200's 132 SMs)

@@ -33,22 +33,13 @@ Grid: x = ceil(E / 4) + ceil(NG / 4), y = T; THREADS threads a block.
 
 from __future__ import annotations
 
-import re
-import textwrap
 
 import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.kernels.launch import absent, float_params, launch
 from strata.mlx_backend.kernels.preludes import WARP
-from strata.mlx_backend.kernels.source import KernelSource
-
-
-def expand(body: str, **snippets: str) -> str:
-    """body with each line that is only a snippet's name replaced by the snippet, indented alike."""
-    def one(m: re.Match) -> str:
-        return textwrap.indent(textwrap.dedent(snippets[m.group(2)]).strip("\n"), m.group(1)) + "\n"
-    return re.sub(r"^( *)(" + "|".join(snippets) + r")\n", one, body, flags=re.MULTILINE)
+from strata.mlx_backend.kernels.source import KernelSource, expand
 
 
 THREADS = 128  # 4 warps, one row each: 128 blocks at the seed shape, one per H200 SM

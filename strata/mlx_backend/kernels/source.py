@@ -21,6 +21,7 @@ Rules every body keeps (they make the dialects agree):
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +78,13 @@ class KernelSource:
         for n in self.inputs + self.outputs:
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", n):
                 raise ValueError(f"kernel {self.name}: bad argument name {n!r}")
+
+
+def expand(body: str, **snippets: str) -> str:
+    """body with each line that is only a snippet's name replaced by the snippet, indented alike."""
+    def one(m: re.Match) -> str:
+        return textwrap.indent(textwrap.dedent(snippets[m.group(2)]).strip("\n"), m.group(1)) + "\n"
+    return re.sub(r"^( *)(" + "|".join(snippets) + r")\n", one, body, flags=re.MULTILINE)
 
 
 def mlx_source(src: KernelSource, dialect: Dialect) -> tuple[str, str]:
