@@ -152,6 +152,16 @@ def _kernel_path() -> bool:
     return current_path() is not KernelPath.OPS
 
 
+def _routed_kernel_ok(rec: RecordLayout) -> bool:
+    """The fused expert kernel runs these records (else the gather_qmm ops path)."""
+    return _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
+
+
+def _shared_kernel_ok(sw: SharedWeights, hidden: int) -> bool:
+    """The shared-expert block body runs these weights (alone or in the routed launch)."""
+    return _kernel_path() and sw.gate.dtype == mx.float16 and hidden % 8 == 0 and hidden <= shared_kernel.MAX_HIDDEN
+
+
 def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights) -> mx.array:
     """The routed experts of T tokens from arena slots.
 
@@ -161,7 +171,7 @@ def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weig
     """
     if slots.shape[1] == 0:  # every selection dropped (drop-tail)
         return mx.zeros((x.shape[0], 1, x.shape[1]), mx.float32)
-    if _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN:
+    if _routed_kernel_ok(rec):
         return moe.moe_slots(arena, rec, x, slots, weights)
     slots_mx = slots if isinstance(slots, mx.array) else mx.array(np.asarray(slots, np.int32))
     w_mx = weights if isinstance(weights, mx.array) else mx.array(np.asarray(weights, np.float32))
@@ -190,7 +200,7 @@ def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
     """
-    if _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN:
+    if _routed_kernel_ok(rec):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
     experts, weights, _, _ = select_device(z, rule, None, None, 0.0)
     if stack is None:
@@ -207,8 +217,7 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
     """
-    if (shared is not None and _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN and shared.gate.dtype == mx.float16
-            and rec.hidden <= shared_kernel.MAX_HIDDEN):
+    if shared is not None and _routed_kernel_ok(rec) and _shared_kernel_ok(shared, rec.hidden):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
                              shared=(shared.gate, shared.up, shared.down))
     routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule)
@@ -217,8 +226,7 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
 
 def shared_partials(x: mx.array, sw: SharedWeights) -> mx.array:
     """The shared expert's output without its gate, as partials. x [T, D] -> [T, P, D]"""
-    d = x.shape[1]
-    if _kernel_path() and sw.gate.dtype == mx.float16 and d % 8 == 0 and d <= shared_kernel.MAX_HIDDEN:
+    if _shared_kernel_ok(sw, x.shape[1]):
         return shared_kernel.shared_partials(x, sw.gate, sw.up, sw.down)
     x = x.astype(mx.float32)
     h = silu(x @ sw.gate.astype(mx.float32).T) * (x @ sw.up.astype(mx.float32).T)
