@@ -347,7 +347,7 @@ def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
         return [none, none, none], (("FS", 8), ("FCS", 8), ("NSB", 0), ("HSN", fc)), 0
     gate, up, down = shared
     shared_kernel.check_hidden(rec.hidden)
-    tpl = tuple(kv for kv in shared_kernel.template(rec.hidden, gate.shape[0]) if kv[0] != "D")
+    tpl = shared_kernel.template(gate.shape[0])
     fcs, nsb = dict(tpl)["FCS"], dict(tpl)["NSB"]
     return [gate, up, down], tpl + (("HSN", max(fc, fcs)),), nsb
 

@@ -124,9 +124,10 @@ def check_hidden(d: int) -> None:
         raise ValueError(f"shared expert kernel: hidden {d} must be a multiple of 8, at most {MAX_HIDDEN}")
 
 
-def template(d: int, fs: int) -> tuple[tuple[str, int], ...]:
+def template(fs: int) -> tuple[tuple[str, int], ...]:
+    """The template ints of SHARED_BLOCK beside D and NT (which the including kernel has)."""
     fcs = chunk_for(fs)
-    return (("D", d), ("FS", fs), ("FCS", fcs), ("NSB", fs // fcs))
+    return (("FS", fs), ("FCS", fcs), ("NSB", fs // fcs))
 
 
 def shared_partials(x: mx.array, gate: mx.array, up: mx.array, down: mx.array) -> mx.array:
@@ -134,7 +135,7 @@ def shared_partials(x: mx.array, gate: mx.array, up: mx.array, down: mx.array) -
     t, d = x.shape
     fs = gate.shape[0]
     check_hidden(d)
-    tpl = template(d, fs)
+    tpl = template(fs)
     nsb = dict(tpl)["NSB"]
     return launch(SOURCE, [as_f32(x), gate, up, down], [(t, nsb, d)], [mx.float32],
-                  blocks=(nsb, t, 1), threads=THREADS, template=tpl + (("NT", THREADS),))[0]
+                  blocks=(nsb, t, 1), threads=THREADS, template=(("D", d),) + tpl + (("NT", THREADS),))[0]
