@@ -25,7 +25,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
 
 __all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials",
-           "kernel_applies"]
+           "kernel_applies", "check_context"]
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
@@ -140,6 +140,12 @@ def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
     return _tables[key]
 
 
+def check_context(cfg: ModelConfig, length: int, t: int) -> None:
+    """t more positions after `length` fit the model's context, else a ValueError saying so."""
+    if length + t > cfg.max_context:
+        raise ValueError(f"attention: {length + t} positions exceed the context of {cfg.max_context}")
+
+
 def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, *,
                        pos: mx.array | None = None) -> tuple[mx.array, MlxLayerKV]:
     """The attention output of new positions as partials (their sum over axis 1 is the output;
@@ -153,8 +159,7 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
         x float32 [T, D] (the residual, not yet normed) -> ([T, 1, D], MlxLayerKV with T more positions)
     """
     t = x.shape[0]
-    if kv.length + t > cfg.max_context:
-        raise ValueError(f"attention: {kv.length + t} positions exceed the context of {cfg.max_context}")
+    check_context(cfg, kv.length, t)
     if pos is not None and not _kernel_ok(cfg, w):
         raise ValueError("attention: a device position needs the attend kernel (the ops path slices by kv.length)")
     if _kernel_ok(cfg, w):

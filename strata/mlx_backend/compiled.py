@@ -32,10 +32,12 @@ Shapes: V vocab.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
-from strata.mlx_backend.attention import MlxLayerKV, kernel_applies
+from strata.mlx_backend.attention import MlxLayerKV, check_context, kernel_applies
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
+from strata.reference.model import check_token_ids
 
 __all__ = ["COMPILED_DECODE", "CompiledDecode", "unsupported", "check_decode"]
 
@@ -62,11 +64,8 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
 
 def check_decode(p: MlxParams, state: MlxModelState, token: int) -> None:
     """The host-side checks `forward` makes for one decoded token (same messages)."""
-    vocab = p.cfg.vocab_size
-    if not 0 <= token < vocab:
-        raise ValueError(f"token ids must be in [0, {vocab}), got {token}..{token}")
-    if state.length + 1 > p.cfg.max_context:
-        raise ValueError(f"attention: {state.length + 1} positions exceed the context of {p.cfg.max_context}")
+    check_token_ids(np.array([token]), p.cfg.vocab_size)
+    check_context(p.cfg, state.length, 1)
 
 
 def _buffers(state: MlxModelState) -> tuple[mx.array, ...]:

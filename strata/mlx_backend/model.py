@@ -30,7 +30,7 @@ from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import ModelConfig, QKNorm, TensorNames
-from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, router_rule
+from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
 from strata.reference.routing import Selection
 
@@ -144,9 +144,7 @@ def embed(p: MlxParams, tokens) -> mx.array:
     One decode token's id is a view into the device index table (no host write: see
     kernels/launch.py); a prompt's ids come from the host."""
     tokens = np.asarray(tokens, np.int64).reshape(-1)
-    vocab = p.cfg.vocab_size
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise ValueError(f"token ids must be in [0, {vocab}), got {tokens.min()}..{tokens.max()}")
+    check_token_ids(tokens, p.cfg.vocab_size)
     one = tokens.size == 1
     if _embed_kernel_ok(p) and tokens.size:
         ids = index_param(int(tokens[0])) if one else tokens.astype(np.int32)

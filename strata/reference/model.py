@@ -62,12 +62,16 @@ def plain_select(cfg: ModelConfig) -> SelectFn:
     return lambda layer, z: route(z, rule)
 
 
+def check_token_ids(tokens: np.ndarray, vocab: int) -> None:
+    """Every id in [0, vocab), else a ValueError naming the range (every backend's embedding)."""
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"token ids must be in [0, {vocab}), got {tokens.min()}..{tokens.max()}")
+
+
 def embed(params: ModelParams, tokens: np.ndarray) -> np.ndarray:
     """Shapes: tokens [T] int -> [T, D] float32"""
     tokens = np.asarray(tokens, dtype=np.int64)
-    vocab = params.cfg.vocab_size
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise ValueError(f"token ids must be in [0, {vocab}), got {tokens.min()}..{tokens.max()}")
+    check_token_ids(tokens, params.cfg.vocab_size)
     return params.dense[TensorNames.token_embd][tokens].astype(np.float32)
 
 
