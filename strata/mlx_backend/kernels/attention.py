@@ -62,12 +62,7 @@ _ATTEND_TEMPLATE = r"""
   {
     const DEVICE float* src = qkv + (uint64_t)t * ROW + (uint64_t)h * HD;
     float s2 = 0.0f;
-    UNROLL for (int i = 0; i < PPL; ++i) {
-      const int r = (int)lane + 32 * i;
-      qa[i] = r < HALF ? src[r] : 0.0f;
-      qb[i] = r < HALF ? src[r + HALF] : 0.0f;
-      s2 += qa[i] * qa[i] + qb[i] * qb[i];
-    }
+    LOAD_Q
     NORM_ROPE_Q
   }
   float m = NEG_BIG, l = 0.0f;
@@ -78,25 +73,12 @@ _ATTEND_TEMPLATE = r"""
     if (p < pos0) {  // cached (warp-uniform branch): normed and roped when it was written
       const DEVICE float* kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;
       const DEVICE float* vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
-      UNROLL for (int i = 0; i < PPL; ++i) {
-        const int r = (int)lane + 32 * i;
-        ka[i] = r < HALF ? kp[r] : 0.0f;
-        kb[i] = r < HALF ? kp[r + HALF] : 0.0f;
-        va[i] = r < HALF ? vp[r] : 0.0f;
-        vb[i] = r < HALF ? vp[r + HALF] : 0.0f;
-      }
+      LOAD_KV_CACHED
     } else {  // this chunk's position: from the raw qkv row of token p - pos0
       const DEVICE float* ks = qkv + (uint64_t)(p - pos0) * ROW + (uint64_t)(H + kvh) * HD;
       const DEVICE float* vs = ks + (uint64_t)KVH * HD;
       float s2 = 0.0f;
-      UNROLL for (int i = 0; i < PPL; ++i) {
-        const int r = (int)lane + 32 * i;
-        ka[i] = r < HALF ? ks[r] : 0.0f;
-        kb[i] = r < HALF ? ks[r + HALF] : 0.0f;
-        va[i] = r < HALF ? vs[r] : 0.0f;
-        vb[i] = r < HALF ? vs[r + HALF] : 0.0f;
-        s2 += ka[i] * ka[i] + kb[i] * kb[i];
-      }
+      LOAD_KV_RAW
       const bool write = h % G == 0 && p == n_pos - 1;  // one writer per (KV head, position)
       DEVICE float* kd = (DEVICE float*)kc + ((uint64_t)kvh * S_MAX + p) * HD;
       DEVICE float* vd = (DEVICE float*)vc + ((uint64_t)kvh * S_MAX + p) * HD;
@@ -129,6 +111,24 @@ _ATTEND_TEMPLATE = r"""
   }
 """
 
+def _load_pairs(*pairs: tuple[str, str, str], sum_squares: bool) -> str:
+    """This lane's rotate-half pairs: for each (a, b, src), a[i] = src[r], b[i] = src[r + HALF]
+    for r = lane + 32 i (0 past HALF); with sum_squares, s2 gathers the first pair's squares."""
+    lines = []
+    for a, b, src in pairs:
+        lines += [f"  {a}[i] = r < HALF ? {src}[r] : 0.0f;", f"  {b}[i] = r < HALF ? {src}[r + HALF] : 0.0f;"]
+    if sum_squares:
+        a, b, _ = pairs[0]
+        lines.append(f"  s2 += {a}[i] * {a}[i] + {b}[i] * {b}[i];")
+    body = "\n".join(lines)
+    return f"""
+UNROLL for (int i = 0; i < PPL; ++i) {{
+  const int r = (int)lane + 32 * i;
+{body}
+}}
+"""
+
+
 def _norm_rope(a: str, b: str, weight: str, position: str, then: str = "") -> str:
     """One head's rotate-half pairs (a[i], b[i]) of this lane, whose sum of squares is in s2:
     the per-head RMSNorm with `weight` (QKN), then RoPE at `position`; `then` runs per pair
@@ -151,6 +151,9 @@ def _norm_rope(a: str, b: str, weight: str, position: str, then: str = "") -> st
 
 ATTEND_BODY = expand(
     _ATTEND_TEMPLATE,
+    LOAD_Q=_load_pairs(("qa", "qb", "src"), sum_squares=True),
+    LOAD_KV_CACHED=_load_pairs(("ka", "kb", "kp"), ("va", "vb", "vp"), sum_squares=False),
+    LOAD_KV_RAW=_load_pairs(("ka", "kb", "ks"), ("va", "vb", "vs"), sum_squares=True),
     NORM_ROPE_Q=_norm_rope("qa", "qb", "q_norm", "pos0 + (int32_t)t"),
     NORM_ROPE_K=_norm_rope("ka", "kb", "k_norm", "p", then="\n        if (write) { kd[r] = ka[i]; kd[r + HALF] = kb[i]; vd[r] = va[i]; vd[r + HALF] = vb[i]; }"))
 
