@@ -155,19 +155,7 @@ BODY = r"""
     const uint32_t e = bx * NW + warp_id;
     const bool live = e < (uint32_t)E;
     f4 wv[LB];
-    {
-      const int b = 0;
-      LOAD_F32
-    }
-    NORM
-    float a = 0.0f;
-    for (int b = 0; b < NBATCH; ++b) {
-      if (b > 0) {
-        LOAD_F32
-      }
-      DOT_F32
-    }
-    a = warp_sum(a);
+    ROWS_F32
     if (live && lane == 0) z[(uint64_t)t * E + e] = a * inv;
   } else {
     const uint32_t e = (bx - NBR) * NW + warp_id;
@@ -175,23 +163,29 @@ BODY = r"""
     const DEVICE uint32_t* codes = (const DEVICE uint32_t*)g_codes;
     uint32_t wq[LB];
     half_t ws[LB];
-    {
-      const int b = 0;
-      LOAD_Q8
-    }
-    NORM
-    float a = 0.0f;
-    for (int b = 0; b < NBATCH; ++b) {
-      if (b > 0) {
-        LOAD_Q8
-      }
-      DOT_Q8
-    }
-    a = warp_sum(a);
+    ROWS_Q8
     if (live && lane == 0) g[(uint64_t)t * NG + e] = a * inv;
   }
 """
-BODY = expand(BODY, NORM=_NORM, LOAD_F32=_LOAD_F32, DOT_F32=_DOT_F32, LOAD_Q8=_LOAD_Q8, DOT_Q8=_DOT_Q8)
+# One warp's row in either branch: the first batch of loads goes out before the norm (its latency
+# hides behind the norm's L2 round trip), then batch by batch, loads then dot products.
+_ROWS = r"""
+{
+  const int b = 0;
+  LOAD
+}
+NORM
+float a = 0.0f;
+for (int b = 0; b < NBATCH; ++b) {
+  if (b > 0) {
+    LOAD
+  }
+  DOT
+}
+a = warp_sum(a);
+"""
+BODY = expand(expand(BODY, ROWS_F32=expand(_ROWS, LOAD=_LOAD_F32, DOT=_DOT_F32),
+                     ROWS_Q8=expand(_ROWS, LOAD=_LOAD_Q8, DOT=_DOT_Q8)), NORM=_NORM)
 
 SOURCE = KernelSource("strata_router", ("x", "parts", "norm_w", "w_router", "g_codes", "g_scales", "fparams"),
                       ("x_mid", "h", "z", "g"), BODY)
