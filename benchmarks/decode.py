@@ -194,51 +194,76 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
         config = Config(backend=Backend.MLX, arena=f"{slots}slots")
         params = random_params(cfg, seed=0, experts=False, pred_q8=config.pred_q8)
         reports = {}
-        # the thread switch interval while streaming (Config.io_switch_ms): strata's 0.2 ms, which
-        # the numpy path needs (its readers wait on the GIL while the decode thread runs numpy), and
-        # Python's own 5 ms (0), under which the MLX path's host turn is interrupted less often
-        for switch_ms in dict.fromkeys((config.io_switch_ms, 0.0)):
+        for name, variant in stream_variants(config).items():
             arena = MlxArena(slots, xf.header.padded_bytes)
-            pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=False,
-                              timeout=config.io_timeout, switch_interval=switch_ms / 1e3)
+            if variant.get("null"):
+                from host_turn import null_pool
+
+                pool = null_pool(xf, arena)
+            else:
+                pool = ReaderPool(xf, arena, threads=variant.get("threads", config.io_threads), direct=config.direct_io,
+                                  verify=False, timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3,
+                                  cpus=variant.get("cpus"))
             compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
-            eng = StreamingEngine(model, replace(config, io_switch_ms=switch_ms), arena, compute, pool,
-                                  notes=("mlx backend",))
-            rng = np.random.default_rng(0)
-            eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
-            host_before = sum(HOST_INPUTS.values())
-            for _ in range(n_decode):
-                eng.decode(int(rng.integers(0, cfg.vocab_size)))
-            res["stream_host_inputs_per_layer"] = (sum(HOST_INPUTS.values()) - host_before) / n_decode / cfg.n_layers
-            reports[switch_ms] = eng.report()
+            eng = StreamingEngine(model, config, arena, compute, pool, notes=("mlx backend",))
+            saved = os.sched_getaffinity(0) if variant.get("pin") else None
+            if saved is not None:  # the decode thread held on the CPU the readers leave to it
+                os.sched_setaffinity(0, saved - variant["cpus"])
+            try:
+                rng = np.random.default_rng(0)
+                eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
+                host_before = sum(HOST_INPUTS.values())
+                for _ in range(n_decode):
+                    eng.decode(int(rng.integers(0, cfg.vocab_size)))
+            finally:
+                if saved is not None:
+                    os.sched_setaffinity(0, saved)
+            if not reports:
+                res["stream_host_inputs_per_layer"] = (sum(HOST_INPUTS.values()) - host_before) / n_decode / cfg.n_layers
+            reports[name] = eng.report()
             eng.close()
             del eng, compute, pool, arena
     finally:
         xf.close()
         path.unlink(missing_ok=True)
     turn_us = {k: (r.host_ms_per_window - r.waiting_ms_per_window) / cfg.n_layers * 1e3 for k, r in reports.items()}
-    r, host_turn_us = reports[config.io_switch_ms], turn_us[config.io_switch_ms]
+    first = next(iter(reports))
+    r, host_turn_us = reports[first], turn_us[first]
     res.update({"stream_ms_per_token": r.ms_per_token, "stream_urgent_misses_per_token": r.urgent_misses_per_token,
                 "stream_readahead_hits_per_token": r.readahead_hits_per_token, "stream_reads_per_token": r.reads_per_token,
                 "stream_hit_rate": r.hit_rate, "stream_host_ms_per_window": r.host_ms_per_window,
                 "stream_waiting_ms_per_window": r.waiting_ms_per_window, "stream_after_ms": r.after_ms,
                 "stream_host_turn_us_per_layer": host_turn_us, "stream_arena_slots": slots,
                 "stream_arena_GB": slots * xf.header.padded_bytes / 1e9, "stream_io_switch_ms": config.io_switch_ms,
-                "stream_by_switch_ms": {str(k): {"ms_per_token": v.ms_per_token, "host_turn_us": turn_us[k],
-                                                 "waiting_ms_per_window": v.waiting_ms_per_window}
-                                        for k, v in reports.items()}})
+                "stream_by_variant": {k: {"ms_per_token": v.ms_per_token, "host_turn_us": turn_us[k],
+                                          "waiting_ms_per_window": v.waiting_ms_per_window, "hit_rate": v.hit_rate}
+                                      for k, v in reports.items()}})
     rows += [(f"streaming decode, arena {slots} slots ({res['stream_arena_GB']:.1f} GB)", f"{r.ms_per_token:.2f} ms/token",
               f"hit rate {r.hit_rate:.3f}"),
              ("  urgent misses / read-ahead hits / reads per token",
               f"{r.urgent_misses_per_token:.1f} / {r.readahead_hits_per_token:.1f} / {r.reads_per_token:.1f}", "random routing"),
              ("  host per window, of it waiting", f"{r.host_ms_per_window:.2f} / {r.waiting_ms_per_window:.2f} ms", ""),
-             ("  host turn (non-wait) per layer", f"{host_turn_us:.1f} us",
-              f"target < 50 us (switch interval {config.io_switch_ms:g} ms)"),
+             ("  host turn (non-wait) per layer", f"{host_turn_us:.1f} us", f"target < 50 us ({first})"),
              ("  kernel inputs made from host memory", f"{res['stream_host_inputs_per_layer']:.1f} /layer",
               "the routed slots and weights")]
-    rows += [(f"  switch interval {k:g} ms" if k else "  switch interval 5 ms (Python's)",
-              f"{v.ms_per_token:.2f} ms/token", f"host turn {turn_us[k]:.1f} us/layer")
-             for k, v in reports.items() if k != config.io_switch_ms]
+    rows += [(f"  {k}", f"{v.ms_per_token:.2f} ms/token", f"host turn {turn_us[k]:.1f} us/layer")
+             for k, v in reports.items() if k != first]
+
+
+def stream_variants(config: Config) -> dict:
+    """The streaming runs, the first as strata runs by default: where the reader threads run
+    (a buffered read copies a whole record through its CPU), how many there are, and reads that
+    complete unread (a diagnostic: the turn's cost without reader threads; outputs are garbage)."""
+    from strata.runtime.io import reader_cpus
+
+    out = {"strata defaults": {}}
+    cpus = reader_cpus()
+    if cpus:
+        out["readers off the decode thread's CPU"] = {"cpus": cpus}
+        out["  ... and the decode thread held there"] = {"cpus": cpus, "pin": True}
+    out[f"{max(1, config.io_threads // 2)} reader threads"] = {"threads": max(1, config.io_threads // 2)}
+    out["reads complete unread (no reader threads)"] = {"null": True}
+    return out
 
 
 def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:

@@ -20,10 +20,12 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 # strata reads every STRATA_* variable as a config key and rejects unknown ones (seen on the H200:
 # "unknown config keys ['device_budget']" in test_generate_with_backend_mlx): none reach the stages
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
-unset STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S
+STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
+unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
+  case ",$STAGES," in *",$name,"*) ;; *) echo "== $name not selected" >> "$OUT/summary.log"; return ;; esac
   local l; l=$(left); (( l - 5 < limit )) && limit=$(( l - 5 ))
   if (( limit < 15 )); then echo "== $name skipped (no time left)" | tee -a "$OUT/summary.log"; return; fi
   echo "== $name (limit ${limit}s) $(date +%T)" | tee -a "$OUT/summary.log"
@@ -69,7 +71,7 @@ if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
   # (the prompt's 14 launches skipped)
-  stage ncu_moe 75 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 3 \
+  stage ncu_moe 100 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/kernels.py --ncu moe

@@ -51,7 +51,13 @@ GROUP = 32
 # Run B: the subnormal code form 604 us vs 681 (ncu 550 vs 625); NT = 512 629 us. Run C, HX: h in
 # registers (76 registers, 3 blocks per SM) 578 us (ncu 529) vs threadgroup memory (58: 4 blocks) 604.
 DN = moe.subnormal_codes()
-VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED), (32, moe.THREADS, DN, not moe.HX_SHARED), (32, moe.THREADS, False, True))
+# Run C's ncu: L2 throughput 70% (the top unit) against DRAM 39%; the down step's reads are the
+# cause: a block reads FC/4 = 8 bytes of codes and 2 of scales per down row, each from its own
+# 32-byte sector, so the down planes cost 4x (codes) and 16x (scales) their bytes in L2 sectors,
+# 76% of a block's sectors. FC = 64 halves that (16 and 4 bytes per row); at NT = 512 the gate/up
+# rows per warp and the down rows per thread stay those of (32, 256), and h is read from
+# threadgroup memory (HX) or held in 64 registers.
+VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED), (64, 512, DN, True), (64, 512, DN, False), (64, 256, DN, True))
 
 
 def on_device(a) -> mx.array:
