@@ -61,6 +61,8 @@ def parse_args(argv=None):
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="the probe's clock: cpu (this thread's CPU time) is robust to a loaded machine, but "
                          "misses time lost to other threads holding the GIL")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Config field for every run (repeatable), e.g. --set turn_prepare=false")
     ap.add_argument("--cprofile", action="store_true", help="also print cProfile's top functions of one run")
     ap.add_argument("--root", default=str(ROOT), help="the strata checkout to import (A/B against another tree)")
     return ap.parse_args(argv)
@@ -133,7 +135,7 @@ def make_engine(args, backend: str, path: Path):
     cfg = shape(args)
     xf = ExpertsFile.open(path)
     model = Model(cfg, make_dense(cfg, 0), None, xf, path.with_suffix(".gguf"))
-    base = Config(prefetch=args.prefetch, prefetch_touch=False)
+    base = Config(prefetch=args.prefetch, prefetch_touch=False).replace(**dict(kv.split("=", 1) for kv in args.set))
     slots = max(int(cfg.n_layers * cfg.n_experts * args.arena_fraction), cache_config_for(model, base, 1).min_capacity)
     config = replace(base, arena=f"{slots}slots", profile=True)
     if backend == "mlx":

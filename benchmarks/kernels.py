@@ -46,7 +46,8 @@ from strata.model_config import RoutingOrder  # noqa: E402
 from strata.reference.experts import routed_experts  # noqa: E402
 
 GROUP = 32
-# (FC hidden units, NT threads, DN code form) of the fused expert kernel; the first is the default.
+# (FC hidden units, NT threads, DN code form, HX h in threadgroup memory, VL vector loads) of the fused
+# expert kernel; the first is the decode default, the third the many-token one (moe.block_shape).
 # Run 1 of 2026-11-29 (H200): NT = 128 and FC = 64 were 24% and 42% slower than (32, 256).
 # Run B: the subnormal code form 604 us vs 681 (ncu 550 vs 625); NT = 512 629 us. Run C, HX: h in
 # registers (76 registers, 3 blocks per SM) 578 us (ncu 529) vs threadgroup memory (58: 4 blocks) 604.
@@ -57,7 +58,10 @@ DN = moe.subnormal_codes()
 # 76% of a block's sectors. FC = 64 halves that (16 and 4 bytes per row); at NT = 512 the gate/up
 # rows per warp and the down rows per thread stay those of (32, 256), and h is read from
 # threadgroup memory (HX) or held in 64 registers.
-VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED), (64, 512, DN, True), (64, 512, DN, False), (64, 256, DN, True))
+# Run 1 of the third session (ncu): (64, 512, HX) 483 us, (64, 512) 584 (113 registers), (64, 256, HX) 493,
+# (32, 256) 533. VL: the down step's codes in one 8- or 16-byte load per row, or FC/16 4-byte loads.
+VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED, True), (32, moe.THREADS, DN, moe.HX_SHARED, False),
+            (64, 512, DN, True, True), (64, 512, DN, True, False))
 
 
 def on_device(a) -> mx.array:
@@ -163,9 +167,9 @@ def main() -> int:
                 mx.eval(gather_qmm_experts(stack, x.astype(mx.float16), sd, w))
             x64 = on_device(np.random.default_rng(2).standard_normal((64, d)).astype(np.float32))
             w64 = on_device(np.full((64, k), 0.1, np.float32))
-            for fc, nt, dn, hx in VARIANTS:
+            for fc, nt, dn, hx, vl in VARIANTS:
                 mx.eval(moe.moe_slots(records, rec, x64, on_device(slots_for(64)), w64, fc=fc, threads=nt, denormals=dn,
-                                      hx_shared=hx))
+                                      hx_shared=hx, vector_loads=vl))
         if args.ncu == "moe":
             return 0
         # every kernel of a decoded token (2 layers of the seed's shape): the per-kernel GPU times
@@ -231,13 +235,13 @@ def main() -> int:
         mx.eval(*xs)
         variants = {}
         if gpu:
-            for fc, nt, dn, hx in VARIANTS:
+            for fc, nt, dn, hx, vl in VARIANTS:
                 if f % fc:
                     continue
-                def fused(fc=fc, nt=nt, dn=dn, hx=hx):
+                def fused(fc=fc, nt=nt, dn=dn, hx=hx, vl=vl):
                     mx.eval([moe.moe_slots(records, rec, xs[i], ssd[i], wsd[i], fc=fc, threads=nt, denormals=dn,
-                                           hx_shared=hx) for i in range(reps)])
-                variants[f"fused FC={fc} NT={nt} DN={int(dn)} HX={int(hx)}"] = median_time(fused, warmup=2, reps=5) / reps
+                                           hx_shared=hx, vector_loads=vl) for i in range(reps)])
+                variants[f"fused FC={fc} NT={nt} DN={int(dn)} HX={int(hx)} VL={int(vl)}"] = median_time(fused, warmup=2, reps=5) / reps
         idxs, wms = ssd, wsd
         x16 = [x.astype(mx.float16) for x in xs]
         mx.eval(*idxs, *wms, *x16)

@@ -72,6 +72,51 @@ def test_fused_experts_against_reference(path, seed):
         in_regs, in_smem = (np.array(moe.moe_slots(records, rec, mx.array(x), slots, weights, hx_shared=hx))
                             for hx in (False, True))
         np.testing.assert_array_equal(in_regs, in_smem)
+        # the down step's codes in vector loads or word by word: the same words, bit for bit
+        for fc in (32, 64) if rec.expert_ffn % 64 == 0 else (32,):
+            vec, words = (np.array(moe.moe_slots(records, rec, mx.array(x), slots, weights, fc=fc, vector_loads=vl))
+                          for vl in (True, False))
+            np.testing.assert_array_equal(vec, words)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_many_token_block_shape(path):
+    """A launch of MANY_TOKENS tokens takes the many-token block shape (FC = 64, 512 threads, h
+    from threadgroup memory), a decode token the (32, 256) one; both agree with the reference,
+    with host slots and GPU routing, and the shared expert's blocks in the same grid run at 512
+    threads too."""
+    tokens = moe.MANY_TOKENS
+    d, f = SEED_EXPERT if path is KernelPath.GPU else (512, 128)
+    rec = RecordLayout(QuantType.Q2_0, d, f)
+    assert moe.block_shape(rec, tokens) == moe.MANY_TOKENS_SHAPE and moe.block_shape(rec, 1).fc == 32
+    assert moe.block_shape(RecordLayout(QuantType.Q2_0, d, 96), tokens).fc == 32  # 64 must divide F
+    with using_path(path):
+        records = random_records(rec, 12, mx.random.key(5))
+        rng = np.random.default_rng(5)
+        k = 3
+        slots = np.stack([rng.choice(12, k, replace=False) for _ in range(tokens)]).astype(np.int32)
+        weights = rng.random((tokens, k)).astype(np.float32)
+        x = rng.standard_normal((tokens, d)).astype(np.float32)
+        host = np.array(records)
+        ref = np.stack([routed_experts([unpack_record(host[s], rec) for s in slots[t]], weights[t], x[t])
+                        for t in range(tokens)])
+        xm = mx.array(x)
+        many = moe.moe_slots(records, rec, xm, slots, weights)
+        assert many.shape == (tokens, k * f // 64, d)
+        assert_backends_agree(ref, many.sum(axis=1), "FAST", what="fused experts, many-token shape")
+        fs = 64
+        gate, up, down = (mx.array((rng.standard_normal(s) * 0.05).astype(np.float16)) for s in ((fs, d), (fs, d), (d, fs)))
+        routed, shared = moe.moe_slots(records, rec, xm, slots, weights, shared=(gate, up, down))
+        np.testing.assert_array_equal(np.array(routed), np.array(many))
+        np.testing.assert_array_equal(np.array(shared), np.array(shared_kernel.shared_partials(xm, gate, up, down)))
+        z = rng.standard_normal((tokens, 12)).astype(np.float32)
+        on_gpu = moe.moe_route(records, rec, xm, mx.array(z), 0, k, RoutingOrder.SOFTMAX_TOPK, True)
+        top = np.argsort(-z, axis=1, kind="stable")[:, :k]
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        w = np.take_along_axis(p, top, axis=1)
+        w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+        ref_z = np.stack([routed_experts([unpack_record(host[s], rec) for s in top[t]], w[t], x[t]) for t in range(tokens)])
+        assert_backends_agree(ref_z, on_gpu.sum(axis=1), "FAST", what="fused experts, many-token shape, GPU routing")
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
@@ -228,7 +273,7 @@ def test_fused_kernel_reads_slots_past_4_gib():
     x = rng.standard_normal((1, rec.hidden)).astype(np.float32)
     weights = np.array([[0.6, 0.4]], np.float32)
     pad = lambda a: np.concatenate([a.reshape(-1), np.zeros(8 - a.size, a.dtype)])  # noqa: E731
-    fc = moe.chunk_rows(rec, 1)
+    fc = moe.block_shape(rec, 1).fc
     nch = rec.expert_ffn // fc
     none = np.zeros(8, np.float16)  # no shared expert
     out = emulate.run(moe.SLOTS_SOURCE, [arena, x, pad(far), pad(weights), none, none, none],

@@ -278,6 +278,16 @@ class ReaderPool:
                     or job.req.layer != layer or job.req.expert != e:
                 self.check(s, t, layer, e)  # raises the error `check` names
 
+    def warm(self, slots, tickets, keys) -> None:
+        """Read what `check_many` will read for these slots, without checking anything (the
+        turn's warm-up, `Streamer.prepare`); a slot whose read is still in flight is fine."""
+        slot_job = self._slot_job
+        with self._lock:
+            jobs = [slot_job.get(s) for s in slots]
+        for job, t, key in zip(jobs, tickets, keys):
+            if job is not None and job.req.ticket == t:
+                job.status, job.error, job.req.layer, job.req.expert, key  # noqa: B018 - read, not used
+
     def completed(self) -> list[tuple[int, int]]:
         """(slot, ticket) of every read completed or dropped since the last call."""
         if not self._done:  # unlocked peek: a notice appended meanwhile is drained next call

@@ -34,6 +34,7 @@ Shapes:
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -51,6 +52,9 @@ THREADS = 256
 # The down step's h: in registers (76 registers, 3 blocks per SM on sm_90) or read from threadgroup
 # memory (58, 4 blocks per SM). H200, run C: 529 vs 549 us of GPU time (ncu), 578 vs 604 us wall.
 HX_SHARED = False
+# The down step's codes as one 8- or 16-byte load per row (FC = 32 / 64) instead of FC/16 4-byte
+# loads, each of which a warp issues as 32 sectors (the rows are F/4 bytes apart).
+VECTOR_LOADS = True
 MAX_HIDDEN = 8192  # x pre-scaled in threadgroup memory: 1.25 D floats (40 KB at 8192) of the 48 KB
 WORD_CODES = 32 // Q2.bits  # 16 codes per uint32 word
 
@@ -252,7 +256,19 @@ COMMON = r"""
     if (live && d < (uint32_t)D) {
       const DEVICE uint32_t* q = (const DEVICE uint32_t*)(rec + DC + (uint64_t)d * (F / 4)) + c * WC;
       const DEVICE half_t* sc = (const DEVICE half_t*)(rec + DS) + (uint64_t)d * (F / 32) + c * (WC / 2);
-      UNROLL for (int w = 0; w < WC; ++w) dq[i][w] = q[w];
+      if (VL && WC % 4 == 0 && (F / 4) % 16 == 0) {  // 16-byte loads (rows and chunks 16-byte aligned)
+        UNROLL for (int w = 0; w < WC; w += 4) {
+          const uint4 v = *(const DEVICE uint4*)(q + w);
+          dq[i][w] = v.x; dq[i][w + 1] = v.y; dq[i][w + 2] = v.z; dq[i][w + 3] = v.w;
+        }
+      } else if (VL && WC % 2 == 0) {  // 8-byte loads (F is a multiple of 32: rows 8-byte aligned)
+        UNROLL for (int w = 0; w < WC; w += 2) {
+          const uint2 v = *(const DEVICE uint2*)(q + w);
+          dq[i][w] = v.x; dq[i][w + 1] = v.y;
+        }
+      } else {
+        UNROLL for (int w = 0; w < WC; ++w) dq[i][w] = q[w];
+      }
       UNROLL for (int w = 0; w < WC / 2; ++w) dsc[i][w] = F32(sc[w]);
     }
   }
@@ -315,17 +331,39 @@ def subnormal_codes() -> bool:
     return gpu_dialect() is not Dialect.METAL
 
 
-def chunk_rows(rec: RecordLayout, tokens: int) -> int:
-    """FC: the hidden units one block takes (a multiple of 32 dividing F). 32: the most blocks,
-    which a decode token needs (k = 10 at the seed's size: 180 blocks for 132 SMs), and the
-    fewest registers per thread; on the H200, 64 tokens x k = 10 per launch took 843 us with
-    FC = 32 (128 registers, 2 blocks per SM) and 1704 us with FC = 64 (152 registers, 1 block)."""
-    return Q2.block_size
+class BlockShape(NamedTuple):
+    """FC hidden units per block, NT threads per block, and where the down step reads h (HX)."""
+
+    fc: int
+    threads: int
+    hx_shared: bool
+
+
+# The multi-token shape: FC = 64 halves the down planes' L2 sectors per byte (a block reads 16
+# bytes of codes and 4 of scales per down row instead of 8 and 2, each from its own 32-byte
+# sector: at FC = 32 those reads were 76% of a block's sectors and L2 the busiest unit, 70%);
+# NT = 512 keeps (32, 256)'s gate/up rows per warp and down rows per thread, h comes from
+# threadgroup memory (in registers it takes 113 and 1 block per SM). H200, 64 tokens x k = 10
+# (ncu, one run): 483 us against 533 us for (32, 256) — docs/perf.md, third session.
+MANY_TOKENS_SHAPE = BlockShape(64, 512, True)
+# from this many tokens per launch: a decode token keeps FC = 32, whose k = 10 x 18 blocks fill
+# the H200's 132 SMs (FC = 64 would leave 42 idle)
+MANY_TOKENS = 8
+
+
+def block_shape(rec: RecordLayout, tokens: int) -> BlockShape:
+    """The block shape for a launch of `tokens` tokens. FC = 32 (a multiple of 32 dividing F,
+    the most blocks and the fewest registers) for decode; FC = 64 with 512 threads for many
+    tokens where 64 divides F. (The first kernel took 843 us with FC = 32 and 1704 with FC = 64
+    at 256 threads, 152 registers, 1 block per SM: the gate/up rows per warp doubled.)"""
+    if tokens >= MANY_TOKENS and rec.expert_ffn % MANY_TOKENS_SHAPE.fc == 0:
+        return MANY_TOKENS_SHAPE
+    return BlockShape(Q2.block_size, THREADS, HX_SHARED)
 
 
 @functools.cache
 def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denormals: bool | None = None,
-              hx_shared: bool = HX_SHARED) -> tuple[tuple[str, int], ...]:
+              hx_shared: bool = HX_SHARED, vector_loads: bool = VECTOR_LOADS) -> tuple[tuple[str, int], ...]:
     denormals = subnormal_codes() if denormals is None else denormals
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
@@ -337,7 +375,8 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denorm
     sc = {n: rec.scales(n).offset for n in ("gate", "up", "down")}
     return (("D", d), ("F", f), ("FC", fc), ("NCH", f // fc), ("K", k), ("SLOT", rec.padded_bytes),
             ("GC", off["gate"]), ("GS", sc["gate"]), ("UC", off["up"]), ("US", sc["up"]),
-            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads), ("DN", int(denormals)), ("HX", int(hx_shared)))
+            ("DC", off["down"]), ("DS", sc["down"]), ("NT", threads), ("DN", int(denormals)), ("HX", int(hx_shared)),
+            ("VL", int(vector_loads)))
 
 
 def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
@@ -353,8 +392,17 @@ def _with_shared(rec: RecordLayout, fc: int, shared) -> tuple[list, tuple, int]:
 
 
 def full_template(rec: RecordLayout, k: int, fc: int, shared=None) -> tuple[tuple[str, int], ...]:
-    """Every template int of the host-slots kernel (tests that run the body directly)."""
+    """Every template int of the host-slots kernel at (FC, 256 threads) (tests that run the body directly)."""
     return _template(rec, k, fc) + _with_shared(rec, fc, shared)[1]
+
+
+def _shape(rec: RecordLayout, tokens: int, fc: int | None, threads: int | None, hx: bool | None) -> BlockShape:
+    """`block_shape`, with what the caller chose put in; an FC other than the chosen shape's
+    gets 256 threads and HX_SHARED unless they are given too."""
+    shape = block_shape(rec, tokens)
+    if fc is not None and fc != shape.fc:
+        shape = BlockShape(fc, THREADS, HX_SHARED)
+    return BlockShape(shape.fc, threads or shape.threads, shape.hx_shared if hx is None else hx)
 
 
 def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc: int, template: tuple,
@@ -368,23 +416,24 @@ def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
-              shared=None, threads: int = THREADS, denormals: bool | None = None,
-              hx_shared: bool = HX_SHARED) -> mx.array | tuple[mx.array, mx.array]:
+              shared=None, threads: int | None = None, denormals: bool | None = None,
+              hx_shared: bool | None = None, vector_loads: bool = VECTOR_LOADS) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, host-chosen slots. x [T, D], slots int [T, k] (-1 skip), weights [T, k]
     (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D].
     shared (gate, up, down float16): the shared expert's blocks ride in the same launch and the
     result is (routed partials, shared partials [T, Fs/FCS, D]). fc / threads: other block shapes
     (the benchmarks compare them); denormals: the code form (default `subnormal_codes()`);
-    hx_shared: where the down step reads h (default HX_SHARED)."""
+    hx_shared: where the down step reads h (defaults: `block_shape`); vector_loads: the down
+    step's codes in 8- or 16-byte loads (VECTOR_LOADS)."""
     t, k = slots.shape
     if isinstance(slots, np.ndarray):
         slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
     else:
         slots = slots if slots.dtype == mx.int32 else slots.astype(mx.int32)
         weights = as_f32(weights)
-    fc = fc or chunk_rows(rec, t)
+    fc, threads, hx_shared = _shape(rec, t, fc, threads, hx_shared)
     out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc,
-                        _template(rec, k, fc, threads, denormals, hx_shared), shared, threads)
+                        _template(rec, k, fc, threads, denormals, hx_shared, vector_loads), shared, threads)
     return out if shared is None else (out, sout)
 
 
@@ -395,11 +444,11 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     slot_base + e). x [T, D], z [T, E] -> partials float32 [T, k * F/FC, D]; with shared (gate,
     up, down), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
     t, e = z.shape
-    fc = fc or chunk_rows(rec, t)
-    template = _template(rec, k, fc) + (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
+    fc, threads, hx = _shape(rec, t, fc, None, None)
+    template = _template(rec, k, fc, threads, None, hx) + (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                         ("NORM", int(norm_topk_prob)))
     out, sout = _launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base)], t, k, fc,
-                        template, shared, THREADS)
+                        template, shared, threads)
     return out if shared is None else (out, sout)
 
 
