@@ -194,35 +194,22 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
         config = Config(backend=Backend.MLX, arena=f"{slots}slots")
         params = random_params(cfg, seed=0, experts=False, pred_q8=config.pred_q8)
         runs: dict[str, list] = {}
-        variants = list(stream_variants(config).items())
+        variants = list(stream_variants().items())
         # PASSES passes over the variants, each starting one variant later (the host's speed drifts,
         # and a variant's place in the pass should not decide it); per variant the median run is kept
         order = [variants[(p + i) % len(variants)] for p in range(PASSES) for i in range(len(variants))]
         for name, variant in order:
             arena = MlxArena(slots, xf.header.padded_bytes)
-            if variant.get("null"):
-                from host_turn import null_pool
-
-                pool = null_pool(xf, arena)
-            else:
-                pool = ReaderPool(xf, arena, threads=variant.get("threads", config.io_threads), direct=config.direct_io,
-                                  verify=False, timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3,
-                                  cpus=variant.get("cpus"))
+            pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=False,
+                              timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3)
             compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
             eng = StreamingEngine(model, config.replace(**variant.get("config", {})), arena, compute, pool,
                                   notes=("mlx backend",))
-            saved = os.sched_getaffinity(0) if variant.get("pin") else None
-            if saved is not None:  # the decode thread held on the CPU the readers leave to it
-                os.sched_setaffinity(0, saved - variant["cpus"])
-            try:
-                rng = np.random.default_rng(0)
-                eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
-                host_before = sum(HOST_INPUTS.values())
-                for _ in range(n_decode):
-                    eng.decode(int(rng.integers(0, cfg.vocab_size)))
-            finally:
-                if saved is not None:
-                    os.sched_setaffinity(0, saved)
+            rng = np.random.default_rng(0)
+            eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
+            host_before = sum(HOST_INPUTS.values())
+            for _ in range(n_decode):
+                eng.decode(int(rng.integers(0, cfg.vocab_size)))
             if not runs:
                 res["stream_host_inputs_per_layer"] = (sum(HOST_INPUTS.values()) - host_before) / n_decode / cfg.n_layers
             runs.setdefault(name, []).append(eng.report())
@@ -264,20 +251,13 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
 PASSES = 3  # streaming runs per variant
 
 
-def stream_variants(config: Config) -> dict:
-    """The streaming runs, the first as strata runs by default: without the turn's preparation
-    (`Config.turn_prepare`) and with the reader threads kept off the decode thread's CPU (a
-    buffered read copies a whole record through the CPU it runs on). (Run 1 of the third session
-    also ran reads that complete unread, no reader threads at all: the turn was no cheaper.)"""
-    from strata.runtime.io import reader_cpus
-
-    out = {"strata defaults": {}, "turn_prepare off": {"config": {"turn_prepare": False}}}
-    cpus = reader_cpus()
-    if cpus:
-        out["readers off the decode thread's CPU"] = {"cpus": cpus}
-        out["readers off the decode thread's CPU, turn_prepare off"] = {"cpus": cpus,
-                                                                       "config": {"turn_prepare": False}}
-    return out
+def stream_variants() -> dict:
+    """The streaming runs, the first as strata runs by default, the second without the turn's
+    preparation (`Config.turn_prepare`). The third session's runs 1-3 also kept the reader
+    threads off the decode thread's CPU (no gain: 60.0 vs 66.5, then 52.5 vs 46.2 us), held the
+    decode thread on its CPU, ran 2 reader threads, and let reads complete unread, with no reader
+    threads at all: the turn was no cheaper (docs/perf.md)."""
+    return {"strata defaults": {}, "turn_prepare off": {"config": {"turn_prepare": False}}}
 
 
 def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:

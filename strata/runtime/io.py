@@ -30,7 +30,7 @@ from strata.errors import ExpertReadError
 from strata.formats.experts_file import ExpertsFile, checksum
 from strata.runtime.arena import Arena
 
-__all__ = ["ReadRequest", "IOHook", "ReaderPool", "RandomDelays", "Faults", "reader_cpus"]
+__all__ = ["ReadRequest", "IOHook", "ReaderPool", "RandomDelays", "Faults"]
 
 URGENT, AHEAD = 0, 1  # queue priorities: smaller first
 # While a pool is open the interpreter switches threads every SWITCH_INTERVAL seconds instead of
@@ -130,7 +130,7 @@ class ReaderPool:
 
     def __init__(self, experts: ExpertsFile, arena: Arena, *, threads: int = 4, direct: bool = True,
                  verify: bool = False, timeout: float = 60.0, hook: IOHook | None = None,
-                 switch_interval: float = SWITCH_INTERVAL, cpus=None) -> None:
+                 switch_interval: float = SWITCH_INTERVAL) -> None:
         if arena.slot_bytes < experts.header.padded_bytes:
             raise ValueError(f"arena slots of {arena.slot_bytes} bytes cannot hold "
                              f"{experts.header.padded_bytes}-byte records")
@@ -159,8 +159,6 @@ class ReaderPool:
         self.dropped = 0
         self.errors = 0
         self._switch = switch_interval > 0
-        # the CPUs the reader threads may run on (None: wherever the OS puts them; `reader_cpus`)
-        self.cpus = None if cpus is None else frozenset(cpus)
         if self._switch:
             _SwitchInterval.enter(switch_interval)
         self._workers = [threading.Thread(target=self._work, name=f"strata-io-{i}", daemon=True)
@@ -315,11 +313,6 @@ class ReaderPool:
     # -------------------------------------------------------- workers
 
     def _work(self) -> None:
-        if self.cpus:
-            try:  # Linux: pid 0 is this thread alone
-                os.sched_setaffinity(0, self.cpus)
-            except OSError:
-                pass  # the CPUs went away or the OS refused: the reader runs unpinned
         lock, work_cv, heap, heappop = self._lock, self._work_cv, self._heap, heapq.heappop
         while True:
             with lock:
@@ -391,31 +384,6 @@ class ReaderPool:
                 self._retired_fds.append(self._fd)  # another worker may still be reading with it
                 self._fd = os.dup(self.experts.fileno())
         return os.preadv(self._fd, [buf], offset)
-
-
-def current_cpu() -> int | None:
-    """The CPU the calling thread runs on (Linux, glibc), or None where that cannot be asked."""
-    try:
-        import ctypes
-
-        cpu = ctypes.CDLL(None, use_errno=True).sched_getcpu()
-    except (OSError, AttributeError):
-        return None
-    return cpu if cpu >= 0 else None
-
-
-def reader_cpus(least: int = 4) -> frozenset[int] | None:
-    """CPUs for the reader threads that leave the calling (decode) thread's CPU to it: every CPU
-    this process may use but that one. A reader's buffered read copies a whole record through
-    the CPU it runs on, which evicts the decode thread's working set there when both share it.
-    None (readers unpinned) where the OS has no thread affinity or fewer than `least` CPUs."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    allowed = os.sched_getaffinity(0)
-    cpu = current_cpu()
-    if cpu is None or cpu not in allowed or len(allowed) < least:
-        return None
-    return frozenset(allowed - {cpu})
 
 
 def mmapped_probe(nbytes: int) -> np.ndarray:
