@@ -221,6 +221,46 @@ def test_arena_host_writes_reach_the_kernels_without_a_copy(path):
         assert np.array(alias).shape == (2, rec.padded_bytes)
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_disk_reads_into_the_arena_reach_the_gpu(tmp_path, direct):
+    """The streaming path's reads: a pread (O_DIRECT or buffered) into an arena slot the GPU has
+    already read, while the GPU reads the next slot, then the GPU reads it again and must see the
+    new bytes, round after round. (On
+    MLX's CUDA build the arena is managed memory; a DMA into it must not leave the GPU a stale
+    copy. The engine tests failed on the H200 with O_DIRECT only, twice.)"""
+    import os
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    slot_bytes, n_records, cap = 1 << 20, 6, 3
+    rng = np.random.default_rng(1)
+    records = rng.integers(0, 256, (n_records, slot_bytes), dtype=np.uint8)
+    path = tmp_path / "records.bin"
+    records.tofile(path)
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    try:
+        fd = os.open(path, flags)
+        arena = MlxArena(cap, slot_bytes)
+        os.preadv(fd, [arena.slot_buffer(0)], 0)
+    except (OSError, AttributeError) as e:
+        pytest.skip(f"no O_DIRECT reads here: {e}")
+    weights = mx.array(rng.integers(1, 7, slot_bytes).astype(np.uint32))  # a position-dependent checksum
+    try:
+        for round_ in range(24):
+            slot, rec = round_ % cap, (round_ * 5) % n_records
+            mx.eval((arena.array[slot].astype(mx.uint32) * weights).sum())  # the GPU reads the slot first
+            other = arena.array[(slot + 1) % cap].astype(mx.uint32)
+            busy = [(other * (weights + i)).sum() for i in range(16)]
+            mx.async_eval(busy)  # ... and reads its neighbour (same 2 MB page) while the read lands
+            assert os.preadv(fd, [arena.slot_buffer(slot)], rec * slot_bytes) == slot_bytes
+            mx.eval(busy)
+            got = int((arena.array[slot].astype(mx.uint32) * weights).sum().item())
+            want = int((records[rec].astype(np.uint64) * np.array(weights, np.uint64)).sum() % (1 << 32))
+            assert got == want, f"round {round_}: slot {slot} holds stale bytes on the GPU after a read of record {rec}"
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("base", [0, 3016, 4095, 1 << 40])
 def test_arena_geometry_past_int32(base):
     """The H200 runs' streaming arena: 3072 seed-size slots = 4.25 GB, which one MLX dimension
