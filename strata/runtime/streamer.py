@@ -58,9 +58,7 @@ class Streamer:
         self.decisions: list | None = [] if keep_trace else None
         self.times = TurnTimes()
         self.moce_pre = moce_pre
-        cap = config.capacity
-        self._key = [(-1, -1)] * cap  # (layer, expert) of each slot's latest read
-        self._ticket = [0] * cap
+        self._ticket = [0] * config.capacity  # each slot's latest read (the pool checks its layer and expert)
 
     # -------------------------------------------------------- turns
 
@@ -82,8 +80,8 @@ class Streamer:
         self.cache.read_done_many(self.pool.completed())
         slots = self.cache.warm(layer, guesses)
         if slots:
-            key, ticket = self._key, self._ticket
-            self.pool.warm(slots, [ticket[s] for s in slots], [key[s] for s in slots])
+            ticket = self._ticket
+            self.pool.warm(slots, [ticket[s] for s in slots])
         self.times.prepare += time.perf_counter() - start
 
     def at_layer(self, layer: int, selected, *, on_use: Callable[[Use], None],
@@ -151,7 +149,7 @@ class Streamer:
             overlap_at = len(actions) - 1
             if len(actions) >= 2 and isinstance(actions[-2], WaitFor):
                 overlap_at -= 1
-        pool, key, ticket = self.pool, self._key, self._ticket
+        pool, ticket = self.pool, self._ticket
         reads: list = []  # consecutive Reads go to the pool in one batch (one lock, one wake-up each)
         for i, a in enumerate(actions):
             if i == overlap_at:
@@ -165,12 +163,10 @@ class Streamer:
                 outside += dt
             kind = type(a)  # exact types: the machine's actions are final dataclasses
             if kind is Read:
-                key[a.slot] = (a.layer, a.expert)
                 ticket[a.slot] = a.ticket
                 reads.append((a.ticket, a.slot, a.layer, a.expert, a.urgent))
                 continue
-            if kind is Evict:  # bookkeeping only: the batch of reads goes on
-                key[a.slot] = (-1, -1)
+            if kind is Evict:  # bookkeeping only (the cache's): the batch of reads goes on
                 continue
             if reads:
                 pool.submit_many(reads)
@@ -181,10 +177,8 @@ class Streamer:
                 waited += pool.wait([ticket[s] for s in a.slots])
             elif kind is Use:
                 layer = a.layer
-                for e, s in zip(a.experts, a.slots):
-                    if key[s] != (layer, e):
-                        raise AssertionError(f"cache said slot {s} holds layer {layer} expert {e}, "
-                                             f"the runtime read {key[s]} into it")
+                # each slot's latest read is the one this runtime issued for it, of (layer, expert),
+                # done without error: else ExpertReadError names the slot, what it should hold and holds
                 pool.check_many(a.slots, [ticket[s] for s in a.slots], layer, a.experts)
                 if on_use is None:
                     raise AssertionError(f"a Use of layer {layer} outside a layer turn")
