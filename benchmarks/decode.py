@@ -197,6 +197,7 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
         variants = list(stream_variants().items())
         # PASSES passes over the variants, each starting one variant later (the host's speed drifts,
         # and a variant's place in the pass should not decide it); per variant the median run is kept
+        # (the process's first run is slower: kernels built, pages first touched)
         order = [variants[(p + i) % len(variants)] for p in range(PASSES) for i in range(len(variants))]
         for name, variant in order:
             arena = MlxArena(slots, xf.header.padded_bytes)
@@ -252,12 +253,13 @@ PASSES = 3  # streaming runs per variant
 
 
 def stream_variants() -> dict:
-    """The streaming runs, the first as strata runs by default, the second without the turn's
-    preparation (`Config.turn_prepare`). The third session's runs 1-3 also kept the reader
-    threads off the decode thread's CPU (no gain: 60.0 vs 66.5, then 52.5 vs 46.2 us), held the
-    decode thread on its CPU, ran 2 reader threads, and let reads complete unread, with no reader
-    threads at all: the turn was no cheaper (docs/perf.md)."""
-    return {"strata defaults": {}, "turn_prepare off": {"config": {"turn_prepare": False}}}
+    """The streaming runs, the first as strata runs by default (the only one now). The third
+    session's runs compared here: the reader threads kept off the decode thread's CPU, the
+    decode thread held on its CPU, 2 reader threads, reads completing unread (no reader threads
+    at all: the turn was no cheaper), and the turn prepared while the GPU computed the router
+    logits (46.3 vs 49.4 us over nine runs each, within the host's noise): none is kept
+    (docs/perf.md). A variant is {"config": {Config field: value}}."""
+    return {"strata defaults": {}}
 
 
 def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:

@@ -62,7 +62,7 @@ def parse_args(argv=None):
                     help="the probe's clock: cpu (this thread's CPU time) is robust to a loaded machine, but "
                          "misses time lost to other threads holding the GIL")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Config field for every run (repeatable), e.g. --set turn_prepare=false")
+                    help="a Config field for every run (repeatable), e.g. --set io_threads=2")
     ap.add_argument("--cprofile", action="store_true", help="also print cProfile's top functions of one run")
     ap.add_argument("--root", default=str(ROOT), help="the strata checkout to import (A/B against another tree)")
     return ap.parse_args(argv)

@@ -39,7 +39,6 @@ class Config:
     prefetch2: bool = False  # also read ahead two layers ahead
     split_turn: bool = True  # read-ahead bookkeeping after the GPU is released
     shexp_overlap: bool = True  # shared expert computed during the host turn
-    turn_prepare: bool = True  # GPU backends: completions drained and the turn's state warmed while the router runs
     pred_q8: bool = True  # read-ahead guess on a Q8_0 copy of the routers
     moce_j: int = STOCK_MOCE_J  # protected top-J
     moce_lambda: float = STOCK_MOCE_LAMBDA  # resident bonus λ (0: the model's own routing)

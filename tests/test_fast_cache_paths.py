@@ -1,7 +1,7 @@
 """The fast cache twin's shortcuts (strata/runtime/fast_cache.py) against the reference, on
 longer decode runs than the hypothesis tests draw: the all-hit and read-ahead-claim turns taken
 in `step` (their pins, ticks and LRU moves held until the next step), the skipped prefix of the
-LRU at a tight arena, the action builders, and the turn's warm-up (`warm`, read-only).
+LRU at a tight arena, and the action builders.
 
 `state()` settles held turns itself, so the runs here compare it only at the end: every other
 step reads the held work through `step`'s own `_settle`.
@@ -51,8 +51,7 @@ def test_long_decode_runs_take_the_reference_decisions(capacity_share, touch, no
     ref, fast = initial_state(cfg), FastCache(cfg)
     sel, guesses = trace.selected.tolist(), trace.guesses.tolist()
     pending: list = []
-    held = warmed = 0
-    likely: tuple = ()
+    held = 0
     for t in range(len(sel)):
         events = [BeginWindow()]
         for layer in range(n_layers):
@@ -62,16 +61,11 @@ def test_long_decode_runs_take_the_reference_decisions(capacity_share, touch, no
                 for slot, ticket in pending:
                     ref, _ = step(ref, ReadDone(slot, ticket))
                 fast.read_done_many(pending)
-            if isinstance(event, AtLayer):  # the turn's warm-up (Streamer.prepare) reads, never writes
-                warmed += len(fast.warm(event.layer, likely))
-                assert fast.warm(event.layer, (n_experts,)) == ()  # not an expert: nothing read
             ref, want = step(ref, event)
             got = fast.step(event)
             assert got == want, (t, event)
             held += bool(fast._held)
             if isinstance(event, AfterLayer):
                 pending = [(a.slot, a.ticket) for a in got if isinstance(a, Read)]
-                likely = tuple(event.guesses)
     assert held > 0  # the shortcut was taken
-    assert warmed > 0
     assert_same_state(ref, fast)

@@ -15,7 +15,6 @@ FLAGS: tuple[tuple[str, str, object, str], ...] = (
     ("--prefetch2", "prefetch2", "bool", "also read ahead two layers ahead (default off)"),
     ("--split-turn", "split_turn", "bool", "read-ahead bookkeeping after compute is handed off (default on)"),
     ("--shexp-overlap", "shexp_overlap", "bool", "shared expert during the host turn (default on)"),
-    ("--turn-prepare", "turn_prepare", "bool", "GPU backends: prepare the host turn while the router runs (default on)"),
     ("--pred-q8", "pred_q8", "bool", "read-ahead guess on a Q8_0 router copy (default on)"),
     ("--moce-j", "moce_j", int, "MoCE: protected top-J (default 3)"),
     ("--moce-lambda", "moce_lambda", float, "MoCE: resident bonus λ (default 0.85; 0 = the model's routing)"),

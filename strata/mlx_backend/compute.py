@@ -75,11 +75,6 @@ class MlxCompute:
         x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
         return _RouterInput(layer, x.h, z, g, x)
 
-    def start_router_logits(self, layer: int, h: _RouterInput) -> None:
-        """Start the GPU on the layer's router logits (and the guess) without waiting: the host
-        prepares its turn meanwhile (`Streamer.prepare`), then `router_logits` waits."""
-        mx.async_eval(h.z) if h.g is None else mx.async_eval(h.z, h.g)
-
     def router_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
         return np.array(h.z, dtype=np.float32)  # the layer's host round trip
 

@@ -43,7 +43,7 @@ from strata.runtime.streamer import Streamer
 
 __all__ = ["StreamingEngine", "open_streaming_engine", "cache_config_for", "arena_plan_for"]
 
-PHASES = ("attention", "prepare", "route", "turn", "routed", "shared", "after", "combine", "head")
+PHASES = ("attention", "route", "turn", "routed", "shared", "after", "combine", "head")
 
 
 def cache_config_for(model: Model, config: Config, capacity: int) -> CacheConfig:
@@ -93,7 +93,6 @@ class StreamingEngine:
         self._prompt_counts = CacheStats()  # the cache's counts during prompts (the report leaves them out)
         self._prompt_times = [0.0, 0.0, 0.0]  # host, waiting, after spent in prompts
         self.phase_s = dict.fromkeys(PHASES, 0.0)
-        self._guessed: list[tuple[int, ...]] = [()] * model.cfg.n_layers  # each layer's latest read-ahead guesses
         self._logpos = open(config.logpos, "ab") if config.logpos else None
         self._closed = False
 
@@ -140,18 +139,12 @@ class StreamingEngine:
         """
         s, c, cfg, conf = self.streamer, self.compute, self.model.cfg, self.config
         s.begin_window()
-        start_router = getattr(c, "start_router_logits", None) if conf.turn_prepare else None
         x = c.embed(tokens)
         for layer in range(cfg.n_layers):
             t0 = time.perf_counter()
             x = c.attention(layer, x)
             t0 = self._clock("attention", t0)
             h = c.router_input(layer, x)
-            if start_router is not None:  # the GPU computes the router logits while the host prepares its turn
-                start_router(layer, h)
-                t0 = self._clock("route", t0)
-                s.prepare(layer, self._guessed[layer])
-                t0 = self._clock("prepare", t0)
             selections = self.selector.select(layer, c.router_logits(layer, h), s.resident_mask(layer))
             t0 = self._clock("route", t0)
             uses: list[Use] = []
@@ -195,8 +188,6 @@ class StreamingEngine:
             g1 = self.selector.guesses(self.compute.guess_logits(layer + 1, h), k)
         if k and self.config.prefetch2 and layer + 2 < n_layers:
             g2 = self.selector.guesses(self.compute.guess_logits(layer + 2, h), k)
-        if layer + 1 < n_layers:
-            self._guessed[layer + 1] = g1
         self.streamer.after_layer(layer, g1, g2, in_turn=in_turn)
 
     def _dump(self, logits: np.ndarray) -> None:

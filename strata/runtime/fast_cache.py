@@ -139,8 +139,6 @@ class ExpertCache(Protocol):
 
     def read_done_many(self, notices: Iterable[tuple[int, int]]) -> None: ...
 
-    def warm(self, layer: int, likely: tuple[int, ...]) -> tuple[int, ...]: ...
-
     def resident_mask(self, layer: int, *, pre: bool = False) -> np.ndarray: ...
 
     @property
@@ -278,24 +276,6 @@ class FastCache:
         if pre:
             return self._res_view[lo:hi] | self._pre_view[lo:hi]
         return self._res_view[lo:hi].copy()
-
-    def warm(self, layer: int, likely: tuple[int, ...]) -> tuple[int, ...]:
-        """Read what `step`'s decode turn reads for `layer` and the `likely` selection, changing
-        nothing (a warm-up of the CPU caches before the turn, `Streamer.prepare`); returns the
-        slots those experts are in (resident or read ahead)."""
-        if not likely or self._failed is not None or not set(likely) <= self._experts:
-            return ()
-        found = itemgetter(*likely)(self._smap_rows[layer]) if len(likely) > 1 else (self._smap_rows[layer][likely[0]],)
-        base, pmap = layer * self._E, self._pmap
-        slots = tuple(s if s != _NONE else pmap[base + e] for s, e in zip(found, likely))
-        slots = tuple(s for s in slots if s != _NONE)
-        if slots:
-            itemgetter(*slots, 0)(self._inflight)
-            itemgetter(*slots, 0)(self._state)
-            itemgetter(*slots, 0)(self._pin)
-            self._lru.get(slots[0])
-        self._count[_HITS]  # noqa: B018 - the turn's counters, read
-        return slots
 
     @property
     def totals(self) -> CacheStats:
@@ -852,9 +832,6 @@ class ReferenceCache:
     def read_done_many(self, notices) -> None:
         for s, t in notices:
             self._state, _ = step(self._state, ReadDone(s, t))
-
-    def warm(self, layer: int, likely: tuple[int, ...]) -> tuple[int, ...]:
-        return ()  # the reference machine copies its state every step: nothing to warm
 
     def resident_mask(self, layer: int, *, pre: bool = False) -> np.ndarray:
         lo, hi = layer * self.config.n_experts, (layer + 1) * self.config.n_experts

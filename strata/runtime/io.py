@@ -291,15 +291,6 @@ class ReaderPool:
                     or job.req.layer != layer or job.req.expert != e:
                 self.check(s, t, layer, e)  # raises the error `check` names
 
-    def warm(self, slots, tickets) -> None:
-        """Read what `check_many` will read for these slots, without checking anything (the
-        turn's warm-up, `Streamer.prepare`); a slot whose read is still in flight is fine."""
-        get = self._slot_job.get
-        for s, t in zip(slots, tickets):  # no lock, as in check_many
-            job = get(s)
-            if job is not None and job.req.ticket == t:
-                job.status, job.error, job.req.layer, job.req.expert  # noqa: B018 - read, not used
-
     def completed(self) -> list[tuple[int, int]]:
         """(slot, ticket) of every read completed or dropped since the last call."""
         if not self._done:  # unlocked peek: a notice appended meanwhile is drained next call

@@ -35,10 +35,10 @@ __all__ = ["Streamer", "TurnTimes"]
 class TurnTimes:
     """Seconds spent in the host's turns, accumulated (the stream report's host/waiting/after)."""
 
-    __slots__ = ("host", "waiting", "after", "overlap", "prepare")
+    __slots__ = ("host", "waiting", "after", "overlap")
 
     def __init__(self) -> None:
-        self.host = self.waiting = self.after = self.overlap = self.prepare = 0.0
+        self.host = self.waiting = self.after = self.overlap = 0.0
 
 
 class Streamer:
@@ -67,22 +67,6 @@ class Streamer:
 
     def hold_region(self, begin: bool) -> None:
         self._host_step(HoldRegion(begin))
-
-    def prepare(self, layer: int, guesses=()) -> None:
-        """Before `layer`'s turn, while the GPU computes its router logits (SPEC §4: host work
-        placed where the host would otherwise wait): feed back the reads completed so far, and
-        touch what the turn will touch for the likely selection (`guesses`, this layer's
-        read-ahead guesses), read-only. After a layer's compute has been launched the CPU
-        caches hold MLX's and the driver's state, not the cache machine's, and a cold turn costs
-        ~10x a warm one (benchmarks/cache_step.py --pollute). Decisions never depend on it:
-        completions are timing only, and the rest reads without writing."""
-        start = time.perf_counter()
-        self.cache.read_done_many(self.pool.completed())
-        slots = self.cache.warm(layer, guesses)
-        if slots:
-            ticket = self._ticket
-            self.pool.warm(slots, [ticket[s] for s in slots])
-        self.times.prepare += time.perf_counter() - start
 
     def at_layer(self, layer: int, selected, *, on_use: Callable[[Use], None],
                  overlap: Callable[[], None] | None = None) -> None:
