@@ -108,7 +108,7 @@ def direct_reads_safe() -> bool:
     """Whether the streaming engine may read experts with O_DIRECT into its MLX arena. Not on
     MLX's CUDA build, where the arena is managed memory: on the H200, with the GPU running
     kernels over other slots while reads land, 1 of 40 streaming runs with O_DIRECT left the GPU
-    a stale slot (its logits 0.87 off the reference; 0 of 80 with buffered reads), and each
+    a stale slot (its logits 0.87 off the reference; 0 of 480 with buffered reads), and each
     direct read cost ~15x a buffered one (benchmarks/stress_streaming.py, docs/perf.md). Apple
     GPUs share the CPU's memory: direct reads stay on there, as on the CPU."""
     return gpu_dialect() is not Dialect.CUDA

@@ -18,10 +18,10 @@ import errno
 import heapq
 import itertools
 import os
+import queue
 import sys
 import threading
 import time
-import queue
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -42,7 +42,8 @@ _QUEUED, _RUNNING, _DONE, _DROPPED = range(4)
 
 
 class ReadRequest(NamedTuple):
-    """One read (a named tuple: built per read in the host's turn, ~4x cheaper than a frozen dataclass)."""
+    """One read (a named tuple: built per read, in the host's turn among others; 264 ns here against
+    706 for the frozen dataclass it was)."""
 
     ticket: int
     slot: int

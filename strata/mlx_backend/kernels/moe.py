@@ -445,8 +445,8 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     up, down), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
     t, e = z.shape
     fc, threads, hx = _shape(rec, t, fc, None, None)
-    template = _template(rec, k, fc, threads, None, hx) + (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
-                                        ("NORM", int(norm_topk_prob)))
+    routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
+    template = _template(rec, k, fc, threads, None, hx) + routing
     out, sout = _launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base)], t, k, fc,
                         template, shared, threads)
     return out if shared is None else (out, sout)
