@@ -117,6 +117,21 @@ def test_streaming_mlx_takes_no_direct_reads_into_cuda_managed_memory(tiny, monk
         eng.close()
 
 
+def test_resident_arena_loads_every_record_with_a_progress_bar(tiny, capsys):
+    from strata.mlx_backend.engine import load_resident_arena
+
+    xf = tiny.experts_file
+    h = xf.header
+    arena = load_resident_arena(xf, verify=True, progress=True)
+    assert "loading experts" in capsys.readouterr().err
+    host = np.array(arena.array)
+    for l, e in ((0, 0), (h.n_layers - 1, h.n_experts - 1), (1 % h.n_layers, 3 % h.n_experts)):
+        np.testing.assert_array_equal(host[l * h.n_experts + e, : h.record_bytes],
+                                      xf.read_record(l, e)[: h.record_bytes])
+    load_resident_arena(xf, progress=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_generate_with_backend_mlx(tiny):
     want = generate(tiny, "hello", max_tokens=8)
     got = generate(tiny, "hello", max_tokens=8, config=Config(backend=Backend.MLX))

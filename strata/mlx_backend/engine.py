@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -28,13 +29,20 @@ from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_p
 __all__ = ["MlxEngine", "open_mlx_engine", "load_resident_arena"]
 
 
-def load_resident_arena(experts_file, *, verify: bool = False) -> MlxArena:
-    """Every record of an `.experts` file, pread straight into an MLX arena (slot l*E + e)."""
+def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | None = None) -> MlxArena:
+    """Every record of an `.experts` file, pread straight into an MLX arena (slot l*E + e).
+    progress: a bar on stderr (None: where stderr is a terminal); a 30-400B model's experts are
+    tens to hundreds of GB, minutes of reading."""
+    from tqdm import tqdm
+
     h = experts_file.header
     arena = MlxArena(h.n_layers * h.n_experts, h.padded_bytes)
-    for l in range(h.n_layers):
-        for e in range(h.n_experts):
-            experts_file.read_record(l, e, verify=verify, out=arena.slot_buffer(l * h.n_experts + e))
+    with tqdm(total=h.n_layers * h.n_experts * h.padded_bytes, desc="loading experts", unit="B", unit_scale=True,
+              file=sys.stderr, disable=None if progress is None else not progress, dynamic_ncols=True) as bar:
+        for l in range(h.n_layers):
+            for e in range(h.n_experts):
+                experts_file.read_record(l, e, verify=verify, out=arena.slot_buffer(l * h.n_experts + e))
+            bar.update(h.n_experts * h.padded_bytes)
     return arena
 
 
