@@ -10,7 +10,9 @@ by the combine kernel in a fixed order (deterministic; no atomics).
 Reads: gate/up rows are read by one warp each, a lane taking uint32 words (16 codes = half a
 Q2_0 block) at lane + 32 i, so a warp reads 128 contiguous bytes per row and step, and the lane's
 16 x values of word i serve all the warp's rows in that step. Down: a thread per output row reads its
-chunk's FC/16 words. Per 16-code word: d * (sum q_j x_j - 2 sum x_j) = sum d (q_j - 2) x_j.
+chunk's FC/16 words in one 8- or 16-byte load (VL). The block shape (FC, threads, where h lives)
+comes from the tokens per launch: `block_shape`.
+Per 16-code word: d * (sum q_j x_j - 2 sum x_j) = sum d (q_j - 2) x_j.
 Plane offsets and sizes come from strata.formats.expert_record.RecordLayout (template ints).
 
 Instruction budget (what bounds it on the H200, measured with ncu): a code costs an AND, a
