@@ -7,7 +7,7 @@ small arena and short prompt chunks (several passes per prompt layer), many runs
 Prints one line per read mode and a JSON line. (The engine tests failed on the H200 twice, with
 O_DIRECT reads only: 28 slots / 5-position chunks, then 40 slots / 3; this script then showed
 1 of 40 O_DIRECT runs off and 0 of 80 buffered ones, and the MLX engine takes buffered reads on
-CUDA since: `strata.mlx_backend.engine.direct_reads_safe`.)
+CUDA since: `MlxArena.direct_reads_refused`.)
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ def test_streaming_mlx_matches_reference_at_lambda_zero(tiny, arena, chunk, dire
     H200 (second run) 28 slots with 5-position chunks failed on the GPU path only (0.94
     relative; the emulated kernels agree at 2e-5 on the same configurations), and in the third
     session 40 slots with 3-position chunks: O_DIRECT reads into CUDA managed memory, since
-    turned off on CUDA (`direct_reads_safe`; the `direct` parameter still runs both where the
-    engine takes them)."""
+    refused on CUDA (`MlxArena.direct_reads_refused`; the `direct` parameter still runs both
+    where the arena takes them)."""
     ref = _run(ReferenceEngine(tiny.resident_params()), PROMPT)
     eng = _engine_for(tiny, Config(backend=Backend.MLX, arena=arena, moce_lambda=0.0, prefill_chunk=chunk,
                                    direct_io=direct))
@@ -93,28 +93,28 @@ def test_all_resident_mlx_engine_matches_reference(tiny):
 
 def test_streaming_mlx_takes_no_direct_reads_into_cuda_managed_memory(tiny, monkeypatch):
     """On MLX's CUDA build the streaming arena is managed memory, where O_DIRECT reads came back
-    stale on the H200 (1 of 40 runs; benchmarks/stress_streaming.py): the engine reads buffered
-    there and says why in its report. Elsewhere direct reads stay as configured."""
-    from strata.mlx_backend import engine as mlx_engine
+    stale on the H200 (1 of 40 runs; benchmarks/stress_streaming.py): the arena refuses them, the
+    engine reads buffered there and says why in its report. Elsewhere direct reads stay as configured."""
+    from strata.mlx_backend import arena as mlx_arena
     from strata.mlx_backend.kernels.preludes import Dialect
 
     config = Config(backend=Backend.MLX, arena="28slots", moce_lambda=0.0)
     for dialect, direct in ((Dialect.CUDA, False), (Dialect.METAL, None), (None, None)):
-        monkeypatch.setattr(mlx_engine, "gpu_dialect", lambda d=dialect: d)
+        monkeypatch.setattr(mlx_arena, "gpu_dialect", lambda d=dialect: d)
         eng = _engine_for(tiny, config)
         try:
             note = eng.report().io
             if direct is False:
-                assert not eng.io.direct and "O_DIRECT off: the arena is CUDA managed memory" in note
+                assert not eng.io.direct and "O_DIRECT into CUDA managed memory came back stale" in note
             else:  # as configured: O_DIRECT where this filesystem takes it
                 assert "CUDA managed memory" not in note
         finally:
             eng.close()
-    eng = _engine_for(tiny, config.replace(direct_io=False))  # off by the user: no note about CUDA
-    try:
-        assert not eng.io.direct and "CUDA" not in eng.report().io
-    finally:
-        eng.close()
+        eng = _engine_for(tiny, config.replace(direct_io=False))  # off by the user: said so, not CUDA
+        try:
+            assert not eng.io.direct and "off by config" in eng.report().io
+        finally:
+            eng.close()
 
 
 def test_resident_arena_loads_every_record_with_a_progress_bar(tiny, capsys):

@@ -167,6 +167,21 @@ def test_buffered_reads_when_direct_io_is_off(xf):
         pool.close()
 
 
+def test_buffered_reads_where_the_arena_refuses_direct_ones(xf):
+    """An arena whose memory must not take O_DIRECT reads (MLX's on CUDA) gets buffered ones,
+    with its reason in the pool's note, whatever `direct` asks."""
+    arena = NumpyArena(8, xf.header.padded_bytes)
+    arena.direct_reads_refused = "this memory takes no DMA"
+    pool = ReaderPool(xf, arena, threads=1, direct=True)
+    try:
+        assert not pool.direct and pool.note == "buffered reads (this memory takes no DMA)"
+        pool.submit(1, 3, 0, 7, urgent=True)
+        pool.wait([1])
+        assert _holds(xf, arena, 3, 0, 7)
+    finally:
+        pool.close()
+
+
 def test_arena_slots_are_page_aligned_and_sized_by_record():
     arena = NumpyArena(5, 3 * 4096)
     for s in range(5):

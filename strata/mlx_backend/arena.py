@@ -34,6 +34,8 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RECORD_ALIGN
+from strata.mlx_backend.kernels.launch import gpu_dialect
+from strata.mlx_backend.kernels.preludes import Dialect
 from strata.runtime.arena import SlotArena, check_slot_geometry
 
 __all__ = ["MlxArena", "ArenaGeometry", "ArenaView", "arena_geometry", "MLX_MAX_DIM"]
@@ -82,6 +84,13 @@ class MlxArena(SlotArena):
 
     def __init__(self, capacity: int, slot_bytes: int) -> None:
         super().__init__(capacity, slot_bytes)
+        # MLX's CUDA build: the arena is managed memory. On the H200, with the GPU running kernels
+        # over other slots while reads landed, 1 of 40 streaming runs with O_DIRECT left the GPU a
+        # stale slot (its logits 0.87 off the reference; 0 of 480 with buffered reads), and a
+        # direct read cost ~15x a buffered one (benchmarks/stress_streaming.py, docs/perf.md).
+        # Apple GPUs share the CPU's memory: direct reads stay on there, as on the CPU.
+        if gpu_dialect() is Dialect.CUDA:
+            self.direct_reads_refused = "O_DIRECT into CUDA managed memory came back stale"
         shape = arena_geometry(capacity, slot_bytes, 0).alloc_shape  # validates before allocating
         alloc = mx.zeros(shape, mx.uint8)
         mx.eval(alloc)

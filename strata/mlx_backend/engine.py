@@ -22,8 +22,7 @@ from strata.config import Config
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
-from strata.mlx_backend.kernels.launch import current_path, gpu_dialect
-from strata.mlx_backend.kernels.preludes import Dialect
+from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
 
 __all__ = ["MlxEngine", "open_mlx_engine", "load_resident_arena"]
@@ -112,16 +111,6 @@ class MlxEngine:
                       RuntimeWarning, stacklevel=3)
 
 
-def direct_reads_safe() -> bool:
-    """Whether the streaming engine may read experts with O_DIRECT into its MLX arena. Not on
-    MLX's CUDA build, where the arena is managed memory: on the H200, with the GPU running
-    kernels over other slots while reads land, 1 of 40 streaming runs with O_DIRECT left the GPU
-    a stale slot (its logits 0.87 off the reference; 0 of 480 with buffered reads), and each
-    direct read cost ~15x a buffered one (benchmarks/stress_streaming.py, docs/perf.md). Apple
-    GPUs share the CPU's memory: direct reads stay on there, as on the CPU."""
-    return gpu_dialect() is not Dialect.CUDA
-
-
 def open_mlx_engine(model, config: Config, plan=None):
     """The MLX engine for `model` (a strata.loader.Model): all-resident when the plan fits every
     expert, else streaming through an MlxArena of `plan.slots` slots."""
@@ -136,16 +125,12 @@ def open_mlx_engine(model, config: Config, plan=None):
                            load_resident_arena(xf, verify=config.verify_reads), xf.layout)
         return MlxEngine(params)
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
-    direct = config.direct_io and direct_reads_safe()
-    pool = ReaderPool(xf, arena, threads=config.io_threads, direct=direct, verify=config.verify_reads,
+    pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=config.verify_reads,
                       timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3)
-    notes = ("mlx backend",)
-    if config.direct_io and not direct:
-        notes += ("O_DIRECT off: the arena is CUDA managed memory, where direct reads came back stale",)
     try:
         params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
         compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
-        return StreamingEngine(model, config, arena, compute, pool, notes=notes)
+        return StreamingEngine(model, config, arena, compute, pool, notes=("mlx backend",))
     except BaseException:
         pool.close()
         raise

@@ -46,7 +46,12 @@ def check_slot_geometry(capacity: int, slot_bytes: int) -> None:
 
 
 class SlotArena:
-    """What every arena shares: its slot geometry and a bounds-checked slot index."""
+    """What every arena shares: its slot geometry and a bounds-checked slot index.
+
+    `direct_reads_refused`: why O_DIRECT reads must not land in this arena's memory (the reader
+    pool then reads buffered and says so), or None where they may."""
+
+    direct_reads_refused: str | None = None
 
     def __init__(self, capacity: int, slot_bytes: int) -> None:
         check_slot_geometry(capacity, slot_bytes)

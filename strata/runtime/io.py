@@ -7,7 +7,8 @@
   `check(slot, ticket, layer, expert)` is called at the moment of use and raises the read's
   error, if any, in the caller's thread: layer, expert and file offset are in the message.
 - Completions are queued for the owner to feed back as `ReadDone` (`completed()`).
-- O_DIRECT where the filesystem allows; the first EINVAL switches to buffered reads, once.
+- O_DIRECT where the filesystem allows and the arena takes it (`direct_reads_refused`); the
+  first EINVAL switches to buffered reads, once.
 - `IOHook` (tests): runs in the worker around each read; it may sleep, raise OSError or
   corrupt the bytes, which is how random delays, completion orders and faults are injected.
 """
@@ -176,7 +177,8 @@ class ReaderPool:
 
     def _open(self, direct: bool) -> tuple[int, bool, str]:
         path = self.experts.path
-        if direct and hasattr(os, "O_DIRECT"):
+        refused = getattr(self.arena, "direct_reads_refused", None)  # SlotArena's; None on other arenas
+        if direct and hasattr(os, "O_DIRECT") and refused is None:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
             except OSError as e:
@@ -188,7 +190,7 @@ class ReaderPool:
             except OSError as e:
                 os.close(fd)
                 return os.dup(self.experts.fileno()), False, f"buffered reads (O_DIRECT read failed: {e.strerror})"
-        why = "off by config" if direct is False else "no O_DIRECT on this system"
+        why = "off by config" if direct is False else refused or "no O_DIRECT on this system"
         return os.dup(self.experts.fileno()), False, f"buffered reads ({why})"
 
     # -------------------------------------------------------- owner side
