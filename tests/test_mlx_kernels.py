@@ -11,6 +11,7 @@ bodies on the CPU (medium sizes: several words per lane, several chunks per expe
 from __future__ import annotations
 
 import mmap
+import os
 from dataclasses import replace
 
 import mlx.core as mx
@@ -228,8 +229,6 @@ def test_disk_reads_into_the_arena_reach_the_gpu(tmp_path, direct):
     new bytes, round after round. (On
     MLX's CUDA build the arena is managed memory; a DMA into it must not leave the GPU a stale
     copy. The engine tests failed on the H200 with O_DIRECT only, twice.)"""
-    import os
-
     if gpu_dialect() is None:
         pytest.skip("no MLX GPU here")
     slot_bytes, n_records, cap = 1 << 20, 6, 3
