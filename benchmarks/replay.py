@@ -83,7 +83,7 @@ def synthetic_trace(tokens: int, layers: int, experts: int, top_k: int, dim: int
 
 
 def speed(args) -> dict:
-    from strata.reference.cache_replay import replay as open_loop
+    from strata.cache.replay import replay as open_loop
     from strata.tools.closed_loop import LoopConfig
     from strata.tools.replay import ReplayInputs, replay
 
@@ -155,7 +155,7 @@ def calibrated_made_model(path: Path, text_tokens, seed: int = 0) -> Path:
     is what the MoCE experiments need to be comparable with the seed's λ."""
     from strata.formats.model_file import read_model, write_model
     from strata.model_config import TensorNames
-    from strata.testing import make_model
+    from strata.testing.models import make_model
     from strata.tokenizer import byte_level_tokenizer_json
     from strata.tools.quality import fast_params
     from strata.tools.trace import record_trace

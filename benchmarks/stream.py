@@ -100,7 +100,7 @@ def child(args) -> None:
     """One run in this process: prints one JSON line."""
     import strata
     from strata.config import load_config
-    from strata.engine import ReferenceEngine
+    from strata.engines import ReferenceEngine
     from strata.runtime.decode import open_streaming_engine
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -155,7 +155,7 @@ def main() -> None:
         return child(args)
 
     from strata.formats.experts_file import ExpertsFile
-    from strata.testing import make_model, model_paths
+    from strata.testing.models import make_model, model_paths
 
     model_path, experts_path = model_paths(Path(args.dir) / "stream-demo16x128")
     if not experts_path.exists():

@@ -27,8 +27,8 @@ from strata.config import Backend, Config  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import _engine_for  # noqa: E402
 from strata.loader import load  # noqa: E402
-from strata.engine import ReferenceEngine  # noqa: E402
-from strata.testing import make_model  # noqa: E402
+from strata.engines import ReferenceEngine  # noqa: E402
+from strata.testing.models import make_model  # noqa: E402
 
 PROMPT = list(b"def fibonacci(n):")
 

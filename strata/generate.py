@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Iterator
 
 from strata.config import Backend, Config, load_config
-from strata.engine import Engine, ReferenceEngine
+from strata.engines import Engine, ReferenceEngine
 from strata.errors import ContextLimitError, StrataError
 from strata.formats.quant_types import QuantType
 from strata.loader import Model, load
-from strata.reference.cache_types import CacheStats
+from strata.cache.types import CacheStats
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
 from strata.tokenizer import StreamingDetokenizer

@@ -13,7 +13,7 @@ from strata.model_config import ModelConfig
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
 
-EOS_TOKEN_KEY = "tokenizer.huggingface.eos_token"  # written by strata convert (strata/convert/chat_template.py)
+EOS_TOKEN_KEY = "tokenizer.huggingface.eos_token"  # written by strata convert (strata/chat_template.py)
 
 
 class ResidentExperts:

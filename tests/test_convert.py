@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from tests import hf_models  # noqa: E402
 from strata.cli.main import main  # noqa: E402
 from strata.convert import convert  # noqa: E402
-from strata.convert.chat_template import chat_prompt, render_chat  # noqa: E402
+from strata.chat_template import chat_prompt, render_chat  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402

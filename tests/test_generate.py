@@ -7,7 +7,7 @@ import pytest
 import strata
 from strata.errors import ContextLimitError, StrataError
 from strata.reference.model import ModelState, forward
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The MLX engines end to end (ops path on CPU; the GPU path where MLX has one): streaming through
 an MlxArena + MlxCompute in the runtime's StreamingEngine, and the all-resident MlxEngine, both
-against the reference engine on a made model (`strata.testing`).
+against the reference engine on a made model (`strata.testing.models`).
 
 The made model's dense weights are F16, as the differential twins' are float16-exact: the kernel
 path computes with float16 dense weights (MlxParams.dtype), the reference with their float32
@@ -15,12 +15,12 @@ import pytest
 from mlx_agree import assert_backends_agree
 from strata.config import Backend, Config
 from strata.formats.quant_types import QuantType
-from strata.engine import ReferenceEngine
+from strata.engines import ReferenceEngine
 from strata.generate import _engine_for, generate
 from strata.loader import load
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.engine import MlxEngine
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 pytest.importorskip("gguf")  # the made model is written as GGUF (not installed on the GPU machine)
 

@@ -7,17 +7,17 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.engine import ReferenceEngine
+from strata.engines import ReferenceEngine
 from strata.errors import ArenaTooSmallError, ExpertReadError
 from strata.formats.experts_file import checksum
-from strata.reference.cache import decision_view, initial_state, step
-from strata.reference.cache_types import WaitFor
+from strata.cache.machine import decision_view, initial_state, step
+from strata.cache.types import WaitFor
 from strata.runtime.compute import NumpyCompute
 from strata.runtime.decode import StreamingEngine, _NoResidentExperts, arena_plan_for, open_streaming_engine
 from strata.runtime.io import Faults, RandomDelays, ReaderPool
 from strata.runtime.arena import NumpyArena
 from strata.reference.model import ModelParams
-from strata.testing import make_model
+from strata.testing.models import make_model
 from tests.tolerances import FLOAT32_REORDER
 
 PROMPT = "def fib(n): return n"
@@ -144,7 +144,7 @@ def test_every_expert_computed_with_is_the_expert_requested(model, reference, se
 def _an_urgent_miss(model, config):
     """(layer, expert) of a decode urgent read in a clean run of `config`."""
     _, engine = stream(model, config, n=3, keep_trace=True)
-    from strata.reference.cache_types import Read
+    from strata.cache.types import Read
     n_prompt_reads = engine.report().prompt_reads
     reads = [a for a in engine.streamer.decisions if isinstance(a, Read) and a.urgent]
     late = reads[-1]

@@ -12,7 +12,7 @@ import strata
 from strata.config import Config
 from strata.runtime.decode import arena_plan_for, open_streaming_engine
 from strata.runtime.io import RandomDelays
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 PROMPT = "for i in range(3):"
 N_DECODE = 8

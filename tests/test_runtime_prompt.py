@@ -6,11 +6,11 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.engine import ReferenceEngine
-from strata.reference.cache_state import LIMBO
+from strata.engines import ReferenceEngine
+from strata.cache.state import LIMBO
 from strata.runtime.decode import arena_plan_for, open_streaming_engine
 from strata.runtime.io import RandomDelays
-from strata.testing import make_model
+from strata.testing.models import make_model
 from tests.tolerances import FLOAT32_REORDER
 
 PROMPT = "The quick brown fox jumps over the lazy dog; " * 2

@@ -16,7 +16,7 @@ import pytest
 import strata
 from strata.config import Config
 from strata.runtime.decode import open_streaming_engine
-from strata.testing import make_model
+from strata.testing.models import make_model
 from strata.tools.closed_loop import LoopConfig
 from strata.tools.quality import fast_params, run_decode
 from strata.tools.replay import replay

@@ -30,7 +30,7 @@ from strata.config import Config
 from strata.errors import ArenaTooSmallError
 from strata.formats.expert_record import ExpertWeights
 from strata.loader import Model
-from strata.reference.cache_types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
+from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.reference.model import ModelParams
 from strata.reference.routing import Selection
 from strata.runtime.arena import Arena, NumpyArena, mlock_buffer

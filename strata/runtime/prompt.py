@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.reference.cache_types import Use
+from strata.cache.types import Use
 from strata.runtime.selector import union_in_rank_order
 
 __all__ = ["prefill"]

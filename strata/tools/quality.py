@@ -29,7 +29,7 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType
 from strata.model_config import TensorNames
-from strata.reference.cache_types import CacheStats, stats_delta
+from strata.cache.types import CacheStats, stats_delta
 from strata.reference.experts import swiglu_expert
 from strata.reference.model import (
     ExpertSource, ModelParams, ModelState, attention_block, embed, head, layer_router_logits, moe_output,
