@@ -84,7 +84,7 @@ class Config:
             raise ConfigError(f"io_timeout must be > 0 seconds, got {self.io_timeout}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        from strata.runtime.budget import parse_size  # late: budget imports nothing from here
+        from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):
             value = getattr(self, name)

@@ -1,7 +1,7 @@
 """The numbers and figures of docs/model-card.md, from the shipped model and its training log.
 
-    python tools/model_card_plots.py                 # figures + routing statistics (~2 min on one core)
-    python tools/model_card_plots.py --hf HF_DIR     # also: perplexity at f16 / q8_0 / q4_0 / q2_0 experts
+    python scripts/model_card_plots.py                 # figures + routing statistics (~2 min on one core)
+    python scripts/model_card_plots.py --hf HF_DIR     # also: perplexity at f16 / q8_0 / q4_0 / q2_0 experts
                                                      # (each converted from HF_DIR by `strata convert`)
                                                      # and of the untrained model (~10 min)
 
