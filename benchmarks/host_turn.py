@@ -126,9 +126,10 @@ def make_engine(args, backend: str, path: Path):
     from strata.formats.experts_file import ExpertsFile
     from strata.loader import Model
     from strata.reference.model import ModelParams
-    from strata.runtime.arena import NumpyArena
-    from strata.runtime.compute import NumpyCompute
-    from strata.runtime.decode import StreamingEngine, _NoResidentExperts, cache_config_for
+    from strata.numpy_backend.arena import NumpyArena
+    from strata.numpy_backend.compute import NumpyCompute
+    from strata.numpy_backend.engine import _NoResidentExperts
+    from strata.runtime.decode import StreamingEngine, cache_config_for
     from strata.runtime.io import ReaderPool
     from strata.testing.models import make_dense
 

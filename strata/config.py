@@ -58,6 +58,7 @@ class Config:
     io_timeout: float = STOCK_IO_TIMEOUT
     io_switch_ms: float = 0.2  # thread switch interval while streaming (0: Python's own 5 ms)
     prefill_chunk: int = STOCK_PREFILL_CHUNK
+    window: int = 1  # positions one decode window may hold (decode_window, drafts); the smallest arena grows with it
     profile: bool = False  # per-phase timings in the stream report
     reference_cache: bool = False  # drive the runtime with the pure reference cache machine (slow; for A/B and debugging)
     logpos: str = ""  # path: dump per-position logits for KLD (raw float32 rows of vocab_size)
@@ -84,6 +85,8 @@ class Config:
             raise ConfigError(f"io_timeout must be > 0 seconds, got {self.io_timeout}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1, got {self.window}")
         from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):

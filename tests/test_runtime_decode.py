@@ -7,15 +7,17 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.engines import ReferenceEngine
+from strata.numpy_backend.engine import ReferenceEngine
 from strata.errors import ArenaTooSmallError, ExpertReadError
 from strata.formats.experts_file import checksum
 from strata.cache.machine import decision_view, initial_state, step
 from strata.cache.types import WaitFor
-from strata.runtime.compute import NumpyCompute
-from strata.runtime.decode import StreamingEngine, _NoResidentExperts, arena_plan_for, open_streaming_engine
+from strata.numpy_backend.compute import NumpyCompute
+from strata.numpy_backend.engine import _NoResidentExperts
+from strata.runtime.decode import StreamingEngine, arena_plan_for
+from strata.testing.engines import open_numpy_streaming
 from strata.runtime.io import Faults, RandomDelays, ReaderPool
-from strata.runtime.arena import NumpyArena
+from strata.numpy_backend.arena import NumpyArena
 from strata.reference.model import ModelParams
 from strata.testing.models import make_model
 from tests.tolerances import FLOAT32_REORDER
@@ -51,7 +53,7 @@ def min_slots(model, config):
 
 
 def stream(model, config, n=N_DECODE, **kw):
-    with open_streaming_engine(model, config, **kw) as engine:
+    with open_numpy_streaming(model, config, **kw) as engine:
         return greedy(engine, model, n), engine
 
 
@@ -167,7 +169,7 @@ def test_a_read_fault_in_generation_is_a_clear_error(model, fault, verify, messa
 def test_an_arena_below_the_minimum_is_refused(model):
     least = min_slots(model, STOCK0)
     with pytest.raises(ArenaTooSmallError, match=f"needs at least {least} slots"):
-        open_streaming_engine(model, STOCK0.replace(arena=f"{least - 1}slots"))
+        open_numpy_streaming(model, STOCK0.replace(arena=f"{least - 1}slots"))
 
 
 def test_generate_streams_when_asked_and_reports(model, reference, tmp_path):

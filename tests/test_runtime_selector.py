@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from strata.model_config import RoutingOrder
 from strata.cache.types import Use
 from strata.reference.routing import RouterRule, Selection, route
-from strata.runtime.decode import slots_for
+from strata.runtime.selector import slots_for
 from strata.runtime.selector import top_k_experts
 from tests.strategies import routing_orders, routing_problems
 

@@ -43,7 +43,10 @@ def _gguf():
 # ModelConfig field type (its annotation string) -> GGUF value type name. A new field type must
 # be added here; the assert below fails at import otherwise.
 _FIELD_VALUE_TYPES = {"int": "UINT32", "bool": "BOOL", "float": "FLOAT64", "str": "STRING",
-                      "RoutingOrder": "STRING", "QKNorm": "STRING"}
+                      "RoutingOrder": "STRING", "QKNorm": "STRING", "tuple[LayerType, ...]": "STRING"}
+# Fields added after format version 1 shipped: a file without them gets the field's default
+# (every layer attention + MoE, no dense FFN), which is what such a file describes.
+_OPTIONAL_FIELDS = frozenset({"layer_types", "dense_ffn_size"})
 assert all(str(f.type) in _FIELD_VALUE_TYPES for f in dataclasses.fields(ModelConfig)), "new ModelConfig field type"
 
 
@@ -220,6 +223,8 @@ def _config(reader, path: str) -> ModelConfig:
         key = config_key(f.name)
         want = gguf.GGUFValueType[_FIELD_VALUE_TYPES[str(f.type)]]
         field = reader.get_field(key)
+        if field is None and f.name in _OPTIONAL_FIELDS:
+            continue
         if field is None:
             raise FormatError(f"{path}: missing metadata key {key}")
         if field.types != [want]:
