@@ -22,7 +22,7 @@ from strata.formats.quant_types import QuantType
 from strata.runtime.decode import arena_plan_for
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
-from tests.tolerances import FLOAT32_REORDER
+from tests.budgets import FLOAT32_REORDER
 
 PROMPT = list(b"def fibonacci(n): return n")  # 26 positions: one prompt chunk (64)
 CUT = 14  # trim / window point
@@ -190,11 +190,14 @@ def test_streaming_at_full_residency_reads_no_expert_twice_across_calls(model):
     try:
         config = EXACT0.replace(backend=Backend.NUMPY, arena=f"{all_slots(m)}slots")
         strata.generate(m, PROMPT, max_tokens=4, config=config)
-        after_one = m.session.stats().cache.reads_issued
+        after_one = m.session.stats().cache
         second = strata.generate(m, PROMPT, max_tokens=4, config=config)
         assert second.prompt_reused == len(PROMPT) - 1
-        assert m.session.stats().cache.reads_issued <= all_slots(m)
-        assert second.report.prompt_reads == 0 and after_one > 0  # the experts it needed were resident
+        total = m.session.stats().cache
+        # nothing is evicted from an arena that holds every expert: each read that was not
+        # dropped while queued brought in an expert for good
+        assert 0 < after_one.reads_issued and total.reads_issued - total.reads_cancelled <= all_slots(m)
+        assert second.report.urgent_misses_per_token == 0
     finally:
         m.close()
 

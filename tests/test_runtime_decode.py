@@ -20,7 +20,7 @@ from strata.runtime.io import Faults, RandomDelays, ReaderPool
 from strata.numpy_backend.arena import NumpyArena
 from strata.reference.model import ModelParams
 from strata.testing.models import make_model
-from tests.tolerances import FLOAT32_REORDER
+from tests.budgets import FLOAT32_REORDER
 
 PROMPT = "def fib(n): return n"
 N_DECODE = 10

@@ -12,7 +12,7 @@ from strata.runtime.decode import arena_plan_for
 from strata.testing.engines import open_numpy_streaming
 from strata.runtime.io import RandomDelays
 from strata.testing.models import make_model
-from tests.tolerances import FLOAT32_REORDER
+from tests.budgets import FLOAT32_REORDER
 
 PROMPT = "The quick brown fox jumps over the lazy dog; " * 2
 
