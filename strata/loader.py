@@ -23,7 +23,6 @@ class ResidentExperts:
     def __init__(self, experts_file: ExpertsFile) -> None:
         h = experts_file.header
         self._experts = {(l, e): experts_file.expert(l, e) for l in range(h.n_layers) for e in range(h.n_experts)}
-        self.records_read = len(self._experts)
 
     def expert(self, layer: int, expert: int) -> ExpertWeights:
         return self._experts[(layer, expert)]

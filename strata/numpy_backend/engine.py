@@ -18,16 +18,19 @@ class ReferenceEngine(SessionEngine):
 
     kind = "reference"
 
-    def __init__(self, params: ModelParams, *, select: SelectFn | None = None, model=None, config=None) -> None:
+    def __init__(self, params: ModelParams, *, select: SelectFn | None = None, model=None, config=None,
+                 expert_reads: int = 0) -> None:
         super().__init__(model, config)
         self.params = params
         self.select = select
         self.state = ModelState.empty(params.cfg)
+        self._reads = expert_reads
 
     @classmethod
     def open(cls, model, config=None) -> "ReferenceEngine":
         """Every expert of `model` (a strata.loader.Model) read once into memory."""
-        return cls(model.resident_params(), model=model, config=config)
+        return cls(model.resident_params(), model=model, config=config,
+                   expert_reads=model.experts_file.header.n_records)
 
     def _forward(self, tokens: np.ndarray) -> np.ndarray:
         logits, self.state = forward(self.params, self.state, tokens, select=self.select)
@@ -46,7 +49,7 @@ class ReferenceEngine(SessionEngine):
         self.state = self.state.trim(n)
 
     def _expert_reads(self) -> int:
-        return getattr(self.params.experts, "records_read", 0)
+        return self._reads
 
 
 class _NoResidentExperts:
