@@ -149,6 +149,22 @@ class MoCEPolicy:
         """No bonus, no drop-tail: the model's own routing."""
         return cls(bonus=0.0)
 
+    @property
+    def exact(self) -> bool:
+        """Whether this policy routes exactly like the model (no bonus, no drop-tail)."""
+        return self.bonus == 0 and self.drop_tail_weight == 0
+
+    def describe(self) -> str:
+        """One phrase for reports: "exact (λ = 0)" or "lossy: MoCE J3 λ0.85 ..."."""
+        if self.exact:
+            return "exact (λ = 0: the model's routing)"
+        parts = [f"J{self.protect_top_j}", f"λ{self.bonus:g}" + (" x range" if self.bonus_scale is BonusScale.RANGE else "")]
+        if self.margin is not None:
+            parts.append(f"margin {self.margin:g}")
+        if self.drop_tail_weight > 0:
+            parts.append(f"drop<{self.drop_tail_weight:g}@{self.drop_tail_min_rank}")
+        return "lossy: MoCE " + " ".join(parts)
+
     def effective_bonus(self, logit_range: float | None = None) -> float:
         """The bonus b added to resident logits, in logits (after the RANGE scaling)."""
         b = float(self.bonus)

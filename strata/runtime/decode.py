@@ -260,7 +260,8 @@ class StreamingEngine(SessionEngine):
         return build_report(
             decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
             waiting_s=led.waiting_s, after_s=led.after_s, slot_bytes=self.arena.slot_bytes,
-            arena_slots=self.arena.capacity, io=io, prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
+            arena_slots=self.arena.capacity, io=io, policy=self.selector.policy.describe(),
+            prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued,
             profile=dict(led.phase_s) if self.config.profile else None)
 
