@@ -64,7 +64,8 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call_") -> tuple[str, list[
 
 
 class ToolCallSplitter:
-    """Streams the text before any `<tool_call>`, holds the rest, parses it at the end."""
+    """Streams the text before any `<tool_call>`, holds the rest, parses it at the end.
+    Whitespace is held until text follows it, so the text before a call ends as its words do."""
 
     def __init__(self, *, id_prefix: str = "call_") -> None:
         self._id_prefix = id_prefix
@@ -79,13 +80,13 @@ class ToolCallSplitter:
         at = text.find(OPEN)
         if at >= 0:
             self._calling = True
-            self._held = text[at:]
-            out = text[:at]
-        else:
-            keep = held_back(text, (OPEN,))
-            self._held = text[len(text) - keep:] if keep else ""
-            out = text[:len(text) - keep]
-        return out
+            cut = len(text[:at].rstrip())  # the whitespace before a call separates it: held with the call
+            self._held = text[cut:]
+            return text[:cut]
+        cut = len(text) - held_back(text, (OPEN,))
+        cut = len(text[:cut].rstrip())  # trailing whitespace waits: it may precede a call
+        self._held = text[cut:]
+        return text[:cut]
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(text still to show, tool calls). With no well-formed call the held text is shown."""
