@@ -66,7 +66,7 @@ def _turn(item, i: int) -> list[dict]:
             b.ignore("is_error")
             results.append({"role": "tool", "tool_call_id": b.str("tool_use_id"), "content": _text_blocks(b, "content")})
         else:
-            raise b.error("type", f"{kind!r} blocks are not supported in a {role} message")
+            raise b.error("type", f"{kind!r} blocks are not supported in {role} messages")
         b.ignore("cache_control", "citations")
         b.finish()
     turn = {"role": role, "content": "".join(texts)}
