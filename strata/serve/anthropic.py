@@ -134,7 +134,9 @@ async def messages(state: ServerState, request, body: dict) -> Response:
     stops = gen.read_stops(f, "stop_sequences")
     stream = f.bool("stream", False)
     f.neutral("top_k", 0)
-    f.ignore("metadata", "service_tier", "container", "mcp_servers")
+    # no effect on a local model's output: accounting, routing and caching hints of Anthropic's service
+    f.ignore("metadata", "service_tier", "container", "cache_control", "inference_geo", "speed", "user_profile_id",
+             "workspace_id", "diagnostics")
     f.finish()
     plan = gen.Plan(tokens, sampling, stops, tools=bool(tools), call_id_prefix="toolu_")
     head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": state.name}

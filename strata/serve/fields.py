@@ -178,7 +178,9 @@ class Fields:
         self._read.update(keys)
 
     def finish(self) -> None:
-        unknown = sorted(set(self._obj) - self._read)
+        """Refuse the fields not read. A null counts as absent (client libraries send nulls for
+        unset optional fields, and echo response blocks back with them)."""
+        unknown = sorted(k for k, v in self._obj.items() if k not in self._read and v is not None)
         if unknown:
             raise RequestError(f"{self.name(unknown[0])}: unknown field", param=self.name(unknown[0]),
                                code="unknown_parameter")
