@@ -52,6 +52,7 @@ def _loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from strata.default_model import default_model_path
     from strata.errors import StrataError
+    from strata.generate import generate
     from strata.loader import load
 
     try:
@@ -74,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise StrataError(f"--chat-template: {args.chat_template}: {e.strerror}") from None
     model = load(args.model if args.model else default_model_path(announce=True))
+    # One token before listening: a configuration the engine refuses (an arena too small for a
+    # window) fails here, as `error: ...`, not as a 500 on every request.
+    generate(model, model.tokenizer.encode("\n") or [0], max_tokens=1, config=config)
     app = build_app(model, config, name=args.name, chat_template=template)
     name = app.state.strata.name
     if not _loopback(args.host):
