@@ -50,6 +50,13 @@ async def read_json(request, limit: int = MAX_BODY_BYTES) -> dict:
         raise RequestError(f"body: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except ValueError as e:
         raise RequestError(f"body: {e}") from None
+    except RecursionError:
+        raise RequestError("body: nested too deeply") from None
+    try:  # JSON escapes can spell lone UTF-16 surrogates ("\ud800"), which no tokenizer takes
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError("body: a string holds a lone surrogate escape (\\ud800-\\udfff); not valid Unicode") \
+            from None
     if not isinstance(obj, dict):
         raise RequestError(f"body: expected a JSON object, got {_kind(obj)}")
     return obj

@@ -48,6 +48,9 @@ class ServerState:
             text = render_chat(self.chat_template, messages, tools=tools, special_tokens=self.special_tokens)
         except ConfigError as e:  # the template's own raise_exception (roles must alternate, ...)
             raise RequestError(f"{where}: {e}", param=where) from None
+        except Exception as e:  # a template that trips over these messages (None + str, ...)
+            raise RequestError(f"{where}: the chat template failed on these messages ({type(e).__name__}: {e})",
+                               param=where) from None
         return self.model.tokenizer.encode(text)
 
     def text_tokens(self, text: str) -> list[int]:

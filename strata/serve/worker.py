@@ -68,6 +68,7 @@ class Job:
         self._cancelled = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._getter: asyncio.Future | None = None
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -84,11 +85,20 @@ class Job:
             self.cancel()
 
     async def next_event(self, timeout: float) -> Event | None:
-        """The next event, or None after `timeout` seconds without one."""
+        """The next event, or None after `timeout` seconds without one. The pending `get` is
+        kept across timeouts, never cancelled: a cancelled get can race with the item it was
+        about to return, and a lost event would be a lost piece of text."""
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self._events.get())
         try:
-            return await asyncio.wait_for(self._events.get(), timeout)
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        except asyncio.CancelledError:  # the request is gone: nobody will read the rest
+            self._getter.cancel()
+            raise
+        if not done:
             return None
+        getter, self._getter = self._getter, None
+        return getter.result()
 
 
 class Worker:
