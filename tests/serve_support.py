@@ -51,10 +51,15 @@ For each function call, return a json object within <tool_call></tool_call> XML 
 {% endif %}"""
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    made = make_model(tmp_path_factory.mktemp("serve") / NAME, "tiny", seed=3, max_context=CONTEXT)
-    return strata.load(made.model_path)
+def model_fixture():
+    """A module's `model` fixture (`model = model_fixture()`): the tiny shape, a 2048 context."""
+
+    @pytest.fixture(scope="module")
+    def model(tmp_path_factory):
+        made = make_model(tmp_path_factory.mktemp("serve") / NAME, "tiny", seed=3, max_context=CONTEXT)
+        return strata.load(made.model_path)
+
+    return model
 
 
 def make_app(model, **kwargs):

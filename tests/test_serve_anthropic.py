@@ -3,14 +3,16 @@
 import json
 
 import pytest
-from serve_support import NAME, make_app, model, scripted, sse_events  # noqa: F401
+from serve_support import NAME, make_app, model_fixture, scripted, sse_events
 from starlette.testclient import TestClient
+
+model = model_fixture()
 
 BASE = {"model": NAME, "max_tokens": 16, "messages": [{"role": "user", "content": "Say something."}]}
 
 
 @pytest.fixture(scope="module")
-def client(model):  # noqa: F811
+def client(model):
     with TestClient(make_app(model)) as c:
         yield c
 
@@ -37,14 +39,14 @@ def test_a_message_and_its_stream_say_the_same(client):
     assert "strata" in plain and "strata" in delta
 
 
-def test_stop_sequences_are_reported(model):  # noqa: F811
+def test_stop_sequences_are_reported(model):
     with TestClient(make_app(model, generate=scripted(["one ", "two ", "three"]))) as c:
         r = c.post("/v1/messages", json={**BASE, "stop_sequences": ["two"]}).json()
         assert r["content"] == [{"type": "text", "text": "one "}]
         assert (r["stop_reason"], r["stop_sequence"]) == ("stop_sequence", "two")
 
 
-def test_tool_use_round_trip(model):  # noqa: F811
+def test_tool_use_round_trip(model):
     log = []
     said = ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>']
     tools = [{"name": "add", "description": "a + b", "input_schema": {

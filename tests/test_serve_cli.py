@@ -1,9 +1,11 @@
 """`strata serve`: flags, loopback by default, errors before listening."""
 
 import pytest
-from serve_support import model  # noqa: F401
+from serve_support import model_fixture
 
 from strata.cli.main import main
+
+model = model_fixture()
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ def test_help_lists_the_endpoints_and_examples(capsys):
     assert "/v1/chat/completions" in out and "strata serve /data/qwen3.gguf" in out and "--prefetch" in out
 
 
-def test_serve_binds_loopback_with_the_runtime_flags(served, model, capsys):  # noqa: F811
+def test_serve_binds_loopback_with_the_runtime_flags(served, model, capsys):
     assert main(["serve", str(model.model_path), "--port", "8123", "--prefetch", "4", "--name", "mine"]) == 0
     (app, kw), = served
     assert (kw["host"], kw["port"]) == ("127.0.0.1", 8123)
@@ -38,7 +40,7 @@ def test_the_embedded_model_is_served_when_none_is_named(served):
     assert served[0][0].state.strata.name == "default"
 
 
-def test_a_public_host_is_warned_about(served, model, capsys):  # noqa: F811
+def test_a_public_host_is_warned_about(served, model, capsys):
     assert main(["serve", str(model.model_path), "--host", "0.0.0.0"]) == 0
     assert "no authentication" in capsys.readouterr().err
 
@@ -50,7 +52,7 @@ def test_a_public_host_is_warned_about(served, model, capsys):  # noqa: F811
     (["--chat-template", "/nonexistent.jinja"], "--chat-template"),
     (["--report-json", "x.json"], "does not apply to serve"),
 ])
-def test_bad_setups_fail_before_listening(served, model, capsys, args, message):  # noqa: F811
+def test_bad_setups_fail_before_listening(served, model, capsys, args, message):
     argv = ["serve"] + (args if args[0].startswith("/") else [str(model.model_path), *args])
     assert main(argv) == 2
     assert message in capsys.readouterr().err and not served

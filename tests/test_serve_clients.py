@@ -4,10 +4,12 @@ import time
 
 import httpx
 import pytest
-from serve_support import CHAT_TEMPLATE, NAME, live_server, make_app, model, scripted  # noqa: F401
+from serve_support import CHAT_TEMPLATE, NAME, live_server, make_app, model_fixture, scripted
 
 import strata
 from strata.convert.chat_template import render_chat
+
+model = model_fixture()
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -16,13 +18,13 @@ USER = [{"role": "user", "content": "Write a function."}]
 
 
 @pytest.fixture(scope="module")
-def server(model):  # noqa: F811
+def server(model):
     app = make_app(model)
     with live_server(app) as url:
         yield url, app.state.strata
 
 
-def test_openai_chat_plain_streamed_and_seeded(server, model):  # noqa: F811
+def test_openai_chat_plain_streamed_and_seeded(server, model):
     url, _ = server
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     for settings in ({"temperature": 0}, {"temperature": 0.7, "top_p": 0.9, "seed": 5}):
@@ -39,7 +41,7 @@ def test_openai_chat_plain_streamed_and_seeded(server, model):  # noqa: F811
         assert chunks[-1].usage.total_tokens == plain.usage.total_tokens
 
 
-def test_openai_completions_and_stop(server, model):  # noqa: F811
+def test_openai_completions_and_stop(server, model):
     url, _ = server
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     full = client.completions.create(model=NAME, prompt="def add(a, b):", max_tokens=12, temperature=0)
@@ -55,7 +57,7 @@ def test_openai_completions_and_stop(server, model):  # noqa: F811
         client.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
 
 
-def test_anthropic_messages_plain_and_streamed(server, model):  # noqa: F811
+def test_anthropic_messages_plain_and_streamed(server, model):
     url, _ = server
     client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
     greedy = {"temperature": 0}  # this client's signature has no sampling parameters; the API has them
@@ -71,7 +73,7 @@ def test_anthropic_messages_plain_and_streamed(server, model):  # noqa: F811
         client.messages.create(model=NAME, max_tokens=10, messages=USER, extra_body={"top_k": 3})
 
 
-def test_tool_call_round_trip_through_both_clients(model):  # noqa: F811
+def test_tool_call_round_trip_through_both_clients(model):
     said = ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>']
     with live_server(make_app(model, generate=scripted(said))) as url:
         oa = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
@@ -94,7 +96,7 @@ def test_tool_call_round_trip_through_both_clients(model):  # noqa: F811
                                   tools=[{"name": "add", "input_schema": {"type": "object"}}]).content
 
 
-def test_a_client_that_leaves_mid_stream_stops_its_generation(model):  # noqa: F811
+def test_a_client_that_leaves_mid_stream_stops_its_generation(model):
     pulled = []
     slow = scripted(["y"] * 300, delay=0.01)
 

@@ -4,8 +4,10 @@ problem, and the server goes on serving."""
 import json
 
 import pytest
-from serve_support import CONTEXT, NAME, make_app, model  # noqa: F401
+from serve_support import CONTEXT, NAME, make_app, model_fixture
 from starlette.testclient import TestClient
+
+model = model_fixture()
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -105,7 +107,7 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def client(model):  # noqa: F811
+def client(model):
     with TestClient(make_app(model)) as c:
         yield c
 

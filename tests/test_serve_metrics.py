@@ -2,11 +2,13 @@
 
 import re
 
-from serve_support import NAME, model  # noqa: F401
+from serve_support import NAME, model_fixture
 from starlette.testclient import TestClient
 
 import strata
 from strata.serve import build_app
+
+model = model_fixture()
 
 SAMPLE = re.compile(r'^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+-]+)$')
 
@@ -24,7 +26,7 @@ def parse(text: str) -> dict[str, float]:
     return out
 
 
-def test_metrics_count_requests_tokens_and_streaming(model):  # noqa: F811
+def test_metrics_count_requests_tokens_and_streaming(model):
     config = strata.Config(backend="numpy", arena="20slots", prefetch=4)  # stream experts: a report per request
     with TestClient(build_app(model, config)) as c:
         before = parse(c.get("/metrics").text)

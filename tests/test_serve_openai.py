@@ -3,15 +3,17 @@
 import json
 
 import pytest
-from serve_support import CHAT_TEMPLATE, NAME, make_app, model, scripted, sse_events  # noqa: F401
+from serve_support import CHAT_TEMPLATE, NAME, make_app, model_fixture, scripted, sse_events
 from starlette.testclient import TestClient
 
 import strata
 from strata.convert.chat_template import render_chat
 
+model = model_fixture()
+
 
 @pytest.fixture(scope="module")
-def client(model):  # noqa: F811
+def client(model):
     with TestClient(make_app(model)) as c:
         yield c
 
@@ -24,15 +26,17 @@ def _stream(client, path, body) -> list[dict]:
     return [json.loads(data) for _, data in events[:-1]]
 
 
-def test_a_completion_is_strata_generate_with_the_same_settings(client, model):  # noqa: F811
+def test_a_completion_is_strata_generate_with_the_same_settings(client, model):
     for settings in ({"temperature": 0.0}, {"temperature": 0.9, "top_p": 0.8, "seed": 7}):
-        r = client.post("/v1/completions", json={"model": NAME, "prompt": "def f(x):", "max_tokens": 12, **settings})
+        body = {"model": NAME, "prompt": "def f(x):", "max_tokens": 12, **settings}
+        r = client.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
         body = r.json()
         expected = strata.generate(model, "def f(x):", max_tokens=12, **settings)
         assert body["choices"][0]["text"] == expected.text
-        assert body["usage"] == {"prompt_tokens": expected.prompt_tokens, "completion_tokens": 12,
-                                 "total_tokens": expected.prompt_tokens + 12, "prompt_tokens_details": {"cached_tokens": 0}}
+        n = expected.prompt_tokens
+        assert body["usage"] == {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
         assert body["choices"][0]["finish_reason"] == "length"
         assert body["strata"]["finish_reason"] == "length" and "report" in body["strata"]
 
@@ -45,7 +49,7 @@ def test_the_seed_is_reported_and_reproduces_the_text(client):
     assert r2.json()["choices"][0]["text"] == r1.json()["choices"][0]["text"]
 
 
-def test_token_id_prompts_are_taken_as_given(client, model):  # noqa: F811
+def test_token_id_prompts_are_taken_as_given(client, model):
     ids = model.tokenizer.encode("hello")
     a = client.post("/v1/completions", json={"model": NAME, "prompt": ids, "max_tokens": 6, "temperature": 0})
     b = client.post("/v1/completions", json={"model": NAME, "prompt": "hello", "max_tokens": 6, "temperature": 0})
@@ -77,7 +81,7 @@ def test_include_usage_ends_the_stream_with_a_usage_chunk(client):
     assert all(c.get("usage") is None for c in chunks[:-1])
 
 
-def test_chat_prompts_go_through_the_chat_template(client, model):  # noqa: F811
+def test_chat_prompts_go_through_the_chat_template(client, model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     r = client.post("/v1/chat/completions", json={"model": NAME, "messages": messages, "max_tokens": 8,
                                                   "temperature": 0})
@@ -87,7 +91,7 @@ def test_chat_prompts_go_through_the_chat_template(client, model):  # noqa: F811
     assert r.json()["usage"]["prompt_tokens"] == len(prompt)
 
 
-def test_stop_sequences_cut_the_text(model):  # noqa: F811
+def test_stop_sequences_cut_the_text(model):
     app = make_app(model, generate=scripted(["alpha ", "be", "ta ", "gamma ", "delta"]))
     with TestClient(app) as c:
         for path, body, key in [("/v1/completions", {"prompt": "x"}, "text"),
@@ -101,7 +105,7 @@ def test_stop_sequences_cut_the_text(model):  # noqa: F811
             assert "".join(pick(ch["choices"][0]) for ch in chunks if ch["choices"]) == "alpha be"
 
 
-def test_logprobs_are_the_chosen_tokens(client, model):  # noqa: F811
+def test_logprobs_are_the_chosen_tokens(client, model):
     r = client.post("/v1/chat/completions", json={"model": NAME, "messages": [{"role": "user", "content": "a"}],
                                                   "max_tokens": 6, "temperature": 0, "logprobs": True}).json()
     items = r["choices"][0]["logprobs"]["content"]
@@ -112,17 +116,19 @@ def test_logprobs_are_the_chosen_tokens(client, model):  # noqa: F811
     assert len(lp["token_logprobs"]) == 6 and lp["text_offset"][0] == 0
 
 
-def test_tool_calls_come_back_as_openai_tool_calls(model):  # noqa: F811
+def test_tool_calls_come_back_as_openai_tool_calls(model):
     said = ['I will look.\n<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']
     log = []
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+                                               "parameters": schema}}]
     with TestClient(make_app(model, generate=scripted(said, log=log))) as c:
         body = {"model": NAME, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools}
         message = c.post("/v1/chat/completions", json=body).json()["choices"][0]
         assert message["finish_reason"] == "tool_calls"
         call = message["message"]["tool_calls"][0]
-        assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
         assert message["message"]["content"] == "I will look."
         assert b"get_weather" in bytes(log[-1][:-1])  # the template listed the tool in the prompt
         chunks = _stream(c, "/v1/chat/completions", body)

@@ -7,11 +7,13 @@ import json
 
 import httpx
 import pytest
-from serve_support import CHAT_TEMPLATE, NAME, make_app, model, scripted, sse_events  # noqa: F401
+from serve_support import NAME, make_app, model_fixture, scripted, sse_events
 from starlette.testclient import TestClient
 
 import strata
 from strata.generate import GenerationResponse
+
+model = model_fixture()
 
 HAS_SESSION = "prompt_reused" in GenerationResponse.__dataclass_fields__
 
@@ -20,7 +22,7 @@ def _client(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=60)
 
 
-def test_requests_are_served_in_arrival_order(model):  # noqa: F811
+def test_requests_are_served_in_arrival_order(model):
     log = []
     app = make_app(model, generate=scripted(["a", "b", "c"], delay=0.01, log=log))
 
@@ -40,7 +42,7 @@ def test_requests_are_served_in_arrival_order(model):  # noqa: F811
     assert waits[-1] > waits[0]  # the last waited behind the others; none jumped the queue
 
 
-def test_concurrent_clients_get_the_sequential_outputs(model):  # noqa: F811
+def test_concurrent_clients_get_the_sequential_outputs(model):
     """8 clients x 5 requests at once equal the same requests run one by one through strata.generate."""
     requests = [{"model": NAME, "prompt": f"client {c} asks {k}:", "max_tokens": 6,
                  "temperature": 0.0 if k % 2 else 0.8, "seed": 10 * c + k} for c in range(8) for k in range(5)]
@@ -64,7 +66,7 @@ def test_concurrent_clients_get_the_sequential_outputs(model):  # noqa: F811
     assert got == expected
 
 
-def test_a_disconnect_stops_the_generation_within_a_token(model):  # noqa: F811
+def test_a_disconnect_stops_the_generation_within_a_token(model):
     pulled = []
     slow = scripted(["x"] * 200, delay=0.01)
 
@@ -114,7 +116,7 @@ def test_a_disconnect_stops_the_generation_within_a_token(model):  # noqa: F811
         assert r.json()["choices"][0]["text"] == "xxx"
 
 
-def test_keepalive_comments_while_waiting_for_the_first_token(model):  # noqa: F811
+def test_keepalive_comments_while_waiting_for_the_first_token(model):
     with TestClient(make_app(model, generate=scripted(["slow"], delay=0.3), keepalive_seconds=0.05)) as c:
         r = c.post("/v1/completions", json={"model": NAME, "prompt": "p", "max_tokens": 1, "stream": True})
         assert r.text.count(": keep-alive\n\n") >= 2
@@ -123,7 +125,7 @@ def test_keepalive_comments_while_waiting_for_the_first_token(model):  # noqa: F
 
 
 @pytest.mark.xfail(not HAS_SESSION, reason="needs the session engine", strict=False)
-def test_a_next_turn_reuses_the_session_and_says_so(model, tmp_path):  # noqa: F811
+def test_a_next_turn_reuses_the_session_and_says_so(model, tmp_path):
     turn = [{"role": "user", "content": "Write a loop."}]
     with TestClient(make_app(model)) as c:
         first = c.post("/v1/chat/completions", json={"model": NAME, "messages": turn, "max_tokens": 8,

@@ -64,7 +64,8 @@ def _turn(item, i: int) -> list[dict]:
                           "function": {"name": b.str("name"), "arguments": b.raw("input")}})
         elif kind == "tool_result" and role == "user":
             b.ignore("is_error")
-            results.append({"role": "tool", "tool_call_id": b.str("tool_use_id"), "content": _text_blocks(b, "content")})
+            results.append({"role": "tool", "tool_call_id": b.str("tool_use_id"),
+                            "content": _text_blocks(b, "content")})
         else:
             raise b.error("type", f"{kind!r} blocks are not supported in {role} messages")
         b.ignore("cache_control", "citations")
