@@ -1,5 +1,8 @@
 """`strata serve`: flags, loopback by default, errors before listening."""
 
+import shlex
+from pathlib import Path
+
 import pytest
 from serve_support import model_fixture
 
@@ -56,3 +59,23 @@ def test_bad_setups_fail_before_listening(served, model, capsys, args, message):
     argv = ["serve"] + (args if args[0].startswith("/") else [str(model.model_path), *args])
     assert main(argv) == 2
     assert message in capsys.readouterr().err and not served
+
+
+def _documented_serve_commands() -> list[str]:
+    root = Path(__file__).resolve().parents[1]
+    lines = []
+    for doc in (root / "README.md", root / "docs" / "serve.md"):
+        for line in doc.read_text().splitlines():
+            if line.startswith("strata serve") and "--help" not in line:
+                lines.append(line.split("#")[0].strip())
+    return lines
+
+
+def test_the_documented_serve_commands_parse():
+    from strata.cli.main import build_parser
+
+    commands = _documented_serve_commands()
+    assert len(commands) >= 4
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        assert args.command == "serve", command
