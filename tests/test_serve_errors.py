@@ -64,6 +64,7 @@ CASES = [
     (CHAT, chat(temperature=5), 400, "temperature"),
     (CHAT, chat(temperature="hot"), 400, "temperature"),
     (CHAT, chat(top_p=2), 400, "top_p"),
+    (CHAT, chat(top_p=0), 400, "top_p: must be in (0, 1]"),
     (CHAT, chat(seed=-1), 400, "seed"),
     (CHAT, chat(seed=2**70), 400, "seed"),
     (CHAT, chat(stop=123), 400, "stop"),

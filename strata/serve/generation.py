@@ -77,10 +77,13 @@ KEEPALIVE = object()
 
 def read_sampling(f: Fields, *, max_tokens: int, temperature_hi: float, default_temperature: float = 1.0) -> Sampling:
     """temperature, top_p and seed (a random one when absent; the response names it)."""
+    top_p = f.number("top_p", 1.0, lo=0.0, hi=1.0)
+    if top_p == 0.0:  # a nucleus of no mass keeps nothing
+        raise f.error("top_p", "must be in (0, 1]; for the most likely token use temperature 0")
     return Sampling(
         max_tokens=max_tokens,
         temperature=f.number("temperature", default_temperature, lo=0.0, hi=temperature_hi),
-        top_p=f.number("top_p", 1.0, lo=0.0, hi=1.0) or 1.0,  # 0 would keep nothing; read it as off
+        top_p=top_p,
         seed=f.int("seed", secrets.randbelow(2**31), lo=0, hi=SEED_LIMIT - 1),
     )
 
