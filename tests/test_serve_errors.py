@@ -4,7 +4,7 @@ problem, and the server goes on serving."""
 import json
 
 import pytest
-from serve_support import CONTEXT, NAME, make_app, model_fixture
+from serve_support import CONTEXT, NAME, make_app, model_fixture, scripted
 from starlette.testclient import TestClient
 
 model = model_fixture()
@@ -146,3 +146,28 @@ def test_the_server_keeps_serving_after_every_bad_request(client):
 def test_unknown_routes_and_methods_are_json_errors(client, method, path, status):
     r = client.request(method, path)
     assert r.status_code == status and json.loads(r.text)["error"]["message"]
+
+
+def test_an_engine_failure_is_a_500_line_and_the_server_goes_on(model):
+    from strata.errors import ExpertReadError
+
+    calls = []
+
+    def broken(*args, **kwargs):  # the first two generations fail after a token, the third is fine
+        calls.append(1)
+        steps = scripted(["a", "b", "c"] if len(calls) <= 2 else ["fine"])(*args, **kwargs)
+        yield next(steps)
+        if len(calls) <= 2:
+            raise ExpertReadError("layer 3 expert 7: short read (0 of 4096 bytes)")
+        yield from steps
+
+    with TestClient(make_app(model, generate=broken), raise_server_exceptions=False) as c:
+        r = c.post(COMPLETIONS, json=OK_COMPLETION)
+        assert r.status_code == 500 and "\n" not in r.text
+        assert r.json()["error"]["message"] == ("generation failed: ExpertReadError: layer 3 expert 7: short read "
+                                                "(0 of 4096 bytes)")
+        r = c.post(MESSAGES, json={**OK_MESSAGE, "stream": True})
+        assert r.status_code == 200 and "event: error" in r.text and "short read" in r.text
+        assert c.post(COMPLETIONS, json=OK_COMPLETION).json()["choices"][0]["text"] == "fine"
+        assert "strata_generation_failures_total 2" in c.get("/metrics").text
+        assert "strata_requests_cancelled_total 0" in c.get("/metrics").text

@@ -110,6 +110,8 @@ async def run(state: ServerState, plan: Plan) -> AsyncIterator[Piece | Outcome |
                 queue_seconds = event.queue_seconds
                 continue
             if isinstance(event, Failed):
+                state.metrics.failed += 1
+                finished = True  # the worker has moved on; nothing to cancel
                 raise GenerationFailed(f"generation failed: {type(event.error).__name__}: {event.error}")
             if isinstance(event, Done):  # the generator ended without a final response
                 break
@@ -142,7 +144,7 @@ async def run(state: ServerState, plan: Plan) -> AsyncIterator[Piece | Outcome |
         finished = True
         yield outcome
     finally:
-        if not finished:
+        if not finished:  # the consumer left: the client disconnected
             job.cancel()
             state.metrics.cancelled += 1
 

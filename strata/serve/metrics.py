@@ -40,6 +40,7 @@ class Histogram:
 class Metrics:
     requests: Counter = field(default_factory=Counter)  # (endpoint, status) -> count
     cancelled: int = 0  # generations stopped because the client went away
+    failed: int = 0  # generations the engine failed (a 500, or an error event in a stream)
     prompt_tokens: int = 0
     prompt_reused: int = 0  # prompt tokens served from the session (not prefilled again)
     generation_tokens: int = 0
@@ -93,6 +94,7 @@ class Metrics:
             *(f'strata_requests_total{{endpoint="{e}",status="{s}"}} {c}'
               for (e, s), c in sorted(self.requests.items())))
         one("strata_requests_cancelled_total", "counter", "generations stopped by a client disconnect", self.cancelled)
+        one("strata_generation_failures_total", "counter", "generations the engine failed", self.failed)
         one("strata_queue_depth", "gauge", "requests waiting or running", queue_depth)
         one("strata_queue_wait_seconds_total", "counter", "time requests waited behind others", self.queue_seconds)
         one("strata_prompt_tokens_total", "counter", "prompt tokens (cached ones included)", self.prompt_tokens)
