@@ -74,3 +74,21 @@ def test_fields_name_the_field_and_refuse_leftovers():
         f.number("x", lo=0, hi=1)
     with pytest.raises(RequestError, match=r"body\.extra: unknown field"):
         f.finish()
+
+
+def test_tools_reach_the_template_as_transformers_hands_them():
+    chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    from serve_support import CHAT_TEMPLATE
+
+    from strata.convert.chat_template import render_chat
+
+    schema = {"type": "object", "properties": {"a": {"type": "number"}}}
+    tools = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": schema}}]
+    messages = [{"role": "user", "content": "2 + 3?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[messages], tools=tools, chat_template=CHAT_TEMPLATE, add_generation_prompt=True)
+    ours = render_chat(CHAT_TEMPLATE, messages, tools=tools)
+    assert ours == rendered[0] and '{"name": "add", "arguments": {"a": 2}}' in ours
