@@ -43,7 +43,15 @@ def _gguf():
 # ModelConfig field type (its annotation string) -> GGUF value type name. A new field type must
 # be added here; the assert below fails at import otherwise.
 _FIELD_VALUE_TYPES = {"int": "UINT32", "bool": "BOOL", "float": "FLOAT64", "str": "STRING",
-                      "RoutingOrder": "STRING", "QKNorm": "STRING"}
+                      "RoutingOrder": "STRING", "QKNorm": "STRING", "tuple[LayerType, ...]": "STRING"}
+# The fields format version 1 shipped with: every file has them. A field added since has a
+# default, and a file without it gets that default (every layer attention + MoE, no dense FFN,
+# no new family's feature), which is what such a file describes.
+_V1_FIELDS = frozenset({
+    "architecture", "vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts",
+    "n_experts_per_token", "expert_ffn_size", "shared_ffn_size", "shared_expert_gated", "routing_order",
+    "norm_topk_prob", "qk_norm", "attention_bias", "rope_theta", "rms_norm_eps", "max_context", "tie_embeddings",
+})
 assert all(str(f.type) in _FIELD_VALUE_TYPES for f in dataclasses.fields(ModelConfig)), "new ModelConfig field type"
 
 
@@ -220,6 +228,8 @@ def _config(reader, path: str) -> ModelConfig:
         key = config_key(f.name)
         want = gguf.GGUFValueType[_FIELD_VALUE_TYPES[str(f.type)]]
         field = reader.get_field(key)
+        if field is None and f.name not in _V1_FIELDS:
+            continue
         if field is None:
             raise FormatError(f"{path}: missing metadata key {key}")
         if field.types != [want]:
