@@ -14,7 +14,7 @@ import pytest
 import strata
 from strata.generate import GenerationResponse
 from strata.serve import build_app
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 CONTEXT = 2048  # the tiny shape's 256 is too short for a templated conversation in byte tokens
 NAME = "tiny"

@@ -35,7 +35,10 @@ def test_a_message_and_its_stream_say_the_same(client):
     text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
     assert text == "".join(b["text"] for b in plain["content"] if b["type"] == "text")
     delta = events[-2][1]
-    assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"] == plain["usage"]
+    assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 16
+    prompt = lambda u: u["input_tokens"] + u["cache_read_input_tokens"]  # noqa: E731
+    assert prompt(delta["usage"]) == prompt(plain["usage"])
+    assert delta["usage"]["cache_read_input_tokens"] == prompt(plain["usage"]) - 1  # the same prompt again
     assert "strata" in plain and "strata" in delta
 
 
@@ -73,8 +76,8 @@ def test_tool_use_round_trip(model):
 
 def test_count_tokens(client):
     r = client.post("/v1/messages/count_tokens", json={"model": NAME, "messages": BASE["messages"]})
-    plain = client.post("/v1/messages", json={**BASE, "max_tokens": 1}).json()
-    assert r.json()["input_tokens"] == plain["usage"]["input_tokens"]
+    usage = client.post("/v1/messages", json={**BASE, "max_tokens": 1}).json()["usage"]
+    assert r.json()["input_tokens"] == usage["input_tokens"] + usage["cache_read_input_tokens"]
 
 
 def test_anthropic_errors_have_anthropic_shape(client):

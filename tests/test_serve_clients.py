@@ -7,7 +7,7 @@ import pytest
 from serve_support import CHAT_TEMPLATE, NAME, live_server, make_app, model_fixture, scripted
 
 import strata
-from strata.convert.chat_template import render_chat
+from strata.chat_template import render_chat
 
 model = model_fixture()
 

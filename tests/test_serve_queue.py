@@ -6,16 +6,12 @@ import asyncio
 import json
 
 import httpx
-import pytest
 from serve_support import NAME, make_app, model_fixture, scripted, sse_events
 from starlette.testclient import TestClient
 
 import strata
-from strata.generate import GenerationResponse
 
 model = model_fixture()
-
-HAS_SESSION = "prompt_reused" in GenerationResponse.__dataclass_fields__
 
 
 def _client(app) -> httpx.AsyncClient:
@@ -124,7 +120,6 @@ def test_keepalive_comments_while_waiting_for_the_first_token(model):
         assert "".join(texts) == "slow"
 
 
-@pytest.mark.xfail(not HAS_SESSION, reason="needs the session engine", strict=False)
 def test_a_next_turn_reuses_the_session_and_says_so(model, tmp_path):
     turn = [{"role": "user", "content": "Write a loop."}]
     with TestClient(make_app(model)) as c:

@@ -80,7 +80,7 @@ def test_tools_reach_the_template_as_transformers_hands_them():
     chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
     from serve_support import CHAT_TEMPLATE
 
-    from strata.convert.chat_template import render_chat
+    from strata.chat_template import render_chat
 
     schema = {"type": "object", "properties": {"a": {"type": "number"}}}
     tools = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": schema}}]

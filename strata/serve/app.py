@@ -75,7 +75,7 @@ def build_app(model, config=None, *, name: str | None = None, chat_template: str
     own; `generate` replaces `strata.stream_generate` (tests script the model's output with it).
     """
     from strata.config import load_config
-    from strata.convert.chat_template import special_tokens_of
+    from strata.chat_template import special_tokens_of
 
     kwargs = {"generate": generate} if generate is not None else {}
     worker = Worker(model, config if config is not None else load_config(), **kwargs)

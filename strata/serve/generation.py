@@ -159,7 +159,7 @@ def _outcome(plan: Plan, job: Job, last, text: str, calls: list[ToolCall], stop_
         finish = Finish.STOP
     else:
         finish = Finish.LENGTH
-    reused = getattr(last, "prompt_reused", 0) if last is not None else 0
+    reused = last.prompt_reused if last is not None else 0
     report = last.report if last is not None else None
     cache = last.cache if last is not None else None
     extension = {

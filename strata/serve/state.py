@@ -39,7 +39,7 @@ class ServerState:
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None, *, where: str = "messages") -> list[int]:
         """The prompt of a conversation: the chat template's text, tokenized as `generate --chat` does
         (no added special tokens: the template holds any BOS)."""
-        from strata.convert.chat_template import render_chat
+        from strata.chat_template import render_chat
 
         if not self.chat_template:
             raise RequestError(f"{where}: the model has no chat template; use /v1/completions, or start the server "
