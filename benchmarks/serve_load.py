@@ -2,7 +2,7 @@
 against one server (the embedded model unless --model), streamed, each client asking again
 when its answer is complete.
 
-    python benchmarks/serve_load.py [--clients 8] [--requests 5] [--max-tokens 32] [--arena 300slots]
+    python benchmarks/serve_load.py [--clients 8] [--requests 5] [--max-tokens 32] [--arena 300slots --moce-lambda 0]
 
 Checks that every request completes, that its text equals `strata.generate` run sequentially
 with the same settings, and that no request waited longer than the longest clients - 1 runs
@@ -69,9 +69,14 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--arena", default="", help="stream experts through an arena of this size")
+    ap.add_argument("--moce-lambda", type=float, default=None,
+                    help="MoCE bonus; with experts streaming, λ > 0 makes an output depend on the arena's contents, "
+                         "so on the requests before it: use 0 to compare with the sequential run")
     args = ap.parse_args(argv)
     model = strata.load(args.model or default_model_path())
     config = strata.Config(backend="numpy", arena=args.arena)
+    if args.moce_lambda is not None:
+        config = config.replace(moce_lambda=args.moce_lambda)
     bodies = [[{"model": model.model_path.stem, "prompt": SNIPPETS[(c + k) % len(SNIPPETS)],
                 "max_tokens": args.max_tokens, "temperature": 0.0 if k % 2 == 0 else 0.8, "seed": 100 * c + k}
                for k in range(args.requests)] for c in range(args.clients)]
@@ -104,6 +109,7 @@ def main(argv=None) -> int:
     worst_wait = max(r["queue_ms"] for r in flat) / 1e3
     out = {
         "requests": n, "clients": args.clients, "max_tokens": args.max_tokens, "arena": args.arena or "budget rule",
+        "moce_lambda": config.moce_lambda,
         "same_as_sequential": same, "requests_per_s": n / wall, "sequential_requests_per_s": n / sequential_s,
         "ttft_p50_ms": 1e3 * statistics.median(r["ttft"] for r in flat),
         "ttft_p95_ms": 1e3 * percentile([r["ttft"] for r in flat], 0.95),
