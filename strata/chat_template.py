@@ -59,11 +59,13 @@ def _environment():
 
 
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                special_tokens: dict[str, str] | None = None) -> str:
-    """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+                special_tokens: dict[str, str] | None = None, tools: list[dict] | None = None) -> str:
+    """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]); `tools` are
+    function descriptions in the OpenAI shape ({"type": "function", "function": {...}}), which
+    is what transformers hands a template as `tools`."""
     env, jinja2 = _environment()
     try:
-        return env.from_string(template).render(messages=messages, tools=None, documents=None,
+        return env.from_string(template).render(messages=messages, tools=tools or None, documents=None,
                                                 add_generation_prompt=add_generation_prompt,
                                                 **(special_tokens or {}))
     except jinja2.exceptions.TemplateError as e:
