@@ -8,7 +8,7 @@ from pathlib import Path
 from strata.errors import FormatError
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile
-from strata.formats.model_file import read_model
+from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
@@ -63,10 +63,11 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
-def load(model: str | Path, *, experts: str | Path | None = None) -> Model:
+def load(model: str | Path, *, experts: str | Path | None = None, layers=None) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
-    The experts file defaults to the model's name with the `.experts` suffix.
+    The experts file defaults to the model's name with the `.experts` suffix. `layers` (a
+    `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it computes with.
     """
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
@@ -76,7 +77,10 @@ def load(model: str | Path, *, experts: str | Path | None = None) -> Model:
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
-    mf = read_model(model_path)
+    names = None
+    if layers is not None:
+        names = frozenset(layers.dense_names(read_model_config(model_path)))
+    mf = read_model(model_path, names=names)
     xf = ExpertsFile.open(experts_path)
     h, cfg = xf.header, mf.cfg
     found = (h.n_layers, h.n_experts, h.hidden, h.expert_ffn)

@@ -242,3 +242,59 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             if cfg.shared_expert_gated:
                 shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
     return shapes
+
+
+# ---------------------------------------------------------------- a layer range (pipeline stages)
+
+
+@dataclass(frozen=True)
+class LayerRange:
+    """Layers [start, stop) of an n_layers model: the part of it one pipeline stage computes.
+
+    The loops (reference `forward`, the streaming window and prompt path) iterate `layers`; the
+    first range embeds tokens, the last computes logits, and the others take and give the hidden
+    state [T, D]. Its MoE layers are MoE indices [moe_start, moe_stop) of the `.experts` file;
+    the stage's cache counts only those (local index m - moe_start)."""
+
+    start: int
+    stop: int
+    n_layers: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.stop <= self.n_layers:
+            raise ConfigError(f"layer range [{self.start}, {self.stop}) is not a non-empty part of {self.n_layers} layers")
+
+    @staticmethod
+    def whole(cfg: ModelConfig) -> "LayerRange":
+        return LayerRange(0, cfg.n_layers, cfg.n_layers)
+
+    @property
+    def layers(self) -> range:
+        return range(self.start, self.stop)
+
+    @property
+    def embeds(self) -> bool:
+        """The first range: its input is token ids."""
+        return self.start == 0
+
+    @property
+    def heads(self) -> bool:
+        """The last range: its output is logits."""
+        return self.stop == self.n_layers
+
+    def moe_layers(self, cfg: ModelConfig) -> tuple[int, ...]:
+        """The model indices of this range's MoE layers (local MoE index i is moe_layers[i])."""
+        return tuple(l for l in cfg.moe_layers if self.start <= l < self.stop)
+
+    def moe_start(self, cfg: ModelConfig) -> int:
+        """How many MoE layers come before this range (its first MoE layer's MoE index)."""
+        return sum(1 for l in cfg.moe_layers if l < self.start)
+
+    def dense_names(self, cfg: ModelConfig) -> tuple[str, ...]:
+        """The dense tensors this range computes with: its layers' blocks, the embedding on the
+        first range, the final norm and head on the last (the embedding too when it is tied)."""
+        n = TensorNames
+        prefixes = tuple(n.block(l, "") for l in self.layers)
+        ends = ((n.token_embd,) if self.embeds or (self.heads and cfg.tie_embeddings) else ()) + (
+            (n.output_norm, n.output) if self.heads else ())
+        return tuple(name for name in dense_tensor_shapes(cfg) if name.startswith(prefixes) or name in ends)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 
@@ -255,8 +255,9 @@ def _quant_type(ggml_type) -> Any:
         return ggml_type
 
 
-def read_model(path: str | os.PathLike) -> ModelFile:
-    """Read a model file written by write_model; every dense tensor dequantized to float32."""
+def read_model(path: str | os.PathLike, *, names: Collection[str] | None = None) -> ModelFile:
+    """Read a model file written by write_model; every dense tensor dequantized to float32
+    (`names`: only those, e.g. a pipeline stage's layers)."""
     gguf = _gguf()
     path = os.fspath(path)
     reader = _open(path)
@@ -265,6 +266,8 @@ def read_model(path: str | os.PathLike) -> ModelFile:
     dense: dict[str, np.ndarray] = {}
     types: dict[str, Any] = {}
     for name, want in dense_tensor_shapes(cfg).items():
+        if names is not None and name not in names:
+            continue
         t = tensors.get(name)
         if t is None:
             raise MissingTensorError(f"{path}: missing tensor {name}")

@@ -44,7 +44,9 @@ class NumpyCompute:
         self.params, self.arena, self.layout = params, arena, layout
         cfg = params.cfg
         self.state = ref.ModelState.empty(cfg)
-        routers = {l: params.dense[TensorNames.block(l, TensorNames.router)] for l in cfg.moe_layers}
+        names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
+        # the routers this process holds (a pipeline stage loads only its own layers')
+        routers = {l: params.dense[r] for l, r in names.items() if r in params.dense}
         # pred_q8: the guess GEMV reads a Q8_0 copy of each router (seed §2.2: -92 MB/token of
         # F32 reads on the GPU); the guess only chooses what to read ahead, never the math.
         # numpy has no Q8_0 GEMV, so the copy is kept dequantized: the same values `gemv` would

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
-from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
+from strata.model_config import Ffn, LayerRange, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
@@ -60,7 +60,8 @@ class ModelState:
 
     @property
     def length(self) -> int:
-        return self.layers[0].length if self.layers else 0
+        # the most any layer holds: a pipeline stage computes only its own layers' state
+        return max((s.length for s in self.layers), default=0)
 
     def trim(self, n: int) -> "ModelState":
         """The state after the first n positions. Attention layers truncate their KV cache, so
@@ -175,23 +176,27 @@ def forward(
     *,
     select: SelectFn | None = None,
     trace: bool = False,
+    layers: LayerRange | None = None,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
     `select(moe_layer, z)` turns one token's router logits into its selection (default: the
     model's own rule); its layer argument is the MoE index. Tokens are routed one at a time in
     order, so a residency-dependent `select` sees the same sequence of calls as decoding would.
+    `layers`: compute only that range (a pipeline stage; default every layer): a range that does
+    not embed takes the hidden state [T, D] as `tokens`, one that does not head returns it.
 
     Shapes:
-        tokens: [T] -> logits [T, vocab] float32
+        tokens: [T] (or float32 [T, D]) -> logits [T, vocab] float32 (or the hidden state [T, D])
     """
     cfg = params.cfg
     select = select or plain_select(cfg)
-    x = embed(params, tokens)
-    new_layers, inputs, all_sel = [], [], []
-    for layer, kind in enumerate(cfg.kinds):
-        x, layer_state = mixer_block(params, layer, state.layers[layer], x)
-        new_layers.append(layer_state)
+    layers = layers or LayerRange.whole(cfg)
+    x = embed(params, tokens) if layers.embeds else np.asarray(tokens, dtype=np.float32)
+    new_layers, inputs, all_sel = list(state.layers), [], []
+    for layer in layers.layers:
+        kind = cfg.kinds[layer]
+        x, new_layers[layer] = mixer_block(params, layer, state.layers[layer], x)
         h = router_input(params, layer, x)
         if kind.ffn is Ffn.DENSE:
             x = x + dense_ffn_output(params, layer, h)
@@ -203,7 +208,7 @@ def forward(
         if trace:
             inputs.append(h)
             all_sel.append(tuple(selections))
-    logits = head(params, x)
+    logits = head(params, x) if layers.heads else x
     new_state = ModelState(tuple(new_layers))
     if trace:
         return logits, new_state, ForwardTrace(np.stack(inputs), tuple(all_sel))

@@ -33,7 +33,7 @@ import numpy as np
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
 from strata.errors import ArenaTooSmallError
-from strata.model_config import Ffn
+from strata.model_config import Ffn, LayerRange
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
@@ -50,21 +50,25 @@ __all__ = ["StreamingEngine", "Ledger", "cache_config_for", "arena_plan_for"]
 PHASES = ("attention", "dense", "route", "turn", "routed", "shared", "after", "combine", "head")
 
 
-def cache_config_for(model, config: Config, capacity: int) -> CacheConfig:
-    """The cache machine's configuration: MoE layers only, windows of up to `config.window`."""
+def cache_config_for(model, config: Config, capacity: int, stage: LayerRange | None = None) -> CacheConfig:
+    """The cache machine's configuration: MoE layers only (a pipeline stage's own), windows of up
+    to `config.window`."""
     cfg = model.cfg
-    return CacheConfig(capacity=capacity, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
+    n_moe = cfg.n_moe_layers if stage is None else len(stage.moe_layers(cfg))
+    return CacheConfig(capacity=capacity, n_layers=n_moe, n_experts=cfg.n_experts,
                        top_k=cfg.n_experts_per_token, window=config.window, prefetch_depth=config.prefetch,
                        prefetch_touch=config.prefetch_touch, prefetch2=config.prefetch2,
                        split_turn=config.split_turn)
 
 
-def arena_plan_for(model, config: Config) -> ArenaPlan:
-    """The arena this model and configuration get (`--arena` or the budget rule)."""
+def arena_plan_for(model, config: Config, stage: LayerRange | None = None) -> ArenaPlan:
+    """The arena this model and configuration get (`--arena` or the budget rule); a pipeline
+    stage's for its own MoE layers."""
     h = model.experts_file.header
-    least = cache_config_for(model, config, 1).min_capacity
+    least = cache_config_for(model, config, 1, stage).min_capacity
     dense = sum(a.nbytes for a in model.dense.values())
-    return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=h.n_records, min_slots=least,
+    total = h.n_records if stage is None else len(stage.moe_layers(model.cfg)) * h.n_experts
+    return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=total, min_slots=least,
                       dense_bytes=dense, model_files=(model.model_path, model.experts_file.path))
 
 
@@ -96,11 +100,14 @@ class StreamingEngine(SessionEngine):
     """An engine that pages routed experts through `arena` (the Engine protocol: strata.engines)."""
 
     def __init__(self, model, config: Config, arena: Arena, compute: LayerCompute, io: ReaderPool,
-                 *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming") -> None:
+                 *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming",
+                 stage: LayerRange | None = None) -> None:
         super().__init__(model, config)
         self.kind = kind
         self.arena, self.compute, self.io = arena, compute, io
-        self.cache_config = cache_config_for(model, config, arena.capacity)
+        # a pipeline stage runs its layer range only; its cache and `io` see its MoE layers only
+        self.stage = stage or LayerRange.whole(model.cfg)
+        self.cache_config = cache_config_for(model, config, arena.capacity, self.stage)
         least = self.cache_config.min_capacity
         if arena.capacity < least:
             raise ArenaTooSmallError(
@@ -109,7 +116,7 @@ class StreamingEngine(SessionEngine):
         self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
                                  reference=config.reference_cache)
         self.selector = Selector(model.cfg, config.moce_policy())
-        self.moe_layers = model.cfg.moe_layers  # MoE index -> model layer
+        self.moe_layers = self.stage.moe_layers(model.cfg)  # (local) MoE index -> model layer
         self.notes = notes
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._ledger = Ledger()
@@ -172,16 +179,18 @@ class StreamingEngine(SessionEngine):
         return now
 
     def window(self, tokens: np.ndarray) -> np.ndarray:
-        """One decode window over `tokens` (T <= config.window positions).
+        """One decode window over `tokens` (T <= config.window positions). A pipeline stage
+        that does not embed takes the hidden state as `tokens`; one that does not head returns it.
 
         Shapes:
-            tokens: [T] -> logits float32 [T, V]
+            tokens: [T] (or hidden [T, D]) -> logits float32 [T, V] (or hidden [T, D])
         """
         s, c, cfg, conf = self.streamer, self.compute, self.model.cfg, self.config
         s.begin_window()
-        x = c.embed(tokens)
+        x = c.embed(tokens) if self.stage.embeds else tokens
         moe = 0
-        for layer, kind in enumerate(cfg.kinds):
+        for layer in self.stage.layers:
+            kind = cfg.kinds[layer]
             t0 = time.perf_counter()
             x = c.mixer(layer, x)
             t0 = self._clock("attention", t0)
@@ -220,6 +229,8 @@ class StreamingEngine(SessionEngine):
                 t0 = self._clock("shared", t0)
             x = c.combine(x, [part], shared[0])
             self._clock("combine", t0)
+        if not self.stage.heads:
+            return x
         t0 = time.perf_counter()
         logits = c.head(x)
         self._clock("head", t0)
