@@ -43,3 +43,9 @@ HAND_WEIGHT_ATOL = 1e-6
 F16_LOGIT_BUDGET = 1e-3  # max |Δlogit| / max |logit|, f16 experts
 Q8_ARGMAX_AGREEMENT = 0.99  # fraction of positions with the same argmax, q8_0 experts
 Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversion (uniform ~ 5.8)
+
+# pipeline tests (tests/test_pipeline.py): the wall-clock bounds on a run of local processes on a
+# loaded 2-core machine (a healthy 3-rank run takes ~6 s here), and the deadline each rank's
+# watchdog gives a neighbour in the failure tests (a hang would otherwise be the test's timeout)
+PIPELINE_RUN_S = 120.0
+PIPELINE_FAULT_DEADLINE_S = 8.0

@@ -25,12 +25,11 @@ def stage_arena(model, config: Config, stage: LayerRange, arena: str = "") -> Ar
     or the budget rule), at most one slot per local expert."""
     from dataclasses import replace
 
-    from strata.runtime.decode import arena_plan_for
+    from strata.runtime.decode import arena_plan_for, cache_config_for
 
     n_local = len(stage.moe_layers(model.cfg)) * model.cfg.n_experts
     if arena == SMALLEST:
-        least = arena_plan_for(model, config.replace(arena=f"{n_local}slots"), stage).min_slots
-        arena = f"{least}slots"
+        arena = f"{cache_config_for(model, config, 1, stage).min_capacity}slots"
     plan = arena_plan_for(model, config.replace(arena=arena) if arena else config, stage)
     return plan if plan.streaming else replace(plan, streaming=True, slots=n_local)
 

@@ -1,0 +1,177 @@
+"""Pipeline stages (strata.pipeline): the plan, the stage as a layer range of the one loop, and
+pipelines of 2 and 3 local processes over mx.distributed's ring backend on 127.0.0.1.
+
+At λ = 0 a stage's arithmetic is the one-process numpy engine's on the same layers, so greedy
+tokens, every step's logits and a decode window are compared bit for bit (EXACT), with every
+rank at its smallest legal arena. A rank that dies, or a port already in use, must end every
+rank with an error that names the cause, within the watchdog's deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import strata
+from strata.config import Backend, Config
+from strata.default_model import EMBEDDED
+from strata.errors import ConfigError
+from strata.model_config import LayerRange
+from strata.pipeline.plan import plan_stages
+from strata.pipeline.stage import open_stage
+from strata.reference.model import ModelState, forward
+from strata.testing.engines import open_numpy_streaming
+from strata.testing.models import SHAPES, make_model
+from strata.testing.pipeline import free_ports, run_ops, spawn_ranks
+from tests.budgets import PIPELINE_FAULT_DEADLINE_S, PIPELINE_RUN_S
+
+EXACT0 = Config(backend=Backend.NUMPY, moce_lambda=0.0)
+PROMPT = list(b"def add(a, b):\n    return")  # 25 positions: one prompt chunk
+TOKENS = 5
+WINDOW = list(b"xyz")  # after trimming back to the prompt: 3 positions as one (prompt-path) window
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("pipe") / "small", "small", seed=5).model_path
+
+
+def one_process(path) -> dict:
+    """The reference run: one process, the numpy streaming engine, every expert resident."""
+    model = strata.load(path)
+    slots = model.experts_file.header.n_records
+    with open_numpy_streaming(model, EXACT0.replace(arena=f"{slots}slots")) as engine:
+        out = run_ops(engine, PROMPT, TOKENS, WINDOW)
+    model.close()
+    return out
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def test_split_by_bytes_balances_and_given_counts_are_kept():
+    cfg = SHAPES["demo"]  # 8 equal MoE layers: the embedding tips the first stage's share
+    plan = plan_stages(cfg, 2, expert_bytes=16384)
+    assert [s.stop - s.start for s in plan.stages] == [4, 4]
+    assert plan.stages[0].embeds and plan.stages[-1].heads and not plan.stages[0].heads
+    three = plan_stages(cfg, 3, expert_bytes=16384)
+    assert max(three.stage_bytes) - min(three.stage_bytes) <= max(three.stage_bytes) // 3
+    assert [s.stop - s.start for s in plan_stages(cfg, 2, expert_bytes=16384, stage_layers="3,5").stages] == [3, 5]
+    with pytest.raises(ConfigError, match="stage_layers"):
+        plan_stages(cfg, 2, expert_bytes=16384, stage_layers="3,4")
+
+
+def test_a_stage_without_moe_layer_is_refused():
+    with pytest.raises(ConfigError, match="no MoE layer"):
+        plan_stages(SHAPES["dense-first"], 2, expert_bytes=4096, stage_layers="1,2")
+
+
+def test_layer_range_names_only_its_tensors():
+    cfg = SHAPES["tiny"]  # untied: the head is its own tensor
+    first, last = LayerRange(0, 1, 2), LayerRange(1, 2, 2)
+    assert "token_embd.weight" in first.dense_names(cfg) and "output.weight" not in first.dense_names(cfg)
+    assert not any(n.startswith("blk.0.") for n in last.dense_names(cfg))
+    assert {"output.weight", "output_norm.weight"} <= set(last.dense_names(cfg))
+    assert last.moe_start(cfg) == 1 and last.moe_layers(cfg) == (1,)
+
+
+# ---------------------------------------------------------------- stages in one process
+
+
+def test_reference_forward_over_ranges_composes_to_the_whole(made):
+    model = strata.load(made)
+    params = model.resident_params()
+    tokens = np.array(PROMPT)
+    whole, _ = forward(params, ModelState.empty(model.cfg), tokens)
+    x = tokens
+    for r in (LayerRange(0, 1, 4), LayerRange(1, 3, 4), LayerRange(3, 4, 4)):
+        x, _ = forward(params, ModelState.empty(model.cfg), x, layers=r)
+    np.testing.assert_array_equal(x, whole)
+    model.close()
+
+
+def test_stages_at_their_smallest_arenas_chain_to_the_one_process_engine(tmp_path):
+    """dense-first: stage 0 holds the dense layer and an MoE layer, so the MoE offsets, the dense
+    tensors a stage loads and each cache's local layers are all exercised in-process."""
+    path = make_model(tmp_path / "df", "dense-first", seed=2).model_path
+    want = one_process(path)
+    cfg = strata.load(path).cfg
+    stages = [LayerRange(0, 2, 3), LayerRange(2, 3, 3)]
+    engines = [open_stage(strata.load(path, layers=s), EXACT0, s, arena="min") for s in stages]
+    assert [len(e.moe_layers) for e in engines] == [1, 1]
+    assert all(e.arena.capacity == e.cache_config.min_capacity for e in engines)
+    assert not any(n.startswith("blk.2.") for n in engines[0].model.dense)
+    assert cfg.moe_layers == (1, 2)
+    x = np.array(PROMPT)
+    for e in engines:
+        x = e._prefill(x)
+    np.testing.assert_array_equal(x, want["logits"][0])
+    for e in engines:
+        e.close()
+
+
+# ---------------------------------------------------------------- processes over the ring
+
+
+def run_pipeline(tmp_path, n: int, model, *, die=None, ports=None, deadline=None, stage_layers=""):
+    out = tmp_path / "rank0.npz"
+    wait = deadline or PIPELINE_RUN_S
+    spec = dict(model=str(model), config=dict(backend="numpy", moce_lambda=0.0), arenas=["min"] * n,
+                options=dict(timeout=wait, connect_timeout=wait, stage_layers=stage_layers),
+                prompt=PROMPT, max_tokens=TOKENS, window=WINDOW, out=str(out), die=die)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    start = time.monotonic()
+    ranks = spawn_ranks(n, [sys.executable, "-m", "strata.testing.pipeline", str(tmp_path / "spec.json")],
+                        timeout=PIPELINE_RUN_S, ports=ports)
+    return ranks, out, time.monotonic() - start
+
+
+def assert_ran(ranks, out):
+    assert all(r.returncode == 0 for r in ranks), "\n".join(f"rank {r.rank}: {r.output}" for r in ranks)
+    return dict(np.load(out))
+
+
+@pytest.mark.parametrize("n, which", [(2, "embedded"), (3, "made")])
+def test_pipeline_equals_one_process(tmp_path, made, n, which):
+    path = EMBEDDED if which == "embedded" else made
+    want = one_process(path)
+    ranks, out, _ = run_pipeline(tmp_path, n, path)
+    got = assert_ran(ranks, out)
+    np.testing.assert_array_equal(got["tokens"], want["tokens"])
+    np.testing.assert_array_equal(got["logits"], want["logits"])
+    np.testing.assert_array_equal(got["window"], want["window"])
+    report = json.loads(str(got["report"]))
+    assert [s["rank"] for s in report["stages"]] == list(range(n))
+    assert report["stages"][-1]["layers"][1] == strata.load(path).cfg.n_layers
+    d = strata.load(path).cfg.hidden_size
+    for s in report["stages"][:-1]:  # a middle hop carries one [1, D] float32 row per token, and a header
+        assert s["sent_bytes"] == d * 4 + 48
+        assert s["stream"]["arena_slots"] > 0 and s["tokens"] == TOKENS
+
+
+def assert_every_rank_failed(ranks, took, *, says):
+    for r in ranks:
+        assert r.returncode not in (0, None), f"rank {r.rank} did not fail: {r.output}"
+        assert "error: pipeline rank" in r.output, f"rank {r.rank}: {r.output}"
+    assert any(says in r.output for r in ranks), "\n".join(r.output for r in ranks)
+    assert took < PIPELINE_RUN_S
+
+
+def test_a_rank_that_dies_ends_every_rank_with_an_error(tmp_path, made):
+    ranks, _, took = run_pipeline(tmp_path, 3, made, die=(1, 3), deadline=PIPELINE_FAULT_DEADLINE_S)
+    assert ranks[1].returncode == 9  # the one that died
+    assert_every_rank_failed([ranks[0], ranks[2]], took, says="rank 1")
+
+
+def test_a_port_in_use_ends_every_rank_with_an_error(tmp_path, made):
+    ports = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[1]))
+        taken.listen()
+        ranks, _, took = run_pipeline(tmp_path, 2, made, ports=ports, deadline=PIPELINE_FAULT_DEADLINE_S)
+    assert_every_rank_failed(ranks, took, says="address is in use")
