@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from strata.cli.pipeline import add_pipeline_flags, pipelined, run_pipelined
 from strata.cli.runtime_flags import add_runtime_flags, config_from_args, print_report
 
 HELP = """\
@@ -25,26 +26,37 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
     p.add_argument("--quiet", action="store_true", help="print only the generated text")
     add_runtime_flags(p)
+    add_pipeline_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from strata.default_model import default_model_path
     from strata.errors import StrataError
-    from strata.generate import stream_generate
     from strata.loader import load
 
     if len(args.args) > 2:
         raise StrataError(f"expected [MODEL] PROMPT, got {len(args.args)} arguments (quote the prompt)")
     model_arg, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))
     config = config_from_args(args)
+    if pipelined(args):  # several hosts: each rank loads its own layers (strata.pipeline)
+        path = model_arg if model_arg else default_model_path(announce=False)
+        return run_pipelined(args, path, prompt, config,
+                             lambda engine: _generate(args, engine, engine.model, prompt, config))
     model = load(model_arg if model_arg else default_model_path(announce=not args.quiet))
+    return _generate(args, model, model, prompt, config)
+
+
+def _generate(args: argparse.Namespace, source, model, prompt, config) -> int:
+    """Generate on `source` (`model`, or an engine over it: the pipeline's) and print."""
+    from strata.generate import stream_generate
+
     if args.chat:
         from strata.chat_template import chat_prompt
 
         prompt = model.tokenizer.encode(chat_prompt(model, prompt))  # the template holds any BOS
     last = None
-    for last in stream_generate(model, prompt, max_tokens=args.max_tokens, temperature=args.temp,
+    for last in stream_generate(source, prompt, max_tokens=args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed, config=config):
         sys.stdout.write(last.text)
         sys.stdout.flush()
