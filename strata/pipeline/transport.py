@@ -13,6 +13,11 @@ step runs under a deadline; past it the watchdog prints one line naming the rank
 the step, and ends the process (exit status EXIT_TIMEOUT). Its sockets close, so its neighbours
 fail at once with "lost the connection", and the failure travels round the ring: every rank
 stops with a clear error, none hangs.
+
+Sends and receives run on the CPU stream: on a Mac the default stream is the GPU's, and a
+receive that waits longer than Metal's command-buffer timeout (~5 s) kills the process (reported
+for JACCL over Thunderbolt 5: github.com/ml-explore/mlx/issues/3207). A stage waiting for the
+previous one is exactly such a wait.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ class Link:
         with self.dog.guard(f"sending to rank {dst}", timeout):
             for a in arrays:
                 try:
-                    mx.eval(mx.distributed.send(mx.array(a), dst, group=self.group))
+                    mx.eval(mx.distributed.send(mx.array(a), dst, group=self.group, stream=mx.cpu))
                 except RuntimeError as e:
                     raise PipelineError(f"pipeline rank {self.rank}: lost the connection to rank {dst} while "
                                         f"sending ({_why(e)}; did it exit? see its output)") from None
@@ -150,7 +155,7 @@ class Link:
 
     def _recv(self, mx, shape, dtype, src: int) -> np.ndarray:
         try:
-            a = mx.distributed.recv(shape, dtype, src, group=self.group)
+            a = mx.distributed.recv(shape, dtype, src, group=self.group, stream=mx.cpu)
             mx.eval(a)
         except RuntimeError as e:
             raise PipelineError(f"pipeline rank {self.rank}: lost the connection to rank {src} ({_why(e)}; "
