@@ -175,3 +175,11 @@ def test_a_port_in_use_ends_every_rank_with_an_error(tmp_path, made):
         taken.listen()
         ranks, _, took = run_pipeline(tmp_path, 2, made, ports=ports, deadline=PIPELINE_FAULT_DEADLINE_S)
     assert_every_rank_failed(ranks, took, says="address is in use")
+
+
+def test_a_rank_that_never_starts_ends_every_rank_within_the_deadline(tmp_path, made):
+    ranks, _, took = run_pipeline(tmp_path, 2, made, die=(1, 0), deadline=PIPELINE_FAULT_DEADLINE_S)
+    assert ranks[1].returncode == 9
+    assert ranks[0].returncode not in (0, None), ranks[0].output
+    assert "did not all connect" in ranks[0].output, ranks[0].output
+    assert took < PIPELINE_RUN_S

@@ -10,7 +10,8 @@ Why a watchdog and a hard exit: a `recv` blocks inside MLX's C++ and cannot be i
 Python. The ring backend raises when a peer's socket closes (a rank that exited), but a rank that
 never started, or one that is stuck, leaves its neighbours waiting forever. So every blocking
 step runs under a deadline; past it the watchdog prints one line naming the rank, the peer and
-the step, and ends the process (exit status EXIT_TIMEOUT). Its sockets close, so its neighbours
+the step, and ends the process (exit status EXIT_TIMEOUT). Joining the group is the exception:
+`init` holds the GIL, so there a guard process ends this one at the deadline (`connect`). Its sockets close, so its neighbours
 fail at once with "lost the connection", and the failure travels round the ring: every rank
 stops with a clear error, none hangs.
 
@@ -23,6 +24,7 @@ previous one is exactly such a wait.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -93,6 +95,16 @@ class _Watchdog:
                 os._exit(EXIT_TIMEOUT)
 
 
+_INIT_GUARD = """
+import os, signal, sys, time
+pid, seconds, what = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+time.sleep(seconds)
+sys.stderr.write(what + "\\n")
+sys.stderr.flush()
+os.kill(pid, signal.SIGTERM)
+"""
+
+
 def _why(e: Exception) -> str:
     text = " ".join(str(e).split())
     if "error: 98" in text:
@@ -105,13 +117,20 @@ def connect(*, rank_hint: str = "?", timeout: float) -> "Link":
     within `timeout` seconds."""
     import mlx.core as mx
 
-    dog = _Watchdog(rank_hint)  # the rank is known only once the group is up
-    with dog.guard("the other ranks did not all connect (is every rank started, and its port free?)", timeout):
-        try:
-            group = mx.distributed.init(strict=True)
-        except RuntimeError as e:
-            raise PipelineError(f"pipeline rank {rank_hint}: cannot join the group: {_why(e)}") from None
-    dog.rank = group.rank()
+    # `init` holds the GIL while it waits for the other ranks (measured: a Python thread's ticks
+    # stop until it returns; `recv` releases it), so the in-process watchdog cannot run here: a
+    # small process of its own ends this one at the deadline instead
+    what = (f"error: pipeline rank {rank_hint}: the other ranks did not all connect within {timeout:g} s "
+            "(is every rank started, and its port free?); stopping this rank")
+    guard = subprocess.Popen([sys.executable, "-c", _INIT_GUARD, str(os.getpid()), str(timeout), what])
+    try:
+        group = mx.distributed.init(strict=True)
+    except RuntimeError as e:
+        raise PipelineError(f"pipeline rank {rank_hint}: cannot join the group: {_why(e)}") from None
+    finally:
+        guard.kill()
+        guard.wait()
+    dog = _Watchdog(group.rank())
     if group.size() < 2:
         raise PipelineError("pipeline: the group has one rank; start the ranks with mlx.launch (docs/pipeline.md)")
     return Link(group, dog)

@@ -6,7 +6,8 @@ SPEC.json`).
 The worker's spec (JSON): model, config (Config fields), options (PipelineOptions fields), arenas
 (one per rank: "min", "40slots", ""), prompt (token ids), max_tokens, window (token ids decoded as
 one window after trimming back to the prompt), out (rank 0's .npz), and die (rank, after): that
-rank ends itself (os._exit) when it receives its `after`-th message (a rank that dies mid-run).
+rank ends itself (os._exit) when it receives its `after`-th message (a rank that dies mid-run;
+after 0: before it connects, a rank that never starts).
 """
 
 from __future__ import annotations
@@ -113,9 +114,11 @@ def _worker(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text())
     options = PipelineOptions(**spec.get("options", {}))
+    die = spec.get("die")
+    if die and die[1] == 0 and int(os.environ["MLX_RANK"]) == die[0]:
+        os._exit(9)  # a rank that never starts (mlx.launch's variable: the rank is not known before connect)
     try:
         link = connect(timeout=options.connect_timeout)
-        die = spec.get("die")
         if die and die[0] == link.rank:
             _die_after(link, die[1])
         arenas = spec.get("arenas") or [""] * link.size
