@@ -52,7 +52,7 @@ class Config:
     ple_reserve: str = "0"  # memory the budget rule reserves for per-layer embeddings
     mlock_dense: bool = False
     wire_arena: bool = False
-    verify_reads: bool = False  # check each record's checksum when it lands in a slot
+    verify_reads: bool = True  # check each record's CRC-32 when it lands in a slot (off: corrupt bytes compute silently)
     direct_io: bool = True  # O_DIRECT reads where the filesystem allows (buffered otherwise)
     io_threads: int = 4
     io_timeout: float = STOCK_IO_TIMEOUT

@@ -25,7 +25,7 @@ FLAGS: tuple[tuple[str, str, object, str], ...] = (
     ("--moce-pre", "moce_pre", "bool", "MoCE: unclaimed read-aheads count as resident (default off)"),
     ("--mlock-dense", "mlock_dense", "bool", "wire the dense weights (default off)"),
     ("--wire-arena", "wire_arena", "bool", "wire the arena (default off)"),
-    ("--verify-reads", "verify_reads", "bool", "check each record's CRC-32 when it lands (default off)"),
+    ("--verify-reads", "verify_reads", "bool", "check each record's CRC-32 when it lands (default on; --no-verify-reads lets corrupt bytes compute)"),
     ("--direct-io", "direct_io", "bool", "O_DIRECT reads where allowed (default on)"),
     ("--io-threads", "io_threads", int, "reader threads (default 4)"),
     ("--io-switch-ms", "io_switch_ms", float, "thread switch interval while streaming (default 0.2; 0: Python's)"),
