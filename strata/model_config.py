@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
@@ -63,6 +64,12 @@ class ModelConfig:
             raise ConfigError(f"model config: top-{self.n_experts_per_token} of only {self.n_experts} experts")
         if self.head_dim % 2:
             raise ConfigError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+        # Values a forward pass cannot use (NaN/0/-1 theta, a negative or NaN eps) are refused here,
+        # so `strata convert` and every reader name the field instead of a later NaN in routing.
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
 
     @property
     def has_shared_expert(self) -> bool:
