@@ -21,7 +21,6 @@ import os
 import stat
 import struct
 import sys
-import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +38,7 @@ from strata.formats.expert_record import (
     unpack_record,
 )
 from strata.formats.atomic import atomic_output
+from strata.formats.checksum import CRC32_IMPL, checksum, checksum_update  # noqa: F401 - re-exported
 from strata.formats.quant_types import QuantType
 
 MAGIC = b"STRXPRT1"
@@ -68,30 +68,6 @@ HEADER_SIZE = HEADER_STRUCT.size  # 176
 CHECKSUM = struct.Struct("<I")
 
 assert HEADER_SIZE == 176 and HEADER_SIZE % 8 == 0
-
-
-def _fast_crc32() -> tuple[Callable, str]:
-    """The fastest implementation of zlib's CRC-32 (same polynomial, same values) importable here.
-
-    ISA-L's (the `isal` package) runs at ~57 GB/s on one x86 core against zlib 1.2's ~4.2 GB/s
-    (benchmarks/checksum.py; docs/perf.md, "Verifying reads"): 0.08 ms instead of 1.1 ms for a
-    4.7 MB record, less than the read it checks. Both release the GIL, so the reader threads
-    check in parallel. Without `isal` reads are still verified, at zlib's speed.
-    """
-    try:
-        from isal import isal_zlib
-
-        return isal_zlib.crc32, "isal"
-    except ImportError:  # pragma: no cover - depends on the environment
-        return zlib.crc32, "zlib"
-
-
-_CRC32, CRC32_IMPL = _fast_crc32()
-
-
-def checksum(data: bytes | memoryview | np.ndarray) -> int:
-    """CRC-32 (zlib's, the IEEE polynomial) of a record's unpadded bytes."""
-    return _CRC32(data) & 0xFFFFFFFF
 
 
 IDENTITY_BYTES = 16  # of SHA-256: 128 bits, so two different expert sets never share one by chance

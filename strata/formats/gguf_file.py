@@ -62,6 +62,7 @@ class Field:
     type: int
     value: Any
     item_type: int | None = None
+    offset: int = 0  # where the value's bytes start in the file (a scalar's are patched in place)
 
     @property
     def type_name(self) -> str:
@@ -108,6 +109,16 @@ class GGUFFile:
         if gtype in dtypes:
             return buf.view(dtypes[gtype]).reshape(info.shape)
         return buf.reshape(gguf.quants.quant_shape_to_byte_shape(info.shape, gtype))
+
+    def crc32_without(self, start: int, n: int) -> int:
+        """CRC-32 of the whole file with bytes [start, start + n) read as zeros (a checksum stored
+        inside the file it covers)."""
+        from strata.formats.checksum import checksum_update
+
+        with memoryview(self._mm) as mv:
+            crc = checksum_update(mv[:start], 0)
+            crc = checksum_update(bytes(n), crc)
+            return checksum_update(mv[start + n:], crc)
 
     def close(self) -> None:
         try:
@@ -171,8 +182,9 @@ class _Parser:
     def value(self, vtype: int, key: str) -> Field:
         if vtype in _SCALARS:
             dt = _SCALARS[vtype]
-            v = np.frombuffer(self.mm, dt, 1, self.take(dt.itemsize, f"metadata key {key}"))[0]
-            return Field(vtype, bool(v) if vtype == BOOL else v.item())
+            at = self.take(dt.itemsize, f"metadata key {key}")
+            v = np.frombuffer(self.mm, dt, 1, at)[0]
+            return Field(vtype, bool(v) if vtype == BOOL else v.item(), offset=at)
         if vtype == STRING:
             return Field(vtype, self.string(f"metadata key {key}"))
         if vtype == ARRAY:

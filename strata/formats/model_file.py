@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ KEY_FORMAT_VERSION = "strata.format_version"
 KEY_TOKENIZER_JSON = "tokenizer.huggingface.json"
 KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
 KEY_EXPERTS_IDENTITY = "strata.experts_identity"  # ExpertsFile.identity of the expert set written with it
+KEY_FILE_CHECKSUM = "strata.file_checksum"  # u32 CRC-32 of the whole file, these 4 value bytes read as 0
 CONFIG_PREFIX = "strata."
 
 DENSE_TYPES = (QuantType.F32, QuantType.F16, QuantType.Q8_0)  # what write_model can store 2-D matrices as
@@ -55,7 +57,7 @@ def config_key(field_name: str) -> str:
 
 _RESERVED_KEYS = frozenset(
     [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, KEY_EXPERTS_IDENTITY,
-     "general.alignment"]
+     KEY_FILE_CHECKSUM, "general.alignment"]
     + [config_key(f.name) for f in dataclasses.fields(ModelConfig)]
 )
 
@@ -162,6 +164,7 @@ def write_model(
             w.add_string(KEY_CHAT_TEMPLATE, chat_template)
         if experts_identity is not None:
             w.add_string(KEY_EXPERTS_IDENTITY, experts_identity)
+        w.add_uint32(KEY_FILE_CHECKSUM, 0)  # patched below, once every byte it covers is written
         for key, value in (extra_metadata or {}).items():
             _add_value(w, key, value)
         for name, shape in shapes.items():
@@ -178,6 +181,37 @@ def write_model(
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        _seal(tmp)
+
+
+def _seal(path: str) -> None:
+    """Write the file checksum into its placeholder and flush the file to disk."""
+    gf = open_gguf(path)
+    try:
+        at = gf.fields[KEY_FILE_CHECKSUM].offset
+        crc = gf.crc32_without(at, 4)
+    finally:
+        gf.close()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, struct.pack("<I", crc), at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_sum(gf: GGUFFile) -> None:
+    """The whole file against its checksum (files without one, older ones, skip this): a flipped
+    bit anywhere (a weight, the tokenizer, a config value) is refused, never computed with."""
+    f = gf.fields.get(KEY_FILE_CHECKSUM)
+    if f is None:
+        return
+    if f.type_name != "UINT32":
+        raise FormatError(f"{gf.path}: metadata key {KEY_FILE_CHECKSUM} has type {f.type_name}, expected UINT32")
+    actual = gf.crc32_without(f.offset, 4)
+    if actual != f.value:
+        raise FormatError(f"{gf.path}: checksum mismatch (crc32 {actual:#010x}, the file says {f.value:#010x}): "
+                          "the file is damaged")
 
 
 # ---------------------------------------------------------------- reader
@@ -287,6 +321,7 @@ def read_model(path: str | os.PathLike) -> ModelFile:
     gf = open_gguf(path)
     path = gf.path
     try:
+        _check_sum(gf)
         cfg = _config(gf)
         # Bound the config by the file before anything is built from it: every layer has tensors
         # of its own, so n_layers = 2**32 - 1 in a file of 29 tensors is refused here, not after
