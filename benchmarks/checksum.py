@@ -1,6 +1,6 @@
 """Cost of checking one expert record when it lands, per record size and checksum.
 
-    PYTHONPATH=$PWD python benchmarks/checksum.py [--sizes 16384,1380352,4194304] [--repeat 200]
+    PYTHONPATH=$PWD python benchmarks/checksum.py [--sizes 16384,1380352,4194304] [--repeat 200] [--pool]
 
 Sizes default to the embedded model's record (16 KB), the 48x256 Q2_0 record of the
 format's worked example (1.38 MB) and a large synthetic record (4 MB and 16 MB; Qwen3-235B's Q2_0
@@ -61,10 +61,48 @@ def _median_s(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def pool_cost(hidden: int, ffn: int, n: int, threads: int, repeat: int) -> None:
+    """Wall time per record for a ReaderPool reading every record of a warm (page-cached)
+    `.experts` file of n Q2_0 records, verify off and on, buffered reads."""
+    from strata.formats.experts_file import ExpertsFile, write_experts
+    from strata.formats.quant_types import QuantType
+    from strata.runtime.arena import NumpyArena
+    from strata.runtime.io import ReaderPool
+    from strata.testing import SHAPES, make_expert
+    import dataclasses
+
+    cfg = dataclasses.replace(SHAPES["tiny"], hidden_size=hidden, expert_ffn_size=ffn)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "x.experts")
+        one = make_expert(cfg, 0, 0, 0, QuantType.Q2_0)
+        write_experts(path, qtype=QuantType.Q2_0, n_layers=1, n_experts=n, hidden=hidden, expert_ffn=ffn,
+                      get_expert=lambda l, e: one)
+        xf = ExpertsFile.open(path)
+        xf.verify_all()  # warm the page cache
+        arena = NumpyArena(n, xf.header.padded_bytes)
+        for verify in (False, True):
+            pool = ReaderPool(xf, arena, threads=threads, direct=False, verify=verify)
+            times = []
+            for r in range(repeat):
+                t = time.perf_counter()
+                base = r * n
+                pool.submit_many([(base + e, e, 0, e, True) for e in range(n)])
+                pool.wait([base + e for e in range(n)])
+                times.append((time.perf_counter() - t) / n)
+                pool.completed()
+            pool.close()
+            s = statistics.median(times)
+            print(f"ReaderPool {threads} threads, {xf.header.padded_bytes / 1e6:.3f} MB records, verify "
+                  f"{'on ' if verify else 'off'}: {s * 1e6:8.1f} µs/record ({xf.header.padded_bytes / s / 1e9:.1f} GB/s)")
+        xf.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="16384,1380352,4194304,16777216", help="record sizes in bytes")
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--pool", action="store_true", help="also time a ReaderPool over a warm file, verify off/on")
+    ap.add_argument("--threads", type=int, default=4, help="reader threads for --pool")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     cands = _candidates()
@@ -89,6 +127,12 @@ def main() -> None:
     for name, cells in rows.items():
         print(f"{name:<18}" + "".join(f"{c:>19}" for c in cells))
     print("(median per record; the second number is GB/s)")
+    from strata.formats.checksum import CRC32_IMPL
+
+    print(f"strata's checksum() uses {CRC32_IMPL}")
+    if args.pool:
+        for hidden, ffn in ((256, 64), (2560, 576), (4096, 1536)):
+            pool_cost(hidden, ffn, n=48, threads=args.threads, repeat=5)
 
 
 if __name__ == "__main__":
