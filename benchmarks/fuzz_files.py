@@ -1,7 +1,7 @@
 """Fuzz strata's files and reads: mutated `.experts`, mutated `.gguf`, I/O fault schedules.
 
     PYTHONPATH=$PWD python benchmarks/fuzz_files.py [--experts 320] [--gguf 320] [--faults 220] \
-        [--seed 0] [--timeout 30] [--json out.json]
+        [--seed 0] [--timeout 30] [--json out.json] [--by-kind] [--no-verify-reads]
 
 One small made model (the "tiny" shape, 32 experts) is the unmutated run. Each case mutates a
 copy of its files (or, for a fault schedule, the reads) and runs it twice, resident (every
@@ -448,6 +448,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds before a run counts as a hang")
     ap.add_argument("--json", help="write the counts and every bad case here")
     ap.add_argument("--verbose", action="store_true", help="print every case")
+    ap.add_argument("--by-kind", action="store_true", help="also print the outcomes per kind of mutation")
     ap.add_argument("--no-verify-reads", action="store_true",
                     help="the lossy knob: streaming reads unverified (shows what verification catches)")
     args = ap.parse_args(argv)
@@ -472,9 +473,11 @@ def main(argv=None) -> int:
         counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         bad: list[dict] = []
 
+        by_kind: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+
         def record(group, kind, mode, outcome, detail):
             counts[(group, mode)][outcome] += 1
-            counts[(group, "kinds")][kind] += 0
+            by_kind[(group, kind)][outcome] += 1
             if outcome not in ("refused", "same"):
                 bad.append({"group": group, "kind": kind, "mode": mode, "outcome": outcome, "detail": detail})
             if args.verbose:
@@ -518,21 +521,23 @@ def main(argv=None) -> int:
 
     print(f"{'group':8} {'mode':10} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
     for (group, mode), c in counts.items():
-        if mode == "kinds":
-            continue
         print(f"{group:8} {mode:10} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
     totals = collections.Counter()
-    for (group, mode), c in counts.items():
-        if mode != "kinds":
-            totals.update(c)
+    for c in counts.values():
+        totals.update(c)
     print(f"cases: {args.experts} .experts, {args.gguf} .gguf, {args.faults} fault schedules; "
           f"{sum(totals.values())} runs in {seconds:.0f} s; WRONG {totals['WRONG']}, TRACEBACK {totals['TRACEBACK']}, "
           f"HANG {totals['HANG']}")
+    if args.by_kind:
+        print(f"\n{'group':8} {'kind':34} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
+        for (group, kind), c in sorted(by_kind.items()):
+            print(f"{group:8} {kind:34} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
     for b in bad[:40]:
         print(f"  {b['outcome']}: {b['group']} {b['kind']} ({b['mode']}): {b['detail']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"counts": {f"{g}/{m}": dict(c) for (g, m), c in counts.items() if m != "kinds"},
+            json.dump({"counts": {f"{g}/{m}": dict(c) for (g, m), c in counts.items()},
+                       "by_kind": {f"{g}/{k}": dict(c) for (g, k), c in by_kind.items()},
                        "bad": bad, "seconds": seconds, "args": vars(args)}, f, indent=1)
     return 1 if totals["WRONG"] or totals["TRACEBACK"] or totals["HANG"] else 0
 

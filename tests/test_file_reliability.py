@@ -185,3 +185,23 @@ def test_non_finite_router_logits_name_the_layer():
     with pytest.raises(NonFiniteError) as err:
         sel.select(1, z[None, :], np.zeros(cfg.n_experts, bool))
     assert _one_line(err).startswith("layer 1: router logits are not finite (1 of 16")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_experts_path_that_is_not_a_file_is_refused_without_blocking(pair, tmp_path, kind):
+    import threading
+
+    shutil.copy(pair[0].model_path, tmp_path / "m.gguf")
+    target = tmp_path / "m.experts"
+    os.mkfifo(target) if kind == "fifo" else target.mkdir()
+    result = []
+
+    def load():
+        with pytest.raises(FormatError) as err:
+            strata.load(tmp_path / "m.gguf")
+        result.append(_one_line(err))
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(5)
+    assert result and "not a regular file" in result[0]
