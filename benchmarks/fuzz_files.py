@@ -343,13 +343,13 @@ def _with_alignment(pristine: bytes, alignment: int) -> bytes:
 class _DiskWriter:
     """After `after` reads, damage the file on disk once: overwrite a record or truncate."""
 
-    def __init__(self, path: Path, after: int, action: str, offset: int, nbytes: int) -> None:
-        self.path, self.after, self.action, self.offset, self.nbytes = path, after, action, offset, nbytes
+    def __init__(self, path: Path, after_reads: int, action: str, offset: int, nbytes: int) -> None:
+        self.path, self.after_reads, self.action, self.offset, self.nbytes = path, after_reads, action, offset, nbytes
         self.reads, self.done = 0, False
 
     def before(self, req) -> None:
         self.reads += 1
-        if self.reads >= self.after and not self.done:
+        if self.reads >= self.after_reads and not self.done:
             self.done = True
             with open(self.path, "r+b") as f:
                 if self.action == "overwrite":
