@@ -3,13 +3,13 @@
     python benchmarks/cache.py [--tokens 1000] [--layers 48] [--experts 256] [--top-k 10]
                                [--capacity 5385] [--seed 0]
 
-Replays a synthetic routing trace (strata/testing_traces.py: Zipf popularity, token locality,
-noisy next-layer guesses with the seed's recall) through `strata.reference.cache.step`, one
+Replays a synthetic routing trace (strata/testing/traces.py: Zipf popularity, token locality,
+noisy next-layer guesses with the seed's recall) through `strata.cache.machine.step`, one
 decode window per token, under three read-ahead settings: none, K = 10 with the old LRU touch
 (the seed's stock), K = 16 without it (the seed's recommendation). Target: the K = 16 replay of
 1,000 tokens x 48 layers in under 20 s on one core (CPU time of this single-threaded process,
 so a busy shared machine doesn't distort it; wall time is printed too). Each setting is then
-replayed again through the runtime's fast twin (`strata.runtime.fast_cache.FastCache`, the
+replayed again through the runtime's fast twin (`strata.cache.fast.FastCache`, the
 "fast" rows), which must end with the same counts. Prints a table, then one JSON line.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strata.reference.cache_replay import replay  # noqa: E402
-from strata.reference.cache_types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read  # noqa: E402
-from strata.runtime.fast_cache import FastCache  # noqa: E402
-from strata.testing_traces import recall_at, synthetic_routing_trace  # noqa: E402
+from strata.cache.replay import replay  # noqa: E402
+from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read  # noqa: E402
+from strata.cache.fast import FastCache  # noqa: E402
+from strata.testing.traces import recall_at, synthetic_routing_trace  # noqa: E402
 
 TARGET_SECONDS = 20.0  # for the K = 16 run at the default shape
 SETTINGS = (("none", 0, False), ("K10 touch", 10, True), ("K16 no-touch", 16, False))
@@ -34,7 +34,7 @@ SEED_URGENT = {"none": 19.65, "K10 touch": 9.82, "K16 no-touch": 6.99}  # seed Â
 
 
 def replay_fast(config: CacheConfig, selected, guesses) -> CacheStats:
-    """`strata.reference.cache_replay.replay` (read-aheads land before the next turn) through
+    """`strata.cache.replay.replay` (read-aheads land before the next turn) through
     FastCache; returns the totals."""
     cache = FastCache(config)
     sel, gs = selected.tolist(), guesses[..., :config.prefetch_depth].tolist()

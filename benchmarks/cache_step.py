@@ -13,7 +13,7 @@ whole replay is also timed in thread CPU time (`time.thread_time`, the pollution
 included), which preemption doesn't inflate. The candidates must return identical actions
 (checked on the first repeat). Prints a table, then one JSON line.
 
-Sources: `synthetic` (default) is a synthetic routing trace (strata/testing_traces.py) in the
+Sources: `synthetic` (default) is a synthetic routing trace (strata/testing/traces.py) in the
 streamer's order (completions fed back, AtLayer, AfterLayer; read-aheads complete before the
 next turn). `engine` records what a StreamingEngine's streamer feeds its cache in
 benchmarks/host_turn.py's setup (numpy compute, reads completing as queued: `--io null`), the
@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from strata.reference.cache_types import AfterLayer, AtLayer, BeginWindow, CacheConfig, Read  # noqa: E402
-from strata.runtime.fast_cache import FastCache  # noqa: E402
-from strata.testing_traces import synthetic_routing_trace  # noqa: E402
+from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, Read  # noqa: E402
+from strata.cache.fast import FastCache  # noqa: E402
+from strata.testing.traces import synthetic_routing_trace  # noqa: E402
 
 KINDS = ("BeginWindow", "HoldRegion", "read_done_many", "AtLayer", "AfterLayer", "AtLayer prompt",
          "AfterLayer prompt")
@@ -49,7 +49,7 @@ KINDS = ("BeginWindow", "HoldRegion", "read_done_many", "AtLayer", "AfterLayer",
 
 def load_baseline(rev: str):
     """FastCache as of git `rev` (a module loaded from `git show`), for an A/B in one process."""
-    src = subprocess.run(["git", "show", f"{rev}:strata/runtime/fast_cache.py"], cwd=ROOT, check=True,
+    src = subprocess.run(["git", "show", f"{rev}:strata/cache/fast.py"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "fast_cache_baseline.py"
     path.write_text(src)

@@ -7,7 +7,8 @@ format's worked example (1.38 MB) and a large synthetic record (4 MB and 16 MB; 
 record is 4.7 MB). Prints, per checksum, the median microseconds per record and GB/s, and for
 reference the cost of reading the record from the page cache (`os.preadv`, a warm file), so
 the check is set against the read it guards. Optional packages (xxhash, crc32c, isal) are
-measured when importable; strata itself uses only zlib.crc32 (docs/perf.md, "Verifying reads").
+measured when importable; strata computes its CRC-32 with ISA-L, zlib where `isal` is missing
+(docs/perf.md, "Verifying reads").
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def pool_cost(hidden: int, ffn: int, n: int, threads: int, repeat: int) -> None:
     `.experts` file of n Q2_0 records, verify off and on, buffered reads."""
     from strata.formats.experts_file import ExpertsFile, write_experts
     from strata.formats.quant_types import QuantType
-    from strata.runtime.arena import NumpyArena
+    from strata.numpy_backend.arena import NumpyArena
     from strata.runtime.io import ReaderPool
-    from strata.testing import SHAPES, make_expert
+    from strata.testing.models import SHAPES, make_expert
     import dataclasses
 
     cfg = dataclasses.replace(SHAPES["tiny"], hidden_size=hidden, expert_ffn_size=ffn)

@@ -42,7 +42,7 @@ from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, current_path  # noqa: E402
 from strata.mlx_backend.model import EVAL_EVERY, MlxParams, forward  # noqa: E402
-from strata.mlx_backend.synthetic import SEED_SHAPE, random_params  # noqa: E402
+from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 from strata.model_config import ModelConfig  # noqa: E402
 
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,

@@ -46,15 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strata  # noqa: E402
 from strata.config import Config  # noqa: E402
-from strata.engine import ReferenceEngine  # noqa: E402
+from strata.numpy_backend.engine import ReferenceEngine  # noqa: E402
 from strata.errors import StrataError  # noqa: E402
 from strata.formats import experts_file as xfmt  # noqa: E402
 from strata.formats.checksum import checksum  # noqa: E402
 from strata.formats.gguf_file import open_gguf  # noqa: E402
 from strata.formats.model_file import KEY_FILE_CHECKSUM  # noqa: E402
-from strata.runtime.decode import arena_plan_for, open_streaming_engine  # noqa: E402
+from strata.runtime.decode import arena_plan_for  # noqa: E402
 from strata.runtime.io import Faults, RandomDelays  # noqa: E402
-from strata.testing import make_model  # noqa: E402
+from strata.testing.engines import open_numpy_streaming  # noqa: E402
+from strata.testing.models import make_model  # noqa: E402
 
 PROMPT = list(b"def fib(n):")
 N_TOKENS = 6
@@ -95,7 +96,7 @@ def run_streaming(model_path: Path, config: Config, hook=None, slots: int = 0):
     model = strata.load(model_path)
     try:
         cfg = config.replace(arena=f"{slots}slots")
-        with open_streaming_engine(model, cfg, hook=hook) as engine:
+        with open_numpy_streaming(model, cfg, hook=hook) as engine:
             return greedy(engine)
     finally:
         model.experts_file.close()
@@ -499,7 +500,7 @@ def main(argv=None) -> int:
         for kind, raw in gguf_mutations(pristine_m, gmap, rng, args.gguf):
             file_case("gguf", kind, raw, pristine_x)
         fault_cfg = BASE.replace(io_timeout=FAULT_IO_TIMEOUT)
-        for kind, make in fault_schedules(rng, args.faults, made.cfg.n_layers, made.cfg.n_experts):
+        for kind, make in fault_schedules(rng, args.faults, made.cfg.n_moe_layers, made.cfg.n_experts):
             case_m.write_bytes(pristine_m)
             case_x.write_bytes(pristine_x)
 
@@ -507,7 +508,7 @@ def main(argv=None) -> int:
                 model = strata.load(case_m)
                 try:
                     hook = make(case_x, model.experts_file)
-                    with open_streaming_engine(model, fault_cfg.replace(arena=f"{slots}slots"), hook=hook) as engine:
+                    with open_numpy_streaming(model, fault_cfg.replace(arena=f"{slots}slots"), hook=hook) as engine:
                         return greedy(engine)
                 finally:
                     model.experts_file.close()

@@ -9,7 +9,7 @@ same quantity on the GPU).
 Shape: the seed's routing shape (256 experts, top-10, K = 16 read-ahead without touch, an arena
 of a quarter of the experts), fewer layers and a small hidden size: the host turn's work
 depends on E, k, K and the arena, not on D. Experts come from a `.experts` file in /dev/shm
-(one pool of E experts reused by every layer), dense weights from `strata.testing.make_dense`
+(one pool of E experts reused by every layer), dense weights from `strata.testing.models.make_dense`
 (structured routing: Zipf popularity, context locality), so hit rates are not those of random
 routing.
 
@@ -126,11 +126,12 @@ def make_engine(args, backend: str, path: Path):
     from strata.formats.experts_file import ExpertsFile
     from strata.loader import Model
     from strata.reference.model import ModelParams
-    from strata.runtime.arena import NumpyArena
-    from strata.runtime.compute import NumpyCompute
-    from strata.runtime.decode import StreamingEngine, _NoResidentExperts, cache_config_for
+    from strata.numpy_backend.arena import NumpyArena
+    from strata.numpy_backend.compute import NumpyCompute
+    from strata.numpy_backend.engine import _NoResidentExperts
+    from strata.runtime.decode import StreamingEngine, cache_config_for
     from strata.runtime.io import ReaderPool
-    from strata.testing import make_dense
+    from strata.testing.models import make_dense
 
     cfg = shape(args)
     xf = ExpertsFile.open(path)
@@ -174,7 +175,7 @@ def null_pool(xf, arena):
 
 
 def shape(args):
-    from strata.testing import SHAPES
+    from strata.testing.models import SHAPES
 
     return replace(SHAPES["demo"], n_layers=args.layers, n_experts=args.experts, n_experts_per_token=args.top_k,
                    hidden_size=args.hidden, expert_ffn_size=args.ffn, shared_ffn_size=args.ffn)
@@ -183,7 +184,7 @@ def shape(args):
 def make_experts_file(args) -> Path:
     from strata.formats.experts_file import write_experts
     from strata.formats.quant_types import QuantType
-    from strata.testing import make_expert
+    from strata.testing.models import make_expert
 
     cfg = shape(args)
     shm = Path("/dev/shm")

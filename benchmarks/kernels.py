@@ -41,7 +41,7 @@ from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels import moe, q8_gemv  # noqa: E402
 from strata.mlx_backend.kernels.launch import KernelPath, current_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
-from strata.mlx_backend.synthetic import SEED_SHAPE, q8_router, random_params, random_records  # noqa: E402
+from strata.testing.mlx_params import SEED_SHAPE, q8_router, random_params, random_records  # noqa: E402
 from strata.model_config import RoutingOrder  # noqa: E402
 from strata.reference.experts import routed_experts  # noqa: E402
 

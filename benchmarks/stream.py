@@ -100,8 +100,8 @@ def child(args) -> None:
     """One run in this process: prints one JSON line."""
     import strata
     from strata.config import load_config
-    from strata.engine import ReferenceEngine
-    from strata.runtime.decode import open_streaming_engine
+    from strata.numpy_backend.engine import ReferenceEngine
+    from strata.testing.engines import open_numpy_streaming
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model = strata.load(args.model)
@@ -114,7 +114,7 @@ def child(args) -> None:
         engine = ReferenceEngine(model.resident_params())
         arena_bytes = model.experts_file.header.n_records * model.experts_file.header.padded_bytes
     else:
-        engine = open_streaming_engine(model, load_config({"arena": args.arena, **overrides}))
+        engine = open_numpy_streaming(model, load_config({"arena": args.arena, **overrides}))
         arena_bytes = engine.arena.capacity * engine.arena.slot_bytes
     logits = engine.prefill(prompt)
     start = time.perf_counter()
@@ -155,7 +155,7 @@ def main() -> None:
         return child(args)
 
     from strata.formats.experts_file import ExpertsFile
-    from strata.testing import make_model, model_paths
+    from strata.testing.models import make_model, model_paths
 
     model_path, experts_path = model_paths(Path(args.dir) / "stream-demo16x128")
     if not experts_path.exists():

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
-from strata.generate import _engine_for  # noqa: E402
+from strata.engines import open_engine  # noqa: E402
 from strata.loader import load  # noqa: E402
-from strata.engine import ReferenceEngine  # noqa: E402
-from strata.testing import make_model  # noqa: E402
+from strata.numpy_backend.engine import ReferenceEngine  # noqa: E402
+from strata.testing.models import make_model  # noqa: E402
 
 PROMPT = list(b"def fibonacci(n):")
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     for direct in (True, False):
         bad, worst, note, t0 = [], 0.0, "", time.time()
         for i in range(args.runs):
-            eng = _engine_for(model, Config(backend=Backend.MLX, arena=args.arena, moce_lambda=0.0,
+            eng = open_engine(model, Config(backend=Backend.MLX, arena=args.arena, moce_lambda=0.0,
                                             prefill_chunk=args.chunk, direct_io=direct))
             try:
                 got = run(eng)

@@ -31,36 +31,44 @@ STOCK_PREFILL_CHUNK = 64  # prompt positions per chunk: bounds a chunk's expert 
 STOCK_IO_TIMEOUT = 60.0  # seconds a wait may block before it is an error: a stuck disk is not a hang
 
 
+def knob(default, help: str, *, flag: bool = True):
+    """A Config field with its one-line help: the CLI derives its flag from it (`--field-name`;
+    flag=False: reachable through `--set` and the environment only)."""
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag})
+
+
 @dataclass(frozen=True)
 class Config:
-    backend: Backend = Backend.AUTO
-    prefetch: int = STOCK_PREFETCH  # read-ahead depth K (0: no read-ahead)
-    prefetch_touch: bool = False  # move resident guesses to the LRU front
-    prefetch2: bool = False  # also read ahead two layers ahead
-    split_turn: bool = True  # read-ahead bookkeeping after the GPU is released
-    shexp_overlap: bool = True  # shared expert computed during the host turn
-    pred_q8: bool = True  # read-ahead guess on a Q8_0 copy of the routers
-    moce_j: int = STOCK_MOCE_J  # protected top-J
-    moce_lambda: float = STOCK_MOCE_LAMBDA  # resident bonus λ (0: the model's own routing)
-    moce_scale: BonusScale = BonusScale.ABSOLUTE  # λ in logits, or scaled by the running logit range
-    moce_margin: float = 0.0  # margin gating: cap the bonus at this many logits (0: off)
-    moce_drop_tail: float = 0.0  # drop-tail: skip non-resident picks with weight < w (0: off)
-    moce_drop_rank: int = STOCK_DROP_TAIL_RANK  # ... at selected rank >= r
-    moce_pre: bool = False  # count unclaimed read-aheads (PRE) as resident for the bonus
-    arena: str = ""  # arena size ("2GB", "512MB", "300slots"); empty: the budget rule
-    keep: str = "auto"  # memory the budget rule leaves to the system; auto: 7 GB per 24 GB of RAM (the seed's)
-    ple_reserve: str = "0"  # memory the budget rule reserves for per-layer embeddings
-    mlock_dense: bool = False
-    wire_arena: bool = False
-    verify_reads: bool = True  # check each record's CRC-32 when it lands in a slot (off: corrupt bytes compute silently)
-    direct_io: bool = True  # O_DIRECT reads where the filesystem allows (buffered otherwise)
-    io_threads: int = 4
-    io_timeout: float = STOCK_IO_TIMEOUT
-    io_switch_ms: float = 0.2  # thread switch interval while streaming (0: Python's own 5 ms)
-    prefill_chunk: int = STOCK_PREFILL_CHUNK
-    profile: bool = False  # per-phase timings in the stream report
-    reference_cache: bool = False  # drive the runtime with the pure reference cache machine (slow; for A/B and debugging)
-    logpos: str = ""  # path: dump per-position logits for KLD (raw float32 rows of vocab_size)
+    backend: Backend = knob(Backend.AUTO, "auto, numpy or mlx (auto: MLX where a GPU is and the experts are Q2_0)")
+    prefetch: int = knob(STOCK_PREFETCH, "read-ahead depth K (default 10; 16 recommended; 0 off)")
+    prefetch_touch: bool = knob(False, "move resident guesses to the LRU front (default off)")
+    prefetch2: bool = knob(False, "also read ahead two MoE layers ahead (default off)")
+    split_turn: bool = knob(True, "read-ahead bookkeeping after compute is handed off (default on)")
+    shexp_overlap: bool = knob(True, "shared expert during the host turn (default on)")
+    pred_q8: bool = knob(True, "read-ahead guess on a Q8_0 router copy (default on)")
+    moce_j: int = knob(STOCK_MOCE_J, "MoCE: protected top-J (default 3)")
+    moce_lambda: float = knob(STOCK_MOCE_LAMBDA, "MoCE: resident bonus λ (default 0.85; 0 = the model's routing)")
+    moce_scale: BonusScale = knob(BonusScale.ABSOLUTE, "MoCE: bonus in absolute logits or scaled by the logit range")
+    moce_margin: float = knob(0.0, "MoCE: margin gating in logits (default 0: off)")
+    moce_drop_tail: float = knob(0.0, "MoCE: drop non-resident picks with weight below this (default 0: off)")
+    moce_drop_rank: int = knob(STOCK_DROP_TAIL_RANK, "MoCE: ... at selected rank >= this (default 6)")
+    moce_pre: bool = knob(False, "MoCE: unclaimed read-aheads count as resident (default off)")
+    arena: str = knob("", "arena size: 2GB, 512MB, 300slots (default: the budget rule; streams when set)")
+    keep: str = knob("auto", "memory the budget rule leaves to the system (default auto: 7GB per 24GB of RAM)")
+    ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
+    mlock_dense: bool = knob(False, "wire the dense weights (default off)")
+    wire_arena: bool = knob(False, "wire the arena (default off)")
+    verify_reads: bool = knob(True, "check each record's CRC-32 when it lands (default on; off lets corrupt bytes compute)")
+    direct_io: bool = knob(True, "O_DIRECT reads where allowed (default on)")
+    io_threads: int = knob(4, "reader threads (default 4)")
+    io_timeout: float = knob(STOCK_IO_TIMEOUT, "seconds a read may block before it is an error", flag=False)
+    io_switch_ms: float = knob(0.2, "thread switch interval while streaming (default 0.2; 0: Python's)")
+    prefill_chunk: int = knob(STOCK_PREFILL_CHUNK, "prompt positions per chunk (default 64)")
+    window: int = knob(1, "positions one decode window may hold (decode_window, drafts; default 1)")
+    profile: bool = knob(False, "per-phase ms/token in the stream report")
+    reference_cache: bool = knob(False, "drive the runtime with the pure reference cache machine (slow; A/B)",
+                                 flag=False)
+    logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI
@@ -84,7 +92,9 @@ class Config:
             raise ConfigError(f"io_timeout must be > 0 seconds, got {self.io_timeout}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        from strata.runtime.budget import parse_size  # late: budget imports nothing from here
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1, got {self.window}")
+        from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):
             value = getattr(self, name)
@@ -106,6 +116,12 @@ class Config:
 
 
 _ENUMS: dict[str, type[enum.Enum]] = {"Backend": Backend, "BonusScale": BonusScale}
+
+
+def field_types() -> dict[str, type]:
+    """Each field's Python type (int, float, bool, str or an enum class): what the CLI parses."""
+    plain = {"int": int, "float": float, "bool": bool, "str": str}
+    return {name: plain.get(t) or _ENUMS[t] for name, t in _field_types().items()}
 
 
 def _field_types() -> dict[str, str]:

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from strata.config import Backend, Config, load_config
-from strata.engine import Engine, ReferenceEngine
+from strata.cache.types import CacheStats
+from strata.config import Config, load_config
+from strata.engines import Engine, common_prefix, session_engine
 from strata.errors import ContextLimitError, StrataError
-from strata.formats.quant_types import QuantType
 from strata.loader import Model, load
-from strata.reference.cache_types import CacheStats
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
+from strata.session import SessionEngine
 from strata.tokenizer import StreamingDetokenizer
 
 
@@ -29,8 +29,9 @@ class GenerationResponse:
     token_seconds: wall time of this token's step
     finish_reason: None while generating; "stop" (end-of-text), "length" (max_tokens) or
         "context" (the model's context is full) on the last response
+    prompt_reused: prompt positions the session already held (not processed again)
     cache: the expert cache's cumulative counts (prompt and decode) when streaming, else None
-    report: the stream report (SPEC §8), on the last response only, when streaming
+    report: this call's stream report (SPEC §8), on the last response only, when streaming
     """
 
     text: str
@@ -42,6 +43,7 @@ class GenerationResponse:
     generation_tps: float
     token_seconds: float
     finish_reason: str | None = None
+    prompt_reused: int = 0
     cache: CacheStats | None = field(default=None, repr=False)
     report: StreamReport | None = field(default=None, repr=False)
 
@@ -56,64 +58,19 @@ class GenerationResult:
     prompt_tps: float
     generation_tps: float
     finish_reason: str | None
+    prompt_reused: int = 0
     report: StreamReport | None = field(default=None, repr=False)  # when streaming (SPEC §8)
 
     def __str__(self) -> str:
         return self.text
 
 
-def _open(model: Model | str | Path) -> Model:
-    return model if isinstance(model, Model) else load(model)
-
-
-def mlx_gpu_available() -> bool:
-    """Whether MLX has a GPU here (Metal or CUDA)."""
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return False
-    cuda = getattr(mx, "cuda", None)
-    return bool(mx.metal.is_available() or (cuda is not None and cuda.is_available()))
-
-
-def resolve_backend(model: Model, config: Config) -> Backend:
-    """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
-    numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
-    (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
-    whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
-    if config.backend is not Backend.AUTO:
-        return config.backend
-    if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
-        return Backend.MLX
-    return Backend.NUMPY
-
-
-def _engine_for(model: Model, config: Config) -> Engine:
-    """The engine a run gets. Streaming whenever the config names an arena or the budget rule
-    (SPEC §7) says the experts do not all fit; otherwise the all-resident reference, which is
-    what streaming would compute anyway (with every expert resident MoCE's bonus lifts all
-    logits alike, so routing is the model's own) without a reader pool or slot bookkeeping."""
-    from strata.runtime.decode import arena_plan_for, open_streaming_engine
-
-    if resolve_backend(model, config) is Backend.MLX:  # MlxArena + MlxCompute, or all-resident MlxEngine
-        from strata.mlx_backend.engine import open_mlx_engine
-
-        return open_mlx_engine(model, config, arena_plan_for(model, config))
-    plan = arena_plan_for(model, config)
-    if plan.streaming:
-        return open_streaming_engine(model, config, plan=plan)
-    return ReferenceEngine(model.resident_params())
-
-
-def _streaming(engine: Engine):
-    """The engine as a StreamingEngine (which has a report, cache totals and threads to close), or None."""
-    from strata.runtime.decode import StreamingEngine
-
-    return engine if isinstance(engine, StreamingEngine) else None
+def _is_engine(obj) -> bool:
+    return isinstance(obj, SessionEngine)
 
 
 def stream_generate(
-    model: Model | str | Path,
+    model: Model | Engine | str | Path,
     prompt: str | list[int],
     *,
     max_tokens: int = 128,
@@ -125,12 +82,26 @@ def stream_generate(
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a GenerationResponse per token.
 
-    `model` is a loaded Model or a path; `prompt` text (tokenized with the tokenizer's own special
-    tokens, e.g. a Llama-style BOS) or token ids (used as given). Greedy when temperature is 0.
-    `config` is the runtime configuration (default: `STRATA_*` variables over the defaults); it
-    picks the engine unless `engine` is given (then the caller owns and closes it).
+    `model`: a loaded Model (it keeps its engine across calls, see strata.engines.session_engine:
+    experts are read once, and the longest token prefix the session already holds is reused), an
+    engine from `strata.open_engine` (the caller owns and closes it; its session is reused the
+    same way), or a path (loaded, run and closed). `prompt`: text (tokenized with the
+    tokenizer's own special tokens, e.g. a Llama-style BOS) or token ids (used as given). Greedy
+    when temperature is 0. `config`: the runtime configuration (default: `STRATA_*` variables
+    over the defaults) of the engine a Model or path gets; an engine keeps its own.
     """
-    model = _open(model)
+    if engine is not None:  # the older spelling: stream_generate(model, prompt, engine=...)
+        model = engine
+    owned = None
+    if _is_engine(model):
+        engine = model
+        if engine.model is None:
+            raise StrataError("this engine was built from bare parameters; generate needs one from strata.open_engine")
+        model = engine.model
+    elif isinstance(model, Model):
+        engine = None
+    else:
+        model = owned = load(model)
     sampler = SamplerConfig(temperature=temperature, top_p=top_p, seed=seed)
     if max_tokens < 0:
         raise StrataError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -140,23 +111,33 @@ def stream_generate(
     limit = model.cfg.max_context
     if len(tokens) >= limit:
         raise ContextLimitError(f"the prompt has {len(tokens)} tokens; the model's context is {limit}")
-    owned = engine is None
-    engine = engine or _engine_for(model, config if config is not None else load_config())
     try:
+        if engine is None:
+            engine = session_engine(model, config if config is not None else load_config())
         yield from _run(model, engine, tokens, sampler, max_tokens, limit)
     finally:
-        if owned and _streaming(engine):  # its reader threads and file descriptors
-            engine.close()
+        if owned is not None:
+            owned.close()  # its engine's reader threads and file descriptors too
+
+
+def _reuse(engine: Engine, tokens: list[int]) -> int:
+    """Trim the session to the longest prefix it shares with `tokens` that it can restore,
+    keeping at least one prompt position to prefill (its logits start the generation)."""
+    keep = engine.kept_position(min(common_prefix(engine.tokens, tokens), len(tokens) - 1))
+    engine.trim(keep)
+    return keep
 
 
 def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int,
          limit: int) -> Iterator[GenerationResponse]:
     detok = StreamingDetokenizer(model.tokenizer)
+    since = engine.ledger()  # None unless the engine streams (then: this call's report)
 
     start = time.perf_counter()
-    logits = engine.prefill(tokens)
+    reused = _reuse(engine, tokens)
+    logits = engine.prefill(tokens[reused:])
     prompt_seconds = time.perf_counter() - start
-    prompt_tps = len(tokens) / max(prompt_seconds, 1e-9)
+    prompt_tps = (len(tokens) - reused) / max(prompt_seconds, 1e-9)
     decode_start = time.perf_counter()
     for n in range(max_tokens):
         step_start = time.perf_counter()
@@ -175,13 +156,12 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
         if finish is not None:
             text += detok.flush()
         now = time.perf_counter()
-        streaming = _streaming(engine)
         yield GenerationResponse(
             text=text, token=token, logprob=logprob, prompt_tokens=len(tokens), prompt_tps=prompt_tps,
             generation_tokens=n + 1, generation_tps=(n + 1) / max(now - decode_start, 1e-9),
-            token_seconds=now - step_start, finish_reason=finish,
-            cache=streaming.streamer.totals if streaming else None,
-            report=streaming.report() if streaming and finish is not None else None,
+            token_seconds=now - step_start, finish_reason=finish, prompt_reused=reused,
+            cache=engine.stats().cache if since is not None else None,
+            report=engine.report(since=since) if since is not None and finish is not None else None,
         )
         if finish is not None:
             return
@@ -197,5 +177,6 @@ def generate(model: Model | str | Path, prompt: str | list[int], **kwargs) -> Ge
         text="".join(pieces), tokens=tokens,
         prompt_tokens=last.prompt_tokens if last else 0, prompt_tps=last.prompt_tps if last else 0.0,
         generation_tps=last.generation_tps if last else 0.0, finish_reason=last.finish_reason if last else None,
+        prompt_reused=last.prompt_reused if last else 0,
         report=last.report if last else None,
     )

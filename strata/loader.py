@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata.errors import FormatError
@@ -13,11 +13,12 @@ from strata.model_config import ModelConfig
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
 
-EOS_TOKEN_KEY = "tokenizer.huggingface.eos_token"  # written by strata convert (strata/convert/chat_template.py)
+EOS_TOKEN_KEY = "tokenizer.huggingface.eos_token"  # written by strata convert (strata/chat_template.py)
 
 
 class ResidentExperts:
-    """Every routed expert read into memory once (the all-resident path; no streaming)."""
+    """Every routed expert read into memory once (the all-resident path; no streaming), by
+    (MoE layer index, expert) as the `.experts` file holds them."""
 
     def __init__(self, experts_file: ExpertsFile) -> None:
         h = experts_file.header
@@ -27,15 +28,31 @@ class ResidentExperts:
         return self._experts[(layer, expert)]
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class Model:
-    """A loaded model: config, dense weights, tokenizer, and its experts file."""
+    """A loaded model: config, dense weights, tokenizer, and its experts file.
+
+    `session` is the engine the model keeps across `generate` calls (strata.engines.
+    session_engine opens and replaces it; `close()` closes it and the experts file)."""
 
     cfg: ModelConfig
     dense: dict
     tokenizer: Tokenizer
     experts_file: ExpertsFile
     model_path: Path
+    session: object = field(default=None, repr=False)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        self.experts_file.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def resident_params(self) -> ModelParams:
         """Parameters with every expert resident in memory (the reference path)."""
@@ -79,14 +96,14 @@ def load(model: str | Path, *, experts: str | Path | None = None, allow_foreign_
 def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:
     h, cfg = xf.header, mf.cfg
     found = (h.n_layers, h.n_experts, h.hidden, h.expert_ffn)
-    wanted = (cfg.n_layers, cfg.n_experts, cfg.hidden_size, cfg.expert_ffn_size)
+    wanted = (cfg.n_moe_layers, cfg.n_experts, cfg.hidden_size, cfg.expert_ffn_size)
     if found != wanted:
         raise FormatError(
-            f"{experts_path}: holds (layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
+            f"{experts_path}: holds (MoE layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
         )
     if mf.experts_identity is not None and mf.experts_identity != xf.identity and not allow_foreign:
         raise FormatError(
             f"{experts_path}: not the expert set {model_path.name} was written with (identity {xf.identity}, the "
-            f"model records {mf.experts_identity}); pass allow_foreign_experts=True (CLI: --allow-foreign-experts) "
-            "to run it anyway"
+            f"model records {mf.experts_identity}); to run a swapped set on purpose, load it with "
+            "strata.load(..., experts=PATH, allow_foreign_experts=True)"
         )

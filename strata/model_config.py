@@ -1,7 +1,11 @@
 """The architecture of a model: one frozen dataclass, stored in the GGUF file's metadata.
 
-Every architecture strata runs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, and the made test models)
-is a decoder of the same shape; the differences are these fields.
+A model is a stack of layers, each a token mixer followed by a feed-forward block; the kind of
+each (`layer_types`: attention today, room for linear attention, latent attention, indexed
+attention; a routed MoE or a dense FFN) says which state the layer keeps and which loop branch
+computes it. Every engine has one loop over layers that dispatches on the kind. Routed experts
+exist only in MoE layers: the `.experts` file, the expert cache and the read-ahead count MoE
+layers only, addressed by their MoE index (`moe_index`), so a dense layer costs no cache turn.
 """
 
 from __future__ import annotations
@@ -29,6 +33,40 @@ class QKNorm(enum.Enum):
     FULL = "full"  # OLMoE: over the whole [n_heads * head_dim] projection
 
 
+class Mixer(enum.Enum):
+    """A layer's token mixer: what it computes and what per-layer state it keeps."""
+
+    ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
+
+
+class Ffn(enum.Enum):
+    """A layer's feed-forward block."""
+
+    MOE = "moe"  # router + routed experts (+ the shared expert when the model has one)
+    DENSE = "dense"  # one SwiGLU of width dense_ffn_size on dense weights (DeepSeek's first layers)
+
+
+@dataclass(frozen=True)
+class LayerType:
+    mixer: Mixer = Mixer.ATTENTION
+    ffn: Ffn = Ffn.MOE
+
+    def to_str(self) -> str:
+        return f"{self.mixer.value}:{self.ffn.value}"
+
+    @staticmethod
+    def from_str(text: str) -> "LayerType":
+        mixer, sep, ffn = str(text).partition(":")
+        try:
+            return LayerType(Mixer(mixer), Ffn(ffn if sep else Ffn.MOE.value))
+        except ValueError:
+            known = ", ".join(f"{m.value}:{f.value}" for m in Mixer for f in Ffn)
+            raise ConfigError(f"model config: unknown layer type {text!r} (known: {known})") from None
+
+
+MOE_LAYER = LayerType(Mixer.ATTENTION, Ffn.MOE)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -51,8 +89,20 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_context: int = 4096
     tie_embeddings: bool = False
+    # per layer: mixer and ffn kinds. () (the canonical form when every layer is attention + MoE,
+    # so `replace(cfg, n_layers=...)` keeps working on such models); read it through `kinds`
+    layer_types: tuple[LayerType, ...] = ()
+    dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
 
     def __post_init__(self) -> None:
+        types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
+        if all(t == MOE_LAYER for t in types):
+            types = ()
+        object.__setattr__(self, "layer_types", types)
+        kinds = types or (MOE_LAYER,) * max(self.n_layers, 0)
+        object.__setattr__(self, "_kinds", kinds)
+        moe = tuple(l for l, t in enumerate(kinds) if t.ffn is Ffn.MOE)
+        object.__setattr__(self, "_moe_layers", moe)
         positive = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                     "n_experts", "n_experts_per_token", "expert_ffn_size", "max_context")
         for name in positive:
@@ -64,12 +114,39 @@ class ModelConfig:
             raise ConfigError(f"model config: top-{self.n_experts_per_token} of only {self.n_experts} experts")
         if self.head_dim % 2:
             raise ConfigError(f"model config: head_dim must be even for RoPE, got {self.head_dim}")
+        if types and len(types) != self.n_layers:
+            raise ConfigError(f"model config: layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
+        if not moe:
+            raise ConfigError("model config: no MoE layer (strata runs mixture-of-experts models)")
+        if any(t.ffn is Ffn.DENSE for t in kinds) and self.dense_ffn_size <= 0:
+            raise ConfigError("model config: dense FFN layers need dense_ffn_size > 0")
         # Values a forward pass cannot use (NaN/0/-1 theta, a negative or NaN eps) are refused here,
         # so `strata convert` and every reader name the field instead of a later NaN in routing.
         for name in ("rope_theta", "rms_norm_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
+
+    @property
+    def kinds(self) -> tuple[LayerType, ...]:
+        """Every layer's kind, in order (`layer_types` spelled out)."""
+        return self._kinds
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The model indices of the MoE layers, in order (MoE index i is layer moe_layers[i])."""
+        return self._moe_layers
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self._moe_layers)
+
+    def moe_index(self, layer: int) -> int:
+        """The MoE index of model layer `layer` (its layer in the `.experts` file and the cache)."""
+        return self._moe_layers.index(layer)
+
+    def is_moe(self, layer: int) -> bool:
+        return self._kinds[layer].ffn is Ffn.MOE
 
     @property
     def has_shared_expert(self) -> bool:
@@ -79,6 +156,7 @@ class ModelConfig:
         out = dataclasses.asdict(self)
         out["routing_order"] = self.routing_order.value
         out["qk_norm"] = self.qk_norm.value
+        out["layer_types"] = ",".join(t.to_str() for t in self.layer_types)  # one GGUF string ("": uniform)
         return out
 
     @classmethod
@@ -92,6 +170,10 @@ class ModelConfig:
             d["routing_order"] = RoutingOrder(d["routing_order"])
         if "qk_norm" in d:
             d["qk_norm"] = QKNorm(d["qk_norm"])
+        if "layer_types" in d:
+            types = d["layer_types"]
+            types = types.split(",") if isinstance(types, str) else types
+            d["layer_types"] = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in types if t)
         return cls(**d)
 
 
@@ -123,6 +205,9 @@ class TensorNames:
     shexp_up = "ffn_up_shexp.weight"  # [shared_ffn, hidden]
     shexp_down = "ffn_down_shexp.weight"  # [hidden, shared_ffn]
     shexp_gate_inp = "ffn_gate_inp_shexp.weight"  # [hidden]: the shared expert's sigmoid gate
+    ffn_gate = "ffn_gate.weight"  # dense FFN layers: [dense_ffn, hidden]
+    ffn_up = "ffn_up.weight"  # [dense_ffn, hidden]
+    ffn_down = "ffn_down.weight"  # [hidden, dense_ffn]
 
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -151,6 +236,11 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.attn_q_norm)] = (q_dim,)
             shapes[b(n.attn_k_norm)] = (kv_dim,)
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
+        if cfg.kinds[l].ffn is Ffn.DENSE:
+            shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
+            shapes[b(n.ffn_up)] = (cfg.dense_ffn_size, cfg.hidden_size)
+            shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
+            continue
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
         if cfg.has_shared_expert:
             shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.reference.cache import CacheState, step, victim
-from strata.reference.cache_types import (
+from strata.cache.machine import CacheState, step, victim
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, Cancel, Evict, HoldRegion, Phase, Read, ReadDone, SlotState, Use,
     WaitFor,
 )

@@ -1,35 +1,14 @@
-"""One comparison helper, named error budgets (STYLE §7) for the MLX backend's differential tests.
-
-FAST: the MLX twin vs the float32 reference on the same (float16-exact) weights; only the order
-of float32 sums and the GPU's exp/sqrt differ. FORWARD: the same for whole-model logits, where
-that rounding compounds through every layer's norms, softmaxes and residual sums (seen: 2.3e-5
-relative on the tiny model's ops path). QUANTIZED: a quantized stand-in vs its float
-original (the Q8_0 read-ahead router vs the F32 router). EXACT: bit for bit. ROUTING: selected
-experts exactly, weights to float32 reordering.
-"""
+"""One comparison helper for the MLX backend's differential tests (STYLE §7); the budgets it
+names (FAST, FORWARD, QUANTIZED, EXACT, ROUTING) are defined, with why, in tests/budgets.py."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import settings
 
-
-@dataclass(frozen=True)
-class Budget:
-    rel_l2: float  # ||fast - ref|| / ||ref||
-    max_rel: float  # max |fast - ref| / max |ref|
-
-
-BUDGETS = {
-    "EXACT": Budget(0.0, 0.0),
-    "FAST": Budget(rel_l2=2e-5, max_rel=1e-4),
-    "FORWARD": Budget(rel_l2=1e-4, max_rel=5e-4),
-    "ROUTING": Budget(rel_l2=1e-5, max_rel=1e-5),
-    "QUANTIZED": Budget(rel_l2=2e-2, max_rel=5e-2),
-}
+from tests.budgets import BUDGETS, Budget  # noqa: F401  (Budget: re-exported for callers)
 
 
 def to_numpy(a) -> np.ndarray:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from strata.formats.quant_types import QuantType
 from strata.reference.model import ModelParams
-from strata.testing import SHAPES, make_dense, make_expert
+from strata.testing.models import SHAPES, make_dense, make_expert
 
 
 class DictExperts:

@@ -55,7 +55,7 @@ logit_ranges = st.floats(0.0, 32.0)
 
 # ---------------------------------------------------------------- expert cache (tests/test_cache_*.py)
 
-from strata.reference.cache_types import (  # noqa: E402
+from strata.cache.types import (  # noqa: E402
     AfterLayer, AtLayer, BeginWindow, CacheConfig, HoldRegion, min_capacity,
 )
 

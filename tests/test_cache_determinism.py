@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cache_checks import IoModel, drive, pending_reads
-from strata.reference.cache import decision_view, initial_state
-from strata.reference.cache_types import DECISIONS, ReadDone, WaitFor
+from strata.cache.machine import decision_view, initial_state
+from strata.cache.types import DECISIONS, ReadDone, WaitFor
 from strategies import cache_configs, cache_turn_sequences
 
 NEVER, AT_ONCE = "never", "at once"

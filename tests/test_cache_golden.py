@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from strata.errors import ArenaTooSmallError, ConfigError
-from strata.reference.cache import initial_state, lru_order, slot_table, step, victim
-from strata.reference.cache_types import (
+from strata.cache.machine import initial_state, lru_order, slot_table, step, victim
+from strata.cache.types import (
     DECISIONS, AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheFullError, CacheProtocolError, Cancel,
     Evict, HoldRegion, Read, ReadDone, Use, WaitFor, min_capacity,
 )
@@ -299,7 +299,7 @@ def test_empty_selection_and_a_prompt_pass_that_cannot_start():
 def test_stats_delta_and_sum_are_inverse_field_by_field():
     """The one count arithmetic (runtime report, replay, quality): a by-rank tuple missing on one
     side counts as zeros, and (a + b) - b == a in every field."""
-    from strata.reference.cache_types import CacheStats, stats_delta, stats_sum
+    from strata.cache.types import CacheStats, stats_delta, stats_sum
 
     a = CacheStats(windows=3, lookups=20, hits=15, urgent_misses=2, urgent_misses_by_rank=(1, 0, 1), reads_issued=7)
     b = CacheStats(windows=1, lookups=4, hits=4)  # a fresh state's totals: no by-rank tuple yet

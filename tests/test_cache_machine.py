@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cache_checks import IoModel, assert_unchanged, check_structure, drive, pending_reads, snapshot
-from strata.reference.cache import initial_state
-from strata.reference.cache_types import (
+from strata.cache.machine import initial_state
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, CacheFullError, Evict, HoldRegion, Phase, Read, ReadDone, SlotState,
     Use,
 )

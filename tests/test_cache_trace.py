@@ -1,4 +1,4 @@
-"""The read-ahead on a structured synthetic routing trace (strata/testing_traces.py): urgent
+"""The read-ahead on a structured synthetic routing trace (strata/testing/traces.py): urgent
 misses fall from no prefetch, to K = 10 with the old LRU touch, to K = 16 without it — the
 direction of the seed's 19.65 -> 9.82 -> 6.99 (benchmarks/cache.py prints our numbers)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.reference.cache_replay import replay
-from strata.reference.cache_types import CacheConfig
-from strata.testing_traces import recall_at, synthetic_routing_trace
+from strata.cache.replay import replay
+from strata.cache.types import CacheConfig
+from strata.testing.traces import recall_at, synthetic_routing_trace
 
 TOKENS, LAYERS, EXPERTS, TOP_K = 120, 8, 128, 10
 CAPACITY = 400  # ~40% of the 1,024 (layer, expert) keys, like the seed's 5,385 of 12,288

@@ -8,7 +8,7 @@ from strata.cli.main import main
 from strata.formats import model_file
 from strata.formats.experts_file import ExpertsFile
 from strata.model_config import TensorNames, dense_tensor_shapes
-from strata.testing import make_dense, make_model
+from strata.testing.models import make_dense, make_model
 from strata.tokenizer import byte_level_tokenizer_json
 
 

@@ -28,16 +28,14 @@ import torch  # noqa: E402
 from tests import hf_models  # noqa: E402
 from strata.cli.main import main  # noqa: E402
 from strata.convert import convert  # noqa: E402
-from strata.convert.chat_template import chat_prompt, render_chat  # noqa: E402
+from strata.chat_template import chat_prompt, render_chat  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.reference.model import ModelState, forward  # noqa: E402
 from strata.reference.sampling import log_softmax  # noqa: E402
 
-F16_LOGIT_BUDGET = 1e-3  # max |Δlogit| / max |logit|, f16 experts vs transformers float32
-Q8_ARGMAX_AGREEMENT = 0.99  # fraction of positions with the same argmax, q8_0 experts
-Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversion (uniform ~ 5.8)
+from tests.budgets import F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
 GREEDY_STEPS = 32
 PROMPT_TOKENS = 8
 

@@ -12,7 +12,7 @@ from strata.cli.main import main
 from strata.default_model import EMBEDDED, default_model_path
 from strata.formats.quant_types import QuantType
 from strata.reference.model import ModelParams, ModelState, forward
-from strata.testing import make_dense, make_expert
+from strata.testing.models import make_dense, make_expert
 
 HELDOUT = EMBEDDED.parent / "heldout.txt"
 PPL_TOKENS = 256  # the first tokens of heldout.txt: ~2 s through the reference forward

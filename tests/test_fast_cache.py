@@ -1,5 +1,5 @@
-"""The runtime's fast cache twin (`strata.runtime.fast_cache.FastCache`) against the reference
-machine (`strata.reference.cache.step`), STYLE §1 and §8.
+"""The runtime's fast cache twin (`strata.cache.fast.FastCache`) against the reference
+machine (`strata.cache.machine.step`), STYLE §1 and §8.
 
 - a differential test over hypothesis-drawn configurations (every knob, capacities from below
   the minimum up) and turn sequences (decode windows, held prompt regions with passes), with
@@ -23,13 +23,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_checks import pending_reads
-from strata.reference.cache import CacheState, decision_view, initial_state, step
-from strata.reference.cache_state import _ARRAYS
-from strata.reference.cache_types import (
+from strata.cache.machine import CacheState, decision_view, initial_state, step
+from strata.cache.state import _ARRAYS
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheFullError, CacheProtocolError, HoldRegion, Phase,
     Read, ReadDone,
 )
-from strata.runtime.fast_cache import FastCache, ReferenceCache, open_cache
+from strata.cache.fast import FastCache, ReferenceCache, open_cache
 from strategies import cache_configs, cache_turn_sequences
 from test_cache_machine import CacheMachine
 

@@ -1,4 +1,4 @@
-"""The fast cache twin's shortcuts (strata/runtime/fast_cache.py) against the reference, on
+"""The fast cache twin's shortcuts (strata/cache/fast.py) against the reference, on
 longer decode runs than the hypothesis tests draw: the all-hit and read-ahead-claim turns taken
 in `step` (their pins, ticks and LRU moves held until the next step), the skipped prefix of the
 LRU at a tight arena, and the action builders.
@@ -13,13 +13,13 @@ from dataclasses import FrozenInstanceError, fields
 
 import pytest
 
-from strata.reference.cache import initial_state, step
-from strata.reference.cache_types import (
+from strata.cache.machine import initial_state, step
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, CacheConfig, Cancel, Evict, Read, ReadDone, Use, WaitFor,
 )
-from strata.runtime import fast_cache
-from strata.runtime.fast_cache import FastCache
-from strata.testing_traces import synthetic_routing_trace
+from strata.cache import fast as fast_cache
+from strata.cache.fast import FastCache
+from strata.testing.traces import synthetic_routing_trace
 from test_fast_cache import assert_same_state
 
 

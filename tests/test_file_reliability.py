@@ -4,6 +4,7 @@ line. (The container checks are tests/test_gguf_file.py; benchmarks/fuzz_files.p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -18,12 +19,12 @@ from strata.convert.driver import _install
 from strata.errors import ConfigError, ExpertReadError, FormatError, NonFiniteError, StrataError
 from strata.formats.checksum import CRC32_IMPL, checksum
 from strata.formats.experts_file import HEADER_SIZE, ExpertsFile
-from strata.model_config import ModelConfig
 from strata.reference.routing import RouterRule, route
-from strata.runtime.decode import arena_plan_for, open_streaming_engine
+from strata.runtime.decode import arena_plan_for
 from strata.runtime.io import Faults
 from strata.runtime.selector import Selector
-from strata.testing import SHAPES, make_model
+from strata.testing.engines import open_numpy_streaming
+from strata.testing.models import SHAPES, make_model
 
 PROMPT = list(b"def fib(n):")
 
@@ -61,12 +62,12 @@ def test_reads_are_verified_by_default():
 
 def _streaming(model, config, hook=None):
     slots = arena_plan_for(model, config.replace(arena="100000slots")).min_slots
-    return open_streaming_engine(model, config.replace(arena=f"{slots}slots"), hook=hook)
+    return open_numpy_streaming(model, config.replace(arena=f"{slots}slots"), hook=hook)
 
 
 def test_a_corrupt_read_is_an_error_with_the_default_config(pair):
     model = strata.load(pair[0].model_path)
-    keys = {(l, e) for l in range(model.cfg.n_layers) for e in range(model.cfg.n_experts)}
+    keys = {(l, e) for l in range(model.cfg.n_moe_layers) for e in range(model.cfg.n_experts)}
     with pytest.raises(ExpertReadError) as err, _streaming(model, Config(moce_lambda=0.0), Faults(corrupt=keys)) as eng:
         _greedy(eng)
     assert "checksum mismatch" in _one_line(err)
@@ -172,7 +173,7 @@ def test_the_converters_install_never_leaves_an_old_model_beside_new_experts(tmp
                                           ("rope_theta", math.inf), ("rms_norm_eps", -1.0), ("rms_norm_eps", math.nan)])
 def test_invalid_config_values_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=f"{field} must be a finite number > 0"):
-        ModelConfig(**{**SHAPES["tiny"].__dict__, field: value})
+        dataclasses.replace(SHAPES["tiny"], **{field: value})
 
 
 def test_non_finite_router_logits_name_the_layer():

@@ -17,7 +17,7 @@ from strata.errors import FormatError, MissingTensorError
 from strata.formats.checksum import checksum
 from strata.formats.gguf_file import open_gguf
 from strata.formats.model_file import KEY_FILE_CHECKSUM, read_model, read_model_config
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +151,15 @@ def test_non_finite_weights_and_invalid_values_are_refused(path):
 
 def test_n_layers_of_two_to_the_32_is_refused_before_building_anything(path):
     fields, _, seal = _layout(path)
+    raw = path.read_bytes()
     _patch(path, "<I", fields["strata.n_layers"], 2**32 - 1, seal)
     start = time.perf_counter()
-    _refused(path, "strata.n_layers = 4294967295", error=MissingTensorError)
+    for fn in (read_model, read_model_config):
+        _refused(path, "strata.n_layers = 4294967295", fn=fn)
     assert time.perf_counter() - start < 2
+    path.write_bytes(raw)
+    _patch(path, "<I", fields["strata.n_layers"], 1000, seal)  # plausible, but not in a file of 29 tensors
+    _refused(path, "strata.n_layers = 1000", "holds only", error=MissingTensorError)
 
 
 def test_a_four_million_element_metadata_array_opens_fast(path):

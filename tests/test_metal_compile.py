@@ -31,7 +31,7 @@ from strata.mlx_backend.kernels.source import full_source
 from strata.model_config import QKNorm, RoutingOrder
 from strata.reference.model import ModelParams
 from strata.reference.quants import quantize
-from strata.testing import SHAPES, make_dense, make_expert
+from strata.testing.models import SHAPES, make_dense, make_expert
 
 HERE = Path(__file__).parent
 CXX = os.environ.get("CXX", "g++")

@@ -23,7 +23,7 @@ from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, u
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.model_config import QKNorm, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
-from strata.testing import SHAPES
+from strata.testing.models import SHAPES
 
 pytestmark = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
 

@@ -27,7 +27,7 @@ from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, index_param, using_path
-from strata.mlx_backend.synthetic import SEED_SHAPE, random_params
+from strata.testing.mlx_params import SEED_SHAPE, random_params
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]
 emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")

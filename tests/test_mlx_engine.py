@@ -1,6 +1,6 @@
 """The MLX engines end to end (ops path on CPU; the GPU path where MLX has one): streaming through
 an MlxArena + MlxCompute in the runtime's StreamingEngine, and the all-resident MlxEngine, both
-against the reference engine on a made model (`strata.testing`).
+against the reference engine on a made model (`strata.testing.models`).
 
 The made model's dense weights are F16, as the differential twins' are float16-exact: the kernel
 path computes with float16 dense weights (MlxParams.dtype), the reference with their float32
@@ -15,12 +15,13 @@ import pytest
 from mlx_agree import assert_backends_agree
 from strata.config import Backend, Config
 from strata.formats.quant_types import QuantType
-from strata.engine import ReferenceEngine
-from strata.generate import _engine_for, generate
+from strata.numpy_backend.engine import ReferenceEngine
+from strata.engines import open_engine
+from strata.generate import generate
 from strata.loader import load
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.engine import MlxEngine
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 pytest.importorskip("gguf")  # the made model is written as GGUF (not installed on the GPU machine)
 
@@ -56,7 +57,7 @@ def test_streaming_mlx_matches_reference_at_lambda_zero(tiny, arena, chunk, dire
     refused on CUDA (`MlxArena.direct_reads_refused`; the `direct` parameter still runs both
     where the arena takes them)."""
     ref = _run(ReferenceEngine(tiny.resident_params()), PROMPT)
-    eng = _engine_for(tiny, Config(backend=Backend.MLX, arena=arena, moce_lambda=0.0, prefill_chunk=chunk,
+    eng = open_engine(tiny, Config(backend=Backend.MLX, arena=arena, moce_lambda=0.0, prefill_chunk=chunk,
                                    direct_io=direct))
     try:
         assert isinstance(eng.compute, MlxCompute)
@@ -72,7 +73,7 @@ def test_streaming_mlx_and_numpy_make_the_same_cache_decisions(tiny):
     (up to float noise), so the same reads, hits and misses."""
     reports = []
     for backend in (Backend.NUMPY, Backend.MLX):
-        eng = _engine_for(tiny, Config(backend=backend, arena="30slots"))
+        eng = open_engine(tiny, Config(backend=backend, arena="30slots"))
         try:
             _run(eng, PROMPT, steps=6)
             reports.append(eng.report())
@@ -84,7 +85,7 @@ def test_streaming_mlx_and_numpy_make_the_same_cache_decisions(tiny):
 
 
 def test_all_resident_mlx_engine_matches_reference(tiny):
-    eng = _engine_for(tiny, Config(backend=Backend.MLX))
+    eng = open_engine(tiny, Config(backend=Backend.MLX))
     assert isinstance(eng, MlxEngine)
     ref = _run(ReferenceEngine(tiny.resident_params()), PROMPT)
     got = _run(eng, PROMPT)
@@ -101,7 +102,7 @@ def test_streaming_mlx_takes_no_direct_reads_into_cuda_managed_memory(tiny, monk
     config = Config(backend=Backend.MLX, arena="28slots", moce_lambda=0.0)
     for dialect, direct in ((Dialect.CUDA, False), (Dialect.METAL, None), (None, None)):
         monkeypatch.setattr(mlx_arena, "gpu_dialect", lambda d=dialect: d)
-        eng = _engine_for(tiny, config)
+        eng = open_engine(tiny, config)
         try:
             note = eng.report().io
             if direct is False:
@@ -110,7 +111,7 @@ def test_streaming_mlx_takes_no_direct_reads_into_cuda_managed_memory(tiny, monk
                 assert "CUDA managed memory" not in note
         finally:
             eng.close()
-        eng = _engine_for(tiny, config.replace(direct_io=False))  # off by the user: said so, not CUDA
+        eng = open_engine(tiny, config.replace(direct_io=False))  # off by the user: said so, not CUDA
         try:
             assert not eng.io.direct and "off by config" in eng.report().io
         finally:

@@ -30,7 +30,7 @@ from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.routing import route_batch
-from strata.mlx_backend.synthetic import SEED_SHAPE, random_params, random_records
+from strata.testing.mlx_params import SEED_SHAPE, random_params, random_records
 from strata.model_config import RoutingOrder
 from strata.reference.experts import routed_experts
 from strata.reference.routing import RouterRule

@@ -33,7 +33,7 @@ from strata.reference import model as ref_model
 from strata.reference.attention import LayerKV
 from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule
-from strata.testing import SHAPES, make_dense, make_expert
+from strata.testing.models import SHAPES, make_dense, make_expert
 from strategies import logit_ranges, moce_policies, routing_problems
 
 PATHS = [

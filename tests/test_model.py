@@ -9,7 +9,7 @@ from strata.model_config import QKNorm, RoutingOrder
 from strata.reference.attention import rope
 from strata.reference.model import ModelState, forward
 from tests.models import tiny_params
-from tests.tolerances import FLOAT32_REORDER
+from tests.budgets import FLOAT32_REORDER
 
 VARIANTS = {
     "qwen3-like": {},

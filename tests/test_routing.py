@@ -36,12 +36,7 @@ from tests.strategies import (
 )
 
 F32_UNIT_ROUNDOFF = 2.0**-24
-# float32 softmax over <= 64 logits in [-16, 16] vs float64: the subtraction z - max errs by at
-# most 2^-20 (absolute, so relative after exp), exp by a few ulp, the sum by E·2^-24 <= 2^-18,
-# the (re)normalization by a few ulp more: under 2^-17; the budget is twice that.
-WEIGHT_RTOL = 2.0**-16
-# hand-written expected weights are typed to 6 decimals (5e-7), plus float32 rounding
-HAND_WEIGHT_ATOL = 1e-6
+from tests.budgets import HAND_WEIGHT_ATOL, WEIGHT_RTOL  # noqa: E402
 
 QWEN = dict(order=RoutingOrder.SOFTMAX_TOPK, norm_topk_prob=True)
 QWEN_UNNORM = dict(order=RoutingOrder.SOFTMAX_TOPK, norm_topk_prob=False)

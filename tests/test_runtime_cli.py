@@ -6,7 +6,7 @@ import json
 import pytest
 
 from strata.cli.main import main
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 REPORT_FIELDS = {"tokens", "ms_per_token", "urgent_misses_per_token", "readahead_hits_per_token",
                  "reads_per_token", "bytes_per_token", "hit_rate", "host_ms_per_window",

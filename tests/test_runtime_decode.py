@@ -7,18 +7,20 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.engine import ReferenceEngine
+from strata.numpy_backend.engine import ReferenceEngine
 from strata.errors import ArenaTooSmallError, ExpertReadError
 from strata.formats.experts_file import checksum
-from strata.reference.cache import decision_view, initial_state, step
-from strata.reference.cache_types import WaitFor
-from strata.runtime.compute import NumpyCompute
-from strata.runtime.decode import StreamingEngine, _NoResidentExperts, arena_plan_for, open_streaming_engine
+from strata.cache.machine import decision_view, initial_state, step
+from strata.cache.types import WaitFor
+from strata.numpy_backend.compute import NumpyCompute
+from strata.numpy_backend.engine import _NoResidentExperts
+from strata.runtime.decode import StreamingEngine, arena_plan_for
+from strata.testing.engines import open_numpy_streaming
 from strata.runtime.io import Faults, RandomDelays, ReaderPool
-from strata.runtime.arena import NumpyArena
+from strata.numpy_backend.arena import NumpyArena
 from strata.reference.model import ModelParams
-from strata.testing import make_model
-from tests.tolerances import FLOAT32_REORDER
+from strata.testing.models import make_model
+from tests.budgets import FLOAT32_REORDER
 
 PROMPT = "def fib(n): return n"
 N_DECODE = 10
@@ -51,7 +53,7 @@ def min_slots(model, config):
 
 
 def stream(model, config, n=N_DECODE, **kw):
-    with open_streaming_engine(model, config, **kw) as engine:
+    with open_numpy_streaming(model, config, **kw) as engine:
         return greedy(engine, model, n), engine
 
 
@@ -144,7 +146,7 @@ def test_every_expert_computed_with_is_the_expert_requested(model, reference, se
 def _an_urgent_miss(model, config):
     """(layer, expert) of a decode urgent read in a clean run of `config`."""
     _, engine = stream(model, config, n=3, keep_trace=True)
-    from strata.reference.cache_types import Read
+    from strata.cache.types import Read
     n_prompt_reads = engine.report().prompt_reads
     reads = [a for a in engine.streamer.decisions if isinstance(a, Read) and a.urgent]
     late = reads[-1]
@@ -167,7 +169,7 @@ def test_a_read_fault_in_generation_is_a_clear_error(model, fault, verify, messa
 def test_an_arena_below_the_minimum_is_refused(model):
     least = min_slots(model, STOCK0)
     with pytest.raises(ArenaTooSmallError, match=f"needs at least {least} slots"):
-        open_streaming_engine(model, STOCK0.replace(arena=f"{least - 1}slots"))
+        open_numpy_streaming(model, STOCK0.replace(arena=f"{least - 1}slots"))
 
 
 def test_generate_streams_when_asked_and_reports(model, reference, tmp_path):

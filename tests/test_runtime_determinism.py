@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 import strata
 from strata.config import Config
-from strata.runtime.decode import arena_plan_for, open_streaming_engine
+from strata.runtime.decode import arena_plan_for
+from strata.testing.engines import open_numpy_streaming
 from strata.runtime.io import RandomDelays
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 PROMPT = "for i in range(3):"
 N_DECODE = 8
@@ -32,7 +33,7 @@ def model(tmp_path_factory):
 def run(model, config, hook):
     config = config.replace(arena=f"{arena_plan_for(model, config.replace(arena='9999slots')).min_slots + 2}slots",
                             io_threads=3)
-    with open_streaming_engine(model, config, hook=hook, keep_trace=True) as engine:
+    with open_numpy_streaming(model, config, hook=hook, keep_trace=True) as engine:
         logits = engine.prefill(model.tokenizer.encode(PROMPT))
         tokens = []
         for _ in range(N_DECODE):

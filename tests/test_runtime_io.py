@@ -8,9 +8,9 @@ import pytest
 
 from strata.errors import ExpertReadError
 from strata.formats.experts_file import ExpertsFile, checksum
-from strata.runtime.arena import NumpyArena
+from strata.numpy_backend.arena import NumpyArena
 from strata.runtime.io import Faults, RandomDelays, ReaderPool
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 
 @pytest.fixture(scope="module")

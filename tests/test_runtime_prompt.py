@@ -6,12 +6,13 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.engine import ReferenceEngine
-from strata.reference.cache_state import LIMBO
-from strata.runtime.decode import arena_plan_for, open_streaming_engine
+from strata.numpy_backend.engine import ReferenceEngine
+from strata.cache.state import LIMBO
+from strata.runtime.decode import arena_plan_for
+from strata.testing.engines import open_numpy_streaming
 from strata.runtime.io import RandomDelays
-from strata.testing import make_model
-from tests.tolerances import FLOAT32_REORDER
+from strata.testing.models import make_model
+from tests.budgets import FLOAT32_REORDER
 
 PROMPT = "The quick brown fox jumps over the lazy dog; " * 2
 
@@ -33,7 +34,7 @@ def reference(model):
 def test_chunked_prefill_in_passes_matches_the_reference(model, reference, chunk):
     config = Config(moce_lambda=0.0, prefill_chunk=chunk, prefetch=2)  # 20 slots for 32 experts a layer
     least = arena_plan_for(model, config.replace(arena="9999slots")).min_slots
-    with open_streaming_engine(model, config.replace(arena=f"{least}slots"), hook=RandomDelays(4, 0.5)) as e:
+    with open_numpy_streaming(model, config.replace(arena=f"{least}slots"), hook=RandomDelays(4, 0.5)) as e:
         logits = e.prefill(model.tokenizer.encode(PROMPT))
         totals = e.streamer.totals
         assert not (np.asarray(e.streamer.state.slot_state) == LIMBO).any()  # released at the edge
@@ -52,7 +53,7 @@ def test_chunked_prefill_in_passes_matches_the_reference(model, reference, chunk
 
 def test_prompt_counts_stay_out_of_the_decode_report(model):
     config = Config(arena="60slots", prefill_chunk=16)
-    with open_streaming_engine(model, config) as e:
+    with open_numpy_streaming(model, config) as e:
         e.prefill(model.tokenizer.encode(PROMPT))
         r0 = e.report()
         assert r0.tokens == 0 and r0.reads_per_token == 0 and r0.prompt_reads > 0

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from strata.model_config import RoutingOrder
-from strata.reference.cache_types import Use
+from strata.cache.types import Use
 from strata.reference.routing import RouterRule, Selection, route
-from strata.runtime.decode import slots_for
+from strata.runtime.selector import slots_for
 from strata.runtime.selector import top_k_experts
 from tests.strategies import routing_orders, routing_problems
 

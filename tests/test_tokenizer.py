@@ -47,7 +47,7 @@ def test_the_models_own_eos_token_ends_generation(tmp_path):
 
     import strata
     from strata.formats.model_file import write_model
-    from strata.testing import make_model
+    from strata.testing.models import make_model
 
     hf = HF.from_str(byte_level_tokenizer_json())
     hf.add_special_tokens(["<|stop|>"])

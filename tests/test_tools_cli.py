@@ -7,7 +7,7 @@ import json
 import pytest
 
 from strata.cli.main import main
-from strata.testing import make_model
+from strata.testing.models import make_model
 
 TEXT = "the cat sat on the mat and then the cat sat on the hat; " * 2
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata.reference.cache_replay import replay as open_loop_replay
+from strata.cache.replay import replay as open_loop_replay
 from strata.reference.routing import MoCEPolicy, route
 from strata.tools.closed_loop import GuessRanking, LoopConfig
 from strata.tools.replay import NO_EXPERT, ReplayInputs, replay, replay_grid, save_dump

@@ -15,8 +15,8 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.runtime.decode import open_streaming_engine
-from strata.testing import make_model
+from strata.testing.engines import open_numpy_streaming
+from strata.testing.models import make_model
 from strata.tools.closed_loop import LoopConfig
 from strata.tools.quality import fast_params, run_decode
 from strata.tools.replay import replay
@@ -53,7 +53,7 @@ def decisions(stats):
 
 
 def run_runtime(model, tokens, config):
-    with open_streaming_engine(model, config) as engine:
+    with open_numpy_streaming(model, config) as engine:
         logits = np.stack([engine.decode(t) for t in tokens])
         return engine.streamer.totals, logits
 

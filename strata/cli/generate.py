@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     model = load(model_arg if model_arg else default_model_path(announce=not args.quiet))
     if args.chat:
-        from strata.convert.chat_template import chat_prompt
+        from strata.chat_template import chat_prompt
 
         prompt = model.tokenizer.encode(chat_prompt(model, prompt))  # the template holds any BOS
     last = None

@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub, name: str) -> None:
-    from strata.testing import SHAPES
+    from strata.testing.models import SHAPES
 
     p = sub.add_parser(name, help="write a small random test model", description=(
         "Write PATH.gguf and PATH.experts: a random model whose routing has the skew and "
@@ -22,7 +22,7 @@ def add_parser(sub, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from strata.errors import ConfigError
     from strata.formats.quant_types import parse_quant_type
-    from strata.testing import make_model
+    from strata.testing.models import make_model
 
     try:
         expert_type, dense_type = parse_quant_type(args.experts), parse_quant_type(args.dense)

@@ -44,12 +44,12 @@ def run(args: argparse.Namespace) -> int:
     tokens = scoring_tokens(model, args.text, args.max_tokens)
     if args.touch == "both":
         raise ConfigError("quality scores one configuration: --touch on or off")
-    configs = loop_configs(args, [args.cap], n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+    configs = loop_configs(args, [args.cap], n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                            top_k=cfg.n_experts_per_token)
     if len(configs) != 1:
         raise ConfigError("quality scores one configuration: give one --J, --lambda and --K")
     config = configs[0]
-    least = config.cache_config(cfg.n_layers, cfg.n_experts, cfg.n_experts_per_token).min_capacity
+    least = config.cache_config(cfg.n_moe_layers, cfg.n_experts, cfg.n_experts_per_token).min_capacity
     if config.capacity < least:
         raise ConfigError(f"--cap {config.capacity} slots is below the smallest legal arena ({least})")
     if not 0 <= args.warmup < len(tokens):

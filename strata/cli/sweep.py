@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = scoring_tokens(model, args.text, args.max_tokens)
     if args.touch == "both":
         raise ConfigError("sweep varies the policy only: --touch on or off")
-    L, E, k = cfg.n_layers, cfg.n_experts, cfg.n_experts_per_token
+    L, E, k = cfg.n_moe_layers, cfg.n_experts, cfg.n_experts_per_token
     base = loop_configs(replace_args(args, J="3", lam="0.85"), [args.cap], n_layers=L, n_experts=E, top_k=k)[0]
     js = [int(j) for j in args.J.split(",") if j.strip()]
     lams = [float(v) for v in args.lam.split(",") if v.strip()]

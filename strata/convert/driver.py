@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.convert.architectures import family_for
-from strata.convert.chat_template import SPECIAL_TOKEN_KEY_PREFIX
+from strata.chat_template import SPECIAL_TOKEN_KEY_PREFIX
 from strata.convert.common import (
     ExpertTensors,
     Family,

@@ -35,6 +35,9 @@ KEY_EXPERTS_IDENTITY = "strata.experts_identity"  # ExpertsFile.identity of the 
 KEY_FILE_CHECKSUM = "strata.file_checksum"  # u32 CRC-32 of the whole file, these 4 value bytes read as 0
 CONFIG_PREFIX = "strata."
 
+# A bound on `strata.n_layers` checked before anything is built from it: the deepest MoE models
+# have under a hundred layers; 2**32 - 1 would make ModelConfig spell out four billion layer kinds.
+MAX_LAYERS = 1 << 14
 DENSE_TYPES = (QuantType.F32, QuantType.F16, QuantType.Q8_0)  # what write_model can store 2-D matrices as
 
 
@@ -47,7 +50,15 @@ def _gguf():
 # ModelConfig field type (its annotation string) -> GGUF value type name. A new field type must
 # be added here; the assert below fails at import otherwise.
 _FIELD_VALUE_TYPES = {"int": "UINT32", "bool": "BOOL", "float": "FLOAT64", "str": "STRING",
-                      "RoutingOrder": "STRING", "QKNorm": "STRING"}
+                      "RoutingOrder": "STRING", "QKNorm": "STRING", "tuple[LayerType, ...]": "STRING"}
+# The fields format version 1 shipped with: every file has them. A field added since has a
+# default, and a file without it gets that default (every layer attention + MoE, no dense FFN,
+# no new family's feature), which is what such a file describes.
+_V1_FIELDS = frozenset({
+    "architecture", "vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts",
+    "n_experts_per_token", "expert_ffn_size", "shared_ffn_size", "shared_expert_gated", "routing_order",
+    "norm_topk_prob", "qk_norm", "attention_bias", "rope_theta", "rms_norm_eps", "max_context", "tie_embeddings",
+})
 assert all(str(f.type) in _FIELD_VALUE_TYPES for f in dataclasses.fields(ModelConfig)), "new ModelConfig field type"
 
 
@@ -250,11 +261,16 @@ def _config(gf: GGUFFile) -> ModelConfig:
         key = config_key(f.name)
         want = _FIELD_VALUE_TYPES[str(f.type)]
         field = gf.fields.get(key)
+        if field is None and f.name not in _V1_FIELDS:
+            continue
         if field is None:
             raise FormatError(f"{path}: missing metadata key {key}")
         if field.type_name != want:
             raise FormatError(f"{path}: metadata key {key} has type {field.type_name}, expected {want}")
         values[f.name] = field.value
+    layers = values.get("n_layers")
+    if isinstance(layers, int) and layers > MAX_LAYERS:  # before ModelConfig builds per-layer tuples
+        raise FormatError(f"{path}: {config_key('n_layers')} = {layers}, more than any model has ({MAX_LAYERS})")
     try:
         cfg = ModelConfig.from_dict(values)
     except (ConfigError, ValueError) as e:

@@ -9,8 +9,7 @@ Modules (one concept each; the same names as strata/reference/ where they twin i
     model      MlxParams, the layer steps and forward
     arena      MlxArena: the runtime's Arena over MLX memory (zero-copy slot writes)
     compute    MlxCompute: the runtime's LayerCompute
-    engine     MlxEngine (all-resident), open_mlx_engine (the backend's entry point)
-    synthetic  full-size random models on the device (benchmarks)
+    engine     MlxEngine (all-resident), streaming_parts (arena + compute for the runtime's engine)
     twins      the reference <-> MLX twin table the differential tests iterate
     kernels/   the shared bodies, per-dialect preludes, build-once launch, the emulator
 """

@@ -1,15 +1,16 @@
 """`MlxCompute`: the runtime's LayerCompute seam (strata.runtime.compute) on MLX arrays.
 
-The streaming loop calls attention -> router_input -> router_logits (host) -> shared (during the
+The streaming loop calls mixer -> router_input -> router_logits (host) -> shared (during the
 host turn) -> routed -> guess_logits (after the turn) -> combine for each layer. Here:
 
-- attention returns a lazy `_Residual` (the residual in, the attention partials);
+- mixer returns a lazy `_Residual` (the residual in, the mixer's partials);
 - router_input launches the router kernel once: residual after attention, h, the router logits
-  and the next layer's Q8_0 guess logits together; router_logits is the layer's one host round
+  and the next MoE layer's Q8_0 guess logits together; router_logits is the layer's one host round
   trip (evaluating z evaluates the guess too, so guess_logits costs a copy, not a sync);
 - shared and routed are started with `mx.async_eval`, so the GPU runs them while the host takes
   its turn (SPEC §4: the shared expert between signal and wait) and does its after-layer work;
-- combine adds the partials (one list per pass; several passes in a prompt) and the shared expert.
+- combine adds the partials (one list per pass; several passes in a prompt) and the shared expert;
+- a dense FFN layer is `dense_ffn` (MLX ops: no router, no experts, no host round trip).
 
 Decode launches per layer: QKV, attend, output projection, router, shared, routed, combine = 7
 (the all-resident engine puts the shared expert's blocks in the routed launch: 6; here it runs
@@ -25,9 +26,10 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.arena import MlxArena
-from strata.mlx_backend.attention import MlxLayerKV, attention_partials
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
-from strata.mlx_backend.model import MlxParams, embed, head, router_stage
+from strata.mlx_backend.model import (
+    MlxModelState, MlxParams, dense_ffn, embed, ffn_input, head, mixer_partials, router_stage,
+)
 from strata.mlx_backend.quants import gemv
 
 __all__ = ["MlxCompute"]
@@ -45,41 +47,54 @@ class _Residual:
 
 
 class _RouterInput:
-    __slots__ = ("layer", "h", "z", "g", "residual")
+    __slots__ = ("layer", "h", "z", "g", "g_layer", "residual")
 
-    def __init__(self, layer: int, h: mx.array, z: mx.array, g: mx.array | None, residual: _Residual) -> None:
-        self.layer, self.h, self.z, self.g, self.residual = layer, h, z, g, residual
+    def __init__(self, layer: int, h: mx.array, z: mx.array, g: mx.array | None, g_layer: int | None,
+                 residual: _Residual) -> None:
+        self.layer, self.h, self.z, self.g, self.g_layer, self.residual = layer, h, z, g, g_layer, residual
 
 
 class MlxCompute:
     """LayerCompute over MlxParams (dense, resident) and an MlxArena (experts by slot)."""
 
+    synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
+
     def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
         self.params, self.arena, self.layout, self.pred_q8 = params, arena, layout, pred_q8
-        self.kv = [MlxLayerKV.empty(params.cfg) for _ in range(params.cfg.n_layers)]
+        self.state = MlxModelState.empty(params.cfg)
+        moe = params.cfg.moe_layers
+        self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
 
     @property
     def length(self) -> int:
-        return self.kv[0].length
+        return self.state.length
+
+    def trim(self, n: int) -> None:
+        self.state = self.state.trim(n)
 
     def embed(self, tokens: np.ndarray) -> mx.array:
         return embed(self.params, tokens)
 
-    def attention(self, layer: int, x: mx.array) -> _Residual:
-        parts, self.kv[layer] = attention_partials(self.params.cfg, self.params.layers[layer].attn, self.kv[layer], x)
+    def mixer(self, layer: int, x: mx.array) -> _Residual:
+        layers = list(self.state.layers)
+        parts, layers[layer] = mixer_partials(self.params, layer, layers[layer], x)
+        self.state = MlxModelState(tuple(layers))
         return _Residual(layer, x, parts)
 
+    def dense_ffn(self, layer: int, x: _Residual) -> mx.array:
+        return dense_ffn(self.params, layer, *ffn_input(self.params, layer, x.x, x.parts))
+
     def router_input(self, layer: int, x: _Residual) -> _RouterInput:
-        nxt = layer + 1
-        guess = self.params.layers[nxt].guess if self.pred_q8 and nxt < self.params.cfg.n_layers else None
+        nxt = self._next_moe[layer]  # the router kernel computes the next MoE layer's guess with z
+        guess = self.params.layers[nxt].guess if self.pred_q8 and nxt is not None else None
         x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
-        return _RouterInput(layer, x.h, z, g, x)
+        return _RouterInput(layer, x.h, z, g, nxt if guess is not None else None, x)
 
     def router_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
         return np.array(h.z, dtype=np.float32)  # the layer's host round trip
 
     def guess_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
-        if h.g is not None and layer == h.layer + 1:
+        if h.g is not None and layer == h.g_layer:
             return np.array(h.g, dtype=np.float32)  # computed with z by the router kernel
         lw = self.params.layers[layer]
         g = gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T

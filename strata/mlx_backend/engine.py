@@ -1,14 +1,14 @@
 """Engines on the MLX backend (`Config.backend = mlx`).
 
-- `MlxEngine`: every expert resident in one MLX arena (slot l*E + e), routing on the GPU by the
+- `MlxEngine`: every expert resident in one MLX arena (slot m*E + e), routing on the GPU by the
   model's own rule (with all experts resident MoCE's bonus lifts every logit alike, so the
   selection is the model's): one host round trip per token, six launches per layer. On the GPU
   the decode step is compiled (compiled.py: traced once, replayed from C++) unless
   `compiled=False` or `compiled.COMPILED_DECODE` is False; prefill stays uncompiled.
-- streaming: `StreamingEngine` (strata.runtime) with an `MlxArena` and `MlxCompute`, built
-  exactly as `open_streaming_engine` builds the numpy ones.
+- streaming: `streaming_parts` gives an `MlxArena` and `MlxCompute`; strata.engines puts them
+  in the runtime's StreamingEngine with a reader pool, as it does the numpy ones.
 
-`open_mlx_engine(model, config, plan)` picks by the arena plan (SPEC §7).
+strata.engines.open_engine picks between them by the arena plan (SPEC §7).
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
+from strata.session import SessionEngine
 
-__all__ = ["MlxEngine", "open_mlx_engine", "load_resident_arena"]
+__all__ = ["MlxEngine", "streaming_parts", "load_resident_arena"]
 
 
 def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | None = None) -> MlxArena:
-    """Every record of an `.experts` file, pread straight into an MLX arena (slot l*E + e).
+    """Every record of an `.experts` file, pread straight into an MLX arena (slot m*E + e).
     progress: a bar on stderr (None: where stderr is a terminal); a 30-400B model's experts are
     tens to hundreds of GB, minutes of reading."""
     from tqdm import tqdm
@@ -45,14 +46,18 @@ def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | 
     return arena
 
 
-class MlxEngine:
-    """The Engine protocol (prefill / decode / length) over MlxParams with resident experts.
+class MlxEngine(SessionEngine):
+    """The Engine protocol over MlxParams with resident experts.
 
     compiled: decode through a `CompiledDecode` where it can run (the GPU kernel path); None
     reads `compiled.COMPILED_DECODE`. If its first (tracing) call raises, the engine warns once,
     keeps the reason in `compile_error` and decodes uncompiled from then on."""
 
-    def __init__(self, params: MlxParams, *, compiled: bool | None = None) -> None:
+    kind = "mlx resident"
+
+    def __init__(self, params: MlxParams, *, compiled: bool | None = None, model=None, config=None,
+                 expert_reads: int = 0) -> None:
+        super().__init__(model, config)
         if params.arena is None:
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
         self.params = params
@@ -60,16 +65,32 @@ class MlxEngine:
         self.compiled = compiled_step.COMPILED_DECODE if compiled is None else compiled
         self.compile_error: str | None = None
         self._step: compiled_step.CompiledDecode | None = None
+        self._reads = expert_reads
 
-    @property
-    def length(self) -> int:
-        return self.state.length
+    @classmethod
+    def open(cls, model, config: Config) -> "MlxEngine":
+        """Every expert of `model` (a strata.loader.Model) read once into an MLX arena."""
+        xf = model.experts_file
+        params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
+        params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
+                           load_resident_arena(xf, verify=config.verify_reads), xf.layout)
+        return cls(params, model=model, config=config, expert_reads=xf.header.n_records)
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        logits, self.state = forward(self.params, self.state, np.asarray(tokens))
+    def _expert_reads(self) -> int:
+        return self._reads
+
+    def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, tokens)
         return np.array(logits[-1], dtype=np.float32)
 
-    def decode(self, token: int) -> np.ndarray:
+    def _window(self, tokens: np.ndarray) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, tokens)
+        return np.array(logits, dtype=np.float32)
+
+    def _truncate(self, n: int) -> None:
+        self.state = self.state.trim(n)  # the same KV buffers: the compiled step stays bound
+
+    def _decode(self, token: int) -> np.ndarray:
         step = self._compiled_step()
         if step is not None:
             compiled_step.check_decode(self.params, self.state, int(token))  # raises like forward
@@ -111,26 +132,11 @@ class MlxEngine:
                       RuntimeWarning, stacklevel=3)
 
 
-def open_mlx_engine(model, config: Config, plan=None):
-    """The MLX engine for `model` (a strata.loader.Model): all-resident when the plan fits every
-    expert, else streaming through an MlxArena of `plan.slots` slots."""
-    from strata.runtime.decode import StreamingEngine, arena_plan_for
-    from strata.runtime.io import ReaderPool
 
-    plan = plan or arena_plan_for(model, config)
+def streaming_parts(model, config: Config, plan) -> tuple:
+    """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
+    MlxCompute over the model's dense weights (strata.engines adds the pool and the loop)."""
     xf = model.experts_file
-    if not plan.streaming:
-        params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
-        params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
-                           load_resident_arena(xf, verify=config.verify_reads), xf.layout)
-        return MlxEngine(params)
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
-    pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=config.verify_reads,
-                      timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3)
-    try:
-        params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
-        compute = MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8)
-        return StreamingEngine(model, config, arena, compute, pool, notes=("mlx backend",))
-    except BaseException:
-        pool.close()
-        raise
+    params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
+    return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)

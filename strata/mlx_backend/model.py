@@ -29,7 +29,7 @@ from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
-from strata.model_config import ModelConfig, QKNorm, TensorNames
+from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
 from strata.reference.routing import Selection
@@ -45,11 +45,15 @@ def default_dtype() -> mx.Dtype:
 
 @dataclass(frozen=True, eq=False)
 class LayerWeights:
+    """One layer's resident weights. MoE layers: router, guess, shared; dense FFN layers: dense
+    (its SwiGLU, in SharedWeights' form without the gate) and no router."""
+
     attn: AttentionWeights
     ffn_norm: mx.array  # [D]
-    router: mx.array  # float32 [E, D]
-    guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous layer)
+    router: mx.array | None  # float32 [E, D]
+    guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
     shared: SharedWeights | None
+    dense: SharedWeights | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,11 +77,24 @@ class MlxModelState:
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "MlxModelState":
-        return MlxModelState(tuple(MlxLayerKV.empty(cfg) for _ in range(cfg.n_layers)))
+        return MlxModelState(tuple(empty_layer_state(cfg, l) for l in range(cfg.n_layers)))
 
     @property
     def length(self) -> int:
         return self.layers[0].length if self.layers else 0
+
+    def trim(self, n: int) -> "MlxModelState":
+        """The first n positions: the same KV buffers with a shorter length (later positions are
+        written over), so a compiled step bound to these buffers stays bound."""
+        return MlxModelState(tuple(MlxLayerKV(kv.keys, kv.values, n) for kv in self.layers))
+
+
+def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
+    """The state layer `layer` starts from, by its mixer kind (twin of the reference's)."""
+    mixer = cfg.kinds[layer].mixer
+    if mixer is Mixer.ATTENTION:
+        return MlxLayerKV.empty(cfg)
+    raise NotImplementedError(f"no MLX state for mixer {mixer.value}")
 
 
 def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype,
@@ -91,6 +108,9 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
                             arr(get(n.attn_output)))
+    if cfg.kinds[layer].ffn is Ffn.DENSE:
+        dense_ffn = SharedWeights(arr(get(n.ffn_gate)), arr(get(n.ffn_up)), arr(get(n.ffn_down)), None)
+        return LayerWeights(attn, arr(get(n.ffn_norm)), None, None, None, dense_ffn)
     shared = None
     if cfg.has_shared_expert:
         gi = arr(get(n.shexp_gate_inp)) if cfg.shared_expert_gated else None
@@ -103,7 +123,7 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
                   dtype: mx.Dtype | None = None, pred_q8: bool = True) -> MlxParams:
     """MLX weights from the reference's dense dict (float32 numpy). With `experts`, every routed
-    expert is packed into a resident MLX arena (slot l*E + e)."""
+    expert is packed into a resident MLX arena (slot m*E + e, m the MoE index)."""
     dtype = dtype or default_dtype()
     n = TensorNames
     layers = tuple(_layer_weights(cfg, dense, l, dtype, pred_q8) for l in range(cfg.n_layers))
@@ -114,7 +134,7 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
     if experts is not None:
         first = experts.expert(0, 0)
         rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn)
-        arena = MlxArena(cfg.n_layers * cfg.n_experts, rec.padded_bytes)
+        arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
     mx.eval(embed_w, output, out_norm, *[a for lw in layers for a in _arrays(lw)])
     return MlxParams(cfg, layers, embed_w, out_norm, output, dtype, arena, rec)
@@ -122,17 +142,18 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
 
 def _arrays(lw: LayerWeights) -> list[mx.array]:
     a = lw.attn
-    out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [x for x in (a.bqkv, a.q_norm, a.k_norm) if x is not None]
-    if lw.shared is not None:
-        out += [lw.shared.gate, lw.shared.up, lw.shared.down] + ([lw.shared.gate_inp] if lw.shared.gate_inp is not None else [])
+    out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, lw.router) if x is not None]
+    for sw in (lw.shared, lw.dense):
+        if sw is not None:
+            out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
     return out
 
 
 def fill_resident_arena(arena: MlxArena, cfg: ModelConfig, record: Callable[[int, int], bytes | np.ndarray]) -> None:
-    """Slot l*E + e <- record(l, e) for every expert."""
-    for l in range(cfg.n_layers):
+    """Slot m*E + e <- record(m, e) for every expert of every MoE layer (m: the MoE index)."""
+    for m in range(cfg.n_moe_layers):
         for e in range(cfg.n_experts):
-            arena.fill(l * cfg.n_experts + e, record(l, e))
+            arena.fill(m * cfg.n_experts + e, record(m, e))
 
 
 # ---------------------------------------------------------------- layer pieces (twins of reference.model)
@@ -169,7 +190,7 @@ def embed_token(p: MlxParams, ids: mx.array) -> mx.array:
 
 def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
     """Twin of reference `attention_block`: x + attention(rms_norm(x)). [T, D] -> ([T, D], kv)"""
-    parts, kv = attention_partials(p.cfg, p.layers[layer].attn, kv, x)
+    parts, kv = mixer_partials(p, layer, kv, x)
     return x + parts.sum(axis=1), kv
 
 
@@ -197,6 +218,21 @@ def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: 
     return x_mid, h, z, (gemv(guess, h) if guess is not None else None)
 
 
+def ffn_input(p: MlxParams, layer: int, x: mx.array, parts: mx.array) -> tuple[mx.array, mx.array]:
+    """A dense FFN layer's residual after its mixer and its FFN input h (no router: MLX ops).
+
+    Shapes:
+        x [T, D], parts [T, P, D] -> x_mid [T, D], h [T, D]
+    """
+    x_mid = x + parts.sum(axis=1)
+    return x_mid, rms_norm(x_mid, p.layers[layer].ffn_norm, p.cfg.rms_norm_eps)
+
+
+def dense_ffn(p: MlxParams, layer: int, x_mid: mx.array, h: mx.array) -> mx.array:
+    """x + ffn(h) for a dense FFN layer (the shared-expert body without its gate). [T, D] -> [T, D]"""
+    return x_mid + shared_partials(h, p.layers[layer].dense).sum(axis=1)
+
+
 def head(p: MlxParams, x: mx.array) -> mx.array:
     """Twin of reference `head`: final norm and LM head. [T, D] -> float32 [T, V]
 
@@ -209,6 +245,16 @@ def head(p: MlxParams, x: mx.array) -> mx.array:
     return xn @ p.output.astype(mx.float32).T
 
 
+def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None
+                   ) -> tuple[mx.array, MlxLayerKV]:
+    """The layer's mixer (by kind) as partials of its output, and its new state.
+    Shapes: x [T, D] -> parts [T, P, D]"""
+    mixer = p.cfg.kinds[layer].mixer
+    if mixer is Mixer.ATTENTION:
+        return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
+    raise NotImplementedError(f"no MLX mixer {mixer.value}")
+
+
 def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select: SelectFn | None = None,
                   trace: list | None = None, *, pos: mx.array | None = None) -> tuple[mx.array, MlxLayerKV]:
     """One decoder layer over all-resident experts. select None: the model's own rule on the
@@ -217,15 +263,18 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
-    parts, kv = attention_partials(cfg, lw.attn, kv, x, pos=pos)
+    parts, kv = mixer_partials(p, layer, kv, x, pos=pos)
+    if lw.dense is not None:  # a dense FFN layer: no router, no experts
+        return dense_ffn(p, layer, *ffn_input(p, layer, x, parts)), kv
     x_mid, h, z, _ = router_stage(p, layer, x, parts)
-    base = layer * cfg.n_experts
+    m = cfg.moe_index(layer)
+    base = m * cfg.n_experts
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, router_rule(cfg), lw.shared)
     else:
         shared = shared_partials(h, lw.shared) if lw.shared is not None else None
         zh = np.array(z)
-        sels = [select(layer, zh[t]) for t in range(zh.shape[0])]
+        sels = [select(m, zh[t]) for t in range(zh.shape[0])]
         slots, weights = selections_to_slots(sels, cfg.n_experts_per_token, base)
         routed = routed_partials(p.arena.array, p.rec, h, slots, weights)
         if trace is not None:
@@ -308,5 +357,6 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
     return to_mlx_params(params.cfg, params.dense, experts=params.experts, dtype=dtype)
 
 
-__all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device"]
+__all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
+            "ffn_input", "dense_ffn", "empty_layer_state"]
 _ = field  # dataclasses.field kept for frozen defaults above

@@ -49,6 +49,10 @@ class LayerKV:
     def length(self) -> int:
         return self.keys.shape[1]
 
+    def trim(self, n: int) -> "LayerKV":
+        """The first n positions (KV truncation: attention keeps every position, so any n works)."""
+        return LayerKV(self.keys[:, :n], self.values[:, :n])
+
 
 def attention(
     cfg: ModelConfig, dense: dict, layer: int, kv: LayerKV, x: np.ndarray

@@ -45,6 +45,16 @@ def routed_experts(experts: Sequence[ExpertWeights], weights: np.ndarray, x: np.
     return out
 
 
+def dense_swiglu(gate: np.ndarray, up: np.ndarray, down: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """down(silu(gate·x) * (up·x)) on dense float weights: a dense FFN layer, an ungated shared expert.
+
+    Shapes:
+        gate, up: [F, D]; down: [D, F]; x: [D] or [T, D] -> like x
+    """
+    x = np.asarray(x, dtype=np.float32)
+    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
 def shared_expert(
     gate: np.ndarray, up: np.ndarray, down: np.ndarray, gate_inp: np.ndarray | None, x: np.ndarray
 ) -> np.ndarray:
@@ -54,7 +64,7 @@ def shared_expert(
         gate, up: [Fs, D]; down: [D, Fs]; gate_inp: [D] or None; x: [D] or [T, D] -> like x
     """
     x = np.asarray(x, dtype=np.float32)
-    y = (silu(x @ gate.T) * (x @ up.T)) @ down.T
+    y = dense_swiglu(gate, up, down, x)
     if gate_inp is not None:
         y = y * sigmoid(x @ gate_inp)[..., None]
     return y

@@ -1,7 +1,10 @@
 """The decoder forward pass (pure numpy): `forward(params, state, tokens) -> (logits, state)`.
 
-Each layer: x += attention(rms_norm(x)); h = rms_norm(x) is the router input; the router picks
-k experts per token (SPEC §3, through `select`); x += sum_i w_i expert_i(h) + shared(h).
+Each layer is a mixer and an FFN of the kinds `ModelConfig.kinds` names, dispatched in one loop:
+x += mixer(rms_norm(x)) (attention today: its state is the KV cache); h = rms_norm(x); then for an
+MoE layer the router picks k experts per token (SPEC §3, through `select`) and
+x += sum_i w_i expert_i(h) + shared(h), for a dense layer x += ffn(h). Routed experts are
+addressed by MoE index (`ModelConfig.moe_index`), as the `.experts` file stores them.
 The layer pieces are public so the streaming runtime and the analysis tools compose the same
 math with their own routing and residency, instead of keeping a second copy of it.
 """
@@ -14,14 +17,15 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
-from strata.model_config import ModelConfig, TensorNames
+from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
-from strata.reference.experts import routed_experts, shared_expert
+from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
 
 class ExpertSource(Protocol):
-    """Anything that hands out a routed expert's weights: the all-resident store, an arena."""
+    """Anything that hands out a routed expert's weights: the all-resident store, an arena.
+    `layer` is the MoE index (the layer's place among the MoE layers), not the model layer."""
 
     def expert(self, layer: int, expert: int) -> ExpertWeights: ...
 
@@ -33,19 +37,37 @@ class ModelParams:
     experts: ExpertSource
 
 
+LayerState = LayerKV  # per-layer state, by mixer kind (the attention mixer's is its KV cache)
+
+
+def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
+    """The state layer `layer` starts from, chosen by its mixer kind."""
+    mixer = cfg.kinds[layer].mixer
+    if mixer is Mixer.ATTENTION:
+        return LayerKV.empty(cfg)
+    raise NotImplementedError(f"no reference state for mixer {mixer.value}")
+
+
 @dataclass(frozen=True)
 class ModelState:
-    """The KV cache of every layer; `length` positions have been processed."""
+    """Every layer's state (by mixer kind); `length` positions have been processed."""
 
-    layers: tuple[LayerKV, ...]
+    layers: tuple[LayerState, ...]
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "ModelState":
-        return ModelState(tuple(LayerKV.empty(cfg) for _ in range(cfg.n_layers)))
+        return ModelState(tuple(empty_layer_state(cfg, l) for l in range(cfg.n_layers)))
 
     @property
     def length(self) -> int:
         return self.layers[0].length if self.layers else 0
+
+    def trim(self, n: int) -> "ModelState":
+        """The state after the first n positions. Attention layers truncate their KV cache, so
+        every n in [0, length] is restorable; a recurrent mixer would restore a kept snapshot."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"trim: n must be in [0, {self.length}], got {n}")
+        return ModelState(tuple(s.trim(n) for s in self.layers))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
@@ -83,6 +105,21 @@ def attention_block(params: ModelParams, layer: int, kv: LayerKV, x: np.ndarray)
     return x + out, kv
 
 
+def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray) -> tuple[np.ndarray, LayerState]:
+    """x + mixer(rms_norm(x)) for the layer's mixer kind. Shapes: x [T, D] -> ([T, D], state)"""
+    mixer = params.cfg.kinds[layer].mixer
+    if mixer is Mixer.ATTENTION:
+        return attention_block(params, layer, state, x)
+    raise NotImplementedError(f"no reference mixer {mixer.value}")
+
+
+def dense_ffn_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
+    """A dense FFN layer's output: one SwiGLU on dense weights. [T, D] -> [T, D]"""
+    n = TensorNames
+    w = lambda s: params.dense[n.block(layer, s)]  # noqa: E731
+    return dense_swiglu(w(n.ffn_gate), w(n.ffn_up), w(n.ffn_down), h)
+
+
 def router_input(params: ModelParams, layer: int, x: np.ndarray) -> np.ndarray:
     """The FFN input h = rms_norm(x): what the router and the experts see. [T, D] -> [T, D]"""
     n = TensorNames
@@ -106,8 +143,9 @@ def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
 
 def moe_output(params: ModelParams, layer: int, h: np.ndarray, selections: list[Selection]) -> np.ndarray:
     """Routed experts (per token, its own selection) plus the shared expert. [T, D] -> [T, D]"""
+    m = params.cfg.moe_index(layer)
     routed = np.stack([
-        routed_experts([params.experts.expert(layer, int(e)) for e in sel.experts], sel.weights, h[t])
+        routed_experts([params.experts.expert(m, int(e)) for e in sel.experts], sel.weights, h[t])
         for t, sel in enumerate(selections)
     ])
     return routed + shared_output(params, layer, h)
@@ -123,7 +161,8 @@ def head(params: ModelParams, x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ForwardTrace:
-    """What the router saw and chose. router_inputs: [L, T, D]; selections[l][t]."""
+    """What the router saw and chose, per MoE layer (L = n_moe_layers). router_inputs: [L, T, D];
+    selections[l][t]."""
 
     router_inputs: np.ndarray
     selections: tuple[tuple[Selection, ...], ...] = field(repr=False)
@@ -139,9 +178,9 @@ def forward(
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
-    `select` turns one token's router logits into its selection (default: the model's own rule).
-    Tokens are routed one at a time in order, so a residency-dependent `select` sees the same
-    sequence of calls as decoding would.
+    `select(moe_layer, z)` turns one token's router logits into its selection (default: the
+    model's own rule); its layer argument is the MoE index. Tokens are routed one at a time in
+    order, so a residency-dependent `select` sees the same sequence of calls as decoding would.
 
     Shapes:
         tokens: [T] -> logits [T, vocab] float32
@@ -150,12 +189,16 @@ def forward(
     select = select or plain_select(cfg)
     x = embed(params, tokens)
     new_layers, inputs, all_sel = [], [], []
-    for layer in range(cfg.n_layers):
-        x, kv = attention_block(params, layer, state.layers[layer], x)
-        new_layers.append(kv)
+    for layer, kind in enumerate(cfg.kinds):
+        x, layer_state = mixer_block(params, layer, state.layers[layer], x)
+        new_layers.append(layer_state)
         h = router_input(params, layer, x)
+        if kind.ffn is Ffn.DENSE:
+            x = x + dense_ffn_output(params, layer, h)
+            continue
         z = layer_router_logits(params, layer, h)  # [T, E]
-        selections = [select(layer, z[t]) for t in range(len(z))]
+        m = cfg.moe_index(layer)
+        selections = [select(m, z[t]) for t in range(len(z))]
         x = x + moe_output(params, layer, h, selections)
         if trace:
             inputs.append(h)

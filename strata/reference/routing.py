@@ -85,6 +85,22 @@ class RouterRule:
     def from_model_config(cls, cfg: ModelConfig) -> "RouterRule":
         return cls(cfg.n_experts_per_token, cfg.routing_order, cfg.norm_topk_prob)
 
+    def selection_scores(self, logits: np.ndarray) -> np.ndarray:
+        """The score the rule ranks experts by (higher first); MoCE adds its bonus to it. Both
+        orders today rank on z itself: softmax is strictly increasing, so top-k by probability
+        is top-k by z, and ranking on z keeps float32 rounding of probabilities from creating
+        ties the logits do not have. (A sigmoid rule with a selection bias ranks on
+        sigmoid(z) + bias, and weights from sigmoid(z) without it.)
+
+        Shapes:
+            logits: float32 [E] -> float32 [E]
+        """
+        return logits
+
+    def weights(self, logits: np.ndarray, experts: np.ndarray) -> np.ndarray:
+        """The combine weights of a selected set, from the unbiased logits (`combine_weights`)."""
+        return combine_weights(logits, experts, self)
+
 
 @dataclass(frozen=True)
 class MoCEPolicy:
@@ -285,14 +301,15 @@ def route(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None
     z, res = _check(logits, resident, rule.k)
     k = rule.k
     b = policy.effective_bonus(logit_range) if policy is not None else 0.0
-    by_z = np.argsort(-z, kind="stable")  # [E] z descending, ties -> lower index
-    j = protected_count(z[by_z], policy, k)
-    rest = by_z[j:]  # [E-j] non-protected, in z order
-    # z' in float32 with the bonus rounded to float32, as the GPU kernels compute it (no float64).
-    z_biased = z[rest] + np.float32(b) * res[rest].astype(np.float32)  # [E-j] z'
-    rest = rest[np.argsort(-z_biased, kind="stable")[: k - j]]  # z' ties keep the z order
+    score = rule.selection_scores(z)  # [E] what the rule ranks by
+    by_z = np.argsort(-score, kind="stable")  # [E] score descending, ties -> lower index
+    j = protected_count(score[by_z], policy, k)
+    rest = by_z[j:]  # [E-j] non-protected, in score order
+    # s' in float32 with the bonus rounded to float32, as the GPU kernels compute it (no float64).
+    biased = score[rest] + np.float32(b) * res[rest].astype(np.float32)  # [E-j] s'
+    rest = rest[np.argsort(-biased, kind="stable")[: k - j]]  # s' ties keep the score order
     experts = np.concatenate([by_z[:j], rest]).astype(np.int64)  # [k] rank order
-    weights = combine_weights(z, experts, rule)  # [k]
+    weights = rule.weights(z, experts)  # [k]
     ranks = np.arange(k, dtype=np.int64)
     drop = np.zeros(k, bool)
     if policy is not None and policy.drop_tail_weight > 0:

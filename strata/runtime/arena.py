@@ -2,24 +2,20 @@
 
 The `Arena` protocol is the seam between the I/O pool and a compute backend. The pool preads a
 record straight into `slot_buffer(slot)` and calls `publish(slot)` once the bytes are complete;
-compute may read a slot only after that. `NumpyArena` is one anonymous mapping (page-aligned,
-so every slot is 4096-aligned and O_DIRECT reads land in it directly); `publish` is a no-op
-because host memory is what compute reads. A GPU arena would upload in `publish` (unified
-memory: also a no-op). A slot update costs O(slot): one read, one publish, nothing else.
+compute may read a slot only after that. The backends implement it (strata.numpy_backend.arena:
+host memory; strata.mlx_backend.arena: memory the GPU reads). A slot update costs O(slot): one
+read, one publish, nothing else.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
 from typing import Protocol
 
 import numpy as np
 
 from strata.formats.expert_record import RECORD_ALIGN
 
-__all__ = ["Arena", "NumpyArena", "SlotArena", "check_slot_geometry", "mlock_buffer"]
+__all__ = ["Arena", "SlotArena", "check_slot_geometry"]
 
 
 class Arena(Protocol):
@@ -72,31 +68,3 @@ class SlotArena:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self._capacity:
             raise IndexError(f"arena has {self._capacity} slots, no slot {slot}")
-
-
-class NumpyArena(SlotArena):
-    """One 4096-aligned anonymous mapping of capacity × slot_bytes."""
-
-    def __init__(self, capacity: int, slot_bytes: int, *, wire: bool = False) -> None:
-        super().__init__(capacity, slot_bytes)
-        self._map = mmap.mmap(-1, capacity * slot_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._data = np.frombuffer(self._map, dtype=np.uint8)  # [capacity * slot_bytes]
-        self.wired = mlock_buffer(self._data) if wire else False
-
-    def slot_buffer(self, slot: int) -> np.ndarray:
-        self._check_slot(slot)
-        start = slot * self._slot_bytes
-        return self._data[start:start + self._slot_bytes]
-
-    def publish(self, slot: int) -> None:
-        pass  # host memory: the pread's bytes are what compute reads
-
-
-def mlock_buffer(a: np.ndarray) -> bool:
-    """Wire an array's pages (mlock). False where the system refuses (RLIMIT_MEMLOCK, no libc)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        addr = a.__array_interface__["data"][0]
-        return libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(a.nbytes)) == 0
-    except (OSError, AttributeError, TypeError):
-        return False

@@ -1,60 +1,65 @@
 """The streaming engine: the split-turn decode loop over a fixed arena (SPEC §1, §4, §5).
 
-One decode window (one token) runs every layer as:
+One decode window (T positions; T = 1 in plain decoding) runs every layer as its kind says.
+A dense FFN layer is computed whole (`dense_ffn`: no router, no cache turn). An MoE layer:
 
-    attention -> router input h -> router logits z (host) -> route (MoCE vs the cache's residency)
-    host turn:  at_layer(l, selected): hits, read-ahead claims, urgent reads ... the shared
+    mixer -> router input h -> router logits z (host) -> route (MoCE vs the cache's residency)
+    host turn:  at_layer(m, selected): hits, read-ahead claims, urgent reads ... the shared
                 expert is computed here, between issuing the reads and waiting for them
                 (shexp_overlap) ... wait -> Use(slots)
-    after_layer(l, guesses for l+1 from W_router(l+1)·h on the Q8_0 router copy): retire this
-                layer's unclaimed read-aheads, release limbo, read ahead (split_turn; off: the
-                old order, inside the host turn before compute). A synchronous backend (numpy)
-                hands off before routed(l), so its read-aheads for l+1 are issued there and
-                land while layer l's experts compute; an asynchronous one (MLX) after it
+    after_layer(m, guesses for the next MoE layer from its router · h on the Q8_0 router copy):
+                retire this layer's unclaimed read-aheads, release limbo, read ahead (split_turn;
+                off: the old order, inside the host turn before compute). A synchronous backend
+                (numpy) hands off before routed(l), so its read-aheads are issued there and land
+                while layer l's experts compute; an asynchronous one (MLX) after it
     routed(l, h, slots) computed (numpy) or handed to the device (MLX)
     x += routed + shared
 
+The cache sees MoE layers only, by MoE index m (`ModelConfig.moe_index`), so the read-ahead
+guess for the next MoE layer reaches across any dense (or, later, recurrent) layers between.
 Every switch of SPEC §6 comes from the one Config and restores the old behaviour when flipped.
 `StreamingEngine(model, config, arena, compute, io)` takes its parts explicitly (the seams);
-`open_streaming_engine(model, config)` builds the numpy ones.
+strata.engines.open_engine assembles them for each backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
 from strata.errors import ArenaTooSmallError
-from strata.formats.expert_record import ExpertWeights
-from strata.loader import Model
-from strata.reference.cache_types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
-from strata.reference.model import ModelParams
-from strata.reference.routing import Selection
-from strata.runtime.arena import Arena, NumpyArena, mlock_buffer
-from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
-from strata.runtime.compute import LayerCompute, NumpyCompute
-from strata.runtime.io import IOHook, ReaderPool
+from strata.model_config import Ffn
+from strata.runtime.arena import Arena
+from strata.runtime.budget import ArenaPlan, plan_arena
+from strata.runtime.compute import LayerCompute
+from strata.runtime.io import ReaderPool
+from strata.runtime.prompt import prefill_chunks
 from strata.runtime.report import StreamReport, build_report
-from strata.runtime.selector import Selector, union_in_rank_order
+from strata.runtime.selector import Selector, slots_for, union_in_rank_order
 from strata.runtime.streamer import Streamer
+from strata.session import SessionEngine
+from strata.sizes import fmt_bytes
 
-__all__ = ["StreamingEngine", "open_streaming_engine", "cache_config_for", "arena_plan_for"]
+__all__ = ["StreamingEngine", "Ledger", "cache_config_for", "arena_plan_for"]
 
-PHASES = ("attention", "route", "turn", "routed", "shared", "after", "combine", "head")
+PHASES = ("attention", "dense", "route", "turn", "routed", "shared", "after", "combine", "head")
 
 
-def cache_config_for(model: Model, config: Config, capacity: int) -> CacheConfig:
+def cache_config_for(model, config: Config, capacity: int) -> CacheConfig:
+    """The cache machine's configuration: MoE layers only, windows of up to `config.window`."""
     cfg = model.cfg
-    return CacheConfig(capacity=capacity, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
-                       top_k=cfg.n_experts_per_token, window=1, prefetch_depth=config.prefetch,
+    return CacheConfig(capacity=capacity, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
+                       top_k=cfg.n_experts_per_token, window=config.window, prefetch_depth=config.prefetch,
                        prefetch_touch=config.prefetch_touch, prefetch2=config.prefetch2,
                        split_turn=config.split_turn)
 
 
-def arena_plan_for(model: Model, config: Config) -> ArenaPlan:
+def arena_plan_for(model, config: Config) -> ArenaPlan:
     """The arena this model and configuration get (`--arena` or the budget rule)."""
     h = model.experts_file.header
     least = cache_config_for(model, config, 1).min_capacity
@@ -63,66 +68,101 @@ def arena_plan_for(model: Model, config: Config) -> ArenaPlan:
                       dense_bytes=dense, model_files=(model.model_path, model.experts_file.path))
 
 
-class _NoResidentExperts:
-    """Streaming params carry no expert store: experts come from arena slots only."""
+@dataclass(frozen=True)
+class Ledger:
+    """A streaming engine's running totals; the difference of two is one run's report."""
 
-    def expert(self, layer: int, expert: int) -> ExpertWeights:
-        raise RuntimeError("the streaming engine reads experts from the arena, never from params")
+    decode_counts: CacheStats = CacheStats()
+    prompt_counts: CacheStats = CacheStats()
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    host_s: float = 0.0  # decode windows' host turns (prompt turns are left out)
+    waiting_s: float = 0.0
+    after_s: float = 0.0
+    phase_s: tuple[tuple[str, float], ...] = ()
+
+    def minus(self, other: "Ledger") -> "Ledger":
+        sub = {f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)
+               if f.type in ("int", "float")}
+        phases = dict(other.phase_s)
+        return Ledger(decode_counts=stats_delta(self.decode_counts, other.decode_counts),
+                      prompt_counts=stats_delta(self.prompt_counts, other.prompt_counts),
+                      phase_s=tuple((k, v - phases.get(k, 0.0)) for k, v in self.phase_s), **sub)
 
 
-class StreamingEngine:
-    """An `Engine` (prefill/decode/length) that pages routed experts through `arena`."""
+class StreamingEngine(SessionEngine):
+    """An engine that pages routed experts through `arena` (the Engine protocol: strata.engines)."""
 
-    def __init__(self, model: Model, config: Config, arena: Arena, compute: LayerCompute, io: ReaderPool,
-                 *, keep_trace: bool = False, notes: tuple[str, ...] = ()) -> None:
-        self.model, self.config, self.arena, self.compute, self.io = model, config, arena, compute, io
+    def __init__(self, model, config: Config, arena: Arena, compute: LayerCompute, io: ReaderPool,
+                 *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming") -> None:
+        super().__init__(model, config)
+        self.kind = kind
+        self.arena, self.compute, self.io = arena, compute, io
         self.cache_config = cache_config_for(model, config, arena.capacity)
         least = self.cache_config.min_capacity
         if arena.capacity < least:
             raise ArenaTooSmallError(
                 f"arena of {arena.capacity} slots ({fmt_bytes(arena.capacity * arena.slot_bytes)}) cannot hold one "
-                f"window's selections of every layer plus the read-ahead depth: needs at least {least} slots")
+                f"window's selections of every MoE layer plus the read-ahead depth: needs at least {least} slots")
         self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
                                  reference=config.reference_cache)
         self.selector = Selector(model.cfg, config.moce_policy())
+        self.moe_layers = model.cfg.moe_layers  # MoE index -> model layer
         self.notes = notes
-        self.tokens = 0
-        self.decode_s = 0.0
-        self.prompt_tokens = 0
-        self.prompt_s = 0.0
-        self._prompt_counts = CacheStats()  # the cache's counts during prompts (the report leaves them out)
-        self._prompt_times = [0.0, 0.0, 0.0]  # host, waiting, after spent in prompts
         self.phase_s = dict.fromkeys(PHASES, 0.0)
+        self._ledger = Ledger()
         self._logpos = open(config.logpos, "ab") if config.logpos else None
-        self._closed = False
 
-    # -------------------------------------------------------- Engine
+    # -------------------------------------------------------- the engine's steps
 
-    @property
-    def length(self) -> int:
-        return self.compute.length
+    def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        return self._prompt(tokens, all_logits=False)
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        from strata.runtime.prompt import prefill
+    def _decode(self, token: int) -> np.ndarray:
+        return self._timed_window(np.asarray([token], dtype=np.int64))[-1]
 
+    def _window(self, tokens: np.ndarray) -> np.ndarray:
+        """T positions as one cache window when T fits `config.window`, else through the prompt
+        path (chunks, several passes where a layer's union does not fit)."""
+        if len(tokens) <= self.cache_config.window:
+            return self._timed_window(tokens)
+        return self._prompt(tokens, all_logits=True)
+
+    def _truncate(self, n: int) -> None:
+        self.compute.trim(n)  # the arena keeps its experts: a new prompt finds them resident
+
+    def _cache_totals(self) -> CacheStats:
+        return self.streamer.totals
+
+    def _prompt(self, tokens: np.ndarray, *, all_logits: bool) -> np.ndarray:
         before = self.streamer.totals
-        t = self.streamer.times
-        times = (t.host, t.waiting, t.after)
         start = time.perf_counter()
-        logits = prefill(self, np.asarray(tokens, dtype=np.int64))
-        self.prompt_s += time.perf_counter() - start
-        self.prompt_tokens += len(tokens)
-        self._prompt_counts = stats_sum(self._prompt_counts, stats_delta(self.streamer.totals, before))
-        for i, (now, then) in enumerate(zip((t.host, t.waiting, t.after), times)):
-            self._prompt_times[i] += now - then
+        logits = prefill_chunks(self, tokens, all_logits=all_logits)
+        led = self._ledger
+        counts = stats_delta(self.streamer.totals, before)
+        self._ledger = dataclasses.replace(
+            led, prompt_counts=stats_sum(led.prompt_counts, counts), prompt_tokens=led.prompt_tokens + len(tokens),
+            prompt_s=led.prompt_s + time.perf_counter() - start)
         return logits
 
-    def decode(self, token: int) -> np.ndarray:
+    def _timed_window(self, tokens: np.ndarray) -> np.ndarray:
+        before, times = self.streamer.totals, self._turn_times()
         start = time.perf_counter()
-        logits = self.window(np.asarray([token], dtype=np.int64))
-        self.decode_s += time.perf_counter() - start
-        self.tokens += 1
-        return logits[-1]
+        logits = self.window(tokens)
+        led = self._ledger
+        now = self._turn_times()
+        self._ledger = dataclasses.replace(
+            led, decode_counts=stats_sum(led.decode_counts, stats_delta(self.streamer.totals, before)),
+            decode_tokens=led.decode_tokens + len(tokens), decode_s=led.decode_s + time.perf_counter() - start,
+            host_s=led.host_s + now[0] - times[0], waiting_s=led.waiting_s + now[1] - times[1],
+            after_s=led.after_s + now[2] - times[2])
+        return logits
+
+    def _turn_times(self) -> tuple[float, float, float]:
+        t = self.streamer.times
+        return t.host, t.waiting, t.after
 
     # -------------------------------------------------------- the loop
 
@@ -132,7 +172,7 @@ class StreamingEngine:
         return now
 
     def window(self, tokens: np.ndarray) -> np.ndarray:
-        """One decode window over `tokens` (T positions, T = 1 in plain decoding).
+        """One decode window over `tokens` (T <= config.window positions).
 
         Shapes:
             tokens: [T] -> logits float32 [T, V]
@@ -140,34 +180,40 @@ class StreamingEngine:
         s, c, cfg, conf = self.streamer, self.compute, self.model.cfg, self.config
         s.begin_window()
         x = c.embed(tokens)
-        for layer in range(cfg.n_layers):
+        moe = 0
+        for layer, kind in enumerate(cfg.kinds):
             t0 = time.perf_counter()
-            x = c.attention(layer, x)
+            x = c.mixer(layer, x)
             t0 = self._clock("attention", t0)
+            if kind.ffn is Ffn.DENSE:
+                x = c.dense_ffn(layer, x)
+                self._clock("dense", t0)
+                continue
+            m, moe = moe, moe + 1
             h = c.router_input(layer, x)
-            selections = self.selector.select(layer, c.router_logits(layer, h), s.resident_mask(layer))
+            selections = self.selector.select(m, c.router_logits(layer, h), s.resident_mask(m))
             t0 = self._clock("route", t0)
             uses: list[Use] = []
             shared: list = []
             overlap = (lambda: shared.append(c.shared(layer, h))) if conf.shexp_overlap else None
-            s.at_layer(layer, union_in_rank_order(selections), on_use=uses.append, overlap=overlap)
+            s.at_layer(m, union_in_rank_order(selections), on_use=uses.append, overlap=overlap)
             t0 = self._clock("turn", t0)
             # A synchronous backend (numpy: `routed` returns when the experts are computed) has
-            # its hand-off before `routed`, so the split turn's AfterLayer(l) runs there, and
-            # layer l+1's read-aheads land during layer l's routed experts instead of only
-            # during layer l+1's attention (docs/perf.md: late read-aheads 2,700 -> 0). Same
-            # events in the same order, so the same decisions: the slots Use(l) handed over
+            # its hand-off before `routed`, so the split turn's AfterLayer(m) runs there, and
+            # the next MoE layer's read-aheads land during layer l's routed experts instead of
+            # only during the next layer's mixer (docs/perf.md: late read-aheads 2,700 -> 0).
+            # Same events in the same order, so the same decisions: the slots Use(m) handed over
             # are pinned for the window, never read-ahead victims. An asynchronous backend
             # (MLX: `routed` ends in async_eval) hands off after `routed`, as before.
-            early = not conf.split_turn or getattr(c, "synchronous", False)
+            early = not conf.split_turn or c.synchronous
             if early:  # the old order (timed as host) or a synchronous backend's hand-off
-                self._after_layer(layer, h, in_turn=not conf.split_turn)
+                self.after_layer(m, h, in_turn=not conf.split_turn)
                 t0 = self._clock("after", t0)
             slots, weights = slots_for(selections, uses[0])
             part = c.routed(layer, h, slots, weights)
             t0 = self._clock("routed", t0)
             if not early:  # compute is handed off: the host's bookkeeping runs beside it
-                self._after_layer(layer, h)
+                self.after_layer(m, h)
                 t0 = self._clock("after", t0)
             if not shared:
                 shared.append(c.shared(layer, h))
@@ -177,97 +223,50 @@ class StreamingEngine:
         t0 = time.perf_counter()
         logits = c.head(x)
         self._clock("head", t0)
-        self._dump(logits)
+        self.dump(logits)
         return logits
 
-    def _after_layer(self, layer: int, h, *, in_turn: bool = False) -> None:
-        """AfterLayer with the read-ahead guesses for layer+1 (and layer+2 with prefetch2)."""
-        k, n_layers = self.config.prefetch, self.model.cfg.n_layers
+    def after_layer(self, m: int, h, *, in_turn: bool = False) -> None:
+        """AfterLayer(m) with the read-ahead guesses for MoE layer m+1 (and m+2 with prefetch2),
+        from this layer's router input h and those layers' (Q8_0) routers."""
+        k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
-        if k and layer + 1 < n_layers:
-            g1 = self.selector.guesses(self.compute.guess_logits(layer + 1, h), k)
-        if k and self.config.prefetch2 and layer + 2 < n_layers:
-            g2 = self.selector.guesses(self.compute.guess_logits(layer + 2, h), k)
-        self.streamer.after_layer(layer, g1, g2, in_turn=in_turn)
+        if k and m + 1 < len(layers):
+            g1 = self.selector.guesses(self.compute.guess_logits(layers[m + 1], h), k)
+        if k and self.config.prefetch2 and m + 2 < len(layers):
+            g2 = self.selector.guesses(self.compute.guess_logits(layers[m + 2], h), k)
+        self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
 
-    def _dump(self, logits: np.ndarray) -> None:
+    def dump(self, logits: np.ndarray) -> None:
+        """Append every position's logits to `config.logpos` (for KLD), when set."""
         if self._logpos is not None:
             self._logpos.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
             self._logpos.flush()
 
+    @property
+    def dumping(self) -> bool:
+        return self._logpos is not None
+
     # -------------------------------------------------------- report / lifetime
 
-    def report(self) -> StreamReport:
-        t = self.streamer.times
-        decode = asdict(stats_delta(self.streamer.totals, self._prompt_counts))
-        host, waiting, after = (now - p for now, p in zip((t.host, t.waiting, t.after), self._prompt_times))
+    def ledger(self) -> Ledger:
+        """The running totals now (pass one to `report(since=...)` for a run's own report)."""
+        return dataclasses.replace(self._ledger, phase_s=tuple(self.phase_s.items()))
+
+    def report(self, since: Ledger | None = None) -> StreamReport:
+        """The stream report of the decode windows since `since` (default: the engine's life)."""
+        led = self.ledger() if since is None else self.ledger().minus(since)
         io = self.io.note + "".join(f"; {n}" for n in self.notes)
         return build_report(
-            decode=decode, tokens=self.tokens, seconds=self.decode_s, host_s=host, waiting_s=waiting,
-            after_s=after, slot_bytes=self.arena.slot_bytes, arena_slots=self.arena.capacity, io=io,
-            prompt_tokens=self.prompt_tokens, prompt_s=self.prompt_s,
-            prompt_reads=self._prompt_counts.reads_issued,
-            profile=self.phase_s if self.config.profile else None)
+            decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
+            waiting_s=led.waiting_s, after_s=led.after_s, slot_bytes=self.arena.slot_bytes,
+            arena_slots=self.arena.capacity, io=io, prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
+            prompt_reads=led.prompt_counts.reads_issued,
+            profile=dict(led.phase_s) if self.config.profile else None)
 
     def close(self) -> None:
         if not self._closed:
-            self._closed = True
+            super().close()
             self.io.close()
             if self._logpos is not None:
                 self._logpos.close()
-
-    def __enter__(self) -> "StreamingEngine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def slots_for(selections: list[Selection], use: Use) -> tuple[np.ndarray, np.ndarray]:
-    """Each token's selected experts as arena slots (-1: not in this pass, or none), in rank
-    order, with their combine weights.
-
-    Shapes:
-        -> slots int64 [T, k], weights float32 [T, k]   (k = the longest selection)
-    """
-    where = dict(zip(use.experts, use.slots))
-    k = max((len(sel.experts) for sel in selections), default=0)
-    if len(selections) == 1 and len(selections[0].experts) == k:  # decode: one row, no per-item numpy writes
-        sel = selections[0]
-        row = [where.get(e, -1) for e in sel.experts.tolist()]
-        slots = np.array([row], np.int64).reshape(1, k)
-        weights = np.where(slots >= 0, sel.weights.astype(np.float32, copy=False), np.float32(0))
-        return slots, weights
-    slots = np.full((len(selections), k), -1, np.int64)
-    weights = np.zeros((len(selections), k), np.float32)
-    for t, sel in enumerate(selections):
-        for r, (e, w) in enumerate(zip(sel.experts.tolist(), sel.weights)):
-            if e in where:
-                slots[t, r] = where[e]
-                weights[t, r] = w
-    return slots, weights
-
-
-def open_streaming_engine(model: Model, config: Config, *, plan: ArenaPlan | None = None,
-                          hook: IOHook | None = None, keep_trace: bool = False) -> StreamingEngine:
-    """A numpy StreamingEngine: arena from `plan` (default: `arena_plan_for`), reader pool,
-    NumpyCompute over the model's dense weights."""
-    plan = plan or arena_plan_for(model, config)
-    slot_bytes = model.experts_file.header.padded_bytes
-    notes = []
-    arena = NumpyArena(plan.slots, slot_bytes, wire=config.wire_arena)
-    if config.wire_arena:
-        notes.append("arena wired" if arena.wired else "arena NOT wired (mlock refused)")
-    if config.mlock_dense:
-        ok = all(mlock_buffer(a) for a in model.dense.values())
-        notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
-    pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
-                      verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
-                      switch_interval=config.io_switch_ms / 1e3)
-    try:
-        params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
-        compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8)
-        return StreamingEngine(model, config, arena, compute, pool, keep_trace=keep_trace, notes=tuple(notes))
-    except BaseException:
-        pool.close()
-        raise

@@ -2,51 +2,62 @@
 
 The prompt is cut into chunks of `prefill_chunk` positions. Inside a held region
 (`hold_region`: limbo is released at both edges, so prompt stream-ins cannot leak into decode)
-each chunk is one window; per layer the cache gets the union of the chunk's selected experts.
-When the union does not fit beside what is pinned, the cache closes a pass (a `Use`), the pass
-is computed at once, and the next pass may reuse its slots. Read-ahead runs as in decode, on
-the chunk's mean guess logits; in a prompt it is optional (skipped when the arena is full).
+each chunk is one window; per MoE layer the cache gets the union of the chunk's selected
+experts. When the union does not fit beside what is pinned, the cache closes a pass (a `Use`),
+the pass is computed at once, and the next pass may reuse its slots. Read-ahead runs as in
+decode, on the chunk's mean guess logits; in a prompt it is optional (skipped when the arena is
+full). Dense FFN layers are computed whole, with no cache turn.
+
+Only the last chunk's head is computed (its last position, or every position for
+`all_logits`), unless every position's logits are being dumped (`Config.logpos`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strata.reference.cache_types import Use
-from strata.runtime.selector import union_in_rank_order
+from strata.cache.types import Use
+from strata.model_config import Ffn
+from strata.runtime.selector import slots_for, union_in_rank_order
 
-__all__ = ["prefill"]
+__all__ = ["prefill_chunks"]
 
 
-def prefill(engine, tokens: np.ndarray) -> np.ndarray:
-    """Process `tokens` after the cached positions; return the last position's logits [V].
+def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
+    """Process `tokens` after the held positions (`engine`: a runtime StreamingEngine).
 
     Shapes:
-        tokens: int64 [T]  ->  float32 [V]
+        tokens: int64 [T]  ->  float32 [V] (the last position), or [T, V] with all_logits
     """
-    from strata.runtime.decode import slots_for
-
     s, c, sel, cfg = engine.streamer, engine.compute, engine.selector, engine.model.cfg
     chunk = engine.config.prefill_chunk
     s.hold_region(True)
-    logits = None
+    rows = []
     for start in range(0, len(tokens), chunk):
+        last = start + chunk >= len(tokens)
         s.begin_window()
         x = c.embed(tokens[start:start + chunk])
-        for layer in range(cfg.n_layers):
-            x = c.attention(layer, x)
+        moe = 0
+        for layer, kind in enumerate(cfg.kinds):
+            x = c.mixer(layer, x)
+            if kind.ffn is Ffn.DENSE:
+                x = c.dense_ffn(layer, x)
+                continue
+            m, moe = moe, moe + 1
             h = c.router_input(layer, x)
-            selections = sel.select(layer, c.router_logits(layer, h), s.resident_mask(layer))
+            selections = sel.select(m, c.router_logits(layer, h), s.resident_mask(m))
             parts = []
 
             def on_use(use: Use, layer=layer, h=h, selections=selections, parts=parts) -> None:
                 slots, weights = slots_for(selections, use)  # this pass's experts only
                 parts.append(c.routed(layer, h, slots, weights))
 
-            s.at_layer(layer, union_in_rank_order(selections), on_use=on_use)
-            engine._after_layer(layer, h)
+            s.at_layer(m, union_in_rank_order(selections), on_use=on_use)
+            engine.after_layer(m, h)
             x = c.combine(x, parts, c.shared(layer, h))
-        logits = c.head(x)
-        engine._dump(logits)
+        if engine.dumping or all_logits or last:
+            logits = c.head(x)
+            engine.dump(logits)
+            rows.append(logits)
     s.hold_region(False)  # not reached on an error: the engine is unusable after one anyway
-    return logits[-1]
+    return np.concatenate(rows) if all_logits else rows[-1][-1]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from strata.runtime.budget import fmt_bytes
+from strata.sizes import fmt_bytes
 
 __all__ = ["StreamReport", "build_report"]
 

@@ -13,20 +13,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.cache.types import Use
 from strata.errors import NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 from strata.reference.routing import (
     BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
 )
 
-__all__ = ["Selector", "top_k_experts", "union_in_rank_order"]
+__all__ = ["Selector", "top_k_experts", "union_in_rank_order", "slots_for"]
 
 
 class Selector:
+    """Routing per MoE layer (`layer` arguments are MoE indices: one logit range each)."""
+
     def __init__(self, cfg: ModelConfig, policy: MoCEPolicy) -> None:
         self.rule = RouterRule.from_model_config(cfg)
         self.policy = policy
-        self.ranges = [LogitRange() for _ in range(cfg.n_layers)]
+        self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
         self._uses_range = policy.bonus_scale is BonusScale.RANGE
 
     def select(self, layer: int, logits: np.ndarray, resident: np.ndarray) -> list[Selection]:
@@ -84,3 +87,28 @@ def union_in_rank_order(selections: list[Selection]) -> tuple[int, ...]:
         for e in sel.experts.tolist():
             seen.setdefault(e, None)
     return tuple(seen)
+
+
+def slots_for(selections: list[Selection], use: Use) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's selected experts as arena slots (-1: not in this pass, or none), in rank
+    order, with their combine weights.
+
+    Shapes:
+        -> slots int64 [T, k], weights float32 [T, k]   (k = the longest selection)
+    """
+    where = dict(zip(use.experts, use.slots))
+    k = max((len(sel.experts) for sel in selections), default=0)
+    if len(selections) == 1 and len(selections[0].experts) == k:  # decode: one row, no per-item numpy writes
+        sel = selections[0]
+        row = [where.get(e, -1) for e in sel.experts.tolist()]
+        slots = np.array([row], np.int64).reshape(1, k)
+        weights = np.where(slots >= 0, sel.weights.astype(np.float32, copy=False), np.float32(0))
+        return slots, weights
+    slots = np.full((len(selections), k), -1, np.int64)
+    weights = np.zeros((len(selections), k), np.float32)
+    for t, sel in enumerate(selections):
+        for r, (e, w) in enumerate(zip(sel.experts.tolist(), sel.weights)):
+            if e in where:
+                slots[t, r] = where[e]
+                weights[t, r] = w
+    return slots, weights

@@ -1,7 +1,7 @@
 """The streamer: owns the expert-cache state and applies its actions to real I/O (SPEC §5).
 
-Every slot decision is the reference machine's (`strata.reference.cache.step`), taken by its
-fast twin `strata.runtime.fast_cache.FastCache` (held to it by tests; `reference=True`, i.e.
+Every slot decision is the reference machine's (`strata.cache.machine.step`), taken by its
+fast twin `strata.cache.fast.FastCache` (held to it by tests; `reference=True`, i.e.
 `Config.reference_cache`, steps the reference itself); this module only carries the actions out: `Read` -> the reader pool, `Cancel` -> drop a queued read, `WaitFor` -> block on
 those slots' reads, `Evict` -> bookkeeping, `Use` -> hand the slots to compute (after checking
 that each holds the expert it should, read without error). Reads that completed are fed back
@@ -22,11 +22,11 @@ from typing import Callable
 
 import numpy as np
 
-from strata.reference.cache import CacheState
-from strata.reference.cache_types import (
+from strata.cache.machine import CacheState
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Cancel, Evict, HoldRegion, Read, Use, WaitFor,
 )
-from strata.runtime.fast_cache import open_cache
+from strata.cache.fast import open_cache
 from strata.runtime.io import ReaderPool
 
 __all__ = ["Streamer", "TurnTimes"]

@@ -4,7 +4,7 @@ residency the cache machine holds *now*, then drive the machine with that choice
 Per token: `begin_token()`; per layer l: `route(l, z)` (resident mask from the state -> MoCE
 routing -> `AtLayer`), then `after(l, guesses...)` (`AfterLayer` with the ranked read-ahead
 guesses for l+1, and l+2 with prefetch2; every read-ahead then lands: `ReadDone`). The routing is
-`strata.reference.routing.route` and the cache is `strata.reference.cache.step`: no second copy
+`strata.reference.routing.route` and the cache is `strata.cache.machine.step`: no second copy
 of either. `strata replay` feeds it logits from a trace, `strata quality` from the live model.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from strata.errors import ConfigError
-from strata.reference.cache import initial_state, step
-from strata.reference.cache_types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read, ReadDone
+from strata.cache.machine import initial_state, step
+from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read, ReadDone
 from strata.reference.routing import (
     BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
 )

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from strata.errors import ConfigError
-from strata.reference.cache_types import min_capacity
+from strata.cache.types import min_capacity
 from strata.reference.routing import STOCK_BONUS, STOCK_DROP_TAIL_RANK, STOCK_J, BonusScale, MoCEPolicy
 from strata.tools.closed_loop import GuessRanking, LoopConfig
 

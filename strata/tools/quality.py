@@ -28,12 +28,12 @@ import numpy as np
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType
-from strata.model_config import TensorNames
-from strata.reference.cache_types import CacheStats, stats_delta
+from strata.cache.types import CacheStats, stats_delta
+from strata.model_config import Ffn, TensorNames
 from strata.reference.experts import swiglu_expert
 from strata.reference.model import (
-    ExpertSource, ModelParams, ModelState, attention_block, embed, head, layer_router_logits, moe_output,
-    router_input, router_rule,
+    ExpertSource, ModelParams, ModelState, dense_ffn_output, embed, head, layer_router_logits, mixer_block,
+    moe_output, router_input, router_rule,
 )
 from strata.reference.quants import dequantize
 from strata.reference.routing import Selection, route
@@ -97,16 +97,20 @@ def decode_token(params: ModelParams, state: ModelState, token: int, select: Cal
     Shapes: -> logits float32 [vocab]
     """
     x = embed(params, np.array([token], np.int64))  # [1, D]
-    layers = []
-    for layer in range(params.cfg.n_layers):
-        x, kv = attention_block(params, layer, state.layers[layer], x)
-        layers.append(kv)
+    layers, cfg = [], params.cfg
+    for layer, kind in enumerate(cfg.kinds):
+        x, layer_state = mixer_block(params, layer, state.layers[layer], x)
+        layers.append(layer_state)
         h = router_input(params, layer, x)  # [1, D]
+        if kind.ffn is Ffn.DENSE:
+            x = x + dense_ffn_output(params, layer, h)
+            continue
+        m = cfg.moe_index(layer)  # the hooks and the cache count MoE layers
         z = layer_router_logits(params, layer, h)  # [1, E]
-        sel = select(layer, z[0])
+        sel = select(m, z[0])
         moe = moe_output(params, layer, h, [sel])
         if observe is not None:
-            observe(layer, sel, h, z[0])
+            observe(m, sel, h, z[0])
         x = x + moe
     return head(params, x)[0], ModelState(tuple(layers))
 
@@ -141,17 +145,17 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
     cfg = params.cfg
     rule = router_rule(cfg)
     tokens = np.asarray(tokens, np.int64)
-    loop = ClosedLoop(config, rule, cfg.n_layers, cfg.n_experts) if config is not None else None
+    loop = ClosedLoop(config, rule, cfg.n_moe_layers, cfg.n_experts) if config is not None else None
     acc = {"num": 0.0, "den": 0.0, "changed": 0, "turns": 0}
     counting = [False]
 
     guess = None
     if config is not None and config.prefetch_depth:
-        guess = GuessRouters([params.dense[TensorNames.block(l, TensorNames.router)] for l in range(cfg.n_layers)],
+        guess = GuessRouters([params.dense[TensorNames.block(l, TensorNames.router)] for l in cfg.moe_layers],
                              pred_q8=config.pred_q8)
 
     def observe(layer: int, sel: Selection, h: np.ndarray, z: np.ndarray) -> None:
-        nxt = lambda a: guess.logits(layer + a, h) if guess is not None and layer + a < cfg.n_layers else None  # noqa: E731
+        nxt = lambda a: guess.logits(layer + a, h) if guess is not None and layer + a < cfg.n_moe_layers else None  # noqa: E731
         loop.after(layer, nxt(1), nxt(2) if config.prefetch2 else None)
         if counting[0]:
             ref = route(z, rule)

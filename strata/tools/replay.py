@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.reference.cache_types import CacheStats, stats_delta
+from strata.cache.types import CacheStats, stats_delta
 from strata.tools.closed_loop import ClosedLoop, LoopConfig
 from strata.tools.trace import Trace
 

@@ -120,9 +120,9 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
     else:
         _, _, ft = forward(params, ModelState.empty(cfg), tokens, trace=True)
         h = ft.router_inputs.transpose(1, 0, 2)  # [T, L, D]
-        sels = [[ft.selections[l][t] for l in range(cfg.n_layers)] for t in range(len(tokens))]
+        sels = [[ft.selections[m][t] for m in range(cfg.n_moe_layers)] for t in range(len(tokens))]
     routers = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.router)], np.float32)
-                        for l in range(cfg.n_layers)])  # [L, E, D]
+                        for l in cfg.moe_layers])  # [L, E, D]: MoE layers only
     return Trace(
         tokens=tokens, router_inputs=np.ascontiguousarray(h).astype(_INPUT_DTYPES[input_dtype]), routers=routers,
         logits=np.array([[s.logits for s in row] for row in sels], np.float32),

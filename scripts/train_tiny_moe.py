@@ -2,7 +2,7 @@
 
 Run on one GPU (it was trained on an H200; see docs/model-card.md):
 
-    PYTHONUNBUFFERED=1 python3 tools/train_tiny_moe.py --out OUT --minutes 7 --seed 0
+    PYTHONUNBUFFERED=1 python3 scripts/train_tiny_moe.py --out OUT --minutes 7 --seed 0
 
 and convert the result like any other checkpoint:
 

@@ -23,7 +23,7 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
 from strata.formats.quant_types import QuantType
-from strata.model_config import ModelConfig, QKNorm, TensorNames, dense_tensor_shapes
+from strata.model_config import MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, TensorNames, dense_tensor_shapes
 from strata.reference.quants import quantize
 from strata.tokenizer import byte_level_tokenizer_json
 
@@ -39,6 +39,13 @@ SHAPES: dict[str, ModelConfig] = {
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=128, n_layers=4, n_heads=4,
         n_kv_heads=2, head_dim=32, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
         shared_ffn_size=64, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=1024,
+    ),
+    # DeepSeek-style: a dense first layer, MoE layers after it (no cache turn for the dense one)
+    "dense-first": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=3, n_heads=4,
+        n_kv_heads=2, head_dim=16, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
+        layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
     ),
     "demo": ModelConfig(
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
@@ -93,7 +100,7 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     embd = _normal(rng, (cfg.vocab_size, d), 1.0) + COMMON_SCALE * np.sqrt(d) * common
     dense[n.token_embd] = (embd / np.sqrt(d)).astype(np.float32)
     ranks = np.arange(1, cfg.n_experts + 1, dtype=np.float64)
-    for layer in range(cfg.n_layers):
+    for layer, kind in enumerate(cfg.kinds):
         b = lambda s: n.block(layer, s)  # noqa: E731
         dense[b(n.attn_q)] *= QK_SCALE
         dense[b(n.attn_k)] *= QK_SCALE
@@ -103,6 +110,8 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
         if cfg.attention_bias:
             for bias in (n.attn_q_bias, n.attn_k_bias, n.attn_v_bias):
                 dense[b(bias)] = _normal(rng, dense[b(bias)].shape, 0.02)
+        if kind.ffn is Ffn.DENSE:
+            continue
         popularity = np.log(1.0 / ranks ** ZIPF_EXPONENT)
         popularity = rng.permutation((popularity - popularity.mean()) / popularity.std() * POPULARITY_SCALE)
         low_rank = _normal(rng, (cfg.n_experts, CONTEXT_RANK), CONTEXT_ROUTER_SCALE) @ basis  # [E, D]
@@ -149,7 +158,7 @@ def make_model(
     model_path, experts_path = model_paths(path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     write_experts(
-        experts_path, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+        experts_path, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
         get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
     )

@@ -1,6 +1,6 @@
 """The fast twin of the expert-cache state machine (SPEC §5; STYLE §1, §2).
 
-`FastCache(config).step(event)` returns exactly the actions that `strata.reference.cache.step`
+`FastCache(config).step(event)` returns exactly the actions that `strata.cache.machine.step`
 returns for the same event sequence: same types, fields, order and tickets. It is held to the
 reference by tests/test_fast_cache.py (a differential hypothesis test over every knob, with
 ReadDone notices and errors) and by the runtime tests, which replay the runtime's turns
@@ -56,13 +56,13 @@ from typing import Protocol
 
 import numpy as np
 
-from strata.reference.cache import step
-from strata.reference.cache_state import (
+from strata.cache.machine import step
+from strata.cache.state import (
     _AFTER, _AT, _CANCELLED, _DECODE_TURNS, _EVICTIONS, _FIELDS, _HITS, _IDLE, _LATE, _LOOKUPS, _PASSES,
     _PROMPT_MISSES, _PROMPT_TURNS, _RA_HITS, _RANK0, _READS, _READS_AHEAD, _URGENT, _WINDOWS, FREE, LIMBO,
     PRE, RES, CacheState, _frozen, decision_view, initial_state,
 )
-from strata.reference.cache_types import (
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheFullError, CacheProtocolError, CacheStats, Cancel,
     Evict, HoldRegion, Read, ReadDone, Use, WaitFor,
 )
@@ -155,7 +155,7 @@ def open_cache(config: CacheConfig, *, reference: bool = False) -> ExpertCache:
 class FastCache:
     """A mutable expert cache that takes the reference machine's decisions (see the module doc).
 
-    `step(event) -> actions` is the twin of `strata.reference.cache.step(state, event)`;
+    `step(event) -> actions` is the twin of `strata.cache.machine.step(state, event)`;
     `read_done_many(notices)` applies (slot, ticket) notices in order, as ReadDone steps would.
     """
 
@@ -307,7 +307,7 @@ class FastCache:
         )
 
     def decision_view(self) -> tuple:
-        """`strata.reference.cache.decision_view` of the equivalent state."""
+        """`strata.cache.machine.decision_view` of the equivalent state."""
         return decision_view(self.state())
 
     # ---------------------------------------------------------- events

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.reference.cache_state import (
+from strata.cache.state import (
     _AFTER, _ARRAYS, _AT, _CANCELLED, _DECODE_TURNS, _EVICTIONS, _HITS, _IDLE, _LATE, _LOOKUPS, _NONE,
     _PASSES, _PROMPT_MISSES, _PROMPT_TURNS, _RA_HITS, _RANK0, _READS, _READS_AHEAD, _URGENT, _WINDOWS,
     FREE, LIMBO, PRE, RES, CacheState, _frozen, _victim, decision_view, initial_state, lru_order,
     slot_table, victim,
 )
-from strata.reference.cache_types import (
+from strata.cache.types import (
     AfterLayer, AtLayer, BeginWindow, CacheFullError, CacheProtocolError, Cancel, Evict, HoldRegion,
     Read, ReadDone, Use, WaitFor,
 )

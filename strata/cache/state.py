@@ -1,5 +1,5 @@
 """The expert cache's state (SPEC §5): slots, maps, LRU ticks, pins, counters; the victim rule
-and read-only views. `strata.reference.cache.step` is the only way to move from one state to
+and read-only views. `strata.cache.machine.step` is the only way to move from one state to
 the next.
 
 LRU: every slot has a `tick`; larger = nearer the front. Touching a slot gives it a fresh front
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.reference.cache_types import CacheConfig, CacheStats, Phase, SlotState
+from strata.cache.types import CacheConfig, CacheStats, Phase, SlotState
 
 __all__ = ["CacheState", "initial_state", "victim", "slot_table", "lru_order", "decision_view"]
 

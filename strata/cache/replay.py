@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.reference.cache import CacheState, initial_state, step
-from strata.reference.cache_types import AfterLayer, AtLayer, BeginWindow, CacheConfig, Read, ReadDone
+from strata.cache.machine import CacheState, initial_state, step
+from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, Read, ReadDone
 
 __all__ = ["replay"]
 

@@ -1,5 +1,5 @@
 """The vocabulary of the expert-cache state machine (SPEC §5): configuration, events, actions,
-statistics and errors. The machine itself is `strata.reference.cache`; docs/cache.md explains it.
+statistics and errors. The machine itself is `strata.cache.machine`; docs/cache.md explains it.
 
 Keys are (layer, expert) pairs; inside the machine they are encoded as `layer * n_experts + expert`.
 """

@@ -1,7 +1,7 @@
 """The numbers and figures of docs/model-card.md, from the shipped model and its training log.
 
-    python tools/model_card_plots.py                 # figures + routing statistics (~2 min on one core)
-    python tools/model_card_plots.py --hf HF_DIR     # also: perplexity at f16 / q8_0 / q4_0 / q2_0 experts
+    python scripts/model_card_plots.py                 # figures + routing statistics (~2 min on one core)
+    python scripts/model_card_plots.py --hf HF_DIR     # also: perplexity at f16 / q8_0 / q4_0 / q2_0 experts
                                                      # (each converted from HF_DIR by `strata convert`)
                                                      # and of the untrained model (~10 min)
 
@@ -29,7 +29,7 @@ import numpy as np
 import strata
 from strata.formats.quant_types import QuantType
 from strata.reference.model import ModelParams, ModelState, forward
-from strata.testing import make_dense, make_expert
+from strata.testing.models import make_dense, make_expert
 from strata.tools.trace import record_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def perplexity(params: ModelParams, ids: list[int]) -> tuple[float, int]:
 
 
 class RandomExperts:
-    """The untrained baseline's experts: strata.testing's random Q2_0 experts, made on demand."""
+    """The untrained baseline's experts: strata.testing.models's random Q2_0 experts, made on demand."""
 
     def __init__(self, cfg, seed: int) -> None:
         self.cfg, self.seed = cfg, seed
@@ -68,7 +68,7 @@ class RandomExperts:
 
 
 def untrained_params(cfg) -> ModelParams:
-    """The same architecture with random weights (strata.testing's builder)."""
+    """The same architecture with random weights (strata.testing.models's builder)."""
     return ModelParams(cfg, make_dense(cfg, UNTRAINED_SEED), RandomExperts(cfg, UNTRAINED_SEED))
 
 

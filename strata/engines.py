@@ -1,0 +1,176 @@
+"""Engines: the protocol the generation loop drives, and `open_engine`, the one place that
+chooses an engine for a model and a configuration.
+
+An engine is a session over one model: it holds the positions it has processed and continues
+or trims them (strata.session says which positions can be restored). Four engines share the
+protocol:
+
+    reference        numpy, every expert resident (strata.numpy_backend.engine.ReferenceEngine)
+    numpy streaming  the runtime's StreamingEngine over a NumpyArena and NumpyCompute
+    mlx resident     every expert in one MLX arena, routing on the GPU (MlxEngine)
+    mlx streaming    the runtime's StreamingEngine over an MlxArena and MlxCompute
+
+`session_engine(model, config)` is the engine a `Model` keeps across `generate` calls: experts
+are read once per process, and a prompt that extends what the session holds prefills only the
+new suffix.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from strata.config import Backend, Config, load_config
+from strata.formats.quant_types import QuantType
+from strata.session import EngineStats
+
+__all__ = ["Engine", "EngineStats", "open_engine", "resolve_backend", "mlx_gpu_available", "session_engine",
+           "close_session"]
+
+
+class Engine(Protocol):
+    """A long-lived session over one model.
+
+    Shapes: T positions, V vocab.
+        prefill(tokens [T]) -> logits [V] of the last position
+        decode(token) -> logits [V]
+        decode_window(tokens [T]) -> logits [T, V] (T = 1 is decode)
+    """
+
+    model: object  # the strata.loader.Model it runs (None for an engine built from bare params)
+    config: Config | None
+
+    @property
+    def length(self) -> int:
+        """Positions processed and held."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Their token ids, in order."""
+
+    def prefill(self, tokens) -> np.ndarray: ...
+
+    def decode(self, token: int) -> np.ndarray: ...
+
+    def decode_window(self, tokens) -> np.ndarray: ...
+
+    def kept_position(self, n: int) -> int:
+        """The largest m <= n that trim(m) can restore."""
+
+    def trim(self, n: int) -> None:
+        """Keep the first n positions."""
+
+    def reset(self) -> None:
+        """Keep no positions (resident experts stay)."""
+
+    def stats(self) -> EngineStats: ...
+
+    def close(self) -> None: ...
+
+
+def mlx_gpu_available() -> bool:
+    """Whether MLX has a GPU here (Metal or CUDA)."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return False
+    cuda = getattr(mx, "cuda", None)
+    return bool(mx.metal.is_available() or (cuda is not None and cuda.is_available()))
+
+
+def resolve_backend(model, config: Config) -> Backend:
+    """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
+    numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
+    (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
+    whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
+    if config.backend is not Backend.AUTO:
+        return config.backend
+    if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
+        return Backend.MLX
+    return Backend.NUMPY
+
+
+def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
+                keep_trace: bool = False) -> Engine:
+    """The engine for `model` (a Model or a path) under `config` (default: `STRATA_*` over the
+    defaults). Streaming whenever the config names an arena or the budget rule (SPEC §7) says
+    the experts do not all fit; otherwise all-resident, which is what streaming would compute
+    anyway (with every expert resident MoCE's bonus lifts all logits alike, so routing is the
+    model's own) without a reader pool or slot bookkeeping. The caller closes it.
+
+    stream: True streams even where every expert fits (tests, benchmarks), False never streams,
+    None lets the plan decide. plan: an ArenaPlan to use instead of the budget rule's. hook (an
+    I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools."""
+    from strata.loader import Model, load
+    from strata.runtime.decode import arena_plan_for
+
+    model = model if isinstance(model, Model) else load(model)
+    config = config if config is not None else load_config()
+    plan = plan or arena_plan_for(model, config)
+    mlx = resolve_backend(model, config) is Backend.MLX
+    if not (plan.streaming if stream is None else stream):
+        if mlx:
+            from strata.mlx_backend.engine import MlxEngine
+
+            return MlxEngine.open(model, config)
+        from strata.numpy_backend.engine import ReferenceEngine
+
+        return ReferenceEngine.open(model, config)
+    if mlx:
+        from strata.mlx_backend.engine import streaming_parts
+    else:
+        from strata.numpy_backend.engine import streaming_parts
+    return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
+                      kind="mlx streaming" if mlx else "numpy streaming")
+
+
+def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str):
+    """The runtime's StreamingEngine over a backend's arena and compute, with a reader pool."""
+    from strata.runtime.decode import StreamingEngine
+    from strata.runtime.io import ReaderPool
+
+    arena, compute, notes = parts(model, config, plan)
+    pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
+                      verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
+                      switch_interval=config.io_switch_ms / 1e3)
+    try:
+        return StreamingEngine(model, config, arena, compute, pool, keep_trace=keep_trace, notes=notes, kind=kind)
+    except BaseException:
+        pool.close()
+        raise
+
+
+# ---------------------------------------------------------------- the engine a Model keeps
+
+
+def session_engine(model, config: Config) -> Engine:
+    """The engine `model` keeps for `config`: the one it holds when that was opened with an
+    equal config, else a new one (the old one is closed first: one arena per model)."""
+    held = model.session
+    if held is not None and held.config == config and not held.closed:
+        return held
+    close_session(model)
+    engine = open_engine(model, config)
+    model.session = engine
+    return engine
+
+
+def close_session(model) -> None:
+    """Close the engine `model` keeps, if any."""
+    held, model.session = model.session, None
+    if held is not None:
+        held.close()
+
+
+def common_prefix(a, b) -> int:
+    """How many leading token ids two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+__all__ += ["common_prefix"]

@@ -1,0 +1,115 @@
+"""`NumpyCompute`: the runtime's LayerCompute seam on the numpy reference pieces.
+
+It composes the reference layer pieces (strata.reference.model) in the reference's order with
+the reference's float32 ops, so at λ = 0 it reproduces `ReferenceEngine`'s logits exactly:
+routed experts are computed per token on its [D] row and summed in rank order, like
+`routed_experts`; a prompt layer that needs several passes (its expert union did not fit)
+keeps each (token, rank) term and sums them in rank order once all passes are done.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_record
+from strata.formats.quant_types import QuantType
+from strata.model_config import TensorNames
+from strata.reference import model as ref
+from strata.reference.experts import swiglu_expert
+from strata.reference.quants import dequantize, quantize
+from strata.runtime.arena import Arena
+
+__all__ = ["NumpyCompute", "RoutedPart"]
+
+
+class RoutedPart:
+    """The numpy backend's partial routed output: weight_i * expert_i(h_t) per (t, rank)."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self) -> None:
+        self.terms: dict[tuple[int, int], np.ndarray] = {}
+
+
+class NumpyCompute:
+    """LayerCompute on the numpy reference pieces; experts are read from arena slots."""
+
+    # `routed` returns when the experts are computed: the loop's hand-off point (where the
+    # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
+    synchronous = True
+
+    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
+        self.params, self.arena, self.layout = params, arena, layout
+        cfg = params.cfg
+        self.state = ref.ModelState.empty(cfg)
+        routers = {l: params.dense[TensorNames.block(l, TensorNames.router)] for l in cfg.moe_layers}
+        # pred_q8: the guess GEMV reads a Q8_0 copy of each router (seed §2.2: -92 MB/token of
+        # F32 reads on the GPU); the guess only chooses what to read ahead, never the math.
+        # numpy has no Q8_0 GEMV, so the copy is kept dequantized: the same values `gemv` would
+        # use (x @ dequantize(q).T), without dequantizing E x D weights per layer per token.
+        self.guess_routers = {l: dequantize(quantize(QuantType.Q8_0, w)) for l, w in routers.items()} if pred_q8 else routers
+        # A slot's ExpertWeights are views of its buffer (unpack_record is zero-copy), valid
+        # whatever record the slot holds: unpacked once per slot, not once per use.
+        self._slot_weights: dict[int, ExpertWeights] = {}
+
+    @property
+    def length(self) -> int:
+        return self.state.length
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        return ref.embed(self.params, tokens)
+
+    def mixer(self, layer: int, x: np.ndarray) -> np.ndarray:
+        layers = list(self.state.layers)
+        x, layers[layer] = ref.mixer_block(self.params, layer, layers[layer], x)
+        self.state = ref.ModelState(tuple(layers))
+        return x
+
+    def dense_ffn(self, layer: int, x: np.ndarray) -> np.ndarray:
+        return x + ref.dense_ffn_output(self.params, layer, ref.router_input(self.params, layer, x))
+
+    def trim(self, n: int) -> None:
+        self.state = self.state.trim(n)
+
+    def router_input(self, layer: int, x: np.ndarray) -> np.ndarray:
+        return ref.router_input(self.params, layer, x)
+
+    def router_logits(self, layer: int, h: np.ndarray) -> np.ndarray:
+        return ref.layer_router_logits(self.params, layer, h)
+
+    def guess_logits(self, layer: int, h: np.ndarray) -> np.ndarray:
+        return (h @ self.guess_routers[layer].T).astype(np.float32)
+
+    def shared(self, layer: int, h: np.ndarray) -> np.ndarray:
+        return ref.shared_output(self.params, layer, h)
+
+    def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
+        part = RoutedPart()
+        for t, r in zip(*np.nonzero(slots >= 0)):
+            w = self._weights(int(slots[t, r]))
+            part.terms[(int(t), int(r))] = weights[t, r] * swiglu_expert(w, h[t])  # as routed_experts
+        return part
+
+    def _weights(self, slot: int) -> ExpertWeights:
+        w = self._slot_weights.get(slot)
+        if w is None:
+            w = self._slot_weights[slot] = unpack_record(self.arena.slot_buffer(slot), self.layout)
+        return w
+
+    def combine(self, x: np.ndarray, parts: Sequence[RoutedPart], shared: np.ndarray) -> np.ndarray:
+        terms: dict[tuple[int, int], np.ndarray] = {}
+        for p in parts:
+            terms.update(p.terms)
+        rows = []
+        for t in range(x.shape[0]):
+            out = np.zeros(x.shape[-1], dtype=np.float32)
+            for r in sorted(r for (tt, r) in terms if tt == t):
+                out += terms[(t, r)]
+            rows.append(out)
+        routed = np.stack(rows)  # [T, D]
+        return x + (routed + shared)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        return ref.head(self.params, x)

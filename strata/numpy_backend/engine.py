@@ -1,0 +1,77 @@
+"""Engines on numpy: `ReferenceEngine` (the reference forward, every expert resident) and the
+parts a numpy streaming engine is assembled from (`streaming_parts`: arena and compute; the
+runtime adds the reader pool and the loop, strata.engines puts them together)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.reference.model import ModelParams, ModelState, SelectFn, forward
+from strata.session import SessionEngine
+
+__all__ = ["ReferenceEngine", "streaming_parts"]
+
+
+class ReferenceEngine(SessionEngine):
+    """The pure-numpy forward, all experts resident: the definition of correct output.
+    `select` routes each token (default: the model's own rule)."""
+
+    kind = "reference"
+
+    def __init__(self, params: ModelParams, *, select: SelectFn | None = None, model=None, config=None,
+                 expert_reads: int = 0) -> None:
+        super().__init__(model, config)
+        self.params = params
+        self.select = select
+        self.state = ModelState.empty(params.cfg)
+        self._reads = expert_reads
+
+    @classmethod
+    def open(cls, model, config=None) -> "ReferenceEngine":
+        """Every expert of `model` (a strata.loader.Model) read once into memory."""
+        return cls(model.resident_params(), model=model, config=config,
+                   expert_reads=model.experts_file.header.n_records)
+
+    def _forward(self, tokens: np.ndarray) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, tokens, select=self.select)
+        return logits
+
+    def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        return self._forward(tokens)[-1]
+
+    def _decode(self, token: int) -> np.ndarray:
+        return self._forward(np.asarray([token]))[-1]
+
+    def _window(self, tokens: np.ndarray) -> np.ndarray:
+        return self._forward(tokens)
+
+    def _truncate(self, n: int) -> None:
+        self.state = self.state.trim(n)
+
+    def _expert_reads(self) -> int:
+        return self._reads
+
+
+class _NoResidentExperts:
+    """Streaming params carry no expert store: experts come from arena slots only."""
+
+    def expert(self, layer: int, expert: int):
+        raise RuntimeError("the streaming engine reads experts from the arena, never from params")
+
+
+def streaming_parts(model, config, plan) -> tuple:
+    """(arena, compute, notes) of a numpy streaming engine: a NumpyArena of `plan.slots` slots
+    and NumpyCompute over the model's dense weights."""
+    from strata.numpy_backend.arena import NumpyArena, mlock_buffer
+    from strata.numpy_backend.compute import NumpyCompute
+
+    notes = []
+    arena = NumpyArena(plan.slots, model.experts_file.header.padded_bytes, wire=config.wire_arena)
+    if config.wire_arena:
+        notes.append("arena wired" if arena.wired else "arena NOT wired (mlock refused)")
+    if config.mlock_dense:
+        ok = all(mlock_buffer(a) for a in model.dense.values())
+        notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
+    params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
+    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8)
+    return arena, compute, tuple(notes)
