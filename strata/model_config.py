@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
@@ -119,6 +120,12 @@ class ModelConfig:
             raise ConfigError("model config: no MoE layer (strata runs mixture-of-experts models)")
         if any(t.ffn is Ffn.DENSE for t in kinds) and self.dense_ffn_size <= 0:
             raise ConfigError("model config: dense FFN layers need dense_ffn_size > 0")
+        # Values a forward pass cannot use (NaN/0/-1 theta, a negative or NaN eps) are refused here,
+        # so `strata convert` and every reader name the field instead of a later NaN in routing.
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
 
     @property
     def kinds(self) -> tuple[LayerType, ...]:

@@ -132,7 +132,7 @@ class ReaderPool:
     submits, cancels, waits and drains completions."""
 
     def __init__(self, experts: ExpertsFile, arena: Arena, *, threads: int = 4, direct: bool = True,
-                 verify: bool = False, timeout: float = 60.0, hook: IOHook | None = None,
+                 verify: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
                  switch_interval: float = SWITCH_INTERVAL) -> None:
         if arena.slot_bytes < experts.header.padded_bytes:
             raise ValueError(f"arena slots of {arena.slot_bytes} bytes cannot hold "

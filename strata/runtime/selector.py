@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.cache.types import Use
+from strata.errors import NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 from strata.reference.routing import (
     BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
@@ -43,7 +44,10 @@ class Selector:
             if self._uses_range:
                 self.ranges[layer] = update_logit_range(self.ranges[layer], z)
                 rng = self.ranges[layer].average
-            out.append(route(z, self.rule, self.policy, resident, rng))
+            try:
+                out.append(route(z, self.rule, self.policy, resident, rng))
+            except NonFiniteError as e:  # route checks anyway: naming the layer costs nothing
+                raise NonFiniteError(f"layer {layer}: {e}") from None
         return out
 
     def guesses(self, logits: np.ndarray, k: int) -> tuple[int, ...]:

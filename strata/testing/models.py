@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
-from strata.formats.experts_file import write_experts
+from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
 from strata.formats.quant_types import QuantType
 from strata.model_config import MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, TensorNames, dense_tensor_shapes
@@ -157,11 +157,13 @@ def make_model(
     cfg = replace(cfg, **overrides) if overrides else cfg
     model_path, experts_path = model_paths(path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    write_model(model_path, cfg, make_dense(cfg, seed), tokenizer_json=byte_level_tokenizer_json(),
-                dense_type=dense_type)
     write_experts(
         experts_path, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
         get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
     )
+    with ExpertsFile.open(experts_path) as xf:  # the model records which expert set it goes with
+        identity = xf.identity
+    write_model(model_path, cfg, make_dense(cfg, seed), tokenizer_json=byte_level_tokenizer_json(),
+                dense_type=dense_type, experts_identity=identity)
     return MadeModel(model_path, experts_path, cfg)
