@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from strata.errors import NonFiniteError
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
@@ -198,7 +199,10 @@ def forward(
             continue
         z = layer_router_logits(params, layer, h)  # [T, E]
         m = cfg.moe_index(layer)
-        selections = [select(m, z[t]) for t in range(len(z))]
+        try:
+            selections = [select(m, z[t]) for t in range(len(z))]
+        except NonFiniteError as e:
+            raise NonFiniteError(f"layer {layer}: {e}") from None
         x = x + moe_output(params, layer, h, selections)
         if trace:
             inputs.append(h)

@@ -32,7 +32,7 @@ import numpy as np
 
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
-from strata.errors import ArenaTooSmallError
+from strata.errors import ArenaTooSmallError, NonFiniteError
 from strata.model_config import Ffn
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
@@ -232,10 +232,16 @@ class StreamingEngine(SessionEngine):
         k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
         if k and m + 1 < len(layers):
-            g1 = self.selector.guesses(self.compute.guess_logits(layers[m + 1], h), k)
+            g1 = self._guesses(layers[m + 1], h, k)
         if k and self.config.prefetch2 and m + 2 < len(layers):
-            g2 = self.selector.guesses(self.compute.guess_logits(layers[m + 2], h), k)
+            g2 = self._guesses(layers[m + 2], h, k)
         self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
+
+    def _guesses(self, layer: int, h, k: int) -> tuple[int, ...]:
+        try:
+            return self.selector.guesses(self.compute.guess_logits(layer, h), k)
+        except NonFiniteError as e:  # the guessed layer's router is what produced them
+            raise NonFiniteError(f"layer {layer}: {e} (its read-ahead guess)") from None
 
     def dump(self, logits: np.ndarray) -> None:
         """Append every position's logits to `config.logpos` (for KLD), when set."""

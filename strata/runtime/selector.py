@@ -30,6 +30,7 @@ class Selector:
         self.rule = RouterRule.from_model_config(cfg)
         self.policy = policy
         self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
+        self.moe_layers = cfg.moe_layers  # MoE index -> model layer (errors name the model layer)
         self._uses_range = policy.bonus_scale is BonusScale.RANGE
 
     def select(self, layer: int, logits: np.ndarray, resident: np.ndarray) -> list[Selection]:
@@ -47,7 +48,7 @@ class Selector:
             try:
                 out.append(route(z, self.rule, self.policy, resident, rng))
             except NonFiniteError as e:  # route checks anyway: naming the layer costs nothing
-                raise NonFiniteError(f"layer {layer}: {e}") from None
+                raise NonFiniteError(f"layer {self.moe_layers[layer]}: {e}") from None
         return out
 
     def guesses(self, logits: np.ndarray, k: int) -> tuple[int, ...]:
