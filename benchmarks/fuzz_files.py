@@ -53,7 +53,7 @@ from strata.formats.checksum import checksum  # noqa: E402
 from strata.formats.gguf_file import open_gguf  # noqa: E402
 from strata.formats.model_file import KEY_FILE_CHECKSUM  # noqa: E402
 from strata.runtime.decode import arena_plan_for  # noqa: E402
-from strata.runtime.io import Faults, RandomDelays  # noqa: E402
+from strata.testing.faults import Faults, RandomDelays  # noqa: E402
 from strata.testing.engines import open_numpy_streaming  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 

@@ -21,7 +21,7 @@ from strata.formats.checksum import CRC32_IMPL, checksum
 from strata.formats.experts_file import HEADER_SIZE, ExpertsFile
 from strata.reference.routing import RouterRule, route
 from strata.runtime.decode import arena_plan_for
-from strata.runtime.io import Faults
+from strata.testing.faults import Faults
 from strata.runtime.selector import Selector
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import SHAPES, make_model
