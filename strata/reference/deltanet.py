@@ -77,8 +77,8 @@ class DeltaNetState:
         if n == self.length:
             return self
         kept = tuple(s for s in self.kept if s.position <= n)
-        if n == 0:
-            return DeltaNetState(np.zeros_like(self.conv), np.zeros_like(self.recurrent))
+        if n == 0:  # `* 0`: zeros of the same kind (numpy here, MLX in its twin, which holds this state)
+            return DeltaNetState(self.conv * 0, self.recurrent * 0)
         if not kept or kept[-1].position != n:
             raise ValueError(f"trim: a DeltaNet layer keeps no snapshot at position {n} "
                              f"(kept: {self.kept_positions}; trim to kept_position(n))")
@@ -88,6 +88,13 @@ class DeltaNetState:
         """The same state with `snapshots` added (the oldest dropped past KEPT_SNAPSHOTS)."""
         kept = tuple(s for s in self.kept if s.position < snapshots[0].position) + tuple(snapshots)
         return DeltaNetState(self.conv, self.recurrent, self.length, kept[-KEPT_SNAPSHOTS:])
+
+
+def kept_position(layers, n: int) -> int:
+    """The largest m <= n (n already within [0, length]) every layer can restore: every m for
+    attention layers, a position kept by every DeltaNet layer."""
+    kept = [set(s.kept_positions) for s in layers if isinstance(s, DeltaNetState)]
+    return max(p for p in set.intersection(*kept) if p <= n) if kept else n  # 0 is in every set
 
 
 def conv_channels(cfg: ModelConfig) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
-from strata.reference.deltanet import DeltaNetState, deltanet
+from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
@@ -76,11 +76,7 @@ class ModelState:
 
     def kept_position(self, n: int) -> int:
         """The largest m <= n every layer can restore (n itself when no layer is recurrent)."""
-        m = max(0, min(int(n), self.length))
-        kept = [set(s.kept_positions) for s in self.layers if isinstance(s, DeltaNetState)]
-        if not kept:
-            return m
-        return max(p for p in set.intersection(*kept) if p <= m)  # 0 is in every set
+        return kept_position(self.layers, max(0, min(int(n), self.length)))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
