@@ -31,8 +31,8 @@ L2NORM_EPS = 1e-6
 # torch's softplus returns x itself above this (beta = 1), where log1p(exp(x)) == x in float32 anyway
 SOFTPLUS_THRESHOLD = 20.0
 # How many snapshots a layer keeps (the most recent). One costs Hv dk dv + C (K-1) float32 per
-# DeltaNet layer: 190 MB for all 45 layers of Qwen3.5-397B (64 x 128 x 128), 63 MB for the 30 of
-# Qwen3.6-35B (32 x 128 x 128); 16 of them are 3.0 GB and 1.0 GB (docs/models.md).
+# DeltaNet layer: 195 MB for all 45 layers of Qwen3.5-397B (64 x 128 x 128), 66 MB for the 30 of
+# Qwen3.6-35B (32 x 128 x 128); 16 of them are 3.1 GB and 1.05 GB (docs/models.md).
 KEPT_SNAPSHOTS = 16
 
 
