@@ -46,6 +46,7 @@ from strata.convert.common import (
 )
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
+from strata.convert.tensor_plan import Derived, source_names
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights, RecordLayout
@@ -71,6 +72,7 @@ class ConvertResult:
     expert_type: QuantType
     dense_type: QuantType
     seconds: float
+    notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -110,13 +112,14 @@ class LazyTensor:
     Shapes: shape = dense_tensor_shapes(cfg)[name]; the checkpoint's [1, D] gate becomes [D]
     """
 
-    def __init__(self, ckpt: Checkpoint, source: str, shape: tuple[int, ...], bar=None) -> None:
+    def __init__(self, ckpt: Checkpoint, source: str | Derived, shape: tuple[int, ...], bar=None) -> None:
         self._ckpt, self._source, self._bar = ckpt, source, bar
         self.shape = tuple(shape)
         self.ndim = len(self.shape)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        x = reshape_to(self._ckpt.read(self._source), self.shape, f"{self._ckpt.directory}: tensor {self._source}")
+        x = self._source.read(self._ckpt) if isinstance(self._source, Derived) else self._ckpt.read(self._source)
+        x = reshape_to(x, self.shape, f"{self._ckpt.directory}: tensor {self._source}")
         check_finite(x, f"{self._ckpt.directory}: tensor {self._source}")
         if self._bar is not None:
             self._bar.update(1)
@@ -173,8 +176,9 @@ class _Plan:
     family: Family
     cfg: ModelConfig
     experts: ExpertTensors
-    sources: dict[str, str]  # strata dense name -> checkpoint tensor name
+    sources: dict[str, str | Derived]  # strata dense name -> checkpoint tensor name (or tensors derived from)
     tokenizer: TokenizerFiles
+    notes: tuple[str, ...] = ()  # what was deliberately left out (a vision tower, an MTP head)
 
 
 def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) -> _Plan:
@@ -182,18 +186,26 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
     hf = dataclasses.replace(hf, family=family.name)
     cfg = family.model_config(hf, ckpt)
     _check_expert_type(cfg, expert_type)
-    moe = find_moe_block(family, ckpt)
-    experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
-    sources = dense_sources(cfg, moe)
     shapes = dense_tensor_shapes(cfg)
+    skipped, notes = set(), ()
+    if family.tensor_plan is not None:  # a prefix, derived tensors, skipped towers (convert.tensor_plan)
+        tplan = family.tensor_plan(cfg, ckpt)
+        experts, sources, skipped, notes = tplan.experts, tplan.sources, set(tplan.skipped), tplan.notes
+        tplan.check(ckpt, shapes)
+    else:
+        moe = find_moe_block(family, ckpt)
+        experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+        sources = dense_sources(cfg, moe)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
+        if isinstance(src, Derived):
+            continue  # checked by tplan.check
         if not same_up_to_unit_axes(ckpt.shape(src), shapes[name]):
             raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
         ckpt.check_dtype(src)
-    check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
+    check_unused(ckpt, experts.consumed | source_names(sources) | skipped, cfg, family)
     tok = read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, sources, tok)
+    return _Plan(hf, family, cfg, experts, sources, tok, notes)
 
 
 def convert(
@@ -251,4 +263,4 @@ def convert(
             _unlink(model_partial, experts_partial, *([experts_path, model_path] if renamed else []))
             raise
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, plan.notes)

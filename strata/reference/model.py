@@ -20,6 +20,7 @@ from strata.errors import NonFiniteError
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
+from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
@@ -38,7 +39,8 @@ class ModelParams:
     experts: ExpertSource
 
 
-LayerState = LayerKV  # per-layer state, by mixer kind (the attention mixer's is its KV cache)
+# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent state
+LayerState = LayerKV | DeltaNetState
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
@@ -46,6 +48,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return LayerKV.empty(cfg)
+    if mixer is Mixer.DELTANET:
+        return DeltaNetState.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
@@ -65,10 +69,15 @@ class ModelState:
 
     def trim(self, n: int) -> "ModelState":
         """The state after the first n positions. Attention layers truncate their KV cache, so
-        every n in [0, length] is restorable; a recurrent mixer would restore a kept snapshot."""
+        every n in [0, length] is restorable; a recurrent (DeltaNet) layer restores a kept
+        snapshot, and raises where it has none (trim to `kept_position(n)`)."""
         if not 0 <= n <= self.length:
             raise ValueError(f"trim: n must be in [0, {self.length}], got {n}")
         return ModelState(tuple(s.trim(n) for s in self.layers))
+
+    def kept_position(self, n: int) -> int:
+        """The largest m <= n every layer can restore (n itself when no layer is recurrent)."""
+        return kept_position(self.layers, max(0, min(int(n), self.length)))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
@@ -106,11 +115,18 @@ def attention_block(params: ModelParams, layer: int, kv: LayerKV, x: np.ndarray)
     return x + out, kv
 
 
-def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray) -> tuple[np.ndarray, LayerState]:
-    """x + mixer(rms_norm(x)) for the layer's mixer kind. Shapes: x [T, D] -> ([T, D], state)"""
+def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray, *,
+                window: bool = False) -> tuple[np.ndarray, LayerState]:
+    """x + mixer(rms_norm(x)) for the layer's mixer kind. window: these positions are a decode
+    window (a recurrent layer keeps a snapshot after each). Shapes: x [T, D] -> ([T, D], state)"""
     mixer = params.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_block(params, layer, state, x)
+    if mixer is Mixer.DELTANET:
+        n = TensorNames
+        h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
+        out, state = deltanet(params.cfg, params.dense, layer, state, h, window=window)
+        return x + out, state
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
 
@@ -176,12 +192,14 @@ def forward(
     *,
     select: SelectFn | None = None,
     trace: bool = False,
+    window: bool = False,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
     `select(moe_layer, z)` turns one token's router logits into its selection (default: the
     model's own rule); its layer argument is the MoE index. Tokens are routed one at a time in
     order, so a residency-dependent `select` sees the same sequence of calls as decoding would.
+    `window`: the tokens are a decode window (recurrent layers keep a snapshot at each position).
 
     Shapes:
         tokens: [T] -> logits [T, vocab] float32
@@ -191,7 +209,7 @@ def forward(
     x = embed(params, tokens)
     new_layers, inputs, all_sel = [], [], []
     for layer, kind in enumerate(cfg.kinds):
-        x, layer_state = mixer_block(params, layer, state.layers[layer], x)
+        x, layer_state = mixer_block(params, layer, state.layers[layer], x, window=window)
         new_layers.append(layer_state)
         h = router_input(params, layer, x)
         if kind.ffn is Ffn.DENSE:

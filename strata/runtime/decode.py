@@ -133,6 +133,9 @@ class StreamingEngine(SessionEngine):
     def _truncate(self, n: int) -> None:
         self.compute.trim(n)  # the arena keeps its experts: a new prompt finds them resident
 
+    def kept_position(self, n: int) -> int:
+        return self.compute.kept_position(super().kept_position(n))
+
     def _cache_totals(self) -> CacheStats:
         return self.streamer.totals
 
@@ -183,7 +186,7 @@ class StreamingEngine(SessionEngine):
         moe = 0
         for layer, kind in enumerate(cfg.kinds):
             t0 = time.perf_counter()
-            x = c.mixer(layer, x)
+            x = c.mixer(layer, x, window=True)  # a recurrent layer keeps a snapshot per position
             t0 = self._clock("attention", t0)
             if kind.ffn is Ffn.DENSE:
                 x = c.dense_ffn(layer, x)
