@@ -23,7 +23,7 @@ from strata.errors import StrataError
 from strata.formats.quant_types import QuantType
 from strata.model_config import Mixer
 from strata.runtime.decode import arena_plan_for
-from strata.runtime.io import RandomDelays
+from strata.testing.faults import RandomDelays
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
 from tests.budgets import FLOAT32_REORDER
