@@ -42,6 +42,7 @@ from strata.convert.common import (
     same_up_to_unit_axes,
 )
 from strata.convert.hf_config import HFConfig
+from strata.convert import mlx_checkpoint
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from strata.errors import ConfigError, FormatError
@@ -141,18 +142,24 @@ class _Plan:
     hf: HFConfig
     family: Family
     cfg: ModelConfig
-    experts: ExpertTensors
+    experts: ExpertTensors | mlx_checkpoint.MlxExpertTensors
+    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint)
     sources: dict[str, str]  # strata dense name -> checkpoint tensor name
     tokenizer: TokenizerFiles
 
 
-def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) -> _Plan:
+def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
     family = family_for(hf)
     hf = dataclasses.replace(hf, family=family.name)
     cfg = family.model_config(hf, ckpt)
-    _check_expert_type(cfg, expert_type)
     moe = find_moe_block(family, ckpt)
-    experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+    if isinstance(ckpt, mlx_checkpoint.MlxCheckpoint):  # mlx-lm's stacked (maybe quantized) experts
+        experts = mlx_checkpoint.MlxExpertTensors(ckpt, cfg, moe)
+    else:
+        experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+    kept = getattr(experts, "qtype", None) if expert_type is None else None
+    if kept is None:
+        _check_expert_type(cfg, expert_type or DEFAULT_EXPERT_TYPE)
     sources = dense_sources(cfg, moe)
     shapes = dense_tensor_shapes(cfg)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
@@ -162,29 +169,37 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
     check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
     tok = read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, sources, tok)
+    return _Plan(hf, family, cfg, experts, kept, sources, tok)
 
 
 def convert(
     hf_dir: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    expert_type: QuantType = DEFAULT_EXPERT_TYPE,
+    expert_type: QuantType | None = None,
     dense_type: QuantType = DEFAULT_DENSE_TYPE,
     progress: bool = False,
 ) -> ConvertResult:
-    """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc)."""
+    """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc).
+
+    expert_type None: an MLX-quantized checkpoint's experts keep their own type (bit for bit),
+    a float checkpoint's become DEFAULT_EXPERT_TYPE; a type given is quantized to (from the
+    dequantized values, for an MLX checkpoint)."""
     start = time.perf_counter()
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
-    expert_type, dense_type = QuantType(expert_type), QuantType(dense_type)
+    expert_type, dense_type = None if expert_type is None else QuantType(expert_type), QuantType(dense_type)
     if dense_type not in DENSE_TYPES:
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
                           f"{', '.join(q.name.lower() for q in DENSE_TYPES)}")
     hf = HFConfig.read(hf_dir)
-    with Checkpoint(hf_dir) as ckpt:
+    mlx_quant = mlx_checkpoint.quantization_of(hf)
+    if mlx_quant is not None:  # mlx-lm's format: read as the float model it stands for
+        hf = mlx_checkpoint.without_quantization(hf)
+    with (Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)) as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
+        expert_type = plan.kept or expert_type or DEFAULT_EXPERT_TYPE
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
@@ -195,9 +210,12 @@ def convert(
             with _bar(cfg.n_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
                 def get_expert(layer: int, e: int) -> ExpertWeights:
-                    gate, up, down = plan.experts.read(layer, e)
-                    w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
-                                      quantize(expert_type, down))
+                    if plan.kept is not None:
+                        w = plan.experts.read_quantized(layer, e)
+                    else:
+                        gate, up, down = plan.experts.read(layer, e)
+                        w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
+                                          quantize(expert_type, down))
                     bar.update(1)
                     return w
 
