@@ -42,7 +42,7 @@ from strata.convert.common import (
     same_up_to_unit_axes,
 )
 from strata.convert.hf_config import HFConfig
-from strata.convert import mlx_checkpoint
+from strata.convert import gguf_checkpoint, mlx_checkpoint
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from strata.errors import ConfigError, FormatError
@@ -69,6 +69,7 @@ class ConvertResult:
     expert_type: QuantType
     dense_type: QuantType
     seconds: float
+    requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -155,6 +156,8 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
     moe = find_moe_block(family, ckpt)
     if isinstance(ckpt, mlx_checkpoint.MlxCheckpoint):  # mlx-lm's stacked (maybe quantized) experts
         experts = mlx_checkpoint.MlxExpertTensors(ckpt, cfg, moe)
+    elif isinstance(ckpt, gguf_checkpoint.GgufCheckpoint):  # llama.cpp's stacked *_exps
+        experts = gguf_checkpoint.GgufExpertTensors(ckpt, cfg)
     else:
         experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
     kept = getattr(experts, "qtype", None) if expert_type is None else None
@@ -167,7 +170,8 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
             raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
         ckpt.check_dtype(src)
     check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
-    tok = read_tokenizer_files(hf_dir)
+    tok = gguf_checkpoint.tokenizer_of(ckpt) if isinstance(ckpt, gguf_checkpoint.GgufCheckpoint) else \
+        read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
     return _Plan(hf, family, cfg, experts, kept, sources, tok)
 
@@ -187,17 +191,23 @@ def convert(
     dequantized values, for an MLX checkpoint)."""
     start = time.perf_counter()
     hf_dir = Path(hf_dir)
-    if not hf_dir.is_dir():
+    from_gguf = gguf_checkpoint.is_gguf(hf_dir)
+    if not hf_dir.is_dir() and not from_gguf:
         raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
     expert_type, dense_type = None if expert_type is None else QuantType(expert_type), QuantType(dense_type)
     if dense_type not in DENSE_TYPES:
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
                           f"{', '.join(q.name.lower() for q in DENSE_TYPES)}")
-    hf = HFConfig.read(hf_dir)
-    mlx_quant = mlx_checkpoint.quantization_of(hf)
-    if mlx_quant is not None:  # mlx-lm's format: read as the float model it stands for
-        hf = mlx_checkpoint.without_quantization(hf)
-    with (Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)) as ckpt:
+    if from_gguf:  # a llama.cpp GGUF: read as the checkpoint it was converted from
+        source = gguf_checkpoint.GgufCheckpoint(hf_dir)
+        hf = gguf_checkpoint.hf_config_of(source)
+    else:
+        hf = HFConfig.read(hf_dir)
+        mlx_quant = mlx_checkpoint.quantization_of(hf)
+        if mlx_quant is not None:  # mlx-lm's format: read as the float model it stands for
+            hf = mlx_checkpoint.without_quantization(hf)
+        source = Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
+    with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
         expert_type = plan.kept or expert_type or DEFAULT_EXPERT_TYPE
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
@@ -233,5 +243,10 @@ def convert(
         except BaseException:
             _unlink(model_partial, experts_partial, *([experts_path] if renamed else []))
             raise
+        kld = None
+        if from_gguf and plan.kept is None:  # requantized: what that step cost, against gguf's dequantization
+            from strata.convert.requant_report import requantization_kld
+
+            kld = requantization_kld(model_path, plan.experts)
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, kld)
