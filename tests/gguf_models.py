@@ -114,3 +114,46 @@ def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def dequantized_checkpoint(gguf_path: Path, hf_dir: Path, out: Path) -> Path:
+    """The Hugging Face checkpoint the GGUF's values stand for: every tensor dequantized by gguf,
+    under its transformers name (experts split per expert, Q/K rows un-permuted), beside a copy
+    of `hf_dir`'s config and tokenizer: what transformers' forward on "the dequantized weights" reads."""
+    import shutil
+
+    import gguf
+    from safetensors.numpy import save_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch, moe, projections = ARCH[cfg["model_type"]]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    inverse = {g: h for h, g in PER_LAYER.items()}
+    glob = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+            "output.weight": "lm_head.weight"}
+    experts = dict(zip(("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"), projections))
+    tensors = {}
+    for t in gguf.GGUFReader(gguf_path).tensors:
+        x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        x = x.reshape([int(n) for n in reversed(t.shape)])
+        if t.name in glob:
+            tensors[glob[t.name]] = x
+            continue
+        _, layer, suffix = t.name.split(".", 2)
+        base = f"model.layers.{layer}."
+        if suffix in experts:
+            for e in range(x.shape[0]):
+                tensors[base + f"{moe}.experts.{e}.{experts[suffix]}.weight"] = np.ascontiguousarray(x[e])
+            continue
+        if arch == "llama" and suffix in ("attn_q.weight", "attn_k.weight"):
+            h = heads if suffix == "attn_q.weight" else kv
+            rows, cols = x.shape
+            x = x.reshape(h, rows // h // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+        if suffix == "ffn_gate_inp_shexp.weight":
+            x = x.reshape(1, -1)
+        tensors[base + inverse[suffix].format(moe=moe)] = np.ascontiguousarray(x)
+    out.mkdir(parents=True)
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_dir / f, out / f)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
