@@ -11,6 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.ggml_kquants import quantize_q4_k, quantize_q6_k  # noqa: E402
+
+K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+
 # transformers model_type -> (llama.cpp architecture, MoE block, per-expert projection names)
 ARCH = {"qwen3_moe": ("qwen3moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
         "qwen2_moe": ("qwen2moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
@@ -32,6 +36,22 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute: each head's rows [half, 2] -> [2, half] (its rotary order)."""
     rows, cols = w.shape
     return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def build_wide_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """A random (untrained) tiny Qwen3-MoE whose every matrix row is a multiple of 256 weights,
+    so its tensors can be K-quants (QK_K = 256): hidden 256, head_dim 64, expert ffn 256."""
+    import torch
+    import transformers
+
+    from tests import hf_models
+
+    hf_models.write_tokenizer(directory)
+    torch.manual_seed(seed)
+    cfg = hf_models.hf_config("qwen3_moe", hidden_size=256, head_dim=64, moe_intermediate_size=256,
+                              intermediate_size=256)
+    transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(directory)
+    return directory
 
 
 def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = "F16") -> Path:
@@ -85,6 +105,8 @@ def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = 
             w.add_tensor(name, x.astype(np.float32))
         elif t == gguf.GGMLQuantizationType.F16:
             w.add_tensor(name, x.astype(np.float16))
+        elif qtype in K_QUANTIZERS:  # gguf has no K-quant quantizer: tests/ggml_kquants.py
+            w.add_tensor(name, K_QUANTIZERS[qtype](x), raw_dtype=t)
         else:
             w.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), t), raw_dtype=t)
 

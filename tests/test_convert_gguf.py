@@ -26,7 +26,7 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.reference.model import ModelState, forward  # noqa: E402
 from strata.reference.quants import to_blocks  # noqa: E402
-from tests.budgets import GGUF_DEQUANT_LOGIT_BUDGET, Q2_KLD_SANITY, REQUANT_ARGMAX_AGREEMENT  # noqa: E402
+from tests.budgets import F16_LOGIT_BUDGET, GGUF_DEQUANT_LOGIT_BUDGET, Q2_KLD_SANITY, REQUANT_ARGMAX_AGREEMENT  # noqa: E402
 
 # (architecture, ggml expert type, ggml dense type, strata type the experts must end up as)
 CASES = [
@@ -105,3 +105,34 @@ def test_generate_on_a_llama_cpp_gguf_says_convert(converted, capsys):
     assert main(["generate", str(path), "hi"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"strata convert {path}" in err[0]
+
+
+def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path, capsys):
+    """Q4_K experts (no strata type holds them: requantized, here to f16, the KLD line printed)
+    and Q6_K dense weights (dequantized by gguf), on a model wide enough for QK_K = 256 rows."""
+    import transformers
+
+    from strata.cli.main import main as cli
+
+    hf_dir = gguf_models.build_wide_checkpoint(tmp_path / "hf")
+    path = gguf_models.write_gguf(hf_dir, tmp_path / "k.gguf", experts="Q4_K", dense="Q6_K")
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert {"Q4_K", "Q6_K"} <= types
+    r = convert(path, tmp_path / "strata", expert_type=QuantType.F16)
+    assert r.requant_kld is not None and r.requant_kld.source_types == ("Q4_K",)
+    print(f"\n{r.requant_kld.line(r.expert_type)}")
+    assert 0 <= r.requant_kld.kld < Q2_KLD_SANITY
+    model = load(r.model_path)
+    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+    ref_dir = gguf_models.dequantized_checkpoint(path, hf_dir, tmp_path / "dequantized")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(tokens)[None]).logits[0].numpy()
+    ours, _ = forward(model.resident_params(), ModelState.empty(model.cfg), tokens)
+    rel = float(np.abs(ours - theirs).max()) / float(np.abs(theirs).max())
+    print(f"Q4_K experts (-> f16), Q6_K dense: max|dlogit|/scale vs transformers on the dequantized GGUF = {rel:.2e}")
+    assert rel <= F16_LOGIT_BUDGET  # f16 experts of the dequantized values: the f16 budget
+    # the CLI prints the KLD line
+    capsys.readouterr()
+    assert cli(["convert", str(path), str(tmp_path / "cli"), "--experts", "q8_0", "--quiet"]) == 0
+    assert "experts requantized Q4_K -> Q8_0: mean KLD" in capsys.readouterr().out
