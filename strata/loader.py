@@ -63,6 +63,21 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
+def _foreign_architecture(model_path: Path) -> str | None:
+    """The `general.architecture` of a GGUF that is not strata's (a llama.cpp model file), else None.
+    Only the header is parsed (the reader maps the file; no tensor is read)."""
+    import gguf
+
+    from strata.formats.model_file import ARCHITECTURE, KEY_ARCHITECTURE
+
+    try:
+        field = gguf.GGUFReader(model_path).fields.get(KEY_ARCHITECTURE)
+        arch = field.contents() if field is not None else None
+    except Exception:  # not a GGUF at all: read_model names the problem
+        return None
+    return None if arch == ARCHITECTURE else f"llama.cpp ({arch!r})" if arch else "non-strata"
+
+
 def load(model: str | Path, *, experts: str | Path | None = None, allow_foreign_experts: bool = False) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
@@ -77,6 +92,10 @@ def load(model: str | Path, *, experts: str | Path | None = None, allow_foreign_
         model_path = model_path.with_name(model_path.name + ".gguf")
     if not model_path.exists():
         raise FormatError(f"{model}: no such model file")
+    foreign = _foreign_architecture(model_path)
+    if foreign is not None:
+        raise FormatError(f"{model_path}: a {foreign} GGUF, not a strata model; convert it first: "
+                          f"strata convert {model_path} {model_path.with_suffix('')}-strata")
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
