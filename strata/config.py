@@ -63,7 +63,7 @@ class Config:
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")
-    verify_reads: bool = knob(False, "check each record's CRC-32 when it lands (default off)")
+    verify_reads: bool = knob(True, "check each record's CRC-32 when it lands (default on; off lets corrupt bytes compute)")
     direct_io: bool = knob(True, "O_DIRECT reads where allowed (default on)")
     io_threads: int = knob(4, "reader threads (default 4)")
     io_timeout: float = knob(STOCK_IO_TIMEOUT, "seconds a read may block before it is an error", flag=False)

@@ -63,17 +63,42 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
-def load(model: str | Path, *, experts: str | Path | None = None, layers=None) -> Model:
+def _foreign_architecture(model_path: Path) -> str | None:
+    """The `general.architecture` of a GGUF that is not strata's (a llama.cpp model file), else None.
+    Only the header is parsed (the reader maps the file; no tensor is read)."""
+    import gguf
+
+    from strata.formats.model_file import ARCHITECTURE, KEY_ARCHITECTURE
+
+    try:
+        field = gguf.GGUFReader(model_path).fields.get(KEY_ARCHITECTURE)
+        arch = field.contents() if field is not None else None
+    except Exception:  # not a GGUF at all: read_model names the problem
+        return None
+    return None if arch == ARCHITECTURE else f"llama.cpp ({arch!r})" if arch else "non-strata"
+
+
+def load(model: str | Path, *, experts: str | Path | None = None, allow_foreign_experts: bool = False,
+         layers=None) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
-    The experts file defaults to the model's name with the `.experts` suffix. `layers` (a
-    `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it computes with.
+    The experts file defaults to the model's name with the `.experts` suffix. A model written
+    with an expert set records that set's identity; loading it with another set (another model's
+    experts of the same shape, or a conversion interrupted between its two renames) is refused
+    unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
+    re-quantized one) is run. Model files without an identity (older ones) skip the check.
+    `layers` (a `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it
+    computes with.
     """
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
         model_path = model_path.with_name(model_path.name + ".gguf")
     if not model_path.exists():
         raise FormatError(f"{model}: no such model file")
+    foreign = _foreign_architecture(model_path)
+    if foreign is not None:
+        raise FormatError(f"{model_path}: a {foreign} GGUF, not a strata model; convert it first: "
+                          f"strata convert {model_path} {model_path.with_suffix('')}-strata")
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
@@ -82,15 +107,28 @@ def load(model: str | Path, *, experts: str | Path | None = None, layers=None) -
         names = frozenset(layers.dense_names(read_model_config(model_path)))
     mf = read_model(model_path, names=names)
     xf = ExpertsFile.open(experts_path)
+    try:
+        _check_pair(mf, xf, model_path, experts_path, allow_foreign_experts)
+    except BaseException:
+        xf.close()
+        raise
+    eos = mf.metadata.get(EOS_TOKEN_KEY)
+    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
+                              eos_tokens=(eos,) if isinstance(eos, str) else ())
+    return Model(cfg=mf.cfg, dense=dict(mf.dense), tokenizer=tok, experts_file=xf, model_path=model_path)
+
+
+def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:
     h, cfg = xf.header, mf.cfg
     found = (h.n_layers, h.n_experts, h.hidden, h.expert_ffn)
     wanted = (cfg.n_moe_layers, cfg.n_experts, cfg.hidden_size, cfg.expert_ffn_size)
     if found != wanted:
-        xf.close()
         raise FormatError(
             f"{experts_path}: holds (MoE layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
         )
-    eos = mf.metadata.get(EOS_TOKEN_KEY)
-    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
-                              eos_tokens=(eos,) if isinstance(eos, str) else ())
-    return Model(cfg, dict(mf.dense), tok, xf, model_path)
+    if mf.experts_identity is not None and mf.experts_identity != xf.identity and not allow_foreign:
+        raise FormatError(
+            f"{experts_path}: not the expert set {model_path.name} was written with (identity {xf.identity}, the "
+            f"model records {mf.experts_identity}); to run a swapped set on purpose, load it with "
+            "strata.load(..., experts=PATH, allow_foreign_experts=True)"
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
@@ -36,6 +37,7 @@ class Mixer(enum.Enum):
     """A layer's token mixer: what it computes and what per-layer state it keeps."""
 
     ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
+    DELTANET = "deltanet"  # gated DeltaNet linear attention (Qwen3-Next, Qwen3.5); state: conv + recurrent
 
 
 class Ffn(enum.Enum):
@@ -92,6 +94,14 @@ class ModelConfig:
     # so `replace(cfg, n_layers=...)` keeps working on such models); read it through `kinds`
     layer_types: tuple[LayerType, ...] = ()
     dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
+    # hybrid models (Qwen3-Next, Qwen3.5/3.6-MoE): gated attention, partial rotary, gated DeltaNet
+    rotary_dim: int = 0  # RoPE over the first rotary_dim dims of each head (0: the whole head)
+    attention_output_gate: bool = False  # attention output * sigmoid(x · W_gate) before o_proj
+    linear_k_heads: int = 0  # DeltaNet layers: query/key heads
+    linear_v_heads: int = 0  # value heads (a multiple of linear_k_heads)
+    linear_k_head_dim: int = 0
+    linear_v_head_dim: int = 0
+    linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
@@ -119,6 +129,18 @@ class ModelConfig:
             raise ConfigError("model config: no MoE layer (strata runs mixture-of-experts models)")
         if any(t.ffn is Ffn.DENSE for t in kinds) and self.dense_ffn_size <= 0:
             raise ConfigError("model config: dense FFN layers need dense_ffn_size > 0")
+        # Values a forward pass cannot use (NaN/0/-1 theta, a negative or NaN eps) are refused here,
+        # so `strata convert` and every reader name the field instead of a later NaN in routing.
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
+        _check_hybrid(self)
+
+    @property
+    def rope_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (rotary_dim, or the whole head)."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def kinds(self) -> tuple[LayerType, ...]:
@@ -170,6 +192,22 @@ class ModelConfig:
         return cls(**d)
 
 
+def _check_hybrid(cfg: ModelConfig) -> None:
+    """The hybrid fields (Qwen3-Next, Qwen3.5): partial rotary, and DeltaNet sizes where a layer needs them."""
+    if cfg.rotary_dim and not (0 < cfg.rotary_dim <= cfg.head_dim and cfg.rotary_dim % 2 == 0):
+        raise ConfigError(f"model config: rotary_dim must be even and in (0, head_dim={cfg.head_dim}], "
+                          f"got {cfg.rotary_dim}")
+    if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
+        return
+    sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
+    for name in sizes:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(cfg, name)}")
+    if cfg.linear_v_heads % cfg.linear_k_heads:
+        raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
+                          f"linear_k_heads={cfg.linear_k_heads}")
+
+
 class TensorNames:
     """Dense tensor names (llama.cpp's GGUF spelling); numpy shapes are [out, in]."""
 
@@ -201,12 +239,22 @@ class TensorNames:
     ffn_gate = "ffn_gate.weight"  # dense FFN layers: [dense_ffn, hidden]
     ffn_up = "ffn_up.weight"  # [dense_ffn, hidden]
     ffn_down = "ffn_down.weight"  # [hidden, dense_ffn]
+    # hybrid models. C = 2 * linear_k_heads * linear_k_head_dim + V, V = linear_v_heads * linear_v_head_dim
+    attn_gate = "attn_gate.weight"  # [n_heads * head_dim, hidden]: the attention output gate
+    ssm_qkv = "ssm_qkv.weight"  # [C, hidden]: DeltaNet q (all k heads), k, v (all v heads)
+    ssm_z = "ssm_z.weight"  # [V, hidden]: the gate of the gated RMSNorm
+    ssm_beta = "ssm_beta.weight"  # [linear_v_heads, hidden]: beta = sigmoid(x · w)
+    ssm_alpha = "ssm_alpha.weight"  # [linear_v_heads, hidden]: the decay step's input
+    ssm_conv = "ssm_conv1d.weight"  # [C, linear_conv_kernel]: causal depthwise conv
+    ssm_a = "ssm_a"  # [linear_v_heads]: -exp(A_log), the decay rate (log decay = a * softplus(...))
+    ssm_dt_bias = "ssm_dt.bias"  # [linear_v_heads]
+    ssm_norm = "ssm_norm.weight"  # [linear_v_head_dim]: the gated RMSNorm, shared by every head
+    ssm_out = "ssm_out.weight"  # [hidden, V]
 
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
     n = TensorNames
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),
                                           n.output_norm: (cfg.hidden_size,)}
     if not cfg.tie_embeddings:
@@ -214,20 +262,10 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for l in range(cfg.n_layers):
         b = lambda s: n.block(l, s)  # noqa: E731
         shapes[b(n.attn_norm)] = (cfg.hidden_size,)
-        shapes[b(n.attn_q)] = (q_dim, cfg.hidden_size)
-        shapes[b(n.attn_k)] = (kv_dim, cfg.hidden_size)
-        shapes[b(n.attn_v)] = (kv_dim, cfg.hidden_size)
-        shapes[b(n.attn_output)] = (cfg.hidden_size, q_dim)
-        if cfg.attention_bias:
-            shapes[b(n.attn_q_bias)] = (q_dim,)
-            shapes[b(n.attn_k_bias)] = (kv_dim,)
-            shapes[b(n.attn_v_bias)] = (kv_dim,)
-        if cfg.qk_norm is QKNorm.PER_HEAD:
-            shapes[b(n.attn_q_norm)] = (cfg.head_dim,)
-            shapes[b(n.attn_k_norm)] = (cfg.head_dim,)
-        elif cfg.qk_norm is QKNorm.FULL:
-            shapes[b(n.attn_q_norm)] = (q_dim,)
-            shapes[b(n.attn_k_norm)] = (kv_dim,)
+        if cfg.kinds[l].mixer is Mixer.DELTANET:
+            shapes.update(deltanet_tensor_shapes(cfg, l))
+        else:
+            shapes.update(attention_tensor_shapes(cfg, l))
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
         if cfg.kinds[l].ffn is Ffn.DENSE:
             shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
@@ -242,6 +280,43 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             if cfg.shared_expert_gated:
                 shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
     return shapes
+
+
+def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
+    """An attention layer's mixer tensors (the norm before it is the layer's attn_norm)."""
+    n = TensorNames
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    b = lambda s: n.block(l, s)  # noqa: E731
+    shapes: dict[str, tuple[int, ...]] = {}
+    shapes[b(n.attn_q)] = (q_dim, cfg.hidden_size)
+    shapes[b(n.attn_k)] = (kv_dim, cfg.hidden_size)
+    shapes[b(n.attn_v)] = (kv_dim, cfg.hidden_size)
+    shapes[b(n.attn_output)] = (cfg.hidden_size, q_dim)
+    if cfg.attention_bias:
+        shapes[b(n.attn_q_bias)] = (q_dim,)
+        shapes[b(n.attn_k_bias)] = (kv_dim,)
+        shapes[b(n.attn_v_bias)] = (kv_dim,)
+    if cfg.qk_norm is QKNorm.PER_HEAD:
+        shapes[b(n.attn_q_norm)] = (cfg.head_dim,)
+        shapes[b(n.attn_k_norm)] = (cfg.head_dim,)
+    elif cfg.qk_norm is QKNorm.FULL:
+        shapes[b(n.attn_q_norm)] = (q_dim,)
+        shapes[b(n.attn_k_norm)] = (kv_dim,)
+    if cfg.attention_output_gate:
+        shapes[b(n.attn_gate)] = (q_dim, cfg.hidden_size)
+    return shapes
+
+
+def deltanet_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
+    """A gated DeltaNet layer's mixer tensors."""
+    n = TensorNames
+    hv, d = cfg.linear_v_heads, cfg.hidden_size
+    v_dim = hv * cfg.linear_v_head_dim
+    conv_dim = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    b = lambda s: n.block(l, s)  # noqa: E731
+    return {b(n.ssm_qkv): (conv_dim, d), b(n.ssm_z): (v_dim, d), b(n.ssm_beta): (hv, d), b(n.ssm_alpha): (hv, d),
+            b(n.ssm_conv): (conv_dim, cfg.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
+            b(n.ssm_norm): (cfg.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
 
 
 # ---------------------------------------------------------------- a layer range (pipeline stages)

@@ -27,7 +27,8 @@ from strata.pipeline.stage import open_stage
 from strata.reference.model import ModelState, forward
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import SHAPES, make_model
-from strata.testing.pipeline import free_ports, run_ops, spawn_ranks
+from strata.pipeline.plan import PipelineOptions
+from strata.testing.pipeline import free_ports, open_threaded_pipeline, run_ops, spawn_ranks
 from tests.budgets import PIPELINE_FAULT_DEADLINE_S, PIPELINE_RUN_S
 
 EXACT0 = Config(backend=Backend.NUMPY, moce_lambda=0.0)
@@ -113,6 +114,45 @@ def test_stages_at_their_smallest_arenas_chain_to_the_one_process_engine(tmp_pat
     np.testing.assert_array_equal(x, want["logits"][0])
     for e in engines:
         e.close()
+
+
+def hybrid_ops(engine) -> dict:
+    """Prefill, decode, a decode window, then every position's kept_position, and a trim to
+    one inside the window (a recurrent layer restores only its snapshots) before decoding on."""
+    out = run_ops(engine, PROMPT, TOKENS, WINDOW)
+    out["kept"] = np.array([engine.kept_position(n) for n in range(engine.length + 1)])
+    back = engine.kept_position(engine.length - 2)  # inside the window: kept per position
+    engine.trim(back)
+    out["after_trim"] = np.stack([engine.decode(int(t)) for t in b"ok"])
+    out["back"] = np.array(back)
+    return out
+
+
+@pytest.mark.parametrize("split", ["2,2", "3,1"])
+def test_a_hybrid_model_split_over_stages_equals_one_process(tmp_path, split):
+    """The made `hybrid` (three DeltaNet layers, then attention; all MoE) over 2 stages on a
+    ring of threads: "2,2" gives each stage recurrent layers, "3,1" leaves the last stage
+    attention only. A stage's state holds its own layers only, so its length and kept positions
+    are its layers' (an empty recurrent layer of the other stage would pin them to 0); the
+    pipeline's kept_position is every stage's, and tokens, logits and kept positions equal the
+    one-process engine's bit for bit."""
+    path = make_model(tmp_path / "hybrid", "hybrid", seed=3).model_path
+    model = strata.load(path)
+    with open_numpy_streaming(model, EXACT0.replace(arena=f"{model.experts_file.header.n_records}slots")) as one:
+        want = hybrid_ops(one)
+    model.close()
+    assert 0 < want["back"] < len(PROMPT) + TOKENS + len(WINDOW) - 1
+    assert want["kept"][3] == 0  # inside the prompt: the prefill kept only its end
+    engine, threads = open_threaded_pipeline(path, EXACT0, PipelineOptions(stage_layers=split, timeout=60),
+                                             ["min", "min"])
+    with engine:
+        assert [s.stop - s.start for s in engine.plan.stages] == [int(c) for c in split.split(",")]
+        got = hybrid_ops(engine)
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive() and t.error is None, t.error
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
 # ---------------------------------------------------------------- processes over the ring

@@ -40,6 +40,9 @@ class Family:
     moe_blocks: tuple[str, ...] = ("mlp",)  # candidate names of the MoE block, in preference order
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
     supported_features: str = ""  # for error messages: what this family may use
+    # a family whose tensors are not the Llama names one to one (a prefix, fused or derived
+    # tensors, skipped towers): (cfg, checkpoint) -> convert.tensor_plan.TensorPlan
+    tensor_plan: Callable | None = None
 
 
 def base_fields(hf: HFConfig, ckpt: Checkpoint) -> dict:
@@ -112,14 +115,15 @@ class ExpertTensors:
     down [D, F], whichever layout each layer uses. Checks every name and shape at construction,
     so a missing or misshapen expert fails before any output is written."""
 
-    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig, moe: str, projections: tuple[str, str, str]) -> None:
+    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig, moe: str, projections: tuple[str, str, str],
+                 layer_prefix: str = LAYER) -> None:
         self._ckpt = ckpt
         self._cfg = cfg
         self._names: list[tuple[str, ...]] = []  # per layer: 3 per-expert patterns or 2 fused names
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
         for l in range(cfg.n_layers):
-            base = LAYER.format(l) + f"{moe}.experts."
+            base = layer_prefix.format(l) + f"{moe}.experts."
             fused = (base + "gate_up_proj", base + "down_proj")
             if fused[0] in ckpt:
                 self._check(fused[0], (n_exp, 2 * f, d))

@@ -36,8 +36,9 @@ def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 
 
 def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    """cos, sin float32 [max_context, head_dim/2]: the reference's angles (float64), rounded once."""
-    hd = cfg.head_dim
+    """cos, sin float32 [max_context, rope_dim/2]: the reference's angles (float64), rounded once
+    (rope_dim: the rotated part of a head, the whole head but for partial rotary)."""
+    hd = cfg.rope_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
     return mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
@@ -76,6 +77,7 @@ class AttentionWeights:
     q_norm: mx.array | None
     k_norm: mx.array | None
     wo: mx.array
+    gate: mx.array | None = None  # [H HD, D]: the output gate (Qwen3-Next / Qwen3.5), sigmoid(xn . gate)
 
 
 def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
@@ -84,7 +86,9 @@ def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
 
 
 def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
+    # partial rotary and the output gate are not in the attend kernel yet: those layers take the ops path
     return (current_path() is not KernelPath.OPS and w.wqkv.dtype == mx.float16 and cfg.qk_norm is not QKNorm.FULL
+            and cfg.rope_dim == cfg.head_dim and w.gate is None
             and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.MAX_HEAD_DIM
             and cfg.hidden_size <= dense_kernel.MAX_COLS and cfg.n_heads * cfg.head_dim <= dense_kernel.MAX_COLS)
 
@@ -108,11 +112,12 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
         q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
     cos_t, sin_t = rope_table_cached(cfg)
     start = kv.length
-    cos = mx.concatenate([cos_t[start:start + t]] * 2, axis=-1)  # [T, hd]
+    rd = cfg.rope_dim  # the rotated dims: the first rd of each head (partial rotary), the rest pass
+    cos = mx.concatenate([cos_t[start:start + t]] * 2, axis=-1)  # [T, rd]
     sin = mx.concatenate([sin_t[start:start + t]] * 2, axis=-1)
-    rot = lambda a: mx.concatenate([-a[..., hd // 2:], a[..., :hd // 2]], axis=-1)  # noqa: E731
-    q = q * cos + rot(q) * sin
-    k = k * cos + rot(k) * sin
+    rot = lambda a: mx.concatenate([-a[..., rd // 2:rd], a[..., :rd // 2]], axis=-1)  # noqa: E731
+    rope = lambda a: mx.concatenate([a[..., :rd] * cos + rot(a) * sin, a[..., rd:]], axis=-1)  # noqa: E731
+    q, k = rope(q), rope(k)
     keys, values = kv.keys, kv.values
     keys[:, start:start + t, :] = k
     values[:, start:start + t, :] = v
@@ -127,6 +132,8 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     probs = mx.exp(scores)
     probs = probs / probs.sum(axis=-1, keepdims=True)
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
+    if w.gate is not None:
+        out = out * mx.sigmoid(xn @ f32(w.gate).T)
     return out @ f32(w.wo).T, MlxLayerKV(keys, values, s)
 
 
@@ -134,7 +141,7 @@ _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 
 
 def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    key = (cfg.head_dim, cfg.rope_theta, cfg.max_context)
+    key = (cfg.rope_dim, cfg.rope_theta, cfg.max_context)
     if key not in _tables:
         _tables[key] = rope_table(cfg)
     return _tables[key]

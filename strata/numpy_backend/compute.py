@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
-from strata.model_config import TensorNames
+from strata.model_config import LayerRange, TensorNames
 from strata.reference import model as ref
 from strata.reference.experts import swiglu_expert
 from strata.reference.quants import dequantize, quantize
@@ -40,10 +40,11 @@ class NumpyCompute:
     # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
     synchronous = True
 
-    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
+    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
+                 layers: LayerRange | None = None) -> None:
         self.params, self.arena, self.layout = params, arena, layout
         cfg = params.cfg
-        self.state = ref.ModelState.empty(cfg)
+        self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
         # the routers this process holds (a pipeline stage loads only its own layers')
         routers = {l: params.dense[r] for l, r in names.items() if r in params.dense}
@@ -63,9 +64,9 @@ class NumpyCompute:
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return ref.embed(self.params, tokens)
 
-    def mixer(self, layer: int, x: np.ndarray) -> np.ndarray:
+    def mixer(self, layer: int, x: np.ndarray, *, window: bool = False) -> np.ndarray:
         layers = list(self.state.layers)
-        x, layers[layer] = ref.mixer_block(self.params, layer, layers[layer], x)
+        x, layers[layer] = ref.mixer_block(self.params, layer, layers[layer], x, window=window)
         self.state = ref.ModelState(tuple(layers))
         return x
 
@@ -74,6 +75,9 @@ class NumpyCompute:
 
     def trim(self, n: int) -> None:
         self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(n)
 
     def router_input(self, layer: int, x: np.ndarray) -> np.ndarray:
         return ref.router_input(self.params, layer, x)

@@ -32,8 +32,8 @@ class ReferenceEngine(SessionEngine):
         return cls(model.resident_params(), model=model, config=config,
                    expert_reads=model.experts_file.header.n_records)
 
-    def _forward(self, tokens: np.ndarray) -> np.ndarray:
-        logits, self.state = forward(self.params, self.state, tokens, select=self.select)
+    def _forward(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, tokens, select=self.select, window=window)
         return logits
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
@@ -43,10 +43,13 @@ class ReferenceEngine(SessionEngine):
         return self._forward(np.asarray([token]))[-1]
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
-        return self._forward(tokens)
+        return self._forward(tokens, window=True)
 
     def _truncate(self, n: int) -> None:
         self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(super().kept_position(n))
 
     def _expert_reads(self) -> int:
         return self._reads
@@ -59,9 +62,9 @@ class _NoResidentExperts:
         raise RuntimeError("the streaming engine reads experts from the arena, never from params")
 
 
-def streaming_parts(model, config, plan) -> tuple:
+def streaming_parts(model, config, plan, *, layers=None) -> tuple:
     """(arena, compute, notes) of a numpy streaming engine: a NumpyArena of `plan.slots` slots
-    and NumpyCompute over the model's dense weights."""
+    and NumpyCompute over the model's dense weights (`layers`: a pipeline stage's LayerRange)."""
     from strata.numpy_backend.arena import NumpyArena, mlock_buffer
     from strata.numpy_backend.compute import NumpyCompute
 
@@ -73,5 +76,5 @@ def streaming_parts(model, config, plan) -> tuple:
         ok = all(mlock_buffer(a) for a in model.dense.values())
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
-    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8)
+    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers)
     return arena, compute, tuple(notes)

@@ -7,7 +7,8 @@ stage computes logits and sends them to rank 0, which samples (so sampling is on
 the same seeds). Operations: PREFILL (the prompt path; the last position's logits [1, V]), WINDOW
 (T decode positions; every position's logits [T, V]), TRIM (keep n positions), MARK (remember
 the stage's totals under a number), REPORT (every stage's report since a mark, gathered as JSON
-text), CLOSE. A stage that fails sends its error on instead of a result; every rank raises it,
+text), KEPT (the largest position <= n every stage can trim to: a recurrent layer restores only
+its snapshots), CLOSE. A stage that fails sends its error on instead of a result; every rank raises it,
 rank 0 as a PipelineError from the call.
 """
 
@@ -24,11 +25,12 @@ from strata.pipeline.report import PipelineReport, StageTotals, stage_record
 from strata.pipeline.transport import FAILED, FLOAT32, OK, TEXT, Header, Link, PipelineError
 from strata.session import SessionEngine
 
-__all__ = ["PipelineEngine", "serve_stage", "hello", "PREFILL", "WINDOW", "TRIM", "MARK", "REPORT", "CLOSE", "HELLO"]
+__all__ = ["PipelineEngine", "serve_stage", "hello", "PREFILL", "WINDOW", "TRIM", "MARK", "REPORT", "CLOSE", "HELLO",
+           "KEPT"]
 
-PREFILL, WINDOW, TRIM, MARK, REPORT, CLOSE, HELLO = range(1, 8)
+PREFILL, WINDOW, TRIM, MARK, REPORT, CLOSE, HELLO, KEPT = range(1, 9)
 OP_NAMES = {PREFILL: "prefill", WINDOW: "decode window", TRIM: "trim", MARK: "mark", REPORT: "report",
-            CLOSE: "close", HELLO: "opening the stages"}
+            CLOSE: "close", HELLO: "opening the stages", KEPT: "kept position"}
 
 
 def _text(s: str) -> np.ndarray:
@@ -81,6 +83,8 @@ class _Stage:
         if op == TRIM:
             e._truncate(head.arg)
             return head, None
+        if op == KEPT:  # the compute's: a stage engine's own session holds no tokens (rank 0's does)
+            return Header(KEPT, OK, arg=e.compute.kept_position(head.arg)), None
         if op == MARK:
             self.marks[head.arg] = self.totals()
             return head, None
@@ -204,6 +208,17 @@ class PipelineEngine(SessionEngine):
 
     def _truncate(self, n: int) -> None:
         self._round(Header(TRIM, arg=n))
+
+    def kept_position(self, n: int) -> int:
+        """The largest m <= n every stage can restore: each stage lowers n to its own kept
+        position on the way round; rounds repeat until none lowers it (stages that saw the same
+        calls keep the same positions, so one round is the rule)."""
+        n = super().kept_position(n)
+        while True:
+            head, _ = self._round(Header(KEPT, arg=n))
+            if head.arg == n:
+                return n
+            n = head.arg
 
     def _cache_totals(self):
         return self.stage.engine.streamer.totals  # rank 0's; the report has every stage's

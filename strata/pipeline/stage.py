@@ -44,7 +44,7 @@ def open_stage(model, config: Config, stage: LayerRange, *, arena: str = "", hoo
     if config.backend is Backend.MLX:
         raise ConfigError("backend: a pipeline stage runs on the numpy backend (MLX stages are not built yet)")
     plan = stage_arena(model, config, stage, arena)
-    arena_, compute, notes = streaming_parts(model, config, plan)
+    arena_, compute, notes = streaming_parts(model, config, plan, layers=stage)
     view = StageExperts(model.experts_file, stage.moe_start(model.cfg), len(stage.moe_layers(model.cfg)))
     pool = ReaderPool(view, arena_, threads=config.io_threads, direct=config.direct_io, verify=config.verify_reads,
                       timeout=config.io_timeout, hook=hook, switch_interval=config.io_switch_ms / 1e3)

@@ -1,4 +1,5 @@
-"""Grouped-query attention with RoPE, optional q/k RMSNorm and an explicit KV cache (pure numpy)."""
+"""Grouped-query attention with RoPE (optionally partial), optional q/k RMSNorm, an optional sigmoid
+output gate, and an explicit KV cache (pure numpy)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     half = hd // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
+
+
+def partial_rope(x: np.ndarray, positions: np.ndarray, theta: float, dim: int) -> np.ndarray:
+    """RoPE on the first `dim` dims of each head, the rest passed through (Qwen3-Next and
+    Qwen3.5 rotate a quarter of the head; the frequencies are those of a `dim`-wide head).
+
+    Shapes:
+        x: [H, T, hd]; positions: [T] -> [H, T, hd]
+    """
+    if dim == x.shape[-1]:
+        return rope(x, positions, theta)
+    return np.concatenate([rope(x[..., :dim], positions, theta), x[..., dim:]], axis=-1)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -80,8 +97,8 @@ def attention(
         q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
         k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
     positions = np.arange(kv.length, kv.length + t)
-    q = rope(q, positions, cfg.rope_theta)
-    k = rope(k, positions, cfg.rope_theta)
+    q = partial_rope(q, positions, cfg.rope_theta, cfg.rope_dim)
+    k = partial_rope(k, positions, cfg.rope_theta, cfg.rope_dim)
     keys = np.concatenate([kv.keys, k], axis=1)  # [KV, S, hd]
     values = np.concatenate([kv.values, v], axis=1)
     group = cfg.n_heads // cfg.n_kv_heads
@@ -95,4 +112,6 @@ def attention(
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]
+    if cfg.attention_output_gate:  # Qwen3-Next / Qwen3.5: each head's output gated by sigmoid(x · W_gate)
+        out = out * sigmoid(x @ w(n.attn_gate).T)
     return (out @ w(n.attn_output).T).astype(np.float32), LayerKV(keys, values)

@@ -16,9 +16,11 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from strata.errors import NonFiniteError
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, LayerRange, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
+from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
@@ -37,7 +39,8 @@ class ModelParams:
     experts: ExpertSource
 
 
-LayerState = LayerKV  # per-layer state, by mixer kind (the attention mixer's is its KV cache)
+# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent state
+LayerState = LayerKV | DeltaNetState
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
@@ -45,30 +48,48 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return LayerKV.empty(cfg)
+    if mixer is Mixer.DELTANET:
+        return DeltaNetState.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
 @dataclass(frozen=True)
 class ModelState:
-    """Every layer's state (by mixer kind); `length` positions have been processed."""
+    """Every layer's state (by mixer kind); `length` positions have been processed.
 
-    layers: tuple[LayerState, ...]
+    A pipeline stage holds only its own layers' states: the others are None (another stage
+    holds them), and length, trim and kept_position are over the held layers only (an empty
+    recurrent layer of another stage would otherwise pin kept_position to 0)."""
+
+    layers: tuple[LayerState | None, ...]
 
     @staticmethod
-    def empty(cfg: ModelConfig) -> "ModelState":
-        return ModelState(tuple(empty_layer_state(cfg, l) for l in range(cfg.n_layers)))
+    def empty(cfg: ModelConfig, layers: LayerRange | None = None) -> "ModelState":
+        """No positions; `layers`: hold only that range's (a pipeline stage's; default all)."""
+        held = range(cfg.n_layers) if layers is None else layers.layers
+        return ModelState(tuple(empty_layer_state(cfg, l) if l in held else None for l in range(cfg.n_layers)))
+
+    @property
+    def held(self) -> tuple[LayerState, ...]:
+        """The states this process holds (every layer's, except on a pipeline stage)."""
+        return tuple(s for s in self.layers if s is not None)
 
     @property
     def length(self) -> int:
-        # the most any layer holds: a pipeline stage computes only its own layers' state
-        return max((s.length for s in self.layers), default=0)
+        held = self.held  # every held layer has processed the same positions
+        return held[0].length if held else 0
 
     def trim(self, n: int) -> "ModelState":
         """The state after the first n positions. Attention layers truncate their KV cache, so
-        every n in [0, length] is restorable; a recurrent mixer would restore a kept snapshot."""
+        every n in [0, length] is restorable; a recurrent (DeltaNet) layer restores a kept
+        snapshot, and raises where it has none (trim to `kept_position(n)`)."""
         if not 0 <= n <= self.length:
             raise ValueError(f"trim: n must be in [0, {self.length}], got {n}")
-        return ModelState(tuple(s.trim(n) for s in self.layers))
+        return ModelState(tuple(None if s is None else s.trim(n) for s in self.layers))
+
+    def kept_position(self, n: int) -> int:
+        """The largest m <= n every held layer can restore (n itself when none is recurrent)."""
+        return kept_position(self.held, max(0, min(int(n), self.length)))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
@@ -106,11 +127,18 @@ def attention_block(params: ModelParams, layer: int, kv: LayerKV, x: np.ndarray)
     return x + out, kv
 
 
-def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray) -> tuple[np.ndarray, LayerState]:
-    """x + mixer(rms_norm(x)) for the layer's mixer kind. Shapes: x [T, D] -> ([T, D], state)"""
+def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray, *,
+                window: bool = False) -> tuple[np.ndarray, LayerState]:
+    """x + mixer(rms_norm(x)) for the layer's mixer kind. window: these positions are a decode
+    window (a recurrent layer keeps a snapshot after each). Shapes: x [T, D] -> ([T, D], state)"""
     mixer = params.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_block(params, layer, state, x)
+    if mixer is Mixer.DELTANET:
+        n = TensorNames
+        h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
+        out, state = deltanet(params.cfg, params.dense, layer, state, h, window=window)
+        return x + out, state
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
 
@@ -176,6 +204,7 @@ def forward(
     *,
     select: SelectFn | None = None,
     trace: bool = False,
+    window: bool = False,
     layers: LayerRange | None = None,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
@@ -183,8 +212,10 @@ def forward(
     `select(moe_layer, z)` turns one token's router logits into its selection (default: the
     model's own rule); its layer argument is the MoE index. Tokens are routed one at a time in
     order, so a residency-dependent `select` sees the same sequence of calls as decoding would.
+    `window`: the tokens are a decode window (recurrent layers keep a snapshot at each position).
     `layers`: compute only that range (a pipeline stage; default every layer): a range that does
-    not embed takes the hidden state [T, D] as `tokens`, one that does not head returns it.
+    not embed takes the hidden state [T, D] as `tokens`, one that does not head returns it, and
+    the state returned holds that range's layers only (the others: None, another stage's).
 
     Shapes:
         tokens: [T] (or float32 [T, D]) -> logits [T, vocab] float32 (or the hidden state [T, D])
@@ -193,17 +224,24 @@ def forward(
     select = select or plain_select(cfg)
     layers = layers or LayerRange.whole(cfg)
     x = embed(params, tokens) if layers.embeds else np.asarray(tokens, dtype=np.float32)
-    new_layers, inputs, all_sel = list(state.layers), [], []
-    for layer in layers.layers:
+    held = layers.layers
+    new_layers = [s if l in held else None for l, s in enumerate(state.layers)]
+    inputs, all_sel = [], []
+    for layer in held:
         kind = cfg.kinds[layer]
-        x, new_layers[layer] = mixer_block(params, layer, state.layers[layer], x)
+        if state.layers[layer] is None:
+            raise ValueError(f"forward: the state does not hold layer {layer} (another stage's)")
+        x, new_layers[layer] = mixer_block(params, layer, state.layers[layer], x, window=window)
         h = router_input(params, layer, x)
         if kind.ffn is Ffn.DENSE:
             x = x + dense_ffn_output(params, layer, h)
             continue
         z = layer_router_logits(params, layer, h)  # [T, E]
         m = cfg.moe_index(layer)
-        selections = [select(m, z[t]) for t in range(len(z))]
+        try:
+            selections = [select(m, z[t]) for t in range(len(z))]
+        except NonFiniteError as e:
+            raise NonFiniteError(f"layer {layer}: {e}") from None
         x = x + moe_output(params, layer, h, selections)
         if trace:
             inputs.append(h)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.errors import ConfigError
+from strata.errors import ConfigError, NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 
 __all__ = [
@@ -275,8 +275,11 @@ def combine_weights(logits: np.ndarray, experts: np.ndarray, rule: RouterRule) -
 
 def _check(logits: np.ndarray, resident: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
     z = np.asarray(logits, dtype=np.float32)
-    if z.ndim != 1 or not np.all(np.isfinite(z)):
-        raise ValueError(f"route wants finite [E] logits, got shape {z.shape}")
+    if z.ndim != 1:
+        raise ValueError(f"route wants [E] logits, got shape {z.shape}")
+    if not np.all(np.isfinite(z)):
+        raise NonFiniteError(f"router logits are not finite ({int(np.count_nonzero(~np.isfinite(z)))} of {z.size} "
+                             "NaN or inf): the model's weights or the experts are damaged")
     if k > z.size:
         raise ValueError(f"route: top-{k} of only {z.size} experts")
     res = np.zeros(z.shape, bool) if resident is None else np.asarray(resident)

@@ -32,7 +32,7 @@ import numpy as np
 
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
-from strata.errors import ArenaTooSmallError
+from strata.errors import ArenaTooSmallError, NonFiniteError
 from strata.model_config import Ffn, LayerRange
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
@@ -115,8 +115,8 @@ class StreamingEngine(SessionEngine):
                 f"window's selections of every MoE layer plus the read-ahead depth: needs at least {least} slots")
         self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
                                  reference=config.reference_cache)
-        self.selector = Selector(model.cfg, config.moce_policy())
         self.moe_layers = self.stage.moe_layers(model.cfg)  # (local) MoE index -> model layer
+        self.selector = Selector(model.cfg, config.moce_policy(), self.moe_layers)
         self.notes = notes
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._ledger = Ledger()
@@ -139,6 +139,9 @@ class StreamingEngine(SessionEngine):
 
     def _truncate(self, n: int) -> None:
         self.compute.trim(n)  # the arena keeps its experts: a new prompt finds them resident
+
+    def kept_position(self, n: int) -> int:
+        return self.compute.kept_position(super().kept_position(n))
 
     def _cache_totals(self) -> CacheStats:
         return self.streamer.totals
@@ -192,7 +195,7 @@ class StreamingEngine(SessionEngine):
         for layer in self.stage.layers:
             kind = cfg.kinds[layer]
             t0 = time.perf_counter()
-            x = c.mixer(layer, x)
+            x = c.mixer(layer, x, window=True)  # a recurrent layer keeps a snapshot per position
             t0 = self._clock("attention", t0)
             if kind.ffn is Ffn.DENSE:
                 x = c.dense_ffn(layer, x)
@@ -243,10 +246,16 @@ class StreamingEngine(SessionEngine):
         k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
         if k and m + 1 < len(layers):
-            g1 = self.selector.guesses(self.compute.guess_logits(layers[m + 1], h), k)
+            g1 = self._guesses(layers[m + 1], h, k)
         if k and self.config.prefetch2 and m + 2 < len(layers):
-            g2 = self.selector.guesses(self.compute.guess_logits(layers[m + 2], h), k)
+            g2 = self._guesses(layers[m + 2], h, k)
         self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
+
+    def _guesses(self, layer: int, h, k: int) -> tuple[int, ...]:
+        try:
+            return self.selector.guesses(self.compute.guess_logits(layer, h), k)
+        except NonFiniteError as e:  # the guessed layer's router is what produced them
+            raise NonFiniteError(f"layer {layer}: {e} (its read-ahead guess)") from None
 
     def dump(self, logits: np.ndarray) -> None:
         """Append every position's logits to `config.logpos` (for KLD), when set."""

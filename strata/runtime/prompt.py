@@ -34,7 +34,8 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
     """
     s, c, sel, cfg, stage = engine.streamer, engine.compute, engine.selector, engine.model.cfg, engine.stage
     chunk = engine.config.prefill_chunk
-    all_logits = all_logits or not stage.heads
+    window = all_logits  # the caller's: a long decode window (recurrent layers keep a snapshot per position)
+    all_logits = all_logits or not stage.heads  # a middle stage passes every position's hidden state on
     s.hold_region(True)
     rows = []
     for start in range(0, len(tokens), chunk):
@@ -44,7 +45,7 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
         moe = 0
         for layer in stage.layers:
             kind = cfg.kinds[layer]
-            x = c.mixer(layer, x)
+            x = c.mixer(layer, x, window=window)
             if kind.ffn is Ffn.DENSE:
                 x = c.dense_ffn(layer, x)
                 continue

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.cache.types import Use
+from strata.errors import NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 from strata.reference.routing import (
     BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
@@ -25,10 +26,12 @@ __all__ = ["Selector", "top_k_experts", "union_in_rank_order", "slots_for"]
 class Selector:
     """Routing per MoE layer (`layer` arguments are MoE indices: one logit range each)."""
 
-    def __init__(self, cfg: ModelConfig, policy: MoCEPolicy) -> None:
+    def __init__(self, cfg: ModelConfig, policy: MoCEPolicy, moe_layers: tuple[int, ...] | None = None) -> None:
         self.rule = RouterRule.from_model_config(cfg)
         self.policy = policy
-        self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
+        # MoE index -> model layer (errors name the model layer); a pipeline stage's local ones
+        self.moe_layers = cfg.moe_layers if moe_layers is None else moe_layers
+        self.ranges = [LogitRange() for _ in self.moe_layers]
         self._uses_range = policy.bonus_scale is BonusScale.RANGE
 
     def select(self, layer: int, logits: np.ndarray, resident: np.ndarray) -> list[Selection]:
@@ -43,7 +46,10 @@ class Selector:
             if self._uses_range:
                 self.ranges[layer] = update_logit_range(self.ranges[layer], z)
                 rng = self.ranges[layer].average
-            out.append(route(z, self.rule, self.policy, resident, rng))
+            try:
+                out.append(route(z, self.rule, self.policy, resident, rng))
+            except NonFiniteError as e:  # route checks anyway: naming the layer costs nothing
+                raise NonFiniteError(f"layer {self.moe_layers[layer]}: {e}") from None
         return out
 
     def guesses(self, logits: np.ndarray, k: int) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """Pipelines of local processes for tests and the hand-off benchmark: what `mlx.launch` does for
 the ring backend (a hostfile of 127.0.0.1 ports, MLX_HOSTFILE and MLX_RANK per process), with a
 bound on the whole run, and the worker each process runs (`python -m strata.testing.pipeline
-SPEC.json`).
+SPEC.json`); and a ring of threads in one process (`open_threaded_pipeline` over `QueueLink`s),
+which runs the same protocol, plan and stages without mx.distributed.
 
 The worker's spec (JSON): model, config (Config fields), options (PipelineOptions fields), arenas
 (one per rank: "min", "40slots", ""), prompt (token ids), max_tokens, window (token ids decoded as
@@ -14,17 +15,19 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["RankResult", "free_ports", "spawn_ranks", "run_ops"]
+__all__ = ["RankResult", "free_ports", "spawn_ranks", "run_ops", "QueueLink", "open_threaded_pipeline"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,62 @@ def run_ops(engine, prompt: list[int], max_tokens: int, window: list[int]) -> di
         engine.trim(len(prompt))
         out["window"] = engine.decode_window(window)
     return out
+
+
+class QueueLink:
+    """One rank's end of a ring of threads in one process: the `transport.Link` interface over
+    queues (a payload is copied as the wire would carry it), so the pipeline's protocol, stages
+    and plan run in-process without mx.distributed."""
+
+    def __init__(self, rank: int, size: int, boxes: dict) -> None:
+        self.rank, self.size, self._boxes = rank, size, boxes
+        self.bytes_sent = 0
+
+    def send(self, dst: int, header, payload=None, *, timeout: float) -> None:
+        from strata.pipeline.transport import HEADER_LEN, _DTYPES
+
+        data = None
+        if header.rows:
+            data = np.array(payload, dtype=_DTYPES[header.kind]).reshape(header.rows, header.cols)
+        self._boxes[(self.rank, dst)].put((header, data))
+        self.bytes_sent += HEADER_LEN * 8 + (data.nbytes if data is not None else 0)
+
+    def recv(self, src: int, *, timeout: float, what: str = ""):
+        from strata.pipeline.transport import PipelineError
+
+        try:
+            return self._boxes[(src, self.rank)].get(timeout=timeout)
+        except queue.Empty:
+            raise PipelineError(f"pipeline rank {self.rank}: no message from rank {src} within {timeout:g} s"
+                                + (f" ({what})" if what else "")) from None
+
+
+def open_threaded_pipeline(model_path, config, options, arenas: list[str]):
+    """A pipeline of len(arenas) ranks in this process: ranks 1.. serve their stages on threads,
+    rank 0's PipelineEngine is returned (closing it ends the threads). `threads[r].error` holds
+    what a rank raised, if anything."""
+    from strata.pipeline.launch import open_pipeline
+
+    n = len(arenas)
+    boxes = {(a, b): queue.Queue() for a in range(n) for b in range(n)}
+    threads = []
+    for r in range(1, n):
+        t = threading.Thread(target=_serve_thread, name=f"strata-pipeline-rank-{r}", daemon=True,
+                             args=(model_path, config, options, arenas[r], QueueLink(r, n, boxes)))
+        t.error = None
+        t.start()
+        threads.append(t)
+    engine = open_pipeline(model_path, config, options, arena=arenas[0], link=QueueLink(0, n, boxes))
+    return engine, threads
+
+
+def _serve_thread(model_path, config, options, arena, link) -> None:
+    from strata.pipeline.launch import open_pipeline
+
+    try:
+        open_pipeline(model_path, config, options, arena=arena, link=link)
+    except BaseException as e:  # noqa: BLE001 - the test reads it
+        threading.current_thread().error = e
 
 
 def _die_after(link, after: int) -> None:
