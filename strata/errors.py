@@ -30,3 +30,7 @@ class ExpertReadError(StrataError, OSError):
 
 class ArenaTooSmallError(StrataError):
     """The arena cannot hold one window's selections plus the read-ahead depth."""
+
+
+class ParameterError(ConfigError, TypeError):
+    """A public function's argument has the wrong type or value; the message names the parameter."""
