@@ -113,8 +113,11 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     from strata.runtime.decode import arena_plan_for
 
     config = as_config(config)  # a Config or a mapping of its fields
+    from strata.threads import apply_threads
+
     model = model if isinstance(model, Model) else load(model)
     config = config if config is not None else load_config()
+    apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
     if not (plan.streaming if stream is None else stream):

@@ -27,7 +27,7 @@ def test_env_then_cli_override_and_unknown_keys_fail():
     env = {"STRATA_PREFETCH": "16", "STRATA_SPLIT_TURN": "off", "STRATA_MOCE_SCALE": "range", "PATH": "/bin"}
     c = load_config({"prefetch": 12, "backend": "numpy"}, environ=env)
     assert (c.prefetch, c.split_turn, c.moce_scale, c.backend) == (12, False, BonusScale.RANGE, Backend.NUMPY)
-    with pytest.raises(ConfigError, match="unknown config keys"):
+    with pytest.raises(ConfigError, match="environment variable STRATA_PREFETCHH: unknown config key"):
         from_env({"STRATA_PREFETCHH": "16"})
     with pytest.raises(ConfigError, match="unknown config keys"):
         load_config({"nope": 1}, environ={})
