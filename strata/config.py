@@ -59,8 +59,9 @@ class Config:
     moce_drop_tail: float = knob(0.0, "MoCE: drop non-resident picks with weight below this (default 0: off)")
     moce_drop_rank: int = knob(STOCK_DROP_TAIL_RANK, "MoCE: ... at selected rank >= this (default 6)")
     moce_pre: bool = knob(False, "MoCE: unclaimed read-aheads count as resident (default off)")
-    arena: str = knob("", "arena size: 2GB, 512MB, 300slots (default: the budget rule; streams when set)")
-    keep: str = knob("auto", "memory the budget rule leaves to the system (default auto: 7GB per 24GB of RAM)")
+    arena: str = knob("", "arena size: 2GB or 512MB (bytes), 300 or 300slots (slots), 25% (of all experts); "
+                            "default: the budget rule; streams when set")
+    keep: str = knob("auto", "memory the budget rule leaves to the system, with a unit (default auto: 7GB per 24GB of RAM)")
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")

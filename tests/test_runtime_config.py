@@ -10,14 +10,15 @@ from strata.runtime.budget import SizeSpec, parse_size, plan_arena
 
 @pytest.mark.parametrize("text, spec", [
     ("2GB", SizeSpec(nbytes=2_000_000_000)), ("512MB", SizeSpec(nbytes=512_000_000)),
-    ("1.5GiB", SizeSpec(nbytes=3 * 2**29)), ("4096", SizeSpec(nbytes=4096)), ("300slots", SizeSpec(slots=300)),
+    ("1.5GiB", SizeSpec(nbytes=3 * 2**29)), ("4096B", SizeSpec(nbytes=4096)), ("300slots", SizeSpec(slots=300)),
+    ("300", SizeSpec(slots=300)), ("25%", SizeSpec(percent=25.0)), ("0", SizeSpec(slots=0)),
     (" 7 gb ", SizeSpec(nbytes=7_000_000_000)),
 ])
 def test_sizes_parse(text, spec):
     assert parse_size(text) == spec
 
 
-@pytest.mark.parametrize("text", ["", "GB", "2XB", "-1GB", "1.5slots"])
+@pytest.mark.parametrize("text", ["", "GB", "2XB", "-1GB", "1.5slots", "150%", "0%"])
 def test_bad_sizes_are_clear_errors(text):
     with pytest.raises(ConfigError, match="cannot read"):
         parse_size(text, what="arena")

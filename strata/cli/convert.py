@@ -35,10 +35,13 @@ def run(args: argparse.Namespace) -> int:
     from strata.errors import ConfigError
     from strata.formats.quant_types import parse_quant_type
 
+    from strata.cli.paths import check_output_path
+
     try:
         expert_type, dense_type = parse_quant_type(args.experts), parse_quant_type(args.dense)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_output_path(args.out, "OUT")  # before hours of conversion, not after (OS errors: strata/cli/main.py)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet)
