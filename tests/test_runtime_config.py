@@ -66,9 +66,9 @@ def test_moce_presets_fill_the_fields_left_at_their_defaults():
 
 def test_budget_rule_and_explicit_arena():
     common = dict(slot_bytes=1000, total_experts=500, min_slots=40, dense_bytes=0)
-    fits = plan_arena(config=Config(keep="1000"), available=600_000, **common)
+    fits = plan_arena(config=Config(keep="1000B"), available=600_000, **common)
     assert not fits.streaming and "every expert fits" in fits.reason
-    tight = plan_arena(config=Config(keep="500000", ple_reserve="10000"), available=600_000, **common)
+    tight = plan_arena(config=Config(keep="500000B", ple_reserve="10000B"), available=600_000, **common)
     assert tight.streaming and tight.slots == 90
     explicit = plan_arena(config=Config(arena="64slots"), available=10**12, **common)
     assert explicit.streaming and explicit.slots == 64 and explicit.nbytes == 64_000
@@ -77,7 +77,7 @@ def test_budget_rule_and_explicit_arena():
     with pytest.raises(ArenaTooSmallError, match="needs at least 40 slots"):
         plan_arena(config=Config(arena="39slots"), **common)
     with pytest.raises(ArenaTooSmallError, match="budget"):
-        plan_arena(config=Config(keep="599000"), available=600_000, **common)
+        plan_arena(config=Config(keep="599000B"), available=600_000, **common)
 
 
 def test_keep_auto_scales_with_memory():

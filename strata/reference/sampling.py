@@ -37,19 +37,19 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
+            raise ConfigError(f"temperature: must be a finite number >= 0 (0: greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:  # NaN fails this too
-            raise ConfigError(f"top_p must be in (0, 1] (1: off), got {self.top_p}")
+            raise ConfigError(f"top_p: must be in (0, 1] (1: off), got {self.top_p}")
         if self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+            raise ConfigError(f"seed: must be >= 0, got {self.seed}")
         if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+            raise ConfigError(f"top_k: must be >= 0 (0: off), got {self.top_k}")
         if not 0.0 <= self.min_p < 1.0:
-            raise ConfigError(f"min_p must be in [0, 1) (0: off), got {self.min_p}")
+            raise ConfigError(f"min_p: must be in [0, 1) (0: off), got {self.min_p}")
         if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
-            raise ConfigError(f"repeat_penalty must be a finite number > 0 (1: off), got {self.repeat_penalty}")
+            raise ConfigError(f"repeat_penalty: must be a finite number > 0 (1: off), got {self.repeat_penalty}")
         if self.repeat_window < 1:
-            raise ConfigError(f"repeat_window must be >= 1, got {self.repeat_window}")
+            raise ConfigError(f"repeat_window: must be >= 1, got {self.repeat_window}")
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
