@@ -133,7 +133,11 @@ def test_recall_refuses_depth_zero(made, tmp_path, capsys):
 
 
 def test_convert_checks_out_first_and_maps_os_errors(made, tmp_path, capsys, monkeypatch):
-    one_line_error(capsys, "convert", tmp_path, "/no/such/dir/out", fragments=["OUT", "no such directory"])
+    (tmp_path / "afile").write_text("")
+    one_line_error(capsys, "convert", tmp_path, tmp_path / "afile" / "out", fragments=["OUT", "not a directory"])
+    (tmp_path / "ro").mkdir(mode=0o555)
+    if os.geteuid() != 0:  # root writes anywhere
+        one_line_error(capsys, "convert", tmp_path, tmp_path / "ro" / "out", fragments=["not writable"])
     import strata.convert
 
     def full(*a, **k):
@@ -190,3 +194,20 @@ def test_main_names_another_strata_package(monkeypatch, capsys):
     code = main(["--version"])
     err = capsys.readouterr().err
     assert code == 2 and "not strata-moe's" in err and "pip install strata-moe" in err
+
+
+def test_one_size_grammar_in_generate_and_replay(made, tmp_path, capsys):
+    import json
+
+    reports = []
+    for arena in ("30", "30slots"):
+        out = tmp_path / f"r{arena}.json"
+        assert main(["generate", str(made.model_path), "hi", "-n", "2", "--quiet", "--arena", arena,
+                     "--report-json", str(out)]) == 0
+        reports.append(json.loads(out.read_text())["arena_slots"])
+    assert reports == [30, 30]  # a bare number counts slots, as in replay's --caps
+    trace = tmp_path / "t.npz"
+    assert main(["trace", str(made.model_path), "hello world", "-o", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(trace), "--caps", "30slots,30", "--K", "0", "--lambda", "0"]) == 0
+    one_line_error(capsys, "replay", trace, "--caps", "2MB", fragments=["no record size"])

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         expert_type, dense_type = parse_quant_type(args.experts), parse_quant_type(args.dense)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_output_path(args.out, "OUT")  # before hours of conversion, not after (OS errors: strata/cli/main.py)
+    check_output_path(args.out, "OUT", make_dirs=True)  # before hours of conversion, not after (the converter makes directories)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet)

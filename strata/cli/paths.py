@@ -13,13 +13,19 @@ from strata.errors import ConfigError
 __all__ = ["check_output_path", "read_prompt"]
 
 
-def check_output_path(path: str | os.PathLike, what: str) -> Path:
-    """`path` can be created or replaced: its directory exists and is writable, and it is not a
-    directory itself. `what` names the flag or argument in the error."""
+def check_output_path(path: str | os.PathLike, what: str, *, make_dirs: bool = False) -> Path:
+    """`path` can be created or replaced: it is not a directory, and its directory exists and is
+    writable (make_dirs: its nearest existing ancestor is a writable directory, for a writer
+    that creates the rest). `what` names the flag or argument in the error."""
     p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise ConfigError(f"{what} {p}: is a directory; name a file")
+    parent = p.absolute().parent
+    if make_dirs:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{what} {p}: {parent} is a file, not a directory")
     if not parent.is_dir():
         raise ConfigError(f"{what} {p}: no such directory {parent} (create it first)")
     if not os.access(parent, os.W_OK | os.X_OK):
