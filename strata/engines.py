@@ -84,6 +84,12 @@ def resolve_backend(model, config: Config) -> Backend:
     numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
     (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
     whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
+    if config.backend is Backend.MLX and model.experts_file.header.qtype != QuantType.Q2_0:
+        from strata.errors import ConfigError
+
+        found = QuantType(model.experts_file.header.qtype).name
+        raise ConfigError(f"backend mlx: MLX's expert kernels read Q2_0 experts only, this model's are {found} "
+                          "(use --backend numpy or auto, or convert with --experts q2_0)")
     if config.backend is not Backend.AUTO:
         return config.backend
     if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
@@ -94,7 +100,7 @@ def resolve_backend(model, config: Config) -> Backend:
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
                 keep_trace: bool = False) -> Engine:
     """The engine for `model` (a Model or a path) under `config` (default: `STRATA_*` over the
-    defaults). Streaming whenever the config names an arena or the budget rule (SPEC §7) says
+    defaults; a mapping of Config fields is read as `Config(**mapping)`). Streaming whenever the config names an arena or the budget rule (SPEC §7) says
     the experts do not all fit; otherwise all-resident, which is what streaming would compute
     anyway (with every expert resident MoCE's bonus lifts all logits alike, so routing is the
     model's own) without a reader pool or slot bookkeeping. The caller closes it.
@@ -102,11 +108,16 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     stream: True streams even where every expert fits (tests, benchmarks), False never streams,
     None lets the plan decide. plan: an ArenaPlan to use instead of the budget rule's. hook (an
     I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools."""
+    from strata.api_args import as_config
     from strata.loader import Model, load
     from strata.runtime.decode import arena_plan_for
 
+    config = as_config(config)  # a Config or a mapping of its fields
+    from strata.threads import apply_threads
+
     model = model if isinstance(model, Model) else load(model)
     config = config if config is not None else load_config()
+    apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
     if not (plan.streaming if stream is None else stream):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import numpy as np
 
+from strata.api_args import as_config, check_count, check_prompt, check_token_ids, sampler_from
 from strata.cache.types import CacheStats
 from strata.config import Config, load_config
 from strata.engines import Engine, common_prefix, session_engine
@@ -80,7 +81,10 @@ def stream_generate(
     top_p: float = 1.0,
     seed: int = 0,
     engine: Engine | None = None,
-    config: Config | None = None,
+    config: Config | Mapping[str, object] | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repeat_penalty: float = 1.0,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a GenerationResponse per token.
 
@@ -89,9 +93,17 @@ def stream_generate(
     engine from `strata.open_engine` (the caller owns and closes it; its session is reused the
     same way), or a path (loaded, run and closed). `prompt`: text (tokenized with the
     tokenizer's own special tokens, e.g. a Llama-style BOS) or token ids (used as given). Greedy
-    when temperature is 0. `config`: the runtime configuration (default: `STRATA_*` variables
-    over the defaults) of the engine a Model or path gets; an engine keeps its own.
+    when temperature is 0; top_k (0: off), min_p (0: off), top_p (1: off) filter a sampled step
+    and repeat_penalty (1: off) lowers the tokens of the last 64 (strata.reference.sampling).
+    `config`: the runtime configuration (default: `STRATA_*` variables over the defaults) of the
+    engine a Model or path gets, or a mapping of its fields (read as `Config(**mapping)`); an
+    engine keeps its own. Bad arguments raise ParameterError naming the parameter, before any work.
     """
+    prompt = check_prompt(prompt)
+    max_tokens = check_count("max_tokens", max_tokens)
+    sampler = sampler_from(temperature=temperature, top_p=top_p, seed=seed, top_k=top_k, min_p=min_p,
+                           repeat_penalty=repeat_penalty)
+    config = as_config(config)
     if engine is not None:  # the older spelling: stream_generate(model, prompt, engine=...)
         model = engine
     owned = None
@@ -104,12 +116,10 @@ def stream_generate(
         engine = None
     else:
         model = owned = load(model)
-    sampler = SamplerConfig(temperature=temperature, top_p=top_p, seed=seed)
-    if max_tokens < 0:
-        raise StrataError(f"max_tokens must be >= 0, got {max_tokens}")
     tokens = model.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise StrataError("the prompt is empty")
+    check_token_ids(tokens, model.cfg.vocab_size)
     limit = model.cfg.max_context
     if len(tokens) >= limit:
         raise ContextLimitError(f"the prompt has {len(tokens)} tokens; the model's context is {limit}")
@@ -141,13 +151,15 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
     prompt_seconds = time.perf_counter() - start
     prompt_tps = (len(tokens) - reused) / max(prompt_seconds, 1e-9)
     decode_start = time.perf_counter()
+    history = list(tokens)  # what the repetition penalty sees: prompt and generated
     for n in range(max_tokens):
         step_start = time.perf_counter()
         if not np.isfinite(logits.max()):  # one pass (max propagates NaN): never sample from garbage
             raise NonFiniteError(f"the logits after {engine.length} positions are not finite: the model's weights "
                                  "or an expert read are bad (run `strata generate --verify-reads`)")
-        token = sample(logits, sampler, n)
+        token = sample(logits, sampler, n, history)
         logprob = float(log_softmax(logits)[token])
+        history.append(token)
         finish = None
         if token in model.tokenizer.eos_ids:
             finish = "stop"

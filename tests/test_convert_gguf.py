@@ -100,7 +100,7 @@ def test_tokenizer_rebuilt_from_gguf_encodes_like_the_original(converted):
 
 def test_generate_on_a_llama_cpp_gguf_says_convert(converted, capsys):
     _, _, path, _, work = converted
-    with pytest.raises(FormatError, match="not a strata model; convert it first: strata convert"):
+    with pytest.raises(FormatError, match=r"not a strata model; run `strata convert"):
         load(path)
     assert main(["generate", str(path), "hi"]) != 0
     err = capsys.readouterr().err.strip().splitlines()

@@ -36,11 +36,14 @@ def run(args: argparse.Namespace) -> int:
     from strata.errors import ConfigError
     from strata.formats.quant_types import parse_quant_type
 
+    from strata.cli.paths import check_output_path
+
     try:
         expert_type = None if args.experts is None else parse_quant_type(args.experts)
         dense_type = parse_quant_type(args.dense)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_output_path(args.out, "OUT", make_dirs=True)  # before hours of conversion, not after (the converter makes directories)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet)

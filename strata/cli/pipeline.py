@@ -47,7 +47,7 @@ def _without_own_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def run_pipelined(args: argparse.Namespace, model_path, prompt: str, config, generate_on) -> int:
+def run_pipelined(args: argparse.Namespace, model_path, config, generate_on) -> int:
     """`--hosts`: launch every rank and return mlx.launch's status. A launched rank: join and
     run its part; rank 0 calls `generate_on(engine)` (the generation and its printing)."""
     from strata.pipeline.launch import launch_command, open_pipeline

@@ -21,7 +21,7 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("runtime (streaming; every flag is a Config field, also STRATA_<FIELD>)")
     types = field_types()
     for f in flag_fields():
-        flag, kind, text = "--" + f.name.replace("_", "-"), types[f.name], f.metadata["help"]
+        flag, kind, text = "--" + f.name.replace("_", "-"), types[f.name], f.metadata["help"].replace("%", "%%")
         if kind is bool:
             g.add_argument(flag, dest=f"cfg_{f.name}", action=argparse.BooleanOptionalAction, default=None, help=text)
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):

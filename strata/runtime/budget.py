@@ -94,7 +94,7 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
     """
     if config.arena:
         spec = parse_size(config.arena, what="arena")
-        slots = spec.to_slots(slot_bytes)
+        slots = spec.to_slots(slot_bytes, total_experts)
         reason = f"--arena {config.arena}"
         if slots > max(total_experts, min_slots):
             slots = max(total_experts, min_slots)

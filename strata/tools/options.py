@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from strata.errors import ConfigError
+from strata.sizes import parse_size
 from strata.cache.types import min_capacity
 from strata.reference.routing import STOCK_BONUS, STOCK_DROP_TAIL_RANK, STOCK_J, BonusScale, MoCEPolicy
 from strata.tools.closed_loop import GuessRanking, LoopConfig
@@ -30,18 +31,19 @@ def parse_list(text: str, kind=float, what: str = "value") -> list:
 
 def parse_capacity(text: str, *, n_layers: int, n_experts: int, top_k: int, prefetch_depth: int,
                    prefetch2: bool = False, split_turn: bool = True) -> int:
-    """'300' slots, '25%' of all experts (L·E), or 'min' (the smallest legal arena)."""
+    """'300' or '300slots' slots, '25%' of all experts (L·E), or 'min' (the smallest legal arena):
+    strata.sizes' grammar, less bytes (a trace knows no record size)."""
     t = str(text).strip().lower()
-    least = min_capacity(n_layers, top_k, prefetch_depth, prefetch2=prefetch2, split_turn=split_turn,
-                         n_experts=n_experts)
+    if t == "min":
+        return min_capacity(n_layers, top_k, prefetch_depth, prefetch2=prefetch2, split_turn=split_turn,
+                            n_experts=n_experts)
     try:
-        if t == "min":
-            return least
-        if t.endswith("%"):
-            return max(1, round(float(t[:-1]) / 100.0 * n_layers * n_experts))
-        return int(t)
-    except ValueError:
-        raise ConfigError(f"capacity: expected slots, a percentage or 'min', got {text!r}") from None
+        spec = parse_size(t, what="capacity")
+    except ConfigError:
+        raise ConfigError(f"capacity: expected slots (300, 300slots), a percentage (25%) or 'min', got {text!r}") from None
+    if spec.nbytes or not (spec.slots or spec.percent):
+        raise ConfigError(f"capacity {text!r}: a trace knows no record size; give slots (300), a percentage or 'min'")
+    return spec.to_slots(1, n_layers * n_experts)
 
 
 def read_text(arg: str) -> str:
