@@ -155,6 +155,30 @@ def test_a_hybrid_model_split_over_stages_equals_one_process(tmp_path, split):
         np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
+@pytest.mark.parametrize("backend", [Backend.AUTO, Backend.NUMPY])
+def test_auto_backend_on_a_gpu_host_says_the_stage_runs_numpy(made, monkeypatch, capsys, backend):
+    """Where one host would get MLX (a GPU, Q2_0 experts), `--backend auto` stages run numpy:
+    each rank says so in one line at start and in its stage's report; an explicit numpy does not."""
+    import strata.engines
+
+    monkeypatch.setattr(strata.engines, "mlx_gpu_available", lambda: True)
+    config = EXACT0.replace(backend=backend)
+    engine, threads = open_threaded_pipeline(made, config, PipelineOptions(timeout=60), ["min", "min"])
+    with engine:
+        engine.prefill(PROMPT[:4])
+        stages = engine.report().stages
+    for t in threads:
+        t.join(timeout=60)
+        assert t.error is None, t.error
+    lines = [line for line in capsys.readouterr().err.splitlines() if "runs on numpy although MLX" in line]
+    if backend is Backend.AUTO:
+        assert sorted(lines) == [f"pipeline rank {r}: backend auto: this stage runs on numpy although MLX has a GPU "
+                                 "here (MLX stages are not built yet)" for r in (0, 1)]
+        assert all("runs on numpy although MLX" in s.stream["io"] for s in stages)
+    else:
+        assert lines == [] and not any("although MLX" in s.stream["io"] for s in stages)
+
+
 # ---------------------------------------------------------------- processes over the ring
 
 

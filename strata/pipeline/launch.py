@@ -32,7 +32,7 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
     from strata.formats.model_file import read_model_config
     from strata.loader import experts_path_for, load
     from strata.pipeline.engine import PipelineEngine, hello, serve_stage
-    from strata.pipeline.stage import open_stage
+    from strata.pipeline.stage import backend_note, open_stage
     from strata.pipeline.transport import connect
 
     link = link or connect(timeout=options.connect_timeout)
@@ -44,7 +44,11 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
             slot_bytes = xf.header.padded_bytes
         plan = plan_stages(cfg, link.size, expert_bytes=slot_bytes, stage_layers=options.stage_layers)
         stage = plan.stages[link.rank]
-        engine = open_stage(load(model_path, layers=stage), config, stage, arena=arena)
+        model = load(model_path, layers=stage)
+        note = backend_note(model, config)
+        if note:  # said once at start on each rank it applies to, and kept in its stage's report
+            print(f"pipeline rank {link.rank}: {note}", file=sys.stderr, flush=True)
+        engine = open_stage(model, config, stage, arena=arena)
     except Exception as e:  # noqa: BLE001 - told to every rank in the opening round
         error = e
     try:

@@ -15,7 +15,7 @@ from strata.model_config import LayerRange
 from strata.pipeline.experts import StageExperts
 from strata.runtime.budget import ArenaPlan
 
-__all__ = ["open_stage", "stage_arena"]
+__all__ = ["open_stage", "stage_arena", "backend_note"]
 
 SMALLEST = "min"  # an arena size meaning: the smallest legal arena for the stage
 
@@ -34,6 +34,16 @@ def stage_arena(model, config: Config, stage: LayerRange, arena: str = "") -> Ar
     return plan if plan.streaming else replace(plan, streaming=True, slots=n_local)
 
 
+def backend_note(model, config: Config) -> str | None:
+    """The line that says a stage runs numpy where `--backend auto` would give one host MLX
+    (a GPU and Q2_0 experts), else None: a pipeline is slower than one host there, not silently."""
+    from strata.engines import resolve_backend
+
+    if config.backend is not Backend.AUTO or resolve_backend(model, config) is not Backend.MLX:
+        return None
+    return "backend auto: this stage runs on numpy although MLX has a GPU here (MLX stages are not built yet)"
+
+
 def open_stage(model, config: Config, stage: LayerRange, *, arena: str = "", hook=None, keep_trace: bool = False):
     """The StreamingEngine of `stage` over `model` (loaded with `layers=stage`). numpy only: the
     MLX backend's weights are built for every layer at once (docs/pipeline.md)."""
@@ -45,6 +55,8 @@ def open_stage(model, config: Config, stage: LayerRange, *, arena: str = "", hoo
         raise ConfigError("backend: a pipeline stage runs on the numpy backend (MLX stages are not built yet)")
     plan = stage_arena(model, config, stage, arena)
     arena_, compute, notes = streaming_parts(model, config, plan, layers=stage)
+    note = backend_note(model, config)
+    notes = notes + ((note,) if note else ())  # in the stage's stream report (io)
     view = StageExperts(model.experts_file, stage.moe_start(model.cfg), len(stage.moe_layers(model.cfg)))
     pool = ReaderPool(view, arena_, threads=config.io_threads, direct=config.direct_io, verify=config.verify_reads,
                       timeout=config.io_timeout, hook=hook, switch_interval=config.io_switch_ms / 1e3)
