@@ -28,7 +28,7 @@ from strata.reference.model import ModelState, forward
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import SHAPES, make_model
 from strata.pipeline.plan import PipelineOptions
-from strata.testing.pipeline import free_ports, open_threaded_pipeline, run_ops, spawn_ranks
+from strata.testing.pipeline import ThreadedPipeline, free_ports, run_ops, spawn_ranks
 from tests.budgets import PIPELINE_FAULT_DEADLINE_S, PIPELINE_RUN_S
 
 EXACT0 = Config(backend=Backend.NUMPY, moce_lambda=0.0)
@@ -143,14 +143,11 @@ def test_a_hybrid_model_split_over_stages_equals_one_process(tmp_path, split):
     model.close()
     assert 0 < want["back"] < len(PROMPT) + TOKENS + len(WINDOW) - 1
     assert want["kept"][3] == 0  # inside the prompt: the prefill kept only its end
-    engine, threads = open_threaded_pipeline(path, EXACT0, PipelineOptions(stage_layers=split, timeout=60),
-                                             ["min", "min"])
-    with engine:
+    ring = ThreadedPipeline()
+    with ring.open(path, EXACT0, PipelineOptions(stage_layers=split, timeout=60), ["min", "min"]) as engine:
         assert [s.stop - s.start for s in engine.plan.stages] == [int(c) for c in split.split(",")]
         got = hybrid_ops(engine)
-    for t in threads:
-        t.join(timeout=60)
-        assert not t.is_alive() and t.error is None, t.error
+    assert ring.join(60) == {1: None}
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
 
@@ -163,13 +160,11 @@ def test_auto_backend_on_a_gpu_host_says_the_stage_runs_numpy(made, monkeypatch,
 
     monkeypatch.setattr(strata.engines, "mlx_gpu_available", lambda: True)
     config = EXACT0.replace(backend=backend)
-    engine, threads = open_threaded_pipeline(made, config, PipelineOptions(timeout=60), ["min", "min"])
-    with engine:
+    ring = ThreadedPipeline()
+    with ring.open(made, config, PipelineOptions(timeout=60), ["min", "min"]) as engine:
         engine.prefill(PROMPT[:4])
         stages = engine.report().stages
-    for t in threads:
-        t.join(timeout=60)
-        assert t.error is None, t.error
+    assert ring.join(60) == {1: None}
     lines = [line for line in capsys.readouterr().err.splitlines() if "runs on numpy although MLX" in line]
     if backend is Backend.AUTO:
         assert sorted(lines) == [f"pipeline rank {r}: backend auto: this stage runs on numpy although MLX has a GPU "
@@ -177,6 +172,41 @@ def test_auto_backend_on_a_gpu_host_says_the_stage_runs_numpy(made, monkeypatch,
         assert all("runs on numpy although MLX" in s.stream["io"] for s in stages)
     else:
         assert lines == [] and not any("although MLX" in s.stream["io"] for s in stages)
+
+
+def test_ranks_with_different_model_files_all_refuse_and_copies_are_accepted(tmp_path, made):
+    """Every rank plans from its own copy: rank 2 holding another model of the same shape is
+    refused on every rank (rank 1, which passed the first lap, hears it on the second), in one
+    line naming both; byte-identical copies at other paths run."""
+    import shutil
+
+    from strata.pipeline.transport import PipelineError
+
+    other = make_model(tmp_path / "other", "small", seed=6).model_path
+    ring = ThreadedPipeline()
+    with pytest.raises(PipelineError, match="rank 2: its model files are not rank 0's") as refused:
+        ring.open(made, EXACT0, PipelineOptions(timeout=60), ["min"] * 3, rank_paths=[made, made, other])
+    line = str(refused.value)
+    assert "\n" not in line and line.count("model crc32") == 2 and line.count(", experts ") == 2
+    assert {r: str(e) for r, e in ring.join(60).items()} == {1: line, 2: line}
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for p in (made, made.with_suffix(".experts")):
+        shutil.copy(p, copy / p.name)
+    ring = ThreadedPipeline()
+    with ring.open(made, EXACT0, PipelineOptions(timeout=60), ["min"] * 2, rank_paths=[made, copy / made.name]) as e:
+        assert e.prefill(PROMPT[:4]).shape == (strata.load(made).cfg.vocab_size,)
+    assert ring.join(60) == {1: None}
+
+
+def test_a_failed_opening_reaches_the_ranks_before_the_one_that_failed(made):
+    """The verdict lap: rank 2's own failure (its arena too small) reaches ranks 0 and 1 too."""
+    from strata.pipeline.transport import PipelineError
+
+    ring = ThreadedPipeline()
+    with pytest.raises(PipelineError, match="pipeline rank 2") as failed:
+        ring.open(made, EXACT0, PipelineOptions(timeout=60), ["min", "min", "1slots"])
+    assert {r: str(e) for r, e in ring.join(60).items()} == {1: str(failed.value), 2: str(failed.value)}
 
 
 # ---------------------------------------------------------------- processes over the ring

@@ -296,6 +296,17 @@ def read_experts_identity(path: str | os.PathLike) -> str | None:
         gf.close()
 
 
+def read_file_checksum(path: str | os.PathLike) -> int | None:
+    """The CRC-32 a model file records of itself (None: an older file without one); not verified
+    here (read_model does), so it names the file's content cheaply."""
+    gf = open_gguf(path)
+    try:
+        f = gf.fields.get(KEY_FILE_CHECKSUM)
+        return int(f.value) if f is not None and f.type_name == "UINT32" else None
+    finally:
+        gf.close()
+
+
 def _quant_type(ggml_type) -> Any:
     try:
         return QuantType(int(ggml_type))

@@ -120,19 +120,30 @@ def _failure(rank: int, op: int, e: BaseException) -> tuple[Header, np.ndarray]:
     return Header(op, FAILED, 1, out.shape[1], TEXT), out
 
 
-def hello(link: Link, error: BaseException | None, *, timeout: float) -> None:
-    """The round after every rank opened its stage (or failed to): each passes on the first
-    failure it heard of or its own, so every rank raises the same PipelineError, not just the
-    one whose stage did not open."""
-    mine = _failure(link.rank, HELLO, error) if error is not None else (Header(HELLO), None)
+def hello(link: Link, error: BaseException | None, *, timeout: float, files: str = "") -> None:
+    """The opening: two laps round the ring after every rank opened its stage (or failed to).
+    The first gathers: rank 0 sends `files` (what names its model files' content); each rank
+    passes on the first failure it heard of, else its own, else a mismatch of rank 0's files with
+    its own. The second lap carries that verdict to every rank, so every rank raises the same
+    PipelineError, the ranks before the one that failed too."""
+    mine = _failure(link.rank, HELLO, error) if error is not None else None
+    nxt, prev = (link.rank + 1) % link.size, link.rank - 1 if link.rank else link.size - 1
     if link.rank == 0:
-        link.send(1, *mine, timeout=timeout)
-        head, payload = link.recv(link.size - 1, timeout=timeout, what="waiting for every stage to open")
+        first = mine or (Header(HELLO, OK, 1, len(files.encode()) or 1, TEXT), _text(files or " "))
+        link.send(nxt, *first, timeout=timeout)
+        verdict = link.recv(prev, timeout=timeout, what="waiting for every stage to open")
     else:
-        head, payload = link.recv(link.rank - 1, timeout=timeout, what="waiting for the stages before to open")
-        out = (head, payload) if head.status == FAILED else mine
-        link.send((link.rank + 1) % link.size, *out, timeout=timeout)
-        head, payload = out
+        head, payload = link.recv(prev, timeout=timeout, what="waiting for the stages before to open")
+        if mine is None and head.status != FAILED and _untext(payload).strip() != files:
+            mine = _failure(link.rank, HELLO, PipelineError(
+                f"pipeline rank {link.rank}: its model files are not rank 0's (rank 0: {_untext(payload).strip()}; "
+                f"rank {link.rank}: {files}): copy the same .gguf and .experts to every host"))
+        link.send(nxt, *((head, payload) if head.status == FAILED or mine is None else mine), timeout=timeout)
+        verdict = link.recv(prev, timeout=timeout, what="waiting for the opening's verdict")
+    link.send(nxt, *verdict, timeout=timeout)
+    if link.rank == 0:  # the verdict came round: every rank has heard it
+        link.recv(prev, timeout=timeout, what="waiting for every stage to hear the opening's verdict")
+    head, payload = verdict
     if head.status == FAILED:
         raise PipelineError(_untext(payload))
 

@@ -4,7 +4,8 @@ line that `strata generate --hosts ...` runs.
 `mlx.launch --hosts A,B --backend ring -- python -m strata.pipeline.launch generate ...` starts
 the same command on every host (rank = the host's place in --hosts); each rank joins the group,
 plans the stages (every rank computes the same plan from its own copy of the model files), loads
-and opens its own stage, and takes part in one opening round. Rank 0 then runs the command
+and opens its own stage, and takes part in the opening round, which also refuses model files
+that differ between ranks (`files_identity`). Rank 0 then runs the command
 (generation, sampling) with a PipelineEngine; the other ranks serve their stage until rank 0
 closes it.
 """
@@ -19,7 +20,7 @@ from strata.config import Config
 from strata.errors import ConfigError
 from strata.pipeline.plan import PipelineOptions, plan_stages
 
-__all__ = ["open_pipeline", "launch_command", "RANK_FLAG"]
+__all__ = ["open_pipeline", "launch_command", "files_identity", "RANK_FLAG"]
 
 RANK_FLAG = "--pipeline-rank"  # the flag a launched rank's command carries (cli/generate.py)
 
@@ -36,12 +37,13 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
     from strata.pipeline.transport import connect
 
     link = link or connect(timeout=options.connect_timeout)
-    engine, error = None, None
+    engine, error, files = None, None, ""
     model_path = Path(model_path)
     try:
         cfg = read_model_config(model_path)
         with ExpertsFile.open(experts_path_for(model_path)) as xf:
             slot_bytes = xf.header.padded_bytes
+            files = files_identity(model_path, xf)
         plan = plan_stages(cfg, link.size, expert_bytes=slot_bytes, stage_layers=options.stage_layers)
         stage = plan.stages[link.rank]
         model = load(model_path, layers=stage)
@@ -52,7 +54,7 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
     except Exception as e:  # noqa: BLE001 - told to every rank in the opening round
         error = e
     try:
-        hello(link, error, timeout=options.timeout)
+        hello(link, error, timeout=options.timeout, files=files)
     except BaseException:
         if engine is not None:
             engine.close()
@@ -61,6 +63,18 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
         return PipelineEngine(engine, link, timeout=options.timeout, plan=plan)
     serve_stage(engine, link, timeout=options.timeout)
     return None
+
+
+def files_identity(model_path: Path, experts) -> str:
+    """What names a rank's model files by content, compared in the opening round (every rank
+    plans the stages from its own copy, so copies that differ would compute a wrong model): the
+    .gguf's recorded CRC-32 (its size where an older file has none) and the .experts identity
+    (a hash of every record's CRC-32). Reads headers only."""
+    from strata.formats.model_file import read_file_checksum
+
+    crc = read_file_checksum(model_path)
+    model = f"model crc32 {crc:#010x}" if crc is not None else f"model of {model_path.stat().st_size} bytes (no checksum)"
+    return f"{model}, experts {experts.identity}"
 
 
 def launch_command(hosts: str, argv: list[str], *, starting_port: int | None = None,

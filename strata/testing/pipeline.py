@@ -1,7 +1,7 @@
 """Pipelines of local processes for tests and the hand-off benchmark: what `mlx.launch` does for
 the ring backend (a hostfile of 127.0.0.1 ports, MLX_HOSTFILE and MLX_RANK per process), with a
 bound on the whole run, and the worker each process runs (`python -m strata.testing.pipeline
-SPEC.json`); and a ring of threads in one process (`open_threaded_pipeline` over `QueueLink`s),
+SPEC.json`); and a ring of threads in one process (`ThreadedPipeline` over `QueueLink`s),
 which runs the same protocol, plan and stages without mx.distributed.
 
 The worker's spec (JSON): model, config (Config fields), options (PipelineOptions fields), arenas
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["RankResult", "free_ports", "spawn_ranks", "run_ops", "QueueLink", "open_threaded_pipeline"]
+__all__ = ["RankResult", "free_ports", "spawn_ranks", "run_ops", "QueueLink", "ThreadedPipeline"]
 
 
 @dataclass(frozen=True)
@@ -123,32 +123,45 @@ class QueueLink:
                                 + (f" ({what})" if what else "")) from None
 
 
-def open_threaded_pipeline(model_path, config, options, arenas: list[str]):
-    """A pipeline of len(arenas) ranks in this process: ranks 1.. serve their stages on threads,
-    rank 0's PipelineEngine is returned (closing it ends the threads). `threads[r].error` holds
-    what a rank raised, if anything."""
-    from strata.pipeline.launch import open_pipeline
+class ThreadedPipeline:
+    """A pipeline of ranks in this process: `open` starts ranks 1.. on threads (each serves its
+    stage) and returns rank 0's PipelineEngine (closing it ends the threads); `join` waits for
+    the threads and gives what each raised (None: nothing)."""
 
-    n = len(arenas)
-    boxes = {(a, b): queue.Queue() for a in range(n) for b in range(n)}
-    threads = []
-    for r in range(1, n):
-        t = threading.Thread(target=_serve_thread, name=f"strata-pipeline-rank-{r}", daemon=True,
-                             args=(model_path, config, options, arenas[r], QueueLink(r, n, boxes)))
-        t.error = None
-        t.start()
-        threads.append(t)
-    engine = open_pipeline(model_path, config, options, arena=arenas[0], link=QueueLink(0, n, boxes))
-    return engine, threads
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.errors: dict[int, BaseException | None] = {}
 
+    def open(self, model_path, config, options, arenas: list[str], *, rank_paths: list | None = None):
+        """`rank_paths`: each rank's own model path (default: all `model_path`), as hosts with
+        their own copies."""
+        from strata.pipeline.launch import open_pipeline
 
-def _serve_thread(model_path, config, options, arena, link) -> None:
-    from strata.pipeline.launch import open_pipeline
+        n = len(arenas)
+        rank_paths = rank_paths or [model_path] * n
+        boxes = {(a, b): queue.Queue() for a in range(n) for b in range(n)}
+        for r in range(1, n):
+            self.errors[r] = None
+            t = threading.Thread(target=self._serve, name=f"strata-pipeline-rank-{r}", daemon=True,
+                                 args=(r, rank_paths[r], config, options, arenas[r], QueueLink(r, n, boxes)))
+            t.start()
+            self.threads.append(t)
+        return open_pipeline(rank_paths[0], config, options, arena=arenas[0], link=QueueLink(0, n, boxes))
 
-    try:
-        open_pipeline(model_path, config, options, arena=arena, link=link)
-    except BaseException as e:  # noqa: BLE001 - the test reads it
-        threading.current_thread().error = e
+    def _serve(self, rank, model_path, config, options, arena, link) -> None:
+        from strata.pipeline.launch import open_pipeline
+
+        try:
+            open_pipeline(model_path, config, options, arena=arena, link=link)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            self.errors[rank] = e
+
+    def join(self, timeout: float) -> dict[int, BaseException | None]:
+        for t in self.threads:
+            t.join(timeout=timeout)
+            if t.is_alive():
+                raise TimeoutError(f"{t.name} still running after {timeout:g} s")
+        return dict(self.errors)
 
 
 def _die_after(link, after: int) -> None:
