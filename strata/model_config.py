@@ -22,6 +22,7 @@ class RoutingOrder(enum.Enum):
 
     SOFTMAX_TOPK = "softmax_topk"  # Qwen/OLMoE: softmax over all, top-k, optional renormalization
     TOPK_SOFTMAX = "topk_softmax"  # Mixtral: top-k logits, softmax over those k
+    SIGMOID_TOPK = "sigmoid_topk"  # DeepSeek-V3/GLM-4.5/MiniMax-M2: sigmoid + selection bias, groups (docs/routing.md)
 
 
 class QKNorm(enum.Enum):
@@ -36,6 +37,7 @@ class Mixer(enum.Enum):
     """A layer's token mixer: what it computes and what per-layer state it keeps."""
 
     ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
+    MLA = "mla"  # DeepSeek's multi-head latent attention; state: the compressed latent + rope key (reference/mla.py)
 
 
 class Ffn(enum.Enum):
@@ -92,6 +94,18 @@ class ModelConfig:
     # so `replace(cfg, n_layers=...)` keeps working on such models); read it through `kinds`
     layer_types: tuple[LayerType, ...] = ()
     dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
+    # sigmoid-routed families (DeepSeek-V3 / Kimi-K2, GLM-4.5, MiniMax-M2): routing (RoutingOrder.SIGMOID_TOPK)
+    n_group: int = 1  # experts form n_group equal groups; only the best topk_group groups are eligible
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
+    router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
+    rotary_dim: int = 0  # partial rotary: RoPE on the first rotary_dim of each head (0: all of head_dim)
+    # multi-head latent attention (Mixer.MLA); head_dim is the q/k head (nope + rope), n_kv_heads = n_heads
+    q_lora_rank: int = 0  # 0: queries projected directly (no low-rank q path)
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
@@ -119,6 +133,7 @@ class ModelConfig:
             raise ConfigError("model config: no MoE layer (strata runs mixture-of-experts models)")
         if any(t.ffn is Ffn.DENSE for t in kinds) and self.dense_ffn_size <= 0:
             raise ConfigError("model config: dense FFN layers need dense_ffn_size > 0")
+        check_sigmoid_fields(self)
 
     @property
     def kinds(self) -> tuple[LayerType, ...]:
@@ -170,6 +185,31 @@ class ModelConfig:
         return cls(**d)
 
 
+def check_sigmoid_fields(cfg: "ModelConfig") -> None:
+    """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
+    if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
+        raise ConfigError(f"model config: n_group={cfg.n_group} must divide n_experts={cfg.n_experts}")
+    if not 1 <= cfg.topk_group <= cfg.n_group:
+        raise ConfigError(f"model config: topk_group={cfg.topk_group} must be in 1..n_group={cfg.n_group}")
+    if cfg.n_group > 1 and cfg.n_experts // cfg.n_group < 2:
+        raise ConfigError("model config: n_group needs >= 2 experts per group (groups score by their top 2)")
+    if cfg.topk_group * (cfg.n_experts // cfg.n_group) < cfg.n_experts_per_token:
+        raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
+    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
+        raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
+    if cfg.rotary_dim < 0 or cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim:
+        raise ConfigError(f"model config: rotary_dim={cfg.rotary_dim} must be even and <= head_dim")
+    if any(t.mixer is Mixer.MLA for t in cfg.kinds):
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(cfg, name) <= 0:
+                raise ConfigError(f"model config: latent attention needs {name} > 0")
+        if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
+            raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
+                              "(qk_rope_head_dim even)")
+        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim:
+            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm or rotary_dim")
+
+
 class TensorNames:
     """Dense tensor names (llama.cpp's GGUF spelling); numpy shapes are [out, in]."""
 
@@ -201,6 +241,15 @@ class TensorNames:
     ffn_gate = "ffn_gate.weight"  # dense FFN layers: [dense_ffn, hidden]
     ffn_up = "ffn_up.weight"  # [dense_ffn, hidden]
     ffn_down = "ffn_down.weight"  # [hidden, dense_ffn]
+    # sigmoid routing: the selection-only bias of an MoE layer's router
+    exp_probs_b = "exp_probs_b.bias"  # [n_experts], F32
+    # latent attention (Mixer.MLA); r = qk_rope_head_dim, n = qk_nope_head_dim, v = v_head_dim
+    attn_q_a = "attn_q_a.weight"  # [q_lora_rank, hidden]
+    attn_q_a_norm = "attn_q_a_norm.weight"  # [q_lora_rank]
+    attn_q_b = "attn_q_b.weight"  # [n_heads * (n + r), q_lora_rank]  (attn_q when q_lora_rank = 0)
+    attn_kv_a_mqa = "attn_kv_a_mqa.weight"  # [kv_lora_rank + r, hidden]: the latent and the shared rope key
+    attn_kv_a_norm = "attn_kv_a_norm.weight"  # [kv_lora_rank]
+    attn_kv_b = "attn_kv_b.weight"  # [n_heads * (n + v), kv_lora_rank]: per head, its nope key rows then value rows
 
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -228,6 +277,10 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         elif cfg.qk_norm is QKNorm.FULL:
             shapes[b(n.attn_q_norm)] = (q_dim,)
             shapes[b(n.attn_k_norm)] = (kv_dim,)
+        if cfg.kinds[l].mixer is Mixer.MLA:  # latent attention: its projections replace q/k/v/output
+            for name in (n.attn_q, n.attn_k, n.attn_v, n.attn_output):
+                del shapes[b(name)]
+            shapes.update(mla_tensor_shapes(cfg, l))
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
         if cfg.kinds[l].ffn is Ffn.DENSE:
             shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
@@ -235,10 +288,29 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
             continue
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
+        if cfg.router_bias:
+            shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
         if cfg.has_shared_expert:
             shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
             shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)
             shapes[b(n.shexp_down)] = (cfg.hidden_size, cfg.shared_ffn_size)
             if cfg.shared_expert_gated:
                 shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
+    return shapes
+
+
+def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """A latent-attention layer's projections (reference/mla.py), with their shapes."""
+    n, b = TensorNames, (lambda s: TensorNames.block(layer, s))  # noqa: E731
+    h, d = cfg.n_heads, cfg.hidden_size
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    shapes = {b(n.attn_kv_a_mqa): (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
+              b(n.attn_kv_a_norm): (cfg.kv_lora_rank,),
+              b(n.attn_kv_b): (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+              b(n.attn_output): (d, h * cfg.v_head_dim)}
+    if cfg.q_lora_rank:
+        shapes.update({b(n.attn_q_a): (cfg.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.q_lora_rank,),
+                       b(n.attn_q_b): (h * qk, cfg.q_lora_rank)})
+    else:
+        shapes[b(n.attn_q)] = (h * qk, d)
     return shapes

@@ -33,6 +33,19 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     return x * cos + rotated * sin
 
 
+def rope_partial(x: np.ndarray, positions: np.ndarray, theta: float, rotary_dim: int) -> np.ndarray:
+    """`rope` on the first rotary_dim of each head, the rest passed through (GLM-4.5 and
+    MiniMax-M2's partial rotary: its frequencies are those of a rotary_dim-wide head);
+    rotary_dim 0 means the whole head.
+
+    Shapes:
+        x: [H, T, hd]; positions: [T] -> [H, T, hd]
+    """
+    if rotary_dim in (0, x.shape[-1]):
+        return rope(x, positions, theta)
+    return np.concatenate([rope(x[..., :rotary_dim], positions, theta), x[..., rotary_dim:]], axis=-1)
+
+
 @dataclass(frozen=True)
 class LayerKV:
     """One layer's cached keys and values. Shapes: keys, values: [n_kv_heads, T_cached, head_dim]"""
@@ -80,8 +93,8 @@ def attention(
         q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
         k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
     positions = np.arange(kv.length, kv.length + t)
-    q = rope(q, positions, cfg.rope_theta)
-    k = rope(k, positions, cfg.rope_theta)
+    q = rope_partial(q, positions, cfg.rope_theta, cfg.rotary_dim)
+    k = rope_partial(k, positions, cfg.rope_theta, cfg.rotary_dim)
     keys = np.concatenate([kv.keys, k], axis=1)  # [KV, S, hd]
     values = np.concatenate([kv.values, v], axis=1)
     group = cfg.n_heads // cfg.n_kv_heads

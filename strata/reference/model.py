@@ -75,13 +75,25 @@ SelectFn = Callable[[int, np.ndarray], Selection]
 
 
 def router_rule(cfg: ModelConfig) -> RouterRule:
-    return RouterRule(k=cfg.n_experts_per_token, order=cfg.routing_order, norm_topk_prob=cfg.norm_topk_prob)
+    """The model's rule without any layer's selection bias (`router_rules` adds them)."""
+    return RouterRule.from_model_config(cfg)
 
 
-def plain_select(cfg: ModelConfig) -> SelectFn:
-    """The model's own routing rule (λ = 0)."""
+def router_rules(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None) -> tuple[RouterRule, ...]:
+    """Each MoE layer's rule, by MoE index: the model's rule, with the layer's selection bias
+    when the model has one (`router_bias`; then `dense` must hold it)."""
     rule = router_rule(cfg)
-    return lambda layer, z: route(z, rule)
+    if not cfg.router_bias:
+        return (rule,) * cfg.n_moe_layers
+    if dense is None:
+        raise ValueError("router_rules: this model's routers have selection biases; pass the dense weights")
+    return tuple(rule.for_layer(dense[TensorNames.block(l, TensorNames.exp_probs_b)]) for l in cfg.moe_layers)
+
+
+def plain_select(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None = None) -> SelectFn:
+    """The model's own routing rule (λ = 0); `dense` for a model with selection biases."""
+    rules = router_rules(cfg, dense)
+    return lambda layer, z: route(z, rules[layer])
 
 
 def check_token_ids(tokens: np.ndarray, vocab: int) -> None:
@@ -186,7 +198,7 @@ def forward(
         tokens: [T] -> logits [T, vocab] float32
     """
     cfg = params.cfg
-    select = select or plain_select(cfg)
+    select = select or plain_select(cfg, params.dense)
     x = embed(params, tokens)
     new_layers, inputs, all_sel = [], [], []
     for layer, kind in enumerate(cfg.kinds):

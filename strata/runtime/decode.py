@@ -39,6 +39,7 @@ from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
 from strata.runtime.prompt import prefill_chunks
+from strata.reference.model import router_rules
 from strata.runtime.report import StreamReport, build_report
 from strata.runtime.selector import Selector, slots_for, union_in_rank_order
 from strata.runtime.streamer import Streamer
@@ -108,7 +109,7 @@ class StreamingEngine(SessionEngine):
                 f"window's selections of every MoE layer plus the read-ahead depth: needs at least {least} slots")
         self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
                                  reference=config.reference_cache)
-        self.selector = Selector(model.cfg, config.moce_policy())
+        self.selector = Selector(model.cfg, config.moce_policy(), router_rules(model.cfg, model.dense))
         self.moe_layers = model.cfg.moe_layers  # MoE index -> model layer
         self.notes = notes
         self.phase_s = dict.fromkeys(PHASES, 0.0)
@@ -232,9 +233,9 @@ class StreamingEngine(SessionEngine):
         k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
         if k and m + 1 < len(layers):
-            g1 = self.selector.guesses(self.compute.guess_logits(layers[m + 1], h), k)
+            g1 = self.selector.guesses(self.compute.guess_logits(layers[m + 1], h), k, m + 1)
         if k and self.config.prefetch2 and m + 2 < len(layers):
-            g2 = self.selector.guesses(self.compute.guess_logits(layers[m + 2], h), k)
+            g2 = self.selector.guesses(self.compute.guess_logits(layers[m + 2], h), k, m + 2)
         self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
 
     def dump(self, logits: np.ndarray) -> None:

@@ -25,8 +25,13 @@ __all__ = ["Selector", "top_k_experts", "union_in_rank_order", "slots_for"]
 class Selector:
     """Routing per MoE layer (`layer` arguments are MoE indices: one logit range each)."""
 
-    def __init__(self, cfg: ModelConfig, policy: MoCEPolicy) -> None:
+    def __init__(self, cfg: ModelConfig, policy: MoCEPolicy, rules: tuple[RouterRule, ...] | None = None) -> None:
+        """rules: one per MoE layer (a sigmoid rule carries its layer's selection bias:
+        `reference.model.router_rules`); None: the model's rule, the same for every layer."""
         self.rule = RouterRule.from_model_config(cfg)
+        self.rules = rules if rules is not None else (self.rule,) * cfg.n_moe_layers
+        if len(self.rules) != cfg.n_moe_layers:
+            raise ValueError(f"Selector: {len(self.rules)} rules for {cfg.n_moe_layers} MoE layers")
         self.policy = policy
         self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
         self._uses_range = policy.bonus_scale is BonusScale.RANGE
@@ -41,13 +46,15 @@ class Selector:
         for z in logits:
             rng = None
             if self._uses_range:
-                self.ranges[layer] = update_logit_range(self.ranges[layer], z)
+                self.ranges[layer] = update_logit_range(self.ranges[layer], self.rules[layer].range_scores(z))
                 rng = self.ranges[layer].average
-            out.append(route(z, self.rule, self.policy, resident, rng))
+            out.append(route(z, self.rules[layer], self.policy, resident, rng))
         return out
 
-    def guesses(self, logits: np.ndarray, k: int) -> tuple[int, ...]:
-        """The top-k guesses from guess logits; for several tokens, ranked by their mean.
+    def guesses(self, logits: np.ndarray, k: int, layer: int | None = None) -> tuple[int, ...]:
+        """The top-k guesses from guess logits for MoE layer `layer`, ranked by that layer's
+        rule (`RouterRule.guess_scores`: z itself for softmax rules, so `layer` may be None);
+        for several tokens, ranked by their mean logits.
 
         Shapes:
             logits: float32 [T, E] -> k expert ids, best first
@@ -55,6 +62,10 @@ class Selector:
         if k <= 0:
             return ()
         z = logits[0] if len(logits) == 1 else logits.mean(axis=0, dtype=np.float32)  # [E]
+        if self.rule.order is RoutingOrder.SIGMOID_TOPK:
+            if layer is None:
+                raise ValueError("Selector.guesses: a sigmoid rule ranks by its layer's bias; name the layer")
+            z = self.rules[layer].guess_scores(z)
         return top_k_experts(z, min(k, z.shape[-1]))
 
 
