@@ -24,7 +24,7 @@ from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials",
+__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rotary_permutation", "rms_norm", "attention", "attention_partials",
            "kernel_applies", "check_context"]
 
 
@@ -36,11 +36,31 @@ def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 
 
 def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    """cos, sin float32 [max_context, head_dim/2]: the reference's angles (float64), rounded once."""
-    hd = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    """cos, sin float32 [max_context, head_dim/2]: the reference's angles (float64), rounded once.
+    Partial rotary (rotary_dim < head_dim): the first rotary_dim/2 slots carry a rotary_dim-wide
+    head's frequencies, the rest angle 0 (cos 1, sin 0), on the layout `rotary_permutation` gives."""
+    hd, rd = cfg.head_dim, cfg.rotary_dim or cfg.head_dim
+    inv_freq = np.zeros(hd // 2, np.float64)
+    inv_freq[: rd // 2] = 1.0 / (cfg.rope_theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
     angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
     return mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
+
+
+def rotary_permutation(cfg: ModelConfig) -> np.ndarray | None:
+    """The order of a query/key head's dims that turns partial rotary into the full "rotate
+    half" form the attention paths run: [rot 1st half, pass 1st half, rot 2nd half, pass 2nd
+    half] (new index -> old), so each rotary pair sits head_dim/2 apart and the pass dims meet
+    angle-0 slots. q and k are permuted alike, so every score q.k is unchanged (and the q/k
+    norms, permuted with them, too). None: full rotary, nothing to permute.
+
+    Shapes: -> int64 [head_dim]
+    """
+    hd, rd = cfg.head_dim, cfg.rotary_dim
+    if rd in (0, hd):
+        return None
+    half_pass = (hd - rd) // 2
+    return np.concatenate([np.arange(0, rd // 2), np.arange(rd, rd + half_pass),
+                           np.arange(rd // 2, rd), np.arange(rd + half_pass, hd)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,7 +154,7 @@ _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 
 
 def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    key = (cfg.head_dim, cfg.rope_theta, cfg.max_context)
+    key = (cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.max_context)
     if key not in _tables:
         _tables[key] = rope_table(cfg)
     return _tables[key]

@@ -22,7 +22,8 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
-from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
+from strata.errors import ConfigError
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm, rotary_permutation
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
@@ -32,7 +33,7 @@ from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
-from strata.reference.routing import Selection
+from strata.reference.routing import RouterRule, Selection, route
 
 __all__ = ["LayerWeights", "MlxParams", "MlxModelState", "to_mlx_params", "default_dtype", "embed",
            "attention_block", "router_stage", "head", "forward", "fill_resident_arena"]
@@ -54,6 +55,7 @@ class LayerWeights:
     guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
     shared: SharedWeights | None
     dense: SharedWeights | None = None
+    rule: RouterRule | None = None  # MoE layers: the model's rule with this layer's selection bias
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +104,9 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    if cfg.kinds[layer].mixer is not Mixer.ATTENTION:
+        raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
+    get = rotary_layout(cfg, get)  # partial rotary: q/k head dims in the full-rotary order
     wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)])  # [QR + 2 KR, D]
     bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]) if cfg.attention_bias else None
     qk = cfg.qk_norm is not QKNorm.NONE
@@ -117,7 +122,26 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
         shared = SharedWeights(arr(get(n.shexp_gate)), arr(get(n.shexp_up)), arr(get(n.shexp_down)), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
-    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared)
+    rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
+    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule)
+
+
+def rotary_layout(cfg: ModelConfig, get: Callable[[str], np.ndarray]) -> Callable[[str], np.ndarray]:
+    """`get` with the query/key tensors (projection rows, biases, norms) of every head in
+    `rotary_permutation`'s order; identity under full rotary."""
+    perm = rotary_permutation(cfg)
+    if perm is None:
+        return get
+    n, hd = TensorNames, cfg.head_dim
+    per_head = {n.attn_q, n.attn_k, n.attn_q_bias, n.attn_k_bias, n.attn_q_norm, n.attn_k_norm}
+
+    def permuted(name: str) -> np.ndarray:
+        a = get(name)
+        if name not in per_head:
+            return a
+        heads = a.reshape(-1, hd, *a.shape[1:])  # [heads, hd, ...] (a [hd] norm: one head)
+        return heads[:, perm].reshape(a.shape)
+    return permuted
 
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
@@ -270,7 +294,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None:
-        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, router_rule(cfg), lw.shared)
+        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared)
     else:
         shared = shared_partials(h, lw.shared) if lw.shared is not None else None
         zh = np.array(z)
@@ -313,10 +337,9 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
     Shapes:
         tokens: [T] -> logits float32 [T, V] (mx.array)
     """
-    if trace and select is None:
-        from strata.reference.model import plain_select
-
-        select = plain_select(p.cfg)
+    if trace and select is None:  # the model's rule per MoE layer (each with its selection bias)
+        rules = [p.layers[l].rule for l in p.cfg.moe_layers]
+        select = lambda m, z: route(z, rules[m])  # noqa: E731
     x = embed(p, tokens)
     records = [] if trace else None
     every = EVAL_EVERY if eval_every is None else eval_every
