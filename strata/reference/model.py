@@ -19,6 +19,7 @@ import numpy as np
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
+from strata.reference.mla import LatentKV, mla
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
@@ -37,7 +38,7 @@ class ModelParams:
     experts: ExpertSource
 
 
-LayerState = LayerKV  # per-layer state, by mixer kind (the attention mixer's is its KV cache)
+LayerState = LayerKV | LatentKV  # per-layer state, by mixer kind (attention: its KV cache; MLA: the latent cache)
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
@@ -45,6 +46,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return LayerKV.empty(cfg)
+    if mixer is Mixer.MLA:
+        return LatentKV.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
@@ -122,6 +125,10 @@ def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarra
     mixer = params.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_block(params, layer, state, x)
+    if mixer is Mixer.MLA:
+        h = rms_norm(x, params.dense[TensorNames.block(layer, TensorNames.attn_norm)], params.cfg.rms_norm_eps)
+        out, state = mla(params.cfg, params.dense, layer, state, h)
+        return x + out, state
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
 

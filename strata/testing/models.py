@@ -58,6 +58,16 @@ SHAPES: dict[str, ModelConfig] = {
         layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
         n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True, rotary_dim=8,
     ),
+    # DeepSeek-V3's layer kinds in small: latent attention (low-rank q, a latent + rope-key
+    # cache), sigmoid routing with biases and groups, a shared expert, a dense first layer
+    "mla": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=3, n_heads=4,
+        n_kv_heads=4, head_dim=24, n_experts=32, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
+        layer_types=(LayerType(Mixer.MLA, Ffn.DENSE), LayerType(Mixer.MLA, Ffn.MOE), LayerType(Mixer.MLA, Ffn.MOE)),
+        dense_ffn_size=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True,
+        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+    ),
     "demo": ModelConfig(
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
         n_kv_heads=2, head_dim=32, n_experts=64, n_experts_per_token=4, expert_ffn_size=128,
@@ -116,8 +126,11 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     ranks = np.arange(1, cfg.n_experts + 1, dtype=np.float64)
     for layer, kind in enumerate(cfg.kinds):
         b = lambda s: n.block(layer, s)  # noqa: E731
-        dense[b(n.attn_q)] *= QK_SCALE
-        dense[b(n.attn_k)] *= QK_SCALE
+        if kind.mixer is Mixer.MLA:  # small queries: near-uniform attention, as small q/k below
+            dense[b(n.attn_q_b if cfg.q_lora_rank else n.attn_q)] *= QK_SCALE
+        else:
+            dense[b(n.attn_q)] *= QK_SCALE
+            dense[b(n.attn_k)] *= QK_SCALE
         # values/output: write the context average into the low-rank subspace the routers read
         dense[b(n.attn_output)] = (basis.T @ _normal(rng, (CONTEXT_RANK, dense[b(n.attn_output)].shape[1]), 1.0)
                                    * ATTN_OUT_SCALE / np.sqrt(CONTEXT_RANK)).astype(np.float32)
