@@ -107,16 +107,24 @@ class LazyTensor:
     Shapes: shape = dense_tensor_shapes(cfg)[name]; the checkpoint's [1, D] gate becomes [D]
     """
 
-    def __init__(self, ckpt: Checkpoint, source: str, shape: tuple[int, ...], bar=None) -> None:
-        self._ckpt, self._source, self._bar = ckpt, source, bar
+    def __init__(self, ckpt: Checkpoint, source: str, shape: tuple[int, ...], bar=None, transform=None) -> None:
+        self._ckpt, self._source, self._bar, self._transform = ckpt, source, bar, transform
         self.shape = tuple(shape)
         self.ndim = len(self.shape)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         x = reshape_to(self._ckpt.read(self._source), self.shape, f"{self._ckpt.directory}: tensor {self._source}")
+        if self._transform is not None:
+            x = self._transform(x)
         if self._bar is not None:
             self._bar.update(1)
         return x if dtype is None else x.astype(dtype, copy=False)
+
+
+def transform_for(plan: "_Plan", name: str):
+    """The family's transform of dense tensor `name` as a one-argument function, or None."""
+    t = plan.family.transform
+    return None if t is None else (lambda x: t(plan.cfg, name, x))
 
 
 def _bar(total: int, desc: str, unit: str, enabled: bool):
@@ -153,13 +161,13 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
     _check_expert_type(cfg, expert_type)
     moe = find_moe_block(family, ckpt)
     experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
-    sources = dense_sources(cfg, moe)
+    sources = dense_sources(cfg, moe, family.layer_sources)
     shapes = dense_tensor_shapes(cfg)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
         if not same_up_to_unit_axes(ckpt.shape(src), shapes[name]):
             raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
         ckpt.check_dtype(src)
-    check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family)
+    check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family, hf)
     tok = read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
     return _Plan(hf, family, cfg, experts, sources, tok)
@@ -192,7 +200,7 @@ def convert(
         model_path.parent.mkdir(parents=True, exist_ok=True)
         renamed = False
         try:
-            with _bar(cfg.n_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
+            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
                 def get_expert(layer: int, e: int) -> ExpertWeights:
                     gate, up, down = plan.experts.read(layer, e)
@@ -201,12 +209,13 @@ def convert(
                     bar.update(1)
                     return w
 
-                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
             extra = {SOURCE_KEY: plan.hf.model_type}
             extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in plan.tokenizer.special_tokens.items()})
             with _bar(len(plan.sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
-                dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
+                dense = {name: LazyTensor(ckpt, src, shapes[name], bar, transform_for(plan, name))
+                         for name, src in plan.sources.items()}
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
                             chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra)
             os.replace(experts_partial, experts_path)

@@ -1,0 +1,84 @@
+"""What the sigmoid-routed families (DeepSeek-V3 / Kimi-K2, GLM-4.5 / 4.7, MiniMax-M2) read
+alike: the routing fields, the dense-first layers, partial rotary, and the MTP layers they skip.
+
+- Routing: sigmoid scores, a selection-only bias (`e_score_correction_bias`), optional expert
+  groups (`n_group`, `topk_group`), `norm_topk_prob`, `routed_scaling_factor`
+  (RoutingOrder.SIGMOID_TOPK, docs/routing.md). A config naming another scoring function or
+  top-k method (DeepSeek-V2's softmax / "greedy" / "group_limited_greedy") is refused.
+- Multi-token-prediction layers (`num_nextn_predict_layers`: DeepSeek-V3's and GLM-4.5's layer
+  61 / 92 ...) are a speculative-decoding head beside the model; transformers does not load them
+  and neither does strata: their tensors (model.layers.{n >= num_hidden_layers}.*) are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from strata.convert.common import base_fields
+from strata.convert.hf_config import HFConfig
+from strata.convert.safetensors_reader import Checkpoint
+from strata.model_config import Ffn, LayerType, Mixer, RoutingOrder
+
+SIGMOID_SCORING = "sigmoid"
+NOAUX_TOPK = "noaux_tc"  # DeepSeek-V3's name for "bias chooses, groups limit, no auxiliary loss"
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def sigmoid_base_fields(hf: HFConfig, ckpt: Checkpoint) -> dict:
+    """`base_fields` for configs that call the expert count `n_routed_experts`."""
+    raw = dict(hf.raw)
+    if "n_routed_experts" in raw and raw.get("num_local_experts") is None and raw.get("num_experts") is None:
+        raw["num_local_experts"] = raw["n_routed_experts"]
+    return base_fields(dataclasses.replace(hf, raw=raw), ckpt)
+
+
+def routing_fields(hf: HFConfig, *, groups: bool = True, scaling: bool = True, norm_default: bool = True) -> dict:
+    """The sigmoid rule's ModelConfig fields (every MoE layer has a selection bias)."""
+    scoring = hf.get("scoring_func", default=SIGMOID_SCORING)
+    if scoring != SIGMOID_SCORING:
+        raise hf.unsupported(f"scoring_func = {scoring!r}", "sigmoid scores")
+    method = hf.get("topk_method", default=NOAUX_TOPK)
+    if method != NOAUX_TOPK:
+        raise hf.unsupported(f"topk_method = {method!r}", f"{NOAUX_TOPK!r} (bias-chosen, group-limited top-k)")
+    return dict(
+        routing_order=RoutingOrder.SIGMOID_TOPK, router_bias=True,
+        n_group=hf.get_int("n_group", default=1) if groups else 1,
+        topk_group=hf.get_int("topk_group", default=1) if groups else 1,
+        norm_topk_prob=hf.get_bool("norm_topk_prob", default=norm_default),
+        routed_scaling_factor=hf.get_float("routed_scaling_factor", default=1.0) if scaling else 1.0,
+    )
+
+
+def layer_kinds(hf: HFConfig, mixer: Mixer) -> tuple[LayerType, ...]:
+    """Dense FFN for the first `first_k_dense_replace` layers (or where `mlp_layer_types` says
+    "dense"), MoE after."""
+    n = hf.get_int("num_hidden_layers")
+    types = hf.get("mlp_layer_types", default=None)
+    if types is None:
+        k = hf.get_int("first_k_dense_replace", default=0)
+        types = ["dense"] * k + ["sparse"] * (n - k)
+    if len(types) != n or set(types) - {"dense", "sparse"}:
+        raise hf.unsupported(f"mlp_layer_types = {types}", f"{n} entries, each 'dense' or 'sparse'")
+    return tuple(LayerType(mixer, Ffn.DENSE if t == "dense" else Ffn.MOE) for t in types)
+
+
+def rope_fields(hf: HFConfig, head_dim: int, default_theta: float) -> dict:
+    """rope_theta and rotary_dim (partial rotary: `partial_rotary_factor` in rope_parameters or
+    at the top level, or MiniMax's legacy `rotary_dim`); plain RoPE otherwise, as `rope_theta`."""
+    params = hf.raw.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", default=None))
+    rotary = hf.get("rotary_dim", default=None)
+    if factor is not None:
+        rotary = int(head_dim * factor)
+    raw = {k: v for k, v in hf.raw.items() if k not in ("partial_rotary_factor", "rotary_dim")}
+    if isinstance(raw.get("rope_parameters"), dict):
+        raw["rope_parameters"] = {k: v for k, v in raw["rope_parameters"].items() if k != "partial_rotary_factor"}
+    theta = dataclasses.replace(hf, raw=raw).rope_theta(default_theta)
+    return dict(rope_theta=theta, rotary_dim=0 if rotary in (None, head_dim) else int(rotary))
+
+
+def mtp_layer(hf: HFConfig, name: str) -> bool:
+    """Whether a checkpoint tensor belongs to a multi-token-prediction layer (skipped)."""
+    m = _LAYER_INDEX.match(name)
+    return m is not None and int(m.group(1)) >= hf.get_int("num_hidden_layers")
