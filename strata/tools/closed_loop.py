@@ -133,6 +133,14 @@ def _has_bonus(p: MoCEPolicy | None) -> bool:
     return p is not None and p.bonus > 0
 
 
+def refuse_layer_biases(cfg) -> None:
+    """Traces and the closed loop keep one RouterRule for every layer; a model whose routers
+    carry per-layer selection biases (sigmoid routing) would be replayed without them."""
+    if cfg.router_bias:
+        raise ConfigError("tools: router_bias (per-layer selection biases) is not carried by traces and the "
+                          "closed loop yet; run the model through the engines instead")
+
+
 class ClosedLoop:
     """Routing against simulated residency, driving the pure cache machine. Mutable (a driver:
     it holds the current `CacheState`; every state it holds came from `step`)."""

@@ -31,6 +31,7 @@ from strata.formats.quant_types import QuantType
 from strata.cache.types import CacheStats, stats_delta
 from strata.model_config import Ffn, TensorNames
 from strata.reference.experts import swiglu_expert
+from strata.tools.closed_loop import refuse_layer_biases
 from strata.reference.model import (
     ExpertSource, ModelParams, ModelState, dense_ffn_output, embed, head, layer_router_logits, mixer_block,
     moe_output, router_input, router_rule,
@@ -143,6 +144,7 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
     """Feed `tokens` one at a time. config None: the reference (λ = 0, no cache). Otherwise the
     closed loop under `config`, with the routed-output error vs λ = 0 measured on the way."""
     cfg = params.cfg
+    refuse_layer_biases(cfg)
     rule = router_rule(cfg)
     tokens = np.asarray(tokens, np.int64)
     loop = ClosedLoop(config, rule, cfg.n_moe_layers, cfg.n_experts) if config is not None else None

@@ -22,6 +22,7 @@ import numpy as np
 
 from strata.errors import FormatError
 from strata.model_config import RoutingOrder, TensorNames
+from strata.tools.closed_loop import refuse_layer_biases
 from strata.reference.model import ModelParams, ModelState, forward, router_rule
 from strata.reference.routing import RouterRule, route
 from strata.tools.closed_loop import GuessRouters
@@ -107,6 +108,7 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
     if input_dtype not in _INPUT_DTYPES:
         raise ValueError(f"trace input dtype must be one of {sorted(_INPUT_DTYPES)}, got {input_dtype!r}")
     cfg = params.cfg
+    refuse_layer_biases(cfg)
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError(f"a trace needs a non-empty token sequence, got shape {tokens.shape}")
