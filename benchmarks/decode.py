@@ -42,7 +42,8 @@ from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, current_path  # noqa: E402
 from strata.mlx_backend.model import EVAL_EVERY, MlxParams, forward  # noqa: E402
-from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
+from strata.mlx_backend.deltanet import DeltaNetWeights  # noqa: E402
+from strata.testing.mlx_params import QWEN35_397B_SHAPE, SEED_SHAPE, random_params  # noqa: E402
 from strata.model_config import ModelConfig  # noqa: E402
 
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
@@ -55,8 +56,13 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
     total = p.out_norm.nbytes + p.output.nbytes + cfg.hidden_size * 2
     for lw in p.layers:
         a = lw.attn
-        total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)
-        total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv) if x is not None)
+        if isinstance(a, DeltaNetWeights):  # weights, and the recurrent state read and written
+            total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes + lw.router.nbytes
+            total += 2 * 4 * cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
+            total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # no KV cache (added below)
+        else:
+            total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)
+            total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv, a.gate) if x is not None)
         if lw.shared is not None:
             total += lw.shared.gate.nbytes + lw.shared.up.nbytes + lw.shared.down.nbytes
             total += lw.shared.gate_inp.nbytes if lw.shared.gate_inp is not None else 0
@@ -308,11 +314,13 @@ def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--shape", choices=("seed", "qwen3.5-397b"), default="seed",
+                    help="full-size synthetic: the seed shape, or Qwen3.5-397B's hybrid per-layer shape")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
     args = ap.parse_args()
-    cfg = SMALL if args.small else SEED_SHAPE
+    cfg = SMALL if args.small else {"seed": SEED_SHAPE, "qwen3.5-397b": QWEN35_397B_SHAPE}[args.shape]
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"device": device_name(), "path": current_path().value, "layers": cfg.n_layers, "experts": cfg.n_experts,
                  "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size,

@@ -15,7 +15,7 @@ import json
 import os
 from datetime import datetime
 
-from strata.errors import ConfigError, FormatError
+from strata.errors import ConfigError
 
 SPECIAL_TOKEN_KEY_PREFIX = "tokenizer.huggingface."  # + bos_token, eos_token, unk_token, pad_token
 MIN_JINJA2 = (3, 1, 6)  # older versions have known sandbox escapes; templates are untrusted code
@@ -59,11 +59,13 @@ def _environment():
 
 
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                special_tokens: dict[str, str] | None = None) -> str:
-    """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+                special_tokens: dict[str, str] | None = None, tools: list[dict] | None = None) -> str:
+    """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]); `tools` are
+    function descriptions in the OpenAI shape ({"type": "function", "function": {...}}), which
+    is what transformers hands a template as `tools`."""
     env, jinja2 = _environment()
     try:
-        return env.from_string(template).render(messages=messages, tools=None, documents=None,
+        return env.from_string(template).render(messages=messages, tools=tools or None, documents=None,
                                                 add_generation_prompt=add_generation_prompt,
                                                 **(special_tokens or {}))
     except jinja2.exceptions.TemplateError as e:
@@ -72,17 +74,14 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
 
 def special_tokens_of(model_path: str | os.PathLike) -> dict[str, str]:
     """The special-token strings stored in a converted model's GGUF metadata (metadata only)."""
-    import gguf
+    from strata.formats.gguf_file import open_gguf  # checked like every model read (FormatError on a bad file)
 
+    gf = open_gguf(model_path)
     try:
-        reader = gguf.GGUFReader(os.fspath(model_path))
-    except Exception as e:  # the gguf package raises assorted errors on a bad file
-        raise FormatError(f"{model_path}: unreadable GGUF ({type(e).__name__})") from None
-    out = {}
-    for key, f in reader.fields.items():
-        if key.startswith(SPECIAL_TOKEN_KEY_PREFIX) and key.endswith("_token"):
-            out[key[len(SPECIAL_TOKEN_KEY_PREFIX):]] = f.contents()
-    return out
+        return {key[len(SPECIAL_TOKEN_KEY_PREFIX):]: f.value for key, f in gf.fields.items()
+                if key.startswith(SPECIAL_TOKEN_KEY_PREFIX) and key.endswith("_token")}
+    finally:
+        gf.close()
 
 
 def chat_prompt(model, user_text: str) -> str:

@@ -26,7 +26,11 @@ class Backend(enum.Enum):
 
 STOCK_PREFETCH = 10
 STOCK_MOCE_J = 3
-STOCK_MOCE_LAMBDA = 0.85
+STOCK_MOCE_LAMBDA = 0.85  # the seed's stock bonus: lossy, so not the default (λ = 0 is exact)
+MOCE_PRESETS = {  # `moce=` fills these fields where they are left at their defaults
+    "stock": dict(moce_j=STOCK_MOCE_J, moce_lambda=STOCK_MOCE_LAMBDA),  # the seed's measured policy (lossy)
+    "off": dict(moce_lambda=0.0, moce_drop_tail=0.0),  # the model's own routing, bit for bit
+}
 STOCK_PREFILL_CHUNK = 64  # prompt positions per chunk: bounds a chunk's expert union and its activations
 STOCK_IO_TIMEOUT = 60.0  # seconds a wait may block before it is an error: a stuck disk is not a hang
 
@@ -47,7 +51,8 @@ class Config:
     shexp_overlap: bool = knob(True, "shared expert during the host turn (default on)")
     pred_q8: bool = knob(True, "read-ahead guess on a Q8_0 router copy (default on)")
     moce_j: int = knob(STOCK_MOCE_J, "MoCE: protected top-J (default 3)")
-    moce_lambda: float = knob(STOCK_MOCE_LAMBDA, "MoCE: resident bonus λ (default 0.85; 0 = the model's routing)")
+    moce: str = knob("", "MoCE preset: stock (J=3, λ=0.85: lossy, the seed's) or off (exact); default: the moce_* fields")
+    moce_lambda: float = knob(0.0, "MoCE: resident bonus λ (default 0: exact, the model's routing; > 0 is lossy)")
     moce_scale: BonusScale = knob(BonusScale.ABSOLUTE, "MoCE: bonus in absolute logits or scaled by the logit range")
     moce_margin: float = knob(0.0, "MoCE: margin gating in logits (default 0: off)")
     moce_drop_tail: float = knob(0.0, "MoCE: drop non-resident picks with weight below this (default 0: off)")
@@ -58,7 +63,7 @@ class Config:
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")
-    verify_reads: bool = knob(False, "check each record's CRC-32 when it lands (default off)")
+    verify_reads: bool = knob(True, "check each record's CRC-32 when it lands (default on; off lets corrupt bytes compute)")
     direct_io: bool = knob(True, "O_DIRECT reads where allowed (default on)")
     io_threads: int = knob(4, "reader threads (default 4)")
     io_timeout: float = knob(STOCK_IO_TIMEOUT, "seconds a read may block before it is an error", flag=False)
@@ -76,6 +81,14 @@ class Config:
             coerced = _coerce(name, value, typ)
             if coerced is not value:
                 object.__setattr__(self, name, coerced)
+        if self.moce:  # a preset resolves into the fields once (then `replace` edits fields, not the preset)
+            if self.moce not in MOCE_PRESETS:
+                raise ConfigError(f"moce: unknown preset {self.moce!r} (one of {', '.join(MOCE_PRESETS)})")
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for name, value in MOCE_PRESETS[self.moce].items():
+                if getattr(self, name) == defaults[name]:
+                    object.__setattr__(self, name, value)
+            object.__setattr__(self, "moce", "")
         if self.prefetch < 0:
             raise ConfigError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.moce_j < 0:

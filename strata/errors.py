@@ -30,3 +30,7 @@ class ExpertReadError(StrataError, OSError):
 
 class ArenaTooSmallError(StrataError):
     """The arena cannot hold one window's selections plus the read-ahead depth."""
+
+
+class NonFiniteError(StrataError, ValueError):
+    """A forward pass produced NaN or infinity (damaged weights or inputs); the message names where."""

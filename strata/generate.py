@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from strata.cache.types import CacheStats
 from strata.config import Config, load_config
 from strata.engines import Engine, common_prefix, session_engine
-from strata.errors import ContextLimitError, StrataError
+from strata.errors import ContextLimitError, NonFiniteError, StrataError
 from strata.loader import Model, load
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
@@ -141,6 +143,9 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
     decode_start = time.perf_counter()
     for n in range(max_tokens):
         step_start = time.perf_counter()
+        if not np.isfinite(logits.max()):  # one pass (max propagates NaN): never sample from garbage
+            raise NonFiniteError(f"the logits after {engine.length} positions are not finite: the model's weights "
+                                 "or an expert read are bad (run `strata generate --verify-reads`)")
         token = sample(logits, sampler, n)
         logprob = float(log_softmax(logits)[token])
         finish = None

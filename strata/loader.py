@@ -63,10 +63,14 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
-def load(model: str | Path, *, experts: str | Path | None = None) -> Model:
+def load(model: str | Path, *, experts: str | Path | None = None, allow_foreign_experts: bool = False) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
-    The experts file defaults to the model's name with the `.experts` suffix.
+    The experts file defaults to the model's name with the `.experts` suffix. A model written
+    with an expert set records that set's identity; loading it with another set (another model's
+    experts of the same shape, or a conversion interrupted between its two renames) is refused
+    unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
+    re-quantized one) is run. Model files without an identity (older ones) skip the check.
     """
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
@@ -78,15 +82,28 @@ def load(model: str | Path, *, experts: str | Path | None = None) -> Model:
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
     mf = read_model(model_path)
     xf = ExpertsFile.open(experts_path)
+    try:
+        _check_pair(mf, xf, model_path, experts_path, allow_foreign_experts)
+    except BaseException:
+        xf.close()
+        raise
+    eos = mf.metadata.get(EOS_TOKEN_KEY)
+    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
+                              eos_tokens=(eos,) if isinstance(eos, str) else ())
+    return Model(cfg=mf.cfg, dense=dict(mf.dense), tokenizer=tok, experts_file=xf, model_path=model_path)
+
+
+def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:
     h, cfg = xf.header, mf.cfg
     found = (h.n_layers, h.n_experts, h.hidden, h.expert_ffn)
     wanted = (cfg.n_moe_layers, cfg.n_experts, cfg.hidden_size, cfg.expert_ffn_size)
     if found != wanted:
-        xf.close()
         raise FormatError(
             f"{experts_path}: holds (MoE layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
         )
-    eos = mf.metadata.get(EOS_TOKEN_KEY)
-    tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
-                              eos_tokens=(eos,) if isinstance(eos, str) else ())
-    return Model(cfg, dict(mf.dense), tok, xf, model_path)
+    if mf.experts_identity is not None and mf.experts_identity != xf.identity and not allow_foreign:
+        raise FormatError(
+            f"{experts_path}: not the expert set {model_path.name} was written with (identity {xf.identity}, the "
+            f"model records {mf.experts_identity}); to run a swapped set on purpose, load it with "
+            "strata.load(..., experts=PATH, allow_foreign_experts=True)"
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
@@ -37,6 +38,7 @@ class Mixer(enum.Enum):
     """A layer's token mixer: what it computes and what per-layer state it keeps."""
 
     ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
+    DELTANET = "deltanet"  # gated DeltaNet linear attention (Qwen3-Next, Qwen3.5); state: conv + recurrent
     MLA = "mla"  # DeepSeek's multi-head latent attention; state: the compressed latent + rope key (reference/mla.py)
 
 
@@ -94,12 +96,20 @@ class ModelConfig:
     # so `replace(cfg, n_layers=...)` keeps working on such models); read it through `kinds`
     layer_types: tuple[LayerType, ...] = ()
     dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
+    # hybrid models (Qwen3-Next, Qwen3.5/3.6-MoE): gated attention, partial rotary, gated DeltaNet
+    # (rotary_dim is shared: the sigmoid families GLM-4.5 and MiniMax-M2 use partial rotary too)
+    rotary_dim: int = 0  # RoPE over the first rotary_dim dims of each head (0: the whole head)
+    attention_output_gate: bool = False  # attention output * sigmoid(x · W_gate) before o_proj
+    linear_k_heads: int = 0  # DeltaNet layers: query/key heads
+    linear_v_heads: int = 0  # value heads (a multiple of linear_k_heads)
+    linear_k_head_dim: int = 0
+    linear_v_head_dim: int = 0
+    linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
     # sigmoid-routed families (DeepSeek-V3 / Kimi-K2, GLM-4.5, MiniMax-M2): routing (RoutingOrder.SIGMOID_TOPK)
     n_group: int = 1  # experts form n_group equal groups; only the best topk_group groups are eligible
     topk_group: int = 1
     routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
     router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
-    rotary_dim: int = 0  # partial rotary: RoPE on the first rotary_dim of each head (0: all of head_dim)
     # multi-head latent attention (Mixer.MLA); head_dim is the q/k head (nope + rope), n_kv_heads = n_heads
     q_lora_rank: int = 0  # 0: queries projected directly (no low-rank q path)
     kv_lora_rank: int = 0
@@ -133,7 +143,22 @@ class ModelConfig:
             raise ConfigError("model config: no MoE layer (strata runs mixture-of-experts models)")
         if any(t.ffn is Ffn.DENSE for t in kinds) and self.dense_ffn_size <= 0:
             raise ConfigError("model config: dense FFN layers need dense_ffn_size > 0")
+        # Values a forward pass cannot use (NaN/0/-1 theta, a negative or NaN eps) are refused here,
+        # so `strata convert` and every reader name the field instead of a later NaN in routing.
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
+        if self.rotary_dim and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ConfigError(f"model config: rotary_dim must be even and in (0, head_dim={self.head_dim}], "
+                              f"got {self.rotary_dim}")
+        _check_hybrid(self)
         check_sigmoid_fields(self)
+
+    @property
+    def rope_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (rotary_dim, or the whole head)."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def kinds(self) -> tuple[LayerType, ...]:
@@ -185,6 +210,19 @@ class ModelConfig:
         return cls(**d)
 
 
+def _check_hybrid(cfg: ModelConfig) -> None:
+    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
+    if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
+        return
+    sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
+    for name in sizes:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(cfg, name)}")
+    if cfg.linear_v_heads % cfg.linear_k_heads:
+        raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
+                          f"linear_k_heads={cfg.linear_k_heads}")
+
+
 def check_sigmoid_fields(cfg: "ModelConfig") -> None:
     """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
     if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
@@ -197,8 +235,6 @@ def check_sigmoid_fields(cfg: "ModelConfig") -> None:
         raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
     if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
         raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
-    if cfg.rotary_dim < 0 or cfg.rotary_dim % 2 or cfg.rotary_dim > cfg.head_dim:
-        raise ConfigError(f"model config: rotary_dim={cfg.rotary_dim} must be even and <= head_dim")
     if any(t.mixer is Mixer.MLA for t in cfg.kinds):
         for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
             if getattr(cfg, name) <= 0:
@@ -206,8 +242,9 @@ def check_sigmoid_fields(cfg: "ModelConfig") -> None:
         if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
             raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
                               "(qk_rope_head_dim even)")
-        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim:
-            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm or rotary_dim")
+        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
+            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
+                              "or attention_output_gate")
 
 
 class TensorNames:
@@ -241,6 +278,17 @@ class TensorNames:
     ffn_gate = "ffn_gate.weight"  # dense FFN layers: [dense_ffn, hidden]
     ffn_up = "ffn_up.weight"  # [dense_ffn, hidden]
     ffn_down = "ffn_down.weight"  # [hidden, dense_ffn]
+    # hybrid models. C = 2 * linear_k_heads * linear_k_head_dim + V, V = linear_v_heads * linear_v_head_dim
+    attn_gate = "attn_gate.weight"  # [n_heads * head_dim, hidden]: the attention output gate
+    ssm_qkv = "ssm_qkv.weight"  # [C, hidden]: DeltaNet q (all k heads), k, v (all v heads)
+    ssm_z = "ssm_z.weight"  # [V, hidden]: the gate of the gated RMSNorm
+    ssm_beta = "ssm_beta.weight"  # [linear_v_heads, hidden]: beta = sigmoid(x · w)
+    ssm_alpha = "ssm_alpha.weight"  # [linear_v_heads, hidden]: the decay step's input
+    ssm_conv = "ssm_conv1d.weight"  # [C, linear_conv_kernel]: causal depthwise conv
+    ssm_a = "ssm_a"  # [linear_v_heads]: -exp(A_log), the decay rate (log decay = a * softplus(...))
+    ssm_dt_bias = "ssm_dt.bias"  # [linear_v_heads]
+    ssm_norm = "ssm_norm.weight"  # [linear_v_head_dim]: the gated RMSNorm, shared by every head
+    ssm_out = "ssm_out.weight"  # [hidden, V]
     # sigmoid routing: the selection-only bias of an MoE layer's router
     exp_probs_b = "exp_probs_b.bias"  # [n_experts], F32
     # latent attention (Mixer.MLA); r = qk_rope_head_dim, n = qk_nope_head_dim, v = v_head_dim
@@ -255,7 +303,6 @@ class TensorNames:
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
     n = TensorNames
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),
                                           n.output_norm: (cfg.hidden_size,)}
     if not cfg.tie_embeddings:
@@ -263,24 +310,12 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for l in range(cfg.n_layers):
         b = lambda s: n.block(l, s)  # noqa: E731
         shapes[b(n.attn_norm)] = (cfg.hidden_size,)
-        shapes[b(n.attn_q)] = (q_dim, cfg.hidden_size)
-        shapes[b(n.attn_k)] = (kv_dim, cfg.hidden_size)
-        shapes[b(n.attn_v)] = (kv_dim, cfg.hidden_size)
-        shapes[b(n.attn_output)] = (cfg.hidden_size, q_dim)
-        if cfg.attention_bias:
-            shapes[b(n.attn_q_bias)] = (q_dim,)
-            shapes[b(n.attn_k_bias)] = (kv_dim,)
-            shapes[b(n.attn_v_bias)] = (kv_dim,)
-        if cfg.qk_norm is QKNorm.PER_HEAD:
-            shapes[b(n.attn_q_norm)] = (cfg.head_dim,)
-            shapes[b(n.attn_k_norm)] = (cfg.head_dim,)
-        elif cfg.qk_norm is QKNorm.FULL:
-            shapes[b(n.attn_q_norm)] = (q_dim,)
-            shapes[b(n.attn_k_norm)] = (kv_dim,)
-        if cfg.kinds[l].mixer is Mixer.MLA:  # latent attention: its projections replace q/k/v/output
-            for name in (n.attn_q, n.attn_k, n.attn_v, n.attn_output):
-                del shapes[b(name)]
+        if cfg.kinds[l].mixer is Mixer.DELTANET:
+            shapes.update(deltanet_tensor_shapes(cfg, l))
+        elif cfg.kinds[l].mixer is Mixer.MLA:  # latent attention: its own projections (no q/k/v)
             shapes.update(mla_tensor_shapes(cfg, l))
+        else:
+            shapes.update(attention_tensor_shapes(cfg, l))
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
         if cfg.kinds[l].ffn is Ffn.DENSE:
             shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
@@ -297,6 +332,43 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             if cfg.shared_expert_gated:
                 shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
     return shapes
+
+
+def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
+    """An attention layer's mixer tensors (the norm before it is the layer's attn_norm)."""
+    n = TensorNames
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    b = lambda s: n.block(l, s)  # noqa: E731
+    shapes: dict[str, tuple[int, ...]] = {}
+    shapes[b(n.attn_q)] = (q_dim, cfg.hidden_size)
+    shapes[b(n.attn_k)] = (kv_dim, cfg.hidden_size)
+    shapes[b(n.attn_v)] = (kv_dim, cfg.hidden_size)
+    shapes[b(n.attn_output)] = (cfg.hidden_size, q_dim)
+    if cfg.attention_bias:
+        shapes[b(n.attn_q_bias)] = (q_dim,)
+        shapes[b(n.attn_k_bias)] = (kv_dim,)
+        shapes[b(n.attn_v_bias)] = (kv_dim,)
+    if cfg.qk_norm is QKNorm.PER_HEAD:
+        shapes[b(n.attn_q_norm)] = (cfg.head_dim,)
+        shapes[b(n.attn_k_norm)] = (cfg.head_dim,)
+    elif cfg.qk_norm is QKNorm.FULL:
+        shapes[b(n.attn_q_norm)] = (q_dim,)
+        shapes[b(n.attn_k_norm)] = (kv_dim,)
+    if cfg.attention_output_gate:
+        shapes[b(n.attn_gate)] = (q_dim, cfg.hidden_size)
+    return shapes
+
+
+def deltanet_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
+    """A gated DeltaNet layer's mixer tensors."""
+    n = TensorNames
+    hv, d = cfg.linear_v_heads, cfg.hidden_size
+    v_dim = hv * cfg.linear_v_head_dim
+    conv_dim = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    b = lambda s: n.block(l, s)  # noqa: E731
+    return {b(n.ssm_qkv): (conv_dim, d), b(n.ssm_z): (v_dim, d), b(n.ssm_beta): (hv, d), b(n.ssm_alpha): (hv, d),
+            b(n.ssm_conv): (conv_dim, cfg.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
+            b(n.ssm_norm): (cfg.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
 
 
 def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:

@@ -43,3 +43,6 @@ HAND_WEIGHT_ATOL = 1e-6
 F16_LOGIT_BUDGET = 1e-3  # max |Δlogit| / max |logit|, f16 experts
 Q8_ARGMAX_AGREEMENT = 0.99  # fraction of positions with the same argmax, q8_0 experts
 Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversion (uniform ~ 5.8)
+# the hybrid families (Qwen3-Next, Qwen3.5-MoE) are held to their issue's tighter bound; seen:
+# 4.0e-4 and 3.7e-4 with f16 experts, 1.8e-6 with f32 experts (the rest is f16 rounding)
+HYBRID_F16_LOGIT_BUDGET = 5e-4

@@ -276,3 +276,42 @@ def test_chat_template_sources_in_transformers_order(ckpts, tmp_path):
     assert read_tokenizer_files(d).chat_template == "J"
     (d / "chat_template.jinja").write_text("K")
     assert read_tokenizer_files(d).chat_template == "K"
+
+
+# ---------------------------------------------------------------- invalid values and weights
+
+
+@pytest.mark.parametrize("field, value", [("rope_theta", float("nan")), ("rope_theta", 0), ("rope_theta", -1),
+                                          ("rms_norm_eps", -1), ("rms_norm_eps", float("nan"))])
+def test_invalid_rope_theta_and_eps_are_refused(ckpts, tmp_path, capsys, field, value):
+    d = _copy(ckpts["mixtral"], tmp_path / "m")
+    if field == "rope_theta":
+        _edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": value})
+    else:
+        _edit_config(d, **{field: value})
+    line = _cli_error(capsys, d, tmp_path / "out")
+    assert field in line and "finite number > 0" in line
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.experts.2.up_proj.weight"])
+def test_non_finite_weights_are_refused_naming_the_tensor(ckpts, tmp_path, capsys, tensor):
+    from safetensors.numpy import save_file
+
+    d = tmp_path / "q"
+    d.mkdir()
+    for f in ckpts["qwen3_moe"].iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, d / f.name)
+    with Checkpoint(ckpts["qwen3_moe"]) as ckpt:
+        tensors = {n: ckpt.read(n) for n in ckpt.tensors}
+    if tensor not in tensors:  # fused expert layouts name their experts differently
+        tensor = next(n for n in tensors if ".experts." in n)
+    tensors[tensor] = tensors[tensor].copy()
+    tensors[tensor].flat[5] = np.inf
+    save_file(tensors, str(d / "model.safetensors"))
+    line = _cli_error(capsys, d, tmp_path / "out")
+    assert "non-finite" in line
+    if "experts" in tensor:
+        assert "expert" in line and "up" in line
+    else:
+        assert tensor in line

@@ -232,3 +232,28 @@ def test_engine_input_errors_are_one_line():
             eng.prefill(bad)
     with pytest.raises(StrataError, match=r"trim: n must be an int in \[0, 0\]"):
         eng.trim(3)
+
+
+def test_non_finite_router_logits_name_the_model_layer(tmp_path):
+    """A forward that produces non-finite values says so in one line, naming the (model) layer:
+    the reference and the streaming selector alike, on a model whose layer 0 is dense."""
+    from strata.errors import NonFiniteError
+    from strata.model_config import TensorNames
+    from strata.numpy_backend.engine import ReferenceEngine
+    from strata.reference.model import ModelParams
+
+    made = make_model(tmp_path / "df", "dense-first", seed=1)
+    m = strata.load(made.model_path)
+    try:
+        dense = dict(m.dense)
+        name = TensorNames.block(2, TensorNames.router)
+        dense[name] = np.full_like(dense[name], np.nan)
+        eng = ReferenceEngine(ModelParams(m.cfg, dense, m.resident_params().experts))
+        with pytest.raises(NonFiniteError, match=r"^layer 2: router logits are not finite"):
+            eng.prefill(PROMPT[:4])
+        m.dense.update(dense)  # the streaming engine reads the same dict
+        with open_numpy_streaming(m, EXACT0.replace(arena=f"{min_slots(m, EXACT0)}slots")) as s:
+            with pytest.raises(NonFiniteError, match=r"^layer 2: router logits are not finite"):
+                s.prefill(PROMPT[:4])
+    finally:
+        m.close()

@@ -46,8 +46,21 @@ def test_config_is_frozen_and_stock():
         c.prefetch = 3  # noqa
     assert (c.prefetch, c.prefetch_touch, c.split_turn, c.shexp_overlap, c.pred_q8, c.prefetch2) == \
         (10, False, True, True, True, False)
-    assert c.moce_policy() == MoCEPolicy(protect_top_j=3, bonus=0.85)
+    assert c.moce_policy() == MoCEPolicy(protect_top_j=3, bonus=0.0) and c.moce_policy().exact  # exact by default
     assert Config(moce_lambda=0).moce_policy().effective_bonus() == 0.0
+
+
+def test_moce_presets_fill_the_fields_left_at_their_defaults():
+    stock = Config(moce="stock")
+    assert stock.moce_policy() == MoCEPolicy(protect_top_j=3, bonus=0.85) and not stock.moce_policy().exact
+    assert stock.moce == ""  # resolved once: replace() edits the fields, not the preset
+    assert stock.replace(moce_lambda=0.5).moce_lambda == 0.5
+    assert Config(moce="stock", moce_lambda=0.4).moce_lambda == 0.4  # an explicit field wins
+    assert Config(moce="off", moce_lambda=0).moce_policy().exact
+    assert "lossy: MoCE J3 λ0.85" == stock.moce_policy().describe()
+    assert Config().moce_policy().describe().startswith("exact")
+    with pytest.raises(ConfigError, match="unknown preset 'fast'"):
+        Config(moce="fast")
 
 
 def test_budget_rule_and_explicit_arena():

@@ -16,7 +16,8 @@ from strata.numpy_backend.compute import NumpyCompute
 from strata.numpy_backend.engine import _NoResidentExperts
 from strata.runtime.decode import StreamingEngine, arena_plan_for
 from strata.testing.engines import open_numpy_streaming
-from strata.runtime.io import Faults, RandomDelays, ReaderPool
+from strata.runtime.io import ReaderPool
+from strata.testing.faults import Faults, RandomDelays
 from strata.numpy_backend.arena import NumpyArena
 from strata.reference.model import ModelParams
 from strata.testing.models import make_model

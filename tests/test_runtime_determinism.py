@@ -12,7 +12,7 @@ import strata
 from strata.config import Config
 from strata.runtime.decode import arena_plan_for
 from strata.testing.engines import open_numpy_streaming
-from strata.runtime.io import RandomDelays
+from strata.testing.faults import RandomDelays
 from strata.testing.models import make_model
 
 PROMPT = "for i in range(3):"

@@ -9,7 +9,8 @@ import pytest
 from strata.errors import ExpertReadError
 from strata.formats.experts_file import ExpertsFile, checksum
 from strata.numpy_backend.arena import NumpyArena
-from strata.runtime.io import Faults, RandomDelays, ReaderPool
+from strata.runtime.io import ReaderPool
+from strata.testing.faults import Faults, RandomDelays
 from strata.testing.models import make_model
 
 

@@ -10,7 +10,7 @@ from strata.numpy_backend.engine import ReferenceEngine
 from strata.cache.state import LIMBO
 from strata.runtime.decode import arena_plan_for
 from strata.testing.engines import open_numpy_streaming
-from strata.runtime.io import RandomDelays
+from strata.testing.faults import RandomDelays
 from strata.testing.models import make_model
 from tests.budgets import FLOAT32_REORDER
 

@@ -91,7 +91,7 @@ MOCE = [
 @pytest.mark.parametrize("switch", MOCE, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "stock")
 @pytest.mark.parametrize("reference_cache", [False, True], ids=["fast-cache", "reference-cache"])
 def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, switch, reference_cache):
-    config = Config(reference_cache=reference_cache).replace(**switch)
+    config = Config(moce="stock", reference_cache=reference_cache).replace(**switch)
     cap = capacity(config, 5)
     config = config.replace(arena=f"{cap}slots")
     got, logits = run_runtime(model, tokens, config)

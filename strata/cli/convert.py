@@ -48,4 +48,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {r.model_path} and {r.experts_path}: {r.family}, {c.n_layers} layers, {c.n_experts} experts "
           f"(top-{c.n_experts_per_token}), experts {r.expert_type.name}, dense {r.dense_type.name}, "
           f"{r.seconds:.1f} s")
+    for note in r.notes:
+        print(f"note: {note}")
     return 0

@@ -9,6 +9,7 @@ from strata.errors import StrataError
 
 SUBCOMMANDS = {
     "generate": "strata.cli.generate",
+    "serve": "strata.cli.serve",
     "make-model": "strata.cli.make_model",
     "convert": "strata.cli.convert",
     "trace": "strata.cli.trace",
@@ -25,6 +26,7 @@ resident, routed experts are paged from disk into a fixed arena of slots.
 examples:
   strata generate "def fibonacci(n):"            the embedded default model
   strata generate model.gguf "Once upon" -n 64    a converted model (model.gguf + model.experts)
+  strata serve model.gguf --port 8000             OpenAI/Anthropic-compatible HTTP on 127.0.0.1
   strata make-model /tmp/tiny --shape tiny        write a small random test model
   strata convert ~/hf/Qwen3-30B-A3B /data/qwen3   convert a Hugging Face MoE checkpoint
 """

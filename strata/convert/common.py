@@ -40,13 +40,9 @@ class Family:
     moe_blocks: tuple[str, ...] = ("mlp",)  # candidate names of the MoE block, in preference order
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
     supported_features: str = ""  # for error messages: what this family may use
-    # the sigmoid-routed families (convert/deepseek.py, glm_moe.py, minimax.py):
-    # strata per-layer suffix -> checkpoint suffix ("{moe}": the MoE block), over `dense_sources`' table
-    layer_sources: tuple[tuple[str, str], ...] = ()
-    # (cfg, strata name, float32 tensor) -> the tensor strata stores (DeepSeek's rope de-interleave)
-    transform: Callable[[ModelConfig, str, np.ndarray], np.ndarray] | None = None
-    # checkpoint tensors the family drops on purpose (MTP layers), each with its note in the docs
-    skipped: Callable[[HFConfig, str], bool] | None = None
+    # a family whose tensors are not the Llama names one to one (a prefix, fused or derived
+    # tensors, skipped towers): (cfg, checkpoint) -> convert.tensor_plan.TensorPlan
+    tensor_plan: Callable | None = None
 
 
 def base_fields(hf: HFConfig, ckpt: Checkpoint) -> dict:
@@ -120,14 +116,15 @@ class ExpertTensors:
     down [D, F], whichever layout each layer uses. Checks every name and shape at construction,
     so a missing or misshapen expert fails before any output is written."""
 
-    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig, moe: str, projections: tuple[str, str, str]) -> None:
+    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig, moe: str, projections: tuple[str, str, str],
+                 layer_prefix: str = LAYER) -> None:
         self._ckpt = ckpt
         self._cfg = cfg
         self._names: list[tuple[str, ...]] = []  # per layer: 3 per-expert patterns or 2 fused names
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
         for l in cfg.moe_layers:  # self._names is indexed by MoE index, as the .experts file
-            base = LAYER.format(l) + f"{moe}.experts."
+            base = layer_prefix.format(l) + f"{moe}.experts."
             fused = (base + "gate_up_proj", base + "down_proj")
             if fused[0] in ckpt:
                 self._check(fused[0], (n_exp, 2 * f, d))
@@ -166,20 +163,16 @@ class ExpertTensors:
 def find_moe_block(family: Family, ckpt: Checkpoint) -> str:
     """Which of the family's MoE block names this checkpoint uses (by its layer-0 router)."""
     for moe in family.moe_blocks:
-        # any layer's router: DeepSeek-style models start with dense layers
-        if any(name.startswith("model.layers.") and name.endswith(f".{moe}.gate.weight") for name in ckpt.tensors):
+        if LAYER.format(0) + f"{moe}.gate.weight" in ckpt:
             return moe
     tried = " or ".join(LAYER.format(0) + f"{m}.gate.weight" for m in family.moe_blocks)
     raise FormatError(f"{ckpt.directory}: no router tensor {tried} (not a {family.name} checkpoint?)")
 
 
-def check_unused(ckpt: Checkpoint, used: set[str], cfg: ModelConfig, family: Family, hf: HFConfig | None = None) -> None:
+def check_unused(ckpt: Checkpoint, used: set[str], cfg: ModelConfig, family: Family) -> None:
     """Refuse a checkpoint with tensors strata would drop: they mean a feature the reference
-    does not compute (an output-projection bias, a dense MLP layer, ...), unless the family
-    skips them on purpose (`Family.skipped`)."""
+    does not compute (an output-projection bias, a dense MLP layer, ...)."""
     ignored = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    if family.skipped is not None and hf is not None:
-        ignored |= {name for name in ckpt.tensors if family.skipped(hf, name)}
     unused = sorted(n for n in ckpt.tensors if n not in used and n not in ignored and not n.endswith(IGNORED_SUFFIXES))
     if unused:
         more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""

@@ -18,7 +18,7 @@ import numpy as np
 from strata.convert.common import Family
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.sigmoid_common import layer_kinds, mtp_layer, routing_fields, sigmoid_base_fields
+from strata.convert.sigmoid_common import layer_kinds, routing_fields, sigmoid_base_fields, sigmoid_tensor_plan
 from strata.model_config import Mixer, ModelConfig, TensorNames
 
 DEFAULT_ROPE_THETA = 10000.0  # DeepseekV3Config's default
@@ -62,30 +62,39 @@ def deinterleave(rows: np.ndarray) -> np.ndarray:
     return rows[..., np.r_[0:r:2, 1:r:2], :]
 
 
-def deepseek_transform(cfg: ModelConfig, name: str, x: np.ndarray) -> np.ndarray:
-    """The rope rows of the query projection (per head) and of the shared rope key, de-interleaved."""
+def rope_rows(cfg: ModelConfig, name: str):
+    """The de-interleave of the rope rows of an MLA layer's query projection (per head) or of
+    its shared rope key, as a function of the checkpoint tensor; None for any other tensor."""
     n = TensorNames
-    suffix = name.split(".", 2)[-1] if name.startswith("blk.") else ""
+    if not name.startswith("blk.") or cfg.kinds[int(name.split(".")[1])].mixer is not Mixer.MLA:
+        return None
+    suffix = name.split(".", 2)[-1]
     nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
-    if suffix in (n.attn_q_b, n.attn_q) and cfg.kinds[int(name.split(".")[1])].mixer is Mixer.MLA:
-        heads = x.reshape(cfg.n_heads, nope + rope, x.shape[-1]).copy()  # [H, n + r, in]
-        heads[:, nope:] = deinterleave(heads[:, nope:])
-        return heads.reshape(x.shape)
+    if suffix in (n.attn_q_b, n.attn_q):
+        def query(x: np.ndarray) -> np.ndarray:
+            heads = x.reshape(cfg.n_heads, nope + rope, x.shape[-1]).copy()  # [H, n + r, in]
+            heads[:, nope:] = deinterleave(heads[:, nope:])
+            return heads.reshape(x.shape)
+        return query
     if suffix == n.attn_kv_a_mqa:
-        out = x.copy()  # [c + r, D]
-        out[cfg.kv_lora_rank:] = deinterleave(x[cfg.kv_lora_rank:])
-        return out
-    return x
+        def shared_key(x: np.ndarray) -> np.ndarray:
+            out = x.copy()  # [c + r, D]
+            out[cfg.kv_lora_rank:] = deinterleave(x[cfg.kv_lora_rank:])
+            return out
+        return shared_key
+    return None
 
 
 _FEATURES = ("latent attention (q_lora_rank, kv_lora_rank, rope/nope split, v_head_dim), sigmoid routing with "
              "e_score_correction_bias and expert groups, routed_scaling_factor, shared experts, dense first layers")
 
+_TENSORS = sigmoid_tensor_plan(LAYER_SOURCES, rewrite=rope_rows, what="rope rows de-interleaved")
+
 DEEPSEEK_V3 = Family(
     name="DeepSeek-V3", model_types=("deepseek_v3", "kimi_k2"), model_config=deepseek_config,
-    supported_features=_FEATURES, layer_sources=LAYER_SOURCES, transform=deepseek_transform, skipped=mtp_layer,
+    supported_features=_FEATURES, tensor_plan=_TENSORS,
 )
 GLM4_MOE_LITE = Family(
     name="GLM-4.7-Flash", model_types=("glm4_moe_lite",), model_config=deepseek_config,
-    supported_features=_FEATURES, layer_sources=LAYER_SOURCES, transform=deepseek_transform, skipped=mtp_layer,
+    supported_features=_FEATURES, tensor_plan=_TENSORS,
 )

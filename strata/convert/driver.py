@@ -14,9 +14,12 @@ Peak memory is therefore about max(one expert in float32 + its quantized copy, t
 weights in their stored type + the largest tensor in float32 and in its checkpoint dtype)
 plus the interpreter; docs/convert.md gives the measured numbers.
 
-Both files are written under `.partial` names and renamed to their final names only at the
-very end (experts first, the .gguf last, so a `.gguf` under the final name always has its
-experts beside it): an interrupted conversion leaves nothing under the final names.
+Both files are written under `.partial` names and put in place only at the very end, in an
+order that a crash at any point leaves recoverable (`_install`): the old `.gguf` is removed
+first, then the experts are renamed, then the `.gguf`. A `.gguf` under the final name is never
+beside experts it was not written with; and the `.gguf` records the identity of its expert set
+(`strata.experts_identity`), so a mismatched pair made any other way is refused at load.
+Every weight is checked finite as it is read (a NaN or inf names its checkpoint tensor).
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ from strata.convert.common import (
 )
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
+from strata.convert.tensor_plan import Derived, source_names
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights, RecordLayout
-from strata.formats.experts_file import write_experts
+from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import DENSE_TYPES, write_model
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, dense_tensor_shapes
@@ -68,6 +72,7 @@ class ConvertResult:
     expert_type: QuantType
     dense_type: QuantType
     seconds: float
+    notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -107,24 +112,45 @@ class LazyTensor:
     Shapes: shape = dense_tensor_shapes(cfg)[name]; the checkpoint's [1, D] gate becomes [D]
     """
 
-    def __init__(self, ckpt: Checkpoint, source: str, shape: tuple[int, ...], bar=None, transform=None) -> None:
-        self._ckpt, self._source, self._bar, self._transform = ckpt, source, bar, transform
+    def __init__(self, ckpt: Checkpoint, source: str | Derived, shape: tuple[int, ...], bar=None) -> None:
+        self._ckpt, self._source, self._bar = ckpt, source, bar
         self.shape = tuple(shape)
         self.ndim = len(self.shape)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        x = reshape_to(self._ckpt.read(self._source), self.shape, f"{self._ckpt.directory}: tensor {self._source}")
-        if self._transform is not None:
-            x = self._transform(x)
+        x = self._source.read(self._ckpt) if isinstance(self._source, Derived) else self._ckpt.read(self._source)
+        x = reshape_to(x, self.shape, f"{self._ckpt.directory}: tensor {self._source}")
+        check_finite(x, f"{self._ckpt.directory}: tensor {self._source}")
         if self._bar is not None:
             self._bar.update(1)
         return x if dtype is None else x.astype(dtype, copy=False)
 
 
-def transform_for(plan: "_Plan", name: str):
-    """The family's transform of dense tensor `name` as a one-argument function, or None."""
-    t = plan.family.transform
-    return None if t is None else (lambda x: t(plan.cfg, name, x))
+def check_finite(x: np.ndarray, where: str) -> None:
+    """A FormatError naming `where` if x holds a NaN or an infinity (a model that cannot run)."""
+    finite = np.isfinite(x)
+    if not finite.all():
+        bad = int(finite.size - np.count_nonzero(finite))
+        raise FormatError(f"{where}: {bad} non-finite values (NaN or inf); the checkpoint is damaged")
+
+
+def _install(model_partial: Path, experts_partial: Path, model_path: Path, experts_path: Path) -> None:
+    """Put the pair in place. A crash after any step leaves either the old pair, or no `.gguf`
+    at all (run the conversion again), never an old `.gguf` beside new experts."""
+    try:
+        model_path.unlink()  # 1. no model under the final name while its experts change
+    except FileNotFoundError:
+        pass
+    os.replace(experts_partial, experts_path)  # 2. the new experts
+    os.replace(model_partial, model_path)  # 3. the new model, written with these experts' identity
+    try:  # the renames survive a power loss only once the directory is on disk
+        fd = os.open(model_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on a directory
+        pass
 
 
 def _bar(total: int, desc: str, unit: str, enabled: bool):
@@ -150,8 +176,9 @@ class _Plan:
     family: Family
     cfg: ModelConfig
     experts: ExpertTensors
-    sources: dict[str, str]  # strata dense name -> checkpoint tensor name
+    sources: dict[str, str | Derived]  # strata dense name -> checkpoint tensor name (or tensors derived from)
     tokenizer: TokenizerFiles
+    notes: tuple[str, ...] = ()  # what was deliberately left out (a vision tower, an MTP head)
 
 
 def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) -> _Plan:
@@ -159,18 +186,26 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
     hf = dataclasses.replace(hf, family=family.name)
     cfg = family.model_config(hf, ckpt)
     _check_expert_type(cfg, expert_type)
-    moe = find_moe_block(family, ckpt)
-    experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
-    sources = dense_sources(cfg, moe, family.layer_sources)
     shapes = dense_tensor_shapes(cfg)
+    skipped, notes = set(), ()
+    if family.tensor_plan is not None:  # a prefix, derived tensors, skipped towers (convert.tensor_plan)
+        tplan = family.tensor_plan(cfg, ckpt)
+        experts, sources, skipped, notes = tplan.experts, tplan.sources, set(tplan.skipped), tplan.notes
+        tplan.check(ckpt, shapes)
+    else:
+        moe = find_moe_block(family, ckpt)
+        experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+        sources = dense_sources(cfg, moe)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
+        if isinstance(src, Derived):
+            continue  # checked by tplan.check
         if not same_up_to_unit_axes(ckpt.shape(src), shapes[name]):
             raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
         ckpt.check_dtype(src)
-    check_unused(ckpt, experts.consumed | set(sources.values()), cfg, family, hf)
+    check_unused(ckpt, experts.consumed | source_names(sources) | skipped, cfg, family)
     tok = read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, sources, tok)
+    return _Plan(hf, family, cfg, experts, sources, tok, notes)
 
 
 def convert(
@@ -202,8 +237,10 @@ def convert(
         try:
             with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
-                def get_expert(layer: int, e: int) -> ExpertWeights:
+                def get_expert(layer: int, e: int) -> ExpertWeights:  # layer: the MoE index
                     gate, up, down = plan.experts.read(layer, e)
+                    for name, x in (("gate", gate), ("up", up), ("down", down)):
+                        check_finite(x, f"{hf_dir}: layer {cfg.moe_layers[layer]} expert {e} {name} projection")
                     w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
                                       quantize(expert_type, down))
                     bar.update(1)
@@ -211,18 +248,19 @@ def convert(
 
                 write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
+            with ExpertsFile.open(experts_partial) as xf:
+                identity = xf.identity
             extra = {SOURCE_KEY: plan.hf.model_type}
             extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in plan.tokenizer.special_tokens.items()})
             with _bar(len(plan.sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
-                dense = {name: LazyTensor(ckpt, src, shapes[name], bar, transform_for(plan, name))
-                         for name, src in plan.sources.items()}
+                dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
-                            chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra)
-            os.replace(experts_partial, experts_path)
-            renamed = True
-            os.replace(model_partial, model_path)
+                            chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra,
+                            experts_identity=identity)
+            renamed = True  # from here on a failure leaves no pair under the final names
+            _install(model_partial, experts_partial, model_path, experts_path)
         except BaseException:
-            _unlink(model_partial, experts_partial, *([experts_path] if renamed else []))
+            _unlink(model_partial, experts_partial, *([experts_path, model_path] if renamed else []))
             raise
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, plan.notes)

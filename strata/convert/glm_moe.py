@@ -11,7 +11,8 @@ from strata.convert.common import Family
 from strata.convert.deepseek import LAYER_SOURCES
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.sigmoid_common import layer_kinds, mtp_layer, rope_fields, routing_fields, sigmoid_base_fields
+from strata.convert.sigmoid_common import (layer_kinds, rope_fields, routing_fields, sigmoid_base_fields,
+                                           sigmoid_tensor_plan)
 from strata.model_config import Mixer, ModelConfig, QKNorm
 
 DEFAULT_ROPE_THETA = 10000.0  # Glm4MoeConfig's default
@@ -32,8 +33,8 @@ def glm4_moe_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
 
 
 GLM4_MOE = Family(
-    name="GLM-4.5", model_types=("glm4_moe",), model_config=glm4_moe_config, layer_sources=LAYER_SOURCES,
-    skipped=mtp_layer,
+    name="GLM-4.5", model_types=("glm4_moe",), model_config=glm4_moe_config,
+    tensor_plan=sigmoid_tensor_plan(LAYER_SOURCES),
     supported_features="partial rotary, per-head q/k norm, q/k/v bias, sigmoid routing with e_score_correction_bias "
                        "and expert groups, routed_scaling_factor, shared experts, dense first layers",
 )

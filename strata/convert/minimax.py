@@ -11,7 +11,7 @@ from __future__ import annotations
 from strata.convert.common import Family
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.sigmoid_common import mtp_layer, rope_fields, routing_fields, sigmoid_base_fields
+from strata.convert.sigmoid_common import rope_fields, routing_fields, sigmoid_base_fields, sigmoid_tensor_plan
 from strata.model_config import ModelConfig, QKNorm, TensorNames
 
 DEFAULT_ROPE_THETA = 5_000_000.0  # MiniMaxM2Config's default
@@ -33,7 +33,7 @@ def minimax_m2_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
 
 MINIMAX_M2 = Family(
     name="MiniMax-M2", model_types=("minimax_m2",), model_config=minimax_m2_config,
-    moe_blocks=("block_sparse_moe",), expert_projections=("w1", "w3", "w2"),
-    layer_sources=((TensorNames.exp_probs_b, "{moe}.e_score_correction_bias"),), skipped=mtp_layer,
+    tensor_plan=sigmoid_tensor_plan(((TensorNames.exp_probs_b, "{moe}.e_score_correction_bias"),),
+                                    moe="block_sparse_moe", projections=("w1", "w3", "w2")),
     supported_features="partial rotary, full q/k norm, sigmoid routing with e_score_correction_bias (no groups)",
 )

@@ -5,20 +5,28 @@ alike: the routing fields, the dense-first layers, partial rotary, and the MTP l
   groups (`n_group`, `topk_group`), `norm_topk_prob`, `routed_scaling_factor`
   (RoutingOrder.SIGMOID_TOPK, docs/routing.md). A config naming another scoring function or
   top-k method (DeepSeek-V2's softmax / "greedy" / "group_limited_greedy") is refused.
-- Multi-token-prediction layers (`num_nextn_predict_layers`: DeepSeek-V3's and GLM-4.5's layer
-  61 / 92 ...) are a speculative-decoding head beside the model; transformers does not load them
-  and neither does strata: their tensors (model.layers.{n >= num_hidden_layers}.*) are skipped.
+- Tensors (`sigmoid_tensor_plan`, a `convert.tensor_plan.TensorPlan`): the Llama names of
+  `dense_sources` plus the family's own per-layer names (MLA, the selection bias, the shared
+  experts, dense FFN layers); a family's rewrite of a tensor (DeepSeek's rope de-interleave) is a
+  `Derived` tensor. Multi-token-prediction layers (`num_nextn_predict_layers`: DeepSeek-V3's and
+  GLM-4.5's layer 61 / 92 ...) are a speculative-decoding head beside the model; transformers
+  does not load them and neither does strata: their tensors (model.layers.{n >= num_hidden_layers}.*)
+  are skipped, with a note.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Callable
 
-from strata.convert.common import base_fields
+import numpy as np
+
+from strata.convert.common import ExpertTensors, base_fields, dense_sources
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.model_config import Ffn, LayerType, Mixer, RoutingOrder
+from strata.convert.tensor_plan import Derived, TensorPlan
+from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, RoutingOrder, dense_tensor_shapes
 
 SIGMOID_SCORING = "sigmoid"
 NOAUX_TOPK = "noaux_tc"  # DeepSeek-V3's name for "bias chooses, groups limit, no auxiliary loss"
@@ -78,7 +86,32 @@ def rope_fields(hf: HFConfig, head_dim: int, default_theta: float) -> dict:
     return dict(rope_theta=theta, rotary_dim=0 if rotary in (None, head_dim) else int(rotary))
 
 
-def mtp_layer(hf: HFConfig, name: str) -> bool:
+def mtp_layer(n_layers: int, name: str) -> bool:
     """Whether a checkpoint tensor belongs to a multi-token-prediction layer (skipped)."""
     m = _LAYER_INDEX.match(name)
-    return m is not None and int(m.group(1)) >= hf.get_int("num_hidden_layers")
+    return m is not None and int(m.group(1)) >= n_layers
+
+
+# (cfg, strata dense name) -> the rewrite of its checkpoint tensor (float32 -> float32), or None
+Rewrite = Callable[[ModelConfig, str], Callable[[np.ndarray], np.ndarray] | None]
+
+
+def sigmoid_tensor_plan(layer_sources: tuple[tuple[str, str], ...], *, moe: str = "mlp",
+                        projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                        rewrite: Rewrite | None = None, what: str = "") -> Callable[[ModelConfig, Checkpoint], TensorPlan]:
+    """A `Family.tensor_plan`: `dense_sources` with `layer_sources` over its per-layer table
+    ("{moe}": the MoE block), each tensor `rewrite` names derived, the MTP layers skipped."""
+
+    def plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
+        sources: dict[str, str | Derived] = dict(dense_sources(cfg, moe, layer_sources))
+        if rewrite is not None:
+            shapes = dense_tensor_shapes(cfg)
+            for name, src in list(sources.items()):
+                make = rewrite(cfg, name)
+                if make is not None:
+                    sources[name] = Derived(((src, shapes[name]),), make, what)
+        skipped = tuple(t for t in ckpt.tensors if mtp_layer(cfg.n_layers, t))
+        notes = (f"skipped the multi-token-prediction layers: {len(skipped)} tensors",) if skipped else ()
+        return TensorPlan(ExpertTensors(ckpt, cfg, moe, projections), sources, skipped, notes)
+
+    return plan

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from strata.errors import ConfigError, FormatError, MissingTensorError
 from strata.formats.atomic import atomic_output
+from strata.formats.gguf_file import GGUFFile, open_gguf
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
 
@@ -29,8 +31,13 @@ KEY_ARCHITECTURE = "general.architecture"
 KEY_FORMAT_VERSION = "strata.format_version"
 KEY_TOKENIZER_JSON = "tokenizer.huggingface.json"
 KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
+KEY_EXPERTS_IDENTITY = "strata.experts_identity"  # ExpertsFile.identity of the expert set written with it
+KEY_FILE_CHECKSUM = "strata.file_checksum"  # u32 CRC-32 of the whole file, these 4 value bytes read as 0
 CONFIG_PREFIX = "strata."
 
+# A bound on `strata.n_layers` checked before anything is built from it: the deepest MoE models
+# have under a hundred layers; 2**32 - 1 would make ModelConfig spell out four billion layer kinds.
+MAX_LAYERS = 1 << 14
 DENSE_TYPES = (QuantType.F32, QuantType.F16, QuantType.Q8_0)  # what write_model can store 2-D matrices as
 
 
@@ -60,7 +67,8 @@ def config_key(field_name: str) -> str:
 
 
 _RESERVED_KEYS = frozenset(
-    [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, "general.alignment"]
+    [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, KEY_EXPERTS_IDENTITY,
+     KEY_FILE_CHECKSUM, "general.alignment"]
     + [config_key(f.name) for f in dataclasses.fields(ModelConfig)]
 )
 
@@ -80,6 +88,7 @@ class ModelFile:
     chat_template: str | None
     dense_types: dict[str, Any]  # QuantType where one exists, else the gguf GGMLQuantizationType
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)  # extra_metadata given to write_model
+    experts_identity: str | None = None  # the expert set it was written with; None in older files
 
 
 # ---------------------------------------------------------------- writer
@@ -135,8 +144,12 @@ def write_model(
     chat_template: str | None = None,
     dense_type: QuantType = QuantType.F32,
     extra_metadata: dict[str, Any] | None = None,
+    experts_identity: str | None = None,
 ) -> None:
     """Write the dense model as GGUF: to `path + ".tmp"`, renamed over `path` when complete.
+
+    `experts_identity` (`ExpertsFile.identity` of the `.experts` written beside it) ties the pair:
+    loading it with another expert set is then refused (docs/formats.md, "The pair").
 
     Shapes:
         dense[name]: dense_tensor_shapes(cfg)[name], any float dtype (stored as described above)
@@ -160,6 +173,9 @@ def write_model(
         w.add_string(KEY_TOKENIZER_JSON, tokenizer_json)
         if chat_template is not None:
             w.add_string(KEY_CHAT_TEMPLATE, chat_template)
+        if experts_identity is not None:
+            w.add_string(KEY_EXPERTS_IDENTITY, experts_identity)
+        w.add_uint32(KEY_FILE_CHECKSUM, 0)  # patched below, once every byte it covers is written
         for key, value in (extra_metadata or {}).items():
             _add_value(w, key, value)
         for name, shape in shapes.items():
@@ -176,6 +192,37 @@ def write_model(
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        _seal(tmp)
+
+
+def _seal(path: str) -> None:
+    """Write the file checksum into its placeholder and flush the file to disk."""
+    gf = open_gguf(path)
+    try:
+        at = gf.fields[KEY_FILE_CHECKSUM].offset
+        crc = gf.crc32_without(at, 4)
+    finally:
+        gf.close()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, struct.pack("<I", crc), at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_sum(gf: GGUFFile) -> None:
+    """The whole file against its checksum (files without one, older ones, skip this): a flipped
+    bit anywhere (a weight, the tokenizer, a config value) is refused, never computed with."""
+    f = gf.fields.get(KEY_FILE_CHECKSUM)
+    if f is None:
+        return
+    if f.type_name != "UINT32":
+        raise FormatError(f"{gf.path}: metadata key {KEY_FILE_CHECKSUM} has type {f.type_name}, expected UINT32")
+    actual = gf.crc32_without(f.offset, 4)
+    if actual != f.value:
+        raise FormatError(f"{gf.path}: checksum mismatch (crc32 {actual:#010x}, the file says {f.value:#010x}): "
+                          "the file is damaged")
 
 
 # ---------------------------------------------------------------- reader
@@ -185,67 +232,68 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def _open(path: str):
-    """GGUFReader on `path`; every failure becomes a one-line FormatError naming the file."""
-    gguf = _gguf()
-    try:
-        return gguf.GGUFReader(path)
-    except OSError as e:
-        raise FormatError(f"{path}: cannot open: {e.strerror or _one_line(e)}") from e
-    except Exception as e:  # the gguf package raises ValueError, IndexError, struct/numpy errors
-        try:
-            with open(path, "rb") as f:
-                magic, size = f.read(4), os.fstat(f.fileno()).st_size
-        except OSError:
-            magic, size = b"", 0
-        if magic != b"GGUF":
-            raise FormatError(f"{path}: not a GGUF file (magic {magic!r})") from e
-        raise FormatError(f"{path}: truncated or corrupt GGUF ({size} bytes; gguf reader: {_one_line(e)})") from e
-
-
-def _field(reader, path: str, key: str, required: bool = True) -> Any:
-    f = reader.get_field(key)
+def _field(gf: GGUFFile, key: str, required: bool = True) -> Any:
+    f = gf.fields.get(key)
     if f is None:
         if required:
-            raise FormatError(f"{path}: missing metadata key {key}")
+            raise FormatError(f"{gf.path}: missing metadata key {key}")
         return None
-    try:
-        return f.contents()
-    except Exception as e:
-        raise FormatError(f"{path}: metadata key {key} unreadable: {_one_line(e)}") from e
+    return f.value
 
 
-def _config(reader, path: str) -> ModelConfig:
-    gguf = _gguf()
-    arch = _field(reader, path, KEY_ARCHITECTURE)
+def _string_field(gf: GGUFFile, key: str, required: bool = True) -> str | None:
+    f = gf.fields.get(key)
+    if f is not None and f.type_name != "STRING":
+        raise FormatError(f"{gf.path}: metadata key {key} has type {f.type_name}, expected STRING")
+    return _field(gf, key, required)
+
+
+def _config(gf: GGUFFile) -> ModelConfig:
+    path = gf.path
+    arch = _field(gf, KEY_ARCHITECTURE)
     if arch != ARCHITECTURE:
         raise FormatError(f"{path}: not a strata model file ({KEY_ARCHITECTURE} is {arch!r}, expected {ARCHITECTURE!r})")
-    version = _field(reader, path, KEY_FORMAT_VERSION)
+    version = _field(gf, KEY_FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise FormatError(f"{path}: unsupported strata model format version {version} (this reader knows {FORMAT_VERSION})")
     values = {}
     for f in dataclasses.fields(ModelConfig):
         key = config_key(f.name)
-        want = gguf.GGUFValueType[_FIELD_VALUE_TYPES[str(f.type)]]
-        field = reader.get_field(key)
+        want = _FIELD_VALUE_TYPES[str(f.type)]
+        field = gf.fields.get(key)
         if field is None and f.name not in _V1_FIELDS:
             continue
         if field is None:
             raise FormatError(f"{path}: missing metadata key {key}")
-        if field.types != [want]:
-            found = "/".join(t.name for t in field.types)
-            raise FormatError(f"{path}: metadata key {key} has type {found}, expected {want.name}")
-        values[f.name] = _field(reader, path, key)
+        if field.type_name != want:
+            raise FormatError(f"{path}: metadata key {key} has type {field.type_name}, expected {want}")
+        values[f.name] = field.value
+    layers = values.get("n_layers")
+    if isinstance(layers, int) and layers > MAX_LAYERS:  # before ModelConfig builds per-layer tuples
+        raise FormatError(f"{path}: {config_key('n_layers')} = {layers}, more than any model has ({MAX_LAYERS})")
     try:
-        return ModelConfig.from_dict(values)
+        cfg = ModelConfig.from_dict(values)
     except (ConfigError, ValueError) as e:
         raise FormatError(f"{path}: invalid strata metadata: {_one_line(e)}") from e
+    return cfg
 
 
 def read_model_config(path: str | os.PathLike) -> ModelConfig:
     """The ModelConfig of a model file, from its metadata only (no tensor data is read)."""
-    path = os.fspath(path)
-    return _config(_open(path), path)
+    gf = open_gguf(path)
+    try:
+        return _config(gf)
+    finally:
+        gf.close()
+
+
+def read_experts_identity(path: str | os.PathLike) -> str | None:
+    """The identity of the expert set a model file was written with (None: an older file)."""
+    gf = open_gguf(path)
+    try:
+        return _string_field(gf, KEY_EXPERTS_IDENTITY, required=False)
+    finally:
+        gf.close()
 
 
 def _quant_type(ggml_type) -> Any:
@@ -255,30 +303,62 @@ def _quant_type(ggml_type) -> Any:
         return ggml_type
 
 
-def read_model(path: str | os.PathLike) -> ModelFile:
-    """Read a model file written by write_model; every dense tensor dequantized to float32."""
+def _check_type(path: str, name: str, shape: tuple[int, ...], ggml_type) -> None:
+    """Routers and 1-D tensors are F32 (docs/formats.md); no tensor is an integer type. A type
+    of the same byte size swapped in (F32 <-> I32) is what the offsets cannot catch."""
+    if (len(shape) == 1 or name.endswith("." + TensorNames.router)) and int(ggml_type) != int(QuantType.F32):
+        raise FormatError(f"{path}: tensor {name}: stored as {ggml_type.name}, but routers and 1-D tensors are F32")
+    if ggml_type.name.startswith("I"):
+        raise FormatError(f"{path}: tensor {name}: integer type {ggml_type.name} is not a weight type")
+
+
+def _dequantize(gf: GGUFFile, name: str, info, want: tuple[int, ...]) -> np.ndarray:
     gguf = _gguf()
-    path = os.fspath(path)
-    reader = _open(path)
-    cfg = _config(reader, path)
-    tensors = {t.name: t for t in reader.tensors}
-    dense: dict[str, np.ndarray] = {}
-    types: dict[str, Any] = {}
-    for name, want in dense_tensor_shapes(cfg).items():
-        t = tensors.get(name)
-        if t is None:
-            raise MissingTensorError(f"{path}: missing tensor {name}")
-        found = tuple(reversed([int(d) for d in t.shape]))  # GGUF dims are innermost first
-        if found != want:
-            raise FormatError(f"{path}: tensor {name}: expected shape {want}, found {found}")
-        try:
-            x = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise FormatError(f"{path}: tensor {name}: cannot dequantize {t.tensor_type.name}: {_one_line(e)}") from e
-        dense[name] = np.array(x, dtype=np.float32).reshape(want)  # a copy: no view into the mmap
-        types[name] = _quant_type(t.tensor_type)
-    metadata = {k: _field(reader, path, k) for k in reader.fields
-                if not k.startswith("GGUF.") and k not in _RESERVED_KEYS}
-    return ModelFile(path=path, cfg=cfg, dense=dense, tokenizer_json=_field(reader, path, KEY_TOKENIZER_JSON),
-                     chat_template=_field(reader, path, KEY_CHAT_TEMPLATE, required=False),
-                     dense_types=types, metadata=metadata)
+    ggml_type = gguf.GGMLQuantizationType(info.ggml_type)
+    _check_type(gf.path, name, want, ggml_type)
+    try:
+        x = gguf.quants.dequantize(gf.raw(info), ggml_type)
+    except Exception as e:
+        raise FormatError(f"{gf.path}: tensor {name}: cannot dequantize {ggml_type.name}: {_one_line(e)}") from e
+    x = np.array(x, dtype=np.float32).reshape(want)  # a copy: no view into the map
+    finite = np.isfinite(x)
+    if not finite.all():
+        bad = int(x.size - np.count_nonzero(finite))
+        first = np.unravel_index(int(np.argmin(finite)), want)
+        raise FormatError(f"{gf.path}: tensor {name}: {bad} non-finite values (NaN or inf), the first at "
+                          f"{tuple(int(i) for i in first)}")
+    return x
+
+
+def read_model(path: str | os.PathLike) -> ModelFile:
+    """Read a model file written by write_model; every dense tensor dequantized to float32 and
+    checked finite."""
+    gguf = _gguf()
+    gf = open_gguf(path)
+    path = gf.path
+    try:
+        _check_sum(gf)
+        cfg = _config(gf)
+        # Bound the config by the file before anything is built from it: every layer has tensors
+        # of its own, so n_layers = 2**32 - 1 in a file of 29 tensors is refused here, not after
+        # dense_tensor_shapes has tried to list four billion layers.
+        if cfg.n_layers > len(gf.tensors):
+            raise MissingTensorError(f"{path}: {config_key('n_layers')} = {cfg.n_layers}, but the file holds only "
+                                     f"{len(gf.tensors)} tensors")
+        dense: dict[str, np.ndarray] = {}
+        types: dict[str, Any] = {}
+        for name, want in dense_tensor_shapes(cfg).items():
+            info = gf.tensors.get(name)
+            if info is None:
+                raise MissingTensorError(f"{path}: missing tensor {name}")
+            if info.shape != want:
+                raise FormatError(f"{path}: tensor {name}: expected shape {want}, found {info.shape}")
+            dense[name] = _dequantize(gf, name, info, want)
+            types[name] = _quant_type(gguf.GGMLQuantizationType(info.ggml_type))
+        metadata = {k: f.value for k, f in gf.fields.items() if not k.startswith("GGUF.") and k not in _RESERVED_KEYS}
+        return ModelFile(path=path, cfg=cfg, dense=dense, tokenizer_json=_string_field(gf, KEY_TOKENIZER_JSON),
+                         chat_template=_string_field(gf, KEY_CHAT_TEMPLATE, required=False),
+                         dense_types=types, metadata=metadata,
+                         experts_identity=_string_field(gf, KEY_EXPERTS_IDENTITY, required=False))
+    finally:
+        gf.close()

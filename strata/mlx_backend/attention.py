@@ -24,7 +24,7 @@ from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rotary_permutation", "rms_norm", "attention", "attention_partials",
+__all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials",
            "kernel_applies", "check_context"]
 
 
@@ -36,31 +36,12 @@ def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 
 
 def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    """cos, sin float32 [max_context, head_dim/2]: the reference's angles (float64), rounded once.
-    Partial rotary (rotary_dim < head_dim): the first rotary_dim/2 slots carry a rotary_dim-wide
-    head's frequencies, the rest angle 0 (cos 1, sin 0), on the layout `rotary_permutation` gives."""
-    hd, rd = cfg.head_dim, cfg.rotary_dim or cfg.head_dim
-    inv_freq = np.zeros(hd // 2, np.float64)
-    inv_freq[: rd // 2] = 1.0 / (cfg.rope_theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
+    """cos, sin float32 [max_context, rope_dim/2]: the reference's angles (float64), rounded once
+    (rope_dim: the rotated part of a head, the whole head but for partial rotary)."""
+    hd = cfg.rope_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
     return mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
-
-
-def rotary_permutation(cfg: ModelConfig) -> np.ndarray | None:
-    """The order of a query/key head's dims that turns partial rotary into the full "rotate
-    half" form the attention paths run: [rot 1st half, pass 1st half, rot 2nd half, pass 2nd
-    half] (new index -> old), so each rotary pair sits head_dim/2 apart and the pass dims meet
-    angle-0 slots. q and k are permuted alike, so every score q.k is unchanged (and the q/k
-    norms, permuted with them, too). None: full rotary, nothing to permute.
-
-    Shapes: -> int64 [head_dim]
-    """
-    hd, rd = cfg.head_dim, cfg.rotary_dim
-    if rd in (0, hd):
-        return None
-    half_pass = (hd - rd) // 2
-    return np.concatenate([np.arange(0, rd // 2), np.arange(rd, rd + half_pass),
-                           np.arange(rd // 2, rd), np.arange(rd + half_pass, hd)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,6 +77,7 @@ class AttentionWeights:
     q_norm: mx.array | None
     k_norm: mx.array | None
     wo: mx.array
+    gate: mx.array | None = None  # [H HD, D]: the output gate (Qwen3-Next / Qwen3.5), sigmoid(xn . gate)
 
 
 def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
@@ -104,7 +86,9 @@ def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
 
 
 def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
+    # partial rotary and the output gate are not in the attend kernel yet: those layers take the ops path
     return (current_path() is not KernelPath.OPS and w.wqkv.dtype == mx.float16 and cfg.qk_norm is not QKNorm.FULL
+            and cfg.rope_dim == cfg.head_dim and w.gate is None
             and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.MAX_HEAD_DIM
             and cfg.hidden_size <= dense_kernel.MAX_COLS and cfg.n_heads * cfg.head_dim <= dense_kernel.MAX_COLS)
 
@@ -128,11 +112,12 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
         q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
     cos_t, sin_t = rope_table_cached(cfg)
     start = kv.length
-    cos = mx.concatenate([cos_t[start:start + t]] * 2, axis=-1)  # [T, hd]
+    rd = cfg.rope_dim  # the rotated dims: the first rd of each head (partial rotary), the rest pass
+    cos = mx.concatenate([cos_t[start:start + t]] * 2, axis=-1)  # [T, rd]
     sin = mx.concatenate([sin_t[start:start + t]] * 2, axis=-1)
-    rot = lambda a: mx.concatenate([-a[..., hd // 2:], a[..., :hd // 2]], axis=-1)  # noqa: E731
-    q = q * cos + rot(q) * sin
-    k = k * cos + rot(k) * sin
+    rot = lambda a: mx.concatenate([-a[..., rd // 2:rd], a[..., :rd // 2]], axis=-1)  # noqa: E731
+    rope = lambda a: mx.concatenate([a[..., :rd] * cos + rot(a) * sin, a[..., rd:]], axis=-1)  # noqa: E731
+    q, k = rope(q), rope(k)
     keys, values = kv.keys, kv.values
     keys[:, start:start + t, :] = k
     values[:, start:start + t, :] = v
@@ -147,6 +132,8 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     probs = mx.exp(scores)
     probs = probs / probs.sum(axis=-1, keepdims=True)
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
+    if w.gate is not None:
+        out = out * mx.sigmoid(xn @ f32(w.gate).T)
     return out @ f32(w.wo).T, MlxLayerKV(keys, values, s)
 
 
@@ -154,7 +141,7 @@ _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 
 
 def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    key = (cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.max_context)
+    key = (cfg.rope_dim, cfg.rope_theta, cfg.max_context)
     if key not in _tables:
         _tables[key] = rope_table(cfg)
     return _tables[key]

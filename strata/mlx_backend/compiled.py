@@ -38,6 +38,7 @@ from strata.mlx_backend.attention import MlxLayerKV, check_context, kernel_appli
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
 from strata.reference.model import check_token_ids
+from strata.model_config import Mixer
 
 __all__ = ["COMPILED_DECODE", "CompiledDecode", "unsupported", "check_decode"]
 
@@ -56,6 +57,9 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
         return "the ops path (the position would be a Python int in its attention)"
     if p.arena is None:
         return "experts are not all resident (streaming decodes through MlxCompute)"
+    recurrent = [l for l, t in enumerate(p.cfg.kinds) if t.mixer is not Mixer.ATTENTION]
+    if recurrent:  # the compiled step is bound to KV buffers; a DeltaNet state is new arrays each step
+        return f"layers {recurrent[:4]} are DeltaNet layers (the compiled step binds KV buffers only)"
     bad = [l for l, lw in enumerate(p.layers) if not kernel_applies(p.cfg, lw.attn)]
     if bad:
         return f"layers {bad[:4]} do not fit the attend kernel (their ops attention slices by a Python int)"

@@ -72,12 +72,15 @@ class MlxCompute:
     def trim(self, n: int) -> None:
         self.state = self.state.trim(n)
 
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(n)
+
     def embed(self, tokens: np.ndarray) -> mx.array:
         return embed(self.params, tokens)
 
-    def mixer(self, layer: int, x: mx.array) -> _Residual:
+    def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Residual:
         layers = list(self.state.layers)
-        parts, layers[layer] = mixer_partials(self.params, layer, layers[layer], x)
+        parts, layers[layer] = mixer_partials(self.params, layer, layers[layer], x, window=window)
         self.state = MlxModelState(tuple(layers))
         return _Residual(layer, x, parts)
 

@@ -84,11 +84,14 @@ class MlxEngine(SessionEngine):
         return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
-        logits, self.state = forward(self.params, self.state, tokens)
+        logits, self.state = forward(self.params, self.state, tokens, window=True)
         return np.array(logits, dtype=np.float32)
 
     def _truncate(self, n: int) -> None:
         self.state = self.state.trim(n)  # the same KV buffers: the compiled step stays bound
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(super().kept_position(n))
 
     def _decode(self, token: int) -> np.ndarray:
         step = self._compiled_step()

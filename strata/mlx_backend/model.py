@@ -23,7 +23,9 @@ from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
-from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm, rotary_permutation
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
+from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
+from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
@@ -31,6 +33,7 @@ from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
+from strata.reference.deltanet import DeltaNetState, kept_position
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule, Selection, route
@@ -49,7 +52,7 @@ class LayerWeights:
     """One layer's resident weights. MoE layers: router, guess, shared; dense FFN layers: dense
     (its SwiGLU, in SharedWeights' form without the gate) and no router."""
 
-    attn: AttentionWeights
+    attn: AttentionWeights | DeltaNetWeights  # the mixer's weights, by its kind
     ffn_norm: mx.array  # [D]
     router: mx.array | None  # float32 [E, D]
     guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
@@ -75,7 +78,7 @@ class MlxParams:
 
 @dataclass(frozen=True, eq=False)
 class MlxModelState:
-    layers: tuple[MlxLayerKV, ...]
+    layers: tuple[MlxLayerKV | DeltaNetState, ...]
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "MlxModelState":
@@ -87,8 +90,14 @@ class MlxModelState:
 
     def trim(self, n: int) -> "MlxModelState":
         """The first n positions: the same KV buffers with a shorter length (later positions are
-        written over), so a compiled step bound to these buffers stays bound."""
-        return MlxModelState(tuple(MlxLayerKV(kv.keys, kv.values, n) for kv in self.layers))
+        written over), so a compiled step bound to these buffers stays bound. A DeltaNet layer
+        restores a kept snapshot (the reference's DeltaNetState.trim)."""
+        return MlxModelState(tuple(s.trim(n) if isinstance(s, DeltaNetState) else MlxLayerKV(s.keys, s.values, n)
+                                   for s in self.layers))
+
+    def kept_position(self, n: int) -> int:
+        """The largest m <= n every layer can restore (twin of the reference's)."""
+        return kept_position(self.layers, max(0, min(int(n), self.length)))
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
@@ -96,6 +105,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return MlxLayerKV.empty(cfg)
+    if mixer is Mixer.DELTANET:
+        return empty_deltanet_state(cfg)
     raise NotImplementedError(f"no MLX state for mixer {mixer.value}")
 
 
@@ -104,15 +115,34 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    if cfg.kinds[layer].mixer is Mixer.DELTANET:
+        return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
     if cfg.kinds[layer].mixer is not Mixer.ATTENTION:
         raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
-    get = rotary_layout(cfg, get)  # partial rotary: q/k head dims in the full-rotary order
     wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)])  # [QR + 2 KR, D]
     bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]) if cfg.attention_bias else None
     qk = cfg.qk_norm is not QKNorm.NONE
     attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
-                            arr(get(n.attn_output)))
+                            arr(get(n.attn_output)), arr(get(n.attn_gate)) if cfg.attention_output_gate else None)
+    return _with_ffn(cfg, dense, layer, dtype, pred_q8, attn)
+
+
+def _deltanet_weights(dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype) -> DeltaNetWeights:
+    n = TensorNames
+    get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
+    arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    w_in = np.concatenate([get(n.ssm_qkv), get(n.ssm_z), get(n.ssm_beta), get(n.ssm_alpha)])
+    # the decay parameters stay float32: exp(a * softplus(...)) compounds over every position
+    return DeltaNetWeights(arr(get(n.attn_norm)), arr(w_in), arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
+                           mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), arr(get(n.ssm_out)))
+
+
+def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype, pred_q8: bool,
+              attn) -> LayerWeights:
+    n = TensorNames
+    get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
+    arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     if cfg.kinds[layer].ffn is Ffn.DENSE:
         dense_ffn = SharedWeights(arr(get(n.ffn_gate)), arr(get(n.ffn_up)), arr(get(n.ffn_down)), None)
         return LayerWeights(attn, arr(get(n.ffn_norm)), None, None, None, dense_ffn)
@@ -124,24 +154,6 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
     rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
     return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule)
-
-
-def rotary_layout(cfg: ModelConfig, get: Callable[[str], np.ndarray]) -> Callable[[str], np.ndarray]:
-    """`get` with the query/key tensors (projection rows, biases, norms) of every head in
-    `rotary_permutation`'s order; identity under full rotary."""
-    perm = rotary_permutation(cfg)
-    if perm is None:
-        return get
-    n, hd = TensorNames, cfg.head_dim
-    per_head = {n.attn_q, n.attn_k, n.attn_q_bias, n.attn_k_bias, n.attn_q_norm, n.attn_k_norm}
-
-    def permuted(name: str) -> np.ndarray:
-        a = get(name)
-        if name not in per_head:
-            return a
-        heads = a.reshape(-1, hd, *a.shape[1:])  # [heads, hd, ...] (a [hd] norm: one head)
-        return heads[:, perm].reshape(a.shape)
-    return permuted
 
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
@@ -166,7 +178,11 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
 
 def _arrays(lw: LayerWeights) -> list[mx.array]:
     a = lw.attn
-    out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, lw.router) if x is not None]
+    if isinstance(a, DeltaNetWeights):
+        out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
+    else:
+        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, a.gate, lw.router)
+                                                     if x is not None]
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
@@ -269,25 +285,28 @@ def head(p: MlxParams, x: mx.array) -> mx.array:
     return xn @ p.output.astype(mx.float32).T
 
 
-def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None
-                   ) -> tuple[mx.array, MlxLayerKV]:
-    """The layer's mixer (by kind) as partials of its output, and its new state.
-    Shapes: x [T, D] -> parts [T, P, D]"""
+def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None,
+                   window: bool = False) -> tuple[mx.array, MlxLayerKV]:
+    """The layer's mixer (by kind) as partials of its output, and its new state. window: a
+    decode window (a recurrent layer keeps a snapshot per position). Shapes: x [T, D] -> parts [T, P, D]"""
     mixer = p.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
+    if mixer is Mixer.DELTANET:
+        return deltanet_partials(p.cfg, p.layers[layer].attn, state, x, window=window)
     raise NotImplementedError(f"no MLX mixer {mixer.value}")
 
 
 def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select: SelectFn | None = None,
-                  trace: list | None = None, *, pos: mx.array | None = None) -> tuple[mx.array, MlxLayerKV]:
+                  trace: list | None = None, *, pos: mx.array | None = None,
+                  window: bool = False) -> tuple[mx.array, MlxLayerKV]:
     """One decoder layer over all-resident experts. select None: the model's own rule on the
     GPU (no host round trip); else one host round trip for the router logits. pos: kv.length on
     the device (attention_partials; kernel path only)."""
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
-    parts, kv = mixer_partials(p, layer, kv, x, pos=pos)
+    parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
     if lw.dense is not None:  # a dense FFN layer: no router, no experts
         return dense_ffn(p, layer, *ffn_input(p, layer, x, parts)), kv
     x_mid, h, z, _ = router_stage(p, layer, x, parts)
@@ -327,7 +346,7 @@ EVAL_EVERY = 0
 
 
 def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | None = None, trace: bool = False,
-            eval_every: int | None = None):
+            eval_every: int | None = None, window: bool = False):
     """Twin of reference `forward`: process `tokens` after the cached positions.
 
     select None (and no trace): routing on the device by the model's rule. A `select` (or trace)
@@ -344,17 +363,17 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
     records = [] if trace else None
     every = EVAL_EVERY if eval_every is None else eval_every
     every = every if current_path() is KernelPath.GPU else 0
-    logits, new_state = _layers_and_head(p, state, x, select, records, every)
+    logits, new_state = _layers_and_head(p, state, x, select, records, every, window=window)
     if trace:
         return logits, new_state, ForwardTrace(np.stack([r[0] for r in records]), tuple(r[1] for r in records))
     return logits, new_state
 
 
 def _layers_and_head(p: MlxParams, state: MlxModelState, x: mx.array, select: SelectFn | None, records: list | None,
-                     every: int, pos: mx.array | None = None) -> tuple[mx.array, MlxModelState]:
+                     every: int, pos: mx.array | None = None, *, window: bool = False) -> tuple[mx.array, MlxModelState]:
     layers = []
     for layer in range(p.cfg.n_layers):
-        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos)
+        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window)
         layers.append(kv)
         if every and (layer + 1) % every == 0:
             mx.async_eval(x)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from strata.errors import NonFiniteError
 from strata.model_config import RoutingOrder
 from strata.reference.routing import MoCEPolicy, RouterRule, Selection
 
@@ -141,7 +142,8 @@ def route_batch(logits, rule: RouterRule, policy: MoCEPolicy | None = None, resi
     experts, weights, j, sel_res = select_device(z, rule, policy, res, bonus)
     experts, weights, j, sel_res, zh = (np.array(a) for a in (experts, weights, j, sel_res, z))
     if not np.all(np.isfinite(zh)):
-        raise ValueError("route wants finite logits")
+        raise NonFiniteError(f"router logits are not finite ({int(np.count_nonzero(~np.isfinite(zh)))} of {zh.size} "
+                             "NaN or inf): the model's weights or the experts are damaged")
     out = []
     ranks = np.arange(rule.k, dtype=np.int64)
     for t in range(zh.shape[0]):

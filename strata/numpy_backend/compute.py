@@ -61,9 +61,9 @@ class NumpyCompute:
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return ref.embed(self.params, tokens)
 
-    def mixer(self, layer: int, x: np.ndarray) -> np.ndarray:
+    def mixer(self, layer: int, x: np.ndarray, *, window: bool = False) -> np.ndarray:
         layers = list(self.state.layers)
-        x, layers[layer] = ref.mixer_block(self.params, layer, layers[layer], x)
+        x, layers[layer] = ref.mixer_block(self.params, layer, layers[layer], x, window=window)
         self.state = ref.ModelState(tuple(layers))
         return x
 
@@ -72,6 +72,9 @@ class NumpyCompute:
 
     def trim(self, n: int) -> None:
         self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(n)
 
     def router_input(self, layer: int, x: np.ndarray) -> np.ndarray:
         return ref.router_input(self.params, layer, x)

@@ -32,8 +32,8 @@ class ReferenceEngine(SessionEngine):
         return cls(model.resident_params(), model=model, config=config,
                    expert_reads=model.experts_file.header.n_records)
 
-    def _forward(self, tokens: np.ndarray) -> np.ndarray:
-        logits, self.state = forward(self.params, self.state, tokens, select=self.select)
+    def _forward(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
+        logits, self.state = forward(self.params, self.state, tokens, select=self.select, window=window)
         return logits
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
@@ -43,10 +43,13 @@ class ReferenceEngine(SessionEngine):
         return self._forward(np.asarray([token]))[-1]
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
-        return self._forward(tokens)
+        return self._forward(tokens, window=True)
 
     def _truncate(self, n: int) -> None:
         self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(super().kept_position(n))
 
     def _expert_reads(self) -> int:
         return self._reads

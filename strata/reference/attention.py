@@ -1,4 +1,5 @@
-"""Grouped-query attention with RoPE, optional q/k RMSNorm and an explicit KV cache (pure numpy)."""
+"""Grouped-query attention with RoPE (optionally partial), optional q/k RMSNorm, an optional sigmoid
+output gate, and an explicit KV cache (pure numpy)."""
 
 from __future__ import annotations
 
@@ -33,17 +34,20 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     return x * cos + rotated * sin
 
 
-def rope_partial(x: np.ndarray, positions: np.ndarray, theta: float, rotary_dim: int) -> np.ndarray:
-    """`rope` on the first rotary_dim of each head, the rest passed through (GLM-4.5 and
-    MiniMax-M2's partial rotary: its frequencies are those of a rotary_dim-wide head);
-    rotary_dim 0 means the whole head.
+def partial_rope(x: np.ndarray, positions: np.ndarray, theta: float, dim: int) -> np.ndarray:
+    """RoPE on the first `dim` dims of each head, the rest passed through (Qwen3-Next and
+    Qwen3.5 rotate a quarter of the head; the frequencies are those of a `dim`-wide head).
 
     Shapes:
         x: [H, T, hd]; positions: [T] -> [H, T, hd]
     """
-    if rotary_dim in (0, x.shape[-1]):
+    if dim == x.shape[-1]:
         return rope(x, positions, theta)
-    return np.concatenate([rope(x[..., :rotary_dim], positions, theta), x[..., rotary_dim:]], axis=-1)
+    return np.concatenate([rope(x[..., :dim], positions, theta), x[..., dim:]], axis=-1)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -93,8 +97,8 @@ def attention(
         q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
         k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
     positions = np.arange(kv.length, kv.length + t)
-    q = rope_partial(q, positions, cfg.rope_theta, cfg.rotary_dim)
-    k = rope_partial(k, positions, cfg.rope_theta, cfg.rotary_dim)
+    q = partial_rope(q, positions, cfg.rope_theta, cfg.rope_dim)
+    k = partial_rope(k, positions, cfg.rope_theta, cfg.rope_dim)
     keys = np.concatenate([kv.keys, k], axis=1)  # [KV, S, hd]
     values = np.concatenate([kv.values, v], axis=1)
     group = cfg.n_heads // cfg.n_kv_heads
@@ -108,4 +112,6 @@ def attention(
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]
+    if cfg.attention_output_gate:  # Qwen3-Next / Qwen3.5: each head's output gated by sigmoid(x · W_gate)
+        out = out * sigmoid(x @ w(n.attn_gate).T)
     return (out @ w(n.attn_output).T).astype(np.float32), LayerKV(keys, values)

@@ -16,11 +16,13 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from strata.errors import NonFiniteError
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
-from strata.reference.mla import LatentKV, mla
+from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
+from strata.reference.mla import LatentKV, mla
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
 
@@ -38,7 +40,9 @@ class ModelParams:
     experts: ExpertSource
 
 
-LayerState = LayerKV | LatentKV  # per-layer state, by mixer kind (attention: its KV cache; MLA: the latent cache)
+# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent
+# state, MLA's its compressed latent + rope key cache
+LayerState = LayerKV | DeltaNetState | LatentKV
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
@@ -46,6 +50,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return LayerKV.empty(cfg)
+    if mixer is Mixer.DELTANET:
+        return DeltaNetState.empty(cfg)
     if mixer is Mixer.MLA:
         return LatentKV.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
@@ -67,10 +73,15 @@ class ModelState:
 
     def trim(self, n: int) -> "ModelState":
         """The state after the first n positions. Attention layers truncate their KV cache, so
-        every n in [0, length] is restorable; a recurrent mixer would restore a kept snapshot."""
+        every n in [0, length] is restorable; a recurrent (DeltaNet) layer restores a kept
+        snapshot, and raises where it has none (trim to `kept_position(n)`)."""
         if not 0 <= n <= self.length:
             raise ValueError(f"trim: n must be in [0, {self.length}], got {n}")
         return ModelState(tuple(s.trim(n) for s in self.layers))
+
+    def kept_position(self, n: int) -> int:
+        """The largest m <= n every layer can restore (n itself when no layer is recurrent)."""
+        return kept_position(self.layers, max(0, min(int(n), self.length)))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
@@ -120,13 +131,20 @@ def attention_block(params: ModelParams, layer: int, kv: LayerKV, x: np.ndarray)
     return x + out, kv
 
 
-def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray) -> tuple[np.ndarray, LayerState]:
-    """x + mixer(rms_norm(x)) for the layer's mixer kind. Shapes: x [T, D] -> ([T, D], state)"""
+def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarray, *,
+                window: bool = False) -> tuple[np.ndarray, LayerState]:
+    """x + mixer(rms_norm(x)) for the layer's mixer kind. window: these positions are a decode
+    window (a recurrent layer keeps a snapshot after each). Shapes: x [T, D] -> ([T, D], state)"""
     mixer = params.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_block(params, layer, state, x)
+    n = TensorNames
+    if mixer is Mixer.DELTANET:
+        h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
+        out, state = deltanet(params.cfg, params.dense, layer, state, h, window=window)
+        return x + out, state
     if mixer is Mixer.MLA:
-        h = rms_norm(x, params.dense[TensorNames.block(layer, TensorNames.attn_norm)], params.cfg.rms_norm_eps)
+        h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
         out, state = mla(params.cfg, params.dense, layer, state, h)
         return x + out, state
     raise NotImplementedError(f"no reference mixer {mixer.value}")
@@ -194,12 +212,14 @@ def forward(
     *,
     select: SelectFn | None = None,
     trace: bool = False,
+    window: bool = False,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
     `select(moe_layer, z)` turns one token's router logits into its selection (default: the
     model's own rule); its layer argument is the MoE index. Tokens are routed one at a time in
     order, so a residency-dependent `select` sees the same sequence of calls as decoding would.
+    `window`: the tokens are a decode window (recurrent layers keep a snapshot at each position).
 
     Shapes:
         tokens: [T] -> logits [T, vocab] float32
@@ -209,7 +229,7 @@ def forward(
     x = embed(params, tokens)
     new_layers, inputs, all_sel = [], [], []
     for layer, kind in enumerate(cfg.kinds):
-        x, layer_state = mixer_block(params, layer, state.layers[layer], x)
+        x, layer_state = mixer_block(params, layer, state.layers[layer], x, window=window)
         new_layers.append(layer_state)
         h = router_input(params, layer, x)
         if kind.ffn is Ffn.DENSE:
@@ -217,7 +237,10 @@ def forward(
             continue
         z = layer_router_logits(params, layer, h)  # [T, E]
         m = cfg.moe_index(layer)
-        selections = [select(m, z[t]) for t in range(len(z))]
+        try:
+            selections = [select(m, z[t]) for t in range(len(z))]
+        except NonFiniteError as e:
+            raise NonFiniteError(f"layer {layer}: {e}") from None
         x = x + moe_output(params, layer, h, selections)
         if trace:
             inputs.append(h)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.errors import ConfigError
+from strata.errors import ConfigError, NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 
 __all__ = [
@@ -218,6 +218,22 @@ class MoCEPolicy:
         """No bonus, no drop-tail: the model's own routing."""
         return cls(bonus=0.0)
 
+    @property
+    def exact(self) -> bool:
+        """Whether this policy routes exactly like the model (no bonus, no drop-tail)."""
+        return self.bonus == 0 and self.drop_tail_weight == 0
+
+    def describe(self) -> str:
+        """One phrase for reports: "exact (λ = 0)" or "lossy: MoCE J3 λ0.85 ..."."""
+        if self.exact:
+            return "exact (λ = 0: the model's routing)"
+        parts = [f"J{self.protect_top_j}", f"λ{self.bonus:g}" + (" x range" if self.bonus_scale is BonusScale.RANGE else "")]
+        if self.margin is not None:
+            parts.append(f"margin {self.margin:g}")
+        if self.drop_tail_weight > 0:
+            parts.append(f"drop<{self.drop_tail_weight:g}@{self.drop_tail_min_rank}")
+        return "lossy: MoCE " + " ".join(parts)
+
     def effective_bonus(self, logit_range: float | None = None) -> float:
         """The bonus b added to resident logits, in logits (after the RANGE scaling)."""
         b = float(self.bonus)
@@ -344,8 +360,11 @@ def combine_weights(logits: np.ndarray, experts: np.ndarray, rule: RouterRule) -
 
 def _check(logits: np.ndarray, resident: np.ndarray | None, k: int) -> tuple[np.ndarray, np.ndarray]:
     z = np.asarray(logits, dtype=np.float32)
-    if z.ndim != 1 or not np.all(np.isfinite(z)):
-        raise ValueError(f"route wants finite [E] logits, got shape {z.shape}")
+    if z.ndim != 1:
+        raise ValueError(f"route wants [E] logits, got shape {z.shape}")
+    if not np.all(np.isfinite(z)):
+        raise NonFiniteError(f"router logits are not finite ({int(np.count_nonzero(~np.isfinite(z)))} of {z.size} "
+                             "NaN or inf): the model's weights or the experts are damaged")
     if k > z.size:
         raise ValueError(f"route: top-{k} of only {z.size} experts")
     res = np.zeros(z.shape, bool) if resident is None else np.asarray(resident)

@@ -24,7 +24,8 @@ class LayerCompute(Protocol):
 
     Shapes (T positions, D hidden, E experts, k slots per position, V vocab):
         embed: tokens [T] -> x [T, D]
-        mixer: x [T, D] -> x [T, D]  (the layer's mixer kind; appends T positions to its state)
+        mixer: x [T, D] -> x [T, D]  (the layer's mixer kind; appends T positions to its state;
+               window: the positions are a decode window, so a recurrent layer keeps a snapshot at each)
         dense_ffn: x (after the mixer) -> x + ffn(rms_norm(x))  (dense FFN layers)
         router_input: x -> h [T, D]  (MoE layers)
         router_logits: h -> float32 [T, E] numpy (host)
@@ -34,6 +35,7 @@ class LayerCompute(Protocol):
         combine: x, partials (one per pass), shared -> x + (routed + shared)
         head: x -> float32 [T, V] numpy (host)
         trim: keep the first n positions of every layer's state
+        kept_position: the largest m <= n that trim(m) can restore (recurrent layers: a snapshot)
     """
 
     # True where `routed` returns when the experts are computed (numpy): the loop's hand-off
@@ -46,7 +48,7 @@ class LayerCompute(Protocol):
 
     def embed(self, tokens: np.ndarray) -> Tensor: ...
 
-    def mixer(self, layer: int, x: Tensor) -> Tensor: ...
+    def mixer(self, layer: int, x: Tensor, *, window: bool = False) -> Tensor: ...
 
     def dense_ffn(self, layer: int, x: Tensor) -> Tensor: ...
 
@@ -65,3 +67,5 @@ class LayerCompute(Protocol):
     def head(self, x: Tensor) -> np.ndarray: ...
 
     def trim(self, n: int) -> None: ...
+
+    def kept_position(self, n: int) -> int: ...

@@ -32,7 +32,7 @@ import numpy as np
 
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
-from strata.errors import ArenaTooSmallError
+from strata.errors import ArenaTooSmallError, NonFiniteError
 from strata.model_config import Ffn
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
@@ -134,6 +134,9 @@ class StreamingEngine(SessionEngine):
     def _truncate(self, n: int) -> None:
         self.compute.trim(n)  # the arena keeps its experts: a new prompt finds them resident
 
+    def kept_position(self, n: int) -> int:
+        return self.compute.kept_position(super().kept_position(n))
+
     def _cache_totals(self) -> CacheStats:
         return self.streamer.totals
 
@@ -184,7 +187,7 @@ class StreamingEngine(SessionEngine):
         moe = 0
         for layer, kind in enumerate(cfg.kinds):
             t0 = time.perf_counter()
-            x = c.mixer(layer, x)
+            x = c.mixer(layer, x, window=True)  # a recurrent layer keeps a snapshot per position
             t0 = self._clock("attention", t0)
             if kind.ffn is Ffn.DENSE:
                 x = c.dense_ffn(layer, x)
@@ -233,10 +236,18 @@ class StreamingEngine(SessionEngine):
         k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
         if k and m + 1 < len(layers):
-            g1 = self.selector.guesses(self.compute.guess_logits(layers[m + 1], h), k, m + 1)
+            g1 = self._guesses(m + 1, h, k)
         if k and self.config.prefetch2 and m + 2 < len(layers):
-            g2 = self.selector.guesses(self.compute.guess_logits(layers[m + 2], h), k, m + 2)
+            g2 = self._guesses(m + 2, h, k)
         self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
+
+    def _guesses(self, m: int, h, k: int) -> tuple[int, ...]:
+        """k read-ahead guesses for MoE layer m (ranked by its own rule: a sigmoid rule adds its bias)."""
+        layer = self.moe_layers[m]
+        try:
+            return self.selector.guesses(self.compute.guess_logits(layer, h), k, m)
+        except NonFiniteError as e:  # the guessed layer's router is what produced them
+            raise NonFiniteError(f"layer {layer}: {e} (its read-ahead guess)") from None
 
     def dump(self, logits: np.ndarray) -> None:
         """Append every position's logits to `config.logpos` (for KLD), when set."""
@@ -261,7 +272,8 @@ class StreamingEngine(SessionEngine):
         return build_report(
             decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
             waiting_s=led.waiting_s, after_s=led.after_s, slot_bytes=self.arena.slot_bytes,
-            arena_slots=self.arena.capacity, io=io, prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
+            arena_slots=self.arena.capacity, io=io, policy=self.selector.policy.describe(),
+            prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued,
             profile=dict(led.phase_s) if self.config.profile else None)
 

@@ -10,7 +10,8 @@
 - O_DIRECT where the filesystem allows and the arena takes it (`direct_reads_refused`); the
   first EINVAL switches to buffered reads, once.
 - `IOHook` (tests): runs in the worker around each read; it may sleep, raise OSError or
-  corrupt the bytes, which is how random delays, completion orders and faults are injected.
+  corrupt the bytes, which is how random delays, completion orders and faults are injected
+  (strata.testing.faults has the hooks the tests use).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from strata.errors import ExpertReadError
 from strata.formats.experts_file import ExpertsFile, checksum
 from strata.runtime.arena import Arena
 
-__all__ = ["ReadRequest", "IOHook", "ReaderPool", "RandomDelays", "Faults"]
+__all__ = ["ReadRequest", "IOHook", "ReaderPool"]
 
 URGENT, AHEAD = 0, 1  # queue priorities: smaller first
 # While a pool is open the interpreter switches threads every SWITCH_INTERVAL seconds instead of
@@ -61,42 +62,6 @@ class IOHook(Protocol):
     def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
         """In the worker, after the read filled `buf` with `got` bytes, before verification:
         may alter the bytes; returns the byte count to report (tests shorten it)."""
-
-
-class RandomDelays:
-    """Seeded random delays per read (the seed and the ticket pick the delay), so reads
-    complete in random orders; the same seed gives the same delays, not the same order."""
-
-    def __init__(self, seed: int, max_ms: float = 2.0) -> None:
-        self.seed, self.max_s = seed, max_ms / 1e3
-
-    def before(self, req: ReadRequest) -> None:
-        rng = np.random.default_rng([self.seed, req.ticket])
-        if rng.random() < 0.5:  # half the reads are instant: orders mix fast and slow
-            time.sleep(rng.random() * self.max_s)
-
-    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
-        return got
-
-
-class Faults:
-    """Fail the reads of some (layer, expert) keys: `eio` raises EIO, `short` returns fewer
-    bytes, `corrupt` flips a byte (caught only with verify_reads). Optionally after `delays`."""
-
-    def __init__(self, *, eio=(), short=(), corrupt=(), delays: IOHook | None = None) -> None:
-        self.eio, self.short, self.corrupt = set(eio), set(short), set(corrupt)
-        self.delays = delays
-
-    def before(self, req: ReadRequest) -> None:
-        if self.delays is not None:
-            self.delays.before(req)
-        if (req.layer, req.expert) in self.eio:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-
-    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
-        if (req.layer, req.expert) in self.corrupt:
-            buf[7] ^= 0xFF
-        return got // 2 if (req.layer, req.expert) in self.short else got
 
 
 class _SwitchInterval:
@@ -132,7 +97,7 @@ class ReaderPool:
     submits, cancels, waits and drains completions."""
 
     def __init__(self, experts: ExpertsFile, arena: Arena, *, threads: int = 4, direct: bool = True,
-                 verify: bool = False, timeout: float = 60.0, hook: IOHook | None = None,
+                 verify: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
                  switch_interval: float = SWITCH_INTERVAL) -> None:
         if arena.slot_bytes < experts.header.padded_bytes:
             raise ValueError(f"arena slots of {arena.slot_bytes} bytes cannot hold "

@@ -39,7 +39,7 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
         x = c.embed(tokens[start:start + chunk])
         moe = 0
         for layer, kind in enumerate(cfg.kinds):
-            x = c.mixer(layer, x)
+            x = c.mixer(layer, x, window=all_logits)  # all_logits: a long decode window (snapshots per position)
             if kind.ffn is Ffn.DENSE:
                 x = c.dense_ffn(layer, x)
                 continue

@@ -32,6 +32,7 @@ class StreamReport:
     arena_slots: int
     arena_bytes: int
     # beyond the SPEC's list
+    policy: str = ""  # the routing policy that ran: "exact (λ = 0 ...)" or "lossy: MoCE J3 λ0.85"
     io: str = ""  # "O_DIRECT reads" or why buffered
     prompt_tokens: int = 0
     prompt_ms: float = 0.0
@@ -47,7 +48,7 @@ class StreamReport:
                 f"hit rate {100 * self.hit_rate:.2f}%; host {self.host_ms_per_window:.2f} ms per window, of it "
                 f"waiting {self.waiting_ms_per_window:.2f} (+ {self.after_ms:.2f} ms after the GPU went on); "
                 f"late {self.late}; misses by rank {ranks}; arena {self.arena_slots} slots "
-                f"({fmt_bytes(self.arena_bytes)}); {self.io}")
+                f"({fmt_bytes(self.arena_bytes)}); routing {self.policy}; {self.io}")
         if self.prompt_tokens:
             line += f"; prompt {self.prompt_tokens} tokens in {self.prompt_ms:.0f} ms, {self.prompt_reads} reads"
         if self.profile:
@@ -64,7 +65,7 @@ class StreamReport:
 
 
 def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, waiting_s: float,
-                 after_s: float, slot_bytes: int, arena_slots: int, io: str, prompt_tokens: int = 0,
+                 after_s: float, slot_bytes: int, arena_slots: int, io: str, policy: str = "", prompt_tokens: int = 0,
                  prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None) -> StreamReport:
     """The report of `tokens` decode windows whose cache counts are `decode` (asdict of a
     `stats_delta`)."""
@@ -79,7 +80,7 @@ def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, wa
         host_ms_per_window=1e3 * host_s * per, waiting_ms_per_window=1e3 * waiting_s * per,
         late=d["late_readaheads"], after_ms=1e3 * after_s * per,
         misses_by_rank=tuple(m * per for m in d["urgent_misses_by_rank"]),
-        arena_slots=arena_slots, arena_bytes=arena_slots * slot_bytes, io=io,
+        arena_slots=arena_slots, arena_bytes=arena_slots * slot_bytes, io=io, policy=policy,
         prompt_tokens=prompt_tokens, prompt_ms=1e3 * prompt_s, prompt_reads=prompt_reads,
         readahead_cancelled_per_token=d["reads_cancelled"] * per,
         profile={k: 1e3 * v * per for k, v in (profile or {}).items()},

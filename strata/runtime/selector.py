@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.cache.types import Use
+from strata.errors import NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 from strata.reference.routing import (
     BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
@@ -34,6 +35,7 @@ class Selector:
             raise ValueError(f"Selector: {len(self.rules)} rules for {cfg.n_moe_layers} MoE layers")
         self.policy = policy
         self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
+        self.moe_layers = cfg.moe_layers  # MoE index -> model layer (errors name the model layer)
         self._uses_range = policy.bonus_scale is BonusScale.RANGE
 
     def select(self, layer: int, logits: np.ndarray, resident: np.ndarray) -> list[Selection]:
@@ -48,7 +50,10 @@ class Selector:
             if self._uses_range:
                 self.ranges[layer] = update_logit_range(self.ranges[layer], self.rules[layer].range_scores(z))
                 rng = self.ranges[layer].average
-            out.append(route(z, self.rules[layer], self.policy, resident, rng))
+            try:
+                out.append(route(z, self.rules[layer], self.policy, resident, rng))
+            except NonFiniteError as e:  # route checks anyway: naming the layer costs nothing
+                raise NonFiniteError(f"layer {self.moe_layers[layer]}: {e}") from None
         return out
 
     def guesses(self, logits: np.ndarray, k: int, layer: int | None = None) -> tuple[int, ...]:

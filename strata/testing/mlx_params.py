@@ -13,10 +13,11 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.attention import AttentionWeights
+from strata.mlx_backend.deltanet import DeltaNetWeights
 from strata.mlx_backend.experts import SharedWeights
 from strata.mlx_backend.model import LayerWeights, MlxParams
 from strata.mlx_backend.quants import MlxQuantMatrix
-from strata.model_config import ModelConfig, QKNorm
+from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm
 from strata.reference.routing import RouterRule
 
 __all__ = ["SEED_SHAPE", "random_params", "random_records", "q8_router"]
@@ -29,6 +30,16 @@ SEED_SHAPE = ModelConfig(
     architecture="strata_test", vocab_size=32768, hidden_size=2560, n_layers=48, n_heads=16, n_kv_heads=4,
     head_dim=128, n_experts=256, n_experts_per_token=10, expert_ffn_size=576, shared_ffn_size=512,
     shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=4096,
+)
+# Qwen3.5-397B-A17B's per-layer shape (its config.json): 60 layers, every fourth full attention
+# (gated, a quarter of the head rotary), the rest gated DeltaNet; 512 experts, top-10
+QWEN35_397B_SHAPE = ModelConfig(
+    architecture="strata_test", vocab_size=248320, hidden_size=4096, n_layers=60, n_heads=32, n_kv_heads=2,
+    head_dim=256, n_experts=512, n_experts_per_token=10, expert_ffn_size=1024, shared_ffn_size=1024,
+    shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=4096,
+    layer_types=tuple(LayerType(Mixer.ATTENTION if (l + 1) % 4 == 0 else Mixer.DELTANET, Ffn.MOE) for l in range(60)),
+    rotary_dim=64, attention_output_gate=True, linear_k_heads=16, linear_v_heads=64, linear_k_head_dim=128,
+    linear_v_head_dim=128, linear_conv_kernel=4,
 )
 
 
@@ -86,10 +97,14 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
     for l in range(cfg.n_layers):
         ks = mx.random.split(layer_keys[l], 10)
         ones = lambda n: mx.ones((n,), mx.float16)  # noqa: E731
-        attn = AttentionWeights(ones(d), _normal((qr + 2 * kr, d), d ** -0.5, ks[0]), None,
-                                ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
-                                ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
-                                _normal((d, qr), qr ** -0.5, ks[1]))
+        if cfg.kinds[l].mixer is Mixer.DELTANET:
+            attn = random_deltanet(cfg, ks[0])
+        else:
+            attn = AttentionWeights(ones(d), _normal((qr + 2 * kr, d), d ** -0.5, ks[0]), None,
+                                    ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
+                                    ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
+                                    _normal((d, qr), qr ** -0.5, ks[1]),
+                                    _normal((qr, d), d ** -0.5, ks[8]) if cfg.attention_output_gate else None)
         shared = None
         if cfg.has_shared_expert:
             fs = cfg.shared_ffn_size
@@ -114,9 +129,25 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
     return MlxParams(cfg, tuple(layers), embed, out_norm, output, mx.float16, arena, rec)
 
 
+def random_deltanet(cfg: ModelConfig, key: mx.array) -> DeltaNetWeights:
+    """Random float16 DeltaNet weights of `cfg`'s sizes (decay parameters float32, decays < 1)."""
+    d, hv = cfg.hidden_size, cfg.linear_v_heads
+    v_dim = hv * cfg.linear_v_head_dim
+    c = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    ks = mx.random.split(key, 4)
+    return DeltaNetWeights(mx.ones((d,), mx.float16), _normal((c + v_dim + 2 * hv, d), d ** -0.5, ks[0]),
+                           _normal((c, cfg.linear_conv_kernel), 0.5, ks[1]), -mx.random.uniform(1.0, 16.0, (hv,), key=ks[2]),
+                           mx.zeros((hv,), mx.float32), mx.ones((cfg.linear_v_head_dim,), mx.float16),
+                           _normal((d, v_dim), v_dim ** -0.5, ks[3]))
+
+
 def _weights(lw: LayerWeights) -> list[mx.array]:
     a, sh, g = lw.attn, lw.shared, lw.guess
-    out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm) if w is not None]
+    if isinstance(a, DeltaNetWeights):
+        out = a.arrays() + [lw.ffn_norm, lw.router]
+    else:
+        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm, a.gate)
+                                                                if w is not None]
     if sh is not None:
         out += [w for w in (sh.gate, sh.up, sh.down, sh.gate_inp) if w is not None]
     if g is not None:

@@ -20,13 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
-from strata.formats.experts_file import write_experts
+from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
 from strata.formats.quant_types import QuantType
 from strata.model_config import (
     MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames, dense_tensor_shapes,
 )
 from strata.reference.quants import quantize
+from strata.testing.hybrid import deltanet_dense
 from strata.tokenizer import byte_level_tokenizer_json
 
 BYTE_VOCAB = 257  # 256 bytes + <|endoftext|>
@@ -48,6 +49,15 @@ SHAPES: dict[str, ModelConfig] = {
         n_kv_heads=2, head_dim=16, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
         shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
         layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
+    ),
+    # Qwen3-Next / Qwen3.5 style: three gated DeltaNet layers, then gated attention with partial rotary
+    "hybrid": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=4, n_heads=4,
+        n_kv_heads=2, head_dim=32, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
+        layer_types=(LayerType(Mixer.DELTANET, Ffn.MOE),) * 3 + (MOE_LAYER,), rotary_dim=8,
+        attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
+        linear_v_head_dim=16, linear_conv_kernel=4,
     ),
     # DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a selection-only bias, 4 groups of which the
     # best 2 are eligible, scaled weights, an ungated shared expert, a dense first layer
@@ -126,14 +136,17 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     ranks = np.arange(1, cfg.n_experts + 1, dtype=np.float64)
     for layer, kind in enumerate(cfg.kinds):
         b = lambda s: n.block(layer, s)  # noqa: E731
-        if kind.mixer is Mixer.MLA:  # small queries: near-uniform attention, as small q/k below
-            dense[b(n.attn_q_b if cfg.q_lora_rank else n.attn_q)] *= QK_SCALE
+        if kind.mixer is Mixer.DELTANET:
+            dense.update(deltanet_dense(cfg, layer, rng, basis, ATTN_OUT_SCALE))
         else:
-            dense[b(n.attn_q)] *= QK_SCALE
-            dense[b(n.attn_k)] *= QK_SCALE
-        # values/output: write the context average into the low-rank subspace the routers read
-        dense[b(n.attn_output)] = (basis.T @ _normal(rng, (CONTEXT_RANK, dense[b(n.attn_output)].shape[1]), 1.0)
-                                   * ATTN_OUT_SCALE / np.sqrt(CONTEXT_RANK)).astype(np.float32)
+            if kind.mixer is Mixer.MLA:  # small queries: near-uniform attention, as small q/k below
+                dense[b(n.attn_q_b if cfg.q_lora_rank else n.attn_q)] *= QK_SCALE
+            else:
+                dense[b(n.attn_q)] *= QK_SCALE
+                dense[b(n.attn_k)] *= QK_SCALE
+            # values/output: write the context average into the low-rank subspace the routers read
+            dense[b(n.attn_output)] = (basis.T @ _normal(rng, (CONTEXT_RANK, dense[b(n.attn_output)].shape[1]), 1.0)
+                                       * ATTN_OUT_SCALE / np.sqrt(CONTEXT_RANK)).astype(np.float32)
         if cfg.attention_bias:
             for bias in (n.attn_q_bias, n.attn_k_bias, n.attn_v_bias):
                 dense[b(bias)] = _normal(rng, dense[b(bias)].shape, 0.02)
@@ -186,11 +199,13 @@ def make_model(
     cfg = replace(cfg, **overrides) if overrides else cfg
     model_path, experts_path = model_paths(path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    write_model(model_path, cfg, make_dense(cfg, seed), tokenizer_json=byte_level_tokenizer_json(),
-                dense_type=dense_type)
     write_experts(
         experts_path, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
         get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
     )
+    with ExpertsFile.open(experts_path) as xf:  # the model records which expert set it goes with
+        identity = xf.identity
+    write_model(model_path, cfg, make_dense(cfg, seed), tokenizer_json=byte_level_tokenizer_json(),
+                dense_type=dense_type, experts_identity=identity)
     return MadeModel(model_path, experts_path, cfg)

@@ -20,7 +20,7 @@ from strata.cache.types import (
 from strata.cache import fast as fast_cache
 from strata.cache.fast import FastCache
 from strata.testing.traces import synthetic_routing_trace
-from test_fast_cache import assert_same_state
+from test_cache_fast import assert_same_state
 
 
 def test_action_builders_build_the_dataclasses():

@@ -1,0 +1,267 @@
+"""Qwen3-Next and Qwen3.5 / 3.6-MoE: hybrids of gated DeltaNet and gated attention layers.
+
+Three `model_type`s: `qwen3_next`; `qwen3_5_moe_text` (the text-only class); `qwen3_5_moe` (the
+multimodal class the published checkpoints use: the language model's config nested under
+`text_config`, its weights under `model.language_model.`, a vision tower under `model.visual.`
+that is skipped with a note: strata runs the language model on text).
+
+What each config key becomes is listed below (`_TEXT_KEYS`): a key not listed is refused with a
+one-line message naming it, so a feature strata does not compute never passes silently.
+Tensors are mapped by `tensor_plan`, with these derivations (transformers' modeling files):
+- the zero-centred RMSNorms (`x * (1 + w)`: layer norms, final norm, q/k norms) get the +1
+  folded in; the DeltaNet's gated RMSNorm is a plain `x * w` and is copied;
+- attention `q_proj` [H * 2 hd, D] is per head [query; gate] and is split into attn_q and
+  attn_gate (the sigmoid output gate);
+- Qwen3-Next's fused `in_proj_qkvz` / `in_proj_ba` are grouped by key head ([q, k, v, z] and
+  [b, a] per group of value heads) and are de-interleaved into the flat q | k | v, z, beta,
+  alpha that Qwen3.5's separate projections already have;
+- `A_log` becomes the decay rate a = -exp(A_log); `conv1d.weight` [C, 1, K] becomes [C, K].
+The multi-token-prediction head (`mtp.*`) is skipped with a note (strata decodes one token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from strata.convert.common import ExpertTensors, Family, base_fields
+from strata.convert.hf_config import HFConfig
+from strata.convert.safetensors_reader import Checkpoint
+from strata.convert.tensor_plan import Derived, TensorPlan
+from strata.errors import ConfigError
+from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames
+
+MULTIMODAL = "qwen3_5_moe"
+PREFIX = {MULTIMODAL: "model.language_model."}  # else "model."
+DEFAULT_PARTIAL_ROTARY = 0.25  # transformers' default for both configs
+DEFAULT_FULL_ATTENTION_INTERVAL = 4
+DEFAULT_ROPE_THETA = 10000.0
+SKIPPED_PREFIXES = {"mtp.": "the multi-token-prediction head (mtp.*)",
+                    "model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
+
+# every text-config key and how it is handled: read (used), check (only a value strata computes
+# is accepted), or ignore (no effect on inference: training, generation defaults, bookkeeping)
+_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+         "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+         "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "layer_types", "full_attention_interval",
+         "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+         "linear_num_value_heads", "rope_parameters", "rope_theta", "rope_scaling", "partial_rotary_factor",
+         "norm_topk_prob", "attention_bias", "hidden_act", "model_type"}
+_CHECK = {"decoder_sparse_step", "mlp_only_layers", "attn_output_gate", "use_sliding_window", "mamba_ssm_dtype",
+          "quantization_config"}
+_IGNORE = {"attention_dropout", "initializer_range", "output_router_logits", "router_aux_loss_coef", "use_cache",
+           "bos_token_id", "eos_token_id", "pad_token_id", "dtype", "torch_dtype", "transformers_version",
+           "architectures", "intermediate_size",  # Qwen3-Next: the width of dense MLP layers (there are none)
+           "sliding_window",  # read only with use_sliding_window (refused when true)
+           "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "_name_or_path"}
+_TEXT_KEYS = _READ | _CHECK | _IGNORE
+# the multimodal wrapper's own keys: the text config, the vision tower (skipped), its token ids
+_OUTER_KEYS = {"text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+               "vision_end_token_id", "tie_word_embeddings", "model_type", "architectures", "dtype", "torch_dtype",
+               "transformers_version", "quantization_config", "_name_or_path"}
+_ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}
+
+
+def _refuse_unknown(hf: HFConfig, keys: set[str], where: str) -> None:
+    unknown = sorted(set(hf.raw) - keys)
+    if unknown:
+        raise hf.unsupported(f"config key {unknown[0]!r}{where}", "the keys docs/models.md lists for this family")
+
+
+def text_config(hf: HFConfig) -> HFConfig:
+    """The language model's config: `text_config` of the multimodal class, else the config itself."""
+    if hf.model_type != MULTIMODAL:
+        return hf
+    _refuse_unknown(hf, _OUTER_KEYS, "")
+    hf.check_not_quantized()
+    text = hf.raw.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"{hf.path}: a {MULTIMODAL} config needs a 'text_config' object")
+    return dataclasses.replace(hf, raw=text)
+
+
+def _rope(hf: HFConfig, head_dim: int) -> tuple[float, int]:
+    """(rope_theta, rotary_dim) from `rope_parameters` (v5) or the v4 top-level keys.
+
+    The multimodal rotary sections (`mrope_section`) give image and video tokens 3-D positions;
+    a text token has the same position in all three, so for text they are plain RoPE."""
+    params = hf.raw.get("rope_parameters")
+    scaling = hf.raw.get("rope_scaling")
+    for name, d in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if d is None:
+            continue
+        if not isinstance(d, dict):
+            raise ConfigError(f"{hf.path}: {name!r} must be an object, got {d!r}")
+        kind = d.get("rope_type", d.get("type", "default"))
+        if kind != "default":
+            raise hf.unsupported(f"{name}.rope_type = {kind!r}", "plain RoPE (rope_type 'default')")
+        extra = sorted(set(d) - _ROPE_KEYS)
+        if extra:
+            raise hf.unsupported(f"{name} key {extra[0]!r}", f"only {sorted(_ROPE_KEYS)}")
+        section = d.get("mrope_section")
+        if section is not None and not (isinstance(section, list) and all(isinstance(s, int) for s in section)):
+            raise ConfigError(f"{hf.path}: {name}.mrope_section must be a list of integers, got {section!r}")
+    params = params or {}
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", default=DEFAULT_PARTIAL_ROTARY))
+    rotary = int(head_dim * factor)
+    if rotary <= 0 or rotary % 2:
+        raise hf.unsupported(f"partial_rotary_factor = {factor} (rotary dims {rotary} of head_dim {head_dim})",
+                             "an even, positive number of rotary dims")
+    theta = params.get("rope_theta", hf.get("rope_theta", default=DEFAULT_ROPE_THETA))
+    return float(theta), rotary
+
+
+def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
+    kinds = {"linear_attention": Mixer.DELTANET, "full_attention": Mixer.ATTENTION}
+    names = hf.get("layer_types", default=None)
+    if names is None:
+        every = hf.get_int("full_attention_interval", default=DEFAULT_FULL_ATTENTION_INTERVAL)
+        names = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
+    if not isinstance(names, list) or len(names) != n_layers:
+        raise ConfigError(f"{hf.path}: layer_types must list {n_layers} layer types, got {names!r}")
+    bad = [t for t in names if t not in kinds]
+    if bad:
+        raise hf.unsupported(f"layer type {bad[0]!r}", f"{sorted(kinds)}")
+    return tuple(LayerType(kinds[t], Ffn.MOE) for t in names)
+
+
+def _check_values(hf: HFConfig) -> None:
+    """The _CHECK keys: only what strata computes."""
+    dense = hf.get("mlp_only_layers", default=[])
+    step = hf.get_int("decoder_sparse_step", default=1)
+    if dense or step != 1:
+        raise hf.unsupported(f"dense MLP layers (mlp_only_layers={dense}, decoder_sparse_step={step})",
+                             "every layer an MoE layer")
+    if not hf.get_bool("attn_output_gate", default=True):
+        raise hf.unsupported("attn_output_gate = false", "gated attention (attn_output_gate true)")
+    if hf.get_bool("use_sliding_window", default=False):
+        raise hf.unsupported("use_sliding_window = true", "full attention")
+    ssm_dtype = hf.get("mamba_ssm_dtype", default="float32")
+    if ssm_dtype != "float32":  # strata keeps the recurrent state in float32
+        raise hf.unsupported(f"mamba_ssm_dtype = {ssm_dtype!r}", "'float32'")
+    if hf.get_bool("attention_bias", default=False):
+        raise hf.unsupported("attention_bias = true", "attention without biases")
+
+
+def hybrid_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
+    text = text_config(hf)
+    _refuse_unknown(text, _TEXT_KEYS, " in text_config" if text is not hf else "")
+    _check_values(text)
+    fields = base_fields(text, ckpt)
+    n_layers = fields["n_layers"]
+    theta, rotary = _rope(text, fields["head_dim"])
+    shared = text.get_int("shared_expert_intermediate_size")
+    if shared <= 0:
+        raise ConfigError(f"{hf.path}: shared_expert_intermediate_size must be positive, got {shared}")
+    # Qwen3.5's router always renormalizes the top-k (it has no norm_topk_prob)
+    norm_topk = text.get_bool("norm_topk_prob", default=True)
+    if hf.model_type == MULTIMODAL:
+        fields["tie_embeddings"] = hf.get_bool("tie_word_embeddings", default=fields["tie_embeddings"])
+    fields.update(
+        architecture=hf.model_type, expert_ffn_size=text.get_int("moe_intermediate_size"), shared_ffn_size=shared,
+        shared_expert_gated=True, routing_order=RoutingOrder.SOFTMAX_TOPK, norm_topk_prob=norm_topk,
+        qk_norm=QKNorm.PER_HEAD, rope_theta=theta, max_context=text.max_context(None),
+        layer_types=_layer_types(text, n_layers), rotary_dim=rotary, attention_output_gate=True,
+        linear_k_heads=text.get_int("linear_num_key_heads"), linear_v_heads=text.get_int("linear_num_value_heads"),
+        linear_k_head_dim=text.get_int("linear_key_head_dim"),
+        linear_v_head_dim=text.get_int("linear_value_head_dim"),
+        linear_conv_kernel=text.get_int("linear_conv_kernel_dim"),
+    )
+    return ModelConfig(**fields)
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _plus_one(name: str, shape: tuple[int, ...]) -> Derived:
+    return Derived(((name, shape),), lambda w: w + np.float32(1.0), "1 + w")
+
+
+def _split_q_gate(cfg: ModelConfig, name: str, part: int) -> Derived:
+    h, hd, d = cfg.n_heads, cfg.head_dim, cfg.hidden_size
+    make = lambda w: w.reshape(h, 2, hd, d)[:, part].reshape(h * hd, d)  # noqa: E731  per head [query; gate]
+    return Derived(((name, (2 * h * hd, d)),), make, ("query", "gate")[part] + " rows")
+
+
+def _qwen3_next_projections(cfg: ModelConfig, a: str) -> dict[str, Derived]:
+    """De-interleave in_proj_qkvz [Hk (2 dk + 2 r dv), D] and in_proj_ba [Hk 2r, D] (per key head)."""
+    n, d = TensorNames, cfg.hidden_size
+    hk, dk, dv = cfg.linear_k_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
+    r = cfg.linear_v_heads // hk
+    group = 2 * dk + 2 * r * dv
+    qkvz = (a + "in_proj_qkvz.weight", (hk * group, d))
+    ba = (a + "in_proj_ba.weight", (hk * 2 * r, d))
+
+    def qkv(w):
+        g = w.reshape(hk, group, d)  # [Hk, q | k | v | z, D]
+        q, k, v = g[:, :dk], g[:, dk:2 * dk], g[:, 2 * dk:2 * dk + r * dv]
+        return np.concatenate([q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d)])
+
+    return {
+        n.ssm_qkv: Derived((qkvz,), qkv, "q | k | v rows"),
+        n.ssm_z: Derived((qkvz,), lambda w: w.reshape(hk, group, d)[:, 2 * dk + r * dv:].reshape(-1, d), "z rows"),
+        n.ssm_beta: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, :r].reshape(-1, d), "b rows"),
+        n.ssm_alpha: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, r:].reshape(-1, d), "a rows"),
+    }
+
+
+def _layer_sources(cfg: ModelConfig, layer: int, prefix: str) -> dict[str, str | Derived]:
+    n, d = TensorNames, cfg.hidden_size
+    lp = f"{prefix}layers.{layer}."
+    out: dict[str, str | Derived] = {
+        n.attn_norm: _plus_one(lp + "input_layernorm.weight", (d,)),
+        n.ffn_norm: _plus_one(lp + "post_attention_layernorm.weight", (d,)),
+        n.router: lp + "mlp.gate.weight",
+        n.shexp_gate: lp + "mlp.shared_expert.gate_proj.weight", n.shexp_up: lp + "mlp.shared_expert.up_proj.weight",
+        n.shexp_down: lp + "mlp.shared_expert.down_proj.weight", n.shexp_gate_inp: lp + "mlp.shared_expert_gate.weight",
+    }
+    if cfg.kinds[layer].mixer is Mixer.ATTENTION:
+        a = lp + "self_attn."
+        out.update({n.attn_q: _split_q_gate(cfg, a + "q_proj.weight", 0),
+                    n.attn_gate: _split_q_gate(cfg, a + "q_proj.weight", 1),
+                    n.attn_k: a + "k_proj.weight", n.attn_v: a + "v_proj.weight", n.attn_output: a + "o_proj.weight",
+                    n.attn_q_norm: _plus_one(a + "q_norm.weight", (cfg.head_dim,)),
+                    n.attn_k_norm: _plus_one(a + "k_norm.weight", (cfg.head_dim,))})
+        return out
+    a = lp + "linear_attn."
+    hv = cfg.linear_v_heads
+    if cfg.architecture == "qwen3_next":
+        out.update(_qwen3_next_projections(cfg, a))
+    else:
+        out.update({n.ssm_qkv: a + "in_proj_qkv.weight", n.ssm_z: a + "in_proj_z.weight",
+                    n.ssm_beta: a + "in_proj_b.weight", n.ssm_alpha: a + "in_proj_a.weight"})
+    out.update({n.ssm_conv: a + "conv1d.weight",  # [C, 1, K] -> [C, K]: a unit axis
+                n.ssm_a: Derived(((a + "A_log", (hv,)),), lambda w: -np.exp(w), "-exp"),
+                n.ssm_dt_bias: a + "dt_bias", n.ssm_norm: a + "norm.weight", n.ssm_out: a + "out_proj.weight"})
+    return out
+
+
+def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
+    """Where every strata tensor of a hybrid checkpoint comes from (see the module doc)."""
+    n = TensorNames
+    prefix = PREFIX.get(cfg.architecture, "model.")
+    sources: dict[str, str | Derived] = {n.token_embd: prefix + "embed_tokens.weight",
+                                         n.output_norm: _plus_one(prefix + "norm.weight", (cfg.hidden_size,))}
+    if not cfg.tie_embeddings:
+        sources[n.output] = "lm_head.weight"
+    for layer in range(cfg.n_layers):
+        sources.update({n.block(layer, k): v for k, v in _layer_sources(cfg, layer, prefix).items()})
+    experts = ExpertTensors(ckpt, cfg, "mlp", ("gate_proj", "up_proj", "down_proj"),
+                            layer_prefix=prefix + "layers.{}.")
+    skipped, notes = [], []
+    for start, what in SKIPPED_PREFIXES.items():
+        names = [t for t in ckpt.tensors if t.startswith(start)]
+        if names:
+            skipped += names
+            notes.append(f"skipped {what}: {len(names)} tensors")
+    return TensorPlan(experts, sources, tuple(skipped), tuple(notes))
+
+
+_FEATURES = ("gated DeltaNet and gated attention layers, partial rotary (text positions of the multimodal "
+             "sections), zero-centred norms, routed SwiGLU experts (per expert or fused gate_up_proj), "
+             "a gated shared expert")
+QWEN3_NEXT = Family(name="Qwen3-Next", model_types=("qwen3_next",), model_config=hybrid_config,
+                    supported_features=_FEATURES, tensor_plan=tensor_plan)
+QWEN3_5_MOE = Family(name="Qwen3.5-MoE", model_types=("qwen3_5_moe_text", MULTIMODAL), model_config=hybrid_config,
+                     supported_features=_FEATURES, tensor_plan=tensor_plan)

@@ -1,0 +1,196 @@
+"""`strata convert` of the hybrid families against transformers: Qwen3-Next, Qwen3.5-MoE text-only
+and the published multimodal layout (tests/hf_hybrid.py builds them offline).
+
+As tests/test_convert.py does for the other families, teacher-forced over PARITY_TEXT (131
+positions): f16 experts within HYBRID_F16_LOGIT_BUDGET of the logit scale and the same 32 greedy
+tokens as transformers' generate; q8_0 the same argmax on >= Q8_ARGMAX_AGREEMENT of positions;
+q2_0 KLD printed (-s) and held to a sanity bound. Then: fused gate_up experts convert to the same
+model, the vision tower is skipped with a note, and every refused config value is one line
+naming its key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from tests import hf_hybrid, hf_models  # noqa: E402
+from strata.convert import convert  # noqa: E402
+from strata.convert.safetensors_reader import Checkpoint  # noqa: E402
+from strata.errors import ConfigError  # noqa: E402
+from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.generate import generate  # noqa: E402
+from strata.loader import load  # noqa: E402
+from strata.model_config import Mixer  # noqa: E402
+from strata.reference.model import ModelState, forward  # noqa: E402
+from strata.reference.sampling import log_softmax  # noqa: E402
+from tests.budgets import HYBRID_F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
+
+GREEDY_STEPS = 32
+PROMPT_TOKENS = 8
+
+
+@pytest.fixture(scope="module", params=hf_hybrid.ARCHS)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def checkpoint(arch, tmp_path_factory):
+    return hf_hybrid.cached_checkpoint(arch, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def converted(arch, checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"strata_{arch}")
+    models = {}
+    for qt in (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0):
+        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
+        models[qt] = (load(r.model_path), r)
+    return models
+
+
+def _tokens(model) -> np.ndarray:
+    return np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+
+
+def _hf_logits(hf_model, tokens):
+    with torch.no_grad():
+        return hf_model(torch.tensor(tokens)[None]).logits[0].float().numpy()
+
+
+def _strata_logits(model, tokens):
+    return forward(model.resident_params(), ModelState.empty(model.cfg), tokens)[0]
+
+
+def _mean_kld(p_logits, q_logits) -> float:
+    lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+
+
+def test_f16_logits_match_transformers(arch, checkpoint, converted):
+    model = converted[QuantType.F16][0]
+    tokens = _tokens(model)
+    assert len(tokens) >= 128
+    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    scale = float(np.abs(ref).max())
+    rel = float(np.abs(got - ref).max()) / scale
+    print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
+          f"KLD {_mean_kld(ref, got):.2e}")
+    assert rel <= HYBRID_F16_LOGIT_BUDGET
+
+
+def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
+    model = converted[QuantType.F16][0]
+    prompt = [int(t) for t in _tokens(model)[:PROMPT_TOKENS]]
+    ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
+    with torch.no_grad():
+        out = checkpoint[1].generate(torch.tensor(prompt)[None], max_new_tokens=GREEDY_STEPS, do_sample=False,
+                                     eos_token_id=sorted(model.tokenizer.eos_ids), pad_token_id=0)
+    assert ours == out[0, len(prompt):].tolist() and len(ours) == GREEDY_STEPS
+
+
+def test_q8_0_argmax_agrees(arch, checkpoint, converted):
+    model = converted[QuantType.Q8_0][0]
+    tokens = _tokens(model)
+    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {_mean_kld(ref, got):.2e}")
+    assert agree >= Q8_ARGMAX_AGREEMENT
+
+
+def test_q2_0_kld_reported(arch, checkpoint, converted):
+    model = converted[QuantType.Q2_0][0]
+    tokens = _tokens(model)
+    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    kld = _mean_kld(ref, got)
+    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
+    assert np.isfinite(kld) and kld < Q2_KLD_SANITY
+
+
+def test_config_carried_over(arch, checkpoint, converted):
+    cfg, r = converted[QuantType.F16][0].cfg, converted[QuantType.F16][1]
+    assert cfg.architecture == arch
+    assert [k.mixer for k in cfg.kinds] == [Mixer.DELTANET] * 3 + [Mixer.ATTENTION]
+    assert cfg.rotary_dim == int(hf_hybrid.HEAD_DIM * hf_hybrid.PARTIAL_ROTARY) and cfg.attention_output_gate
+    assert (cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_conv_kernel) == (2, 4, 4)
+    assert cfg.shared_expert_gated and cfg.shared_ffn_size == hf_hybrid.SHARED_FFN
+    skipped_vision = any("vision tower" in n for n in r.notes)
+    assert skipped_vision == (arch == "qwen3_5_moe")
+
+
+# ---------------------------------------------------------------- layouts and refusals
+
+
+def test_fused_gate_up_experts_convert_to_the_same_model(checkpoint, converted, arch, tmp_path):
+    """transformers 5's in-memory expert layout (gate_up_proj [E, 2F, D], down_proj [E, D, F])."""
+    from safetensors.numpy import save_file
+
+    if arch != "qwen3_next":
+        pytest.skip("one family is enough: the expert reader is shared")
+    src = tmp_path / "fused"
+    shutil.copytree(checkpoint[0], src)
+    with Checkpoint(src) as ck:
+        tensors = {n: ck.read(n) for n in ck.tensors}
+    for l in range(hf_hybrid.LAYERS):
+        base = f"model.layers.{l}.mlp.experts."
+        per = lambda e, p: tensors.pop(f"{base}{e}.{p}.weight")  # noqa: E731
+        gate_up = [np.concatenate([per(e, "gate_proj"), per(e, "up_proj")]) for e in range(hf_models.EXPERTS)]
+        tensors[base + "gate_up_proj"] = np.stack(gate_up)
+        tensors[base + "down_proj"] = np.stack([per(e, "down_proj") for e in range(hf_models.EXPERTS)])
+    for f in src.glob("*.safetensors*"):
+        f.unlink()
+    save_file(tensors, str(src / "model.safetensors"))
+    model = load(convert(src, tmp_path / "out", expert_type=QuantType.F16).model_path)
+    tokens = _tokens(model)
+    np.testing.assert_array_equal(_strata_logits(model, tokens), _strata_logits(converted[QuantType.F16][0], tokens))
+
+
+REFUSALS = [
+    (lambda c: c.update(some_new_feature=1), "config key 'some_new_feature'"),
+    (lambda c: c.update(mlp_only_layers=[1]), "dense MLP layers"),
+    (lambda c: c.update(layer_types=["linear_attention", "sliding_attention", "linear_attention",
+                                     "full_attention"]), "layer type 'sliding_attention'"),
+    (lambda c: c["rope_parameters"].update(rope_type="yarn", factor=4.0), "rope_type = 'yarn'"),
+    (lambda c: c["rope_parameters"].update(partial_rotary_factor=0.1), "partial_rotary_factor = 0.1"),
+    (lambda c: c.update(attn_output_gate=False), "attn_output_gate"),
+    (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+]
+
+
+@pytest.mark.parametrize("change, message", REFUSALS, ids=[m for _, m in REFUSALS])
+def test_unhandled_config_values_are_refused_in_one_line(checkpoint, arch, change, message, tmp_path):
+    if arch != "qwen3_next":
+        pytest.skip("the key table is shared by both families")
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoint[0], src)
+    config = json.loads((src / "config.json").read_text())
+    change(config)
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as err:
+        convert(src, tmp_path / "out", expert_type=QuantType.F16)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_unknown_key_in_the_multimodal_text_config_is_named(checkpoint, arch, tmp_path):
+    if arch != "qwen3_5_moe":
+        pytest.skip("the nested layout only")
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoint[0], src)
+    config = json.loads((src / "config.json").read_text())
+    config["text_config"]["some_new_feature"] = True
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="config key 'some_new_feature' in text_config"):
+        convert(src, tmp_path / "out", expert_type=QuantType.F16)
