@@ -111,13 +111,3 @@ def test_mlx_route_twin_on_sigmoid_rules(seed, policy, n_group, with_policy):
         assume(np.all(np.abs(all_w - np.float32(policy.drop_tail_weight)) > 1e-5))
     assert_selections_agree(ref, mlx_routing.route(z, rule, policy, resident, 0.5), what="sigmoid route")
 
-
-def test_tools_refuse_per_layer_biases_until_traces_carry_them(model):
-    from strata.errors import ConfigError
-    from strata.tools.quality import run_decode
-    from strata.tools.trace import record_trace
-
-    with pytest.raises(ConfigError, match="router_bias"):
-        record_trace(model.resident_params(), PROMPT)
-    with pytest.raises(ConfigError, match="router_bias"):
-        run_decode(model.resident_params(), PROMPT)
