@@ -2,7 +2,7 @@
 MoE layer, 4 groups of which 2 are eligible, scaled weights, a dense first layer): the trace
 carries each layer's rule (through save/load too), the λ = 0 replay makes the streaming
 runtime's decisions, the decode-order closed loop under MoCE is the runtime's bit for bit, and
-`quality` at λ = 0 scores KLD exactly 0."""
+`quality` at λ = 0 scores KLD exactly 0; the stock λ (logits) is refused on the sigmoid rule."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.errors import FormatError
+from strata.errors import ConfigError, FormatError
 from strata.model_config import RoutingOrder, TensorNames
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
@@ -133,3 +133,28 @@ def test_quality_at_lambda_zero_is_exact(model, tokens, params):
     config = Config(moce_lambda=0.0)
     result = quality(params, tokens, LoopConfig.from_config(config, capacity(model, config, 3)), warmup=4)
     assert result.kld_max == 0.0 and result.changed_fraction == 0.0 and result.stats.urgent_misses > 0
+
+
+def test_stock_moce_is_refused_on_sigmoid_rules_and_range_runs(model, tokens, params):
+    """`--moce stock`'s λ = 0.85 is logits (softmax routers): on a sigmoid rule, whose ABSOLUTE
+    bonus is in score units, the runtime and the closed loop refuse it naming the RANGE form."""
+    stock = Config(moce="stock")
+    cap = capacity(model, stock, 5)
+    with pytest.raises(ConfigError, match="RANGE form"):
+        open_numpy_streaming(model, stock.replace(arena=f"{cap}slots"))
+    with pytest.raises(ConfigError, match="RANGE form"):
+        run_decode(params, tokens, config=LoopConfig.from_config(stock, cap))
+    ranged = stock.replace(moce_scale="range", moce_lambda=0.5)
+    got, logits = run_runtime(model, tokens, ranged.replace(arena=f"{cap}slots"))
+    sim = run_decode(params, tokens, config=LoopConfig.from_config(ranged, cap))
+    assert sim.changed > 0 and decisions(sim.stats) == decisions(got)
+    np.testing.assert_array_equal(sim.logits, logits)
+
+
+def test_stock_moce_still_runs_on_softmax_rules(tmp_path):
+    made = make_model(tmp_path / "soft", "tiny", seed=5, n_layers=2)
+    soft = strata.load(made.model_path)
+    stock = Config(moce="stock")
+    cap = capacity(soft, stock, 5)
+    with open_numpy_streaming(soft, stock.replace(arena=f"{cap}slots")) as engine:
+        assert engine.selector.policy.bonus == 0.85

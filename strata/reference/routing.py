@@ -37,7 +37,7 @@ from strata.model_config import ModelConfig, RoutingOrder
 __all__ = [
     "STOCK_J", "STOCK_BONUS", "STOCK_DROP_TAIL_RANK", "SEED_DROP_TAIL_WEIGHT", "LOGIT_RANGE_DECAY",
     "BonusScale", "RouterRule", "MoCEPolicy", "Selection", "LogitRange",
-    "route", "route_batch", "combine_weights", "router_logits", "update_logit_range",
+    "route", "route_batch", "combine_weights", "router_logits", "update_logit_range", "check_policy_for_rule",
 ]
 
 STOCK_J = 3  # seed §1.1: the top-3 unbiased picks are protected
@@ -386,6 +386,19 @@ def protected_count(z_sorted: np.ndarray, policy: MoCEPolicy | None, k: int) -> 
         return j
     leads = z_sorted[1:j] - z_sorted[j]  # [j-1] float32, non-increasing
     return 1 + int(np.count_nonzero(leads >= np.float32(policy.margin)))
+
+
+def check_policy_for_rule(policy: MoCEPolicy | None, rule: RouterRule) -> None:
+    """Refuse the stock λ on a sigmoid rule. An ABSOLUTE bonus is in the units of the rule's
+    selection score: logits for the softmax orders, σ(z) + bias for SIGMOID_TOPK (σ in (0, 1)).
+    The stock λ = 0.85 is a logit value measured on softmax routers and means nothing there;
+    the RANGE form (λ × the running spread of the score) carries across rules."""
+    if (policy is not None and rule.order is RoutingOrder.SIGMOID_TOPK
+            and policy.bonus_scale is BonusScale.ABSOLUTE and policy.bonus == STOCK_BONUS):
+        raise ConfigError(f"MoCE: the stock λ = {STOCK_BONUS} is in logits (measured on softmax routers), but this "
+                          "model's sigmoid rule ranks by σ(z) + bias in (0, 1): use the RANGE form "
+                          "(--moce-scale range: λ × the running score spread) or an absolute λ in score units "
+                          "(docs/routing.md)")
 
 
 def route(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None,

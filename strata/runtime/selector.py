@@ -17,7 +17,8 @@ from strata.cache.types import Use
 from strata.errors import NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 from strata.reference.routing import (
-    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
+    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, check_policy_for_rule, route,
+    update_logit_range,
 )
 
 __all__ = ["Selector", "top_k_experts", "union_in_rank_order", "slots_for"]
@@ -33,6 +34,7 @@ class Selector:
         self.rules = rules if rules is not None else (self.rule,) * cfg.n_moe_layers
         if len(self.rules) != cfg.n_moe_layers:
             raise ValueError(f"Selector: {len(self.rules)} rules for {cfg.n_moe_layers} MoE layers")
+        check_policy_for_rule(policy, self.rule)
         self.policy = policy
         self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
         self.moe_layers = cfg.moe_layers  # MoE index -> model layer (errors name the model layer)

@@ -19,7 +19,8 @@ from strata.errors import ConfigError
 from strata.cache.machine import initial_state, step
 from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read, ReadDone
 from strata.reference.routing import (
-    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
+    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, check_policy_for_rule, route,
+    update_logit_range,
 )
 
 __all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters"]
@@ -141,6 +142,7 @@ class ClosedLoop:
                  rules: tuple[RouterRule, ...] | None = None) -> None:
         """rules: one per layer (a sigmoid rule carries its layer's selection bias, as the
         runtime's `Selector`); None: `rule` for every layer."""
+        check_policy_for_rule(config.policy, rule)
         self.config = config
         self.rule = rule
         self.rules = rules if rules is not None else (rule,) * n_layers
