@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
+ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
 TOKENIZER_VOCAB = 320  # 256 bytes + 3 special tokens + merges
 MODEL_VOCAB = 336  # real checkpoints pad the embedding past the tokenizer; so do these
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -54,6 +54,13 @@ CORPUS = [
 ]
 PARITY_TEXT = " ".join(CORPUS)
 
+_SIGMOID_KW = dict(n_routed_experts=EXPERTS, moe_intermediate_size=EXPERT_FFN, n_group=4, topk_group=2,
+                   n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                   num_hidden_layers=3, intermediate_size=96)
+_MLA_KW = dict(q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+               num_key_value_heads=HEADS)
+SELECTION_BIAS_STD = 0.1  # near the gaps between sigmoid scores: the bias decides some selections
+
 # per architecture: (transformers config class, model class, config overrides)
 _ARCH_KW = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
@@ -63,6 +70,14 @@ _ARCH_KW = {
                        norm_topk_prob=False, tie_word_embeddings=True)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
+    # the sigmoid-routed families: 4 groups of 2 experts, the best 2 groups eligible, so a group
+    # rule applied wrongly changes selections; the selection biases are set after training
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(_SIGMOID_KW, **_MLA_KW)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(_SIGMOID_KW, head_dim=16, use_qk_norm=True, attention_bias=True)),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", dict(_SIGMOID_KW, **_MLA_KW)),
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+                   dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN, head_dim=16, rotary_dim=8)),
 }
 # how each test checkpoint is saved: olmoe in bfloat16 (the Hub's usual dtype), mixtral in shards
 SAVE_DTYPE = {"olmoe": "bfloat16"}
@@ -126,10 +141,22 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0):
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(hf_config(arch))
     train_briefly(model, torch.tensor(ids)[None])
+    _set_selection_biases(model, seed)
     saved = model.to(getattr(torch, SAVE_DTYPE[arch])) if arch in SAVE_DTYPE else model
     saved.save_pretrained(directory, max_shard_size=SHARDED.get(arch, "5GB"))
     # the reference: what the saved file holds, in float32
     return getattr(transformers, model_cls).from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def _set_selection_biases(model, seed: int) -> None:
+    """Random e_score_correction_bias buffers (transformers initializes them to zero and
+    training leaves them: a zero bias would not test that it chooses but never weights)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(torch.randn(buf.shape, generator=gen) * SELECTION_BIAS_STD)
 
 
 # ---------------------------------------------------------------- a larger synthetic checkpoint

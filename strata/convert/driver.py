@@ -260,21 +260,21 @@ def convert(
         model_path.parent.mkdir(parents=True, exist_ok=True)
         renamed = False
         try:
-            with _bar(cfg.n_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
+            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
-                def get_expert(layer: int, e: int) -> ExpertWeights:
+                def get_expert(layer: int, e: int) -> ExpertWeights:  # layer: the MoE index
                     if plan.kept is not None:
                         w = plan.experts.read_quantized(layer, e)
                     else:
                         gate, up, down = plan.experts.read(layer, e)
                         for name, x in (("gate", gate), ("up", up), ("down", down)):
-                            check_finite(x, f"{hf_dir}: layer {layer} expert {e} {name} projection")
+                            check_finite(x, f"{hf_dir}: layer {cfg.moe_layers[layer]} expert {e} {name} projection")
                         w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
                                           quantize(expert_type, down))
                     bar.update(1)
                     return w
 
-                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity

@@ -225,9 +225,9 @@ def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
     """
-    if _routed_kernel_ok(rec):
+    if _routed_kernel_ok(rec) and moe.routes_on_kernel(rule):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
-    experts, weights, _, _ = select_device(z, rule, None, None, 0.0)
+    experts, weights, _, _ = select_device(z, rule, None, None, 0.0)  # MLX ops, still on the device
     if stack is None:
         return routed_partials(arena, rec, x, experts + slot_base, weights)
     return _stack_partials(stack, x, experts, weights, mx.ones(experts.shape, mx.bool_))
@@ -242,7 +242,7 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
     """
-    if shared is not None and _routed_kernel_ok(rec) and _shared_kernel_ok(shared, rec.hidden):
+    if shared is not None and _routed_kernel_ok(rec) and moe.routes_on_kernel(rule) and _shared_kernel_ok(shared, rec.hidden):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
                              shared=(shared.gate, shared.up, shared.down))
     routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule)

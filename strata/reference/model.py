@@ -22,6 +22,7 @@ from strata.model_config import Ffn, LayerRange, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
+from strata.reference.mla import LatentKV, mla
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
 
@@ -39,8 +40,9 @@ class ModelParams:
     experts: ExpertSource
 
 
-# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent state
-LayerState = LayerKV | DeltaNetState
+# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent
+# state, MLA's its compressed latent + rope key cache
+LayerState = LayerKV | DeltaNetState | LatentKV
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
@@ -50,6 +52,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
         return LayerKV.empty(cfg)
     if mixer is Mixer.DELTANET:
         return DeltaNetState.empty(cfg)
+    if mixer is Mixer.MLA:
+        return LatentKV.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
@@ -97,13 +101,28 @@ SelectFn = Callable[[int, np.ndarray], Selection]
 
 
 def router_rule(cfg: ModelConfig) -> RouterRule:
-    return RouterRule(k=cfg.n_experts_per_token, order=cfg.routing_order, norm_topk_prob=cfg.norm_topk_prob)
+    """The model's rule without any layer's selection bias (`router_rules` adds them)."""
+    return RouterRule.from_model_config(cfg)
 
 
-def plain_select(cfg: ModelConfig) -> SelectFn:
-    """The model's own routing rule (λ = 0)."""
+def router_rules(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None,
+                 moe_layers: tuple[int, ...] | None = None) -> tuple[RouterRule, ...]:
+    """Each MoE layer's rule, by MoE index: the model's rule, with the layer's selection bias
+    when the model has one (`router_bias`; then `dense` must hold it). moe_layers: the model
+    layers to give rules for (default every MoE layer; a pipeline stage's own)."""
     rule = router_rule(cfg)
-    return lambda layer, z: route(z, rule)
+    layers = cfg.moe_layers if moe_layers is None else moe_layers
+    if not cfg.router_bias:
+        return (rule,) * len(layers)
+    if dense is None:
+        raise ValueError("router_rules: this model's routers have selection biases; pass the dense weights")
+    return tuple(rule.for_layer(dense[TensorNames.block(l, TensorNames.exp_probs_b)]) for l in layers)
+
+
+def plain_select(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None = None) -> SelectFn:
+    """The model's own routing rule (λ = 0); `dense` for a model with selection biases."""
+    rules = router_rules(cfg, dense)
+    return lambda layer, z: route(z, rules[layer])
 
 
 def check_token_ids(tokens: np.ndarray, vocab: int) -> None:
@@ -134,10 +153,14 @@ def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarra
     mixer = params.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_block(params, layer, state, x)
+    n = TensorNames
     if mixer is Mixer.DELTANET:
-        n = TensorNames
         h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
         out, state = deltanet(params.cfg, params.dense, layer, state, h, window=window)
+        return x + out, state
+    if mixer is Mixer.MLA:
+        h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
+        out, state = mla(params.cfg, params.dense, layer, state, h)
         return x + out, state
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
@@ -221,7 +244,7 @@ def forward(
         tokens: [T] (or float32 [T, D]) -> logits [T, vocab] float32 (or the hidden state [T, D])
     """
     cfg = params.cfg
-    select = select or plain_select(cfg)
+    select = select or plain_select(cfg, params.dense)
     layers = layers or LayerRange.whole(cfg)
     x = embed(params, tokens) if layers.embeds else np.asarray(tokens, dtype=np.float32)
     held = layers.layers

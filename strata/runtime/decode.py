@@ -39,6 +39,7 @@ from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
 from strata.runtime.prompt import prefill_chunks
+from strata.reference.model import router_rules
 from strata.runtime.report import StreamReport, build_report
 from strata.runtime.selector import Selector, slots_for, union_in_rank_order
 from strata.runtime.streamer import Streamer
@@ -116,7 +117,8 @@ class StreamingEngine(SessionEngine):
         self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
                                  reference=config.reference_cache)
         self.moe_layers = self.stage.moe_layers(model.cfg)  # (local) MoE index -> model layer
-        self.selector = Selector(model.cfg, config.moce_policy(), self.moe_layers)
+        self.selector = Selector(model.cfg, config.moce_policy(), router_rules(model.cfg, model.dense, self.moe_layers),
+                                 self.moe_layers)
         self.notes = notes
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._ledger = Ledger()
@@ -246,14 +248,16 @@ class StreamingEngine(SessionEngine):
         k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
         if k and m + 1 < len(layers):
-            g1 = self._guesses(layers[m + 1], h, k)
+            g1 = self._guesses(m + 1, h, k)
         if k and self.config.prefetch2 and m + 2 < len(layers):
-            g2 = self._guesses(layers[m + 2], h, k)
+            g2 = self._guesses(m + 2, h, k)
         self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
 
-    def _guesses(self, layer: int, h, k: int) -> tuple[int, ...]:
+    def _guesses(self, m: int, h, k: int) -> tuple[int, ...]:
+        """k read-ahead guesses for MoE layer m (ranked by its own rule: a sigmoid rule adds its bias)."""
+        layer = self.moe_layers[m]
         try:
-            return self.selector.guesses(self.compute.guess_logits(layer, h), k)
+            return self.selector.guesses(self.compute.guess_logits(layer, h), k, m)
         except NonFiniteError as e:  # the guessed layer's router is what produced them
             raise NonFiniteError(f"layer {layer}: {e} (its read-ahead guess)") from None
 

@@ -19,7 +19,8 @@ from strata.errors import ConfigError
 from strata.cache.machine import initial_state, step
 from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read, ReadDone
 from strata.reference.routing import (
-    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
+    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, check_policy_for_rule, route,
+    update_logit_range,
 )
 
 __all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters"]
@@ -137,15 +138,23 @@ class ClosedLoop:
     """Routing against simulated residency, driving the pure cache machine. Mutable (a driver:
     it holds the current `CacheState`; every state it holds came from `step`)."""
 
-    def __init__(self, config: LoopConfig, rule: RouterRule, n_layers: int, n_experts: int) -> None:
+    def __init__(self, config: LoopConfig, rule: RouterRule, n_layers: int, n_experts: int,
+                 rules: tuple[RouterRule, ...] | None = None) -> None:
+        """rules: one per layer (a sigmoid rule carries its layer's selection bias, as the
+        runtime's `Selector`); None: `rule` for every layer."""
+        check_policy_for_rule(config.policy, rule)
         self.config = config
         self.rule = rule
+        self.rules = rules if rules is not None else (rule,) * n_layers
+        if len(self.rules) != n_layers:
+            raise ValueError(f"ClosedLoop: {len(self.rules)} rules for {n_layers} layers")
         self.n_layers, self.n_experts = n_layers, n_experts
         self.cache = config.cache_config(n_layers, n_experts, rule.k)
         self.state = initial_state(self.cache)
         self.policy = config.policy
         k = config.prefetch_depth
-        self._guess_rule = RouterRule(min(k, n_experts), rule.order, rule.norm_topk_prob) if k else None
+        # the MOCE guess ranks by the layer's own rule (groups, bias) with k = the read-ahead depth
+        self._guess_rules = tuple(replace(r, k=min(k, n_experts)) for r in self.rules) if k else None
         moce_guess = config.guess is GuessRanking.MOCE and _has_bonus(config.policy)
         self._guess_policy = replace(config.policy, drop_tail_weight=0.0) if moce_guess else None
         uses_range = config.policy is not None and config.policy.bonus_scale is BonusScale.RANGE
@@ -174,9 +183,10 @@ class ClosedLoop:
     def route(self, layer: int, z: np.ndarray) -> Selection:
         """Route one token's layer-`layer` logits z [E] against the current residency, then take
         the layer's turn (`AtLayer`). Returns the selection the GPU computes."""
-        if self._ranges is not None:
-            self._ranges[layer] = update_logit_range(self._ranges[layer], z)
-        sel = route(z, self.rule, self.policy, self.resident(layer), self._logit_range(layer))
+        rule = self.rules[layer]
+        if self._ranges is not None:  # the spread of what the bonus is added to (the runtime's Selector)
+            self._ranges[layer] = update_logit_range(self._ranges[layer], rule.range_scores(z))
+        sel = route(z, rule, self.policy, self.resident(layer), self._logit_range(layer))
         self.state, _ = step(self.state, AtLayer(layer, sel.experts.tolist()))
         if len(sel.dropped):
             self.dropped += len(sel.dropped)
@@ -189,11 +199,13 @@ class ClosedLoop:
     def rank_guesses(self, layer: int, g: np.ndarray | None) -> tuple[int, ...]:
         """The ranked read-ahead guesses for `layer` from guess logits g [E] (empty when there is
         no read-ahead or no such layer). MOCE ranking uses `layer`'s residency now."""
-        if g is None or self._guess_rule is None or not 0 <= layer < self.n_layers:
+        if g is None or self._guess_rules is None or not 0 <= layer < self.n_layers:
             return ()
-        if self._guess_policy is None:
-            return tuple(np.argsort(-np.asarray(g, np.float32), kind="stable")[: self._guess_rule.k].tolist())
-        sel = route(g, self._guess_rule, self._guess_policy, self.resident(layer), self._logit_range(layer))
+        rule = self._guess_rules[layer]
+        if self._guess_policy is None:  # the runtime's ranking: the rule's guess scores (z for softmax rules)
+            scores = rule.guess_scores(np.asarray(g, np.float32))
+            return tuple(np.argsort(-scores, kind="stable")[: rule.k].tolist())
+        sel = route(g, rule, self._guess_policy, self.resident(layer), self._logit_range(layer))
         return tuple(sel.experts.tolist())
 
     def after(self, layer: int, guess: np.ndarray | None = None, guess2: np.ndarray | None = None) -> None:
