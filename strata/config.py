@@ -61,6 +61,7 @@ class Config:
     profile: bool = False  # per-phase timings in the stream report
     reference_cache: bool = False  # drive the runtime with the pure reference cache machine (slow; for A/B and debugging)
     logpos: str = ""  # path: dump per-position logits for KLD (raw float32 rows of vocab_size)
+    force_arena: bool = False  # run an --arena above the budget rule's (or the GPU's wired ceiling) anyway
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI

@@ -9,6 +9,7 @@ import argparse
 # (flag, Config field, type or "bool", help). Booleans get --x and --no-x.
 FLAGS: tuple[tuple[str, str, object, str], ...] = (
     ("--arena", "arena", str, "arena size: 2GB, 512MB, 300slots (default: the budget rule; streams when set)"),
+    ("--force-arena", "force_arena", "bool", "run an --arena above this machine's budget anyway (default off: refused)"),
     ("--keep", "keep", str, "memory the budget rule leaves to the system (default auto: 7GB per 24GB of RAM)"),
     ("--prefetch", "prefetch", int, "read-ahead depth K (default 10; 16 recommended; 0 off)"),
     ("--prefetch-touch", "prefetch_touch", "bool", "move resident guesses to the LRU front (default off)"),
