@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "recall": "strata.cli.recall",
     "quality": "strata.cli.quality",
     "sweep": "strata.cli.sweep",
+    "doctor": "strata.cli.doctor",
 }
 
 DESCRIPTION = """\
@@ -27,6 +28,7 @@ examples:
   strata generate model.gguf "Once upon" -n 64    a converted model (model.gguf + model.experts)
   strata make-model /tmp/tiny --shape tiny        write a small random test model
   strata convert ~/hf/Qwen3-30B-A3B /data/qwen3   convert a Hugging Face MoE checkpoint
+  strata doctor ~/hf/Qwen3-30B-A3B                will it run here, and how fast (reads no weights)
 """
 
 

@@ -1,0 +1,326 @@
+"""This machine, measured once and cached: disk, memory, compute and strata's own engine costs.
+
+`machine_profile(backend, cache_dir)` returns the cached `MachineProfile` for the backend, or
+measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`:
+
+- disk: 4 KiB random reads at queue depth 1 (latency) and 1 MiB random reads from 4 threads
+  (bandwidth), O_DIRECT where the filesystem allows, on a scratch file in the cache dir;
+- memory bandwidth: a 64 MB array copy (bytes read + written per second);
+- compute: a float32 GEMV at two sizes (per-call cost + bytes/s) and one routed expert's SwiGLU
+  at two sizes (per-call cost + record bytes/s) on the backend's own path;
+- the engine: a made model (`tiny` shape, 6 layers) run in a fresh process all-resident, then
+  streaming with every expert in the arena, then at the smallest legal arena. What the ops
+  above do not explain is strata's per-layer cost (`layer_s`), the streamer's per-layer turn
+  (`turn_s`), the host's cost per read issued (`read_s`) and the wait per urgent miss
+  (`miss_s`); the first run's peak RSS less the model's bytes is the process's base memory.
+
+Per-token steps are medians (after the warm-up), so a loaded machine's spikes move them less;
+the 1-minute load average at measurement time is kept with the profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+__all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
+
+PROFILE_VERSION = 1
+SCRATCH_BYTES = 64 << 20
+SMALL_READ, LARGE_READ = 4096, 1 << 20
+READ_THREADS = 4
+CALIBRATION_LAYERS = 6
+CALIBRATION_TOKENS = 32
+CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    call_s: float  # fixed cost of one call
+    bytes_per_s: float  # weight bytes streamed per second beyond it
+
+    def seconds(self, calls: float, nbytes: float) -> float:
+        return calls * self.call_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    backend: str
+    machine: str
+    disk_latency_s: float
+    disk_bytes_per_s: float
+    disk_direct: bool
+    mem_bytes_per_s: float
+    gemv: OpCost
+    expert: OpCost
+    layer_s: float
+    turn_s: float
+    read_s: float
+    miss_s: float
+    calibration_slot_bytes: int
+    base_rss: int
+    load_avg: float
+    measured_at: float
+    version: int = PROFILE_VERSION
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def read_seconds(self, nbytes: int) -> float:
+        return self.disk_latency_s + nbytes / self.disk_bytes_per_s
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MachineProfile":
+        d = dict(d)
+        d["gemv"], d["expert"] = OpCost(**d["gemv"]), OpCost(**d["expert"])
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The user's cache dir for strata: $XDG_CACHE_HOME/strata, ~/Library/Caches/strata on
+    macOS, ~/.cache/strata elsewhere. `environ` is passed in (the CLI gives os.environ)."""
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]) / "strata"
+    home = Path(environ.get("HOME") or Path.home())
+    if platform.system() == "Darwin":
+        return home / "Library" / "Caches" / "strata"
+    return home / ".cache" / "strata"
+
+
+def _machine_id() -> str:
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
+
+
+def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None) -> MachineProfile:
+    """The cached profile of this machine for `backend`, measured now if absent or stale."""
+    path = Path(cache_dir) / f"machine-{backend}.json"
+    if path.exists() and not remeasure:
+        try:
+            prof = MachineProfile.from_dict(json.loads(path.read_text()))
+            if prof.version == PROFILE_VERSION and prof.machine == _machine_id():
+                return prof
+        except (ValueError, TypeError, KeyError):
+            pass  # an old or broken cache: measure again
+    prof = measure_machine(backend, Path(cache_dir), progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    return prof
+
+
+# ---------------------------------------------------------------- disk
+
+
+def _disk(cache_dir: Path) -> tuple[float, float, bool]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / "disk-probe.tmp"
+    rng = np.random.default_rng(0)
+    try:
+        with open(path, "wb") as f:
+            f.write(rng.integers(0, 255, SCRATCH_BYTES, dtype=np.uint8).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        direct = True
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            if not getattr(os, "O_DIRECT", 0):
+                raise OSError("no O_DIRECT")
+        except OSError:
+            direct = False
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            import mmap
+
+            buf = mmap.mmap(-1, LARGE_READ)  # page-aligned, as O_DIRECT wants
+            try:
+                os.preadv(fd, [memoryview(buf)[:SMALL_READ]], 0)
+            except OSError:
+                direct = False
+                os.close(fd)
+                fd = os.open(path, os.O_RDONLY)
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped, reads go to disk
+            offsets = rng.integers(0, SCRATCH_BYTES // SMALL_READ, 200) * SMALL_READ
+            lat = []
+            for off in offsets:
+                t = time.perf_counter()
+                os.preadv(fd, [memoryview(buf)[:SMALL_READ]], int(off))
+                lat.append(time.perf_counter() - t)
+            big = rng.integers(0, SCRATCH_BYTES // LARGE_READ, 64) * LARGE_READ
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+            def reader(part):
+                b = mmap.mmap(-1, LARGE_READ)
+                for off in part:
+                    os.preadv(fd, [memoryview(b)], int(off))
+
+            threads = [threading.Thread(target=reader, args=(big[i::READ_THREADS],)) for i in range(READ_THREADS)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            bw = len(big) * LARGE_READ / (time.perf_counter() - t)
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    return float(np.median(lat)), float(bw), direct
+
+
+# ---------------------------------------------------------------- memory and compute
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _median(fn, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return float(np.median(out))
+
+
+def _mem_bw() -> float:
+    a = np.ones(SCRATCH_BYTES // 4, np.float32)
+    b = np.empty_like(a)
+    return 2 * a.nbytes / _best(lambda: np.copyto(b, a), 5)
+
+
+def _fit(small: tuple[float, float], large: tuple[float, float]) -> "OpCost":
+    """OpCost through two (bytes, seconds) points."""
+    (b0, t0), (b1, t1) = small, large
+    per_byte = max((t1 - t0) / (b1 - b0), 1e-15)
+    return OpCost(call_s=max(t0 - b0 * per_byte, 0.0), bytes_per_s=1.0 / per_byte)
+
+
+def _compute_numpy() -> tuple[OpCost, OpCost]:
+    from strata.formats.expert_record import RecordLayout
+    from strata.formats.quant_types import QuantType
+    from strata.reference.experts import swiglu_expert
+    from strata.reference.quants import quantize
+    from strata.formats.expert_record import ExpertWeights
+
+    rng = np.random.default_rng(0)
+    points = []
+    for n in (64, 2048):
+        w = rng.standard_normal((n, n), dtype=np.float32)
+        x = rng.standard_normal(n, dtype=np.float32)
+        points.append((w.nbytes, _median(lambda: x @ w.T, 30 if n == 64 else 10)))
+    gemv = _fit(*points)
+    points = []
+    for d, f in ((64, 32), (1024, 512)):
+        ew = ExpertWeights(quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
+                           quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
+                           quantize(QuantType.Q2_0, rng.standard_normal((d, f), dtype=np.float32)))
+        x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
+        points.append((RecordLayout(QuantType.Q2_0, d, f).record_bytes,
+                       _median(lambda: swiglu_expert(ew, x), 30 if d == 64 else 10)))
+    return gemv, _fit(*points)
+
+
+def _compute_mlx() -> tuple[OpCost, OpCost]:
+    """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls plus its
+    record bytes at the same rate (the Q2_0 kernels are bandwidth-bound). Unverified on GPU."""
+    import mlx.core as mx
+
+    points = []
+    for n in (64, 2048):
+        w = mx.random.normal((n, n))
+        x = mx.random.normal((n,))
+        mx.eval(w, x)
+        points.append((n * n * 4, _median(lambda: mx.eval(w @ x), 30 if n == 64 else 10)))
+    gemv = _fit(*points)
+    return gemv, OpCost(call_s=3 * gemv.call_s, bytes_per_s=gemv.bytes_per_s)
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def _engine(backend: str, progress) -> tuple[dict, list[str]]:
+    from strata.doctor.measure import measure_run
+    from strata.loader import load
+    from strata.runtime.decode import cache_config_for
+    from strata.config import Config
+    from strata.testing import make_model
+
+    notes = []
+    with tempfile.TemporaryDirectory() as d:
+        made = make_model(Path(d) / "probe", "tiny", n_layers=CALIBRATION_LAYERS)
+        model = load(made.model_path)
+        total = model.experts_file.header.n_records
+        least = cache_config_for(model, Config(), 1).min_capacity
+        slot = model.experts_file.header.padded_bytes
+        model.experts_file.close()
+        runs = {}
+        for name, overrides in (("resident", {}), ("full", {"arena": f"{total}slots"}),
+                                ("least", {"arena": f"{least}slots"})):
+            if progress:
+                progress(f"engine: {name}")
+            tries = [measure_run(made.model_path, {"backend": backend, **overrides}, max_tokens=CALIBRATION_TOKENS)
+                     for _ in range(CALIBRATION_REPEATS)]
+            runs[name] = sorted(tries, key=lambda r: r.median_token_s)[len(tries) // 2]  # the median run
+        gguf_bytes = made.model_path.stat().st_size
+    return {"runs": runs, "cfg": made.cfg, "slot": slot, "gguf_bytes": gguf_bytes}, notes
+
+
+def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineProfile:
+    """Measure this machine now (module docstring)."""
+    from strata.doctor.byte_budget import byte_budget
+    from strata.doctor.families import count_strata
+
+    say = progress or (lambda _msg: None)
+    say("disk")
+    lat, bw, direct = _disk(cache_dir)
+    say("memory")
+    mem = _mem_bw()
+    say("compute")
+    gemv, expert = _compute_mlx() if backend == "mlx" else _compute_numpy()
+    eng, notes = _engine(backend, say)
+    cfg, runs = eng["cfg"], eng["runs"]
+    counts = count_strata(cfg)
+    budget = byte_budget(counts, slot_bytes=eng["slot"])
+    from strata.doctor.predict import ops_seconds  # late: predict imports this module
+
+    ops = ops_seconds(counts, budget, gemv, expert)
+    L = cfg.n_layers
+    resident, full, least = runs["resident"], runs["full"], runs["least"]
+    layer_s = max(0.0, (resident.median_token_s - ops) / L)
+    turn_s = max(0.0, (full.median_token_s - resident.median_token_s) / L)
+    rep = least.report
+    urgent = rep.get("urgent_misses_per_token", 0.0)
+    reads = rep.get("reads_per_token", 0.0)
+    waiting = rep.get("waiting_ms_per_window", 0.0) / 1e3
+    miss_s = waiting / urgent if urgent > 0 else lat + eng["slot"] / bw
+    extra = least.median_token_s - full.median_token_s - waiting
+    read_s = max(0.0, extra / reads) if reads > 0 else 0.0
+    model_bytes = budget.dense_resident + budget.experts_resident + eng["gguf_bytes"]
+    base = max(0, resident.peak_rss - model_bytes)
+    if not direct:
+        notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
+    return MachineProfile(
+        backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
+        mem_bytes_per_s=mem, gemv=gemv, expert=expert, layer_s=layer_s, turn_s=turn_s, read_s=read_s,
+        miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
+        measured_at=time.time(), notes=tuple(notes))
