@@ -281,8 +281,7 @@ def _engine(backend: str, progress) -> tuple[dict, list[str]]:
             tries = [measure_run(made.model_path, {"backend": backend, **overrides}, max_tokens=CALIBRATION_TOKENS)
                      for _ in range(CALIBRATION_REPEATS)]
             runs[name] = sorted(tries, key=lambda r: r.median_token_s)[len(tries) // 2]  # the median run
-        gguf_bytes = made.model_path.stat().st_size
-    return {"runs": runs, "cfg": made.cfg, "slot": slot, "gguf_bytes": gguf_bytes}, notes
+    return {"runs": runs, "cfg": made.cfg, "slot": slot}, notes
 
 
 def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineProfile:
@@ -315,7 +314,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineP
     miss_s = waiting / urgent if urgent > 0 else lat + eng["slot"] / bw
     extra = least.median_token_s - full.median_token_s - waiting
     read_s = max(0.0, extra / reads) if reads > 0 else 0.0
-    model_bytes = budget.dense_resident + budget.experts_resident + eng["gguf_bytes"]
+    model_bytes = budget.dense_resident + budget.experts_resident  # as predict.py counts a peak
     base = max(0, resident.peak_rss - model_bytes)
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")

@@ -125,9 +125,8 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
     profile = profile or machine_profile(resolve_backend(config, src.expert_qtype), cache_dir, remeasure=remeasure,
                                          progress=progress)
     memory = memory or machine_memory()
-    file_bytes = src.model_files[0].stat().st_size if src.model_files else 0
     pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
                    supported=src.counts.supported and src.kind != "mlx",
                    why_not=src.note if src.kind == "mlx" else src.counts.why_not,
-                   model_files=src.model_files, trace=src.trace, model_file_bytes=file_bytes)
+                   model_files=src.model_files, trace=src.trace)
     return Diagnosis(src, budget, profile, pred)
