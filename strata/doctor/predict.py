@@ -116,12 +116,13 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     peak = base + budget.dense_resident + experts_held + budget.kv_bytes
     tps = 1.0 / token_s if token_s > 0 else 0.0
     arena_txt = f"arena {slots} slots ({fmt_bytes(slots * budget.slot_bytes)})"
-    if refusal:
-        verdict, summary = "will not run", f"will not run here: {refusal}"
-    elif not supported:
+    if not supported:
         verdict = "not supported"
         how = f"streams at ~{tps:.3g} tok/s ({arena_txt})" if streaming else f"fits resident at ~{tps:.3g} tok/s"
-        summary = f"not supported by this version yet ({why_not}); if it ran: {how}"
+        summary = f"not supported by this version yet ({why_not}); " + (
+            f"and here it would not run: {refusal}" if refusal else f"if it ran: {how}")
+    elif refusal:
+        verdict, summary = "will not run", f"will not run here: {refusal}"
     elif streaming:
         verdict = "streams"
         summary = (f"streams at {tps:.3g} tok/s: {arena_txt}, hit rate {100 * locality.hit_rate:.1f}%, "

@@ -1,0 +1,141 @@
+"""`strata doctor`: verdicts on made models and published configs, with a fixed machine profile
+(no probing in tests), the trace path, the CLI and its JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from doctor_configs import PUBLISHED, QWEN3_30B_A3B
+from strata.config import Config
+from strata.doctor import diagnose
+from strata.doctor.probe import MachineProfile, OpCost, machine_profile
+from strata.runtime.memory import MemoryInfo
+from strata.testing import make_model
+
+GB = 1_000_000_000
+
+PROFILE = MachineProfile(
+    backend="numpy", machine="test", disk_latency_s=1e-4, disk_bytes_per_s=1e9, disk_direct=True,
+    mem_bytes_per_s=2e10, gemv=OpCost(2e-6, 1e10), expert=OpCost(2e-6, 3e7), layer_s=5e-4, turn_s=3e-4,
+    read_s=3e-5, miss_s=5e-4, calibration_slot_bytes=4096, base_rss=50_000_000, load_avg=0.5, measured_at=0.0)
+
+
+def _mem(available):
+    return MemoryInfo(total=max(available, 24 * GB), available=available, source="test")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("doctor") / "small", "small")
+
+
+def made_slot(made) -> int:
+    from strata.formats.experts_file import ExpertsFile
+
+    with ExpertsFile.open(made.experts_path) as xf:
+        return xf.header.padded_bytes
+
+
+def _diag(source, available=20 * GB, **kw):
+    config = kw.pop("config", Config(backend="numpy"))
+    return diagnose(source, cache_dir=None, config=config, profile=PROFILE, memory=_mem(available), **kw)
+
+
+def test_made_model_fits_resident(made):
+    d = _diag(made.model_path)
+    p = d.prediction
+    assert p.verdict == "fits resident" and not p.streaming and p.tok_per_s > 0
+    assert d.source.kind == "strata" and d.budget.slot_bytes == made_slot(made)
+    assert p.peak_memory == PROFILE.base_rss + d.budget.dense_resident + d.budget.experts_resident + d.budget.kv_bytes
+    assert "verdict: fits resident" in d.text()
+
+
+def test_made_model_streams_when_memory_is_short(made):
+    b = _diag(made.model_path).budget
+    from strata.runtime.budget import cached_file_bytes
+
+    # room for the base process, the dense weights, the model's own page cache, keep and 60 slots
+    cached = sum(cached_file_bytes(p) for p in (made.model_path, made.experts_path))
+    available = PROFILE.base_rss + b.dense_resident + cached + 60 * b.slot_bytes
+    d = _diag(made.model_path, available, config=Config(backend="numpy", keep="0"))
+    p = d.prediction
+    assert p.verdict == "streams" and p.arena_slots == 60 and p.locality is not None
+    assert 0 < p.locality.hit_rate < 1 and "calibrated curve" in p.locality.source
+    assert p.breakdown["urgent_waits"] > 0 and p.tok_per_s < _diag(made.model_path).prediction.tok_per_s
+
+
+def test_will_not_run_says_why(made):
+    d = _diag(made.model_path, available=GB)  # less than keep
+    assert d.prediction.verdict == "will not run" and "needs at least" in d.prediction.summary
+
+
+def test_over_budget_arena_is_refused(made):
+    d = _diag(made.model_path, available=9 * GB, config=Config(backend="numpy", arena="1GB", keep="9GB"))
+    assert d.prediction.verdict == "will not run" and "--force-arena" in d.prediction.summary
+    forced = _diag(made.model_path, available=9 * GB,
+                   config=Config(backend="numpy", arena="100slots", keep="9GB", force_arena=True))
+    assert forced.prediction.verdict == "streams" and forced.prediction.arena_slots == 100
+
+
+def test_own_trace_gives_the_hit_rate(made, tmp_path):
+    from strata.loader import load
+    from strata.tools.trace import record_trace, save_trace
+
+    model = load(made.model_path)
+    trace = save_trace(tmp_path / "t.npz", record_trace(model.resident_params(), list(range(40, 80))))
+    d = _diag(made.model_path, config=Config(backend="numpy", arena="40slots"), trace=trace)
+    assert d.prediction.locality.source.startswith("trace t.npz")
+    assert d.prediction.arena_slots == 40
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs(name, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[name]))
+    d = _diag(tmp_path)  # a checkpoint directory
+    assert d.budget.per_token > 0 and d.budget.all_resident > 10 * GB
+    if name == "Qwen3-30B-A3B":
+        assert d.source.counts.supported and d.prediction.verdict in ("streams", "fits resident", "will not run")
+    else:
+        assert d.prediction.verdict == "not supported"
+        assert "not supported by this version yet" in d.text()
+    json.loads(d.to_json())
+
+
+def test_qwen3_on_a_24gb_machine_streams(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    d = _diag(tmp_path / "config.json", available=20 * GB)
+    # dense 1.5B weights as float32 = 6 GB; Q2_0 experts 8.9 GB; keep 7 GB: the rest is the arena
+    assert d.prediction.verdict == "streams" and 0 < d.prediction.arena_slots < d.budget.total_experts
+    assert "strata convert" in d.text()
+
+
+def test_cached_profile_is_read_not_remeasured(tmp_path):
+    import dataclasses
+
+    from strata.doctor.probe import _machine_id
+
+    prof = dataclasses.replace(PROFILE, machine=_machine_id())
+    (tmp_path / "machine-numpy.json").write_text(json.dumps(prof.to_dict()))
+    assert machine_profile("numpy", tmp_path) == prof
+
+
+def test_cli_json(made, tmp_path, capsys):
+    import dataclasses
+
+    from strata.cli.main import main
+    from strata.doctor.probe import _machine_id
+
+    (tmp_path / "machine-numpy.json").write_text(json.dumps(dataclasses.replace(PROFILE, machine=_machine_id()).to_dict()))
+    assert main(["doctor", str(made.model_path), "--json", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "strata" and out["prediction"]["verdict"] in ("fits resident", "streams")
+
+
+def test_cli_help_has_examples(capsys):
+    from strata.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    assert "examples:" in capsys.readouterr().out
