@@ -104,7 +104,8 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
             locality = from_trace(trace, config, slots)
         else:
             locality = from_curve(slots / max(budget.total_experts, 1), counts.moe_layers * counts.top_k)
-    ops = ops_seconds(counts, budget, profile.gemv, profile.expert)
+    # never faster than reading the bytes once at the measured memory bandwidth
+    ops = max(ops_seconds(counts, budget, profile.gemv, profile.expert), budget.per_token / profile.mem_bytes_per_s)
     terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops}
     if streaming and locality is not None:
         miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s
