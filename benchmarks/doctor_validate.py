@@ -120,7 +120,7 @@ def main(argv=None) -> int:
 
             n_prompt = len(load(path).tokenizer.encode(PROMPT))
             diag = diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
-                            context=n_prompt + args.tokens)
+                            context=n_prompt + args.tokens, horizon=args.tokens, prompt=n_prompt)
             pred = diag.prediction
             m = _median_run(measured[i])
             median_tps = 1.0 / m.median_token_s if m.median_token_s else 0.0
@@ -133,7 +133,9 @@ def main(argv=None) -> int:
                 "pred_urgent": pred.locality.urgent_per_token if pred.locality else 0.0,
                 "urgent": m.report.get("urgent_misses_per_token", 0.0),
                 "pred_hit": pred.locality.hit_rate if pred.locality else 1.0,
-                "hit": m.report.get("hit_rate", 1.0), "load": (m.load_before + m.load_after) / 2,
+                "hit": m.report.get("hit_rate", 1.0),
+                "pred_reads": pred.locality.reads_per_token if pred.locality else 0.0,
+                "reads": m.report.get("reads_per_token", 0.0), "load": (m.load_before + m.load_after) / 2,
                 "paging": m.paging, "runs_tps": [r.decode_tps for r in measured[i]],
             }
             rows.append(row)
@@ -141,15 +143,16 @@ def main(argv=None) -> int:
                   f"(median {median_tps:.1f}), load {row['load']:.1f}", file=sys.stderr, flush=True)
     print(f"machine profile: {profile.backend}, measured at load {profile.load_avg:.1f}; "
           f"base RSS {profile.base_rss / 1e6:.1f} MB, layer {1e3 * profile.layer_s:.3f} ms, "
-          f"turn {1e3 * profile.turn_s:.3f} ms, read {1e3 * profile.read_s:.3f} ms, miss {1e3 * profile.miss_s:.3f} ms\n")
+          f"turn {1e3 * profile.turn_s:.3f} ms + {1e6 * profile.turn_slot_s:.3f} us/slot, read {1e3 * profile.read_s:.3f} ms, miss {1e3 * profile.miss_s:.3f} ms\n")
     print("| model | arena | pred tok/s | tok/s | err | median tok/s | err | pred peak MB | peak MB | err "
-          "| pred urgent/tok | urgent/tok | pred hit | hit | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| pred urgent/tok | urgent/tok | pred reads/tok | reads/tok | pred hit | hit | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['arena']} | {r['pred_tps']:.1f} | {r['tps']:.1f} | {100 * r['tps_err']:+.0f}% "
               f"| {r['median_tps']:.1f} | {100 * r['median_tps_err']:+.0f}% | {r['pred_peak'] / 1e6:.1f} "
               f"| {r['peak'] / 1e6:.1f} | {100 * r['peak_err']:+.1f}% | {r['pred_urgent']:.2f} | {r['urgent']:.2f} "
-              f"| {100 * r['pred_hit']:.1f}% | {100 * r['hit']:.1f}% | {r['load']:.1f} |")
+              f"| {r['pred_reads']:.1f} | {r['reads']:.1f} | {100 * r['pred_hit']:.1f}% | {100 * r['hit']:.1f}% "
+              f"| {r['load']:.1f} |")
     summary = {
         "backend": args.backend, "tokens": args.tokens, "cases": len(rows),
         "max_abs_tps_err": max(abs(r["tps_err"]) for r in rows),

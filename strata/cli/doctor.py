@@ -34,6 +34,8 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--experts", default="q2_0", help="expert type of a conversion (default q2_0; strata models: theirs)")
     p.add_argument("--dense", default="f32", help="dense type of a conversion (default f32)")
     p.add_argument("--context", type=int, default=0, help="positions for the KV cache (default: min(4096, the model's))")
+    p.add_argument("-n", "--tokens", type=int, default=0,
+                   help="predict the mean over a run of N tokens from a cold arena (default: the steady state)")
     p.add_argument("--remeasure", action="store_true", help="measure this machine again (else the cached profile)")
     p.add_argument("--cache-dir", metavar="DIR", help="where the machine profile is cached (default: the user's cache dir)")
     add_runtime_flags(p)
@@ -54,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
     say = None if args.json else (lambda msg: print(f"measuring this machine: {msg}", file=sys.stderr, flush=True))
     d = diagnose(args.source, cache_dir=cache, config=config, trace=args.trace,
                  expert_qtype=parse_quant_type(args.experts), dense_qtype=parse_quant_type(args.dense),
-                 context=args.context or None, remeasure=args.remeasure, progress=say)
+                 context=args.context or None, remeasure=args.remeasure, progress=say, horizon=args.tokens)
     print(d.to_json() if args.json else d.text())
     return 0

@@ -42,8 +42,10 @@ def load_curve(path: Path = CURVE_PATH) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def from_curve(fraction: float, lookups_per_token: int, curve: dict | None = None) -> Locality:
-    """Urgent misses and reads per token at an arena holding `fraction` of all experts."""
+def from_curve(fraction: float, lookups_per_token: int, curve: dict | None = None, *, fill_per_token: float = 0.0
+               ) -> Locality:
+    """Urgent misses and reads per token at an arena holding `fraction` of all experts, in the
+    steady state; `fill_per_token`: reads a short run adds filling a cold arena (slots / tokens)."""
     curve = curve or load_curve()
     if fraction >= 1.0:
         return Locality(1.0, 0.0, 0.0, "every expert resident")
@@ -56,14 +58,21 @@ def from_curve(fraction: float, lookups_per_token: int, curve: dict | None = Non
     u, r = float(np.mean(urgent)), float(np.mean(reads))
     names = ", ".join(m["name"] for m in models)
     below = fraction < min(m["fraction"][0] for m in models)
-    return Locality(hit_rate=1.0 - u, urgent_per_token=u * lookups_per_token, reads_per_token=r * lookups_per_token,
+    return Locality(hit_rate=1.0 - u, urgent_per_token=u * lookups_per_token,
+                    reads_per_token=r * lookups_per_token + fill_per_token,
                     source=f"calibrated curve ({names}; K={curve['prefetch']})"
                            + ("; below its smallest arena: a lower bound on misses" if below else ""),
                     spread=float(np.ptp(urgent)) / 2 * lookups_per_token)
 
 
-def from_trace(trace_path: str | Path, config, capacity: int) -> Locality:
-    """Replay the model's own trace at `capacity` slots under `config` (a strata.Config)."""
+def from_trace(trace_path: str | Path, config, capacity: int, *, horizon: int = 0, prompt: int = 0) -> Locality:
+    """Replay the model's own trace at `capacity` slots under `config` (a strata.Config).
+
+    horizon 0: the steady state (the first quarter of the trace fills the cache uncounted);
+    horizon N: a run from a cold arena, `prompt` tokens then N decoded ones, counting the N
+    (a short run pays for filling the arena)."""
+    import dataclasses
+
     from strata.tools.closed_loop import LoopConfig
     from strata.tools.replay import replay
     from strata.tools.trace import load_trace
@@ -72,7 +81,13 @@ def from_trace(trace_path: str | Path, config, capacity: int) -> Locality:
     total = trace.n_layers * trace.n_experts
     if capacity >= total:
         return Locality(1.0, 0.0, 0.0, f"every expert resident (trace {Path(trace_path).name})")
-    warmup = int(trace.n_tokens * TRACE_WARMUP_FRACTION)
+    if horizon:
+        n = min(trace.n_tokens, prompt + horizon)
+        trace = dataclasses.replace(trace, tokens=trace.tokens[:n], router_inputs=trace.router_inputs[:n],
+                                    logits=trace.logits[:n], selected=trace.selected[:n], weights=trace.weights[:n])
+        warmup = min(prompt, n - 1)
+    else:
+        warmup = int(trace.n_tokens * TRACE_WARMUP_FRACTION)
     r = replay(trace, LoopConfig.from_config(config, capacity), warmup=warmup)
     return Locality(hit_rate=r.hit_rate, urgent_per_token=r.urgent_per_token, reads_per_token=r.reads_per_token,
                     source=f"trace {Path(trace_path).name} ({r.tokens} tokens replayed)")

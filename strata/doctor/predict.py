@@ -4,7 +4,7 @@ tok/s and peak memory, from a source's byte budget and this machine's profile.
 Decode time per token (seconds):
 
     resident:  n_layers · layer_s + ops
-    streaming: resident + moe_layers · turn_s + reads/token · read_s
+    streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · read_s
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
     ops = dense GEMV calls · gemv.call_s + dense bytes/token / gemv.bytes_per_s
@@ -82,7 +82,10 @@ def _min_slots(counts: PartCounts, config) -> int:
 
 
 def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, config, memory: MemoryInfo,
-            supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None) -> Prediction:
+            supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None,
+            horizon: int = 0, prompt: int = 0) -> Prediction:
+    """horizon 0: steady-state decode; N: the mean over a run of N tokens after `prompt` from a
+    cold arena (what a short `strata generate` reports)."""
     least = _min_slots(counts, config)
     base = profile.base_rss
     after_load = memory.available - base - budget.dense_resident  # the file's mapped pages are let go after load
@@ -101,15 +104,16 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     locality = None
     if streaming:
         if trace is not None:
-            locality = from_trace(trace, config, slots)
+            locality = from_trace(trace, config, slots, horizon=horizon, prompt=prompt)
         else:
-            locality = from_curve(slots / max(budget.total_experts, 1), counts.moe_layers * counts.top_k)
+            locality = from_curve(slots / max(budget.total_experts, 1), counts.moe_layers * counts.top_k,
+                                  fill_per_token=slots / (prompt + horizon) if horizon else 0.0)
     # never faster than reading the bytes once at the measured memory bandwidth
     ops = max(ops_seconds(counts, budget, profile.gemv, profile.expert), budget.per_token / profile.mem_bytes_per_s)
     terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops}
     if streaming and locality is not None:
         miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s
-        terms["turns"] = counts.moe_layers * profile.turn_s
+        terms["turns"] = counts.moe_layers * (profile.turn_s + profile.turn_slot_s * slots)
         terms["reads"] = locality.reads_per_token * profile.read_s
         terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
     token_s = sum(terms.values())

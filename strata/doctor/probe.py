@@ -8,11 +8,13 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 - memory bandwidth: a 64 MB array copy (bytes read + written per second);
 - compute: a float32 GEMV at two sizes (per-call cost + bytes/s) and one routed expert's SwiGLU
   at two sizes (per-call cost + record bytes/s) on the backend's own path;
-- the engine: a made model (`tiny` shape, 6 layers) run in a fresh process all-resident, then
-  streaming with every expert in the arena, then at the smallest legal arena. What the ops
-  above do not explain is strata's per-layer cost (`layer_s`), the streamer's per-layer turn
-  (`turn_s`), the host's cost per read issued (`read_s`) and the wait per urgent miss
-  (`miss_s`); the first run's peak RSS less the model's bytes is the process's base memory.
+- the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
+  all-resident, then streaming at four arenas from the smallest legal one to every expert.
+  What the ops above do not explain is strata's per-layer cost (`layer_s`); the streaming runs
+  give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by least
+  squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per arena slot: measured to
+  grow with the arena) and the host's cost per read issued (`read_s`). The resident run's peak
+  RSS less the model's bytes is the process's base memory.
 
 Per-token steps are medians (after the warm-up), so a loaded machine's spikes move them less;
 the 1-minute load average at measurement time is kept with the profile.
@@ -34,11 +36,12 @@ import numpy as np
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
 CALIBRATION_LAYERS = 6
+CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
 CALIBRATION_TOKENS = 32
 CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
 
@@ -64,6 +67,7 @@ class MachineProfile:
     expert: OpCost
     layer_s: float
     turn_s: float
+    turn_slot_s: float  # the turn's growth per arena slot (the cache's victim search passes pinned slots)
     read_s: float
     miss_s: float
     calibration_slot_bytes: int
@@ -258,30 +262,57 @@ def _compute_mlx() -> tuple[OpCost, OpCost]:
 # ---------------------------------------------------------------- the engine
 
 
-def _engine(backend: str, progress) -> tuple[dict, list[str]]:
+def _token_s(run) -> float:
+    """Mean seconds per decoded token: the stream report's own (the same tokens its read and
+    miss counts cover), else tokens / decode time."""
+    if run.report:
+        return run.report["ms_per_token"] / 1e3
+    return 1.0 / run.decode_tps if run.decode_tps else 0.0
+
+
+def _engine(backend: str, progress) -> dict:
+    from strata.config import Config
     from strata.doctor.measure import measure_run
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
-    from strata.config import Config
     from strata.testing import make_model
 
-    notes = []
     with tempfile.TemporaryDirectory() as d:
-        made = make_model(Path(d) / "probe", "tiny", n_layers=CALIBRATION_LAYERS)
+        made = make_model(Path(d) / "probe", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS)
         model = load(made.model_path)
         total = model.experts_file.header.n_records
         least = cache_config_for(model, Config(), 1).min_capacity
         slot = model.experts_file.header.padded_bytes
         model.experts_file.close()
+        cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted({least, total // 3, 2 * total // 3, total})]
         runs = {}
-        for name, overrides in (("resident", {}), ("full", {"arena": f"{total}slots"}),
-                                ("least", {"arena": f"{least}slots"})):
+        for name, slots in cases:
             if progress:
                 progress(f"engine: {name}")
-            tries = [measure_run(made.model_path, {"backend": backend, **overrides}, max_tokens=CALIBRATION_TOKENS)
+            overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
+            tries = [measure_run(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS)
                      for _ in range(CALIBRATION_REPEATS)]
-            runs[name] = sorted(tries, key=lambda r: r.median_token_s)[len(tries) // 2]  # the median run
-    return {"runs": runs, "cfg": made.cfg, "slot": slot}, notes
+            runs[slots] = sorted(tries, key=_token_s)[len(tries) // 2]  # the median run
+    return {"runs": runs, "cfg": made.cfg, "slot": slot}
+
+
+def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
+    """(turn_s, turn_slot_s, read_s, miss_s) from the streaming runs (capacity -> run).
+
+    miss_s is the measured wait per urgent miss (the report's waiting time / urgent misses,
+    over the runs that missed); the rest by least squares on what the waits do not explain:
+    per token  t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s."""
+    waits = [(r.report["waiting_ms_per_window"] / 1e3, r.report["urgent_misses_per_token"]) for r in runs.values()]
+    urgent = sum(u for _, u in waits)
+    miss_s = sum(w for w, _ in waits) / urgent if urgent > 0 else fallback_miss_s
+    rows, ys = [], []
+    for slots, r in runs.items():
+        rep = r.report
+        rows.append([n_layers, n_layers * slots, rep["reads_per_token"]])
+        ys.append(_token_s(r) - resident_s - rep["urgent_misses_per_token"] * miss_s)
+    coef, *_ = np.linalg.lstsq(np.array(rows, float), np.array(ys, float), rcond=None)
+    turn, per_slot, read = (max(0.0, float(c)) for c in coef)
+    return turn, per_slot, read, miss_s
 
 
 def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineProfile:
@@ -296,30 +327,24 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineP
     mem = _mem_bw()
     say("compute")
     gemv, expert = _compute_mlx() if backend == "mlx" else _compute_numpy()
-    eng, notes = _engine(backend, say)
+    eng = _engine(backend, say)
+    notes: list[str] = []
     cfg, runs = eng["cfg"], eng["runs"]
     counts = count_strata(cfg)
     budget = byte_budget(counts, slot_bytes=eng["slot"])
     from strata.doctor.predict import ops_seconds  # late: predict imports this module
 
     ops = ops_seconds(counts, budget, gemv, expert)
-    L = cfg.n_layers
-    resident, full, least = runs["resident"], runs["full"], runs["least"]
-    layer_s = max(0.0, (resident.median_token_s - ops) / L)
-    turn_s = max(0.0, (full.median_token_s - resident.median_token_s) / L)
-    rep = least.report
-    urgent = rep.get("urgent_misses_per_token", 0.0)
-    reads = rep.get("reads_per_token", 0.0)
-    waiting = rep.get("waiting_ms_per_window", 0.0) / 1e3
-    miss_s = waiting / urgent if urgent > 0 else lat + eng["slot"] / bw
-    extra = least.median_token_s - full.median_token_s - waiting
-    read_s = max(0.0, extra / reads) if reads > 0 else 0.0
-    model_bytes = budget.dense_resident + budget.experts_resident  # as predict.py counts a peak
-    base = max(0, resident.peak_rss - model_bytes)
+    resident = runs.pop(0)
+    resident_s = _token_s(resident)
+    layer_s = max(0.0, (resident_s - ops) / cfg.n_layers)
+    turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
+    base = max(0, resident.peak_rss - budget.dense_resident - budget.experts_resident)  # as predict.py counts a peak
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     return MachineProfile(
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
-        mem_bytes_per_s=mem, gemv=gemv, expert=expert, layer_s=layer_s, turn_s=turn_s, read_s=read_s,
+        mem_bytes_per_s=mem, gemv=gemv, expert=expert, layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
+        read_s=read_s,
         miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
         measured_at=time.time(), notes=tuple(notes))

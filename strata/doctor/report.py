@@ -111,9 +111,10 @@ def resolve_backend(config, expert_qtype: QuantType) -> str:
 def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | Path | None = None,
              expert_qtype: QuantType = QuantType.Q2_0, dense_qtype: QuantType = QuantType.F32,
              context: int | None = None, profile: MachineProfile | None = None, memory: MemoryInfo | None = None,
-             remeasure: bool = False, progress=None) -> Diagnosis:
+             remeasure: bool = False, progress=None, horizon: int = 0, prompt: int = 0) -> Diagnosis:
     """Everything `strata doctor` prints, for SOURCE on this machine (or the given profile and
-    memory figures: tests and what-if questions)."""
+    memory figures: tests and what-if questions). horizon / prompt: predict the mean over a
+    run of `horizon` tokens after a `prompt`-token prompt (0: the steady state)."""
     from strata.config import Config
 
     config = config or Config()
@@ -128,5 +129,5 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
     pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
                    supported=src.counts.supported and src.kind != "mlx",
                    why_not=src.note if src.kind == "mlx" else src.counts.why_not,
-                   model_files=src.model_files, trace=src.trace)
+                   model_files=src.model_files, trace=src.trace, horizon=horizon, prompt=prompt)
     return Diagnosis(src, budget, profile, pred)
