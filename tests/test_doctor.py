@@ -139,3 +139,41 @@ def test_cli_help_has_examples(capsys):
     with pytest.raises(SystemExit):
         main(["doctor", "--help"])
     assert "examples:" in capsys.readouterr().out
+
+
+def test_llama_cpp_gguf_metadata(tmp_path):
+    """A llama.cpp GGUF: shapes from its metadata, stored bytes from its tensor index."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny-moe.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_expert_count(8)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(32)
+    w.add_tensor("token_embd.weight", np.zeros((100, 64), np.float32))
+    for l in range(2):
+        w.add_tensor(f"blk.{l}.attn_q.weight", np.zeros((64, 64), np.float32))
+        for proj, shape in (("gate", (8, 32, 64)), ("up", (8, 32, 64)), ("down", (8, 64, 32))):
+            w.add_tensor(f"blk.{l}.ffn_{proj}_exps.weight", np.zeros(shape, np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    d = _diag(path)
+    c = d.source.counts
+    assert d.source.kind == "gguf" and (c.n_layers, c.moe_layers, c.n_experts, c.top_k) == (2, 2, 8, 2)
+    assert c.expert_weights == 3 * 64 * 32 and d.source.stored["experts"] == 2 * 3 * 8 * 64 * 32 * 2
+    assert d.prediction.verdict == "not supported" and "strata convert" in d.prediction.summary
+
+
+def test_mlx_checkpoint_config(tmp_path):
+    cfg = dict(QWEN3_30B_A3B, quantization={"group_size": 64, "bits": 4})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    d = _diag(tmp_path)
+    assert d.source.kind == "mlx" and d.prediction.verdict == "not supported"
+    assert "MLX 4-bit" in d.prediction.summary
+    bits = 4 + 2 * 16 / 64
+    assert d.source.stored["experts"] == int(d.source.counts.total_experts * d.source.counts.expert_weights * bits / 8)
