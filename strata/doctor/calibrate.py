@@ -4,7 +4,8 @@
 
 For each calibration model (the embedded model; the made `small` and `demo` shapes), record a
 λ = 0 trace of the first TOKENS tokens of the held-out Python text, then replay it at arena
-fractions from the smallest legal arena to every expert, at the default configuration.
+fractions from the smallest legal arena to every expert, at the default configuration
+(`strata.Config()`: K = 10 and the stock MoCE policy).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=384)
     p.add_argument("--out", default=str(Path(__file__).with_name("locality.json")))
     args = p.parse_args(argv)
-    config = Config(moce_lambda=0)
+    config = Config()  # what a run gets by default (its MoCE policy included)
     text = (Path(__file__).parents[1] / "data" / "heldout.txt").read_text()
     models = [("default", load(default_model_path()))]
     with tempfile.TemporaryDirectory() as d:
@@ -67,7 +68,8 @@ def main(argv=None) -> int:
             tokens = model.tokenizer.encode(text)[: min(args.tokens, model.cfg.max_context - 1)]
             curves.append(curve_for(name, model, tokens, config))
             model.experts_file.close()
-    data = {"prefetch": config.prefetch, "lambda": 0.0, "tokens": args.tokens, "models": curves}
+    data = {"prefetch": config.prefetch, "lambda": config.moce_lambda, "J": config.moce_j, "tokens": args.tokens,
+            "models": curves}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.out}; mean urgent/lookup at 0.25: "
           f"{np.mean([np.interp(0.25, c['fraction'], c['urgent_per_lookup']) for c in curves]):.4f}")

@@ -6,7 +6,7 @@ Two sources, best first:
 - **the calibrated curve**: urgent misses and reads per lookup as a function of the arena's
   fraction of all experts, measured by that same replay on strata's own models (the embedded
   model and the made `small` and `demo` shapes, on the held-out Python text), at the default
-  configuration (K = 10, λ = 0). `python -m strata.doctor.calibrate` rewrites
+  configuration (`strata.Config()`: K = 10, the stock MoCE J = 3, λ = 0.85). `python -m strata.doctor.calibrate` rewrites
   `locality.json` beside this file. Between calibrated fractions it interpolates linearly; the
   spread between the calibration models is kept as the figure's uncertainty. A real model's
   routing may be more or less local than these small ones: the curve is a guide, the trace is
@@ -60,7 +60,7 @@ def from_curve(fraction: float, lookups_per_token: int, curve: dict | None = Non
     below = fraction < min(m["fraction"][0] for m in models)
     return Locality(hit_rate=1.0 - u, urgent_per_token=u * lookups_per_token,
                     reads_per_token=r * lookups_per_token + fill_per_token,
-                    source=f"calibrated curve ({names}; K={curve['prefetch']})"
+                    source=f"calibrated curve ({names}; K={curve['prefetch']}, λ={curve['lambda']:g})"
                            + ("; below its smallest arena: a lower bound on misses" if below else ""),
                     spread=float(np.ptp(urgent)) / 2 * lookups_per_token)
 
