@@ -18,7 +18,7 @@ GB = 1_000_000_000
 
 PROFILE = MachineProfile(
     backend="numpy", machine="test", disk_latency_s=1e-4, disk_bytes_per_s=1e9, disk_direct=True,
-    mem_bytes_per_s=2e10, gemv=OpCost(2e-6, 1e10), expert=OpCost(2e-6, 3e7), layer_s=5e-4, turn_s=3e-4, turn_slot_s=1e-7,
+    mem_bytes_per_s=2e10, gemv=OpCost(((1e4, 2e-6), (1e8, 1e-2))), expert=OpCost(((4e3, 2e-5), (1e6, 3e-2))), layer_s=5e-4, turn_s=3e-4, turn_slot_s=1e-7,
     read_s=3e-5, miss_s=5e-4, calibration_slot_bytes=4096, base_rss=50_000_000, load_avg=0.5, measured_at=0.0)
 
 
@@ -119,6 +119,13 @@ def test_cached_profile_is_read_not_remeasured(tmp_path):
     prof = dataclasses.replace(PROFILE, machine=_machine_id())
     (tmp_path / "machine-numpy.json").write_text(json.dumps(prof.to_dict()))
     assert machine_profile("numpy", tmp_path) == prof
+
+
+def test_op_cost_table():
+    cost = OpCost(((1e3, 1e-5), (1e5, 1e-4), (1e7, 1e-1)))
+    assert cost.each(10) == 1e-5 and cost.each(1e5) == pytest.approx(1e-4)
+    assert cost.each(2e7) == pytest.approx(2e-1)  # past the table: at the last point's rate
+    assert 1e-5 < cost.each(1e4) < 1e-4 and cost.seconds(4, 4e5) == pytest.approx(4e-4)
 
 
 def test_cli_json(made, tmp_path, capsys):

@@ -7,8 +7,9 @@ Decode time per token (seconds):
     streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · read_s
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
-    ops = dense GEMV calls · gemv.call_s + dense bytes/token / gemv.bytes_per_s
-          + k · moe_layers · (expert.call_s + record bytes / expert.bytes_per_s)
+    ops = gemv(dense GEMV calls, dense bytes/token) + expert(k · moe_layers calls, expert bytes/token)
+          (measured seconds per call at the mean bytes per call: `OpCost`), and never less than
+          the token's bytes at the measured memory bandwidth
 
 Peak memory: the process's base (measured) + the dense weights as held (float32) + every
 expert (all-resident) or the arena (streaming) + the KV cache at `context`. The model file's

@@ -6,8 +6,8 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 - disk: 4 KiB random reads at queue depth 1 (latency) and 1 MiB random reads from 4 threads
   (bandwidth), O_DIRECT where the filesystem allows, on a scratch file in the cache dir;
 - memory bandwidth: a 64 MB array copy (bytes read + written per second);
-- compute: a float32 GEMV at two sizes (per-call cost + bytes/s) and one routed expert's SwiGLU
-  at two sizes (per-call cost + record bytes/s) on the backend's own path;
+- compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
+  backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
   all-resident, then streaming at four arenas from the smallest legal one to every expert.
   What the ops above do not explain is strata's per-layer cost (`layer_s`); the streaming runs
@@ -36,7 +36,7 @@ import numpy as np
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
@@ -48,11 +48,34 @@ CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded
 
 @dataclass(frozen=True)
 class OpCost:
-    call_s: float  # fixed cost of one call
-    bytes_per_s: float  # weight bytes streamed per second beyond it
+    """Seconds per call of one op as a function of the weight bytes it reads: measured points
+    (bytes, seconds), interpolated in log-log; past the largest point, time grows with bytes
+    at that point's rate; below the smallest, the smallest point's time (the call's own cost).
+    A table rather than a line, because the rate depends on size: a numpy Q2_0 expert of
+    1024 x 512 dequantizes into 2 MB temporaries and ran 3-4x slower per byte than one of
+    256 x 128 here (docs/doctor.md)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def each(self, nbytes: float) -> float:
+        xs = np.array([b for b, _ in self.points], float)
+        ts = np.array([t for _, t in self.points], float)
+        if nbytes >= xs[-1]:
+            return float(ts[-1] * nbytes / xs[-1])
+        if nbytes <= xs[0]:
+            return float(ts[0])
+        return float(np.exp(np.interp(np.log(nbytes), np.log(xs), np.log(ts))))
 
     def seconds(self, calls: float, nbytes: float) -> float:
-        return calls * self.call_s + nbytes / self.bytes_per_s
+        """`calls` calls reading `nbytes` in all (each call reads the mean)."""
+        return calls * self.each(nbytes / calls) if calls else 0.0
+
+    def to_dict(self) -> dict:
+        return {"points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpCost":
+        return cls(tuple((float(b), float(t)) for b, t in d["points"]))
 
 
 @dataclass(frozen=True)
@@ -83,12 +106,13 @@ class MachineProfile:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = list(self.notes)
+        d["gemv"], d["expert"] = self.gemv.to_dict(), self.expert.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "MachineProfile":
         d = dict(d)
-        d["gemv"], d["expert"] = OpCost(**d["gemv"]), OpCost(**d["expert"])
+        d["gemv"], d["expert"] = OpCost.from_dict(d["gemv"]), OpCost.from_dict(d["expert"])
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)
 
@@ -212,51 +236,59 @@ def _mem_bw() -> float:
     return 2 * a.nbytes / _best(lambda: np.copyto(b, a), 5)
 
 
-def _fit(small: tuple[float, float], large: tuple[float, float]) -> "OpCost":
-    """OpCost through two (bytes, seconds) points."""
-    (b0, t0), (b1, t1) = small, large
-    per_byte = max((t1 - t0) / (b1 - b0), 1e-15)
-    return OpCost(call_s=max(t0 - b0 * per_byte, 0.0), bytes_per_s=1.0 / per_byte)
+GEMV_SIZES = (64, 256, 1024, 2048, 4096)  # square float32 matrices: 16 kB .. 64 MB
+EXPERT_SIZES = ((64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048, 768))  # (D, F)
+COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its median
+
+
+def _table(cases, repeats: int = 5) -> OpCost:
+    """OpCost from [(bytes, fn)]: the median over COMPUTE_ROUNDS rounds of each size's median."""
+    times: list[list[float]] = [[] for _ in cases]
+    for _ in range(COMPUTE_ROUNDS):
+        for i, (_, fn) in enumerate(cases):
+            times[i].append(_median(fn, repeats))
+    pts = sorted((float(b), float(np.median(t))) for (b, _), t in zip(cases, times))
+    for i in range(1, len(pts)):  # more bytes never take less time (noise can say otherwise)
+        pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+    return OpCost(tuple(pts))
 
 
 def _compute_numpy() -> tuple[OpCost, OpCost]:
-    from strata.formats.expert_record import RecordLayout
+    from strata.formats.expert_record import ExpertWeights, RecordLayout
     from strata.formats.quant_types import QuantType
     from strata.reference.experts import swiglu_expert
     from strata.reference.quants import quantize
-    from strata.formats.expert_record import ExpertWeights
 
     rng = np.random.default_rng(0)
-    points = []
-    for n in (64, 2048):
+    cases = []
+    for n in GEMV_SIZES:
         w = rng.standard_normal((n, n), dtype=np.float32)
         x = rng.standard_normal(n, dtype=np.float32)
-        points.append((w.nbytes, _median(lambda: x @ w.T, 30 if n == 64 else 10)))
-    gemv = _fit(*points)
-    points = []
-    for d, f in ((64, 32), (1024, 512)):
+        cases.append((w.nbytes, lambda w=w, x=x: x @ w.T))
+    gemv = _table(cases)
+    cases = []
+    for d, f in EXPERT_SIZES:
         ew = ExpertWeights(quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
                            quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
                            quantize(QuantType.Q2_0, rng.standard_normal((d, f), dtype=np.float32)))
         x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
-        points.append((RecordLayout(QuantType.Q2_0, d, f).record_bytes,
-                       _median(lambda: swiglu_expert(ew, x), 30 if d == 64 else 10)))
-    return gemv, _fit(*points)
+        cases.append((RecordLayout(QuantType.Q2_0, d, f).record_bytes, lambda ew=ew, x=x: swiglu_expert(ew, x)))
+    return gemv, _table(cases, repeats=3)
 
 
 def _compute_mlx() -> tuple[OpCost, OpCost]:
-    """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls plus its
-    record bytes at the same rate (the Q2_0 kernels are bandwidth-bound). Unverified on GPU."""
+    """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls reading its
+    record bytes (the Q2_0 kernels are bandwidth-bound). Unverified on a GPU."""
     import mlx.core as mx
 
-    points = []
-    for n in (64, 2048):
+    cases = []
+    for n in GEMV_SIZES:
         w = mx.random.normal((n, n))
         x = mx.random.normal((n,))
         mx.eval(w, x)
-        points.append((n * n * 4, _median(lambda: mx.eval(w @ x), 30 if n == 64 else 10)))
-    gemv = _fit(*points)
-    return gemv, OpCost(call_s=3 * gemv.call_s, bytes_per_s=gemv.bytes_per_s)
+        cases.append((n * n * 4, lambda w=w, x=x: mx.eval(w @ x)))
+    gemv = _table(cases)
+    return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points))
 
 
 # ---------------------------------------------------------------- the engine
@@ -285,14 +317,14 @@ def _engine(backend: str, progress) -> dict:
         slot = model.experts_file.header.padded_bytes
         model.experts_file.close()
         cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted({least, total // 3, 2 * total // 3, total})]
-        runs = {}
-        for name, slots in cases:
-            if progress:
-                progress(f"engine: {name}")
-            overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
-            tries = [measure_run(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS)
-                     for _ in range(CALIBRATION_REPEATS)]
-            runs[slots] = sorted(tries, key=_token_s)[len(tries) // 2]  # the median run
+        tries: dict[int, list] = {slots: [] for _, slots in cases}
+        for round_ in range(CALIBRATION_REPEATS):  # interleaved: a load burst hits every case alike
+            for name, slots in cases:
+                if progress:
+                    progress(f"engine: {name} ({round_ + 1}/{CALIBRATION_REPEATS})")
+                overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
+                tries[slots].append(measure_run(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
+        runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
     return {"runs": runs, "cfg": made.cfg, "slot": slot}
 
 
