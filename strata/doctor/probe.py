@@ -304,7 +304,7 @@ def _token_s(run) -> float:
 
 def _engine(backend: str, progress) -> dict:
     from strata.config import Config
-    from strata.doctor.measure import measure_run
+    from strata.doctor.measure import measure_quiet
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
     from strata.testing import make_model
@@ -323,7 +323,7 @@ def _engine(backend: str, progress) -> dict:
                 if progress:
                     progress(f"engine: {name} ({round_ + 1}/{CALIBRATION_REPEATS})")
                 overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
-                tries[slots].append(measure_run(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
+                tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
         runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
     return {"runs": runs, "cfg": made.cfg, "slot": slot}
 
