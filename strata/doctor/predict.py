@@ -7,9 +7,9 @@ Decode time per token (seconds):
     streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · read_s
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
-    ops = gemv(dense GEMV calls, dense bytes/token) + expert(k · moe_layers calls, expert bytes/token)
-          (measured seconds per call at the mean bytes per call: `OpCost`), and never less than
-          the token's bytes at the measured memory bandwidth
+    ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
+          + k · moe_layers · (expert_call_s + expert(record) − expert(calibration record))
+          and never less than the token's bytes at the measured memory bandwidth
 
 Peak memory: the process's base (measured) + the dense weights as held (float32) + every
 expert (all-resident) or the arena (streaming) + the KV cache at `context`. The model file's
@@ -30,7 +30,7 @@ from pathlib import Path
 from strata.doctor.byte_budget import ByteBudget
 from strata.doctor.families import PartCounts
 from strata.doctor.locality import Locality, from_curve, from_trace
-from strata.doctor.probe import MachineProfile, OpCost
+from strata.doctor.probe import MachineProfile
 from strata.errors import StrataError
 from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
 from strata.runtime.memory import MemoryInfo
@@ -41,7 +41,7 @@ ATTENTION_GEMVS = 4  # q, k, v, o per layer
 SHARED_GEMVS = 3  # gate, up, down of a shared expert (or a dense MLP layer)
 
 
-def ops_seconds(counts: PartCounts, budget: ByteBudget, gemv: OpCost, expert: OpCost) -> float:
+def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile) -> float:
     """The weight-reading part of one decoded token (module docstring)."""
     L, moe = counts.n_layers, counts.moe_layers
     calls = L * ATTENTION_GEMVS + moe + 1  # + routers + head
@@ -49,7 +49,9 @@ def ops_seconds(counts: PartCounts, budget: ByteBudget, gemv: OpCost, expert: Op
         calls += moe * SHARED_GEMVS
     if counts.dense.get("dense_ffn"):
         calls += (L - moe) * SHARED_GEMVS
-    return gemv.seconds(calls, budget.dense_per_token) + expert.seconds(moe * counts.top_k, budget.expert_per_token)
+    n_experts = moe * counts.top_k
+    experts = n_experts * profile.expert_seconds(budget.expert_per_token / n_experts) if n_experts else 0.0
+    return profile.gemv.seconds(calls, budget.dense_per_token) + experts
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
             locality = from_curve(slots / max(budget.total_experts, 1), counts.moe_layers * counts.top_k,
                                   fill_per_token=slots / (prompt + horizon) if horizon else 0.0)
     # never faster than reading the bytes once at the measured memory bandwidth
-    ops = max(ops_seconds(counts, budget, profile.gemv, profile.expert), budget.per_token / profile.mem_bytes_per_s)
+    ops = max(ops_seconds(counts, budget, profile), budget.per_token / profile.mem_bytes_per_s)
     terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops}
     if streaming and locality is not None:
         miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s

@@ -9,8 +9,10 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 - compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
   backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
-  all-resident, then streaming at four arenas from the smallest legal one to every expert.
-  What the ops above do not explain is strata's per-layer cost (`layer_s`); the streaming runs
+  all-resident at top-4 and at top-1 (the difference is the engine's own cost per routed
+  expert, `expert_call_s`; the microbenchmark only scales it with the record's size), then
+  streaming at four arenas from the smallest legal one to every expert. What the ops do not
+  explain is strata's per-layer cost (`layer_s`); the streaming runs
   give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by least
   squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per arena slot: measured to
   grow with the arena) and the host's cost per read issued (`read_s`). The resident run's peak
@@ -22,6 +24,7 @@ the 1-minute load average at measurement time is kept with the profile.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -36,7 +39,7 @@ import numpy as np
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
@@ -87,7 +90,9 @@ class MachineProfile:
     disk_direct: bool
     mem_bytes_per_s: float
     gemv: OpCost
-    expert: OpCost
+    expert: OpCost  # the expert op alone (microbenchmark), by record bytes
+    expert_call_s: float  # the engine's cost per routed expert at `calibration_record_bytes` (measured in-engine)
+    calibration_record_bytes: int
     layer_s: float
     turn_s: float
     turn_slot_s: float  # the turn's growth per arena slot (the cache's victim search passes pinned slots)
@@ -102,6 +107,12 @@ class MachineProfile:
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
+
+    def expert_seconds(self, record_bytes: float) -> float:
+        """One routed expert in the engine: its in-engine cost at the calibration size, plus
+        what the microbenchmark says a record of this size costs beyond that one."""
+        extra = self.expert.each(record_bytes) - self.expert.each(self.calibration_record_bytes)
+        return self.expert_call_s + max(0.0, extra)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -304,6 +315,8 @@ def _token_s(run) -> float:
 
 def _engine(backend: str, progress) -> dict:
     from strata.config import Config
+    from strata.formats.expert_record import RecordLayout
+    from strata.formats.quant_types import QuantType
     from strata.doctor.measure import measure_quiet
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
@@ -324,8 +337,18 @@ def _engine(backend: str, progress) -> dict:
                     progress(f"engine: {name} ({round_ + 1}/{CALIBRATION_REPEATS})")
                 overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
                 tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
+        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
+                         n_experts_per_token=1)
+        top1 = []
+        for round_ in range(CALIBRATION_REPEATS):
+            if progress:
+                progress(f"engine: resident top-1 ({round_ + 1}/{CALIBRATION_REPEATS})")
+            top1.append(measure_quiet(one.model_path, {"backend": backend}, max_tokens=CALIBRATION_TOKENS))
         runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
-    return {"runs": runs, "cfg": made.cfg, "slot": slot}
+        runs[-1] = sorted(top1, key=_token_s)[len(top1) // 2]
+        record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
+                              made.cfg.expert_ffn_size).record_bytes
+    return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
 
 
 def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
@@ -347,6 +370,13 @@ def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s
     return turn, per_slot, read, miss_s
 
 
+_PLACEHOLDER = MachineProfile(
+    backend="", machine="", disk_latency_s=0.0, disk_bytes_per_s=1.0, disk_direct=False, mem_bytes_per_s=1.0,
+    gemv=OpCost(((1.0, 0.0),)), expert=OpCost(((1.0, 0.0),)), expert_call_s=0.0, calibration_record_bytes=1,
+    layer_s=0.0, turn_s=0.0, turn_slot_s=0.0, read_s=0.0, miss_s=0.0, calibration_slot_bytes=4096, base_rss=0,
+    load_avg=0.0, measured_at=0.0)
+
+
 def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineProfile:
     """Measure this machine now (module docstring)."""
     from strata.doctor.byte_budget import byte_budget
@@ -366,17 +396,23 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineP
     budget = byte_budget(counts, slot_bytes=eng["slot"])
     from strata.doctor.predict import ops_seconds  # late: predict imports this module
 
-    ops = ops_seconds(counts, budget, gemv, expert)
-    resident = runs.pop(0)
+    resident, top1 = runs.pop(0), runs.pop(-1)
     resident_s = _token_s(resident)
-    layer_s = max(0.0, (resident_s - ops) / cfg.n_layers)
+    L, k = cfg.n_layers, cfg.n_experts_per_token
+    # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
+    expert_call_s = max(0.0, (resident_s - _token_s(top1)) / (L * (k - 1)))
+    partial = dataclasses.replace(_PLACEHOLDER, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
+                                  calibration_record_bytes=eng["record"])
+    ops = ops_seconds(counts, budget, partial)
+    layer_s = max(0.0, (resident_s - ops) / L)
     turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
     base = max(0, resident.peak_rss - budget.dense_resident - budget.experts_resident)  # as predict.py counts a peak
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     return MachineProfile(
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
-        mem_bytes_per_s=mem, gemv=gemv, expert=expert, layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
+        mem_bytes_per_s=mem, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
+        calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
         read_s=read_s,
         miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
         measured_at=time.time(), notes=tuple(notes))
