@@ -56,6 +56,23 @@ def _wait_for_quiet(load: float, most: float) -> None:
           file=sys.stderr)
 
 
+def _wait_idle(max_others: float, most: float) -> float:
+    """Wait (at most `most` s) for a 2-second window in which other processes keep at most
+    `max_others` of the CPUs busy; returns that share."""
+    import time
+
+    from strata.doctor.measure import _cpu_jiffies, others_busy
+
+    start = time.time()
+    while True:
+        before, own = _cpu_jiffies(), sum(os.times()[:2])
+        time.sleep(2)
+        share = others_busy(before, _cpu_jiffies(), sum(os.times()[:2]) - own)
+        if share <= max_others or time.time() - start > most:
+            return share
+        time.sleep(3)
+
+
 def _median_run(runs):
     return sorted(runs, key=lambda r: -r.decode_tps)[len(runs) // 2]
 
@@ -81,7 +98,7 @@ def main(argv=None) -> int:
     from strata.config import Config
     from strata.default_model import default_model_path
     from strata.doctor import diagnose
-    from strata.doctor.measure import PROMPT, measure_quiet
+    from strata.doctor.measure import PROMPT, QUIET_OTHERS, measure_quiet
     from strata.doctor.probe import default_cache_dir, machine_profile
     from strata.testing import make_model
 
@@ -96,6 +113,8 @@ def main(argv=None) -> int:
                    help="redo a run up to this many times while other processes keep >25%% of the CPUs busy")
     p.add_argument("--wait-load", type=float, default=0.0,
                    help="before measuring, wait until the 1-minute load average is below this (0: do not wait)")
+    p.add_argument("--wait-run", type=float, default=120.0,
+                   help="before each run, wait up to this many seconds for the other processes to go quiet")
     p.add_argument("--wait-max", type=float, default=600.0, help="seconds to wait for --wait-load at most")
     args = p.parse_args(argv)
     _wait_for_quiet(args.wait_load, args.wait_max)
@@ -114,6 +133,7 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):  # interleaved rounds: a load spike hits every case alike
             for i, (name, path, arena) in enumerate(cases):
                 overrides = {"backend": args.backend, **({"arena": arena} if arena else {})}
+                _wait_idle(QUIET_OTHERS, args.wait_run)
                 measured[i].append(measure_quiet(path, overrides, max_tokens=args.tokens, tries=args.tries))
         for i, (name, path, arena) in enumerate(cases):
             overrides = {"backend": args.backend, **({"arena": arena} if arena else {})}
