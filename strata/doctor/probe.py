@@ -253,11 +253,22 @@ COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its media
 
 
 def _table(cases, repeats: int = 5) -> OpCost:
-    """OpCost from [(bytes, fn)]: the median over COMPUTE_ROUNDS rounds of each size's median."""
+    """OpCost from [(bytes, fn)]: the median over COMPUTE_ROUNDS rounds of each size's median.
+    A round during which other processes kept more than QUIET_OTHERS of the CPUs busy is
+    redone (at most COMPUTE_ROUNDS more times): a burst of other work must not set a rate."""
+    from strata.doctor.measure import QUIET_OTHERS, _cpu_jiffies, others_busy
+
     times: list[list[float]] = [[] for _ in cases]
-    for _ in range(COMPUTE_ROUNDS):
-        for i, (_, fn) in enumerate(cases):
-            times[i].append(_median(fn, repeats))
+    kept = tried = 0
+    while kept < COMPUTE_ROUNDS and tried < 2 * COMPUTE_ROUNDS:
+        tried += 1
+        before, own = _cpu_jiffies(), sum(os.times()[:2])
+        row = [_median(fn, repeats) for _, fn in cases]
+        if others_busy(before, _cpu_jiffies(), sum(os.times()[:2]) - own) > QUIET_OTHERS and tried < 2 * COMPUTE_ROUNDS:
+            continue
+        kept += 1
+        for i, t in enumerate(row):
+            times[i].append(t)
     pts = sorted((float(b), float(np.median(t))) for (b, _), t in zip(cases, times))
     for i in range(1, len(pts)):  # more bytes never take less time (noise can say otherwise)
         pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
