@@ -108,6 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--remeasure", action="store_true")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--models", default="default,small,demo", help="which of default, small, demo (comma-separated)")
     p.add_argument("--repeats", type=int, default=3, help="measured runs per case, in interleaved rounds (the median counts)")
     p.add_argument("--tries", type=int, default=3,
                    help="redo a run up to this many times while other processes keep >25%% of the CPUs busy")
@@ -124,9 +125,10 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        models = {"default": default_model_path()}
-        for shape in ("small", "demo"):
-            models[shape] = make_model(d / shape, shape).model_path
+        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+        models = {}
+        for name in wanted:
+            models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
         cases = _cases(models)
         measured: dict[int, list] = {i: [] for i in range(len(cases))}
