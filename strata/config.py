@@ -78,6 +78,8 @@ class Config:
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
     # entry points (issue 23): the CPU path's BLAS threads
     threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
+    force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "
+                                    "(default off: refused)")
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI

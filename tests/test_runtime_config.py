@@ -72,7 +72,7 @@ def test_budget_rule_and_explicit_arena():
     assert tight.streaming and tight.slots == 90
     explicit = plan_arena(config=Config(arena="64slots"), available=10**12, **common)
     assert explicit.streaming and explicit.slots == 64 and explicit.nbytes == 64_000
-    capped = plan_arena(config=Config(arena="1GB"), available=0, **common)
+    capped = plan_arena(config=Config(arena="1GB", force_arena=True), available=0, **common)
     assert capped.slots == 500 and "capped" in capped.reason
     with pytest.raises(ArenaTooSmallError, match="needs at least 40 slots"):
         plan_arena(config=Config(arena="39slots"), **common)

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "recall": "strata.cli.recall",
     "quality": "strata.cli.quality",
     "sweep": "strata.cli.sweep",
+    "doctor": "strata.cli.doctor",
 }
 
 DESCRIPTION = """\
@@ -35,6 +36,7 @@ examples:
   strata generate model.gguf @prompt.txt          the prompt from a file (- reads standard input)
   strata make-model /tmp/tiny --shape tiny        write a small random test model
   strata convert ~/hf/Qwen3-30B-A3B /data/qwen3   convert a Hugging Face MoE checkpoint
+  strata doctor ~/hf/Qwen3-30B-A3B                will it run here, and how fast (reads no weights)
 
 sizes (--arena, --keep, replay's --caps): a number with a unit is bytes (2GB, 512MB, 1.5GiB);
 a bare number or NNNslots counts arena slots (one expert each); 25% is a share of all experts.

@@ -38,6 +38,7 @@ from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
+from strata.runtime.memory import PagingDelta, paging_snapshot
 from strata.runtime.prompt import prefill_chunks
 from strata.reference.model import router_rules
 from strata.runtime.report import StreamReport, build_report
@@ -87,6 +88,7 @@ class Ledger:
     waiting_s: float = 0.0
     after_s: float = 0.0
     phase_s: tuple[tuple[str, float], ...] = ()
+    paging: object = None  # the system's paging counters when the ledger was read (a PagingSnapshot)
 
     def minus(self, other: "Ledger") -> "Ledger":
         sub = {f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)
@@ -122,6 +124,7 @@ class StreamingEngine(SessionEngine):
         self.notes = notes
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._ledger = Ledger()
+        self._paging0 = paging_snapshot()
         self._logpos = open(config.logpos, "ab") if config.logpos else None
 
     # -------------------------------------------------------- the engine's steps
@@ -275,11 +278,14 @@ class StreamingEngine(SessionEngine):
 
     def ledger(self) -> Ledger:
         """The running totals now (pass one to `report(since=...)` for a run's own report)."""
-        return dataclasses.replace(self._ledger, phase_s=tuple(self.phase_s.items()))
+        return dataclasses.replace(self._ledger, phase_s=tuple(self.phase_s.items()), paging=paging_snapshot())
 
     def report(self, since: Ledger | None = None) -> StreamReport:
-        """The stream report of the decode windows since `since` (default: the engine's life)."""
-        led = self.ledger() if since is None else self.ledger().minus(since)
+        """The stream report of the decode windows since `since` (default: the engine's life),
+        with what the system paged meanwhile (major faults, page-ins, swap)."""
+        now = self.ledger()
+        led = now if since is None else now.minus(since)
+        paging = PagingDelta.between(since.paging if since is not None else self._paging0, now.paging)
         io = self.io.note + "".join(f"; {n}" for n in self.notes)
         return build_report(
             decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
@@ -287,7 +293,7 @@ class StreamingEngine(SessionEngine):
             arena_slots=self.arena.capacity, io=io, policy=self.selector.policy.describe(),
             prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued,
-            profile=dict(led.phase_s) if self.config.profile else None)
+            profile=dict(led.phase_s) if self.config.profile else None, paging=paging)
 
     def close(self) -> None:
         if not self._closed:
