@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     from strata.doctor import diagnose
     from strata.doctor.measure import PROMPT, QUIET_OTHERS, measure_quiet
     from strata.doctor.probe import default_cache_dir, machine_profile
-    from strata.testing import make_model
+    from strata.testing.models import make_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="numpy", choices=("numpy", "mlx"))

@@ -142,7 +142,7 @@ def test_paging_counters_and_delta():
 
 
 def test_paging_in_the_stream_report():
-    from strata.reference.cache_types import CacheStats
+    from strata.cache.types import CacheStats
     from dataclasses import asdict
 
     from strata.runtime.report import build_report

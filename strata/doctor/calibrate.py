@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     from strata.config import Config
     from strata.default_model import default_model_path
     from strata.loader import load
-    from strata.testing import make_model
+    from strata.testing.models import make_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=384)

@@ -106,6 +106,15 @@ def count_hf(raw: dict, path: str = "config.json") -> PartCounts:
     return counter(c, t)
 
 
+def _kv_per_position(cfg) -> int:
+    """Cached floats per position: K and V of every attention layer (a recurrent layer's state is
+    fixed; a latent-attention layer caches its latent and rope key)."""
+    from strata.model_config import Mixer
+
+    per = {Mixer.ATTENTION: 2 * cfg.n_kv_heads * cfg.head_dim, Mixer.MLA: cfg.kv_lora_rank + cfg.qk_rope_head_dim}
+    return sum(per.get(k.mixer, 0) for k in cfg.kinds)
+
+
 def _supported(raw: dict, path: str) -> PartCounts | None:
     """Counts through strata's converter, or None where the family is not one strata runs (or the
     config uses a feature it does not run: the reason is kept for the report)."""
@@ -120,8 +129,9 @@ def _supported(raw: dict, path: str) -> PartCounts | None:
     hf = HFConfig(Path(path), raw, family.name)
     try:
         cfg = family.model_config(hf, frozenset())  # no checkpoint: tensors are not consulted
-    except StrataError as e:
-        counts = _generic(text_config(raw), raw.get("model_type") or "")
+    except StrataError as e:  # a feature strata does not run: count the family's structure itself
+        t = raw.get("model_type") or ""
+        counts = _UNSUPPORTED.get(t, _generic)(text_config(raw), t)
         return _replace(counts, family=family.name, why_not=str(e).split(": ", 1)[-1])
     return count_strata(cfg, family.name)
 
@@ -140,10 +150,10 @@ def count_strata(cfg, family: str = "strata") -> PartCounts:
     embedding = parts.pop("embedding")
     return PartCounts(
         family=family, model_type=cfg.architecture, supported=True, why_not="", hidden=cfg.hidden_size,
-        vocab=cfg.vocab_size, n_layers=cfg.n_layers, moe_layers=cfg.n_layers, n_experts=cfg.n_experts,
+        vocab=cfg.vocab_size, n_layers=cfg.n_layers, moe_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         top_k=cfg.n_experts_per_token, expert_ffn=cfg.expert_ffn_size,
         expert_weights=3 * cfg.hidden_size * cfg.expert_ffn_size, embedding=embedding, dense=parts,
-        kv_per_position=2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim, tie_embeddings=cfg.tie_embeddings,
+        kv_per_position=_kv_per_position(cfg), tie_embeddings=cfg.tie_embeddings,
         model_config=cfg)
 
 

@@ -78,7 +78,7 @@ class Prediction:
 
 
 def _min_slots(counts: PartCounts, config) -> int:
-    from strata.reference.cache_types import min_capacity
+    from strata.cache.types import min_capacity
 
     return min_capacity(counts.moe_layers, counts.top_k, config.prefetch, split_turn=config.split_turn,
                         prefetch2=config.prefetch2, n_experts=counts.n_experts)

@@ -331,7 +331,7 @@ def _engine(backend: str, progress) -> dict:
     from strata.doctor.measure import measure_quiet
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
-    from strata.testing import make_model
+    from strata.testing.models import make_model
 
     with tempfile.TemporaryDirectory() as d:
         made = make_model(Path(d) / "probe", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS)

@@ -99,9 +99,9 @@ def _needs_convert(source: Source) -> bool:
 
 
 def resolve_backend(config, expert_qtype: QuantType) -> str:
-    """The backend a run would get (`strata.generate.resolve_backend`'s rule, before loading)."""
+    """The backend a run would get (`strata.engines.resolve_backend`'s rule, before loading)."""
     from strata.config import Backend
-    from strata.generate import mlx_gpu_available
+    from strata.engines import mlx_gpu_available
 
     if config.backend is not Backend.AUTO:
         return config.backend.value

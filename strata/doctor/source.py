@@ -13,6 +13,8 @@ A routing trace (`strata trace`) found beside a strata model as `NAME.trace.npz`
 
 from __future__ import annotations
 
+import math
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,10 +113,11 @@ def _read_hf(p: Path, expert_qtype: QuantType, dense_qtype: QuantType) -> Source
 
 
 def _read_gguf(p: Path) -> Source:
-    from strata.formats.model_file import ARCHITECTURE, KEY_ARCHITECTURE, _field, _open, read_model_config
+    from strata.formats.gguf_file import open_gguf
+    from strata.formats.model_file import ARCHITECTURE, KEY_ARCHITECTURE, _field, read_model_config
 
-    reader = _open(str(p))
-    arch = _field(reader, str(p), KEY_ARCHITECTURE, required=False)
+    reader = open_gguf(p)
+    arch = _field(reader, KEY_ARCHITECTURE, required=False)
     if arch == ARCHITECTURE:
         return _read_strata(p, reader, read_model_config(p))
     return _read_llama_cpp(p, reader, str(arch))
@@ -130,12 +133,12 @@ def _read_strata(p: Path, reader, cfg) -> Source:
     with ExpertsFile.open(xp) as xf:
         h = xf.header
         qtype, slot = QuantType(h.qtype), h.padded_bytes
-    dense_types = {int(t.tensor_type) for t in reader.tensors if len(t.shape) > 1}
+    dense_types = {int(t.ggml_type) for t in reader.tensors.values() if len(t.shape) > 1}
     dense_types.discard(int(QuantType.F32))
     dense_qtype = QuantType(min(dense_types)) if dense_types else QuantType.F32
     counts = count_strata(cfg, cfg.architecture)
     return Source(str(p), "strata", counts, qtype, dense_qtype, slot_bytes=slot, model_files=(p, xp),
-                  stored={"dense": int(sum(int(t.n_bytes) for t in reader.tensors)), "experts": xp.stat().st_size})
+                  stored={"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())), "experts": xp.stat().st_size})
 
 
 def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
@@ -143,7 +146,7 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
     from strata.formats.model_file import _field
 
     def meta(key, default=None):
-        v = _field(reader, str(p), f"{arch}.{key}", required=False)
+        v = _field(reader, f"{arch}.{key}", required=False)
         return default if v is None else int(v)
 
     n_layers, n_exp, top_k = meta("block_count"), meta("expert_count"), meta("expert_used_count")
@@ -152,21 +155,21 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
         raise ConfigError(f"{p}: a {arch} GGUF without expert metadata: not a Mixture-of-Experts model strata knows")
     experts = dense = embedding = 0
     expert_weights = 0
-    for t in reader.tensors:
+    for t in reader.tensors.values():
         if "_exps" in t.name:
-            experts += int(t.n_bytes)
-            expert_weights += int(t.n_elements)
+            experts += int(t.nbytes)
+            expert_weights += math.prod(t.shape)
         elif t.name.startswith("token_embd"):
-            embedding += int(t.n_elements)
+            embedding += math.prod(t.shape)
         else:
-            dense += int(t.n_elements)
-    moe_layers = max(1, sum(1 for t in reader.tensors if t.name.endswith("ffn_down_exps.weight")))
+            dense += math.prod(t.shape)
+    moe_layers = max(1, sum(1 for t in reader.tensors.values() if t.name.endswith("ffn_down_exps.weight")))
     per_expert = expert_weights // (moe_layers * n_exp) if expert_weights else 3 * hidden * (ffn or 0)
     vocab = embedding // hidden if hidden else 0
     counts = PartCounts(family=f"llama.cpp {arch}", model_type=arch, supported=False,
-                        why_not="a llama.cpp GGUF: convert the Hugging Face checkpoint with `strata convert`",
+                        why_not=f"a llama.cpp GGUF: run `strata convert {p} OUT` first (its byte budget is below)",
                         hidden=hidden, vocab=vocab, n_layers=n_layers, moe_layers=moe_layers, n_experts=n_exp,
                         top_k=top_k, expert_ffn=ffn or per_expert // (3 * hidden), expert_weights=per_expert,
                         embedding=embedding, dense={"dense": dense})
     return Source(str(p), "gguf", counts, QuantType.Q2_0, QuantType.F32,
-                  stored={"dense": int(sum(int(t.n_bytes) for t in reader.tensors)) - experts, "experts": experts})
+                  stored={"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())) - experts, "experts": experts})
