@@ -28,6 +28,7 @@ STOCK_PREFETCH = 10
 STOCK_MOCE_J = 3
 STOCK_MOCE_LAMBDA = 0.85
 STOCK_PREFILL_CHUNK = 64  # prompt positions per chunk: bounds a chunk's expert union and its activations
+MAX_SUFFIX_DRAFT = 3  # drafted tokens per window: the range measured (docs/perf.md, speculative windows)
 STOCK_IO_TIMEOUT = 60.0  # seconds a wait may block before it is an error: a stuck disk is not a hang
 
 
@@ -69,6 +70,11 @@ class Config:
     reference_cache: bool = knob(False, "drive the runtime with the pure reference cache machine (slow; A/B)",
                                  flag=False)
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
+    # speculative windows (strata.speculative): drafted tokens verified in one decode window
+    suffix_draft: int = knob(0, "speculate: draft up to N tokens (1..3) from a suffix index over prompt and "
+                                "generation, verified in one window (raises window to N+1; default 0: off)")
+    spec_gate: bool = knob(True, "speculation switches itself off while it stops paying in bytes and ms per "
+                                 "token (default on)")
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI
@@ -94,6 +100,10 @@ class Config:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.window < 1:
             raise ConfigError(f"window must be >= 1, got {self.window}")
+        if not 0 <= self.suffix_draft <= MAX_SUFFIX_DRAFT:
+            raise ConfigError(f"suffix_draft must be in 0..{MAX_SUFFIX_DRAFT} (0: off), got {self.suffix_draft}")
+        if self.window < self.suffix_draft + 1:  # a draft and the token before it are one cache window
+            object.__setattr__(self, "window", self.suffix_draft + 1)
         from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):

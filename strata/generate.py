@@ -15,6 +15,7 @@ from strata.loader import Model, load
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
 from strata.session import SessionEngine
+from strata.speculative import Drafter, Gate, SpeculationReport, SpeculativeSteps, drafter_for
 from strata.tokenizer import StreamingDetokenizer
 
 
@@ -32,6 +33,7 @@ class GenerationResponse:
     prompt_reused: prompt positions the session already held (not processed again)
     cache: the expert cache's cumulative counts (prompt and decode) when streaming, else None
     report: this call's stream report (SPEC §8), on the last response only, when streaming
+    speculation: this call's speculation report, on the last response only, when speculating
     """
 
     text: str
@@ -46,6 +48,7 @@ class GenerationResponse:
     prompt_reused: int = 0
     cache: CacheStats | None = field(default=None, repr=False)
     report: StreamReport | None = field(default=None, repr=False)
+    speculation: SpeculationReport | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class GenerationResult:
     finish_reason: str | None
     prompt_reused: int = 0
     report: StreamReport | None = field(default=None, repr=False)  # when streaming (SPEC §8)
+    speculation: SpeculationReport | None = field(default=None, repr=False)  # when speculating
 
     def __str__(self) -> str:
         return self.text
@@ -79,6 +83,7 @@ def stream_generate(
     seed: int = 0,
     engine: Engine | None = None,
     config: Config | None = None,
+    drafter: Drafter | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a GenerationResponse per token.
 
@@ -89,6 +94,9 @@ def stream_generate(
     tokenizer's own special tokens, e.g. a Llama-style BOS) or token ids (used as given). Greedy
     when temperature is 0. `config`: the runtime configuration (default: `STRATA_*` variables
     over the defaults) of the engine a Model or path gets; an engine keeps its own.
+    `drafter`: speculate with it (strata.speculative); default: the one the engine's config names
+    (`suffix_draft`), none when that is 0. Greedy output is the same with or without; sampled
+    output has the same distribution (not the same draws).
     """
     if engine is not None:  # the older spelling: stream_generate(model, prompt, engine=...)
         model = engine
@@ -114,7 +122,7 @@ def stream_generate(
     try:
         if engine is None:
             engine = session_engine(model, config if config is not None else load_config())
-        yield from _run(model, engine, tokens, sampler, max_tokens, limit)
+        yield from _run(model, engine, tokens, sampler, max_tokens, limit, drafter)
     finally:
         if owned is not None:
             owned.close()  # its engine's reader threads and file descriptors too
@@ -128,8 +136,37 @@ def _reuse(engine: Engine, tokens: list[int]) -> int:
     return keep
 
 
+class _PlainSteps:
+    """The token source of plain decoding: sample token n from the logits, decode it."""
+
+    def __init__(self, engine: Engine, logits, sampler: SamplerConfig) -> None:
+        self.engine, self.logits, self.sampler = engine, logits, sampler
+
+    def next(self, n: int) -> tuple[int, float]:
+        token = sample(self.logits, self.sampler, n)
+        return token, float(log_softmax(self.logits)[token])
+
+    def advance(self, token: int, n: int, room: int) -> None:
+        self.logits = self.engine.decode(token)
+
+    def finish(self, n: int) -> None:
+        pass
+
+    def report(self) -> None:
+        return None
+
+
+def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | None, limit: int):
+    """Plain decoding, or speculative windows where a drafter is given or the config names one."""
+    drafter = drafter if drafter is not None else drafter_for(engine.config)
+    if drafter is None:
+        return _PlainSteps(engine, logits, sampler)
+    gate = Gate(enabled=engine.config.spec_gate if engine.config is not None else True)
+    return SpeculativeSteps(engine, logits, sampler, drafter, gate=gate, limit=limit)
+
+
 def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int,
-         limit: int) -> Iterator[GenerationResponse]:
+         limit: int, drafter: Drafter | None = None) -> Iterator[GenerationResponse]:
     detok = StreamingDetokenizer(model.tokenizer)
     since = engine.ledger()  # None unless the engine streams (then: this call's report)
 
@@ -138,20 +175,22 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
     logits = engine.prefill(tokens[reused:])
     prompt_seconds = time.perf_counter() - start
     prompt_tps = (len(tokens) - reused) / max(prompt_seconds, 1e-9)
+    steps = _steps(engine, logits, sampler, drafter, limit)
     decode_start = time.perf_counter()
     for n in range(max_tokens):
         step_start = time.perf_counter()
-        token = sample(logits, sampler, n)
-        logprob = float(log_softmax(logits)[token])
+        token, logprob = steps.next(n)
         finish = None
         if token in model.tokenizer.eos_ids:
             finish = "stop"
         elif n + 1 == max_tokens:
             finish = "length"
-        elif engine.length >= limit:
+        elif len(tokens) + n >= limit:  # the positions held before this token (a window may hold more)
             finish = "context"
         if finish is None:
-            logits = engine.decode(token)
+            steps.advance(token, n, room=max_tokens - n - 1)
+        else:
+            steps.finish(n)
         text = detok.add(token) if finish != "stop" else ""
         if finish is not None:
             text += detok.flush()
@@ -162,6 +201,7 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
             token_seconds=now - step_start, finish_reason=finish, prompt_reused=reused,
             cache=engine.stats().cache if since is not None else None,
             report=engine.report(since=since) if since is not None and finish is not None else None,
+            speculation=steps.report() if finish is not None else None,
         )
         if finish is not None:
             return
@@ -178,5 +218,5 @@ def generate(model: Model | str | Path, prompt: str | list[int], **kwargs) -> Ge
         prompt_tokens=last.prompt_tokens if last else 0, prompt_tps=last.prompt_tps if last else 0.0,
         generation_tps=last.generation_tps if last else 0.0, finish_reason=last.finish_reason if last else None,
         prompt_reused=last.prompt_reused if last else 0,
-        report=last.report if last else None,
+        report=last.report if last else None, speculation=last.speculation if last else None,
     )

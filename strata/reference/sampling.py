@@ -26,6 +26,34 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
 
 
+def _kept(logits: np.ndarray, cfg: SamplerConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens sampling may pick (by probability, stable order) and their renormalized
+    probabilities: temperature, then the smallest top-p prefix. Shapes: [V] -> [n], [n]"""
+    probs = np.exp(log_softmax(logits / np.float32(cfg.temperature)).astype(np.float64))
+    order = np.argsort(-probs, kind="stable")
+    if cfg.top_p < 1.0:
+        cumulative = np.cumsum(probs[order])
+        keep = int(np.searchsorted(cumulative, cfg.top_p) + 1)  # smallest prefix with mass >= top_p
+        order = order[:keep]
+    return order, probs[order] / probs[order].sum()
+
+
+def probabilities(logits: np.ndarray, cfg: SamplerConfig) -> np.ndarray:
+    """The distribution `sample` draws from, over the whole vocabulary (greedy: a point mass on
+    the argmax). What speculative sampling accepts against.
+
+    Shapes: logits [V] -> float64 [V], summing to 1
+    """
+    logits = np.asarray(logits, dtype=np.float32)
+    out = np.zeros(logits.shape[-1], np.float64)
+    if cfg.temperature == 0.0:
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    order, kept = _kept(logits, cfg)
+    out[order] = kept
+    return out
+
+
 def sample(logits: np.ndarray, cfg: SamplerConfig, step: int) -> int:
     """Pick the next token from one position's logits [vocab].
 
@@ -35,12 +63,6 @@ def sample(logits: np.ndarray, cfg: SamplerConfig, step: int) -> int:
     logits = np.asarray(logits, dtype=np.float32)
     if cfg.temperature == 0.0:
         return int(np.argmax(logits))
-    probs = np.exp(log_softmax(logits / np.float32(cfg.temperature)).astype(np.float64))
-    order = np.argsort(-probs, kind="stable")
-    if cfg.top_p < 1.0:
-        cumulative = np.cumsum(probs[order])
-        keep = int(np.searchsorted(cumulative, cfg.top_p) + 1)  # smallest prefix with mass >= top_p
-        order = order[:keep]
-    kept = probs[order] / probs[order].sum()
+    order, kept = _kept(logits, cfg)
     rng = np.random.default_rng([cfg.seed, step])
     return int(order[rng.choice(len(order), p=kept)])
