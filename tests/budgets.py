@@ -43,3 +43,8 @@ HAND_WEIGHT_ATOL = 1e-6
 F16_LOGIT_BUDGET = 1e-3  # max |Δlogit| / max |logit|, f16 experts
 Q8_ARGMAX_AGREEMENT = 0.99  # fraction of positions with the same argmax, q8_0 experts
 Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversion (uniform ~ 5.8)
+
+# distribution tests (fixed seeds, so each is deterministic): a chi-square p-value below this
+# fails. At 1e-3 a correct sampler fails one seed choice in a thousand; a sampler that drops or
+# doubles a token's mass by 10% fails at the draw counts used (thousands) with p < 1e-6.
+CHI_SQUARE_P = 1e-3
