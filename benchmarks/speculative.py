@@ -7,7 +7,8 @@ For each model (the embedded strata/data/default.gguf, and a made demo-shaped mo
 engine (resident: every expert in memory; min / half: streaming through the smallest legal
 arena of the window, or half the experts), runs greedy generation over repetitive code prompts
 with speculation off (T = 1) and with the suffix drafter at each depth, gate on and off, and
-prints per configuration: ms per generated token (median over --repeat runs, after a warm run),
+prints per configuration: ms per generated token, wall and process CPU (median over --repeat
+runs, after a warm run; decode only: a 1-token call's time is subtracted),
 bytes read per generated token (decode windows' expert reads x slot bytes; 0 when resident),
 drafted-token acceptance, tokens per window, whether the gate switched off, and whether the
 tokens equal T = 1's (they must: greedy speculation is lossless). λ = 0 everywhere, so the
@@ -63,20 +64,29 @@ def engine_config(model, backend: str, engine: str, depth: int, gate: bool) -> C
     return config.replace(arena=f"{slots}slots")
 
 
+def _timed(model, prompt, tokens: int, config: Config):
+    """(result, wall s, cpu s) of one generation from a reset session (the arena stays)."""
+    if model.session is not None:
+        model.session.reset()  # no prefix reuse: every prompt is prefilled whole
+    wall, cpu = time.perf_counter(), time.process_time()
+    r = strata.generate(model, prompt, max_tokens=tokens, config=config)
+    return r, time.perf_counter() - wall, time.process_time() - cpu
+
+
 def run_config(model, config: Config, tokens: int, repeat: int) -> dict:
-    """Greedy generation over every prompt: a warm run, then `repeat` timed runs."""
+    """Greedy generation over every prompt: a warm run, then `repeat` timed runs. A token's cost
+    is (the call generating `tokens`) - (the call generating 1: prefill and the first token),
+    over the tokens after the first: decode only. Wall and process CPU time (the latter steadier
+    on a shared host; it misses GPU time, so on MLX read the wall column)."""
     close_session(model)
     slot = model.experts_file.header.padded_bytes
     runs, outputs, spec = [], [], []
     for rep in range(repeat + 1):
-        seconds = generated = reads = 0
+        wall = cpu = generated = reads = 0
         for prompt in PROMPTS:
-            if model.session is not None:
-                model.session.reset()  # no prefix reuse: every prompt is prefilled whole (the arena stays)
-            start = time.perf_counter()
-            r = strata.generate(model, prompt, max_tokens=tokens, config=config)
-            seconds += time.perf_counter() - start - r.prompt_tokens / max(r.prompt_tps, 1e-9)
-            generated += len(r.tokens)
+            _, wall1, cpu1 = _timed(model, prompt, 1, config)
+            r, wall_n, cpu_n = _timed(model, prompt, tokens, config)
+            wall, cpu, generated = wall + wall_n - wall1, cpu + cpu_n - cpu1, generated + len(r.tokens) - 1
             if r.report is not None:
                 reads += r.report.reads_per_token * r.report.tokens
             if rep == 0:
@@ -84,11 +94,12 @@ def run_config(model, config: Config, tokens: int, repeat: int) -> dict:
             elif r.speculation is not None:
                 spec.append(r.speculation)
         if rep:
-            runs.append((1e3 * seconds / generated, reads * slot / generated))
+            runs.append((1e3 * wall / generated, 1e3 * cpu / generated, reads * slot / generated))
     drafted, accepted = sum(s.drafted for s in spec), sum(s.accepted for s in spec)
     windows = sum(s.windows for s in spec)
     return {
-        "ms_per_token": statistics.median(r[0] for r in runs), "bytes_per_token": statistics.median(r[1] for r in runs),
+        "ms_per_token": statistics.median(r[0] for r in runs), "cpu_ms_per_token": statistics.median(r[1] for r in runs),
+        "bytes_per_token": statistics.median(r[2] for r in runs),
         "acceptance": accepted / drafted if drafted else None,
         "tokens_per_window": sum(s.tokens for s in spec) / windows if windows else 1.0,
         "gate_off": sum(any(e.startswith("off") for e in s.events) for s in spec), "runs": len(spec),
@@ -133,6 +144,8 @@ def main() -> None:
                                    config=label, depth=depth, gate=gate, arena=config.arena or "all",
                                    ms_per_token=r["ms_per_token"], bytes_per_token=r["bytes_per_token"],
                                    ms_vs_t1=r["ms_per_token"] / base["ms_per_token"],
+                                   cpu_ms_per_token=r["cpu_ms_per_token"],
+                                   cpu_vs_t1=r["cpu_ms_per_token"] / base["cpu_ms_per_token"],
                                    bytes_vs_t1=(r["bytes_per_token"] / base["bytes_per_token"]
                                                 if base["bytes_per_token"] else None),
                                    acceptance=r["acceptance"], tokens_per_window=r["tokens_per_window"],
@@ -152,20 +165,22 @@ def _line(r: dict) -> str:
     acc = "-" if r["acceptance"] is None else f"{100 * r['acceptance']:.1f}%"
     bvs = "-" if r["bytes_vs_t1"] is None else f"{r['bytes_vs_t1']:.2f}x"
     return (f"{r['model']:8s} {r['backend']:5s} {r['engine']:8s} {r['arena']:>9s} {r['config']:20s} "
-            f"{r['ms_per_token']:8.2f} ms {r['ms_vs_t1']:5.2f}x  {r['bytes_per_token'] / 1e3:8.1f} kB {bvs:>6s}  "
+            f"{r['ms_per_token']:8.2f} ms {r['ms_vs_t1']:5.2f}x  cpu {r['cpu_ms_per_token']:8.2f} ms {r['cpu_vs_t1']:5.2f}x  "
+            f"{r['bytes_per_token'] / 1e3:8.1f} kB {bvs:>6s}  "
             f"acc {acc:>6s}  {r['tokens_per_window']:.2f} tok/win  gate-off {r['gate_off_runs']}  "
             f"same {r['same_tokens']}")
 
 
 def _table(rows: list[dict]) -> str:
-    head = ("| model | backend | engine | arena | config | ms/token | vs T=1 | kB/token | vs T=1 | acceptance | "
-            "tokens/window | gate off | same tokens |\n|" + "---|" * 13)
+    head = ("| model | backend | engine | arena | config | ms/token | vs T=1 | CPU ms/token | vs T=1 | kB/token | "
+            "vs T=1 | acceptance | tokens/window | gate off | same tokens |\n|" + "---|" * 15)
     out = [head]
     for r in rows:
         acc = "-" if r["acceptance"] is None else f"{100 * r['acceptance']:.1f}%"
         bvs = "-" if r["bytes_vs_t1"] is None else f"{r['bytes_vs_t1']:.2f}x"
         out.append(f"| {r['model']} | {r['backend']} | {r['engine']} | {r['arena']} | {r['config']} | "
-                   f"{r['ms_per_token']:.2f} | {r['ms_vs_t1']:.2f}x | {r['bytes_per_token'] / 1e3:.1f} | {bvs} | {acc} | "
+                   f"{r['ms_per_token']:.2f} | {r['ms_vs_t1']:.2f}x | {r['cpu_ms_per_token']:.2f} | {r['cpu_vs_t1']:.2f}x | "
+                   f"{r['bytes_per_token'] / 1e3:.1f} | {bvs} | {acc} | "
                    f"{r['tokens_per_window']:.2f} | {r['gate_off_runs']} | {r['same_tokens']} |")
     return "\n".join(out)
 
