@@ -276,3 +276,18 @@ def test_sampled_tokens_with_the_gate_closed_are_the_plain_draws(model):
         want = strata.generate(eng, PROMPT, max_tokens=12, seed=5, **SAMPLER).tokens
         got = strata.generate(eng, PROMPT, max_tokens=12, seed=5, drafter=WrongDrafter(0), **SAMPLER)
     assert got.tokens == want and got.speculation.drafted == 0
+
+
+def test_the_cli_speculates_and_reports(model, tmp_path, capsys):
+    import json
+
+    from strata.cli.main import main
+
+    args = ["generate", str(model.model_path), bytes(PROMPT).decode(), "-n", "12", "--backend", "numpy",
+            "--moce-lambda", "0", "--report-json", str(tmp_path / "r.json")]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--suffix-draft", "2", "--no-spec-gate"]) == 0
+    out, err = capsys.readouterr()
+    assert out == plain and "speculation (suffix-2, gate measuring)" in err
+    assert json.loads((tmp_path / "r.json").read_text())["speculation"]["drafter"] == "suffix-2"
