@@ -1,12 +1,23 @@
 """Replay with T-position windows (strata.tools.windows): windows of one position are the
 ordinary replay; a window's union is pinned as one turn; the suffix plan's acceptance follows
-the trace's tokens."""
+the trace's tokens; windows of 3 replayed make the runtime's `decode_window` decisions."""
 
-from dataclasses import replace
+import json
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import strata
+from strata.cli.main import main
+from strata.config import Config
+from strata.formats.experts_file import ExpertsFile
+from strata.testing.engines import open_numpy_streaming
+from strata.testing.models import make_model
+from strata.tools.quality import fast_params
+from strata.tools.trace import record_trace
 from strata.reference.routing import MoCEPolicy
 from strata.tools.closed_loop import LoopConfig
 from strata.tools.replay import replay
@@ -52,11 +63,6 @@ def test_the_suffix_plan_accepts_what_the_text_repeats(trace):
 
 
 def test_strata_replay_with_windows_writes_a_table_and_json(tmp_path, capsys):
-    import json
-
-    from strata.cli.main import main
-    from strata.testing.models import make_model
-
     made = make_model(tmp_path / "tiny", "tiny", seed=0)
     text = "the cat sat on the mat; the cat sat on the mat; the cat sat on the hat"
     assert main(["trace", str(made.model_path), text, "-o", str(tmp_path / "t.npz")]) == 0
@@ -72,10 +78,32 @@ def test_strata_replay_with_windows_writes_a_table_and_json(tmp_path, capsys):
 
 
 def made_slot_bytes(made) -> int:
-    from strata.formats.experts_file import ExpertsFile
-
     xf = ExpertsFile.open(made.experts_path)
     try:
         return xf.header.padded_bytes
     finally:
         xf.close()
+
+
+def test_window_replay_matches_the_runtimes_windows():
+    """At λ = 0 the replay of windows of 3 over a decode-order trace makes the runtime's decisions
+    when it runs the same text as `decode_window`s of 3 (every count but the timing-dependent
+    late read-aheads)."""
+    with tempfile.TemporaryDirectory() as d:
+        made = make_model(Path(d) / "m", "tiny", seed=7, n_layers=3, n_experts=32)
+        model = strata.load(made.model_path)
+        tokens = model.tokenizer.encode("def fib(n): return n if n < 2 else fib(n-1)")[:24]
+        trace = record_trace(fast_params(model.resident_params()), tokens)
+        config = Config(moce_lambda=0.0, window=3)
+        cap = LoopConfig.from_config(config, 1).cache_config(3, 32, 4).min_capacity + 5
+        config = config.replace(arena=f"{cap}slots")
+        with open_numpy_streaming(model, config) as engine:
+            for s in range(0, len(tokens), 3):
+                engine.decode_window(tokens[s:s + 3])
+            got = asdict(engine.streamer.totals)
+        model.close()
+    sim = replay_windows(trace, LoopConfig.from_config(config, cap), fixed_windows(len(tokens), 3))
+    want = asdict(sim.stats)
+    for d in (got, want):
+        d.pop("late_readaheads")
+    assert got == want and got["urgent_misses"] > 0

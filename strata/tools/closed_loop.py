@@ -80,7 +80,7 @@ class LoopConfig:
         """The closed loop a `strata.config.Config` runs (its arena given in slots)."""
         return cls(capacity=capacity, prefetch_depth=config.prefetch, prefetch_touch=config.prefetch_touch,
                    prefetch2=config.prefetch2, split_turn=config.split_turn, pred_q8=config.pred_q8,
-                   policy=config.moce_policy(), moce_pre=config.moce_pre)
+                   policy=config.moce_policy(), moce_pre=config.moce_pre, window=config.window)
 
     def __post_init__(self) -> None:
         if self.policy is not None and not isinstance(self.policy, MoCEPolicy):
