@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 
 from strata.cache.types import CacheStats
 from strata.config import Config, load_config
@@ -136,6 +136,20 @@ def _reuse(engine: Engine, tokens: list[int]) -> int:
     return keep
 
 
+class TokenSource(Protocol):
+    """Where the loop's tokens come from: `next(n)` gives token n and its log-probability;
+    `advance(token, n, room)` says the generation goes on (at most `room` more tokens);
+    `finish(n)` that token n was the last; `report()` what the source has to say, or None."""
+
+    def next(self, n: int) -> tuple[int, float]: ...
+
+    def advance(self, token: int, n: int, room: int) -> None: ...
+
+    def finish(self, n: int) -> None: ...
+
+    def report(self) -> SpeculationReport | None: ...
+
+
 class _PlainSteps:
     """The token source of plain decoding: sample token n from the logits, decode it."""
 
@@ -156,7 +170,7 @@ class _PlainSteps:
         return None
 
 
-def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | None, limit: int):
+def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | None, limit: int) -> TokenSource:
     """Plain decoding, or speculative windows where a drafter is given or the config names one."""
     drafter = drafter if drafter is not None else drafter_for(engine.config)
     if drafter is None:
