@@ -114,6 +114,14 @@ def test_the_gate_stays_on_while_speculation_pays():
     assert len(gate.plain) >= MIN_SAMPLES  # the forced plain windows keep a baseline
 
 
+def test_a_preempted_window_does_not_switch_the_gate_off():
+    gate, spec, plain = Gate(), WindowCost(3, 2, 0.018, 0), WindowCost(1, 1, 0.010, 0)
+    _feed(gate, spec, plain, PROBE_EVERY * MIN_SAMPLES)
+    gate.record(WindowCost(3, 2, 0.500, 0), at_token=0)  # 25x: the host ran something else
+    _feed(gate, spec, plain, PROBE_EVERY * MIN_SAMPLES)
+    assert gate.on and gate.events == []
+
+
 def test_the_gate_switches_off_when_bytes_per_token_grow_and_says_so():
     gate = Gate()
     _feed(gate, WindowCost(3, 2, 0.010, 3000), WindowCost(1, 1, 0.010, 1000), PROBE_EVERY * (MIN_SAMPLES + 2))
