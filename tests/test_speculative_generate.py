@@ -23,7 +23,7 @@ from strata.formats.quant_types import QuantType
 from strata.numpy_backend.engine import ReferenceEngine
 from strata.reference.sampling import SamplerConfig, probabilities
 from strata.runtime.decode import arena_plan_for
-from strata.speculative import Draft, SuffixDrafter
+from strata.speculative import Draft
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
 from tests.budgets import CHI_SQUARE_P
