@@ -33,6 +33,7 @@ MOCE_PRESETS = {  # `moce=` fills these fields where they are left at their defa
     "off": dict(moce_lambda=0.0, moce_drop_tail=0.0),  # the model's own routing, bit for bit
 }
 STOCK_PREFILL_CHUNK = 64  # prompt positions per chunk: bounds a chunk's expert union and its activations
+MAX_SUFFIX_DRAFT = 3  # drafted tokens per window: the range measured (docs/perf.md, speculative windows)
 STOCK_IO_TIMEOUT = 60.0  # seconds a wait may block before it is an error: a stuck disk is not a hang
 
 
@@ -80,6 +81,11 @@ class Config:
     threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
     force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "
                                     "(default off: refused)")
+    # speculative windows (strata.speculative): drafted tokens verified in one decode window
+    suffix_draft: int = knob(0, "speculate: draft up to N tokens (1..3) from a suffix index over prompt and "
+                                "generation, verified in one window (raises window to N+1; default 0: off)")
+    spec_gate: bool = knob(True, "speculation switches itself off while it stops paying in bytes and ms per "
+                                 "token (default on)")
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI
@@ -115,6 +121,10 @@ class Config:
             raise ConfigError(f"window must be >= 1, got {self.window}")
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0: auto), got {self.threads}")
+        if not 0 <= self.suffix_draft <= MAX_SUFFIX_DRAFT:
+            raise ConfigError(f"suffix_draft must be in 0..{MAX_SUFFIX_DRAFT} (0: off), got {self.suffix_draft}")
+        if self.window < self.suffix_draft + 1:  # a draft and the token before it are one cache window
+            object.__setattr__(self, "window", self.suffix_draft + 1)
         from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):

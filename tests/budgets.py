@@ -65,3 +65,8 @@ REQUANT_ARGMAX_AGREEMENT = 0.95
 # watchdog gives a neighbour in the failure tests (a hang would otherwise be the test's timeout)
 PIPELINE_RUN_S = 120.0
 PIPELINE_FAULT_DEADLINE_S = 8.0
+
+# distribution tests (fixed seeds, so each is deterministic): a chi-square p-value below this
+# fails. At 1e-3 a correct sampler fails one seed choice in a thousand; a sampler that drops or
+# doubles a token's mass by 10% fails at the draw counts used (thousands) with p < 1e-6.
+CHI_SQUARE_P = 1e-3

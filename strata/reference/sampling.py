@@ -71,6 +71,22 @@ def penalize(logits: np.ndarray, history: Sequence[int], penalty: float, window:
     return out
 
 
+def probabilities(logits: np.ndarray, cfg: SamplerConfig, history: Sequence[int] = ()) -> np.ndarray:
+    """The distribution `sample` draws from, over the whole vocabulary (greedy: a point mass on
+    the argmax). What speculative sampling accepts against.
+
+    Shapes: logits [V] -> float64 [V], summing to 1
+    """
+    logits = penalize(logits, history, cfg.repeat_penalty, cfg.repeat_window)
+    out = np.zeros(logits.shape[-1], np.float64)
+    if cfg.temperature == 0.0:
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    order, kept = filtered_probs(logits, cfg)
+    out[order] = kept
+    return out
+
+
 def filtered_probs(logits: np.ndarray, cfg: SamplerConfig) -> tuple[np.ndarray, np.ndarray]:
     """The candidates of a sampled step and their renormalized probabilities, most probable first.
 

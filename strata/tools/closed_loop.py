@@ -74,13 +74,14 @@ class LoopConfig:
     policy: MoCEPolicy | None = MoCEPolicy()
     moce_pre: bool = False
     guess: GuessRanking = GuessRanking.PLAIN
+    window: int = 1  # positions per decode window (speculative windows: strata.tools.windows)
 
     @classmethod
     def from_config(cls, config, capacity: int) -> "LoopConfig":
         """The closed loop a `strata.config.Config` runs (its arena given in slots)."""
         return cls(capacity=capacity, prefetch_depth=config.prefetch, prefetch_touch=config.prefetch_touch,
                    prefetch2=config.prefetch2, split_turn=config.split_turn, pred_q8=config.pred_q8,
-                   policy=config.moce_policy(), moce_pre=config.moce_pre)
+                   policy=config.moce_policy(), moce_pre=config.moce_pre, window=config.window)
 
     def __post_init__(self) -> None:
         if self.policy is not None and not isinstance(self.policy, MoCEPolicy):
@@ -91,7 +92,7 @@ class LoopConfig:
     def cache_config(self, n_layers: int, n_experts: int, top_k: int) -> CacheConfig:
         return CacheConfig(capacity=self.capacity, n_layers=n_layers, n_experts=n_experts, top_k=top_k,
                            prefetch_depth=self.prefetch_depth, prefetch_touch=self.prefetch_touch,
-                           prefetch2=self.prefetch2, split_turn=self.split_turn)
+                           prefetch2=self.prefetch2, split_turn=self.split_turn, window=self.window)
 
     @property
     def label(self) -> str:
@@ -115,6 +116,8 @@ class LoopConfig:
             parts.append("in-turn")
         if self.moce_pre and _has_bonus(p):
             parts.append("pre-bonus")
+        if self.window > 1:
+            parts.append(f"T<={self.window}")
         return " ".join(parts)
 
     def to_json(self) -> dict:
@@ -126,7 +129,7 @@ class LoopConfig:
             "J": None if p is None else p.protect_top_j, "lambda": 0.0 if p is None else p.bonus,
             "bonus_scale": None if p is None else p.bonus_scale.value, "margin": None if p is None else p.margin,
             "drop_tail_weight": 0.0 if p is None else p.drop_tail_weight,
-            "drop_tail_min_rank": None if p is None else p.drop_tail_min_rank,
+            "drop_tail_min_rank": None if p is None else p.drop_tail_min_rank, "window": self.window,
         }
 
 
@@ -195,6 +198,20 @@ class ClosedLoop:
                     self._rank_fix[pos] -= n
                     self._rank_fix[sel.ranks[pos]] += n
         return sel
+
+    def route_window(self, layer: int, zs: np.ndarray) -> list[Selection]:
+        """Route every position of a window (logits zs [T, E]) against the residency now, then
+        take the layer's one turn with their union (position by position, rank order), as the
+        runtime's decode window does. Misses are counted by position in the union, not by rank."""
+        sels = []
+        for z in zs:
+            if self._ranges is not None:
+                self._ranges[layer] = update_logit_range(self._ranges[layer], z)
+            sels.append(route(z, self.rule, self.policy, self.resident(layer), self._logit_range(layer)))
+        union = dict.fromkeys(e for sel in sels for e in sel.experts.tolist())
+        self.state, _ = step(self.state, AtLayer(layer, list(union)))
+        self.dropped += sum(len(sel.dropped) for sel in sels)
+        return sels
 
     def rank_guesses(self, layer: int, g: np.ndarray | None) -> tuple[int, ...]:
         """The ranked read-ahead guesses for `layer` from guess logits g [E] (empty when there is
