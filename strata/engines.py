@@ -79,16 +79,25 @@ def mlx_gpu_available() -> bool:
     return bool(mx.metal.is_available() or (cuda is not None and cuda.is_available()))
 
 
+def mlx_expert_types() -> frozenset:
+    """The expert types the MLX backend computes: Q2_0 (its fused kernels) and the types MLX's
+    own quantized matmuls read (affine 4/8-bit, MXFP4: the gather_qmm path)."""
+    from strata.formats.mlx_affine import AFFINE_SPECS
+
+    return frozenset({QuantType.Q2_0, QuantType.MXFP4, *AFFINE_SPECS})
+
+
 def resolve_backend(model, config: Config) -> Backend:
     """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
     numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
     (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
     whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
-    if config.backend is Backend.MLX and model.experts_file.header.qtype != QuantType.Q2_0:
+    qtype = QuantType(model.experts_file.header.qtype)
+    if config.backend is Backend.MLX and qtype not in mlx_expert_types():
         from strata.errors import ConfigError
 
-        found = QuantType(model.experts_file.header.qtype).name
-        raise ConfigError(f"backend mlx: MLX's expert kernels read Q2_0 experts only, this model's are {found} "
+        known = ", ".join(q.name for q in sorted(mlx_expert_types(), key=int))
+        raise ConfigError(f"backend mlx: MLX computes experts of {known}; this model's are {qtype.name} "
                           "(use --backend numpy or auto, or convert with --experts q2_0)")
     if config.backend is not Backend.AUTO:
         return config.backend

@@ -162,8 +162,8 @@ class CallEndSnapshots(ReferenceEngine):
         super().__init__(*a, **kw)
         self.ends = {0}
 
-    def _forward(self, tokens):
-        out = super()._forward(tokens)
+    def _forward(self, tokens, **kw):
+        out = super()._forward(tokens, **kw)
         self.ends.add(self.length + len(tokens))
         return out
 
