@@ -1,9 +1,13 @@
-"""Tiny Hugging Face checkpoints for the convert tests, built offline.
+"""Tiny Hugging Face checkpoints for the convert tests.
 
-- `build_checkpoint(arch, dir)`: a random model of each supported architecture built by
-  `transformers` from a config and written with `save_pretrained` (so the files are exactly
-  what transformers writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a
-  ChatML-style chat template.
+- `cached_checkpoint(arch, tmp_path_factory)`: the checked-in checkpoint of `arch`
+  (tests/fixtures/hf/<arch>/, a session copy) and what transformers computed on it
+  (tests/hf_fixtures.py): the suite needs no torch.
+- `build_checkpoint(arch, dir)`: how those checkpoints are made, with transformers and torch
+  (scripts/make_hf_fixtures.py runs it): a random model of each supported architecture built
+  from a config and written with `save_pretrained` (so the files are exactly what transformers
+  writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a ChatML-style chat
+  template.
 - `write_synthetic_checkpoint(dir, ...)`: a larger Qwen3-MoE checkpoint written directly as
   BF16 safetensors (no torch, streamed to disk) for the memory and interruption tests.
 
@@ -64,8 +68,10 @@ _ARCH_KW = {
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
 }
-# how each test checkpoint is saved: olmoe in bfloat16 (the Hub's usual dtype), mixtral in shards
-SAVE_DTYPE = {"olmoe": "bfloat16"}
+# how each test checkpoint is saved: in bfloat16 (the Hub's usual dtype; half the bytes checked in
+# under tests/fixtures) unless a dtype is named here; mixtral in shards
+SAVE_DTYPE: dict[str, str] = {}
+DEFAULT_SAVE_DTYPE = "bfloat16"
 SHARDED = {"mixtral": "150KB"}
 
 
@@ -126,7 +132,7 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0):
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(hf_config(arch))
     train_briefly(model, torch.tensor(ids)[None])
-    saved = model.to(getattr(torch, SAVE_DTYPE[arch])) if arch in SAVE_DTYPE else model
+    saved = model.to(getattr(torch, SAVE_DTYPE.get(arch, DEFAULT_SAVE_DTYPE)))
     saved.save_pretrained(directory, max_shard_size=SHARDED.get(arch, "5GB"))
     # the reference: what the saved file holds, in float32
     return getattr(transformers, model_cls).from_pretrained(directory, dtype=torch.float32).eval()
@@ -196,20 +202,9 @@ def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int
     return layers * experts * 3 * ffn * hidden * 4
 
 
-_BUILT: dict[str, tuple[Path, object]] = {}
+def cached_checkpoint(arch: str, tmp_path_factory):
+    """(checkpoint dir, hf_fixtures.Expected) for `arch`: a session copy of the checked-in
+    checkpoint and what transformers computed on it, shared by every convert test module."""
+    from tests import hf_fixtures
 
-
-def cached_checkpoint(arch: str, tmp_path_factory) -> tuple[Path, object]:
-    """(checkpoint dir, transformers model) for `arch`, built once per test session and shared
-    by every convert test module."""
-    if arch not in _BUILT:
-        import torch
-
-        import transformers
-
-        # these models are tiny: one thread is ~5x faster than two fighting over small ops
-        torch.set_num_threads(1)
-        transformers.utils.logging.disable_progress_bar()
-        directory = tmp_path_factory.mktemp(f"hf_{arch}")
-        _BUILT[arch] = (directory, build_checkpoint(arch, directory))
-    return _BUILT[arch]
+    return hf_fixtures.cached_checkpoint(arch, tmp_path_factory)
