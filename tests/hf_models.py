@@ -158,9 +158,10 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], f
 
 
 def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int = 64, hidden: int = 256,
-                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0) -> int:
+                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0,
+                               std: float = 0.05) -> int:
     """A Qwen3-MoE checkpoint of random BF16 weights in `shards` files with an index, plus the
-    tokenizer. Returns the routed experts' size in float32 bytes."""
+    tokenizer; matrices N(0, std), norms 1. Returns the routed experts' size in float32 bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     heads, kv, hd = 4, 2, 64
     config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": vocab,
@@ -187,7 +188,7 @@ def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int
         per_layer.append(t)
     rng = np.random.default_rng(seed)
     fill = lambda name, shape: (np.ones(shape, np.float32) if len(shape) == 1  # noqa: E731
-                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(0.05))
+                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
     per = max(1, layers // shards)
     groups = [sum(per_layer[i: i + per], []) for i in range(0, layers, per)]
     groups[0] = dense + groups[0]
