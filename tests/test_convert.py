@@ -119,6 +119,18 @@ def test_q2_0_kld_reported(arch, checkpoint, converted):
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 
 
+def test_f32_experts_are_stored_f32(arch, checkpoint, tmp_path):
+    """QuantType.F32 is 0: a truthiness test once made it the default q2_0 (silently lossy)."""
+    if arch != "qwen3_moe":
+        pytest.skip("one family is enough: the expert type is chosen before the family matters")
+    model = load(convert(checkpoint[0], tmp_path / "f32", expert_type=QuantType.F32).model_path)
+    assert model.experts_file.header.qtype is QuantType.F32
+    tokens = _parity_tokens(model, checkpoint[1])
+    ref = checkpoint[1].logits
+    # bf16 weights widened to f32 experts: exact, only float32 summation order differs
+    assert float(np.abs(_strata_logits(model, tokens) - ref).max()) <= F16_LOGIT_BUDGET * float(np.abs(ref).max())
+
+
 def test_config_carried_over(arch, checkpoint, converted):
     from transformers import AutoConfig
 
