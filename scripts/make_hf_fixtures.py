@@ -1,8 +1,7 @@
 """Regenerate tests/fixtures/: the tiny Hugging Face checkpoints the convert tests read, and what
 transformers computes on them. Needs torch (the test suite does not):
 
-    pip install -e ".[regen]" --index-url https://download.pytorch.org/whl/cpu \\
-        --extra-index-url https://pypi.org/simple
+    pip install torch --index-url https://download.pytorch.org/whl/cpu && pip install -e ".[test,regen]"
     python scripts/make_hf_fixtures.py              # every family, then every GGUF case
     python scripts/make_hf_fixtures.py olmoe        # one family (and the GGUF cases built from it)
     python scripts/make_hf_fixtures.py --gguf       # only the GGUF cases' logits
