@@ -7,12 +7,9 @@ tokenizer.ggml.* encodes like the original; `strata generate` on a GGUF that is 
 
 from __future__ import annotations
 
-import os
-
+import gguf
 import numpy as np
 import pytest
-
-import gguf  # noqa: E402
 
 from tests import gguf_models, hf_fixtures, hf_models  # noqa: E402
 from strata.cli.main import main  # noqa: E402
