@@ -2,7 +2,8 @@
 convert_hf_to_gguf.py lays them out: its architecture names and `{arch}.*` metadata, its tensor
 names, experts stacked as `blk.L.ffn_{gate,up,down}_exps` [E, ...], Q/K rows permuted for the
 `llama` architecture (Mixtral), the tokenizer as `tokenizer.ggml.*` (byte-level BPE), tensors
-quantized with the `gguf` package's own quantizers."""
+quantized with the `gguf` package's own quantizers. No torch: what transformers computes on
+their dequantized weights is checked in under tests/fixtures/gguf/ (tests/hf_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ import numpy as np
 from tests.ggml_kquants import quantize_q4_k, quantize_q6_k  # noqa: E402
 
 K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+
+# (architecture, ggml expert type, ggml dense type, strata type the experts must end up as)
+CASES = [
+    ("qwen3_moe", "Q8_0", "F16", "Q8_0"),
+    ("qwen2_moe", "Q4_0", "Q8_0", "Q4_0"),
+    ("olmoe", "F16", "Q4_0", "F16"),
+    ("mixtral", "Q8_0", "F32", "Q8_0"),
+    ("qwen3_moe", "MXFP4", "F16", None),  # ggml's MXFP4: no strata type holds it -> requantized
+]
+# the K-quant case: a wider checkpoint (build_wide_checkpoint), Q4_K experts, Q6_K dense weights
+WIDE_CASE = ("qwen3_moe_wide", "Q4_K", "Q6_K")
+
+
+def case_id(case: tuple) -> str:
+    """The name of a case's fixture (tests/fixtures/gguf/<id>.npz) and test id."""
+    return "-".join(case[:3])
 
 # transformers model_type -> (llama.cpp architecture, MoE block, per-expert projection names)
 ARCH = {"qwen3_moe": ("qwen3moe", "mlp", ("gate_proj", "up_proj", "down_proj")),
@@ -40,17 +57,15 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def build_wide_checkpoint(directory: Path, seed: int = 0) -> Path:
     """A random (untrained) tiny Qwen3-MoE whose every matrix row is a multiple of 256 weights,
-    so its tensors can be K-quants (QK_K = 256): hidden 256, head_dim 64, expert ffn 256."""
-    import torch
-    import transformers
-
+    so its tensors can be K-quants (QK_K = 256): hidden 256, head_dim 64, expert ffn 256. Written
+    by numpy (hf_models.write_synthetic_checkpoint, seeded), so it is the same file everywhere and
+    the logits checked in for it stay valid. Weights N(0, INIT_STD) as the trained ones start
+    from: with 0.05, router scores are close enough that f16 rounding of the Q4_K experts flips
+    a selection (seen: max |Δlogit| 17% of the scale at one seed)."""
     from tests import hf_models
 
-    hf_models.write_tokenizer(directory)
-    torch.manual_seed(seed)
-    cfg = hf_models.hf_config("qwen3_moe", hidden_size=256, head_dim=64, moe_intermediate_size=256,
-                              intermediate_size=256)
-    transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(directory)
+    hf_models.write_synthetic_checkpoint(directory, layers=2, experts=hf_models.EXPERTS, hidden=256, ffn=256,
+                                         shards=1, seed=seed, std=hf_models.INIT_STD)
     return directory
 
 
@@ -77,7 +92,7 @@ def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = 
     w.add_head_count_kv(kv)
     w.add_key_length(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     w.add_value_length(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_expert_count(n_exp)
     w.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -179,3 +194,20 @@ def dequantized_checkpoint(gguf_path: Path, hf_dir: Path, out: Path) -> Path:
         shutil.copy(hf_dir / f, out / f)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def weights_digest(checkpoint_dir: Path) -> str:
+    """sha256 of every tensor (name, dtype, shape, bytes; sorted by name) in a checkpoint's
+    safetensors: names the weights a fixture's logits were computed from."""
+    import hashlib
+
+    from safetensors.numpy import load_file
+
+    h = hashlib.sha256()
+    for f in sorted(checkpoint_dir.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for name in sorted(tensors):
+            x = np.ascontiguousarray(tensors[name])
+            h.update(f"{name} {x.dtype.str} {x.shape}".encode())
+            h.update(x.tobytes())
+    return h.hexdigest()

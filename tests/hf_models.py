@@ -1,9 +1,13 @@
-"""Tiny Hugging Face checkpoints for the convert tests, built offline.
+"""Tiny Hugging Face checkpoints for the convert tests.
 
-- `build_checkpoint(arch, dir)`: a random model of each supported architecture built by
-  `transformers` from a config and written with `save_pretrained` (so the files are exactly
-  what transformers writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a
-  ChatML-style chat template.
+- `cached_checkpoint(arch, tmp_path_factory)`: the checked-in checkpoint of `arch`
+  (tests/fixtures/hf/<arch>/, a session copy) and what transformers computed on it
+  (tests/hf_fixtures.py): the suite needs no torch.
+- `build_checkpoint(arch, dir)`: how those checkpoints are made, with transformers and torch
+  (scripts/make_hf_fixtures.py runs it): a random model of each supported architecture built
+  from a config and written with `save_pretrained` (so the files are exactly what transformers
+  writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a ChatML-style chat
+  template.
 - `write_synthetic_checkpoint(dir, ...)`: a larger Qwen3-MoE checkpoint written directly as
   BF16 safetensors (no torch, streamed to disk) for the memory and interruption tests.
 
@@ -79,8 +83,10 @@ _ARCH_KW = {
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
                    dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN, head_dim=16, rotary_dim=8)),
 }
-# how each test checkpoint is saved: olmoe in bfloat16 (the Hub's usual dtype), mixtral in shards
-SAVE_DTYPE = {"olmoe": "bfloat16"}
+# how each test checkpoint is saved: in bfloat16 (the Hub's usual dtype; half the bytes checked in
+# under tests/fixtures) unless a dtype is named here; mixtral in shards
+SAVE_DTYPE: dict[str, str] = {}
+DEFAULT_SAVE_DTYPE = "bfloat16"
 SHARDED = {"mixtral": "150KB"}
 
 
@@ -142,7 +148,7 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0):
     model = getattr(transformers, model_cls)(hf_config(arch))
     train_briefly(model, torch.tensor(ids)[None])
     _set_selection_biases(model, seed)
-    saved = model.to(getattr(torch, SAVE_DTYPE[arch])) if arch in SAVE_DTYPE else model
+    saved = model.to(getattr(torch, SAVE_DTYPE.get(arch, DEFAULT_SAVE_DTYPE)))
     saved.save_pretrained(directory, max_shard_size=SHARDED.get(arch, "5GB"))
     # the reference: what the saved file holds, in float32
     return getattr(transformers, model_cls).from_pretrained(directory, dtype=torch.float32).eval()
@@ -179,9 +185,10 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], f
 
 
 def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int = 64, hidden: int = 256,
-                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0) -> int:
+                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0,
+                               std: float = 0.05) -> int:
     """A Qwen3-MoE checkpoint of random BF16 weights in `shards` files with an index, plus the
-    tokenizer. Returns the routed experts' size in float32 bytes."""
+    tokenizer; matrices N(0, std), norms 1. Returns the routed experts' size in float32 bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     heads, kv, hd = 4, 2, 64
     config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": vocab,
@@ -208,7 +215,7 @@ def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int
         per_layer.append(t)
     rng = np.random.default_rng(seed)
     fill = lambda name, shape: (np.ones(shape, np.float32) if len(shape) == 1  # noqa: E731
-                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(0.05))
+                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
     per = max(1, layers // shards)
     groups = [sum(per_layer[i: i + per], []) for i in range(0, layers, per)]
     groups[0] = dense + groups[0]
@@ -223,20 +230,9 @@ def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int
     return layers * experts * 3 * ffn * hidden * 4
 
 
-_BUILT: dict[str, tuple[Path, object]] = {}
+def cached_checkpoint(arch: str, tmp_path_factory):
+    """(checkpoint dir, hf_fixtures.Expected) for `arch`: a session copy of the checked-in
+    checkpoint and what transformers computed on it, shared by every convert test module."""
+    from tests import hf_fixtures
 
-
-def cached_checkpoint(arch: str, tmp_path_factory) -> tuple[Path, object]:
-    """(checkpoint dir, transformers model) for `arch`, built once per test session and shared
-    by every convert test module."""
-    if arch not in _BUILT:
-        import torch
-
-        import transformers
-
-        # these models are tiny: one thread is ~5x faster than two fighting over small ops
-        torch.set_num_threads(1)
-        transformers.utils.logging.disable_progress_bar()
-        directory = tmp_path_factory.mktemp(f"hf_{arch}")
-        _BUILT[arch] = (directory, build_checkpoint(arch, directory))
-    return _BUILT[arch]
+    return hf_fixtures.cached_checkpoint(arch, tmp_path_factory)

@@ -1,24 +1,17 @@
 """`strata convert` of llama.cpp GGUF files (tests/gguf_models.py writes them from the tiny
 trained checkpoints in llama.cpp's layout with gguf's writer and quantizers): experts kept
 bit for bit where a strata type holds them, requantized with the KLD printed otherwise; logits
-equal transformers' forward on the GGUF's dequantized weights; the tokenizer rebuilt from
+equal transformers' forward on the GGUF's dequantized weights (checked in under tests/fixtures/gguf/
+with the digest of the weights they are for: tests/hf_fixtures.py); the tokenizer rebuilt from
 tokenizer.ggml.* encodes like the original; `strata generate` on a GGUF that is not strata's."""
 
 from __future__ import annotations
 
-import os
-
+import gguf
 import numpy as np
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import gguf  # noqa: E402
-import torch  # noqa: E402
-
-from tests import gguf_models, hf_models  # noqa: E402
+from tests import gguf_models, hf_fixtures, hf_models  # noqa: E402
 from strata.cli.main import main  # noqa: E402
 from strata.convert import convert  # noqa: E402
 from strata.errors import FormatError  # noqa: E402
@@ -28,17 +21,11 @@ from strata.reference.model import ModelState, forward  # noqa: E402
 from strata.reference.quants import to_blocks  # noqa: E402
 from tests.budgets import F16_LOGIT_BUDGET, GGUF_DEQUANT_LOGIT_BUDGET, Q2_KLD_SANITY, REQUANT_ARGMAX_AGREEMENT  # noqa: E402
 
-# (architecture, ggml expert type, ggml dense type, strata type the experts must end up as)
-CASES = [
-    ("qwen3_moe", "Q8_0", "F16", QuantType.Q8_0),
-    ("qwen2_moe", "Q4_0", "Q8_0", QuantType.Q4_0),
-    ("olmoe", "F16", "Q4_0", QuantType.F16),
-    ("mixtral", "Q8_0", "F32", QuantType.Q8_0),
-    ("qwen3_moe", "MXFP4", "F16", None),  # ggml's MXFP4: no strata type holds it -> requantized
-]
+# gguf_models.CASES with the strata type the experts must end up as
+CASES = [(arch, experts, dense, kept and QuantType[kept]) for arch, experts, dense, kept in gguf_models.CASES]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+@pytest.fixture(scope="module", params=CASES, ids=gguf_models.case_id)
 def converted(request, tmp_path_factory):
     arch, experts, dense, kept = request.param
     hf_dir, _ = hf_models.cached_checkpoint(arch, tmp_path_factory)
@@ -46,6 +33,17 @@ def converted(request, tmp_path_factory):
     path = gguf_models.write_gguf(hf_dir, work / "model.gguf", experts=experts, dense=dense)
     r = convert(path, work / "strata", expert_type=None if kept else QuantType.Q8_0)
     return request.param, hf_dir, path, r, work
+
+
+def _transformers_on_dequantized(case: tuple, path, hf_dir, out) -> np.ndarray:
+    """transformers' logits [T, V] on the GGUF's dequantized weights: the checked-in ones, once
+    the weights are shown to be the ones they were computed from."""
+    want = hf_fixtures.gguf_expected(gguf_models.case_id(case))
+    ref_dir = gguf_models.dequantized_checkpoint(path, hf_dir, out)
+    assert gguf_models.weights_digest(ref_dir) == want.weights_digest, (
+        f"the dequantized weights of {gguf_models.case_id(case)} changed (the gguf package's quantizers, "
+        "tests/gguf_models.py or the checkpoint): run `python scripts/make_hf_fixtures.py --gguf`")
+    return want.logits
 
 
 def test_experts_kept_or_requantized_with_kld(converted):
@@ -69,14 +67,10 @@ def test_experts_kept_or_requantized_with_kld(converted):
 
 def test_logits_match_the_dequantized_weights(converted):
     (arch, experts, dense, kept), hf_dir, path, r, work = converted
-    import transformers
-
     model = load(r.model_path)
     tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-    ref_dir = gguf_models.dequantized_checkpoint(path, hf_dir, work / "dequantized")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = hf(torch.tensor(tokens)[None]).logits[0].numpy()
+    theirs = _transformers_on_dequantized(converted[0], path, hf_dir, work / "dequantized")
+    assert theirs.shape == (len(tokens), model.cfg.vocab_size)
     ours, _ = forward(model.resident_params(), ModelState.empty(model.cfg), tokens)
     scale = float(np.abs(theirs).max())
     rel = float(np.abs(ours - theirs).max()) / scale
@@ -110,12 +104,11 @@ def test_generate_on_a_llama_cpp_gguf_says_convert(converted, capsys):
 def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path, capsys):
     """Q4_K experts (no strata type holds them: requantized, here to f16, the KLD line printed)
     and Q6_K dense weights (dequantized by gguf), on a model wide enough for QK_K = 256 rows."""
-    import transformers
-
     from strata.cli.main import main as cli
 
     hf_dir = gguf_models.build_wide_checkpoint(tmp_path / "hf")
-    path = gguf_models.write_gguf(hf_dir, tmp_path / "k.gguf", experts="Q4_K", dense="Q6_K")
+    _, experts, dense = gguf_models.WIDE_CASE
+    path = gguf_models.write_gguf(hf_dir, tmp_path / "k.gguf", experts=experts, dense=dense)
     types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
     assert {"Q4_K", "Q6_K"} <= types
     r = convert(path, tmp_path / "strata", expert_type=QuantType.F16)
@@ -124,10 +117,8 @@ def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path
     assert 0 <= r.requant_kld.kld < Q2_KLD_SANITY
     model = load(r.model_path)
     tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-    ref_dir = gguf_models.dequantized_checkpoint(path, hf_dir, tmp_path / "dequantized")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = hf(torch.tensor(tokens)[None]).logits[0].numpy()
+    theirs = _transformers_on_dequantized(gguf_models.WIDE_CASE, path, hf_dir, tmp_path / "dequantized")
+    assert theirs.shape == (len(tokens), model.cfg.vocab_size)
     ours, _ = forward(model.resident_params(), ModelState.empty(model.cfg), tokens)
     rel = float(np.abs(ours - theirs).max()) / float(np.abs(theirs).max())
     print(f"Q4_K experts (-> f16), Q6_K dense: max|dlogit|/scale vs transformers on the dequantized GGUF = {rel:.2e}")

@@ -205,7 +205,7 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
         sources = dense_sources(cfg, moe)
     kept = getattr(experts, "qtype", None) if expert_type is None else None
     if kept is None:
-        _check_expert_type(cfg, expert_type or DEFAULT_EXPERT_TYPE)
+        _check_expert_type(cfg, DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
         if isinstance(src, Derived):
             continue  # checked by tplan.check
@@ -252,7 +252,9 @@ def convert(
         source = Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
     with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
-        expert_type = plan.kept or expert_type or DEFAULT_EXPERT_TYPE
+        # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
+        expert_type = plan.kept if plan.kept is not None else (
+            DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
