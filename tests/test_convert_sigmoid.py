@@ -13,7 +13,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests import hf_models  # noqa: E402
