@@ -21,7 +21,7 @@ from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
-from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
+from strata.reference.experts import dense_swiglu, expert_act, routed_experts, shared_expert
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
 
@@ -50,6 +50,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
         return LayerKV.empty(cfg)
     if mixer is Mixer.DELTANET:
         return DeltaNetState.empty(cfg)
+    if mixer is Mixer.SLIDING_ATTENTION:  # every position kept: the window is a mask (attention.py)
+        return LayerKV.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
@@ -127,6 +129,8 @@ def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarra
         h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
         out, state = deltanet(params.cfg, params.dense, layer, state, h, window=window)
         return x + out, state
+    if mixer is Mixer.SLIDING_ATTENTION:
+        return attention_block(params, layer, state, x)
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
 
@@ -144,8 +148,11 @@ def router_input(params: ModelParams, layer: int, x: np.ndarray) -> np.ndarray:
 
 
 def layer_router_logits(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
-    """z = W_router(layer) · h in float32. [T, D] -> [T, E]"""
-    return router_logits(params.dense[TensorNames.block(layer, TensorNames.router)], h)
+    """z = W_router(layer) · h (+ the router's logit bias, gpt-oss) in float32. [T, D] -> [T, E]"""
+    z = router_logits(params.dense[TensorNames.block(layer, TensorNames.router)], h)
+    if params.cfg.router_bias:
+        z = z + params.dense[TensorNames.block(layer, TensorNames.router_bias)]
+    return z
 
 
 def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
@@ -160,9 +167,9 @@ def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
 
 def moe_output(params: ModelParams, layer: int, h: np.ndarray, selections: list[Selection]) -> np.ndarray:
     """Routed experts (per token, its own selection) plus the shared expert. [T, D] -> [T, D]"""
-    m = params.cfg.moe_index(layer)
+    m, act = params.cfg.moe_index(layer), expert_act(params.cfg)
     routed = np.stack([
-        routed_experts([params.experts.expert(m, int(e)) for e in sel.experts], sel.weights, h[t])
+        routed_experts([params.experts.expert(m, int(e)) for e in sel.experts], sel.weights, h[t], act)
         for t, sel in enumerate(selections)
     ])
     return routed + shared_output(params, layer, h)
