@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from strata.convert.common import Family
+from strata.convert.gpt_oss import GPT_OSS
 from strata.convert.hf_config import HFConfig
 from strata.convert.mixtral import MIXTRAL
 from strata.convert.olmoe import OLMOE
@@ -10,7 +11,7 @@ from strata.convert.qwen_hybrid import QWEN3_5_MOE, QWEN3_NEXT
 from strata.convert.qwen_moe import QWEN2_MOE, QWEN3_MOE
 from strata.errors import ConfigError
 
-FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN2_MOE, OLMOE, MIXTRAL, QWEN3_NEXT, QWEN3_5_MOE)
+FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN2_MOE, OLMOE, MIXTRAL, QWEN3_NEXT, QWEN3_5_MOE, GPT_OSS)
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
 
 

@@ -205,7 +205,7 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
         sources = dense_sources(cfg, moe)
     kept = getattr(experts, "qtype", None) if expert_type is None else None
     if kept is None:
-        _check_expert_type(cfg, expert_type or DEFAULT_EXPERT_TYPE)
+        _check_expert_type(cfg, DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
         if isinstance(src, Derived):
             continue  # checked by tplan.check
@@ -252,7 +252,8 @@ def convert(
         source = Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
     with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
-        expert_type = plan.kept or expert_type or DEFAULT_EXPERT_TYPE
+        # `is None`, not `or`: QuantType.F32 is 0, and `F32 or Q2_0` would be Q2_0
+        expert_type = plan.kept if plan.kept is not None else (DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
@@ -271,11 +272,14 @@ def convert(
                             check_finite(x, f"{hf_dir}: layer {layer} expert {e} {name} projection")
                         w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
                                           quantize(expert_type, down))
+                    if cfg.expert_bias:  # gpt-oss: the biases travel in the record, in float32
+                        w = dataclasses.replace(w, biases=plan.experts.read_biases(layer, e))
                     bar.update(1)
                     return w
 
                 write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
-                              hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
+                              hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert,
+                              biases=cfg.expert_bias)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity
             extra = {SOURCE_KEY: plan.hf.model_type}
