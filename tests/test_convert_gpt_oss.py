@@ -162,6 +162,19 @@ def test_mxfp4_experts_are_the_checkpoints_bytes(checkpoints, converted):
             np.testing.assert_array_equal(w.biases.down, ck.read(base + "down_proj_bias", e))
 
 
+def test_the_released_configs_v4_rope_form_reads_the_same(checkpoints, converted, tmp_path):
+    """The released config.json spells YaRN as `rope_scaling` + a top-level `rope_theta` (v4)."""
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["mxfp4"][0], src)
+    config = json.loads((src / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, experts_per_token=config["num_experts_per_tok"],
+                  initial_context_length=rope["original_max_position_embeddings"])
+    (src / "config.json").write_text(json.dumps(config))
+    r = convert(src, tmp_path / "out")
+    assert r.cfg == converted["mxfp4", None][0].cfg
+
+
 REFUSALS = [
     (lambda c: c.update(some_new_feature=1), "config key 'some_new_feature'"),
     (lambda c: c.update(layer_types=["sliding_attention", "chunked_attention"]), "layer type 'chunked_attention'"),

@@ -181,7 +181,7 @@ def test_mlx_twins_of_the_new_pieces():
     scores = RNG.standard_normal((3, 4, 6)).astype(np.float32)
     sinks = RNG.standard_normal(3).astype(np.float32)
     assert_backends_agree(softmax_with_sinks(scores, sinks),
-                          mlx_attention._softmax_with_sinks(mx.array(scores), mx.array(sinks)), "FAST", what="sinks")
+                          mlx_attention.softmax_with_sinks(mx.array(scores), mx.array(sinks)), "FAST", what="sinks")
     x = RNG.standard_normal((3, CFG.hidden_size)).astype(np.float32)
     for qtype in (QuantType.Q2_0, QuantType.MXFP4):
         w = make_expert(CFG, 0, 0, 1, qtype)

@@ -20,6 +20,7 @@ import math
 from strata.convert.common import Family
 from strata.convert.gpt_oss_experts import GptOssExpertTensors
 from strata.convert.hf_config import HFConfig
+from strata.convert.mlx_checkpoint import MlxCheckpoint
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import TensorPlan
 from strata.errors import ConfigError
@@ -140,6 +141,9 @@ def gpt_oss_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
 
 
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
+    if isinstance(ckpt, MlxCheckpoint):  # mlx-lm renames and re-stacks the experts (switch_mlp with biases)
+        raise ConfigError(f"{ckpt.directory}: an MLX-quantized gpt-oss checkpoint is not supported; convert the "
+                          "Hugging Face checkpoint instead (its MXFP4 experts are kept bit for bit)")
     n = TensorNames
     sources: dict[str, str] = {n.token_embd: "model.embed_tokens.weight", n.output_norm: "model.norm.weight"}
     if not cfg.tie_embeddings:

@@ -142,7 +142,7 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     if w.window:
         visible = visible & (key_pos > query_pos - w.window)
     scores = mx.where(visible[None], scores, -np.inf)
-    probs = _softmax_with_sinks(scores, w.sinks)
+    probs = softmax_with_sinks(scores, w.sinks)
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
     if w.gate is not None:
         out = out * mx.sigmoid(xn @ f32(w.gate).T)
@@ -152,7 +152,7 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     return out, MlxLayerKV(keys, values, s)
 
 
-def _softmax_with_sinks(scores: mx.array, sinks: mx.array | None) -> mx.array:
+def softmax_with_sinks(scores: mx.array, sinks: mx.array | None) -> mx.array:
     """Twin of reference `softmax_with_sinks`. scores [H, T, S]; sinks float32 [H] or None -> [H, T, S]"""
     top = scores.max(axis=-1, keepdims=True)
     if sinks is None:
