@@ -133,7 +133,7 @@ def case_swiglu_expert(rng, path):
 
 def case_gated_hidden(rng, path):
     act = expert_act(SHAPES["gpt-oss"] if rng.random() < 0.5 else SHAPES["tiny"])
-    g, u = (rng.standard_normal((int(rng.integers(1, 4)), 32)) * 2).astype(np.float32)
+    g, u = (rng.standard_normal((2, int(rng.integers(1, 4)), 32)) * 2).astype(np.float32)
     t = BY_NAME["experts.gated_hidden"]
     return [(act.kind.value, t.reference(act, g, u), t.fast(act, mx.array(g), mx.array(u)))]
 
