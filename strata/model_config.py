@@ -122,7 +122,9 @@ class ModelConfig:
     linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
     # gpt-oss: router and expert biases, the clamped SwiGLU, attention sinks and an output bias,
     # sliding-window layers, YaRN rotary scaling (strata/reference/rope_scaling.py)
-    router_bias: bool = False  # z = W h + b: a plain logit bias (selection and weights both see it)
+    # z = W h + b: a plain logit bias that selection and weights both see (not the sigmoid rules'
+    # selection-only bias, which chooses and never weights)
+    router_logit_bias: bool = False
     expert_kind: ExpertKind = ExpertKind.SWIGLU
     expert_bias: bool = False  # each expert's gate/up/down carry a bias (in its .experts record)
     swiglu_alpha: float = 1.702  # CLAMPED_SWIGLU: the sigmoid's gain
@@ -292,7 +294,7 @@ class TensorNames:
     attn_k_norm = "attn_k_norm.weight"  # [head_dim] or [n_kv_heads * head_dim]
     ffn_norm = "ffn_norm.weight"  # [hidden]
     router = "ffn_gate_inp.weight"  # [n_experts, hidden], F32
-    router_bias = "ffn_gate_inp.bias"  # [n_experts] (gpt-oss)
+    router_logit_bias = "ffn_gate_inp.bias"  # [n_experts] (gpt-oss)
     attn_sinks = "attn_sinks.weight"  # [n_heads]: each head's sink logit (gpt-oss)
     attn_output_bias = "attn_output.bias"  # [hidden] (gpt-oss)
     shexp_gate = "ffn_gate_shexp.weight"  # [shared_ffn, hidden]
@@ -336,8 +338,8 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
             continue
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
-        if cfg.router_bias:
-            shapes[b(n.router_bias)] = (cfg.n_experts,)
+        if cfg.router_logit_bias:
+            shapes[b(n.router_logit_bias)] = (cfg.n_experts,)
         if cfg.has_shared_expert:
             shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
             shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)

@@ -133,7 +133,7 @@ def test_config_carried_over(converted):
     assert cfg.architecture == "gpt_oss"
     assert [k.mixer for k in cfg.kinds] == [Mixer.SLIDING_ATTENTION, Mixer.ATTENTION]
     assert cfg.sliding_window == hf_gpt_oss.WINDOW and cfg.max_context == hf_models.MAX_POSITIONS  # not capped
-    assert cfg.router_bias and cfg.expert_bias and cfg.attention_sinks and cfg.attention_output_bias
+    assert cfg.router_logit_bias and cfg.expert_bias and cfg.attention_sinks and cfg.attention_output_bias
     assert cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU and cfg.swiglu_limit == hf_gpt_oss.SWIGLU_LIMIT
     assert cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_factor == 8.0 and not cfg.yarn_truncate
     assert cfg.yarn_attention_factor == pytest.approx(0.1 * np.log(8.0) + 1.0, rel=1e-15)

@@ -57,7 +57,7 @@ VARIANTS = {
                            n_experts_per_token=2),
     # gpt-oss: a sliding then a full layer, sinks, biases, the clamped SwiGLU, YaRN (ops path on every path)
     "gpt_oss": {f: getattr(SHAPES["gpt-oss"], f) for f in (
-        "routing_order", "attention_bias", "router_bias", "expert_kind", "expert_bias", "swiglu_limit",
+        "routing_order", "attention_bias", "router_logit_bias", "expert_kind", "expert_bias", "swiglu_limit",
         "attention_sinks", "attention_output_bias", "rope_scaling", "yarn_factor", "yarn_original_context",
         "yarn_truncate", "yarn_attention_factor")} | dict(
         shared_ffn_size=0, qk_norm=QKNorm.NONE, sliding_window=3,

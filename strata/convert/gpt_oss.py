@@ -133,7 +133,7 @@ def gpt_oss_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         routing_order=RoutingOrder.TOPK_SOFTMAX, norm_topk_prob=True, qk_norm=QKNorm.NONE, attention_bias=bias,
         rms_norm_eps=hf.get_float("rms_norm_eps"), max_context=max_positions,
         tie_embeddings=hf.get_bool("tie_word_embeddings", default=False), layer_types=types, sliding_window=window,
-        router_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True,
+        router_logit_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True,
         swiglu_alpha=hf.get_float("swiglu_alpha", default=DEFAULT_ALPHA),
         swiglu_limit=hf.get_float("swiglu_limit", default=DEFAULT_LIMIT),
         attention_sinks=True, attention_output_bias=bias, **_rope(hf, max_positions),
@@ -151,7 +151,7 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     per_layer = {n.attn_norm: "input_layernorm.weight", n.ffn_norm: "post_attention_layernorm.weight",
                  n.attn_q: "self_attn.q_proj.weight", n.attn_k: "self_attn.k_proj.weight",
                  n.attn_v: "self_attn.v_proj.weight", n.attn_output: "self_attn.o_proj.weight",
-                 n.attn_sinks: "self_attn.sinks", n.router: "mlp.router.weight", n.router_bias: "mlp.router.bias"}
+                 n.attn_sinks: "self_attn.sinks", n.router: "mlp.router.weight", n.router_logit_bias: "mlp.router.bias"}
     if cfg.attention_bias:
         per_layer.update({n.attn_q_bias: "self_attn.q_proj.bias", n.attn_k_bias: "self_attn.k_proj.bias",
                           n.attn_v_bias: "self_attn.v_proj.bias", n.attn_output_bias: "self_attn.o_proj.bias"})

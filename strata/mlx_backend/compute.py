@@ -103,8 +103,8 @@ class MlxCompute:
             g = h.g  # computed with z by the router kernel
         else:
             g = gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T
-        if lw.router_bias is not None:  # gpt-oss: the guessed layer's own logit bias
-            g = g + lw.router_bias
+        if lw.router_logit_bias is not None:  # gpt-oss: the guessed layer's own logit bias
+            g = g + lw.router_logit_bias
         return np.array(g, dtype=np.float32)
 
     def shared(self, layer: int, h: _RouterInput):

@@ -59,7 +59,7 @@ class LayerWeights:
     guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
     shared: SharedWeights | None
     dense: SharedWeights | None = None
-    router_bias: mx.array | None = None  # float32 [E]: the router's logit bias (gpt-oss)
+    router_logit_bias: mx.array | None = None  # float32 [E]: the router's logit bias (gpt-oss)
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,8 +156,8 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
         shared = SharedWeights(arr(get(n.shexp_gate)), arr(get(n.shexp_up)), arr(get(n.shexp_down)), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
-    bias = mx.array(get(n.router_bias)) if cfg.router_bias else None
-    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, router_bias=bias)
+    bias = mx.array(get(n.router_logit_bias)) if cfg.router_logit_bias else None
+    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, router_logit_bias=bias)
 
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
@@ -186,7 +186,7 @@ def _arrays(lw: LayerWeights) -> list[mx.array]:
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
     else:
         out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, a.gate, lw.router,
-                                                                 a.sinks, a.bo, lw.router_bias) if x is not None]
+                                                                 a.sinks, a.bo, lw.router_logit_bias) if x is not None]
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
@@ -241,7 +241,7 @@ def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tu
 def _router_kernel_ok(p: MlxParams) -> bool:
     # the router kernel computes W h only: a router with a logit bias (gpt-oss) takes MLX ops
     return (current_path() is not KernelPath.OPS and p.dtype == mx.float16 and p.cfg.hidden_size % 32 == 0
-            and not p.cfg.router_bias)
+            and not p.cfg.router_logit_bias)
 
 
 def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: MlxQuantMatrix | None = None
@@ -262,8 +262,8 @@ def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: 
     h = rms_norm(x_mid, lw.ffn_norm, cfg.rms_norm_eps)
     z = h @ lw.router.T
     g = gemv(guess, h) if guess is not None else None
-    if lw.router_bias is not None:  # this layer's logit bias; g is the next layer's W h (MlxCompute adds its bias)
-        z = z + lw.router_bias
+    if lw.router_logit_bias is not None:  # this layer's logit bias; g is the next layer's W h (MlxCompute adds its bias)
+        z = z + lw.router_logit_bias
     return x_mid, h, z, g
 
 

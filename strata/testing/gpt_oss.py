@@ -14,7 +14,7 @@ from strata.formats.expert_record import ExpertBiases
 from strata.model_config import ModelConfig, TensorNames
 
 SINK_STD = 1.0  # sink logits of the size attention scores have here, so they take a real share
-ROUTER_BIAS_STD = 0.5
+ROUTER_LOGIT_BIAS_STD = 0.5
 OUTPUT_BIAS_STD = 0.02
 EXPERT_BIAS_STD = 0.1
 
@@ -28,8 +28,8 @@ def gpt_oss_dense(cfg: ModelConfig, layer: int, rng: np.random.Generator) -> dic
         out[b(n.attn_sinks)] = (rng.standard_normal(cfg.n_heads) * SINK_STD).astype(np.float32)
     if cfg.attention_output_bias:
         out[b(n.attn_output_bias)] = (rng.standard_normal(cfg.hidden_size) * OUTPUT_BIAS_STD).astype(np.float32)
-    if cfg.router_bias and cfg.is_moe(layer):
-        out[b(n.router_bias)] = (rng.standard_normal(cfg.n_experts) * ROUTER_BIAS_STD).astype(np.float32)
+    if cfg.router_logit_bias and cfg.is_moe(layer):
+        out[b(n.router_logit_bias)] = (rng.standard_normal(cfg.n_experts) * ROUTER_LOGIT_BIAS_STD).astype(np.float32)
     return out
 
 

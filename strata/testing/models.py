@@ -66,7 +66,7 @@ SHAPES: dict[str, ModelConfig] = {
         n_kv_heads=2, head_dim=16, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
         routing_order=RoutingOrder.TOPK_SOFTMAX, attention_bias=True, max_context=256,
         layer_types=(LayerType(Mixer.SLIDING_ATTENTION, Ffn.MOE), MOE_LAYER) * 2, sliding_window=8,
-        router_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True, swiglu_limit=1.0,
+        router_logit_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True, swiglu_limit=1.0,
         attention_sinks=True, attention_output_bias=True, rope_scaling=RopeScaling.YARN, yarn_factor=8.0,
         yarn_original_context=32, yarn_truncate=False, yarn_attention_factor=1.2079441541679836,
     ),
