@@ -40,6 +40,24 @@ class Mixer(enum.Enum):
     ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
     DELTANET = "deltanet"  # gated DeltaNet linear attention (Qwen3-Next, Qwen3.5); state: conv + recurrent
     MLA = "mla"  # DeepSeek's multi-head latent attention; state: the compressed latent + rope key (reference/mla.py)
+    # attention over the last `sliding_window` positions only (gpt-oss's alternate layers); state:
+    # the KV cache, every position kept (so trim works for every n; the mask does the windowing)
+    SLIDING_ATTENTION = "sliding_attention"
+
+
+class ExpertKind(enum.Enum):
+    """What a routed expert computes from its three projections (and their biases, if any)."""
+
+    SWIGLU = "swiglu"  # down(silu(gate x) * up x)
+    # gpt-oss: g = min(gate x, limit), u = clip(up x, -limit, limit), down((u + 1) * g * sigmoid(alpha g))
+    CLAMPED_SWIGLU = "clamped_swiglu"
+
+
+class RopeScaling(enum.Enum):
+    """How RoPE's frequencies are scaled for a longer context."""
+
+    NONE = "none"
+    YARN = "yarn"  # gpt-oss: NTK-by-parts interpolation and a cos/sin attention factor
 
 
 class Ffn(enum.Enum):
@@ -116,6 +134,25 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # gpt-oss: router and expert biases, the clamped SwiGLU, attention sinks and an output bias,
+    # sliding-window layers, YaRN rotary scaling (strata/reference/rope_scaling.py)
+    # z = W h + b: a plain logit bias that selection and weights both see (not the sigmoid rules'
+    # selection-only bias, which chooses and never weights)
+    router_logit_bias: bool = False
+    expert_kind: ExpertKind = ExpertKind.SWIGLU
+    expert_bias: bool = False  # each expert's gate/up/down carry a bias (in its .experts record)
+    swiglu_alpha: float = 1.702  # CLAMPED_SWIGLU: the sigmoid's gain
+    swiglu_limit: float = 7.0  # CLAMPED_SWIGLU: the clamp on gate (above) and up (both sides)
+    attention_sinks: bool = False  # one learned logit per head joins every softmax (then dropped)
+    attention_output_bias: bool = False  # o_proj carries a bias
+    sliding_window: int = 0  # SLIDING_ATTENTION layers see keys j with i - sliding_window < j <= i
+    rope_scaling: RopeScaling = RopeScaling.NONE
+    yarn_factor: float = 1.0
+    yarn_original_context: int = 0  # the pretraining context the correction range is computed for
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_truncate: bool = True  # floor/ceil the correction range (gpt-oss: false)
+    yarn_attention_factor: float = 1.0  # cos and sin are multiplied by it
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
@@ -154,6 +191,7 @@ class ModelConfig:
                               f"got {self.rotary_dim}")
         _check_hybrid(self)
         check_sigmoid_fields(self)
+        _check_gpt_oss(self)
 
     @property
     def rope_dim(self) -> int:
@@ -190,6 +228,8 @@ class ModelConfig:
         out["routing_order"] = self.routing_order.value
         out["qk_norm"] = self.qk_norm.value
         out["layer_types"] = ",".join(t.to_str() for t in self.layer_types)  # one GGUF string ("": uniform)
+        out["expert_kind"] = self.expert_kind.value
+        out["rope_scaling"] = self.rope_scaling.value
         return out
 
     @classmethod
@@ -203,6 +243,10 @@ class ModelConfig:
             d["routing_order"] = RoutingOrder(d["routing_order"])
         if "qk_norm" in d:
             d["qk_norm"] = QKNorm(d["qk_norm"])
+        if "expert_kind" in d:
+            d["expert_kind"] = ExpertKind(d["expert_kind"])
+        if "rope_scaling" in d:
+            d["rope_scaling"] = RopeScaling(d["rope_scaling"])
         if "layer_types" in d:
             types = d["layer_types"]
             types = types.split(",") if isinstance(types, str) else types
@@ -247,6 +291,24 @@ def check_sigmoid_fields(cfg: "ModelConfig") -> None:
                               "or attention_output_gate")
 
 
+def _check_gpt_oss(cfg: ModelConfig) -> None:
+    """The gpt-oss fields: a window for sliding layers, a usable clamped SwiGLU, YaRN's numbers."""
+    def positive(name: str) -> None:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
+
+    if any(t.mixer is Mixer.SLIDING_ATTENTION for t in cfg.kinds) and cfg.sliding_window <= 0:
+        raise ConfigError(f"model config: sliding-attention layers need sliding_window > 0, got {cfg.sliding_window}")
+    if cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU:
+        positive("swiglu_alpha")
+        positive("swiglu_limit")
+    if cfg.rope_scaling is RopeScaling.YARN:
+        for name in ("yarn_factor", "yarn_original_context", "yarn_beta_fast", "yarn_beta_slow",
+                     "yarn_attention_factor"):
+            positive(name)
+
+
 class TensorNames:
     """Dense tensor names (llama.cpp's GGUF spelling); numpy shapes are [out, in]."""
 
@@ -271,6 +333,9 @@ class TensorNames:
     attn_k_norm = "attn_k_norm.weight"  # [head_dim] or [n_kv_heads * head_dim]
     ffn_norm = "ffn_norm.weight"  # [hidden]
     router = "ffn_gate_inp.weight"  # [n_experts, hidden], F32
+    router_logit_bias = "ffn_gate_inp.bias"  # [n_experts] (gpt-oss)
+    attn_sinks = "attn_sinks.weight"  # [n_heads]: each head's sink logit (gpt-oss)
+    attn_output_bias = "attn_output.bias"  # [hidden] (gpt-oss)
     shexp_gate = "ffn_gate_shexp.weight"  # [shared_ffn, hidden]
     shexp_up = "ffn_up_shexp.weight"  # [shared_ffn, hidden]
     shexp_down = "ffn_down_shexp.weight"  # [hidden, shared_ffn]
@@ -325,6 +390,8 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
         if cfg.router_bias:
             shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
+        if cfg.router_logit_bias:
+            shapes[b(n.router_logit_bias)] = (cfg.n_experts,)
         if cfg.has_shared_expert:
             shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
             shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)
@@ -356,6 +423,10 @@ def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ..
         shapes[b(n.attn_k_norm)] = (kv_dim,)
     if cfg.attention_output_gate:
         shapes[b(n.attn_gate)] = (q_dim, cfg.hidden_size)
+    if cfg.attention_sinks:
+        shapes[b(n.attn_sinks)] = (cfg.n_heads,)
+    if cfg.attention_output_bias:
+        shapes[b(n.attn_output_bias)] = (cfg.hidden_size,)
     return shapes
 
 

@@ -79,3 +79,14 @@ CHI_SQUARE_P = 1e-3
 # logits by tens of percent of their scale (seen 0 on the machine that wrote them).
 FIXTURE_RECOMPUTE_BUDGET = 1e-5  # max |Δlogit| / max |logit|
 FIXTURE_REBUILD_BUDGET = 2e-2  # max |Δlogit| / max |logit|
+
+# gpt-oss converted vs transformers (float32) on the tiny checkpoints of tests/hf_gpt_oss.py.
+# f16 experts from the bf16 checkpoint: bf16 values are exact in f16, only f16 dense rounding and
+# float32 order remain (seen 1.3e-6); the issue's bound is 5e-4 of the logit scale
+GPT_OSS_F16_LOGIT_BUDGET = 5e-4
+# MXFP4 experts kept bit for bit vs transformers' own dequantization of the same blocks: the same
+# values on both sides, float32 summation order only (seen 1.1e-6)
+GPT_OSS_MXFP4_LOGIT_BUDGET = 1e-5
+# transformers computes RoPE's inverse frequencies in float32 (base ** (i / dim), YaRN's ramp);
+# the reference in float64: a few float32 roundings apart
+ROPE_F32_RTOL = 1e-6

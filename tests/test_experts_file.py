@@ -274,10 +274,10 @@ def test_header_disagreeing_with_the_layout(q2_file):
 
 
 def test_unknown_version_and_qtype(q2_file):
-    rewrite(q2_file, 8, struct.pack("<I", 2))
+    rewrite(q2_file, 8, struct.pack("<I", 3))
     with pytest.raises(FormatError) as err:
         ExpertsFile.open(q2_file)
-    assert_one_line_error(err, q2_file, "version 2")
+    assert_one_line_error(err, q2_file, "version 3")
     rewrite(q2_file, 8, struct.pack("<II", 1, 77), fix_header_crc=True)
     with pytest.raises(FormatError) as err:
         ExpertsFile.open(q2_file)

@@ -28,7 +28,8 @@ from strata.mlx_backend.attention import MlxLayerKV
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.twins import BY_NAME, TWINS
-from strata.model_config import QKNorm, RoutingOrder
+from strata.model_config import Ffn, LayerType, Mixer, QKNorm, RoutingOrder
+from strata.reference.experts import expert_act
 from strata.reference import model as ref_model
 from strata.reference.attention import LayerKV
 from strata.reference.quants import quantize
@@ -54,6 +55,13 @@ VARIANTS = {
     "no_shared_topk_softmax": dict(shared_ffn_size=0, routing_order=RoutingOrder.TOPK_SOFTMAX, qk_norm=QKNorm.NONE),
     "bias_full_norm": dict(attention_bias=True, qk_norm=QKNorm.FULL, shared_expert_gated=False, n_experts=8,
                            n_experts_per_token=2),
+    # gpt-oss: a sliding then a full layer, sinks, biases, the clamped SwiGLU, YaRN (ops path on every path)
+    "gpt_oss": {f: getattr(SHAPES["gpt-oss"], f) for f in (
+        "routing_order", "attention_bias", "router_logit_bias", "expert_kind", "expert_bias", "swiglu_limit",
+        "attention_sinks", "attention_output_bias", "rope_scaling", "yarn_factor", "yarn_original_context",
+        "yarn_truncate", "yarn_attention_factor")} | dict(
+        shared_ffn_size=0, qk_norm=QKNorm.NONE, sliding_window=3,
+        layer_types=(LayerType(Mixer.SLIDING_ATTENTION, Ffn.MOE), LayerType(Mixer.ATTENTION, Ffn.MOE))),
 }
 seeds = st.integers(0, 2**31 - 1)
 
@@ -115,11 +123,30 @@ def case_rms_norm(rng, path):
 
 
 def case_swiglu_expert(rng, path):
-    cfg = SHAPES["tiny"]
-    w = make_expert(cfg, int(rng.integers(1 << 30)), 0, 0, QuantType.Q2_0)
+    cfg = SHAPES["tiny"] if rng.random() < 0.5 else SHAPES["gpt-oss"]  # gpt-oss: clamped, with biases
+    qt = QuantType.Q2_0 if cfg is SHAPES["tiny"] or rng.random() < 0.5 else QuantType.MXFP4
+    w = make_expert(cfg, int(rng.integers(1 << 30)), 0, 0, qt)
     x = rng.standard_normal((int(rng.integers(1, 4)), cfg.hidden_size)).astype(np.float32)
-    t = BY_NAME["experts.swiglu_expert"]
-    return [("expert", t.reference(w, x), t.fast(w, x))]
+    t, act = BY_NAME["experts.swiglu_expert"], expert_act(cfg)
+    return [(f"{cfg.expert_kind.value} {qt.name}", t.reference(w, x, act), t.fast(w, x, act))]
+
+
+def case_gated_hidden(rng, path):
+    act = expert_act(SHAPES["gpt-oss"] if rng.random() < 0.5 else SHAPES["tiny"])
+    g, u = (rng.standard_normal((2, int(rng.integers(1, 4)), 32)) * 2).astype(np.float32)
+    t = BY_NAME["experts.gated_hidden"]
+    return [(act.kind.value, t.reference(act, g, u), t.fast(act, mx.array(g), mx.array(u)))]
+
+
+def case_softmax_with_sinks(rng, path):
+    h, q, k = 4, int(rng.integers(1, 4)), int(rng.integers(1, 9))
+    scores = (rng.standard_normal((h, q, k)) * 3).astype(np.float32)
+    scores[:, :, : int(rng.integers(0, k))] = -np.inf  # keys outside a window
+    scores[:, :, -1] = np.abs(scores[:, :, -1])  # the query's own key is always visible
+    sinks = (rng.standard_normal(h) * 3).astype(np.float32) if rng.random() < 0.75 else None
+    t = BY_NAME["attention.softmax_with_sinks"]
+    return [("sinks" if sinks is not None else "plain", t.reference(scores, sinks),
+             t.fast(mx.array(scores), None if sinks is None else mx.array(sinks)))]
 
 
 def case_routed_experts(rng, path):
@@ -197,6 +224,7 @@ CASES = {
     "quants.dequantize": case_dequantize, "quants.gemv": case_gemv, "routing.router_logits": case_router_logits,
     "attention.rms_norm": case_rms_norm, "experts.swiglu_expert": case_swiglu_expert,
     "experts.routed_experts": case_routed_experts, "experts.shared_expert": case_shared_expert,
+    "experts.gated_hidden": case_gated_hidden, "attention.softmax_with_sinks": case_softmax_with_sinks,
     "model.embed": case_embed, "model.attention_block": case_attention_block, "model.head": case_head,
     "model.forward": case_forward,
 }

@@ -186,6 +186,21 @@ class Checkpoint:
             return bf16_bits_to_f32(x)
         return x if x.dtype == np.float32 else x.astype(np.float32)
 
+    def read_raw(self, name: str, dtype: np.dtype, index: int | None = None) -> np.ndarray:
+        """Tensor `name`'s stored bytes as `dtype`, unconverted (packed codes, e8m0 scales);
+        with `index`, only `tensor[index]` along the first axis.
+
+        Shapes: -> shape(name) (or shape(name)[1:]), for a dtype of the stored element size
+        """
+        info = self.info(name)
+        shape, begin, nbytes = info.shape, info.begin, info.end - info.begin
+        if index is not None:
+            if not shape or not 0 <= index < shape[0]:
+                raise FormatError(f"{info.shard.name}: tensor {name} {list(shape)} has no index {index}")
+            shape, nbytes = shape[1:], nbytes // shape[0]
+            begin += index * nbytes
+        return np.frombuffer(self._pread(info, begin, nbytes), dtype=dtype).reshape(shape)
+
     def close(self) -> None:
         fds, self._fds = self._fds, {}
         for fd in fds.values():

@@ -5,6 +5,8 @@ then all block scales: float16, or MLX's scales and biases / e8m0 bytes for MLX'
 down codes, down scales. Every plane starts on a PLANE_ALIGN boundary so a GPU kernel can read
 codes as aligned uint32 / uint4 words straight out of an arena slot; the record is zero-padded
 to RECORD_ALIGN so one pread (O_DIRECT where available) of `padded_bytes` fills one slot.
+A record of experts with biases (gpt-oss) appends three float32 planes after those six: gate
+bias [F], up bias [F], down bias [D]; the six planes before them sit where they always do.
 docs/formats.md is the normative description; this module is its one implementation.
 """
 
@@ -22,6 +24,8 @@ PLANE_ALIGN = 16  # widest aligned load the kernels use (uint4 / 128-bit)
 
 PROJECTIONS = ("gate", "up", "down")
 PLANE_NAMES = ("gate.codes", "gate.scales", "up.codes", "up.scales", "down.codes", "down.scales")
+BIAS_PLANE_NAMES = ("gate.bias", "up.bias", "down.bias")  # float32, only in records with biases
+BIAS_DTYPE = np.dtype("<f4")
 
 
 def align_up(n: int, align: int) -> int:
@@ -29,8 +33,21 @@ def align_up(n: int, align: int) -> int:
 
 
 @dataclass(frozen=True, eq=False)
+class ExpertBiases:
+    """The biases of one expert's projections (gpt-oss). Shapes: gate [F], up [F], down [D] float32"""
+
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+
+    def projection(self, name: str) -> np.ndarray:
+        return getattr(self, name)
+
+
+@dataclass(frozen=True, eq=False)
 class ExpertWeights:
-    """The three projections of one routed expert, all of one QuantType.
+    """The three projections of one routed expert, all of one QuantType, and their biases if the
+    model's experts have them.
 
     Shapes:
         gate: [F, D]   up: [F, D]   down: [D, F]     (D = hidden, F = expert_ffn)
@@ -39,6 +56,7 @@ class ExpertWeights:
     gate: QuantMatrix
     up: QuantMatrix
     down: QuantMatrix
+    biases: ExpertBiases | None = None
 
     def __post_init__(self) -> None:
         qtypes = {self.gate.qtype, self.up.qtype, self.down.qtype}
@@ -50,6 +68,11 @@ class ExpertWeights:
                 f"expert weights: gate {self.gate.shape}, up {self.up.shape}, down {self.down.shape}; "
                 f"want gate/up [F, D] and down [D, F]"
             )
+        b = self.biases
+        if b is not None and any(np.asarray(v).dtype != BIAS_DTYPE or np.shape(v) != (n,)
+                                 for v, n in ((b.gate, f), (b.up, f), (b.down, d))):
+            raise ValueError(f"expert biases: want float32 gate [{f}], up [{f}], down [{d}], got "
+                             f"{[(np.asarray(v).dtype.name, np.shape(v)) for v in (b.gate, b.up, b.down)]}")
 
     @property
     def qtype(self) -> QuantType:
@@ -83,14 +106,15 @@ class PlaneSpan:
 class RecordLayout:
     """Byte layout of one record, computed from (qtype, hidden D, expert_ffn F).
 
-    `planes` follows PLANE_NAMES. `record_bytes` is the end of the last plane (what the
-    checksum covers); `padded_bytes` rounds it up to RECORD_ALIGN (the record stride in the file
-    and the size of one arena slot).
+    `planes` follows PLANE_NAMES, then BIAS_PLANE_NAMES when `biases`. `record_bytes` is the end
+    of the last plane (what the checksum covers); `padded_bytes` rounds it up to RECORD_ALIGN
+    (the record stride in the file and the size of one arena slot).
     """
 
     qtype: QuantType
     hidden: int
     expert_ffn: int
+    biases: bool = False
     planes: tuple[PlaneSpan, ...] = field(init=False)
     record_bytes: int = field(init=False)
     padded_bytes: int = field(init=False)
@@ -113,6 +137,10 @@ class RecordLayout:
                 start = align_up(end, PLANE_ALIGN)
                 planes.append(PlaneSpan(start, nbytes))
                 end = start + nbytes
+        for proj in PROJECTIONS if self.biases else ():
+            start = align_up(end, PLANE_ALIGN)
+            planes.append(PlaneSpan(start, self.shape(proj)[0] * BIAS_DTYPE.itemsize))
+            end = planes[-1].end
         object.__setattr__(self, "planes", tuple(planes))
         object.__setattr__(self, "record_bytes", end)
         object.__setattr__(self, "padded_bytes", align_up(end, RECORD_ALIGN))
@@ -131,19 +159,34 @@ class RecordLayout:
     def scales(self, proj: str) -> PlaneSpan:
         return self.planes[2 * PROJECTIONS.index(proj) + 1]
 
+    def bias(self, proj: str) -> PlaneSpan:
+        """A projection's bias plane (records with biases only)."""
+        if not self.biases:
+            raise ValueError(f"record layout of {self.qtype.name} D={self.hidden} F={self.expert_ffn} has no biases")
+        return self.planes[len(PLANE_NAMES) + PROJECTIONS.index(proj)]
+
+    @property
+    def plane_names(self) -> tuple[str, ...]:
+        return PLANE_NAMES + (BIAS_PLANE_NAMES if self.biases else ())
+
 
 def pack_record(w: ExpertWeights, rec: RecordLayout) -> bytes:
     """The `padded_bytes` bytes of one record (planes at their offsets, zeros elsewhere)."""
-    if w.qtype is not rec.qtype or (w.expert_ffn, w.hidden) != (rec.expert_ffn, rec.hidden):
+    if (w.qtype is not rec.qtype or (w.expert_ffn, w.hidden) != (rec.expert_ffn, rec.hidden)
+            or (w.biases is not None) != rec.biases):
+        with_b = lambda b: " with biases" if b else ""  # noqa: E731
         raise ValueError(
-            f"expert is {w.qtype.name} F={w.expert_ffn} D={w.hidden}, the record layout wants "
-            f"{rec.qtype.name} F={rec.expert_ffn} D={rec.hidden}"
+            f"expert is {w.qtype.name} F={w.expert_ffn} D={w.hidden}{with_b(w.biases is not None)}, the record "
+            f"layout wants {rec.qtype.name} F={rec.expert_ffn} D={rec.hidden}{with_b(rec.biases)}"
         )
     buf = np.zeros(rec.padded_bytes, np.uint8)
     for proj in PROJECTIONS:
         m = w.projection(proj)
         for span, plane in ((rec.codes(proj), m.codes), (rec.scales(proj), m.scale_plane())):
             buf[span.offset : span.end] = np.ascontiguousarray(plane).view(np.uint8).reshape(-1)
+        if rec.biases:
+            span = rec.bias(proj)
+            buf[span.offset : span.end] = np.ascontiguousarray(w.biases.projection(proj), BIAS_DTYPE).view(np.uint8)
     return buf.tobytes()
 
 
@@ -165,4 +208,7 @@ def unpack_record(buf: bytes | bytearray | memoryview | np.ndarray, rec: RecordL
         rows, cols = rec.shape(proj)
         c, s = rec.codes(proj), rec.scales(proj)
         mats.append(QuantMatrix.from_planes(rec.qtype, rows, cols, data[c.offset : c.end], data[s.offset : s.end]))
-    return ExpertWeights(*mats)
+    biases = None
+    if rec.biases:
+        biases = ExpertBiases(*(data[rec.bias(p).offset : rec.bias(p).end].view(BIAS_DTYPE) for p in PROJECTIONS))
+    return ExpertWeights(*mats, biases=biases)

@@ -12,6 +12,10 @@ Layout (little-endian; docs/formats.md is normative):
 The record layout (strata.formats.expert_record) is recomputed by the reader and checked
 against the plane offsets stored in the header, so a writer and reader that disagree about
 the layout fail at open, not with garbage weights.
+
+Experts with biases (gpt-oss) are version 2: the same fixed header, followed by the offsets and
+sizes of the three bias planes (BIAS_FIELDS, 48 bytes), so the checksum table starts at 224.
+A file without biases is written as version 1, byte for byte what it always was.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 
 from strata.errors import FormatError
 from strata.formats.expert_record import (
+    BIAS_PLANE_NAMES,
     PLANE_ALIGN,
     PLANE_NAMES,
     RECORD_ALIGN,
@@ -43,6 +48,7 @@ from strata.formats.quant_types import QuantType
 
 MAGIC = b"STRXPRT1"
 VERSION = 1
+VERSION_BIASES = 2  # records carry expert biases; the header grows by BIAS_FIELDS
 
 # (name, struct code), in file order. The offsets are pinned by tests/test_experts_file.py.
 HEADER_FIELDS: tuple[tuple[str, str], ...] = (
@@ -68,6 +74,19 @@ HEADER_SIZE = HEADER_STRUCT.size  # 176
 CHECKSUM = struct.Struct("<I")
 
 assert HEADER_SIZE == 176 and HEADER_SIZE % 8 == 0
+# version 2 only, right after the fixed header: where the bias planes sit inside a record
+BIAS_FIELDS: tuple[tuple[str, str], ...] = (
+    *((f"plane_offset.{n}", "Q") for n in BIAS_PLANE_NAMES),  # 176..200
+    *((f"plane_bytes.{n}", "Q") for n in BIAS_PLANE_NAMES),  # 200..224
+)
+BIAS_STRUCT = struct.Struct("<" + "".join(code for _, code in BIAS_FIELDS))
+HEADER_SIZE_BIASES = HEADER_SIZE + BIAS_STRUCT.size  # 224
+assert HEADER_SIZE_BIASES == 224
+
+
+def header_size(biases: bool) -> int:
+    """Bytes before the checksum table: the fixed header, and the bias planes' fields in version 2."""
+    return HEADER_SIZE_BIASES if biases else HEADER_SIZE
 
 
 IDENTITY_BYTES = 16  # of SHA-256: 128 bits, so two different expert sets never share one by chance
@@ -95,27 +114,34 @@ class ExpertsHeader:
     table_offset: int
     data_offset: int
     file_bytes: int
+    biases: bool = False  # version 2: every record carries its expert's gate/up/down biases
 
     @property
     def n_records(self) -> int:
         return self.n_layers * self.n_experts
 
 
-def file_geometry(n_layers: int, n_experts: int, padded_bytes: int) -> tuple[int, int]:
+def file_geometry(n_layers: int, n_experts: int, padded_bytes: int, biases: bool = False) -> tuple[int, int]:
     """(data_offset, file_bytes) of an `.experts` file: header + table + header CRC, padded to
     RECORD_ALIGN, then n_layers * n_experts records of padded_bytes."""
     n = n_layers * n_experts
-    data_offset = align_up(HEADER_SIZE + CHECKSUM.size * n + CHECKSUM.size, RECORD_ALIGN)
+    data_offset = align_up(header_size(biases) + CHECKSUM.size * n + CHECKSUM.size, RECORD_ALIGN)
     return data_offset, data_offset + n * padded_bytes
 
 
 def _pack_header(rec: RecordLayout, n_layers: int, n_experts: int) -> bytes:
-    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes)
-    values = [MAGIC, VERSION, int(rec.qtype), n_layers, n_experts, rec.hidden, rec.expert_ffn,
-              PLANE_ALIGN, RECORD_ALIGN, rec.record_bytes, rec.padded_bytes,
-              *(p.offset for p in rec.planes), *(p.nbytes for p in rec.planes),
-              HEADER_SIZE, data_offset, file_bytes]
-    return HEADER_STRUCT.pack(*values)
+    """The header bytes before the checksum table (HEADER_SIZE, or HEADER_SIZE_BIASES)."""
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes, rec.biases)
+    six = rec.planes[: len(PLANE_NAMES)]
+    values = [MAGIC, VERSION_BIASES if rec.biases else VERSION, int(rec.qtype), n_layers, n_experts, rec.hidden,
+              rec.expert_ffn, PLANE_ALIGN, RECORD_ALIGN, rec.record_bytes, rec.padded_bytes,
+              *(p.offset for p in six), *(p.nbytes for p in six),
+              header_size(rec.biases), data_offset, file_bytes]
+    head = HEADER_STRUCT.pack(*values)
+    if rec.biases:
+        bias = rec.planes[len(PLANE_NAMES):]
+        head += BIAS_STRUCT.pack(*(p.offset for p in bias), *(p.nbytes for p in bias))
+    return head
 
 
 # ---------------------------------------------------------------- writer
@@ -131,8 +157,10 @@ def write_experts(
     expert_ffn: int,
     get_expert: Callable[[int, int], ExpertWeights],
     progress: bool = False,
+    biases: bool = False,
 ) -> ExpertsHeader:
     """Write an `.experts` file, one record at a time (never more than one expert in memory).
+    biases: every expert carries gate/up/down biases (a version 2 file).
 
     The file is written to `path + ".tmp"` and renamed over `path` only when complete, so an
     interrupted write (an exception from `get_expert`, Ctrl-C) leaves nothing under `path`.
@@ -140,9 +168,9 @@ def write_experts(
     path = os.fspath(path)
     if n_layers <= 0 or n_experts <= 0:
         raise ValueError(f"{path}: n_layers={n_layers} and n_experts={n_experts} must be positive")
-    rec = RecordLayout(QuantType(qtype), hidden, expert_ffn)
+    rec = RecordLayout(QuantType(qtype), hidden, expert_ffn, biases)
     header = _pack_header(rec, n_layers, n_experts)
-    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes)
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes, biases)
     crcs = np.zeros(n_layers * n_experts, "<u4")
     with atomic_output(path) as tmp:
         with open(tmp, "wb") as f:
@@ -173,18 +201,23 @@ def write_experts(
 
 
 def _unpack_fields(raw: bytes) -> dict[str, object]:
-    return dict(zip((name for name, _ in HEADER_FIELDS), HEADER_STRUCT.unpack(raw)))
+    """The header fields of raw (the fixed header, and the bias planes' fields when raw has them)."""
+    out = dict(zip((name for name, _ in HEADER_FIELDS), HEADER_STRUCT.unpack(raw[:HEADER_SIZE])))
+    if len(raw) >= HEADER_SIZE_BIASES:
+        out.update(zip((name for name, _ in BIAS_FIELDS), BIAS_STRUCT.unpack(raw[HEADER_SIZE:HEADER_SIZE_BIASES])))
+    return out
 
 
 def _parse_header(name: str, raw: bytes, actual_bytes: int) -> ExpertsHeader:
-    """Check the fixed header against the layout this reader computes. raw: HEADER_SIZE bytes."""
+    """Check the header against the layout this reader computes. raw: header_size(biases) bytes."""
     v = _unpack_fields(raw)
+    biases = v["version"] == VERSION_BIASES
     try:
         qtype = QuantType(v["qtype"])
     except ValueError:
         raise FormatError(f"{name}: unknown quant type id {v['qtype']}") from None
     try:
-        rec = RecordLayout(qtype, v["hidden"], v["expert_ffn"])
+        rec = RecordLayout(qtype, v["hidden"], v["expert_ffn"], biases)
     except ValueError as e:
         raise FormatError(f"{name}: bad header: {e}") from None
     if v["n_layers"] <= 0 or v["n_experts"] <= 0:
@@ -200,7 +233,7 @@ def _parse_header(name: str, raw: bytes, actual_bytes: int) -> ExpertsHeader:
     return ExpertsHeader(version=v["version"], qtype=qtype, n_layers=v["n_layers"], n_experts=v["n_experts"],
                          hidden=v["hidden"], expert_ffn=v["expert_ffn"], record_bytes=v["record_bytes"],
                          padded_bytes=v["padded_bytes"], table_offset=v["table_offset"],
-                         data_offset=v["data_offset"], file_bytes=v["file_bytes"])
+                         data_offset=v["data_offset"], file_bytes=v["file_bytes"], biases=biases)
 
 
 class ExpertsFile:
@@ -211,7 +244,7 @@ class ExpertsFile:
         self.path = path
         self.header = header
         self.identity = identity  # identity_of(header bytes + checksum table): names this expert set
-        self.layout = RecordLayout(header.qtype, header.hidden, header.expert_ffn)
+        self.layout = RecordLayout(header.qtype, header.hidden, header.expert_ffn, header.biases)
         self._fd = fd
         self._checksums = checksums  # [n_layers, n_experts] uint32
 
@@ -243,15 +276,21 @@ class ExpertsFile:
         if len(raw) < HEADER_SIZE:
             raise FormatError(f"{path}: truncated: {size} bytes, shorter than the {HEADER_SIZE}-byte header")
         version = HEADER_STRUCT.unpack(raw)[1]
-        if version != VERSION:
-            raise FormatError(f"{path}: unsupported .experts version {version} (this reader knows {VERSION})")
+        if version not in (VERSION, VERSION_BIASES):
+            raise FormatError(f"{path}: unsupported .experts version {version} "
+                              f"(this reader knows {VERSION} and {VERSION_BIASES})")
+        head_bytes = header_size(version == VERSION_BIASES)
+        if head_bytes > HEADER_SIZE:
+            raw += os.pread(fd, head_bytes - HEADER_SIZE, HEADER_SIZE)
+            if len(raw) < head_bytes:
+                raise FormatError(f"{path}: truncated: {size} bytes, shorter than the {head_bytes}-byte header")
         v = _unpack_fields(raw)
         n = v["n_layers"] * v["n_experts"]
-        table_end = HEADER_SIZE + CHECKSUM.size * n
+        table_end = head_bytes + CHECKSUM.size * n
         if table_end + CHECKSUM.size > size:
             raise FormatError(f"{path}: truncated or corrupt header: {size} bytes, the checksum table of "
                               f"{v['n_layers']}x{v['n_experts']} records ends at {table_end + CHECKSUM.size}")
-        table = os.pread(fd, table_end + CHECKSUM.size - HEADER_SIZE, HEADER_SIZE)
+        table = os.pread(fd, table_end + CHECKSUM.size - head_bytes, head_bytes)
         (stored,) = CHECKSUM.unpack(table[-CHECKSUM.size:])
         if checksum(raw + table[: -CHECKSUM.size]) != stored:
             raise FormatError(f"{path}: header checksum mismatch (header or checksum table corrupt)")

@@ -50,7 +50,8 @@ def _gguf():
 # ModelConfig field type (its annotation string) -> GGUF value type name. A new field type must
 # be added here; the assert below fails at import otherwise.
 _FIELD_VALUE_TYPES = {"int": "UINT32", "bool": "BOOL", "float": "FLOAT64", "str": "STRING",
-                      "RoutingOrder": "STRING", "QKNorm": "STRING", "tuple[LayerType, ...]": "STRING"}
+                      "RoutingOrder": "STRING", "QKNorm": "STRING", "tuple[LayerType, ...]": "STRING",
+                      "ExpertKind": "STRING", "RopeScaling": "STRING"}
 # The fields format version 1 shipped with: every file has them. A field added since has a
 # default, and a file without it gets that default (every layer attention + MoE, no dense FFN,
 # no new family's feature), which is what such a file describes.

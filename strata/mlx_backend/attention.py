@@ -9,7 +9,13 @@ write) and the output projection (dense_gemv). The KV cache is preallocated per 
 path: by `attend`; ops path: one slice update, in place when nothing else aliases the cache).
 
 RoPE uses a cos/sin table computed once on the host in float64 exactly as the reference
-computes its angles, so both paths rotate by the reference's float32 values.
+computes its angles (YaRN's scaled frequencies and attention factor included), so both paths
+rotate by the reference's float32 values.
+
+gpt-oss's options (attention sinks, the output bias, sliding-window layers) run on the ops path
+only: the attend kernel refuses such a layer (`_kernel_ok`). A sliding layer's cache keeps every
+position like a full one (so trim restores any n); its ops attention reads only the keys some
+query of the chunk can see.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
+from strata.reference.rope_scaling import rope_frequencies
 
 __all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials",
            "kernel_applies", "check_context"]
@@ -38,10 +45,10 @@ def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
     """cos, sin float32 [max_context, rope_dim/2]: the reference's angles (float64), rounded once
     (rope_dim: the rotated part of a head, the whole head but for partial rotary)."""
-    hd = cfg.rope_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    inv_freq, scale = rope_frequencies(cfg)  # [rope_dim/2]; scale: YaRN's attention factor (else 1)
     angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
+    return (mx.array((np.cos(angles) * scale).astype(np.float32)),
+            mx.array((np.sin(angles) * scale).astype(np.float32)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +85,9 @@ class AttentionWeights:
     k_norm: mx.array | None
     wo: mx.array
     gate: mx.array | None = None  # [H HD, D]: the output gate (Qwen3-Next / Qwen3.5), sigmoid(xn . gate)
+    sinks: mx.array | None = None  # float32 [H]: each head's sink logit (gpt-oss)
+    bo: mx.array | None = None  # [D]: the output projection's bias (gpt-oss)
+    window: int = 0  # a sliding layer's window (gpt-oss); 0: full attention
 
 
 def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
@@ -88,7 +98,7 @@ def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
 def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
     # partial rotary and the output gate are not in the attend kernel yet: those layers take the ops path
     return (current_path() is not KernelPath.OPS and w.wqkv.dtype == mx.float16 and cfg.qk_norm is not QKNorm.FULL
-            and cfg.rope_dim == cfg.head_dim and w.gate is None
+            and cfg.rope_dim == cfg.head_dim and w.gate is None and w.sinks is None and w.bo is None and not w.window
             and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.MAX_HEAD_DIM
             and cfg.hidden_size <= dense_kernel.MAX_COLS and cfg.n_heads * cfg.head_dim <= dense_kernel.MAX_COLS)
 
@@ -122,26 +132,44 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     keys[:, start:start + t, :] = k
     values[:, start:start + t, :] = v
     s = start + t
+    lo = max(0, start - w.window + 1) if w.window else 0  # the first key any query here sees
     group = h // kvh
-    kh = mx.repeat(keys[:, :s], group, axis=0)  # [H, S, hd]
-    vh = mx.repeat(values[:, :s], group, axis=0)
-    scores = (q @ kh.transpose(0, 2, 1)) / np.float32(np.sqrt(hd))  # [H, T, S]
-    causal = mx.arange(s)[None, :] <= mx.arange(start, s)[:, None]  # [T, S]
-    scores = mx.where(causal[None], scores, -np.inf)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    probs = mx.exp(scores)
-    probs = probs / probs.sum(axis=-1, keepdims=True)
+    kh = mx.repeat(keys[:, lo:s], group, axis=0)  # [H, S - lo, hd]
+    vh = mx.repeat(values[:, lo:s], group, axis=0)
+    scores = (q @ kh.transpose(0, 2, 1)) / np.float32(np.sqrt(hd))  # [H, T, S - lo]
+    key_pos, query_pos = mx.arange(lo, s)[None, :], mx.arange(start, s)[:, None]
+    visible = key_pos <= query_pos  # [T, S - lo]
+    if w.window:
+        visible = visible & (key_pos > query_pos - w.window)
+    scores = mx.where(visible[None], scores, -np.inf)
+    probs = softmax_with_sinks(scores, w.sinks)
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
     if w.gate is not None:
         out = out * mx.sigmoid(xn @ f32(w.gate).T)
-    return out @ f32(w.wo).T, MlxLayerKV(keys, values, s)
+    out = out @ f32(w.wo).T
+    if w.bo is not None:
+        out = out + f32(w.bo)
+    return out, MlxLayerKV(keys, values, s)
+
+
+def softmax_with_sinks(scores: mx.array, sinks: mx.array | None) -> mx.array:
+    """Twin of reference `softmax_with_sinks`. scores [H, T, S]; sinks float32 [H] or None -> [H, T, S]"""
+    top = scores.max(axis=-1, keepdims=True)
+    if sinks is None:
+        probs = mx.exp(scores - top)
+        return probs / probs.sum(axis=-1, keepdims=True)
+    sink = sinks.astype(mx.float32)[:, None, None]  # [H, 1, 1]
+    top = mx.maximum(top, sink)
+    probs = mx.exp(scores - top)
+    return probs / (probs.sum(axis=-1, keepdims=True) + mx.exp(sink - top))
 
 
 _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 
 
 def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    key = (cfg.rope_dim, cfg.rope_theta, cfg.max_context)
+    key = (cfg.rope_dim, cfg.rope_theta, cfg.max_context, cfg.rope_scaling, cfg.yarn_factor, cfg.yarn_original_context,
+           cfg.yarn_beta_fast, cfg.yarn_beta_slow, cfg.yarn_truncate, cfg.yarn_attention_factor)
     if key not in _tables:
         _tables[key] = rope_table(cfg)
     return _tables[key]

@@ -57,7 +57,7 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
         return "the ops path (the position would be a Python int in its attention)"
     if p.arena is None:
         return "experts are not all resident (streaming decodes through MlxCompute)"
-    recurrent = [l for l, t in enumerate(p.cfg.kinds) if t.mixer is not Mixer.ATTENTION]
+    recurrent = [l for l, t in enumerate(p.cfg.kinds) if t.mixer is Mixer.DELTANET]
     if recurrent:  # the compiled step is bound to KV buffers; a DeltaNet state is new arrays each step
         return f"layers {recurrent[:4]} are DeltaNet layers (the compiled step binds KV buffers only)"
     bad = [l for l, lw in enumerate(p.layers) if not kernel_applies(p.cfg, lw.attn)]

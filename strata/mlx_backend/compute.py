@@ -31,6 +31,7 @@ from strata.mlx_backend.model import (
     MlxModelState, MlxParams, dense_ffn, embed, ffn_input, head, mixer_partials, router_stage,
 )
 from strata.mlx_backend.quants import gemv
+from strata.reference.experts import expert_act
 
 __all__ = ["MlxCompute"]
 
@@ -97,10 +98,13 @@ class MlxCompute:
         return np.array(h.z, dtype=np.float32)  # the layer's host round trip
 
     def guess_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
-        if h.g is not None and layer == h.g_layer:
-            return np.array(h.g, dtype=np.float32)  # computed with z by the router kernel
         lw = self.params.layers[layer]
-        g = gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T
+        if h.g is not None and layer == h.g_layer:
+            g = h.g  # computed with z by the router kernel
+        else:
+            g = gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T
+        if lw.router_logit_bias is not None:  # gpt-oss: the guessed layer's own logit bias
+            g = g + lw.router_logit_bias
         return np.array(g, dtype=np.float32)
 
     def shared(self, layer: int, h: _RouterInput):
@@ -113,7 +117,7 @@ class MlxCompute:
 
     def routed(self, layer: int, h: _RouterInput, slots: np.ndarray, weights: np.ndarray) -> mx.array:
         out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
-                              np.asarray(weights, np.float32))
+                              np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
         if slots.shape[0] > 1:
             # A prompt layer may run in several passes whose slots the next pass reuses (SPEC §5):
             # the pass must have read its slots before the cache hands them out again.

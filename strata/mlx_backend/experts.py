@@ -6,6 +6,10 @@ A layer's routed output is kept as *partials* [T, P, D] (P terms whose sum, time
 is sum_i w_i expert_i(x)); `combine` adds them and the shared expert to the residual. The kernel
 path produces one partial per (rank, F-chunk), the ops path one per rank.
 
+gpt-oss's experts (the clamped SwiGLU, biases in the records: `ExpertAct`, `RecordLayout.biases`)
+run on the ops path: `gather_qmm` for the three projections, the biases gathered by the same
+indices and added; the fused kernel refuses them (`_routed_kernel_ok`).
+
 Shapes: see each function (T tokens, D hidden, F expert ffn, k selected, E experts).
 """
 
@@ -26,6 +30,8 @@ from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.quants import AFFINE, GROUP, NATIVE, native_scale_view
 from strata.mlx_backend.routing import select_device
+from strata.model_config import ExpertKind
+from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
 
 __all__ = ["silu", "swiglu_expert", "routed_experts", "shared_expert", "ExpertStack", "stack_experts",
@@ -53,13 +59,23 @@ class ExpertStack:
     bits: int
     group: int = GROUP
     mode: str = "affine"  # "mxfp4": scales uint8 e8m0, biases None
+    expert_biases: tuple[mx.array, mx.array, mx.array] | None = None  # float32 gate [n, F], up [n, F], down [n, D]
+
+
+def _with_expert_biases(stack: ExpertStack, records: mx.array, rec: RecordLayout) -> ExpertStack:
+    """The stack with the records' bias planes as float32 views (records with biases only)."""
+    if not rec.biases:
+        return stack
+    n = records.shape[0]
+    planes = tuple(records[:, rec.bias(p).offset:rec.bias(p).end].view(mx.float32).reshape(n, -1) for p in PROJECTIONS)
+    return ExpertStack(stack.gate, stack.up, stack.down, stack.bits, stack.group, stack.mode, planes)
 
 
 def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
     """The affine form of n arena records (uint8 [n, >= record_bytes]) of a Q2_0/Q4_0-free layout:
     only types whose codes plane is MLX's packing (Q2_0, MLX's own types) can be re-viewed without repacking."""
     if rec.qtype in NATIVE:
-        return native_slot_planes(records, rec)
+        return _with_expert_biases(native_slot_planes(records, rec), records, rec)
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"arena records must be Q2_0 for the MLX path, got {rec.qtype.name}")
     bits, _, bias = AFFINE[rec.qtype]
@@ -71,7 +87,7 @@ def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
         w = records[:, c.offset:c.end].view(mx.uint32).reshape(n, rows, cols * bits // 32)
         sc = records[:, s.offset:s.end].view(mx.float16).reshape(n, rows, cols // GROUP).astype(mx.float32)
         out[proj] = (w, sc, -float(bias) * sc)
-    return ExpertStack(out["gate"], out["up"], out["down"], bits)
+    return _with_expert_biases(ExpertStack(out["gate"], out["up"], out["down"], bits), records, rec)
 
 
 def native_slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
@@ -106,44 +122,60 @@ def _qmm(x: mx.array, wsb: tuple[mx.array, mx.array, mx.array], idx: mx.array, s
                          mode=stack.mode)
 
 
-def _stack_partials(stack: ExpertStack, x: mx.array, idx: mx.array, weights: mx.array, valid: mx.array) -> mx.array:
+def gated_hidden(act: ExpertAct, g: mx.array, u: mx.array) -> mx.array:
+    """Twin of reference `gated_hidden`: the expert's hidden activation. g, u [.., F] -> [.., F]"""
+    if act.kind is ExpertKind.SWIGLU:
+        return silu(g) * u
+    g = mx.minimum(g, act.limit)
+    u = mx.clip(u, -act.limit, act.limit)
+    return (u + 1.0) * (g * mx.sigmoid(g * act.alpha))
+
+
+def _stack_partials(stack: ExpertStack, x: mx.array, idx: mx.array, weights: mx.array, valid: mx.array,
+                    act: ExpertAct = SWIGLU) -> mx.array:
     """Ops path over an ExpertStack. x [T, D]; idx int [T, k] into the stack; weights [T, k];
     valid bool [T, k] -> partials [T, k, D]"""
     xe = x.astype(mx.float32)[:, None, None, :]  # [T, 1, 1, D]
     g = _qmm(xe, stack.gate, idx, stack)  # [T, k, 1, F]
     u = _qmm(xe, stack.up, idx, stack)
-    y = _qmm(silu(g) * u, stack.down, idx, stack)[:, :, 0, :]  # [T, k, D]
+    b = stack.expert_biases
+    if b is not None:  # each selected expert's bias, gathered by the same indices
+        g, u = g + b[0][idx][:, :, None, :], u + b[1][idx][:, :, None, :]
+    y = _qmm(gated_hidden(act, g, u), stack.down, idx, stack)[:, :, 0, :]  # [T, k, D]
+    if b is not None:
+        y = y + b[2][idx]
     return mx.where(valid[..., None], weights[..., None] * y, 0.0)
 
 
 # ---------------------------------------------------------------- twins of strata.reference.experts
 
 
-def swiglu_expert(w: ExpertWeights, x) -> mx.array:
+def swiglu_expert(w: ExpertWeights, x, act: ExpertAct = SWIGLU) -> mx.array:
     """Twin of reference `swiglu_expert`. x [D] or [T, D] -> like x"""
     x = mx.array(np.asarray(x, np.float32)) if not isinstance(x, mx.array) else x
     one = x.ndim == 1
     x2 = x.reshape(1, -1) if one else x
     t = x2.shape[0]
-    y = routed_experts([w] * t, np.ones(t, np.float32), x2, per_token=True)
+    y = routed_experts([w] * t, np.ones(t, np.float32), x2, act, per_token=True)
     return y.reshape(-1) if one else y
 
 
-def routed_experts(experts: Sequence[ExpertWeights], weights, x, *, per_token: bool = False) -> mx.array:
+def routed_experts(experts: Sequence[ExpertWeights], weights, x, act: ExpertAct = SWIGLU, *,
+                   per_token: bool = False) -> mx.array:
     """Twin of reference `routed_experts`: sum_i weight_i * expert_i(x) for one token [D] -> [D].
     (per_token: expert i applies to row i of x [k, D] -> [k, D]; used by `swiglu_expert`.)"""
     experts = list(experts)
     x = mx.array(np.asarray(x, np.float32)) if not isinstance(x, mx.array) else x.astype(mx.float32)
     w0 = experts[0]
-    rec = RecordLayout(w0.qtype, w0.hidden, w0.expert_ffn)
+    rec = RecordLayout(w0.qtype, w0.hidden, w0.expert_ffn, w0.biases is not None)
     records, _ = stack_experts(experts, rec)
     k = len(experts)
     wts = mx.array(np.asarray(weights, np.float32).reshape(1, k))
     if per_token:
         slots = mx.arange(k, dtype=mx.int32).reshape(k, 1)
-        parts = routed_partials(records, rec, x, slots, wts.reshape(k, 1))
+        parts = routed_partials(records, rec, x, slots, wts.reshape(k, 1), act=act)
         return parts.sum(axis=1)
-    parts = routed_partials(records, rec, x.reshape(1, -1), mx.arange(k, dtype=mx.int32).reshape(1, k), wts)
+    parts = routed_partials(records, rec, x.reshape(1, -1), mx.arange(k, dtype=mx.int32).reshape(1, k), wts, act=act)
     return parts.sum(axis=1).reshape(-1)
 
 
@@ -177,9 +209,11 @@ def _kernel_path() -> bool:
     return current_path() is not KernelPath.OPS
 
 
-def _routed_kernel_ok(rec: RecordLayout) -> bool:
-    """The fused expert kernel runs these records (else the gather_qmm ops path)."""
-    return _kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
+def _routed_kernel_ok(rec: RecordLayout, act: ExpertAct = SWIGLU) -> bool:
+    """The fused expert kernel runs these records (else the gather_qmm ops path). It computes the
+    plain SwiGLU without biases: gpt-oss's experts take the ops path."""
+    return (_kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
+            and not rec.biases and act.kind is ExpertKind.SWIGLU)
 
 
 def _shared_kernel_ok(sw: SharedWeights, hidden: int) -> bool:
@@ -187,7 +221,8 @@ def _shared_kernel_ok(sw: SharedWeights, hidden: int) -> bool:
     return _kernel_path() and sw.gate.dtype == mx.float16 and hidden % 8 == 0 and hidden <= shared_kernel.MAX_HIDDEN
 
 
-def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights) -> mx.array:
+def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *,
+                    act: ExpertAct = SWIGLU) -> mx.array:
     """The routed experts of T tokens from arena slots.
 
     Shapes:
@@ -196,7 +231,7 @@ def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weig
     """
     if slots.shape[1] == 0:  # every selection dropped (drop-tail)
         return mx.zeros((x.shape[0], 1, x.shape[1]), mx.float32)
-    if _routed_kernel_ok(rec):
+    if _routed_kernel_ok(rec, act):
         return moe.moe_slots(arena, rec, x, slots, weights)
     slots_mx = slots if isinstance(slots, mx.array) else mx.array(np.asarray(slots, np.int32))
     w_mx = weights if isinstance(weights, mx.array) else mx.array(np.asarray(weights, np.float32))
@@ -209,32 +244,32 @@ def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weig
         idx = np.where(s >= 0, remap[inv.reshape(s.shape)], 0)
         records = mx.take(arena, mx.array(used.astype(np.int32)), axis=0)
         return _stack_partials(slot_planes(records, rec), x, mx.array(idx.astype(np.int32)), w_mx,
-                               mx.array(s >= 0))
+                               mx.array(s >= 0), act)
     valid = slots_mx >= 0
     t, k = slots_mx.shape
     records = mx.take(arena, mx.where(valid, slots_mx, 0).reshape(-1), axis=0)  # [T*k, SLOT]
     idx = mx.arange(t * k, dtype=mx.int32).reshape(t, k)
-    return _stack_partials(slot_planes(records, rec), x, idx, w_mx, valid)
+    return _stack_partials(slot_planes(records, rec), x, idx, w_mx, valid, act)
 
 
 def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack | None, x: mx.array,
-                          z: mx.array, slot_base: int, rule: RouterRule) -> mx.array:
+                          z: mx.array, slot_base: int, rule: RouterRule, act: ExpertAct = SWIGLU) -> mx.array:
     """Route on the device (the model's own rule) and run the selected experts, every expert of
     the layer resident (arena slot slot_base + e, or `stack` index e on the ops path).
 
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
     """
-    if _routed_kernel_ok(rec) and moe.routes_on_kernel(rule):
+    if _routed_kernel_ok(rec, act) and moe.routes_on_kernel(rule):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
     experts, weights, _, _ = select_device(z, rule, None, None, 0.0)  # MLX ops, still on the device
     if stack is None:
-        return routed_partials(arena, rec, x, experts + slot_base, weights)
-    return _stack_partials(stack, x, experts, weights, mx.ones(experts.shape, mx.bool_))
+        return routed_partials(arena, rec, x, experts + slot_base, weights, act=act)
+    return _stack_partials(stack, x, experts, weights, mx.ones(experts.shape, mx.bool_), act)
 
 
 def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, rule: RouterRule,
-                  shared: SharedWeights | None) -> tuple[mx.array, mx.array | None]:
+                  shared: SharedWeights | None, act: ExpertAct = SWIGLU) -> tuple[mx.array, mx.array | None]:
     """The routed experts (routing on the device, every expert resident) and the shared expert
     of a layer. Kernel path: one launch for both (the shared expert's blocks ride in the routed
     kernel's grid); else the two steps apart.
@@ -242,10 +277,10 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
     """
-    if shared is not None and _routed_kernel_ok(rec) and moe.routes_on_kernel(rule) and _shared_kernel_ok(shared, rec.hidden):
+    if shared is not None and _routed_kernel_ok(rec, act) and moe.routes_on_kernel(rule) and _shared_kernel_ok(shared, rec.hidden):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
                              shared=(shared.gate, shared.up, shared.down))
-    routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule)
+    routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule, act)
     return routed, (shared_partials(x, shared) if shared is not None else None)
 
 

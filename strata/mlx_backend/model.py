@@ -33,7 +33,9 @@ from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
+from strata.reference.attention import window_of
 from strata.reference.deltanet import DeltaNetState, kept_position
+from strata.reference.experts import expert_act
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule, Selection, route
@@ -59,6 +61,7 @@ class LayerWeights:
     shared: SharedWeights | None
     dense: SharedWeights | None = None
     rule: RouterRule | None = None  # MoE layers: the model's rule with this layer's selection bias
+    router_logit_bias: mx.array | None = None  # float32 [E]: the router's logit bias (gpt-oss)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +110,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
         return MlxLayerKV.empty(cfg)
     if mixer is Mixer.DELTANET:
         return empty_deltanet_state(cfg)
+    if mixer is Mixer.SLIDING_ATTENTION:  # every position kept, as the reference keeps them
+        return MlxLayerKV.empty(cfg)
     raise NotImplementedError(f"no MLX state for mixer {mixer.value}")
 
 
@@ -124,7 +129,10 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     qk = cfg.qk_norm is not QKNorm.NONE
     attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
-                            arr(get(n.attn_output)), arr(get(n.attn_gate)) if cfg.attention_output_gate else None)
+                            arr(get(n.attn_output)), arr(get(n.attn_gate)) if cfg.attention_output_gate else None,
+                            sinks=mx.array(get(n.attn_sinks)) if cfg.attention_sinks else None,
+                            bo=arr(get(n.attn_output_bias)) if cfg.attention_output_bias else None,
+                            window=window_of(cfg, layer))
     return _with_ffn(cfg, dense, layer, dtype, pred_q8, attn)
 
 
@@ -153,7 +161,9 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
     rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
-    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule)
+    bias = mx.array(get(n.router_logit_bias)) if cfg.router_logit_bias else None
+    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule,
+                        router_logit_bias=bias)
 
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
@@ -169,7 +179,7 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
     arena = rec = None
     if experts is not None:
         first = experts.expert(0, 0)
-        rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn)
+        rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
     mx.eval(embed_w, output, out_norm, *[a for lw in layers for a in _arrays(lw)])
@@ -181,8 +191,8 @@ def _arrays(lw: LayerWeights) -> list[mx.array]:
     if isinstance(a, DeltaNetWeights):
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
     else:
-        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, a.gate, lw.router)
-                                                     if x is not None]
+        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, a.gate, lw.router,
+                                                                 a.sinks, a.bo, lw.router_logit_bias) if x is not None]
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
@@ -235,7 +245,9 @@ def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tu
 
 
 def _router_kernel_ok(p: MlxParams) -> bool:
-    return current_path() is not KernelPath.OPS and p.dtype == mx.float16 and p.cfg.hidden_size % 32 == 0
+    # the router kernel computes W h only: a router with a logit bias (gpt-oss) takes MLX ops
+    return (current_path() is not KernelPath.OPS and p.dtype == mx.float16 and p.cfg.hidden_size % 32 == 0
+            and not p.cfg.router_logit_bias)
 
 
 def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: MlxQuantMatrix | None = None
@@ -255,7 +267,10 @@ def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: 
     x_mid = x + parts.sum(axis=1)
     h = rms_norm(x_mid, lw.ffn_norm, cfg.rms_norm_eps)
     z = h @ lw.router.T
-    return x_mid, h, z, (gemv(guess, h) if guess is not None else None)
+    g = gemv(guess, h) if guess is not None else None
+    if lw.router_logit_bias is not None:  # this layer's logit bias; g is the next layer's W h (MlxCompute adds its bias)
+        z = z + lw.router_logit_bias
+    return x_mid, h, z, g
 
 
 def ffn_input(p: MlxParams, layer: int, x: mx.array, parts: mx.array) -> tuple[mx.array, mx.array]:
@@ -294,6 +309,8 @@ def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, 
         return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
     if mixer is Mixer.DELTANET:
         return deltanet_partials(p.cfg, p.layers[layer].attn, state, x, window=window)
+    if mixer is Mixer.SLIDING_ATTENTION:  # the window is in the layer's AttentionWeights
+        return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
     raise NotImplementedError(f"no MLX mixer {mixer.value}")
 
 
@@ -313,13 +330,13 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None:
-        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared)
+        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:
         shared = shared_partials(h, lw.shared) if lw.shared is not None else None
         zh = np.array(z)
         sels = [select(m, zh[t]) for t in range(zh.shape[0])]
         slots, weights = selections_to_slots(sels, cfg.n_experts_per_token, base)
-        routed = routed_partials(p.arena.array, p.rec, h, slots, weights)
+        routed = routed_partials(p.arena.array, p.rec, h, slots, weights, act=expert_act(cfg))
         if trace is not None:
             trace.append((np.array(h), tuple(sels)))
     gate_inp = lw.shared.gate_inp if lw.shared is not None else None

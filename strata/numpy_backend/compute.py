@@ -17,7 +17,7 @@ from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_rec
 from strata.formats.quant_types import QuantType
 from strata.model_config import LayerRange, TensorNames
 from strata.reference import model as ref
-from strata.reference.experts import swiglu_expert
+from strata.reference.experts import expert_act, swiglu_expert
 from strata.reference.quants import dequantize, quantize
 from strata.runtime.arena import Arena
 
@@ -53,6 +53,9 @@ class NumpyCompute:
         # numpy has no Q8_0 GEMV, so the copy is kept dequantized: the same values `gemv` would
         # use (x @ dequantize(q).T), without dequantizing E x D weights per layer per token.
         self.guess_routers = {l: dequantize(quantize(QuantType.Q8_0, w)) for l, w in routers.items()} if pred_q8 else routers
+        self.guess_biases = ({l: params.dense[TensorNames.block(l, TensorNames.router_logit_bias)] for l in cfg.moe_layers}
+                             if cfg.router_logit_bias else {})  # the guess adds the logits' bias too (gpt-oss)
+        self.act = expert_act(cfg)
         # A slot's ExpertWeights are views of its buffer (unpack_record is zero-copy), valid
         # whatever record the slot holds: unpacked once per slot, not once per use.
         self._slot_weights: dict[int, ExpertWeights] = {}
@@ -86,7 +89,8 @@ class NumpyCompute:
         return ref.layer_router_logits(self.params, layer, h)
 
     def guess_logits(self, layer: int, h: np.ndarray) -> np.ndarray:
-        return (h @ self.guess_routers[layer].T).astype(np.float32)
+        g = (h @ self.guess_routers[layer].T).astype(np.float32)
+        return g + self.guess_biases[layer] if layer in self.guess_biases else g
 
     def shared(self, layer: int, h: np.ndarray) -> np.ndarray:
         return ref.shared_output(self.params, layer, h)
@@ -95,7 +99,7 @@ class NumpyCompute:
         part = RoutedPart()
         for t, r in zip(*np.nonzero(slots >= 0)):
             w = self._weights(int(slots[t, r]))
-            part.terms[(int(t), int(r))] = weights[t, r] * swiglu_expert(w, h[t])  # as routed_experts
+            part.terms[(int(t), int(r))] = weights[t, r] * swiglu_expert(w, h[t], self.act)  # as routed_experts
         return part
 
     def _weights(self, slot: int) -> ExpertWeights:

@@ -1,5 +1,12 @@
-"""Grouped-query attention with RoPE (optionally partial), optional q/k RMSNorm, an optional sigmoid
-output gate, and an explicit KV cache (pure numpy)."""
+"""Grouped-query attention with RoPE (optionally partial, optionally YaRN-scaled), optional q/k
+RMSNorm, an optional sigmoid output gate, and an explicit KV cache (pure numpy).
+
+gpt-oss adds three options: attention sinks (a learned logit per head that joins every query's
+softmax and takes its share of the probability mass, its value dropped: `softmax_with_sinks`),
+an output-projection bias, and sliding-window layers (`Mixer.SLIDING_ATTENTION`: query i sees
+keys i - sliding_window < j <= i). A sliding layer's KV cache keeps every position, like a full
+layer's, so `trim(n)` restores any n; the window is the mask's business.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.model_config import ModelConfig, QKNorm, TensorNames
+from strata.model_config import Mixer, ModelConfig, QKNorm, RopeScaling, TensorNames
+from strata.reference.rope_scaling import scaled_rope
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -71,6 +79,28 @@ class LayerKV:
         return LayerKV(self.keys[:, :n], self.values[:, :n])
 
 
+def softmax_with_sinks(scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    """Softmax over the last axis with, per head, one more logit (the sink) whose probability is
+    dropped: the rows then sum to 1 - p_sink. sinks None: a plain softmax.
+
+    Shapes:
+        scores [H, T, S] (-inf where masked); sinks [H] or None -> [H, T, S]
+    """
+    top = scores.max(axis=-1, keepdims=True)  # [H, T, 1]
+    if sinks is None:
+        probs = np.exp(scores - top)
+        return probs / probs.sum(axis=-1, keepdims=True)
+    sink = np.asarray(sinks, np.float32)[:, None, None]  # [H, 1, 1]
+    top = np.maximum(top, sink)
+    probs = np.exp(scores - top)
+    return probs / (probs.sum(axis=-1, keepdims=True) + np.exp(sink - top))
+
+
+def window_of(cfg: ModelConfig, layer: int) -> int:
+    """How many latest positions a query of this layer sees (0: all of them)."""
+    return cfg.sliding_window if cfg.kinds[layer].mixer is Mixer.SLIDING_ATTENTION else 0
+
+
 def attention(
     cfg: ModelConfig, dense: dict, layer: int, kv: LayerKV, x: np.ndarray
 ) -> tuple[np.ndarray, LayerKV]:
@@ -97,8 +127,11 @@ def attention(
         q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
         k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
     positions = np.arange(kv.length, kv.length + t)
-    q = partial_rope(q, positions, cfg.rope_theta, cfg.rope_dim)
-    k = partial_rope(k, positions, cfg.rope_theta, cfg.rope_dim)
+    if cfg.rope_scaling is RopeScaling.NONE:
+        q = partial_rope(q, positions, cfg.rope_theta, cfg.rope_dim)
+        k = partial_rope(k, positions, cfg.rope_theta, cfg.rope_dim)
+    else:
+        q, k = scaled_rope(q, positions, cfg), scaled_rope(k, positions, cfg)
     keys = np.concatenate([kv.keys, k], axis=1)  # [KV, S, hd]
     values = np.concatenate([kv.values, v], axis=1)
     group = cfg.n_heads // cfg.n_kv_heads
@@ -107,11 +140,14 @@ def attention(
     scores = (q @ keys_h.transpose(0, 2, 1)) / np.float32(np.sqrt(cfg.head_dim))  # [H, T, S]
     s = keys.shape[1]
     causal = np.arange(s)[None, :] <= positions[:, None]  # [T, S]
+    if window_of(cfg, layer):
+        causal &= np.arange(s)[None, :] > positions[:, None] - window_of(cfg, layer)
     scores = np.where(causal[None], scores, np.float32(-np.inf))
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    probs = softmax_with_sinks(scores, w(n.attn_sinks) if cfg.attention_sinks else None)
     out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]
     if cfg.attention_output_gate:  # Qwen3-Next / Qwen3.5: each head's output gated by sigmoid(x · W_gate)
         out = out * sigmoid(x @ w(n.attn_gate).T)
-    return (out @ w(n.attn_output).T).astype(np.float32), LayerKV(keys, values)
+    out = out @ w(n.attn_output).T
+    if cfg.attention_output_bias:
+        out = out + w(n.attn_output_bias)
+    return out.astype(np.float32), LayerKV(keys, values)

@@ -1,17 +1,53 @@
 """SwiGLU experts (pure numpy): routed experts on quantized weights, the shared expert on dense.
 
 Routed expert:  y = down( silu(gate·x) * (up·x) )            (SPEC §4)
+gpt-oss's (ExpertKind.CLAMPED_SWIGLU, with biases b):
+    g = min(gate·x + b_g, limit), u = clip(up·x + b_u, -limit, limit)
+    y = down( (u + 1) * g * sigmoid(alpha g) ) + b_d
 Shared expert:  the same SwiGLU on dense weights, times sigmoid(w_gate_inp · x) when gated.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
+from strata.model_config import ExpertKind, ModelConfig
 from strata.reference.quants import gemv
+
+
+@dataclass(frozen=True)
+class ExpertAct:
+    """What an expert computes between its projections (the model's `expert_kind` and its knobs)."""
+
+    kind: ExpertKind = ExpertKind.SWIGLU
+    alpha: float = 1.702  # CLAMPED_SWIGLU only
+    limit: float = 7.0
+
+
+SWIGLU = ExpertAct()
+
+
+def expert_act(cfg: ModelConfig) -> ExpertAct:
+    if cfg.expert_kind is ExpertKind.SWIGLU:
+        return SWIGLU
+    return ExpertAct(cfg.expert_kind, cfg.swiglu_alpha, cfg.swiglu_limit)
+
+
+def gated_hidden(act: ExpertAct, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The expert's hidden activation from its gate and up projections (biases already added).
+
+    Shapes: g, u [.., F] -> [.., F] float32
+    """
+    if act.kind is ExpertKind.SWIGLU:
+        return silu(g) * u
+    limit = np.float32(act.limit)
+    g = np.minimum(np.asarray(g, np.float32), limit)
+    u = np.clip(np.asarray(u, np.float32), -limit, limit)
+    return (u + np.float32(1.0)) * (g * sigmoid(g * np.float32(act.alpha)))  # transformers' order
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -23,17 +59,21 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-np.asarray(x, dtype=np.float32)))
 
 
-def swiglu_expert(w: ExpertWeights, x: np.ndarray) -> np.ndarray:
-    """One routed expert on its stored (quantized) weights.
+def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU) -> np.ndarray:
+    """One routed expert on its stored (quantized) weights, with its biases if it has them.
 
     Shapes:
         x: [D] or [T, D] -> [D] or [T, D]
     """
-    hidden = silu(gemv(w.gate, x)) * gemv(w.up, x)  # [.., F]
-    return gemv(w.down, hidden)
+    g, u = gemv(w.gate, x), gemv(w.up, x)  # [.., F]
+    if w.biases is not None:
+        g, u = g + w.biases.gate, u + w.biases.up
+    y = gemv(w.down, gated_hidden(act, g, u))
+    return y if w.biases is None else y + w.biases.down
 
 
-def routed_experts(experts: Sequence[ExpertWeights], weights: np.ndarray, x: np.ndarray) -> np.ndarray:
+def routed_experts(experts: Sequence[ExpertWeights], weights: np.ndarray, x: np.ndarray,
+                   act: ExpertAct = SWIGLU) -> np.ndarray:
     """Sum over the selected experts of weight_i * expert_i(x), in rank order, for one token.
 
     Shapes:
@@ -41,7 +81,7 @@ def routed_experts(experts: Sequence[ExpertWeights], weights: np.ndarray, x: np.
     """
     out = np.zeros(x.shape[-1], dtype=np.float32)
     for w, weight in zip(experts, np.asarray(weights, dtype=np.float32)):
-        out += weight * swiglu_expert(w, x)
+        out += weight * swiglu_expert(w, x, act)
     return out
 
 

@@ -21,7 +21,7 @@ from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, LayerRange, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
-from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
+from strata.reference.experts import dense_swiglu, expert_act, routed_experts, shared_expert
 from strata.reference.mla import LatentKV, mla
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
@@ -54,6 +54,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
         return DeltaNetState.empty(cfg)
     if mixer is Mixer.MLA:
         return LatentKV.empty(cfg)
+    if mixer is Mixer.SLIDING_ATTENTION:  # every position kept: the window is a mask (attention.py)
+        return LayerKV.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
@@ -162,6 +164,8 @@ def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarra
         h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
         out, state = mla(params.cfg, params.dense, layer, state, h)
         return x + out, state
+    if mixer is Mixer.SLIDING_ATTENTION:
+        return attention_block(params, layer, state, x)
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
 
@@ -179,8 +183,11 @@ def router_input(params: ModelParams, layer: int, x: np.ndarray) -> np.ndarray:
 
 
 def layer_router_logits(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
-    """z = W_router(layer) · h in float32. [T, D] -> [T, E]"""
-    return router_logits(params.dense[TensorNames.block(layer, TensorNames.router)], h)
+    """z = W_router(layer) · h (+ the router's logit bias, gpt-oss) in float32. [T, D] -> [T, E]"""
+    z = router_logits(params.dense[TensorNames.block(layer, TensorNames.router)], h)
+    if params.cfg.router_logit_bias:
+        z = z + params.dense[TensorNames.block(layer, TensorNames.router_logit_bias)]
+    return z
 
 
 def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
@@ -195,9 +202,9 @@ def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
 
 def moe_output(params: ModelParams, layer: int, h: np.ndarray, selections: list[Selection]) -> np.ndarray:
     """Routed experts (per token, its own selection) plus the shared expert. [T, D] -> [T, D]"""
-    m = params.cfg.moe_index(layer)
+    m, act = params.cfg.moe_index(layer), expert_act(params.cfg)
     routed = np.stack([
-        routed_experts([params.experts.expert(m, int(e)) for e in sel.experts], sel.weights, h[t])
+        routed_experts([params.experts.expert(m, int(e)) for e in sel.experts], sel.weights, h[t], act)
         for t, sel in enumerate(selections)
     ])
     return routed + shared_output(params, layer, h)

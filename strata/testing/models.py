@@ -24,8 +24,10 @@ from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
 from strata.formats.quant_types import QuantType
 from strata.model_config import (
-    MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames, dense_tensor_shapes,
+    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, ModelConfig, QKNorm, RopeScaling, RoutingOrder, TensorNames,
+    dense_tensor_shapes,
 )
+from strata.testing.gpt_oss import expert_biases, gpt_oss_dense
 from strata.reference.quants import quantize
 from strata.testing.hybrid import deltanet_dense
 from strata.tokenizer import byte_level_tokenizer_json
@@ -77,6 +79,17 @@ SHAPES: dict[str, ModelConfig] = {
         layer_types=(LayerType(Mixer.MLA, Ffn.DENSE), LayerType(Mixer.MLA, Ffn.MOE), LayerType(Mixer.MLA, Ffn.MOE)),
         dense_ffn_size=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True,
         q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+    ),
+    # gpt-oss style: sliding / full attention alternating, sinks, biases everywhere, the clamped
+    # SwiGLU (limit 1, not gpt-oss's 7, so that the clamp is active on these small activations), YaRN
+    "gpt-oss": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=4, n_heads=4,
+        n_kv_heads=2, head_dim=16, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
+        routing_order=RoutingOrder.TOPK_SOFTMAX, attention_bias=True, max_context=256,
+        layer_types=(LayerType(Mixer.SLIDING_ATTENTION, Ffn.MOE), MOE_LAYER) * 2, sliding_window=8,
+        router_logit_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True, swiglu_limit=1.0,
+        attention_sinks=True, attention_output_bias=True, rope_scaling=RopeScaling.YARN, yarn_factor=8.0,
+        yarn_original_context=32, yarn_truncate=False, yarn_attention_factor=1.2079441541679836,
     ),
     "demo": ModelConfig(
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
@@ -161,6 +174,8 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
             dense[b(n.shexp_gate_inp)] = _normal(rng, (d,), 1.0 / np.sqrt(d))
         if cfg.router_bias:
             dense[b(n.exp_probs_b)] = _normal(rng, (cfg.n_experts,), SELECTION_BIAS_SCALE)
+    for layer in range(cfg.n_layers):
+        dense.update(gpt_oss_dense(cfg, layer, rng))
     return dense
 
 
@@ -172,6 +187,7 @@ def make_expert(cfg: ModelConfig, seed: int, layer: int, expert: int, qtype: Qua
         gate=quantize(qtype, _normal(rng, (f, d), 1.0 / np.sqrt(d))),
         up=quantize(qtype, _normal(rng, (f, d), 1.0 / np.sqrt(d))),
         down=quantize(qtype, _normal(rng, (d, f), 1.0 / np.sqrt(f))),
+        biases=expert_biases(cfg, rng),
     )
 
 
@@ -203,6 +219,7 @@ def make_model(
         experts_path, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
         get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
+        biases=cfg.expert_bias,
     )
     with ExpertsFile.open(experts_path) as xf:  # the model records which expert set it goes with
         identity = xf.identity

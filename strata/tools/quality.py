@@ -30,7 +30,7 @@ from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType
 from strata.cache.types import CacheStats, stats_delta
 from strata.model_config import Ffn, TensorNames
-from strata.reference.experts import swiglu_expert
+from strata.reference.experts import expert_act, swiglu_expert
 from strata.reference.model import (
     ExpertSource, ModelParams, ModelState, dense_ffn_output, embed, head, layer_router_logits, mixer_block,
     moe_output, router_input, router_rule, router_rules,
@@ -133,7 +133,7 @@ def _routed(params: ModelParams, layer: int, sel: Selection, h: np.ndarray, memo
     for e, w in zip(sel.experts.tolist(), np.asarray(sel.weights, np.float32)):
         y = memo.get(e)
         if y is None:
-            y = memo[e] = swiglu_expert(params.experts.expert(layer, e), h)
+            y = memo[e] = swiglu_expert(params.experts.expert(layer, e), h, expert_act(params.cfg))
         out += w * y
     return out
 
