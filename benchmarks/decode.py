@@ -62,7 +62,7 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # no KV cache (added below)
         else:
             total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)
-            total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv, a.gate) if x is not None)
+            total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv) if x is not None)
         if lw.shared is not None:
             total += lw.shared.gate.nbytes + lw.shared.up.nbytes + lw.shared.down.nbytes
             total += lw.shared.gate_inp.nbytes if lw.shared.gate_inp is not None else 0

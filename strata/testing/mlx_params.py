@@ -98,11 +98,12 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
         if cfg.kinds[l].mixer is Mixer.DELTANET:
             attn = random_deltanet(cfg, ks[0])
         else:
-            attn = AttentionWeights(ones(d), _normal((qr + 2 * kr, d), d ** -0.5, ks[0]), None,
+            gated = cfg.attention_output_gate  # the gate's rows under q, k, v (AttentionWeights)
+            attn = AttentionWeights(ones(d), _normal((qr * (1 + int(gated)) + 2 * kr, d), d ** -0.5, ks[0]), None,
                                     ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
                                     ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
                                     _normal((d, qr), qr ** -0.5, ks[1]),
-                                    _normal((qr, d), d ** -0.5, ks[8]) if cfg.attention_output_gate else None)
+                                    gated)
         shared = None
         if cfg.has_shared_expert:
             fs = cfg.shared_ffn_size
@@ -143,7 +144,7 @@ def _weights(lw: LayerWeights) -> list[mx.array]:
     if isinstance(a, DeltaNetWeights):
         out = a.arrays() + [lw.ffn_norm, lw.router]
     else:
-        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm, a.gate)
+        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm)
                                                                 if w is not None]
     if sh is not None:
         out += [w for w in (sh.gate, sh.up, sh.down, sh.gate_inp) if w is not None]
