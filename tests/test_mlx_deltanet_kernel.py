@@ -4,7 +4,8 @@ decoded positions after a prompt, on heads of one row slice (the made `hybrid` s
 (dk = 48: a partial second slice; dv = 40: idle threads in the last warp; r = 3 v heads per k
 head); the output and both new states after every step (FAST), three launches a position,
 determinism, the snapshot the step keeps; and the Metal / CUDA compile check of every
-specialisation these tests launch (Metal: compile-checked, not run).
+specialisation these tests launch (Metal: compile-checked, not run). The decode steps also run on
+the GPU path where MLX has a GPU (marked `gpu`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from mlx_agree import assert_backends_agree  # noqa: E402
 from strata.mlx_backend import deltanet as mdn  # noqa: E402
 from strata.mlx_backend.kernels import deltanet as step_kernel  # noqa: E402
 from strata.mlx_backend.kernels import emulate  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.model import to_mlx_params  # noqa: E402
 from strata.model_config import TensorNames  # noqa: E402
@@ -28,7 +29,10 @@ from strata.reference import deltanet as rdn  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
 from strata.testing.models import SHAPES, make_dense  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
+emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
+PATHS = [pytest.param(KernelPath.EMULATED, marks=emulated, id="emulated"),
+         pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU")],
+                      id="gpu")]
 
 BASE = dataclasses.replace(SHAPES["hybrid"], max_context=64)
 HEADS = {  # (k heads, v heads, dk, dv)
@@ -64,11 +68,12 @@ def _setup(name: str, seed: int):
     return cfg, dense, norm, xs, ref, w
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", list(HEADS))
-def test_decode_steps_are_the_references(name):
+def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))
     got = _to_mlx(ref)
-    with using_path(KernelPath.EMULATED), recording() as rec:
+    with using_path(path), recording() as rec:
         assert mdn.kernel_applies(cfg, w)
         for i in range(PROMPT, PROMPT + STEPS):
             want, ref = rdn.deltanet(cfg, dense, 0, ref, rms_norm(xs[i:i + 1], norm, cfg.rms_norm_eps))
@@ -85,6 +90,7 @@ def test_decode_steps_are_the_references(name):
     RECORDED.extend(r for r in rec if r[0] is step_kernel.SOURCE and r not in RECORDED)
 
 
+@emulated
 def test_the_kept_snapshot_survives_the_next_step():
     """The step writes new state arrays: trimming back one position restores the kept state bit for bit."""
     cfg, _, _, xs, ref, w = _setup("hybrid_16", seed=3)
@@ -100,6 +106,7 @@ def test_the_kept_snapshot_survives_the_next_step():
     assert not np.array_equal(np.array(st2.recurrent), kept[0])
 
 
+@emulated
 def test_the_step_is_deterministic():
     cfg, _, _, xs, ref, w = _setup("qwen35_128", seed=5)
     st = _to_mlx(ref)
@@ -111,6 +118,7 @@ def test_the_step_is_deterministic():
             np.testing.assert_array_equal(np.array(u), np.array(v))
 
 
+@emulated
 def test_heads_too_large_for_a_block_take_the_ops_path():
     """dk = dv = 256 needs 8 x 256 threads a block: refused by the kernel, so the layer runs the ops twin."""
     cfg = dataclasses.replace(_cfg("hybrid_16"), linear_k_head_dim=256, linear_v_head_dim=256)
@@ -130,6 +138,7 @@ def test_heads_too_large_for_a_block_take_the_ops_path():
                                   l2_eps=1e-6, softplus_max=20.0)
 
 
+@emulated
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
 def test_every_step_specialisation_compiles(tmp_path, dialect):
     """Compile-checked, not run (Metal): the full Metal and CUDA sources of every shape above."""
@@ -137,6 +146,6 @@ def test_every_step_specialisation_compiles(tmp_path, dialect):
 
     if len(RECORDED) < len(HEADS):  # run alone: record them here
         for name in HEADS:
-            test_decode_steps_are_the_references(name)
+            test_decode_steps_are_the_references(name, KernelPath.EMULATED)
     errors = [e for e in (_check(tmp_path, dialect, s) for s in RECORDED) if e]
     assert not errors, "\n\n".join(errors)
