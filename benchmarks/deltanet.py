@@ -18,7 +18,6 @@ launches; ncu gives the GPU time alone (`--ncu`, device_run.sh's ncu_deltanet st
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -29,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name, median_time, part  # noqa: E402
 from strata.mlx_backend import deltanet as mdn  # noqa: E402
