@@ -3,7 +3,7 @@
 # differential tests on the CUDA build of MLX, benchmarks/kernels.py, benchmarks/decode.py, and
 # (time permitting) ncu's GPU-side time of the fused expert kernel vs gather_qmm.
 # Logs and JSON lines land in $OUT (the device tool brings them back; at most 8 files: env,
-# summary, tests, kernels, host_turn, decode, ncu_moe, ncu; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
+# summary, tests, kernels, host_turn, decode, ncu_moe, ncu, or speculative when selected; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
 # limit, a share of STRATA_DEVICE_BUDGET, and a failing stage does not stop the next. A stage at
 # its limit gets SIGINT first: pytest then still prints its summary, and the
 # benchmarks have already printed a JSON-PART line per finished part.
@@ -20,6 +20,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 # strata reads every STRATA_* variable as a config key and rejects unknown ones (seen on the H200:
 # "unknown config keys ['device_budget']" in test_generate_with_backend_mlx): none reach the stages
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
+SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
@@ -28,7 +29,7 @@ STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stage
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
-unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S
+unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
 unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
@@ -101,4 +102,9 @@ if command -v ncu >/dev/null; then
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/deltanet.py --ncu
 fi
+# speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
+# window's smallest arena and at half the experts), then the speculation tests on the GPU build.
+# Not in the default list: STRATA_STAGES=speculative
+stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
+  PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"

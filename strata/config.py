@@ -9,6 +9,7 @@ the CLI over it, so a flag always wins over a variable. Unknown keys are errors 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import os
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ MOCE_PRESETS = {  # `moce=` fills these fields where they are left at their defa
     "off": dict(moce_lambda=0.0, moce_drop_tail=0.0),  # the model's own routing, bit for bit
 }
 STOCK_PREFILL_CHUNK = 64  # prompt positions per chunk: bounds a chunk's expert union and its activations
+MAX_SUFFIX_DRAFT = 3  # drafted tokens per window: the range measured (docs/perf.md, speculative windows)
 STOCK_IO_TIMEOUT = 60.0  # seconds a wait may block before it is an error: a stuck disk is not a hang
 
 
@@ -51,15 +53,16 @@ class Config:
     shexp_overlap: bool = knob(True, "shared expert during the host turn (default on)")
     pred_q8: bool = knob(True, "read-ahead guess on a Q8_0 router copy (default on)")
     moce_j: int = knob(STOCK_MOCE_J, "MoCE: protected top-J (default 3)")
-    moce: str = knob("", "MoCE preset: stock (J=3, λ=0.85: lossy, the seed's) or off (exact); default: the moce_* fields")
+    moce: str = knob("", "MoCE preset: stock (J=3, λ=0.85 logits: lossy, the seed's; refused on sigmoid-routed models) or off (exact); default: the moce_* fields")
     moce_lambda: float = knob(0.0, "MoCE: resident bonus λ (default 0: exact, the model's routing; > 0 is lossy)")
-    moce_scale: BonusScale = knob(BonusScale.ABSOLUTE, "MoCE: bonus in absolute logits or scaled by the logit range")
+    moce_scale: BonusScale = knob(BonusScale.ABSOLUTE, "MoCE: λ absolute, in the rule's score units (logits; σ(z)+bias on sigmoid rules), or range: x the score spread")
     moce_margin: float = knob(0.0, "MoCE: margin gating in logits (default 0: off)")
     moce_drop_tail: float = knob(0.0, "MoCE: drop non-resident picks with weight below this (default 0: off)")
     moce_drop_rank: int = knob(STOCK_DROP_TAIL_RANK, "MoCE: ... at selected rank >= this (default 6)")
     moce_pre: bool = knob(False, "MoCE: unclaimed read-aheads count as resident (default off)")
-    arena: str = knob("", "arena size: 2GB, 512MB, 300slots (default: the budget rule; streams when set)")
-    keep: str = knob("auto", "memory the budget rule leaves to the system (default auto: 7GB per 24GB of RAM)")
+    arena: str = knob("", "arena size: 2GB or 512MB (bytes), 300 or 300slots (slots), 25% (of all experts); "
+                            "default: the budget rule; streams when set")
+    keep: str = knob("auto", "memory the budget rule leaves to the system, with a unit (default auto: 7GB per 24GB of RAM)")
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")
@@ -74,6 +77,15 @@ class Config:
     reference_cache: bool = knob(False, "drive the runtime with the pure reference cache machine (slow; A/B)",
                                  flag=False)
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
+    # entry points (issue 23): the CPU path's BLAS threads
+    threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
+    force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "
+                                    "(default off: refused)")
+    # speculative windows (strata.speculative): drafted tokens verified in one decode window
+    suffix_draft: int = knob(0, "speculate: draft up to N tokens (1..3) from a suffix index over prompt and "
+                                "generation, verified in one window (raises window to N+1; default 0: off)")
+    spec_gate: bool = knob(True, "speculation switches itself off while it stops paying in bytes and ms per "
+                                 "token (default on)")
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI
@@ -101,12 +113,18 @@ class Config:
             raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
         if self.io_switch_ms < 0:
             raise ConfigError(f"io_switch_ms must be >= 0 (0: Python's own), got {self.io_switch_ms}")
-        if not self.io_timeout > 0:
-            raise ConfigError(f"io_timeout must be > 0 seconds, got {self.io_timeout}")
+        if not 0 < self.io_timeout < float("inf"):  # an infinite wait is the hang the timeout exists to end
+            raise ConfigError(f"io_timeout must be a finite number of seconds > 0, got {self.io_timeout}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.window < 1:
             raise ConfigError(f"window must be >= 1, got {self.window}")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0: auto), got {self.threads}")
+        if not 0 <= self.suffix_draft <= MAX_SUFFIX_DRAFT:
+            raise ConfigError(f"suffix_draft must be in 0..{MAX_SUFFIX_DRAFT} (0: off), got {self.suffix_draft}")
+        if self.window < self.suffix_draft + 1:  # a draft and the token before it are one cache window
+            object.__setattr__(self, "window", self.suffix_draft + 1)
         from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):
@@ -178,17 +196,31 @@ def from_mapping(values: Mapping[str, object], base: Config | None = None) -> Co
 
 
 ENV_PREFIX = "STRATA_"
+ENV_NOT_CONFIG = frozenset({"STRATA_DEBUG"})  # read by the CLI (strata/cli/main.py), not a Config field
 
 
 def from_env(environ: Mapping[str, str] | None = None, base: Config | None = None) -> Config:
     """Apply `STRATA_<FIELD>` variables. An unknown `STRATA_*` name is an error, not ignored,
-    so a misspelt A/B switch cannot silently measure the default."""
+    so a misspelt A/B switch cannot silently measure the default; either error names the variable."""
     environ = os.environ if environ is None else environ
+    types = _field_types()
     values = {}
-    for key, value in environ.items():
-        if key.startswith(ENV_PREFIX):
-            values[key[len(ENV_PREFIX):].lower()] = value
-    return from_mapping(values, base=base)
+    for key, value in sorted(environ.items()):
+        if not key.startswith(ENV_PREFIX) or key in ENV_NOT_CONFIG:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in types:
+            close = difflib.get_close_matches(name, types, n=1)
+            hint = f"did you mean {ENV_PREFIX}{close[0].upper()}?" if close else "STRATA_<FIELD> sets a Config field"
+            raise ConfigError(f"environment variable {key}: unknown config key {name!r} (unset it; {hint})")
+        try:
+            values[name] = _coerce(name, value, types[name])
+        except ConfigError as e:
+            raise ConfigError(f"environment variable {key}: {e}") from None
+    try:
+        return from_mapping(values, base=base)
+    except ConfigError as e:
+        raise ConfigError(f"environment (STRATA_* variables): {e}") from None
 
 
 def load_config(overrides: Mapping[str, object] | None = None, *,

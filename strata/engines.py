@@ -79,11 +79,26 @@ def mlx_gpu_available() -> bool:
     return bool(mx.metal.is_available() or (cuda is not None and cuda.is_available()))
 
 
+def mlx_expert_types() -> frozenset:
+    """The expert types the MLX backend computes: Q2_0 (its fused kernels) and the types MLX's
+    own quantized matmuls read (affine 4/8-bit, MXFP4: the gather_qmm path)."""
+    from strata.formats.mlx_affine import AFFINE_SPECS
+
+    return frozenset({QuantType.Q2_0, QuantType.MXFP4, *AFFINE_SPECS})
+
+
 def resolve_backend(model, config: Config) -> Backend:
     """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
     numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
     (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
     whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
+    qtype = QuantType(model.experts_file.header.qtype)
+    if config.backend is Backend.MLX and qtype not in mlx_expert_types():
+        from strata.errors import ConfigError
+
+        known = ", ".join(q.name for q in sorted(mlx_expert_types(), key=int))
+        raise ConfigError(f"backend mlx: MLX computes experts of {known}; this model's are {qtype.name} "
+                          "(use --backend numpy or auto, or convert with --experts q2_0)")
     if config.backend is not Backend.AUTO:
         return config.backend
     if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
@@ -94,7 +109,7 @@ def resolve_backend(model, config: Config) -> Backend:
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
                 keep_trace: bool = False) -> Engine:
     """The engine for `model` (a Model or a path) under `config` (default: `STRATA_*` over the
-    defaults). Streaming whenever the config names an arena or the budget rule (SPEC §7) says
+    defaults; a mapping of Config fields is read as `Config(**mapping)`). Streaming whenever the config names an arena or the budget rule (SPEC §7) says
     the experts do not all fit; otherwise all-resident, which is what streaming would compute
     anyway (with every expert resident MoCE's bonus lifts all logits alike, so routing is the
     model's own) without a reader pool or slot bookkeeping. The caller closes it.
@@ -102,11 +117,16 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     stream: True streams even where every expert fits (tests, benchmarks), False never streams,
     None lets the plan decide. plan: an ArenaPlan to use instead of the budget rule's. hook (an
     I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools."""
+    from strata.api_args import as_config
     from strata.loader import Model, load
     from strata.runtime.decode import arena_plan_for
 
+    config = as_config(config)  # a Config or a mapping of its fields
+    from strata.threads import apply_threads
+
     model = model if isinstance(model, Model) else load(model)
     config = config if config is not None else load_config()
+    apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
     if not (plan.streaming if stream is None else stream):

@@ -34,3 +34,7 @@ class ArenaTooSmallError(StrataError):
 
 class NonFiniteError(StrataError, ValueError):
     """A forward pass produced NaN or infinity (damaged weights or inputs); the message names where."""
+
+
+class ParameterError(ConfigError, TypeError):
+    """A public function's argument has the wrong type or value; the message names the parameter."""

@@ -5,18 +5,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Protocol
 
 import numpy as np
 
+from strata.api_args import as_config, check_count, check_prompt, check_token_ids, sampler_from
 from strata.cache.types import CacheStats
 from strata.config import Config, load_config
 from strata.engines import Engine, common_prefix, session_engine
-from strata.errors import ContextLimitError, NonFiniteError, StrataError
+from strata.errors import ContextLimitError, NonFiniteError, ParameterError, StrataError
 from strata.loader import Model, load
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
 from strata.session import SessionEngine
+from strata.speculative import Drafter, Gate, SpeculationReport, SpeculativeSteps, drafter_for
 from strata.tokenizer import StreamingDetokenizer
 
 
@@ -34,6 +36,7 @@ class GenerationResponse:
     prompt_reused: prompt positions the session already held (not processed again)
     cache: the expert cache's cumulative counts (prompt and decode) when streaming, else None
     report: this call's stream report (SPEC §8), on the last response only, when streaming
+    speculation: this call's speculation report, on the last response only, when speculating
     """
 
     text: str
@@ -48,6 +51,7 @@ class GenerationResponse:
     prompt_reused: int = 0
     cache: CacheStats | None = field(default=None, repr=False)
     report: StreamReport | None = field(default=None, repr=False)
+    speculation: SpeculationReport | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class GenerationResult:
     finish_reason: str | None
     prompt_reused: int = 0
     report: StreamReport | None = field(default=None, repr=False)  # when streaming (SPEC §8)
+    speculation: SpeculationReport | None = field(default=None, repr=False)  # when speculating
 
     def __str__(self) -> str:
         return self.text
@@ -80,7 +85,11 @@ def stream_generate(
     top_p: float = 1.0,
     seed: int = 0,
     engine: Engine | None = None,
-    config: Config | None = None,
+    config: Config | Mapping[str, object] | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repeat_penalty: float = 1.0,
+    drafter: Drafter | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding a GenerationResponse per token.
 
@@ -89,9 +98,20 @@ def stream_generate(
     engine from `strata.open_engine` (the caller owns and closes it; its session is reused the
     same way), or a path (loaded, run and closed). `prompt`: text (tokenized with the
     tokenizer's own special tokens, e.g. a Llama-style BOS) or token ids (used as given). Greedy
-    when temperature is 0. `config`: the runtime configuration (default: `STRATA_*` variables
-    over the defaults) of the engine a Model or path gets; an engine keeps its own.
+    when temperature is 0; top_k (0: off), min_p (0: off), top_p (1: off) filter a sampled step
+    and repeat_penalty (1: off) lowers the tokens of the last 64 (strata.reference.sampling).
+    `config`: the runtime configuration (default: `STRATA_*` variables over the defaults) of the
+    engine a Model or path gets, or a mapping of its fields (read as `Config(**mapping)`); an
+    engine keeps its own. Bad arguments raise ParameterError naming the parameter, before any work.
+    `drafter`: speculate with it (strata.speculative); default: the one the engine's config names
+    (`suffix_draft`), none when that is 0. Greedy output is the same with or without; sampled
+    output has the same distribution (not the same draws).
     """
+    prompt = check_prompt(prompt)
+    max_tokens = check_count("max_tokens", max_tokens)
+    sampler = sampler_from(temperature=temperature, top_p=top_p, seed=seed, top_k=top_k, min_p=min_p,
+                           repeat_penalty=repeat_penalty)
+    config = as_config(config)
     if engine is not None:  # the older spelling: stream_generate(model, prompt, engine=...)
         model = engine
     owned = None
@@ -104,19 +124,17 @@ def stream_generate(
         engine = None
     else:
         model = owned = load(model)
-    sampler = SamplerConfig(temperature=temperature, top_p=top_p, seed=seed)
-    if max_tokens < 0:
-        raise StrataError(f"max_tokens must be >= 0, got {max_tokens}")
     tokens = model.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
     if not tokens:
         raise StrataError("the prompt is empty")
+    check_token_ids(tokens, model.cfg.vocab_size)
     limit = model.cfg.max_context
     if len(tokens) >= limit:
         raise ContextLimitError(f"the prompt has {len(tokens)} tokens; the model's context is {limit}")
     try:
         if engine is None:
             engine = session_engine(model, config if config is not None else load_config())
-        yield from _run(model, engine, tokens, sampler, max_tokens, limit)
+        yield from _run(model, engine, tokens, sampler, max_tokens, limit, drafter)
     finally:
         if owned is not None:
             owned.close()  # its engine's reader threads and file descriptors too
@@ -130,8 +148,65 @@ def _reuse(engine: Engine, tokens: list[int]) -> int:
     return keep
 
 
+class TokenSource(Protocol):
+    """Where the loop's tokens come from: `next(n)` gives token n and its log-probability;
+    `advance(token, n, room)` says the generation goes on (at most `room` more tokens);
+    `finish(n)` that token n was the last; `report()` what the source has to say, or None."""
+
+    def next(self, n: int) -> tuple[int, float]: ...
+
+    def advance(self, token: int, n: int, room: int) -> None: ...
+
+    def finish(self, n: int) -> None: ...
+
+    def report(self) -> SpeculationReport | None: ...
+
+
+class _PlainSteps:
+    """The token source of plain decoding: sample token n from the logits, decode it."""
+
+    def __init__(self, engine: Engine, logits, sampler: SamplerConfig, history: list[int]) -> None:
+        self.engine, self.logits, self.sampler = engine, logits, sampler
+        self.history = history  # what the repetition penalty sees: prompt and generated
+
+    def next(self, n: int) -> tuple[int, float]:
+        check_finite_logits(self.logits, self.engine.length)
+        token = sample(self.logits, self.sampler, n, self.history)
+        self.history.append(token)
+        return token, float(log_softmax(self.logits)[token])
+
+    def advance(self, token: int, n: int, room: int) -> None:
+        self.logits = self.engine.decode(token)
+
+    def finish(self, n: int) -> None:
+        pass
+
+    def report(self) -> None:
+        return None
+
+
+def check_finite_logits(logits: np.ndarray, length: int) -> None:
+    """One pass (max propagates NaN): never sample from garbage."""
+    if not np.isfinite(logits.max()):
+        raise NonFiniteError(f"the logits after {length} positions are not finite: the model's weights "
+                             "or an expert read are bad (run `strata generate --verify-reads`)")
+
+
+def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | None, limit: int,
+           history: list[int]) -> TokenSource:
+    """Plain decoding, or speculative windows where a drafter is given or the config names one."""
+    drafter = drafter if drafter is not None else drafter_for(engine.config)
+    if drafter is None:
+        return _PlainSteps(engine, logits, sampler, history)
+    if sampler.repeat_penalty != 1.0:  # its history would have to follow every draft and rollback
+        raise ParameterError("repeat_penalty: not supported with speculation (suffix_draft / drafter) yet; "
+                             "use one or the other")
+    gate = Gate(enabled=engine.config.spec_gate if engine.config is not None else True)
+    return SpeculativeSteps(engine, logits, sampler, drafter, gate=gate, limit=limit)
+
+
 def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int,
-         limit: int) -> Iterator[GenerationResponse]:
+         limit: int, drafter: Drafter | None = None) -> Iterator[GenerationResponse]:
     detok = StreamingDetokenizer(model.tokenizer)
     since = engine.ledger()  # None unless the engine streams (then: this call's report)
 
@@ -140,23 +215,22 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
     logits = engine.prefill(tokens[reused:])
     prompt_seconds = time.perf_counter() - start
     prompt_tps = (len(tokens) - reused) / max(prompt_seconds, 1e-9)
+    steps = _steps(engine, logits, sampler, drafter, limit, list(tokens))
     decode_start = time.perf_counter()
     for n in range(max_tokens):
         step_start = time.perf_counter()
-        if not np.isfinite(logits.max()):  # one pass (max propagates NaN): never sample from garbage
-            raise NonFiniteError(f"the logits after {engine.length} positions are not finite: the model's weights "
-                                 "or an expert read are bad (run `strata generate --verify-reads`)")
-        token = sample(logits, sampler, n)
-        logprob = float(log_softmax(logits)[token])
+        token, logprob = steps.next(n)
         finish = None
         if token in model.tokenizer.eos_ids:
             finish = "stop"
         elif n + 1 == max_tokens:
             finish = "length"
-        elif engine.length >= limit:
+        elif len(tokens) + n >= limit:  # the positions held before this token (a window may hold more)
             finish = "context"
         if finish is None:
-            logits = engine.decode(token)
+            steps.advance(token, n, room=max_tokens - n - 1)
+        else:
+            steps.finish(n)
         text = detok.add(token) if finish != "stop" else ""
         if finish is not None:
             text += detok.flush()
@@ -167,6 +241,7 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
             token_seconds=now - step_start, finish_reason=finish, prompt_reused=reused,
             cache=engine.stats().cache if since is not None else None,
             report=engine.report(since=since) if since is not None and finish is not None else None,
+            speculation=steps.report() if finish is not None else None,
         )
         if finish is not None:
             return
@@ -183,5 +258,5 @@ def generate(model: Model | str | Path, prompt: str | list[int], **kwargs) -> Ge
         prompt_tokens=last.prompt_tokens if last else 0, prompt_tps=last.prompt_tps if last else 0.0,
         generation_tps=last.generation_tps if last else 0.0, finish_reason=last.finish_reason if last else None,
         prompt_reused=last.prompt_reused if last else 0,
-        report=last.report if last else None,
+        report=last.report if last else None, speculation=last.speculation if last else None,
     )

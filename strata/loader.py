@@ -8,8 +8,9 @@ from pathlib import Path
 from strata.errors import FormatError
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile
-from strata.formats.model_file import read_model
+from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
+from strata.model_source import check_model_source
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
 
@@ -63,24 +64,44 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
-def load(model: str | Path, *, experts: str | Path | None = None, allow_foreign_experts: bool = False) -> Model:
+EMBEDDED_NAME = "default"  # strata.load("default") and strata.load(): the embedded model
+
+
+def load(model: str | Path | None = None, *, experts: str | Path | None = None,
+         allow_foreign_experts: bool = False, layers=None) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
-    The experts file defaults to the model's name with the `.experts` suffix. A model written
+    The experts file defaults to the model's name with the `.experts` suffix. No model, or the
+    name "default" where no such file is, loads the embedded default model (docs/model-card.md).
+    A directory, a checkpoint's weights file or another program's GGUF (llama.cpp's) is refused
+    in one line naming `strata convert` (strata/model_source.py). A model written
     with an expert set records that set's identity; loading it with another set (another model's
     experts of the same shape, or a conversion interrupted between its two renames) is refused
     unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
     re-quantized one) is run. Model files without an identity (older ones) skip the check.
+    `layers` (a `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it
+    computes with.
     """
+    if model is None or (str(model) == EMBEDDED_NAME and not Path(model).exists()
+                         and not Path(EMBEDDED_NAME + ".gguf").exists()):
+        from strata.default_model import default_model_path
+
+        model = default_model_path()
+    if not isinstance(model, (str, Path)):
+        raise FormatError(f"model: expected a path (str or Path), got {type(model).__name__}")
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
         model_path = model_path.with_name(model_path.name + ".gguf")
     if not model_path.exists():
         raise FormatError(f"{model}: no such model file")
+    check_model_source(model_path)
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
-    mf = read_model(model_path)
+    names = None
+    if layers is not None:
+        names = frozenset(layers.dense_names(read_model_config(model_path)))
+    mf = read_model(model_path, names=names)
     xf = ExpertsFile.open(experts_path)
     try:
         _check_pair(mf, xf, model_path, experts_path, allow_foreign_experts)

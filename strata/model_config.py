@@ -23,6 +23,7 @@ class RoutingOrder(enum.Enum):
 
     SOFTMAX_TOPK = "softmax_topk"  # Qwen/OLMoE: softmax over all, top-k, optional renormalization
     TOPK_SOFTMAX = "topk_softmax"  # Mixtral: top-k logits, softmax over those k
+    SIGMOID_TOPK = "sigmoid_topk"  # DeepSeek-V3/GLM-4.5/MiniMax-M2: sigmoid + selection bias, groups (docs/routing.md)
 
 
 class QKNorm(enum.Enum):
@@ -38,6 +39,7 @@ class Mixer(enum.Enum):
 
     ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
     DELTANET = "deltanet"  # gated DeltaNet linear attention (Qwen3-Next, Qwen3.5); state: conv + recurrent
+    MLA = "mla"  # DeepSeek's multi-head latent attention; state: the compressed latent + rope key (reference/mla.py)
 
 
 class Ffn(enum.Enum):
@@ -95,6 +97,7 @@ class ModelConfig:
     layer_types: tuple[LayerType, ...] = ()
     dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
     # hybrid models (Qwen3-Next, Qwen3.5/3.6-MoE): gated attention, partial rotary, gated DeltaNet
+    # (rotary_dim is shared: the sigmoid families GLM-4.5 and MiniMax-M2 use partial rotary too)
     rotary_dim: int = 0  # RoPE over the first rotary_dim dims of each head (0: the whole head)
     attention_output_gate: bool = False  # attention output * sigmoid(x · W_gate) before o_proj
     linear_k_heads: int = 0  # DeltaNet layers: query/key heads
@@ -102,6 +105,17 @@ class ModelConfig:
     linear_k_head_dim: int = 0
     linear_v_head_dim: int = 0
     linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
+    # sigmoid-routed families (DeepSeek-V3 / Kimi-K2, GLM-4.5, MiniMax-M2): routing (RoutingOrder.SIGMOID_TOPK)
+    n_group: int = 1  # experts form n_group equal groups; only the best topk_group groups are eligible
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
+    router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
+    # multi-head latent attention (Mixer.MLA); head_dim is the q/k head (nope + rope), n_kv_heads = n_heads
+    q_lora_rank: int = 0  # 0: queries projected directly (no low-rank q path)
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
@@ -135,7 +149,11 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
+        if self.rotary_dim and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ConfigError(f"model config: rotary_dim must be even and in (0, head_dim={self.head_dim}], "
+                              f"got {self.rotary_dim}")
         _check_hybrid(self)
+        check_sigmoid_fields(self)
 
     @property
     def rope_dim(self) -> int:
@@ -193,10 +211,7 @@ class ModelConfig:
 
 
 def _check_hybrid(cfg: ModelConfig) -> None:
-    """The hybrid fields (Qwen3-Next, Qwen3.5): partial rotary, and DeltaNet sizes where a layer needs them."""
-    if cfg.rotary_dim and not (0 < cfg.rotary_dim <= cfg.head_dim and cfg.rotary_dim % 2 == 0):
-        raise ConfigError(f"model config: rotary_dim must be even and in (0, head_dim={cfg.head_dim}], "
-                          f"got {cfg.rotary_dim}")
+    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
     if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
         return
     sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
@@ -206,6 +221,30 @@ def _check_hybrid(cfg: ModelConfig) -> None:
     if cfg.linear_v_heads % cfg.linear_k_heads:
         raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
                           f"linear_k_heads={cfg.linear_k_heads}")
+
+
+def check_sigmoid_fields(cfg: "ModelConfig") -> None:
+    """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
+    if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
+        raise ConfigError(f"model config: n_group={cfg.n_group} must divide n_experts={cfg.n_experts}")
+    if not 1 <= cfg.topk_group <= cfg.n_group:
+        raise ConfigError(f"model config: topk_group={cfg.topk_group} must be in 1..n_group={cfg.n_group}")
+    if cfg.n_group > 1 and cfg.n_experts // cfg.n_group < 2:
+        raise ConfigError("model config: n_group needs >= 2 experts per group (groups score by their top 2)")
+    if cfg.topk_group * (cfg.n_experts // cfg.n_group) < cfg.n_experts_per_token:
+        raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
+    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
+        raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
+    if any(t.mixer is Mixer.MLA for t in cfg.kinds):
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(cfg, name) <= 0:
+                raise ConfigError(f"model config: latent attention needs {name} > 0")
+        if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
+            raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
+                              "(qk_rope_head_dim even)")
+        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
+            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
+                              "or attention_output_gate")
 
 
 class TensorNames:
@@ -250,6 +289,15 @@ class TensorNames:
     ssm_dt_bias = "ssm_dt.bias"  # [linear_v_heads]
     ssm_norm = "ssm_norm.weight"  # [linear_v_head_dim]: the gated RMSNorm, shared by every head
     ssm_out = "ssm_out.weight"  # [hidden, V]
+    # sigmoid routing: the selection-only bias of an MoE layer's router
+    exp_probs_b = "exp_probs_b.bias"  # [n_experts], F32
+    # latent attention (Mixer.MLA); r = qk_rope_head_dim, n = qk_nope_head_dim, v = v_head_dim
+    attn_q_a = "attn_q_a.weight"  # [q_lora_rank, hidden]
+    attn_q_a_norm = "attn_q_a_norm.weight"  # [q_lora_rank]
+    attn_q_b = "attn_q_b.weight"  # [n_heads * (n + r), q_lora_rank]  (attn_q when q_lora_rank = 0)
+    attn_kv_a_mqa = "attn_kv_a_mqa.weight"  # [kv_lora_rank + r, hidden]: the latent and the shared rope key
+    attn_kv_a_norm = "attn_kv_a_norm.weight"  # [kv_lora_rank]
+    attn_kv_b = "attn_kv_b.weight"  # [n_heads * (n + v), kv_lora_rank]: per head, its nope key rows then value rows
 
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -264,6 +312,8 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[b(n.attn_norm)] = (cfg.hidden_size,)
         if cfg.kinds[l].mixer is Mixer.DELTANET:
             shapes.update(deltanet_tensor_shapes(cfg, l))
+        elif cfg.kinds[l].mixer is Mixer.MLA:  # latent attention: its own projections (no q/k/v)
+            shapes.update(mla_tensor_shapes(cfg, l))
         else:
             shapes.update(attention_tensor_shapes(cfg, l))
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
@@ -273,6 +323,8 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
             continue
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
+        if cfg.router_bias:
+            shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
         if cfg.has_shared_expert:
             shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
             shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)
@@ -317,3 +369,76 @@ def deltanet_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...
     return {b(n.ssm_qkv): (conv_dim, d), b(n.ssm_z): (v_dim, d), b(n.ssm_beta): (hv, d), b(n.ssm_alpha): (hv, d),
             b(n.ssm_conv): (conv_dim, cfg.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
             b(n.ssm_norm): (cfg.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
+
+
+def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """A latent-attention layer's projections (reference/mla.py), with their shapes."""
+    n, b = TensorNames, (lambda s: TensorNames.block(layer, s))  # noqa: E731
+    h, d = cfg.n_heads, cfg.hidden_size
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    shapes = {b(n.attn_kv_a_mqa): (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
+              b(n.attn_kv_a_norm): (cfg.kv_lora_rank,),
+              b(n.attn_kv_b): (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+              b(n.attn_output): (d, h * cfg.v_head_dim)}
+    if cfg.q_lora_rank:
+        shapes.update({b(n.attn_q_a): (cfg.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.q_lora_rank,),
+                       b(n.attn_q_b): (h * qk, cfg.q_lora_rank)})
+    else:
+        shapes[b(n.attn_q)] = (h * qk, d)
+    return shapes
+
+
+# ---------------------------------------------------------------- a layer range (pipeline stages)
+
+
+@dataclass(frozen=True)
+class LayerRange:
+    """Layers [start, stop) of an n_layers model: the part of it one pipeline stage computes.
+
+    The loops (reference `forward`, the streaming window and prompt path) iterate `layers`; the
+    first range embeds tokens, the last computes logits, and the others take and give the hidden
+    state [T, D]. Its MoE layers are MoE indices [moe_start, moe_stop) of the `.experts` file;
+    the stage's cache counts only those (local index m - moe_start)."""
+
+    start: int
+    stop: int
+    n_layers: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.stop <= self.n_layers:
+            raise ConfigError(f"layer range [{self.start}, {self.stop}) is not a non-empty part of {self.n_layers} layers")
+
+    @staticmethod
+    def whole(cfg: ModelConfig) -> "LayerRange":
+        return LayerRange(0, cfg.n_layers, cfg.n_layers)
+
+    @property
+    def layers(self) -> range:
+        return range(self.start, self.stop)
+
+    @property
+    def embeds(self) -> bool:
+        """The first range: its input is token ids."""
+        return self.start == 0
+
+    @property
+    def heads(self) -> bool:
+        """The last range: its output is logits."""
+        return self.stop == self.n_layers
+
+    def moe_layers(self, cfg: ModelConfig) -> tuple[int, ...]:
+        """The model indices of this range's MoE layers (local MoE index i is moe_layers[i])."""
+        return tuple(l for l in cfg.moe_layers if self.start <= l < self.stop)
+
+    def moe_start(self, cfg: ModelConfig) -> int:
+        """How many MoE layers come before this range (its first MoE layer's MoE index)."""
+        return sum(1 for l in cfg.moe_layers if l < self.start)
+
+    def dense_names(self, cfg: ModelConfig) -> tuple[str, ...]:
+        """The dense tensors this range computes with: its layers' blocks, the embedding on the
+        first range, the final norm and head on the last (the embedding too when it is tied)."""
+        n = TensorNames
+        prefixes = tuple(n.block(l, "") for l in self.layers)
+        ends = ((n.token_embd,) if self.embeds or (self.heads and cfg.tie_embeddings) else ()) + (
+            (n.output_norm, n.output) if self.heads else ())
+        return tuple(name for name in dense_tensor_shapes(cfg) if name.startswith(prefixes) or name in ends)

@@ -46,3 +46,36 @@ Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversio
 # the hybrid families (Qwen3-Next, Qwen3.5-MoE) are held to their issue's tighter bound; seen:
 # 4.0e-4 and 3.7e-4 with f16 experts, 1.8e-6 with f32 experts (the rest is f16 rounding)
 HYBRID_F16_LOGIT_BUDGET = 5e-4
+
+# strata's reference forward vs mlx-lm's on the same MLX-quantized checkpoint, both in float32
+# activations (mlx-lm's norms, scales and biases widened: exact): the weights are the same
+# values, only the order of float32 sums differs (seen 8.6e-7 on qwen3_moe 4-bit group 64)
+MLX_LM_LOGIT_BUDGET = 1e-5  # max |Δlogit| / max |logit|
+
+# strata's reference forward on a converted llama.cpp GGUF vs transformers' float32 forward on
+# the GGUF's own dequantized weights (experts kept bit for bit): the same values on both sides,
+# only float32 summation order differs (seen 4.9e-7 to 8.1e-7 on the four tiny families)
+GGUF_DEQUANT_LOGIT_BUDGET = 1e-5  # max |Δlogit| / max |logit|
+# the same comparison when the experts were requantized (ggml MXFP4 -> Q8_0): a lossy step whose
+# KLD the converter prints; same argmax at this fraction of positions (seen 100%)
+REQUANT_ARGMAX_AGREEMENT = 0.95
+
+# pipeline tests (tests/test_pipeline.py): the wall-clock bounds on a run of local processes on a
+# loaded 2-core machine (a healthy 3-rank run takes ~6 s here), and the deadline each rank's
+# watchdog gives a neighbour in the failure tests (a hang would otherwise be the test's timeout)
+PIPELINE_RUN_S = 120.0
+PIPELINE_FAULT_DEADLINE_S = 8.0
+
+# distribution tests (fixed seeds, so each is deterministic): a chi-square p-value below this
+# fails. At 1e-3 a correct sampler fails one seed choice in a thousand; a sampler that drops or
+# doubles a token's mass by 10% fails at the draw counts used (thousands) with p < 1e-6.
+CHI_SQUARE_P = 1e-3
+
+# the checked-in transformers outputs (tests/fixtures) vs transformers recomputing them where torch
+# is installed (tests/test_hf_fixtures.py). RECOMPUTE: the same checkpoint, another torch or CPU:
+# float32 summation order only (seen 0 on the machine that wrote them). REBUILD: the checkpoint
+# trained again: float32 drift between torch builds flips single bf16 roundings of the saved
+# weights (2^-8 relative each); a changed recipe (steps, learning rate, seed, corpus) moves the
+# logits by tens of percent of their scale (seen 0 on the machine that wrote them).
+FIXTURE_RECOMPUTE_BUDGET = 1e-5  # max |Δlogit| / max |logit|
+FIXTURE_REBUILD_BUDGET = 2e-2  # max |Δlogit| / max |logit|

@@ -1,7 +1,8 @@
 """Tiny Hugging Face checkpoints of the hybrid families (Qwen3-Next, Qwen3.5-MoE text-only and
-its published multimodal layout), built offline like tests/hf_models.py builds the others:
-a random model from a config, trained for a few steps on the corpus (so that "same argmax"
-measures conversion, not luck), saved with `save_pretrained`.
+its published multimodal layout), built like tests/hf_models.py builds the others (and, like
+them, checked in under tests/fixtures/hf/ by scripts/make_hf_fixtures.py): a random model from
+a config, trained for a few steps on the corpus (so that "same argmax" measures conversion, not
+luck), saved in bfloat16 with `save_pretrained`.
 
 Four layers: three gated DeltaNet layers, then one gated full-attention layer (transformers'
 `full_attention_interval` 4, as the real checkpoints), head_dim 32 with a quarter of it rotary
@@ -24,6 +25,7 @@ HEAD_DIM = 32
 PARTIAL_ROTARY = 0.25
 MROPE_SECTION = [2, 1, 1]  # sums to rotary_dim / 2 = 4, as [11, 11, 10] does for the real 64
 SHARED_FFN = 96
+SAVE_DTYPE = "bfloat16"  # the Hub's; half the bytes checked in under tests/fixtures
 
 
 def _text_fields(**extra) -> dict:
@@ -63,8 +65,9 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0, *, text_model=No
     transformers loads it back, in float32.
 
     The multimodal layout is given the language weights of `text_model` (a trained
-    qwen3_5_moe_text model) and a random vision tower: the same language model in the other
-    layout, so the two conversions are held to the same numbers (and no second training run)."""
+    qwen3_5_moe_text model; by default the one saved beside `directory`) and a random vision
+    tower: the same language model in the other layout, so the two conversions are held to the
+    same numbers (and no second training run)."""
     import torch
     import transformers
     from tokenizers import Tokenizer
@@ -75,26 +78,20 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0, *, text_model=No
     cls = getattr(transformers, MODEL_CLASS[arch])
     model = cls(hf_config(arch))
     if arch == "qwen3_5_moe":
+        if text_model is None:
+            text_cls = getattr(transformers, MODEL_CLASS["qwen3_5_moe_text"])
+            text_model = text_cls.from_pretrained(directory.parent / "qwen3_5_moe_text", dtype=torch.float32)
         model.model.language_model.load_state_dict(text_model.model.state_dict())
         model.lm_head.load_state_dict(text_model.lm_head.state_dict())
     else:
         hf_models.train_briefly(model, torch.tensor(ids)[None])
-    model.save_pretrained(directory)
+    model.to(getattr(torch, SAVE_DTYPE)).save_pretrained(directory)
     return cls.from_pretrained(directory, dtype=torch.float32).eval()
 
 
-_BUILT: dict[str, tuple[Path, object]] = {}
+def cached_checkpoint(arch: str, tmp_path_factory):
+    """(checkpoint dir, hf_fixtures.Expected) for `arch`: a session copy of the checked-in
+    checkpoint and what transformers computed on it."""
+    from tests import hf_fixtures
 
-
-def cached_checkpoint(arch: str, tmp_path_factory) -> tuple[Path, object]:
-    """(checkpoint dir, transformers model) for `arch`, built once per test session."""
-    if arch not in _BUILT:
-        import torch
-        import transformers
-
-        torch.set_num_threads(1)
-        transformers.utils.logging.disable_progress_bar()
-        text = cached_checkpoint("qwen3_5_moe_text", tmp_path_factory)[1] if arch == "qwen3_5_moe" else None
-        directory = tmp_path_factory.mktemp(f"hf_{arch}")
-        _BUILT[arch] = (directory, build_checkpoint(arch, directory, text_model=text))
-    return _BUILT[arch]
+    return hf_fixtures.cached_checkpoint(arch, tmp_path_factory)

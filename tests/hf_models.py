@@ -1,9 +1,13 @@
-"""Tiny Hugging Face checkpoints for the convert tests, built offline.
+"""Tiny Hugging Face checkpoints for the convert tests.
 
-- `build_checkpoint(arch, dir)`: a random model of each supported architecture built by
-  `transformers` from a config and written with `save_pretrained` (so the files are exactly
-  what transformers writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a
-  ChatML-style chat template.
+- `cached_checkpoint(arch, tmp_path_factory)`: the checked-in checkpoint of `arch`
+  (tests/fixtures/hf/<arch>/, a session copy) and what transformers computed on it
+  (tests/hf_fixtures.py): the suite needs no torch.
+- `build_checkpoint(arch, dir)`: how those checkpoints are made, with transformers and torch
+  (scripts/make_hf_fixtures.py runs it): a random model of each supported architecture built
+  from a config and written with `save_pretrained` (so the files are exactly what transformers
+  writes), plus a tiny BPE tokenizer trained here with `tokenizers` and a ChatML-style chat
+  template.
 - `write_synthetic_checkpoint(dir, ...)`: a larger Qwen3-MoE checkpoint written directly as
   BF16 safetensors (no torch, streamed to disk) for the memory and interruption tests.
 
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
+ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
 TOKENIZER_VOCAB = 320  # 256 bytes + 3 special tokens + merges
 MODEL_VOCAB = 336  # real checkpoints pad the embedding past the tokenizer; so do these
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -54,6 +58,13 @@ CORPUS = [
 ]
 PARITY_TEXT = " ".join(CORPUS)
 
+_SIGMOID_KW = dict(n_routed_experts=EXPERTS, moe_intermediate_size=EXPERT_FFN, n_group=4, topk_group=2,
+                   n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                   num_hidden_layers=3, intermediate_size=96)
+_MLA_KW = dict(q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+               num_key_value_heads=HEADS)
+SELECTION_BIAS_STD = 0.1  # near the gaps between sigmoid scores: the bias decides some selections
+
 # per architecture: (transformers config class, model class, config overrides)
 _ARCH_KW = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
@@ -63,9 +74,19 @@ _ARCH_KW = {
                        norm_topk_prob=False, tie_word_embeddings=True)),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN)),
+    # the sigmoid-routed families: 4 groups of 2 experts, the best 2 groups eligible, so a group
+    # rule applied wrongly changes selections; the selection biases are set after training
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(_SIGMOID_KW, **_MLA_KW)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(_SIGMOID_KW, head_dim=16, use_qk_norm=True, attention_bias=True)),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", dict(_SIGMOID_KW, **_MLA_KW)),
+    "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
+                   dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN, head_dim=16, rotary_dim=8)),
 }
-# how each test checkpoint is saved: olmoe in bfloat16 (the Hub's usual dtype), mixtral in shards
-SAVE_DTYPE = {"olmoe": "bfloat16"}
+# how each test checkpoint is saved: in bfloat16 (the Hub's usual dtype; half the bytes checked in
+# under tests/fixtures) unless a dtype is named here; mixtral in shards
+SAVE_DTYPE: dict[str, str] = {}
+DEFAULT_SAVE_DTYPE = "bfloat16"
 SHARDED = {"mixtral": "150KB"}
 
 
@@ -126,10 +147,22 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0):
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(hf_config(arch))
     train_briefly(model, torch.tensor(ids)[None])
-    saved = model.to(getattr(torch, SAVE_DTYPE[arch])) if arch in SAVE_DTYPE else model
+    _set_selection_biases(model, seed)
+    saved = model.to(getattr(torch, SAVE_DTYPE.get(arch, DEFAULT_SAVE_DTYPE)))
     saved.save_pretrained(directory, max_shard_size=SHARDED.get(arch, "5GB"))
     # the reference: what the saved file holds, in float32
     return getattr(transformers, model_cls).from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def _set_selection_biases(model, seed: int) -> None:
+    """Random e_score_correction_bias buffers (transformers initializes them to zero and
+    training leaves them: a zero bias would not test that it chooses but never weights)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(torch.randn(buf.shape, generator=gen) * SELECTION_BIAS_STD)
 
 
 # ---------------------------------------------------------------- a larger synthetic checkpoint
@@ -152,9 +185,10 @@ def _write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], f
 
 
 def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int = 64, hidden: int = 256,
-                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0) -> int:
+                               ffn: int = 512, shards: int = 2, vocab: int = MODEL_VOCAB, seed: int = 0,
+                               std: float = 0.05) -> int:
     """A Qwen3-MoE checkpoint of random BF16 weights in `shards` files with an index, plus the
-    tokenizer. Returns the routed experts' size in float32 bytes."""
+    tokenizer; matrices N(0, std), norms 1. Returns the routed experts' size in float32 bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     heads, kv, hd = 4, 2, 64
     config = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": vocab,
@@ -181,7 +215,7 @@ def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int
         per_layer.append(t)
     rng = np.random.default_rng(seed)
     fill = lambda name, shape: (np.ones(shape, np.float32) if len(shape) == 1  # noqa: E731
-                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(0.05))
+                                else rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
     per = max(1, layers // shards)
     groups = [sum(per_layer[i: i + per], []) for i in range(0, layers, per)]
     groups[0] = dense + groups[0]
@@ -196,20 +230,9 @@ def write_synthetic_checkpoint(directory: Path, *, layers: int = 4, experts: int
     return layers * experts * 3 * ffn * hidden * 4
 
 
-_BUILT: dict[str, tuple[Path, object]] = {}
+def cached_checkpoint(arch: str, tmp_path_factory):
+    """(checkpoint dir, hf_fixtures.Expected) for `arch`: a session copy of the checked-in
+    checkpoint and what transformers computed on it, shared by every convert test module."""
+    from tests import hf_fixtures
 
-
-def cached_checkpoint(arch: str, tmp_path_factory) -> tuple[Path, object]:
-    """(checkpoint dir, transformers model) for `arch`, built once per test session and shared
-    by every convert test module."""
-    if arch not in _BUILT:
-        import torch
-
-        import transformers
-
-        # these models are tiny: one thread is ~5x faster than two fighting over small ops
-        torch.set_num_threads(1)
-        transformers.utils.logging.disable_progress_bar()
-        directory = tmp_path_factory.mktemp(f"hf_{arch}")
-        _BUILT[arch] = (directory, build_checkpoint(arch, directory))
-    return _BUILT[arch]
+    return hf_fixtures.cached_checkpoint(arch, tmp_path_factory)

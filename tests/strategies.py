@@ -24,7 +24,9 @@ def float_matrices(max_rows: int = 8, max_blocks: int = 4, block: int = 32):
 MAX_ROUTING_EXPERTS = 64
 MAX_ROUTING_K = 10
 logit_values = st.floats(min_value=-16, max_value=16, allow_nan=False, allow_infinity=False, width=32)
-routing_orders = st.sampled_from(list(RoutingOrder))
+# the orders that rank on z itself (the independent definitions in test_routing.py sort by z);
+# SIGMOID_TOPK has its own tests (test_routing_sigmoid.py)
+routing_orders = st.sampled_from([RoutingOrder.SOFTMAX_TOPK, RoutingOrder.TOPK_SOFTMAX])
 
 
 @st.composite

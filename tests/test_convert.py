@@ -1,6 +1,7 @@
 """`strata convert` against transformers: logits, greedy decoding, tokenizer and chat template.
 
-For each architecture a tiny checkpoint is built with transformers (tests/hf_models.py),
+For each architecture a tiny checkpoint built with transformers (tests/hf_models.py, checked
+in under tests/fixtures/hf/ with transformers' outputs on it: tests/hf_fixtures.py) is
 converted, and strata's reference forward (λ = 0) is compared with transformers' float32
 forward on the same tokens (PARITY_TEXT, teacher-forced):
 - f16 experts: max |Δlogit| <= F16_LOGIT_BUDGET × logit scale (scale = max |logit| of
@@ -20,12 +21,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: it reads these once
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-
 from tests import hf_models  # noqa: E402
+from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
 from strata.cli.main import main  # noqa: E402
 from strata.convert import convert  # noqa: E402
 from strata.chat_template import chat_prompt, render_chat  # noqa: E402
@@ -36,8 +35,6 @@ from strata.reference.model import ModelState, forward  # noqa: E402
 from strata.reference.sampling import log_softmax  # noqa: E402
 
 from tests.budgets import F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
-GREEDY_STEPS = 32
-PROMPT_TOKENS = 8
 
 TEXTS = ["hello world", "naïve café über straße", "日本語のテキスト 🙂", "tabs\t\tand   spaces\n\n\n  x",
          "  leading and trailing  ", "def main():\n    return 0\n", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -64,13 +61,11 @@ def converted(arch, checkpoint, tmp_path_factory):
     return models
 
 
-def _parity_tokens(model) -> np.ndarray:
-    return np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-
-
-def _hf_logits(hf_model, tokens: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return hf_model(torch.tensor(tokens)[None]).logits[0].float().numpy()
+def _parity_tokens(model, expected) -> np.ndarray:
+    """PARITY_TEXT as strata's tokenizer encodes it: the tokens transformers' logits are for."""
+    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+    np.testing.assert_array_equal(tokens, expected.tokens)
+    return tokens
 
 
 def _strata_logits(model, tokens: np.ndarray) -> np.ndarray:
@@ -85,8 +80,8 @@ def _mean_kld(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16]
-    tokens = _parity_tokens(model)
-    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    tokens = _parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
     assert got.shape == ref.shape
     scale = float(np.abs(ref).max())
     rel = float(np.abs(got - ref).max()) / scale
@@ -97,20 +92,18 @@ def test_f16_logits_match_transformers(arch, checkpoint, converted):
 
 def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16]
-    prompt = [int(t) for t in _parity_tokens(model)[:PROMPT_TOKENS]]
+    prompt = [int(t) for t in _parity_tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
+    # transformers' generate ran with strata's stop tokens and this prompt
+    assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
     ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
-    with torch.no_grad():
-        out = checkpoint[1].generate(torch.tensor(prompt)[None], max_new_tokens=GREEDY_STEPS, do_sample=False,
-                                     eos_token_id=sorted(model.tokenizer.eos_ids), pad_token_id=0)
-    theirs = out[0, len(prompt):].tolist()
-    assert ours == theirs
+    assert ours == checkpoint[1].greedy
     assert len(ours) == GREEDY_STEPS
 
 
 def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0]
-    tokens = _parity_tokens(model)
-    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    tokens = _parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
     agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
     print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {_mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
@@ -118,16 +111,30 @@ def test_q8_0_argmax_agrees(arch, checkpoint, converted):
 
 def test_q2_0_kld_reported(arch, checkpoint, converted):
     model = converted[QuantType.Q2_0]
-    tokens = _parity_tokens(model)
-    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    tokens = _parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
     kld = _mean_kld(ref, got)
     agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
     print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 
 
+def test_f32_experts_are_stored_f32(arch, checkpoint, tmp_path):
+    """QuantType.F32 is 0: a truthiness test once made it the default q2_0 (silently lossy)."""
+    if arch != "qwen3_moe":
+        pytest.skip("one family is enough: the expert type is chosen before the family matters")
+    model = load(convert(checkpoint[0], tmp_path / "f32", expert_type=QuantType.F32).model_path)
+    assert model.experts_file.header.qtype is QuantType.F32
+    tokens = _parity_tokens(model, checkpoint[1])
+    ref = checkpoint[1].logits
+    # bf16 weights widened to f32 experts: exact, only float32 summation order differs
+    assert float(np.abs(_strata_logits(model, tokens) - ref).max()) <= F16_LOGIT_BUDGET * float(np.abs(ref).max())
+
+
 def test_config_carried_over(arch, checkpoint, converted):
-    cfg, hf = converted[QuantType.F16].cfg, checkpoint[1].config
+    from transformers import AutoConfig
+
+    cfg, hf = converted[QuantType.F16].cfg, AutoConfig.from_pretrained(checkpoint[0])
     assert cfg.architecture == arch
     assert (cfg.n_layers, cfg.hidden_size, cfg.n_experts_per_token) == (hf.num_hidden_layers, hf.hidden_size,
                                                                         hf.num_experts_per_tok)

@@ -1,5 +1,6 @@
 """`strata convert` of the hybrid families against transformers: Qwen3-Next, Qwen3.5-MoE text-only
-and the published multimodal layout (tests/hf_hybrid.py builds them offline).
+and the published multimodal layout (tests/hf_hybrid.py builds them; they are checked in under
+tests/fixtures/hf/ with transformers' outputs on them: tests/hf_fixtures.py).
 
 As tests/test_convert.py does for the other families, teacher-forced over PARITY_TEXT (131
 positions): f16 experts within HYBRID_F16_LOGIT_BUDGET of the logit scale and the same 32 greedy
@@ -20,10 +21,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import torch  # noqa: E402
 
 from tests import hf_hybrid, hf_models  # noqa: E402
 from strata.convert import convert  # noqa: E402
@@ -36,9 +33,7 @@ from strata.model_config import Mixer  # noqa: E402
 from strata.reference.model import ModelState, forward  # noqa: E402
 from strata.reference.sampling import log_softmax  # noqa: E402
 from tests.budgets import HYBRID_F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
-
-GREEDY_STEPS = 32
-PROMPT_TOKENS = 8
+from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=hf_hybrid.ARCHS)
@@ -61,13 +56,12 @@ def converted(arch, checkpoint, tmp_path_factory):
     return models
 
 
-def _tokens(model) -> np.ndarray:
-    return np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-
-
-def _hf_logits(hf_model, tokens):
-    with torch.no_grad():
-        return hf_model(torch.tensor(tokens)[None]).logits[0].float().numpy()
+def _tokens(model, expected=None) -> np.ndarray:
+    """PARITY_TEXT as strata's tokenizer encodes it (the tokens transformers' logits are for)."""
+    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+    if expected is not None:
+        np.testing.assert_array_equal(tokens, expected.tokens)
+    return tokens
 
 
 def _strata_logits(model, tokens):
@@ -81,9 +75,9 @@ def _mean_kld(p_logits, q_logits) -> float:
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    tokens = _tokens(model)
+    tokens = _tokens(model, checkpoint[1])
     assert len(tokens) >= 128
-    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
     scale = float(np.abs(ref).max())
     rel = float(np.abs(got - ref).max()) / scale
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
@@ -93,18 +87,17 @@ def test_f16_logits_match_transformers(arch, checkpoint, converted):
 
 def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    prompt = [int(t) for t in _tokens(model)[:PROMPT_TOKENS]]
+    prompt = [int(t) for t in _tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
+    # transformers' generate ran with strata's stop tokens and this prompt
+    assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
     ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
-    with torch.no_grad():
-        out = checkpoint[1].generate(torch.tensor(prompt)[None], max_new_tokens=GREEDY_STEPS, do_sample=False,
-                                     eos_token_id=sorted(model.tokenizer.eos_ids), pad_token_id=0)
-    assert ours == out[0, len(prompt):].tolist() and len(ours) == GREEDY_STEPS
+    assert ours == checkpoint[1].greedy and len(ours) == GREEDY_STEPS
 
 
 def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0][0]
-    tokens = _tokens(model)
-    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    tokens = _tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
     agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
     print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {_mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
@@ -112,8 +105,8 @@ def test_q8_0_argmax_agrees(arch, checkpoint, converted):
 
 def test_q2_0_kld_reported(arch, checkpoint, converted):
     model = converted[QuantType.Q2_0][0]
-    tokens = _tokens(model)
-    ref, got = _hf_logits(checkpoint[1], tokens), _strata_logits(model, tokens)
+    tokens = _tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
     kld = _mean_kld(ref, got)
     agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
     print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")

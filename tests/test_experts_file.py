@@ -32,6 +32,11 @@ from strata.reference.quants import dequantize, quantize
 dims = st.integers(1, 4).map(lambda b: 32 * b)
 qtypes = st.sampled_from(list(QuantType))
 
+
+def fit(n: int, qtype: QuantType) -> int:
+    """n rounded up to the type's block (MLX's group-64 types need multiples of 64)."""
+    return -(-n // layout(qtype).block_size) * layout(qtype).block_size
+
 L, E, D, F = 2, 3, 32, 64  # the small file most tests use
 
 
@@ -54,6 +59,9 @@ def assert_same_expert(a: ExpertWeights, b: ExpertWeights) -> None:
         assert x.qtype is y.qtype and x.shape == y.shape
         np.testing.assert_array_equal(x.codes, y.codes)
         np.testing.assert_array_equal(x.scales, y.scales)
+        assert (x.biases is None) == (y.biases is None)
+        if x.biases is not None:
+            np.testing.assert_array_equal(x.biases, y.biases)
         np.testing.assert_array_equal(dequantize(x), dequantize(y))
 
 
@@ -78,6 +86,7 @@ def q2_file(tmp_path):
 
 @given(qtype=qtypes, hidden=dims, ffn=dims)
 def test_record_layout_planes_are_aligned_ordered_and_sized(qtype, hidden, ffn):
+    hidden, ffn = fit(hidden, qtype), fit(ffn, qtype)
     rec = RecordLayout(qtype, hidden, ffn)
     lay = layout(qtype)
     end = 0
@@ -94,6 +103,7 @@ def test_record_layout_planes_are_aligned_ordered_and_sized(qtype, hidden, ffn):
 
 @given(qtype=qtypes, hidden=dims, ffn=dims, seed=st.integers(0, 2**32 - 1))
 def test_pack_unpack_round_trip_is_zero_copy(qtype, hidden, ffn, seed):
+    hidden, ffn = fit(hidden, qtype), fit(ffn, qtype)
     rec = RecordLayout(qtype, hidden, ffn)
     w = make_expert(qtype, hidden, ffn, seed)
     raw = pack_record(w, rec)
@@ -135,16 +145,17 @@ def test_layout_rejects_partial_blocks_and_mismatched_experts():
 @pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
 def test_file_round_trip_every_qtype(tmp_path, qtype):
     path = tmp_path / f"{qtype.name}.experts"
-    header = write_experts(path, qtype=qtype, n_layers=L, n_experts=E, hidden=D, expert_ffn=F,
-                           get_expert=seeded(qtype))
+    d = fit(D, qtype)
+    header = write_experts(path, qtype=qtype, n_layers=L, n_experts=E, hidden=d, expert_ffn=F,
+                           get_expert=seeded(qtype, d))
     with ExpertsFile.open(path) as f:
         assert f.header == header
         h = f.header
-        assert (h.qtype, h.n_layers, h.n_experts, h.hidden, h.expert_ffn) == (qtype, L, E, D, F)
-        assert f.layout == RecordLayout(qtype, D, F)
+        assert (h.qtype, h.n_layers, h.n_experts, h.hidden, h.expert_ffn) == (qtype, L, E, d, F)
+        assert f.layout == RecordLayout(qtype, d, F)
         for l in range(L):
             for e in range(E):
-                assert_same_expert(f.expert(l, e), seeded(qtype)(l, e))
+                assert_same_expert(f.expert(l, e), seeded(qtype, d)(l, e))
 
 
 def test_record_offsets_and_file_size(q2_file):

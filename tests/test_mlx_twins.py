@@ -34,7 +34,7 @@ from strata.reference.attention import LayerKV
 from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule
 from strata.testing.models import SHAPES, make_dense, make_expert
-from strategies import logit_ranges, moce_policies, routing_problems
+from strategies import logit_ranges, moce_policies, routing_orders, routing_problems
 
 PATHS = [
     pytest.param(KernelPath.OPS, id="ops"),
@@ -226,7 +226,7 @@ def test_twin_agrees_with_reference(name, path):
 @pytest.mark.parametrize("path", [p for p in PATHS if p.id != "emulated"])
 @settings(max_examples=examples(200))
 @given(problem=routing_problems(max_experts=64), policy=moce_policies(), logit_range=logit_ranges,
-       order=st.sampled_from(list(RoutingOrder)), norm=st.booleans(), with_policy=st.booleans())
+       order=routing_orders, norm=st.booleans(), with_policy=st.booleans())  # sigmoid: test_mlx_sigmoid.py
 def test_route_twin_selects_exactly(path, problem, policy, logit_range, order, norm, with_policy):
     logits, resident, k = problem
     rule = RouterRule(k, order, norm)

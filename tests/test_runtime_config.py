@@ -10,14 +10,15 @@ from strata.runtime.budget import SizeSpec, parse_size, plan_arena
 
 @pytest.mark.parametrize("text, spec", [
     ("2GB", SizeSpec(nbytes=2_000_000_000)), ("512MB", SizeSpec(nbytes=512_000_000)),
-    ("1.5GiB", SizeSpec(nbytes=3 * 2**29)), ("4096", SizeSpec(nbytes=4096)), ("300slots", SizeSpec(slots=300)),
+    ("1.5GiB", SizeSpec(nbytes=3 * 2**29)), ("4096B", SizeSpec(nbytes=4096)), ("300slots", SizeSpec(slots=300)),
+    ("300", SizeSpec(slots=300)), ("25%", SizeSpec(percent=25.0)), ("0", SizeSpec(slots=0)),
     (" 7 gb ", SizeSpec(nbytes=7_000_000_000)),
 ])
 def test_sizes_parse(text, spec):
     assert parse_size(text) == spec
 
 
-@pytest.mark.parametrize("text", ["", "GB", "2XB", "-1GB", "1.5slots"])
+@pytest.mark.parametrize("text", ["", "GB", "2XB", "-1GB", "1.5slots", "150%", "0%"])
 def test_bad_sizes_are_clear_errors(text):
     with pytest.raises(ConfigError, match="cannot read"):
         parse_size(text, what="arena")
@@ -27,7 +28,7 @@ def test_env_then_cli_override_and_unknown_keys_fail():
     env = {"STRATA_PREFETCH": "16", "STRATA_SPLIT_TURN": "off", "STRATA_MOCE_SCALE": "range", "PATH": "/bin"}
     c = load_config({"prefetch": 12, "backend": "numpy"}, environ=env)
     assert (c.prefetch, c.split_turn, c.moce_scale, c.backend) == (12, False, BonusScale.RANGE, Backend.NUMPY)
-    with pytest.raises(ConfigError, match="unknown config keys"):
+    with pytest.raises(ConfigError, match="environment variable STRATA_PREFETCHH: unknown config key"):
         from_env({"STRATA_PREFETCHH": "16"})
     with pytest.raises(ConfigError, match="unknown config keys"):
         load_config({"nope": 1}, environ={})
@@ -65,18 +66,18 @@ def test_moce_presets_fill_the_fields_left_at_their_defaults():
 
 def test_budget_rule_and_explicit_arena():
     common = dict(slot_bytes=1000, total_experts=500, min_slots=40, dense_bytes=0)
-    fits = plan_arena(config=Config(keep="1000"), available=600_000, **common)
+    fits = plan_arena(config=Config(keep="1000B"), available=600_000, **common)
     assert not fits.streaming and "every expert fits" in fits.reason
-    tight = plan_arena(config=Config(keep="500000", ple_reserve="10000"), available=600_000, **common)
+    tight = plan_arena(config=Config(keep="500000B", ple_reserve="10000B"), available=600_000, **common)
     assert tight.streaming and tight.slots == 90
     explicit = plan_arena(config=Config(arena="64slots"), available=10**12, **common)
     assert explicit.streaming and explicit.slots == 64 and explicit.nbytes == 64_000
-    capped = plan_arena(config=Config(arena="1GB"), available=0, **common)
+    capped = plan_arena(config=Config(arena="1GB", force_arena=True), available=0, **common)
     assert capped.slots == 500 and "capped" in capped.reason
     with pytest.raises(ArenaTooSmallError, match="needs at least 40 slots"):
         plan_arena(config=Config(arena="39slots"), **common)
     with pytest.raises(ArenaTooSmallError, match="budget"):
-        plan_arena(config=Config(keep="599000"), available=600_000, **common)
+        plan_arena(config=Config(keep="599000B"), available=600_000, **common)
 
 
 def test_keep_auto_scales_with_memory():

@@ -18,9 +18,10 @@ example:
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="convert a Hugging Face MoE checkpoint", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (or an mlx-lm one, or a llama.cpp .gguf)")
     p.add_argument("out", metavar="OUT", help="output path (OUT.gguf and OUT.experts are written)")
-    p.add_argument("--experts", default="q2_0", help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0)")
+    p.add_argument("--experts", default=None, help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0; an "
+                                                "MLX-quantized checkpoint's experts keep their own bits)")
     p.add_argument("--dense", default="f32", help="dense matrix type: f32, f16, q8_0 (default f32)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
@@ -35,10 +36,14 @@ def run(args: argparse.Namespace) -> int:
     from strata.errors import ConfigError
     from strata.formats.quant_types import parse_quant_type
 
+    from strata.cli.paths import check_output_path
+
     try:
-        expert_type, dense_type = parse_quant_type(args.experts), parse_quant_type(args.dense)
+        expert_type = None if args.experts is None else parse_quant_type(args.experts)
+        dense_type = parse_quant_type(args.dense)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_output_path(args.out, "OUT", make_dirs=True)  # before hours of conversion, not after (the converter makes directories)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet)
@@ -50,4 +55,6 @@ def run(args: argparse.Namespace) -> int:
           f"{r.seconds:.1f} s")
     for note in r.notes:
         print(f"note: {note}")
+    if r.requant_kld is not None:
+        print(r.requant_kld.line(r.expert_type))
     return 0

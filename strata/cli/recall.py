@@ -33,7 +33,13 @@ def run(args: argparse.Namespace) -> int:
     from strata.tools.trace import load_trace
 
     trace = load_trace(args.trace)
+    from strata.errors import ConfigError
+
     ks = parse_list(args.K, int, "--K")
+    bad = [k for k in ks if not 1 <= k <= trace.n_experts]
+    if bad or not ks:
+        raise ConfigError(f"--K {bad[0] if bad else args.K!r}: a guess depth is between 1 and the trace's "
+                          f"{trace.n_experts} experts (K = 0 guesses nothing: there is no recall to measure)")
     results = [readahead_recall(trace, ks, ahead=a, warmup=args.warmup, pred_q8=args.q8) for a in (1, 2)]
     print(f"{trace.n_tokens} tokens x {trace.n_layers} layers, top-{trace.top_k} of {trace.n_experts}")
     print(table(*recall_rows([r for r in results if r.pairs])))

@@ -15,7 +15,12 @@ examples:
   strata replay t.npz --caps 20%,30%,40%,60% -o /tmp/caps        # table, caps.json, caps.png
   strata replay t.npz --caps 30% --K 10,16 --touch both          # read-ahead variants
   strata replay t.npz --caps 30% --K 0 --lambda 0,0.85 --opt     # vs Belady MIN
-  strata replay t.npz --caps 20%,30%,40% --preset seed --opt     # the seed's experiments"""
+  strata replay t.npz --caps 20%,30%,40% --preset seed --opt     # the seed's experiments
+  strata replay t.npz --caps min,30% --windows 2,4 --suffix-draft 1,2,3 --lambda 0   # speculative windows
+
+With --windows or --suffix-draft each configuration also runs windows of several positions
+(strata.tools.windows): T positions all accepted, or the suffix drafter's windows over the
+trace's tokens; the table gives reads, bytes and urgent misses per decided token against T=1."""
 
 
 def add_parser(sub, name: str) -> None:
@@ -33,6 +38,9 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--dump", metavar="DIR", help="write each run's routed selections and misses per turn")
     p.add_argument("--tokens", type=int, default=0, help="replay only the first N tokens (default: all)")
     p.add_argument("-o", "--output", metavar="PREFIX", help="write PREFIX.json and PREFIX.png (misses vs capacity)")
+    p.add_argument("--windows", default="", metavar="T,...", help="also replay windows of T positions, all accepted")
+    p.add_argument("--suffix-draft", default="", metavar="D,...",
+                   help="also replay the suffix drafter's windows of depth D over the trace's tokens")
     p.set_defaults(run=run)
 
 
@@ -53,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tokens > 0:
         trace = trace.truncated(args.tokens)
     L, E, k = trace.n_layers, trace.n_experts, trace.top_k
+    if args.windows or args.suffix_draft:
+        from strata.cli.replay_windows import run_windows
+
+        return run_windows(args, trace)
     configs = loop_configs(args, parse_list(args.caps, str, "--caps"), n_layers=L, n_experts=E, top_k=k)
     runnable = []
     for c in configs:

@@ -21,7 +21,7 @@ def add_runtime_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("runtime (streaming; every flag is a Config field, also STRATA_<FIELD>)")
     types = field_types()
     for f in flag_fields():
-        flag, kind, text = "--" + f.name.replace("_", "-"), types[f.name], f.metadata["help"]
+        flag, kind, text = "--" + f.name.replace("_", "-"), types[f.name], f.metadata["help"].replace("%", "%%")
         if kind is bool:
             g.add_argument(flag, dest=f"cfg_{f.name}", action=argparse.BooleanOptionalAction, default=None, help=text)
         elif isinstance(kind, type) and issubclass(kind, enum.Enum):
@@ -51,10 +51,15 @@ def print_report(args: argparse.Namespace, last, file) -> None:
     import json
 
     report = last.report if last is not None else None
+    speculation = last.speculation if last is not None else None
     if report is not None and not args.quiet:
         print(report.text(), file=file)
+    if speculation is not None and not args.quiet:
+        print(speculation.text(), file=file)
     if args.report_json:
         data = report.to_dict() if report is not None else {"streaming": False}
+        if speculation is not None:
+            data["speculation"] = speculation.to_dict()
         with open(args.report_json, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from strata.convert.common import Family
+from strata.convert.deepseek import DEEPSEEK_V3, GLM4_MOE_LITE
+from strata.convert.glm_moe import GLM4_MOE
+from strata.convert.minimax import MINIMAX_M2
 from strata.convert.hf_config import HFConfig
 from strata.convert.mixtral import MIXTRAL
 from strata.convert.olmoe import OLMOE
@@ -10,7 +13,8 @@ from strata.convert.qwen_hybrid import QWEN3_5_MOE, QWEN3_NEXT
 from strata.convert.qwen_moe import QWEN2_MOE, QWEN3_MOE
 from strata.errors import ConfigError
 
-FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN2_MOE, OLMOE, MIXTRAL, QWEN3_NEXT, QWEN3_5_MOE)
+FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN2_MOE, OLMOE, MIXTRAL, QWEN3_NEXT, QWEN3_5_MOE,
+                                DEEPSEEK_V3, GLM4_MOE_LITE, GLM4_MOE, MINIMAX_M2)
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
 
 

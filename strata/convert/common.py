@@ -69,7 +69,7 @@ def base_fields(hf: HFConfig, ckpt: Checkpoint) -> dict:
     )
 
 
-def dense_sources(cfg: ModelConfig, moe: str) -> dict[str, str]:
+def dense_sources(cfg: ModelConfig, moe: str, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     """strata dense tensor name -> checkpoint tensor name, for every tensor of
     `dense_tensor_shapes(cfg)`. The shared expert's sigmoid gate is [1, D] in the checkpoint
     and [D] in strata (`reshape_to`)."""
@@ -89,6 +89,7 @@ def dense_sources(cfg: ModelConfig, moe: str) -> dict[str, str]:
         n.shexp_gate: f"{moe}.shared_expert.gate_proj.weight", n.shexp_up: f"{moe}.shared_expert.up_proj.weight",
         n.shexp_down: f"{moe}.shared_expert.down_proj.weight", n.shexp_gate_inp: f"{moe}.shared_expert_gate.weight",
     }
+    per_layer.update({k: v.format(moe=moe) for k, v in extra})
     for name in dense_tensor_shapes(cfg):
         if name.startswith("blk."):
             _, layer, suffix = name.split(".", 2)
@@ -122,7 +123,7 @@ class ExpertTensors:
         self._names: list[tuple[str, ...]] = []  # per layer: 3 per-expert patterns or 2 fused names
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
-        for l in range(cfg.n_layers):
+        for l in cfg.moe_layers:  # self._names is indexed by MoE index, as the .experts file
             base = layer_prefix.format(l) + f"{moe}.experts."
             fused = (base + "gate_up_proj", base + "down_proj")
             if fused[0] in ckpt:

@@ -45,6 +45,7 @@ from strata.convert.common import (
     same_up_to_unit_axes,
 )
 from strata.convert.hf_config import HFConfig
+from strata.convert import gguf_checkpoint, mlx_checkpoint
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, source_names
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
@@ -73,6 +74,7 @@ class ConvertResult:
     dense_type: QuantType
     seconds: float
     notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
+    requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -175,17 +177,17 @@ class _Plan:
     hf: HFConfig
     family: Family
     cfg: ModelConfig
-    experts: ExpertTensors
+    experts: ExpertTensors | mlx_checkpoint.MlxExpertTensors
+    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint)
     sources: dict[str, str | Derived]  # strata dense name -> checkpoint tensor name (or tensors derived from)
     tokenizer: TokenizerFiles
     notes: tuple[str, ...] = ()  # what was deliberately left out (a vision tower, an MTP head)
 
 
-def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) -> _Plan:
+def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
     family = family_for(hf)
     hf = dataclasses.replace(hf, family=family.name)
     cfg = family.model_config(hf, ckpt)
-    _check_expert_type(cfg, expert_type)
     shapes = dense_tensor_shapes(cfg)
     skipped, notes = set(), ()
     if family.tensor_plan is not None:  # a prefix, derived tensors, skipped towers (convert.tensor_plan)
@@ -194,8 +196,16 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
         tplan.check(ckpt, shapes)
     else:
         moe = find_moe_block(family, ckpt)
-        experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
+        if isinstance(ckpt, mlx_checkpoint.MlxCheckpoint):  # mlx-lm's stacked (maybe quantized) experts
+            experts = mlx_checkpoint.MlxExpertTensors(ckpt, cfg, moe)
+        elif isinstance(ckpt, gguf_checkpoint.GgufCheckpoint):  # llama.cpp's stacked *_exps
+            experts = gguf_checkpoint.GgufExpertTensors(ckpt, cfg)
+        else:
+            experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
         sources = dense_sources(cfg, moe)
+    kept = getattr(experts, "qtype", None) if expert_type is None else None
+    if kept is None:
+        _check_expert_type(cfg, DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
         if isinstance(src, Derived):
             continue  # checked by tplan.check
@@ -203,31 +213,48 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType) 
             raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
         ckpt.check_dtype(src)
     check_unused(ckpt, experts.consumed | source_names(sources) | skipped, cfg, family)
-    tok = read_tokenizer_files(hf_dir)
+    tok = gguf_checkpoint.tokenizer_of(ckpt) if isinstance(ckpt, gguf_checkpoint.GgufCheckpoint) else \
+        read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, sources, tok, notes)
+    return _Plan(hf, family, cfg, experts, kept, sources, tok, notes)
 
 
 def convert(
     hf_dir: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    expert_type: QuantType = DEFAULT_EXPERT_TYPE,
+    expert_type: QuantType | None = None,
     dense_type: QuantType = DEFAULT_DENSE_TYPE,
     progress: bool = False,
 ) -> ConvertResult:
-    """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc)."""
+    """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc).
+
+    expert_type None: an MLX-quantized checkpoint's experts keep their own type (bit for bit),
+    a float checkpoint's become DEFAULT_EXPERT_TYPE; a type given is quantized to (from the
+    dequantized values, for an MLX checkpoint)."""
     start = time.perf_counter()
     hf_dir = Path(hf_dir)
-    if not hf_dir.is_dir():
+    from_gguf = gguf_checkpoint.is_gguf(hf_dir)
+    if not hf_dir.is_dir() and not from_gguf:
         raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
-    expert_type, dense_type = QuantType(expert_type), QuantType(dense_type)
+    expert_type, dense_type = None if expert_type is None else QuantType(expert_type), QuantType(dense_type)
     if dense_type not in DENSE_TYPES:
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
                           f"{', '.join(q.name.lower() for q in DENSE_TYPES)}")
-    hf = HFConfig.read(hf_dir)
-    with Checkpoint(hf_dir) as ckpt:
+    if from_gguf:  # a llama.cpp GGUF: read as the checkpoint it was converted from
+        source = gguf_checkpoint.GgufCheckpoint(hf_dir)
+        hf = gguf_checkpoint.hf_config_of(source)
+    else:
+        hf = HFConfig.read(hf_dir)
+        mlx_quant = mlx_checkpoint.quantization_of(hf)
+        if mlx_quant is not None:  # mlx-lm's format: read as the float model it stands for
+            hf = mlx_checkpoint.without_quantization(hf)
+        source = Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
+    with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
+        # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
+        expert_type = plan.kept if plan.kept is not None else (
+            DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
@@ -235,18 +262,21 @@ def convert(
         model_path.parent.mkdir(parents=True, exist_ok=True)
         renamed = False
         try:
-            with _bar(cfg.n_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
+            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
-                def get_expert(layer: int, e: int) -> ExpertWeights:
-                    gate, up, down = plan.experts.read(layer, e)
-                    for name, x in (("gate", gate), ("up", up), ("down", down)):
-                        check_finite(x, f"{hf_dir}: layer {layer} expert {e} {name} projection")
-                    w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
-                                      quantize(expert_type, down))
+                def get_expert(layer: int, e: int) -> ExpertWeights:  # layer: the MoE index
+                    if plan.kept is not None:
+                        w = plan.experts.read_quantized(layer, e)
+                    else:
+                        gate, up, down = plan.experts.read(layer, e)
+                        for name, x in (("gate", gate), ("up", up), ("down", down)):
+                            check_finite(x, f"{hf_dir}: layer {cfg.moe_layers[layer]} expert {e} {name} projection")
+                        w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
+                                          quantize(expert_type, down))
                     bar.update(1)
                     return w
 
-                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_layers, n_experts=cfg.n_experts,
+                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity
@@ -262,5 +292,10 @@ def convert(
         except BaseException:
             _unlink(model_partial, experts_partial, *([experts_path, model_path] if renamed else []))
             raise
+        kld = None
+        if from_gguf and plan.kept is None:  # requantized: what that step cost, against gguf's dequantization
+            from strata.convert.requant_report import requantization_kld
+
+            kld = requantization_kld(model_path, plan.experts)
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start, plan.notes)
+                         time.perf_counter() - start, plan.notes, kld)

@@ -1,7 +1,7 @@
 """One routed expert as one on-disk record: the byte layout of a record of an `.experts` file.
 
 A record holds the three projections of one (layer, expert), each as two planes (all codes,
-then all float16 block scales), in the order gate codes, gate scales, up codes, up scales,
+then all block scales: float16, or MLX's scales and biases / e8m0 bytes for MLX's types), in the order gate codes, gate scales, up codes, up scales,
 down codes, down scales. Every plane starts on a PLANE_ALIGN boundary so a GPU kernel can read
 codes as aligned uint32 / uint4 words straight out of an arena slot; the record is zero-padded
 to RECORD_ALIGN so one pread (O_DIRECT where available) of `padded_bytes` fills one slot.
@@ -142,7 +142,7 @@ def pack_record(w: ExpertWeights, rec: RecordLayout) -> bytes:
     buf = np.zeros(rec.padded_bytes, np.uint8)
     for proj in PROJECTIONS:
         m = w.projection(proj)
-        for span, plane in ((rec.codes(proj), m.codes), (rec.scales(proj), m.scales.astype("<f2"))):
+        for span, plane in ((rec.codes(proj), m.codes), (rec.scales(proj), m.scale_plane())):
             buf[span.offset : span.end] = np.ascontiguousarray(plane).view(np.uint8).reshape(-1)
     return buf.tobytes()
 
@@ -164,7 +164,5 @@ def unpack_record(buf: bytes | bytearray | memoryview | np.ndarray, rec: RecordL
     for proj in PROJECTIONS:
         rows, cols = rec.shape(proj)
         c, s = rec.codes(proj), rec.scales(proj)
-        codes = data[c.offset : c.end].reshape(rows, -1 if c.nbytes else 0)
-        scales = data[s.offset : s.end].view("<f2").reshape(rows, -1 if s.nbytes else 0)
-        mats.append(QuantMatrix(rec.qtype, rows, cols, codes, scales))
+        mats.append(QuantMatrix.from_planes(rec.qtype, rows, cols, data[c.offset : c.end], data[s.offset : s.end]))
     return ExpertWeights(*mats)

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 
@@ -296,6 +296,17 @@ def read_experts_identity(path: str | os.PathLike) -> str | None:
         gf.close()
 
 
+def read_file_checksum(path: str | os.PathLike) -> int | None:
+    """The CRC-32 a model file records of itself (None: an older file without one); not verified
+    here (read_model does), so it names the file's content cheaply."""
+    gf = open_gguf(path)
+    try:
+        f = gf.fields.get(KEY_FILE_CHECKSUM)
+        return int(f.value) if f is not None and f.type_name == "UINT32" else None
+    finally:
+        gf.close()
+
+
 def _quant_type(ggml_type) -> Any:
     try:
         return QuantType(int(ggml_type))
@@ -330,9 +341,9 @@ def _dequantize(gf: GGUFFile, name: str, info, want: tuple[int, ...]) -> np.ndar
     return x
 
 
-def read_model(path: str | os.PathLike) -> ModelFile:
+def read_model(path: str | os.PathLike, *, names: Collection[str] | None = None) -> ModelFile:
     """Read a model file written by write_model; every dense tensor dequantized to float32 and
-    checked finite."""
+    checked finite (`names`: only those, e.g. a pipeline stage's layers)."""
     gguf = _gguf()
     gf = open_gguf(path)
     path = gf.path
@@ -348,6 +359,8 @@ def read_model(path: str | os.PathLike) -> ModelFile:
         dense: dict[str, np.ndarray] = {}
         types: dict[str, Any] = {}
         for name, want in dense_tensor_shapes(cfg).items():
+            if names is not None and name not in names:
+                continue
             info = gf.tensors.get(name)
             if info is None:
                 raise MissingTensorError(f"{path}: missing tensor {name}")

@@ -10,7 +10,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.formats import mlx_affine, mxfp4
 from strata.formats.quant_types import QuantType, layout
+
+
+def scale_dtype(qtype: QuantType) -> np.dtype:
+    """The dtype of a type's per-block scales (and biases, for MLX's affine types)."""
+    if qtype in mlx_affine.AFFINE_SPECS:
+        return mlx_affine.AFFINE_SPECS[qtype].scale_dtype
+    if qtype is QuantType.MXFP4:
+        return mxfp4.SCALE_DTYPE
+    return np.dtype(np.float16)
+
+
+def has_biases(qtype: QuantType) -> bool:
+    return qtype in mlx_affine.AFFINE_SPECS
 
 
 @dataclass(frozen=True, eq=False)
@@ -19,7 +33,9 @@ class QuantMatrix:
 
     Shapes:
         codes:  uint8 [n_rows, n_cols * bits / 8]   (float types: the raw little-endian floats)
-        scales: float16 [n_rows, n_cols / 32]       (float types: [n_rows, 0])
+        scales: float16 [n_rows, n_cols / 32]       (float types: [n_rows, 0]; MLX affine types:
+                [n_rows, n_cols / group] float16 or uint16 bfloat16 bits; MXFP4: uint8 e8m0)
+        biases: like scales for MLX's affine types, else None
     """
 
     qtype: QuantType
@@ -27,19 +43,26 @@ class QuantMatrix:
     n_cols: int
     codes: np.ndarray
     scales: np.ndarray
+    biases: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         lay = layout(self.qtype)
+        sdt = scale_dtype(self.qtype)
         if self.n_cols % lay.block_size:
             raise ValueError(f"{self.qtype.name}: n_cols={self.n_cols} is not a multiple of {lay.block_size}")
         n_blocks = self.n_cols // lay.block_size if lay.scale_bytes else 0
         want_codes = (self.n_rows, self.n_cols // lay.block_size * lay.code_bytes)
         if self.codes.dtype != np.uint8 or self.codes.shape != want_codes:
             raise ValueError(f"{self.qtype.name} codes: want uint8 {want_codes}, got {self.codes.dtype} {self.codes.shape}")
-        if self.scales.dtype != np.float16 or self.scales.shape != (self.n_rows, n_blocks):
+        if self.scales.dtype != sdt or self.scales.shape != (self.n_rows, n_blocks):
             raise ValueError(
-                f"{self.qtype.name} scales: want float16 {(self.n_rows, n_blocks)}, got {self.scales.dtype} {self.scales.shape}"
+                f"{self.qtype.name} scales: want {sdt} {(self.n_rows, n_blocks)}, got {self.scales.dtype} {self.scales.shape}"
             )
+        if has_biases(self.qtype) != (self.biases is not None) or (
+                self.biases is not None and (self.biases.dtype != sdt or self.biases.shape != self.scales.shape)):
+            want = f"{sdt} {(self.n_rows, n_blocks)}" if has_biases(self.qtype) else "None"
+            got = None if self.biases is None else f"{self.biases.dtype} {self.biases.shape}"
+            raise ValueError(f"{self.qtype.name} biases: want {want}, got {got}")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -47,4 +70,24 @@ class QuantMatrix:
 
     @property
     def nbytes(self) -> int:
-        return self.codes.nbytes + self.scales.nbytes
+        return self.codes.nbytes + self.scales.nbytes + (0 if self.biases is None else self.biases.nbytes)
+
+    def scale_plane(self) -> np.ndarray:
+        """The bytes of the record's scales plane: all scales, then all biases (if any). uint8 [N]"""
+        parts = [self.scales] if self.biases is None else [self.scales, self.biases]
+        return np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in parts])
+
+    @classmethod
+    def from_planes(cls, qtype: QuantType, n_rows: int, n_cols: int, codes: np.ndarray,
+                    scale_plane: np.ndarray) -> "QuantMatrix":
+        """The inverse of (`codes`, `scale_plane()`): views of the given uint8 planes, no copy."""
+        qtype = QuantType(qtype)
+        lay = layout(qtype)
+        n_blocks = n_cols // lay.block_size if lay.scale_bytes else 0
+        codes = codes.reshape(n_rows, n_cols // lay.block_size * lay.code_bytes)
+        words = scale_plane.view(scale_dtype(qtype))
+        if has_biases(qtype):
+            half = n_rows * n_blocks
+            return cls(qtype, n_rows, n_cols, codes, words[:half].reshape(n_rows, n_blocks),
+                       words[half:].reshape(n_rows, n_blocks))
+        return cls(qtype, n_rows, n_cols, codes, words.reshape(n_rows, n_blocks))

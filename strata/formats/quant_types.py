@@ -14,6 +14,8 @@ Layouts (all little-endian; a "row" is one output channel, quantized along its i
   8 bytes `qs`; code j (0..31) is in byte j // 4 at bits 2 * (j % 4), LSB first.
   Value = d * (q - 2), so levels are {-2d, -d, 0, d}. The code order is MLX's 2-bit affine order
   (scale = d, bias = -2d, group 32).
+- A{4,8}G{32,64}_{F16,BF16}, MXFP4: MLX's own formats, kept bit-exact from mlx-lm checkpoints;
+  their one definition is strata/formats/mlx_affine.py and strata/formats/mxfp4.py.
 """
 
 from __future__ import annotations
@@ -33,6 +35,17 @@ class QuantType(enum.IntEnum):
     Q4_0 = 2
     Q8_0 = 8
     Q2_0 = 200
+    # MLX's own checkpoint formats, kept bit-exact from mlx-lm files (strata/formats/mlx_affine.py,
+    # strata/formats/mxfp4.py): affine {4, 8} bits x group {32, 64} x 16-bit scale/bias dtype, and MXFP4.
+    A4G32_F16 = 210
+    A4G64_F16 = 211
+    A8G32_F16 = 212
+    A8G64_F16 = 213
+    A4G32_BF16 = 214
+    A4G64_BF16 = 215
+    A8G32_BF16 = 216
+    A8G64_BF16 = 217
+    MXFP4 = 220
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,10 @@ LAYOUTS: dict[QuantType, BlockLayout] = {
     QuantType.Q8_0: BlockLayout(block_size=32, block_bytes=34, scale_bytes=2, bits=8),
     QuantType.Q4_0: BlockLayout(block_size=32, block_bytes=18, scale_bytes=2, bits=4),
     QuantType.Q2_0: BlockLayout(block_size=32, block_bytes=10, scale_bytes=2, bits=2),
+    # affine: a 16-bit scale and a 16-bit bias per group; MXFP4: one e8m0 byte per 32
+    **{QuantType[f"A{b}G{g}_{dt}"]: BlockLayout(block_size=g, block_bytes=g * b // 8 + 4, scale_bytes=4, bits=b)
+       for b in (4, 8) for g in (32, 64) for dt in ("F16", "BF16")},
+    QuantType.MXFP4: BlockLayout(block_size=32, block_bytes=17, scale_bytes=1, bits=4),
 }
 
 # The layout constants must agree with the bit widths (ggml's static_assert, done once at import).

@@ -18,12 +18,13 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import PROJECTIONS, ExpertWeights, RecordLayout, pack_record
+from strata.formats.quant_matrix import has_biases
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import combine as combine_kernel
 from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
-from strata.mlx_backend.quants import AFFINE, GROUP
+from strata.mlx_backend.quants import AFFINE, GROUP, NATIVE, native_scale_view
 from strata.mlx_backend.routing import select_device
 from strata.reference.routing import RouterRule
 
@@ -50,11 +51,15 @@ class ExpertStack:
     up: tuple[mx.array, mx.array, mx.array]
     down: tuple[mx.array, mx.array, mx.array]
     bits: int
+    group: int = GROUP
+    mode: str = "affine"  # "mxfp4": scales uint8 e8m0, biases None
 
 
 def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
     """The affine form of n arena records (uint8 [n, >= record_bytes]) of a Q2_0/Q4_0-free layout:
-    only types whose codes plane is MLX's packing (Q2_0) can be re-viewed without repacking."""
+    only types whose codes plane is MLX's packing (Q2_0, MLX's own types) can be re-viewed without repacking."""
+    if rec.qtype in NATIVE:
+        return native_slot_planes(records, rec)
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"arena records must be Q2_0 for the MLX path, got {rec.qtype.name}")
     bits, _, bias = AFFINE[rec.qtype]
@@ -69,6 +74,25 @@ def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
     return ExpertStack(out["gate"], out["up"], out["down"], bits)
 
 
+def native_slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
+    """`slot_planes` for MLX's own types: views of the records, scales (and biases) as stored."""
+    bits, group, mode = NATIVE[rec.qtype]
+    n = records.shape[0]
+    out = {}
+    for proj in PROJECTIONS:
+        rows, cols = rec.shape(proj)
+        c, s = rec.codes(proj), rec.scales(proj)
+        w = records[:, c.offset:c.end].view(mx.uint32).reshape(n, rows, cols * bits // 32)
+        if has_biases(rec.qtype):  # the scales plane: all scales, then all biases
+            half = s.offset + s.nbytes // 2
+            sc = native_scale_view(rec.qtype, records[:, s.offset:half]).reshape(n, rows, cols // group)
+            bi = native_scale_view(rec.qtype, records[:, half:s.end]).reshape(n, rows, cols // group)
+        else:
+            sc, bi = records[:, s.offset:s.end].reshape(n, rows, cols // group), None
+        out[proj] = (w, sc, bi)
+    return ExpertStack(out["gate"], out["up"], out["down"], bits, group, mode)
+
+
 def stack_experts(experts: Sequence[ExpertWeights], rec: RecordLayout) -> tuple[mx.array, ExpertStack]:
     """Pack experts as arena records -> (records uint8 [n, padded_bytes], their affine form)."""
     buf = np.frombuffer(b"".join(pack_record(w, rec) for w in experts), np.uint8).reshape(len(experts), -1)
@@ -76,18 +100,19 @@ def stack_experts(experts: Sequence[ExpertWeights], rec: RecordLayout) -> tuple[
     return records, slot_planes(records, rec)
 
 
-def _qmm(x: mx.array, wsb: tuple[mx.array, mx.array, mx.array], idx: mx.array, bits: int) -> mx.array:
+def _qmm(x: mx.array, wsb: tuple[mx.array, mx.array, mx.array], idx: mx.array, stack: ExpertStack) -> mx.array:
     w, s, b = wsb
-    return mx.gather_qmm(x, w, s, b, rhs_indices=idx, transpose=True, group_size=GROUP, bits=bits)
+    return mx.gather_qmm(x, w, s, b, rhs_indices=idx, transpose=True, group_size=stack.group, bits=stack.bits,
+                         mode=stack.mode)
 
 
 def _stack_partials(stack: ExpertStack, x: mx.array, idx: mx.array, weights: mx.array, valid: mx.array) -> mx.array:
     """Ops path over an ExpertStack. x [T, D]; idx int [T, k] into the stack; weights [T, k];
     valid bool [T, k] -> partials [T, k, D]"""
     xe = x.astype(mx.float32)[:, None, None, :]  # [T, 1, 1, D]
-    g = _qmm(xe, stack.gate, idx, stack.bits)  # [T, k, 1, F]
-    u = _qmm(xe, stack.up, idx, stack.bits)
-    y = _qmm(silu(g) * u, stack.down, idx, stack.bits)[:, :, 0, :]  # [T, k, D]
+    g = _qmm(xe, stack.gate, idx, stack)  # [T, k, 1, F]
+    u = _qmm(xe, stack.up, idx, stack)
+    y = _qmm(silu(g) * u, stack.down, idx, stack)[:, :, 0, :]  # [T, k, D]
     return mx.where(valid[..., None], weights[..., None] * y, 0.0)
 
 
@@ -200,9 +225,9 @@ def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
     """
-    if _routed_kernel_ok(rec):
+    if _routed_kernel_ok(rec) and moe.routes_on_kernel(rule):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
-    experts, weights, _, _ = select_device(z, rule, None, None, 0.0)
+    experts, weights, _, _ = select_device(z, rule, None, None, 0.0)  # MLX ops, still on the device
     if stack is None:
         return routed_partials(arena, rec, x, experts + slot_base, weights)
     return _stack_partials(stack, x, experts, weights, mx.ones(experts.shape, mx.bool_))
@@ -217,7 +242,7 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
     Shapes:
         x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
     """
-    if shared is not None and _routed_kernel_ok(rec) and _shared_kernel_ok(shared, rec.hidden):
+    if shared is not None and _routed_kernel_ok(rec) and moe.routes_on_kernel(rule) and _shared_kernel_ok(shared, rec.hidden):
         return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
                              shared=(shared.gate, shared.up, shared.down))
     routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule)

@@ -22,6 +22,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
+from strata.errors import ConfigError
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
@@ -35,7 +36,7 @@ from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
 from strata.reference.deltanet import DeltaNetState, kept_position
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
-from strata.reference.routing import Selection
+from strata.reference.routing import RouterRule, Selection, route
 
 __all__ = ["LayerWeights", "MlxParams", "MlxModelState", "to_mlx_params", "default_dtype", "embed",
            "attention_block", "router_stage", "head", "forward", "fill_resident_arena"]
@@ -57,6 +58,7 @@ class LayerWeights:
     guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
     shared: SharedWeights | None
     dense: SharedWeights | None = None
+    rule: RouterRule | None = None  # MoE layers: the model's rule with this layer's selection bias
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,6 +117,8 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     if cfg.kinds[layer].mixer is Mixer.DELTANET:
         return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
+    if cfg.kinds[layer].mixer is not Mixer.ATTENTION:
+        raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
     gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
     wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)] + ([get(n.attn_gate)] if gated else []))
     bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]
@@ -150,7 +154,8 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
         shared = SharedWeights(arr(get(n.shexp_gate)), arr(get(n.shexp_up)), arr(get(n.shexp_down)), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
-    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared)
+    rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
+    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule)
 
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
@@ -310,7 +315,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None:
-        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, router_rule(cfg), lw.shared)
+        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared)
     else:
         shared = shared_partials(h, lw.shared) if lw.shared is not None else None
         zh = np.array(z)
@@ -353,10 +358,9 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
     Shapes:
         tokens: [T] -> logits float32 [T, V] (mx.array)
     """
-    if trace and select is None:
-        from strata.reference.model import plain_select
-
-        select = plain_select(p.cfg)
+    if trace and select is None:  # the model's rule per MoE layer (each with its selection bias)
+        rules = [p.layers[l].rule for l in p.cfg.moe_layers]
+        select = lambda m, z: route(z, rules[m])  # noqa: E731
     x = embed(p, tokens)
     records = [] if trace else None
     every = EVAL_EVERY if eval_every is None else eval_every

@@ -9,7 +9,10 @@ onto `mx.quantize`'s layout without changing a value:
     Q4_0  q_u = q (repacked)  scale = d  bias = -8 d    bits 4  (ggml's nibble order differs)
     Q8_0  q_u = q + 128       scale = d  bias = -128 d  bits 8
 
-Scales and biases are held in float32 (exact: -2d and -128d of a float16 d can overflow float16).
+MLX's own types (the affine types of mlx-lm checkpoints, MXFP4) are held as MLX keeps them:
+the codes plane is the packed w, the scales (and biases) in their stored dtype (`NATIVE`).
+
+Scales and biases of the strata types are held in float32 (exact: -2d and -128d of a float16 d can overflow float16).
 The Q8_0 GEMV also has a custom kernel (kernels/q8_gemv.py, the read-ahead router guess).
 
 Shapes: see each function.
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from strata.formats.quant_matrix import QuantMatrix
+from strata.formats.mlx_affine import AFFINE_SPECS
+from strata.formats.quant_matrix import QuantMatrix, scale_dtype
 from strata.formats.quant_types import FLOAT_DTYPES, Q2_0_LEVEL_OFFSET, Q4_0_LEVEL_OFFSET, QuantType, layout
 from strata.mlx_backend.kernels import q8_gemv as q8_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -35,6 +39,16 @@ GROUP = 32
 AFFINE = {QuantType.Q2_0: (2, 0, Q2_0_LEVEL_OFFSET), QuantType.Q4_0: (4, 0, Q4_0_LEVEL_OFFSET),
           QuantType.Q8_0: (8, 128, 128)}
 assert all(layout(q).block_size == GROUP for q in AFFINE)
+# MLX's own types (mlx-lm checkpoints): the codes plane IS MLX's packed w and the scales (and
+# biases) are MLX's, as stored: type -> (bits, group_size, mode)
+NATIVE = {**{q: (s.bits, s.group, "affine") for q, s in AFFINE_SPECS.items()}, QuantType.MXFP4: (4, 32, "mxfp4")}
+_MX_SCALE_DTYPES = {np.dtype("<f2"): mx.float16, np.dtype("<u2"): mx.bfloat16, np.dtype(np.uint8): mx.uint8}
+
+
+def native_scale_view(qtype: QuantType, words: mx.array) -> mx.array:
+    """Stored scale words (uint8 bytes or 16-bit words) as the MLX dtype `mx.quantize` uses for them."""
+    target = _MX_SCALE_DTYPES[scale_dtype(qtype)]
+    return words if words.dtype == target else words.view(target)
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,10 +68,12 @@ class MlxQuantMatrix:
     biases: mx.array | None
     codes: mx.array
     raw_scales: mx.array
+    group: int = GROUP
+    mode: str = "affine"
 
     @property
     def bits(self) -> int:
-        return AFFINE[self.qtype][0]
+        return NATIVE[self.qtype][0] if self.qtype in NATIVE else AFFINE[self.qtype][0]
 
 
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -76,6 +92,12 @@ def to_mlx(m: QuantMatrix) -> MlxQuantMatrix:
     if m.qtype in FLOAT_DTYPES:
         w = m.codes.view(FLOAT_DTYPES[m.qtype]).reshape(m.n_rows, m.n_cols).astype(np.float32)
         return MlxQuantMatrix(m.qtype, m.n_rows, m.n_cols, mx.array(w), None, None, codes, raw)
+    if m.qtype in NATIVE:
+        _, group, mode = NATIVE[m.qtype]
+        w = mx.array(np.ascontiguousarray(m.codes).view("<u4"))
+        sc = native_scale_view(m.qtype, raw)
+        bi = None if m.biases is None else native_scale_view(m.qtype, mx.array(np.ascontiguousarray(m.biases)))
+        return MlxQuantMatrix(m.qtype, m.n_rows, m.n_cols, w, sc, bi, codes, raw, group, mode)
     bits, add, bias = AFFINE[m.qtype]
     if m.qtype is QuantType.Q2_0:
         w = np.ascontiguousarray(m.codes).view("<u4")  # the codes plane is MLX's packed w
@@ -91,6 +113,10 @@ def dequantize(m: QuantMatrix | MlxQuantMatrix) -> mx.array:
     m = to_mlx(m)
     if m.qtype in FLOAT_DTYPES:
         return m.w
+    if m.qtype in NATIVE:  # in float32: mx.dequantize rounds its output to the scales' dtype
+        sc = m.scales if m.biases is None else m.scales.astype(mx.float32)
+        bi = None if m.biases is None else m.biases.astype(mx.float32)
+        return mx.dequantize(m.w, sc, bi, group_size=m.group, bits=m.bits, mode=m.mode).astype(mx.float32)
     return mx.dequantize(m.w, m.scales, m.biases, group_size=GROUP, bits=m.bits).astype(mx.float32)
 
 
@@ -112,5 +138,6 @@ def gemv(m: QuantMatrix | MlxQuantMatrix, x) -> mx.array:
     elif m.qtype is QuantType.Q8_0 and current_path() is not KernelPath.OPS:
         y = q8_kernel.q8_gemv(m.codes, m.raw_scales, x2)
     else:
-        y = mx.quantized_matmul(x2, m.w, m.scales, m.biases, transpose=True, group_size=GROUP, bits=m.bits)
+        y = mx.quantized_matmul(x2, m.w, m.scales, m.biases, transpose=True, group_size=m.group, bits=m.bits,
+                                mode=m.mode)
     return y.reshape(-1) if one else y

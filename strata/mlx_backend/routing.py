@@ -26,7 +26,7 @@ from strata.errors import NonFiniteError
 from strata.model_config import RoutingOrder
 from strata.reference.routing import MoCEPolicy, RouterRule, Selection
 
-__all__ = ["route", "route_batch", "rank_order", "combine_weights", "router_logits"]
+__all__ = ["route", "route_batch", "rank_order", "combine_weights", "router_logits", "selection_scores"]
 
 _NOT_SELECTED = 1 << 20  # position key of an unselected expert (above any real position)
 
@@ -42,12 +42,44 @@ def rank_order(z: mx.array, tiebreak: mx.array) -> mx.array:
     return ahead.astype(mx.int32).sum(axis=-1)
 
 
+def _sigmoid(z: mx.array) -> mx.array:
+    return 1.0 / (1.0 + mx.exp(-z))  # the reference's formula (not mx.sigmoid), so ranks agree
+
+
+def selection_scores(z: mx.array, rule: RouterRule) -> mx.array:
+    """Twin of `RouterRule.selection_scores` for a batch: z (softmax orders), or sigmoid(z) +
+    bias with -inf outside each token's chosen groups (SIGMOID_TOPK).
+
+    Shapes:
+        z float32 [T, E] -> float32 [T, E]
+    """
+    if rule.order is not RoutingOrder.SIGMOID_TOPK:
+        return z
+    t, e = z.shape
+    s = _sigmoid(z)
+    if rule.bias:
+        s = s + mx.array(np.asarray(rule.bias, np.float32))
+    if rule.n_group == 1:
+        return s
+    g = mx.sort(s.reshape(t, rule.n_group, e // rule.n_group), axis=-1)  # [T, G, E/G] ascending
+    group_score = g[..., -1] + g[..., -2]  # [T, G]: the best two (the reference adds best + second)
+    ids = mx.broadcast_to(mx.arange(rule.n_group, dtype=mx.int32)[None], (t, rule.n_group))
+    chosen = rank_order(group_score, ids) < rule.topk_group  # [T, G] (ties -> lower group)
+    mask = mx.repeat(chosen, e // rule.n_group, axis=-1)  # [T, E]
+    return mx.where(mask, s, mx.array(-np.inf, mx.float32))
+
+
 def combine_weights(z: mx.array, experts: mx.array, rule: RouterRule) -> mx.array:
     """The model's combine weights of the selected experts from the unbiased logits.
 
     Shapes:
         z float32 [T, E]; experts int [T, k] -> float32 [T, k]
     """
+    if rule.order is RoutingOrder.SIGMOID_TOPK:
+        w = _sigmoid(mx.take_along_axis(z, experts, axis=-1))  # [T, k] unbiased: the bias only chose
+        if rule.norm_topk_prob:
+            w = w / (w.sum(axis=-1, keepdims=True) + mx.array(1e-20, mx.float32))
+        return w * mx.array(rule.scaling, mx.float32)
     if rule.order is RoutingOrder.SOFTMAX_TOPK:
         e = mx.exp(z - z.max(axis=-1, keepdims=True))
         p = e / e.sum(axis=-1, keepdims=True)  # [T, E]
@@ -77,11 +109,12 @@ def select_device(z: mx.array, rule: RouterRule, policy: MoCEPolicy | None, resi
     t, e = z.shape
     k = rule.k
     ids = mx.broadcast_to(mx.arange(e, dtype=mx.int32)[None], (t, e))
-    rank_z = rank_order(z, ids)  # [T, E]
-    j = _protected_count(mx.sort(z, axis=-1)[:, ::-1], policy, k)  # [T]
+    score = selection_scores(z, rule)  # [T, E] what the rule ranks by (z for the softmax orders)
+    rank_z = rank_order(score, ids)  # [T, E]
+    j = _protected_count(mx.sort(score, axis=-1)[:, ::-1], policy, k)  # [T]
     protected = rank_z < j[:, None]
     res = mx.zeros((t, e), mx.bool_) if resident is None else mx.broadcast_to(resident, (t, e))
-    z_b = z + mx.array(bonus, mx.float32) * res.astype(mx.float32)  # [T, E] z'
+    z_b = score + mx.array(bonus, mx.float32) * res.astype(mx.float32)  # [T, E] the biased score s'
     big = mx.array(np.finfo(np.float32).min, mx.float32)
     z_rest = mx.where(protected, big, z_b)  # protected experts never rank among the rest
     rank_r = rank_order(z_rest, rank_z)  # among the unprotected (the protected sink below them)

@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
-from strata.model_config import TensorNames
+from strata.model_config import LayerRange, TensorNames
 from strata.reference import model as ref
 from strata.reference.experts import swiglu_expert
 from strata.reference.quants import dequantize, quantize
@@ -40,11 +40,14 @@ class NumpyCompute:
     # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
     synchronous = True
 
-    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
+    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
+                 layers: LayerRange | None = None) -> None:
         self.params, self.arena, self.layout = params, arena, layout
         cfg = params.cfg
-        self.state = ref.ModelState.empty(cfg)
-        routers = {l: params.dense[TensorNames.block(l, TensorNames.router)] for l in cfg.moe_layers}
+        self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
+        names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
+        # the routers this process holds (a pipeline stage loads only its own layers')
+        routers = {l: params.dense[r] for l, r in names.items() if r in params.dense}
         # pred_q8: the guess GEMV reads a Q8_0 copy of each router (seed §2.2: -92 MB/token of
         # F32 reads on the GPU); the guess only chooses what to read ahead, never the math.
         # numpy has no Q8_0 GEMV, so the copy is kept dequantized: the same values `gemv` would

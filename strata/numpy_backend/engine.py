@@ -62,9 +62,9 @@ class _NoResidentExperts:
         raise RuntimeError("the streaming engine reads experts from the arena, never from params")
 
 
-def streaming_parts(model, config, plan) -> tuple:
+def streaming_parts(model, config, plan, *, layers=None) -> tuple:
     """(arena, compute, notes) of a numpy streaming engine: a NumpyArena of `plan.slots` slots
-    and NumpyCompute over the model's dense weights."""
+    and NumpyCompute over the model's dense weights (`layers`: a pipeline stage's LayerRange)."""
     from strata.numpy_backend.arena import NumpyArena, mlock_buffer
     from strata.numpy_backend.compute import NumpyCompute
 
@@ -76,5 +76,5 @@ def streaming_parts(model, config, plan) -> tuple:
         ok = all(mlock_buffer(a) for a in model.dense.values())
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
-    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8)
+    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers)
     return arena, compute, tuple(notes)

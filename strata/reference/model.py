@@ -18,10 +18,11 @@ import numpy as np
 
 from strata.errors import NonFiniteError
 from strata.formats.expert_record import ExpertWeights
-from strata.model_config import Ffn, Mixer, ModelConfig, TensorNames
+from strata.model_config import Ffn, LayerRange, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, routed_experts, shared_expert
+from strata.reference.mla import LatentKV, mla
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
 
@@ -39,8 +40,9 @@ class ModelParams:
     experts: ExpertSource
 
 
-# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent state
-LayerState = LayerKV | DeltaNetState
+# per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent
+# state, MLA's its compressed latent + rope key cache
+LayerState = LayerKV | DeltaNetState | LatentKV
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
@@ -50,22 +52,36 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
         return LayerKV.empty(cfg)
     if mixer is Mixer.DELTANET:
         return DeltaNetState.empty(cfg)
+    if mixer is Mixer.MLA:
+        return LatentKV.empty(cfg)
     raise NotImplementedError(f"no reference state for mixer {mixer.value}")
 
 
 @dataclass(frozen=True)
 class ModelState:
-    """Every layer's state (by mixer kind); `length` positions have been processed."""
+    """Every layer's state (by mixer kind); `length` positions have been processed.
 
-    layers: tuple[LayerState, ...]
+    A pipeline stage holds only its own layers' states: the others are None (another stage
+    holds them), and length, trim and kept_position are over the held layers only (an empty
+    recurrent layer of another stage would otherwise pin kept_position to 0)."""
+
+    layers: tuple[LayerState | None, ...]
 
     @staticmethod
-    def empty(cfg: ModelConfig) -> "ModelState":
-        return ModelState(tuple(empty_layer_state(cfg, l) for l in range(cfg.n_layers)))
+    def empty(cfg: ModelConfig, layers: LayerRange | None = None) -> "ModelState":
+        """No positions; `layers`: hold only that range's (a pipeline stage's; default all)."""
+        held = range(cfg.n_layers) if layers is None else layers.layers
+        return ModelState(tuple(empty_layer_state(cfg, l) if l in held else None for l in range(cfg.n_layers)))
+
+    @property
+    def held(self) -> tuple[LayerState, ...]:
+        """The states this process holds (every layer's, except on a pipeline stage)."""
+        return tuple(s for s in self.layers if s is not None)
 
     @property
     def length(self) -> int:
-        return self.layers[0].length if self.layers else 0
+        held = self.held  # every held layer has processed the same positions
+        return held[0].length if held else 0
 
     def trim(self, n: int) -> "ModelState":
         """The state after the first n positions. Attention layers truncate their KV cache, so
@@ -73,11 +89,11 @@ class ModelState:
         snapshot, and raises where it has none (trim to `kept_position(n)`)."""
         if not 0 <= n <= self.length:
             raise ValueError(f"trim: n must be in [0, {self.length}], got {n}")
-        return ModelState(tuple(s.trim(n) for s in self.layers))
+        return ModelState(tuple(None if s is None else s.trim(n) for s in self.layers))
 
     def kept_position(self, n: int) -> int:
-        """The largest m <= n every layer can restore (n itself when no layer is recurrent)."""
-        return kept_position(self.layers, max(0, min(int(n), self.length)))
+        """The largest m <= n every held layer can restore (n itself when none is recurrent)."""
+        return kept_position(self.held, max(0, min(int(n), self.length)))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
@@ -85,13 +101,28 @@ SelectFn = Callable[[int, np.ndarray], Selection]
 
 
 def router_rule(cfg: ModelConfig) -> RouterRule:
-    return RouterRule(k=cfg.n_experts_per_token, order=cfg.routing_order, norm_topk_prob=cfg.norm_topk_prob)
+    """The model's rule without any layer's selection bias (`router_rules` adds them)."""
+    return RouterRule.from_model_config(cfg)
 
 
-def plain_select(cfg: ModelConfig) -> SelectFn:
-    """The model's own routing rule (λ = 0)."""
+def router_rules(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None,
+                 moe_layers: tuple[int, ...] | None = None) -> tuple[RouterRule, ...]:
+    """Each MoE layer's rule, by MoE index: the model's rule, with the layer's selection bias
+    when the model has one (`router_bias`; then `dense` must hold it). moe_layers: the model
+    layers to give rules for (default every MoE layer; a pipeline stage's own)."""
     rule = router_rule(cfg)
-    return lambda layer, z: route(z, rule)
+    layers = cfg.moe_layers if moe_layers is None else moe_layers
+    if not cfg.router_bias:
+        return (rule,) * len(layers)
+    if dense is None:
+        raise ValueError("router_rules: this model's routers have selection biases; pass the dense weights")
+    return tuple(rule.for_layer(dense[TensorNames.block(l, TensorNames.exp_probs_b)]) for l in layers)
+
+
+def plain_select(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None = None) -> SelectFn:
+    """The model's own routing rule (λ = 0); `dense` for a model with selection biases."""
+    rules = router_rules(cfg, dense)
+    return lambda layer, z: route(z, rules[layer])
 
 
 def check_token_ids(tokens: np.ndarray, vocab: int) -> None:
@@ -122,10 +153,14 @@ def mixer_block(params: ModelParams, layer: int, state: LayerState, x: np.ndarra
     mixer = params.cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return attention_block(params, layer, state, x)
+    n = TensorNames
     if mixer is Mixer.DELTANET:
-        n = TensorNames
         h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
         out, state = deltanet(params.cfg, params.dense, layer, state, h, window=window)
+        return x + out, state
+    if mixer is Mixer.MLA:
+        h = rms_norm(x, params.dense[n.block(layer, n.attn_norm)], params.cfg.rms_norm_eps)
+        out, state = mla(params.cfg, params.dense, layer, state, h)
         return x + out, state
     raise NotImplementedError(f"no reference mixer {mixer.value}")
 
@@ -193,6 +228,7 @@ def forward(
     select: SelectFn | None = None,
     trace: bool = False,
     window: bool = False,
+    layers: LayerRange | None = None,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
@@ -200,17 +236,25 @@ def forward(
     model's own rule); its layer argument is the MoE index. Tokens are routed one at a time in
     order, so a residency-dependent `select` sees the same sequence of calls as decoding would.
     `window`: the tokens are a decode window (recurrent layers keep a snapshot at each position).
+    `layers`: compute only that range (a pipeline stage; default every layer): a range that does
+    not embed takes the hidden state [T, D] as `tokens`, one that does not head returns it, and
+    the state returned holds that range's layers only (the others: None, another stage's).
 
     Shapes:
-        tokens: [T] -> logits [T, vocab] float32
+        tokens: [T] (or float32 [T, D]) -> logits [T, vocab] float32 (or the hidden state [T, D])
     """
     cfg = params.cfg
-    select = select or plain_select(cfg)
-    x = embed(params, tokens)
-    new_layers, inputs, all_sel = [], [], []
-    for layer, kind in enumerate(cfg.kinds):
-        x, layer_state = mixer_block(params, layer, state.layers[layer], x, window=window)
-        new_layers.append(layer_state)
+    select = select or plain_select(cfg, params.dense)
+    layers = layers or LayerRange.whole(cfg)
+    x = embed(params, tokens) if layers.embeds else np.asarray(tokens, dtype=np.float32)
+    held = layers.layers
+    new_layers = [s if l in held else None for l, s in enumerate(state.layers)]
+    inputs, all_sel = [], []
+    for layer in held:
+        kind = cfg.kinds[layer]
+        if state.layers[layer] is None:
+            raise ValueError(f"forward: the state does not hold layer {layer} (another stage's)")
+        x, new_layers[layer] = mixer_block(params, layer, state.layers[layer], x, window=window)
         h = router_input(params, layer, x)
         if kind.ffn is Ffn.DENSE:
             x = x + dense_ffn_output(params, layer, h)
@@ -225,7 +269,7 @@ def forward(
         if trace:
             inputs.append(h)
             all_sel.append(tuple(selections))
-    logits = head(params, x)
+    logits = head(params, x) if layers.heads else x
     new_state = ModelState(tuple(new_layers))
     if trace:
         return logits, new_state, ForwardTrace(np.stack(inputs), tuple(all_sel))

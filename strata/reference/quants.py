@@ -24,7 +24,8 @@ from strata.formats.quant_types import (
     layout,
     row_bytes,
 )
-from strata.formats.quant_matrix import QuantMatrix
+from strata.formats.quant_matrix import QuantMatrix, has_biases, scale_dtype
+from strata.reference import mlx_quants
 
 __all__ = ["QuantMatrix", "quantize", "dequantize", "gemv", "codes_of", "to_blocks", "from_blocks"]
 
@@ -91,6 +92,8 @@ def quantize(qtype: QuantType, w: np.ndarray) -> QuantMatrix:
         raise ValueError(f"quantize wants a 2-D matrix, got shape {w.shape}")
     n_rows, n_cols = w.shape
     row_bytes(qtype, n_cols)  # validates the column count
+    if qtype in mlx_quants.MLX_TYPES:
+        return mlx_quants.quantize(qtype, w)
     if qtype in FLOAT_DTYPES:
         data = np.ascontiguousarray(w.astype(FLOAT_DTYPES[qtype]))
         return QuantMatrix(qtype, n_rows, n_cols, data.view(np.uint8).reshape(n_rows, -1), np.zeros((n_rows, 0), np.float16))
@@ -118,6 +121,8 @@ def quantize(qtype: QuantType, w: np.ndarray) -> QuantMatrix:
 
 def codes_of(m: QuantMatrix) -> np.ndarray:
     """The integer code of every weight (quantized types only). [n_rows, n_cols] uint8/int8"""
+    if m.qtype in mlx_quants.MLX_TYPES:
+        return mlx_quants.codes_of(m)
     blocks = m.codes.reshape(m.n_rows, m.n_cols // 32, -1)  # [R, B, code_bytes]
     if m.qtype is QuantType.Q8_0:
         return blocks.view(np.int8).reshape(m.n_rows, m.n_cols)
@@ -135,6 +140,8 @@ def dequantize(m: QuantMatrix) -> np.ndarray:
     """The float32 weights a QuantMatrix stands for. [n_rows, n_cols] float32"""
     if m.qtype in FLOAT_DTYPES:
         return m.codes.view(FLOAT_DTYPES[m.qtype]).reshape(m.n_rows, m.n_cols).astype(np.float32)
+    if m.qtype in mlx_quants.MLX_TYPES:
+        return mlx_quants.dequantize(m)
     q = codes_of(m).astype(np.float32) - np.float32(_OFFSETS[m.qtype])
     q = q.reshape(m.n_rows, m.n_cols // 32, 32)
     return (q * m.scales.astype(np.float32)[..., None]).reshape(m.n_rows, m.n_cols)
@@ -156,13 +163,15 @@ def gemv(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
 
 
 def to_blocks(m: QuantMatrix) -> np.ndarray:
-    """The interleaved block bytes of SPEC §2 (`d` then `qs`, per block). [n_rows, row_bytes] uint8"""
+    """The interleaved block bytes of SPEC §2 (`d` then `qs`, per block; MLX's affine types: scale,
+    bias, then codes; MXFP4: the e8m0 byte, then codes). [n_rows, row_bytes] uint8"""
     lay = layout(m.qtype)
     if not lay.scale_bytes:
         return m.codes.copy()
     n_blocks = m.n_cols // lay.block_size
     out = np.empty((m.n_rows, n_blocks, lay.block_bytes), np.uint8)
-    out[..., : lay.scale_bytes] = m.scales.astype("<f2").view(np.uint8).reshape(m.n_rows, n_blocks, 2)
+    words = np.stack([m.scales] + ([] if m.biases is None else [m.biases]), axis=-1)  # [R, B, 1 or 2]
+    out[..., : lay.scale_bytes] = np.ascontiguousarray(words).view(np.uint8).reshape(m.n_rows, n_blocks, lay.scale_bytes)
     out[..., lay.scale_bytes :] = m.codes.reshape(m.n_rows, n_blocks, lay.code_bytes)
     return out.reshape(m.n_rows, -1)
 
@@ -176,6 +185,7 @@ def from_blocks(qtype: QuantType, n_cols: int, blocks: np.ndarray) -> QuantMatri
     if not lay.scale_bytes:
         return QuantMatrix(qtype, n_rows, n_cols, blocks.copy(), np.zeros((n_rows, 0), np.float16))
     b = blocks.reshape(n_rows, n_cols // lay.block_size, lay.block_bytes)
-    scales = np.ascontiguousarray(b[..., : lay.scale_bytes]).view("<f2")[..., 0].astype(np.float16)
+    words = np.ascontiguousarray(b[..., : lay.scale_bytes]).view(scale_dtype(qtype))  # [R, B, 1 or 2]
     codes = np.ascontiguousarray(b[..., lay.scale_bytes :]).reshape(n_rows, -1)
-    return QuantMatrix(qtype, n_rows, n_cols, codes, scales)
+    biases = np.ascontiguousarray(words[..., 1]) if has_biases(qtype) else None
+    return QuantMatrix(qtype, n_rows, n_cols, codes, np.ascontiguousarray(words[..., 0]), biases)

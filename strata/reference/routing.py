@@ -24,6 +24,7 @@ Tie-breaking (deterministic, so the reference, the fast twin and the replay agre
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import numbers
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from strata.model_config import ModelConfig, RoutingOrder
 __all__ = [
     "STOCK_J", "STOCK_BONUS", "STOCK_DROP_TAIL_RANK", "SEED_DROP_TAIL_WEIGHT", "LOGIT_RANGE_DECAY",
     "BonusScale", "RouterRule", "MoCEPolicy", "Selection", "LogitRange",
-    "route", "route_batch", "combine_weights", "router_logits", "update_logit_range",
+    "route", "route_batch", "combine_weights", "router_logits", "update_logit_range", "check_policy_for_rule",
 ]
 
 STOCK_J = 3  # seed §1.1: the top-3 unbiased picks are protected
@@ -67,11 +68,19 @@ class RouterRule:
 
     SOFTMAX_TOPK (Qwen/OLMoE): p = softmax(z) over all E; top-k by p; weights p, divided by
     their sum if `norm_topk_prob`. TOPK_SOFTMAX (Mixtral): top-k by z; softmax over those k.
+    SIGMOID_TOPK (DeepSeek-V3, GLM-4.5, MiniMax-M2; docs/routing.md): s = sigmoid(z) + bias
+    ranks, within the best `topk_group` of `n_group` expert groups (a group scores by its top 2
+    s); weights sigmoid(z) without the bias, divided by their sum if `norm_topk_prob`, times
+    `scaling`. The bias is one MoE layer's (`for_layer`), so a sigmoid rule is per layer.
     """
 
     k: int
     order: RoutingOrder
     norm_topk_prob: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    scaling: float = 1.0
+    bias: tuple[float, ...] = ()  # the selection-only bias, one float32 per expert (): none
 
     def __post_init__(self) -> None:
         if not _is_int(self.k) or self.k < 1:
@@ -80,22 +89,82 @@ class RouterRule:
             raise ConfigError(f"router rule: order must be a RoutingOrder, got {self.order!r}")
         if not isinstance(self.norm_topk_prob, bool):
             raise ConfigError(f"router rule: norm_topk_prob must be a bool, got {self.norm_topk_prob!r}")
+        if not (_is_int(self.n_group) and _is_int(self.topk_group) and 1 <= self.topk_group <= self.n_group):
+            raise ConfigError(f"router rule: need 1 <= topk_group <= n_group, got {self.topk_group}, {self.n_group}")
+        if not _is_real(self.scaling) or self.scaling <= 0:
+            raise ConfigError(f"router rule: scaling must be a finite number > 0, got {self.scaling!r}")
+        sigmoid_only = self.n_group > 1 or self.bias or self.scaling != 1.0
+        if sigmoid_only and self.order is not RoutingOrder.SIGMOID_TOPK:
+            raise ConfigError("router rule: groups, a selection bias and scaling need order SIGMOID_TOPK")
+        bias = np.asarray(self.bias, np.float32)  # [E] or [0]
+        if bias.ndim != 1 or not np.all(np.isfinite(bias)):
+            raise ConfigError("router rule: bias must be finite floats, one per expert")
+        object.__setattr__(self, "bias", tuple(float(b) for b in bias))  # float32 values, exactly
+        object.__setattr__(self, "_bias", bias)
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> "RouterRule":
-        return cls(cfg.n_experts_per_token, cfg.routing_order, cfg.norm_topk_prob)
+        """The rule without a layer's bias (`for_layer` adds it)."""
+        return cls(cfg.n_experts_per_token, cfg.routing_order, cfg.norm_topk_prob, cfg.n_group, cfg.topk_group,
+                   float(cfg.routed_scaling_factor))
+
+    def for_layer(self, bias: np.ndarray | None) -> "RouterRule":
+        """This rule with one MoE layer's selection bias (None: the rule unchanged). Shapes: bias [E]"""
+        return self if bias is None else dataclasses.replace(self, bias=tuple(np.asarray(bias, np.float32).tolist()))
+
+    def _biased(self, logits: np.ndarray) -> np.ndarray:
+        """s = sigmoid(z) + bias in float32 (no group mask). [E] -> [E]"""
+        s = _sigmoid(logits)
+        if self._bias.size:
+            if self._bias.shape != s.shape[-1:]:
+                raise ValueError(f"router rule: bias has {self._bias.size} experts, logits {s.shape[-1]}")
+            s = (s + self._bias).astype(np.float32)
+        return s
+
+    def group_mask(self, scores: np.ndarray) -> np.ndarray:
+        """Which experts lie in the chosen groups: the topk_group groups with the largest sum of
+        their two best scores (ties -> lower group index). Shapes: scores float32 [E] -> bool [E]"""
+        e = scores.shape[-1]
+        if self.n_group == 1:
+            return np.ones(e, bool)
+        g = scores.reshape(self.n_group, e // self.n_group)  # [G, E/G]
+        top2 = -np.sort(-g, axis=-1)[:, :2]  # [G, 2] descending
+        group_score = (top2[:, 0] + top2[:, 1]).astype(np.float32)  # [G]
+        chosen = np.argsort(-group_score, kind="stable")[: self.topk_group]
+        keep = np.zeros(self.n_group, bool)
+        keep[chosen] = True
+        return np.repeat(keep, e // self.n_group)  # [E]
 
     def selection_scores(self, logits: np.ndarray) -> np.ndarray:
-        """The score the rule ranks experts by (higher first); MoCE adds its bonus to it. Both
-        orders today rank on z itself: softmax is strictly increasing, so top-k by probability
+        """The score the rule ranks experts by (higher first); MoCE adds its bonus to it.
+
+        Softmax orders rank on z itself: softmax is strictly increasing, so top-k by probability
         is top-k by z, and ranking on z keeps float32 rounding of probabilities from creating
-        ties the logits do not have. (A sigmoid rule with a selection bias ranks on
-        sigmoid(z) + bias, and weights from sigmoid(z) without it.)
+        ties the logits do not have. SIGMOID_TOPK ranks on sigmoid(z) + bias, -inf outside the
+        chosen groups (so no bonus can pick an expert the group limit excludes).
 
         Shapes:
             logits: float32 [E] -> float32 [E]
         """
-        return logits
+        if self.order is not RoutingOrder.SIGMOID_TOPK:
+            return logits
+        s = self._biased(logits)
+        return np.where(self.group_mask(s), s, np.float32(-np.inf)).astype(np.float32)
+
+    def guess_scores(self, logits: np.ndarray) -> np.ndarray:
+        """What the read-ahead guess ranks by: the selection score, finite everywhere, the
+        experts of the groups the rule would not choose after every chosen one (in their own
+        score order), so a guess longer than the eligible set still ranks them. [E] -> [E]"""
+        if self.order is not RoutingOrder.SIGMOID_TOPK:
+            return logits
+        s = self._biased(logits)
+        below = np.float32(s.max() - s.min() + 1.0)  # drops every unchosen score under the chosen minimum
+        return np.where(self.group_mask(s), s, s - below).astype(np.float32)
+
+    def range_scores(self, logits: np.ndarray) -> np.ndarray:
+        """What the RANGE form of the bonus measures the spread of: z (softmax orders), the
+        ungrouped s = sigmoid(z) + bias (SIGMOID_TOPK: the bonus is in score units). [.., E]"""
+        return logits if self.order is not RoutingOrder.SIGMOID_TOPK else self._biased(logits)
 
     def weights(self, logits: np.ndarray, experts: np.ndarray) -> np.ndarray:
         """The combine weights of a selected set, from the unbiased logits (`combine_weights`)."""
@@ -245,6 +314,17 @@ def router_logits(w_router: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (x @ w.T).astype(np.float32)
 
 
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """float32 sigmoid 1 / (1 + exp(-z))."""
+    z = np.asarray(z, dtype=np.float32)
+    return (np.float32(1.0) / (np.float32(1.0) + np.exp(-z))).astype(np.float32)
+
+
+# DeepSeek-V3 and GLM-4.5 divide by (sum + 1e-20); in float32 that is the sum itself for every
+# sum above ~1e-13 (k sigmoids of finite logits), so one rule serves MiniMax-M2 (no epsilon) too
+NORM_EPS = np.float32(1e-20)
+
+
 def _softmax(z: np.ndarray) -> np.ndarray:
     """float32 softmax; the sum runs in the array's order."""
     e = np.exp(z - z.max())
@@ -263,6 +343,11 @@ def combine_weights(logits: np.ndarray, experts: np.ndarray, rule: RouterRule) -
     z = np.asarray(logits, dtype=np.float32)
     sel = np.asarray(experts, dtype=np.int64)
     canon = np.argsort(sel, kind="stable")  # [k] summation order
+    if rule.order is RoutingOrder.SIGMOID_TOPK:
+        w = _sigmoid(z[sel])  # the unbiased scores: the bias only chose
+        if rule.norm_topk_prob:
+            w = (w / (w[canon].sum(dtype=np.float32) + NORM_EPS)).astype(np.float32)
+        return (w * np.float32(rule.scaling)).astype(np.float32)
     if rule.order is RoutingOrder.SOFTMAX_TOPK:
         w = _softmax(z)[sel]
         if rule.norm_topk_prob:
@@ -301,6 +386,19 @@ def protected_count(z_sorted: np.ndarray, policy: MoCEPolicy | None, k: int) -> 
         return j
     leads = z_sorted[1:j] - z_sorted[j]  # [j-1] float32, non-increasing
     return 1 + int(np.count_nonzero(leads >= np.float32(policy.margin)))
+
+
+def check_policy_for_rule(policy: MoCEPolicy | None, rule: RouterRule) -> None:
+    """Refuse the stock λ on a sigmoid rule. An ABSOLUTE bonus is in the units of the rule's
+    selection score: logits for the softmax orders, σ(z) + bias for SIGMOID_TOPK (σ in (0, 1)).
+    The stock λ = 0.85 is a logit value measured on softmax routers and means nothing there;
+    the RANGE form (λ × the running spread of the score) carries across rules."""
+    if (policy is not None and rule.order is RoutingOrder.SIGMOID_TOPK
+            and policy.bonus_scale is BonusScale.ABSOLUTE and policy.bonus == STOCK_BONUS):
+        raise ConfigError(f"MoCE: the stock λ = {STOCK_BONUS} is in logits (measured on softmax routers), but this "
+                          "model's sigmoid rule ranks by σ(z) + bias in (0, 1): use the RANGE form "
+                          "(--moce-scale range: λ × the running score spread) or an absolute λ in score units "
+                          "(docs/routing.md)")
 
 
 def route(logits: np.ndarray, rule: RouterRule, policy: MoCEPolicy | None = None,

@@ -1,23 +1,55 @@
-"""Sampling (pure): greedy, temperature, top-p, seeded per step so a run is reproducible."""
+"""Sampling (pure): greedy, temperature, top-k, min-p, top-p and a repetition penalty, seeded per
+step so a run is reproducible.
+
+The order of one step (every filter is off at its default):
+    1. repetition penalty on the raw logits of the tokens in the last `repeat_window` of the
+       history (prompt and generated): a positive logit is divided by the penalty, a negative
+       one multiplied (the CTRL rule llama.cpp and transformers use), so a repeated token
+       always loses. It applies to greedy decoding too: that is where loops happen.
+    2. temperature 0: the argmax of the penalized logits (the filters below cannot change it).
+    3. probabilities of logits / temperature; then top-k (the k most probable), min-p (those
+       with probability >= min_p x the most probable one's), top-p (the smallest prefix of
+       the rest, most probable first, whose mass reaches top_p); renormalize and draw.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+
+from strata.errors import ConfigError
+
+STOCK_REPEAT_WINDOW = 64  # tokens of history the penalty sees (llama.cpp's repeat_last_n default)
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # 1: off
     seed: int = 0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repeat_penalty: float = 1.0  # 1: off
+    repeat_window: int = STOCK_REPEAT_WINDOW
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"temperature: must be a finite number >= 0 (0: greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:  # NaN fails this too
+            raise ConfigError(f"top_p: must be in (0, 1] (1: off), got {self.top_p}")
+        if self.seed < 0:
+            raise ConfigError(f"seed: must be >= 0, got {self.seed}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k: must be >= 0 (0: off), got {self.top_k}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ConfigError(f"min_p: must be in [0, 1) (0: off), got {self.min_p}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ConfigError(f"repeat_penalty: must be a finite number > 0 (1: off), got {self.repeat_penalty}")
+        if self.repeat_window < 1:
+            raise ConfigError(f"repeat_window: must be >= 1, got {self.repeat_window}")
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -26,21 +58,67 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
 
 
-def sample(logits: np.ndarray, cfg: SamplerConfig, step: int) -> int:
-    """Pick the next token from one position's logits [vocab].
+def penalize(logits: np.ndarray, history: Sequence[int], penalty: float, window: int) -> np.ndarray:
+    """The logits [vocab] with the repetition penalty applied to the tokens among the last
+    `window` of `history` (each once, however often it occurs). A new array; penalty 1: a copy."""
+    out = np.array(logits, dtype=np.float32)
+    if penalty == 1.0 or not len(history):
+        return out
+    seen = np.unique(np.asarray(history[-window:], dtype=np.int64))
+    seen = seen[(seen >= 0) & (seen < out.shape[-1])]
+    z = out[seen]
+    out[seen] = np.where(z > 0, z / np.float32(penalty), z * np.float32(penalty))
+    return out
 
-    The random draw for step n comes from a generator seeded with (seed, n), so the token at a
-    step depends only on the seed, the step and the logits: no hidden generator state.
+
+def probabilities(logits: np.ndarray, cfg: SamplerConfig, history: Sequence[int] = ()) -> np.ndarray:
+    """The distribution `sample` draws from, over the whole vocabulary (greedy: a point mass on
+    the argmax). What speculative sampling accepts against.
+
+    Shapes: logits [V] -> float64 [V], summing to 1
     """
-    logits = np.asarray(logits, dtype=np.float32)
+    logits = penalize(logits, history, cfg.repeat_penalty, cfg.repeat_window)
+    out = np.zeros(logits.shape[-1], np.float64)
     if cfg.temperature == 0.0:
-        return int(np.argmax(logits))
-    probs = np.exp(log_softmax(logits / np.float32(cfg.temperature)).astype(np.float64))
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    order, kept = filtered_probs(logits, cfg)
+    out[order] = kept
+    return out
+
+
+def filtered_probs(logits: np.ndarray, cfg: SamplerConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of a sampled step and their renormalized probabilities, most probable first.
+
+    Shapes: logits [vocab] (already penalized) -> (token ids [n], probabilities [n]), n >= 1.
+    """
+    probs = np.exp(log_softmax(np.asarray(logits, np.float32) / np.float32(cfg.temperature)).astype(np.float64))
     order = np.argsort(-probs, kind="stable")
+    if cfg.top_k:
+        order = order[: cfg.top_k]
+    if cfg.min_p > 0.0:
+        p = probs[order]
+        order = order[p >= cfg.min_p * p[0]]  # p[0] is the most probable: it always stays
     if cfg.top_p < 1.0:
         cumulative = np.cumsum(probs[order])
+        if len(order) < len(probs):  # the nucleus of what top-k / min-p kept, renormalized
+            cumulative /= cumulative[-1]
         keep = int(np.searchsorted(cumulative, cfg.top_p) + 1)  # smallest prefix with mass >= top_p
         order = order[:keep]
-    kept = probs[order] / probs[order].sum()
+    kept = probs[order]
+    return order, kept / kept.sum()
+
+
+def sample(logits: np.ndarray, cfg: SamplerConfig, step: int, history: Sequence[int] = ()) -> int:
+    """Pick the next token from one position's logits [vocab]; `history` is the token ids so far
+    (prompt and generated, oldest first), which only the repetition penalty reads.
+
+    The random draw for step n comes from a generator seeded with (seed, n), so the token at a
+    step depends only on the seed, the step, the history and the logits: no hidden generator state.
+    """
+    logits = penalize(logits, history, cfg.repeat_penalty, cfg.repeat_window)
+    if cfg.temperature == 0.0:
+        return int(np.argmax(logits))
+    order, kept = filtered_probs(logits, cfg)
     rng = np.random.default_rng([cfg.seed, step])
     return int(order[rng.choice(len(order), p=kept)])

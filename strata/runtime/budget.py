@@ -8,6 +8,11 @@ arena would displace). `dense_unwired` is the part of the dense weights that sit
 reclaimable file pages: strata's loader copies dense tensors into anonymous memory (already
 outside MemAvailable once loaded), so it is 0 here, and 0 by definition with `mlock_dense`.
 The rule never grows an arena past its budget; it only decides a size once, at engine start.
+
+Memory figures come from `strata.runtime.memory.machine_memory` (psutil, bounded by a container's
+cgroup limit: inside a container the limit is the machine). An explicit `--arena` above the
+budget is refused in one line unless `force_arena`; on a Mac's GPU a plan whose wired bytes
+(arena + dense weights) exceed `max_recommended_working_set_size` is refused with the numbers.
 """
 
 from __future__ import annotations
@@ -21,31 +26,26 @@ from pathlib import Path
 
 from strata.errors import ArenaTooSmallError, ConfigError
 from strata.sizes import SizeSpec, fmt_bytes, parse_size
+from strata.runtime.memory import machine_memory, metal_wired_budget
 
 __all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "keep_bytes", "mem_available", "cached_file_bytes",
-           "fmt_bytes"]
+           "fmt_bytes", "budget_bytes", "check_wired"]
 
 SEED_KEEP_FRACTION = 7 / 24  # seed §2.5: keep = 7 GB on a 24 GB Mac
 
 
-def keep_bytes(keep: str) -> int:
-    """`keep` in bytes; "auto" scales the seed's 7 GB of 24 GB to this machine's RAM, so a small
-    machine is not told to keep more than it has."""
+def keep_bytes(keep: str, total: int | None = None) -> int:
+    """`keep` in bytes; "auto" scales the seed's 7 GB of 24 GB to this machine's memory (`total`,
+    default `machine_memory().total`: a container's limit where one is set), so a small machine
+    is not told to keep more than it has."""
     if keep == "auto":
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * SEED_KEEP_FRACTION)
+        return int((machine_memory().total if total is None else total) * SEED_KEEP_FRACTION)
     return parse_size(keep, what="keep", allow_slots=False).nbytes
 
 
 def mem_available() -> int:
-    """MemAvailable from /proc/meminfo (Linux); elsewhere the free physical pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """What a run can take now: psutil's available memory, bounded by a container's limit."""
+    return machine_memory().available
 
 
 def cached_file_bytes(path: str | os.PathLike) -> int:
@@ -84,37 +84,78 @@ class ArenaPlan:
         return self.slots * self.slot_bytes
 
 
+def budget_bytes(config, *, model_files: tuple[Path, ...] = (), available: int | None = None,
+                 total: int | None = None) -> tuple[int, str]:
+    """The budget rule (module docstring): the bytes an arena may take now, and the one-line sum."""
+    if available is None or total is None:
+        mem = machine_memory()
+        available = mem.available if available is None else available
+        total = mem.total if total is None else total
+    cached = sum(cached_file_bytes(p) for p in model_files)
+    keep = keep_bytes(config.keep, total)
+    ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes
+    dense_unwired = 0  # see the module docstring: dense tensors are anonymous copies
+    budget = available - cached - keep - ple - dense_unwired
+    reason = (f"budget: available {fmt_bytes(available)} - model page cache {fmt_bytes(cached)} - keep "
+              f"{fmt_bytes(keep)} - ple {fmt_bytes(ple)} - dense unwired {fmt_bytes(dense_unwired)} "
+              f"= {fmt_bytes(budget)}")
+    return budget, reason
+
+
 def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
-               dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None) -> ArenaPlan:
+               dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None,
+               total: int | None = None, wired_budget: int | None | str = "auto") -> ArenaPlan:
     """Decide the arena from `config.arena` or the budget rule (module docstring).
 
-    An explicit size always streams (capped at one slot per expert: more can never be used);
-    the budget rule streams only when the experts do not all fit. Raises ArenaTooSmallError when
-    the size cannot hold one window's selections plus the read-ahead depth (`min_slots`).
+    An explicit size always streams (capped at one slot per expert: more can never be used),
+    and is refused (ConfigError, one line) when it is above the budget unless
+    `config.force_arena`; the budget rule streams only when the experts do not all fit. Raises
+    ArenaTooSmallError when the size cannot hold one window's selections plus the read-ahead
+    depth (`min_slots`). `wired_budget`: the GPU's wired ceiling ("auto": asked of MLX on a
+    Mac, None elsewhere); a plan over it is refused by `check_wired`.
     """
+    budget, budget_reason = budget_bytes(config, model_files=model_files, available=available, total=total)
     if config.arena:
         spec = parse_size(config.arena, what="arena")
-        slots = spec.to_slots(slot_bytes)
+        slots = spec.to_slots(slot_bytes, total_experts)
         reason = f"--arena {config.arena}"
         if slots > max(total_experts, min_slots):
             slots = max(total_experts, min_slots)
             reason += f" (capped at {slots} slots: one per expert)"
+        if slots * slot_bytes > budget and not config.force_arena:
+            raise ConfigError(f"--arena {config.arena} ({fmt_bytes(slots * slot_bytes)}) is above this machine's "
+                              f"{budget_reason}; give a smaller --arena, or --force-arena to run it anyway")
         _check(slots, min_slots, slot_bytes, reason)
-        return ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
-    avail = mem_available() if available is None else available
-    cached = sum(cached_file_bytes(p) for p in model_files)
-    keep = keep_bytes(config.keep)
-    ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes
-    dense_unwired = 0  # see the module docstring: dense tensors are anonymous copies
-    budget = avail - cached - keep - ple - dense_unwired
-    reason = (f"budget: available {fmt_bytes(avail)} - model page cache {fmt_bytes(cached)} - keep "
-              f"{fmt_bytes(keep)} - ple {fmt_bytes(ple)} - dense unwired {fmt_bytes(dense_unwired)} "
-              f"= {fmt_bytes(budget)}")
-    slots = max(0, budget) // slot_bytes
-    if slots >= total_experts:
-        return ArenaPlan(False, 0, slot_bytes, min_slots, total_experts, reason + ": every expert fits")
-    _check(slots, min_slots, slot_bytes, reason)
-    return ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
+        plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
+    else:
+        slots = max(0, budget) // slot_bytes
+        if slots >= total_experts:
+            plan = ArenaPlan(False, 0, slot_bytes, min_slots, total_experts, budget_reason + ": every expert fits")
+        else:
+            _check(slots, min_slots, slot_bytes, budget_reason)
+            plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, budget_reason)
+    check_wired(plan, dense_bytes, config, wired_budget)
+    return plan
+
+
+def check_wired(plan: ArenaPlan, dense_bytes: int, config, wired_budget: int | None | str = "auto") -> None:
+    """Refuse a plan whose wired bytes exceed the GPU's ceiling (Apple silicon: the arena, or
+    every expert when all-resident, plus the dense weights). Applies where a ceiling exists and
+    the backend may be MLX; `force_arena` lets it through (the system then pages)."""
+    from strata.config import Backend  # late: config imports this module
+
+    if config.backend is Backend.NUMPY or config.force_arena:
+        return
+    ceiling = metal_wired_budget() if wired_budget == "auto" else wired_budget
+    if ceiling is None:
+        return
+    experts = plan.nbytes if plan.streaming else plan.total_experts * plan.slot_bytes
+    wired = experts + dense_bytes
+    if wired > ceiling:
+        raise ConfigError(
+            f"plan refused: it wires {fmt_bytes(wired)} (experts {fmt_bytes(experts)} + dense {fmt_bytes(dense_bytes)}) "
+            f"but this GPU may keep at most {fmt_bytes(ceiling)} wired (max_recommended_working_set_size); "
+            f"give a smaller --arena, or --force-arena to run it anyway")
 
 
 def _check(slots: int, min_slots: int, slot_bytes: int, reason: str) -> None:

@@ -33,12 +33,14 @@ import numpy as np
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
 from strata.errors import ArenaTooSmallError, NonFiniteError
-from strata.model_config import Ffn
+from strata.model_config import Ffn, LayerRange
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
+from strata.runtime.memory import PagingDelta, paging_snapshot
 from strata.runtime.prompt import prefill_chunks
+from strata.reference.model import router_rules
 from strata.runtime.report import StreamReport, build_report
 from strata.runtime.selector import Selector, slots_for, union_in_rank_order
 from strata.runtime.streamer import Streamer
@@ -50,21 +52,25 @@ __all__ = ["StreamingEngine", "Ledger", "cache_config_for", "arena_plan_for"]
 PHASES = ("attention", "dense", "route", "turn", "routed", "shared", "after", "combine", "head")
 
 
-def cache_config_for(model, config: Config, capacity: int) -> CacheConfig:
-    """The cache machine's configuration: MoE layers only, windows of up to `config.window`."""
+def cache_config_for(model, config: Config, capacity: int, stage: LayerRange | None = None) -> CacheConfig:
+    """The cache machine's configuration: MoE layers only (a pipeline stage's own), windows of up
+    to `config.window`."""
     cfg = model.cfg
-    return CacheConfig(capacity=capacity, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
+    n_moe = cfg.n_moe_layers if stage is None else len(stage.moe_layers(cfg))
+    return CacheConfig(capacity=capacity, n_layers=n_moe, n_experts=cfg.n_experts,
                        top_k=cfg.n_experts_per_token, window=config.window, prefetch_depth=config.prefetch,
                        prefetch_touch=config.prefetch_touch, prefetch2=config.prefetch2,
                        split_turn=config.split_turn)
 
 
-def arena_plan_for(model, config: Config) -> ArenaPlan:
-    """The arena this model and configuration get (`--arena` or the budget rule)."""
+def arena_plan_for(model, config: Config, stage: LayerRange | None = None) -> ArenaPlan:
+    """The arena this model and configuration get (`--arena` or the budget rule); a pipeline
+    stage's for its own MoE layers."""
     h = model.experts_file.header
-    least = cache_config_for(model, config, 1).min_capacity
+    least = cache_config_for(model, config, 1, stage).min_capacity
     dense = sum(a.nbytes for a in model.dense.values())
-    return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=h.n_records, min_slots=least,
+    total = h.n_records if stage is None else len(stage.moe_layers(model.cfg)) * h.n_experts
+    return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=total, min_slots=least,
                       dense_bytes=dense, model_files=(model.model_path, model.experts_file.path))
 
 
@@ -82,6 +88,7 @@ class Ledger:
     waiting_s: float = 0.0
     after_s: float = 0.0
     phase_s: tuple[tuple[str, float], ...] = ()
+    paging: object = None  # the system's paging counters when the ledger was read (a PagingSnapshot)
 
     def minus(self, other: "Ledger") -> "Ledger":
         sub = {f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)
@@ -96,11 +103,14 @@ class StreamingEngine(SessionEngine):
     """An engine that pages routed experts through `arena` (the Engine protocol: strata.engines)."""
 
     def __init__(self, model, config: Config, arena: Arena, compute: LayerCompute, io: ReaderPool,
-                 *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming") -> None:
+                 *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming",
+                 stage: LayerRange | None = None) -> None:
         super().__init__(model, config)
         self.kind = kind
         self.arena, self.compute, self.io = arena, compute, io
-        self.cache_config = cache_config_for(model, config, arena.capacity)
+        # a pipeline stage runs its layer range only; its cache and `io` see its MoE layers only
+        self.stage = stage or LayerRange.whole(model.cfg)
+        self.cache_config = cache_config_for(model, config, arena.capacity, self.stage)
         least = self.cache_config.min_capacity
         if arena.capacity < least:
             raise ArenaTooSmallError(
@@ -108,11 +118,13 @@ class StreamingEngine(SessionEngine):
                 f"window's selections of every MoE layer plus the read-ahead depth: needs at least {least} slots")
         self.streamer = Streamer(self.cache_config, io, keep_trace=keep_trace, moce_pre=config.moce_pre,
                                  reference=config.reference_cache)
-        self.selector = Selector(model.cfg, config.moce_policy())
-        self.moe_layers = model.cfg.moe_layers  # MoE index -> model layer
+        self.moe_layers = self.stage.moe_layers(model.cfg)  # (local) MoE index -> model layer
+        self.selector = Selector(model.cfg, config.moce_policy(), router_rules(model.cfg, model.dense, self.moe_layers),
+                                 self.moe_layers)
         self.notes = notes
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._ledger = Ledger()
+        self._paging0 = paging_snapshot()
         self._logpos = open(config.logpos, "ab") if config.logpos else None
 
     # -------------------------------------------------------- the engine's steps
@@ -175,16 +187,18 @@ class StreamingEngine(SessionEngine):
         return now
 
     def window(self, tokens: np.ndarray) -> np.ndarray:
-        """One decode window over `tokens` (T <= config.window positions).
+        """One decode window over `tokens` (T <= config.window positions). A pipeline stage
+        that does not embed takes the hidden state as `tokens`; one that does not head returns it.
 
         Shapes:
-            tokens: [T] -> logits float32 [T, V]
+            tokens: [T] (or hidden [T, D]) -> logits float32 [T, V] (or hidden [T, D])
         """
         s, c, cfg, conf = self.streamer, self.compute, self.model.cfg, self.config
         s.begin_window()
-        x = c.embed(tokens)
+        x = c.embed(tokens) if self.stage.embeds else tokens
         moe = 0
-        for layer, kind in enumerate(cfg.kinds):
+        for layer in self.stage.layers:
+            kind = cfg.kinds[layer]
             t0 = time.perf_counter()
             x = c.mixer(layer, x, window=True)  # a recurrent layer keeps a snapshot per position
             t0 = self._clock("attention", t0)
@@ -223,6 +237,8 @@ class StreamingEngine(SessionEngine):
                 t0 = self._clock("shared", t0)
             x = c.combine(x, [part], shared[0])
             self._clock("combine", t0)
+        if not self.stage.heads:
+            return x
         t0 = time.perf_counter()
         logits = c.head(x)
         self._clock("head", t0)
@@ -235,14 +251,16 @@ class StreamingEngine(SessionEngine):
         k, layers = self.config.prefetch, self.moe_layers
         g1 = g2 = ()
         if k and m + 1 < len(layers):
-            g1 = self._guesses(layers[m + 1], h, k)
+            g1 = self._guesses(m + 1, h, k)
         if k and self.config.prefetch2 and m + 2 < len(layers):
-            g2 = self._guesses(layers[m + 2], h, k)
+            g2 = self._guesses(m + 2, h, k)
         self.streamer.after_layer(m, g1, g2, in_turn=in_turn)
 
-    def _guesses(self, layer: int, h, k: int) -> tuple[int, ...]:
+    def _guesses(self, m: int, h, k: int) -> tuple[int, ...]:
+        """k read-ahead guesses for MoE layer m (ranked by its own rule: a sigmoid rule adds its bias)."""
+        layer = self.moe_layers[m]
         try:
-            return self.selector.guesses(self.compute.guess_logits(layer, h), k)
+            return self.selector.guesses(self.compute.guess_logits(layer, h), k, m)
         except NonFiniteError as e:  # the guessed layer's router is what produced them
             raise NonFiniteError(f"layer {layer}: {e} (its read-ahead guess)") from None
 
@@ -260,11 +278,14 @@ class StreamingEngine(SessionEngine):
 
     def ledger(self) -> Ledger:
         """The running totals now (pass one to `report(since=...)` for a run's own report)."""
-        return dataclasses.replace(self._ledger, phase_s=tuple(self.phase_s.items()))
+        return dataclasses.replace(self._ledger, phase_s=tuple(self.phase_s.items()), paging=paging_snapshot())
 
     def report(self, since: Ledger | None = None) -> StreamReport:
-        """The stream report of the decode windows since `since` (default: the engine's life)."""
-        led = self.ledger() if since is None else self.ledger().minus(since)
+        """The stream report of the decode windows since `since` (default: the engine's life),
+        with what the system paged meanwhile (major faults, page-ins, swap)."""
+        now = self.ledger()
+        led = now if since is None else now.minus(since)
+        paging = PagingDelta.between(since.paging if since is not None else self._paging0, now.paging)
         io = self.io.note + "".join(f"; {n}" for n in self.notes)
         return build_report(
             decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
@@ -272,7 +293,7 @@ class StreamingEngine(SessionEngine):
             arena_slots=self.arena.capacity, io=io, policy=self.selector.policy.describe(),
             prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued,
-            profile=dict(led.phase_s) if self.config.profile else None)
+            profile=dict(led.phase_s) if self.config.profile else None, paging=paging)
 
     def close(self) -> None:
         if not self._closed:

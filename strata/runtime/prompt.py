@@ -24,22 +24,28 @@ __all__ = ["prefill_chunks"]
 
 
 def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> np.ndarray:
-    """Process `tokens` after the held positions (`engine`: a runtime StreamingEngine).
+    """Process `tokens` after the held positions (`engine`: a runtime StreamingEngine). A
+    pipeline stage that does not embed takes the hidden state as `tokens`; one that does not
+    head returns every position's hidden state (the next stage needs them all).
 
     Shapes:
         tokens: int64 [T]  ->  float32 [V] (the last position), or [T, V] with all_logits
+        (a stage: hidden [T, D] in, hidden [T, D] out)
     """
-    s, c, sel, cfg = engine.streamer, engine.compute, engine.selector, engine.model.cfg
+    s, c, sel, cfg, stage = engine.streamer, engine.compute, engine.selector, engine.model.cfg, engine.stage
     chunk = engine.config.prefill_chunk
+    window = all_logits  # the caller's: a long decode window (recurrent layers keep a snapshot per position)
+    all_logits = all_logits or not stage.heads  # a middle stage passes every position's hidden state on
     s.hold_region(True)
     rows = []
     for start in range(0, len(tokens), chunk):
         last = start + chunk >= len(tokens)
         s.begin_window()
-        x = c.embed(tokens[start:start + chunk])
+        x = c.embed(tokens[start:start + chunk]) if stage.embeds else tokens[start:start + chunk]
         moe = 0
-        for layer, kind in enumerate(cfg.kinds):
-            x = c.mixer(layer, x, window=all_logits)  # all_logits: a long decode window (snapshots per position)
+        for layer in stage.layers:
+            kind = cfg.kinds[layer]
+            x = c.mixer(layer, x, window=window)
             if kind.ffn is Ffn.DENSE:
                 x = c.dense_ffn(layer, x)
                 continue
@@ -55,7 +61,9 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
             s.at_layer(m, union_in_rank_order(selections), on_use=on_use)
             engine.after_layer(m, h)
             x = c.combine(x, parts, c.shared(layer, h))
-        if engine.dumping or all_logits or last:
+        if not stage.heads:
+            rows.append(x)
+        elif engine.dumping or all_logits or last:
             logits = c.head(x)
             engine.dump(logits)
             rows.append(logits)

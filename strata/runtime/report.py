@@ -2,7 +2,8 @@
 
 Counts come from the cache state machine's totals over the decode windows only (the prompt
 has its own line); times from the streamer's turn timers. Per-token figures divide by decoded
-tokens (= decode windows of one position).
+tokens (= decode windows of one position). `paging` is what the system paged while the engine
+ran (major faults, swap in/out; `strata.runtime.memory`), None where the engine did not measure.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from strata.sizes import fmt_bytes
+from strata.runtime.memory import PagingDelta
 
 __all__ = ["StreamReport", "build_report"]
 
@@ -39,6 +41,7 @@ class StreamReport:
     prompt_reads: int = 0
     readahead_cancelled_per_token: float = 0.0
     profile: dict[str, float] = field(default_factory=dict)  # ms per token by phase (--profile)
+    paging: PagingDelta | None = None  # paged during the run (major faults, swap), when measured
 
     def text(self) -> str:
         ranks = " ".join(f"{m:.1f}" for m in self.misses_by_rank)
@@ -51,6 +54,10 @@ class StreamReport:
                 f"({fmt_bytes(self.arena_bytes)}); routing {self.policy}; {self.io}")
         if self.prompt_tokens:
             line += f"; prompt {self.prompt_tokens} tokens in {self.prompt_ms:.0f} ms, {self.prompt_reads} reads"
+        if self.paging is not None:
+            p = self.paging
+            line += (f"; paging {p.major_faults} major faults, {p.page_ins} page-ins, swap in "
+                     f"{fmt_bytes(p.swap_in_bytes)} / out {fmt_bytes(p.swap_out_bytes)}")
         if self.profile:
             line += "; profile ms/token: " + ", ".join(f"{k} {v:.2f}" for k, v in self.profile.items())
         return line
@@ -66,7 +73,8 @@ class StreamReport:
 
 def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, waiting_s: float,
                  after_s: float, slot_bytes: int, arena_slots: int, io: str, policy: str = "", prompt_tokens: int = 0,
-                 prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None) -> StreamReport:
+                 prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None,
+                 paging: PagingDelta | None = None) -> StreamReport:
     """The report of `tokens` decode windows whose cache counts are `decode` (asdict of a
     `stats_delta`)."""
     d, n = decode, tokens
@@ -84,4 +92,5 @@ def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, wa
         prompt_tokens=prompt_tokens, prompt_ms=1e3 * prompt_s, prompt_reads=prompt_reads,
         readahead_cancelled_per_token=d["reads_cancelled"] * per,
         profile={k: 1e3 * v * per for k, v in (profile or {}).items()},
+        paging=paging,
     )

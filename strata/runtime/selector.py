@@ -17,7 +17,8 @@ from strata.cache.types import Use
 from strata.errors import NonFiniteError
 from strata.model_config import ModelConfig, RoutingOrder
 from strata.reference.routing import (
-    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
+    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, check_policy_for_rule, route,
+    update_logit_range,
 )
 
 __all__ = ["Selector", "top_k_experts", "union_in_rank_order", "slots_for"]
@@ -26,11 +27,20 @@ __all__ = ["Selector", "top_k_experts", "union_in_rank_order", "slots_for"]
 class Selector:
     """Routing per MoE layer (`layer` arguments are MoE indices: one logit range each)."""
 
-    def __init__(self, cfg: ModelConfig, policy: MoCEPolicy) -> None:
+    def __init__(self, cfg: ModelConfig, policy: MoCEPolicy, rules: tuple[RouterRule, ...] | None = None,
+                 moe_layers: tuple[int, ...] | None = None) -> None:
+        """rules: one per MoE layer of `moe_layers` (a sigmoid rule carries its layer's selection
+        bias: `reference.model.router_rules`); None: the model's rule, the same for every layer.
+        moe_layers: the model layers routed here (default every MoE layer; a pipeline stage's own)."""
         self.rule = RouterRule.from_model_config(cfg)
+        # MoE index -> model layer (errors name the model layer); a pipeline stage's local ones
+        self.moe_layers = cfg.moe_layers if moe_layers is None else moe_layers
+        self.rules = rules if rules is not None else (self.rule,) * len(self.moe_layers)
+        if len(self.rules) != len(self.moe_layers):
+            raise ValueError(f"Selector: {len(self.rules)} rules for {len(self.moe_layers)} MoE layers")
+        check_policy_for_rule(policy, self.rule)
         self.policy = policy
-        self.ranges = [LogitRange() for _ in range(cfg.n_moe_layers)]
-        self.moe_layers = cfg.moe_layers  # MoE index -> model layer (errors name the model layer)
+        self.ranges = [LogitRange() for _ in self.moe_layers]
         self._uses_range = policy.bonus_scale is BonusScale.RANGE
 
     def select(self, layer: int, logits: np.ndarray, resident: np.ndarray) -> list[Selection]:
@@ -43,16 +53,18 @@ class Selector:
         for z in logits:
             rng = None
             if self._uses_range:
-                self.ranges[layer] = update_logit_range(self.ranges[layer], z)
+                self.ranges[layer] = update_logit_range(self.ranges[layer], self.rules[layer].range_scores(z))
                 rng = self.ranges[layer].average
             try:
-                out.append(route(z, self.rule, self.policy, resident, rng))
+                out.append(route(z, self.rules[layer], self.policy, resident, rng))
             except NonFiniteError as e:  # route checks anyway: naming the layer costs nothing
                 raise NonFiniteError(f"layer {self.moe_layers[layer]}: {e}") from None
         return out
 
-    def guesses(self, logits: np.ndarray, k: int) -> tuple[int, ...]:
-        """The top-k guesses from guess logits; for several tokens, ranked by their mean.
+    def guesses(self, logits: np.ndarray, k: int, layer: int | None = None) -> tuple[int, ...]:
+        """The top-k guesses from guess logits for MoE layer `layer`, ranked by that layer's
+        rule (`RouterRule.guess_scores`: z itself for softmax rules, so `layer` may be None);
+        for several tokens, ranked by their mean logits.
 
         Shapes:
             logits: float32 [T, E] -> k expert ids, best first
@@ -60,6 +72,10 @@ class Selector:
         if k <= 0:
             return ()
         z = logits[0] if len(logits) == 1 else logits.mean(axis=0, dtype=np.float32)  # [E]
+        if self.rule.order is RoutingOrder.SIGMOID_TOPK:
+            if layer is None:
+                raise ValueError("Selector.guesses: a sigmoid rule ranks by its layer's bias; name the layer")
+            z = self.rules[layer].guess_scores(z)
         return top_k_experts(z, min(k, z.shape[-1]))
 
 

@@ -8,6 +8,7 @@ the byte counts, shapes and kernels are the real ones.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
@@ -17,6 +18,7 @@ from strata.mlx_backend.experts import SharedWeights
 from strata.mlx_backend.model import LayerWeights, MlxParams
 from strata.mlx_backend.quants import MlxQuantMatrix
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm
+from strata.reference.routing import RouterRule
 
 __all__ = ["SEED_SHAPE", "random_params", "random_records", "q8_router"]
 
@@ -126,7 +128,8 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
                                    _normal((d,), d ** -0.5, ks[5]) if cfg.shared_expert_gated else None)
         router = (mx.random.normal((cfg.n_experts, d), key=ks[6]) * d ** -0.5).astype(mx.float32)
         guess = q8_router(cfg.n_experts, d, ks[7]) if pred_q8 else None
-        layers.append(LayerWeights(attn, ones(d), router, guess, shared))
+        bias = np.random.default_rng([seed, l]).normal(0, 0.05, cfg.n_experts) if cfg.router_bias else None
+        layers.append(LayerWeights(attn, ones(d), router, guess, shared, rule=RouterRule.from_model_config(cfg).for_layer(bias)))
     kk = mx.random.split(layer_keys[-1], 3)
     embed = _normal((cfg.vocab_size, d), 1.0, kk[0])
     output = _normal((cfg.vocab_size, d), d ** -0.5, kk[1])

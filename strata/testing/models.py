@@ -23,7 +23,9 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
 from strata.formats.quant_types import QuantType
-from strata.model_config import MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, TensorNames, dense_tensor_shapes
+from strata.model_config import (
+    MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames, dense_tensor_shapes,
+)
 from strata.reference.quants import quantize
 from strata.testing.hybrid import deltanet_dense
 from strata.tokenizer import byte_level_tokenizer_json
@@ -57,6 +59,25 @@ SHAPES: dict[str, ModelConfig] = {
         attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
         linear_v_head_dim=16, linear_conv_kernel=4,
     ),
+    # DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a selection-only bias, 4 groups of which the
+    # best 2 are eligible, scaled weights, an ungated shared expert, a dense first layer
+    "sigmoid": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=3, n_heads=4,
+        n_kv_heads=2, head_dim=16, n_experts=32, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, qk_norm=QKNorm.PER_HEAD, max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
+        layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True, rotary_dim=8,
+    ),
+    # DeepSeek-V3's layer kinds in small: latent attention (low-rank q, a latent + rope-key
+    # cache), sigmoid routing with biases and groups, a shared expert, a dense first layer
+    "mla": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=3, n_heads=4,
+        n_kv_heads=4, head_dim=24, n_experts=32, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
+        layer_types=(LayerType(Mixer.MLA, Ffn.DENSE), LayerType(Mixer.MLA, Ffn.MOE), LayerType(Mixer.MLA, Ffn.MOE)),
+        dense_ffn_size=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True,
+        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+    ),
     "demo": ModelConfig(
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
         n_kv_heads=2, head_dim=32, n_experts=64, n_experts_per_token=4, expert_ffn_size=128,
@@ -72,6 +93,9 @@ QK_SCALE = 0.02  # small q/k: near-uniform attention, a slowly moving context av
 COMMON_SCALE = 0.3  # size of the shared direction in every embedding, relative to the per-token part
 CONTEXT_ROUTER_SCALE = 2.0  # weight of the low-rank (context) router term
 ATTN_OUT_SCALE = 0.5  # how strongly attention writes the context average into the residual
+# selection-bias spread of sigmoid routers: near the gaps between the top sigmoid scores, so the
+# bias changes some selections (as DeepSeek-V3's load-balancing biases do) without deciding all
+SELECTION_BIAS_SCALE = 0.05
 
 
 @dataclass(frozen=True)
@@ -115,8 +139,11 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
         if kind.mixer is Mixer.DELTANET:
             dense.update(deltanet_dense(cfg, layer, rng, basis, ATTN_OUT_SCALE))
         else:
-            dense[b(n.attn_q)] *= QK_SCALE
-            dense[b(n.attn_k)] *= QK_SCALE
+            if kind.mixer is Mixer.MLA:  # small queries: near-uniform attention, as small q/k below
+                dense[b(n.attn_q_b if cfg.q_lora_rank else n.attn_q)] *= QK_SCALE
+            else:
+                dense[b(n.attn_q)] *= QK_SCALE
+                dense[b(n.attn_k)] *= QK_SCALE
             # values/output: write the context average into the low-rank subspace the routers read
             dense[b(n.attn_output)] = (basis.T @ _normal(rng, (CONTEXT_RANK, dense[b(n.attn_output)].shape[1]), 1.0)
                                        * ATTN_OUT_SCALE / np.sqrt(CONTEXT_RANK)).astype(np.float32)
@@ -132,6 +159,8 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
         dense[b(n.router)] = (popularity[:, None] * common[None, :] + low_rank + noise).astype(np.float32)
         if cfg.has_shared_expert and cfg.shared_expert_gated:
             dense[b(n.shexp_gate_inp)] = _normal(rng, (d,), 1.0 / np.sqrt(d))
+        if cfg.router_bias:
+            dense[b(n.exp_probs_b)] = _normal(rng, (cfg.n_experts,), SELECTION_BIAS_SCALE)
     return dense
 
 

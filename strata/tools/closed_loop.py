@@ -19,7 +19,8 @@ from strata.errors import ConfigError
 from strata.cache.machine import initial_state, step
 from strata.cache.types import AfterLayer, AtLayer, BeginWindow, CacheConfig, CacheStats, Read, ReadDone
 from strata.reference.routing import (
-    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, route, update_logit_range,
+    BonusScale, LogitRange, MoCEPolicy, RouterRule, Selection, check_policy_for_rule, route,
+    update_logit_range,
 )
 
 __all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters"]
@@ -73,13 +74,14 @@ class LoopConfig:
     policy: MoCEPolicy | None = MoCEPolicy()
     moce_pre: bool = False
     guess: GuessRanking = GuessRanking.PLAIN
+    window: int = 1  # positions per decode window (speculative windows: strata.tools.windows)
 
     @classmethod
     def from_config(cls, config, capacity: int) -> "LoopConfig":
         """The closed loop a `strata.config.Config` runs (its arena given in slots)."""
         return cls(capacity=capacity, prefetch_depth=config.prefetch, prefetch_touch=config.prefetch_touch,
                    prefetch2=config.prefetch2, split_turn=config.split_turn, pred_q8=config.pred_q8,
-                   policy=config.moce_policy(), moce_pre=config.moce_pre)
+                   policy=config.moce_policy(), moce_pre=config.moce_pre, window=config.window)
 
     def __post_init__(self) -> None:
         if self.policy is not None and not isinstance(self.policy, MoCEPolicy):
@@ -90,7 +92,7 @@ class LoopConfig:
     def cache_config(self, n_layers: int, n_experts: int, top_k: int) -> CacheConfig:
         return CacheConfig(capacity=self.capacity, n_layers=n_layers, n_experts=n_experts, top_k=top_k,
                            prefetch_depth=self.prefetch_depth, prefetch_touch=self.prefetch_touch,
-                           prefetch2=self.prefetch2, split_turn=self.split_turn)
+                           prefetch2=self.prefetch2, split_turn=self.split_turn, window=self.window)
 
     @property
     def label(self) -> str:
@@ -114,6 +116,8 @@ class LoopConfig:
             parts.append("in-turn")
         if self.moce_pre and _has_bonus(p):
             parts.append("pre-bonus")
+        if self.window > 1:
+            parts.append(f"T<={self.window}")
         return " ".join(parts)
 
     def to_json(self) -> dict:
@@ -125,7 +129,7 @@ class LoopConfig:
             "J": None if p is None else p.protect_top_j, "lambda": 0.0 if p is None else p.bonus,
             "bonus_scale": None if p is None else p.bonus_scale.value, "margin": None if p is None else p.margin,
             "drop_tail_weight": 0.0 if p is None else p.drop_tail_weight,
-            "drop_tail_min_rank": None if p is None else p.drop_tail_min_rank,
+            "drop_tail_min_rank": None if p is None else p.drop_tail_min_rank, "window": self.window,
         }
 
 
@@ -137,15 +141,23 @@ class ClosedLoop:
     """Routing against simulated residency, driving the pure cache machine. Mutable (a driver:
     it holds the current `CacheState`; every state it holds came from `step`)."""
 
-    def __init__(self, config: LoopConfig, rule: RouterRule, n_layers: int, n_experts: int) -> None:
+    def __init__(self, config: LoopConfig, rule: RouterRule, n_layers: int, n_experts: int,
+                 rules: tuple[RouterRule, ...] | None = None) -> None:
+        """rules: one per layer (a sigmoid rule carries its layer's selection bias, as the
+        runtime's `Selector`); None: `rule` for every layer."""
+        check_policy_for_rule(config.policy, rule)
         self.config = config
         self.rule = rule
+        self.rules = rules if rules is not None else (rule,) * n_layers
+        if len(self.rules) != n_layers:
+            raise ValueError(f"ClosedLoop: {len(self.rules)} rules for {n_layers} layers")
         self.n_layers, self.n_experts = n_layers, n_experts
         self.cache = config.cache_config(n_layers, n_experts, rule.k)
         self.state = initial_state(self.cache)
         self.policy = config.policy
         k = config.prefetch_depth
-        self._guess_rule = RouterRule(min(k, n_experts), rule.order, rule.norm_topk_prob) if k else None
+        # the MOCE guess ranks by the layer's own rule (groups, bias) with k = the read-ahead depth
+        self._guess_rules = tuple(replace(r, k=min(k, n_experts)) for r in self.rules) if k else None
         moce_guess = config.guess is GuessRanking.MOCE and _has_bonus(config.policy)
         self._guess_policy = replace(config.policy, drop_tail_weight=0.0) if moce_guess else None
         uses_range = config.policy is not None and config.policy.bonus_scale is BonusScale.RANGE
@@ -174,9 +186,10 @@ class ClosedLoop:
     def route(self, layer: int, z: np.ndarray) -> Selection:
         """Route one token's layer-`layer` logits z [E] against the current residency, then take
         the layer's turn (`AtLayer`). Returns the selection the GPU computes."""
-        if self._ranges is not None:
-            self._ranges[layer] = update_logit_range(self._ranges[layer], z)
-        sel = route(z, self.rule, self.policy, self.resident(layer), self._logit_range(layer))
+        rule = self.rules[layer]
+        if self._ranges is not None:  # the spread of what the bonus is added to (the runtime's Selector)
+            self._ranges[layer] = update_logit_range(self._ranges[layer], rule.range_scores(z))
+        sel = route(z, rule, self.policy, self.resident(layer), self._logit_range(layer))
         self.state, _ = step(self.state, AtLayer(layer, sel.experts.tolist()))
         if len(sel.dropped):
             self.dropped += len(sel.dropped)
@@ -186,14 +199,30 @@ class ClosedLoop:
                     self._rank_fix[sel.ranks[pos]] += n
         return sel
 
+    def route_window(self, layer: int, zs: np.ndarray) -> list[Selection]:
+        """Route every position of a window (logits zs [T, E]) against the residency now, then
+        take the layer's one turn with their union (position by position, rank order), as the
+        runtime's decode window does. Misses are counted by position in the union, not by rank."""
+        sels = []
+        for z in zs:
+            if self._ranges is not None:
+                self._ranges[layer] = update_logit_range(self._ranges[layer], z)
+            sels.append(route(z, self.rule, self.policy, self.resident(layer), self._logit_range(layer)))
+        union = dict.fromkeys(e for sel in sels for e in sel.experts.tolist())
+        self.state, _ = step(self.state, AtLayer(layer, list(union)))
+        self.dropped += sum(len(sel.dropped) for sel in sels)
+        return sels
+
     def rank_guesses(self, layer: int, g: np.ndarray | None) -> tuple[int, ...]:
         """The ranked read-ahead guesses for `layer` from guess logits g [E] (empty when there is
         no read-ahead or no such layer). MOCE ranking uses `layer`'s residency now."""
-        if g is None or self._guess_rule is None or not 0 <= layer < self.n_layers:
+        if g is None or self._guess_rules is None or not 0 <= layer < self.n_layers:
             return ()
-        if self._guess_policy is None:
-            return tuple(np.argsort(-np.asarray(g, np.float32), kind="stable")[: self._guess_rule.k].tolist())
-        sel = route(g, self._guess_rule, self._guess_policy, self.resident(layer), self._logit_range(layer))
+        rule = self._guess_rules[layer]
+        if self._guess_policy is None:  # the runtime's ranking: the rule's guess scores (z for softmax rules)
+            scores = rule.guess_scores(np.asarray(g, np.float32))
+            return tuple(np.argsort(-scores, kind="stable")[: rule.k].tolist())
+        sel = route(g, rule, self._guess_policy, self.resident(layer), self._logit_range(layer))
         return tuple(sel.experts.tolist())
 
     def after(self, layer: int, guess: np.ndarray | None = None, guess2: np.ndarray | None = None) -> None:

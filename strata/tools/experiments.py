@@ -79,7 +79,7 @@ def record_windows(params, tokens, window: int, meta: dict):
         return parts[0]
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
     return Trace(cat("tokens"), cat("router_inputs"), parts[0].routers, cat("logits"), cat("selected"),
-                 cat("weights"), parts[0].rule, dict(meta))
+                 cat("weights"), parts[0].rule, dict(meta), parts[0].biases)
 
 
 def router_spread(trace, warmup: int, bonus: float = 0.85) -> dict:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from strata.errors import ConfigError
+from strata.sizes import parse_size
 from strata.cache.types import min_capacity
 from strata.reference.routing import STOCK_BONUS, STOCK_DROP_TAIL_RANK, STOCK_J, BonusScale, MoCEPolicy
 from strata.tools.closed_loop import GuessRanking, LoopConfig
@@ -29,19 +30,21 @@ def parse_list(text: str, kind=float, what: str = "value") -> list:
 
 
 def parse_capacity(text: str, *, n_layers: int, n_experts: int, top_k: int, prefetch_depth: int,
-                   prefetch2: bool = False, split_turn: bool = True) -> int:
-    """'300' slots, '25%' of all experts (L·E), or 'min' (the smallest legal arena)."""
+                   prefetch2: bool = False, split_turn: bool = True, window: int = 1) -> int:
+    """'300' or '300slots' slots, '25%' of all experts (L·E), or 'min' (the smallest legal arena
+    for windows of `window` positions): strata.sizes' grammar, less bytes (a trace knows no
+    record size)."""
     t = str(text).strip().lower()
-    least = min_capacity(n_layers, top_k, prefetch_depth, prefetch2=prefetch2, split_turn=split_turn,
-                         n_experts=n_experts)
+    if t == "min":
+        return min_capacity(n_layers, top_k, prefetch_depth, prefetch2=prefetch2, split_turn=split_turn,
+                            n_experts=n_experts, window=window)
     try:
-        if t == "min":
-            return least
-        if t.endswith("%"):
-            return max(1, round(float(t[:-1]) / 100.0 * n_layers * n_experts))
-        return int(t)
-    except ValueError:
-        raise ConfigError(f"capacity: expected slots, a percentage or 'min', got {text!r}") from None
+        spec = parse_size(t, what="capacity")
+    except ConfigError:
+        raise ConfigError(f"capacity: expected slots (300, 300slots), a percentage (25%) or 'min', got {text!r}") from None
+    if spec.nbytes or not (spec.slots or spec.percent):
+        raise ConfigError(f"capacity {text!r}: a trace knows no record size; give slots (300), a percentage or 'min'")
+    return spec.to_slots(1, n_layers * n_experts)
 
 
 def read_text(arg: str) -> str:
@@ -99,8 +102,10 @@ def _policies(args) -> list[MoCEPolicy]:
     return out
 
 
-def loop_configs(args, caps: list[str], *, n_layers: int, n_experts: int, top_k: int) -> list[LoopConfig]:
-    """The grid caps × K × touch × policies the flags describe (or the seed preset's list)."""
+def loop_configs(args, caps: list[str], *, n_layers: int, n_experts: int, top_k: int,
+                 window: int = 1) -> list[LoopConfig]:
+    """The grid caps × K × touch × policies the flags describe (or the seed preset's list);
+    `window`: the longest decode window replayed ('min' is its smallest legal arena)."""
     if getattr(args, "preset", None) == SEED_PRESET:
         return seed_preset(caps, n_layers=n_layers, n_experts=n_experts, top_k=top_k)
     out = []
@@ -110,8 +115,8 @@ def loop_configs(args, caps: list[str], *, n_layers: int, n_experts: int, top_k:
                           moce_pre=args.moce_pre, guess=GuessRanking(args.guess))
         for cap in caps:
             c = parse_capacity(cap, n_layers=n_layers, n_experts=n_experts, top_k=top_k, prefetch_depth=k,
-                               prefetch2=base.prefetch2, split_turn=base.split_turn)
-            out.append(replace(base, capacity=c))
+                               prefetch2=base.prefetch2, split_turn=base.split_turn, window=window)
+            out.append(replace(base, capacity=c, window=window))
     return out
 
 

@@ -33,7 +33,7 @@ from strata.model_config import Ffn, TensorNames
 from strata.reference.experts import swiglu_expert
 from strata.reference.model import (
     ExpertSource, ModelParams, ModelState, dense_ffn_output, embed, head, layer_router_logits, mixer_block,
-    moe_output, router_input, router_rule,
+    moe_output, router_input, router_rule, router_rules,
 )
 from strata.reference.quants import dequantize
 from strata.reference.routing import Selection, route
@@ -143,9 +143,9 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
     """Feed `tokens` one at a time. config None: the reference (λ = 0, no cache). Otherwise the
     closed loop under `config`, with the routed-output error vs λ = 0 measured on the way."""
     cfg = params.cfg
-    rule = router_rule(cfg)
+    rule, rules = router_rule(cfg), router_rules(cfg, params.dense)  # rules: per MoE layer (selection biases)
     tokens = np.asarray(tokens, np.int64)
-    loop = ClosedLoop(config, rule, cfg.n_moe_layers, cfg.n_experts) if config is not None else None
+    loop = ClosedLoop(config, rule, cfg.n_moe_layers, cfg.n_experts, rules) if config is not None else None
     acc = {"num": 0.0, "den": 0.0, "changed": 0, "turns": 0}
     counting = [False]
 
@@ -158,7 +158,7 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
         nxt = lambda a: guess.logits(layer + a, h) if guess is not None and layer + a < cfg.n_moe_layers else None  # noqa: E731
         loop.after(layer, nxt(1), nxt(2) if config.prefetch2 else None)
         if counting[0]:
-            ref = route(z, rule)
+            ref = route(z, rules[layer])
             memo: dict = {}
             y0 = _routed(params, layer, ref, h[0], memo)
             same = np.array_equal(ref.experts, sel.experts) and np.array_equal(ref.weights, sel.weights)
@@ -169,7 +169,7 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
             acc["turns"] += 1
 
     if loop is None:
-        select, hook = (lambda layer, z: route(z, rule)), None
+        select, hook = (lambda layer, z: route(z, rules[layer])), None
     else:
         select, hook = loop.route, observe
     state = ModelState.empty(cfg)

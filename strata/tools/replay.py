@@ -108,7 +108,7 @@ def replay(trace: Trace | ReplayInputs, config: LoopConfig, *, warmup: int = 0,
     T, L, k = tr.n_tokens, tr.n_layers, tr.top_k
     if not 0 <= warmup < max(T, 1):
         raise ValueError(f"warmup {warmup} must leave tokens to count (trace has {T})")
-    loop = ClosedLoop(config, tr.rule, L, tr.n_experts)
+    loop = ClosedLoop(config, tr.rule, L, tr.n_experts, rules=tr.rules)
     sels = np.full((T, L, k), NO_EXPERT, np.int64) if keep_selections else None
     urgent = np.zeros((T, L), np.int64) if keep_selections else None
     ahead = config.prefetch_depth > 0

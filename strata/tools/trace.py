@@ -2,7 +2,8 @@
 
 A trace holds, for every token × layer, the router input h = rms_norm(x) (the seed's dump of
 router inputs), the router logits z = W_router(l)·h(l) as the forward pass computed them, the
-routers themselves, and the model's own (λ = 0) selections. That is all the replay and recall
+routers themselves, the model's rule (with each MoE layer's selection bias for sigmoid-routed
+models: the rule is then per layer) and its own (λ = 0) selections. That is all the replay and recall
 tools need (the read-ahead guesses W_router(l+1)·h(l) are recomputed from it), so they never
 need the model files.
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.errors import FormatError
+from strata.errors import ConfigError, FormatError
 from strata.model_config import RoutingOrder, TensorNames
 from strata.reference.model import ModelParams, ModelState, forward, router_rule
 from strata.reference.routing import RouterRule, route
@@ -28,7 +29,8 @@ from strata.tools.closed_loop import GuessRouters
 
 __all__ = ["Trace", "record_trace", "save_trace", "load_trace", "TRACE_VERSION"]
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: the rule's groups and scaling, and per-layer selection biases (1 is still read)
+_READ_VERSIONS = (1, 2)
 _INPUT_DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
@@ -43,6 +45,10 @@ class Trace:
         logits:        float32 [T, L, E]              z(t, l) exactly as the forward pass computed it
         selected:      int64 [T, L, k]                the model's own selection, rank order
         weights:       float32 [T, L, k]              its combine weights
+        biases:        float32 [L, E] or None         each layer's selection bias (SIGMOID_TOPK)
+
+    `rules` are the per-layer rules (`rule` with each layer's bias): what routing, the replay
+    and `reroute_check` use.
     """
 
     tokens: np.ndarray
@@ -53,6 +59,18 @@ class Trace:
     weights: np.ndarray
     rule: RouterRule
     meta: dict = field(default_factory=dict)
+    biases: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.biases is None:
+            rules = (self.rule,) * self.n_layers
+        else:
+            rules = tuple(self.rule.for_layer(b) for b in np.asarray(self.biases, np.float32))
+        object.__setattr__(self, "_rules", rules)
+
+    @property
+    def rules(self) -> tuple[RouterRule, ...]:
+        return self._rules
 
     @property
     def n_tokens(self) -> int:
@@ -91,7 +109,7 @@ class Trace:
     def truncated(self, n_tokens: int) -> "Trace":
         """The first n_tokens tokens."""
         return Trace(self.tokens[:n_tokens], self.router_inputs[:n_tokens], self.routers, self.logits[:n_tokens],
-                     self.selected[:n_tokens], self.weights[:n_tokens], self.rule, dict(self.meta))
+                     self.selected[:n_tokens], self.weights[:n_tokens], self.rule, dict(self.meta), self.biases)
 
 
 def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decode_order: bool = True,
@@ -123,12 +141,16 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
         sels = [[ft.selections[m][t] for m in range(cfg.n_moe_layers)] for t in range(len(tokens))]
     routers = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.router)], np.float32)
                         for l in cfg.moe_layers])  # [L, E, D]: MoE layers only
+    biases = None
+    if cfg.router_bias:  # the rules `forward` routed by (`router_rules`): one bias per MoE layer
+        biases = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.exp_probs_b)], np.float32)
+                           for l in cfg.moe_layers])  # [L, E]
     return Trace(
         tokens=tokens, router_inputs=np.ascontiguousarray(h).astype(_INPUT_DTYPES[input_dtype]), routers=routers,
         logits=np.array([[s.logits for s in row] for row in sels], np.float32),
         selected=np.array([[s.experts for s in row] for row in sels], np.int64),
         weights=np.array([[s.weights for s in row] for row in sels], np.float32),
-        rule=router_rule(cfg), meta=dict(meta or {}),
+        rule=router_rule(cfg), meta=dict(meta or {}), biases=biases,
     )
 
 
@@ -138,12 +160,15 @@ def save_trace(path: str | Path, trace: Trace) -> Path:
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
     path.parent.mkdir(parents=True, exist_ok=True)
+    r = trace.rule
     header = {
-        "version": TRACE_VERSION, "k": trace.rule.k, "order": trace.rule.order.name,
-        "norm_topk_prob": trace.rule.norm_topk_prob, "meta": trace.meta,
+        "version": TRACE_VERSION, "k": r.k, "order": r.order.name, "norm_topk_prob": r.norm_topk_prob,
+        "n_group": r.n_group, "topk_group": r.topk_group, "scaling": r.scaling, "meta": trace.meta,
     }
+    extra = {} if trace.biases is None else {"biases": np.asarray(trace.biases, np.float32)}
     np.savez(path, tokens=trace.tokens, router_inputs=trace.router_inputs, routers=trace.routers,
-             logits=trace.logits, selected=trace.selected, weights=trace.weights, header=np.array(json.dumps(header)))
+             logits=trace.logits, selected=trace.selected, weights=trace.weights, header=np.array(json.dumps(header)),
+             **extra)
     return path
 
 
@@ -158,24 +183,34 @@ def load_trace(path: str | Path) -> Trace:
         with np.load(path, allow_pickle=False) as z:
             header = json.loads(str(z["header"]))
             arrays = {k: z[k] for k in ("tokens", "router_inputs", "routers", "logits", "selected", "weights")}
+            biases = z["biases"] if "biases" in z.files else None
     except (OSError, KeyError, ValueError) as e:
         raise FormatError(f"{path}: not a strata trace ({e})") from None
-    if header.get("version") != TRACE_VERSION:
-        raise FormatError(f"{path}: trace version {header.get('version')!r}, this strata reads {TRACE_VERSION}")
-    rule = RouterRule(int(header["k"]), RoutingOrder[header["order"]], bool(header["norm_topk_prob"]))
+    if header.get("version") not in _READ_VERSIONS:
+        raise FormatError(f"{path}: trace version {header.get('version')!r}, this strata reads "
+                          f"{', '.join(map(str, _READ_VERSIONS))}")
+    try:  # version 1 traces have no groups, scaling or biases: the defaults are what they describe
+        rule = RouterRule(int(header["k"]), RoutingOrder[header["order"]], bool(header["norm_topk_prob"]),
+                          int(header.get("n_group", 1)), int(header.get("topk_group", 1)),
+                          float(header.get("scaling", 1.0)))
+    except (KeyError, ConfigError) as e:
+        raise FormatError(f"{path}: not a strata trace (its rule: {e})") from None
     t, l, d = arrays["router_inputs"].shape
     e = arrays["routers"].shape[1]
     if (arrays["routers"].shape != (l, e, d) or arrays["selected"].shape != (t, l, rule.k)
-            or arrays["logits"].shape != (t, l, e)):
+            or arrays["logits"].shape != (t, l, e) or (biases is not None and biases.shape != (l, e))):
         raise FormatError(f"{path}: inconsistent trace shapes "
                           f"{ {k: v.shape for k, v in arrays.items()} }")
-    return Trace(rule=rule, meta=header.get("meta", {}), **arrays)
+    try:  # the per-layer rules: biases only with SIGMOID_TOPK, finite
+        return Trace(rule=rule, meta=header.get("meta", {}), biases=biases, **arrays)
+    except ConfigError as e:
+        raise FormatError(f"{path}: not a strata trace (its selection biases: {e})") from None
 
 
 def reroute_check(trace: Trace) -> float:
     """Fraction of (token, layer) whose λ = 0 selection recomputed from the stored logits equals
     the stored one (1.0 unless the file was edited)."""
     z = trace.logits
-    same = [np.array_equal(route(z[t, l], trace.rule).experts, trace.selected[t, l])
+    same = [np.array_equal(route(z[t, l], trace.rules[l]).experts, trace.selected[t, l])
             for t in range(trace.n_tokens) for l in range(trace.n_layers)]
     return float(np.mean(same)) if same else 1.0

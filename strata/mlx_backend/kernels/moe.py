@@ -47,6 +47,7 @@ from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import absent, as_f32, gpu_dialect, index_param, launch
 from strata.mlx_backend.kernels.preludes import WARP, Dialect
 from strata.mlx_backend.kernels.source import KernelSource
+from strata.errors import ConfigError
 from strata.model_config import RoutingOrder
 
 Q2 = layout(QuantType.Q2_0)
@@ -439,12 +440,21 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, f
     return out if shared is None else (out, sout)
 
 
+def routes_on_kernel(rule) -> bool:
+    """Whether the routing kernel implements the rule: the two softmax orders. A sigmoid rule
+    (selection bias, groups) routes with MLX ops on the device (routing.select_device) and runs
+    its experts through the slots kernel."""
+    return rule.order in (RoutingOrder.SOFTMAX_TOPK, RoutingOrder.TOPK_SOFTMAX)
+
+
 def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
               order: RoutingOrder, norm_topk_prob: bool, fc: int | None = None,
               shared=None) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, routing on the GPU (the model's own rule; every expert resident at
     slot_base + e). x [T, D], z [T, E] -> partials float32 [T, k * F/FC, D]; with shared (gate,
     up, down), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
+    if order not in (RoutingOrder.SOFTMAX_TOPK, RoutingOrder.TOPK_SOFTMAX):
+        raise ConfigError(f"moe_route: the routing kernel has no rule {order.value} (route with routing.select_device)")
     t, e = z.shape
     fc, threads, hx = _shape(rec, t, fc, None, None)
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))

@@ -1,0 +1,61 @@
+"""`strata doctor SOURCE`: will this model run here, and how fast — without reading a weight."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+EPILOG = """\
+SOURCE is a Hugging Face config.json (or a checkpoint directory holding one; an MLX checkpoint's
+too), a strata model NAME.gguf (with NAME.experts beside it), or a llama.cpp GGUF.
+
+The first run measures this machine (disk random reads, memory bandwidth, compute and strata's
+own engine on a small made model: about half a minute) and caches it under the user's cache
+dir; --remeasure measures again. Runtime flags (--arena, --keep, --prefetch, --backend, ...)
+change the plan exactly as they would change a run.
+
+examples:
+  strata doctor ~/hf/Qwen3-30B-A3B                     a checkpoint directory: will it run, how fast
+  strata doctor model.gguf --arena 2GB                 a strata model at a given arena
+  strata doctor model.gguf --trace trace.npz           hit rate from the model's own routing trace
+  strata doctor config.json --experts q4_0 --json      as JSON, for Q4_0 experts
+  strata doctor ~/hf/DeepSeek-V3                       an unsupported family still gets a byte budget
+"""
+
+
+def add_parser(sub, name: str) -> None:
+    from strata.cli.runtime_flags import add_runtime_flags
+
+    p = sub.add_parser(name, help="will a model run here, and how fast (reads no weights)",
+                       description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", metavar="SOURCE", help="config.json, a checkpoint directory, or a .gguf")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--trace", metavar="PATH", help="a routing trace of this model (strata trace) for the hit rate")
+    p.add_argument("--experts", default="q2_0", help="expert type of a conversion (default q2_0; strata models: theirs)")
+    p.add_argument("--dense", default="f32", help="dense type of a conversion (default f32)")
+    p.add_argument("--context", type=int, default=0, help="positions for the KV cache (default: min(4096, the model's))")
+    p.add_argument("-n", "--tokens", type=int, default=0,
+                   help="predict the mean over a run of N tokens from a cold arena (default: the steady state)")
+    p.add_argument("--remeasure", action="store_true", help="measure this machine again (else the cached profile)")
+    p.add_argument("--cache-dir", metavar="DIR", help="where the machine profile is cached (default: the user's cache dir)")
+    add_runtime_flags(p)
+    p.set_defaults(run=run, quiet=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from strata.cli.runtime_flags import config_from_args
+    from strata.formats.quant_types import parse_quant_type
+    from strata.doctor import diagnose
+    from strata.doctor.probe import default_cache_dir
+
+    config = config_from_args(args)
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
+    say = None if args.json else (lambda msg: print(f"measuring this machine: {msg}", file=sys.stderr, flush=True))
+    d = diagnose(args.source, cache_dir=cache, config=config, trace=args.trace,
+                 expert_qtype=parse_quant_type(args.experts), dense_qtype=parse_quant_type(args.dense),
+                 context=args.context or None, remeasure=args.remeasure, progress=say, horizon=args.tokens)
+    print(d.to_json() if args.json else d.text())
+    return 0

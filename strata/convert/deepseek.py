@@ -1,0 +1,100 @@
+"""DeepSeek-V3 / Kimi-K2 (`deepseek_v3`) and GLM-4.7-Flash (`glm4_moe_lite`): latent attention
+(Mixer.MLA, reference/mla.py), sigmoid routing with a selection bias in expert groups, shared
+experts (`n_shared_experts` of width `moe_intermediate_size` each: one SwiGLU of their summed
+width), dense first layers (`first_k_dense_replace`, or `mlp_layer_types`).
+
+RoPE: these checkpoints lay the rope dims of q and of the shared rope key out interleaved
+(`rope_interleave`, true by default): pairs (x0, x1), (x2, x3), ... The converter permutes those
+rows of q_b_proj (or q_proj) and kv_a_proj_with_mqa to [evens, odds], where the interleaved
+rotation is exactly the "rotate half" one strata computes; q and k move alike, so every score
+is the checkpoint's. Refused: rope scaling (DeepSeek-V3's and Kimi-K2's released configs use
+YaRN: not yet computed), an attention bias, other scoring functions. MTP layers are skipped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.convert.common import Family
+from strata.convert.hf_config import HFConfig
+from strata.convert.safetensors_reader import Checkpoint
+from strata.convert.sigmoid_common import layer_kinds, routing_fields, sigmoid_base_fields, sigmoid_tensor_plan
+from strata.model_config import Mixer, ModelConfig, TensorNames
+
+DEFAULT_ROPE_THETA = 10000.0  # DeepseekV3Config's default
+
+# strata per-layer suffix -> checkpoint suffix (MLA, the shared experts, dense FFN layers, the bias)
+LAYER_SOURCES = (
+    (TensorNames.attn_q_a, "self_attn.q_a_proj.weight"), (TensorNames.attn_q_a_norm, "self_attn.q_a_layernorm.weight"),
+    (TensorNames.attn_q_b, "self_attn.q_b_proj.weight"),
+    (TensorNames.attn_kv_a_mqa, "self_attn.kv_a_proj_with_mqa.weight"),
+    (TensorNames.attn_kv_a_norm, "self_attn.kv_a_layernorm.weight"), (TensorNames.attn_kv_b, "self_attn.kv_b_proj.weight"),
+    (TensorNames.exp_probs_b, "{moe}.gate.e_score_correction_bias"),
+    (TensorNames.shexp_gate, "{moe}.shared_experts.gate_proj.weight"),
+    (TensorNames.shexp_up, "{moe}.shared_experts.up_proj.weight"),
+    (TensorNames.shexp_down, "{moe}.shared_experts.down_proj.weight"),
+    (TensorNames.ffn_gate, "mlp.gate_proj.weight"), (TensorNames.ffn_up, "mlp.up_proj.weight"),
+    (TensorNames.ffn_down, "mlp.down_proj.weight"),
+)
+
+
+def deepseek_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
+    fields = sigmoid_base_fields(hf, ckpt)
+    nope, rope = hf.get_int("qk_nope_head_dim"), hf.get_int("qk_rope_head_dim")
+    moe_ffn = hf.get_int("moe_intermediate_size")
+    fields.update(routing_fields(hf))
+    fields.update(
+        head_dim=nope + rope, n_kv_heads=fields["n_heads"], expert_ffn_size=moe_ffn,
+        shared_ffn_size=hf.get_int("n_shared_experts", default=0) * moe_ffn,
+        layer_types=layer_kinds(hf, Mixer.MLA), dense_ffn_size=hf.get_int("intermediate_size"),
+        rope_theta=hf.rope_theta(DEFAULT_ROPE_THETA), max_context=hf.max_context(None),
+        q_lora_rank=hf.get_int("q_lora_rank", default=0), kv_lora_rank=hf.get_int("kv_lora_rank"),
+        qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=hf.get_int("v_head_dim"),
+    )
+    if not hf.get_bool("rope_interleave", default=True):
+        raise hf.unsupported("rope_interleave = false", "the released (interleaved) rope layout")
+    return ModelConfig(**fields)
+
+
+def deinterleave(rows: np.ndarray) -> np.ndarray:
+    """Rows (x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...). Shapes: [.., r, in] along axis -2"""
+    r = rows.shape[-2]
+    return rows[..., np.r_[0:r:2, 1:r:2], :]
+
+
+def rope_rows(cfg: ModelConfig, name: str):
+    """The de-interleave of the rope rows of an MLA layer's query projection (per head) or of
+    its shared rope key, as a function of the checkpoint tensor; None for any other tensor."""
+    n = TensorNames
+    if not name.startswith("blk.") or cfg.kinds[int(name.split(".")[1])].mixer is not Mixer.MLA:
+        return None
+    suffix = name.split(".", 2)[-1]
+    nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+    if suffix in (n.attn_q_b, n.attn_q):
+        def query(x: np.ndarray) -> np.ndarray:
+            heads = x.reshape(cfg.n_heads, nope + rope, x.shape[-1]).copy()  # [H, n + r, in]
+            heads[:, nope:] = deinterleave(heads[:, nope:])
+            return heads.reshape(x.shape)
+        return query
+    if suffix == n.attn_kv_a_mqa:
+        def shared_key(x: np.ndarray) -> np.ndarray:
+            out = x.copy()  # [c + r, D]
+            out[cfg.kv_lora_rank:] = deinterleave(x[cfg.kv_lora_rank:])
+            return out
+        return shared_key
+    return None
+
+
+_FEATURES = ("latent attention (q_lora_rank, kv_lora_rank, rope/nope split, v_head_dim), sigmoid routing with "
+             "e_score_correction_bias and expert groups, routed_scaling_factor, shared experts, dense first layers")
+
+_TENSORS = sigmoid_tensor_plan(LAYER_SOURCES, rewrite=rope_rows, what="rope rows de-interleaved")
+
+DEEPSEEK_V3 = Family(
+    name="DeepSeek-V3", model_types=("deepseek_v3", "kimi_k2"), model_config=deepseek_config,
+    supported_features=_FEATURES, tensor_plan=_TENSORS,
+)
+GLM4_MOE_LITE = Family(
+    name="GLM-4.7-Flash", model_types=("glm4_moe_lite",), model_config=deepseek_config,
+    supported_features=_FEATURES, tensor_plan=_TENSORS,
+)

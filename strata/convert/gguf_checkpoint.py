@@ -1,0 +1,265 @@
+"""A llama.cpp GGUF model file read as the Hugging Face checkpoint it was converted from.
+
+`hf_config_of` turns the GGUF's metadata (`{arch}.block_count`, `{arch}.embedding_length`, ...)
+into the config.json keys the families read; `GgufCheckpoint` presents its tensors under the
+Hugging Face names (`blk.0.attn_q.weight` -> `model.layers.0.self_attn.q_proj.weight`),
+dequantized by the `gguf` package's own dequantizers; `GgufExpertTensors` reads the stacked
+`blk.L.ffn_{gate,up,down}_exps` experts either as their stored blocks (when a strata type holds
+them exactly: F32, F16, Q8_0, Q4_0, whose ggml blocks ARE strata's block form) or dequantized
+(K-quants and the rest, which the converter requantizes); `tokenizer_of` rebuilds a
+`tokenizer.json` from the GGUF's byte-level BPE vocabulary.
+
+llama.cpp's converter permutes the rows of Q and K for its `llama` architecture (Mixtral), to
+its interleaved rotary order; `read` undoes that so the values are the checkpoint's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from strata.convert.hf_config import HFConfig
+from strata.convert.tokenizer_files import TokenizerFiles
+from strata.errors import ConfigError, FormatError
+from strata.formats.expert_record import ExpertWeights
+from strata.formats.quant_types import QuantType
+from strata.model_config import ModelConfig
+from strata.reference.quants import from_blocks
+
+GGUF_MAGIC = b"GGUF"
+# llama.cpp architecture -> (transformers model_type, MoE block name)
+ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
+                 "llama": ("mixtral", "block_sparse_moe")}
+# llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others)
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False}
+PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
+    "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate_inp.weight": "{moe}.gate.weight",
+    "ffn_gate_shexp.weight": "{moe}.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "{moe}.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "{moe}.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "{moe}.shared_expert_gate.weight",
+}
+GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+          "output.weight": "lm_head.weight"}
+EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+KEPT = {"F32": QuantType.F32, "F16": QuantType.F16, "Q8_0": QuantType.Q8_0, "Q4_0": QuantType.Q4_0}
+TOKEN_TYPE_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: special tokens
+
+
+def is_gguf(path: str | Path) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def _reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct.error, IndexError on bad files
+        raise FormatError(f"{path}: unreadable GGUF ({type(e).__name__}: {e})") from None
+
+
+def _value(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+class GgufCheckpoint:
+    """The tensors of a llama.cpp GGUF under Hugging Face names (the `Checkpoint` interface)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = self.directory = Path(path)
+        self.reader = _reader(self.path)
+        self.arch = _value(self.reader, "general.architecture")
+        if self.arch not in ARCHITECTURES:
+            raise ConfigError(f"{path}: llama.cpp architecture {self.arch!r} not supported; supported: "
+                              f"{', '.join(ARCHITECTURES)}")
+        self.model_type, self.moe = ARCHITECTURES[self.arch]
+        self.gguf_tensors = {t.name: t for t in self.reader.tensors}
+        self.tensors: dict[str, str] = {}  # Hugging Face name -> GGUF name
+        for name in self.gguf_tensors:
+            hf = self._hf_name(name)
+            if hf is not None:
+                self.tensors[hf] = name
+            elif not name.endswith(EXPERT_SUFFIXES):
+                self.tensors[name] = name  # unknown: check_unused names it
+
+    def _hf_name(self, name: str) -> str | None:
+        if name in GLOBAL:
+            return GLOBAL[name]
+        parts = name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in PER_LAYER:
+            return f"model.layers.{parts[1]}." + PER_LAYER[parts[2]].format(moe=self.moe)
+        return None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors or name in self.gguf_tensors
+
+    def _tensor(self, name: str):
+        gname = self.tensors.get(name, name)
+        if gname not in self.gguf_tensors:
+            raise FormatError(f"{self.path}: no tensor {name}")
+        return self.gguf_tensors[gname]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in reversed(self._tensor(name).shape))  # ggml's ne is innermost first
+
+    def check_dtype(self, name: str) -> None:
+        import gguf
+
+        t = self._tensor(name)
+        if t.tensor_type not in gguf.quants._type_traits and t.tensor_type not in (
+                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
+            raise FormatError(f"{self.path}: tensor {t.name}: type {t.tensor_type.name} has no dequantizer in gguf")
+
+    def raw(self, name: str, index: int | None = None) -> tuple[str, np.ndarray]:
+        """(ggml type name, the stored data: rows of blocks as uint8, or the float array)."""
+        t = self._tensor(name)
+        data = np.asarray(t.data)
+        return t.tensor_type.name, (data if index is None else data[index])
+
+    def read(self, name: str, index: int | None = None) -> np.ndarray:
+        """The tensor in float32, in the Hugging Face layout. Shapes: -> shape(name) (without index)"""
+        import gguf
+
+        t = self._tensor(name)
+        data = np.asarray(t.data) if index is None else np.asarray(t.data)[index]
+        x = gguf.quants.dequantize(data, t.tensor_type).astype(np.float32)
+        want = self.shape(name) if index is None else self.shape(name)[1:]
+        x = x.reshape(want)
+        if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            x = self._unpermute(x, t.name)
+        return x
+
+    def _unpermute(self, w: np.ndarray, name: str) -> np.ndarray:
+        """Inverse of llama.cpp's `LlamaModel.permute` (rows of each head: [2, half] -> [half, 2])."""
+        heads = int(_value(self.reader, "llama.attention.head_count"))
+        if name.endswith("attn_k.weight"):
+            heads = int(_value(self.reader, "llama.attention.head_count_kv", heads))
+        rows, cols = w.shape
+        return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+    def close(self) -> None:
+        self.reader = None
+
+    def __enter__(self) -> "GgufCheckpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
+    """The config.json keys the families read, from the GGUF's `{arch}.*` metadata."""
+    r, a = ckpt.reader, ckpt.arch
+    get = lambda key, default=None: _value(r, f"{a}.{key}", default)  # noqa: E731
+    n_experts = get("expert_count", 0)
+    if not n_experts:
+        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    scaling = get("rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none")
+    vocab = ckpt.shape("model.embed_tokens.weight")[0]
+    ffn = get("expert_feed_forward_length", get("feed_forward_length"))
+    raw = dict(
+        model_type=ckpt.model_type, vocab_size=vocab, hidden_size=get("embedding_length"),
+        num_hidden_layers=get("block_count"), num_attention_heads=get("attention.head_count"),
+        num_key_value_heads=get("attention.head_count_kv", get("attention.head_count")),
+        head_dim=get("attention.key_length"), num_experts=n_experts, num_local_experts=n_experts,
+        num_experts_per_tok=get("expert_used_count"), moe_intermediate_size=ffn, intermediate_size=ffn,
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
+        max_position_embeddings=get("context_length"), hidden_act="silu",
+        norm_topk_prob=bool(get("expert_weights_norm", NORM_TOPK[a])),
+        tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
+    )
+    shared = get("expert_shared_feed_forward_length")
+    if shared:
+        raw["shared_expert_intermediate_size"] = shared
+    return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
+
+
+class GgufExpertTensors:
+    """The stacked experts of a GGUF: `qtype` is the strata type that holds every projection
+    exactly (None: they are requantized; see the module doc)."""
+
+    def __init__(self, ckpt: GgufCheckpoint, cfg: ModelConfig, moe: str = "", projections=None) -> None:
+        self._ckpt = ckpt
+        self.names = [tuple(f"blk.{l}.{s}" for s in EXPERT_SUFFIXES) for l in range(cfg.n_layers)]
+        self.consumed: set[str] = set()
+        f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
+        types = set()
+        for layer in self.names:
+            for name, shape in zip(layer, ((n_exp, f, d), (n_exp, f, d), (n_exp, d, f))):
+                if name not in ckpt.gguf_tensors:
+                    raise FormatError(f"{ckpt.path}: no tensor {name} (llama.cpp's stacked experts)")
+                if ckpt.shape(name) != shape:
+                    raise FormatError(f"{ckpt.path}: tensor {name}: shape {list(ckpt.shape(name))}, expected {list(shape)}")
+                ckpt.check_dtype(name)
+                types.add(ckpt.gguf_tensors[name].tensor_type.name)
+        self.source_types = sorted(types)
+        self.qtype: QuantType | None = KEPT[types.pop()] if len(types) == 1 and next(iter(types)) in KEPT else None
+
+    def read(self, layer: int, expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """gguf's dequantization: gate [F, D], up [F, D], down [D, F] float32."""
+        return tuple(self._ckpt.read(n, expert) for n in self.names[layer])  # type: ignore[return-value]
+
+    def read_quantized(self, layer: int, expert: int) -> ExpertWeights:
+        """The stored blocks as strata's (ggml's F32/F16/Q8_0/Q4_0 block form is strata's `to_blocks`)."""
+        mats = []
+        for name in self.names[layer]:
+            _, data = self._ckpt.raw(name, expert)
+            cols = self._ckpt.shape(name)[-1]
+            mats.append(from_blocks(self.qtype, cols, np.ascontiguousarray(data).view(np.uint8)))
+        return ExpertWeights(*mats)
+
+
+# ---------------------------------------------------------------- tokenizer
+
+# tokenizer.ggml.pre -> the pre-tokenizer split regex of the Hugging Face tokenizer it came from
+_GPT2 = None  # ByteLevel's own regex
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {"gpt2": _GPT2, "default": _GPT2, "qwen2": _QWEN2, "olmo": _GPT2}
+
+
+def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
+    """A tokenizer.json rebuilt from the GGUF's byte-level BPE (`tokenizer.ggml.model` gpt2)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    r = ckpt.reader
+    kind = _value(r, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ConfigError(f"{ckpt.path}: tokenizer.ggml.model = {kind!r}; supported: 'gpt2' (byte-level BPE)")
+    pre = _value(r, "tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise ConfigError(f"{ckpt.path}: tokenizer.ggml.pre = {pre!r}; supported: {', '.join(PRE_TOKENIZERS)}")
+    tokens = list(_value(r, "tokenizer.ggml.tokens"))
+    merges = [tuple(m.split(" ", 1)) for m in _value(r, "tokenizer.ggml.merges", [])]
+    types = list(_value(r, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    regex = PRE_TOKENIZERS[pre]
+    if regex is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL])
+    special = {}
+    for name in ("bos", "eos", "unk", "pad"):
+        idx = _value(r, f"tokenizer.ggml.{name}_token_id")
+        if idx is not None and 0 <= int(idx) < len(tokens):
+            special[f"{name}_token"] = tokens[int(idx)]
+    return TokenizerFiles(tok.to_str(), len(tokens), _value(r, "tokenizer.chat_template"), special)

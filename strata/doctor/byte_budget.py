@@ -1,0 +1,114 @@
+"""Bytes a model takes, in memory and per decoded token, by quant type.
+
+Sizes come from the one definition of each format (`strata.formats.quant_types`,
+`strata.formats.expert_record.RecordLayout`), never retyped here:
+
+- experts: one record per (MoE layer, expert) of `RecordLayout(qtype, hidden, expert_ffn)`; a
+  slot is its `padded_bytes`; a token reads `top_k` records per MoE layer (`record_bytes`).
+- dense: strata's loader widens every dense tensor to float32 in memory whatever the file holds
+  (`DENSE_RESIDENT_TYPE`), so resident and per-token dense bytes are float32's; the file's
+  own type is shown beside them.
+- KV cache: float32 K and V per position of every attention layer, at `context` positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.doctor.families import PartCounts
+from strata.formats.expert_record import RECORD_ALIGN, RecordLayout, align_up
+from strata.formats.quant_types import QuantType, layout
+
+__all__ = ["ByteBudget", "ByteRow", "byte_budget", "bytes_per_weight", "DENSE_RESIDENT_TYPE", "STORED_BITS"]
+
+DENSE_RESIDENT_TYPE = QuantType.F32  # the loader's widening (until dense weights are kept as stored)
+KV_BYTES = 4  # float32 K/V cache values
+# bits per weight of checkpoint formats strata does not store itself (scales included)
+STORED_BITS = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "fp8": 8.0 + 32 / (128 * 128), "mxfp4": 4.25}
+
+
+def bytes_per_weight(qtype: QuantType) -> float:
+    lay = layout(qtype)
+    return lay.block_bytes / lay.block_size
+
+
+@dataclass(frozen=True)
+class ByteRow:
+    part: str
+    qtype: str
+    weights: int
+    resident_bytes: int  # held in memory all-resident
+    per_token_bytes: int  # read for one decoded token
+
+
+@dataclass(frozen=True)
+class ByteBudget:
+    rows: tuple[ByteRow, ...]
+    expert_qtype: QuantType
+    record_bytes: int  # one expert as compute reads it
+    slot_bytes: int  # one arena slot (the record padded to RECORD_ALIGN)
+    total_experts: int
+    dense_resident: int  # dense weights in memory (float32-widened)
+    dense_file: int  # dense weights in the model file, as stored
+    experts_resident: int  # every expert in memory (slots)
+    kv_bytes: int  # the KV cache at `context` positions
+    context: int
+    stored: dict  # the checkpoint as published: part -> bytes (HF sources)
+
+    @property
+    def per_token(self) -> int:
+        return sum(r.per_token_bytes for r in self.rows)
+
+    @property
+    def expert_per_token(self) -> int:
+        return sum(r.per_token_bytes for r in self.rows if r.part == "experts")
+
+    @property
+    def dense_per_token(self) -> int:
+        return self.per_token - self.expert_per_token
+
+    @property
+    def all_resident(self) -> int:
+        return self.dense_resident + self.experts_resident + self.kv_bytes
+
+
+def _record(counts: PartCounts, qtype: QuantType) -> tuple[int, int]:
+    try:
+        rec = RecordLayout(qtype, counts.hidden, counts.expert_ffn)
+        return rec.record_bytes, rec.padded_bytes
+    except ValueError:  # a dimension that is not a whole number of blocks: the formula without planes
+        n = int(counts.expert_weights * bytes_per_weight(qtype))
+        return n, align_up(n, RECORD_ALIGN)
+
+
+def byte_budget(counts: PartCounts, *, expert_qtype: QuantType = QuantType.Q2_0,
+                dense_qtype: QuantType = QuantType.F32, context: int = 4096,
+                slot_bytes: int | None = None, stored: dict | None = None) -> ByteBudget:
+    """The byte budget of `counts` with experts as `expert_qtype` and dense weights stored as
+    `dense_qtype` (resident as float32). `slot_bytes`: the real record stride where an
+    `.experts` file exists."""
+    record, padded = _record(counts, expert_qtype)
+    padded = slot_bytes or padded
+    res = bytes_per_weight(DENSE_RESIDENT_TYPE)
+    row = counts.embedding if counts.tie_embeddings else counts.hidden  # tied: the head reads the whole table
+    rows = [ByteRow("embedding", DENSE_RESIDENT_TYPE.name, counts.embedding, int(counts.embedding * res),
+                    int(row * res))]
+    for part, n in counts.dense.items():
+        rows.append(ByteRow(part, DENSE_RESIDENT_TYPE.name, n, int(n * res), int(n * res)))
+    rows.append(ByteRow("experts", expert_qtype.name, counts.total_experts * counts.expert_weights,
+                        counts.total_experts * padded, counts.moe_layers * counts.top_k * record))
+    dense_file = int(counts.embedding * bytes_per_weight(QuantType.F32 if dense_qtype is QuantType.F32 else dense_qtype))
+    dense_file += sum(int(n * (bytes_per_weight(QuantType.F32) if part in ("router", "norms")
+                               else bytes_per_weight(dense_qtype))) for part, n in counts.dense.items())
+    dense_resident = sum(r.resident_bytes for r in rows if r.part != "experts")
+    context_kv = counts.kv_per_position * context * KV_BYTES + counts.linear_state * KV_BYTES
+    return ByteBudget(rows=tuple(rows), expert_qtype=expert_qtype, record_bytes=record, slot_bytes=padded,
+                      total_experts=counts.total_experts, dense_resident=dense_resident, dense_file=dense_file,
+                      experts_resident=counts.total_experts * padded, kv_bytes=context_kv, context=context,
+                      stored=stored or {})
+
+
+def stored_bytes(counts: PartCounts, *, dense_bits: float, expert_bits: float) -> dict:
+    """The checkpoint's own size by part (bits per weight as published)."""
+    return {"dense": int(counts.dense_weights * dense_bits / 8),
+            "experts": int(counts.total_experts * counts.expert_weights * expert_bits / 8)}

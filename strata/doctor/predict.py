@@ -1,0 +1,143 @@
+"""Will it run here, and how fast: the arena the budget rule gives, the hit rate there, decode
+tok/s and peak memory, from a source's byte budget and this machine's profile.
+
+Decode time per token (seconds):
+
+    resident:  n_layers · layer_s + ops
+    streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · read_s
+               + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
+
+    ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
+          + k · moe_layers · (expert_call_s + expert(record) − expert(calibration record))
+          and never less than the token's bytes at the measured memory bandwidth
+
+Peak memory: the process's base (measured) + the dense weights as held (float32) + every
+expert (all-resident) or the arena (streaming) + the KV cache at `context`. The model file's
+mapped pages are not added: measured peaks of the embedded and made models sit within 2-4% of
+this sum and 6-16% below it with the file's size added (the map is let go as the copies fill).
+
+The arena is the budget rule's as it will be at engine start: today's available memory less
+what loading takes first (the base process and the dense weights), less keep, through
+`strata.runtime.budget.plan_arena` itself, so `--arena`, `--keep` and the refusals behave as
+in a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from strata.doctor.byte_budget import ByteBudget
+from strata.doctor.families import PartCounts
+from strata.doctor.locality import Locality, from_curve, from_trace
+from strata.doctor.probe import MachineProfile
+from strata.errors import StrataError
+from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
+from strata.runtime.memory import MemoryInfo
+
+__all__ = ["Prediction", "predict", "ops_seconds"]
+
+ATTENTION_GEMVS = 4  # q, k, v, o per layer
+SHARED_GEMVS = 3  # gate, up, down of a shared expert (or a dense MLP layer)
+
+
+def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile) -> float:
+    """The weight-reading part of one decoded token (module docstring)."""
+    L, moe = counts.n_layers, counts.moe_layers
+    calls = L * ATTENTION_GEMVS + moe + 1  # + routers + head
+    if counts.dense.get("shared_expert"):
+        calls += moe * SHARED_GEMVS
+    if counts.dense.get("dense_ffn"):
+        calls += (L - moe) * SHARED_GEMVS
+    n_experts = moe * counts.top_k
+    experts = n_experts * profile.expert_seconds(budget.expert_per_token / n_experts) if n_experts else 0.0
+    return profile.gemv.seconds(calls, budget.dense_per_token) + experts
+
+
+@dataclass(frozen=True)
+class Prediction:
+    verdict: str  # "fits resident", "streams", "will not run", "not supported"
+    summary: str  # one line for people
+    backend: str
+    streaming: bool
+    arena_slots: int
+    arena_bytes: int
+    min_slots: int
+    plan_reason: str
+    locality: Locality | None
+    token_s: float
+    tok_per_s: float
+    breakdown: dict = field(default_factory=dict)  # ms per token by term
+    peak_memory: int = 0
+    memory: dict = field(default_factory=dict)  # the machine's total / available and their source
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["locality"] = asdict(self.locality) if self.locality else None
+        return d
+
+
+def _min_slots(counts: PartCounts, config) -> int:
+    from strata.cache.types import min_capacity
+
+    return min_capacity(counts.moe_layers, counts.top_k, config.prefetch, split_turn=config.split_turn,
+                        prefetch2=config.prefetch2, n_experts=counts.n_experts)
+
+
+def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, config, memory: MemoryInfo,
+            supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None,
+            horizon: int = 0, prompt: int = 0) -> Prediction:
+    """horizon 0: steady-state decode; N: the mean over a run of N tokens after `prompt` from a
+    cold arena (what a short `strata generate` reports)."""
+    least = _min_slots(counts, config)
+    base = profile.base_rss
+    after_load = memory.available - base - budget.dense_resident  # the file's mapped pages are let go after load
+    mem = {"total": memory.total, "available": memory.available, "source": memory.source,
+           "available_at_engine_start": after_load}
+    plan: ArenaPlan | None = None
+    refusal = ""
+    try:
+        plan = plan_arena(config=config, slot_bytes=budget.slot_bytes, total_experts=budget.total_experts,
+                          min_slots=least, dense_bytes=budget.dense_resident, model_files=model_files,
+                          available=after_load, total=memory.total)
+    except StrataError as e:
+        refusal = str(e)
+    streaming = plan.streaming if plan else True
+    slots = plan.slots if plan and plan.streaming else (0 if plan else least)
+    locality = None
+    if streaming:
+        if trace is not None:
+            locality = from_trace(trace, config, slots, horizon=horizon, prompt=prompt)
+        else:
+            locality = from_curve(slots / max(budget.total_experts, 1), counts.moe_layers * counts.top_k,
+                                  fill_per_token=slots / (prompt + horizon) if horizon else 0.0)
+    # never faster than reading the bytes once at the measured memory bandwidth
+    ops = max(ops_seconds(counts, budget, profile), budget.per_token / profile.mem_bytes_per_s)
+    terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops}
+    if streaming and locality is not None:
+        miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s
+        terms["turns"] = counts.moe_layers * (profile.turn_s + profile.turn_slot_s * slots)
+        terms["reads"] = locality.reads_per_token * profile.read_s
+        terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
+    token_s = sum(terms.values())
+    experts_held = plan.nbytes if plan and plan.streaming else budget.experts_resident
+    peak = base + budget.dense_resident + experts_held + budget.kv_bytes
+    tps = 1.0 / token_s if token_s > 0 else 0.0
+    arena_txt = f"arena {slots} slots ({fmt_bytes(slots * budget.slot_bytes)})"
+    if not supported:
+        verdict = "not supported"
+        how = f"streams at ~{tps:.3g} tok/s ({arena_txt})" if streaming else f"fits resident at ~{tps:.3g} tok/s"
+        summary = f"not supported by this version yet ({why_not}); " + (
+            f"and here it would not run: {refusal}" if refusal else f"if it ran: {how}")
+    elif refusal:
+        verdict, summary = "will not run", f"will not run here: {refusal}"
+    elif streaming:
+        verdict = "streams"
+        summary = (f"streams at {tps:.3g} tok/s: {arena_txt}, hit rate {100 * locality.hit_rate:.1f}%, "
+                   f"{locality.urgent_per_token:.2f} urgent misses/token")
+    else:
+        verdict, summary = "fits resident", f"fits resident: {tps:.3g} tok/s, peak {fmt_bytes(peak)}"
+    return Prediction(verdict=verdict, summary=summary, backend=profile.backend, streaming=streaming,
+                      arena_slots=slots, arena_bytes=slots * budget.slot_bytes, min_slots=least,
+                      plan_reason=plan.reason if plan else refusal, locality=locality, token_s=token_s,
+                      tok_per_s=tps, breakdown={k: 1e3 * v for k, v in terms.items()}, peak_memory=peak, memory=mem)

@@ -1,0 +1,429 @@
+"""This machine, measured once and cached: disk, memory, compute and strata's own engine costs.
+
+`machine_profile(backend, cache_dir)` returns the cached `MachineProfile` for the backend, or
+measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`:
+
+- disk: 4 KiB random reads at queue depth 1 (latency) and 1 MiB random reads from 4 threads
+  (bandwidth), O_DIRECT where the filesystem allows, on a scratch file in the cache dir;
+- memory bandwidth: a 64 MB array copy (bytes read + written per second);
+- compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
+  backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
+- the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
+  all-resident at top-4 and at top-1 (the difference is the engine's own cost per routed
+  expert, `expert_call_s`; the microbenchmark only scales it with the record's size), then
+  streaming at four arenas from the smallest legal one to every expert. What the ops do not
+  explain is strata's per-layer cost (`layer_s`); the streaming runs
+  give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by least
+  squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per arena slot: measured to
+  grow with the arena) and the host's cost per read issued (`read_s`). The resident run's peak
+  RSS less the model's bytes is the process's base memory.
+
+Per-token steps are medians (after the warm-up), so a loaded machine's spikes move them less;
+the 1-minute load average at measurement time is kept with the profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+__all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
+
+PROFILE_VERSION = 4
+SCRATCH_BYTES = 64 << 20
+SMALL_READ, LARGE_READ = 4096, 1 << 20
+READ_THREADS = 4
+CALIBRATION_LAYERS = 6
+CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
+CALIBRATION_TOKENS = 32
+CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Seconds per call of one op as a function of the weight bytes it reads: measured points
+    (bytes, seconds), interpolated in log-log; past the largest point, time grows with bytes
+    at that point's rate; below the smallest, the smallest point's time (the call's own cost).
+    A table rather than a line, because the rate depends on size: a numpy Q2_0 expert of
+    1024 x 512 dequantizes into 2 MB temporaries and ran 3-4x slower per byte than one of
+    256 x 128 here (docs/doctor.md)."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def each(self, nbytes: float) -> float:
+        xs = np.array([b for b, _ in self.points], float)
+        ts = np.array([t for _, t in self.points], float)
+        if nbytes >= xs[-1]:
+            return float(ts[-1] * nbytes / xs[-1])
+        if nbytes <= xs[0]:
+            return float(ts[0])
+        return float(np.exp(np.interp(np.log(nbytes), np.log(xs), np.log(ts))))
+
+    def seconds(self, calls: float, nbytes: float) -> float:
+        """`calls` calls reading `nbytes` in all (each call reads the mean)."""
+        return calls * self.each(nbytes / calls) if calls else 0.0
+
+    def to_dict(self) -> dict:
+        return {"points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "OpCost":
+        return cls(tuple((float(b), float(t)) for b, t in d["points"]))
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    backend: str
+    machine: str
+    disk_latency_s: float
+    disk_bytes_per_s: float
+    disk_direct: bool
+    mem_bytes_per_s: float
+    gemv: OpCost
+    expert: OpCost  # the expert op alone (microbenchmark), by record bytes
+    expert_call_s: float  # the engine's cost per routed expert at `calibration_record_bytes` (measured in-engine)
+    calibration_record_bytes: int
+    layer_s: float
+    turn_s: float
+    turn_slot_s: float  # the turn's growth per arena slot (the cache's victim search passes pinned slots)
+    read_s: float
+    miss_s: float
+    calibration_slot_bytes: int
+    base_rss: int
+    load_avg: float
+    measured_at: float
+    version: int = PROFILE_VERSION
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def read_seconds(self, nbytes: int) -> float:
+        return self.disk_latency_s + nbytes / self.disk_bytes_per_s
+
+    def expert_seconds(self, record_bytes: float) -> float:
+        """One routed expert in the engine: its in-engine cost at the calibration size, plus
+        what the microbenchmark says a record of this size costs beyond that one."""
+        extra = self.expert.each(record_bytes) - self.expert.each(self.calibration_record_bytes)
+        return self.expert_call_s + max(0.0, extra)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        d["gemv"], d["expert"] = self.gemv.to_dict(), self.expert.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MachineProfile":
+        d = dict(d)
+        d["gemv"], d["expert"] = OpCost.from_dict(d["gemv"]), OpCost.from_dict(d["expert"])
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """The user's cache dir for strata: $XDG_CACHE_HOME/strata, ~/Library/Caches/strata on
+    macOS, ~/.cache/strata elsewhere. `environ` is passed in (the CLI gives os.environ)."""
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]) / "strata"
+    home = Path(environ.get("HOME") or Path.home())
+    if platform.system() == "Darwin":
+        return home / "Library" / "Caches" / "strata"
+    return home / ".cache" / "strata"
+
+
+def _machine_id() -> str:
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
+
+
+def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None) -> MachineProfile:
+    """The cached profile of this machine for `backend`, measured now if absent or stale."""
+    path = Path(cache_dir) / f"machine-{backend}.json"
+    if path.exists() and not remeasure:
+        try:
+            prof = MachineProfile.from_dict(json.loads(path.read_text()))
+            if prof.version == PROFILE_VERSION and prof.machine == _machine_id():
+                return prof
+        except (ValueError, TypeError, KeyError):
+            pass  # an old or broken cache: measure again
+    prof = measure_machine(backend, Path(cache_dir), progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    return prof
+
+
+# ---------------------------------------------------------------- disk
+
+
+def _disk(cache_dir: Path) -> tuple[float, float, bool]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / "disk-probe.tmp"
+    rng = np.random.default_rng(0)
+    try:
+        with open(path, "wb") as f:
+            f.write(rng.integers(0, 255, SCRATCH_BYTES, dtype=np.uint8).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        direct = True
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            if not getattr(os, "O_DIRECT", 0):
+                raise OSError("no O_DIRECT")
+        except OSError:
+            direct = False
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            import mmap
+
+            buf = mmap.mmap(-1, LARGE_READ)  # page-aligned, as O_DIRECT wants
+            try:
+                os.preadv(fd, [memoryview(buf)[:SMALL_READ]], 0)
+            except OSError:
+                direct = False
+                os.close(fd)
+                fd = os.open(path, os.O_RDONLY)
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped, reads go to disk
+            offsets = rng.integers(0, SCRATCH_BYTES // SMALL_READ, 200) * SMALL_READ
+            lat = []
+            for off in offsets:
+                t = time.perf_counter()
+                os.preadv(fd, [memoryview(buf)[:SMALL_READ]], int(off))
+                lat.append(time.perf_counter() - t)
+            big = rng.integers(0, SCRATCH_BYTES // LARGE_READ, 64) * LARGE_READ
+            if not direct and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+            def reader(part):
+                b = mmap.mmap(-1, LARGE_READ)
+                for off in part:
+                    os.preadv(fd, [memoryview(b)], int(off))
+
+            threads = [threading.Thread(target=reader, args=(big[i::READ_THREADS],)) for i in range(READ_THREADS)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            bw = len(big) * LARGE_READ / (time.perf_counter() - t)
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+    return float(np.median(lat)), float(bw), direct
+
+
+# ---------------------------------------------------------------- memory and compute
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _median(fn, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return float(np.median(out))
+
+
+def _mem_bw() -> float:
+    a = np.ones(SCRATCH_BYTES // 4, np.float32)
+    b = np.empty_like(a)
+    return 2 * a.nbytes / _best(lambda: np.copyto(b, a), 5)
+
+
+GEMV_SIZES = (64, 256, 1024, 2048, 4096)  # square float32 matrices: 16 kB .. 64 MB
+EXPERT_SIZES = ((64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048, 768))  # (D, F)
+COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its median
+
+
+def _table(cases, repeats: int = 5) -> OpCost:
+    """OpCost from [(bytes, fn)]: the median over COMPUTE_ROUNDS rounds of each size's median.
+    A round during which other processes kept more than QUIET_OTHERS of the CPUs busy is
+    redone (at most COMPUTE_ROUNDS more times): a burst of other work must not set a rate."""
+    from strata.doctor.measure import QUIET_OTHERS, _cpu_jiffies, others_busy
+
+    times: list[list[float]] = [[] for _ in cases]
+    kept = tried = 0
+    while kept < COMPUTE_ROUNDS and tried < 2 * COMPUTE_ROUNDS:
+        tried += 1
+        before, own = _cpu_jiffies(), sum(os.times()[:2])
+        row = [_median(fn, repeats) for _, fn in cases]
+        if others_busy(before, _cpu_jiffies(), sum(os.times()[:2]) - own) > QUIET_OTHERS and tried < 2 * COMPUTE_ROUNDS:
+            continue
+        kept += 1
+        for i, t in enumerate(row):
+            times[i].append(t)
+    pts = sorted((float(b), float(np.median(t))) for (b, _), t in zip(cases, times))
+    for i in range(1, len(pts)):  # more bytes never take less time (noise can say otherwise)
+        pts[i] = (pts[i][0], max(pts[i][1], pts[i - 1][1]))
+    return OpCost(tuple(pts))
+
+
+def _compute_numpy() -> tuple[OpCost, OpCost]:
+    from strata.formats.expert_record import ExpertWeights, RecordLayout
+    from strata.formats.quant_types import QuantType
+    from strata.reference.experts import swiglu_expert
+    from strata.reference.quants import quantize
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for n in GEMV_SIZES:
+        w = rng.standard_normal((n, n), dtype=np.float32)
+        x = rng.standard_normal(n, dtype=np.float32)
+        cases.append((w.nbytes, lambda w=w, x=x: x @ w.T))
+    gemv = _table(cases)
+    cases = []
+    for d, f in EXPERT_SIZES:
+        ew = ExpertWeights(quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
+                           quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
+                           quantize(QuantType.Q2_0, rng.standard_normal((d, f), dtype=np.float32)))
+        x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
+        cases.append((RecordLayout(QuantType.Q2_0, d, f).record_bytes, lambda ew=ew, x=x: swiglu_expert(ew, x)))
+    return gemv, _table(cases, repeats=3)
+
+
+def _compute_mlx() -> tuple[OpCost, OpCost]:
+    """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls reading its
+    record bytes (the Q2_0 kernels are bandwidth-bound). Unverified on a GPU."""
+    import mlx.core as mx
+
+    cases = []
+    for n in GEMV_SIZES:
+        w = mx.random.normal((n, n))
+        x = mx.random.normal((n,))
+        mx.eval(w, x)
+        cases.append((n * n * 4, lambda w=w, x=x: mx.eval(w @ x)))
+    gemv = _table(cases)
+    return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points))
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def _token_s(run) -> float:
+    """Mean seconds per decoded token: the stream report's own (the same tokens its read and
+    miss counts cover), else tokens / decode time."""
+    if run.report:
+        return run.report["ms_per_token"] / 1e3
+    return 1.0 / run.decode_tps if run.decode_tps else 0.0
+
+
+def _engine(backend: str, progress) -> dict:
+    from strata.config import Config
+    from strata.formats.expert_record import RecordLayout
+    from strata.formats.quant_types import QuantType
+    from strata.doctor.measure import measure_quiet
+    from strata.loader import load
+    from strata.runtime.decode import cache_config_for
+    from strata.testing.models import make_model
+
+    with tempfile.TemporaryDirectory() as d:
+        made = make_model(Path(d) / "probe", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS)
+        model = load(made.model_path)
+        total = model.experts_file.header.n_records
+        least = cache_config_for(model, Config(), 1).min_capacity
+        slot = model.experts_file.header.padded_bytes
+        model.experts_file.close()
+        cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted({least, total // 3, 2 * total // 3, total})]
+        tries: dict[int, list] = {slots: [] for _, slots in cases}
+        for round_ in range(CALIBRATION_REPEATS):  # interleaved: a load burst hits every case alike
+            for name, slots in cases:
+                if progress:
+                    progress(f"engine: {name} ({round_ + 1}/{CALIBRATION_REPEATS})")
+                overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
+                tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
+        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
+                         n_experts_per_token=1)
+        top1 = []
+        for round_ in range(CALIBRATION_REPEATS):
+            if progress:
+                progress(f"engine: resident top-1 ({round_ + 1}/{CALIBRATION_REPEATS})")
+            top1.append(measure_quiet(one.model_path, {"backend": backend}, max_tokens=CALIBRATION_TOKENS))
+        runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
+        runs[-1] = sorted(top1, key=_token_s)[len(top1) // 2]
+        record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
+                              made.cfg.expert_ffn_size).record_bytes
+    return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
+
+
+def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
+    """(turn_s, turn_slot_s, read_s, miss_s) from the streaming runs (capacity -> run).
+
+    miss_s is the measured wait per urgent miss (the report's waiting time / urgent misses,
+    over the runs that missed); the rest by least squares on what the waits do not explain:
+    per token  t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s."""
+    waits = [(r.report["waiting_ms_per_window"] / 1e3, r.report["urgent_misses_per_token"]) for r in runs.values()]
+    urgent = sum(u for _, u in waits)
+    miss_s = sum(w for w, _ in waits) / urgent if urgent > 0 else fallback_miss_s
+    rows, ys = [], []
+    for slots, r in runs.items():
+        rep = r.report
+        rows.append([n_layers, n_layers * slots, rep["reads_per_token"]])
+        ys.append(_token_s(r) - resident_s - rep["urgent_misses_per_token"] * miss_s)
+    coef, *_ = np.linalg.lstsq(np.array(rows, float), np.array(ys, float), rcond=None)
+    turn, per_slot, read = (max(0.0, float(c)) for c in coef)
+    return turn, per_slot, read, miss_s
+
+
+_PLACEHOLDER = MachineProfile(
+    backend="", machine="", disk_latency_s=0.0, disk_bytes_per_s=1.0, disk_direct=False, mem_bytes_per_s=1.0,
+    gemv=OpCost(((1.0, 0.0),)), expert=OpCost(((1.0, 0.0),)), expert_call_s=0.0, calibration_record_bytes=1,
+    layer_s=0.0, turn_s=0.0, turn_slot_s=0.0, read_s=0.0, miss_s=0.0, calibration_slot_bytes=4096, base_rss=0,
+    load_avg=0.0, measured_at=0.0)
+
+
+def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineProfile:
+    """Measure this machine now (module docstring)."""
+    from strata.doctor.byte_budget import byte_budget
+    from strata.doctor.families import count_strata
+
+    say = progress or (lambda _msg: None)
+    say("disk")
+    lat, bw, direct = _disk(cache_dir)
+    say("memory")
+    mem = _mem_bw()
+    say("compute")
+    gemv, expert = _compute_mlx() if backend == "mlx" else _compute_numpy()
+    eng = _engine(backend, say)
+    notes: list[str] = []
+    cfg, runs = eng["cfg"], eng["runs"]
+    counts = count_strata(cfg)
+    budget = byte_budget(counts, slot_bytes=eng["slot"])
+    from strata.doctor.predict import ops_seconds  # late: predict imports this module
+
+    resident, top1 = runs.pop(0), runs.pop(-1)
+    resident_s = _token_s(resident)
+    L, k = cfg.n_layers, cfg.n_experts_per_token
+    # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
+    expert_call_s = max(0.0, (resident_s - _token_s(top1)) / (L * (k - 1)))
+    partial = dataclasses.replace(_PLACEHOLDER, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
+                                  calibration_record_bytes=eng["record"])
+    ops = ops_seconds(counts, budget, partial)
+    layer_s = max(0.0, (resident_s - ops) / L)
+    turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
+    base = max(0, resident.peak_rss - budget.dense_resident - budget.experts_resident)  # as predict.py counts a peak
+    if not direct:
+        notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
+    return MachineProfile(
+        backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
+        mem_bytes_per_s=mem, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
+        calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
+        read_s=read_s,
+        miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
+        measured_at=time.time(), notes=tuple(notes))

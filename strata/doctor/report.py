@@ -1,0 +1,133 @@
+"""The doctor's answer: one dataclass (`Diagnosis`), its text for people and its JSON for tools."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from strata.doctor.byte_budget import ByteBudget, byte_budget
+from strata.doctor.families import PartCounts
+from strata.doctor.predict import Prediction, predict
+from strata.doctor.probe import MachineProfile, machine_profile
+from strata.doctor.source import Source, read_source
+from strata.formats.quant_types import QuantType
+from strata.runtime.budget import fmt_bytes
+from strata.runtime.memory import MemoryInfo, machine_memory
+
+__all__ = ["Diagnosis", "diagnose"]
+
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    source: Source
+    budget: ByteBudget
+    profile: MachineProfile
+    prediction: Prediction
+
+    @property
+    def counts(self) -> PartCounts:
+        return self.source.counts
+
+    def text(self) -> str:
+        c, b, p, m = self.counts, self.budget, self.prediction, self.profile
+        lines = [f"{self.source.path}: {c.family} ({c.model_type}), {c.n_layers} layers ({c.moe_layers} MoE), "
+                 f"{c.n_experts} experts top-{c.top_k}, {_count(c.total_weights)} weights, "
+                 f"{_count(c.active_weights)} active per token"
+                 + (f"; {self.source.note}" if self.source.note else "")]
+        lines.append("bytes per token (as strata holds them):")
+        for r in b.rows:
+            lines.append(f"  {r.part:<14} {r.qtype:<5} {r.weights / 1e6:12.2f}M weights  resident "
+                         f"{fmt_bytes(r.resident_bytes):>10}  per token {fmt_bytes(r.per_token_bytes):>10}")
+        lines.append(f"  total per token {fmt_bytes(b.per_token)} (dense {fmt_bytes(b.dense_per_token)} + "
+                     f"{c.top_k} x {c.moe_layers} experts {fmt_bytes(b.expert_per_token)}); one expert "
+                     f"{fmt_bytes(b.record_bytes)}, slot {fmt_bytes(b.slot_bytes)}")
+        if self.source.stored:
+            lines.append("  as stored: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.source.stored.items()))
+        lines.append(f"memory all-resident: {fmt_bytes(b.all_resident)} (dense {fmt_bytes(b.dense_resident)} as float32 "
+                     f"+ experts {fmt_bytes(b.experts_resident)} + KV {fmt_bytes(b.kv_bytes)} at {b.context} positions)")
+        mem = p.memory
+        lines.append(f"this machine: {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available "
+                     f"({mem['source']}); disk {m.disk_latency_s * 1e6:.0f} us/4 KiB, "
+                     f"{fmt_bytes(m.disk_bytes_per_s)}/s; memory {fmt_bytes(m.mem_bytes_per_s)}/s; "
+                     f"backend {m.backend} (profile measured at load {m.load_avg:.1f})")
+        lines.append(f"arena: {p.arena_slots} slots ({fmt_bytes(p.arena_bytes)}; at least {p.min_slots}) from "
+                     f"{p.plan_reason}" if p.streaming else f"arena: none needed ({p.plan_reason})")
+        if p.locality is not None:
+            loc = p.locality
+            spread = f" +- {loc.spread:.2f}" if loc.spread else ""
+            lines.append(f"expected: hit rate {100 * loc.hit_rate:.2f}%, {loc.urgent_per_token:.2f}{spread} urgent "
+                         f"misses/token, {loc.reads_per_token:.1f} reads/token ({loc.source})")
+        terms = ", ".join(f"{k} {v:.2f}" for k, v in p.breakdown.items())
+        lines.append(f"predicted decode: {p.tok_per_s:.3g} tok/s ({1e3 * p.token_s:.2f} ms/token: {terms}); "
+                     f"peak memory {fmt_bytes(p.peak_memory)}")
+        after = " (once converted with `strata convert`)" if _needs_convert(self.source) and p.verdict != "not supported" else ""
+        lines.append(f"verdict: {p.summary}{after}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        s = self.source
+        return {
+            "source": s.path, "kind": s.kind, "family": s.counts.family, "model_type": s.counts.model_type,
+            "supported": s.counts.supported, "why_not": s.counts.why_not, "note": s.note,
+            "weights": {"total": s.counts.total_weights, "active": s.counts.active_weights,
+                        "dense": s.counts.dense_weights, "expert_each": s.counts.expert_weights},
+            "shape": {"n_layers": s.counts.n_layers, "moe_layers": s.counts.moe_layers,
+                      "n_experts": s.counts.n_experts, "top_k": s.counts.top_k, "hidden": s.counts.hidden},
+            "bytes": {"rows": [asdict(r) for r in self.budget.rows], "per_token": self.budget.per_token,
+                      "dense_per_token": self.budget.dense_per_token, "expert_per_token": self.budget.expert_per_token,
+                      "record": self.budget.record_bytes, "slot": self.budget.slot_bytes,
+                      "all_resident": self.budget.all_resident, "dense_resident": self.budget.dense_resident,
+                      "experts_resident": self.budget.experts_resident, "kv": self.budget.kv_bytes,
+                      "context": self.budget.context, "stored": s.stored, "expert_qtype": self.budget.expert_qtype.name},
+            "machine": self.profile.to_dict(),
+            "prediction": self.prediction.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _needs_convert(source: Source) -> bool:
+    return source.kind == "hf"
+
+
+def resolve_backend(config, expert_qtype: QuantType) -> str:
+    """The backend a run would get (`strata.engines.resolve_backend`'s rule, before loading)."""
+    from strata.config import Backend
+    from strata.engines import mlx_gpu_available
+
+    if config.backend is not Backend.AUTO:
+        return config.backend.value
+    return "mlx" if mlx_gpu_available() and expert_qtype is QuantType.Q2_0 else "numpy"
+
+
+def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | Path | None = None,
+             expert_qtype: QuantType = QuantType.Q2_0, dense_qtype: QuantType = QuantType.F32,
+             context: int | None = None, profile: MachineProfile | None = None, memory: MemoryInfo | None = None,
+             remeasure: bool = False, progress=None, horizon: int = 0, prompt: int = 0) -> Diagnosis:
+    """Everything `strata doctor` prints, for SOURCE on this machine (or the given profile and
+    memory figures: tests and what-if questions). horizon / prompt: predict the mean over a
+    run of `horizon` tokens after a `prompt`-token prompt (0: the steady state)."""
+    from strata.config import Config
+
+    config = config or Config()
+    src = read_source(source, expert_qtype=expert_qtype, dense_qtype=dense_qtype, trace=trace)
+    cfg = src.counts.model_config
+    ctx = context or min(DEFAULT_CONTEXT, getattr(cfg, "max_context", DEFAULT_CONTEXT))
+    budget = byte_budget(src.counts, expert_qtype=src.expert_qtype, dense_qtype=src.dense_qtype, context=ctx,
+                         slot_bytes=src.slot_bytes)
+    profile = profile or machine_profile(resolve_backend(config, src.expert_qtype), cache_dir, remeasure=remeasure,
+                                         progress=progress)
+    memory = memory or machine_memory()
+    pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
+                   supported=src.counts.supported and src.kind != "mlx",
+                   why_not=src.note if src.kind == "mlx" else src.counts.why_not,
+                   model_files=src.model_files, trace=src.trace, horizon=horizon, prompt=prompt)
+    return Diagnosis(src, budget, profile, pred)

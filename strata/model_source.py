@@ -1,0 +1,68 @@
+"""What a model path names, checked before loading: a strata model (NAME.gguf beside NAME.experts)
+or something to convert first. Stat calls and at most one GGUF header read, so a wrong path fails
+at once with the command that fixes it instead of "no such experts file"."""
+
+from __future__ import annotations
+
+import stat
+import struct
+from pathlib import Path
+
+from strata.errors import FormatError
+
+__all__ = ["check_model_source", "gguf_architecture", "WEIGHT_SUFFIXES"]
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npz", ".mlx")
+GGUF_MAGIC = b"GGUF"
+ARCH_KEY = b"general.architecture"
+GGUF_STRING = 8  # GGUF's value type id of a string
+MAX_ARCH_BYTES = 256  # an architecture name; anything longer is not one
+
+
+def _convert_hint(src: Path | str) -> str:
+    return f"run `strata convert {src} OUT`, then `strata generate OUT.gguf PROMPT`"
+
+
+def gguf_architecture(path: Path) -> str | None:
+    """`general.architecture` of a GGUF file when it is the first metadata key (gguf writers put
+    it there, strata's and llama.cpp's alike); None when the file is not GGUF or has it elsewhere."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4 + 4 + 8 + 8 + 8 + len(ARCH_KEY) + 4 + 8)
+            if len(head) < 24 or head[:4] != GGUF_MAGIC:
+                return None
+            (key_len,) = struct.unpack_from("<Q", head, 24)
+            if key_len != len(ARCH_KEY) or head[32:32 + key_len] != ARCH_KEY:
+                return None
+            vtype, value_len = struct.unpack_from("<IQ", head, 32 + key_len)
+            if vtype != GGUF_STRING or value_len > MAX_ARCH_BYTES:
+                return None
+            return f.read(value_len).decode("utf-8", errors="replace")
+    except (OSError, struct.error):
+        return None
+
+
+def check_model_source(path: Path) -> None:
+    """Raise a one-line FormatError when `path` (which exists) is not a strata model file:
+    a directory (a Hugging Face checkpoint or not), a weights file, something that is not a
+    regular file (a named pipe would block the reader), or a GGUF of another architecture."""
+    from strata.formats.model_file import ARCHITECTURE
+
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise FormatError(f"{path}: cannot open: {e.strerror}") from None
+    if stat.S_ISDIR(mode):
+        if (path / "config.json").exists():
+            raise FormatError(f"{path}: a Hugging Face checkpoint directory, not a strata model; {_convert_hint(path)}")
+        raise FormatError(f"{path}: a directory, not a strata model (NAME.gguf beside NAME.experts, "
+                          f"written by `strata convert SRC OUT`)")
+    if not stat.S_ISREG(mode):
+        raise FormatError(f"{path}: not a regular file (a pipe or a device); a strata model is NAME.gguf beside NAME.experts")
+    if path.suffix.lower() in WEIGHT_SUFFIXES:
+        raise FormatError(f"{path}: a {path.suffix} weights file, not a strata model; "
+                          f"{_convert_hint(path.parent)} (the checkpoint's directory)")
+    arch = gguf_architecture(path)
+    if arch is not None and arch != ARCHITECTURE:
+        raise FormatError(f"{path}: a GGUF file of architecture {arch!r} (llama.cpp's format), not a strata model; "
+                          f"{_convert_hint(path)}")

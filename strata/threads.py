@@ -1,0 +1,108 @@
+"""How many threads numpy's BLAS uses (Config.threads, `--threads`, STRATA_THREADS): chosen here,
+deliberately, instead of OpenBLAS's default of one per core.
+
+Why: decode is matrix-vector products, most of them small (the embedded model's are 64-256 wide:
+a 256x256 product takes 4 us, less than a BLAS thread handoff), and BLAS workers spin for cores
+that the reader threads and every other process also want. On a loaded 2-core machine the
+embedded model decoded at 38.6 tok/s with one thread and 12.7 with OpenBLAS's default
+(docs/perf.md, "CPU threads"). So `auto` (threads = 0) is one thread for models narrower than
+WIDE_HIDDEN, and half the usable cores (at most MAX_AUTO_THREADS) for wider ones, whose
+products are large enough to split. A thread count the user put in the environment
+(OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, MKL_NUM_THREADS) is respected under `auto`.
+
+How: with threadpoolctl installed (a dependency) the limit is set at run time, once per value.
+Without it, only the CLI can act, by setting the environment variables before numpy is first
+imported (`preset_environment`, called by strata/cli/main.py before anything imports numpy).
+This module imports nothing heavy at the top, for that reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, MutableMapping, Sequence
+
+__all__ = ["BLAS_ENV", "auto_threads", "usable_cores", "apply_threads", "preset_environment", "blas_threads"]
+
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+WIDE_HIDDEN = 2048  # products of narrower models are cheaper than a thread handoff (see the docstring)
+MAX_AUTO_THREADS = 8
+
+_applied: int | None = None  # the limit last set through threadpoolctl (setting it costs a library scan)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def user_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """A BLAS thread count the environment already names, if any (an int > 0)."""
+    environ = os.environ if environ is None else environ
+    for key in BLAS_ENV:
+        value = environ.get(key, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def auto_threads(hidden_size: int | None, cores: int | None = None) -> int:
+    """`threads = 0`: one thread below WIDE_HIDDEN (or when the model is not known yet), else half
+    the usable cores, at most MAX_AUTO_THREADS."""
+    cores = usable_cores() if cores is None else cores
+    if hidden_size is None or hidden_size < WIDE_HIDDEN:
+        return 1
+    return max(1, min(MAX_AUTO_THREADS, cores // 2))
+
+
+def apply_threads(threads: int, hidden_size: int | None = None) -> int | None:
+    """Set numpy's BLAS threads for this process: `threads`, or under 0 the environment's count
+    or auto_threads. Returns the count set, or None where it cannot be set (no threadpoolctl:
+    then the environment of the process start decides)."""
+    global _applied
+    n = threads or user_threads() or auto_threads(hidden_size)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    if n != _applied:
+        threadpool_limits(limits=n, user_api="blas")  # process-wide: the object need not be kept
+        _applied = n
+    return n
+
+
+def blas_threads() -> int | None:
+    """The BLAS thread count in force (threadpoolctl's view), or None without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    return min(counts) if counts else None
+
+
+def _flag_value(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+        if arg == "--":
+            break
+    return None
+
+
+def preset_environment(argv: Sequence[str], environ: MutableMapping[str, str] | None = None) -> None:
+    """Before numpy's first import: put the run's thread count (`--threads N`, else STRATA_THREADS,
+    else the model-blind auto of one thread) into the BLAS variables the user left unset, so
+    OpenBLAS starts with it even without threadpoolctl. A bad value is left for the Config to
+    refuse in one line."""
+    environ = os.environ if environ is None else environ
+    text = _flag_value(argv) or environ.get("STRATA_THREADS", "")
+    n = int(text) if text.strip().isdigit() else 0
+    if n == 0 and user_threads(environ) is not None:
+        return
+    value = str(n or auto_threads(None))
+    for key in BLAS_ENV:
+        environ.setdefault(key, value) if n == 0 else environ.__setitem__(key, value)

@@ -1,0 +1,187 @@
+"""`strata doctor`: verdicts on made models and published configs, with a fixed machine profile
+(no probing in tests), the trace path, the CLI and its JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from doctor_configs import PUBLISHED, QWEN3_30B_A3B
+from strata.config import Config
+from strata.doctor import diagnose
+from strata.doctor.probe import MachineProfile, OpCost, machine_profile
+from strata.runtime.memory import MemoryInfo
+from strata.testing.models import make_model
+
+GB = 1_000_000_000
+
+PROFILE = MachineProfile(
+    backend="numpy", machine="test", disk_latency_s=1e-4, disk_bytes_per_s=1e9, disk_direct=True,
+    mem_bytes_per_s=2e10, gemv=OpCost(((1e4, 2e-6), (1e8, 1e-2))), expert=OpCost(((4e3, 2e-5), (1e6, 3e-2))), expert_call_s=5e-5,
+    calibration_record_bytes=1920, layer_s=5e-4, turn_s=3e-4, turn_slot_s=1e-7,
+    read_s=3e-5, miss_s=5e-4, calibration_slot_bytes=4096, base_rss=50_000_000, load_avg=0.5, measured_at=0.0)
+
+
+def _mem(available):
+    return MemoryInfo(total=max(available, 24 * GB), available=available, source="test")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("doctor") / "small", "small")
+
+
+def made_slot(made) -> int:
+    from strata.formats.experts_file import ExpertsFile
+
+    with ExpertsFile.open(made.experts_path) as xf:
+        return xf.header.padded_bytes
+
+
+def _diag(source, available=20 * GB, **kw):
+    config = kw.pop("config", Config(backend="numpy"))
+    return diagnose(source, cache_dir=None, config=config, profile=PROFILE, memory=_mem(available), **kw)
+
+
+def test_made_model_fits_resident(made):
+    d = _diag(made.model_path)
+    p = d.prediction
+    assert p.verdict == "fits resident" and not p.streaming and p.tok_per_s > 0
+    assert d.source.kind == "strata" and d.budget.slot_bytes == made_slot(made)
+    assert p.peak_memory == PROFILE.base_rss + d.budget.dense_resident + d.budget.experts_resident + d.budget.kv_bytes
+    assert "verdict: fits resident" in d.text()
+
+
+def test_made_model_streams_when_memory_is_short(made):
+    b = _diag(made.model_path).budget
+    from strata.runtime.budget import cached_file_bytes
+
+    # room for the base process, the dense weights, the model's own page cache, keep and 60 slots
+    cached = sum(cached_file_bytes(p) for p in (made.model_path, made.experts_path))
+    available = PROFILE.base_rss + b.dense_resident + cached + 60 * b.slot_bytes
+    d = _diag(made.model_path, available, config=Config(backend="numpy", keep="0"))
+    p = d.prediction
+    assert p.verdict == "streams" and p.arena_slots == 60 and p.locality is not None
+    assert 0 < p.locality.hit_rate < 1 and "calibrated curve" in p.locality.source
+    assert p.breakdown["urgent_waits"] > 0 and p.tok_per_s < _diag(made.model_path).prediction.tok_per_s
+
+
+def test_will_not_run_says_why(made):
+    d = _diag(made.model_path, available=GB)  # less than keep
+    assert d.prediction.verdict == "will not run" and "needs at least" in d.prediction.summary
+
+
+def test_over_budget_arena_is_refused(made):
+    d = _diag(made.model_path, available=9 * GB, config=Config(backend="numpy", arena="1GB", keep="9GB"))
+    assert d.prediction.verdict == "will not run" and "--force-arena" in d.prediction.summary
+    forced = _diag(made.model_path, available=9 * GB,
+                   config=Config(backend="numpy", arena="100slots", keep="9GB", force_arena=True))
+    assert forced.prediction.verdict == "streams" and forced.prediction.arena_slots == 100
+
+
+def test_own_trace_gives_the_hit_rate(made, tmp_path):
+    from strata.loader import load
+    from strata.tools.trace import record_trace, save_trace
+
+    model = load(made.model_path)
+    trace = save_trace(tmp_path / "t.npz", record_trace(model.resident_params(), list(range(40, 80))))
+    d = _diag(made.model_path, config=Config(backend="numpy", arena="40slots"), trace=trace)
+    assert d.prediction.locality.source.startswith("trace t.npz")
+    assert d.prediction.arena_slots == 40
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs(name, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[name]))
+    d = _diag(tmp_path)  # a checkpoint directory
+    assert d.budget.per_token > 0 and d.budget.all_resident > 10 * GB
+    if name in ("Qwen3-30B-A3B", "Qwen3.5-397B-A17B"):  # families this version converts
+        assert d.source.counts.supported and d.prediction.verdict in ("streams", "fits resident", "will not run")
+    else:  # DeepSeek-V3's published checkpoint is FP8; gpt-oss is not built yet
+        assert d.prediction.verdict == "not supported"
+        assert "not supported by this version yet" in d.text()
+    json.loads(d.to_json())
+
+
+def test_qwen3_on_a_24gb_machine_streams(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    d = _diag(tmp_path / "config.json", available=20 * GB)
+    # dense 1.5B weights as float32 = 6 GB; Q2_0 experts 8.9 GB; keep 7 GB: the rest is the arena
+    assert d.prediction.verdict == "streams" and 0 < d.prediction.arena_slots < d.budget.total_experts
+    assert "strata convert" in d.text()
+
+
+def test_cached_profile_is_read_not_remeasured(tmp_path):
+    import dataclasses
+
+    from strata.doctor.probe import _machine_id
+
+    prof = dataclasses.replace(PROFILE, machine=_machine_id())
+    (tmp_path / "machine-numpy.json").write_text(json.dumps(prof.to_dict()))
+    assert machine_profile("numpy", tmp_path) == prof
+
+
+def test_op_cost_table():
+    cost = OpCost(((1e3, 1e-5), (1e5, 1e-4), (1e7, 1e-1)))
+    assert cost.each(10) == 1e-5 and cost.each(1e5) == pytest.approx(1e-4)
+    assert cost.each(2e7) == pytest.approx(2e-1)  # past the table: at the last point's rate
+    assert 1e-5 < cost.each(1e4) < 1e-4 and cost.seconds(4, 4e5) == pytest.approx(4e-4)
+
+
+def test_cli_json(made, tmp_path, capsys):
+    import dataclasses
+
+    from strata.cli.main import main
+    from strata.doctor.probe import _machine_id
+
+    (tmp_path / "machine-numpy.json").write_text(json.dumps(dataclasses.replace(PROFILE, machine=_machine_id()).to_dict()))
+    assert main(["doctor", str(made.model_path), "--json", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "strata" and out["prediction"]["verdict"] in ("fits resident", "streams")
+
+
+def test_cli_help_has_examples(capsys):
+    from strata.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_llama_cpp_gguf_metadata(tmp_path):
+    """A llama.cpp GGUF: shapes from its metadata, stored bytes from its tensor index."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny-moe.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_expert_count(8)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(32)
+    w.add_tensor("token_embd.weight", np.zeros((100, 64), np.float32))
+    for l in range(2):
+        w.add_tensor(f"blk.{l}.attn_q.weight", np.zeros((64, 64), np.float32))
+        for proj, shape in (("gate", (8, 32, 64)), ("up", (8, 32, 64)), ("down", (8, 64, 32))):
+            w.add_tensor(f"blk.{l}.ffn_{proj}_exps.weight", np.zeros(shape, np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    d = _diag(path)
+    c = d.source.counts
+    assert d.source.kind == "gguf" and (c.n_layers, c.moe_layers, c.n_experts, c.top_k) == (2, 2, 8, 2)
+    assert c.expert_weights == 3 * 64 * 32 and d.source.stored["experts"] == 2 * 3 * 8 * 64 * 32 * 2
+    assert d.prediction.verdict == "not supported" and "strata convert" in d.prediction.summary
+
+
+def test_mlx_checkpoint_config(tmp_path):
+    cfg = dict(QWEN3_30B_A3B, quantization={"group_size": 64, "bits": 4})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    d = _diag(tmp_path)
+    assert d.source.kind == "mlx" and d.prediction.verdict == "not supported"
+    assert "MLX 4-bit" in d.prediction.summary
+    bits = 4 + 2 * 16 / 64
+    assert d.source.stored["experts"] == int(d.source.counts.total_experts * d.source.counts.expert_weights * bits / 8)

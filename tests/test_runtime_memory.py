@@ -1,0 +1,157 @@
+"""Memory that holds: a container's limit is the machine, over-budget plans are refused, paging
+counters reach the stream report, the wired-memory calls run where MLX has Metal."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.config import Backend, Config
+from strata.errors import ConfigError
+from strata.runtime.budget import ArenaPlan, check_wired, keep_bytes, plan_arena
+from strata.runtime.memory import (PagingDelta, PagingSnapshot, cgroup_limit, machine_memory, metal_wired_budget,
+                                   paging_snapshot, wire_mlx)
+
+MB = 1_000_000
+
+
+def _v2(tmp_path, limit="300000000", current=100 * MB, inactive=40 * MB, path="/user.slice/job"):
+    root = tmp_path / "cg"
+    d = root / path.strip("/")
+    d.mkdir(parents=True)
+    (d / "memory.max").write_text(f"{limit}\n")
+    (d / "memory.current").write_text(f"{current}\n")
+    (d / "memory.stat").write_text(f"anon 1\ninactive_file {inactive}\nactive_file 5\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text(f"0::{path}\n")
+    return root, proc
+
+
+def test_cgroup_v2_limit(tmp_path):
+    root, proc = _v2(tmp_path)
+    lim = cgroup_limit(root, proc)
+    assert lim.limit == 300 * MB and lim.used == 60 * MB and lim.available == 240 * MB
+    mem = machine_memory(cgroup_root=root, proc_self_cgroup=proc)
+    assert mem.total == 300 * MB and mem.available == 240 * MB and mem.source.endswith("memory.max")
+
+
+def test_cgroup_v2_unlimited_and_parent_limit(tmp_path):
+    root, proc = _v2(tmp_path, limit="max")
+    assert cgroup_limit(root, proc) is None
+    (root / "user.slice" / "memory.max").write_text("200000000\n")  # a parent's limit bounds the child
+    assert cgroup_limit(root, proc).limit == 200 * MB
+
+
+def test_cgroup_v1_limit(tmp_path):
+    root = tmp_path / "cg"
+    d = root / "memory" / "docker" / "abc"
+    d.mkdir(parents=True)
+    (d / "memory.limit_in_bytes").write_text("500000000\n")
+    (d / "memory.usage_in_bytes").write_text("200000000\n")
+    (d / "memory.stat").write_text("total_inactive_file 50000000\n")
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # the root: unlimited
+    proc = tmp_path / "cgroup"
+    proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    lim = cgroup_limit(root, proc)
+    assert lim.limit == 500 * MB and lim.available == 350 * MB
+
+
+def test_no_cgroup_files(tmp_path):
+    assert cgroup_limit(tmp_path / "none", tmp_path / "missing") is None
+    mem = machine_memory(cgroup_root=tmp_path / "none", proc_self_cgroup=tmp_path / "missing")
+    assert mem.source == "psutil" and 0 < mem.available <= mem.total
+
+
+def test_container_limit_sizes_the_budget(tmp_path):
+    """The 300 MB container: keep scales with the limit and the arena with what is left in it."""
+    root, proc = _v2(tmp_path)
+    mem = machine_memory(cgroup_root=root, proc_self_cgroup=proc)
+    common = dict(slot_bytes=1 * MB, total_experts=10_000, min_slots=10, dense_bytes=0)
+    plan = plan_arena(config=Config(backend="numpy"), available=mem.available, total=mem.total, **common)
+    keep = keep_bytes("auto", mem.total)
+    assert keep == int(300 * MB * 7 / 24)
+    assert plan.streaming and plan.slots == (240 * MB - keep) // MB
+
+
+def test_arena_above_budget_is_refused_unless_forced():
+    common = dict(slot_bytes=1000, total_experts=500, min_slots=40, dense_bytes=0, available=100_000, total=10**9)
+    cfg = Config(arena="200slots", keep="0", backend="numpy")
+    with pytest.raises(ConfigError, match=r"above this machine's budget.*--force-arena"):
+        plan_arena(config=cfg, **common)
+    forced = plan_arena(config=cfg.replace(force_arena=True), **common)
+    assert forced.slots == 200
+    assert plan_arena(config=Config(arena="90slots", keep="0"), **common).slots == 90
+
+
+def test_wired_ceiling_refuses_with_numbers():
+    plan = ArenaPlan(True, 100, 1000, 40, 500, "test")
+    with pytest.raises(ConfigError, match=r"wires 150.00 kB .* at most 120.00 kB"):
+        check_wired(plan, 50_000, Config(), wired_budget=120_000)
+    check_wired(plan, 50_000, Config(), wired_budget=200_000)  # fits
+    check_wired(plan, 50_000, Config(backend=Backend.NUMPY), wired_budget=1)  # numpy memory is not wired
+    check_wired(plan, 50_000, Config(force_arena=True), wired_budget=1)
+    check_wired(plan, 50_000, Config(), wired_budget=None)  # no Metal device: nothing to check
+
+
+class _FakeMetal:
+    def __init__(self, available=True):
+        self._available = available
+
+    def is_available(self):
+        return self._available
+
+    def device_info(self):
+        return {"max_recommended_working_set_size": 16_000_000_000}
+
+
+class _FakeMx:
+    def __init__(self, available=True):
+        self.metal = _FakeMetal(available)
+        self.limits = []
+
+    def set_wired_limit(self, n):
+        self.limits.append(n)
+
+
+def test_wire_mlx_caps_at_the_device_ceiling():
+    mx = _FakeMx()
+    assert metal_wired_budget(mx) == 16_000_000_000
+    assert wire_mlx(5_000_000_000, mx) == 5_000_000_000 and mx.limits == [5_000_000_000]
+    assert wire_mlx(20_000_000_000, mx) == 16_000_000_000
+    assert wire_mlx(1, _FakeMx(available=False)) is None
+
+
+def test_wiring_on_this_platform():
+    """The real calls, where MLX has a Metal device; skipped cleanly elsewhere."""
+    budget = metal_wired_budget()
+    if budget is None:
+        pytest.skip("no Metal device here: the wired-memory path runs only on Apple silicon")
+    import mlx.core as mx
+
+    old = mx.set_wired_limit(0)
+    try:
+        assert wire_mlx(1 << 20) == 1 << 20
+    finally:
+        mx.set_wired_limit(old)
+
+
+def test_paging_counters_and_delta():
+    s = paging_snapshot()
+    assert min(s.major_faults, s.swap_in_bytes, s.swap_out_bytes, s.page_ins) >= 0
+    d = PagingDelta.between(PagingSnapshot(1, 10, 20, 1), PagingSnapshot(4, 10, 25, 3))
+    assert d == PagingDelta(major_faults=3, swap_in_bytes=0, swap_out_bytes=5, page_ins=2)
+
+
+def test_paging_in_the_stream_report():
+    from strata.cache.types import CacheStats
+    from dataclasses import asdict
+
+    from strata.runtime.report import build_report
+
+    common = dict(decode=asdict(CacheStats()), tokens=4, seconds=0.1, host_s=0.01, waiting_s=0.0, after_s=0.0,
+                  slot_bytes=4096, arena_slots=10, io="O_DIRECT reads")
+    plain = build_report(**common)
+    assert plain.paging is None and "paging" not in plain.text()
+    rep = build_report(**common, paging=PagingDelta(major_faults=7, swap_in_bytes=4096))
+    assert "paging 7 major faults" in rep.text()
+    assert rep.to_dict()["paging"] == {"major_faults": 7, "swap_in_bytes": 4096, "swap_out_bytes": 0, "page_ins": 0}
+    assert '"major_faults": 7' in rep.to_json()
