@@ -11,6 +11,14 @@ Prints a table, then one JSON line.
 
     python benchmarks/decode.py             # full size (GPU; ~17 GB arena, ~17 GB file in /dev/shm)
     python benchmarks/decode.py --small     # smoke test (any machine)
+    python benchmarks/decode.py --shape qwen3.5-397b --layers 40   # the hybrid's per-layer shape, 40 layers
+    python benchmarks/decode.py --shape qwen3.5-397b --small       # a small hybrid (smoke test)
+
+Memory is checked before anything is built: all-resident needs the dense weights, every expert,
+the KV caches and the DeltaNet snapshots in device memory (Qwen3.5-397B's 60 layers: ~146 GB, past
+an H200's 139 GiB once MLX's own needs are counted), streaming needs the `.experts` file in
+/dev/shm or the temporary directory (121 GB at 60 layers). A part that does not fit is skipped
+with a note saying what it needs; `--layers N` keeps the per-layer shape with fewer layers.
 """
 
 from __future__ import annotations
@@ -19,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -45,9 +52,15 @@ from strata.mlx_backend.model import EVAL_EVERY, MlxParams, forward  # noqa: E40
 from strata.mlx_backend.deltanet import DeltaNetWeights  # noqa: E402
 from strata.testing.mlx_params import QWEN35_397B_SHAPE, SEED_SHAPE, random_params  # noqa: E402
 from strata.model_config import ModelConfig  # noqa: E402
+from decode_memory import fit_note, resident_bytes, resident_distinct, stream_dir  # noqa: E402
 
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=256)
+# the hybrid's pattern at SMALL's size: three DeltaNet layers, then gated attention with partial rotary
+SMALL_HYBRID = replace(QWEN35_397B_SHAPE, n_layers=4, layer_types=QWEN35_397B_SHAPE.layer_types[:4], hidden_size=256,
+                       n_experts=32, n_experts_per_token=4, expert_ffn_size=64, shared_ffn_size=64, n_heads=4,
+                       n_kv_heads=2, head_dim=64, rotary_dim=16, vocab_size=512, max_context=256, linear_k_heads=2,
+                       linear_v_heads=4, linear_k_head_dim=32, linear_v_head_dim=32)
 
 
 def bytes_per_token(p: MlxParams, context: int) -> int:
@@ -62,7 +75,7 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # no KV cache (added below)
         else:
             total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)
-            total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv, a.gate) if x is not None)
+            total += sum(x.nbytes for x in (a.q_norm, a.k_norm, a.bqkv) if x is not None)
         if lw.shared is not None:
             total += lw.shared.gate.nbytes + lw.shared.up.nbytes + lw.shared.down.nbytes
             total += lw.shared.gate_inp.nbytes if lw.shared.gate_inp is not None else 0
@@ -73,7 +86,7 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
 
 def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw: dict, rows: list, res: dict) -> None:
     t0 = time.time()
-    p = random_params(cfg, seed=0, pred_q8=False)
+    p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
     res["build_s"] = time.time() - t0
     eng = MlxEngine(p)
     rng = np.random.default_rng(0)
@@ -183,8 +196,7 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
     from strata.runtime.decode import StreamingEngine
     from strata.runtime.io import ReaderPool
 
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    base = stream_dir(cfg)
     path = base / f"strata_bench_{os.getpid()}.experts"
     t0 = time.time()
     make_experts_file(path, cfg, 1)
@@ -214,11 +226,12 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
                                   notes=("mlx backend",))
             rng = np.random.default_rng(0)
             eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
-            host_before = sum(HOST_INPUTS.values())
+            host_before, launches_before = sum(HOST_INPUTS.values()), sum(LAUNCHES.values())
             for _ in range(n_decode):
                 eng.decode(int(rng.integers(0, cfg.vocab_size)))
             if not runs:
                 res["stream_host_inputs_per_layer"] = (sum(HOST_INPUTS.values()) - host_before) / n_decode / cfg.n_layers
+                res["stream_custom_kernels_per_layer"] = (sum(LAUNCHES.values()) - launches_before) / n_decode / cfg.n_layers
             runs.setdefault(name, []).append(eng.report())
             eng.close()
             del eng, compute, pool, arena
@@ -248,7 +261,8 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
              ("  host per window, of it waiting", f"{r.host_ms_per_window:.2f} / {r.waiting_ms_per_window:.2f} ms", ""),
              ("  host turn (non-wait) per layer", f"{host_turn_us:.1f} us", f"target < 50 us ({first})"),
              ("  kernel inputs made from host memory", f"{res['stream_host_inputs_per_layer']:.1f} /layer",
-              "the routed slots and weights")]
+              "the routed slots and weights"),
+             ("  custom-kernel launches per layer", f"{res['stream_custom_kernels_per_layer']:.1f}", "target 7 (GPU path)")]
     rows += [(f"  {k}", f"{v.ms_per_token:.2f} ms/token", f"host turn {turn_us[k]:.1f} us/layer")
              for k, v in reports.items() if k != first]
     rows += [(f"  runs: {k}", " / ".join(f"{r.ms_per_token:.1f}" for r in v) + " ms",
@@ -319,8 +333,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
+    ap.add_argument("--layers", type=int, default=0, help="keep the shape's first N layers (0: all)")
     args = ap.parse_args()
-    cfg = SMALL if args.small else {"seed": SEED_SHAPE, "qwen3.5-397b": QWEN35_397B_SHAPE}[args.shape]
+    if args.small:
+        cfg = SMALL_HYBRID if args.shape == "qwen3.5-397b" else SMALL
+    else:
+        cfg = {"seed": SEED_SHAPE, "qwen3.5-397b": QWEN35_397B_SHAPE}[args.shape]
+    if args.layers:
+        if not 0 < args.layers <= cfg.n_layers:
+            ap.error(f"--layers must be in [1, {cfg.n_layers}]")
+        cfg = replace(cfg, n_layers=args.layers, layer_types=cfg.layer_types[:args.layers])
     skip = set(filter(None, args.skip.split(",")))
     res: dict = {"device": device_name(), "path": current_path().value, "layers": cfg.n_layers, "experts": cfg.n_experts,
                  "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size,
@@ -338,10 +360,20 @@ def main() -> int:
              ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
              ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
     n_prompt = 8
+    slots = args.slots or cfg.n_layers * cfg.n_experts // 4
+    for name in ("resident", "streaming"):
+        if name in skip:
+            continue
+        note = fit_note(name, cfg, slots, current_path() is KernelPath.GPU)
+        res[f"{name}_memory"] = note
+        rows.append((f"{name}: memory", "fits" if note.startswith("fits") else "SKIPPED", note))
+        if not note.startswith("fits"):
+            skip.add(name)
+    res["resident_bytes_needed"] = resident_bytes(cfg)
+    res["deltanet_layers"] = sum(1 for t in cfg.kinds if t.mixer.value == "deltanet")
     for name, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res)),
                      ("handshake", lambda: handshake(48, 4 << 20, rows, res)),
-                     ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, args.slots or cfg.n_layers * cfg.n_experts // 4,
-                                                     rows, res))):
+                     ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, slots, rows, res))):
         if name in skip:
             continue
         t0 = time.time()

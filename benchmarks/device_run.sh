@@ -22,7 +22,15 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
+# the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
+# hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
+# /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
+# why it skips a part that does not fit)
+HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
+HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
+HYBRID_S=${STRATA_HYBRID_S:-240}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
+unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -68,6 +76,16 @@ stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS
+# hybrids: the GPU tests (DeltaNet step kernel, gated / partial-rotary attend, the compiled hybrid
+# step, hybrid engines vs the reference on the GPU path), the DeltaNet kernels against their bytes,
+# the Qwen3.5-397B per-layer shape decoding all-resident and streaming
+stage hybrid_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
+  tests/test_mlx_deltanet_kernel.py tests/test_mlx_compiled.py::test_compiled_decode_matches_uncompiled_on_a_hybrid \
+  tests/test_hybrid_engines.py -k "not emulated"
+stage deltanet 120 python3 benchmarks/deltanet.py
+stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
+stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
 if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
@@ -79,6 +97,10 @@ if command -v ncu >/dev/null; then
   stage ncu 75 ncu --clock-control none -k 'regex:strata_' --launch-skip 14 --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/kernels.py --ncu decode
+  # the DeltaNet step's GPU time (3 launches) and a decoded DeltaNet mixer (GEMV, step, GEMV)
+  stage ncu_deltanet 75 ncu --clock-control none -k 'regex:strata_(deltanet_step|dense_gemv)' --metrics \
+    gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/deltanet.py --ncu
 fi
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.

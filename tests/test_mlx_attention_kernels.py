@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mlx_agree import assert_backends_agree
-from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, kernel_applies
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path
@@ -46,14 +46,19 @@ def _layer(cfg, rng) -> tuple[dict, AttentionWeights]:
                   n.attn_v_bias: rng.standard_normal(kr)})
     if cfg.qk_norm is QKNorm.PER_HEAD:
         w.update({n.attn_q_norm: 1.0 + 0.2 * rng.standard_normal(hd), n.attn_k_norm: 1.0 + 0.2 * rng.standard_normal(hd)})
+    gated = cfg.attention_output_gate
+    if gated:
+        w[n.attn_gate] = rng.standard_normal((qr, d)) / np.sqrt(d)
     w = {k: fp16_exact(v) for k, v in w.items()}
     dense = {n.block(0, k): v for k, v in w.items()}
     h16 = lambda a: mx.array(a).astype(mx.float16)  # noqa: E731
-    bias = np.concatenate([w[n.attn_q_bias], w[n.attn_k_bias], w[n.attn_v_bias]]) if cfg.attention_bias else None
+    bias = np.concatenate([w[n.attn_q_bias], w[n.attn_k_bias], w[n.attn_v_bias]]
+                          + ([np.zeros(qr, np.float32)] if gated else [])) if cfg.attention_bias else None
     qkn = cfg.qk_norm is QKNorm.PER_HEAD
-    fast = AttentionWeights(h16(w[n.attn_norm]), h16(np.concatenate([w[n.attn_q], w[n.attn_k], w[n.attn_v]])),
+    rows = [w[n.attn_q], w[n.attn_k], w[n.attn_v]] + ([w[n.attn_gate]] if gated else [])
+    fast = AttentionWeights(h16(w[n.attn_norm]), h16(np.concatenate(rows)),
                             None if bias is None else h16(bias), h16(w[n.attn_q_norm]) if qkn else None,
-                            h16(w[n.attn_k_norm]) if qkn else None, h16(w[n.attn_output]))
+                            h16(w[n.attn_k_norm]) if qkn else None, h16(w[n.attn_output]), gated)
     return dense, fast
 
 
@@ -85,6 +90,36 @@ def test_attention_chunks_and_cache_against_reference(qkn, bias, heads):
             assert_backends_agree(kv_r.keys, keys[:, :kv_f.length], "FAST", what=f"{what}: cached keys")
             assert_backends_agree(kv_r.values, values[:, :kv_f.length], "FAST", what=f"{what}: cached values")
             assert not keys[:, kv_f.length:].any() and not values[:, kv_f.length:].any(), "written past the chunk"
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+@pytest.mark.parametrize("heads", [(4, 2, 32, 8), (4, 1, 256, 64), (2, 1, 96, 24), (4, 2, 32, 32)],
+                         ids=["hybrid_hd32_rd8", "qwen35_hd256_rd64", "ragged_hd96_rd24", "full_rotary"])
+def test_gated_and_partial_rotary_chunks_against_reference(gated, heads):
+    """Qwen3-Next / Qwen3.5 attention on the kernel path: the output gate (its rows under W_qkv,
+    applied in attend's merge) and RoPE on the first rotary_dim dims of each head only (the rest
+    normed, not rotated: also in the cached keys); rd = 24 leaves a partial lane group past it."""
+    h, kvh, hd, rd = heads
+    cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=h, n_kv_heads=kvh, head_dim=hd,
+                  rotary_dim=0 if rd == hd else rd, attention_output_gate=gated, max_context=16)
+    rng = np.random.default_rng([h, kvh, hd, rd, int(gated)])
+    dense, w = _layer(cfg, rng)
+    kv_r, kv_f = LayerKV.empty(cfg), MlxLayerKV.empty(cfg)
+    norm = dense[TensorNames.block(0, TensorNames.attn_norm)]
+    with using_path(KernelPath.EMULATED):
+        assert kernel_applies(cfg, w)
+        for t in CHUNKS:
+            x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
+            pos0 = kv_f.length
+            ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, norm, cfg.rms_norm_eps))
+            before = sum(LAUNCHES.values())
+            parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
+            mx.eval(parts)
+            assert sum(LAUNCHES.values()) - before == 3  # the gate rides in the QKV GEMV and attend
+            what = f"gated={gated} rd={rd}/{hd}: chunk of {t} at {pos0}"
+            assert_backends_agree(ref, parts[:, 0], "FAST", what=what)
+            keys = np.array(kv_f.keys)[:, :kv_f.length]
+            assert_backends_agree(kv_r.keys, keys, "FAST", what=f"{what}: cached keys")
 
 
 def test_attention_is_deterministic():
@@ -137,3 +172,20 @@ def test_two_rows_per_warp_compiles(tmp_path, monkeypatch, dialect):
         mx.eval(dense_kernel.dense_gemv(mx.ones((20, 2600), mx.float16), mx.ones((1, 2600)), mx.ones((2600,), mx.float16), 1e-6))
     assert len(rec) == 1 and dict(rec[0][3])["RPW"] == 2
     assert _check(tmp_path, dialect, rec[0]) is None
+
+
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+def test_gated_partial_rotary_attend_compiles(tmp_path, dialect):
+    """attend with the output gate and partial rotary (Qwen3.5's heads: 256 dims, 64 rotary), as
+    Metal (compile-checked, not run) and CUDA."""
+    from test_metal_compile import _check
+
+    cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=4, n_kv_heads=1, head_dim=256, rotary_dim=64,
+                  attention_output_gate=True, max_context=16)
+    _, w = _layer(cfg, np.random.default_rng(0))
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        parts, _ = attention_partials(cfg, w, MlxLayerKV.empty(cfg), mx.ones((2, cfg.hidden_size)))
+        mx.eval(parts)
+    attend = [r for r in rec if dict(r[3]).get("GATE") == 1]
+    assert len(attend) == 1 and dict(attend[0][3])["RD"] == 64
+    assert _check(tmp_path, dialect, attend[0]) is None

@@ -27,6 +27,8 @@ from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, index_param, using_path
+from strata.model_config import LayerType, Mixer
+from strata.reference.deltanet import DeltaNetState
 from strata.testing.mlx_params import SEED_SHAPE, random_params
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]
@@ -35,6 +37,10 @@ emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler
 # a small model of the seed's class (the decoded-token test's shape in test_mlx_kernels.py)
 SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
+# a hybrid of the same size: DeltaNet, DeltaNet, gated attention with partial rotary
+SMALL_HYBRID = replace(SMALL, n_layers=3, layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
+                       rotary_dim=16, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4,
+                       linear_k_head_dim=32, linear_v_head_dim=32, linear_conv_kernel=4)
 PROMPT = np.array([7, 3, 11])
 STEPS = 6
 
@@ -72,6 +78,12 @@ def _assert_same_decode(ref, got, ref_state, got_state):
         assert _bits_equal(r, g), f"step {i}: max |diff| {np.abs(r - g).max()}"
     n = got_state.length
     for l, (a, b) in enumerate(zip(ref_state.layers, got_state.layers)):
+        if isinstance(a, DeltaNetState):  # new arrays each step, and the snapshots kept at the same positions
+            assert b.length == a.length and b.kept_positions == a.kept_positions, f"layer {l}: kept positions"
+            for name, x, y in (("conv", a.conv, b.conv), ("recurrent", a.recurrent, b.recurrent)):
+                assert _bits_equal(np.array(x), np.array(y)), f"layer {l} {name} state differs"
+            assert b.kept[-1].recurrent is b.recurrent
+            continue
         for name, x, y in (("keys", a.keys, b.keys), ("values", a.values, b.values)):
             x, y = np.array(x), np.array(y)
             assert _bits_equal(x[:, :n], y[:, :n]), f"layer {l} {name}: positions 0..{n - 1} differ"
@@ -177,6 +189,32 @@ def test_device_scalar_step_untraced_equals_forward_on_the_emulator():
         ref, got, ref_state, got_state, step = _decode_both(p, traced=False)
     _assert_same_decode(ref, got, ref_state, got_state)
     assert step.calls == STEPS
+
+
+@emulated
+def test_device_scalar_step_untraced_equals_forward_on_a_hybrid():
+    """A hybrid's step: the DeltaNet states are the step's inputs and outputs (the decode-step
+    kernel), the gated, partially rotary attention runs attend; bit for bit against `forward`."""
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL_HYBRID, seed=9, pred_q8=False)
+        assert compiled_step.unsupported(p, traced=False) is None
+        ref, got, ref_state, got_state, step = _decode_both(p, traced=False)
+    _assert_same_decode(ref, got, ref_state, got_state)
+    assert got_state.kept_position(len(PROMPT) + 2) == len(PROMPT) + 2  # every decoded position kept
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+def test_compiled_decode_matches_uncompiled_on_a_hybrid():
+    with using_path(KernelPath.GPU):
+        p = random_params(SMALL_HYBRID, seed=10, pred_q8=False)
+        assert compiled_step.unsupported(p) is None
+        ref, got, ref_state, got_state, step = _decode_both(p, traced=True)
+        _assert_same_decode(ref, got, ref_state, got_state)
+        before = sum(LAUNCHES.values())
+        logits, _ = step(got_state, int(np.argmax(got[-1])))
+        mx.eval(logits)
+        assert sum(LAUNCHES.values()) == before  # replayed: the DeltaNet states are inputs, not a retrace
 
 
 def test_compiled_decode_checks_like_forward():

@@ -3,8 +3,10 @@
 Three layers (STYLE §4): the kernels, an MLX-ops path, and `attention_partials` which chooses.
 The kernel path is three launches (kernels/attention.py says why, with the H200's numbers):
 the QKV projection (kernels/dense_gemv.py: RMSNorm + W_qkv + bias -> raw q | k | v rows),
-`attend` (q/k RMSNorm + RoPE, attention over the cache and the chunk's own positions, cache
-write) and the output projection (dense_gemv). The KV cache is preallocated per layer
+`attend` (q/k RMSNorm + RoPE, partial where the model's is, attention over the cache and the
+chunk's own positions, cache write, the output gate where the model has one) and the output
+projection (dense_gemv). A gated layer's gate rows are stacked under W_qkv, so its projection
+stays one GEMV on both paths. The KV cache is preallocated per layer
 ([KVH, max_context, HD] float32) and written in place at positions length..length+T-1 (kernel
 path: by `attend`; ops path: one slice update, in place when nothing else aliases the cache).
 
@@ -74,8 +76,9 @@ class MlxLayerKV:
 class AttentionWeights:
     """One layer's attention weights (float16 on the kernel path, float32 on the ops path).
 
-    Shapes: norm [D]; wqkv [(H + 2 KVH) HD, D] (q rows, then k, then v); bqkv like its rows or
-    None; q_norm / k_norm [HD] (PER_HEAD) or [H HD] / [KVH HD] (FULL) or None; wo [D, H HD]
+    Shapes: norm [D]; wqkv [(H + 2 KVH + gated H) HD, D] (q rows, then k, then v, then the
+    output gate's when gated); bqkv like its rows or None; q_norm / k_norm [HD] (PER_HEAD) or
+    [H HD] / [KVH HD] (FULL) or None; wo [D, H HD]
     """
 
     norm: mx.array
@@ -84,7 +87,9 @@ class AttentionWeights:
     q_norm: mx.array | None
     k_norm: mx.array | None
     wo: mx.array
-    gate: mx.array | None = None  # [H HD, D]: the output gate (Qwen3-Next / Qwen3.5), sigmoid(xn . gate)
+    # Qwen3-Next / Qwen3.5: wqkv ends with the output gate's rows (one GEMV computes q | k | v |
+    # gate); the attention output is multiplied by sigmoid(xn . gate)
+    gated: bool = False
     sinks: mx.array | None = None  # float32 [H]: each head's sink logit (gpt-oss)
     bo: mx.array | None = None  # [D]: the output projection's bias (gpt-oss)
     window: int = 0  # a sliding layer's window (gpt-oss); 0: full attention
@@ -96,9 +101,8 @@ def kernel_applies(cfg: ModelConfig, w: AttentionWeights) -> bool:
 
 
 def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
-    # partial rotary and the output gate are not in the attend kernel yet: those layers take the ops path
     return (current_path() is not KernelPath.OPS and w.wqkv.dtype == mx.float16 and cfg.qk_norm is not QKNorm.FULL
-            and cfg.rope_dim == cfg.head_dim and w.gate is None and w.sinks is None and w.bo is None and not w.window
+            and w.sinks is None and w.bo is None and not w.window  # gpt-oss's take the ops path
             and cfg.hidden_size % 8 == 0 and cfg.head_dim % 8 == 0 and cfg.head_dim <= attn_kernels.MAX_HEAD_DIM
             and cfg.hidden_size <= dense_kernel.MAX_COLS and cfg.n_heads * cfg.head_dim <= dense_kernel.MAX_COLS)
 
@@ -109,10 +113,10 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     qr, kr = h * hd, kvh * hd
     f32 = lambda a: a.astype(mx.float32)  # noqa: E731
     xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
-    qkv = xn @ f32(w.wqkv).T  # [T, QR + 2 KR]
+    qkv = xn @ f32(w.wqkv).T  # [T, QR + 2 KR (+ QR gate columns)]
     if w.bqkv is not None:
         qkv = qkv + f32(w.bqkv)
-    q, k, v = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:]
+    q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
     if cfg.qk_norm is QKNorm.FULL:
         q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
     q = q.reshape(t, h, hd).transpose(1, 0, 2)  # [H, T, hd]
@@ -144,8 +148,8 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     scores = mx.where(visible[None], scores, -np.inf)
     probs = softmax_with_sinks(scores, w.sinks)
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
-    if w.gate is not None:
-        out = out * mx.sigmoid(xn @ f32(w.gate).T)
+    if w.gated:
+        out = out * mx.sigmoid(gate)
     out = out @ f32(w.wo).T
     if w.bo is not None:
         out = out + f32(w.bo)
@@ -199,9 +203,10 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
         raise ValueError("attention: a device position needs the attend kernel (the ops path slices by kv.length)")
     if _kernel_ok(cfg, w):
         cos, sin = rope_table_cached(cfg)
-        qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH) HD]
+        qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH (+ H)) HD]
         o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
-                                cfg.rms_norm_eps, cfg.n_heads, pos=pos)  # [T, H HD]
+                                cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
+                                gated=w.gated)  # [T, H HD]
         out = dense_kernel.dense_gemv(w.wo, o)  # [T, D]
         return out[:, None, :], MlxLayerKV(kv.keys, kv.values, kv.length + t)
     out, kv = _ops(cfg, w, kv, x)

@@ -11,15 +11,19 @@ What the trace may and may not hold:
   index table (`launch.index_param`), made here per call, outside the traced function (a Python
   int inside it would be baked into the graph: every token would embed the first token at the
   first position). Inside, the wrappers take them as device arrays (`model.decode_device`).
+- a DeltaNet layer's state (conv and recurrent arrays) is an input too, and its new state an
+  output: the step kernel writes new arrays (the layer's snapshots keep the old ones), so unlike
+  a KV cache it cannot be bound into the graph.
 - everything else is a constant of the graph: the weights, the arena, the device constants
-  (eps, absent inputs, slot bases), and each layer's KV buffers. The attend kernel writes the
+  (eps, absent inputs, slot bases), and each attention layer's KV buffers. The attend kernel writes the
   cache in place through its (const) kc / vc inputs, so the graph must hold the very buffers the
   engine's state holds: a `CompiledDecode` is bound to one state's buffers (`bound_to`), and
   `MlxLayerKV` keeps its buffers across steps on the kernel path.
 - no evaluation inside (mx.async_eval raises under mx.compile): `eval_every` is 0 in the trace,
   so the whole token is one graph (MLX splits its command buffers by itself).
 - the Python bookkeeping stays outside: the id's range, the context limit, the new
-  MlxModelState (lengths + 1, the same buffers). The traced function returns the logits only.
+  MlxModelState (lengths + 1, the same KV buffers; each DeltaNet layer's new arrays and the
+  snapshot it keeps). The traced function returns the logits and the DeltaNet states.
 
 Only T = 1 (decode) is compiled, routing on the device (no `select`: a host round trip inside
 a traced graph is impossible), on the GPU kernel path (the emulator evaluates its inputs to
@@ -34,11 +38,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.attention import MlxLayerKV, check_context, kernel_applies
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, kernel_applies
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
+from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
-from strata.model_config import Mixer
 
 __all__ = ["COMPILED_DECODE", "CompiledDecode", "unsupported", "check_decode"]
 
@@ -57,10 +61,10 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
         return "the ops path (the position would be a Python int in its attention)"
     if p.arena is None:
         return "experts are not all resident (streaming decodes through MlxCompute)"
-    recurrent = [l for l, t in enumerate(p.cfg.kinds) if t.mixer is Mixer.DELTANET]
-    if recurrent:  # the compiled step is bound to KV buffers; a DeltaNet state is new arrays each step
-        return f"layers {recurrent[:4]} are DeltaNet layers (the compiled step binds KV buffers only)"
-    bad = [l for l, lw in enumerate(p.layers) if not kernel_applies(p.cfg, lw.attn)]
+    # DeltaNet layers read no position (their state is the step's input and output); attention
+    # layers need the attend kernel, whose position is a device input
+    bad = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, AttentionWeights)
+           and not kernel_applies(p.cfg, lw.attn)]
     if bad:
         return f"layers {bad[:4]} do not fit the attend kernel (their ops attention slices by a Python int)"
     return None
@@ -73,7 +77,26 @@ def check_decode(p: MlxParams, state: MlxModelState, token: int) -> None:
 
 
 def _buffers(state: MlxModelState) -> tuple[mx.array, ...]:
-    return tuple(a for kv in state.layers for a in (kv.keys, kv.values))
+    return tuple(a for kv in state.layers if isinstance(kv, MlxLayerKV) for a in (kv.keys, kv.values))
+
+
+def _recurrent(state: MlxModelState) -> list[mx.array]:
+    """The DeltaNet layers' state arrays, in layer order: conv, recurrent, conv, ..."""
+    return [a for s in state.layers if isinstance(s, DeltaNetState) for a in (s.conv, s.recurrent)]
+
+
+def _with_recurrent(state: MlxModelState, arrays, length: int, keep: bool) -> MlxModelState:
+    """`state` with its DeltaNet layers' arrays replaced by `arrays` (as `_recurrent` lists them)
+    at `length`; keep: with the snapshot a decoded position keeps (deltanet_partials' rule)."""
+    it = iter(arrays)
+    layers = []
+    for s in state.layers:
+        if isinstance(s, DeltaNetState):
+            conv, rec = next(it), next(it)
+            s = (DeltaNetState(conv, rec, length, s.kept).keep([Snapshot(length, conv, rec)]) if keep
+                 else DeltaNetState(conv, rec, length, s.kept))
+        layers.append(s)
+    return MlxModelState(tuple(layers))
 
 
 class CompiledDecode:
@@ -81,7 +104,8 @@ class CompiledDecode:
     same device-scalar step without mx.compile, for the emulator).
 
     `step(state, token) -> (logits float32 [1, V] (lazy), the state one position on)`; `state`
-    must hold the buffers this step was built on (`bound_to(state)`)."""
+    must hold the KV buffers this step was built on (`bound_to(state)`); its DeltaNet states are
+    the step's inputs."""
 
     def __init__(self, p: MlxParams, state: MlxModelState, *, traced: bool = True) -> None:
         why = unsupported(p, traced=traced)
@@ -95,9 +119,10 @@ class CompiledDecode:
         self.calls = 0  # steps run; the first traces
         pending: list[MlxModelState] = []  # the state of the call being traced (read by the trace only)
 
-        def step(ids: mx.array, pos: mx.array) -> mx.array:
-            logits, _ = decode_device(p, pending[0], ids, pos)  # the layers' new MlxLayerKV: discarded
-            return logits
+        def step(ids: mx.array, pos: mx.array, *recurrent: mx.array) -> list[mx.array]:
+            state = _with_recurrent(pending[0], recurrent, pending[0].length, keep=False)
+            logits, new = decode_device(p, state, ids, pos)  # the layers' new MlxLayerKV: discarded
+            return [logits, *_recurrent(new)]
 
         self._pending = pending
         self._fn = mx.compile(step) if traced else step
@@ -118,10 +143,13 @@ class CompiledDecode:
         ids, pos = index_param(token), index_param(state.length)  # device views: no host write
         self._pending[:] = [state]
         try:
-            logits = self._fn(ids, pos)
+            logits, *recurrent = self._fn(ids, pos, *_recurrent(state))
         finally:
             self._pending.clear()  # the trace is done with it; nothing kept between calls
         self.calls += 1
-        new = MlxModelState(tuple(MlxLayerKV(kv.keys, kv.values, kv.length + 1) for kv in state.layers))
+        n = state.length + 1
+        new = MlxModelState(tuple(MlxLayerKV(s.keys, s.values, n) if isinstance(s, MlxLayerKV) else s
+                                  for s in state.layers))
+        new = _with_recurrent(new, recurrent, n, keep=True)
         self._last = new
         return logits, new

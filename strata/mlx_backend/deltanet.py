@@ -12,6 +12,12 @@ Two forms of the same recurrence (the reference's module doc gives the math):
   exact for the nilpotent N in log2(L) squarings: batched matmuls only (no triangular solve,
   which MLX runs on the CPU).
 
+A decoded position (T = 1, not a window) on a kernel path is three launches instead
+(`kernel_applies`): the input projection with the layer's norm (kernels/dense_gemv.py), the
+decode step (kernels/deltanet.py: conv, gates, the delta rule on the state, the gated RMSNorm)
+and the output projection; the new conv and recurrent states are the step's outputs (new
+arrays: the snapshots keep the old ones).
+
 The state is the reference's `DeltaNetState` holding MLX arrays (snapshots, trim and
 kept_position are the reference's own). Dense weights: float32 ops on either dtype.
 
@@ -26,10 +32,13 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import rms_norm
+from strata.mlx_backend.kernels import deltanet as step_kernel
+from strata.mlx_backend.kernels import dense_gemv as dense_kernel
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig
 from strata.reference.deltanet import L2NORM_EPS, SOFTPLUS_THRESHOLD, DeltaNetState, Snapshot, conv_channels
 
-__all__ = ["DeltaNetWeights", "empty_state", "deltanet_partials", "recurrent", "chunked", "CHUNK"]
+__all__ = ["DeltaNetWeights", "empty_state", "deltanet_partials", "recurrent", "chunked", "CHUNK", "kernel_applies"]
 
 CHUNK = 64  # positions per chunk of the prompt path (transformers' and fla's default)
 
@@ -162,16 +171,40 @@ def chunked(s: mx.array, q: mx.array, k: mx.array, v: mx.array, g: mx.array, bet
     return o, s
 
 
+def kernel_applies(cfg: ModelConfig, w: DeltaNetWeights) -> bool:
+    """Whether a decoded position of this layer takes the kernel path (on the current path)."""
+    d, v = cfg.hidden_size, cfg.linear_v_heads * cfg.linear_v_head_dim
+    return (current_path() is not KernelPath.OPS and w.w_in.dtype == mx.float16 and w.wo.dtype == mx.float16
+            and d % 8 == 0 and v % 8 == 0 and d <= dense_kernel.MAX_COLS and v <= dense_kernel.MAX_COLS
+            and step_kernel.fits(cfg.linear_k_head_dim, cfg.linear_v_head_dim, cfg.linear_conv_kernel))
+
+
+def _kernel_step(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.array
+                 ) -> tuple[mx.array, DeltaNetState]:
+    """One decoded position on the kernel path: three launches (the module doc). x [1, D] -> [1, 1, D]"""
+    proj = dense_kernel.dense_gemv(w.w_in, x, w.norm, cfg.rms_norm_eps)  # [1, C + V + 2 Hv]
+    y, conv, rec = step_kernel.deltanet_step(proj, state.conv, w.conv, w.a, w.dt_bias, w.out_norm, state.recurrent,
+                                             k_heads=cfg.linear_k_heads, eps=cfg.rms_norm_eps, l2_eps=L2NORM_EPS,
+                                             softplus_max=SOFTPLUS_THRESHOLD)
+    out = dense_kernel.dense_gemv(w.wo, y)  # [1, D]
+    n = state.length + 1
+    new = DeltaNetState(conv, rec, n, state.kept).keep([Snapshot(n, conv, rec)])
+    return out[:, None, :], new
+
+
 def deltanet_partials(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.array, *,
                       window: bool = False) -> tuple[mx.array, DeltaNetState]:
     """Twin of reference `deltanet` (with the layer's norm): the output as one partial and the new
     state. Decode and windows run `recurrent` (a snapshot at every window position), a prompt
-    longer than one position `chunked` (a snapshot at its end).
+    longer than one position `chunked` (a snapshot at its end); a decoded position (or a window
+    of one) on a kernel path the decode-step kernel.
 
     Shapes:
         x float32 [T, D] (the residual) -> ([T, 1, D], DeltaNetState with T more positions)
     """
     t = x.shape[0]
+    if t == 1 and kernel_applies(cfg, w):
+        return _kernel_step(cfg, w, state, x)
     q, k, v, g, beta, z, padded = _inputs(cfg, w, state, x)
     keep = cfg.linear_conv_kernel - 1
     conv_after = lambda i: padded[i + 1:i + 1 + keep].T  # noqa: E731  the conv state after i + 1 positions

@@ -124,12 +124,14 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
         return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
     if cfg.kinds[layer].mixer is not Mixer.ATTENTION:
         raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
-    wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)])  # [QR + 2 KR, D]
-    bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]) if cfg.attention_bias else None
+    gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
+    wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)] + ([get(n.attn_gate)] if gated else []))
+    bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]
+                          + ([np.zeros(cfg.n_heads * cfg.head_dim, np.float32)] if gated else [])) if cfg.attention_bias else None
     qk = cfg.qk_norm is not QKNorm.NONE
     attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
-                            arr(get(n.attn_output)), arr(get(n.attn_gate)) if cfg.attention_output_gate else None,
+                            arr(get(n.attn_output)), gated,
                             sinks=mx.array(get(n.attn_sinks)) if cfg.attention_sinks else None,
                             bo=arr(get(n.attn_output_bias)) if cfg.attention_output_bias else None,
                             window=window_of(cfg, layer))
@@ -191,8 +193,8 @@ def _arrays(lw: LayerWeights) -> list[mx.array]:
     if isinstance(a, DeltaNetWeights):
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
     else:
-        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, a.gate, lw.router,
-                                                                 a.sinks, a.bo, lw.router_logit_bias) if x is not None]
+        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, lw.router, a.sinks, a.bo,
+                                                                 lw.router_logit_bias) if x is not None]
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])

@@ -47,10 +47,24 @@ def _normal(shape, std, key) -> mx.array:
     return (mx.random.normal(shape, key=key) * std).astype(mx.float16)
 
 
-def random_records(rec: RecordLayout, n: int, key: mx.array) -> mx.array:
-    """n valid Q2_0 records (uint8 [n, padded_bytes]): random codes, scales in [1e-3, 2e-2]."""
+def random_records(rec: RecordLayout, n: int, key: mx.array, *, distinct: int = 0) -> mx.array:
+    """n valid Q2_0 records (uint8 [n, padded_bytes]): random codes, scales in [1e-3, 2e-2].
+
+    distinct: make only this many (a divisor of n) and repeat them. Concatenating n fresh
+    records holds them twice at the peak (242 GB for Qwen3.5-397B's 30720); a repeated pool holds
+    the arena once plus the pool. Values do not matter to a benchmark; distinct addresses do (a
+    pool of two layers' experts is far past the L2)."""
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError("random records are Q2_0")
+    if 0 < distinct < n:
+        if n % distinct:
+            raise ValueError(f"random records: {distinct} distinct records do not divide {n}")
+        pool = random_records(rec, distinct, key)
+        out = mx.broadcast_to(pool[None], (n // distinct, distinct, rec.padded_bytes)).reshape(n, rec.padded_bytes)
+        out = mx.contiguous(out)
+        mx.eval(out)
+        del pool
+        return out
     chunks = []
     for c0 in range(0, n, RECORD_CHUNK):  # bounded temporaries: a 48 x 256 arena is 17 GB
         m = min(RECORD_CHUNK, n - c0)
@@ -86,9 +100,9 @@ def q8_router(e: int, d: int, key: mx.array) -> MlxQuantMatrix:
 
 
 def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool = True,
-                  pred_q8: bool = True) -> MlxParams:
+                  pred_q8: bool = True, distinct_records: int = 0) -> MlxParams:
     """MlxParams with random float16 dense weights (and, with `experts`, a resident arena of every
-    expert, slot l*E + e)."""
+    expert, slot l*E + e; distinct_records: see `random_records`)."""
     key = mx.random.key(seed)
     d, hd = cfg.hidden_size, cfg.head_dim
     qr, kr = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -100,11 +114,12 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
         if cfg.kinds[l].mixer is Mixer.DELTANET:
             attn = random_deltanet(cfg, ks[0])
         else:
-            attn = AttentionWeights(ones(d), _normal((qr + 2 * kr, d), d ** -0.5, ks[0]), None,
+            gated = cfg.attention_output_gate  # the gate's rows under q, k, v (AttentionWeights)
+            attn = AttentionWeights(ones(d), _normal((qr * (1 + int(gated)) + 2 * kr, d), d ** -0.5, ks[0]), None,
                                     ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
                                     ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
                                     _normal((d, qr), qr ** -0.5, ks[1]),
-                                    _normal((qr, d), d ** -0.5, ks[8]) if cfg.attention_output_gate else None)
+                                    gated)
         shared = None
         if cfg.has_shared_expert:
             fs = cfg.shared_ffn_size
@@ -121,7 +136,7 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
     arena = rec = None
     if experts:
         rec = RecordLayout(QuantType.Q2_0, d, cfg.expert_ffn_size)
-        arena = _DeviceArena(random_records(rec, cfg.n_layers * cfg.n_experts, kk[2]))
+        arena = _DeviceArena(random_records(rec, cfg.n_moe_layers * cfg.n_experts, kk[2], distinct=distinct_records))
     out_norm = mx.ones((d,), mx.float16)
     # every weight evaluated here: a lazy one would be recomputed into the first forward's graph
     # (the launch count of a decoded token, tests/test_mlx_kernels.py, reads that graph)
@@ -146,7 +161,7 @@ def _weights(lw: LayerWeights) -> list[mx.array]:
     if isinstance(a, DeltaNetWeights):
         out = a.arrays() + [lw.ffn_norm, lw.router]
     else:
-        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm, a.gate)
+        out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm)
                                                                 if w is not None]
     if sh is not None:
         out += [w for w in (sh.gate, sh.up, sh.down, sh.gate_inp) if w is not None]

@@ -14,18 +14,22 @@ blocks projecting its head (655 KB per block) at 31 us. As GEMVs they run on 384
 `attend`: block (h, t) runs query head h of token t over positions 0..pos0+t of its KV head.
 Every warp takes q from the raw qkv row itself (per-head q RMSNorm if QKN, RoPE in the
 rotate-half form from the host's float64-computed cos/sin table: the reference's angles, bit for
-bit). Positions below pos0 come from the cache (already normed and roped); the chunk's own
+bit; with partial rotary (RD < HD, Qwen3-Next / Qwen3.5) only the first RD dims of a head rotate,
+the rest pass through). Positions below pos0 come from the cache (already normed and roped); the chunk's own
 positions pos0..pos0+t are computed in the block from their raw qkv rows (k RMSNorm + RoPE; v
-raw), so no block waits on another. Each lane owns the rotate-half pairs (r, r + HD/2),
-r = lane + 32 i, of q, k and v alike: RoPE needs no other lane. Each warp takes every NW-th
+raw), so no block waits on another. Each lane owns the rotate-half pairs (r, r + RD/2),
+r = lane + 32 i, and the dims RD + lane + 32 j past the rotary part, of q, k and v alike: RoPE
+needs no other lane. Each warp takes every NW-th
 position with an online softmax (running max, sum, weighted values); warps merge through
 threadgroup memory in a fixed order (no atomics: deterministic). The block with h % (H/KVH) == 0
 writes position pos0+t's k and v into the layer's cache, in place (a cast away from const): a
 separate cache-update op would cost a launch and, when anything else aliases the cache, a copy
 of all of it. The keys it writes are the bits later steps read back, computed by the same code.
+With GATE (the sigmoid output gate), the projection's rows carry the gate's H HD columns after
+v (its rows stacked under W_qkv: one GEMV), and the merge multiplies each output by their sigmoid.
 
 Shapes:
-    attend: qkv float32 [T, (H + 2 KVH) HD] (q heads | k heads | v heads, raw)
+    attend: qkv float32 [T, (H + 2 KVH + GATE H) HD] (q heads | k heads | v heads | gate heads, raw)
             -> out float32 [T, H HD]; writes kc / vc [KVH, S_MAX, HD] at positions pos0 .. pos0+T-1
 Grid: (H, T) blocks of NT threads.
 """
@@ -43,10 +47,14 @@ MAX_HEAD_DIM = 256  # rotate-half pairs per lane: (HD / 2) / 32 <= 4
 
 _ATTEND_TEMPLATE = r"""
   constexpr int NW = NT / 32;
-  constexpr int HALF = HD / 2;
-  constexpr int PPL = (HALF + 31) / 32;   // rotate-half pairs per lane
+  constexpr int RH = RD / 2;              // rotate-half pairs (r, r + RH), r < RH: the rotary part
+  constexpr int PPL = (RH + 31) / 32;     // pairs per lane
+  constexpr int NP = HD - RD;             // dims past the rotary part (partial rotary): not rotated
+  constexpr int PSL = (NP + 31) / 32;     // ... per lane
+  constexpr int PSA = PSL > 0 ? PSL : 1;  // (no zero-length arrays)
   constexpr int G = H / KVH;              // query heads per KV head
-  constexpr int ROW = (H + 2 * KVH) * HD; // a raw qkv row
+  constexpr int GOFF = (H + 2 * KVH) * HD;  // the output gate's columns in a row (GATE)
+  constexpr int ROW = GOFF + GATE * H * HD; // a raw qkv (| gate) row
   const uint32_t h = bx;
   const uint32_t t = by;
   const int32_t pos0 = params[0];
@@ -58,7 +66,7 @@ _ATTEND_TEMPLATE = r"""
   SHARED float lw[NW];
   SHARED float accw[NW * HD];
   // q: every warp its own copy (no barrier); per-head RMSNorm (QKN), then RoPE at pos0 + t
-  float qa[PPL], qb[PPL];
+  float qa[PPL], qb[PPL], qc[PSA];
   {
     const DEVICE float* src = qkv + (uint64_t)t * ROW + (uint64_t)h * HD;
     float s2 = 0.0f;
@@ -66,10 +74,11 @@ _ATTEND_TEMPLATE = r"""
     NORM_ROPE_Q
   }
   float m = NEG_BIG, l = 0.0f;
-  float oa[PPL], ob[PPL];
+  float oa[PPL], ob[PPL], oc[PSA];
   UNROLL for (int i = 0; i < PPL; ++i) { oa[i] = 0.0f; ob[i] = 0.0f; }
+  UNROLL for (int j = 0; j < PSA; ++j) oc[j] = 0.0f;
   for (int32_t p = (int32_t)warp_id; p < n_pos; p += NW) {
-    float ka[PPL], kb[PPL], va[PPL], vb[PPL];
+    float ka[PPL], kb[PPL], kx[PSA], va[PPL], vb[PPL], vx[PSA];
     if (p < pos0) {  // cached (warp-uniform branch): normed and roped when it was written
       const DEVICE float* kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;
       const DEVICE float* vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
@@ -86,6 +95,7 @@ _ATTEND_TEMPLATE = r"""
     }
     float dot = 0.0f;
     UNROLL for (int i = 0; i < PPL; ++i) dot += qa[i] * ka[i] + qb[i] * kb[i];
+    UNROLL for (int j = 0; j < PSL; ++j) dot += qc[j] * kx[j];
     const float sc = warp_sum(dot) / scale;
     const float mn = sc > m ? sc : m;
     const float corr = exp_f(m - mn), pe = exp_f(sc - mn);
@@ -94,12 +104,17 @@ _ATTEND_TEMPLATE = r"""
       oa[i] = oa[i] * corr + pe * va[i];
       ob[i] = ob[i] * corr + pe * vb[i];
     }
+    UNROLL for (int j = 0; j < PSL; ++j) oc[j] = oc[j] * corr + pe * vx[j];
     m = mn;
   }
   if (lane == 0) { mw[warp_id] = m; lw[warp_id] = l; }
   UNROLL for (int i = 0; i < PPL; ++i) {
     const int r = (int)lane + 32 * i;
-    if (r < HALF) { accw[warp_id * HD + r] = oa[i]; accw[warp_id * HD + r + HALF] = ob[i]; }
+    if (r < RH) { accw[warp_id * HD + r] = oa[i]; accw[warp_id * HD + r + RH] = ob[i]; }
+  }
+  UNROLL for (int j = 0; j < PSL; ++j) {
+    const int e = RD + (int)lane + 32 * j;
+    if (e < HD) accw[warp_id * HD + e] = oc[j];
   }
   BARRIER();
   for (uint32_t r = tid; r < (uint32_t)HD; r += NT) {  // merge the warps in a fixed order
@@ -107,43 +122,58 @@ _ATTEND_TEMPLATE = r"""
     for (int w = 0; w < NW; ++w) mm = mw[w] > mm ? mw[w] : mm;
     float ll = 0.0f, aa = 0.0f;
     for (int w = 0; w < NW; ++w) { const float f = exp_f(mw[w] - mm); ll += lw[w] * f; aa += accw[w * HD + r] * f; }
-    out[((uint64_t)t * H + h) * HD + r] = aa / ll;
+    // the output gate (Qwen3-Next / Qwen3.5): sigmoid of this head's gate column of the projection
+    const float gate = GATE ? 1.0f / (1.0f + exp_f(-qkv[(uint64_t)t * ROW + GOFF + (uint64_t)h * HD + r])) : 1.0f;
+    out[((uint64_t)t * H + h) * HD + r] = aa / ll * gate;
   }
 """
 
-def _load_pairs(*pairs: tuple[str, str, str], sum_squares: bool) -> str:
-    """This lane's rotate-half pairs: for each (a, b, src), a[i] = src[r], b[i] = src[r + HALF]
-    for r = lane + 32 i (0 past HALF); with sum_squares, s2 gathers the first pair's squares."""
-    lines = []
-    for a, b, src in pairs:
-        lines += [f"  {a}[i] = r < HALF ? {src}[r] : 0.0f;", f"  {b}[i] = r < HALF ? {src}[r + HALF] : 0.0f;"]
+def _load_pairs(*pairs: tuple[str, str, str, str], sum_squares: bool) -> str:
+    """This lane's elements of a head: for each (a, b, c, src), the rotate-half pairs a[i] = src[r],
+    b[i] = src[r + RH] for r = lane + 32 i (0 past RH), and the dims past the rotary part c[j] =
+    src[RD + lane + 32 j] (0 past HD); with sum_squares, s2 gathers the first head's squares."""
+    lines, rest = [], []
+    for a, b, c, src in pairs:
+        lines += [f"  {a}[i] = r < RH ? {src}[r] : 0.0f;", f"  {b}[i] = r < RH ? {src}[r + RH] : 0.0f;"]
+        rest.append(f"  {c}[j] = e < HD ? {src}[e] : 0.0f;")
     if sum_squares:
-        a, b, _ = pairs[0]
+        a, b, c, _ = pairs[0]
         lines.append(f"  s2 += {a}[i] * {a}[i] + {b}[i] * {b}[i];")
-    body = "\n".join(lines)
+        rest.append(f"  s2 += {c}[j] * {c}[j];")
+    body, tail = "\n".join(lines), "\n".join(rest)
     return f"""
 UNROLL for (int i = 0; i < PPL; ++i) {{
   const int r = (int)lane + 32 * i;
 {body}
 }}
+UNROLL for (int j = 0; j < PSA; ++j) {{
+  const int e = RD + (int)lane + 32 * j;
+{tail}
+}}
 """
 
 
-def _norm_rope(a: str, b: str, weight: str, position: str, then: str = "") -> str:
-    """One head's rotate-half pairs (a[i], b[i]) of this lane, whose sum of squares is in s2:
-    the per-head RMSNorm with `weight` (QKN), then RoPE at `position`; `then` runs per pair
-    after it. Written once for q and for the chunk's own keys."""
+def _norm_rope(a: str, b: str, c: str, weight: str, position: str, then_pair: str = "", then_rest: str = "") -> str:
+    """One head's elements of this lane (pairs a[i], b[i]; the rest c[j]), whose sum of squares is
+    in s2: the per-head RMSNorm with `weight` (QKN), then RoPE on the pairs at `position`;
+    `then_pair` / `then_rest` run per element after it. Written once for q and the chunk's keys."""
     return f"""
     const float inv = QKN ? 1.0f / sqrt_f(warp_sum(s2) / (float)HD + eps) : 1.0f;
-    const uint64_t rp = (uint64_t)({position}) * HALF;
+    const uint64_t rp = (uint64_t)({position}) * RH;
     UNROLL for (int i = 0; i < PPL; ++i) {{
       const int r = (int)lane + 32 * i;
-      if (r < HALF) {{
+      if (r < RH) {{
         const float a = QKN ? {a}[i] * inv * F32({weight}[r]) : {a}[i];
-        const float b = QKN ? {b}[i] * inv * F32({weight}[r + HALF]) : {b}[i];
+        const float b = QKN ? {b}[i] * inv * F32({weight}[r + RH]) : {b}[i];
         const float cs = rope_cos[rp + r], sn = rope_sin[rp + r];
         {a}[i] = a * cs - b * sn;
-        {b}[i] = b * cs + a * sn;{then}
+        {b}[i] = b * cs + a * sn;{then_pair}
+      }}
+    }}
+    UNROLL for (int j = 0; j < PSL; ++j) {{
+      const int e = RD + (int)lane + 32 * j;
+      if (e < HD) {{
+        if (QKN) {c}[j] = {c}[j] * inv * F32({weight}[e]);{then_rest}
       }}
     }}
 """
@@ -151,11 +181,14 @@ def _norm_rope(a: str, b: str, weight: str, position: str, then: str = "") -> st
 
 ATTEND_BODY = expand(
     _ATTEND_TEMPLATE,
-    LOAD_Q=_load_pairs(("qa", "qb", "src"), sum_squares=True),
-    LOAD_KV_CACHED=_load_pairs(("ka", "kb", "kp"), ("va", "vb", "vp"), sum_squares=False),
-    LOAD_KV_RAW=_load_pairs(("ka", "kb", "ks"), ("va", "vb", "vs"), sum_squares=True),
-    NORM_ROPE_Q=_norm_rope("qa", "qb", "q_norm", "pos0 + (int32_t)t"),
-    NORM_ROPE_K=_norm_rope("ka", "kb", "k_norm", "p", then="\n        if (write) { kd[r] = ka[i]; kd[r + HALF] = kb[i]; vd[r] = va[i]; vd[r + HALF] = vb[i]; }"))
+    LOAD_Q=_load_pairs(("qa", "qb", "qc", "src"), sum_squares=True),
+    LOAD_KV_CACHED=_load_pairs(("ka", "kb", "kx", "kp"), ("va", "vb", "vx", "vp"), sum_squares=False),
+    LOAD_KV_RAW=_load_pairs(("ka", "kb", "kx", "ks"), ("va", "vb", "vx", "vs"), sum_squares=True),
+    NORM_ROPE_Q=_norm_rope("qa", "qb", "qc", "q_norm", "pos0 + (int32_t)t"),
+    NORM_ROPE_K=_norm_rope(
+        "ka", "kb", "kx", "k_norm", "p",
+        then_pair="\n        if (write) { kd[r] = ka[i]; kd[r + RH] = kb[i]; vd[r] = va[i]; vd[r + RH] = vb[i]; }",
+        then_rest="\n        if (write) { kd[e] = kx[j]; vd[e] = vx[j]; }"))
 
 
 ATTEND_SOURCE = KernelSource(
@@ -164,24 +197,31 @@ ATTEND_SOURCE = KernelSource(
 
 
 def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array,
-           kc: mx.array, vc: mx.array, pos0: int, eps: float, n_heads: int, *, pos: mx.array | None = None) -> mx.array:
+           kc: mx.array, vc: mx.array, pos0: int, eps: float, n_heads: int, *, pos: mx.array | None = None,
+           rotary_dim: int | None = None, gated: bool = False) -> mx.array:
     """Kernel path. Raw qkv rows of positions pos0.. over the cache -> the attention output of
     every query head; writes those positions' keys (normed, roped) and values into kc / vc.
 
     pos: pos0 already on the device (int32, element 0; `launch.index_param(pos0)` makes one), used
     in place of `pos0`, which is then not read. Under mx.compile the position must be an input of
     the traced function, not a Python int baked into its graph (compiled.py).
+    rotary_dim: RoPE on the first rotary_dim dims of each head, the rest passed through (None:
+    the whole head). gated: each row ends with the output gate's H HD columns; the output is
+    multiplied by their sigmoid.
 
     Shapes:
-        qkv float32 [T, (H + 2 KVH) HD], q_norm / k_norm float16 [HD] or None (together),
-        rope_cos / rope_sin float32 [S_MAX, HD / 2], kc / vc float32 [KVH, S_MAX, HD]
+        qkv float32 [T, (H + 2 KVH + gated H) HD], q_norm / k_norm float16 [HD] or None (together),
+        rope_cos / rope_sin float32 [S_MAX, RD / 2], kc / vc float32 [KVH, S_MAX, HD]
         -> out float32 [T, H HD]
     """
     t, width = qkv.shape
     kvh, s_max, hd = kc.shape
-    if hd % 8 or hd > MAX_HEAD_DIM or n_heads % kvh or width != (n_heads + 2 * kvh) * hd:
+    rd = hd if rotary_dim is None else rotary_dim
+    if (hd % 8 or hd > MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
+            or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2):
         raise ValueError(f"attend kernel: head_dim {hd} (a multiple of 8, <= {MAX_HEAD_DIM}), {n_heads} heads over "
-                         f"{kvh} KV heads, qkv width {width}")
+                         f"{kvh} KV heads, qkv width {width} (gated {gated}), rotary dims {rd} "
+                         f"(table of {rope_cos.shape[-1]} pairs)")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("attend kernel: q_norm and k_norm come together")
     if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
@@ -192,4 +232,4 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
                                   index_param(pos0) if pos is None else pos, float_params(eps), kc, vc],
                   [(t, n_heads * hd)], [mx.float32], blocks=(n_heads, t, 1), threads=THREADS,
                   template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
-                            ("NT", THREADS)))[0]
+                            ("RD", rd), ("GATE", int(gated)), ("NT", THREADS)))[0]

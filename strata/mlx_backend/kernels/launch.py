@@ -238,7 +238,9 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
                       output_shapes=list(output_shapes), output_dtypes=list(output_dtypes))
     if path is KernelPath.EMULATED:
         mx.eval(*inputs)
-        host = [np.array(a, copy=False) for a in inputs]  # zero-copy: in-place writes reach MLX memory
+        # zero-copy: in-place writes reach MLX memory; a strided view (a DeltaNet conv state after
+        # a prompt) is copied, as MLX's kernels copy it (ensure_row_contiguous)
+        host = [np.ascontiguousarray(np.array(a, copy=False)) for a in inputs]
         outs = emulate.run(src, host, [tuple(s) for s in output_shapes],
                            [np.dtype(str(d).split(".")[-1]) for d in output_dtypes], grid, tg, template)
         return [mx.array(o) for o in outs]

@@ -12,7 +12,7 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
-    math       F32(x) (to float), exp_f, sqrt_f, NEG_BIG (a finite -infinity), UNROLL,
+    math       F32(x) (to float), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
                compiler may not re-derive from how it was computed)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
@@ -61,6 +61,8 @@ INLINE void warp_sync() { simdgroup_barrier(mem_flags::mem_none); }
 INLINE float fma_keep(float a, float b, float c) { return metal::fma(a, b, c); }
 INLINE float exp_f(float x) { return metal::exp(x); }
 INLINE float sqrt_f(float x) { return metal::sqrt(x); }
+// Metal has no log1p: log(u) * x / (u - 1), u = 1 + x, is exact to a few ulp (Goldberg's form)
+INLINE float log1p_f(float x) { const float u = 1.0f + x; return u == 1.0f ? x : metal::log(u) * (x / (u - 1.0f)); }
 #ifndef __METAL_VERSION__
 template <typename T, typename U> T as_type(U);  // Metal's own; declared for the g++ syntax check
 #endif
@@ -118,6 +120,7 @@ INLINE void warp_sync() { __syncwarp(); }
 INLINE float fma_keep(float a, float b, float c) { float d; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c)); return d; }
 INLINE float exp_f(float x) { return expf(x); }
 INLINE float sqrt_f(float x) { return sqrtf(x); }
+INLINE float log1p_f(float x) { return log1pf(x); }
 INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
 INLINE uint32_t opaque(uint32_t u) { asm("" : "+r"(u)); return u; }  // no instruction: hides u's bits from ptxas
 INLINE f4 load_f4(const float* p) {
@@ -166,6 +169,7 @@ INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >
 INLINE float fma_keep(float a, float b, float c) { return std::fma(a, b, c); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
+INLINE float log1p_f(float x) { return std::log1p(x); }
 INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const float* p) {
