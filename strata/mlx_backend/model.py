@@ -122,7 +122,7 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     if cfg.kinds[layer].mixer is Mixer.DELTANET:
         return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
-    if cfg.kinds[layer].mixer is not Mixer.ATTENTION:
+    if cfg.kinds[layer].mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION):
         raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
     gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
     wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)] + ([get(n.attn_gate)] if gated else []))
