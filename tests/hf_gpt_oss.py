@@ -13,6 +13,11 @@ measures conversion, not luck), in two forms:
 Two layers (sliding, then full attention: transformers' default order), a window of 16 (the
 131-position parity text is longer), YaRN with factor 8 over an original context of 64, and a
 SwiGLU limit of 1.5 instead of 7 so that the clamps are active on these small activations.
+
+The forms are fixtures like the other families' (tests/hf_fixtures.py): `ARCHS` names them,
+`build_checkpoint(arch, directory)` trains the model with a fixed seed (the same model for both)
+and saves one form, and the tests read the checked-in checkpoint and transformers' outputs on it
+through `cached_checkpoint(form, tmp_path_factory)`: no torch at test time.
 """
 
 from __future__ import annotations
@@ -36,15 +41,26 @@ YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "original_ma
 NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
 
 
-def hf_config():
+def arch_of(form: str) -> str:
+    """The fixture name of one form: tests/fixtures/hf/gpt_oss_<form>/."""
+    return f"gpt_oss_{form}"
+
+
+ARCHS = tuple(arch_of(form) for form in FORMS)
+
+
+def hf_config(arch: str = arch_of("bf16")):
+    """The config of `arch`: the MXFP4 form's adds the quantization_config it is saved with."""
     import transformers
 
+    extra = {"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": NOT_CONVERTED}
+             } if arch == arch_of("mxfp4") else {}
     return transformers.GptOssConfig(
         vocab_size=MODEL_VOCAB, hidden_size=HIDDEN, intermediate_size=EXPERT_FFN, num_hidden_layers=LAYERS,
         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, num_local_experts=EXPERTS,
         num_experts_per_tok=TOP_K, sliding_window=WINDOW, max_position_embeddings=MAX_POSITIONS,
         initializer_range=INIT_STD, rms_norm_eps=1e-5, swiglu_limit=SWIGLU_LIMIT, rope_parameters=dict(YARN),
-        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None, **extra)
 
 
 def mxfp4_planes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,38 +94,30 @@ def write_mxfp4(model, config: dict, directory: Path) -> None:
     (directory / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def build_checkpoints(root: Path, seed: int = 0) -> dict[str, tuple[Path, object]]:
-    """{form: (checkpoint dir, the transformers model loaded from it in float32)} for both forms."""
+def build_checkpoint(arch: str, directory: Path, seed: int = 0):
+    """Save the trained tiny model (and the tokenizer) in `directory` in the form `arch` names;
+    returns it as transformers loads it back in float32 (the MXFP4 form: with transformers' own
+    dequantization of the blocks, tests/hf_reference.load_model)."""
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    dirs = {form: root / form for form in FORMS}
-    for d in dirs.values():
-        hf_models.write_tokenizer(d)
-    ids = Tokenizer.from_file(str(dirs["bf16"] / "tokenizer.json")).encode(hf_models.PARITY_TEXT).ids
+    from tests import hf_reference
+
+    hf_models.write_tokenizer(directory)
+    ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(hf_models.PARITY_TEXT).ids
     torch.manual_seed(seed)
     model = transformers.GptOssForCausalLM(hf_config())
     hf_models.train_briefly(model, torch.tensor(ids)[None])
-    model.to(torch.bfloat16).save_pretrained(dirs["bf16"])
-    write_mxfp4(model, json.loads((dirs["bf16"] / "config.json").read_text()), dirs["mxfp4"])
-    cls = transformers.GptOssForCausalLM
-    return {"bf16": (dirs["bf16"], cls.from_pretrained(dirs["bf16"], dtype=torch.float32).eval()),
-            "mxfp4": (dirs["mxfp4"], cls.from_pretrained(dirs["mxfp4"], dtype=torch.float32,
-                                                         quantization_config=transformers.Mxfp4Config(dequantize=True)
-                                                         ).eval())}
+    model.to(torch.bfloat16).save_pretrained(directory)
+    if arch == arch_of("mxfp4"):  # the same weights, experts requantized: replaces the float file
+        write_mxfp4(model, json.loads((directory / "config.json").read_text()), directory)
+    return hf_reference.load_model(directory)
 
 
-_BUILT: dict[str, tuple[Path, object]] = {}
+def cached_checkpoint(form: str, tmp_path_factory):
+    """(checkpoint dir, hf_fixtures.Expected) of one form: a session copy of the checked-in
+    checkpoint and what transformers computed on it."""
+    from tests import hf_fixtures
 
-
-def cached_checkpoint(form: str, tmp_path_factory) -> tuple[Path, object]:
-    """(checkpoint dir, transformers model) of one form, both built once per test session."""
-    if not _BUILT:
-        import torch
-        import transformers
-
-        torch.set_num_threads(1)
-        transformers.utils.logging.disable_progress_bar()
-        _BUILT.update(build_checkpoints(tmp_path_factory.mktemp("hf_gpt_oss")))
-    return _BUILT[form]
+    return hf_fixtures.cached_checkpoint(arch_of(form), tmp_path_factory)

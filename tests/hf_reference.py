@@ -33,8 +33,13 @@ def load_model(directory: Path):
     import torch
     import transformers
 
-    cls = getattr(transformers, json.loads((directory / "config.json").read_text())["architectures"][0])
-    return cls.from_pretrained(directory, dtype=torch.float32).eval()
+    config = json.loads((directory / "config.json").read_text())
+    cls = getattr(transformers, config["architectures"][0])
+    kw = {}
+    if config.get("quantization_config", {}).get("quant_method") == "mxfp4":
+        # transformers' own dequantization of the blocks (its MXFP4 kernels need a GPU)
+        kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    return cls.from_pretrained(directory, dtype=torch.float32, **kw).eval()
 
 
 def parity_tokens(directory: Path) -> list[int]:

@@ -1,5 +1,6 @@
 """`strata convert` of gpt-oss against transformers on tiny checkpoints built offline
-(tests/hf_gpt_oss.py: the bf16 form and the released MXFP4 form of one trained model).
+(tests/hf_gpt_oss.py: the bf16 form and the released MXFP4 form of one trained model), checked in
+with transformers' outputs on them (tests/fixtures/hf/gpt_oss_<form>/): no torch at test time.
 
 Teacher-forced over PARITY_TEXT (131 positions, longer than the sliding window of 16, so the
 sinks and the window both shape the result): f16 experts (bf16 form) within
@@ -21,12 +22,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-
-from tests import hf_gpt_oss, hf_models  # noqa: E402
+from tests import hf_fixtures, hf_gpt_oss, hf_models  # noqa: E402
 from strata.convert import convert  # noqa: E402
 from strata.convert.safetensors_reader import Checkpoint  # noqa: E402
 from strata.errors import ConfigError  # noqa: E402
@@ -40,8 +38,6 @@ from strata.reference.sampling import log_softmax  # noqa: E402
 from tests.budgets import (GPT_OSS_F16_LOGIT_BUDGET, GPT_OSS_MXFP4_LOGIT_BUDGET, Q2_KLD_SANITY,  # noqa: E402
                            Q8_ARGMAX_AGREEMENT)
 
-GREEDY_STEPS = 32
-PROMPT_TOKENS = 8
 # (form, --experts) -> what the conversion is held to
 CONVERSIONS = [("bf16", QuantType.F16), ("bf16", QuantType.Q8_0), ("bf16", QuantType.Q2_0), ("mxfp4", None),
                ("mxfp4", QuantType.Q8_0)]
@@ -63,13 +59,11 @@ def converted(checkpoints, tmp_path_factory):
     return models
 
 
-def _tokens(model) -> np.ndarray:
-    return np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-
-
-def _hf_logits(hf_model, tokens):
-    with torch.no_grad():
-        return hf_model(torch.tensor(tokens)[None]).logits[0].float().numpy()
+def _tokens(model, expected) -> np.ndarray:
+    """The parity text as strata's tokenizer encodes it: the tokens transformers' logits are of."""
+    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+    np.testing.assert_array_equal(tokens, expected.tokens)
+    return tokens
 
 
 def _strata_logits(model, tokens):
@@ -86,9 +80,9 @@ def _mean_kld(p_logits, q_logits) -> float:
 def test_logits_match_transformers(checkpoints, converted, form, qt, budget):
     model, r = converted[form, qt]
     assert r.expert_type is (QuantType.MXFP4 if qt is None else qt)
-    tokens = _tokens(model)
+    tokens = _tokens(model, checkpoints[form][1])
     assert len(tokens) >= 128 and len(tokens) > hf_gpt_oss.WINDOW
-    ref, got = _hf_logits(checkpoints[form][1], tokens), _strata_logits(model, tokens)
+    ref, got = checkpoints[form][1].logits, _strata_logits(model, tokens)
     scale = float(np.abs(ref).max())
     rel = float(np.abs(got - ref).max()) / scale
     print(f"\ngpt_oss {form} ({r.expert_type.name}): max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, "
@@ -99,20 +93,20 @@ def test_logits_match_transformers(checkpoints, converted, form, qt, budget):
 @pytest.mark.parametrize("form, qt", [("bf16", QuantType.F16), ("mxfp4", None)], ids=["bf16-f16", "mxfp4"])
 def test_greedy_matches_transformers(checkpoints, converted, form, qt):
     model = converted[form, qt][0]
-    prompt = [int(t) for t in _tokens(model)[:PROMPT_TOKENS]]
-    ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
-    with torch.no_grad():
-        out = checkpoints[form][1].generate(torch.tensor(prompt)[None], max_new_tokens=GREEDY_STEPS, do_sample=False,
-                                            eos_token_id=sorted(model.tokenizer.eos_ids), pad_token_id=0)
-    assert PROMPT_TOKENS + GREEDY_STEPS > hf_gpt_oss.WINDOW  # the decode steps run past the window
-    assert ours == out[0, len(prompt):].tolist() and len(ours) == GREEDY_STEPS
+    expected = checkpoints[form][1]
+    prompt = [int(t) for t in _tokens(model, expected)[: hf_fixtures.PROMPT_TOKENS]]
+    # transformers' generate (its sliding-window cache) ran on this prompt with these stop ids
+    assert expected.prompt == prompt and expected.eos_ids == sorted(model.tokenizer.eos_ids)
+    ours = generate(model, prompt, max_tokens=hf_fixtures.GREEDY_STEPS).tokens
+    assert hf_fixtures.PROMPT_TOKENS + hf_fixtures.GREEDY_STEPS > hf_gpt_oss.WINDOW  # decode runs past the window
+    assert ours == expected.greedy and len(ours) == hf_fixtures.GREEDY_STEPS
 
 
 @pytest.mark.parametrize("form", ["bf16", "mxfp4"])
 def test_q8_0_argmax_agrees(checkpoints, converted, form):
     model = converted[form, QuantType.Q8_0][0]
-    tokens = _tokens(model)
-    ref, got = _hf_logits(checkpoints[form][1], tokens), _strata_logits(model, tokens)
+    tokens = _tokens(model, checkpoints[form][1])
+    ref, got = checkpoints[form][1].logits, _strata_logits(model, tokens)
     agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
     print(f"\ngpt_oss {form} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, "
           f"KLD {_mean_kld(ref, got):.2e}")
@@ -121,8 +115,8 @@ def test_q8_0_argmax_agrees(checkpoints, converted, form):
 
 def test_q2_0_kld_reported(checkpoints, converted):
     model = converted["bf16", QuantType.Q2_0][0]
-    tokens = _tokens(model)
-    ref, got = _hf_logits(checkpoints["bf16"][1], tokens), _strata_logits(model, tokens)
+    tokens = _tokens(model, checkpoints["bf16"][1])
+    ref, got = checkpoints["bf16"][1].logits, _strata_logits(model, tokens)
     kld, agree = _mean_kld(ref, got), float(np.mean(ref.argmax(-1) == got.argmax(-1)))
     print(f"\ngpt_oss q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
