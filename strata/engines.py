@@ -83,8 +83,9 @@ def mlx_expert_types() -> frozenset:
     """The expert types the MLX backend computes: Q2_0 (its fused kernels) and the types MLX's
     own quantized matmuls read (affine 4/8-bit, MXFP4: the gather_qmm path)."""
     from strata.formats.mlx_affine import AFFINE_SPECS
+    from strata.mlx_backend.quants import native_refusal
 
-    return frozenset({QuantType.Q2_0, QuantType.MXFP4, *AFFINE_SPECS})
+    return frozenset(q for q in (QuantType.Q2_0, QuantType.MXFP4, *AFFINE_SPECS) if native_refusal(q) is None)
 
 
 def resolve_backend(model, config: Config) -> Backend:

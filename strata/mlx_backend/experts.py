@@ -23,12 +23,13 @@ import numpy as np
 
 from strata.formats.expert_record import PROJECTIONS, ExpertWeights, RecordLayout, pack_record
 from strata.formats.quant_matrix import has_biases
+from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import combine as combine_kernel
 from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
-from strata.mlx_backend.quants import AFFINE, GROUP, NATIVE, native_scale_view
+from strata.mlx_backend.quants import AFFINE, GROUP, NATIVE, native_refusal, native_scale_view
 from strata.mlx_backend.routing import select_device
 from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
@@ -117,6 +118,8 @@ def stack_experts(experts: Sequence[ExpertWeights], rec: RecordLayout) -> tuple[
 
 
 def _qmm(x: mx.array, wsb: tuple[mx.array, mx.array, mx.array], idx: mx.array, stack: ExpertStack) -> mx.array:
+    if stack.mode == "mxfp4" and (why := native_refusal(QuantType.MXFP4)) is not None:
+        raise ConfigError(f"MLX experts: {why}")
     w, s, b = wsb
     return mx.gather_qmm(x, w, s, b, rhs_indices=idx, transpose=True, group_size=stack.group, bits=stack.bits,
                          mode=stack.mode)

@@ -141,3 +141,14 @@ def gemv(m: QuantMatrix | MlxQuantMatrix, x) -> mx.array:
         y = mx.quantized_matmul(x2, m.w, m.scales, m.biases, transpose=True, group_size=m.group, bits=m.bits,
                                 mode=m.mode)
     return y.reshape(-1) if one else y
+
+
+def native_refusal(qtype: QuantType) -> str | None:
+    """Why MLX on this device cannot compute `qtype` experts (None: it can). Measured on an H200
+    (MLX 0.32.4's CUDA build): `gather_qmm` has no mxfp4 kernel for float32 activations ("No
+    implementation for problem shape"); Metal and the CPU build run it."""
+    cuda = getattr(mx, "cuda", None)
+    on_cuda = cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
+    if qtype == QuantType.MXFP4 and on_cuda:
+        return "MLX's CUDA gather_qmm has no MXFP4 kernel for float32 activations (use --backend numpy)"
+    return None
