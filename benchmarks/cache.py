@@ -4,9 +4,9 @@
                                [--capacity 5385] [--seed 0]
 
 Replays a synthetic routing trace (strata/testing/traces.py: Zipf popularity, token locality,
-noisy next-layer guesses with the seed's recall) through `strata.cache.machine.step`, one
+noisy next-layer guesses with the reference engine's recall) through `strata.cache.machine.step`, one
 decode window per token, under three read-ahead settings: none, K = 10 with the old LRU touch
-(the seed's stock), K = 16 without it (the seed's recommendation). Target: the K = 16 replay of
+(the reference engine's stock), K = 16 without it (the reference engine's recommendation). Target: the K = 16 replay of
 1,000 tokens x 48 layers in under 20 s on one core (CPU time of this single-threaded process,
 so a busy shared machine doesn't distort it; wall time is printed too). Each setting is then
 replayed again through the runtime's fast twin (`strata.cache.fast.FastCache`, the
@@ -30,7 +30,7 @@ from strata.testing.traces import recall_at, synthetic_routing_trace  # noqa: E4
 
 TARGET_SECONDS = 20.0  # for the K = 16 run at the default shape
 SETTINGS = (("none", 0, False), ("K10 touch", 10, True), ("K16 no-touch", 16, False))
-SEED_URGENT = {"none": 19.65, "K10 touch": 9.82, "K16 no-touch": 6.99}  # seed §1, real trace, MoCE on
+SEED_URGENT = {"none": 19.65, "K10 touch": 9.82, "K16 no-touch": 6.99}  # the reference engine, real trace, MoCE on
 
 
 def replay_fast(config: CacheConfig, selected, guesses) -> CacheStats:
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=48)
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--capacity", type=int, default=5385)  # the seed's 7.5 GB arena
+    p.add_argument("--capacity", type=int, default=5385)  # the reference engine's 7.5 GB arena
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
 

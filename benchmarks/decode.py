@@ -5,7 +5,7 @@ measured dispatch, and host round trips, all measured in this run:
 1. all-resident (MlxEngine: every expert in one MLX arena, routing on the GPU);
 2. a capped arena streaming misses from host memory (StreamingEngine + MlxArena + MlxCompute;
    the `.experts` file lives in /dev/shm, so a miss is a memory copy, not a disk read);
-3. the per-layer host synchronisation cost (the seed's handshake bench, MLX form).
+3. the per-layer host synchronisation cost (the reference engine's handshake bench, MLX form).
 
 Prints a table, then one JSON line.
 
@@ -283,7 +283,7 @@ def stream_variants() -> dict:
 
 
 def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:
-    """The seed's hs bench in MLX form: 48 segments of two 4 MB dispatches; one eval for all, a host
+    """The reference engine's hs bench in MLX form: 48 segments of two 4 MB dispatches; one eval for all, a host
     round trip per segment, and a round trip with one more dispatch queued between signal and wait."""
     n = nbytes // 4
     bufs = [mx.random.uniform(shape=(n,)) for _ in range(2)]
@@ -329,7 +329,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--shape", choices=("seed", "qwen3.5-397b"), default="seed",
-                    help="full-size synthetic: the seed shape, or Qwen3.5-397B's hybrid per-layer shape")
+                    help="full-size synthetic: the reference engine shape, or Qwen3.5-397B's hybrid per-layer shape")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")

@@ -6,7 +6,7 @@ same quantity on the GPU).
                                    [--prefetch 16] [--arena-fraction 0.25] [--cprofile]
                                    [--root PATH]   # time another checkout's strata (A/B)
 
-Shape: the seed's routing shape (256 experts, top-10, K = 16 read-ahead without touch, an arena
+Shape: the reference engine's routing shape (256 experts, top-10, K = 16 read-ahead without touch, an arena
 of a quarter of the experts), fewer layers and a small hidden size: the host turn's work
 depends on E, k, K and the arena, not on D. Experts come from a `.experts` file in /dev/shm
 (one pool of E experts reused by every layer), dense weights from `strata.testing.models.make_dense`

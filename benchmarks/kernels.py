@@ -1,5 +1,5 @@
 """Kernel benchmarks (GPU): copy bandwidth; host dispatch and round trip; the fused routed-expert
-kernel vs mx.gather_qmm for k = 10 of 256 experts at the seed's expert size (~1.38 MB Q2_0);
+kernel vs mx.gather_qmm for k = 10 of 256 experts at the reference engine's expert size (~1.38 MB Q2_0);
 the Q8_0 router-guess GEMV. Prints a table, then one JSON line.
 
 Two numbers first (METHOD.md): a layer's k = 10 experts are 10 x 1.3824 MB = 13.8 MB of Q2_0,
@@ -172,7 +172,7 @@ def main() -> int:
                                       hx_shared=hx, vector_loads=vl))
         if args.ncu == "moe":
             return 0
-        # every kernel of a decoded token (2 layers of the seed's shape): the per-kernel GPU times
+        # every kernel of a decoded token (2 layers of the reference engine's shape): the per-kernel GPU times
         cfg = replace(SEED_SHAPE, n_layers=2)
         p = random_params(cfg, seed=0, pred_q8=False)
         logits, state = forward(p, MlxModelState.empty(cfg), np.array([1, 2, 3]))

@@ -4,16 +4,16 @@
     python benchmarks/replay.py experiments [--model M.gguf --text FILE] [--out DIR]
 
 `speed` (the issue's target: >= 1,000 tokens x 48 layers x 256 experts replayed per minute on
-one core): a synthetic trace of the seed's shape, replayed closed loop under the stock policy
-(J3 λ0.85 K10) at the seed's 7.5 GB point (5385 of 12288 slots); also the cache machine alone
+one core): a synthetic trace of the reference engine's shape, replayed closed loop under the stock policy
+(J3 λ0.85 K10) at the reference engine's 7.5 GB point (5385 of 12288 slots); also the cache machine alone
 (open loop over the same selections) to give the per-step cost. Prints a table and one JSON line.
 
-`experiments`: the seed's §1 experiments redone (docs/replay.md): trace, router spread, capacity
-sweep with read-ahead variants (the seed's K and K scaled to the model's top-k) and Belady,
+`experiments`: the reference engine's §1 experiments redone (docs/replay.md): trace, router spread, capacity
+sweep with read-ahead variants (the reference engine's K and K scaled to the model's top-k) and Belady,
 recall one and two layers ahead, the J × λ policy table with drop-tail. With --model it runs on
 that model with its own routers, unchanged (the trained default model: strata/data/default.gguf);
 without, it builds a made model (testing's "demo" shape with 16 layers, 128 experts, top-8)
-whose router logits are rescaled to the seed's spread (SEED_MEDIAN_GAP): only the made model is
+whose router logits are rescaled to the reference engine's spread (SEED_MEDIAN_GAP): only the made model is
 ever rescaled. Text longer than the model's context is traced in consecutive windows (each
 from an empty KV cache; the simulated arena carries over, as it does across requests).
 Writes tables (Markdown), JSON and PNGs to DIR.
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from strata.tools.experiments import SEED_TOKENS  # noqa: E402
 
 SEED_SHAPE = dict(tokens=1000, layers=48, experts=256, top_k=10)
-SEED_CAPACITY = 5385  # the seed's 7.5 GB arena, of 48 x 256 = 12288 experts
+SEED_CAPACITY = 5385  # the reference engine's 7.5 GB arena, of 48 x 256 = 12288 experts
 TARGET_PER_MINUTE = 1000 * 48 * 256  # token x layer x expert replayed per minute
 
 
@@ -149,19 +149,19 @@ def main(argv=None) -> int:
     s.add_argument("--experts", type=int, default=SEED_SHAPE["experts"])
     s.add_argument("--top-k", type=int, default=SEED_SHAPE["top_k"])
     s.add_argument("--dim", type=int, default=256, help="router input size of the synthetic trace")
-    s.add_argument("--capacity", type=int, default=0, help="slots (default: the seed's 7.5 GB fraction)")
-    e = sub.add_parser("experiments", help="the seed's §1 experiments (docs/replay.md)")
+    s.add_argument("--capacity", type=int, default=0, help="slots (default: the reference engine's 7.5 GB fraction)")
+    e = sub.add_parser("experiments", help="the reference engine's §1 experiments (docs/replay.md)")
     e.add_argument("--model", help="model .gguf (default: build the calibrated made model in OUT/made)")
     e.add_argument("--text", help="text file (default: the repository's README and docs)")
     e.add_argument("--out", default="replay_experiments", help="output directory")
     e.add_argument("--tokens", type=int, default=SEED_TOKENS,
-                   help="tokens traced and replayed (default the seed's 1,022; 0: the whole text)")
+                   help="tokens traced and replayed (default the reference engine's 1,022; 0: the whole text)")
     e.add_argument("--window", type=int, default=0,
                    help="trace longer texts in windows of this many tokens (default and most: the model's context)")
     e.add_argument("--quality-tokens", type=int, default=256,
                    help="tokens scored for the J x λ table (seed: 256; at most one window)")
-    e.add_argument("--caps", help="capacities in slots, comma-separated (default: the seed's points, scaled so the "
-                                  "middle one has the seed's λ = 0 LRU hit rate)")
+    e.add_argument("--caps", help="capacities in slots, comma-separated (default: the reference engine's points, scaled so the "
+                                  "middle one has the reference engine's λ = 0 LRU hit rate)")
     args = p.parse_args(argv)
     if args.mode == "experiments":
         from strata.tools.experiments import run_experiments

@@ -1,4 +1,4 @@
-"""The one runtime configuration (SPEC §6): a frozen dataclass; environment and CLI read here only.
+"""The one runtime configuration (design §6): a frozen dataclass; environment and CLI read here only.
 
 Every switch restores the old behaviour exactly when flipped, so A/B runs are honest.
 Environment overrides: `STRATA_<FIELD>` (upper case), for example `STRATA_PREFETCH=16`.
@@ -27,9 +27,9 @@ class Backend(enum.Enum):
 
 STOCK_PREFETCH = 10
 STOCK_MOCE_J = 3
-STOCK_MOCE_LAMBDA = 0.85  # the seed's stock bonus: lossy, so not the default (λ = 0 is exact)
+STOCK_MOCE_LAMBDA = 0.85  # the reference engine's stock bonus: lossy, so not the default (λ = 0 is exact)
 MOCE_PRESETS = {  # `moce=` fills these fields where they are left at their defaults
-    "stock": dict(moce_j=STOCK_MOCE_J, moce_lambda=STOCK_MOCE_LAMBDA),  # the seed's measured policy (lossy)
+    "stock": dict(moce_j=STOCK_MOCE_J, moce_lambda=STOCK_MOCE_LAMBDA),  # the reference engine's measured policy (lossy)
     "off": dict(moce_lambda=0.0, moce_drop_tail=0.0),  # the model's own routing, bit for bit
 }
 STOCK_PREFILL_CHUNK = 64  # prompt positions per chunk: bounds a chunk's expert union and its activations
@@ -53,7 +53,7 @@ class Config:
     shexp_overlap: bool = knob(True, "shared expert during the host turn (default on)")
     pred_q8: bool = knob(True, "read-ahead guess on a Q8_0 router copy (default on)")
     moce_j: int = knob(STOCK_MOCE_J, "MoCE: protected top-J (default 3)")
-    moce: str = knob("", "MoCE preset: stock (J=3, λ=0.85 logits: lossy, the seed's; refused on sigmoid-routed models) or off (exact); default: the moce_* fields")
+    moce: str = knob("", "MoCE preset: stock (J=3, λ=0.85 logits: lossy, the reference engine's; refused on sigmoid-routed models) or off (exact); default: the moce_* fields")
     moce_lambda: float = knob(0.0, "MoCE: resident bonus λ (default 0: exact, the model's routing; > 0 is lossy)")
     moce_scale: BonusScale = knob(BonusScale.ABSOLUTE, "MoCE: λ absolute, in the rule's score units (logits; σ(z)+bias on sigmoid rules), or range: x the score spread")
     moce_margin: float = knob(0.0, "MoCE: margin gating in logits (default 0: off)")

@@ -110,7 +110,7 @@ def resolve_backend(model, config: Config) -> Backend:
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
                 keep_trace: bool = False) -> Engine:
     """The engine for `model` (a Model or a path) under `config` (default: `STRATA_*` over the
-    defaults; a mapping of Config fields is read as `Config(**mapping)`). Streaming whenever the config names an arena or the budget rule (SPEC §7) says
+    defaults; a mapping of Config fields is read as `Config(**mapping)`). Streaming whenever the config names an arena or the budget rule (design §7) says
     the experts do not all fit; otherwise all-resident, which is what streaming would compute
     anyway (with every expert resident MoCE's bonus lifts all logits alike, so routing is the
     model's own) without a reader pool or slot bookkeeping. The caller closes it.

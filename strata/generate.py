@@ -35,7 +35,7 @@ class GenerationResponse:
         "context" (the model's context is full) on the last response
     prompt_reused: prompt positions the session already held (not processed again)
     cache: the expert cache's cumulative counts (prompt and decode) when streaming, else None
-    report: this call's stream report (SPEC §8), on the last response only, when streaming
+    report: this call's stream report (design §8), on the last response only, when streaming
     speculation: this call's speculation report, on the last response only, when speculating
     """
 
@@ -65,7 +65,7 @@ class GenerationResult:
     generation_tps: float
     finish_reason: str | None
     prompt_reused: int = 0
-    report: StreamReport | None = field(default=None, repr=False)  # when streaming (SPEC §8)
+    report: StreamReport | None = field(default=None, repr=False)  # when streaming (design §8)
     speculation: SpeculationReport | None = field(default=None, repr=False)  # when speculating
 
     def __str__(self) -> str:

@@ -1,4 +1,4 @@
-"""SPEC §5's determinism invariant: which slot holds what at every decision point depends only
+"""design §5's determinism invariant: which slot holds what at every decision point depends only
 on the turns and the configuration, never on I/O timing.
 
 The same turn sequence is run with ReadDone notices never sent, sent at once for every read,

@@ -1,4 +1,4 @@
-"""Hand-worked scenarios from SPEC §5 with exact slot contents and actions.
+"""Hand-worked scenarios from design §5 with exact slot contents and actions.
 
 Slot tables read 'F' free, 'L' limbo, 'R<layer>:<expert>' claimed, 'P<layer>:<expert>' read
 ahead, '*' pinned by the current stamp. Fresh arenas hand out free slots lowest first.
@@ -189,7 +189,7 @@ def test_old_in_turn_order_frees_unused_readaheads_before_the_lookups():
     assert cfg.min_capacity == 6
     s, acts = play(_up_to_readahead() + [AtLayer(1, (4, 6))], config=cfg)
     assert acts[2] == (Read(2, 1, 1, False, 3), Read(3, 1, 4, False, 4))
-    assert acts[3] == (Cancel(2, 3), WaitFor((2,)),  # the seed's MoCE wait, inside the turn
+    assert acts[3] == (Cancel(2, 3), WaitFor((2,)),  # the reference engine's MoCE wait, inside the turn
                        Read(2, 1, 6, True, 5), WaitFor((3, 2)), Use(1, (4, 6), (3, 2)))
     s, (acts,) = play([AfterLayer(1)], state=s)
     assert acts == () and s.limbo == ()

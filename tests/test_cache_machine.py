@@ -1,4 +1,4 @@
-"""The expert cache as a hypothesis RuleBasedStateMachine over random turn sequences (SPEC §5).
+"""The expert cache as a hypothesis RuleBasedStateMachine over random turn sequences (design §5).
 
 Every step is checked for purity (the old state is untouched and read-only), against a model
 of the runtime applying the actions (tests/cache_checks.py), and against the invariants: no

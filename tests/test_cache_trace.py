@@ -1,6 +1,6 @@
 """The read-ahead on a structured synthetic routing trace (strata/testing/traces.py): urgent
 misses fall from no prefetch, to K = 10 with the old LRU touch, to K = 16 without it — the
-direction of the seed's 19.65 -> 9.82 -> 6.99 (benchmarks/cache.py prints our numbers)."""
+direction of the reference engine's 19.65 -> 9.82 -> 6.99 (benchmarks/cache.py prints our numbers)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from strata.cache.types import CacheConfig
 from strata.testing.traces import recall_at, synthetic_routing_trace
 
 TOKENS, LAYERS, EXPERTS, TOP_K = 120, 8, 128, 10
-CAPACITY = 400  # ~40% of the 1,024 (layer, expert) keys, like the seed's 5,385 of 12,288
+CAPACITY = 400  # ~40% of the 1,024 (layer, expert) keys, like the reference engine's 5,385 of 12,288
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_trace_is_deterministic_and_well_formed(trace):
     np.testing.assert_array_equal(trace.guesses, again.guesses)
     for rows in (trace.selected, trace.guesses[:, :-1]):
         assert all(len(set(r)) == len(r) for r in rows.reshape(-1, rows.shape[-1]).tolist())
-    assert 0.55 < recall_at(trace, 10) < recall_at(trace, 16) < 0.95  # the seed: 0.678, 0.821
+    assert 0.55 < recall_at(trace, 10) < recall_at(trace, 16) < 0.95  # the reference engine: 0.678, 0.821
 
 
 def test_urgent_misses_fall_with_readahead_depth(trace):

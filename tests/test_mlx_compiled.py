@@ -34,7 +34,7 @@ from strata.testing.mlx_params import SEED_SHAPE, random_params
 gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]
 emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
 
-# a small model of the seed's class (the decoded-token test's shape in test_mlx_kernels.py)
+# a small model of the reference engine's class (the decoded-token test's shape in test_mlx_kernels.py)
 SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
 # a hybrid of the same size: DeltaNet, DeltaNet, gated attention with partial rotary

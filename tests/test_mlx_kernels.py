@@ -1,4 +1,4 @@
-"""Kernel-level checks beyond the twins: the fused expert kernel at the seed's expert size, the
+"""Kernel-level checks beyond the twins: the fused expert kernel at the reference engine's expert size, the
 GPU routing variant against host routing, determinism (a moving result is a race), the arena's
 host writes reaching the kernels with no copy, arenas past 2 and 4 GiB (index math and MLX's int32
 shapes), no host arrays in a decoded token's kernel inputs, and the launch budget per decoded

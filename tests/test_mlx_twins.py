@@ -5,7 +5,7 @@ kernel path this machine has (STYLE §1, §7):
 - emulated: the shared kernel bodies compiled for the CPU (needs a C++20 compiler)
 - gpu:      the shared bodies through mx.fast.metal_kernel / cuda_kernel (marked `gpu`)
 
-Inputs are fresh random values for every example (hypothesis draws the seed and the variant);
+Inputs are fresh random values for every example (hypothesis draws the reference engine and the variant);
 dense weights are float16-exact, so the float16 kernel path and the float32 reference compute on
 the same numbers and the FAST budget applies.
 """

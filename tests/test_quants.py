@@ -1,4 +1,4 @@
-"""Reference quantization (SPEC §2): Q2_0's invariants, byte layout and MLX equivalence;
+"""Reference quantization (design §2): Q2_0's invariants, byte layout and MLX equivalence;
 Q8_0/Q4_0 against the `gguf` package; float round trips; block form; GEMV; bad shapes."""
 
 from __future__ import annotations

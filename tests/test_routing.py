@@ -1,4 +1,4 @@
-"""Reference routing: the model's rule, MoCE and its variants (SPEC §3)."""
+"""Reference routing: the model's rule, MoCE and its variants (design §3)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _by_z(z: np.ndarray) -> list[int]:
 
 
 def expected_experts(z: np.ndarray, resident: np.ndarray, k: int, j: int, bonus: float) -> list[int]:
-    """SPEC §3 written as sorts on tuple keys: top-J by z, then the rest by z' (ties: z, index)."""
+    """design §3 written as sorts on tuple keys: top-J by z, then the rest by z' (ties: z, index)."""
     order = _by_z(z)
     j = min(j, k)
     b = np.float32(bonus)

@@ -1,5 +1,5 @@
 """The streaming engine computes what the all-resident reference computes (λ = 0), at every
-arena size down to the smallest legal one and under every SPEC §6 switch; its decisions are
+arena size down to the smallest legal one and under every design §6 switch; its decisions are
 the reference cache machine's; every expert used is the one requested; faults are clear errors."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The fast twin of the expert-cache state machine (SPEC §5; STYLE §1, §2).
+"""The fast twin of the expert-cache state machine (design §5; STYLE §1, §2).
 
 `FastCache(config).step(event)` returns exactly the actions that `strata.cache.machine.step`
 returns for the same event sequence: same types, fields, order and tickets. It is held to the

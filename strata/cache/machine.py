@@ -1,4 +1,4 @@
-"""The expert-cache state machine (SPEC §5): `step(state, event) -> (state, actions)`.
+"""The expert-cache state machine (design §5): `step(state, event) -> (state, actions)`.
 
 The one definition of which slot holds what. The runtime applies the actions to real I/O, the
 replay tools drive it over recorded routing; both read the same decisions. docs/cache.md walks
@@ -130,7 +130,7 @@ class _Turn:
         guesses2 = ev.guesses2[:k] if self.cfg.prefetch2 and ev.layer + 2 < n_layers else ()
         self._check_experts(guesses, k, "guesses")
         self._check_experts(guesses2, k, "guesses2")
-        if self.cfg.split_turn:  # the seed's split turn (§2.4); off: the layer's turn already retired
+        if self.cfg.split_turn:  # the reference engine's split turn (§2.4); off: the layer's turn already retired
             self.release_limbo()
             self.retire_unused_pre(ev.layer, keep=(), to_limbo=True)
         self.ahead(ev.layer + 1, guesses)

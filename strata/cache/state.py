@@ -1,4 +1,4 @@
-"""The expert cache's state (SPEC §5): slots, maps, LRU ticks, pins, counters; the victim rule
+"""The expert cache's state (design §5): slots, maps, LRU ticks, pins, counters; the victim rule
 and read-only views. `strata.cache.machine.step` is the only way to move from one state to
 the next.
 

@@ -1,4 +1,4 @@
-"""The vocabulary of the expert-cache state machine (SPEC §5): configuration, events, actions,
+"""The vocabulary of the expert-cache state machine (design §5): configuration, events, actions,
 statistics and errors. The machine itself is `strata.cache.machine`; docs/cache.md explains it.
 
 Keys are (layer, expert) pairs; inside the machine they are encoded as `layer * n_experts + expert`.
@@ -35,7 +35,7 @@ class Phase(enum.IntEnum):
 
 class CacheFullError(ArenaTooSmallError):
     """`victim()` found no slot: everything is pinned by the current window, in limbo or (in
-    decode) an unclaimed read-ahead. A clear error instead of a loop (SPEC §5)."""
+    decode) an unclaimed read-ahead. A clear error instead of a loop (design §5)."""
 
 
 class CacheProtocolError(StrataError, ValueError):
@@ -68,7 +68,7 @@ def min_capacity(n_layers: int, top_k: int, prefetch_depth: int, *, window: int 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Everything that decides which slot holds what. Defaults are the seed's (SPEC §6)."""
+    """Everything that decides which slot holds what. Defaults are the reference engine's (design §6)."""
 
     capacity: int  # arena slots
     n_layers: int

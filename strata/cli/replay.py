@@ -7,7 +7,7 @@ import argparse
 HELP = """\
 Replay a trace (`strata trace`) through the expert-cache state machine, closed loop: at every
 token and layer MoCE routing re-runs on the trace's logits against the simulated residency.
-Prints the seed's table per configuration: urgent misses, read-ahead hits and reads per token,
+Prints the reference engine's table per configuration: urgent misses, read-ahead hits and reads per token,
 misses by selected rank. List-valued flags (--caps, --K, --J, --lambda) make a grid.
 Capacities: slots ('3000'), a percentage of all experts ('25%') or 'min'.
 
@@ -15,7 +15,7 @@ examples:
   strata replay t.npz --caps 20%,30%,40%,60% -o /tmp/caps        # table, caps.json, caps.png
   strata replay t.npz --caps 30% --K 10,16 --touch both          # read-ahead variants
   strata replay t.npz --caps 30% --K 0 --lambda 0,0.85 --opt     # vs Belady MIN
-  strata replay t.npz --caps 20%,30%,40% --preset seed --opt     # the seed's experiments
+  strata replay t.npz --caps 20%,30%,40% --preset seed --opt     # the reference engine's experiments
   strata replay t.npz --caps min,30% --windows 2,4 --suffix-draft 1,2,3 --lambda 0   # speculative windows
 
 With --windows or --suffix-draft each configuration also runs windows of several positions
@@ -32,7 +32,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--caps", default="25%", help="arena capacities, comma-separated (default 25%%)")
     add_cache_options(p, lists=True)
     add_policy_options(p, lists=True)
-    p.add_argument("--preset", choices=[SEED_PRESET], help="run the seed's list of variants at each capacity")
+    p.add_argument("--preset", choices=[SEED_PRESET], help="run the reference engine's list of variants at each capacity")
     p.add_argument("--opt", action="store_true",
                    help="Belady MIN on the λ = 0 selection stream and on each run's routed stream")
     p.add_argument("--dump", metavar="DIR", help="write each run's routed selections and misses per turn")

@@ -1,4 +1,4 @@
-"""The runtime's command-line flags (SPEC §6), derived from the Config fields: each field with a
+"""The runtime's command-line flags (design §6), derived from the Config fields: each field with a
 flag becomes `--field-name` (booleans get --x and --no-x, enums their choices) with the field's
 own help; every other field is reachable through `--set KEY=VALUE`. Flags left out keep the
 `STRATA_*` variable or the default; the mapping they produce goes to `strata.config.load_config`,

@@ -1,4 +1,4 @@
-"""`strata sweep MODEL TEXT`: the seed's MoCE policy table, J × λ -> misses, relMSE, KLD."""
+"""`strata sweep MODEL TEXT`: the reference engine's MoCE policy table, J × λ -> misses, relMSE, KLD."""
 
 from __future__ import annotations
 

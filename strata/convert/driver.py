@@ -58,7 +58,7 @@ from strata.model_config import ModelConfig, dense_tensor_shapes
 from strata.reference.quants import quantize
 
 EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
-DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # SPEC §4: routed experts are Q2_0
+DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # design §4: routed experts are Q2_0
 DEFAULT_DENSE_TYPE = QuantType.F32
 PARTIAL_SUFFIX = ".partial"
 SOURCE_KEY = "convert.source_model_type"  # extra GGUF metadata: where the model came from

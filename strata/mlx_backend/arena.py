@@ -12,7 +12,7 @@ MLX op at all. `publish` has nothing to do.
 
 The view starts on a 4096-byte boundary (the array is over-allocated by one slot and viewed at an
 offset), so O_DIRECT reads can land in it. Safety is the cache machine's: a slot is written only
-while no kernel of the current window may read it (pinned slots are never victims; SPEC §5).
+while no kernel of the current window may read it (pinned slots are never victims; design §5).
 
 Size: MLX shapes are int32 per dimension, so the allocation is 2-D ([capacity + 1, slot_bytes],
 never one flat dimension: 3072 seed-size slots are 4.25 GB, which a 1-D shape cannot hold; seen

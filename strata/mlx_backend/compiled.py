@@ -1,6 +1,6 @@
 """The all-resident decode step under `mx.compile`: traced once, replayed from C++.
 
-Why: on the H200 (MLX 0.32.4, CUDA) a decoded token of the seed model is 290 custom-kernel
+Why: on the H200 (MLX 0.32.4, CUDA) a decoded token of the reference engine model is 290 custom-kernel
 launches; uncompiled it took ~9.4 ms, of which ~5.2 ms was Python and MLX building the lazy graph
 (launch() and the kernel wrappers, per launch) against ~2.9 ms of GPU work. `mx.compile` traces
 the step once and replays its graph on later calls with inputs of the same shapes, so the

@@ -8,7 +8,7 @@ host turn) -> routed -> guess_logits (after the turn) -> combine for each layer.
   and the next MoE layer's Q8_0 guess logits together; router_logits is the layer's one host round
   trip (evaluating z evaluates the guess too, so guess_logits costs a copy, not a sync);
 - shared and routed are started with `mx.async_eval`, so the GPU runs them while the host takes
-  its turn (SPEC §4: the shared expert between signal and wait) and does its after-layer work;
+  its turn (design §4: the shared expert between signal and wait) and does its after-layer work;
 - combine adds the partials (one list per pass; several passes in a prompt) and the shared expert;
 - a dense FFN layer is `dense_ffn` (MLX ops: no router, no experts, no host round trip).
 
@@ -119,7 +119,7 @@ class MlxCompute:
         out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
                               np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
         if slots.shape[0] > 1:
-            # A prompt layer may run in several passes whose slots the next pass reuses (SPEC §5):
+            # A prompt layer may run in several passes whose slots the next pass reuses (design §5):
             # the pass must have read its slots before the cache hands them out again.
             mx.eval(out)
         else:

@@ -8,7 +8,7 @@
 - streaming: `streaming_parts` gives an `MlxArena` and `MlxCompute`; strata.engines puts them
   in the runtime's StreamingEngine with a reader pool, as it does the numpy ones.
 
-strata.engines.open_engine picks between them by the arena plan (SPEC §7).
+strata.engines.open_engine picks between them by the arena plan (design §7).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ routed experts with the shared expert's blocks in the same grid (routing on the 
 expert is resident) and combine. The ops path runs the same steps
 as MLX ops. Dense weights are float16 on the kernel path (the reference's float32 weights rounded
 once; tests use float16-exact weights so the two agree to float32 reordering) and float32 on the
-ops path; the router stays float32 (SPEC §3) and the read-ahead guess reads a Q8_0 copy.
+ops path; the router stays float32 (design §3) and the read-ahead guess reads a Q8_0 copy.
 
 Shapes: T positions, D hidden, E experts, V vocab.
 """

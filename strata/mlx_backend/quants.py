@@ -5,7 +5,7 @@ scale * q_u + bias with the codes packed LSB-first into uint32 words, so every s
 onto `mx.quantize`'s layout without changing a value:
 
     Q2_0  q_u = q             scale = d  bias = -2 d    bits 2  (the codes plane read as uint32 IS
-                                                                 MLX's packed w, SPEC §2)
+                                                                 MLX's packed w, design §2)
     Q4_0  q_u = q (repacked)  scale = d  bias = -8 d    bits 4  (ggml's nibble order differs)
     Q8_0  q_u = q + 128       scale = d  bias = -128 d  bits 8
 

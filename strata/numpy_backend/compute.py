@@ -48,7 +48,7 @@ class NumpyCompute:
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
         # the routers this process holds (a pipeline stage loads only its own layers')
         routers = {l: params.dense[r] for l, r in names.items() if r in params.dense}
-        # pred_q8: the guess GEMV reads a Q8_0 copy of each router (seed §2.2: -92 MB/token of
+        # pred_q8: the guess GEMV reads a Q8_0 copy of each router (the reference engine: -92 MB/token of
         # F32 reads on the GPU); the guess only chooses what to read ahead, never the math.
         # numpy has no Q8_0 GEMV, so the copy is kept dequantized: the same values `gemv` would
         # use (x @ dequantize(q).T), without dequantizing E x D weights per layer per token.

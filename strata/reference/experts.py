@@ -1,6 +1,6 @@
 """SwiGLU experts (pure numpy): routed experts on quantized weights, the shared expert on dense.
 
-Routed expert:  y = down( silu(gate·x) * (up·x) )            (SPEC §4)
+Routed expert:  y = down( silu(gate·x) * (up·x) )            (design §4)
 gpt-oss's (ExpertKind.CLAMPED_SWIGLU, with biases b):
     g = min(gate·x + b_g, limit), u = clip(up·x + b_u, -limit, limit)
     y = down( (u + 1) * g * sigmoid(alpha g) ) + b_d

@@ -2,7 +2,7 @@
 
 Each layer is a mixer and an FFN of the kinds `ModelConfig.kinds` names, dispatched in one loop:
 x += mixer(rms_norm(x)) (attention today: its state is the KV cache); h = rms_norm(x); then for an
-MoE layer the router picks k experts per token (SPEC §3, through `select`) and
+MoE layer the router picks k experts per token (design §3, through `select`) and
 x += sum_i w_i expert_i(h) + shared(h), for a dense layer x += ffn(h). Routed experts are
 addressed by MoE index (`ModelConfig.moe_index`), as the `.experts` file stores them.
 The layer pieces are public so the streaming runtime and the analysis tools compose the same

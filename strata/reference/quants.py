@@ -2,7 +2,7 @@
 
 A quantized matrix is held as two planes (`QuantMatrix`): all codes, then all block scales.
 That is how the `.experts` file stores a projection (docs/formats.md) and how MLX keeps its
-quantized arrays; the interleaved block form of SPEC §2 (`d` then `qs`, block after block) is a
+quantized arrays; the interleaved block form of design §2 (`d` then `qs`, block after block) is a
 lossless re-arrangement of the same bytes (`to_blocks` / `from_blocks`).
 
 Quantizers follow ggml's `quantize_row_*_ref` step for step, in float32:
@@ -163,7 +163,7 @@ def gemv(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
 
 
 def to_blocks(m: QuantMatrix) -> np.ndarray:
-    """The interleaved block bytes of SPEC §2 (`d` then `qs`, per block; MLX's affine types: scale,
+    """The interleaved block bytes of design §2 (`d` then `qs`, per block; MLX's affine types: scale,
     bias, then codes; MXFP4: the e8m0 byte, then codes). [n_rows, row_bytes] uint8"""
     lay = layout(m.qtype)
     if not lay.scale_bytes:

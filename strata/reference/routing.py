@@ -1,4 +1,4 @@
-"""Reference routing (pure numpy): the model's own top-k rule, and MoCE on top of it (SPEC §3).
+"""Reference routing (pure numpy): the model's own top-k rule, and MoCE on top of it (design §3).
 
 The model's rule (`RouterRule`) turns router logits z into k experts and their combine weights.
 MoCE (`MoCEPolicy`, cache-conditional routing) re-ranks with a bonus for resident experts so a
@@ -40,10 +40,10 @@ __all__ = [
     "route", "route_batch", "combine_weights", "router_logits", "update_logit_range", "check_policy_for_rule",
 ]
 
-STOCK_J = 3  # seed §1.1: the top-3 unbiased picks are protected
-STOCK_BONUS = 0.85  # seed §1.1: λ in absolute logits (median z1-z3 is 0.35, so it binds often)
-STOCK_DROP_TAIL_RANK = 6  # seed §1.1: "drop tail misses w<0.05 (rank >= 6)"
-SEED_DROP_TAIL_WEIGHT = 0.05  # the weight the seed measured drop-tail with (off by default)
+STOCK_J = 3  # the reference engine: the top-3 unbiased picks are protected
+STOCK_BONUS = 0.85  # the reference engine: λ in absolute logits (median z1-z3 is 0.35, so it binds often)
+STOCK_DROP_TAIL_RANK = 6  # the reference engine: "drop tail misses w<0.05 (rank >= 6)"
+SEED_DROP_TAIL_WEIGHT = 0.05  # the weight the reference engine measured drop-tail with (off by default)
 LOGIT_RANGE_DECAY = 0.99  # EMA decay of the logit range: a horizon of ~100 tokens per layer
 
 
@@ -178,11 +178,11 @@ class MoCEPolicy:
 
     protect_top_j (J): the top-J by z are always selected (J >= k: plain routing).
     bonus (λ >= 0) and bonus_scale: see `BonusScale`.
-    margin (None: no gating): the seed's margin gating. The top-1 stays protected; a protected
+    margin (None: no gating): the reference engine's margin gating. The top-1 stays protected; a protected
         rank i in 1..J-1 keeps its protection only while its unbiased lead over the best
         unprotected candidate (the expert at z-rank J) is >= margin. Leads shrink with rank, so
         the protected experts stay a prefix of the z order (`protected_count`). Because λ = 0.85
-        exceeds most router gaps, margins of 0.5-1.0 make J3 behave like J1 (seed §1.1).
+        exceeds most router gaps, margins of 0.5-1.0 make J3 behave like J1 (the reference engine).
     drop_tail_weight (w, 0 = off) and drop_tail_min_rank (r): after selection, a selected expert
         that is not resident, not protected, at rank >= r, and whose weight is < w is dropped
         (not computed: a miss that would cost a read for little output). The weights of the

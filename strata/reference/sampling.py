@@ -114,7 +114,7 @@ def sample(logits: np.ndarray, cfg: SamplerConfig, step: int, history: Sequence[
     (prompt and generated, oldest first), which only the repetition penalty reads.
 
     The random draw for step n comes from a generator seeded with (seed, n), so the token at a
-    step depends only on the seed, the step, the history and the logits: no hidden generator state.
+    step depends only on the reference engine, the step, the history and the logits: no hidden generator state.
     """
     logits = penalize(logits, history, cfg.repeat_penalty, cfg.repeat_window)
     if cfg.temperature == 0.0:

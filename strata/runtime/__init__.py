@@ -11,6 +11,6 @@ Modules, one concept each:
     selector  routing (MoCE) and read-ahead guesses through strata.reference.routing.route
     decode    StreamingEngine (the split-turn loop over layers of every kind), Ledger
     prompt    chunked prefill
-    budget    the arena size: --arena or the SPEC §7 budget rule
+    budget    the arena size: --arena or the design §7 budget rule
     report    StreamReport
 """

@@ -1,4 +1,4 @@
-"""The arena: `capacity` fixed slots of `slot_bytes` each, filled by disk reads (SPEC §1, §5).
+"""The arena: `capacity` fixed slots of `slot_bytes` each, filled by disk reads (design §1, §5).
 
 The `Arena` protocol is the seam between the I/O pool and a compute backend. The pool preads a
 record straight into `slot_buffer(slot)` and calls `publish(slot)` once the bytes are complete;

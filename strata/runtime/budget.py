@@ -1,9 +1,9 @@
-"""How many arena slots a run gets (SPEC §7): `--arena SIZE` or the budget rule.
+"""How many arena slots a run gets (design §7): `--arena SIZE` or the budget rule.
 
     arena = available − keep − ple_reserve − dense_unwired
 
 `available` is the kernel's MemAvailable less the page cache already holding the model's own
-files (SPEC: "inactive file pages of the model itself are not available" — they are what the
+files (the design: "inactive file pages of the model itself are not available" — they are what the
 arena would displace). `dense_unwired` is the part of the dense weights that sits in
 reclaimable file pages: strata's loader copies dense tensors into anonymous memory (already
 outside MemAvailable once loaded), so it is 0 here, and 0 by definition with `mlock_dense`.
@@ -31,11 +31,11 @@ from strata.runtime.memory import machine_memory, metal_wired_budget
 __all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "keep_bytes", "mem_available", "cached_file_bytes",
            "fmt_bytes", "budget_bytes", "check_wired"]
 
-SEED_KEEP_FRACTION = 7 / 24  # seed §2.5: keep = 7 GB on a 24 GB Mac
+SEED_KEEP_FRACTION = 7 / 24  # the reference engine: keep = 7 GB on a 24 GB Mac
 
 
 def keep_bytes(keep: str, total: int | None = None) -> int:
-    """`keep` in bytes; "auto" scales the seed's 7 GB of 24 GB to this machine's memory (`total`,
+    """`keep` in bytes; "auto" scales the reference engine's 7 GB of 24 GB to this machine's memory (`total`,
     default `machine_memory().total`: a container's limit where one is set), so a small machine
     is not told to keep more than it has."""
     if keep == "auto":

@@ -1,4 +1,4 @@
-"""The streaming engine: the split-turn decode loop over a fixed arena (SPEC §1, §4, §5).
+"""The streaming engine: the split-turn decode loop over a fixed arena (design §1, §4, §5).
 
 One decode window (T positions; T = 1 in plain decoding) runs every layer as its kind says.
 A dense FFN layer is computed whole (`dense_ffn`: no router, no cache turn). An MoE layer:
@@ -17,7 +17,7 @@ A dense FFN layer is computed whole (`dense_ffn`: no router, no cache turn). An 
 
 The cache sees MoE layers only, by MoE index m (`ModelConfig.moe_index`), so the read-ahead
 guess for the next MoE layer reaches across any dense (or, later, recurrent) layers between.
-Every switch of SPEC §6 comes from the one Config and restores the old behaviour when flipped.
+Every switch of design §6 comes from the one Config and restores the old behaviour when flipped.
 `StreamingEngine(model, config, arena, compute, io)` takes its parts explicitly (the seams);
 strata.engines.open_engine assembles them for each backend.
 """

@@ -1,4 +1,4 @@
-"""The reader pool: a few threads `preadv` expert records into arena slots (SPEC §1, §5).
+"""The reader pool: a few threads `preadv` expert records into arena slots (design §1, §5).
 
 - Priority: urgent reads (the turn waits on them) before read-aheads, FIFO within each.
 - `cancel(ticket)` drops a read that is still queued; a running one finishes (its slot is in

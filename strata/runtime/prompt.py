@@ -1,4 +1,4 @@
-"""The prompt path: chunked prefill through the expert cache (SPEC §5, prompt processing).
+"""The prompt path: chunked prefill through the expert cache (design §5, prompt processing).
 
 The prompt is cut into chunks of `prefill_chunk` positions. Inside a held region
 (`hold_region`: limbo is released at both edges, so prompt stream-ins cannot leak into decode)

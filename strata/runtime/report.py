@@ -1,4 +1,4 @@
-"""The stream report (SPEC §8): one dataclass, one text line, one JSON object.
+"""The stream report (design §8): one dataclass, one text line, one JSON object.
 
 Counts come from the cache state machine's totals over the decode windows only (the prompt
 has its own line); times from the streamer's turn timers. Per-token figures divide by decoded
@@ -33,7 +33,7 @@ class StreamReport:
     misses_by_rank: tuple[float, ...]  # urgent misses per token by selected rank 0..k-1
     arena_slots: int
     arena_bytes: int
-    # beyond the SPEC's list
+    # beyond the the design's list
     policy: str = ""  # the routing policy that ran: "exact (λ = 0 ...)" or "lossy: MoCE J3 λ0.85"
     io: str = ""  # "O_DIRECT reads" or why buffered
     prompt_tokens: int = 0

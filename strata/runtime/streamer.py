@@ -1,4 +1,4 @@
-"""The streamer: owns the expert-cache state and applies its actions to real I/O (SPEC §5).
+"""The streamer: owns the expert-cache state and applies its actions to real I/O (design §5).
 
 Every slot decision is the reference machine's (`strata.cache.machine.step`), taken by its
 fast twin `strata.cache.fast.FastCache` (held to it by tests; `reference=True`, i.e.

@@ -15,7 +15,7 @@ __all__ = ["RandomDelays", "Faults"]
 
 
 class RandomDelays:
-    """Seeded random delays per read (the seed and the ticket pick the delay), so reads
+    """Seeded random delays per read (the reference engine and the ticket pick the delay), so reads
     complete in random orders; the same seed gives the same delays, not the same order."""
 
     def __init__(self, seed: int, max_ms: float = 2.0) -> None:

@@ -24,7 +24,7 @@ __all__ = ["SEED_SHAPE", "random_params", "random_records", "q8_router"]
 
 RECORD_CHUNK = 1024  # records generated per step
 
-# The seed's model class (48 layers, 256 experts, top-10, shared expert) with experts of the
+# The reference engine's model class (48 layers, 256 experts, top-10, shared expert) with experts of the
 # seed's size: 3 x 2560 x 576 weights at 2.5 bits = 1.3824 MB of Q2_0 per expert.
 SEED_SHAPE = ModelConfig(
     architecture="strata_test", vocab_size=32768, hidden_size=2560, n_layers=48, n_heads=16, n_kv_heads=4,

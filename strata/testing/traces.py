@@ -2,7 +2,7 @@
 matter: skewed per-layer expert popularity, token-to-token locality, and next-layer guesses
 that are a noisy copy of the truth. Shared by the cache tests and benchmarks/cache.py.
 
-Not a model of any real router; the seed's real trace (1,022 tokens × 48 layers, 256 experts,
+Not a model of any real router; the reference engine's real trace (1,022 tokens × 48 layers, 256 experts,
 top-10) had read-ahead recall 0.678 @10 and 0.821 @16. `DEFAULT_*` below land near that.
 """
 

@@ -1,4 +1,4 @@
-"""The analysis kit (SPEC §8, docs/analysis.md): measurements driven by the reference routing and
+"""The analysis kit (design §8, docs/analysis.md): measurements driven by the reference routing and
 the reference cache state machine, never a second copy of either.
 
     trace        record router inputs, logits and λ = 0 selections (.npz)

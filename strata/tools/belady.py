@@ -1,5 +1,5 @@
 """Belady's MIN over a selection stream: the fewest misses any demand-paged cache of `capacity`
-slots can have on it (seed §1.2: 10.71/token vs LRU's 19.65 on the stock trace).
+slots can have on it (the reference engine: 10.71/token vs LRU's 19.65 on the stock trace).
 
 The stream is every selected (layer, expert) in token, layer, rank order. On a miss with the
 cache full, MIN evicts the key whose next use is farthest away (never used again = infinitely

@@ -30,12 +30,12 @@ class GuessRanking(enum.Enum):
     """How the read-ahead ranks its guess logits W_router(l+1)·h(l)."""
 
     PLAIN = "plain"  # top-K by z (ties -> lower index), as the streaming runtime ranks them
-    MOCE = "moce"  # the seed's ahead(): the routing policy itself (top-J by z, then z' with the bonus)
+    MOCE = "moce"  # the reference engine's ahead(): the routing policy itself (top-J by z, then z' with the bonus)
 
 
 class GuessRouters:
     """The routers the read-ahead guess multiplies: float32, or (pred_q8) the Q8_0 copy the
-    runtime keeps for its guess GEMV (SPEC §6). `logits` computes one [1, D] row the way the
+    runtime keeps for its guess GEMV (design §6). `logits` computes one [1, D] row the way the
     runtime does (`x @ W.T`), so the guesses agree bit for bit."""
 
     def __init__(self, routers, *, pred_q8: bool) -> None:
@@ -55,13 +55,13 @@ class GuessRouters:
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """One closed-loop configuration: the arena and read-ahead (SPEC §6) and the routing policy.
+    """One closed-loop configuration: the arena and read-ahead (design §6) and the routing policy.
     Defaults are the streaming runtime's (`strata.config.Config`), so a replay and a run agree.
 
     policy None is the model's own routing (λ = 0). moce_pre: an unclaimed read-ahead (PRE)
     counts as resident for the MoCE bonus (the runtime's `moce_pre`). pred_q8: guesses use the
-    Q8_0 copy of the routers. guess: PLAIN top-K (the runtime) or MOCE (the seed's `ahead()`).
-    The cache machine has no insertion-policy knob, so the seed's insertion variants are not
+    Q8_0 copy of the routers. guess: PLAIN top-K (the runtime) or MOCE (the reference engine's `ahead()`).
+    The cache machine has no insertion-policy knob, so the reference engine's insertion variants are not
     configurable here (docs/analysis.md says why).
     """
 

@@ -1,9 +1,9 @@
-"""The seed's cache experiments redone on our own models (docs/replay.md): the analysis pipeline
+"""The reference engine's cache experiments redone on our own models (docs/replay.md): the analysis pipeline
 behind `python benchmarks/replay.py experiments`.
 
 On a model with its own routers, unchanged (the trained default model: strata/data/default.gguf),
 or, without one, on a made model (testing's "demo" shape with 16 layers, 128 experts, top-8)
-whose router logits are rescaled to the seed's spread (SEED_MEDIAN_GAP): only the made model is
+whose router logits are rescaled to the reference engine's spread (SEED_MEDIAN_GAP): only the made model is
 ever rescaled. Text longer than the model's context is traced in consecutive windows (each from
 an empty KV cache; the simulated arena carries over, as it does across requests).
 """
@@ -21,14 +21,14 @@ import numpy as np
 __all__ = ["run_experiments", "calibrated_made_model", "record_windows", "router_spread", "matched_capacity"]
 
 MADE_SHAPE = dict(n_layers=16, n_experts=128, n_experts_per_token=8)  # as benchmarks/stream.py
-SEED_MEDIAN_GAP = 0.35  # seed §1.1: median z1 - z3 of the real router
-SEED_CAPS = (2441, 4308, 5385, 6500, 7500, 8500, 9500, 10500)  # seed §1.1 capacity points (slots of 12288)
+SEED_MEDIAN_GAP = 0.35  # the reference engine: median z1 - z3 of the real router
+SEED_CAPS = (2441, 4308, 5385, 6500, 7500, 8500, 9500, 10500)  # the reference engine capacity points (slots of 12288)
 SEED_MID = 5385  # its 7.5 GB point
 SEED_LRU_HIT = 1.0 - 55.97 / 480  # λ = 0, no read-ahead, LRU at 5385 slots: 55.97 misses of 48 x 10 lookups
-SEED_WARMUP_FRACTION = 128 / 1022  # the seed counted tokens 128..1021
+SEED_WARMUP_FRACTION = 128 / 1022  # the reference engine counted tokens 128..1021
 SEED_TOKENS = 1022
 SEED_TOTAL = 12288  # 48 x 256 experts
-SEED_K = (10, 16)  # the seed's read-ahead depths, for its top-10
+SEED_K = (10, 16)  # the reference engine's read-ahead depths, for its top-10
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ class _Args:
 
 def calibrated_made_model(path: Path, text_tokens, seed: int = 0) -> Path:
     """A made model whose routers are scaled by one factor so the median gap z1 - z3 on the text
-    is the seed's (a made router is ~50x sharper than a trained one: median gap ~20 logits, the
+    is the reference engine's (a made router is ~50x sharper than a trained one: median gap ~20 logits, the
     top-1 weight ~0.96). The routing's structure (popularity, locality) is the made model's; the
     scale sets how flat the combine weights are and what a bonus in absolute logits means, which
-    is what the MoCE experiments need to be comparable with the seed's λ."""
+    is what the MoCE experiments need to be comparable with the reference engine's λ."""
     from strata.formats.model_file import read_model, write_model
     from strata.model_config import TensorNames
     from strata.testing.models import make_model
@@ -83,7 +83,7 @@ def record_windows(params, tokens, window: int, meta: dict):
 
 
 def router_spread(trace, warmup: int, bonus: float = 0.85) -> dict:
-    """The router statistics the seed quoted (§1.1: median z1 - z3 = 0.35, z2 - z3 = 0.12, 31% / 6%
+    """The router statistics the reference engine quoted (§1.1: median z1 - z3 = 0.35, z2 - z3 = 0.12, 31% / 6%
     of rank-1/2 picks lead rank 3 by > 0.5), ranks counted from 0 (z0 = the top logit). The
     seed's subscripts are read as 0-based ranks (its tables count ranks 0..9, and it asks how
     far the protected ranks 1 and 2 lead the first unprotected one, rank 3); the 1-based reading
@@ -126,7 +126,7 @@ def matched_capacity(inputs, warmup: int) -> int:
 
 def run_experiments(out: str | Path, text: str, *, model: str | Path | None = None, tokens: int = SEED_TOKENS,
                     window: int = 0, quality_tokens: int = 256, caps: str | None = None) -> dict:
-    """The seed's experiments on `model` (default: a calibrated made model built in OUT/made) over
+    """The reference engine's experiments on `model` (default: a calibrated made model built in OUT/made) over
     `text`: trace, router spread, capacity sweep with read-ahead variants and Belady, recall one
     and two layers ahead, the J x λ policy table. Writes tables.md, experiments.json, PNGs and
     sweep.csv to `out`; returns the JSON document."""
@@ -184,30 +184,30 @@ def run_experiments(out: str | Path, text: str, *, model: str | Path | None = No
         trace = record_windows(params, tokens, window, meta)
         save_trace(out / "trace.npz", trace)
     log(f"trace: {time.perf_counter() - t0:.0f} s")
-    # the seed's warm-up (128 of 1,022 tokens) fills the arena; a longer text needs no more
+    # the reference engine's warm-up (128 of 1,022 tokens) fills the arena; a longer text needs no more
     warmup = round(SEED_WARMUP_FRACTION * min(len(tokens), SEED_TOKENS))
     inputs = ReplayInputs(trace)
     spread = router_spread(trace, warmup)
     md += ["", f"## router spread (λ = 0, tokens {warmup}..{len(tokens) - 1}; medians over (token, layer))", "",
            table(["statistic", "value"], [[key, " ".join(f"{x:.3f}" for x in v) if isinstance(v, list) else v]
                                           for key, v in spread.items()], markdown=True)]
-    frac = round(SEED_MID / SEED_TOTAL * L * E)  # the seed's 7.5 GB point as a fraction of all experts
+    frac = round(SEED_MID / SEED_TOTAL * L * E)  # the reference engine's 7.5 GB point as a fraction of all experts
     if args.caps:
         caps = [str(int(c)) for c in args.caps.split(",")]
         mid = int(caps[len(caps) // 2])
     else:
         mid = matched_capacity(inputs, warmup)
         caps = [str(round(c / SEED_MID * mid)) for c in SEED_CAPS]
-        log(f"the seed's 7.5 GB point (λ0 no-prefetch LRU hit rate {SEED_LRU_HIT:.3f}) is {mid} slots here; "
+        log(f"the reference engine's 7.5 GB point (λ0 no-prefetch LRU hit rate {SEED_LRU_HIT:.3f}) is {mid} slots here; "
             f"by fraction of experts ({100 * SEED_MID / SEED_TOTAL:.1f}%) it is {frac}")
     if args.model and str(frac) not in caps:
         caps = sorted(caps + [str(frac)], key=int)
-    # the seed's read-ahead depths scaled to this model's top-k (K/k = 1 and 1.6), and 2k
+    # the reference engine's read-ahead depths scaled to this model's top-k (K/k = 1 and 1.6), and 2k
     scaled_k = sorted({max(1, round(kk * k / 10)) for kk in SEED_K} | {2 * k})
 
-    # 1. capacity sweep (stock), 2. read-ahead variants at the seed's 7.5 GB point, 3. Belady
+    # 1. capacity sweep (stock), 2. read-ahead variants at the reference engine's 7.5 GB point, 3. Belady
     stock = MoCEPolicy()
-    sweep_cfgs = [LoopConfig(capacity=int(c), prefetch_touch=True) for c in caps]  # the seed's stock
+    sweep_cfgs = [LoopConfig(capacity=int(c), prefetch_touch=True) for c in caps]  # the reference engine's stock
     def variant_list(cap: int) -> list:
         return seed_preset([str(cap)], n_layers=L, n_experts=E, top_k=k) + [
             LoopConfig(capacity=cap, prefetch_depth=scaled_k[0], prefetch_touch=True)] + [
@@ -220,7 +220,7 @@ def run_experiments(out: str | Path, text: str, *, model: str | Path | None = No
         LoopConfig(capacity=mid, prefetch_depth=16, split_turn=False),
         LoopConfig(capacity=mid, prefetch_depth=16, pred_q8=False),
     ]
-    drop_ranks = sorted({6, min(6, k - 1)})  # the seed's drop-tail rank (>= 6 of 10) and this model's last rank
+    drop_ranks = sorted({6, min(6, k - 1)})  # the reference engine's drop-tail rank (>= 6 of 10) and this model's last rank
     variants += [LoopConfig(capacity=mid, prefetch_touch=True,
                             policy=MoCEPolicy(drop_tail_weight=0.05, drop_tail_min_rank=r)) for r in drop_ranks]
     frac_variants = variant_list(frac) if args.model and frac != mid else []
@@ -243,7 +243,7 @@ def run_experiments(out: str | Path, text: str, *, model: str | Path | None = No
     var_rows = [results[(c.label, c.capacity)] for c in variants if (c.label, c.capacity) in results]
     h, rows = replay_rows(var_rows, opt={i: opt_run[(r.label, r.config.capacity)] for i, r in enumerate(var_rows)},
                           total_experts=L * E)
-    md += ["", f"## variants at {mid} slots ({100 * mid / (L * E):.1f}% of experts; the seed's 7.5 GB point)", "",
+    md += ["", f"## variants at {mid} slots ({100 * mid / (L * E):.1f}% of experts; the reference engine's 7.5 GB point)", "",
            table(h, rows, markdown=True),
            "", "drop-tail, experts dropped per token: " + ", ".join(
                f"{r.label} {r.to_json()['dropped_per_token']:.4f}" for r in var_rows if r.config.policy is not None
@@ -252,7 +252,7 @@ def run_experiments(out: str | Path, text: str, *, model: str | Path | None = No
         fr = [results[(c.label, c.capacity)] for c in frac_variants if (c.label, c.capacity) in results]
         h, rows = replay_rows(fr, opt={i: opt_run[(r.label, r.config.capacity)] for i, r in enumerate(fr)},
                               total_experts=L * E)
-        md += ["", (f"## variants at {frac} slots (the seed's 7.5 GB point as a fraction of experts, "
+        md += ["", (f"## variants at {frac} slots (the reference engine's 7.5 GB point as a fraction of experts, "
                     f"{100 * SEED_MID / SEED_TOTAL:.1f}%)"), "", table(h, rows, markdown=True)]
     md += ["", "Belady MIN on the λ = 0 stream: " + ", ".join(
         f"{c} slots {b.misses_per_token:.2f}/tok" for c, b in opt_ref.items())]
@@ -276,7 +276,7 @@ def run_experiments(out: str | Path, text: str, *, model: str | Path | None = No
     rows_sweep = policy_sweep(params, qtok, (1, 2, 3), (0.0, 0.5, 0.85, 1.5),
                               base=LoopConfig(capacity=mid, prefetch_touch=True), warmup=qwarm,
                               progress=lambda label: log(f"  sweep {label}"))
-    # drop-tail at the seed's rank (>= 6 of 10) and, when k is smaller, at its last rank
+    # drop-tail at the reference engine's rank (>= 6 of 10) and, when k is smaller, at its last rank
     drop = []
     for rank in drop_ranks:
         rows_d = policy_sweep(params, qtok, (3,), (0.85,), base=LoopConfig(

@@ -80,7 +80,7 @@ def add_cache_options(p: argparse.ArgumentParser, *, lists: bool) -> None:
     p.add_argument("--f32-guess", action="store_true", help="guess on the float32 routers (default: Q8_0 copy)")
     p.add_argument("--moce-pre", action="store_true", help="unclaimed read-aheads count as resident for the bonus")
     p.add_argument("--guess", default="plain", choices=[g.value for g in GuessRanking],
-                   help="rank read-ahead guesses by z (plain, the runtime's) or by the MoCE policy (the seed's)")
+                   help="rank read-ahead guesses by z (plain, the runtime's) or by the MoCE policy (the reference engine's)")
     p.add_argument("--warmup", type=int, default=0, help="tokens that fill the cache but are not counted (default 0)")
 
 
@@ -104,7 +104,7 @@ def _policies(args) -> list[MoCEPolicy]:
 
 def loop_configs(args, caps: list[str], *, n_layers: int, n_experts: int, top_k: int,
                  window: int = 1) -> list[LoopConfig]:
-    """The grid caps × K × touch × policies the flags describe (or the seed preset's list);
+    """The grid caps × K × touch × policies the flags describe (or the reference engine preset's list);
     `window`: the longest decode window replayed ('min' is its smallest legal arena)."""
     if getattr(args, "preset", None) == SEED_PRESET:
         return seed_preset(caps, n_layers=n_layers, n_experts=n_experts, top_k=top_k)
@@ -121,8 +121,8 @@ def loop_configs(args, caps: list[str], *, n_layers: int, n_experts: int, top_k:
 
 
 def seed_preset(caps: list[str], *, n_layers: int, n_experts: int, top_k: int) -> list[LoopConfig]:
-    """The seed's replay experiments (§1.1-§1.3), per capacity: stock (J3 λ0.85 K10, LRU touch
-    of resident guesses, as the seed's engine did), K10/K16 with and without touch, no
+    """The reference engine's replay experiments (§1.1-§1.3), per capacity: stock (J3 λ0.85 K10, LRU touch
+    of resident guesses, as the reference engine's engine did), K10/K16 with and without touch, no
     read-ahead with and without MoCE, λ = 0 with read-ahead, two layers ahead."""
     stock = MoCEPolicy()
     variants = [

@@ -1,4 +1,4 @@
-"""What MoCE costs in quality, measured in decode order (SPEC §8, ANCHORS: "score quality step
+"""What MoCE costs in quality, measured in decode order (design §8, ANCHORS: "score quality step
 by step in decode order, never a whole batch at once").
 
 A text is fed one token at a time with the KV cache, twice: the reference run routes with the
@@ -12,7 +12,7 @@ Measured, over positions from `warmup` on:
 - KLD(P_ref || P_policy) of the next-token distributions: mean, p90, p99, max;
 - routed-output error: at every (token, layer) of the policy run, the routed output of the
   policy's selection vs the λ = 0 selection of the same logits on the same input, with exact
-  expert weights: relMSE = Σ‖y_p − y_0‖² / Σ‖y_0‖², rel-L2 = √relMSE (the seed's pair);
+  expert weights: relMSE = Σ‖y_p − y_0‖² / Σ‖y_0‖², rel-L2 = √relMSE (the reference engine's pair);
 - perplexity of the text under both runs;
 - the policy run's cache counts (urgent misses etc.), closed loop including hidden-state drift.
 """

@@ -1,4 +1,4 @@
-"""Read-ahead recall (seed §1.3): how much of layer l+a's real selection the guess
+"""Read-ahead recall (the reference engine): how much of layer l+a's real selection the guess
 W_router(l+a)·h(l), made after layer l, puts in its top K.
 
 - recall@K: mean over (token, layer) of |real top-k ∩ guessed top-K| / k;
@@ -18,7 +18,7 @@ from strata.tools.trace import Trace
 
 __all__ = ["RecallResult", "readahead_recall", "DEFAULT_KS"]
 
-DEFAULT_KS = (10, 16, 32)  # the seed's depths
+DEFAULT_KS = (10, 16, 32)  # the reference engine's depths
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""Closed-loop replay over a trace (the seed's `sim`, SPEC §8): for every token and layer,
+"""Closed-loop replay over a trace (the reference engine's `sim`, design §8): for every token and layer,
 MoCE routing re-runs on the trace's router logits against the simulated residency, and the
 cache machine takes the turn. One `ReplayResult` per configuration; `replay_grid` runs many
 configurations over one trace (logits computed once).
 
-Counting follows the seed's table: per token (after `warmup` tokens), urgent misses, read-ahead
+Counting follows the reference engine's table: per token (after `warmup` tokens), urgent misses, read-ahead
 hits, reads (urgent + read-ahead), urgent misses by selected rank.
 """
 
@@ -100,7 +100,7 @@ def replay(trace: Trace | ReplayInputs, config: LoopConfig, *, warmup: int = 0,
            keep_selections: bool = False) -> ReplayResult:
     """Replay the trace through the closed loop under `config`.
 
-    Tokens before `warmup` fill the cache but are not counted (the seed counted tokens
+    Tokens before `warmup` fill the cache but are not counted (the reference engine counted tokens
     128..1021). `keep_selections` records what was routed (for Belady and `--dump`).
     """
     inputs = trace if isinstance(trace, ReplayInputs) else ReplayInputs(trace)

@@ -1,6 +1,6 @@
-"""The seed's policy table (§1.1): for each MoCE (J, λ), urgent misses against quality.
+"""The reference engine's policy table (§1.1): for each MoCE (J, λ), urgent misses against quality.
 
-Per policy: urgent misses per token from the closed-loop replay of the λ = 0 trace (the seed's
+Per policy: urgent misses per token from the closed-loop replay of the λ = 0 trace (the reference engine's
 number) and from the decode-order run itself (hidden-state drift included), the routed-output
 relMSE / rel-L2 and the KLD vs λ = 0 (`strata.tools.quality`). λ = 0 is one row whatever J
 (J only matters with a bonus). The reference run and the trace are computed once.

@@ -1,4 +1,4 @@
-"""Tables for the analysis kit, as aligned text (terminal) or Markdown (docs): the seed's
+"""Tables for the analysis kit, as aligned text (terminal) or Markdown (docs): the reference engine's
 columns, one row per configuration."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _fmt(c) -> str:
 
 
 def replay_rows(results, *, opt: dict | None = None, total_experts: int | None = None) -> tuple[list, list]:
-    """The seed's §1.1 table: policy, cap, urgent misses/token, read-ahead hits/token, reads/token,
+    """The reference engine's §1.1 table: policy, cap, urgent misses/token, read-ahead hits/token, reads/token,
     hit rate, misses by selected rank/token (and Belady MIN/token on the same routed stream)."""
     header = ["policy", "cap (slots)"] + (["cap %"] if total_experts else []) + [
         "urgent miss/tok", "read-ahead hits/tok", "reads/tok", "hit rate", "miss by selected rank /tok"]

@@ -1,6 +1,6 @@
 """Routing traces: what the routers saw on a text, saved as one self-contained `.npz`.
 
-A trace holds, for every token × layer, the router input h = rms_norm(x) (the seed's dump of
+A trace holds, for every token × layer, the router input h = rms_norm(x) (the reference engine's dump of
 router inputs), the router logits z = W_router(l)·h(l) as the forward pass computed them, the
 routers themselves, the model's rule (with each MoE layer's selection bias for sigmoid-routed
 models: the rule is then per layer) and its own (λ = 0) selections. That is all the replay and recall
@@ -9,7 +9,7 @@ need the model files.
 
 The λ = 0 router inputs are what a replay re-routes under MoCE. Under a bonus the real hidden
 states drift from them (a swapped expert changes the residual stream); the replay ignores that
-drift, as the seed's replay did. `strata quality` runs the model itself, in decode order, and
+drift, as the reference engine's replay did. `strata quality` runs the model itself, in decode order, and
 measures misses with the drift included.
 """
 

@@ -17,7 +17,7 @@ of one column serially: 40 SMs busy, each thread ~25 dependent rounds of 8 loads
   a time (subsets g*VEC .. g*VEC+VEC-1 by thread group g), then the 256/16 = 16 group sums in
   order by the strip's first 16 threads, which write the output.
 
-Predicted at the seed shape, T=1: 160 blocks x 256 threads; 2.0 MB of partials + 160 x 15 KB of
+Predicted at the reference engine shape, T=1: 160 blocks x 256 threads; 2.0 MB of partials + 160 x 15 KB of
 gate operands (h and gate_inp, L2 hits) + 20 KB of x / out, two round trips to L2 in all and two
 barriers: ~2-3 us. The strip width does not depend on T, so a token's bits are the same in a
 prompt batch and in decode.
@@ -37,7 +37,7 @@ from strata.mlx_backend.kernels.launch import absent, launch
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
 THREADS = 256
-STRIP = 16  # columns a block: D/16 = 160 blocks at the seed's D=2560 (more than the H200's 132 SMs)
+STRIP = 16  # columns a block: D/16 = 160 blocks at the reference engine's D=2560 (more than the H200's 132 SMs)
 
 _GATE_LOAD = r"""
       UNROLL for (int i = 0; i < GB; ++i) {

@@ -14,7 +14,7 @@ rows: each lane owns the 16-byte groups g = lane + 32 i of the rows and issues a
 instead of waiting on memory once per group. Writing the loads first is not enough: ptxas
 (CUDA 13, sm_90) interleaved them with their FMAs, 3 in flight, to stay at 32 registers (the old
 fused kernels' loads were interleaved the same way, SASS read with nvdisasm); a `warp_sync()`
-between the loads and their use keeps all 10 LDG.128 ahead (55 registers at C = 2560). At the seed shape (D 2560, 16 + 2 x 4 heads of
+between the loads and their use keeps all 10 LDG.128 ahead (55 registers at C = 2560). At the reference engine shape (D 2560, 16 + 2 x 4 heads of
 128) the QKV projection runs on 384 blocks of 8 rows (40 KB of weights each, 2.9 per H200 SM)
 and the output projection on 320 blocks (32 KB each); the old fused QKV kernel had 24 blocks
 (one per head slot), so 24 of 132 SMs moved all 15.7 MB (64 us, ~12% of copy bandwidth).

@@ -1,4 +1,4 @@
-"""Q8_0 GEMV (the read-ahead router guess, SPEC §6 pred_q8): y[t, r] = sum_c W[r, c] x[t, c].
+"""Q8_0 GEMV (the read-ahead router guess, design §6 pred_q8): y[t, r] = sum_c W[r, c] x[t, c].
 
 W is two planes (strata.formats.quant_matrix): int8 codes [R, C] and float16 block scales
 [R, C/32]. One warp per row; each lane reads whole uint32 words (4 codes) of the row, so a warp

@@ -8,8 +8,8 @@ only after its block had normalised x (so nothing hid HBM's latency): 64 SMs bus
 loads a lane. Now:
 
 - a block is 4 warps (NT=128), each warp one row: rows 0..E-1 of the F32 router
-  (z = W_router . h, SPEC §3) in the first ceil(E/4) blocks, rows of the next layer's Q8_0 router
-  copy (the guess, SPEC §6 pred_q8; NG = 0: none) in the rest (a block-uniform split, so the
+  (z = W_router . h, design §3) in the first ceil(E/4) blocks, rows of the next layer's Q8_0 router
+  copy (the guess, design §6 pred_q8; NG = 0: none) in the rest (a block-uniform split, so the
   norm's barriers may sit inside each branch). Seed shape: 64 + 64 = 128 blocks.
 - a lane issues all its row loads at once (up to ROW_LOADS 4-column units: 20 float4 = 320 bytes
   of an F32 row or 20 words of Q8_0 codes at D=2560; bigger D in batches) *before* the norm, so
@@ -20,7 +20,7 @@ loads a lane. Now:
   column 4u + k) so a lane reading its units' 4 columns reads 32 consecutive words a warp (no
   bank conflicts); the row sums are scaled by 1/rms at the end (z = inv * W . (x_mid * norm_w)).
 
-Predicted at the seed shape, T=1: 128 blocks x 128 threads; 3.3 MB of weights from HBM (one
+Predicted at the reference engine shape, T=1: 128 blocks x 128 threads; 3.3 MB of weights from HBM (one
 round of loads) overlapping 128 x 25 KB of x / parts / norm_w from L2: ~2-3 us.
 Every sum is in a fixed order (per lane, then warp_sum, then warps in order).
 
@@ -42,7 +42,7 @@ from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
 
-THREADS = 128  # 4 warps, one row each: 128 blocks at the seed shape, one per H200 SM
+THREADS = 128  # 4 warps, one row each: 128 blocks at the reference engine shape, one per H200 SM
 
 # x_mid * norm_w into hv (planar), sum of squares -> inv = 1 / rms; block 0 writes x_mid and h.
 _NORM = r"""

@@ -3,12 +3,12 @@ computes h_f = silu(gate_f . x) * (up_f . x) for FCS hidden units, then its part
 projection. The sigmoid gate is applied in the combine kernel (it needs the whole h anyway).
 
 `SHARED_BLOCK` is the block's work, written once and used by two kernels: the standalone shared
-expert here (the streaming path launches it between issuing reads and waiting, SPEC §4) and the
+expert here (the streaming path launches it between issuing reads and waiting, design §4) and the
 all-resident decode's expert kernel (moe.py), where the shared expert's blocks ride in the routed
 experts' launch (one launch fewer per layer: the H200 measured ~14 us of host time per launch,
 and this kernel alone 16 us of GPU time on 16 blocks of 32 rows, 491 KB each).
 
-Sizes (the seed's Fs = 512, D = 2560): FCS = 8 rows per block (one per warp), so 64 blocks of
+Sizes (the reference engine's Fs = 512, D = 2560): FCS = 8 rows per block (one per warp), so 64 blocks of
 ~123 KB (82 KB of gate/up rows, 41 KB of down columns), about the routed blocks' 77 KB: the two
 kinds finish together. x is staged in threadgroup memory (D floats) instead of registers: in the
 merged kernel the register count is the larger of the two kinds', and the routed blocks need 73.
