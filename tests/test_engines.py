@@ -13,20 +13,18 @@ import numpy as np
 import pytest
 
 import strata
-from mlx_agree import assert_backends_agree
 from strata.cache.types import AtLayer
-from strata.config import Backend, Config
-from strata.engines import close_session, open_engine
+from strata.config import Backend
+from strata.engines import close_session
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.quant_types import QuantType
-from strata.runtime.decode import arena_plan_for
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
 from tests.budgets import FLOAT32_REORDER
+from engine_kinds import ENGINES, EXACT0, agree, all_slots, min_slots, open_kind  # noqa: E402
 
 PROMPT = list(b"def fibonacci(n): return n")  # 26 positions: one prompt chunk (64)
 CUT = 14  # trim / window point
-EXACT0 = Config(moce_lambda=0.0)
 
 
 @pytest.fixture(scope="module", params=["tiny", "dense-first"])
@@ -38,42 +36,14 @@ def model(request, tmp_path_factory):
     m.close()
 
 
-def min_slots(model, config):
-    return arena_plan_for(model, config.replace(arena="100000slots")).min_slots
 
 
-def all_slots(model):
-    return model.experts_file.header.n_records
 
 
-ENGINES = ["reference", "numpy-min", "numpy-full", "mlx-resident", "mlx-min"]
-EXACT_ENGINES = {"reference", "numpy-min", "numpy-full"}  # the reference's arithmetic
 
 
-def open_kind(model, kind: str, config: Config = EXACT0):
-    if kind == "reference":
-        return open_engine(model, config.replace(backend=Backend.NUMPY), stream=False)
-    if kind == "numpy-min":
-        return open_numpy_streaming(model, config.replace(arena=f"{min_slots(model, config)}slots"))
-    if kind == "numpy-full":
-        return open_numpy_streaming(model, config.replace(arena=f"{all_slots(model)}slots"))
-    if kind == "mlx-resident":
-        return open_engine(model, config.replace(backend=Backend.MLX), stream=False)
-    if kind == "mlx-min":
-        return open_engine(model, config.replace(backend=Backend.MLX, arena=f"{min_slots(model, config)}slots"),
-                           stream=True)
-    raise ValueError(kind)
 
 
-def agree(kind: str, ref, got, what: str, *, regrouped: bool = False) -> None:
-    """Bit for bit on the numpy engines (FLOAT32_REORDER where positions were grouped otherwise);
-    FORWARD on MLX."""
-    if kind not in EXACT_ENGINES:
-        assert_backends_agree(np.asarray(ref), np.asarray(got), "FORWARD", what=what)
-    elif regrouped:
-        np.testing.assert_allclose(got, ref, err_msg=what, **FLOAT32_REORDER)
-    else:
-        np.testing.assert_array_equal(got, ref, err_msg=what)
 
 
 @pytest.mark.parametrize("kind", ENGINES)

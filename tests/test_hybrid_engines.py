@@ -15,22 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import strata
-from mlx_agree import assert_backends_agree
 from strata.cache.types import AfterLayer
 from strata.config import Backend, Config
-from strata.engines import close_session, open_engine
+from strata.engines import close_session
 from strata.errors import StrataError
 from strata.formats.quant_types import QuantType
 from strata.model_config import Mixer
-from strata.runtime.decode import arena_plan_for
 from strata.testing.faults import RandomDelays
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
-from tests.budgets import FLOAT32_REORDER
+from engine_kinds import ENGINES, EXACT0, agree, min_slots, open_kind  # noqa: E402
 
 PROMPT = list(b"def fibonacci(n): return n")
 CUT = 14
-EXACT0 = Config(moce_lambda=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -41,37 +38,12 @@ def model(tmp_path_factory):
     m.close()
 
 
-def min_slots(model, config=EXACT0):
-    return arena_plan_for(model, config.replace(arena="100000slots")).min_slots
 
 
-ENGINES = ["reference", "numpy-min", "numpy-full", "mlx-resident", "mlx-min"]
-EXACT_ENGINES = {"reference", "numpy-min", "numpy-full"}
 
 
-def open_kind(model, kind: str, config: Config = EXACT0):
-    if kind == "reference":
-        return open_engine(model, config.replace(backend=Backend.NUMPY), stream=False)
-    if kind == "numpy-min":
-        return open_numpy_streaming(model, config.replace(arena=f"{min_slots(model, config)}slots"))
-    if kind == "numpy-full":
-        return open_numpy_streaming(model, config.replace(arena=f"{model.experts_file.header.n_records}slots"))
-    pytest.importorskip("mlx.core")
-    if kind == "mlx-resident":
-        return open_engine(model, config.replace(backend=Backend.MLX), stream=False)
-    if kind == "mlx-min":
-        return open_engine(model, config.replace(backend=Backend.MLX, arena=f"{min_slots(model, config)}slots"),
-                           stream=True)
-    raise ValueError(kind)
 
 
-def agree(kind: str, ref, got, what: str, *, regrouped: bool = False) -> None:
-    if kind not in EXACT_ENGINES:
-        assert_backends_agree(np.asarray(ref), np.asarray(got), "FORWARD", what=what)
-    elif regrouped:
-        np.testing.assert_allclose(got, ref, err_msg=what, **FLOAT32_REORDER)
-    else:
-        np.testing.assert_array_equal(got, ref, err_msg=what)
 
 
 def test_the_made_hybrid_has_both_mixers_and_every_layer_moe(model):

@@ -22,11 +22,10 @@ from strata.engines import open_engine
 from strata.formats.quant_types import QuantType
 from strata.numpy_backend.engine import ReferenceEngine
 from strata.reference.sampling import SamplerConfig, probabilities
-from strata.runtime.decode import arena_plan_for
 from strata.speculative import Draft
-from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
 from tests.budgets import CHI_SQUARE_P
+from engine_kinds import open_kind  # noqa: E402
 
 PROMPT = list(b"x = f(a)\ny = f(b)\nz = f(")
 TOKENS = 32
@@ -92,24 +91,8 @@ class WrongDrafter:
         return Draft(tuple((self.last + 1 + i) % 7 for i in range(min(n, self.depth))))
 
 
-def min_slots(model, config):
-    return arena_plan_for(model, config.replace(arena="100000slots")).min_slots
 
 
-def open_kind(model, kind: str, config: Config):
-    if kind == "reference":
-        return open_engine(model, config.replace(backend=Backend.NUMPY), stream=False)
-    if kind == "numpy-full":  # every expert, or the window's smallest arena where that is more
-        slots = max(model.experts_file.header.n_records, min_slots(model, config))
-        return open_numpy_streaming(model, config.replace(arena=f"{slots}slots"))
-    if kind == "numpy-min":
-        return open_numpy_streaming(model, config.replace(arena=f"{min_slots(model, config)}slots"))
-    if kind == "mlx-resident":
-        return open_engine(model, config.replace(backend=Backend.MLX), stream=False)
-    if kind == "mlx-min":
-        return open_engine(model, config.replace(backend=Backend.MLX, arena=f"{min_slots(model, config)}slots"),
-                           stream=True)
-    raise ValueError(kind)
 
 
 def drafter_of(name: str, model):
