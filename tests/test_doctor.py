@@ -96,9 +96,9 @@ def test_published_configs(name, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(PUBLISHED[name]))
     d = _diag(tmp_path)  # a checkpoint directory
     assert d.budget.per_token > 0 and d.budget.all_resident > 10 * GB
-    if name in ("Qwen3-30B-A3B", "Qwen3.5-397B-A17B"):  # families this version converts
+    if name in ("Qwen3-30B-A3B", "Qwen3.5-397B-A17B", "gpt-oss-120b"):  # families this version converts
         assert d.source.counts.supported and d.prediction.verdict in ("streams", "fits resident", "will not run")
-    else:  # DeepSeek-V3's published checkpoint is FP8; gpt-oss is not built yet
+    else:  # DeepSeek-V3's published checkpoint is FP8
         assert d.prediction.verdict == "not supported"
         assert "not supported by this version yet" in d.text()
     json.loads(d.to_json())
