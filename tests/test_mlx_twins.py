@@ -24,6 +24,7 @@ from mlx_agree import assert_backends_agree, assert_selections_agree, examples
 from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.quants import native_refusal
+from strata.mlx_backend import mla as mlx_mla
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.attention import MlxLayerKV
 from strata.mlx_backend.kernels import emulate
@@ -31,6 +32,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_pat
 from strata.mlx_backend.twins import BY_NAME, TWINS
 from strata.model_config import Ffn, LayerType, Mixer, QKNorm, RoutingOrder
 from strata.reference.experts import expert_act
+from strata.reference import mla as ref_mla
 from strata.reference import model as ref_model
 from strata.reference.attention import LayerKV
 from strata.reference.quants import quantize
@@ -200,6 +202,21 @@ def case_attention_block(rng, path):
     return out
 
 
+def case_mla(rng, path):
+    cfg = SHAPES["mla"]
+    dense = {k: fp16_exact(v) for k, v in make_dense(cfg, int(rng.integers(1 << 30))).items()}
+    layer = int(rng.integers(cfg.n_layers))
+    w = mlx_mla.mla_weights(cfg, dense, layer, mlx_model.default_dtype())
+    kv_r, kv_f = ref_mla.LatentKV.empty(cfg), mlx_mla.MlxLatentKV.empty(cfg)
+    out, t = [], BY_NAME["mla.mla"]
+    for i in range(3):  # a prompt chunk, then decodes (the absorbed form once anything is cached)
+        x = rng.standard_normal((int(rng.integers(1, 6)) if i == 0 else 1, cfg.hidden_size)).astype(np.float32)
+        r, kv_r = t.reference(cfg, dense, layer, kv_r, x)
+        f, kv_f = t.fast(cfg, w, kv_f, mx.array(x))
+        out.append((f"layer {layer} chunk {i}", r, f))
+    return out
+
+
 def case_head(rng, path):
     params = tiny_model("tiny", int(rng.integers(1 << 30)))
     x = rng.standard_normal((2, params.cfg.hidden_size)).astype(np.float32)
@@ -229,7 +246,7 @@ CASES = {
     "experts.routed_experts": case_routed_experts, "experts.shared_expert": case_shared_expert,
     "experts.gated_hidden": case_gated_hidden, "attention.softmax_with_sinks": case_softmax_with_sinks,
     "model.embed": case_embed, "model.attention_block": case_attention_block, "model.head": case_head,
-    "model.forward": case_forward,
+    "model.forward": case_forward, "mla.mla": case_mla,
 }
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, kernel_applies
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
+from strata.mlx_backend.mla import MlaWeights
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
@@ -61,6 +62,10 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
         return "the ops path (the position would be a Python int in its attention)"
     if p.arena is None:
         return "experts are not all resident (streaming decodes through MlxCompute)"
+    # latent attention runs on MLX ops only, which slice its cache by the Python length (no kernel yet)
+    latent = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, MlaWeights)]
+    if latent:
+        return f"latent-attention layers {latent[:4]} (MLX ops only: they slice the cache by a Python int)"
     # DeltaNet layers read no position (their state is the step's input and output); attention
     # layers need the attend kernel, whose position is a device input
     bad = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, AttentionWeights)

@@ -31,6 +31,7 @@ from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
+from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
 from strata.reference.attention import window_of
@@ -54,7 +55,7 @@ class LayerWeights:
     """One layer's resident weights. MoE layers: router, guess, shared; dense FFN layers: dense
     (its SwiGLU, in SharedWeights' form without the gate) and no router."""
 
-    attn: AttentionWeights | DeltaNetWeights  # the mixer's weights, by its kind
+    attn: AttentionWeights | DeltaNetWeights | MlaWeights  # the mixer's weights, by its kind
     ffn_norm: mx.array  # [D]
     router: mx.array | None  # float32 [E, D]
     guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
@@ -81,7 +82,7 @@ class MlxParams:
 
 @dataclass(frozen=True, eq=False)
 class MlxModelState:
-    layers: tuple[MlxLayerKV | DeltaNetState, ...]
+    layers: tuple[MlxLayerKV | DeltaNetState | MlxLatentKV, ...]
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "MlxModelState":
@@ -95,7 +96,8 @@ class MlxModelState:
         """The first n positions: the same KV buffers with a shorter length (later positions are
         written over), so a compiled step bound to these buffers stays bound. A DeltaNet layer
         restores a kept snapshot (the reference's DeltaNetState.trim)."""
-        return MlxModelState(tuple(s.trim(n) if isinstance(s, DeltaNetState) else MlxLayerKV(s.keys, s.values, n)
+        return MlxModelState(tuple(s.trim(n) if isinstance(s, (DeltaNetState, MlxLatentKV))
+                                   else MlxLayerKV(s.keys, s.values, n)
                                    for s in self.layers))
 
     def kept_position(self, n: int) -> int:
@@ -112,6 +114,8 @@ def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
         return empty_deltanet_state(cfg)
     if mixer is Mixer.SLIDING_ATTENTION:  # every position kept, as the reference keeps them
         return MlxLayerKV.empty(cfg)
+    if mixer is Mixer.MLA:  # the latent + rope key cache (mla.py)
+        return MlxLatentKV.empty(cfg)
     raise NotImplementedError(f"no MLX state for mixer {mixer.value}")
 
 
@@ -122,6 +126,8 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     if cfg.kinds[layer].mixer is Mixer.DELTANET:
         return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
+    if cfg.kinds[layer].mixer is Mixer.MLA:
+        return _with_ffn(cfg, dense, layer, dtype, pred_q8, mla_weights(cfg, dense, layer, dtype))
     if cfg.kinds[layer].mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION):
         raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
     gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
@@ -190,7 +196,7 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
 
 def _arrays(lw: LayerWeights) -> list[mx.array]:
     a = lw.attn
-    if isinstance(a, DeltaNetWeights):
+    if isinstance(a, (DeltaNetWeights, MlaWeights)):
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
     else:
         out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, lw.router, a.sinks, a.bo,
@@ -313,6 +319,10 @@ def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, 
         return deltanet_partials(p.cfg, p.layers[layer].attn, state, x, window=window)
     if mixer is Mixer.SLIDING_ATTENTION:  # the window is in the layer's AttentionWeights
         return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
+    if mixer is Mixer.MLA:  # ops only (no kernel reads a device position: compiled.py refuses the layer)
+        if pos is not None:
+            raise ValueError(f"latent attention (layer {layer}): no device position (its ops slice by the length)")
+        return mla_partials(p.cfg, p.layers[layer].attn, state, x)
     raise NotImplementedError(f"no MLX mixer {mixer.value}")
 
 

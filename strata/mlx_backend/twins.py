@@ -13,11 +13,13 @@ from typing import Callable
 
 from strata.mlx_backend import attention as mlx_attention
 from strata.mlx_backend import experts as mlx_experts
+from strata.mlx_backend import mla as mlx_mla
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend import quants as mlx_quants
 from strata.mlx_backend import routing as mlx_routing
 from strata.reference import attention as ref_attention
 from strata.reference import experts as ref_experts
+from strata.reference import mla as ref_mla
 from strata.reference import model as ref_model
 from strata.reference import quants as ref_quants
 from strata.reference import routing as ref_routing
@@ -44,6 +46,7 @@ TWINS: tuple[Twin, ...] = (
     Twin("attention.softmax_with_sinks", ref_attention.softmax_with_sinks, mlx_attention.softmax_with_sinks, "FAST",
          False),
     Twin("experts.gated_hidden", ref_experts.gated_hidden, mlx_experts.gated_hidden, "FAST", False),
+    Twin("mla.mla", ref_mla.mla, mlx_mla.mla, "FAST", False),  # MLX ops only, no kernel yet
     Twin("model.embed", ref_model.embed, mlx_model.embed, "EXACT", True),
     Twin("model.attention_block", ref_model.attention_block, mlx_model.attention_block, "FAST", True),
     Twin("model.head", ref_model.head, mlx_model.head, "FAST", True),
