@@ -64,7 +64,7 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
         if not stage.heads:
             rows.append(x)
         elif engine.dumping or all_logits or last:
-            logits = c.head(x)
+            logits = c.head(x if engine.dumping or all_logits else x[-1:])  # the head only where logits are used
             engine.dump(logits)
             rows.append(logits)
     s.hold_region(False)  # not reached on an error: the engine is unusable after one anyway
