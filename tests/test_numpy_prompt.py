@@ -52,7 +52,7 @@ def test_prompt_forward_groups_each_expert_once(model, monkeypatch):
     calls = []
     real = params.experts.expert
     monkeypatch.setattr(params.experts, "expert", lambda l, e: calls.append((l, e)) or real(l, e))
-    _, trace_state, trace = forward(params, ModelState.empty(model.cfg), PROMPT, trace=True)
+    _, _, trace = forward(params, ModelState.empty(model.cfg), PROMPT, trace=True)
     per_token = len(calls)
     calls.clear()
     prompt_forward(params, ModelState.empty(model.cfg), PROMPT)
