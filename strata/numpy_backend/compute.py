@@ -2,8 +2,9 @@
 
 It composes the reference layer pieces (strata.reference.model) in the reference's order with
 the reference's float32 ops, so at λ = 0 it reproduces `ReferenceEngine`'s logits exactly:
-routed experts are computed per token on its [D] row and summed in rank order, like
-`routed_experts`; a prompt layer that needs several passes (its expert union did not fit)
+routed experts are computed once per slot over the rows that chose it (strata.numpy_backend.
+grouped, as the reference engine's prompt path does; one row: on its [D] row, like
+`routed_experts`) and summed in rank order; a prompt layer that needs several passes (its expert union did not fit)
 keeps each (token, rank) term and sums them in rank order once all passes are done.
 """
 
@@ -16,8 +17,9 @@ import numpy as np
 from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.model_config import LayerRange, TensorNames
+from strata.numpy_backend.grouped import grouped_terms
 from strata.reference import model as ref
-from strata.reference.experts import expert_act, swiglu_expert
+from strata.reference.experts import expert_act
 from strata.reference.quants import dequantize, quantize
 from strata.runtime.arena import Arena
 
@@ -97,9 +99,9 @@ class NumpyCompute:
 
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
+        terms = grouped_terms(h, slots, weights, self._weights, self.act)  # as the reference engine's prompt
         for t, r in zip(*np.nonzero(slots >= 0)):
-            w = self._weights(int(slots[t, r]))
-            part.terms[(int(t), int(r))] = weights[t, r] * swiglu_expert(w, h[t], self.act)  # as routed_experts
+            part.terms[(int(t), int(r))] = terms[t, r]
         return part
 
     def _weights(self, slot: int) -> ExpertWeights:

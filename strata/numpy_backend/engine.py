@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.numpy_backend.prompt import prompt_forward
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.session import SessionEngine
 
@@ -14,7 +15,9 @@ __all__ = ["ReferenceEngine", "streaming_parts"]
 
 class ReferenceEngine(SessionEngine):
     """The pure-numpy forward, all experts resident: the definition of correct output.
-    `select` routes each token (default: the model's own rule)."""
+    `select` routes each token (default: the model's own rule). Decode runs the reference
+    `forward` itself; a prompt or a window runs `prompt_forward` (the same layers, experts
+    grouped over the tokens that chose them, the prefill head on the last position only)."""
 
     kind = "reference"
 
@@ -37,13 +40,16 @@ class ReferenceEngine(SessionEngine):
         return logits
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
-        return self._forward(tokens)[-1]
+        logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select)
+        return logits[-1]
 
     def _decode(self, token: int) -> np.ndarray:
         return self._forward(np.asarray([token]))[-1]
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
-        return self._forward(tokens, window=True)
+        logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, window=True,
+                                            all_logits=True)
+        return logits
 
     def _truncate(self, n: int) -> None:
         self.state = self.state.trim(n)

@@ -9,7 +9,8 @@ decode, on the chunk's mean guess logits; in a prompt it is optional (skipped wh
 full). Dense FFN layers are computed whole, with no cache turn.
 
 Only the last chunk's head is computed (its last position, or every position for
-`all_logits`), unless every position's logits are being dumped (`Config.logpos`).
+`all_logits`), unless every position's logits are being dumped (`Config.logpos`); the last
+position's head is computed alone either way, so dumping cannot change the returned logits.
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
         if not stage.heads:
             rows.append(x)
         elif engine.dumping or all_logits or last:
-            logits = c.head(x)
+            logits = c.head(x) if all_logits else _last_head(c, x, engine.dumping)
             engine.dump(logits)
             rows.append(logits)
     s.hold_region(False)  # not reached on an error: the engine is unusable after one anyway
     return np.concatenate(rows) if all_logits else rows[-1][-1]
+
+
+def _last_head(c, x, dumping: bool) -> np.ndarray:
+    """The head on the last position alone, after the others' when dumping (every position's
+    logits are written). [T, D] -> [1, V], or [T, V] when dumping"""
+    last = c.head(x[-1:])
+    return np.concatenate([c.head(x[:-1]), last]) if dumping and len(x) > 1 else last

@@ -1,0 +1,73 @@
+"""The numpy backend's all-resident prompt path: the reference's layers, with routed experts
+grouped by expert and the head only where logits are returned.
+
+`prompt_forward` runs the reference's own layer pieces (strata.reference.model: `mixer_block`,
+`router_input`, `dense_ffn_output`, `layer_router_logits`, `shared_output`, `head`) in the
+reference forward's order, so every layer kind goes through the reference's dispatch. What
+differs is only how the work is grouped: each selected expert is computed once over all the
+tokens that chose it (strata.numpy_backend.grouped), and the prefill head runs on the last
+position alone. Held to `forward` within FLOAT32_REORDER (tests/test_numpy_prompt.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.errors import NonFiniteError
+from strata.model_config import Ffn
+from strata.numpy_backend.grouped import grouped_terms, rank_sum
+from strata.reference import model as ref
+from strata.reference.experts import expert_act
+from strata.reference.routing import Selection
+
+__all__ = ["prompt_forward"]
+
+
+def _ids_and_weights(selections: list[Selection]) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's selected experts (-1: none at that rank) and weights, in rank order.
+    -> int64 [T, k], float32 [T, k]"""
+    k = max((len(s.experts) for s in selections), default=0)
+    ids = np.full((len(selections), k), -1, np.int64)
+    weights = np.zeros((len(selections), k), np.float32)
+    for t, s in enumerate(selections):
+        ids[t, :len(s.experts)] = s.experts
+        weights[t, :len(s.weights)] = s.weights
+    return ids, weights
+
+
+def grouped_moe_output(params: ref.ModelParams, layer: int, h: np.ndarray, selections: list[Selection]) -> np.ndarray:
+    """`ref.moe_output`, each expert computed once over its tokens. [T, D] -> [T, D]"""
+    m = params.cfg.moe_index(layer)
+    ids, weights = _ids_and_weights(selections)
+    terms = grouped_terms(h, ids, weights, lambda e: params.experts.expert(m, e), expert_act(params.cfg))
+    return rank_sum(terms) + ref.shared_output(params, layer, h)
+
+
+def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.ndarray, *,
+                   select: ref.SelectFn | None = None, window: bool = False,
+                   all_logits: bool = False) -> tuple[np.ndarray, ref.ModelState]:
+    """Process `tokens` after the `state.length` cached positions, every layer held (no
+    pipeline stage). Tokens are routed one at a time in order, as `ref.forward` routes them.
+    `window`: a decode window (recurrent layers keep a snapshot per position).
+
+    Shapes:
+        tokens: [T] int -> logits float32 [1, vocab] (the last position), or [T, vocab] with all_logits
+    """
+    cfg = params.cfg
+    select = select or ref.plain_select(cfg, params.dense)
+    x = ref.embed(params, tokens)
+    layers = list(state.layers)
+    for layer in range(cfg.n_layers):
+        x, layers[layer] = ref.mixer_block(params, layer, layers[layer], x, window=window)
+        h = ref.router_input(params, layer, x)
+        if cfg.kinds[layer].ffn is Ffn.DENSE:
+            x = x + ref.dense_ffn_output(params, layer, h)
+            continue
+        z = ref.layer_router_logits(params, layer, h)  # [T, E]
+        m = cfg.moe_index(layer)
+        try:
+            selections = [select(m, z[t]) for t in range(len(z))]
+        except NonFiniteError as e:
+            raise NonFiniteError(f"layer {layer}: {e}") from None
+        x = x + grouped_moe_output(params, layer, h, selections)
+    return ref.head(params, x if all_logits else x[-1:]), ref.ModelState(tuple(layers))
