@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import strata
 from strata.config import Backend, Config
 from strata.formats.quant_types import QuantType
-from strata.errors import ConfigError
 from strata.model_config import Mixer, RoutingOrder
 from strata.numpy_backend.engine import ReferenceEngine
 from strata.reference.model import router_rules
@@ -76,11 +75,7 @@ def test_mlx_engines_match_the_reference(model, reference, arena):
     from mlx_agree import assert_backends_agree
     from strata.engines import open_engine
 
-    config = Config(backend=Backend.MLX, arena=arena, moce_lambda=0.0)
-    if any(k.mixer is Mixer.MLA for k in model.cfg.kinds):  # no MLX twin of latent attention yet: refused
-        with pytest.raises(ConfigError, match="mla"):
-            open_engine(model, config).close()
-        return
+    config = Config(backend=Backend.MLX, arena=arena, moce_lambda=0.0)  # latent attention: the MLX ops twin
     eng = open_engine(model, config)
     try:
         got = greedy(eng)
