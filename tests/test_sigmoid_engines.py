@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import strata
 from strata.config import Backend, Config
 from strata.formats.quant_types import QuantType
-from strata.model_config import Mixer, RoutingOrder
+from strata.model_config import RoutingOrder
 from strata.numpy_backend.engine import ReferenceEngine
 from strata.reference.model import router_rules
 from strata.reference.routing import RouterRule, route
