@@ -40,6 +40,12 @@ def open_kind(model, kind: str, config: Config = EXACT0):
         slots = max(all_slots(model), min_slots(model, config))
         return open_numpy_streaming(model, config.replace(arena=f"{slots}slots"))
     pytest.importorskip("mlx.core")
+    from strata.formats.quant_types import QuantType
+    from strata.mlx_backend.quants import native_refusal
+
+    why = native_refusal(QuantType(model.experts_file.header.qtype))
+    if why is not None:  # MXFP4 on MLX's CUDA build: refused in one line, not computed
+        pytest.skip(why)
     if kind == "mlx-resident":
         return open_engine(model, config.replace(backend=Backend.MLX), stream=False)
     if kind == "mlx-min":

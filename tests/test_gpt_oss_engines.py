@@ -12,20 +12,12 @@ import numpy as np
 import pytest
 
 import strata
-from mlx_agree import assert_backends_agree
-from strata.config import Backend, Config
-from strata.engines import open_engine
+from engine_kinds import ENGINES, agree, open_kind
 from strata.formats.quant_types import QuantType
-from strata.runtime.decode import arena_plan_for
-from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
-from tests.budgets import FLOAT32_REORDER
 
 PROMPT = list(b"def fibonacci(n): return n if n < 2 else fibonacci(n - 1)")
 CUT = 20
-EXACT0 = Config(moce_lambda=0.0)
-ENGINES = ["reference", "numpy-min", "numpy-full", "mlx-resident", "mlx-min"]
-EXACT_ENGINES = {"reference", "numpy-min", "numpy-full"}
 
 
 @pytest.fixture(scope="module", params=[QuantType.Q2_0, QuantType.MXFP4], ids=lambda q: q.name)
@@ -35,39 +27,6 @@ def model(request, tmp_path_factory):
     m = strata.load(made.model_path)
     yield m
     m.close()
-
-
-def min_slots(model):
-    return arena_plan_for(model, EXACT0.replace(arena="100000slots")).min_slots
-
-
-def open_kind(model, kind: str):
-    if kind == "reference":
-        return open_engine(model, EXACT0.replace(backend=Backend.NUMPY), stream=False)
-    if kind == "numpy-min":
-        return open_numpy_streaming(model, EXACT0.replace(arena=f"{min_slots(model)}slots"))
-    if kind == "numpy-full":
-        return open_numpy_streaming(model, EXACT0.replace(arena=f"{model.experts_file.header.n_records}slots"))
-    pytest.importorskip("mlx.core")
-    from strata.mlx_backend.quants import native_refusal
-
-    why = native_refusal(QuantType(model.experts_file.header.qtype))
-    if why is not None:  # the CUDA build: refused in one line (tests/test_entry_points covers refusals)
-        pytest.skip(why)
-    if kind == "mlx-resident":
-        return open_engine(model, EXACT0.replace(backend=Backend.MLX), stream=False)
-    if kind == "mlx-min":
-        return open_engine(model, EXACT0.replace(backend=Backend.MLX, arena=f"{min_slots(model)}slots"), stream=True)
-    raise ValueError(kind)
-
-
-def agree(kind: str, ref, got, what: str, *, regrouped: bool = False) -> None:
-    if kind not in EXACT_ENGINES:
-        assert_backends_agree(np.asarray(ref), np.asarray(got), "FORWARD", what=what)
-    elif regrouped:
-        np.testing.assert_allclose(got, ref, err_msg=what, **FLOAT32_REORDER)
-    else:
-        np.testing.assert_array_equal(got, ref, err_msg=what)
 
 
 @pytest.mark.parametrize("kind", ENGINES)
