@@ -46,6 +46,11 @@ Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversio
 # the hybrid families (Qwen3-Next, Qwen3.5-MoE) are held to their issue's tighter bound; seen:
 # 4.0e-4 and 3.7e-4 with f16 experts, 1.8e-6 with f32 experts (the rest is f16 rounding)
 HYBRID_F16_LOGIT_BUDGET = 5e-4
+# Qwen4-Exp (tests/test_convert_qwen4.py): f16 experts vs transformers, as the hybrids
+QWEN4_F16_LOGIT_BUDGET = 5e-4
+# the QSA parity is only meaningful where no tie decides a selection: the last chosen block's
+# score must exceed the first left out by this fraction of the query's best score
+QSA_TIE_MARGIN = 1e-3
 
 # strata's reference forward vs mlx-lm's on the same MLX-quantized checkpoint, both in float32
 # activations (mlx-lm's norms, scales and biases widened: exact): the weights are the same
