@@ -5,7 +5,7 @@ under tests/fixtures/hf/ by scripts/make_hf_fixtures.py.
 Four layers: three gated DeltaNet layers (PLE modules on the first and third), then one indexed
 (QSA) attention layer; 4 hyper-connection streams of width 64 with a rank-16 input mixer.
 PLE: 3-grams, 2 heads per order, prime table sizes from 101 (tables of 424 and 512 rows of 8),
-conv kernel 4 (dilation 3), saved in 2 row shards per table. QSA: 4 indexer heads of 16, key
+conv kernel 4 (dilation 3), saved in 2 row shards per table. QSA: 8 indexer heads of 16 (with fewer, a block whose every head scores <= 0 ties at 0 often), key
 blocks of 4 positions, a budget of 16 positions (4 blocks): from position 19 on, a query sees
 only some of the blocks before it, so the selection decides the output over most of the text.
 
@@ -33,7 +33,7 @@ HC_COUNT, HC_LOWRANK = 4, 16
 PLE_LAYER_IDS = [1, 3]  # transformers' one-indexed ids: layers 0 and 2
 NGRAM_SIZE, HEADS_PER_NGRAM, NGRAM_VOCAB_BASE, NGRAM_DIVISOR, PLE_EMBED = 3, 2, 101, 8, 32
 NGRAM_SHARDS = 2
-INDEXER_HEADS, INDEXER_HEAD_DIM, INDEXER_BUDGET, INDEXER_BLOCK = 4, 16, 16, 4
+INDEXER_HEADS, INDEXER_HEAD_DIM, INDEXER_BUDGET, INDEXER_BLOCK = 8, 16, 16, 4
 PLE_CONV_STD = 0.5
 SAVE_DTYPE = "bfloat16"
 

@@ -57,7 +57,7 @@ def block_keys(cfg: ModelConfig, dense, layer: int, raw_keys: np.ndarray) -> np.
     Shapes: raw_keys [S, di] -> [S // c, di]"""
     c = cfg.indexer_block
     n_blocks = raw_keys.shape[0] // c
-    pooled = raw_keys[:n_blocks * c].reshape(n_blocks, c, -1).mean(axis=1, dtype=np.float32)  # [B, di]
+    pooled = raw_keys[:n_blocks * c].reshape(n_blocks, c, raw_keys.shape[1]).mean(axis=1, dtype=np.float32)  # [B, di]
     pooled = rms_norm(pooled, dense[TensorNames.block(layer, Qwen4Names.idx_k_norm)], cfg.rms_norm_eps)
     starts = np.arange(n_blocks) * c
     return partial_rope(pooled[None], starts, cfg.rope_theta, cfg.rope_dim)[0]
