@@ -61,10 +61,20 @@ def _text_fields(eos: int) -> dict:
                 indexer_compress_ratio=INDEXER_BLOCK, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
 
 
-def hf_config(arch: str, eos: int):
+def _parity_ids() -> list[int]:
+    import tempfile
+
+    from tokenizers import Tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_models.write_tokenizer(Path(tmp))
+        return Tokenizer.from_file(str(Path(tmp) / "tokenizer.json")).encode(hf_models.PARITY_TEXT).ids
+
+
+def hf_config(arch: str, eos: int | None = None):
     import transformers
 
-    text = _text_fields(eos)
+    text = _text_fields(ple_eos(_parity_ids()) if eos is None else eos)
     if arch == "qwen4_exp_text":
         return transformers.Qwen4ExpTextConfig(**text)
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=HIDDEN, patch_size=4,
@@ -99,9 +109,13 @@ def build_checkpoint(arch: str, directory: Path, seed: int = 0, *, text_model=No
     cls = getattr(transformers, MODEL_CLASS[arch])
     model = cls(hf_config(arch, ple_eos(ids)))
     if arch == "qwen4_exp":
-        if text_model is None:
+        if text_model is None:  # the one just built beside it, else the checked-in one
+            from tests import hf_fixtures
+
+            sibling = directory.parent / "qwen4_exp_text"
+            source = sibling if sibling.is_dir() else hf_fixtures.checkpoint_dir("qwen4_exp_text")
             text_cls = getattr(transformers, MODEL_CLASS["qwen4_exp_text"])
-            text_model = text_cls.from_pretrained(directory.parent / "qwen4_exp_text", dtype=torch.float32)
+            text_model = text_cls.from_pretrained(source, dtype=torch.float32)
         model.model.language_model.load_state_dict(text_model.model.state_dict())
         model.lm_head.load_state_dict(text_model.lm_head.state_dict())
     else:
