@@ -131,11 +131,10 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
-    if model.cfg.hc_count and (mlx or (plan.streaming if stream is None else stream)):
-        from strata.errors import ConfigError  # Qwen4-Exp: only the reference forward computes it yet
+    if model.cfg.hc_count and mlx:
+        from strata.errors import ConfigError  # Qwen4-Exp: the numpy engines compute it, MLX not yet
 
-        raise ConfigError("hc_count: hyper-connection models (Qwen4-Exp) run on the numpy backend with every "
-                          "expert resident only (no MLX, no streaming yet)")
+        raise ConfigError("hc_count: hyper-connection models (Qwen4-Exp) run on the numpy backend only (no MLX yet)")
     if not (plan.streaming if stream is None else stream):
         if mlx:
             from strata.mlx_backend.engine import MlxEngine

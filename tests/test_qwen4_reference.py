@@ -2,8 +2,7 @@
 layers with PLE modules, indexed attention whose budget is below the context): the n-gram ids
 (chunked = whole, a fresh start after EOS), the forward by pieces = whole, trim at kept positions,
 the PLE rows coming only from the row source, QSA with a budget past the context = plain gated
-attention, the config fields through the model file, and the engines that refuse what they do
-not compute yet.
+attention, the config fields through the model file, and generation on the numpy engines.
 """
 
 from __future__ import annotations
@@ -183,8 +182,10 @@ def test_bad_fields_are_refused_naming_the_field(change, field):
         dataclasses.replace(CFG, **change)
 
 
-def test_the_numpy_engine_generates_and_the_others_refuse(model):
-    out = strata.generate(model, list(b"abc"), max_tokens=5, config=Config(backend="numpy"))
-    assert len(out.tokens) == 5
-    with pytest.raises(ConfigError, match="hc_count"):
-        strata.open_engine(model, Config(backend="numpy"), stream=True)
+def test_generate_on_the_numpy_engines(model):
+    """The reference engine and the streaming one (experts paged through 40 slots) agree."""
+    prompt = list(b"abc") + [EOS] + list(b"d")
+    resident = strata.generate(model, prompt, max_tokens=6, config=Config(backend="numpy", moce_lambda=0.0))
+    streamed = strata.generate(model, prompt, max_tokens=6,
+                               config=Config(backend="numpy", moce_lambda=0.0, arena="40slots"))
+    assert len(resident.tokens) == 6 and streamed.tokens == resident.tokens
