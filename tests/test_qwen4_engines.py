@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 import strata
-from strata.config import Backend
-from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
 from strata.reference.model import ModelState, forward
 from strata.testing.models import make_model
@@ -57,9 +55,3 @@ def test_window_then_trim_at_a_kept_position(model, kind):
         assert engine.kept_position(keep) == keep  # a window keeps every position
         engine.trim(keep)
         agree(kind, whole[keep], engine.decode(drafts[2]), "after trim", regrouped=True)
-
-
-def test_mlx_is_refused_naming_the_field(tmp_path):
-    made = make_model(tmp_path / "q2", "qwen4", seed=7, expert_type=QuantType.Q2_0)  # experts MLX reads
-    with strata.load(made.model_path) as model, pytest.raises(ConfigError, match="hc_count"):
-        strata.open_engine(model, EXACT0.replace(backend=Backend.MLX))
