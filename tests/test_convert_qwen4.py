@@ -230,6 +230,22 @@ def test_mtp_layer_is_skipped_with_a_note(arch, checkpoint, tmp_path):
     assert any("multi-token-prediction" in n for n in r.notes)
 
 
+def test_without_a_partial_rotary_factor_the_whole_head_rotates(arch, checkpoint, tmp_path):
+    """transformers' Qwen4-Exp default rope reads partial_rotary_factor with a default of 1.0: the
+    whole head (32 dims) then no longer fits the 16-wide indexer heads, which transformers' own
+    validation refuses too."""
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoint[0], src)
+    config = json.loads((src / "config.json").read_text())
+    del config["rope_parameters"]["partial_rotary_factor"]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=f"indexer_head_dim={hf_qwen4.INDEXER_HEAD_DIM} must hold the "
+                                          f"{hf_qwen4.HEAD_DIM} rotary dims"):
+        convert(src, tmp_path / "out", expert_type=QuantType.F16)
+
+
 REFUSALS = [
     (lambda c: c.update(some_new_feature=1), "config key 'some_new_feature'"),
     (lambda c: c.update(output_gate_type="sigmoid"), "output_gate_type = 'sigmoid'"),

@@ -41,6 +41,7 @@ TEXT = "qwen4_exp_text"
 MULTIMODAL = "qwen4_exp"
 PREFIX = {MULTIMODAL: "model.language_model."}  # else "model."
 DEFAULT_FULL_ATTENTION_INTERVAL = 4
+DEFAULT_PARTIAL_ROTARY = 1.0  # transformers' Qwen4-Exp config sets none (Qwen3.5's default is 0.25)
 SKIPPED_PREFIXES = {"mtp.": "the multi-token-prediction layer (mtp.*): strata decodes one token at a time",
                     "model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
@@ -115,6 +116,15 @@ def _eos(hf: HFConfig) -> int:
     return eos
 
 
+def _full_rotary_default(hf: HFConfig) -> HFConfig:
+    """Qwen4-Exp rotates the whole head unless told otherwise (transformers' default rope reads
+    partial_rotary_factor with a default of 1.0 here; the Qwen3.5 configs default to 0.25)."""
+    params = hf.raw.get("rope_parameters")
+    if "partial_rotary_factor" in hf.raw or (isinstance(params, dict) and "partial_rotary_factor" in params):
+        return hf
+    return dataclasses.replace(hf, raw={**hf.raw, "partial_rotary_factor": DEFAULT_PARTIAL_ROTARY})
+
+
 def _router_rows(ckpt: Checkpoint, prefix: str, configured: int) -> int:
     """The experts the checkpoint holds: its layer-0 router's rows (a pruned checkpoint has fewer
     than its config's num_experts)."""
@@ -128,7 +138,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     _check_values(text)
     fields = base_fields(text, ckpt)
     n_layers = fields["n_layers"]
-    theta, rotary = _rope(text, fields["head_dim"])
+    theta, rotary = _rope(_full_rotary_default(text), fields["head_dim"])
     if hf.model_type == MULTIMODAL:
         fields["tie_embeddings"] = hf.get_bool("tie_word_embeddings", default=fields["tie_embeddings"])
     fields["n_experts"] = _router_rows(ckpt, PREFIX.get(hf.model_type, "model."), fields["n_experts"])
