@@ -9,11 +9,16 @@ indexer, reference/indexed_attention.py); some DeltaNet layers carry a PLE modul
 
 Shapes use S = hc_count * D (every stream), r = hc_lowrank, E = ple_embed_dim,
 N = (ngram_size - 1) * ngram_heads_per_order n-gram heads, Hi / di the indexer heads and width.
+Like model_config (whose part it is), it imports nothing of strata but errors.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from strata.errors import ConfigError
 
@@ -60,6 +65,35 @@ def ngram_heads(cfg: "ModelConfig") -> int:
     return (cfg.ngram_size - 1) * cfg.ngram_heads_per_order
 
 
+@functools.lru_cache(maxsize=8)
+def primes_from(base: int, count: int) -> tuple[int, ...]:
+    """The first `count` primes >= base (a segmented sieve: the real config asks for ~600 primes
+    past 2e7, which trial division one by one, as transformers does, takes minutes)."""
+    found: list[int] = []
+    lo = max(base, 2)
+    span = max(1024, count * max(8, int(math.log(lo + 2) * 2)))
+    while len(found) < count:
+        hi = lo + span
+        sieve = np.ones(span, bool)
+        for p in range(2, math.isqrt(hi) + 1):
+            start = max(p * p, -(-lo // p) * p)
+            sieve[start - lo::p] = False
+        found.extend(int(lo + i) for i in np.flatnonzero(sieve))
+        lo = hi
+    return tuple(found[:count])
+
+
+def ngram_table_sizes(cfg: "ModelConfig", ple_index: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A PLE layer's table: each head's prime size and offset, and its rows (padded to
+    ngram_vocab_divisor). Every head of every PLE layer has its own prime: the successive primes
+    from ngram_vocab_base, layer by layer. -> (sizes int64 [N], offsets int64 [N], rows)"""
+    heads = ngram_heads(cfg)
+    sizes = np.asarray(primes_from(cfg.ngram_vocab_base, (ple_index + 1) * heads)[ple_index * heads:], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    rows = -(-int(sizes.sum()) // cfg.ngram_vocab_divisor) * cfg.ngram_vocab_divisor
+    return sizes, offsets, rows
+
+
 def hc_shapes(cfg: "ModelConfig", prefix: str, *, inject: bool = True) -> dict[str, tuple[int, ...]]:
     q, s = Qwen4Names, cfg.hc_count * cfg.hidden_size
     shapes = {q.hc(prefix, q.hc_norm): (s,), q.hc(prefix, q.hc_down): (cfg.hc_lowrank, s),
@@ -72,7 +106,6 @@ def hc_shapes(cfg: "ModelConfig", prefix: str, *, inject: bool = True) -> dict[s
 def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
     """Every dense tensor of a Qwen4-Exp model with its shape (model_config.dense_tensor_shapes)."""
     from strata.model_config import Mixer, TensorNames, attention_tensor_shapes, deltanet_tensor_shapes
-    from strata.reference.ngram_hash import NgramHash
 
     n, q, d = TensorNames, Qwen4Names, cfg.hidden_size
     s = cfg.hc_count * d
@@ -93,7 +126,7 @@ def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
             shapes.update({b(q.idx_qk): ((hi + 1) * di, d), b(q.idx_q_norm): (di,), b(q.idx_k_norm): (di,)})
         if layer in ple:
             e, k = cfg.ple_embed_dim, cfg.ple_conv_kernel
-            rows = NgramHash.of(cfg, ple.index(layer)).table_rows
+            rows = ngram_table_sizes(cfg, ple.index(layer))[2]
             shapes.update({b(q.ple_key): (s, e), b(q.ple_value): (d, e), b(q.ple_key_norm): (s,),
                            b(q.ple_query_norm): (s,), b(q.ple_conv_norm): (s,), b(q.ple_conv): (s, k),
                            b(q.ple_ngram): (rows, e // ngram_heads(cfg))})
@@ -140,8 +173,8 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
         raise ConfigError(f"model config: ple_layer_ids must be comma-separated layers, got {cfg.ple_layer_ids!r}")
     if not layers:
         return
-    if list(layers) != sorted(set(layers)) or any(cfg.kinds[l].mixer is not Mixer.DELTANET for l in layers
-                                                   if 0 <= l < cfg.n_layers) or not 0 <= layers[0] <= layers[-1] < cfg.n_layers:
+    deltanet = {l for l, t in enumerate(cfg.kinds) if t.mixer is Mixer.DELTANET}
+    if list(layers) != sorted(set(layers)) or not set(layers) <= deltanet:
         raise ConfigError(f"model config: ple_layer_ids {cfg.ple_layer_ids!r} must be ascending DeltaNet layers")
     for name in ("ple_embed_dim", "ple_conv_kernel", "ngram_heads_per_order", "ngram_vocab_base",
                  "ngram_vocab_divisor"):

@@ -18,13 +18,12 @@ The constants and derivations are transformers' (models/qwen4_exp, `Qwen4ExpText
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from strata.model_config import ModelConfig
+from strata.qwen4_config import ngram_table_sizes, primes_from  # noqa: F401  (primes_from: re-exported)
 
 _MASK64 = (1 << 64) - 1
 _SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
@@ -51,24 +50,6 @@ def layer_multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: in
     return np.asarray(values, np.int64)
 
 
-@functools.lru_cache(maxsize=8)
-def primes_from(base: int, count: int) -> tuple[int, ...]:
-    """The first `count` primes >= base (a segmented sieve: the real config asks for ~600 primes
-    past 2e7, which trial division one by one, as transformers does, takes minutes)."""
-    found: list[int] = []
-    lo = max(base, 2)
-    span = max(1024, count * max(8, int(math.log(lo + 2) * 2)))
-    while len(found) < count:
-        hi = lo + span
-        sieve = np.ones(span, bool)
-        for p in range(2, math.isqrt(hi) + 1):
-            start = max(p * p, -(-lo // p) * p)
-            sieve[start - lo::p] = False
-        found.extend(int(lo + i) for i in np.flatnonzero(sieve))
-        lo = hi
-    return tuple(found[:count])
-
-
 @dataclass(frozen=True)
 class NgramHash:
     """One PLE layer's hash parameters (all derived from the config and the layer's PLE index).
@@ -85,12 +66,7 @@ class NgramHash:
 
     @staticmethod
     def of(cfg: ModelConfig, ple_index: int) -> "NgramHash":
-        heads = (cfg.ngram_size - 1) * cfg.ngram_heads_per_order
-        primes = primes_from(cfg.ngram_vocab_base, (ple_index + 1) * heads)[ple_index * heads:]
-        sizes = np.asarray(primes, np.int64)
-        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        total = int(sizes.sum())
-        rows = -(-total // cfg.ngram_vocab_divisor) * cfg.ngram_vocab_divisor
+        sizes, offsets, rows = ngram_table_sizes(cfg, ple_index)
         return NgramHash(cfg.ngram_size, cfg.ngram_heads_per_order, cfg.ngram_eos_token,
                          layer_multipliers(cfg.vocab_size, cfg.ngram_size, ple_index, cfg.ngram_seed),
                          sizes, offsets, rows)
