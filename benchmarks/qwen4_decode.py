@@ -5,8 +5,8 @@
 A made model (strata.testing.models, the `qwen4` shape scaled: hidden, layers (one indexed-
 attention layer in four, PLE modules on every other DeltaNet layer), experts top-8, Q2_0 experts)
 is decoded by the numpy reference engine, the numpy streaming engine (a quarter of the experts in
-the arena; PLE rows resident) and the MLX twin (MlxHyperEngine: MLX ops, every expert resident;
-on the GPU where MLX has one). Prints a table and one JSON line; the byte budget per decoded token
+the arena; PLE rows resident) and the MLX twin (MLX ops; every expert resident, and streaming
+through the same quarter arena; on the GPU where MLX has one). Prints a table and one JSON line; the byte budget per decoded token
 is what the weights say: dense matrices read once, one embedding row, each PLE layer's N rows,
 and k expert records per MoE layer.
 """
@@ -89,6 +89,7 @@ def main() -> None:
 
             device = str(mx.default_device())
             runs["mlx twin (ops, resident)"] = (Config(backend=Backend.MLX, moce_lambda=0.0), False)
+            runs[f"mlx twin streaming {quarter}"] = (Config(backend=Backend.MLX, moce_lambda=0.0, arena=quarter), True)
         except ImportError:
             device = "none"
         rows = {name: ms_per_token(model, conf, args.tokens, stream) for name, (conf, stream) in runs.items()}

@@ -131,16 +131,11 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
-    if model.cfg.hc_count and mlx:  # Qwen4-Exp on MLX: the resident ops twin only (mlx_backend/hyper_engine.py)
-        if plan.streaming if stream is None else stream:
-            from strata.errors import ConfigError
-
-            raise ConfigError("hc_count: hyper-connection models (Qwen4-Exp) stream on the numpy backend only "
-                              "(MLX runs them with every expert resident)")
-        from strata.mlx_backend.hyper_engine import MlxHyperEngine
-
-        return MlxHyperEngine.open(model, config)
     if not (plan.streaming if stream is None else stream):
+        if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)
+            from strata.mlx_backend.hyper_engine import MlxHyperEngine
+
+            return MlxHyperEngine.open(model, config)
         if mlx:
             from strata.mlx_backend.engine import MlxEngine
 

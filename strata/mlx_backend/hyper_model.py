@@ -34,7 +34,8 @@ from strata.reference.ngram_rows import NgramRows
 from strata.reference.ple import PleLayerState
 from strata.reference.routing import RouterRule, route
 
-__all__ = ["HyperMlxParams", "to_hyper_params", "empty_hyper_state", "hyper_forward"]
+__all__ = ["HyperMlxParams", "to_hyper_params", "empty_hyper_state", "hyper_forward", "hyper_mixer", "hc_read",
+           "hc_write", "hyper_head"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,8 +66,8 @@ class HyperMlxParams:
     embed: mx.array  # [V, D]
     output: mx.array  # [V, D]
     hc_out: HcWeights
-    arena: MlxArena
-    rec: RecordLayout
+    arena: MlxArena | None  # every expert (slot m*E + e); None when experts stream (hyper_compute.py)
+    rec: RecordLayout | None
 
 
 def _hc(get, prefix: str, inject: bool = True) -> HcWeights:
@@ -95,17 +96,19 @@ def _layer(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, rule: 
 
 
 def to_hyper_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], experts: ExpertSource | None = None, *,
-                    arena: MlxArena | None = None, rec: RecordLayout | None = None) -> HyperMlxParams:
+                    arena: MlxArena | None = None, rec: RecordLayout | None = None,
+                    resident: bool = True) -> HyperMlxParams:
     """MLX weights (float32) from the reference's dense dict, every routed expert in one arena
-    (slot m*E + e): packed from `experts`, or an arena already filled (with its record layout).
-    The n-gram tables stay where the row source has them."""
+    (slot m*E + e): packed from `experts`, or an arena already filled (with its record layout);
+    resident=False: no experts (they stream through a runtime arena). The n-gram tables stay
+    where the row source has them."""
     n = TensorNames
     rules = router_rules(cfg, dense)
     layers = tuple(_layer(cfg, dense, l, rules[cfg.moe_index(l)]) for l in range(cfg.n_layers))
     get = lambda name: mx.array(np.asarray(dense[name], np.float32))  # noqa: E731
     embed_w = get(n.token_embd)
     output = embed_w if cfg.tie_embeddings else get(n.output)
-    if arena is None:
+    if arena is None and resident:
         first = experts.expert(0, 0)
         rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
@@ -142,7 +145,7 @@ def hc_write(streams: mx.array, inject: mx.array, out: mx.array) -> mx.array:
     return streams + (inject[:, :, None] * out[:, None, :]).reshape(t, -1)
 
 
-def _mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens: np.ndarray, rows: NgramRows,
+def hyper_mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens: np.ndarray, rows: NgramRows,
            window: bool):
     cfg, lw = p.cfg, p.layers[layer]
     if isinstance(state, PleLayerState):
@@ -172,7 +175,7 @@ def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows,
     act = expert_act(cfg)
     for layer in range(cfg.n_layers):
         lw = p.layers[layer]
-        streams, new_layers[layer] = _mixer(p, layer, state.layers[layer], streams, tokens, rows, window)
+        streams, new_layers[layer] = hyper_mixer(p, layer, state.layers[layer], streams, tokens, rows, window)
         h, inject = hc_read(cfg, lw.hc_ffn, streams)
         zh = np.array(h @ lw.router.T)  # the host round trip: the reference's rule decides
         m = cfg.moe_index(layer)
@@ -181,5 +184,10 @@ def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows,
         routed = routed_partials(p.arena.array, p.rec, h, slots, weights, act=act)
         moe = combine(mx.zeros_like(h), routed, shared_partials(h, lw.shared), h, lw.shared.gate_inp)
         streams = hc_write(streams, inject, moe)
-    final, _ = hc_read(cfg, p.hc_out, streams)
-    return final @ p.output.T, ModelState(tuple(new_layers))
+    return hyper_head(p, streams), ModelState(tuple(new_layers))
+
+
+def hyper_head(p: HyperMlxParams, streams: mx.array) -> mx.array:
+    """Twin of reference `hyper_head`: the last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
+    final, _ = hc_read(p.cfg, p.hc_out, streams)
+    return final @ p.output.T
