@@ -68,3 +68,70 @@ def test_mlx_streaming_at_the_smallest_arena_agrees_with_the_reference(model):
 def test_mlx_twin_agrees_on_the_gpu(model, stream):
     assert mx.default_device() == mx.gpu
     _agrees(model, stream)
+
+
+# ---------------------------------------------------------------- the pieces, each against its reference
+
+
+@pytest.fixture(scope="module")
+def pieces(model):
+    from strata.mlx_backend.hyper_model import to_hyper_params
+
+    params = model.resident_params()
+    return params, to_hyper_params(model.cfg, params.dense, params.experts)
+
+
+def _streams(cfg, t: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((t, cfg.hc_count * cfg.hidden_size)).astype(np.float32)
+
+
+def test_hyper_connection_read_and_write_agree(model, pieces):
+    from strata.mlx_backend import hyper_model as mhm
+    from strata.reference import hyper_connections as rhc
+
+    ref_p, mlx_p = pieces
+    cfg, streams = model.cfg, _streams(model.cfg, 7, 1)
+    want_in, want_inj = rhc.hc_read(cfg, ref_p.dense, "blk.1.hc_ffn", streams)
+    got_in, got_inj = mhm.hc_read(cfg, mlx_p.layers[1].hc_ffn, mx.array(streams))
+    assert_backends_agree(want_in, got_in, "FAST", what="hc_read input")
+    assert_backends_agree(want_inj, got_inj, "FAST", what="hc_read inject")
+    out = np.random.default_rng(2).standard_normal((7, cfg.hidden_size)).astype(np.float32)
+    assert_backends_agree(rhc.hc_write(streams, want_inj, out),
+                          mhm.hc_write(mx.array(streams), mx.array(want_inj), mx.array(out)), "FAST", what="hc_write")
+
+
+def test_ple_agrees_over_calls(model, pieces):
+    """Two calls (the second reads the first's context and conv state), EOS in the first."""
+    from strata.mlx_backend import ple as mple
+    from strata.reference import ple as rple
+    from strata.reference.hyper_model import resident_rows
+
+    ref_p, mlx_p = pieces
+    cfg, layer = model.cfg, 2
+    rows = resident_rows(cfg, ref_p.dense)
+    tokens = _tokens(model)[:12]
+    want_state, got_state = rple.PleState.empty(cfg, 1), mple.empty_ple_state(cfg, layer)
+    for part, seed in ((slice(0, 9), 3), (slice(9, 12), 4)):
+        s = _streams(cfg, part.stop - part.start, seed)
+        want, want_state = rple.ple(cfg, ref_p.dense, layer, rows, want_state, s, tokens[part])
+        got, got_state = mple.ple(cfg, mlx_p.layers[layer].ple, layer, rows, got_state, mx.array(s), tokens[part])
+        assert_backends_agree(want, got, "FAST", what=f"ple {part}")
+    np.testing.assert_array_equal(got_state.context, want_state.context)
+    assert_backends_agree(want_state.conv, got_state.conv, "FAST", what="ple conv state")
+
+
+def test_indexed_attention_agrees_past_the_budget(model, pieces):
+    from strata.mlx_backend import indexed_attention as mia
+    from strata.reference import indexed_attention as ria
+
+    ref_p, mlx_p = pieces
+    cfg, layer = model.cfg, 3
+    x = np.random.default_rng(5).standard_normal((40, cfg.hidden_size)).astype(np.float32)
+    want, want_state = ria.indexed_attention(cfg, ref_p.dense, layer, ria.IndexedKV.empty(cfg), x[:30])
+    got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].mixer, mia.empty_indexed_state(cfg),
+                                           mx.array(x[:30]))
+    assert_backends_agree(want, got, "FAST", what="prompt")
+    for t in range(30, 40):  # decoded positions: 8 blocks and more, the budget takes 2
+        want, want_state = ria.indexed_attention(cfg, ref_p.dense, layer, want_state, x[t:t + 1])
+        got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].mixer, got_state, mx.array(x[t:t + 1]))
+        assert_backends_agree(want, got, "FAST", what=f"decode {t}")
