@@ -55,3 +55,13 @@ def test_window_then_trim_at_a_kept_position(model, kind):
         assert engine.kept_position(keep) == keep  # a window keeps every position
         engine.trim(keep)
         agree(kind, whole[keep], engine.decode(drafts[2]), "after trim", regrouped=True)
+
+
+def test_a_prompt_in_chunks_matches_the_reference_forward(model):
+    """The streaming prompt path in chunks of 5: each chunk's PLE layers hash after the previous
+    chunk's n-gram context, its QSA layer selects over every earlier chunk's blocks."""
+    prompt = _prompt(model) * 2
+    whole, _ = forward(model.resident_params(), ModelState.empty(model.cfg), np.asarray(prompt + [7]))
+    with open_kind(model, "numpy-min", EXACT0.replace(prefill_chunk=5)) as engine:
+        agree("numpy-min", whole[len(prompt) - 1], engine.prefill(np.asarray(prompt)), "prefill", regrouped=True)
+        agree("numpy-min", whole[len(prompt)], engine.decode(7), "decode", regrouped=True)
