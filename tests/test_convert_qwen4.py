@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests import hf_models, hf_qwen4  # noqa: E402
 from strata.convert import convert  # noqa: E402
+from strata.convert.qwen4_exp import ngram_tables  # noqa: E402
 from strata.convert.safetensors_reader import Checkpoint  # noqa: E402
 from strata.errors import ConfigError  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
@@ -270,8 +271,24 @@ def test_unhandled_config_values_are_refused_in_one_line(checkpoint, arch, chang
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_table_is_stored_as_one_dense_tensor_per_ple_layer(arch, converted):
+def test_tables_are_dense_tensors_and_ngram_tables_yields_them(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    for layer in ple_layers(model.cfg):
-        table = model.dense[TensorNames.block(layer, Qwen4Names.ple_ngram)]
-        assert table.shape[1] == hf_qwen4.PLE_EMBED // ((hf_qwen4.NGRAM_SIZE - 1) * hf_qwen4.HEADS_PER_NGRAM)
+    pairs = list(ngram_tables(model.cfg, model.dense))
+    assert [i for i, _ in pairs] == list(range(len(hf_qwen4.PLE_LAYER_IDS)))
+    raw = _read_all(checkpoint[0])
+    prefix = "model.language_model." if arch == "qwen4_exp" else "model."
+    for (i, table), layer in zip(pairs, ple_layers(model.cfg)):
+        assert table is model.dense[TensorNames.block(layer, Qwen4Names.ple_ngram)]
+        base = f"{prefix}layers.{layer}.ple.ple_embedding.ngram_embedding."
+        shards = [raw[f"{base}shard_{s}.weight"] for s in range(hf_qwen4.NGRAM_SHARDS)]
+        np.testing.assert_array_equal(table, np.concatenate(shards))  # the shards in order, values kept
+
+
+def test_tables_too_large_for_the_model_file_are_refused(arch, checkpoint, tmp_path, monkeypatch):
+    from strata.convert import qwen4_exp
+
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    monkeypatch.setattr(qwen4_exp, "MAX_DENSE_TABLE_BYTES", 1000)
+    with pytest.raises(ConfigError, match="ple_layer_ids: the n-gram tables are"):
+        convert(checkpoint[0], tmp_path / "out", expert_type=QuantType.F16)

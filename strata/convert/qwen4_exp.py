@@ -45,6 +45,10 @@ DEFAULT_PARTIAL_ROTARY = 1.0  # transformers' Qwen4-Exp config sets none (Qwen3.
 SKIPPED_PREFIXES = {"mtp.": "the multi-token-prediction layer (mtp.*): strata decodes one token at a time",
                     "model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
+# The tables go into the .gguf as dense tensors for now, read whole (float32) by the converter and
+# the loader: past this they would not fit a machine strata targets (the published tables are
+# ~90 GB), so such a checkpoint is refused until the row store writes them instead.
+MAX_DENSE_TABLE_BYTES = 4 << 30
 
 _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
          "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -280,6 +284,12 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
         layer_sources, buffers = _layer_sources(cfg, ckpt, layer, prefix)
         sources.update({n.block(layer, k): v for k, v in layer_sources.items()})
         skipped += buffers
+    table_bytes = sum(rows * width * 4 for rows, width in (
+        ckpt_table_shape(cfg, layer) for layer in ple_layers(cfg)))
+    if table_bytes > MAX_DENSE_TABLE_BYTES:
+        raise ConfigError(f"{ckpt.directory}: ple_layer_ids: the n-gram tables are {table_bytes / 2**30:.1f} GiB in "
+                          f"float32; strata stores them in the model file only up to "
+                          f"{MAX_DENSE_TABLE_BYTES / 2**30:.0f} GiB (a row store for larger ones is not written yet)")
     experts = ExpertTensors(ckpt, cfg, "mlp", ("gate_proj", "up_proj", "down_proj"),
                             layer_prefix=prefix + "layers.{}.")
     notes = []
@@ -291,6 +301,11 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
             skipped += names
             notes.append(f"skipped {what}: {len(names)} tensors")
     return TensorPlan(experts, sources, tuple(skipped), tuple(notes))
+
+
+def ckpt_table_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:
+    """A PLE layer's table [rows, width] (the config's hash decides the rows)."""
+    return NgramHash.of(cfg, ple_layers(cfg).index(layer)).table_rows, cfg.ple_embed_dim // ngram_heads(cfg)
 
 
 def ngram_tables(cfg: ModelConfig, dense):
