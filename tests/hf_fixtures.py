@@ -1,7 +1,7 @@
 """The checked-in tiny Hugging Face checkpoints and what transformers computes on them (no torch).
 
 tests/fixtures/hf/<arch>/ holds a checkpoint exactly as transformers' `save_pretrained` wrote
-it (tests/hf_models.py, tests/hf_hybrid.py and tests/hf_gpt_oss.py build and train them; gpt-oss's
+it (tests/hf_models.py, tests/hf_hybrid.py, tests/hf_gpt_oss.py and tests/hf_qwen4.py build and train them; gpt-oss's
 MXFP4 form has its experts rewritten as the released blocks), its tokenizer files, and
 expected.npz: transformers' float32 outputs on it. tests/fixtures/gguf/<case>.npz holds
 transformers' logits on the dequantized weights of each llama.cpp GGUF that tests/gguf_models.py
