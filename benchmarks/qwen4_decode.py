@@ -6,9 +6,9 @@ A made model (strata.testing.models, the `qwen4` shape scaled: hidden, layers (o
 attention layer in four, PLE modules on every other DeltaNet layer), experts top-8, Q2_0 experts)
 is decoded by the numpy reference engine, the numpy streaming engine (a quarter of the experts in
 the arena; PLE rows resident) and the MLX twin (MLX ops; every expert resident, and streaming
-through the same quarter arena; on the GPU where MLX has one). Prints a table and one JSON line; the byte budget per decoded token
-is what the weights say: dense matrices read once, one embedding row, each PLE layer's N rows,
-and k expert records per MoE layer.
+through the same quarter arena; on the GPU where MLX has one). Prints a table and one JSON line;
+the byte budget per decoded token is what the weights say: dense matrices read once, one
+embedding row, each PLE layer's N rows, and k expert records per MoE layer.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ under tests/fixtures/hf/ by scripts/make_hf_fixtures.py.
 Four layers: three gated DeltaNet layers (PLE modules on the first and third), then one indexed
 (QSA) attention layer; 4 hyper-connection streams of width 64 with a rank-16 input mixer.
 PLE: 3-grams, 2 heads per order, prime table sizes from 101 (tables of 424 and 512 rows of 8),
-conv kernel 4 (dilation 3), saved in 2 row shards per table. QSA: 8 indexer heads of 16 (with fewer, a block whose every head scores <= 0 ties at 0 often), key
+conv kernel 4 (dilation 3), saved in 2 row shards per table. QSA: 8 indexer heads of 16 (with
+fewer, a block whose every head scores <= 0 ties at 0 often, and a tie is no parity test), key
 blocks of 4 positions, a budget of 16 positions (4 blocks): from position 19 on, a query sees
 only some of the blocks before it, so the selection decides the output over most of the text.
 
