@@ -48,7 +48,8 @@ class DeltaNetWeights:
     """One DeltaNet layer's weights. w_in is the four input projections stacked (one GEMV):
     rows qkv [C], z [V], beta [Hv], alpha [Hv].
 
-    Shapes: norm [D] (None: the input comes normed, as a hyper-connection gives it); w_in [C + V + 2 Hv, D]; conv [C, K]; a, dt_bias [Hv]; out_norm [dv]; wo [D, V]
+    Shapes: norm [D] (None: the input comes normed, as a hyper-connection gives it);
+    w_in [C + V + 2 Hv, D]; conv [C, K]; a, dt_bias [Hv]; out_norm [dv]; wo [D, V]
     """
 
     norm: mx.array | None
