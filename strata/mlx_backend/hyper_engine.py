@@ -1,5 +1,5 @@
 """`MlxHyperEngine`: the Engine protocol over the MLX twin of a hyper-connection model (Qwen4-Exp),
-every expert resident (mlx_backend/hyper_model.py: MLX ops, the reference's routing on the host).
+every expert resident (mlx_backend/hyper_model.py: MLX ops, the model's routing on the device).
 No compiled decode yet: each call runs the ops forward. PLE rows come from the model's row source
 (the resident tables by default)."""
 

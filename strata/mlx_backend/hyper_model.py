@@ -3,9 +3,10 @@
 
 An ops-level twin: the hyper-connections, the PLE term (mlx_backend/ple.py), the indexed
 attention (mlx_backend/indexed_attention.py) and the DeltaNet (mlx_backend/deltanet.py, its input
-normed by the hyper-connection) are MLX ops on float32 weights; routing is the reference's rule on
-the host (one round trip per MoE layer), the routed experts the backend's `routed_partials` over
-the arena, the gated shared expert its `shared_partials`. Held to the reference within FORWARD.
+normed by the hyper-connection) are MLX ops on float32 weights; routing is the model's rule on
+the device (`experts_route`, as the resident engine of every family routes) or the reference's on
+the host, the routed experts the backend's over the arena, the gated shared expert its
+`shared_partials`. Held to the reference within FORWARD.
 
 Shapes: T positions, S = hc_count * D streams, V vocab.
 """
@@ -22,7 +23,7 @@ from strata.formats.expert_record import RecordLayout, pack_record
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
-from strata.mlx_backend.experts import SharedWeights, combine, routed_partials, shared_partials
+from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.indexed_attention import IndexedWeights, empty_indexed_state, indexed_attention
 from strata.mlx_backend.model import fill_resident_arena, selections_to_slots
 from strata.mlx_backend.ple import PleWeights, empty_ple_state, grouped_rms_norm, ple
@@ -163,9 +164,12 @@ def hyper_mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens:
     return hc_write(streams, inject, out), state
 
 
-def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows, *,
-                  window: bool = False) -> tuple[mx.array, ModelState]:
-    """Twin of reference `hyper_forward` (the model's own routing). tokens [T] -> (logits float32 [T, V], state)"""
+def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows, *, window: bool = False,
+                  device_routing: bool = True) -> tuple[mx.array, ModelState]:
+    """Twin of reference `hyper_forward` with the model's own routing: on the device (no host
+    round trip per layer), or device_routing=False on the host by the reference's `route`.
+
+    Shapes: tokens [T] -> (logits float32 [T, V], state)"""
     cfg = p.cfg
     tokens = np.asarray(tokens, np.int64).reshape(-1)
     check_token_ids(tokens, cfg.vocab_size)
@@ -177,12 +181,17 @@ def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows,
         lw = p.layers[layer]
         streams, new_layers[layer] = hyper_mixer(p, layer, state.layers[layer], streams, tokens, rows, window)
         h, inject = hc_read(cfg, lw.hc_ffn, streams)
-        zh = np.array(h @ lw.router.T)  # the host round trip: the reference's rule decides
-        m = cfg.moe_index(layer)
-        slots, weights = selections_to_slots([route(zh[t], lw.rule) for t in range(len(zh))],
-                                             cfg.n_experts_per_token, m * cfg.n_experts)
-        routed = routed_partials(p.arena.array, p.rec, h, slots, weights, act=act)
-        moe = combine(mx.zeros_like(h), routed, shared_partials(h, lw.shared), h, lw.shared.gate_inp)
+        z = h @ lw.router.T  # [T, E]
+        base = cfg.moe_index(layer) * cfg.n_experts
+        if device_routing:  # the model's rule on the device (selects exactly as the host: ROUTING)
+            routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, act)
+        else:  # one host round trip: the reference's rule decides
+            zh = np.array(z)
+            slots, weights = selections_to_slots([route(zh[t], lw.rule) for t in range(len(zh))],
+                                                 cfg.n_experts_per_token, base)
+            routed, shared = routed_partials(p.arena.array, p.rec, h, slots, weights, act=act), shared_partials(
+                h, lw.shared)
+        moe = combine(mx.zeros_like(h), routed, shared, h, lw.shared.gate_inp)
         streams = hc_write(streams, inject, moe)
     return hyper_head(p, streams), ModelState(tuple(new_layers))
 
