@@ -135,3 +135,14 @@ def test_indexed_attention_agrees_past_the_budget(model, pieces):
         want, want_state = ria.indexed_attention(cfg, ref_p.dense, layer, want_state, x[t:t + 1])
         got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].mixer, got_state, mx.array(x[t:t + 1]))
         assert_backends_agree(want, got, "FAST", what=f"decode {t}")
+
+
+def test_device_and_host_routing_agree(model, pieces):
+    from strata.mlx_backend.hyper_model import empty_hyper_state, hyper_forward
+    from strata.reference.hyper_model import resident_rows
+
+    ref_p, mlx_p = pieces
+    rows, tokens = resident_rows(model.cfg, ref_p.dense), _tokens(model)
+    on_device, _ = hyper_forward(mlx_p, empty_hyper_state(model.cfg), tokens, rows)
+    on_host, _ = hyper_forward(mlx_p, empty_hyper_state(model.cfg), tokens, rows, device_routing=False)
+    assert_backends_agree(on_host, on_device, "FAST", what="device vs host routing")
