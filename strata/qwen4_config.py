@@ -88,7 +88,9 @@ def ngram_table_sizes(cfg: "ModelConfig", ple_index: int) -> tuple[np.ndarray, n
     ngram_vocab_divisor). Every head of every PLE layer has its own prime: the successive primes
     from ngram_vocab_base, layer by layer. -> (sizes int64 [N], offsets int64 [N], rows)"""
     heads = ngram_heads(cfg)
-    sizes = np.asarray(primes_from(cfg.ngram_vocab_base, (ple_index + 1) * heads)[ple_index * heads:], np.int64)
+    # every PLE layer's primes at once (one cached sieve per config, not one per layer)
+    every = primes_from(cfg.ngram_vocab_base, max(len(ple_layers(cfg)), ple_index + 1) * heads)
+    sizes = np.asarray(every[ple_index * heads:(ple_index + 1) * heads], np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     rows = -(-int(sizes.sum()) // cfg.ngram_vocab_divisor) * cfg.ngram_vocab_divisor
     return sizes, offsets, rows
