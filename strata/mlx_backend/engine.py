@@ -150,7 +150,8 @@ def streaming_parts(model, config: Config, plan) -> tuple:
         from strata.reference.hyper_model import resident_rows
 
         params = to_hyper_params(model.cfg, model.dense, resident=False)
-        return arena, HyperMlxCompute(params, arena, xf.layout, resident_rows(model.cfg, model.dense)), ("mlx backend",)
+        rows = resident_rows(model.cfg, model.dense)
+        return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)
 

@@ -4,8 +4,9 @@ MLX, routed experts from a streaming MlxArena (twin of numpy_backend/hyper_compu
 The runtime's loop is unchanged; what it calls `x` is the residual streams [T, hc * D], wrapped
 after `mixer` in a `_Streams` that `router_input` fills with the MoE block's input h and its
 injection weights, which `combine` uses to write routed + shared back into the streams. The
-pieces are the ops twin's (mlx_backend/hyper_model.py); the read-ahead guess applies the next MoE
-layer's float32 router (no Q8_0 copy yet). PLE rows come from the row source.
+pieces are the ops twin's (mlx_backend/hyper_model.py); the read-ahead guess applies a Q8_0 copy
+of the next MoE layer's router (`pred_q8`, as MlxCompute; it only chooses what to read ahead).
+PLE rows come from the row source.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from strata.errors import ConfigError
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
+from strata.formats.quant_types import QuantType
 from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hc_read, hc_write, hyper_head, hyper_mixer
+from strata.mlx_backend.quants import gemv, to_mlx
+from strata.reference.quants import quantize
 from strata.reference.experts import expert_act
 from strata.reference.ngram_rows import NgramRows
 
@@ -41,10 +45,13 @@ class HyperMlxCompute:
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
 
-    def __init__(self, params: HyperMlxParams, arena: MlxArena, layout: RecordLayout, rows: NgramRows) -> None:
+    def __init__(self, params: HyperMlxParams, arena: MlxArena, layout: RecordLayout, rows: NgramRows, *,
+                 pred_q8: bool = True) -> None:
         self.params, self.arena, self.layout, self.rows = params, arena, layout, rows
         self.state = empty_hyper_state(params.cfg)
         self._tokens = np.zeros(0, np.int64)
+        self._guess = ({l: to_mlx(quantize(QuantType.Q8_0, np.array(lw.router))) for l, lw in enumerate(params.layers)}
+                       if pred_q8 else {})
 
     @property
     def length(self) -> int:
@@ -78,7 +85,8 @@ class HyperMlxCompute:
         return np.array(h.h @ self.params.layers[layer].router.T, dtype=np.float32)  # the host round trip
 
     def guess_logits(self, layer: int, h: _Streams) -> np.ndarray:
-        return np.array(h.h @ self.params.layers[layer].router.T, dtype=np.float32)
+        g = gemv(self._guess[layer], h.h) if layer in self._guess else h.h @ self.params.layers[layer].router.T
+        return np.array(g, dtype=np.float32)
 
     def shared(self, layer: int, h: _Streams):
         out = shared_partials(h.h, self.params.layers[layer].shared)
