@@ -1,0 +1,285 @@
+"""The row cache: PLE n-gram rows streamed from a row store into a small fixed cache of pages.
+
+A PLE layer needs, for every token, one row per n-gram head of its table; the ids are hashed
+from the last few tokens, so they are known as soon as the token is. The engine therefore issues
+every PLE layer's reads before layer 0 (`prefetch`: an exact read-ahead, not a guess) and each
+PLE layer waits only for its own pages (`rows`), by which time the layers before it have
+computed while the disk worked.
+
+- Slots: `capacity` pages of `page_bytes` in one anonymous mapping (strata.runtime.page_reader);
+  the row-store page is the unit of reading and of caching.
+- Replacement: least recently used among unpinned pages. A prefetched page is pinned until its
+  layer's `rows` has used it, so no read-ahead is evicted before its use; a page still reading is
+  never a victim (its slot would be overwritten under the read): unpinned while reading (its
+  window was superseded) it waits in limbo until the read is done.
+- A prefetch that would leave no slot free stops at a layer boundary: the layers it did not reach
+  read at use. `rows` takes any number of ids (a long prompt), in chunks of the free slots.
+- Counters, per PLE layer: rows read (their page was read for this request), rows hit (already
+  cached), pages and bytes read, seconds waited; totals over the cache's life (`stats`) and the
+  latest prefetch window's (`last_window`: one token when decoding).
+
+`StreamedNgramRows` is an `NgramRows` (strata.reference.ngram_rows): the same float32 values as
+`ResidentNgramRows` over the same stored rows, bit for bit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from strata.formats.ngram_rows_file import NgramRowsFile
+from strata.runtime.io import IOHook
+from strata.runtime.page_reader import PageReader, page_slots
+
+__all__ = ["RowCounts", "RowStats", "StreamedNgramRows"]
+
+
+@dataclass(frozen=True)
+class RowCounts:
+    """One PLE layer's row traffic."""
+
+    rows_read: int = 0  # requested rows whose page was read for the request
+    rows_hit: int = 0  # requested rows whose page was already cached
+    pages_read: int = 0
+    bytes_read: int = 0
+    wait_s: float = 0.0  # blocked in `rows` for this layer's pages
+
+    def plus(self, other: "RowCounts") -> "RowCounts":
+        return RowCounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def minus(self, other: "RowCounts") -> "RowCounts":
+        return RowCounts(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Totals of a row cache: `positions` decoded or prefilled, `layers` PLE layer -> counts."""
+
+    positions: int = 0
+    layers: Mapping[int, RowCounts] = field(default_factory=dict)
+
+    @property
+    def total(self) -> RowCounts:
+        out = RowCounts()
+        for c in self.layers.values():
+            out = out.plus(c)
+        return out
+
+    def minus(self, since: "RowStats") -> "RowStats":
+        return RowStats(self.positions - since.positions,
+                        {l: c.minus(since.layers.get(l, RowCounts())) for l, c in self.layers.items()})
+
+
+class StreamedNgramRows:
+    """PLE rows from a row store through a cache of `capacity` pages (module docstring)."""
+
+    def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
+                 direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None) -> None:
+        if capacity < 2:  # one page for a prefetch, one spare for a layer that reads at use
+            raise ValueError(f"a row cache needs at least 2 pages, got {capacity}")
+        self.store, self.capacity = store, capacity
+        self.slots = page_slots(capacity, store.page_bytes)  # [capacity, page_bytes]
+        self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
+                                 timeout=timeout, hook=hook)
+        self._slot_of: dict[int, int] = {}  # global page -> slot
+        self._ticket: dict[int, int] = {}  # page -> its read, until the read has been finished
+        self._free = list(range(capacity - 1, -1, -1))
+        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # unpinned, oldest first
+        self._pins: collections.Counter[int] = collections.Counter()
+        self._limbo: set[int] = set()  # unpinned pages whose read is not finished: no victims yet
+        self._held: dict[int, np.ndarray] = {}  # layer -> pages the current prefetch pinned for it
+        self._issued: dict[int, set] = {}  # layer -> pages the current prefetch read for it
+        self._totals: dict[int, RowCounts] = {}
+        self._window: dict[int, RowCounts] = {}
+        self._positions = 0
+
+    # -------------------------------------------------------- the protocol
+
+    def prefetch(self, ids_by_layer: Mapping[int, np.ndarray], *, positions: int = 1) -> None:
+        """Issue the reads of every listed PLE layer, in layer order, and pin their pages until
+        each layer's `rows` uses them. Starts a new window: the previous one's unused pins go.
+
+        Shapes:
+            ids_by_layer: layer -> int row ids [*S] (one token's heads: [1, heads] or [heads])
+        """
+        for layer in list(self._held):
+            self._unpin(self._held.pop(layer))
+        self._sweep()
+        self._issued, self._window = {}, {}
+        self._positions += positions
+        reads = []
+        for layer in sorted(ids_by_layer):
+            pages = np.unique(self.store.locate(layer, ids_by_layer[layer])[0])
+            new = [int(p) for p in pages if int(p) not in self._slot_of]
+            if len(new) > self._available() - 1:  # keep a slot for layers that read at use
+                break
+            self._pin(pages)
+            for p in new:
+                reads.append((p, self._claim(p)))
+            self._held[layer] = pages
+            self._issued[layer] = set(new)
+            self._count(layer, RowCounts(pages_read=len(new), bytes_read=len(new) * self.store.page_bytes))
+        for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
+            self._ticket[page] = ticket
+
+    def rows(self, layer: int, row_ids: np.ndarray) -> np.ndarray:
+        """The rows `row_ids` of `layer`'s table, waiting only for pages not yet read.
+
+        Shapes:
+            row_ids: int [*S] -> float32 [*S, width]
+        """
+        ids = np.asarray(row_ids, dtype=np.int64)
+        pages, within = self.store.locate(layer, ids)
+        uniq, which = np.unique(pages, return_inverse=True)
+        which = which.reshape(-1)
+        held = self._held.pop(layer, None)
+        issued = self._issued.pop(layer, set())
+        resident = np.array([int(p) in self._slot_of for p in uniq], bool)
+        self._pin(uniq[resident])
+        if held is not None:
+            self._unpin(held)  # the prefetch's own pins; this call's pins above keep them
+        out = np.empty((len(which), self.store.tables[layer].width), np.float32)
+        read_now = set()
+        todo = [int(p) for p in uniq[~resident]]
+        batch = [int(p) for p in uniq[resident]]
+        wait = 0.0
+        while True:
+            try:
+                wait += self._settle(batch)
+            except BaseException:
+                self._unpin(batch)
+                raise
+            self._gather(layer, uniq, which, within, batch, out)
+            self._unpin(batch)
+            if not todo:
+                break
+            self._sweep()
+            room = self._available()
+            if room == 0:  # pragma: no cover - prefetch always leaves a slot
+                raise RuntimeError(f"row cache of {self.capacity} pages has every page pinned")
+            batch, todo = todo[:room], todo[room:]
+            reads = [(p, self._claim(p)) for p in batch]
+            self._pin(batch)
+            for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=True)):
+                self._ticket[page] = ticket
+            read_now.update(batch)
+        fresh = issued | read_now
+        per_page = np.bincount(which, minlength=len(uniq))  # requested rows of each unique page
+        n_read = int(sum(int(n) for p, n in zip(uniq, per_page) if int(p) in fresh))
+        self._count(layer, RowCounts(rows_read=n_read, rows_hit=len(which) - n_read, pages_read=len(read_now),
+                                     bytes_read=len(read_now) * self.store.page_bytes, wait_s=wait))
+        return out.reshape(*ids.shape, -1)
+
+    # -------------------------------------------------------- counters
+
+    def stats(self) -> RowStats:
+        """Totals over the cache's life (subtract an earlier one with `minus`)."""
+        return RowStats(self._positions, dict(self._totals))
+
+    def last_window(self) -> dict[int, RowCounts]:
+        """Per PLE layer, the counts since the latest `prefetch` (one token when decoding)."""
+        return dict(self._window)
+
+    # -------------------------------------------------------- slots
+
+    def _available(self) -> int:
+        """Slots a read may take now: free ones and unpinned pages (none of them still reading)."""
+        return len(self._free) + len(self._lru)
+
+    def _claim(self, page: int) -> int:
+        """A slot for `page`: a free one, else the least recently used unpinned page's."""
+        if self._free:
+            slot = self._free.pop()
+        else:
+            victim, _ = self._lru.popitem(last=False)
+            slot = self._slot_of.pop(victim)
+        self._slot_of[page] = slot
+        return slot
+
+    def _sweep(self) -> None:
+        """Limbo pages whose read is done become victims; one that failed is dropped, silently:
+        no layer used it (a failed read raises only where its rows are needed)."""
+        for p in [p for p in self._limbo if not self.reader.pending(self._ticket[p])]:
+            self._limbo.discard(p)
+            try:
+                self.reader.finish(self._ticket.pop(p))
+            except Exception:  # noqa: BLE001 - see the docstring
+                self._drop(p)
+                continue
+            self._lru[p] = None
+
+    def _pin(self, pages) -> None:
+        for p in pages:
+            p = int(p)
+            self._pins[p] += 1
+            self._lru.pop(p, None)
+            self._limbo.discard(p)
+
+    def _unpin(self, pages) -> None:
+        for p in pages:
+            p = int(p)
+            if p not in self._pins:  # dropped after a failed read
+                continue
+            self._pins[p] -= 1
+            if self._pins[p] == 0:
+                del self._pins[p]
+                if p in self._ticket:  # still reading, or read and not yet checked
+                    self._limbo.add(p)
+                else:
+                    self._lru[p] = None  # most recently used
+
+    def _settle(self, pages: list[int]) -> float:
+        """Wait for these pages' reads and raise any read's error; the seconds blocked."""
+        tickets = [self._ticket[p] for p in pages if p in self._ticket]
+        if not tickets:
+            return 0.0
+        waited = self.reader.wait(tickets)
+        for p in pages:
+            t = self._ticket.pop(p, None)
+            if t is None:
+                continue
+            try:
+                self.reader.finish(t)
+            except BaseException:
+                self._drop(p)
+                raise
+        return waited
+
+    def _drop(self, page: int) -> None:
+        """Forget a page whose read failed: its slot is free again, a later request re-reads it."""
+        self._free.append(self._slot_of.pop(page))
+        self._lru.pop(page, None)
+        self._pins.pop(page, None)
+        self._limbo.discard(page)
+
+    def _gather(self, layer: int, uniq: np.ndarray, which: np.ndarray, within: np.ndarray, pages: list[int],
+                out: np.ndarray) -> None:
+        """Decode into `out` the rows whose page is among `pages` (all resident and read)."""
+        if not pages:
+            return
+        slot_of_uniq = np.full(len(uniq), -1, np.int64)
+        index = {int(p): i for i, p in enumerate(uniq)}
+        for p in pages:
+            slot_of_uniq[index[p]] = self._slot_of[p]
+        slots = slot_of_uniq[which]
+        mask = slots >= 0
+        out[mask] = self.store.decode(layer, self.slots, slots[mask], within[mask])
+
+    def _count(self, layer: int, c: RowCounts) -> None:
+        self._totals[layer] = self._totals.get(layer, RowCounts()).plus(c)
+        self._window[layer] = self._window.get(layer, RowCounts()).plus(c)
+
+    # -------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> "StreamedNgramRows":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,182 @@
+"""The row cache's reader pool: a few threads `preadv` row-store pages into cache slots.
+
+The expert pool (strata.runtime.io) reads one record per arena slot from an `.experts` file;
+this one reads one page per row-cache slot from an n-gram row store, with the same rules:
+urgent reads (a layer waits on them now) before read-aheads, FIFO within each; every page checked
+against its CRC-32 when it lands (`verify`); a failure is kept with its read and raised in the
+owner's thread when the page is used (`error`); waits time out (never a hang). The same `IOHook`
+runs around each read, so strata.testing.faults' delays and faults apply: a request's `layer`
+is the table's layer and its `expert` the page within that table.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import mmap
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+from strata.errors import FormatError, RowReadError
+from strata.formats.ngram_rows_file import NgramRowsFile
+from strata.runtime.io import URGENT, AHEAD, IOHook, ReadRequest
+
+__all__ = ["PageReader", "page_slots"]
+
+_QUEUED, _RUNNING, _DONE = range(3)
+
+
+def page_slots(capacity: int, page_bytes: int) -> np.ndarray:
+    """`capacity` page buffers in one anonymous mapping (page-aligned, as O_DIRECT wants; the
+    kernel backs only the slots touched). Shapes: -> uint8 [capacity, page_bytes]"""
+    return np.frombuffer(mmap.mmap(-1, capacity * page_bytes), np.uint8).reshape(capacity, page_bytes)
+
+
+class _Job:
+    __slots__ = ("req", "page", "status", "error")
+
+    def __init__(self, req: ReadRequest, page: int) -> None:
+        self.req, self.page, self.status, self.error = req, page, _QUEUED, None
+
+
+class PageReader:
+    """Threads that fill `slots` (uint8 [capacity, page_bytes]) with pages of `store`. One owner
+    thread submits, waits and asks for errors; workers only read and mark."""
+
+    def __init__(self, store: NgramRowsFile, slots: np.ndarray, *, threads: int = 4, direct: bool = True,
+                 verify: bool = True, timeout: float = 60.0, hook: IOHook | None = None) -> None:
+        self.store, self.slots, self.verify, self.timeout, self.hook = store, slots, verify, timeout, hook
+        self._fd, self.note = self._open(direct)
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._wake: queue.SimpleQueue = queue.SimpleQueue()  # one token per queued job (as strata.runtime.io)
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._tickets = itertools.count()
+        self._jobs: dict[int, _Job] = {}
+        self._closed = False
+        self.pages_read = 0
+        self._workers = [threading.Thread(target=self._work, name=f"strata-rows-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._workers:
+            t.start()
+
+    def _open(self, direct: bool) -> tuple[int, str]:
+        if not direct or not hasattr(os, "O_DIRECT"):
+            return os.dup(self.store.fileno()), "buffered row reads" + ("" if direct else " (off by config)")
+        try:  # the filesystem may accept the flag and still refuse the read (tmpfs, some overlays)
+            fd = os.open(self.store.path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as e:
+            return os.dup(self.store.fileno()), f"buffered row reads (O_DIRECT open failed: {e.strerror})"
+        try:
+            os.preadv(fd, [self.slots[0]], self.store.page_offset(0))
+            return fd, "O_DIRECT row reads"
+        except OSError as e:
+            os.close(fd)
+            return os.dup(self.store.fileno()), f"buffered row reads (O_DIRECT read failed: {e.strerror})"
+
+    # -------------------------------------------------------- owner side
+
+    def submit_many(self, reads, *, urgent: bool) -> list[int]:
+        """Queue reads given as (global page, slot); returns their tickets, in order."""
+        store, jobs = self.store, []
+        for page, slot in reads:
+            layer, local = store.where(page)
+            req = ReadRequest(next(self._tickets), slot, layer, local, urgent, store.page_offset(page))
+            jobs.append(_Job(req, page))
+        with self._lock:
+            for job in jobs:
+                self._jobs[job.req.ticket] = job
+                heapq.heappush(self._heap, (URGENT if urgent else AHEAD, next(self._seq), job))
+        for _ in jobs:
+            self._wake.put(True)
+        return [j.req.ticket for j in jobs]
+
+    def pending(self, ticket: int) -> bool:
+        """The read is queued or running (its slot must not be reused yet)."""
+        job = self._jobs.get(ticket)
+        return job is not None and job.status != _DONE
+
+    def wait(self, tickets) -> float:
+        """Block until these reads are done; the seconds spent blocked. RowReadError on timeout."""
+        start = time.perf_counter()
+        deadline = start + self.timeout
+        with self._cv:
+            jobs = [self._jobs[t] for t in tickets if t in self._jobs]
+            while True:
+                pending = [j for j in jobs if j.status != _DONE]
+                if not pending:
+                    break
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    r = pending[0].req
+                    raise RowReadError(f"{self.store.path}: read of layer {r.layer} page {r.expert} at offset "
+                                       f"{r.offset} did not complete within {self.timeout:g} s ({len(pending)} pending)")
+                self._cv.wait(left)
+        return time.perf_counter() - start
+
+    def finish(self, ticket: int) -> None:
+        """The owner is done with a completed read: raise its error, if any, and forget it."""
+        job = self._jobs.pop(ticket)
+        if job.error is not None:
+            raise job.error
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._workers:
+            self._wake.put(False)
+        for t in self._workers:
+            t.join(timeout=self.timeout)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # -------------------------------------------------------- workers
+
+    def _work(self) -> None:
+        while True:
+            self._wake.get()
+            with self._lock:
+                if self._closed:
+                    return
+                job = heapq.heappop(self._heap)[2]
+                job.status = _RUNNING
+            try:
+                self._read(job)
+                error = None
+            except RowReadError as e:
+                error = e
+            except BaseException as e:  # noqa: BLE001 - any failure must reach the owner, never hang it
+                r = job.req
+                error = RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at offset "
+                                     f"{r.offset} failed: {e!r}")
+            with self._cv:
+                job.error, job.status = error, _DONE
+                self.pages_read += error is None
+                self._cv.notify_all()
+
+    def _read(self, job: _Job) -> None:
+        r, buf = job.req, self.slots[job.req.slot]
+        where = f"{self.store.path}: layer {r.layer} page {r.expert} at offset {r.offset}"
+        try:
+            if self.hook is not None:
+                self.hook.before(r)
+            got = os.preadv(self._fd, [buf], r.offset)
+            if self.hook is not None:
+                got = self.hook.after(r, buf, got)
+        except OSError as e:
+            raise RowReadError(f"{where}: read error: {e.strerror or e}") from None
+        if got != len(buf):
+            raise RowReadError(f"{where}: short read: {got} of {len(buf)} bytes")
+        if self.verify:
+            try:
+                self.store.check_page(job.page, buf)
+            except FormatError as e:
+                raise RowReadError(str(e)) from None
