@@ -16,33 +16,27 @@ row_bytes; a page's tail after its last row is zero (and covered by its CRC). Th
 recomputes the directory from (qtype, page_bytes, layers, rows, widths) and refuses any field
 that disagrees, so a writer and a reader that disagree about the layout fail at open.
 
-The writer streams: tables arrive as (layer, rows) pieces, each table's pieces in row order
-(shards of a checkpoint), tables interleaved in any order; no more than one piece and one
-partial page per table is in memory. It writes `<path>.tmp` and renames it into place when
-complete (strata.formats.atomic).
+The writer is strata.formats.ngram_rows_writer (it streams: a table never needs to be in memory).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import stat
 import struct
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from strata.errors import FormatError
-from strata.formats.atomic import atomic_output
 from strata.formats.checksum import checksum
 from strata.formats.expert_record import align_up
-from strata.formats.ngram_row_types import ROW_TYPES, check_row_type, decode_rows, encode_rows
+from strata.formats.ngram_row_types import ROW_TYPES, check_row_type, decode_rows
 from strata.formats.quant_types import QuantType
 
-__all__ = ["MAGIC", "PAGE_ALIGN", "PAGE_BYTES", "TableInfo", "NgramRowsWriter", "write_ngram_rows",
-           "NgramRowsFile", "store_layout"]
+__all__ = ["MAGIC", "PAGE_ALIGN", "PAGE_BYTES", "TableInfo", "NgramRowsFile", "store_layout", "pack_head",
+           "geometry", "CRC"]
 
 MAGIC = b"STRNGRM1"
 VERSION = 1
@@ -113,120 +107,20 @@ def store_layout(qtype: QuantType, page_bytes: int, shapes: dict[int, tuple[int,
     return tuple(out)
 
 
-def _geometry(n_tables: int, n_pages: int, page_bytes: int) -> tuple[int, int, int]:
+def geometry(n_tables: int, n_pages: int, page_bytes: int) -> tuple[int, int, int]:
     """(table_offset, data_offset, file_bytes)."""
     table_offset = HEADER_SIZE + TABLE_STRUCT.size * n_tables
     data_offset = align_up(table_offset + CRC.size * n_pages + CRC.size, PAGE_ALIGN)
     return table_offset, data_offset, data_offset + n_pages * page_bytes
 
 
-def _pack_head(qtype: QuantType, page_bytes: int, tables: tuple[TableInfo, ...]) -> bytes:
+def pack_head(qtype: QuantType, page_bytes: int, tables: tuple[TableInfo, ...]) -> bytes:
     n_pages = sum(t.n_pages for t in tables)
-    table_offset, data_offset, file_bytes = _geometry(len(tables), n_pages, page_bytes)
+    table_offset, data_offset, file_bytes = geometry(len(tables), n_pages, page_bytes)
     head = HEADER_STRUCT.pack(MAGIC, VERSION, int(qtype), len(tables), PAGE_ALIGN, page_bytes, n_pages,
                               HEADER_SIZE, table_offset, data_offset, file_bytes)
     return head + b"".join(TABLE_STRUCT.pack(t.layer, t.width, t.rows, t.row_bytes, t.rows_per_page,
                                              t.first_page, t.n_pages) for t in tables)
-
-
-# ---------------------------------------------------------------- writer
-
-
-class NgramRowsWriter:
-    """Streams tables into a row store: `write(layer, rows)` appends the next rows of a table.
-
-    shapes: layer -> (rows, width), declared up front (the layout depends on them). Use as a
-    context manager: a clean exit checks every table is complete, writes the header and renames
-    the file into place; an exception leaves nothing under `path`.
-    """
-
-    def __init__(self, path: str | os.PathLike, *, qtype: QuantType, shapes: dict[int, tuple[int, int]],
-                 page_bytes: int = PAGE_BYTES) -> None:
-        self.path, self.qtype, self.page_bytes = os.fspath(path), QuantType(qtype), page_bytes
-        self.tables = {t.layer: t for t in store_layout(self.qtype, page_bytes, shapes)}
-        self._head = _pack_head(self.qtype, page_bytes, tuple(self.tables.values()))
-        n_pages = sum(t.n_pages for t in self.tables.values())
-        _, self._data_offset, self.file_bytes = _geometry(len(self.tables), n_pages, page_bytes)
-        self._crcs = np.zeros(n_pages, "<u4")
-        self._written = dict.fromkeys(self.tables, 0)  # rows of each table received so far
-        self._partial: dict[int, np.ndarray] = {}  # layer -> uint8 [k, row_bytes], k < rows_per_page
-        self._stack = contextlib.ExitStack()
-        self._fd = -1
-
-    def __enter__(self) -> "NgramRowsWriter":
-        tmp = self._stack.enter_context(atomic_output(self.path))
-        self._fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._stack.callback(os.close, self._fd)
-        os.ftruncate(self._fd, self.file_bytes)  # sparse until written; zero tails need no writes
-        return self
-
-    def write(self, layer: int, rows: np.ndarray) -> None:
-        """The next rows of `layer`'s table. Shapes: rows [n, width] (any float dtype)"""
-        t = self.tables.get(layer)
-        if t is None:
-            raise ValueError(f"{self.path}: no table declared for layer {layer} (declared: {sorted(self.tables)})")
-        rows = np.asarray(rows)
-        if rows.ndim != 2 or rows.shape[1] != t.width:
-            raise ValueError(f"{self.path}: layer {layer}: rows must be [n, {t.width}], got {rows.shape}")
-        if self._written[layer] + len(rows) > t.rows:
-            raise ValueError(f"{self.path}: layer {layer}: {self._written[layer] + len(rows)} rows given, "
-                             f"the table has {t.rows}")
-        raw = encode_rows(self.qtype, rows)
-        start = self._written[layer]
-        self._written[layer] = start + len(rows)
-        held = self._partial.pop(layer, None)
-        if held is not None:
-            raw = np.concatenate([held, raw])
-            start -= len(held)
-        whole = len(raw) // t.rows_per_page * t.rows_per_page
-        if self._written[layer] == t.rows:
-            whole = len(raw)  # the table's last page: its tail stays zero
-        elif whole < len(raw):
-            self._partial[layer] = raw[whole:].copy()
-        if whole:
-            self._put_pages(t, start // t.rows_per_page, raw[:whole])
-
-    def _put_pages(self, t: TableInfo, page: int, raw: np.ndarray) -> None:
-        """Whole pages (the last one maybe short) from `page` of table t. raw: uint8 [n, row_bytes]"""
-        n_pages = -(-len(raw) // t.rows_per_page)
-        pages = np.zeros((n_pages, self.page_bytes), np.uint8)  # [P, page_bytes]
-        used = pages[:, : t.rows_per_page * t.row_bytes].reshape(-1, t.row_bytes)
-        used[: len(raw)] = raw
-        g = t.first_page + page
-        for i in range(n_pages):
-            self._crcs[g + i] = checksum(pages[i])
-        _pwrite_all(self._fd, pages, self._data_offset + g * self.page_bytes)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            try:
-                short = {l: f"{self._written[l]} of {t.rows}" for l, t in self.tables.items() if self._written[l] != t.rows}
-                if short:
-                    raise ValueError(f"{self.path}: tables not complete (rows written): {short}")
-                head = self._head + self._crcs.tobytes()
-                _pwrite_all(self._fd, head + CRC.pack(checksum(head)), 0)
-                os.fsync(self._fd)
-            except BaseException:
-                self._stack.__exit__(*sys.exc_info())
-                raise
-        self._stack.__exit__(exc_type, exc, tb)
-
-
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    """pwrite until every byte is down (Linux writes at most ~2 GiB a call)."""
-    view = memoryview(data).cast("B")
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
-def write_ngram_rows(path: str | os.PathLike, *, qtype: QuantType, shapes: dict[int, tuple[int, int]],
-                     pieces, page_bytes: int = PAGE_BYTES) -> "NgramRowsFile":
-    """Write a row store from (layer, rows) pieces (each table's in row order) and open it."""
-    with NgramRowsWriter(path, qtype=qtype, shapes=shapes, page_bytes=page_bytes) as w:
-        for layer, rows in pieces:
-            w.write(layer, rows)
-    return NgramRowsFile.open(path)
 
 
 # ---------------------------------------------------------------- reader
@@ -275,7 +169,7 @@ class NgramRowsFile:
         v = dict(zip((n for n, _ in HEADER_FIELDS), HEADER_STRUCT.unpack(raw)))
         if v["version"] != VERSION:
             raise FormatError(f"{path}: unsupported row store version {v['version']} (this reader knows {VERSION})")
-        table_offset, _, _ = _geometry(v["n_tables"], v["n_pages"], 0)
+        table_offset, _, _ = geometry(v["n_tables"], v["n_pages"], 0)
         end = table_offset + CRC.size * v["n_pages"] + CRC.size
         if end > st.st_size:
             raise FormatError(f"{path}: truncated or corrupt header: {st.st_size} bytes, the directory and "
@@ -296,7 +190,7 @@ class NgramRowsFile:
             tables = store_layout(qtype, v["page_bytes"], shapes)
         except ValueError as e:
             raise FormatError(f"{path}: bad header: {e}") from None
-        want = _pack_head(qtype, v["page_bytes"], tables)
+        want = pack_head(qtype, v["page_bytes"], tables)
         if want != head[: len(want)]:
             at = next(i for i, (a, b) in enumerate(zip(want, head)) if a != b)
             raise FormatError(f"{path}: header byte {at} disagrees with the layout this reader computes for "

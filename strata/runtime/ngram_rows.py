@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.runtime.io import IOHook
 from strata.runtime.page_reader import PageReader, page_slots
 
-__all__ = ["RowCounts", "RowStats", "StreamedNgramRows"]
+__all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,17 @@ class RowStats:
     def minus(self, since: "RowStats") -> "RowStats":
         return RowStats(self.positions - since.positions,
                         {l: c.minus(since.layers.get(l, RowCounts())) for l, c in self.layers.items()})
+
+    def report_args(self) -> dict:
+        """The stream report's PLE arguments (strata.runtime.report.build_report)."""
+        t = self.total
+        return dict(ple_rows_read=t.rows_read, ple_rows_hit=t.rows_hit, ple_bytes=t.bytes_read, ple_wait_s=t.wait_s)
+
+
+RowIds = Callable[[np.ndarray, np.ndarray], Mapping[int, np.ndarray]]
+"""The model's n-gram hash behind a callable: (the tokens before a window, the window's tokens
+[T]) -> PLE layer -> row ids [T, heads] (Qwen4-Exp: strata.reference.ngram_hash). The ids of a
+token depend on it and the few before it only, so they are known before layer 0."""
 
 
 class StreamedNgramRows:
@@ -125,6 +136,13 @@ class StreamedNgramRows:
             self._count(layer, RowCounts(pages_read=len(new), bytes_read=len(new) * self.store.page_bytes))
         for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
             self._ticket[page] = ticket
+
+    def read_ahead(self, row_ids: RowIds, context: np.ndarray, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
+        """What an engine calls before layer 0 of a window: every PLE layer's ids, prefetched.
+        Returns them (the PLE layers may take them instead of hashing again)."""
+        ids = row_ids(np.asarray(context), np.asarray(tokens))
+        self.prefetch(ids, positions=len(tokens))
+        return ids
 
     def rows(self, layer: int, row_ids: np.ndarray) -> np.ndarray:
         """The rows `row_ids` of `layer`'s table, waiting only for pages not yet read.

@@ -11,7 +11,7 @@ import numpy as np
 
 from strata.runtime.io import IOHook, ReadRequest
 
-__all__ = ["RandomDelays", "Faults"]
+__all__ = ["RandomDelays", "FixedDelay", "Faults"]
 
 
 class RandomDelays:
@@ -25,6 +25,20 @@ class RandomDelays:
         rng = np.random.default_rng([self.seed, req.ticket])
         if rng.random() < 0.5:  # half the reads are instant: orders mix fast and slow
             time.sleep(rng.random() * self.max_s)
+
+    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
+        return got
+
+
+class FixedDelay:
+    """Every read takes at least `ms` milliseconds (a slow disk of known latency: the PLE
+    read-ahead tests compare it with the compute time of the layers before a PLE layer)."""
+
+    def __init__(self, ms: float) -> None:
+        self.s = ms / 1e3
+
+    def before(self, req: ReadRequest) -> None:
+        time.sleep(self.s)
 
     def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
         return got
