@@ -81,9 +81,10 @@ class NgramRowsWriter:
     def _put_pages(self, t: TableInfo, page: int, raw: np.ndarray) -> None:
         """Whole pages (the last one maybe short) from `page` of table t. raw: uint8 [n, row_bytes]"""
         n_pages = -(-len(raw) // t.rows_per_page)
-        pages = np.zeros((n_pages, self.page_bytes), np.uint8)  # [P, page_bytes]
-        used = pages[:, : t.rows_per_page * t.row_bytes].reshape(-1, t.row_bytes)
+        used = np.zeros((n_pages * t.rows_per_page, t.row_bytes), np.uint8)  # [P * rows_per_page, row_bytes]
         used[: len(raw)] = raw
+        pages = np.zeros((n_pages, self.page_bytes), np.uint8)  # [P, page_bytes]: the tail after the rows zero
+        pages[:, : t.rows_per_page * t.row_bytes] = used.reshape(n_pages, -1)
         g = t.first_page + page
         for i in range(n_pages):
             self._crcs[g + i] = checksum(pages[i])
