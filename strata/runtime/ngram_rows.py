@@ -126,7 +126,8 @@ class StreamedNgramRows:
         for layer in sorted(ids_by_layer):
             pages = np.unique(self.store.locate(layer, ids_by_layer[layer])[0])
             new = [int(p) for p in pages if int(p) not in self._slot_of]
-            if len(new) > self._available() - 1:  # keep a slot for layers that read at use
+            cached_victims = sum(1 for p in pages if int(p) in self._lru)  # pinned below: no longer victims
+            if len(new) > self._available() - cached_victims - 1:  # keep a slot for layers that read at use
                 break
             self._pin(pages)
             for p in new:
