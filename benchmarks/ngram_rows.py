@@ -116,7 +116,7 @@ def run(store: NgramRowsFile, *, mode: str, threads: int, layer_ms: float, token
         note = cache.reader.note
     pages = tot.pages_read
     return {"mode": mode, "threads": threads, "layer_ms": layer_ms, "tokens": tokens, "ms_per_token": 1e3 * s / tokens,
-            "compute_ms_per_token": 1e3 * slept / tokens,  # measured: a sleep may oversleep "ple_wait_ms_per_token": 1e3 * tot.wait_s / tokens,
+            "compute_ms_per_token": 1e3 * slept / tokens, "ple_wait_ms_per_token": 1e3 * tot.wait_s / tokens,
             "pages_per_token": pages / tokens, "rows_per_token": (tot.rows_read + tot.rows_hit) / tokens,
             "hit_rate": tot.rows_hit / max(1, tot.rows_hit + tot.rows_read),
             "pages_per_s": pages / s, "mb_per_s": tot.bytes_read / s / 1e6, "io": note,
