@@ -32,7 +32,7 @@ import numpy as np
 
 from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.runtime.io import IOHook
-from strata.runtime.page_reader import PageReader, page_slots
+from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
 
 __all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows"]
 
@@ -91,13 +91,14 @@ class StreamedNgramRows:
     """PLE rows from a row store through a cache of `capacity` pages (module docstring)."""
 
     def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
-                 direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None) -> None:
+                 direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
+                 pages_per_job: int = PAGES_PER_JOB) -> None:
         if capacity < 2:  # one page for a prefetch, one spare for a layer that reads at use
             raise ValueError(f"a row cache needs at least 2 pages, got {capacity}")
         self.store, self.capacity = store, capacity
         self.slots = page_slots(capacity, store.page_bytes)  # [capacity, page_bytes]
         self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
-                                 timeout=timeout, hook=hook)
+                                 timeout=timeout, hook=hook, pages_per_job=pages_per_job)
         self._slot_of: dict[int, int] = {}  # global page -> slot
         self._ticket: dict[int, int] = {}  # page -> its read, until the read has been finished
         self._free = list(range(capacity - 1, -1, -1))

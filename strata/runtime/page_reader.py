@@ -2,7 +2,8 @@
 
 The expert pool (strata.runtime.io) reads one record per arena slot from an `.experts` file;
 this one reads one page per row-cache slot from an n-gram row store, with the same rules:
-urgent reads (a layer waits on them now) before read-aheads, FIFO within each; every page checked
+urgent reads (a layer waits on them now) before read-aheads, FIFO within each (in batches of
+up to PAGES_PER_JOB pages of one layer per wake-up); every page checked
 against its CRC-32 when it lands (`verify`); a failure is kept with its read and raised in the
 owner's thread when the page is used (`error`); waits time out (never a hang). The same `IOHook`
 runs around each read, so strata.testing.faults' delays and faults apply: a request's `layer`
@@ -28,6 +29,11 @@ from strata.runtime.io import URGENT, AHEAD, IOHook, ReadRequest
 __all__ = ["PageReader", "page_slots"]
 
 _QUEUED, _RUNNING, _DONE = range(3)
+# A worker takes up to this many pages of one layer per wake-up and reads them in turn, each usable
+# as soon as it lands: the queue, heap and wake-up cost once per batch instead of once per page
+# (a token of the reference engine's shape reads ~576 pages, and every Python step a worker takes
+# holds the GIL the decode thread wants).
+PAGES_PER_JOB = 4
 
 
 def page_slots(capacity: int, page_bytes: int) -> np.ndarray:
@@ -48,8 +54,10 @@ class PageReader:
     thread submits, waits and asks for errors; workers only read and mark."""
 
     def __init__(self, store: NgramRowsFile, slots: np.ndarray, *, threads: int = 4, direct: bool = True,
-                 verify: bool = True, timeout: float = 60.0, hook: IOHook | None = None) -> None:
+                 verify: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
+                 pages_per_job: int = PAGES_PER_JOB) -> None:
         self.store, self.slots, self.verify, self.timeout, self.hook = store, slots, verify, timeout, hook
+        self.pages_per_job = pages_per_job
         self._fd, self.note = self._open(direct)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -83,16 +91,21 @@ class PageReader:
 
     def submit_many(self, reads, *, urgent: bool) -> list[int]:
         """Queue reads given as (global page, slot); returns their tickets, in order."""
-        store, jobs = self.store, []
+        store, jobs, batches = self.store, [], []
         for page, slot in reads:
             layer, local = store.where(page)
             req = ReadRequest(next(self._tickets), slot, layer, local, urgent, store.page_offset(page))
-            jobs.append(_Job(req, page))
+            job = _Job(req, page)
+            if not batches or len(batches[-1]) == self.pages_per_job or batches[-1][0].req.layer != layer:
+                batches.append([])
+            batches[-1].append(job)
+            jobs.append(job)
         with self._lock:
             for job in jobs:
                 self._jobs[job.req.ticket] = job
-                heapq.heappush(self._heap, (URGENT if urgent else AHEAD, next(self._seq), job))
-        for _ in jobs:
+            for batch in batches:
+                heapq.heappush(self._heap, (URGENT if urgent else AHEAD, next(self._seq), batch))
+        for _ in batches:
             self._wake.put(True)
         return [j.req.ticket for j in jobs]
 
@@ -146,21 +159,23 @@ class PageReader:
             with self._lock:
                 if self._closed:
                     return
-                job = heapq.heappop(self._heap)[2]
-                job.status = _RUNNING
-            try:
-                self._read(job)
-                error = None
-            except RowReadError as e:
-                error = e
-            except BaseException as e:  # noqa: BLE001 - any failure must reach the owner, never hang it
-                r = job.req
-                error = RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at offset "
-                                     f"{r.offset} failed: {e!r}")
-            with self._cv:
-                job.error, job.status = error, _DONE
-                self.pages_read += error is None
-                self._cv.notify_all()
+                batch = heapq.heappop(self._heap)[2]
+                for job in batch:
+                    job.status = _RUNNING
+            for job in batch:
+                try:
+                    self._read(job)
+                    error = None
+                except RowReadError as e:
+                    error = e
+                except BaseException as e:  # noqa: BLE001 - any failure must reach the owner, never hang it
+                    r = job.req
+                    error = RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at offset "
+                                         f"{r.offset} failed: {e!r}")
+                with self._cv:
+                    job.error, job.status = error, _DONE
+                    self.pages_read += error is None
+                    self._cv.notify_all()
 
     def _read(self, job: _Job) -> None:
         r, buf = job.req, self.slots[job.req.slot]
