@@ -255,9 +255,11 @@ class NgramRowsFile:
         """Rows picked out of page buffers and decoded: row i is row within[i] of pages[which[i]].
         Shapes: pages uint8 [P, page_bytes], which [n], within [n] -> float32 [n, width]"""
         t = self.tables[layer]
-        starts = which * pages.shape[1] + within * t.row_bytes  # [n] byte offsets into pages
-        raw = pages.reshape(-1)[starts[:, None] + np.arange(t.row_bytes)]  # [n, row_bytes]
-        return decode_rows(self.qtype, raw, t.width)
+        assert pages.dtype == np.uint8 and pages.strides[1] == 1
+        by_row = np.lib.stride_tricks.as_strided(  # [P, rows_per_page, row_bytes], a view: no copy
+            pages, shape=(pages.shape[0], t.rows_per_page, t.row_bytes), strides=(pages.strides[0], t.row_bytes, 1),
+            writeable=False)
+        return decode_rows(self.qtype, by_row[which, within], t.width)
 
     def rows(self, layer: int, row_ids: np.ndarray, *, verify: bool = True) -> np.ndarray:
         """The rows, read page by page (no cache). Shapes: row_ids int [*S] -> float32 [*S, width]"""

@@ -127,9 +127,9 @@ class StreamedNgramRows:
         self._positions += positions
         reads = []
         for layer in sorted(ids_by_layer):
-            pages = np.unique(self.store.locate(layer, ids_by_layer[layer])[0])
-            new = [int(p) for p in pages if int(p) not in self._slot_of]
-            cached_victims = sum(1 for p in pages if int(p) in self._lru)  # pinned below: no longer victims
+            pages = np.unique(self.store.locate(layer, ids_by_layer[layer])[0]).tolist()
+            new = [p for p in pages if p not in self._slot_of]
+            cached_victims = sum(1 for p in pages if p in self._lru)  # pinned below: no longer victims
             if len(new) > self._available() - cached_victims - 1:  # keep a slot for layers that read at use
                 break
             self._pin(pages)
@@ -157,41 +157,46 @@ class StreamedNgramRows:
         ids = np.asarray(row_ids, dtype=np.int64)
         pages, within = self.store.locate(layer, ids)
         uniq, which = np.unique(pages, return_inverse=True)
-        which = which.reshape(-1)
-        held = self._held.pop(layer, None)
+        which, upages = which.reshape(-1), uniq.tolist()
+        held = self._held.pop(layer, [])  # pinned by the prefetch: they stay pinned until gathered
         issued = self._issued.pop(layer, set())
-        resident = np.array([int(p) in self._slot_of for p in uniq], bool)
-        self._pin(uniq[resident])
-        if held is not None:
-            self._unpin(held)  # the prefetch's own pins; this call's pins above keep them
+        slot_of = self._slot_of
+        cached = [p for p in upages if p in slot_of]
+        held_set = set(held)
+        pinned = [p for p in cached if p not in held_set]  # cached pages the prefetch did not pin
+        self._pin(pinned)
+        todo = [p for p in upages if p not in slot_of]
         out = np.empty((len(which), self.store.tables[layer].width), np.float32)
-        read_now = set()
-        todo = [int(p) for p in uniq[~resident]]
-        batch = [int(p) for p in uniq[resident]]
-        wait = 0.0
-        while True:
-            try:
+        batch, read_now, wait = cached, [], 0.0
+        try:
+            while True:
                 wait += self._settle(batch)
-            except BaseException:
-                self._unpin(batch)
-                raise
-            self._gather(layer, uniq, which, within, batch, out)
-            self._unpin(batch)
-            if not todo:
-                break
-            self._sweep()
-            room = self._available()
-            if room == 0:  # pragma: no cover - prefetch always leaves a slot
-                raise RuntimeError(f"row cache of {self.capacity} pages has every page pinned")
-            batch, todo = todo[:room], todo[room:]
-            reads = [(p, self._claim(p)) for p in batch]
-            self._pin(batch)
-            for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=True)):
-                self._ticket[page] = ticket
-            read_now.update(batch)
-        fresh = issued | read_now
-        per_page = np.bincount(which, minlength=len(uniq))  # requested rows of each unique page
-        n_read = int(sum(int(n) for p, n in zip(uniq, per_page) if int(p) in fresh))
+                self._gather(layer, upages, which, within, batch, out)
+                self._unpin(pinned)
+                self._unpin(held)
+                pinned, held = [], []
+                if not todo:
+                    break
+                self._sweep()
+                room = self._available()
+                if room == 0:  # pragma: no cover - a prefetch always leaves a slot
+                    raise RuntimeError(f"row cache of {self.capacity} pages has every page pinned")
+                batch, todo = todo[:room], todo[room:]
+                reads = [(p, self._claim(p)) for p in batch]
+                self._pin(batch)
+                pinned = batch
+                for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=True)):
+                    self._ticket[page] = ticket
+                read_now += batch
+        except BaseException:
+            self._unpin(pinned)
+            self._unpin(held)
+            raise
+        fresh = issued.union(read_now)
+        n_read = 0
+        if fresh:
+            per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
+            n_read = int(per_page[np.fromiter((p in fresh for p in upages), bool, len(upages))].sum())
         self._count(layer, RowCounts(rows_read=n_read, rows_hit=len(which) - n_read, pages_read=len(read_now),
                                      bytes_read=len(read_now) * self.store.page_bytes, wait_s=wait))
         return out.reshape(*ids.shape, -1)
@@ -235,15 +240,13 @@ class StreamedNgramRows:
             self._lru[p] = None
 
     def _pin(self, pages) -> None:
-        for p in pages:
-            p = int(p)
+        for p in pages:  # python ints
             self._pins[p] += 1
             self._lru.pop(p, None)
             self._limbo.discard(p)
 
     def _unpin(self, pages) -> None:
-        for p in pages:
-            p = int(p)
+        for p in pages:  # python ints
             if p not in self._pins:  # dropped after a failed read
                 continue
             self._pins[p] -= 1
@@ -278,16 +281,19 @@ class StreamedNgramRows:
         self._pins.pop(page, None)
         self._limbo.discard(page)
 
-    def _gather(self, layer: int, uniq: np.ndarray, which: np.ndarray, within: np.ndarray, pages: list[int],
+    def _gather(self, layer: int, upages: list[int], which: np.ndarray, within: np.ndarray, pages: list[int],
                 out: np.ndarray) -> None:
-        """Decode into `out` the rows whose page is among `pages` (all resident and read)."""
+        """Decode into `out` the rows whose page is among `pages` (all resident and read).
+        upages: the request's unique pages; which [n]: each row's index into them."""
         if not pages:
             return
-        slot_of_uniq = np.full(len(uniq), -1, np.int64)
-        index = {int(p): i for i, p in enumerate(uniq)}
-        for p in pages:
-            slot_of_uniq[index[p]] = self._slot_of[p]
-        slots = slot_of_uniq[which]
+        slot_of = self._slot_of
+        if len(pages) == len(upages):  # the usual call: every page at once
+            slots = np.array([slot_of[p] for p in upages], np.int64)[which]
+            out[:] = self.store.decode(layer, self.slots, slots, within)
+            return
+        now = set(pages)
+        slots = np.array([slot_of[p] if p in now else -1 for p in upages], np.int64)[which]
         mask = slots >= 0
         out[mask] = self.store.decode(layer, self.slots, slots[mask], within[mask])
 
