@@ -47,7 +47,6 @@ class RowCounts:
     bytes_read: int = 0
     wait_s: float = 0.0  # blocked in `rows` for this layer's pages
 
-    # field by field: dataclasses.astuple deep-copies, and this runs twice per PLE layer per token
     def plus(self, o: "RowCounts") -> "RowCounts":
         return RowCounts(self.rows_read + o.rows_read, self.rows_hit + o.rows_hit, self.pages_read + o.pages_read,
                          self.bytes_read + o.bytes_read, self.wait_s + o.wait_s)
@@ -107,8 +106,10 @@ class StreamedNgramRows:
         self._limbo: set[int] = set()  # unpinned pages whose read is not finished: no victims yet
         self._held: dict[int, np.ndarray] = {}  # layer -> pages the current prefetch pinned for it
         self._issued: dict[int, set] = {}  # layer -> pages the current prefetch read for it
-        self._totals: dict[int, RowCounts] = {}
-        self._window: dict[int, RowCounts] = {}
+        # layer -> [rows_read, rows_hit, pages_read, bytes_read, wait_s], RowCounts' order: plain lists,
+        # added to twice per PLE layer per token (a frozen dataclass per addition cost 5 µs each)
+        self._totals: dict[int, list] = {}
+        self._window: dict[int, list] = {}
         self._positions = 0
 
     # -------------------------------------------------------- the protocol
@@ -137,7 +138,7 @@ class StreamedNgramRows:
                 reads.append((p, self._claim(p)))
             self._held[layer] = pages
             self._issued[layer] = set(new)
-            self._count(layer, RowCounts(pages_read=len(new), bytes_read=len(new) * self.store.page_bytes))
+            self._count(layer, 0, 0, len(new), len(new) * self.store.page_bytes, 0.0)
         for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
             self._ticket[page] = ticket
 
@@ -197,19 +198,18 @@ class StreamedNgramRows:
         if fresh:
             per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
             n_read = int(per_page[np.fromiter((p in fresh for p in upages), bool, len(upages))].sum())
-        self._count(layer, RowCounts(rows_read=n_read, rows_hit=len(which) - n_read, pages_read=len(read_now),
-                                     bytes_read=len(read_now) * self.store.page_bytes, wait_s=wait))
+        self._count(layer, n_read, len(which) - n_read, len(read_now), len(read_now) * self.store.page_bytes, wait)
         return out.reshape(*ids.shape, -1)
 
     # -------------------------------------------------------- counters
 
     def stats(self) -> RowStats:
         """Totals over the cache's life (subtract an earlier one with `minus`)."""
-        return RowStats(self._positions, dict(self._totals))
+        return RowStats(self._positions, {l: RowCounts(*c) for l, c in self._totals.items()})
 
     def last_window(self) -> dict[int, RowCounts]:
         """Per PLE layer, the counts since the latest `prefetch` (one token when decoding)."""
-        return dict(self._window)
+        return {l: RowCounts(*c) for l, c in self._window.items()}
 
     # -------------------------------------------------------- slots
 
@@ -297,9 +297,15 @@ class StreamedNgramRows:
         mask = slots >= 0
         out[mask] = self.store.decode(layer, self.slots, slots[mask], within[mask])
 
-    def _count(self, layer: int, c: RowCounts) -> None:
-        self._totals[layer] = self._totals.get(layer, RowCounts()).plus(c)
-        self._window[layer] = self._window.get(layer, RowCounts()).plus(c)
+    def _count(self, layer: int, *c) -> None:
+        """Add (rows_read, rows_hit, pages_read, bytes_read, wait_s) to the layer's counts."""
+        for book in (self._totals, self._window):
+            acc = book.get(layer)
+            if acc is None:
+                book[layer] = list(c)
+            else:
+                for i, v in enumerate(c):
+                    acc[i] += v
 
     # -------------------------------------------------------- lifetime
 
