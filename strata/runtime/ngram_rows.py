@@ -70,6 +70,12 @@ class RowStats:
             out = out.plus(c)
         return out
 
+    def plus(self, other: "RowStats") -> "RowStats":
+        layers = dict(self.layers)
+        for l, c in other.layers.items():
+            layers[l] = layers.get(l, RowCounts()).plus(c)
+        return RowStats(self.positions + other.positions, layers)
+
     def minus(self, since: "RowStats") -> "RowStats":
         return RowStats(self.positions - since.positions,
                         {l: c.minus(since.layers.get(l, RowCounts())) for l, c in self.layers.items()})
@@ -91,10 +97,10 @@ class StreamedNgramRows:
 
     def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
                  direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
-                 pages_per_job: int = PAGES_PER_JOB) -> None:
+                 pages_per_job: int = PAGES_PER_JOB, row_ids: "RowIds | None" = None) -> None:
         if capacity < 2:  # one page for a prefetch, one spare for a layer that reads at use
             raise ValueError(f"a row cache needs at least 2 pages, got {capacity}")
-        self.store, self.capacity = store, capacity
+        self.store, self.capacity, self.row_ids = store, capacity, row_ids
         self.slots = page_slots(capacity, store.page_bytes)  # [capacity, page_bytes]
         self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
                                  timeout=timeout, hook=hook, pages_per_job=pages_per_job)
@@ -142,10 +148,13 @@ class StreamedNgramRows:
         for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
             self._ticket[page] = ticket
 
-    def read_ahead(self, row_ids: RowIds, context: np.ndarray, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
-        """What an engine calls before layer 0 of a window: every PLE layer's ids, prefetched.
-        Returns them (the PLE layers may take them instead of hashing again)."""
-        ids = row_ids(np.asarray(context), np.asarray(tokens))
+    def read_ahead(self, context: np.ndarray, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
+        """What an engine calls before layer 0 of a window: every PLE layer's ids (`row_ids`, the
+        model's hash), prefetched. Returns them (the PLE layers may take them instead of hashing
+        again). Shapes: context int [C] (the tokens before the window), tokens int [T]"""
+        if self.row_ids is None:
+            raise ValueError("read_ahead needs the model's row ids: give StreamedNgramRows(..., row_ids=)")
+        ids = self.row_ids(np.asarray(context, np.int64), np.asarray(tokens, np.int64))
         self.prefetch(ids, positions=len(tokens))
         return ids
 

@@ -63,7 +63,7 @@ class StreamReport:
             p = self.paging
             line += (f"; paging {p.major_faults} major faults, {p.page_ins} page-ins, swap in "
                      f"{fmt_bytes(p.swap_in_bytes)} / out {fmt_bytes(p.swap_out_bytes)}")
-        if self.ple_rows_read_per_token or self.ple_rows_hit_per_token:
+        if self.ple_rows_read_per_token or self.ple_rows_hit_per_token or self.ple_bytes_per_token:
             line += (f"; ple rows read {self.ple_rows_read_per_token:.1f}/token, hit {self.ple_rows_hit_per_token:.1f}/token "
                      f"({fmt_bytes(self.ple_bytes_per_token)}/token), waiting {self.ple_wait_ms_per_token:.2f} ms/token")
         if self.profile:
