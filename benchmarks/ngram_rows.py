@@ -1,7 +1,7 @@
 """PLE n-gram rows streamed from a row store on disk: the row cache's ms per token, cold cache.
 
     PYTHONPATH=$PWD python benchmarks/ngram_rows.py [--gb 4] [--dir DIR] [--ple-layers 36] [--heads 16]
-        [--width 256] [--tokens 200] [--threads 4,8,16,32] [--layer-ms 0,0.5] [--qtype f16]
+        [--width 128] [--tokens 200] [--threads 4,8,16,32] [--layer-ms 0,0.5] [--qtype f16]
 
 Writes (once, kept in DIR) a synthetic row store of `--gb` GB (`--ple-layers` tables of equal
 rows, `--width` values a row: the reference engine's shape is 36 PLE layers of 16 heads), then per
@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--ple-layers", type=int, default=36)
     ap.add_argument("--layers", type=int, default=48, help="model layers (the PLE layers spread evenly over them)")
     ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--width", type=int, default=128, help="values a row (Qwen4-Exp: ple_embed_dim 2048 / 16 heads)")
     ap.add_argument("--qtype", default="f16")
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--threads", default="4,8,16,32")

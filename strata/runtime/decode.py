@@ -64,15 +64,16 @@ def cache_config_for(model, config: Config, capacity: int, stage: LayerRange | N
                        split_turn=config.split_turn)
 
 
-def arena_plan_for(model, config: Config, stage: LayerRange | None = None) -> ArenaPlan:
+def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_bytes: int | None = None) -> ArenaPlan:
     """The arena this model and configuration get (`--arena` or the budget rule); a pipeline
-    stage's for its own MoE layers."""
+    stage's for its own MoE layers. ple_bytes: a PLE model's row cache (RowCachePlan.nbytes),
+    reserved from the budget."""
     h = model.experts_file.header
     least = cache_config_for(model, config, 1, stage).min_capacity
     dense = sum(a.nbytes for a in model.dense.values())
     total = h.n_records if stage is None else len(stage.moe_layers(model.cfg)) * h.n_experts
     return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=total, min_slots=least,
-                      dense_bytes=dense, model_files=(model.model_path, model.experts_file.path))
+                      dense_bytes=dense, model_files=(model.model_path, model.experts_file.path), ple_bytes=ple_bytes)
 
 
 @dataclass(frozen=True)
