@@ -49,7 +49,11 @@ def encode_rows(qtype: QuantType, x: np.ndarray) -> np.ndarray:
         raise ValueError(f"want rows as a 2-D array [n, width], got shape {x.shape}")
     nbytes = check_row_type(qtype, x.shape[1])
     if qtype in FLOAT_DTYPES:
-        out = np.ascontiguousarray(x.astype(FLOAT_DTYPES[qtype]))
+        with np.errstate(over="ignore"):
+            out = np.ascontiguousarray(x.astype(FLOAT_DTYPES[qtype]))
+        if qtype is QuantType.F16 and not np.isfinite(out).all() and np.isfinite(x).all():
+            big = float(np.abs(x.astype(np.float32)).max())
+            raise ValueError(f"rows hold {big:.4g}, beyond float16's range (65504): store them as F32")
         return out.view(np.uint8).reshape(x.shape[0], nbytes)
     import gguf.quants
 
