@@ -110,7 +110,7 @@ class StreamedNgramRows:
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # unpinned, oldest first
         self._pins: collections.Counter[int] = collections.Counter()
         self._limbo: set[int] = set()  # unpinned pages whose read is not finished: no victims yet
-        self._held: dict[int, np.ndarray] = {}  # layer -> pages the current prefetch pinned for it
+        self._held: dict[int, list[int]] = {}  # layer -> pages the current prefetch pinned for it
         self._issued: dict[int, set] = {}  # layer -> pages the current prefetch read for it
         # layer -> [rows_read, rows_hit, pages_read, bytes_read, wait_s], RowCounts' order: plain lists,
         # added to twice per PLE layer per token (a frozen dataclass per addition cost 5 µs each)
