@@ -112,7 +112,7 @@ def test_without_prefetch_rows_read_at_use(tmp_path):
 # ---------------------------------------------------------------- the exact read-ahead
 
 LAYERS = 6  # a stand-in model: layers 1, 3 and 4 are PLE layers (SHAPES)
-LAYER_S = 0.05  # each layer's compute
+LAYER_S = 0.1  # each layer's compute: long beside the scheduler's jitter on a loaded machine
 
 
 def _token_loop(rows: StreamedNgramRows, tokens: np.ndarray, *, read_ahead: bool) -> list[dict[int, float]]:
@@ -130,7 +130,7 @@ def _token_loop(rows: StreamedNgramRows, tokens: np.ndarray, *, read_ahead: bool
     return waits
 
 
-@pytest.mark.parametrize("delay_s", [0.6 * LAYER_S, 0.3])
+@pytest.mark.parametrize("delay_s", [0.6 * LAYER_S, 4 * LAYER_S])
 def test_ple_wait_at_each_ple_layer_under_read_delays(tmp_path, delay_s):
     """Every read takes `delay_s`, all of a token's reads at once (a thread and a job per page:
     the disk's queue is deep enough). The first PLE layer (1) has one layer's compute before it:
@@ -144,8 +144,8 @@ def test_ple_wait_at_each_ple_layer_under_read_delays(tmp_path, delay_s):
         assert all(c.pages_read > 0 for c in rows.last_window().values())
     before_first = 1 * LAYER_S  # layer 0 computes while the reads run
     for w in waits:
-        hidden = max(0.0, delay_s - before_first)
-        assert abs(w[1] - hidden) <= PLE_WAIT_SLACK_S, (w, hidden)
+        unhidden = max(0.0, delay_s - before_first)
+        assert unhidden - PLE_WAIT_SLACK_S <= w[1] <= unhidden + PLE_WAIT_SLACK_S, (w, unhidden)
         assert w[3] <= PLE_WAIT_SLACK_S and w[4] <= PLE_WAIT_SLACK_S, w
 
 
