@@ -84,7 +84,7 @@ def test_counters(tmp_path):
             rows.rows(l, ids[l])
         first = rows.last_window()
         for l in SHAPES:
-            c = first[l]  # pages 0, 18, 37 (0, 18, 37 for 64 wide; 0, 9, 18 for 32 wide): all read now
+            c = first[l]  # three pages, all read now (64 wide: 32 rows a page, pages 0, 18, 37; 32 wide: 0, 9, 18)
             assert (c.rows_read, c.rows_hit, c.pages_read, c.bytes_read) == (6, 0, 3, 3 * store.page_bytes)
         rows.prefetch(ids)  # the same token again: every page cached
         for l in SHAPES:
