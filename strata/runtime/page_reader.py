@@ -3,7 +3,7 @@
 The expert pool (strata.runtime.io) reads one record per arena slot from an `.experts` file;
 this one reads one page per row-cache slot from an n-gram row store, with the same rules:
 urgent reads (a layer waits on them now) before read-aheads, FIFO within each (in batches of
-up to PAGES_PER_JOB pages of one layer per wake-up); every page checked
+up to PAGES_PER_JOB pages of one layer per wake-up, done together); every page checked
 against its CRC-32 when it lands (`verify`); a failure is kept with its read and raised in the
 owner's thread when the page is used (`error`); waits time out (never a hang). The same `IOHook`
 runs around each read, so strata.testing.faults' delays and faults apply: a request's `layer`
@@ -29,8 +29,9 @@ from strata.runtime.io import URGENT, AHEAD, IOHook, ReadRequest
 __all__ = ["PageReader", "page_slots"]
 
 _QUEUED, _RUNNING, _DONE = range(3)
-# A worker takes up to this many pages of one layer per wake-up and reads them in turn, each usable
-# as soon as it lands: the queue, heap and wake-up cost once per batch instead of once per page
+# A worker takes up to this many pages of one layer per wake-up, reads them in turn and marks them
+# done together (a layer waits for all its pages anyway): the queue, heap, lock and the owner's
+# wake-up cost once per batch instead of once per page
 # (a token of the reference engine's shape reads ~576 pages, and every Python step a worker takes
 # holds the GIL the decode thread wants).
 PAGES_PER_JOB = 4
@@ -162,20 +163,22 @@ class PageReader:
                 batch = heapq.heappop(self._heap)[2]
                 for job in batch:
                     job.status = _RUNNING
+            errors = []
             for job in batch:
                 try:
                     self._read(job)
-                    error = None
+                    errors.append(None)
                 except RowReadError as e:
-                    error = e
+                    errors.append(e)
                 except BaseException as e:  # noqa: BLE001 - any failure must reach the owner, never hang it
                     r = job.req
-                    error = RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at offset "
-                                         f"{r.offset} failed: {e!r}")
-                with self._cv:
+                    errors.append(RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at "
+                                               f"offset {r.offset} failed: {e!r}"))
+            with self._cv:  # the batch's pages complete together: one lock and one wake-up per batch
+                for job, error in zip(batch, errors):
                     job.error, job.status = error, _DONE
                     self.pages_read += error is None
-                    self._cv.notify_all()
+                self._cv.notify_all()
 
     def _read(self, job: _Job) -> None:
         r, buf = job.req, self.slots[job.req.slot]
