@@ -12,6 +12,7 @@ is the table's layer and its `expert` the page within that table.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import mmap
@@ -59,6 +60,8 @@ class PageReader:
                  pages_per_job: int = PAGES_PER_JOB) -> None:
         self.store, self.slots, self.verify, self.timeout, self.hook = store, slots, verify, timeout, hook
         self.pages_per_job = pages_per_job
+        tables = sorted(store.tables.values(), key=lambda t: t.first_page)
+        self._firsts, self._layers = [t.first_page for t in tables], [t.layer for t in tables]
         self._fd, self.note = self._open(direct)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -92,12 +95,15 @@ class PageReader:
 
     def submit_many(self, reads, *, urgent: bool) -> list[int]:
         """Queue reads given as (global page, slot); returns their tickets, in order."""
-        store, jobs, batches = self.store, [], []
+        jobs, batches = [], []
+        firsts, layers, base, stride = self._firsts, self._layers, self.store.data_offset, self.store.page_bytes
         for page, slot in reads:
-            layer, local = store.where(page)
-            req = ReadRequest(next(self._tickets), slot, layer, local, urgent, store.page_offset(page))
+            if not 0 <= page < self.store.n_pages:
+                self.store.page_offset(page)  # raises the store's own error
+            i = bisect.bisect_right(firsts, page) - 1  # the table holding the page (a few hundred ns)
+            req = ReadRequest(next(self._tickets), slot, layers[i], page - firsts[i], urgent, base + page * stride)
             job = _Job(req, page)
-            if not batches or len(batches[-1]) == self.pages_per_job or batches[-1][0].req.layer != layer:
+            if not batches or len(batches[-1]) == self.pages_per_job or batches[-1][0].req.layer != req.layer:
                 batches.append([])
             batches[-1].append(job)
             jobs.append(job)
