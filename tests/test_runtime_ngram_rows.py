@@ -101,6 +101,12 @@ def test_counters(tmp_path):
         assert total.minus(total).total.rows_read == 0
 
 
+def test_no_ids_no_rows(tmp_path):
+    with _store(tmp_path) as store, StreamedNgramRows(store, capacity=8) as rows:
+        assert rows.rows(3, np.zeros((0, HEADS), np.int64)).shape == (0, HEADS, 64)
+        assert store.rows(4, np.zeros(0, np.int64)).shape == (0, 32)
+
+
 def test_without_prefetch_rows_read_at_use(tmp_path):
     with _store(tmp_path) as store, StreamedNgramRows(store, capacity=8) as rows:
         ids = np.arange(0, 5000, 100)  # 50 pages through an 8-page cache: chunks of free slots

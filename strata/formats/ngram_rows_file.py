@@ -255,6 +255,8 @@ class NgramRowsFile:
         """Rows picked out of page buffers and decoded: row i is row within[i] of pages[which[i]].
         Shapes: pages uint8 [P, page_bytes], which [n], within [n] -> float32 [n, width]"""
         t = self.tables[layer]
+        if len(which) == 0:
+            return np.zeros((0, t.width), np.float32)
         assert pages.dtype == np.uint8 and pages.strides[1] == 1
         by_row = np.lib.stride_tricks.as_strided(  # [P, rows_per_page, row_bytes], a view: no copy
             pages, shape=(pages.shape[0], t.rows_per_page, t.row_bytes), strides=(pages.strides[0], t.row_bytes, 1),

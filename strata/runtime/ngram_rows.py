@@ -208,7 +208,7 @@ class StreamedNgramRows:
             per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
             n_read = int(per_page[np.fromiter((p in fresh for p in upages), bool, len(upages))].sum())
         self._count(layer, n_read, len(which) - n_read, len(read_now), len(read_now) * self.store.page_bytes, wait)
-        return out.reshape(*ids.shape, -1)
+        return out.reshape(*ids.shape, out.shape[1])
 
     # -------------------------------------------------------- counters
 
