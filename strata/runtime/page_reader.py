@@ -112,7 +112,7 @@ class PageReader:
                 self._jobs[job.req.ticket] = job
             for batch in batches:
                 heapq.heappush(self._heap, (URGENT if urgent else AHEAD, next(self._seq), batch))
-        for _ in batches:
+        for _ in range(min(len(batches), len(self._workers))):  # a woken worker drains the queue
             self._wake.put(True)
         return [j.req.ticket for j in jobs]
 
@@ -162,33 +162,42 @@ class PageReader:
 
     def _work(self) -> None:
         while True:
-            self._wake.get()
-            with self._lock:
-                if self._closed:
-                    return
-                batch = heapq.heappop(self._heap)[2]
-                for job in batch:
-                    job.status = _RUNNING
-            errors = []
+            self._wake.get()  # a submit's token (at most one per worker per submit), or close's
+            while self._run_one():
+                pass
+            if self._closed:
+                return
+
+    def _run_one(self) -> bool:
+        """Read the next queued batch; False when the queue is empty or the pool closed.
+        Draining the queue per wake-up, instead of a token and a wake-up per batch, keeps the
+        thread switches (each one a GIL hand-off the decode thread pays for) to a few per token."""
+        with self._lock:
+            if self._closed or not self._heap:
+                return False
+            batch = heapq.heappop(self._heap)[2]
             for job in batch:
-                try:
-                    self._read(job)
-                    errors.append(None)
-                except RowReadError as e:
-                    errors.append(e)
-                except BaseException as e:  # noqa: BLE001 - any failure must reach the owner, never hang it
-                    r = job.req
-                    errors.append(RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at "
-                                               f"offset {r.offset} failed: {e!r}"))
-            with self._cv:  # the batch's pages complete together: one lock and one wake-up per batch
-                for job, error in zip(batch, errors):
-                    job.error, job.status = error, _DONE
-                    self.pages_read += error is None
-                self._cv.notify_all()
+                job.status = _RUNNING
+        errors = []
+        for job in batch:
+            try:
+                self._read(job)
+                errors.append(None)
+            except RowReadError as e:
+                errors.append(e)
+            except BaseException as e:  # noqa: BLE001 - any failure must reach the owner, never hang it
+                r = job.req
+                errors.append(RowReadError(f"{self.store.path}: reading layer {r.layer} page {r.expert} at "
+                                           f"offset {r.offset} failed: {e!r}"))
+        with self._cv:  # the batch's pages complete together: one lock and one wake-up per batch
+            for job, error in zip(batch, errors):
+                job.error, job.status = error, _DONE
+                self.pages_read += error is None
+            self._cv.notify_all()
+        return True
 
     def _read(self, job: _Job) -> None:
         r, buf = job.req, self.slots[job.req.slot]
-        where = f"{self.store.path}: layer {r.layer} page {r.expert} at offset {r.offset}"
         try:
             if self.hook is not None:
                 self.hook.before(r)
@@ -196,11 +205,14 @@ class PageReader:
             if self.hook is not None:
                 got = self.hook.after(r, buf, got)
         except OSError as e:
-            raise RowReadError(f"{where}: read error: {e.strerror or e}") from None
+            raise RowReadError(f"{self._where(r)}: read error: {e.strerror or e}") from None
         if got != len(buf):
-            raise RowReadError(f"{where}: short read: {got} of {len(buf)} bytes")
+            raise RowReadError(f"{self._where(r)}: short read: {got} of {len(buf)} bytes")
         if self.verify:
             try:
                 self.store.check_page(job.page, buf)
             except FormatError as e:
                 raise RowReadError(str(e)) from None
+
+    def _where(self, r: ReadRequest) -> str:
+        return f"{self.store.path}: layer {r.layer} page {r.expert} at offset {r.offset}"
