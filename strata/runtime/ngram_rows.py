@@ -92,6 +92,20 @@ RowIds = Callable[[np.ndarray, np.ndarray], Mapping[int, np.ndarray]]
 token depend on it and the few before it only, so they are known before layer 0."""
 
 
+SMALL_REQUEST = 256  # ids up to which a set and a dict beat np.unique (a token's 16 heads: 3x faster here)
+
+
+def _unique(pages: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The sorted distinct pages (python ints) and each id's index into them. Shapes: [n] -> P, [n]"""
+    if len(pages) <= SMALL_REQUEST:
+        plist = pages.tolist()
+        upages = sorted(set(plist))
+        index = {p: i for i, p in enumerate(upages)}
+        return upages, np.fromiter((index[p] for p in plist), np.int64, len(plist))
+    uniq, which = np.unique(pages, return_inverse=True)
+    return uniq.tolist(), which.reshape(-1)
+
+
 class StreamedNgramRows:
     """PLE rows from a row store through a cache of `capacity` pages (module docstring)."""
 
@@ -134,7 +148,7 @@ class StreamedNgramRows:
         self._positions += positions
         reads = []
         for layer in sorted(ids_by_layer):
-            pages = np.unique(self.store.locate(layer, ids_by_layer[layer])[0]).tolist()
+            pages = _unique(self.store.locate(layer, ids_by_layer[layer])[0])[0]
             new = [p for p in pages if p not in self._slot_of]
             cached_victims = sum(1 for p in pages if p in self._lru)  # pinned below: no longer victims
             if len(new) > self._available() - cached_victims - 1:  # keep a slot for layers that read at use
@@ -166,8 +180,7 @@ class StreamedNgramRows:
         """
         ids = np.asarray(row_ids, dtype=np.int64)
         pages, within = self.store.locate(layer, ids)
-        uniq, which = np.unique(pages, return_inverse=True)
-        which, upages = which.reshape(-1), uniq.tolist()
+        upages, which = _unique(pages)
         held = self._held.pop(layer, [])  # pinned by the prefetch: they stay pinned until gathered
         issued = self._issued.pop(layer, set())
         slot_of = self._slot_of
