@@ -17,7 +17,7 @@ from strata.formats.quant_types import QuantType
 from strata.reference.ngram_rows import ResidentNgramRows
 from strata.runtime.budget import plan_arena
 from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS, plan_row_cache
-from strata.runtime.ngram_rows import StreamedNgramRows
+from strata.runtime.ngram_rows import StreamedNgramRows, open_row_cache
 from strata.runtime.report import build_report
 from strata.testing.faults import Faults, FixedDelay, RandomDelays
 from tests.budgets import PLE_WAIT_SLACK_S
@@ -213,6 +213,15 @@ def test_the_row_cache_is_the_ple_reserve_of_the_budget(tmp_path):
     assert plan_arena(**common).slots == 10_000
     with_rows = plan_arena(**common, ple_bytes=plan.nbytes)
     assert with_rows.slots == (10_000_000 - plan.nbytes) // 1000 and "ple 1.05 MB" in with_rows.reason
+
+
+def test_open_row_cache_follows_the_config(tmp_path):
+    config = Config(ple_reserve="1MiB", io_threads=3, verify_reads=False, io_timeout=5.0)
+    with _store(tmp_path) as store:
+        rows, plan = open_row_cache(store, config, rows_per_position=HEADS * len(SHAPES))
+        with rows:
+            assert rows.capacity == plan.pages == 256 and len(rows.reader._workers) == 3
+            assert not rows.reader.verify and rows.reader.timeout == 5.0
 
 
 def test_the_stream_report_carries_ple_rows_per_token(tmp_path):

@@ -34,7 +34,7 @@ from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.runtime.io import IOHook
 from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
 
-__all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows"]
+__all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows", "open_row_cache"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ def _unique(pages: np.ndarray) -> tuple[list[int], np.ndarray]:
 
 
 class StreamedNgramRows:
-    """PLE rows from a row store through a cache of `capacity` pages (module docstring)."""
+    """PLE rows from a row store through a cache of `capacity` pages (module docstring). One
+    owner thread calls it (the engine's); its reader threads only fill slots."""
 
     def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
                  direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
@@ -339,3 +340,16 @@ class StreamedNgramRows:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_ids: RowIds | None = None,
+                   hook: IOHook | None = None) -> tuple[StreamedNgramRows, "RowCachePlan"]:
+    """The row cache a run gets under `config`: `ple_reserve`'s pages (strata.runtime.ngram_budget),
+    the reader settings of the expert pool (`io_threads`, `direct_io`, `verify_reads`, `io_timeout`).
+    Returns the cache and its plan (`plan.nbytes` goes to `arena_plan_for(..., ple_bytes=)`)."""
+    from strata.runtime.ngram_budget import plan_row_cache
+
+    plan = plan_row_cache(config, store, rows_per_position=rows_per_position)
+    rows = StreamedNgramRows(store, capacity=plan.pages, threads=config.io_threads, verify=config.verify_reads,
+                             direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids)
+    return rows, plan
