@@ -39,7 +39,7 @@ from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
 from strata.runtime.memory import PagingDelta, paging_snapshot
-from strata.runtime.ngram_rows import RowStats
+from strata.runtime.ngram_rows import RowStats, StreamedNgramRows
 from strata.runtime.prompt import prefill_chunks
 from strata.reference.model import router_rules
 from strata.runtime.report import StreamReport, build_report
@@ -108,7 +108,7 @@ class StreamingEngine(SessionEngine):
 
     def __init__(self, model, config: Config, arena: Arena, compute: LayerCompute, io: ReaderPool,
                  *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming",
-                 stage: LayerRange | None = None, ngram_rows=None) -> None:
+                 stage: LayerRange | None = None, ngram_rows: StreamedNgramRows | None = None) -> None:
         super().__init__(model, config)
         # PLE: a StreamedNgramRows with the model's row ids; each window reads ahead every PLE
         # layer's rows before layer 0 (the PLE layers take them from it); the engine closes it
