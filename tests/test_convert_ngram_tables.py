@@ -44,8 +44,9 @@ def test_tables_stream_into_a_row_store(tmp_path, monkeypatch, dtype):
         assert [(t.layer, t.rows, t.width, len(t.keys)) for t in tables.values()] == [(1, 143, 32, 3), (3, 50, 16, 1)]
         assert tables[1].keys[2].endswith("shard_2.weight")
         with write_ngram_tables(ckpt, tmp_path / "m.ngrams", tables, qtype=QuantType.F32) as store:
-            for l, t in want.items():
-                np.testing.assert_array_equal(store.rows(l, np.arange(len(t))), t)  # f32 keeps every dtype exactly
+            assert sorted(store.tables) == [0, 1]  # keyed by PLE index: decoder layers 1 and 3
+            for i, t in enumerate(want[l] for l in sorted(want)):
+                np.testing.assert_array_equal(store.rows(i, np.arange(len(t))), t)  # f32 keeps every dtype exactly
 
 
 def test_a_missing_shard_is_refused(tmp_path):

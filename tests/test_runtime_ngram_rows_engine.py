@@ -53,7 +53,7 @@ def test_every_window_reads_ahead_with_its_context(model, tmp_path):
     prompt = list(range(30, 50))  # 20 tokens: chunks of 8, 8, 4
     with _engine(model) as plain:
         want = [plain.prefill(prompt)] + [plain.decode(t) for t in (7, 8, 9)]
-    with _engine(model, StreamedNgramRows(store, capacity=200, row_ids=ids)) as engine:
+    with _engine(model, StreamedNgramRows(store, capacity=200, row_ids=ids, context_tokens=10)) as engine:
         since = engine.ledger()
         got = [engine.prefill(prompt)] + [engine.decode(t) for t in (7, 8, 9)]
         rep = engine.report(since)
@@ -61,8 +61,9 @@ def test_every_window_reads_ahead_with_its_context(model, tmp_path):
         assert rows.stats().positions == 23
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)  # the reads change nothing the model computes
-    assert ids.calls == [([], prompt[:8]), (prompt[:8], prompt[8:16]), (prompt[:16], prompt[16:]),
-                         (prompt, [7]), (prompt + [7], [8]), (prompt + [7, 8], [9])]
+    # the hash sees the last 10 tokens before each window (context_tokens), then the window
+    assert ids.calls == [([], prompt[:8]), (prompt[:8], prompt[8:16]), (prompt[6:16], prompt[16:]),
+                         (prompt[10:], [7]), (prompt[11:] + [7], [8]), (prompt[12:] + [7, 8], [9])]
     # decode windows only: 3 tokens, each HEADS rows of both tables prefetched (pages; no PLE layer uses them)
     pages = rep.ple_bytes_per_token / store.page_bytes
     assert 1 <= pages <= HEADS * len(SHAPES) and rep.tokens == 3

@@ -90,18 +90,20 @@ def _rows(ckpt: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
 def write_ngram_tables(ckpt: Checkpoint, path: str | os.PathLike, tables: dict[int, NgramTable], *,
                        qtype: QuantType = QuantType.F16, page_bytes: int = PAGE_BYTES,
                        progress: bool = False) -> NgramRowsFile:
-    """Write `tables` into a row store at `path` (atomically) and open it. The store's table for
-    decoder layer i is keyed i. F32 keeps a bfloat16 checkpoint's values exactly; F16 rounds
+    """Write `tables` into a row store at `path` (atomically) and open it. The store keys each
+    table by its PLE index (its place among the tables' decoder layers, ascending): what the
+    model's PLE layers ask their rows by (`NgramRows.rows(ple_index, ids)`). F32 keeps a bfloat16 checkpoint's values exactly; F16 rounds
     them to F16 (its 10-bit mantissa holds bf16's 7 bits, its range not bf16's: a table with a
     value beyond 65504 is refused in one line)."""
-    shapes = {l: (t.rows, t.width) for l, t in tables.items()}
+    ordered = [t for _, t in sorted(tables.items())]  # [PLE index] -> table
+    shapes = {i: (t.rows, t.width) for i, t in enumerate(ordered)}
     with NgramRowsWriter(path, qtype=qtype, shapes=shapes, page_bytes=page_bytes) as w:
-        for l, t in sorted(tables.items()):
+        for i, t in enumerate(ordered):
             for key in t.keys:
                 n = ckpt.shape(key)[0]
                 for a in range(0, n, ROWS_PER_READ):
-                    w.write(l, _rows(ckpt, key, a, min(n, a + ROWS_PER_READ)))
+                    w.write(i, _rows(ckpt, key, a, min(n, a + ROWS_PER_READ)))
             if progress:
-                print(f"{os.path.basename(os.fspath(path))}: n-gram table of layer {l} ({t.rows} rows)",
+                print(f"{os.path.basename(os.fspath(path))}: n-gram table of layer {t.layer} (PLE {i}, {t.rows} rows)",
                       file=sys.stderr, flush=True)
     return NgramRowsFile.open(path)

@@ -59,7 +59,7 @@ HEADER_FIELDS: tuple[tuple[str, str], ...] = (
 HEADER_STRUCT = struct.Struct("<" + "".join(c for _, c in HEADER_FIELDS))
 HEADER_SIZE = HEADER_STRUCT.size
 TABLE_FIELDS: tuple[tuple[str, str], ...] = (
-    ("layer", "I"),  # +0: the model layer the table belongs to
+    ("layer", "I"),  # +0: the key rows are asked by (Qwen4-Exp: the PLE index)
     ("width", "I"),  # +4: values a row
     ("rows", "Q"),  # +8
     ("row_bytes", "I"),  # +16

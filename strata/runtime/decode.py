@@ -208,7 +208,7 @@ class StreamingEngine(SessionEngine):
         s, c, cfg, conf = self.streamer, self.compute, self.model.cfg, self.config
         s.begin_window()
         if self.ngram_rows is not None:  # PLE: the exact read-ahead, every PLE layer's rows before layer 0
-            self.ngram_rows.read_ahead(np.asarray(self._tokens, np.int64), tokens)
+            self.ngram_rows.read_ahead(self._tokens, tokens)
         x = c.embed(tokens) if self.stage.embeds else tokens
         moe = 0
         for layer in self.stage.layers:

@@ -112,10 +112,12 @@ class StreamedNgramRows:
 
     def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
                  direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
-                 pages_per_job: int = PAGES_PER_JOB, row_ids: "RowIds | None" = None) -> None:
+                 pages_per_job: int = PAGES_PER_JOB, row_ids: "RowIds | None" = None,
+                 context_tokens: int | None = None) -> None:
         if capacity < 2:  # one page for a prefetch, one spare for a layer that reads at use
             raise ValueError(f"a row cache needs at least 2 pages, got {capacity}")
         self.store, self.capacity, self.row_ids = store, capacity, row_ids
+        self.context_tokens = context_tokens  # history the hash reads (Qwen4-Exp: ngram_size - 1); None: all
         self.slots = page_slots(capacity, store.page_bytes)  # [capacity, page_bytes]
         self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
                                  timeout=timeout, hook=hook, pages_per_job=pages_per_job)
@@ -163,12 +165,18 @@ class StreamedNgramRows:
         for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
             self._ticket[page] = ticket
 
-    def read_ahead(self, context: np.ndarray, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
+    def read_ahead(self, context, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
         """What an engine calls before layer 0 of a window: every PLE layer's ids (`row_ids`, the
         model's hash), prefetched. Returns them (the PLE layers may take them instead of hashing
-        again). Shapes: context int [C] (the tokens before the window), tokens int [T]"""
+        again). Only the last `context_tokens` of the context reach the hash, so a long session
+        costs nothing per token.
+
+        Shapes: context int [C] (the tokens before the window: a list or array), tokens int [T]
+        """
         if self.row_ids is None:
             raise ValueError("read_ahead needs the model's row ids: give StreamedNgramRows(..., row_ids=)")
+        if self.context_tokens is not None:
+            context = context[max(0, len(context) - self.context_tokens):]
         ids = self.row_ids(np.asarray(context, np.int64), np.asarray(tokens, np.int64))
         self.prefetch(ids, positions=len(tokens))
         return ids
@@ -343,7 +351,8 @@ class StreamedNgramRows:
 
 
 def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_ids: RowIds | None = None,
-                   hook: IOHook | None = None) -> tuple[StreamedNgramRows, "RowCachePlan"]:
+                   context_tokens: int | None = None, hook: IOHook | None = None
+                   ) -> tuple[StreamedNgramRows, "RowCachePlan"]:
     """The row cache a run gets under `config`: `ple_reserve`'s pages (strata.runtime.ngram_budget),
     the reader settings of the expert pool (`io_threads`, `direct_io`, `verify_reads`, `io_timeout`).
     Returns the cache and its plan (`plan.nbytes` goes to `arena_plan_for(..., ple_bytes=)`)."""
@@ -351,5 +360,6 @@ def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_
 
     plan = plan_row_cache(config, store, rows_per_position=rows_per_position)
     rows = StreamedNgramRows(store, capacity=plan.pages, threads=config.io_threads, verify=config.verify_reads,
-                             direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids)
+                             direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids,
+                             context_tokens=context_tokens)
     return rows, plan
