@@ -17,12 +17,15 @@ from strata.formats.quant_types import QuantType
 from strata.reference.ngram_rows import ResidentNgramRows
 from strata.runtime.budget import plan_arena
 from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS, plan_row_cache
+from strata.runtime.advised_reader import AdvisedReader, advice_available
+from strata.runtime.page_reader import PageReader
 from strata.runtime.ngram_rows import StreamedNgramRows, open_row_cache
 from strata.runtime.report import build_report
 from strata.testing.faults import Faults, FixedDelay, RandomDelays
 from tests.budgets import PLE_WAIT_SLACK_S
 
 SHAPES = {1: (5000, 64), 3: (4001, 64), 4: (3000, 32)}  # PLE layer -> (rows, width)
+READERS = ["threads", "advise"] if advice_available() else ["threads"]
 HEADS = 6
 
 
@@ -50,9 +53,10 @@ def _stand_in_ids(tokens: np.ndarray, layer: int) -> np.ndarray:
     return mixed % SHAPES[layer][0]
 
 
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("qtype", ROW_TYPES)
 @pytest.mark.parametrize("capacity", [2, 40, 100_000])
-def test_streamed_rows_are_bit_identical_to_resident(tmp_path, qtype, capacity):
+def test_streamed_rows_are_bit_identical_to_resident(tmp_path, qtype, capacity, reader):
     """Decode windows (prefetch, then each PLE layer in order), windows without a prefetch, a
     prompt-sized request, repeated tokens (hits), a capacity below one token's pages (prefetch
     stops, layers read at use) and random read delays (completion orders)."""
@@ -61,7 +65,8 @@ def test_streamed_rows_are_bit_identical_to_resident(tmp_path, qtype, capacity):
     rng = np.random.default_rng(capacity)
     text = rng.integers(0, 50, 400)  # a small vocabulary: n-grams repeat
     with _store(tmp_path, qtype, tables) as store, \
-            StreamedNgramRows(store, capacity=capacity, threads=3, hook=RandomDelays(seed=capacity, max_ms=0.5)) as rows:
+            StreamedNgramRows(store, capacity=capacity, threads=3, hook=RandomDelays(seed=capacity, max_ms=0.5),
+                              reader=reader) as rows:
         for t in range(1, 60):
             ids = {l: _stand_in_ids(text[: t + 1], l)[-1:] for l in SHAPES}
             if t % 7:
@@ -145,7 +150,7 @@ def test_ple_wait_at_each_ple_layer_under_read_delays(tmp_path, delay_s):
     tokens = np.arange(0, 40, 10)  # distinct tokens: every layer reads
     with _store(tmp_path) as store, \
             StreamedNgramRows(store, capacity=1000, threads=3 * HEADS, pages_per_job=1,
-                              hook=FixedDelay(1e3 * delay_s)) as rows:
+                              hook=FixedDelay(1e3 * delay_s), reader="threads") as rows:
         waits = _token_loop(rows, tokens, read_ahead=True)
         assert all(c.pages_read > 0 for c in rows.last_window().values())
     before_first = 1 * LAYER_S  # layer 0 computes while the reads run
@@ -160,7 +165,7 @@ def test_without_the_read_ahead_every_ple_layer_waits_the_delay(tmp_path):
     delay_s = 0.6 * LAYER_S
     with _store(tmp_path) as store, \
             StreamedNgramRows(store, capacity=1000, threads=3 * HEADS, pages_per_job=1,
-                              hook=FixedDelay(1e3 * delay_s)) as rows:
+                              hook=FixedDelay(1e3 * delay_s), reader="threads") as rows:
         waits = _token_loop(rows, np.arange(0, 30, 10), read_ahead=False)
     for w in waits:
         assert all(abs(w[l] - delay_s) <= PLE_WAIT_SLACK_S for l in SHAPES), w
@@ -169,11 +174,12 @@ def test_without_the_read_ahead_every_ple_layer_waits_the_delay(tmp_path):
 # ---------------------------------------------------------------- read errors
 
 
-def test_a_corrupt_page_is_one_line_where_its_rows_are_used(tmp_path):
+@pytest.mark.parametrize("reader", READERS)
+def test_a_corrupt_page_is_one_line_where_its_rows_are_used(tmp_path, reader):
     with _store(tmp_path) as store:
         t = store.tables[3]
         hook = Faults(corrupt={(3, 2)})
-        with StreamedNgramRows(store, capacity=100, hook=hook) as rows:
+        with StreamedNgramRows(store, capacity=100, hook=hook, reader=reader) as rows:
             bad = np.array([2 * t.rows_per_page + 5])
             rows.prefetch({3: bad})
             rows.rows(1, np.array([0]))  # another layer is unaffected
@@ -186,8 +192,10 @@ def test_a_corrupt_page_is_one_line_where_its_rows_are_used(tmp_path):
             assert np.array_equal(rows.rows(3, bad), store.rows(3, bad))
 
 
-def test_a_failed_read_no_layer_uses_raises_nothing(tmp_path):
-    with _store(tmp_path) as store, StreamedNgramRows(store, capacity=100, hook=Faults(eio={(4, 0)})) as rows:
+@pytest.mark.parametrize("reader", READERS)
+def test_a_failed_read_no_layer_uses_raises_nothing(tmp_path, reader):
+    with _store(tmp_path) as store, StreamedNgramRows(store, capacity=100, hook=Faults(eio={(4, 0)}),
+                                                      reader=reader) as rows:
         rows.prefetch({4: np.array([0])})  # a window superseded before layer 4 ran
         time.sleep(0.05)
         rows.prefetch({1: np.array([0])})
@@ -218,10 +226,14 @@ def test_the_row_cache_is_the_ple_reserve_of_the_budget(tmp_path):
 def test_open_row_cache_follows_the_config(tmp_path):
     config = Config(ple_reserve="1MiB", io_threads=3, verify_reads=False, io_timeout=5.0)
     with _store(tmp_path) as store:
-        rows, plan = open_row_cache(store, config, rows_per_position=HEADS * len(SHAPES))
+        rows, plan = open_row_cache(store, config, rows_per_position=HEADS * len(SHAPES), reader="threads")
         with rows:
             assert rows.capacity == plan.pages == 256 and len(rows.reader._workers) == 3
             assert not rows.reader.verify and rows.reader.timeout == 5.0
+        rows, _ = open_row_cache(store, config, rows_per_position=HEADS * len(SHAPES))
+        with rows:  # the default reader: the kernel's read-ahead where posix_fadvise exists
+            assert isinstance(rows.reader, AdvisedReader if advice_available() else PageReader)
+            assert not rows.reader.verify
 
 
 def test_the_stream_report_carries_ple_rows_per_token(tmp_path):

@@ -12,6 +12,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from strata.formats.quant_types import QuantType
+from strata.runtime.advised_reader import advice_available
 from strata.runtime.ngram_rows import StreamedNgramRows
 from strata.testing.faults import RandomDelays
 from strata.testing.ngram_rows import write_synthetic_store
@@ -31,10 +32,13 @@ def _store():
 
 
 class RowCacheMachine(RuleBasedStateMachine):
+    reader = "threads"
+
     def __init__(self) -> None:
         super().__init__()
         self.store = _store()
-        self.cache = StreamedNgramRows(self.store, capacity=12, threads=2, hook=RandomDelays(seed=1, max_ms=0.3))
+        self.cache = StreamedNgramRows(self.store, capacity=12, threads=2, hook=RandomDelays(seed=1, max_ms=0.3),
+                                       reader=self.reader)
 
     def teardown(self) -> None:
         self.cache.close()
@@ -66,8 +70,15 @@ class RowCacheMachine(RuleBasedStateMachine):
             assert p in c._ticket and p not in c._lru and p not in c._pins
 
 
+class AdvisedRowCacheMachine(RowCacheMachine):
+    reader = "advise"
+
+
+# the profile's example count (tests/conftest.py), capped: each example opens a reader and its
+# steps wait on real (delayed) reads
+_SETTINGS = settings(settings.default, max_examples=min(settings.default.max_examples, 40), stateful_step_count=25)
 TestRowCache = RowCacheMachine.TestCase
-# the profile's example count (tests/conftest.py), capped: each example opens a reader pool and
-# its steps wait on real (delayed) reads
-TestRowCache.settings = settings(settings.default, max_examples=min(settings.default.max_examples, 40),
-                                 stateful_step_count=25)
+TestRowCache.settings = _SETTINGS
+if advice_available():
+    TestAdvisedRowCache = AdvisedRowCacheMachine.TestCase
+    TestAdvisedRowCache.settings = _SETTINGS

@@ -32,6 +32,7 @@ import numpy as np
 
 from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.runtime.io import IOHook
+from strata.runtime.advised_reader import AdvisedReader, advice_available
 from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
 
 __all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows", "open_row_cache"]
@@ -92,6 +93,10 @@ RowIds = Callable[[np.ndarray, np.ndarray], Mapping[int, np.ndarray]]
 token depend on it and the few before it only, so they are known before layer 0."""
 
 
+# "advise": the kernel reads ahead, the owner copies (strata.runtime.advised_reader; Linux); "threads":
+# Python reader threads (strata.runtime.page_reader; O_DIRECT where allowed, and where fadvise is
+# missing); "auto": advise where it exists
+READERS = ("auto", "advise", "threads")
 SMALL_REQUEST = 256  # ids up to which a set and a dict beat np.unique (a token's 16 heads: 3x faster here)
 
 
@@ -113,14 +118,19 @@ class StreamedNgramRows:
     def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
                  direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
                  pages_per_job: int = PAGES_PER_JOB, row_ids: "RowIds | None" = None,
-                 context_tokens: int | None = None) -> None:
+                 context_tokens: int | None = None, reader: str = "auto") -> None:
         if capacity < 2:  # one page for a prefetch, one spare for a layer that reads at use
             raise ValueError(f"a row cache needs at least 2 pages, got {capacity}")
         self.store, self.capacity, self.row_ids = store, capacity, row_ids
         self.context_tokens = context_tokens  # history the hash reads (Qwen4-Exp: ngram_size - 1); None: all
         self.slots = page_slots(capacity, store.page_bytes)  # [capacity, page_bytes]
-        self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
-                                 timeout=timeout, hook=hook, pages_per_job=pages_per_job)
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+        if reader == "advise" or (reader == "auto" and advice_available()):
+            self.reader = AdvisedReader(store, self.slots, verify=verify, hook=hook)
+        else:
+            self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
+                                     timeout=timeout, hook=hook, pages_per_job=pages_per_job)
         self._slot_of: dict[int, int] = {}  # global page -> slot
         self._ticket: dict[int, int] = {}  # page -> its read, until the read has been finished
         self._free = list(range(capacity - 1, -1, -1))
@@ -261,7 +271,13 @@ class StreamedNgramRows:
     def _sweep(self) -> None:
         """Limbo pages whose read is done become victims; one that failed is dropped, silently:
         no layer used it (a failed read raises only where its rows are needed)."""
-        for p in [p for p in self._limbo if not self.reader.pending(self._ticket[p])]:
+        for p in list(self._limbo):
+            if self.reader.cancel(self._ticket[p]):  # never read (AdvisedReader): the slot holds nothing
+                del self._ticket[p]
+                self._drop(p)
+                continue
+            if self.reader.pending(self._ticket[p]):
+                continue
             self._limbo.discard(p)
             try:
                 self.reader.finish(self._ticket.pop(p))
@@ -351,7 +367,7 @@ class StreamedNgramRows:
 
 
 def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_ids: RowIds | None = None,
-                   context_tokens: int | None = None, hook: IOHook | None = None
+                   context_tokens: int | None = None, hook: IOHook | None = None, reader: str = "auto"
                    ) -> tuple[StreamedNgramRows, "RowCachePlan"]:
     """The row cache a run gets under `config`: `ple_reserve`'s pages (strata.runtime.ngram_budget),
     the reader settings of the expert pool (`io_threads`, `direct_io`, `verify_reads`, `io_timeout`).
@@ -361,5 +377,5 @@ def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_
     plan = plan_row_cache(config, store, rows_per_position=rows_per_position)
     rows = StreamedNgramRows(store, capacity=plan.pages, threads=config.io_threads, verify=config.verify_reads,
                              direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids,
-                             context_tokens=context_tokens)
+                             context_tokens=context_tokens, reader=reader)
     return rows, plan

@@ -25,7 +25,7 @@ import numpy as np
 
 from strata.errors import FormatError, RowReadError
 from strata.formats.ngram_rows_file import NgramRowsFile
-from strata.runtime.io import URGENT, AHEAD, IOHook, ReadRequest
+from strata.runtime.io import AHEAD, SWITCH_INTERVAL, URGENT, IOHook, ReadRequest, _SwitchInterval
 
 __all__ = ["PageReader", "page_slots"]
 
@@ -57,7 +57,7 @@ class PageReader:
 
     def __init__(self, store: NgramRowsFile, slots: np.ndarray, *, threads: int = 4, direct: bool = True,
                  verify: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
-                 pages_per_job: int = PAGES_PER_JOB) -> None:
+                 pages_per_job: int = PAGES_PER_JOB, switch_interval: float = SWITCH_INTERVAL) -> None:
         self.store, self.slots, self.verify, self.timeout, self.hook = store, slots, verify, timeout, hook
         self.pages_per_job = pages_per_job
         tables = sorted(store.tables.values(), key=lambda t: t.first_page)
@@ -72,6 +72,13 @@ class PageReader:
         self._jobs: dict[int, _Job] = {}
         self._closed = False
         self.pages_read = 0
+        # The expert pool's reason (strata.runtime.io): a reader needs the GIL for microseconds
+        # around each pread, and at Python's 5 ms switch interval it waits behind the decode
+        # thread for it. Measured on the H200's host before this (benchmarks/ngram_rows.py,
+        # buffered reads from the page cache, 0.5 ms layers): 18 ms/token above the layers' time.
+        self._switch = switch_interval > 0
+        if self._switch:
+            _SwitchInterval.enter(switch_interval)
         self._workers = [threading.Thread(target=self._work, name=f"strata-rows-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._workers:
@@ -121,6 +128,10 @@ class PageReader:
         job = self._jobs.get(ticket)
         return job is not None and job.status != _DONE
 
+    def cancel(self, ticket: int) -> bool:
+        """False: a queued read here is a worker's to finish (its slot stays in limbo until then)."""
+        return False
+
     def wait(self, tickets) -> float:
         """Block until these reads are done; the seconds spent blocked. RowReadError on timeout."""
         start = time.perf_counter()
@@ -154,6 +165,8 @@ class PageReader:
             self._wake.put(False)
         for t in self._workers:
             t.join(timeout=self.timeout)
+        if self._switch:
+            _SwitchInterval.leave()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
