@@ -11,8 +11,11 @@ from the page cache first (posix_fadvise DONTNEED): every PLE layer's reads issu
 GPU's time for that layer) and, at a PLE layer, taking its rows. Ids are uniform random (the
 hashed n-grams of new text), so nearly every row is a read: the cold, worst case.
 
-Two modes (`--modes`): direct-cold (O_DIRECT, pages dropped from the page cache: the disk's
-random reads) and buffered-warm (the store in the page cache: what the host itself costs).
+Modes (`--modes`, reader-cache): the reader is `direct` (Python reader threads, O_DIRECT),
+`threads` (the same, buffered) or `advise` (the kernel reads ahead, posix_fadvise; the owner
+copies); the cache `cold` (the store dropped from the page cache: the disk's random reads) or
+`warm` (the store in the page cache: what the host itself costs). Threads apply to the threaded
+readers only.
 Reported per run: ms/token (the loop), the PLE wait per token (blocked at PLE layers: what the
 read-ahead did not hide), pages per token, random-read rate (pages/s, MB/s) and the row cache's
 hit rate. A table, then one JSON line, also written to $OUT/ngram_rows.json ($OUT: the device
@@ -87,10 +90,18 @@ def warm(path: Path) -> None:
             pass
 
 
+MODES = {  # mode -> (StreamedNgramRows reader, O_DIRECT, page cache)
+    "direct-cold": ("threads", True, "cold"),
+    "advise-cold": ("advise", False, "cold"),
+    "threads-warm": ("threads", False, "warm"),
+    "advise-warm": ("advise", False, "warm"),
+}
+
+
 def run(store: NgramRowsFile, *, mode: str, threads: int, layer_ms: float, tokens: int, heads: int, n_layers: int,
         ple_at: list[int], seed: int) -> dict:
-    direct = mode == "direct-cold"
-    if direct:
+    reader, direct, cache_state = MODES[mode]
+    if cache_state == "cold":
         drop_cache(Path(store.path))
     else:
         warm(Path(store.path))
@@ -98,7 +109,7 @@ def run(store: NgramRowsFile, *, mode: str, threads: int, layer_ms: float, token
     tables = sorted(store.tables)
     capacity = CACHE_POSITIONS * heads * len(tables) + 1
     at = dict(zip(ple_at, tables))  # model layer -> PLE table
-    with StreamedNgramRows(store, capacity=capacity, threads=threads, direct=direct) as cache:
+    with StreamedNgramRows(store, capacity=capacity, threads=threads, direct=direct, reader=reader) as cache:
         t0 = time.perf_counter()
         slept = 0.0
         for _ in range(tokens):
@@ -135,9 +146,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--threads", default="4,8,16,32")
     ap.add_argument("--layer-ms", default="0,0.5")
-    ap.add_argument("--modes", default="direct-cold,buffered-warm",
-                    help="direct-cold: O_DIRECT reads, the store dropped from the page cache (the disk); "
-                         "buffered-warm: buffered reads of a store in the page cache (the host's own cost)")
+    ap.add_argument("--modes", default="direct-cold,advise-cold,threads-warm,advise-warm",
+                    help="reader-cache: direct (threads, O_DIRECT), threads (buffered) or advise (the kernel's "
+                         "read-ahead); cold (the store dropped from the page cache: the disk) or warm (in the page "
+                         "cache: the host's own cost)")
     args = ap.parse_args()
     qtype = parse_quant_type(args.qtype)
     tmp = None
