@@ -249,7 +249,8 @@ class NgramRowsFile:
         if ids.size and (ids.min() < 0 or ids.max() >= t.rows):
             bad = ids[(ids < 0) | (ids >= t.rows)][0]
             raise ValueError(f"{self.path}: layer {layer}: row id {bad} out of range [0, {t.rows})")
-        return t.first_page + ids // t.rows_per_page, ids % t.rows_per_page
+        page, within = np.divmod(ids, t.rows_per_page)
+        return page + t.first_page, within
 
     def decode(self, layer: int, pages: np.ndarray, which: np.ndarray, within: np.ndarray) -> np.ndarray:
         """Rows picked out of page buffers and decoded: row i is row within[i] of pages[which[i]].

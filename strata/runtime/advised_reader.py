@@ -19,6 +19,7 @@ owner's thread): `io_timeout` applies to `PageReader` only.
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 
@@ -38,10 +39,14 @@ def advice_available() -> bool:
 
 
 class _Job:
-    __slots__ = ("req", "page", "status", "error")
+    """One page's read: its ReadRequest is built only for a hook or an error message (a named
+    tuple per page costs more than the read's own Python)."""
 
-    def __init__(self, req: ReadRequest, page: int) -> None:
-        self.req, self.page, self.status, self.error = req, page, _QUEUED, None
+    __slots__ = ("ticket", "page", "slot", "offset", "urgent", "status", "error")
+
+    def __init__(self, ticket: int, page: int, slot: int, offset: int, urgent: bool) -> None:
+        self.ticket, self.page, self.slot, self.offset, self.urgent = ticket, page, slot, offset, urgent
+        self.status, self.error = _QUEUED, None
 
 
 class AdvisedReader:
@@ -63,20 +68,17 @@ class AdvisedReader:
 
     def submit_many(self, reads, *, urgent: bool) -> list[int]:
         """Ask the kernel for each (global page, slot) now; returns tickets, in order."""
-        import bisect
-
         base, stride, advise, fd = self.store.data_offset, self.store.page_bytes, os.posix_fadvise, self._fd
-        firsts, layers, tickets = self._firsts, self._layers, []
+        n_pages, jobs, tickets, t = self.store.n_pages, self._jobs, [], self._next
         for page, slot in reads:
-            if not 0 <= page < self.store.n_pages:
+            if not 0 <= page < n_pages:
                 self.store.page_offset(page)  # raises the store's own error
-            i = bisect.bisect_right(firsts, page) - 1
             offset = base + page * stride
-            req = ReadRequest(self._next, slot, layers[i], page - firsts[i], urgent, offset)
-            self._jobs[self._next] = _Job(req, page)
-            tickets.append(self._next)
-            self._next += 1
+            jobs[t] = _Job(t, page, slot, offset, urgent)
+            tickets.append(t)
+            t += 1
             advise(fd, offset, stride, os.POSIX_FADV_WILLNEED)
+        self._next = t
         return tickets
 
     def pending(self, ticket: int) -> bool:
@@ -103,8 +105,7 @@ class AdvisedReader:
                 except RowReadError as e:
                     job.error = e
                 except Exception as e:  # noqa: BLE001 - any failure is the read's, raised at finish
-                    r = job.req
-                    job.error = RowReadError(f"{self._where(r)}: read failed: {e!r}")
+                    job.error = RowReadError(f"{self._where(self._request(job))}: read failed: {e!r}")
                 job.status = _DONE
                 self.pages_read += job.error is None
         return time.perf_counter() - start
@@ -122,20 +123,26 @@ class AdvisedReader:
             os.close(self._fd)
             self._fd = -1
 
+    def _request(self, job: _Job) -> ReadRequest:
+        """The job as the IOHook sees it: layer = the table's key, expert = the page within it."""
+        i = bisect.bisect_right(self._firsts, job.page) - 1
+        return ReadRequest(job.ticket, job.slot, self._layers[i], job.page - self._firsts[i], job.urgent, job.offset)
+
     def _read(self, job: _Job) -> None:
-        r, buf = job.req, self.slots[job.req.slot]
+        buf, hook = self.slots[job.slot], self.hook
+        r = self._request(job) if hook is not None else None
         try:
-            if self.hook is not None:
-                self.hook.before(r)
-            got = os.preadv(self._fd, [buf], r.offset)
-            if self.hook is not None:
-                got = self.hook.after(r, buf, got)
+            if hook is not None:
+                hook.before(r)
+            got = os.preadv(self._fd, [buf], job.offset)
+            if hook is not None:
+                got = hook.after(r, buf, got)
         except OSError as e:
-            raise RowReadError(f"{self._where(r)}: read error: {e.strerror or e}") from None
+            raise RowReadError(f"{self._where(self._request(job))}: read error: {e.strerror or e}") from None
         if got != len(buf):
-            raise RowReadError(f"{self._where(r)}: short read: {got} of {len(buf)} bytes")
+            raise RowReadError(f"{self._where(self._request(job))}: short read: {got} of {len(buf)} bytes")
         if self.drop_after_copy:
-            os.posix_fadvise(self._fd, r.offset, len(buf), os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self._fd, job.offset, len(buf), os.POSIX_FADV_DONTNEED)
         if self.verify:
             try:
                 self.store.check_page(job.page, buf)
