@@ -16,10 +16,10 @@ from strata.formats.ngram_rows_writer import write_ngram_rows
 from strata.formats.quant_types import QuantType
 from strata.reference.ngram_rows import ResidentNgramRows
 from strata.runtime.budget import plan_arena
-from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS, plan_row_cache
+from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS, open_row_cache, plan_row_cache
 from strata.runtime.advised_reader import AdvisedReader, advice_available
 from strata.runtime.page_reader import PageReader
-from strata.runtime.ngram_rows import StreamedNgramRows, open_row_cache
+from strata.runtime.ngram_rows import StreamedNgramRows
 from strata.runtime.report import build_report
 from strata.testing.faults import Faults, FixedDelay, RandomDelays
 from tests.budgets import PLE_WAIT_SLACK_S

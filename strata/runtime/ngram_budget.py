@@ -6,7 +6,8 @@ For a model with an n-gram row store the reserve is the row cache itself: `--ple
 (`Config.ple_reserve`) when given, else DEFAULT_CACHE_POSITIONS positions' worth of pages. One
 position needs at most `rows_per_position` pages (every PLE layer's heads, each in its own page),
 plus the one slot a prefetch always leaves free: a reserve below that is refused in one line.
-The chosen bytes go to `plan_arena(..., ple_bytes=plan.nbytes)`, so the arena never takes them.
+The chosen bytes go to `plan_arena(..., ple_bytes=plan.nbytes)`, so the arena never takes them;
+`open_row_cache` opens the cache a config gets.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from strata.errors import ConfigError
 from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.sizes import fmt_bytes, parse_size
 
-__all__ = ["DEFAULT_CACHE_POSITIONS", "RowCachePlan", "plan_row_cache"]
+__all__ = ["DEFAULT_CACHE_POSITIONS", "RowCachePlan", "plan_row_cache", "open_row_cache"]
 
 # The default cache: 64 positions of pages. Hashed n-gram ids repeat only where the text does
 # (a name, a phrase, code), so a cache far larger than the read-ahead needs buys few hits; 64
@@ -56,3 +57,18 @@ def plan_row_cache(config, store: NgramRowsFile, *, rows_per_position: int) -> R
                           f"PLE layers needs {least} ({fmt_bytes(least * page)}): give --set ple_reserve="
                           f"{math.ceil(least * page / 2**20)}MiB or more")
     return RowCachePlan(pages, page, f"ple_reserve {text}: {pages} pages of {page} bytes")
+
+
+def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_ids: "RowIds | None" = None,
+                   context_tokens: int | None = None, hook=None, reader: str = "auto"
+                   ) -> tuple["StreamedNgramRows", RowCachePlan]:
+    """The row cache a run gets under `config`: `ple_reserve`'s pages (`plan_row_cache`), the
+    reader settings of the expert pool (`io_threads`, `direct_io`, `verify_reads`, `io_timeout`).
+    Returns the cache and its plan (`plan.nbytes` goes to `arena_plan_for(..., ple_bytes=)`)."""
+    from strata.runtime.ngram_rows import StreamedNgramRows
+
+    plan = plan_row_cache(config, store, rows_per_position=rows_per_position)
+    rows = StreamedNgramRows(store, capacity=plan.pages, threads=config.io_threads, verify=config.verify_reads,
+                             direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids,
+                             context_tokens=context_tokens, reader=reader)
+    return rows, plan

@@ -25,66 +25,17 @@ computed while the disk worked.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
 
 from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.runtime.io import IOHook
+from strata.runtime.ngram_stats import RowCounts, RowStats  # noqa: F401 - re-exported
 from strata.runtime.advised_reader import AdvisedReader, advice_available
 from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
 
-__all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows", "open_row_cache"]
-
-
-@dataclass(frozen=True)
-class RowCounts:
-    """One PLE layer's row traffic."""
-
-    rows_read: int = 0  # requested rows whose page was read for the request
-    rows_hit: int = 0  # requested rows whose page was already cached
-    pages_read: int = 0
-    bytes_read: int = 0
-    wait_s: float = 0.0  # blocked in `rows` for this layer's pages
-
-    def plus(self, o: "RowCounts") -> "RowCounts":
-        return RowCounts(self.rows_read + o.rows_read, self.rows_hit + o.rows_hit, self.pages_read + o.pages_read,
-                         self.bytes_read + o.bytes_read, self.wait_s + o.wait_s)
-
-    def minus(self, o: "RowCounts") -> "RowCounts":
-        return RowCounts(self.rows_read - o.rows_read, self.rows_hit - o.rows_hit, self.pages_read - o.pages_read,
-                         self.bytes_read - o.bytes_read, self.wait_s - o.wait_s)
-
-
-@dataclass(frozen=True)
-class RowStats:
-    """Totals of a row cache: `positions` decoded or prefilled, `layers` PLE layer -> counts."""
-
-    positions: int = 0
-    layers: Mapping[int, RowCounts] = field(default_factory=dict)
-
-    @property
-    def total(self) -> RowCounts:
-        out = RowCounts()
-        for c in self.layers.values():
-            out = out.plus(c)
-        return out
-
-    def plus(self, other: "RowStats") -> "RowStats":
-        layers = dict(self.layers)
-        for l, c in other.layers.items():
-            layers[l] = layers.get(l, RowCounts()).plus(c)
-        return RowStats(self.positions + other.positions, layers)
-
-    def minus(self, since: "RowStats") -> "RowStats":
-        return RowStats(self.positions - since.positions,
-                        {l: c.minus(since.layers.get(l, RowCounts())) for l, c in self.layers.items()})
-
-    def report_args(self) -> dict:
-        """The stream report's PLE arguments (strata.runtime.report.build_report)."""
-        t = self.total
-        return dict(ple_rows_read=t.rows_read, ple_rows_hit=t.rows_hit, ple_bytes=t.bytes_read, ple_wait_s=t.wait_s)
+__all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows"]
 
 
 RowIds = Callable[[np.ndarray, np.ndarray], Mapping[int, np.ndarray]]
@@ -365,17 +316,3 @@ class StreamedNgramRows:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_ids: RowIds | None = None,
-                   context_tokens: int | None = None, hook: IOHook | None = None, reader: str = "auto"
-                   ) -> tuple[StreamedNgramRows, "RowCachePlan"]:
-    """The row cache a run gets under `config`: `ple_reserve`'s pages (strata.runtime.ngram_budget),
-    the reader settings of the expert pool (`io_threads`, `direct_io`, `verify_reads`, `io_timeout`).
-    Returns the cache and its plan (`plan.nbytes` goes to `arena_plan_for(..., ple_bytes=)`)."""
-    from strata.runtime.ngram_budget import plan_row_cache
-
-    plan = plan_row_cache(config, store, rows_per_position=rows_per_position)
-    rows = StreamedNgramRows(store, capacity=plan.pages, threads=config.io_threads, verify=config.verify_reads,
-                             direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids,
-                             context_tokens=context_tokens, reader=reader)
-    return rows, plan
