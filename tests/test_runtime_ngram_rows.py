@@ -141,16 +141,24 @@ def _token_loop(rows: StreamedNgramRows, tokens: np.ndarray, *, read_ahead: bool
     return waits
 
 
+def _delayed(store, delay_s: float, reader: str) -> StreamedNgramRows:
+    """A cache whose every read takes `delay_s`, all of a token's reads at once: a thread and a job
+    per page (threads), or the latency counted from the kernel's request (advise)."""
+    delay = FixedDelay(1e3 * delay_s)
+    if reader == "threads":
+        return StreamedNgramRows(store, capacity=1000, threads=3 * HEADS, pages_per_job=1, hook=delay, reader=reader)
+    return StreamedNgramRows(store, capacity=1000, reader=reader, latency=delay.latency_s)
+
+
+@pytest.mark.parametrize("reader", READERS)
 @pytest.mark.parametrize("delay_s", [0.6 * LAYER_S, 4 * LAYER_S])
-def test_ple_wait_at_each_ple_layer_under_read_delays(tmp_path, delay_s):
-    """Every read takes `delay_s`, all of a token's reads at once (a thread and a job per page:
-    the disk's queue is deep enough). The first PLE layer (1) has one layer's compute before it:
+def test_ple_wait_at_each_ple_layer_under_read_delays(tmp_path, delay_s, reader):
+    """Every read takes `delay_s`, all of a token's reads at once (`_delayed`: the disk's queue is
+    deep enough). The first PLE layer (1) has one layer's compute before it:
     with the delay shorter than that every PLE layer waits nothing; with a longer one layer 1
     waits the delay less that layer, and the later PLE layers nothing (their reads ran beside)."""
     tokens = np.arange(0, 40, 10)  # distinct tokens: every layer reads
-    with _store(tmp_path) as store, \
-            StreamedNgramRows(store, capacity=1000, threads=3 * HEADS, pages_per_job=1,
-                              hook=FixedDelay(1e3 * delay_s), reader="threads") as rows:
+    with _store(tmp_path) as store, _delayed(store, delay_s, reader) as rows:
         waits = _token_loop(rows, tokens, read_ahead=True)
         assert all(c.pages_read > 0 for c in rows.last_window().values())
     before_first = 1 * LAYER_S  # layer 0 computes while the reads run
@@ -160,12 +168,11 @@ def test_ple_wait_at_each_ple_layer_under_read_delays(tmp_path, delay_s):
         assert w[3] <= PLE_WAIT_SLACK_S and w[4] <= PLE_WAIT_SLACK_S, w
 
 
-def test_without_the_read_ahead_every_ple_layer_waits_the_delay(tmp_path):
+@pytest.mark.parametrize("reader", READERS)
+def test_without_the_read_ahead_every_ple_layer_waits_the_delay(tmp_path, reader):
     """The control: the same loop reading at use waits the whole delay at every PLE layer."""
     delay_s = 0.6 * LAYER_S
-    with _store(tmp_path) as store, \
-            StreamedNgramRows(store, capacity=1000, threads=3 * HEADS, pages_per_job=1,
-                              hook=FixedDelay(1e3 * delay_s), reader="threads") as rows:
+    with _store(tmp_path) as store, _delayed(store, delay_s, reader) as rows:
         waits = _token_loop(rows, np.arange(0, 30, 10), read_ahead=False)
     for w in waits:
         assert all(abs(w[l] - delay_s) <= PLE_WAIT_SLACK_S for l in SHAPES), w

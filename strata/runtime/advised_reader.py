@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -42,22 +43,26 @@ class _Job:
     """One page's read: its ReadRequest is built only for a hook or an error message (a named
     tuple per page costs more than the read's own Python)."""
 
-    __slots__ = ("ticket", "page", "slot", "offset", "urgent", "status", "error")
+    __slots__ = ("ticket", "page", "slot", "offset", "urgent", "status", "error", "asked")
 
-    def __init__(self, ticket: int, page: int, slot: int, offset: int, urgent: bool) -> None:
+    def __init__(self, ticket: int, page: int, slot: int, offset: int, urgent: bool, asked: float) -> None:
         self.ticket, self.page, self.slot, self.offset, self.urgent = ticket, page, slot, offset, urgent
-        self.status, self.error = _QUEUED, None
+        self.status, self.error, self.asked = _QUEUED, None, asked
 
 
 class AdvisedReader:
     """Pages of `store` into `slots` (uint8 [capacity, page_bytes]): kernel read-ahead, copy at use."""
 
     def __init__(self, store: NgramRowsFile, slots: np.ndarray, *, verify: bool = True,
-                 hook: IOHook | None = None, drop_after_copy: bool = True) -> None:
+                 hook: IOHook | None = None, drop_after_copy: bool = True,
+                 latency: Callable[[ReadRequest], float] | None = None) -> None:
         if not advice_available():  # pragma: no cover - platform
             raise OSError("posix_fadvise is not available here: use the threaded PageReader")
         self.store, self.slots, self.verify, self.hook = store, slots, verify, hook
         self.drop_after_copy = drop_after_copy
+        # tests: a simulated disk latency, counted from the kernel's request (submit), so a read
+        # asked for early costs nothing at use (strata.testing.faults.FixedDelay.latency_s)
+        self.latency = latency
         self._fd = os.dup(store.fileno())  # buffered: the kernel's read-ahead lands in the page cache
         self.note = "kernel read-ahead (posix_fadvise), buffered copies"
         self._jobs: dict[int, _Job] = {}
@@ -70,11 +75,12 @@ class AdvisedReader:
         """Ask the kernel for each (global page, slot) now; returns tickets, in order."""
         base, stride, advise, fd = self.store.data_offset, self.store.page_bytes, os.posix_fadvise, self._fd
         n_pages, jobs, tickets, t = self.store.n_pages, self._jobs, [], self._next
+        now = time.perf_counter() if self.latency is not None else 0.0
         for page, slot in reads:
             if not 0 <= page < n_pages:
                 self.store.page_offset(page)  # raises the store's own error
             offset = base + page * stride
-            jobs[t] = _Job(t, page, slot, offset, urgent)
+            jobs[t] = _Job(t, page, slot, offset, urgent, now)
             tickets.append(t)
             t += 1
             advise(fd, offset, stride, os.POSIX_FADV_WILLNEED)
@@ -130,7 +136,9 @@ class AdvisedReader:
 
     def _read(self, job: _Job) -> None:
         buf, hook = self.slots[job.slot], self.hook
-        r = self._request(job) if hook is not None else None
+        r = self._request(job) if hook is not None or self.latency is not None else None
+        if self.latency is not None:
+            time.sleep(max(0.0, job.asked + self.latency(r) - time.perf_counter()))
         try:
             if hook is not None:
                 hook.before(r)

@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from strata.formats.ngram_rows_file import NgramRowsFile
-from strata.runtime.io import IOHook
+from strata.runtime.io import IOHook, ReadRequest
 from strata.runtime.ngram_stats import RowCounts, RowStats  # noqa: F401 - re-exported
 from strata.runtime.advised_reader import AdvisedReader, advice_available
 from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
@@ -69,7 +69,8 @@ class StreamedNgramRows:
     def __init__(self, store: NgramRowsFile, *, capacity: int, threads: int = 4, verify: bool = True,
                  direct: bool = True, timeout: float = 60.0, hook: IOHook | None = None,
                  pages_per_job: int = PAGES_PER_JOB, row_ids: "RowIds | None" = None,
-                 context_tokens: int | None = None, reader: str = "auto") -> None:
+                 context_tokens: int | None = None, reader: str = "auto",
+                 latency: Callable[[ReadRequest], float] | None = None) -> None:
         if capacity < 2:  # one page for a prefetch, one spare for a layer that reads at use
             raise ValueError(f"a row cache needs at least 2 pages, got {capacity}")
         self.store, self.capacity, self.row_ids = store, capacity, row_ids
@@ -78,7 +79,7 @@ class StreamedNgramRows:
         if reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
         if reader == "advise" or (reader == "auto" and advice_available()):
-            self.reader = AdvisedReader(store, self.slots, verify=verify, hook=hook)
+            self.reader = AdvisedReader(store, self.slots, verify=verify, hook=hook, latency=latency)
         else:
             self.reader = PageReader(store, self.slots, threads=threads, direct=direct, verify=verify,
                                      timeout=timeout, hook=hook, pages_per_job=pages_per_job)

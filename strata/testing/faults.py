@@ -43,6 +43,11 @@ class FixedDelay:
     def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
         return got
 
+    def latency_s(self, req: ReadRequest) -> float:
+        """The same delay as a latency from the request (a reader whose reads the kernel runs:
+        strata.runtime.advised_reader)."""
+        return self.s
+
 
 class Faults:
     """Fail the reads of some (layer, expert) keys: `eio` raises EIO, `short` returns fewer
