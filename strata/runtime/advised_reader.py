@@ -11,7 +11,8 @@ dropped from the page cache again (`DONTNEED`): the row cache, not the kernel, h
 
 Same interface and rules as `PageReader`: tickets, `wait` (seconds blocked), `finish` (raises the
 read's error, one line naming layer, page and offset), the same `IOHook` around each read (run in
-the owner's thread here: a delay hook delays the copy, not a background read). A queued read
+the owner's thread here: a delay hook delays the copy, not a background read; `latency`, for
+tests, simulates a disk whose read began at the request). A queued read
 that is never waited for is `cancel`led (its slot was never written). Linux only (`posix_fadvise`);
 elsewhere the row cache takes `PageReader`. A read cannot time out here (a blocking pread in the
 owner's thread): `io_timeout` applies to `PageReader` only.
