@@ -6,7 +6,8 @@ of GIL-serialized Python per page, ~17 ms a token. This reader issues no Python 
 threads at all: `submit_many` asks the kernel to read each page ahead (`posix_fadvise(WILLNEED)`:
 the reads go to the disk's queue at once, as deep as it is), and the page is copied into its slot
 with one buffered `preadv` when it is needed (`wait`), blocking only if the kernel has not
-finished it. About 3 µs of Python per page (fadvise, pread, CRC-32). After the copy the page is
+finished it. About 3 µs of Python per page (fadvise, pread, CRC-32; this project's 2-core machine,
+warm page cache; not yet measured on the H200). After the copy the page is
 dropped from the page cache again (`DONTNEED`): the row cache, not the kernel, holds the rows.
 
 Same interface and rules as `PageReader`: tickets, `wait` (seconds blocked), `finish` (raises the
