@@ -30,8 +30,9 @@ STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stage
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
+NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
-unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
+unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_NGRAM_ARGS STRATA_NGRAM_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -77,6 +78,9 @@ stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS
+# PLE n-gram rows from a row store on this machine's disk, cold page cache (issue 15; not in the
+# default list: STRATA_STAGES=ngram_rows): the row cache's ms/token and PLE wait per token
+stage ngram_rows "$NGRAM_S" python3 benchmarks/ngram_rows.py $NGRAM_ARGS
 # hybrids: the GPU tests (DeltaNet step kernel, gated / partial-rotary attend, the compiled hybrid
 # step, hybrid engines vs the reference on the GPU path), the DeltaNet kernels against their bytes,
 # the Qwen3.5-397B per-layer shape decoding all-resident and streaming

@@ -96,3 +96,12 @@ GPT_OSS_MXFP4_LOGIT_BUDGET = 1e-5
 # transformers computes RoPE's inverse frequencies in float32 (base ** (i / dim), YaRN's ramp);
 # the reference in float64: a few float32 roundings apart
 ROPE_F32_RTOL = 1e-6
+
+# PLE read-ahead timing (tests/test_runtime_ngram_rows.py): a sleep-timed layer loop (100 ms a
+# layer) on a loaded 2-core machine. A wait the read-ahead hid is this close to zero (seen under
+# 1 ms idle); a wait it could not hide is the delay less the layers before, to within the same
+# slack. Thread wake-ups under a load average of 500 added up to 26 ms (seen), hence 40.
+PLE_WAIT_SLACK_S = 0.04
+# peak RSS of writing and streaming a row store, beyond the row cache and one shard: allocator
+# arenas, lazily imported modules, numpy's temporaries (as test_convert_streaming's RSS_SLACK)
+PLE_RSS_SLACK = 32 << 20
