@@ -109,7 +109,7 @@ def resolve_backend(model, config: Config) -> Backend:
 
 
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
-                keep_trace: bool = False) -> Engine:
+                keep_trace: bool = False, ple_hook=None) -> Engine:
     """The engine for `model` (a Model or a path) under `config` (default: `STRATA_*` over the
     defaults; a mapping of Config fields is read as `Config(**mapping)`). Streaming whenever the config names an arena or the budget rule (design §7) says
     the experts do not all fit; otherwise all-resident, which is what streaming would compute
@@ -118,7 +118,12 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
 
     stream: True streams even where every expert fits (tests, benchmarks), False never streams,
     None lets the plan decide. plan: an ArenaPlan to use instead of the budget rule's. hook (an
-    I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools."""
+    I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools; ple_hook is
+    the hook on a PLE model's row reads.
+
+    A PLE model with a row store gets one row source (strata.runtime.ngram_source): its row cache's
+    pages are reserved from the arena's budget, and the streaming engine reads it ahead every
+    window; an all-resident engine reads the tables whole only where they fit."""
     from strata.api_args import as_config
     from strata.loader import Model, load
     from strata.runtime.decode import arena_plan_for
@@ -129,39 +134,64 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     model = model if isinstance(model, Model) else load(model)
     config = config if config is not None else load_config()
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
-    plan = plan or arena_plan_for(model, config)
+    plan = plan or arena_plan_for(model, config, ple_bytes=_row_cache_bytes(model, config))
     mlx = resolve_backend(model, config) is Backend.MLX
-    if not (plan.streaming if stream is None else stream):
-        if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)
-            from strata.mlx_backend.hyper_engine import MlxHyperEngine
+    streaming = plan.streaming if stream is None else stream
+    from strata.runtime.ngram_source import ple_rows_for
 
-            return MlxHyperEngine.open(model, config)
+    ple = ple_rows_for(model, config, stream=True if streaming else None, hook=ple_hook)
+    try:
+        if not streaming:
+            if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)
+                from strata.mlx_backend.hyper_engine import MlxHyperEngine
+
+                return MlxHyperEngine.open(model, config, ple=ple)
+            if mlx:
+                from strata.mlx_backend.engine import MlxEngine
+
+                return MlxEngine.open(model, config)
+            from strata.numpy_backend.engine import ReferenceEngine
+
+            return ReferenceEngine.open(model, config, ple=ple)
         if mlx:
-            from strata.mlx_backend.engine import MlxEngine
-
-            return MlxEngine.open(model, config)
-        from strata.numpy_backend.engine import ReferenceEngine
-
-        return ReferenceEngine.open(model, config)
-    if mlx:
-        from strata.mlx_backend.engine import streaming_parts
-    else:
-        from strata.numpy_backend.engine import streaming_parts
-    return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
-                      kind="mlx streaming" if mlx else "numpy streaming")
+            from strata.mlx_backend.engine import streaming_parts
+        else:
+            from strata.numpy_backend.engine import streaming_parts
+        return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
+                          kind="mlx streaming" if mlx else "numpy streaming", ple=ple)
+    except BaseException:
+        if ple is not None and ple.streamed is not None:
+            ple.streamed.close()
+        raise
 
 
-def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str):
-    """The runtime's StreamingEngine over a backend's arena and compute, with a reader pool."""
+def _row_cache_bytes(model, config: Config) -> int | None:
+    """A PLE model's row cache (ple_reserve's pages) for the budget rule; None without a row store."""
+    if model.ngrams_file is None:
+        return None
+    from strata.runtime.ngram_budget import plan_row_cache
+    from strata.runtime.ngram_source import rows_per_position
+
+    return plan_row_cache(config, model.ngrams_file, rows_per_position=rows_per_position(model.cfg)).nbytes
+
+
+def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str, ple=None):
+    """The runtime's StreamingEngine over a backend's arena and compute, with a reader pool (and a
+    PLE model's row source: the compute's rows, read ahead by the engine when streamed)."""
     from strata.runtime.decode import StreamingEngine
     from strata.runtime.io import ReaderPool
 
-    arena, compute, notes = parts(model, config, plan)
+    if ple is None:
+        arena, compute, notes = parts(model, config, plan)
+    else:
+        arena, compute, notes = parts(model, config, plan, rows=ple.rows)
+        notes = (*notes, ple.reason)
     pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
                       verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
                       switch_interval=config.io_switch_ms / 1e3)
     try:
-        return StreamingEngine(model, config, arena, compute, pool, keep_trace=keep_trace, notes=notes, kind=kind)
+        return StreamingEngine(model, config, arena, compute, pool, keep_trace=keep_trace, notes=notes, kind=kind,
+                               ngram_rows=None if ple is None else ple.streamed)
     except BaseException:
         pool.close()
         raise

@@ -11,6 +11,7 @@ from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
 from strata.model_source import check_model_source
+from strata.ple_store import open_ngram_store
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
 
@@ -42,12 +43,15 @@ class Model:
     experts_file: ExpertsFile
     model_path: Path
     session: object = field(default=None, repr=False)
+    ngrams_file: object = None  # a PLE model's row store (NgramRowsFile, strata/ple_store.py); None: none
 
     def close(self) -> None:
         if self.session is not None:
             self.session.close()
             self.session = None
         self.experts_file.close()
+        if self.ngrams_file is not None:
+            self.ngrams_file.close()
 
     def __enter__(self) -> "Model":
         return self
@@ -68,7 +72,7 @@ EMBEDDED_NAME = "default"  # strata.load("default") and strata.load(): the embed
 
 
 def load(model: str | Path | None = None, *, experts: str | Path | None = None,
-         allow_foreign_experts: bool = False, layers=None) -> Model:
+         allow_foreign_experts: bool = False, layers=None, ngrams: str | Path | None = None) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
     The experts file defaults to the model's name with the `.experts` suffix. No model, or the
@@ -80,7 +84,9 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
     re-quantized one) is run. Model files without an identity (older ones) skip the check.
     `layers` (a `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it
-    computes with.
+    computes with. A PLE model whose tables are in a row store (`cfg.ple_row_store`) opens it too:
+    `ngrams`, default `<name>.ngrams`, refused in one line when missing or not the one the model
+    was written with (strata/ple_store.py).
     """
     if model is None or (str(model) == EMBEDDED_NAME and not Path(model).exists()
                          and not Path(EMBEDDED_NAME + ".gguf").exists()):
@@ -105,13 +111,15 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     xf = ExpertsFile.open(experts_path)
     try:
         _check_pair(mf, xf, model_path, experts_path, allow_foreign_experts)
+        store = open_ngram_store(mf.cfg, model_path, mf.ngrams_identity, path=ngrams)
     except BaseException:
         xf.close()
         raise
     eos = mf.metadata.get(EOS_TOKEN_KEY)
     tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
                               eos_tokens=(eos,) if isinstance(eos, str) else ())
-    return Model(cfg=mf.cfg, dense=dict(mf.dense), tokenizer=tok, experts_file=xf, model_path=model_path)
+    return Model(cfg=mf.cfg, dense=dict(mf.dense), tokenizer=tok, experts_file=xf, model_path=model_path,
+                 ngrams_file=store)
 
 
 def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:

@@ -173,6 +173,9 @@ class ModelConfig:
     ngram_vocab_divisor: int = 1  # a layer's table rows are padded to a multiple of it
     ngram_seed: int = 0  # seeds the per-layer hash multipliers
     ngram_eos_token: int = 0  # the n-gram shifts stop at this token
+    # the n-gram tables are in the row store `<name>.ngrams` (docs/formats.md §7), not among the
+    # dense tensors: what `strata convert` writes; the made test models may keep them dense
+    ple_row_store: bool = False
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)

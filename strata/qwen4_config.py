@@ -130,8 +130,9 @@ def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
             e, k = cfg.ple_embed_dim, cfg.ple_conv_kernel
             rows = ngram_table_sizes(cfg, ple.index(layer))[2]
             shapes.update({b(q.ple_key): (s, e), b(q.ple_value): (d, e), b(q.ple_key_norm): (s,),
-                           b(q.ple_query_norm): (s,), b(q.ple_conv_norm): (s,), b(q.ple_conv): (s, k),
-                           b(q.ple_ngram): (rows, e // ngram_heads(cfg))})
+                           b(q.ple_query_norm): (s,), b(q.ple_conv_norm): (s,), b(q.ple_conv): (s, k)})
+            if not cfg.ple_row_store:  # else the table is in the row store, not the model file
+                shapes[b(q.ple_ngram)] = (rows, e // ngram_heads(cfg))
         shapes[b(n.router)] = (cfg.n_experts, d)
         shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, d)
         shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, d)
@@ -174,6 +175,8 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
     except ValueError:
         raise ConfigError(f"model config: ple_layer_ids must be comma-separated layers, got {cfg.ple_layer_ids!r}")
     if not layers:
+        if cfg.ple_row_store:
+            raise ConfigError("model config: ple_row_store is set, but ple_layer_ids names no PLE layer")
         return
     deltanet = {l for l, t in enumerate(cfg.kinds) if t.mixer is Mixer.DELTANET}
     if list(layers) != sorted(set(layers)) or not set(layers) <= deltanet:

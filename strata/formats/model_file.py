@@ -32,6 +32,7 @@ KEY_FORMAT_VERSION = "strata.format_version"
 KEY_TOKENIZER_JSON = "tokenizer.huggingface.json"
 KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
 KEY_EXPERTS_IDENTITY = "strata.experts_identity"  # ExpertsFile.identity of the expert set written with it
+KEY_NGRAMS_IDENTITY = "strata.ngrams_identity"  # NgramRowsFile.identity of the PLE row store written with it
 KEY_FILE_CHECKSUM = "strata.file_checksum"  # u32 CRC-32 of the whole file, these 4 value bytes read as 0
 CONFIG_PREFIX = "strata."
 
@@ -69,7 +70,7 @@ def config_key(field_name: str) -> str:
 
 _RESERVED_KEYS = frozenset(
     [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, KEY_EXPERTS_IDENTITY,
-     KEY_FILE_CHECKSUM, "general.alignment"]
+     KEY_FILE_CHECKSUM, KEY_NGRAMS_IDENTITY, "general.alignment"]
     + [config_key(f.name) for f in dataclasses.fields(ModelConfig)]
 )
 
@@ -90,6 +91,7 @@ class ModelFile:
     dense_types: dict[str, Any]  # QuantType where one exists, else the gguf GGMLQuantizationType
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)  # extra_metadata given to write_model
     experts_identity: str | None = None  # the expert set it was written with; None in older files
+    ngrams_identity: str | None = None  # the PLE row store it was written with (None: none recorded)
 
 
 # ---------------------------------------------------------------- writer
@@ -146,11 +148,13 @@ def write_model(
     dense_type: QuantType = QuantType.F32,
     extra_metadata: dict[str, Any] | None = None,
     experts_identity: str | None = None,
+    ngrams_identity: str | None = None,
 ) -> None:
     """Write the dense model as GGUF: to `path + ".tmp"`, renamed over `path` when complete.
 
     `experts_identity` (`ExpertsFile.identity` of the `.experts` written beside it) ties the pair:
     loading it with another expert set is then refused (docs/formats.md, "The pair").
+    `ngrams_identity` (`NgramRowsFile.identity`) does the same for a PLE model's row store.
 
     Shapes:
         dense[name]: dense_tensor_shapes(cfg)[name], any float dtype (stored as described above)
@@ -176,6 +180,8 @@ def write_model(
             w.add_string(KEY_CHAT_TEMPLATE, chat_template)
         if experts_identity is not None:
             w.add_string(KEY_EXPERTS_IDENTITY, experts_identity)
+        if ngrams_identity is not None:
+            w.add_string(KEY_NGRAMS_IDENTITY, ngrams_identity)
         w.add_uint32(KEY_FILE_CHECKSUM, 0)  # patched below, once every byte it covers is written
         for key, value in (extra_metadata or {}).items():
             _add_value(w, key, value)
@@ -373,6 +379,7 @@ def read_model(path: str | os.PathLike, *, names: Collection[str] | None = None)
         return ModelFile(path=path, cfg=cfg, dense=dense, tokenizer_json=_string_field(gf, KEY_TOKENIZER_JSON),
                          chat_template=_string_field(gf, KEY_CHAT_TEMPLATE, required=False),
                          dense_types=types, metadata=metadata,
-                         experts_identity=_string_field(gf, KEY_EXPERTS_IDENTITY, required=False))
+                         experts_identity=_string_field(gf, KEY_EXPERTS_IDENTITY, required=False),
+                         ngrams_identity=_string_field(gf, KEY_NGRAMS_IDENTITY, required=False))
     finally:
         gf.close()

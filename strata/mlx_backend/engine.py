@@ -138,7 +138,7 @@ class MlxEngine(SessionEngine):
 
 
 
-def streaming_parts(model, config: Config, plan) -> tuple:
+def streaming_parts(model, config: Config, plan, *, rows=None) -> tuple:
     """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
     MlxCompute over the model's dense weights (strata.engines adds the pool and the loop)."""
     xf = model.experts_file
@@ -150,7 +150,7 @@ def streaming_parts(model, config: Config, plan) -> tuple:
         from strata.reference.hyper_model import resident_rows
 
         params = to_hyper_params(model.cfg, model.dense, resident=False)
-        rows = resident_rows(model.cfg, model.dense)
+        rows = rows if rows is not None else resident_rows(model.cfg, model.dense)
         return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)

@@ -26,15 +26,25 @@ class MlxHyperEngine(SessionEngine):
         self.params, self.rows = params, rows
         self.state = empty_hyper_state(params.cfg)
         self._reads = expert_reads
+        self._row_cache = None  # a streamed PLE row cache this engine closes (open)
 
     @classmethod
-    def open(cls, model, config: Config) -> "MlxHyperEngine":
-        """Every expert of `model` (a strata.loader.Model) read once into an MLX arena."""
+    def open(cls, model, config: Config, *, ple=None) -> "MlxHyperEngine":
+        """Every expert of `model` (a strata.loader.Model) read once into an MLX arena. ple: the
+        row source (strata.runtime.ngram_source.PleRows; the engine closes its cache)."""
         xf = model.experts_file
         arena = load_resident_arena(xf, verify=config.verify_reads)
         params = to_hyper_params(model.cfg, model.dense, arena=arena, rec=xf.layout)
-        return cls(params, resident_rows(model.cfg, model.dense), model=model, config=config,
-                   expert_reads=xf.header.n_records)
+        rows = ple.rows if ple is not None else resident_rows(model.cfg, model.dense)
+        engine = cls(params, rows, model=model, config=config, expert_reads=xf.header.n_records)
+        engine._row_cache = None if ple is None else ple.streamed
+        return engine
+
+    def close(self) -> None:
+        cache, self._row_cache = self._row_cache, None
+        if cache is not None:
+            cache.close()
+        super().close()
 
     def _run(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
         logits, self.state = hyper_forward(self.params, self.state, tokens, self.rows, window=window)

@@ -4,6 +4,8 @@ runtime adds the reader pool and the loop, strata.engines puts them together).""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from strata.numpy_backend.prompt import prompt_forward
@@ -28,12 +30,24 @@ class ReferenceEngine(SessionEngine):
         self.select = select
         self.state = ModelState.empty(params.cfg)
         self._reads = expert_reads
+        self._row_cache = None  # a streamed PLE row cache this engine closes (open)
 
     @classmethod
-    def open(cls, model, config=None) -> "ReferenceEngine":
-        """Every expert of `model` (a strata.loader.Model) read once into memory."""
-        return cls(model.resident_params(), model=model, config=config,
-                   expert_reads=model.experts_file.header.n_records)
+    def open(cls, model, config=None, *, ple=None) -> "ReferenceEngine":
+        """Every expert of `model` (a strata.loader.Model) read once into memory. ple: a PLE
+        model's row source (strata.runtime.ngram_source.PleRows; the engine closes its cache)."""
+        params = model.resident_params()
+        if ple is not None:
+            params = dataclasses.replace(params, rows=ple.rows)
+        engine = cls(params, model=model, config=config, expert_reads=model.experts_file.header.n_records)
+        engine._row_cache = None if ple is None else ple.streamed
+        return engine
+
+    def close(self) -> None:
+        cache, self._row_cache = self._row_cache, None
+        if cache is not None:
+            cache.close()
+        super().close()
 
     def _forward(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
         logits, self.state = forward(self.params, self.state, tokens, select=self.select, window=window)
@@ -68,9 +82,10 @@ class _NoResidentExperts:
         raise RuntimeError("the streaming engine reads experts from the arena, never from params")
 
 
-def streaming_parts(model, config, plan, *, layers=None) -> tuple:
+def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
     """(arena, compute, notes) of a numpy streaming engine: a NumpyArena of `plan.slots` slots
-    and NumpyCompute over the model's dense weights (`layers`: a pipeline stage's LayerRange)."""
+    and NumpyCompute over the model's dense weights (`layers`: a pipeline stage's LayerRange;
+    `rows`: a PLE model's row source)."""
     from strata.numpy_backend.arena import NumpyArena, mlock_buffer
     from strata.numpy_backend.compute import NumpyCompute
 
@@ -83,6 +98,10 @@ def streaming_parts(model, config, plan, *, layers=None) -> tuple:
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
     if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)
-        from strata.numpy_backend.hyper_compute import HyperNumpyCompute as NumpyCompute  # noqa: N814
+        from strata.numpy_backend.hyper_compute import HyperNumpyCompute
+
+        compute = HyperNumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
+                                    rows=rows)
+        return arena, compute, tuple(notes)
     compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers)
     return arena, compute, tuple(notes)

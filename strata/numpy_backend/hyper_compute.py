@@ -36,7 +36,9 @@ class HyperNumpyCompute(NumpyCompute):
         if layers is not None and (layers.start, layers.stop) != (0, params.cfg.n_layers):
             raise ConfigError("hc_count: pipeline stages of a hyper-connection model are not supported")
         super().__init__(params, arena, layout, pred_q8=pred_q8)
-        self.rows = rows if rows is not None else resident_rows(params.cfg, params.dense)
+        if rows is None:
+            rows = params.rows if params.rows is not None else resident_rows(params.cfg, params.dense)
+        self.rows = rows
         self._tokens = np.zeros(0, np.int64)  # the positions being computed (embed to head)
         self._inject: np.ndarray | None = None  # router_input's injection weights, until combine
 

@@ -42,6 +42,9 @@ def hyper_layer_state(cfg: ModelConfig, layer: int) -> HyperLayerState:
 def resident_rows(cfg: ModelConfig, dense) -> ResidentNgramRows:
     """The row source over the n-gram tables held with the dense weights, by PLE index."""
     name = lambda layer: TensorNames.block(layer, Qwen4Names.ple_ngram)  # noqa: E731
+    if cfg.ple_row_store:
+        raise ConfigError("ple_row_store: this model's n-gram tables are in its row store, not among the dense "
+                          "weights; pass the row source (strata.runtime.ngram_source.ple_rows_for)")
     return ResidentNgramRows({i: dense[name(layer)] for i, layer in enumerate(ple_layers(cfg))})
 
 
@@ -82,8 +85,8 @@ def hyper_forward(params, state, tokens: np.ndarray, *, select, trace: bool = Fa
                   layers=None, rows: NgramRows | None = None, moe_output=None):
     """`reference.model.forward` for a hyper-connection model (same arguments and results).
 
-    rows: where the PLE layers' n-gram rows come from (default: the tables held with the dense
-    weights). moe_output: how an MoE block's output is computed from (params, layer, h,
+    rows: where the PLE layers' n-gram rows come from (default: `params.rows`, else the tables held
+    with the dense weights). moe_output: how an MoE block's output is computed from (params, layer, h,
     selections) (default: the reference's per token; the prompt path passes its grouped one).
 
     Shapes:
@@ -94,7 +97,8 @@ def hyper_forward(params, state, tokens: np.ndarray, *, select, trace: bool = Fa
     cfg = params.cfg
     if layers is not None and (layers.start, layers.stop) != (0, cfg.n_layers):
         raise ConfigError("hc_count: pipeline stages of a hyper-connection model are not supported")
-    rows = rows if rows is not None else resident_rows(cfg, params.dense)
+    if rows is None:
+        rows = params.rows if params.rows is not None else resident_rows(cfg, params.dense)
     moe_output = moe_output or ref.moe_output
     tokens = np.asarray(tokens, np.int64)
     streams = expand_streams(cfg, ref.embed(params, tokens))  # [T, hc * D]

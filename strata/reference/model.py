@@ -39,6 +39,7 @@ class ModelParams:
     cfg: ModelConfig
     dense: Mapping[str, np.ndarray]  # float32, names and shapes from model_config.dense_tensor_shapes
     experts: ExpertSource
+    rows: object = None  # a PLE model's n-gram row source (reference.ngram_rows.NgramRows); None: in `dense`
 
 
 # per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent

@@ -212,12 +212,15 @@ def make_model(
     expert_type: QuantType = QuantType.Q2_0,
     dense_type: QuantType = QuantType.F32,
     progress: bool = False,
+    ple_rows: QuantType | None = None,
     **overrides,
 ) -> MadeModel:
     """Write `<path>.gguf` and `<path>.experts`: a small valid model with structured routing.
 
     `shape` names a preset in SHAPES (or is a ModelConfig); keyword `overrides` replace config
-    fields (for example `n_layers=3`).
+    fields (for example `n_layers=3`). `ple_rows` (a PLE shape, `qwen4`): write the n-gram tables
+    into the row store `<path>.ngrams` in that row type, as `strata convert` does, instead of the
+    model file; the other tensors are those of the same seed without it.
     """
     if isinstance(shape, str):
         if shape not in SHAPES:
@@ -240,6 +243,11 @@ def make_model(
     if dense_type is QuantType.F16:  # 1-D tensors are stored F32, but MLX's kernel path holds them as
         # float16 (the shared expert's gate: 2.4e-4 relative on the hybrid's logits): make them exact
         dense = {k: v.astype(np.float16).astype(np.float32) if v.ndim == 1 else v for k, v in dense.items()}
+    ngrams = None
+    if ple_rows is not None:  # the tables out of the model file, into its row store
+        from strata.testing.ngram_rows import move_tables_to_store
+
+        cfg, dense, ngrams = move_tables_to_store(cfg, dense, model_path.with_suffix(".ngrams"), ple_rows)
     write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(),
-                dense_type=dense_type, experts_identity=identity)
+                dense_type=dense_type, experts_identity=identity, ngrams_identity=ngrams)
     return MadeModel(model_path, experts_path, cfg)

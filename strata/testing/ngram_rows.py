@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from strata.formats.ngram_rows_file import PAGE_BYTES, NgramRowsFile
-from strata.formats.ngram_rows_writer import NgramRowsWriter
+from strata.formats.ngram_rows_writer import NgramRowsWriter, write_ngram_rows
 from strata.formats.quant_types import QuantType
 from strata.reference.ngram_rows import NgramRows
 
@@ -70,3 +70,21 @@ def write_synthetic_store(path: str | os.PathLike, *, shapes: Mapping[int, tuple
                 x = rng.standard_normal((min(shard_rows, rows - a), width), dtype=np.float32)
                 w.write(layer, x * np.float32(scale))
     return NgramRowsFile.open(path)
+
+
+def move_tables_to_store(cfg, dense: dict, path, qtype: QuantType) -> tuple:
+    """A made PLE model's n-gram tables written into a row store at `path` (keyed by PLE index)
+    and taken out of its dense weights: -> (cfg with ple_row_store, dense without the tables,
+    the store's identity for the model file)."""
+    from dataclasses import replace
+
+    from strata.model_config import TensorNames
+    from strata.qwen4_config import Qwen4Names, ple_layers
+
+    names = [TensorNames.block(layer, Qwen4Names.ple_ngram) for layer in ple_layers(cfg)]
+    tables = {i: np.asarray(dense[n], np.float32) for i, n in enumerate(names)}
+    shapes = {i: t.shape for i, t in tables.items()}
+    with write_ngram_rows(path, qtype=qtype, shapes=shapes, pieces=tables.items()) as store:
+        identity = store.identity
+    kept = {k: v for k, v in dense.items() if k not in set(names)}
+    return replace(cfg, ple_row_store=True), kept, identity
