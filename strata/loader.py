@@ -60,8 +60,9 @@ class Model:
         self.close()
 
     def resident_params(self) -> ModelParams:
-        """Parameters with every expert resident in memory (the reference path)."""
-        return ModelParams(self.cfg, self.dense, ResidentExperts(self.experts_file))
+        """Parameters with every expert resident in memory (the reference path). A PLE model's
+        rows come from its row store, if it has one, a read per page (never the tables whole)."""
+        return ModelParams(self.cfg, self.dense, ResidentExperts(self.experts_file), rows=self.ngrams_file)
 
 
 def experts_path_for(model_path: Path) -> Path:

@@ -24,13 +24,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests import hf_models, hf_qwen4  # noqa: E402
 from strata.convert import convert  # noqa: E402
-from strata.convert.qwen4_exp import ngram_tables  # noqa: E402
 from strata.convert.safetensors_reader import Checkpoint  # noqa: E402
 from strata.errors import ConfigError  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
-from strata.model_config import Mixer, TensorNames  # noqa: E402
+from strata.model_config import Mixer  # noqa: E402
 from strata.qwen4_config import Qwen4Names, ple_layers  # noqa: E402
 from strata.reference import indexed_attention as qsa  # noqa: E402
 from strata.reference.model import ModelState, forward, router_rule  # noqa: E402
@@ -271,24 +270,54 @@ def test_unhandled_config_values_are_refused_in_one_line(checkpoint, arch, chang
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_tables_are_dense_tensors_and_ngram_tables_yields_them(arch, checkpoint, converted):
-    model = converted[QuantType.F16][0]
-    pairs = list(ngram_tables(model.cfg, model.dense))
-    assert [i for i, _ in pairs] == list(range(len(hf_qwen4.PLE_LAYER_IDS)))
+def test_tables_go_to_the_row_store_in_shard_order(arch, checkpoint, converted):
+    """The n-gram tables are not in the model file: `<name>.ngrams` holds them by PLE index, the
+    shards concatenated in order (F16 rows: the BF16 values exactly), and the model file records
+    the store's identity."""
+    from strata.formats.model_file import read_model
+
+    model, result = converted[QuantType.F16]
+    assert model.cfg.ple_row_store and result.ngrams_path == result.model_path.with_suffix(".ngrams")
+    assert not any(k.endswith(Qwen4Names.ple_ngram) for k in model.dense)
+    store = model.ngrams_file
+    assert read_model(result.model_path).ngrams_identity == store.identity
+    assert sorted(store.tables) == list(range(len(hf_qwen4.PLE_LAYER_IDS)))
     raw = _read_all(checkpoint[0])
     prefix = "model.language_model." if arch == "qwen4_exp" else "model."
-    for (i, table), layer in zip(pairs, ple_layers(model.cfg)):
-        assert table is model.dense[TensorNames.block(layer, Qwen4Names.ple_ngram)]
+    for i, layer in enumerate(ple_layers(model.cfg)):
         base = f"{prefix}layers.{layer}.ple.ple_embedding.ngram_embedding."
-        shards = [raw[f"{base}shard_{s}.weight"] for s in range(hf_qwen4.NGRAM_SHARDS)]
-        np.testing.assert_array_equal(table, np.concatenate(shards))  # the shards in order, values kept
+        want = np.concatenate([raw[f"{base}shard_{s}.weight"] for s in range(hf_qwen4.NGRAM_SHARDS)])
+        got = store.rows(i, np.arange(store.tables[i].rows))
+        np.testing.assert_array_equal(got, want.astype(np.float32))  # bf16 values: exact in F16
 
 
-def test_tables_too_large_for_the_model_file_are_refused(arch, checkpoint, tmp_path, monkeypatch):
-    from strata.convert import qwen4_exp
+def test_f32_rows_read_in_small_ranges_give_the_same_model(arch, checkpoint, converted, tmp_path, monkeypatch):
+    """The tables stream into the store a row range at a time (no table, no shard whole: the
+    published ~90 GB convert the same way); F32 rows hold the BF16 values as F16 rows do."""
+    from strata.convert import ngram_tables as tables_module
 
     if arch != "qwen4_exp_text":
         pytest.skip("one layout is enough")
-    monkeypatch.setattr(qwen4_exp, "MAX_DENSE_TABLE_BYTES", 1000)
-    with pytest.raises(ConfigError, match="ple_layer_ids: the n-gram tables are"):
-        convert(checkpoint[0], tmp_path / "out", expert_type=QuantType.F16)
+    monkeypatch.setattr(tables_module, "ROWS_PER_READ", 7)  # many reads per shard, some ending mid-shard
+    model = load(convert(checkpoint[0], tmp_path / "f32", expert_type=QuantType.F16,
+                         ngram_type=QuantType.F32).model_path)
+    assert model.ngrams_file.qtype is QuantType.F32
+    tokens = _tokens(model)
+    np.testing.assert_array_equal(_logits(model, tokens), _logits(converted[QuantType.F16][0], tokens))
+
+
+def test_the_row_store_must_be_there_and_be_its_own(arch, checkpoint, converted, tmp_path):
+    from strata.errors import FormatError
+
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    r = convert(checkpoint[0], tmp_path / "out", expert_type=QuantType.F16)
+    other = convert(checkpoint[0], tmp_path / "other", expert_type=QuantType.F16, ngram_type=QuantType.F32)
+    os.replace(other.ngrams_path, r.ngrams_path)  # another conversion's store (another identity)
+    with pytest.raises(FormatError, match="not the row store out.gguf was written with") as err:
+        load(r.model_path)
+    assert "\n" not in str(err.value)
+    r.ngrams_path.unlink()
+    with pytest.raises(FormatError, match="no such PLE row store") as err:
+        load(r.model_path)
+    assert "\n" not in str(err.value)

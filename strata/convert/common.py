@@ -43,6 +43,9 @@ class Family:
     # a family whose tensors are not the Llama names one to one (a prefix, fused or derived
     # tensors, skipped towers): (cfg, checkpoint) -> convert.tensor_plan.TensorPlan
     tensor_plan: Callable | None = None
+    # a family whose largest tables go into a third file beside the pair (Qwen4-Exp's n-gram row
+    # store, when the config says `ple_row_store`): (cfg, checkpoint, path, *, qtype, progress) -> the open file
+    row_store: Callable | None = None
 
 
 def base_fields(hf: HFConfig, ckpt: Checkpoint) -> dict:

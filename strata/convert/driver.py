@@ -55,11 +55,13 @@ from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import DENSE_TYPES, write_model
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, dense_tensor_shapes
+from strata.ple_store import NGRAMS_SUFFIX
 from strata.reference.quants import quantize
 
 EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
 DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # design §4: routed experts are Q2_0
 DEFAULT_DENSE_TYPE = QuantType.F32
+DEFAULT_NGRAM_TYPE = QuantType.F16  # a PLE row store's rows: a bfloat16 table's values in its size
 PARTIAL_SUFFIX = ".partial"
 SOURCE_KEY = "convert.source_model_type"  # extra GGUF metadata: where the model came from
 
@@ -75,6 +77,7 @@ class ConvertResult:
     seconds: float
     notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
     requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
+    ngrams_path: Path | None = None  # a PLE model's row store (`out.ngrams`), else None
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -136,14 +139,18 @@ def check_finite(x: np.ndarray, where: str) -> None:
         raise FormatError(f"{where}: {bad} non-finite values (NaN or inf); the checkpoint is damaged")
 
 
-def _install(model_partial: Path, experts_partial: Path, model_path: Path, experts_path: Path) -> None:
-    """Put the pair in place. A crash after any step leaves either the old pair, or no `.gguf`
-    at all (run the conversion again), never an old `.gguf` beside new experts."""
+def _install(model_partial: Path, experts_partial: Path, model_path: Path, experts_path: Path,
+             ngrams: tuple[Path, Path] | None = None) -> None:
+    """Put the pair in place (and a PLE model's row store: ngrams = (partial, final)). A crash
+    after any step leaves either the old pair, or no `.gguf` at all (run the conversion again),
+    never an old `.gguf` beside new experts."""
     try:
         model_path.unlink()  # 1. no model under the final name while its experts change
     except FileNotFoundError:
         pass
     os.replace(experts_partial, experts_path)  # 2. the new experts
+    if ngrams is not None:
+        os.replace(*ngrams)  # 2b. the new row store (the model records its identity too)
     os.replace(model_partial, model_path)  # 3. the new model, written with these experts' identity
     try:  # the renames survive a power loss only once the directory is on disk
         fd = os.open(model_path.parent, os.O_RDONLY)
@@ -226,18 +233,21 @@ def convert(
     expert_type: QuantType | None = None,
     dense_type: QuantType = DEFAULT_DENSE_TYPE,
     progress: bool = False,
+    ngram_type: QuantType = DEFAULT_NGRAM_TYPE,
 ) -> ConvertResult:
     """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc).
 
     expert_type None: an MLX-quantized checkpoint's experts keep their own type (bit for bit),
     a float checkpoint's become DEFAULT_EXPERT_TYPE; a type given is quantized to (from the
-    dequantized values, for an MLX checkpoint)."""
+    dequantized values, for an MLX checkpoint). ngram_type: the row type of a PLE model's row
+    store (`out.ngrams`: F32, F16, Q8_0 or Q4_0; docs/formats.md §7)."""
     start = time.perf_counter()
     hf_dir = Path(hf_dir)
     from_gguf = gguf_checkpoint.is_gguf(hf_dir)
     if not hf_dir.is_dir() and not from_gguf:
         raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
     expert_type, dense_type = None if expert_type is None else QuantType(expert_type), QuantType(dense_type)
+    ngram_type = QuantType(ngram_type)
     if dense_type not in DENSE_TYPES:
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
                           f"{', '.join(q.name.lower() for q in DENSE_TYPES)}")
@@ -259,6 +269,9 @@ def convert(
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
         experts_partial = Path(str(experts_path) + PARTIAL_SUFFIX)
+        ngrams_path = model_path.with_suffix(NGRAMS_SUFFIX) if cfg.ple_row_store else None
+        ngrams_partial = Path(str(ngrams_path) + PARTIAL_SUFFIX) if ngrams_path else None
+        partials = (model_partial, experts_partial) + ((ngrams_partial,) if ngrams_partial else ())
         model_path.parent.mkdir(parents=True, exist_ok=True)
         renamed = False
         try:
@@ -283,17 +296,24 @@ def convert(
                               biases=cfg.expert_bias)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity
+            ngrams_identity = None
+            if ngrams_path is not None:  # the n-gram tables, streamed into their own file (Qwen4-Exp)
+                write = plan.family.row_store
+                with write(cfg, ckpt, ngrams_partial, qtype=ngram_type, progress=progress) as store:
+                    ngrams_identity = store.identity
             extra = {SOURCE_KEY: plan.hf.model_type}
             extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in plan.tokenizer.special_tokens.items()})
             with _bar(len(plan.sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
                 dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
                             chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra,
-                            experts_identity=identity)
+                            experts_identity=identity, ngrams_identity=ngrams_identity)
             renamed = True  # from here on a failure leaves no pair under the final names
-            _install(model_partial, experts_partial, model_path, experts_path)
+            _install(model_partial, experts_partial, model_path, experts_path,
+                     None if ngrams_path is None else (ngrams_partial, ngrams_path))
         except BaseException:
-            _unlink(model_partial, experts_partial, *([experts_path, model_path] if renamed else []))
+            finals = [experts_path, model_path] + ([ngrams_path] if ngrams_path else [])
+            _unlink(*partials, *(finals if renamed else []))
             raise
         kld = None
         if from_gguf and plan.kept is None:  # requantized: what that step cost, against gguf's dequantization
@@ -301,4 +321,4 @@ def convert(
 
             kld = requantization_kld(model_path, plan.experts)
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start, plan.notes, kld)
+                         time.perf_counter() - start, plan.notes, kld, ngrams_path)

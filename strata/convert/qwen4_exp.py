@@ -16,8 +16,10 @@ transformers' modeling file (models/qwen4_exp), with these derivations:
   checked equal to what strata derives from the config (reference/ngram_hash.py) and not stored;
 - a checkpoint whose experts were pruned (fewer router rows and experts than its config's
   `num_experts`) converts as an ordinary model of that many experts (read from the router).
-For now the n-gram tables are dense tensors of the model file (`blk.L.ple_ngram.weight`);
-`ngram_tables(cfg, dense)` yields (PLE index, table) for a row-store writer.
+The n-gram tables (tens of GB in the published checkpoint) do not go into the model file: the
+config says `ple_row_store` and `write_row_store` streams them, shard by shard, into the row store
+`<name>.ngrams` (strata.convert.ngram_tables; docs/formats.md §7), whose identity the model file
+records.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from strata.convert.common import ExpertTensors, Family, base_fields
 from strata.convert.hf_config import HFConfig
 from strata.convert.qwen_hybrid import _OUTER_KEYS, _plus_one, _refuse_unknown, _rope, _split_q_gate
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.tensor_plan import Derived, TensorPlan
+from strata.convert.ngram_tables import find_ngram_tables, write_ngram_tables
+from strata.convert.tensor_plan import Derived, TensorPlan, source_names
+from strata.formats.quant_types import QuantType
 from strata.errors import ConfigError
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames
 from strata.qwen4_config import HC_FINAL, Qwen4Names, ngram_heads, ple_layers
@@ -45,10 +49,9 @@ DEFAULT_PARTIAL_ROTARY = 1.0  # transformers' Qwen4-Exp config sets none (Qwen3.
 SKIPPED_PREFIXES = {"mtp.": "the multi-token-prediction layer (mtp.*): strata decodes one token at a time",
                     "model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
 HASH_BUFFERS = ("layer_multipliers", "ngram_heads_vocab_sizes", "ngram_heads_offsets")
-# The tables go into the .gguf as dense tensors for now, read whole (float32) by the converter and
-# the loader: past this they would not fit a machine strata targets (the published tables are
-# ~90 GB), so such a checkpoint is refused until the row store writes them instead.
-MAX_DENSE_TABLE_BYTES = 4 << 30
+# The row store's default row type: a bfloat16 checkpoint's tables (the published one's) keep their
+# size and their 7 mantissa bits in F16's 10 (values past F16's range are refused in one line)
+DEFAULT_ROW_TYPE = QuantType.F16
 
 _READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
          "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -177,6 +180,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
             ngram_vocab_base=text.get_int("ngram_vocab_size_base", default=20_000_000),
             ngram_vocab_divisor=text.get_int("make_ngram_vocab_size_divisible_by", default=128),
             ngram_seed=text.get_int("seed", default=1234), ngram_eos_token=_eos(text),
+            ple_row_store=True,  # the tables go to <name>.ngrams (write_row_store), not the model file
         )
     return ModelConfig(**fields)
 
@@ -265,9 +269,13 @@ def _layer_sources(cfg: ModelConfig, ckpt: Checkpoint, layer: int, prefix: str):
                     q.ple_key_norm: _plus_one(p + "norm_key.weight", (s,)),
                     q.ple_query_norm: _plus_one(p + "norm_query.weight", (s,)),
                     q.ple_conv_norm: _plus_one(p + "norm_conv.weight", (s,)),
-                    q.ple_conv: p + "conv1d.weight",  # [S, 1, K] -> [S, K]
-                    q.ple_ngram: _ngram_table(ckpt, emb, h.table_rows, cfg.ple_embed_dim // ngram_heads(cfg))})
-        buffers = _check_hash_buffers(ckpt, emb, h)
+                    q.ple_conv: p + "conv1d.weight"})  # [S, 1, K] -> [S, K]
+        table = _ngram_table(ckpt, emb, h.table_rows, cfg.ple_embed_dim // ngram_heads(cfg))  # shapes checked
+        if cfg.ple_row_store:  # written by write_row_store: the model file has no place for it
+            buffers = list(source_names({"table": table}))
+        else:
+            out[q.ple_ngram] = table
+        buffers += _check_hash_buffers(ckpt, emb, h)
     return out, buffers
 
 
@@ -284,17 +292,12 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
         layer_sources, buffers = _layer_sources(cfg, ckpt, layer, prefix)
         sources.update({n.block(layer, k): v for k, v in layer_sources.items()})
         skipped += buffers
-    table_bytes = sum(rows * width * 4 for rows, width in (
-        ckpt_table_shape(cfg, layer) for layer in ple_layers(cfg)))
-    if table_bytes > MAX_DENSE_TABLE_BYTES:
-        raise ConfigError(f"{ckpt.directory}: ple_layer_ids: the n-gram tables are {table_bytes / 2**30:.1f} GiB in "
-                          f"float32; strata stores them in the model file only up to "
-                          f"{MAX_DENSE_TABLE_BYTES / 2**30:.0f} GiB (a row store for larger ones is not written yet)")
     experts = ExpertTensors(ckpt, cfg, "mlp", ("gate_proj", "up_proj", "down_proj"),
                             layer_prefix=prefix + "layers.{}.")
     notes = []
-    if skipped:
-        notes.append(f"checked {len(skipped)} n-gram hash buffers against the config's hash (not stored)")
+    hashes = [t for t in skipped if t.rsplit(".", 1)[-1] in HASH_BUFFERS]
+    if hashes:
+        notes.append(f"checked {len(hashes)} n-gram hash buffers against the config's hash (not stored)")
     for start, what in SKIPPED_PREFIXES.items():
         names = [t for t in ckpt.tensors if t.startswith(start)]
         if names:
@@ -309,13 +312,26 @@ def ckpt_table_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:
 
 
 def ngram_tables(cfg: ModelConfig, dense):
-    """(PLE index, table [rows, width]) per PLE layer, in order: what a row-store writer takes
-    (the tables are the model file's `blk.L.ple_ngram.weight` for now)."""
+    """(PLE index, table [rows, width]) per PLE layer, in order, of a model whose tables are
+    among its dense weights (`ple_row_store` False: the made test models)."""
     return ple_table_items(cfg, dense)
+
+
+def write_row_store(cfg: ModelConfig, ckpt: Checkpoint, path, *, qtype: QuantType = DEFAULT_ROW_TYPE,
+                    progress: bool = False):
+    """The checkpoint's n-gram tables into the row store at `path` (atomically), streamed a row
+    range at a time (strata.convert.ngram_tables), keyed by PLE index; -> the open NgramRowsFile."""
+    tables = find_ngram_tables(ckpt, prefix=PREFIX.get(cfg.architecture, "model."))
+    want = {layer: ckpt_table_shape(cfg, layer) for layer in ple_layers(cfg)}
+    found = {layer: (t.rows, t.width) for layer, t in tables.items()}
+    if found != want:
+        raise ConfigError(f"{ckpt.directory}: ple_layer_ids: the checkpoint's n-gram tables {found} are not the "
+                          f"config's {want} (layer: rows, width)")
+    return write_ngram_tables(ckpt, path, tables, qtype=qtype, progress=progress)
 
 
 _FEATURES = ("hyper-connections, gated DeltaNet and indexed (QSA) attention layers, PLE n-gram embeddings "
              "(sharded tables), partial rotary, zero-centred norms, routed SwiGLU experts (per expert or fused, "
              "pruned or not), a gated shared expert")
 QWEN4_EXP = Family(name="Qwen4-Exp", model_types=(TEXT, MULTIMODAL), model_config=qwen4_config,
-                   supported_features=_FEATURES, tensor_plan=tensor_plan)
+                   supported_features=_FEATURES, tensor_plan=tensor_plan, row_store=write_row_store)
