@@ -109,7 +109,7 @@ def resolve_backend(model, config: Config) -> Backend:
 
 
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
-                keep_trace: bool = False, ple_hook=None) -> Engine:
+                keep_trace: bool = False, ple_hook=None, ple_latency=None) -> Engine:
     """The engine for `model` (a Model or a path) under `config` (default: `STRATA_*` over the
     defaults; a mapping of Config fields is read as `Config(**mapping)`). Streaming whenever the config names an arena or the budget rule (design §7) says
     the experts do not all fit; otherwise all-resident, which is what streaming would compute
@@ -118,8 +118,8 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
 
     stream: True streams even where every expert fits (tests, benchmarks), False never streams,
     None lets the plan decide. plan: an ArenaPlan to use instead of the budget rule's. hook (an
-    I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools; ple_hook is
-    the hook on a PLE model's row reads.
+    I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools; ple_hook and
+    ple_latency are faults on a PLE model's row reads (an IOHook; the advised reader's latency).
 
     A PLE model with a row store gets one row source (strata.runtime.ngram_source): its row cache's
     pages are reserved from the arena's budget, and the streaming engine reads it ahead every
@@ -139,7 +139,7 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     streaming = plan.streaming if stream is None else stream
     from strata.runtime.ngram_source import ple_rows_for
 
-    ple = ple_rows_for(model, config, stream=True if streaming else None, hook=ple_hook)
+    ple = ple_rows_for(model, config, stream=True if streaming else None, hook=ple_hook, latency=ple_latency)
     try:
         if not streaming:
             if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)

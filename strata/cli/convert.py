@@ -23,6 +23,8 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--experts", default=None, help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0; an "
                                                 "MLX-quantized checkpoint's experts keep their own bits)")
     p.add_argument("--dense", default="f32", help="dense matrix type: f32, f16, q8_0 (default f32)")
+    p.add_argument("--ngrams", default="f16", help="a PLE model's n-gram row store (OUT.ngrams) row type: f32, f16, "
+                                                "q8_0, q4_0 (default f16; docs/qwen4.md gives their KLD)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
 
@@ -41,18 +43,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         expert_type = None if args.experts is None else parse_quant_type(args.experts)
         dense_type = parse_quant_type(args.dense)
+        ngram_type = parse_quant_type(args.ngrams)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_output_path(args.out, "OUT", make_dirs=True)  # before hours of conversion, not after (the converter makes directories)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet)
+        r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet,
+                    ngram_type=ngram_type)
     finally:
         signal.signal(signal.SIGTERM, previous)
     c = r.cfg
     print(f"wrote {r.model_path} and {r.experts_path}: {r.family}, {c.n_layers} layers, {c.n_experts} experts "
           f"(top-{c.n_experts_per_token}), experts {r.expert_type.name}, dense {r.dense_type.name}, "
           f"{r.seconds:.1f} s")
+    if r.ngrams_path is not None:
+        print(f"wrote {r.ngrams_path}: the PLE n-gram row store, rows {args.ngrams.upper()}")
     for note in r.notes:
         print(f"note: {note}")
     if r.requant_kld is not None:

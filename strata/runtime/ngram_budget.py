@@ -60,15 +60,16 @@ def plan_row_cache(config, store: NgramRowsFile, *, rows_per_position: int) -> R
 
 
 def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_ids: "RowIds | None" = None,
-                   context_tokens: int | None = None, hook=None, reader: str = "auto"
+                   context_tokens: int | None = None, hook=None, reader: str = "auto", latency=None
                    ) -> tuple["StreamedNgramRows", RowCachePlan]:
     """The row cache a run gets under `config`: `ple_reserve`'s pages (`plan_row_cache`), the
     reader settings of the expert pool (`io_threads`, `direct_io`, `verify_reads`, `io_timeout`).
-    Returns the cache and its plan (`plan.nbytes` goes to `arena_plan_for(..., ple_bytes=)`)."""
+    Returns the cache and its plan (`plan.nbytes` goes to `arena_plan_for(..., ple_bytes=)`).
+    hook, latency: test faults (an IOHook; the advised reader's simulated latency)."""
     from strata.runtime.ngram_rows import StreamedNgramRows
 
     plan = plan_row_cache(config, store, rows_per_position=rows_per_position)
     rows = StreamedNgramRows(store, capacity=plan.pages, threads=config.io_threads, verify=config.verify_reads,
                              direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids,
-                             context_tokens=context_tokens, reader=reader)
+                             context_tokens=context_tokens, reader=reader, latency=latency)
     return rows, plan

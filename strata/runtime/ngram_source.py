@@ -86,11 +86,12 @@ def _read_whole(store) -> ResidentNgramRows:
     return ResidentNgramRows({layer: store.rows(layer, np.arange(t.rows)) for layer, t in store.tables.items()})
 
 
-def ple_rows_for(model, config, *, stream: bool | None = None, hook=None, reader: str = "auto") -> PleRows | None:
+def ple_rows_for(model, config, *, stream: bool | None = None, hook=None, latency=None,
+                 reader: str = "auto") -> PleRows | None:
     """The row source for `model` under `config` (module doc); None for a model without PLE.
     stream: True always streams from the store; False or None reads the tables whole when they
     fit `resident_room` (None: the caller is an all-resident engine; a streaming engine passes
-    True). hook: an I/O fault hook on the row reads (tests)."""
+    True). hook, latency: faults on the row reads (tests: an IOHook; the advised reader's latency)."""
     cfg = model.cfg
     if not ple_layers(cfg):
         return None
@@ -105,5 +106,6 @@ def ple_rows_for(model, config, *, stream: bool | None = None, hook=None, reader
             return PleRows(_read_whole(store), None, None,
                            f"PLE rows resident ({fmt_bytes(need)} of tables within {fmt_bytes(room)})")
     rows, plan = open_row_cache(store, config, rows_per_position=rows_per_position(cfg), row_ids=ModelRowIds(cfg),
-                                context_tokens=cfg.ngram_size - 1, hook=hook, reader=reader)
+                                context_tokens=cfg.ngram_size - 1, hook=hook, reader=reader,
+                                latency=latency)
     return PleRows(rows, rows, plan, f"PLE rows streamed: {plan.reason}")
