@@ -55,8 +55,11 @@ def test_nested_text_config():
 def test_made_shapes_use_strata_definitions(shape):
     cfg = SHAPES[shape]
     counts = count_strata(cfg)
-    dense = sum(math.prod(s) for s in dense_tensor_shapes(cfg).values())
+    shapes = dense_tensor_shapes(cfg)
+    tables = {k for k in shapes if k.endswith(".ple_ngram.weight")}  # PLE: the row store's, not dense
+    dense = sum(math.prod(s) for k, s in shapes.items() if k not in tables)
     assert counts.dense_weights == dense
+    assert counts.ple_table_values == sum(math.prod(shapes[k]) for k in tables)
     assert counts.total_experts == cfg.n_moe_layers * cfg.n_experts
     b = byte_budget(counts, expert_qtype=QuantType.Q2_0)
     rec = RecordLayout(QuantType.Q2_0, cfg.hidden_size, cfg.expert_ffn_size)

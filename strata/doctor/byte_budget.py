@@ -9,6 +9,9 @@ Sizes come from the one definition of each format (`strata.formats.quant_types`,
   (`DENSE_RESIDENT_TYPE`), so resident and per-token dense bytes are float32's; the file's
   own type is shown beside them.
 - KV cache: float32 K and V per position of every attention layer, at `context` positions.
+- PLE rows (Qwen4-Exp): the n-gram tables live in the row store, not in memory (resident 0); a
+  token reads one row per n-gram head of every PLE layer (`PLE_ROW_TYPE`, the converter's default);
+  the row cache (`ple_reserve`, its default size) is held in memory beside the arena.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from strata.formats.quant_types import QuantType, layout
 
 __all__ = ["ByteBudget", "ByteRow", "byte_budget", "bytes_per_weight", "DENSE_RESIDENT_TYPE", "STORED_BITS"]
 
+PLE_PART = "ple rows"  # the row store's part of the budget
 DENSE_RESIDENT_TYPE = QuantType.F32  # the loader's widening (until dense weights are kept as stored)
 KV_BYTES = 4  # float32 K/V cache values
 # bits per weight of checkpoint formats strata does not store itself (scales included)
+PLE_ROW_TYPE = QuantType.F16  # strata convert's default row store type
 STORED_BITS = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "fp8": 8.0 + 32 / (128 * 128), "mxfp4": 4.25}
 
 
@@ -54,6 +59,7 @@ class ByteBudget:
     kv_bytes: int  # the KV cache at `context` positions
     context: int
     stored: dict  # the checkpoint as published: part -> bytes (HF sources)
+    ple_reserve: int = 0  # a PLE model's row cache in memory (the default ple_reserve)
 
     @property
     def per_token(self) -> int:
@@ -64,12 +70,16 @@ class ByteBudget:
         return sum(r.per_token_bytes for r in self.rows if r.part == "experts")
 
     @property
+    def ple_per_token(self) -> int:
+        return sum(r.per_token_bytes for r in self.rows if r.part == PLE_PART)
+
+    @property
     def dense_per_token(self) -> int:
-        return self.per_token - self.expert_per_token
+        return self.per_token - self.expert_per_token - self.ple_per_token
 
     @property
     def all_resident(self) -> int:
-        return self.dense_resident + self.experts_resident + self.kv_bytes
+        return self.dense_resident + self.experts_resident + self.kv_bytes + self.ple_reserve
 
 
 def _record(counts: PartCounts, qtype: QuantType) -> tuple[int, int]:
@@ -97,15 +107,23 @@ def byte_budget(counts: PartCounts, *, expert_qtype: QuantType = QuantType.Q2_0,
         rows.append(ByteRow(part, DENSE_RESIDENT_TYPE.name, n, int(n * res), int(n * res)))
     rows.append(ByteRow("experts", expert_qtype.name, counts.total_experts * counts.expert_weights,
                         counts.total_experts * padded, counts.moe_layers * counts.top_k * record))
+    ple_reserve = 0
+    if counts.ple_rows_per_token:
+        from strata.formats.ngram_rows_file import PAGE_BYTES
+        from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS
+
+        row = int(counts.ple_row_width * bytes_per_weight(PLE_ROW_TYPE))
+        rows.append(ByteRow(PLE_PART, PLE_ROW_TYPE.name, counts.ple_table_values, 0, counts.ple_rows_per_token * row))
+        ple_reserve = (DEFAULT_CACHE_POSITIONS * counts.ple_rows_per_token + 1) * PAGE_BYTES  # plan_row_cache's
     dense_file = int(counts.embedding * bytes_per_weight(QuantType.F32 if dense_qtype is QuantType.F32 else dense_qtype))
     dense_file += sum(int(n * (bytes_per_weight(QuantType.F32) if part in ("router", "norms")
                                else bytes_per_weight(dense_qtype))) for part, n in counts.dense.items())
-    dense_resident = sum(r.resident_bytes for r in rows if r.part != "experts")
+    dense_resident = sum(r.resident_bytes for r in rows if r.part not in ("experts", PLE_PART))
     context_kv = counts.kv_per_position * context * KV_BYTES + counts.linear_state * KV_BYTES
     return ByteBudget(rows=tuple(rows), expert_qtype=expert_qtype, record_bytes=record, slot_bytes=padded,
                       total_experts=counts.total_experts, dense_resident=dense_resident, dense_file=dense_file,
                       experts_resident=counts.total_experts * padded, kv_bytes=context_kv, context=context,
-                      stored=stored or {})
+                      stored=stored or {}, ple_reserve=ple_reserve)
 
 
 def stored_bytes(counts: PartCounts, *, dense_bits: float, expert_bits: float) -> dict:

@@ -48,6 +48,11 @@ class PartCounts:
     linear_state: int = 0  # recurrent state values (DeltaNet), all layers
     tie_embeddings: bool = False
     model_config: object = None  # strata's ModelConfig where the family is supported
+    # PLE (Qwen4-Exp): the n-gram tables are the row store's, not dense weights; a token reads
+    # one row per n-gram head of every PLE layer
+    ple_table_values: int = 0  # every table's values
+    ple_rows_per_token: int = 0
+    ple_row_width: int = 0
 
     @property
     def dense_weights(self) -> int:
@@ -140,11 +145,16 @@ def count_strata(cfg, family: str = "strata") -> PartCounts:
     """Counts of a model strata runs, from its ModelConfig and `dense_tensor_shapes`."""
     from strata.model_config import dense_tensor_shapes
 
+    from strata.ple_store import table_shapes
+    from strata.qwen4_config import Qwen4Names, ple_layers
+
     parts: dict[str, int] = {}
     for name, shape in dense_tensor_shapes(cfg).items():
         n = 1
         for d in shape:
             n *= d
+        if name.endswith(Qwen4Names.ple_ngram):  # a made model's table among the dense: the row store's part
+            continue
         part = _strata_part(name)
         parts[part] = parts.get(part, 0) + n
     embedding = parts.pop("embedding")
@@ -154,7 +164,16 @@ def count_strata(cfg, family: str = "strata") -> PartCounts:
         top_k=cfg.n_experts_per_token, expert_ffn=cfg.expert_ffn_size,
         expert_weights=3 * cfg.hidden_size * cfg.expert_ffn_size, embedding=embedding, dense=parts,
         kv_per_position=_kv_per_position(cfg), tie_embeddings=cfg.tie_embeddings,
-        model_config=cfg)
+        model_config=cfg, **_ple_counts(cfg, ple_layers, table_shapes))
+
+
+def _ple_counts(cfg, ple_layers, table_shapes) -> dict:
+    if not ple_layers(cfg):
+        return {}
+    shapes = table_shapes(cfg)
+    width = next(iter(shapes.values()))[1]
+    return dict(ple_table_values=sum(r * w for r, w in shapes.values()), ple_row_width=width,
+                ple_rows_per_token=cfg.ple_embed_dim // width * len(shapes))
 
 
 def _strata_part(name: str) -> str:

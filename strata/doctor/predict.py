@@ -99,7 +99,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     try:
         plan = plan_arena(config=config, slot_bytes=budget.slot_bytes, total_experts=budget.total_experts,
                           min_slots=least, dense_bytes=budget.dense_resident, model_files=model_files,
-                          available=after_load, total=memory.total)
+                          available=after_load, total=memory.total, ple_bytes=budget.ple_reserve or None)
     except StrataError as e:
         refusal = str(e)
     streaming = plan.streaming if plan else True
@@ -121,7 +121,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
         terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
     token_s = sum(terms.values())
     experts_held = plan.nbytes if plan and plan.streaming else budget.experts_resident
-    peak = base + budget.dense_resident + experts_held + budget.kv_bytes
+    peak = base + budget.dense_resident + experts_held + budget.kv_bytes + budget.ple_reserve
     tps = 1.0 / token_s if token_s > 0 else 0.0
     arena_txt = f"arena {slots} slots ({fmt_bytes(slots * budget.slot_bytes)})"
     if not supported:

@@ -44,6 +44,10 @@ class Diagnosis:
         lines.append(f"  total per token {fmt_bytes(b.per_token)} (dense {fmt_bytes(b.dense_per_token)} + "
                      f"{c.top_k} x {c.moe_layers} experts {fmt_bytes(b.expert_per_token)}); one expert "
                      f"{fmt_bytes(b.record_bytes)}, slot {fmt_bytes(b.slot_bytes)}")
+        if b.ple_reserve:
+            lines.append(f"  PLE rows from the row store: {c.ple_rows_per_token} rows of {c.ple_row_width} per token "
+                         f"({fmt_bytes(b.ple_per_token)}), never resident; row cache (ple_reserve) "
+                         f"{fmt_bytes(b.ple_reserve)} in memory")
         if self.source.stored:
             lines.append("  as stored: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.source.stored.items()))
         lines.append(f"memory all-resident: {fmt_bytes(b.all_resident)} (dense {fmt_bytes(b.dense_resident)} as float32 "
@@ -78,6 +82,7 @@ class Diagnosis:
                       "n_experts": s.counts.n_experts, "top_k": s.counts.top_k, "hidden": s.counts.hidden},
             "bytes": {"rows": [asdict(r) for r in self.budget.rows], "per_token": self.budget.per_token,
                       "dense_per_token": self.budget.dense_per_token, "expert_per_token": self.budget.expert_per_token,
+                      "ple_per_token": self.budget.ple_per_token, "ple_reserve": self.budget.ple_reserve,
                       "record": self.budget.record_bytes, "slot": self.budget.slot_bytes,
                       "all_resident": self.budget.all_resident, "dense_resident": self.budget.dense_resident,
                       "experts_resident": self.budget.experts_resident, "kv": self.budget.kv_bytes,
