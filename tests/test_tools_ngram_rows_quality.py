@@ -50,3 +50,24 @@ def test_row_stores_on_disk_measure_what_the_resident_rows_do(tmp_path):
         for s in streamed.values():
             s.close()
     assert on_disk.kld_mean > 0 and on_disk == in_memory
+
+
+def test_the_real_forward_over_row_stores_orders_the_row_types(tmp_path):
+    """The made Qwen4-Exp model's own forward (model_forward), rows from stores on disk in each
+    type: F16 against itself costs nothing, Q8_0 less than Q4_0 (benchmarks/ple_row_kld.py)."""
+    import strata
+    from strata.formats.ngram_rows_writer import write_ngram_rows
+    from strata.testing.models import make_model
+    from strata.tools.ngram_rows_quality import model_forward, model_tables
+
+    made = make_model(tmp_path / "m", "qwen4", seed=1, ple_rows=QuantType.F32, ple_embed_dim=128)
+    tokens = np.random.default_rng(5).integers(0, 256, 48)
+    with strata.load(made.model_path) as model:
+        tables = model_tables(model)
+        shapes = {i: t.shape for i, t in tables.items()}
+        stores = {q.name: write_ngram_rows(tmp_path / f"{q.name}.ngrams", qtype=q, shapes=shapes,
+                                           pieces=tables.items())
+                  for q in (QuantType.F16, QuantType.Q8_0, QuantType.Q4_0)}
+        res = {r.name: r for r in row_source_kld(model_forward(model.resident_params()), stores["F16"], stores, tokens)}
+    assert res["F16"].kld_max == 0.0
+    assert 0 < res["Q8_0"].kld_mean < res["Q4_0"].kld_mean

@@ -22,7 +22,7 @@ from strata.formats.quant_types import QuantType
 from strata.reference.ngram_rows import NgramRows, ResidentNgramRows
 from strata.tools.quality import kld_rows
 
-__all__ = ["Forward", "RowTypeKld", "stored_rows", "row_source_kld", "row_type_kld"]
+__all__ = ["Forward", "RowTypeKld", "stored_rows", "row_source_kld", "row_type_kld", "model_forward", "model_tables"]
 
 Forward = Callable[[NgramRows, np.ndarray], np.ndarray]  # (rows, tokens [T]) -> logits [T, V]
 LOSSY_ROW_TYPES = (QuantType.Q8_0, QuantType.Q4_0)
@@ -71,3 +71,26 @@ def row_type_kld(forward: Forward, tables: Mapping[int, np.ndarray], tokens: np.
     reference = stored_rows(tables, QuantType.F16)
     candidates = {QuantType(q).name: stored_rows(tables, q) for q in qtypes}
     return row_source_kld(forward, reference, candidates, tokens, warmup=warmup)
+
+
+def model_forward(params) -> Forward:
+    """The real model's teacher-forced forward over a row source: the reference `forward` of a
+    PLE model's params (strata.reference.model.ModelParams, every expert resident) from an empty
+    state, `rows` passed through. -> Forward"""
+    from strata.reference.model import ModelState, forward
+
+    def run(rows: NgramRows, tokens: np.ndarray) -> np.ndarray:
+        return forward(params, ModelState.empty(params.cfg), np.asarray(tokens), rows=rows)[0]
+
+    return run
+
+
+def model_tables(model) -> dict[int, np.ndarray]:
+    """A loaded model's n-gram tables by PLE index, float32 (read whole: for models whose tables
+    fit in memory; the full-size ones are measured from row stores on disk, `row_source_kld`)."""
+    if model.ngrams_file is not None:
+        store = model.ngrams_file
+        return {layer: store.rows(layer, np.arange(t.rows)) for layer, t in store.tables.items()}
+    from strata.reference.hyper_model import ple_table_items
+
+    return {i: np.asarray(t, np.float32) for i, t in ple_table_items(model.cfg, model.dense)}
