@@ -13,6 +13,7 @@ Prints a table, then one JSON line.
     python benchmarks/decode.py --small     # smoke test (any machine)
     python benchmarks/decode.py --shape qwen3.5-397b --layers 40   # the hybrid's per-layer shape, 40 layers
     python benchmarks/decode.py --shape qwen3.5-397b --small       # a small hybrid (smoke test)
+    python benchmarks/decode.py --shape qwen4-seed --ple-gb 24     # the reference engine's own model (qwen4_seed.py)
 
 Memory is checked before anything is built: all-resident needs the dense weights, every expert,
 the KV caches and the DeltaNet snapshots in device memory (Qwen3.5-397B's 60 layers: ~146 GB, past
@@ -326,10 +327,16 @@ def handshake(segments: int, nbytes: int, rows: list, res: dict) -> None:
 
 
 def main() -> int:
+    if "qwen4-seed" in sys.argv[1:]:  # the Qwen4-Exp synthetic has its own engines and files (qwen4_seed.py)
+        import qwen4_seed
+
+        rest = [a for a in sys.argv[1:] if a not in ("--shape", "qwen4-seed", "--shape=qwen4-seed")]
+        return qwen4_seed.main(["--tiny" if a == "--small" else a for a in rest])
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--shape", choices=("seed", "qwen3.5-397b"), default="seed",
-                    help="full-size synthetic: the reference engine shape, or Qwen3.5-397B's hybrid per-layer shape")
+    ap.add_argument("--shape", choices=("seed", "qwen3.5-397b", "qwen4-seed"), default="seed",
+                    help="full-size synthetic: the reference engine shape, or Qwen3.5-397B's hybrid per-layer shape, "
+                         "or the reference engine's own model (Qwen4-Exp: benchmarks/qwen4_seed.py, --ple-gb G)")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")

@@ -22,7 +22,10 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode
+# the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
+# reference engine's model, synthetic, full size: 7 GB model file + 17 GB experts + a --ple-gb row
+# store in the temporary directory, so 24 GB fits a 64 GiB disk; run it alone, it builds for minutes)
+QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-540}
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
@@ -33,6 +36,7 @@ HYBRID_S=${STRATA_HYBRID_S:-240}
 NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
 unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_NGRAM_ARGS STRATA_NGRAM_S
+unset STRATA_QWEN4_SEED_ARGS STRATA_QWEN4_SEED_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -92,8 +96,10 @@ stage deltanet 120 python3 benchmarks/deltanet.py
 # Qwen4-Exp (issue 15; not in the default list): the MLX twin (ops) and the numpy engines against
 # the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
 stage qwen4_tests 120 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
-  -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py
+  -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py tests/test_qwen4_ple_rows.py \
+  tests/test_bench_qwen4_seed.py
 stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
+stage qwen4_seed "$QWEN4_SEED_S" python3 benchmarks/decode.py --shape qwen4-seed $QWEN4_SEED_ARGS
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
 if command -v ncu >/dev/null; then

@@ -1,0 +1,241 @@
+"""The reference engine's model at full size, synthetic: decode ms/token all-resident and
+streaming, and the per-token byte budget beside the reference engine's measured one.
+
+    python benchmarks/decode.py --shape qwen4-seed [--layers N] [--ple-gb G] [--tokens 8]
+    python benchmarks/qwen4_seed.py [the same flags] [--tiny]
+
+The shape (`seed_shape`): 48 layers = 36 gated DeltaNet + 12 indexed attention (every 4th),
+hidden 2560, 256 experts top-10 of ffn 576 (a Q2_0 record of 1.38 MB), a gated shared expert of
+512, 4 hyper-connection streams of rank 320, attention 16 q / 4 kv heads of 128 (QSA: 16 indexer
+heads of 64, blocks of 16, a budget of 2048), and a PLE module on every DeltaNet layer: 3-grams,
+4 heads per order (8 n-gram heads of rows 64 wide, ple_embed_dim 512), its tables in a row store
+on disk, F16 rows. At full size (`--ple-gb 0`) the tables' primes start at 2,000,003: about
+74 GB of rows, the order of the published checkpoint's ~90 GB. `--ple-gb G` lowers the primes so
+the store is about G GB (a 64 GiB-disk machine holds the model file, the 17 GB of experts and a
+store of ~24 GB: `--ple-gb 24`); a token reads the same rows either way (8 per PLE layer).
+
+Files (`--dir`, default a temporary directory; kept with `--keep`): the model file (dense weights
+random normal, stored F16, held as float32), the `.experts` (256 random valid Q2_0 experts reused
+by every layer: values do not matter), the `.ngrams` (random rows written shard by shard, never a
+table in memory). Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
+all-resident, and streaming through a quarter of the experts. PLE rows are streamed in both, as
+the reference engine streams them (the row cache: ple_reserve's default, read ahead by the
+streaming engine). `--tiny` is the same structure at test sizes (tests/test_bench_qwen4_seed.py).
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import strata  # noqa: E402
+from strata.config import Backend, Config  # noqa: E402
+from strata.formats.expert_record import ExpertWeights, RecordLayout  # noqa: E402
+from strata.formats.experts_file import ExpertsFile, write_experts  # noqa: E402
+from strata.formats.model_file import write_model  # noqa: E402
+from strata.formats.quant_matrix import QuantMatrix  # noqa: E402
+from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, RoutingOrder, TensorNames  # noqa: E402
+from strata.model_config import dense_tensor_shapes  # noqa: E402
+from strata.ple_store import table_shapes  # noqa: E402
+from strata.qwen4_config import ple_layers  # noqa: E402
+from strata.runtime.ngram_source import rows_per_position  # noqa: E402
+from strata.testing.models import SHAPES, byte_level_tokenizer_json, make_dense  # noqa: E402
+from strata.testing.ngram_rows import write_synthetic_store  # noqa: E402
+
+FULL_LAYERS = 48
+FULL_PLE_BASE = 2_000_003  # the first prime of the full-size tables: ~74 GB of F16 rows
+ROW_TYPE = QuantType.F16
+# The reference engine's measured reads per decoded token, MB (its own quant types): 3.6 GB dense
+# + 0.66 GB of experts. Its names; `PARTS` says which strata tensors each one is.
+REFERENCE_MB = {"attention qkv (DeltaNet in_proj qkv)": 711, "DeltaNet out": 444, "attention gate (DeltaNet z)": 379,
+                "HC (Q8_0)": 670, "attn q (+ output gate)": 262, "attn output": 151, "router (F32)": 126,
+                "read-ahead router": 123, "shared expert": 146, "indexer / k / v / ssm": 70, "output head": 521,
+                "experts": 660}  # 10 x 48 x 1.38 MB
+
+
+def _layer_types(n: int) -> tuple[LayerType, ...]:
+    return tuple(LayerType(Mixer.INDEXED_ATTENTION if (l + 1) % 4 == 0 else Mixer.DELTANET, Ffn.MOE) for l in range(n))
+
+
+def seed_shape(layers: int = FULL_LAYERS, *, ple_gb: float = 0.0, tiny: bool = False) -> ModelConfig:
+    """The shape (module doc) with its first `layers` layers; the PLE store about `ple_gb` GB
+    (0: full size)."""
+    kinds = _layer_types(layers)
+    ple = ",".join(str(l) for l, k in enumerate(kinds) if k.mixer is Mixer.DELTANET)
+    if tiny:
+        cfg = replace(SHAPES["qwen4"], n_layers=layers, layer_types=kinds, ple_layer_ids=ple, n_experts=32,
+                      n_experts_per_token=4, ngram_heads_per_order=4, ple_embed_dim=256, ngram_vocab_base=2003,
+                      ple_row_store=True)
+        return cfg
+    cfg = replace(
+        SHAPES["qwen4"], architecture="qwen4_exp_text", vocab_size=151936, hidden_size=2560, n_layers=layers,
+        layer_types=kinds, n_heads=16, n_kv_heads=4, head_dim=128, rotary_dim=64, n_experts=256, n_experts_per_token=10,
+        expert_ffn_size=576, shared_ffn_size=512, routing_order=RoutingOrder.SOFTMAX_TOPK, max_context=4096,
+        linear_k_heads=16, linear_v_heads=32, linear_k_head_dim=128, linear_v_head_dim=128, linear_conv_kernel=4,
+        hc_count=4, hc_lowrank=320, indexer_heads=16, indexer_head_dim=64, indexer_budget=2048, indexer_block=16,
+        ple_layer_ids=ple, ple_embed_dim=512, ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=4,
+        ngram_vocab_base=FULL_PLE_BASE, ngram_vocab_divisor=128, ngram_seed=1234, ngram_eos_token=151645,
+        ple_row_store=True)
+    if ple_gb:
+        cfg = replace(cfg, ngram_vocab_base=max(1009, int(FULL_PLE_BASE * ple_gb * 1e9 / store_bytes(cfg))))
+    return cfg
+
+
+def store_bytes(cfg: ModelConfig) -> int:
+    """The row store's size (ROW_TYPE rows, pages of 4096 bytes: rows never cross a page)."""
+    total = 0
+    for rows, width in table_shapes(cfg).values():
+        per_page = 4096 // (width * 2)
+        total += -(-rows // per_page) * 4096
+    return total
+
+
+def build(base: Path, cfg: ModelConfig, seed: int = 0) -> Path:
+    """Write the three files (module doc); -> the model path."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    model_path, experts_path = base.with_suffix(".gguf"), base.with_suffix(".experts")
+    rng = np.random.default_rng(seed)
+    d, f = cfg.hidden_size, cfg.expert_ffn_size
+
+    def qm(rows: int, cols: int) -> QuantMatrix:
+        return QuantMatrix(QuantType.Q2_0, rows, cols, rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8),
+                           rng.uniform(1e-3, 2e-2, (rows, cols // 32)).astype(np.float16))
+
+    pool = [ExpertWeights(qm(f, d), qm(f, d), qm(d, f)) for _ in range(cfg.n_experts)]
+    write_experts(experts_path, qtype=QuantType.Q2_0, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts, hidden=d,
+                  expert_ffn=f, get_expert=lambda l, e: pool[e])
+    with ExpertsFile.open(experts_path) as xf:
+        experts_identity = xf.identity
+    with write_synthetic_store(base.with_suffix(".ngrams"), shapes=table_shapes(cfg), qtype=ROW_TYPE, seed=seed,
+                               shard_rows=1 << 20) as store:
+        ngrams_identity = store.identity
+    dense = make_dense(cfg, seed)
+    write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(), dense_type=QuantType.F16,
+                experts_identity=experts_identity, ngrams_identity=ngrams_identity)
+    return model_path
+
+
+def _part(name: str) -> str:
+    n = TensorNames
+    checks = ((n.ssm_qkv, "attention qkv (DeltaNet in_proj qkv)"), (n.ssm_out, "DeltaNet out"),
+              (n.ssm_z, "attention gate (DeltaNet z)"), (".hc_", "HC (Q8_0)"), ("hc_output", "HC (Q8_0)"),
+              (n.attn_q, "attn q (+ output gate)"), (n.attn_gate, "attn q (+ output gate)"),
+              (n.attn_output, "attn output"), (n.router, "router (F32)"), ("_shexp", "shared expert"),
+              (".ple_", "PLE key / value / conv"), (n.output, "output head"))
+    for key, part in checks:
+        if key in name or name.endswith(key):
+            return part
+    return "indexer / k / v / ssm"
+
+
+def token_budget(cfg: ModelConfig) -> dict[str, int]:
+    """Bytes one decoded token reads, by the reference engine's parts, as strata holds them: dense
+    matrices float32 once each (the embedding one row), the read-ahead router's Q8_0 copy, one
+    ROW_TYPE row per n-gram head of each PLE layer, k expert records per MoE layer."""
+    out: dict[str, int] = {}
+    for name, shape in dense_tensor_shapes(cfg).items():
+        n = 4 * int(np.prod(shape))
+        if name == TensorNames.token_embd:
+            out["embedding row"] = n // shape[0]
+            continue
+        out[_part(name)] = out.get(_part(name), 0) + n
+    routers = cfg.n_moe_layers * cfg.n_experts * cfg.hidden_size
+    out["read-ahead router"] = routers * 34 // 32  # Q8_0: 34 bytes per 32 weights (Config.pred_q8)
+    width = next(iter(table_shapes(cfg).values()))[1]
+    out["PLE rows"] = rows_per_position(cfg) * width * 2
+    rec = RecordLayout(QuantType.Q2_0, cfg.hidden_size, cfg.expert_ffn_size).record_bytes
+    out["experts"] = cfg.n_moe_layers * cfg.n_experts_per_token * rec
+    return out
+
+
+def decode_ms(model, config: Config, *, stream: bool, tokens: int) -> tuple[float, object]:
+    prompt = list(range(32, 64))
+    with strata.open_engine(model, config, stream=stream) as engine:
+        engine.prefill(prompt)
+        token = prompt[-1]
+        engine.decode(token)  # warm
+        since = engine.ledger() if stream else None
+        start = time.perf_counter()
+        for _ in range(tokens):
+            token = int(np.argmax(engine.decode(token))) % 256
+        ms = (time.perf_counter() - start) * 1e3 / tokens
+        return ms, (engine.report(since) if stream else None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=FULL_LAYERS)
+    ap.add_argument("--ple-gb", type=float, default=0.0, help="the row store's size in GB (0: full size, ~74 GB)")
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--tiny", action="store_true", help="the structure at test sizes")
+    ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
+    ap.add_argument("--backend", choices=("auto", "numpy", "mlx"), default="auto")
+    ap.add_argument("--skip", default="", help="comma list of runs to skip: resident, streaming")
+    args = ap.parse_args(argv)
+    if not 0 < args.layers <= FULL_LAYERS:
+        ap.error(f"--layers must be 1..{FULL_LAYERS}")
+    cfg = seed_shape(args.layers, ple_gb=args.ple_gb, tiny=args.tiny)
+    skip = set(filter(None, args.skip.split(",")))
+    from strata.runtime import ngram_source
+
+    # the reference engine streams its PLE rows: measure that, never the tables read whole
+    ngram_source.resident_room = lambda model, config: 0
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        t0 = time.perf_counter()
+        path = build(Path(tmp) / "qwen4_seed", cfg)
+        build_s = time.perf_counter() - t0
+        with strata.load(path) as model:
+            backend = Backend(args.backend)
+            base = Config(backend=backend, moce_lambda=0.0)
+            from strata.runtime.decode import cache_config_for
+
+            least = cache_config_for(model, base, 1).min_capacity  # the smallest legal arena (tiny sizes)
+            quarter = f"{max(cfg.n_moe_layers * cfg.n_experts // 4, least)}slots"
+            runs, reports = {}, {}
+            if "resident" not in skip:
+                runs["all-resident"], _ = decode_ms(model, base, stream=False, tokens=args.tokens)
+            if "streaming" not in skip:
+                runs[f"streaming, arena {quarter}"], reports["streaming"] = decode_ms(
+                    model, base.replace(arena=quarter), stream=True, tokens=args.tokens)
+            store = model.ngrams_file
+            store_gb = store.n_pages * store.page_bytes / 1e9
+    budget = token_budget(cfg)
+    print(f"qwen4-seed: {cfg.n_layers} layers ({len(ple_layers(cfg))} PLE), hidden {cfg.hidden_size}, "
+          f"{cfg.n_experts} experts top-{cfg.n_experts_per_token}, row store {store_gb:.2f} GB; built in {build_s:.0f} s")
+    print(f"{'run':36} {'ms/token':>9}")
+    for name, ms in runs.items():
+        print(f"{name:36} {ms:9.1f}")
+    rep = reports.get("streaming")
+    if rep is not None:
+        print(f"  streaming: {rep.text()}")
+    scale = cfg.n_layers / FULL_LAYERS  # the reference's figures are for 48 layers
+    print(f"{'bytes per token':40} {'strata (float32 dense)':>24} {'reference engine':>17}")
+    for part in sorted(set(budget) | set(REFERENCE_MB), key=lambda p: -budget.get(p, 0)):
+        mine = f"{budget[part] / 1e6:.1f} MB" if part in budget else "-"
+        ref = f"{REFERENCE_MB[part] * scale:.0f} MB" if part in REFERENCE_MB and not args.tiny else "-"
+        print(f"  {part:38} {mine:>24} {ref:>17}")
+    experts = budget["experts"]
+    print(f"  {'total: dense + PLE rows / experts':38} {(sum(budget.values()) - experts) / 1e9:>20.2f} GB / "
+          f"{experts / 1e9:.2f} GB   reference {3.6 * scale:.2f} GB / {0.66 * scale:.2f} GB")
+    print(json.dumps({"bench": "qwen4_seed", "layers": cfg.n_layers, "tiny": args.tiny, "store_GB": store_gb,
+                      "ms_per_token": runs, "bytes_per_token": budget, "reference_MB_48_layers": REFERENCE_MB,
+                      "build_s": build_s, "ple": None if rep is None else {
+                          "rows_read_per_token": rep.ple_rows_read_per_token,
+                          "rows_hit_per_token": rep.ple_rows_hit_per_token,
+                          "bytes_per_token": rep.ple_bytes_per_token, "wait_ms_per_token": rep.ple_wait_ms_per_token}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
