@@ -260,4 +260,4 @@ def fast_params(params: ModelParams, max_bytes: int = DEQUANT_CACHE_BYTES) -> Mo
     """`params` with experts served dequantized once (bit-identical outputs, much faster)."""
     if isinstance(params.experts, DequantizedExperts):
         return params
-    return ModelParams(params.cfg, params.dense, DequantizedExperts(params.experts, max_bytes))
+    return ModelParams(params.cfg, params.dense, DequantizedExperts(params.experts, max_bytes), rows=params.rows)
