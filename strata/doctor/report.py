@@ -51,7 +51,8 @@ class Diagnosis:
         if self.source.stored:
             lines.append("  as stored: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.source.stored.items()))
         lines.append(f"memory all-resident: {fmt_bytes(b.all_resident)} (dense {fmt_bytes(b.dense_resident)} as float32 "
-                     f"+ experts {fmt_bytes(b.experts_resident)} + KV {fmt_bytes(b.kv_bytes)} at {b.context} positions)")
+                     f"+ experts {fmt_bytes(b.experts_resident)} + KV {fmt_bytes(b.kv_bytes)} at {b.context} positions"
+                     + (f" + PLE row cache {fmt_bytes(b.ple_reserve)}" if b.ple_reserve else "") + ")")
         mem = p.memory
         lines.append(f"this machine: {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available "
                      f"({mem['source']}); disk {m.disk_latency_s * 1e6:.0f} us/4 KiB, "
