@@ -84,7 +84,9 @@ def test_the_resident_engine_reads_tables_whole_only_where_they_fit(pair, monkey
     with open_engine(stored, plain) as c:
         assert c._row_cache is not None and c.params.rows is c._row_cache
         np.testing.assert_array_equal(_run(c), want)
-        assert c._row_cache.stats().total.rows_read > 0
+        stats = c._row_cache.stats()
+        assert stats.total.rows_read > 0
+        assert stats.positions == len(PROMPT) + len(DECODE) + 3 + 2  # every call read its tokens' rows ahead
 
 
 LAYER_S = 0.1  # each layer's compute, made long beside the scheduler's jitter (as test_runtime_ngram_rows)

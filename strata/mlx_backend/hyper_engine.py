@@ -47,6 +47,8 @@ class MlxHyperEngine(SessionEngine):
         super().close()
 
     def _run(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
+        if self._row_cache is not None:  # streamed PLE rows: every PLE layer's reads before layer 0
+            self._row_cache.read_ahead(self._tokens, tokens)
         logits, self.state = hyper_forward(self.params, self.state, tokens, self.rows, window=window)
         return np.array(logits, dtype=np.float32)
 

@@ -49,11 +49,18 @@ class ReferenceEngine(SessionEngine):
             cache.close()
         super().close()
 
+    def _read_ahead(self, tokens) -> None:
+        """A streamed PLE row cache: every PLE layer's rows of these tokens asked for before layer 0."""
+        if self._row_cache is not None:
+            self._row_cache.read_ahead(self._tokens, tokens)
+
     def _forward(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
+        self._read_ahead(tokens)
         logits, self.state = forward(self.params, self.state, tokens, select=self.select, window=window)
         return logits
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        self._read_ahead(tokens)
         logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select)
         return logits[-1]
 
@@ -61,6 +68,7 @@ class ReferenceEngine(SessionEngine):
         return self._forward(np.asarray([token]))[-1]
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
+        self._read_ahead(tokens)
         logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, window=True,
                                             all_logits=True)
         return logits
