@@ -29,8 +29,11 @@ STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stage
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
+# the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
+# the quick probe and the small model all-resident and at one arena, 150 s at most, JSON-PART lines as it goes
+DOCTOR_S=${STRATA_DOCTOR_S:-150}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
-unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
+unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_DOCTOR_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -107,4 +110,6 @@ fi
 # Not in the default list: STRATA_STAGES=speculative
 stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
+stage doctor "$DOCTOR_S" python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
+  --budget-s $(( DOCTOR_S - 10 )) --cache-dir /tmp/strata-doctor-cache
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"

@@ -60,14 +60,19 @@ def measure_run(model: str | os.PathLike, overrides: dict | None = None, *, max_
 
 
 def measure_quiet(model: str | os.PathLike, overrides: dict | None = None, *, max_tokens: int = 48,
-                  max_others: float = QUIET_OTHERS, tries: int = 3) -> RunMeasurement:
+                  max_others: float = QUIET_OTHERS, tries: int = 3, timeout: float = 600) -> RunMeasurement:
     """`measure_run`, redone (up to `tries` times) while other processes kept more than
     `max_others` of the CPUs busy during it; the least disturbed run is returned. On a shared
     2-core machine identical runs minutes apart differed 2.5x in tok/s at the same load
-    average: the disturbance, not the load average, says which runs to trust."""
-    best = None
+    average: the disturbance, not the load average, says which runs to trust. `timeout`: seconds
+    for all the tries together (subprocess.TimeoutExpired past it)."""
+    import time
+
+    best, deadline = None, time.monotonic() + timeout
     for _ in range(max(1, tries)):
-        run = measure_run(model, overrides, max_tokens=max_tokens)
+        if best is not None and deadline - time.monotonic() < 1:
+            return best
+        run = measure_run(model, overrides, max_tokens=max_tokens, timeout=max(1.0, deadline - time.monotonic()))
         if best is None or run.others_busy < best.others_busy:
             best = run
         if run.others_busy <= max_others:
