@@ -62,7 +62,11 @@ def test_made_shapes_use_strata_definitions(shape):
     rec = RecordLayout(QuantType.Q2_0, cfg.hidden_size, cfg.expert_ffn_size)
     assert (b.record_bytes, b.slot_bytes) == (rec.record_bytes, rec.padded_bytes)
     assert b.expert_per_token == cfg.n_moe_layers * cfg.n_experts_per_token * rec.record_bytes
-    assert b.dense_resident == 4 * dense  # widened to float32 in memory
+    assert b.dense_resident == 4 * dense  # F32 dense (the default): held as stored, 4 bytes a weight
+    q8 = byte_budget(counts, expert_qtype=QuantType.Q2_0, dense_qtype=QuantType.Q8_0)
+    assert q8.dense_resident < 0.5 * b.dense_resident  # Q8_0 matrices held as stored, routers and norms F32
+    assert q8.dense_per_token == b.dense_per_token  # every matmul reads its weights widened to float32
+    assert q8.widened_per_token["Q8_0"] > 0 and not b.widened_per_token
 
 
 def test_qwen3_byte_budget():

@@ -8,10 +8,11 @@ Decode time per token (seconds):
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
     ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
+          + widen[type](dense GEMV calls, stored bytes/token of that type)   (F16, Q8_0 dense: numpy)
           + k · moe_layers · (expert_call_s + expert(record) − expert(calibration record))
           and never less than the token's bytes at the measured memory bandwidth
 
-Peak memory: the process's base (measured) + the dense weights as held (float32) + every
+Peak memory: the process's base (measured) + the dense weights as held (as stored) + every
 expert (all-resident) or the arena (streaming) + the KV cache at `context`. The model file's
 mapped pages are not added: measured peaks of the embedded and made models sit within 2-4% of
 this sum and 6-16% below it with the file's size added (the map is let go as the copies fill).
@@ -51,7 +52,9 @@ def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile)
         calls += (L - moe) * SHARED_GEMVS
     n_experts = moe * counts.top_k
     experts = n_experts * profile.expert_seconds(budget.expert_per_token / n_experts) if n_experts else 0.0
-    return profile.gemv.seconds(calls, budget.dense_per_token) + experts
+    # dense weights kept as stored are widened to float32 by every matmul that reads them
+    widen = sum(profile.widen[q].seconds(calls, n) for q, n in budget.widened_per_token.items() if q in profile.widen)
+    return profile.gemv.seconds(calls, budget.dense_per_token) + experts + widen
 
 
 @dataclass(frozen=True)

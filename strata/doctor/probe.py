@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5  # 5: the widening tables (dense weights kept as stored)
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
@@ -109,6 +109,9 @@ class MachineProfile:
     measured_at: float
     version: int = PROFILE_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # stored dense type name -> seconds per call of widening it to float32, by stored bytes (the
+    # numpy engines widen every dense matmul's weights; empty: no widening priced, MLX)
+    widen: dict = field(default_factory=dict)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -123,6 +126,7 @@ class MachineProfile:
         d = asdict(self)
         d["notes"] = list(self.notes)
         d["gemv"], d["expert"] = self.gemv.to_dict(), self.expert.to_dict()
+        d["widen"] = {k: v.to_dict() for k, v in self.widen.items()}
         return d
 
     @classmethod
@@ -130,6 +134,7 @@ class MachineProfile:
         d = dict(d)
         d["gemv"], d["expert"] = OpCost.from_dict(d["gemv"]), OpCost.from_dict(d["expert"])
         d["notes"] = tuple(d.get("notes", ()))
+        d["widen"] = {k: OpCost.from_dict(v) for k, v in d.get("widen", {}).items()}
         return cls(**d)
 
 
@@ -305,6 +310,28 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
     return gemv, _table(cases, repeats=3, rounds=rounds)
 
 
+WIDEN_SIZES = (64, 256, 1024, 2048)  # square matrices, widened from their stored type to float32
+
+
+def _widen_numpy(rounds: int = COMPUTE_ROUNDS) -> dict[str, OpCost]:
+    """Seconds per widening of a stored F16 / Q8_0 matrix, by its stored bytes (numpy)."""
+    import gguf
+
+    from strata.formats.dense_weights import StoredTensor, StoredType
+
+    rng = np.random.default_rng(1)
+    out = {}
+    for stored in (StoredType.F16, StoredType.Q8_0):
+        cases = []
+        for n in WIDEN_SIZES:
+            x = rng.standard_normal((n, n), dtype=np.float32)
+            raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType(stored.value))
+            t = StoredTensor.from_gguf(stored, raw.view(np.uint8), (n, n))
+            cases.append((t.nbytes, t.widen))
+        out[stored.name] = _table(cases, rounds=rounds)
+    return out
+
+
 def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
     """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls reading its
     record bytes (the Q2_0 kernels are bandwidth-bound). Unverified on a GPU."""
@@ -410,6 +437,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     say("compute")
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
     gemv, expert = _compute_mlx(rounds) if backend == "mlx" else _compute_numpy(rounds)
+    widen = {} if backend == "mlx" else _widen_numpy(rounds)
     eng = _engine(backend, say, quick)
     notes: list[str] = []
     cfg, runs = eng["cfg"], eng["runs"]
@@ -423,7 +451,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
     expert_call_s = max(0.0, (resident_s - _token_s(top1)) / (L * (k - 1)))
     partial = dataclasses.replace(_PLACEHOLDER, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-                                  calibration_record_bytes=eng["record"])
+                                  calibration_record_bytes=eng["record"], widen=widen)
     ops = ops_seconds(counts, budget, partial)
     layer_s = max(0.0, (resident_s - ops) / L)
     turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
@@ -438,4 +466,4 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
         calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
         read_s=read_s,
         miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
-        measured_at=time.time(), notes=tuple(notes))
+        measured_at=time.time(), notes=tuple(notes), widen=widen)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend.dense import linear
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -113,7 +114,7 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     qr, kr = h * hd, kvh * hd
     f32 = lambda a: a.astype(mx.float32)  # noqa: E731
     xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
-    qkv = xn @ f32(w.wqkv).T  # [T, QR + 2 KR (+ QR gate columns)]
+    qkv = linear(xn, w.wqkv)  # [T, QR + 2 KR (+ QR gate columns)]; widened per op (dense.py)
     if w.bqkv is not None:
         qkv = qkv + f32(w.bqkv)
     q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
@@ -150,7 +151,7 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
     if w.gated:
         out = out * mx.sigmoid(gate)
-    out = out @ f32(w.wo).T
+    out = linear(out, w.wo)
     if w.bo is not None:
         out = out + f32(w.bo)
     return out, MlxLayerKV(keys, values, s)

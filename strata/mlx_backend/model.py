@@ -24,7 +24,10 @@ from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
+from strata.formats.dense_weights import as_dense_weights
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
+from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
+from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
@@ -124,6 +127,8 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    stored = lambda s: as_dense_weights(dense).stored(n.block(layer, s))  # noqa: E731
+    held = lambda t: held_weight(t, dtype)  # noqa: E731
     if cfg.kinds[layer].mixer is Mixer.DELTANET:
         return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
     if cfg.kinds[layer].mixer is Mixer.MLA:
@@ -131,13 +136,14 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     if cfg.kinds[layer].mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION):
         raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
     gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
-    wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)] + ([get(n.attn_gate)] if gated else []))
+    names = [n.block(layer, s) for s in (n.attn_q, n.attn_k, n.attn_v) + ((n.attn_gate,) if gated else ())]
+    wqkv = held_rows_of(dense, names, dtype)  # as stored (mlx_backend/dense.py)
     bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]
                           + ([np.zeros(cfg.n_heads * cfg.head_dim, np.float32)] if gated else [])) if cfg.attention_bias else None
     qk = cfg.qk_norm is not QKNorm.NONE
-    attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
+    attn = AttentionWeights(arr(get(n.attn_norm)), wqkv, None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
-                            arr(get(n.attn_output)), gated,
+                            held(stored(n.attn_output)), gated,
                             sinks=mx.array(get(n.attn_sinks)) if cfg.attention_sinks else None,
                             bo=arr(get(n.attn_output_bias)) if cfg.attention_output_bias else None,
                             window=window_of(cfg, layer))
@@ -159,13 +165,14 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    w = lambda s: held_weight(as_dense_weights(dense).stored(n.block(layer, s)), dtype)  # noqa: E731  as stored
     if cfg.kinds[layer].ffn is Ffn.DENSE:
-        dense_ffn = SharedWeights(arr(get(n.ffn_gate)), arr(get(n.ffn_up)), arr(get(n.ffn_down)), None)
+        dense_ffn = SharedWeights(w(n.ffn_gate), w(n.ffn_up), w(n.ffn_down), None)
         return LayerWeights(attn, arr(get(n.ffn_norm)), None, None, None, dense_ffn)
     shared = None
     if cfg.has_shared_expert:
         gi = arr(get(n.shexp_gate_inp)) if cfg.shared_expert_gated else None
-        shared = SharedWeights(arr(get(n.shexp_gate)), arr(get(n.shexp_up)), arr(get(n.shexp_down)), gi)
+        shared = SharedWeights(w(n.shexp_gate), w(n.shexp_up), w(n.shexp_down), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
     rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
@@ -181,8 +188,9 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
     dtype = dtype or default_dtype()
     n = TensorNames
     layers = tuple(_layer_weights(cfg, dense, l, dtype, pred_q8) for l in range(cfg.n_layers))
-    embed_w = mx.array(np.asarray(dense[n.token_embd], np.float32)).astype(dtype)
-    output = embed_w if cfg.tie_embeddings else mx.array(np.asarray(dense[n.output], np.float32)).astype(dtype)
+    stored = as_dense_weights(dense).stored
+    embed_w = held_weight(stored(n.token_embd), dtype)
+    output = embed_w if cfg.tie_embeddings else held_weight(stored(n.output), dtype)
     out_norm = mx.array(np.asarray(dense[n.output_norm], np.float32)).astype(dtype)
     arena = rec = None
     if experts is not None:
@@ -190,11 +198,12 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
         rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
-    mx.eval(embed_w, output, out_norm, *[a for lw in layers for a in _arrays(lw)])
+    mx.eval(*_flat([embed_w, output, out_norm] + [a for lw in layers for a in _arrays(lw)]))
     return MlxParams(cfg, layers, embed_w, out_norm, output, dtype, arena, rec)
 
 
-def _arrays(lw: LayerWeights) -> list[mx.array]:
+def _arrays(lw: LayerWeights) -> list:
+    """The layer's weights (mx.array, or Q8Dense: a stored Q8_0 matrix)."""
     a = lw.attn
     if isinstance(a, (DeltaNetWeights, MlaWeights)):
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
@@ -204,7 +213,25 @@ def _arrays(lw: LayerWeights) -> list[mx.array]:
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
+    if lw.guess is not None:
+        out += [lw.guess.w, lw.guess.codes, lw.guess.raw_scales] + [x for x in (lw.guess.scales, lw.guess.biases)
+                                                                   if x is not None]
     return out
+
+
+def _flat(weights: list) -> list[mx.array]:
+    return [a for w in weights for a in (w.arrays() if isinstance(w, Q8Dense) else [w])]
+
+
+def dense_nbytes(p: MlxParams) -> int:
+    """The bytes MLX holds for the dense weights (every layer's, the embedding, the head; the
+    Q8_0 read-ahead copies of the routers included): what a plan wires besides its experts."""
+    seen, total = set(), 0
+    for a in _flat([p.embed, p.output, p.out_norm] + [w for lw in p.layers for w in _arrays(lw)]):
+        if id(a) not in seen:  # a tied head is the embedding itself
+            seen.add(id(a))
+            total += int(a.nbytes)
+    return total
 
 
 def fill_resident_arena(arena: MlxArena, cfg: ModelConfig, record: Callable[[int, int], bytes | np.ndarray]) -> None:
@@ -228,8 +255,7 @@ def embed(p: MlxParams, tokens) -> mx.array:
     if _embed_kernel_ok(p) and tokens.size:
         ids = index_param(int(tokens[0])) if one else tokens.astype(np.int32)
         return embed_kernel.embed_rows(p.embed, ids, tokens.size)
-    x = p.embed[index_view(int(tokens[0])) if one else mx.array(tokens.astype(np.int32))]
-    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+    return rows(p.embed, index_view(int(tokens[0])) if one else mx.array(tokens.astype(np.int32)))
 
 
 def _embed_kernel_ok(p: MlxParams) -> bool:
@@ -242,8 +268,7 @@ def embed_token(p: MlxParams, ids: mx.array) -> mx.array:
     Same launches and values as `embed(p, [token])`. ids int32 [>= 1] -> float32 [1, D]"""
     if _embed_kernel_ok(p):
         return embed_kernel.embed_rows(p.embed, ids, 1)
-    x = p.embed[ids[:1]]
-    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+    return rows(p.embed, ids[:1])
 
 
 def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
@@ -305,7 +330,7 @@ def head(p: MlxParams, x: mx.array) -> mx.array:
             and d % 8 == 0 and d <= dense_kernel.MAX_COLS):
         return dense_kernel.dense_gemv(p.output, x, p.out_norm, p.cfg.rms_norm_eps)
     xn = rms_norm(x, p.out_norm, p.cfg.rms_norm_eps)
-    return xn @ p.output.astype(mx.float32).T
+    return linear(xn, p.output)
 
 
 def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None,
