@@ -23,7 +23,7 @@ from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
-from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
+from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
 from strata.runtime.memory import wire_mlx
 from strata.session import SessionEngine
 
@@ -72,8 +72,8 @@ class MlxEngine(SessionEngine):
     def open(cls, model, config: Config) -> "MlxEngine":
         """Every expert of `model` (a strata.loader.Model) read once into an MLX arena."""
         xf = model.experts_file
-        wire_mlx(xf.header.n_records * xf.header.padded_bytes + _dense_bytes(model))  # Metal: within its ceiling
         params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
+        wire_mlx(xf.header.n_records * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
         params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
                            load_resident_arena(xf, verify=config.verify_reads), xf.layout)
         return cls(params, model=model, config=config, expert_reads=xf.header.n_records)
@@ -142,11 +142,8 @@ def streaming_parts(model, config: Config, plan) -> tuple:
     """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
     MlxCompute over the model's dense weights (strata.engines adds the pool and the loop)."""
     xf = model.experts_file
-    wire_mlx(plan.slots * xf.header.padded_bytes + _dense_bytes(model))  # Metal: within its ceiling
-    arena = MlxArena(plan.slots, xf.header.padded_bytes)
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
+    wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
+    arena = MlxArena(plan.slots, xf.header.padded_bytes)
     return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)
 
-
-def _dense_bytes(model) -> int:
-    return sum(a.nbytes for a in model.dense.values())
