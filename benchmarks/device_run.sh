@@ -32,8 +32,11 @@ HYBRID_S=${STRATA_HYBRID_S:-240}
 # the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
 # the quick probe and the small model all-resident and at one arena, 150 s at most, JSON-PART lines as it goes
 DOCTOR_S=${STRATA_DOCTOR_S:-150}
+# dense weights as stored on the GPU (issue 22; STRATA_STAGES=dense): the MLX dense tests (the
+# Q8_0 GEMV path within FORWARD, F16 held as stored), then F32 / F16 / Q8_0 dense side by side
+DENSE_S=${STRATA_DENSE_S:-150}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
-unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_DOCTOR_S
+unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_DOCTOR_S STRATA_DENSE_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -112,4 +115,7 @@ stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
 stage doctor "$DOCTOR_S" python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
   --budget-s $(( DOCTOR_S - 10 )) --cache-dir /tmp/strata-doctor-cache
+stage dense "$DENSE_S" bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs tests/test_mlx_dense.py -k "not emulated";
+  python3 benchmarks/dense_stored.py --backend mlx --shape demo --hidden 1024 --layers 8 --tokens 32 --case-timeout 40'
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"
