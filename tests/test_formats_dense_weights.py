@@ -149,3 +149,18 @@ def test_peak_memory_of_a_q8_0_model_is_below_its_float32_size(tmp_path, dense_t
         assert grew < PEAK_RSS_SHARE_OF_F32 * f32, f"peak grew {grew / 1e6:.1f} MB, float32 dense is {f32 / 1e6:.1f} MB"
     else:
         assert grew >= f32
+
+
+@pytest.mark.parametrize("kind", ["reference", "numpy-min"])
+def test_each_numpy_engine_holds_the_stored_bytes(stored_model, kind):
+    """The engine's dense weights are the loaded ones as stored (not a widened copy)."""
+    _, made = stored_model
+    stored, _ = _file_bytes(made.model_path)
+    with strata.load(made.model_path) as m:
+        eng = open_kind(m, kind, EXACT0)
+        try:
+            params = eng.params if kind == "reference" else eng.compute.params
+            assert params.dense.nbytes == stored
+            assert params.dense.stored(TensorNames.token_embd) is m.dense.stored(TensorNames.token_embd)
+        finally:
+            eng.close()

@@ -112,3 +112,20 @@ def test_q8_0_matrices_on_a_kernel_path(path, tmp_path):
         for tok in (5, 17):
             logits, state = forward(p, state, [tok])
             assert_backends_agree(ref.decode(tok), np.array(logits[-1]), "FORWARD", what=f"decode {tok}")
+
+
+@pytest.mark.parametrize("kind", ["mlx-resident", "mlx-min"])
+def test_each_mlx_engine_holds_the_stored_bytes(stored_model, kind):
+    """What the MLX engine holds for its dense weights: the file's bytes on the ops path (the
+    resident engine keeps no read-ahead copies; the streaming one adds the Q8_0 router copies
+    pred_q8 reads), never more than float16 for every matrix on a kernel path."""
+    _, made = stored_model
+    with strata.load(made.model_path) as m, using_path(KernelPath.OPS):
+        eng = open_kind(m, kind, EXACT0)
+        try:
+            params = eng.params if kind == "mlx-resident" else eng.compute.params
+            guesses = sum(lw.guess.w.nbytes + lw.guess.codes.nbytes + lw.guess.raw_scales.nbytes
+                          + lw.guess.scales.nbytes + lw.guess.biases.nbytes for lw in params.layers if lw.guess is not None)
+            assert dense_nbytes(params) == m.dense.nbytes + guesses
+        finally:
+            eng.close()
