@@ -129,3 +129,21 @@ def test_each_mlx_engine_holds_the_stored_bytes(stored_model, kind):
             assert dense_nbytes(params) == m.dense.nbytes + guesses
         finally:
             eng.close()
+
+
+@pytest.mark.parametrize("stored", ["F16", "BF16", "Q8_0"])
+def test_held_weights_widen_to_the_stored_values(stored):
+    """`held` on the ops path keeps the stored type (BF16 as bfloat16, Q8_0 as its planes) and
+    widens to exactly StoredTensor.widen's values; on a kernel path every float type is float16."""
+    from strata.formats.dense_weights import StoredTensor, StoredType
+    from strata.mlx_backend.dense import held, widen
+
+    st = StoredType[stored]
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType(st.value))
+    t = StoredTensor.from_gguf(st, raw.view(np.uint8), x.shape)
+    w = held(t, mx.float32)
+    assert int(w.nbytes) == t.nbytes
+    np.testing.assert_array_equal(np.array(widen(w)).view(np.uint32), t.widen().view(np.uint32))
+    if st is not StoredType.Q8_0:
+        assert held(t, mx.float16).dtype == mx.float16
