@@ -19,12 +19,12 @@ from typing import Callable, Mapping
 import mlx.core as mx
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
-from strata.formats.dense_weights import as_dense_weights
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
 from strata.mlx_backend.dense import held as held_weight
