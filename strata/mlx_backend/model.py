@@ -4,9 +4,10 @@ Per layer (decode, GPU path) six launches: the QKV projection, attention (q/k no
 write), the output projection, the router kernel (residual, router input, logits, guess), the
 routed experts with the shared expert's blocks in the same grid (routing on the GPU when every
 expert is resident) and combine. The ops path runs the same steps
-as MLX ops. Dense weights are float16 on the kernel path (the reference's float32 weights rounded
-once; tests use float16-exact weights so the two agree to float32 reordering) and float32 on the
-ops path; the router stays float32 (design §3) and the read-ahead guess reads a Q8_0 copy.
+as MLX ops. Dense matrices are held as the file stores them (mlx_backend/dense.py: F16 as float16,
+Q8_0 as its planes; an F32 file's float16 on the kernel path, rounded once: tests use
+float16-exact weights so the two agree to float32 reordering, float32 on the ops path); the
+router stays float32 (design §3) and the read-ahead guess reads a Q8_0 copy.
 
 Shapes: T positions, D hidden, E experts, V vocab.
 """
@@ -183,7 +184,8 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
                   dtype: mx.Dtype | None = None, pred_q8: bool = True) -> MlxParams:
-    """MLX weights from the reference's dense dict (float32 numpy). With `experts`, every routed
+    """MLX weights from the reference's dense weights (as stored: `dense.stored(name)`; a plain
+    dict of float32 arrays is held as float32 was). With `experts`, every routed
     expert is packed into a resident MLX arena (slot m*E + e, m the MoE index)."""
     dtype = dtype or default_dtype()
     n = TensorNames
