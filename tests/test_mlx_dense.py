@@ -43,6 +43,22 @@ def stored_model(request, tmp_path_factory):
     return request.param, made
 
 
+@pytest.mark.parametrize("dense_type", [QuantType.F16, QuantType.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", ["hybrid", "mla"])
+def test_other_mixers_hold_their_projections_as_stored(shape, dense_type, tmp_path):
+    """DeltaNet's and latent attention's projections are held as stored too, and the ops path's
+    logits stay bit-identical to float32 at load (MLA's kv_b, split per head, is widened)."""
+    made = make_model(tmp_path / shape, shape, seed=6, dense_type=dense_type)
+    with strata.load(made.model_path) as m, using_path(KernelPath.OPS):
+        experts = m.resident_params().experts
+        now = from_reference(ModelParams(m.cfg, m.dense, experts))
+        before = from_reference(ModelParams(m.cfg, _before(made.model_path), experts))
+        a, _ = forward(now, MlxModelState.empty(m.cfg), PROMPT)
+        b, _ = forward(before, MlxModelState.empty(m.cfg), PROMPT)
+        np.testing.assert_array_equal(np.array(a).view(np.uint32), np.array(b).view(np.uint32))
+        assert dense_nbytes(now) < 0.75 * dense_nbytes(before)
+
+
 def test_ops_path_holds_the_files_dense_bytes(stored_model):
     qtype, made = stored_model
     with strata.load(made.model_path) as m, using_path(KernelPath.OPS):

@@ -155,10 +155,11 @@ def _deltanet_weights(dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dty
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
-    w_in = np.concatenate([get(n.ssm_qkv), get(n.ssm_z), get(n.ssm_beta), get(n.ssm_alpha)])
+    w_in = held_rows_of(dense, [n.block(layer, s) for s in (n.ssm_qkv, n.ssm_z, n.ssm_beta, n.ssm_alpha)], dtype)
+    wo = held_weight(as_dense_weights(dense).stored(n.block(layer, n.ssm_out)), dtype)  # as stored (dense.py)
     # the decay parameters stay float32: exp(a * softplus(...)) compounds over every position
-    return DeltaNetWeights(arr(get(n.attn_norm)), arr(w_in), arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
-                           mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), arr(get(n.ssm_out)))
+    return DeltaNetWeights(arr(get(n.attn_norm)), w_in, arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
+                           mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), wo)
 
 
 def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype, pred_q8: bool,
