@@ -68,10 +68,11 @@ class StoredTensor:
             raise ValueError(f"StoredTensor {self.qtype.name}: codes must be {np.dtype(want)}, got {self.codes.dtype}")
         if self.qtype is StoredType.Q8_0:
             rows, cols = self.rows_cols
+            blocks = (rows, cols // Q8.block_size)
             if cols % Q8.block_size or self.codes.shape != (rows, cols):
                 raise ValueError(f"StoredTensor Q8_0 {self.shape}: codes {self.codes.shape}, rows must be whole blocks")
-            if self.scales is None or self.scales.dtype != np.float16 or self.scales.shape != (rows, cols // Q8.block_size):
-                raise ValueError(f"StoredTensor Q8_0 {self.shape}: scales must be float16 {(rows, cols // Q8.block_size)}")
+            if self.scales is None or self.scales.dtype != np.float16 or self.scales.shape != blocks:
+                raise ValueError(f"StoredTensor Q8_0 {self.shape}: scales must be float16 {blocks}")
         elif self.codes.shape != self.shape:
             raise ValueError(f"StoredTensor {self.qtype.name}: codes shape {self.codes.shape}, want {self.shape}")
 

@@ -456,6 +456,6 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
     return to_mlx_params(params.cfg, params.dense, experts=params.experts, dtype=dtype)
 
 
-__all__ += ["dense_nbytes", "layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
-            "ffn_input", "dense_ffn", "empty_layer_state"]
+__all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
+            "ffn_input", "dense_ffn", "empty_layer_state", "dense_nbytes"]
 _ = field  # dataclasses.field kept for frozen defaults above
