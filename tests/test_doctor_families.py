@@ -83,3 +83,17 @@ def test_not_moe_is_an_error():
     with pytest.raises(ConfigError, match="not a Mixture-of-Experts"):
         count_hf({"model_type": "llama", "hidden_size": 64, "vocab_size": 10, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "intermediate_size": 128})
+
+
+def test_dense_held_counts_mlxs_own_copy():
+    """numpy holds the loader's copy; MLX its own as well (as stored; an F32 file's matrices as
+    float16 on a GPU)."""
+    from strata.doctor.predict import dense_held
+
+    counts = count_strata(SHAPES["small"])
+    f32 = byte_budget(counts)
+    f16 = byte_budget(counts, dense_qtype=QuantType.F16)
+    assert dense_held(f32, "numpy") == f32.dense_resident
+    assert dense_held(f32, "mlx", gpu=False) == 2 * f32.dense_resident
+    assert dense_held(f32, "mlx", gpu=True) == f32.dense_resident + f32.dense_resident // 2
+    assert dense_held(f16, "mlx", gpu=True) == 2 * f16.dense_resident

@@ -455,7 +455,10 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     ops = ops_seconds(counts, budget, partial)
     layer_s = max(0.0, (resident_s - ops) / L)
     turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
-    base = max(0, resident.peak_rss - budget.dense_resident - budget.experts_resident)  # as predict.py counts a peak
+    from strata.doctor.predict import dense_held
+
+    # as predict.py counts a peak
+    base = max(0, resident.peak_rss - dense_held(budget, backend) - budget.experts_resident)
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
