@@ -48,8 +48,9 @@ CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest le
 CALIBRATION_TOKENS = 32
 CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
 # The quick probe (`quick=True`, for a bounded run on a lent GPU machine where a fresh MLX process
-# costs seconds): one run per engine case, three streaming arenas (the fewest the least-squares fit
-# of turn_s, turn_slot_s and read_s takes), one compute round. Cached apart from the full one.
+# cost 17-25 s on the H200): one run per engine case, all in one process (measure_batch), three
+# streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s takes), one
+# compute round. Cached apart from the full one.
 QUICK_REPEATS = 1
 QUICK_COMPUTE_ROUNDS = 1
 
@@ -154,7 +155,7 @@ def _machine_id() -> str:
 
 
 def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
-                    quick: bool = False) -> MachineProfile:
+                    quick: bool = False, timeout: float = 600) -> MachineProfile:
     """The cached profile of this machine for `backend`, measured now if absent or stale
     (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`)."""
     path = Path(cache_dir) / f"machine-{backend}{'-quick' if quick else ''}.json"
@@ -165,7 +166,7 @@ def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, p
                 return prof
         except (ValueError, TypeError, KeyError):
             pass  # an old or broken cache: measure again
-    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick)
+    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
     return prof
@@ -358,11 +359,11 @@ def _token_s(run) -> float:
     return 1.0 / run.decode_tps if run.decode_tps else 0.0
 
 
-def _engine(backend: str, progress, quick: bool = False) -> dict:
+def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
     from strata.config import Config
     from strata.formats.expert_record import RecordLayout
     from strata.formats.quant_types import QuantType
-    from strata.doctor.measure import measure_quiet
+    from strata.doctor.measure import measure_batch, measure_quiet
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
     from strata.testing.models import make_model
@@ -378,14 +379,28 @@ def _engine(backend: str, progress, quick: bool = False) -> dict:
         repeats = QUICK_REPEATS if quick else CALIBRATION_REPEATS
         cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted(arenas)]
         tries: dict[int, list] = {slots: [] for _, slots in cases}
+        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
+                         n_experts_per_token=1)
+        if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
+            if progress:
+                progress(f"engine: {len(cases) + 1} cases in one process")
+            batch = [(made.model_path, {"backend": backend, **({"arena": f"{s}slots"} if s else {})}) for _, s in cases]
+            got = measure_batch(batch + [(one.model_path, {"backend": backend})], max_tokens=CALIBRATION_TOKENS,
+                                timeout=timeout)
+            if any(r is None for r in got):
+                raise RuntimeError(f"quick probe: {sum(r is None for r in got)} of {len(got)} engine runs did not "
+                                   f"finish within {timeout:.0f} s")
+            runs = {s: r for (_, s), r in zip(cases, got)}
+            runs[-1] = got[-1]
+            record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
+                                  made.cfg.expert_ffn_size).record_bytes
+            return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
         for round_ in range(repeats):  # interleaved: a load burst hits every case alike
             for name, slots in cases:
                 if progress:
                     progress(f"engine: {name} ({round_ + 1}/{repeats})")
                 overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
                 tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
-        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
-                         n_experts_per_token=1)
         top1 = []
         for round_ in range(repeats):
             if progress:
@@ -424,8 +439,10 @@ _PLACEHOLDER = MachineProfile(
     load_avg=0.0, measured_at=0.0)
 
 
-def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False) -> MachineProfile:
-    """Measure this machine now (module docstring; `quick`: the quick probe, QUICK_REPEATS)."""
+def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
+                    timeout: float = 600) -> MachineProfile:
+    """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs in
+    one process within `timeout` seconds)."""
     from strata.doctor.byte_budget import byte_budget
     from strata.doctor.families import count_strata
 
@@ -438,7 +455,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
     gemv, expert = _compute_mlx(rounds) if backend == "mlx" else _compute_numpy(rounds)
     widen = {} if backend == "mlx" else _widen_numpy(rounds)
-    eng = _engine(backend, say, quick)
+    eng = _engine(backend, say, quick, timeout)
     notes: list[str] = []
     cfg, runs = eng["cfg"], eng["runs"]
     counts = count_strata(cfg)
@@ -462,7 +479,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
-        notes.append("quick probe: one run per engine case, three streaming arenas")
+        notes.append("quick probe: one run per engine case, three streaming arenas, all in one process")
     return MachineProfile(
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
         mem_bytes_per_s=mem, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
