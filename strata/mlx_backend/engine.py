@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 from strata.config import Config
+from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
@@ -142,6 +143,16 @@ def streaming_parts(model, config: Config, plan) -> tuple:
     """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
     MlxCompute over the model's dense weights (strata.engines adds the pool and the loop)."""
     xf = model.experts_file
+    if model.cfg.hc_count:  # Qwen4-Exp: the streams as the runtime's x (hyper_compute.py)
+        from strata.mlx_backend.hyper_compute import HyperMlxCompute
+        from strata.mlx_backend.hyper_model import to_hyper_params
+        from strata.reference.hyper_model import resident_rows
+
+        wire_mlx(plan.slots * xf.header.padded_bytes + stored_bytes(model.dense))  # Metal: within its ceiling
+        arena = MlxArena(plan.slots, xf.header.padded_bytes)
+        params = to_hyper_params(model.cfg, model.dense, resident=False)
+        rows = resident_rows(model.cfg, model.dense)
+        return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
