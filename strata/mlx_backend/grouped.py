@@ -1,0 +1,123 @@
+"""Routed experts of a whole prompt as grouped GEMMs: the prompt path's expert step.
+
+The fused expert kernel (kernels/moe.py) is a GEMV per (token, rank): at 2048 prompt tokens it
+reads every selected expert's 1.38 MB once per token that picked it (~28 GB a layer at the seed
+shape, from L2 at best). Here the T*k (token, expert) pairs are sorted by expert, so each
+expert's weights are read once for all its tokens and multiplied on the matrix units:
+
+1. route on the device (the model's rule; every expert resident, so MoCE's bonus lifts every
+   logit alike and the selection is the model's): `top_k` ranks by an exact integer key, ties to
+   the lower id as the reference breaks them;
+2. dequantize the layer's E records to the compute dtype (`mx.dequantize`: Q2_0 is MLX's affine
+   2-bit group-32 layout, d (q - 2) is exact in float16);
+3. gather the sorted tokens' rows and run gate, up and down as `mx.gather_mm(...,
+   sorted_indices=True)` (MLX's CUDA build: a CUTLASS grouped GEMM; `mx.gather_qmm` there is a
+   GEMV per row, which is why it is not used);
+4. weight, unsort and sum over the k ranks in float32.
+
+Why dequantize-then-GEMM before a custom mma kernel (bytes and flops at the seed shape, 2048
+tokens, per layer; docs/mlx_backend.md has the table): the GEMMs are 181 GFLOP (~0.3 ms of
+tensor cores), the dequantized copy is 2.26 GB written and read again (~1.4 ms at ~3.3 TB/s), so
+the 48 layers' experts take ~80 ms: inside the 0.2 s target with the least code. A kernel that
+dequantizes Q2_0 tile by tile into shared memory reads 0.35 GB a layer instead (~5 ms in all):
+the next step if the measured time says the copy is what is left.
+
+Shapes: T tokens, k selected, E experts, D hidden, F expert ffn.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from strata.formats.expert_record import RecordLayout
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend.experts import gated_hidden, slot_planes
+from strata.mlx_backend.quants import GROUP
+from strata.mlx_backend.routing import combine_weights, selection_scores
+from strata.model_config import ExpertKind
+from strata.reference.experts import SWIGLU, ExpertAct
+from strata.reference.routing import RouterRule
+
+__all__ = ["top_k", "route_prompt", "dequantized_experts", "grouped_experts", "grouped_refusal"]
+
+
+def _order_key(score: mx.array) -> mx.array:
+    """A uint64 key per entry whose ascending order is the reference's ranking: score descending,
+    equal scores by lower expert id. float32 [T, E] -> uint64 [T, E] (distinct within a row)"""
+    e = score.shape[-1]
+    bits = (score + 0.0).view(mx.uint32)  # + 0.0: -0.0 becomes +0.0, equal to it as the reference compares
+    ordered = mx.where(bits >= 0x80000000, ~bits, bits | 0x80000000)  # float order as unsigned order
+    ids = mx.arange(e, dtype=mx.uint64)
+    return ~((ordered.astype(mx.uint64) << 32) | (e - 1 - ids))  # larger score (then lower id) first
+
+
+def top_k(score: mx.array, k: int) -> mx.array:
+    """The k best experts per row in rank order (the reference's order, ties to the lower id):
+    one sort of distinct integer keys, where `routing.rank_order` compares all E x E pairs
+    ([T, E, E]: 0.5 GB of int32 a layer at 2048 tokens). float32 [T, E] -> int32 [T, k]"""
+    return mx.argsort(_order_key(score), axis=-1)[:, :k].astype(mx.int32)
+
+
+def route_prompt(z: mx.array, rule: RouterRule) -> tuple[mx.array, mx.array]:
+    """The model's own rule on the device. z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
+    experts = top_k(selection_scores(z, rule), rule.k)
+    return experts, combine_weights(z, experts, rule)
+
+
+def grouped_refusal(rec: RecordLayout | None, act: ExpertAct) -> str | None:
+    """Why these records cannot take the grouped path (None: they can)."""
+    if rec is None:
+        return "no resident arena"
+    if rec.qtype is not QuantType.Q2_0:
+        return f"experts of type {rec.qtype.name} (the grouped path dequantizes Q2_0)"
+    if rec.biases or act.kind is not ExpertKind.SWIGLU:
+        return "experts with biases or a clamped SwiGLU"
+    if rec.hidden % GROUP or rec.expert_ffn % GROUP:
+        return f"hidden {rec.hidden} / expert ffn {rec.expert_ffn} not multiples of {GROUP}"
+    return None
+
+
+def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -> tuple[mx.array, mx.array, mx.array]:
+    """A layer's E records as dense weights in `dtype` (float16: exact, d (q - 2) of a float16 d).
+
+    Shapes:
+        records uint8 [E, >= record_bytes] -> gate [E, F, D], up [E, F, D], down [E, D, F]
+    """
+    stack = slot_planes(records, rec)  # views of the codes; scales float32 [E, R, C/32]
+    out = []
+    for w, s, b in (stack.gate, stack.up, stack.down):
+        out.append(mx.dequantize(w, s.astype(dtype), b.astype(dtype), group_size=GROUP, bits=stack.bits))
+    return tuple(out)
+
+
+def _mm_dtype(dtype: mx.Dtype) -> mx.Dtype:
+    # MLX's CPU gather_mm is float32 only: there the inputs are rounded to `dtype` and multiplied
+    # in float32, the values a GPU's float16 GEMM multiplies (its accumulation is float32 too)
+    return dtype if mx.default_device() == mx.gpu else mx.float32
+
+
+def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
+                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU) -> mx.array:
+    """sum_i w_i expert_i(h_t) for every token, the (token, expert) pairs grouped by expert.
+
+    records: the layer's E arena rows (slot e = expert e). dtype: what the GEMMs' inputs are
+    rounded to (float16 on a GPU; float32 leaves only the reordering of sums).
+
+    Shapes:
+        records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
+    """
+    t, k = experts.shape
+    mm = _mm_dtype(dtype)
+    gate, up, down = (w.astype(mm) for w in dequantized_experts(records, rec, dtype))
+    flat = experts.reshape(-1)  # [T k]
+    order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
+    by_expert = flat[order].astype(mx.uint32)
+    rows = h.astype(dtype).astype(mm)[order // k][:, None, :]  # [T k, 1, D]
+    g = mx.gather_mm(rows, gate.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)  # [T k, 1, F]
+    u = mx.gather_mm(rows, up.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)
+    hid = gated_hidden(act, g.astype(mx.float32), u.astype(mx.float32))
+    y = mx.gather_mm(hid.astype(dtype).astype(mm), down.swapaxes(-1, -2), rhs_indices=by_expert,
+                     sorted_indices=True)  # [T k, 1, D]
+    y = y[:, 0, :].astype(mx.float32) * weights.reshape(-1)[order][:, None]
+    unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
+    return unsorted.reshape(t, k, -1).sum(axis=1)

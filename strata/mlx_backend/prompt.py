@@ -1,0 +1,128 @@
+"""The all-resident MLX engine's prompt path: a prompt's layers on the matrix units.
+
+`forward` (model.py) runs a prompt through the decode kernels, which are GEMVs: each position
+reads every dense weight and each of its k experts again (the seed shape's 2048-token prompt:
+2.0 s on the H200 against ~14 ms of matrix-unit compute). Here, per layer, over all T positions
+at once (`PROMPT_CHUNK` at a time):
+
+- attention layers: `prompt_attention` (MLX matmuls, `mx.fast.scaled_dot_product_attention`);
+  other mixers (DeltaNet, latent attention, gpt-oss's sink and window layers) run their own
+  multi-position forms (`model.mixer_partials` on the ops path, as before);
+- the router in float32 (design §3: selection is decided in float32), routing on the device;
+- routed experts as grouped GEMMs (grouped.py), the shared expert and dense FFN layers as MLX
+  matmuls, the residual in float32;
+- the head on the last position only (every position's for a decode window).
+
+The matmul inputs are rounded to float16 on a GPU (`prompt_dtype`), which is what the named
+budget tests/budgets.py PROMPT covers; the float32 weights of MLX's CPU build leave only the
+reordering of sums. `prompt_refusal` names what the path does not serve (the engine then keeps
+`forward`).
+
+Shapes: T positions, D hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from strata.mlx_backend.attention import AttentionWeights, rms_norm
+from strata.mlx_backend.experts import SharedWeights, silu
+from strata.mlx_backend.grouped import grouped_experts, grouped_refusal, route_prompt
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, mixer_partials
+from strata.mlx_backend.prompt_attention import attention_refusal, lowp_matmul, prompt_attention
+from strata.model_config import Mixer
+from strata.reference.experts import expert_act
+
+__all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "prompt_dtype", "prompt_refusal", "uses_prompt_path", "prompt_forward"]
+
+# Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding
+# and dequantizing a layer's E experts costs more than reading k of them per token). A guess
+# until the H200 measures the crossing (benchmarks/prompt.py --mlx).
+PROMPT_MIN_TOKENS = 32
+# Positions per pass: bounds the attention scores ([H, T, S] float32 where MLX has no fused
+# kernel) and the sorted expert rows ([T k, D]).
+PROMPT_CHUNK = 4096
+
+
+def prompt_dtype(p: MlxParams) -> mx.Dtype:
+    """What the matmuls' inputs are rounded to: the dense weights' dtype (float16 on a GPU)."""
+    return p.dtype
+
+
+def prompt_refusal(p: MlxParams) -> str | None:
+    """Why `prompt_forward` cannot run this model (None: it can)."""
+    cfg = p.cfg
+    if cfg.n_moe_layers and (why := grouped_refusal(p.rec, expert_act(cfg))) is not None:
+        return why
+    if cfg.n_moe_layers and p.arena is None:
+        return "no resident arena"
+    if any(lw.router_logit_bias is not None for lw in p.layers):
+        return "a router logit bias"
+    return None
+
+
+def uses_prompt_path(p: MlxParams, n_tokens: int) -> bool:
+    """Whether MlxEngine takes the prompt path for n_tokens positions: on the GPU kernel path,
+    from PROMPT_MIN_TOKENS, for a model it serves."""
+    return current_path() is KernelPath.GPU and n_tokens >= PROMPT_MIN_TOKENS and prompt_refusal(p) is None
+
+
+def prompt_forward(p: MlxParams, state: MlxModelState, tokens, *, all_logits: bool = False
+                   ) -> tuple[mx.array, MlxModelState]:
+    """`model.forward` for a prompt: the same layers on the matrix units.
+
+    Shapes:
+        tokens [T] -> logits float32 [1, V] (the last position), or [T, V] with all_logits
+    """
+    if (why := prompt_refusal(p)) is not None:
+        raise ValueError(f"prompt path: {why}")
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
+    rows = []
+    for start in range(0, len(tokens), PROMPT_CHUNK):
+        x = embed(p, tokens[start:start + PROMPT_CHUNK])
+        layers = []
+        for layer in range(p.cfg.n_layers):
+            x, s = _layer(p, layer, state.layers[layer], x, window=all_logits)
+            layers.append(s)
+            mx.async_eval(x)  # the GPU runs layer l while the host builds l + 1; bounds live temporaries
+        state = MlxModelState(tuple(layers))
+        if all_logits:
+            rows.append(head(p, x))
+        elif start + PROMPT_CHUNK >= len(tokens):
+            rows.append(head(p, x[-1:]))
+    return (rows[0] if len(rows) == 1 else mx.concatenate(rows)), state
+
+
+def _layer(p: MlxParams, layer: int, state, x: mx.array, *, window: bool):
+    """One layer over T positions. x float32 [T, D] -> (float32 [T, D], the layer's new state)"""
+    cfg, lw, dtype = p.cfg, p.layers[layer], prompt_dtype(p)
+    w = lw.attn
+    if cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and isinstance(w, AttentionWeights) \
+            and attention_refusal(w) is None:
+        a, state = prompt_attention(cfg, w, state, x, dtype=dtype)
+    else:  # the mixer's own multi-position form
+        parts, state = mixer_partials(p, layer, state, x, window=window)
+        a = parts.sum(axis=1)
+    x = x + a
+    h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
+    if lw.dense is not None:  # a dense FFN layer
+        return x + _swiglu(h, lw.dense, dtype), state
+    z = h @ lw.router.T  # float32 [T, E]: selection is decided in float32
+    experts, weights = route_prompt(z, lw.rule)
+    base = cfg.moe_index(layer) * cfg.n_experts
+    records = p.arena.array[base:base + cfg.n_experts]  # [E, SLOT]: slot base + e is expert e
+    out = grouped_experts(records, p.rec, h, experts, weights, dtype=dtype, act=expert_act(cfg))
+    if lw.shared is not None:
+        s = _swiglu(h, lw.shared, dtype)
+        if lw.shared.gate_inp is not None:
+            s = s * mx.sigmoid(h @ lw.shared.gate_inp.astype(mx.float32))[:, None]
+        out = out + s
+    return x + out, state
+
+
+def _swiglu(h: mx.array, sw: SharedWeights, dtype: mx.Dtype) -> mx.array:
+    """The shared expert (or a dense FFN) without its gate. h float32 [T, D] -> float32 [T, D]"""
+    hid = silu(lowp_matmul(h, sw.gate, dtype)) * lowp_matmul(h, sw.up, dtype)
+    return lowp_matmul(hid, sw.down, dtype)
