@@ -24,6 +24,7 @@ from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
+from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
 from strata.runtime.memory import wire_mlx
 from strata.session import SessionEngine
 
@@ -82,11 +83,17 @@ class MlxEngine(SessionEngine):
         return self._reads
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
-        logits, self.state = forward(self.params, self.state, tokens)
+        if uses_prompt_path(self.params, len(tokens)):  # a prompt on the matrix units (prompt.py)
+            logits, self.state = prompt_forward(self.params, self.state, tokens)
+        else:
+            logits, self.state = forward(self.params, self.state, tokens)
         return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
-        logits, self.state = forward(self.params, self.state, tokens, window=True)
+        if uses_prompt_path(self.params, len(tokens)):
+            logits, self.state = prompt_forward(self.params, self.state, tokens, all_logits=True)
+        else:
+            logits, self.state = forward(self.params, self.state, tokens, window=True)
         return np.array(logits, dtype=np.float32)
 
     def _truncate(self, n: int) -> None:

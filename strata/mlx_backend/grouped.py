@@ -27,6 +27,8 @@ Shapes: T tokens, k selected, E experts, D hidden, F expert ffn.
 
 from __future__ import annotations
 
+import enum
+
 import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
@@ -38,7 +40,7 @@ from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
 
-__all__ = ["top_k", "route_prompt", "dequantized_experts", "grouped_experts", "grouped_refusal"]
+__all__ = ["GroupedGemm", "GEMM", "top_k", "route_prompt", "dequantized_experts", "grouped_experts", "grouped_refusal"]
 
 
 def _order_key(score: mx.array) -> mx.array:
@@ -97,11 +99,12 @@ def _mm_dtype(dtype: mx.Dtype) -> mx.Dtype:
 
 
 def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
-                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU) -> mx.array:
+                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU, gemm: "GroupedGemm | None" = None
+                    ) -> mx.array:
     """sum_i w_i expert_i(h_t) for every token, the (token, expert) pairs grouped by expert.
 
     records: the layer's E arena rows (slot e = expert e). dtype: what the GEMMs' inputs are
-    rounded to (float16 on a GPU; float32 leaves only the reordering of sums).
+    rounded to (float16 on a GPU; float32 leaves only the reordering of sums). gemm: None is `GEMM`.
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
@@ -112,12 +115,43 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
-    rows = h.astype(dtype).astype(mm)[order // k][:, None, :]  # [T k, 1, D]
-    g = mx.gather_mm(rows, gate.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)  # [T k, 1, F]
-    u = mx.gather_mm(rows, up.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)
-    hid = gated_hidden(act, g.astype(mx.float32), u.astype(mx.float32))
-    y = mx.gather_mm(hid.astype(dtype).astype(mm), down.swapaxes(-1, -2), rhs_indices=by_expert,
-                     sorted_indices=True)  # [T k, 1, D]
-    y = y[:, 0, :].astype(mx.float32) * weights.reshape(-1)[order][:, None]
+    rows = h.astype(dtype).astype(mm)[order // k]  # [T k, D]
+    run = _padded if (gemm or GEMM) is GroupedGemm.PADDED else _gather
+    y = run(rows, by_expert, gate, up, down, act, dtype, mm)  # [T k, D] in sorted order
+    y = y.astype(mx.float32) * weights.reshape(-1)[order][:, None]
     unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
     return unsorted.reshape(t, k, -1).sum(axis=1)
+
+
+class GroupedGemm(enum.Enum):
+    """How the sorted pairs meet their experts' weights."""
+
+    GATHER = "gather"  # mx.gather_mm(sorted_indices=True): MLX's grouped GEMM, no padding
+    PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
+
+
+GEMM = GroupedGemm.GATHER
+
+
+def _gather(rows, by_expert, gate, up, down, act, dtype, mm) -> mx.array:
+    """[N, D] rows sorted by expert -> [N, D] expert outputs (mx.gather_mm per projection)."""
+    r = rows[:, None, :]  # [N, 1, D]: one row per pair, its expert by rhs index
+    g = mx.gather_mm(r, gate.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)  # [N, 1, F]
+    u = mx.gather_mm(r, up.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)
+    hid = gated_hidden(act, g.astype(mx.float32), u.astype(mx.float32)).astype(dtype).astype(mm)
+    return mx.gather_mm(hid, down.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)[:, 0, :]
+
+
+def _padded(rows, by_expert, gate, up, down, act, dtype, mm) -> mx.array:
+    """`_gather` as batched matmuls over [E, cap, D] (one host sync a layer: cap)."""
+    n, e = rows.shape[0], gate.shape[0]
+    counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
+    starts = mx.cumsum(counts) - counts
+    cap = int(counts.max().item())
+    dest = by_expert.astype(mx.int32) * cap + (mx.arange(n, dtype=mx.int32) - starts[by_expert])  # [N]
+    buf = mx.zeros((e * cap, rows.shape[1]), rows.dtype)
+    buf[dest] = rows
+    b = buf.reshape(e, cap, -1)  # [E, cap, D]
+    g, u = b @ gate.swapaxes(-1, -2), b @ up.swapaxes(-1, -2)  # [E, cap, F]
+    hid = gated_hidden(act, g.astype(mx.float32), u.astype(mx.float32)).astype(dtype).astype(mm)
+    return (hid @ down.swapaxes(-1, -2)).reshape(e * cap, -1)[dest]

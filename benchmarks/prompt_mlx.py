@@ -1,0 +1,189 @@
+"""Prompt tok/s of the all-resident MLX engine at the seed shape (48 layers, 256 experts, top-10,
+hidden 2560, expert ffn 576, 16 q / 4 kv heads of 128, float16 dense, Q2_0 experts; no shared
+expert unless --shared), `benchmarks/prompt.py --mlx`:
+
+1. the prompt path (strata/mlx_backend/prompt.py) against the decode kernels' `forward` (what
+   MlxEngine.prefill ran before), the same prompt, the last position's logits compared;
+2. one layer's parts at each length, each evaluated alone (attention, router + routing, the
+   experts' dequantization, the grouped GEMMs), and `mx.gather_qmm(sorted_indices=True)` on the
+   Q2_0 planes as the alternative the grouped path does not take (on MLX's CUDA build a GEMV per row);
+3. the floors: matrix-unit flops at PEAK_TFLOPS and the bytes the path moves at the copy bandwidth.
+
+Prints a table and one JSON line (`JSON {...}`).
+
+    python benchmarks/prompt.py --mlx --lengths 512,2048          # the seed shape (GPU; ~17 GB arena)
+    python benchmarks/prompt.py --mlx --small --lengths 64,128    # smoke test (any machine)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _measure import copy_bandwidth, device_name  # noqa: E402
+from strata.mlx_backend.engine import MlxEngine  # noqa: E402
+from strata.mlx_backend import grouped
+from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, route_prompt  # noqa: E402
+from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
+from strata.mlx_backend.experts import slot_planes  # noqa: E402
+from strata.mlx_backend.prompt import prompt_forward  # noqa: E402
+from strata.mlx_backend.prompt_attention import prompt_attention  # noqa: E402
+from strata.mlx_backend.attention import rms_norm  # noqa: E402
+from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
+
+PEAK_TFLOPS = 800.0  # H200 dense float16 on the tensor cores (~990 spec; ~800 reached by cuBLAS)
+SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
+                n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=4096)
+
+
+def _time(fn, reps: int) -> float:
+    """Median seconds of fn() (which evaluates what it builds), after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def flops_per_token(cfg, context: float) -> float:
+    """Matrix flops of one prompt position (context: the mean number of keys it attends to)."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    qkv = 2 * d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd
+    o = 2 * cfg.n_heads * hd * d
+    att = 4 * cfg.n_heads * hd * context
+    experts = cfg.n_experts_per_token * 3 * 2 * d * cfg.expert_ffn_size
+    shared = 3 * 2 * d * cfg.shared_ffn_size
+    router = 2 * d * cfg.n_experts
+    return cfg.n_layers * (qkv + o + att + experts + shared + router)
+
+
+def layer_parts(p, n: int, reps: int) -> dict:
+    """One MoE layer's parts over n positions, each evaluated alone (seconds)."""
+    cfg, lw, rec = p.cfg, p.layers[0], p.rec
+    x = mx.random.normal((n, cfg.hidden_size)).astype(mx.float32)
+    mx.eval(x)
+    out = {}
+    kv = MlxModelState.empty(cfg).layers[0]
+    out["attention"] = _time(lambda: mx.eval(prompt_attention(cfg, lw.attn, replace_kv(kv), x, dtype=p.dtype)[0]), reps)
+    h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
+    mx.eval(h)
+    out["router + routing"] = _time(lambda: mx.eval(*route_prompt(h @ lw.router.T, lw.rule)), reps)
+    experts, weights = route_prompt(h @ lw.router.T, lw.rule)
+    records = p.arena.array[:cfg.n_experts]
+    mx.eval(experts, weights, records)
+    out["dequantize E experts"] = _time(lambda: mx.eval(*dequantized_experts(records, rec, p.dtype)), reps)
+    for g in GroupedGemm:
+        try:
+            out[f"grouped experts ({g.value})"] = _time(lambda g=g: mx.eval(grouped_experts(
+                records, rec, h, experts, weights, dtype=p.dtype, gemm=g)), reps)
+        except Exception as exc:  # reported, not fatal (e.g. no CUDA gather_mm for this case)
+            out[f"grouped experts ({g.value})"] = f"failed: {type(exc).__name__}: {exc}"[:120]
+    try:  # the alternative: MLX's quantized gather over the Q2_0 planes, pairs sorted by expert
+        st = slot_planes(records, rec)
+        flat = experts.reshape(-1)
+        order = mx.argsort(flat)
+        rows = h.astype(p.dtype)[order // cfg.n_experts_per_token][:, None, :]
+        idx = flat[order].astype(mx.uint32)
+        w, s, b = st.gate
+        s16, b16 = s.astype(p.dtype), b.astype(p.dtype)
+        mx.eval(rows, idx, w, s16, b16)
+        out["gather_qmm gate (sorted)"] = _time(lambda: mx.eval(mx.gather_qmm(
+            rows, w, s16, b16, rhs_indices=idx, transpose=True, group_size=32, bits=2, sorted_indices=True)), reps)
+    except Exception as exc:  # reported, not fatal
+        out["gather_qmm gate (sorted)"] = f"failed: {type(exc).__name__}: {exc}"[:120]
+    return out
+
+
+def replace_kv(kv):
+    return type(kv)(kv.keys, kv.values, 0)
+
+
+def main(args) -> None:
+    cfg = SMALL if args.small else SEED_SHAPE
+    cfg = cfg if args.shared else replace(cfg, shared_ffn_size=0, shared_expert_gated=False)
+    lengths = [int(v) for v in args.lengths.split(",")]
+    cfg = replace(cfg, max_context=max(cfg.max_context, max(lengths) + 8))
+    t0 = time.time()
+    p = random_params(cfg, seed=0, pred_q8=False)
+    build_s = time.time() - t0
+    bw = copy_bandwidth(256 * 2**20)
+    rng = np.random.default_rng(0)
+    rows, res = [], {"device": device_name(), "mlx": mx.__version__, "build_s": build_s, "lengths": {}}
+    gemms = {}
+    for g in GroupedGemm:  # warm-up (kernels, GEMM plans), and which grouped GEMM runs here
+        grouped.GEMM = g
+        try:
+            prompt_forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 64))
+            gemms[g] = None
+        except Exception as exc:
+            gemms[g] = f"{type(exc).__name__}: {exc}"[:160]
+    res["gemm_failures"] = {g.value: why for g, why in gemms.items() if why}
+    for n in lengths:
+        tokens = rng.integers(0, cfg.vocab_size, n)
+        run_new = lambda: np.array(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0][-1])  # noqa: E731
+        r, best = {}, None
+        for g in (g for g, why in gemms.items() if why is None):
+            grouped.GEMM = g
+            s = _time(run_new, args.repeat)
+            r[f"prompt_path_{g.value}_s"] = s
+            if best is None or s < best[1]:
+                best = (g, s)
+        if best is None:
+            print(f"JSON-PART {json.dumps({'tokens': n, 'error': res['gemm_failures']})}", flush=True)
+            continue
+        grouped.GEMM = best[0]
+        new_s = best[1]
+        got = run_new()
+        r.update(prompt_path_s=new_s, prompt_path_tok_s=n / new_s, gemm=best[0].value)
+        if not args.skip_old:
+            eng = MlxEngine(p, compiled=False)
+            t = time.perf_counter()
+            ref = np.array(forward(p, MlxModelState.empty(cfg), tokens)[0][-1])
+            old_s = time.perf_counter() - t
+            del eng
+            r.update(old_path_s=old_s, old_path_tok_s=n / old_s, speedup=old_s / new_s,
+                     same_argmax=bool(np.argmax(ref) == np.argmax(got)),
+                     rel_l2=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+                     max_rel=float(np.abs(got - ref).max() / np.abs(ref).max()))
+        flops = n * flops_per_token(cfg, n / 2)
+        deq_bytes = cfg.n_moe_layers * cfg.n_experts * (p.rec.record_bytes + 2 * 2 * 3 * cfg.hidden_size * cfg.expert_ffn_size)
+        r.update(tflop=flops / 1e12, compute_floor_s=flops / (PEAK_TFLOPS * 1e12),
+                 dequant_bytes_gb=deq_bytes / 1e9, dequant_floor_s=deq_bytes / bw["read_Bps"])
+        res["lengths"][str(n)] = r
+        print("JSON-PART " + json.dumps({"tokens": n, **r}), flush=True)
+    for n in lengths:  # after every length's totals: a run cut short still has those
+        if str(n) in res["lengths"]:
+            parts = layer_parts(p, n, args.repeat)
+            res["lengths"][str(n)]["layer_parts_ms"] = {k: (v * 1e3 if isinstance(v, float) else v)
+                                                         for k, v in parts.items()}
+            print("JSON-PART " + json.dumps({"tokens": n, "layer_parts_ms": res["lengths"][str(n)]["layer_parts_ms"]}),
+                  flush=True)
+    print(f"\n## MLX prompt path: {res['device']}, MLX {res['mlx']}, {'small' if args.small else 'seed'} shape, "
+          f"{'with' if args.shared else 'no'} shared expert, median of {args.repeat}")
+    print("| tokens | prompt path (grouped GEMM) | tok/s | before (decode kernels) | speedup | same argmax | rel L2 | "
+          "compute floor | dequant bytes floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, r in res["lengths"].items():
+        old = f"{r['old_path_s'] * 1e3:.0f} ms" if "old_path_s" in r else "-"
+        print(f"| {n} | {r['prompt_path_s'] * 1e3:.1f} ms ({r['gemm']}) | {r['prompt_path_tok_s']:.0f} | {old} | "
+              f"{r.get('speedup', 0):.1f}x | {r.get('same_argmax', '-')} | {r.get('rel_l2', float('nan')):.2g} | "
+              f"{r['compute_floor_s'] * 1e3:.1f} ms | {r['dequant_floor_s'] * 1e3:.1f} ms |")
+    print("\n| tokens | one layer's part | ms |")
+    print("|---|---|---|")
+    for n, r in res["lengths"].items():
+        for k, v in r.get("layer_parts_ms", {}).items():
+            print(f"| {n} | {k} | {v:.3f} |" if isinstance(v, float) else f"| {n} | {k} | {v} |")
+    print("JSON " + json.dumps(dict(bench="prompt_mlx", shape="small" if args.small else "seed", shared=args.shared,
+                                    repeat=args.repeat, **res)))
