@@ -10,9 +10,10 @@ expert's weights are read once for all its tokens and multiplied on the matrix u
    the lower id as the reference breaks them;
 2. dequantize the layer's E records to the compute dtype (`mx.dequantize`: Q2_0 is MLX's affine
    2-bit group-32 layout, d (q - 2) is exact in float16);
-3. gather the sorted tokens' rows and run gate, up and down as `mx.gather_mm(...,
-   sorted_indices=True)` (MLX's CUDA build: a CUTLASS grouped GEMM; `mx.gather_qmm` there is a
-   GEMV per row, which is why it is not used);
+3. gather the sorted tokens' rows and run gate, up and down as grouped GEMMs: `mx.gather_mm(...,
+   sorted_indices=True)`, or the rows scattered into [E, cap, D] for one batched matmul
+   (`GroupedGemm`, `default_gemm` says which where); `mx.gather_qmm` on the Q2_0 planes is not
+   used: MLX's CUDA build runs it as a GEMV or a one-row tile per pair;
 4. weight, unsort and sum over the k ranks in float32.
 
 Why dequantize-then-GEMM before a custom mma kernel (bytes and flops at the seed shape, 2048
@@ -40,7 +41,8 @@ from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
 
-__all__ = ["GroupedGemm", "GEMM", "top_k", "route_prompt", "dequantized_experts", "grouped_experts", "grouped_refusal"]
+__all__ = ["GroupedGemm", "GEMM", "default_gemm", "top_k", "route_prompt", "dequantized_experts", "grouped_experts",
+           "grouped_refusal"]
 
 
 def _order_key(score: mx.array) -> mx.array:
@@ -104,7 +106,8 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     """sum_i w_i expert_i(h_t) for every token, the (token, expert) pairs grouped by expert.
 
     records: the layer's E arena rows (slot e = expert e). dtype: what the GEMMs' inputs are
-    rounded to (float16 on a GPU; float32 leaves only the reordering of sums). gemm: None is `GEMM`.
+    rounded to (float16 on a GPU; float32 leaves only the reordering of sums). gemm: None is
+    `GEMM`, or `default_gemm()` where that is None too.
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
@@ -116,7 +119,7 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
     rows = h.astype(dtype).astype(mm)[order // k]  # [T k, D]
-    run = _padded if (gemm or GEMM) is GroupedGemm.PADDED else _gather
+    run = _padded if (gemm or GEMM or default_gemm()) is GroupedGemm.PADDED else _gather
     y = run(rows, by_expert, gate, up, down, act, dtype, mm)  # [T k, D] in sorted order
     y = y.astype(mx.float32) * weights.reshape(-1)[order][:, None]
     unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
@@ -130,7 +133,19 @@ class GroupedGemm(enum.Enum):
     PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
 
 
-GEMM = GroupedGemm.GATHER
+# None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).
+GEMM: GroupedGemm | None = None
+
+
+def default_gemm() -> GroupedGemm:
+    """PADDED on MLX's CUDA build, GATHER elsewhere. MLX's CUDA gather_mm (0.32.x, a CUTLASS
+    grouped GEMM, grouped_gemm_unaligned.cu) takes its tensor-core configuration only where TF32
+    is enabled, for every dtype; strata turns TF32 off (float32 ops must stay float32), so there
+    a float16 gather_mm runs on the SIMT cores. A batched float16 matmul goes to cuBLAS's
+    tensor-core kernels either way. Metal's gather_mm is a simdgroup-matrix kernel."""
+    cuda = getattr(mx, "cuda", None)
+    on_cuda = cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
+    return GroupedGemm.PADDED if on_cuda else GroupedGemm.GATHER
 
 
 def _gather(rows, by_expert, gate, up, down, act, dtype, mm) -> mx.array:
