@@ -35,6 +35,7 @@ import mlx.core as mx
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.experts import gated_hidden, slot_planes
+from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
 from strata.mlx_backend.quants import GROUP
 from strata.mlx_backend.routing import combine_weights, selection_scores
 from strata.model_config import ExpertKind
@@ -82,22 +83,20 @@ def grouped_refusal(rec: RecordLayout | None, act: ExpertAct) -> str | None:
 
 
 def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -> tuple[mx.array, mx.array, mx.array]:
-    """A layer's E records as dense weights in `dtype` (float16: exact, d (q - 2) of a float16 d).
+    """A layer's E records as dense weights in `dtype`, exactly: d (q - 2) of a float16 d is a
+    float16 value. `mx.dequantize` computes q d + (-2d) in the scales' dtype: on a GPU one fused
+    multiply-add in float16 (one rounding of the exact value: exact; a GPU test checks it), on
+    MLX's CPU build a rounded product first (3d needs 12 bits), so there the scales are float32.
 
     Shapes:
         records uint8 [E, >= record_bytes] -> gate [E, F, D], up [E, F, D], down [E, D, F]
     """
     stack = slot_planes(records, rec)  # views of the codes; scales float32 [E, R, C/32]
+    sd = mm_dtype(dtype)
     out = []
     for w, s, b in (stack.gate, stack.up, stack.down):
-        out.append(mx.dequantize(w, s.astype(dtype), b.astype(dtype), group_size=GROUP, bits=stack.bits))
+        out.append(mx.dequantize(w, s.astype(sd), b.astype(sd), group_size=GROUP, bits=stack.bits).astype(dtype))
     return tuple(out)
-
-
-def _mm_dtype(dtype: mx.Dtype) -> mx.Dtype:
-    # MLX's CPU gather_mm is float32 only: there the inputs are rounded to `dtype` and multiplied
-    # in float32, the values a GPU's float16 GEMM multiplies (its accumulation is float32 too)
-    return dtype if mx.default_device() == mx.gpu else mx.float32
 
 
 def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
@@ -105,22 +104,22 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
                     ) -> mx.array:
     """sum_i w_i expert_i(h_t) for every token, the (token, expert) pairs grouped by expert.
 
-    records: the layer's E arena rows (slot e = expert e). dtype: what the GEMMs' inputs are
-    rounded to (float16 on a GPU; float32 leaves only the reordering of sums). gemm: None is
+    records: the layer's E arena rows (slot e = expert e). dtype: the GEMMs' input dtype
+    (float16 on a GPU, activations split in two terms: lowp.py; float32: only the reordering of
+    sums). gemm: None is
     `GEMM`, or `default_gemm()` where that is None too.
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
     """
     t, k = experts.shape
-    mm = _mm_dtype(dtype)
-    gate, up, down = (w.astype(mm) for w in dequantized_experts(records, rec, dtype))
+    gate, up, down = (as_mm(w, dtype) for w in dequantized_experts(records, rec, dtype))
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
-    rows = h.astype(dtype).astype(mm)[order // k]  # [T k, D]
+    rows = h.astype(mx.float32)[order // k]  # [T k, D]
     run = _padded if (gemm or GEMM or default_gemm()) is GroupedGemm.PADDED else _gather
-    y = run(rows, by_expert, gate, up, down, act, dtype, mm)  # [T k, D] in sorted order
+    y = run(rows, by_expert, gate, up, down, act, dtype)  # [T k, D] in sorted order
     y = y.astype(mx.float32) * weights.reshape(-1)[order][:, None]
     unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
     return unsorted.reshape(t, k, -1).sum(axis=1)
@@ -148,25 +147,32 @@ def default_gemm() -> GroupedGemm:
     return GroupedGemm.PADDED if on_cuda else GroupedGemm.GATHER
 
 
-def _gather(rows, by_expert, gate, up, down, act, dtype, mm) -> mx.array:
-    """[N, D] rows sorted by expert -> [N, D] expert outputs (mx.gather_mm per projection)."""
-    r = rows[:, None, :]  # [N, 1, D]: one row per pair, its expert by rhs index
-    g = mx.gather_mm(r, gate.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)  # [N, 1, F]
-    u = mx.gather_mm(r, up.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)
-    hid = gated_hidden(act, g.astype(mx.float32), u.astype(mx.float32)).astype(dtype).astype(mm)
-    return mx.gather_mm(hid, down.swapaxes(-1, -2), rhs_indices=by_expert, sorted_indices=True)[:, 0, :]
+def _gather(rows, by_expert, gate, up, down, act, dtype) -> mx.array:
+    """float32 [N, D] rows sorted by expert -> float32 [N, D] expert outputs (mx.gather_mm per
+    projection; a row's hi and lo terms (lowp.py) are adjacent rows of the same expert)."""
+    n = rows.shape[0]
+
+    def mm(a: mx.array, w: mx.array) -> mx.array:  # [N, C] float32 -> [N, R] float32
+        parts = split_rows(a[:, None, :], dtype, axis=1)  # [N, 1 or 2, C]
+        p = parts.shape[1]
+        idx = by_expert if p == 1 else mx.repeat(by_expert, p)
+        y = mx.gather_mm(parts.reshape(n * p, 1, -1), w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=True)
+        return join_rows(y.reshape(n, p, -1), 1, axis=1)[:, 0, :]
+
+    return mm(gated_hidden(act, mm(rows, gate), mm(rows, up)), down)
 
 
-def _padded(rows, by_expert, gate, up, down, act, dtype, mm) -> mx.array:
+def _padded(rows, by_expert, gate, up, down, act, dtype) -> mx.array:
     """`_gather` as batched matmuls over [E, cap, D] (one host sync a layer: cap)."""
     n, e = rows.shape[0], gate.shape[0]
     counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
     starts = mx.cumsum(counts) - counts
     cap = int(counts.max().item())
     dest = by_expert.astype(mx.int32) * cap + (mx.arange(n, dtype=mx.int32) - starts[by_expert])  # [N]
-    buf = mx.zeros((e * cap, rows.shape[1]), rows.dtype)
+    buf = mx.zeros((e * cap, rows.shape[1]), mx.float32)
     buf[dest] = rows
-    b = buf.reshape(e, cap, -1)  # [E, cap, D]
-    g, u = b @ gate.swapaxes(-1, -2), b @ up.swapaxes(-1, -2)  # [E, cap, F]
-    hid = gated_hidden(act, g.astype(mx.float32), u.astype(mx.float32)).astype(dtype).astype(mm)
-    return (hid @ down.swapaxes(-1, -2)).reshape(e * cap, -1)[dest]
+    b = split_rows(buf.reshape(e, cap, -1), dtype, axis=1)  # [E, cap or 2 cap, D]: hi rows, then lo rows
+    g = join_rows(b @ gate.swapaxes(-1, -2), cap, axis=1)  # [E, cap, F] float32
+    u = join_rows(b @ up.swapaxes(-1, -2), cap, axis=1)
+    hid = split_rows(gated_hidden(act, g, u), dtype, axis=1)
+    return join_rows(hid @ down.swapaxes(-1, -2), cap, axis=1).reshape(e * cap, -1)[dest]

@@ -31,7 +31,8 @@ from strata.mlx_backend.experts import SharedWeights, silu
 from strata.mlx_backend.grouped import grouped_experts, grouped_refusal, route_prompt
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, mixer_partials
-from strata.mlx_backend.prompt_attention import attention_refusal, lowp_matmul, prompt_attention
+from strata.mlx_backend.lowp import lowp_matmul
+from strata.mlx_backend.prompt_attention import attention_refusal, prompt_attention
 from strata.model_config import Mixer
 from strata.reference.experts import expert_act
 

@@ -21,9 +21,10 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, rms_norm, rope_table_cached
+from strata.mlx_backend.lowp import as_mm, lowp_matmul
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["attention_refusal", "prompt_attention", "lowp_matmul"]
+__all__ = ["attention_refusal", "prompt_attention"]
 
 
 def attention_refusal(w: AttentionWeights) -> str | None:
@@ -33,17 +34,6 @@ def attention_refusal(w: AttentionWeights) -> str | None:
     if w.window:
         return "a sliding window"
     return None
-
-
-def lowp_matmul(x: mx.array, w: mx.array, dtype: mx.Dtype) -> mx.array:
-    """x @ w.T with both rounded to `dtype` (the matrix units' input), float32 out. On MLX's CPU
-    build the product is taken in float32 from the rounded values (its float16 matmul would round
-    the output too, which a GPU's float32 accumulation does only once, at the end).
-
-    Shapes: x [T, C], w [R, C] -> float32 [T, R]"""
-    if mx.default_device() == mx.gpu:
-        return (x.astype(dtype) @ w.astype(dtype).T).astype(mx.float32)
-    return x.astype(dtype).astype(mx.float32) @ w.astype(dtype).astype(mx.float32).T
 
 
 def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, *,
@@ -77,8 +67,8 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
     s = start + t
     keys, values = (k, v) if start == 0 else (kv.keys[:, :s], kv.values[:, :s])  # [KVH, S, HD]
     # causal with S > T: MLX aligns the mask to the last key (query i sees keys <= start + i)
-    o = mx.fast.scaled_dot_product_attention(q[None].astype(dtype), keys[None].astype(dtype),
-                                             values[None].astype(dtype), scale=float(1.0 / np.sqrt(hd)),
+    o = mx.fast.scaled_dot_product_attention(as_mm(q[None], dtype), as_mm(keys[None], dtype),
+                                             as_mm(values[None], dtype), scale=float(1.0 / np.sqrt(hd)),
                                              mask="causal")  # [1, H, T, HD]
     o = o[0].astype(mx.float32).transpose(1, 0, 2).reshape(t, qr)  # [T, H HD]
     if w.gated:
