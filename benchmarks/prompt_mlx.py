@@ -7,7 +7,9 @@ expert unless --shared), `benchmarks/prompt.py --mlx`:
 2. one layer's parts at each length, each evaluated alone (attention, router + routing, the
    experts' dequantization, the grouped GEMMs), and `mx.gather_qmm(sorted_indices=True)` on the
    Q2_0 planes as the alternative the grouped path does not take (on MLX's CUDA build a GEMV per row);
-3. the floors: matrix-unit flops at PEAK_TFLOPS and the bytes the path moves at the copy bandwidth.
+3. the same path with the activations rounded to float16 once instead of split in two terms
+   (strata/mlx_backend/lowp.py: what the float32-level accuracy costs);
+4. the floors: matrix-unit flops at PEAK_TFLOPS and the bytes the path moves at the copy bandwidth.
 
 Prints a table and one JSON line (`JSON {...}`).
 
@@ -32,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
-from strata.mlx_backend import grouped
+from strata.mlx_backend import grouped, lowp
 from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, route_prompt  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
 from strata.mlx_backend.experts import slot_planes  # noqa: E402
@@ -145,6 +147,9 @@ def main(args) -> None:
             continue
         grouped.GEMM = best[0]
         new_s = best[1]
+        lowp.SPLIT = False  # what the two-term activations cost: the same path, rounded once
+        r["prompt_path_rounded_once_s"] = _time(run_new, args.repeat)
+        lowp.SPLIT = True
         got = run_new()
         r.update(prompt_path_s=new_s, prompt_path_tok_s=n / new_s, gemm=best[0].value)
         if not args.skip_old:

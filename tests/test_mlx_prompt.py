@@ -23,7 +23,8 @@ from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import grouped
 from strata.mlx_backend.engine import MlxEngine
-from strata.mlx_backend.grouped import GroupedGemm, grouped_experts, top_k
+from strata.mlx_backend.experts import slot_planes
+from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, top_k
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.model import MlxModelState, forward, from_reference
 from strata.mlx_backend.prompt import PROMPT_MIN_TOKENS, prompt_forward, prompt_refusal, uses_prompt_path
@@ -176,3 +177,19 @@ def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch):
         old, _ = forward(p, MlxModelState.empty(rp.cfg), tokens[:-1])
         assert_backends_agree(np.array(old[-1]), got, "PROMPT", what=f"{shape}: vs the decode kernels")
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+def test_gpu_float16_dequantization_is_exact():
+    """On the GPU the float16 dequantization (q d + (-2d) in float16) is d (q - 2) exactly: the
+    float32 dequantization rounded to float16 (itself exact), bit for bit."""
+    rp = made_params("small")
+    with using_path(KernelPath.OPS):
+        p = from_reference(rp, dtype=mx.float32)
+    records = p.arena.array[:rp.cfg.n_experts]
+    exact = [mx.dequantize(w, s, b, group_size=32, bits=2).astype(mx.float16)
+             for w, s, b in (lambda st: (st.gate, st.up, st.down))(slot_planes(records, p.rec))]
+    for got, want in zip(dequantized_experts(records, p.rec, mx.float16), exact):
+        assert_backends_agree(np.array(want.astype(mx.float32)), np.array(got.astype(mx.float32)), "EXACT",
+                              what="float16 dequantization on the GPU")
