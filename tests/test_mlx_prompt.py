@@ -193,3 +193,40 @@ def test_gpu_float16_dequantization_is_exact():
     for got, want in zip(dequantized_experts(records, p.rec, mx.float16), exact):
         assert_backends_agree(np.array(want.astype(mx.float32)), np.array(got.astype(mx.float32)), "EXACT",
                               what="float16 dequantization on the GPU")
+
+
+@pytest.mark.parametrize("arena,chunk", [("10slots", 16), ("12slots", 8)])
+def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch, arena, chunk):
+    """The streaming engine's prompt chunks on the prompt path's pieces (MlxCompute: attention as
+    matmuls, each cache pass's distinct slots as grouped GEMMs): a small arena forces several
+    passes per layer, and the logits are the reference engine's (float32 weights on the CPU:
+    FORWARD), prompt and decode after it."""
+    pytest.importorskip("gguf")
+    from strata.config import Backend, Config
+    from strata.engines import open_engine
+    from strata.loader import load
+    from strata.mlx_backend import prompt
+    from strata.mlx_backend.compute import MlxCompute
+    from strata.numpy_backend.engine import ReferenceEngine
+    from strata.testing.models import make_model
+
+    monkeypatch.setattr(prompt, "PROMPT_PATHS", frozenset(KernelPath))
+    monkeypatch.setattr(prompt, "PROMPT_MIN_TOKENS", 4)
+    from strata.mlx_backend import compute as mlx_compute
+
+    passes = []
+    monkeypatch.setattr(mlx_compute, "slot_experts", lambda *a, **kw: passes.append(1) or prompt.slot_experts(*a, **kw))
+    model = load(make_model(tmp_path / "tiny", "tiny", seed=0, dense_type=QuantType.F16).model_path)
+    tokens = list(np.random.default_rng(6).integers(0, model.cfg.vocab_size, 40))
+    ref_eng = ReferenceEngine(model.resident_params())
+    ref = [ref_eng.prefill(tokens), ref_eng.decode(7)]
+    eng = open_engine(model, Config(backend=Backend.MLX, arena=arena, moce_lambda=0.0, prefill_chunk=chunk,
+                                     prefetch=0))
+    try:
+        assert isinstance(eng.compute, MlxCompute) and eng.compute._prompt(mx.zeros((chunk, 1)))
+        got = [eng.prefill(tokens), eng.decode(7)]
+        assert_backends_agree(np.stack(ref), np.stack(got), "FORWARD", what=f"streaming prompt path, {arena}")
+        chunks = -(-len(tokens) // chunk)
+        assert len(passes) > chunks * model.cfg.n_moe_layers  # some layer of some chunk took several passes
+    finally:
+        eng.close()

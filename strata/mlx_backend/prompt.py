@@ -36,7 +36,8 @@ from strata.mlx_backend.prompt_attention import attention_refusal, prompt_attent
 from strata.model_config import Mixer
 from strata.reference.experts import expert_act
 
-__all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "prompt_dtype", "prompt_refusal", "uses_prompt_path", "prompt_forward"]
+__all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "PROMPT_PATHS", "prompt_dtype", "prompt_refusal", "uses_prompt_path",
+           "prompt_forward", "prompt_mixer", "slot_experts", "swiglu"]
 
 # Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding
 # and dequantizing a layer's E experts costs more than reading k of them per token). A guess
@@ -45,6 +46,8 @@ PROMPT_MIN_TOKENS = 32
 # Positions per pass: bounds the attention scores ([H, T, S] float32 where MLX has no fused
 # kernel) and the sorted expert rows ([T k, D]).
 PROMPT_CHUNK = 4096
+# The kernel paths on which the engines take the prompt path (tests add OPS to run it on the CPU).
+PROMPT_PATHS = frozenset({KernelPath.GPU})
 
 
 def prompt_dtype(p: MlxParams) -> mx.Dtype:
@@ -52,22 +55,21 @@ def prompt_dtype(p: MlxParams) -> mx.Dtype:
     return p.dtype
 
 
-def prompt_refusal(p: MlxParams) -> str | None:
-    """Why `prompt_forward` cannot run this model (None: it can)."""
+def prompt_refusal(p: MlxParams, rec=None) -> str | None:
+    """Why the prompt path cannot run this model (None: it can). rec: the streaming arena's record
+    layout (default: the resident arena's, `p.rec`)."""
     cfg = p.cfg
-    if cfg.n_moe_layers and (why := grouped_refusal(p.rec, expert_act(cfg))) is not None:
+    if cfg.n_moe_layers and (why := grouped_refusal(rec or p.rec, expert_act(cfg))) is not None:
         return why
-    if cfg.n_moe_layers and p.arena is None:
-        return "no resident arena"
     if any(lw.router_logit_bias is not None for lw in p.layers):
         return "a router logit bias"
     return None
 
 
-def uses_prompt_path(p: MlxParams, n_tokens: int) -> bool:
-    """Whether MlxEngine takes the prompt path for n_tokens positions: on the GPU kernel path,
-    from PROMPT_MIN_TOKENS, for a model it serves."""
-    return current_path() is KernelPath.GPU and n_tokens >= PROMPT_MIN_TOKENS and prompt_refusal(p) is None
+def uses_prompt_path(p: MlxParams, n_tokens: int, rec=None) -> bool:
+    """Whether an MLX engine takes the prompt path for n_tokens positions: on the GPU kernel path
+    (PROMPT_PATHS), from PROMPT_MIN_TOKENS, for a model it serves."""
+    return current_path() in PROMPT_PATHS and n_tokens >= PROMPT_MIN_TOKENS and prompt_refusal(p, rec) is None
 
 
 def prompt_forward(p: MlxParams, state: MlxModelState, tokens, *, all_logits: bool = False
@@ -77,7 +79,8 @@ def prompt_forward(p: MlxParams, state: MlxModelState, tokens, *, all_logits: bo
     Shapes:
         tokens [T] -> logits float32 [1, V] (the last position), or [T, V] with all_logits
     """
-    if (why := prompt_refusal(p)) is not None:
+    if (why := prompt_refusal(p) or (None if p.arena is not None or not p.cfg.n_moe_layers
+                                         else "no resident arena")) is not None:
         raise ValueError(f"prompt path: {why}")
     tokens = np.asarray(tokens, np.int64).reshape(-1)
     rows = []
@@ -96,34 +99,61 @@ def prompt_forward(p: MlxParams, state: MlxModelState, tokens, *, all_logits: bo
     return (rows[0] if len(rows) == 1 else mx.concatenate(rows)), state
 
 
+def prompt_mixer(p: MlxParams, layer: int, state, x: mx.array, *, window: bool = False):
+    """The layer's mixer over T positions: attention on the matrix units where the prompt path
+    serves it, else the mixer's own multi-position form (model.mixer_partials).
+    x float32 [T, D] -> (parts float32 [T, P, D], the layer's new state)"""
+    w = p.layers[layer].attn
+    if p.cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and isinstance(w, AttentionWeights) \
+            and attention_refusal(w) is None:
+        a, state = prompt_attention(p.cfg, w, state, x, dtype=prompt_dtype(p))
+        return a[:, None, :], state
+    return mixer_partials(p, layer, state, x, window=window)  # MLX ops for T > 1 (DeltaNet, MLA, sinks)
+
+
 def _layer(p: MlxParams, layer: int, state, x: mx.array, *, window: bool):
     """One layer over T positions. x float32 [T, D] -> (float32 [T, D], the layer's new state)"""
     cfg, lw, dtype = p.cfg, p.layers[layer], prompt_dtype(p)
-    w = lw.attn
-    if cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and isinstance(w, AttentionWeights) \
-            and attention_refusal(w) is None:
-        a, state = prompt_attention(cfg, w, state, x, dtype=dtype)
-    else:  # the mixer's own multi-position form
-        parts, state = mixer_partials(p, layer, state, x, window=window)
-        a = parts.sum(axis=1)
-    x = x + a
+    parts, state = prompt_mixer(p, layer, state, x, window=window)
+    x = x + parts.sum(axis=1)
     h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
     if lw.dense is not None:  # a dense FFN layer
-        return x + _swiglu(h, lw.dense, dtype), state
+        return x + swiglu(h, lw.dense, dtype), state
     z = h @ lw.router.T  # float32 [T, E]: selection is decided in float32
     experts, weights = route_prompt(z, lw.rule)
     base = cfg.moe_index(layer) * cfg.n_experts
     records = p.arena.array[base:base + cfg.n_experts]  # [E, SLOT]: slot base + e is expert e
     out = grouped_experts(records, p.rec, h, experts, weights, dtype=dtype, act=expert_act(cfg))
     if lw.shared is not None:
-        s = _swiglu(h, lw.shared, dtype)
+        s = swiglu(h, lw.shared, dtype)
         if lw.shared.gate_inp is not None:
             s = s * mx.sigmoid(h @ lw.shared.gate_inp.astype(mx.float32))[:, None]
         out = out + s
     return x + out, state
 
 
-def _swiglu(h: mx.array, sw: SharedWeights, dtype: mx.Dtype) -> mx.array:
+def swiglu(h: mx.array, sw: SharedWeights, dtype: mx.Dtype) -> mx.array:
     """The shared expert (or a dense FFN) without its gate. h float32 [T, D] -> float32 [T, D]"""
     hid = silu(lowp_matmul(h, sw.gate, dtype)) * lowp_matmul(h, sw.up, dtype)
     return lowp_matmul(hid, sw.down, dtype)
+
+
+def slot_experts(arena: mx.array, rec, h: mx.array, slots: np.ndarray, weights: np.ndarray, *, dtype: mx.Dtype,
+                 act) -> mx.array:
+    """The routed experts of T positions from streaming arena slots (host slots: one pass of the
+    cache), as grouped GEMMs over the distinct slots the pass uses.
+
+    Shapes:
+        arena uint8 [S, SLOT]; h float32 [T, D]; slots int [T, k] (-1: not in this pass); weights [T, k]
+        -> partials float32 [T, 1, D]
+    """
+    s = np.asarray(slots)
+    valid = s >= 0
+    if not valid.any():
+        return mx.zeros((h.shape[0], 1, h.shape[1]), mx.float32)
+    used, inv = np.unique(s[valid], return_inverse=True)
+    idx = np.zeros(s.shape, np.int32)
+    idx[valid] = inv  # a skipped entry: the first used slot at weight 0
+    w = np.where(valid, np.asarray(weights, np.float32), 0.0).astype(np.float32)
+    records = mx.take(arena, mx.array(used.astype(np.int32)), axis=0)  # [U, SLOT]
+    return grouped_experts(records, rec, h, mx.array(idx), mx.array(w), dtype=dtype, act=act)[:, None, :]
