@@ -188,8 +188,9 @@ def test_gpu_float16_dequantization_is_exact():
     with using_path(KernelPath.OPS):
         p = from_reference(rp, dtype=mx.float32)
     records = p.arena.array[:rp.cfg.n_experts]
-    exact = [mx.dequantize(w, s, b, group_size=32, bits=2).astype(mx.float16)
-             for w, s, b in (lambda st: (st.gate, st.up, st.down))(slot_planes(records, p.rec))]
+    st = slot_planes(records, p.rec)
+    g, u, d = (mx.dequantize(w, s, b, group_size=32, bits=2).astype(mx.float16) for w, s, b in (st.gate, st.up, st.down))
+    exact = [mx.concatenate([g, u], axis=1), d]
     for got, want in zip(dequantized_experts(records, p.rec, mx.float16), exact):
         assert_backends_agree(np.array(want.astype(mx.float32)), np.array(got.astype(mx.float32)), "EXACT",
                               what="float16 dequantization on the GPU")

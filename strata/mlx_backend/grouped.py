@@ -82,21 +82,24 @@ def grouped_refusal(rec: RecordLayout | None, act: ExpertAct) -> str | None:
     return None
 
 
-def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -> tuple[mx.array, mx.array, mx.array]:
-    """A layer's E records as dense weights in `dtype`, exactly: d (q - 2) of a float16 d is a
-    float16 value. `mx.dequantize` computes q d + (-2d) in the scales' dtype: on a GPU one fused
-    multiply-add in float16 (one rounding of the exact value: exact; a GPU test checks it), on
-    MLX's CPU build a rounded product first (3d needs 12 bits), so there the scales are float32.
+def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
+    """A layer's E records as dense weights in `dtype`, gate and up stacked (one GEMM computes
+    both: N = 2F fills the matrix units' tiles better than two of F), exactly: d (q - 2) of a
+    float16 d is a float16 value. `mx.dequantize` computes q d + (-2d) in the scales' dtype: on a
+    GPU one fused multiply-add in float16 (one rounding of the exact value: exact; a GPU test
+    checks it), on MLX's CPU build a rounded product first (3d needs 12 bits), so there the
+    scales are float32.
 
     Shapes:
-        records uint8 [E, >= record_bytes] -> gate [E, F, D], up [E, F, D], down [E, D, F]
+        records uint8 [E, >= record_bytes] -> gate_up [E, 2F, D] (gate rows, then up), down [E, D, F]
     """
     stack = slot_planes(records, rec)  # views of the codes; scales float32 [E, R, C/32]
     sd = mm_dtype(dtype)
-    out = []
-    for w, s, b in (stack.gate, stack.up, stack.down):
-        out.append(mx.dequantize(w, s.astype(sd), b.astype(sd), group_size=GROUP, bits=stack.bits).astype(dtype))
-    return tuple(out)
+    (gw, gs, gb), (uw, us, ub) = stack.gate, stack.up
+    planes = [(mx.concatenate([gw, uw], axis=1), mx.concatenate([gs, us], axis=1), mx.concatenate([gb, ub], axis=1)),
+              stack.down]  # the codes planes are a tenth of the float16 weights: stacking them is cheap
+    return tuple(mx.dequantize(w, s.astype(sd), b.astype(sd), group_size=GROUP, bits=stack.bits).astype(dtype)
+                 for w, s, b in planes)
 
 
 def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
@@ -113,13 +116,13 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
     """
     t, k = experts.shape
-    gate, up, down = (as_mm(w, dtype) for w in dequantized_experts(records, rec, dtype))
+    gate_up, down = (as_mm(w, dtype) for w in dequantized_experts(records, rec, dtype))
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
     rows = h.astype(mx.float32)[order // k]  # [T k, D]
     run = _padded if (gemm or GEMM or default_gemm()) is GroupedGemm.PADDED else _gather
-    y = run(rows, by_expert, gate, up, down, act, dtype)  # [T k, D] in sorted order
+    y = run(rows, by_expert, gate_up, down, act, dtype)  # [T k, D] in sorted order
     y = y.astype(mx.float32) * weights.reshape(-1)[order][:, None]
     unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
     return unsorted.reshape(t, k, -1).sum(axis=1)
@@ -147,7 +150,7 @@ def default_gemm() -> GroupedGemm:
     return GroupedGemm.PADDED if on_cuda else GroupedGemm.GATHER
 
 
-def _gather(rows, by_expert, gate, up, down, act, dtype) -> mx.array:
+def _gather(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
     """float32 [N, D] rows sorted by expert -> float32 [N, D] expert outputs (mx.gather_mm per
     projection; a row's hi and lo terms (lowp.py) are adjacent rows of the same expert)."""
     n = rows.shape[0]
@@ -159,20 +162,28 @@ def _gather(rows, by_expert, gate, up, down, act, dtype) -> mx.array:
         y = mx.gather_mm(parts.reshape(n * p, 1, -1), w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=True)
         return join_rows(y.reshape(n, p, -1), 1, axis=1)[:, 0, :]
 
-    return mm(gated_hidden(act, mm(rows, gate), mm(rows, up)), down)
+    f = down.shape[-1]
+    gu = mm(rows, gate_up)  # [N, 2F]
+    return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), down)
 
 
-def _padded(rows, by_expert, gate, up, down, act, dtype) -> mx.array:
-    """`_gather` as batched matmuls over [E, cap, D] (one host sync a layer: cap)."""
-    n, e = rows.shape[0], gate.shape[0]
+def _padded(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
+    """`_gather` as batched matmuls over [E, P cap, D] (P = 2: each row's hi and lo terms; cap:
+    the largest group, one host sync a layer)."""
+    n, e, f = rows.shape[0], gate_up.shape[0], down.shape[-1]
     counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
     starts = mx.cumsum(counts) - counts
     cap = int(counts.max().item())
-    dest = by_expert.astype(mx.int32) * cap + (mx.arange(n, dtype=mx.int32) - starts[by_expert])  # [N]
-    buf = mx.zeros((e * cap, rows.shape[1]), mx.float32)
-    buf[dest] = rows
-    b = split_rows(buf.reshape(e, cap, -1), dtype, axis=1)  # [E, cap or 2 cap, D]: hi rows, then lo rows
-    g = join_rows(b @ gate.swapaxes(-1, -2), cap, axis=1)  # [E, cap, F] float32
-    u = join_rows(b @ up.swapaxes(-1, -2), cap, axis=1)
-    hid = split_rows(gated_hidden(act, g, u), dtype, axis=1)
-    return join_rows(hid @ down.swapaxes(-1, -2), cap, axis=1).reshape(e * cap, -1)[dest]
+    pos = mx.arange(n, dtype=mx.int32) - starts[by_expert]  # [N] place inside the expert's group
+
+    def mm(a: mx.array, w: mx.array) -> mx.array:  # [N, C] float32 rows -> [N, R] float32
+        parts = split_rows(a, dtype)  # [P N, C]: hi rows, then lo rows
+        p = parts.shape[0] // n
+        dest = mx.concatenate([by_expert.astype(mx.int32) * (p * cap) + j * cap + pos for j in range(p)])  # [P N]
+        buf = mx.zeros((e * p * cap, a.shape[1]), parts.dtype)
+        buf[dest] = parts
+        y = buf.reshape(e, p * cap, -1) @ w.swapaxes(-1, -2)  # [E, P cap, R]
+        return join_rows(y, cap, axis=1).reshape(e * cap, -1)[by_expert.astype(mx.int32) * cap + pos]
+
+    gu = mm(rows, gate_up)  # [N, 2F]
+    return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), down)
