@@ -42,7 +42,7 @@ from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
 
-__all__ = ["GroupedGemm", "GEMM", "default_gemm", "top_k", "route_prompt", "dequantized_experts", "grouped_experts",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "default_gemm", "top_k", "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
 
@@ -121,7 +121,8 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
     rows = h.astype(mx.float32)[order // k]  # [T k, D]
-    run = _padded if (gemm or GEMM or default_gemm()) is GroupedGemm.PADDED else _gather
+    run = {GroupedGemm.PADDED: _padded, GroupedGemm.TILED: _tiled, GroupedGemm.GATHER: _gather}[
+        gemm or GEMM or default_gemm()]
     y = run(rows, by_expert, gate_up, down, act, dtype)  # [T k, D] in sorted order
     y = y.astype(mx.float32) * weights.reshape(-1)[order][:, None]
     unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
@@ -133,6 +134,13 @@ class GroupedGemm(enum.Enum):
 
     GATHER = "gather"  # mx.gather_mm(sorted_indices=True): MLX's grouped GEMM, no padding
     PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
+    TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
+
+
+# Rows per tile of the TILED form. Its tile count has a bound the host knows without a sync,
+# ceil(N / TILE_ROWS) + E, whose unused tiles are computed and dropped: at the seed shape
+# (N = 20480 pairs of 2048 tokens, E = 256) 32 rows cost 1.4x the flops, 64 rows 1.8x.
+TILE_ROWS = 32
 
 
 # None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).
@@ -184,6 +192,34 @@ def _padded(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
         buf[dest] = parts
         y = buf.reshape(e, p * cap, -1) @ w.swapaxes(-1, -2)  # [E, P cap, R]
         return join_rows(y, cap, axis=1).reshape(e * cap, -1)[by_expert.astype(mx.int32) * cap + pos]
+
+    gu = mm(rows, gate_up)  # [N, 2F]
+    return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), down)
+
+
+def _tiled(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
+    """`_gather` over tiles of TILE_ROWS rows of one expert each ([NT, TILE_ROWS, D], NT the
+    host's bound), one `mx.gather_mm` by tile (MLX's CUDA build: its tensor-core gather GEMM,
+    TF32 or not). No host sync."""
+    n, e, f, bm = rows.shape[0], gate_up.shape[0], down.shape[-1], TILE_ROWS
+    ids = by_expert.astype(mx.int32)
+    counts = mx.zeros((e,), mx.int32).at[ids].add(1)  # [E]
+    starts = mx.cumsum(counts) - counts
+    tiles = (counts + bm - 1) // bm
+    first = mx.cumsum(tiles) - tiles  # [E] the expert's first tile
+    nt = -(-n // bm) + e  # a bound on sum_e ceil(count_e / bm)
+    slot = first[ids] * bm + (mx.arange(n, dtype=mx.int32) - starts[ids])  # [N] row in [NT bm]
+    tile_expert = mx.zeros((nt,), mx.int32).at[slot // bm].maximum(ids).astype(mx.uint32)  # [NT]; unused: 0
+
+    def mm(a: mx.array, w: mx.array) -> mx.array:  # [N, C] float32 rows -> [N, R] float32
+        parts = split_rows(a, dtype)  # [P N, C]: hi rows, then lo rows
+        p = parts.shape[0] // n
+        dest = mx.concatenate([j * nt * bm + slot for j in range(p)])  # [P N]
+        buf = mx.zeros((p * nt * bm, a.shape[1]), parts.dtype)
+        buf[dest] = parts
+        idx = tile_expert if p == 1 else mx.concatenate([tile_expert] * p)
+        y = mx.gather_mm(buf.reshape(p * nt, bm, -1), w.swapaxes(-1, -2), rhs_indices=idx)  # [P NT, bm, R]
+        return join_rows(y.reshape(p * nt * bm, -1), nt * bm)[slot]
 
     gu = mm(rows, gate_up)  # [N, 2F]
     return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), down)
