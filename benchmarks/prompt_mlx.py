@@ -131,49 +131,60 @@ def main(args) -> None:
         except Exception as exc:
             gemms[g] = f"{type(exc).__name__}: {exc}"[:160]
     res["gemm_failures"] = {g.value: why for g, why in gemms.items() if why}
-    if not args.skip_old:  # the decode kernels' first launches build them (NVRTC): not in the timing
-        mx.eval(forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 64))[0])
-    for n in lengths:
-        tokens = rng.integers(0, cfg.vocab_size, n)
-        run_new = lambda: np.array(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0][-1])  # noqa: E731
-        r, best = {}, None
-        for g in (g for g, why in gemms.items() if why is None):
-            grouped.GEMM = g
-            s = _time(run_new, args.repeat)
-            r[f"prompt_path_{g.value}_s"] = s
-            if best is None or s < best[1]:
-                best = (g, s)
-        if best is None:
-            print(f"JSON-PART {json.dumps({'tokens': n, 'error': res['gemm_failures']})}", flush=True)
-            continue
-        grouped.GEMM = best[0]
-        new_s = best[1]
-        lowp.SPLIT = False  # what the two-term activations cost: the same path, rounded once
-        r["prompt_path_rounded_once_s"] = _time(run_new, args.repeat)
-        lowp.SPLIT = True
-        got = run_new()
-        r.update(prompt_path_s=new_s, prompt_path_tok_s=n / new_s, gemm=best[0].value)
-        if not args.skip_old:
-            t = time.perf_counter()
-            ref = np.array(forward(p, MlxModelState.empty(cfg), tokens)[0][-1])
-            old_s = time.perf_counter() - t
-            r.update(old_path_s=old_s, old_path_tok_s=n / old_s, speedup=old_s / new_s,
-                     same_argmax=bool(np.argmax(ref) == np.argmax(got)),
-                     rel_l2=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
-                     max_rel=float(np.abs(got - ref).max() / np.abs(ref).max()))
-        flops = n * flops_per_token(cfg, n / 2)
-        deq_bytes = cfg.n_moe_layers * cfg.n_experts * (p.rec.record_bytes + 2 * 2 * 3 * cfg.hidden_size * cfg.expert_ffn_size)
-        r.update(tflop=flops / 1e12, compute_floor_s=flops / (PEAK_TFLOPS * 1e12),
-                 dequant_bytes_gb=deq_bytes / 1e9, dequant_floor_s=deq_bytes / bw["read_Bps"])
-        res["lengths"][str(n)] = r
-        print("JSON-PART " + json.dumps({"tokens": n, **r}), flush=True)
-    for n in lengths:  # after every length's totals: a run cut short still has those
-        if str(n) in res["lengths"]:
+    got = {}
+    try:  # a time limit's SIGINT ends the measuring, not the report: what finished is printed
+        for n in lengths:  # 1. the prompt path, each grouped GEMM, then rounded once
+            tokens = rng.integers(0, cfg.vocab_size, n)
+            run_new = lambda: np.array(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0][-1])  # noqa: E731
+            r, best = {}, None
+            for g in (g for g, why in gemms.items() if why is None):
+                grouped.GEMM = g
+                s = _time(run_new, args.repeat)
+                r[f"prompt_path_{g.value}_s"] = s
+                if best is None or s < best[1]:
+                    best = (g, s)
+            if best is None:
+                print(f"JSON-PART {json.dumps({'tokens': n, 'error': res['gemm_failures']})}", flush=True)
+                continue
+            grouped.GEMM = best[0]
+            new_s = best[1]
+            got[n] = (tokens, run_new())
+            r.update(prompt_path_s=new_s, prompt_path_tok_s=n / new_s, gemm=best[0].value)
+            flops = n * flops_per_token(cfg, n / 2)
+            deq_bytes = cfg.n_moe_layers * cfg.n_experts * (p.rec.record_bytes
+                                                            + 2 * 2 * 3 * cfg.hidden_size * cfg.expert_ffn_size)
+            r.update(tflop=flops / 1e12, compute_floor_s=flops / (PEAK_TFLOPS * 1e12),
+                     dequant_bytes_gb=deq_bytes / 1e9, dequant_floor_s=deq_bytes / bw["read_Bps"])
+            res["lengths"][str(n)] = r
+            print("JSON-PART " + json.dumps({"tokens": n, **r}), flush=True)
+        for n in got:  # the two-term activations' cost: the same path, rounded once
+            lowp.SPLIT = False
+            tokens = got[n][0]
+            res["lengths"][str(n)]["prompt_path_rounded_once_s"] = _time(
+                lambda: np.array(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0][-1]), args.repeat)
+            lowp.SPLIT = True
+        if not args.skip_old:  # 2. the decode kernels' forward (their first launches build them: NVRTC)
+            mx.eval(forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 64))[0])
+            for n, (tokens, new) in got.items():
+                t = time.perf_counter()
+                ref = np.array(forward(p, MlxModelState.empty(cfg), tokens)[0][-1])
+                old_s = time.perf_counter() - t
+                r = res["lengths"][str(n)]
+                r.update(old_path_s=old_s, old_path_tok_s=n / old_s, speedup=old_s / r["prompt_path_s"],
+                         same_argmax=bool(np.argmax(ref) == np.argmax(new)),
+                         rel_l2=float(np.linalg.norm(new - ref) / np.linalg.norm(ref)),
+                         max_rel=float(np.abs(new - ref).max() / np.abs(ref).max()))
+                print("JSON-PART " + json.dumps({"tokens": n, **{k: v for k, v in r.items() if "old" in k or k in (
+                    "speedup", "same_argmax", "rel_l2", "max_rel")}}), flush=True)
+        for n in got:  # 3. one layer's parts
             parts = layer_parts(p, n, args.repeat)
             res["lengths"][str(n)]["layer_parts_ms"] = {k: (v * 1e3 if isinstance(v, float) else v)
                                                          for k, v in parts.items()}
             print("JSON-PART " + json.dumps({"tokens": n, "layer_parts_ms": res["lengths"][str(n)]["layer_parts_ms"]}),
                   flush=True)
+    except KeyboardInterrupt:
+        res["interrupted"] = True
+        lowp.SPLIT = True
     print(f"\n## MLX prompt path: {res['device']}, MLX {res['mlx']}, {'small' if args.small else 'seed'} shape, "
           f"{'with' if args.shared else 'no'} shared expert, median of {args.repeat}")
     print("| tokens | prompt path (grouped GEMM) | tok/s | before (decode kernels) | speedup | same argmax | rel L2 | "
@@ -184,6 +195,13 @@ def main(args) -> None:
         print(f"| {n} | {r['prompt_path_s'] * 1e3:.1f} ms ({r['gemm']}) | {r['prompt_path_tok_s']:.0f} | {old} | "
               f"{r.get('speedup', 0):.1f}x | {r.get('same_argmax', '-')} | {r.get('rel_l2', float('nan')):.2g} | "
               f"{r['compute_floor_s'] * 1e3:.1f} ms | {r['dequant_floor_s'] * 1e3:.1f} ms |")
+    print("\n| tokens | " + " | ".join(f"{g.value} (ms)" for g in GroupedGemm) + " | best, rounded once (ms) |")
+    print("|---|" + "---|" * (len(GroupedGemm) + 1))
+    for n, r in res["lengths"].items():
+        cells = [f"{r[f'prompt_path_{g.value}_s'] * 1e3:.1f}" if f"prompt_path_{g.value}_s" in r
+                 else res["gemm_failures"].get(g.value, "-")[:60] for g in GroupedGemm]
+        once = r.get("prompt_path_rounded_once_s")
+        print(f"| {n} | " + " | ".join(cells) + f" | {once * 1e3:.1f} |" if once else f"| {n} | " + " | ".join(cells) + " | - |")
     print("\n| tokens | one layer's part | ms |")
     print("|---|---|---|")
     for n, r in res["lengths"].items():
