@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--mlx", action="store_true", help="the MLX engine's prompt path at the seed shape (prompt_mlx.py)")
     ap.add_argument("--small", action="store_true", help="--mlx: a small shape (smoke test)")
     ap.add_argument("--shared", action="store_true", help="--mlx: the seed shape with its shared expert")
+    ap.add_argument("--streaming", type=int, default=0, metavar="SLOTS",
+                    help="--mlx: also a streaming engine's prompt with an arena of SLOTS slots")
     ap.add_argument("--skip-old", action="store_true", help="--mlx: do not time the decode kernels' forward")
     args = ap.parse_args()
     if args.mlx:

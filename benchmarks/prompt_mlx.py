@@ -15,11 +15,14 @@ Prints a table and one JSON line (`JSON {...}`).
 
     python benchmarks/prompt.py --mlx --lengths 512,2048          # the seed shape (GPU; ~17 GB arena)
     python benchmarks/prompt.py --mlx --small --lengths 64,128    # smoke test (any machine)
+    python benchmarks/prompt.py --mlx --streaming 6144 --lengths 512,2048   # + a streaming engine's prompt
+                                                                            # (half the experts; .experts in /dev/shm)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,6 +43,7 @@ from strata.mlx_backend.experts import slot_planes  # noqa: E402
 from strata.mlx_backend.prompt import prompt_forward  # noqa: E402
 from strata.mlx_backend.prompt_attention import prompt_attention  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath  # noqa: E402
 from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 
 PEAK_TFLOPS = 800.0  # H200 dense float16 on the tensor cores (~990 spec; ~800 reached by cuBLAS)
@@ -104,6 +108,55 @@ def layer_parts(p, n: int, reps: int) -> dict:
             rows, w, s16, b16, rhs_indices=idx, transpose=True, group_size=32, bits=2, sorted_indices=True)), reps)
     except Exception as exc:  # reported, not fatal
         out["gather_qmm gate (sorted)"] = f"failed: {type(exc).__name__}: {exc}"[:120]
+    return out
+
+
+def streaming_prompt(cfg, lengths: list[int], slots: int, reps: int) -> dict:
+    """A streaming engine's prefill (an arena of `slots` slots, the `.experts` file in /dev/shm or the
+    temporary directory) with the prompt path's pieces and without them (PROMPT_PATHS empty):
+    seconds per length."""
+    from decode import make_experts_file
+    from decode_memory import stream_dir
+    from strata.config import Backend, Config
+    from strata.formats.experts_file import ExpertsFile
+    from strata.loader import Model
+    from strata.mlx_backend import prompt as prompt_mod
+    from strata.mlx_backend.arena import MlxArena
+    from strata.mlx_backend.compute import MlxCompute
+    from strata.runtime.decode import StreamingEngine, cache_config_for
+    from strata.runtime.io import ReaderPool
+
+    path = stream_dir(cfg) / f"strata_prompt_{os.getpid()}.experts"
+    make_experts_file(path, cfg, 1)
+    xf = ExpertsFile.open(path)
+    out = {}
+    try:
+        model = Model(cfg, {}, None, xf, path.with_suffix(".gguf"))
+        slots = max(slots, cache_config_for(model, Config(), 1).min_capacity)
+        config = Config(backend=Backend.MLX, arena=f"{slots}slots", moce_lambda=0.0)
+        params = random_params(cfg, seed=0, experts=False, pred_q8=config.pred_q8)
+        rng = np.random.default_rng(0)
+        for label, paths in (("prompt path", prompt_mod.PROMPT_PATHS), ("decode kernels", frozenset())):
+            prompt_mod.PROMPT_PATHS = paths
+            for n in lengths:
+                times = []
+                for _ in range(reps if paths else 1):
+                    arena = MlxArena(slots, xf.header.padded_bytes)
+                    pool = ReaderPool(xf, arena, threads=config.io_threads, direct=config.direct_io, verify=False,
+                                      timeout=config.io_timeout, switch_interval=config.io_switch_ms / 1e3)
+                    eng = StreamingEngine(model, config, arena, MlxCompute(params, arena, xf.layout,
+                                                                           pred_q8=config.pred_q8), pool)
+                    t = time.perf_counter()
+                    eng.prefill(list(rng.integers(0, cfg.vocab_size, n)))
+                    times.append(time.perf_counter() - t)
+                    eng.close()
+                out[f"{label} {n}"] = statistics.median(times)
+                print("JSON-PART " + json.dumps({"streaming": label, "tokens": n, "slots": slots,
+                                                 "s": out[f"{label} {n}"]}), flush=True)
+        prompt_mod.PROMPT_PATHS = frozenset({KernelPath.GPU})
+    finally:
+        xf.close()
+        path.unlink(missing_ok=True)
     return out
 
 
@@ -182,6 +235,8 @@ def main(args) -> None:
                                                          for k, v in parts.items()}
             print("JSON-PART " + json.dumps({"tokens": n, "layer_parts_ms": res["lengths"][str(n)]["layer_parts_ms"]}),
                   flush=True)
+        if args.streaming:  # 4. a streaming engine's prompt, the prompt path's pieces on and off
+            res["streaming_s"] = streaming_prompt(cfg, lengths, args.streaming, args.repeat)
     except KeyboardInterrupt:
         res["interrupted"] = True
         lowp.SPLIT = True
@@ -207,5 +262,7 @@ def main(args) -> None:
     for n, r in res["lengths"].items():
         for k, v in r.get("layer_parts_ms", {}).items():
             print(f"| {n} | {k} | {v:.3f} |" if isinstance(v, float) else f"| {n} | {k} | {v} |")
+    for k, v in res.get("streaming_s", {}).items():
+        print(f"| streaming ({args.streaming} slots): {k} tokens | {v * 1e3:.0f} ms |")
     print("JSON " + json.dumps(dict(bench="prompt_mlx", shape="small" if args.small else "seed", shared=args.shared,
                                     repeat=args.repeat, **res)))

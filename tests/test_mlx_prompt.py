@@ -58,10 +58,19 @@ def min_gap(trace: ref_model.ForwardTrace, k: int) -> float:
     return min(gaps, default=np.inf)
 
 
+@pytest.fixture
+def always_grouped(monkeypatch):
+    """Every MoE layer's experts through the grouped GEMMs (the made shapes have few pairs per expert)."""
+    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0)
+
+
+@pytest.mark.parametrize("experts", ["grouped", "fused"])
 @pytest.mark.parametrize("shape", SERVED)
-def test_prompt_path_matches_reference_float32(shape):
+def test_prompt_path_matches_reference_float32(shape, experts, monkeypatch):
     """float32 weights: the prompt path is the reference up to the order of float32 sums, every
-    position's logits, then a continuation after the cached positions."""
+    position's logits, then a continuation after the cached positions; its experts as grouped
+    GEMMs, and through the decode kernels' expert step (few pairs per expert)."""
+    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0 if experts == "grouped" else 10**9)
     rp = made_params(shape)
     tokens = np.random.default_rng(1).integers(0, rp.cfg.vocab_size, PROMPT_LEN + CONTINUATION)
     ref, _ = ref_model.forward(rp, ref_model.ModelState.empty(rp.cfg), tokens)
@@ -77,7 +86,7 @@ def test_prompt_path_matches_reference_float32(shape):
 
 
 @pytest.mark.parametrize("shape", ("tiny", "dense-first", "sigmoid"))
-def test_prompt_path_float16_within_prompt_budget(shape):
+def test_prompt_path_float16_within_prompt_budget(shape, always_grouped):
     """float16 matmul inputs (the GPU's) against the float32 reference: the PROMPT budget, on a
     prompt whose every selection is decided by more than float16 noise."""
     rp = made_params(shape, seed=3)
@@ -152,7 +161,7 @@ def test_engine_takes_the_prompt_path_only_where_it_applies():
 @pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
 @pytest.mark.parametrize("shape", ("tiny", "sigmoid", "hybrid"))
 @pytest.mark.parametrize("gemm", list(GroupedGemm))
-def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch):
+def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch, always_grouped):
     """On the GPU: MlxEngine.prefill of a PROMPT_MIN_TOKENS-position prompt goes through the prompt
     path and agrees with the reference within PROMPT (a prompt far from routing ties), then
     decodes on from the cache it wrote."""
@@ -197,7 +206,7 @@ def test_gpu_float16_dequantization_is_exact():
 
 
 @pytest.mark.parametrize("arena,chunk", [("10slots", 16), ("12slots", 8)])
-def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch, arena, chunk):
+def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch, arena, chunk, always_grouped):
     """The streaming engine's prompt chunks on the prompt path's pieces (MlxCompute: attention as
     matmuls, each cache pass's distinct slots as grouped GEMMs): a small arena forces several
     passes per layer, and the logits are the reference engine's (float32 weights on the CPU:
@@ -216,7 +225,10 @@ def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch
     from strata.mlx_backend import compute as mlx_compute
 
     passes = []
+    grouped_passes = []
+    real = grouped.grouped_experts
     monkeypatch.setattr(mlx_compute, "slot_experts", lambda *a, **kw: passes.append(1) or prompt.slot_experts(*a, **kw))
+    monkeypatch.setattr(prompt, "grouped_experts", lambda *a, **kw: grouped_passes.append(1) or real(*a, **kw))
     model = load(make_model(tmp_path / "tiny", "tiny", seed=0, dense_type=QuantType.F16).model_path)
     tokens = list(np.random.default_rng(6).integers(0, model.cfg.vocab_size, 40))
     ref_eng = ReferenceEngine(model.resident_params())
@@ -229,5 +241,6 @@ def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch
         assert_backends_agree(np.stack(ref), np.stack(got), "FORWARD", what=f"streaming prompt path, {arena}")
         chunks = -(-len(tokens) // chunk)
         assert len(passes) > chunks * model.cfg.n_moe_layers  # some layer of some chunk took several passes
+        assert len(grouped_passes) == len(passes)
     finally:
         eng.close()

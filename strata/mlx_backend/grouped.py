@@ -42,7 +42,7 @@ from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "default_gemm", "top_k", "route_prompt", "dequantized_experts", "grouped_experts",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k", "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
 
@@ -141,6 +141,20 @@ class GroupedGemm(enum.Enum):
 # ceil(N / TILE_ROWS) + E, whose unused tiles are computed and dropped: at the seed shape
 # (N = 20480 pairs of 2048 tokens, E = 256) 32 rows cost 1.4x the flops, 64 rows 1.8x.
 TILE_ROWS = 32
+
+
+# Pairs per distinct expert from which the grouped GEMMs beat the fused GEMV kernel. From bytes
+# at the seed shape on the H200: the fused kernel reads an expert's 1.38 MB record per (token,
+# rank) pair at its measured ~1.9 TB/s (0.73 us a pair); the grouped form moves ~19 MB per
+# distinct expert (the record, its float16 copy written and read: ~6.4 us at ~3 TB/s), so it pays
+# from ~9 pairs an expert (a resident 256-expert top-10 layer: ~230 tokens). Below it the layer's
+# experts take the fused kernel (the rest of the layer stays on the prompt path).
+GROUPED_MIN_PAIRS = 8
+
+
+def grouped_pays(pairs: int, experts: int) -> bool:
+    """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs."""
+    return pairs >= GROUPED_MIN_PAIRS * experts
 
 
 # None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).

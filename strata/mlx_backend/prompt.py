@@ -9,8 +9,9 @@ at once (`PROMPT_CHUNK` at a time):
   other mixers (DeltaNet, latent attention, gpt-oss's sink and window layers) run their own
   multi-position forms (`model.mixer_partials` on the ops path, as before);
 - the router in float32 (design §3: selection is decided in float32), routing on the device;
-- routed experts as grouped GEMMs (grouped.py), the shared expert and dense FFN layers as MLX
-  matmuls, the residual in float32;
+- routed experts as grouped GEMMs (grouped.py) where a layer has enough (token, expert) pairs
+  per expert (`grouped.grouped_pays`; else the decode kernels' fused expert step), the shared
+  expert and dense FFN layers as MLX matmuls, the residual in float32;
 - the head on the last position only (every position's for a decode window).
 
 The matmul inputs are rounded to float16 on a GPU (`prompt_dtype`), which is what the named
@@ -27,8 +28,8 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, rms_norm
-from strata.mlx_backend.experts import SharedWeights, silu
-from strata.mlx_backend.grouped import grouped_experts, grouped_refusal, route_prompt
+from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, silu
+from strata.mlx_backend.grouped import grouped_experts, grouped_pays, grouped_refusal, route_prompt
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, mixer_partials
 from strata.mlx_backend.lowp import lowp_matmul
@@ -120,8 +121,11 @@ def _layer(p: MlxParams, layer: int, state, x: mx.array, *, window: bool):
     if lw.dense is not None:  # a dense FFN layer
         return x + swiglu(h, lw.dense, dtype), state
     z = h @ lw.router.T  # float32 [T, E]: selection is decided in float32
-    experts, weights = route_prompt(z, lw.rule)
     base = cfg.moe_index(layer) * cfg.n_experts
+    if not grouped_pays(x.shape[0] * cfg.n_experts_per_token, cfg.n_experts):  # the decode kernels' expert step
+        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
+        return combine(x, routed, shared, h, lw.shared.gate_inp if lw.shared is not None else None), state
+    experts, weights = route_prompt(z, lw.rule)
     records = p.arena.array[base:base + cfg.n_experts]  # [E, SLOT]: slot base + e is expert e
     out = grouped_experts(records, p.rec, h, experts, weights, dtype=dtype, act=expert_act(cfg))
     if lw.shared is not None:
@@ -145,13 +149,15 @@ def slot_experts(arena: mx.array, rec, h: mx.array, slots: np.ndarray, weights: 
 
     Shapes:
         arena uint8 [S, SLOT]; h float32 [T, D]; slots int [T, k] (-1: not in this pass); weights [T, k]
-        -> partials float32 [T, 1, D]
+        -> partials float32 [T, P, D]
     """
     s = np.asarray(slots)
     valid = s >= 0
     if not valid.any():
         return mx.zeros((h.shape[0], 1, h.shape[1]), mx.float32)
     used, inv = np.unique(s[valid], return_inverse=True)
+    if not grouped_pays(int(valid.sum()), used.size):  # few pairs an expert: the fused kernel reads less
+        return routed_partials(arena, rec, h, s.astype(np.int32), np.asarray(weights, np.float32), act=act)
     idx = np.zeros(s.shape, np.int32)
     idx[valid] = inv  # a skipped entry: the first used slot at weight 0
     w = np.where(valid, np.asarray(weights, np.float32), 0.0).astype(np.float32)
