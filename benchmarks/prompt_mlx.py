@@ -39,7 +39,7 @@ from _measure import copy_bandwidth, device_name  # noqa: E402
 from strata.mlx_backend import grouped, lowp
 from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, route_prompt  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
-from strata.mlx_backend.experts import slot_planes  # noqa: E402
+from strata.mlx_backend.experts import experts_route, slot_planes  # noqa: E402
 from strata.mlx_backend.prompt import prompt_forward  # noqa: E402
 from strata.mlx_backend.prompt_attention import prompt_attention  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
@@ -95,6 +95,10 @@ def layer_parts(p, n: int, reps: int) -> dict:
                 records, rec, h, experts, weights, dtype=p.dtype, gemm=g)), reps)
         except Exception as exc:  # reported, not fatal (e.g. no CUDA gather_mm for this case)
             out[f"grouped experts ({g.value})"] = f"failed: {type(exc).__name__}: {exc}"[:120]
+    base_z = h @ lw.router.T
+    mx.eval(base_z)
+    out["fused kernel experts (decode's)"] = _time(lambda: mx.eval(experts_route(
+        p.arena.array, rec, h, base_z, 0, lw.rule, None)[0]), reps)  # the crossing: grouped.GROUPED_MIN_PAIRS
     try:  # the alternative: MLX's quantized gather over the Q2_0 planes, pairs sorted by expert
         st = slot_planes(records, rec)
         flat = experts.reshape(-1)
