@@ -105,9 +105,13 @@ def test_prompt_path_float16_within_prompt_budget(shape, always_grouped):
     assert_backends_agree(ref, np.array(got), "PROMPT", what=f"{shape}: float16 prompt path")
 
 
-def test_top_k_is_the_reference_ranking():
+@pytest.mark.parametrize("keys", ["uint64", "comparisons"])
+def test_top_k_is_the_reference_ranking(keys, monkeypatch):
     """Ties go to the lower id and -0.0 equals 0.0: the reference's selections; -inf (a group
-    masked out by the sigmoid rule) ranks below every finite score, ties again to the lower id."""
+    masked out by the sigmoid rule) ranks below every finite score, ties again to the lower id.
+    Both forms: the sorted uint64 keys, and the pairwise comparisons where uint64 does not sort."""
+    if keys == "comparisons":
+        monkeypatch.setattr(grouped, "_sorts_uint64", lambda device: False)
     rows = [
         [1.0, -2.0, 1.0, 0.0, -0.0, 3.0, -7.0, 1.0],
         [-0.0, 0.0, -0.0, 0.0, 5.0, 5.0, -1.0, -1.0],

@@ -29,15 +29,17 @@ Shapes: T tokens, k selected, E experts, D hidden, F expert ffn.
 from __future__ import annotations
 
 import enum
+import functools
 
 import mlx.core as mx
+import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.experts import gated_hidden, slot_planes
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
 from strata.mlx_backend.quants import GROUP
-from strata.mlx_backend.routing import combine_weights, selection_scores
+from strata.mlx_backend.routing import combine_weights, rank_order, selection_scores
 from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
@@ -59,8 +61,22 @@ def _order_key(score: mx.array) -> mx.array:
 def top_k(score: mx.array, k: int) -> mx.array:
     """The k best experts per row in rank order (the reference's order, ties to the lower id):
     one sort of distinct integer keys, where `routing.rank_order` compares all E x E pairs
-    ([T, E, E]: 0.5 GB of int32 a layer at 2048 tokens). float32 [T, E] -> int32 [T, k]"""
+    ([T, E, E]: 0.5 GB of int32 a layer at 2048 tokens; still the form where this device cannot
+    sort uint64). float32 [T, E] -> int32 [T, k]"""
+    if not _sorts_uint64(mx.default_device()):
+        ids = mx.broadcast_to(mx.arange(score.shape[-1], dtype=mx.int32)[None], score.shape)
+        return mx.argsort(rank_order(score, ids), axis=-1)[:, :k].astype(mx.int32)
     return mx.argsort(_order_key(score), axis=-1)[:, :k].astype(mx.int32)
+
+
+@functools.cache
+def _sorts_uint64(device) -> bool:
+    """Whether MLX sorts uint64 keys on `device` (asked once: an unsupported op fails only when evaluated)."""
+    keys = np.array([5, 3, 7, 1, 6, 0, 4, 2], np.uint64) << np.uint64(33) | np.arange(8, dtype=np.uint64)
+    try:
+        return np.array(mx.argsort(mx.array(keys))).tolist() == np.argsort(keys).tolist()
+    except Exception:  # noqa: BLE001 - any failure means: use the comparison form
+        return False
 
 
 def route_prompt(z: mx.array, rule: RouterRule) -> tuple[mx.array, mx.array]:
