@@ -248,3 +248,26 @@ def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch
         assert len(grouped_passes) == len(passes)
     finally:
         eng.close()
+
+
+def test_engine_falls_back_when_the_prompt_path_fails(monkeypatch):
+    """A prompt path that fails (an op this MLX build lacks) warns once, leaves the state alone and
+    hands the prompt to `forward`: the logits are the reference's all the same."""
+    from strata.mlx_backend import engine as mlx_engine
+    from strata.mlx_backend import prompt
+
+    rp = made_params("tiny")
+    tokens = np.random.default_rng(7).integers(0, rp.cfg.vocab_size, PROMPT_MIN_TOKENS)
+    ref, _ = ref_model.forward(rp, ref_model.ModelState.empty(rp.cfg), tokens)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no GPU kernel for this op")
+
+    monkeypatch.setattr(prompt, "PROMPT_PATHS", frozenset(KernelPath))
+    monkeypatch.setattr(mlx_engine, "prompt_forward", broken)
+    with using_path(KernelPath.OPS):
+        eng = MlxEngine(from_reference(rp, dtype=mx.float32), compiled=False)
+        with pytest.warns(RuntimeWarning, match="prompt path failed"):
+            got = eng.prefill(list(tokens))
+        assert eng.prompt_error is not None and eng.length == len(tokens)
+        assert_backends_agree(ref[-1], got, "FORWARD", what="prefill after the prompt path failed")
