@@ -168,7 +168,7 @@ def test_engine_takes_the_prompt_path_only_where_it_applies():
 def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch, always_grouped):
     """On the GPU: MlxEngine.prefill of a PROMPT_MIN_TOKENS-position prompt goes through the prompt
     path and agrees with the reference within PROMPT (a prompt far from routing ties), then
-    decodes on from the cache it wrote."""
+    decodes on from the cache it wrote (the compiled step where the model has one)."""
     monkeypatch.setattr(grouped, "GEMM", gemm)
     rp = made_params(shape, seed=3)
     rng = np.random.default_rng(5)
@@ -182,7 +182,7 @@ def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch, always_gr
     with using_path(KernelPath.GPU):
         p = from_reference(rp)
         assert uses_prompt_path(p, PROMPT_MIN_TOKENS)
-        eng = MlxEngine(p, compiled=False)
+        eng = MlxEngine(p)  # decode after the prompt: the compiled step, bound to the cache the prompt wrote
         got = eng.prefill(list(tokens[:-1]))
         assert_backends_agree(ref[-2], got, "PROMPT", what=f"{shape} ({gemm.value}): GPU prefill")
         nxt = eng.decode(int(tokens[-1]))
