@@ -1,4 +1,5 @@
-"""The all-resident MLX engine's prompt path: a prompt's layers on the matrix units.
+"""The MLX engines' prompt path: a prompt's layers on the matrix units (`prompt_forward` for the
+all-resident engine; its pieces for the streaming engine's chunks, compute.py).
 
 `forward` (model.py) runs a prompt through the decode kernels, which are GEMVs: each position
 reads every dense weight and each of its k experts again (the seed shape's 2048-token prompt:
@@ -7,16 +8,16 @@ at once (`PROMPT_CHUNK` at a time):
 
 - attention layers: `prompt_attention` (MLX matmuls, `mx.fast.scaled_dot_product_attention`);
   other mixers (DeltaNet, latent attention, gpt-oss's sink and window layers) run their own
-  multi-position forms (`model.mixer_partials` on the ops path, as before);
+  multi-position forms (`model.mixer_partials`: MLX ops for T > 1, as before);
 - the router in float32 (design §3: selection is decided in float32), routing on the device;
 - routed experts as grouped GEMMs (grouped.py) where a layer has enough (token, expert) pairs
   per expert (`grouped.grouped_pays`; else the decode kernels' fused expert step), the shared
   expert and dense FFN layers as MLX matmuls, the residual in float32;
 - the head on the last position only (every position's for a decode window).
 
-The matmul inputs are rounded to float16 on a GPU (`prompt_dtype`), which is what the named
-budget tests/budgets.py PROMPT covers; the float32 weights of MLX's CPU build leave only the
-reordering of sums. `prompt_refusal` names what the path does not serve (the engine then keeps
+The matmuls run on float16 matrix units on a GPU (`prompt_dtype`; the activations as two float16
+terms, lowp.py), attention on float16 q/k/v: what the named budget tests/budgets.py PROMPT
+covers; the float32 weights of MLX's CPU build leave only the reordering of sums. `prompt_refusal` names what the path does not serve (the engine then keeps
 `forward`).
 
 Shapes: T positions, D hidden, V vocab.
@@ -40,9 +41,9 @@ from strata.reference.experts import expert_act
 __all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "PROMPT_PATHS", "prompt_dtype", "prompt_refusal", "uses_prompt_path",
            "prompt_forward", "prompt_mixer", "slot_experts", "swiglu"]
 
-# Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding
-# and dequantizing a layer's E experts costs more than reading k of them per token). A guess
-# until the H200 measures the crossing (benchmarks/prompt.py --mlx).
+# Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding).
+# The experts have their own crossing (grouped.GROUPED_MIN_PAIRS). A guess until the H200
+# measures the crossing (benchmarks/prompt.py --mlx, 128 tokens).
 PROMPT_MIN_TOKENS = 32
 # Positions per pass: bounds the attention scores ([H, T, S] float32 where MLX has no fused
 # kernel) and the sorted expert rows ([T k, D]).
