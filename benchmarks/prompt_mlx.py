@@ -51,13 +51,15 @@ SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts
                 n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=4096)
 
 
-def _time(fn, reps: int) -> float:
-    """Median seconds of fn() (which evaluates what it builds), after one warm-up call."""
-    fn()
+def _time(fn, reps: int, setup=None) -> float:
+    """Median seconds of fn(setup()) (fn evaluates what it builds), after one warm-up call; setup
+    (a fresh KV state: 48 layers' zeroed caches) runs outside the timing."""
+    fn(setup() if setup else None)
     ts = []
     for _ in range(reps):
+        arg = setup() if setup else None
         t = time.perf_counter()
-        fn()
+        fn(arg)
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)
 
@@ -81,23 +83,23 @@ def layer_parts(p, n: int, reps: int) -> dict:
     mx.eval(x)
     out = {}
     kv = MlxModelState.empty(cfg).layers[0]
-    out["attention"] = _time(lambda: mx.eval(prompt_attention(cfg, lw.attn, replace_kv(kv), x, dtype=p.dtype)[0]), reps)
+    out["attention"] = _time(lambda _: mx.eval(prompt_attention(cfg, lw.attn, replace_kv(kv), x, dtype=p.dtype)[0]), reps)
     h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
     mx.eval(h)
-    out["router + routing"] = _time(lambda: mx.eval(*route_prompt(h @ lw.router.T, lw.rule)), reps)
+    out["router + routing"] = _time(lambda _: mx.eval(*route_prompt(h @ lw.router.T, lw.rule)), reps)
     experts, weights = route_prompt(h @ lw.router.T, lw.rule)
     records = p.arena.array[:cfg.n_experts]
     mx.eval(experts, weights, records)
-    out["dequantize E experts"] = _time(lambda: mx.eval(*dequantized_experts(records, rec, p.dtype)), reps)
+    out["dequantize E experts"] = _time(lambda _: mx.eval(*dequantized_experts(records, rec, p.dtype)), reps)
     for g in GroupedGemm:
         try:
-            out[f"grouped experts ({g.value})"] = _time(lambda g=g: mx.eval(grouped_experts(
+            out[f"grouped experts ({g.value})"] = _time(lambda _, g=g: mx.eval(grouped_experts(
                 records, rec, h, experts, weights, dtype=p.dtype, gemm=g)), reps)
         except Exception as exc:  # reported, not fatal (e.g. no CUDA gather_mm for this case)
             out[f"grouped experts ({g.value})"] = f"failed: {type(exc).__name__}: {exc}"[:120]
     base_z = h @ lw.router.T
     mx.eval(base_z)
-    out["fused kernel experts (decode's)"] = _time(lambda: mx.eval(experts_route(
+    out["fused kernel experts (decode's)"] = _time(lambda _: mx.eval(experts_route(
         p.arena.array, rec, h, base_z, 0, lw.rule, None)[0]), reps)  # the crossing: grouped.GROUPED_MIN_PAIRS
     try:  # the alternative: MLX's quantized gather over the Q2_0 planes, pairs sorted by expert
         st = slot_planes(records, rec)
@@ -108,7 +110,7 @@ def layer_parts(p, n: int, reps: int) -> dict:
         w, s, b = st.gate
         s16, b16 = s.astype(p.dtype), b.astype(p.dtype)
         mx.eval(rows, idx, w, s16, b16)
-        out["gather_qmm gate (sorted)"] = _time(lambda: mx.eval(mx.gather_qmm(
+        out["gather_qmm gate (sorted)"] = _time(lambda _: mx.eval(mx.gather_qmm(
             rows, w, s16, b16, rhs_indices=idx, transpose=True, group_size=32, bits=2, sorted_indices=True)), reps)
     except Exception as exc:  # reported, not fatal
         out["gather_qmm gate (sorted)"] = f"failed: {type(exc).__name__}: {exc}"[:120]
@@ -192,11 +194,12 @@ def main(args) -> None:
     try:  # a time limit's SIGINT ends the measuring, not the report: what finished is printed
         for n in lengths:  # 1. the prompt path, each grouped GEMM, then rounded once
             tokens = rng.integers(0, cfg.vocab_size, n)
-            run_new = lambda: np.array(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0][-1])  # noqa: E731
+            fresh = lambda: MlxModelState.empty(cfg)  # noqa: E731
+            run_new = lambda st: np.array(prompt_forward(p, st, tokens)[0][-1])  # noqa: E731
             r, best = {}, None
             for g in (g for g, why in gemms.items() if why is None):
                 grouped.GEMM = g
-                s = _time(run_new, args.repeat)
+                s = _time(run_new, args.repeat, fresh)
                 r[f"prompt_path_{g.value}_s"] = s
                 if best is None or s < best[1]:
                     best = (g, s)
@@ -205,7 +208,7 @@ def main(args) -> None:
                 continue
             grouped.GEMM = best[0]
             new_s = best[1]
-            got[n] = (tokens, run_new())
+            got[n] = (tokens, run_new(fresh()))
             r.update(prompt_path_s=new_s, prompt_path_tok_s=n / new_s, gemm=best[0].value)
             flops = n * flops_per_token(cfg, n / 2)
             deq_bytes = cfg.n_moe_layers * cfg.n_experts * (p.rec.record_bytes
@@ -218,13 +221,14 @@ def main(args) -> None:
             lowp.SPLIT = False
             tokens = got[n][0]
             res["lengths"][str(n)]["prompt_path_rounded_once_s"] = _time(
-                lambda: np.array(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0][-1]), args.repeat)
+                lambda st: np.array(prompt_forward(p, st, tokens)[0][-1]), args.repeat, lambda: MlxModelState.empty(cfg))
             lowp.SPLIT = True
         if not args.skip_old:  # 2. the decode kernels' forward (their first launches build them: NVRTC)
             mx.eval(forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 64))[0])
             for n, (tokens, new) in got.items():
+                st = MlxModelState.empty(cfg)
                 t = time.perf_counter()
-                ref = np.array(forward(p, MlxModelState.empty(cfg), tokens)[0][-1])
+                ref = np.array(forward(p, st, tokens)[0][-1])
                 old_s = time.perf_counter() - t
                 r = res["lengths"][str(n)]
                 r.update(old_path_s=old_s, old_path_tok_s=n / old_s, speedup=old_s / r["prompt_path_s"],
