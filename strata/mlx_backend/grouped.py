@@ -37,6 +37,9 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.experts import gated_hidden, slot_planes
+from strata.mlx_backend import lowp
+from strata.mlx_backend.kernels import q2_mma
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
 from strata.mlx_backend.quants import GROUP
 from strata.mlx_backend.routing import combine_weights, rank_order, selection_scores
@@ -132,14 +135,17 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
     """
     t, k = experts.shape
-    gate_up, down = (as_mm(w, dtype) for w in dequantized_experts(records, rec, dtype))
+    form = gemm or GEMM or default_gemm()
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
     rows = h.astype(mx.float32)[order // k]  # [T k, D]
-    run = {GroupedGemm.PADDED: _padded, GroupedGemm.TILED: _tiled, GroupedGemm.GATHER: _gather}[
-        gemm or GEMM or default_gemm()]
-    y = run(rows, by_expert, gate_up, down, act, dtype)  # [T k, D] in sorted order
+    if form is GroupedGemm.Q2_MMA:
+        y = _q2_mma(rows, by_expert, records, rec, act, dtype)
+    else:
+        run = {GroupedGemm.PADDED: _padded, GroupedGemm.TILED: _tiled, GroupedGemm.GATHER: _gather}[form]
+        gate_up, down = (as_mm(w, dtype) for w in dequantized_experts(records, rec, dtype))
+        y = run(rows, by_expert, gate_up, down, act, dtype)  # [T k, D] in sorted order
     y = y.astype(mx.float32) * weights.reshape(-1)[order][:, None]
     unsorted = y[mx.argsort(order)]  # [T k, D]: back to (token, rank) order
     return unsorted.reshape(t, k, -1).sum(axis=1)
@@ -151,6 +157,7 @@ class GroupedGemm(enum.Enum):
     GATHER = "gather"  # mx.gather_mm(sorted_indices=True): MLX's grouped GEMM, no padding
     PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
     TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
+    Q2_MMA = "q2mma"  # PADDED's rows against the Q2_0 records themselves (kernels/q2_mma.py): no float16 copy
 
 
 # Rows per tile of the TILED form. Its tile count has a bound the host knows without a sync,
@@ -253,3 +260,30 @@ def _tiled(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
 
     gu = mm(rows, gate_up)  # [N, 2F]
     return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), down)
+
+
+def _q2_mma(rows, by_expert, records, rec, act, dtype) -> mx.array:
+    """PADDED's [E, P cap, C] rows (float16) multiplied by the records' Q2_0 planes in the kernel
+    (kernels/q2_mma.py, a kernel path only): no dequantized copy of the experts."""
+    if current_path() is KernelPath.OPS:
+        raise ValueError("grouped experts: Q2_MMA is a kernel (the GPU or emulated path); the ops path has PADDED")
+    n, e, f = rows.shape[0], records.shape[0], rec.expert_ffn
+    counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
+    starts = mx.cumsum(counts) - counts
+    cap = int(counts.max().item())
+    pos = mx.arange(n, dtype=mx.int32) - starts[by_expert]
+    slots = mx.arange(e, dtype=mx.int32)  # expert e is record e of `records`
+    half = mx.float16
+
+    def mm(a: mx.array, planes: tuple[str, ...]) -> mx.array:  # [N, C] float32 -> [N, R] float32
+        hi = a.astype(half)
+        parts = mx.concatenate([hi, (a - hi.astype(mx.float32)).astype(half)]) if lowp.SPLIT else hi
+        p = parts.shape[0] // n
+        dest = mx.concatenate([by_expert.astype(mx.int32) * (p * cap) + j * cap + pos for j in range(p)])
+        buf = mx.zeros((e * p * cap, a.shape[1]), half)
+        buf[dest] = parts
+        y = q2_mma.q2_mma(buf.reshape(e, p * cap, -1), records, slots, rec, planes)  # [E, P cap, R]
+        return join_rows(y, cap, axis=1).reshape(e * cap, -1)[by_expert.astype(mx.int32) * cap + pos]
+
+    gu = mm(rows, ("gate", "up"))  # [N, 2F]
+    return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), ("down",))
