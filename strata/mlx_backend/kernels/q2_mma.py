@@ -7,9 +7,9 @@ Work split: block (bx, by, e) computes rows by*BM.. of expert e's padded rows (X
 float16, the prompt path's [E, P cap, C] buffer) against output columns bx*BN.. of W_e [R, C],
 whose rows come from one or two record planes (gate | up stacked: rows < RA from plane a, the
 rest from plane b). Per k-step of BK = 32 (one Q2_0 block per row): 128 threads copy the A tile
-(64 x 32 halves) and dequantize the B tile (64 rows x 32 codes: a thread per uint32 word of 16
-codes; d (q - 2) built from d's float16 bits, exact), then each of the 4 warps multiplies its 16
-rows by the 64 columns: 2 x 8 `mma_16816` (preludes.py: CUDA's m16n8k16 tensor-core `mma`; Metal
+(64 x 32 halves) and dequantize the B tile (128 rows x 32 codes: a uint32 word of 16 codes per
+item; d (q - 2) built from d's float16 bits, exact), then each of the 4 warps multiplies its 16
+rows by the 128 columns: 2 x 16 `mma_16816` (preludes.py: CUDA's m16n8k16 tensor-core `mma`; Metal
 and the emulator compute the same four dot products per lane in float32).
 
 Not yet pipelined (no cp.async, one stage): a first form whose H200 time says what the next
@@ -28,7 +28,7 @@ from strata.mlx_backend.kernels.launch import launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 128
-BM, BN, BK = 64, 64, 32
+BM, BN, BK = 64, 128, 32  # BN: each A tile is re-read R / BN times (from L2): 9 for gate | up at the seed shape
 PAD = 8  # halves of padding per shared row: rows 80 bytes apart, not 64 (fewer bank conflicts)
 
 BODY = r"""
@@ -40,30 +40,33 @@ BODY = r"""
   const DEVICE uint32_t* xr = (const DEVICE uint32_t*)x;
   f4 acc[BN / 8];
   for (int j = 0; j < BN / 8; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
-  const uint32_t row = tid >> 1, part = tid & 1u;  // the A row / B row this thread fills, and its half
   for (uint32_t k0 = 0; k0 < (uint32_t)C; k0 += BK) {
-    const uint32_t m = m0 + row;  // A: 16 halves (8 words) of row m
-    for (uint32_t j = 0; j < 8u; ++j) {
-      const uint32_t w = m < (uint32_t)M ? xr[(((uint64_t)e * M + m) * C + k0 + 16u * part) / 2u + j] : 0u;
-      as[row * LD + 16u * part + 2u * j] = (uint16_t)(w & 0xffffu);
-      as[row * LD + 16u * part + 2u * j + 1u] = (uint16_t)(w >> 16);
+    for (uint32_t i = tid; i < 2u * BM; i += NT) {  // A: 16 halves (8 words) of row m per item
+      const uint32_t row = i >> 1, part = i & 1u, m = m0 + row;
+      for (uint32_t j = 0; j < 8u; ++j) {
+        const uint32_t w = m < (uint32_t)M ? xr[(((uint64_t)e * M + m) * C + k0 + 16u * part) / 2u + j] : 0u;
+        as[row * LD + 16u * part + 2u * j] = (uint16_t)(w & 0xffffu);
+        as[row * LD + 16u * part + 2u * j + 1u] = (uint16_t)(w >> 16);
+      }
     }
-    const uint32_t r = n0 + row;  // B: one word of 16 codes of row r, dequantized
-    uint32_t q = 0u, dbits = 0u;
-    if (r < (uint32_t)R) {
-      const bool first = r < (uint32_t)RA;
-      const uint32_t rr = first ? r : r - (uint32_t)RA;
-      const DEVICE uint32_t* codes = (const DEVICE uint32_t*)(rec + (first ? CA : CB));
-      const DEVICE uint16_t* scales = (const DEVICE uint16_t*)(rec + (first ? SA : SB));
-      q = codes[rr * (C / 16) + k0 / 16u + part];
-      dbits = scales[rr * (C / 32) + k0 / 32u];
-    }
-    const uint32_t mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
-    const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d: exact (subnormal d: a shift)
-    for (uint32_t j = 0; j < 16u; ++j) {
-      const uint32_t c = (q >> (2u * j)) & 3u;  // the value d (c - 2)
-      const uint32_t v = c == 3u ? dbits : c == 2u ? 0u : c == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
-      bs[row * LD + 16u * part + j] = (uint16_t)(r < (uint32_t)R ? v : 0u);
+    for (uint32_t i = tid; i < 2u * BN; i += NT) {  // B: one word of 16 codes of row r per item, dequantized
+      const uint32_t row = i >> 1, part = i & 1u, r = n0 + row;
+      uint32_t q = 0u, dbits = 0u;
+      if (r < (uint32_t)R) {
+        const bool first = r < (uint32_t)RA;
+        const uint32_t rr = first ? r : r - (uint32_t)RA;
+        const DEVICE uint32_t* codes = (const DEVICE uint32_t*)(rec + (first ? CA : CB));
+        const DEVICE uint16_t* scales = (const DEVICE uint16_t*)(rec + (first ? SA : SB));
+        q = codes[rr * (C / 16) + k0 / 16u + part];
+        dbits = scales[rr * (C / 32) + k0 / 32u];
+      }
+      const uint32_t mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
+      const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d: exact (subnormal d: a shift)
+      for (uint32_t j = 0; j < 16u; ++j) {
+        const uint32_t c = (q >> (2u * j)) & 3u;  // the value d (c - 2)
+        const uint32_t v = c == 3u ? dbits : c == 2u ? 0u : c == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
+        bs[row * LD + 16u * part + j] = (uint16_t)(r < (uint32_t)R ? v : 0u);
+      }
     }
     BARRIER();
     for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
@@ -106,6 +109,6 @@ def q2_mma(x: mx.array, arena: mx.array, slots: mx.array, rec: RecordLayout, pla
     a, b = planes[0], planes[-1]
     template = (("C", c), ("M", m), ("R", r), ("RA", ra), ("CA", rec.codes(a).offset), ("SA", rec.scales(a).offset),
                 ("CB", rec.codes(b).offset), ("SB", rec.scales(b).offset), ("SLOT", arena.shape[1]),
-                ("BM", BM), ("BN", BN), ("BK", BK), ("PAD", PAD))
+                ("BM", BM), ("BN", BN), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
     return launch(SOURCE, [x, arena, slots], [(e, m, r)], [mx.float32],
                   blocks=(-(-r // BN), -(-m // BM), e), threads=THREADS, template=template)[0]
