@@ -107,7 +107,7 @@ fi
 # then its GPU tests. Not in the default list: STRATA_STAGES=prompt
 stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
-  tests/test_mlx_prompt.py -k "not emulated"'
+  tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.
 # Not in the default list: STRATA_STAGES=speculative
