@@ -12,8 +12,9 @@ item; d (q - 2) built from d's float16 bits, exact), then each of the 4 warps mu
 rows by the 128 columns: 2 x 16 `mma_16816` (preludes.py: CUDA's m16n8k16 tensor-core `mma`; Metal
 and the emulator compute the same four dot products per lane in float32).
 
-Not yet pipelined (no cp.async, one stage): a first form whose H200 time says what the next
-step is (benchmarks/prompt.py --mlx times it beside the ops forms).
+One shared stage; the next k-step's global words are loaded into registers while this one
+multiplies (no cp.async yet): a first form whose H200 time says what the next step is
+(benchmarks/prompt.py --mlx times it beside the ops forms).
 
 Shapes:
     x float16 [E, M, C]; arena uint8 [S, SLOT]; slots int32 [E] (expert e's record) -> y float32 [E, M, R]
@@ -33,6 +34,8 @@ PAD = 8  # halves of padding per shared row: rows 80 bytes apart, not 64 (fewer 
 
 BODY = r"""
   constexpr int LD = BK + PAD;
+  constexpr int AI = 2 * BM / NT;  // A items (8 words of one row) per thread per k-step
+  constexpr int BI = 2 * BN / NT;  // B items (one word of 16 codes and its scale) per thread
   SHARED uint16_t as[BM * LD];  // float16 bits; rows of LD (even): the fragments' 4-byte loads aligned
   SHARED uint16_t bs[BN * LD];
   const uint32_t n0 = bx * BN, m0 = by * BM, e = bz;
@@ -40,41 +43,57 @@ BODY = r"""
   const DEVICE uint32_t* xr = (const DEVICE uint32_t*)x;
   f4 acc[BN / 8];
   for (int j = 0; j < BN / 8; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
-  for (uint32_t k0 = 0; k0 < (uint32_t)C; k0 += BK) {
-    for (uint32_t i = tid; i < 2u * BM; i += NT) {  // A: 16 halves (8 words) of row m per item
-      const uint32_t row = i >> 1, part = i & 1u, m = m0 + row;
-      for (uint32_t j = 0; j < 8u; ++j) {
-        const uint32_t w = m < (uint32_t)M ? xr[(((uint64_t)e * M + m) * C + k0 + 16u * part) / 2u + j] : 0u;
-        as[row * LD + 16u * part + 2u * j] = (uint16_t)(w & 0xffffu);
-        as[row * LD + 16u * part + 2u * j + 1u] = (uint16_t)(w >> 16);
+  uint32_t aw[AI][8];  // the next k-step's global words, loaded while this one multiplies
+  uint32_t bq[BI], bd[BI];
+  for (uint32_t k0 = 0; k0 <= (uint32_t)C; k0 += BK) {
+    if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
+      for (int it = 0; it < AI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, part = i & 1u;
+        for (uint32_t j = 0; j < 8u; ++j) {
+          as[row * LD + 16u * part + 2u * j] = (uint16_t)(aw[it][j] & 0xffffu);
+          as[row * LD + 16u * part + 2u * j + 1u] = (uint16_t)(aw[it][j] >> 16);
+        }
+      }
+      for (int it = 0; it < BI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, part = i & 1u;
+        const uint32_t q = bq[it], dbits = bd[it];
+        const uint32_t mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
+        const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d (subnormal d: a shift)
+        for (uint32_t j = 0; j < 16u; ++j) {
+          const uint32_t c = (q >> (2u * j)) & 3u;
+          bs[row * LD + 16u * part + j] = (uint16_t)(c == 3u ? dbits : c == 2u ? 0u : c == 1u ? (dbits ^ 0x8000u)
+                                                                                            : (two ^ 0x8000u));
+        }
+      }
+      BARRIER();
+    }
+    if (k0 < (uint32_t)C) {  // issue the global loads of k-step k0 (rows past M or R read as zeros)
+      for (int it = 0; it < AI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, part = i & 1u, m = m0 + row;
+        for (uint32_t j = 0; j < 8u; ++j) {
+          aw[it][j] = m < (uint32_t)M ? xr[(((uint64_t)e * M + m) * C + k0 + 16u * part) / 2u + j] : 0u;
+        }
+      }
+      for (int it = 0; it < BI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, part = i & 1u, r = n0 + row;
+        bq[it] = 0u;
+        bd[it] = 0u;
+        if (r < (uint32_t)R) {
+          const bool first = r < (uint32_t)RA;
+          const uint32_t rr = first ? r : r - (uint32_t)RA;
+          bq[it] = ((const DEVICE uint32_t*)(rec + (first ? CA : CB)))[rr * (C / 16) + k0 / 16u + part];
+          bd[it] = ((const DEVICE uint16_t*)(rec + (first ? SA : SB)))[rr * (C / 32) + k0 / 32u];
+        }
       }
     }
-    for (uint32_t i = tid; i < 2u * BN; i += NT) {  // B: one word of 16 codes of row r per item, dequantized
-      const uint32_t row = i >> 1, part = i & 1u, r = n0 + row;
-      uint32_t q = 0u, dbits = 0u;
-      if (r < (uint32_t)R) {
-        const bool first = r < (uint32_t)RA;
-        const uint32_t rr = first ? r : r - (uint32_t)RA;
-        const DEVICE uint32_t* codes = (const DEVICE uint32_t*)(rec + (first ? CA : CB));
-        const DEVICE uint16_t* scales = (const DEVICE uint16_t*)(rec + (first ? SA : SB));
-        q = codes[rr * (C / 16) + k0 / 16u + part];
-        dbits = scales[rr * (C / 32) + k0 / 32u];
+    if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
+      for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
+        for (int j = 0; j < BN / 8; ++j) {
+          acc[j] = mma_16816(acc[j], as + (warp_id * 16u) * LD + kk, LD, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
+        }
       }
-      const uint32_t mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
-      const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d: exact (subnormal d: a shift)
-      for (uint32_t j = 0; j < 16u; ++j) {
-        const uint32_t c = (q >> (2u * j)) & 3u;  // the value d (c - 2)
-        const uint32_t v = c == 3u ? dbits : c == 2u ? 0u : c == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
-        bs[row * LD + 16u * part + j] = (uint16_t)(r < (uint32_t)R ? v : 0u);
-      }
+      BARRIER();
     }
-    BARRIER();
-    for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
-      for (int j = 0; j < BN / 8; ++j) {
-        acc[j] = mma_16816(acc[j], as + (warp_id * 16u) * LD + kk, LD, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
-      }
-    }
-    BARRIER();
   }
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
   for (int j = 0; j < BN / 8; ++j) {
