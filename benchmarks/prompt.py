@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--shared", action="store_true", help="--mlx: the seed shape with its shared expert")
     ap.add_argument("--streaming", type=int, default=0, metavar="SLOTS",
                     help="--mlx: also a streaming engine's prompt with an arena of SLOTS slots")
-    ap.add_argument("--gemms", default="", help="--mlx: grouped GEMMs to time, comma list of gather,padded,tiled "
+    ap.add_argument("--gemms", default="", help="--mlx: grouped GEMMs to time, comma list of gather,padded,tiled,q2mma "
                     "(default: all but gather where it is not the device's default: on CUDA it runs on SIMT cores)")
     ap.add_argument("--skip-old", action="store_true", help="--mlx: do not time the decode kernels' forward")
     args = ap.parse_args()
