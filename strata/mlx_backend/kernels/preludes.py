@@ -4,6 +4,7 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
 
     ids        tid (thread in block), bx/by/bz (block in grid), lane (0..31), warp_id
     memory     SHARED (block-shared array), DEVICE (global-memory pointer qualifier),
+               SHARED_PTR(T) (a pointer to T in block-shared memory: another view of a SHARED array),
                BARRIER() (block barrier, threadgroup memory)
     reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
     fma_keep(a, b, c) a * b + c rounded once, subnormal operands and results kept (no flush to zero)
@@ -53,6 +54,7 @@ METAL_HEADER = r"""
 using namespace metal;
 #define DEVICE device
 #define SHARED threadgroup
+#define SHARED_PTR(T) threadgroup T*
 #define INLINE inline
 #define BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define UNROLL _Pragma("clang loop unroll(full)")
@@ -113,6 +115,7 @@ METAL_BODY = r"""
 CUDA_HEADER = r"""
 #define DEVICE
 #define SHARED __shared__
+#define SHARED_PTR(T) T*
 #define INLINE __device__ __forceinline__
 #define BARRIER() __syncthreads()
 #define UNROLL _Pragma("unroll")
@@ -186,6 +189,7 @@ CUDA_BODY = r"""
 EMU_HEADER = r"""
 #define DEVICE
 #define SHARED static
+#define SHARED_PTR(T) T*
 #define INLINE inline
 #define BARRIER() strata_emu::ctx->barrier()
 #define UNROLL

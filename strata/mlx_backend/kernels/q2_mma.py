@@ -36,8 +36,10 @@ BODY = r"""
   constexpr int LD = BK + PAD;
   constexpr int AI = 2 * BM / NT;  // A items (8 words of one row) per thread per k-step
   constexpr int BI = 2 * BN / NT;  // B items (one word of 16 codes and its scale) per thread
-  SHARED uint16_t as[BM * LD];  // float16 bits; rows of LD (even): the fragments' 4-byte loads aligned
-  SHARED uint16_t bs[BN * LD];
+  SHARED uint32_t as32[BM * LD / 2];  // words (4-byte aligned: the fragments' loads, two halves a store)
+  SHARED uint32_t bs32[BN * LD / 2];
+  SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;  // the same tiles as float16 bits, rows of LD
+  SHARED_PTR(uint16_t) bs = (SHARED_PTR(uint16_t))bs32;
   const uint32_t n0 = bx * BN, m0 = by * BM, e = bz;
   const DEVICE uint8_t* rec = arena + (uint64_t)slots[e] * SLOT;
   const DEVICE uint32_t* xr = (const DEVICE uint32_t*)x;
@@ -49,20 +51,18 @@ BODY = r"""
     if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
       for (int it = 0; it < AI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, part = i & 1u;
-        for (uint32_t j = 0; j < 8u; ++j) {
-          as[row * LD + 16u * part + 2u * j] = (uint16_t)(aw[it][j] & 0xffffu);
-          as[row * LD + 16u * part + 2u * j + 1u] = (uint16_t)(aw[it][j] >> 16);
-        }
+        for (uint32_t j = 0; j < 8u; ++j) as32[(row * LD + 16u * part) / 2u + j] = aw[it][j];
       }
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, part = i & 1u;
         const uint32_t q = bq[it], dbits = bd[it];
         const uint32_t mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
         const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d (subnormal d: a shift)
-        for (uint32_t j = 0; j < 16u; ++j) {
-          const uint32_t c = (q >> (2u * j)) & 3u;
-          bs[row * LD + 16u * part + j] = (uint16_t)(c == 3u ? dbits : c == 2u ? 0u : c == 1u ? (dbits ^ 0x8000u)
-                                                                                            : (two ^ 0x8000u));
+        for (uint32_t j = 0; j < 8u; ++j) {  // two codes a store: the halves of one word
+          const uint32_t c0 = (q >> (4u * j)) & 3u, c1 = (q >> (4u * j + 2u)) & 3u;
+          const uint32_t v0 = c0 == 3u ? dbits : c0 == 2u ? 0u : c0 == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
+          const uint32_t v1 = c1 == 3u ? dbits : c1 == 2u ? 0u : c1 == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
+          bs32[(row * LD + 16u * part) / 2u + j] = v0 | (v1 << 16);
         }
       }
       BARRIER();
