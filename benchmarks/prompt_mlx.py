@@ -83,7 +83,8 @@ def layer_parts(p, n: int, reps: int, gemms) -> dict:
     mx.eval(x)
     out = {}
     kv = MlxModelState.empty(cfg).layers[0]
-    out["attention"] = _time(lambda _: mx.eval(prompt_attention(cfg, lw.attn, replace_kv(kv), x, dtype=p.dtype)[0]), reps)
+    out["attention"] = _time(
+        lambda _: mx.eval(prompt_attention(cfg, lw.attn, replace_kv(kv), x, dtype=p.dtype)[0]), reps)
     h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
     mx.eval(h)
     out["router + routing"] = _time(lambda _: mx.eval(*route_prompt(h @ lw.router.T, lw.rule)), reps)
@@ -180,7 +181,7 @@ def main(args) -> None:
     build_s = time.time() - t0
     bw = copy_bandwidth(256 * 2**20)
     rng = np.random.default_rng(0)
-    rows, res = [], {"device": device_name(), "mlx": mx.__version__, "build_s": build_s, "lengths": {}}
+    res = {"device": device_name(), "mlx": mx.__version__, "build_s": build_s, "lengths": {}}
     gemms = {}
     wanted = [GroupedGemm(v) for v in args.gemms.split(",")] if args.gemms else [
         g for g in GroupedGemm if not (g is GroupedGemm.GATHER and grouped.default_gemm() is not g)]
@@ -229,7 +230,8 @@ def main(args) -> None:
             lowp.SPLIT = False
             tokens = got[n][0]
             res["lengths"][str(n)]["prompt_path_rounded_once_s"] = _time(
-                lambda st: np.array(prompt_forward(p, st, tokens)[0][-1]), args.repeat, lambda: MlxModelState.empty(cfg))
+                lambda st: np.array(prompt_forward(p, st, tokens)[0][-1]), args.repeat,
+                lambda: MlxModelState.empty(cfg))
             lowp.SPLIT = True
         if not args.skip_old:  # 2. the decode kernels' forward (their first launches build them: NVRTC)
             mx.eval(forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 64))[0])
@@ -272,7 +274,7 @@ def main(args) -> None:
         cells = [f"{r[f'prompt_path_{g.value}_s'] * 1e3:.1f}" if f"prompt_path_{g.value}_s" in r
                  else res["gemm_failures"].get(g.value, "-")[:60] for g in GroupedGemm]
         once = r.get("prompt_path_rounded_once_s")
-        print(f"| {n} | " + " | ".join(cells) + f" | {once * 1e3:.1f} |" if once else f"| {n} | " + " | ".join(cells) + " | - |")
+        print(f"| {n} | " + " | ".join(cells) + (f" | {once * 1e3:.1f} |" if once else " | - |"))
     print("\n| tokens | one layer's part | ms |")
     print("|---|---|---|")
     for n, r in res["lengths"].items():

@@ -129,7 +129,10 @@ def test_top_k_is_the_reference_ranking(keys, monkeypatch):
     np.testing.assert_array_equal(np.array(top_k(masked, 5))[0], [6, 1, 3, 0, 2])
 
 
-@pytest.mark.parametrize("gemm", [g for g in GroupedGemm if g is not GroupedGemm.Q2_MMA])  # a kernel: test_mlx_q2_mma.py
+OPS_FORMS = [g for g in GroupedGemm if g is not GroupedGemm.Q2_MMA]  # Q2_MMA is a kernel: test_mlx_q2_mma.py
+
+
+@pytest.mark.parametrize("gemm", OPS_FORMS)
 def test_grouped_experts_match_the_reference_per_token(gemm):
     """The MLX-ops grouped GEMMs: sum_i w_i expert_i(h_t) as the reference computes it token by
     token, including an expert no token picked and one most tokens picked."""
@@ -202,7 +205,8 @@ def test_gpu_float16_dequantization_is_exact():
         p = from_reference(rp, dtype=mx.float32)
     records = p.arena.array[:rp.cfg.n_experts]
     st = slot_planes(records, p.rec)
-    g, u, d = (mx.dequantize(w, s, b, group_size=32, bits=2).astype(mx.float16) for w, s, b in (st.gate, st.up, st.down))
+    g, u, d = (mx.dequantize(w, s, b, group_size=32, bits=2).astype(mx.float16)
+               for w, s, b in (st.gate, st.up, st.down))
     exact = [mx.concatenate([g, u], axis=1), d]
     for got, want in zip(dequantized_experts(records, p.rec, mx.float16), exact):
         assert_backends_agree(np.array(want.astype(mx.float32)), np.array(got.astype(mx.float32)), "EXACT",

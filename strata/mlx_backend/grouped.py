@@ -47,7 +47,8 @@ from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k", "route_prompt", "dequantized_experts", "grouped_experts",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k",
+           "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
 

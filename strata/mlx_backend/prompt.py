@@ -17,8 +17,8 @@ at once (`PROMPT_CHUNK` at a time):
 
 The matmuls run on float16 matrix units on a GPU (`prompt_dtype`; the activations as two float16
 terms, lowp.py), attention on float16 q/k/v: what the named budget tests/budgets.py PROMPT
-covers; the float32 weights of MLX's CPU build leave only the reordering of sums. `prompt_refusal` names what the path does not serve (the engine then keeps
-`forward`).
+covers; the float32 weights of MLX's CPU build leave only the reordering of sums.
+`prompt_refusal` names what the path does not serve (the engine then keeps `forward`).
 
 Shapes: T positions, D hidden, V vocab.
 """
