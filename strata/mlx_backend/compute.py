@@ -34,7 +34,9 @@ from strata.mlx_backend.model import (
     MlxModelState, MlxParams, dense_ffn, embed, ffn_input, head, mixer_partials, router_stage,
 )
 from strata.mlx_backend.kernels.launch import KernelPath, using_path
-from strata.mlx_backend.prompt import prompt_dtype, prompt_mixer, slot_experts, swiglu, uses_prompt_path
+from strata.mlx_backend.prompt import (
+    prompt_dtype, prompt_mixer, prompt_refusal, slot_experts, swiglu, uses_prompt_path,
+)
 from strata.mlx_backend.quants import gemv
 from strata.reference.experts import expert_act
 
@@ -70,6 +72,7 @@ class MlxCompute:
         self.state = MlxModelState.empty(params.cfg)
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
+        self._refusal = prompt_refusal(params, layout)  # asked once: `_prompt` runs 5 times a layer
 
     @property
     def length(self) -> int:
@@ -86,7 +89,7 @@ class MlxCompute:
 
     def _prompt(self, x: mx.array) -> bool:
         """Whether these positions take the prompt path's pieces (prompt.py: matmuls, grouped GEMMs)."""
-        return uses_prompt_path(self.params, x.shape[0], self.layout)
+        return uses_prompt_path(self.params, x.shape[0], refusal=self._refusal)
 
     def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Residual:
         layers = list(self.state.layers)
