@@ -68,13 +68,16 @@ def prompt_refusal(p: MlxParams, rec=None) -> str | None:
     return None
 
 
-def uses_prompt_path(p: MlxParams, n_tokens: int, rec=None, *, refusal: str | None = "ask") -> bool:
+_ASK = object()  # uses_prompt_path: no refusal kept by the caller, ask prompt_refusal
+
+
+def uses_prompt_path(p: MlxParams, n_tokens: int, rec=None, *, refusal=_ASK) -> bool:
     """Whether an MLX engine takes the prompt path for n_tokens positions: on the GPU kernel path
     (PROMPT_PATHS), from PROMPT_MIN_TOKENS, for a model it serves (refusal: `prompt_refusal`'s
     answer where the caller keeps it)."""
     if n_tokens < PROMPT_MIN_TOKENS:  # first: a decoded token's host turn pays one comparison
         return False
-    return current_path() in PROMPT_PATHS and (prompt_refusal(p, rec) if refusal == "ask" else refusal) is None
+    return current_path() in PROMPT_PATHS and (prompt_refusal(p, rec) if refusal is _ASK else refusal) is None
 
 
 def prompt_forward(p: MlxParams, state: MlxModelState, tokens, *, all_logits: bool = False
