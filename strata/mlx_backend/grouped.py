@@ -35,8 +35,8 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RecordLayout
-from strata.formats.quant_types import QuantType
-from strata.mlx_backend.experts import gated_hidden, slot_planes
+from strata.formats.quant_types import Q2_0_LEVEL_OFFSET, QuantType, layout
+from strata.mlx_backend.experts import gated_hidden
 from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -46,6 +46,8 @@ from strata.mlx_backend.routing import combine_weights, rank_order, selection_sc
 from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
+
+Q2_BITS = layout(QuantType.Q2_0).bits
 
 __all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
@@ -113,13 +115,20 @@ def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -
     Shapes:
         records uint8 [E, >= record_bytes] -> gate_up [E, 2F, D] (gate rows, then up), down [E, D, F]
     """
-    stack = slot_planes(records, rec)  # views of the codes; scales float32 [E, R, C/32]
     sd = mm_dtype(dtype)
-    (gw, gs, gb), (uw, us, ub) = stack.gate, stack.up
-    planes = [(mx.concatenate([gw, uw], axis=1), mx.concatenate([gs, us], axis=1), mx.concatenate([gb, ub], axis=1)),
-              stack.down]  # the codes planes are a tenth of the float16 weights: stacking them is cheap
-    return tuple(mx.dequantize(w, s.astype(sd), b.astype(sd), group_size=GROUP, bits=stack.bits).astype(dtype)
-                 for w, s, b in planes)
+    n, bits = records.shape[0], Q2_BITS
+
+    def planes(proj: str) -> tuple[mx.array, mx.array, mx.array]:  # codes, scales, biases in dtype sd
+        rows, cols = rec.shape(proj)
+        c, sc = rec.codes(proj), rec.scales(proj)
+        w = records[:, c.offset:c.end].view(mx.uint32).reshape(n, rows, cols * bits // 32)
+        d = records[:, sc.offset:sc.end].view(mx.float16).reshape(n, rows, cols // GROUP).astype(sd)
+        return w, d, d * -float(Q2_0_LEVEL_OFFSET)  # -2d: exact in float16 too (a power of two)
+
+    (gw, gs, gb), (uw, us, ub) = planes("gate"), planes("up")
+    stacked = [(mx.concatenate([gw, uw], axis=1), mx.concatenate([gs, us], axis=1), mx.concatenate([gb, ub], axis=1)),
+               planes("down")]  # the codes planes are a tenth of the float16 weights: stacking them is cheap
+    return tuple(mx.dequantize(w, s, b, group_size=GROUP, bits=bits).astype(dtype) for w, s, b in stacked)
 
 
 def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
