@@ -118,6 +118,12 @@ if command -v ncu >/dev/null; then
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/deltanet.py --ncu
 fi
+# the prompt path (issue 19): tok/s at the seed shape against the decode kernels' forward,
+# per-layer parts, the grouped GEMMs (first calls JIT-compile MLX's CUDA kernels: reported apart),
+# then its GPU tests. Not in the default list: STRATA_STAGES=prompt
+stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
+  PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
+  tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.
 # Not in the default list: STRATA_STAGES=speculative

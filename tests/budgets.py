@@ -26,6 +26,13 @@ BUDGETS = {
     "FORWARD": Budget(rel_l2=1e-4, max_rel=5e-4),
     "ROUTING": Budget(rel_l2=1e-5, max_rel=1e-5),
     "QUANTIZED": Budget(rel_l2=2e-2, max_rel=5e-2),
+    # the MLX prompt path (mlx_backend/prompt.py) vs the float32 reference. Its projections and
+    # experts take activations as two float16 terms on float16-exact weights (lowp.py: float32
+    # level, seen 1.4e-6 with attention in float32); what is left is attention's float16 q, k, v
+    # (the fused kernel's inputs; its probabilities are float16 inside too): seen up to 3.8e-3
+    # relative L2 and 1.0e-2 max on the tiny made shapes, on prompts whose selections are decided
+    # by more than float16 noise (below that, another expert is a legitimate outcome)
+    "PROMPT": Budget(rel_l2=5e-3, max_rel=1.5e-2),
 }
 
 # float32 reference vs float32 reference computed another way (reordered sums, chunked prefill,

@@ -163,3 +163,15 @@ def test_held_weights_widen_to_the_stored_values(stored):
     np.testing.assert_array_equal(np.array(widen(w)).view(np.uint32), t.widen().view(np.uint32))
     if st is not StoredType.Q8_0:
         assert held(t, mx.float16).dtype == mx.float16
+
+
+def test_the_prompt_path_refuses_q8_0_dense_matrices(stored_model):
+    """The prompt path's float16 matmuls take float16 weights: a Q8_0 model's prompts take the
+    regular path (its refusal names why), an F16 model's are served."""
+    from strata.mlx_backend.prompt import prompt_refusal
+
+    qtype, made = stored_model
+    with strata.load(made.model_path) as m:
+        p = to_mlx_params(m.cfg, m.dense, experts=m.resident_params().experts, pred_q8=False)
+        why = prompt_refusal(p)
+        assert (why == "Q8_0 dense matrices") if qtype is QuantType.Q8_0 else why is None

@@ -25,6 +25,7 @@ from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
+from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
 from strata.runtime.memory import wire_mlx
 from strata.session import SessionEngine
 
@@ -66,6 +67,7 @@ class MlxEngine(SessionEngine):
         self.state = MlxModelState.empty(params.cfg)
         self.compiled = compiled_step.COMPILED_DECODE if compiled is None else compiled
         self.compile_error: str | None = None
+        self.prompt_error: str | None = None  # why the prompt path failed (it is then off)
         self._step: compiled_step.CompiledDecode | None = None
         self._reads = expert_reads
 
@@ -83,12 +85,35 @@ class MlxEngine(SessionEngine):
         return self._reads
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        out = self._prompt(tokens, all_logits=False)
+        if out is not None:
+            return out[-1]
         logits, self.state = forward(self.params, self.state, tokens)
         return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
+        out = self._prompt(tokens, all_logits=True)
+        if out is not None:
+            return out
         logits, self.state = forward(self.params, self.state, tokens, window=True)
         return np.array(logits, dtype=np.float32)
+
+    def _prompt(self, tokens: np.ndarray, *, all_logits: bool) -> np.ndarray | None:
+        """The prompt path's logits (prompt.py: a prompt on the matrix units), or None where it does
+        not apply or failed before. A failure (an op this MLX build lacks) warns once and leaves the
+        state as it was: `forward` then writes the same cache positions again."""
+        if self.prompt_error is not None or not uses_prompt_path(self.params, len(tokens)):
+            return None
+        try:
+            logits, state = prompt_forward(self.params, self.state, tokens, all_logits=all_logits)
+            out = np.array(logits, dtype=np.float32)
+        except Exception as exc:  # noqa: BLE001 - any failure: the decode kernels' forward from now on
+            self.prompt_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"MlxEngine: the prompt path failed ({self.prompt_error}); prompts take the decode "
+                          "kernels from now on", RuntimeWarning, stacklevel=3)
+            return None
+        self.state = state
+        return out
 
     def _truncate(self, n: int) -> None:
         self.state = self.state.trim(n)  # the same KV buffers: the compiled step stays bound

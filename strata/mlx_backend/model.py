@@ -226,6 +226,11 @@ def _flat(weights: list) -> list[mx.array]:
     return [a for w in weights for a in (w.arrays() if isinstance(w, Q8Dense) else [w])]
 
 
+def holds_q8_dense(p: MlxParams) -> bool:
+    """Whether any dense matrix is held as Q8_0 planes (a Q8_0 model file: mlx_backend/dense.py)."""
+    return any(isinstance(w, Q8Dense) for w in [p.embed, p.output] + [w for lw in p.layers for w in _arrays(lw)])
+
+
 def dense_nbytes(p: MlxParams) -> int:
     """The bytes MLX holds for the dense weights (every layer's, the embedding, the head; the
     Q8_0 read-ahead copies of the routers included): what a plan wires besides its experts."""
@@ -457,5 +462,5 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
 
 
 __all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
-            "ffn_input", "dense_ffn", "empty_layer_state", "dense_nbytes"]
+            "ffn_input", "dense_ffn", "empty_layer_state", "dense_nbytes", "holds_q8_dense"]
 _ = field  # dataclasses.field kept for frozen defaults above
