@@ -206,7 +206,7 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
         qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH (+ H)) HD]
         o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
                                 cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
-                                gated=w.gated)  # [T, H HD]
+                                gated=w.gated, split=attn_kernels.split_applies(kv.length + t, t))  # [T, H HD]
         out = dense_kernel.dense_gemv(w.wo, o)  # [T, D]
         return out[:, None, :], MlxLayerKV(kv.keys, kv.values, kv.length + t)
     out, kv = _ops(cfg, w, kv, x)
