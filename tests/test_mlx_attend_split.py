@@ -129,3 +129,39 @@ def test_split_kernels_compile(tmp_path, small_chunks, dialect):
     assert sorted(r[0].name for r in split) == ["strata_attend", "strata_attend_merge"]
     for r in split:
         assert _check(tmp_path, dialect, r) is None
+
+
+@pytest.fixture
+def split_midway(monkeypatch):
+    """The split starts in the middle of test_mlx_compiled's decode (3 prompt positions, 6 steps)."""
+    monkeypatch.setattr(attn_kernels, "SPLIT_CHUNK", CHUNK)
+    monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 5)
+
+
+def test_device_scalar_step_crosses_into_the_split(split_midway):
+    """The step the GPU traces (untraced here, on the emulator) against `forward` while the
+    context grows past SPLIT_FROM: bit for bit (both take the same form at each length)."""
+    from test_mlx_compiled import SMALL, _assert_same_decode, _decode_both
+    from strata.testing.mlx_params import random_params
+
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL, seed=19, pred_q8=False)
+        ref, got, ref_state, got_state, step = _decode_both(p, traced=False)
+    _assert_same_decode(ref, got, ref_state, got_state)
+    assert sorted(step._fns) == [False, True]
+
+
+@pytest.mark.gpu
+def test_compiled_decode_crosses_into_the_split(split_midway):
+    """Compiled (two traces: one block per head, then split) against uncompiled, bit for bit."""
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+    from test_mlx_compiled import SMALL, _assert_same_decode, _decode_both
+    from strata.testing.mlx_params import random_params
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    with using_path(KernelPath.GPU):
+        p = random_params(SMALL, seed=20, pred_q8=False)
+        ref, got, ref_state, got_state, step = _decode_both(p, traced=True)
+    _assert_same_decode(ref, got, ref_state, got_state)
+    assert sorted(step._fns) == [False, True]
