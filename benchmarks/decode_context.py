@@ -113,6 +113,8 @@ def main() -> int:
     if set(forms) - set(FORMS):
         ap.error(f"--forms: {sorted(set(forms) - set(FORMS))} (known: {', '.join(FORMS)})")
     path = KernelPath.EMULATED if args.small else current_path()
+    if path is KernelPath.OPS:
+        ap.error("no MLX GPU here: the compiled step needs the GPU kernel path (--small runs the emulated kernels)")
     traced = path is KernelPath.GPU
     res: dict = {"device": device_name(), "mlx": mx.__version__, "path": path.value, "traced": traced,
                  "layers": cfg.n_layers, "hidden": cfg.hidden_size, "heads": [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim],
@@ -122,6 +124,7 @@ def main() -> int:
         t0 = time.time()
         p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
         res["build_s"] = time.time() - t0
+        print(f"built the model in {res['build_s']:.1f} s", flush=True)
         runs = [(c, f) for c in contexts for f in forms]
         runs += [(int(a.split("/")[0]), a.split("/")[1]) for a in args.also.split(",") if a]
         for ctx, form in runs:

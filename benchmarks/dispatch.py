@@ -138,6 +138,7 @@ def rows_for(dialect: str | None, reps: int, only_big: bool = False) -> dict:
         res[name] = per_call(step, y0, N, reps)
         if name in ("kernel", "kernel_source_16k", "kernel_template_8", "kernel_big_input", "kernel_big_input_view"):
             res[name]["compiled_us"] = compiled_call(step, y0, N // 4, reps)
+        print(f"ROW {name} " + json.dumps(res[name]), flush=True)  # survives a kill
     return res
 
 
