@@ -64,19 +64,25 @@ def state_at(cfg, length: int, seed: int) -> MlxModelState:
     return MlxModelState(tuple(layers))
 
 
-FORMS = {  # name -> (split past SPLIT_FROM, large kernel inputs as views: launch.GRAPH_VIEWS)
-    "split": (True, True),
-    "one_block": (False, True),  # one block per head at every length (the form before the split)
-    "no_views": (True, False),  # whole arrays given to MLX: a CUDA graph commit after each expert kernel
+# name -> (split past SPLIT_FROM, large kernel inputs as views: launch.GRAPH_VIEWS, positions per
+# block when split: 0 for SPLIT_CHUNK)
+FORMS = {
+    "split": (True, True, 0),
+    "split_ch32": (True, True, 32),
+    "split_ch64": (True, True, 64),
+    "split_ch256": (True, True, 256),
+    "one_block": (False, True, 0),  # one block per head at every length (the form before the split)
+    "no_views": (True, False, 0),  # whole arrays given to MLX: a CUDA graph commit after each expert kernel
 }
 
 
 def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
     """Median ms/token of `tokens` compiled decode steps from a made context of `length`."""
-    split, views = FORMS[form]
-    saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS
+    split, views, chunk = FORMS[form]
+    saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK
     attn_kernels.SPLIT_FROM = saved[0] if split else 1 << 30
     launch.GRAPH_VIEWS = views
+    attn_kernels.SPLIT_CHUNK = chunk or saved[2]
     try:
         state = state_at(p.cfg, length, seed=length)
         step = CompiledDecode(p, state, traced=traced)
@@ -93,7 +99,7 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
                 "wrapper_launches": sum(LAUNCHES.values()) - before,
                 "split": attn_kernels.split_applies(length + 1, 1)}
     finally:
-        attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS = saved
+        attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK = saved
 
 
 def main() -> int:

@@ -13,6 +13,6 @@ START=$(date +%s)
 timeout -s INT -k 5 28 python3 benchmarks/dispatch.py --quick > "$OUT/dispatch.log" 2>&1
 echo "dispatch rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
 left=$(( 85 - ($(date +%s) - START) ))
-timeout -s INT -k 3 "$left" python3 benchmarks/decode_context.py --contexts 8,2048 --forms split --tokens 12 \
-  --also 2048/one_block,8/no_views > "$OUT/decode_context.log" 2>&1
+timeout -s INT -k 3 "$left" python3 benchmarks/decode_context.py --contexts 8,2048 --forms split --tokens 10 \
+  --also 2048/one_block,8/no_views,2048/split_ch64,2048/split_ch32,2048/split_ch256 > "$OUT/decode_context.log" 2>&1
 echo "decode_context rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
