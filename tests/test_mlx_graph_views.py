@@ -26,6 +26,9 @@ def test_graph_view_keeps_the_first_elements_and_leaves_small_arrays():
     # a transposed array: its row-major copy's first elements (the kernel reads the copy)
     t = launch._graph_view(big.T)
     np.testing.assert_array_equal(np.array(t), np.array(big.T).reshape(-1)[:MIN_INPUT_SIZE])
+    # past int32 elements (an arena of 3 GB, never evaluated here): its first row, not a flat view
+    arena = mx.zeros((3, 2**30), mx.uint8)
+    assert launch._graph_view(arena).shape == (1, 2**30)
 
 
 @pytest.mark.gpu

@@ -215,10 +215,19 @@ GRAPH_VIEW_ABOVE = 1 << 20  # bytes: smaller inputs count for nothing that matte
 
 
 def _graph_view(a: mx.array) -> mx.array:
-    """a, or (large) a flat view of its first MIN_INPUT_SIZE elements: the same data pointer. A
-    row-contiguous array flattens without a copy; any other is copied whole by the reshape, and
-    the kernel reads the copy, so the view is never wrong, only slower."""
-    return a.reshape(-1)[:MIN_INPUT_SIZE] if a.nbytes > GRAPH_VIEW_ABOVE else a
+    """a, or (large) a view of its first elements: the same data pointer. A row-contiguous array
+    flattens without a copy; any other is copied whole by the reshape, and the kernel reads the
+    copy, so the view is never wrong, only slower. Past int32 elements (MLX's dimension type:
+    only the expert arena, [slots, slot_bytes], row-contiguous by construction) it cannot be
+    flattened: the view is its first row."""
+    if a.nbytes <= GRAPH_VIEW_ABOVE:
+        return a
+    if a.size < MAX_FLAT:
+        return a.reshape(-1)[:MIN_INPUT_SIZE]
+    return a[(slice(0, 1),) * (a.ndim - 1)]
+
+
+MAX_FLAT = 2**31 - 1
 
 
 def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[int, ...]],
