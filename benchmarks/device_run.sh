@@ -22,6 +22,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
+# issue 19's stages (not in the default list): dispatch, decode_context, peers
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
@@ -102,6 +103,12 @@ if command -v ncu >/dev/null; then
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/deltanet.py --ncu
 fi
+# issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
+# context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
+# (mlx-lm must be importable: its wheel installed for the benchmark only). STRATA_STAGES=dispatch,decode_context,peers
+stage dispatch 60 python3 benchmarks/dispatch.py
+stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
+stage peers 240 python3 benchmarks/peers.py
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.
 # Not in the default list: STRATA_STAGES=speculative
