@@ -99,8 +99,8 @@ _ATTEND_TEMPLATE = r"""
   for (int32_t p = lo + (int32_t)warp_id; p < hi; p += NW) {
     float ka[PPL], kb[PPL], kx[PSA], va[PPL], vb[PPL], vx[PSA];
     if (p < pos0) {  // cached (warp-uniform branch): normed and roped when it was written
-      const DEVICE float* kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;
-      const DEVICE float* vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
+      const auto kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;  // float, or half_t (KV16)
+      const auto vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
       LOAD_KV_CACHED
     } else {  // this chunk's position: from the raw qkv row of token p - pos0
       const DEVICE float* ks = qkv + (uint64_t)(p - pos0) * ROW + (uint64_t)(H + kvh) * HD;
@@ -108,8 +108,8 @@ _ATTEND_TEMPLATE = r"""
       float s2 = 0.0f;
       LOAD_KV_RAW
       const bool write = h % G == 0 && p == n_pos - 1;  // one writer per (KV head, position)
-      DEVICE float* kd = (DEVICE float*)kc + ((uint64_t)kvh * S_MAX + p) * HD;
-      DEVICE float* vd = (DEVICE float*)vc + ((uint64_t)kvh * S_MAX + p) * HD;
+      const auto kd = writable(kc) + ((uint64_t)kvh * S_MAX + p) * HD;
+      const auto vd = writable(vc) + ((uint64_t)kvh * S_MAX + p) * HD;
       NORM_ROPE_K
     }
     float dot = 0.0f;
@@ -159,8 +159,8 @@ def _load_pairs(*pairs: tuple[str, str, str, str], sum_squares: bool) -> str:
     src[RD + lane + 32 j] (0 past HD); with sum_squares, s2 gathers the first head's squares."""
     lines, rest = [], []
     for a, b, c, src in pairs:
-        lines += [f"  {a}[i] = r < RH ? {src}[r] : 0.0f;", f"  {b}[i] = r < RH ? {src}[r + RH] : 0.0f;"]
-        rest.append(f"  {c}[j] = e < HD ? {src}[e] : 0.0f;")
+        lines += [f"  {a}[i] = r < RH ? F32({src}[r]) : 0.0f;", f"  {b}[i] = r < RH ? F32({src}[r + RH]) : 0.0f;"]
+        rest.append(f"  {c}[j] = e < HD ? F32({src}[e]) : 0.0f;")
     if sum_squares:
         a, b, c, _ = pairs[0]
         lines.append(f"  s2 += {a}[i] * {a}[i] + {b}[i] * {b}[i];")
@@ -212,13 +212,29 @@ ATTEND_BODY = expand(
     NORM_ROPE_Q=_norm_rope("qa", "qb", "qc", "q_norm", "pos0 + (int32_t)t"),
     NORM_ROPE_K=_norm_rope(
         "ka", "kb", "kx", "k_norm", "p",
-        then_pair="\n        if (write) { kd[r] = ka[i]; kd[r + RH] = kb[i]; vd[r] = va[i]; vd[r + RH] = vb[i]; }",
-        then_rest="\n        if (write) { kd[e] = kx[j]; vd[e] = vx[j]; }"))
+        then_pair="\n        if (KV16) { ka[i] = kv_round(ka[i]); kb[i] = kv_round(kb[i]); va[i] = kv_round(va[i]);"
+                  " vb[i] = kv_round(vb[i]); }"
+                  "\n        if (write) { put_kv(kd + r, ka[i]); put_kv(kd + r + RH, kb[i]); put_kv(vd + r, va[i]);"
+                  " put_kv(vd + r + RH, vb[i]); }",
+        then_rest="\n        if (KV16) { kx[j] = kv_round(kx[j]); vx[j] = kv_round(vx[j]); }"
+                  "\n        if (write) { put_kv(kd + e, kx[j]); put_kv(vd + e, vx[j]); }"))
+
+
+# The cache's element type is the kernel's float or half_t (KV16): the chunk's own positions are
+# rounded as the cache stores them (reference.attention.KVPrecision) before they are used, and
+# written through the overload of their pointer type (the inputs are const: a cast away from it).
+ATTEND_HELPERS = r"""
+INLINE DEVICE float* writable(const DEVICE float* p) { return (DEVICE float*)p; }
+INLINE DEVICE half_t* writable(const DEVICE half_t* p) { return (DEVICE half_t*)p; }
+INLINE void put_kv(DEVICE float* p, float x) { *p = x; }
+INLINE void put_kv(DEVICE half_t* p, float x) { *p = to_half(x); }
+INLINE float kv_round(float x) { return F32(to_half(x)); }
+"""
 
 
 ATTEND_SOURCE = KernelSource(
     "strata_attend", ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params", "fparams", "kc", "vc"),
-    ("out",), ATTEND_BODY)
+    ("out",), ATTEND_BODY, ATTEND_HELPERS)
 
 
 def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array,
@@ -237,7 +253,8 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
 
     Shapes:
         qkv float32 [T, (H + 2 KVH + gated H) HD], q_norm / k_norm float16 [HD] or None (together),
-        rope_cos / rope_sin float32 [S_MAX, RD / 2], kc / vc float32 [KVH, S_MAX, HD]
+        rope_cos / rope_sin float32 [S_MAX, RD / 2], kc / vc float32 or float16 [KVH, S_MAX, HD]
+        (float16: the cache stores each key and value rounded, reference.attention.KVPrecision.F16)
         -> out float32 [T, H HD]
     """
     t, width = qkv.shape
@@ -252,6 +269,9 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
         raise ValueError("attend kernel: q_norm and k_norm come together")
     if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
         raise ValueError(f"attend kernel: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
+        raise ValueError(f"attend kernel: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
+    kv16 = kc.dtype == mx.float16
     qkn = q_norm is not None
     half = absent(np.float16)  # absent optional inputs
     params = index_param(pos0) if pos is None else pos
@@ -262,7 +282,7 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
                                  params, float_params(eps), kc, vc],
                  [(t, width_out)], [mx.float32], blocks=(n_heads, t, nc), threads=THREADS,
                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
-                           ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", ch)))[0]
+                           ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", ch), ("KV16", int(kv16))))[0]
     if not split:
         return out
     return attend_merge.merge(out, qkv, params, n_heads=n_heads, n_kv_heads=kvh, head_dim=hd, s_max=s_max,
