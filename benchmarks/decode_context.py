@@ -49,7 +49,7 @@ SMALL = replace(SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_
                 n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=512)
 
 
-def state_at(cfg, length: int, seed: int) -> MlxModelState:
+def state_at(cfg, length: int, seed: int, dtype=mx.float32) -> MlxModelState:
     """Every layer's KV buffers [KVH, S_MAX, HD] with random keys / values at positions < length."""
     rng = mx.random.key(seed)
     layers = []
@@ -57,8 +57,8 @@ def state_at(cfg, length: int, seed: int) -> MlxModelState:
         kk, kv = mx.random.split(mx.random.split(rng, cfg.n_layers)[l])
         shape = (cfg.n_kv_heads, cfg.max_context, cfg.head_dim)
         live = (mx.arange(cfg.max_context) < length)[None, :, None]
-        k = mx.where(live, mx.random.normal(shape, key=kk), 0.0).astype(mx.float32)
-        v = mx.where(live, mx.random.normal(shape, key=kv), 0.0).astype(mx.float32)
+        k = mx.where(live, mx.random.normal(shape, key=kk), 0.0).astype(dtype)
+        v = mx.where(live, mx.random.normal(shape, key=kv), 0.0).astype(dtype)
         mx.eval(k, v)
         layers.append(MlxLayerKV(k, v, length))
     return MlxModelState(tuple(layers))
@@ -73,6 +73,7 @@ FORMS = {
     "split_ch256": (True, True, 256),
     "one_block": (False, True, 0),  # one block per head at every length (the form before the split)
     "no_views": (True, False, 0),  # whole arrays given to MLX: a CUDA graph commit after each expert kernel
+    "kv16": (True, True, 0),  # split, with float16 KV caches (KVPrecision.F16: half the cache's bytes)
 }
 
 
@@ -84,7 +85,7 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
     launch.GRAPH_VIEWS = views
     attn_kernels.SPLIT_CHUNK = chunk or saved[2]
     try:
-        state = state_at(p.cfg, length, seed=length)
+        state = state_at(p.cfg, length, seed=length, dtype=mx.float16 if form == "kv16" else mx.float32)
         step = CompiledDecode(p, state, traced=traced)
         rng = np.random.default_rng(length)
         times = []

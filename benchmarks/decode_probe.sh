@@ -14,5 +14,5 @@ timeout -s INT -k 5 28 python3 benchmarks/dispatch.py --quick > "$OUT/dispatch.l
 echo "dispatch rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
 left=$(( 85 - ($(date +%s) - START) ))
 timeout -s INT -k 3 "$left" python3 benchmarks/decode_context.py --contexts 8,2048 --forms split --tokens 10 \
-  --also 2048/one_block,8/no_views,2048/split_ch64,2048/split_ch32,2048/split_ch256 > "$OUT/decode_context.log" 2>&1
+  --also 2048/one_block,8/no_views,2048/split_ch64,2048/split_ch32,2048/kv16 > "$OUT/decode_context.log" 2>&1
 echo "decode_context rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
