@@ -24,3 +24,12 @@ if (( left > 60 )) && python3 -c 'import mlx_lm' 2>/dev/null; then
   timeout -s INT -k 3 "$left" python3 benchmarks/peers.py > "$OUT/peers.log" 2>&1
   echo "peers rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
 fi
+# context 8 under MLX's other launch modes (read when MLX starts: a process each): CUDA graphs off,
+# and one graph per token (400 nodes)
+for e in MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=400; do
+  left=$(( ${PROBE_S:-85} - ($(date +%s) - START) ))
+  (( left > 50 )) || break
+  env "$e" timeout -s INT -k 3 "$left" python3 benchmarks/decode_context.py --contexts 8 --forms split --tokens 10 \
+    > "$OUT/decode_context_${e%%=*}.log" 2>&1
+  echo "decode_context $e rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
+done

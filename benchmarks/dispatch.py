@@ -21,7 +21,8 @@ one factor changed from the row `kernel, made once`:
     python benchmarks/dispatch.py --quick  # fewer repetitions
 
 It prints a table and one JSON line (`JSON {...}`); the subprocess rows rerun the arena-sized
-input rows with MLX_MAX_MB_PER_BUFFER raised (read once, when MLX makes the CUDA encoder).
+input rows with MLX_MAX_MB_PER_BUFFER / MLX_MAX_OPS_PER_BUFFER raised, and every row with
+MLX_USE_CUDA_GRAPHS=0 (each read once, when MLX makes the CUDA encoder).
 """
 
 from __future__ import annotations
@@ -159,19 +160,23 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="3 repetitions instead of 7")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--all", action="store_true", help=argparse.SUPPRESS)  # a child: every row
     args = ap.parse_args()
     reps = 3 if args.quick else 7
     dialect = _dialect()
-    if args.child:  # the arena-sized rows under the environment the parent set
-        print("JSON " + json.dumps(rows_for(dialect, reps, only_big=True)))
+    if args.child:  # the rows again under the environment the parent set
+        print("JSON " + json.dumps(rows_for(dialect, reps, only_big=not args.all)))
         return 0
     res = {"device": device_name(), "mlx": mx.__version__, "dialect": dialect, "calls_per_chain": N,
            "rows": rows_for(dialect, reps)}
     if dialect == "cuda":
-        for env_name, val in (("MLX_MAX_MB_PER_BUFFER", "1000000"), ("MLX_MAX_OPS_PER_BUFFER", "1000")):
+        # (variable, value, every row): the commit limits (arena-sized rows), and CUDA graphs off
+        # (MLX then launches each kernel directly: no graph node, no graph update per commit)
+        for env_name, val, every in (("MLX_MAX_MB_PER_BUFFER", "1000000", False), ("MLX_MAX_OPS_PER_BUFFER", "1000", False),
+                                     ("MLX_USE_CUDA_GRAPHS", "0", True)):
             env = {**os.environ, env_name: val}
-            out = subprocess.run([sys.executable, __file__, "--child"] + (["--quick"] if args.quick else []),
-                                 env=env, capture_output=True, text=True, timeout=120)
+            out = subprocess.run([sys.executable, __file__, "--child"] + (["--quick"] if args.quick else [])
+                                 + (["--all"] if every else []), env=env, capture_output=True, text=True, timeout=120)
             line = [l for l in out.stdout.splitlines() if l.startswith("JSON ")]
             res[f"{env_name}={val}"] = json.loads(line[-1][5:]) if line else {"error": out.stderr[-400:]}
     print(f"## custom-kernel dispatch on {res['device']} (MLX {mx.__version__}, {dialect or 'no GPU'})")
