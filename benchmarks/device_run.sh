@@ -23,6 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
 # issue 19's stages (not in the default list): dispatch, decode_context, peers
+# the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
@@ -30,8 +31,9 @@ STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stage
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
+NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
-unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
+unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_NGRAM_ARGS STRATA_NGRAM_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -77,6 +79,9 @@ stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS
+# PLE n-gram rows from a row store on this machine's disk, cold page cache (issue 15; not in the
+# default list: STRATA_STAGES=ngram_rows): the row cache's ms/token and PLE wait per token
+stage ngram_rows "$NGRAM_S" python3 benchmarks/ngram_rows.py $NGRAM_ARGS
 # hybrids: the GPU tests (DeltaNet step kernel, gated / partial-rotary attend, the compiled hybrid
 # step, hybrid engines vs the reference on the GPU path), the DeltaNet kernels against their bytes,
 # the Qwen3.5-397B per-layer shape decoding all-resident and streaming
@@ -85,6 +90,11 @@ stage hybrid_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS
   tests/test_mlx_deltanet_kernel.py tests/test_mlx_compiled.py::test_compiled_decode_matches_uncompiled_on_a_hybrid \
   tests/test_hybrid_engines.py -k "not emulated"
 stage deltanet 120 python3 benchmarks/deltanet.py
+# Qwen4-Exp (issue 15; not in the default list): the MLX twin (ops) and the numpy engines against
+# the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
+stage qwen4_tests 120 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
+  -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py
+stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
 if command -v ncu >/dev/null; then

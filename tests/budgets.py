@@ -50,6 +50,12 @@ Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversio
 # the hybrid families (Qwen3-Next, Qwen3.5-MoE) are held to their issue's tighter bound; seen:
 # 4.0e-4 and 3.7e-4 with f16 experts, 1.8e-6 with f32 experts (the rest is f16 rounding)
 HYBRID_F16_LOGIT_BUDGET = 5e-4
+# Qwen4-Exp (tests/test_convert_qwen4.py): f16 experts vs transformers, as the hybrids
+QWEN4_F16_LOGIT_BUDGET = 5e-4
+# the QSA parity is only meaningful where no tie decides a selection: the last chosen block's
+# score must exceed the first left out by this fraction of the best score: 10x the float32
+# reordering error the logits show (8e-7 of scale)
+QSA_TIE_MARGIN = 1e-5
 
 # strata's reference forward vs mlx-lm's on the same MLX-quantized checkpoint, both in float32
 # activations (mlx-lm's norms, scales and biases widened: exact): the weights are the same
@@ -94,3 +100,12 @@ GPT_OSS_MXFP4_LOGIT_BUDGET = 1e-5
 # transformers computes RoPE's inverse frequencies in float32 (base ** (i / dim), YaRN's ramp);
 # the reference in float64: a few float32 roundings apart
 ROPE_F32_RTOL = 1e-6
+
+# PLE read-ahead timing (tests/test_runtime_ngram_rows.py): a sleep-timed layer loop (100 ms a
+# layer) on a loaded 2-core machine. A wait the read-ahead hid is this close to zero (seen under
+# 1 ms idle); a wait it could not hide is the delay less the layers before, to within the same
+# slack. Thread wake-ups under a load average of 500 added up to 26 ms (seen), hence 40.
+PLE_WAIT_SLACK_S = 0.04
+# peak RSS of writing and streaming a row store, beyond the row cache and one shard: allocator
+# arenas, lazily imported modules, numpy's temporaries (as test_convert_streaming's RSS_SLACK)
+PLE_RSS_SLACK = 32 << 20
