@@ -99,3 +99,13 @@ def test_f16_cache_attend_compiles(tmp_path, dialect):
     attend = [r for r in rec if r[0].name == "strata_attend"]
     assert len(attend) == 1 and dict(attend[0][3])["KV16"] == 1
     assert _check(tmp_path, dialect, attend[0]) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [False, True], ids=["one_block", "split"])
+def test_f16_cache_on_the_gpu_against_the_reference(monkeypatch, split):
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    _steps(CFG, KernelPath.GPU, (5, 1, 2, 1), monkeypatch, split)
