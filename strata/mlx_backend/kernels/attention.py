@@ -31,7 +31,8 @@ v (its rows stacked under W_qkv: one GEMV), and the merge multiplies each output
 Shapes:
     attend: qkv float32 [T, (H + 2 KVH + GATE H) HD] (q heads | k heads | v heads | gate heads, raw)
             -> out float32 [T, H HD]; writes kc / vc [KVH, S_MAX, HD] at positions pos0 .. pos0+T-1
-Grid: (H, T) blocks of NT threads.
+Grid: (H, T) blocks of NT threads; split over the context (CH > 0): (H, T, NC) blocks writing
+the chunks' partials [T, H, NC, HD + 2] for kernels/attend_merge.py.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ from strata.mlx_backend.kernels.source import KernelSource, expand
 THREADS = 256
 MAX_HEAD_DIM = 256  # rotate-half pairs per lane: (HD / 2) / 32 <= 4
 # Split over the context (flash-decoding, kernels/attend_merge.py says why): CH positions per
-# block, 32 at S_MAX = 4096 per head. A split costs the merge's launch (~17 us of host dispatch
-# on the H200 in the compiled step), so it starts once the context outweighs that: a block walks
-# its positions at ~1 us per step per warp, so past SPLIT_FROM positions (32 steps per warp)
-# one block per head is slower than the launch. Windows longer than SPLIT_MAX_T positions (prompt
+# block, 32 at S_MAX = 4096 per head. A split costs the merge's launch (~5-8 us of host time a
+# compiled launch on the H200, benchmarks/dispatch.py), so it starts once the context outweighs
+# that: a block walks its positions at ~1 us per step per warp, so past SPLIT_FROM positions (32
+# steps per warp) one block per head is slower than the launch. Windows longer than SPLIT_MAX_T positions (prompt
 # chunks) stay on one block per head: their partials would be T x NC x (HD + 2) floats per head.
 SPLIT_CHUNK = 128
 SPLIT_FROM = 256
