@@ -20,7 +20,7 @@ timeout -s INT -k 3 "$left" python3 benchmarks/decode_context.py --contexts 8,20
 echo "decode_context rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
 # strata vs mlx-lm where mlx-lm is installed and the budget leaves room (PROBE_S >= ~300)
 left=$(( ${PROBE_S:-85} - ($(date +%s) - START) ))
-if (( left > 60 )) && python3 -c 'import mlx_lm' 2>/dev/null; then
+if (( left > 60 )) && python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mlx_lm") is None)'; then
   timeout -s INT -k 3 "$left" python3 benchmarks/peers.py > "$OUT/peers.log" 2>&1
   echo "peers rc=$? after $(( $(date +%s) - START ))s" >> "$OUT/env.log"
 fi

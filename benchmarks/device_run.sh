@@ -115,7 +115,8 @@ if command -v ncu >/dev/null; then
 fi
 # issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
 # context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
-# (mlx-lm must be importable: its wheel installed for the benchmark only). STRATA_STAGES=dispatch,decode_context,peers
+# (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).
+# STRATA_STAGES=dispatch,decode_context,peers
 stage dispatch 60 python3 benchmarks/dispatch.py
 stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
 stage peers 240 python3 benchmarks/peers.py

@@ -7,16 +7,17 @@ layers, 256 experts top-10, hidden 2560, expert ffn 576, 16 q / 4 kv heads of 12
 - mlx-lm: its own `qwen3_moe.Model` (the same layer: q/k RMSNorm per head, softmax-then-top-k
   routing with the top-k weights renormalised, SwiGLU experts), float16 dense weights, the
   experts quantized by `nn.quantize` to 2 bits in groups of 32 (what `mlx_lm.convert -q --q-bits 2
-  --q-group-size 32` makes of them), timed through `mlx_lm.generate.generate_step` (its decode
-  loop, asynchronous evaluation included);
+  --q-group-size 32` makes of them), timed through a greedy loop written as its `generate_step`
+  runs (prefill in pieces of 2048, then each token evaluated asynchronously one step ahead);
 - strata: the same shape made by `strata.testing.mlx_params.random_params` (float16 dense, Q2_0
   experts: 2 bits, groups of 32), all resident, through `MlxEngine` (`prefill`, `decode`: the
   compiled step on a GPU).
 A prompt's time is its time to the first token (prefill and the first token's logits); a decode
 row is the median time per token after it.
 
-mlx-lm is needed only here (not a strata dependency): `pip install mlx-lm` into the environment
-that runs the benchmark, or `pip install --target DIR mlx-lm` and PYTHONPATH=DIR.
+mlx-lm is needed only here (not a strata dependency), and only its model files, which need MLX
+alone: `pip install --no-deps mlx-lm` into the environment that runs the benchmark, or
+`pip install --no-deps --target DIR mlx-lm` and PYTHONPATH=DIR (its wheel alone on a GPU machine).
 
     python benchmarks/peers.py            # the issue's shape (GPU)
     python benchmarks/peers.py --small    # a small shape (any machine, MLX's CPU build too)
@@ -49,11 +50,30 @@ SMALL = replace(SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_
 GROUP, BITS = 32, 2
 
 
+def mlx_lm_module(name: str):
+    """A module of mlx-lm (`models.qwen3_moe`, `models.cache`, `_version`) without running the
+    package's __init__, which imports transformers for its tokenizers: the model files need only
+    MLX, so a GPU machine needs mlx-lm's wheel alone (where mlx_lm is already imported whole, that)."""
+    import importlib
+    import importlib.util
+    import types
+
+    if "mlx_lm" not in sys.modules:
+        spec = importlib.util.find_spec("mlx_lm")
+        if spec is None:
+            raise ModuleNotFoundError("mlx_lm is not installed (pip install mlx-lm: for this benchmark only)")
+        pkg = types.ModuleType("mlx_lm")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["mlx_lm"] = pkg
+    return importlib.import_module(f"mlx_lm.{name}")
+
+
 def mlx_lm_model(cfg):
     """mlx-lm's Qwen3-MoE at cfg's shape: float16 dense, experts 2-bit g32, random weights."""
     import mlx.nn as nn
-    from mlx_lm.models import qwen3_moe
-    from mlx_lm.models.switch_layers import SwitchLinear
+
+    qwen3_moe = mlx_lm_module("models.qwen3_moe")
+    SwitchLinear = mlx_lm_module("models.switch_layers").SwitchLinear
 
     args = qwen3_moe.ModelArgs(
         model_type="qwen3_moe", hidden_size=cfg.hidden_size, num_hidden_layers=cfg.n_layers,
@@ -71,14 +91,38 @@ def mlx_lm_model(cfg):
     return model
 
 
-def time_mlx_lm(model, prompt: np.ndarray, n_decode: int) -> tuple[float, float | None]:
-    """(time to the first token, median s per decoded token or None) through generate_step."""
-    from mlx_lm.generate import generate_step
+PREFILL_STEP = 2048  # mlx-lm's generate_step default: the prompt in pieces of this many tokens
 
+
+def mlx_lm_tokens(model, prompt: np.ndarray, n: int):
+    """Greedy tokens as mlx-lm's `generate_step` makes them (read in mlx_lm/generate.py 0.32.2 and
+    written again here, to leave its tokenizer imports out): the prompt but its last token in
+    pieces of PREFILL_STEP into the model's cache, each evaluated; then each step's token
+    evaluated asynchronously while the host waits for the previous one."""
+    cache = mlx_lm_module("models.cache").make_prompt_cache(model)
+    stream = mx.new_stream(mx.default_device())
+    step = lambda y: mx.argmax(model(y[None], cache=cache)[:, -1, :], axis=-1)  # noqa: E731  [L] -> [1]
+    with mx.stream(stream):
+        ids = mx.array(prompt)
+        while ids.size > 1:
+            piece, ids = ids[:min(PREFILL_STEP, ids.size - 1)], ids[min(PREFILL_STEP, ids.size - 1):]
+            model(piece[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        y = step(ids)
+        mx.async_eval(y)
+        for i in range(n):
+            nxt = step(y) if i + 1 < n else None
+            if nxt is not None:
+                mx.async_eval(nxt)
+            yield int(y.item())
+            y = nxt
+
+
+def time_mlx_lm(model, prompt: np.ndarray, n_decode: int) -> tuple[float, float | None]:
+    """(time to the first token, median s per decoded token or None) through mlx-lm's loop."""
     t0 = time.perf_counter()
     stamps = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n_decode + 1):
-        int(tok)  # the token on the host, as a caller sees it
+    for _ in mlx_lm_tokens(model, prompt, n_decode + 1):
         stamps.append(time.perf_counter())
     gaps = np.diff(stamps)
     return stamps[0] - t0, (float(np.median(gaps[1:] if len(gaps) > 2 else gaps)) if n_decode else None)
@@ -122,9 +166,7 @@ def main() -> int:
         with part(name, res, rows):
             t0 = time.time()
             if name == "mlx_lm":
-                import mlx_lm
-
-                res["mlx_lm"] = mlx_lm.__version__
+                res["mlx_lm"] = mlx_lm_module("_version").__version__
                 model = mlx_lm_model(cfg)
                 run = lambda pr, k: time_mlx_lm(model, pr, k)  # noqa: E731
             else:

@@ -30,3 +30,13 @@ def test_peers_small_runs_and_reports_every_row():
         assert all(res["ratios"][r] > 0 for r in rows)
     else:
         assert all(v is None for v in res["ratios"].values())
+
+
+def test_mlx_lm_model_files_load_without_its_tokenizer_imports():
+    """peers.py loads mlx-lm's model files only: no transformers (a GPU machine has mlx-lm's wheel alone)."""
+    pytest.importorskip("mlx_lm")
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import peers; peers.mlx_lm_module('models.qwen3_moe'); "
+            "peers.mlx_lm_module('models.cache'); print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
