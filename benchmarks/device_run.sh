@@ -22,6 +22,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
+# issue 19's stages (not in the default list): dispatch, decode_context, peers
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
@@ -124,6 +125,13 @@ fi
 stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
   tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
+# issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
+# context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
+# (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).
+# STRATA_STAGES=dispatch,decode_context,peers
+stage dispatch 60 python3 benchmarks/dispatch.py
+stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
+stage peers 240 python3 benchmarks/peers.py
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.
 # Not in the default list: STRATA_STAGES=speculative

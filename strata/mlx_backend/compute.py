@@ -38,6 +38,7 @@ from strata.mlx_backend.prompt import (
     prompt_dtype, prompt_mixer, prompt_refusal, slot_experts, swiglu, uses_prompt_path,
 )
 from strata.mlx_backend.quants import gemv
+from strata.reference.attention import KVPrecision
 from strata.reference.experts import expert_act
 
 __all__ = ["MlxCompute"]
@@ -67,9 +68,10 @@ class MlxCompute:
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
 
-    def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
+    def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True,
+                 kv_precision: KVPrecision = KVPrecision.F32) -> None:
         self.params, self.arena, self.layout, self.pred_q8 = params, arena, layout, pred_q8
-        self.state = MlxModelState.empty(params.cfg)
+        self.state = MlxModelState.empty(params.cfg, kv_precision)
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
         self._refusal = prompt_refusal(params, layout)  # asked once: `_prompt` runs 5 times a layer

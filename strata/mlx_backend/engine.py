@@ -26,6 +26,7 @@ from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
+from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
 from strata.session import SessionEngine
 
@@ -64,7 +65,7 @@ class MlxEngine(SessionEngine):
         if params.arena is None:
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
         self.params = params
-        self.state = MlxModelState.empty(params.cfg)
+        self.state = MlxModelState.empty(params.cfg, config.kv_cache if config is not None else KVPrecision.F32)
         self.compiled = compiled_step.COMPILED_DECODE if compiled is None else compiled
         self.compile_error: str | None = None
         self.prompt_error: str | None = None  # why the prompt path failed (it is then off)
@@ -181,5 +182,5 @@ def streaming_parts(model, config: Config, plan) -> tuple:
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
-    return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)
+    return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8, kv_precision=config.kv_cache), ("mlx backend",)
 

@@ -38,7 +38,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_pa
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
-from strata.reference.attention import window_of
+from strata.reference.attention import KVPrecision, window_of
 from strata.reference.deltanet import DeltaNetState, kept_position
 from strata.reference.experts import expert_act
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
@@ -89,8 +89,9 @@ class MlxModelState:
     layers: tuple[MlxLayerKV | DeltaNetState | MlxLatentKV, ...]
 
     @staticmethod
-    def empty(cfg: ModelConfig) -> "MlxModelState":
-        return MlxModelState(tuple(empty_layer_state(cfg, l) for l in range(cfg.n_layers)))
+    def empty(cfg: ModelConfig, kv_precision: KVPrecision = KVPrecision.F32) -> "MlxModelState":
+        """kv_precision: how the attention layers' caches store keys and values (float16 halves them)."""
+        return MlxModelState(tuple(empty_layer_state(cfg, l, kv_precision) for l in range(cfg.n_layers)))
 
     @property
     def length(self) -> int:
@@ -109,15 +110,15 @@ class MlxModelState:
         return kept_position(self.layers, max(0, min(int(n), self.length)))
 
 
-def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
+def empty_layer_state(cfg: ModelConfig, layer: int, kv_precision: KVPrecision = KVPrecision.F32) -> MlxLayerKV:
     """The state layer `layer` starts from, by its mixer kind (twin of the reference's)."""
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
-        return MlxLayerKV.empty(cfg)
+        return MlxLayerKV.empty(cfg, kv_precision)
     if mixer is Mixer.DELTANET:
         return empty_deltanet_state(cfg)
     if mixer is Mixer.SLIDING_ATTENTION:  # every position kept, as the reference keeps them
-        return MlxLayerKV.empty(cfg)
+        return MlxLayerKV.empty(cfg, kv_precision)
     if mixer is Mixer.MLA:  # the latent + rope key cache (mla.py)
         return MlxLatentKV.empty(cfg)
     raise NotImplementedError(f"no MLX state for mixer {mixer.value}")

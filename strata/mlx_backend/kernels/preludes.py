@@ -13,7 +13,7 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
-    math       F32(x) (to float), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
+    math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
                compiler may not re-derive from how it was computed)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
@@ -61,6 +61,7 @@ using namespace metal;
 #define F32(x) static_cast<float>(x)
 #define NEG_BIG (-3.0e38f)
 typedef half half_t;
+INLINE half_t to_half(float x) { return half(x); }
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
@@ -128,6 +129,7 @@ INLINE float F32(float x) { return x; }
 INLINE float F32(__half x) { return __half2float(x); }
 INLINE float F32(int x) { return static_cast<float>(x); }
 INLINE float F32(unsigned int x) { return static_cast<float>(x); }
+INLINE __half to_half(float x) { return __float2half_rn(x); }
 INLINE float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return __shfl_sync(0xffffffffu, x, 0);  // one lane's bits for all: lanes may sum in other orders
@@ -196,6 +198,7 @@ EMU_HEADER = r"""
 #define F32(x) static_cast<float>(x)
 #define NEG_BIG (-3.0e38f)
 typedef strata_emu::half half_t;
+INLINE half_t to_half(float x) { return strata_emu::half::from_float(x); }
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 struct uint2 { uint32_t x, y; };
