@@ -26,7 +26,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.mlx_backend.attention import check_context, rms_norm, softmax_with_sinks
+from strata.mlx_backend.dense import held as held_weight
+from strata.mlx_backend.dense import linear
 from strata.model_config import ModelConfig, TensorNames
 from strata.reference.mla import MLA_NORM_EPS, absorbed_is_cheaper
 
@@ -91,15 +94,17 @@ def mla_weights(cfg: ModelConfig, dense, layer: int, dtype: mx.Dtype) -> MlaWeig
     nm = TensorNames
     get = lambda s: np.asarray(dense[nm.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    held = lambda s: held_weight(as_dense_weights(dense).stored(nm.block(layer, s)), dtype)  # noqa: E731  as stored
     h, n, v = cfg.n_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     kvb = get(nm.attn_kv_b).reshape(h, n + v, cfg.kv_lora_rank)  # per head: n key rows, then v value rows
     low_rank = bool(cfg.q_lora_rank)
+    # the projections as stored (mlx_backend/dense.py); kv_b is split per head, so it is widened here
     return MlaWeights(arr(get(nm.attn_norm)),
-                      arr(get(nm.attn_q_a)) if low_rank else None,
+                      held(nm.attn_q_a) if low_rank else None,
                       arr(get(nm.attn_q_a_norm)) if low_rank else None,
-                      arr(get(nm.attn_q_b) if low_rank else get(nm.attn_q)),
-                      arr(get(nm.attn_kv_a_mqa)), arr(get(nm.attn_kv_a_norm)),
-                      arr(kvb[:, :n]), arr(kvb[:, n:]), arr(get(nm.attn_output)))
+                      held(nm.attn_q_b if low_rank else nm.attn_q),
+                      held(nm.attn_kv_a_mqa), arr(get(nm.attn_kv_a_norm)),
+                      arr(kvb[:, :n]), arr(kvb[:, n:]), held(nm.attn_output))
 
 
 _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
@@ -138,11 +143,11 @@ def mla(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array, *,
     f32 = lambda a: a.astype(mx.float32)  # noqa: E731
     x = f32(x)
     if w.q_a is not None:
-        q = rms_norm(x @ f32(w.q_a).T, w.q_a_norm, MLA_NORM_EPS) @ f32(w.q_b).T
+        q = linear(rms_norm(linear(x, w.q_a), w.q_a_norm, MLA_NORM_EPS), w.q_b)
     else:
-        q = x @ f32(w.q_b).T
+        q = linear(x, w.q_b)
     q = q.reshape(t, h, n + r).transpose(1, 0, 2)  # [H, T, n + r]
-    kva = x @ f32(w.kv_a).T  # [T, c + r]
+    kva = linear(x, w.kv_a)  # [T, c + r]
     latent = rms_norm(kva[:, :c], w.kv_a_norm, MLA_NORM_EPS)  # [T, c]
     start = kv.length
     cos_t, sin_t = _rope_table(cfg)
@@ -169,7 +174,7 @@ def mla(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array, *,
     else:
         out = probs @ (w_uv @ lat.T).transpose(0, 2, 1)  # expanded values [H, S, v]
     out = out.transpose(1, 0, 2).reshape(t, h * v)  # [T, H v]
-    return out @ f32(w.wo).T, MlxLatentKV(buf, s)
+    return linear(out, w.wo), MlxLatentKV(buf, s)
 
 
 def mla_partials(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array) -> tuple[mx.array, MlxLatentKV]:

@@ -33,6 +33,7 @@ import numpy as np
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
 from strata.errors import ArenaTooSmallError, ConfigError, NonFiniteError
+from strata.formats.dense_weights import stored_bytes
 from strata.model_config import Ffn, LayerRange
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
@@ -70,7 +71,7 @@ def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_b
     reserved from the budget."""
     h = model.experts_file.header
     least = cache_config_for(model, config, 1, stage).min_capacity
-    dense = sum(a.nbytes for a in model.dense.values())
+    dense = stored_bytes(model.dense)  # as held: the stored bytes, not float32's
     total = h.n_records if stage is None else len(stage.moe_layers(model.cfg)) * h.n_experts
     return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=total, min_slots=least,
                       dense_bytes=dense, model_files=(model.model_path, model.experts_file.path), ple_bytes=ple_bytes)
