@@ -104,7 +104,7 @@ stage deltanet 120 python3 benchmarks/deltanet.py
 # the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
 stage qwen4_tests 120 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
   -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py tests/test_qwen4_ple_rows.py \
-  tests/test_bench_qwen4_seed.py
+  tests/test_bench_qwen4_seed.py tests/test_mlx_qwen4_ple_rows.py
 stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
 stage qwen4_seed "$QWEN4_SEED_S" python3 benchmarks/decode.py --shape qwen4-seed $QWEN4_SEED_ARGS
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
