@@ -102,7 +102,7 @@ stage hybrid_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS
 stage deltanet 120 python3 benchmarks/deltanet.py
 # Qwen4-Exp (issue 15; not in the default list): the MLX twin (ops) and the numpy engines against
 # the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
-stage qwen4_tests 120 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
+stage qwen4_tests 240 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
   -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py tests/test_qwen4_ple_rows.py \
   tests/test_bench_qwen4_seed.py tests/test_mlx_qwen4_ple_rows.py
 stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
