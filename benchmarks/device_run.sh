@@ -26,7 +26,7 @@ STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stage
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, full size: 7 GB model file + 17 GB experts + a --ple-gb row
 # store in the temporary directory, so 24 GB fits a 64 GiB disk; run it alone, it builds for minutes)
-QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-540}
+QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8 --keep ${TMPDIR:-/tmp}/strata_qwen4_seed} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-540}
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says

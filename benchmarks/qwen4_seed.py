@@ -126,6 +126,19 @@ def build(base: Path, cfg: ModelConfig, seed: int = 0) -> Path:
     return model_path
 
 
+def _built(base: Path, cfg: ModelConfig) -> Path:
+    """The files at `base` if they were built for `cfg` (and are complete), else built there."""
+    from strata.formats.model_file import read_model_config
+
+    model_path = base.with_suffix(".gguf")
+    try:
+        if read_model_config(model_path) == cfg and base.with_suffix(".ngrams").exists():
+            return model_path
+    except Exception:  # noqa: BLE001 - absent or unreadable: build again
+        pass
+    return build(base, cfg)
+
+
 def _part(name: str) -> str:
     n = TensorNames
     checks = ((n.ssm_qkv, "attention qkv (DeltaNet in_proj qkv)"), (n.ssm_out, "DeltaNet out"),
@@ -180,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--tiny", action="store_true", help="the structure at test sizes")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
+    ap.add_argument("--keep", default=None, metavar="DIR", help="build into DIR once and reuse the files there "
+                                                               "(a second call skips the build: minutes at full size)")
     ap.add_argument("--backend", choices=("auto", "numpy", "mlx"), default="auto")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: resident, streaming")
     args = ap.parse_args(argv)
@@ -193,7 +208,7 @@ def main(argv=None) -> int:
     ngram_source.resident_room = lambda model, config: 0
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         t0 = time.perf_counter()
-        path = build(Path(tmp) / "qwen4_seed", cfg)
+        path = _built(Path(args.keep) / "qwen4_seed", cfg) if args.keep else build(Path(tmp) / "qwen4_seed", cfg)
         build_s = time.perf_counter() - t0
         with strata.load(path) as model:
             backend = Backend(args.backend)

@@ -49,3 +49,12 @@ def test_it_builds_and_decodes_at_two_tiny_layers(tmp_path, capsys):
 def test_layers_out_of_range_are_refused(flag):
     with pytest.raises(SystemExit):
         qwen4_seed.main([flag])
+
+
+def test_keep_builds_once_and_reuses_the_files(tmp_path, capsys):
+    args = ["--tiny", "--layers", "2", "--tokens", "1", "--backend", "numpy", "--skip", "resident",
+            "--keep", str(tmp_path)]
+    assert qwen4_seed.main(args) == 0
+    built = (tmp_path / "qwen4_seed.gguf").stat().st_mtime_ns
+    assert qwen4_seed.main(args) == 0
+    assert (tmp_path / "qwen4_seed.gguf").stat().st_mtime_ns == built  # reused, not rebuilt
