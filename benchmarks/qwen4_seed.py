@@ -227,7 +227,8 @@ def main(argv=None) -> int:
             store_gb = store.n_pages * store.page_bytes / 1e9
     budget = token_budget(cfg)
     print(f"qwen4-seed: {cfg.n_layers} layers ({len(ple_layers(cfg))} PLE), hidden {cfg.hidden_size}, "
-          f"{cfg.n_experts} experts top-{cfg.n_experts_per_token}, row store {store_gb:.2f} GB; built in {build_s:.0f} s")
+          f"{cfg.n_experts} experts top-{cfg.n_experts_per_token}, row store {store_gb:.2f} GB; "
+          f"built in {build_s:.0f} s")
     print(f"{'run':36} {'ms/token':>9}")
     for name, ms in runs.items():
         print(f"{name:36} {ms:9.1f}")
