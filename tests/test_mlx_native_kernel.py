@@ -20,6 +20,7 @@ from strata.formats.quant_types import QuantType
 from strata.mlx_backend import experts as mlx_experts
 from strata.mlx_backend.kernels import emulate, moe, moe_native
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.quants import native_refusal
 from strata.mlx_backend.routing import route_batch
 from strata.model_config import ExpertKind, RoutingOrder
@@ -69,10 +70,15 @@ def test_fused_native_experts_against_reference(path, qtype):
         got = moe_native.moe_slots(records, rec, mx.array(x), slots, weights)
         assert got.shape == (2, 4 * rec.expert_ffn // 32, rec.hidden)
         assert_backends_agree(ref, got.sum(axis=1), "FAST", what=f"fused {qtype.name}")
-        # the exponent code form (Metal's) and the subnormal one (CUDA's): exact products, same sums
+        # the exponent code form (Metal's) and the subnormal one (CUDA's), each held to the
+        # reference; on CUDA, where NVRTC contracts DN = 0's multiply-adds into FMAs as DN = 1
+        # writes them, the same bits (the emulator's g++ does not contract: products rounded apart)
         forms = [np.array(moe_native.moe_slots(records, rec, mx.array(x), slots, weights, denormals=dn))
                  for dn in (False, True)]
-        np.testing.assert_array_equal(forms[0], forms[1])
+        for dn, form in enumerate(forms):
+            assert_backends_agree(ref, form.sum(axis=1), "FAST", what=f"fused {qtype.name} DN={dn}")
+        if path is KernelPath.GPU and gpu_dialect() is Dialect.CUDA:
+            np.testing.assert_array_equal(forms[0], forms[1])
 
 
 @pytest.mark.parametrize("qtype", [QuantType.A4G64_F16, QuantType.MXFP4], ids=["A4G64_F16", "MXFP4"])
