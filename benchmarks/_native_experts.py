@@ -96,9 +96,10 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
                 mx.eval(*xs, *ss, wt, *xh)
                 moved = n * rec.record_bytes
                 timed = {}
-                if gpu:
-                    timed["fused"] = median_time(lambda: mx.eval([moe_native.moe_slots(records, rec, xs[i], ss[i], wt)
-                                                                  for i in range(REPS)]), warmup=2, reps=5) / REPS
+                if gpu:  # the many-token block shape, and the decode one at these many tokens
+                    for what, fc in (("fused", None), ("fused FC=32", 32)):
+                        timed[what] = median_time(lambda fc=fc: mx.eval([moe_native.moe_slots(
+                            records, rec, xs[i], ss[i], wt, fc=fc) for i in range(REPS)]), warmup=2, reps=5) / REPS
                 timed["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(stack, st, xh[i], ss[i], wt)
                                                                    for i in range(REPS)]), warmup=2, reps=5) / REPS
                 for what, t in timed.items():

@@ -90,10 +90,16 @@ if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
   # (the prompt's 14 launches skipped)
-  stage ncu_moe 100 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
+  # then the native kernel (MLX's affine 4/8-bit and MXFP4 records) and gather_qmm on the same
+  # experts, every kernel's GPU time (gather_qmm's kernel names vary: none filtered; the NCU lines
+  # of kernels.py --ncu native say which launches are which)
+  stage ncu_moe 170 bash -c 'ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/kernels.py --ncu moe
+  echo "== native (MLX types) vs gather_qmm"
+  ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/kernels.py --ncu native'
   stage ncu 75 ncu --clock-control none -k 'regex:strata_' --launch-skip 14 --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/kernels.py --ncu decode

@@ -27,6 +27,7 @@ from strata.model_config import ExpertKind, RoutingOrder
 from strata.reference.experts import SWIGLU, ExpertAct, routed_experts
 from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule
+from strata.testing.native_records import random_native_records
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]
 emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
@@ -51,8 +52,11 @@ def _case(path, qtype: QuantType, seed: int, *, biases: bool = False, act: Exper
     d, f = GPT_OSS_EXPERT if path is KernelPath.GPU else MEDIUM
     rec = RecordLayout(qtype, d, f, biases)
     rng = np.random.default_rng(seed)
-    host = np.stack([np.frombuffer(pack_record(_expert(rng, qtype, d, f, biases), rec), np.uint8)
-                     for _ in range(N_RECORDS)])
+    if path is KernelPath.GPU:  # made on the device: quantizing 36 MXFP4 matrices of 2880 x 2880 takes 80 s
+        host = np.array(random_native_records(rec, N_RECORDS, mx.random.key(seed)))
+    else:
+        host = np.stack([np.frombuffer(pack_record(_expert(rng, qtype, d, f, biases), rec), np.uint8)
+                         for _ in range(N_RECORDS)])
     slots = np.stack([rng.choice(N_RECORDS, k, replace=False) for _ in range(tokens)]).astype(np.int32)
     slots[0, -1] = -1  # a skipped rank
     weights = rng.random((tokens, k)).astype(np.float32)
@@ -94,6 +98,12 @@ def test_block_shapes_and_loads_agree_bit_for_bit(qtype):
             np.testing.assert_array_equal(base, run(fc=32, **{"threads": 256, "hx_shared": False, **kw}), err_msg=str(kw))
         wide = run(fc=64)
         assert_backends_agree(ref, wide.sum(axis=1), "FAST", what="FC = 64")
+        # 8 tokens: the many-token block shape (FC = 64, h in threadgroup memory)
+        rec, records, x, slots, weights, ref = _case(KernelPath.EMULATED, qtype, seed=4, tokens=moe.MANY_TOKENS)
+        assert moe_native.block_shape(rec, len(x)) == moe_native.MANY_TOKENS_SHAPE
+        got = moe_native.moe_slots(records, rec, mx.array(x), slots, weights)
+        assert got.shape[1] == 4 * rec.expert_ffn // 64
+        assert_backends_agree(ref, got.sum(axis=1), "FAST", what="many-token shape")
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
@@ -170,3 +180,38 @@ def test_mxfp4_refusal_only_where_no_kernel_serves(monkeypatch):
         assert native_refusal(QuantType.MXFP4) is None
         assert "gather_qmm" in native_refusal(QuantType.MXFP4, RecordLayout(QuantType.MXFP4, 8192, 64))
     assert native_refusal(QuantType.A4G32_F16, rec) is None
+
+
+@pytest.fixture(scope="module")
+def native_specialisations() -> list:
+    """Every specialisation of the native kernel a small case launches: each type's slots entry
+    (both code forms), gpt-oss's biases and clamped SwiGLU, the routing entry, the shared blocks."""
+    from strata.mlx_backend.kernels.launch import recording
+
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        for qtype in TYPES:
+            for dn in (False, True):
+                r = RecordLayout(qtype, 128, 64)
+                records = random_native_records(r, 4, mx.random.key(0))
+                mx.eval(moe_native.moe_slots(records, r, mx.ones((1, 128)), np.array([[0, 2]]), np.ones((1, 2)),
+                                             denormals=dn))
+        r = RecordLayout(QuantType.MXFP4, 128, 64, True)
+        records = random_native_records(r, 4, mx.random.key(1))
+        mx.eval(moe_native.moe_route(records, r, mx.ones((1, 128)), mx.ones((1, 4)), 0, 2, RoutingOrder.TOPK_SOFTMAX,
+                                     False, act=CLAMPED))
+        sh = (mx.zeros((16, 128), mx.float16), mx.zeros((16, 128), mx.float16), mx.zeros((128, 16), mx.float16))
+        mx.eval(*moe_native.moe_slots(records, r, mx.ones((1, 128)), np.array([[1, 3]]), np.ones((1, 2)), act=CLAMPED,
+                                      shared=sh))
+    assert len(rec) == 2 * len(TYPES) + 2
+    return rec
+
+
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+@emulated
+def test_native_kernel_sources_compile(tmp_path, native_specialisations, dialect):
+    """The full Metal and CUDA sources of every specialisation, syntax-checked with g++ against the
+    stubs (tests/test_metal_compile.py). Metal: compile-checked, not run."""
+    from test_metal_compile import _check
+
+    errors = [e for e in (_check(tmp_path, dialect, s) for s in native_specialisations) if e]
+    assert not errors, "\n\n".join(errors)

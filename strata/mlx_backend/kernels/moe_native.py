@@ -52,7 +52,7 @@ from strata.model_config import ExpertKind, RoutingOrder
 from strata.reference.experts import SWIGLU, ExpertAct
 
 TYPES = frozenset(AFFINE_SPECS) | {QuantType.MXFP4}
-DWORDS = 32  # down-step code words a thread holds in flight (128 bytes)
+DWORDS = 16  # down-step code words a thread holds in flight (64 bytes; 32 took 159 registers, sm_90)
 SHARED_BYTES = 40 << 10  # x pre-scaled + its word sums in threadgroup memory: Q2_0's bound (moe.MAX_HIDDEN)
 
 
@@ -85,6 +85,27 @@ def supports(rec: RecordLayout) -> str | None:
     if (n := x_shared_bytes(rec.qtype, rec.hidden)) > SHARED_BYTES:
         return f"hidden {rec.hidden} needs {n} bytes of threadgroup memory (at most {SHARED_BYTES})"
     return None
+
+
+# Block shapes. Decode: moe.py's (FC = 32, 256 threads, h in registers). Many tokens: FC = 64 as
+# moe.py (half the down planes' L2 sectors per byte) but 256 threads, not 512: MLX's custom
+# kernels cannot bound registers (__launch_bounds__), and 512 threads allow 128 a thread, which
+# the 8-bit body passes (ptxas, sm_90).
+MANY_TOKENS_SHAPE = moe.BlockShape(64, 256, True)
+
+
+def block_shape(rec: RecordLayout, tokens: int) -> moe.BlockShape:
+    if tokens >= moe.MANY_TOKENS and rec.expert_ffn % MANY_TOKENS_SHAPE.fc == 0:
+        return MANY_TOKENS_SHAPE
+    return moe.BlockShape(32, moe.THREADS, moe.HX_SHARED)
+
+
+def _shape(rec: RecordLayout, tokens: int, fc: int | None, threads: int | None, hx: bool | None) -> moe.BlockShape:
+    """`block_shape` with what the caller chose put in (an FC of its own gets 256 threads, h in registers)."""
+    shape = block_shape(rec, tokens)
+    if fc is not None and fc != shape.fc:
+        shape = moe.BlockShape(fc, moe.THREADS, moe.HX_SHARED)
+    return moe.BlockShape(shape.fc, threads or shape.threads, shape.hx_shared if hx is None else hx)
 
 
 HELPERS = r"""
@@ -171,6 +192,8 @@ COMMON = r"""
   constexpr int WC = FC / CPW;                // words of one down row in this chunk
   constexpr int DPT = (D + NT - 1) / NT;      // down rows per thread
   constexpr int DB = DWORDS / WC > 0 ? (DWORDS / WC < DPT ? DWORDS / WC : DPT) : 1;  // down rows in flight
+  constexpr int NGC = FC >= G ? FC / G : 1;   // scale groups in a down row's chunk (FC and G: powers of 2)
+  constexpr int WPG = WC / NGC;               // words per group in the chunk
   constexpr int RB = D * BITS / 8;            // bytes of a gate/up row's codes
   constexpr int DRB = F * BITS / 8;           // bytes of a down row's codes
   const uint32_t c = rb % NCH;                // chunk of FC hidden units
@@ -255,10 +278,11 @@ UP_DOT
   DEVICE float* dst = out + ((uint64_t)t * (K * NCH) + rb) * D;
   for (int i0 = 0; i0 < DPT; i0 += DB) {
     uint32_t dq[DB][WC];
-    float dsc[DB][WC], dz[DB][WC];
+    float dsc[DB][NGC], dz[DB][NGC];
     UNROLL for (int b = 0; b < DB; ++b) {
       const uint32_t d = tid + NT * (uint32_t)(i0 + b);
-      UNROLL for (int w = 0; w < WC; ++w) { dq[b][w] = 0u; dsc[b][w] = 0.0f; dz[b][w] = 0.0f; }
+      UNROLL for (int w = 0; w < WC; ++w) dq[b][w] = 0u;
+      UNROLL for (int n = 0; n < NGC; ++n) { dsc[b][n] = 0.0f; dz[b][n] = 0.0f; }
       if (live && i0 + b < DPT && d < (uint32_t)D) {
         const DEVICE uint32_t* q = (const DEVICE uint32_t*)(rec + DC + (uint64_t)d * DRB) + c * WC;
         if (VL && WC % 4 == 0 && DRB % 16 == 0) {  // 16-byte loads (rows and chunks 16-byte aligned)
@@ -274,10 +298,10 @@ UP_DOT
         } else {
           UNROLL for (int w = 0; w < WC; ++w) dq[b][w] = q[w];
         }
-        UNROLL for (int w = 0; w < WC; ++w) {
-          const uint64_t si = (uint64_t)d * (F / G) + (uint64_t)(c * FC + w * CPW) / G;
-          if (QK == 0) { dsc[b][w] = nq_s16(rec + DS, si, SBF); dz[b][w] = nq_s16(rec + DZ, si, SBF); }
-          else dsc[b][w] = nq_e8m0(rec + DS, si);
+        UNROLL for (int n = 0; n < NGC; ++n) {
+          const uint64_t si = (uint64_t)d * (F / G) + (uint64_t)(c * FC) / G + n;
+          if (QK == 0) { dsc[b][n] = nq_s16(rec + DS, si, SBF); dz[b][n] = nq_s16(rec + DZ, si, SBF); }
+          else dsc[b][n] = nq_e8m0(rec + DS, si);
         }
       }
     }
@@ -288,7 +312,7 @@ UP_DOT
         if (live) {
           UNROLL for (int w = 0; w < WC; ++w) {
 DOWN_DOT
-            acc += dsc[b][w] * ddot + dz[b][w] * hsum[w];
+            acc += dsc[b][w / WPG] * ddot + dz[b][w / WPG] * hsum[w];
           }
           if (EB && c == 0) acc += ((const DEVICE float*)(rec + DB_OFF))[d];  // the down bias, once per expert
         }
@@ -360,7 +384,7 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *
     else:
         slots = slots if slots.dtype == mx.int32 else slots.astype(mx.int32)
         weights = as_f32(weights)
-    fc, threads, hx_shared = moe._shape(rec, t, fc, threads, hx_shared)
+    fc, threads, hx_shared = _shape(rec, t, fc, threads, hx_shared)
     kind, act_in = _act(act)
     dn = moe.subnormal_codes() if denormals is None else denormals
     template = _template(rec, k, fc, threads, dn, hx_shared, vector_loads, kind)
@@ -377,7 +401,7 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     if order not in (RoutingOrder.SOFTMAX_TOPK, RoutingOrder.TOPK_SOFTMAX):
         raise ConfigError(f"moe_route: the routing kernel has no rule {order.value} (route with routing.select_device)")
     t, e = z.shape
-    fc, threads, hx = moe._shape(rec, t, fc, None, None)
+    fc, threads, hx = _shape(rec, t, fc, None, None)
     kind, act_in = _act(act)
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
     template = _template(rec, k, fc, threads, moe.subnormal_codes(), hx, moe.VECTOR_LOADS, kind) + routing
