@@ -87,15 +87,22 @@ def test_fused_native_experts_against_reference(path, qtype):
 
 @pytest.mark.parametrize("qtype", [QuantType.A4G64_F16, QuantType.MXFP4], ids=["A4G64_F16", "MXFP4"])
 @emulated
-def test_block_shapes_and_loads_agree_bit_for_bit(qtype):
+def test_block_shapes_and_loads_agree_bit_for_bit(qtype, monkeypatch):
     """FC = 32 / 64 chunks, 128 / 512 threads, h in registers or threadgroup memory, vector or
-    word loads: the same products summed in the same order per chunk."""
+    word loads, x's rows in threadgroup memory padded or dense: the same products summed in the
+    same order per chunk."""
     with using_path(KernelPath.EMULATED):
         rec, records, x, slots, weights, ref = _case(KernelPath.EMULATED, qtype, seed=3)
         run = lambda **kw: np.array(moe_native.moe_slots(records, rec, mx.array(x), slots, weights, **kw))  # noqa: E731
         base = run(fc=32, threads=256, hx_shared=False)
         for kw in (dict(threads=128), dict(threads=512), dict(hx_shared=True), dict(vector_loads=False)):
             np.testing.assert_array_equal(base, run(fc=32, **{"threads": 256, "hx_shared": False, **kw}), err_msg=str(kw))
+        moe_native._template.cache_clear()
+        monkeypatch.setattr(moe_native, "SHARED_BYTES", moe_native.x_shared_bytes(qtype, rec.hidden) - 1)
+        assert moe_native.x_stride(qtype, rec.hidden) == 8  # the padded rows no longer fit: dense
+        np.testing.assert_array_equal(base, run(fc=32, threads=256, hx_shared=False))
+        monkeypatch.undo()
+        moe_native._template.cache_clear()
         wide = run(fc=64)
         assert_backends_agree(ref, wide.sum(axis=1), "FAST", what="FC = 64")
         # 8 tokens: the many-token block shape (FC = 64, h in threadgroup memory)
@@ -161,7 +168,7 @@ def test_engine_takes_the_kernel_where_it_serves():
     with using_path(KernelPath.EMULATED):
         assert mlx_experts._routed_kernel_ok(rec)
         assert mlx_experts._routed_kernel_ok(RecordLayout(QuantType.MXFP4, *MEDIUM, True), CLAMPED)
-        too_wide = RecordLayout(QuantType.A4G32_F16, 8192, 64)
+        too_wide = RecordLayout(QuantType.A4G32_F16, 9216, 64)
         assert moe_native.supports(too_wide) is not None and not mlx_experts._routed_kernel_ok(too_wide)
     with using_path(KernelPath.OPS):
         assert not mlx_experts._routed_kernel_ok(rec)
@@ -178,7 +185,7 @@ def test_mxfp4_refusal_only_where_no_kernel_serves(monkeypatch):
     with using_path(KernelPath.EMULATED):
         assert native_refusal(QuantType.MXFP4, rec) is None
         assert native_refusal(QuantType.MXFP4) is None
-        assert "gather_qmm" in native_refusal(QuantType.MXFP4, RecordLayout(QuantType.MXFP4, 8192, 64))
+        assert "gather_qmm" in native_refusal(QuantType.MXFP4, RecordLayout(QuantType.MXFP4, 9216, 64))
     assert native_refusal(QuantType.A4G32_F16, rec) is None
 
 

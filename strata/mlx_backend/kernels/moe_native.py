@@ -64,16 +64,22 @@ def _group(qtype: QuantType) -> int:
     return MXFP4_BLOCK if qtype is QuantType.MXFP4 else AFFINE_SPECS[qtype].group
 
 
-def _x_stride(cpw: int) -> int:
-    """Floats per x word in threadgroup memory: CPW values, padded by 4 where a word is 8 or more
-    codes (16-byte reads of 8 lanes then meet 8 different bank quads); 4 codes are 16 bytes, dense."""
-    return cpw + 4 if cpw >= 8 else cpw
+def _x_bytes(hidden: int, cpw: int, stride: int) -> int:
+    return 4 * (hidden // cpw) * (stride + 1)  # x pre-scaled per code, and each word's sum
+
+
+def x_stride(qtype: QuantType, hidden: int) -> int:
+    """XW, floats per x word in threadgroup memory: CPW values, padded by 4 where a word is 8 or
+    more codes (16-byte reads of 8 lanes then meet 8 different bank quads) and the padding fits
+    (4-bit at hidden 7168 does not: dense rows, 2-way bank conflicts); 4 codes are 16 bytes, dense."""
+    cpw = 32 // _bits(qtype)
+    padded = cpw + 4 if cpw >= 8 else cpw
+    return padded if _x_bytes(hidden, cpw, padded) <= SHARED_BYTES else cpw
 
 
 def x_shared_bytes(qtype: QuantType, hidden: int) -> int:
     """Threadgroup bytes of x pre-scaled per code and its per-word sums."""
-    cpw = 32 // _bits(qtype)
-    return 4 * (hidden // cpw) * (_x_stride(cpw) + 1)
+    return _x_bytes(hidden, 32 // _bits(qtype), x_stride(qtype, hidden))
 
 
 def supports(rec: RecordLayout) -> str | None:
@@ -327,7 +333,6 @@ COMMON = (COMMON.replace("GATE_DOT\n", _dot("gw[rr]", "xv[@]", "gdot"))
 
 DECLS = r"""
   constexpr int CPW = 32 / BITS;              // codes per uint32 word
-  constexpr int XW = CPW >= 8 ? CPW + 4 : CPW;  // floats per x word in threadgroup memory (_x_stride)
   SHARED float hs[HSN];
   SHARED float hsum[FC / CPW];
   SHARED float hxs[FC];
@@ -353,7 +358,7 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int, denormals: bool,
     zp = {n: s.offset + s.nbytes // 2 for n, s in sc.items()}  # affine: the biases follow the scales
     bias = {n: rec.bias(n).offset if rec.biases else 0 for n in ("gate", "up", "down")}
     return (("D", rec.hidden), ("F", rec.expert_ffn), ("FC", fc), ("NCH", rec.expert_ffn // fc), ("K", k),
-            ("SLOT", rec.padded_bytes), ("QK", int(q is QuantType.MXFP4)), ("BITS", _bits(q)), ("G", _group(q)),
+            ("SLOT", rec.padded_bytes), ("XW", x_stride(q, rec.hidden)), ("QK", int(q is QuantType.MXFP4)), ("BITS", _bits(q)), ("G", _group(q)),
             ("SBF", int(q in AFFINE_SPECS and AFFINE_SPECS[q].bfloat16)),
             ("GC", off["gate"]), ("GS", sc["gate"].offset), ("GZ", zp["gate"]),
             ("UC", off["up"]), ("US", sc["up"].offset), ("UZ", zp["up"]),
