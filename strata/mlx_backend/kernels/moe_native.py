@@ -148,8 +148,11 @@ INLINE float nq_prescale(int qk, int dn, int b, int j) {
   return bits_f32((uint32_t)(127 + (dn ? 85 : 23) - aq_shift(b, j)) << 23);
 }
 // a 16-bit scale or bias (float16, or bfloat16's raw bits) and an e8m0 scale byte, as float32
+// (bfloat16 from the aligned uint32 word holding it: the bodies use no 16-bit integer type)
 INLINE float nq_s16(const DEVICE uint8_t* p, uint64_t i, int bf) {
-  return bf ? bits_f32((uint32_t)((const DEVICE uint16_t*)p)[i] << 16) : F32(((const DEVICE half_t*)p)[i]);
+  if (!bf) return F32(((const DEVICE half_t*)p)[i]);
+  const uint32_t w = ((const DEVICE uint32_t*)p)[i >> 1];
+  return bits_f32((i & 1u) ? (w & 0xFFFF0000u) : (w << 16));
 }
 INLINE float nq_e8m0(const DEVICE uint8_t* p, uint64_t i) {
   const uint32_t e = p[i];
@@ -356,6 +359,7 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int, denormals: bool,
     off = {n: rec.codes(n).offset for n in ("gate", "up", "down")}
     sc = {n: rec.scales(n) for n in ("gate", "up", "down")}
     zp = {n: s.offset + s.nbytes // 2 for n, s in sc.items()}  # affine: the biases follow the scales
+    assert all(v % 4 == 0 for v in zp.values())  # nq_s16 reads bfloat16 from aligned uint32 words (rows even)
     bias = {n: rec.bias(n).offset if rec.biases else 0 for n in ("gate", "up", "down")}
     return (("D", rec.hidden), ("F", rec.expert_ffn), ("FC", fc), ("NCH", rec.expert_ffn // fc), ("K", k),
             ("SLOT", rec.padded_bytes), ("XW", x_stride(q, rec.hidden)), ("QK", int(q is QuantType.MXFP4)), ("BITS", _bits(q)), ("G", _group(q)),
