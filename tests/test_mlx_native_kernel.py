@@ -232,7 +232,7 @@ def test_gpt_oss_mxfp4_engines_run_the_native_kernel(tmp_path):
     the reference over a prompt longer than the window, then decodes."""
     import strata
     from engine_kinds import agree, open_kind
-    from strata.mlx_backend.kernels.launch import LAUNCHES
+    from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES
     from strata.testing.models import make_model
 
     prompt = list(b"def fibonacci(n): return n")
@@ -243,7 +243,11 @@ def test_gpt_oss_mxfp4_engines_run_the_native_kernel(tmp_path):
             want = np.stack([ref.prefill(prompt)] + [ref.decode(t) for t in prompt[:3]])
         for kind, entry in (("mlx-resident", "strata_moe_native_route"), ("mlx-min", "strata_moe_native_slots")):
             LAUNCHES.clear()
+            HOST_INPUTS.clear()
             with using_path(KernelPath.EMULATED), open_kind(m, kind) as eng:
                 got = np.stack([eng.prefill(prompt)] + [eng.decode(t) for t in prompt[:3]])
             assert LAUNCHES[entry] == 4 * m.cfg.n_layers, dict(LAUNCHES)  # every MoE layer, every step
+            # all-resident: no host array reaches the kernel (alpha and limit are a device constant);
+            # streaming: the host's slots and weights, 2 per launch
+            assert HOST_INPUTS[entry] == (0 if kind == "mlx-resident" else 2 * LAUNCHES[entry]), dict(HOST_INPUTS)
             agree(kind, want, got, f"gpt-oss MXFP4, {kind}, native kernel")
