@@ -30,6 +30,7 @@ SHAPES = {"gpt-oss": (2880, 2880, 4), "seed": (2560, 576, 10)}  # D, F, k
 SMALL_SHAPES = {"small": (256, 64, 4)}
 TOKENS, SMALL_TOKENS = 64, 8
 REPS = 10  # launches per timed evaluation
+GATHER_REPS = 3
 
 
 def _x_dtype(qtype: QuantType):
@@ -100,8 +101,9 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
                     for what, fc in (("fused", None), ("fused FC=32", 32)):
                         timed[what] = median_time(lambda fc=fc: mx.eval([moe_native.moe_slots(
                             records, rec, xs[i], ss[i], wt, fc=fc) for i in range(REPS)]), warmup=2, reps=5) / REPS
+                # fewer launches: MLX's CUDA gather_qmm may group by expert on the host (256 groups here)
                 timed["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(stack, st, xh[i], ss[i], wt)
-                                                                   for i in range(REPS)]), warmup=2, reps=5) / REPS
+                                                                   for i in range(GATHER_REPS)]), warmup=1, reps=3) / GATHER_REPS
                 for what, t in timed.items():
                     key = f"{name} {what}"
                     res[f"{key}_us"], res[f"{key}_GBps"] = t * 1e6, moved / t / 1e9
