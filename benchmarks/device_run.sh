@@ -71,7 +71,8 @@ fi
 # The emulated path is CPU-only and already runs in CI: deselected here.
 stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
   -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=15 \
-  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py -k "not emulated" $TEST_SELECT
+  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py \
+  tests/test_mlx_native_kernel.py tests/test_gpt_oss_engines.py -k "not emulated" $TEST_SELECT
 stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
