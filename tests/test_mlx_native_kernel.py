@@ -33,6 +33,8 @@ gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX
 emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
 KERNEL_PATHS = [pytest.param(KernelPath.EMULATED, id="emulated", marks=emulated),
                 pytest.param(KernelPath.GPU, id="gpu", marks=gpu)]
+# the emulator-only tests carry the id too, so the device run's -k "not emulated" leaves them to CI
+EMULATED_ONLY = pytest.mark.parametrize("path", KERNEL_PATHS[:1])
 TYPES = [QuantType.A4G32_F16, QuantType.A4G64_BF16, QuantType.A8G32_BF16, QuantType.A8G64_F16, QuantType.MXFP4]
 MEDIUM = (320, 128)  # D: 40 4-bit words per row (a second, partial lane step); F: 4 chunks of 32
 GPT_OSS_EXPERT = (2880, 2880)
@@ -86,8 +88,8 @@ def test_fused_native_experts_against_reference(path, qtype):
 
 
 @pytest.mark.parametrize("qtype", [QuantType.A4G64_F16, QuantType.MXFP4], ids=["A4G64_F16", "MXFP4"])
-@emulated
-def test_block_shapes_and_loads_agree_bit_for_bit(qtype, monkeypatch):
+@EMULATED_ONLY
+def test_block_shapes_and_loads_agree_bit_for_bit(qtype, monkeypatch, path):
     """FC = 32 / 64 chunks, 128 / 512 threads, h in registers or threadgroup memory, vector or
     word loads, x's rows in threadgroup memory padded or dense: the same products summed in the
     same order per chunk."""
@@ -146,8 +148,8 @@ def test_routing_on_the_device_matches_host_slots(path, order):
         np.testing.assert_array_equal(np.array(via_engine), np.array(got))
 
 
-@emulated
-def test_shared_expert_blocks_ride_in_the_native_launch():
+@EMULATED_ONLY
+def test_shared_expert_blocks_ride_in_the_native_launch(path):
     with using_path(KernelPath.EMULATED):
         rec, records, x, slots, weights, _ = _case(KernelPath.EMULATED, QuantType.A4G32_BF16, seed=9)
         rng = np.random.default_rng(10)
@@ -214,8 +216,8 @@ def native_specialisations() -> list:
 
 
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-@emulated
-def test_native_kernel_sources_compile(tmp_path, native_specialisations, dialect):
+@EMULATED_ONLY
+def test_native_kernel_sources_compile(tmp_path, native_specialisations, dialect, path):
     """The full Metal and CUDA sources of every specialisation, syntax-checked with g++ against the
     stubs (tests/test_metal_compile.py). Metal: compile-checked, not run."""
     from test_metal_compile import _check
@@ -224,8 +226,8 @@ def test_native_kernel_sources_compile(tmp_path, native_specialisations, dialect
     assert not errors, "\n\n".join(errors)
 
 
-@emulated
-def test_gpt_oss_mxfp4_engines_run_the_native_kernel(tmp_path):
+@EMULATED_ONLY
+def test_gpt_oss_mxfp4_engines_run_the_native_kernel(tmp_path, path):
     """A made gpt-oss model with MXFP4 experts (biases, clamped SwiGLU, sinks, a window of 8)
     through the MLX engines on the emulated kernel path: the native kernel does the routed
     experts (routing on the device all-resident, host slots streaming) and the logits agree with
