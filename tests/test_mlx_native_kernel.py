@@ -10,6 +10,8 @@ chunks per expert, a partial last lane step; marked `gpu` at gpt-oss's expert si
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from strata.formats.expert_record import ExpertBiases, ExpertWeights, RecordLayo
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import experts as mlx_experts
 from strata.mlx_backend.kernels import emulate, moe, moe_native
-from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.quants import native_refusal
 from strata.mlx_backend.routing import route_batch
@@ -253,3 +255,29 @@ def test_gpt_oss_mxfp4_engines_run_the_native_kernel(tmp_path, path):
             # streaming: the host's slots and weights, 2 per launch
             assert HOST_INPUTS[entry] == (0 if kind == "mlx-resident" else 2 * LAUNCHES[entry]), dict(HOST_INPUTS)
             agree(kind, want, got, f"gpt-oss MXFP4, {kind}, native kernel")
+
+
+def _native_model(qtype: QuantType):
+    """MlxParams of the tiny shape (hidden 64, a shared expert) with `qtype` experts, float16-exact dense weights."""
+    from models import DictExperts
+    from strata.mlx_backend import model as mlx_model
+    from strata.reference.model import ModelParams
+    from strata.testing.models import SHAPES, make_dense, make_expert
+
+    cfg = replace(SHAPES["tiny"], expert_ffn_size=64)
+    experts = {(l, e): make_expert(cfg, 0, l, e, qtype) for l in range(cfg.n_layers) for e in range(cfg.n_experts)}
+    return mlx_model.from_reference(ModelParams(cfg, make_dense(cfg, 0), DictExperts(experts)))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_compiled_decode_runs_the_native_kernel(path):
+    """The all-resident decode step (one launch per layer: routed + shared blocks) on A4G64_BF16
+    experts: traced by mx.compile on the GPU, untraced on the emulator; bit for bit against `forward`."""
+    from test_mlx_compiled import _assert_same_decode, _decode_both
+
+    with using_path(path):
+        p = _native_model(QuantType.A4G64_BF16)
+        LAUNCHES.clear()
+        ref, got, ref_state, got_state, _ = _decode_both(p, traced=path is KernelPath.GPU)
+        assert LAUNCHES["strata_moe_native_route"] > 0 and not LAUNCHES["strata_shared_expert"]
+    _assert_same_decode(ref, got, ref_state, got_state)
