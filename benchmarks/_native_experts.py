@@ -31,6 +31,7 @@ SMALL_SHAPES = {"small": (256, 64, 4)}
 TOKENS, SMALL_TOKENS = 64, 8
 REPS = 10  # launches per timed evaluation
 GATHER_REPS = 3
+PER_CALL = 48  # decode-shaped calls per evaluation (a 48-layer token's worth)
 
 
 def _x_dtype(qtype: QuantType):
@@ -111,6 +112,22 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
                     rows.append((f"{key}: {tokens} tokens x k={k} per launch", f"{t * 1e6:.0f} us",
                                  f"{moved / t / 1e9:.0f} GB/s = {moved / t / copy_Bps * 100:.0f}% of copy "
                                  f"({moved / 1e6:.0f} MB)"))
+                # decode-shaped: one token per call, PER_CALL calls per evaluation (host dispatch included)
+                one_x = [xs[i % REPS][:1] + 0 for i in range(PER_CALL)]
+                one_s = [ss[i % REPS][:1] + 0 for i in range(PER_CALL)]
+                one_w = wt[:1] + 0
+                mx.eval(*one_x, *one_s, one_w)
+                per_call = {}
+                if gpu:
+                    per_call["fused"] = median_time(lambda: mx.eval([moe_native.moe_slots(
+                        records, rec, one_x[i], one_s[i], one_w) for i in range(PER_CALL)])) / PER_CALL
+                one_xh = [a.astype(xdt) for a in one_x]
+                per_call["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(
+                    stack, st, one_xh[i], one_s[i], one_w) for i in range(PER_CALL)])) / PER_CALL
+                for what, t in per_call.items():
+                    res[f"{name} {what}_per_call_us"] = t * 1e6
+                    rows.append((f"{name} {what}: 1 token, {PER_CALL} calls per eval", f"{t * 1e6:.1f} us/call",
+                                 f"{k * rec.record_bytes / t / 1e9:.0f} GB/s"))
 
 
 def ncu_launches() -> None:
