@@ -98,10 +98,14 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
                 mx.eval(*xs, *ss, wt, *xh)
                 moved = n * rec.record_bytes
                 timed = {}
-                if gpu:  # the many-token block shape, and the decode one at these many tokens
-                    for what, fc in (("fused", None), ("fused FC=32", 32)):
-                        timed[what] = median_time(lambda fc=fc: mx.eval([moe_native.moe_slots(
-                            records, rec, xs[i], ss[i], wt, fc=fc) for i in range(REPS)]), warmup=2, reps=5) / REPS
+                if gpu:  # the many-token block shape and the decode one, lane steps unrolled or not
+                    for fc in (moe_native.MANY_TOKENS_SHAPE.fc, 32):
+                        default = moe_native.unroll_steps(rec, fc, moe_native.block_shape(rec, tokens if fc == 64 else 1).threads)
+                        for unroll in (default, not default):
+                            what = ("fused" if fc == 64 else f"fused FC={fc}") + ("" if unroll == default else f" unroll={int(unroll)}")
+                            timed[what] = median_time(lambda fc=fc, u=unroll: mx.eval([moe_native.moe_slots(
+                                records, rec, xs[i], ss[i], wt, fc=fc, unroll=u) for i in range(REPS)]),
+                                warmup=2, reps=5) / REPS
                 # fewer launches: MLX's CUDA gather_qmm may group by expert on the host (256 groups here)
                 timed["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(stack, st, xh[i], ss[i], wt)
                                                                    for i in range(GATHER_REPS)]), warmup=1, reps=3) / GATHER_REPS

@@ -93,13 +93,14 @@ def test_fused_native_experts_against_reference(path, qtype):
 @EMULATED_ONLY
 def test_block_shapes_and_loads_agree_bit_for_bit(qtype, monkeypatch, path):
     """FC = 32 / 64 chunks, 128 / 512 threads, h in registers or threadgroup memory, vector or
-    word loads, x's rows in threadgroup memory padded or dense: the same products summed in the
-    same order per chunk."""
+    word loads, the lane steps unrolled or a loop, x's rows in threadgroup memory padded or dense:
+    the same products summed in the same order per chunk."""
     with using_path(KernelPath.EMULATED):
         rec, records, x, slots, weights, ref = _case(KernelPath.EMULATED, qtype, seed=3)
         run = lambda **kw: np.array(moe_native.moe_slots(records, rec, mx.array(x), slots, weights, **kw))  # noqa: E731
         base = run(fc=32, threads=256, hx_shared=False)
-        for kw in (dict(threads=128), dict(threads=512), dict(hx_shared=True), dict(vector_loads=False)):
+        for kw in (dict(threads=128), dict(threads=512), dict(hx_shared=True), dict(vector_loads=False),
+                   dict(unroll=True), dict(unroll=False)):
             np.testing.assert_array_equal(base, run(fc=32, **{"threads": 256, "hx_shared": False, **kw}), err_msg=str(kw))
         moe_native._template.cache_clear()
         monkeypatch.setattr(moe_native, "SHARED_BYTES", moe_native.x_shared_bytes(qtype, rec.hidden) - 1)

@@ -114,6 +114,22 @@ def _shape(rec: RecordLayout, tokens: int, fc: int | None, threads: int | None, 
     return moe.BlockShape(shape.fc, threads or shape.threads, shape.hx_shared if hx is None else hx)
 
 
+# Unroll the gate/up lane steps (ULS) where the unrolled body stays small: an estimate of its
+# instructions, steps x rows per warp x (codes x decode cost + ~10 per word). H200 (wall time, D =
+# F = 2880): 4-bit affine FC = 64 (est. 2496, 175 KB of code) 57% of copy unrolled; MXFP4 FC = 32
+# (2400) 43%, MXFP4 FC = 64 (4800, 215 KB) 22%: past this budget the steps are a loop.
+UNROLL_BUDGET = 3000
+DECODE_COST = {0: 2, 1: 5}  # instructions per code: affine (AND, FMA), MXFP4 (shift, 2 AND, OR, FMA)
+
+
+def unroll_steps(rec: RecordLayout, fc: int, threads: int) -> bool:
+    cpw = 32 // _bits(rec.qtype)
+    steps = -(-(rec.hidden // cpw) // 32)
+    rows = -(-fc // (threads // 32))
+    cost = DECODE_COST[int(rec.qtype is QuantType.MXFP4)]
+    return steps * rows * (cpw * cost + 10) <= UNROLL_BUDGET
+
+
 HELPERS = r"""
 #define NQ_TWO64 18446744073709551616.0f
 #define NQ_TWO62 4611686018427387904.0f
@@ -222,41 +238,16 @@ COMMON = r"""
   BARRIER();
   float ga[RPW], ua[RPW];
   UNROLL for (int rr = 0; rr < RPW; ++rr) { ga[rr] = 0.0f; ua[rr] = 0.0f; }
-  UNROLL for (int i = 0; i < WPL; ++i) {
-    const int w = (int)lane + 32 * i;
-    const bool wl = w < WPR;  // lane-dependent only where WPR is not a multiple of 32
-    const uint32_t grp = (uint32_t)(w * CPW / G);  // the word's scale group in its row
-    uint32_t gw[RPW], uw[RPW];
-    float gs[RPW], us[RPW], gz[RPW], uz[RPW];
-    UNROLL for (int rr = 0; rr < RPW; ++rr) {  // every load of the step before any use
-      const int r = (int)warp_id + NW * rr;
-      gw[rr] = 0u; uw[rr] = 0u; gs[rr] = 0.0f; us[rr] = 0.0f; gz[rr] = 0.0f; uz[rr] = 0.0f;
-      if (wl && live && r < FC) {
-        const uint64_t f = (uint64_t)c * FC + r;
-        const uint64_t si = f * (D / G) + grp;
-        gw[rr] = ((const DEVICE uint32_t*)(rec + GC + f * RB))[w];
-        uw[rr] = ((const DEVICE uint32_t*)(rec + UC + f * RB))[w];
-        if (QK == 0) {
-          gs[rr] = nq_s16(rec + GS, si, SBF); us[rr] = nq_s16(rec + US, si, SBF);
-          gz[rr] = nq_s16(rec + GZ, si, SBF); uz[rr] = nq_s16(rec + UZ, si, SBF);
-        } else {
-          gs[rr] = nq_e8m0(rec + GS, si); us[rr] = nq_e8m0(rec + US, si);
-        }
-      }
+  // ULS: the lane steps unrolled or a loop. Unrolled (12 steps at D = 2880, 4-bit), FC = 64's
+  // body was 215 KB of sm_90 code for MXFP4 and ran at 22% of copy, FC = 32's (121 KB) at 43%;
+  // 4-bit affine's 175 KB at 57% (H200, wall time): `unroll_steps` chooses
+  if (ULS) {
+    UNROLL for (int i = 0; i < WPL; ++i) {
+LANE_STEP
     }
-    warp_sync();
-    if (wl) {
-      float xv[CPW];
-      UNROLL for (int j = 0; j < CPW; ++j) xv[j] = xsh[XW * w + j];
-      const float xs = xsum[w];
-      UNROLL for (int rr = 0; rr < RPW; ++rr) {
-        if (live && (int)warp_id + NW * rr < FC) {
-GATE_DOT
-UP_DOT
-          ga[rr] += gs[rr] * gdot + gz[rr] * xs;  // gz, uz: 0 for MXFP4 (no biases)
-          ua[rr] += us[rr] * udot + uz[rr] * xs;
-        }
-      }
+  } else {
+    for (int i = 0; i < WPL; ++i) {
+LANE_STEP
     }
   }
   const float alpha = act[0], limit = act[1];
@@ -330,6 +321,44 @@ DOWN_DOT
     }
   }
 """
+LANE_STEP = r"""
+    const int w = (int)lane + 32 * i;
+    const bool wl = w < WPR;  // lane-dependent only where WPR is not a multiple of 32
+    const uint32_t grp = (uint32_t)(w * CPW / G);  // the word's scale group in its row
+    uint32_t gw[RPW], uw[RPW];
+    float gs[RPW], us[RPW], gz[RPW], uz[RPW];
+    UNROLL for (int rr = 0; rr < RPW; ++rr) {  // every load of the step before any use
+      const int r = (int)warp_id + NW * rr;
+      gw[rr] = 0u; uw[rr] = 0u; gs[rr] = 0.0f; us[rr] = 0.0f; gz[rr] = 0.0f; uz[rr] = 0.0f;
+      if (wl && live && r < FC) {
+        const uint64_t f = (uint64_t)c * FC + r;
+        const uint64_t si = f * (D / G) + grp;
+        gw[rr] = ((const DEVICE uint32_t*)(rec + GC + f * RB))[w];
+        uw[rr] = ((const DEVICE uint32_t*)(rec + UC + f * RB))[w];
+        if (QK == 0) {
+          gs[rr] = nq_s16(rec + GS, si, SBF); us[rr] = nq_s16(rec + US, si, SBF);
+          gz[rr] = nq_s16(rec + GZ, si, SBF); uz[rr] = nq_s16(rec + UZ, si, SBF);
+        } else {
+          gs[rr] = nq_e8m0(rec + GS, si); us[rr] = nq_e8m0(rec + US, si);
+        }
+      }
+    }
+    warp_sync();
+    if (wl) {
+      float xv[CPW];
+      UNROLL for (int j = 0; j < CPW; ++j) xv[j] = xsh[XW * w + j];
+      const float xs = xsum[w];
+      UNROLL for (int rr = 0; rr < RPW; ++rr) {
+        if (live && (int)warp_id + NW * rr < FC) {
+GATE_DOT
+UP_DOT
+          ga[rr] += gs[rr] * gdot + gz[rr] * xs;  // gz, uz: 0 for MXFP4 (no biases)
+          ua[rr] += us[rr] * udot + uz[rr] * xs;
+        }
+      }
+    }
+"""
+COMMON = COMMON.replace("LANE_STEP\n", LANE_STEP)
 COMMON = (COMMON.replace("GATE_DOT\n", _dot("gw[rr]", "xv[@]", "gdot"))
           .replace("UP_DOT\n", _dot("uw[rr]", "xv[@]", "udot"))
           .replace("DOWN_DOT\n", _dot("dq[b][w]", "(HX ? hxs[CPW * w + @] : hx[CPW * w + @])", "ddot")))
@@ -352,7 +381,7 @@ ROUTE_SOURCE = KernelSource("strata_moe_native_route", ("arena", "x", "z", "slot
 
 @functools.cache
 def _template(rec: RecordLayout, k: int, fc: int, threads: int, denormals: bool, hx_shared: bool,
-              vector_loads: bool, act_kind: int) -> tuple[tuple[str, int], ...]:
+              vector_loads: bool, act_kind: int, unroll: bool) -> tuple[tuple[str, int], ...]:
     if (why := supports(rec)) is not None or rec.expert_ffn % fc:
         raise ValueError(f"fused native experts: {why or f'F={rec.expert_ffn} is not a multiple of FC={fc}'}")
     q = rec.qtype
@@ -369,7 +398,7 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int, denormals: bool,
             ("DC", off["down"]), ("DS", sc["down"].offset), ("DZ", zp["down"]),
             ("EB", int(rec.biases)), ("GB", bias["gate"]), ("UB", bias["up"]), ("DB_OFF", bias["down"]),
             ("ACT", act_kind), ("NT", threads), ("DN", int(denormals)), ("HX", int(hx_shared)),
-            ("VL", int(vector_loads)), ("DWORDS", DWORDS))
+            ("VL", int(vector_loads)), ("DWORDS", DWORDS), ("ULS", int(unroll)))
 
 
 def _act(act: ExpertAct) -> tuple[int, mx.array]:
@@ -383,10 +412,11 @@ def _act(act: ExpertAct) -> tuple[int, mx.array]:
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *, act: ExpertAct = SWIGLU,
               fc: int | None = None, shared=None, threads: int | None = None, denormals: bool | None = None,
-              hx_shared: bool | None = None, vector_loads: bool = moe.VECTOR_LOADS):
+              hx_shared: bool | None = None, vector_loads: bool = moe.VECTOR_LOADS, unroll: bool | None = None):
     """Kernel path, host-chosen slots (moe.moe_slots for MLX's types). x [T, D], slots int [T, k]
     (-1 skip), weights [T, k] -> partials float32 [T, k * F/FC, D]; with shared (gate, up, down
-    float16), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
+    float16), (routed partials, shared partials [T, Fs/FCS, D]) from one launch. unroll: the gate/up
+    lane steps unrolled (default `unroll_steps`)."""
     t, k = slots.shape
     if isinstance(slots, np.ndarray):
         slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
@@ -396,7 +426,8 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *
     fc, threads, hx_shared = _shape(rec, t, fc, threads, hx_shared)
     kind, act_in = _act(act)
     dn = moe.subnormal_codes() if denormals is None else denormals
-    template = _template(rec, k, fc, threads, dn, hx_shared, vector_loads, kind)
+    unroll = unroll_steps(rec, fc, threads) if unroll is None else unroll
+    template = _template(rec, k, fc, threads, dn, hx_shared, vector_loads, kind, unroll)
     out, sout = moe._launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights, act_in], t, k, fc, template,
                             shared, threads)
     return out if shared is None else (out, sout)
@@ -413,7 +444,8 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     fc, threads, hx = _shape(rec, t, fc, None, None)
     kind, act_in = _act(act)
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
-    template = _template(rec, k, fc, threads, moe.subnormal_codes(), hx, moe.VECTOR_LOADS, kind) + routing
+    template = _template(rec, k, fc, threads, moe.subnormal_codes(), hx, moe.VECTOR_LOADS, kind,
+                         unroll_steps(rec, fc, threads)) + routing
     out, sout = moe._launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base), act_in], t, k,
                             fc, template, shared, threads)
     return out if shared is None else (out, sout)
