@@ -1,5 +1,6 @@
 """The fused expert kernel for MLX's own types (kernels/moe_native.py) against gather_qmm on the
-same experts: benchmarks/kernels.py's `native` part and its `--ncu native` launches.
+same experts: `benchmarks/kernels.py --native` (device_run.sh's `native` stage) and its
+`--ncu native` launches (the `ncu_moe` stage).
 
 Method (Q2_0's, kernels.py): many tokens per launch (64, each with its own k experts) so the
 GPU time, not the ~8 us of host dispatch, is measured; every launch reads tokens x k distinct
@@ -135,11 +136,11 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
 
 
 def ncu_launches() -> None:
-    """For ncu (GPU): per type at gpt-oss's shape, a warm-up of each, then one fused 64-token
+    """For ncu (GPU): per type (the first two) at gpt-oss's shape, a warm-up of each, then one fused 64-token
     launch and one gather_qmm step (3 gather_qmm and its elementwise kernels), each evaluated
     alone; a line before each names it (ncu's ==PROF== lines follow in launch order)."""
     d, f, k = SHAPES["gpt-oss"]
-    for qtype in TYPES:
+    for qtype in TYPES[:2]:  # MXFP4 and 4-bit: ncu profiles every kernel, the records' making too
         rec, records = _setup(qtype, d, f, k, TOKENS, int(qtype))
         stack, st = natural_stack(records, rec)
         rng = np.random.default_rng(0)

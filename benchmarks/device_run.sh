@@ -3,7 +3,7 @@
 # differential tests on the CUDA build of MLX, benchmarks/kernels.py, benchmarks/decode.py, and
 # (time permitting) ncu's GPU-side time of the fused expert kernel vs gather_qmm.
 # Logs and JSON lines land in $OUT (the device tool brings them back; at most 8 files: env,
-# summary, tests, kernels, host_turn, decode, ncu_moe, ncu, or speculative when selected; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
+# summary, tests, kernels, host_turn, decode, ncu_moe, ncu, or speculative or native when selected; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
 # limit, a share of STRATA_DEVICE_BUDGET, and a failing stage does not stop the next. A stage at
 # its limit gets SIGINT first: pytest then still prints its summary, and the
 # benchmarks have already printed a JSON-PART line per finished part.
@@ -21,6 +21,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 # "unknown config keys ['device_budget']" in test_generate_with_backend_mlx): none reach the stages
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
+NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
@@ -30,6 +31,7 @@ HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
+unset STRATA_NATIVE_S
 unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
@@ -74,6 +76,9 @@ stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE
   tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py \
   tests/test_mlx_native_kernel.py tests/test_gpt_oss_engines.py -k "not emulated" $TEST_SELECT
 stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
+# the native expert kernel (MLX's affine 4/8-bit and MXFP4 records) vs gather_qmm; not in the
+# default list (its log would be a ninth file): STRATA_STAGES=tests,native,ncu_moe
+stage native "$NATIVE_S" python3 benchmarks/kernels.py --native
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS

@@ -16,7 +16,7 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
     python benchmarks/kernels.py --small    # smoke test (any machine)
     python benchmarks/kernels.py --ncu      # a few launches for ncu to time (the expert kernel at 1 and
                                             # 64 tokens, gather_qmm, every kernel of a decoded token)
-    python benchmarks/kernels.py --native   # only the native part: MLX's types (affine 4/8-bit, MXFP4),
+    python benchmarks/kernels.py --native   # the native kernel instead: MLX's types (affine 4/8-bit, MXFP4),
                                             # fused vs gather_qmm (benchmarks/_native_experts.py)
     python benchmarks/kernels.py --ncu native  # its launches for ncu
 """
@@ -141,7 +141,7 @@ def main() -> int:
                     help="only a few launches for ncu to time: the expert kernel at 1 and 64 tokens and "
                          "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
                          "native kernel and gather_qmm per MLX type (native)")
-    ap.add_argument("--native", action="store_true", help="only copy bandwidth and the native (MLX types) part")
+    ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
     if args.ncu == "native":
@@ -308,7 +308,6 @@ def main() -> int:
             rows.append((f"Q8_0 GEMV {e}x{d} (router guess)", f"{t * 1e6:.1f} us/call", f"{g.codes.nbytes / 1e6:.2f} MB"))
 
 
-    native_part(res, rows, bw["copy_Bps"], small=small, gpu=gpu)
     _table(res, rows)
     fused_best = max((res[k2] for k2 in res if k2.startswith("fused FC") and k2.endswith("_GBps")), default=None)
     if fused_best is not None:
