@@ -219,7 +219,7 @@ def _routed_kernel_ok(rec: RecordLayout, act: ExpertAct = SWIGLU) -> bool:
     if not _kernel_path():
         return False
     if rec.qtype in moe_native.TYPES:
-        return moe_native.supports(rec) is None
+        return moe_native.supports(rec) is None and act.kind in moe_native.ACT_KINDS
     return (rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
             and not rec.biases and act.kind is ExpertKind.SWIGLU)
 

@@ -401,13 +401,16 @@ def _template(rec: RecordLayout, k: int, fc: int, threads: int, denormals: bool,
             ("VL", int(vector_loads)), ("DWORDS", DWORDS), ("ULS", int(unroll)))
 
 
+ACT_KINDS = {ExpertKind.SWIGLU: 0, ExpertKind.CLAMPED_SWIGLU: 1}  # ACT: the activations the body computes
+
+
 def _act(act: ExpertAct) -> tuple[int, mx.array]:
     """(ACT, the act input: alpha and limit as a device constant)."""
+    if act.kind not in ACT_KINDS:
+        raise ConfigError(f"fused native experts: expert_kind {act.kind.value} has no kernel form")
     if act.kind is ExpertKind.SWIGLU:
         return 0, float_params(0.0, 0.0)
-    if act.kind is ExpertKind.CLAMPED_SWIGLU:
-        return 1, float_params(float(act.alpha), float(act.limit))
-    raise ConfigError(f"fused native experts: expert_kind {act.kind.value} has no kernel form")
+    return 1, float_params(float(act.alpha), float(act.limit))
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *, act: ExpertAct = SWIGLU,
