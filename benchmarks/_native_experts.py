@@ -21,7 +21,7 @@ from strata.formats.expert_record import RecordLayout, unpack_record
 from strata.formats.mlx_affine import AFFINE_SPECS
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.experts import native_slot_planes, silu
-from strata.mlx_backend.kernels import moe_native
+from strata.mlx_backend.kernels import moe, moe_native
 from strata.mlx_backend.kernels.launch import KernelPath, using_path
 from strata.reference.experts import routed_experts
 from strata.testing.native_records import random_native_records
@@ -99,13 +99,14 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
                 mx.eval(*xs, *ss, wt, *xh)
                 moved = n * rec.record_bytes
                 timed = {}
-                if gpu:  # the many-token block shape and the decode one, lane steps unrolled or not
-                    for fc in (moe_native.MANY_TOKENS_SHAPE.fc, 32):
-                        default = moe_native.unroll_steps(rec, fc, moe_native.block_shape(rec, tokens if fc == 64 else 1).threads)
+                res[f"{name} default_fc"] = moe_native.block_shape(rec, tokens).fc
+                if gpu:  # FC = 64 and 32 (256 threads each), lane steps unrolled or not
+                    for fc in (64, 32):
+                        default = moe_native.unroll_steps(rec, fc, moe.THREADS)
                         for unroll in (default, not default):
-                            what = ("fused" if fc == 64 else f"fused FC={fc}") + ("" if unroll == default else f" unroll={int(unroll)}")
+                            what = f"fused FC={fc}" + ("" if unroll == default else f" unroll={int(unroll)}")
                             timed[what] = median_time(lambda fc=fc, u=unroll: mx.eval([moe_native.moe_slots(
-                                records, rec, xs[i], ss[i], wt, fc=fc, unroll=u) for i in range(REPS)]),
+                                records, rec, xs[i], ss[i], wt, fc=fc, hx_shared=fc == 64, unroll=u) for i in range(REPS)]),
                                 warmup=2, reps=5) / REPS
                 # fewer launches: MLX's CUDA gather_qmm may group by expert on the host (256 groups here)
                 timed["gather_qmm"] = median_time(lambda: mx.eval([gather_qmm_experts(stack, st, xh[i], ss[i], wt)
