@@ -3,7 +3,7 @@
 # differential tests on the CUDA build of MLX, benchmarks/kernels.py, benchmarks/decode.py, and
 # (time permitting) ncu's GPU-side time of the fused expert kernel vs gather_qmm.
 # Logs and JSON lines land in $OUT (the device tool brings them back; at most 8 files: env,
-# summary, tests, kernels, host_turn, decode, ncu_moe, ncu, or speculative when selected; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
+# summary, tests, kernels, host_turn, decode, ncu_moe, ncu, or speculative or native when selected; the JSON lines are in the logs; junit.xml dropped). Each stage has its own time
 # limit, a share of STRATA_DEVICE_BUDGET, and a failing stage does not stop the next. A stage at
 # its limit gets SIGINT first: pytest then still prints its summary, and the
 # benchmarks have already printed a JSON-PART line per finished part.
@@ -21,6 +21,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 # "unknown config keys ['device_budget']" in test_generate_with_backend_mlx): none reach the stages
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
+NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
 # issue 19's stages (not in the default list): dispatch, decode_context, peers
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
@@ -44,6 +45,7 @@ DENSE_S=${STRATA_DENSE_S:-150}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
 unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_NGRAM_ARGS STRATA_NGRAM_S STRATA_DOCTOR_S STRATA_DENSE_S
 unset STRATA_QWEN4_SEED_ARGS STRATA_QWEN4_SEED_S
+unset STRATA_NATIVE_S
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -84,8 +86,12 @@ fi
 # The emulated path is CPU-only and already runs in CI: deselected here.
 stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
   -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=15 \
-  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py -k "not emulated" $TEST_SELECT
+  tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py \
+  tests/test_mlx_native_kernel.py tests/test_gpt_oss_engines.py -k "not emulated" $TEST_SELECT
 stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
+# the native expert kernel (MLX's affine 4/8-bit and MXFP4 records) vs gather_qmm; not in the
+# default list (its log would be a ninth file): STRATA_STAGES=tests,native,ncu_moe
+stage native "$NATIVE_S" python3 benchmarks/kernels.py --native
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS
@@ -113,10 +119,16 @@ if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
   # (the prompt's 14 launches skipped)
-  stage ncu_moe 100 ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
+  # then the native kernel (MLX's affine 4/8-bit and MXFP4 records) and gather_qmm on the same
+  # experts, every kernel's GPU time (gather_qmm's kernel names vary: none filtered; the NCU lines
+  # of kernels.py --ncu native say which launches are which)
+  stage ncu_moe 170 bash -c 'ncu --clock-control none -k regex:strata_moe_slots --launch-skip 3 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
     python3 benchmarks/kernels.py --ncu moe
+  echo "== native (MLX types) vs gather_qmm"
+  ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/kernels.py --ncu native'
   stage ncu 75 ncu --clock-control none -k 'regex:strata_' --launch-skip 14 --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/kernels.py --ncu decode

@@ -16,6 +16,9 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
     python benchmarks/kernels.py --small    # smoke test (any machine)
     python benchmarks/kernels.py --ncu      # a few launches for ncu to time (the expert kernel at 1 and
                                             # 64 tokens, gather_qmm, every kernel of a decoded token)
+    python benchmarks/kernels.py --native   # the native kernel instead: MLX's types (affine 4/8-bit, MXFP4),
+                                            # fused vs gather_qmm (benchmarks/_native_experts.py)
+    python benchmarks/kernels.py --ncu native  # its launches for ncu
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part  # noqa: E402
+from _native_experts import native_part, ncu_launches  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
@@ -133,11 +137,21 @@ def gather_qmm_experts(stack, x16: mx.array, idx: mx.array, weights: mx.array) -
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on any machine")
-    ap.add_argument("--ncu", choices=("all", "moe", "decode"), nargs="?", const="all", default=None,
+    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native"), nargs="?", const="all", default=None,
                     help="only a few launches for ncu to time: the expert kernel at 1 and 64 tokens and "
-                         "gather_qmm (moe), every kernel of a decoded token (decode), or both (all)")
+                         "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
+                         "native kernel and gather_qmm per MLX type (native)")
+    ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
+    if args.ncu == "native":
+        if not gpu:
+            print("--ncu needs the GPU path")
+            return 1
+        ncu_launches()
+        return 0
+    if args.native:
+        return native_only(args.small, gpu)
     small = args.small
     d, f = (256, 64) if small else (2560, 576)
     e, k, pools = (32, 4, 2) if small else (256, 10, 12)
@@ -294,14 +308,30 @@ def main() -> int:
             rows.append((f"Q8_0 GEMV {e}x{d} (router guess)", f"{t * 1e6:.1f} us/call", f"{g.codes.nbytes / 1e6:.2f} MB"))
 
 
-    print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
-    w0 = max(len(r[0]) for r in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>16}  {note}")
+    _table(res, rows)
     fused_best = max((res[k2] for k2 in res if k2.startswith("fused FC") and k2.endswith("_GBps")), default=None)
     if fused_best is not None:
         res["fused_best_fraction_of_copy"] = fused_best * 1e9 / bw["copy_Bps"]
         print(f"target: fused >= 50% of copy bandwidth: {res['fused_best_fraction_of_copy'] * 100:.0f}%")
+    print("JSON " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+def _table(res: dict, rows: list) -> None:
+    print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
+    w0 = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        print(f"{name:<{w0}}  {val:>16}  {note}")
+
+
+def native_only(small: bool, gpu: bool) -> int:
+    """Copy bandwidth, then the native part: a table and one JSON line."""
+    res: dict = {"device": device_name(), "path": current_path().value}
+    bw = copy_bandwidth((64 << 20) if small else (2 << 30))
+    res["copy_GBps"] = bw["copy_Bps"] / 1e9
+    rows = [("copy bandwidth (read+write)", f"{res['copy_GBps']:.0f} GB/s", f"{bw['bytes'] / 2**30:.2f} GiB")]
+    native_part(res, rows, bw["copy_Bps"], small=small, gpu=gpu)
+    _table(res, rows)
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
 

@@ -81,8 +81,9 @@ def mlx_gpu_available() -> bool:
 
 
 def mlx_expert_types() -> frozenset:
-    """The expert types the MLX backend computes: Q2_0 (its fused kernels) and the types MLX's
-    own quantized matmuls read (affine 4/8-bit, MXFP4: the gather_qmm path)."""
+    """The expert types the MLX backend computes: Q2_0 (its fused kernels) and MLX's own types
+    (affine 4/8-bit, MXFP4: their fused kernel, kernels/moe_native.py, or gather_qmm on the ops
+    path; MXFP4 not on CUDA's ops path, `native_refusal`)."""
     from strata.formats.mlx_affine import AFFINE_SPECS
     from strata.mlx_backend.quants import native_refusal
 

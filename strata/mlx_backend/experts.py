@@ -6,9 +6,10 @@ A layer's routed output is kept as *partials* [T, P, D] (P terms whose sum, time
 is sum_i w_i expert_i(x)); `combine` adds them and the shared expert to the residual. The kernel
 path produces one partial per (rank, F-chunk), the ops path one per rank.
 
-gpt-oss's experts (the clamped SwiGLU, biases in the records: `ExpertAct`, `RecordLayout.biases`)
-run on the ops path: `gather_qmm` for the three projections, the biases gathered by the same
-indices and added; the fused kernel refuses them (`_routed_kernel_ok`).
+MLX's own types (affine 4/8-bit, MXFP4) take their own fused kernel (kernels/moe_native.py),
+gpt-oss's experts included (the clamped SwiGLU, biases in the records: `ExpertAct`,
+`RecordLayout.biases`); the Q2_0 kernel computes the plain SwiGLU without biases. On the ops
+path: `gather_qmm` for the three projections, the biases gathered by the same indices and added.
 
 Shapes: see each function (T tokens, D hidden, F expert ffn, k selected, E experts).
 """
@@ -27,7 +28,7 @@ from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.dense import linear
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels import moe, moe_native
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.quants import AFFINE, GROUP, NATIVE, native_refusal, native_scale_view
@@ -119,7 +120,7 @@ def stack_experts(experts: Sequence[ExpertWeights], rec: RecordLayout) -> tuple[
 
 
 def _qmm(x: mx.array, wsb: tuple[mx.array, mx.array, mx.array], idx: mx.array, stack: ExpertStack) -> mx.array:
-    if stack.mode == "mxfp4" and (why := native_refusal(QuantType.MXFP4)) is not None:
+    if stack.mode == "mxfp4" and (why := native_refusal(QuantType.MXFP4, gather=True)) is not None:
         raise ConfigError(f"MLX experts: {why}")
     w, s, b = wsb
     return mx.gather_qmm(x, w, s, b, rhs_indices=idx, transpose=True, group_size=stack.group, bits=stack.bits,
@@ -214,10 +215,27 @@ def _kernel_path() -> bool:
 
 
 def _routed_kernel_ok(rec: RecordLayout, act: ExpertAct = SWIGLU) -> bool:
-    """The fused expert kernel runs these records (else the gather_qmm ops path). It computes the
-    plain SwiGLU without biases: gpt-oss's experts take the ops path."""
-    return (_kernel_path() and rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
+    """A fused expert kernel runs these records (else the gather_qmm ops path): Q2_0's computes
+    the plain SwiGLU without biases; the native one (MLX's types) also gpt-oss's experts."""
+    if not _kernel_path():
+        return False
+    if rec.qtype in moe_native.TYPES:
+        return moe_native.supports(rec) is None and act.kind in moe_native.ACT_KINDS
+    return (rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
             and not rec.biases and act.kind is ExpertKind.SWIGLU)
+
+
+def _fused_slots(arena, rec: RecordLayout, x, slots, weights, act: ExpertAct, shared=None):
+    if rec.qtype in moe_native.TYPES:
+        return moe_native.moe_slots(arena, rec, x, slots, weights, act=act, shared=shared)
+    return moe.moe_slots(arena, rec, x, slots, weights, shared=shared)
+
+
+def _fused_route(arena, rec: RecordLayout, x, z, slot_base: int, rule: RouterRule, act: ExpertAct, shared=None):
+    if rec.qtype in moe_native.TYPES:
+        return moe_native.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob, act=act,
+                                    shared=shared)
+    return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob, shared=shared)
 
 
 def _shared_kernel_ok(sw: SharedWeights, hidden: int) -> bool:
@@ -236,7 +254,7 @@ def routed_partials(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weig
     if slots.shape[1] == 0:  # every selection dropped (drop-tail)
         return mx.zeros((x.shape[0], 1, x.shape[1]), mx.float32)
     if _routed_kernel_ok(rec, act):
-        return moe.moe_slots(arena, rec, x, slots, weights)
+        return _fused_slots(arena, rec, x, slots, weights, act)
     slots_mx = slots if isinstance(slots, mx.array) else mx.array(np.asarray(slots, np.int32))
     w_mx = weights if isinstance(weights, mx.array) else mx.array(np.asarray(weights, np.float32))
     if isinstance(slots, np.ndarray):  # host slots: gather each distinct slot once
@@ -265,7 +283,7 @@ def routed_partials_route(arena: mx.array, rec: RecordLayout, stack: ExpertStack
         x float32 [T, D]; z float32 [T, E] -> partials float32 [T, P, D]
     """
     if _routed_kernel_ok(rec, act) and moe.routes_on_kernel(rule):
-        return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)
+        return _fused_route(arena, rec, x, z, slot_base, rule, act)
     experts, weights, _, _ = select_device(z, rule, None, None, 0.0)  # MLX ops, still on the device
     if stack is None:
         return routed_partials(arena, rec, x, experts + slot_base, weights, act=act)
@@ -282,8 +300,7 @@ def experts_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, 
         x float32 [T, D]; z float32 [T, E] -> (routed partials [T, P, D], shared partials [T, PS, D] or None)
     """
     if shared is not None and _routed_kernel_ok(rec, act) and moe.routes_on_kernel(rule) and _shared_kernel_ok(shared, rec.hidden):
-        return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
-                             shared=(shared.gate, shared.up, shared.down))
+        return _fused_route(arena, rec, x, z, slot_base, rule, act, shared=(shared.gate, shared.up, shared.down))
     routed = routed_partials_route(arena, rec, None, x, z, slot_base, rule, act)
     return routed, (shared_partials(x, shared) if shared is not None else None)
 

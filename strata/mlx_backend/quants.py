@@ -143,12 +143,22 @@ def gemv(m: QuantMatrix | MlxQuantMatrix, x) -> mx.array:
     return y.reshape(-1) if one else y
 
 
-def native_refusal(qtype: QuantType) -> str | None:
+def _on_cuda() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
+
+
+def native_refusal(qtype: QuantType, rec=None, *, gather: bool = False) -> str | None:
     """Why MLX on this device cannot compute `qtype` experts (None: it can). Measured on an H200
     (MLX 0.32.4's CUDA build): `gather_qmm` has no mxfp4 kernel for float32 activations ("No
-    implementation for problem shape"); Metal and the CPU build run it."""
-    cuda = getattr(mx, "cuda", None)
-    on_cuda = cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
-    if qtype == QuantType.MXFP4 and on_cuda:
-        return "MLX's CUDA gather_qmm has no MXFP4 kernel for float32 activations (use --backend numpy)"
-    return None
+    implementation for problem shape"); Metal and the CPU build run it. The fused native kernel
+    (kernels/moe_native.py) computes MXFP4 itself, so on a kernel path only records it refuses
+    (`rec`, a RecordLayout; None: a shape it serves) still need gather_qmm. gather: the caller
+    is about to call gather_qmm itself (the ops path), whatever the path."""
+    if qtype != QuantType.MXFP4 or not _on_cuda():
+        return None
+    from strata.mlx_backend.kernels import moe_native  # the kernel's own limits (no import cycle at load)
+
+    if not gather and current_path() is not KernelPath.OPS and (rec is None or moe_native.supports(rec) is None):
+        return None
+    return "MLX's CUDA gather_qmm has no MXFP4 kernel for float32 activations (use --backend numpy)"
