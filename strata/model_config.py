@@ -153,6 +153,9 @@ class ModelConfig:
     yarn_beta_slow: float = 1.0
     yarn_truncate: bool = True  # floor/ceil the correction range (gpt-oss: false)
     yarn_attention_factor: float = 1.0  # cos and sin are multiplied by it
+    # DeepSeek-V3 / Kimi-K2 YaRN: the latent attention's softmax scale is multiplied by
+    # (0.1 mscale_all_dim ln(yarn_factor) + 1)^2 (reference/mla.py softmax_scale); 0: not scaled
+    yarn_mscale_all_dim: float = 0.0
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
