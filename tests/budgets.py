@@ -26,6 +26,10 @@ BUDGETS = {
     "FORWARD": Budget(rel_l2=1e-4, max_rel=5e-4),
     "ROUTING": Budget(rel_l2=1e-5, max_rel=1e-5),
     "QUANTIZED": Budget(rel_l2=2e-2, max_rel=5e-2),
+    # the MLA decode kernels (absorbed form) vs the reference's: the softmax scale folded into the
+    # query, the latent sums split over row groups and flash-decoding splits; float32 reordering
+    # as FAST, held to FAST's bound (seen 3e-7 to 6e-7 relative on the emulator)
+    "MLA_KERNEL": Budget(rel_l2=2e-5, max_rel=1e-4),
 }
 
 # float32 reference vs float32 reference computed another way (reordered sums, chunked prefill,

@@ -242,6 +242,8 @@ def mla_partials(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array, 
         x float32 [T, D] (the residual, not yet normed) -> ([T, 1, D], MlxLatentKV with T more positions)
     """
     if x.shape[0] == 1 and kernel_applies(cfg, w):
+        if pos is not None and splits is None:  # traced once for every later length: the most splits
+            splits = mla_kernel.MAX_SPLITS
         out, kv = _kernel_decode(cfg, w, kv, x, w.norm, pos, splits)
         return out[:, None, :], kv
     if pos is not None:
