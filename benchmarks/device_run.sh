@@ -29,8 +29,14 @@ STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stage
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
+# DeepSeek-V3 (issue 16; not in the default list): mla_tests, mla, deepseek_resident,
+# deepseek_stream, ncu_mla. Its 61 layers are ~246 GB all-resident and a 204 GB .experts file: the
+# per-layer shape with fewer layers; decode.py prints the per-layer ms and the 61 layers from them
+DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 24 --skip streaming,handshake}
+DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 16 --skip resident,handshake}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
 unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
+unset STRATA_DEEPSEEK_RESIDENT_ARGS STRATA_DEEPSEEK_STREAM_ARGS
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -86,6 +92,14 @@ stage hybrid_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS
 stage deltanet 120 python3 benchmarks/deltanet.py
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
+# DeepSeek-V3: the MLA kernels' GPU tests (and the latent model through the engines), the kernels
+# against their bytes at its attention shape, its per-layer shape decoding all-resident and streaming
+stage mla_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
+  tests/test_mlx_mla_kernel.py tests/test_mlx_mla.py tests/test_sigmoid_engines.py -k "not emulated"
+stage mla 120 python3 benchmarks/mla.py
+stage deepseek_resident "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_RESIDENT_ARGS
+stage deepseek_stream "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_STREAM_ARGS
 if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
@@ -101,6 +115,10 @@ if command -v ncu >/dev/null; then
   stage ncu_deltanet 75 ncu --clock-control none -k 'regex:strata_(deltanet_step|dense_gemv)' --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/deltanet.py --ncu
+  # the MLA kernels' GPU time at 4096 positions (query, attend, output) and a decoded MLA mixer
+  stage ncu_mla 75 ncu --clock-control none -k 'regex:strata_(mla_|dense_gemv)' --metrics \
+    gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/mla.py --ncu
 fi
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.

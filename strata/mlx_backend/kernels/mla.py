@@ -37,7 +37,6 @@ Shapes:
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 
 from strata.mlx_backend.kernels.launch import float_params, index_param, launch
 from strata.mlx_backend.kernels.preludes import WARP
@@ -280,4 +279,4 @@ def absorbed_flops(n_heads: int, c: int, r: int, n: int, v: int, positions: int)
     return 2 * (n_heads * c * (n + v) + n_heads * positions * (2 * c + r))
 
 
-_ = np  # numpy is used by callers that build tables; kept for symmetry with the other kernel modules
+
