@@ -67,10 +67,11 @@ def _inputs(cfg: ModelConfig, n: int, s_max: int, seed: int):
     return ws, caches, qs, kvas
 
 
-def _step(cfg: ModelConfig, w: mmla.MlaWeights, cache: mx.array, q: mx.array, kva: mx.array, pos: int) -> mx.array:
+def _step(cfg: ModelConfig, w: mmla.MlaWeights, cache: mx.array, q: mx.array, kva: mx.array, pos: int,
+          **kw) -> mx.array:
     cos, sin = mmla.rope_table(cfg)
     return mla_kernel.mla_decode(q, kva, w.w_uk, w.w_uv, w.kv_a_norm, cos, sin, cache, pos, eps=MLA_NORM_EPS,
-                                 scale=softmax_scale(cfg))
+                                 scale=softmax_scale(cfg), **kw)
 
 
 def main() -> int:
@@ -122,6 +123,18 @@ def main() -> int:
                 rows.append((f"MLA kernels, {s} positions ({ns} splits), {n_layers} per eval", f"{t * 1e6:.1f} us/step",
                              f"{nb['total'] / 1e6:.1f} MB (cache {nb['cache'] / 1e6:.1f}): {nb['total'] / t / 1e9:.0f} GB/s "
                              f"= {nb['total'] / t / bw['copy_Bps'] * 100:.0f}% of copy; {fl / t / 1e12:.2f} TFLOP/s"))
+
+        with part("sweep", res, rows):  # the attend kernel's positions per step and splits, at the third length
+            s = contexts[2 if len(contexts) > 2 else -1]
+            res["sweep_context"], res["sweep"] = s, {}
+            variants = [(pb, mla_kernel.splits_for(s)) for pb in (1, 2, 8)]
+            variants += [(mla_kernel.POSITIONS_PER_STEP, ns) for ns in (4, 8, 32) if ns != mla_kernel.splits_for(s)]
+            for pb, ns in variants:
+                t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1, splits=ns,
+                                                       positions_per_step=pb) for i in range(n_layers)]),
+                                **reps) / n_layers
+                res["sweep"][f"pb{pb}_ns{ns}"] = t * 1e6
+                rows.append((f"  {s} positions, PB {pb}, NS {ns}", f"{t * 1e6:.1f} us/step", ""))
 
         with part("ops", res, rows):  # the MLX-ops absorbed form at the second length (its T = 1 step, no kernel)
             s = contexts[1]

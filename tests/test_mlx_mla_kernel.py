@@ -149,22 +149,24 @@ def test_a_latent_the_kernels_refuse_takes_the_ops_path():
                                   *mmla.rope_table(cfg), mx.zeros((64, 20)), 0, eps=1e-6, scale=1.0)
 
 
-@emulated
-def test_the_compiled_step_runs_latent_layers_on_the_emulator():
-    """The body the GPU traces (CompiledDecode, traced=False) over the made mla model: latent
-    layers now decode in their kernels with a device position; the logits agree with `forward`
-    (which chooses the splits by the length, the traced step the most: other sum orders)."""
+@pytest.mark.parametrize("path", PATHS)
+def test_the_compiled_step_runs_latent_layers(path):
+    """The compiled decode over the made mla model: on the emulator its device-scalar body
+    untraced, on a GPU traced by mx.compile (then replayed with no new launch). Latent layers
+    decode in their kernels with a device position; the logits agree with `forward` within
+    FORWARD (which chooses the splits by the length, the traced step the most: other sum orders)."""
     cfg = dataclasses.replace(SHAPES["mla"], max_context=64)
     dense = {k: np.asarray(v, np.float32).astype(np.float16).astype(np.float32) for k, v in make_dense(cfg, 3).items()}
     experts = DictExperts({(m, e): make_expert(cfg, 3, m, e, QuantType.Q2_0)
                            for m in range(cfg.n_moe_layers) for e in range(cfg.n_experts)})
     prompt = np.array(list(b"latent"))
-    with using_path(KernelPath.EMULATED):
+    traced = path is KernelPath.GPU
+    with using_path(path):
         p = to_mlx_params(cfg, dense, experts=experts)
-        assert compiled.unsupported(p, traced=False) is None
+        assert compiled.unsupported(p, traced=traced) is None
         _, ref_state = forward(p, MlxModelState.empty(cfg), prompt)
         _, got_state = forward(p, MlxModelState.empty(cfg), prompt)
-        step = compiled.CompiledDecode(p, got_state, traced=False)
+        step = compiled.CompiledDecode(p, got_state, traced=traced)
         tok = 7
         for i in range(3):
             want, ref_state = forward(p, ref_state, np.array([tok]))
@@ -173,6 +175,11 @@ def test_the_compiled_step_runs_latent_layers_on_the_emulator():
             assert got_state.length == ref_state.length == len(prompt) + i + 1
             tok = int(np.argmax(np.array(want[-1])))
         assert step.bound_to(got_state)
+        if traced:
+            before = sum(LAUNCHES.values())
+            logits, _ = step(got_state, tok)
+            mx.eval(logits)
+            assert sum(LAUNCHES.values()) == before  # replayed: the latent buffers are bound, not retraced
 
 
 @emulated

@@ -44,8 +44,10 @@ from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256
 HEADS_PER_BLOCK = 8  # mla_attend: a warp per head; 8 heads share each row fetched into L1
-MAX_SPLITS = 32  # flash-decoding splits of the positions (the merge reads NS x H x (c + 2) floats)
+MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes, 8.4 MB at NS = 16, H = 128)
 POSITIONS_PER_SPLIT = 256  # below this many positions a split is not worth its partial
+POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
+ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
 MAX_LATENT = 8 * THREADS  # c: a query block's 8-column groups fit its threads
 MAX_ROW = 32 * 32  # c + r: a lane holds at most 32 of a row's elements in registers
 
@@ -80,10 +82,18 @@ QUERY_BODY = r"""
     UNROLL for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
     if (rg < (uint32_t)RG) {
       const DEVICE half_t* wp = w_uk + (uint64_t)h * N * C + 8 * g;
-      for (int i = (int)rg; i < N; i += RG) {
-        const f8 w = load_h8(wp + (uint64_t)i * C);
-        const float qi = qn[i];
-        UNROLL for (int j = 0; j < 8; ++j) acc[j] += w.v[j] * qi;
+      for (int i0 = (int)rg; i0 < N; i0 += RG * RB) {  // RB rows a step: their loads in flight together
+        f8 w[RB];
+        UNROLL for (int b = 0; b < RB; ++b) {
+          const int i = i0 + b * RG;
+          if (i < N) w[b] = load_h8(wp + (uint64_t)i * C);
+          else UNROLL for (int q = 0; q < 8; ++q) w[b].v[q] = 0.0f;
+        }
+        UNROLL for (int b = 0; b < RB; ++b) {
+          const int i = i0 + b * RG;
+          const float qi = i < N ? qn[i] : 0.0f;
+          UNROLL for (int j = 0; j < 8; ++j) acc[j] += w[b].v[j] * qi;
+        }
       }
       UNROLL for (int j = 0; j < 8; ++j) part[rg * C + 8 * g + j] = acc[j];
     }
@@ -130,22 +140,33 @@ ATTEND_BODY = r"""
   }
   UNROLL for (int i = 0; i < LPL; ++i) acc[i] = 0.0f;
   float m = NEG_BIG, l = 0.0f;
-  for (int32_t p = lo; p < hi; ++p) {
-    const DEVICE float* row = cache + (uint64_t)p * CR;
-    float kr[EPL];
-    UNROLL for (int i = 0; i < EPL; ++i) {
-      const int e = (int)lane + 32 * i;
-      kr[i] = e < CR ? row[e] : 0.0f;
+  for (int32_t p0 = lo; p0 < hi; p0 += PB) {  // PB positions a step: their loads in flight together
+    float kr[PB][EPL];
+    UNROLL for (int b = 0; b < PB; ++b) {
+      const int32_t p = p0 + b < hi ? p0 + b : hi - 1;  // past the split: reread its last row, weight 0
+      const DEVICE float* row = cache + (uint64_t)p * CR;
+      UNROLL for (int i = 0; i < EPL; ++i) {
+        const int e = (int)lane + 32 * i;
+        kr[b][i] = e < CR ? row[e] : 0.0f;
+      }
     }
-    float dot = 0.0f;
-    UNROLL for (int i = 0; i < EPL; ++i) dot += qr[i] * kr[i];
-    const float sc = warp_sum(dot);
-    const float mn = sc > m ? sc : m;
-    const float corr = exp_f(m - mn), pe = exp_f(sc - mn);
-    l = l * corr + pe;
+    float sc[PB];
+    float mn = m;
+    UNROLL for (int b = 0; b < PB; ++b) {
+      float dot = 0.0f;
+      UNROLL for (int i = 0; i < EPL; ++i) dot += qr[i] * kr[b][i];
+      sc[b] = p0 + b < hi ? warp_sum(dot) : NEG_BIG;
+      mn = sc[b] > mn ? sc[b] : mn;
+    }
+    const float corr = exp_f(m - mn);
+    float pe[PB];
+    l *= corr;
+    UNROLL for (int b = 0; b < PB; ++b) { pe[b] = exp_f(sc[b] - mn); l += pe[b]; }
     UNROLL for (int i = 0; i < LPL; ++i) {
       const int e = (int)lane + 32 * i;
-      acc[i] = acc[i] * corr + (e < C ? pe * kr[i] : 0.0f);
+      float a = acc[i] * corr;
+      UNROLL for (int b = 0; b < PB; ++b) a += e < C ? pe[b] * kr[b][i] : 0.0f;
+      acc[i] = a;
     }
     m = mn;
   }
@@ -184,15 +205,27 @@ OUTPUT_BODY = r"""
     ol[e] = a * inv;
   }
   BARRIER();
-  for (uint32_t row = warp_id; row < (uint32_t)V; row += NW) {  // out_h = W_uv,h o_lat
-    const DEVICE half_t* wp = w_uv + ((uint64_t)h * V + row) * C;
-    float dot = 0.0f;
-    for (uint32_t g = lane; g < (uint32_t)CG; g += 32) {
-      const f8 w = load_h8(wp + 8 * g);
-      UNROLL for (int k = 0; k < 8; ++k) dot += w.v[k] * ol[8 * g + k];
+  constexpr int GPL = (CG + 31) / 32;   // a row's 16-byte groups per lane
+  const DEVICE half_t* wh = w_uv + (uint64_t)h * V * C;
+  for (uint32_t r0 = warp_id * RB; r0 < (uint32_t)V; r0 += NW * RB) {  // out_h = W_uv,h o_lat, RB rows a step
+    f8 w[RB][GPL];
+    UNROLL for (int b = 0; b < RB; ++b) {
+      UNROLL for (int k = 0; k < GPL; ++k) {
+        const uint32_t row = r0 + b, g = lane + 32 * k;
+        if (row < (uint32_t)V && g < (uint32_t)CG) w[b][k] = load_h8(wh + (uint64_t)row * C + 8 * g);
+        else UNROLL for (int q = 0; q < 8; ++q) w[b][k].v[q] = 0.0f;
+      }
     }
-    dot = warp_sum(dot);
-    if (lane == 0) out[(uint64_t)h * V + row] = dot;
+    warp_sync();  // every load above issued before the FMAs below (ptxas would interleave them)
+    UNROLL for (int b = 0; b < RB; ++b) {
+      float dot = 0.0f;
+      UNROLL for (int k = 0; k < GPL; ++k) {
+        const uint32_t g = lane + 32 * k;
+        if (g < (uint32_t)CG) UNROLL for (int q = 0; q < 8; ++q) dot += w[b][k].v[q] * ol[8 * g + q];
+      }
+      dot = warp_sum(dot);
+      if (lane == 0 && r0 + b < (uint32_t)V) out[(uint64_t)h * V + r0 + b] = dot;
+    }
   }
 """
 
@@ -229,11 +262,12 @@ def heads_per_block(n_heads: int) -> int:
 
 def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_norm: mx.array, rope_cos: mx.array,
                rope_sin: mx.array, cache: mx.array, pos: int, *, eps: float, scale: float,
-               pos_param: mx.array | None = None, splits: int | None = None) -> mx.array:
+               pos_param: mx.array | None = None, splits: int | None = None,
+               positions_per_step: int = POSITIONS_PER_STEP) -> mx.array:
     """Kernel path: one decoded position's latent attention (module doc), its cache row written
     in place. scale: the softmax scale (folded into the query). pos_param: pos on the device
     (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None:
-    `splits_for(pos + 1)`).
+    `splits_for(pos + 1)`). positions_per_step: PB (benchmarks compare others).
 
     Shapes:
         q float32 [1, H (n + r)], kva float32 [1, c + r], w_uk float16 [H, n, c], w_uv float16 [H, v, c],
@@ -256,11 +290,12 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
     p = index_param(pos) if pos_param is None else pos_param
     qcat = launch(QUERY_SOURCE, [q, kva, w_uk, kv_norm, rope_cos, rope_sin, p, float_params(eps, scale), cache],
                   [(h, cr)], [mx.float32], blocks=(h + 1, 1, 1), threads=THREADS,
-                  template=(("H", h), ("N", n), ("C", c), ("R", r), ("NT", THREADS)))[0]
+                  template=(("H", h), ("N", n), ("C", c), ("R", r), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
     part = launch(ATTEND_SOURCE, [qcat, cache, p], [(ns, h, c + 2)], [mx.float32], blocks=(h // hpb, ns, 1),
-                  threads=WARP * hpb, template=(("H", h), ("C", c), ("R", r), ("HPB", hpb), ("NS", ns)))[0]
+                  threads=WARP * hpb, template=(("H", h), ("C", c), ("R", r), ("HPB", hpb), ("NS", ns),
+                                            ("PB", positions_per_step)))[0]
     return launch(OUTPUT_SOURCE, [part, w_uv], [(1, h * v)], [mx.float32], blocks=(h, 1, 1), threads=THREADS,
-                  template=(("H", h), ("C", c), ("V", v), ("NS", ns), ("NT", THREADS)))[0]
+                  template=(("H", h), ("C", c), ("V", v), ("NS", ns), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
 
 
 def absorbed_bytes(n_heads: int, c: int, r: int, n: int, v: int, positions: int, splits: int) -> dict:
