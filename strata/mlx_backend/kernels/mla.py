@@ -78,25 +78,26 @@ QUERY_BODY = r"""
     }
     BARRIER();
     const uint32_t g = tid % CG, rg = tid / CG;
+    const bool act = rg < (uint32_t)RG;  // threads past RG x CG idle (c / 8 not dividing NT)
+    constexpr int KI = (N + RG - 1) / RG;  // rows a row group sums: the same trip count for every thread
     float acc[8];
     UNROLL for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
-    if (rg < (uint32_t)RG) {
-      const DEVICE half_t* wp = w_uk + (uint64_t)h * N * C + 8 * g;
-      for (int i0 = (int)rg; i0 < N; i0 += RG * RB) {  // RB rows a step: their loads in flight together
-        f8 w[RB];
-        UNROLL for (int b = 0; b < RB; ++b) {
-          const int i = i0 + b * RG;
-          if (i < N) w[b] = load_h8(wp + (uint64_t)i * C);
-          else UNROLL for (int q = 0; q < 8; ++q) w[b].v[q] = 0.0f;
-        }
-        UNROLL for (int b = 0; b < RB; ++b) {
-          const int i = i0 + b * RG;
-          const float qi = i < N ? qn[i] : 0.0f;
-          UNROLL for (int j = 0; j < 8; ++j) acc[j] += w[b].v[j] * qi;
-        }
+    const DEVICE half_t* wp = w_uk + (uint64_t)h * N * C + 8 * (act ? g : 0);
+    for (int k0 = 0; k0 < KI; k0 += RB) {  // RB rows a step: their loads in flight together
+      f8 w[RB];
+      UNROLL for (int b = 0; b < RB; ++b) {
+        const int i = (int)rg + RG * (k0 + b);
+        if (act && i < N) w[b] = load_h8(wp + (uint64_t)i * C);
+        else UNROLL for (int q = 0; q < 8; ++q) w[b].v[q] = 0.0f;
       }
-      UNROLL for (int j = 0; j < 8; ++j) part[rg * C + 8 * g + j] = acc[j];
+      warp_sync();  // every load above issued before the FMAs below (uniform control flow here)
+      UNROLL for (int b = 0; b < RB; ++b) {
+        const int i = (int)rg + RG * (k0 + b);
+        const float qi = act && i < N ? qn[i] : 0.0f;
+        UNROLL for (int j = 0; j < 8; ++j) acc[j] += w[b].v[j] * qi;
+      }
     }
+    if (act) UNROLL for (int j = 0; j < 8; ++j) part[rg * C + 8 * g + j] = acc[j];
     BARRIER();
     for (uint32_t e = tid; e < (uint32_t)C; e += NT) {  // the row groups in a fixed order
       float s = 0.0f;
