@@ -124,18 +124,6 @@ def main() -> int:
                              f"{nb['total'] / 1e6:.1f} MB (cache {nb['cache'] / 1e6:.1f}): {nb['total'] / t / 1e9:.0f} GB/s "
                              f"= {nb['total'] / t / bw['copy_Bps'] * 100:.0f}% of copy; {fl / t / 1e12:.2f} TFLOP/s"))
 
-        with part("sweep", res, rows):  # the attend kernel's positions per step and splits, at the third length
-            s = contexts[2 if len(contexts) > 2 else -1]
-            res["sweep_context"], res["sweep"] = s, {}
-            variants = [(pb, mla_kernel.splits_for(s)) for pb in (1, 2, 8)]
-            variants += [(mla_kernel.POSITIONS_PER_STEP, ns) for ns in (4, 8, 32) if ns != mla_kernel.splits_for(s)]
-            for pb, ns in variants:
-                t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1, splits=ns,
-                                                       positions_per_step=pb) for i in range(n_layers)]),
-                                **reps) / n_layers
-                res["sweep"][f"pb{pb}_ns{ns}"] = t * 1e6
-                rows.append((f"  {s} positions, PB {pb}, NS {ns}", f"{t * 1e6:.1f} us/step", ""))
-
         with part("ops", res, rows):  # the MLX-ops absorbed form at the second length (its T = 1 step, no kernel)
             s = contexts[1]
             kv_ops = [mmla.MlxLatentKV(caches[i], s - 1) for i in range(n_layers)]
@@ -166,6 +154,20 @@ def main() -> int:
             rows.append((f"decoded MLA mixer ({res['mixer_launches']} launches) at {s} positions", f"{t * 1e6:.1f} us/layer",
                          f"{mb / 1e6:.1f} MB: {mb / t / 1e9:.0f} GB/s = {mb / t / bw['copy_Bps'] * 100:.0f}% of copy"))
 
+        with part("sweep", res, rows):  # the attend kernel's step shapes, at the third length (last: the most builds)
+            s = contexts[2 if len(contexts) > 2 else -1]
+            ns0 = mla_kernel.splits_for(s)
+            res["sweep_context"], res["sweep"] = s, {}
+            variants = [(1, 1, ns0), (2, 1, ns0), (8, 1, ns0), (2, 2, ns0), (4, 2, ns0), (2, 4, ns0)]
+            variants += [(mla_kernel.POSITIONS_PER_STEP, 1, ns) for ns in (4, 8, 32) if ns != ns0]
+            for pb, hpw, ns in variants:
+                t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1, splits=ns,
+                                                       positions_per_step=pb, heads_per_warp=hpw)
+                                                 for i in range(n_layers)]), **reps) / n_layers
+                res["sweep"][f"pb{pb}_hpw{hpw}_ns{ns}"] = t * 1e6
+                print(f"SWEEP pb{pb}_hpw{hpw}_ns{ns} {t * 1e6:.1f} us/step", flush=True)  # a run cut short keeps these
+                rows.append((f"  {s} positions, PB {pb}, HPW {hpw}, NS {ns}", f"{t * 1e6:.1f} us/step", ""))
+
     print(f"\n## MLA decode kernels on {res['device']} (path {res['path']}, MLX {mx.__version__}; H {h}, c {c}, r {r}, "
           f"n {nope}, v {v})")
     if path is KernelPath.EMULATED:
@@ -175,7 +177,6 @@ def main() -> int:
         print(f"{name:<{w0}}  {val:>16}  {note}")
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
-
 
 
 if __name__ == "__main__":

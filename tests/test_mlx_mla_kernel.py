@@ -118,6 +118,31 @@ def test_every_split_count_is_the_reference():
     RECORDED.extend(r for r in rec if r[0].name.startswith("strata_mla") and r not in RECORDED)
 
 
+@emulated
+def test_every_step_shape_gives_the_same_attention():
+    """PB positions a step, HPW heads a warp and NS splits (the benchmark's sweep) against the
+    default kernels' output, which the test above holds to the reference: within MLA_KERNEL."""
+    cfg, _, norm, xs, _, w = _setup("made_mla", seed=11)
+    rng = np.random.default_rng(3)
+    h, c, r = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    q = mx.array(rng.standard_normal((1, h * (cfg.qk_nope_head_dim + r))).astype(np.float32))
+    kva = mx.array(rng.standard_normal((1, c + r)).astype(np.float32))
+    cache = rng.standard_normal((cfg.max_context, c + r)).astype(np.float32)
+    cos, sin = mmla.rope_table(cfg)
+    pos = 13
+
+    def run(**kw):
+        return np.array(mla_kernel.mla_decode(q, kva, w.w_uk, w.w_uv, w.kv_a_norm, cos, sin, mx.array(cache), pos,
+                                              eps=1e-6, scale=0.2, **kw))
+
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        want = run()
+        for pb, hpw, ns in ((1, 1, 1), (2, 2, 4), (8, 4, 2), (4, 2, 1), (3, 1, 8)):
+            assert_backends_agree(want, run(positions_per_step=pb, heads_per_warp=hpw, splits=ns), "MLA_KERNEL",
+                                  what=f"PB {pb}, HPW {hpw}, NS {ns}")
+    RECORDED.extend(r for r in rec if r[0].name.startswith("strata_mla") and r not in RECORDED)
+
+
 def test_split_counts_follow_the_length():
     assert [mla_kernel.splits_for(n) for n in (1, 256, 257, 1000, 4096, 10 ** 6)] == [1, 1, 2, 4, 16, mla_kernel.MAX_SPLITS]
     assert [mla_kernel.heads_per_block(h) for h in (128, 4, 6, 3)] == [8, 4, 2, 1]

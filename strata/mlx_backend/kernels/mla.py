@@ -47,6 +47,7 @@ HEADS_PER_BLOCK = 8  # mla_attend: a warp per head; 8 heads share each row fetch
 MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes, 8.4 MB at NS = 16, H = 128)
 POSITIONS_PER_SPLIT = 256  # below this many positions a split is not worth its partial
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
+HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
 ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
 MAX_LATENT = 8 * THREADS  # c: a query block's 8-column groups fit its threads
 MAX_ROW = 32 * 32  # c + r: a lane holds at most 32 of a row's elements in registers
@@ -128,19 +129,22 @@ ATTEND_BODY = r"""
   constexpr int CR = C + R;
   constexpr int EPL = (CR + 31) / 32;  // a row's elements per lane (lane + 32 i)
   constexpr int LPL = (C + 31) / 32;   // ... of them in the latent part
-  const uint32_t h = bx * HPB + warp_id;
+  const uint32_t h0 = bx * HPB + warp_id * HPW;      // this warp's first head; it runs HPW heads
   const int32_t j = (int32_t)by;
   const int32_t n_pos = params[0] + 1;               // causal: positions 0 .. pos
   const int32_t chunk = (n_pos + NS - 1) / NS;
   const int32_t lo = j * chunk;
   const int32_t hi = lo + chunk < n_pos ? lo + chunk : n_pos;
-  float qr[EPL], acc[LPL];
-  UNROLL for (int i = 0; i < EPL; ++i) {
-    const int e = (int)lane + 32 * i;
-    qr[i] = e < CR ? qcat[(uint64_t)h * CR + e] : 0.0f;
+  float qr[HPW][EPL], acc[HPW][LPL], m[HPW], l[HPW];
+  UNROLL for (int u = 0; u < HPW; ++u) {
+    UNROLL for (int i = 0; i < EPL; ++i) {
+      const int e = (int)lane + 32 * i;
+      qr[u][i] = e < CR ? qcat[(uint64_t)(h0 + u) * CR + e] : 0.0f;
+    }
+    UNROLL for (int i = 0; i < LPL; ++i) acc[u][i] = 0.0f;
+    m[u] = NEG_BIG;
+    l[u] = 0.0f;
   }
-  UNROLL for (int i = 0; i < LPL; ++i) acc[i] = 0.0f;
-  float m = NEG_BIG, l = 0.0f;
   for (int32_t p0 = lo; p0 < hi; p0 += PB) {  // PB positions a step: their loads in flight together
     float kr[PB][EPL];
     UNROLL for (int b = 0; b < PB; ++b) {
@@ -151,32 +155,36 @@ ATTEND_BODY = r"""
         kr[b][i] = e < CR ? row[e] : 0.0f;
       }
     }
-    float sc[PB];
-    float mn = m;
-    UNROLL for (int b = 0; b < PB; ++b) {
-      float dot = 0.0f;
-      UNROLL for (int i = 0; i < EPL; ++i) dot += qr[i] * kr[b][i];
-      sc[b] = p0 + b < hi ? warp_sum(dot) : NEG_BIG;
-      mn = sc[b] > mn ? sc[b] : mn;
+    UNROLL for (int u = 0; u < HPW; ++u) {  // each row loaded once serves the warp's HPW heads
+      float sc[PB];
+      float mn = m[u];
+      UNROLL for (int b = 0; b < PB; ++b) {
+        float dot = 0.0f;
+        UNROLL for (int i = 0; i < EPL; ++i) dot += qr[u][i] * kr[b][i];
+        sc[b] = p0 + b < hi ? warp_sum(dot) : NEG_BIG;
+        mn = sc[b] > mn ? sc[b] : mn;
+      }
+      const float corr = exp_f(m[u] - mn);
+      float pe[PB];
+      l[u] *= corr;
+      UNROLL for (int b = 0; b < PB; ++b) { pe[b] = exp_f(sc[b] - mn); l[u] += pe[b]; }
+      UNROLL for (int i = 0; i < LPL; ++i) {
+        const int e = (int)lane + 32 * i;
+        float a = acc[u][i] * corr;
+        UNROLL for (int b = 0; b < PB; ++b) a += e < C ? pe[b] * kr[b][i] : 0.0f;
+        acc[u][i] = a;
+      }
+      m[u] = mn;
     }
-    const float corr = exp_f(m - mn);
-    float pe[PB];
-    l *= corr;
-    UNROLL for (int b = 0; b < PB; ++b) { pe[b] = exp_f(sc[b] - mn); l += pe[b]; }
+  }
+  UNROLL for (int u = 0; u < HPW; ++u) {
+    DEVICE float* dst = part + ((uint64_t)j * H + h0 + u) * (C + 2);
     UNROLL for (int i = 0; i < LPL; ++i) {
       const int e = (int)lane + 32 * i;
-      float a = acc[i] * corr;
-      UNROLL for (int b = 0; b < PB; ++b) a += e < C ? pe[b] * kr[b][i] : 0.0f;
-      acc[i] = a;
+      if (e < C) dst[e] = acc[u][i];
     }
-    m = mn;
+    if (lane == 0) { dst[C] = m[u]; dst[C + 1] = l[u]; }
   }
-  DEVICE float* dst = part + ((uint64_t)j * H + h) * (C + 2);
-  UNROLL for (int i = 0; i < LPL; ++i) {
-    const int e = (int)lane + 32 * i;
-    if (e < C) dst[e] = acc[i];
-  }
-  if (lane == 0) { dst[C] = m; dst[C + 1] = l; }
 """
 
 OUTPUT_BODY = r"""
@@ -264,11 +272,12 @@ def heads_per_block(n_heads: int) -> int:
 def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_norm: mx.array, rope_cos: mx.array,
                rope_sin: mx.array, cache: mx.array, pos: int, *, eps: float, scale: float,
                pos_param: mx.array | None = None, splits: int | None = None,
-               positions_per_step: int = POSITIONS_PER_STEP) -> mx.array:
+               positions_per_step: int = POSITIONS_PER_STEP, heads_per_warp: int = HEADS_PER_WARP) -> mx.array:
     """Kernel path: one decoded position's latent attention (module doc), its cache row written
     in place. scale: the softmax scale (folded into the query). pos_param: pos on the device
     (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None:
-    `splits_for(pos + 1)`). positions_per_step: PB (benchmarks compare others).
+    `splits_for(pos + 1)`). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
+    block's heads; benchmarks compare others).
 
     Shapes:
         q float32 [1, H (n + r)], kva float32 [1, c + r], w_uk float16 [H, n, c], w_uv float16 [H, v, c],
@@ -288,13 +297,14 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
         raise ValueError(f"mla kernel: position {pos} outside the cache's {s_max} rows")
     ns = splits_for(pos + 1) if splits is None else splits
     hpb = heads_per_block(h)
+    hpw = heads_per_warp if hpb % heads_per_warp == 0 else 1
     p = index_param(pos) if pos_param is None else pos_param
     qcat = launch(QUERY_SOURCE, [q, kva, w_uk, kv_norm, rope_cos, rope_sin, p, float_params(eps, scale), cache],
                   [(h, cr)], [mx.float32], blocks=(h + 1, 1, 1), threads=THREADS,
                   template=(("H", h), ("N", n), ("C", c), ("R", r), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
     part = launch(ATTEND_SOURCE, [qcat, cache, p], [(ns, h, c + 2)], [mx.float32], blocks=(h // hpb, ns, 1),
-                  threads=WARP * hpb, template=(("H", h), ("C", c), ("R", r), ("HPB", hpb), ("NS", ns),
-                                            ("PB", positions_per_step)))[0]
+                  threads=WARP * (hpb // hpw), template=(("H", h), ("C", c), ("R", r), ("HPB", hpb), ("HPW", hpw),
+                                                        ("NS", ns), ("PB", positions_per_step)))[0]
     return launch(OUTPUT_SOURCE, [part, w_uv], [(1, h * v)], [mx.float32], blocks=(h, 1, 1), threads=THREADS,
                   template=(("H", h), ("C", c), ("V", v), ("NS", ns), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
 
