@@ -20,7 +20,8 @@ gives the bytes and flops at DeepSeek-V3's shape).
    the elements lane + 32 i of its head's qcat row and of each cached row it reads; a position's
    score is one warp sum, then an online softmax accumulates the latent part of the row. The
    block's warps read the same rows (one fetch from L2 serves HPB heads). Out: per (split, head)
-   the running max, the sum and the unnormalised latent accumulator.
+   the running max, the sum and the unnormalised latent accumulator (not written for an empty
+   split: a short context under the compiled step's fixed NS moves 8 bytes per empty split).
 3. `mla_output`, block h: the NS splits merged in a fixed order (no atomics: deterministic) into
    the head's attended latent o_lat [c] in threadgroup memory, then out_h = W_uv,h o_lat [v]: a
    warp per row of W_uv,h, a lane per 16-byte group.
@@ -177,9 +178,9 @@ ATTEND_BODY = r"""
       m[u] = mn;
     }
   }
-  UNROLL for (int u = 0; u < HPW; ++u) {
+  UNROLL for (int u = 0; u < HPW; ++u) {  // an empty split writes its max and sum only: the merge skips it
     DEVICE float* dst = part + ((uint64_t)j * H + h0 + u) * (C + 2);
-    UNROLL for (int i = 0; i < LPL; ++i) {
+    if (hi > lo) UNROLL for (int i = 0; i < LPL; ++i) {
       const int e = (int)lane + 32 * i;
       if (e < C) dst[e] = acc[u][i];
     }
@@ -210,7 +211,8 @@ OUTPUT_BODY = r"""
   const float inv = 1.0f / total[0];
   for (uint32_t e = tid; e < (uint32_t)C; e += NT) {
     float a = 0.0f;
-    for (int j = 0; j < NS; ++j) a += part[((uint64_t)j * H + h) * (C + 2) + e] * wsplit[j];
+    for (int j = 0; j < NS; ++j)  // weight 0: an empty split (its accumulator unwritten) or one underflowed
+      if (wsplit[j] > 0.0f) a += part[((uint64_t)j * H + h) * (C + 2) + e] * wsplit[j];
     ol[e] = a * inv;
   }
   BARRIER();
@@ -314,7 +316,9 @@ def absorbed_bytes(n_heads: int, c: int, r: int, n: int, v: int, positions: int,
     rows read (float32), the partials written and read back, the query row and the output."""
     weights = 2 * n_heads * c * (n + v)
     cache = 4 * positions * (c + r)
-    partials = 2 * 4 * splits * n_heads * (c + 2)
+    chunk = -(-positions // splits)
+    used = -(-positions // chunk)  # splits with positions (the others write 8 bytes, read back)
+    partials = 2 * 4 * n_heads * (used * (c + 2) + (splits - used) * 2)
     return {"weights": weights, "cache": cache, "partials": partials,
             "total": weights + cache + partials + 4 * n_heads * (n + r + 2 * (c + r) + v)}
 
