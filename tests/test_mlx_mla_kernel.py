@@ -2,8 +2,9 @@
 (reference/mla.py): decoded positions after a prompt on the made `mla` heads (c = 32, r = 8: a
 cached row of 40 floats, ragged over the lanes), DeepSeek-V3's heads (c = 512, r = 64, n = v = 128,
 two of its 128 heads), a model without the q low-rank path and a ragged latent (c = 40, r = 6);
-the output and the cache rows after every step (MLA_KERNEL), six launches a position, every split
-count agreeing (empty splits included), determinism, a latent the kernels refuse taking the ops
+the output and the cache rows after every step (MLA_KERNEL), six launches a position, DeepSeek's
+YaRN (tables and the folded softmax scale), every split count and step shape (PB, HPW) agreeing
+(empty splits included), determinism, a latent the kernels refuse taking the ops
 path; the compiled decode's device-scalar step over latent layers (untraced, on the emulator);
 and the Metal / CUDA compile check of every specialisation launched here (Metal: compile-checked,
 not run). The decode steps also run on the GPU path where MLX has a GPU (marked `gpu`).
@@ -28,7 +29,7 @@ from strata.mlx_backend.kernels import mla as mla_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward, to_mlx_params  # noqa: E402
-from strata.model_config import TensorNames  # noqa: E402
+from strata.model_config import RopeScaling, TensorNames  # noqa: E402
 from strata.reference import mla as ref_mla  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
 from strata.testing.models import SHAPES, make_dense, make_expert  # noqa: E402
@@ -100,6 +101,26 @@ def test_decode_steps_are_the_references(name, path):
             assert_backends_agree(ref.rope_key, kv.rope_key(cfg), "MLA_KERNEL", what=f"{name} position {i}: rope keys")
             assert kv.length == ref.length == i + 1
     RECORDED.extend(r for r in rec if r[0].name.startswith("strata_mla") and r not in RECORDED)
+
+
+@emulated
+def test_yarn_decode_steps_are_the_references():
+    """DeepSeek's YaRN (scaled frequencies, cos/sin times the attention factor, the softmax scale
+    times mscale^2): the MLX tables and the kernels' folded scale against the reference."""
+    name = "made_mla"
+    cfg = dataclasses.replace(_cfg(name), rope_scaling=RopeScaling.YARN, yarn_factor=4.0, yarn_original_context=16,
+                              yarn_attention_factor=1.1, yarn_mscale_all_dim=0.8)
+    assert ref_mla.softmax_scale(cfg) > 1.1 * ref_mla.softmax_scale(_cfg(name))
+    _, dense, norm, xs, _, w = _setup(name, seed=4)
+    _, ref = ref_mla.mla(cfg, dense, LAYER, ref_mla.LatentKV.empty(cfg), rms_norm(xs[:PROMPT], norm, cfg.rms_norm_eps))
+    kv = _prefilled(cfg, w, xs)
+    assert_backends_agree(ref.rope_key, kv.rope_key(cfg), "MLA_KERNEL", what="prompt rope keys (ops)")
+    with using_path(KernelPath.EMULATED):
+        for i in range(PROMPT, PROMPT + 2):
+            want, ref = ref_mla.mla(cfg, dense, LAYER, ref, rms_norm(xs[i:i + 1], norm, cfg.rms_norm_eps))
+            got, kv, launches = _decode(cfg, w, kv, xs[i:i + 1])
+            assert launches == 6
+            assert_backends_agree(want, got, "MLA_KERNEL", what=f"yarn position {i}")
 
 
 @emulated
