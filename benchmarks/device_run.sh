@@ -22,6 +22,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
+# the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
@@ -90,6 +91,11 @@ stage hybrid_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS
   tests/test_mlx_deltanet_kernel.py tests/test_mlx_compiled.py::test_compiled_decode_matches_uncompiled_on_a_hybrid \
   tests/test_hybrid_engines.py -k "not emulated"
 stage deltanet 120 python3 benchmarks/deltanet.py
+# Qwen4-Exp (issue 15; not in the default list): the MLX twin (ops) and the numpy engines against
+# the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
+stage qwen4_tests 120 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
+  -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py
+stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
 # DeepSeek-V3: the MLA kernels' GPU tests (and the latent model through the engines), the kernels

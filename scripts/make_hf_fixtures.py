@@ -7,7 +7,7 @@ transformers computes on them. Needs torch (the test suite does not):
     python scripts/make_hf_fixtures.py --gguf       # only the GGUF cases' logits
 
 For each architecture in tests/hf_fixtures.fixture_archs(): its builder (tests/hf_models.py,
-tests/hf_hybrid.py, tests/hf_gpt_oss.py) trains and saves the checkpoint with a fixed seed into
+tests/hf_hybrid.py, tests/hf_gpt_oss.py, tests/hf_qwen4.py) trains and saves the checkpoint with a fixed seed into
 tests/fixtures/hf/<arch>/, and transformers' float32 outputs on it are written beside it as
 expected.npz. For each GGUF case (tests/gguf_models.py CASES and WIDE_CASE): the GGUF is written
 from the checked-in checkpoint, dequantized, and transformers' logits on the dequantized weights

@@ -90,9 +90,10 @@ def mlx_expert_types() -> frozenset:
 
 def resolve_backend(model, config: Config) -> Backend:
     """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
-    numpy otherwise. On a CPU-only machine MLX's CPU backend measured 0.66-0.90x of numpy's time
-    (benchmarks/backends.py, docs/perf.md): a modest gain, so AUTO keeps the numpy path there,
-    whose arithmetic is the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
+    numpy otherwise. On a CPU-only machine numpy is the faster choice where it matters most:
+    it processes prompts 2.5-10x faster than MLX's CPU build, and MLX decodes within 0.69-1.11x
+    of its time (benchmarks/backends.py; docs/perf.md, "Backend choice"); numpy's arithmetic is
+    also the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
     qtype = QuantType(model.experts_file.header.qtype)
     if config.backend is Backend.MLX and qtype not in mlx_expert_types():
         from strata.errors import ConfigError
@@ -131,6 +132,10 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
     if not (plan.streaming if stream is None else stream):
+        if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)
+            from strata.mlx_backend.hyper_engine import MlxHyperEngine
+
+            return MlxHyperEngine.open(model, config)
         if mlx:
             from strata.mlx_backend.engine import MlxEngine
 

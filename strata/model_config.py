@@ -43,6 +43,9 @@ class Mixer(enum.Enum):
     # attention over the last `sliding_window` positions only (gpt-oss's alternate layers); state:
     # the KV cache, every position kept (so trim works for every n; the mask does the windowing)
     SLIDING_ATTENTION = "sliding_attention"
+    # Qwen4-Exp's QSA: attention over the key blocks an indexer picks per query (reference/indexed_attention.py);
+    # state: the KV cache and the indexer's keys
+    INDEXED_ATTENTION = "indexed_attention"
 
 
 class ExpertKind(enum.Enum):
@@ -153,6 +156,23 @@ class ModelConfig:
     yarn_beta_slow: float = 1.0
     yarn_truncate: bool = True  # floor/ceil the correction range (gpt-oss: false)
     yarn_attention_factor: float = 1.0  # cos and sin are multiplied by it
+    # qwen4_exp (Qwen4-Exp): hyper-connections, indexed (QSA) attention, PLE n-gram embeddings;
+    # their tensors and rules are in strata/qwen4_config.py
+    hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)
+    hc_lowrank: int = 0  # rank of the hyper-connection input mixer
+    indexer_heads: int = 0  # QSA indexer query heads (one key head)
+    indexer_head_dim: int = 0
+    indexer_budget: int = 0  # tokens taken from complete key blocks per query
+    indexer_block: int = 0  # tokens per compressed key block (transformers' indexer_compress_ratio)
+    ple_layer_ids: str = ""  # comma-separated model layers (0-based) with a PLE module ("": none)
+    ple_embed_dim: int = 0  # every n-gram head's row, concatenated
+    ple_conv_kernel: int = 0  # taps of the dilated depthwise conv (dilation ngram_size)
+    ngram_size: int = 0  # the largest n-gram hashed (orders 2..ngram_size)
+    ngram_heads_per_order: int = 0
+    ngram_vocab_base: int = 0  # head tables are successive primes from this one
+    ngram_vocab_divisor: int = 1  # a layer's table rows are padded to a multiple of it
+    ngram_seed: int = 0  # seeds the per-layer hash multipliers
+    ngram_eos_token: int = 0  # the n-gram shifts stop at this token
     # DeepSeek-V3 / Kimi-K2 YaRN: the latent attention's softmax scale is multiplied by
     # (0.1 mscale_all_dim ln(yarn_factor) + 1)^2 (reference/mla.py softmax_scale); 0: not scaled
     yarn_mscale_all_dim: float = 0.0
@@ -195,6 +215,9 @@ class ModelConfig:
         _check_hybrid(self)
         check_sigmoid_fields(self)
         _check_gpt_oss(self)
+        from strata.qwen4_config import check_qwen4_fields  # beside its tensors; it imports this module
+
+        check_qwen4_fields(self)
 
     @property
     def rope_dim(self) -> int:
@@ -370,6 +393,10 @@ class TensorNames:
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
+    if cfg.hc_count:  # Qwen4-Exp: hyper-connection norms instead of pre-norms, PLE and indexer tensors
+        from strata.qwen4_config import qwen4_tensor_shapes
+
+        return qwen4_tensor_shapes(cfg)
     n = TensorNames
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),
                                           n.output_norm: (cfg.hidden_size,)}

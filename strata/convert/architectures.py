@@ -11,11 +11,12 @@ from strata.convert.hf_config import HFConfig
 from strata.convert.mixtral import MIXTRAL
 from strata.convert.olmoe import OLMOE
 from strata.convert.qwen_hybrid import QWEN3_5_MOE, QWEN3_NEXT
+from strata.convert.qwen4_exp import QWEN4_EXP
 from strata.convert.qwen_moe import QWEN2_MOE, QWEN3_MOE
 from strata.errors import ConfigError
 
 FAMILIES: tuple[Family, ...] = (QWEN3_MOE, QWEN2_MOE, OLMOE, MIXTRAL, QWEN3_NEXT, QWEN3_5_MOE,
-                                DEEPSEEK_V3, GLM4_MOE_LITE, GLM4_MOE, MINIMAX_M2, GPT_OSS)
+                                DEEPSEEK_V3, GLM4_MOE_LITE, GLM4_MOE, MINIMAX_M2, GPT_OSS, QWEN4_EXP)
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
 
 

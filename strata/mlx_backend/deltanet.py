@@ -48,10 +48,11 @@ class DeltaNetWeights:
     """One DeltaNet layer's weights. w_in is the four input projections stacked (one GEMV):
     rows qkv [C], z [V], beta [Hv], alpha [Hv].
 
-    Shapes: norm [D]; w_in [C + V + 2 Hv, D]; conv [C, K]; a, dt_bias [Hv]; out_norm [dv]; wo [D, V]
+    Shapes: norm [D] (None: the input comes normed, as a hyper-connection gives it);
+    w_in [C + V + 2 Hv, D]; conv [C, K]; a, dt_bias [Hv]; out_norm [dv]; wo [D, V]
     """
 
-    norm: mx.array
+    norm: mx.array | None
     w_in: mx.array
     conv: mx.array
     a: mx.array
@@ -60,7 +61,8 @@ class DeltaNetWeights:
     wo: mx.array
 
     def arrays(self) -> list[mx.array]:
-        return [self.norm, self.w_in, self.conv, self.a, self.dt_bias, self.out_norm, self.wo]
+        return [a for a in (self.norm, self.w_in, self.conv, self.a, self.dt_bias, self.out_norm, self.wo)
+                if a is not None]
 
 
 def empty_state(cfg: ModelConfig) -> DeltaNetState:
@@ -82,7 +84,7 @@ def _inputs(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.ar
     and the padded conv inputs [K-1+T, C]."""
     t, c, hv = x.shape[0], conv_channels(cfg), cfg.linear_v_heads
     hk, dk, dv = cfg.linear_k_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
-    xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
+    xn = x if w.norm is None else rms_norm(x, w.norm, cfg.rms_norm_eps)  # None: normed by the caller (Qwen4-Exp)
     proj = xn @ w.w_in.astype(mx.float32).T  # [T, C + V + 2 Hv]
     qkv, z = proj[:, :c], proj[:, c:c + hv * dv]
     b, a = proj[:, c + hv * dv:c + hv * dv + hv], proj[:, c + hv * dv + hv:]

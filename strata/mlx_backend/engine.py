@@ -144,6 +144,14 @@ def streaming_parts(model, config: Config, plan) -> tuple:
     xf = model.experts_file
     wire_mlx(plan.slots * xf.header.padded_bytes + _dense_bytes(model))  # Metal: within its ceiling
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
+    if model.cfg.hc_count:  # Qwen4-Exp: the streams as the runtime's x (hyper_compute.py)
+        from strata.mlx_backend.hyper_compute import HyperMlxCompute
+        from strata.mlx_backend.hyper_model import to_hyper_params
+        from strata.reference.hyper_model import resident_rows
+
+        params = to_hyper_params(model.cfg, model.dense, resident=False)
+        rows = resident_rows(model.cfg, model.dense)
+        return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)
 

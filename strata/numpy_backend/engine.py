@@ -82,5 +82,7 @@ def streaming_parts(model, config, plan, *, layers=None) -> tuple:
         ok = all(mlock_buffer(a) for a in model.dense.values())
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
+    if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)
+        from strata.numpy_backend.hyper_compute import HyperNumpyCompute as NumpyCompute  # noqa: N814
     compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers)
     return arena, compute, tuple(notes)

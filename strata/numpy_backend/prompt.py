@@ -55,6 +55,12 @@ def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.nd
     """
     cfg = params.cfg
     select = select or ref.plain_select(cfg, params.dense)
+    if cfg.hc_count:  # Qwen4-Exp: the hyper-connection loop, with the grouped experts
+        from strata.reference.hyper_model import hyper_forward
+
+        logits, state = hyper_forward(params, state, tokens, select=select, window=window,
+                                      moe_output=grouped_moe_output)
+        return logits if all_logits else logits[-1:], state
     x = ref.embed(params, tokens)
     layers = list(state.layers)
     for layer in range(cfg.n_layers):

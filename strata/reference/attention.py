@@ -102,12 +102,14 @@ def window_of(cfg: ModelConfig, layer: int) -> int:
 
 
 def attention(
-    cfg: ModelConfig, dense: dict, layer: int, kv: LayerKV, x: np.ndarray
+    cfg: ModelConfig, dense: dict, layer: int, kv: LayerKV, x: np.ndarray, *, keep: np.ndarray | None = None
 ) -> tuple[np.ndarray, LayerKV]:
     """Causal self-attention of the new positions over the cache and themselves.
 
+    keep: which keys each query may see besides causality (Qwen4-Exp's indexer selection).
+
     Shapes:
-        x: [T, D] (already normed) -> ([T, D], LayerKV with T more positions)
+        x: [T, D] (already normed), keep: bool [T, S] (S = cached + T) -> ([T, D], LayerKV with T more positions)
     """
     n = TensorNames
     w = lambda s: dense[n.block(layer, s)]  # noqa: E731
@@ -142,6 +144,8 @@ def attention(
     causal = np.arange(s)[None, :] <= positions[:, None]  # [T, S]
     if window_of(cfg, layer):
         causal &= np.arange(s)[None, :] > positions[:, None] - window_of(cfg, layer)
+    if keep is not None:
+        causal &= keep
     scores = np.where(causal[None], scores, np.float32(-np.inf))
     probs = softmax_with_sinks(scores, w(n.attn_sinks) if cfg.attention_sinks else None)
     out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]

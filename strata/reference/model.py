@@ -23,6 +23,7 @@ from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.reference.deltanet import DeltaNetState, deltanet, kept_position
 from strata.reference.experts import dense_swiglu, expert_act, routed_experts, shared_expert
 from strata.reference.mla import LatentKV, mla
+from strata.reference.ngram_rows import NgramRows
 from strata.reference.routing import RouterRule, Selection, route, router_logits
 
 
@@ -47,6 +48,10 @@ LayerState = LayerKV | DeltaNetState | LatentKV
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
     """The state layer `layer` starts from, chosen by its mixer kind."""
+    if cfg.hc_count:  # Qwen4-Exp: DeltaNet (+ its PLE module's) or indexed attention (reference/hyper_model.py)
+        from strata.reference.hyper_model import hyper_layer_state
+
+        return hyper_layer_state(cfg, layer)
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
         return LayerKV.empty(cfg)
@@ -95,7 +100,10 @@ class ModelState:
 
     def kept_position(self, n: int) -> int:
         """The largest m <= n every held layer can restore (n itself when none is recurrent)."""
-        return kept_position(self.held, max(0, min(int(n), self.length)))
+        from strata.reference.ple import PleLayerState  # a PLE module keeps snapshots where its DeltaNet does
+
+        held = tuple(s.mixer if isinstance(s, PleLayerState) else s for s in self.held)
+        return kept_position(held, max(0, min(int(n), self.length)))
 
 
 # (layer, router logits z [E] of one token) -> the selection for that token
@@ -236,6 +244,7 @@ def forward(
     trace: bool = False,
     window: bool = False,
     layers: LayerRange | None = None,
+    rows: NgramRows | None = None,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
@@ -246,12 +255,18 @@ def forward(
     `layers`: compute only that range (a pipeline stage; default every layer): a range that does
     not embed takes the hidden state [T, D] as `tokens`, one that does not head returns it, and
     the state returned holds that range's layers only (the others: None, another stage's).
+    `rows`: the PLE layers' n-gram row source (Qwen4-Exp; default the tables among the dense weights).
 
     Shapes:
         tokens: [T] (or float32 [T, D]) -> logits [T, vocab] float32 (or the hidden state [T, D])
     """
     cfg = params.cfg
     select = select or plain_select(cfg, params.dense)
+    if cfg.hc_count:  # hyper-connection streams instead of one residual (reference/hyper_model.py)
+        from strata.reference.hyper_model import hyper_forward
+
+        return hyper_forward(params, state, tokens, select=select, trace=trace, window=window, layers=layers,
+                             rows=rows)
     layers = layers or LayerRange.whole(cfg)
     x = embed(params, tokens) if layers.embeds else np.asarray(tokens, dtype=np.float32)
     held = layers.layers

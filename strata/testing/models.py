@@ -91,6 +91,19 @@ SHAPES: dict[str, ModelConfig] = {
         attention_sinks=True, attention_output_bias=True, rope_scaling=RopeScaling.YARN, yarn_factor=8.0,
         yarn_original_context=32, yarn_truncate=False, yarn_attention_factor=1.2079441541679836,
     ),
+    # Qwen4-Exp style: 4 hyper-connection streams, three DeltaNet layers (PLE modules on two), then
+    # indexed attention whose budget (2 blocks of 4) is smaller than most contexts, so selection matters
+    "qwen4": ModelConfig(
+        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=4, n_heads=4,
+        n_kv_heads=2, head_dim=32, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
+        shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
+        layer_types=(LayerType(Mixer.DELTANET, Ffn.MOE),) * 3 + (LayerType(Mixer.INDEXED_ATTENTION, Ffn.MOE),),
+        rotary_dim=8, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
+        linear_v_head_dim=16, linear_conv_kernel=4, hc_count=4, hc_lowrank=16, indexer_heads=2,
+        indexer_head_dim=16, indexer_budget=8, indexer_block=4, ple_layer_ids="0,2", ple_embed_dim=32,
+        ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=2, ngram_vocab_base=101, ngram_vocab_divisor=8,
+        ngram_seed=1234, ngram_eos_token=BYTE_VOCAB - 1,
+    ),
     "demo": ModelConfig(
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
         n_kv_heads=2, head_dim=32, n_experts=64, n_experts_per_token=4, expert_ffn_size=128,

@@ -1,0 +1,112 @@
+"""`HyperMlxCompute`: the runtime's LayerCompute seam for a hyper-connection model (Qwen4-Exp) on
+MLX, routed experts from a streaming MlxArena (twin of numpy_backend/hyper_compute.py).
+
+The runtime's loop is unchanged; what it calls `x` is the residual streams [T, hc * D], wrapped
+after `mixer` in a `_Streams` that `router_input` fills with the MoE block's input h and its
+injection weights, which `combine` uses to write routed + shared back into the streams. The
+pieces are the ops twin's (mlx_backend/hyper_model.py); the read-ahead guess applies a Q8_0 copy
+of the next MoE layer's router (`pred_q8`, as MlxCompute; it only chooses what to read ahead).
+PLE rows come from the row source.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from strata.errors import ConfigError
+from strata.formats.expert_record import RecordLayout
+from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.experts import combine, routed_partials, shared_partials
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hc_read, hc_write, hyper_head, hyper_mixer
+from strata.mlx_backend.quants import gemv, to_mlx
+from strata.reference.quants import quantize
+from strata.reference.experts import expert_act
+from strata.reference.ngram_rows import NgramRows
+
+__all__ = ["HyperMlxCompute"]
+
+
+class _Streams:
+    """The streams after a layer's mixer; after `router_input`, also h [T, D] and inject [T, hc]."""
+
+    __slots__ = ("layer", "streams", "h", "inject")
+
+    def __init__(self, layer: int, streams: mx.array) -> None:
+        self.layer, self.streams = layer, streams
+        self.h = self.inject = None
+
+
+class HyperMlxCompute:
+    """LayerCompute over HyperMlxParams (dense, resident) and an MlxArena (experts by slot)."""
+
+    synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
+
+    def __init__(self, params: HyperMlxParams, arena: MlxArena, layout: RecordLayout, rows: NgramRows, *,
+                 pred_q8: bool = True) -> None:
+        self.params, self.arena, self.layout, self.rows = params, arena, layout, rows
+        self.state = empty_hyper_state(params.cfg)
+        self._tokens = np.zeros(0, np.int64)
+        self._guess = ({l: to_mlx(quantize(QuantType.Q8_0, np.array(lw.router))) for l, lw in enumerate(params.layers)}
+                       if pred_q8 else {})
+
+    @property
+    def length(self) -> int:
+        return self.state.length
+
+    def trim(self, n: int) -> None:
+        self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(n)
+
+    def embed(self, tokens: np.ndarray) -> mx.array:
+        self._tokens = np.asarray(tokens, np.int64).reshape(-1)
+        x = self.params.embed[mx.array(self._tokens.astype(np.int32))]
+        return mx.concatenate([x] * self.params.cfg.hc_count, axis=1)
+
+    def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Streams:
+        layers = list(self.state.layers)
+        streams, layers[layer] = hyper_mixer(self.params, layer, layers[layer], x, self._tokens, self.rows, window)
+        self.state = type(self.state)(tuple(layers))
+        return _Streams(layer, streams)
+
+    def dense_ffn(self, layer: int, x: _Streams) -> mx.array:
+        raise ConfigError("hc_count: a hyper-connection model has no dense FFN layers")
+
+    def router_input(self, layer: int, x: _Streams) -> _Streams:
+        x.h, x.inject = hc_read(self.params.cfg, self.params.layers[layer].hc_ffn, x.streams)
+        return x
+
+    def router_logits(self, layer: int, h: _Streams) -> np.ndarray:
+        return np.array(h.h @ self.params.layers[layer].router.T, dtype=np.float32)  # the host round trip
+
+    def guess_logits(self, layer: int, h: _Streams) -> np.ndarray:
+        g = gemv(self._guess[layer], h.h) if layer in self._guess else h.h @ self.params.layers[layer].router.T
+        return np.array(g, dtype=np.float32)
+
+    def shared(self, layer: int, h: _Streams):
+        out = shared_partials(h.h, self.params.layers[layer].shared)
+        mx.async_eval(out)  # runs on the GPU while the host takes its turn
+        return out
+
+    def routed(self, layer: int, h: _Streams, slots: np.ndarray, weights: np.ndarray) -> mx.array:
+        out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
+                              np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
+        if slots.shape[0] > 1:  # a prompt pass: read its slots before the cache hands them out again
+            mx.eval(out)
+        else:
+            mx.async_eval(out)
+        return out
+
+    def combine(self, x: _Streams, parts: Sequence[mx.array], shared) -> mx.array:
+        routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)
+        gate_inp = self.params.layers[x.layer].shared.gate_inp
+        moe = combine(mx.zeros_like(x.h), routed, shared, x.h, gate_inp)
+        return hc_write(x.streams, x.inject, moe)
+
+    def head(self, x: mx.array) -> np.ndarray:
+        return np.array(hyper_head(self.params, x), dtype=np.float32)

@@ -1,0 +1,59 @@
+"""`MlxHyperEngine`: the Engine protocol over the MLX twin of a hyper-connection model (Qwen4-Exp),
+every expert resident (mlx_backend/hyper_model.py: MLX ops, the model's routing on the device).
+No compiled decode yet: each call runs the ops forward. PLE rows come from the model's row source
+(the resident tables by default)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.config import Config
+from strata.mlx_backend.engine import load_resident_arena
+from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hyper_forward, to_hyper_params
+from strata.reference.hyper_model import resident_rows
+from strata.reference.ngram_rows import NgramRows
+from strata.session import SessionEngine
+
+__all__ = ["MlxHyperEngine"]
+
+
+class MlxHyperEngine(SessionEngine):
+    kind = "mlx resident"
+
+    def __init__(self, params: HyperMlxParams, rows: NgramRows, *, model=None, config=None,
+                 expert_reads: int = 0) -> None:
+        super().__init__(model, config)
+        self.params, self.rows = params, rows
+        self.state = empty_hyper_state(params.cfg)
+        self._reads = expert_reads
+
+    @classmethod
+    def open(cls, model, config: Config) -> "MlxHyperEngine":
+        """Every expert of `model` (a strata.loader.Model) read once into an MLX arena."""
+        xf = model.experts_file
+        arena = load_resident_arena(xf, verify=config.verify_reads)
+        params = to_hyper_params(model.cfg, model.dense, arena=arena, rec=xf.layout)
+        return cls(params, resident_rows(model.cfg, model.dense), model=model, config=config,
+                   expert_reads=xf.header.n_records)
+
+    def _run(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
+        logits, self.state = hyper_forward(self.params, self.state, tokens, self.rows, window=window)
+        return np.array(logits, dtype=np.float32)
+
+    def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run(tokens)[-1]
+
+    def _decode(self, token: int) -> np.ndarray:
+        return self._run(np.asarray([token]))[-1]
+
+    def _window(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run(tokens, window=True)
+
+    def _truncate(self, n: int) -> None:
+        self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(super().kept_position(n))
+
+    def _expert_reads(self) -> int:
+        return self._reads

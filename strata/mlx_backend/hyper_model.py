@@ -1,0 +1,202 @@
+"""Twin of strata.reference.hyper_model on MLX ops: the forward of a hyper-connection model
+(Qwen4-Exp), every expert resident in one MLX arena.
+
+An ops-level twin: the hyper-connections, the PLE term (mlx_backend/ple.py), the indexed
+attention (mlx_backend/indexed_attention.py) and the DeltaNet (mlx_backend/deltanet.py, its input
+normed by the hyper-connection) are MLX ops on float32 weights; routing is the model's rule on
+the device (`experts_route`, as the resident engine of every family routes) or the reference's on
+the host, the routed experts the backend's over the arena, the gated shared expert its
+`shared_partials`. Held to the reference within FORWARD.
+
+Shapes: T positions, S = hc_count * D streams, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import mlx.core as mx
+import numpy as np
+
+from strata.formats.expert_record import RecordLayout, pack_record
+from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
+from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
+from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
+from strata.mlx_backend.indexed_attention import IndexedWeights, empty_indexed_state, indexed_attention
+from strata.mlx_backend.model import fill_resident_arena, selections_to_slots
+from strata.mlx_backend.ple import PleWeights, empty_ple_state, grouped_rms_norm, ple
+from strata.model_config import Mixer, ModelConfig, TensorNames
+from strata.qwen4_config import HC_FINAL, Qwen4Names, ple_layers
+from strata.reference.experts import expert_act
+from strata.reference.model import ExpertSource, ModelState, check_token_ids, router_rules
+from strata.reference.ngram_rows import NgramRows
+from strata.reference.ple import PleLayerState
+from strata.reference.routing import RouterRule, route
+
+__all__ = ["HyperMlxParams", "to_hyper_params", "empty_hyper_state", "hyper_forward", "hyper_mixer", "hc_read",
+           "hc_write", "hyper_head"]
+
+
+@dataclass(frozen=True, eq=False)
+class HcWeights:
+    """float32. Shapes: norm [S], down [r, S], up [S, r], inject [hc, S] or None (before the head)"""
+
+    norm: mx.array
+    down: mx.array
+    up: mx.array
+    inject: mx.array | None
+
+
+@dataclass(frozen=True, eq=False)
+class HyperLayer:
+    hc_attn: HcWeights
+    hc_ffn: HcWeights
+    mixer: DeltaNetWeights | IndexedWeights
+    ple: PleWeights | None
+    router: mx.array  # float32 [E, D]
+    shared: SharedWeights
+    rule: RouterRule
+
+
+@dataclass(frozen=True, eq=False)
+class HyperMlxParams:
+    cfg: ModelConfig
+    layers: tuple[HyperLayer, ...]
+    embed: mx.array  # [V, D]
+    output: mx.array  # [V, D]
+    hc_out: HcWeights
+    arena: MlxArena | None  # every expert (slot m*E + e); None when experts stream (hyper_compute.py)
+    rec: RecordLayout | None
+
+
+def _hc(get, prefix: str, inject: bool = True) -> HcWeights:
+    q = Qwen4Names
+    return HcWeights(get(q.hc(prefix, q.hc_norm)), get(q.hc(prefix, q.hc_down)), get(q.hc(prefix, q.hc_up)),
+                     get(q.hc(prefix, q.hc_inject)) if inject else None)
+
+
+def _layer(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, rule: RouterRule) -> HyperLayer:
+    n, q = TensorNames, Qwen4Names
+    get = lambda name: mx.array(np.asarray(dense[name], np.float32))  # noqa: E731
+    b = lambda s: get(n.block(layer, s))  # noqa: E731
+    if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
+        mixer = IndexedWeights(b(n.attn_q), b(n.attn_gate), b(n.attn_k), b(n.attn_v), b(n.attn_output),
+                               b(n.attn_q_norm), b(n.attn_k_norm), b(q.idx_qk), b(q.idx_q_norm), b(q.idx_k_norm))
+    else:
+        w_in = mx.concatenate([b(n.ssm_qkv), b(n.ssm_z), b(n.ssm_beta), b(n.ssm_alpha)])
+        mixer = DeltaNetWeights(None, w_in, b(n.ssm_conv), b(n.ssm_a), b(n.ssm_dt_bias), b(n.ssm_norm), b(n.ssm_out))
+    ple_w = None
+    if layer in ple_layers(cfg):
+        ple_w = PleWeights(b(q.ple_key), b(q.ple_value), b(q.ple_key_norm), b(q.ple_query_norm), b(q.ple_conv_norm),
+                           b(q.ple_conv))
+    shared = SharedWeights(b(n.shexp_gate), b(n.shexp_up), b(n.shexp_down), b(n.shexp_gate_inp))
+    return HyperLayer(_hc(get, n.block(layer, "hc_attn")), _hc(get, n.block(layer, "hc_ffn")), mixer, ple_w,
+                      b(n.router), shared, rule)
+
+
+def to_hyper_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], experts: ExpertSource | None = None, *,
+                    arena: MlxArena | None = None, rec: RecordLayout | None = None,
+                    resident: bool = True) -> HyperMlxParams:
+    """MLX weights (float32) from the reference's dense dict, every routed expert in one arena
+    (slot m*E + e): packed from `experts`, or an arena already filled (with its record layout);
+    resident=False: no experts (they stream through a runtime arena). The n-gram tables stay
+    where the row source has them."""
+    n = TensorNames
+    rules = router_rules(cfg, dense)
+    layers = tuple(_layer(cfg, dense, l, rules[cfg.moe_index(l)]) for l in range(cfg.n_layers))
+    get = lambda name: mx.array(np.asarray(dense[name], np.float32))  # noqa: E731
+    embed_w = get(n.token_embd)
+    output = embed_w if cfg.tie_embeddings else get(n.output)
+    if arena is None and resident:
+        first = experts.expert(0, 0)
+        rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
+        arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
+        fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
+    return HyperMlxParams(cfg, layers, embed_w, output, _hc(get, HC_FINAL, inject=False), arena, rec)
+
+
+def empty_hyper_state(cfg: ModelConfig) -> ModelState:
+    """The reference's ModelState with MLX arrays: DeltaNet (+ PLE) or indexed-attention states."""
+    def one(layer: int):
+        if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
+            return empty_indexed_state(cfg)
+        if layer in ple_layers(cfg):
+            return PleLayerState(empty_deltanet_state(cfg), empty_ple_state(cfg, layer))
+        return empty_deltanet_state(cfg)
+    return ModelState(tuple(one(l) for l in range(cfg.n_layers)))
+
+
+def hc_read(cfg: ModelConfig, w: HcWeights, streams: mx.array) -> tuple[mx.array, mx.array | None]:
+    """Twin of reference `hc_read`. streams [T, S] -> (input [T, D], inject [T, hc] or None)"""
+    hc, d, t = cfg.hc_count, cfg.hidden_size, streams.shape[0]
+    normed = grouped_rms_norm(streams, w.norm, d, cfg.rms_norm_eps)
+    low = normed @ w.down.T / hc
+    mix = mx.sigmoid((low * mx.sigmoid(low)) @ w.up.T)
+    block_input = (mix * normed).reshape(t, hc, d).mean(axis=1)
+    if w.inject is None:
+        return block_input, None
+    return block_input, 2.0 * mx.sigmoid(normed @ w.inject.T / hc)
+
+
+def hc_write(streams: mx.array, inject: mx.array, out: mx.array) -> mx.array:
+    """Twin of reference `hc_write`. streams [T, S], inject [T, hc], out [T, D] -> [T, S]"""
+    t, hc = inject.shape
+    return streams + (inject[:, :, None] * out[:, None, :]).reshape(t, -1)
+
+
+def hyper_mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens: np.ndarray, rows: NgramRows,
+           window: bool):
+    cfg, lw = p.cfg, p.layers[layer]
+    if isinstance(state, PleLayerState):
+        extra, ple_state = ple(cfg, lw.ple, layer, rows, state.ple, streams, tokens, window=window)
+        streams = streams + extra
+        a, inject = hc_read(cfg, lw.hc_attn, streams)
+        out, mixer_state = deltanet_partials(cfg, lw.mixer, state.mixer, a, window=window)
+        return hc_write(streams, inject, out[:, 0]), PleLayerState(mixer_state, ple_state)
+    a, inject = hc_read(cfg, lw.hc_attn, streams)
+    if isinstance(lw.mixer, IndexedWeights):
+        out, state = indexed_attention(cfg, lw.mixer, state, a)
+    else:
+        parts, state = deltanet_partials(cfg, lw.mixer, state, a, window=window)
+        out = parts[:, 0]
+    return hc_write(streams, inject, out), state
+
+
+def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows, *, window: bool = False,
+                  device_routing: bool = True) -> tuple[mx.array, ModelState]:
+    """Twin of reference `hyper_forward` with the model's own routing: on the device (no host
+    round trip per layer), or device_routing=False on the host by the reference's `route`.
+
+    Shapes: tokens [T] -> (logits float32 [T, V], state)"""
+    cfg = p.cfg
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
+    check_token_ids(tokens, cfg.vocab_size)
+    x = p.embed[mx.array(tokens.astype(np.int32))]
+    streams = mx.concatenate([x] * cfg.hc_count, axis=1)  # [T, S]
+    new_layers = list(state.layers)
+    act = expert_act(cfg)
+    for layer in range(cfg.n_layers):
+        lw = p.layers[layer]
+        streams, new_layers[layer] = hyper_mixer(p, layer, state.layers[layer], streams, tokens, rows, window)
+        h, inject = hc_read(cfg, lw.hc_ffn, streams)
+        z = h @ lw.router.T  # [T, E]
+        base = cfg.moe_index(layer) * cfg.n_experts
+        if device_routing:  # the model's rule on the device (selects exactly as the host: ROUTING)
+            routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, act)
+        else:  # one host round trip: the reference's rule decides
+            zh = np.array(z)
+            slots, weights = selections_to_slots([route(zh[t], lw.rule) for t in range(len(zh))],
+                                                 cfg.n_experts_per_token, base)
+            routed, shared = routed_partials(p.arena.array, p.rec, h, slots, weights, act=act), shared_partials(
+                h, lw.shared)
+        moe = combine(mx.zeros_like(h), routed, shared, h, lw.shared.gate_inp)
+        streams = hc_write(streams, inject, moe)
+    return hyper_head(p, streams), ModelState(tuple(new_layers))
+
+
+def hyper_head(p: HyperMlxParams, streams: mx.array) -> mx.array:
+    """Twin of reference `hyper_head`: the last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
+    final, _ = hc_read(p.cfg, p.hc_out, streams)
+    return final @ p.output.T

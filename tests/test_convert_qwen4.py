@@ -1,0 +1,294 @@
+"""`strata convert` of Qwen4-Exp against transformers: the text-only layout and the published
+multimodal one (tests/hf_qwen4.py builds them; checked in under tests/fixtures/hf/ with
+transformers' outputs: tests/hf_fixtures.py).
+
+Teacher-forced over PARITY_TEXT (131 positions, holding the PLE's end-of-sequence token many
+times): f16 experts within QWEN4_F16_LOGIT_BUDGET of the logit scale, the same 32 greedy tokens
+as transformers' generate (a prompt holding that token), q8_0 the same argmax on >=
+Q8_ARGMAX_AGREEMENT of positions. Then: the QSA selection is exercised (a budget below the
+context) and decided by no tie; the n-gram table shards concatenate like one table; a pruned
+checkpoint converts as an ordinary one; the vision tower and the MTP layer are skipped with
+notes; unhandled config values are refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests import hf_models, hf_qwen4  # noqa: E402
+from strata.convert import convert  # noqa: E402
+from strata.convert.qwen4_exp import ngram_tables  # noqa: E402
+from strata.convert.safetensors_reader import Checkpoint  # noqa: E402
+from strata.errors import ConfigError  # noqa: E402
+from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.generate import generate  # noqa: E402
+from strata.loader import load  # noqa: E402
+from strata.model_config import Mixer, TensorNames  # noqa: E402
+from strata.qwen4_config import Qwen4Names, ple_layers  # noqa: E402
+from strata.reference import indexed_attention as qsa  # noqa: E402
+from strata.reference.model import ModelState, forward, router_rule  # noqa: E402
+from strata.reference.routing import route  # noqa: E402
+from strata.reference.sampling import log_softmax  # noqa: E402
+from tests.budgets import Q8_ARGMAX_AGREEMENT, QSA_TIE_MARGIN, QWEN4_F16_LOGIT_BUDGET  # noqa: E402
+from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=hf_qwen4.ARCHS)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def checkpoint(arch, tmp_path_factory):
+    return hf_qwen4.cached_checkpoint(arch, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def converted(arch, checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"strata_{arch}")
+    models = {}
+    for qt in (QuantType.F16, QuantType.Q8_0):
+        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
+        models[qt] = (load(r.model_path), r)
+    return models
+
+
+def _tokens(model, expected=None) -> np.ndarray:
+    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+    if expected is not None:
+        np.testing.assert_array_equal(tokens, expected.tokens)
+    return tokens
+
+
+def _logits(model, tokens, **kw):
+    return forward(model.resident_params(), ModelState.empty(model.cfg), tokens, **kw)[0]
+
+
+def _mean_kld(p_logits, q_logits) -> float:
+    lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+
+
+def test_f16_logits_match_transformers(arch, checkpoint, converted):
+    model = converted[QuantType.F16][0]
+    tokens = _tokens(model, checkpoint[1])
+    assert len(tokens) >= 128
+    assert np.count_nonzero(tokens == model.cfg.ngram_eos_token) >= 2  # the shifts stop inside the text
+    ref, got = checkpoint[1].logits, _logits(model, tokens)
+    scale = float(np.abs(ref).max())
+    rel = float(np.abs(got - ref).max()) / scale
+    print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
+          f"KLD {_mean_kld(ref, got):.2e}")
+    assert rel <= QWEN4_F16_LOGIT_BUDGET
+
+
+def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
+    model = converted[QuantType.F16][0]
+    prompt = [int(t) for t in _tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
+    assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
+    assert model.cfg.ngram_eos_token in prompt
+    ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
+    assert ours == checkpoint[1].greedy and len(ours) == GREEDY_STEPS
+
+
+def test_q8_0_argmax_agrees(arch, checkpoint, converted):
+    model = converted[QuantType.Q8_0][0]
+    tokens = _tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, _logits(model, tokens)
+    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    print(f"\n{arch} q8_0: argmax agreement {agree:.4f}, KLD {_mean_kld(ref, got):.2e}")
+    assert agree >= Q8_ARGMAX_AGREEMENT
+
+
+def test_config_carried_over(arch, converted):
+    cfg, r = converted[QuantType.F16][0].cfg, converted[QuantType.F16][1]
+    assert cfg.architecture == arch
+    assert [k.mixer for k in cfg.kinds] == [Mixer.DELTANET] * 3 + [Mixer.INDEXED_ATTENTION]
+    assert (cfg.hc_count, cfg.hc_lowrank) == (hf_qwen4.HC_COUNT, hf_qwen4.HC_LOWRANK)
+    assert ple_layers(cfg) == tuple(i - 1 for i in hf_qwen4.PLE_LAYER_IDS)
+    assert (cfg.indexer_heads, cfg.indexer_budget, cfg.indexer_block) == (
+        hf_qwen4.INDEXER_HEADS, hf_qwen4.INDEXER_BUDGET, hf_qwen4.INDEXER_BLOCK)
+    assert any("hash buffers" in n for n in r.notes)
+    assert any("vision tower" in n for n in r.notes) == (arch == "qwen4_exp")
+
+
+def _read_all(directory) -> dict[str, np.ndarray]:
+    """Every tensor of a checkpoint: floats as float32 (exact for its bf16), the hash buffers as int64."""
+    with Checkpoint(directory) as ck:
+        return {n: ck.read_raw(n, np.dtype("<i8")) if ck.info(n).dtype == "I64" else ck.read(n) for n in ck.tensors}
+
+
+def _index_scores(model, tokens):
+    """The QSA layer's block scores per query over the parity text, as reference/indexed_attention
+    computes them (the hyper-connection input is taken from a traced forward)."""
+    seen = {}
+    original = qsa.selected_keys
+
+    def spy(cfg_, queries, blocks, positions, n_keys):
+        seen["queries"], seen["blocks"] = queries, blocks
+        return original(cfg_, queries, blocks, positions, n_keys)
+
+    qsa.selected_keys = spy
+    try:
+        _logits(model, tokens)
+    finally:
+        qsa.selected_keys = original
+    return seen["queries"], seen["blocks"]
+
+
+def test_qsa_selection_matters_and_no_tie_decides_it(arch, converted):
+    """The budget (4 blocks) is below most queries' complete blocks, and at every such query the
+    last chosen block's score is clear of the first one left out (ties are broken by index here,
+    in an implementation-defined order by torch.topk: a tie would make the parity a coin toss)."""
+    if arch != "qwen4_exp_text":
+        pytest.skip("the same language model in both layouts")
+    model = converted[QuantType.F16][0]
+    cfg = model.cfg
+    queries, blocks = _index_scores(model, _tokens(model))
+    top, limited = cfg.indexer_budget // cfg.indexer_block, 0
+    for p in range(len(queries)):
+        complete = (p + 1) // cfg.indexer_block
+        if complete <= top:
+            continue
+        limited += 1
+        scores = np.sort(np.maximum(queries[p] @ blocks[:complete].T, 0).sum(axis=0))[::-1]
+        assert scores[top - 1] - scores[top] > QSA_TIE_MARGIN * max(scores[0], 1e-6), p
+    assert limited >= len(queries) // 2
+
+
+def test_unsharded_table_converts_to_the_same_model(arch, checkpoint, converted, tmp_path):
+    """A table saved whole (`ngram_embedding.weight`) reads like its row shards concatenated."""
+    from safetensors.numpy import save_file
+
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough: the table reader is shared")
+    src = tmp_path / "whole"
+    shutil.copytree(checkpoint[0], src)
+    raw = _read_all(src)
+    for layer in (i - 1 for i in hf_qwen4.PLE_LAYER_IDS):
+        base = f"model.layers.{layer}.ple.ple_embedding.ngram_embedding."
+        shards = [raw.pop(f"{base}shard_{i}.weight") for i in range(hf_qwen4.NGRAM_SHARDS)]
+        raw[base + "weight"] = np.concatenate(shards)
+    for f in src.glob("*.safetensors*"):
+        f.unlink()
+    save_file({n: np.ascontiguousarray(v) for n, v in raw.items()}, str(src / "model.safetensors"))
+    model = load(convert(src, tmp_path / "out", expert_type=QuantType.F16).model_path)
+    tokens = _tokens(model)
+    np.testing.assert_array_equal(_logits(model, tokens), _logits(converted[QuantType.F16][0], tokens))
+
+
+def test_pruned_experts_convert_as_ordinary_ones(arch, checkpoint, converted, tmp_path):
+    """Experts 6 and 7 dropped with their router rows (config.json still says 8): the model is one
+    of 6 experts, and computes what the original computes when routing only among the first 6
+    (softmax then top-k renormalized: the dropped experts' probabilities cancel)."""
+    from safetensors.numpy import save_file
+
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    keep = hf_models.EXPERTS - 2
+    src = tmp_path / "pruned"
+    shutil.copytree(checkpoint[0], src)
+    raw = _read_all(src)
+    for name in list(raw):
+        parts = name.split(".")
+        if "experts" in parts and int(parts[parts.index("experts") + 1]) >= keep:
+            del raw[name]
+        elif name.endswith("mlp.gate.weight"):
+            raw[name] = raw[name][:keep]
+    for f in src.glob("*.safetensors*"):
+        f.unlink()
+    save_file({n: np.ascontiguousarray(v) for n, v in raw.items()}, str(src / "model.safetensors"))
+    model = load(convert(src, tmp_path / "out", expert_type=QuantType.F16).model_path)
+    assert model.cfg.n_experts == keep
+    full = converted[QuantType.F16][0]
+    rule = router_rule(full.cfg)
+    tokens = _tokens(model)
+    restricted = _logits(full, tokens, select=lambda m, z: route(z[:keep], rule))
+    np.testing.assert_allclose(_logits(model, tokens), restricted, rtol=0, atol=1e-5)
+
+
+def test_mtp_layer_is_skipped_with_a_note(arch, checkpoint, tmp_path):
+    from safetensors.numpy import save_file
+
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    src = tmp_path / "mtp"
+    shutil.copytree(checkpoint[0], src)
+    save_file({"mtp.fc.weight": np.zeros((4, 4), np.float32)}, str(src / "mtp.safetensors"))
+    index = {"metadata": {}, "weight_map": {}}
+    with Checkpoint(checkpoint[0]) as ck:
+        index["weight_map"] = {n: "model.safetensors" for n in ck.tensors}
+    index["weight_map"]["mtp.fc.weight"] = "mtp.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    r = convert(src, tmp_path / "out", expert_type=QuantType.F16)
+    assert any("multi-token-prediction" in n for n in r.notes)
+
+
+def test_without_a_partial_rotary_factor_the_whole_head_rotates(arch, checkpoint, tmp_path):
+    """transformers' Qwen4-Exp default rope reads partial_rotary_factor with a default of 1.0: the
+    whole head (32 dims) then no longer fits the 16-wide indexer heads, which transformers' own
+    validation refuses too."""
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoint[0], src)
+    config = json.loads((src / "config.json").read_text())
+    del config["rope_parameters"]["partial_rotary_factor"]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=f"indexer_head_dim={hf_qwen4.INDEXER_HEAD_DIM} must hold the "
+                                          f"{hf_qwen4.HEAD_DIM} rotary dims"):
+        convert(src, tmp_path / "out", expert_type=QuantType.F16)
+
+
+REFUSALS = [
+    (lambda c: c.update(some_new_feature=1), "config key 'some_new_feature'"),
+    (lambda c: c.update(output_gate_type="sigmoid"), "output_gate_type = 'sigmoid'"),
+    (lambda c: c.update(indexer_kv_heads=2), "indexer_kv_heads = 2"),
+    (lambda c: c.update(layer_types=["linear_attention", "sliding_attention", "linear_attention",
+                                     "indexed_attention"]), "layer type 'sliding_attention'"),
+    (lambda c: c["rope_parameters"].update(rope_type="yarn", factor=4.0), "rope_type = 'yarn'"),
+]
+
+
+@pytest.mark.parametrize("change, message", REFUSALS, ids=[m for _, m in REFUSALS])
+def test_unhandled_config_values_are_refused_in_one_line(checkpoint, arch, change, message, tmp_path):
+    if arch != "qwen4_exp_text":
+        pytest.skip("the key table is shared by both layouts")
+    src = tmp_path / "ckpt"
+    shutil.copytree(checkpoint[0], src)
+    config = json.loads((src / "config.json").read_text())
+    change(config)
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as err:
+        convert(src, tmp_path / "out", expert_type=QuantType.F16)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tables_are_dense_tensors_and_ngram_tables_yields_them(arch, checkpoint, converted):
+    model = converted[QuantType.F16][0]
+    pairs = list(ngram_tables(model.cfg, model.dense))
+    assert [i for i, _ in pairs] == list(range(len(hf_qwen4.PLE_LAYER_IDS)))
+    raw = _read_all(checkpoint[0])
+    prefix = "model.language_model." if arch == "qwen4_exp" else "model."
+    for (i, table), layer in zip(pairs, ple_layers(model.cfg)):
+        assert table is model.dense[TensorNames.block(layer, Qwen4Names.ple_ngram)]
+        base = f"{prefix}layers.{layer}.ple.ple_embedding.ngram_embedding."
+        shards = [raw[f"{base}shard_{s}.weight"] for s in range(hf_qwen4.NGRAM_SHARDS)]
+        np.testing.assert_array_equal(table, np.concatenate(shards))  # the shards in order, values kept
+
+
+def test_tables_too_large_for_the_model_file_are_refused(arch, checkpoint, tmp_path, monkeypatch):
+    from strata.convert import qwen4_exp
+
+    if arch != "qwen4_exp_text":
+        pytest.skip("one layout is enough")
+    monkeypatch.setattr(qwen4_exp, "MAX_DENSE_TABLE_BYTES", 1000)
+    with pytest.raises(ConfigError, match="ple_layer_ids: the n-gram tables are"):
+        convert(checkpoint[0], tmp_path / "out", expert_type=QuantType.F16)
