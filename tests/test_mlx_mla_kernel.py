@@ -1,8 +1,9 @@
 """The MLA decode kernels (kernels/mla.py) on the emulated path against the reference
 (reference/mla.py): decoded positions after a prompt on the made `mla` heads (c = 32, r = 8: a
 cached row of 40 floats, ragged over the lanes), DeepSeek-V3's heads (c = 512, r = 64, n = v = 128,
-two of its 128 heads), a model without the q low-rank path and a ragged latent (c = 40, r = 6);
-the output and the cache rows after every step (MLA_KERNEL), six launches a position, DeepSeek's
+two of its 128 heads), a model without the q low-rank path, a ragged latent (c = 40, r = 6) and
+W_o in two column blocks (H v = 10240);
+the output and the cache rows after every step (MLA_KERNEL), 5 launches + one per W_o block, DeepSeek's
 YaRN (tables and the folded softmax scale), every split count and step shape (PB, HPW) agreeing
 (empty splits included), determinism, a latent the kernels refuse taking the ops
 path; the compiled decode's device-scalar step over latent layers (untraced, on the emulator);
@@ -45,6 +46,7 @@ HEADS = {  # (heads, q_lora_rank, kv_lora_rank, rope, nope, v)
     "deepseek_v3_heads": (2, 64, 512, 64, 128, 128),
     "no_q_lora": (4, 0, 32, 8, 16, 16),
     "ragged_40_r6": (3, 16, 40, 6, 10, 16),
+    "wide_wo_64x160": (64, 16, 32, 8, 16, 160),  # H v = 10240: W_o in two column blocks (8192 + 2048)
 }
 PROMPT, STEPS = 5, 3
 LAYER = 1
@@ -90,12 +92,13 @@ def _decode(cfg, w, kv, x, **kw):
 def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))
     kv = _prefilled(cfg, w, xs)
+    assert len(w.wo_blocks) == -(-cfg.n_heads * cfg.v_head_dim // 8192)
     with using_path(path), recording() as rec:
         assert mmla.kernel_applies(cfg, w)
         for i in range(PROMPT, PROMPT + STEPS):
             want, ref = ref_mla.mla(cfg, dense, LAYER, ref, rms_norm(xs[i:i + 1], norm, cfg.rms_norm_eps))
             got, kv, launches = _decode(cfg, w, kv, xs[i:i + 1])
-            assert launches == 6  # a-projections, q up-projection, query, attend, output, output projection
+            assert launches == 5 + len(w.wo_blocks)  # a- and q-projections, query, attend, output, W_o blocks
             assert_backends_agree(want, got, "MLA_KERNEL", what=f"{name} position {i}: output")
             assert_backends_agree(ref.latent, kv.latent(cfg), "MLA_KERNEL", what=f"{name} position {i}: cached latents")
             assert_backends_agree(ref.rope_key, kv.rope_key(cfg), "MLA_KERNEL", what=f"{name} position {i}: rope keys")
