@@ -168,7 +168,8 @@ def test_every_step_shape_gives_the_same_attention():
 
 
 def test_split_counts_follow_the_length():
-    assert [mla_kernel.splits_for(n) for n in (1, 256, 257, 1000, 4096, 10 ** 6)] == [1, 1, 2, 4, 16, mla_kernel.MAX_SPLITS]
+    per = mla_kernel.POSITIONS_PER_SPLIT
+    assert [mla_kernel.splits_for(n) for n in (1, per, per + 1, 3 * per + 1, 10 ** 6)] == [1, 1, 2, 4, mla_kernel.MAX_SPLITS]
     assert [mla_kernel.heads_per_block(h) for h in (128, 4, 6, 3)] == [8, 4, 2, 1]
 
 

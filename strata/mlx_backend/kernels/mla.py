@@ -46,7 +46,10 @@ from strata.mlx_backend.kernels.source import KernelSource
 THREADS = 256
 HEADS_PER_BLOCK = 8  # mla_attend: a warp per head; 8 heads share each row fetched into L1
 MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes, 8.4 MB at NS = 16, H = 128)
-POSITIONS_PER_SPLIT = 256  # below this many positions a split is not worth its partial
+# a split's positions are one warp's sequential steps: on the H200 NS = 2 at 512 positions (256
+# a warp) took 111 us a step, latency-bound; from ~8192 positions NS = 4..32 all ran 266-296 us,
+# issue-bound. So short contexts take many splits (each costs its H (c + 2) floats of partials)
+POSITIONS_PER_SPLIT = 32
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
 HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
 ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
