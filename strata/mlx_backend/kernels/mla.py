@@ -43,7 +43,9 @@ from strata.mlx_backend.kernels.launch import float_params, index_param, launch
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
 
-THREADS = 256
+# the query and output kernels: a block per head, one per SM at 128 heads, so a block's own loads
+# in flight are what HBM sees (512 threads x 4 rows x 16 bytes: 32 KB a block)
+THREADS = 512
 HEADS_PER_BLOCK = 8  # mla_attend: a warp per head; 8 heads share each row fetched into L1
 MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes, 8.4 MB at NS = 16, H = 128)
 # a split's positions are one warp's sequential steps: on the H200 NS = 2 at 512 positions (256
@@ -53,7 +55,7 @@ POSITIONS_PER_SPLIT = 32
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
 HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
 ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
-MAX_LATENT = 8 * THREADS  # c: a query block's 8-column groups fit its threads
+MAX_LATENT = 2048  # c: a query block's 8-column groups fit its threads (and RG x c floats its 32 KB)
 MAX_ROW = 32 * 32  # c + r: a lane holds at most 32 of a row's elements in registers
 
 QUERY_BODY = r"""
