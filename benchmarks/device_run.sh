@@ -22,6 +22,7 @@ TEST_SELECT=${STRATA_TEST_SELECT:-} DECODE_ARGS=${STRATA_DECODE_ARGS:-}
 HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
+# issue 19's stages (not in the default list): dispatch, decode_context, peers
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
@@ -35,8 +36,15 @@ HYBRID_S=${STRATA_HYBRID_S:-240}
 # per-layer shape with fewer layers; decode.py prints the per-layer ms and the 61 layers from them
 DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 24 --skip streaming,handshake}
 DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 16 --skip resident,handshake}
+NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
+# the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
+# the quick probe and the small model all-resident and at one arena, 150 s at most, JSON-PART lines as it goes
+DOCTOR_S=${STRATA_DOCTOR_S:-150}
+# dense weights as stored on the GPU (issue 22; STRATA_STAGES=dense): the MLX dense tests (the
+# Q8_0 GEMV path within FORWARD, F16 held as stored), then F32 / F16 / Q8_0 dense side by side
+DENSE_S=${STRATA_DENSE_S:-150}
 unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_DECODE_S STRATA_TEST_SELECT STRATA_DECODE_ARGS STRATA_HOST_TURN_S STRATA_SPEC_S
-unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S
+unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_NGRAM_ARGS STRATA_NGRAM_S STRATA_DOCTOR_S STRATA_DENSE_S
 unset STRATA_DEEPSEEK_RESIDENT_ARGS STRATA_DEEPSEEK_STREAM_ARGS
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
@@ -83,6 +91,9 @@ stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the streaming host turn by phase (MlxCompute on the GPU; the seed's layer shape, 16 layers)
 stage host_turn "$HOST_TURN_S" python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 stage decode "$DECODE_S" python3 benchmarks/decode.py $DECODE_ARGS
+# PLE n-gram rows from a row store on this machine's disk, cold page cache (issue 15; not in the
+# default list: STRATA_STAGES=ngram_rows): the row cache's ms/token and PLE wait per token
+stage ngram_rows "$NGRAM_S" python3 benchmarks/ngram_rows.py $NGRAM_ARGS
 # hybrids: the GPU tests (DeltaNet step kernel, gated / partial-rotary attend, the compiled hybrid
 # step, hybrid engines vs the reference on the GPU path), the DeltaNet kernels against their bytes,
 # the Qwen3.5-397B per-layer shape decoding all-resident and streaming
@@ -126,9 +137,27 @@ if command -v ncu >/dev/null; then
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/mla.py --ncu
 fi
+# the prompt path (issue 19): tok/s at the seed shape against the decode kernels' forward,
+# per-layer parts, the grouped GEMMs (first calls JIT-compile MLX's CUDA kernels: reported apart),
+# then its GPU tests. Not in the default list: STRATA_STAGES=prompt
+stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
+  PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
+  tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
+# issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
+# context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
+# (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).
+# STRATA_STAGES=dispatch,decode_context,peers
+stage dispatch 60 python3 benchmarks/dispatch.py
+stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
+stage peers 240 python3 benchmarks/peers.py
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.
 # Not in the default list: STRATA_STAGES=speculative
 stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
+stage doctor "$DOCTOR_S" python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
+  --budget-s $(( DOCTOR_S - 10 )) --cache-dir /tmp/strata-doctor-cache
+stage dense "$DENSE_S" bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs tests/test_mlx_dense.py -k "not emulated";
+  python3 benchmarks/dense_stored.py --backend mlx --shape demo --hidden 1024 --layers 8 --tokens 32 --case-timeout 40'
 echo "== done after $(( $(date +%s) - START ))s" | tee -a "$OUT/summary.log"

@@ -3,13 +3,15 @@ models (the embedded model; made `small` and `demo` models), all-resident and st
 several arenas. Prints a markdown table and, last, one JSON line.
 
     PYTHONPATH=$PWD python benchmarks/doctor_validate.py [--backend numpy|mlx] [--tokens 48]
-        [--remeasure] [--cache-dir DIR] [--json-out PATH]
+        [--remeasure] [--cache-dir DIR] [--json-out PATH] [--quick] [--budget-s S] [--case-timeout S]
 
 Each measured run is a fresh process (`strata.doctor.measure`), so its peak memory is its own;
 the machine profile the predictions use is the doctor's cached one (--remeasure: measure it
 first). Hit rates come from each model's own trace (recorded here on the held-out text).
 Targets: |error| <= 25% on decode tok/s, <= 10% on peak memory. The 1-minute load average is
 kept beside each measurement: on a shared machine it explains most of the scatter.
+`--quick` is the bounded variant for a GPU machine (QUICK below); every finished case prints a
+`JSON-PART` line at once, so a run cut off at its limit still says what it measured.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def _median_run(runs):
     return sorted(runs, key=lambda r: -r.decode_tps)[len(runs) // 2]
 
 
-def _cases(models: dict[str, Path]) -> list[tuple[str, Path, str]]:
+def _cases(models: dict[str, Path], fractions: tuple[float, ...]) -> list[tuple[str, Path, str]]:
     from strata.config import Config
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
@@ -89,40 +91,105 @@ def _cases(models: dict[str, Path]) -> list[tuple[str, Path, str]]:
         least = cache_config_for(model, Config(), 1).min_capacity
         model.experts_file.close()
         out.append((name, path, ""))
-        for f in ARENA_FRACTIONS:
+        for f in fractions:
             out.append((name, path, f"{max(least, int(f * total))}slots"))
     return out
 
 
+# --quick: the bounded variant for a lent GPU machine, where a fresh MLX process costs seconds and
+# the full run (12 cases x 3 rounds after a 21-process probe) ran past 200 s on the H200: the
+# `small` model all-resident and at one arena, one round, 24 tokens, the quick probe, no waiting
+# for a quiet machine (a lent GPU host is nobody else's), a 150 s budget.
+# Measured there (mid-session run): a fresh MLX process took 17-25 s for a run that decodes in well
+# under a second, so --quick also runs every case of a round in one process (`measure_batch`, each
+# run's peak from a reset high-water mark) and gives the probe at most PROBE_SHARE of the budget.
+QUICK = {"models": "small", "arenas": "0.3", "repeats": 1, "tries": 1, "tokens": 24, "wait_run": 0.0,
+         "budget_s": 150.0, "case_timeout": 45.0, "one_process": True}
+PROBE_SHARE = 0.6
+
+
+def _row(name: str, arena: str, pred, runs: list) -> dict:
+    m = _median_run(runs)
+    median_tps = 1.0 / m.median_token_s if m.median_token_s else 0.0
+    return {
+        "model": name, "arena": arena or "resident", "streaming": m.streaming,
+        "pred_tps": pred.tok_per_s, "tps": m.decode_tps, "median_tps": median_tps,
+        "tps_err": pred.tok_per_s / m.decode_tps - 1 if m.decode_tps else None,
+        "median_tps_err": pred.tok_per_s / median_tps - 1 if median_tps else None,
+        "pred_peak": pred.peak_memory, "peak": m.peak_rss, "peak_err": pred.peak_memory / m.peak_rss - 1,
+        "pred_urgent": pred.locality.urgent_per_token if pred.locality else 0.0,
+        "urgent": m.report.get("urgent_misses_per_token", 0.0),
+        "pred_hit": pred.locality.hit_rate if pred.locality else 1.0,
+        "hit": m.report.get("hit_rate", 1.0),
+        "pred_reads": pred.locality.reads_per_token if pred.locality else 0.0,
+        "reads": m.report.get("reads_per_token", 0.0), "load": (m.load_before + m.load_after) / 2,
+        "paging": m.paging, "runs_tps": [r.decode_tps for r in runs],
+        "others_busy": m.others_busy,
+    }
+
+
+def _part(kind: str, **fields) -> None:
+    """One JSON line as soon as a part is done (`JSON-PART`, as benchmarks/device_run.sh's stages
+    print them): a run cut off at its time limit still leaves every finished case."""
+    print("JSON-PART " + json.dumps({"part": kind, **fields}, sort_keys=True), flush=True)
+
+
 def main(argv=None) -> int:
+    import subprocess
+    import time
+
     from strata.config import Config
     from strata.default_model import default_model_path
     from strata.doctor import diagnose
-    from strata.doctor.measure import PROMPT, QUIET_OTHERS, measure_quiet
+    from strata.doctor.measure import PROMPT, QUIET_OTHERS, measure_batch, measure_quiet
     from strata.doctor.probe import default_cache_dir, machine_profile
+    from strata.loader import load
     from strata.testing.models import make_model
 
+    t0 = time.time()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="numpy", choices=("numpy", "mlx"))
-    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--quick", action="store_true",
+                   help="the bounded variant (QUICK in this file): small model, resident + one arena, one round, "
+                        "the quick probe, --budget-s 150; explicit flags override it")
+    p.add_argument("--tokens", type=int, default=None, help="decoded tokens per run (48; --quick: 24)")
     p.add_argument("--remeasure", action="store_true")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--json-out", default=None)
-    p.add_argument("--models", default="default,small,demo", help="which of default, small, demo (comma-separated)")
-    p.add_argument("--repeats", type=int, default=3, help="measured runs per case, in interleaved rounds (the median counts)")
-    p.add_argument("--tries", type=int, default=3,
-                   help="redo a run up to this many times while other processes keep >25%% of the CPUs busy")
+    p.add_argument("--models", default=None, help="which of default, small, demo (comma-separated; all three)")
+    p.add_argument("--arenas", default=None,
+                   help="streaming arenas as shares of every expert, comma-separated (0.15,0.3,0.6; --quick: 0.3)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="measured runs per case, in interleaved rounds (the median counts; 3, --quick: 1)")
+    p.add_argument("--tries", type=int, default=None,
+                   help="redo a run up to this many times while other processes keep >25%% of the CPUs busy (3)")
     p.add_argument("--wait-load", type=float, default=0.0,
                    help="before measuring, wait until the 1-minute load average is below this (0: do not wait)")
-    p.add_argument("--wait-run", type=float, default=120.0,
-                   help="before each run, wait up to this many seconds for the other processes to go quiet")
+    p.add_argument("--wait-run", type=float, default=None,
+                   help="before each run, wait up to this many seconds for the other processes to go quiet "
+                        "(120; 0: do not wait)")
     p.add_argument("--wait-max", type=float, default=600.0, help="seconds to wait for --wait-load at most")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall seconds for the whole run (0: none; --quick: 150): no run starts past it")
+    p.add_argument("--case-timeout", type=float, default=None, help="seconds one measured run may take (600; --quick: 45)")
+    p.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each round's cases in one process (--quick: yes), not a fresh process each")
     args = p.parse_args(argv)
+    base = {"models": "default,small,demo", "arenas": "0.15,0.3,0.6", "repeats": 3, "tries": 3, "tokens": 48,
+            "wait_run": 120.0, "budget_s": 0.0, "case_timeout": 600.0, "one_process": False}
+    for key, value in (QUICK if args.quick else base).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    fractions = tuple(float(f) for f in args.arenas.split(",") if f.strip())
+    left = lambda: args.budget_s - (time.time() - t0) if args.budget_s else float("inf")  # noqa: E731
     _wait_for_quiet(args.wait_load, args.wait_max)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
-    profile = machine_profile(args.backend, cache, remeasure=args.remeasure,
-                              progress=lambda m: print(f"# measuring this machine: {m}", file=sys.stderr))
-    rows = []
+    profile = machine_profile(args.backend, cache, remeasure=args.remeasure, quick=args.quick,
+                              timeout=min(600.0, max(10.0, PROBE_SHARE * left())),
+                              progress=lambda m: print(f"# {time.time() - t0:6.1f} s measuring this machine: {m}",
+                                                       file=sys.stderr, flush=True))
+    _part("profile", seconds=round(time.time() - t0, 1), profile=profile.to_dict())
+    rows, cut = [], []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         wanted = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -130,42 +197,52 @@ def main(argv=None) -> int:
         for name in wanted:
             models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
-        cases = _cases(models)
+        cases = _cases(models, fractions)
+        preds = []
+        for name, path, arena in cases:  # before measuring: a prediction reads no measurement
+            config = Config(backend=args.backend, **({"arena": arena} if arena else {}))
+            n_prompt = len(load(path).tokenizer.encode(PROMPT))
+            preds.append(diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
+                                  context=n_prompt + args.tokens, horizon=args.tokens, prompt=n_prompt).prediction)
         measured: dict[int, list] = {i: [] for i in range(len(cases))}
-        for _ in range(args.repeats):  # interleaved rounds: a load spike hits every case alike
+        for round_ in range(args.repeats if args.one_process else 0):  # each round's cases in one process
+            limit = min(args.case_timeout * len(cases), left())
+            if limit < 5:
+                cut.append(f"round {round_ + 1}: no time left")
+                continue
+            batch = [(path, {"backend": args.backend, **({"arena": arena} if arena else {})}) for _, path, arena in cases]
+            for i, run in enumerate(measure_batch(batch, max_tokens=args.tokens, timeout=limit)):
+                name, _, arena = cases[i]
+                if run is None:
+                    cut.append(f"{name} {arena or 'resident'} round {round_ + 1}: past the round's {limit:.0f} s")
+                    continue
+                measured[i].append(run)
+                if round_ == args.repeats - 1:
+                    _part("case", seconds=round(time.time() - t0, 1), **_row(name, arena, preds[i], measured[i]))
+        for round_ in range(0 if args.one_process else args.repeats):  # interleaved: a load spike hits all alike
             for i, (name, path, arena) in enumerate(cases):
                 overrides = {"backend": args.backend, **({"arena": arena} if arena else {})}
-                _wait_idle(QUIET_OTHERS, args.wait_run)
-                measured[i].append(measure_quiet(path, overrides, max_tokens=args.tokens, tries=args.tries))
+                limit = min(args.case_timeout, left())
+                if limit < 5:
+                    cut.append(f"{name} {arena or 'resident'} round {round_ + 1}: no time left")
+                    continue
+                if args.wait_run > 0:
+                    _wait_idle(QUIET_OTHERS, min(args.wait_run, limit / 2))
+                try:
+                    measured[i].append(measure_quiet(path, overrides, max_tokens=args.tokens, tries=args.tries,
+                                                     timeout=limit))
+                except subprocess.TimeoutExpired:
+                    cut.append(f"{name} {arena or 'resident'} round {round_ + 1}: past {limit:.0f} s")
+                    continue
+                if round_ == args.repeats - 1 or not left() > 0:
+                    row = _row(name, arena, preds[i], measured[i])
+                    _part("case", seconds=round(time.time() - t0, 1), **row)
         for i, (name, path, arena) in enumerate(cases):
-            overrides = {"backend": args.backend, **({"arena": arena} if arena else {})}
-            config = Config(**overrides)
-            from strata.loader import load
-
-            n_prompt = len(load(path).tokenizer.encode(PROMPT))
-            diag = diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
-                            context=n_prompt + args.tokens, horizon=args.tokens, prompt=n_prompt)
-            pred = diag.prediction
-            m = _median_run(measured[i])
-            median_tps = 1.0 / m.median_token_s if m.median_token_s else 0.0
-            row = {
-                "model": name, "arena": arena or "resident", "streaming": m.streaming,
-                "pred_tps": pred.tok_per_s, "tps": m.decode_tps, "median_tps": median_tps,
-                "tps_err": pred.tok_per_s / m.decode_tps - 1 if m.decode_tps else None,
-                "median_tps_err": pred.tok_per_s / median_tps - 1 if median_tps else None,
-                "pred_peak": pred.peak_memory, "peak": m.peak_rss, "peak_err": pred.peak_memory / m.peak_rss - 1,
-                "pred_urgent": pred.locality.urgent_per_token if pred.locality else 0.0,
-                "urgent": m.report.get("urgent_misses_per_token", 0.0),
-                "pred_hit": pred.locality.hit_rate if pred.locality else 1.0,
-                "hit": m.report.get("hit_rate", 1.0),
-                "pred_reads": pred.locality.reads_per_token if pred.locality else 0.0,
-                "reads": m.report.get("reads_per_token", 0.0), "load": (m.load_before + m.load_after) / 2,
-                "paging": m.paging, "runs_tps": [r.decode_tps for r in measured[i]],
-                "others_busy": m.others_busy,
-            }
-            rows.append(row)
+            if not measured[i]:
+                continue
+            rows.append(row := _row(name, arena, preds[i], measured[i]))
             print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
-                  f"(median {median_tps:.1f}), load {row['load']:.1f}", file=sys.stderr, flush=True)
+                  f"(median {row['median_tps']:.1f}), load {row['load']:.1f}", file=sys.stderr, flush=True)
     print(f"machine profile: {profile.backend}, measured at load {profile.load_avg:.1f}; "
           f"base RSS {profile.base_rss / 1e6:.1f} MB, layer {1e3 * profile.layer_s:.3f} ms, "
           f"turn {1e3 * profile.turn_s:.3f} ms + {1e6 * profile.turn_slot_s:.3f} us/slot, read {1e3 * profile.read_s:.3f} ms, miss {1e3 * profile.miss_s:.3f} ms\n")
@@ -178,11 +255,14 @@ def main(argv=None) -> int:
               f"| {r['peak'] / 1e6:.1f} | {100 * r['peak_err']:+.1f}% | {r['pred_urgent']:.2f} | {r['urgent']:.2f} "
               f"| {r['pred_reads']:.1f} | {r['reads']:.1f} | {100 * r['pred_hit']:.1f}% | {100 * r['hit']:.1f}% "
               f"| {r['load']:.1f} | {100 * r['others_busy']:.0f}% |")
+    for c in cut:
+        print(f"not measured: {c}")
     summary = {
-        "backend": args.backend, "tokens": args.tokens, "cases": len(rows),
-        "max_abs_tps_err": max(abs(r["tps_err"]) for r in rows),
-        "max_abs_median_tps_err": max(abs(r["median_tps_err"]) for r in rows),
-        "max_abs_peak_err": max(abs(r["peak_err"]) for r in rows),
+        "backend": args.backend, "tokens": args.tokens, "cases": len(rows), "quick": args.quick,
+        "seconds": round(time.time() - t0, 1), "cut": cut,
+        "max_abs_tps_err": max((abs(r["tps_err"]) for r in rows), default=None),
+        "max_abs_median_tps_err": max((abs(r["median_tps_err"]) for r in rows), default=None),
+        "max_abs_peak_err": max((abs(r["peak_err"]) for r in rows), default=None),
         "tps_within_target": sum(abs(r["tps_err"]) <= TPS_TARGET for r in rows),
         "median_tps_within_target": sum(abs(r["median_tps_err"]) <= TPS_TARGET for r in rows),
         "peak_within_target": sum(abs(r["peak_err"]) <= PEAK_TARGET for r in rows),

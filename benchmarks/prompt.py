@@ -4,6 +4,7 @@ against the numpy prompt path (strata/numpy_backend/prompt.py: each expert once 
 tokens, the head on the last position), in one process, alternating, on the same prompts.
 
     python benchmarks/prompt.py --lengths 64,256 --repeat 5
+    python benchmarks/prompt.py --mlx --lengths 512,2048   # the MLX engine's prompt path (prompt_mlx.py)
 prints a table and one JSON line (`JSON {...}`), with the load average (a shared machine's load
 moves both columns alike: the ratio is the figure to read).
 """
@@ -33,7 +34,19 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="runs per cell (the median is reported)")
     ap.add_argument("--threads", type=int, default=0, help="BLAS threads (0: strata's choice)")
     ap.add_argument("--model", default=None, help="a strata model (default: the embedded one)")
+    ap.add_argument("--mlx", action="store_true", help="the MLX engine's prompt path at the seed shape (prompt_mlx.py)")
+    ap.add_argument("--small", action="store_true", help="--mlx: a small shape (smoke test)")
+    ap.add_argument("--shared", action="store_true", help="--mlx: the seed shape with its shared expert")
+    ap.add_argument("--streaming", type=int, default=0, metavar="SLOTS",
+                    help="--mlx: also a streaming engine's prompt with an arena of SLOTS slots")
+    ap.add_argument("--gemms", default="", help="--mlx: grouped GEMMs to time, comma list of gather,padded,tiled,q2mma "
+                    "(default: all but gather where it is not the device's default: on CUDA it runs on SIMT cores)")
+    ap.add_argument("--skip-old", action="store_true", help="--mlx: do not time the decode kernels' forward")
     args = ap.parse_args()
+    if args.mlx:
+        import prompt_mlx  # benchmarks/ is on sys.path when run as a script
+
+        return prompt_mlx.main(args)
     model = strata.load(args.model)
     apply_threads(args.threads, model.cfg.hidden_size)
     params = model.resident_params()

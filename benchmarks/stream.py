@@ -100,12 +100,13 @@ def child(args) -> None:
     """One run in this process: prints one JSON line."""
     import strata
     from strata.config import load_config
+    from strata.formats.dense_weights import stored_bytes
     from strata.numpy_backend.engine import ReferenceEngine
     from strata.testing.engines import open_numpy_streaming
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     model = strata.load(args.model)
-    dense = sum(a.nbytes for a in model.dense.values())
+    dense = stored_bytes(model.dense)
     prompt = model.tokenizer.encode(PROMPT)
     overrides = json.loads(args.child)
     drop_cache(Path(model.experts_file.path))

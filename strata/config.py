@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from strata.errors import ConfigError
+from strata.reference.attention import KVPrecision
 from strata.reference.routing import STOCK_DROP_TAIL_RANK, BonusScale, MoCEPolicy
 
 
@@ -86,6 +87,9 @@ class Config:
                                 "generation, verified in one window (raises window to N+1; default 0: off)")
     spec_gate: bool = knob(True, "speculation switches itself off while it stops paying in bytes and ms per "
                                  "token (default on)")
+    # issue 19 (long-context decode): the attention caches' precision (reference.attention.KVPrecision)
+    kv_cache: KVPrecision = knob(KVPrecision.F32, "KV cache precision: f32 (exact, default) or f16 (each key and "
+                                                  "value rounded once: half the bytes; MLX engines only)")
 
     def __post_init__(self) -> None:
         for name, typ in _field_types().items():  # Config(backend="numpy", prefetch="16") reads like the CLI
@@ -146,7 +150,7 @@ class Config:
             raise ConfigError(f"config: {e}") from None
 
 
-_ENUMS: dict[str, type[enum.Enum]] = {"Backend": Backend, "BonusScale": BonusScale}
+_ENUMS: dict[str, type[enum.Enum]] = {"Backend": Backend, "BonusScale": BonusScale, "KVPrecision": KVPrecision}
 
 
 def field_types() -> dict[str, type]:

@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from strata.config import Backend, Config, load_config
+from strata.reference.attention import KVPrecision
 from strata.formats.quant_types import QuantType
 from strata.session import EngineStats
 
@@ -131,6 +132,10 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config)
     mlx = resolve_backend(model, config) is Backend.MLX
+    if config.kv_cache is not KVPrecision.F32 and not mlx:
+        from strata.errors import ConfigError
+
+        raise ConfigError(f"kv_cache {config.kv_cache.value}: the MLX engines only (numpy's caches are float32)")
     if not (plan.streaming if stream is None else stream):
         if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)
             from strata.mlx_backend.hyper_engine import MlxHyperEngine

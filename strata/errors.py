@@ -38,3 +38,7 @@ class NonFiniteError(StrataError, ValueError):
 
 class ParameterError(ConfigError, TypeError):
     """A public function's argument has the wrong type or value; the message names the parameter."""
+
+
+class RowReadError(StrataError, OSError):
+    """Reading a page of n-gram embedding rows failed (I/O error, short read, checksum mismatch)."""

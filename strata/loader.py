@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from strata.errors import FormatError
+from strata.formats.dense_weights import DenseWeights
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
@@ -37,7 +38,7 @@ class Model:
     session_engine opens and replaces it; `close()` closes it and the experts file)."""
 
     cfg: ModelConfig
-    dense: dict
+    dense: DenseWeights  # as the file stores them; dense[name] widens to float32 (formats/dense_weights.py)
     tokenizer: Tokenizer
     experts_file: ExpertsFile
     model_path: Path
@@ -111,7 +112,7 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     eos = mf.metadata.get(EOS_TOKEN_KEY)
     tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
                               eos_tokens=(eos,) if isinstance(eos, str) else ())
-    return Model(cfg=mf.cfg, dense=dict(mf.dense), tokenizer=tok, experts_file=xf, model_path=model_path)
+    return Model(cfg=mf.cfg, dense=mf.dense, tokenizer=tok, experts_file=xf, model_path=model_path)
 
 
 def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:

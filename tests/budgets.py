@@ -26,6 +26,17 @@ BUDGETS = {
     "FORWARD": Budget(rel_l2=1e-4, max_rel=5e-4),
     "ROUTING": Budget(rel_l2=1e-5, max_rel=1e-5),
     "QUANTIZED": Budget(rel_l2=2e-2, max_rel=5e-2),
+    # the MLX prompt path (mlx_backend/prompt.py) vs the float32 reference. Its projections and
+    # experts take activations as two float16 terms on float16-exact weights (lowp.py: float32
+    # level, seen 1.4e-6 with attention in float32); what is left is attention's float16 q, k, v
+    # (the fused kernel's inputs; its probabilities are float16 inside too): seen up to 3.8e-3
+    # relative L2 and 1.0e-2 max on the tiny made shapes, on prompts whose selections are decided
+    # by more than float16 noise (below that, another expert is a legitimate outcome)
+    "PROMPT": Budget(rel_l2=5e-3, max_rel=1.5e-2),
+    # a float16 KV cache (KVPrecision.F16) on both sides: FAST's float32 reordering may put a key
+    # or value on the other side of a binary16 rounding boundary, one half ulp (2^-11 relative)
+    # apart on that element, and the attention output carries it
+    "KV16": Budget(rel_l2=2e-4, max_rel=1e-3),
     # the MLA decode kernels (absorbed form) vs the reference's: the softmax scale folded into the
     # query, the latent sums split over row groups and flash-decoding splits; float32 reordering
     # as FAST, held to FAST's bound (seen 3e-7 to 6e-7 relative on the emulator)
@@ -104,3 +115,19 @@ GPT_OSS_MXFP4_LOGIT_BUDGET = 1e-5
 # transformers computes RoPE's inverse frequencies in float32 (base ** (i / dim), YaRN's ramp);
 # the reference in float64: a few float32 roundings apart
 ROPE_F32_RTOL = 1e-6
+
+# PLE read-ahead timing (tests/test_runtime_ngram_rows.py): a sleep-timed layer loop (100 ms a
+# layer) on a loaded 2-core machine. A wait the read-ahead hid is this close to zero (seen under
+# 1 ms idle); a wait it could not hide is the delay less the layers before, to within the same
+# slack. Thread wake-ups under a load average of 500 added up to 26 ms (seen), hence 40.
+PLE_WAIT_SLACK_S = 0.04
+# peak RSS of writing and streaming a row store, beyond the row cache and one shard: allocator
+# arenas, lazily imported modules, numpy's temporaries (as test_convert_streaming's RSS_SLACK)
+PLE_RSS_SLACK = 32 << 20
+
+# dense weights as stored (tests/test_formats_dense_weights.py): a made model whose dense part is
+# 120 MB in float32, loaded with Q8_0 dense and decoded on the reference in a fresh process, may
+# grow its peak resident set by at most this share of the float32 size. Measured 0.48 here (57 MB):
+# the stored 32 MB (0.27), the tensors a layer widens at once and the heap numpy keeps after them
+# (~14 MB), one prefill's transients (~11 MB). Float32 at load grew it by 1.11 (133 MB).
+PEAK_RSS_SHARE_OF_F32 = 0.6

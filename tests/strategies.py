@@ -111,3 +111,11 @@ def cache_turn_sequences(draw, config: CacheConfig, max_windows: int = 4):
     if prompt:
         events.append(HoldRegion(False))
     return events
+
+
+# ---------------------------------------------------------------- PLE rows
+
+
+def ngram_row_ids(rows: int, max_ids: int = 24):
+    """Row ids of one PLE layer's request: int64 [n] in [0, rows), repeats allowed."""
+    return hnp.arrays(np.int64, st.integers(1, max_ids), elements=st.integers(0, rows - 1))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +186,20 @@ def test_mlx_checkpoint_config(tmp_path):
     assert "MLX 4-bit" in d.prediction.summary
     bits = 4 + 2 * 16 / 64
     assert d.source.stored["experts"] == int(d.source.counts.total_experts * d.source.counts.expert_weights * bits / 8)
+
+
+def test_measure_batch_runs_in_one_process_with_each_runs_own_peak(tmp_path):
+    """The bounded validation's runs: several in one child, each with its report and a peak
+    reset before it (a streaming run after an all-resident one does not inherit its peak),
+    and runs past the time limit come back as None rather than failing the rest."""
+    from strata.doctor.measure import measure_batch
+
+    demo = make_model(tmp_path / "demo", "demo")  # 512 experts of 32 kB: 16 MB all-resident
+    runs = [(demo.model_path, {"backend": "numpy"}), (demo.model_path, {"backend": "numpy", "arena": "76slots"})]
+    resident, streaming = measure_batch(runs, max_tokens=8)
+    assert not resident.streaming and streaming.streaming and streaming.report["reads_per_token"] > 0
+    assert resident.tokens == streaming.tokens == 8
+    if Path("/proc/self/clear_refs").exists():
+        experts = made_slot(demo) * (demo.cfg.n_moe_layers * demo.cfg.n_experts - 76)
+        assert streaming.peak_rss < resident.peak_rss - experts / 2  # its own peak, not the resident run's
+    assert measure_batch(runs, max_tokens=8, timeout=0.01) == [None, None]

@@ -5,9 +5,11 @@ Sizes come from the one definition of each format (`strata.formats.quant_types`,
 
 - experts: one record per (MoE layer, expert) of `RecordLayout(qtype, hidden, expert_ffn)`; a
   slot is its `padded_bytes`; a token reads `top_k` records per MoE layer (`record_bytes`).
-- dense: strata's loader widens every dense tensor to float32 in memory whatever the file holds
-  (`DENSE_RESIDENT_TYPE`), so resident and per-token dense bytes are float32's; the file's
-  own type is shown beside them.
+- dense: held as the file stores them (`dense_qtype` for matrices; routers and norms F32), so
+  resident dense bytes are the stored ones; every matmul widens its weights to float32 first
+  (strata/formats/dense_weights.py), so per-token dense bytes are float32's (what the GEMV
+  reads) and `widened_per_token` the stored bytes widened per token, by type (the widening's
+  cost, priced by the probe's `widen` tables).
 - KV cache: float32 K and V per position of every attention layer, at `context` positions.
 """
 
@@ -19,9 +21,9 @@ from strata.doctor.families import PartCounts
 from strata.formats.expert_record import RECORD_ALIGN, RecordLayout, align_up
 from strata.formats.quant_types import QuantType, layout
 
-__all__ = ["ByteBudget", "ByteRow", "byte_budget", "bytes_per_weight", "DENSE_RESIDENT_TYPE", "STORED_BITS"]
+__all__ = ["ByteBudget", "ByteRow", "byte_budget", "bytes_per_weight", "COMPUTE_TYPE", "STORED_BITS"]
 
-DENSE_RESIDENT_TYPE = QuantType.F32  # the loader's widening (until dense weights are kept as stored)
+COMPUTE_TYPE = QuantType.F32  # what a dense matmul reads: its weights widened to float32
 KV_BYTES = 4  # float32 K/V cache values
 # bits per weight of checkpoint formats strata does not store itself (scales included)
 STORED_BITS = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "fp8": 8.0 + 32 / (128 * 128), "mxfp4": 4.25}
@@ -48,12 +50,17 @@ class ByteBudget:
     record_bytes: int  # one expert as compute reads it
     slot_bytes: int  # one arena slot (the record padded to RECORD_ALIGN)
     total_experts: int
-    dense_resident: int  # dense weights in memory (float32-widened)
-    dense_file: int  # dense weights in the model file, as stored
+    dense_resident: int  # dense weights in memory: as stored
+    dense_file: int  # dense weights in the model file, as stored (= dense_resident)
     experts_resident: int  # every expert in memory (slots)
     kv_bytes: int  # the KV cache at `context` positions
     context: int
     stored: dict  # the checkpoint as published: part -> bytes (HF sources)
+    widened_per_token: dict = None  # stored type name -> stored bytes widened to float32 per token
+
+    def __post_init__(self) -> None:
+        if self.widened_per_token is None:
+            object.__setattr__(self, "widened_per_token", {})
 
     @property
     def per_token(self) -> int:
@@ -84,28 +91,31 @@ def _record(counts: PartCounts, qtype: QuantType) -> tuple[int, int]:
 def byte_budget(counts: PartCounts, *, expert_qtype: QuantType = QuantType.Q2_0,
                 dense_qtype: QuantType = QuantType.F32, context: int = 4096,
                 slot_bytes: int | None = None, stored: dict | None = None) -> ByteBudget:
-    """The byte budget of `counts` with experts as `expert_qtype` and dense weights stored as
-    `dense_qtype` (resident as float32). `slot_bytes`: the real record stride where an
-    `.experts` file exists."""
+    """The byte budget of `counts` with experts as `expert_qtype` and dense matrices stored (and
+    held) as `dense_qtype`. `slot_bytes`: the real record stride where an `.experts` file exists."""
     record, padded = _record(counts, expert_qtype)
     padded = slot_bytes or padded
-    res = bytes_per_weight(DENSE_RESIDENT_TYPE)
+    f32 = bytes_per_weight(COMPUTE_TYPE)
     row = counts.embedding if counts.tie_embeddings else counts.hidden  # tied: the head reads the whole table
-    rows = [ByteRow("embedding", DENSE_RESIDENT_TYPE.name, counts.embedding, int(counts.embedding * res),
-                    int(row * res))]
-    for part, n in counts.dense.items():
-        rows.append(ByteRow(part, DENSE_RESIDENT_TYPE.name, n, int(n * res), int(n * res)))
+    widened: dict[str, int] = {}
+
+    def dense_row(part: str, n: int, per_token: int) -> ByteRow:
+        qtype = QuantType.F32 if part in ("router", "norms") else dense_qtype
+        if qtype is not QuantType.F32:
+            widened[qtype.name] = widened.get(qtype.name, 0) + int(per_token * bytes_per_weight(qtype))
+        return ByteRow(part, qtype.name, n, int(n * bytes_per_weight(qtype)), int(per_token * f32))
+
+    rows = [dense_row("embedding", counts.embedding, row)]
+    rows += [dense_row(part, n, n) for part, n in counts.dense.items()]
     rows.append(ByteRow("experts", expert_qtype.name, counts.total_experts * counts.expert_weights,
                         counts.total_experts * padded, counts.moe_layers * counts.top_k * record))
-    dense_file = int(counts.embedding * bytes_per_weight(QuantType.F32 if dense_qtype is QuantType.F32 else dense_qtype))
-    dense_file += sum(int(n * (bytes_per_weight(QuantType.F32) if part in ("router", "norms")
-                               else bytes_per_weight(dense_qtype))) for part, n in counts.dense.items())
     dense_resident = sum(r.resident_bytes for r in rows if r.part != "experts")
+    dense_file = dense_resident
     context_kv = counts.kv_per_position * context * KV_BYTES + counts.linear_state * KV_BYTES
     return ByteBudget(rows=tuple(rows), expert_qtype=expert_qtype, record_bytes=record, slot_bytes=padded,
                       total_experts=counts.total_experts, dense_resident=dense_resident, dense_file=dense_file,
                       experts_resident=counts.total_experts * padded, kv_bytes=context_kv, context=context,
-                      stored=stored or {})
+                      stored=stored or {}, widened_per_token=widened)
 
 
 def stored_bytes(counts: PartCounts, *, dense_bits: float, expert_bits: float) -> dict:

@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["RunMeasurement", "measure_run", "measure_quiet", "WARMUP_TOKENS", "QUIET_OTHERS"]
+__all__ = ["RunMeasurement", "measure_run", "measure_quiet", "measure_batch", "WARMUP_TOKENS", "QUIET_OTHERS"]
 
 QUIET_OTHERS = 0.25  # a run during which other processes kept more than this share of the CPUs busy is redone
 
@@ -48,26 +48,58 @@ def measure_run(model: str | os.PathLike, overrides: dict | None = None, *, max_
                 prompt: str = PROMPT, timeout: float = 600) -> RunMeasurement:
     """Run `model` with Config `overrides` in a child process and return what it measured."""
     arg = json.dumps({"model": str(model), "overrides": overrides or {}, "max_tokens": max_tokens, "prompt": prompt})
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env = {k: v for k, v in env.items() if not k.startswith("STRATA_")}  # the overrides say it all
     out = subprocess.run([sys.executable, "-m", "strata.doctor.measure", arg], capture_output=True, text=True,
-                         timeout=timeout, env=env)
+                         timeout=timeout, env=_child_env())
     if out.returncode != 0:
         raise RuntimeError(f"measured run failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
     return RunMeasurement(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def _child_env() -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return {k: v for k, v in env.items() if not k.startswith("STRATA_")}  # the overrides say it all
+
+
+def measure_batch(runs: list[tuple[str | os.PathLike, dict]], *, max_tokens: int = 48, prompt: str = PROMPT,
+                  timeout: float = 600) -> list[RunMeasurement | None]:
+    """Several runs, one after another, in ONE child process: on a GPU a fresh MLX process
+    spent 17-25 s (H200: CUDA start and the kernels' JIT) on a model that decodes in well under
+    a second, so a bounded validation cannot afford a process per run. Each run's peak is its
+    own from the kernel's high-water mark reset before it (Linux `clear_refs`), over what the
+    earlier runs left resident (the interpreter, compiled kernels, the allocators' caches).
+    Runs not finished within `timeout` come back as None."""
+    arg = json.dumps({"runs": [{"model": str(m), "overrides": o or {}} for m, o in runs], "max_tokens": max_tokens,
+                      "prompt": prompt})
+    cmd = [sys.executable, "-m", "strata.doctor.measure", "--batch", arg]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env())
+        stdout, failed = out.stdout, out.returncode != 0
+        err = out.stderr
+    except subprocess.TimeoutExpired as e:  # the finished runs' lines are in what it printed so far
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        failed, err = False, ""
+    done = [RunMeasurement(**json.loads(line)) for line in stdout.splitlines() if line.startswith("{")]
+    if failed and not done:
+        raise RuntimeError(f"measured runs failed: {err.strip()[-2000:]}")
+    return done + [None] * (len(runs) - len(done))
+
+
 def measure_quiet(model: str | os.PathLike, overrides: dict | None = None, *, max_tokens: int = 48,
-                  max_others: float = QUIET_OTHERS, tries: int = 3) -> RunMeasurement:
+                  max_others: float = QUIET_OTHERS, tries: int = 3, timeout: float = 600) -> RunMeasurement:
     """`measure_run`, redone (up to `tries` times) while other processes kept more than
     `max_others` of the CPUs busy during it; the least disturbed run is returned. On a shared
     2-core machine identical runs minutes apart differed 2.5x in tok/s at the same load
-    average: the disturbance, not the load average, says which runs to trust."""
-    best = None
+    average: the disturbance, not the load average, says which runs to trust. `timeout`: seconds
+    for all the tries together (subprocess.TimeoutExpired past it)."""
+    import time
+
+    best, deadline = None, time.monotonic() + timeout
     for _ in range(max(1, tries)):
-        run = measure_run(model, overrides, max_tokens=max_tokens)
+        if best is not None and deadline - time.monotonic() < 1:
+            return best
+        run = measure_run(model, overrides, max_tokens=max_tokens, timeout=max(1.0, deadline - time.monotonic()))
         if best is None or run.others_busy < best.others_busy:
             best = run
         if run.others_busy <= max_others:
@@ -112,14 +144,25 @@ def others_busy(before: tuple[int, int], after: tuple[int, int], own_seconds: fl
     return max(0.0, min(1.0, (busy - own) / total))
 
 
-def _child(arg: str) -> None:
+def _reset_peak() -> None:
+    """Start the high-water mark afresh at the current resident set (Linux 4.0+; elsewhere the
+    peak stays the process's)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _one(spec: dict) -> dict:
+    import gc
+
     import numpy as np
 
     import strata
     from strata.config import from_mapping
     from strata.runtime.memory import PagingDelta, paging_snapshot
 
-    spec = json.loads(arg)
     load_before = os.getloadavg()[0]
     config = from_mapping(spec["overrides"])
     model = strata.load(spec["model"])
@@ -132,13 +175,46 @@ def _child(arg: str) -> None:
     others = others_busy(cpu0, _cpu_jiffies(), sum(os.times()[:2]) - own0)
     counted = steps[WARMUP_TOKENS:] or steps
     report = last.report.to_dict() if last is not None and last.report is not None else {}
-    print(json.dumps({
+    out = {
         "decode_tps": last.generation_tps if last else 0.0, "median_token_s": float(np.median(counted)),
         "tokens": len(steps), "peak_rss": _peak_rss(), "streaming": bool(report), "report": report,
         "paging": asdict(paging), "load_before": load_before, "load_after": os.getloadavg()[0],
         "others_busy": others,
-    }))
+    }
+    model.close()
+    del model, last
+    gc.collect()
+    if "mlx.core" in sys.modules:  # freed MLX buffers stay in its cache otherwise, and count in the next peak
+        sys.modules["mlx.core"].clear_cache()
+    _trim_heap()
+    return out
+
+
+def _trim_heap() -> None:
+    """Give the freed heap back to the system (glibc's malloc_trim): without it a run's freed
+    arrays stayed resident and the next run's peak started ~8 MB higher here."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+def _child(arg: str) -> None:
+    print(json.dumps(_one(json.loads(arg))))
+
+
+def _batch(arg: str) -> None:
+    spec = json.loads(arg)
+    for run in spec["runs"]:
+        _reset_peak()
+        print(json.dumps(_one({**run, "max_tokens": spec["max_tokens"], "prompt": spec["prompt"]})), flush=True)
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1])
+    if sys.argv[1] == "--batch":
+        _batch(sys.argv[2])
+    else:
+        _child(sys.argv[1])

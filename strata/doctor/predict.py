@@ -8,10 +8,12 @@ Decode time per token (seconds):
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
     ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
+          + widen[type](dense GEMV calls, stored bytes/token of that type)   (F16, Q8_0 dense: numpy)
           + k · moe_layers · (expert_call_s + expert(record) − expert(calibration record))
           and never less than the token's bytes at the measured memory bandwidth
 
-Peak memory: the process's base (measured) + the dense weights as held (float32) + every
+Peak memory: the process's base (measured) + the dense weights as held (as stored; on MLX twice:
+the loader's copy and MLX's, `dense_held`) + every
 expert (all-resident) or the arena (streaming) + the KV cache at `context`. The model file's
 mapped pages are not added: measured peaks of the embedded and made models sit within 2-4% of
 this sum and 6-16% below it with the file's size added (the map is let go as the copies fill).
@@ -35,10 +37,23 @@ from strata.errors import StrataError
 from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
 from strata.runtime.memory import MemoryInfo
 
-__all__ = ["Prediction", "predict", "ops_seconds"]
+__all__ = ["Prediction", "predict", "ops_seconds", "dense_held"]
 
 ATTENTION_GEMVS = 4  # q, k, v, o per layer
 SHARED_GEMVS = 3  # gate, up, down of a shared expert (or a dense MLP layer)
+
+
+def dense_held(budget: ByteBudget, backend: str, gpu: bool | None = None) -> int:
+    """Dense bytes a run holds: the loader's (as stored); on MLX also MLX's own copy (as stored,
+    but float16 for an F32 file's matrices on a GPU's kernel path: about half its bytes)."""
+    if backend != "mlx":
+        return budget.dense_resident
+    if gpu is None:
+        from strata.engines import mlx_gpu_available
+
+        gpu = mlx_gpu_available()
+    f32_file = all(r.qtype == "F32" for r in budget.rows if r.part != "experts")
+    return budget.dense_resident + (budget.dense_resident // 2 if gpu and f32_file else budget.dense_resident)
 
 
 def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile) -> float:
@@ -51,7 +66,9 @@ def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile)
         calls += (L - moe) * SHARED_GEMVS
     n_experts = moe * counts.top_k
     experts = n_experts * profile.expert_seconds(budget.expert_per_token / n_experts) if n_experts else 0.0
-    return profile.gemv.seconds(calls, budget.dense_per_token) + experts
+    # dense weights kept as stored are widened to float32 by every matmul that reads them
+    widen = sum(profile.widen[q].seconds(calls, n) for q, n in budget.widened_per_token.items() if q in profile.widen)
+    return profile.gemv.seconds(calls, budget.dense_per_token) + experts + widen
 
 
 @dataclass(frozen=True)
@@ -91,7 +108,8 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     cold arena (what a short `strata generate` reports)."""
     least = _min_slots(counts, config)
     base = profile.base_rss
-    after_load = memory.available - base - budget.dense_resident  # the file's mapped pages are let go after load
+    dense = dense_held(budget, profile.backend)
+    after_load = memory.available - base - dense  # the file's mapped pages are let go after load
     mem = {"total": memory.total, "available": memory.available, "source": memory.source,
            "available_at_engine_start": after_load}
     plan: ArenaPlan | None = None
@@ -121,7 +139,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
         terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
     token_s = sum(terms.values())
     experts_held = plan.nbytes if plan and plan.streaming else budget.experts_resident
-    peak = base + budget.dense_resident + experts_held + budget.kv_bytes
+    peak = base + dense + experts_held + budget.kv_bytes
     tps = 1.0 / token_s if token_s > 0 else 0.0
     arena_txt = f"arena {slots} slots ({fmt_bytes(slots * budget.slot_bytes)})"
     if not supported:

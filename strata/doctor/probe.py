@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5  # 5: the widening tables (dense weights kept as stored)
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
@@ -47,6 +47,12 @@ CALIBRATION_LAYERS = 6
 CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
 CALIBRATION_TOKENS = 32
 CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
+# The quick probe (`quick=True`, for a bounded run on a lent GPU machine where a fresh MLX process
+# cost 17-25 s on the H200): one run per engine case, all in one process (measure_batch), three
+# streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s takes), one
+# compute round. Cached apart from the full one.
+QUICK_REPEATS = 1
+QUICK_COMPUTE_ROUNDS = 1
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,9 @@ class MachineProfile:
     measured_at: float
     version: int = PROFILE_VERSION
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # stored dense type name -> seconds per call of widening it to float32, by stored bytes (the
+    # numpy engines widen every dense matmul's weights; empty: no widening priced, MLX)
+    widen: dict = field(default_factory=dict)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -118,6 +127,7 @@ class MachineProfile:
         d = asdict(self)
         d["notes"] = list(self.notes)
         d["gemv"], d["expert"] = self.gemv.to_dict(), self.expert.to_dict()
+        d["widen"] = {k: v.to_dict() for k, v in self.widen.items()}
         return d
 
     @classmethod
@@ -125,6 +135,7 @@ class MachineProfile:
         d = dict(d)
         d["gemv"], d["expert"] = OpCost.from_dict(d["gemv"]), OpCost.from_dict(d["expert"])
         d["notes"] = tuple(d.get("notes", ()))
+        d["widen"] = {k: OpCost.from_dict(v) for k, v in d.get("widen", {}).items()}
         return cls(**d)
 
 
@@ -143,9 +154,11 @@ def _machine_id() -> str:
     return f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
 
 
-def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None) -> MachineProfile:
-    """The cached profile of this machine for `backend`, measured now if absent or stale."""
-    path = Path(cache_dir) / f"machine-{backend}.json"
+def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
+                    quick: bool = False, timeout: float = 600) -> MachineProfile:
+    """The cached profile of this machine for `backend`, measured now if absent or stale
+    (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`)."""
+    path = Path(cache_dir) / f"machine-{backend}{'-quick' if quick else ''}.json"
     if path.exists() and not remeasure:
         try:
             prof = MachineProfile.from_dict(json.loads(path.read_text()))
@@ -153,7 +166,7 @@ def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, p
                 return prof
         except (ValueError, TypeError, KeyError):
             pass  # an old or broken cache: measure again
-    prof = measure_machine(backend, Path(cache_dir), progress=progress)
+    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
     return prof
@@ -252,7 +265,7 @@ EXPERT_SIZES = ((64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048,
 COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its median
 
 
-def _table(cases, repeats: int = 5) -> OpCost:
+def _table(cases, repeats: int = 5, rounds: int = COMPUTE_ROUNDS) -> OpCost:
     """OpCost from [(bytes, fn)]: the median over COMPUTE_ROUNDS rounds of each size's median.
     A round during which other processes kept more than QUIET_OTHERS of the CPUs busy is
     redone (at most COMPUTE_ROUNDS more times): a burst of other work must not set a rate."""
@@ -260,11 +273,11 @@ def _table(cases, repeats: int = 5) -> OpCost:
 
     times: list[list[float]] = [[] for _ in cases]
     kept = tried = 0
-    while kept < COMPUTE_ROUNDS and tried < 2 * COMPUTE_ROUNDS:
+    while kept < rounds and tried < 2 * rounds:
         tried += 1
         before, own = _cpu_jiffies(), sum(os.times()[:2])
         row = [_median(fn, repeats) for _, fn in cases]
-        if others_busy(before, _cpu_jiffies(), sum(os.times()[:2]) - own) > QUIET_OTHERS and tried < 2 * COMPUTE_ROUNDS:
+        if others_busy(before, _cpu_jiffies(), sum(os.times()[:2]) - own) > QUIET_OTHERS and tried < 2 * rounds:
             continue
         kept += 1
         for i, t in enumerate(row):
@@ -275,7 +288,7 @@ def _table(cases, repeats: int = 5) -> OpCost:
     return OpCost(tuple(pts))
 
 
-def _compute_numpy() -> tuple[OpCost, OpCost]:
+def _compute_numpy(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
     from strata.formats.expert_record import ExpertWeights, RecordLayout
     from strata.formats.quant_types import QuantType
     from strata.reference.experts import swiglu_expert
@@ -287,7 +300,7 @@ def _compute_numpy() -> tuple[OpCost, OpCost]:
         w = rng.standard_normal((n, n), dtype=np.float32)
         x = rng.standard_normal(n, dtype=np.float32)
         cases.append((w.nbytes, lambda w=w, x=x: x @ w.T))
-    gemv = _table(cases)
+    gemv = _table(cases, rounds=rounds)
     cases = []
     for d, f in EXPERT_SIZES:
         ew = ExpertWeights(quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
@@ -295,10 +308,32 @@ def _compute_numpy() -> tuple[OpCost, OpCost]:
                            quantize(QuantType.Q2_0, rng.standard_normal((d, f), dtype=np.float32)))
         x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
         cases.append((RecordLayout(QuantType.Q2_0, d, f).record_bytes, lambda ew=ew, x=x: swiglu_expert(ew, x)))
-    return gemv, _table(cases, repeats=3)
+    return gemv, _table(cases, repeats=3, rounds=rounds)
 
 
-def _compute_mlx() -> tuple[OpCost, OpCost]:
+WIDEN_SIZES = (64, 256, 1024, 2048)  # square matrices, widened from their stored type to float32
+
+
+def _widen_numpy(rounds: int = COMPUTE_ROUNDS) -> dict[str, OpCost]:
+    """Seconds per widening of a stored F16 / Q8_0 matrix, by its stored bytes (numpy)."""
+    import gguf
+
+    from strata.formats.dense_weights import StoredTensor, StoredType
+
+    rng = np.random.default_rng(1)
+    out = {}
+    for stored in (StoredType.F16, StoredType.Q8_0):
+        cases = []
+        for n in WIDEN_SIZES:
+            x = rng.standard_normal((n, n), dtype=np.float32)
+            raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType(stored.value))
+            t = StoredTensor.from_gguf(stored, raw.view(np.uint8), (n, n))
+            cases.append((t.nbytes, t.widen))
+        out[stored.name] = _table(cases, rounds=rounds)
+    return out
+
+
+def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
     """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls reading its
     record bytes (the Q2_0 kernels are bandwidth-bound). Unverified on a GPU."""
     import mlx.core as mx
@@ -309,7 +344,7 @@ def _compute_mlx() -> tuple[OpCost, OpCost]:
         x = mx.random.normal((n,))
         mx.eval(w, x)
         cases.append((n * n * 4, lambda w=w, x=x: mx.eval(w @ x)))
-    gemv = _table(cases)
+    gemv = _table(cases, rounds=rounds)
     return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points))
 
 
@@ -324,11 +359,11 @@ def _token_s(run) -> float:
     return 1.0 / run.decode_tps if run.decode_tps else 0.0
 
 
-def _engine(backend: str, progress) -> dict:
+def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
     from strata.config import Config
     from strata.formats.expert_record import RecordLayout
     from strata.formats.quant_types import QuantType
-    from strata.doctor.measure import measure_quiet
+    from strata.doctor.measure import measure_batch, measure_quiet
     from strata.loader import load
     from strata.runtime.decode import cache_config_for
     from strata.testing.models import make_model
@@ -340,20 +375,36 @@ def _engine(backend: str, progress) -> dict:
         least = cache_config_for(model, Config(), 1).min_capacity
         slot = model.experts_file.header.padded_bytes
         model.experts_file.close()
-        cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted({least, total // 3, 2 * total // 3, total})]
+        arenas = {least, total // 2, total} if quick else {least, total // 3, 2 * total // 3, total}
+        repeats = QUICK_REPEATS if quick else CALIBRATION_REPEATS
+        cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted(arenas)]
         tries: dict[int, list] = {slots: [] for _, slots in cases}
-        for round_ in range(CALIBRATION_REPEATS):  # interleaved: a load burst hits every case alike
-            for name, slots in cases:
-                if progress:
-                    progress(f"engine: {name} ({round_ + 1}/{CALIBRATION_REPEATS})")
-                overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
-                tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
         one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
                          n_experts_per_token=1)
-        top1 = []
-        for round_ in range(CALIBRATION_REPEATS):
+        if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
             if progress:
-                progress(f"engine: resident top-1 ({round_ + 1}/{CALIBRATION_REPEATS})")
+                progress(f"engine: {len(cases) + 1} cases in one process")
+            batch = [(made.model_path, {"backend": backend, **({"arena": f"{s}slots"} if s else {})}) for _, s in cases]
+            got = measure_batch(batch + [(one.model_path, {"backend": backend})], max_tokens=CALIBRATION_TOKENS,
+                                timeout=timeout)
+            if any(r is None for r in got):
+                raise RuntimeError(f"quick probe: {sum(r is None for r in got)} of {len(got)} engine runs did not "
+                                   f"finish within {timeout:.0f} s")
+            runs = {s: r for (_, s), r in zip(cases, got)}
+            runs[-1] = got[-1]
+            record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
+                                  made.cfg.expert_ffn_size).record_bytes
+            return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
+        for round_ in range(repeats):  # interleaved: a load burst hits every case alike
+            for name, slots in cases:
+                if progress:
+                    progress(f"engine: {name} ({round_ + 1}/{repeats})")
+                overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
+                tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
+        top1 = []
+        for round_ in range(repeats):
+            if progress:
+                progress(f"engine: resident top-1 ({round_ + 1}/{repeats})")
             top1.append(measure_quiet(one.model_path, {"backend": backend}, max_tokens=CALIBRATION_TOKENS))
         runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
         runs[-1] = sorted(top1, key=_token_s)[len(top1) // 2]
@@ -388,8 +439,10 @@ _PLACEHOLDER = MachineProfile(
     load_avg=0.0, measured_at=0.0)
 
 
-def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineProfile:
-    """Measure this machine now (module docstring)."""
+def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
+                    timeout: float = 600) -> MachineProfile:
+    """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs in
+    one process within `timeout` seconds)."""
     from strata.doctor.byte_budget import byte_budget
     from strata.doctor.families import count_strata
 
@@ -399,8 +452,10 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineP
     say("memory")
     mem = _mem_bw()
     say("compute")
-    gemv, expert = _compute_mlx() if backend == "mlx" else _compute_numpy()
-    eng = _engine(backend, say)
+    rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
+    gemv, expert = _compute_mlx(rounds) if backend == "mlx" else _compute_numpy(rounds)
+    widen = {} if backend == "mlx" else _widen_numpy(rounds)
+    eng = _engine(backend, say, quick, timeout)
     notes: list[str] = []
     cfg, runs = eng["cfg"], eng["runs"]
     counts = count_strata(cfg)
@@ -413,17 +468,22 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None) -> MachineP
     # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
     expert_call_s = max(0.0, (resident_s - _token_s(top1)) / (L * (k - 1)))
     partial = dataclasses.replace(_PLACEHOLDER, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-                                  calibration_record_bytes=eng["record"])
+                                  calibration_record_bytes=eng["record"], widen=widen)
     ops = ops_seconds(counts, budget, partial)
     layer_s = max(0.0, (resident_s - ops) / L)
     turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
-    base = max(0, resident.peak_rss - budget.dense_resident - budget.experts_resident)  # as predict.py counts a peak
+    from strata.doctor.predict import dense_held
+
+    # as predict.py counts a peak
+    base = max(0, resident.peak_rss - dense_held(budget, backend) - budget.experts_resident)
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
+    if quick:
+        notes.append("quick probe: one run per engine case, three streaming arenas, all in one process")
     return MachineProfile(
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
         mem_bytes_per_s=mem, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
         calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
         read_s=read_s,
         miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
-        measured_at=time.time(), notes=tuple(notes))
+        measured_at=time.time(), notes=tuple(notes), widen=widen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ class Diagnosis:
                      f"{fmt_bytes(b.record_bytes)}, slot {fmt_bytes(b.slot_bytes)}")
         if self.source.stored:
             lines.append("  as stored: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.source.stored.items()))
-        lines.append(f"memory all-resident: {fmt_bytes(b.all_resident)} (dense {fmt_bytes(b.dense_resident)} as float32 "
+        lines.append(f"memory all-resident: {fmt_bytes(b.all_resident)} (dense {fmt_bytes(b.dense_resident)} as stored "
                      f"+ experts {fmt_bytes(b.experts_resident)} + KV {fmt_bytes(b.kv_bytes)} at {b.context} positions)")
         mem = p.memory
         lines.append(f"this machine: {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available "
@@ -123,6 +124,8 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
     ctx = context or min(DEFAULT_CONTEXT, getattr(cfg, "max_context", DEFAULT_CONTEXT))
     budget = byte_budget(src.counts, expert_qtype=src.expert_qtype, dense_qtype=src.dense_qtype, context=ctx,
                          slot_bytes=src.slot_bytes)
+    if src.kind == "strata":  # its tensor index says exactly what the loader will hold (dense kept as stored)
+        budget = dataclasses.replace(budget, dense_resident=src.stored["dense"], dense_file=src.stored["dense"])
     profile = profile or machine_profile(resolve_backend(config, src.expert_qtype), cache_dir, remeasure=remeasure,
                                          progress=progress)
     memory = memory or machine_memory()

@@ -51,6 +51,7 @@ _SCALARS: dict[int, np.dtype] = {
     UINT32: np.dtype("<u4"), INT32: np.dtype("<i4"), FLOAT32: np.dtype("<f4"), BOOL: np.dtype("<u1"),
     UINT64: np.dtype("<u8"), INT64: np.dtype("<i8"), FLOAT64: np.dtype("<f8"),
 }
+RELEASE_CHUNK = 16 << 20  # bytes checksummed between releases of the mapped pages
 _MIN_KV_BYTES = 8 + 4 + 1  # an empty key, a type, a one-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # an empty name, n_dims, one dim, type, offset
 
@@ -118,7 +119,21 @@ class GGUFFile:
         with memoryview(self._mm) as mv:
             crc = checksum_update(mv[:start], 0)
             crc = checksum_update(bytes(n), crc)
-            return checksum_update(mv[start + n:], crc)
+            for at in range(start + n, len(mv), RELEASE_CHUNK):  # in chunks, each let go once read
+                crc = checksum_update(mv[at:at + RELEASE_CHUNK], crc)
+                self.release(at, RELEASE_CHUNK)
+            self.release(0, start + n)
+            return crc
+
+    def release(self, start: int, n: int) -> None:
+        """Let go of the mapped pages of bytes [start, start + n) (they stay in the page cache):
+        a model's dense tensors are copied out once, and counting the file's pages in the
+        process's resident set as well held a Q8_0 model's load peak at twice its stored size."""
+        page = mmap.PAGESIZE
+        lo = start - start % page
+        hi = min(len(self._mm), start + n)
+        if hi > lo and hasattr(self._mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
         try:

@@ -21,6 +21,7 @@ import numpy as np
 
 from strata.errors import ConfigError, FormatError, MissingTensorError
 from strata.formats.atomic import atomic_output
+from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.gguf_file import GGUFFile, open_gguf
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
@@ -79,12 +80,13 @@ class ModelFile:
     """A dense model read from GGUF.
 
     Shapes:
-        dense[name]: float32, the shape dense_tensor_shapes(cfg)[name] ([out, in] for matrices)
+        dense[name]: float32, the shape dense_tensor_shapes(cfg)[name] ([out, in] for matrices),
+            widened on access from what the file stores (dense.stored(name))
     """
 
     path: str
     cfg: ModelConfig
-    dense: dict[str, np.ndarray]
+    dense: DenseWeights
     tokenizer_json: str
     chat_template: str | None
     dense_types: dict[str, Any]  # QuantType where one exists, else the gguf GGMLQuantizationType
@@ -324,27 +326,51 @@ def _check_type(path: str, name: str, shape: tuple[int, ...], ggml_type) -> None
         raise FormatError(f"{path}: tensor {name}: integer type {ggml_type.name} is not a weight type")
 
 
-def _dequantize(gf: GGUFFile, name: str, info, want: tuple[int, ...]) -> np.ndarray:
+def _dequantize(gf: GGUFFile, name: str, info, want: tuple[int, ...]) -> np.ndarray | StoredTensor:
+    """The tensor as it is kept in memory: F16, BF16 and Q8_0 as stored (a StoredTensor, widened
+    per use: strata.formats.dense_weights), any other type widened to float32 now."""
     gguf = _gguf()
     ggml_type = gguf.GGMLQuantizationType(info.ggml_type)
     _check_type(gf.path, name, want, ggml_type)
+    stored = StoredType.of(int(ggml_type))
+    if stored is not None and len(want) >= 1:
+        t = StoredTensor.from_gguf(stored, gf.raw(info), want)
+        if not _stored_finite(t):  # rare: the full check below names the count and the first place
+            _check_finite(gf.path, name, t.widen(), want)
+        return t
     try:
         x = gguf.quants.dequantize(gf.raw(info), ggml_type)
     except Exception as e:
         raise FormatError(f"{gf.path}: tensor {name}: cannot dequantize {ggml_type.name}: {_one_line(e)}") from e
     x = np.array(x, dtype=np.float32).reshape(want)  # a copy: no view into the map
+    _check_finite(gf.path, name, x, want)
+    return x
+
+
+def _stored_finite(t: StoredTensor) -> bool:
+    """Every value of a stored tensor finite, without widening it (a Q8_0 value is finite
+    when its block's scale is: the codes are integers)."""
+    if t.qtype is StoredType.F16:
+        return bool(np.isfinite(t.codes).all())
+    if t.qtype is StoredType.BF16:
+        return not bool(((t.codes & 0x7F80) == 0x7F80).any())  # exponent all ones: inf or NaN
+    return bool(np.isfinite(t.scales).all())
+
+
+def _check_finite(path: str, name: str, x: np.ndarray, want: tuple[int, ...]) -> None:
     finite = np.isfinite(x)
     if not finite.all():
         bad = int(x.size - np.count_nonzero(finite))
         first = np.unravel_index(int(np.argmin(finite)), want)
-        raise FormatError(f"{gf.path}: tensor {name}: {bad} non-finite values (NaN or inf), the first at "
+        raise FormatError(f"{path}: tensor {name}: {bad} non-finite values (NaN or inf), the first at "
                           f"{tuple(int(i) for i in first)}")
-    return x
 
 
 def read_model(path: str | os.PathLike, *, names: Collection[str] | None = None) -> ModelFile:
-    """Read a model file written by write_model; every dense tensor dequantized to float32 and
-    checked finite (`names`: only those, e.g. a pipeline stage's layers)."""
+    """Read a model file written by write_model; every dense tensor checked finite and kept as
+    stored (F16, BF16, Q8_0; any other type widened to float32): `dense[name]` widens it to
+    float32 on each access (strata.formats.dense_weights). `names`: only those, e.g. a pipeline
+    stage's layers."""
     gguf = _gguf()
     gf = open_gguf(path)
     path = gf.path
@@ -357,7 +383,7 @@ def read_model(path: str | os.PathLike, *, names: Collection[str] | None = None)
         if cfg.n_layers > len(gf.tensors):
             raise MissingTensorError(f"{path}: {config_key('n_layers')} = {cfg.n_layers}, but the file holds only "
                                      f"{len(gf.tensors)} tensors")
-        dense: dict[str, np.ndarray] = {}
+        dense: dict[str, np.ndarray | StoredTensor] = {}
         types: dict[str, Any] = {}
         for name, want in dense_tensor_shapes(cfg).items():
             if names is not None and name not in names:
@@ -368,9 +394,10 @@ def read_model(path: str | os.PathLike, *, names: Collection[str] | None = None)
             if info.shape != want:
                 raise FormatError(f"{path}: tensor {name}: expected shape {want}, found {info.shape}")
             dense[name] = _dequantize(gf, name, info, want)
+            gf.release(gf.data_offset + info.offset, info.nbytes)  # copied out: the map's pages can go
             types[name] = _quant_type(gguf.GGMLQuantizationType(info.ggml_type))
         metadata = {k: f.value for k, f in gf.fields.items() if not k.startswith("GGUF.") and k not in _RESERVED_KEYS}
-        return ModelFile(path=path, cfg=cfg, dense=dense, tokenizer_json=_string_field(gf, KEY_TOKENIZER_JSON),
+        return ModelFile(path=path, cfg=cfg, dense=DenseWeights(dense), tokenizer_json=_string_field(gf, KEY_TOKENIZER_JSON),
                          chat_template=_string_field(gf, KEY_CHAT_TEMPLATE, required=False),
                          dense_types=types, metadata=metadata,
                          experts_identity=_string_field(gf, KEY_EXPERTS_IDENTITY, required=False))

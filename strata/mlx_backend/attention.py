@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend.dense import linear
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig, QKNorm
+from strata.reference.attention import KVPrecision
 from strata.reference.rope_scaling import rope_frequencies
 
 __all__ = ["MlxLayerKV", "AttentionWeights", "rope_table", "rms_norm", "attention", "attention_partials",
@@ -55,7 +57,8 @@ def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
 
 @dataclass(frozen=True, eq=False)
 class MlxLayerKV:
-    """One layer's KV cache: buffers [n_kv_heads, max_context, head_dim] float32, `length` used.
+    """One layer's KV cache: buffers [n_kv_heads, max_context, head_dim] float32 (float16 for
+    KVPrecision.F16), `length` used.
 
     The buffers are shared by successive MlxLayerKV values of a layer (written in place), so
     only the newest value of a layer is valid."""
@@ -65,11 +68,17 @@ class MlxLayerKV:
     length: int
 
     @staticmethod
-    def empty(cfg: ModelConfig) -> "MlxLayerKV":
+    def empty(cfg: ModelConfig, precision: KVPrecision = KVPrecision.F32) -> "MlxLayerKV":
+        """Zeroed buffers; float16 ones for KVPrecision.F16 (each key and value rounded as written)."""
         shape = (cfg.n_kv_heads, cfg.max_context, cfg.head_dim)
-        k, v = mx.zeros(shape, mx.float32), mx.zeros(shape, mx.float32)
+        dtype = mx.float16 if precision is KVPrecision.F16 else mx.float32
+        k, v = mx.zeros(shape, dtype), mx.zeros(shape, dtype)
         mx.eval(k, v)
         return MlxLayerKV(k, v, 0)
+
+    @property
+    def precision(self) -> KVPrecision:
+        return KVPrecision.F16 if self.keys.dtype == mx.float16 else KVPrecision.F32
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,7 +122,7 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     qr, kr = h * hd, kvh * hd
     f32 = lambda a: a.astype(mx.float32)  # noqa: E731
     xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
-    qkv = xn @ f32(w.wqkv).T  # [T, QR + 2 KR (+ QR gate columns)]
+    qkv = linear(xn, w.wqkv)  # [T, QR + 2 KR (+ QR gate columns)]; widened per op (dense.py)
     if w.bqkv is not None:
         qkv = qkv + f32(w.bqkv)
     q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
@@ -133,13 +142,13 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     rope = lambda a: mx.concatenate([a[..., :rd] * cos + rot(a) * sin, a[..., rd:]], axis=-1)  # noqa: E731
     q, k = rope(q), rope(k)
     keys, values = kv.keys, kv.values
-    keys[:, start:start + t, :] = k
-    values[:, start:start + t, :] = v
+    keys[:, start:start + t, :] = k.astype(keys.dtype)  # float16 buffers: rounded as stored
+    values[:, start:start + t, :] = v.astype(values.dtype)
     s = start + t
     lo = max(0, start - w.window + 1) if w.window else 0  # the first key any query here sees
     group = h // kvh
-    kh = mx.repeat(keys[:, lo:s], group, axis=0)  # [H, S - lo, hd]
-    vh = mx.repeat(values[:, lo:s], group, axis=0)
+    kh = mx.repeat(f32(keys[:, lo:s]), group, axis=0)  # [H, S - lo, hd]
+    vh = mx.repeat(f32(values[:, lo:s]), group, axis=0)
     scores = (q @ kh.transpose(0, 2, 1)) / np.float32(np.sqrt(hd))  # [H, T, S - lo]
     key_pos, query_pos = mx.arange(lo, s)[None, :], mx.arange(start, s)[:, None]
     visible = key_pos <= query_pos  # [T, S - lo]
@@ -150,7 +159,7 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     out = (probs @ vh).transpose(1, 0, 2).reshape(t, qr)  # [T, H*hd]
     if w.gated:
         out = out * mx.sigmoid(gate)
-    out = out @ f32(w.wo).T
+    out = linear(out, w.wo)
     if w.bo is not None:
         out = out + f32(w.bo)
     return out, MlxLayerKV(keys, values, s)
@@ -206,7 +215,7 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
         qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH (+ H)) HD]
         o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
                                 cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
-                                gated=w.gated)  # [T, H HD]
+                                gated=w.gated, split=attn_kernels.split_applies(kv.length + t, t))  # [T, H HD]
         out = dense_kernel.dense_gemv(w.wo, o)  # [T, D]
         return out[:, None, :], MlxLayerKV(kv.keys, kv.values, kv.length + t)
     out, kv = _ops(cfg, w, kv, x)

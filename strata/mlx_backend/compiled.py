@@ -40,6 +40,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, kernel_applies
+from strata.mlx_backend.kernels.attention import split_applies
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
 from strata.mlx_backend.mla import kernel_applies as mla_applies
@@ -127,13 +128,19 @@ class CompiledDecode:
         self.calls = 0  # steps run; the first traces
         pending: list[MlxModelState] = []  # the state of the call being traced (read by the trace only)
 
-        def step(ids: mx.array, pos: mx.array, *recurrent: mx.array) -> list[mx.array]:
-            state = _with_recurrent(pending[0], recurrent, pending[0].length, keep=False)
-            logits, new = decode_device(p, state, ids, pos)  # the layers' new MlxLayerKV: discarded
-            return [logits, *_recurrent(new)]
+        def make_step():  # a new function object per trace: mx.compile keys its cache by the function
+            def step(ids: mx.array, pos: mx.array, *recurrent: mx.array) -> list[mx.array]:
+                state = _with_recurrent(pending[0], recurrent, pending[0].length, keep=False)
+                logits, new = decode_device(p, state, ids, pos)  # the layers' new MlxLayerKV: discarded
+                return [logits, *_recurrent(new)]
+            return mx.compile(step) if traced else step
 
         self._pending = pending
-        self._fn = mx.compile(step) if traced else step
+        # one trace per attention form: the graph of a long context holds the split attend and its
+        # merge (kernels/attend_merge.py), that of a short one a block per head; the form is chosen
+        # by the context length at trace time (attention_partials), so the step is chosen by it too
+        self._make = make_step
+        self._fns: dict[bool, object] = {}
 
     def bound_to(self, state: MlxModelState) -> bool:
         """Whether `state` holds the very KV buffers this step's graph writes (by identity)."""
@@ -151,7 +158,9 @@ class CompiledDecode:
         ids, pos = index_param(token), index_param(state.length)  # device views: no host write
         self._pending[:] = [state]
         try:
-            logits, *recurrent = self._fn(ids, pos, *_recurrent(state))
+            split = split_applies(state.length + 1, 1)
+            fn = self._fns.get(split) or self._fns.setdefault(split, self._make())
+            logits, *recurrent = fn(ids, pos, *_recurrent(state))
         finally:
             self._pending.clear()  # the trace is done with it; nothing kept between calls
         self.calls += 1

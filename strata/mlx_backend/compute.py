@@ -10,7 +10,10 @@ host turn) -> routed -> guess_logits (after the turn) -> combine for each layer.
 - shared and routed are started with `mx.async_eval`, so the GPU runs them while the host takes
   its turn (design §4: the shared expert between signal and wait) and does its after-layer work;
 - combine adds the partials (one list per pass; several passes in a prompt) and the shared expert;
-- a dense FFN layer is `dense_ffn` (MLX ops: no router, no experts, no host round trip).
+- a dense FFN layer is `dense_ffn` (MLX ops: no router, no experts, no host round trip);
+- a prompt chunk of PROMPT_MIN_TOKENS or more positions (on the GPU) takes the prompt path's
+  pieces (prompt.py): attention as matmuls and fused attention, the router as MLX ops, each
+  pass's experts as grouped GEMMs over the distinct slots it uses, the shared expert as matmuls.
 
 Decode launches per layer: QKV, attend, output projection, router, shared, routed, combine = 7
 (the all-resident engine puts the shared expert's blocks in the routed launch: 6; here it runs
@@ -30,7 +33,12 @@ from strata.mlx_backend.experts import combine, routed_partials, shared_partials
 from strata.mlx_backend.model import (
     MlxModelState, MlxParams, dense_ffn, embed, ffn_input, head, mixer_partials, router_stage,
 )
+from strata.mlx_backend.kernels.launch import KernelPath, using_path
+from strata.mlx_backend.prompt import (
+    prompt_dtype, prompt_mixer, prompt_refusal, slot_experts, swiglu, uses_prompt_path,
+)
 from strata.mlx_backend.quants import gemv
+from strata.reference.attention import KVPrecision
 from strata.reference.experts import expert_act
 
 __all__ = ["MlxCompute"]
@@ -60,11 +68,13 @@ class MlxCompute:
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
 
-    def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True) -> None:
+    def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True,
+                 kv_precision: KVPrecision = KVPrecision.F32) -> None:
         self.params, self.arena, self.layout, self.pred_q8 = params, arena, layout, pred_q8
-        self.state = MlxModelState.empty(params.cfg)
+        self.state = MlxModelState.empty(params.cfg, kv_precision)
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
+        self._refusal = prompt_refusal(params, layout)  # asked once: `_prompt` runs 5 times a layer
 
     @property
     def length(self) -> int:
@@ -79,19 +89,31 @@ class MlxCompute:
     def embed(self, tokens: np.ndarray) -> mx.array:
         return embed(self.params, tokens)
 
+    def _prompt(self, x: mx.array) -> bool:
+        """Whether these positions take the prompt path's pieces (prompt.py: matmuls, grouped GEMMs)."""
+        return uses_prompt_path(self.params, x.shape[0], refusal=self._refusal)
+
     def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Residual:
         layers = list(self.state.layers)
-        parts, layers[layer] = mixer_partials(self.params, layer, layers[layer], x, window=window)
+        mix = prompt_mixer if self._prompt(x) else mixer_partials
+        parts, layers[layer] = mix(self.params, layer, layers[layer], x, window=window)
         self.state = MlxModelState(tuple(layers))
         return _Residual(layer, x, parts)
 
     def dense_ffn(self, layer: int, x: _Residual) -> mx.array:
-        return dense_ffn(self.params, layer, *ffn_input(self.params, layer, x.x, x.parts))
+        x_mid, h = ffn_input(self.params, layer, x.x, x.parts)
+        if self._prompt(x.x):
+            return x_mid + swiglu(h, self.params.layers[layer].dense, prompt_dtype(self.params))
+        return dense_ffn(self.params, layer, x_mid, h)
 
     def router_input(self, layer: int, x: _Residual) -> _RouterInput:
         nxt = self._next_moe[layer]  # the router kernel computes the next MoE layer's guess with z
         guess = self.params.layers[nxt].guess if self.pred_q8 and nxt is not None else None
-        x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
+        if self._prompt(x.x):  # the router kernel is a GEMV per position: MLX ops (matmuls) here
+            with using_path(KernelPath.OPS):
+                x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
+        else:
+            x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
         return _RouterInput(layer, x.h, z, g, nxt if guess is not None else None, x)
 
     def router_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
@@ -111,13 +133,20 @@ class MlxCompute:
         sw = self.params.layers[layer].shared
         if sw is None:
             return None
-        out = shared_partials(h.h, sw)
+        if self._prompt(h.h):
+            out = swiglu(h.h, sw, prompt_dtype(self.params))[:, None, :]  # combine applies the gate
+        else:
+            out = shared_partials(h.h, sw)
         mx.async_eval(out)  # runs on the GPU while the host takes its turn
         return out
 
     def routed(self, layer: int, h: _RouterInput, slots: np.ndarray, weights: np.ndarray) -> mx.array:
-        out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
-                              np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
+        if self._prompt(h.h):  # the pass's distinct slots as grouped GEMMs
+            out = slot_experts(self.arena.array, self.layout, h.h, slots, weights, dtype=prompt_dtype(self.params),
+                               act=expert_act(self.params.cfg))
+        else:
+            out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
+                                  np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
         if slots.shape[0] > 1:
             # A prompt layer may run in several passes whose slots the next pass reuses (design §5):
             # the pass must have read its slots before the cache hands them out again.

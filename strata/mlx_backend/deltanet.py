@@ -32,6 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import rms_norm
+from strata.mlx_backend.dense import linear
 from strata.mlx_backend.kernels import deltanet as step_kernel
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -85,7 +86,7 @@ def _inputs(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.ar
     t, c, hv = x.shape[0], conv_channels(cfg), cfg.linear_v_heads
     hk, dk, dv = cfg.linear_k_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
     xn = x if w.norm is None else rms_norm(x, w.norm, cfg.rms_norm_eps)  # None: normed by the caller (Qwen4-Exp)
-    proj = xn @ w.w_in.astype(mx.float32).T  # [T, C + V + 2 Hv]
+    proj = linear(xn, w.w_in)  # [T, C + V + 2 Hv]; weights as stored, widened per op (dense.py)
     qkv, z = proj[:, :c], proj[:, c:c + hv * dv]
     b, a = proj[:, c + hv * dv:c + hv * dv + hv], proj[:, c + hv * dv + hv:]
     padded = mx.concatenate([state.conv.T, qkv], axis=0)  # [K-1+T, C]
@@ -221,5 +222,5 @@ def deltanet_partials(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState
     new = DeltaNetState(last.conv, last.recurrent, state.length + t, state.kept).keep(snaps)
     o = o.transpose(1, 0, 2)  # [T, Hv, dv]
     normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * (z.reshape(o.shape) * mx.sigmoid(z.reshape(o.shape)))
-    out = normed.reshape(t, -1) @ w.wo.astype(mx.float32).T
+    out = linear(normed.reshape(t, -1), w.wo)
     return out[:, None, :], new

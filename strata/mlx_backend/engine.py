@@ -19,11 +19,14 @@ import warnings
 import numpy as np
 
 from strata.config import Config
+from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
-from strata.mlx_backend.model import MlxModelState, MlxParams, forward, to_mlx_params
+from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
+from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
+from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
 from strata.session import SessionEngine
 
@@ -62,9 +65,10 @@ class MlxEngine(SessionEngine):
         if params.arena is None:
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
         self.params = params
-        self.state = MlxModelState.empty(params.cfg)
+        self.state = MlxModelState.empty(params.cfg, config.kv_cache if config is not None else KVPrecision.F32)
         self.compiled = compiled_step.COMPILED_DECODE if compiled is None else compiled
         self.compile_error: str | None = None
+        self.prompt_error: str | None = None  # why the prompt path failed (it is then off)
         self._step: compiled_step.CompiledDecode | None = None
         self._reads = expert_reads
 
@@ -72,8 +76,8 @@ class MlxEngine(SessionEngine):
     def open(cls, model, config: Config) -> "MlxEngine":
         """Every expert of `model` (a strata.loader.Model) read once into an MLX arena."""
         xf = model.experts_file
-        wire_mlx(xf.header.n_records * xf.header.padded_bytes + _dense_bytes(model))  # Metal: within its ceiling
         params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
+        wire_mlx(xf.header.n_records * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
         params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
                            load_resident_arena(xf, verify=config.verify_reads), xf.layout)
         return cls(params, model=model, config=config, expert_reads=xf.header.n_records)
@@ -82,12 +86,35 @@ class MlxEngine(SessionEngine):
         return self._reads
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        out = self._prompt(tokens, all_logits=False)
+        if out is not None:
+            return out[-1]
         logits, self.state = forward(self.params, self.state, tokens)
         return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
+        out = self._prompt(tokens, all_logits=True)
+        if out is not None:
+            return out
         logits, self.state = forward(self.params, self.state, tokens, window=True)
         return np.array(logits, dtype=np.float32)
+
+    def _prompt(self, tokens: np.ndarray, *, all_logits: bool) -> np.ndarray | None:
+        """The prompt path's logits (prompt.py: a prompt on the matrix units), or None where it does
+        not apply or failed before. A failure (an op this MLX build lacks) warns once and leaves the
+        state as it was: `forward` then writes the same cache positions again."""
+        if self.prompt_error is not None or not uses_prompt_path(self.params, len(tokens)):
+            return None
+        try:
+            logits, state = prompt_forward(self.params, self.state, tokens, all_logits=all_logits)
+            out = np.array(logits, dtype=np.float32)
+        except Exception as exc:  # noqa: BLE001 - any failure: the decode kernels' forward from now on
+            self.prompt_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"MlxEngine: the prompt path failed ({self.prompt_error}); prompts take the decode "
+                          "kernels from now on", RuntimeWarning, stacklevel=3)
+            return None
+        self.state = state
+        return out
 
     def _truncate(self, n: int) -> None:
         self.state = self.state.trim(n)  # the same KV buffers: the compiled step stays bound
@@ -142,19 +169,18 @@ def streaming_parts(model, config: Config, plan) -> tuple:
     """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
     MlxCompute over the model's dense weights (strata.engines adds the pool and the loop)."""
     xf = model.experts_file
-    wire_mlx(plan.slots * xf.header.padded_bytes + _dense_bytes(model))  # Metal: within its ceiling
-    arena = MlxArena(plan.slots, xf.header.padded_bytes)
     if model.cfg.hc_count:  # Qwen4-Exp: the streams as the runtime's x (hyper_compute.py)
         from strata.mlx_backend.hyper_compute import HyperMlxCompute
         from strata.mlx_backend.hyper_model import to_hyper_params
         from strata.reference.hyper_model import resident_rows
 
+        wire_mlx(plan.slots * xf.header.padded_bytes + stored_bytes(model.dense))  # Metal: within its ceiling
+        arena = MlxArena(plan.slots, xf.header.padded_bytes)
         params = to_hyper_params(model.cfg, model.dense, resident=False)
         rows = resident_rows(model.cfg, model.dense)
         return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
-    return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8), ("mlx backend",)
+    wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
+    arena = MlxArena(plan.slots, xf.header.padded_bytes)
+    return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8, kv_precision=config.kv_cache), ("mlx backend",)
 
-
-def _dense_bytes(model) -> int:
-    return sum(a.nbytes for a in model.dense.values())

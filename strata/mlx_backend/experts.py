@@ -25,6 +25,7 @@ from strata.formats.expert_record import PROJECTIONS, ExpertWeights, RecordLayou
 from strata.formats.quant_matrix import has_biases
 from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
+from strata.mlx_backend.dense import linear
 from strata.mlx_backend.kernels import combine as combine_kernel
 from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import shared as shared_kernel
@@ -292,8 +293,8 @@ def shared_partials(x: mx.array, sw: SharedWeights) -> mx.array:
     if _shared_kernel_ok(sw, x.shape[1]):
         return shared_kernel.shared_partials(x, sw.gate, sw.up, sw.down)
     x = x.astype(mx.float32)
-    h = silu(x @ sw.gate.astype(mx.float32).T) * (x @ sw.up.astype(mx.float32).T)
-    return (h @ sw.down.astype(mx.float32).T)[:, None, :]
+    h = silu(linear(x, sw.gate)) * linear(x, sw.up)  # weights as stored, widened per op (dense.py)
+    return linear(h, sw.down)[:, None, :]
 
 
 def combine(x: mx.array, routed: mx.array, shared: mx.array | None, h: mx.array, gate_inp: mx.array | None) -> mx.array:

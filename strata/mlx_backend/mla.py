@@ -32,7 +32,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from strata.formats.dense_weights import StoredTensor, as_dense_weights
 from strata.mlx_backend.attention import check_context, rms_norm, softmax_with_sinks
+from strata.mlx_backend.dense import Q8Dense, Weight, held_rows_of, linear
+from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import mla as mla_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -72,10 +75,12 @@ class MlxLatentKV:
 
 @dataclass(frozen=True, eq=False)
 class MlaWeights:
-    """One latent-attention layer's weights (float16 on kernel paths, float32 on the ops path;
-    computed in float32 either way). W_qa and W_kva are stacked (one GEMV of the normed input on
-    the kernel path), W_kvb is split per head once here, as the reference splits it, and W_o is
-    kept as column blocks of at most MAX_COLS (the GEMV kernel's activations; one block below it).
+    """One latent-attention layer's weights: the projections as stored (mlx_backend/dense.py:
+    float16 on kernel paths, the stored type widened per op on the ops path, Q8_0 as its planes),
+    the norms and W_kvb's halves float16 / float32; computed in float32 either way. W_qa and W_kva
+    are stacked (one GEMV of the normed input on the kernel path), W_kvb is split per head once
+    here, as the reference splits it, and W_o is kept as column blocks of at most MAX_COLS (the
+    GEMV kernel's activations; one block below it).
 
     Shapes: norm [D]; a [q_lora_rank + c + r, D] (W_qa rows, then W_kva; W_kva alone without a q
     low-rank path); q_a_norm [q_lora_rank] or None; q_b [H (n + r), q_lora_rank or D] (W_q without
@@ -84,37 +89,55 @@ class MlaWeights:
     """
 
     norm: mx.array
-    a: mx.array
+    a: Weight
     q_a_norm: mx.array | None
-    q_b: mx.array
+    q_b: Weight
     kv_a_norm: mx.array
     w_uk: mx.array
     w_uv: mx.array
-    wo_blocks: tuple[mx.array, ...]
+    wo_blocks: tuple[Weight, ...]
 
     @property
     def q_lora_rank(self) -> int:
         return 0 if self.q_a_norm is None else self.q_a_norm.shape[0]
 
     def arrays(self) -> list[mx.array]:
-        return [a for a in (self.norm, self.a, self.q_a_norm, self.q_b, self.kv_a_norm, self.w_uk, self.w_uv,
-                            *self.wo_blocks) if a is not None]
+        held = (self.norm, self.a, self.q_a_norm, self.q_b, self.kv_a_norm, self.w_uk, self.w_uv, *self.wo_blocks)
+        return [x for a in held if a is not None for x in (a.arrays() if isinstance(a, Q8Dense) else [a])]
+
+
+def _column_blocks(t, dtype: mx.Dtype) -> tuple[Weight, ...]:
+    """A stored matrix (float32 numpy or StoredTensor) held as column blocks of at most MAX_COLS,
+    each contiguous (a kernel input that is a view would be copied on every launch)."""
+    cols, step = t.shape[1], dense_kernel.MAX_COLS
+    out = []
+    for i in range(0, cols, step):
+        j = min(cols, i + step)
+        if isinstance(t, StoredTensor):
+            scales = None if t.scales is None else np.ascontiguousarray(t.scales[:, i // 32:j // 32])  # Q8_0 blocks
+            part = StoredTensor(t.qtype, (t.shape[0], j - i), np.ascontiguousarray(t.codes[:, i:j]), scales)
+        else:
+            part = np.ascontiguousarray(np.asarray(t, np.float32)[:, i:j])
+        out.append(held_weight(part, dtype))
+    return tuple(out)
 
 
 def mla_weights(cfg: ModelConfig, dense, layer: int, dtype: mx.Dtype) -> MlaWeights:
-    """A layer's MlaWeights from the reference's dense dict (float32 numpy, mla_tensor_shapes)."""
+    """A layer's MlaWeights from the reference's dense dict (float32 numpy or stored tensors,
+    mla_tensor_shapes)."""
     nm = TensorNames
     get = lambda s: np.asarray(dense[nm.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    stored = as_dense_weights(dense)
+    held = lambda s: held_weight(stored.stored(nm.block(layer, s)), dtype)  # noqa: E731  as stored
     h, n, v = cfg.n_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
     kvb = get(nm.attn_kv_b).reshape(h, n + v, cfg.kv_lora_rank)  # per head: n key rows, then v value rows
     low_rank = bool(cfg.q_lora_rank)
-    a = np.concatenate([get(nm.attn_q_a), get(nm.attn_kv_a_mqa)]) if low_rank else get(nm.attn_kv_a_mqa)
-    wo = get(nm.attn_output)
-    blocks = tuple(arr(wo[:, i:i + dense_kernel.MAX_COLS]) for i in range(0, wo.shape[1], dense_kernel.MAX_COLS))
-    return MlaWeights(arr(get(nm.attn_norm)), arr(a), arr(get(nm.attn_q_a_norm)) if low_rank else None,
-                      arr(get(nm.attn_q_b) if low_rank else get(nm.attn_q)), arr(get(nm.attn_kv_a_norm)),
-                      arr(kvb[:, :n]), arr(kvb[:, n:]), blocks)
+    a = (held_rows_of(dense, [nm.block(layer, nm.attn_q_a), nm.block(layer, nm.attn_kv_a_mqa)], dtype) if low_rank
+         else held(nm.attn_kv_a_mqa))
+    return MlaWeights(arr(get(nm.attn_norm)), a, arr(get(nm.attn_q_a_norm)) if low_rank else None,
+                      held(nm.attn_q_b if low_rank else nm.attn_q), arr(get(nm.attn_kv_a_norm)),
+                      arr(kvb[:, :n]), arr(kvb[:, n:]), _column_blocks(stored.stored(nm.block(layer, nm.attn_output)), dtype))
 
 
 _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
@@ -144,7 +167,7 @@ def kernel_applies(cfg: ModelConfig, w: MlaWeights) -> bool:
     cols = (cfg.hidden_size, w.q_b.shape[1])
     return (current_path() is not KernelPath.OPS and w.a.dtype == mx.float16 and w.q_b.dtype == mx.float16
             and all(c % 8 == 0 and c <= dense_kernel.MAX_COLS for c in cols)
-            and all(b.shape[1] % 8 == 0 for b in w.wo_blocks)
+            and all(b.dtype == mx.float16 and b.shape[1] % 8 == 0 for b in w.wo_blocks)
             and mla_kernel.fits(cfg.kv_lora_rank, cfg.qk_rope_head_dim))
 
 
@@ -153,7 +176,7 @@ def _project_out(w: MlaWeights, out: mx.array, gemv: bool) -> mx.array:
     y, lo = None, 0
     for b in w.wo_blocks:
         part = out[:, lo:lo + b.shape[1]]
-        part = dense_kernel.dense_gemv(b, part) if gemv else part @ b.astype(mx.float32).T
+        part = dense_kernel.dense_gemv(b, part) if gemv else linear(part, b)
         y = part if y is None else y + part
         lo += b.shape[1]
     return y
@@ -196,11 +219,11 @@ def mla(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array, *,
     f32 = lambda a: a.astype(mx.float32)  # noqa: E731
     x = f32(x)
     ql = w.q_lora_rank
-    a = x @ f32(w.a).T  # [T, q_lora_rank + c + r]
+    a = linear(x, w.a)  # [T, q_lora_rank + c + r]
     if ql:
-        q = rms_norm(a[:, :ql], w.q_a_norm, MLA_NORM_EPS) @ f32(w.q_b).T
+        q = linear(rms_norm(a[:, :ql], w.q_a_norm, MLA_NORM_EPS), w.q_b)
     else:
-        q = x @ f32(w.q_b).T
+        q = linear(x, w.q_b)
     q = q.reshape(t, h, n + r).transpose(1, 0, 2)  # [H, T, n + r]
     kva = a[:, ql:]  # [T, c + r]
     latent = rms_norm(kva[:, :c], w.kv_a_norm, MLA_NORM_EPS)  # [T, c]

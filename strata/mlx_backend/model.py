@@ -4,9 +4,10 @@ Per layer (decode, GPU path) six launches: the QKV projection, attention (q/k no
 write), the output projection, the router kernel (residual, router input, logits, guess), the
 routed experts with the shared expert's blocks in the same grid (routing on the GPU when every
 expert is resident) and combine. The ops path runs the same steps
-as MLX ops. Dense weights are float16 on the kernel path (the reference's float32 weights rounded
-once; tests use float16-exact weights so the two agree to float32 reordering) and float32 on the
-ops path; the router stays float32 (design §3) and the read-ahead guess reads a Q8_0 copy.
+as MLX ops. Dense matrices are held as the file stores them (mlx_backend/dense.py: F16 as float16,
+Q8_0 as its planes; an F32 file's float16 on the kernel path, rounded once: tests use
+float16-exact weights so the two agree to float32 reordering, float32 on the ops path); the
+router stays float32 (design §3) and the read-ahead guess reads a Q8_0 copy.
 
 Shapes: T positions, D hidden, E experts, V vocab.
 """
@@ -19,12 +20,15 @@ from typing import Callable, Mapping
 import mlx.core as mx
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
+from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
+from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
@@ -34,7 +38,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_pa
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
 from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
-from strata.reference.attention import window_of
+from strata.reference.attention import KVPrecision, window_of
 from strata.reference.deltanet import DeltaNetState, kept_position
 from strata.reference.experts import expert_act
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
@@ -85,8 +89,9 @@ class MlxModelState:
     layers: tuple[MlxLayerKV | DeltaNetState | MlxLatentKV, ...]
 
     @staticmethod
-    def empty(cfg: ModelConfig) -> "MlxModelState":
-        return MlxModelState(tuple(empty_layer_state(cfg, l) for l in range(cfg.n_layers)))
+    def empty(cfg: ModelConfig, kv_precision: KVPrecision = KVPrecision.F32) -> "MlxModelState":
+        """kv_precision: how the attention layers' caches store keys and values (float16 halves them)."""
+        return MlxModelState(tuple(empty_layer_state(cfg, l, kv_precision) for l in range(cfg.n_layers)))
 
     @property
     def length(self) -> int:
@@ -105,15 +110,15 @@ class MlxModelState:
         return kept_position(self.layers, max(0, min(int(n), self.length)))
 
 
-def empty_layer_state(cfg: ModelConfig, layer: int) -> MlxLayerKV:
+def empty_layer_state(cfg: ModelConfig, layer: int, kv_precision: KVPrecision = KVPrecision.F32) -> MlxLayerKV:
     """The state layer `layer` starts from, by its mixer kind (twin of the reference's)."""
     mixer = cfg.kinds[layer].mixer
     if mixer is Mixer.ATTENTION:
-        return MlxLayerKV.empty(cfg)
+        return MlxLayerKV.empty(cfg, kv_precision)
     if mixer is Mixer.DELTANET:
         return empty_deltanet_state(cfg)
     if mixer is Mixer.SLIDING_ATTENTION:  # every position kept, as the reference keeps them
-        return MlxLayerKV.empty(cfg)
+        return MlxLayerKV.empty(cfg, kv_precision)
     if mixer is Mixer.MLA:  # the latent + rope key cache (mla.py)
         return MlxLatentKV.empty(cfg)
     raise NotImplementedError(f"no MLX state for mixer {mixer.value}")
@@ -124,6 +129,8 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    stored = lambda s: as_dense_weights(dense).stored(n.block(layer, s))  # noqa: E731
+    held = lambda t: held_weight(t, dtype)  # noqa: E731
     if cfg.kinds[layer].mixer is Mixer.DELTANET:
         return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
     if cfg.kinds[layer].mixer is Mixer.MLA:
@@ -131,13 +138,14 @@ def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int
     if cfg.kinds[layer].mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION):
         raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
     gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
-    wqkv = np.concatenate([get(n.attn_q), get(n.attn_k), get(n.attn_v)] + ([get(n.attn_gate)] if gated else []))
+    names = [n.block(layer, s) for s in (n.attn_q, n.attn_k, n.attn_v) + ((n.attn_gate,) if gated else ())]
+    wqkv = held_rows_of(dense, names, dtype)  # as stored (mlx_backend/dense.py)
     bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]
                           + ([np.zeros(cfg.n_heads * cfg.head_dim, np.float32)] if gated else [])) if cfg.attention_bias else None
     qk = cfg.qk_norm is not QKNorm.NONE
-    attn = AttentionWeights(arr(get(n.attn_norm)), arr(wqkv), None if bqkv is None else arr(bqkv),
+    attn = AttentionWeights(arr(get(n.attn_norm)), wqkv, None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
-                            arr(get(n.attn_output)), gated,
+                            held(stored(n.attn_output)), gated,
                             sinks=mx.array(get(n.attn_sinks)) if cfg.attention_sinks else None,
                             bo=arr(get(n.attn_output_bias)) if cfg.attention_output_bias else None,
                             window=window_of(cfg, layer))
@@ -148,10 +156,11 @@ def _deltanet_weights(dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dty
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
-    w_in = np.concatenate([get(n.ssm_qkv), get(n.ssm_z), get(n.ssm_beta), get(n.ssm_alpha)])
+    w_in = held_rows_of(dense, [n.block(layer, s) for s in (n.ssm_qkv, n.ssm_z, n.ssm_beta, n.ssm_alpha)], dtype)
+    wo = held_weight(as_dense_weights(dense).stored(n.block(layer, n.ssm_out)), dtype)  # as stored (dense.py)
     # the decay parameters stay float32: exp(a * softplus(...)) compounds over every position
-    return DeltaNetWeights(arr(get(n.attn_norm)), arr(w_in), arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
-                           mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), arr(get(n.ssm_out)))
+    return DeltaNetWeights(arr(get(n.attn_norm)), w_in, arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
+                           mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), wo)
 
 
 def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype, pred_q8: bool,
@@ -159,13 +168,14 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
     n = TensorNames
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
+    w = lambda s: held_weight(as_dense_weights(dense).stored(n.block(layer, s)), dtype)  # noqa: E731  as stored
     if cfg.kinds[layer].ffn is Ffn.DENSE:
-        dense_ffn = SharedWeights(arr(get(n.ffn_gate)), arr(get(n.ffn_up)), arr(get(n.ffn_down)), None)
+        dense_ffn = SharedWeights(w(n.ffn_gate), w(n.ffn_up), w(n.ffn_down), None)
         return LayerWeights(attn, arr(get(n.ffn_norm)), None, None, None, dense_ffn)
     shared = None
     if cfg.has_shared_expert:
         gi = arr(get(n.shexp_gate_inp)) if cfg.shared_expert_gated else None
-        shared = SharedWeights(arr(get(n.shexp_gate)), arr(get(n.shexp_up)), arr(get(n.shexp_down)), gi)
+        shared = SharedWeights(w(n.shexp_gate), w(n.shexp_up), w(n.shexp_down), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
     rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
@@ -176,13 +186,15 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
                   dtype: mx.Dtype | None = None, pred_q8: bool = True) -> MlxParams:
-    """MLX weights from the reference's dense dict (float32 numpy). With `experts`, every routed
+    """MLX weights from the reference's dense weights (as stored: `dense.stored(name)`; a plain
+    dict of float32 arrays is held as float32 was). With `experts`, every routed
     expert is packed into a resident MLX arena (slot m*E + e, m the MoE index)."""
     dtype = dtype or default_dtype()
     n = TensorNames
     layers = tuple(_layer_weights(cfg, dense, l, dtype, pred_q8) for l in range(cfg.n_layers))
-    embed_w = mx.array(np.asarray(dense[n.token_embd], np.float32)).astype(dtype)
-    output = embed_w if cfg.tie_embeddings else mx.array(np.asarray(dense[n.output], np.float32)).astype(dtype)
+    stored = as_dense_weights(dense).stored
+    embed_w = held_weight(stored(n.token_embd), dtype)
+    output = embed_w if cfg.tie_embeddings else held_weight(stored(n.output), dtype)
     out_norm = mx.array(np.asarray(dense[n.output_norm], np.float32)).astype(dtype)
     arena = rec = None
     if experts is not None:
@@ -190,11 +202,12 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
         rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
-    mx.eval(embed_w, output, out_norm, *[a for lw in layers for a in _arrays(lw)])
+    mx.eval(*_flat([embed_w, output, out_norm] + [a for lw in layers for a in _arrays(lw)]))
     return MlxParams(cfg, layers, embed_w, out_norm, output, dtype, arena, rec)
 
 
-def _arrays(lw: LayerWeights) -> list[mx.array]:
+def _arrays(lw: LayerWeights) -> list:
+    """The layer's weights (mx.array, or Q8Dense: a stored Q8_0 matrix)."""
     a = lw.attn
     if isinstance(a, (DeltaNetWeights, MlaWeights)):
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
@@ -204,7 +217,30 @@ def _arrays(lw: LayerWeights) -> list[mx.array]:
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
+    if lw.guess is not None:
+        out += [lw.guess.w, lw.guess.codes, lw.guess.raw_scales] + [x for x in (lw.guess.scales, lw.guess.biases)
+                                                                   if x is not None]
     return out
+
+
+def _flat(weights: list) -> list[mx.array]:
+    return [a for w in weights for a in (w.arrays() if isinstance(w, Q8Dense) else [w])]
+
+
+def holds_q8_dense(p: MlxParams) -> bool:
+    """Whether any dense matrix is held as Q8_0 planes (a Q8_0 model file: mlx_backend/dense.py)."""
+    return any(isinstance(w, Q8Dense) for w in [p.embed, p.output] + [w for lw in p.layers for w in _arrays(lw)])
+
+
+def dense_nbytes(p: MlxParams) -> int:
+    """The bytes MLX holds for the dense weights (every layer's, the embedding, the head; the
+    Q8_0 read-ahead copies of the routers included): what a plan wires besides its experts."""
+    seen, total = set(), 0
+    for a in _flat([p.embed, p.output, p.out_norm] + [w for lw in p.layers for w in _arrays(lw)]):
+        if id(a) not in seen:  # a tied head is the embedding itself
+            seen.add(id(a))
+            total += int(a.nbytes)
+    return total
 
 
 def fill_resident_arena(arena: MlxArena, cfg: ModelConfig, record: Callable[[int, int], bytes | np.ndarray]) -> None:
@@ -228,8 +264,7 @@ def embed(p: MlxParams, tokens) -> mx.array:
     if _embed_kernel_ok(p) and tokens.size:
         ids = index_param(int(tokens[0])) if one else tokens.astype(np.int32)
         return embed_kernel.embed_rows(p.embed, ids, tokens.size)
-    x = p.embed[index_view(int(tokens[0])) if one else mx.array(tokens.astype(np.int32))]
-    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+    return rows(p.embed, index_view(int(tokens[0])) if one else mx.array(tokens.astype(np.int32)))
 
 
 def _embed_kernel_ok(p: MlxParams) -> bool:
@@ -242,8 +277,7 @@ def embed_token(p: MlxParams, ids: mx.array) -> mx.array:
     Same launches and values as `embed(p, [token])`. ids int32 [>= 1] -> float32 [1, D]"""
     if _embed_kernel_ok(p):
         return embed_kernel.embed_rows(p.embed, ids, 1)
-    x = p.embed[ids[:1]]
-    return x if x.dtype == mx.float32 else x.astype(mx.float32)
+    return rows(p.embed, ids[:1])
 
 
 def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
@@ -305,7 +339,7 @@ def head(p: MlxParams, x: mx.array) -> mx.array:
             and d % 8 == 0 and d <= dense_kernel.MAX_COLS):
         return dense_kernel.dense_gemv(p.output, x, p.out_norm, p.cfg.rms_norm_eps)
     xn = rms_norm(x, p.out_norm, p.cfg.rms_norm_eps)
-    return xn @ p.output.astype(mx.float32).T
+    return linear(xn, p.output)
 
 
 def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None,
@@ -427,5 +461,5 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
 
 
 __all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
-            "ffn_input", "dense_ffn", "empty_layer_state"]
+            "ffn_input", "dense_ffn", "empty_layer_state", "dense_nbytes", "holds_q8_dense"]
 _ = field  # dataclasses.field kept for frozen defaults above

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.numpy_backend.prompt import prompt_forward
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.session import SessionEngine
@@ -79,7 +80,7 @@ def streaming_parts(model, config, plan, *, layers=None) -> tuple:
     if config.wire_arena:
         notes.append("arena wired" if arena.wired else "arena NOT wired (mlock refused)")
     if config.mlock_dense:
-        ok = all(mlock_buffer(a) for a in model.dense.values())
+        ok = all(mlock_buffer(a) for a in as_dense_weights(model.dense).arrays())  # the stored buffers
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
     if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)

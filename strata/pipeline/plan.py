@@ -1,6 +1,7 @@
 """Which layers each pipeline stage owns: a contiguous range per rank, split by bytes or given.
 
-A stage holds its layers' dense weights (float32 in memory, as the loader keeps them) and pages
+A stage holds its layers' dense weights (as stored; counted here at float32's size, which scales
+every matrix alike) and pages
 its MoE layers' experts, so the split balances what each host must hold and stream: per layer
 its dense bytes plus, for an MoE layer, its experts' bytes; the embedding goes to the first
 stage, the final norm and head to the last. Among all contiguous splits the plan takes the one
@@ -18,7 +19,7 @@ from strata.model_config import LayerRange, ModelConfig, TensorNames, dense_tens
 
 __all__ = ["PipelineOptions", "StagePlan", "layer_bytes", "plan_stages", "parse_stage_layers"]
 
-FLOAT32_BYTES = 4  # the loader dequantizes every dense tensor to float32
+FLOAT32_BYTES = 4  # every dense weight counted at float32's size: the split balances relative bytes
 STOCK_TIMEOUT = 120.0  # seconds a rank waits for a neighbour before it calls the pipeline broken
 STOCK_CONNECT_TIMEOUT = 60.0  # seconds the ranks may take to find each other at start
 

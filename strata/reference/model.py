@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 
 from strata.errors import NonFiniteError
+from strata.formats.dense_weights import DenseWeights, as_dense_weights
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import Ffn, LayerRange, Mixer, ModelConfig, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
@@ -36,9 +37,16 @@ class ExpertSource(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class ModelParams:
+    """`dense` is held as stored (F16, BF16, Q8_0 or float32; a plain dict of float32 arrays is
+    wrapped): `dense[name]` widens per use to the float32 values the reference computes with,
+    `dense.rows(name, ids)` widens only the rows an embedding lookup reads."""
+
     cfg: ModelConfig
-    dense: Mapping[str, np.ndarray]  # float32, names and shapes from model_config.dense_tensor_shapes
+    dense: DenseWeights  # names and shapes from model_config.dense_tensor_shapes
     experts: ExpertSource
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dense", as_dense_weights(self.dense))
 
 
 # per-layer state, by mixer kind: attention's is its KV cache, DeltaNet's its conv and recurrent
@@ -145,7 +153,7 @@ def embed(params: ModelParams, tokens: np.ndarray) -> np.ndarray:
     """Shapes: tokens [T] int -> [T, D] float32"""
     tokens = np.asarray(tokens, dtype=np.int64)
     check_token_ids(tokens, params.cfg.vocab_size)
-    return params.dense[TensorNames.token_embd][tokens].astype(np.float32)
+    return params.dense.rows(TensorNames.token_embd, tokens)
 
 
 def attention_block(params: ModelParams, layer: int, kv: LayerKV, x: np.ndarray) -> tuple[np.ndarray, LayerKV]:

@@ -85,15 +85,18 @@ class ArenaPlan:
 
 
 def budget_bytes(config, *, model_files: tuple[Path, ...] = (), available: int | None = None,
-                 total: int | None = None) -> tuple[int, str]:
-    """The budget rule (module docstring): the bytes an arena may take now, and the one-line sum."""
+                 total: int | None = None, ple_bytes: int | None = None) -> tuple[int, str]:
+    """The budget rule (module docstring): the bytes an arena may take now, and the one-line sum.
+    ple_bytes: the row cache of a model with PLE rows (strata.runtime.ngram_budget), which may
+    differ from `config.ple_reserve` (its default when unset); None: `config.ple_reserve`."""
     if available is None or total is None:
         mem = machine_memory()
         available = mem.available if available is None else available
         total = mem.total if total is None else total
     cached = sum(cached_file_bytes(p) for p in model_files)
     keep = keep_bytes(config.keep, total)
-    ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes
+    ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes if ple_bytes is None \
+        else ple_bytes
     dense_unwired = 0  # see the module docstring: dense tensors are anonymous copies
     budget = available - cached - keep - ple - dense_unwired
     reason = (f"budget: available {fmt_bytes(available)} - model page cache {fmt_bytes(cached)} - keep "
@@ -104,7 +107,8 @@ def budget_bytes(config, *, model_files: tuple[Path, ...] = (), available: int |
 
 def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
                dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None,
-               total: int | None = None, wired_budget: int | None | str = "auto") -> ArenaPlan:
+               total: int | None = None, wired_budget: int | None | str = "auto",
+               ple_bytes: int | None = None) -> ArenaPlan:
     """Decide the arena from `config.arena` or the budget rule (module docstring).
 
     An explicit size always streams (capped at one slot per expert: more can never be used),
@@ -114,7 +118,8 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
     depth (`min_slots`). `wired_budget`: the GPU's wired ceiling ("auto": asked of MLX on a
     Mac, None elsewhere); a plan over it is refused by `check_wired`.
     """
-    budget, budget_reason = budget_bytes(config, model_files=model_files, available=available, total=total)
+    budget, budget_reason = budget_bytes(config, model_files=model_files, available=available, total=total,
+                                         ple_bytes=ple_bytes)
     if config.arena:
         spec = parse_size(config.arena, what="arena")
         slots = spec.to_slots(slot_bytes, total_experts)

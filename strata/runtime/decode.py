@@ -32,13 +32,15 @@ import numpy as np
 
 from strata.cache.types import CacheConfig, CacheStats, Use, stats_delta, stats_sum
 from strata.config import Config
-from strata.errors import ArenaTooSmallError, NonFiniteError
+from strata.errors import ArenaTooSmallError, ConfigError, NonFiniteError
+from strata.formats.dense_weights import stored_bytes
 from strata.model_config import Ffn, LayerRange
 from strata.runtime.arena import Arena
 from strata.runtime.budget import ArenaPlan, plan_arena
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
 from strata.runtime.memory import PagingDelta, paging_snapshot
+from strata.runtime.ngram_rows import RowStats, StreamedNgramRows
 from strata.runtime.prompt import prefill_chunks
 from strata.reference.model import router_rules
 from strata.runtime.report import StreamReport, build_report
@@ -63,15 +65,16 @@ def cache_config_for(model, config: Config, capacity: int, stage: LayerRange | N
                        split_turn=config.split_turn)
 
 
-def arena_plan_for(model, config: Config, stage: LayerRange | None = None) -> ArenaPlan:
+def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_bytes: int | None = None) -> ArenaPlan:
     """The arena this model and configuration get (`--arena` or the budget rule); a pipeline
-    stage's for its own MoE layers."""
+    stage's for its own MoE layers. ple_bytes: a PLE model's row cache (RowCachePlan.nbytes),
+    reserved from the budget."""
     h = model.experts_file.header
     least = cache_config_for(model, config, 1, stage).min_capacity
-    dense = sum(a.nbytes for a in model.dense.values())
+    dense = stored_bytes(model.dense)  # as held: the stored bytes, not float32's
     total = h.n_records if stage is None else len(stage.moe_layers(model.cfg)) * h.n_experts
     return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=total, min_slots=least,
-                      dense_bytes=dense, model_files=(model.model_path, model.experts_file.path))
+                      dense_bytes=dense, model_files=(model.model_path, model.experts_file.path), ple_bytes=ple_bytes)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Ledger:
     after_s: float = 0.0
     phase_s: tuple[tuple[str, float], ...] = ()
     paging: object = None  # the system's paging counters when the ledger was read (a PagingSnapshot)
+    ple_rows: RowStats = RowStats()  # PLE row traffic of the decode windows (models with a row store)
 
     def minus(self, other: "Ledger") -> "Ledger":
         sub = {f.name: getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self)
@@ -96,7 +100,8 @@ class Ledger:
         phases = dict(other.phase_s)
         return Ledger(decode_counts=stats_delta(self.decode_counts, other.decode_counts),
                       prompt_counts=stats_delta(self.prompt_counts, other.prompt_counts),
-                      phase_s=tuple((k, v - phases.get(k, 0.0)) for k, v in self.phase_s), **sub)
+                      phase_s=tuple((k, v - phases.get(k, 0.0)) for k, v in self.phase_s),
+                      ple_rows=self.ple_rows.minus(other.ple_rows), **sub)
 
 
 class StreamingEngine(SessionEngine):
@@ -104,8 +109,13 @@ class StreamingEngine(SessionEngine):
 
     def __init__(self, model, config: Config, arena: Arena, compute: LayerCompute, io: ReaderPool,
                  *, keep_trace: bool = False, notes: tuple[str, ...] = (), kind: str = "numpy streaming",
-                 stage: LayerRange | None = None) -> None:
+                 stage: LayerRange | None = None, ngram_rows: StreamedNgramRows | None = None) -> None:
         super().__init__(model, config)
+        # PLE: a StreamedNgramRows with the model's row ids; each window reads ahead every PLE
+        # layer's rows before layer 0 (the PLE layers take them from it); the engine closes it
+        self.ngram_rows = ngram_rows
+        if ngram_rows is not None and stage is not None and not stage.embeds:
+            raise ConfigError("ngram_rows: a pipeline stage that does not embed has no tokens to hash")
         self.kind = kind
         self.arena, self.compute, self.io = arena, compute, io
         # a pipeline stage runs its layer range only; its cache and `io` see its MoE layers only
@@ -164,9 +174,12 @@ class StreamingEngine(SessionEngine):
 
     def _timed_window(self, tokens: np.ndarray) -> np.ndarray:
         before, times = self.streamer.totals, self._turn_times()
+        rows_before = self.ngram_rows.stats() if self.ngram_rows is not None else None
         start = time.perf_counter()
         logits = self.window(tokens)
         led = self._ledger
+        if rows_before is not None:
+            led = dataclasses.replace(led, ple_rows=led.ple_rows.plus(self.ngram_rows.stats().minus(rows_before)))
         now = self._turn_times()
         self._ledger = dataclasses.replace(
             led, decode_counts=stats_sum(led.decode_counts, stats_delta(self.streamer.totals, before)),
@@ -195,6 +208,8 @@ class StreamingEngine(SessionEngine):
         """
         s, c, cfg, conf = self.streamer, self.compute, self.model.cfg, self.config
         s.begin_window()
+        if self.ngram_rows is not None:  # PLE: the exact read-ahead, every PLE layer's rows before layer 0
+            self.ngram_rows.read_ahead(self._tokens, tokens)
         x = c.embed(tokens) if self.stage.embeds else tokens
         moe = 0
         for layer in self.stage.layers:
@@ -293,11 +308,14 @@ class StreamingEngine(SessionEngine):
             arena_slots=self.arena.capacity, io=io, policy=self.selector.policy.describe(),
             prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued,
-            profile=dict(led.phase_s) if self.config.profile else None, paging=paging)
+            profile=dict(led.phase_s) if self.config.profile else None, paging=paging,
+            **led.ple_rows.report_args())
 
     def close(self) -> None:
         if not self._closed:
             super().close()
             self.io.close()
+            if self.ngram_rows is not None:
+                self.ngram_rows.close()
             if self._logpos is not None:
                 self._logpos.close()

@@ -42,6 +42,9 @@ def prefill_chunks(engine, tokens: np.ndarray, *, all_logits: bool = False) -> n
     for start in range(0, len(tokens), chunk):
         last = start + chunk >= len(tokens)
         s.begin_window()
+        if engine.ngram_rows is not None:  # PLE: the chunk's rows read ahead before layer 0
+            engine.ngram_rows.read_ahead(np.concatenate([np.asarray(engine.tokens, np.int64), tokens[:start]]),
+                                         tokens[start:start + chunk])
         x = c.embed(tokens[start:start + chunk]) if stage.embeds else tokens[start:start + chunk]
         moe = 0
         for layer in stage.layers:

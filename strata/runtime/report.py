@@ -42,6 +42,11 @@ class StreamReport:
     readahead_cancelled_per_token: float = 0.0
     profile: dict[str, float] = field(default_factory=dict)  # ms per token by phase (--profile)
     paging: PagingDelta | None = None  # paged during the run (major faults, swap), when measured
+    # PLE n-gram rows (models with a row store; zero for every other model): per decoded token
+    ple_rows_read_per_token: float = 0.0  # rows whose page was read for the token
+    ple_rows_hit_per_token: float = 0.0  # rows found in the row cache
+    ple_bytes_per_token: float = 0.0
+    ple_wait_ms_per_token: float = 0.0  # blocked at PLE layers for their pages
 
     def text(self) -> str:
         ranks = " ".join(f"{m:.1f}" for m in self.misses_by_rank)
@@ -58,6 +63,9 @@ class StreamReport:
             p = self.paging
             line += (f"; paging {p.major_faults} major faults, {p.page_ins} page-ins, swap in "
                      f"{fmt_bytes(p.swap_in_bytes)} / out {fmt_bytes(p.swap_out_bytes)}")
+        if self.ple_rows_read_per_token or self.ple_rows_hit_per_token or self.ple_bytes_per_token:
+            line += (f"; ple rows read {self.ple_rows_read_per_token:.1f}/token, hit {self.ple_rows_hit_per_token:.1f}/token "
+                     f"({fmt_bytes(self.ple_bytes_per_token)}/token), waiting {self.ple_wait_ms_per_token:.2f} ms/token")
         if self.profile:
             line += "; profile ms/token: " + ", ".join(f"{k} {v:.2f}" for k, v in self.profile.items())
         return line
@@ -74,9 +82,10 @@ class StreamReport:
 def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, waiting_s: float,
                  after_s: float, slot_bytes: int, arena_slots: int, io: str, policy: str = "", prompt_tokens: int = 0,
                  prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None,
-                 paging: PagingDelta | None = None) -> StreamReport:
+                 paging: PagingDelta | None = None, ple_rows_read: int = 0, ple_rows_hit: int = 0,
+                 ple_bytes: int = 0, ple_wait_s: float = 0.0) -> StreamReport:
     """The report of `tokens` decode windows whose cache counts are `decode` (asdict of a
-    `stats_delta`)."""
+    `stats_delta`); ple_*: the row cache's totals over the same windows (RowStats.total)."""
     d, n = decode, tokens
     per = 1.0 / n if n else 0.0
     lookups = d["lookups"]
@@ -93,4 +102,6 @@ def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, wa
         readahead_cancelled_per_token=d["reads_cancelled"] * per,
         profile={k: 1e3 * v * per for k, v in (profile or {}).items()},
         paging=paging,
+        ple_rows_read_per_token=ple_rows_read * per, ple_rows_hit_per_token=ple_rows_hit * per,
+        ple_bytes_per_token=ple_bytes * per, ple_wait_ms_per_token=1e3 * ple_wait_s * per,
     )

@@ -11,7 +11,7 @@ import numpy as np
 
 from strata.runtime.io import IOHook, ReadRequest
 
-__all__ = ["RandomDelays", "Faults"]
+__all__ = ["RandomDelays", "FixedDelay", "Faults"]
 
 
 class RandomDelays:
@@ -28,6 +28,25 @@ class RandomDelays:
 
     def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
         return got
+
+
+class FixedDelay:
+    """Every read takes at least `ms` milliseconds (a slow disk of known latency: the PLE
+    read-ahead tests compare it with the compute time of the layers before a PLE layer)."""
+
+    def __init__(self, ms: float) -> None:
+        self.s = ms / 1e3
+
+    def before(self, req: ReadRequest) -> None:
+        time.sleep(self.s)
+
+    def after(self, req: ReadRequest, buf: np.ndarray, got: int) -> int:
+        return got
+
+    def latency_s(self, req: ReadRequest) -> float:
+        """The same delay as a latency from the request (a reader whose reads the kernel runs:
+        strata.runtime.advised_reader)."""
+        return self.s
 
 
 class Faults:

@@ -237,7 +237,7 @@ def make_model(
     with ExpertsFile.open(experts_path) as xf:  # the model records which expert set it goes with
         identity = xf.identity
     dense = make_dense(cfg, seed)
-    if dense_type is QuantType.F16:  # 1-D tensors are stored F32, but MLX's kernel path holds them as
+    if dense_type in (QuantType.F16, QuantType.Q8_0):  # 1-D tensors are stored F32, but MLX's kernel path holds them as
         # float16 (the shared expert's gate: 2.4e-4 relative on the hybrid's logits): make them exact
         dense = {k: v.astype(np.float16).astype(np.float32) if v.ndim == 1 else v for k, v in dense.items()}
     write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(),

@@ -31,7 +31,8 @@ v (its rows stacked under W_qkv: one GEMV), and the merge multiplies each output
 Shapes:
     attend: qkv float32 [T, (H + 2 KVH + GATE H) HD] (q heads | k heads | v heads | gate heads, raw)
             -> out float32 [T, H HD]; writes kc / vc [KVH, S_MAX, HD] at positions pos0 .. pos0+T-1
-Grid: (H, T) blocks of NT threads.
+Grid: (H, T) blocks of NT threads; split over the context (CH > 0): (H, T, NC) blocks writing
+the chunks' partials [T, H, NC, HD + 2] for kernels/attend_merge.py.
 """
 
 from __future__ import annotations
@@ -39,11 +40,26 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend.kernels import attend_merge
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
 THREADS = 256
 MAX_HEAD_DIM = 256  # rotate-half pairs per lane: (HD / 2) / 32 <= 4
+# Split over the context (flash-decoding, kernels/attend_merge.py says why): CH positions per
+# block, 32 at S_MAX = 4096 per head. A split costs the merge's launch (~5-8 us of host time a
+# compiled launch on the H200, benchmarks/dispatch.py), so it starts once the context outweighs
+# that: a block walks its positions at ~1 us per step per warp, so past SPLIT_FROM positions (32
+# steps per warp) one block per head is slower than the launch. Windows longer than SPLIT_MAX_T positions (prompt
+# chunks) stay on one block per head: their partials would be T x NC x (HD + 2) floats per head.
+SPLIT_CHUNK = 128
+SPLIT_FROM = 256
+SPLIT_MAX_T = 16
+
+
+def split_applies(n_pos: int, t: int) -> bool:
+    """Whether `attend` over n_pos positions (the last t of them new) splits over the context."""
+    return t <= SPLIT_MAX_T and n_pos > SPLIT_FROM
 
 _ATTEND_TEMPLATE = r"""
   constexpr int NW = NT / 32;
@@ -55,10 +71,14 @@ _ATTEND_TEMPLATE = r"""
   constexpr int G = H / KVH;              // query heads per KV head
   constexpr int GOFF = (H + 2 * KVH) * HD;  // the output gate's columns in a row (GATE)
   constexpr int ROW = GOFF + GATE * H * HD; // a raw qkv (| gate) row
+  constexpr int NC = CH > 0 ? (S_MAX + CH - 1) / CH : 1;  // chunks of the context (split)
   const uint32_t h = bx;
   const uint32_t t = by;
   const int32_t pos0 = params[0];
   const int32_t n_pos = pos0 + (int32_t)t + 1;  // causal: positions 0 .. pos0 + t
+  // CH > 0 (split over the context): block z takes positions [z CH, (z + 1) CH) of them
+  const int32_t lo = CH > 0 ? (int32_t)bz * CH : 0;
+  const int32_t hi = CH > 0 ? (lo + CH < n_pos ? lo + CH : n_pos) : n_pos;
   const uint32_t kvh = h / G;
   const float eps = fparams[0];
   const float scale = sqrt_f((float)HD);
@@ -77,11 +97,11 @@ _ATTEND_TEMPLATE = r"""
   float oa[PPL], ob[PPL], oc[PSA];
   UNROLL for (int i = 0; i < PPL; ++i) { oa[i] = 0.0f; ob[i] = 0.0f; }
   UNROLL for (int j = 0; j < PSA; ++j) oc[j] = 0.0f;
-  for (int32_t p = (int32_t)warp_id; p < n_pos; p += NW) {
+  for (int32_t p = lo + (int32_t)warp_id; p < hi; p += NW) {
     float ka[PPL], kb[PPL], kx[PSA], va[PPL], vb[PPL], vx[PSA];
     if (p < pos0) {  // cached (warp-uniform branch): normed and roped when it was written
-      const DEVICE float* kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;
-      const DEVICE float* vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
+      const auto kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;  // float, or half_t (KV16)
+      const auto vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
       LOAD_KV_CACHED
     } else {  // this chunk's position: from the raw qkv row of token p - pos0
       const DEVICE float* ks = qkv + (uint64_t)(p - pos0) * ROW + (uint64_t)(H + kvh) * HD;
@@ -89,8 +109,8 @@ _ATTEND_TEMPLATE = r"""
       float s2 = 0.0f;
       LOAD_KV_RAW
       const bool write = h % G == 0 && p == n_pos - 1;  // one writer per (KV head, position)
-      DEVICE float* kd = (DEVICE float*)kc + ((uint64_t)kvh * S_MAX + p) * HD;
-      DEVICE float* vd = (DEVICE float*)vc + ((uint64_t)kvh * S_MAX + p) * HD;
+      const auto kd = writable(kc) + ((uint64_t)kvh * S_MAX + p) * HD;
+      const auto vd = writable(vc) + ((uint64_t)kvh * S_MAX + p) * HD;
       NORM_ROPE_K
     }
     float dot = 0.0f;
@@ -122,9 +142,15 @@ _ATTEND_TEMPLATE = r"""
     for (int w = 0; w < NW; ++w) mm = mw[w] > mm ? mw[w] : mm;
     float ll = 0.0f, aa = 0.0f;
     for (int w = 0; w < NW; ++w) { const float f = exp_f(mw[w] - mm); ll += lw[w] * f; aa += accw[w * HD + r] * f; }
-    // the output gate (Qwen3-Next / Qwen3.5): sigmoid of this head's gate column of the projection
-    const float gate = GATE ? 1.0f / (1.0f + exp_f(-qkv[(uint64_t)t * ROW + GOFF + (uint64_t)h * HD + r])) : 1.0f;
-    out[((uint64_t)t * H + h) * HD + r] = aa / ll * gate;
+    if (CH > 0) {  // this chunk's partial: unnormalised values, then (max, sum) after them
+      const uint64_t base = (((uint64_t)t * H + h) * NC + bz) * (HD + 2);
+      out[base + r] = aa;
+      if (r == 0) { out[base + HD] = mm; out[base + HD + 1] = ll; }
+    } else {
+      // the output gate (Qwen3-Next / Qwen3.5): sigmoid of this head's gate column of the projection
+      const float gate = GATE ? 1.0f / (1.0f + exp_f(-qkv[(uint64_t)t * ROW + GOFF + (uint64_t)h * HD + r])) : 1.0f;
+      out[((uint64_t)t * H + h) * HD + r] = aa / ll * gate;
+    }
   }
 """
 
@@ -134,8 +160,8 @@ def _load_pairs(*pairs: tuple[str, str, str, str], sum_squares: bool) -> str:
     src[RD + lane + 32 j] (0 past HD); with sum_squares, s2 gathers the first head's squares."""
     lines, rest = [], []
     for a, b, c, src in pairs:
-        lines += [f"  {a}[i] = r < RH ? {src}[r] : 0.0f;", f"  {b}[i] = r < RH ? {src}[r + RH] : 0.0f;"]
-        rest.append(f"  {c}[j] = e < HD ? {src}[e] : 0.0f;")
+        lines += [f"  {a}[i] = r < RH ? F32({src}[r]) : 0.0f;", f"  {b}[i] = r < RH ? F32({src}[r + RH]) : 0.0f;"]
+        rest.append(f"  {c}[j] = e < HD ? F32({src}[e]) : 0.0f;")
     if sum_squares:
         a, b, c, _ = pairs[0]
         lines.append(f"  s2 += {a}[i] * {a}[i] + {b}[i] * {b}[i];")
@@ -187,18 +213,34 @@ ATTEND_BODY = expand(
     NORM_ROPE_Q=_norm_rope("qa", "qb", "qc", "q_norm", "pos0 + (int32_t)t"),
     NORM_ROPE_K=_norm_rope(
         "ka", "kb", "kx", "k_norm", "p",
-        then_pair="\n        if (write) { kd[r] = ka[i]; kd[r + RH] = kb[i]; vd[r] = va[i]; vd[r + RH] = vb[i]; }",
-        then_rest="\n        if (write) { kd[e] = kx[j]; vd[e] = vx[j]; }"))
+        then_pair="\n        if (KV16) { ka[i] = kv_round(ka[i]); kb[i] = kv_round(kb[i]); va[i] = kv_round(va[i]);"
+                  " vb[i] = kv_round(vb[i]); }"
+                  "\n        if (write) { put_kv(kd + r, ka[i]); put_kv(kd + r + RH, kb[i]); put_kv(vd + r, va[i]);"
+                  " put_kv(vd + r + RH, vb[i]); }",
+        then_rest="\n        if (KV16) { kx[j] = kv_round(kx[j]); vx[j] = kv_round(vx[j]); }"
+                  "\n        if (write) { put_kv(kd + e, kx[j]); put_kv(vd + e, vx[j]); }"))
+
+
+# The cache's element type is the kernel's float or half_t (KV16): the chunk's own positions are
+# rounded as the cache stores them (reference.attention.KVPrecision) before they are used, and
+# written through the overload of their pointer type (the inputs are const: a cast away from it).
+ATTEND_HELPERS = r"""
+INLINE DEVICE float* writable(const DEVICE float* p) { return (DEVICE float*)p; }
+INLINE DEVICE half_t* writable(const DEVICE half_t* p) { return (DEVICE half_t*)p; }
+INLINE void put_kv(DEVICE float* p, float x) { *p = x; }
+INLINE void put_kv(DEVICE half_t* p, float x) { *p = to_half(x); }
+INLINE float kv_round(float x) { return F32(to_half(x)); }
+"""
 
 
 ATTEND_SOURCE = KernelSource(
     "strata_attend", ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params", "fparams", "kc", "vc"),
-    ("out",), ATTEND_BODY)
+    ("out",), ATTEND_BODY, ATTEND_HELPERS)
 
 
 def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array,
            kc: mx.array, vc: mx.array, pos0: int, eps: float, n_heads: int, *, pos: mx.array | None = None,
-           rotary_dim: int | None = None, gated: bool = False) -> mx.array:
+           rotary_dim: int | None = None, gated: bool = False, split: bool = False) -> mx.array:
     """Kernel path. Raw qkv rows of positions pos0.. over the cache -> the attention output of
     every query head; writes those positions' keys (normed, roped) and values into kc / vc.
 
@@ -207,11 +249,13 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
     the traced function, not a Python int baked into its graph (compiled.py).
     rotary_dim: RoPE on the first rotary_dim dims of each head, the rest passed through (None:
     the whole head). gated: each row ends with the output gate's H HD columns; the output is
-    multiplied by their sigmoid.
+    multiplied by their sigmoid. split: a block per chunk of SPLIT_CHUNK positions, then the
+    merge (kernels/attend_merge.py): two launches, for long contexts (`split_applies`).
 
     Shapes:
         qkv float32 [T, (H + 2 KVH + gated H) HD], q_norm / k_norm float16 [HD] or None (together),
-        rope_cos / rope_sin float32 [S_MAX, RD / 2], kc / vc float32 [KVH, S_MAX, HD]
+        rope_cos / rope_sin float32 [S_MAX, RD / 2], kc / vc float32 or float16 [KVH, S_MAX, HD]
+        (float16: the cache stores each key and value rounded, reference.attention.KVPrecision.F16)
         -> out float32 [T, H HD]
     """
     t, width = qkv.shape
@@ -226,10 +270,21 @@ def attend(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope
         raise ValueError("attend kernel: q_norm and k_norm come together")
     if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
         raise ValueError(f"attend kernel: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
+        raise ValueError(f"attend kernel: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
+    kv16 = kc.dtype == mx.float16
     qkn = q_norm is not None
     half = absent(np.float16)  # absent optional inputs
-    return launch(ATTEND_SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
-                                  index_param(pos0) if pos is None else pos, float_params(eps), kc, vc],
-                  [(t, n_heads * hd)], [mx.float32], blocks=(n_heads, t, 1), threads=THREADS,
-                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
-                            ("RD", rd), ("GATE", int(gated)), ("NT", THREADS)))[0]
+    params = index_param(pos0) if pos is None else pos
+    ch = SPLIT_CHUNK if split else 0
+    nc = -(-s_max // SPLIT_CHUNK) if split else 1
+    width_out = n_heads * nc * (hd + 2) if split else n_heads * hd  # split: the chunks' partials
+    out = launch(ATTEND_SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
+                                 params, float_params(eps), kc, vc],
+                 [(t, width_out)], [mx.float32], blocks=(n_heads, t, nc), threads=THREADS,
+                 template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
+                           ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", ch), ("KV16", int(kv16))))[0]
+    if not split:
+        return out
+    return attend_merge.merge(out, qkv, params, n_heads=n_heads, n_kv_heads=kvh, head_dim=hd, s_max=s_max,
+                              chunk=ch, gated=gated)

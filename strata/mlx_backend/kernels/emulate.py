@@ -42,6 +42,25 @@ namespace strata_emu {
 
 struct half {  // IEEE binary16 storage with float conversion (what the kernels use)
   uint16_t bits;
+  static half from_float(float x) {  // to nearest even, as __float2half_rn and Metal's half(x)
+    uint32_t f; std::memcpy(&f, &x, 4);
+    const uint32_t s = (f >> 16) & 0x8000u, a = f & 0x7fffffffu;
+    half h;
+    if (a >= 0x7f800000u) { h.bits = (uint16_t)(s | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u)); return h; }
+    if (a >= 0x477ff000u) { h.bits = (uint16_t)(s | 0x7c00u); return h; }  // rounds past 65504: inf
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal half, q = a / 2^-24 rounded to nearest even
+      const uint32_t e = a >> 23, m = (a & 0x7fffffu) | (e ? 0x800000u : 0u);
+      const int shift = 126 - (int)e;  // m * 2^(e - 150) / 2^-24 = m >> (126 - e)
+      if (shift > 24) { h.bits = (uint16_t)s; return h; }
+      const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+      h.bits = (uint16_t)(s | (q + (rem > halfway || (rem == halfway && (q & 1u)))));
+      return h;
+    }
+    const uint32_t r = a - 0x38000000u;  // rebias 127 -> 15 (exponent field moves by 112)
+    const uint32_t q = r >> 13, rem = r & 0x1fffu;
+    h.bits = (uint16_t)(s | (q + (rem > 0x1000u || (rem == 0x1000u && (q & 1u)))));
+    return h;
+  }
   operator float() const {
     const uint32_t s = (bits & 0x8000u) << 16, e = (bits >> 10) & 0x1fu, m = bits & 0x3ffu;
     uint32_t f;

@@ -201,6 +201,35 @@ def index_param(i: int) -> mx.array:
     return index_view(i, MIN_INPUT_SIZE)
 
 
+# MLX's CUDA encoder (mlx/backend/cuda/device.cpp, 0.32) commits its CUDA graph (update or
+# instantiate, then launch) after any node once the sizes of the arrays its nodes were given add
+# past max_mb_per_graph (1000 MB on sm_90): `set_input_array` counts a whole array, not what the
+# kernel reads. The expert arena (17 GB at the seed shape) given to every layer's expert kernel
+# therefore ended the graph after it: 48 commits a decoded token instead of ~3 (100 nodes a
+# graph). A kernel gets only a pointer (no body reads an input's shape), so a large input goes in
+# as a view of its first elements: the same buffer, the same dependency (MLX tracks buffers by
+# address), MIN_INPUT_SIZE elements counted. CUDA only (the emulator copies what it is given;
+# Metal's encoder is not measured). benchmarks/dispatch.py isolates the cost.
+GRAPH_VIEWS = True
+GRAPH_VIEW_ABOVE = 1 << 20  # bytes: smaller inputs count for nothing that matters
+
+
+def _graph_view(a: mx.array) -> mx.array:
+    """a, or (large) a view of its first elements: the same data pointer. A row-contiguous array
+    flattens without a copy; any other is copied whole by the reshape, and the kernel reads the
+    copy, so the view is never wrong, only slower. Past int32 elements (MLX's dimension type:
+    only the expert arena, [slots, slot_bytes], row-contiguous by construction) it cannot be
+    flattened: the view is its first row."""
+    if a.nbytes <= GRAPH_VIEW_ABOVE:
+        return a
+    if a.size < MAX_FLAT:
+        return a.reshape(-1)[:MIN_INPUT_SIZE]
+    return a[(slice(0, 1),) * (a.ndim - 1)]
+
+
+MAX_FLAT = 2**31 - 1
+
+
 def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[int, ...]],
            output_dtypes: Sequence, *, blocks: tuple[int, int, int], threads: int,
            template: Sequence[tuple[str, int]]) -> list[mx.array]:
@@ -234,6 +263,8 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     tg = (threads, 1, 1)
     if path is KernelPath.GPU:
         kernel = _kernels.get(src.name) or _build(src)
+        if GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA:
+            inputs = [_graph_view(a) for a in inputs]
         return kernel(inputs=inputs, template=list(template), grid=grid, threadgroup=tg,
                       output_shapes=list(output_shapes), output_dtypes=list(output_dtypes))
     if path is KernelPath.EMULATED:

@@ -4,6 +4,7 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
 
     ids        tid (thread in block), bx/by/bz (block in grid), lane (0..31), warp_id
     memory     SHARED (block-shared array), DEVICE (global-memory pointer qualifier),
+               SHARED_PTR(T) (a pointer to T in block-shared memory: another view of a SHARED array),
                BARRIER() (block barrier, threadgroup memory)
     reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
     fma_keep(a, b, c) a * b + c rounded once, subnormal operands and results kept (no flush to zero)
@@ -12,10 +13,16 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
-    math       F32(x) (to float), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
+    math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
                compiler may not re-derive from how it was computed)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
+    matrix     mma_16816(c, a, lda, b, ldb, lane): one warp's C[16x8] += A[16x16] B[16x8] in float32,
+               A row-major and B as [n][k], float16 bits (uint16_t) in shared memory; c holds the
+               lane's four elements of C as CUDA's m16n8k16 places them (rows g, g + 8 and
+               columns 2t, 2t + 1 of g = lane / 4, t = lane % 4). CUDA: the tensor-core `mma`;
+               Metal and the emulator: those four dot products in float32 (Metal: not the matrix
+               units; compile-checked, not run)
 
 Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
 (thread ids as locals; prepended to MLX's `source=`, because MLX adds a Metal attribute to the
@@ -47,12 +54,14 @@ METAL_HEADER = r"""
 using namespace metal;
 #define DEVICE device
 #define SHARED threadgroup
+#define SHARED_PTR(T) threadgroup T*
 #define INLINE inline
 #define BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define UNROLL _Pragma("clang loop unroll(full)")
 #define F32(x) static_cast<float>(x)
 #define NEG_BIG (-3.0e38f)
 typedef half half_t;
+INLINE half_t to_half(float x) { return half(x); }
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
@@ -81,6 +90,18 @@ INLINE f8 load_h8(const device half* p) {
   r.v[4] = b.x; r.v[5] = b.y; r.v[6] = b.z; r.v[7] = b.w;
   return r;
 }
+INLINE float h16_f32(uint16_t b) { return static_cast<float>(as_type<half>(b)); }
+INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const threadgroup uint16_t* b, uint32_t ldb,
+                    uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t row = g + (i >= 2 ? 8u : 0u), col = t + (uint32_t)(i & 1);
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 16u; ++k) s += h16_f32(a[row * lda + k]) * h16_f32(b[col * ldb + k]);
+    c.v[i] += s;
+  }
+  return c;
+}
 """
 
 METAL_BODY = r"""
@@ -95,6 +116,7 @@ METAL_BODY = r"""
 CUDA_HEADER = r"""
 #define DEVICE
 #define SHARED __shared__
+#define SHARED_PTR(T) T*
 #define INLINE __device__ __forceinline__
 #define BARRIER() __syncthreads()
 #define UNROLL _Pragma("unroll")
@@ -107,6 +129,7 @@ INLINE float F32(float x) { return x; }
 INLINE float F32(__half x) { return __half2float(x); }
 INLINE float F32(int x) { return static_cast<float>(x); }
 INLINE float F32(unsigned int x) { return static_cast<float>(x); }
+INLINE __half to_half(float x) { return __float2half_rn(x); }
 INLINE float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return __shfl_sync(0xffffffffu, x, 0);  // one lane's bits for all: lanes may sum in other orders
@@ -138,6 +161,21 @@ INLINE f8 load_h8(const __half* p) {
   }
   return r;
 }
+// the tensor-core m16n8k16 (sm_80+): A's four registers hold rows g / g + 8, columns 2t.. / 2t + 8..;
+// B's two hold column g, rows 2t.. and 2t + 8..; C's four: rows g, g + 8, columns 2t, 2t + 1
+INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, uint32_t ldb, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  const uint32_t a0 = *reinterpret_cast<const uint32_t*>(a + g * lda + t);
+  const uint32_t a1 = *reinterpret_cast<const uint32_t*>(a + (g + 8u) * lda + t);
+  const uint32_t a2 = *reinterpret_cast<const uint32_t*>(a + g * lda + t + 8u);
+  const uint32_t a3 = *reinterpret_cast<const uint32_t*>(a + (g + 8u) * lda + t + 8u);
+  const uint32_t b0 = *reinterpret_cast<const uint32_t*>(b + g * ldb + t);
+  const uint32_t b1 = *reinterpret_cast<const uint32_t*>(b + g * ldb + t + 8u);
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  return c;
+}
 """
 
 CUDA_BODY = r"""
@@ -153,12 +191,14 @@ CUDA_BODY = r"""
 EMU_HEADER = r"""
 #define DEVICE
 #define SHARED static
+#define SHARED_PTR(T) T*
 #define INLINE inline
 #define BARRIER() strata_emu::ctx->barrier()
 #define UNROLL
 #define F32(x) static_cast<float>(x)
 #define NEG_BIG (-3.0e38f)
 typedef strata_emu::half half_t;
+INLINE half_t to_half(float x) { return strata_emu::half::from_float(x); }
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 struct uint2 { uint32_t x, y; };
@@ -179,6 +219,17 @@ INLINE f4 load_f4(const float* p) {
 INLINE f8 load_h8(const half_t* p) {
   f8 r; for (int i = 0; i < 8; ++i) r.v[i] = F32(p[i]);
   return r;
+}
+INLINE float h16_f32(uint16_t b) { return static_cast<float>(strata_emu::half{b}); }
+INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, uint32_t ldb, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t row = g + (i >= 2 ? 8u : 0u), col = t + (uint32_t)(i & 1);
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 16u; ++k) s += h16_f32(a[row * lda + k]) * h16_f32(b[col * ldb + k]);
+    c.v[i] += s;
+  }
+  return c;
 }
 """
 

@@ -87,9 +87,41 @@ def expand(body: str, **snippets: str) -> str:
     return re.sub(r"^( *)(" + "|".join(snippets) + r")\n", one, body, flags=re.MULTILINE)
 
 
+def compact(text: str) -> str:
+    """C source without comments, indentation or blank lines, runs of spaces outside string
+    literals made one; line breaks kept (preprocessor lines end there).
+
+    Why: MLX's CUDA build hashes a custom kernel's whole source (`std::hash` in
+    CustomKernel::eval_gpu, to name its JIT module) on every evaluation, compiled replays
+    included, and rewrites it on every call it builds; a decoded token evaluates ~48 KB of our
+    sources per layer (the expert kernel alone ~15 KB). benchmarks/dispatch.py measures what a
+    source's size costs."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split('"')  # even indices: outside string literals (no escaped quotes in ours)
+        for i in range(0, len(parts), 2):
+            cut = parts[i].find("//")
+            if cut >= 0:
+                parts = parts[:i] + [parts[i][:cut]]
+                break
+        # no space next to ( ) { } ; , : none of them joins a neighbour into another token (but a
+        # preprocessor line keeps its spaces: `#define NEG_BIG (-3.0e38f)` is not a macro function)
+        tight = not line.lstrip().startswith("#")
+        parts = [(re.sub(r" ?([(){};,]) ?", r"\1", re.sub(r"\s+", " ", q)) if tight else re.sub(r"\s+", " ", q))
+                 if i % 2 == 0 else q for i, q in enumerate(parts)]
+        line = '"'.join(parts).strip()
+        if line:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def mlx_source(src: KernelSource, dialect: Dialect) -> tuple[str, str]:
-    """(header, source) as `mx.fast.metal_kernel` / `mx.fast.cuda_kernel` take them."""
-    return HEADER[dialect] + src.helpers, BODY[dialect] + src.body
+    """(header, source) as `mx.fast.metal_kernel` / `mx.fast.cuda_kernel` take them (compacted
+    for the GPU dialects: `compact` says why; the emulator's stays as written)."""
+    header, body = HEADER[dialect] + src.helpers, BODY[dialect] + src.body
+    if dialect is Dialect.EMU:
+        return header, body
+    return compact(header), compact(body)
 
 
 def dtype_name(dtype) -> str:

@@ -33,3 +33,4 @@ struct uint4 { uint32_t x, y, z, w; };
 struct __half2 { __half x, y; };
 float2 __half22float2(__half2);
 float __half2float(__half);
+__half __float2half_rn(float);

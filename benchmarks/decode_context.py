@@ -1,0 +1,174 @@
+"""Compiled all-resident decode against the context length (issue 19): ms/token at contexts 8 and
+2048 with the attention split over the context (the default past SPLIT_FROM positions) and with
+one block per head (the form before the split), at the seed shape without a shared expert (48
+layers, 256 experts top-10, hidden 2560, expert ffn 576, 16 q / 4 kv heads of 128, float16
+dense, Q2_0 experts). Target: context 2048 within 1.3x of context 8.
+
+The context is made, not prefilled: each attention layer's KV buffers hold random keys and values
+at the first L positions (the prompt path is not what this measures, and a 2048-token prefill
+would cost more than the whole measurement). Two numbers first: at 2048 the float32 KV cache is
+2 x 4 heads x 2048 x 128 x 4 B = 8.4 MB a layer, 0.40 GB a token: ~0.12 ms at the H200's ~3.4
+TB/s, against ~2.6 GB of weights and experts a token.
+
+    python benchmarks/decode_context.py                    # seed shape (GPU)
+    python benchmarks/decode_context.py --small            # smoke test (any machine: the emulated
+                                                           #   kernels, uncompiled, tiny shape)
+    python benchmarks/decode_context.py --contexts 8,512,2048,4000
+
+Prints a table and one JSON line; a JSON-PART line after each context survives a kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _measure import device_name, part  # noqa: E402
+from decode_memory import resident_distinct  # noqa: E402
+from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
+from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
+from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
+from strata.mlx_backend.kernels import launch  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
+from strata.mlx_backend.model import MlxModelState  # noqa: E402
+from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
+
+# the issue's shape: the seed without a shared expert
+SHAPE = replace(SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
+SMALL = replace(SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
+                n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=512)
+
+
+def state_at(cfg, length: int, seed: int, dtype=mx.float32) -> MlxModelState:
+    """Every layer's KV buffers [KVH, S_MAX, HD] with random keys / values at positions < length."""
+    rng = mx.random.key(seed)
+    layers = []
+    for l in range(cfg.n_layers):
+        kk, kv = mx.random.split(mx.random.split(rng, cfg.n_layers)[l])
+        shape = (cfg.n_kv_heads, cfg.max_context, cfg.head_dim)
+        live = (mx.arange(cfg.max_context) < length)[None, :, None]
+        k = mx.where(live, mx.random.normal(shape, key=kk), 0.0).astype(dtype)
+        v = mx.where(live, mx.random.normal(shape, key=kv), 0.0).astype(dtype)
+        mx.eval(k, v)
+        layers.append(MlxLayerKV(k, v, length))
+    return MlxModelState(tuple(layers))
+
+
+# name -> (split past SPLIT_FROM, large kernel inputs as views: launch.GRAPH_VIEWS, positions per
+# block when split: 0 for SPLIT_CHUNK)
+FORMS = {
+    "split": (True, True, 0),
+    "split_ch32": (True, True, 32),
+    "split_ch64": (True, True, 64),
+    "split_ch256": (True, True, 256),
+    "one_block": (False, True, 0),  # one block per head at every length (the form before the split)
+    "no_views": (True, False, 0),  # whole arrays given to MLX: a CUDA graph commit after each expert kernel
+    "kv16": (True, True, 0),  # split, with float16 KV caches (KVPrecision.F16: half the cache's bytes)
+}
+
+
+def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
+    """Median ms/token of `tokens` compiled decode steps from a made context of `length`."""
+    split, views, chunk = FORMS[form]
+    saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK
+    attn_kernels.SPLIT_FROM = saved[0] if split else 1 << 30
+    launch.GRAPH_VIEWS = views
+    attn_kernels.SPLIT_CHUNK = chunk or saved[2]
+    try:
+        state = state_at(p.cfg, length, seed=length, dtype=mx.float16 if form == "kv16" else mx.float32)
+        step = CompiledDecode(p, state, traced=traced)
+        rng = np.random.default_rng(length)
+        times = []
+        before = sum(LAUNCHES.values())
+        for i in range(tokens + 1):
+            t0 = time.perf_counter()
+            logits, state = step(state, int(rng.integers(0, p.cfg.vocab_size)))
+            np.array(logits[-1], dtype=np.float32)
+            times.append(time.perf_counter() - t0)
+        first = times.pop(0)  # the trace
+        # the same steps with no host wait between them (the next token fixed, as a device-side
+        # sampler would allow): what the host's encoding and the GPU sustain, without the round trip
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            logits, state = step(state, 1)
+            mx.async_eval(logits)
+        mx.eval(logits)
+        pipelined = (time.perf_counter() - t0) / tokens
+        return {"ms": float(np.median(times)) * 1e3, "first_ms": first * 1e3, "min_ms": float(np.min(times)) * 1e3,
+                "pipelined_ms": pipelined * 1e3,
+                "wrapper_launches": sum(LAUNCHES.values()) - before,
+                "split": attn_kernels.split_applies(length + 1, 1)}
+    finally:
+        attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK = saved
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true", help="tiny shape on the emulated kernels, uncompiled")
+    ap.add_argument("--contexts", default="8,2048")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--also", default="", help="more CONTEXT/FORM runs after those, e.g. 8/no_views")
+    ap.add_argument("--layers", type=int, default=0, help="keep the first N layers (0: all)")
+    ap.add_argument("--forms", default="split,one_block", help="comma list of " + ", ".join(FORMS))
+    args = ap.parse_args()
+    cfg = SMALL if args.small else SHAPE
+    if args.layers:
+        cfg = replace(cfg, n_layers=args.layers)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    forms = [f for f in args.forms.split(",") if f]
+    if set(forms) - set(FORMS):
+        ap.error(f"--forms: {sorted(set(forms) - set(FORMS))} (known: {', '.join(FORMS)})")
+    path = KernelPath.EMULATED if args.small else current_path()
+    if path is KernelPath.OPS:
+        ap.error("no MLX GPU here: the compiled step needs the GPU kernel path (--small runs the emulated kernels)")
+    traced = path is KernelPath.GPU
+    res: dict = {"device": device_name(), "mlx": mx.__version__, "path": path.value, "traced": traced,
+                 "layers": cfg.n_layers, "hidden": cfg.hidden_size, "heads": [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim],
+                 "split_from": attn_kernels.SPLIT_FROM, "split_chunk": attn_kernels.SPLIT_CHUNK, "ms": {}}
+    rows: list = []
+    with using_path(path):
+        t0 = time.time()
+        p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
+        res["build_s"] = time.time() - t0
+        print(f"built the model in {res['build_s']:.1f} s", flush=True)
+        runs = [(c, f) for c in contexts for f in forms]
+        runs += [(int(a.split("/")[0]), a.split("/")[1]) for a in args.also.split(",") if a]
+        for ctx, form in runs:
+            if args.small:
+                ctx = min(ctx, cfg.max_context - args.tokens - 2)
+            with part(f"ctx{ctx}_{form}", res, rows):
+                r = decode_ms(p, ctx, 2 if args.small else args.tokens, form=form, traced=traced)
+                res["ms"][f"{ctx}/{form}"] = r
+                rows.append((f"context {ctx}, {form}", f"{r['ms']:.2f} ms/token",
+                             f"min {r['min_ms']:.2f}; no host wait {r['pipelined_ms']:.2f}; trace "
+                             f"{r['first_ms']:.0f} ms; split used: {r['split']}"))
+    first = min(contexts[0], cfg.max_context - args.tokens - 2) if args.small else contexts[0]
+    base = {f: res["ms"].get(f"{first}/{f}", {}).get("ms") for f in FORMS}
+    for key, r in res["ms"].items():
+        ctx, form = key.split("/")
+        if base.get(form):
+            r["ratio_to_first_context"] = r["ms"] / base[form]
+    print(f"## decode vs context on {res['device']} (path {path.value}, MLX {mx.__version__}; {cfg.n_layers} layers, "
+          f"D={cfg.hidden_size}, heads {cfg.n_heads}/{cfg.n_kv_heads}x{cfg.head_dim}; split past "
+          f"{attn_kernels.SPLIT_FROM} positions, chunks of {attn_kernels.SPLIT_CHUNK})")
+    for name, val, note in rows:
+        print(f"{name:<28} {val:>16}  {note}")
+    for key, r in res["ms"].items():
+        if "ratio_to_first_context" in r:
+            print(f"{key:<28} {r['ratio_to_first_context']:>14.2f}x  of context {contexts[0]} (target <= 1.3x at 2048)")
+    print("JSON " + json.dumps(res, sort_keys=True, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

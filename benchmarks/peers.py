@@ -1,0 +1,205 @@
+"""strata against mlx-lm on the same shape, in one run (issue 19): decode at contexts 8 and 2048,
+prompts of 512 and 2048 tokens, printed as ratios (mlx-lm's time over strata's: >= 2 is the
+target on every row), a table and one JSON line.
+
+Both models have random weights at the issue's shape (the seed without a shared expert: 48
+layers, 256 experts top-10, hidden 2560, expert ffn 576, 16 q / 4 kv heads of 128, vocab 32768):
+- mlx-lm: its own `qwen3_moe.Model` (the same layer: q/k RMSNorm per head, softmax-then-top-k
+  routing with the top-k weights renormalised, SwiGLU experts), float16 dense weights, the
+  experts quantized by `nn.quantize` to 2 bits in groups of 32 (what `mlx_lm.convert -q --q-bits 2
+  --q-group-size 32` makes of them), timed through a greedy loop written as its `generate_step`
+  runs (prefill in pieces of 2048, then each token evaluated asynchronously one step ahead);
+- strata: the same shape made by `strata.testing.mlx_params.random_params` (float16 dense, Q2_0
+  experts: 2 bits, groups of 32), all resident, through `MlxEngine` (`prefill`, `decode`: the
+  compiled step on a GPU).
+A prompt's time is its time to the first token (prefill and the first token's logits); a decode
+row is the median time per token after it.
+
+mlx-lm is needed only here (not a strata dependency), and only its model files, which need MLX
+alone: `pip install --no-deps mlx-lm` into the environment that runs the benchmark, or
+`pip install --no-deps --target DIR mlx-lm` and PYTHONPATH=DIR (its wheel alone on a GPU machine).
+
+    python benchmarks/peers.py            # the issue's shape (GPU)
+    python benchmarks/peers.py --small    # a small shape (any machine, MLX's CPU build too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _measure import device_name, part  # noqa: E402
+from decode_context import SHAPE  # noqa: E402
+from decode_memory import resident_distinct  # noqa: E402
+from strata.mlx_backend.engine import MlxEngine  # noqa: E402
+from strata.mlx_backend.kernels.launch import current_path  # noqa: E402
+from strata.testing.mlx_params import random_params  # noqa: E402
+
+SMALL = replace(SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
+                n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=1024, max_context=2304)
+GROUP, BITS = 32, 2
+
+
+def mlx_lm_module(name: str):
+    """A module of mlx-lm (`models.qwen3_moe`, `models.cache`, `_version`) without running the
+    package's __init__, which imports transformers for its tokenizers: the model files need only
+    MLX, so a GPU machine needs mlx-lm's wheel alone (where mlx_lm is already imported whole, that)."""
+    import importlib
+    import importlib.util
+    import types
+
+    if "mlx_lm" not in sys.modules:
+        spec = importlib.util.find_spec("mlx_lm")
+        if spec is None:
+            raise ModuleNotFoundError("mlx_lm is not installed (pip install mlx-lm: for this benchmark only)")
+        pkg = types.ModuleType("mlx_lm")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["mlx_lm"] = pkg
+    return importlib.import_module(f"mlx_lm.{name}")
+
+
+def mlx_lm_model(cfg):
+    """mlx-lm's Qwen3-MoE at cfg's shape: float16 dense, experts 2-bit g32, random weights."""
+    import mlx.nn as nn
+
+    qwen3_moe = mlx_lm_module("models.qwen3_moe")
+    SwitchLinear = mlx_lm_module("models.switch_layers").SwitchLinear
+
+    args = qwen3_moe.ModelArgs(
+        model_type="qwen3_moe", hidden_size=cfg.hidden_size, num_hidden_layers=cfg.n_layers,
+        intermediate_size=cfg.expert_ffn_size, num_attention_heads=cfg.n_heads, num_experts=cfg.n_experts,
+        num_experts_per_tok=cfg.n_experts_per_token, decoder_sparse_step=1, mlp_only_layers=[],
+        moe_intermediate_size=cfg.expert_ffn_size, rms_norm_eps=cfg.rms_norm_eps, vocab_size=cfg.vocab_size,
+        num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
+        tie_word_embeddings=False, max_position_embeddings=cfg.max_context, norm_topk_prob=True)
+    model = qwen3_moe.Model(args)  # lazy: nothing is made until evaluated
+    model.set_dtype(mx.float16)
+    nn.quantize(model, group_size=GROUP, bits=BITS, class_predicate=lambda _, m: isinstance(m, SwitchLinear))
+    for layer in model.layers:  # one layer's float experts at a time (4.5 GB at the issue's shape)
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
+    return model
+
+
+PREFILL_STEP = 2048  # mlx-lm's generate_step default: the prompt in pieces of this many tokens
+
+
+def mlx_lm_tokens(model, prompt: np.ndarray, n: int):
+    """Greedy tokens as mlx-lm's `generate_step` makes them (read in mlx_lm/generate.py 0.32.2 and
+    written again here, to leave its tokenizer imports out): the prompt but its last token in
+    pieces of PREFILL_STEP into the model's cache, each evaluated; then each step's token
+    evaluated asynchronously while the host waits for the previous one."""
+    cache = mlx_lm_module("models.cache").make_prompt_cache(model)
+    stream = mx.new_stream(mx.default_device())
+    step = lambda y: mx.argmax(model(y[None], cache=cache)[:, -1, :], axis=-1)  # noqa: E731  [L] -> [1]
+    with mx.stream(stream):
+        ids = mx.array(prompt)
+        while ids.size > 1:
+            piece, ids = ids[:min(PREFILL_STEP, ids.size - 1)], ids[min(PREFILL_STEP, ids.size - 1):]
+            model(piece[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        y = step(ids)
+        mx.async_eval(y)
+        for i in range(n):
+            nxt = step(y) if i + 1 < n else None
+            if nxt is not None:
+                mx.async_eval(nxt)
+            yield int(y.item())
+            y = nxt
+
+
+def time_mlx_lm(model, prompt: np.ndarray, n_decode: int) -> tuple[float, float | None]:
+    """(time to the first token, median s per decoded token or None) through mlx-lm's loop."""
+    t0 = time.perf_counter()
+    stamps = []
+    for _ in mlx_lm_tokens(model, prompt, n_decode + 1):
+        stamps.append(time.perf_counter())
+    gaps = np.diff(stamps)
+    return stamps[0] - t0, (float(np.median(gaps[1:] if len(gaps) > 2 else gaps)) if n_decode else None)
+
+
+def time_strata(eng: MlxEngine, prompt: np.ndarray, n_decode: int) -> tuple[float, float | None]:
+    """(time to the first token, median s per decoded token or None) through MlxEngine."""
+    eng.reset()
+    t0 = time.perf_counter()
+    tok = int(np.argmax(eng.prefill(list(prompt))))
+    first = time.perf_counter() - t0
+    gaps = []
+    for _ in range(n_decode + 1):
+        t = time.perf_counter()
+        tok = int(np.argmax(eng.decode(tok)))
+        gaps.append(time.perf_counter() - t)
+    return first, (float(np.median(gaps[1:])) if n_decode else None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true", help="a small shape (any machine)")
+    ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per decode row")
+    ap.add_argument("--only", default="", help="comma list: mlx_lm, strata (default both)")
+    ap.add_argument("--lengths", default="", help="the short and the long prompt (default 512,2048; --small 64,256: "
+                                                  "mlx-lm's 2-bit experts on the CPU take minutes at 2048)")
+    args = ap.parse_args()
+    cfg = SMALL if args.small else SHAPE
+    n = 4 if args.small else args.tokens
+    short, long = (int(v) for v in (args.lengths or ("64,256" if args.small else "512,2048")).split(","))
+    # (prompt length, decoded tokens): the long prompt then decode at its context, decode at 8 after 8
+    plan = ((short, 0), (long, n), (8, n))
+    rng = np.random.default_rng(0)
+    prompts = {length: rng.integers(0, cfg.vocab_size, length) for length, _ in plan}
+    res: dict = {"device": device_name(), "mlx": mx.__version__, "path": current_path().value, "layers": cfg.n_layers,
+                 "experts": cfg.n_experts, "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size,
+                 "expert_ffn": cfg.expert_ffn_size, "times_s": {}}
+    rows: list = []
+    who = [w for w in (args.only or "mlx_lm,strata").split(",") if w]
+    for name in who:
+        with part(name, res, rows):
+            t0 = time.time()
+            if name == "mlx_lm":
+                res["mlx_lm"] = mlx_lm_module("_version").__version__
+                model = mlx_lm_model(cfg)
+                run = lambda pr, k: time_mlx_lm(model, pr, k)  # noqa: E731
+            else:
+                eng = MlxEngine(random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg)))
+                run = lambda pr, k: time_strata(eng, pr, k)  # noqa: E731
+            res[f"{name}_build_s"] = time.time() - t0
+            run(prompts[8], 2)  # warm: kernels built, the compiled step traced
+            for length, k in plan:
+                first, per = run(prompts[length], k)
+                res["times_s"].setdefault(name, {})[f"prompt {length}"] = first
+                if per is not None:
+                    res["times_s"][name][f"decode at {length}"] = per
+            del run
+    t = res["times_s"]
+    ratios = {}
+    print(f"## strata vs mlx-lm on {res['device']} (MLX {mx.__version__}, mlx-lm {res.get('mlx_lm', '-')}; "
+          f"{cfg.n_layers} layers, {cfg.n_experts} experts top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, "
+          f"F={cfg.expert_ffn_size}; experts 2-bit g32)")
+    print(f"{'row':<18} {'mlx-lm':>12} {'strata':>12} {'mlx-lm / strata':>16}")
+    for key in ("decode at 8", f"decode at {long}", f"prompt {short}", f"prompt {long}"):
+        a, b = t.get("mlx_lm", {}).get(key), t.get("strata", {}).get(key)
+        unit = (lambda s: f"{s * 1e3:.2f} ms") if key.startswith("decode") else (lambda s: f"{s:.3f} s")
+        ratio = a / b if a and b else None
+        ratios[key] = ratio
+        print(f"{key:<18} {unit(a) if a else '-':>12} {unit(b) if b else '-':>12} "
+              f"{f'{ratio:.2f}x' if ratio else '-':>16}")
+    res["ratios"] = ratios
+    res["all_at_least_2x"] = all(r is not None and r >= 2 for r in ratios.values())
+    for name, val, note in rows:
+        print(f"{name:<28} {val:>16}  {note}")
+    print("JSON " + json.dumps(res, sort_keys=True, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Attention over a prompt on the matrix units: the prompt path's mixer for attention layers.
+
+The decode kernels (kernels/dense_gemv.py, kernels/attention.py) are GEMVs and one block per
+query head and position: right for one token, ~T times the weight reads for T. Here the QKV and
+output projections are MLX matmuls (cuBLAS on CUDA) over all T positions with float16 inputs, and
+attention is `mx.fast.scaled_dot_product_attention` with the causal mask (MLX's own fused
+attention where the build has one). The q/k norms, RoPE (the reference's float64 angles rounded
+once, `attention.rope_table`) and the KV cache (float32, written in place as the ops path
+writes it) are the ops path's, in float32.
+
+What the float16 inputs cost is the prompt path's named budget (tests/budgets.py PROMPT).
+Layers the path does not serve (attention sinks, sliding windows: gpt-oss) keep the ops path:
+`attention_refusal` says why.
+
+Shapes: T positions, D hidden, H heads, KVH kv heads, HD head dim.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, rms_norm, rope_table_cached
+from strata.mlx_backend.lowp import as_mm, lowp_matmul
+from strata.model_config import ModelConfig, QKNorm
+
+__all__ = ["attention_refusal", "prompt_attention"]
+
+
+def attention_refusal(w: AttentionWeights) -> str | None:
+    """Why this attention layer keeps the ops path on a prompt (None: the prompt path serves it)."""
+    if w.sinks is not None:
+        return "attention sinks"
+    if w.window:
+        return "a sliding window"
+    return None
+
+
+def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, *,
+                     dtype: mx.Dtype = mx.float16) -> tuple[mx.array, MlxLayerKV]:
+    """The attention output of T new positions after kv.length cached ones, and the cache with
+    them (float32, in place).
+
+    Shapes:
+        x float32 [T, D] (the residual, not yet normed) -> (float32 [T, D], MlxLayerKV with T more positions)
+    """
+    t = x.shape[0]
+    check_context(cfg, kv.length, t)
+    hd, h, kvh = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    qr, kr = h * hd, kvh * hd
+    xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
+    qkv = lowp_matmul(xn, w.wqkv, dtype)  # [T, QR + 2 KR (+ QR gate columns)]
+    if w.bqkv is not None:
+        qkv = qkv + w.bqkv.astype(mx.float32)
+    q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
+    if cfg.qk_norm is QKNorm.FULL:
+        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    q = q.reshape(t, h, hd).transpose(1, 0, 2)  # [H, T, HD]
+    k = k.reshape(t, kvh, hd).transpose(1, 0, 2)  # [KVH, T, HD]
+    v = v.reshape(t, kvh, hd).transpose(1, 0, 2)
+    if cfg.qk_norm is QKNorm.PER_HEAD:
+        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    start = kv.length
+    q, k = _rope(cfg, q, start), _rope(cfg, k, start)
+    kv.keys[:, start:start + t, :] = k  # the cache is the ops path's: float32, written in place
+    kv.values[:, start:start + t, :] = v
+    s = start + t
+    keys, values = (k, v) if start == 0 else (kv.keys[:, :s], kv.values[:, :s])  # [KVH, S, HD]
+    # causal with S > T: MLX aligns the mask to the last key (query i sees keys <= start + i)
+    o = mx.fast.scaled_dot_product_attention(as_mm(q[None], dtype), as_mm(keys[None], dtype),
+                                             as_mm(values[None], dtype), scale=float(1.0 / np.sqrt(hd)),
+                                             mask="causal")  # [1, H, T, HD]
+    o = o[0].astype(mx.float32).transpose(1, 0, 2).reshape(t, qr)  # [T, H HD]
+    if w.gated:
+        o = o * mx.sigmoid(gate)
+    out = lowp_matmul(o, w.wo, dtype)  # [T, D]
+    if w.bo is not None:
+        out = out + w.bo.astype(mx.float32)
+    return out, MlxLayerKV(kv.keys, kv.values, s)
+
+
+def _rope(cfg: ModelConfig, a: mx.array, start: int) -> mx.array:
+    """RoPE (partial where the model's is) at positions start.. (the ops path's rotation). [N, T, HD] -> [N, T, HD]"""
+    cos_t, sin_t = rope_table_cached(cfg)
+    t, rd = a.shape[1], cfg.rope_dim
+    cos = mx.concatenate([cos_t[start:start + t]] * 2, axis=-1)  # [T, rd]
+    sin = mx.concatenate([sin_t[start:start + t]] * 2, axis=-1)
+    rot = mx.concatenate([-a[..., rd // 2:rd], a[..., :rd // 2]], axis=-1)
+    return mx.concatenate([a[..., :rd] * cos + rot * sin, a[..., rd:]], axis=-1)

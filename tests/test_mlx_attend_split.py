@@ -1,0 +1,167 @@
+"""Decode attention split over the context (attend with CH > 0, then kernels/attend_merge.py) on
+the emulated kernel path: against the reference over contexts of several chunks (empty chunks
+past the last position included), decode windows of T > 1, GQA, the output gate and partial
+rotary; the cache it writes; determinism; when it applies; and the Metal / CUDA compile check of
+both kernels (Metal: compile-checked, not run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_agree import assert_backends_agree
+from strata.mlx_backend.attention import MlxLayerKV, attention_partials
+from strata.mlx_backend.kernels import attention as attn_kernels
+from strata.mlx_backend.kernels import emulate
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path
+from strata.mlx_backend.kernels.preludes import Dialect
+from strata.model_config import QKNorm, TensorNames
+from strata.reference.attention import LayerKV, attention, rms_norm
+from strata.testing.models import SHAPES
+from test_mlx_attention_kernels import _layer
+
+pytestmark = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
+
+CHUNK = 4  # positions per block in these tests: contexts of a few chunks stay small
+STEPS = (9, 1, 3, 1, 2)  # a prompt of 9 (not split: T > SPLIT_MAX_T below), then decode windows
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(attn_kernels, "SPLIT_CHUNK", CHUNK)
+    monkeypatch.setattr(attn_kernels, "SPLIT_FROM", CHUNK)
+    monkeypatch.setattr(attn_kernels, "SPLIT_MAX_T", 4)
+
+
+def _run(cfg, w, dense, rng, steps):
+    """Each step's window, (reference, kernel path) outputs, the kernel path's launches, the
+    reference's cache and copies of the kernel path's cache buffers (written in place)."""
+    kv_r, kv_f = LayerKV.empty(cfg), MlxLayerKV.empty(cfg)
+    norm = dense[TensorNames.block(0, TensorNames.attn_norm)]
+    out = []
+    for t in steps:
+        x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
+        ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, norm, cfg.rms_norm_eps))
+        before = sum(LAUNCHES.values())
+        parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
+        mx.eval(parts)
+        out.append((t, ref, parts[:, 0], sum(LAUNCHES.values()) - before, kv_r,
+                    (np.array(kv_f.keys), np.array(kv_f.values))))
+    return out
+
+
+@pytest.mark.parametrize("heads", [(8, 2, 32), (4, 1, 128), (6, 3, 16)], ids=["group4_hd32", "group4_hd128", "group2_hd16"])
+def test_split_attention_against_reference(small_chunks, heads):
+    h, kvh, hd = heads
+    cfg = replace(SHAPES["tiny"], hidden_size=96, n_heads=h, n_kv_heads=kvh, head_dim=hd, qk_norm=QKNorm.PER_HEAD,
+                  max_context=40)  # 10 chunks of 4: most are empty at these lengths
+    rng = np.random.default_rng([h, kvh, hd, 19])
+    dense, w = _layer(cfg, rng)
+    with using_path(KernelPath.EMULATED):
+        n = 0
+        for t, ref, got, launches, kv_r, (keys, values) in _run(cfg, w, dense, rng, STEPS):
+            n += t
+            split = attn_kernels.split_applies(n, t)
+            assert split == (t <= 4 and n > CHUNK)
+            assert launches == (4 if split else 3)  # QKV GEMV, attend, (merge,) output GEMV
+            what = f"window of {t} ending at {n} (split {split})"
+            assert_backends_agree(ref, got, "FAST", what=what)
+            assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what=f"{what}: cached keys")
+            assert_backends_agree(kv_r.values, values[:, :n], "FAST", what=f"{what}: cached values")
+            assert not keys[:, n:].any() and not values[:, n:].any(), "written past the window"
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+def test_split_gated_partial_rotary_against_reference(small_chunks, gated):
+    cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=4, n_kv_heads=1, head_dim=96, rotary_dim=24,
+                  attention_output_gate=gated, max_context=24)
+    rng = np.random.default_rng([96, 24, int(gated)])
+    dense, w = _layer(cfg, rng)
+    with using_path(KernelPath.EMULATED):
+        for t, ref, got, launches, _, _ in _run(cfg, w, dense, rng, (5, 1, 2, 1)):
+            assert launches == (3 if t > 4 else 4)  # the prompt of 5 is one block per head
+            assert_backends_agree(ref, got, "FAST", what=f"gated={gated}: window of {t}")
+
+
+def test_split_is_deterministic_and_agrees_with_one_block_per_head(small_chunks, monkeypatch):
+    """The same token twice: the same bits (a fixed merge order); and the split output equals the
+    one-block-per-head output to float32 reordering."""
+    cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=32, max_context=32)
+    rng = np.random.default_rng(11)
+    _, w = _layer(cfg, rng)
+    prefix = mx.array(rng.standard_normal((3, 64)).astype(np.float32))
+    xs = [mx.array(rng.standard_normal((1, 64)).astype(np.float32)) for _ in range(14)]
+    with using_path(KernelPath.EMULATED):
+        _, kv = attention_partials(cfg, w, MlxLayerKV.empty(cfg), prefix)
+        for x in xs[:-1]:  # 16 positions: 4 chunks
+            _, kv = attention_partials(cfg, w, kv, x)
+        a, _ = attention_partials(cfg, w, kv, xs[-1])
+        b, _ = attention_partials(cfg, w, kv, xs[-1])
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+        monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 1 << 30)
+        one, _ = attention_partials(cfg, w, kv, xs[-1])
+    assert_backends_agree(np.array(one), a, "FAST", what="split vs one block per head")
+
+
+def test_split_applies_to_long_decode_only():
+    s = attn_kernels
+    assert not s.split_applies(s.SPLIT_FROM, 1) and s.split_applies(s.SPLIT_FROM + 1, 1)
+    assert not s.split_applies(10 * s.SPLIT_FROM, s.SPLIT_MAX_T + 1)  # a prompt chunk
+
+
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+def test_split_kernels_compile(tmp_path, small_chunks, dialect):
+    """attend with CH > 0 and the merge (gated), as Metal (compile-checked, not run) and CUDA."""
+    from test_metal_compile import _check
+
+    cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=4, n_kv_heads=1, head_dim=128, rotary_dim=32,
+                  attention_output_gate=True, max_context=16)
+    _, w = _layer(cfg, np.random.default_rng(0))
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        _, kv = attention_partials(cfg, w, MlxLayerKV.empty(cfg), mx.ones((5, cfg.hidden_size)))
+        parts, _ = attention_partials(cfg, w, kv, mx.ones((1, cfg.hidden_size)))
+        mx.eval(parts)
+    split = [r for r in rec if dict(r[3]).get("CH") == CHUNK]
+    assert sorted(r[0].name for r in split) == ["strata_attend", "strata_attend_merge"]
+    for r in split:
+        assert _check(tmp_path, dialect, r) is None
+
+
+@pytest.fixture
+def split_midway(monkeypatch):
+    """The split starts in the middle of test_mlx_compiled's decode (3 prompt positions, 6 steps)."""
+    monkeypatch.setattr(attn_kernels, "SPLIT_CHUNK", CHUNK)
+    monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 5)
+
+
+def test_device_scalar_step_crosses_into_the_split(split_midway):
+    """The step the GPU traces (untraced here, on the emulator) against `forward` while the
+    context grows past SPLIT_FROM: bit for bit (both take the same form at each length)."""
+    from test_mlx_compiled import SMALL, _assert_same_decode, _decode_both
+    from strata.testing.mlx_params import random_params
+
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL, seed=19, pred_q8=False)
+        ref, got, ref_state, got_state, step = _decode_both(p, traced=False)
+    _assert_same_decode(ref, got, ref_state, got_state)
+    assert sorted(step._fns) == [False, True]
+
+
+@pytest.mark.gpu
+def test_compiled_decode_crosses_into_the_split(split_midway):
+    """Compiled (two traces: one block per head, then split) against uncompiled, bit for bit."""
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+    from test_mlx_compiled import SMALL, _assert_same_decode, _decode_both
+    from strata.testing.mlx_params import random_params
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    with using_path(KernelPath.GPU):
+        p = random_params(SMALL, seed=20, pred_q8=False)
+        ref, got, ref_state, got_state, step = _decode_both(p, traced=True)
+    _assert_same_decode(ref, got, ref_state, got_state)
+    assert sorted(step._fns) == [False, True]

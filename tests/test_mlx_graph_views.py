@@ -1,0 +1,55 @@
+"""Large kernel inputs go to MLX as views of their first elements (launch.GRAPH_VIEWS: MLX's CUDA
+encoder counts whole input arrays toward its graph-commit limit). The view must keep the data
+pointer, so the kernels read the same bytes: the decoded token's logits and KV cache with views
+on and off, bit for bit (GPU); on the CPU, what the view holds.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from strata.mlx_backend import model as mlx_model
+from strata.mlx_backend.kernels import launch
+from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE
+
+
+def test_graph_view_keeps_the_first_elements_and_leaves_small_arrays():
+    small = mx.arange(16, dtype=mx.float32)
+    assert launch._graph_view(small) is small
+    big = mx.arange(launch.GRAPH_VIEW_ABOVE, dtype=mx.int32).reshape(-1, 64)  # 4 MB
+    v = launch._graph_view(big)
+    assert v.shape == (MIN_INPUT_SIZE,) and v.dtype == big.dtype
+    np.testing.assert_array_equal(np.array(v), np.arange(MIN_INPUT_SIZE))
+    # a transposed array: its row-major copy's first elements (the kernel reads the copy)
+    t = launch._graph_view(big.T)
+    np.testing.assert_array_equal(np.array(t), np.array(big.T).reshape(-1)[:MIN_INPUT_SIZE])
+    # past int32 elements (an arena of 3 GB, never evaluated here): its first row, not a flat view
+    arena = mx.zeros((3, 2**30), mx.uint8)
+    assert launch._graph_view(arena).shape == (1, 2**30)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+def test_views_change_no_bit_of_a_decode(monkeypatch):
+    from test_mlx_compiled import PROMPT, SMALL
+    from strata.testing.mlx_params import random_params
+
+    monkeypatch.setattr(launch, "GRAPH_VIEW_ABOVE", 0)  # every input a view: the arena, weights, caches
+    out = []
+    with using_path(KernelPath.GPU):
+        p = random_params(SMALL, seed=21, pred_q8=False)
+        for views in (False, True):
+            monkeypatch.setattr(launch, "GRAPH_VIEWS", views)
+            state = mlx_model.MlxModelState.empty(p.cfg)
+            logits, state = mlx_model.forward(p, state, PROMPT)
+            steps = [np.array(logits[-1])]
+            for _ in range(3):
+                logits, state = mlx_model.forward(p, state, np.array([int(np.argmax(steps[-1]))]))
+                steps.append(np.array(logits[-1]))
+            kv = state.layers[0]
+            out.append((np.stack(steps), np.array(kv.keys), np.array(kv.values)))
+    for a, b in zip(*out):
+        assert a.tobytes() == b.tobytes()
