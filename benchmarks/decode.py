@@ -14,12 +14,17 @@ Prints a table, then one JSON line.
     python benchmarks/decode.py --shape qwen3.5-397b --layers 40   # the hybrid's per-layer shape, 40 layers
     python benchmarks/decode.py --shape qwen3.5-397b --small       # a small hybrid (smoke test)
     python benchmarks/decode.py --shape qwen4-seed --ple-gb 24     # the reference engine's own model (qwen4_seed.py)
+    python benchmarks/decode.py --shape deepseek-v3 --layers 8     # DeepSeek-V3's per-layer shape, 8 layers
 
 Memory is checked before anything is built: all-resident needs the dense weights, every expert,
 the KV caches and the DeltaNet snapshots in device memory (Qwen3.5-397B's 60 layers: ~146 GB, past
 an H200's 139 GiB once MLX's own needs are counted), streaming needs the `.experts` file in
 /dev/shm or the temporary directory (121 GB at 60 layers). A part that does not fit is skipped
 with a note saying what it needs; `--layers N` keeps the per-layer shape with fewer layers.
+DeepSeek-V3's 61 layers (3 dense, 58 of 256 experts of 3 x 7168 x 2048) are ~237 GB all-resident
+and a 204 GB `.experts` file: neither an H200's 139 GiB nor its 64 GiB disk (or 128 GiB of RAM)
+holds them, so its runs take --layers N and the table adds the per-layer ms and the 61 layers
+extrapolated from them (`deepseek_extrapolation`).
 """
 
 from __future__ import annotations
@@ -51,9 +56,11 @@ from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, current_path  # noqa: E402
 from strata.mlx_backend.model import EVAL_EVERY, MlxParams, forward  # noqa: E402
 from strata.mlx_backend.deltanet import DeltaNetWeights  # noqa: E402
-from strata.testing.mlx_params import QWEN35_397B_SHAPE, SEED_SHAPE, random_params  # noqa: E402
-from strata.model_config import ModelConfig  # noqa: E402
+from strata.mlx_backend.mla import MlaWeights  # noqa: E402
+from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE, QWEN35_397B_SHAPE, SEED_SHAPE, random_params, selection_bias  # noqa: E402
+from strata.model_config import ModelConfig, TensorNames  # noqa: E402
 from decode_memory import fit_note, resident_bytes, resident_distinct, stream_dir  # noqa: E402
+from decode_deepseek import SMALL_DEEPSEEK, deepseek_extrapolation  # noqa: E402
 
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=256)
@@ -70,7 +77,12 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
     total = p.out_norm.nbytes + p.output.nbytes + cfg.hidden_size * 2
     for lw in p.layers:
         a = lw.attn
-        if isinstance(a, DeltaNetWeights):  # weights, and the recurrent state read and written
+        if isinstance(a, MlaWeights):  # weights, and the latent cache instead of keys and values
+            total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes
+            total += lw.router.nbytes if lw.router is not None else 0
+            total += 4 * context * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # (added below)
+        elif isinstance(a, DeltaNetWeights):  # weights, and the recurrent state read and written
             total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes + lw.router.nbytes
             total += 2 * 4 * cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # no KV cache (added below)
@@ -80,7 +92,10 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
         if lw.shared is not None:
             total += lw.shared.gate.nbytes + lw.shared.up.nbytes + lw.shared.down.nbytes
             total += lw.shared.gate_inp.nbytes if lw.shared.gate_inp is not None else 0
-        total += cfg.n_experts_per_token * p.rec.record_bytes
+        if lw.dense is not None:  # a dense FFN layer: its SwiGLU, no experts
+            total += lw.dense.gate.nbytes + lw.dense.up.nbytes + lw.dense.down.nbytes
+        else:
+            total += cfg.n_experts_per_token * p.rec.record_bytes
         total += 2 * cfg.n_kv_heads * context * cfg.head_dim * 4
     return total
 
@@ -188,7 +203,7 @@ def make_experts_file(path: Path, cfg: ModelConfig, seed: int) -> None:
                            rng.uniform(1e-3, 2e-2, (rows, cols // 32)).astype(np.float16))
 
     pool = [ExpertWeights(qm(f, d), qm(f, d), qm(d, f)) for _ in range(cfg.n_experts)]
-    write_experts(path, qtype=QuantType.Q2_0, n_layers=cfg.n_layers, n_experts=cfg.n_experts, hidden=d,
+    write_experts(path, qtype=QuantType.Q2_0, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts, hidden=d,
                   expert_ffn=f, get_expert=lambda l, e: pool[e])
 
 
@@ -207,7 +222,10 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
     try:
         from strata.runtime.decode import cache_config_for
 
-        model = Model(cfg, {}, None, xf, path.with_suffix(".gguf"))
+        # the runtime routes with the model's selection biases (sigmoid rules): random_params' own
+        biases = {TensorNames.block(l, TensorNames.exp_probs_b): selection_bias(cfg, 0, l) for l in cfg.moe_layers
+                  if cfg.router_bias}
+        model = Model(cfg, biases, None, xf, path.with_suffix(".gguf"))
         least = cache_config_for(model, Config(), 1).min_capacity
         slots = max(slots, least)
         config = Config(backend=Backend.MLX, arena=f"{slots}slots")
@@ -334,18 +352,20 @@ def main() -> int:
         return qwen4_seed.main(["--tiny" if a == "--small" else a for a in rest])
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--shape", choices=("seed", "qwen3.5-397b", "qwen4-seed"), default="seed",
-                    help="full-size synthetic: the reference engine shape, or Qwen3.5-397B's hybrid per-layer shape, "
-                         "or the reference engine's own model (Qwen4-Exp: benchmarks/qwen4_seed.py, --ple-gb G)")
+    ap.add_argument("--shape", choices=("seed", "qwen3.5-397b", "qwen4-seed", "deepseek-v3"), default="seed",
+                    help="full-size synthetic: the reference engine shape, Qwen3.5-397B's hybrid per-layer shape, "
+                         "the reference engine's own model (Qwen4-Exp: benchmarks/qwen4_seed.py, --ple-gb G), "
+                         "or DeepSeek-V3's (MLA, sigmoid routing in groups, 3 dense layers)")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
     ap.add_argument("--layers", type=int, default=0, help="keep the shape's first N layers (0: all)")
     args = ap.parse_args()
     if args.small:
-        cfg = SMALL_HYBRID if args.shape == "qwen3.5-397b" else SMALL
+        cfg = {"seed": SMALL, "qwen3.5-397b": SMALL_HYBRID, "deepseek-v3": SMALL_DEEPSEEK}[args.shape]
     else:
-        cfg = {"seed": SEED_SHAPE, "qwen3.5-397b": QWEN35_397B_SHAPE}[args.shape]
+        cfg = {"seed": SEED_SHAPE, "qwen3.5-397b": QWEN35_397B_SHAPE, "deepseek-v3": DEEPSEEK_V3_SHAPE}[args.shape]
+    full = cfg
     if args.layers:
         if not 0 < args.layers <= cfg.n_layers:
             ap.error(f"--layers must be in [1, {cfg.n_layers}]")
@@ -390,6 +410,8 @@ def main() -> int:
             finally:
                 res[f"{name}_s"] = time.time() - t0
         print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in rows), flush=True)
+    if args.shape == "deepseek-v3":
+        deepseek_extrapolation(full, cfg, res, rows)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
           f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
     w0 = max(len(r[0]) for r in rows)

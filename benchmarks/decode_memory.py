@@ -4,7 +4,8 @@ CUDA build, managed memory silently paging to the host and a wrong measurement).
 
 Counts follow strata.testing.mlx_params.random_params (float16 dense weights, float32 routers,
 Q2_0 records of RecordLayout.padded_bytes), MlxLayerKV (float32 [KVH, max_context, HD] keys and
-values) and DeltaNetState (float32; up to KEPT_SNAPSHOTS kept per layer).
+values), MlxLatentKV (float32 [max_context, c + r]) and DeltaNetState (float32; up to KEPT_SNAPSHOTS
+kept per layer).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
-from strata.model_config import Mixer, ModelConfig
+from strata.model_config import Ffn, Mixer, ModelConfig
 from strata.reference.deltanet import KEPT_SNAPSHOTS, conv_channels
 
 USABLE = 0.92  # of device memory: MLX's buffer cache, the CUDA context and temporaries need the rest
@@ -37,10 +38,17 @@ def dense_bytes(cfg: ModelConfig) -> int:
     qr, kr = cfg.n_heads * hd, cfg.n_kv_heads * hd
     total = 2 * cfg.vocab_size * d * 2 + d * 2
     for t in cfg.kinds:
-        total += d * 2 + cfg.n_experts * d * 4  # ffn norm, float32 router
-        if cfg.has_shared_expert:
+        if t.ffn is Ffn.DENSE:  # ffn norm and the dense SwiGLU, no router
+            total += d * 2 + 3 * d * cfg.dense_ffn_size * 2
+        else:
+            total += d * 2 + cfg.n_experts * d * 4  # ffn norm, float32 router
+        if cfg.has_shared_expert and t.ffn is not Ffn.DENSE:
             total += 3 * d * cfg.shared_ffn_size * 2 + d * 2
-        if t.mixer is Mixer.DELTANET:
+        if t.mixer is Mixer.MLA:  # random_mla: W_qa | W_kva, W_qb, W_uk, W_uv, W_o and the norms
+            h, c, r, ql = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.q_lora_rank
+            n, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+            total += 2 * ((ql + c + r) * d + h * (n + r) * (ql or d) + h * (n + v) * c + d * h * v + d + ql + c)
+        elif t.mixer is Mixer.DELTANET:
             hv, v = cfg.linear_v_heads, cfg.linear_v_heads * cfg.linear_v_head_dim
             c = conv_channels(cfg)
             total += (c + v + 2 * hv) * d * 2 + d * v * 2 + c * cfg.linear_conv_kernel * 2 + 8 * hv + 2 * d
@@ -54,7 +62,9 @@ def state_bytes(cfg: ModelConfig) -> int:
     kv = 2 * cfg.n_kv_heads * cfg.max_context * cfg.head_dim * 4
     dn = 4 * (cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
               + conv_channels(cfg) * max(cfg.linear_conv_kernel - 1, 0))
-    return sum(dn * (KEPT_SNAPSHOTS + 1) if t.mixer is Mixer.DELTANET else kv for t in cfg.kinds)
+    latent = 4 * cfg.max_context * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)  # MlxLatentKV
+    return sum(dn * (KEPT_SNAPSHOTS + 1) if t.mixer is Mixer.DELTANET else latent if t.mixer is Mixer.MLA else kv
+               for t in cfg.kinds)
 
 
 def resident_distinct(cfg: ModelConfig) -> int:

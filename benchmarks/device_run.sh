@@ -35,6 +35,11 @@ QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8 --keep ${TMPDIR
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
+# DeepSeek-V3 (issue 16; not in the default list): mla_tests, mla, deepseek_resident,
+# deepseek_stream, ncu_mla. Its 61 layers are ~246 GB all-resident and a 204 GB .experts file: the
+# per-layer shape with fewer layers; decode.py prints the per-layer ms and the 61 layers from them
+DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 24 --skip streaming,handshake}
+DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 16 --skip resident,handshake}
 NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 # the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
 # the quick probe and the small model all-resident and at one arena, 150 s at most, JSON-PART lines as it goes
@@ -46,6 +51,7 @@ unset STRATA_STAGES STRATA_DEVICE_BUDGET STRATA_TESTS_S STRATA_KERNELS_S STRATA_
 unset STRATA_HYBRID_RESIDENT_ARGS STRATA_HYBRID_STREAM_ARGS STRATA_HYBRID_S STRATA_NGRAM_ARGS STRATA_NGRAM_S STRATA_DOCTOR_S STRATA_DENSE_S
 unset STRATA_QWEN4_SEED_ARGS STRATA_QWEN4_SEED_S
 unset STRATA_NATIVE_S
+unset STRATA_DEEPSEEK_RESIDENT_ARGS STRATA_DEEPSEEK_STREAM_ARGS
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 stage() {  # stage NAME LIMIT_S CMD...: run with min(LIMIT, time left - 5), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -115,6 +121,14 @@ stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
 stage qwen4_seed "$QWEN4_SEED_S" python3 benchmarks/decode.py --shape qwen4-seed $QWEN4_SEED_ARGS
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
+# DeepSeek-V3: the MLA kernels' GPU tests (and the latent model through the engines), the kernels
+# against their bytes at its attention shape, its per-layer shape decoding all-resident and streaming
+stage mla_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
+  tests/test_mlx_mla_kernel.py tests/test_mlx_mla.py tests/test_sigmoid_engines.py -k "not emulated"
+stage mla 120 python3 benchmarks/mla.py
+stage deepseek_resident "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_RESIDENT_ARGS
+stage deepseek_stream "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_STREAM_ARGS
 if command -v ncu >/dev/null; then
   # the expert kernel's 64-token launches (one per block shape), with the sections that say why
   # (occupancy, warp stall reasons, issue slots); then every kernel of one decoded 2-layer token
@@ -136,6 +150,10 @@ if command -v ncu >/dev/null; then
   stage ncu_deltanet 75 ncu --clock-control none -k 'regex:strata_(deltanet_step|dense_gemv)' --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/deltanet.py --ncu
+  # the MLA kernels' GPU time at 4096 positions (query, attend, output) and a decoded MLA mixer
+  stage ncu_mla 75 ncu --clock-control none -k 'regex:strata_(mla_|dense_gemv)' --metrics \
+    gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 benchmarks/mla.py --ncu
 fi
 # the prompt path (issue 19): tok/s at the seed shape against the decode kernels' forward,
 # per-layer parts, the grouped GEMMs (first calls JIT-compile MLX's CUDA kernels: reported apart),

@@ -176,6 +176,9 @@ class ModelConfig:
     # the n-gram tables are in the row store `<name>.ngrams` (docs/formats.md §7), not among the
     # dense tensors: what `strata convert` writes; the made test models may keep them dense
     ple_row_store: bool = False
+    # DeepSeek-V3 / Kimi-K2 YaRN: the latent attention's softmax scale is multiplied by
+    # (0.1 mscale_all_dim ln(yarn_factor) + 1)^2 (reference/mla.py softmax_scale); 0: not scaled
+    yarn_mscale_all_dim: float = 0.0
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)

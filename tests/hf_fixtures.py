@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests import hf_gpt_oss, hf_hybrid, hf_models, hf_qwen4
+from tests import hf_deepseek_yarn, hf_gpt_oss, hf_hybrid, hf_models, hf_qwen4
 
 ROOT = Path(__file__).resolve().parent / "fixtures"
 HF_ROOT = ROOT / "hf"
@@ -36,7 +36,7 @@ PROMPT_TOKENS = 8
 # the modules that build checkpoints: each has ARCHS and build_checkpoint(arch, directory) -> the
 # model as transformers loads it back. A family in one of them gets its fixture by being in its
 # ARCHS; a family with a builder module of its own adds that module here (one line).
-FAMILIES = (hf_models, hf_hybrid, hf_gpt_oss, hf_qwen4)
+FAMILIES = (hf_models, hf_hybrid, hf_gpt_oss, hf_qwen4, hf_deepseek_yarn)
 
 
 def fixture_archs() -> tuple[str, ...]:

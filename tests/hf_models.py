@@ -80,6 +80,10 @@ _ARCH_KW = {
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                  dict(_SIGMOID_KW, head_dim=16, use_qk_norm=True, attention_bias=True)),
     "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", dict(_SIGMOID_KW, **_MLA_KW)),
+    # DeepSeek-V3 with YaRN (its released configs' rope): built by tests/hf_deepseek_yarn.py
+    "deepseek_v3_yarn": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(_SIGMOID_KW, **_MLA_KW, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32.0, "beta_slow": 1.0})),
     "minimax_m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM",
                    dict(num_local_experts=EXPERTS, intermediate_size=EXPERT_FFN, head_dim=16, rotary_dim=8)),
 }

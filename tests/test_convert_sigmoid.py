@@ -22,7 +22,7 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.model_config import Ffn, Mixer, TensorNames  # noqa: E402
 from strata.reference.model import ModelParams, ModelState, forward  # noqa: E402
-from tests.budgets import F16_LOGIT_BUDGET  # noqa: E402
+from tests.budgets import F16_LOGIT_BUDGET, SIGMOID_F16_LOGIT_BUDGET  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe", "minimax_m2"])
@@ -42,6 +42,19 @@ def test_biases_are_carried_and_matter(arch, tmp_path_factory):
     no_bias = {k: (np.zeros_like(v) if k.endswith(TensorNames.exp_probs_b) else v) for k, v in params.dense.items()}
     got, _ = forward(dataclasses.replace(params, dense=no_bias), ModelState.empty(cfg), tokens)
     assert np.abs(got - want).max() / np.abs(want).max() > 10 * F16_LOGIT_BUDGET
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2"])
+def test_f16_logits_within_the_issue_budget(arch, tmp_path_factory):
+    """The families' own bound (SIGMOID_F16_LOGIT_BUDGET, tighter than test_convert.py's
+    family-wide one), teacher-forced over every parity position (>= 128)."""
+    directory, want = hf_models.cached_checkpoint(arch, tmp_path_factory)
+    model = load(convert(directory, tmp_path_factory.mktemp(f"sigb_{arch}") / "m", expert_type=QuantType.F16).model_path)
+    assert len(want.tokens) >= 128
+    got, _ = forward(model.resident_params(), ModelState.empty(model.cfg), want.tokens)
+    err = float(np.abs(got - want.logits).max()) / float(np.abs(want.logits).max())
+    print(f"\n{arch} f16: max|dlogit|/scale = {err:.2e} over {len(want.tokens)} positions")
+    assert err <= SIGMOID_F16_LOGIT_BUDGET
 
 
 def test_mtp_layers_are_skipped() -> None:

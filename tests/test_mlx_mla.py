@@ -1,7 +1,7 @@
 """The MLX latent attention (mlx_backend/mla.py) against the reference (reference/mla.py): one
 layer, both forms and the chosen one, a prompt then decodes, the cache holding the reference's
 latent and rope key, trim; the made 'mla' model through the MLX resident and streaming engines
-within FORWARD; the compiled decode refusing the layer in one line."""
+within FORWARD; the compiled decode taking latent layers on kernel paths only."""
 
 from __future__ import annotations
 
@@ -71,19 +71,20 @@ def test_trim_then_continue_is_the_reference(dense):
     assert not np.allclose(np.array(f), whole[8:9], atol=1e-3)  # the new rows, not the trimmed ones, were read
 
 
-def test_the_compiled_decode_refuses_latent_attention(dense):
-    if not emulate.available():
-        pytest.skip("no C++20 compiler: the emulated kernel path is absent")
-    with using_path(KernelPath.EMULATED):
-        experts = DictExperts({(m, e): make_expert(CFG, 1, m, e, QuantType.Q2_0)
-                               for m in range(CFG.n_moe_layers) for e in range(CFG.n_experts)})
-        p = to_mlx_params(CFG, dense, experts=experts)  # resident: the one reason left is the layer kind
-        why = compiled.unsupported(p, traced=False)
-        assert why is not None and "latent-attention layers [0, 1, 2]" in why
-        with pytest.raises(ValueError, match="latent"):
-            compiled.CompiledDecode(p, MlxModelState.empty(CFG), traced=False)
+def test_the_compiled_decode_takes_latent_layers_on_a_kernel_path_only(dense):
+    """Latent layers decode in their kernels with a device position (tests/test_mlx_mla_kernel.py);
+    on the ops path, which slices the cache by the Python length, a device position is refused."""
+    experts = DictExperts({(m, e): make_expert(CFG, 1, m, e, QuantType.Q2_0)
+                           for m in range(CFG.n_moe_layers) for e in range(CFG.n_experts)})
+    with using_path(KernelPath.OPS):
+        p = to_mlx_params(CFG, dense, experts=experts)
+        assert "ops path" in compiled.unsupported(p, traced=False)
         with pytest.raises(ValueError, match="device position"):
             mixer_partials(p, 0, MlxLatentKV.empty(CFG), mx.zeros((1, CFG.hidden_size)), pos=mx.array([0]))
+    if emulate.available():
+        with using_path(KernelPath.EMULATED):
+            p = to_mlx_params(CFG, dense, experts=experts)
+            assert compiled.unsupported(p, traced=False) is None
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,14 @@ RoPE: these checkpoints lay the rope dims of q and of the shared rope key out in
 (`rope_interleave`, true by default): pairs (x0, x1), (x2, x3), ... The converter permutes those
 rows of q_b_proj (or q_proj) and kv_a_proj_with_mqa to [evens, odds], where the interleaved
 rotation is exactly the "rotate half" one strata computes; q and k move alike, so every score
-is the checkpoint's. Refused: rope scaling (DeepSeek-V3's and Kimi-K2's released configs use
-YaRN: not yet computed), an attention bias, other scoring functions. MTP layers are skipped.
+is the checkpoint's.
+
+YaRN (DeepSeek-V3's and Kimi-K2's released configs: `rope_scaling` type yarn with factor, mscale,
+mscale_all_dim, original_max_position_embeddings) is read as gpt-oss's is (reference/rope_scaling.py
+over the qk_rope_head_dim rope dims, cos and sin times the attention factor
+mscale(factor, mscale) / mscale(factor, mscale_all_dim)), and the softmax scale is multiplied by
+mscale(factor, mscale_all_dim)^2 (`yarn_mscale_all_dim`). Refused: other rope scaling types,
+partial rotary factors, an attention bias, other scoring functions. MTP layers are skipped.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from strata.convert.common import Family
+from strata.convert.gpt_oss import yarn_rope_fields
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.sigmoid_common import layer_kinds, routing_fields, sigmoid_base_fields, sigmoid_tensor_plan
-from strata.model_config import Mixer, ModelConfig, TensorNames
+from strata.model_config import Mixer, ModelConfig, RopeScaling, TensorNames
 
 DEFAULT_ROPE_THETA = 10000.0  # DeepseekV3Config's default
 
@@ -47,13 +54,24 @@ def deepseek_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         head_dim=nope + rope, n_kv_heads=fields["n_heads"], expert_ffn_size=moe_ffn,
         shared_ffn_size=hf.get_int("n_shared_experts", default=0) * moe_ffn,
         layer_types=layer_kinds(hf, Mixer.MLA), dense_ffn_size=hf.get_int("intermediate_size"),
-        rope_theta=hf.rope_theta(DEFAULT_ROPE_THETA), max_context=hf.max_context(None),
+        max_context=hf.max_context(None), **deepseek_rope(hf),
         q_lora_rank=hf.get_int("q_lora_rank", default=0), kv_lora_rank=hf.get_int("kv_lora_rank"),
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=hf.get_int("v_head_dim"),
     )
     if not hf.get_bool("rope_interleave", default=True):
         raise hf.unsupported("rope_interleave = false", "the released (interleaved) rope layout")
     return ModelConfig(**fields)
+
+
+def deepseek_rope(hf: HFConfig) -> dict:
+    """rope_theta, and YaRN's fields (gpt-oss's reading of the same keys) with DeepSeek's softmax
+    mscale: `mscale_all_dim` (transformers' yarn_apply_mscale multiplies the attention's scale by
+    (0.1 mscale_all_dim ln factor + 1)^2; reference/mla.py softmax_scale)."""
+    fields = yarn_rope_fields(hf, hf.get_int("max_position_embeddings"), DEFAULT_ROPE_THETA)
+    if fields.get("rope_scaling") is RopeScaling.YARN:
+        d = hf.raw.get("rope_parameters") or hf.raw.get("rope_scaling")
+        fields["yarn_mscale_all_dim"] = float(d.get("mscale_all_dim") or 0.0)
+    return fields
 
 
 def deinterleave(rows: np.ndarray) -> np.ndarray:

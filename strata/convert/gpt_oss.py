@@ -84,11 +84,12 @@ def _yarn_attention_factor(d: dict, factor: float) -> float:
     return get_mscale(factor)
 
 
-def _rope(hf: HFConfig, max_positions: int) -> dict:
-    """The rope fields: rope_theta, and YaRN's when `rope_type` is yarn (else plain RoPE)."""
+def _rope(hf: HFConfig, max_positions: int, default_theta: float = DEFAULT_ROPE_THETA) -> dict:
+    """The rope fields: rope_theta, and YaRN's when `rope_type` is yarn (else plain RoPE).
+    DeepSeek-V3's converter reads the same keys (`yarn_rope_fields`, with its own default theta)."""
     d = hf.raw.get("rope_parameters") or hf.raw.get("rope_scaling")
     if d is None:
-        return dict(rope_theta=hf.get_float("rope_theta", default=DEFAULT_ROPE_THETA))
+        return dict(rope_theta=hf.get_float("rope_theta", default=default_theta))
     if not isinstance(d, dict):
         raise ConfigError(f"{hf.path}: rope_parameters must be an object, got {d!r}")
     extra = sorted(set(d) - _YARN_KEYS)
@@ -96,12 +97,12 @@ def _rope(hf: HFConfig, max_positions: int) -> dict:
         raise hf.unsupported(f"rope_parameters key {extra[0]!r}", f"{sorted(_YARN_KEYS)}")
     if d.get("partial_rotary_factor", 1.0) != 1.0:
         raise hf.unsupported(f"partial_rotary_factor = {d['partial_rotary_factor']}", "rotary over the whole head")
-    theta = float(d.get("rope_theta") or hf.get_float("rope_theta", default=DEFAULT_ROPE_THETA))
+    theta = float(d.get("rope_theta") or hf.get_float("rope_theta", default=default_theta))
     kind = d.get("rope_type", d.get("type", "default"))
     if kind == "default":
         return dict(rope_theta=theta)
     if kind != "yarn":
-        raise hf.unsupported(f"rope_type = {kind!r}", "'yarn' (gpt-oss) or 'default'")
+        raise hf.unsupported(f"rope_type = {kind!r}", "'yarn' or 'default'")
     original = d.get("original_max_position_embeddings")
     if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
         raise ConfigError(f"{hf.path}: yarn needs a positive original_max_position_embeddings, got {original!r}")
@@ -110,6 +111,9 @@ def _rope(hf: HFConfig, max_positions: int) -> dict:
                 yarn_beta_fast=float(d.get("beta_fast") or DEFAULT_BETA_FAST),
                 yarn_beta_slow=float(d.get("beta_slow") or DEFAULT_BETA_SLOW),
                 yarn_truncate=bool(d.get("truncate", True)), yarn_attention_factor=_yarn_attention_factor(d, factor))
+
+
+yarn_rope_fields = _rope
 
 
 def gpt_oss_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:

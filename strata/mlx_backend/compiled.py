@@ -15,7 +15,8 @@ What the trace may and may not hold:
   output: the step kernel writes new arrays (the layer's snapshots keep the old ones), so unlike
   a KV cache it cannot be bound into the graph.
 - everything else is a constant of the graph: the weights, the arena, the device constants
-  (eps, absent inputs, slot bases), and each attention layer's KV buffers. The attend kernel writes the
+  (eps, absent inputs, slot bases), and each attention layer's KV buffers (a latent-attention
+  layer's one latent buffer: its query kernel writes the new row in place, likewise). The attend kernel writes the
   cache in place through its (const) kc / vc inputs, so the graph must hold the very buffers the
   engine's state holds: a `CompiledDecode` is bound to one state's buffers (`bound_to`), and
   `MlxLayerKV` keeps its buffers across steps on the kernel path.
@@ -41,7 +42,8 @@ import numpy as np
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, kernel_applies
 from strata.mlx_backend.kernels.attention import split_applies
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
-from strata.mlx_backend.mla import MlaWeights
+from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
+from strata.mlx_backend.mla import kernel_applies as mla_applies
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
@@ -63,10 +65,10 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
         return "the ops path (the position would be a Python int in its attention)"
     if p.arena is None:
         return "experts are not all resident (streaming decodes through MlxCompute)"
-    # latent attention runs on MLX ops only, which slice its cache by the Python length (no kernel yet)
-    latent = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, MlaWeights)]
+    # latent attention decodes in its kernels (a device position); its ops forms slice by a Python int
+    latent = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, MlaWeights) and not mla_applies(p.cfg, lw.attn)]
     if latent:
-        return f"latent-attention layers {latent[:4]} (MLX ops only: they slice the cache by a Python int)"
+        return f"latent-attention layers {latent[:4]} do not fit the MLA kernels (their ops slice by a Python int)"
     # DeltaNet layers read no position (their state is the step's input and output); attention
     # layers need the attend kernel, whose position is a device input
     bad = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, AttentionWeights)
@@ -83,7 +85,8 @@ def check_decode(p: MlxParams, state: MlxModelState, token: int) -> None:
 
 
 def _buffers(state: MlxModelState) -> tuple[mx.array, ...]:
-    return tuple(a for kv in state.layers if isinstance(kv, MlxLayerKV) for a in (kv.keys, kv.values))
+    return tuple(a for kv in state.layers for a in ((kv.keys, kv.values) if isinstance(kv, MlxLayerKV)
+                                                    else (kv.buffer,) if isinstance(kv, MlxLatentKV) else ()))
 
 
 def _recurrent(state: MlxModelState) -> list[mx.array]:
@@ -162,7 +165,8 @@ class CompiledDecode:
             self._pending.clear()  # the trace is done with it; nothing kept between calls
         self.calls += 1
         n = state.length + 1
-        new = MlxModelState(tuple(MlxLayerKV(s.keys, s.values, n) if isinstance(s, MlxLayerKV) else s
+        new = MlxModelState(tuple(MlxLayerKV(s.keys, s.values, n) if isinstance(s, MlxLayerKV)
+                                  else MlxLatentKV(s.buffer, n) if isinstance(s, MlxLatentKV) else s
                                   for s in state.layers))
         new = _with_recurrent(new, recurrent, n, keep=True)
         self._last = new

@@ -353,10 +353,8 @@ def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, 
         return deltanet_partials(p.cfg, p.layers[layer].attn, state, x, window=window)
     if mixer is Mixer.SLIDING_ATTENTION:  # the window is in the layer's AttentionWeights
         return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
-    if mixer is Mixer.MLA:  # ops only (no kernel reads a device position: compiled.py refuses the layer)
-        if pos is not None:
-            raise ValueError(f"latent attention (layer {layer}): no device position (its ops slice by the length)")
-        return mla_partials(p.cfg, p.layers[layer].attn, state, x)
+    if mixer is Mixer.MLA:  # a decoded position on a kernel path: the absorbed kernels (pos on the device)
+        return mla_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
     raise NotImplementedError(f"no MLX mixer {mixer.value}")
 
 

@@ -46,7 +46,7 @@ TWINS: tuple[Twin, ...] = (
     Twin("attention.softmax_with_sinks", ref_attention.softmax_with_sinks, mlx_attention.softmax_with_sinks, "FAST",
          False),
     Twin("experts.gated_hidden", ref_experts.gated_hidden, mlx_experts.gated_hidden, "FAST", False),
-    Twin("mla.mla", ref_mla.mla, mlx_mla.mla, "FAST", False),  # MLX ops only, no kernel yet
+    Twin("mla.mla", ref_mla.mla, mlx_mla.mla, "FAST", True),  # decoded positions: the MLA kernels
     Twin("model.embed", ref_model.embed, mlx_model.embed, "EXACT", True),
     Twin("model.attention_block", ref_model.attention_block, mlx_model.attention_block, "FAST", True),
     Twin("model.head", ref_model.head, mlx_model.head, "FAST", True),

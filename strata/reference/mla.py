@@ -29,14 +29,16 @@ k alike, so every score is unchanged).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from strata.model_config import ModelConfig, TensorNames
-from strata.reference.attention import rms_norm, rope
+from strata.model_config import ModelConfig, RopeScaling, TensorNames
+from strata.reference.attention import rms_norm
+from strata.reference.rope_scaling import rope_frequencies
 
-__all__ = ["LatentKV", "mla", "absorbed_is_cheaper", "MLA_NORM_EPS"]
+__all__ = ["LatentKV", "mla", "absorbed_is_cheaper", "MLA_NORM_EPS", "rope_cos_sin", "softmax_scale", "yarn_mscale"]
 
 # transformers builds q_a_layernorm and kv_a_layernorm with the RMSNorm default, not
 # config.rms_norm_eps (DeepseekV3Attention, Glm4MoeLiteAttention)
@@ -62,6 +64,39 @@ class LatentKV:
     def trim(self, n: int) -> "LatentKV":
         """The first n positions (every position is kept, so any n works)."""
         return LatentKV(self.latent[:n], self.rope_key[:n])
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """DeepSeek's YaRN magnitude factor: 0.1 mscale ln(factor) + 1 (1 when not scaled up)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def softmax_scale(cfg: ModelConfig) -> float:
+    """What the scores are multiplied by: (n + r)^-1/2, times yarn_mscale(factor, mscale_all_dim)^2
+    under YaRN with mscale_all_dim (DeepSeek-V3, Kimi-K2: the attention's temperature follows the
+    context extension; transformers' `yarn_apply_mscale`)."""
+    scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+    if cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_mscale_all_dim:
+        scale *= yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale_all_dim) ** 2
+    return scale
+
+
+def rope_cos_sin(cfg: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the rope dims' angles (float64, rounded once; YaRN's frequencies, times its
+    attention factor, where the config scales), for the r = qk_rope_head_dim rotated dims.
+
+    Shapes: positions [T] -> cos, sin float32 [T, r / 2]
+    """
+    inv_freq, factor = rope_frequencies(cfg, cfg.qk_rope_head_dim)  # [r / 2]
+    angles = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]
+    return (np.cos(angles) * factor).astype(np.float32), (np.sin(angles) * factor).astype(np.float32)
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate half over the last axis. x [..., T, r]; cos, sin [T, r / 2] -> [..., T, r]"""
+    half = x.shape[-1] // 2
+    cos, sin = np.concatenate([cos, cos], axis=-1), np.concatenate([sin, sin], axis=-1)
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
 
 
 def absorbed_is_cheaper(cfg: ModelConfig, t: int, s: int) -> bool:
@@ -93,8 +128,9 @@ def mla(cfg: ModelConfig, dense: dict, layer: int, kv: LatentKV, x: np.ndarray, 
     kva = x @ w(nm.attn_kv_a_mqa).T  # [T, c + r]
     latent = rms_norm(kva[:, :c], w(nm.attn_kv_a_norm), MLA_NORM_EPS)  # [T, c]
     positions = np.arange(kv.length, kv.length + t)
-    q_nope, q_rope = q[..., :n], rope(q[..., n:], positions, cfg.rope_theta)  # [H, T, n], [H, T, r]
-    k_rope = rope(kva[None, :, c:], positions, cfg.rope_theta)[0]  # [T, r]
+    cos, sin = rope_cos_sin(cfg, positions)  # [T, r / 2]
+    q_nope, q_rope = q[..., :n], _rope(q[..., n:], cos, sin)  # [H, T, n], [H, T, r]
+    k_rope = _rope(kva[:, c:], cos, sin)  # [T, r]
     state = LatentKV(np.concatenate([kv.latent, latent]), np.concatenate([kv.rope_key, k_rope]))
     s = state.length
     kvb = w(nm.attn_kv_b).reshape(h, n + v, c)  # [H, n + v, c]
@@ -108,7 +144,7 @@ def mla(cfg: ModelConfig, dense: dict, layer: int, kv: LatentKV, x: np.ndarray, 
     else:
         k_nope = np.einsum("hnc,sc->hsn", w_uk, state.latent)  # [H, S, n]
         scores = q_nope @ k_nope.transpose(0, 2, 1) + rope_scores
-    scores = scores / np.float32(np.sqrt(n + r))
+    scores = scores * np.float32(softmax_scale(cfg))
     causal = np.arange(s)[None, :] <= positions[:, None]  # [T, S]
     scores = np.where(causal[None], scores, np.float32(-np.inf))
     scores = scores - scores.max(axis=-1, keepdims=True)

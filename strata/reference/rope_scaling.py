@@ -20,9 +20,11 @@ from strata.model_config import ModelConfig, RopeScaling
 RAMP_EPS = 0.001  # transformers widens an empty ramp by this, to avoid dividing by zero
 
 
-def yarn_correction_range(cfg: ModelConfig) -> tuple[float, float]:
-    """(low, high): the rotary dimension pairs where the ramp from extrapolation to interpolation runs."""
-    dim, base, orig = cfg.rope_dim, cfg.rope_theta, cfg.yarn_original_context
+def yarn_correction_range(cfg: ModelConfig, dim: int | None = None) -> tuple[float, float]:
+    """(low, high): the rotary dimension pairs where the ramp from extrapolation to interpolation
+    runs. dim: the rotated dims (None: cfg.rope_dim; latent attention rotates qk_rope_head_dim)."""
+    dim = cfg.rope_dim if dim is None else dim
+    base, orig = cfg.rope_theta, cfg.yarn_original_context
 
     def correction_dim(rotations: float) -> float:  # the dim pair that turns `rotations` times over orig
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -33,18 +35,19 @@ def yarn_correction_range(cfg: ModelConfig) -> tuple[float, float]:
     return max(low, 0.0), min(high, dim - 1.0)
 
 
-def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+def rope_frequencies(cfg: ModelConfig, dim: int | None = None) -> tuple[np.ndarray, float]:
     """The inverse frequencies of the rotated dims and the factor cos and sin are scaled by.
+    dim: the rotated dims (None: cfg.rope_dim).
 
-    Shapes: -> (inv_freq float64 [rope_dim / 2], attention factor)
+    Shapes: -> (inv_freq float64 [dim / 2], attention factor)
     """
-    dim = cfg.rope_dim
+    dim = cfg.rope_dim if dim is None else dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))  # [dim/2]
     if cfg.rope_scaling is RopeScaling.NONE:
         return inv_freq, 1.0
     if cfg.rope_scaling is not RopeScaling.YARN:  # pragma: no cover - a new member must be handled here
         raise NotImplementedError(f"rope scaling {cfg.rope_scaling.value}")
-    low, high = yarn_correction_range(cfg)
+    low, high = yarn_correction_range(cfg, dim)
     if low == high:
         high += RAMP_EPS
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)

@@ -15,12 +15,15 @@ from strata.formats.quant_types import QuantType
 from strata.mlx_backend.attention import AttentionWeights
 from strata.mlx_backend.deltanet import DeltaNetWeights
 from strata.mlx_backend.experts import SharedWeights
+from strata.mlx_backend.kernels.dense_gemv import MAX_COLS
+from strata.mlx_backend.mla import MlaWeights
 from strata.mlx_backend.model import LayerWeights, MlxParams
 from strata.mlx_backend.quants import MlxQuantMatrix
-from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm
+from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder
 from strata.reference.routing import RouterRule
 
-__all__ = ["SEED_SHAPE", "random_params", "random_records", "q8_router"]
+__all__ = ["SEED_SHAPE", "QWEN35_397B_SHAPE", "DEEPSEEK_V3_SHAPE", "random_params", "random_records", "q8_router",
+           "random_mla", "selection_bias"]
 
 RECORD_CHUNK = 1024  # records generated per step
 
@@ -40,6 +43,19 @@ QWEN35_397B_SHAPE = ModelConfig(
     layer_types=tuple(LayerType(Mixer.ATTENTION if (l + 1) % 4 == 0 else Mixer.DELTANET, Ffn.MOE) for l in range(60)),
     rotary_dim=64, attention_output_gate=True, linear_k_heads=16, linear_v_heads=64, linear_k_head_dim=128,
     linear_v_head_dim=128, linear_conv_kernel=4,
+)
+
+# DeepSeek-V3's per-layer shape (its config.json; Kimi-K2 differs in 384 experts, 64 heads, one
+# dense layer): 61 layers, the first 3 dense (SwiGLU of 18432), then 256 routed experts of 2048 and
+# one shared, top-8 by sigmoid scores with a selection bias in 8 groups of which the best 4 are
+# eligible, weights normalised and scaled by 2.5; latent attention with a low-rank query
+DEEPSEEK_V3_SHAPE = ModelConfig(
+    architecture="strata_test", vocab_size=129280, hidden_size=7168, n_layers=61, n_heads=128, n_kv_heads=128,
+    head_dim=192, n_experts=256, n_experts_per_token=8, expert_ffn_size=2048, shared_ffn_size=2048,
+    shared_expert_gated=False, qk_norm=QKNorm.NONE, max_context=4096, routing_order=RoutingOrder.SIGMOID_TOPK,
+    layer_types=tuple(LayerType(Mixer.MLA, Ffn.DENSE if l < 3 else Ffn.MOE) for l in range(61)),
+    dense_ffn_size=18432, n_group=8, topk_group=4, routed_scaling_factor=2.5, router_bias=True,
+    q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
 )
 
 
@@ -113,6 +129,8 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
         ones = lambda n: mx.ones((n,), mx.float16)  # noqa: E731
         if cfg.kinds[l].mixer is Mixer.DELTANET:
             attn = random_deltanet(cfg, ks[0])
+        elif cfg.kinds[l].mixer is Mixer.MLA:
+            attn = random_mla(cfg, ks[0])
         else:
             gated = cfg.attention_output_gate  # the gate's rows under q, k, v (AttentionWeights)
             attn = AttentionWeights(ones(d), _normal((qr * (1 + int(gated)) + 2 * kr, d), d ** -0.5, ks[0]), None,
@@ -120,6 +138,12 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
                                     ones(hd) if cfg.qk_norm is not QKNorm.NONE else None,
                                     _normal((d, qr), qr ** -0.5, ks[1]),
                                     gated)
+        if cfg.kinds[l].ffn is Ffn.DENSE:  # a dense FFN layer: no router, no experts
+            fd = cfg.dense_ffn_size
+            dense = SharedWeights(_normal((fd, d), d ** -0.5, ks[2]), _normal((fd, d), d ** -0.5, ks[3]),
+                                  _normal((d, fd), fd ** -0.5, ks[4]), None)
+            layers.append(LayerWeights(attn, ones(d), None, None, None, dense))
+            continue
         shared = None
         if cfg.has_shared_expert:
             fs = cfg.shared_ffn_size
@@ -128,7 +152,7 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
                                    _normal((d,), d ** -0.5, ks[5]) if cfg.shared_expert_gated else None)
         router = (mx.random.normal((cfg.n_experts, d), key=ks[6]) * d ** -0.5).astype(mx.float32)
         guess = q8_router(cfg.n_experts, d, ks[7]) if pred_q8 else None
-        bias = np.random.default_rng([seed, l]).normal(0, 0.05, cfg.n_experts) if cfg.router_bias else None
+        bias = selection_bias(cfg, seed, l)
         layers.append(LayerWeights(attn, ones(d), router, guess, shared, rule=RouterRule.from_model_config(cfg).for_layer(bias)))
     kk = mx.random.split(layer_keys[-1], 3)
     embed = _normal((cfg.vocab_size, d), 1.0, kk[0])
@@ -156,10 +180,32 @@ def random_deltanet(cfg: ModelConfig, key: mx.array) -> DeltaNetWeights:
                            _normal((d, v_dim), v_dim ** -0.5, ks[3]))
 
 
+def selection_bias(cfg: ModelConfig, seed: int, layer: int) -> np.ndarray | None:
+    """The selection-only router bias random_params gives MoE layer `layer` (None without one):
+    the streaming benchmark hands the same values to the runtime's routing."""
+    return np.random.default_rng([seed, layer]).normal(0, 0.05, cfg.n_experts) if cfg.router_bias else None
+
+
+def random_mla(cfg: ModelConfig, key: mx.array) -> MlaWeights:
+    """Random float16 latent-attention weights of `cfg`'s sizes (norm weights 1)."""
+    d, h, c, r = cfg.hidden_size, cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    n, v, ql = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+    ks = mx.random.split(key, 5)
+    q_in = ql or d
+    wo_blocks = tuple(_normal((d, min(MAX_COLS, h * v - i)), (h * v) ** -0.5, k)
+                      for i, k in zip(range(0, h * v, MAX_COLS), mx.random.split(ks[4], -(-h * v // MAX_COLS))))
+    return MlaWeights(mx.ones((d,), mx.float16), _normal((ql + c + r, d), d ** -0.5, ks[0]),
+                      mx.ones((ql,), mx.float16) if ql else None, _normal((h * (n + r), q_in), q_in ** -0.5, ks[1]),
+                      mx.ones((c,), mx.float16), _normal((h, n, c), c ** -0.5, ks[2]), _normal((h, v, c), c ** -0.5, ks[3]),
+                      wo_blocks)
+
+
 def _weights(lw: LayerWeights) -> list[mx.array]:
     a, sh, g = lw.attn, lw.shared, lw.guess
-    if isinstance(a, DeltaNetWeights):
-        out = a.arrays() + [lw.ffn_norm, lw.router]
+    if lw.dense is not None:
+        sh = lw.dense
+    if isinstance(a, (DeltaNetWeights, MlaWeights)):
+        out = a.arrays() + [w for w in (lw.ffn_norm, lw.router) if w is not None]
     else:
         out = [a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router] + [w for w in (a.bqkv, a.q_norm, a.k_norm)
                                                                 if w is not None]

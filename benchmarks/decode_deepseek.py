@@ -1,0 +1,51 @@
+"""DeepSeek-V3's synthetic for benchmarks/decode.py: its small smoke-test shape, and the 61 layers
+extrapolated from a run over fewer (`--layers N`).
+
+Why extrapolate: the full model is 3 dense layers and 58 MoE layers of 256 experts of 3 x 7168 x
+2048 (13.8 MB of Q2_0 each): ~204 GB of experts plus ~34 GB of float16 dense weights, which fit
+neither one H200's 139 GiB (all-resident) nor its 64 GiB disk or 128 GiB of RAM (the streaming
+part's `.experts` file). A decoded token reads every layer's dense weights and k experts once, so
+its time is close to proportional to its bytes: the estimate scales the measured ms/token by the
+bytes of 61 layers over the bytes of the N measured, and beside it gives the plain per-layer ms x
+61 (which counts the N-layer run's dense-layer share and the head at N's proportions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from decode_memory import _record, dense_bytes
+from strata.model_config import Ffn, LayerType, Mixer, ModelConfig
+from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE
+
+# the pattern at a smoke test's size: a dense first layer, then three MoE layers in 4 groups
+SMALL_DEEPSEEK = replace(
+    DEEPSEEK_V3_SHAPE, n_layers=4, layer_types=(LayerType(Mixer.MLA, Ffn.DENSE),) + (LayerType(Mixer.MLA, Ffn.MOE),) * 3,
+    hidden_size=256, n_heads=4, n_kv_heads=4, head_dim=48, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=16,
+    qk_nope_head_dim=32, v_head_dim=32, n_experts=32, n_experts_per_token=4, n_group=4, topk_group=2,
+    expert_ffn_size=64, shared_ffn_size=64, dense_ffn_size=128, vocab_size=512, max_context=256)
+
+
+def token_bytes(cfg: ModelConfig) -> int:
+    """Bytes a decoded token reads at a short context: every dense weight but the embedding table
+    (one row of it), k experts per MoE layer."""
+    return dense_bytes(cfg) - cfg.vocab_size * cfg.hidden_size * 2 + cfg.n_moe_layers * cfg.n_experts_per_token * _record(cfg).padded_bytes
+
+
+def deepseek_extrapolation(full: ModelConfig, cfg: ModelConfig, res: dict, rows: list) -> None:
+    """Per-layer ms of the measured parts and their 61-layer estimates, into res and the table."""
+    ratio = token_bytes(full) / token_bytes(cfg)
+    res.update({"deepseek_full_layers": full.n_layers, "deepseek_measured_layers": cfg.n_layers,
+                "deepseek_full_bytes_per_token": token_bytes(full), "deepseek_measured_bytes_per_token": token_bytes(cfg)})
+    for name, key in (("all-resident (engine)", "resident_engine_ms_per_token"), ("streaming", "stream_ms_per_token")):
+        ms = res.get(key)
+        if not ms:
+            continue
+        per_layer = ms / cfg.n_layers
+        est = ms * ratio
+        tag = key.split("_")[0]
+        res.update({f"deepseek_{tag}_ms_per_layer": per_layer, f"deepseek_{tag}_full_ms_by_bytes": est,
+                    f"deepseek_{tag}_full_ms_by_layers": per_layer * full.n_layers})
+        rows.append((f"DeepSeek-V3 {name}: per layer ({cfg.n_layers} measured)", f"{per_layer:.3f} ms/layer",
+                     f"{full.n_layers} layers: {est:.1f} ms/token by bytes (x{ratio:.2f}), "
+                     f"{per_layer * full.n_layers:.1f} by layers"))
