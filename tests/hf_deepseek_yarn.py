@@ -11,3 +11,4 @@ from tests import hf_models
 
 ARCHS = ("deepseek_v3_yarn",)
 build_checkpoint = hf_models.build_checkpoint
+hf_config = hf_models.hf_config

@@ -174,8 +174,8 @@ def test_without_the_read_ahead_every_ple_layer_waits_the_delay(tmp_path, reader
     delay_s = 0.6 * LAYER_S
     with _store(tmp_path) as store, _delayed(store, delay_s, reader) as rows:
         waits = _token_loop(rows, np.arange(0, 30, 10), read_ahead=False)
-    for w in waits:
-        assert all(abs(w[l] - delay_s) <= PLE_WAIT_SLACK_S for l in SHAPES), w
+    for w in waits:  # at least the delay at every PLE layer: nothing hid it (a loaded host only adds)
+        assert all(w[l] >= delay_s - PLE_WAIT_SLACK_S for l in SHAPES), w
 
 
 # ---------------------------------------------------------------- read errors
