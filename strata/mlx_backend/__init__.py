@@ -23,3 +23,9 @@ import os as _os
 # and TF32 rounding alone is ~2^-11 per operand: on the H200 the ops-path twins that multiply
 # matrices failed with it. A value set by the user is kept.
 _os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+# MLX's CUDA build caches the kernels it JIT-compiles on disk, by default under the temp
+# directory: point it at the user's cache directory (jit_cache.py) unless the user set it.
+from strata.mlx_backend import jit_cache as _jit_cache  # noqa: E402
+
+_jit_cache.set_default()
