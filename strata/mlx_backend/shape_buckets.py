@@ -9,8 +9,9 @@ expert) pairs one expert got) changes with every prompt: each new one cost a com
 a handful of values over every prompt length; the rows past a group's count are zeros and are
 never gathered back, so the real rows' products are unchanged.
 
-Buckets: powers of two from MIN_BUCKET up to LINEAR_FROM, then multiples of LINEAR_FROM (at most
-1.5x the rows past LINEAR_FROM, 2x below, and log2 + n / LINEAR_FROM distinct values).
+Buckets: powers of two from MIN_BUCKET up to LINEAR_FROM, then multiples of LINEAR_FROM: under 2x
+the rows, n + LINEAR_FROM - 1 at most past LINEAR_FROM, and 5 + n / LINEAR_FROM distinct values
+up to n.
 """
 
 from __future__ import annotations
