@@ -80,3 +80,41 @@ def test_q2_mma_template_rows_take_bucket_values(monkeypatch):
     p = 2 if grouped.lowp.SPLIT else 1
     assert all(m % p == 0 and bucket(m // p) == m // p for m in bucket_m)
     assert len(bucket_m) < len(exact_m)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", ("tiny", "hybrid", "mla"))
+def test_prompt_attention_bucketed_positions(shape, dtype, monkeypatch):
+    """A first prompt chunk's attention padded to bucket(T) positions (prompt_attention's
+    BUCKET_POSITIONS): every position's logits against the reference (FORWARD for float32 weights,
+    PROMPT for float16 matmul inputs) and against the unpadded path (FAST), the KV cache holding
+    the real positions only, then a continuation (never padded) after them."""
+    from strata.mlx_backend import prompt_attention
+    from strata.mlx_backend.model import MlxModelState, from_reference
+    from strata.mlx_backend.prompt import prompt_forward
+    from strata.reference import model as ref_model
+    from test_mlx_prompt import made_params
+
+    rp = made_params(shape)
+    t = 21  # bucket 32: 11 padded rows
+    tokens = np.random.default_rng(5).integers(0, rp.cfg.vocab_size, t + 3)
+    ref, _ = ref_model.forward(rp, ref_model.ModelState.empty(rp.cfg), tokens)
+    runs = {}
+    with using_path(KernelPath.OPS):
+        p = from_reference(rp, dtype=getattr(mx, dtype))
+        for padded in (False, True):
+            monkeypatch.setattr(prompt_attention, "BUCKET_POSITIONS", padded)
+            got, state = prompt_forward(p, MlxModelState.empty(rp.cfg), tokens[:t], all_logits=True)
+            more, state = prompt_forward(p, state, tokens[t:])
+            runs[padded] = (np.array(got), np.array(more), state)
+    budget = "FORWARD" if dtype == "float32" else "PROMPT"
+    got, more, state = runs[True]
+    assert state.length == len(tokens)
+    assert_backends_agree(ref[:t], got, budget, what=f"{shape}: padded prompt")
+    assert_backends_agree(ref[-1:], more, budget, what=f"{shape}: continuation after a padded prompt")
+    assert_backends_agree(runs[False][0], got, "FAST", what=f"{shape}: padded vs unpadded")
+    for kv, exact in zip(state.layers, runs[False][2].layers):
+        if hasattr(kv, "keys"):  # the cache past the positions held is untouched (zeros)
+            np.testing.assert_array_equal(np.array(kv.keys[:, len(tokens):]), 0)
+            assert_backends_agree(np.array(exact.keys[:, :len(tokens)]), np.array(kv.keys[:, :len(tokens)]), "FAST",
+                                  what=f"{shape}: cached keys")
