@@ -20,7 +20,7 @@ bounds both processes:
 
     python benchmarks/jit_probe.py                     # GPU: the seed shape, 8 layers, <= ~120 s
     python benchmarks/jit_probe.py --small             # any machine (MLX's CPU build: seconds)
-    python benchmarks/jit_probe.py --no-bucket         # the group capacity unbucketed (grouped.BUCKET_CAP)
+    python benchmarks/jit_probe.py --no-bucket         # exact shapes (no group-capacity or position buckets)
 
 Prints a table and one JSON line (`JSON {...}`); JSON-PART lines as parts finish.
 """
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from strata.mlx_backend import grouped, jit_cache  # noqa: E402  (jit_cache: strata's PTX cache default)
+from strata.mlx_backend import grouped, jit_cache, prompt_attention  # noqa: E402  (jit_cache: the PTX cache default)
 from strata.mlx_backend.compiled import CompiledDecode, unsupported  # noqa: E402
 from strata.mlx_backend.grouped import GroupedGemm  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
@@ -125,11 +125,14 @@ def probe(args) -> dict:
     cfg = replace(cfg, n_layers=args.layers or (cfg.n_layers if cfg is SMALL else GPU_LAYERS),
                   max_context=max(cfg.max_context, max(lengths) + 8))
     grouped.BUCKET_CAP = not args.no_bucket
+    if args.no_bucket:
+        prompt_attention.BUCKET_POSITIONS = False
     if args.gemm:
         grouped.GEMM = GroupedGemm(args.gemm)
     t0 = time.time()
     res = {"device": str(mx.default_device()), "mlx": mx.__version__, "layers": cfg.n_layers, "hidden": cfg.hidden_size,
-           "bucket_cap": grouped.BUCKET_CAP, "gemm": (grouped.GEMM or grouped.default_gemm()).value,
+           "bucket_cap": grouped.BUCKET_CAP,
+           "bucket_positions": prompt_attention.buckets_positions(), "gemm": (grouped.GEMM or grouped.default_gemm()).value,
            "ptx_cache": str(jit_cache.cache_dir()), "cache_files_before": _cache_files(), "prompt": {}}
     p = random_params(cfg, seed=0, pred_q8=False)
     mx.eval(p.arena.array)
@@ -189,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=0, help=f"layers (default: {GPU_LAYERS} on a GPU, the shape's else)")
     ap.add_argument("--lengths", default=None, help=f"prompt lengths (default {GPU_LENGTHS} on a GPU, {CPU_LENGTHS} else)")
     ap.add_argument("--gemm", choices=[g.value for g in GroupedGemm], help="the grouped form (default: the device's)")
-    ap.add_argument("--no-bucket", action="store_true", help="the exact group capacity (grouped.BUCKET_CAP = False)")
+    ap.add_argument("--no-bucket", action="store_true", help="no buckets: the exact group capacity (grouped.BUCKET_CAP) and prompt "
+                                                              "length in attention (prompt_attention.BUCKET_POSITIONS)")
     ap.add_argument("--one-process", action="store_true", help="skip the second process")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="both processes together")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

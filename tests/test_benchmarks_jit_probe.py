@@ -14,12 +14,13 @@ import jit_probe  # noqa: E402
 def test_probe_reports_each_part(capsys, monkeypatch):
     monkeypatch.setattr(jit_probe.grouped, "GEMM", jit_probe.grouped.GEMM)  # the probe may set them
     monkeypatch.setattr(jit_probe.grouped, "BUCKET_CAP", jit_probe.grouped.BUCKET_CAP)
+    monkeypatch.setattr(jit_probe.prompt_attention, "BUCKET_POSITIONS", jit_probe.prompt_attention.BUCKET_POSITIONS)
     jit_probe.main(["--small", "--layers", "2", "--lengths", "32,40", "--one-process", "--no-bucket"])
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("JSON "))
     res = json.loads(line[5:])
     first = res["first_process"]
-    assert res["second_process"] is None and first["bucket_cap"] is False
+    assert res["second_process"] is None and first["bucket_cap"] is False and first["bucket_positions"] is False
     assert first["decode"]["first_s"] > 0 and first["decode"]["second_s"] > 0
     assert set(first["prompt"]) == {"32", "40"}
     assert all(v["first_s"] > 0 and v["second_s"] > 0 for v in first["prompt"].values())
