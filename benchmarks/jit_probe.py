@@ -6,8 +6,8 @@ docs/mlx_backend.md, "JIT compile costs on MLX's CUDA build").
 In one process, in this order:
 1. the all-resident decode step (the compiled step on a GPU; the uncompiled graph elsewhere, where
    mx.compile does not take the kernel path): first call, second call;
-2. the prompt path (`prompt_forward`) at each of --lengths (default 128, 512, 2048, 1000 on a GPU:
-   1000 is no power of two): first and second call at each, a fresh KV state each call;
+2. the prompt path (`prompt_forward`) at each of --lengths (default 128, 512, 2048, 1000, 1020 on a
+   GPU: 1000 is no bucket, 1020 is in 1000's): first and second call at each, a fresh KV state each call;
 3. a per-layer breakdown of the largest length's prompt, warm: each layer's mixer, and the whole
    layer, evaluated alone;
 then the same in a second process (`--child`), unless --one-process; the JSON line holds both and
@@ -53,7 +53,9 @@ from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, shared_ffn_size=0, shared_expert_gated=False)
 GPU_LAYERS = 8
-GPU_LENGTHS = "128,512,2048,1000"  # 1000: no power of two (the group capacity's bucket differs from the exact one)
+# 1000: no bucket (its first call builds bucket 1024's attention graph); 1020: the same bucket, so
+# its first call should cost what a second call does
+GPU_LENGTHS = "128,512,2048,1000,1020"
 CPU_LENGTHS = "32,64,128,100"  # MLX's CPU build on two cores: the prompt's attention alone is seconds at 2048
 BUDGET_S = 120  # both processes together: the second gets what the first left
 
