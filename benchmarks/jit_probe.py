@@ -45,6 +45,8 @@ import numpy as np  # noqa: E402
 from strata.mlx_backend import grouped, jit_cache, prompt_attention  # noqa: E402  (jit_cache: the PTX cache default)
 from strata.mlx_backend.compiled import CompiledDecode, unsupported  # noqa: E402
 from strata.mlx_backend.grouped import GroupedGemm  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, recording, using_path  # noqa: E402
+from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
 from strata.mlx_backend.prompt import _layer, prompt_forward, prompt_mixer  # noqa: E402
 from strata.mlx_backend.model import embed  # noqa: E402
@@ -71,6 +73,36 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+_SEEN: set = set()  # (kernel, input dtypes, template) launched so far in this process
+
+
+def _first(fn) -> tuple[float, int]:
+    """Seconds of fn and how many custom-kernel specialisations it launched first in this process
+    (each one an NVRTC compile on MLX's CUDA build; a compiled step launches only while tracing)."""
+    with recording() as seen:
+        s = _timed(fn)
+    new = {(src.name, ins, tpl) for src, ins, _, tpl in seen} - _SEEN
+    _SEEN.update(new)
+    return s, len(new)
+
+
+def one_compile_s() -> float | None:
+    """What one NVRTC compile of a trivial custom kernel costs here (MLX's device header and a
+    line of body): the first call less the second. None without MLX's CUDA build."""
+    if gpu_dialect() is not Dialect.CUDA:
+        return None
+    kernel = mx.fast.cuda_kernel(name="strata_jit_probe_copy", input_names=["a"], output_names=["b"],
+                                 source="uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; if (i < N) b[i] = a[i];")
+    a = mx.zeros((1024,), mx.float32)
+    mx.eval(a)
+
+    def one():
+        mx.eval(kernel(inputs=[a], template=[("N", 1024)], grid=(1024, 1, 1), threadgroup=(256, 1, 1),
+                       output_shapes=[(1024,)], output_dtypes=[mx.float32])[0])
+    first = _timed(one)
+    return first - _timed(one)
+
+
 def decode_part(p, cfg) -> dict:
     """First and second decoded token after a one-token prefill (the engine's compiled step where it runs)."""
     state = MlxModelState.empty(cfg)
@@ -91,7 +123,8 @@ def decode_part(p, cfg) -> dict:
         def one():
             logits, holder[0] = forward(p, holder[0], [2])
             mx.eval(logits)
-    out["first_s"], out["second_s"] = _timed(one), _timed(one)
+    out["first_s"], out["new_kernels"] = _first(one)
+    out["second_s"] = _timed(one)
     return out
 
 
@@ -100,7 +133,8 @@ def prompt_part(p, cfg, n: int, rng) -> dict:
 
     def one():
         mx.eval(prompt_forward(p, MlxModelState.empty(cfg), tokens)[0])
-    return {"first_s": _timed(one), "second_s": _timed(one)}
+    first_s, new = _first(one)
+    return {"first_s": first_s, "new_kernels": new, "second_s": _timed(one)}
 
 
 def layer_part(p, cfg, n: int, rng) -> list[dict]:
@@ -134,13 +168,14 @@ def probe(args) -> dict:
     t0 = time.time()
     res = {"device": str(mx.default_device()), "mlx": mx.__version__, "layers": cfg.n_layers, "hidden": cfg.hidden_size,
            "bucket_cap": grouped.BUCKET_CAP,
-           "bucket_positions": prompt_attention.buckets_positions(), "gemm": (grouped.GEMM or grouped.default_gemm()).value,
+           "bucket_positions": prompt_attention.buckets_positions(), "path": args.path, "gemm": (grouped.GEMM or grouped.default_gemm()).value,
            "ptx_cache": str(jit_cache.cache_dir()), "cache_files_before": _cache_files(), "prompt": {}}
     p = random_params(cfg, seed=0, pred_q8=False)
     mx.eval(p.arena.array)
     res["build_s"] = time.time() - t0
     rng = np.random.default_rng(0)
     try:  # a time limit's SIGINT ends the measuring, not the report
+        res["one_compile_s"] = one_compile_s()
         res["decode"] = decode_part(p, cfg)
         print("JSON-PART " + json.dumps({"decode": res["decode"], "t": time.time() - t0}), flush=True)
         for n in lengths:
@@ -170,18 +205,21 @@ def second_process(argv: list[str], limit_s: float) -> dict:
 def table(first: dict, second: dict | None) -> str:
     procs = [("P1", first)] + ([("P2", second)] if second and "decode" in second else [])
     lines = [f"{'(P1, P2: 1st, 2nd process)':28}" + "".join(f"{name + ' 1st call':>16}{name + ' 2nd call':>14}"
-                                                             for name, _ in procs)]
+                                                             for name, _ in procs) + f"{'P1 new':>8}"]
     rows = [("decode step" + ("" if first.get("decode", {}).get("compiled") else " (uncompiled)"),
              lambda r: r.get("decode", {}))]
     rows += [(f"prompt {n}", lambda r, n=n: r["prompt"].get(n, {})) for n in first["prompt"]]
     for label, get in rows:
         cells = "".join(f"{get(r).get('first_s', float('nan')) * 1e3:14.1f}ms{get(r).get('second_s', float('nan')) * 1e3:12.1f}ms"
                         for _, r in procs)
-        lines.append(f"{label:28}{cells}")
+        lines.append(f"{label:28}{cells}{get(first).get('new_kernels', '-'):>8}")
     if first.get("per_layer"):
         lines.append(f"per layer at {first['layers_at']} tokens (warm): layer, kind, mixer ms, whole layer ms")
         lines += [f"  {r['layer']:3d} {r['kind']:18} {r['mixer_s'] * 1e3:9.2f} {r['layer_s'] * 1e3:9.2f}"
                   for r in first["per_layer"]]
+    if first.get("one_compile_s") is not None:
+        lines.append(f"one NVRTC compile of a trivial custom kernel: {first['one_compile_s']:.2f} s "
+                     "(P1 new: custom-kernel specialisations first launched by that row)")
     lines.append(f"PTX cache {first['ptx_cache']}: {first['cache_files_before']} files before, "
                  f"{first['cache_files_after']} after the 1st process"
                  + (f", {second['cache_files_after']} after the 2nd" if second and "cache_files_after" in second else ""))
@@ -197,11 +235,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-bucket", action="store_true", help="no buckets: the exact group capacity (grouped.BUCKET_CAP) and prompt "
                                                               "length in attention (prompt_attention.BUCKET_POSITIONS)")
     ap.add_argument("--one-process", action="store_true", help="skip the second process")
+    ap.add_argument("--path", choices=[k.value for k in KernelPath], help="the kernel path (default: the device's)")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="both processes together")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     start = time.time()
-    first = probe(args)
+    if args.path:
+        with using_path(KernelPath(args.path)):
+            first = probe(args)
+    else:
+        first = probe(args)
     if args.child:
         print("JSON " + json.dumps(first), flush=True)
         return

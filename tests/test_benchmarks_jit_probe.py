@@ -9,6 +9,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import jit_probe  # noqa: E402
+import pytest  # noqa: E402
+
+from strata.mlx_backend.kernels import emulate  # noqa: E402
 
 
 def test_probe_reports_each_part(capsys, monkeypatch):
@@ -26,3 +29,16 @@ def test_probe_reports_each_part(capsys, monkeypatch):
     assert all(v["first_s"] > 0 and v["second_s"] > 0 for v in first["prompt"].values())
     assert [r["layer"] for r in first["per_layer"]] == [0, 1] and first["layers_at"] == 40
     assert "prompt 40" in out and "per layer at 40 tokens" in out
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
+def test_probe_counts_first_launched_kernels(capsys):
+    """On the emulated path the decode step launches custom kernels first (each an NVRTC compile
+    on CUDA); a prompt afterwards launches only the specialisations the decode did not."""
+    jit_probe._SEEN.clear()
+    jit_probe.main(["--small", "--layers", "1", "--lengths", "32", "--one-process", "--path", "emulated"])
+    res = json.loads(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("JSON "))[5:])
+    first = res["first_process"]
+    assert first["path"] == "emulated" and first["one_compile_s"] is None
+    assert first["decode"]["new_kernels"] >= 5  # embedding, GEMVs, attend, router, experts, combine
+    assert 0 <= first["prompt"]["32"]["new_kernels"] < first["decode"]["new_kernels"]
