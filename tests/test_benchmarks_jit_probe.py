@@ -31,6 +31,7 @@ def test_probe_reports_each_part(capsys, monkeypatch):
     assert "prompt 40" in out and "per layer at 40 tokens" in out
 
 
+@pytest.mark.slow  # ~30 s: the emulated prompt
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
 def test_probe_counts_first_launched_kernels(capsys):
     """On the emulated path the decode step launches custom kernels first (each an NVRTC compile
