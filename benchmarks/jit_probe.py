@@ -198,6 +198,8 @@ def second_process(argv: list[str], limit_s: float) -> dict:
                               timeout=limit_s)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {limit_s:.0f} s (the rest of the budget)"}
+    except KeyboardInterrupt:  # the stage's limit: the first process's numbers are still printed
+        return {"error": "interrupted"}
     line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("JSON ")), None)
     return json.loads(line[5:]) if line else {"error": (done.stderr or done.stdout)[-400:]}
 
