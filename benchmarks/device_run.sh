@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, full size: 7 GB model file + 17 GB experts + a --ple-gb row
 # store in the temporary directory, so 24 GB fits a 64 GiB disk; run it alone, it builds for minutes)
@@ -168,6 +168,10 @@ stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2
 stage dispatch 60 python3 benchmarks/dispatch.py
 stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
 stage peers 240 python3 benchmarks/peers.py
+# issue 19: first-call JIT costs (decode step, prompts of 128/512/2048/1000, a per-layer breakdown)
+# in a first process on an empty MLX PTX cache and in a second one on what the first left there.
+# STRATA_STAGES=jit_probe
+stage jit_probe 130 env MLX_PTX_CACHE_DIR="$(mktemp -d)" python3 benchmarks/jit_probe.py
 # speculative windows vs T = 1 on MLX (resident: compiled decode vs windows; streaming at the
 # window's smallest arena and at half the experts), then the speculation tests on the GPU build.
 # Not in the default list: STRATA_STAGES=speculative

@@ -11,6 +11,8 @@ Modules (one concept each; the same names as strata/reference/ where they twin i
     compute    MlxCompute: the runtime's LayerCompute
     engine     MlxEngine (all-resident), streaming_parts (arena + compute for the runtime's engine)
     twins      the reference <-> MLX twin table the differential tests iterate
+    jit_cache  where MLX's CUDA build keeps the kernels it compiles (MLX_PTX_CACHE_DIR's default)
+    shape_buckets  the fixed shape set that keeps a new prompt length from compiling a kernel
     kernels/   the shared bodies, per-dialect preludes, build-once launch, the emulator
 """
 
@@ -23,3 +25,9 @@ import os as _os
 # and TF32 rounding alone is ~2^-11 per operand: on the H200 the ops-path twins that multiply
 # matrices failed with it. A value set by the user is kept.
 _os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+# MLX's CUDA build caches the kernels it JIT-compiles on disk, by default under the temp
+# directory: point it at the user's cache directory (jit_cache.py) unless the user set it.
+from strata.mlx_backend import jit_cache as _jit_cache  # noqa: E402
+
+_jit_cache.set_default()

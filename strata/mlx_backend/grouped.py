@@ -43,6 +43,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
 from strata.mlx_backend.quants import GROUP
 from strata.mlx_backend.routing import combine_weights, rank_order, selection_scores
+from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.routing import RouterRule
@@ -222,13 +223,28 @@ def _gather(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
     return mm(gated_hidden(act, gu[:, :f], gu[:, f:]), down)
 
 
+# Round Q2_MMA's group capacity up to a bucket (shape_buckets.py): its row count is a template
+# value of its kernel, so an exact cap compiled a new kernel per prompt on MLX's CUDA build.
+# PADDED keeps the exact cap: its batched matmul is cuBLAS, which compiles nothing per shape
+# (docs/mlx_backend.md, "JIT compile costs"), so a bucket would only add rows. False: the exact
+# largest group (benchmarks/jit_probe.py --no-bucket).
+BUCKET_CAP = True
+
+
+def _cap(counts: mx.array, *, template: bool) -> int:
+    """Rows per expert of a padded form: the largest group (one host sync), in a bucket where the
+    count becomes a kernel's template value."""
+    largest = int(counts.max().item())
+    return bucket(largest) if template and BUCKET_CAP else largest
+
+
 def _padded(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
     """`_gather` as batched matmuls over [E, P cap, D] (P = 2: each row's hi and lo terms; cap:
     the largest group, one host sync a layer)."""
     n, e, f = rows.shape[0], gate_up.shape[0], down.shape[-1]
     counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
     starts = mx.cumsum(counts) - counts
-    cap = int(counts.max().item())
+    cap = _cap(counts, template=False)
     pos = mx.arange(n, dtype=mx.int32) - starts[by_expert]  # [N] place inside the expert's group
 
     def mm(a: mx.array, w: mx.array) -> mx.array:  # [N, C] float32 rows -> [N, R] float32
@@ -280,7 +296,7 @@ def _q2_mma(rows, by_expert, records, rec, act, dtype) -> mx.array:
     n, e, f = rows.shape[0], records.shape[0], rec.expert_ffn
     counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
     starts = mx.cumsum(counts) - counts
-    cap = int(counts.max().item())
+    cap = _cap(counts, template=True)
     pos = mx.arange(n, dtype=mx.int32) - starts[by_expert]
     slots = mx.arange(e, dtype=mx.int32)  # expert e is record e of `records`
     half = mx.float16

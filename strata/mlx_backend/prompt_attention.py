@@ -22,9 +22,26 @@ import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, rms_norm, rope_table_cached
 from strata.mlx_backend.lowp import as_mm, lowp_matmul
+from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["attention_refusal", "prompt_attention"]
+__all__ = ["attention_refusal", "prompt_attention", "BUCKET_POSITIONS", "buckets_positions"]
+
+# A prompt's attention on MLX's CUDA build is a cuDNN graph built per q/k/v shape, per process
+# (scaled_dot_product_attention.cpp: build_sdpa_cache_key), so each new prompt length built one.
+# A first chunk (no cached positions) pads q, k and v with zero rows to `bucket(T)` positions:
+# with the causal mask real queries never see the padded keys (all after them) and the padded
+# queries' rows are dropped. None: on MLX's CUDA build only (elsewhere nothing is built per shape:
+# the padding would only cost flops); True / False force it (tests, benchmarks/jit_probe.py).
+BUCKET_POSITIONS: bool | None = None
+
+
+def buckets_positions() -> bool:
+    """Whether a first prompt chunk's attention pads its positions to a bucket (BUCKET_POSITIONS)."""
+    if BUCKET_POSITIONS is not None:
+        return BUCKET_POSITIONS
+    cuda = getattr(mx, "cuda", None)
+    return cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
 
 
 def attention_refusal(w: AttentionWeights) -> str | None:
@@ -66,11 +83,15 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
     kv.values[:, start:start + t, :] = v
     s = start + t
     keys, values = (k, v) if start == 0 else (kv.keys[:, :s], kv.values[:, :s])  # [KVH, S, HD]
+    pad = bucket(t) - t if start == 0 and buckets_positions() else 0
+    if pad:  # zero rows after the last position: [H, T + pad, HD], [KVH, T + pad, HD]
+        q, keys, values = (mx.concatenate([a, mx.zeros((a.shape[0], pad, hd), a.dtype)], axis=1)
+                           for a in (q, keys, values))
     # causal with S > T: MLX aligns the mask to the last key (query i sees keys <= start + i)
     o = mx.fast.scaled_dot_product_attention(as_mm(q[None], dtype), as_mm(keys[None], dtype),
                                              as_mm(values[None], dtype), scale=float(1.0 / np.sqrt(hd)),
-                                             mask="causal")  # [1, H, T, HD]
-    o = o[0].astype(mx.float32).transpose(1, 0, 2).reshape(t, qr)  # [T, H HD]
+                                             mask="causal")  # [1, H, T (+ pad), HD]
+    o = o[0, :, :t].astype(mx.float32).transpose(1, 0, 2).reshape(t, qr)  # [T, H HD]
     if w.gated:
         o = o * mx.sigmoid(gate)
     out = lowp_matmul(o, w.wo, dtype)  # [T, D]

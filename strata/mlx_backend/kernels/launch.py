@@ -250,8 +250,9 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     if seen is None:
         _signatures[sig] = dtypes
     elif seen != dtypes:
-        # MLX names a custom kernel by its name and template values only (and caches the compiled
-        # module under that name, on disk too): other dtypes would silently run the first build
+        # one build per (name, template values): MLX 0.32 names the module by those and a hash of
+        # the generated source (which spells the dtypes: custom_kernel.cpp), older MLX by the
+        # first two only, where other dtypes would silently have run the first build
         raise TypeError(f"kernel {src.name} {dict(template)}: dtypes {dtypes}, built for {seen}; "
                         "add a template argument that tells them apart")
     rec = _recording.get()
