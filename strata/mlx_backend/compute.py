@@ -40,6 +40,7 @@ from strata.mlx_backend.prompt import (
 from strata.mlx_backend.quants import gemv
 from strata.reference.attention import KVPrecision
 from strata.reference.experts import expert_act
+from strata.runtime.compute import StatefulCompute
 
 __all__ = ["MlxCompute"]
 
@@ -63,7 +64,7 @@ class _RouterInput:
         self.layer, self.h, self.z, self.g, self.g_layer, self.residual = layer, h, z, g, g_layer, residual
 
 
-class MlxCompute:
+class MlxCompute(StatefulCompute):
     """LayerCompute over MlxParams (dense, resident) and an MlxArena (experts by slot)."""
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
@@ -75,16 +76,6 @@ class MlxCompute:
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
         self._refusal = prompt_refusal(params, layout)  # asked once: `_prompt` runs 5 times a layer
-
-    @property
-    def length(self) -> int:
-        return self.state.length
-
-    def trim(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(n)
 
     def embed(self, tokens: np.ndarray) -> mx.array:
         return embed(self.params, tokens)

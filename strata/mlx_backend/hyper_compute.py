@@ -25,6 +25,7 @@ from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hc
 from strata.mlx_backend.quants import gemv, to_mlx
 from strata.reference.quants import quantize
 from strata.reference.experts import expert_act
+from strata.runtime.compute import StatefulCompute
 from strata.reference.ngram_rows import NgramRows
 
 __all__ = ["HyperMlxCompute"]
@@ -40,7 +41,7 @@ class _Streams:
         self.h = self.inject = None
 
 
-class HyperMlxCompute:
+class HyperMlxCompute(StatefulCompute):
     """LayerCompute over HyperMlxParams (dense, resident) and an MlxArena (experts by slot)."""
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
@@ -52,16 +53,6 @@ class HyperMlxCompute:
         self._tokens = np.zeros(0, np.int64)
         self._guess = ({l: to_mlx(quantize(QuantType.Q8_0, np.array(lw.router))) for l, lw in enumerate(params.layers)}
                        if pred_q8 else {})
-
-    @property
-    def length(self) -> int:
-        return self.state.length
-
-    def trim(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(n)
 
     def embed(self, tokens: np.ndarray) -> mx.array:
         self._tokens = np.asarray(tokens, np.int64).reshape(-1)
