@@ -42,7 +42,18 @@ from strata.reference.attention import KVPrecision
 from strata.reference.experts import expert_act
 from strata.runtime.compute import StatefulCompute
 
-__all__ = ["MlxCompute"]
+__all__ = ["MlxCompute", "hand_off"]
+
+
+def hand_off(out: mx.array, slots: np.ndarray) -> mx.array:
+    """Start a pass's routed partials `out` on the device; slots [T, k] are the slots it reads."""
+    if slots.shape[0] > 1:
+        # A prompt layer may run in several passes whose slots the next pass reuses (design §5):
+        # the pass must have read its slots before the cache hands them out again.
+        mx.eval(out)
+    else:
+        mx.async_eval(out)  # decode: one pass, its slots pinned for the whole window
+    return out
 
 
 class _Residual:
@@ -138,13 +149,7 @@ class MlxCompute(StatefulCompute):
         else:
             out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
                                   np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
-        if slots.shape[0] > 1:
-            # A prompt layer may run in several passes whose slots the next pass reuses (design §5):
-            # the pass must have read its slots before the cache hands them out again.
-            mx.eval(out)
-        else:
-            mx.async_eval(out)  # decode: one pass, its slots pinned for the whole window
-        return out
+        return hand_off(out, slots)
 
     def combine(self, x: _Residual, parts: Sequence[mx.array], shared) -> mx.array:
         routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)

@@ -19,6 +19,7 @@ import numpy as np
 from strata.errors import ConfigError
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.compute import hand_off
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hc_read, hc_write, hyper_head, hyper_mixer
@@ -87,11 +88,7 @@ class HyperMlxCompute(StatefulCompute):
     def routed(self, layer: int, h: _Streams, slots: np.ndarray, weights: np.ndarray) -> mx.array:
         out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
                               np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
-        if slots.shape[0] > 1:  # a prompt pass: read its slots before the cache hands them out again
-            mx.eval(out)
-        else:
-            mx.async_eval(out)
-        return out
+        return hand_off(out, slots)
 
     def combine(self, x: _Streams, parts: Sequence[mx.array], shared) -> mx.array:
         routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)
