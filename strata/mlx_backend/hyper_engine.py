@@ -13,12 +13,12 @@ from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hy
 from strata.reference.hyper_model import resident_rows
 from strata.reference.ngram_rows import NgramRows
 from strata.runtime.ngram_source import RowCacheOwner
-from strata.session import SessionEngine
+from strata.session import StateEngine
 
 __all__ = ["MlxHyperEngine"]
 
 
-class MlxHyperEngine(RowCacheOwner, SessionEngine):
+class MlxHyperEngine(RowCacheOwner, StateEngine):
     kind = "mlx resident"
 
     def __init__(self, params: HyperMlxParams, rows: NgramRows, *, model=None, config=None,
@@ -53,12 +53,6 @@ class MlxHyperEngine(RowCacheOwner, SessionEngine):
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
         return self._run(tokens, window=True)
-
-    def _truncate(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(super().kept_position(n))
 
     def _expert_reads(self) -> int:
         return self._reads

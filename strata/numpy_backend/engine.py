@@ -12,12 +12,12 @@ from strata.formats.dense_weights import as_dense_weights
 from strata.numpy_backend.prompt import prompt_forward
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.runtime.ngram_source import RowCacheOwner
-from strata.session import SessionEngine
+from strata.session import StateEngine
 
 __all__ = ["ReferenceEngine", "streaming_parts"]
 
 
-class ReferenceEngine(RowCacheOwner, SessionEngine):
+class ReferenceEngine(RowCacheOwner, StateEngine):
     """The pure-numpy forward, all experts resident: the definition of correct output.
     `select` routes each token (default: the model's own rule). Decode runs the reference
     `forward` itself; a prompt or a window runs `prompt_forward` (the same layers, experts
@@ -62,12 +62,6 @@ class ReferenceEngine(RowCacheOwner, SessionEngine):
         logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, window=True,
                                             all_logits=True)
         return logits
-
-    def _truncate(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(super().kept_position(n))
 
     def _expert_reads(self) -> int:
         return self._reads
