@@ -32,7 +32,7 @@ from strata.convert.common import ExpertTensors, Family, base_fields
 from strata.convert.hf_config import HFConfig
 from strata.convert.qwen_hybrid import (_plus_one, _refuse_unknown, _rope, _split_q_gate, gated_hybrid_fields,
                                         layer_types_of, nested_text_config, refuse_attention_bias,
-                                        refuse_dense_layers)
+                                        refuse_dense_layers, skipped_by_prefix)
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.ngram_tables import find_ngram_tables, write_ngram_tables
 from strata.convert.tensor_plan import Derived, TensorPlan, source_names
@@ -270,12 +270,8 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     hashes = [t for t in skipped if t.rsplit(".", 1)[-1] in HASH_BUFFERS]
     if hashes:
         notes.append(f"checked {len(hashes)} n-gram hash buffers against the config's hash (not stored)")
-    for start, what in SKIPPED_PREFIXES.items():
-        names = [t for t in ckpt.tensors if t.startswith(start)]
-        if names:
-            skipped += names
-            notes.append(f"skipped {what}: {len(names)} tensors")
-    return TensorPlan(experts, sources, tuple(skipped), tuple(notes))
+    names, skip_notes = skipped_by_prefix(ckpt, SKIPPED_PREFIXES)
+    return TensorPlan(experts, sources, tuple(skipped + names), tuple(notes + skip_notes))
 
 
 def ckpt_table_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:

@@ -270,6 +270,18 @@ def _layer_sources(cfg: ModelConfig, layer: int, prefix: str) -> dict[str, str |
     return out
 
 
+def skipped_by_prefix(ckpt: Checkpoint, prefixes: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The checkpoint's tensors under each skipped prefix (prefix -> what it is), and one note
+    per prefix that has any: (tensor names, notes)."""
+    skipped, notes = [], []
+    for start, what in prefixes.items():
+        names = [t for t in ckpt.tensors if t.startswith(start)]
+        if names:
+            skipped += names
+            notes.append(f"skipped {what}: {len(names)} tensors")
+    return skipped, notes
+
+
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     """Where every strata tensor of a hybrid checkpoint comes from (see the module doc)."""
     n = TensorNames
@@ -282,12 +294,7 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
         sources.update({n.block(layer, k): v for k, v in _layer_sources(cfg, layer, prefix).items()})
     experts = ExpertTensors(ckpt, cfg, "mlp", ("gate_proj", "up_proj", "down_proj"),
                             layer_prefix=prefix + "layers.{}.")
-    skipped, notes = [], []
-    for start, what in SKIPPED_PREFIXES.items():
-        names = [t for t in ckpt.tensors if t.startswith(start)]
-        if names:
-            skipped += names
-            notes.append(f"skipped {what}: {len(names)} tensors")
+    skipped, notes = skipped_by_prefix(ckpt, SKIPPED_PREFIXES)
     return TensorPlan(experts, sources, tuple(skipped), tuple(notes))
 
 
