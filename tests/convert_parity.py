@@ -15,9 +15,20 @@ import pytest
 from strata.convert import convert
 from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
+from strata.loader import load
 from strata.reference.model import ModelState, forward
 from strata.reference.sampling import log_softmax
 from tests import hf_models
+
+
+def convert_each(checkpoint: Path, out: Path, expert_types) -> dict:
+    """`checkpoint` converted once per expert type, each under out/<type> -> {QuantType: (the
+    loaded Model, the ConvertResult)}."""
+    models = {}
+    for qt in expert_types:
+        r = convert(checkpoint, out / qt.name.lower(), expert_type=qt)
+        models[qt] = (load(r.model_path), r)
+    return models
 
 
 def parity_tokens(model, expected=None) -> np.ndarray:
@@ -39,6 +50,17 @@ def mean_kld(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     """Mean over positions of KL(p || q), in nats, of logits [T, V] (float64 softmax)."""
     lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
     return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+
+
+def logit_error(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(max |got - ref| / scale, scale = max |ref|) of logits [T, V]: the error the logit budgets bound."""
+    scale = float(np.abs(ref).max())
+    return float(np.abs(got - ref).max()) / scale, scale
+
+
+def argmax_agreement(ref: np.ndarray, got: np.ndarray) -> float:
+    """The fraction of positions whose argmax token is the same in both logits [T, V]."""
+    return float(np.mean(ref.argmax(-1) == got.argmax(-1)))
 
 
 def with_config(checkpoint: Path, dst: Path, change: Callable[[dict], object]) -> Path:

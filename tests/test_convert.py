@@ -33,7 +33,8 @@ from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 
 from tests.budgets import F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
-from tests.convert_parity import mean_kld, parity_tokens, reference_logits  # noqa: E402
+from tests.convert_parity import (argmax_agreement, convert_each, logit_error, mean_kld, parity_tokens,  # noqa: E402
+                                  reference_logits)
 
 TEXTS = ["hello world", "naïve café über straße", "日本語のテキスト 🙂", "tabs\t\tand   spaces\n\n\n  x",
          "  leading and trailing  ", "def main():\n    return 0\n", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -52,12 +53,9 @@ def checkpoint(arch, tmp_path_factory):
 @pytest.fixture(scope="module")
 def converted(arch, checkpoint, tmp_path_factory):
     """{QuantType: loaded strata Model} for the three expert types the acceptance names."""
-    out = tmp_path_factory.mktemp(f"strata_{arch}")
-    models = {}
-    for qt in (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0):
-        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
-        models[qt] = load(r.model_path)
-    return models
+    models = convert_each(checkpoint[0], tmp_path_factory.mktemp(f"strata_{arch}"),
+                          (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0))
+    return {qt: model for qt, (model, _) in models.items()}
 
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
@@ -65,8 +63,7 @@ def test_f16_logits_match_transformers(arch, checkpoint, converted):
     tokens = parity_tokens(model, checkpoint[1])
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
     assert got.shape == ref.shape
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
           f"KLD {mean_kld(ref, got):.2e}")
     assert rel <= F16_LOGIT_BUDGET
@@ -86,7 +83,7 @@ def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0]
     tokens = parity_tokens(model, checkpoint[1])
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
@@ -96,7 +93,7 @@ def test_q2_0_kld_reported(arch, checkpoint, converted):
     tokens = parity_tokens(model, checkpoint[1])
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
     kld = mean_kld(ref, got)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 

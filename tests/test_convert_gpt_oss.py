@@ -30,8 +30,8 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.model_config import ExpertKind, Mixer, RopeScaling  # noqa: E402
-from tests.convert_parity import (assert_refused_in_one_line, mean_kld, parity_tokens, reference_logits,  # noqa: E402
-                                  with_config)
+from tests.convert_parity import (argmax_agreement, assert_refused_in_one_line, logit_error, mean_kld,  # noqa: E402
+                                  parity_tokens, reference_logits, with_config)
 from tests.budgets import (GPT_OSS_F16_LOGIT_BUDGET, GPT_OSS_MXFP4_LOGIT_BUDGET, Q2_KLD_SANITY,  # noqa: E402
                            Q8_ARGMAX_AGREEMENT)
 
@@ -64,8 +64,7 @@ def test_logits_match_transformers(checkpoints, converted, form, qt, budget):
     tokens = parity_tokens(model, checkpoints[form][1])
     assert len(tokens) >= 128 and len(tokens) > hf_gpt_oss.WINDOW
     ref, got = checkpoints[form][1].logits, reference_logits(model, tokens)
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    rel, scale = logit_error(ref, got)
     print(f"\ngpt_oss {form} ({r.expert_type.name}): max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, "
           f"{len(tokens)} positions), KLD {mean_kld(ref, got):.2e}")
     assert rel <= budget
@@ -88,7 +87,7 @@ def test_q8_0_argmax_agrees(checkpoints, converted, form):
     model = converted[form, QuantType.Q8_0][0]
     tokens = parity_tokens(model, checkpoints[form][1])
     ref, got = checkpoints[form][1].logits, reference_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    agree = argmax_agreement(ref, got)
     print(f"\ngpt_oss {form} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, "
           f"KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
@@ -98,7 +97,7 @@ def test_q2_0_kld_reported(checkpoints, converted):
     model = converted["bf16", QuantType.Q2_0][0]
     tokens = parity_tokens(model, checkpoints["bf16"][1])
     ref, got = checkpoints["bf16"][1].logits, reference_logits(model, tokens)
-    kld, agree = mean_kld(ref, got), float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    kld, agree = mean_kld(ref, got), argmax_agreement(ref, got)
     print(f"\ngpt_oss q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 

@@ -30,8 +30,8 @@ from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.model_config import Mixer  # noqa: E402
 from tests.budgets import HYBRID_F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
-from tests.convert_parity import (assert_refused_in_one_line, mean_kld, parity_tokens, reference_logits,  # noqa: E402
-                                  save_as_one_file, with_config)
+from tests.convert_parity import (argmax_agreement, assert_refused_in_one_line, convert_each, logit_error,  # noqa: E402
+                                  mean_kld, parity_tokens, reference_logits, save_as_one_file, with_config)
 from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
 
 
@@ -47,12 +47,8 @@ def checkpoint(arch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(arch, checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"strata_{arch}")
-    models = {}
-    for qt in (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0):
-        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
-        models[qt] = (load(r.model_path), r)
-    return models
+    return convert_each(checkpoint[0], tmp_path_factory.mktemp(f"strata_{arch}"),
+                        (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0))
 
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
@@ -60,8 +56,7 @@ def test_f16_logits_match_transformers(arch, checkpoint, converted):
     tokens = parity_tokens(model, checkpoint[1])
     assert len(tokens) >= 128
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
           f"KLD {mean_kld(ref, got):.2e}")
     assert rel <= HYBRID_F16_LOGIT_BUDGET
@@ -80,7 +75,7 @@ def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0][0]
     tokens = parity_tokens(model, checkpoint[1])
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
@@ -90,7 +85,7 @@ def test_q2_0_kld_reported(arch, checkpoint, converted):
     tokens = parity_tokens(model, checkpoint[1])
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
     kld = mean_kld(ref, got)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 

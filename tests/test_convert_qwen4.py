@@ -35,8 +35,8 @@ from strata.reference import indexed_attention as qsa  # noqa: E402
 from strata.reference.model import router_rule  # noqa: E402
 from strata.reference.routing import route  # noqa: E402
 from tests.budgets import Q8_ARGMAX_AGREEMENT, QSA_TIE_MARGIN, QWEN4_F16_LOGIT_BUDGET  # noqa: E402
-from tests.convert_parity import (assert_refused_in_one_line, mean_kld, parity_tokens, reference_logits,  # noqa: E402
-                                  save_as_one_file, with_config)
+from tests.convert_parity import (argmax_agreement, assert_refused_in_one_line, convert_each, logit_error,  # noqa: E402
+                                  mean_kld, parity_tokens, reference_logits, save_as_one_file, with_config)
 from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
 
 
@@ -52,12 +52,7 @@ def checkpoint(arch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(arch, checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"strata_{arch}")
-    models = {}
-    for qt in (QuantType.F16, QuantType.Q8_0):
-        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
-        models[qt] = (load(r.model_path), r)
-    return models
+    return convert_each(checkpoint[0], tmp_path_factory.mktemp(f"strata_{arch}"), (QuantType.F16, QuantType.Q8_0))
 
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
@@ -66,8 +61,7 @@ def test_f16_logits_match_transformers(arch, checkpoint, converted):
     assert len(tokens) >= 128
     assert np.count_nonzero(tokens == model.cfg.ngram_eos_token) >= 2  # the shifts stop inside the text
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
           f"KLD {mean_kld(ref, got):.2e}")
     assert rel <= QWEN4_F16_LOGIT_BUDGET
@@ -86,7 +80,7 @@ def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0][0]
     tokens = parity_tokens(model, checkpoint[1])
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q8_0: argmax agreement {agree:.4f}, KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
