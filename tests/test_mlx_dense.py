@@ -16,12 +16,12 @@ from engine_kinds import EXACT0, agree, open_kind  # noqa: E402
 from mlx_agree import assert_backends_agree  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.dense import Q8Dense, linear, rows  # noqa: E402
-from strata.mlx_backend.kernels import emulate  # noqa: E402
-from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, dense_nbytes, forward, from_reference, to_mlx_params  # noqa: E402
 from strata.numpy_backend.engine import ReferenceEngine  # noqa: E402
 from strata.reference.model import ModelParams  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS  # noqa: E402
 from tests.widened_weights import widened_file_tensors  # noqa: E402
 
 PROMPT = np.frombuffer(b"def fibonacci(n):\n    return", np.uint8).astype(np.int64)
@@ -88,14 +88,6 @@ def test_mlx_engines_on_stored_dense_agree_with_the_reference(stored_model, kind
                 agree(kind, ref.decode(tok), eng.decode(tok), f"decode {tok}")
         finally:
             eng.close()
-
-
-KERNEL_PATHS = [
-    pytest.param(KernelPath.EMULATED, id="emulated",
-                 marks=pytest.mark.skipif(not emulate.available(), reason="no C++ compiler here")),
-    pytest.param(KernelPath.GPU, id="gpu",
-                 marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]),
-]
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
