@@ -112,6 +112,14 @@ def kernel_bench_path(small: bool):
     return KernelPath.EMULATED
 
 
+def print_rows(rows: list, *, value_width: int = 16) -> None:
+    """A benchmark's table: rows of (name, value, note), names padded to the longest, values
+    right-aligned in `value_width`."""
+    w0 = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        print(f"{name:<{w0}}  {val:>{value_width}}  {note}")
+
+
 @contextlib.contextmanager
 def part(name: str, res: dict, rows: list):
     """One benchmark part: a failure is recorded (`<name>_error`, a FAILED row) instead of losing

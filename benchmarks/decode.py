@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part  # noqa: E402
+from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part, print_rows  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.experts_file import ExpertsFile  # noqa: E402
 from strata.mlx_backend.arena import MlxArena  # noqa: E402
@@ -398,9 +398,7 @@ def main() -> int:
         deepseek_extrapolation(full, cfg, res, rows)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
           f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
-    w0 = max(len(r[0]) for r in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>22}  {note}")
+    print_rows(rows, value_width=22)
     print("JSON " + json.dumps(res, sort_keys=True, default=str))
     return 0
 

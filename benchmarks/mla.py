@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, kernel_bench_path, median_time, part  # noqa: E402
+from _measure import copy_bandwidth, device_name, kernel_bench_path, median_time, part, print_rows  # noqa: E402
 from strata.mlx_backend import mla as mmla  # noqa: E402
 from strata.mlx_backend.kernels import mla as mla_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path  # noqa: E402
@@ -166,9 +166,7 @@ def main() -> int:
           f"n {nope}, v {v})")
     if path is KernelPath.EMULATED:
         print("(emulated: the CPU emulator's times, not a GPU's; this run checks the benchmark runs)")
-    w0 = max(len(row[0]) for row in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>16}  {note}")
+    print_rows(rows)
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
 
