@@ -95,6 +95,31 @@ def device_name() -> str:
     return str(info.get("device_name", mx.default_device()))
 
 
+def kernel_bench_path(small: bool):
+    """The path a kernel benchmark runs on: the GPU where MLX has one, else the C++ emulator for
+    a `--small` smoke test; None, with the reason printed, where neither can run."""
+    from strata.mlx_backend.kernels import emulate
+    from strata.mlx_backend.kernels.launch import KernelPath, current_path
+
+    if current_path() is KernelPath.GPU:
+        return KernelPath.GPU
+    if not emulate.available():
+        print("needs an MLX GPU or (for --small) a C++20 compiler for the emulated path")
+        return None
+    if not small:
+        print("full size needs the GPU path (use --small on a CPU)")
+        return None
+    return KernelPath.EMULATED
+
+
+def print_rows(rows: list, *, value_width: int = 16) -> None:
+    """A benchmark's table: rows of (name, value, note), names padded to the longest, values
+    right-aligned in `value_width`."""
+    w0 = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        print(f"{name:<{w0}}  {val:>{value_width}}  {note}")
+
+
 @contextlib.contextmanager
 def part(name: str, res: dict, rows: list):
     """One benchmark part: a failure is recorded (`<name>_error`, a FAILED row) instead of losing

@@ -43,12 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part  # noqa: E402
+from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part, print_rows  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
-from strata.formats.expert_record import ExpertWeights  # noqa: E402
-from strata.formats.experts_file import ExpertsFile, write_experts  # noqa: E402
-from strata.formats.quant_matrix import QuantMatrix  # noqa: E402
-from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.formats.experts_file import ExpertsFile  # noqa: E402
 from strata.mlx_backend.arena import MlxArena  # noqa: E402
 from strata.mlx_backend.compute import MlxCompute  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
@@ -61,6 +58,7 @@ from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE, QWEN35_397B_SHAPE, SEED
 from strata.model_config import ModelConfig, TensorNames  # noqa: E402
 from decode_memory import fit_note, resident_bytes, resident_distinct, stream_dir  # noqa: E402
 from decode_deepseek import SMALL_DEEPSEEK, deepseek_extrapolation  # noqa: E402
+from _random_experts import make_experts_file  # noqa: E402,F401  (prompt_mlx.py imports it from here)
 
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=256)
@@ -191,20 +189,6 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
     res["resident_engine_ms_per_token"] = res["resident_compiled_ms_per_token"] or ms
     res["resident_engine_ratio_to_floor"] = res["resident_engine_ms_per_token"] / (floor * 1e3)
     del eng, p
-
-
-def make_experts_file(path: Path, cfg: ModelConfig, seed: int) -> None:
-    """A valid .experts file: 256 random Q2_0 experts, reused by every layer (values don't matter)."""
-    rng = np.random.default_rng(seed)
-    d, f = cfg.hidden_size, cfg.expert_ffn_size
-
-    def qm(rows: int, cols: int) -> QuantMatrix:
-        return QuantMatrix(QuantType.Q2_0, rows, cols, rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8),
-                           rng.uniform(1e-3, 2e-2, (rows, cols // 32)).astype(np.float16))
-
-    pool = [ExpertWeights(qm(f, d), qm(f, d), qm(d, f)) for _ in range(cfg.n_experts)]
-    write_experts(path, qtype=QuantType.Q2_0, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts, hidden=d,
-                  expert_ffn=f, get_expert=lambda l, e: pool[e])
 
 
 def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: list, res: dict) -> None:
@@ -414,9 +398,7 @@ def main() -> int:
         deepseek_extrapolation(full, cfg, res, rows)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
           f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
-    w0 = max(len(r[0]) for r in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>22}  {note}")
+    print_rows(rows, value_width=22)
     print("JSON " + json.dumps(res, sort_keys=True, default=str))
     return 0
 

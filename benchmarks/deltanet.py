@@ -29,11 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, median_time, part  # noqa: E402
+from _measure import copy_bandwidth, device_name, kernel_bench_path, median_time, part, print_rows  # noqa: E402
 from strata.mlx_backend import deltanet as mdn  # noqa: E402
 from strata.mlx_backend.kernels import deltanet as step_kernel  # noqa: E402
-from strata.mlx_backend.kernels import emulate  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path  # noqa: E402
 from strata.model_config import ModelConfig  # noqa: E402
 from strata.reference.deltanet import L2NORM_EPS, SOFTPLUS_THRESHOLD, DeltaNetState, conv_channels  # noqa: E402
 from strata.testing.mlx_params import QWEN35_397B_SHAPE, random_deltanet  # noqa: E402
@@ -85,14 +84,9 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="small heads; on a CPU the emulated path (a smoke test)")
     ap.add_argument("--ncu", action="store_true", help="only a few launches of the step and the mixer, for ncu")
     args = ap.parse_args()
-    gpu = current_path() is KernelPath.GPU
-    if not gpu and not emulate.available():
-        print("needs an MLX GPU or (for --small) a C++20 compiler for the emulated path")
+    path = kernel_bench_path(args.small)
+    if path is None:
         return 1
-    if not gpu and not args.small:
-        print("full size needs the GPU path (use --small on a CPU)")
-        return 1
-    path = KernelPath.GPU if gpu else KernelPath.EMULATED
     cfg = SMALL if args.small else QWEN35_397B_SHAPE
     n_layers, n_mixer = (4, 2) if args.small else (LAYERS, MIXER_LAYERS)
     nbytes = step_bytes(cfg)
@@ -153,9 +147,7 @@ def main() -> int:
     print(f"\n## DeltaNet decode kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
     if path is KernelPath.EMULATED:
         print("(emulated: the CPU emulator's times, not a GPU's; this run checks the benchmark runs)")
-    w0 = max(len(r[0]) for r in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>16}  {note}")
+    print_rows(rows)
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part  # noqa: E402
+from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part, print_rows  # noqa: E402
 from _native_experts import native_part, ncu_launches  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
@@ -319,9 +319,7 @@ def main() -> int:
 
 def _table(res: dict, rows: list) -> None:
     print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
-    w0 = max(len(r[0]) for r in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>16}  {note}")
+    print_rows(rows)
 
 
 def native_only(small: bool, gpu: bool) -> int:

@@ -34,11 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, median_time, part  # noqa: E402
+from _measure import copy_bandwidth, device_name, kernel_bench_path, median_time, part, print_rows  # noqa: E402
 from strata.mlx_backend import mla as mmla  # noqa: E402
-from strata.mlx_backend.kernels import emulate  # noqa: E402
 from strata.mlx_backend.kernels import mla as mla_kernel  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path  # noqa: E402
 from strata.model_config import ModelConfig  # noqa: E402
 from strata.reference.mla import MLA_NORM_EPS, softmax_scale  # noqa: E402
 from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE, random_mla  # noqa: E402
@@ -79,14 +78,9 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="small heads; on a CPU the emulated path (a smoke test)")
     ap.add_argument("--ncu", action="store_true", help="only a few steps at 4096 positions and one mixer, for ncu")
     args = ap.parse_args()
-    gpu = current_path() is KernelPath.GPU
-    if not gpu and not emulate.available():
-        print("needs an MLX GPU or (for --small) a C++20 compiler for the emulated path")
+    path = kernel_bench_path(args.small)
+    if path is None:
         return 1
-    if not gpu and not args.small:
-        print("full size needs the GPU path (use --small on a CPU)")
-        return 1
-    path = KernelPath.GPU if gpu else KernelPath.EMULATED
     contexts = SMALL_CONTEXTS if args.small else CONTEXTS
     cfg = replace(SMALL if args.small else DEEPSEEK_V3_SHAPE, max_context=max(contexts))
     h, c, r, nope, v = _shape(cfg)
@@ -172,9 +166,7 @@ def main() -> int:
           f"n {nope}, v {v})")
     if path is KernelPath.EMULATED:
         print("(emulated: the CPU emulator's times, not a GPU's; this run checks the benchmark runs)")
-    w0 = max(len(row[0]) for row in rows)
-    for name, val, note in rows:
-        print(f"{name:<{w0}}  {val:>16}  {note}")
+    print_rows(rows)
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
 

@@ -37,6 +37,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _page_cache import drop_cache  # noqa: E402
 
 from strata.formats.ngram_rows_file import NgramRowsFile  # noqa: E402
 from strata.formats.ngram_rows_writer import NgramRowsWriter  # noqa: E402
@@ -44,15 +47,6 @@ from strata.formats.quant_types import parse_quant_type  # noqa: E402
 from strata.runtime.ngram_rows import StreamedNgramRows  # noqa: E402
 
 CACHE_POSITIONS = 64  # the row cache: strata.runtime.ngram_budget's default, 64 positions of pages
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def build(path: Path, *, gb: float, layers: int, width: int, qtype) -> NgramRowsFile:

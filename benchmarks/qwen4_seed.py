@@ -36,14 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strata  # noqa: E402
+from _random_experts import make_experts_file  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
-from strata.formats.expert_record import ExpertWeights, RecordLayout  # noqa: E402
-from strata.formats.experts_file import ExpertsFile, write_experts  # noqa: E402
+from strata.formats.expert_record import RecordLayout  # noqa: E402
+from strata.formats.experts_file import ExpertsFile  # noqa: E402
 from strata.formats.model_file import write_model  # noqa: E402
-from strata.formats.quant_matrix import QuantMatrix  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, RoutingOrder, TensorNames  # noqa: E402
 from strata.model_config import dense_tensor_shapes  # noqa: E402
@@ -105,16 +106,7 @@ def build(base: Path, cfg: ModelConfig, seed: int = 0) -> Path:
     """Write the three files (module doc); -> the model path."""
     base.parent.mkdir(parents=True, exist_ok=True)
     model_path, experts_path = base.with_suffix(".gguf"), base.with_suffix(".experts")
-    rng = np.random.default_rng(seed)
-    d, f = cfg.hidden_size, cfg.expert_ffn_size
-
-    def qm(rows: int, cols: int) -> QuantMatrix:
-        return QuantMatrix(QuantType.Q2_0, rows, cols, rng.integers(0, 256, (rows, cols // 4), dtype=np.uint8),
-                           rng.uniform(1e-3, 2e-2, (rows, cols // 32)).astype(np.float16))
-
-    pool = [ExpertWeights(qm(f, d), qm(f, d), qm(d, f)) for _ in range(cfg.n_experts)]
-    write_experts(experts_path, qtype=QuantType.Q2_0, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts, hidden=d,
-                  expert_ffn=f, get_expert=lambda l, e: pool[e])
+    make_experts_file(experts_path, cfg, seed)
     with ExpertsFile.open(experts_path) as xf:
         experts_identity = xf.identity
     with write_synthetic_store(base.with_suffix(".ngrams"), shapes=table_shapes(cfg), qtype=ROW_TYPE, seed=seed,

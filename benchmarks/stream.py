@@ -26,6 +26,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _page_cache import drop_cache  # noqa: E402
 
 SHAPE = dict(n_layers=16, n_experts=128, n_experts_per_token=8)  # on top of testing's "demo" shape
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
@@ -36,15 +39,6 @@ RUNS = {
     "no prefetch": {"prefetch": 0},
     "K=16, Python's 5 ms switch": {"prefetch": 16, "io_switch_ms": 0},
 }
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def disk_bandwidth(path: Path, record: int, offset0: int, n_records: int, threads: int) -> dict:

@@ -26,7 +26,7 @@ import numpy as np
 from strata.cache.types import CacheStats
 from strata.errors import StrataError
 
-__all__ = ["EngineStats", "SessionEngine"]
+__all__ = ["EngineStats", "SessionEngine", "StateEngine"]
 
 
 @dataclass(frozen=True)
@@ -166,3 +166,14 @@ class SessionEngine:
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise StrataError(f"{what}: wants a non-empty list of int token ids, got {tokens!r:.80}")
         return ids.astype(np.int64)
+
+
+class StateEngine(SessionEngine):
+    """A SessionEngine whose positions are held by one model state, `self.state` (`trim(n)` -> a
+    new state, `kept_position(n)`): the all-resident engines, whose forward returns the next state."""
+
+    def _truncate(self, n: int) -> None:
+        self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(super().kept_position(n))

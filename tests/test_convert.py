@@ -31,10 +31,10 @@ from strata.chat_template import chat_prompt, render_chat  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
-from strata.reference.model import ModelState, forward  # noqa: E402
-from strata.reference.sampling import log_softmax  # noqa: E402
 
 from tests.budgets import F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
+from tests.convert_parity import (argmax_agreement, convert_each, logit_error, mean_kld, parity_tokens,  # noqa: E402
+                                  reference_logits)
 
 TEXTS = ["hello world", "naïve café über straße", "日本語のテキスト 🙂", "tabs\t\tand   spaces\n\n\n  x",
          "  leading and trailing  ", "def main():\n    return 0\n", "<|im_start|>user\nhi<|im_end|>", ""]
@@ -53,46 +53,25 @@ def checkpoint(arch, tmp_path_factory):
 @pytest.fixture(scope="module")
 def converted(arch, checkpoint, tmp_path_factory):
     """{QuantType: loaded strata Model} for the three expert types the acceptance names."""
-    out = tmp_path_factory.mktemp(f"strata_{arch}")
-    models = {}
-    for qt in (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0):
-        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
-        models[qt] = load(r.model_path)
-    return models
-
-
-def _parity_tokens(model, expected) -> np.ndarray:
-    """PARITY_TEXT as strata's tokenizer encodes it: the tokens transformers' logits are for."""
-    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-    np.testing.assert_array_equal(tokens, expected.tokens)
-    return tokens
-
-
-def _strata_logits(model, tokens: np.ndarray) -> np.ndarray:
-    logits, _ = forward(model.resident_params(), ModelState.empty(model.cfg), tokens)
-    return logits
-
-
-def _mean_kld(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+    models = convert_each(checkpoint[0], tmp_path_factory.mktemp(f"strata_{arch}"),
+                          (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0))
+    return {qt: model for qt, (model, _) in models.items()}
 
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16]
-    tokens = _parity_tokens(model, checkpoint[1])
-    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
+    tokens = parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
     assert got.shape == ref.shape
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
-          f"KLD {_mean_kld(ref, got):.2e}")
+          f"KLD {mean_kld(ref, got):.2e}")
     assert rel <= F16_LOGIT_BUDGET
 
 
 def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16]
-    prompt = [int(t) for t in _parity_tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
+    prompt = [int(t) for t in parity_tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
     # transformers' generate ran with strata's stop tokens and this prompt
     assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
     ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
@@ -102,19 +81,19 @@ def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
 
 def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0]
-    tokens = _parity_tokens(model, checkpoint[1])
-    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
-    print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {_mean_kld(ref, got):.2e}")
+    tokens = parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    agree = argmax_agreement(ref, got)
+    print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
 
 def test_q2_0_kld_reported(arch, checkpoint, converted):
     model = converted[QuantType.Q2_0]
-    tokens = _parity_tokens(model, checkpoint[1])
-    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
-    kld = _mean_kld(ref, got)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    tokens = parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    kld = mean_kld(ref, got)
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 
@@ -125,10 +104,10 @@ def test_f32_experts_are_stored_f32(arch, checkpoint, tmp_path):
         pytest.skip("one family is enough: the expert type is chosen before the family matters")
     model = load(convert(checkpoint[0], tmp_path / "f32", expert_type=QuantType.F32).model_path)
     assert model.experts_file.header.qtype is QuantType.F32
-    tokens = _parity_tokens(model, checkpoint[1])
+    tokens = parity_tokens(model, checkpoint[1])
     ref = checkpoint[1].logits
     # bf16 weights widened to f32 experts: exact, only float32 summation order differs
-    assert float(np.abs(_strata_logits(model, tokens) - ref).max()) <= F16_LOGIT_BUDGET * float(np.abs(ref).max())
+    assert float(np.abs(reference_logits(model, tokens) - ref).max()) <= F16_LOGIT_BUDGET * float(np.abs(ref).max())
 
 
 def test_config_carried_over(arch, checkpoint, converted):

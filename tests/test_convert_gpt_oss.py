@@ -13,9 +13,7 @@ records hold the checkpoint's bytes, and every refused config value is one line 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -27,14 +25,13 @@ pytest.importorskip("transformers")
 from tests import hf_fixtures, hf_gpt_oss, hf_models  # noqa: E402
 from strata.convert import convert  # noqa: E402
 from strata.convert.safetensors_reader import Checkpoint  # noqa: E402
-from strata.errors import ConfigError  # noqa: E402
 from strata.formats.experts_file import ExpertsFile  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.model_config import ExpertKind, Mixer, RopeScaling  # noqa: E402
-from strata.reference.model import ModelState, forward  # noqa: E402
-from strata.reference.sampling import log_softmax  # noqa: E402
+from tests.convert_parity import (argmax_agreement, assert_refused_in_one_line, logit_error, mean_kld,  # noqa: E402
+                                  parity_tokens, reference_logits, with_config)
 from tests.budgets import (GPT_OSS_F16_LOGIT_BUDGET, GPT_OSS_MXFP4_LOGIT_BUDGET, Q2_KLD_SANITY,  # noqa: E402
                            Q8_ARGMAX_AGREEMENT)
 
@@ -59,34 +56,17 @@ def converted(checkpoints, tmp_path_factory):
     return models
 
 
-def _tokens(model, expected) -> np.ndarray:
-    """The parity text as strata's tokenizer encodes it: the tokens transformers' logits are of."""
-    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-    np.testing.assert_array_equal(tokens, expected.tokens)
-    return tokens
-
-
-def _strata_logits(model, tokens):
-    return forward(model.resident_params(), ModelState.empty(model.cfg), tokens)[0]
-
-
-def _mean_kld(p_logits, q_logits) -> float:
-    lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
-
-
 @pytest.mark.parametrize("form, qt, budget", [("bf16", QuantType.F16, GPT_OSS_F16_LOGIT_BUDGET),
                                               ("mxfp4", None, GPT_OSS_MXFP4_LOGIT_BUDGET)], ids=["bf16-f16", "mxfp4"])
 def test_logits_match_transformers(checkpoints, converted, form, qt, budget):
     model, r = converted[form, qt]
     assert r.expert_type is (QuantType.MXFP4 if qt is None else qt)
-    tokens = _tokens(model, checkpoints[form][1])
+    tokens = parity_tokens(model, checkpoints[form][1])
     assert len(tokens) >= 128 and len(tokens) > hf_gpt_oss.WINDOW
-    ref, got = checkpoints[form][1].logits, _strata_logits(model, tokens)
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    ref, got = checkpoints[form][1].logits, reference_logits(model, tokens)
+    rel, scale = logit_error(ref, got)
     print(f"\ngpt_oss {form} ({r.expert_type.name}): max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, "
-          f"{len(tokens)} positions), KLD {_mean_kld(ref, got):.2e}")
+          f"{len(tokens)} positions), KLD {mean_kld(ref, got):.2e}")
     assert rel <= budget
 
 
@@ -94,7 +74,7 @@ def test_logits_match_transformers(checkpoints, converted, form, qt, budget):
 def test_greedy_matches_transformers(checkpoints, converted, form, qt):
     model = converted[form, qt][0]
     expected = checkpoints[form][1]
-    prompt = [int(t) for t in _tokens(model, expected)[: hf_fixtures.PROMPT_TOKENS]]
+    prompt = [int(t) for t in parity_tokens(model, expected)[: hf_fixtures.PROMPT_TOKENS]]
     # transformers' generate (its sliding-window cache) ran on this prompt with these stop ids
     assert expected.prompt == prompt and expected.eos_ids == sorted(model.tokenizer.eos_ids)
     ours = generate(model, prompt, max_tokens=hf_fixtures.GREEDY_STEPS).tokens
@@ -105,19 +85,19 @@ def test_greedy_matches_transformers(checkpoints, converted, form, qt):
 @pytest.mark.parametrize("form", ["bf16", "mxfp4"])
 def test_q8_0_argmax_agrees(checkpoints, converted, form):
     model = converted[form, QuantType.Q8_0][0]
-    tokens = _tokens(model, checkpoints[form][1])
-    ref, got = checkpoints[form][1].logits, _strata_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    tokens = parity_tokens(model, checkpoints[form][1])
+    ref, got = checkpoints[form][1].logits, reference_logits(model, tokens)
+    agree = argmax_agreement(ref, got)
     print(f"\ngpt_oss {form} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, "
-          f"KLD {_mean_kld(ref, got):.2e}")
+          f"KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
 
 def test_q2_0_kld_reported(checkpoints, converted):
     model = converted["bf16", QuantType.Q2_0][0]
-    tokens = _tokens(model, checkpoints["bf16"][1])
-    ref, got = checkpoints["bf16"][1].logits, _strata_logits(model, tokens)
-    kld, agree = _mean_kld(ref, got), float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    tokens = parity_tokens(model, checkpoints["bf16"][1])
+    ref, got = checkpoints["bf16"][1].logits, reference_logits(model, tokens)
+    kld, agree = mean_kld(ref, got), argmax_agreement(ref, got)
     print(f"\ngpt_oss q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 
@@ -158,13 +138,13 @@ def test_mxfp4_experts_are_the_checkpoints_bytes(checkpoints, converted):
 
 def test_the_released_configs_v4_rope_form_reads_the_same(checkpoints, converted, tmp_path):
     """The released config.json spells YaRN as `rope_scaling` + a top-level `rope_theta` (v4)."""
-    src = tmp_path / "ckpt"
-    shutil.copytree(checkpoints["mxfp4"][0], src)
-    config = json.loads((src / "config.json").read_text())
-    rope = config.pop("rope_parameters")
-    config.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope, experts_per_token=config["num_experts_per_tok"],
-                  initial_context_length=rope["original_max_position_embeddings"])
-    (src / "config.json").write_text(json.dumps(config))
+    def to_v4(config: dict) -> None:
+        rope = config.pop("rope_parameters")
+        config.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope,
+                      experts_per_token=config["num_experts_per_tok"],
+                      initial_context_length=rope["original_max_position_embeddings"])
+
+    src = with_config(checkpoints["mxfp4"][0], tmp_path / "ckpt", to_v4)
     r = convert(src, tmp_path / "out")
     assert r.cfg == converted["mxfp4", None][0].cfg
 
@@ -182,11 +162,5 @@ REFUSALS = [
 
 @pytest.mark.parametrize("change, message", REFUSALS, ids=[m for _, m in REFUSALS])
 def test_unhandled_config_values_are_refused_in_one_line(checkpoints, change, message, tmp_path):
-    src = tmp_path / "ckpt"
-    shutil.copytree(checkpoints["bf16"][0], src)
-    config = json.loads((src / "config.json").read_text())
-    change(config)
-    (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError) as err:
-        convert(src, tmp_path / "out", expert_type=QuantType.F16)
-    assert message in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(with_config(checkpoints["bf16"][0], tmp_path / "ckpt", change), tmp_path / "out",
+                               message)

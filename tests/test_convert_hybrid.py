@@ -12,7 +12,6 @@ naming its key.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -30,9 +29,9 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.model_config import Mixer  # noqa: E402
-from strata.reference.model import ModelState, forward  # noqa: E402
-from strata.reference.sampling import log_softmax  # noqa: E402
 from tests.budgets import HYBRID_F16_LOGIT_BUDGET, Q2_KLD_SANITY, Q8_ARGMAX_AGREEMENT  # noqa: E402
+from tests.convert_parity import (argmax_agreement, assert_refused_in_one_line, convert_each, logit_error,  # noqa: E402
+                                  mean_kld, parity_tokens, reference_logits, save_as_one_file, with_config)
 from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
 
 
@@ -48,46 +47,24 @@ def checkpoint(arch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(arch, checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"strata_{arch}")
-    models = {}
-    for qt in (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0):
-        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
-        models[qt] = (load(r.model_path), r)
-    return models
-
-
-def _tokens(model, expected=None) -> np.ndarray:
-    """PARITY_TEXT as strata's tokenizer encodes it (the tokens transformers' logits are for)."""
-    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-    if expected is not None:
-        np.testing.assert_array_equal(tokens, expected.tokens)
-    return tokens
-
-
-def _strata_logits(model, tokens):
-    return forward(model.resident_params(), ModelState.empty(model.cfg), tokens)[0]
-
-
-def _mean_kld(p_logits, q_logits) -> float:
-    lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+    return convert_each(checkpoint[0], tmp_path_factory.mktemp(f"strata_{arch}"),
+                        (QuantType.F16, QuantType.Q8_0, QuantType.Q2_0))
 
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    tokens = _tokens(model, checkpoint[1])
+    tokens = parity_tokens(model, checkpoint[1])
     assert len(tokens) >= 128
-    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
-          f"KLD {_mean_kld(ref, got):.2e}")
+          f"KLD {mean_kld(ref, got):.2e}")
     assert rel <= HYBRID_F16_LOGIT_BUDGET
 
 
 def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    prompt = [int(t) for t in _tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
+    prompt = [int(t) for t in parity_tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
     # transformers' generate ran with strata's stop tokens and this prompt
     assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
     ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
@@ -96,19 +73,19 @@ def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
 
 def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0][0]
-    tokens = _tokens(model, checkpoint[1])
-    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
-    print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {_mean_kld(ref, got):.2e}")
+    tokens = parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    agree = argmax_agreement(ref, got)
+    print(f"\n{arch} q8_0: argmax agreement {agree:.4f} over {len(tokens)} positions, KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
 
 def test_q2_0_kld_reported(arch, checkpoint, converted):
     model = converted[QuantType.Q2_0][0]
-    tokens = _tokens(model, checkpoint[1])
-    ref, got = checkpoint[1].logits, _strata_logits(model, tokens)
-    kld = _mean_kld(ref, got)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    tokens = parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    kld = mean_kld(ref, got)
+    agree = argmax_agreement(ref, got)
     print(f"\n{arch} q2_0: mean KLD {kld:.4f} nats, argmax agreement {agree:.3f} over {len(tokens)} positions")
     assert np.isfinite(kld) and kld < Q2_KLD_SANITY
 
@@ -129,8 +106,6 @@ def test_config_carried_over(arch, checkpoint, converted):
 
 def test_fused_gate_up_experts_convert_to_the_same_model(checkpoint, converted, arch, tmp_path):
     """transformers 5's in-memory expert layout (gate_up_proj [E, 2F, D], down_proj [E, D, F])."""
-    from safetensors.numpy import save_file
-
     if arch != "qwen3_next":
         pytest.skip("one family is enough: the expert reader is shared")
     src = tmp_path / "fused"
@@ -143,12 +118,11 @@ def test_fused_gate_up_experts_convert_to_the_same_model(checkpoint, converted, 
         gate_up = [np.concatenate([per(e, "gate_proj"), per(e, "up_proj")]) for e in range(hf_models.EXPERTS)]
         tensors[base + "gate_up_proj"] = np.stack(gate_up)
         tensors[base + "down_proj"] = np.stack([per(e, "down_proj") for e in range(hf_models.EXPERTS)])
-    for f in src.glob("*.safetensors*"):
-        f.unlink()
-    save_file(tensors, str(src / "model.safetensors"))
+    save_as_one_file(src, tensors)
     model = load(convert(src, tmp_path / "out", expert_type=QuantType.F16).model_path)
-    tokens = _tokens(model)
-    np.testing.assert_array_equal(_strata_logits(model, tokens), _strata_logits(converted[QuantType.F16][0], tokens))
+    tokens = parity_tokens(model)
+    want = reference_logits(converted[QuantType.F16][0], tokens)
+    np.testing.assert_array_equal(reference_logits(model, tokens), want)
 
 
 REFUSALS = [
@@ -167,23 +141,12 @@ REFUSALS = [
 def test_unhandled_config_values_are_refused_in_one_line(checkpoint, arch, change, message, tmp_path):
     if arch != "qwen3_next":
         pytest.skip("the key table is shared by both families")
-    src = tmp_path / "ckpt"
-    shutil.copytree(checkpoint[0], src)
-    config = json.loads((src / "config.json").read_text())
-    change(config)
-    (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError) as err:
-        convert(src, tmp_path / "out", expert_type=QuantType.F16)
-    assert message in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(with_config(checkpoint[0], tmp_path / "ckpt", change), tmp_path / "out", message)
 
 
 def test_an_unknown_key_in_the_multimodal_text_config_is_named(checkpoint, arch, tmp_path):
     if arch != "qwen3_5_moe":
         pytest.skip("the nested layout only")
-    src = tmp_path / "ckpt"
-    shutil.copytree(checkpoint[0], src)
-    config = json.loads((src / "config.json").read_text())
-    config["text_config"]["some_new_feature"] = True
-    (src / "config.json").write_text(json.dumps(config))
+    src = with_config(checkpoint[0], tmp_path / "ckpt", lambda c: c["text_config"].update(some_new_feature=True))
     with pytest.raises(ConfigError, match="config key 'some_new_feature' in text_config"):
         convert(src, tmp_path / "out", expert_type=QuantType.F16)

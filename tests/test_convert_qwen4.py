@@ -32,10 +32,11 @@ from strata.loader import load  # noqa: E402
 from strata.model_config import Mixer  # noqa: E402
 from strata.qwen4_config import Qwen4Names, ple_layers  # noqa: E402
 from strata.reference import indexed_attention as qsa  # noqa: E402
-from strata.reference.model import ModelState, forward, router_rule  # noqa: E402
+from strata.reference.model import router_rule  # noqa: E402
 from strata.reference.routing import route  # noqa: E402
-from strata.reference.sampling import log_softmax  # noqa: E402
 from tests.budgets import Q8_ARGMAX_AGREEMENT, QSA_TIE_MARGIN, QWEN4_F16_LOGIT_BUDGET  # noqa: E402
+from tests.convert_parity import (argmax_agreement, assert_refused_in_one_line, convert_each, logit_error,  # noqa: E402
+                                  mean_kld, parity_tokens, reference_logits, save_as_one_file, with_config)
 from tests.hf_fixtures import GREEDY_STEPS, PROMPT_TOKENS  # noqa: E402
 
 
@@ -51,46 +52,24 @@ def checkpoint(arch, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(arch, checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"strata_{arch}")
-    models = {}
-    for qt in (QuantType.F16, QuantType.Q8_0):
-        r = convert(checkpoint[0], out / qt.name.lower(), expert_type=qt)
-        models[qt] = (load(r.model_path), r)
-    return models
-
-
-def _tokens(model, expected=None) -> np.ndarray:
-    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
-    if expected is not None:
-        np.testing.assert_array_equal(tokens, expected.tokens)
-    return tokens
-
-
-def _logits(model, tokens, **kw):
-    return forward(model.resident_params(), ModelState.empty(model.cfg), tokens, **kw)[0]
-
-
-def _mean_kld(p_logits, q_logits) -> float:
-    lp, lq = log_softmax(p_logits.astype(np.float64)), log_softmax(q_logits.astype(np.float64))
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+    return convert_each(checkpoint[0], tmp_path_factory.mktemp(f"strata_{arch}"), (QuantType.F16, QuantType.Q8_0))
 
 
 def test_f16_logits_match_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    tokens = _tokens(model, checkpoint[1])
+    tokens = parity_tokens(model, checkpoint[1])
     assert len(tokens) >= 128
     assert np.count_nonzero(tokens == model.cfg.ngram_eos_token) >= 2  # the shifts stop inside the text
-    ref, got = checkpoint[1].logits, _logits(model, tokens)
-    scale = float(np.abs(ref).max())
-    rel = float(np.abs(got - ref).max()) / scale
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
-          f"KLD {_mean_kld(ref, got):.2e}")
+          f"KLD {mean_kld(ref, got):.2e}")
     assert rel <= QWEN4_F16_LOGIT_BUDGET
 
 
 def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
-    prompt = [int(t) for t in _tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
+    prompt = [int(t) for t in parity_tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
     assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
     assert model.cfg.ngram_eos_token in prompt
     ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
@@ -99,10 +78,10 @@ def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
 
 def test_q8_0_argmax_agrees(arch, checkpoint, converted):
     model = converted[QuantType.Q8_0][0]
-    tokens = _tokens(model, checkpoint[1])
-    ref, got = checkpoint[1].logits, _logits(model, tokens)
-    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
-    print(f"\n{arch} q8_0: argmax agreement {agree:.4f}, KLD {_mean_kld(ref, got):.2e}")
+    tokens = parity_tokens(model, checkpoint[1])
+    ref, got = checkpoint[1].logits, reference_logits(model, tokens)
+    agree = argmax_agreement(ref, got)
+    print(f"\n{arch} q8_0: argmax agreement {agree:.4f}, KLD {mean_kld(ref, got):.2e}")
     assert agree >= Q8_ARGMAX_AGREEMENT
 
 
@@ -136,7 +115,7 @@ def _index_scores(model, tokens):
 
     qsa.selected_keys = spy
     try:
-        _logits(model, tokens)
+        reference_logits(model, tokens)
     finally:
         qsa.selected_keys = original
     return seen["queries"], seen["blocks"]
@@ -150,7 +129,7 @@ def test_qsa_selection_matters_and_no_tie_decides_it(arch, converted):
         pytest.skip("the same language model in both layouts")
     model = converted[QuantType.F16][0]
     cfg = model.cfg
-    queries, blocks = _index_scores(model, _tokens(model))
+    queries, blocks = _index_scores(model, parity_tokens(model))
     top, limited = cfg.indexer_budget // cfg.indexer_block, 0
     for p in range(len(queries)):
         complete = (p + 1) // cfg.indexer_block
@@ -164,8 +143,6 @@ def test_qsa_selection_matters_and_no_tie_decides_it(arch, converted):
 
 def test_unsharded_table_converts_to_the_same_model(arch, checkpoint, converted, tmp_path):
     """A table saved whole (`ngram_embedding.weight`) reads like its row shards concatenated."""
-    from safetensors.numpy import save_file
-
     if arch != "qwen4_exp_text":
         pytest.skip("one layout is enough: the table reader is shared")
     src = tmp_path / "whole"
@@ -175,20 +152,17 @@ def test_unsharded_table_converts_to_the_same_model(arch, checkpoint, converted,
         base = f"model.layers.{layer}.ple.ple_embedding.ngram_embedding."
         shards = [raw.pop(f"{base}shard_{i}.weight") for i in range(hf_qwen4.NGRAM_SHARDS)]
         raw[base + "weight"] = np.concatenate(shards)
-    for f in src.glob("*.safetensors*"):
-        f.unlink()
-    save_file({n: np.ascontiguousarray(v) for n, v in raw.items()}, str(src / "model.safetensors"))
+    save_as_one_file(src, raw)
     model = load(convert(src, tmp_path / "out", expert_type=QuantType.F16).model_path)
-    tokens = _tokens(model)
-    np.testing.assert_array_equal(_logits(model, tokens), _logits(converted[QuantType.F16][0], tokens))
+    tokens = parity_tokens(model)
+    want = reference_logits(converted[QuantType.F16][0], tokens)
+    np.testing.assert_array_equal(reference_logits(model, tokens), want)
 
 
 def test_pruned_experts_convert_as_ordinary_ones(arch, checkpoint, converted, tmp_path):
     """Experts 6 and 7 dropped with their router rows (config.json still says 8): the model is one
     of 6 experts, and computes what the original computes when routing only among the first 6
     (softmax then top-k renormalized: the dropped experts' probabilities cancel)."""
-    from safetensors.numpy import save_file
-
     if arch != "qwen4_exp_text":
         pytest.skip("one layout is enough")
     keep = hf_models.EXPERTS - 2
@@ -201,16 +175,14 @@ def test_pruned_experts_convert_as_ordinary_ones(arch, checkpoint, converted, tm
             del raw[name]
         elif name.endswith("mlp.gate.weight"):
             raw[name] = raw[name][:keep]
-    for f in src.glob("*.safetensors*"):
-        f.unlink()
-    save_file({n: np.ascontiguousarray(v) for n, v in raw.items()}, str(src / "model.safetensors"))
+    save_as_one_file(src, raw)
     model = load(convert(src, tmp_path / "out", expert_type=QuantType.F16).model_path)
     assert model.cfg.n_experts == keep
     full = converted[QuantType.F16][0]
     rule = router_rule(full.cfg)
-    tokens = _tokens(model)
-    restricted = _logits(full, tokens, select=lambda m, z: route(z[:keep], rule))
-    np.testing.assert_allclose(_logits(model, tokens), restricted, rtol=0, atol=1e-5)
+    tokens = parity_tokens(model)
+    restricted = reference_logits(full, tokens, select=lambda m, z: route(z[:keep], rule))
+    np.testing.assert_allclose(reference_logits(model, tokens), restricted, rtol=0, atol=1e-5)
 
 
 def test_mtp_layer_is_skipped_with_a_note(arch, checkpoint, tmp_path):
@@ -236,11 +208,7 @@ def test_without_a_partial_rotary_factor_the_whole_head_rotates(arch, checkpoint
     validation refuses too."""
     if arch != "qwen4_exp_text":
         pytest.skip("one layout is enough")
-    src = tmp_path / "ckpt"
-    shutil.copytree(checkpoint[0], src)
-    config = json.loads((src / "config.json").read_text())
-    del config["rope_parameters"]["partial_rotary_factor"]
-    (src / "config.json").write_text(json.dumps(config))
+    src = with_config(checkpoint[0], tmp_path / "ckpt", lambda c: c["rope_parameters"].pop("partial_rotary_factor"))
     with pytest.raises(ConfigError, match=f"indexer_head_dim={hf_qwen4.INDEXER_HEAD_DIM} must hold the "
                                           f"{hf_qwen4.HEAD_DIM} rotary dims"):
         convert(src, tmp_path / "out", expert_type=QuantType.F16)
@@ -260,14 +228,7 @@ REFUSALS = [
 def test_unhandled_config_values_are_refused_in_one_line(checkpoint, arch, change, message, tmp_path):
     if arch != "qwen4_exp_text":
         pytest.skip("the key table is shared by both layouts")
-    src = tmp_path / "ckpt"
-    shutil.copytree(checkpoint[0], src)
-    config = json.loads((src / "config.json").read_text())
-    change(config)
-    (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError) as err:
-        convert(src, tmp_path / "out", expert_type=QuantType.F16)
-    assert message in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(with_config(checkpoint[0], tmp_path / "ckpt", change), tmp_path / "out", message)
 
 
 def test_tables_go_to_the_row_store_in_shard_order(arch, checkpoint, converted):
@@ -302,8 +263,9 @@ def test_f32_rows_read_in_small_ranges_give_the_same_model(arch, checkpoint, con
     model = load(convert(checkpoint[0], tmp_path / "f32", expert_type=QuantType.F16,
                          ngram_type=QuantType.F32).model_path)
     assert model.ngrams_file.qtype is QuantType.F32
-    tokens = _tokens(model)
-    np.testing.assert_array_equal(_logits(model, tokens), _logits(converted[QuantType.F16][0], tokens))
+    tokens = parity_tokens(model)
+    want = reference_logits(converted[QuantType.F16][0], tokens)
+    np.testing.assert_array_equal(reference_logits(model, tokens), want)
 
 
 def test_the_row_store_must_be_there_and_be_its_own(arch, checkpoint, converted, tmp_path):

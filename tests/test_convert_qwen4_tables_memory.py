@@ -10,10 +10,7 @@ table in float32), measured as tests/test_convert_streaming.py measures:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,26 +20,11 @@ from strata.convert.ngram_tables import ROWS_PER_READ
 from strata.convert.safetensors_reader import Checkpoint
 from strata.qwen4_config import primes_from
 from tests.budgets import PLE_RSS_SLACK
+from tests.convert_memory import convert_rss
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "qwen4_exp_text"
 BASE = 2_000_003  # the first prime of the big tables: 4 heads of ~2M rows each per PLE layer
-RSS_SCRIPT = """
-import sys
-from strata.cli.main import main
-import gguf, tqdm, strata.convert, strata.cli.convert
-
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-start = status("VmRSS")
-rc = main(["convert", *sys.argv[1:], "--experts", "f16", "--quiet"])
-assert rc == 0, rc
-print(start, status("VmHWM"))
-"""
 
 
 def _big_checkpoint(dst: Path) -> tuple[int, int]:
@@ -76,11 +58,7 @@ def _big_checkpoint(dst: Path) -> tuple[int, int]:
 def test_big_tables_stream_into_the_row_store(tmp_path):
     rows, width = _big_checkpoint(tmp_path / "hf")
     table_f32 = rows * width * 4
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path / "hf"), str(tmp_path / "out")], env=env,
-                       capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert r.returncode == 0, r.stderr
-    start, peak = map(int, r.stdout.split()[-2:])
+    start, peak = convert_rss(str(tmp_path / "hf"), str(tmp_path / "out"), "--experts", "f16", timeout=600)
     assert (tmp_path / "out.ngrams").stat().st_size > 2 * rows * width * 2  # both tables, F16 rows
     bound = 4 * ROWS_PER_READ * width * 4 + PLE_RSS_SLACK
     assert bound < table_f32 / 2  # the bound could tell a table in memory from a streamed one

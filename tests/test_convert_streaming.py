@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests import hf_models
+from tests.convert_memory import convert_rss
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
@@ -33,45 +34,11 @@ SYNTHETIC_VOCAB = 32768
 KILL_AFTER_BYTES = 4 * MIB  # interrupt once this much of the experts file has been written
 KILL_WAIT_S = 60.0
 
-# Peak RSS of the conversion itself: imports first, then reset the kernel's high-water mark
-# (writing 5 to /proc/self/clear_refs resets VmHWM), convert, and read VmHWM against the VmRSS
-# the conversion started from. Prints "start peak" in bytes.
-RSS_SCRIPT = """
-import sys
-from strata.cli.main import main
-import gguf, tqdm, strata.convert, strata.cli.convert
-
-def status(key):
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-start = status("VmRSS")
-rc = main(["convert", *sys.argv[1:], "--quiet"])
-assert rc == 0, rc
-print(start, status("VmHWM"))
-"""
-
-
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     d = tmp_path_factory.mktemp("synthetic_qwen3")
     experts_f32 = hf_models.write_synthetic_checkpoint(d, vocab=SYNTHETIC_VOCAB)
     return d, experts_f32
-
-
-def _run_python(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, env=env, cwd=REPO,
-                          check=False)
-
-
-def _rss(*args: str) -> tuple[int, int]:
-    r = _run_python(RSS_SCRIPT, *args)
-    assert r.returncode == 0, r.stderr
-    start, peak = r.stdout.split()[-2:]
-    return int(start), int(peak)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc/self/clear_refs")
@@ -91,7 +58,7 @@ def test_peak_memory_is_dense_plus_one_expert(synthetic, tmp_path, dense, expert
     largest_f32 = 4 * max(sizes)
     expert_f32 = 3 * 4 * cfg.hidden_size * cfg.expert_ffn_size
     bound = dense_stored + 1.5 * largest_f32 + 4 * expert_f32 + RSS_SLACK
-    start, peak = _rss(str(directory), str(tmp_path / "out"), "--experts", experts, "--dense", dense)
+    start, peak = convert_rss(str(directory), str(tmp_path / "out"), "--experts", experts, "--dense", dense)
     print(f"\n--dense {dense} --experts {experts}: peak RSS {peak / MIB:.1f} MiB = {start / MIB:.1f} MiB at start + "
           f"{(peak - start) / MIB:.1f} MiB; dense {dense_stored / MIB:.1f} MiB stored, largest tensor "
           f"{largest_f32 / MIB:.1f} MiB f32, one expert {expert_f32 / MIB:.2f} MiB f32, all experts "

@@ -16,13 +16,13 @@ import pytest
 import strata
 from engine_kinds import EXACT0, open_kind
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType, stored_bytes
-from strata.formats.gguf_file import open_gguf
 from strata.formats.quant_types import QuantType
 from strata.model_config import TensorNames, dense_tensor_shapes
 from strata.numpy_backend.engine import ReferenceEngine
 from strata.reference.model import ModelParams
 from strata.testing.models import make_model
 from tests.budgets import PEAK_RSS_SHARE_OF_F32
+from tests.widened_weights import widened_file_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = np.frombuffer(b"def fibonacci(n):\n    return", np.uint8).astype(np.int64)
@@ -59,21 +59,6 @@ def test_dense_weights_hold_what_they_are_given():
         StoredTensor(StoredType.F16, (2, 32), f32)
 
 
-def _file_bytes(model_path: Path) -> tuple[int, dict]:
-    """The dense bytes the file stores, and its tensors widened as the loader used to (float32
-    at load, through gguf's own dequantize): the weights every engine computed with before."""
-    gf = open_gguf(model_path)
-    try:
-        total, before = 0, {}
-        for name, info in gf.tensors.items():
-            total += int(info.nbytes)
-            x = gguf.quants.dequantize(gf.raw(info), gguf.GGMLQuantizationType(info.ggml_type))
-            before[name] = np.array(x, np.float32).reshape(info.shape)
-        return total, before
-    finally:
-        gf.close()
-
-
 @pytest.fixture(scope="module", params=[QuantType.F16, QuantType.Q8_0], ids=lambda q: q.name)
 def stored_model(request, tmp_path_factory):
     made = make_model(tmp_path_factory.mktemp("dense") / "m", "tiny", seed=2, dense_type=request.param)
@@ -82,7 +67,7 @@ def stored_model(request, tmp_path_factory):
 
 def test_a_loaded_model_holds_the_files_dense_bytes(stored_model):
     qtype, made = stored_model
-    stored, before = _file_bytes(made.model_path)
+    stored, before = widened_file_tensors(made.model_path)
     with strata.load(made.model_path) as m:
         assert m.dense.nbytes == stored
         assert stored < 0.6 * sum(a.nbytes for a in before.values())  # F16: ~1/2, Q8_0: ~1/4 of float32
@@ -97,7 +82,7 @@ def test_numpy_engine_logits_are_bit_identical_to_float32_at_load(stored_model, 
     """Prompt, then decodes: every position's logits equal, bit for bit, the reference engine's
     over the float32 weights the loader used to hold."""
     _, made = stored_model
-    _, before = _file_bytes(made.model_path)
+    _, before = widened_file_tensors(made.model_path)
     with strata.load(made.model_path) as m:
         want = ReferenceEngine(ModelParams(m.cfg, before, m.resident_params().experts))
         got = open_kind(m, kind, EXACT0)
@@ -155,7 +140,7 @@ def test_peak_memory_of_a_q8_0_model_is_below_its_float32_size(tmp_path, dense_t
 def test_each_numpy_engine_holds_the_stored_bytes(stored_model, kind):
     """The engine's dense weights are the loaded ones as stored (not a widened copy)."""
     _, made = stored_model
-    stored, _ = _file_bytes(made.model_path)
+    stored, _ = widened_file_tensors(made.model_path)
     with strata.load(made.model_path) as m:
         eng = open_kind(m, kind, EXACT0)
         try:

@@ -20,19 +20,15 @@ mx = pytest.importorskip("mlx.core")
 from mlx_agree import assert_backends_agree  # noqa: E402
 from strata.mlx_backend import deltanet as mdn  # noqa: E402
 from strata.mlx_backend.kernels import deltanet as step_kernel  # noqa: E402
-from strata.mlx_backend.kernels import emulate  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, recording, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.model import to_mlx_params  # noqa: E402
 from strata.model_config import TensorNames  # noqa: E402
 from strata.reference import deltanet as rdn  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
 from strata.testing.models import SHAPES, make_dense  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS, emulated  # noqa: E402
 
-emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
-PATHS = [pytest.param(KernelPath.EMULATED, marks=emulated, id="emulated"),
-         pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU")],
-                      id="gpu")]
 
 BASE = dataclasses.replace(SHAPES["hybrid"], max_context=64)
 HEADS = {  # (k heads, v heads, dk, dv)
@@ -68,7 +64,7 @@ def _setup(name: str, seed: int):
     return cfg, dense, norm, xs, ref, w
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("name", list(HEADS))
 def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))

@@ -14,27 +14,17 @@ mx = pytest.importorskip("mlx.core")
 import strata  # noqa: E402
 from engine_kinds import EXACT0, agree, open_kind  # noqa: E402
 from mlx_agree import assert_backends_agree  # noqa: E402
-from strata.formats.gguf_file import open_gguf  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.dense import Q8Dense, linear, rows  # noqa: E402
-from strata.mlx_backend.kernels import emulate  # noqa: E402
-from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, dense_nbytes, forward, from_reference, to_mlx_params  # noqa: E402
 from strata.numpy_backend.engine import ReferenceEngine  # noqa: E402
 from strata.reference.model import ModelParams  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS  # noqa: E402
+from tests.widened_weights import widened_file_tensors  # noqa: E402
 
 PROMPT = np.frombuffer(b"def fibonacci(n):\n    return", np.uint8).astype(np.int64)
-
-
-def _before(model_path) -> dict:
-    """The float32 weights the loader used to hold (gguf's dequantize at load)."""
-    gf = open_gguf(model_path)
-    try:
-        return {name: np.array(gguf.quants.dequantize(gf.raw(i), gguf.GGMLQuantizationType(i.ggml_type)),
-                               np.float32).reshape(i.shape) for name, i in gf.tensors.items()}
-    finally:
-        gf.close()
 
 
 @pytest.fixture(scope="module", params=[QuantType.F16, QuantType.Q8_0], ids=lambda q: q.name)
@@ -52,7 +42,7 @@ def test_other_mixers_hold_their_projections_as_stored(shape, dense_type, tmp_pa
     with strata.load(made.model_path) as m, using_path(KernelPath.OPS):
         experts = m.resident_params().experts
         now = from_reference(ModelParams(m.cfg, m.dense, experts))
-        before = from_reference(ModelParams(m.cfg, _before(made.model_path), experts))
+        before = from_reference(ModelParams(m.cfg, widened_file_tensors(made.model_path)[1], experts))
         a, _ = forward(now, MlxModelState.empty(m.cfg), PROMPT)
         b, _ = forward(before, MlxModelState.empty(m.cfg), PROMPT)
         np.testing.assert_array_equal(np.array(a).view(np.uint32), np.array(b).view(np.uint32))
@@ -68,7 +58,7 @@ def test_ops_path_holds_the_files_dense_bytes(stored_model):
         assert isinstance(p.layers[0].attn.wqkv, kind) and isinstance(p.embed, kind)
         if qtype is QuantType.F16:
             assert p.layers[0].attn.wqkv.dtype == mx.float16 and p.embed.dtype == mx.float16
-        widened = to_mlx_params(m.cfg, _before(made.model_path), pred_q8=False)
+        widened = to_mlx_params(m.cfg, widened_file_tensors(made.model_path)[1], pred_q8=False)
         assert dense_nbytes(widened) > 1.5 * dense_nbytes(p)  # what float32 at load held
 
 
@@ -78,7 +68,7 @@ def test_ops_path_logits_are_bit_identical_to_float32_at_load(stored_model):
     with strata.load(made.model_path) as m, using_path(KernelPath.OPS):
         experts = m.resident_params().experts
         now = from_reference(ModelParams(m.cfg, m.dense, experts))
-        before = from_reference(ModelParams(m.cfg, _before(made.model_path), experts))
+        before = from_reference(ModelParams(m.cfg, widened_file_tensors(made.model_path)[1], experts))
         (a, sa), (b, sb) = forward(now, MlxModelState.empty(m.cfg), PROMPT), forward(before, MlxModelState.empty(m.cfg), PROMPT)
         np.testing.assert_array_equal(np.array(a).view(np.uint32), np.array(b).view(np.uint32))
         a, _ = forward(now, sa, [7])
@@ -98,14 +88,6 @@ def test_mlx_engines_on_stored_dense_agree_with_the_reference(stored_model, kind
                 agree(kind, ref.decode(tok), eng.decode(tok), f"decode {tok}")
         finally:
             eng.close()
-
-
-KERNEL_PATHS = [
-    pytest.param(KernelPath.EMULATED, id="emulated",
-                 marks=pytest.mark.skipif(not emulate.available(), reason="no C++ compiler here")),
-    pytest.param(KernelPath.GPU, id="gpu",
-                 marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]),
-]
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)

@@ -34,11 +34,8 @@ from strata.testing.mlx_params import SEED_SHAPE, random_params, random_records
 from strata.model_config import RoutingOrder
 from strata.reference.experts import routed_experts
 from strata.reference.routing import RouterRule
+from tests.kernel_paths import KERNEL_PATHS, emulated
 
-gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]
-emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
-KERNEL_PATHS = [pytest.param(KernelPath.EMULATED, id="emulated", marks=emulated),
-                pytest.param(KernelPath.GPU, id="gpu", marks=gpu)]
 SEED_EXPERT = (SEED_SHAPE.hidden_size, SEED_SHAPE.expert_ffn_size)  # 2560 x 576: 1.3824 MB of Q2_0
 MEDIUM_EXPERT = (1024, 96)  # two words per lane, three chunks per expert
 

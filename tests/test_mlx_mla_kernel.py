@@ -25,20 +25,16 @@ from models import DictExperts  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend import compiled  # noqa: E402
 from strata.mlx_backend import mla as mmla  # noqa: E402
-from strata.mlx_backend.kernels import emulate  # noqa: E402
 from strata.mlx_backend.kernels import mla as mla_kernel  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, recording, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward, to_mlx_params  # noqa: E402
 from strata.model_config import RopeScaling, TensorNames  # noqa: E402
 from strata.reference import mla as ref_mla  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
 from strata.testing.models import SHAPES, make_dense, make_expert  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS, emulated  # noqa: E402
 
-emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
-PATHS = [pytest.param(KernelPath.EMULATED, marks=emulated, id="emulated"),
-         pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU")],
-                      id="gpu")]
 
 BASE = dataclasses.replace(SHAPES["mla"], max_context=64)
 HEADS = {  # (heads, q_lora_rank, kv_lora_rank, rope, nope, v)
@@ -87,7 +83,7 @@ def _decode(cfg, w, kv, x, **kw):
     return parts[:, 0], kv, sum(LAUNCHES.values()) - before
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("name", list(HEADS))
 def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))
@@ -199,7 +195,7 @@ def test_a_latent_the_kernels_refuse_takes_the_ops_path():
                                   *mmla.rope_table(cfg), mx.zeros((64, 20)), 0, eps=1e-6, scale=1.0)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_the_compiled_step_runs_latent_layers(path):
     """The compiled decode over the made mla model: on the emulator its device-scalar body
     untraced, on a GPU traced by mx.compile (then replayed with no new launch). Latent layers

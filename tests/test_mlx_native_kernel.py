@@ -20,7 +20,7 @@ from mlx_agree import assert_backends_agree
 from strata.formats.expert_record import ExpertBiases, ExpertWeights, RecordLayout, pack_record, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import experts as mlx_experts
-from strata.mlx_backend.kernels import emulate, moe, moe_native
+from strata.mlx_backend.kernels import moe, moe_native
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.quants import native_refusal
@@ -30,11 +30,8 @@ from strata.reference.experts import SWIGLU, ExpertAct, routed_experts
 from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule
 from strata.testing.native_records import random_native_records
+from tests.kernel_paths import KERNEL_PATHS
 
-gpu = [pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]
-emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
-KERNEL_PATHS = [pytest.param(KernelPath.EMULATED, id="emulated", marks=emulated),
-                pytest.param(KernelPath.GPU, id="gpu", marks=gpu)]
 # the emulator-only tests carry the id too, so the device run's -k "not emulated" leaves them to CI
 EMULATED_ONLY = pytest.mark.parametrize("path", KERNEL_PATHS[:1])
 TYPES = [QuantType.A4G32_F16, QuantType.A4G64_BF16, QuantType.A8G32_BF16, QuantType.A8G64_F16, QuantType.MXFP4]

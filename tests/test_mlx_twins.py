@@ -27,7 +27,6 @@ from strata.mlx_backend.quants import native_refusal
 from strata.mlx_backend import mla as mlx_mla
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.attention import MlxLayerKV
-from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.twins import BY_NAME, TWINS
 from strata.model_config import Ffn, LayerType, Mixer, QKNorm, RoutingOrder
@@ -39,14 +38,9 @@ from strata.reference.quants import quantize
 from strata.reference.routing import RouterRule
 from strata.testing.models import SHAPES, make_dense, make_expert
 from strategies import logit_ranges, moce_policies, routing_orders, routing_problems
+from tests.kernel_paths import KERNEL_PATHS
 
-PATHS = [
-    pytest.param(KernelPath.OPS, id="ops"),
-    pytest.param(KernelPath.EMULATED, id="emulated",
-                 marks=pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")),
-    pytest.param(KernelPath.GPU, id="gpu",
-                 marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")]),
-]
+PATHS = [pytest.param(KernelPath.OPS, id="ops"), *KERNEL_PATHS]
 # Examples per path: the emulator runs a GPU thread per OS thread, so it gets fewer.
 # Where a GPU is, the ops path runs there too with fewer examples (CI runs it on the CPU at 25).
 EXAMPLES = {KernelPath.OPS: examples(25 if gpu_dialect() is None else 6), KernelPath.EMULATED: examples(4),

@@ -30,13 +30,15 @@ import numpy as np
 
 from strata.convert.common import ExpertTensors, Family, base_fields
 from strata.convert.hf_config import HFConfig
-from strata.convert.qwen_hybrid import _OUTER_KEYS, _plus_one, _refuse_unknown, _rope, _split_q_gate
+from strata.convert.qwen_hybrid import (_plus_one, _refuse_unknown, _rope, _split_q_gate, gated_hybrid_fields,
+                                        layer_types_of, nested_text_config, refuse_attention_bias,
+                                        refuse_dense_layers, skipped_by_prefix)
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.ngram_tables import find_ngram_tables, write_ngram_tables
 from strata.convert.tensor_plan import Derived, TensorPlan, source_names
 from strata.formats.quant_types import QuantType
 from strata.errors import ConfigError
-from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames
+from strata.model_config import LayerType, Mixer, ModelConfig, TensorNames
 from strata.qwen4_config import HC_FINAL, Qwen4Names, ngram_heads, ple_layers
 from strata.reference.hyper_model import ple_table_items
 from strata.reference.ngram_hash import NgramHash
@@ -44,7 +46,6 @@ from strata.reference.ngram_hash import NgramHash
 TEXT = "qwen4_exp_text"
 MULTIMODAL = "qwen4_exp"
 PREFIX = {MULTIMODAL: "model.language_model."}  # else "model."
-DEFAULT_FULL_ATTENTION_INTERVAL = 4
 DEFAULT_PARTIAL_ROTARY = 1.0  # transformers' Qwen4-Exp config sets none (Qwen3.5's default is 0.25)
 SKIPPED_PREFIXES = {"mtp.": "the multi-token-prediction layer (mtp.*): strata decodes one token at a time",
                     "model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
@@ -74,44 +75,25 @@ _TEXT_KEYS = _READ | _CHECK | _IGNORE
 
 def text_config(hf: HFConfig) -> HFConfig:
     """The language model's config: `text_config` of the multimodal class, else the config itself."""
-    if hf.model_type != MULTIMODAL:
-        return hf
-    _refuse_unknown(hf, _OUTER_KEYS, "")
-    hf.check_not_quantized()
-    text = hf.raw.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError(f"{hf.path}: a {MULTIMODAL} config needs a 'text_config' object")
-    return dataclasses.replace(hf, raw=text)
+    return nested_text_config(hf, MULTIMODAL)
 
 
 def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
     # the published config says full_attention for the layers that carry an indexer
     kinds = {"linear_attention": Mixer.DELTANET, "indexed_attention": Mixer.INDEXED_ATTENTION,
              "full_attention": Mixer.INDEXED_ATTENTION}
-    names = hf.get("layer_types", default=None)
-    if names is None:
-        every = hf.get_int("full_attention_interval", default=DEFAULT_FULL_ATTENTION_INTERVAL)
-        names = ["indexed_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
-    if not isinstance(names, list) or len(names) != n_layers:
-        raise ConfigError(f"{hf.path}: layer_types must list {n_layers} layer types, got {names!r}")
-    bad = [t for t in names if t not in kinds]
-    if bad:
-        raise hf.unsupported(f"layer type {bad[0]!r}", f"{sorted(kinds)}")
-    return tuple(LayerType(kinds[t], Ffn.MOE) for t in names)
+    return layer_types_of(hf, n_layers, kinds, "indexed_attention")
 
 
 def _check_values(hf: HFConfig) -> None:
     """The _CHECK keys: only what strata computes."""
-    if hf.get_bool("attention_bias", default=False):
-        raise hf.unsupported("attention_bias = true", "attention without biases")
+    refuse_attention_bias(hf)
     gate = hf.get("output_gate_type", default=None) or hf.get("hidden_act", default="silu")
     if gate != "silu":  # the DeltaNet's gated RMSNorm: strata computes silu(z) (reference/deltanet.py)
         raise hf.unsupported(f"output_gate_type = {gate!r}", "'silu'")
     if hf.get_int("indexer_kv_heads", default=1) != 1:
         raise hf.unsupported(f"indexer_kv_heads = {hf.get('indexer_kv_heads')}", "one indexer key head")
-    dense = hf.get("mlp_only_layers", default=[])
-    if dense or hf.get_int("decoder_sparse_step", default=1) != 1:
-        raise hf.unsupported(f"dense MLP layers (mlp_only_layers={dense})", "every layer an MoE layer")
+    refuse_dense_layers(hf)
 
 
 def _eos(hf: HFConfig) -> int:
@@ -144,25 +126,15 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     _refuse_unknown(text, _TEXT_KEYS, " in text_config" if text is not hf else "")
     _check_values(text)
     fields = base_fields(text, ckpt)
-    n_layers = fields["n_layers"]
-    theta, rotary = _rope(_full_rotary_default(text), fields["head_dim"])
-    if hf.model_type == MULTIMODAL:
-        fields["tie_embeddings"] = hf.get_bool("tie_word_embeddings", default=fields["tie_embeddings"])
+    rope = _rope(_full_rotary_default(text), fields["head_dim"])
     fields["n_experts"] = _router_rows(ckpt, PREFIX.get(hf.model_type, "model."), fields["n_experts"])
     ple = text.get("ple_layer_ids", default=None) or []
     if not isinstance(ple, list) or not all(isinstance(i, int) for i in ple):
         raise ConfigError(f"{hf.path}: ple_layer_ids must be a list of layer ids, got {ple!r}")
     hidden = fields["hidden_size"]
+    fields.update(gated_hybrid_fields(hf, text, fields, rope=rope, layer_types=_layer_types(text, fields["n_layers"])))
     fields.update(
-        architecture=hf.model_type, expert_ffn_size=text.get_int("moe_intermediate_size"),
-        shared_ffn_size=text.get_int("shared_expert_intermediate_size"), shared_expert_gated=True,
-        routing_order=RoutingOrder.SOFTMAX_TOPK, norm_topk_prob=text.get_bool("norm_topk_prob", default=True),
-        qk_norm=QKNorm.PER_HEAD, rope_theta=theta, max_context=text.max_context(None),
-        layer_types=_layer_types(text, n_layers), rotary_dim=rotary, attention_output_gate=True,
-        linear_k_heads=text.get_int("linear_num_key_heads"), linear_v_heads=text.get_int("linear_num_value_heads"),
-        linear_k_head_dim=text.get_int("linear_key_head_dim"),
-        linear_v_head_dim=text.get_int("linear_value_head_dim"),
-        linear_conv_kernel=text.get_int("linear_conv_kernel_dim"),
+        shared_ffn_size=text.get_int("shared_expert_intermediate_size"),
         hc_count=text.get_int("hc_count", default=4), hc_lowrank=text.get_int("hc_lowrank", default=320),
         indexer_heads=text.get_int("indexer_n_heads", default=0),
         indexer_head_dim=text.get_int("indexer_head_dim", default=0),
@@ -298,12 +270,8 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     hashes = [t for t in skipped if t.rsplit(".", 1)[-1] in HASH_BUFFERS]
     if hashes:
         notes.append(f"checked {len(hashes)} n-gram hash buffers against the config's hash (not stored)")
-    for start, what in SKIPPED_PREFIXES.items():
-        names = [t for t in ckpt.tensors if t.startswith(start)]
-        if names:
-            skipped += names
-            notes.append(f"skipped {what}: {len(names)} tensors")
-    return TensorPlan(experts, sources, tuple(skipped), tuple(notes))
+    names, skip_notes = skipped_by_prefix(ckpt, SKIPPED_PREFIXES)
+    return TensorPlan(experts, sources, tuple(skipped + names), tuple(notes + skip_notes))
 
 
 def ckpt_table_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:

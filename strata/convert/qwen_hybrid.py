@@ -69,16 +69,22 @@ def _refuse_unknown(hf: HFConfig, keys: set[str], where: str) -> None:
         raise hf.unsupported(f"config key {unknown[0]!r}{where}", "the keys docs/models.md lists for this family")
 
 
-def text_config(hf: HFConfig) -> HFConfig:
-    """The language model's config: `text_config` of the multimodal class, else the config itself."""
-    if hf.model_type != MULTIMODAL:
+def nested_text_config(hf: HFConfig, multimodal: str) -> HFConfig:
+    """The language model's config: `text_config` of the multimodal class (model_type
+    `multimodal`, whose own keys must be `_OUTER_KEYS`), else the config itself."""
+    if hf.model_type != multimodal:
         return hf
     _refuse_unknown(hf, _OUTER_KEYS, "")
     hf.check_not_quantized()
     text = hf.raw.get("text_config")
     if not isinstance(text, dict):
-        raise ConfigError(f"{hf.path}: a {MULTIMODAL} config needs a 'text_config' object")
+        raise ConfigError(f"{hf.path}: a {multimodal} config needs a 'text_config' object")
     return dataclasses.replace(hf, raw=text)
+
+
+def text_config(hf: HFConfig) -> HFConfig:
+    """The language model's config: `text_config` of the multimodal class, else the config itself."""
+    return nested_text_config(hf, MULTIMODAL)
 
 
 def _rope(hf: HFConfig, head_dim: int) -> tuple[float, int]:
@@ -112,12 +118,13 @@ def _rope(hf: HFConfig, head_dim: int) -> tuple[float, int]:
     return float(theta), rotary
 
 
-def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
-    kinds = {"linear_attention": Mixer.DELTANET, "full_attention": Mixer.ATTENTION}
+def layer_types_of(hf: HFConfig, n_layers: int, kinds: dict[str, Mixer], every_nth: str) -> tuple[LayerType, ...]:
+    """Every layer's (mixer, MoE) from `layer_types`, whose names `kinds` maps; a config without
+    it has `every_nth` at every full_attention_interval-th layer and linear attention between."""
     names = hf.get("layer_types", default=None)
     if names is None:
         every = hf.get_int("full_attention_interval", default=DEFAULT_FULL_ATTENTION_INTERVAL)
-        names = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
+        names = [every_nth if (i + 1) % every == 0 else "linear_attention" for i in range(n_layers)]
     if not isinstance(names, list) or len(names) != n_layers:
         raise ConfigError(f"{hf.path}: layer_types must list {n_layers} layer types, got {names!r}")
     bad = [t for t in names if t not in kinds]
@@ -126,13 +133,28 @@ def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
     return tuple(LayerType(kinds[t], Ffn.MOE) for t in names)
 
 
-def _check_values(hf: HFConfig) -> None:
-    """The _CHECK keys: only what strata computes."""
+def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
+    kinds = {"linear_attention": Mixer.DELTANET, "full_attention": Mixer.ATTENTION}
+    return layer_types_of(hf, n_layers, kinds, "full_attention")
+
+
+def refuse_dense_layers(hf: HFConfig) -> None:
+    """mlp_only_layers / decoder_sparse_step: strata converts these families with every layer MoE."""
     dense = hf.get("mlp_only_layers", default=[])
     step = hf.get_int("decoder_sparse_step", default=1)
     if dense or step != 1:
         raise hf.unsupported(f"dense MLP layers (mlp_only_layers={dense}, decoder_sparse_step={step})",
                              "every layer an MoE layer")
+
+
+def refuse_attention_bias(hf: HFConfig) -> None:
+    if hf.get_bool("attention_bias", default=False):
+        raise hf.unsupported("attention_bias = true", "attention without biases")
+
+
+def _check_values(hf: HFConfig) -> None:
+    """The _CHECK keys: only what strata computes."""
+    refuse_dense_layers(hf)
     if not hf.get_bool("attn_output_gate", default=True):
         raise hf.unsupported("attn_output_gate = false", "gated attention (attn_output_gate true)")
     if hf.get_bool("use_sliding_window", default=False):
@@ -140,8 +162,32 @@ def _check_values(hf: HFConfig) -> None:
     ssm_dtype = hf.get("mamba_ssm_dtype", default="float32")
     if ssm_dtype != "float32":  # strata keeps the recurrent state in float32
         raise hf.unsupported(f"mamba_ssm_dtype = {ssm_dtype!r}", "'float32'")
-    if hf.get_bool("attention_bias", default=False):
-        raise hf.unsupported("attention_bias = true", "attention without biases")
+    refuse_attention_bias(hf)
+
+
+def gated_hybrid_fields(hf: HFConfig, text: HFConfig, base: dict, *, rope: tuple[float, int],
+                        layer_types: tuple[LayerType, ...]) -> dict:
+    """The ModelConfig fields the Qwen hybrids read alike, over `base` (base_fields of `text`):
+    routed experts with a gated shared expert, softmax-then-top-k routing, per-head q/k norms,
+    gated attention with (rope_theta, rotary_dim) = `rope`, the gated DeltaNet's sizes, and the
+    multimodal wrapper's tie_word_embeddings (`hf` is that wrapper when `text` is not `hf`)."""
+    theta, rotary = rope
+    out = {}
+    if text is not hf:
+        out["tie_embeddings"] = hf.get_bool("tie_word_embeddings", default=base["tie_embeddings"])
+    out.update(
+        architecture=hf.model_type, expert_ffn_size=text.get_int("moe_intermediate_size"),
+        shared_expert_gated=True, routing_order=RoutingOrder.SOFTMAX_TOPK,
+        # Qwen3.5's router always renormalizes the top-k (it has no norm_topk_prob)
+        norm_topk_prob=text.get_bool("norm_topk_prob", default=True),
+        qk_norm=QKNorm.PER_HEAD, rope_theta=theta, max_context=text.max_context(None),
+        layer_types=layer_types, rotary_dim=rotary, attention_output_gate=True,
+        linear_k_heads=text.get_int("linear_num_key_heads"), linear_v_heads=text.get_int("linear_num_value_heads"),
+        linear_k_head_dim=text.get_int("linear_key_head_dim"),
+        linear_v_head_dim=text.get_int("linear_value_head_dim"),
+        linear_conv_kernel=text.get_int("linear_conv_kernel_dim"),
+    )
+    return out
 
 
 def hybrid_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
@@ -149,25 +195,12 @@ def hybrid_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     _refuse_unknown(text, _TEXT_KEYS, " in text_config" if text is not hf else "")
     _check_values(text)
     fields = base_fields(text, ckpt)
-    n_layers = fields["n_layers"]
-    theta, rotary = _rope(text, fields["head_dim"])
+    rope = _rope(text, fields["head_dim"])
     shared = text.get_int("shared_expert_intermediate_size")
     if shared <= 0:
         raise ConfigError(f"{hf.path}: shared_expert_intermediate_size must be positive, got {shared}")
-    # Qwen3.5's router always renormalizes the top-k (it has no norm_topk_prob)
-    norm_topk = text.get_bool("norm_topk_prob", default=True)
-    if hf.model_type == MULTIMODAL:
-        fields["tie_embeddings"] = hf.get_bool("tie_word_embeddings", default=fields["tie_embeddings"])
-    fields.update(
-        architecture=hf.model_type, expert_ffn_size=text.get_int("moe_intermediate_size"), shared_ffn_size=shared,
-        shared_expert_gated=True, routing_order=RoutingOrder.SOFTMAX_TOPK, norm_topk_prob=norm_topk,
-        qk_norm=QKNorm.PER_HEAD, rope_theta=theta, max_context=text.max_context(None),
-        layer_types=_layer_types(text, n_layers), rotary_dim=rotary, attention_output_gate=True,
-        linear_k_heads=text.get_int("linear_num_key_heads"), linear_v_heads=text.get_int("linear_num_value_heads"),
-        linear_k_head_dim=text.get_int("linear_key_head_dim"),
-        linear_v_head_dim=text.get_int("linear_value_head_dim"),
-        linear_conv_kernel=text.get_int("linear_conv_kernel_dim"),
-    )
+    fields.update(gated_hybrid_fields(hf, text, fields, rope=rope, layer_types=_layer_types(text, fields["n_layers"])),
+                  shared_ffn_size=shared)
     return ModelConfig(**fields)
 
 
@@ -237,6 +270,18 @@ def _layer_sources(cfg: ModelConfig, layer: int, prefix: str) -> dict[str, str |
     return out
 
 
+def skipped_by_prefix(ckpt: Checkpoint, prefixes: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The checkpoint's tensors under each skipped prefix (prefix -> what it is), and one note
+    per prefix that has any: (tensor names, notes)."""
+    skipped, notes = [], []
+    for start, what in prefixes.items():
+        names = [t for t in ckpt.tensors if t.startswith(start)]
+        if names:
+            skipped += names
+            notes.append(f"skipped {what}: {len(names)} tensors")
+    return skipped, notes
+
+
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     """Where every strata tensor of a hybrid checkpoint comes from (see the module doc)."""
     n = TensorNames
@@ -249,12 +294,7 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
         sources.update({n.block(layer, k): v for k, v in _layer_sources(cfg, layer, prefix).items()})
     experts = ExpertTensors(ckpt, cfg, "mlp", ("gate_proj", "up_proj", "down_proj"),
                             layer_prefix=prefix + "layers.{}.")
-    skipped, notes = [], []
-    for start, what in SKIPPED_PREFIXES.items():
-        names = [t for t in ckpt.tensors if t.startswith(start)]
-        if names:
-            skipped += names
-            notes.append(f"skipped {what}: {len(names)} tensors")
+    skipped, notes = skipped_by_prefix(ckpt, SKIPPED_PREFIXES)
     return TensorPlan(experts, sources, tuple(skipped), tuple(notes))
 
 

@@ -40,8 +40,20 @@ from strata.mlx_backend.prompt import (
 from strata.mlx_backend.quants import gemv
 from strata.reference.attention import KVPrecision
 from strata.reference.experts import expert_act
+from strata.runtime.compute import StatefulCompute
 
-__all__ = ["MlxCompute"]
+__all__ = ["MlxCompute", "hand_off"]
+
+
+def hand_off(out: mx.array, slots: np.ndarray) -> mx.array:
+    """Start a pass's routed partials `out` on the device; slots [T, k] are the slots it reads."""
+    if slots.shape[0] > 1:
+        # A prompt layer may run in several passes whose slots the next pass reuses (design §5):
+        # the pass must have read its slots before the cache hands them out again.
+        mx.eval(out)
+    else:
+        mx.async_eval(out)  # decode: one pass, its slots pinned for the whole window
+    return out
 
 
 class _Residual:
@@ -63,7 +75,7 @@ class _RouterInput:
         self.layer, self.h, self.z, self.g, self.g_layer, self.residual = layer, h, z, g, g_layer, residual
 
 
-class MlxCompute:
+class MlxCompute(StatefulCompute):
     """LayerCompute over MlxParams (dense, resident) and an MlxArena (experts by slot)."""
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
@@ -75,16 +87,6 @@ class MlxCompute:
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
         self._refusal = prompt_refusal(params, layout)  # asked once: `_prompt` runs 5 times a layer
-
-    @property
-    def length(self) -> int:
-        return self.state.length
-
-    def trim(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(n)
 
     def embed(self, tokens: np.ndarray) -> mx.array:
         return embed(self.params, tokens)
@@ -147,13 +149,7 @@ class MlxCompute:
         else:
             out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
                                   np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
-        if slots.shape[0] > 1:
-            # A prompt layer may run in several passes whose slots the next pass reuses (design §5):
-            # the pass must have read its slots before the cache hands them out again.
-            mx.eval(out)
-        else:
-            mx.async_eval(out)  # decode: one pass, its slots pinned for the whole window
-        return out
+        return hand_off(out, slots)
 
     def combine(self, x: _Residual, parts: Sequence[mx.array], shared) -> mx.array:
         routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)

@@ -28,7 +28,7 @@ from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, for
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
 from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
-from strata.session import SessionEngine
+from strata.session import StateEngine
 
 __all__ = ["MlxEngine", "streaming_parts", "load_resident_arena"]
 
@@ -50,12 +50,13 @@ def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | 
     return arena
 
 
-class MlxEngine(SessionEngine):
+class MlxEngine(StateEngine):
     """The Engine protocol over MlxParams with resident experts.
 
     compiled: decode through a `CompiledDecode` where it can run (the GPU kernel path); None
     reads `compiled.COMPILED_DECODE`. If its first (tracing) call raises, the engine warns once,
-    keeps the reason in `compile_error` and decodes uncompiled from then on."""
+    keeps the reason in `compile_error` and decodes uncompiled from then on. `trim` trims the
+    state (StateEngine): the same KV buffers, so the compiled step stays bound."""
 
     kind = "mlx resident"
 
@@ -115,12 +116,6 @@ class MlxEngine(SessionEngine):
             return None
         self.state = state
         return out
-
-    def _truncate(self, n: int) -> None:
-        self.state = self.state.trim(n)  # the same KV buffers: the compiled step stays bound
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(super().kept_position(n))
 
     def _decode(self, token: int) -> np.ndarray:
         step = self._compiled_step()

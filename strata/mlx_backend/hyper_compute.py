@@ -19,12 +19,14 @@ import numpy as np
 from strata.errors import ConfigError
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.compute import hand_off
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hc_read, hc_write, hyper_head, hyper_mixer
 from strata.mlx_backend.quants import gemv, to_mlx
 from strata.reference.quants import quantize
 from strata.reference.experts import expert_act
+from strata.runtime.compute import StatefulCompute
 from strata.reference.ngram_rows import NgramRows
 
 __all__ = ["HyperMlxCompute"]
@@ -40,7 +42,7 @@ class _Streams:
         self.h = self.inject = None
 
 
-class HyperMlxCompute:
+class HyperMlxCompute(StatefulCompute):
     """LayerCompute over HyperMlxParams (dense, resident) and an MlxArena (experts by slot)."""
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
@@ -52,16 +54,6 @@ class HyperMlxCompute:
         self._tokens = np.zeros(0, np.int64)
         self._guess = ({l: to_mlx(quantize(QuantType.Q8_0, np.array(lw.router))) for l, lw in enumerate(params.layers)}
                        if pred_q8 else {})
-
-    @property
-    def length(self) -> int:
-        return self.state.length
-
-    def trim(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(n)
 
     def embed(self, tokens: np.ndarray) -> mx.array:
         self._tokens = np.asarray(tokens, np.int64).reshape(-1)
@@ -96,11 +88,7 @@ class HyperMlxCompute:
     def routed(self, layer: int, h: _Streams, slots: np.ndarray, weights: np.ndarray) -> mx.array:
         out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
                               np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
-        if slots.shape[0] > 1:  # a prompt pass: read its slots before the cache hands them out again
-            mx.eval(out)
-        else:
-            mx.async_eval(out)
-        return out
+        return hand_off(out, slots)
 
     def combine(self, x: _Streams, parts: Sequence[mx.array], shared) -> mx.array:
         routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)

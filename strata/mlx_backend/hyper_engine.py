@@ -12,12 +12,13 @@ from strata.mlx_backend.engine import load_resident_arena
 from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hyper_forward, to_hyper_params
 from strata.reference.hyper_model import resident_rows
 from strata.reference.ngram_rows import NgramRows
-from strata.session import SessionEngine
+from strata.runtime.ngram_source import RowCacheOwner
+from strata.session import StateEngine
 
 __all__ = ["MlxHyperEngine"]
 
 
-class MlxHyperEngine(SessionEngine):
+class MlxHyperEngine(RowCacheOwner, StateEngine):
     kind = "mlx resident"
 
     def __init__(self, params: HyperMlxParams, rows: NgramRows, *, model=None, config=None,
@@ -26,7 +27,6 @@ class MlxHyperEngine(SessionEngine):
         self.params, self.rows = params, rows
         self.state = empty_hyper_state(params.cfg)
         self._reads = expert_reads
-        self._row_cache = None  # a streamed PLE row cache this engine closes (open)
 
     @classmethod
     def open(cls, model, config: Config, *, ple=None) -> "MlxHyperEngine":
@@ -37,18 +37,11 @@ class MlxHyperEngine(SessionEngine):
         params = to_hyper_params(model.cfg, model.dense, arena=arena, rec=xf.layout)
         rows = ple.rows if ple is not None else resident_rows(model.cfg, model.dense)
         engine = cls(params, rows, model=model, config=config, expert_reads=xf.header.n_records)
-        engine._row_cache = None if ple is None else ple.streamed
+        engine._own_row_cache(ple)
         return engine
 
-    def close(self) -> None:
-        cache, self._row_cache = self._row_cache, None
-        if cache is not None:
-            cache.close()
-        super().close()
-
     def _run(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
-        if self._row_cache is not None:  # streamed PLE rows: every PLE layer's reads before layer 0
-            self._row_cache.read_ahead(self._tokens, tokens)
+        self._read_ahead(tokens)
         logits, self.state = hyper_forward(self.params, self.state, tokens, self.rows, window=window)
         return np.array(logits, dtype=np.float32)
 
@@ -60,12 +53,6 @@ class MlxHyperEngine(SessionEngine):
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
         return self._run(tokens, window=True)
-
-    def _truncate(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(super().kept_position(n))
 
     def _expert_reads(self) -> int:
         return self._reads

@@ -22,6 +22,7 @@ from strata.reference import model as ref
 from strata.reference.experts import expert_act
 from strata.reference.quants import dequantize, quantize
 from strata.runtime.arena import Arena
+from strata.runtime.compute import StatefulCompute
 
 __all__ = ["NumpyCompute", "RoutedPart"]
 
@@ -35,7 +36,7 @@ class RoutedPart:
         self.terms: dict[tuple[int, int], np.ndarray] = {}
 
 
-class NumpyCompute:
+class NumpyCompute(StatefulCompute):
     """LayerCompute on the numpy reference pieces; experts are read from arena slots."""
 
     # `routed` returns when the experts are computed: the loop's hand-off point (where the
@@ -62,10 +63,6 @@ class NumpyCompute:
         # whatever record the slot holds: unpacked once per slot, not once per use.
         self._slot_weights: dict[int, ExpertWeights] = {}
 
-    @property
-    def length(self) -> int:
-        return self.state.length
-
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return ref.embed(self.params, tokens)
 
@@ -77,12 +74,6 @@ class NumpyCompute:
 
     def dense_ffn(self, layer: int, x: np.ndarray) -> np.ndarray:
         return x + ref.dense_ffn_output(self.params, layer, ref.router_input(self.params, layer, x))
-
-    def trim(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(n)
 
     def router_input(self, layer: int, x: np.ndarray) -> np.ndarray:
         return ref.router_input(self.params, layer, x)

@@ -11,12 +11,13 @@ import numpy as np
 from strata.formats.dense_weights import as_dense_weights
 from strata.numpy_backend.prompt import prompt_forward
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
-from strata.session import SessionEngine
+from strata.runtime.ngram_source import RowCacheOwner
+from strata.session import StateEngine
 
 __all__ = ["ReferenceEngine", "streaming_parts"]
 
 
-class ReferenceEngine(SessionEngine):
+class ReferenceEngine(RowCacheOwner, StateEngine):
     """The pure-numpy forward, all experts resident: the definition of correct output.
     `select` routes each token (default: the model's own rule). Decode runs the reference
     `forward` itself; a prompt or a window runs `prompt_forward` (the same layers, experts
@@ -31,7 +32,6 @@ class ReferenceEngine(SessionEngine):
         self.select = select
         self.state = ModelState.empty(params.cfg)
         self._reads = expert_reads
-        self._row_cache = None  # a streamed PLE row cache this engine closes (open)
 
     @classmethod
     def open(cls, model, config=None, *, ple=None) -> "ReferenceEngine":
@@ -41,19 +41,8 @@ class ReferenceEngine(SessionEngine):
         if ple is not None:
             params = dataclasses.replace(params, rows=ple.rows)
         engine = cls(params, model=model, config=config, expert_reads=model.experts_file.header.n_records)
-        engine._row_cache = None if ple is None else ple.streamed
+        engine._own_row_cache(ple)
         return engine
-
-    def close(self) -> None:
-        cache, self._row_cache = self._row_cache, None
-        if cache is not None:
-            cache.close()
-        super().close()
-
-    def _read_ahead(self, tokens) -> None:
-        """A streamed PLE row cache: every PLE layer's rows of these tokens asked for before layer 0."""
-        if self._row_cache is not None:
-            self._row_cache.read_ahead(self._tokens, tokens)
 
     def _forward(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
         self._read_ahead(tokens)
@@ -73,12 +62,6 @@ class ReferenceEngine(SessionEngine):
         logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, window=True,
                                             all_logits=True)
         return logits
-
-    def _truncate(self, n: int) -> None:
-        self.state = self.state.trim(n)
-
-    def kept_position(self, n: int) -> int:
-        return self.state.kept_position(super().kept_position(n))
 
     def _expert_reads(self) -> int:
         return self._reads

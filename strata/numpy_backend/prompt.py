@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.errors import NonFiniteError
 from strata.model_config import Ffn
 from strata.numpy_backend.grouped import grouped_terms, rank_sum
 from strata.reference import model as ref
@@ -69,11 +68,6 @@ def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.nd
         if cfg.kinds[layer].ffn is Ffn.DENSE:
             x = x + ref.dense_ffn_output(params, layer, h)
             continue
-        z = ref.layer_router_logits(params, layer, h)  # [T, E]
-        m = cfg.moe_index(layer)
-        try:
-            selections = [select(m, z[t]) for t in range(len(z))]
-        except NonFiniteError as e:
-            raise NonFiniteError(f"layer {layer}: {e}") from None
+        selections = ref.layer_selections(cfg, select, layer, ref.layer_router_logits(params, layer, h))
         x = x + grouped_moe_output(params, layer, h, selections)
     return ref.head(params, x if all_logits else x[-1:]), ref.ModelState(tuple(layers))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.errors import ConfigError, NonFiniteError
+from strata.errors import ConfigError
 from strata.model_config import Mixer, ModelConfig, TensorNames
 from strata.qwen4_config import HC_FINAL, Qwen4Names, ple_layers
 from strata.reference.deltanet import DeltaNetState, deltanet
@@ -107,12 +107,7 @@ def hyper_forward(params, state, tokens: np.ndarray, *, select, trace: bool = Fa
         streams, new_layers[layer] = hyper_mixer(params, layer, state.layers[layer], streams, tokens, rows,
                                                  window=window)
         h, inject = hc_read(cfg, params.dense, TensorNames.block(layer, "hc_ffn"), streams)
-        z = ref.layer_router_logits(params, layer, h)  # [T, E]
-        m = cfg.moe_index(layer)
-        try:
-            selections = [select(m, z[t]) for t in range(len(z))]
-        except NonFiniteError as e:
-            raise NonFiniteError(f"layer {layer}: {e}") from None
+        selections = ref.layer_selections(cfg, select, layer, ref.layer_router_logits(params, layer, h))
         streams = hc_write(streams, inject, moe_output(params, layer, h, selections))
         if trace:
             inputs.append(h)

@@ -207,6 +207,18 @@ def layer_router_logits(params: ModelParams, layer: int, h: np.ndarray) -> np.nd
     return z
 
 
+def layer_selections(cfg: ModelConfig, select: SelectFn, layer: int, z: np.ndarray) -> list[Selection]:
+    """Every position's selection at MoE layer `layer` (a model layer) from its router logits.
+    A non-finite logit is refused naming the model layer (the rule sees only the MoE index).
+
+    Shapes: z [T, E] -> T selections."""
+    m = cfg.moe_index(layer)
+    try:
+        return [select(m, z[t]) for t in range(len(z))]
+    except NonFiniteError as e:
+        raise NonFiniteError(f"layer {layer}: {e}") from None
+
+
 def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
     """The shared expert's output (zeros when the model has none). [T, D] -> [T, D]"""
     cfg, n = params.cfg, TensorNames
@@ -290,12 +302,7 @@ def forward(
         if kind.ffn is Ffn.DENSE:
             x = x + dense_ffn_output(params, layer, h)
             continue
-        z = layer_router_logits(params, layer, h)  # [T, E]
-        m = cfg.moe_index(layer)
-        try:
-            selections = [select(m, z[t]) for t in range(len(z))]
-        except NonFiniteError as e:
-            raise NonFiniteError(f"layer {layer}: {e}") from None
+        selections = layer_selections(cfg, select, layer, layer_router_logits(params, layer, h))
         x = x + moe_output(params, layer, h, selections)
         if trace:
             inputs.append(h)

@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-__all__ = ["LayerCompute", "Tensor"]
+__all__ = ["LayerCompute", "StatefulCompute", "Tensor"]
 
 Tensor = Any  # a backend's array: numpy, or mx.array in the MLX backend
 
@@ -69,3 +69,18 @@ class LayerCompute(Protocol):
     def trim(self, n: int) -> None: ...
 
     def kept_position(self, n: int) -> int: ...
+
+
+class StatefulCompute:
+    """Mixin: a LayerCompute's session part over its `self.state`, a backend's model state
+    (`length`, `trim(n)` -> a new state, `kept_position(n)`), which `mixer` replaces per layer."""
+
+    @property
+    def length(self) -> int:
+        return self.state.length
+
+    def trim(self, n: int) -> None:
+        self.state = self.state.trim(n)
+
+    def kept_position(self, n: int) -> int:
+        return self.state.kept_position(n)

@@ -29,7 +29,7 @@ from strata.runtime.ngram_budget import RowCachePlan, open_row_cache
 from strata.runtime.ngram_rows import StreamedNgramRows
 from strata.sizes import fmt_bytes
 
-__all__ = ["PleRows", "ModelRowIds", "rows_per_position", "resident_table_bytes", "resident_room", "ple_rows_for"]
+__all__ = ["PleRows", "RowCacheOwner", "ModelRowIds", "rows_per_position", "resident_table_bytes", "resident_room", "ple_rows_for"]
 
 
 class ModelRowIds:
@@ -59,6 +59,28 @@ class PleRows:
     streamed: StreamedNgramRows | None
     plan: RowCachePlan | None
     reason: str
+
+
+class RowCacheOwner:
+    """Mixin for an all-resident session engine given a PleRows: it owns the row cache (`streamed`,
+    None when the rows are resident), asks it for a call's rows before layer 0 (`_read_ahead`,
+    with the session's tokens so far as the n-gram context) and closes it with the engine."""
+
+    _row_cache: StreamedNgramRows | None = None
+
+    def _own_row_cache(self, ple: PleRows | None) -> None:
+        self._row_cache = None if ple is None else ple.streamed
+
+    def _read_ahead(self, tokens) -> None:
+        """Every PLE layer's rows of these tokens asked for before layer 0 (a streamed cache only)."""
+        if self._row_cache is not None:
+            self._row_cache.read_ahead(self._tokens, tokens)
+
+    def close(self) -> None:
+        cache, self._row_cache = self._row_cache, None
+        if cache is not None:
+            cache.close()
+        super().close()
 
 
 def rows_per_position(cfg) -> int:

@@ -418,6 +418,14 @@ def _launch(src: KernelSource, rec: RecordLayout, head: list, t: int, k: int, fc
     return out, (sout if nsb else None)
 
 
+def slot_inputs(slots, weights):
+    """The kernels' slot inputs: slots int32 [T, k] and weights float32 [T, k], numpy kept numpy
+    (padded on the host, no launch) and mx arrays cast only where their dtype differs."""
+    if isinstance(slots, np.ndarray):
+        return np.asarray(slots, np.int32), np.asarray(weights, np.float32)
+    return (slots if slots.dtype == mx.int32 else slots.astype(mx.int32)), as_f32(weights)
+
+
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
               shared=None, threads: int | None = None, denormals: bool | None = None,
               hx_shared: bool | None = None, vector_loads: bool = VECTOR_LOADS) -> mx.array | tuple[mx.array, mx.array]:
@@ -429,11 +437,7 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, f
     hx_shared: where the down step reads h (defaults: `block_shape`); vector_loads: the down
     step's codes in 8- or 16-byte loads (VECTOR_LOADS)."""
     t, k = slots.shape
-    if isinstance(slots, np.ndarray):
-        slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
-    else:
-        slots = slots if slots.dtype == mx.int32 else slots.astype(mx.int32)
-        weights = as_f32(weights)
+    slots, weights = slot_inputs(slots, weights)
     fc, threads, hx_shared = _shape(rec, t, fc, threads, hx_shared)
     out, sout = _launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, fc,
                         _template(rec, k, fc, threads, denormals, hx_shared, vector_loads), shared, threads)

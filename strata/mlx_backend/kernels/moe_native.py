@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
-import numpy as np
 
 from strata.errors import ConfigError
 from strata.formats.expert_record import RecordLayout
@@ -180,11 +179,7 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *
     float16), (routed partials, shared partials [T, Fs/FCS, D]) from one launch. unroll: the gate/up
     lane steps unrolled (default `unroll_steps`)."""
     t, k = slots.shape
-    if isinstance(slots, np.ndarray):
-        slots, weights = np.asarray(slots, np.int32), np.asarray(weights, np.float32)
-    else:
-        slots = slots if slots.dtype == mx.int32 else slots.astype(mx.int32)
-        weights = as_f32(weights)
+    slots, weights = moe.slot_inputs(slots, weights)
     fc, threads, hx_shared = _shape(rec, t, fc, threads, hx_shared)
     kind, act_in = _act(act)
     dn = moe.subnormal_codes() if denormals is None else denormals
