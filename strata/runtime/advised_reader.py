@@ -120,6 +120,17 @@ class AdvisedReader:
         if error is not None:
             raise error
 
+    def finish_many(self, tickets) -> list[tuple[int, RowReadError]]:
+        """`finish` for each of these (all waited for): forgets them all and returns (position in
+        `tickets`, error) of each that failed, in order, instead of raising."""
+        failed = []
+        for i, t in enumerate(tickets):
+            try:
+                self.finish(t)
+            except RowReadError as e:
+                failed.append((i, e))
+        return failed
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -29,7 +29,9 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from strata.formats.ngram_rows_file import NgramRowsFile
+from strata.formats.ngram_row_types import ROW_TYPES, decode_rows
+from strata.formats.ngram_rows_file import NgramRowsFile, TableInfo
+from strata.formats.quant_types import FLOAT_DTYPES, QuantType
 from strata.runtime.io import IOHook, ReadRequest
 from strata.runtime.ngram_stats import RowCounts, RowStats  # noqa: F401 - re-exported
 from strata.runtime.advised_reader import AdvisedReader, advice_available
@@ -60,6 +62,19 @@ def _unique(pages: np.ndarray) -> tuple[list[int], np.ndarray]:
         return upages, np.fromiter((index[p] for p in plist), np.int64, len(plist))
     uniq, which = np.unique(pages, return_inverse=True)
     return uniq.tolist(), which.reshape(-1)
+
+
+def _row_view(slots: np.ndarray, table: TableInfo, qtype: QuantType) -> tuple[np.ndarray, bool]:
+    """The slots as one table's rows, a view: (view, typed). A float row type is viewed in its
+    dtype, [capacity, rows_per_page, width] (typed); another as bytes, [capacity, rows_per_page,
+    row_bytes]. Shapes: slots uint8 [capacity, page_bytes]"""
+    dtype = FLOAT_DTYPES.get(qtype) if qtype in ROW_TYPES else None
+    itemsize = 1 if dtype is None else np.dtype(dtype).itemsize
+    base = slots if dtype is None else slots.view(dtype)  # [capacity, page_bytes / itemsize]
+    inner = table.row_bytes // itemsize
+    view = np.lib.stride_tricks.as_strided(base, shape=(slots.shape[0], table.rows_per_page, inner),
+                                           strides=(slots.strides[0], table.row_bytes, itemsize), writeable=False)
+    return view, dtype is not None
 
 
 class StreamedNgramRows:
@@ -96,6 +111,10 @@ class StreamedNgramRows:
         self._totals: dict[int, list] = {}
         self._window: dict[int, list] = {}
         self._positions = 0
+        # per layer, made once (a view per call cost ~20 us of numpy's as_strided): (rows,
+        # rows_per_page, first_page), and the slots seen as [capacity, rows_per_page, row] rows
+        self._geometry = {l: (t.rows, t.rows_per_page, t.first_page) for l, t in store.tables.items()}
+        self._row_views = {l: _row_view(self.slots, t, store.qtype) for l, t in store.tables.items()}
 
     # -------------------------------------------------------- the protocol
 
@@ -111,21 +130,30 @@ class StreamedNgramRows:
         self._sweep()
         self._issued, self._window = {}, {}
         self._positions += positions
-        reads = []
+        # _pin and _claim inlined: this loop runs for every page of every PLE layer of a token
+        slot_of, lru, pins, limbo, free = self._slot_of, self._lru, self._pins, self._limbo, self._free
+        reads, stride = [], self.store.page_bytes
         for layer in sorted(ids_by_layer):
-            pages = _unique(self.store.locate(layer, ids_by_layer[layer])[0])[0]
-            new = [p for p in pages if p not in self._slot_of]
-            cached_victims = sum(1 for p in pages if p in self._lru)  # pinned below: no longer victims
-            if len(new) > self._available() - cached_victims - 1:  # keep a slot for layers that read at use
+            pages = self._pages(layer, ids_by_layer[layer])[0]
+            new = [p for p in pages if p not in slot_of]
+            cached_victims = sum(1 for p in pages if p in lru) if len(new) < len(pages) else 0  # pinned below
+            if len(new) > len(free) + len(lru) - cached_victims - 1:  # keep a slot for layers that read at use
                 break
-            self._pin(pages)
+            for p in pages:
+                pins[p] += 1
+                lru.pop(p, None)
+                limbo.discard(p)
             for p in new:
-                reads.append((p, self._claim(p)))
+                if free:
+                    slot = free.pop()
+                else:
+                    slot = slot_of.pop(lru.popitem(last=False)[0])
+                slot_of[p] = slot
+                reads.append((p, slot))
             self._held[layer] = pages
             self._issued[layer] = set(new)
-            self._count(layer, 0, 0, len(new), len(new) * self.store.page_bytes, 0.0)
-        for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
-            self._ticket[page] = ticket
+            self._count(layer, 0, 0, len(new), len(new) * stride, 0.0)
+        self._submit(reads, urgent=False)
 
     def read_ahead(self, context, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
         """What an engine calls before layer 0 of a window: every PLE layer's ids (`row_ids`, the
@@ -150,16 +178,19 @@ class StreamedNgramRows:
             row_ids: int [*S] -> float32 [*S, width]
         """
         ids = np.asarray(row_ids, dtype=np.int64)
-        pages, within = self.store.locate(layer, ids)
-        upages, which = _unique(pages)
+        upages, which, within = self._pages(layer, ids)
         held = self._held.pop(layer, [])  # pinned by the prefetch: they stay pinned until gathered
         issued = self._issued.pop(layer, set())
         slot_of = self._slot_of
-        cached = [p for p in upages if p in slot_of]
-        held_set = set(held)
-        pinned = [p for p in cached if p not in held_set]  # cached pages the prefetch did not pin
-        self._pin(pinned)
-        todo = [p for p in upages if p not in slot_of]
+        cached, todo = [], []
+        for p in upages:
+            (cached if p in slot_of else todo).append(p)
+        if len(held) == len(cached) and held == cached:  # the read-ahead's case: every cached page is held
+            pinned = []
+        else:
+            held_set = set(held)
+            pinned = [p for p in cached if p not in held_set]  # cached pages the prefetch did not pin
+            self._pin(pinned)
         out = np.empty((len(which), self.store.tables[layer].width), np.float32)
         batch, read_now, wait = cached, [], 0.0
         try:
@@ -179,20 +210,32 @@ class StreamedNgramRows:
                 reads = [(p, self._claim(p)) for p in batch]
                 self._pin(batch)
                 pinned = batch
-                for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=True)):
-                    self._ticket[page] = ticket
+                self._submit(reads, urgent=True)
                 read_now += batch
         except BaseException:
             self._unpin(pinned)
             self._unpin(held)
             raise
-        fresh = issued.union(read_now)
         n_read = 0
-        if fresh:
+        if issued or read_now:
+            fresh = issued.union(read_now)
             per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
             n_read = int(per_page[np.fromiter((p in fresh for p in upages), bool, len(upages))].sum())
         self._count(layer, n_read, len(which) - n_read, len(read_now), len(read_now) * self.store.page_bytes, wait)
         return out.reshape(*ids.shape, out.shape[1])
+
+    def _pages(self, layer: int, ids: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """`store.locate` and `_unique` at once, with the table's numbers looked up once: (the
+        sorted distinct global pages, each id's index into them, each id's row within its page).
+        Shapes: int [*S] -> P, [n], [n]"""
+        geometry = self._geometry.get(layer)
+        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if geometry is None or (flat.size and int(flat.view(np.uint64).max()) >= geometry[0]):
+            self.store.locate(layer, flat)  # raises its error: no table, or an id out of range (negative too)
+        rows, rows_per_page, first = geometry
+        local, within = np.divmod(flat, rows_per_page)
+        upages, which = _unique(local)
+        return [p + first for p in upages], which, within
 
     # -------------------------------------------------------- counters
 
@@ -256,21 +299,27 @@ class StreamedNgramRows:
                 else:
                     self._lru[p] = None  # most recently used
 
+    def _submit(self, reads: list[tuple[int, int]], *, urgent: bool) -> None:
+        """Queue (page, slot) reads and keep each page's ticket until its read is finished."""
+        if reads:
+            self._ticket.update(zip((p for p, _ in reads), self.reader.submit_many(reads, urgent=urgent)))
+
     def _settle(self, pages: list[int]) -> float:
-        """Wait for these pages' reads and raise any read's error; the seconds blocked."""
-        tickets = [self._ticket[p] for p in pages if p in self._ticket]
-        if not tickets:
+        """Wait for these pages' reads and raise any read's error; the seconds blocked. Every
+        page's read is finished before the first error is raised (each failed page dropped)."""
+        ticket = self._ticket
+        reading = [p for p in pages if p in ticket]
+        if not reading:
             return 0.0
-        waited = self.reader.wait(tickets)
-        for p in pages:
-            t = self._ticket.pop(p, None)
-            if t is None:
-                continue
-            try:
-                self.reader.finish(t)
-            except BaseException:
-                self._drop(p)
-                raise
+        tickets = [ticket[p] for p in reading]
+        waited = self.reader.wait(tickets)  # may time out (PageReader): the pages stay reading
+        for p in reading:
+            del ticket[p]
+        failed = self.reader.finish_many(tickets)
+        for i, _ in failed:
+            self._drop(reading[i])
+        if failed:
+            raise failed[0][1]
         return waited
 
     def _drop(self, page: int) -> None:
@@ -289,12 +338,24 @@ class StreamedNgramRows:
         slot_of = self._slot_of
         if len(pages) == len(upages):  # the usual call: every page at once
             slots = np.array([slot_of[p] for p in upages], np.int64)[which]
-            out[:] = self.store.decode(layer, self.slots, slots, within)
+            self._decode(layer, slots, within, out)
             return
         now = set(pages)
         slots = np.array([slot_of[p] if p in now else -1 for p in upages], np.int64)[which]
         mask = slots >= 0
-        out[mask] = self.store.decode(layer, self.slots, slots[mask], within[mask])
+        part = np.empty((int(mask.sum()), out.shape[1]), np.float32)
+        self._decode(layer, slots[mask], within[mask], part)
+        out[mask] = part
+
+    def _decode(self, layer: int, slots: np.ndarray, within: np.ndarray, out: np.ndarray) -> None:
+        """out[i] = row within[i] of the page in slot slots[i], as float32: a float row type is
+        viewed in its dtype over the slots and cast (exact, as `decode_rows`), a quantized one
+        decoded by `decode_rows`. Shapes: slots [n], within [n] -> out float32 [n, width]"""
+        view, typed = self._row_views[layer]
+        if typed:
+            out[:] = view[slots, within]
+        else:
+            out[:] = decode_rows(self.store.qtype, view[slots, within], out.shape[1])
 
     def _count(self, layer: int, *c) -> None:
         """Add (rows_read, rows_hit, pages_read, bytes_read, wait_s) to the layer's counts."""
