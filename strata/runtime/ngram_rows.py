@@ -102,7 +102,8 @@ class StreamedNgramRows:
         self._ticket: dict[int, int] = {}  # page -> its read, until the read has been finished
         self._free = list(range(capacity - 1, -1, -1))
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # unpinned, oldest first
-        self._pins: collections.Counter[int] = collections.Counter()
+        # page -> its pins (a plain dict: a Counter's missing keys and deletions run Python code)
+        self._pins: dict[int, int] = {}
         self._limbo: set[int] = set()  # unpinned pages whose read is not finished: no victims yet
         self._held: dict[int, list[int]] = {}  # layer -> pages the current prefetch pinned for it
         self._issued: dict[int, set] = {}  # layer -> pages the current prefetch read for it
@@ -139,11 +140,15 @@ class StreamedNgramRows:
             cached_victims = sum(1 for p in pages if p in lru) if len(new) < len(pages) else 0  # pinned below
             if len(new) > len(free) + len(lru) - cached_victims - 1:  # keep a slot for layers that read at use
                 break
-            for p in pages:
-                pins[p] += 1
-                lru.pop(p, None)
-                limbo.discard(p)
-            for p in new:
+            if len(new) < len(pages):
+                fresh = set(new)
+                for p in pages:
+                    if p not in fresh:
+                        pins[p] = pins.get(p, 0) + 1
+                        lru.pop(p, None)
+                        limbo.discard(p)
+            for p in new:  # not cached, so neither pinned nor a victim
+                pins[p] = 1
                 if free:
                     slot = free.pop()
                 else:
@@ -219,8 +224,12 @@ class StreamedNgramRows:
         n_read = 0
         if issued or read_now:
             fresh = issued.union(read_now)
-            per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
-            n_read = int(per_page[np.fromiter((p in fresh for p in upages), bool, len(upages))].sum())
+            is_fresh = [p in fresh for p in upages]
+            if all(is_fresh):  # a new token's usual case: every page read for it
+                n_read = len(which)
+            else:
+                per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
+                n_read = int(per_page[np.array(is_fresh, bool)].sum())
         self._count(layer, n_read, len(which) - n_read, len(read_now), len(read_now) * self.store.page_bytes, wait)
         return out.reshape(*ids.shape, out.shape[1])
 
@@ -282,22 +291,26 @@ class StreamedNgramRows:
             self._lru[p] = None
 
     def _pin(self, pages) -> None:
+        pins, lru, limbo = self._pins, self._lru, self._limbo
         for p in pages:  # python ints
-            self._pins[p] += 1
-            self._lru.pop(p, None)
-            self._limbo.discard(p)
+            pins[p] = pins.get(p, 0) + 1
+            lru.pop(p, None)
+            limbo.discard(p)
 
     def _unpin(self, pages) -> None:
+        pins, lru, ticket = self._pins, self._lru, self._ticket
         for p in pages:  # python ints
-            if p not in self._pins:  # dropped after a failed read
+            n = pins.get(p)
+            if n is None:  # dropped after a failed read
                 continue
-            self._pins[p] -= 1
-            if self._pins[p] == 0:
-                del self._pins[p]
-                if p in self._ticket:  # still reading, or read and not yet checked
-                    self._limbo.add(p)
-                else:
-                    self._lru[p] = None  # most recently used
+            if n > 1:
+                pins[p] = n - 1
+                continue
+            del pins[p]
+            if p in ticket:  # still reading, or read and not yet checked
+                self._limbo.add(p)
+            else:
+                lru[p] = None  # most recently used
 
     def _submit(self, reads: list[tuple[int, int]], *, urgent: bool) -> None:
         """Queue (page, slot) reads and keep each page's ticket until its read is finished."""
