@@ -6,12 +6,15 @@ of GIL-serialized Python per page, ~17 ms a token. This reader issues no Python 
 threads at all: `submit_many` asks the kernel to read each page ahead (`posix_fadvise(WILLNEED)`:
 the reads go to the disk's queue at once, as deep as it is), and the page is copied into its slot
 with one buffered `preadv` when it is needed (`wait`), blocking only if the kernel has not
-finished it. About 3 µs of Python per page (fadvise, pread, CRC-32; this project's 2-core machine,
-warm page cache; not yet measured on the H200). After the copy the page is
-dropped from the page cache again (`DONTNEED`): the row cache, not the kernel, holds the rows.
+finished it. Without a hook a `wait` copies its whole batch in one loop and checks the lengths
+and CRC-32s over the batch with numpy; the whole row cache costs ~11 µs of CPU a page on this
+project's 2-core machine, ~5 µs of it the kernel's (fadvise, pread, DONTNEED; docs/perf.md, "PLE
+rows from a row store"). After the copy the page is dropped from the page cache again
+(`DONTNEED`, one call a page: one over a batch's span would drop every cached page between
+them): the row cache, not the kernel, holds the rows.
 
 Same interface and rules as `PageReader`: tickets, `wait` (seconds blocked), `finish` (raises the
-read's error, one line naming layer, page and offset), the same `IOHook` around each read (run in
+read's error, one line naming layer, page and offset; `finish_many` returns a batch's errors), the same `IOHook` around each read (run in
 the owner's thread here: a delay hook delays the copy, not a background read; `latency`, for
 tests, simulates a disk whose read began at the request). A queued read
 that is never waited for is `cancel`led (its slot was never written). Linux only (`posix_fadvise`);
