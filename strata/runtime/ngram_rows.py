@@ -18,6 +18,9 @@ computed while the disk worked.
   cached), pages and bytes read, seconds waited; totals over the cache's life (`stats`) and the
   latest prefetch window's (`last_window`: one token when decoding).
 
+Which pages and rows a request names, and their decoding out of the slots: strata.runtime.row_locator
+(made once per table, a prefetch's layers located in one pass).
+
 `StreamedNgramRows` is an `NgramRows` (strata.reference.ngram_rows): the same float32 values as
 `ResidentNgramRows` over the same stored rows, bit for bit.
 """
@@ -29,13 +32,12 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from strata.formats.ngram_row_types import ROW_TYPES, decode_rows
-from strata.formats.ngram_rows_file import NgramRowsFile, TableInfo
-from strata.formats.quant_types import FLOAT_DTYPES, QuantType
+from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.runtime.io import IOHook, ReadRequest
 from strata.runtime.ngram_stats import RowCounts, RowStats  # noqa: F401 - re-exported
 from strata.runtime.advised_reader import AdvisedReader, advice_available
 from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
+from strata.runtime.row_locator import RowLocator
 
 __all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows"]
 
@@ -50,33 +52,6 @@ token depend on it and the few before it only, so they are known before layer 0.
 # Python reader threads (strata.runtime.page_reader; O_DIRECT where allowed, and where fadvise is
 # missing); "auto": advise where it exists
 READERS = ("auto", "advise", "threads")
-SMALL_REQUEST = 256  # ids up to which a set and a dict beat np.unique (a token's 16 heads: 3x faster here)
-
-
-def _unique(pages: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """The sorted distinct pages (python ints) and each id's index into them. Shapes: [n] -> P, [n]"""
-    if len(pages) <= SMALL_REQUEST:
-        plist = pages.tolist()
-        upages = sorted(set(plist))
-        index = {p: i for i, p in enumerate(upages)}
-        return upages, np.fromiter((index[p] for p in plist), np.int64, len(plist))
-    uniq, which = np.unique(pages, return_inverse=True)
-    return uniq.tolist(), which.reshape(-1)
-
-
-def _row_view(slots: np.ndarray, table: TableInfo, qtype: QuantType) -> tuple[np.ndarray, bool]:
-    """The slots as one table's rows, a view: (view, typed). A float row type is viewed in its
-    dtype, [capacity, rows_per_page, width] (typed); another as bytes, [capacity, rows_per_page,
-    row_bytes]. Shapes: slots uint8 [capacity, page_bytes]"""
-    dtype = FLOAT_DTYPES.get(qtype) if qtype in ROW_TYPES else None
-    itemsize = 1 if dtype is None else np.dtype(dtype).itemsize
-    base = slots if dtype is None else slots.view(dtype)  # [capacity, page_bytes / itemsize]
-    inner = table.row_bytes // itemsize
-    view = np.lib.stride_tricks.as_strided(base, shape=(slots.shape[0], table.rows_per_page, inner),
-                                           strides=(slots.strides[0], table.row_bytes, itemsize), writeable=False)
-    return view, dtype is not None
-
-
 class StreamedNgramRows:
     """PLE rows from a row store through a cache of `capacity` pages (module docstring). One
     owner thread calls it (the engine's); its reader threads only fill slots."""
@@ -112,11 +87,8 @@ class StreamedNgramRows:
         self._totals: dict[int, list] = {}
         self._window: dict[int, list] = {}
         self._positions = 0
-        self._located: dict[int, tuple] = {}  # layer -> the latest prefetch's `_locate_all` for it
-        # per layer, made once (a view per call cost ~20 us of numpy's as_strided): (rows,
-        # rows_per_page, first_page), and the slots seen as [capacity, rows_per_page, row] rows
-        self._geometry = {l: (t.rows, t.rows_per_page, t.first_page) for l, t in store.tables.items()}
-        self._row_views = {l: _row_view(self.slots, t, store.qtype) for l, t in store.tables.items()}
+        self._where = RowLocator(store, self.slots)
+        self._located: dict[int, tuple] = {}  # layer -> the latest prefetch's `locate_all` for it
 
     # -------------------------------------------------------- the protocol
 
@@ -131,7 +103,7 @@ class StreamedNgramRows:
             self._unpin(self._held.pop(layer))
         self._sweep()
         self._issued, self._window = {}, {}
-        self._located = self._locate_all(ids_by_layer)
+        self._located = self._where.locate_all(ids_by_layer)
         self._positions += positions
         # _pin and _claim inlined: this loop runs for every page of every PLE layer of a token
         slot_of, lru, pins, limbo, free = self._slot_of, self._lru, self._pins, self._limbo, self._free
@@ -190,7 +162,7 @@ class StreamedNgramRows:
         if located is not None and located[0].shape == flat.shape and (located[0] == flat).all():
             upages, which, within = located[1:]  # the ids the prefetch located (the read-ahead's case)
         else:
-            upages, which, within = self._pages(layer, ids)
+            upages, which, within = self._where.pages(layer, ids)
         held = self._held.pop(layer, [])  # pinned by the prefetch: they stay pinned until gathered
         issued = self._issued.pop(layer, set())
         slot_of = self._slot_of
@@ -239,49 +211,6 @@ class StreamedNgramRows:
                 n_read = int(per_page[np.array(is_fresh, bool)].sum())
         self._count(layer, n_read, len(which) - n_read, len(read_now), len(read_now) * self.store.page_bytes, wait)
         return out.reshape(*ids.shape, out.shape[1])
-
-    def _locate_all(self, ids_by_layer: Mapping[int, np.ndarray]) -> dict[int, tuple]:
-        """`_pages` for every layer of a prefetch in one pass of numpy over all their ids (a
-        token's 36 layers of 16: 576 ids; per layer, numpy's fixed cost was ~10 us a call):
-        layer -> (its ids, a copy [n]; sorted distinct global pages; index [n]; row within [n])."""
-        layers = sorted(ids_by_layer)
-        if not layers:
-            return {}
-        flats = [np.asarray(ids_by_layer[l], dtype=np.int64).reshape(-1) for l in layers]
-        if any(l not in self._geometry for l in layers):
-            return {l: (f.copy(),) + self._pages(l, f) for l, f in zip(layers, flats)}  # raises for the unknown one
-        sizes = [f.size for f in flats]
-        ids = np.concatenate(flats)  # [n], a copy: `rows` compares against it
-        geometry = np.array([self._geometry[l] for l in layers], np.int64)  # [L, (rows, rows_per_page, first)]
-        per_id = np.repeat(geometry, sizes, axis=0)  # [n, 3]
-        if ids.size and (ids.view(np.uint64) >= per_id[:, 0].view(np.uint64)).any():
-            for l, f in zip(layers, flats):
-                self._pages(l, f)  # raises its error (an id out of range, negative too)
-        local, within = np.divmod(ids, per_id[:, 1])
-        pages = local + per_id[:, 2]  # global pages: tables are disjoint and ascend with the layer
-        uniq, inverse = np.unique(pages, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        bounds = np.cumsum([0] + sizes)
-        starts = np.searchsorted(uniq, geometry[:, 2]).tolist() + [len(uniq)]  # each layer's first unique page
-        ulist = uniq.tolist()
-        out = {}
-        for i, l in enumerate(layers):
-            a, b = int(bounds[i]), int(bounds[i + 1])
-            out[l] = (ids[a:b], ulist[starts[i]:starts[i + 1]], inverse[a:b] - starts[i], within[a:b])
-        return out
-
-    def _pages(self, layer: int, ids: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """`store.locate` and `_unique` at once, with the table's numbers looked up once: (the
-        sorted distinct global pages, each id's index into them, each id's row within its page).
-        Shapes: int [*S] -> P, [n], [n]"""
-        geometry = self._geometry.get(layer)
-        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if geometry is None or (flat.size and int(flat.view(np.uint64).max()) >= geometry[0]):
-            self.store.locate(layer, flat)  # raises its error: no table, or an id out of range (negative too)
-        rows, rows_per_page, first = geometry
-        local, within = np.divmod(flat, rows_per_page)
-        upages, which = _unique(local)
-        return [p + first for p in upages], which, within
 
     # -------------------------------------------------------- counters
 
@@ -388,24 +317,14 @@ class StreamedNgramRows:
         slot_of = self._slot_of
         if len(pages) == len(upages):  # the usual call: every page at once
             slots = np.array([slot_of[p] for p in upages], np.int64)[which]
-            self._decode(layer, slots, within, out)
+            self._where.decode(layer, slots, within, out)
             return
         now = set(pages)
         slots = np.array([slot_of[p] if p in now else -1 for p in upages], np.int64)[which]
         mask = slots >= 0
         part = np.empty((int(mask.sum()), out.shape[1]), np.float32)
-        self._decode(layer, slots[mask], within[mask], part)
+        self._where.decode(layer, slots[mask], within[mask], part)
         out[mask] = part
-
-    def _decode(self, layer: int, slots: np.ndarray, within: np.ndarray, out: np.ndarray) -> None:
-        """out[i] = row within[i] of the page in slot slots[i], as float32: a float row type is
-        viewed in its dtype over the slots and cast (exact, as `decode_rows`), a quantized one
-        decoded by `decode_rows`. Shapes: slots [n], within [n] -> out float32 [n, width]"""
-        view, typed = self._row_views[layer]
-        if typed:
-            out[:] = view[slots, within]
-        else:
-            out[:] = decode_rows(self.store.qtype, view[slots, within], out.shape[1])
 
     def _count(self, layer: int, *c) -> None:
         """Add (rows_read, rows_hit, pages_read, bytes_read, wait_s) to the layer's counts."""
