@@ -17,8 +17,12 @@ copies); the cache `cold` (the store dropped from the page cache: the disk's ran
 `warm` (the store in the page cache: what the host itself costs). Threads apply to the threaded
 readers only.
 Reported per run: ms/token (the loop), the PLE wait per token (blocked at PLE layers: what the
-read-ahead did not hide), pages per token, random-read rate (pages/s, MB/s) and the row cache's
-hit rate. A table, then one JSON line, also written to $OUT/ngram_rows.json ($OUT: the device
+read-ahead did not hide; the advised reader's copies happen inside it), pages per token, random-read
+rate (pages/s, MB/s), the row cache's hit rate, and the row cache's own host cost: `host ms` (the
+loop's wall time less the layers' measured sleeps: everything the cache did or waited for) and
+`cpu us/page` (the process's CPU time, every thread, user + system, per page read: what the cache
+costs the host whether or not a layer hides it), and of it `sys us/page` (the kernel's part: the
+syscalls' floor, fadvise and pread and the page copies). A token's ids are drawn before the timed loop. A table, then one JSON line, also written to $OUT/ngram_rows.json ($OUT: the device
 run's output folder; ./out when unset).
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -103,11 +108,11 @@ def run(store: NgramRowsFile, *, mode: str, threads: int, layer_ms: float, token
     tables = sorted(store.tables)
     capacity = CACHE_POSITIONS * heads * len(tables) + 1
     at = dict(zip(ple_at, tables))  # model layer -> PLE table
+    every = [{l: rng.integers(0, store.tables[l].rows, (1, heads)) for l in tables} for _ in range(tokens)]
     with StreamedNgramRows(store, capacity=capacity, threads=threads, direct=direct, reader=reader) as cache:
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         slept = 0.0
-        for _ in range(tokens):
-            ids = {l: rng.integers(0, store.tables[l].rows, (1, heads)) for l in tables}
+        for ids in every:
             cache.prefetch(ids)
             for layer in range(n_layers):
                 if layer in at:
@@ -116,7 +121,9 @@ def run(store: NgramRowsFile, *, mode: str, threads: int, layer_ms: float, token
                     t1 = time.perf_counter()
                     time.sleep(layer_ms / 1e3)  # the GPU's layer: the host waits, the GIL released
                     slept += time.perf_counter() - t1
-        s = time.perf_counter() - t0
+        s, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+        cpu = user + system
         tot = cache.stats().total
         note = cache.reader.note
     pages = tot.pages_read
@@ -125,7 +132,9 @@ def run(store: NgramRowsFile, *, mode: str, threads: int, layer_ms: float, token
             "pages_per_token": pages / tokens, "rows_per_token": (tot.rows_read + tot.rows_hit) / tokens,
             "hit_rate": tot.rows_hit / max(1, tot.rows_hit + tot.rows_read),
             "pages_per_s": pages / s, "mb_per_s": tot.bytes_read / s / 1e6, "io": note,
-            "bytes_per_token": tot.bytes_read / tokens, "cache_pages": capacity}
+            "bytes_per_token": tot.bytes_read / tokens, "cache_pages": capacity,
+            "host_ms_per_token": 1e3 * (s - slept) / tokens, "cpu_ms_per_token": 1e3 * cpu / tokens,
+            "cpu_us_per_page": 1e6 * cpu / max(1, pages), "sys_us_per_page": 1e6 * system / max(1, pages)}
 
 
 def main() -> None:
@@ -160,7 +169,7 @@ def main() -> None:
                       qtype=qtype)
         results = []
         print(f"{'mode':>13} {'threads':>7} {'layer ms':>8} {'ms/token':>9} {'compute':>8} {'ple wait':>9} {'pages/tok':>9} "
-              f"{'hit %':>6} {'kpages/s':>9} {'MB/s':>7}  io")
+              f"{'hit %':>6} {'kpages/s':>9} {'MB/s':>7} {'host ms':>8} {'cpu us/page':>11} {'sys us/page':>11}  io")
         runs = [(m, float(x), int(t)) for m in args.modes.split(",") for x in args.layer_ms.split(",")
                 for t in args.threads.split(",")]
         for mode, layer_ms, threads in runs:
@@ -169,7 +178,8 @@ def main() -> None:
             results.append(r)
             print(f"{mode:>13} {threads:7d} {layer_ms:8.2f} {r['ms_per_token']:9.2f} {r['compute_ms_per_token']:8.2f} "
                   f"{r['ple_wait_ms_per_token']:9.2f} {r['pages_per_token']:9.1f} {100 * r['hit_rate']:6.2f} "
-                  f"{r['pages_per_s'] / 1e3:9.1f} {r['mb_per_s']:7.1f}  {r['io']}", flush=True)
+                  f"{r['pages_per_s'] / 1e3:9.1f} {r['mb_per_s']:7.1f} {r['host_ms_per_token']:8.2f} {r['cpu_us_per_page']:11.2f} {r['sys_us_per_page']:11.2f}  "
+                  f"{r['io']}", flush=True)
         summary = {"store_bytes": os.path.getsize(store.path), "page_bytes": store.page_bytes, "qtype": store.qtype.name,
                    "ple_layers": args.ple_layers, "layers": args.layers, "heads": args.heads, "width": args.width,
                    "runs": results}

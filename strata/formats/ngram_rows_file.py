@@ -214,6 +214,10 @@ class NgramRowsFile:
     def checksum(self, page: int) -> int:
         return int(self._crcs[page])
 
+    def crcs_of(self, pages: np.ndarray) -> np.ndarray:
+        """The stored CRC-32 of each page. Shapes: int [n] -> uint32 [n]"""
+        return self._crcs[pages]
+
     def where(self, page: int) -> tuple[int, int]:
         """(layer, page within its table) of a global page: how errors name it."""
         layer = int(self._page_table[page])

@@ -18,6 +18,9 @@ computed while the disk worked.
   cached), pages and bytes read, seconds waited; totals over the cache's life (`stats`) and the
   latest prefetch window's (`last_window`: one token when decoding).
 
+Which pages and rows a request names, and their decoding out of the slots: strata.runtime.row_locator
+(made once per table, a prefetch's layers located in one pass).
+
 `StreamedNgramRows` is an `NgramRows` (strata.reference.ngram_rows): the same float32 values as
 `ResidentNgramRows` over the same stored rows, bit for bit.
 """
@@ -34,6 +37,7 @@ from strata.runtime.io import IOHook, ReadRequest
 from strata.runtime.ngram_stats import RowCounts, RowStats  # noqa: F401 - re-exported
 from strata.runtime.advised_reader import AdvisedReader, advice_available
 from strata.runtime.page_reader import PAGES_PER_JOB, PageReader, page_slots
+from strata.runtime.row_locator import RowLocator
 
 __all__ = ["RowCounts", "RowStats", "RowIds", "StreamedNgramRows"]
 
@@ -48,20 +52,6 @@ token depend on it and the few before it only, so they are known before layer 0.
 # Python reader threads (strata.runtime.page_reader; O_DIRECT where allowed, and where fadvise is
 # missing); "auto": advise where it exists
 READERS = ("auto", "advise", "threads")
-SMALL_REQUEST = 256  # ids up to which a set and a dict beat np.unique (a token's 16 heads: 3x faster here)
-
-
-def _unique(pages: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """The sorted distinct pages (python ints) and each id's index into them. Shapes: [n] -> P, [n]"""
-    if len(pages) <= SMALL_REQUEST:
-        plist = pages.tolist()
-        upages = sorted(set(plist))
-        index = {p: i for i, p in enumerate(upages)}
-        return upages, np.fromiter((index[p] for p in plist), np.int64, len(plist))
-    uniq, which = np.unique(pages, return_inverse=True)
-    return uniq.tolist(), which.reshape(-1)
-
-
 class StreamedNgramRows:
     """PLE rows from a row store through a cache of `capacity` pages (module docstring). One
     owner thread calls it (the engine's); its reader threads only fill slots."""
@@ -87,7 +77,8 @@ class StreamedNgramRows:
         self._ticket: dict[int, int] = {}  # page -> its read, until the read has been finished
         self._free = list(range(capacity - 1, -1, -1))
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # unpinned, oldest first
-        self._pins: collections.Counter[int] = collections.Counter()
+        # page -> its pins (a plain dict: a Counter's missing keys and deletions run Python code)
+        self._pins: dict[int, int] = {}
         self._limbo: set[int] = set()  # unpinned pages whose read is not finished: no victims yet
         self._held: dict[int, list[int]] = {}  # layer -> pages the current prefetch pinned for it
         self._issued: dict[int, set] = {}  # layer -> pages the current prefetch read for it
@@ -96,6 +87,8 @@ class StreamedNgramRows:
         self._totals: dict[int, list] = {}
         self._window: dict[int, list] = {}
         self._positions = 0
+        self._where = RowLocator(store, self.slots)
+        self._located: dict[int, tuple] = {}  # layer -> the latest prefetch's `locate_all` for it
 
     # -------------------------------------------------------- the protocol
 
@@ -110,22 +103,36 @@ class StreamedNgramRows:
             self._unpin(self._held.pop(layer))
         self._sweep()
         self._issued, self._window = {}, {}
+        self._located = self._where.locate_all(ids_by_layer)
         self._positions += positions
-        reads = []
+        # _pin and _claim inlined: this loop runs for every page of every PLE layer of a token
+        slot_of, lru, pins, limbo, free = self._slot_of, self._lru, self._pins, self._limbo, self._free
+        reads, stride = [], self.store.page_bytes
         for layer in sorted(ids_by_layer):
-            pages = _unique(self.store.locate(layer, ids_by_layer[layer])[0])[0]
-            new = [p for p in pages if p not in self._slot_of]
-            cached_victims = sum(1 for p in pages if p in self._lru)  # pinned below: no longer victims
-            if len(new) > self._available() - cached_victims - 1:  # keep a slot for layers that read at use
+            pages = self._located[layer][1]
+            new = [p for p in pages if p not in slot_of]
+            cached_victims = sum(1 for p in pages if p in lru) if len(new) < len(pages) else 0  # pinned below
+            if len(new) > len(free) + len(lru) - cached_victims - 1:  # keep a slot for layers that read at use
                 break
-            self._pin(pages)
-            for p in new:
-                reads.append((p, self._claim(p)))
+            if len(new) < len(pages):
+                fresh = set(new)
+                for p in pages:
+                    if p not in fresh:
+                        pins[p] = pins.get(p, 0) + 1
+                        lru.pop(p, None)
+                        limbo.discard(p)
+            for p in new:  # not cached, so neither pinned nor a victim
+                pins[p] = 1
+                if free:
+                    slot = free.pop()
+                else:
+                    slot = slot_of.pop(lru.popitem(last=False)[0])
+                slot_of[p] = slot
+                reads.append((p, slot))
             self._held[layer] = pages
             self._issued[layer] = set(new)
-            self._count(layer, 0, 0, len(new), len(new) * self.store.page_bytes, 0.0)
-        for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=False)):
-            self._ticket[page] = ticket
+            self._count(layer, 0, 0, len(new), len(new) * stride, 0.0)
+        self._submit(reads, urgent=False)
 
     def read_ahead(self, context, tokens: np.ndarray) -> Mapping[int, np.ndarray]:
         """What an engine calls before layer 0 of a window: every PLE layer's ids (`row_ids`, the
@@ -150,16 +157,24 @@ class StreamedNgramRows:
             row_ids: int [*S] -> float32 [*S, width]
         """
         ids = np.asarray(row_ids, dtype=np.int64)
-        pages, within = self.store.locate(layer, ids)
-        upages, which = _unique(pages)
+        located = self._located.pop(layer, None)
+        flat = ids.reshape(-1)
+        if located is not None and located[0].shape == flat.shape and (located[0] == flat).all():
+            upages, which, within = located[1:]  # the ids the prefetch located (the read-ahead's case)
+        else:
+            upages, which, within = self._where.pages(layer, ids)
         held = self._held.pop(layer, [])  # pinned by the prefetch: they stay pinned until gathered
         issued = self._issued.pop(layer, set())
         slot_of = self._slot_of
-        cached = [p for p in upages if p in slot_of]
-        held_set = set(held)
-        pinned = [p for p in cached if p not in held_set]  # cached pages the prefetch did not pin
-        self._pin(pinned)
-        todo = [p for p in upages if p not in slot_of]
+        cached, todo = [], []
+        for p in upages:
+            (cached if p in slot_of else todo).append(p)
+        if len(held) == len(cached) and held == cached:  # the read-ahead's case: every cached page is held
+            pinned = []
+        else:
+            held_set = set(held)
+            pinned = [p for p in cached if p not in held_set]  # cached pages the prefetch did not pin
+            self._pin(pinned)
         out = np.empty((len(which), self.store.tables[layer].width), np.float32)
         batch, read_now, wait = cached, [], 0.0
         try:
@@ -179,18 +194,21 @@ class StreamedNgramRows:
                 reads = [(p, self._claim(p)) for p in batch]
                 self._pin(batch)
                 pinned = batch
-                for (page, _), ticket in zip(reads, self.reader.submit_many(reads, urgent=True)):
-                    self._ticket[page] = ticket
+                self._submit(reads, urgent=True)
                 read_now += batch
         except BaseException:
             self._unpin(pinned)
             self._unpin(held)
             raise
-        fresh = issued.union(read_now)
         n_read = 0
-        if fresh:
-            per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
-            n_read = int(per_page[np.fromiter((p in fresh for p in upages), bool, len(upages))].sum())
+        if issued or read_now:
+            fresh = issued.union(read_now)
+            is_fresh = [p in fresh for p in upages]
+            if all(is_fresh):  # a new token's usual case: every page read for it
+                n_read = len(which)
+            else:
+                per_page = np.bincount(which, minlength=len(upages))  # requested rows of each unique page
+                n_read = int(per_page[np.array(is_fresh, bool)].sum())
         self._count(layer, n_read, len(which) - n_read, len(read_now), len(read_now) * self.store.page_bytes, wait)
         return out.reshape(*ids.shape, out.shape[1])
 
@@ -239,38 +257,48 @@ class StreamedNgramRows:
             self._lru[p] = None
 
     def _pin(self, pages) -> None:
+        pins, lru, limbo = self._pins, self._lru, self._limbo
         for p in pages:  # python ints
-            self._pins[p] += 1
-            self._lru.pop(p, None)
-            self._limbo.discard(p)
+            pins[p] = pins.get(p, 0) + 1
+            lru.pop(p, None)
+            limbo.discard(p)
 
     def _unpin(self, pages) -> None:
+        pins, lru, ticket = self._pins, self._lru, self._ticket
         for p in pages:  # python ints
-            if p not in self._pins:  # dropped after a failed read
+            n = pins.get(p)
+            if n is None:  # dropped after a failed read
                 continue
-            self._pins[p] -= 1
-            if self._pins[p] == 0:
-                del self._pins[p]
-                if p in self._ticket:  # still reading, or read and not yet checked
-                    self._limbo.add(p)
-                else:
-                    self._lru[p] = None  # most recently used
+            if n > 1:
+                pins[p] = n - 1
+                continue
+            del pins[p]
+            if p in ticket:  # still reading, or read and not yet checked
+                self._limbo.add(p)
+            else:
+                lru[p] = None  # most recently used
+
+    def _submit(self, reads: list[tuple[int, int]], *, urgent: bool) -> None:
+        """Queue (page, slot) reads and keep each page's ticket until its read is finished."""
+        if reads:
+            self._ticket.update(zip((p for p, _ in reads), self.reader.submit_many(reads, urgent=urgent)))
 
     def _settle(self, pages: list[int]) -> float:
-        """Wait for these pages' reads and raise any read's error; the seconds blocked."""
-        tickets = [self._ticket[p] for p in pages if p in self._ticket]
-        if not tickets:
+        """Wait for these pages' reads and raise any read's error; the seconds blocked. Every
+        page's read is finished before the first error is raised (each failed page dropped)."""
+        ticket = self._ticket
+        reading = [p for p in pages if p in ticket]
+        if not reading:
             return 0.0
-        waited = self.reader.wait(tickets)
-        for p in pages:
-            t = self._ticket.pop(p, None)
-            if t is None:
-                continue
-            try:
-                self.reader.finish(t)
-            except BaseException:
-                self._drop(p)
-                raise
+        tickets = [ticket[p] for p in reading]
+        waited = self.reader.wait(tickets)  # may time out (PageReader): the pages stay reading
+        for p in reading:
+            del ticket[p]
+        failed = self.reader.finish_many(tickets)
+        for i, _ in failed:
+            self._drop(reading[i])
+        if failed:
+            raise failed[0][1]
         return waited
 
     def _drop(self, page: int) -> None:
@@ -289,12 +317,14 @@ class StreamedNgramRows:
         slot_of = self._slot_of
         if len(pages) == len(upages):  # the usual call: every page at once
             slots = np.array([slot_of[p] for p in upages], np.int64)[which]
-            out[:] = self.store.decode(layer, self.slots, slots, within)
+            self._where.decode(layer, slots, within, out)
             return
         now = set(pages)
         slots = np.array([slot_of[p] if p in now else -1 for p in upages], np.int64)[which]
         mask = slots >= 0
-        out[mask] = self.store.decode(layer, self.slots, slots[mask], within[mask])
+        part = np.empty((int(mask.sum()), out.shape[1]), np.float32)
+        self._where.decode(layer, slots[mask], within[mask], part)
+        out[mask] = part
 
     def _count(self, layer: int, *c) -> None:
         """Add (rows_read, rows_hit, pages_read, bytes_read, wait_s) to the layer's counts."""

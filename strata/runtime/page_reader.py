@@ -156,6 +156,17 @@ class PageReader:
         if job.error is not None:
             raise job.error
 
+    def finish_many(self, tickets) -> list[tuple[int, RowReadError]]:
+        """`finish` for each of these (all waited for): forgets them all and returns (position in
+        `tickets`, error) of each that failed, in order, instead of raising."""
+        failed = []
+        for i, t in enumerate(tickets):
+            try:
+                self.finish(t)
+            except RowReadError as e:
+                failed.append((i, e))
+        return failed
+
     def close(self) -> None:
         with self._cv:
             if self._closed:
