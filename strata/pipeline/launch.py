@@ -49,7 +49,10 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
         model = load(model_path, layers=stage)
         note = backend_note(model, config)
         if note:  # said once at start on each rank it applies to, and kept in its stage's report
-            print(f"pipeline rank {link.rank}: {note}", file=sys.stderr, flush=True)
+            # one write per line: print() writes the text and its newline apart, so two ranks
+            # in one process (threads) could interleave them
+            sys.stderr.write(f"pipeline rank {link.rank}: {note}\n")
+            sys.stderr.flush()
         engine = open_stage(model, config, stage, arena=arena)
     except Exception as e:  # noqa: BLE001 - told to every rank in the opening round
         error = e
