@@ -44,6 +44,7 @@ from strata.formats.expert_record import (
 )
 from strata.formats.atomic import atomic_output
 from strata.formats.checksum import CRC32_IMPL, checksum, checksum_update  # noqa: F401 - re-exported
+from strata.formats.open_file import OpenFile
 from strata.formats.quant_types import QuantType
 
 MAGIC = b"STRXPRT1"
@@ -236,7 +237,7 @@ def _parse_header(name: str, raw: bytes, actual_bytes: int) -> ExpertsHeader:
                          data_offset=v["data_offset"], file_bytes=v["file_bytes"], biases=biases)
 
 
-class ExpertsFile:
+class ExpertsFile(OpenFile):
     """An open `.experts` file. Reads use pread on one descriptor, so they are thread-safe;
     the runtime may also pread `fileno()` itself at `record_offset(l, e)`."""
 
@@ -352,27 +353,6 @@ class ExpertsFile:
         for l in range(self.header.n_layers):
             for e in range(self.header.n_experts):
                 self.read_record(l, e, out=buf)
-
-    # -------------------------------------------------------- lifetime
-
-    def fileno(self) -> int:
-        if self._fd < 0:
-            raise ValueError(f"{self.path}: file is closed")
-        return self._fd
-
-    def close(self) -> None:
-        fd, self._fd = getattr(self, "_fd", -1), -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self) -> "ExpertsFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         h = self.header

@@ -33,6 +33,7 @@ from strata.errors import FormatError
 from strata.formats.checksum import checksum
 from strata.formats.expert_record import align_up
 from strata.formats.ngram_row_types import ROW_TYPES, check_row_type, decode_rows
+from strata.formats.open_file import OpenFile
 from strata.formats.quant_types import QuantType
 
 __all__ = ["MAGIC", "PAGE_ALIGN", "PAGE_BYTES", "TableInfo", "NgramRowsFile", "store_layout", "pack_head",
@@ -126,7 +127,7 @@ def pack_head(qtype: QuantType, page_bytes: int, tables: tuple[TableInfo, ...]) 
 # ---------------------------------------------------------------- reader
 
 
-class NgramRowsFile:
+class NgramRowsFile(OpenFile):
     """An open row store. Reads are preads on one descriptor (thread-safe); every read is
     checked against its page's CRC-32 unless `verify=False`. Also an `NgramRows` source itself
     (`rows`: a read per page, no cache)."""
@@ -276,27 +277,6 @@ class NgramRowsFile:
         bufs = np.stack([self.read_page(int(p), verify=verify) for p in uniq]) if len(uniq) else \
             np.zeros((0, self.page_bytes), np.uint8)
         return self.decode(layer, bufs, inverse.reshape(-1), within).reshape(*ids.shape, self.tables[layer].width)
-
-    # -------------------------------------------------------- lifetime
-
-    def fileno(self) -> int:
-        if self._fd < 0:
-            raise ValueError(f"{self.path}: file is closed")
-        return self._fd
-
-    def close(self) -> None:
-        fd, self._fd = getattr(self, "_fd", -1), -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self) -> "NgramRowsFile":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"NgramRowsFile({self.path!r}, {self.qtype.name}, {len(self.tables)} tables, {self.n_pages} pages "
