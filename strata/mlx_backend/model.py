@@ -27,6 +27,7 @@ from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
+from strata.mlx_backend import decode_experts
 from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
 from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
@@ -373,6 +374,8 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     x_mid, h, z, _ = router_stage(p, layer, x, parts)
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
+    if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):
+        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule), kv  # + combine
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:

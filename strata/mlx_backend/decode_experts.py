@@ -1,0 +1,49 @@
+"""A decoded token's routed experts and the layer's combine as two launches (kernels/moe_decode.py),
+where they apply: the all-resident engine's routing on the device, few tokens, Q2_0 records,
+no shared expert, a softmax rule. Elsewhere the fused kernel and the combine launch run
+(experts.experts_route, experts.combine).
+
+The launch count per layer is the same (experts + combine -> gate/up + down); what changes is the
+GPU time: no 1.8 MB of partials written and read back, every gate/up load of a block in flight at
+once (the fused kernel waited on DRAM five times a block at one token): ncu on the H200 timed the
+fused pair at ~31 us a decoded layer for 13.8 MB of records; the two launches are predicted at
+~11 us (kernels/moe_decode.py says why).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from strata.formats.expert_record import RecordLayout
+from strata.mlx_backend.kernels import moe, moe_decode
+from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.model_config import ExpertKind
+from strata.reference.experts import ExpertAct
+from strata.reference.routing import RouterRule
+
+__all__ = ["TWO_LAUNCHES", "MAX_TOKENS", "applies", "routed_residual"]
+
+# False: the fused kernel + combine for every token count (the A/B switch the benchmarks flip)
+TWO_LAUNCHES = True
+# up to this many tokens a launch; from moe.MANY_TOKENS the fused kernel's FC = 64 shape reads
+# each record's down planes in fewer L2 sectors and is the measured choice
+MAX_TOKENS = moe.MANY_TOKENS - 1
+
+
+def applies(rec: RecordLayout | None, rule: RouterRule | None, shared, act: ExpertAct, tokens: int) -> bool:
+    """Whether `routed_residual` serves this layer's routed step on the current path."""
+    return (TWO_LAUNCHES and current_path() is not KernelPath.OPS and rec is not None and rule is not None
+            and shared is None and act.kind is ExpertKind.SWIGLU and 1 <= tokens <= MAX_TOKENS
+            and moe.routes_on_kernel(rule) and moe_decode.applies(rec, rule.k))
+
+
+def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
+                    rule: RouterRule) -> mx.array:
+    """x_mid + sum_i w_i expert_i(h), the experts chosen from z by the model's rule, every expert
+    of the layer resident at arena slot slot_base + e (the twin of experts_route + combine
+    without a shared expert).
+
+    Shapes:
+        x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
+    """
+    return moe_decode.routed_residual(arena, rec, x_mid, h, z, slot_base, rule.k, rule.order, rule.norm_topk_prob)

@@ -1,0 +1,266 @@
+"""The routed experts of a decoded token in two launches, the layer's combine folded into the second.
+
+The fused kernel (moe.py) splits an expert's F hidden units into chunks of FC = 32 and gives each
+block a chunk's gate, up *and down*: the down step of a chunk is a full D-long partial, so a
+decoded token writes k x F/FC = 180 partials (1.8 MB at the seed shape) that a combine launch
+reads back, and a block's gate/up walk issues its loads in WPL = 5 dependent steps (one DRAM round
+trip each). ncu on the H200 (seed shape, one token): experts 25.7-25.9 us + combine 5.4-5.8 us for
+13.8 MB of records, 16% of copy bandwidth. Here the same work is cut where the data dependency is:
+
+- `strata_moe_gateup`: block (rank i, group of UPB hidden units) ranks the logits (moe.py's
+  ROUTE_PREAMBLE: the reference's order, the rule's weights), issues *every* gate/up load of its
+  units at once (UPW units a warp, WPL words a lane each: 40 words in flight a lane at the seed
+  shape), stages x while they fly, then writes h_f = silu(gate_f . x) (up_f . x) (bit for bit the
+  fused kernel's h: the same per-lane order and warp sum). Block 0 also writes the k slots and
+  weights. Seed shape: 10 x 18 blocks (UPW = 4).
+- `strata_moe_down`: a warp per output row d sums w_i down_i[d, :] . h_i over all k experts (a lane
+  takes (expert, word) pairs lane + 32 j: 12 words and their scales, loaded before h is staged)
+  and writes x_mid[d] + that sum: the combine, with no partials. Seed shape: 320 blocks.
+
+Predicted at the seed shape (bytes at ~3.4 TB/s plus one launch ramp each): gate/up 9.2 MB, ~6 us
+with the ranking; down 4.6 MB, ~5 us: ~11 us a layer against 31 (0.95 ms a token).
+Sums differ from the fused kernel's in order only (the down sums over experts inside the warp).
+
+Shapes:
+    arena uint8 [S, SLOT], h float32 [T, D] (the router input), z float32 [T, E]
+    -> hid float32 [T, K, F], sel int32 [T, K] (slots), wsel float32 [T, K]
+    x_mid float32 [T, D], hid, sel, wsel -> out float32 [T, D]
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+
+from strata.formats.expert_record import RecordLayout
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels.launch import as_f32, index_param, launch
+from strata.mlx_backend.kernels.preludes import WARP
+from strata.mlx_backend.kernels.source import KernelSource
+from strata.model_config import RoutingOrder
+
+THREADS = 256
+GATEUP_UNITS_PER_WARP = 4  # 32 hidden units a block: the fused kernel's 180 blocks (one ranking each)
+DOWN_ROWS_PER_WARP = 1  # 320 blocks of 8 rows at D = 2560: ~2.4 per H200 SM
+XW = 20  # floats a word of x (or h) takes in threadgroup memory: 16 values, 4 of padding (no bank conflicts)
+# the down launch stages every selected expert's h pre-scaled: K F / 16 words of XW + 1 floats
+MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
+
+GATEUP = r"""
+  constexpr int NW = NT / 32;
+  constexpr int WPR = D / 16;                 // uint32 words per gate/up row
+  constexpr int WPL = (WPR + 31) / 32;        // words a lane
+  constexpr int UPB = NW * UPW;               // hidden units a block
+  SHARED float xsh[WPR * XW];
+  SHARED float xsum[WPR];
+""" + moe.ROUTE_PREAMBLE + r"""
+  const uint32_t c = rb % NCH;
+  const DEVICE uint8_t* rec = arena + (uint64_t)slot * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
+  // every gate/up load of the warp's UPW units first (nothing here depends on x)
+  uint32_t gw[UPW][WPL], uw[UPW][WPL];
+  half_t gd[UPW][WPL], ud[UPW][WPL];
+  UNROLL for (int k = 0; k < UPW; ++k) {
+    const uint64_t f = (uint64_t)c * UPB + warp_id * UPW + k;
+    const DEVICE uint32_t* gq = (const DEVICE uint32_t*)(rec + GC + f * (D / 4));
+    const DEVICE uint32_t* uq = (const DEVICE uint32_t*)(rec + UC + f * (D / 4));
+    const DEVICE half_t* gs = (const DEVICE half_t*)(rec + GS) + f * (D / 32);
+    const DEVICE half_t* us = (const DEVICE half_t*)(rec + US) + f * (D / 32);
+    UNROLL for (int i = 0; i < WPL; ++i) {
+      const int w = (int)lane + 32 * i;
+      const int wc = w < WPR ? w : WPR - 1;  // past the row: its last word again (unused; no branch)
+      gw[k][i] = gq[wc];
+      uw[k][i] = uq[wc];
+      gd[k][i] = gs[wc >> 1];
+      ud[k][i] = us[wc >> 1];
+    }
+  }
+  // x pre-scaled per code and each word's plain sum (moe.py's COMMON, the same order)
+  for (uint32_t w = tid; w < (uint32_t)WPR; w += NT) {
+    float s = 0.0f;
+    UNROLL for (int j = 0; j < 16; j += 4) {
+      const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
+      UNROLL for (int q = 0; q < 4; ++q) {
+        xsh[XW * w + j + q] = v.v[q] * (DN ? q2_scale_dn(j + q) : q2_scale(j + q));
+        s += v.v[q];
+      }
+    }
+    xsum[w] = s;
+  }
+  BARRIER();
+  float ga[UPW], ua[UPW];
+  UNROLL for (int k = 0; k < UPW; ++k) { ga[k] = 0.0f; ua[k] = 0.0f; }
+  UNROLL for (int i = 0; i < WPL; ++i) {
+    const int w = (int)lane + 32 * i;
+    if (w < WPR) {
+      float xv[16];
+      UNROLL for (int j = 0; j < 16; ++j) xv[j] = xsh[XW * w + j];
+      const float xs = xsum[w];
+      UNROLL for (int k = 0; k < UPW; ++k) {
+        if (DN) {
+          const uint32_t gh = gw[k][i] >> 22, uh = uw[k][i] >> 22;
+          float gsum = 0.0f, usum = 0.0f;
+          UNROLL for (int j = 0; j < 16; ++j) {
+            gsum = fma_keep(q2_dn(j <= 10 ? gw[k][i] : gh, q2_shift(j)), xv[j], gsum);
+            usum = fma_keep(q2_dn(j <= 10 ? uw[k][i] : uh, q2_shift(j)), xv[j], usum);
+          }
+          ga[k] += F32(gd[k][i]) * fma_keep(gsum, TWO64, -2.0f * xs);
+          ua[k] += F32(ud[k][i]) * fma_keep(usum, TWO64, -2.0f * xs);
+        } else {
+          const uint32_t gl = q2_lo(gw[k][i]), gh = q2_hi(gw[k][i]), ul = q2_lo(uw[k][i]), uh = q2_hi(uw[k][i]);
+          float gsum = 0.0f, usum = 0.0f;
+          UNROLL for (int j = 0; j < 16; ++j) {
+            gsum += q2_code(gl, gh, j) * xv[j];
+            usum += q2_code(ul, uh, j) * xv[j];
+          }
+          ga[k] += F32(gd[k][i]) * (gsum - 2.0f * xs);
+          ua[k] += F32(ud[k][i]) * (usum - 2.0f * xs);
+        }
+      }
+    }
+  }
+  UNROLL for (int k = 0; k < UPW; ++k) {
+    const float g = warp_sum(ga[k]), u = warp_sum(ua[k]);
+    const uint32_t f = c * UPB + warp_id * UPW + k;
+    if (lane == 0) hid[((uint64_t)t * K + rank) * F + f] = g / (1.0f + exp_f(-g)) * u;
+  }
+  if (bx == 0 && tid < (uint32_t)K) {
+    sel[t * K + tid] = slot_base[0] + top[tid];
+    wsel[t * K + tid] = topw[tid];
+  }
+"""
+
+DOWN = r"""
+  constexpr int NW = NT / 32;
+  constexpr int WF = F / 16;                  // words of one expert's down row
+  constexpr int NP = K * WF;                  // (expert, word) pairs of one output row
+  constexpr int PPL = (NP + 31) / 32;         // pairs a lane
+  const uint32_t t = by;
+  SHARED float hsh[NP * XW];                  // pair p's 16 h values, pre-scaled per code
+  SHARED float hsm[NP];                       // ... and their plain sum
+  SHARED float swt[K];
+  const uint32_t r0 = (bx * NW + warp_id) * RW;
+  // the warp's rows: every load first (the slots from L2, then codes and scales from the records)
+  uint32_t dq[RW][PPL];
+  half_t dsc[RW][PPL];
+  UNROLL for (int j = 0; j < PPL; ++j) {
+    const int p = (int)lane + 32 * j;
+    const int pc = p < NP ? p : NP - 1;  // past the pairs: the last one again (unused; no branch)
+    const int i = pc / WF, w = pc % WF;
+    const DEVICE uint8_t* rec = arena + (uint64_t)sel[t * K + i] * (uint64_t)SLOT;
+    UNROLL for (int r = 0; r < RW; ++r) {
+      const uint64_t d = r0 + r < (uint32_t)D ? r0 + r : (uint32_t)(D - 1);  // past D: a real row, stored nowhere
+      dq[r][j] = ((const DEVICE uint32_t*)(rec + DC + d * (F / 4)))[w];
+      dsc[r][j] = ((const DEVICE half_t*)(rec + DS))[d * (F / 32) + (w >> 1)];
+    }
+  }
+  for (uint32_t p = tid; p < (uint32_t)NP; p += NT) {
+    const DEVICE float* hp = hid + ((uint64_t)t * K + p / WF) * F + 16 * (p % WF);
+    float s = 0.0f;
+    UNROLL for (int j = 0; j < 16; j += 4) {
+      const f4 v = load_f4(hp + j);
+      UNROLL for (int q = 0; q < 4; ++q) {
+        hsh[XW * p + j + q] = v.v[q] * (DN ? q2_scale_dn(j + q) : q2_scale(j + q));
+        s += v.v[q];
+      }
+    }
+    hsm[p] = s;
+  }
+  if (tid < (uint32_t)K) swt[tid] = wsel[t * K + tid];
+  BARRIER();
+  UNROLL for (int r = 0; r < RW; ++r) {
+    float acc = 0.0f;
+    UNROLL for (int j = 0; j < PPL; ++j) {
+      const int p = (int)lane + 32 * j;
+      if (p < NP) {
+        float dd = 0.0f;
+        if (DN) {
+          const uint32_t qw = dq[r][j], qh = qw >> 22;
+          UNROLL for (int q = 0; q < 16; ++q) dd = fma_keep(q2_dn(q <= 10 ? qw : qh, q2_shift(q)), hsh[XW * p + q], dd);
+          acc += swt[p / WF] * (F32(dsc[r][j]) * fma_keep(dd, TWO64, -2.0f * hsm[p]));
+        } else {
+          const uint32_t ql = q2_lo(dq[r][j]), qh = q2_hi(dq[r][j]);
+          UNROLL for (int q = 0; q < 16; ++q) dd += q2_code(ql, qh, q) * hsh[XW * p + q];
+          acc += swt[p / WF] * (F32(dsc[r][j]) * (dd - 2.0f * hsm[p]));
+        }
+      }
+    }
+    acc = warp_sum(acc);
+    const uint32_t d = r0 + r;
+    if (lane == 0 && d < (uint32_t)D) out[(uint64_t)t * D + d] = x_mid[(uint64_t)t * D + d] + acc;
+  }
+"""
+
+GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base"), ("hid", "sel", "wsel"),
+                             GATEUP, moe.HELPERS)
+DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel"), ("out",), DOWN, moe.HELPERS)
+
+
+def applies(rec: RecordLayout, k: int, threads: int = THREADS, upw: int = GATEUP_UNITS_PER_WARP) -> bool:
+    """Whether the two launches take these records: Q2_0 without biases, F a multiple of the
+    block's hidden units (and of 32), D of 16 and at most moe.MAX_HIDDEN, h of the k experts in
+    threadgroup memory (k F / 16 <= MAX_PAIRS)."""
+    d, f = rec.hidden, rec.expert_ffn
+    return (rec.qtype is QuantType.Q2_0 and not rec.biases and d % 16 == 0 and d <= moe.MAX_HIDDEN
+            and f % 32 == 0 and f % ((threads // WARP) * upw) == 0 and k * (f // 16) <= MAX_PAIRS)
+
+
+@functools.cache
+def _planes(rec: RecordLayout) -> tuple[tuple[str, int], ...]:
+    return (("D", rec.hidden), ("F", rec.expert_ffn), ("SLOT", rec.padded_bytes),
+            ("GC", rec.codes("gate").offset), ("GS", rec.scales("gate").offset),
+            ("UC", rec.codes("up").offset), ("US", rec.scales("up").offset),
+            ("DC", rec.codes("down").offset), ("DS", rec.scales("down").offset), ("XW", XW))
+
+
+def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
+           order: RoutingOrder, norm_topk_prob: bool, *, threads: int = THREADS, upw: int = GATEUP_UNITS_PER_WARP,
+           denormals: bool | None = None) -> tuple[mx.array, mx.array, mx.array]:
+    """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
+    hidden activations. denormals: the code form (default moe.subnormal_codes()).
+
+    Shapes:
+        x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k]
+    """
+    t, e = z.shape
+    if not applies(rec, k, threads, upw):
+        raise ValueError(f"moe_decode: records {rec} with k={k} do not fit the decode launches (applies)")
+    dn = moe.subnormal_codes() if denormals is None else denormals
+    nch = rec.expert_ffn // ((threads // WARP) * upw)
+    template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("NSB", 0), ("UPW", upw), ("NT", threads),
+                               ("DN", int(dn)), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
+                               ("NORM", int(norm_topk_prob)))
+    hid, sel, wsel = launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)],
+                            [(t, k, rec.expert_ffn), (t, k), (t, k)], [mx.float32, mx.int32, mx.float32],
+                            blocks=(k * nch, t, 1), threads=threads, template=template)
+    return hid, sel, wsel
+
+
+def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hid: mx.array, sel: mx.array, wsel: mx.array, *,
+         threads: int = THREADS, rw: int = DOWN_ROWS_PER_WARP, denormals: bool | None = None) -> mx.array:
+    """Kernel path: x_mid + sum_i wsel_i down_i . hid_i.
+
+    Shapes:
+        x_mid float32 [T, D], hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k] -> float32 [T, D]
+    """
+    t, k, _ = hid.shape
+    dn = moe.subnormal_codes() if denormals is None else denormals
+    rows = (threads // WARP) * rw
+    template = _planes(rec) + (("K", k), ("RW", rw), ("NT", threads), ("DN", int(dn)))
+    return launch(DOWN_SOURCE, [arena, as_f32(x_mid), hid, sel, wsel], [(t, rec.hidden)], [mx.float32],
+                  blocks=((rec.hidden + rows - 1) // rows, t, 1), threads=threads, template=template)[0]
+
+
+def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
+                    k: int, order: RoutingOrder, norm_topk_prob: bool, **kw) -> mx.array:
+    """Kernel path: x_mid + the routed experts of h, routed by z (two launches).
+    kw: `gateup`'s threads / upw / denormals, `down`'s rw (benchmarks).
+
+    Shapes:
+        x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
+    """
+    rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
+    hid, sel, wsel = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, **kw)
+    return down(arena, rec, x_mid, hid, sel, wsel, threads=kw.get("threads", THREADS), rw=rw,
+                denormals=kw.get("denormals"))

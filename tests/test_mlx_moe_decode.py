@@ -1,0 +1,123 @@
+"""The decoded token's routed experts in two launches (kernels/moe_decode.py: gate/up, then down
+with the residual) against the reference: the routing (experts exactly, weights to reordering),
+the residual sum (FAST), both code forms, the other block shapes bit for bit, the model's decode
+through them (FORWARD against the fused kernel's forward, the same 6 launches a layer) and the
+engine's choice (`decode_experts.applies`). Emulated (medium sizes: several words a lane, several
+blocks an expert) and on the GPU (the seed shape's expert; marked `gpu`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_agree import assert_backends_agree
+from strata.formats.expert_record import RecordLayout, unpack_record
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend import decode_experts
+from strata.mlx_backend import model as mlx_model
+from strata.mlx_backend.kernels import moe_decode
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
+from strata.mlx_backend.routing import route_batch
+from strata.model_config import RoutingOrder
+from strata.reference.experts import SWIGLU, routed_experts
+from strata.reference.routing import RouterRule
+from strata.testing.mlx_params import SEED_SHAPE, random_params, random_records
+from tests.kernel_paths import KERNEL_PATHS
+
+SEED_EXPERT = (SEED_SHAPE.hidden_size, SEED_SHAPE.expert_ffn_size)  # 2560 x 576
+MEDIUM_EXPERT = (1024, 96)  # 2 words a lane; 3 gate/up blocks an expert
+
+
+def _case(path, seed: int, k: int, tokens: int, n: int = 24):
+    d, f = SEED_EXPERT if path is KernelPath.GPU else MEDIUM_EXPERT
+    rec = RecordLayout(QuantType.Q2_0, d, f)
+    records = random_records(rec, 2 * n, mx.random.key(seed))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, d)).astype(np.float32)
+    x_mid = rng.standard_normal((tokens, d)).astype(np.float32)
+    z = rng.standard_normal((tokens, n)).astype(np.float32)
+    return rec, records, x, x_mid, z
+
+
+def _want(records, rec, x, x_mid, z, rule: RouterRule, base: int):
+    host = np.array(records)
+    sels = route_batch(z, rule)
+    out = np.stack([x_mid[t] + routed_experts([unpack_record(host[base + e], rec) for e in s.experts], s.weights, x[t])
+                    for t, s in enumerate(sels)])
+    return sels, out
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("order,norm", [(RoutingOrder.SOFTMAX_TOPK, True), (RoutingOrder.SOFTMAX_TOPK, False),
+                                        (RoutingOrder.TOPK_SOFTMAX, False)])
+def test_two_launches_against_the_reference(path, order, norm):
+    with using_path(path):
+        k, base = 6, 24
+        rec, records, x, x_mid, z = _case(path, 3, k, tokens=2)
+        z[1, 5] = z[1, 7]  # an exact tie: the lower id wins on both sides
+        rule = RouterRule(k, order, norm)
+        sels, want = _want(records, rec, x, x_mid, z, rule, base)
+        hid, sel, wsel = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), base, k, order, norm)
+        np.testing.assert_array_equal(np.array(sel), np.stack([base + s.experts for s in sels]))
+        assert_backends_agree(np.stack([s.weights for s in sels]), wsel, "ROUTING", what="weights")
+        got = moe_decode.down(records, rec, mx.array(x_mid), hid, sel, wsel)
+        assert_backends_agree(want, got, "FAST", what=f"{order.value} norm={norm}")
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_block_shapes_and_code_forms(path):
+    """Other units a warp (gate/up) and rows a warp (down) compute the same sums: bit for bit;
+    the exponent code form (Metal's) agrees with the reference."""
+    with using_path(path):
+        k = 4
+        rec, records, x, x_mid, z = _case(path, 5, k, tokens=3)
+        rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
+        _, want = _want(records, rec, x, x_mid, z, rule, 0)
+        args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
+        base = np.array(moe_decode.routed_residual(*args))
+        assert_backends_agree(want, base, "FAST", what="default shape")
+        for kw in ({"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}):
+            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, **kw)), base, err_msg=str(kw))
+        exp_form = moe_decode.routed_residual(*args, denormals=False)
+        assert_backends_agree(want, exp_form, "FAST", what="exponent code form")
+
+
+def test_applies_only_where_it_computes_the_layer():
+    rec = RecordLayout(QuantType.Q2_0, *MEDIUM_EXPERT)
+    rule = RouterRule(4, RoutingOrder.SOFTMAX_TOPK, True)
+    with using_path(KernelPath.EMULATED):
+        assert decode_experts.applies(rec, rule, None, SWIGLU, 1)
+        assert not decode_experts.applies(rec, rule, object(), SWIGLU, 1)  # a shared expert: the fused launch
+        assert not decode_experts.applies(rec, rule, None, SWIGLU, decode_experts.MAX_TOKENS + 1)
+        assert not decode_experts.applies(rec, RouterRule(4, RoutingOrder.SIGMOID_TOPK, True), None, SWIGLU, 1)
+        assert not moe_decode.applies(rec, 4, upw=8)  # 64 hidden units a block do not divide F = 96
+        assert not decode_experts.applies(RecordLayout(QuantType.Q2_0, 1024, 96 * 8), RouterRule(10, rule.order, True),
+                                          None, SWIGLU, 1)  # 480 (expert, word) pairs > MAX_PAIRS
+    with using_path(KernelPath.OPS):
+        assert not decode_experts.applies(rec, rule, None, SWIGLU, 1)
+
+
+NO_SHARED = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
+                    shared_ffn_size=0, shared_expert_gated=False, n_heads=4, n_kv_heads=2, head_dim=64,
+                    vocab_size=512, max_context=64)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_decode_through_the_two_launches(path, monkeypatch):
+    """A decoded token of a model without a shared expert takes the two launches (6 a layer, as
+    before) and its logits agree with the fused kernel's."""
+    with using_path(path):
+        p = random_params(NO_SHARED, seed=4, pred_q8=False)
+        _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(NO_SHARED), np.array([7, 3]))
+        mx.eval(state.layers[0].keys)
+        before, downs = sum(LAUNCHES.values()), LAUNCHES["strata_moe_down"]
+        two, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
+        mx.eval(two)
+        assert sum(LAUNCHES.values()) - before == 6 * NO_SHARED.n_layers + 2
+        assert LAUNCHES["strata_moe_down"] - downs == NO_SHARED.n_layers
+        monkeypatch.setattr(decode_experts, "TWO_LAUNCHES", False)
+        fused, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
+        assert_backends_agree(fused, two, "FORWARD", what="decoded logits")
