@@ -121,3 +121,22 @@ def test_decode_through_the_two_launches(path, monkeypatch):
         monkeypatch.setattr(decode_experts, "TWO_LAUNCHES", False)
         fused, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
         assert_backends_agree(fused, two, "FORWARD", what="decoded logits")
+
+
+@pytest.mark.parametrize("dialect", ["metal", "cuda"])
+def test_sources_compile(tmp_path, dialect):
+    """Both launches in both code forms as full Metal and CUDA sources (Metal: compile-checked, not run)."""
+    from test_metal_compile import _check
+
+    from strata.mlx_backend.kernels.launch import recording
+    from strata.mlx_backend.kernels.preludes import Dialect
+
+    k = 4
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        records_rec, records, x, x_mid, z = _case(KernelPath.EMULATED, 7, k, tokens=1)
+        for dn in (True, False):
+            mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
+                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn))
+    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 4
+    errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
+    assert not errors, "\n\n".join(errors)

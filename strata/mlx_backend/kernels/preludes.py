@@ -16,7 +16,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
     math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
                compiler may not re-derive from how it was computed)
-    loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
+    loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned;
+               h8_f8(u) (the 8 halves of a uint4 loaded raw, as floats: a load whose use is later)
     matrix     mma_16816(c, a, lda, b, ldb, lane): one warp's C[16x8] += A[16x16] B[16x8] in float32,
                A row-major and B as [n][k], float16 bits (uint16_t) in shared memory; c holds the
                lane's four elements of C as CUDA's m16n8k16 places them (rows g, g + 8 and
@@ -91,6 +92,12 @@ INLINE f8 load_h8(const device half* p) {
   return r;
 }
 INLINE float h16_f32(uint16_t b) { return static_cast<float>(as_type<half>(b)); }
+INLINE f8 h8_f8(uint4 u) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  f8 r;
+  for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
+  return r;
+}
 INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const threadgroup uint16_t* b, uint32_t ldb,
                     uint32_t lane) {
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
@@ -161,6 +168,15 @@ INLINE f8 load_h8(const __half* p) {
   }
   return r;
 }
+INLINE f8 h8_f8(uint4 u) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+  f8 r;
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    r.v[2 * i] = f.x; r.v[2 * i + 1] = f.y;
+  }
+  return r;
+}
 // the tensor-core m16n8k16 (sm_80+): A's four registers hold rows g / g + 8, columns 2t.. / 2t + 8..;
 // B's two hold column g, rows 2t.. and 2t + 8..; C's four: rows g, g + 8, columns 2t, 2t + 1
 INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, uint32_t ldb, uint32_t lane) {
@@ -221,6 +237,12 @@ INLINE f8 load_h8(const half_t* p) {
   return r;
 }
 INLINE float h16_f32(uint16_t b) { return static_cast<float>(strata_emu::half{b}); }
+INLINE f8 h8_f8(uint4 u) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  f8 r;
+  for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
+  return r;
+}
 INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, uint32_t ldb, uint32_t lane) {
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
   for (int i = 0; i < 4; ++i) {
