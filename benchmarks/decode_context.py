@@ -37,7 +37,9 @@ from _measure import device_name, part  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
+from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
+from strata.mlx_backend.kernels import dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
@@ -74,6 +76,15 @@ FORMS = {
     "one_block": (False, True, 0),  # one block per head at every length (the form before the split)
     "no_views": (True, False, 0),  # whole arrays given to MLX: a CUDA graph commit after each expert kernel
     "kv16": (True, True, 0),  # split, with float16 KV caches (KVPrecision.F16: half the cache's bytes)
+    "fused_experts": (True, True, 0),  # the fused expert kernel + combine (before kernels/moe_decode.py)
+    "late_loads": (True, True, 0),  # the dense GEMVs' weight loads after their prologue (before EARLY_LOADS)
+    "before19b": (True, True, 0),  # both of the above: the decode step before the one-token work
+}
+# forms that flip a module switch for their run: (module, name, value) each
+SWITCHES = {
+    "fused_experts": ((decode_experts, "TWO_LAUNCHES", False),),
+    "late_loads": ((dense_gemv, "EARLY_LOADS", False),),
+    "before19b": ((decode_experts, "TWO_LAUNCHES", False), (dense_gemv, "EARLY_LOADS", False)),
 }
 
 
@@ -81,6 +92,9 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
     """Median ms/token of `tokens` compiled decode steps from a made context of `length`."""
     split, views, chunk = FORMS[form]
     saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK
+    switched = [(mod, name, getattr(mod, name)) for mod, name, _ in SWITCHES.get(form, ())]
+    for mod, name, value in SWITCHES.get(form, ()):
+        setattr(mod, name, value)
     attn_kernels.SPLIT_FROM = saved[0] if split else 1 << 30
     launch.GRAPH_VIEWS = views
     attn_kernels.SPLIT_CHUNK = chunk or saved[2]
@@ -110,6 +124,8 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
                 "split": attn_kernels.split_applies(length + 1, 1)}
     finally:
         attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK = saved
+        for mod, name, value in switched:
+            setattr(mod, name, value)
 
 
 def main() -> int:

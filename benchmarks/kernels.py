@@ -19,6 +19,8 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
     python benchmarks/kernels.py --native   # the native kernel instead: MLX's types (affine 4/8-bit, MXFP4),
                                             # fused vs gather_qmm (benchmarks/_native_experts.py)
     python benchmarks/kernels.py --ncu native  # its launches for ncu
+    python benchmarks/kernels.py --decode   # a decoded token's kernels one by one (wall time, 48 a chain)
+    python benchmarks/kernels.py --ncu decode  # a decoded token's launches for ncu, now and before
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part, print_rows  # noqa: E402
 from _native_experts import native_part, ncu_launches  # noqa: E402
+from _decode_kernels import decode_part, ncu_decode_launches  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
@@ -142,8 +145,11 @@ def main() -> int:
                          "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
                          "native kernel and gather_qmm per MLX type (native)")
     ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
+    ap.add_argument("--decode", action="store_true", help="a decoded token's kernels one by one only (_decode_kernels.py)")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
+    if args.decode:
+        return decode_only(args.small)
     if args.ncu == "native":
         if not gpu:
             print("--ncu needs the GPU path")
@@ -186,13 +192,8 @@ def main() -> int:
                                       hx_shared=hx, vector_loads=vl))
         if args.ncu == "moe":
             return 0
-        # every kernel of a decoded token (2 layers of the reference engine's shape): the per-kernel GPU times
-        cfg = replace(SEED_SHAPE, n_layers=2)
-        p = random_params(cfg, seed=0, pred_q8=False)
-        logits, state = forward(p, MlxModelState.empty(cfg), np.array([1, 2, 3]))
-        mx.eval(logits)
-        logits, _ = forward(p, state, np.array([5]))
-        mx.eval(logits)
+        # every kernel of a decoded token (2 layers of the issue's shape), now and before: the per-kernel GPU times
+        ncu_decode_launches()
         return 0
 
     rows = []
@@ -320,6 +321,19 @@ def main() -> int:
 def _table(res: dict, rows: list) -> None:
     print(f"\n## kernels on {res['device']} (path {res['path']}, MLX {mx.__version__})")
     print_rows(rows)
+
+
+def decode_only(small: bool) -> int:
+    """A decoded token's kernels one by one: a table and one JSON line."""
+    res: dict = {"device": device_name(), "path": current_path().value}
+    rows: list = []
+    if current_path() is not KernelPath.GPU and not small:
+        print("--decode needs the GPU path (--small runs a tiny shape anywhere a kernel path is)")
+        return 1
+    decode_part(res, rows, small=small)
+    _table(res, rows)
+    print("JSON " + json.dumps(res, sort_keys=True))
+    return 0
 
 
 def native_only(small: bool, gpu: bool) -> int:

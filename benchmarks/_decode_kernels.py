@@ -1,0 +1,122 @@
+"""A decoded token's kernels one by one at the issue's shape (the seed without a shared expert:
+48 layers of D 2560, 256 experts top-10 of F 576, 16 q / 4 kv heads of 128, float16 dense, Q2_0
+experts): `benchmarks/kernels.py --decode` (wall time per launch in chains of 48 launches an
+evaluation, a token's worth, host dispatch included) and `benchmarks/kernels.py --ncu decode`
+(the launches ncu times: a decoded token now and as before, and the two expert launches' other
+block shapes).
+
+Each chain's inputs cycle over LAYERS layers' weights (26 MB of dense weights a layer, 10 of 256
+experts picked afresh): each launch reads from HBM, as in decode, not from the 60 MB L2.
+Bytes per launch (what each must read at least): QKV 15.7 MB, output projection 10.5 MB,
+router 2.6 MB (float32), experts 13.8 MB (10 Q2_0 records), of which gate/up 9.2 and down 4.6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+
+from _measure import median_time, part
+from strata.mlx_backend import decode_experts
+from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
+from strata.mlx_backend.kernels import attention as attn_kernels
+from strata.mlx_backend.kernels import combine as combine_kernel
+from strata.mlx_backend.kernels import dense_gemv, moe, moe_decode
+from strata.mlx_backend.kernels import router as router_kernel
+from strata.mlx_backend.model import MlxModelState, forward, layer_forward
+from strata.testing.mlx_params import SEED_SHAPE, random_params
+
+SHAPE = replace(SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
+SMALL = replace(SHAPE, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64, n_heads=4,
+                n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
+LAYERS = 12  # weights cycled through a chain: 12 x (26 MB dense + 256 x 1.38 MB experts) > the L2
+PER_CALL = 48
+# (gate/up units a warp, down rows a warp) of kernels/moe_decode.py: the default first
+SHAPES = ((moe_decode.GATEUP_UNITS_PER_WARP, moe_decode.DOWN_ROWS_PER_WARP), (2, 1), (1, 1), (4, 2), (2, 2))
+
+
+def _inputs(cfg, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    dev = lambda a: mx.array(a) + 0  # noqa: E731  device memory (an op's output), not host-made
+    xs = [dev(rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)) for _ in range(n)]
+    zs = [dev(rng.standard_normal((1, cfg.n_experts)).astype(np.float32)) for _ in range(n)]
+    os_ = [dev(rng.standard_normal((1, cfg.n_heads * cfg.head_dim)).astype(np.float32)) for _ in range(n)]
+    mx.eval(*xs, *zs, *os_)
+    return xs, zs, os_
+
+
+def ncu_decode_launches(small: bool = False) -> None:
+    """Two layers: a 3-token prompt, then one decoded token as the step runs now and as it ran
+    before (fused experts + combine, the GEMVs' loads after their prologue), then the expert
+    launches' other block shapes and the GEMVs' load orders alone."""
+    cfg = replace(SMALL if small else SHAPE, n_layers=2)
+    p = random_params(cfg, seed=0, pred_q8=False)
+    logits, state = forward(p, MlxModelState.empty(cfg), np.array([1, 2, 3]))
+    mx.eval(logits)
+    saved = decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS
+    try:
+        for now in (True, False):
+            decode_experts.TWO_LAUNCHES = dense_gemv.EARLY_LOADS = now
+            logits, _ = forward(p, state.trim(3), np.array([5]))
+            mx.eval(logits)
+    finally:
+        decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS = saved
+    (x,), (z,), (o,) = _inputs(cfg, 1, 1)
+    lw, rule = p.layers[0], p.layers[0].rule
+    for upw, rw in SHAPES[1:]:
+        mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order, rule.norm_topk_prob,
+                                           upw=upw, rw=rw))
+    for early in (True, False):
+        mx.eval(dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps, early=early),
+                dense_gemv.dense_gemv(lw.attn.wo, o, early=early))
+
+
+def decode_part(res: dict, rows: list, *, small: bool = False) -> None:
+    """Per-launch wall time of each decode kernel in chains of PER_CALL launches."""
+    cfg = replace(SMALL if small else SHAPE, n_layers=2 if small else LAYERS)
+    p = random_params(cfg, seed=0, pred_q8=False)
+    n = PER_CALL
+    xs, zs, os_ = _inputs(cfg, n, 2)
+    lws = [p.layers[i % cfg.n_layers] for i in range(n)]
+    bases = [(i % cfg.n_layers) * cfg.n_experts for i in range(n)]
+    k, eps = cfg.n_experts_per_token, cfg.rms_norm_eps
+    cos, sin = rope_table_cached(cfg)
+    kvs = [MlxLayerKV.empty(cfg) for _ in range(cfg.n_layers)]
+    rule = lws[0].rule
+    one = mx.zeros((1, 1, cfg.hidden_size))
+    mx.eval(one)
+
+    def qkv(early):
+        return [dense_gemv.dense_gemv(lws[i].attn.wqkv, xs[i], lws[i].attn.norm, eps, early=early) for i in range(n)]
+
+    qkv_out = qkv(True)
+    mx.eval(*qkv_out)
+    cases = {
+        "qkv GEMV (early loads)": (lambda: qkv(True), 1),
+        "qkv GEMV (late loads)": (lambda: qkv(False), 1),
+        "attend (context 8)": (lambda: [attn_kernels.attend(qkv_out[i], lws[i].attn.q_norm, lws[i].attn.k_norm, cos, sin,
+                                                            kvs[i % cfg.n_layers].keys,
+                                                            kvs[i % cfg.n_layers].values, 8, eps, cfg.n_heads)
+                                        for i in range(n)], 1),
+        "output GEMV (early loads)": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i], early=True) for i in range(n)], 1),
+        "output GEMV (late loads)": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i], early=False) for i in range(n)], 1),
+        "router": (lambda: [router_kernel.router(xs[i], one, lws[i].ffn_norm, lws[i].router, None, None, eps)[2]
+                            for i in range(n)], 1),
+        "experts fused + combine (before)": (lambda: [combine_kernel.combine(
+            xs[i], moe.moe_route(p.arena.array, p.rec, xs[i], zs[i], bases[i], k, rule.order, rule.norm_topk_prob),
+            None, xs[i], None) for i in range(n)], 2),
+    }
+    for upw, rw in SHAPES:
+        cases[f"experts gate/up + down, UPW {upw} RW {rw}"] = (lambda upw=upw, rw=rw: [moe_decode.routed_residual(
+            p.arena.array, p.rec, xs[i], xs[i], zs[i], bases[i], k, rule.order, rule.norm_topk_prob, upw=upw, rw=rw)
+            for i in range(n)], 2)
+    at8 = [MlxLayerKV(kv.keys, kv.values, 8) for kv in kvs]  # context 8 (the buffers' zeros as keys: speed only)
+    cases["whole layer (6 launches)"] = (lambda: [layer_forward(p, i % cfg.n_layers, at8[i % cfg.n_layers], xs[i])[0]
+                                                  for i in range(n)], 6)
+    for name, (fn, launches) in cases.items():
+        with part("decode_" + name.split(" (")[0].replace(" ", "_").replace("/", "").replace(",", ""), res, rows):
+            t = median_time(lambda fn=fn: mx.eval(*fn()), warmup=2, reps=7) / n
+            res[f"decode {name} us"] = t * 1e6
+            rows.append((f"{name}", f"{t * 1e6:.1f} us/call", f"{launches} launch(es) a call, {n} calls an evaluation"))
