@@ -2,8 +2,9 @@
 48 layers of D 2560, 256 experts top-10 of F 576, 16 q / 4 kv heads of 128, float16 dense, Q2_0
 experts): `benchmarks/kernels.py --decode` (wall time per launch in chains of 48 launches an
 evaluation, a token's worth, host dispatch included) and `benchmarks/kernels.py --ncu decode`
-(the launches ncu times: a decoded token now and as before, and the two expert launches' other
-block shapes).
+(the launches ncu times: a decoded token now and as before (fused experts + combine, attend and
+the output GEMV apart, the GEMVs' loads after their prologue), and the two expert launches'
+other block shapes).
 
 Each chain's inputs cycle over LAYERS layers' weights (26 MB of dense weights a layer, 10 of 256
 experts picked afresh): each launch reads from HBM, as in decode, not from the 60 MB L2.
@@ -23,7 +24,7 @@ from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import dense_gemv, moe, moe_decode
+from strata.mlx_backend.kernels import attend_project, dense_gemv, moe, moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.model import MlxModelState, forward, layer_forward
 from strata.testing.mlx_params import SEED_SHAPE, random_params
@@ -49,22 +50,20 @@ def _inputs(cfg, n: int, seed: int):
 
 
 def ncu_decode_launches(small: bool = False) -> None:
-    """Two layers: a 3-token prompt, then one decoded token as the step runs now and as it ran
+    """Two layers: one decoded token (the first position) as the step runs now and as it ran
     before (fused experts + combine, the GEMVs' loads after their prologue), then the expert
     launches' other block shapes and the GEMVs' load orders alone."""
     cfg = replace(SMALL if small else SHAPE, n_layers=2)
     p = random_params(cfg, seed=0, pred_q8=False)
-    logits, state = forward(p, MlxModelState.empty(cfg), np.array([1, 2, 3]))
-    mx.eval(logits)
-    saved = decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS
+    saved = decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS, attend_project.FUSED
     out = {}
     try:
         for now in (True, False):
-            decode_experts.TWO_LAUNCHES = dense_gemv.EARLY_LOADS = now
-            logits, _ = forward(p, state.trim(3), np.array([5]))
+            decode_experts.TWO_LAUNCHES = dense_gemv.EARLY_LOADS = attend_project.FUSED = now
+            logits, _ = forward(p, MlxModelState.empty(cfg), np.array([5]))  # the first position: no prompt to profile
             out[now] = np.array(logits, np.float64)
     finally:
-        decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS = saved
+        decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS, attend_project.FUSED = saved
     err = np.linalg.norm(out[True] - out[False]) / np.linalg.norm(out[False])
     print(f"decoded logits, now vs before: rel L2 {err:.2e} (budget FORWARD 1e-4)", flush=True)
     (x,), (z,), (o,) = _inputs(cfg, 1, 1)
@@ -104,6 +103,9 @@ def decode_part(res: dict, rows: list, *, small: bool = False) -> None:
                                                             kvs[i % cfg.n_layers].keys,
                                                             kvs[i % cfg.n_layers].values, 8, eps, cfg.n_heads)
                                         for i in range(n)], 1),
+        "attend + output projection (one launch, context 8)": (lambda: [attend_project.attend_project(
+            qkv_out[i], lws[i].attn.q_norm, lws[i].attn.k_norm, cos, sin, kvs[i % cfg.n_layers].keys,
+            kvs[i % cfg.n_layers].values, lws[i].attn.wo, 8, eps, cfg.n_heads) for i in range(n)], 1),
         "output GEMV (early loads)": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i], early=True) for i in range(n)], 1),
         "output GEMV (late loads)": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i], early=False) for i in range(n)], 1),
         "router": (lambda: [router_kernel.router(xs[i], one, lws[i].ffn_norm, lws[i].router, None, None, eps)[2]
@@ -117,8 +119,8 @@ def decode_part(res: dict, rows: list, *, small: bool = False) -> None:
             p.arena.array, p.rec, xs[i], xs[i], zs[i], bases[i], k, rule.order, rule.norm_topk_prob, upw=upw, rw=rw)
             for i in range(n)], 2)
     at8 = [MlxLayerKV(kv.keys, kv.values, 8) for kv in kvs]  # context 8 (the buffers' zeros as keys: speed only)
-    cases["whole layer (6 launches)"] = (lambda: [layer_forward(p, i % cfg.n_layers, at8[i % cfg.n_layers], xs[i])[0]
-                                                  for i in range(n)], 6)
+    cases["whole layer (5 launches)"] = (lambda: [layer_forward(p, i % cfg.n_layers, at8[i % cfg.n_layers], xs[i])[0]
+                                                  for i in range(n)], 5)
     for name, (fn, launches) in cases.items():
         with part("decode_" + name.split(" (")[0].replace(" ", "_").replace("/", "").replace(",", ""), res, rows):
             t = median_time(lambda fn=fn: mx.eval(*fn()), warmup=2, reps=7) / n

@@ -39,7 +39,7 @@ from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
-from strata.mlx_backend.kernels import dense_gemv  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
@@ -78,13 +78,16 @@ FORMS = {
     "kv16": (True, True, 0),  # split, with float16 KV caches (KVPrecision.F16: half the cache's bytes)
     "fused_experts": (True, True, 0),  # the fused expert kernel + combine (before kernels/moe_decode.py)
     "late_loads": (True, True, 0),  # the dense GEMVs' weight loads after their prologue (before EARLY_LOADS)
-    "before19b": (True, True, 0),  # both of the above: the decode step before the one-token work
+    "unfused_attention": (True, True, 0),  # attend and the output GEMV as two launches (before attend_project)
+    "before19b": (True, True, 0),  # all three above: the decode step before the one-token work
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
     "fused_experts": ((decode_experts, "TWO_LAUNCHES", False),),
     "late_loads": ((dense_gemv, "EARLY_LOADS", False),),
-    "before19b": ((decode_experts, "TWO_LAUNCHES", False), (dense_gemv, "EARLY_LOADS", False)),
+    "unfused_attention": ((attend_project, "FUSED", False),),
+    "before19b": ((decode_experts, "TWO_LAUNCHES", False), (dense_gemv, "EARLY_LOADS", False),
+                  (attend_project, "FUSED", False)),
 }
 
 

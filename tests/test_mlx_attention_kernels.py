@@ -17,6 +17,7 @@ import pytest
 
 from mlx_agree import assert_backends_agree
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, kernel_applies
+from strata.mlx_backend.kernels import attend_project
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path
@@ -62,10 +63,12 @@ def _layer(cfg, rng) -> tuple[dict, AttentionWeights]:
     return dense, fast
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["attend_project", "attend_then_gemv"])
 @pytest.mark.parametrize("qkn", [QKNorm.PER_HEAD, QKNorm.NONE], ids=["qknorm", "no_qknorm"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("heads", [(8, 2, 32), (4, 1, 128), (6, 3, 16)], ids=["group4_hd32", "group4_hd128", "group2_hd16"])
-def test_attention_chunks_and_cache_against_reference(qkn, bias, heads):
+def test_attention_chunks_and_cache_against_reference(monkeypatch, qkn, bias, heads, fused):
+    monkeypatch.setattr(attend_project, "FUSED", fused)
     h, kvh, hd = heads
     cfg = replace(SHAPES["tiny"], hidden_size=96, n_heads=h, n_kv_heads=kvh, head_dim=hd, qk_norm=qkn,
                   attention_bias=bias, max_context=16)
@@ -81,10 +84,11 @@ def test_attention_chunks_and_cache_against_reference(qkn, bias, heads):
             before = sum(LAUNCHES.values())
             parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
             mx.eval(parts)
-            assert sum(LAUNCHES.values()) - before == 3  # QKV GEMV, attend, output GEMV
-            assert parts.shape == (t, 1, cfg.hidden_size)
+            # QKV GEMV, attend, output GEMV; fused: attend and the output projection in one launch, a partial a head
+            assert sum(LAUNCHES.values()) - before == (2 if fused else 3)
+            assert parts.shape == (t, cfg.n_heads if fused else 1, cfg.hidden_size)
             what = f"chunk of {t} at {pos0}"
-            assert_backends_agree(ref, parts[:, 0], "FAST", what=what)
+            assert_backends_agree(ref, parts.sum(axis=1), "FAST", what=what)
             assert kv_f.length == kv_r.length
             keys, values = np.array(kv_f.keys), np.array(kv_f.values)
             assert_backends_agree(kv_r.keys, keys[:, :kv_f.length], "FAST", what=f"{what}: cached keys")
@@ -95,10 +99,12 @@ def test_attention_chunks_and_cache_against_reference(qkn, bias, heads):
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
 @pytest.mark.parametrize("heads", [(4, 2, 32, 8), (4, 1, 256, 64), (2, 1, 96, 24), (4, 2, 32, 32)],
                          ids=["hybrid_hd32_rd8", "qwen35_hd256_rd64", "ragged_hd96_rd24", "full_rotary"])
-def test_gated_and_partial_rotary_chunks_against_reference(gated, heads):
+@pytest.mark.parametrize("fused", [True, False], ids=["attend_project", "attend_then_gemv"])
+def test_gated_and_partial_rotary_chunks_against_reference(monkeypatch, gated, heads, fused):
     """Qwen3-Next / Qwen3.5 attention on the kernel path: the output gate (its rows under W_qkv,
     applied in attend's merge) and RoPE on the first rotary_dim dims of each head only (the rest
     normed, not rotated: also in the cached keys); rd = 24 leaves a partial lane group past it."""
+    monkeypatch.setattr(attend_project, "FUSED", fused)
     h, kvh, hd, rd = heads
     cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=h, n_kv_heads=kvh, head_dim=hd,
                   rotary_dim=0 if rd == hd else rd, attention_output_gate=gated, max_context=16)
@@ -115,9 +121,9 @@ def test_gated_and_partial_rotary_chunks_against_reference(gated, heads):
             before = sum(LAUNCHES.values())
             parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
             mx.eval(parts)
-            assert sum(LAUNCHES.values()) - before == 3  # the gate rides in the QKV GEMV and attend
+            assert sum(LAUNCHES.values()) - before == (2 if fused else 3)  # the gate rides in the QKV GEMV and attend
             what = f"gated={gated} rd={rd}/{hd}: chunk of {t} at {pos0}"
-            assert_backends_agree(ref, parts[:, 0], "FAST", what=what)
+            assert_backends_agree(ref, parts.sum(axis=1), "FAST", what=what)
             keys = np.array(kv_f.keys)[:, :kv_f.length]
             assert_backends_agree(kv_r.keys, keys, "FAST", what=f"{what}: cached keys")
 

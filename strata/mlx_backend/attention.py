@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.dense import linear
+from strata.mlx_backend.kernels import attend_project
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -213,6 +214,11 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
     if _kernel_ok(cfg, w):
         cos, sin = rope_table_cached(cfg)
         qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH (+ H)) HD]
+        if attend_project.applies(t, kv.length + t, w.wo):  # attend + W_o in one launch: partials [T, H, D]
+            parts = attend_project.attend_project(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo,
+                                                  kv.length, cfg.rms_norm_eps, cfg.n_heads, pos=pos,
+                                                  rotary_dim=cfg.rope_dim, gated=w.gated)
+            return parts, MlxLayerKV(kv.keys, kv.values, kv.length + t)
         o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
                                 cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
                                 gated=w.gated, split=attn_kernels.split_applies(kv.length + t, t))  # [T, H HD]

@@ -1,0 +1,127 @@
+"""Decode attention and its output projection in one launch: `attend` (kernels/attention.py) and
+the output projection's GEMV (kernels/dense_gemv.py) as one grid, one launch a layer fewer.
+
+Block (h, c, t) runs `attend`'s body for query head h of token t (the same source: q/k norms,
+RoPE, the cached and the chunk's own positions, the online softmax and the warps' fixed-order
+merge, the output gate), keeps the head's output in threadgroup memory, and multiplies it by its
+slice of W_o: rows c NT .. c NT + NT - 1, columns h HD .. h HD + HD - 1, a thread per row, the
+row's HD halves loaded (16-byte loads, up to PREFETCH of them) *before* the attention runs (they
+do not depend on it), so the projection's HBM reads overlap the attention's chain of dependent
+steps. The output is one partial per head ([T, H, D]: the router kernel adds x + the partials in
+a fixed order), so no block waits on another. Only block c = 0 of a KV head's first query head
+writes the cache (attend's one writer per (KV head, position)).
+
+Why: at context 8 ncu timed attend at 4.6-4.9 us (16 blocks: 16 of the H200's 132 SMs) and the
+output projection at 6.5-6.7 us (10.5 MB, 47% of copy) a layer, plus a launch each (~5 us of
+host dispatch in the compiled step). Here 160 blocks (D / 256 row chunks x 16 heads at the seed
+shape) each recompute their head's attention (9 positions x 4 KB of keys and values from L2)
+while their 64 KB of W_o arrive. Predicted: ~5-6 us a layer for both (10.5 MB at ~3 TB/s plus the
+attention's ~2 us chain and one ramp), one launch fewer: 48 a token.
+
+The attention is the one-block-per-head form, so this replaces attend + projection exactly where
+`attention.split_applies` is false (the compiled step's trace is keyed by that alone); longer
+contexts keep the split attend, its merge and the GEMV.
+
+Shapes:
+    qkv float32 [T, (H + 2 KVH + GATE H) HD] (raw), wo float16 [D, H HD]
+    -> partials float32 [T, H, D]; writes kc / vc [KVH, S_MAX, HD] at positions pos0 .. pos0+T-1
+Grid: (H x ceil(D / NT), T) blocks of NT threads.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from strata.mlx_backend.kernels import attention as attn
+from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
+from strata.mlx_backend.kernels.source import KernelSource
+
+THREADS = 256  # rows of W_o a block: 10 chunks x 16 heads = 160 blocks at the seed shape
+PREFETCH = 16  # 16-byte groups of a row loaded before the attention (a head of 128: the whole row)
+MAX_TOKENS = 7  # a decode step or a short window: each token's blocks read their W_o slice
+FUSED = True  # False: attend + the GEMV as before (the A/B switch the benchmarks flip)
+
+
+def _edit(body: str, old: str, new: str) -> str:
+    """body with its one line `old` replaced (a change to attend's body that breaks this fails here)."""
+    if body.count(old) != 1:
+        raise AssertionError(f"attend_project: attend's body no longer has exactly one {old.strip()!r}")
+    return body.replace(old, new)
+
+
+_PREFETCH = r"""
+  constexpr int NRC = (D + NT - 1) / NT;      // row chunks of W_o
+  constexpr int NG8 = HD / 8;                 // 16-byte groups of a head's slice of a row
+  constexpr int PF = NG8 < PREF ? NG8 : PREF; // ... loaded before the attention
+  SHARED float osh[HD];                       // this head's attention output
+  const uint32_t orow = (bx % NRC) * NT + tid;  // this thread's row of W_o
+  const DEVICE half_t* wrow = wo + (uint64_t)(orow < (uint32_t)D ? orow : (uint32_t)(D - 1)) * (H * HD)
+                              + (uint64_t)(bx / NRC) * HD;
+  uint4 wq[PF];
+  UNROLL for (int g = 0; g < PF; ++g) wq[g] = *(const DEVICE uint4*)(wrow + 8 * g);
+"""
+
+_PROJECT = r"""
+  BARRIER();
+  float acc = 0.0f;
+  UNROLL for (int g = 0; g < PF; ++g) {
+    const f8 wf = h8_f8(wq[g]);
+    UNROLL for (int j = 0; j < 8; ++j) acc += wf.v[j] * osh[8 * g + j];
+  }
+  for (int g = PF; g < NG8; ++g) {
+    const f8 wf = h8_f8(*(const DEVICE uint4*)(wrow + 8 * g));
+    UNROLL for (int j = 0; j < 8; ++j) acc += wf.v[j] * osh[8 * g + j];
+  }
+  if (orow < (uint32_t)D) out[((uint64_t)t * H + h) * D + orow] = acc;
+"""
+
+BODY = _edit(_edit(_edit(attn.ATTEND_BODY,
+                         "  const uint32_t h = bx;\n", "  const uint32_t h = bx / NRC;\n"),
+                   "      const bool write = h % G == 0 && p == n_pos - 1;  // one writer per (KV head, position)\n",
+                   "      const bool write = h % G == 0 && bx % NRC == 0 && p == n_pos - 1;  // one writer\n"),
+             "      out[((uint64_t)t * H + h) * HD + r] = aa / ll * gate;\n",
+             "      osh[r] = aa / ll * gate;\n")
+SOURCE = KernelSource("strata_attend_project",
+                      ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params", "fparams", "kc", "vc", "wo"),
+                      ("out",), _PREFETCH + BODY + _PROJECT, attn.ATTEND_HELPERS)
+
+
+def applies(t: int, n_pos: int, wo: mx.array) -> bool:
+    """Whether `attend_project` serves t new positions ending at n_pos: the one-block-per-head
+    attention (not split), few tokens, float16 W_o."""
+    return FUSED and 1 <= t <= MAX_TOKENS and not attn.split_applies(n_pos, t) and wo.dtype == mx.float16 and wo.ndim == 2
+
+
+def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
+                   rope_sin: mx.array, kc: mx.array, vc: mx.array, wo: mx.array, pos0: int, eps: float, n_heads: int,
+                   *, pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False) -> mx.array:
+    """Kernel path: `attend` (the same arguments, never split) followed by the output projection
+    by wo, as one partial per head. Writes the positions' keys and values into kc / vc as attend does.
+
+    Shapes:
+        qkv float32 [T, (H + 2 KVH + gated H) HD], wo float16 [D, H HD] -> partials float32 [T, H, D]
+    """
+    t, width = qkv.shape
+    kvh, s_max, hd = kc.shape
+    d = wo.shape[0]
+    rd = hd if rotary_dim is None else rotary_dim
+    if (hd % 8 or hd > attn.MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
+            or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2 or wo.shape[1] != n_heads * hd):
+        raise ValueError(f"attend_project: head_dim {hd} (a multiple of 8, <= {attn.MAX_HEAD_DIM}), {n_heads} heads "
+                         f"over {kvh} KV heads, qkv width {width} (gated {gated}), rotary dims {rd}, W_o {wo.shape}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("attend_project: q_norm and k_norm come together")
+    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
+        raise ValueError(f"attend_project: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
+    if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
+        raise ValueError(f"attend_project: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    qkn = q_norm is not None
+    half = absent(np.float16)
+    nrc = -(-d // THREADS)
+    return launch(SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
+                           index_param(pos0) if pos is None else pos, float_params(eps), kc, vc, wo],
+                  [(t, n_heads, d)], [mx.float32], blocks=(n_heads * nrc, t, 1), threads=THREADS,
+                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
+                            ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", 0),
+                            ("KV16", int(kc.dtype == mx.float16)), ("D", d), ("PREF", PREFETCH)))[0]

@@ -1,0 +1,68 @@
+"""Attention and its output projection in one launch (kernels/attend_project.py) against the
+reference and against the two launches it replaces, on the emulated kernels (small heads) and on
+the GPU (the seed shape's 16 / 4 heads of 128 over D = 2560; marked `gpu`): a prompt chunk, then
+decoded tokens, the cache it writes, determinism. The emulated chunk tests over every head
+shape, the gate and partial rotary are in test_mlx_attention_kernels.py (both forms)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_agree import assert_backends_agree
+from strata.mlx_backend.attention import MlxLayerKV, attention_partials
+from strata.mlx_backend.kernels import attend_project
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
+from strata.model_config import QKNorm, TensorNames
+from strata.reference.attention import LayerKV, attention, rms_norm
+from strata.testing.models import SHAPES
+from tests.kernel_paths import KERNEL_PATHS
+from test_mlx_attention_kernels import _layer
+
+
+def _cfg(path):
+    if path is KernelPath.GPU:  # the seed shape's attention
+        return replace(SHAPES["tiny"], hidden_size=2560, n_heads=16, n_kv_heads=4, head_dim=128,
+                       qk_norm=QKNorm.PER_HEAD, max_context=64)
+    return replace(SHAPES["tiny"], hidden_size=96, n_heads=8, n_kv_heads=2, head_dim=32, qk_norm=QKNorm.PER_HEAD,
+                   max_context=16)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_one_launch_against_the_reference_and_the_two(path, monkeypatch):
+    cfg = _cfg(path)
+    rng = np.random.default_rng(23)
+    dense, w = _layer(cfg, rng)
+    norm = dense[TensorNames.block(0, TensorNames.attn_norm)]
+    kv_r, kv_a, kv_b = LayerKV.empty(cfg), MlxLayerKV.empty(cfg), MlxLayerKV.empty(cfg)
+    with using_path(path):
+        for t in (3, 1, 1, 2):
+            x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
+            ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, norm, cfg.rms_norm_eps))
+            assert attend_project.applies(t, kv_a.length + t, w.wo)
+            before = LAUNCHES["strata_attend_project"]
+            one, kv_a = attention_partials(cfg, w, kv_a, mx.array(x))
+            again, _ = attention_partials(cfg, w, MlxLayerKV(kv_a.keys, kv_a.values, kv_a.length - t), mx.array(x))
+            assert LAUNCHES["strata_attend_project"] - before == 2 and one.shape == (t, cfg.n_heads, cfg.hidden_size)
+            np.testing.assert_array_equal(np.array(one), np.array(again))  # a fixed order: the same bits
+            monkeypatch.setattr(attend_project, "FUSED", False)
+            two, kv_b = attention_partials(cfg, w, kv_b, mx.array(x))
+            monkeypatch.setattr(attend_project, "FUSED", True)
+            what = f"window of {t} ending at {kv_a.length}"
+            assert_backends_agree(ref, one.sum(axis=1), "FAST", what=what)
+            assert_backends_agree(np.array(two[:, 0]), one.sum(axis=1), "FAST", what=f"{what}: vs two launches")
+            n = kv_a.length
+            np.testing.assert_array_equal(np.array(kv_a.keys)[:, :n], np.array(kv_b.keys)[:, :n])  # the same writer code
+            np.testing.assert_array_equal(np.array(kv_a.values)[:, :n], np.array(kv_b.values)[:, :n])
+            assert not np.array(kv_a.keys)[:, n:].any(), "written past the window"
+
+
+def test_refuses_what_it_does_not_serve():
+    wo = mx.zeros((8, 8), mx.float16)
+    assert attend_project.applies(1, 8, wo)
+    assert not attend_project.applies(attend_project.MAX_TOKENS + 1, 8, wo)  # a prompt chunk: attend, then the GEMV
+    assert not attend_project.applies(1, 10_000, wo)  # a long context: the split attend
+    assert not attend_project.applies(1, 8, wo.astype(mx.int8))  # a Q8_0 matrix: the Q8_0 GEMV
