@@ -117,6 +117,8 @@ ROUTER_CASES = [  # (T, D, P, E, NG)
     (1, 36, 2, 3, 0),       # D % 32 != 0 without a guess
     (2, 4096, 1, 4, 3),     # two batches of row loads a lane
     (1, 8192, 2, 2, 1),     # two norm passes a thread
+    (1, 256, 16, 16, 0),    # a partial a head (attend_project): four batches of PB = 4 partials
+    (2, 96, 6, 5, 3),       # P not a multiple of PB
 ]
 
 

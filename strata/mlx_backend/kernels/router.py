@@ -14,8 +14,9 @@ loads a lane. Now:
 - a lane issues all its row loads at once (up to ROW_LOADS 4-column units: 20 float4 = 320 bytes
   of an F32 row or 20 words of Q8_0 codes at D=2560; bigger D in batches) *before* the norm, so
   the weights' HBM latency overlaps the norm's round trip to L2: ~2.6 MB in flight at once;
-- every block recomputes x_mid = x + sum_p parts[p] and its RMSNorm (P partials; P=1 once
-  attention writes one), five float4 units a thread at D=2560, all loaded at once; block 0
+- every block recomputes x_mid = x + sum_p parts[p] and its RMSNorm (P partials: one a head
+  from attend_project, 16 at the seed shape, PB = 4 of them loaded at once, so 4 round trips to
+  L2 rather than 16; 1 from the split attention's GEMV), five float4 units a thread at D=2560; block 0
   writes x_mid and h. The shared copy holds x_mid * norm_w column-planar (hv[k D/4 + u] is
   column 4u + k) so a lane reading its units' 4 columns reads 32 consecutive words a warp (no
   bank conflicts); the row sums are scaled by 1/rms at the end (z = inv * W . (x_mid * norm_w)).
@@ -59,12 +60,23 @@ _NORM = r"""
           UNROLL for (int k = 0; k < 4; ++k) { v[i].v[k] = 0.0f; nw[i][k] = 0.0f; }
         }
       }
-      for (int p = 0; p < P; ++p) {
-        UNROLL for (int i = 0; i < JB; ++i) {
-          const uint32_t u = tid + NT * (uint32_t)(j0 + i);
-          if (u < (uint32_t)D4) {
-            const f4 a = load_f4(parts + ((uint64_t)t * P + p) * D + 4 * u);
-            UNROLL for (int k = 0; k < 4; ++k) v[i].v[k] += a.v[k];
+      for (int p0 = 0; p0 < P; p0 += PB) {  // PB partials' loads in flight at once, added in order
+        f4 a[PB][JB];
+        UNROLL for (int q = 0; q < PB; ++q) {
+          UNROLL for (int i = 0; i < JB; ++i) {
+            const uint32_t u = tid + NT * (uint32_t)(j0 + i);
+            if (p0 + q < P && u < (uint32_t)D4) {
+              a[q][i] = load_f4(parts + ((uint64_t)t * P + p0 + q) * D + 4 * u);
+            } else {
+              UNROLL for (int k = 0; k < 4; ++k) a[q][i].v[k] = 0.0f;
+            }
+          }
+        }
+        UNROLL for (int q = 0; q < PB; ++q) {
+          if (p0 + q < P) {
+            UNROLL for (int i = 0; i < JB; ++i) {
+              UNROLL for (int k = 0; k < 4; ++k) v[i].v[k] += a[q][i].v[k];
+            }
           }
         }
       }
@@ -146,6 +158,7 @@ BODY = r"""
   constexpr int LB = (NL + NBATCH - 1) / NBATCH;     // units a lane a batch
   constexpr int NJ = (D4 + NT - 1) / NT;             // units a thread in the norm
   constexpr int JB = NJ < 8 ? NJ : 8;                // ... loaded at once
+  constexpr int PB = P < 4 ? P : 4;                  // partials loaded at once (attend_project: one a head)
   constexpr int NBR = (E + NW - 1) / NW;             // blocks of router rows; the rest take guess rows
   const uint32_t t = by;
   const float eps = fparams[0];
