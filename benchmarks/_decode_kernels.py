@@ -74,6 +74,11 @@ def ncu_decode_launches(small: bool = False) -> None:
     for early in (True, False):
         mx.eval(dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps, early=early),
                 dense_gemv.dense_gemv(lw.attn.wo, o, early=early))
+    qkv = dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps)
+    cos, sin = rope_table_cached(cfg)
+    kv = MlxLayerKV.empty(cfg)
+    mx.eval(attend_project.attend_project(qkv, lw.attn.q_norm, lw.attn.k_norm, cos, sin, kv.keys, kv.values,
+                                          lw.attn.wo, 8, cfg.rms_norm_eps, cfg.n_heads, prefetch=8))  # half the row first
 
 
 def decode_part(res: dict, rows: list, *, small: bool = False) -> None:

@@ -66,3 +66,23 @@ def test_refuses_what_it_does_not_serve():
     assert not attend_project.applies(attend_project.MAX_TOKENS + 1, 8, wo)  # a prompt chunk: attend, then the GEMV
     assert not attend_project.applies(1, 10_000, wo)  # a long context: the split attend
     assert not attend_project.applies(1, 8, wo.astype(mx.int8))  # a Q8_0 matrix: the Q8_0 GEMV
+
+
+def test_prefetch_depth_changes_no_bits():
+    """How much of each W_o row is loaded before the attention changes when, not what, is summed."""
+    from strata.mlx_backend.attention import rope_table_cached
+
+    cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=128, qk_norm=QKNorm.PER_HEAD,
+                  max_context=8)
+    _, w = _layer(cfg, np.random.default_rng(5))
+    cos, sin = rope_table_cached(cfg)
+    x = mx.array(np.random.default_rng(6).standard_normal((1, cfg.hidden_size)).astype(np.float32))
+    with using_path(KernelPath.EMULATED):
+        qkv = mx.concatenate([x] * 8, axis=1)[:, :(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim]
+        outs = []
+        for pf in (16, 8, 1):
+            kv = MlxLayerKV.empty(cfg)
+            outs.append(np.array(attend_project.attend_project(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values,
+                                                               w.wo, 0, cfg.rms_norm_eps, cfg.n_heads, prefetch=pf)))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])

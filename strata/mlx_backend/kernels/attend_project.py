@@ -95,9 +95,11 @@ def applies(t: int, n_pos: int, wo: mx.array) -> bool:
 
 def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
                    rope_sin: mx.array, kc: mx.array, vc: mx.array, wo: mx.array, pos0: int, eps: float, n_heads: int,
-                   *, pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False) -> mx.array:
+                   *, pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False,
+                   prefetch: int = PREFETCH) -> mx.array:
     """Kernel path: `attend` (the same arguments, never split) followed by the output projection
     by wo, as one partial per head. Writes the positions' keys and values into kc / vc as attend does.
+    prefetch: 16-byte groups of a W_o row loaded before the attention (the benchmarks compare).
 
     Shapes:
         qkv float32 [T, (H + 2 KVH + gated H) HD], wo float16 [D, H HD] -> partials float32 [T, H, D]
@@ -124,4 +126,4 @@ def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | No
                   [(t, n_heads, d)], [mx.float32], blocks=(n_heads * nrc, t, 1), threads=THREADS,
                   template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                             ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", 0),
-                            ("KV16", int(kc.dtype == mx.float16)), ("D", d), ("PREF", PREFETCH)))[0]
+                            ("KV16", int(kc.dtype == mx.float16)), ("D", d), ("PREF", prefetch)))[0]
