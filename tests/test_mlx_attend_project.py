@@ -76,9 +76,9 @@ def test_prefetch_depth_changes_no_bits():
                   max_context=8)
     _, w = _layer(cfg, np.random.default_rng(5))
     cos, sin = rope_table_cached(cfg)
-    x = mx.array(np.random.default_rng(6).standard_normal((1, cfg.hidden_size)).astype(np.float32))
+    width = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    qkv = mx.array(np.random.default_rng(6).standard_normal((1, width)).astype(np.float32))  # raw q | k | v
     with using_path(KernelPath.EMULATED):
-        qkv = mx.concatenate([x] * 8, axis=1)[:, :(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim]
         outs = []
         for pf in (16, 8, 1):
             kv = MlxLayerKV.empty(cfg)
