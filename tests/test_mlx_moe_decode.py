@@ -22,7 +22,8 @@ from strata.mlx_backend.kernels import moe_decode
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 from strata.mlx_backend.routing import route_batch
 from strata.model_config import RoutingOrder
-from strata.reference.experts import SWIGLU, routed_experts
+from strata.mlx_backend.experts import SharedWeights
+from strata.reference.experts import SWIGLU, routed_experts, shared_expert
 from strata.reference.routing import RouterRule
 from strata.testing.mlx_params import SEED_SHAPE, random_params, random_records
 from tests.kernel_paths import KERNEL_PATHS
@@ -60,7 +61,7 @@ def test_two_launches_against_the_reference(path, order, norm):
         z[1, 5] = z[1, 7]  # an exact tie: the lower id wins on both sides
         rule = RouterRule(k, order, norm)
         sels, want = _want(records, rec, x, x_mid, z, rule, base)
-        hid, sel, wsel = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), base, k, order, norm)
+        hid, sel, wsel, _, _ = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), base, k, order, norm)
         np.testing.assert_array_equal(np.array(sel), np.stack([base + s.experts for s in sels]))
         assert_backends_agree(np.stack([s.weights for s in sels]), wsel, "ROUTING", what="weights")
         got = moe_decode.down(records, rec, mx.array(x_mid), hid, sel, wsel)
@@ -90,7 +91,11 @@ def test_applies_only_where_it_computes_the_layer():
     rule = RouterRule(4, RoutingOrder.SOFTMAX_TOPK, True)
     with using_path(KernelPath.EMULATED):
         assert decode_experts.applies(rec, rule, None, SWIGLU, 1)
-        assert not decode_experts.applies(rec, rule, object(), SWIGLU, 1)  # a shared expert: the fused launch
+        f16 = mx.zeros((32, 1024), mx.float16)
+        shared16 = SharedWeights(f16, f16, mx.zeros((1024, 32), mx.float16), None)
+        assert decode_experts.applies(rec, rule, shared16, SWIGLU, 1)  # the shared expert's blocks ride along
+        shared32 = SharedWeights(f16.astype(mx.float32), f16, shared16.down, None)
+        assert not decode_experts.applies(rec, rule, shared32, SWIGLU, 1)  # float32 weights: the ops shared expert
         assert not decode_experts.applies(rec, rule, None, SWIGLU, decode_experts.MAX_TOKENS + 1)
         assert not decode_experts.applies(rec, RouterRule(4, RoutingOrder.SIGMOID_TOPK, True), None, SWIGLU, 1)
         assert not moe_decode.applies(rec, 4, upw=8)  # 64 hidden units a block do not divide F = 96
@@ -98,6 +103,28 @@ def test_applies_only_where_it_computes_the_layer():
                                           None, SWIGLU, 1)  # 480 (expert, word) pairs > MAX_PAIRS
     with using_path(KernelPath.OPS):
         assert not decode_experts.applies(rec, rule, None, SWIGLU, 1)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+def test_shared_expert_rides_along(path, gated):
+    """The shared expert's blocks in the gate/up launch, its partials and gate added by the down launch."""
+    with using_path(path):
+        k = 4
+        rec, records, x, x_mid, z = _case(path, 9, k, tokens=2)
+        d, fs = rec.hidden, 64
+        rng = np.random.default_rng(10)
+        f16 = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731  float16-exact weights
+        gate, up = (f16(rng.standard_normal((fs, d)) / np.sqrt(d)) for _ in range(2))
+        down = f16(rng.standard_normal((d, fs)) / np.sqrt(fs))
+        gi = f16(rng.standard_normal(d) / np.sqrt(d)) if gated else None
+        rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
+        _, want = _want(records, rec, x, x_mid, z, rule, 0)
+        want = want + shared_expert(gate, up, down, gi, x)
+        h16 = lambda a: None if a is None else mx.array(a).astype(mx.float16)  # noqa: E731
+        got = moe_decode.routed_residual(records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order,
+                                         True, shared=(h16(gate), h16(up), h16(down), h16(gi)))
+        assert_backends_agree(want, got, "FAST", what=f"with the shared expert, gated={gated}")
 
 
 NO_SHARED = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
@@ -125,7 +152,8 @@ def test_decode_through_the_two_launches(path, monkeypatch):
 
 @pytest.mark.parametrize("dialect", ["metal", "cuda"])
 def test_sources_compile(tmp_path, dialect):
-    """Both launches in both code forms as full Metal and CUDA sources (Metal: compile-checked, not run)."""
+    """Both launches in both code forms, with and without the shared expert's blocks, as full Metal
+    and CUDA sources (Metal: compile-checked, not run)."""
     from test_metal_compile import _check
 
     from strata.mlx_backend.kernels.launch import recording
@@ -134,9 +162,12 @@ def test_sources_compile(tmp_path, dialect):
     k = 4
     with using_path(KernelPath.EMULATED), recording() as rec:
         records_rec, records, x, x_mid, z = _case(KernelPath.EMULATED, 7, k, tokens=1)
-        for dn in (True, False):
+        d = records_rec.hidden
+        shared = (mx.zeros((32, d), mx.float16), mx.zeros((32, d), mx.float16), mx.zeros((d, 32), mx.float16),
+                  mx.zeros((d,), mx.float16))
+        for dn, sh in ((True, None), (False, None), (True, shared), (False, shared)):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
-                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn))
-    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 4
+                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
+    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 8
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
     assert not errors, "\n\n".join(errors)

@@ -375,7 +375,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):
-        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule), kv  # + combine
+        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared), kv
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:

@@ -16,6 +16,9 @@ trip each). ncu on the H200 (seed shape, one token): experts 25.7-25.9 us + comb
 - `strata_moe_down`: a warp per output row d sums w_i down_i[d, :] . h_i over all k experts (a lane
   takes (expert, word) pairs lane + 32 j: 12 words and their scales, loaded before h is staged)
   and writes x_mid[d] + that sum: the combine, with no partials. Seed shape: 320 blocks.
+- a shared expert (float16, shared.py's SHARED_BLOCK) rides in the gate/up grid as the fused
+  kernel's did (its blocks first, each writing its down partial); the first routed block also
+  computes its gate sigmoid(gate_inp . x) once; the down launch adds the partials times the gate.
 
 Predicted at the seed shape (bytes at ~3.4 TB/s plus one launch ramp each): gate/up 9.2 MB, ~6 us
 with the ranking; down 4.6 MB, ~5 us: ~11 us a layer against 31 (0.95 ms a token).
@@ -32,11 +35,13 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
+import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import moe
-from strata.mlx_backend.kernels.launch import as_f32, index_param, launch
+from strata.mlx_backend.kernels import shared as shared_kernel
+from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
 from strata.model_config import RoutingOrder
@@ -53,9 +58,14 @@ GATEUP = r"""
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
   constexpr int WPL = (WPR + 31) / 32;        // words a lane
   constexpr int UPB = NW * UPW;               // hidden units a block
-  SHARED float xsh[WPR * XW];
+  SHARED float xsh[WPR * XW];                 // routed blocks: x pre-scaled per code; shared blocks: x
   SHARED float xsum[WPR];
+  SHARED float hs[FCS];                       // shared blocks: their h chunk
 """ + moe.ROUTE_PREAMBLE + r"""
+  if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
+    const uint32_t sb = bx;
+""" + shared_kernel.SHARED_BLOCK + r"""
+  } else {
   const uint32_t c = rb % NCH;
   const DEVICE uint8_t* rec = arena + (uint64_t)slot * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
   // every gate/up load of the warp's UPW units first (nothing here depends on x)
@@ -125,9 +135,23 @@ GATEUP = r"""
     const uint32_t f = c * UPB + warp_id * UPW + k;
     if (lane == 0) hid[((uint64_t)t * K + rank) * F + f] = g / (1.0f + exp_f(-g)) * u;
   }
-  if (bx == 0 && tid < (uint32_t)K) {
+  if (bx == (uint32_t)NSB && tid < (uint32_t)K) {
     sel[t * K + tid] = slot_base[0] + top[tid];
     wsel[t * K + tid] = topw[tid];
+  }
+  if (GATED && bx == (uint32_t)NSB) {         // the shared expert's gate, sigmoid(gate_inp . x), once
+    float gdot = 0.0f;
+    for (uint32_t d = tid; d < (uint32_t)D; d += NT) gdot += F32(gate_inp[d]) * x[(uint64_t)t * D + d];
+    gdot = warp_sum(gdot);
+    BARRIER();                                // red's last reader (the preamble's weights) is done
+    if (lane == 0) red[warp_id] = gdot;
+    BARRIER();
+    if (tid == 0) {
+      float tot = 0.0f;
+      for (int w = 0; w < NWR; ++w) tot += red[w];
+      sgate_out[t * 8] = 1.0f / (1.0f + exp_f(-tot));
+    }
+  }
   }
 """
 
@@ -136,6 +160,7 @@ DOWN = r"""
   constexpr int WF = F / 16;                  // words of one expert's down row
   constexpr int NP = K * WF;                  // (expert, word) pairs of one output row
   constexpr int PPL = (NP + 31) / 32;         // pairs a lane
+  constexpr int SPL = NSB > 0 ? (NSB + 31) / 32 : 1;  // shared partials a lane
   const uint32_t t = by;
   SHARED float hsh[NP * XW];                  // pair p's 16 h values, pre-scaled per code
   SHARED float hsm[NP];                       // ... and their plain sum
@@ -144,6 +169,14 @@ DOWN = r"""
   // the warp's rows: every load first (the slots from L2, then codes and scales from the records)
   uint32_t dq[RW][PPL];
   half_t dsc[RW][PPL];
+  float sp[RW][SPL];                          // the shared expert's partials of the warp's rows
+  UNROLL for (int r = 0; r < RW; ++r) {
+    const uint32_t d = r0 + r < (uint32_t)D ? r0 + r : (uint32_t)(D - 1);
+    UNROLL for (int j = 0; j < SPL; ++j) {
+      const int s = (int)lane + 32 * j;
+      sp[r][j] = s < NSB ? sout[((uint64_t)t * NSB + s) * D + d] : 0.0f;
+    }
+  }
   UNROLL for (int j = 0; j < PPL; ++j) {
     const int p = (int)lane + 32 * j;
     const int pc = p < NP ? p : NP - 1;  // past the pairs: the last one again (unused; no branch)
@@ -187,14 +220,19 @@ DOWN = r"""
       }
     }
     acc = warp_sum(acc);
+    float ss = 0.0f;
+    UNROLL for (int j = 0; j < SPL; ++j) ss += sp[r][j];
+    ss = NSB > 0 ? warp_sum(ss) : 0.0f;
+    const float sg = GATED ? gate_val[t * 8] : 1.0f;
     const uint32_t d = r0 + r;
-    if (lane == 0 && d < (uint32_t)D) out[(uint64_t)t * D + d] = x_mid[(uint64_t)t * D + d] + acc;
+    if (lane == 0 && d < (uint32_t)D) out[(uint64_t)t * D + d] = x_mid[(uint64_t)t * D + d] + (acc + ss * sg);
   }
 """
 
-GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base"), ("hid", "sel", "wsel"),
-                             GATEUP, moe.HELPERS)
-DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel"), ("out",), DOWN, moe.HELPERS)
+GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp"),
+                             ("hid", "sel", "wsel", "sout", "sgate_out"), GATEUP, moe.HELPERS)
+DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel", "sout", "gate_val"), ("out",), DOWN,
+                           moe.HELPERS)
 
 
 def applies(rec: RecordLayout, k: int, threads: int = THREADS, upw: int = GATEUP_UNITS_PER_WARP) -> bool:
@@ -214,53 +252,80 @@ def _planes(rec: RecordLayout) -> tuple[tuple[str, int], ...]:
             ("DC", rec.codes("down").offset), ("DS", rec.scales("down").offset), ("XW", XW))
 
 
+def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
+    """The shared expert's inputs (gate, up, down float16, gate_inp float16 or None), its template
+    ints and block count (NSB = 0: none)."""
+    if shared is None:
+        none = absent(np.float16)
+        return [none, none, none, none], (("FS", 8), ("FCS", 8), ("NSB", 0), ("GATED", 0)), 0
+    gate, up, down, gate_inp = shared
+    shared_kernel.check_hidden(rec.hidden)
+    tpl = shared_kernel.template(gate.shape[0])
+    gated = gate_inp is not None
+    return ([gate, up, down, gate_inp if gated else absent(np.float16)], tpl + (("GATED", int(gated)),),
+            dict(tpl)["NSB"])
+
+
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
-           order: RoutingOrder, norm_topk_prob: bool, *, threads: int = THREADS, upw: int = GATEUP_UNITS_PER_WARP,
-           denormals: bool | None = None) -> tuple[mx.array, mx.array, mx.array]:
+           order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int = THREADS,
+           upw: int = GATEUP_UNITS_PER_WARP, denormals: bool | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
-    hidden activations. denormals: the code form (default moe.subnormal_codes()).
+    hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
+    expert's blocks in the same grid (its down partials and its gate). denormals: the code form
+    (default moe.subnormal_codes()).
 
     Shapes:
-        x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k]
+        x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
+        sout float32 [T, max(NSB, 1), D] (shared partials), sgate_out float32 [T, 8] (element 0: the gate)
     """
     t, e = z.shape
     if not applies(rec, k, threads, upw):
         raise ValueError(f"moe_decode: records {rec} with k={k} do not fit the decode launches (applies)")
     dn = moe.subnormal_codes() if denormals is None else denormals
     nch = rec.expert_ffn // ((threads // WARP) * upw)
-    template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("NSB", 0), ("UPW", upw), ("NT", threads),
-                               ("DN", int(dn)), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
-                               ("NORM", int(norm_topk_prob)))
-    hid, sel, wsel = launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)],
-                            [(t, k, rec.expert_ffn), (t, k), (t, k)], [mx.float32, mx.int32, mx.float32],
-                            blocks=(k * nch, t, 1), threads=threads, template=template)
-    return hid, sel, wsel
+    sh_inputs, sh_template, nsb = _shared_parts(rec, shared)
+    template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
+                               ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
+                               ("NORM", int(norm_topk_prob))) + sh_template
+    return tuple(launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
+                        [(t, k, rec.expert_ffn), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8)],
+                        [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32],
+                        blocks=(nsb + k * nch, t, 1), threads=threads, template=template))
 
 
-def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hid: mx.array, sel: mx.array, wsel: mx.array, *,
-         threads: int = THREADS, rw: int = DOWN_ROWS_PER_WARP, denormals: bool | None = None) -> mx.array:
-    """Kernel path: x_mid + sum_i wsel_i down_i . hid_i.
+def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hid: mx.array, sel: mx.array, wsel: mx.array,
+         sout: mx.array | None = None, sgate: mx.array | None = None, *, threads: int = THREADS,
+         rw: int = DOWN_ROWS_PER_WARP, denormals: bool | None = None) -> mx.array:
+    """Kernel path: x_mid + (sum_i wsel_i down_i . hid_i + sgate * sum of the shared partials).
+    sout None: no shared expert; sgate None: ungated.
 
     Shapes:
-        x_mid float32 [T, D], hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k] -> float32 [T, D]
+        x_mid float32 [T, D], hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
+        sout float32 [T, NSB, D], sgate float32 [T, 8] -> float32 [T, D]
     """
     t, k, _ = hid.shape
     dn = moe.subnormal_codes() if denormals is None else denormals
     rows = (threads // WARP) * rw
-    template = _planes(rec) + (("K", k), ("RW", rw), ("NT", threads), ("DN", int(dn)))
-    return launch(DOWN_SOURCE, [arena, as_f32(x_mid), hid, sel, wsel], [(t, rec.hidden)], [mx.float32],
+    nsb = 0 if sout is None else sout.shape[1]
+    none = absent(np.float32)
+    template = _planes(rec) + (("K", k), ("RW", rw), ("NT", threads), ("DN", int(dn)), ("NSB", nsb),
+                               ("GATED", int(sgate is not None and nsb > 0)))
+    return launch(DOWN_SOURCE, [arena, as_f32(x_mid), hid, sel, wsel, none if sout is None else sout,
+                                none if sgate is None else sgate], [(t, rec.hidden)], [mx.float32],
                   blocks=((rec.hidden + rows - 1) // rows, t, 1), threads=threads, template=template)[0]
 
 
 def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
-                    k: int, order: RoutingOrder, norm_topk_prob: bool, **kw) -> mx.array:
-    """Kernel path: x_mid + the routed experts of h, routed by z (two launches).
-    kw: `gateup`'s threads / upw / denormals, `down`'s rw (benchmarks).
+                    k: int, order: RoutingOrder, norm_topk_prob: bool, *, shared=None, **kw) -> mx.array:
+    """Kernel path: x_mid + the routed experts of h, routed by z, (+ the shared expert of h, gated)
+    in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
+    upw / denormals, `down`'s rw (benchmarks).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
     """
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
-    hid, sel, wsel = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, **kw)
-    return down(arena, rec, x_mid, hid, sel, wsel, threads=kw.get("threads", THREADS), rw=rw,
-                denormals=kw.get("denormals"))
+    hid, sel, wsel, sout, sgate = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
+    has, gated = shared is not None, shared is not None and shared[3] is not None
+    return down(arena, rec, x_mid, hid, sel, wsel, sout if has else None, sgate if gated else None,
+                threads=kw.get("threads", THREADS), rw=rw, denormals=kw.get("denormals"))
