@@ -69,6 +69,27 @@ def test_two_launches_against_the_reference(path, order, norm):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_argmax_rounds_rank_as_the_loop_does(path):
+    """The top k by argmax rounds: the same slots, weights and activations, bit for bit, as the
+    ranking loop: exact ties (the lower id first), -inf logits, a tie at the k-th place."""
+    with using_path(path):
+        k = 5
+        rec, records, x, _, z = _case(path, 11, k, tokens=3)
+        z[0, [3, 9, 17]] = z[0].max() + 1.0  # a three-way tie for first place
+        z[1, :] = -np.inf
+        z[1, [4, 20, 2, 7, 11, 1]] = [0.5, 0.5, -1.0, 2.0, -1.0, -1.0]  # ties, and a tie across the k-th place
+        z[2, 5] = -np.inf
+        for order, norm in ((RoutingOrder.SOFTMAX_TOPK, True), (RoutingOrder.TOPK_SOFTMAX, False)):
+            outs = [moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, order, norm, rounds=rr)[:3]
+                    for rr in (False, True)]
+            for a, b in zip(*outs):
+                np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=order.value)
+        ids = np.arange(z.shape[1])
+        want = np.stack([np.lexsort((ids, -row))[:k] for row in z])  # z descending, ties to the lower id
+        np.testing.assert_array_equal(np.array(outs[1][1]), want)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_block_shapes_and_code_forms(path):
     """Other units a warp (gate/up) and rows a warp (down) compute the same sums: bit for bit;
     the exponent code form (Metal's) agrees with the reference."""
@@ -168,6 +189,8 @@ def test_sources_compile(tmp_path, dialect):
         for dn, sh in ((True, None), (False, None), (True, shared), (False, shared)):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                                RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
-    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 8
+        mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
+                                           RoutingOrder.SOFTMAX_TOPK, True, rounds=not moe_decode.RANK_ROUNDS))
+    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 9
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
     assert not errors, "\n\n".join(errors)

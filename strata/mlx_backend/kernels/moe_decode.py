@@ -53,6 +53,54 @@ XW = 20  # floats a word of x (or h) takes in threadgroup memory: 16 values, 4 o
 # the down launch stages every selected expert's h pre-scaled: K F / 16 words of XW + 1 floats
 MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 
+# The top k by K rounds of a block-wide argmax (the largest z, ties to the lower id: the order the
+# fused kernel's ranking gives) instead of every thread ranking its logit against all E: at E =
+# 256 that loop is ~1.5K instructions a thread, ~1.7 us of issue a block at 1.4 blocks an SM
+# (180 blocks), against ~40 a round here (two warp reductions, two barriers). RANK_ROUNDS: the
+# form the gate/up launch takes (the benchmarks time both).
+RANK_ROUNDS = False
+_RANK_LOOP = (
+    "  for (uint32_t e = tid; e < (uint32_t)E; e += NT) {  // rank by z descending, ties to the lower id\n"
+    "    const float ze = zs[e];\n    int32_t r = 0;\n    for (int32_t j = 0; j < E; ++j) {\n"
+    "      const float zj = zs[j];\n      r += (zj > ze || (zj == ze && j < (int32_t)e)) ? 1 : 0;\n    }\n"
+    "    if (r < K) top[r] = (int32_t)e;\n  }\n")
+_ROUNDS = r"""
+  SHARED float cand_v[NT / 32];
+  SHARED int32_t cand_i[NT / 32];
+  if (ROUNDS) {
+    constexpr int EJ = (E + NT - 1) / NT;     // logits a thread
+    const float minus_inf = -bits_f32(0x7F800000u);
+    bool taken[EJ];
+    UNROLL for (int j = 0; j < EJ; ++j) taken[j] = false;
+    for (int r = 0; r < K; ++r) {
+      float bv = minus_inf;
+      int32_t bi = E;                         // E: no candidate
+      UNROLL for (int j = 0; j < EJ; ++j) {
+        const int32_t e = (int32_t)tid + NT * j;
+        if (e < E && !taken[j] && (bi == E || zs[e] > bv)) { bv = zs[e]; bi = e; }  // ascending e: ties keep the lower
+      }
+      const float wm = warp_max(bv);
+      const float wi = warp_max(bi < E && bv == wm ? -(float)bi : -(float)(2 * E));  // the lowest id holding it
+      if (lane == 0) { cand_v[warp_id] = wm; cand_i[warp_id] = (int32_t)(-wi); }
+      BARRIER();
+      float best = cand_v[0];
+      int32_t bid = cand_i[0];
+      for (int w = 1; w < NT / 32; ++w) {
+        const int32_t ci = cand_i[w];
+        if (ci < E && (bid >= E || cand_v[w] > best || (cand_v[w] == best && ci < bid))) { best = cand_v[w]; bid = ci; }
+      }
+      if (tid == 0) top[r] = bid;
+      UNROLL for (int j = 0; j < EJ; ++j) if ((int32_t)tid + NT * j == bid) taken[j] = true;
+      BARRIER();                              // cand_v / cand_i are written again next round
+    }
+  } else {
+""" + _RANK_LOOP + r"""
+  }
+"""
+if moe.ROUTE_PREAMBLE.count(_RANK_LOOP) != 1:
+    raise AssertionError("moe_decode: moe.ROUTE_PREAMBLE no longer has its ranking loop")
+_PREAMBLE = moe.ROUTE_PREAMBLE.replace(_RANK_LOOP, _ROUNDS)
+
 GATEUP = r"""
   constexpr int NW = NT / 32;
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
@@ -61,7 +109,7 @@ GATEUP = r"""
   SHARED float xsh[WPR * XW];                 // routed blocks: x pre-scaled per code; shared blocks: x
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
-""" + moe.ROUTE_PREAMBLE + r"""
+""" + _PREAMBLE + r"""
   if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
     const uint32_t sb = bx;
 """ + shared_kernel.SHARED_BLOCK + r"""
@@ -268,11 +316,11 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int = THREADS,
-           upw: int = GATEUP_UNITS_PER_WARP, denormals: bool | None = None):
+           upw: int = GATEUP_UNITS_PER_WARP, denormals: bool | None = None, rounds: bool | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
-    (default moe.subnormal_codes()).
+    (default moe.subnormal_codes()); rounds: the top k by argmax rounds (default RANK_ROUNDS).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -286,7 +334,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     sh_inputs, sh_template, nsb = _shared_parts(rec, shared)
     template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
-                               ("NORM", int(norm_topk_prob))) + sh_template
+                               ("NORM", int(norm_topk_prob)),
+                               ("ROUNDS", int(RANK_ROUNDS if rounds is None else rounds))) + sh_template
     return tuple(launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
                         [(t, k, rec.expert_ffn), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8)],
                         [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32],
