@@ -198,14 +198,15 @@ def check_context(cfg: ModelConfig, length: int, t: int) -> None:
 def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, *,
                        pos: mx.array | None = None) -> tuple[mx.array, MlxLayerKV]:
     """The attention output of new positions as partials (their sum over axis 1 is the output;
-    one part on both paths: the router kernel adds x + sum_p parts).
+    the router kernel adds x + sum_p parts): one part, or one a head where attention and its
+    output projection are one launch (kernels/attend_project.py: a short window, not split).
 
     pos: kv.length already on the device (int32, element 0: `launch.index_param(kv.length)`), for
     a traced step (compiled.py) whose graph must not hold the position as a constant. Kernel path
     only: the ops path slices the cache by the Python int.
 
     Shapes:
-        x float32 [T, D] (the residual, not yet normed) -> ([T, 1, D], MlxLayerKV with T more positions)
+        x float32 [T, D] (the residual, not yet normed) -> ([T, 1 or H, D], MlxLayerKV with T more positions)
     """
     t = x.shape[0]
     check_context(cfg, kv.length, t)
