@@ -59,11 +59,6 @@ MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 # (180 blocks), against ~40 a round here (two warp reductions, two barriers). RANK_ROUNDS: the
 # form the gate/up launch takes (the benchmarks time both).
 RANK_ROUNDS = False
-_RANK_LOOP = (
-    "  for (uint32_t e = tid; e < (uint32_t)E; e += NT) {  // rank by z descending, ties to the lower id\n"
-    "    const float ze = zs[e];\n    int32_t r = 0;\n    for (int32_t j = 0; j < E; ++j) {\n"
-    "      const float zj = zs[j];\n      r += (zj > ze || (zj == ze && j < (int32_t)e)) ? 1 : 0;\n    }\n"
-    "    if (r < K) top[r] = (int32_t)e;\n  }\n")
 _ROUNDS = r"""
   SHARED float cand_v[NT / 32];
   SHARED int32_t cand_i[NT / 32];
@@ -94,9 +89,10 @@ _ROUNDS = r"""
       BARRIER();                              // cand_v / cand_i are written again next round
     }
   } else {
-""" + _RANK_LOOP + r"""
+""" + moe.RANK_LOOP.lstrip("\n") + r"""
   }
 """
+_RANK_LOOP = moe.RANK_LOOP.lstrip("\n")
 if moe.ROUTE_PREAMBLE.count(_RANK_LOOP) != 1:
     raise AssertionError("moe_decode: moe.ROUTE_PREAMBLE no longer has its ranking loop")
 _PREAMBLE = moe.ROUTE_PREAMBLE.replace(_RANK_LOOP, _ROUNDS)
