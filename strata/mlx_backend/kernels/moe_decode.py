@@ -11,8 +11,9 @@ trip each). ncu on the H200 (seed shape, one token): experts 25.7-25.9 us + comb
   ROUTE_PREAMBLE: the reference's order, the rule's weights), issues *every* gate/up load of its
   units at once (UPW units a warp, WPL words a lane each: 40 words in flight a lane at the seed
   shape), stages x while they fly, then writes h_f = silu(gate_f . x) (up_f . x) (bit for bit the
-  fused kernel's h: the same per-lane order and warp sum). Block 0 also writes the k slots and
-  weights. Seed shape: 10 x 18 blocks (UPW = 4).
+  fused kernel's h: the same per-lane order and warp sum). Only the first routed block computes
+  the rule's weights (after its loads are issued: no block's loads wait on the softmax) and writes
+  them with the k slots. Seed shape: 10 x 18 blocks (UPW = 4).
 - `strata_moe_down`: a warp per output row d sums w_i down_i[d, :] . h_i over all k experts (a lane
   takes (expert, word) pairs lane + 32 j: 12 words and their scales, loaded before h is staged)
   and writes x_mid[d] + that sum: the combine, with no partials. Seed shape: 320 blocks.
@@ -96,6 +97,15 @@ _RANK_LOOP = moe.RANK_LOOP.lstrip("\n")
 if moe.ROUTE_PREAMBLE.count(_RANK_LOOP) != 1:
     raise AssertionError("moe_decode: moe.ROUTE_PREAMBLE no longer has its ranking loop")
 _PREAMBLE = moe.ROUTE_PREAMBLE.replace(_RANK_LOOP, _ROUNDS)
+# The preamble's two parts: the ranking (every block: its rank's slot) and the rule's weights,
+# which the gate/up launch does not use (the down launch applies them): only the block that writes
+# them computes them, after its loads are issued, so no block's loads wait on the softmax.
+_WEIGHTS_AT = "  const float zmax = zs[top[0]];\n"
+_SLOT_AT = "  const int32_t slot = slot_base[0] + top[rank];\n"
+if _PREAMBLE.count(_WEIGHTS_AT) != 1 or _PREAMBLE.count(_SLOT_AT) != 1:
+    raise AssertionError("moe_decode: moe.ROUTE_PREAMBLE no longer ranks, then weighs, then picks the slot")
+_RANKING = _PREAMBLE[:_PREAMBLE.index(_WEIGHTS_AT)]
+_WEIGHING = _PREAMBLE[_PREAMBLE.index(_WEIGHTS_AT):_PREAMBLE.index(_SLOT_AT)]
 
 GATEUP = r"""
   constexpr int NW = NT / 32;
@@ -105,7 +115,7 @@ GATEUP = r"""
   SHARED float xsh[WPR * XW];                 // routed blocks: x pre-scaled per code; shared blocks: x
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
-""" + _PREAMBLE + r"""
+""" + _RANKING + _SLOT_AT + r"""
   if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
     const uint32_t sb = bx;
 """ + shared_kernel.SHARED_BLOCK + r"""
@@ -179,15 +189,18 @@ GATEUP = r"""
     const uint32_t f = c * UPB + warp_id * UPW + k;
     if (lane == 0) hid[((uint64_t)t * K + rank) * F + f] = g / (1.0f + exp_f(-g)) * u;
   }
-  if (bx == (uint32_t)NSB && tid < (uint32_t)K) {
-    sel[t * K + tid] = slot_base[0] + top[tid];
-    wsel[t * K + tid] = topw[tid];
+  if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
+""" + _WEIGHING + r"""
+    if (tid < (uint32_t)K) {
+      sel[t * K + tid] = slot_base[0] + top[tid];
+      wsel[t * K + tid] = topw[tid];
+    }
   }
   if (GATED && bx == (uint32_t)NSB) {         // the shared expert's gate, sigmoid(gate_inp . x), once
     float gdot = 0.0f;
     for (uint32_t d = tid; d < (uint32_t)D; d += NT) gdot += F32(gate_inp[d]) * x[(uint64_t)t * D + d];
     gdot = warp_sum(gdot);
-    BARRIER();                                // red's last reader (the preamble's weights) is done
+    BARRIER();                                // red's last reader (the weights just above) is done
     if (lane == 0) red[warp_id] = gdot;
     BARRIER();
     if (tid == 0) {
