@@ -24,7 +24,7 @@ from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import attend_project, dense_gemv, moe, moe_decode
+from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, moe, moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.model import MlxModelState, forward, layer_forward
 from strata.testing.mlx_params import SEED_SHAPE, random_params
@@ -72,7 +72,7 @@ def ncu_decode_launches(small: bool = False) -> None:
         mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order, rule.norm_topk_prob,
                                            upw=upw, rw=rw))
     mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order, rule.norm_topk_prob,
-                                       rounds=not moe_decode.RANK_ROUNDS))  # the other ranking form
+                                       rounds=not decode_routing.RANK_ROUNDS))  # the other ranking form
     for early in (True, False):
         mx.eval(dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps, early=early),
                 dense_gemv.dense_gemv(lw.attn.wo, o, early=early))

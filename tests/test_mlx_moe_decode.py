@@ -18,7 +18,7 @@ from strata.formats.expert_record import RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend import model as mlx_model
-from strata.mlx_backend.kernels import moe_decode
+from strata.mlx_backend.kernels import decode_routing, moe_decode
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 from strata.mlx_backend.routing import route_batch
 from strata.model_config import RoutingOrder
@@ -199,7 +199,7 @@ def test_sources_compile(tmp_path, dialect):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                                RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
-                                           RoutingOrder.SOFTMAX_TOPK, True, rounds=not moe_decode.RANK_ROUNDS))
+                                           RoutingOrder.SOFTMAX_TOPK, True, rounds=not decode_routing.RANK_ROUNDS))
     assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 9
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
     assert not errors, "\n\n".join(errors)

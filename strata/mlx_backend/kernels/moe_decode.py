@@ -40,6 +40,7 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
+from strata.mlx_backend.kernels import decode_routing as routing
 from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
@@ -54,59 +55,6 @@ XW = 20  # floats a word of x (or h) takes in threadgroup memory: 16 values, 4 o
 # the down launch stages every selected expert's h pre-scaled: K F / 16 words of XW + 1 floats
 MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 
-# The top k by K rounds of a block-wide argmax (the largest z, ties to the lower id: the order the
-# fused kernel's ranking gives) instead of every thread ranking its logit against all E: at E =
-# 256 that loop is ~1.5K instructions a thread, ~1.7 us of issue a block at 1.4 blocks an SM
-# (180 blocks), against ~40 a round here (two warp reductions, two barriers). RANK_ROUNDS: the
-# form the gate/up launch takes (the benchmarks time both).
-RANK_ROUNDS = False
-_ROUNDS = r"""
-  SHARED float cand_v[NT / 32];
-  SHARED int32_t cand_i[NT / 32];
-  if (ROUNDS) {
-    constexpr int EJ = (E + NT - 1) / NT;     // logits a thread
-    const float minus_inf = -bits_f32(0x7F800000u);
-    bool taken[EJ];
-    UNROLL for (int j = 0; j < EJ; ++j) taken[j] = false;
-    for (int r = 0; r < K; ++r) {
-      float bv = minus_inf;
-      int32_t bi = E;                         // E: no candidate
-      UNROLL for (int j = 0; j < EJ; ++j) {
-        const int32_t e = (int32_t)tid + NT * j;
-        if (e < E && !taken[j] && (bi == E || zs[e] > bv)) { bv = zs[e]; bi = e; }  // ascending e: ties keep the lower
-      }
-      const float wm = warp_max(bv);
-      const float wi = warp_max(bi < E && bv == wm ? -(float)bi : -(float)(2 * E));  // the lowest id holding it
-      if (lane == 0) { cand_v[warp_id] = wm; cand_i[warp_id] = (int32_t)(-wi); }
-      BARRIER();
-      float best = cand_v[0];
-      int32_t bid = cand_i[0];
-      for (int w = 1; w < NT / 32; ++w) {
-        const int32_t ci = cand_i[w];
-        if (ci < E && (bid >= E || cand_v[w] > best || (cand_v[w] == best && ci < bid))) { best = cand_v[w]; bid = ci; }
-      }
-      if (tid == 0) top[r] = bid;
-      UNROLL for (int j = 0; j < EJ; ++j) if ((int32_t)tid + NT * j == bid) taken[j] = true;
-      BARRIER();                              // cand_v / cand_i are written again next round
-    }
-  } else {
-""" + moe.RANK_LOOP.lstrip("\n") + r"""
-  }
-"""
-_RANK_LOOP = moe.RANK_LOOP.lstrip("\n")
-if moe.ROUTE_PREAMBLE.count(_RANK_LOOP) != 1:
-    raise AssertionError("moe_decode: moe.ROUTE_PREAMBLE no longer has its ranking loop")
-_PREAMBLE = moe.ROUTE_PREAMBLE.replace(_RANK_LOOP, _ROUNDS)
-# The preamble's two parts: the ranking (every block: its rank's slot) and the rule's weights,
-# which the gate/up launch does not use (the down launch applies them): only the block that writes
-# them computes them, after its loads are issued, so no block's loads wait on the softmax.
-_WEIGHTS_AT = "  const float zmax = zs[top[0]];\n"
-_SLOT_AT = "  const int32_t slot = slot_base[0] + top[rank];\n"
-if _PREAMBLE.count(_WEIGHTS_AT) != 1 or _PREAMBLE.count(_SLOT_AT) != 1:
-    raise AssertionError("moe_decode: moe.ROUTE_PREAMBLE no longer ranks, then weighs, then picks the slot")
-_RANKING = _PREAMBLE[:_PREAMBLE.index(_WEIGHTS_AT)]
-_WEIGHING = _PREAMBLE[_PREAMBLE.index(_WEIGHTS_AT):_PREAMBLE.index(_SLOT_AT)]
-
 GATEUP = r"""
   constexpr int NW = NT / 32;
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
@@ -115,7 +63,7 @@ GATEUP = r"""
   SHARED float xsh[WPR * XW];                 // routed blocks: x pre-scaled per code; shared blocks: x
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
-""" + _RANKING + _SLOT_AT + r"""
+""" + routing.RANKING + routing.SLOT_AT + r"""
   if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
     const uint32_t sb = bx;
 """ + shared_kernel.SHARED_BLOCK + r"""
@@ -190,7 +138,7 @@ GATEUP = r"""
     if (lane == 0) hid[((uint64_t)t * K + rank) * F + f] = g / (1.0f + exp_f(-g)) * u;
   }
   if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
-""" + _WEIGHING + r"""
+""" + routing.WEIGHING + r"""
     if (tid < (uint32_t)K) {
       sel[t * K + tid] = slot_base[0] + top[tid];
       wsel[t * K + tid] = topw[tid];
@@ -329,7 +277,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
-    (default moe.subnormal_codes()); rounds: the top k by argmax rounds (default RANK_ROUNDS).
+    (default moe.subnormal_codes()); rounds: the top k by argmax rounds (default
+    decode_routing.RANK_ROUNDS).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -344,7 +293,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
-                               ("ROUNDS", int(RANK_ROUNDS if rounds is None else rounds))) + sh_template
+                               ("ROUNDS", int(routing.RANK_ROUNDS if rounds is None else rounds))) + sh_template
     return tuple(launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
                         [(t, k, rec.expert_ffn), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8)],
                         [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32],
