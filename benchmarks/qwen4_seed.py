@@ -15,13 +15,17 @@ the store is about G GB (a 64 GiB-disk machine holds the model file, the 17 GB o
 store of ~24 GB: `--ple-gb 24`); a token reads the same rows either way (8 per PLE layer).
 
 Files (`--dir`, default a temporary directory; kept with `--keep`): the model file (dense weights
-random normal, stored F16, held as float32), the `.experts` (256 random valid Q2_0 experts reused
-by every layer: values do not matter), the `.ngrams` (random rows written shard by shard, never a
-table in memory). Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
+random normal, stored F16, held as float32: each tensor a window of one pool of normals,
+benchmarks/_pooled_random.py, so 48 layers build in seconds), the `.experts` (256 random valid
+Q2_0 experts reused by every layer: values do not matter), the `.ngrams` (one random shard of rows
+repeated, written shard by shard, never a table in memory). Full size: every shape, the experts
+file (17 GB at 48 layers) and the reads per token; not full size unless `--ple-gb 0`: the row
+store (the tables' row counts), whose reads per token are the same. Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
 all-resident, and streaming through a quarter of the experts. PLE rows are streamed in both, as
 the reference engine streams them (the row cache: ple_reserve's default, read ahead by the
 streaming engine). `--tiny` is the same structure at test sizes (tests/test_bench_qwen4_seed.py).
-Prints a table, then one JSON line.
+Each step's seconds are printed as it ends (`step ...`: a run cut short by a time limit still says
+where its time went); then a table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from strata.ple_store import table_shapes  # noqa: E402
 from strata.qwen4_config import ple_layers  # noqa: E402
 from strata.runtime.ngram_source import rows_per_position  # noqa: E402
 from strata.testing.models import SHAPES, byte_level_tokenizer_json, make_dense  # noqa: E402
-from strata.testing.ngram_rows import write_synthetic_store  # noqa: E402
+from _pooled_random import pooled_normals, write_pooled_store  # noqa: E402
 
 FULL_LAYERS = 48
 FULL_PLE_BASE = 2_000_003  # the first prime of the full-size tables: ~74 GB of F16 rows
@@ -102,19 +106,31 @@ def store_bytes(cfg: ModelConfig) -> int:
     return total
 
 
+def step(name: str, since: float) -> float:
+    """Print a step's seconds now (flushed: a run killed later still shows it); -> the clock."""
+    now = time.perf_counter()
+    print(f"step {name}: {now - since:.1f} s", flush=True)
+    return now
+
+
 def build(base: Path, cfg: ModelConfig, seed: int = 0) -> Path:
     """Write the three files (module doc); -> the model path."""
     base.parent.mkdir(parents=True, exist_ok=True)
     model_path, experts_path = base.with_suffix(".gguf"), base.with_suffix(".experts")
+    t = time.perf_counter()
     make_experts_file(experts_path, cfg, seed)
     with ExpertsFile.open(experts_path) as xf:
         experts_identity = xf.identity
-    with write_synthetic_store(base.with_suffix(".ngrams"), shapes=table_shapes(cfg), qtype=ROW_TYPE, seed=seed,
-                               shard_rows=1 << 20) as store:
+    t = step(f"build .experts ({experts_path.stat().st_size / 1e9:.1f} GB)", t)
+    with write_pooled_store(base.with_suffix(".ngrams"), shapes=table_shapes(cfg), qtype=ROW_TYPE,
+                            seed=seed) as store:
         ngrams_identity = store.identity
-    dense = make_dense(cfg, seed)
+        t = step(f"build .ngrams ({store.n_pages * store.page_bytes / 1e9:.1f} GB)", t)
+    with pooled_normals(seed):
+        dense = make_dense(cfg, seed)
     write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(), dense_type=QuantType.F16,
                 experts_identity=experts_identity, ngrams_identity=ngrams_identity)
+    step(f"build model file ({model_path.stat().st_size / 1e9:.1f} GB)", t)
     return model_path
 
 
@@ -164,12 +180,19 @@ def token_budget(cfg: ModelConfig) -> dict[str, int]:
     return out
 
 
-def decode_ms(model, config: Config, *, stream: bool, tokens: int) -> tuple[float, object]:
-    prompt = list(range(32, 64))
+def decode_ms(model, config: Config, *, stream: bool, tokens: int, prompt: int = 8) -> tuple[float, object]:
+    """ms per decoded token after a `prompt`-token prefill and one warm decode (first calls JIT-compile);
+    -> (ms, the stream report of the timed tokens or None)"""
+    what = "streaming" if stream else "all-resident"
+    t = time.perf_counter()
+    prompt_ids = list(range(32, 32 + prompt))
     with strata.open_engine(model, config, stream=stream) as engine:
-        engine.prefill(prompt)
-        token = prompt[-1]
+        t = step(f"{what} open", t)
+        engine.prefill(prompt_ids)
+        t = step(f"{what} prefill {prompt} tokens", t)
+        token = prompt_ids[-1]
         engine.decode(token)  # warm
+        step(f"{what} first decode", t)
         since = engine.ledger() if stream else None
         start = time.perf_counter()
         for _ in range(tokens):
@@ -183,6 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=FULL_LAYERS)
     ap.add_argument("--ple-gb", type=float, default=0.0, help="the row store's size in GB (0: full size, ~74 GB)")
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens prefilled before decoding (default 8)")
     ap.add_argument("--tiny", action="store_true", help="the structure at test sizes")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="build into DIR once and reuse the files there "
@@ -211,10 +235,11 @@ def main(argv=None) -> int:
             quarter = f"{max(cfg.n_moe_layers * cfg.n_experts // 4, least)}slots"
             runs, reports = {}, {}
             if "resident" not in skip:
-                runs["all-resident"], _ = decode_ms(model, base, stream=False, tokens=args.tokens)
+                runs["all-resident"], _ = decode_ms(model, base, stream=False, tokens=args.tokens, prompt=args.prompt)
             if "streaming" not in skip:
                 runs[f"streaming, arena {quarter}"], reports["streaming"] = decode_ms(
-                    model, base.replace(arena=quarter), stream=True, tokens=args.tokens)
+                    model, base.replace(arena=quarter, profile=True), stream=True, tokens=args.tokens,
+                    prompt=args.prompt)
             store = model.ngrams_file
             store_gb = store.n_pages * store.page_bytes / 1e9
     budget = token_budget(cfg)
