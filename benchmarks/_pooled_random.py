@@ -63,10 +63,12 @@ def write_pooled_store(path: str | os.PathLike, *, shapes: Mapping[int, tuple[in
     width (normal, `scale`). -> the store, open"""
     rng = np.random.default_rng(seed)
     shards: dict[int, np.ndarray] = {}
+    tallest = max(rows for rows, _ in shapes.values())
     with NgramRowsWriter(path, qtype=qtype, shapes=dict(shapes)) as w:
         for layer, (rows, width) in sorted(shapes.items()):
             if width not in shards:
-                shards[width] = rng.standard_normal((shard_rows, width), dtype=np.float32) * np.float32(scale)
+                n = min(shard_rows, tallest)
+                shards[width] = rng.standard_normal((n, width), dtype=np.float32) * np.float32(scale)
             for a in range(0, rows, shard_rows):
                 w.write(layer, shards[width][: min(shard_rows, rows - a)])
     return NgramRowsFile.open(path)

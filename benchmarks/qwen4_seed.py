@@ -31,6 +31,7 @@ where its time went); then a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -180,24 +181,52 @@ def token_budget(cfg: ModelConfig) -> dict[str, int]:
     return out
 
 
-def decode_ms(model, config: Config, *, stream: bool, tokens: int, prompt: int = 8) -> tuple[float, object]:
+@contextlib.contextmanager
+def _profiled(top: int, what: str):
+    """cProfile over the block when top > 0: its `top` functions by cumulative time printed at the
+    end, also when interrupted (a run stopped by its time limit shows where the time went)."""
+    if top <= 0:
+        yield
+        return
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        stats = pstats.Stats(prof, stream=sys.stdout)
+        for order in ("cumulative", "tottime"):  # the chain, then the leaves (where the host waited)
+            print(f"--- {what}: the top {top} by {order} time", flush=True)
+            stats.sort_stats(order).print_stats(top)
+        sys.stdout.flush()
+
+
+def decode_ms(model, config: Config, *, stream: bool, tokens: int, prompt: int = 8,
+              profile_top: int = 0) -> tuple[float, object]:
     """ms per decoded token after a `prompt`-token prefill and one warm decode (first calls JIT-compile);
-    -> (ms, the stream report of the timed tokens or None)"""
+    -> (ms, the stream report of the timed tokens or None). profile_top: cProfile the open, the
+    prefill and the first decode (never the timed tokens)."""
     what = "streaming" if stream else "all-resident"
     t = time.perf_counter()
     prompt_ids = list(range(32, 32 + prompt))
-    with strata.open_engine(model, config, stream=stream) as engine:
-        t = step(f"{what} open", t)
-        engine.prefill(prompt_ids)
-        t = step(f"{what} prefill {prompt} tokens", t)
-        token = prompt_ids[-1]
-        engine.decode(token)  # warm
-        step(f"{what} first decode", t)
+    with contextlib.ExitStack() as stack:
+        with _profiled(profile_top, f"{what} open, prefill, first decode"):
+            engine = stack.enter_context(strata.open_engine(model, config, stream=stream))
+            t = step(f"{what} open", t)
+            engine.prefill(prompt_ids)
+            t = step(f"{what} prefill {prompt} tokens", t)
+            token = prompt_ids[-1]
+            engine.decode(token)  # warm
+            step(f"{what} first decode", t)
         since = engine.ledger() if stream else None
         start = time.perf_counter()
         for _ in range(tokens):
             token = int(np.argmax(engine.decode(token))) % 256
         ms = (time.perf_counter() - start) * 1e3 / tokens
+        step(f"{what} {tokens} timed tokens ({ms:.1f} ms/token)", start)
         return ms, (engine.report(since) if stream else None)
 
 
@@ -212,6 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", default=None, metavar="DIR", help="build into DIR once and reuse the files there "
                                                                "(a second call skips the build: minutes at full size)")
     ap.add_argument("--backend", choices=("auto", "numpy", "mlx"), default="auto")
+    ap.add_argument("--profile-top", type=int, default=0, metavar="N",
+                    help="cProfile each engine's open, prefill and first decode: print the top N functions")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: resident, streaming")
     args = ap.parse_args(argv)
     if not 0 < args.layers <= FULL_LAYERS:
@@ -235,11 +266,12 @@ def main(argv=None) -> int:
             quarter = f"{max(cfg.n_moe_layers * cfg.n_experts // 4, least)}slots"
             runs, reports = {}, {}
             if "resident" not in skip:
-                runs["all-resident"], _ = decode_ms(model, base, stream=False, tokens=args.tokens, prompt=args.prompt)
+                runs["all-resident"], _ = decode_ms(model, base, stream=False, tokens=args.tokens, prompt=args.prompt,
+                                                    profile_top=args.profile_top)
             if "streaming" not in skip:
                 runs[f"streaming, arena {quarter}"], reports["streaming"] = decode_ms(
                     model, base.replace(arena=quarter, profile=True), stream=True, tokens=args.tokens,
-                    prompt=args.prompt)
+                    prompt=args.prompt, profile_top=args.profile_top)
             store = model.ngrams_file
             store_gb = store.n_pages * store.page_bytes / 1e9
     budget = token_budget(cfg)

@@ -78,3 +78,20 @@ def test_prefetch2_guesses_the_layer_after_next_apart(model):
         moe = model.cfg.moe_layers
         # m+1 from the lookup, m+2 computed apart (one per layer that has a layer after next)
         assert spy.in_guess == 2 * max(len(moe) - 2, 0)
+
+
+def test_f16_weights_widen_on_the_device_to_the_hosts_values(tmp_path):
+    from strata.formats.dense_weights import StoredTensor, StoredType
+    from strata.mlx_backend.hyper_model import _float32
+
+    made = make_model(tmp_path / "qwen4", "qwen4", seed=5, dense_type=QuantType.F16)
+    model = strata.load(made.model_path)
+
+    f16 = [n for n in model.dense if isinstance(model.dense.stored(n), StoredTensor)
+           and model.dense.stored(n).qtype is StoredType.F16]
+    assert f16, "the made model stores no F16 tensor: the device path is not exercised"
+    for name in f16 + [n for n in model.dense if n not in f16][:3]:
+        got = np.array(_float32(model.dense, name))
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, model.dense[name])  # exact: f16 -> f32 is
+    model.close()
