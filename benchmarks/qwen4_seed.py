@@ -161,6 +161,31 @@ def _part(name: str) -> str:
     return "indexer / k / v / ssm"
 
 
+def files_bytes(cfg: ModelConfig) -> int:
+    """The three files' size, about: the experts, the row store, the dense weights as F16."""
+    rec = RecordLayout(QuantType.Q2_0, cfg.hidden_size, cfg.expert_ffn_size)
+    dense = sum(2 * int(np.prod(shape)) for shape in dense_tensor_shapes(cfg).values())
+    return cfg.n_moe_layers * cfg.n_experts * rec.padded_bytes + store_bytes(cfg) + dense
+
+
+def files_dir(cfg: ModelConfig) -> str | None:
+    """/dev/shm where it (and the RAM) holds the files with a tenth to spare: no disk writes or
+    fsyncs in the build (at 48 layers ~29 GB, the experts' 17 GB fsync alone is seconds of a
+    150 s run) and a miss is a memory copy, as decode.py's runs; else None (the temporary directory)."""
+    import os
+    import shutil
+
+    shm, need = Path("/dev/shm"), files_bytes(cfg) * 1.1
+    if not (shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need):
+        return None
+    avail = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    return str(shm) if avail > 2 * need else None  # the files, and the engines' own host memory beside them
+
+
 def token_budget(cfg: ModelConfig) -> dict[str, int]:
     """Bytes one decoded token reads, by the reference engine's parts, as strata holds them: dense
     matrices float32 once each (the embedding one row), the read-ahead router's Q8_0 copy, one
@@ -237,7 +262,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens prefilled before decoding (default 8)")
     ap.add_argument("--tiny", action="store_true", help="the structure at test sizes")
-    ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
+    ap.add_argument("--dir", default=None, help="where the files go (default: /dev/shm where it holds them, "
+                                                "else a temporary directory)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="build into DIR once and reuse the files there "
                                                                "(a second call skips the build: minutes at full size)")
     ap.add_argument("--backend", choices=("auto", "numpy", "mlx"), default="auto")
@@ -253,7 +279,9 @@ def main(argv=None) -> int:
 
     # the reference engine streams its PLE rows: measure that, never the tables read whole
     ngram_source.resident_room = lambda model, config: 0
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    where = args.dir if args.dir is not None else files_dir(cfg)
+    print(f"files in {where or tempfile.gettempdir()} (~{files_bytes(cfg) / 1e9:.1f} GB)", flush=True)
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
         t0 = time.perf_counter()
         path = _built(Path(args.keep) / "qwen4_seed", cfg) if args.keep else build(Path(tmp) / "qwen4_seed", cfg)
         build_s = time.perf_counter() - t0
