@@ -25,9 +25,10 @@ NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
 # issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
-# reference engine's model, synthetic, full size: 7 GB model file + 17 GB experts + a --ple-gb row
-# store in the temporary directory, so 24 GB fits a 64 GiB disk; run it alone, it builds for minutes)
-QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8 --keep ${TMPDIR:-/tmp}/strata_qwen4_seed} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-540}
+# reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
+# store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
+# in well under a minute; a 1-token prompt: prefill and decode share their kernels' compiles)
+QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 4 --tokens 8 --prompt 1} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-300}
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
@@ -116,7 +117,8 @@ stage deltanet 120 python3 benchmarks/deltanet.py
 # the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
 stage qwen4_tests 240 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
   -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py tests/test_qwen4_ple_rows.py \
-  tests/test_bench_qwen4_seed.py tests/test_mlx_qwen4_ple_rows.py
+  tests/test_bench_qwen4_seed.py tests/test_mlx_qwen4_ple_rows.py tests/test_mlx_hyper_compute.py \
+  tests/test_bench_pooled_random.py
 stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
 stage qwen4_seed "$QWEN4_SEED_S" python3 benchmarks/decode.py --shape qwen4-seed $QWEN4_SEED_ARGS
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
