@@ -269,10 +269,17 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=("auto", "numpy", "mlx"), default="auto")
     ap.add_argument("--profile-top", type=int, default=0, metavar="N",
                     help="cProfile each engine's open, prefill and first decode: print the top N functions")
+    ap.add_argument("--stacks-every", type=float, default=0.0, metavar="S",
+                    help="print every thread's stack every S seconds (faulthandler: also while the main "
+                         "thread waits inside MLX, where a time limit's SIGINT cannot reach Python)")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: resident, streaming")
     args = ap.parse_args(argv)
     if not 0 < args.layers <= FULL_LAYERS:
         ap.error(f"--layers must be 1..{FULL_LAYERS}")
+    if args.stacks_every > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True, file=sys.stdout)
     cfg = seed_shape(args.layers, ple_gb=args.ple_gb, tiny=args.tiny)
     skip = set(filter(None, args.skip.split(",")))
     from strata.runtime import ngram_source
