@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.formats.expert_record import ExpertWeights
+from strata.formats.checksum import checksum
+from strata.formats.expert_record import ExpertWeights, RecordLayout, pack_record
 from strata.formats.experts_file import write_experts
 from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType
@@ -24,5 +25,13 @@ def make_experts_file(path: Path, cfg: ModelConfig, seed: int) -> None:
                            rng.uniform(1e-3, 2e-2, (rows, cols // 32)).astype(np.float16))
 
     pool = [ExpertWeights(qm(f, d), qm(f, d), qm(d, f)) for _ in range(cfg.n_experts)]
+    done: dict[int, tuple[bytes, int]] = {}  # id(pool expert) -> (record, checksum): packed once, not per layer
+
+    def packed(w: ExpertWeights, rec: RecordLayout) -> tuple[bytes, int]:
+        if id(w) not in done:
+            buf = pack_record(w, rec)
+            done[id(w)] = buf, checksum(memoryview(buf)[: rec.record_bytes])
+        return done[id(w)]
+
     write_experts(path, qtype=QuantType.Q2_0, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts, hidden=d,
-                  expert_ffn=f, get_expert=lambda l, e: pool[e])
+                  expert_ffn=f, get_expert=lambda l, e: pool[e], packed=packed)

@@ -48,3 +48,16 @@ def test_a_pooled_store_has_its_tables_and_repeats_one_shard(tmp_path):
         np.testing.assert_array_equal(c, store.rows(1, np.arange(995, 1000)))
         last = store.rows(1, np.arange(2490, 2500))
         np.testing.assert_array_equal(last, store.rows(1, np.arange(490, 500)))
+
+
+def test_large_tensors_can_come_as_float16_of_the_same_scale():
+    cfg = SHAPES["qwen4"]
+    with pooled_normals(0):
+        f32 = make_dense(cfg, 0)
+    with pooled_normals(0, f16_from=4096):
+        f16 = make_dense(cfg, 0)
+    generic = [k for k, v in f16.items() if v.dtype == np.float16]
+    assert generic and all(f16[k].size >= 4096 and np.isfinite(f16[k]).all() for k in generic)
+    assert all(v.dtype == np.float32 for k, v in f16.items() if v.size < 4096)
+    for k in generic:
+        assert 0.9 < f16[k].astype(np.float32).std() / f32[k].std() < 1.1, k

@@ -13,6 +13,7 @@ from engine_kinds import min_slots  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.hyper_compute import HyperMlxCompute  # noqa: E402
+from strata.mlx_backend.kernels.launch import gpu_dialect  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 
 MLX = Config(backend=Backend.MLX, moce_lambda=0.0)
@@ -53,6 +54,17 @@ class _Spy:
 
 @pytest.mark.parametrize("prompt", [1, 12], ids=["decode", "prompt"])
 def test_the_guess_needs_no_second_sync_and_is_the_separate_computations(model, prompt):
+    _guesses_come_with_z(model, prompt)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+def test_the_guess_comes_with_z_on_the_gpu(model):
+    assert mx.default_device() == mx.gpu
+    _guesses_come_with_z(model, 4)
+
+
+def _guesses_come_with_z(model, prompt: int) -> None:
     tokens = np.arange(40, 40 + prompt + 3)
     with strata.open_engine(model, MLX.replace(arena=f"{min_slots(model, MLX)}slots"), stream=True) as engine:
         spy = _Spy(engine.compute)

@@ -159,9 +159,12 @@ def write_experts(
     get_expert: Callable[[int, int], ExpertWeights],
     progress: bool = False,
     biases: bool = False,
+    packed: Callable[[ExpertWeights, RecordLayout], tuple[bytes, int]] | None = None,
 ) -> ExpertsHeader:
     """Write an `.experts` file, one record at a time (never more than one expert in memory).
-    biases: every expert carries gate/up/down biases (a version 2 file).
+    biases: every expert carries gate/up/down biases (a version 2 file). packed: (expert, layout)
+    -> (pack_record's bytes, their record checksum), for a writer that reuses experts (a
+    benchmark's pool: each packed and checked once, not once per layer).
 
     The file is written to `path + ".tmp"` and renamed over `path` only when complete, so an
     interrupted write (an exception from `get_expert`, Ctrl-C) leaves nothing under `path`.
@@ -180,10 +183,13 @@ def write_experts(
                 for e in range(n_experts):
                     w = get_expert(l, e)
                     try:
-                        buf = pack_record(w, rec)
+                        buf, crc = packed(w, rec) if packed is not None else (pack_record(w, rec), None)
                     except ValueError as err:
                         raise ValueError(f"{path}: layer {l} expert {e}: {err}") from None
-                    crcs[l * n_experts + e] = checksum(memoryview(buf)[: rec.record_bytes])
+                    if len(buf) != rec.padded_bytes:
+                        raise ValueError(f"{path}: layer {l} expert {e}: a record of {len(buf)} bytes, "
+                                         f"the layout's is {rec.padded_bytes}")
+                    crcs[l * n_experts + e] = checksum(memoryview(buf)[: rec.record_bytes]) if crc is None else crc
                     f.write(buf)
                 if progress:
                     print(f"{os.path.basename(path)}: layer {l + 1}/{n_layers}", file=sys.stderr, flush=True)
