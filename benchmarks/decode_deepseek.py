@@ -32,11 +32,17 @@ def token_bytes(cfg: ModelConfig) -> int:
     return dense_bytes(cfg) - cfg.vocab_size * cfg.hidden_size * 2 + cfg.n_moe_layers * cfg.n_experts_per_token * _record(cfg).padded_bytes
 
 
-def deepseek_extrapolation(full: ModelConfig, cfg: ModelConfig, res: dict, rows: list) -> None:
-    """Per-layer ms of the measured parts and their 61-layer estimates, into res and the table."""
+def deepseek_extrapolation(full: ModelConfig, cfg: ModelConfig, res: dict) -> list:
+    """The byte budget a token of the measured and of the full model, the measured parts' per-layer
+    ms and their 61-layer estimates: into res (idempotent: a run prints them after every part, so a
+    later part's kill keeps them) -> the table's rows."""
     ratio = token_bytes(full) / token_bytes(cfg)
     res.update({"deepseek_full_layers": full.n_layers, "deepseek_measured_layers": cfg.n_layers,
                 "deepseek_full_bytes_per_token": token_bytes(full), "deepseek_measured_bytes_per_token": token_bytes(cfg)})
+    read = res.get("read_GBps") or 0.0
+    at_read = lambda b: f"{b / read / 1e6:.2f} ms at {read:.0f} GB/s read" if read else ""  # noqa: E731
+    rows = [(f"DeepSeek-V3 bytes a token, {cfg.n_layers} layers measured", f"{token_bytes(cfg) / 1e9:.2f} GB", at_read(token_bytes(cfg))),
+            (f"DeepSeek-V3 bytes a token, {full.n_layers} layers", f"{token_bytes(full) / 1e9:.2f} GB", at_read(token_bytes(full)))]
     for name, key in (("all-resident (engine)", "resident_engine_ms_per_token"), ("streaming", "stream_ms_per_token")):
         ms = res.get(key)
         if not ms:
@@ -46,6 +52,8 @@ def deepseek_extrapolation(full: ModelConfig, cfg: ModelConfig, res: dict, rows:
         tag = key.split("_")[0]
         res.update({f"deepseek_{tag}_ms_per_layer": per_layer, f"deepseek_{tag}_full_ms_by_bytes": est,
                     f"deepseek_{tag}_full_ms_by_layers": per_layer * full.n_layers})
-        rows.append((f"DeepSeek-V3 {name}: per layer ({cfg.n_layers} measured)", f"{per_layer:.3f} ms/layer",
-                     f"{full.n_layers} layers: {est:.1f} ms/token by bytes (x{ratio:.2f}), "
-                     f"{per_layer * full.n_layers:.1f} by layers"))
+        rows.append((f"DeepSeek-V3 {name}: {cfg.n_layers} layers measured", f"{ms:.2f} ms/token",
+                     f"{per_layer:.3f} ms a layer"))
+        rows.append((f"  extrapolated to {full.n_layers} layers", f"{est:.1f} ms/token",
+                     f"by bytes (x{ratio:.2f}); {per_layer * full.n_layers:.1f} by layers"))
+    return rows
