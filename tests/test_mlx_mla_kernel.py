@@ -33,7 +33,9 @@ from strata.model_config import RopeScaling, TensorNames  # noqa: E402
 from strata.reference import mla as ref_mla  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
 from strata.testing.models import SHAPES, make_dense, make_expert  # noqa: E402
-from tests.kernel_paths import KERNEL_PATHS, emulated  # noqa: E402
+from strata.reference.model import ModelParams, ModelState  # noqa: E402
+from strata.reference.model import forward as ref_forward  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS, emulated, gpu  # noqa: E402
 
 
 BASE = dataclasses.replace(SHAPES["mla"], max_context=64)
@@ -44,6 +46,12 @@ HEADS = {  # (heads, q_lora_rank, kv_lora_rank, rope, nope, v)
     "ragged_40_r6": (3, 16, 40, 6, 10, 16),
     "wide_wo_64x160": (64, 16, 32, 8, 16, 160),  # H v = 10240: W_o in two column blocks (8192 + 2048)
 }
+# on the GPU (marked `gpu`) the made model's heads, whose kernel builds the compiled step's test
+# below reuses, and DeepSeek-V3's: every first launch of a specialisation is an NVRTC compile
+# (seconds each), so the others, which the emulator runs with the same bodies, stay there
+GPU_HEADS = ("made_mla", "deepseek_v3_heads")
+CASES = ([pytest.param(name, KernelPath.EMULATED, id=f"{name}-emulated", marks=emulated) for name in HEADS]
+         + [pytest.param(name, KernelPath.GPU, id=f"{name}-gpu", marks=gpu) for name in GPU_HEADS])
 PROMPT, STEPS = 5, 3
 LAYER = 1
 RECORDED: list = []  # specialisations launched here, for the compile check
@@ -83,8 +91,7 @@ def _decode(cfg, w, kv, x, **kw):
     return parts[:, 0], kv, sum(LAUNCHES.values()) - before
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("name", list(HEADS))
+@pytest.mark.parametrize("name, path", CASES)
 def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))
     kv = _prefilled(cfg, w, xs)
@@ -199,14 +206,17 @@ def test_a_latent_the_kernels_refuse_takes_the_ops_path():
 def test_the_compiled_step_runs_latent_layers(path):
     """The compiled decode over the made mla model: on the emulator its device-scalar body
     untraced, on a GPU traced by mx.compile (then replayed with no new launch). Latent layers
-    decode in their kernels with a device position; the logits agree with `forward` within
-    FORWARD (which chooses the splits by the length, the traced step the most: other sum orders)."""
+    decode in their kernels with a device position; the logits agree with `forward` (which
+    chooses the splits by the length, the traced step the most: other sum orders) and with the
+    numpy reference's forward over the same weights and experts, within FORWARD."""
     cfg = dataclasses.replace(SHAPES["mla"], max_context=64)
     dense = {k: np.asarray(v, np.float32).astype(np.float16).astype(np.float32) for k, v in make_dense(cfg, 3).items()}
     experts = DictExperts({(m, e): make_expert(cfg, 3, m, e, QuantType.Q2_0)
                            for m in range(cfg.n_moe_layers) for e in range(cfg.n_experts)})
     prompt = np.array(list(b"latent"))
     traced = path is KernelPath.GPU
+    ref_params = ModelParams(cfg, dense, experts)
+    _, ref_model_state = ref_forward(ref_params, ModelState.empty(cfg), prompt)
     with using_path(path):
         p = to_mlx_params(cfg, dense, experts=experts)
         assert compiled.unsupported(p, traced=traced) is None
@@ -217,7 +227,9 @@ def test_the_compiled_step_runs_latent_layers(path):
         for i in range(3):
             want, ref_state = forward(p, ref_state, np.array([tok]))
             got, got_state = step(got_state, tok)
+            ref_logits, ref_model_state = ref_forward(ref_params, ref_model_state, np.array([tok]))
             assert_backends_agree(np.array(want[-1]), np.array(got[-1]), "FORWARD", what=f"compiled step {i}")
+            assert_backends_agree(ref_logits[-1], np.array(got[-1]), "FORWARD", what=f"compiled step {i} vs the reference")
             assert got_state.length == ref_state.length == len(prompt) + i + 1
             tok = int(np.argmax(np.array(want[-1])))
         assert step.bound_to(got_state)
