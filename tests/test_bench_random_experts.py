@@ -86,3 +86,17 @@ def test_deepseek_byte_budget_and_extrapolation():
     assert res["deepseek_resident_full_ms_by_layers"] == pytest.approx(4.0 / 8 * 61)
     assert len(rows) == 4 and "61 layers" in rows[3][0]
     assert decode_deepseek.deepseek_extrapolation(full, cfg, res) == rows  # idempotent: printed after every part
+
+
+def test_a_large_resident_arena_repeats_one_moe_layers_records():
+    import decode_memory
+
+    full = mlx_params.DEEPSEEK_V3_SHAPE
+    cfg = dataclasses.replace(full, n_layers=8, layer_types=full.layer_types[:8])  # 5 MoE layers: 17.6 GB
+    rec = RecordLayout(QuantType.Q2_0, 7168, 2048)
+    assert decode_memory.resident_distinct(cfg) == 256
+    assert decode_memory.resident_bytes(cfg) > (5 + 1) * 256 * rec.padded_bytes  # the arena and its pool
+    small = RecordLayout(QuantType.Q2_0, CFG.hidden_size, CFG.expert_ffn_size)
+    tiled = np.array(mlx_params.random_records(small, 6, mx.random.key(2), distinct=3))
+    np.testing.assert_array_equal(tiled[:3], tiled[3:])
+    assert len({bytes(r) for r in tiled}) == 3
