@@ -124,9 +124,12 @@ stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-3
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
 # DeepSeek-V3: the MLA kernels' GPU tests (and the latent model through the engines), the kernels
 # against their bytes at its attention shape, its per-layer shape decoding all-resident and streaming
-stage mla_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
-  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
-  tests/test_mlx_mla_kernel.py tests/test_mlx_mla.py tests/test_sigmoid_engines.py -k "not emulated"
+# (the kernel file's gpu-marked tests only: its others run the C++ emulator, which CI covers)
+stage mla_tests "$HYBRID_S" bash -c 'export PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device
+  python3 -m pytest -v -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=5 -m gpu \
+    tests/test_mlx_mla_kernel.py
+  python3 -m pytest -v -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
+    tests/test_mlx_mla.py tests/test_sigmoid_engines.py -k "not emulated"'
 stage mla 120 python3 benchmarks/mla.py
 stage mla_variants 60 python3 benchmarks/mla.py --variants
 stage deepseek_resident "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_RESIDENT_ARGS
