@@ -55,9 +55,12 @@ SMALL = replace(DEEPSEEK_V3_SHAPE, hidden_size=256, n_heads=4, n_kv_heads=4, q_l
                 qk_rope_head_dim=16, qk_nope_head_dim=32, head_dim=48, v_head_dim=32, max_context=512)
 SMALL_CONTEXTS = (16, 300)
 NCU_CONTEXTS = (512, 2048, 8192)  # the steps --ncu launches, in order (each one query, attend, output)
-# (PB, HPW) step shapes --variants times at every length: the default first; on the H200 at 8192
-# positions PB 2 HPW 2 took 282 us against the default's 309 (docs/perf.md)
-VARIANTS = ((mla_kernel.POSITIONS_PER_STEP, mla_kernel.HEADS_PER_WARP), (2, 2), (4, 2), (2, 1))
+# (PB, HPW, VW) step shapes --variants times at every length, the default first (on the H200 at
+# 8192 positions PB 2 HPW 2 took 282 us against the default's 309: docs/perf.md); the lengths in
+# the order they are run (the first pays every variant's compile; a run cut short keeps 8192's)
+VARIANTS = ((mla_kernel.POSITIONS_PER_STEP, mla_kernel.HEADS_PER_WARP, mla_kernel.VECTOR_WIDTH), (2, 2, 1), (4, 1, 4),
+            (2, 2, 4), (4, 2, 4))
+VARIANT_CONTEXTS = (8192, 2048, 512, 32768)
 
 
 def kernel_bytes(h: int, c: int, r: int, n: int, v: int, positions: int, splits: int) -> dict:
@@ -100,12 +103,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="small heads; on a CPU the emulated path (a smoke test)")
     ap.add_argument("--ncu", action="store_true", help="one step at each of NCU_CONTEXTS and one mixer, for ncu")
-    ap.add_argument("--variants", action="store_true", help="only the (PB, HPW) step shapes at every length")
+    ap.add_argument("--variants", action="store_true", help="only the (PB, HPW, VW) step shapes at every length")
     args = ap.parse_args()
     path = kernel_bench_path(args.small)
     if path is None:
         return 1
-    contexts = SMALL_CONTEXTS if args.small else NCU_CONTEXTS if args.ncu else CONTEXTS
+    contexts = (SMALL_CONTEXTS if args.small else NCU_CONTEXTS if args.ncu else VARIANT_CONTEXTS if args.variants
+                else CONTEXTS)
     cfg = replace(SMALL if args.small else DEEPSEEK_V3_SHAPE, max_context=max(contexts))
     h, c, r, nope, v = _shape(cfg)
     n_layers, n_mixer = (2, 1) if args.small else (LAYERS, MIXER_LAYERS)
@@ -211,8 +215,8 @@ def report(path: KernelPath, res: dict, rows: list) -> int:
 
 
 def step_variants(cfg: ModelConfig, contexts, ws, caches, qs, kvas, reps: dict, bw: dict, res: dict, rows: list) -> None:
-    """The step with each VARIANTS (PB, HPW) at every length (the splits by the length, as the
-    engine chooses them): us a step, and each variant against the default at that length."""
+    """The step with each VARIANTS (PB, HPW, VW) at every length (the splits by the length, as
+    the engine chooses them): us a step, and each variant against the default at that length."""
     h, c, r, nope, v = _shape(cfg)
     n = len(ws)
     res["variants"] = {}
@@ -220,13 +224,13 @@ def step_variants(cfg: ModelConfig, contexts, ws, caches, qs, kvas, reps: dict, 
         ns = mla_kernel.splits_for(s)
         nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, ns)["total"]
         base = None
-        for pb, hpw in VARIANTS:
+        for pb, hpw, vw in VARIANTS:
             t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1, positions_per_step=pb,
-                                                   heads_per_warp=hpw) for i in range(n)]), **reps) / n
+                                                   heads_per_warp=hpw, vector_width=vw) for i in range(n)]), **reps) / n
             base = base or t
-            res["variants"][f"{s}_pb{pb}_hpw{hpw}"] = t * 1e6
-            print(f"VARIANT {s} positions pb{pb}_hpw{hpw} {t * 1e6:.1f} us/step", flush=True)  # a cut run keeps these
-            rows.append((f"{s} positions ({ns} splits), PB {pb}, HPW {hpw}", f"{t * 1e6:.1f} us/step",
+            res["variants"][f"{s}_pb{pb}_hpw{hpw}_vw{vw}"] = t * 1e6
+            print(f"VARIANT {s} positions pb{pb}_hpw{hpw}_vw{vw} {t * 1e6:.1f} us/step", flush=True)  # a cut run keeps these
+            rows.append((f"{s} positions ({ns} splits), PB {pb}, HPW {hpw}, VW {vw}", f"{t * 1e6:.1f} us/step",
                          f"x{t / base:.3f} of the default; {nb / t / bw['copy_Bps'] * 100:.0f}% of copy"))
 
 

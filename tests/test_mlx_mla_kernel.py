@@ -147,8 +147,9 @@ def test_every_split_count_is_the_reference():
 
 @emulated
 def test_every_step_shape_gives_the_same_attention():
-    """PB positions a step, HPW heads a warp and NS splits (the benchmark's sweep) against the
-    default kernels' output, which the test above holds to the reference: within MLA_KERNEL."""
+    """PB positions a step, HPW heads a warp, NS splits and VW floats a load (the benchmark's
+    sweep) against the default kernels' output, which the test above holds to the reference:
+    within MLA_KERNEL. VW = 4 on a 40-float row (c 32 + r 8): 10 16-byte loads, lanes 10.. idle."""
     cfg, _, norm, xs, _, w = _setup("made_mla", seed=11)
     rng = np.random.default_rng(3)
     h, c, r = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
@@ -164,9 +165,10 @@ def test_every_step_shape_gives_the_same_attention():
 
     with using_path(KernelPath.EMULATED), recording() as rec:
         want = run()
-        for pb, hpw, ns in ((1, 1, 1), (2, 2, 4), (8, 4, 2), (4, 2, 1), (3, 1, 8)):
-            assert_backends_agree(want, run(positions_per_step=pb, heads_per_warp=hpw, splits=ns), "MLA_KERNEL",
-                                  what=f"PB {pb}, HPW {hpw}, NS {ns}")
+        for pb, hpw, ns, vw in ((1, 1, 1, 1), (2, 2, 4, 1), (8, 4, 2, 1), (4, 2, 1, 1), (3, 1, 8, 1), (4, 1, 2, 4),
+                                (2, 2, 4, 4)):
+            got = run(positions_per_step=pb, heads_per_warp=hpw, splits=ns, vector_width=vw)
+            assert_backends_agree(want, got, "MLA_KERNEL", what=f"PB {pb}, HPW {hpw}, NS {ns}, VW {vw}")
     RECORDED.extend(r for r in rec if r[0].name.startswith("strata_mla") and r not in RECORDED)
 
 

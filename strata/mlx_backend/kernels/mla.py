@@ -54,6 +54,9 @@ MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes
 POSITIONS_PER_SPLIT = 32
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
 HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
+# VW: floats a lane loads at once from a cached row: 4 (16-byte loads, a quarter of the load
+# instructions; rows of c + r % 4 == 0 floats only) or 1 (lane + 32 i)
+VECTOR_WIDTH = 1
 ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
 MAX_LATENT = 2048  # c: a query block's 8-column groups fit its threads (and RG x c floats its 32 KB)
 MAX_ROW = 32 * 32  # c + r: a lane holds at most 32 of a row's elements in registers
@@ -133,8 +136,9 @@ QUERY_BODY = r"""
 
 ATTEND_BODY = r"""
   constexpr int CR = C + R;
-  constexpr int EPL = (CR + 31) / 32;  // a row's elements per lane (lane + 32 i)
-  constexpr int LPL = (C + 31) / 32;   // ... of them in the latent part
+  constexpr int GPL = (CR + 32 * VW - 1) / (32 * VW);  // a row's loads per lane: VW floats each
+  constexpr int EPL = GPL * VW;        // a row's elements per lane: i -> VW (lane + 32 (i / VW)) + i % VW
+  constexpr int LPL = ((C + 32 * VW - 1) / (32 * VW)) * VW;  // ... of them in the latent part
   const uint32_t h0 = bx * HPB + warp_id * HPW;      // this warp's first head; it runs HPW heads
   const int32_t j = (int32_t)by;
   const int32_t n_pos = params[0] + 1;               // causal: positions 0 .. pos
@@ -144,7 +148,7 @@ ATTEND_BODY = r"""
   float qr[HPW][EPL], acc[HPW][LPL], m[HPW], l[HPW];
   UNROLL for (int u = 0; u < HPW; ++u) {
     UNROLL for (int i = 0; i < EPL; ++i) {
-      const int e = (int)lane + 32 * i;
+      const int e = VW * ((int)lane + 32 * (i / VW)) + i % VW;
       qr[u][i] = e < CR ? qcat[(uint64_t)(h0 + u) * CR + e] : 0.0f;
     }
     UNROLL for (int i = 0; i < LPL; ++i) acc[u][i] = 0.0f;
@@ -156,9 +160,14 @@ ATTEND_BODY = r"""
     UNROLL for (int b = 0; b < PB; ++b) {
       const int32_t p = p0 + b < hi ? p0 + b : hi - 1;  // past the split: reread its last row, weight 0
       const DEVICE float* row = cache + (uint64_t)p * CR;
-      UNROLL for (int i = 0; i < EPL; ++i) {
-        const int e = (int)lane + 32 * i;
-        kr[b][i] = e < CR ? row[e] : 0.0f;
+      UNROLL for (int k = 0; k < GPL; ++k) {  // VW = 4: 16-byte loads (CR % 4 == 0: rows stay aligned)
+        const int e = VW * ((int)lane + 32 * k);
+        f4 g;
+        if (e < CR) {
+          if (VW == 4) g = load_f4(row + e);
+          else g.v[0] = row[e];
+        } else UNROLL for (int q = 0; q < 4; ++q) g.v[q] = 0.0f;
+        UNROLL for (int q = 0; q < VW; ++q) kr[b][VW * k + q] = g.v[q];
       }
     }
     UNROLL for (int u = 0; u < HPW; ++u) {  // each row loaded once serves the warp's HPW heads
@@ -175,7 +184,7 @@ ATTEND_BODY = r"""
       l[u] *= corr;
       UNROLL for (int b = 0; b < PB; ++b) { pe[b] = exp_f(sc[b] - mn); l[u] += pe[b]; }
       UNROLL for (int i = 0; i < LPL; ++i) {
-        const int e = (int)lane + 32 * i;
+        const int e = VW * ((int)lane + 32 * (i / VW)) + i % VW;
         float a = acc[u][i] * corr;
         UNROLL for (int b = 0; b < PB; ++b) a += e < C ? pe[b] * kr[b][i] : 0.0f;
         acc[u][i] = a;
@@ -186,7 +195,7 @@ ATTEND_BODY = r"""
   UNROLL for (int u = 0; u < HPW; ++u) {  // an empty split writes its max and sum only: the merge skips it
     DEVICE float* dst = part + ((uint64_t)j * H + h0 + u) * (C + 2);
     if (hi > lo) UNROLL for (int i = 0; i < LPL; ++i) {
-      const int e = (int)lane + 32 * i;
+      const int e = VW * ((int)lane + 32 * (i / VW)) + i % VW;
       if (e < C) dst[e] = acc[u][i];
     }
     if (lane == 0) { dst[C] = m[u]; dst[C + 1] = l[u]; }
@@ -279,12 +288,14 @@ def heads_per_block(n_heads: int) -> int:
 def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_norm: mx.array, rope_cos: mx.array,
                rope_sin: mx.array, cache: mx.array, pos: int, *, eps: float, scale: float,
                pos_param: mx.array | None = None, splits: int | None = None,
-               positions_per_step: int = POSITIONS_PER_STEP, heads_per_warp: int = HEADS_PER_WARP) -> mx.array:
+               positions_per_step: int = POSITIONS_PER_STEP, heads_per_warp: int = HEADS_PER_WARP,
+               vector_width: int = VECTOR_WIDTH) -> mx.array:
     """Kernel path: one decoded position's latent attention (module doc), its cache row written
     in place. scale: the softmax scale (folded into the query). pos_param: pos on the device
     (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None:
     `splits_for(pos + 1)`). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
-    block's heads; benchmarks compare others).
+    block's heads), vector_width: VW (4 where c + r is a multiple of 4, else 1); benchmarks
+    compare others.
 
     Shapes:
         q float32 [1, H (n + r)], kva float32 [1, c + r], w_uk float16 [H, n, c], w_uv float16 [H, v, c],
@@ -305,13 +316,14 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
     ns = splits_for(pos + 1) if splits is None else splits
     hpb = heads_per_block(h)
     hpw = heads_per_warp if hpb % heads_per_warp == 0 else 1
+    vw = vector_width if vector_width == 1 or cr % vector_width == 0 else 1
     p = index_param(pos) if pos_param is None else pos_param
     qcat = launch(QUERY_SOURCE, [q, kva, w_uk, kv_norm, rope_cos, rope_sin, p, float_params(eps, scale), cache],
                   [(h, cr)], [mx.float32], blocks=(h + 1, 1, 1), threads=THREADS,
                   template=(("H", h), ("N", n), ("C", c), ("R", r), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
     part = launch(ATTEND_SOURCE, [qcat, cache, p], [(ns, h, c + 2)], [mx.float32], blocks=(h // hpb, ns, 1),
                   threads=WARP * (hpb // hpw), template=(("H", h), ("C", c), ("R", r), ("HPB", hpb), ("HPW", hpw),
-                                                        ("NS", ns), ("PB", positions_per_step)))[0]
+                                                        ("NS", ns), ("PB", positions_per_step), ("VW", vw)))[0]
     return launch(OUTPUT_SOURCE, [part, w_uv], [(1, h * v)], [mx.float32], blocks=(h, 1, 1), threads=THREADS,
                   template=(("H", h), ("C", c), ("V", v), ("NS", ns), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
 
