@@ -8,6 +8,19 @@ part's `.experts` file). A decoded token reads every layer's dense weights and k
 its time is close to proportional to its bytes: the estimate scales the measured ms/token by the
 bytes of 61 layers over the bytes of the N measured, and beside it gives the plain per-layer ms x
 61 (which counts the N-layer run's dense-layer share and the head at N's proportions).
+
+What is random and what repeats (the decode's time depends on the bytes it moves, not on the
+values): the dense weights are random float16 of their real shapes, every layer its own; the
+all-resident arena past decode_memory.DISTINCT_ABOVE (8 GB: 3 MoE layers) is one MoE layer's 256
+random records copied into every MoE layer's slots (distinct memory, repeated values); the
+streaming part's `.experts` file repeats a pool of 32 records (benchmarks/_random_experts.py),
+each with its own place and checksum in a real file the real engine reads. Estimated from the
+bytes (H200: ~3.3 TB/s device copy), building is milliseconds of device time: 8 layers (3 dense,
+5 MoE) are a 17.6 GB arena copied from a 3.5 GB pool and 9.5 GB of dense weights (16 layers:
+44.7 GB and 13.2 GB); what a run waits on is each kernel specialisation's first call (an NVRTC
+compile, seconds each; ~15 for an uncompiled decode at this shape and 2 more for the compiled
+step, counted on the emulator) and, streaming, the file's 3.5 GB a MoE layer written at the
+host's file-system rate (decode.py prints each phase's seconds and the write's GB/s as it ends).
 """
 
 from __future__ import annotations
