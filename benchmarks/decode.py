@@ -360,6 +360,9 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
     ap.add_argument("--layers", type=int, default=0, help="keep the shape's first N layers (0: all)")
+    ap.add_argument("--prompt", type=int, default=8,
+                    help="prompt tokens before decoding (1: the prefill launches only what a decoded token does, "
+                         "so it compiles nothing more; 8 adds the many-token expert and combine kernels)")
     ap.add_argument("--no-eval-sweep", action="store_true",
                     help="all-resident: only the default evaluation interval uncompiled, then the compiled step "
                          "(fewer positions, fewer kernel specialisations to compile: a run under a tight limit)")
@@ -391,7 +394,7 @@ def main() -> int:
              ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
              ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
     phase(res, "setup (bandwidth, dispatch costs)", t_setup)
-    n_prompt = 8
+    n_prompt = args.prompt
     slots = args.slots or cfg.n_moe_layers * cfg.n_experts // 4  # a quarter of the routed experts
     for name in ("resident", "streaming"):
         if name in skip:
