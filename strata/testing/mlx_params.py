@@ -27,7 +27,7 @@ __all__ = ["SEED_SHAPE", "QWEN35_397B_SHAPE", "DEEPSEEK_V3_SHAPE", "random_param
 
 RECORD_CHUNK = 1024  # records generated per step, at most CHUNK_BYTES of them
 # randint's float32 and int32 temporaries are 8 bytes a code byte: 1024 of DeepSeek-V3's 13.8 MB
-# records were a 14 GB step with ~110 GB of temporaries (2 GiB: 156 of them; the seed's 1024 as before)
+# records were a 14 GB step with up to ~110 GB of them alive (2 GiB: 156 of them; the seed's 1024 as before)
 CHUNK_BYTES = 2 << 30
 
 # The reference engine's model class (48 layers, 256 experts, top-10, shared expert) with experts of the
