@@ -144,6 +144,8 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
     ms, build_ms = by_every[EVAL_EVERY][0] * 1e3, by_every[EVAL_EVERY][1] * 1e3
     res["resident_build_ms"] = build_ms
     nbytes = bytes_per_token(p, eng.length)
+    # before the compiled step's first call (its trace and compiles): a run cut there keeps this
+    print(f"RESULT all-resident uncompiled decode {ms:.2f} ms/token, {nbytes / 1e9:.2f} GB/token", flush=True)
     t_bytes = nbytes / bw["read_Bps"]
     per_kernel = costs.get("kernel_s", costs["op_s"])
     t_launch = custom * per_kernel + (n_launch - custom) * costs["op_s"]
@@ -188,6 +190,7 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
         why = res["resident_compiled_error"] = f"failed: {type(exc).__name__}: {exc}"
     if why is None:
         cms, call_ms = float(np.median(times[1:])) * 1e3, float(np.median(calls[1:])) * 1e3
+        print(f"RESULT all-resident compiled decode {cms:.2f} ms/token (first call {times[0]:.1f} s)", flush=True)
         res.update({"resident_compiled_ms_per_token": cms, "resident_compiled_call_ms": call_ms,
                     "resident_compiled_first_ms": times[0] * 1e3})
         rows.append(("compiled decode step (MlxEngine's default on a GPU)", f"{cms:.2f} ms/token",
@@ -394,6 +397,8 @@ def main() -> int:
              ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
              ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
     phase(res, "setup (bandwidth, dispatch costs)", t_setup)
+    if args.shape == "deepseek-v3":  # the byte budget now: a RESULT's ms times their ratio is the 61 layers' estimate
+        print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in deepseek_extrapolation(full, cfg, res)), flush=True)
     n_prompt = args.prompt
     slots = args.slots or cfg.n_moe_layers * cfg.n_experts // 4  # a quarter of the routed experts
     for name in ("resident", "streaming"):

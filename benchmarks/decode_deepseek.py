@@ -55,7 +55,8 @@ def deepseek_extrapolation(full: ModelConfig, cfg: ModelConfig, res: dict) -> li
     read = res.get("read_GBps") or 0.0
     at_read = lambda b: f"{b / read / 1e6:.2f} ms at {read:.0f} GB/s read" if read else ""  # noqa: E731
     rows = [(f"DeepSeek-V3 bytes a token, {cfg.n_layers} layers measured", f"{token_bytes(cfg) / 1e9:.2f} GB", at_read(token_bytes(cfg))),
-            (f"DeepSeek-V3 bytes a token, {full.n_layers} layers", f"{token_bytes(full) / 1e9:.2f} GB", at_read(token_bytes(full)))]
+            (f"DeepSeek-V3 bytes a token, {full.n_layers} layers", f"{token_bytes(full) / 1e9:.2f} GB",
+             f"x{ratio:.2f} the measured layers'; " + at_read(token_bytes(full)))]
     for name, key in (("all-resident (engine)", "resident_engine_ms_per_token"), ("streaming", "stream_ms_per_token")):
         ms = res.get(key)
         if not ms:

@@ -28,7 +28,7 @@ from strata.mlx_backend import mla as mmla  # noqa: E402
 from strata.mlx_backend.kernels import mla as mla_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
-from strata.mlx_backend.model import MlxModelState, forward, to_mlx_params  # noqa: E402
+from strata.mlx_backend.model import MlxModelState, to_mlx_params  # noqa: E402
 from strata.model_config import RopeScaling, TensorNames  # noqa: E402
 from strata.reference import mla as ref_mla  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
@@ -207,37 +207,36 @@ def test_a_latent_the_kernels_refuse_takes_the_ops_path():
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_the_compiled_step_runs_latent_layers(path):
     """The compiled decode over the made mla model: on the emulator its device-scalar body
-    untraced, on a GPU traced by mx.compile (then replayed with no new launch). Latent layers
-    decode in their kernels with a device position; the logits agree with `forward` (which
-    chooses the splits by the length, the traced step the most: other sum orders) and with the
-    numpy reference's forward over the same weights and experts, within FORWARD."""
+    untraced, on a GPU traced by mx.compile (then replayed with no new launch). From an empty
+    state it takes a prompt token by token and then its own greedy tokens, latent layers decoding
+    in their kernels with a device position; every step's logits agree with the numpy reference's
+    forward over the same weights and experts within FORWARD. Only the compiled step runs (no
+    uncompiled forward): on the GPU each kernel specialisation's first launch is an NVRTC compile,
+    and the step's are the made model's decode-step test's too (one split count at every length)."""
     cfg = dataclasses.replace(SHAPES["mla"], max_context=64)
     dense = {k: np.asarray(v, np.float32).astype(np.float16).astype(np.float32) for k, v in make_dense(cfg, 3).items()}
     experts = DictExperts({(m, e): make_expert(cfg, 3, m, e, QuantType.Q2_0)
                            for m in range(cfg.n_moe_layers) for e in range(cfg.n_experts)})
-    prompt = np.array(list(b"latent"))
+    tokens = list(b"latent")
     traced = path is KernelPath.GPU
-    ref_params = ModelParams(cfg, dense, experts)
-    _, ref_model_state = ref_forward(ref_params, ModelState.empty(cfg), prompt)
+    ref_params, ref_state = ModelParams(cfg, dense, experts), ModelState.empty(cfg)
     with using_path(path):
         p = to_mlx_params(cfg, dense, experts=experts)
         assert compiled.unsupported(p, traced=traced) is None
-        _, ref_state = forward(p, MlxModelState.empty(cfg), prompt)
-        _, got_state = forward(p, MlxModelState.empty(cfg), prompt)
-        step = compiled.CompiledDecode(p, got_state, traced=traced)
-        tok = 7
-        for i in range(3):
-            want, ref_state = forward(p, ref_state, np.array([tok]))
-            got, got_state = step(got_state, tok)
-            ref_logits, ref_model_state = ref_forward(ref_params, ref_model_state, np.array([tok]))
-            assert_backends_agree(np.array(want[-1]), np.array(got[-1]), "FORWARD", what=f"compiled step {i}")
-            assert_backends_agree(ref_logits[-1], np.array(got[-1]), "FORWARD", what=f"compiled step {i} vs the reference")
-            assert got_state.length == ref_state.length == len(prompt) + i + 1
-            tok = int(np.argmax(np.array(want[-1])))
-        assert step.bound_to(got_state)
+        state = MlxModelState.empty(cfg)
+        step = compiled.CompiledDecode(p, state, traced=traced)
+        n = len(tokens) + 3  # the prompt, then 3 greedy tokens
+        for i in range(n):
+            want, ref_state = ref_forward(ref_params, ref_state, np.array([tokens[i]]))
+            got, state = step(state, tokens[i])
+            assert_backends_agree(want[-1], np.array(got[-1]), "FORWARD", what=f"compiled step {i} vs the reference")
+            assert state.length == ref_state.length == i + 1
+            if i + 1 == len(tokens) < n:
+                tokens.append(int(np.argmax(want[-1])))
+        assert step.bound_to(state)
         if traced:
             before = sum(LAUNCHES.values())
-            logits, _ = step(got_state, tok)
+            logits, _ = step(state, tokens[-1])
             mx.eval(logits)
             assert sum(LAUNCHES.values()) == before  # replayed: the latent buffers are bound, not retraced
 

@@ -55,8 +55,11 @@ POSITIONS_PER_SPLIT = 32
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
 HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
 # VW: floats a lane loads at once from a cached row: 4 (16-byte loads, a quarter of the load
-# instructions; rows of c + r % 4 == 0 floats only) or 1 (lane + 32 i)
-VECTOR_WIDTH = 1
+# instructions; rows of c + r % 4 == 0 floats only) or 1 (lane + 32 i). H200, DeepSeek-V3's heads,
+# PB 4, HPW 1: VW 4 took 92.8 / 170.1 / 289.8 / 767.0 us a step at 512 / 2048 / 8192 / 32768
+# positions against VW 1's 128.3 / 169.4 / 295.9 / 872.3 (no other variant was at or below VW 1
+# at every length: benchmarks/mla.py --variants, docs/perf.md)
+VECTOR_WIDTH = 4
 ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
 MAX_LATENT = 2048  # c: a query block's 8-column groups fit its threads (and RG x c floats its 32 KB)
 MAX_ROW = 32 * 32  # c + r: a lane holds at most 32 of a row's elements in registers
@@ -268,8 +271,8 @@ def fits(kv_lora_rank: int, qk_rope_head_dim: int) -> bool:
 
 
 def splits_for(n_positions: int) -> int:
-    """Flash-decoding splits for a step over n positions: one per POSITIONS_PER_SPLIT, a power of
-    two (few specialisations), at most MAX_SPLITS."""
+    """The fewest flash-decoding splits that keep a split to POSITIONS_PER_SPLIT positions: a
+    power of two, at most MAX_SPLITS (benchmarks' per-length NS; a step takes MAX_SPLITS)."""
     want = min(MAX_SPLITS, -(-n_positions // POSITIONS_PER_SPLIT))
     ns = 1
     while ns < want:
@@ -292,8 +295,10 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
                vector_width: int = VECTOR_WIDTH) -> mx.array:
     """Kernel path: one decoded position's latent attention (module doc), its cache row written
     in place. scale: the softmax scale (folded into the query). pos_param: pos on the device
-    (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None:
-    `splits_for(pos + 1)`). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
+    (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None: MAX_SPLITS at
+    every length, as the compiled step traces it: each NS is an NVRTC compile of its own on MLX's
+    CUDA build, 1-3 s, which a streaming session paid again at 33, 65, 129 and 257 positions; an
+    empty split moves 8 bytes). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
     block's heads), vector_width: VW (4 where c + r is a multiple of 4, else 1); benchmarks
     compare others.
 
@@ -313,7 +318,7 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
                          f"rope table of {rope_cos.shape[-1]} pairs do not agree")
     if not 0 <= pos < s_max:
         raise ValueError(f"mla kernel: position {pos} outside the cache's {s_max} rows")
-    ns = splits_for(pos + 1) if splits is None else splits
+    ns = MAX_SPLITS if splits is None else splits
     hpb = heads_per_block(h)
     hpw = heads_per_warp if hpb % heads_per_warp == 0 else 1
     vw = vector_width if vector_width == 1 or cr % vector_width == 0 else 1
