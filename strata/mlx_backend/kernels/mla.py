@@ -297,7 +297,7 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
     in place. scale: the softmax scale (folded into the query). pos_param: pos on the device
     (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None: MAX_SPLITS at
     every length, as the compiled step traces it: each NS is an NVRTC compile of its own on MLX's
-    CUDA build, 1-3 s, which a streaming session paid again at 33, 65, 129 and 257 positions; an
+    CUDA build, 1-3 s, which an uncompiled session (streaming) met again at 33, 65, 129 and 257 positions; an
     empty split moves 8 bytes). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
     block's heads), vector_width: VW (4 where c + r is a multiple of 4, else 1); benchmarks
     compare others.
