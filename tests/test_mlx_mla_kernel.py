@@ -4,11 +4,12 @@ cached row of 40 floats, ragged over the lanes), DeepSeek-V3's heads (c = 512, r
 two of its 128 heads), a model without the q low-rank path, a ragged latent (c = 40, r = 6) and
 W_o in two column blocks (H v = 10240);
 the output and the cache rows after every step (MLA_KERNEL), 5 launches + one per W_o block, DeepSeek's
-YaRN (tables and the folded softmax scale), every split count and step shape (PB, HPW) agreeing
+YaRN (tables and the folded softmax scale), every split count and step shape (PB, HPW, VW) agreeing
 (empty splits included), determinism, a latent the kernels refuse taking the ops
-path; the compiled decode's device-scalar step over latent layers (untraced, on the emulator);
-and the Metal / CUDA compile check of every specialisation launched here (Metal: compile-checked,
-not run). The decode steps also run on the GPU path where MLX has a GPU (marked `gpu`).
+path; the compiled decode's device-scalar step over latent layers against the numpy reference
+(untraced, on the emulator); and the Metal / CUDA compile check of every specialisation launched
+here (Metal: compile-checked, not run). Marked `gpu` and run on the GPU path where MLX has a GPU:
+the decode steps on the made heads and DeepSeek-V3's, and the compiled step, traced.
 """
 
 from __future__ import annotations
