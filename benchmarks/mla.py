@@ -121,7 +121,7 @@ def main() -> int:
         ws, caches, qs, kvas = _inputs(cfg, n_layers, cfg.max_context, seed=0)
         if args.ncu:  # a step at each length, then one decoded mixer, each evaluated alone
             for i, s in enumerate(contexts):
-                ns = mla_kernel.splits_for(s)
+                ns = mla_kernel.MAX_SPLITS
                 kb = kernel_bytes(h, c, r, nope, v, s, ns)
                 print(f"NCU launch {3 * i}..{3 * i + 2}: step over {s} positions ({ns} splits): bytes query "
                       f"{kb['query']} attend {kb['attend']} output {kb['output']} total {kb['total']}", flush=True)
@@ -143,7 +143,7 @@ def main() -> int:
 
         for s in contexts:
             with part(f"kernels_{s}", res, rows):
-                ns = mla_kernel.splits_for(s)
+                ns = mla_kernel.MAX_SPLITS
                 nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, ns)
                 fl = mla_kernel.absorbed_flops(h, c, r, nope, v, s)
                 t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1)
@@ -173,7 +173,7 @@ def main() -> int:
             s = contexts[1]
             wm = ws[:n_mixer]
             wbytes = sum(a.nbytes for a in wm[0].arrays())
-            nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, mla_kernel.splits_for(s))
+            nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, mla_kernel.MAX_SPLITS)
             x = [mx.random.normal((1, cfg.hidden_size)) for _ in range(n_mixer)]
             mx.eval(*x)
             before = sum(LAUNCHES.values())
@@ -189,7 +189,7 @@ def main() -> int:
 
         with part("sweep", res, rows):  # the attend kernel's step shapes, at the third length (last: the most builds)
             s = contexts[2 if len(contexts) > 2 else -1]
-            ns0 = mla_kernel.splits_for(s)
+            ns0 = mla_kernel.MAX_SPLITS
             res["sweep_context"], res["sweep"] = s, {}
             variants = [(1, 1, ns0), (2, 1, ns0), (8, 1, ns0), (2, 2, ns0), (4, 2, ns0), (2, 4, ns0)]
             variants += [(mla_kernel.POSITIONS_PER_STEP, 1, ns) for ns in (4, 8, 32) if ns != ns0]
@@ -221,7 +221,7 @@ def step_variants(cfg: ModelConfig, contexts, ws, caches, qs, kvas, reps: dict, 
     n = len(ws)
     res["variants"] = {}
     for s in contexts:
-        ns = mla_kernel.splits_for(s)
+        ns = mla_kernel.MAX_SPLITS
         nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, ns)["total"]
         base = None
         for pb, hpw, vw in VARIANTS:

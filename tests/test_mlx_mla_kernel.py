@@ -173,9 +173,19 @@ def test_every_step_shape_gives_the_same_attention():
     RECORDED.extend(r for r in rec if r[0].name.startswith("strata_mla") and r not in RECORDED)
 
 
-def test_split_counts_follow_the_length():
-    per = mla_kernel.POSITIONS_PER_SPLIT
-    assert [mla_kernel.splits_for(n) for n in (1, per, per + 1, 3 * per + 1, 10 ** 6)] == [1, 1, 2, 4, mla_kernel.MAX_SPLITS]
+@emulated
+def test_every_length_takes_one_split_count():
+    """MAX_SPLITS at 1, 33 and 257 positions: one attend and one output specialisation for every
+    length (each is an NVRTC compile on MLX's CUDA build), the compiled step's too."""
+    cfg, _, _, xs, _, w = _setup("made_mla", seed=2)
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        for pos in (0, 32, 256):
+            mx.eval(mla_kernel.mla_decode(mx.ones((1, 4 * 24)), mx.ones((1, 40)), w.w_uk, w.w_uv, w.kv_a_norm,
+                                          *mmla.rope_table(dataclasses.replace(cfg, max_context=512)),
+                                          mx.zeros((512, 40)), pos, eps=1e-6, scale=1.0))
+    attend = {dict(r[3])["NS"] for r in rec if r[0].name == "strata_mla_attend"}
+    assert attend == {mla_kernel.MAX_SPLITS}
+    assert len({r for r in rec if r[0].name.startswith("strata_mla")}) == 3  # query, attend, output
     assert [mla_kernel.heads_per_block(h) for h in (128, 4, 6, 3)] == [8, 4, 2, 1]
 
 

@@ -50,8 +50,8 @@ HEADS_PER_BLOCK = 8  # mla_attend: a warp per head; 8 heads share each row fetch
 MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes, 8.4 MB at NS = 16, H = 128)
 # a split's positions are one warp's sequential steps: on the H200 NS = 2 at 512 positions (256
 # a warp) took 111 us a step, latency-bound; from ~8192 positions NS = 4..32 all ran 266-296 us,
-# issue-bound. So short contexts take many splits (each costs its H (c + 2) floats of partials)
-POSITIONS_PER_SPLIT = 32
+# issue-bound. Every step takes MAX_SPLITS (each NS is a compile of its own on MLX's CUDA build;
+# an empty split moves 8 bytes, a used one its H (c + 2) floats of partials)
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
 HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
 # VW: floats a lane loads at once from a cached row: 4 (16-byte loads, a quarter of the load
@@ -268,16 +268,6 @@ def fits(kv_lora_rank: int, qk_rope_head_dim: int) -> bool:
     block; a cached row of at most MAX_ROW floats)."""
     c, r = kv_lora_rank, qk_rope_head_dim
     return c > 0 and c % 8 == 0 and c <= MAX_LATENT and c + r <= MAX_ROW and r % 2 == 0
-
-
-def splits_for(n_positions: int) -> int:
-    """The fewest flash-decoding splits that keep a split to POSITIONS_PER_SPLIT positions: a
-    power of two, at most MAX_SPLITS (benchmarks' per-length NS; a step takes MAX_SPLITS)."""
-    want = min(MAX_SPLITS, -(-n_positions // POSITIONS_PER_SPLIT))
-    ns = 1
-    while ns < want:
-        ns *= 2
-    return ns
 
 
 def heads_per_block(n_heads: int) -> int:
