@@ -175,7 +175,9 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
     res["resident_compiled_ms_per_token"] = None
     why, times, calls = unsupported(p), [], []
     try:
+        t = time.perf_counter()
         step = CompiledDecode(p, eng.state) if why is None else None
+        phase(res, "resident_compiled_built", t)
         for _ in range(n_decode + 1 if step else 0):
             t = time.perf_counter()
             logits, state = step(eng.state, int(rng.integers(0, cfg.vocab_size)))
