@@ -37,6 +37,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import Q2_0_LEVEL_OFFSET, QuantType, layout
 from strata.mlx_backend.experts import gated_hidden
+from strata.mlx_backend.grouped_tiles import q2_tile_experts
 from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -147,6 +148,10 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     """
     t, k = experts.shape
     form = gemm or GEMM or default_gemm()
+    if form is GroupedGemm.Q2_TILES:
+        if current_path() is KernelPath.OPS:
+            raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); the ops path has PADDED")
+        return q2_tile_experts(records, rec, h, experts, weights, act=act)
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
@@ -169,6 +174,7 @@ class GroupedGemm(enum.Enum):
     PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
     TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
     Q2_MMA = "q2mma"  # PADDED's rows against the Q2_0 records themselves (kernels/q2_mma.py): no float16 copy
+    Q2_TILES = "q2tiles"  # tiles of sorted rows against the records (grouped_tiles.py): no padding, no host sync
 
 
 # Rows per tile of the TILED form. Its tile count has a bound the host knows without a sync,

@@ -1,0 +1,185 @@
+"""Grouped GEMM over Q2_0 records by tiles of sorted rows: the prompt path's routed experts on the
+matrix units with no padded buffer, no host sync and no float16 copy of the experts.
+
+The (token, expert) pairs are sorted by expert; a tile is up to TP = BM / P consecutive sorted
+pairs of one expert (`tiles[j] = (expert, first sorted pair, pairs)`, built on the device by
+grouped_tiles.py; the host only knows a bound on the tile count, ceil(N / TP) + E, and the unused
+tiles have 0 pairs and do nothing). Block (bx, by) multiplies tile by's rows by output columns
+bx*BN.. of its expert's W [R, C] (gate | up stacked, or down), dequantized from the record's
+Q2_0 blocks into shared memory k-step by k-step (d (q - 2) from d's float16 bits: exact) and
+multiplied by `mma_16816` (CUDA's m16n8k16 tensor-core `mma`; Metal and the emulator: the same
+four float32 dot products per lane; the Metal form is compile-checked, not run).
+
+What kernels/q2_mma.py (the padded form) costs and this does not: the rows scattered into
+[E, P cap, C] (cap the largest group: E x cap rows multiplied whatever the real counts, which
+routing imbalance makes up to E x T), the host sync that reads cap, and the gather of the
+products back. Here a tile reads its rows where they are:
+
+- A row m of a tile is term m % P (P = 2: hi and lo, lowp.py) of the tile's pair m / P; x holds
+  the terms of a row adjacent ([rows, P, C] float16), so a tile's two rows of one pair are one
+  contiguous 2C-half span. GATHER: the pair's x row is src[pair] (the token of a sorted pair:
+  the gate | up step reads h's T rows, never a [T k, D] gathered copy); else the pair itself.
+- The P terms' products are summed in the block (the lo rows' through shared memory), so y holds
+  float32 [.., R] rows: hi + lo, as lowp.join_rows adds them. SCATTER: pair i's row goes to
+  y[dst[i]] times wts[dst[i]] (the down step writes each pair's weighted output in (token, rank)
+  order: no unsort gather after it); else to y[i].
+
+One shared stage, the next k-step's global words prefetched into registers (the q2_mma body's
+k loop, which the emulator and tests/test_mlx_q2_mma.py hold to the dequantized product).
+
+Shapes:
+    x float16 [X, P, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]
+    -> y float32 [N, R]
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from strata.formats.expert_record import RecordLayout
+from strata.mlx_backend.kernels.launch import launch
+from strata.mlx_backend.kernels.q2_mma import BK, BN, PAD, THREADS
+from strata.mlx_backend.kernels.source import KernelSource
+
+BM = 64  # rows a tile: TP = 32 pairs of two terms (P = 2), 64 of one
+TILE_INTS = 4  # tiles[j]: expert, first sorted pair, pairs, unused
+
+BODY = r"""
+  constexpr int LD = BK + PAD;
+  constexpr int AI = 2 * BM / NT;  // A items (8 words: half a row's k-step) per thread per k-step
+  constexpr int BI = 2 * BN / NT;  // B items (one word of 16 codes and its scale) per thread
+  constexpr int TP = BM / P;  // pairs a tile
+  SHARED uint32_t as32[BM * LD / 2];
+  SHARED uint32_t bs32[BN * LD / 2];
+  SHARED float lo_rows[P == 2 ? TP * BN : 1];  // the lo terms' products, added to the hi terms' at the end
+  SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;
+  SHARED_PTR(uint16_t) bs = (SHARED_PTR(uint16_t))bs32;
+  const uint32_t n0 = bx * BN;
+  const int e = tiles[TILE_INTS * by], first = tiles[TILE_INTS * by + 1], count = tiles[TILE_INTS * by + 2];
+  const DEVICE uint8_t* rec = arena + (uint64_t)e * SLOT;
+  const DEVICE uint32_t* xr = (const DEVICE uint32_t*)x;
+  uint64_t xw[AI];  // word offset of each of this thread's A rows in x
+  bool xok[AI];
+  for (int it = 0; it < AI; ++it) {
+    const uint32_t row = (tid + (uint32_t)(it * NT)) >> 1, pair = row / (uint32_t)P, term = row % (uint32_t)P;
+    xok[it] = (int)pair < count;
+    const int pi = first + (int)pair;
+    const uint32_t xrow = xok[it] ? (GATHER ? (uint32_t)src[pi] : (uint32_t)pi) : 0u;
+    xw[it] = (((uint64_t)xrow * (uint32_t)P + term) * (uint32_t)C) / 2u;
+  }
+  f4 acc[BN / 8];
+  for (int j = 0; j < BN / 8; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
+  uint32_t aw[AI][8];  // the next k-step's global words, loaded while this one multiplies
+  uint32_t bq[BI], bd[BI];
+  const uint32_t kend = count > 0 ? (uint32_t)C : 0u;  // block-uniform: an unused tile runs no k-step
+  for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {
+    if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
+      for (int it = 0; it < AI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u;
+        for (uint32_t j = 0; j < 8u; ++j) as32[(row * LD + 16u * half) / 2u + j] = aw[it][j];
+      }
+      for (int it = 0; it < BI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u;
+        const uint32_t q = bq[it], dbits = bd[it];
+        const uint32_t mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
+        const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d (subnormal d: a shift)
+        for (uint32_t j = 0; j < 8u; ++j) {  // two codes a store: the halves of one word
+          const uint32_t c0 = (q >> (4u * j)) & 3u, c1 = (q >> (4u * j + 2u)) & 3u;
+          const uint32_t v0 = c0 == 3u ? dbits : c0 == 2u ? 0u : c0 == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
+          const uint32_t v1 = c1 == 3u ? dbits : c1 == 2u ? 0u : c1 == 1u ? (dbits ^ 0x8000u) : (two ^ 0x8000u);
+          bs32[(row * LD + 16u * half) / 2u + j] = v0 | (v1 << 16);
+        }
+      }
+      BARRIER();
+    }
+    if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
+      for (int it = 0; it < AI; ++it) {
+        const uint32_t half = (tid + (uint32_t)(it * NT)) & 1u;
+        for (uint32_t j = 0; j < 8u; ++j) aw[it][j] = xok[it] ? xr[xw[it] + (k0 + 16u * half) / 2u + j] : 0u;
+      }
+      for (int it = 0; it < BI; ++it) {
+        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u, r = n0 + row;
+        bq[it] = 0u;
+        bd[it] = 0u;
+        if (r < (uint32_t)R) {
+          const bool in_a = r < (uint32_t)RA;
+          const uint32_t rr = in_a ? r : r - (uint32_t)RA;
+          bq[it] = ((const DEVICE uint32_t*)(rec + (in_a ? CA : CB)))[rr * (C / 16) + k0 / 16u + half];
+          bd[it] = ((const DEVICE uint16_t*)(rec + (in_a ? SA : SB)))[rr * (C / 32) + k0 / 32u];
+        }
+      }
+    }
+    if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
+      for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
+        for (int j = 0; j < BN / 8; ++j) {
+          acc[j] = mma_16816(acc[j], as + (warp_id * 16u) * LD + kk, LD, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
+        }
+      }
+      BARRIER();
+    }
+  }
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  if (P == 2) {  // odd rows (lo terms) to shared; the even rows' lanes add them below
+    for (int j = 0; j < BN / 8; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t row = warp_id * 16u + g + 8u * (uint32_t)h;
+        if (row & 1u) {
+          lo_rows[(row >> 1) * BN + (uint32_t)(8 * j) + t] = acc[j].v[2 * h];
+          lo_rows[(row >> 1) * BN + (uint32_t)(8 * j) + t + 1u] = acc[j].v[2 * h + 1];
+        }
+      }
+    }
+  }
+  BARRIER();
+  for (int j = 0; j < BN / 8; ++j) {
+    const uint32_t col = n0 + (uint32_t)(8 * j) + t;
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t row = warp_id * 16u + g + 8u * (uint32_t)h, pair = row / (uint32_t)P;
+      if (row % (uint32_t)P == 0u && (int)pair < count) {
+        const int pi = first + (int)pair;
+        const uint32_t out = SCATTER ? (uint32_t)dst[pi] : (uint32_t)pi;
+        float v0 = acc[j].v[2 * h], v1 = acc[j].v[2 * h + 1];
+        if (P == 2) {  // hi + lo, as lowp.join_rows adds them
+          v0 = v0 + lo_rows[pair * BN + (uint32_t)(8 * j) + t];
+          v1 = v1 + lo_rows[pair * BN + (uint32_t)(8 * j) + t + 1u];
+        }
+        if (SCATTER) {  // the routing weight, as grouped_experts applies it (one float32 product)
+          v0 = v0 * wts[out];
+          v1 = v1 * wts[out];
+        }
+        const uint64_t o = (uint64_t)out * R + col;
+        if (col < (uint32_t)R) y[o] = v0;
+        if (col + 1u < (uint32_t)R) y[o + 1] = v1;
+      }
+    }
+  }
+"""
+
+SOURCE = KernelSource("strata_q2_tiles", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",), BODY)
+
+
+def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
+             rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool) -> mx.array:
+    """y[i] = sum_p x[row(i), p] W^T for every sorted pair i of every tile, W the `planes` of the
+    tile's expert's record (("gate", "up"): [2F, D], gate rows first; ("down",): [D, F]);
+    row(i) = src[i] (gather) or i; the row goes to y[dst[i]] times wts[dst[i]] (scatter) or y[i].
+    src / dst / wts are not read where gather / scatter is off (pass any int32 / float32 array).
+
+    Shapes:
+        x float16 [X, P, C]; src, dst int32 [n]; wts float32 [n]; tiles int32 [NT, TILE_INTS];
+        records uint8 [E, SLOT] -> float32 [n, R]
+    """
+    _, p, c = x.shape
+    shapes = [rec.shape(pl) for pl in planes]
+    if any(cols != c for _, cols in shapes) or c % BK or p not in (1, 2):
+        raise ValueError(f"q2_tiles: planes {planes} of {shapes} against x's {c} columns (a multiple of {BK}), "
+                         f"{p} terms (1 or 2)")
+    ra = shapes[0][0]
+    r = sum(rows for rows, _ in shapes)
+    a, b = planes[0], planes[-1]
+    template = (("C", c), ("R", r), ("RA", ra), ("CA", rec.codes(a).offset), ("SA", rec.scales(a).offset),
+                ("CB", rec.codes(b).offset), ("SB", rec.scales(b).offset), ("SLOT", records.shape[1]),
+                ("P", p), ("GATHER", int(gather)), ("SCATTER", int(scatter)), ("TILE_INTS", TILE_INTS),
+                ("BM", BM), ("BN", BN), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
+    return launch(SOURCE, [x, src, dst, wts, tiles, records], [(n, r)], [mx.float32],
+                  blocks=(-(-r // BN), tiles.shape[0], 1), threads=THREADS, template=template)[0]

@@ -1,0 +1,124 @@
+"""The Q2_0 tile kernel (strata/mlx_backend/kernels/q2_tiles.py) and its expert step
+(strata/mlx_backend/grouped_tiles.py, GroupedGemm.Q2_TILES): the tile table's invariants (ops),
+the step against the reference's per-token experts and bit for bit against the padded kernel
+form (the emulator, the GPU where MLX has one), and the Metal / CUDA sources compile-checked."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_agree import assert_backends_agree
+from strata.formats.expert_record import RecordLayout
+from strata.formats.quant_types import QuantType
+from strata.mlx_backend import lowp
+from strata.mlx_backend.experts import stack_experts
+from strata.mlx_backend.grouped import GroupedGemm, grouped_experts
+from strata.mlx_backend.grouped_tiles import tile_bound, tile_table
+from strata.mlx_backend.kernels import emulate
+from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, recording, using_path
+from strata.mlx_backend.kernels.preludes import Dialect
+from strata.reference.experts import routed_experts
+from strata.testing.models import SHAPES, make_expert
+
+PATHS = [pytest.param(KernelPath.EMULATED, marks=pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")),
+         pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None,
+                                                                                 reason="no MLX GPU")])]
+CFG = replace(SHAPES["tiny"], hidden_size=64, expert_ffn_size=96, n_experts=5)
+
+
+def _records():
+    rec = RecordLayout(QuantType.Q2_0, CFG.hidden_size, CFG.expert_ffn_size)
+    experts = [make_expert(CFG, 0, 0, e, QuantType.Q2_0) for e in range(CFG.n_experts)]
+    records, _ = stack_experts(experts, rec)
+    return rec, experts, records
+
+
+def _routing(t: int, k: int, seed: int, *, skewed: bool = False):
+    """h [t, D], experts [t, k] (distinct per token; skewed: every token the same k experts), weights [t, k]."""
+    rng = np.random.default_rng(seed)
+    h = rng.standard_normal((t, CFG.hidden_size)).astype(np.float32)
+    if skewed:
+        ids = np.tile(np.array([3, 0, 4][:k], np.int32), (t, 1))
+    else:
+        ids = np.stack([rng.choice(CFG.n_experts, k, replace=False) for _ in range(t)]).astype(np.int32)
+    return h, ids, rng.uniform(0.1, 1.0, (t, k)).astype(np.float32)
+
+
+@pytest.mark.parametrize("n,e,per_tile,seed", [(1, 3, 32, 0), (70, 5, 32, 1), (200, 4, 64, 2), (96, 256, 32, 3)])
+def test_tile_table_covers_every_pair_once(n, e, per_tile, seed):
+    """Each sorted pair is in exactly one tile, a tile holds one expert's pairs (at most per_tile,
+    consecutive), the real tiles come first and fit the host's bound; experts without pairs
+    (most of them at e = 256) get no tile."""
+    rng = np.random.default_rng(seed)
+    by_expert = np.sort(rng.integers(0, max(1, e // 2), n)).astype(np.int32)  # half the experts unused
+    tab = np.array(tile_table(mx.array(by_expert), e, per_tile))
+    assert tab.shape == (tile_bound(n, e, per_tile), 4)
+    covered = np.zeros(n, np.int64)
+    real = tab[:, 2] > 0
+    assert (tab[:, 2] >= 0).all() and (tab[:, 2] <= per_tile).all()
+    assert not real[np.argmin(real):].any() or real.all()  # the used tiles first, then only empty ones
+    for ex, first, pairs, _ in tab[real]:
+        covered[first:first + pairs] += 1
+        assert (by_expert[first:first + pairs] == ex).all()
+    assert (covered == 1).all()
+    counts = np.bincount(by_expert, minlength=e)
+    assert real.sum() == sum(-(-c // per_tile) for c in counts)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("split", [True, False], ids=["two_terms", "rounded_once"])
+@pytest.mark.parametrize("skewed", [False, True], ids=["random", "every_token_same_experts"])
+def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed):
+    """Q2_TILES: the reference's per-token experts within FAST (two terms), bit for bit the padded
+    kernel form Q2_MMA (the same k loop per row: only where rows live differs). Skewed routing puts
+    every token on the same experts: groups of T pairs, several tiles each."""
+    rec, experts, records = _records()
+    t, k = 70, 3
+    h, ids, wts = _routing(t, k, 1, skewed=skewed)
+    saved, lowp.SPLIT = lowp.SPLIT, split
+    try:
+        with using_path(path):
+            got = np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=mx.float16,
+                                           gemm=GroupedGemm.Q2_TILES))
+            padded = np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts),
+                                              dtype=mx.float16, gemm=GroupedGemm.Q2_MMA))
+    finally:
+        lowp.SPLIT = saved
+    np.testing.assert_array_equal(got, padded)
+    if split:
+        ref = np.stack([routed_experts([experts[int(e)] for e in ids[i]], wts[i], h[i]) for i in range(t)])
+        assert_backends_agree(ref, got, "FAST", what="grouped experts through q2_tiles")
+
+
+def test_q2_tiles_refuses_the_ops_path():
+    rec, _, records = _records()
+    h, ids, wts = _routing(4, 2, 0)
+    with using_path(KernelPath.OPS), pytest.raises(ValueError, match="Q2_TILES is a kernel"):
+        grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), gemm=GroupedGemm.Q2_TILES)
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+def test_q2_tiles_sources_compile(tmp_path, dialect):
+    """The specialisations that ran (gate | up gathered, down scattered and weighted; one and two
+    terms), as the full Metal and CUDA sources (Metal: compile-checked, not run)."""
+    from test_metal_compile import _check
+
+    rec, _, records = _records()
+    h, ids, wts = _routing(6, 2, 0)
+    saved = lowp.SPLIT
+    try:
+        with using_path(KernelPath.EMULATED), recording() as specs:
+            for split in (True, False):
+                lowp.SPLIT = split
+                mx.eval(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=mx.float16,
+                                        gemm=GroupedGemm.Q2_TILES))
+    finally:
+        lowp.SPLIT = saved
+    assert len(specs) == 4
+    errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
+    assert not errors, "\n\n".join(errors)
