@@ -22,7 +22,9 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                lane's four elements of C as CUDA's m16n8k16 places them (rows g, g + 8 and
                columns 2t, 2t + 1 of g = lane / 4, t = lane % 4). CUDA: the tensor-core `mma`;
                Metal and the emulator: those four dot products in float32 (Metal: not the matrix
-               units; compile-checked, not run)
+               units; compile-checked, not run).
+               mma_16816_frag(c, mma_a_frag(a, lda, lane), b, ldb, lane): the same product with
+               A's registers loaded once (`afrag`) for the many B tiles one A tile meets
 
 Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
 (thread ids as locals; prepended to MLX's `source=`, because MLX adds a Metal attribute to the
@@ -102,6 +104,11 @@ INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const thr
   }
   return c;
 }
+struct afrag { const threadgroup uint16_t* a; uint32_t lda; };
+INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
+INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
 """
 
 METAL_BODY = r"""
@@ -176,6 +183,25 @@ INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, ui
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   return c;
 }
+struct afrag { uint32_t r[4]; };  // a lane's A registers of one m16n8k16 step, loaded once for many B tiles
+INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  afrag f;
+  f.r[0] = *reinterpret_cast<const uint32_t*>(a + g * lda + t);
+  f.r[1] = *reinterpret_cast<const uint32_t*>(a + (g + 8u) * lda + t);
+  f.r[2] = *reinterpret_cast<const uint32_t*>(a + g * lda + t + 8u);
+  f.r[3] = *reinterpret_cast<const uint32_t*>(a + (g + 8u) * lda + t + 8u);
+  return f;
+}
+INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  const uint32_t b0 = *reinterpret_cast<const uint32_t*>(b + g * ldb + t);
+  const uint32_t b1 = *reinterpret_cast<const uint32_t*>(b + g * ldb + t + 8u);
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(b0), "r"(b1));
+  return c;
+}
 """
 
 CUDA_BODY = r"""
@@ -230,6 +256,11 @@ INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, ui
     c.v[i] += s;
   }
   return c;
+}
+struct afrag { const uint16_t* a; uint32_t lda; };
+INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
+INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
 }
 """
 

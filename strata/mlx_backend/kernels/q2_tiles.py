@@ -95,7 +95,16 @@ BODY = r"""
     if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
       for (int it = 0; it < AI; ++it) {
         const uint32_t half = (tid + (uint32_t)(it * NT)) & 1u;
-        for (uint32_t j = 0; j < 8u; ++j) aw[it][j] = xok[it] ? xr[xw[it] + (k0 + 16u * half) / 2u + j] : 0u;
+        uint4 u0, u1;  // 16-byte loads (x rows are 2C bytes, k0 and the half 64 and 32 bytes in: aligned)
+        u0.x = u0.y = u0.z = u0.w = 0u;
+        u1 = u0;
+        if (xok[it]) {
+          const DEVICE uint4* src4 = (const DEVICE uint4*)(xr + xw[it] + (k0 + 16u * half) / 2u);
+          u0 = src4[0];
+          u1 = src4[1];
+        }
+        aw[it][0] = u0.x; aw[it][1] = u0.y; aw[it][2] = u0.z; aw[it][3] = u0.w;
+        aw[it][4] = u1.x; aw[it][5] = u1.y; aw[it][6] = u1.z; aw[it][7] = u1.w;
       }
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u, r = n0 + row;
@@ -111,9 +120,8 @@ BODY = r"""
     }
     if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
       for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
-        for (int j = 0; j < BN / 8; ++j) {
-          acc[j] = mma_16816(acc[j], as + (warp_id * 16u) * LD + kk, LD, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
-        }
+        const afrag fa = mma_a_frag(as + (warp_id * 16u) * LD + kk, LD, lane);  // A's registers once for BN / 8 tiles
+        for (int j = 0; j < BN / 8; ++j) acc[j] = mma_16816_frag(acc[j], fa, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
       }
       BARRIER();
     }
