@@ -105,7 +105,8 @@ def whole_prompts(p, form: GroupedGemm, lengths: list[int], reps: int, seen: set
             one()
             ts.append(time.perf_counter() - t)
         out[n] = {"first_s": first, "new_kernels": len(new), "s": statistics.median(ts), "runs_s": ts,
-                  "tok_s": n / statistics.median(ts), "logits": logits[0]}
+                  "tok_s": n / statistics.median(ts), "peak_gb": mx.get_peak_memory() / 1e9, "logits": logits[0]}
+        mx.reset_peak_memory()
         part({"form": form.value, "tokens": n, **{k: v for k, v in out[n].items() if k != "logits"}})
     return out
 
@@ -239,6 +240,29 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
     return steps
 
 
+def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict:
+    """One layer's routed experts at a few token counts: each grouped form against the decode's
+    fused kernel on the same pairs (where grouped.GROUPED_MIN_PAIRS belongs), ms."""
+    cfg, lw, rec = p.cfg, p.layers[0], p.rec
+    records = p.arena.array[:cfg.n_experts]
+    out = {}
+    for n in lengths:
+        x = mx.random.normal((n, cfg.hidden_size), key=mx.random.key(n))
+        h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
+        z = h @ lw.router.T
+        experts, weights = route_prompt(z, lw.rule)
+        mx.eval(h, z, experts, weights)
+        row = {"fused": _median_s(lambda: mx.eval(experts_route(p.arena.array, rec, h, z, 0, lw.rule, None,
+                                                                expert_act(cfg))[0]), reps) * 1e3}
+        for form in forms:
+            row[form.value] = _median_s(lambda form=form: mx.eval(grouped_experts(
+                records, rec, h, experts, weights, dtype=p.dtype, act=expert_act(cfg), gemm=form)), reps) * 1e3
+        out[n] = row
+        part({"crossing_tokens": n, "pairs_per_expert": n * cfg.n_experts_per_token / cfg.n_experts,
+              "experts_ms": {k: round(v, 3) for k, v in row.items()}})
+    return out
+
+
 def ncu_layer(p, form: GroupedGemm, n: int) -> None:
     """--ncu: one layer's expert step and attention after a marker kernel (warmed up first)."""
     cfg, lw = p.cfg, p.layers[0]
@@ -317,6 +341,21 @@ def main() -> None:
             except Exception as exc:
                 res["layer_steps_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 part({"layer_steps_error": res["layer_steps_error"]})
+        if left() > 12:
+            ok = [f for f in forms if "error" not in res["forms"][f.value] and "skipped" not in res["forms"][f.value]]
+            try:
+                res["crossing_ms"] = crossing(p, ok, [32, 128, 256], args.repeat)
+            except Exception as exc:
+                res["crossing_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                part({"crossing_error": res["crossing_error"]})
+    if GroupedGemm.Q2_TILES in forms and left() > 12 and "whole" in res["forms"].get("q2tiles", {}):
+        with using_path(path):  # the activations rounded to float16 once (lowp.SPLIT off): half the expert flops
+            lowp.SPLIT = False
+            try:
+                once = whole_prompts(p, GroupedGemm.Q2_TILES, [max(lengths)], args.repeat, seen)
+                res["q2tiles_rounded_once"] = {n: {k: v for k, v in w.items() if k != "logits"} for n, w in once.items()}
+            finally:
+                lowp.SPLIT = True
     print(f"\n## prompt probe: {res['device']}, MLX {res['mlx']}, {cfg.n_layers} layers, two-term activations "
           f"{res['split']}, median of {args.repeat}")
     print("| form | tokens | first call (JIT) s | new kernels | later calls ms | tok/s | rel L2 vs first form |")
@@ -337,6 +376,12 @@ def main() -> None:
         print("\n| one layer's step (evaluated alone) | ms |\n|---|---|")
         for s, v in res["layer_steps_ms"].items():
             print(f"| {s} | {v:.3f} |")
+    if "crossing_ms" in res:
+        print("\n| tokens | experts of one layer, ms: " + " | ".join(next(iter(res["crossing_ms"].values()))) + " |")
+        for n, row in res["crossing_ms"].items():
+            print(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |")
+    for n, w in res.get("q2tiles_rounded_once", {}).items():
+        print(f"| q2tiles rounded once | {n} | {w['first_s']:.2f} | {w['new_kernels']} | {w['s'] * 1e3:.1f} | {w['tok_s']:.0f} |")
     print("JSON " + json.dumps(dict(bench="prompt_probe", **res), default=str))
 
 
