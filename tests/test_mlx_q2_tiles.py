@@ -122,3 +122,21 @@ def test_q2_tiles_sources_compile(tmp_path, dialect):
     assert len(specs) == 4
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_q2_tiles_reads_experts_at_their_slots(path):
+    """slots: expert e's record at arena row slots[e] (a streaming pass's used slots, no copy of
+    them), bit for bit the same step over those records taken out."""
+    rec, _, records = _records()
+    arena = mx.concatenate([mx.zeros((3, records.shape[1]), mx.uint8), records[::-1]])  # expert e at row 7 - e
+    slots = mx.array(np.array([7 - e for e in range(CFG.n_experts)], np.int32))
+    h, ids, wts = _routing(40, 3, 2)
+    with using_path(path):
+        got = grouped_experts(arena, rec, mx.array(h), mx.array(ids), mx.array(wts), gemm=GroupedGemm.Q2_TILES,
+                              slots=slots)
+        want = grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), gemm=GroupedGemm.Q2_TILES)
+        padded = grouped_experts(arena, rec, mx.array(h), mx.array(ids), mx.array(wts), gemm=GroupedGemm.Q2_MMA,
+                                 slots=slots)
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+    np.testing.assert_array_equal(np.array(got), np.array(padded))

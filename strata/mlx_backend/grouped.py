@@ -134,14 +134,15 @@ def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -
 
 
 def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
-                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU, gemm: "GroupedGemm | None" = None
-                    ) -> mx.array:
+                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU, gemm: "GroupedGemm | None" = None,
+                    slots: mx.array | None = None) -> mx.array:
     """sum_i w_i expert_i(h_t) for every token, the (token, expert) pairs grouped by expert.
 
     records: the layer's E arena rows (slot e = expert e). dtype: the GEMMs' input dtype
     (float16 on a GPU, activations split in two terms: lowp.py; float32: only the reordering of
     sums). gemm: None is
-    `GEMM`, or `default_gemm()` where that is None too.
+    `GEMM`, or `default_gemm()` where that is None too. slots: expert e is records[slots[e]]
+    (Q2_TILES reads it there; the other forms gather the rows first); None: records[e].
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
@@ -151,7 +152,9 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     if form is GroupedGemm.Q2_TILES:
         if current_path() is KernelPath.OPS:
             raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); the ops path has PADDED")
-        return q2_tile_experts(records, rec, h, experts, weights, act=act)
+        return q2_tile_experts(records, rec, h, experts, weights, act=act, slots=slots)
+    if slots is not None:
+        records = mx.take(records, slots, axis=0)  # [E, SLOT]
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)

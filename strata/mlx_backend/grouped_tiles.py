@@ -45,12 +45,14 @@ def tile_bound(n: int, e: int, per_tile: int) -> int:
     return -(-n // per_tile) + e
 
 
-def tile_table(by_expert: mx.array, e: int, per_tile: int) -> mx.array:
+def tile_table(by_expert: mx.array, e: int, per_tile: int, slots: mx.array | None = None) -> mx.array:
     """The tiles of pairs sorted by expert: up to `per_tile` consecutive pairs of one expert each.
-    Tile j beyond the real ones has 0 pairs.
+    Tile j beyond the real ones has 0 pairs. slots: the record of expert e is slots[e] (the first
+    column holds it instead of e).
 
     Shapes:
-        by_expert int32 [N] (ascending) -> int32 [tile_bound(N, e, per_tile), 4]: expert, first pair, pairs, 0
+        by_expert int32 [N] (ascending); slots int32 [e] -> int32 [tile_bound(N, e, per_tile), 4]:
+        expert (or its slot), first pair, pairs, 0
     """
     n = by_expert.shape[0]
     counts = mx.zeros((e,), mx.int32).at[by_expert].add(1)  # [E]
@@ -63,23 +65,27 @@ def tile_table(by_expert: mx.array, e: int, per_tile: int) -> mx.array:
     ej = (first_tile[None, :] <= j[:, None]).astype(mx.int32).sum(axis=1) - 1  # [NT]
     local = (j - first_tile[ej]) * per_tile  # pairs of the expert before tile j
     pairs = mx.clip(counts[ej] - local, 0, per_tile)
-    return mx.stack([ej, starts[ej] + local, pairs, mx.zeros_like(ej)], axis=1)
+    record = ej if slots is None else slots.astype(mx.int32)[ej]
+    return mx.stack([record, starts[ej] + local, pairs, mx.zeros_like(ej)], axis=1)
 
 
 def q2_tile_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
-                    act: ExpertAct = SWIGLU) -> mx.array:
+                    act: ExpertAct = SWIGLU, slots: mx.array | None = None) -> mx.array:
     """`grouped.grouped_experts` through the tile kernel (the GPU or emulated kernel path): the
     same products (P float16 terms a row, float32 sums), the same weighting and sum over ranks.
+    slots: expert e's record is records[slots[e]] (a streaming arena: no copy of the used slots);
+    None: records[e].
 
     Shapes:
-        records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
+        records uint8 [S, SLOT]; h float32 [T, D]; experts int32 [T, k] (< E); weights float32 [T, k];
+        slots int32 [E] -> float32 [T, D]
     """
     t, k = experts.shape
-    n, e, f = t * k, records.shape[0], rec.expert_ffn
+    n, e, f = t * k, (records if slots is None else slots).shape[0], rec.expert_ffn
     flat = experts.reshape(-1)  # [N] in (token, rank) order
     order = mx.argsort(flat).astype(mx.int32)  # [N] pairs grouped by expert (any order inside a group)
     x = terms(h)  # [T, P, D]
-    tiles = tile_table(flat[order], e, BM // x.shape[1])
+    tiles = tile_table(flat[order], e, BM // x.shape[1], slots)
     w = weights.reshape(-1).astype(mx.float32)  # [N] (token, rank) order, as dst indexes it
     gu = q2_tiles(x, order // k, order, w, tiles, n, records, rec, ("gate", "up"), gather=True, scatter=False)
     hid = gated_hidden(act, gu[:, :f], gu[:, f:])  # [N, F] float32, sorted order

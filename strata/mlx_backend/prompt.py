@@ -170,5 +170,5 @@ def slot_experts(arena: mx.array, rec, h: mx.array, slots: np.ndarray, weights: 
     idx = np.zeros(s.shape, np.int32)
     idx[valid] = inv  # a skipped entry: the first used slot at weight 0
     w = np.where(valid, np.asarray(weights, np.float32), 0.0).astype(np.float32)
-    records = mx.take(arena, mx.array(used.astype(np.int32)), axis=0)  # [U, SLOT]
-    return grouped_experts(records, rec, h, mx.array(idx), mx.array(w), dtype=dtype, act=act)[:, None, :]
+    return grouped_experts(arena, rec, h, mx.array(idx), mx.array(w), dtype=dtype, act=act,
+                           slots=mx.array(used.astype(np.int32)))[:, None, :]  # expert u of the pass: slot used[u]
