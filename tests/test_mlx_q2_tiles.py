@@ -140,3 +140,18 @@ def test_q2_tiles_reads_experts_at_their_slots(path):
                                  slots=slots)
     np.testing.assert_array_equal(np.array(got), np.array(want))
     np.testing.assert_array_equal(np.array(got), np.array(padded))
+
+
+def test_the_crossing_is_the_forms(monkeypatch):
+    """grouped_pays asks the form that would run: PADDED never (measured slower than the fused
+    kernel at every length), Q2_TILES from MIN_PAIRS pairs an expert; GROUPED_MIN_PAIRS overrides."""
+    from strata.mlx_backend import grouped
+
+    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.PADDED)
+    assert not grouped.grouped_pays(10**6, 256)
+    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.Q2_TILES)
+    least = grouped.MIN_PAIRS[GroupedGemm.Q2_TILES]
+    assert grouped.grouped_pays(least * 256, 256) and not grouped.grouped_pays(least * 256 - 1, 256)
+    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0)
+    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.PADDED)
+    assert grouped.grouped_pays(1, 256)

@@ -51,7 +51,7 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
@@ -186,18 +186,26 @@ class GroupedGemm(enum.Enum):
 TILE_ROWS = 32
 
 
-# Pairs per distinct expert from which the grouped GEMMs beat the fused GEMV kernel. From bytes
-# at the seed shape on the H200: the fused kernel reads an expert's 1.38 MB record per (token,
-# rank) pair at its measured ~1.9 TB/s (0.73 us a pair); the grouped form moves ~19 MB per
-# distinct expert (the record, its float16 copy written and read: ~6.4 us at ~3 TB/s), so it pays
-# from ~9 pairs an expert (a resident 256-expert top-10 layer: ~230 tokens). Below it the layer's
-# experts take the fused kernel (the rest of the layer stays on the prompt path).
-GROUPED_MIN_PAIRS = 8
+# Pairs per distinct expert from which a grouped form beats the decode's fused GEMV kernel, by
+# form (None: never). The fused kernel reads an expert's 1.38 MB record per (token, rank) pair at
+# its measured ~1.9 TB/s (0.73 us a pair). PADDED: measured slower than the fused kernel at every
+# length on the H200 (a layer's experts at 128 / 512 / 2048 tokens: 16.5 / 17.0 / 31.3 ms against
+# 1.5 / 4.9 / 19.0), so never. Q2_TILES reads a record per tile of 32 pairs: from bytes it pays
+# from ~1 pair an expert, 2 until the probe's crossing (benchmarks/prompt_probe.py) measures it.
+# TILED, Q2_MMA, GATHER: the first guess from bytes (~19 MB moved per distinct expert: ~9 pairs),
+# unmeasured. Below the crossing the layer's experts take the fused kernel (the rest of the layer
+# stays on the prompt path).
+MIN_PAIRS: dict["GroupedGemm", int | None] = {GroupedGemm.PADDED: None, GroupedGemm.Q2_TILES: 2,
+                                              GroupedGemm.TILED: 8, GroupedGemm.Q2_MMA: 8, GroupedGemm.GATHER: 8}
+# An override of MIN_PAIRS for every form (tests and benchmarks: 0 always groups); None: by form.
+GROUPED_MIN_PAIRS: int | None = None
 
 
 def grouped_pays(pairs: int, experts: int) -> bool:
-    """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs."""
-    return pairs >= GROUPED_MIN_PAIRS * experts
+    """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs
+    (the form `grouped_experts` would run: GEMM, else the device's default)."""
+    least = GROUPED_MIN_PAIRS if GROUPED_MIN_PAIRS is not None else MIN_PAIRS[GEMM or default_gemm()]
+    return least is not None and pairs >= least * experts
 
 
 # None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).

@@ -42,7 +42,7 @@ __all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "PROMPT_PATHS", "prompt_dtype", 
            "prompt_forward", "prompt_mixer", "slot_experts", "swiglu"]
 
 # Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding).
-# The experts have their own crossing (grouped.GROUPED_MIN_PAIRS). A guess until the H200
+# The experts have their own crossing (grouped.MIN_PAIRS, by form). A guess until the H200
 # measures the crossing (benchmarks/prompt.py --mlx, 128 tokens).
 PROMPT_MIN_TOKENS = 32
 # Positions per pass: bounds the attention scores ([H, T, S] float32 where MLX has no fused
