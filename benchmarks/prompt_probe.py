@@ -220,6 +220,10 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
             y = down_fn()
             mx.eval(y)
             time_ms(f"experts ({f}): sum over ranks", lambda: y.reshape(n, k, -1).sum(axis=1))
+            time_ms(f"experts ({f}): gate|up kernel, 64 columns a block", lambda: q2_tiles(
+                xt, order // k, order, w, tiles, n * k, records, rec, ("gate", "up"), gather=True, scatter=False, bn=64))
+            time_ms(f"experts ({f}): down kernel, 64 columns a block", lambda: q2_tiles(
+                hid, order, order, w, tiles, n * k, records, rec, ("down",), gather=False, scatter=True, bn=64))
         if form is GroupedGemm.PADDED:
             time_ms(f"experts ({f}): dequantize E experts", lambda: dequantized_experts(records, rec, p.dtype))
             flat = experts.reshape(-1)

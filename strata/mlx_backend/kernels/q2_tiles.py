@@ -41,7 +41,8 @@ from strata.mlx_backend.kernels.launch import launch
 from strata.mlx_backend.kernels.q2_mma import BK, BN, PAD, THREADS
 from strata.mlx_backend.kernels.source import KernelSource
 
-BM = 64  # rows a tile: TP = 32 pairs of two terms (P = 2), 64 of one
+BM = 64  # rows a tile (4 warps of 16): TP = 32 pairs of two terms (P = 2), 64 of one
+COLUMNS = BN  # output columns a block (q2_mma's 128: each A tile re-read R / 128 times, from L2)
 TILE_INTS = 4  # tiles[j]: expert, first sorted pair, pairs, unused
 
 BODY = r"""
@@ -167,17 +168,22 @@ SOURCE = KernelSource("strata_q2_tiles", ("x", "src", "dst", "wts", "tiles", "ar
 
 
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
-             rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool) -> mx.array:
+             rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool, bn: int | None = None
+             ) -> mx.array:
     """y[i] = sum_p x[row(i), p] W^T for every sorted pair i of every tile, W the `planes` of the
     tile's expert's record (("gate", "up"): [2F, D], gate rows first; ("down",): [D, F]);
     row(i) = src[i] (gather) or i; the row goes to y[dst[i]] times wts[dst[i]] (scatter) or y[i].
     src / dst / wts are not read where gather / scatter is off (pass any int32 / float32 array).
+    bn: output columns a block (None: COLUMNS; 64 halves the accumulators, re-reads A twice as often).
 
     Shapes:
         x float16 [X, P, C]; src, dst int32 [n]; wts float32 [n]; tiles int32 [NT, TILE_INTS];
         records uint8 [E, SLOT] -> float32 [n, R]
     """
     _, p, c = x.shape
+    bn = bn or COLUMNS
+    if bn not in (64, 128):
+        raise ValueError(f"q2_tiles: {bn} columns a block (64 or 128)")
     shapes = [rec.shape(pl) for pl in planes]
     if any(cols != c for _, cols in shapes) or c % BK or p not in (1, 2):
         raise ValueError(f"q2_tiles: planes {planes} of {shapes} against x's {c} columns (a multiple of {BK}), "
@@ -188,6 +194,6 @@ def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx
     template = (("C", c), ("R", r), ("RA", ra), ("CA", rec.codes(a).offset), ("SA", rec.scales(a).offset),
                 ("CB", rec.codes(b).offset), ("SB", rec.scales(b).offset), ("SLOT", records.shape[1]),
                 ("P", p), ("GATHER", int(gather)), ("SCATTER", int(scatter)), ("TILE_INTS", TILE_INTS),
-                ("BM", BM), ("BN", BN), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
+                ("BM", BM), ("BN", bn), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
     return launch(SOURCE, [x, src, dst, wts, tiles, records], [(n, r)], [mx.float32],
-                  blocks=(-(-r // BN), tiles.shape[0], 1), threads=THREADS, template=template)[0]
+                  blocks=(-(-r // bn), tiles.shape[0], 1), threads=THREADS, template=template)[0]
