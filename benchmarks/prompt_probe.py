@@ -277,7 +277,7 @@ def ncu_layer(p, form: GroupedGemm, n: int) -> None:
     mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])  # warm (JIT)
     marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
                                  source="b[0] = a[0];")
-    mx.eval(marker(inputs=[x], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(8,)],
+    mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(8,)],
                    output_dtypes=[mx.float32])[0])
     mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])
     print("ncu layer done", flush=True)
