@@ -221,7 +221,8 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
             mx.eval(y)
             time_ms(f"experts ({f}): sum over ranks", lambda: y.reshape(n, k, -1).sum(axis=1))
             time_ms(f"experts ({f}): gate|up kernel, 64 columns a block", lambda: q2_tiles(
-                xt, order // k, order, w, tiles, n * k, records, rec, ("gate", "up"), gather=True, scatter=False, bn=64))
+                xt, order // k, order, w, tiles, n * k, records, rec, ("gate", "up"), gather=True, scatter=False,
+                bn=64))
             time_ms(f"experts ({f}): down kernel, 64 columns a block", lambda: q2_tiles(
                 hid, order, order, w, tiles, n * k, records, rec, ("down",), gather=False, scatter=True, bn=64))
         if form is GroupedGemm.PADDED:
@@ -269,7 +270,7 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
 
 def ncu_layer(p, form: GroupedGemm, n: int) -> None:
     """--ncu: one layer's expert step and attention after a marker kernel (warmed up first)."""
-    cfg, lw = p.cfg, p.layers[0]
+    cfg = p.cfg
     grouped.GEMM = form
     x = mx.random.normal((n, cfg.hidden_size))
     st = MlxModelState.empty(cfg).layers[0]
@@ -357,7 +358,8 @@ def main() -> None:
             lowp.SPLIT = False
             try:
                 once = whole_prompts(p, GroupedGemm.Q2_TILES, [max(lengths)], args.repeat, seen)
-                res["q2tiles_rounded_once"] = {n: {k: v for k, v in w.items() if k != "logits"} for n, w in once.items()}
+                res["q2tiles_rounded_once"] = {n: {k: v for k, v in w.items() if k != "logits"}
+                                               for n, w in once.items()}
             finally:
                 lowp.SPLIT = True
     print(f"\n## prompt probe: {res['device']}, MLX {res['mlx']}, {cfg.n_layers} layers, two-term activations "
@@ -385,7 +387,8 @@ def main() -> None:
         for n, row in res["crossing_ms"].items():
             print(f"| {n} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |")
     for n, w in res.get("q2tiles_rounded_once", {}).items():
-        print(f"| q2tiles rounded once | {n} | {w['first_s']:.2f} | {w['new_kernels']} | {w['s'] * 1e3:.1f} | {w['tok_s']:.0f} |")
+        print(f"| q2tiles rounded once | {n} | {w['first_s']:.2f} | {w['new_kernels']} | {w['s'] * 1e3:.1f} | "
+              f"{w['tok_s']:.0f} |")
     print("JSON " + json.dumps(dict(bench="prompt_probe", **res), default=str))
 
 

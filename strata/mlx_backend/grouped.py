@@ -51,7 +51,8 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
+           "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
@@ -151,7 +152,8 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     form = gemm or GEMM or default_gemm()
     if form is GroupedGemm.Q2_TILES:
         if current_path() is KernelPath.OPS:
-            raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); the ops path has PADDED")
+            raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); "
+                             "the ops path has PADDED")
         return q2_tile_experts(records, rec, h, experts, weights, act=act, slots=slots)
     if slots is not None:
         records = mx.take(records, slots, axis=0)  # [E, SLOT]

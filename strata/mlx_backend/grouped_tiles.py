@@ -1,15 +1,17 @@
-"""A prompt's routed experts through the Q2_0 tile kernel (kernels/q2_tiles.py): `GroupedGemm.Q2_TILES`.
+"""A prompt's routed experts through the Q2_0 tile kernel (kernels/q2_tiles.py), GroupedGemm.Q2_TILES.
 
 What the padded forms (grouped.py PADDED, Q2_MMA) spend per layer at the seed shape's 2048
 tokens (N = 20480 (token, expert) pairs, E = 256, D 2560, F 576), and what this form keeps:
 
-| step | padded forms | here |
-|---|---|---|
-| the experts' weights | PADDED: a float16 copy, 2.26 GB written and read (4.1 ms measured) | Q2_0 tiles dequantized in shared memory |
-| the largest group cap | one host sync a layer (`counts.max().item()`) | a bound the host knows, ceil(N / TP) + E tiles |
-| rows multiplied | E x P cap, whatever the counts: with routing imbalance up to E x P T | P N, in tiles of TP pairs (at most E part-filled) |
-| the rows' copies | [N, D] float32 gather (210 MB), [E, P cap, D] zeros + scatter, [E cap, R] gathers back | none: the kernel reads h's rows by token and writes the down step's rows in (token, rank) order |
-| unsorting | a second argsort and a [N, D] gather | none |
+- the experts' weights: PADDED writes and reads a float16 copy (2.26 GB; 4.1 ms measured); here
+  Q2_0 tiles are dequantized in shared memory;
+- the largest group cap: one host sync a layer (`counts.max().item()`); here a bound the host
+  knows, ceil(N / TP) + E tiles;
+- rows multiplied: E x P cap whatever the counts (routing imbalance: up to E x P T); here P N in
+  tiles of TP pairs, at most E of them part-filled;
+- the rows' copies: a [N, D] float32 gather (210 MB), [E, P cap, D] zeros and a scatter, [E cap,
+  R] gathers back, a second argsort and [N, D] gather to unsort; here none: the kernel reads h's
+  rows by token and writes the down step's weighted rows in (token, rank) order.
 
 The tile table is a few [E] and [NT] ops on the device (counts, cumulative sums, one [NT, E]
 comparison); nothing reaches the host.

@@ -122,7 +122,9 @@ BODY = r"""
     if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
       for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
         const afrag fa = mma_a_frag(as + (warp_id * 16u) * LD + kk, LD, lane);  // A's registers once for BN / 8 tiles
-        for (int j = 0; j < BN / 8; ++j) acc[j] = mma_16816_frag(acc[j], fa, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
+        for (int j = 0; j < BN / 8; ++j) {
+          acc[j] = mma_16816_frag(acc[j], fa, bs + (uint32_t)(8 * j) * LD + kk, LD, lane);
+        }
       }
       BARRIER();
     }
