@@ -25,6 +25,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                units; compile-checked, not run).
                mma_16816_frag(c, mma_a_frag(a, lda, lane), b, ldb, lane): the same product with
                A's registers loaded once (`afrag`) for the many B tiles one A tile meets
+    bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
+               the 8 bytes y:x; one PRMT on CUDA, a loop elsewhere)
 
 Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
 (thread ids as locals; prepended to MLX's `source=`, because MLX adds a Metal attribute to the
@@ -108,6 +110,14 @@ struct afrag { const threadgroup uint16_t* a; uint32_t lda; };
 INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
+  uint32_t r = 0u;
+  for (uint32_t i = 0; i < 4u; ++i) {
+    const uint32_t k = (s >> (4u * i)) & 7u;
+    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
+  }
+  return r;
 }
 """
 
@@ -202,6 +212,7 @@ INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32
                : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(b0), "r"(b1));
   return c;
 }
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }  // one PRMT
 """
 
 CUDA_BODY = r"""
@@ -261,6 +272,14 @@ struct afrag { const uint16_t* a; uint32_t lda; };
 INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
+  uint32_t r = 0u;
+  for (uint32_t i = 0; i < 4u; ++i) {
+    const uint32_t k = (s >> (4u * i)) & 7u;
+    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
+  }
+  return r;
 }
 """
 

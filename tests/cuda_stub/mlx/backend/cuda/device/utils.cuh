@@ -18,6 +18,7 @@ void __syncthreads();
 void __syncwarp(unsigned int mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
 float __shfl_sync(unsigned int mask, float v, int src);
+unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s);
 
 struct __half {  // no conversion operator: kernels must convert with __half2float
   uint16_t bits;
