@@ -70,14 +70,16 @@ BODY = r"""
   }
   f4 acc[BN / 8];
   for (int j = 0; j < BN / 8; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
-  uint32_t aw[AI][8];  // the next k-step's global words, loaded while this one multiplies
+  uint4 aw[AI][2];  // the next k-step's A words (16 halves a row), loaded while this one multiplies
   uint32_t bq[BI], bd[BI];
   const uint32_t kend = count > 0 ? (uint32_t)C : 0u;  // block-uniform: an unused tile runs no k-step
   for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {
     if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
-      for (int it = 0; it < AI; ++it) {
+      for (int it = 0; it < AI; ++it) {  // two 16-byte stores (rows are 80 bytes apart: aligned)
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u;
-        for (uint32_t j = 0; j < 8u; ++j) as32[(row * LD + 16u * half) / 2u + j] = aw[it][j];
+        SHARED_PTR(uint4) dst4 = (SHARED_PTR(uint4))(as32 + (row * LD + 16u * half) / 2u);
+        dst4[0] = aw[it][0];
+        dst4[1] = aw[it][1];
       }
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u;
@@ -96,16 +98,13 @@ BODY = r"""
     if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
       for (int it = 0; it < AI; ++it) {
         const uint32_t half = (tid + (uint32_t)(it * NT)) & 1u;
-        uint4 u0, u1;  // 16-byte loads (x rows are 2C bytes, k0 and the half 64 and 32 bytes in: aligned)
-        u0.x = u0.y = u0.z = u0.w = 0u;
-        u1 = u0;
-        if (xok[it]) {
+        aw[it][0].x = aw[it][0].y = aw[it][0].z = aw[it][0].w = 0u;
+        aw[it][1] = aw[it][0];
+        if (xok[it]) {  // 16-byte loads (x rows are 2C bytes, k0 and the half 64 and 32 bytes in: aligned)
           const DEVICE uint4* src4 = (const DEVICE uint4*)(xr + xw[it] + (k0 + 16u * half) / 2u);
-          u0 = src4[0];
-          u1 = src4[1];
+          aw[it][0] = src4[0];
+          aw[it][1] = src4[1];
         }
-        aw[it][0] = u0.x; aw[it][1] = u0.y; aw[it][2] = u0.z; aw[it][3] = u0.w;
-        aw[it][4] = u1.x; aw[it][5] = u1.y; aw[it][6] = u1.z; aw[it][7] = u1.w;
       }
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u, r = n0 + row;
