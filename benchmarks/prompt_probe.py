@@ -284,17 +284,18 @@ def ncu_layer(p, form: GroupedGemm, n: int) -> None:
     print("ncu layer done", flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="512,2048")
     ap.add_argument("--forms", default="q2tiles,padded")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--layer-at", type=int, default=24, help="the layer whose routing the one-layer steps use")
+    ap.add_argument("--crossing", default="32,128,256", help="token counts of the grouped / fused crossing")
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
     ap.add_argument("--ncu", action="store_true", help="one layer of the first form only, after a marker kernel")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
     lengths = [int(v) for v in args.lengths.split(",")]
     forms = [GroupedGemm(v) for v in args.forms.split(",")]
@@ -349,7 +350,7 @@ def main() -> None:
         if left() > 12:
             ok = [f for f in forms if "error" not in res["forms"][f.value] and "skipped" not in res["forms"][f.value]]
             try:
-                res["crossing_ms"] = crossing(p, ok, [32, 128, 256], args.repeat)
+                res["crossing_ms"] = crossing(p, ok, [int(v) for v in args.crossing.split(",")], args.repeat)
             except Exception as exc:
                 res["crossing_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 part({"crossing_error": res["crossing_error"]})
