@@ -173,3 +173,35 @@ def test_q2_tiles_columns_a_block_do_not_change_the_product():
         got = [np.array(q2_tiles(x, order // 3, order, w, tiles, flat.size, records, rec, ("gate", "up"),
                                  gather=True, scatter=False, bn=bn)) for bn in (64, 128)]
     np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
+@pytest.mark.parametrize("shape", ["tiny", "sigmoid"])
+def test_prompt_forward_through_q2_tiles(shape, monkeypatch):
+    """The prompt path with every MoE layer's experts through Q2_TILES (emulated kernels, float16
+    dense weights): the reference's logits at every position within PROMPT, a prompt far from
+    routing ties."""
+    from strata.mlx_backend import grouped
+    from strata.mlx_backend.model import MlxModelState, from_reference
+    from strata.mlx_backend.prompt import prompt_forward
+    from strata.reference import model as ref_model
+    from test_mlx_prompt import made_params, min_gap
+
+    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0)
+    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.Q2_TILES)
+    rp = made_params(shape, seed=3)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        tokens = rng.integers(0, rp.cfg.vocab_size, 24)
+        ref, _, trace = ref_model.forward(rp, ref_model.ModelState.empty(rp.cfg), tokens, trace=True)
+        if min_gap(trace, rp.cfg.n_experts_per_token) > 2e-2:
+            break
+    else:
+        pytest.skip("no prompt without a near-tie in 20 draws")
+    calls = []
+    real = grouped.q2_tile_experts
+    monkeypatch.setattr(grouped, "q2_tile_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with using_path(KernelPath.EMULATED):
+        got, _ = prompt_forward(from_reference(rp), MlxModelState.empty(rp.cfg), tokens, all_logits=True)
+    assert len(calls) == rp.cfg.n_moe_layers
+    assert_backends_agree(ref, np.array(got), "PROMPT", what=f"{shape}: prompt path through q2_tiles")
