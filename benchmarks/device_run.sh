@@ -166,7 +166,7 @@ stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2
 # each kernel's GPU time of one layer under ncu (benchmarks/ncu_summary.py)
 stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --lengths 512,2048 --repeat 2 --budget-s 88;
   timeout 45 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
-  --lengths 2048 --forms q2tiles 2>&1 | python3 benchmarks/ncu_summary.py'
+  --lengths 2048 --forms q2tiles,padded 2>&1 | python3 benchmarks/ncu_summary.py'
 # issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
 # context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
 # (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).

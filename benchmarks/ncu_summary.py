@@ -1,6 +1,6 @@
-"""Each kernel's GPU time from `ncu --csv --metrics gpu__time_duration.sum ...` on stdin, for the
-launches after the last marker kernel (`strata_probe_marker`, benchmarks/prompt_probe.py --ncu):
-in launch order, then summed by kernel name, then the total. Lines that are not ncu's CSV pass
+"""Each kernel's GPU time from `ncu --csv --metrics gpu__time_duration.sum ...` on stdin, per
+segment: the launches between one marker kernel (`strata_probe_marker`, benchmarks/prompt_probe.py
+--ncu) and the next (or the end): in launch order, then summed by kernel name, then the total. Lines that are not ncu's CSV pass
 through (the program's own output).
 
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
@@ -31,22 +31,26 @@ def main() -> None:
             continue
         sys.stdout.write(line)
     marks = [i for i, r in enumerate(rows) if MARKER in r.get("Kernel Name", "")]
-    after = rows[marks[-1] + 1:] if marks else rows
-    print(f"\n| # | kernel (after the marker) | grid | block | GPU us |\n|---|---|---|---|---|")
-    by_name: dict[str, list[float]] = defaultdict(list)
-    total = 0.0
-    for i, r in enumerate(after):
-        us = float(r["Metric Value"].replace(",", "")) * UNIT_US.get(r.get("Metric Unit", "nsecond"), 1e-3)
-        name = r["Kernel Name"][:90]
-        by_name[name].append(us)
-        total += us
-        print(f"| {i} | {name} | {r.get('Grid Size', '')} | {r.get('Block Size', '')} | {us:.1f} |")
-    print("\n| kernel | launches | GPU us (sum) |\n|---|---|---|")
-    for name, v in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
-        print(f"| {name} | {len(v)} | {sum(v):.1f} |")
-    print(f"\ntotal GPU time after the marker: {total:.1f} us over {len(after)} launches")
-    print("JSON " + json.dumps({"bench": "ncu_summary", "total_us": total, "launches": len(after),
-                                "by_kernel_us": {k: sum(v) for k, v in by_name.items()}}))
+    bounds = list(zip(marks, marks[1:] + [len(rows)])) if marks else [(-1, len(rows))]
+    out = []
+    for seg, (a, b) in enumerate(bounds, 1):
+        after = rows[a + 1:b]
+        print(f"\n| segment {seg} # | kernel | grid | block | GPU us |\n|---|---|---|---|---|")
+        by_name: dict[str, list[float]] = defaultdict(list)
+        total = 0.0
+        for i, r in enumerate(after):
+            us = float(r["Metric Value"].replace(",", "")) * UNIT_US.get(r.get("Metric Unit", "nsecond"), 1e-3)
+            name = r["Kernel Name"][:90]
+            by_name[name].append(us)
+            total += us
+            print(f"| {i} | {name} | {r.get('Grid Size', '')} | {r.get('Block Size', '')} | {us:.1f} |")
+        print(f"\n| segment {seg}: kernel | launches | GPU us (sum) |\n|---|---|---|")
+        for name, v in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+            print(f"| {name} | {len(v)} | {sum(v):.1f} |")
+        print(f"\nsegment {seg}: total GPU time {total:.1f} us over {len(after)} launches")
+        out.append({"segment": seg, "total_us": total, "launches": len(after),
+                    "by_kernel_us": {k: sum(v) for k, v in by_name.items()}})
+    print("JSON " + json.dumps({"bench": "ncu_summary", "segments": out}))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ default q2tiles then padded), in this order, each part printed as a `JSON-PART` 
    four steps, the router, routing, each step of the form's expert path, the decode's fused
    expert kernel on the same pairs), on the inputs of 2. (the prompt's real routing).
 
-`--ncu` runs only 3.'s steps for one form on a one-layer model, after a marker kernel
+`--ncu` runs one layer per form on a one-layer model, each after a marker kernel
 (`strata_probe_marker`), for `ncu --metrics gpu__time_duration.sum` (benchmarks/ncu_summary.py
-prints each kernel's GPU time after the marker).
+prints each kernel's GPU time per segment between markers).
 
 --budget-s bounds the run: a part that would not fit is skipped and says so. Prints a table and
 one JSON line (`JSON {...}`).
@@ -268,20 +268,28 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
     return out
 
 
-def ncu_layer(p, form: GroupedGemm, n: int) -> None:
-    """--ncu: one layer's expert step and attention after a marker kernel (warmed up first)."""
+def ncu_layer(p, forms: list[GroupedGemm], n: int) -> None:
+    """--ncu: one layer (attention, router, experts) per form, each after a marker kernel; every
+    form warmed up first (JIT), so segment i (between markers i and i + 1) is form i's layer."""
     cfg = p.cfg
-    grouped.GEMM = form
     x = mx.random.normal((n, cfg.hidden_size))
     st = MlxModelState.empty(cfg).layers[0]
     mx.eval(x, st.keys, st.values)
-    mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])  # warm (JIT)
+
+    def layer():
+        mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])
+
+    for form in forms:  # warm (JIT)
+        grouped.GEMM = form
+        layer()
     marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
                                  source="b[0] = a[0];")
-    mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(8,)],
-                   output_dtypes=[mx.float32])[0])
-    mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])
-    print("ncu layer done", flush=True)
+    for i, form in enumerate(forms):
+        mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                       output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
+        grouped.GEMM = form
+        layer()
+        print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
-    ap.add_argument("--ncu", action="store_true", help="one layer of the first form only, after a marker kernel")
+    ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
     args = ap.parse_args(argv)
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
     lengths = [int(v) for v in args.lengths.split(",")]
@@ -309,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
                "layers": cfg.n_layers, "split": lowp.SPLIT, "forms": {}}
         part({"build_s": res["build_s"]})
         if args.ncu:
-            ncu_layer(p, forms[0], max(lengths))
+            ncu_layer(p, forms, max(lengths))
             return
         seen: set = set()
         left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
