@@ -189,15 +189,15 @@ TILE_ROWS = 32
 
 
 # Pairs per distinct expert from which a grouped form beats the decode's fused GEMV kernel, by
-# form (None: never). The fused kernel reads an expert's 1.38 MB record per (token, rank) pair at
-# its measured ~1.9 TB/s (0.73 us a pair). PADDED: measured slower than the fused kernel at every
-# length on the H200 (a layer's experts at 128 / 512 / 2048 tokens: 16.5 / 17.0 / 31.3 ms against
-# 1.5 / 4.9 / 19.0), so never. Q2_TILES reads a record per tile of 32 pairs: from bytes it pays
-# from ~1 pair an expert, 2 until the probe's crossing (benchmarks/prompt_probe.py) measures it.
-# TILED, Q2_MMA, GATHER: the first guess from bytes (~19 MB moved per distinct expert: ~9 pairs),
-# unmeasured. Below the crossing the layer's experts take the fused kernel (the rest of the layer
-# stays on the prompt path).
-MIN_PAIRS: dict["GroupedGemm", int | None] = {GroupedGemm.PADDED: None, GroupedGemm.Q2_TILES: 2,
+# form (None: never), from the H200 (a layer's experts at the seed shape, each evaluated alone,
+# benchmarks/prompt_probe.py): PADDED was slower than the fused kernel at every length (128 /
+# 512 / 2048 tokens: 16.5 / 17.0 / 31.3 ms against 1.5 / 4.9 / 19.0), so never. Q2_TILES against
+# the fused kernel at 1.25 / 5 / 10 pairs an expert: 1.55 / 1.76 / 2.05 ms against 0.56 / 1.46 /
+# 2.60 (the fused kernel's time grows with the pairs, the tiles' barely): they cross at ~7 (a
+# 256-expert top-10 layer: ~180 tokens). TILED, Q2_MMA, GATHER: the first guess from bytes (~19 MB
+# moved per distinct expert: ~9 pairs), unmeasured. Below the crossing the layer's experts take
+# the fused kernel (the rest of the layer stays on the prompt path).
+MIN_PAIRS: dict["GroupedGemm", int | None] = {GroupedGemm.PADDED: None, GroupedGemm.Q2_TILES: 7,
                                               GroupedGemm.TILED: 8, GroupedGemm.Q2_MMA: 8, GroupedGemm.GATHER: 8}
 # An override of MIN_PAIRS for every form (tests and benchmarks: 0 always groups); None: by form.
 GROUPED_MIN_PAIRS: int | None = None
@@ -215,14 +215,18 @@ GEMM: GroupedGemm | None = None
 
 
 def default_gemm() -> GroupedGemm:
-    """PADDED on MLX's CUDA build, GATHER elsewhere. MLX's CUDA gather_mm (0.32.x, a CUTLASS
-    grouped GEMM, grouped_gemm_unaligned.cu) takes its tensor-core configuration only where TF32
-    is enabled, for every dtype; strata turns TF32 off (float32 ops must stay float32), so there
-    a float16 gather_mm runs on the SIMT cores. A batched float16 matmul goes to cuBLAS's
-    tensor-core kernels either way. Metal's gather_mm is a simdgroup-matrix kernel."""
+    """Q2_TILES on MLX's CUDA build (PADDED on its ops path), GATHER elsewhere. On the H200 the
+    tile kernel ran a 2048-token prompt of the seed shape in 284 ms against PADDED's 2858 ms (same
+    run, logits 1.2e-5 apart; docs/perf.md). PADDED rather than gather_mm on CUDA's ops path: MLX's
+    CUDA gather_mm (0.32.x, a CUTLASS grouped GEMM, grouped_gemm_unaligned.cu) takes its
+    tensor-core configuration only where TF32 is enabled, for every dtype; strata turns TF32 off
+    (float32 ops must stay float32), so there a float16 gather_mm runs on the SIMT cores. Metal's
+    gather_mm is a simdgroup-matrix kernel (the tile kernel's Metal form is compile-checked, not
+    run, and not on the matrix units)."""
     cuda = getattr(mx, "cuda", None)
-    on_cuda = cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
-    return GroupedGemm.PADDED if on_cuda else GroupedGemm.GATHER
+    if cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu:
+        return GroupedGemm.PADDED if current_path() is KernelPath.OPS else GroupedGemm.Q2_TILES
+    return GroupedGemm.GATHER
 
 
 def _gather(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
