@@ -45,7 +45,7 @@ from strata.mlx_backend import prompt as prompt_mod  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
 from strata.mlx_backend.experts import experts_route, gated_hidden  # noqa: E402
 from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, route_prompt  # noqa: E402
-from strata.mlx_backend.grouped_tiles import terms, tile_table  # noqa: E402
+from strata.mlx_backend.grouped_tiles import tile_table  # noqa: E402
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.q2_tiles import BM, q2_tiles  # noqa: E402
 from strata.mlx_backend.lowp import lowp_matmul  # noqa: E402
@@ -202,8 +202,7 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
             mx.eval(order)
             time_ms(f"experts ({f}): tile table", lambda: tile_table(flat[order], records.shape[0], BM // 2))
             tiles = tile_table(flat[order], records.shape[0], BM // (2 if lowp.SPLIT else 1))
-            time_ms(f"experts ({f}): terms of h", lambda: terms(h))
-            xt, w = terms(h), weights.reshape(-1)
+            xt, w = h, weights.reshape(-1)
             mx.eval(tiles, xt, w)
             gu_fn = lambda: q2_tiles(xt, order // k, order, w, tiles, n * k, records, rec, ("gate", "up"),  # noqa: E731
                                      gather=True, scatter=False)
@@ -211,8 +210,8 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
             gu = gu_fn()
             mx.eval(gu)
             ff = rec.expert_ffn
-            time_ms(f"experts ({f}): gated hidden + terms", lambda: terms(gated_hidden(act, gu[:, :ff], gu[:, ff:])))
-            hid = terms(gated_hidden(act, gu[:, :ff], gu[:, ff:]))
+            time_ms(f"experts ({f}): gated hidden", lambda: gated_hidden(act, gu[:, :ff], gu[:, ff:]))
+            hid = gated_hidden(act, gu[:, :ff], gu[:, ff:])
             mx.eval(hid)
             down_fn = lambda: q2_tiles(hid, order, order, w, tiles, n * k, records, rec, ("down",),  # noqa: E731
                                        gather=False, scatter=True)

@@ -160,7 +160,6 @@ def test_the_crossing_is_the_forms(monkeypatch):
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
 def test_q2_tiles_columns_a_block_do_not_change_the_product():
     """64 or 128 output columns a block: each output's k loop is the same, so the same bits."""
-    from strata.mlx_backend.grouped_tiles import terms
     from strata.mlx_backend.kernels.q2_tiles import BM, q2_tiles
 
     rec, _, records = _records()
@@ -168,7 +167,7 @@ def test_q2_tiles_columns_a_block_do_not_change_the_product():
     flat = mx.array(ids.reshape(-1))
     order = mx.argsort(flat).astype(mx.int32)
     tiles = tile_table(flat[order], CFG.n_experts, BM // 2)
-    x, w = terms(mx.array(h)), mx.array(wts.reshape(-1))
+    x, w = mx.array(h), mx.array(wts.reshape(-1))
     with using_path(KernelPath.EMULATED):
         got = [np.array(q2_tiles(x, order // 3, order, w, tiles, flat.size, records, rec, ("gate", "up"),
                                  gather=True, scatter=False, bn=bn)) for bn in (64, 128)]

@@ -11,7 +11,8 @@ tokens (N = 20480 (token, expert) pairs, E = 256, D 2560, F 576), and what this 
   tiles of TP pairs, at most E of them part-filled;
 - the rows' copies: a [N, D] float32 gather (210 MB), [E, P cap, D] zeros and a scatter, [E cap,
   R] gathers back, a second argsort and [N, D] gather to unsort; here none: the kernel reads h's
-  rows by token and writes the down step's weighted rows in (token, rank) order.
+  float32 rows by token (splitting them into float16 terms as it stores its tile) and writes the
+  down step's weighted rows in (token, rank) order.
 
 The tile table is a few [E] and [NT] ops on the device (counts, cumulative sums, one [NT, E]
 comparison); nothing reaches the host.
@@ -29,16 +30,7 @@ from strata.mlx_backend.experts import gated_hidden
 from strata.mlx_backend.kernels.q2_tiles import BM, q2_tiles
 from strata.reference.experts import SWIGLU, ExpertAct
 
-__all__ = ["terms", "tile_table", "tile_bound", "q2_tile_experts"]
-
-
-def terms(a: mx.array) -> mx.array:
-    """a's float16 terms side by side: hi = f16(a), lo = f16(a - hi) where lowp.SPLIT, else hi
-    alone (lowp.split_rows' values, adjacent per row). float32 [X, C] -> float16 [X, P, C]"""
-    hi = a.astype(mx.float16)
-    if not lowp.SPLIT:
-        return hi[:, None, :]
-    return mx.stack([hi, (a - hi.astype(mx.float32)).astype(mx.float16)], axis=1)
+__all__ = ["tile_table", "tile_bound", "q2_tile_experts"]
 
 
 def tile_bound(n: int, e: int, per_tile: int) -> int:
@@ -86,10 +78,11 @@ def q2_tile_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     n, e, f = t * k, (records if slots is None else slots).shape[0], rec.expert_ffn
     flat = experts.reshape(-1)  # [N] in (token, rank) order
     order = mx.argsort(flat).astype(mx.int32)  # [N] pairs grouped by expert (any order inside a group)
-    x = terms(h)  # [T, P, D]
-    tiles = tile_table(flat[order], e, BM // x.shape[1], slots)
+    p = 2 if lowp.SPLIT else 1  # float16 terms a row: the kernel splits the float32 rows (lowp.py's terms)
+    tiles = tile_table(flat[order], e, BM // p, slots)
     w = weights.reshape(-1).astype(mx.float32)  # [N] (token, rank) order, as dst indexes it
-    gu = q2_tiles(x, order // k, order, w, tiles, n, records, rec, ("gate", "up"), gather=True, scatter=False)
+    gu = q2_tiles(h, order // k, order, w, tiles, n, records, rec, ("gate", "up"), gather=True, scatter=False,
+                  terms=p)
     hid = gated_hidden(act, gu[:, :f], gu[:, f:])  # [N, F] float32, sorted order
-    y = q2_tiles(terms(hid), order, order, w, tiles, n, records, rec, ("down",), gather=False, scatter=True)
+    y = q2_tiles(hid, order, order, w, tiles, n, records, rec, ("down",), gather=False, scatter=True, terms=p)
     return y.reshape(t, k, -1).sum(axis=1)  # y [N, D]: weighted rows in (token, rank) order

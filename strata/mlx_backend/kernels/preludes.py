@@ -13,7 +13,7 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
-    math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
+    math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), f16_bits(h) (its bits), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
                compiler may not re-derive from how it was computed)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
@@ -95,6 +95,7 @@ INLINE f8 load_h8(const device half* p) {
   return r;
 }
 INLINE float h16_f32(uint16_t b) { return static_cast<float>(as_type<half>(b)); }
+INLINE uint32_t f16_bits(half_t h) { return (uint32_t)as_type<uint16_t>(h); }
 INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const threadgroup uint16_t* b, uint32_t ldb,
                     uint32_t lane) {
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
@@ -147,6 +148,7 @@ INLINE float F32(__half x) { return __half2float(x); }
 INLINE float F32(int x) { return static_cast<float>(x); }
 INLINE float F32(unsigned int x) { return static_cast<float>(x); }
 INLINE __half to_half(float x) { return __float2half_rn(x); }
+INLINE uint32_t f16_bits(__half h) { return (uint32_t)__half_as_ushort(h); }
 INLINE float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return __shfl_sync(0xffffffffu, x, 0);  // one lane's bits for all: lanes may sum in other orders
@@ -236,6 +238,7 @@ EMU_HEADER = r"""
 #define NEG_BIG (-3.0e38f)
 typedef strata_emu::half half_t;
 INLINE half_t to_half(float x) { return strata_emu::half::from_float(x); }
+INLINE uint32_t f16_bits(half_t h) { return (uint32_t)h.bits; }
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 struct uint2 { uint32_t x, y; };

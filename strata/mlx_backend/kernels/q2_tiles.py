@@ -15,10 +15,11 @@ What kernels/q2_mma.py (the padded form) costs and this does not: the rows scatt
 routing imbalance makes up to E x T), the host sync that reads cap, and the gather of the
 products back. Here a tile reads its rows where they are:
 
-- A row m of a tile is term m % P (P = 2: hi and lo, lowp.py) of the tile's pair m / P; x holds
-  the terms of a row adjacent ([rows, P, C] float16), so a tile's two rows of one pair are one
-  contiguous 2C-half span. GATHER: the pair's x row is src[pair] (the token of a sorted pair:
-  the gate | up step reads h's T rows, never a [T k, D] gathered copy); else the pair itself.
+- A row m of a tile is term m % P of the tile's pair m / P: x is float32 and the kernel splits
+  it as it stores the tile (P = 2: hi = f16(x) and lo = f16(x - hi), lowp.py's terms, bit for
+  bit; P = 1: hi alone), so no [X, P, C] float16 copy is made by ops. GATHER: the pair's x row
+  is src[pair] (the token of a sorted pair: the gate | up step reads h's T rows, never a [T k,
+  D] gathered copy); else the pair itself.
 - The P terms' products are summed in the block (the lo rows' through shared memory), so y holds
   float32 [.., R] rows: hi + lo, as lowp.join_rows adds them. SCATTER: pair i's row goes to
   y[dst[i]] times wts[dst[i]] (the down step writes each pair's weighted output in (token, rank)
@@ -28,7 +29,7 @@ One shared stage, the next k-step's global words prefetched into registers (the 
 k loop, which the emulator and tests/test_mlx_q2_mma.py hold to the dequantized product).
 
 Shapes:
-    x float16 [X, P, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]
+    x float32 [X, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]
     -> y float32 [N, R]
 """
 
@@ -47,9 +48,10 @@ TILE_INTS = 4  # tiles[j]: expert, first sorted pair, pairs, unused
 
 BODY = r"""
   constexpr int LD = BK + PAD;
-  constexpr int AI = 2 * BM / NT;  // A items (8 words: half a row's k-step) per thread per k-step
   constexpr int BI = 2 * BN / NT;  // B items (one word of 16 codes and its scale) per thread
   constexpr int TP = BM / P;  // pairs a tile
+  constexpr int FPT = TP * BK / NT;  // floats of x a thread loads per k-step (8: P = 2, 16: P = 1)
+  constexpr int TPP = BK / FPT;  // threads a pair (TP * TPP = NT)
   SHARED uint32_t as32[BM * LD / 2];
   SHARED uint32_t bs32[BN * LD / 2];
   SHARED float lo_rows[P == 2 ? TP * BN : 1];  // the lo terms' products, added to the hi terms' at the end
@@ -58,28 +60,34 @@ BODY = r"""
   const uint32_t n0 = bx * BN;
   const int e = tiles[TILE_INTS * by], first = tiles[TILE_INTS * by + 1], count = tiles[TILE_INTS * by + 2];
   const DEVICE uint8_t* rec = arena + (uint64_t)e * SLOT;
-  const DEVICE uint32_t* xr = (const DEVICE uint32_t*)x;
-  uint64_t xw[AI];  // word offset of each of this thread's A rows in x
-  bool xok[AI];
-  for (int it = 0; it < AI; ++it) {
-    const uint32_t row = (tid + (uint32_t)(it * NT)) >> 1, pair = row / (uint32_t)P, term = row % (uint32_t)P;
-    xok[it] = (int)pair < count;
-    const int pi = first + (int)pair;
-    const uint32_t xrow = xok[it] ? (GATHER ? (uint32_t)src[pi] : (uint32_t)pi) : 0u;
-    xw[it] = (((uint64_t)xrow * (uint32_t)P + term) * (uint32_t)C) / 2u;
-  }
+  // A: this thread's pair of the tile and FPT of its k-step's floats; it writes both terms' rows
+  const uint32_t my_pair = tid / (uint32_t)TPP, seg = tid % (uint32_t)TPP;
+  const bool xok = (int)my_pair < count;
+  const uint32_t xrow = xok ? (GATHER ? (uint32_t)src[first + (int)my_pair] : (uint32_t)(first + (int)my_pair)) : 0u;
+  const DEVICE float* xp = x + (uint64_t)xrow * (uint32_t)C + seg * (uint32_t)FPT;
   f4 acc[BN / 8];
   for (int j = 0; j < BN / 8; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
-  uint4 aw[AI][2];  // the next k-step's A words (16 halves a row), loaded while this one multiplies
+  f4 av[FPT / 4];  // the next k-step's floats of x, loaded while this one multiplies
   uint32_t bq[BI], bd[BI];
   const uint32_t kend = count > 0 ? (uint32_t)C : 0u;  // block-uniform: an unused tile runs no k-step
   for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {
     if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
-      for (int it = 0; it < AI; ++it) {  // two 16-byte stores (rows are 80 bytes apart: aligned)
-        const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u;
-        SHARED_PTR(uint4) dst4 = (SHARED_PTR(uint4))(as32 + (row * LD + 16u * half) / 2u);
-        dst4[0] = aw[it][0];
-        dst4[1] = aw[it][1];
+      for (int q4 = 0; q4 < FPT / 8; ++q4) {  // 8 floats -> hi = f16(v), lo = f16(v - hi): 16-byte stores
+        uint32_t hw[4], lw[4];
+        for (int i = 0; i < 4; ++i) {
+          const float v0 = av[2 * q4 + i / 2].v[(2 * i) % 4], v1 = av[2 * q4 + i / 2].v[(2 * i) % 4 + 1];
+          const half_t h0 = to_half(v0), h1 = to_half(v1);
+          hw[i] = f16_bits(h0) | (f16_bits(h1) << 16);
+          lw[i] = P == 2 ? (f16_bits(to_half(v0 - F32(h0))) | (f16_bits(to_half(v1 - F32(h1))) << 16)) : 0u;
+        }
+        const uint32_t col = seg * (uint32_t)FPT + 8u * (uint32_t)q4, row = my_pair * (uint32_t)P;
+        uint4 u;  // rows are 80 bytes apart and col a multiple of 8 halves: aligned
+        u.x = hw[0]; u.y = hw[1]; u.z = hw[2]; u.w = hw[3];
+        *((SHARED_PTR(uint4))(as32 + (row * LD + col) / 2u)) = u;
+        if (P == 2) {
+          u.x = lw[0]; u.y = lw[1]; u.z = lw[2]; u.w = lw[3];
+          *((SHARED_PTR(uint4))(as32 + ((row + 1u) * LD + col) / 2u)) = u;
+        }
       }
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u;
@@ -96,14 +104,11 @@ BODY = r"""
       BARRIER();
     }
     if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
-      for (int it = 0; it < AI; ++it) {
-        const uint32_t half = (tid + (uint32_t)(it * NT)) & 1u;
-        aw[it][0].x = aw[it][0].y = aw[it][0].z = aw[it][0].w = 0u;
-        aw[it][1] = aw[it][0];
-        if (xok[it]) {  // 16-byte loads (x rows are 2C bytes, k0 and the half 64 and 32 bytes in: aligned)
-          const DEVICE uint4* src4 = (const DEVICE uint4*)(xr + xw[it] + (k0 + 16u * half) / 2u);
-          aw[it][0] = src4[0];
-          aw[it][1] = src4[1];
+      for (int i = 0; i < FPT / 4; ++i) {  // 16-byte loads (rows of C floats, seg and k0 multiples of 4)
+        if (xok) {
+          av[i] = load_f4(xp + k0 + 4u * (uint32_t)i);
+        } else {
+          av[i].v[0] = 0.0f; av[i].v[1] = 0.0f; av[i].v[2] = 0.0f; av[i].v[3] = 0.0f;
         }
       }
       for (int it = 0; it < BI; ++it) {
@@ -169,19 +174,20 @@ SOURCE = KernelSource("strata_q2_tiles", ("x", "src", "dst", "wts", "tiles", "ar
 
 
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
-             rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool, bn: int | None = None
-             ) -> mx.array:
-    """y[i] = sum_p x[row(i), p] W^T for every sorted pair i of every tile, W the `planes` of the
+             rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool, terms: int = 2,
+             bn: int | None = None) -> mx.array:
+    """y[i] = sum_p term_p(x[row(i)]) W^T for every sorted pair i of every tile (terms: 2, hi and
+    lo float16 terms of each float32 row; 1, hi alone), W the `planes` of the
     tile's expert's record (("gate", "up"): [2F, D], gate rows first; ("down",): [D, F]);
     row(i) = src[i] (gather) or i; the row goes to y[dst[i]] times wts[dst[i]] (scatter) or y[i].
     src / dst / wts are not read where gather / scatter is off (pass any int32 / float32 array).
     bn: output columns a block (None: COLUMNS; 64 halves the accumulators, re-reads A twice as often).
 
     Shapes:
-        x float16 [X, P, C]; src, dst int32 [n]; wts float32 [n]; tiles int32 [NT, TILE_INTS];
+        x float32 [X, C]; src, dst int32 [n]; wts float32 [n]; tiles int32 [NT, TILE_INTS];
         records uint8 [E, SLOT] -> float32 [n, R]
     """
-    _, p, c = x.shape
+    (_, c), p = x.shape, terms
     bn = bn or COLUMNS
     if bn not in (64, 128):
         raise ValueError(f"q2_tiles: {bn} columns a block (64 or 128)")
@@ -196,5 +202,5 @@ def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx
                 ("CB", rec.codes(b).offset), ("SB", rec.scales(b).offset), ("SLOT", records.shape[1]),
                 ("P", p), ("GATHER", int(gather)), ("SCATTER", int(scatter)), ("TILE_INTS", TILE_INTS),
                 ("BM", BM), ("BN", bn), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
-    return launch(SOURCE, [x, src, dst, wts, tiles, records], [(n, r)], [mx.float32],
+    return launch(SOURCE, [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, r)], [mx.float32],
                   blocks=(-(-r // bn), tiles.shape[0], 1), threads=THREADS, template=template)[0]

@@ -35,3 +35,4 @@ struct __half2 { __half x, y; };
 float2 __half22float2(__half2);
 float __half2float(__half);
 __half __float2half_rn(float);
+unsigned short __half_as_ushort(__half);
