@@ -1,7 +1,7 @@
 """Each kernel's GPU time from `ncu --csv --metrics gpu__time_duration.sum ...` on stdin, per
 segment: the launches between one marker kernel (`strata_probe_marker`, benchmarks/prompt_probe.py
---ncu) and the next (or the end): in launch order, then summed by kernel name, then the total. Lines that are not ncu's CSV pass
-through (the program's own output).
+--ncu) and the next (or the end): in launch order, then summed by kernel name, then the total.
+Lines that are not ncu's CSV pass through (the program's own output).
 
     ncu --clock-control none --metrics gpu__time_duration.sum --csv \\
         python3 benchmarks/prompt_probe.py --ncu --lengths 2048 --forms q2tiles | python3 benchmarks/ncu_summary.py

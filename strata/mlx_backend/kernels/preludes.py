@@ -13,9 +13,10 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                a GEMV's 16-byte loads with their FMAs, 3 in flight, to stay at 32 registers)
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
-    math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), f16_bits(h) (its bits), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
+    math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
-               compiler may not re-derive from how it was computed)
+               compiler may not re-derive from how it was computed), f16_bits(h) (a half_t's
+               bits as uint32_t)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned
     matrix     mma_16816(c, a, lda, b, ldb, lane): one warp's C[16x8] += A[16x16] B[16x8] in float32,
                A row-major and B as [n][k], float16 bits (uint16_t) in shared memory; c holds the
@@ -108,7 +109,9 @@ INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const thr
   return c;
 }
 struct afrag { const threadgroup uint16_t* a; uint32_t lda; };
-INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
+INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) {
+  afrag f; f.a = a; f.lda = lda; return f;
+}
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
 }
