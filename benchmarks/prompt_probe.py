@@ -207,6 +207,9 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
             gu_fn = lambda: q2_tiles(xt, order // k, order, w, tiles, n * k, records, rec, ("gate", "up"),  # noqa: E731
                                      gather=True, scatter=False)
             time_ms(f"experts ({f}): gate|up kernel", gu_fn)
+            time_ms(f"experts ({f}): gate|up kernel with silu(g) u (grouped_tiles.FUSED_HIDDEN)", lambda: q2_tiles(
+                xt, order // k, order, w, tiles, n * k, records, rec, ("gate", "up"), gather=True, scatter=False,
+                hidden=True))
             gu = gu_fn()
             mx.eval(gu)
             ff = rec.expert_ffn

@@ -72,10 +72,17 @@ def test_tile_table_covers_every_pair_once(n, e, per_tile, seed):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("split", [True, False], ids=["two_terms", "rounded_once"])
 @pytest.mark.parametrize("skewed", [False, True], ids=["random", "every_token_same_experts"])
-def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed):
-    """Q2_TILES: the reference's per-token experts within FAST (two terms), bit for bit the padded
-    kernel form Q2_MMA (the same k loop per row: only where rows live differs). Skewed routing puts
-    every token on the same experts: groups of T pairs, several tiles each."""
+@pytest.mark.parametrize("fused", [False, True], ids=["ops_hidden", "fused_hidden"])
+def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed, fused, monkeypatch):
+    """Q2_TILES: the reference's per-token experts within FAST (two terms); with the hidden
+    activation in MLX ops, bit for bit the padded kernel form Q2_MMA (the same k loop per row: only
+    where rows live differs); with silu(g) u in the kernel (FUSED_HIDDEN), within FAST of it (the
+    kernel's exp is the dialect's: expf on CUDA as MLX's own, std::exp on the emulator against MLX's
+    CPU exp, a few ulps apart). Skewed routing puts every token on the same experts: groups of T
+    pairs, several tiles each."""
+    from strata.mlx_backend import grouped_tiles
+
+    monkeypatch.setattr(grouped_tiles, "FUSED_HIDDEN", fused)
     rec, experts, records = _records()
     t, k = 70, 3
     h, ids, wts = _routing(t, k, 1, skewed=skewed)
@@ -88,7 +95,10 @@ def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed):
                                               dtype=mx.float16, gemm=GroupedGemm.Q2_MMA))
     finally:
         lowp.SPLIT = saved
-    np.testing.assert_array_equal(got, padded)
+    if fused:
+        assert_backends_agree(padded, got, "FAST", what="q2_tiles (silu in the kernel) vs q2_mma")
+    else:
+        np.testing.assert_array_equal(got, padded)
     if split:
         ref = np.stack([routed_experts([experts[int(e)] for e in ids[i]], wts[i], h[i]) for i in range(t)])
         assert_backends_agree(ref, got, "FAST", what="grouped experts through q2_tiles")
@@ -103,10 +113,12 @@ def test_q2_tiles_refuses_the_ops_path():
 
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-def test_q2_tiles_sources_compile(tmp_path, dialect):
-    """The specialisations that ran (gate | up gathered, down scattered and weighted; one and two
-    terms), as the full Metal and CUDA sources (Metal: compile-checked, not run)."""
+def test_q2_tiles_sources_compile(tmp_path, dialect, monkeypatch):
+    """The specialisations that ran (gate | up gathered, with silu(g) u in the kernel or not; down
+    scattered and weighted; one and two terms), as the full Metal and CUDA sources (Metal:
+    compile-checked, not run)."""
     from test_metal_compile import _check
+    from strata.mlx_backend import grouped_tiles
 
     rec, _, records = _records()
     h, ids, wts = _routing(6, 2, 0)
@@ -114,12 +126,14 @@ def test_q2_tiles_sources_compile(tmp_path, dialect):
     try:
         with using_path(KernelPath.EMULATED), recording() as specs:
             for split in (True, False):
-                lowp.SPLIT = split
-                mx.eval(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=mx.float16,
-                                        gemm=GroupedGemm.Q2_TILES))
+                for fused in (True, False):
+                    lowp.SPLIT = split
+                    monkeypatch.setattr(grouped_tiles, "FUSED_HIDDEN", fused)
+                    mx.eval(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts),
+                                            dtype=mx.float16, gemm=GroupedGemm.Q2_TILES))
     finally:
         lowp.SPLIT = saved
-    assert len(specs) == 4
+    assert len(specs) == 6
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
 
@@ -127,7 +141,7 @@ def test_q2_tiles_sources_compile(tmp_path, dialect):
 @pytest.mark.parametrize("path", PATHS)
 def test_q2_tiles_reads_experts_at_their_slots(path):
     """slots: expert e's record at arena row slots[e] (a streaming pass's used slots, no copy of
-    them), bit for bit the same step over those records taken out."""
+    them), bit for bit the same step over those records taken out (and the padded form's within FAST)."""
     rec, _, records = _records()
     arena = mx.concatenate([mx.zeros((3, records.shape[1]), mx.uint8), records[::-1]])  # expert e at row 7 - e
     slots = mx.array(np.array([7 - e for e in range(CFG.n_experts)], np.int32))
@@ -139,7 +153,7 @@ def test_q2_tiles_reads_experts_at_their_slots(path):
         padded = grouped_experts(arena, rec, mx.array(h), mx.array(ids), mx.array(wts), gemm=GroupedGemm.Q2_MMA,
                                  slots=slots)
     np.testing.assert_array_equal(np.array(got), np.array(want))
-    np.testing.assert_array_equal(np.array(got), np.array(padded))
+    assert_backends_agree(np.array(padded), np.array(got), "FAST", what="q2_tiles at slots vs q2_mma")
 
 
 def test_the_crossing_is_the_forms(monkeypatch):

@@ -113,11 +113,13 @@ BODY = r"""
       }
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u, r = n0 + row;
+        // HIDDEN: the block's BN / 2 hidden units as gate rows, then the same units' up rows
+        const uint32_t unit = bx * (uint32_t)(BN / 2) + row % (uint32_t)(BN / 2);
+        const bool in_a = HIDDEN ? row < (uint32_t)(BN / 2) : r < (uint32_t)RA;
+        const uint32_t rr = HIDDEN ? unit : (in_a ? r : r - (uint32_t)RA);
         bq[it] = 0u;
         bd[it] = 0u;
-        if (r < (uint32_t)R) {
-          const bool in_a = r < (uint32_t)RA;
-          const uint32_t rr = in_a ? r : r - (uint32_t)RA;
+        if (HIDDEN ? unit < (uint32_t)RA : r < (uint32_t)R) {
           bq[it] = ((const DEVICE uint32_t*)(rec + (in_a ? CA : CB)))[rr * (C / 16) + k0 / 16u + half];
           bd[it] = ((const DEVICE uint16_t*)(rec + (in_a ? SA : SB)))[rr * (C / 32) + k0 / 32u];
         }
@@ -146,7 +148,28 @@ BODY = r"""
     }
   }
   BARRIER();
-  for (int j = 0; j < BN / 8; ++j) {
+  if (HIDDEN) {  // silu(g) u of the block's units (column tile j: gate, j + BN / 16: up), as the ops write it
+    for (int j = 0; j < BN / 16; ++j) {
+      const uint32_t col = bx * (uint32_t)(BN / 2) + (uint32_t)(8 * j) + t;
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t row = warp_id * 16u + g + 8u * (uint32_t)h, pair = row / (uint32_t)P;
+        if (row % (uint32_t)P == 0u && (int)pair < count) {
+          float g0 = acc[j].v[2 * h], g1 = acc[j].v[2 * h + 1];
+          float u0 = acc[j + BN / 16].v[2 * h], u1 = acc[j + BN / 16].v[2 * h + 1];
+          if (P == 2) {
+            g0 = g0 + lo_rows[pair * BN + (uint32_t)(8 * j) + t];
+            g1 = g1 + lo_rows[pair * BN + (uint32_t)(8 * j) + t + 1u];
+            u0 = u0 + lo_rows[pair * BN + (uint32_t)(8 * (j + BN / 16)) + t];
+            u1 = u1 + lo_rows[pair * BN + (uint32_t)(8 * (j + BN / 16)) + t + 1u];
+          }
+          const uint64_t o = (uint64_t)(first + (int)pair) * RA + col;
+          if (col < (uint32_t)RA) y[o] = g0 / (1.0f + exp_f(-g0)) * u0;  // experts.silu: x / (1 + exp(-x))
+          if (col + 1u < (uint32_t)RA) y[o + 1] = g1 / (1.0f + exp_f(-g1)) * u1;
+        }
+      }
+    }
+  }
+  for (int j = 0; j < (HIDDEN ? 0 : BN / 8); ++j) {
     const uint32_t col = n0 + (uint32_t)(8 * j) + t;
     for (int h = 0; h < 2; ++h) {
       const uint32_t row = warp_id * 16u + g + 8u * (uint32_t)h, pair = row / (uint32_t)P;
@@ -175,13 +198,15 @@ SOURCE = KernelSource("strata_q2_tiles", ("x", "src", "dst", "wts", "tiles", "ar
 
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
              rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool, terms: int = 2,
-             bn: int | None = None) -> mx.array:
+             hidden: bool = False, bn: int | None = None) -> mx.array:
     """y[i] = sum_p term_p(x[row(i)]) W^T for every sorted pair i of every tile (terms: 2, hi and
     lo float16 terms of each float32 row; 1, hi alone), W the `planes` of the
     tile's expert's record (("gate", "up"): [2F, D], gate rows first; ("down",): [D, F]);
     row(i) = src[i] (gather) or i; the row goes to y[dst[i]] times wts[dst[i]] (scatter) or y[i].
     src / dst / wts are not read where gather / scatter is off (pass any int32 / float32 array).
     bn: output columns a block (None: COLUMNS; 64 halves the accumulators, re-reads A twice as often).
+    hidden (planes ("gate", "up") only): y[i] = silu(gate) * up, [n, F], each block's columns half
+    gate rows and half the same units' up rows (no [n, 2F] product and no ops after it).
 
     Shapes:
         x float32 [X, C]; src, dst int32 [n]; wts float32 [n]; tiles int32 [NT, TILE_INTS];
@@ -198,9 +223,13 @@ def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx
     ra = shapes[0][0]
     r = sum(rows for rows, _ in shapes)
     a, b = planes[0], planes[-1]
+    if hidden and planes != ("gate", "up"):
+        raise ValueError(f"q2_tiles: hidden is silu(gate) * up, not of planes {planes}")
     template = (("C", c), ("R", r), ("RA", ra), ("CA", rec.codes(a).offset), ("SA", rec.scales(a).offset),
                 ("CB", rec.codes(b).offset), ("SB", rec.scales(b).offset), ("SLOT", records.shape[1]),
-                ("P", p), ("GATHER", int(gather)), ("SCATTER", int(scatter)), ("TILE_INTS", TILE_INTS),
+                ("P", p), ("GATHER", int(gather)), ("SCATTER", int(scatter)), ("HIDDEN", int(hidden)),
+                ("TILE_INTS", TILE_INTS),
                 ("BM", BM), ("BN", bn), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
-    return launch(SOURCE, [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, r)], [mx.float32],
-                  blocks=(-(-r // bn), tiles.shape[0], 1), threads=THREADS, template=template)[0]
+    cols, per_block = (ra, bn // 2) if hidden else (r, bn)
+    return launch(SOURCE, [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
+                  blocks=(-(-cols // per_block), tiles.shape[0], 1), threads=THREADS, template=template)[0]
