@@ -167,6 +167,12 @@ fi
 stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
   tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
+# issue 19's prompt probe (not in the default list: STRATA_STAGES=prompt_probe): whole prompts per
+# grouped form (first calls apart), a synchronised per-layer pass, one layer's steps alone, then
+# each kernel's GPU time of one layer under ncu (benchmarks/ncu_summary.py)
+stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --lengths 512,2048 --repeat 2 --budget-s 88;
+  timeout 45 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
+  --lengths 2048 --forms q2tiles,padded 2>&1 | python3 benchmarks/ncu_summary.py'
 # issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
 # context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
 # (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).
