@@ -384,27 +384,3 @@ def test_q2_0_codes_plane_is_mlx_packed_uint32():
         got = mx.dequantize(mx.array(m.codes.view("<u4")), mx.array(scales), mx.array(-2 * scales),
                             group_size=32, bits=2)
         np.testing.assert_array_equal(np.array(got), dequantize(m))
-
-
-def test_records_given_packed_write_the_same_file(tmp_path, q2_file):
-    from strata.formats.checksum import checksum
-
-    calls = []
-
-    def packed(w, rec):
-        calls.append(w)
-        buf = pack_record(w, rec)
-        return buf, checksum(memoryview(buf)[: rec.record_bytes])
-
-    path = tmp_path / "packed.experts"
-    write_experts(path, qtype=QuantType.Q2_0, n_layers=L, n_experts=E, hidden=D, expert_ffn=F,
-                  get_expert=seeded(QuantType.Q2_0), packed=packed)
-    assert len(calls) == L * E
-    assert path.read_bytes() == q2_file.read_bytes()
-
-
-def test_a_packed_record_of_the_wrong_size_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="layer 0 expert 0: a record of 7 bytes"):
-        write_experts(tmp_path / "bad.experts", qtype=QuantType.Q2_0, n_layers=L, n_experts=E, hidden=D,
-                      expert_ffn=F, get_expert=seeded(QuantType.Q2_0), packed=lambda w, rec: (bytes(7), 0))
-    assert not (tmp_path / "bad.experts").exists()
