@@ -16,8 +16,8 @@ store of ~24 GB: `--ple-gb 24`); a token reads the same rows either way (8 per P
 
 Files (`--dir`, default a temporary directory; kept with `--keep`): the model file (dense weights
 random normal, stored F16, held as float32: each tensor a window of one pool of normals,
-benchmarks/_pooled_random.py, so 48 layers build in seconds), the `.experts` (256 random valid
-Q2_0 experts reused by every layer: values do not matter), the `.ngrams` (one random shard of rows
+benchmarks/_pooled_random.py, so 48 layers build in seconds), the `.experts` (a pool of random
+valid Q2_0 records repeated, benchmarks/_random_experts.py: values do not matter), the `.ngrams` (one random shard of rows
 repeated, written shard by shard, never a table in memory). Full size: every shape, the experts
 file (17 GB at 48 layers) and the reads per token; not full size unless `--ple-gb 0`: the row
 store (the tables' row counts), whose reads per token are the same. Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
