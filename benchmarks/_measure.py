@@ -131,3 +131,12 @@ def part(name: str, res: dict, rows: list):
         res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
         rows.append((f"{name} FAILED", type(exc).__name__, str(exc)[:120]))
     print("JSON-PART " + json.dumps(res, sort_keys=True, default=str), flush=True)
+
+
+def phase(res: dict, name: str, since: float) -> float:
+    """Seconds since `since` into res["phases_s"][name], printed at once: a run killed at its time
+    limit still says where it was (a first call JIT-compiling, or the build). -> now."""
+    now = time.perf_counter()
+    res.setdefault("phases_s", {})[name] = round(now - since, 3)
+    print(f"PHASE {name} {now - since:.2f} s", flush=True)
+    return now

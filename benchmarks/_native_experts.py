@@ -137,9 +137,10 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
 
 
 def ncu_launches() -> None:
-    """For ncu (GPU): per type (the first two) at gpt-oss's shape, a warm-up of each, then one fused 64-token
-    launch and one gather_qmm step (3 gather_qmm and its elementwise kernels), each evaluated
-    alone; a line before each names it (ncu's ==PROF== lines follow in launch order)."""
+    """For ncu (GPU): per type (the first two) at gpt-oss's shape, a warm-up of each, then one fused
+    64-token launch of each lane-step form (loop, unrolled) and one gather_qmm step (3 gather_qmm
+    and its elementwise kernels), each evaluated alone; a line before each names it (ncu's
+    ==PROF== lines follow in launch order)."""
     d, f, k = SHAPES["gpt-oss"]
     for qtype in TYPES[:2]:  # MXFP4 and 4-bit: ncu profiles every kernel, the records' making too
         rec, records = _setup(qtype, d, f, k, TOKENS, int(qtype))
@@ -151,8 +152,9 @@ def ncu_launches() -> None:
         ss = [mx.array(rng.permutation(TOKENS * k).reshape(TOKENS, k).astype(np.int32)) + 0 for _ in range(2)]
         mx.eval(x, xh, wt, *ss, records.sum())
         for i, label in enumerate(("warm-up", "profiled")):
-            print(f"NCU {qtype.name} fused {label}", flush=True)
-            mx.eval(moe_native.moe_slots(records, rec, x, ss[i], wt))
+            for unroll in (False, True):  # both lane-step forms, so one run settles the default
+                print(f"NCU {qtype.name} fused unroll={int(unroll)} {label}", flush=True)
+                mx.eval(moe_native.moe_slots(records, rec, x, ss[i], wt, unroll=unroll))
             print(f"NCU {qtype.name} gather_qmm {label}", flush=True)
             mx.eval(gather_qmm_experts(stack, st, xh, ss[i], wt))
         del records, stack, st

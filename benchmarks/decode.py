@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part, print_rows  # noqa: E402
+from _measure import copy_bandwidth, device_name, dispatch_costs, graph_launches, median_time, part, phase, print_rows  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.experts_file import ExpertsFile  # noqa: E402
 from strata.mlx_backend.arena import MlxArena  # noqa: E402
@@ -98,18 +98,24 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
     return total
 
 
-def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw: dict, rows: list, res: dict) -> None:
+def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw: dict, rows: list, res: dict, *,
+                 sweep_eval: bool = True) -> None:
     t0 = time.time()
+    t = time.perf_counter()
     p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
     res["build_s"] = time.time() - t0
+    res["resident_distinct_records"] = resident_distinct(cfg)
+    t = phase(res, "resident_build", t)
     eng = MlxEngine(p)
     rng = np.random.default_rng(0)
     eng.prefill(list(rng.integers(0, cfg.vocab_size, n_prompt)))
+    t = phase(res, "resident_prefill (first calls compile)", t)
     # launches of one decode token, from its lazy graph (routing on the GPU: no sync inside)
     logits, state = forward(p, eng.state, np.array([1]), eval_every=0)  # the whole graph, lazy
     launches = graph_launches(logits)
     mx.eval(logits)
     eng.state = state
+    t = phase(res, "resident_first_decode (first calls compile)", t)
     custom = launches.get("CustomKernel", 0)
     n_launch = sum(launches.values())
     before, host_before = sum(LAUNCHES.values()), sum(HOST_INPUTS.values())
@@ -128,13 +134,18 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
         return med(times), med(builds)
 
     # the default (an asynchronous evaluation per layer) and the alternatives, in one run
-    by_every = {every: run(every) for every in dict.fromkeys((EVAL_EVERY, 0, 4))}
+    by_every = {}
+    for every in dict.fromkeys((EVAL_EVERY, 0, 4) if sweep_eval else (EVAL_EVERY,)):
+        by_every[every] = run(every)
+        t = phase(res, f"resident_uncompiled_eval_every_{every}", t)
     res["kernel_calls_per_token"] = (sum(LAUNCHES.values()) - before) / (n_decode * len(by_every))
     res["resident_host_inputs_per_token"] = (sum(HOST_INPUTS.values()) - host_before) / (n_decode * len(by_every))
     res["resident_ms_by_eval_every"] = {str(k): v[0] * 1e3 for k, v in by_every.items()}
     ms, build_ms = by_every[EVAL_EVERY][0] * 1e3, by_every[EVAL_EVERY][1] * 1e3
     res["resident_build_ms"] = build_ms
     nbytes = bytes_per_token(p, eng.length)
+    # before the compiled step's first call (its trace and compiles): a run cut there keeps this
+    print(f"RESULT all-resident uncompiled decode {ms:.2f} ms/token, {nbytes / 1e9:.2f} GB/token", flush=True)
     t_bytes = nbytes / bw["read_Bps"]
     per_kernel = costs.get("kernel_s", costs["op_s"])
     t_launch = custom * per_kernel + (n_launch - custom) * costs["op_s"]
@@ -164,7 +175,9 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
     res["resident_compiled_ms_per_token"] = None
     why, times, calls = unsupported(p), [], []
     try:
+        t = time.perf_counter()
         step = CompiledDecode(p, eng.state) if why is None else None
+        phase(res, "resident_compiled_built", t)
         for _ in range(n_decode + 1 if step else 0):
             t = time.perf_counter()
             logits, state = step(eng.state, int(rng.integers(0, cfg.vocab_size)))
@@ -173,10 +186,13 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
             eng.state = state
             times.append(time.perf_counter() - t)
             calls.append(tc - t)
+            if len(times) == 1:
+                phase(res, "resident_compiled_first (trace, compiles)", t)
     except Exception as exc:  # reported in the table and the JSON
         why = res["resident_compiled_error"] = f"failed: {type(exc).__name__}: {exc}"
     if why is None:
         cms, call_ms = float(np.median(times[1:])) * 1e3, float(np.median(calls[1:])) * 1e3
+        print(f"RESULT all-resident compiled decode {cms:.2f} ms/token (first call {times[0]:.1f} s)", flush=True)
         res.update({"resident_compiled_ms_per_token": cms, "resident_compiled_call_ms": call_ms,
                     "resident_compiled_first_ms": times[0] * 1e3})
         rows.append(("compiled decode step (MlxEngine's default on a GPU)", f"{cms:.2f} ms/token",
@@ -199,9 +215,12 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
     base = stream_dir(cfg)
     path = base / f"strata_bench_{os.getpid()}.experts"
     t0 = time.time()
-    make_experts_file(path, cfg, 1)
+    t = time.perf_counter()
+    made = make_experts_file(path, cfg, 1)
     res["experts_file_s"] = time.time() - t0
     res["experts_file_dir"] = str(base)
+    res.update({f"experts_file_{k}": v for k, v in made.items()})
+    t = phase(res, f"stream_experts_file ({made['bytes'] / 1e9:.1f} GB at {made['write_GBps']:.1f} GB/s)", t)
     xf = ExpertsFile.open(path)
     try:
         from strata.runtime.decode import cache_config_for
@@ -214,6 +233,7 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
         slots = max(slots, least)
         config = Config(backend=Backend.MLX, arena=f"{slots}slots")
         params = random_params(cfg, seed=0, experts=False, pred_q8=config.pred_q8)
+        t = phase(res, "stream_dense_build", t)
         runs: dict[str, list] = {}
         variants = list(stream_variants().items())
         # PASSES passes over the variants, each starting one variant later (the host's speed drifts,
@@ -236,6 +256,7 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
                 res["stream_host_inputs_per_layer"] = (sum(HOST_INPUTS.values()) - host_before) / n_decode / cfg.n_layers
                 res["stream_custom_kernels_per_layer"] = (sum(LAUNCHES.values()) - launches_before) / n_decode / cfg.n_layers
             runs.setdefault(name, []).append(eng.report())
+            t = phase(res, f"stream_run_{len(sum(runs.values(), []))}", t)
             eng.close()
             del eng, compute, pool, arena
     finally:
@@ -344,6 +365,12 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=0, help="streaming arena slots (default: a quarter of the experts)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: resident,streaming,handshake")
     ap.add_argument("--layers", type=int, default=0, help="keep the shape's first N layers (0: all)")
+    ap.add_argument("--prompt", type=int, default=8,
+                    help="prompt tokens before decoding (1: the prefill launches only what a decoded token does, "
+                         "so it compiles nothing more; 8 adds the many-token expert and combine kernels)")
+    ap.add_argument("--no-eval-sweep", action="store_true",
+                    help="all-resident: only the default evaluation interval uncompiled, then the compiled step "
+                         "(fewer positions, fewer kernel specialisations to compile: a run under a tight limit)")
     args = ap.parse_args()
     if args.small:
         cfg = {"seed": SMALL, "qwen3.5-397b": SMALL_HYBRID, "deepseek-v3": SMALL_DEEPSEEK}[args.shape]
@@ -359,6 +386,7 @@ def main() -> int:
                  "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size,
                  "mlx_max_ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER")}  # MLX CUDA: graph size
     rows: list = []
+    t_setup = time.perf_counter()
     bw = copy_bandwidth((64 << 20) if args.small else (1 << 30))
     kop = None
     if current_path() is KernelPath.GPU:
@@ -370,8 +398,11 @@ def main() -> int:
     rows += [("read / copy bandwidth", f"{bw['read_Bps'] / 1e9:.0f} / {bw['copy_Bps'] / 1e9:.0f} GB/s", ""),
              ("dispatch per op / per custom kernel", f"{costs['op_s'] * 1e6:.1f} / {costs.get('kernel_s', float('nan')) * 1e6:.1f} us", ""),
              ("host round trip", f"{costs['round_trip_s'] * 1e6:.1f} us", "")]
-    n_prompt = 8
-    slots = args.slots or cfg.n_layers * cfg.n_experts // 4
+    phase(res, "setup (bandwidth, dispatch costs)", t_setup)
+    if args.shape == "deepseek-v3":  # the byte budget now: a RESULT's ms times their ratio is the 61 layers' estimate
+        print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in deepseek_extrapolation(full, cfg, res)), flush=True)
+    n_prompt = args.prompt
+    slots = args.slots or cfg.n_moe_layers * cfg.n_experts // 4  # a quarter of the routed experts
     for name in ("resident", "streaming"):
         if name in skip:
             continue
@@ -382,7 +413,8 @@ def main() -> int:
             skip.add(name)
     res["resident_bytes_needed"] = resident_bytes(cfg)
     res["deltanet_layers"] = sum(1 for t in cfg.kinds if t.mixer.value == "deltanet")
-    for name, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res)),
+    for name, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res,
+                                                         sweep_eval=not args.no_eval_sweep)),
                      ("handshake", lambda: handshake(48, 4 << 20, rows, res)),
                      ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, slots, rows, res))):
         if name in skip:
@@ -394,8 +426,10 @@ def main() -> int:
             finally:
                 res[f"{name}_s"] = time.time() - t0
         print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in rows), flush=True)
+        if args.shape == "deepseek-v3":  # after every part: a later part's kill keeps them
+            print("\n".join(f"  {a:<50} {b:>22}  {c}" for a, b, c in deepseek_extrapolation(full, cfg, res)), flush=True)
     if args.shape == "deepseek-v3":
-        deepseek_extrapolation(full, cfg, res, rows)
+        rows += deepseek_extrapolation(full, cfg, res)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
           f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
     print_rows(rows, value_width=22)

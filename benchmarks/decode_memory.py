@@ -24,7 +24,9 @@ from strata.reference.deltanet import KEPT_SNAPSHOTS, conv_channels
 
 USABLE = 0.92  # of device memory: MLX's buffer cache, the CUDA context and temporaries need the rest
 H200_BYTES = 139 * 2**30  # what an H200 reports; assumed where MLX does not say
-DISTINCT_ABOVE = 32 * 10**9  # arenas larger than this are a repeated pool of records (random_records)
+# arenas larger than this are a repeated pool of records (random_records): the values do not move a
+# decode's bytes, and a pool bounds the build's device work and peak (DeepSeek-V3: 3.5 GB a MoE layer)
+DISTINCT_ABOVE = 8 * 10**9
 FILE_SLACK = 1.05  # the .experts file's header and alignment, and room to spare on its file system
 
 

@@ -25,9 +25,10 @@ NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
 # issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
-# reference engine's model, synthetic, full size: 7 GB model file + 17 GB experts + a --ple-gb row
-# store in the temporary directory, so 24 GB fits a 64 GiB disk; run it alone, it builds for minutes)
-QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8 --keep ${TMPDIR:-/tmp}/strata_qwen4_seed} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-540}
+# reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
+# store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
+# in well under a minute; a 1-token prompt: prefill and decode share their kernels' compiles)
+QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 4 --tokens 8 --prompt 1} QWEN4_SEED_S=${STRATA_QWEN4_SEED_S:-300}
 # the hybrid stages (issue 14; not in the default list): hybrid_tests, deltanet, hybrid_resident,
 # hybrid_stream, ncu_deltanet. Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a
 # /dev/shm file (121 GB) on one H200 machine: the per-layer shape with fewer layers (decode.py says
@@ -35,11 +36,12 @@ QWEN4_SEED_ARGS=${STRATA_QWEN4_SEED_ARGS:---ple-gb 24 --tokens 8 --keep ${TMPDIR
 HYBRID_RESIDENT_ARGS=${STRATA_HYBRID_RESIDENT_ARGS:---layers 40 --skip streaming,handshake}
 HYBRID_STREAM_ARGS=${STRATA_HYBRID_STREAM_ARGS:---layers 24 --skip resident,handshake}
 HYBRID_S=${STRATA_HYBRID_S:-240}
-# DeepSeek-V3 (issue 16; not in the default list): mla_tests, mla, deepseek_resident,
+# DeepSeek-V3 (issue 16; not in the default list): mla_tests, mla, mla_variants, deepseek_resident,
 # deepseek_stream, ncu_mla. Its 61 layers are ~246 GB all-resident and a 204 GB .experts file: the
 # per-layer shape with fewer layers; decode.py prints the per-layer ms and the 61 layers from them
-DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 24 --skip streaming,handshake}
-DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 16 --skip resident,handshake}
+# (16 layers: a 45 GB arena copied from one MoE layer's pool; 8 layers: a 17.6 GB file in /dev/shm)
+DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 16 --tokens 8 --skip streaming,handshake}
+DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 8 --tokens 8 --skip resident,handshake}
 NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 # the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
 # the quick probe and the small model all-resident and at one arena, 150 s at most, JSON-PART lines as it goes
@@ -116,17 +118,22 @@ stage deltanet 120 python3 benchmarks/deltanet.py
 # the reference on the GPU, then decode ms/token and bytes/token of a scaled qwen4 shape per engine
 stage qwen4_tests 240 env PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -v -p no:cacheprovider --tb=short \
   -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_qwen4_reference.py tests/test_qwen4_ple_rows.py \
-  tests/test_bench_qwen4_seed.py tests/test_mlx_qwen4_ple_rows.py
+  tests/test_bench_qwen4_seed.py tests/test_mlx_qwen4_ple_rows.py tests/test_mlx_hyper_compute.py \
+  tests/test_bench_pooled_random.py
 stage qwen4_decode 180 python3 benchmarks/qwen4_decode.py --tokens 16
 stage qwen4_seed "$QWEN4_SEED_S" python3 benchmarks/decode.py --shape qwen4-seed $QWEN4_SEED_ARGS
 stage hybrid_resident "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_RESIDENT_ARGS
 stage hybrid_stream "$HYBRID_S" python3 benchmarks/decode.py --shape qwen3.5-397b $HYBRID_STREAM_ARGS
 # DeepSeek-V3: the MLA kernels' GPU tests (and the latent model through the engines), the kernels
 # against their bytes at its attention shape, its per-layer shape decoding all-resident and streaming
-stage mla_tests "$HYBRID_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
-  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
-  tests/test_mlx_mla_kernel.py tests/test_mlx_mla.py tests/test_sigmoid_engines.py -k "not emulated"
+# (the kernel file's gpu-marked tests only: its others run the C++ emulator, which CI covers)
+stage mla_tests "$HYBRID_S" bash -c 'export PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device
+  python3 -m pytest -v -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=5 -m gpu \
+    tests/test_mlx_mla_kernel.py
+  python3 -m pytest -v -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
+    tests/test_mlx_mla.py tests/test_sigmoid_engines.py -k "not emulated"'
 stage mla 120 python3 benchmarks/mla.py
+stage mla_variants 60 python3 benchmarks/mla.py --variants
 stage deepseek_resident "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_RESIDENT_ARGS
 stage deepseek_stream "$HYBRID_S" python3 benchmarks/decode.py --shape deepseek-v3 $DEEPSEEK_STREAM_ARGS
 if command -v ncu >/dev/null; then
@@ -150,7 +157,8 @@ if command -v ncu >/dev/null; then
   stage ncu_deltanet 75 ncu --clock-control none -k 'regex:strata_(deltanet_step|dense_gemv)' --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/deltanet.py --ncu
-  # the MLA kernels' GPU time at 4096 positions (query, attend, output) and a decoded MLA mixer
+  # the MLA kernels' GPU time at 512, 2048, 8192 positions (query, attend, output; the NCU lines
+  # give each launch's bytes) and a decoded MLA mixer
   stage ncu_mla 75 ncu --clock-control none -k 'regex:strata_(mla_|dense_gemv)' --metrics \
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
     python3 benchmarks/mla.py --ncu
@@ -161,6 +169,12 @@ fi
 stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
   tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
+# issue 19's prompt probe (not in the default list: STRATA_STAGES=prompt_probe): whole prompts per
+# grouped form (first calls apart), a synchronised per-layer pass, one layer's steps alone, then
+# each kernel's GPU time of one layer under ncu (benchmarks/ncu_summary.py)
+stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --lengths 512,2048 --repeat 2 --budget-s 88;
+  timeout 45 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
+  --lengths 2048 --forms q2tiles,padded 2>&1 | python3 benchmarks/ncu_summary.py'
 # issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
 # context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
 # (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).

@@ -17,7 +17,13 @@ the wall time per step includes the gaps between launches; ncu gives the GPU tim
 
     python benchmarks/mla.py            # full size (GPU)
     python benchmarks/mla.py --small    # smoke test: small heads, the emulated path on a CPU
-    python benchmarks/mla.py --ncu      # a few steps at 4096 positions, for ncu
+    python benchmarks/mla.py --ncu      # one step at 512, 2048, 8192 positions and one mixer, for ncu
+    python benchmarks/mla.py --variants # the attend kernel's step shapes (PB, HPW) at every length
+
+`--ncu` prints, per launch, the bytes it moves (an `NCU` line: the step's position count and its
+query, attend and output kernels' bytes), so ncu's gpu__time_duration of each kernel over its
+bytes is its share of copy. `--variants` times the step with each (PB, HPW) at every length, the
+data a default is chosen by (VARIANTS).
 """
 
 from __future__ import annotations
@@ -48,6 +54,26 @@ MIXER_LAYERS = 4  # decoded mixers per evaluation (374 MB of weights each)
 SMALL = replace(DEEPSEEK_V3_SHAPE, hidden_size=256, n_heads=4, n_kv_heads=4, q_lora_rank=64, kv_lora_rank=64,
                 qk_rope_head_dim=16, qk_nope_head_dim=32, head_dim=48, v_head_dim=32, max_context=512)
 SMALL_CONTEXTS = (16, 300)
+NCU_CONTEXTS = (512, 2048, 8192)  # the steps --ncu launches, in order (each one query, attend, output)
+# (PB, HPW, VW) step shapes --variants times at every length, the default first (on the H200 at
+# 8192 positions PB 2 HPW 2 took 282 us against the default's 309: docs/perf.md); the lengths in
+# the order they are run (the first pays every variant's compile; a run cut short keeps 8192's)
+VARIANTS = ((mla_kernel.POSITIONS_PER_STEP, mla_kernel.HEADS_PER_WARP, mla_kernel.VECTOR_WIDTH), (2, 2, 1), (4, 1, 4),
+            (2, 2, 4), (4, 2, 4))
+VARIANT_CONTEXTS = (8192, 2048, 512, 32768)
+
+
+def kernel_bytes(h: int, c: int, r: int, n: int, v: int, positions: int, splits: int) -> dict:
+    """HBM bytes of each of the step's three kernels (`absorbed_bytes` split by kernel): the query
+    kernel reads W_uk, the raw query and the new row's inputs and writes qcat and the cache row; the
+    attend kernel reads qcat and the cached rows (once from HBM; the block's warps share them
+    through L1/L2) and writes the partials; the output kernel reads them and W_uv, writes out."""
+    nb = mla_kernel.absorbed_bytes(h, c, r, n, v, positions, splits)
+    qcat = 4 * h * (c + r)
+    query = 2 * h * n * c + 4 * h * (n + r) + 4 * 2 * (c + r) + qcat
+    attend = qcat + nb["cache"] + nb["partials"] // 2
+    output = nb["partials"] // 2 + 2 * h * v * c + 4 * h * v
+    return {"query": query, "attend": attend, "output": output, "total": query + attend + output}
 
 
 def _shape(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
@@ -76,12 +102,14 @@ def _step(cfg: ModelConfig, w: mmla.MlaWeights, cache: mx.array, q: mx.array, kv
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="small heads; on a CPU the emulated path (a smoke test)")
-    ap.add_argument("--ncu", action="store_true", help="only a few steps at 4096 positions and one mixer, for ncu")
+    ap.add_argument("--ncu", action="store_true", help="one step at each of NCU_CONTEXTS and one mixer, for ncu")
+    ap.add_argument("--variants", action="store_true", help="only the (PB, HPW, VW) step shapes at every length")
     args = ap.parse_args()
     path = kernel_bench_path(args.small)
     if path is None:
         return 1
-    contexts = SMALL_CONTEXTS if args.small else CONTEXTS
+    contexts = (SMALL_CONTEXTS if args.small else NCU_CONTEXTS if args.ncu else VARIANT_CONTEXTS if args.variants
+                else CONTEXTS)
     cfg = replace(SMALL if args.small else DEEPSEEK_V3_SHAPE, max_context=max(contexts))
     h, c, r, nope, v = _shape(cfg)
     n_layers, n_mixer = (2, 1) if args.small else (LAYERS, MIXER_LAYERS)
@@ -91,20 +119,31 @@ def main() -> int:
     rows: list = []
     with using_path(path):
         ws, caches, qs, kvas = _inputs(cfg, n_layers, cfg.max_context, seed=0)
-        if args.ncu:  # 3 steps at 4096 positions, then one decoded mixer, each evaluated alone
-            for i in range(3):
-                mx.eval(_step(cfg, ws[i % n_layers], caches[i % n_layers], qs[0], kvas[0], 4095))
-            kv = mmla.MlxLatentKV(caches[0], 4095)
+        if args.ncu:  # a step at each length, then one decoded mixer, each evaluated alone
+            for i, s in enumerate(contexts):
+                ns = mla_kernel.MAX_SPLITS
+                kb = kernel_bytes(h, c, r, nope, v, s, ns)
+                print(f"NCU launch {3 * i}..{3 * i + 2}: step over {s} positions ({ns} splits): bytes query "
+                      f"{kb['query']} attend {kb['attend']} output {kb['output']} total {kb['total']}", flush=True)
+                mx.eval(_step(cfg, ws[i % n_layers], caches[i % n_layers], qs[0], kvas[0], s - 1))
+            s = contexts[1]
+            kv = mmla.MlxLatentKV(caches[0], s - 1)
+            print(f"NCU then one decoded mixer at {s} positions (its GEMVs: strata_dense_gemv; weights "
+                  f"{sum(a.nbytes for a in ws[0].arrays())} bytes)", flush=True)
             mx.eval(mmla.mla_partials(cfg, ws[0], kv, mx.random.normal((1, cfg.hidden_size)))[0])
             return 0
         bw = copy_bandwidth((64 << 20) if args.small else (2 << 30))
         res["copy_GBps"] = bw["copy_Bps"] / 1e9
         rows.append(("copy bandwidth (read+write)", f"{res['copy_GBps']:.0f} GB/s", ""))
         reps = dict(warmup=1, reps=3) if args.small else {}
+        if args.variants:  # this table only
+            with part("variants", res, rows):
+                step_variants(cfg, contexts, ws, caches, qs, kvas, reps, bw, res, rows)
+            return report(path, res, rows)
 
         for s in contexts:
             with part(f"kernels_{s}", res, rows):
-                ns = mla_kernel.splits_for(s)
+                ns = mla_kernel.MAX_SPLITS
                 nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, ns)
                 fl = mla_kernel.absorbed_flops(h, c, r, nope, v, s)
                 t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1)
@@ -134,7 +173,7 @@ def main() -> int:
             s = contexts[1]
             wm = ws[:n_mixer]
             wbytes = sum(a.nbytes for a in wm[0].arrays())
-            nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, mla_kernel.splits_for(s))
+            nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, mla_kernel.MAX_SPLITS)
             x = [mx.random.normal((1, cfg.hidden_size)) for _ in range(n_mixer)]
             mx.eval(*x)
             before = sum(LAUNCHES.values())
@@ -150,7 +189,7 @@ def main() -> int:
 
         with part("sweep", res, rows):  # the attend kernel's step shapes, at the third length (last: the most builds)
             s = contexts[2 if len(contexts) > 2 else -1]
-            ns0 = mla_kernel.splits_for(s)
+            ns0 = mla_kernel.MAX_SPLITS
             res["sweep_context"], res["sweep"] = s, {}
             variants = [(1, 1, ns0), (2, 1, ns0), (8, 1, ns0), (2, 2, ns0), (4, 2, ns0), (2, 4, ns0)]
             variants += [(mla_kernel.POSITIONS_PER_STEP, 1, ns) for ns in (4, 8, 32) if ns != ns0]
@@ -162,13 +201,37 @@ def main() -> int:
                 print(f"SWEEP pb{pb}_hpw{hpw}_ns{ns} {t * 1e6:.1f} us/step", flush=True)  # a run cut short keeps these
                 rows.append((f"  {s} positions, PB {pb}, HPW {hpw}, NS {ns}", f"{t * 1e6:.1f} us/step", ""))
 
-    print(f"\n## MLA decode kernels on {res['device']} (path {res['path']}, MLX {mx.__version__}; H {h}, c {c}, r {r}, "
-          f"n {nope}, v {v})")
+    return report(path, res, rows)
+
+
+def report(path: KernelPath, res: dict, rows: list) -> int:
+    print(f"\n## MLA decode kernels on {res['device']} (path {res['path']}, MLX {mx.__version__}; H {res['heads']}, "
+          f"c {res['kv_lora_rank']}, r {res['rope']}, n {res['nope']}, v {res['v']})")
     if path is KernelPath.EMULATED:
         print("(emulated: the CPU emulator's times, not a GPU's; this run checks the benchmark runs)")
     print_rows(rows)
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
+
+
+def step_variants(cfg: ModelConfig, contexts, ws, caches, qs, kvas, reps: dict, bw: dict, res: dict, rows: list) -> None:
+    """The step with each VARIANTS (PB, HPW, VW) at every length (the splits by the length, as
+    the engine chooses them): us a step, and each variant against the default at that length."""
+    h, c, r, nope, v = _shape(cfg)
+    n = len(ws)
+    res["variants"] = {}
+    for s in contexts:
+        ns = mla_kernel.MAX_SPLITS
+        nb = mla_kernel.absorbed_bytes(h, c, r, nope, v, s, ns)["total"]
+        base = None
+        for pb, hpw, vw in VARIANTS:
+            t = median_time(lambda: mx.eval([_step(cfg, ws[i], caches[i], qs[i], kvas[i], s - 1, positions_per_step=pb,
+                                                   heads_per_warp=hpw, vector_width=vw) for i in range(n)]), **reps) / n
+            base = base or t
+            res["variants"][f"{s}_pb{pb}_hpw{hpw}_vw{vw}"] = t * 1e6
+            print(f"VARIANT {s} positions pb{pb}_hpw{hpw}_vw{vw} {t * 1e6:.1f} us/step", flush=True)  # a cut run keeps these
+            rows.append((f"{s} positions ({ns} splits), PB {pb}, HPW {hpw}, VW {vw}", f"{t * 1e6:.1f} us/step",
+                         f"x{t / base:.3f} of the default; {nb / t / bw['copy_Bps'] * 100:.0f}% of copy"))
 
 
 if __name__ == "__main__":

@@ -15,18 +15,23 @@ the store is about G GB (a 64 GiB-disk machine holds the model file, the 17 GB o
 store of ~24 GB: `--ple-gb 24`); a token reads the same rows either way (8 per PLE layer).
 
 Files (`--dir`, default a temporary directory; kept with `--keep`): the model file (dense weights
-random normal, stored F16, held as float32), the `.experts` (256 random valid Q2_0 experts reused
-by every layer: values do not matter), the `.ngrams` (random rows written shard by shard, never a
-table in memory). Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
+random normal, stored F16, held as float32: each tensor a window of one pool of normals,
+benchmarks/_pooled_random.py, so 48 layers build in seconds), the `.experts` (a pool of random
+valid Q2_0 records repeated, benchmarks/_random_experts.py: values do not matter), the `.ngrams` (one random shard of rows
+repeated, written shard by shard, never a table in memory). Full size: every shape, the experts
+file (17 GB at 48 layers) and the reads per token; not full size unless `--ple-gb 0`: the row
+store (the tables' row counts), whose reads per token are the same. Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
 all-resident, and streaming through a quarter of the experts. PLE rows are streamed in both, as
 the reference engine streams them (the row cache: ple_reserve's default, read ahead by the
 streaming engine). `--tiny` is the same structure at test sizes (tests/test_bench_qwen4_seed.py).
-Prints a table, then one JSON line.
+Each step's seconds are printed as it ends (`step ...`: a run cut short by a time limit still says
+where its time went); then a table, then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -52,11 +57,12 @@ from strata.ple_store import table_shapes  # noqa: E402
 from strata.qwen4_config import ple_layers  # noqa: E402
 from strata.runtime.ngram_source import rows_per_position  # noqa: E402
 from strata.testing.models import SHAPES, byte_level_tokenizer_json, make_dense  # noqa: E402
-from strata.testing.ngram_rows import write_synthetic_store  # noqa: E402
+from _pooled_random import pooled_normals, write_pooled_store  # noqa: E402
 
 FULL_LAYERS = 48
 FULL_PLE_BASE = 2_000_003  # the first prime of the full-size tables: ~74 GB of F16 rows
 ROW_TYPE = QuantType.F16
+F16_FROM = 1 << 16  # tensors of at least this many weights are made float16, as the model file stores them
 # The reference engine's measured reads per decoded token, MB (its own quant types): 3.6 GB dense
 # + 0.66 GB of experts. Its names; `PARTS` says which strata tensors each one is.
 REFERENCE_MB = {"attention qkv (DeltaNet in_proj qkv)": 711, "DeltaNet out": 444, "attention gate (DeltaNet z)": 379,
@@ -102,19 +108,31 @@ def store_bytes(cfg: ModelConfig) -> int:
     return total
 
 
+def step(name: str, since: float) -> float:
+    """Print a step's seconds now (flushed: a run killed later still shows it); -> the clock."""
+    now = time.perf_counter()
+    print(f"step {name}: {now - since:.1f} s", flush=True)
+    return now
+
+
 def build(base: Path, cfg: ModelConfig, seed: int = 0) -> Path:
     """Write the three files (module doc); -> the model path."""
     base.parent.mkdir(parents=True, exist_ok=True)
     model_path, experts_path = base.with_suffix(".gguf"), base.with_suffix(".experts")
+    t = time.perf_counter()
     make_experts_file(experts_path, cfg, seed)
     with ExpertsFile.open(experts_path) as xf:
         experts_identity = xf.identity
-    with write_synthetic_store(base.with_suffix(".ngrams"), shapes=table_shapes(cfg), qtype=ROW_TYPE, seed=seed,
-                               shard_rows=1 << 20) as store:
+    t = step(f"build .experts ({experts_path.stat().st_size / 1e9:.1f} GB)", t)
+    with write_pooled_store(base.with_suffix(".ngrams"), shapes=table_shapes(cfg), qtype=ROW_TYPE,
+                            seed=seed) as store:
         ngrams_identity = store.identity
-    dense = make_dense(cfg, seed)
+        t = step(f"build .ngrams ({store.n_pages * store.page_bytes / 1e9:.1f} GB)", t)
+    with pooled_normals(seed, f16_from=F16_FROM):
+        dense = make_dense(cfg, seed)
     write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(), dense_type=QuantType.F16,
                 experts_identity=experts_identity, ngrams_identity=ngrams_identity)
+    step(f"build model file ({model_path.stat().st_size / 1e9:.1f} GB)", t)
     return model_path
 
 
@@ -144,6 +162,31 @@ def _part(name: str) -> str:
     return "indexer / k / v / ssm"
 
 
+def files_bytes(cfg: ModelConfig) -> int:
+    """The three files' size, about: the experts, the row store, the dense weights as F16."""
+    rec = RecordLayout(QuantType.Q2_0, cfg.hidden_size, cfg.expert_ffn_size)
+    dense = sum(2 * int(np.prod(shape)) for shape in dense_tensor_shapes(cfg).values())
+    return cfg.n_moe_layers * cfg.n_experts * rec.padded_bytes + store_bytes(cfg) + dense
+
+
+def files_dir(cfg: ModelConfig) -> str | None:
+    """/dev/shm where it (and the RAM) holds the files with a tenth to spare: no disk writes or
+    fsyncs in the build (at 48 layers ~29 GB, the experts' 17 GB fsync alone is seconds of a
+    150 s run) and a miss is a memory copy, as decode.py's runs; else None (the temporary directory)."""
+    import os
+    import shutil
+
+    shm, need = Path("/dev/shm"), files_bytes(cfg) * 1.1
+    if not (shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > need):
+        return None
+    avail = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    return str(shm) if avail > 2 * need else None  # the files, and the engines' own host memory beside them
+
+
 def token_budget(cfg: ModelConfig) -> dict[str, int]:
     """Bytes one decoded token reads, by the reference engine's parts, as strata holds them: dense
     matrices float32 once each (the embedding one row), the read-ahead router's Q8_0 copy, one
@@ -164,17 +207,52 @@ def token_budget(cfg: ModelConfig) -> dict[str, int]:
     return out
 
 
-def decode_ms(model, config: Config, *, stream: bool, tokens: int) -> tuple[float, object]:
-    prompt = list(range(32, 64))
-    with strata.open_engine(model, config, stream=stream) as engine:
-        engine.prefill(prompt)
-        token = prompt[-1]
-        engine.decode(token)  # warm
+@contextlib.contextmanager
+def _profiled(top: int, what: str):
+    """cProfile over the block when top > 0: its `top` functions by cumulative time printed at the
+    end, also when interrupted (a run stopped by its time limit shows where the time went)."""
+    if top <= 0:
+        yield
+        return
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        stats = pstats.Stats(prof, stream=sys.stdout)
+        for order in ("cumulative", "tottime"):  # the chain, then the leaves (where the host waited)
+            print(f"--- {what}: the top {top} by {order} time", flush=True)
+            stats.sort_stats(order).print_stats(top)
+        sys.stdout.flush()
+
+
+def decode_ms(model, config: Config, *, stream: bool, tokens: int, prompt: int = 8,
+              profile_top: int = 0) -> tuple[float, object]:
+    """ms per decoded token after a `prompt`-token prefill and one warm decode (first calls JIT-compile);
+    -> (ms, the stream report of the timed tokens or None). profile_top: cProfile the open, the
+    prefill and the first decode (never the timed tokens)."""
+    what = "streaming" if stream else "all-resident"
+    t = time.perf_counter()
+    prompt_ids = list(range(32, 32 + prompt))
+    with contextlib.ExitStack() as stack:
+        with _profiled(profile_top, f"{what} open, prefill, first decode"):
+            engine = stack.enter_context(strata.open_engine(model, config, stream=stream))
+            t = step(f"{what} open", t)
+            engine.prefill(prompt_ids)
+            t = step(f"{what} prefill {prompt} tokens", t)
+            token = prompt_ids[-1]
+            engine.decode(token)  # warm
+            step(f"{what} first decode", t)
         since = engine.ledger() if stream else None
         start = time.perf_counter()
         for _ in range(tokens):
             token = int(np.argmax(engine.decode(token))) % 256
         ms = (time.perf_counter() - start) * 1e3 / tokens
+        step(f"{what} {tokens} timed tokens ({ms:.1f} ms/token)", start)
         return ms, (engine.report(since) if stream else None)
 
 
@@ -183,26 +261,41 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=FULL_LAYERS)
     ap.add_argument("--ple-gb", type=float, default=0.0, help="the row store's size in GB (0: full size, ~74 GB)")
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens prefilled before decoding (default 8)")
     ap.add_argument("--tiny", action="store_true", help="the structure at test sizes")
-    ap.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
+    ap.add_argument("--dir", default=None, help="where the files go (default: /dev/shm where it holds them, "
+                                                "else a temporary directory)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="build into DIR once and reuse the files there "
                                                                "(a second call skips the build: minutes at full size)")
     ap.add_argument("--backend", choices=("auto", "numpy", "mlx"), default="auto")
+    ap.add_argument("--profile-top", type=int, default=0, metavar="N",
+                    help="cProfile each engine's open, prefill and first decode: print the top N functions")
+    ap.add_argument("--stacks-every", type=float, default=0.0, metavar="S",
+                    help="print every thread's stack every S seconds (faulthandler: also while the main "
+                         "thread waits inside MLX, where a time limit's SIGINT cannot reach Python)")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: resident, streaming")
     args = ap.parse_args(argv)
     if not 0 < args.layers <= FULL_LAYERS:
         ap.error(f"--layers must be 1..{FULL_LAYERS}")
+    if args.stacks_every > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True, file=sys.stdout)
     cfg = seed_shape(args.layers, ple_gb=args.ple_gb, tiny=args.tiny)
     skip = set(filter(None, args.skip.split(",")))
     from strata.runtime import ngram_source
 
     # the reference engine streams its PLE rows: measure that, never the tables read whole
     ngram_source.resident_room = lambda model, config: 0
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    where = args.dir if args.dir is not None else files_dir(cfg)
+    print(f"files in {where or tempfile.gettempdir()} (~{files_bytes(cfg) / 1e9:.1f} GB)", flush=True)
+    with tempfile.TemporaryDirectory(dir=where) as tmp:
         t0 = time.perf_counter()
         path = _built(Path(args.keep) / "qwen4_seed", cfg) if args.keep else build(Path(tmp) / "qwen4_seed", cfg)
         build_s = time.perf_counter() - t0
+        t = time.perf_counter()
         with strata.load(path) as model:
+            step("load", t)
             backend = Backend(args.backend)
             base = Config(backend=backend, moce_lambda=0.0)
             from strata.runtime.decode import cache_config_for
@@ -211,10 +304,14 @@ def main(argv=None) -> int:
             quarter = f"{max(cfg.n_moe_layers * cfg.n_experts // 4, least)}slots"
             runs, reports = {}, {}
             if "resident" not in skip:
-                runs["all-resident"], _ = decode_ms(model, base, stream=False, tokens=args.tokens)
+                # its one-time read of every expert skips their CRC-32 (17 GB at 48 layers, ~7 s on the
+                # H200's host with zlib; decoding does not depend on it); streaming verifies each read
+                runs["all-resident"], _ = decode_ms(model, base.replace(verify_reads=False), stream=False, tokens=args.tokens, prompt=args.prompt,
+                                                    profile_top=args.profile_top)
             if "streaming" not in skip:
                 runs[f"streaming, arena {quarter}"], reports["streaming"] = decode_ms(
-                    model, base.replace(arena=quarter), stream=True, tokens=args.tokens)
+                    model, base.replace(arena=quarter, profile=True), stream=True, tokens=args.tokens,
+                    prompt=args.prompt, profile_top=args.profile_top)
             store = model.ngrams_file
             store_gb = store.n_pages * store.page_bytes / 1e9
     budget = token_budget(cfg)

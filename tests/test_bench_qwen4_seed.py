@@ -34,6 +34,8 @@ def test_the_full_size_shape_is_the_reference_engines():
     assert budget["PLE rows"] == 36 * ngram_heads(cfg) * 64 * 2  # 8 F16 rows of 64 per PLE layer
     assert 50e9 < qwen4_seed.store_bytes(cfg) < 100e9  # tens of GB at full size
     assert abs(qwen4_seed.store_bytes(qwen4_seed.seed_shape(ple_gb=24)) / 1e9 - 24) < 0.5
+    # 48 layers with a 4 GB store: 17 GB of experts + 4 GB of rows + 7.8 GB of F16 dense weights
+    assert abs(qwen4_seed.files_bytes(qwen4_seed.seed_shape(ple_gb=4)) / 1e9 - 28.4) < 0.5
 
 
 def test_it_builds_and_decodes_at_two_tiny_layers(tmp_path, capsys):

@@ -4,11 +4,12 @@ cached row of 40 floats, ragged over the lanes), DeepSeek-V3's heads (c = 512, r
 two of its 128 heads), a model without the q low-rank path, a ragged latent (c = 40, r = 6) and
 W_o in two column blocks (H v = 10240);
 the output and the cache rows after every step (MLA_KERNEL), 5 launches + one per W_o block, DeepSeek's
-YaRN (tables and the folded softmax scale), every split count and step shape (PB, HPW) agreeing
+YaRN (tables and the folded softmax scale), every split count and step shape (PB, HPW, VW) agreeing
 (empty splits included), determinism, a latent the kernels refuse taking the ops
-path; the compiled decode's device-scalar step over latent layers (untraced, on the emulator);
-and the Metal / CUDA compile check of every specialisation launched here (Metal: compile-checked,
-not run). The decode steps also run on the GPU path where MLX has a GPU (marked `gpu`).
+path; the compiled decode's device-scalar step over latent layers against the numpy reference
+(untraced, on the emulator); and the Metal / CUDA compile check of every specialisation launched
+here (Metal: compile-checked, not run). Marked `gpu` and run on the GPU path where MLX has a GPU:
+the decode steps on the made heads and DeepSeek-V3's, and the compiled step, traced.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from strata.mlx_backend import mla as mmla  # noqa: E402
 from strata.mlx_backend.kernels import mla as mla_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
-from strata.mlx_backend.model import MlxModelState, forward, to_mlx_params  # noqa: E402
+from strata.mlx_backend.model import MlxModelState, to_mlx_params  # noqa: E402
 from strata.model_config import RopeScaling, TensorNames  # noqa: E402
 from strata.reference import mla as ref_mla  # noqa: E402
 from strata.reference.attention import rms_norm  # noqa: E402
 from strata.testing.models import SHAPES, make_dense, make_expert  # noqa: E402
-from tests.kernel_paths import KERNEL_PATHS, emulated  # noqa: E402
+from strata.reference.model import ModelParams, ModelState  # noqa: E402
+from strata.reference.model import forward as ref_forward  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS, emulated, gpu  # noqa: E402
 
 
 BASE = dataclasses.replace(SHAPES["mla"], max_context=64)
@@ -44,6 +47,12 @@ HEADS = {  # (heads, q_lora_rank, kv_lora_rank, rope, nope, v)
     "ragged_40_r6": (3, 16, 40, 6, 10, 16),
     "wide_wo_64x160": (64, 16, 32, 8, 16, 160),  # H v = 10240: W_o in two column blocks (8192 + 2048)
 }
+# on the GPU (marked `gpu`) the made model's heads, whose kernel builds the compiled step's test
+# below reuses, and DeepSeek-V3's: every first launch of a specialisation is an NVRTC compile
+# (seconds each), so the others, which the emulator runs with the same bodies, stay there
+GPU_HEADS = ("made_mla", "deepseek_v3_heads")
+CASES = ([pytest.param(name, KernelPath.EMULATED, id=f"{name}-emulated", marks=emulated) for name in HEADS]
+         + [pytest.param(name, KernelPath.GPU, id=f"{name}-gpu", marks=gpu) for name in GPU_HEADS])
 PROMPT, STEPS = 5, 3
 LAYER = 1
 RECORDED: list = []  # specialisations launched here, for the compile check
@@ -83,8 +92,7 @@ def _decode(cfg, w, kv, x, **kw):
     return parts[:, 0], kv, sum(LAUNCHES.values()) - before
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("name", list(HEADS))
+@pytest.mark.parametrize("name, path", CASES)
 def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))
     kv = _prefilled(cfg, w, xs)
@@ -140,8 +148,9 @@ def test_every_split_count_is_the_reference():
 
 @emulated
 def test_every_step_shape_gives_the_same_attention():
-    """PB positions a step, HPW heads a warp and NS splits (the benchmark's sweep) against the
-    default kernels' output, which the test above holds to the reference: within MLA_KERNEL."""
+    """PB positions a step, HPW heads a warp, NS splits and VW floats a load (the benchmark's
+    sweep) against the default kernels' output, which the test above holds to the reference:
+    within MLA_KERNEL. VW = 4 on a 40-float row (c 32 + r 8): 10 16-byte loads, lanes 10.. idle."""
     cfg, _, norm, xs, _, w = _setup("made_mla", seed=11)
     rng = np.random.default_rng(3)
     h, c, r = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
@@ -157,15 +166,26 @@ def test_every_step_shape_gives_the_same_attention():
 
     with using_path(KernelPath.EMULATED), recording() as rec:
         want = run()
-        for pb, hpw, ns in ((1, 1, 1), (2, 2, 4), (8, 4, 2), (4, 2, 1), (3, 1, 8)):
-            assert_backends_agree(want, run(positions_per_step=pb, heads_per_warp=hpw, splits=ns), "MLA_KERNEL",
-                                  what=f"PB {pb}, HPW {hpw}, NS {ns}")
+        for pb, hpw, ns, vw in ((1, 1, 1, 1), (2, 2, 4, 1), (8, 4, 2, 1), (4, 2, 1, 1), (3, 1, 8, 1), (4, 1, 2, 4),
+                                (2, 2, 4, 4)):
+            got = run(positions_per_step=pb, heads_per_warp=hpw, splits=ns, vector_width=vw)
+            assert_backends_agree(want, got, "MLA_KERNEL", what=f"PB {pb}, HPW {hpw}, NS {ns}, VW {vw}")
     RECORDED.extend(r for r in rec if r[0].name.startswith("strata_mla") and r not in RECORDED)
 
 
-def test_split_counts_follow_the_length():
-    per = mla_kernel.POSITIONS_PER_SPLIT
-    assert [mla_kernel.splits_for(n) for n in (1, per, per + 1, 3 * per + 1, 10 ** 6)] == [1, 1, 2, 4, mla_kernel.MAX_SPLITS]
+@emulated
+def test_every_length_takes_one_split_count():
+    """MAX_SPLITS at 1, 33 and 257 positions: one attend and one output specialisation for every
+    length (each is an NVRTC compile on MLX's CUDA build), the compiled step's too."""
+    cfg, _, _, xs, _, w = _setup("made_mla", seed=2)
+    with using_path(KernelPath.EMULATED), recording() as rec:
+        for pos in (0, 32, 256):
+            mx.eval(mla_kernel.mla_decode(mx.ones((1, 4 * 24)), mx.ones((1, 40)), w.w_uk, w.w_uv, w.kv_a_norm,
+                                          *mmla.rope_table(dataclasses.replace(cfg, max_context=512)),
+                                          mx.zeros((512, 40)), pos, eps=1e-6, scale=1.0))
+    attend = {dict(r[3])["NS"] for r in rec if r[0].name == "strata_mla_attend"}
+    assert attend == {mla_kernel.MAX_SPLITS}
+    assert len({r for r in rec if r[0].name.startswith("strata_mla")}) == 3  # query, attend, output
     assert [mla_kernel.heads_per_block(h) for h in (128, 4, 6, 3)] == [8, 4, 2, 1]
 
 
@@ -198,32 +218,36 @@ def test_a_latent_the_kernels_refuse_takes_the_ops_path():
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_the_compiled_step_runs_latent_layers(path):
     """The compiled decode over the made mla model: on the emulator its device-scalar body
-    untraced, on a GPU traced by mx.compile (then replayed with no new launch). Latent layers
-    decode in their kernels with a device position; the logits agree with `forward` within
-    FORWARD (which chooses the splits by the length, the traced step the most: other sum orders)."""
+    untraced, on a GPU traced by mx.compile (then replayed with no new launch). From an empty
+    state it takes a prompt token by token and then its own greedy tokens, latent layers decoding
+    in their kernels with a device position; every step's logits agree with the numpy reference's
+    forward over the same weights and experts within FORWARD. Only the compiled step runs (no
+    uncompiled forward): on the GPU each kernel specialisation's first launch is an NVRTC compile,
+    and the step's are the made model's decode-step test's too (one split count at every length)."""
     cfg = dataclasses.replace(SHAPES["mla"], max_context=64)
     dense = {k: np.asarray(v, np.float32).astype(np.float16).astype(np.float32) for k, v in make_dense(cfg, 3).items()}
     experts = DictExperts({(m, e): make_expert(cfg, 3, m, e, QuantType.Q2_0)
                            for m in range(cfg.n_moe_layers) for e in range(cfg.n_experts)})
-    prompt = np.array(list(b"latent"))
+    tokens = list(b"latent")
     traced = path is KernelPath.GPU
+    ref_params, ref_state = ModelParams(cfg, dense, experts), ModelState.empty(cfg)
     with using_path(path):
         p = to_mlx_params(cfg, dense, experts=experts)
         assert compiled.unsupported(p, traced=traced) is None
-        _, ref_state = forward(p, MlxModelState.empty(cfg), prompt)
-        _, got_state = forward(p, MlxModelState.empty(cfg), prompt)
-        step = compiled.CompiledDecode(p, got_state, traced=traced)
-        tok = 7
-        for i in range(3):
-            want, ref_state = forward(p, ref_state, np.array([tok]))
-            got, got_state = step(got_state, tok)
-            assert_backends_agree(np.array(want[-1]), np.array(got[-1]), "FORWARD", what=f"compiled step {i}")
-            assert got_state.length == ref_state.length == len(prompt) + i + 1
-            tok = int(np.argmax(np.array(want[-1])))
-        assert step.bound_to(got_state)
+        state = MlxModelState.empty(cfg)
+        step = compiled.CompiledDecode(p, state, traced=traced)
+        n = len(tokens) + 3  # the prompt, then 3 greedy tokens
+        for i in range(n):
+            want, ref_state = ref_forward(ref_params, ref_state, np.array([tokens[i]]))
+            got, state = step(state, tokens[i])
+            assert_backends_agree(want[-1], np.array(got[-1]), "FORWARD", what=f"compiled step {i} vs the reference")
+            assert state.length == ref_state.length == i + 1
+            if i + 1 == len(tokens) < n:
+                tokens.append(int(np.argmax(want[-1])))
+        assert step.bound_to(state)
         if traced:
             before = sum(LAUNCHES.values())
-            logits, _ = step(got_state, tok)
+            logits, _ = step(state, tokens[-1])
             mx.eval(logits)
             assert sum(LAUNCHES.values()) == before  # replayed: the latent buffers are bound, not retraced
 

@@ -129,7 +129,7 @@ def test_top_k_is_the_reference_ranking(keys, monkeypatch):
     np.testing.assert_array_equal(np.array(top_k(masked, 5))[0], [6, 1, 3, 0, 2])
 
 
-OPS_FORMS = [g for g in GroupedGemm if g is not GroupedGemm.Q2_MMA]  # Q2_MMA is a kernel: test_mlx_q2_mma.py
+OPS_FORMS = [g for g in GroupedGemm if g not in (GroupedGemm.Q2_MMA, GroupedGemm.Q2_TILES)]  # kernels: their own tests
 
 
 @pytest.mark.parametrize("gemm", OPS_FORMS)

@@ -265,3 +265,14 @@ def test_bad_strata_metadata(tmp_path):
             with pytest.raises(FormatError) as err:
                 fn(path)
             assert_one_line_error(err, str(path), fragment)
+
+
+def test_float16_tensors_are_written_as_given_the_same_file_as_their_float32(tmp_path):
+    dense = {n: v.astype(np.float16) for n, v in random_dense(QWEN2_LIKE).items()}
+    as_f32 = {n: v.astype(np.float32) for n, v in dense.items()}
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_model(a, QWEN2_LIKE, dense, tokenizer_json=TOKENIZER, dense_type=QuantType.F16)
+    write_model(b, QWEN2_LIKE, as_f32, tokenizer_json=TOKENIZER, dense_type=QuantType.F16)
+    assert a.read_bytes() == b.read_bytes()
+    m = read_model(a)  # and an F32-stored tensor given float16 (1-D, routers) is widened, not stored F16
+    assert all(m.dense_types[n] is QuantType.F32 for n, s in dense_tensor_shapes(QWEN2_LIKE).items() if len(s) == 1)

@@ -166,24 +166,48 @@ def write_experts(
     The file is written to `path + ".tmp"` and renamed over `path` only when complete, so an
     interrupted write (an exception from `get_expert`, Ctrl-C) leaves nothing under `path`.
     """
+    rec = RecordLayout(QuantType(qtype), hidden, expert_ffn, biases)
+
+    def packed(l: int, e: int) -> tuple[bytes, int]:
+        try:
+            buf = pack_record(get_expert(l, e), rec)
+        except ValueError as err:
+            raise ValueError(f"{os.fspath(path)}: layer {l} expert {e}: {err}") from None
+        return buf, checksum(memoryview(buf)[: rec.record_bytes])
+
+    return write_packed_experts(path, rec, n_layers=n_layers, n_experts=n_experts, get_record=packed,
+                                progress=progress)
+
+
+def write_packed_experts(
+    path: str | os.PathLike,
+    rec: RecordLayout,
+    *,
+    n_layers: int,
+    n_experts: int,
+    get_record: Callable[[int, int], tuple[bytes | np.ndarray, int]],
+    progress: bool = False,
+) -> ExpertsHeader:
+    """`write_experts` from records already packed: get_record(l, e) -> (its `rec.padded_bytes`
+    bytes, the CRC-32 of its first `rec.record_bytes`). A synthetic benchmark's file repeats a pool
+    of packed records (benchmarks/_random_experts.py): packing each of DeepSeek-V3's 13.8 MB
+    records again took ~50 ms of the ~70 ms a record cost (measured on a 2-core CPU host)."""
     path = os.fspath(path)
     if n_layers <= 0 or n_experts <= 0:
         raise ValueError(f"{path}: n_layers={n_layers} and n_experts={n_experts} must be positive")
-    rec = RecordLayout(QuantType(qtype), hidden, expert_ffn, biases)
     header = _pack_header(rec, n_layers, n_experts)
-    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes, biases)
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes, rec.biases)
     crcs = np.zeros(n_layers * n_experts, "<u4")
     with atomic_output(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(bytes(data_offset))  # header placeholder; filled in once the checksums are known
             for l in range(n_layers):
                 for e in range(n_experts):
-                    w = get_expert(l, e)
-                    try:
-                        buf = pack_record(w, rec)
-                    except ValueError as err:
-                        raise ValueError(f"{path}: layer {l} expert {e}: {err}") from None
-                    crcs[l * n_experts + e] = checksum(memoryview(buf)[: rec.record_bytes])
+                    buf, crc = get_record(l, e)
+                    if memoryview(buf).nbytes != rec.padded_bytes:
+                        raise ValueError(f"{path}: layer {l} expert {e}: a packed record of "
+                                         f"{memoryview(buf).nbytes} bytes, the layout's is {rec.padded_bytes}")
+                    crcs[l * n_experts + e] = crc
                     f.write(buf)
                 if progress:
                     print(f"{os.path.basename(path)}: layer {l + 1}/{n_layers}", file=sys.stderr, flush=True)

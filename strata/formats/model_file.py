@@ -188,8 +188,11 @@ def write_model(
         for key, value in (extra_metadata or {}).items():
             _add_value(w, key, value)
         for name, shape in shapes.items():
-            x = np.ascontiguousarray(dense[name], dtype=np.float32)
             qt = _tensor_type(name, shape, dense_type)
+            if qt is QuantType.F16 and np.asarray(dense[name]).dtype == np.float16:
+                w.add_tensor(name, np.ascontiguousarray(dense[name]))  # as given: float32 and back is the identity
+                continue
+            x = np.ascontiguousarray(dense[name], dtype=np.float32)
             if qt is QuantType.F32:
                 w.add_tensor(name, x)
             elif qt is QuantType.F16:

@@ -37,6 +37,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import Q2_0_LEVEL_OFFSET, QuantType, layout
 from strata.mlx_backend.experts import gated_hidden
+from strata.mlx_backend.grouped_tiles import q2_tile_experts
 from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -50,7 +51,8 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm", "top_k",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
+           "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
@@ -133,20 +135,28 @@ def dequantized_experts(records: mx.array, rec: RecordLayout, dtype: mx.Dtype) -
 
 
 def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: mx.array, weights: mx.array, *,
-                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU, gemm: "GroupedGemm | None" = None
-                    ) -> mx.array:
+                    dtype: mx.Dtype = mx.float16, act: ExpertAct = SWIGLU, gemm: "GroupedGemm | None" = None,
+                    slots: mx.array | None = None) -> mx.array:
     """sum_i w_i expert_i(h_t) for every token, the (token, expert) pairs grouped by expert.
 
     records: the layer's E arena rows (slot e = expert e). dtype: the GEMMs' input dtype
     (float16 on a GPU, activations split in two terms: lowp.py; float32: only the reordering of
     sums). gemm: None is
-    `GEMM`, or `default_gemm()` where that is None too.
+    `GEMM`, or `default_gemm()` where that is None too. slots: expert e is records[slots[e]]
+    (Q2_TILES reads it there; the other forms gather the rows first); None: records[e].
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
     """
     t, k = experts.shape
     form = gemm or GEMM or default_gemm()
+    if form is GroupedGemm.Q2_TILES:
+        if current_path() is KernelPath.OPS:
+            raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); "
+                             "the ops path has PADDED")
+        return q2_tile_experts(records, rec, h, experts, weights, act=act, slots=slots)
+    if slots is not None:
+        records = mx.take(records, slots, axis=0)  # [E, SLOT]
     flat = experts.reshape(-1)  # [T k]
     order = mx.argsort(flat)  # pairs grouped by expert (any order inside a group)
     by_expert = flat[order].astype(mx.uint32)
@@ -169,6 +179,7 @@ class GroupedGemm(enum.Enum):
     PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
     TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
     Q2_MMA = "q2mma"  # PADDED's rows against the Q2_0 records themselves (kernels/q2_mma.py): no float16 copy
+    Q2_TILES = "q2tiles"  # tiles of sorted rows against the records (grouped_tiles.py): no padding, no host sync
 
 
 # Rows per tile of the TILED form. Its tile count has a bound the host knows without a sync,
@@ -177,18 +188,26 @@ class GroupedGemm(enum.Enum):
 TILE_ROWS = 32
 
 
-# Pairs per distinct expert from which the grouped GEMMs beat the fused GEMV kernel. From bytes
-# at the seed shape on the H200: the fused kernel reads an expert's 1.38 MB record per (token,
-# rank) pair at its measured ~1.9 TB/s (0.73 us a pair); the grouped form moves ~19 MB per
-# distinct expert (the record, its float16 copy written and read: ~6.4 us at ~3 TB/s), so it pays
-# from ~9 pairs an expert (a resident 256-expert top-10 layer: ~230 tokens). Below it the layer's
-# experts take the fused kernel (the rest of the layer stays on the prompt path).
-GROUPED_MIN_PAIRS = 8
+# Pairs per distinct expert from which a grouped form beats the decode's fused GEMV kernel, by
+# form (None: never), from the H200 (a layer's experts at the seed shape, each evaluated alone,
+# benchmarks/prompt_probe.py): PADDED was slower than the fused kernel at every length (128 /
+# 512 / 2048 tokens: 16.5 / 17.0 / 31.3 ms against 1.5 / 4.9 / 19.0), so never. Q2_TILES against
+# the fused kernel at 1.25 / 5 / 10 pairs an expert: 1.55 / 1.76 / 2.05 ms against 0.56 / 1.46 /
+# 2.60 (the fused kernel's time grows with the pairs, the tiles' barely): they cross at ~7 (a
+# 256-expert top-10 layer: ~180 tokens). TILED, Q2_MMA, GATHER: the first guess from bytes (~19 MB
+# moved per distinct expert: ~9 pairs), unmeasured. Below the crossing the layer's experts take
+# the fused kernel (the rest of the layer stays on the prompt path).
+MIN_PAIRS: dict["GroupedGemm", int | None] = {GroupedGemm.PADDED: None, GroupedGemm.Q2_TILES: 7,
+                                              GroupedGemm.TILED: 8, GroupedGemm.Q2_MMA: 8, GroupedGemm.GATHER: 8}
+# An override of MIN_PAIRS for every form (tests and benchmarks: 0 always groups); None: by form.
+GROUPED_MIN_PAIRS: int | None = None
 
 
 def grouped_pays(pairs: int, experts: int) -> bool:
-    """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs."""
-    return pairs >= GROUPED_MIN_PAIRS * experts
+    """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs
+    (the form `grouped_experts` would run: GEMM, else the device's default)."""
+    least = GROUPED_MIN_PAIRS if GROUPED_MIN_PAIRS is not None else MIN_PAIRS[GEMM or default_gemm()]
+    return least is not None and pairs >= least * experts
 
 
 # None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).
@@ -196,14 +215,18 @@ GEMM: GroupedGemm | None = None
 
 
 def default_gemm() -> GroupedGemm:
-    """PADDED on MLX's CUDA build, GATHER elsewhere. MLX's CUDA gather_mm (0.32.x, a CUTLASS
-    grouped GEMM, grouped_gemm_unaligned.cu) takes its tensor-core configuration only where TF32
-    is enabled, for every dtype; strata turns TF32 off (float32 ops must stay float32), so there
-    a float16 gather_mm runs on the SIMT cores. A batched float16 matmul goes to cuBLAS's
-    tensor-core kernels either way. Metal's gather_mm is a simdgroup-matrix kernel."""
+    """Q2_TILES on MLX's CUDA build (PADDED on its ops path), GATHER elsewhere. On the H200 the
+    tile kernel ran a 2048-token prompt of the seed shape in 284 ms against PADDED's 2858 ms (same
+    run, logits 1.2e-5 apart; docs/perf.md). PADDED rather than gather_mm on CUDA's ops path: MLX's
+    CUDA gather_mm (0.32.x, a CUTLASS grouped GEMM, grouped_gemm_unaligned.cu) takes its
+    tensor-core configuration only where TF32 is enabled, for every dtype; strata turns TF32 off
+    (float32 ops must stay float32), so there a float16 gather_mm runs on the SIMT cores. Metal's
+    gather_mm is a simdgroup-matrix kernel (the tile kernel's Metal form is compile-checked, not
+    run, and not on the matrix units)."""
     cuda = getattr(mx, "cuda", None)
-    on_cuda = cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
-    return GroupedGemm.PADDED if on_cuda else GroupedGemm.GATHER
+    if cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu:
+        return GroupedGemm.PADDED if current_path() is KernelPath.OPS else GroupedGemm.Q2_TILES
+    return GroupedGemm.GATHER
 
 
 def _gather(rows, by_expert, gate_up, down, act, dtype) -> mx.array:

@@ -6,7 +6,11 @@ after `mixer` in a `_Streams` that `router_input` fills with the MoE block's inp
 injection weights, which `combine` uses to write routed + shared back into the streams. The
 pieces are the ops twin's (mlx_backend/hyper_model.py); the read-ahead guess applies a Q8_0 copy
 of the next MoE layer's router (`pred_q8`, as MlxCompute; it only chooses what to read ahead).
-PLE rows come from the row source.
+`router_logits` computes that guess beside z and brings both to the host in one sync, so
+`guess_logits` (called after `routed` was handed to the device) is a lookup: a second sync there
+waited for the layer's routed experts, once per layer and per prompt chunk (on the H200 the
+streaming prefill of the 8-layer synthetic did not finish in 111 s). PLE rows come from the row
+source.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ __all__ = ["HyperMlxCompute"]
 
 
 class _Streams:
-    """The streams after a layer's mixer; after `router_input`, also h [T, D] and inject [T, hc]."""
+    """The streams after a layer's mixer; after `router_input`, also h [T, D] and inject [T, hc];
+    after `router_logits`, the next MoE layer's guess logits on the host (guess_layer, guess [T, E])."""
 
-    __slots__ = ("layer", "streams", "h", "inject")
+    __slots__ = ("layer", "streams", "h", "inject", "guess_layer", "guess")
 
     def __init__(self, layer: int, streams: mx.array) -> None:
         self.layer, self.streams = layer, streams
-        self.h = self.inject = None
+        self.h = self.inject = self.guess_layer = self.guess = None
 
 
 class HyperMlxCompute(StatefulCompute):
@@ -54,6 +59,8 @@ class HyperMlxCompute(StatefulCompute):
         self._tokens = np.zeros(0, np.int64)
         self._guess = ({l: to_mlx(quantize(QuantType.Q8_0, np.array(lw.router))) for l, lw in enumerate(params.layers)}
                        if pred_q8 else {})
+        moe = params.cfg.moe_layers
+        self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
 
     def embed(self, tokens: np.ndarray) -> mx.array:
         self._tokens = np.asarray(tokens, np.int64).reshape(-1)
@@ -74,11 +81,23 @@ class HyperMlxCompute(StatefulCompute):
         return x
 
     def router_logits(self, layer: int, h: _Streams) -> np.ndarray:
-        return np.array(h.h @ self.params.layers[layer].router.T, dtype=np.float32)  # the host round trip
+        z = h.h @ self.params.layers[layer].router.T
+        nxt = self._next_moe.get(layer)
+        if nxt is None:
+            return np.array(z, dtype=np.float32)  # the host round trip
+        g = self._guess_device(nxt, h)
+        mx.eval(z, g)  # the layer's one host round trip, for both
+        h.guess_layer, h.guess = nxt, np.array(g, dtype=np.float32)
+        return np.array(z, dtype=np.float32)
 
     def guess_logits(self, layer: int, h: _Streams) -> np.ndarray:
-        g = gemv(self._guess[layer], h.h) if layer in self._guess else h.h @ self.params.layers[layer].router.T
-        return np.array(g, dtype=np.float32)
+        if h.guess is not None and h.guess_layer == layer:
+            return h.guess  # brought over with z (module doc)
+        return np.array(self._guess_device(layer, h), dtype=np.float32)  # another layer's (prefetch2): a sync
+
+    def _guess_device(self, layer: int, h: _Streams) -> mx.array:
+        """MoE layer `layer`'s guess logits on this layer's router input: [T, D] -> [T, E]"""
+        return gemv(self._guess[layer], h.h) if layer in self._guess else h.h @ self.params.layers[layer].router.T
 
     def shared(self, layer: int, h: _Streams):
         out = shared_partials(h.h, self.params.layers[layer].shared)

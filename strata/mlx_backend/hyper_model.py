@@ -19,6 +19,7 @@ from typing import Mapping
 import mlx.core as mx
 import numpy as np
 
+from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
@@ -77,9 +78,21 @@ def _hc(get, prefix: str, inject: bool = True) -> HcWeights:
                      get(q.hc(prefix, q.hc_inject)) if inject else None)
 
 
+def _float32(dense: Mapping[str, np.ndarray], name: str) -> mx.array:
+    """One dense tensor as float32 on the device. An F16 tensor crosses as its stored 2 bytes a
+    weight and is widened there (exact, as the host's astype): the 48-layer synthetic's 13 GB of
+    float32 were the longest part of opening an engine (widened on the host, then copied)."""
+    held = dense.stored(name) if isinstance(dense, DenseWeights) else dense[name]
+    if isinstance(held, StoredTensor) and held.qtype is StoredType.F16:
+        out = mx.array(held.codes).astype(mx.float32)
+        mx.eval(out)  # now, so the float16 copy is freed tensor by tensor
+        return out
+    return mx.array(np.asarray(dense[name], np.float32))
+
+
 def _layer(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, rule: RouterRule) -> HyperLayer:
     n, q = TensorNames, Qwen4Names
-    get = lambda name: mx.array(np.asarray(dense[name], np.float32))  # noqa: E731
+    get = lambda name: _float32(dense, name)  # noqa: E731
     b = lambda s: get(n.block(layer, s))  # noqa: E731
     if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
         mixer = IndexedWeights(b(n.attn_q), b(n.attn_gate), b(n.attn_k), b(n.attn_v), b(n.attn_output),
@@ -106,7 +119,7 @@ def to_hyper_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], experts: 
     n = TensorNames
     rules = router_rules(cfg, dense)
     layers = tuple(_layer(cfg, dense, l, rules[cfg.moe_index(l)]) for l in range(cfg.n_layers))
-    get = lambda name: mx.array(np.asarray(dense[name], np.float32))  # noqa: E731
+    get = lambda name: _float32(dense, name)  # noqa: E731
     embed_w = get(n.token_embd)
     output = embed_w if cfg.tie_embeddings else get(n.output)
     if arena is None and resident:

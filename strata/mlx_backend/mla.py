@@ -260,7 +260,7 @@ def mla_partials(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array, 
     """The layer's mixer as one partial (the reference's mixer_block without the residual add):
     mla(rms_norm(x)); a decoded position on a kernel path fuses the norm into its first GEMV.
     pos: kv.length on the device (kernel path only: the compiled decode); splits: the attend
-    kernel's position splits (None: by the length; a traced step fixes them).
+    kernel's position splits (None: the kernel's MAX_SPLITS, the same at every length).
 
     Shapes:
         x float32 [T, D] (the residual, not yet normed) -> ([T, 1, D], MlxLatentKV with T more positions)

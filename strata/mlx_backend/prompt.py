@@ -42,7 +42,7 @@ __all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "PROMPT_PATHS", "prompt_dtype", 
            "prompt_forward", "prompt_mixer", "slot_experts", "swiglu"]
 
 # Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding).
-# The experts have their own crossing (grouped.GROUPED_MIN_PAIRS). A guess until the H200
+# The experts have their own crossing (grouped.MIN_PAIRS, by form). A guess until the H200
 # measures the crossing (benchmarks/prompt.py --mlx, 128 tokens).
 PROMPT_MIN_TOKENS = 32
 # Positions per pass: bounds the attention scores ([H, T, S] float32 where MLX has no fused
@@ -170,5 +170,5 @@ def slot_experts(arena: mx.array, rec, h: mx.array, slots: np.ndarray, weights: 
     idx = np.zeros(s.shape, np.int32)
     idx[valid] = inv  # a skipped entry: the first used slot at weight 0
     w = np.where(valid, np.asarray(weights, np.float32), 0.0).astype(np.float32)
-    records = mx.take(arena, mx.array(used.astype(np.int32)), axis=0)  # [U, SLOT]
-    return grouped_experts(records, rec, h, mx.array(idx), mx.array(w), dtype=dtype, act=act)[:, None, :]
+    return grouped_experts(arena, rec, h, mx.array(idx), mx.array(w), dtype=dtype, act=act,
+                           slots=mx.array(used.astype(np.int32)))[:, None, :]  # expert u of the pass: slot used[u]

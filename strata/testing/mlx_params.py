@@ -25,7 +25,10 @@ from strata.reference.routing import RouterRule
 __all__ = ["SEED_SHAPE", "QWEN35_397B_SHAPE", "DEEPSEEK_V3_SHAPE", "random_params", "random_records", "q8_router",
            "random_mla", "selection_bias"]
 
-RECORD_CHUNK = 1024  # records generated per step
+RECORD_CHUNK = 1024  # records generated per step, at most CHUNK_BYTES of them
+# randint's float32 and int32 temporaries are 8 bytes a code byte: 1024 of DeepSeek-V3's 13.8 MB
+# records were a 14 GB step with up to ~110 GB of them alive (2 GiB: 156 of them; the seed's 1024 as before)
+CHUNK_BYTES = 2 << 30
 
 # The reference engine's model class (48 layers, 256 experts, top-10, shared expert) with experts of the
 # seed's size: 3 x 2560 x 576 weights at 2.5 bits = 1.3824 MB of Q2_0 per expert.
@@ -82,9 +85,10 @@ def random_records(rec: RecordLayout, n: int, key: mx.array, *, distinct: int = 
         del pool
         return out
     chunks = []
-    for c0 in range(0, n, RECORD_CHUNK):  # bounded temporaries: a 48 x 256 arena is 17 GB
-        m = min(RECORD_CHUNK, n - c0)
-        keys = mx.random.split(mx.random.split(key, (n + RECORD_CHUNK - 1) // RECORD_CHUNK)[c0 // RECORD_CHUNK], 8)
+    step = max(1, min(RECORD_CHUNK, CHUNK_BYTES // rec.padded_bytes))
+    for c0 in range(0, n, step):  # bounded temporaries: a 48 x 256 arena is 17 GB
+        m = min(step, n - c0)
+        keys = mx.random.split(mx.random.split(key, (n + step - 1) // step)[c0 // step], 8)
         pieces, end = [], 0
         for i, span in enumerate(rec.planes):
             if span.offset > end:

@@ -50,10 +50,16 @@ HEADS_PER_BLOCK = 8  # mla_attend: a warp per head; 8 heads share each row fetch
 MAX_SPLITS = 16  # flash-decoding splits (the partials: 2 x 4 NS H (c + 2) bytes, 8.4 MB at NS = 16, H = 128)
 # a split's positions are one warp's sequential steps: on the H200 NS = 2 at 512 positions (256
 # a warp) took 111 us a step, latency-bound; from ~8192 positions NS = 4..32 all ran 266-296 us,
-# issue-bound. So short contexts take many splits (each costs its H (c + 2) floats of partials)
-POSITIONS_PER_SPLIT = 32
+# issue-bound. Every step takes MAX_SPLITS (each NS is a compile of its own on MLX's CUDA build;
+# an empty split moves 8 bytes, a used one its H (c + 2) floats of partials)
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows in flight at once (4 x 18 floats a lane at c + r = 576)
 HEADS_PER_WARP = 1  # HPW: heads a warp scores with each row it loads (2 halves the row loads, doubles q and acc)
+# VW: floats a lane loads at once from a cached row: 4 (16-byte loads, a quarter of the load
+# instructions; rows of c + r % 4 == 0 floats only) or 1 (lane + 32 i). H200, DeepSeek-V3's heads,
+# PB 4, HPW 1: VW 4 took 92.8 / 170.1 / 289.8 / 767.0 us a step at 512 / 2048 / 8192 / 32768
+# positions against VW 1's 128.3 / 169.4 / 295.9 / 872.3 (no other variant was at or below VW 1
+# at every length: benchmarks/mla.py --variants, docs/perf.md)
+VECTOR_WIDTH = 4
 ROWS_PER_STEP = 4  # RB: weight rows whose loads a query / output thread issues together
 MAX_LATENT = 2048  # c: a query block's 8-column groups fit its threads (and RG x c floats its 32 KB)
 MAX_ROW = 32 * 32  # c + r: a lane holds at most 32 of a row's elements in registers
@@ -133,8 +139,9 @@ QUERY_BODY = r"""
 
 ATTEND_BODY = r"""
   constexpr int CR = C + R;
-  constexpr int EPL = (CR + 31) / 32;  // a row's elements per lane (lane + 32 i)
-  constexpr int LPL = (C + 31) / 32;   // ... of them in the latent part
+  constexpr int GPL = (CR + 32 * VW - 1) / (32 * VW);  // a row's loads per lane: VW floats each
+  constexpr int EPL = GPL * VW;        // a row's elements per lane: i -> VW (lane + 32 (i / VW)) + i % VW
+  constexpr int LPL = ((C + 32 * VW - 1) / (32 * VW)) * VW;  // ... of them in the latent part
   const uint32_t h0 = bx * HPB + warp_id * HPW;      // this warp's first head; it runs HPW heads
   const int32_t j = (int32_t)by;
   const int32_t n_pos = params[0] + 1;               // causal: positions 0 .. pos
@@ -144,7 +151,7 @@ ATTEND_BODY = r"""
   float qr[HPW][EPL], acc[HPW][LPL], m[HPW], l[HPW];
   UNROLL for (int u = 0; u < HPW; ++u) {
     UNROLL for (int i = 0; i < EPL; ++i) {
-      const int e = (int)lane + 32 * i;
+      const int e = VW * ((int)lane + 32 * (i / VW)) + i % VW;
       qr[u][i] = e < CR ? qcat[(uint64_t)(h0 + u) * CR + e] : 0.0f;
     }
     UNROLL for (int i = 0; i < LPL; ++i) acc[u][i] = 0.0f;
@@ -156,9 +163,14 @@ ATTEND_BODY = r"""
     UNROLL for (int b = 0; b < PB; ++b) {
       const int32_t p = p0 + b < hi ? p0 + b : hi - 1;  // past the split: reread its last row, weight 0
       const DEVICE float* row = cache + (uint64_t)p * CR;
-      UNROLL for (int i = 0; i < EPL; ++i) {
-        const int e = (int)lane + 32 * i;
-        kr[b][i] = e < CR ? row[e] : 0.0f;
+      UNROLL for (int k = 0; k < GPL; ++k) {  // VW = 4: 16-byte loads (CR % 4 == 0: rows stay aligned)
+        const int e = VW * ((int)lane + 32 * k);
+        f4 g;
+        if (e < CR) {
+          if (VW == 4) g = load_f4(row + e);
+          else g.v[0] = row[e];
+        } else UNROLL for (int q = 0; q < 4; ++q) g.v[q] = 0.0f;
+        UNROLL for (int q = 0; q < VW; ++q) kr[b][VW * k + q] = g.v[q];
       }
     }
     UNROLL for (int u = 0; u < HPW; ++u) {  // each row loaded once serves the warp's HPW heads
@@ -175,7 +187,7 @@ ATTEND_BODY = r"""
       l[u] *= corr;
       UNROLL for (int b = 0; b < PB; ++b) { pe[b] = exp_f(sc[b] - mn); l[u] += pe[b]; }
       UNROLL for (int i = 0; i < LPL; ++i) {
-        const int e = (int)lane + 32 * i;
+        const int e = VW * ((int)lane + 32 * (i / VW)) + i % VW;
         float a = acc[u][i] * corr;
         UNROLL for (int b = 0; b < PB; ++b) a += e < C ? pe[b] * kr[b][i] : 0.0f;
         acc[u][i] = a;
@@ -186,7 +198,7 @@ ATTEND_BODY = r"""
   UNROLL for (int u = 0; u < HPW; ++u) {  // an empty split writes its max and sum only: the merge skips it
     DEVICE float* dst = part + ((uint64_t)j * H + h0 + u) * (C + 2);
     if (hi > lo) UNROLL for (int i = 0; i < LPL; ++i) {
-      const int e = (int)lane + 32 * i;
+      const int e = VW * ((int)lane + 32 * (i / VW)) + i % VW;
       if (e < C) dst[e] = acc[u][i];
     }
     if (lane == 0) { dst[C] = m[u]; dst[C + 1] = l[u]; }
@@ -258,16 +270,6 @@ def fits(kv_lora_rank: int, qk_rope_head_dim: int) -> bool:
     return c > 0 and c % 8 == 0 and c <= MAX_LATENT and c + r <= MAX_ROW and r % 2 == 0
 
 
-def splits_for(n_positions: int) -> int:
-    """Flash-decoding splits for a step over n positions: one per POSITIONS_PER_SPLIT, a power of
-    two (few specialisations), at most MAX_SPLITS."""
-    want = min(MAX_SPLITS, -(-n_positions // POSITIONS_PER_SPLIT))
-    ns = 1
-    while ns < want:
-        ns *= 2
-    return ns
-
-
 def heads_per_block(n_heads: int) -> int:
     """The largest of 8, 4, 2, 1 that divides the head count (a warp per head)."""
     hpb = HEADS_PER_BLOCK
@@ -279,12 +281,16 @@ def heads_per_block(n_heads: int) -> int:
 def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_norm: mx.array, rope_cos: mx.array,
                rope_sin: mx.array, cache: mx.array, pos: int, *, eps: float, scale: float,
                pos_param: mx.array | None = None, splits: int | None = None,
-               positions_per_step: int = POSITIONS_PER_STEP, heads_per_warp: int = HEADS_PER_WARP) -> mx.array:
+               positions_per_step: int = POSITIONS_PER_STEP, heads_per_warp: int = HEADS_PER_WARP,
+               vector_width: int = VECTOR_WIDTH) -> mx.array:
     """Kernel path: one decoded position's latent attention (module doc), its cache row written
     in place. scale: the softmax scale (folded into the query). pos_param: pos on the device
-    (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None:
-    `splits_for(pos + 1)`). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
-    block's heads; benchmarks compare others).
+    (int32, element 0; `launch.index_param`), read in place of `pos`. splits: NS (None: MAX_SPLITS at
+    every length, as the compiled step traces it: each NS is an NVRTC compile of its own on MLX's
+    CUDA build, 1-3 s, which an uncompiled session (streaming) met again at 33, 65, 129 and 257 positions; an
+    empty split moves 8 bytes). positions_per_step: PB, heads_per_warp: HPW (a divisor of the
+    block's heads), vector_width: VW (4 where c + r is a multiple of 4, else 1); benchmarks
+    compare others.
 
     Shapes:
         q float32 [1, H (n + r)], kva float32 [1, c + r], w_uk float16 [H, n, c], w_uv float16 [H, v, c],
@@ -302,16 +308,17 @@ def mla_decode(q: mx.array, kva: mx.array, w_uk: mx.array, w_uv: mx.array, kv_no
                          f"rope table of {rope_cos.shape[-1]} pairs do not agree")
     if not 0 <= pos < s_max:
         raise ValueError(f"mla kernel: position {pos} outside the cache's {s_max} rows")
-    ns = splits_for(pos + 1) if splits is None else splits
+    ns = MAX_SPLITS if splits is None else splits
     hpb = heads_per_block(h)
     hpw = heads_per_warp if hpb % heads_per_warp == 0 else 1
+    vw = vector_width if vector_width == 1 or cr % vector_width == 0 else 1
     p = index_param(pos) if pos_param is None else pos_param
     qcat = launch(QUERY_SOURCE, [q, kva, w_uk, kv_norm, rope_cos, rope_sin, p, float_params(eps, scale), cache],
                   [(h, cr)], [mx.float32], blocks=(h + 1, 1, 1), threads=THREADS,
                   template=(("H", h), ("N", n), ("C", c), ("R", r), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
     part = launch(ATTEND_SOURCE, [qcat, cache, p], [(ns, h, c + 2)], [mx.float32], blocks=(h // hpb, ns, 1),
                   threads=WARP * (hpb // hpw), template=(("H", h), ("C", c), ("R", r), ("HPB", hpb), ("HPW", hpw),
-                                                        ("NS", ns), ("PB", positions_per_step)))[0]
+                                                        ("NS", ns), ("PB", positions_per_step), ("VW", vw)))[0]
     return launch(OUTPUT_SOURCE, [part, w_uv], [(1, h * v)], [mx.float32], blocks=(h, 1, 1), threads=THREADS,
                   template=(("H", h), ("C", c), ("V", v), ("NS", ns), ("RB", ROWS_PER_STEP), ("NT", THREADS)))[0]
 

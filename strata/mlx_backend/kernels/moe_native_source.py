@@ -123,9 +123,8 @@ COMMON = r"""
   BARRIER();
   float ga[RPW], ua[RPW];
   UNROLL for (int rr = 0; rr < RPW; ++rr) { ga[rr] = 0.0f; ua[rr] = 0.0f; }
-  // ULS: the lane steps unrolled or a loop. Unrolled (12 steps at D = 2880, 4-bit), FC = 64's
-  // body was 215 KB of sm_90 code for MXFP4 and ran at 22% of copy, FC = 32's (121 KB) at 43%;
-  // 4-bit affine's 175 KB at 57% (H200, wall time): `unroll_steps` chooses
+  // ULS: the lane steps unrolled or a loop. The loop is the default (`unroll_steps`): by ncu's GPU
+  // time on the H200 it beat the unrolled body for 4-bit affine (FC = 64) and MXFP4 (FC = 32)
   if (ULS) {
     UNROLL for (int i = 0; i < WPL; ++i) {
 LANE_STEP

@@ -15,7 +15,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                arrays returned by value), uint32_t / int32_t / uint64_t
     math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
                bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
-               compiler may not re-derive from how it was computed)
+               compiler may not re-derive from how it was computed), f16_bits(h) (a half_t's
+               bits as uint32_t)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned;
                h8_f8(u) (the 8 halves of a uint4 loaded raw, as floats: a load whose use is later)
     matrix     mma_16816(c, a, lda, b, ldb, lane): one warp's C[16x8] += A[16x16] B[16x8] in float32,
@@ -23,7 +24,11 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                lane's four elements of C as CUDA's m16n8k16 places them (rows g, g + 8 and
                columns 2t, 2t + 1 of g = lane / 4, t = lane % 4). CUDA: the tensor-core `mma`;
                Metal and the emulator: those four dot products in float32 (Metal: not the matrix
-               units; compile-checked, not run)
+               units; compile-checked, not run).
+               mma_16816_frag(c, mma_a_frag(a, lda, lane), b, ldb, lane): the same product with
+               A's registers loaded once (`afrag`) for the many B tiles one A tile meets
+    bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
+               the 8 bytes y:x; one PRMT on CUDA, a loop elsewhere)
 
 Each dialect has a *header* prelude (types, helpers; MLX's `header=`) and a *body* prelude
 (thread ids as locals; prepended to MLX's `source=`, because MLX adds a Metal attribute to the
@@ -98,6 +103,7 @@ INLINE f8 h8_f8(uint4 u) {
   for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
   return r;
 }
+INLINE uint32_t f16_bits(half_t h) { return (uint32_t)as_type<uint16_t>(h); }
 INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const threadgroup uint16_t* b, uint32_t ldb,
                     uint32_t lane) {
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
@@ -108,6 +114,21 @@ INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const thr
     c.v[i] += s;
   }
   return c;
+}
+struct afrag { const threadgroup uint16_t* a; uint32_t lda; };
+INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) {
+  afrag f; f.a = a; f.lda = lda; return f;
+}
+INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
+  uint32_t r = 0u;
+  for (uint32_t i = 0; i < 4u; ++i) {
+    const uint32_t k = (s >> (4u * i)) & 7u;
+    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
+  }
+  return r;
 }
 """
 
@@ -137,6 +158,7 @@ INLINE float F32(__half x) { return __half2float(x); }
 INLINE float F32(int x) { return static_cast<float>(x); }
 INLINE float F32(unsigned int x) { return static_cast<float>(x); }
 INLINE __half to_half(float x) { return __float2half_rn(x); }
+INLINE uint32_t f16_bits(__half h) { return (uint32_t)__half_as_ushort(h); }
 INLINE float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return __shfl_sync(0xffffffffu, x, 0);  // one lane's bits for all: lanes may sum in other orders
@@ -192,6 +214,26 @@ INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, ui
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   return c;
 }
+struct afrag { uint32_t r[4]; };  // a lane's A registers of one m16n8k16 step, loaded once for many B tiles
+INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  afrag f;
+  f.r[0] = *reinterpret_cast<const uint32_t*>(a + g * lda + t);
+  f.r[1] = *reinterpret_cast<const uint32_t*>(a + (g + 8u) * lda + t);
+  f.r[2] = *reinterpret_cast<const uint32_t*>(a + g * lda + t + 8u);
+  f.r[3] = *reinterpret_cast<const uint32_t*>(a + (g + 8u) * lda + t + 8u);
+  return f;
+}
+INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  const uint32_t b0 = *reinterpret_cast<const uint32_t*>(b + g * ldb + t);
+  const uint32_t b1 = *reinterpret_cast<const uint32_t*>(b + g * ldb + t + 8u);
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(b0), "r"(b1));
+  return c;
+}
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }  // one PRMT
 """
 
 CUDA_BODY = r"""
@@ -215,6 +257,7 @@ EMU_HEADER = r"""
 #define NEG_BIG (-3.0e38f)
 typedef strata_emu::half half_t;
 INLINE half_t to_half(float x) { return strata_emu::half::from_float(x); }
+INLINE uint32_t f16_bits(half_t h) { return (uint32_t)h.bits; }
 struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 struct uint2 { uint32_t x, y; };
@@ -252,6 +295,19 @@ INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, ui
     c.v[i] += s;
   }
   return c;
+}
+struct afrag { const uint16_t* a; uint32_t lda; };
+INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
+INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
+  uint32_t r = 0u;
+  for (uint32_t i = 0; i < 4u; ++i) {
+    const uint32_t k = (s >> (4u * i)) & 7u;
+    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
+  }
+  return r;
 }
 """
 

@@ -18,6 +18,7 @@ void __syncthreads();
 void __syncwarp(unsigned int mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
 float __shfl_sync(unsigned int mask, float v, int src);
+unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s);
 
 struct __half {  // no conversion operator: kernels must convert with __half2float
   uint16_t bits;
@@ -34,3 +35,4 @@ struct __half2 { __half x, y; };
 float2 __half22float2(__half2);
 float __half2float(__half);
 __half __float2half_rn(float);
+unsigned short __half_as_ushort(__half);
