@@ -28,8 +28,8 @@ from strata.reference.routing import RouterRule
 from strata.testing.mlx_params import SEED_SHAPE, random_params, random_records
 from tests.kernel_paths import KERNEL_PATHS
 
-# the GPU runs the reference check, the shared expert and the model's decode: each other case's
-# specialisations would cost NVRTC compiles (seconds each) and test the same body
+# the GPU runs the reference check and the shared expert: each other case's specialisations would
+# cost NVRTC compiles (seconds each) and test the same body
 EMULATED = KERNEL_PATHS[:1]
 
 
@@ -162,7 +162,7 @@ NO_SHARED = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_exp
                     vocab_size=512, max_context=64)
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("path", EMULATED)  # on the GPU: test_mlx_kernels' decode tests take the same launches
 def test_decode_through_the_two_launches(path, monkeypatch):
     """A decoded token of a model without a shared expert takes the two launches (5 a layer: QKV,
     attention with its projection, router, gate/up, down) and its logits agree with the fused kernel's."""
