@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 5  # 5: the widening tables (dense weights kept as stored)
+PROFILE_VERSION = 6  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
@@ -113,6 +113,8 @@ class MachineProfile:
     # stored dense type name -> seconds per call of widening it to float32, by stored bytes (the
     # numpy engines widen every dense matmul's weights; empty: no widening priced, MLX)
     widen: dict = field(default_factory=dict)
+    # the engine runs the probe fitted (case -> seconds per call, counts, peak): kept to check a fit
+    calibration: dict = field(default_factory=dict)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -352,11 +354,26 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
 
 
 def _token_s(run) -> float:
-    """Mean seconds per decoded token: the stream report's own (the same tokens its read and
-    miss counts cover), else tokens / decode time."""
+    """Mean seconds per decode call after the warm-up steps (`RunMeasurement.steady_tps`: the
+    rate a prediction is for; the first steps of an MLX process compile kernels), else the
+    stream report's mean, else tokens / decode time."""
+    if run.steady_tps:
+        return 1.0 / run.steady_tps
     if run.report:
         return run.report["ms_per_token"] / 1e3
     return 1.0 / run.decode_tps if run.decode_tps else 0.0
+
+
+def _counts(run) -> tuple[float, float, float]:
+    """(urgent misses, reads, seconds waited on urgent reads) per decode call, over the steps
+    `_token_s` times where measured (the wait is the report's mean: it has no per-step figure)."""
+    rep = run.report
+    wait = rep["waiting_ms_per_window"] / 1e3
+    if run.steady_tps:
+        u = run.steady_urgent
+        per_miss = wait / rep["urgent_misses_per_token"] if rep["urgent_misses_per_token"] else 0.0
+        return u, run.steady_reads, u * per_miss
+    return rep["urgent_misses_per_token"], rep["reads_per_token"], wait
 
 
 def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
@@ -386,7 +403,7 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -
                 progress(f"engine: {len(cases) + 1} cases in one process")
             batch = [(made.model_path, {"backend": backend, **({"arena": f"{s}slots"} if s else {})}) for _, s in cases]
             got = measure_batch(batch + [(one.model_path, {"backend": backend})], max_tokens=CALIBRATION_TOKENS,
-                                timeout=timeout)
+                                timeout=timeout, warmup=True)
             if any(r is None for r in got):
                 raise RuntimeError(f"quick probe: {sum(r is None for r in got)} of {len(got)} engine runs did not "
                                    f"finish within {timeout:.0f} s")
@@ -416,20 +433,40 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -
 def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
     """(turn_s, turn_slot_s, read_s, miss_s) from the streaming runs (capacity -> run).
 
-    miss_s is the measured wait per urgent miss (the report's waiting time / urgent misses,
-    over the runs that missed); the rest by least squares on what the waits do not explain:
-    per token  t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s."""
-    waits = [(r.report["waiting_ms_per_window"] / 1e3, r.report["urgent_misses_per_token"]) for r in runs.values()]
-    urgent = sum(u for _, u in waits)
-    miss_s = sum(w for w, _ in waits) / urgent if urgent > 0 else fallback_miss_s
+    miss_s is the measured wait per urgent miss (the reports' waiting time / urgent misses,
+    over the runs that missed); the rest by non-negative least squares on what the waits do
+    not explain: per decode call
+        t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s.
+    Non-negative as a whole, not clipped one by one: clipping a negative coefficient of an
+    unconstrained fit leaves the others fitted to it (the H200's quick probe read turn 1.36 ms,
+    0 per slot, 0 per read: one coefficient carrying what the clipped ones had cancelled)."""
+    from scipy.optimize import nnls
+
+    counts = {slots: _counts(r) for slots, r in runs.items()}
+    urgent = sum(u for u, _, _ in counts.values())
+    miss_s = sum(w for _, _, w in counts.values()) / urgent if urgent > 0 else fallback_miss_s
     rows, ys = [], []
     for slots, r in runs.items():
-        rep = r.report
-        rows.append([n_layers, n_layers * slots, rep["reads_per_token"]])
-        ys.append(_token_s(r) - resident_s - rep["urgent_misses_per_token"] * miss_s)
-    coef, *_ = np.linalg.lstsq(np.array(rows, float), np.array(ys, float), rcond=None)
-    turn, per_slot, read = (max(0.0, float(c)) for c in coef)
+        u, reads, _ = counts[slots]
+        rows.append([n_layers, n_layers * slots, reads])
+        ys.append(_token_s(r) - resident_s - u * miss_s)
+    coef, _ = nnls(np.array(rows, float), np.array(ys, float))
+    turn, per_slot, read = (float(c) for c in coef)
     return turn, per_slot, read, miss_s
+
+
+def _calibration_runs(runs: dict, resident, top1) -> dict:
+    """What the fit saw, kept with the profile (to check a fit, or refit, offline)."""
+    def one(r) -> dict:
+        d = {"token_s": _token_s(r), "decode_tps": r.decode_tps, "median_token_s": r.median_token_s,
+             "peak_rss": r.peak_rss, "cpu_s": r.cpu_s, "wall_s": r.wall_s}
+        if r.report:
+            u, reads, wait = _counts(r)
+            d.update(urgent=u, reads=reads, wait_s=wait, host_ms=r.report["host_ms_per_window"],
+                     after_ms=r.report["after_ms"], report_ms_per_token=r.report["ms_per_token"])
+        return d
+
+    return {"resident": one(resident), "top1": one(top1), **{f"{s}slots": one(r) for s, r in runs.items()}}
 
 
 _PLACEHOLDER = MachineProfile(
@@ -472,6 +509,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     ops = ops_seconds(counts, budget, partial)
     layer_s = max(0.0, (resident_s - ops) / L)
     turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
+    calibration = _calibration_runs(runs, resident, top1)
     from strata.doctor.predict import dense_held
 
     # as predict.py counts a peak
@@ -486,4 +524,4 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
         calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
         read_s=read_s,
         miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
-        measured_at=time.time(), notes=tuple(notes), widen=widen)
+        measured_at=time.time(), notes=tuple(notes), widen=widen, calibration=calibration)
