@@ -4,6 +4,7 @@ several arenas. Prints a markdown table and, last, one JSON line.
 
     PYTHONPATH=$PWD python benchmarks/doctor_validate.py [--backend numpy|mlx] [--tokens 48]
         [--remeasure] [--cache-dir DIR] [--json-out PATH] [--quick] [--budget-s S] [--case-timeout S]
+    PYTHONPATH=$PWD python benchmarks/doctor_validate.py --replay OUTPUT [--refit]
 
 Each measured run is a fresh process (`strata.doctor.measure`), so its peak memory is its own;
 the machine profile the predictions use is the doctor's cached one (--remeasure: measure it
@@ -16,6 +17,10 @@ average, the share of the CPUs other processes kept busy and the run's own CPU t
 time are kept beside each measurement: on a shared machine they explain most of the scatter.
 `--quick` is the bounded variant for a GPU machine (QUICK below); every finished case prints a
 `JSON-PART` line at once, so a run cut off at its limit still says what it measured.
+`--replay OUTPUT` predicts again, with this checkout's code, the cases an earlier run (its
+printed output or --json-out file, from any machine) measured, against its measurements and
+its machine profile; `--refit` also refits the profile's engine costs from the probe runs it
+keeps (strata.doctor.engine_fit.refit). Nothing is measured then.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ def _row(name: str, arena: str, pred, runs: list) -> dict:
         "load": (m.load_before + m.load_after) / 2,
         "paging": m.paging, "runs_tps": [r.tps for r in runs],
         "others_busy": m.others_busy, "cpu_wall": m.cpu_s / m.wall_s if m.wall_s else 0.0, "warmed": m.warmed,
-        "report": m.report,
+        "run": m.to_dict(),
     }
 
 
@@ -138,6 +143,24 @@ def _part(kind: str, **fields) -> None:
     """One JSON line as soon as a part is done (`JSON-PART`, as benchmarks/device_run.sh's stages
     print them): a run cut off at its time limit still leaves every finished case."""
     print("JSON-PART " + json.dumps({"part": kind, **fields}, sort_keys=True), flush=True)
+
+
+def _load_output(path: str) -> tuple[dict, list[dict]]:
+    """(profile dict, case rows) of an earlier run: its summary line, else its JSON-PART lines."""
+    profile, rows = None, []
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("{"):
+            summary = json.loads(line)
+            return summary["profile"], summary["rows"]
+        if line.startswith("JSON-PART "):
+            part = json.loads(line[len("JSON-PART "):])
+            if part["part"] == "profile":
+                profile = part["profile"]
+            elif part["part"] == "case":
+                rows.append(part)
+    if profile is None:
+        raise SystemExit(f"{path}: no profile in it")
+    return profile, rows
 
 
 def main(argv=None) -> int:
@@ -148,7 +171,9 @@ def main(argv=None) -> int:
     from strata.default_model import default_model_path
     from strata.doctor import diagnose
     from strata.doctor.measure import PROMPT, QUIET_OTHERS, WARMUP_TOKENS, measure_batch, measure_quiet
-    from strata.doctor.probe import default_cache_dir, machine_profile
+    from strata.doctor.engine_fit import refit
+    from strata.doctor.measure import RunMeasurement
+    from strata.doctor.probe import MachineProfile, default_cache_dir, machine_profile
     from strata.loader import load
     from strata.testing.models import make_model
 
@@ -180,7 +205,15 @@ def main(argv=None) -> int:
     p.add_argument("--case-timeout", type=float, default=None, help="seconds one measured run may take (600; --quick: 45)")
     p.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run each round's cases in one process (--quick: yes), not a fresh process each")
+    p.add_argument("--replay", default=None, help="predict again the cases an earlier run's output measured")
+    p.add_argument("--refit", action="store_true", help="with --replay: refit the profile's engine costs too")
     args = p.parse_args(argv)
+    replayed = _load_output(args.replay) if args.replay else None
+    if replayed:  # its backend, models and token count; nothing measured, nothing waited for
+        args.backend = replayed[0]["backend"]
+        args.tokens = replayed[1][0]["run"]["tokens"] if replayed[1] else 24
+        args.models = ",".join(dict.fromkeys(r["model"] for r in replayed[1]))
+        args.repeats, args.wait_load = 0, 0.0
     base = {"models": "default,small,demo", "arenas": "0.15,0.3,0.6", "repeats": 3, "tries": 3, "tokens": 48,
             "wait_run": 120.0, "budget_s": 0.0, "case_timeout": 600.0, "one_process": False}
     for key, value in (QUICK if args.quick else base).items():
@@ -190,10 +223,14 @@ def main(argv=None) -> int:
     left = lambda: args.budget_s - (time.time() - t0) if args.budget_s else float("inf")  # noqa: E731
     _wait_for_quiet(args.wait_load, args.wait_max)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
-    profile = machine_profile(args.backend, cache, remeasure=args.remeasure, quick=args.quick,
-                              timeout=min(600.0, max(10.0, PROBE_SHARE * left())),
-                              progress=lambda m: print(f"# {time.time() - t0:6.1f} s measuring this machine: {m}",
-                                                       file=sys.stderr, flush=True))
+    if replayed:
+        profile = MachineProfile.from_dict(replayed[0])
+        profile = refit(profile) if args.refit else profile
+    else:
+        profile = machine_profile(args.backend, cache, remeasure=args.remeasure, quick=args.quick,
+                                  timeout=min(600.0, max(10.0, PROBE_SHARE * left())),
+                                  progress=lambda m: print(f"# {time.time() - t0:6.1f} s measuring this machine: {m}",
+                                                           file=sys.stderr, flush=True))
     _part("profile", seconds=round(time.time() - t0, 1), profile=profile.to_dict())
     rows, cut = [], []
     with tempfile.TemporaryDirectory() as d:
@@ -203,7 +240,8 @@ def main(argv=None) -> int:
         for name in wanted:
             models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
-        cases = _cases(models, fractions)
+        cases = _cases(models, fractions) if not replayed else [
+            (r["model"], models[r["model"]], "" if r["arena"] == "resident" else r["arena"]) for r in replayed[1]]
         preds = []
         for name, path, arena in cases:  # before measuring: a prediction reads no measurement
             config = Config(backend=args.backend, **({"arena": arena} if arena else {}))
@@ -213,12 +251,15 @@ def main(argv=None) -> int:
                                   context=n_prompt + args.tokens, horizon=max(1, args.tokens - 1 - WARMUP_TOKENS),
                                   prompt=n_prompt + WARMUP_TOKENS).prediction)
         measured: dict[int, list] = {i: [] for i in range(len(cases))}
+        for i, r in enumerate(replayed[1] if replayed else ()):
+            measured[i].append(RunMeasurement(**r["run"]))
         for round_ in range(args.repeats if args.one_process else 0):  # each round's cases in one process
             limit = min(args.case_timeout * len(cases), left())
             if limit < 5:
                 cut.append(f"round {round_ + 1}: no time left")
                 continue
-            batch = [(path, {"backend": args.backend, **({"arena": arena} if arena else {})}) for _, path, arena in cases]
+            batch = [(path, {"backend": args.backend, "profile": True, **({"arena": arena} if arena else {})})
+                     for _, path, arena in cases]
             # each case run twice, the second measured: the first run of a spec in an MLX process
             # compiles its kernels (H200: a first run's rate 6.3 tok/s, its steady one 1,130)
             for i, run in enumerate(measure_batch(batch, max_tokens=args.tokens, timeout=limit, warmup=True)):
@@ -231,7 +272,7 @@ def main(argv=None) -> int:
                     _part("case", seconds=round(time.time() - t0, 1), **_row(name, arena, preds[i], measured[i]))
         for round_ in range(0 if args.one_process else args.repeats):  # interleaved: a load spike hits all alike
             for i, (name, path, arena) in enumerate(cases):
-                overrides = {"backend": args.backend, **({"arena": arena} if arena else {})}
+                overrides = {"backend": args.backend, "profile": True, **({"arena": arena} if arena else {})}
                 limit = min(args.case_timeout, left())
                 if limit < 5:
                     cut.append(f"{name} {arena or 'resident'} round {round_ + 1}: no time left")
@@ -272,6 +313,7 @@ def main(argv=None) -> int:
         print(f"not measured: {c}")
     summary = {
         "backend": args.backend, "tokens": args.tokens, "cases": len(rows), "quick": args.quick,
+        "replay": args.replay, "refit": args.refit,
         "seconds": round(time.time() - t0, 1), "cut": cut,
         "max_abs_tps_err": max((abs(r["tps_err"]) for r in rows), default=None),
         "max_abs_median_tps_err": max((abs(r["median_tps_err"]) for r in rows), default=None),

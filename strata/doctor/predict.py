@@ -108,7 +108,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     cold arena (what a short `strata generate` reports)."""
     least = _min_slots(counts, config)
     base = profile.base_rss
-    dense = dense_held(budget, profile.backend)
+    dense = dense_held(budget, profile.backend, gpu=profile.gpu)  # as on the machine the profile measured
     after_load = memory.available - base - dense  # the file's mapped pages are let go after load
     mem = {"total": memory.total, "available": memory.available, "source": memory.source,
            "available_at_engine_start": after_load}

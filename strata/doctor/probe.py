@@ -13,13 +13,14 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
   expert, `expert_call_s`; the microbenchmark only scales it with the record's size), then
   streaming at four arenas from the smallest legal one to every expert. What the ops do not
   explain is strata's per-layer cost (`layer_s`); the streaming runs
-  give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by least
-  squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per arena slot: measured to
-  grow with the arena) and the host's cost per read issued (`read_s`). The resident run's peak
-  RSS less the model's bytes is the process's base memory.
+  give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by
+  non-negative least squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per
+  arena slot: measured to grow with the arena) and the host's cost per read issued (`read_s`).
+  The resident run's peak RSS less the model's bytes is the process's base memory. The fit is
+  engine_fit.py's; the runs are kept in the profile (`calibration`) so it can be redone.
 
-Per-token steps are medians (after the warm-up), so a loaded machine's spikes move them less;
-the 1-minute load average at measurement time is kept with the profile.
+Engine times are per decode call after the warm-up steps (the first steps of an MLX process
+compile kernels); the 1-minute load average at measurement time is kept with the profile.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ from typing import Mapping
 
 import numpy as np
 
+from strata.doctor.engine_fit import CALIBRATION_EXPERTS, CALIBRATION_LAYERS, fit_engine, token_s
+
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
 PROFILE_VERSION = 6  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
-CALIBRATION_LAYERS = 6
-CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
 CALIBRATION_TOKENS = 32
 CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
 # The quick probe (`quick=True`, for a bounded run on a lent GPU machine where a fresh MLX process
@@ -115,6 +116,7 @@ class MachineProfile:
     widen: dict = field(default_factory=dict)
     # the engine runs the probe fitted (case -> seconds per call, counts, peak): kept to check a fit
     calibration: dict = field(default_factory=dict)
+    gpu: bool = False  # the backend ran on a GPU when measured (MLX holds an F32 file's matrices as float16 there)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -353,29 +355,6 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
 # ---------------------------------------------------------------- the engine
 
 
-def _token_s(run) -> float:
-    """Mean seconds per decode call after the warm-up steps (`RunMeasurement.steady_tps`: the
-    rate a prediction is for; the first steps of an MLX process compile kernels), else the
-    stream report's mean, else tokens / decode time."""
-    if run.steady_tps:
-        return 1.0 / run.steady_tps
-    if run.report:
-        return run.report["ms_per_token"] / 1e3
-    return 1.0 / run.decode_tps if run.decode_tps else 0.0
-
-
-def _counts(run) -> tuple[float, float, float]:
-    """(urgent misses, reads, seconds waited on urgent reads) per decode call, over the steps
-    `_token_s` times where measured (the wait is the report's mean: it has no per-step figure)."""
-    rep = run.report
-    wait = rep["waiting_ms_per_window"] / 1e3
-    if run.steady_tps:
-        u = run.steady_urgent
-        per_miss = wait / rep["urgent_misses_per_token"] if rep["urgent_misses_per_token"] else 0.0
-        return u, run.steady_reads, u * per_miss
-    return rep["urgent_misses_per_token"], rep["reads_per_token"], wait
-
-
 def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
     from strata.config import Config
     from strata.formats.expert_record import RecordLayout
@@ -423,50 +402,11 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -
             if progress:
                 progress(f"engine: resident top-1 ({round_ + 1}/{repeats})")
             top1.append(measure_quiet(one.model_path, {"backend": backend}, max_tokens=CALIBRATION_TOKENS))
-        runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
-        runs[-1] = sorted(top1, key=_token_s)[len(top1) // 2]
+        runs = {slots: sorted(t, key=token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
+        runs[-1] = sorted(top1, key=token_s)[len(top1) // 2]
         record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
                               made.cfg.expert_ffn_size).record_bytes
     return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
-
-
-def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
-    """(turn_s, turn_slot_s, read_s, miss_s) from the streaming runs (capacity -> run).
-
-    miss_s is the measured wait per urgent miss (the reports' waiting time / urgent misses,
-    over the runs that missed); the rest by non-negative least squares on what the waits do
-    not explain: per decode call
-        t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s.
-    Non-negative as a whole, not clipped one by one: clipping a negative coefficient of an
-    unconstrained fit leaves the others fitted to it (the H200's quick probe read turn 1.36 ms,
-    0 per slot, 0 per read: one coefficient carrying what the clipped ones had cancelled)."""
-    from scipy.optimize import nnls
-
-    counts = {slots: _counts(r) for slots, r in runs.items()}
-    urgent = sum(u for u, _, _ in counts.values())
-    miss_s = sum(w for _, _, w in counts.values()) / urgent if urgent > 0 else fallback_miss_s
-    rows, ys = [], []
-    for slots, r in runs.items():
-        u, reads, _ = counts[slots]
-        rows.append([n_layers, n_layers * slots, reads])
-        ys.append(_token_s(r) - resident_s - u * miss_s)
-    coef, _ = nnls(np.array(rows, float), np.array(ys, float))
-    turn, per_slot, read = (float(c) for c in coef)
-    return turn, per_slot, read, miss_s
-
-
-def _calibration_runs(runs: dict, resident, top1) -> dict:
-    """What the fit saw, kept with the profile (to check a fit, or refit, offline)."""
-    def one(r) -> dict:
-        d = {"token_s": _token_s(r), "decode_tps": r.decode_tps, "median_token_s": r.median_token_s,
-             "peak_rss": r.peak_rss, "cpu_s": r.cpu_s, "wall_s": r.wall_s}
-        if r.report:
-            u, reads, wait = _counts(r)
-            d.update(urgent=u, reads=reads, wait_s=wait, host_ms=r.report["host_ms_per_window"],
-                     after_ms=r.report["after_ms"], report_ms_per_token=r.report["ms_per_token"])
-        return d
-
-    return {"resident": one(resident), "top1": one(top1), **{f"{s}slots": one(r) for s, r in runs.items()}}
 
 
 _PLACEHOLDER = MachineProfile(
@@ -476,13 +416,15 @@ _PLACEHOLDER = MachineProfile(
     load_avg=0.0, measured_at=0.0)
 
 
+def placeholder_profile(**fields) -> MachineProfile:
+    """A profile holding only `fields` (the rest inert): for pricing ops before the engine is fitted."""
+    return dataclasses.replace(_PLACEHOLDER, **fields)
+
+
 def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
                     timeout: float = 600) -> MachineProfile:
     """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs in
     one process within `timeout` seconds)."""
-    from strata.doctor.byte_budget import byte_budget
-    from strata.doctor.families import count_strata
-
     say = progress or (lambda _msg: None)
     say("disk")
     lat, bw, direct = _disk(cache_dir)
@@ -494,34 +436,21 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     widen = {} if backend == "mlx" else _widen_numpy(rounds)
     eng = _engine(backend, say, quick, timeout)
     notes: list[str] = []
-    cfg, runs = eng["cfg"], eng["runs"]
-    counts = count_strata(cfg)
-    budget = byte_budget(counts, slot_bytes=eng["slot"])
-    from strata.doctor.predict import ops_seconds  # late: predict imports this module
+    gpu = False
+    if backend == "mlx":
+        from strata.engines import mlx_gpu_available
 
-    resident, top1 = runs.pop(0), runs.pop(-1)
-    resident_s = _token_s(resident)
-    L, k = cfg.n_layers, cfg.n_experts_per_token
-    # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
-    expert_call_s = max(0.0, (resident_s - _token_s(top1)) / (L * (k - 1)))
-    partial = dataclasses.replace(_PLACEHOLDER, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-                                  calibration_record_bytes=eng["record"], widen=widen)
-    ops = ops_seconds(counts, budget, partial)
-    layer_s = max(0.0, (resident_s - ops) / L)
-    turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
-    calibration = _calibration_runs(runs, resident, top1)
-    from strata.doctor.predict import dense_held
-
-    # as predict.py counts a peak
-    base = max(0, resident.peak_rss - dense_held(budget, backend) - budget.experts_resident)
+        gpu = mlx_gpu_available()
+    runs = {("resident" if s == 0 else "top1" if s == -1 else s): r for s, r in eng["runs"].items()}
+    costs = fit_engine(runs, cfg=eng["cfg"], slot_bytes=eng["slot"], record_bytes=eng["record"], gemv=gemv,
+                       expert=expert, widen=widen, backend=backend, gpu=gpu, fallback_miss_s=lat + eng["slot"] / bw)
+    calibration = {(f"{k}slots" if isinstance(k, int) else k): r.to_dict() for k, r in runs.items()}
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
         notes.append("quick probe: one run per engine case, three streaming arenas, all in one process")
     return MachineProfile(
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
-        mem_bytes_per_s=mem, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-        calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
-        read_s=read_s,
-        miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
-        measured_at=time.time(), notes=tuple(notes), widen=widen, calibration=calibration)
+        mem_bytes_per_s=mem, gemv=gemv, expert=expert, calibration_record_bytes=eng["record"],
+        calibration_slot_bytes=eng["slot"], load_avg=os.getloadavg()[0], measured_at=time.time(),
+        notes=tuple(notes), widen=widen, calibration=calibration, gpu=gpu, **dataclasses.asdict(costs))
