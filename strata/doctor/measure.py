@@ -52,6 +52,7 @@ class RunMeasurement:
     cpu_s: float = 0.0  # the process's CPU time (all threads) during the decode loop
     wall_s: float = 0.0  # the decode loop's wall time
     warmed: bool = False  # a warm-up run of the same spec ran before it in the same process
+    steps_s: tuple = ()  # every step's wall time (seconds, to the microsecond): where the compiles fell
 
     @property
     def tps(self) -> float:
@@ -204,6 +205,7 @@ def _one(spec: dict) -> dict:
         "tokens": len(steps), "peak_rss": _peak_rss(), "streaming": bool(report), "report": report,
         "paging": asdict(paging), "load_before": load_before, "load_after": os.getloadavg()[0],
         "others_busy": others, "cpu_s": own, "wall_s": wall, "warmed": bool(spec.get("warmed")),
+        "steps_s": [round(t, 6) for t in steps],
         **_steady(steps, caches),
     }
     model.close()

@@ -380,7 +380,8 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -
         if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
             if progress:
                 progress(f"engine: {len(cases) + 1} cases in one process")
-            batch = [(made.model_path, {"backend": backend, **({"arena": f"{s}slots"} if s else {})}) for _, s in cases]
+            batch = [(made.model_path, {"backend": backend, "profile": True, **({"arena": f"{s}slots"} if s else {})})
+                     for _, s in cases]
             got = measure_batch(batch + [(one.model_path, {"backend": backend})], max_tokens=CALIBRATION_TOKENS,
                                 timeout=timeout, warmup=True)
             if any(r is None for r in got):
