@@ -74,7 +74,7 @@ def test_refit_recomputes_the_engine_costs_from_the_kept_runs():
     runs = {"resident": resident, "top1": top1, **STREAMING}
     prof = refit(_profile(runs))
     direct = fit_engine(runs, cfg=calibration_config(), slot_bytes=4096, record_bytes=1920, gemv=prof.gemv,
-                        expert=prof.expert, widen={}, backend="numpy", gpu=False, fallback_miss_s=1.0)
+                        expert=prof.expert, widen={}, sync_s=0.0, backend="numpy", gpu=False, fallback_miss_s=1.0)
     assert prof.expert_call_s == pytest.approx(5e-5) == direct.expert_call_s
     assert (prof.turn_s, prof.turn_slot_s, prof.read_s) == pytest.approx((TURN_S, SLOT_S, READ_S), rel=1e-6)
     assert 0 < prof.base_rss < resident.peak_rss and prof.layer_s == direct.layer_s

@@ -6,7 +6,8 @@ CALIBRATION_EXPERTS experts) all-resident at top-k and top-1 and streaming at se
 
 - `expert_call_s`: (resident top-k − resident top-1) / (L · (k − 1)), the engine's own cost per
   routed expert at the calibration record size;
-- `layer_s`: what the ops (gemv / expert / widening tables) leave of the resident run, per layer;
+- `layer_s`: what the ops (gemv / expert / widening tables) and the token's one host round trip
+  (`sync_s`, MLX) leave of the resident run, per layer;
 - `miss_s`: the reports' wait per urgent miss;
 - `turn_s`, `turn_slot_s`, `read_s`: non-negative least squares on what the waits leave of the
   streaming runs (`fit_streaming`);
@@ -98,8 +99,8 @@ def fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s:
     return turn, per_slot, read, miss_s
 
 
-def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, expert, widen: dict, backend: str,
-               gpu: bool, fallback_miss_s: float) -> EngineCosts:
+def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, expert, widen: dict, sync_s: float,
+               backend: str, gpu: bool, fallback_miss_s: float) -> EngineCosts:
     """The engine fields (module docstring) from `runs`: "resident", "top1" and capacity -> run."""
     from strata.doctor.byte_budget import byte_budget
     from strata.doctor.families import count_strata
@@ -116,7 +117,7 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
     expert_call_s = max(0.0, (resident_s - token_s(top1)) / (L * (k - 1)))
     partial = placeholder_profile(gemv=gemv, expert=expert, expert_call_s=expert_call_s,
                                   calibration_record_bytes=record_bytes, widen=widen)
-    layer_s = max(0.0, (resident_s - ops_seconds(n, budget, partial)) / L)
+    layer_s = max(0.0, (resident_s - sync_s - ops_seconds(n, budget, partial)) / L)
     turn_s, turn_slot_s, read_s, miss_s = fit_streaming(streaming, resident_s, L, fallback_miss_s)
     base = max(0, resident.peak_rss - dense_held(budget, backend, gpu=gpu) - budget.experts_resident)
     return EngineCosts(expert_call_s=expert_call_s, layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
@@ -140,6 +141,7 @@ def refit(profile):
         raise ValueError("this profile keeps no engine runs (measured before profile version 6): remeasure")
     costs = fit_engine(stored_runs(profile.calibration), cfg=calibration_config(),
                        slot_bytes=profile.calibration_slot_bytes, record_bytes=profile.calibration_record_bytes,
-                       gemv=profile.gemv, expert=profile.expert, widen=profile.widen, backend=profile.backend,
+                       gemv=profile.gemv, expert=profile.expert, widen=profile.widen, sync_s=profile.sync_s,
+                       backend=profile.backend,
                        gpu=profile.gpu, fallback_miss_s=profile.read_seconds(profile.calibration_slot_bytes))
     return dataclasses.replace(profile, **dataclasses.asdict(costs))

@@ -3,7 +3,7 @@ tok/s and peak memory, from a source's byte budget and this machine's profile.
 
 Decode time per token (seconds):
 
-    resident:  n_layers · layer_s + ops
+    resident:  n_layers · layer_s + ops + sync_s      (sync_s: the token's host round trip, MLX)
     streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · read_s
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
@@ -131,7 +131,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
                                   fill_per_token=slots / (prompt + horizon) if horizon else 0.0)
     # never faster than reading the bytes once at the measured memory bandwidth
     ops = max(ops_seconds(counts, budget, profile), budget.per_token / profile.mem_bytes_per_s)
-    terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops}
+    terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops, "round_trip": profile.sync_s}
     if streaming and locality is not None:
         miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s
         terms["turns"] = counts.moe_layers * (profile.turn_s + profile.turn_slot_s * slots)

@@ -117,6 +117,7 @@ class MachineProfile:
     # the engine runs the probe fitted (case -> seconds per call, counts, peak): kept to check a fit
     calibration: dict = field(default_factory=dict)
     gpu: bool = False  # the backend ran on a GPU when measured (MLX holds an F32 file's matrices as float16 there)
+    sync_s: float = 0.0  # one host round trip, paid once per decoded token (MLX: its logits to the host; numpy: 0)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -337,19 +338,36 @@ def _widen_numpy(rounds: int = COMPUTE_ROUNDS) -> dict[str, OpCost]:
     return out
 
 
-def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
-    """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls reading its
-    record bytes (the Q2_0 kernels are bandwidth-bound). Unverified on a GPU."""
+GRAPH_CALLS = 16  # GEMVs evaluated together: the in-graph cost of a call, not a round trip each
+SYNC_REPEATS = 50
+
+
+def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
+    """MLX: (gemv, expert, sync_s). A float32 GEMV's cost inside a graph, (t(16 GEMVs in one
+    evaluation) - t(1)) / 15, as the engines evaluate a token's (or a layer's) launches
+    together: evaluating each alone timed the host round trip (25-45 us a call on the H200,
+    where a compiled step's launch costs ~5-18 us); an expert costs three such calls reading its
+    record bytes (the Q2_0 kernels are bandwidth-bound); sync_s is one round trip (a trivial
+    evaluation), which a decoded token pays once for its logits."""
     import mlx.core as mx
 
-    cases = []
+    one, many = [], []
     for n in GEMV_SIZES:
         w = mx.random.normal((n, n))
-        x = mx.random.normal((n,))
-        mx.eval(w, x)
-        cases.append((n * n * 4, lambda w=w, x=x: mx.eval(w @ x)))
-    gemv = _table(cases, rounds=rounds)
-    return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points))
+        xs = [mx.random.normal((n,)) for _ in range(GRAPH_CALLS)]
+        mx.eval(w, *xs)
+        one.append((n * n * 4, lambda w=w, x=xs[0]: mx.eval(w @ x)))
+        many.append((n * n * 4, lambda w=w, xs=xs: mx.eval([w @ x for x in xs])))
+    t1, tn = _table(one, rounds=rounds), _table(many, rounds=rounds)
+    pts, last = [], 1e-7  # a call never costs nothing, and more bytes never less (noise can say otherwise)
+    for (b, t), (_, t0) in zip(tn.points, t1.points):
+        last = max(last, (t - t0) / (GRAPH_CALLS - 1))
+        pts.append((b, last))
+    gemv = OpCost(tuple(pts))
+    a = mx.array(1.0)
+    mx.eval(a)
+    sync = _median(lambda: mx.eval(a + 1), SYNC_REPEATS)
+    return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points)), sync
 
 
 # ---------------------------------------------------------------- the engine
@@ -433,7 +451,7 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     mem = _mem_bw()
     say("compute")
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
-    gemv, expert = _compute_mlx(rounds) if backend == "mlx" else _compute_numpy(rounds)
+    gemv, expert, sync = _compute_mlx(rounds) if backend == "mlx" else (*_compute_numpy(rounds), 0.0)
     widen = {} if backend == "mlx" else _widen_numpy(rounds)
     eng = _engine(backend, say, quick, timeout)
     notes: list[str] = []
@@ -444,7 +462,8 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
         gpu = mlx_gpu_available()
     runs = {("resident" if s == 0 else "top1" if s == -1 else s): r for s, r in eng["runs"].items()}
     costs = fit_engine(runs, cfg=eng["cfg"], slot_bytes=eng["slot"], record_bytes=eng["record"], gemv=gemv,
-                       expert=expert, widen=widen, backend=backend, gpu=gpu, fallback_miss_s=lat + eng["slot"] / bw)
+                       expert=expert, widen=widen, sync_s=sync, backend=backend, gpu=gpu,
+                       fallback_miss_s=lat + eng["slot"] / bw)
     calibration = {(f"{k}slots" if isinstance(k, int) else k): r.to_dict() for k, r in runs.items()}
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
@@ -454,4 +473,4 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
         mem_bytes_per_s=mem, gemv=gemv, expert=expert, calibration_record_bytes=eng["record"],
         calibration_slot_bytes=eng["slot"], load_avg=os.getloadavg()[0], measured_at=time.time(),
-        notes=tuple(notes), widen=widen, calibration=calibration, gpu=gpu, **dataclasses.asdict(costs))
+        notes=tuple(notes), widen=widen, calibration=calibration, gpu=gpu, sync_s=sync, **dataclasses.asdict(costs))
