@@ -6,11 +6,20 @@ CALIBRATION_EXPERTS experts) all-resident at top-k and top-1 and streaming at se
 
 - `expert_call_s`: (resident top-k − resident top-1) / (L · (k − 1)), the engine's own cost per
   routed expert at the calibration record size;
-- `layer_s`: what the ops (gemv / expert / widening tables) and the token's one host round trip
-  (`sync_s`, MLX) leave of the resident run, per layer;
+- `step_s` + `layer_s` · L: what the ops (gemv / expert / widening tables) and the token's one
+  host round trip (`sync_s`, MLX) leave of the all-resident runs of CALIBRATION_LAYERS and of
+  SHORT_LAYERS layers, by non-negative least squares: a decoded token's fixed cost (the
+  generation loop's sampling and bookkeeping, a compiled step's replay) apart from its per-layer
+  one. On the H200 the all-resident step took 0.83 ms at 4 layers and 1.06 at 8 (MLX, compiled):
+  ~0.6 ms a token and ~0.06 a layer, where one 6-layer run priced it all per layer (0.09 ms) and
+  predicted +37% and -40% there;
 - `miss_s`: the reports' wait per urgent miss;
-- `turn_s`, `turn_slot_s`, `read_s`: non-negative least squares on what the waits leave of the
-  streaming runs (`fit_streaming`);
+- `turn_s`, `turn_slot_s`, `read_s`, `read_byte_s`: non-negative least squares on what the
+  all-resident step and the measured waits leave of the streaming runs (`fit_streaming`), the
+  made model's and a wide one's (WIDE_FFN: slots 8x larger), so that a read's cost can grow
+  with its bytes. On the H200 the per-layer streaming cost grew with the slot (0.86 ms a layer
+  at 4 KB, 1.06 at 8 KB, 1.25 at 32 KB: the reads land in CUDA managed memory, which the
+  device's experts then fault over), and one slot size priced the 32 KB model at +26%;
 - `base_rss`: the resident run's peak less the model's bytes, as predict.py counts a peak.
 
 Every time is per decode call after the warm-up steps (`RunMeasurement.steady_tps`): the first
@@ -29,27 +38,39 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["EngineCosts", "fit_engine", "fit_streaming", "token_s", "calibration_config", "refit",
-           "CALIBRATION_LAYERS", "CALIBRATION_EXPERTS"]
+           "CALIBRATION_LAYERS", "CALIBRATION_EXPERTS", "SHORT_LAYERS", "WIDE_FFN", "run_name", "device_bandwidth",
+           "stored_runs"]
 
 CALIBRATION_LAYERS = 6
 CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
+SHORT_LAYERS = 2  # the second all-resident model: a token's fixed cost apart from its per-layer one
+WIDE_FFN = 512  # the wide model's expert width: 32 KB slots where the made model's are 4 KB
 
 
-def calibration_config(top_k: int | None = None):
+def calibration_config(n_layers: int = CALIBRATION_LAYERS, **fields):
     """The probe's made model's ModelConfig (as `make_model(..., "tiny", n_layers=..., n_experts=...)`)."""
     from strata.testing.models import SHAPES
 
-    cfg = dataclasses.replace(SHAPES["tiny"], n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS)
-    return dataclasses.replace(cfg, n_experts_per_token=top_k) if top_k else cfg
+    return dataclasses.replace(SHAPES["tiny"], n_layers=n_layers, n_experts=CALIBRATION_EXPERTS, **fields)
+
+
+def wide_slot_bytes() -> int:
+    from strata.formats.expert_record import RecordLayout
+    from strata.formats.quant_types import QuantType
+
+    cfg = calibration_config(expert_ffn_size=WIDE_FFN)
+    return RecordLayout(QuantType.Q2_0, cfg.hidden_size, cfg.expert_ffn_size).padded_bytes
 
 
 @dataclass(frozen=True)
 class EngineCosts:
     expert_call_s: float
+    step_s: float
     layer_s: float
     turn_s: float
     turn_slot_s: float
     read_s: float
+    read_byte_s: float
     miss_s: float
     base_rss: int
 
@@ -75,28 +96,33 @@ def counts(run) -> tuple[float, float, float]:
     return rep["urgent_misses_per_token"], rep["reads_per_token"], wait
 
 
-def fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
-    """(turn_s, turn_slot_s, read_s, miss_s) from the streaming runs (capacity -> run).
+def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float):
+    """(turn_s, turn_slot_s, read_s, read_byte_s, miss_s) from streaming runs, `rows` of
+    (arena slots, slot bytes, the same model's all-resident seconds per call, run); the first
+    slot size is the calibration one.
 
-    miss_s is the measured wait per urgent miss (the reports' waiting time / urgent misses,
-    over the runs that missed); the rest by non-negative least squares on what the waits do
-    not explain: per decode call
-        t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s.
+    miss_s is the measured wait per urgent miss at the calibration slot (the reports' waiting
+    time / urgent misses); the rest by non-negative least squares on what each run's own
+    waits and its model's all-resident step do not explain: per decode call
+        t - resident - wait = L * (turn_s + turn_slot_s * slots) + reads * (read_s + read_byte_s * slot).
     Non-negative as a whole, not clipped one by one: clipping a negative coefficient of an
     unconstrained fit leaves the others fitted beside it."""
     from scipy.optimize import nnls
 
-    c = {slots: counts(r) for slots, r in runs.items()}
-    urgent = sum(u for u, _, _ in c.values())
-    miss_s = sum(w for _, _, w in c.values()) / urgent if urgent > 0 else fallback_miss_s
-    rows, ys = [], []
-    for slots, r in runs.items():
-        u, reads, _ = c[slots]
-        rows.append([n_layers, n_layers * slots, reads])
-        ys.append(token_s(r) - resident_s - u * miss_s)
-    coef, _ = nnls(np.array(rows, float), np.array(ys, float))
-    turn, per_slot, read = (float(x) for x in coef)
-    return turn, per_slot, read, miss_s
+    calib = rows[0][1]
+    c = [counts(r) for _, _, _, r in rows]
+    own = [(u, w) for (u, _, w), (_, b, _, _) in zip(c, rows) if b == calib]
+    urgent = sum(u for u, _ in own)
+    miss_s = sum(w for _, w in own) / urgent if urgent > 0 else fallback_miss_s
+    A, ys = [], []
+    for (slots, slot, resident_s, r), (u, reads, wait) in zip(rows, c):
+        A.append([n_layers, n_layers * slots, reads, reads * slot])
+        ys.append(token_s(r) - resident_s - wait)
+    if len({b for _, b, _, _ in rows}) == 1:  # one slot size: no per-byte term to fit
+        A = [a[:3] for a in A]
+    coef, _ = nnls(np.array(A, float), np.array(ys, float))
+    turn, per_slot, read, per_byte = (*(float(x) for x in coef), 0.0)[:4]
+    return turn, per_slot, read, per_byte, miss_s
 
 
 def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, expert, widen: dict, sync_s: float,
@@ -106,6 +132,8 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
     from strata.doctor.families import count_strata
     from strata.doctor.predict import dense_held, ops_seconds
     from strata.doctor.probe import placeholder_profile
+
+    from scipy.optimize import nnls
 
     streaming = {s: r for s, r in runs.items() if isinstance(s, int)}
     resident, top1 = runs["resident"], runs["top1"]
@@ -117,11 +145,27 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
     expert_call_s = max(0.0, (resident_s - token_s(top1)) / (L * (k - 1)))
     partial = placeholder_profile(gemv=gemv, expert=expert, expert_call_s=expert_call_s,
                                   calibration_record_bytes=record_bytes, widen=widen)
-    layer_s = max(0.0, (resident_s - sync_s - ops_seconds(n, budget, partial)) / L)
-    turn_s, turn_slot_s, read_s, miss_s = fit_streaming(streaming, resident_s, L, fallback_miss_s)
+
+    def rest(run, c) -> float:  # what the ops and the round trip leave of an all-resident token
+        nc = count_strata(c)
+        return token_s(run) - sync_s - ops_seconds(nc, byte_budget(nc, slot_bytes=slot_bytes), partial)
+
+    if "short" in runs:
+        short = dataclasses.replace(cfg, n_layers=SHORT_LAYERS)
+        A = np.array([[1.0, L], [1.0, SHORT_LAYERS]])
+        (step_s, layer_s), _ = nnls(A, np.array([rest(resident, cfg), rest(runs["short"], short)]))
+    else:  # runs measured before the short model: every fixed cost priced per layer
+        step_s, layer_s = 0.0, max(0.0, rest(resident, cfg) / L)
+    rows = [(s, slot_bytes, resident_s, r) for s, r in sorted(streaming.items())]
+    if "wide" in runs:  # the wide model's streaming runs, against its own all-resident step
+        wide_s, wide_slot = token_s(runs["wide"]), wide_slot_bytes()
+        rows += [(s, wide_slot, wide_s, r) for (_, s), r in sorted(
+            (k, r) for k, r in runs.items() if isinstance(k, tuple))]
+    turn_s, turn_slot_s, read_s, read_byte_s, miss_s = fit_streaming(rows, L, fallback_miss_s)
     base = max(0, resident.peak_rss - dense_held(budget, backend, gpu=gpu) - budget.experts_resident)
-    return EngineCosts(expert_call_s=expert_call_s, layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
-                       read_s=read_s, miss_s=miss_s, base_rss=base)
+    return EngineCosts(expert_call_s=expert_call_s, step_s=float(step_s), layer_s=float(layer_s), turn_s=turn_s,
+                       turn_slot_s=turn_slot_s, read_s=read_s, read_byte_s=read_byte_s, miss_s=miss_s,
+                       base_rss=base)
 
 
 def stored_runs(calibration: dict) -> dict:
@@ -130,9 +174,19 @@ def stored_runs(calibration: dict) -> dict:
 
     out = {}
     for name, d in calibration.items():
-        key = int(name.removesuffix("slots")) if name.endswith("slots") else name
+        key = name
+        if name.endswith("slots"):
+            key = int(name.removesuffix("slots").removeprefix("wide-"))
+            key = ("wide", key) if name.startswith("wide-") else key
         out[key] = RunMeasurement(**d)
     return out
+
+
+def run_name(key) -> str:
+    """A fit_engine run key as its name in a profile's `calibration` (stored_runs reads it back)."""
+    if isinstance(key, tuple):
+        return f"wide-{key[1]}slots"
+    return f"{key}slots" if isinstance(key, int) else key
 
 
 def refit(profile):
@@ -144,4 +198,15 @@ def refit(profile):
                        gemv=profile.gemv, expert=profile.expert, widen=profile.widen, sync_s=profile.sync_s,
                        backend=profile.backend,
                        gpu=profile.gpu, fallback_miss_s=profile.read_seconds(profile.calibration_slot_bytes))
-    return dataclasses.replace(profile, **dataclasses.asdict(costs))
+    derived = {}
+    if profile.backend == "mlx":  # as measure_machine derives it: the device's, from its largest GEMV
+        derived["mem_bytes_per_s"] = device_bandwidth(profile.gemv)
+    return dataclasses.replace(profile, **dataclasses.asdict(costs), **derived)
+
+
+def device_bandwidth(gemv) -> float:
+    """MLX: the device's bytes per second, as its largest measured GEMV reads them (a host copy
+    priced the H200's HBM at its host's 15.6 GB/s, a floor that alone predicted the `demo`
+    model's all-resident step at 1.7 ms for 1.06)."""
+    nbytes, seconds = gemv.points[-1]
+    return nbytes / seconds

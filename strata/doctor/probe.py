@@ -5,7 +5,8 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 
 - disk: 4 KiB random reads at queue depth 1 (latency) and 1 MiB random reads from 4 threads
   (bandwidth), O_DIRECT where the filesystem allows, on a scratch file in the cache dir;
-- memory bandwidth: a 64 MB array copy (bytes read + written per second);
+- memory bandwidth: a 64 MB array copy (bytes read + written per second); on MLX its largest
+  GEMV's bytes per second on the device (the floor a token's bytes set);
 - compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
   backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
@@ -38,7 +39,10 @@ from typing import Mapping
 
 import numpy as np
 
-from strata.doctor.engine_fit import CALIBRATION_EXPERTS, CALIBRATION_LAYERS, fit_engine, token_s
+from strata.doctor.engine_fit import (
+    CALIBRATION_EXPERTS, CALIBRATION_LAYERS, SHORT_LAYERS, WIDE_FFN, device_bandwidth, fit_engine, run_name,
+    token_s,
+)
 
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
@@ -52,7 +56,6 @@ CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded
 # cost 17-25 s on the H200): one run per engine case, all in one process (measure_batch), three
 # streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s takes), one
 # compute round. Cached apart from the full one.
-QUICK_REPEATS = 1
 QUICK_COMPUTE_ROUNDS = 1
 
 
@@ -118,6 +121,8 @@ class MachineProfile:
     calibration: dict = field(default_factory=dict)
     gpu: bool = False  # the backend ran on a GPU when measured (MLX holds an F32 file's matrices as float16 there)
     sync_s: float = 0.0  # one host round trip, paid once per decoded token (MLX: its logits to the host; numpy: 0)
+    step_s: float = 0.0  # a decoded token's fixed cost beyond its layers (sampling, bookkeeping, a compiled replay)
+    read_byte_s: float = 0.0  # a read's cost per byte of its slot, beyond read_s (MLX on CUDA: managed memory)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -374,6 +379,9 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
 
 
 def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
+    """The engine runs of the probe: "resident" (top-k), "top1", "short" (all-resident with
+    SHORT_LAYERS layers: with "resident", a token's fixed cost apart from its per-layer one)
+    and arena slots -> streaming run."""
     from strata.config import Config
     from strata.formats.expert_record import RecordLayout
     from strata.formats.quant_types import QuantType
@@ -388,43 +396,36 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -
         total = model.experts_file.header.n_records
         least = cache_config_for(model, Config(), 1).min_capacity
         slot = model.experts_file.header.padded_bytes
+        record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
+                              made.cfg.expert_ffn_size).record_bytes
         model.experts_file.close()
         arenas = {least, total // 2, total} if quick else {least, total // 3, 2 * total // 3, total}
-        repeats = QUICK_REPEATS if quick else CALIBRATION_REPEATS
-        cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted(arenas)]
-        tries: dict[int, list] = {slots: [] for _, slots in cases}
         one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
                          n_experts_per_token=1)
+        short = make_model(Path(d) / "probe2", "tiny", n_layers=SHORT_LAYERS, n_experts=CALIBRATION_EXPERTS)
+        wide = make_model(Path(d) / "probe3", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
+                          expert_ffn_size=WIDE_FFN)
+        cases = [("resident", made.model_path, {})] + [
+            (c, made.model_path, {"arena": f"{c}slots", "profile": True}) for c in sorted(arenas)] + [
+            ("top1", one.model_path, {}), ("short", short.model_path, {}), ("wide", wide.model_path, {})] + [
+            (("wide", c), wide.model_path, {"arena": f"{c}slots", "profile": True}) for c in (least, total // 2)]
         if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
             if progress:
-                progress(f"engine: {len(cases) + 1} cases in one process")
-            batch = [(made.model_path, {"backend": backend, "profile": True, **({"arena": f"{s}slots"} if s else {})})
-                     for _, s in cases]
-            got = measure_batch(batch + [(one.model_path, {"backend": backend})], max_tokens=CALIBRATION_TOKENS,
-                                timeout=timeout, warmup=True)
+                progress(f"engine: {len(cases)} cases in one process")
+            got = measure_batch([(path, {"backend": backend, **o}) for _, path, o in cases],
+                                max_tokens=CALIBRATION_TOKENS, timeout=timeout, warmup=True)
             if any(r is None for r in got):
                 raise RuntimeError(f"quick probe: {sum(r is None for r in got)} of {len(got)} engine runs did not "
                                    f"finish within {timeout:.0f} s")
-            runs = {s: r for (_, s), r in zip(cases, got)}
-            runs[-1] = got[-1]
-            record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
-                                  made.cfg.expert_ffn_size).record_bytes
-            return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
-        for round_ in range(repeats):  # interleaved: a load burst hits every case alike
-            for name, slots in cases:
+            return {"runs": {name: r for (name, _, _), r in zip(cases, got)}, "cfg": made.cfg, "slot": slot,
+                    "record": record}
+        tries: dict = {name: [] for name, _, _ in cases}
+        for round_ in range(CALIBRATION_REPEATS):  # interleaved: a load burst hits every case alike
+            for name, path, o in cases:
                 if progress:
-                    progress(f"engine: {name} ({round_ + 1}/{repeats})")
-                overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
-                tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
-        top1 = []
-        for round_ in range(repeats):
-            if progress:
-                progress(f"engine: resident top-1 ({round_ + 1}/{repeats})")
-            top1.append(measure_quiet(one.model_path, {"backend": backend}, max_tokens=CALIBRATION_TOKENS))
-        runs = {slots: sorted(t, key=token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
-        runs[-1] = sorted(top1, key=token_s)[len(top1) // 2]
-        record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
-                              made.cfg.expert_ffn_size).record_bytes
+                    progress(f"engine: {run_name(name)} ({round_ + 1}/{CALIBRATION_REPEATS})")
+                tries[name].append(measure_quiet(path, {"backend": backend, **o}, max_tokens=CALIBRATION_TOKENS))
+        runs = {name: sorted(t, key=token_s)[len(t) // 2] for name, t in tries.items()}  # the median run
     return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
 
 
@@ -447,11 +448,11 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     say = progress or (lambda _msg: None)
     say("disk")
     lat, bw, direct = _disk(cache_dir)
-    say("memory")
-    mem = _mem_bw()
     say("compute")
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
     gemv, expert, sync = _compute_mlx(rounds) if backend == "mlx" else (*_compute_numpy(rounds), 0.0)
+    say("memory")
+    mem = device_bandwidth(gemv) if backend == "mlx" else _mem_bw()
     widen = {} if backend == "mlx" else _widen_numpy(rounds)
     eng = _engine(backend, say, quick, timeout)
     notes: list[str] = []
@@ -460,11 +461,11 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
         from strata.engines import mlx_gpu_available
 
         gpu = mlx_gpu_available()
-    runs = {("resident" if s == 0 else "top1" if s == -1 else s): r for s, r in eng["runs"].items()}
+    runs = eng["runs"]
     costs = fit_engine(runs, cfg=eng["cfg"], slot_bytes=eng["slot"], record_bytes=eng["record"], gemv=gemv,
                        expert=expert, widen=widen, sync_s=sync, backend=backend, gpu=gpu,
                        fallback_miss_s=lat + eng["slot"] / bw)
-    calibration = {(f"{k}slots" if isinstance(k, int) else k): r.to_dict() for k, r in runs.items()}
+    calibration = {run_name(k): r.to_dict() for k, r in runs.items()}
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
