@@ -15,6 +15,9 @@ predicts), and the prediction's hit rate is replayed over the same steps; the ra
 first steps (compiling MLX's kernels) is printed beside it, not judged. The 1-minute load
 average, the share of the CPUs other processes kept busy and the run's own CPU time / wall
 time are kept beside each measurement: on a shared machine they explain most of the scatter.
+`tok/s by own CPU` is decode calls / the process's CPU seconds over the same steps: a
+descheduled run's wall time grows and its CPU time does not, so where a single-threaded run's
+two rates part, the load, not the model, moved it (a streaming run's reader threads add CPU).
 `--quick` is the bounded variant for a GPU machine (QUICK below); every finished case prints a
 `JSON-PART` line at once, so a run cut off at its limit still says what it measured.
 `--replay OUTPUT` predicts again, with this checkout's code, the cases an earlier run (its
@@ -135,6 +138,7 @@ def _row(name: str, arena: str, pred, runs: list) -> dict:
         "load": (m.load_before + m.load_after) / 2,
         "paging": m.paging, "runs_tps": [r.tps for r in runs],
         "others_busy": m.others_busy, "cpu_wall": m.cpu_s / m.wall_s if m.wall_s else 0.0, "warmed": m.warmed,
+        "cpu_tps": 1.0 / m.steady_cpu_s if m.steady_cpu_s else 0.0,
         "run": m.to_dict(),
     }
 
@@ -305,15 +309,16 @@ def main(argv=None) -> int:
     print("| model | arena | pred tok/s | tok/s | err | median tok/s | err | with first steps tok/s "
           "| pred peak MB | peak MB | err "
           "| pred urgent/tok | urgent/tok | pred reads/tok | reads/tok | pred hit | hit | load | others busy "
-          "| own CPU / wall |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| own CPU / wall | tok/s by own CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['arena']} | {r['pred_tps']:.1f} | {r['tps']:.1f} | {100 * r['tps_err']:+.0f}% "
               f"| {r['median_tps']:.1f} | {100 * r['median_tps_err']:+.0f}% | {r['first_tps']:.1f} "
               f"| {r['pred_peak'] / 1e6:.1f} "
               f"| {r['peak'] / 1e6:.1f} | {100 * r['peak_err']:+.1f}% | {r['pred_urgent']:.2f} | {r['urgent']:.2f} "
               f"| {r['pred_reads']:.1f} | {r['reads']:.1f} | {100 * r['pred_hit']:.1f}% | {100 * r['hit']:.1f}% "
-              f"| {r['load']:.1f} | {100 * r['others_busy']:.0f}% | {r['cpu_wall']:.2f} |")
+              f"| {r['load']:.1f} | {100 * r['others_busy']:.0f}% | {r['cpu_wall']:.2f} "
+              f"| {r.get('cpu_tps', 0.0):.1f} |")
     for c in cut:
         print(f"not measured: {c}")
     summary = {

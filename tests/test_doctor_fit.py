@@ -69,9 +69,10 @@ def test_streaming_fit_is_never_negative_and_ignores_compile_time_in_the_mean():
 def test_steady_rate_leaves_out_the_warmup_steps_and_the_last_sample_only_step():
     steps = [2.0] + [0.01] * (WARMUP_TOKENS - 1) + [0.004] * 10 + [1e-5]  # a compile, then steady, then sampling
     caches = [CacheStats(urgent_misses=3 * i, reads_issued=10 * i) for i in range(len(steps))]
-    out = _steady(steps, caches)
+    out = _steady(steps, caches, [0.1 * i for i in range(len(steps))])
     assert out["steady_tps"] == pytest.approx(1 / 0.004)
     assert out["steady_urgent"] == pytest.approx(3.0) and out["steady_reads"] == pytest.approx(10.0)
+    assert out["steady_cpu_s"] == pytest.approx(0.1)
     assert _steady(steps[:WARMUP_TOKENS + 1], caches) == {}  # no decode call left to time
 
 
@@ -144,4 +145,5 @@ def test_a_warmed_batch_run_reports_its_steady_rate(tmp_path):
     small = make_model(tmp_path / "small", "small")
     (run,) = measure_batch([(small.model_path, {"backend": "numpy", "arena": "38slots"})], max_tokens=12, warmup=True)
     assert run.warmed and run.streaming and run.steady_tps > 0 and run.cpu_s > 0 and run.wall_s > 0
+    assert run.steady_cpu_s > 0
     assert run.steady_reads > 0 and run.steady_urgent <= run.steady_reads  # 38 of 128 experts: it reads

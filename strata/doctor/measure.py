@@ -53,6 +53,7 @@ class RunMeasurement:
     wall_s: float = 0.0  # the decode loop's wall time
     warmed: bool = False  # a warm-up run of the same spec ran before it in the same process
     steps_s: tuple = ()  # every step's wall time (seconds, to the microsecond): where the compiles fell
+    steady_cpu_s: float = 0.0  # the process's CPU seconds (all threads) per decode call over the steady steps
 
     @property
     def tps(self) -> float:
@@ -189,11 +190,12 @@ def _one(spec: dict) -> dict:
     model = strata.load(spec["model"])
     before = paging_snapshot()
     cpu0, own0 = _cpu_jiffies(), sum(os.times()[:2])
-    steps, caches, last = [], [], None
+    steps, caches, cpu, last = [], [], [], None
     wall0 = time.perf_counter()
     for last in strata.stream_generate(model, spec["prompt"], max_tokens=spec["max_tokens"], config=config):
         steps.append(last.token_seconds)
         caches.append(last.cache)
+        cpu.append(time.process_time())
     wall = time.perf_counter() - wall0
     own = sum(os.times()[:2]) - own0
     paging = PagingDelta.between(before, paging_snapshot())
@@ -206,7 +208,7 @@ def _one(spec: dict) -> dict:
         "paging": asdict(paging), "load_before": load_before, "load_after": os.getloadavg()[0],
         "others_busy": others, "cpu_s": own, "wall_s": wall, "warmed": bool(spec.get("warmed")),
         "steps_s": [round(t, 6) for t in steps],
-        **_steady(steps, caches),
+        **_steady(steps, caches, cpu),
     }
     model.close()
     del model, last
@@ -217,14 +219,17 @@ def _one(spec: dict) -> dict:
     return out
 
 
-def _steady(steps: list[float], caches: list) -> dict:
-    """Rate and cache counts of the decode calls after WARMUP_TOKENS. Step n samples token n
-    and decodes it; the last step samples only, so steps W .. N-2 are the N-1-W decode calls."""
+def _steady(steps: list[float], caches: list, cpu: list[float] | None = None) -> dict:
+    """Rate, cache counts and CPU time of the decode calls after WARMUP_TOKENS. Step n samples
+    token n and decodes it; the last step samples only, so steps W .. N-2 are the N-1-W decode
+    calls (`cpu`: the process's CPU clock after each step)."""
     w, n = WARMUP_TOKENS, len(steps)
     calls = n - 1 - w
     if calls < 1:
         return {}
     out = {"steady_tps": calls / sum(steps[w:n - 1])}
+    if cpu:
+        out["steady_cpu_s"] = (cpu[n - 2] - cpu[w - 1]) / calls
     first, end = caches[w - 1], caches[n - 2]  # totals after decode w-1 and after the last decode
     if first is not None and end is not None:
         out["steady_urgent"] = (end.urgent_misses - first.urgent_misses) / calls
