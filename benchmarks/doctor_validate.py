@@ -23,7 +23,8 @@ two rates part, the load, not the model, moved it (a streaming run's reader thre
 `--replay OUTPUT` predicts again, with this checkout's code, the cases an earlier run (its
 printed output or --json-out file, from any machine) measured, against its measurements and
 its machine profile; `--refit` also refits the profile's engine costs from the probe runs it
-keeps (strata.doctor.engine_fit.refit). Nothing is measured then.
+keeps (strata.doctor.engine_fit.refit); `--profile PATH` predicts with another profile of the
+same machine (a cached `machine-*.json`, measured at a quieter time). Nothing is measured then.
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ def main(argv=None) -> int:
                    help="run each round's cases in one process (--quick: yes), not a fresh process each")
     p.add_argument("--replay", default=None, help="predict again the cases an earlier run's output measured")
     p.add_argument("--refit", action="store_true", help="with --replay: refit the profile's engine costs too")
+    p.add_argument("--profile", default=None,
+                   help="with --replay: predict with this machine profile (a machine-*.json) instead of the run's")
     args = p.parse_args(argv)
     replayed = _load_output(args.replay) if args.replay else None
     if replayed:  # its backend, models and token count; nothing measured, nothing waited for
@@ -228,7 +231,8 @@ def main(argv=None) -> int:
     _wait_for_quiet(args.wait_load, args.wait_max)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
     if replayed:
-        profile = MachineProfile.from_dict(replayed[0])
+        stored = json.loads(Path(args.profile).read_text()) if args.profile else replayed[0]
+        profile = MachineProfile.from_dict(stored)
         profile = refit(profile) if args.refit else profile
     else:
         profile = machine_profile(args.backend, cache, remeasure=args.remeasure, quick=args.quick,
@@ -323,7 +327,7 @@ def main(argv=None) -> int:
         print(f"not measured: {c}")
     summary = {
         "backend": args.backend, "tokens": args.tokens, "cases": len(rows), "quick": args.quick,
-        "replay": args.replay, "refit": args.refit,
+        "replay": args.replay, "refit": args.refit, "replay_profile": args.profile,
         "seconds": round(time.time() - t0, 1), "cut": cut,
         "max_abs_tps_err": max((abs(r["tps_err"]) for r in rows), default=None),
         "max_abs_median_tps_err": max((abs(r["median_tps_err"]) for r in rows), default=None),
