@@ -212,6 +212,9 @@ def main(argv=None) -> int:
                    help="run each round's cases in one process (--quick: yes), not a fresh process each")
     p.add_argument("--replay", default=None, help="predict again the cases an earlier run's output measured")
     p.add_argument("--refit", action="store_true", help="with --replay: refit the profile's engine costs too")
+    p.add_argument("--refit-clock", default="wall", choices=("wall", "cpu"),
+                   help="with --refit: time the probe's runs by wall time or by their own CPU time (a probe that "
+                        "ran on a loaded machine; numpy)")
     p.add_argument("--profile", default=None,
                    help="with --replay: predict with this machine profile (a machine-*.json) instead of the run's")
     args = p.parse_args(argv)
@@ -233,7 +236,7 @@ def main(argv=None) -> int:
     if replayed:
         stored = json.loads(Path(args.profile).read_text()) if args.profile else replayed[0]
         profile = MachineProfile.from_dict(stored)
-        profile = refit(profile) if args.refit else profile
+        profile = refit(profile, clock=args.refit_clock) if args.refit else profile
     else:
         profile = machine_profile(args.backend, cache, remeasure=args.remeasure, quick=args.quick,
                                   timeout=min(600.0, max(10.0, PROBE_SHARE * left())),
@@ -327,7 +330,7 @@ def main(argv=None) -> int:
         print(f"not measured: {c}")
     summary = {
         "backend": args.backend, "tokens": args.tokens, "cases": len(rows), "quick": args.quick,
-        "replay": args.replay, "refit": args.refit, "replay_profile": args.profile,
+        "replay": args.replay, "refit": args.refit and args.refit_clock, "replay_profile": args.profile,
         "seconds": round(time.time() - t0, 1), "cut": cut,
         "max_abs_tps_err": max((abs(r["tps_err"]) for r in rows), default=None),
         "max_abs_median_tps_err": max((abs(r["median_tps_err"]) for r in rows), default=None),

@@ -147,3 +147,16 @@ def test_a_warmed_batch_run_reports_its_steady_rate(tmp_path):
     assert run.warmed and run.streaming and run.steady_tps > 0 and run.cpu_s > 0 and run.wall_s > 0
     assert run.steady_cpu_s > 0
     assert run.steady_reads > 0 and run.steady_urgent <= run.steady_reads  # 38 of 128 experts: it reads
+
+
+def test_the_cpu_clock_fits_what_a_descheduled_probe_did_not_lose():
+    """A probe on a loaded machine: every run's wall time 1.5x its own CPU time. Timed by the
+    CPU clock the fit recovers the costs the wall clock overstates."""
+    slow = {k: dataclasses.replace(r, steady_cpu_s=1 / r.steady_tps, steady_tps=r.steady_tps / 1.5)
+            for k, r in STREAMING.items()}
+    resident = RunMeasurement(decode_tps=1.0, median_token_s=1.0, tokens=24, peak_rss=90_000_000, streaming=False,
+                              steady_tps=1 / (1.5 * RESIDENT_S), steady_cpu_s=RESIDENT_S)
+    prof = _profile({"resident": resident, "top1": resident, **slow})
+    by_cpu, by_wall = refit(prof, clock="cpu"), refit(prof)
+    assert (by_cpu.turn_s, by_cpu.turn_slot_s) == pytest.approx((TURN_S, SLOT_S), rel=1e-5)
+    assert by_wall.turn_s > 1.2 * TURN_S

@@ -75,9 +75,13 @@ class EngineCosts:
     base_rss: int
 
 
-def token_s(run) -> float:
+def token_s(run, clock: str = "wall") -> float:
     """Mean seconds per decode call after the warm-up steps (`RunMeasurement.steady_tps`), else
-    the stream report's mean, else tokens / decode time (a run measured before steady rates)."""
+    the stream report's mean, else tokens / decode time (a run measured before steady rates).
+    clock "cpu": the process's own CPU seconds per call over those steps where measured (a
+    descheduled run does not accumulate them: for a probe that ran on a loaded machine)."""
+    if clock == "cpu" and run.steady_cpu_s:
+        return run.steady_cpu_s
     if run.steady_tps:
         return 1.0 / run.steady_tps
     if run.report:
@@ -96,7 +100,7 @@ def counts(run) -> tuple[float, float, float]:
     return rep["urgent_misses_per_token"], rep["reads_per_token"], wait
 
 
-def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float):
+def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float, clock: str = "wall"):
     """(turn_s, turn_slot_s, read_s, read_byte_s, miss_s) from streaming runs, `rows` of
     (arena slots, slot bytes, the same model's all-resident seconds per call, run); the first
     slot size is the calibration one.
@@ -117,7 +121,7 @@ def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float):
     A, ys = [], []
     for (slots, slot, resident_s, r), (u, reads, wait) in zip(rows, c):
         A.append([n_layers, n_layers * slots, reads, reads * slot])
-        ys.append(token_s(r) - resident_s - wait)
+        ys.append(token_s(r, clock) - resident_s - wait)
     if len({b for _, b, _, _ in rows}) == 1:  # one slot size: no per-byte term to fit
         A = [a[:3] for a in A]
     coef, _ = nnls(np.array(A, float), np.array(ys, float))
@@ -126,7 +130,7 @@ def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float):
 
 
 def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, expert, widen: dict, sync_s: float,
-               backend: str, gpu: bool, fallback_miss_s: float) -> EngineCosts:
+               backend: str, gpu: bool, fallback_miss_s: float, clock: str = "wall") -> EngineCosts:
     """The engine fields (module docstring) from `runs`: "resident", "top1" and capacity -> run."""
     from strata.doctor.byte_budget import byte_budget
     from strata.doctor.families import count_strata
@@ -139,16 +143,16 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
     resident, top1 = runs["resident"], runs["top1"]
     n = count_strata(cfg)
     budget = byte_budget(n, slot_bytes=slot_bytes)
-    resident_s = token_s(resident)
+    resident_s = token_s(resident, clock)
     L, k = cfg.n_layers, cfg.n_experts_per_token
     # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
-    expert_call_s = max(0.0, (resident_s - token_s(top1)) / (L * (k - 1)))
+    expert_call_s = max(0.0, (resident_s - token_s(top1, clock)) / (L * (k - 1)))
     partial = placeholder_profile(gemv=gemv, expert=expert, expert_call_s=expert_call_s,
                                   calibration_record_bytes=record_bytes, widen=widen)
 
     def rest(run, c) -> float:  # what the ops and the round trip leave of an all-resident token
         nc = count_strata(c)
-        return token_s(run) - sync_s - ops_seconds(nc, byte_budget(nc, slot_bytes=slot_bytes), partial)
+        return token_s(run, clock) - sync_s - ops_seconds(nc, byte_budget(nc, slot_bytes=slot_bytes), partial)
 
     if "short" in runs:
         short = dataclasses.replace(cfg, n_layers=SHORT_LAYERS)
@@ -158,10 +162,10 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
         step_s, layer_s = 0.0, max(0.0, rest(resident, cfg) / L)
     rows = [(s, slot_bytes, resident_s, r) for s, r in sorted(streaming.items())]
     if "wide" in runs:  # the wide model's streaming runs, against its own all-resident step
-        wide_s, wide_slot = token_s(runs["wide"]), wide_slot_bytes()
+        wide_s, wide_slot = token_s(runs["wide"], clock), wide_slot_bytes()
         rows += [(s, wide_slot, wide_s, r) for (_, s), r in sorted(
             (k, r) for k, r in runs.items() if isinstance(k, tuple))]
-    turn_s, turn_slot_s, read_s, read_byte_s, miss_s = fit_streaming(rows, L, fallback_miss_s)
+    turn_s, turn_slot_s, read_s, read_byte_s, miss_s = fit_streaming(rows, L, fallback_miss_s, clock)
     base = max(0, resident.peak_rss - dense_held(budget, backend, gpu=gpu) - budget.experts_resident)
     return EngineCosts(expert_call_s=expert_call_s, step_s=float(step_s), layer_s=float(layer_s), turn_s=turn_s,
                        turn_slot_s=turn_slot_s, read_s=read_s, read_byte_s=read_byte_s, miss_s=miss_s,
@@ -189,15 +193,17 @@ def run_name(key) -> str:
     return f"{key}slots" if isinstance(key, int) else key
 
 
-def refit(profile):
-    """`profile` with its engine fields fitted again, by this file's code, from the runs it keeps."""
+def refit(profile, clock: str = "wall"):
+    """`profile` with its engine fields fitted again, by this file's code, from the runs it keeps
+    (clock "cpu": timed by their own CPU seconds, `token_s`)."""
     if not profile.calibration:
         raise ValueError("this profile keeps no engine runs (measured before profile version 6): remeasure")
     costs = fit_engine(stored_runs(profile.calibration), cfg=calibration_config(),
                        slot_bytes=profile.calibration_slot_bytes, record_bytes=profile.calibration_record_bytes,
                        gemv=profile.gemv, expert=profile.expert, widen=profile.widen, sync_s=profile.sync_s,
                        backend=profile.backend,
-                       gpu=profile.gpu, fallback_miss_s=profile.read_seconds(profile.calibration_slot_bytes))
+                       gpu=profile.gpu, fallback_miss_s=profile.read_seconds(profile.calibration_slot_bytes),
+                       clock=clock)
     derived = {}
     if profile.backend == "mlx":  # as measure_machine derives it: the device's, from its largest GEMV
         derived["mem_bytes_per_s"] = device_bandwidth(profile.gemv)
