@@ -311,7 +311,9 @@ def main(argv=None) -> int:
             print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
                   f"(median {row['median_tps']:.1f}), load {row['load']:.1f}", file=sys.stderr, flush=True)
     print(f"machine profile: {profile.backend}, measured at load {profile.load_avg:.1f}; "
-          f"base RSS {profile.base_rss / 1e6:.1f} MB, layer {1e3 * profile.layer_s:.3f} ms, "
+          f"base RSS {profile.base_rss / 1e6:.1f} MB, step {1e3 * profile.step_s:.3f} ms, "
+          f"round trip {1e6 * profile.sync_s:.1f} us, layer {1e3 * profile.layer_s:.3f} ms, "
+          f"read {1e9 * profile.read_byte_s:.3f} ns/B beyond the per-read cost, "
           f"turn {1e3 * profile.turn_s:.3f} ms + {1e6 * profile.turn_slot_s:.3f} us/slot, read {1e3 * profile.read_s:.3f} ms, miss {1e3 * profile.miss_s:.3f} ms\n")
     print("| model | arena | pred tok/s | tok/s | err | median tok/s | err | with first steps tok/s "
           "| pred peak MB | peak MB | err "
