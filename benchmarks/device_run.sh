@@ -44,7 +44,8 @@ DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 16 --tokens 8 -
 DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 8 --tokens 8 --skip resident,handshake}
 NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 # the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
-# the quick probe and the small model all-resident and at one arena, 150 s at most, JSON-PART lines as it goes
+# the quick probe, then the small and demo models all-resident and at three arenas each in one
+# process (each case warmed up first), 150 s at most, JSON-PART lines as it goes
 DOCTOR_S=${STRATA_DOCTOR_S:-150}
 # dense weights as stored on the GPU (issue 22; STRATA_STAGES=dense): the MLX dense tests (the
 # Q8_0 GEMV path within FORWARD, F16 held as stored), then F32 / F16 / Q8_0 dense side by side
@@ -192,7 +193,8 @@ stage jit_probe 130 env MLX_PTX_CACHE_DIR="$(mktemp -d)" python3 benchmarks/jit_
 stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
 stage doctor "$DOCTOR_S" python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
-  --budget-s $(( DOCTOR_S - 10 )) --cache-dir /tmp/strata-doctor-cache
+  --models small,demo --arenas 0.15,0.3,0.6 --budget-s $(( DOCTOR_S - 30 )) --case-timeout 30 \
+  --cache-dir /tmp/strata-doctor-cache
 stage dense "$DENSE_S" bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -v \
   -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs tests/test_mlx_dense.py -k "not emulated";
   python3 benchmarks/dense_stored.py --backend mlx --shape demo --hidden 1024 --layers 8 --tokens 32 --case-timeout 40'

@@ -5,9 +5,15 @@ resident set (ru_maxrss) is the run's own, not the caller's; the child prints on
 The probe calibrates the engine with it and `benchmarks/doctor_validate.py` measures with it,
 so a prediction and its check are timed the same way.
 
-Times: `decode_tps` is tokens / decode wall time (what `strata generate` prints);
-`median_token_s` is the median per-token step after `WARMUP_TOKENS`, which a loaded machine's
-spikes move far less.
+Times: `decode_tps` is tokens / decode wall time (what `strata generate` prints), first tokens
+included; `steady_tps` is decode calls / their wall time after `WARMUP_TOKENS` (what the doctor
+predicts: the first steps of a process compile MLX's kernels: on the H200 a first run's
+decode_tps was 6.3 tok/s where its steady rate was 1,130), with the cache counts of the same
+steps (`steady_urgent`, `steady_reads` per decode call); `median_token_s` is the median step
+after the warm-up, which a loaded machine's spikes move far less. `cpu_s` / `wall_s`: the
+process's own CPU time (every thread) and the wall time of its decode: on a quiet machine
+their ratio is the run's own (a streaming run's reader threads wait on the disk), and a run
+whose ratio falls was descheduled by other work.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +46,19 @@ class RunMeasurement:
     load_before: float = 0.0  # 1-minute load average when the run started
     load_after: float = 0.0
     others_busy: float = 0.0  # share of the machine's CPU time other processes used during the run (Linux)
+    steady_tps: float = 0.0  # decode calls / wall time after WARMUP_TOKENS (0: too few tokens)
+    steady_urgent: float = 0.0  # urgent misses per decode call over the same steps (streaming)
+    steady_reads: float = 0.0  # reads issued per decode call over the same steps (streaming)
+    cpu_s: float = 0.0  # the process's CPU time (all threads) during the decode loop
+    wall_s: float = 0.0  # the decode loop's wall time
+    warmed: bool = False  # a warm-up run of the same spec ran before it in the same process
+    steps_s: tuple = ()  # every step's wall time (seconds, to the microsecond): where the compiles fell
+    steady_cpu_s: float = 0.0  # the process's CPU seconds (all threads) per decode call over the steady steps
+
+    @property
+    def tps(self) -> float:
+        """The decode rate the doctor predicts: steady (after the warm-up steps) where measured."""
+        return self.steady_tps or self.decode_tps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,15 +83,17 @@ def _child_env() -> dict:
 
 
 def measure_batch(runs: list[tuple[str | os.PathLike, dict]], *, max_tokens: int = 48, prompt: str = PROMPT,
-                  timeout: float = 600) -> list[RunMeasurement | None]:
+                  timeout: float = 600, warmup: bool = False) -> list[RunMeasurement | None]:
     """Several runs, one after another, in ONE child process: on a GPU a fresh MLX process
     spent 17-25 s (H200: CUDA start and the kernels' JIT) on a model that decodes in well under
     a second, so a bounded validation cannot afford a process per run. Each run's peak is its
     own from the kernel's high-water mark reset before it (Linux `clear_refs`), over what the
     earlier runs left resident (the interpreter, compiled kernels, the allocators' caches).
-    Runs not finished within `timeout` come back as None."""
+    Runs not finished within `timeout` come back as None. `warmup`: each run is done twice and
+    the second one measured, so that no measurement pays for compiling kernels its spec is the
+    first to use (a later shape bucket, a new expert count) beyond its warm-up steps."""
     arg = json.dumps({"runs": [{"model": str(m), "overrides": o or {}} for m, o in runs], "max_tokens": max_tokens,
-                      "prompt": prompt})
+                      "prompt": prompt, "warmup": warmup})
     cmd = [sys.executable, "-m", "strata.doctor.measure", "--batch", arg]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env())
@@ -168,18 +190,25 @@ def _one(spec: dict) -> dict:
     model = strata.load(spec["model"])
     before = paging_snapshot()
     cpu0, own0 = _cpu_jiffies(), sum(os.times()[:2])
-    steps, last = [], None
+    steps, caches, cpu, last = [], [], [], None
+    wall0 = time.perf_counter()
     for last in strata.stream_generate(model, spec["prompt"], max_tokens=spec["max_tokens"], config=config):
         steps.append(last.token_seconds)
+        caches.append(last.cache)
+        cpu.append(time.process_time())
+    wall = time.perf_counter() - wall0
+    own = sum(os.times()[:2]) - own0
     paging = PagingDelta.between(before, paging_snapshot())
-    others = others_busy(cpu0, _cpu_jiffies(), sum(os.times()[:2]) - own0)
+    others = others_busy(cpu0, _cpu_jiffies(), own)
     counted = steps[WARMUP_TOKENS:] or steps
     report = last.report.to_dict() if last is not None and last.report is not None else {}
     out = {
         "decode_tps": last.generation_tps if last else 0.0, "median_token_s": float(np.median(counted)),
         "tokens": len(steps), "peak_rss": _peak_rss(), "streaming": bool(report), "report": report,
         "paging": asdict(paging), "load_before": load_before, "load_after": os.getloadavg()[0],
-        "others_busy": others,
+        "others_busy": others, "cpu_s": own, "wall_s": wall, "warmed": bool(spec.get("warmed")),
+        "steps_s": [round(t, 6) for t in steps],
+        **_steady(steps, caches, cpu),
     }
     model.close()
     del model, last
@@ -187,6 +216,24 @@ def _one(spec: dict) -> dict:
     if "mlx.core" in sys.modules:  # freed MLX buffers stay in its cache otherwise, and count in the next peak
         sys.modules["mlx.core"].clear_cache()
     _trim_heap()
+    return out
+
+
+def _steady(steps: list[float], caches: list, cpu: list[float] | None = None) -> dict:
+    """Rate, cache counts and CPU time of the decode calls after WARMUP_TOKENS. Step n samples
+    token n and decodes it; the last step samples only, so steps W .. N-2 are the N-1-W decode
+    calls (`cpu`: the process's CPU clock after each step)."""
+    w, n = WARMUP_TOKENS, len(steps)
+    calls = n - 1 - w
+    if calls < 1:
+        return {}
+    out = {"steady_tps": calls / sum(steps[w:n - 1])}
+    if cpu:
+        out["steady_cpu_s"] = (cpu[n - 2] - cpu[w - 1]) / calls
+    first, end = caches[w - 1], caches[n - 2]  # totals after decode w-1 and after the last decode
+    if first is not None and end is not None:
+        out["steady_urgent"] = (end.urgent_misses - first.urgent_misses) / calls
+        out["steady_reads"] = (end.reads_issued - first.reads_issued) / calls
     return out
 
 
@@ -209,8 +256,12 @@ def _child(arg: str) -> None:
 def _batch(arg: str) -> None:
     spec = json.loads(arg)
     for run in spec["runs"]:
+        one = {**run, "max_tokens": spec["max_tokens"], "prompt": spec["prompt"]}
+        if spec.get("warmup"):
+            _one(one)  # compiles what this spec is the first to use; not measured
+            one["warmed"] = True
         _reset_peak()
-        print(json.dumps(_one({**run, "max_tokens": spec["max_tokens"], "prompt": spec["prompt"]})), flush=True)
+        print(json.dumps(_one(one)), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ tok/s and peak memory, from a source's byte budget and this machine's profile.
 
 Decode time per token (seconds):
 
-    resident:  n_layers · layer_s + ops
-    streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · read_s
+    resident:  step_s + n_layers · layer_s + ops + sync_s   (sync_s: the token's host round trip, MLX)
+    streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · (read_s + read_byte_s · slot)
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
     ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
@@ -108,7 +108,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     cold arena (what a short `strata generate` reports)."""
     least = _min_slots(counts, config)
     base = profile.base_rss
-    dense = dense_held(budget, profile.backend)
+    dense = dense_held(budget, profile.backend, gpu=profile.gpu)  # as on the machine the profile measured
     after_load = memory.available - base - dense  # the file's mapped pages are let go after load
     mem = {"total": memory.total, "available": memory.available, "source": memory.source,
            "available_at_engine_start": after_load}
@@ -131,11 +131,12 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
                                   fill_per_token=slots / (prompt + horizon) if horizon else 0.0)
     # never faster than reading the bytes once at the measured memory bandwidth
     ops = max(ops_seconds(counts, budget, profile), budget.per_token / profile.mem_bytes_per_s)
-    terms = {"layers": counts.n_layers * profile.layer_s, "weights": ops}
+    terms = {"step": profile.step_s, "layers": counts.n_layers * profile.layer_s, "weights": ops,
+             "round_trip": profile.sync_s}
     if streaming and locality is not None:
         miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s
         terms["turns"] = counts.moe_layers * (profile.turn_s + profile.turn_slot_s * slots)
-        terms["reads"] = locality.reads_per_token * profile.read_s
+        terms["reads"] = locality.reads_per_token * (profile.read_s + profile.read_byte_s * budget.slot_bytes)
         terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
     token_s = sum(terms.values())
     experts_held = plan.nbytes if plan and plan.streaming else budget.experts_resident

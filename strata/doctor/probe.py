@@ -5,7 +5,8 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 
 - disk: 4 KiB random reads at queue depth 1 (latency) and 1 MiB random reads from 4 threads
   (bandwidth), O_DIRECT where the filesystem allows, on a scratch file in the cache dir;
-- memory bandwidth: a 64 MB array copy (bytes read + written per second);
+- memory bandwidth: a 64 MB array copy (bytes read + written per second); on MLX its largest
+  GEMV's bytes per second on the device (the floor a token's bytes set);
 - compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
   backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
@@ -13,13 +14,14 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
   expert, `expert_call_s`; the microbenchmark only scales it with the record's size), then
   streaming at four arenas from the smallest legal one to every expert. What the ops do not
   explain is strata's per-layer cost (`layer_s`); the streaming runs
-  give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by least
-  squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per arena slot: measured to
-  grow with the arena) and the host's cost per read issued (`read_s`). The resident run's peak
-  RSS less the model's bytes is the process's base memory.
+  give the wait per urgent miss (`miss_s`, from the report's waiting time) and, by
+  non-negative least squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per
+  arena slot: measured to grow with the arena) and the host's cost per read issued (`read_s`).
+  The resident run's peak RSS less the model's bytes is the process's base memory. The fit is
+  engine_fit.py's; the runs are kept in the profile (`calibration`) so it can be redone.
 
-Per-token steps are medians (after the warm-up), so a loaded machine's spikes move them less;
-the 1-minute load average at measurement time is kept with the profile.
+Engine times are per decode call after the warm-up steps (the first steps of an MLX process
+compile kernels); the 1-minute load average at measurement time is kept with the profile.
 """
 
 from __future__ import annotations
@@ -37,21 +39,23 @@ from typing import Mapping
 
 import numpy as np
 
+from strata.doctor.engine_fit import (
+    CALIBRATION_EXPERTS, CALIBRATION_LAYERS, SHORT_LAYERS, WIDE_FFN, device_bandwidth, fit_engine, run_name,
+    token_s,
+)
+
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 5  # 5: the widening tables (dense weights kept as stored)
+PROFILE_VERSION = 6  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
-CALIBRATION_LAYERS = 6
-CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
 CALIBRATION_TOKENS = 32
 CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
 # The quick probe (`quick=True`, for a bounded run on a lent GPU machine where a fresh MLX process
 # cost 17-25 s on the H200): one run per engine case, all in one process (measure_batch), three
 # streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s takes), one
 # compute round. Cached apart from the full one.
-QUICK_REPEATS = 1
 QUICK_COMPUTE_ROUNDS = 1
 
 
@@ -113,6 +117,12 @@ class MachineProfile:
     # stored dense type name -> seconds per call of widening it to float32, by stored bytes (the
     # numpy engines widen every dense matmul's weights; empty: no widening priced, MLX)
     widen: dict = field(default_factory=dict)
+    # the engine runs the probe fitted (case -> seconds per call, counts, peak): kept to check a fit
+    calibration: dict = field(default_factory=dict)
+    gpu: bool = False  # the backend ran on a GPU when measured (MLX holds an F32 file's matrices as float16 there)
+    sync_s: float = 0.0  # one host round trip, paid once per decoded token (MLX: its logits to the host; numpy: 0)
+    step_s: float = 0.0  # a decoded token's fixed cost beyond its layers (sampling, bookkeeping, a compiled replay)
+    read_byte_s: float = 0.0  # a read's cost per byte of its slot, beyond read_s (MLX on CUDA: managed memory)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
@@ -333,33 +343,45 @@ def _widen_numpy(rounds: int = COMPUTE_ROUNDS) -> dict[str, OpCost]:
     return out
 
 
-def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
-    """MLX: a float32 GEMV on the default device; an expert costs three GEMV calls reading its
-    record bytes (the Q2_0 kernels are bandwidth-bound). Unverified on a GPU."""
+GRAPH_CALLS = 16  # GEMVs evaluated together: the in-graph cost of a call, not a round trip each
+SYNC_REPEATS = 50
+
+
+def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
+    """MLX: (gemv, expert, sync_s). A float32 GEMV's cost inside a graph, (t(16 GEMVs in one
+    evaluation) - t(1)) / 15, as the engines evaluate a token's (or a layer's) launches
+    together: evaluating each alone timed the host round trip (25-45 us a call on the H200,
+    where a compiled step's launch costs ~5-18 us); an expert costs three such calls reading its
+    record bytes (the Q2_0 kernels are bandwidth-bound); sync_s is one round trip (a trivial
+    evaluation), which a decoded token pays once for its logits."""
     import mlx.core as mx
 
-    cases = []
+    one, many = [], []
     for n in GEMV_SIZES:
         w = mx.random.normal((n, n))
-        x = mx.random.normal((n,))
-        mx.eval(w, x)
-        cases.append((n * n * 4, lambda w=w, x=x: mx.eval(w @ x)))
-    gemv = _table(cases, rounds=rounds)
-    return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points))
+        xs = [mx.random.normal((n,)) for _ in range(GRAPH_CALLS)]
+        mx.eval(w, *xs)
+        one.append((n * n * 4, lambda w=w, x=xs[0]: mx.eval(w @ x)))
+        many.append((n * n * 4, lambda w=w, xs=xs: mx.eval([w @ x for x in xs])))
+    t1, tn = _table(one, rounds=rounds), _table(many, rounds=rounds)
+    pts, last = [], 1e-7  # a call never costs nothing, and more bytes never less (noise can say otherwise)
+    for (b, t), (_, t0) in zip(tn.points, t1.points):
+        last = max(last, (t - t0) / (GRAPH_CALLS - 1))
+        pts.append((b, last))
+    gemv = OpCost(tuple(pts))
+    a = mx.array(1.0)
+    mx.eval(a)
+    sync = _median(lambda: mx.eval(a + 1), SYNC_REPEATS)
+    return gemv, OpCost(tuple((b, 3 * gemv.each(b / 3)) for b, _ in gemv.points)), sync
 
 
 # ---------------------------------------------------------------- the engine
 
 
-def _token_s(run) -> float:
-    """Mean seconds per decoded token: the stream report's own (the same tokens its read and
-    miss counts cover), else tokens / decode time."""
-    if run.report:
-        return run.report["ms_per_token"] / 1e3
-    return 1.0 / run.decode_tps if run.decode_tps else 0.0
-
-
 def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
+    """The engine runs of the probe: "resident" (top-k), "top1", "short" (all-resident with
+    SHORT_LAYERS layers: with "resident", a token's fixed cost apart from its per-layer one)
+    and arena slots -> streaming run."""
     from strata.config import Config
     from strata.formats.expert_record import RecordLayout
     from strata.formats.quant_types import QuantType
@@ -374,62 +396,39 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -
         total = model.experts_file.header.n_records
         least = cache_config_for(model, Config(), 1).min_capacity
         slot = model.experts_file.header.padded_bytes
-        model.experts_file.close()
-        arenas = {least, total // 2, total} if quick else {least, total // 3, 2 * total // 3, total}
-        repeats = QUICK_REPEATS if quick else CALIBRATION_REPEATS
-        cases = [("resident", 0)] + [(f"{c}slots", c) for c in sorted(arenas)]
-        tries: dict[int, list] = {slots: [] for _, slots in cases}
-        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
-                         n_experts_per_token=1)
-        if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
-            if progress:
-                progress(f"engine: {len(cases) + 1} cases in one process")
-            batch = [(made.model_path, {"backend": backend, **({"arena": f"{s}slots"} if s else {})}) for _, s in cases]
-            got = measure_batch(batch + [(one.model_path, {"backend": backend})], max_tokens=CALIBRATION_TOKENS,
-                                timeout=timeout)
-            if any(r is None for r in got):
-                raise RuntimeError(f"quick probe: {sum(r is None for r in got)} of {len(got)} engine runs did not "
-                                   f"finish within {timeout:.0f} s")
-            runs = {s: r for (_, s), r in zip(cases, got)}
-            runs[-1] = got[-1]
-            record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
-                                  made.cfg.expert_ffn_size).record_bytes
-            return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
-        for round_ in range(repeats):  # interleaved: a load burst hits every case alike
-            for name, slots in cases:
-                if progress:
-                    progress(f"engine: {name} ({round_ + 1}/{repeats})")
-                overrides = {"backend": backend, **({"arena": f"{slots}slots"} if slots else {})}
-                tries[slots].append(measure_quiet(made.model_path, overrides, max_tokens=CALIBRATION_TOKENS))
-        top1 = []
-        for round_ in range(repeats):
-            if progress:
-                progress(f"engine: resident top-1 ({round_ + 1}/{repeats})")
-            top1.append(measure_quiet(one.model_path, {"backend": backend}, max_tokens=CALIBRATION_TOKENS))
-        runs = {slots: sorted(t, key=_token_s)[len(t) // 2] for slots, t in tries.items()}  # the median run
-        runs[-1] = sorted(top1, key=_token_s)[len(top1) // 2]
         record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
                               made.cfg.expert_ffn_size).record_bytes
+        model.experts_file.close()
+        arenas = {least, total // 2, total} if quick else {least, total // 3, 2 * total // 3, total}
+        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
+                         n_experts_per_token=1)
+        short = make_model(Path(d) / "probe2", "tiny", n_layers=SHORT_LAYERS, n_experts=CALIBRATION_EXPERTS)
+        wide = make_model(Path(d) / "probe3", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
+                          expert_ffn_size=WIDE_FFN)
+        cases = [("resident", made.model_path, {})] + [
+            (c, made.model_path, {"arena": f"{c}slots", "profile": True}) for c in sorted(arenas)] + [
+            ("top1", one.model_path, {}), ("short", short.model_path, {}), ("wide", wide.model_path, {})] + [
+            (("wide", c), wide.model_path, {"arena": f"{c}slots", "profile": True}) for c in (least, total // 2)]
+        if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
+            if progress:
+                progress(f"engine: {len(cases)} cases in one process")
+            got = measure_batch([(path, {"backend": backend, **o}) for _, path, o in cases],
+                                max_tokens=CALIBRATION_TOKENS, timeout=timeout, warmup=True)
+            runs = {name: r for (name, _, _), r in zip(cases, got) if r is not None}
+            # the short and wide models come last and refine the fit; the fit needs the rest
+            missing = [run_name(name) for name, _, _ in cases if name not in runs]
+            if any(name not in runs for name, _, _ in cases[:len(arenas) + 2]):
+                raise RuntimeError(f"quick probe: engine runs {', '.join(missing)} did not finish within "
+                                   f"{timeout:.0f} s")
+            return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record, "missing": missing}
+        tries: dict = {name: [] for name, _, _ in cases}
+        for round_ in range(CALIBRATION_REPEATS):  # interleaved: a load burst hits every case alike
+            for name, path, o in cases:
+                if progress:
+                    progress(f"engine: {run_name(name)} ({round_ + 1}/{CALIBRATION_REPEATS})")
+                tries[name].append(measure_quiet(path, {"backend": backend, **o}, max_tokens=CALIBRATION_TOKENS))
+        runs = {name: sorted(t, key=token_s)[len(t) // 2] for name, t in tries.items()}  # the median run
     return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
-
-
-def _fit_streaming(runs: dict, resident_s: float, n_layers: int, fallback_miss_s: float):
-    """(turn_s, turn_slot_s, read_s, miss_s) from the streaming runs (capacity -> run).
-
-    miss_s is the measured wait per urgent miss (the report's waiting time / urgent misses,
-    over the runs that missed); the rest by least squares on what the waits do not explain:
-    per token  t - resident - urgent * miss_s = L * (turn_s + turn_slot_s * slots) + reads * read_s."""
-    waits = [(r.report["waiting_ms_per_window"] / 1e3, r.report["urgent_misses_per_token"]) for r in runs.values()]
-    urgent = sum(u for _, u in waits)
-    miss_s = sum(w for w, _ in waits) / urgent if urgent > 0 else fallback_miss_s
-    rows, ys = [], []
-    for slots, r in runs.items():
-        rep = r.report
-        rows.append([n_layers, n_layers * slots, rep["reads_per_token"]])
-        ys.append(_token_s(r) - resident_s - rep["urgent_misses_per_token"] * miss_s)
-    coef, *_ = np.linalg.lstsq(np.array(rows, float), np.array(ys, float), rcond=None)
-    turn, per_slot, read = (max(0.0, float(c)) for c in coef)
-    return turn, per_slot, read, miss_s
 
 
 _PLACEHOLDER = MachineProfile(
@@ -439,51 +438,44 @@ _PLACEHOLDER = MachineProfile(
     load_avg=0.0, measured_at=0.0)
 
 
+def placeholder_profile(**fields) -> MachineProfile:
+    """A profile holding only `fields` (the rest inert): for pricing ops before the engine is fitted."""
+    return dataclasses.replace(_PLACEHOLDER, **fields)
+
+
 def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
                     timeout: float = 600) -> MachineProfile:
     """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs in
     one process within `timeout` seconds)."""
-    from strata.doctor.byte_budget import byte_budget
-    from strata.doctor.families import count_strata
-
     say = progress or (lambda _msg: None)
     say("disk")
     lat, bw, direct = _disk(cache_dir)
-    say("memory")
-    mem = _mem_bw()
     say("compute")
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
-    gemv, expert = _compute_mlx(rounds) if backend == "mlx" else _compute_numpy(rounds)
+    gemv, expert, sync = _compute_mlx(rounds) if backend == "mlx" else (*_compute_numpy(rounds), 0.0)
+    say("memory")
+    mem = device_bandwidth(gemv) if backend == "mlx" else _mem_bw()
     widen = {} if backend == "mlx" else _widen_numpy(rounds)
     eng = _engine(backend, say, quick, timeout)
     notes: list[str] = []
-    cfg, runs = eng["cfg"], eng["runs"]
-    counts = count_strata(cfg)
-    budget = byte_budget(counts, slot_bytes=eng["slot"])
-    from strata.doctor.predict import ops_seconds  # late: predict imports this module
+    gpu = False
+    if backend == "mlx":
+        from strata.engines import mlx_gpu_available
 
-    resident, top1 = runs.pop(0), runs.pop(-1)
-    resident_s = _token_s(resident)
-    L, k = cfg.n_layers, cfg.n_experts_per_token
-    # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
-    expert_call_s = max(0.0, (resident_s - _token_s(top1)) / (L * (k - 1)))
-    partial = dataclasses.replace(_PLACEHOLDER, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-                                  calibration_record_bytes=eng["record"], widen=widen)
-    ops = ops_seconds(counts, budget, partial)
-    layer_s = max(0.0, (resident_s - ops) / L)
-    turn_s, turn_slot_s, read_s, miss_s = _fit_streaming(runs, resident_s, cfg.n_layers, lat + eng["slot"] / bw)
-    from strata.doctor.predict import dense_held
-
-    # as predict.py counts a peak
-    base = max(0, resident.peak_rss - dense_held(budget, backend) - budget.experts_resident)
+        gpu = mlx_gpu_available()
+    runs = eng["runs"]
+    costs = fit_engine(runs, cfg=eng["cfg"], slot_bytes=eng["slot"], record_bytes=eng["record"], gemv=gemv,
+                       expert=expert, widen=widen, sync_s=sync, backend=backend, gpu=gpu,
+                       fallback_miss_s=lat + eng["slot"] / bw)
+    calibration = {run_name(k): r.to_dict() for k, r in runs.items()}
     if not direct:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
         notes.append("quick probe: one run per engine case, three streaming arenas, all in one process")
+    if eng.get("missing"):
+        notes.append(f"not finished within the probe's time, left out of the fit: {', '.join(eng['missing'])}")
     return MachineProfile(
         backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
-        mem_bytes_per_s=mem, gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-        calibration_record_bytes=eng["record"], layer_s=layer_s, turn_s=turn_s, turn_slot_s=turn_slot_s,
-        read_s=read_s,
-        miss_s=miss_s, calibration_slot_bytes=eng["slot"], base_rss=base, load_avg=os.getloadavg()[0],
-        measured_at=time.time(), notes=tuple(notes), widen=widen)
+        mem_bytes_per_s=mem, gemv=gemv, expert=expert, calibration_record_bytes=eng["record"],
+        calibration_slot_bytes=eng["slot"], load_avg=os.getloadavg()[0], measured_at=time.time(),
+        notes=tuple(notes), widen=widen, calibration=calibration, gpu=gpu, sync_s=sync, **dataclasses.asdict(costs))
