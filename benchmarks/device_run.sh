@@ -97,6 +97,8 @@ stage tests "$TESTS_S" env PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE
   -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs --durations=15 \
   tests/test_mlx_engine.py tests/test_mlx_kernels.py tests/test_mlx_compiled.py tests/test_mlx_twins.py \
   tests/test_mlx_native_kernel.py tests/test_gpt_oss_engines.py -k "not emulated" $TEST_SELECT
+# every gpu-marked test of the suite, 4 processes at once (not in the default list: STRATA_STAGES=gpu_tests)
+stage gpu_tests 280 bash benchmarks/gpu_tests.sh 250  # logs in /tmp/strata-gpu-tests; FAILED lines in the stage log
 stage kernels "$KERNELS_S" python3 benchmarks/kernels.py
 # the native expert kernel (MLX's affine 4/8-bit and MXFP4 records) vs gather_qmm; not in the
 # default list (its log would be a ninth file): STRATA_STAGES=tests,native,ncu_moe
