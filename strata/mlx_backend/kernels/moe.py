@@ -161,6 +161,24 @@ INLINE float q2_scale_dn(int j) {
 INLINE int q2_shift(int j) { return j <= 10 ? 2 * j : 2 * (j - 11); }  // code j's bit position in w or w >> 22
 """
 
+# Token t's x into threadgroup memory, pre-scaled per code (xsh, row stride XW), and each 16-value
+# word's plain sum (xsum), in one order: the fused kernel (COMMON) and moe_decode.py's gate/up
+# launch both take this text, so their hidden activations agree bit for bit. Needs tid, NT, WPR,
+# XW, D, DN, x, t, xsh, xsum in scope.
+X_PRESCALE = r"""
+  for (uint32_t w = tid; w < (uint32_t)WPR; w += NT) {
+    float s = 0.0f;
+    UNROLL for (int j = 0; j < 16; j += 4) {
+      const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
+      UNROLL for (int q = 0; q < 4; ++q) {
+        xsh[XW * w + j + q] = v.v[q] * (DN ? q2_scale_dn(j + q) : q2_scale(j + q));
+        s += v.v[q];
+      }
+    }
+    xsum[w] = s;
+  }
+"""
+
 COMMON = r"""
   constexpr int NW = NT / 32;
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
@@ -177,18 +195,7 @@ COMMON = r"""
   // from L2 and summed it at every step before issuing the step's weight loads, so each step
   // waited for an L2 round trip and then a DRAM one (SASS, sm_90), and spent 32 of its ~520
   // instructions re-scaling x.
-  for (uint32_t w = tid; w < (uint32_t)WPR; w += NT) {
-    float s = 0.0f;
-    UNROLL for (int j = 0; j < 16; j += 4) {
-      const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
-      UNROLL for (int q = 0; q < 4; ++q) {
-        xsh[XW * w + j + q] = v.v[q] * (DN ? q2_scale_dn(j + q) : q2_scale(j + q));
-        s += v.v[q];
-      }
-    }
-    xsum[w] = s;
-  }
-  BARRIER();
+""" + X_PRESCALE + r"""  BARRIER();
   // gate/up: warp warp_id takes rows warp_id + NW rr; lane word w = lane + 32 i of each row, so a
   // warp reads 128 contiguous bytes per row and step. The word loop is outside the row loop: the
   // lane's 16 x values of word w live only through step i (fewer registers, more blocks per SM).

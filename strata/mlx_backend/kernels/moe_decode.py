@@ -88,19 +88,8 @@ GATEUP = r"""
       ud[k][i] = us[wc >> 1];
     }
   }
-  // x pre-scaled per code and each word's plain sum (moe.py's COMMON, the same order)
-  for (uint32_t w = tid; w < (uint32_t)WPR; w += NT) {
-    float s = 0.0f;
-    UNROLL for (int j = 0; j < 16; j += 4) {
-      const f4 v = load_f4(x + (uint64_t)t * D + 16 * w + j);
-      UNROLL for (int q = 0; q < 4; ++q) {
-        xsh[XW * w + j + q] = v.v[q] * (DN ? q2_scale_dn(j + q) : q2_scale(j + q));
-        s += v.v[q];
-      }
-    }
-    xsum[w] = s;
-  }
-  BARRIER();
+  // x pre-scaled per code and each word's plain sum (moe.py's X_PRESCALE: the fused kernel's text)
+""" + moe.X_PRESCALE + r"""  BARRIER();
   float ga[UPW], ua[UPW];
   UNROLL for (int k = 0; k < UPW; ++k) { ga[k] = 0.0f; ua[k] = 0.0f; }
   UNROLL for (int i = 0; i < WPL; ++i) {
