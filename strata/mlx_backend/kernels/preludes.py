@@ -55,6 +55,25 @@ class Dialect(enum.Enum):
     EMU = "emu"
 
 
+# Helpers whose portable form Metal and the emulator share (CUDA has its own: __half22float2, one
+# PRMT): h8_f8 from h16_f32, byte_perm as a loop over the 4 result bytes.
+_PORTABLE_HELPERS = r"""
+INLINE f8 h8_f8(uint4 u) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  f8 r;
+  for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
+  return r;
+}
+INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
+  uint32_t r = 0u;
+  for (uint32_t i = 0; i < 4u; ++i) {
+    const uint32_t k = (s >> (4u * i)) & 7u;
+    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
+  }
+  return r;
+}
+"""
+
 METAL_HEADER = r"""
 #include <metal_stdlib>
 using namespace metal;
@@ -97,12 +116,6 @@ INLINE f8 load_h8(const device half* p) {
   return r;
 }
 INLINE float h16_f32(uint16_t b) { return static_cast<float>(as_type<half>(b)); }
-INLINE f8 h8_f8(uint4 u) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  f8 r;
-  for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
-  return r;
-}
 INLINE uint32_t f16_bits(half_t h) { return (uint32_t)as_type<uint16_t>(h); }
 INLINE f4 mma_16816(f4 c, const threadgroup uint16_t* a, uint32_t lda, const threadgroup uint16_t* b, uint32_t ldb,
                     uint32_t lane) {
@@ -122,15 +135,7 @@ INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t la
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
 }
-INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
-  uint32_t r = 0u;
-  for (uint32_t i = 0; i < 4u; ++i) {
-    const uint32_t k = (s >> (4u * i)) & 7u;
-    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
-  }
-  return r;
-}
-"""
+""" + _PORTABLE_HELPERS
 
 METAL_BODY = r"""
   const uint32_t tid = thread_position_in_threadgroup.x;
@@ -280,12 +285,6 @@ INLINE f8 load_h8(const half_t* p) {
   return r;
 }
 INLINE float h16_f32(uint16_t b) { return static_cast<float>(strata_emu::half{b}); }
-INLINE f8 h8_f8(uint4 u) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  f8 r;
-  for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
-  return r;
-}
 INLINE f4 mma_16816(f4 c, const uint16_t* a, uint32_t lda, const uint16_t* b, uint32_t ldb, uint32_t lane) {
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
   for (int i = 0; i < 4; ++i) {
@@ -301,15 +300,7 @@ INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) { afrag 
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
 }
-INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
-  uint32_t r = 0u;
-  for (uint32_t i = 0; i < 4u; ++i) {
-    const uint32_t k = (s >> (4u * i)) & 7u;
-    r |= ((k < 4u ? x >> (8u * k) : y >> (8u * (k - 4u))) & 0xffu) << (8u * i);
-  }
-  return r;
-}
-"""
+""" + _PORTABLE_HELPERS
 
 EMU_BODY = r"""
   const uint32_t tid = strata_emu::ctx->tid;
