@@ -4,43 +4,26 @@ GPU where MLX has one) against the dequantized records, and its Metal / CUDA sou
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from kernel_paths import KERNEL_PATHS
 from mlx_agree import assert_backends_agree
-from strata.formats.expert_record import RecordLayout
-from strata.formats.quant_types import QuantType
-from strata.mlx_backend.experts import stack_experts
+from q2_records import CFG, q2_records
 from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts
 from strata.mlx_backend.kernels import emulate
-from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, recording, using_path
+from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.q2_mma import q2_mma
 from strata.reference.experts import routed_experts
-from strata.testing.models import SHAPES, make_expert
 
-PATHS = [pytest.param(KernelPath.EMULATED, marks=pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")),
-         pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None,
-                                                                                 reason="no MLX GPU")])]
-CFG = replace(SHAPES["tiny"], hidden_size=64, expert_ffn_size=96, n_experts=5)
-
-
-def _records():
-    rec = RecordLayout(QuantType.Q2_0, CFG.hidden_size, CFG.expert_ffn_size)
-    experts = [make_expert(CFG, 0, 0, e, QuantType.Q2_0) for e in range(CFG.n_experts)]
-    records, _ = stack_experts(experts, rec)
-    return rec, experts, records
-
-
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("planes", [("gate", "up"), ("down",)])
 def test_q2_mma_is_the_dequantized_product(path, planes):
     """Y[e] = X[e] W_e^T with W_e the records' planes (gate | up stacked, or down), slots in any
     order, M and R not multiples of the tile: float32 sums of exact float16 products (FAST)."""
-    rec, _, records = _records()
+    rec, _, records = q2_records()
     cols = CFG.hidden_size if planes[0] == "gate" else CFG.expert_ffn_size
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 70, cols)).astype(np.float16)
@@ -54,10 +37,10 @@ def test_q2_mma_is_the_dequantized_product(path, planes):
     assert_backends_agree(ref, np.array(got), "FAST", what=f"q2_mma {planes}")
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_grouped_experts_through_the_kernel(path):
     """GroupedGemm.Q2_MMA in the prompt path's expert step: the reference's per-token experts."""
-    rec, experts, records = _records()
+    rec, experts, records = q2_records()
     t, k = 30, 3
     rng = np.random.default_rng(1)
     h = rng.standard_normal((t, CFG.hidden_size)).astype(np.float32)
@@ -76,7 +59,7 @@ def test_q2_mma_sources_compile(tmp_path, dialect):
     """The specialisations that ran, as the full Metal and CUDA sources (Metal: compile-checked, not run)."""
     from test_metal_compile import _check
 
-    rec, _, records = _records()
+    rec, _, records = q2_records()
     with using_path(KernelPath.EMULATED), recording() as specs:
         for planes, cols in ((("gate", "up"), CFG.hidden_size), (("down",), CFG.expert_ffn_size)):
             mx.eval(q2_mma(mx.zeros((2, 8, cols), mx.float16), records, mx.array(np.arange(2, dtype=np.int32)),

@@ -5,37 +5,20 @@ form (the emulator, the GPU where MLX has one), and the Metal / CUDA sources com
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from kernel_paths import KERNEL_PATHS
 from mlx_agree import assert_backends_agree
-from strata.formats.expert_record import RecordLayout
-from strata.formats.quant_types import QuantType
+from q2_records import CFG, q2_records
 from strata.mlx_backend import lowp
-from strata.mlx_backend.experts import stack_experts
 from strata.mlx_backend.grouped import GroupedGemm, grouped_experts
 from strata.mlx_backend.grouped_tiles import tile_bound, tile_table
 from strata.mlx_backend.kernels import emulate
-from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, recording, using_path
+from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.reference.experts import routed_experts
-from strata.testing.models import SHAPES, make_expert
-
-PATHS = [pytest.param(KernelPath.EMULATED, marks=pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")),
-         pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(gpu_dialect() is None,
-                                                                                 reason="no MLX GPU")])]
-CFG = replace(SHAPES["tiny"], hidden_size=64, expert_ffn_size=96, n_experts=5)
-
-
-def _records():
-    rec = RecordLayout(QuantType.Q2_0, CFG.hidden_size, CFG.expert_ffn_size)
-    experts = [make_expert(CFG, 0, 0, e, QuantType.Q2_0) for e in range(CFG.n_experts)]
-    records, _ = stack_experts(experts, rec)
-    return rec, experts, records
-
 
 def _routing(t: int, k: int, seed: int, *, skewed: bool = False):
     """h [t, D], experts [t, k] (distinct per token; skewed: every token the same k experts), weights [t, k]."""
@@ -69,7 +52,7 @@ def test_tile_table_covers_every_pair_once(n, e, per_tile, seed):
     assert real.sum() == sum(-(-c // per_tile) for c in counts)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("split", [True, False], ids=["two_terms", "rounded_once"])
 @pytest.mark.parametrize("skewed", [False, True], ids=["random", "every_token_same_experts"])
 @pytest.mark.parametrize("fused", [False, True], ids=["ops_hidden", "fused_hidden"])
@@ -83,7 +66,7 @@ def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed, fu
     from strata.mlx_backend import grouped_tiles
 
     monkeypatch.setattr(grouped_tiles, "FUSED_HIDDEN", fused)
-    rec, experts, records = _records()
+    rec, experts, records = q2_records()
     t, k = 70, 3
     h, ids, wts = _routing(t, k, 1, skewed=skewed)
     saved, lowp.SPLIT = lowp.SPLIT, split
@@ -105,7 +88,7 @@ def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed, fu
 
 
 def test_q2_tiles_refuses_the_ops_path():
-    rec, _, records = _records()
+    rec, _, records = q2_records()
     h, ids, wts = _routing(4, 2, 0)
     with using_path(KernelPath.OPS), pytest.raises(ValueError, match="Q2_TILES is a kernel"):
         grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), gemm=GroupedGemm.Q2_TILES)
@@ -120,7 +103,7 @@ def test_q2_tiles_sources_compile(tmp_path, dialect, monkeypatch):
     from test_metal_compile import _check
     from strata.mlx_backend import grouped_tiles
 
-    rec, _, records = _records()
+    rec, _, records = q2_records()
     h, ids, wts = _routing(6, 2, 0)
     saved = lowp.SPLIT
     try:
@@ -138,11 +121,11 @@ def test_q2_tiles_sources_compile(tmp_path, dialect, monkeypatch):
     assert not errors, "\n\n".join(errors)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_q2_tiles_reads_experts_at_their_slots(path):
     """slots: expert e's record at arena row slots[e] (a streaming pass's used slots, no copy of
     them), bit for bit the same step over those records taken out (and the padded form's within FAST)."""
-    rec, _, records = _records()
+    rec, _, records = q2_records()
     arena = mx.concatenate([mx.zeros((3, records.shape[1]), mx.uint8), records[::-1]])  # expert e at row 7 - e
     slots = mx.array(np.array([7 - e for e in range(CFG.n_experts)], np.int32))
     h, ids, wts = _routing(40, 3, 2)
@@ -176,7 +159,7 @@ def test_q2_tiles_columns_a_block_do_not_change_the_product():
     """64 or 128 output columns a block: each output's k loop is the same, so the same bits."""
     from strata.mlx_backend.kernels.q2_tiles import BM, q2_tiles
 
-    rec, _, records = _records()
+    rec, _, records = q2_records()
     h, ids, wts = _routing(50, 3, 5)
     flat = mx.array(ids.reshape(-1))
     order = mx.argsort(flat).astype(mx.int32)
