@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from _measure import median_time  # noqa: E402
 from strata.mlx_backend import grouped, jit_cache, lowp  # noqa: E402,F401  (jit_cache: the PTX cache default)
 from strata.mlx_backend import prompt as prompt_mod  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
@@ -62,17 +63,6 @@ T0 = time.time()
 
 def part(obj: dict) -> None:
     print("JSON-PART " + json.dumps({**obj, "t": round(time.time() - T0, 1)}), flush=True)
-
-
-def _median_s(fn, reps: int) -> float:
-    """Median seconds of fn() (which evaluates what it builds) after one warm-up call."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def _fresh(cfg) -> MlxModelState:
@@ -158,7 +148,7 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
     steps: dict[str, float] = {}
 
     def time_ms(name, fn):
-        steps[name] = _median_s(lambda: mx.eval(fn()), reps) * 1e3
+        steps[name] = median_time(lambda: mx.eval(fn()), warmup=1, reps=reps) * 1e3
 
     time_ms("eval of one small op (overhead floor)", lambda: x[:1, :8] + 1.0)
     kv = MlxModelState.empty(cfg).layers[0]
@@ -259,11 +249,12 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
         z = h @ lw.router.T
         experts, weights = route_prompt(z, lw.rule)
         mx.eval(h, z, experts, weights)
-        row = {"fused": _median_s(lambda: mx.eval(experts_route(p.arena.array, rec, h, z, 0, lw.rule, None,
-                                                                expert_act(cfg))[0]), reps) * 1e3}
+        row = {"fused": median_time(lambda: mx.eval(experts_route(p.arena.array, rec, h, z, 0, lw.rule, None,
+                                                                  expert_act(cfg))[0]), warmup=1, reps=reps) * 1e3}
         for form in forms:
-            row[form.value] = _median_s(lambda form=form: mx.eval(grouped_experts(
-                records, rec, h, experts, weights, dtype=p.dtype, act=expert_act(cfg), gemm=form)), reps) * 1e3
+            row[form.value] = median_time(lambda form=form: mx.eval(grouped_experts(
+                records, rec, h, experts, weights, dtype=p.dtype, act=expert_act(cfg), gemm=form)),
+                warmup=1, reps=reps) * 1e3
         out[n] = row
         part({"crossing_tokens": n, "pairs_per_expert": n * cfg.n_experts_per_token / cfg.n_experts,
               "experts_ms": {k: round(v, 3) for k, v in row.items()}})
