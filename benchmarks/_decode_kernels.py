@@ -71,8 +71,10 @@ def ncu_decode_launches(small: bool = False) -> None:
     for upw, rw in NCU_SHAPES:
         mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order, rule.norm_topk_prob,
                                            upw=upw, rw=rw))
-    mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order, rule.norm_topk_prob,
-                                       rounds=not decode_routing.RANK_ROUNDS))  # the other ranking form
+    for form in decode_routing.Ranking:  # the other ranking forms
+        if form is not decode_routing.RANK_FORM:
+            mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order,
+                                               rule.norm_topk_prob, rounds=form))
     for early in (True, False):
         mx.eval(dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps, early=early),
                 dense_gemv.dense_gemv(lw.attn.wo, o, early=early))

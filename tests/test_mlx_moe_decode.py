@@ -79,9 +79,10 @@ def test_two_launches_against_the_reference(path, order, norm):
 
 
 @pytest.mark.parametrize("path", EMULATED)
-def test_argmax_rounds_rank_as_the_loop_does(path):
-    """The top k by argmax rounds: the same slots, weights and activations, bit for bit, as the
-    ranking loop: exact ties (the lower id first), -inf logits, a tie at the k-th place."""
+def test_every_ranking_form_ranks_as_the_loop_does(path):
+    """The top k by argmax rounds and by warp sorts: the same slots, weights and activations, bit
+    for bit, as the ranking loop: exact ties (the lower id first), -inf logits, a tie at the k-th
+    place (24 logits: one warp's chunk, padded)."""
     with using_path(path):
         k = 5
         rec, records, x, _, z = _case(path, 11, k, tokens=3)
@@ -91,11 +92,34 @@ def test_argmax_rounds_rank_as_the_loop_does(path):
         z[2, 5] = -np.inf
         for order, norm in ((RoutingOrder.SOFTMAX_TOPK, True), (RoutingOrder.TOPK_SOFTMAX, False)):
             outs = [moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, order, norm, rounds=rr)[:3]
-                    for rr in (False, True)]
-            for a, b in zip(*outs):
-                np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=order.value)
+                    for rr in decode_routing.Ranking]
+            for other in outs[1:]:
+                for a, b in zip(outs[0], other):
+                    np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=order.value)
         ids = np.arange(z.shape[1])
         want = np.stack([np.lexsort((ids, -row))[:k] for row in z])  # z descending, ties to the lower id
+        np.testing.assert_array_equal(np.array(outs[1][1]), want)
+
+
+@pytest.mark.parametrize("path", EMULATED)
+def test_warp_sorts_rank_many_chunks(path):
+    """Ranking.BITONIC over more chunks of 32 logits than the block has warps (300 logits: 10
+    chunks, the last one part-filled, 8 warps), ties across chunks and at the k-th place: the
+    loop's slots, weights and activations bit for bit, and the reference's order."""
+    with using_path(path):
+        k, n = 10, 300
+        rec, records, x, _, z = _case(path, 13, k, tokens=2, n=n // 2)
+        z = np.random.default_rng(13).standard_normal((2, n)).astype(np.float32)
+        z[0, [40, 290, 7]] = z[0].max() + 0.5  # one value in three chunks
+        top = np.sort(z[1])[::-1]
+        z[1, [299, 64, 33]] = top[k - 1]  # a tie across the k-th place, in three chunks
+        order, norm = RoutingOrder.SOFTMAX_TOPK, True
+        outs = [moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, order, norm, rounds=rr)[:3]
+                for rr in (decode_routing.Ranking.LOOP, decode_routing.Ranking.BITONIC)]
+        for a, b in zip(*outs):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
+        ids = np.arange(n)
+        want = np.stack([np.lexsort((ids, -row))[:k] for row in z])
         np.testing.assert_array_equal(np.array(outs[1][1]), want)
 
 
@@ -199,7 +223,9 @@ def test_sources_compile(tmp_path, dialect):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                                RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
-                                           RoutingOrder.SOFTMAX_TOPK, True, rounds=not decode_routing.RANK_ROUNDS))
-    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 9
+                                           RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.ROUNDS))
+        mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
+                                           RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.BITONIC))
+    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 10
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
     assert not errors, "\n\n".join(errors)

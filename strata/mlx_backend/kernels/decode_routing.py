@@ -1,25 +1,81 @@
 """The routing preamble (moe.ROUTE_PREAMBLE: the top k of the logits by the model's rule, ties to
 the lower id, and the rule's weights) as the decode launches take it (kernels/moe_decode.py): cut
 into its ranking, which every block needs before its loads (its rank's slot), and its weighing,
-which only the block that writes the weights runs; the ranking by the preamble's count loop or by
-argmax rounds (RANK_ROUNDS, a template switch: ROUNDS). The text is moe.py's, cut where it says;
+which only the block that writes the weights runs; the ranking by the preamble's count loop, by
+argmax rounds or by warp sorts (`Ranking`, the template int ROUNDS; RANK_FORM the default). The text is moe.py's, cut where it says;
 an edit there that moves the cuts fails at import.
 """
 
 from __future__ import annotations
 
+import enum
+
 from strata.mlx_backend.kernels import moe
 
-# The top k by K rounds of a block-wide argmax (the largest z, ties to the lower id: the order the
-# fused kernel's ranking gives) instead of every thread ranking its logit against all E: at E =
-# 256 that loop is ~1.5K instructions a thread, ~1.7 us of issue a block at 1.4 blocks an SM
-# (180 blocks), against ~40 a round here (two warp reductions, two barriers). RANK_ROUNDS: the
-# form the gate/up launch takes (the benchmarks time both).
-RANK_ROUNDS = False
+
+class Ranking(enum.IntEnum):
+    """How a decode launch's block finds the top k (the template int ROUNDS)."""
+
+    LOOP = 0  # moe.RANK_LOOP: each thread counts the logits ahead of its own (E compares a thread)
+    ROUNDS = 1  # K rounds of a block-wide argmax (two warp reductions, two barriers a round)
+    BITONIC = 2  # each warp sorts 32 logits by shuffles; the warps' top k merged by one count
+
+
+# Ranking.ROUNDS: the top k by K rounds of a block-wide argmax (the largest z, ties to the lower
+# id: the order the fused kernel's ranking gives) instead of every thread ranking its logit against
+# all E: at E = 256 that loop is ~1.5K instructions a thread, ~1.7 us of issue a block at 1.4
+# blocks an SM (180 blocks), against ~40 a round here (two warp reductions, two barriers). H200
+# (ncu, gate/up at the seed shape): 15.4 us against the loop's 17.2.
+# Ranking.BITONIC: the same top k with ~1/7 of the loop's instructions and no per-round barriers.
+# At E = 256 and K = 10: each of 8 warps sorts its 32 logits (value descending, ties to the lower
+# id) in 15 xor-shuffle steps (~35 cycles each: ~0.3 us, ~120 instructions a lane), writes its
+# top K (80 candidates), one barrier, then each of 80 threads counts the candidates ahead of its
+# own (80 compares): ~1.7K warp instructions a block against the loop's ~12K (E compares by all
+# 256 threads), so 180 blocks issue ~0.3M instead of ~2.2M before any weight load (ncu, H200:
+# the gate/up launch issued ~5.6M in all). The top k of the union of every chunk's top k is the
+# top k (whatever beats a chunk's k-th is in that chunk's top k), and the keys (value, id) are
+# distinct, so the counts are the exact ranks.
+WARP_TOPK_MAX = 32  # BITONIC: a warp's 32 sorted logits hold at most its top 32
+RANK_FORM = Ranking.LOOP  # the form the gate/up launch takes (the benchmarks time every form)
+BITONIC_TOPK = r"""
+    constexpr int NCH32 = (E + 31) / 32;      // chunks of 32 logits, a warp each (in turn past NT / 32)
+    for (int c0 = 0; c0 < NCH32; c0 += NT / 32) {
+      const int c = c0 + (int)warp_id;        // warp-uniform
+      if (c < NCH32) {
+        const int32_t e = 32 * c + (int)lane;
+        float v = e < E ? zs[e] : -bits_f32(0x7F800000u);
+        float fi = (float)e;                  // past E: id >= E, behind every real logit of equal value
+        UNROLL for (int kk = 2; kk <= 32; kk <<= 1) {
+          UNROLL for (int j = kk >> 1; j > 0; j >>= 1) {
+            const float pv = warp_shfl_xor(v, (uint32_t)j), pi = warp_shfl_xor(fi, (uint32_t)j);
+            const bool pbeats = pv > v || (pv == v && pi < fi);
+            const bool keep_better = ((lane & (uint32_t)j) == 0u) == ((lane & (uint32_t)kk) == 0u);
+            if (keep_better == pbeats) { v = pv; fi = pi; }   // descending: lane l ends holding the l-th
+          }
+        }
+        if ((int)lane < K) { cand_bv[c * K + (int)lane] = v; cand_bi[c * K + (int)lane] = (int32_t)fi; }
+      }
+    }
+    BARRIER();
+    for (uint32_t q = tid; q < (uint32_t)(NCH32 * K); q += NT) {
+      const float qv = cand_bv[q];
+      const int32_t qi = cand_bi[q];
+      int32_t r = 0;
+      for (int p = 0; p < NCH32 * K; ++p) {
+        const float pv = cand_bv[p];
+        r += (pv > qv || (pv == qv && cand_bi[p] < qi)) ? 1 : 0;
+      }
+      if (r < K && qi < E) top[r] = qi;
+    }
+"""
 ROUNDS_OR_LOOP = r"""
   SHARED float cand_v[NT / 32];
   SHARED int32_t cand_i[NT / 32];
-  if (ROUNDS) {
+  SHARED float cand_bv[((E + 31) / 32) * K];
+  SHARED int32_t cand_bi[((E + 31) / 32) * K];
+  if (ROUNDS == 2) {
+""" + BITONIC_TOPK + r"""
+  } else if (ROUNDS) {
     constexpr int EJ = (E + NT - 1) / NT;     // logits a thread
     const float minus_inf = -bits_f32(0x7F800000u);
     bool taken[EJ];

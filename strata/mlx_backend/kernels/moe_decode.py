@@ -262,12 +262,13 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int = THREADS,
-           upw: int = GATEUP_UNITS_PER_WARP, denormals: bool | None = None, rounds: bool | None = None):
+           upw: int = GATEUP_UNITS_PER_WARP, denormals: bool | None = None,
+           rounds: routing.Ranking | bool | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
-    (default moe.subnormal_codes()); rounds: the top k by argmax rounds (default
-    decode_routing.RANK_ROUNDS).
+    (default moe.subnormal_codes()); rounds: how the top k is found (decode_routing.Ranking;
+    default decode_routing.RANK_FORM, LOOP where BITONIC would take k > 32; a bool: LOOP or ROUNDS).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -279,14 +280,27 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     dn = moe.subnormal_codes() if denormals is None else denormals
     nch = rec.expert_ffn // ((threads // WARP) * upw)
     sh_inputs, sh_template, nsb = _shared_parts(rec, shared)
+    ranking = _ranking(rounds, k)
     template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
-                               ("ROUNDS", int(routing.RANK_ROUNDS if rounds is None else rounds))) + sh_template
+                               ("ROUNDS", int(ranking))) + sh_template
     return tuple(launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
                         [(t, k, rec.expert_ffn), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8)],
                         [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32],
                         blocks=(nsb + k * nch, t, 1), threads=threads, template=template))
+
+
+def _ranking(rounds, k: int) -> routing.Ranking:
+    """The ranking form: the default's BITONIC sorts a warp's 32 logits and keeps its top k, so it
+    needs k <= 32 (else LOOP); asked for explicitly with a larger k, a ValueError."""
+    if rounds is None:
+        form = routing.RANK_FORM
+        return routing.Ranking.LOOP if form is routing.Ranking.BITONIC and k > routing.WARP_TOPK_MAX else form
+    form = routing.Ranking(int(rounds))
+    if form is routing.Ranking.BITONIC and k > routing.WARP_TOPK_MAX:
+        raise ValueError(f"moe_decode: the bitonic ranking keeps a warp's top {routing.WARP_TOPK_MAX}, not {k}")
+    return form
 
 
 def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hid: mx.array, sel: mx.array, wsel: mx.array,
