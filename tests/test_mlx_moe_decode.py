@@ -18,7 +18,7 @@ from strata.formats.expert_record import RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend import model as mlx_model
-from strata.mlx_backend.kernels import decode_routing, moe_decode
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 from strata.mlx_backend.routing import route_batch
 from strata.model_config import RoutingOrder
@@ -71,7 +71,7 @@ def test_two_launches_against_the_reference(path, order, norm):
         z[1, 5] = z[1, 7]  # an exact tie: the lower id wins on both sides
         rule = RouterRule(k, order, norm)
         sels, want = _want(records, rec, x, x_mid, z, rule, base)
-        hid, sel, wsel, _, _ = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), base, k, order, norm)
+        hid, sel, wsel, *_ = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), base, k, order, norm)
         np.testing.assert_array_equal(np.array(sel), np.stack([base + s.experts for s in sels]))
         assert_backends_agree(np.stack([s.weights for s in sels]), wsel, "ROUTING", what="weights")
         got = moe_decode.down(records, rec, mx.array(x_mid), hid, sel, wsel)
@@ -176,9 +176,10 @@ def test_shared_expert_rides_along(path, gated):
         _, want = _want(records, rec, x, x_mid, z, rule, 0)
         want = want + shared_expert(gate, up, down, gi, x)
         h16 = lambda a: None if a is None else mx.array(a).astype(mx.float16)  # noqa: E731
-        got = moe_decode.routed_residual(records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order,
-                                         True, shared=(h16(gate), h16(up), h16(down), h16(gi)))
-        assert_backends_agree(want, got, "FAST", what=f"with the shared expert, gated={gated}")
+        for warps in (False, True):  # moe_decode's DOWN, moe_down_warps' down step
+            got = moe_decode.routed_residual(records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order,
+                                             True, shared=(h16(gate), h16(up), h16(down), h16(gi)), down_warps=warps)
+            assert_backends_agree(want, got, "FAST", what=f"with the shared expert, gated={gated}, warps={warps}")
 
 
 NO_SHARED = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
@@ -226,6 +227,36 @@ def test_sources_compile(tmp_path, dialect):
                                            RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.ROUNDS))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                            RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.BITONIC))
-    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down"} and len(rec) == 10
+        for dn, sh in ((True, None), (False, shared)):
+            mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
+                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh,
+                                               down_warps=True))
+    assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down", "strata_moe_down_warps"}
+    assert len(rec) == 12
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
     assert not errors, "\n\n".join(errors)
+
+
+@pytest.mark.parametrize("path", EMULATED)
+def test_down_warps_against_the_reference(path):
+    """moe_down_warps' down step (a warp per expert, h as gate/up pre-scaled it) against the
+    reference (FAST) in both code forms and other rows a block; the gate/up launch's word sums
+    equal to h's (the shared expert: test_shared_expert_rides_along)."""
+    with using_path(path):
+        k = 4
+        rec, records, x, x_mid, z = _case(path, 17, k, tokens=2)
+        rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
+        _, want = _want(records, rec, x, x_mid, z, rule, 0)
+        args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
+        for dn in (True, False):
+            got = moe_decode.routed_residual(*args, denormals=dn, down_warps=True)
+            assert_backends_agree(want, got, "FAST", what=f"down warps, denormals={dn}")
+        g = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True)
+        hid = np.array(g.hid)
+        sums = np.zeros(g.hws.shape, np.float32)
+        for j in range(16):  # in order, as the kernel adds them
+            sums += hid[..., j::16]
+        np.testing.assert_array_equal(np.array(g.hws), sums)
+        for rows in (4, 16, 32):
+            got = moe_down_warps.down(records, rec, mx.array(x_mid), g.hpre, g.hws, g.sel, g.wsel, rows=rows)
+            assert_backends_agree(want, got, "FAST", what=f"{rows} rows a block")

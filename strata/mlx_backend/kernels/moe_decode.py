@@ -34,6 +34,7 @@ Shapes:
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -42,6 +43,7 @@ from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
 from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
 from strata.mlx_backend.kernels.preludes import WARP
@@ -54,6 +56,9 @@ DOWN_ROWS_PER_WARP = 1  # 320 blocks of 8 rows at D = 2560: ~2.4 per H200 SM
 XW = 20  # floats a word of x (or h) takes in threadgroup memory: 16 values, 4 of padding (no bank conflicts)
 # the down launch stages every selected expert's h pre-scaled: K F / 16 words of XW + 1 floats
 MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
+# the down step as moe_down_warps.py's (a warp per expert, h read as gate/up wrote it pre-scaled)
+# instead of DOWN (a warp per row, every expert's h staged in each block): the A/B switch
+DOWN_WARPS = False
 
 GATEUP = r"""
   constexpr int NW = NT / 32;
@@ -63,6 +68,7 @@ GATEUP = r"""
   SHARED float xsh[WPR * XW];                 // routed blocks: x pre-scaled per code; shared blocks: x
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
+  SHARED float hsb[UPB];                      // routed blocks: their units' h (the word sums)
 """ + routing.RANKING + routing.SLOT_AT + r"""
   if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
     const uint32_t sb = bx;
@@ -124,7 +130,21 @@ GATEUP = r"""
   UNROLL for (int k = 0; k < UPW; ++k) {
     const float g = warp_sum(ga[k]), u = warp_sum(ua[k]);
     const uint32_t f = c * UPB + warp_id * UPW + k;
-    if (lane == 0) hid[((uint64_t)t * K + rank) * F + f] = g / (1.0f + exp_f(-g)) * u;
+    if (lane == 0) {
+      const float hv = g / (1.0f + exp_f(-g)) * u;
+      hid[((uint64_t)t * K + rank) * F + f] = hv;
+      // h as the down step multiplies it: pre-scaled per code, and (below) each word's plain sum
+      hpre[((uint64_t)t * K + rank) * F + f] = hv * (DN ? q2_scale_dn((int)(f % 16)) : q2_scale((int)(f % 16)));
+      hsb[warp_id * UPW + k] = hv;
+    }
+  }
+  if (UPB % 16 == 0) {                        // template-uniform: a block holds whole words of h
+    BARRIER();
+    if (tid < (uint32_t)(UPB / 16)) {
+      float s = 0.0f;
+      for (int j = 0; j < 16; ++j) s += hsb[16 * tid + j];  // in order: moe_decode DOWN's hsm, bit for bit
+      hws[((uint64_t)t * K + rank) * (F / 16) + c * (UPB / 16) + tid] = s;
+    }
   }
   if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
 """ + routing.WEIGHING + r"""
@@ -224,9 +244,23 @@ DOWN = r"""
 """
 
 GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp"),
-                             ("hid", "sel", "wsel", "sout", "sgate_out"), GATEUP, moe.HELPERS)
+                             ("hid", "sel", "wsel", "sout", "sgate_out", "hpre", "hws"), GATEUP, moe.HELPERS)
 DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel", "sout", "gate_val"), ("out",), DOWN,
                            moe.HELPERS)
+
+
+class GateUp(NamedTuple):
+    """The gate/up launch's outputs. hpre and hws: h as the down step multiplies it (each unit
+    times its code's scale, moe.q2_scale_dn / q2_scale) and each 16-unit word's plain sum; hws is
+    written where a block holds whole words (32 hidden units a block: the default)."""
+
+    hid: mx.array  # float32 [T, k, F]
+    sel: mx.array  # int32 [T, k]: slots
+    wsel: mx.array  # float32 [T, k]: the rule's weights
+    sout: mx.array  # float32 [T, max(NSB, 1), D]: the shared expert's partials
+    sgate: mx.array  # float32 [T, 8]: element 0, the shared expert's gate
+    hpre: mx.array  # float32 [T, k, F]
+    hws: mx.array  # float32 [T, k, F / 16]
 
 
 def applies(rec: RecordLayout, k: int, threads: int = THREADS, upw: int = GATEUP_UNITS_PER_WARP) -> bool:
@@ -272,7 +306,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
-        sout float32 [T, max(NSB, 1), D] (shared partials), sgate_out float32 [T, 8] (element 0: the gate)
+        sout float32 [T, max(NSB, 1), D] (shared partials), sgate_out float32 [T, 8] (element 0: the gate),
+        hpre float32 [T, k, F], hws float32 [T, k, F / 16] (`GateUp`)
     """
     t, e = z.shape
     if not applies(rec, k, threads, upw):
@@ -285,10 +320,11 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
                                ("ROUNDS", int(ranking))) + sh_template
-    return tuple(launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
-                        [(t, k, rec.expert_ffn), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8)],
-                        [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32],
-                        blocks=(nsb + k * nch, t, 1), threads=threads, template=template))
+    f = rec.expert_ffn
+    return GateUp(*launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
+                          [(t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)],
+                          [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32],
+                          blocks=(nsb + k * nch, t, 1), threads=threads, template=template))
 
 
 def _ranking(rounds, k: int) -> routing.Ranking:
@@ -329,13 +365,21 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
                     k: int, order: RoutingOrder, norm_topk_prob: bool, *, shared=None, **kw) -> mx.array:
     """Kernel path: x_mid + the routed experts of h, routed by z, (+ the shared expert of h, gated)
     in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
-    upw / denormals, `down`'s rw (benchmarks).
+    upw / denormals / rounds, `down`'s rw, down_warps (None: DOWN_WARPS) for moe_down_warps' down
+    step where it applies (benchmarks).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
     """
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
-    hid, sel, wsel, sout, sgate = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
+    warps = kw.pop("down_warps", None)
+    warps = DOWN_WARPS if warps is None else warps
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
-    return down(arena, rec, x_mid, hid, sel, wsel, sout if has else None, sgate if gated else None,
-                threads=kw.get("threads", THREADS), rw=rw, denormals=kw.get("denormals"))
+    sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
+    units = (kw.get("threads", THREADS) // WARP) * kw.get("upw", GATEUP_UNITS_PER_WARP)
+    if warps and units % 16 == 0 and down_warps.applies(rec, k):  # hws: whole words of h a gate/up block
+        return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate,
+                               denormals=kw.get("denormals"))
+    return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
+                denormals=kw.get("denormals"))
