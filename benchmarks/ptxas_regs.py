@@ -1,0 +1,115 @@
+"""Registers, spills and shared memory of the decode expert kernels at the issue's shape, from
+nvcc/ptxas for sm_90 (no GPU needed): each form's CUDA source as MLX would compile it.
+
+    python benchmarks/ptxas_regs.py            # a table and one JSON line
+
+The launches are captured, not run (`launch` replaced by a recorder), so any machine with nvcc
+prints what an H200 would get; occupancy follows from registers x threads (65536 a SM).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from strata.formats.expert_record import RecordLayout  # noqa: E402
+from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
+from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
+from strata.mlx_backend.kernels.source import full_source  # noqa: E402
+from strata.model_config import RoutingOrder  # noqa: E402
+
+D, F, E, K = 2560, 576, 256, 10
+
+
+def _capture(fn) -> list:
+    """Run fn with every kernel module's `launch` recording (source, dtypes, template, threads)."""
+    seen = []
+
+    def fake(src, inputs, shapes, dtypes, *, blocks, threads, template):
+        names = [str(np.dtype(str(a.dtype).split(".")[-1])) if not isinstance(a, np.ndarray) else str(a.dtype)
+                 for a in inputs]
+        seen.append((src, tuple(names), tuple(str(d).split(".")[-1] for d in dtypes), tuple(template), threads, blocks))
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+
+    mods = (moe_decode, moe_down_warps)
+    saved = [m.launch for m in mods]
+    for m in mods:
+        m.launch = fake
+    try:
+        fn()
+    finally:
+        for m, s in zip(mods, saved):
+            m.launch = s
+    return seen
+
+
+def _ptxas(code: str, tmp: Path) -> dict:
+    inc = tmp / "inc" / "mlx" / "backend" / "cuda" / "device"
+    inc.mkdir(parents=True, exist_ok=True)
+    (inc / "utils.cuh").write_text("#include <cuda_fp16.h>\n#include <cuda/std/limits>\n")
+    f = tmp / "k.cu"
+    f.write_text(code)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", str(tmp / "k.cubin"), "-w", "-Xptxas", "-v",
+                           "-I", str(tmp / "inc"), str(f)], capture_output=True, text=True)
+    if proc.returncode:
+        return {"error": proc.stderr[-800:]}
+    m = re.search(r"Used (\d+) registers", proc.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", proc.stderr)
+    smem = re.search(r"(\d+) bytes smem", proc.stderr)
+    return {"registers": int(m.group(1)) if m else None, "spill_stores": int(spill.group(1)) if spill else 0,
+            "smem": int(smem.group(1)) if smem else 0}
+
+
+def main() -> int:
+    if shutil.which("nvcc") is None:
+        print("ptxas_regs: no nvcc here")
+        return 1
+    rec = RecordLayout(QuantType.Q2_0, D, F)
+    arena = mx.zeros((4, rec.padded_bytes), mx.uint8)
+    x, z = mx.zeros((1, D)), mx.zeros((1, E))
+
+    def forms():
+        for ranking in decode_routing.Ranking:
+            for upw in (4, 2):
+                moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, rounds=ranking,
+                                           upw=upw, down_warps=ranking is decode_routing.Ranking.BITONIC and upw == 4)
+        moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True)
+
+    seen = _capture(forms)
+    rows, out, done = [], {}, set()
+    with tempfile.TemporaryDirectory() as td:
+        for src, ins, outs, template, threads, blocks in seen:
+            key = (src.name, template)
+            if key in done:
+                continue
+            done.add(key)
+            code = full_source(src, Dialect.CUDA, ins, outs, template)
+            r = _ptxas(code, Path(td))
+            t = dict(template)
+            label = f"{src.name} blocks {blocks[0]} x {threads}" + (
+                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']}" if "ROUNDS" in t else "")
+            regs = r.get("registers")
+            occ = (65536 // (regs * threads)) if regs else None
+            rows.append((label, regs, r.get("spill_stores"), r.get("smem"), occ, r.get("error", "")[:200]))
+            out[label] = {**r, "blocks_an_sm_by_registers": occ}
+    print("| kernel | registers | spill stores | smem bytes | blocks an SM (registers) |")
+    print("|---|---|---|---|---|")
+    for label, regs, sp, sm, occ, err in rows:
+        print(f"| {label} | {regs} | {sp} | {sm} | {occ} |" + (f" {err}" if err else ""))
+    print(json.dumps({"ptxas_regs": out}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
