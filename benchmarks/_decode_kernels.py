@@ -49,6 +49,35 @@ def _inputs(cfg, n: int, seed: int):
     return xs, zs, os_
 
 
+# the decoded token's expert step in each form (label, routed_residual keywords), today's first
+EXPERT_FORMS = (
+    ("loop ranking + DOWN (today)", {}),
+    ("bitonic ranking + DOWN", {"rounds": decode_routing.Ranking.BITONIC}),
+    ("bitonic ranking + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True}),
+    ("bitonic ranking, 2 units a warp + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
+                                                      "upw": 2}),
+)
+
+
+def ncu_expert_launches(small: bool = False) -> None:
+    """The expert step of one decoded token in every form of EXPERT_FORMS, twice each (two
+    layers' records), in that order: 4 launches a form for ncu; each form's output against the
+    first's (FAST's 2e-5: the forms differ in summation order only)."""
+    cfg = replace(SMALL if small else SHAPE, n_layers=2)
+    p = random_params(cfg, seed=0, pred_q8=False)
+    (x,), (z,), _ = _inputs(cfg, 1, 1)
+    rule = p.layers[0].rule
+    first = None
+    for label, kw in EXPERT_FORMS:
+        outs = [moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, layer * cfg.n_experts, rule.k, rule.order,
+                                           rule.norm_topk_prob, **kw) for layer in range(2)]
+        mx.eval(*outs)
+        got = np.stack([np.array(o, np.float64) for o in outs])
+        first = got if first is None else first
+        err = np.linalg.norm(got - first) / np.linalg.norm(first)
+        print(f"expert form {label}: 4 launches; rel L2 to the first form {err:.2e}", flush=True)
+
+
 def ncu_decode_launches(small: bool = False) -> None:
     """Two layers: one decoded token (the first position) as the step runs now and as it ran
     before (fused experts + combine, the GEMVs' loads after their prologue), then the expert

@@ -1,7 +1,7 @@
 """ncu's CSV (`ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum ...`) on stdin as one
 row per profiled kernel, in launch order: name (its first NAME_CHARS characters), grid, block, GPU
-time, DRAM bytes read and their rate; every other line (the application's own output) passed
-through. A total per kernel name closes the table.
+time, DRAM bytes read and their rate, and any of EXTRA's metrics the run collected; every other
+line (the application's own output) passed through. A total per kernel name closes the table.
 
     ncu --clock-control none -k regex:strata_ --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \\
         python3 benchmarks/kernels.py --ncu decode | python3 benchmarks/_ncu_table.py
@@ -14,6 +14,9 @@ import csv
 import sys
 
 NAME_CHARS = 90
+# more metrics printed where collected: (metric, column, format)
+EXTRA = (("launch__registers_per_thread", "regs", "{:5.0f}"),
+         ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps%", "{:6.1f}"))
 UNITS = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0, "byte": 1.0, "Kbyte": 1e3,
          "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "B": 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3}
 
@@ -37,12 +40,15 @@ def main() -> int:
             continue
         k[row["Metric Name"]] = value
     totals: collections.OrderedDict = collections.OrderedDict()
-    print(f"{'id':>4}  {'kernel':<{NAME_CHARS}}  {'grid':>14} {'block':>12} {'us':>8} {'MB read':>8} {'GB/s':>7}")
+    extra = [e for e in EXTRA if any(e[0] in k for k in kernels.values())]
+    print(f"{'id':>4}  {'kernel':<{NAME_CHARS}}  {'grid':>14} {'block':>12} {'us':>8} {'MB read':>8} {'GB/s':>7}"
+          + "".join(f" {col:>6}" for _, col, _ in extra))
     for kid, k in kernels.items():
         t, b = k.get("gpu__time_duration.sum"), k.get("dram__bytes_read.sum")
         rate = f"{b / t / 1e9:7.0f}" if t and b is not None else ""
+        more = "".join(" " + (fmt.format(k[m]) if m in k else "     -") for m, _, fmt in extra)
         print(f"{kid:>4}  {k['name'][:NAME_CHARS]:<{NAME_CHARS}}  {k['grid']:>14} {k['block']:>12} "
-              f"{(t or 0) * 1e6:8.2f} {(b or 0) / 1e6:8.2f} {rate}")
+              f"{(t or 0) * 1e6:8.2f} {(b or 0) / 1e6:8.2f} {rate}{more}")
         agg = totals.setdefault(k["name"][:NAME_CHARS], [0, 0.0])
         agg[0] += 1
         agg[1] += t or 0.0

@@ -41,6 +41,7 @@ from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
 from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
@@ -80,6 +81,10 @@ FORMS = {
     "late_loads": (True, True, 0),  # the dense GEMVs' weight loads after their prologue (before EARLY_LOADS)
     "unfused_attention": (True, True, 0),  # attend and the output GEMV as two launches (before attend_project)
     "before19b": (True, True, 0),  # all three above: the decode step before the one-token work
+    "bitonic": (True, True, 0),  # the gate/up launch ranks by warp sorts (decode_routing.Ranking.BITONIC)
+    "down_warps": (True, True, 0),  # the down launch a warp per expert (kernels/moe_down_warps.py)
+    "experts19": (True, True, 0),  # both
+    "experts19_upw2": (True, True, 0),  # both, 2 gate/up units a warp (360 blocks)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -88,6 +93,11 @@ SWITCHES = {
     "unfused_attention": ((attend_project, "FUSED", False),),
     "before19b": ((decode_experts, "TWO_LAUNCHES", False), (dense_gemv, "EARLY_LOADS", False),
                   (attend_project, "FUSED", False)),
+    "bitonic": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC),),
+    "down_warps": ((moe_decode, "DOWN_WARPS", True),),
+    "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True)),
+    "experts19_upw2": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
+                       (moe_decode, "GATEUP_UNITS_PER_WARP", 2)),
 }
 
 

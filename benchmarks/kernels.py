@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part, print_rows  # noqa: E402
 from _native_experts import native_part, ncu_launches  # noqa: E402
-from _decode_kernels import decode_part, ncu_decode_launches  # noqa: E402
+from _decode_kernels import decode_part, ncu_decode_launches, ncu_expert_launches  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
@@ -140,16 +140,24 @@ def gather_qmm_experts(stack, x16: mx.array, idx: mx.array, weights: mx.array) -
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on any machine")
-    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native"), nargs="?", const="all", default=None,
+    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native", "experts"), nargs="?", const="all",
+                    default=None,
                     help="only a few launches for ncu to time: the expert kernel at 1 and 64 tokens and "
                          "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
-                         "native kernel and gather_qmm per MLX type (native)")
+                         "native kernel and gather_qmm per MLX type (native); a decoded token's expert step "
+                         "in each form (experts: _decode_kernels.EXPERT_FORMS)")
     ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
     ap.add_argument("--decode", action="store_true", help="a decoded token's kernels one by one only (_decode_kernels.py)")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
     if args.decode:
         return decode_only(args.small)
+    if args.ncu == "experts":
+        if not gpu:
+            print("--ncu needs the GPU path")
+            return 1
+        ncu_expert_launches()
+        return 0
     if args.ncu == "native":
         if not gpu:
             print("--ncu needs the GPU path")

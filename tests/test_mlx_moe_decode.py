@@ -237,21 +237,26 @@ def test_sources_compile(tmp_path, dialect):
     assert not errors, "\n\n".join(errors)
 
 
-@pytest.mark.parametrize("path", EMULATED)
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_down_warps_against_the_reference(path):
-    """moe_down_warps' down step (a warp per expert, h as gate/up pre-scaled it) against the
-    reference (FAST) in both code forms and other rows a block; the gate/up launch's word sums
-    equal to h's (the shared expert: test_shared_expert_rides_along)."""
+    """moe_down_warps' down step (a warp per expert, h as gate/up pre-scaled it) after the warp
+    sorts' ranking against the reference: the experts exactly, the sum FAST, in both code forms
+    and other rows a block (emulated); the gate/up launch's word sums equal to h's (the shared
+    expert: test_shared_expert_rides_along). On the GPU: the seed shape's expert, k = 10."""
     with using_path(path):
-        k = 4
+        k = 10 if path is KernelPath.GPU else 4
         rec, records, x, x_mid, z = _case(path, 17, k, tokens=2)
         rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
-        _, want = _want(records, rec, x, x_mid, z, rule, 0)
+        sels, want = _want(records, rec, x, x_mid, z, rule, 0)
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
-        for dn in (True, False):
-            got = moe_decode.routed_residual(*args, denormals=dn, down_warps=True)
+        bitonic = decode_routing.Ranking.BITONIC
+        for dn in ((True,) if path is KernelPath.GPU else (True, False)):
+            got = moe_decode.routed_residual(*args, denormals=dn, down_warps=True, rounds=bitonic)
             assert_backends_agree(want, got, "FAST", what=f"down warps, denormals={dn}")
-        g = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True)
+        g = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, rounds=bitonic)
+        np.testing.assert_array_equal(np.array(g.sel), np.stack([s.experts for s in sels]))
+        if path is KernelPath.GPU:
+            return
         hid = np.array(g.hid)
         sums = np.zeros(g.hws.shape, np.float32)
         for j in range(16):  # in order, as the kernel adds them

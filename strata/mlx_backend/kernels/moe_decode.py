@@ -296,8 +296,7 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int = THREADS,
-           upw: int = GATEUP_UNITS_PER_WARP, denormals: bool | None = None,
-           rounds: routing.Ranking | bool | None = None):
+           upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -310,6 +309,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
         hpre float32 [T, k, F], hws float32 [T, k, F / 16] (`GateUp`)
     """
     t, e = z.shape
+    upw = GATEUP_UNITS_PER_WARP if upw is None else upw  # read per call: the benchmarks switch it
     if not applies(rec, k, threads, upw):
         raise ValueError(f"moe_decode: records {rec} with k={k} do not fit the decode launches (applies)")
     dn = moe.subnormal_codes() if denormals is None else denormals
@@ -377,7 +377,7 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
-    units = (kw.get("threads", THREADS) // WARP) * kw.get("upw", GATEUP_UNITS_PER_WARP)
+    units = (kw.get("threads", THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
     if warps and units % 16 == 0 and down_warps.applies(rec, k):  # hws: whole words of h a gate/up block
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate,
                                denormals=kw.get("denormals"))
