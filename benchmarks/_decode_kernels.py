@@ -52,10 +52,11 @@ def _inputs(cfg, n: int, seed: int):
 # the decoded token's expert step in each form (label, routed_residual keywords), today's first
 EXPERT_FORMS = (
     ("loop ranking + DOWN (today)", {}),
-    ("bitonic ranking + DOWN", {"rounds": decode_routing.Ranking.BITONIC}),
     ("bitonic ranking + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True}),
     ("bitonic ranking, 2 units a warp + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
                                                       "upw": 2}),
+    ("bitonic ranking + down_warps, 16 rows a block", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
+                                                       "down_rows": 16}),
 )
 
 
