@@ -57,6 +57,8 @@ EXPERT_FORMS = (
                                                       "upw": 2}),
     ("bitonic ranking + down_warps, 16 rows a block", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
                                                        "down_rows": 16}),
+    ("bitonic ranking, weights early + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
+                                                     "weights_early": True}),
 )
 
 

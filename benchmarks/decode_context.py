@@ -83,8 +83,8 @@ FORMS = {
     "before19b": (True, True, 0),  # all three above: the decode step before the one-token work
     "bitonic": (True, True, 0),  # the gate/up launch ranks by warp sorts (decode_routing.Ranking.BITONIC)
     "down_warps": (True, True, 0),  # the down launch a warp per expert (kernels/moe_down_warps.py)
-    "experts19": (True, True, 0),  # both
-    "experts19_upw2": (True, True, 0),  # both, 2 gate/up units a warp (360 blocks)
+    "experts19": (True, True, 0),  # both, the weights weighed early (moe_decode.WEIGHTS_EARLY)
+    "experts19_upw2": (True, True, 0),  # those, 2 gate/up units a warp (360 blocks)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -95,9 +95,10 @@ SWITCHES = {
                   (attend_project, "FUSED", False)),
     "bitonic": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC),),
     "down_warps": ((moe_decode, "DOWN_WARPS", True),),
-    "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True)),
+    "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
+                  (moe_decode, "WEIGHTS_EARLY", True)),
     "experts19_upw2": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
-                       (moe_decode, "GATEUP_UNITS_PER_WARP", 2)),
+                       (moe_decode, "WEIGHTS_EARLY", True), (moe_decode, "GATEUP_UNITS_PER_WARP", 2)),
 }
 
 

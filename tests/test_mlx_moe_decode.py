@@ -135,7 +135,7 @@ def test_block_shapes_and_code_forms(path):
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
         base = np.array(moe_decode.routed_residual(*args))
         assert_backends_agree(want, base, "FAST", what="default shape")
-        for kw in ({"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}):
+        for kw in ({"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}, {"weights_early": True}):
             np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, **kw)), base, err_msg=str(kw))
         exp_form = moe_decode.routed_residual(*args, denormals=False)
         assert_backends_agree(want, exp_form, "FAST", what="exponent code form")
@@ -176,9 +176,10 @@ def test_shared_expert_rides_along(path, gated):
         _, want = _want(records, rec, x, x_mid, z, rule, 0)
         want = want + shared_expert(gate, up, down, gi, x)
         h16 = lambda a: None if a is None else mx.array(a).astype(mx.float16)  # noqa: E731
-        for warps in (False, True):  # moe_decode's DOWN, moe_down_warps' down step
+        for warps, early in ((False, False), (True, True)):  # moe_decode's DOWN, moe_down_warps' (weights early)
             got = moe_decode.routed_residual(records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order,
-                                             True, shared=(h16(gate), h16(up), h16(down), h16(gi)), down_warps=warps)
+                                             True, shared=(h16(gate), h16(up), h16(down), h16(gi)), down_warps=warps,
+                                             weights_early=early)
             assert_backends_agree(want, got, "FAST", what=f"with the shared expert, gated={gated}, warps={warps}")
 
 
@@ -230,9 +231,9 @@ def test_sources_compile(tmp_path, dialect):
         for dn, sh in ((True, None), (False, shared)):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                                RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh,
-                                               down_warps=True))
+                                               down_warps=True, weights_early=True))
     assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down", "strata_moe_down_warps"}
-    assert len(rec) == 12
+    assert len(rec) == 14
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
     assert not errors, "\n\n".join(errors)
 

@@ -59,7 +59,34 @@ MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 # the down step as moe_down_warps.py's (a warp per expert, h read as gate/up wrote it pre-scaled)
 # instead of DOWN (a warp per row, every expert's h staged in each block): the A/B switch
 DOWN_WARPS = False
+WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block weighs before its arithmetic
 
+# The first routed block's extra work: the rule's weights (and the slots) and the shared
+# expert's gate. WE = 0: after its arithmetic, so that block ends ~1-2 us after the others (a
+# softmax over E, four barriers) and the down launch waits for it; WE = 1 (WEIGHTS_EARLY): right
+# after its loads are issued, inside the DRAM round trip they wait for anyway.
+WEIGH = r"""
+  if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
+""" + routing.WEIGHING + r"""
+    if (tid < (uint32_t)K) {
+      sel[t * K + tid] = slot_base[0] + top[tid];
+      wsel[t * K + tid] = topw[tid];
+    }
+  }
+  if (GATED && bx == (uint32_t)NSB) {         // the shared expert's gate, sigmoid(gate_inp . x), once
+    float gdot = 0.0f;
+    for (uint32_t d = tid; d < (uint32_t)D; d += NT) gdot += F32(gate_inp[d]) * x[(uint64_t)t * D + d];
+    gdot = warp_sum(gdot);
+    BARRIER();                                // red's last reader (the weights just above) is done
+    if (lane == 0) red[warp_id] = gdot;
+    BARRIER();
+    if (tid == 0) {
+      float tot = 0.0f;
+      for (int w = 0; w < NWR; ++w) tot += red[w];
+      sgate_out[t * 8] = 1.0f / (1.0f + exp_f(-tot));
+    }
+  }
+"""
 GATEUP = r"""
   constexpr int NW = NT / 32;
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
@@ -93,6 +120,9 @@ GATEUP = r"""
       gd[k][i] = gs[wc >> 1];
       ud[k][i] = us[wc >> 1];
     }
+  }
+  if (WE) {                                   // the weights while this block's loads are in flight
+""" + WEIGH + r"""
   }
   // x pre-scaled per code and each word's plain sum (moe.py's X_PRESCALE: the fused kernel's text)
 """ + moe.X_PRESCALE + r"""  BARRIER();
@@ -146,25 +176,8 @@ GATEUP = r"""
       hws[((uint64_t)t * K + rank) * (F / 16) + c * (UPB / 16) + tid] = s;
     }
   }
-  if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
-""" + routing.WEIGHING + r"""
-    if (tid < (uint32_t)K) {
-      sel[t * K + tid] = slot_base[0] + top[tid];
-      wsel[t * K + tid] = topw[tid];
-    }
-  }
-  if (GATED && bx == (uint32_t)NSB) {         // the shared expert's gate, sigmoid(gate_inp . x), once
-    float gdot = 0.0f;
-    for (uint32_t d = tid; d < (uint32_t)D; d += NT) gdot += F32(gate_inp[d]) * x[(uint64_t)t * D + d];
-    gdot = warp_sum(gdot);
-    BARRIER();                                // red's last reader (the weights just above) is done
-    if (lane == 0) red[warp_id] = gdot;
-    BARRIER();
-    if (tid == 0) {
-      float tot = 0.0f;
-      for (int w = 0; w < NWR; ++w) tot += red[w];
-      sgate_out[t * 8] = 1.0f / (1.0f + exp_f(-tot));
-    }
+  if (!WE) {                                  // template-uniform: the weights after the arithmetic
+""" + WEIGH + r"""
   }
   }
 """
@@ -296,12 +309,14 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int = THREADS,
-           upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None):
+           upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
+           weights_early: bool | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
     (default moe.subnormal_codes()); rounds: how the top k is found (decode_routing.Ranking;
-    default decode_routing.RANK_FORM, LOOP where BITONIC would take k > 32; a bool: LOOP or ROUNDS).
+    default decode_routing.RANK_FORM, LOOP where BITONIC would take k > 32; a bool: LOOP or ROUNDS);
+    weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -319,7 +334,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
-                               ("ROUNDS", int(ranking))) + sh_template
+                               ("ROUNDS", int(ranking)),
+                               ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early))) + sh_template
     f = rec.expert_ffn
     return GateUp(*launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
                           [(t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)],
