@@ -84,7 +84,10 @@ def main() -> int:
             for upw in (4, 2):
                 moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, rounds=ranking,
                                            upw=upw, down_warps=ranking is decode_routing.Ranking.BITONIC and upw == 4)
-        moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True)
+        for upw in (4, 2):
+            moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, upw=upw,
+                                       rounds=decode_routing.Ranking.BITONIC, weights_early=True, down_warps=True,
+                                       down_rows=16)
 
     seen = _capture(forms)
     rows, out, done = [], {}, set()
@@ -98,7 +101,7 @@ def main() -> int:
             r = _ptxas(code, Path(td))
             t = dict(template)
             label = f"{src.name} blocks {blocks[0]} x {threads}" + (
-                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']}" if "ROUNDS" in t else "")
+                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']} WE {t['WE']}" if "ROUNDS" in t else "")
             regs = r.get("registers")
             occ = (65536 // (regs * threads)) if regs else None
             rows.append((label, regs, r.get("spill_stores"), r.get("smem"), occ, r.get("error", "")[:200]))
