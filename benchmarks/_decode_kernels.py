@@ -59,6 +59,8 @@ EXPERT_FORMS = (
                                                        "down_rows": 16}),
     ("bitonic ranking, weights early + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
                                                      "weights_early": True}),
+    ("bitonic ranking, weights early, 128 threads a block + down_warps", {
+        "rounds": decode_routing.Ranking.BITONIC, "down_warps": True, "weights_early": True, "threads": 128}),
 )
 
 
