@@ -85,6 +85,7 @@ FORMS = {
     "down_warps": (True, True, 0),  # the down launch a warp per expert (kernels/moe_down_warps.py)
     "experts19": (True, True, 0),  # both, the weights weighed early (moe_decode.WEIGHTS_EARLY)
     "experts19_upw2": (True, True, 0),  # those, 2 gate/up units a warp (360 blocks)
+    "before_experts19": (True, True, 0),  # the expert step as before those (loop ranking, DOWN, weights late)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -99,6 +100,8 @@ SWITCHES = {
                   (moe_decode, "WEIGHTS_EARLY", True)),
     "experts19_upw2": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
                        (moe_decode, "WEIGHTS_EARLY", True), (moe_decode, "GATEUP_UNITS_PER_WARP", 2)),
+    "before_experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.LOOP), (moe_decode, "DOWN_WARPS", False),
+                         (moe_decode, "WEIGHTS_EARLY", False), (moe_decode, "GATEUP_UNITS_PER_WARP", 4)),
 }
 
 
