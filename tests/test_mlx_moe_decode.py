@@ -191,19 +191,29 @@ NO_SHARED = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_exp
 @pytest.mark.parametrize("path", EMULATED)  # on the GPU: test_mlx_kernels' decode tests take the same launches
 def test_decode_through_the_two_launches(path, monkeypatch):
     """A decoded token of a model without a shared expert takes the two launches (5 a layer: QKV,
-    attention with its projection, router, gate/up, down) and its logits agree with the fused kernel's."""
+    attention with its projection, router, gate/up, down) and its logits agree with the fused kernel's,
+    in the default forms and in this issue's (warp sorts, weights early, the down step by expert warps)."""
     with using_path(path):
         p = random_params(NO_SHARED, seed=4, pred_q8=False)
         _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(NO_SHARED), np.array([7, 3]))
         mx.eval(state.layers[0].keys)
-        before, downs = sum(LAUNCHES.values()), LAUNCHES["strata_moe_down"]
-        two, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
-        mx.eval(two)
-        assert sum(LAUNCHES.values()) - before == 5 * NO_SHARED.n_layers + 2
-        assert LAUNCHES["strata_moe_down"] - downs == NO_SHARED.n_layers
+        downs = lambda: LAUNCHES["strata_moe_down"] + LAUNCHES["strata_moe_down_warps"]  # noqa: E731
+        forms = {"default": (), "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC),
+                                              (moe_decode, "DOWN_WARPS", True), (moe_decode, "WEIGHTS_EARLY", True))}
+        outs = {}
+        for name, switches in forms.items():
+            with monkeypatch.context() as m:
+                for mod, attr, value in switches:
+                    m.setattr(mod, attr, value)
+                before, down0 = sum(LAUNCHES.values()), downs()
+                outs[name], _ = mlx_model.forward(p, state.trim(2), np.array([5]))
+                mx.eval(outs[name])
+                assert sum(LAUNCHES.values()) - before == 5 * NO_SHARED.n_layers + 2, name
+                assert downs() - down0 == NO_SHARED.n_layers, name
         monkeypatch.setattr(decode_experts, "TWO_LAUNCHES", False)
         fused, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
-        assert_backends_agree(fused, two, "FORWARD", what="decoded logits")
+        for name, two in outs.items():
+            assert_backends_agree(fused, two, "FORWARD", what=f"decoded logits, {name}")
 
 
 @pytest.mark.parametrize("dialect", ["metal", "cuda"])
