@@ -59,6 +59,7 @@ MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 # the down step as moe_down_warps.py's (a warp per expert, h read as gate/up wrote it pre-scaled)
 # instead of DOWN (a warp per row, every expert's h staged in each block): the A/B switch
 DOWN_WARPS = False
+GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNITS_PER_WARP units, twice the blocks)
 WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block weighs before its arithmetic
 
 # The first routed block's extra work: the rule's weights (and the slots) and the shared
@@ -308,7 +309,7 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 
 
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
-           order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int = THREADS,
+           order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
            weights_early: bool | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
@@ -324,7 +325,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
         hpre float32 [T, k, F], hws float32 [T, k, F / 16] (`GateUp`)
     """
     t, e = z.shape
-    upw = GATEUP_UNITS_PER_WARP if upw is None else upw  # read per call: the benchmarks switch it
+    upw = GATEUP_UNITS_PER_WARP if upw is None else upw  # read per call: the benchmarks switch them
+    threads = GATEUP_THREADS if threads is None else threads
     if not applies(rec, k, threads, upw):
         raise ValueError(f"moe_decode: records {rec} with k={k} do not fit the decode launches (applies)")
     dn = moe.subnormal_codes() if denormals is None else denormals
@@ -394,7 +396,7 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
-    units = (kw.get("threads", THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
+    units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
     if warps and units % 16 == 0 and down_warps.applies(rec, k, rows):  # hws: whole words of h a gate/up block
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
                                denormals=kw.get("denormals"))
