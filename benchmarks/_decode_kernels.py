@@ -49,18 +49,20 @@ def _inputs(cfg, n: int, seed: int):
     return xs, zs, os_
 
 
-# the decoded token's expert step in each form (label, routed_residual keywords), today's first
+# the decoded token's expert step in each form (label, routed_residual keywords): the form before
+# this work first (its output the others are compared with), then today's defaults and the forms
+# beside them; the diagnostics compute no routing (the first k experts) or no products: what the
+# ranking and the arithmetic cost, their outputs not the layer's
+_R = decode_routing.Ranking
 EXPERT_FORMS = (
-    ("loop ranking + DOWN (today)", {}),
-    ("bitonic ranking + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True}),
-    ("bitonic ranking, 2 units a warp + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
-                                                      "upw": 2}),
-    ("bitonic ranking + down_warps, 16 rows a block", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
-                                                       "down_rows": 16}),
-    ("bitonic ranking, weights early + down_warps", {"rounds": decode_routing.Ranking.BITONIC, "down_warps": True,
-                                                     "weights_early": True}),
-    ("bitonic ranking, weights early, 128 threads a block + down_warps", {
-        "rounds": decode_routing.Ranking.BITONIC, "down_warps": True, "weights_early": True, "threads": 128}),
+    ("before: loop ranking, 4 units a warp + DOWN", {"rounds": _R.LOOP, "upw": 4, "down_warps": False}),
+    ("default: bitonic ranking, 2 units a warp + down_warps", {}),
+    ("bitonic ranking, 4 units a warp + down_warps", {"upw": 4}),
+    ("default, weights early", {"weights_early": True}),
+    ("default, 8 rows a down block -> 16", {"down_rows": 16}),
+    ("diagnostic: no ranking", {"rounds": _R.NONE}),
+    ("diagnostic: no arithmetic in gate/up", {"no_arithmetic": True}),
+    ("diagnostic: no ranking, no arithmetic in gate/up", {"rounds": _R.NONE, "no_arithmetic": True}),
 )
 
 
@@ -80,7 +82,8 @@ def ncu_expert_launches(small: bool = False) -> None:
         got = np.stack([np.array(o, np.float64) for o in outs])
         first = got if first is None else first
         err = np.linalg.norm(got - first) / np.linalg.norm(first)
-        print(f"expert form {label}: 4 launches; rel L2 to the first form {err:.2e}", flush=True)
+        print(f"expert form {label}: 4 launches; rel L2 to the first form {err:.2e}"
+              + (" (a diagnostic: not the layer's output)" if label.startswith("diagnostic") else ""), flush=True)
 
 
 def ncu_decode_launches(small: bool = False) -> None:

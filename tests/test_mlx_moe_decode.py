@@ -125,18 +125,26 @@ def test_warp_sorts_rank_many_chunks(path):
 
 @pytest.mark.parametrize("path", EMULATED)
 def test_block_shapes_and_code_forms(path):
-    """Other units a warp (gate/up) and rows a warp (down) compute the same sums: bit for bit;
-    the exponent code form (Metal's) agrees with the reference."""
+    """Other units a warp and threads a block (gate/up), rows a warp (down), the ranking forms and
+    the weights' place compute the same sums: bit for bit, through each down step; the exponent
+    code form (Metal's) agrees with the reference."""
     with using_path(path):
         k = 4
         rec, records, x, x_mid, z = _case(path, 5, k, tokens=3)
         rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
         _, want = _want(records, rec, x, x_mid, z, rule, 0)
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
-        base = np.array(moe_decode.routed_residual(*args))
+        base = np.array(moe_decode.routed_residual(*args, down_warps=False))
         assert_backends_agree(want, base, "FAST", what="default shape")
-        for kw in ({"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}, {"weights_early": True}):
-            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, **kw)), base, err_msg=str(kw))
+        for kw in ({"upw": 4}, {"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}, {"weights_early": True}):
+            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, down_warps=False, **kw)), base,
+                                          err_msg=str(kw))
+        warps = np.array(moe_decode.routed_residual(*args, down_warps=True))  # moe_down_warps' sums: their own order
+        assert_backends_agree(want, warps, "FAST", what="down warps")
+        for kw in ({"upw": 4}, {"upw": 2}, {"weights_early": True}, {"rounds": decode_routing.Ranking.LOOP},
+                   {"threads": 128}):
+            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, down_warps=True, **kw)), warps,
+                                          err_msg=str(kw))
         exp_form = moe_decode.routed_residual(*args, denormals=False)
         assert_backends_agree(want, exp_form, "FAST", what="exponent code form")
 

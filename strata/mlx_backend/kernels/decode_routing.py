@@ -19,6 +19,7 @@ class Ranking(enum.IntEnum):
     LOOP = 0  # moe.RANK_LOOP: each thread counts the logits ahead of its own (E compares a thread)
     ROUNDS = 1  # K rounds of a block-wide argmax (two warp reductions, two barriers a round)
     BITONIC = 2  # each warp sorts 32 logits by shuffles; the warps' top k merged by one count
+    NONE = 3  # a diagnostic, not a routing: the first k experts, no ranking (what the ranking costs)
 
 
 # Ranking.ROUNDS: the top k by K rounds of a block-wide argmax (the largest z, ties to the lower
@@ -36,7 +37,9 @@ class Ranking(enum.IntEnum):
 # top k (whatever beats a chunk's k-th is in that chunk's top k), and the keys (value, id) are
 # distinct, so the counts are the exact ranks.
 WARP_TOPK_MAX = 32  # BITONIC: a warp's 32 sorted logits hold at most its top 32
-RANK_FORM = Ranking.LOOP  # the form the gate/up launch takes (the benchmarks time every form)
+# the form the gate/up launch takes (the benchmarks time every form). BITONIC since the H200
+# measured it (ncu, seed shape, one token): gate/up 15.5 us against the loop's 18.1
+RANK_FORM = Ranking.BITONIC
 BITONIC_TOPK = r"""
     constexpr int NCH32 = (E + 31) / 32;      // chunks of 32 logits, a warp each (in turn past NT / 32)
     for (int c0 = 0; c0 < NCH32; c0 += NT / 32) {
@@ -78,7 +81,9 @@ ROUNDS_OR_LOOP = r"""
   SHARED int32_t cand_i[NT / 32];
   SHARED float cand_bv[((E + 31) / 32) * K];
   SHARED int32_t cand_bi[((E + 31) / 32) * K];
-  if (ROUNDS == 2) {
+  if (ROUNDS == 3) {
+    if (tid < (uint32_t)K) top[tid] = (int32_t)tid;  // Ranking.NONE: a diagnostic
+  } else if (ROUNDS == 2) {
 """ + BITONIC_TOPK + r"""
   } else if (ROUNDS) {
     constexpr int EJ = (E + NT - 1) / NT;     // logits a thread

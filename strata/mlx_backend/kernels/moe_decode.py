@@ -51,14 +51,18 @@ from strata.mlx_backend.kernels.source import KernelSource
 from strata.model_config import RoutingOrder
 
 THREADS = 256
-GATEUP_UNITS_PER_WARP = 4  # 32 hidden units a block: the fused kernel's 180 blocks (one ranking each)
+# 16 hidden units a block, 360 blocks at the seed shape (64-70 registers: 3 an SM) since the warp
+# sorts made a block's ranking cheap: H200 (ncu, one token) 14.3 us against 4 units' 15.5 (180
+# blocks of 116 registers: 48 SMs ran two and 84 one, and the two-block SMs set the end)
+GATEUP_UNITS_PER_WARP = 2
 DOWN_ROWS_PER_WARP = 1  # 320 blocks of 8 rows at D = 2560: ~2.4 per H200 SM
 XW = 20  # floats a word of x (or h) takes in threadgroup memory: 16 values, 4 of padding (no bank conflicts)
 # the down launch stages every selected expert's h pre-scaled: K F / 16 words of XW + 1 floats
 MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 # the down step as moe_down_warps.py's (a warp per expert, h read as gate/up wrote it pre-scaled)
 # instead of DOWN (a warp per row, every expert's h staged in each block): the A/B switch
-DOWN_WARPS = False
+# H200 (ncu, seed shape, one token): 7.2 us against DOWN's 9.5
+DOWN_WARPS = True
 GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNITS_PER_WARP units, twice the blocks)
 WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block weighs before its arithmetic
 
@@ -129,6 +133,13 @@ GATEUP = r"""
 """ + moe.X_PRESCALE + r"""  BARRIER();
   float ga[UPW], ua[UPW];
   UNROLL for (int k = 0; k < UPW; ++k) { ga[k] = 0.0f; ua[k] = 0.0f; }
+  if (NA) {                                   // a diagnostic (no arithmetic): the loads kept, folded
+    uint32_t fold = 0u;
+    UNROLL for (int k = 0; k < UPW; ++k) {
+      UNROLL for (int i = 0; i < WPL; ++i) fold ^= gw[k][i] ^ uw[k][i] ^ f16_bits(gd[k][i]) ^ f16_bits(ud[k][i]);
+    }
+    ga[0] = bits_f32(fold & 0x007FFFFFu) + xsum[lane % WPR];
+  } else {
   UNROLL for (int i = 0; i < WPL; ++i) {
     const int w = (int)lane + 32 * i;
     if (w < WPR) {
@@ -157,6 +168,7 @@ GATEUP = r"""
         }
       }
     }
+  }
   }
   UNROLL for (int k = 0; k < UPW; ++k) {
     const float g = warp_sum(ga[k]), u = warp_sum(ua[k]);
@@ -311,13 +323,14 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
-           weights_early: bool | None = None):
+           weights_early: bool | None = None, no_arithmetic: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
     (default moe.subnormal_codes()); rounds: how the top k is found (decode_routing.Ranking;
     default decode_routing.RANK_FORM, LOOP where BITONIC would take k > 32; a bool: LOOP or ROUNDS);
-    weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY).
+    weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY);
+    no_arithmetic: a diagnostic (the loads and their chain only; hid is not h).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -337,7 +350,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
                                ("ROUNDS", int(ranking)),
-                               ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early))) + sh_template
+                               ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early)),
+                               ("NA", int(no_arithmetic))) + sh_template
     f = rec.expert_ffn
     return GateUp(*launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
                           [(t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)],
