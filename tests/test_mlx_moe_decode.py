@@ -142,7 +142,7 @@ def test_block_shapes_and_code_forms(path):
         warps = np.array(moe_decode.routed_residual(*args, down_warps=True))  # moe_down_warps' sums: their own order
         assert_backends_agree(want, warps, "FAST", what="down warps")
         for kw in ({"upw": 4}, {"upw": 2}, {"weights_early": True}, {"rounds": decode_routing.Ranking.LOOP},
-                   {"threads": 128}):
+                   {"threads": 128, "upw": 4}):
             np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, down_warps=True, **kw)), warps,
                                           err_msg=str(kw))
         exp_form = moe_decode.routed_residual(*args, denormals=False)
