@@ -108,7 +108,7 @@ def ncu_decode_launches(small: bool = False) -> None:
     for upw, rw in NCU_SHAPES:
         mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order, rule.norm_topk_prob,
                                            upw=upw, rw=rw))
-    for form in decode_routing.Ranking:  # the other ranking forms
+    for form in decode_routing.ROUTING_FORMS:  # the other ranking forms
         if form is not decode_routing.RANK_FORM:
             mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order,
                                                rule.norm_topk_prob, rounds=form))

@@ -80,7 +80,7 @@ def main() -> int:
     x, z = mx.zeros((1, D)), mx.zeros((1, E))
 
     def forms():
-        for ranking in decode_routing.Ranking:
+        for ranking in decode_routing.ROUTING_FORMS:
             for upw in (4, 2):
                 moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, rounds=ranking,
                                            upw=upw, down_warps=ranking is decode_routing.Ranking.BITONIC and upw == 4)

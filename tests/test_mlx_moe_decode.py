@@ -92,7 +92,7 @@ def test_every_ranking_form_ranks_as_the_loop_does(path):
         z[2, 5] = -np.inf
         for order, norm in ((RoutingOrder.SOFTMAX_TOPK, True), (RoutingOrder.TOPK_SOFTMAX, False)):
             outs = [moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, order, norm, rounds=rr)[:3]
-                    for rr in decode_routing.Ranking]
+                    for rr in decode_routing.ROUTING_FORMS]
             for other in outs[1:]:
                 for a, b in zip(outs[0], other):
                     np.testing.assert_array_equal(np.array(a), np.array(b), err_msg=order.value)

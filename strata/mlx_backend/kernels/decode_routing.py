@@ -36,6 +36,7 @@ class Ranking(enum.IntEnum):
 # the gate/up launch issued ~5.6M in all). The top k of the union of every chunk's top k is the
 # top k (whatever beats a chunk's k-th is in that chunk's top k), and the keys (value, id) are
 # distinct, so the counts are the exact ranks.
+ROUTING_FORMS = (Ranking.LOOP, Ranking.ROUNDS, Ranking.BITONIC)  # the forms that route (NONE does not)
 WARP_TOPK_MAX = 32  # BITONIC: a warp's 32 sorted logits hold at most its top 32
 # the form the gate/up launch takes (the benchmarks time every form). BITONIC since the H200
 # measured it (ncu, seed shape, one token): gate/up 15.5 us against the loop's 18.1
