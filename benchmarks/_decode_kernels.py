@@ -58,6 +58,7 @@ EXPERT_FORMS = (
     ("before: loop ranking, 4 units a warp + DOWN", {"rounds": _R.LOOP, "upw": 4, "down_warps": False}),
     ("default: bitonic ranking, 2 units a warp + down_warps", {}),
     ("bitonic ranking, 4 units a warp + down_warps", {"upw": 4}),
+    ("default, 16-byte code loads", {"vector_loads": True}),
     ("default, weights early", {"weights_early": True}),
     ("default, 8 rows a down block -> 16", {"down_rows": 16}),
     ("diagnostic: no ranking", {"rounds": _R.NONE}),

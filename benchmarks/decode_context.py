@@ -86,6 +86,7 @@ FORMS = {
     "experts19": (True, True, 0),  # both, the weights weighed early (moe_decode.WEIGHTS_EARLY)
     "experts19_upw2": (True, True, 0),  # those, 2 gate/up units a warp (360 blocks)
     "experts19_nt128": (True, True, 0),  # experts19 with 128 threads a gate/up block (360 blocks)
+    "vector_loads": (True, True, 0),  # gate/up's codes in 16-byte loads (moe_decode.GATEUP_VECTOR_LOADS)
     "before_experts19": (True, True, 0),  # the expert step as before those (loop ranking, DOWN, weights late)
 }
 # forms that flip a module switch for their run: (module, name, value) each
@@ -103,9 +104,10 @@ SWITCHES = {
                        (moe_decode, "WEIGHTS_EARLY", True), (moe_decode, "GATEUP_UNITS_PER_WARP", 2)),
     "experts19_nt128": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
                         (moe_decode, "WEIGHTS_EARLY", True), (moe_decode, "GATEUP_THREADS", 128)),
+    "vector_loads": ((moe_decode, "GATEUP_VECTOR_LOADS", True),),
     "before_experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.LOOP), (moe_decode, "DOWN_WARPS", False),
                          (moe_decode, "WEIGHTS_EARLY", False), (moe_decode, "GATEUP_UNITS_PER_WARP", 4),
-                         (moe_decode, "GATEUP_THREADS", 256)),
+                         (moe_decode, "GATEUP_THREADS", 256), (moe_decode, "GATEUP_VECTOR_LOADS", False)),
 }
 
 

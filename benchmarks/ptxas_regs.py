@@ -88,6 +88,8 @@ def main() -> int:
             moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, upw=upw,
                                        rounds=decode_routing.Ranking.BITONIC, weights_early=True, down_warps=True,
                                        down_rows=16)
+            moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, upw=upw,
+                                       vector_loads=True)
 
     seen = _capture(forms)
     rows, out, done = [], {}, set()
@@ -101,7 +103,7 @@ def main() -> int:
             r = _ptxas(code, Path(td))
             t = dict(template)
             label = f"{src.name} blocks {blocks[0]} x {threads}" + (
-                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']} WE {t['WE']}" if "ROUNDS" in t else "")
+                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']} WE {t['WE']} VL {t['VL']}" if "ROUNDS" in t else "")
             regs = r.get("registers")
             occ = (65536 // (regs * threads)) if regs else None
             rows.append((label, regs, r.get("spill_stores"), r.get("smem"), occ, r.get("error", "")[:200]))

@@ -284,3 +284,29 @@ def test_down_warps_against_the_reference(path):
         for rows in (4, 16, 32):
             got = moe_down_warps.down(records, rec, mx.array(x_mid), g.hpre, g.hws, g.sel, g.wsel, rows=rows)
             assert_backends_agree(want, got, "FAST", what=f"{rows} rows a block")
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_vector_loads_against_the_reference(path):
+    """The gate/up launch's 16-byte code loads (GATEUP_VECTOR_LOADS: a lane's words 4 m .. 4 m + 3,
+    then single words; x skewed in threadgroup memory) at D = 2560 (one 16-byte chunk and one word
+    a lane a row): the experts exactly, the sum FAST against the reference, and the same h bit for
+    bit at other units a warp."""
+    with using_path(path):
+        k, n, d, f = 4, 8, 2560, 64 if path is not KernelPath.GPU else 576
+        rec = RecordLayout(QuantType.Q2_0, d, f)
+        records = random_records(rec, n, mx.random.key(21))
+        rng = np.random.default_rng(21)
+        x, x_mid = (rng.standard_normal((1, d)).astype(np.float32) for _ in range(2))
+        z = rng.standard_normal((1, n)).astype(np.float32)
+        rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
+        sels, want = _want(records, rec, x, x_mid, z, rule, 0)
+        args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
+        got = moe_decode.routed_residual(*args, vector_loads=True)
+        assert_backends_agree(want, got, "FAST", what="vector loads")
+        g2 = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, vector_loads=True)
+        np.testing.assert_array_equal(np.array(g2.sel), np.stack([s.experts for s in sels]))
+        if path is not KernelPath.GPU:
+            g4 = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, vector_loads=True,
+                                   upw=4)
+            np.testing.assert_array_equal(np.array(g4.hid), np.array(g2.hid))
