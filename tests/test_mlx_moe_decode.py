@@ -241,7 +241,8 @@ def test_sources_compile(tmp_path, dialect):
                   mx.zeros((d,), mx.float16))
         for dn, sh in ((True, None), (False, None), (True, shared), (False, shared)):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
-                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
+                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh,
+                                               down_warps=False))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                            RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.ROUNDS))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
@@ -250,6 +251,13 @@ def test_sources_compile(tmp_path, dialect):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                                RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh,
                                                down_warps=True, weights_early=True))
+        rec_vl = RecordLayout(QuantType.Q2_0, 2560, 64)  # GATEUP_VECTOR_LOADS: D % 512 == 0
+        rv = random_records(rec_vl, 8, mx.random.key(3))
+        xv = mx.zeros((1, 2560))
+        zv = mx.array(np.arange(8, dtype=np.float32)[None])
+        for dn in (True, False):
+            mx.eval(moe_decode.routed_residual(rv, rec_vl, xv, xv, zv, 0, k, RoutingOrder.SOFTMAX_TOPK, True,
+                                               denormals=dn, vector_loads=True))
     assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down", "strata_moe_down_warps"}
     assert len(rec) >= 10  # the forms above, less those the defaults already ran
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
