@@ -59,6 +59,7 @@ EXPERT_FORMS = (
     ("default: bitonic ranking, 2 units a warp + down_warps", {}),
     ("bitonic ranking, 4 units a warp + down_warps", {"upw": 4}),
     ("default, 16-byte code loads", {"vector_loads": True}),
+    ("default, 16-byte gate/up and 8-byte down code loads", {"vector_loads": True, "down_vector_loads": True}),
     ("default, weights early", {"weights_early": True}),
     ("default, 8 rows a down block -> 16", {"down_rows": 16}),
     ("diagnostic: no ranking", {"rounds": _R.NONE}),

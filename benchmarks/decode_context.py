@@ -41,7 +41,7 @@ from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
-from strata.mlx_backend.kernels import decode_routing, moe_decode  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
 from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
@@ -86,7 +86,7 @@ FORMS = {
     "experts19": (True, True, 0),  # both, the weights weighed early (moe_decode.WEIGHTS_EARLY)
     "experts19_upw2": (True, True, 0),  # those, 2 gate/up units a warp (360 blocks)
     "experts19_nt128": (True, True, 0),  # experts19 with 128 threads a gate/up block (360 blocks)
-    "vector_loads": (True, True, 0),  # gate/up's codes in 16-byte loads (moe_decode.GATEUP_VECTOR_LOADS)
+    "vector_loads": (True, True, 0),  # gate/up's codes in 16-byte loads, down's in 8-byte ones (VECTOR_LOADS)
     "before_experts19": (True, True, 0),  # the expert step as before those (loop ranking, DOWN, weights late)
 }
 # forms that flip a module switch for their run: (module, name, value) each
@@ -104,10 +104,11 @@ SWITCHES = {
                        (moe_decode, "WEIGHTS_EARLY", True), (moe_decode, "GATEUP_UNITS_PER_WARP", 2)),
     "experts19_nt128": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
                         (moe_decode, "WEIGHTS_EARLY", True), (moe_decode, "GATEUP_THREADS", 128)),
-    "vector_loads": ((moe_decode, "GATEUP_VECTOR_LOADS", True),),
+    "vector_loads": ((moe_decode, "GATEUP_VECTOR_LOADS", True), (moe_down_warps, "VECTOR_LOADS", True)),
     "before_experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.LOOP), (moe_decode, "DOWN_WARPS", False),
                          (moe_decode, "WEIGHTS_EARLY", False), (moe_decode, "GATEUP_UNITS_PER_WARP", 4),
-                         (moe_decode, "GATEUP_THREADS", 256), (moe_decode, "GATEUP_VECTOR_LOADS", False)),
+                         (moe_decode, "GATEUP_THREADS", 256), (moe_decode, "GATEUP_VECTOR_LOADS", False),
+                         (moe_down_warps, "VECTOR_LOADS", False)),
 }
 
 

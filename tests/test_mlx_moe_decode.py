@@ -257,7 +257,7 @@ def test_sources_compile(tmp_path, dialect):
         zv = mx.array(np.arange(8, dtype=np.float32)[None])
         for dn in (True, False):
             mx.eval(moe_decode.routed_residual(rv, rec_vl, xv, xv, zv, 0, k, RoutingOrder.SOFTMAX_TOPK, True,
-                                               denormals=dn, vector_loads=True))
+                                               denormals=dn, vector_loads=True, down_vector_loads=True))
     assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down", "strata_moe_down_warps"}
     assert len(rec) >= 10  # the forms above, less those the defaults already ran
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
@@ -278,8 +278,10 @@ def test_down_warps_against_the_reference(path):
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
         bitonic = decode_routing.Ranking.BITONIC
         for dn in ((True,) if path is KernelPath.GPU else (True, False)):
-            got = moe_decode.routed_residual(*args, denormals=dn, down_warps=True, rounds=bitonic)
-            assert_backends_agree(want, got, "FAST", what=f"down warps, denormals={dn}")
+            for vl in (False, True):
+                got = moe_decode.routed_residual(*args, denormals=dn, down_warps=True, rounds=bitonic,
+                                                 down_vector_loads=vl)
+                assert_backends_agree(want, got, "FAST", what=f"down warps, denormals={dn}, 8-byte loads {vl}")
         g = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, rounds=bitonic)
         np.testing.assert_array_equal(np.array(g.sel), np.stack([s.experts for s in sels]))
         if path is KernelPath.GPU:
@@ -290,8 +292,10 @@ def test_down_warps_against_the_reference(path):
             sums += hid[..., j::16]
         np.testing.assert_array_equal(np.array(g.hws), sums)
         for rows in (4, 16, 32):
-            got = moe_down_warps.down(records, rec, mx.array(x_mid), g.hpre, g.hws, g.sel, g.wsel, rows=rows)
-            assert_backends_agree(want, got, "FAST", what=f"{rows} rows a block")
+            for vl in (False, True):
+                got = moe_down_warps.down(records, rec, mx.array(x_mid), g.hpre, g.hws, g.sel, g.wsel, rows=rows,
+                                          vector_loads=vl)
+                assert_backends_agree(want, got, "FAST", what=f"{rows} rows a block, 8-byte loads {vl}")
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
