@@ -185,6 +185,11 @@ stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --
 stage dispatch 60 python3 benchmarks/dispatch.py
 stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
 stage peers 240 python3 benchmarks/peers.py
+# issue 19, the decode expert step's forms (not in the default list: STRATA_STAGES=experts19): each
+# form's two launches under ncu (GPU time, DRAM bytes, registers, warps active), then decode at
+# context 8 with today's defaults (first and last), the step as before and the vector-load forms
+stage experts19 120 bash -c 'ncu --clock-control none -k regex:strata_moe --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active --csv python3 benchmarks/kernels.py --ncu experts 2>&1 | python3 benchmarks/_ncu_table.py &&
+  python3 benchmarks/decode_context.py --contexts 8 --forms split,before_experts19,vector_loads,split --tokens 32'
 # issue 19: first-call JIT costs (decode step, prompts of 128/512/2048/1000, a per-layer breakdown)
 # in a first process on an empty MLX PTX cache and in a second one on what the first left there.
 # STRATA_STAGES=jit_probe
