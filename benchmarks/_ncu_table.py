@@ -1,7 +1,7 @@
 """ncu's CSV (`ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum ...`) on stdin as one
 row per profiled kernel, in launch order: name (its first NAME_CHARS characters), grid, block, GPU
 time, DRAM bytes read and their rate, and any of EXTRA's metrics the run collected; every other
-line (the application's own output) passed through. A total per kernel name closes the table.
+line (the application's own output) passed through. A total per kernel name closes the table, and one JSON line of the rows.
 
     ncu --clock-control none -k regex:strata_ --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum \\
         python3 benchmarks/kernels.py --ncu decode | python3 benchmarks/_ncu_table.py
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import json
 import sys
 
 NAME_CHARS = 90
@@ -55,6 +56,10 @@ def main() -> int:
     print("NCU-TOTALS")
     for name, (n, t) in totals.items():
         print(f"{n:>4} x {name:<{NAME_CHARS}} {t * 1e6:9.2f} us")
+    rows = [{"id": kid, "kernel": k["name"][:NAME_CHARS], "grid": k["grid"], "block": k["block"],
+             "us": (k.get("gpu__time_duration.sum") or 0) * 1e6, "mb_read": (k.get("dram__bytes_read.sum") or 0) / 1e6,
+             **{col: k[m] for m, col, _ in extra if m in k}} for kid, k in kernels.items()]
+    print("JSON " + json.dumps({"ncu": rows}))
     return 0
 
 
