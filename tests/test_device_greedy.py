@@ -1,0 +1,173 @@
+"""Greedy decoding with the next token chosen on the device (strata/device_greedy.py,
+strata/mlx_backend/pipeline.py) against the host loop, through `stream_generate` on MlxEngine:
+the same tokens, log-probabilities within DEVICE_LOGPROB_ATOL, finish reasons, the same session
+afterwards (the step queued past the end never committed), prompt reuse as before, and
+NonFiniteError at the same position with the same message.
+
+On MLX's CPU build the pipeline's step is `decode_device` uncompiled (the ops path); on a GPU
+(the `gpu` tests) the compiled step, traced by the pipeline's first push."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import replace
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import strata
+from budgets import DEVICE_LOGPROB_ATOL
+from strata.device_greedy import PipelinedGreedySteps
+from strata.errors import NonFiniteError
+from strata.generate import _PlainSteps, _steps
+from strata.mlx_backend import pipeline
+from strata.mlx_backend.engine import MlxEngine
+from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.reference.sampling import SamplerConfig
+from strata.speculative import SpeculativeSteps, SuffixDrafter
+from strata.testing.mlx_params import SEED_SHAPE, random_params
+from strata.tokenizer import Tokenizer, byte_level_tokenizer_json
+
+# ids 0..255 are bytes, 256 end-of-text (the byte-level tokenizer); 257.. decode to nothing
+SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
+                shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
+PROMPT = [7, 3, 11]
+TOKENS = 12
+
+PATHS = [pytest.param(KernelPath.OPS, id="ops"),
+         pytest.param(KernelPath.GPU, id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
+             gpu_dialect() is None, reason="no MLX GPU here")])]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return random_params(SMALL, seed=3, pred_q8=False)
+
+
+def _model(cfg, eos=frozenset({256})):
+    """What generate reads of a Model: the tokenizer (its end-of-text ids) and the config."""
+    tok = Tokenizer.from_json(byte_level_tokenizer_json())
+    return SimpleNamespace(tokenizer=replace(tok, eos_ids=frozenset(eos)), cfg=cfg)
+
+
+@contextlib.contextmanager
+def _pipelined(flag: bool, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "PIPELINED", flag)
+        yield
+
+
+def _generate(p, path, flag, monkeypatch, *, prompt=PROMPT, eos=frozenset({256}), then=None, **kw):
+    """Responses of one stream_generate (and of `then`, a second prompt on the same engine) with
+    the pipeline on or off, and the engine after."""
+    with using_path(path), _pipelined(flag, monkeypatch), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback from the compiled step
+        eng = MlxEngine(p, model=_model(p.cfg, eos))
+        out = [list(strata.stream_generate(eng, prompt, max_tokens=kw.get("max_tokens", TOKENS)))]
+        if then is not None:
+            out.append(list(strata.stream_generate(eng, then(out[0]), max_tokens=4)))
+        mx.eval(*[a for s in eng.state.layers for a in (s.keys, s.values)])
+    return out, eng
+
+
+def _assert_same_run(host, dev):
+    assert [r.token for r in dev] == [r.token for r in host]
+    assert [r.finish_reason for r in dev] == [r.finish_reason for r in host]
+    assert [r.prompt_reused for r in dev] == [r.prompt_reused for r in host]
+    assert [r.text for r in dev] == [r.text for r in host]
+    gap = max(abs(a.logprob - b.logprob) for a, b in zip(host, dev))
+    assert gap <= DEVICE_LOGPROB_ATOL, f"log-probabilities {gap} apart"
+
+
+def _assert_same_session(host_eng, dev_eng):
+    assert dev_eng.tokens == host_eng.tokens
+    assert dev_eng.stats() == host_eng.stats()
+    n = host_eng.length
+    for a, b in zip(host_eng.state.layers, dev_eng.state.layers):
+        assert a.length == b.length == n
+        assert np.array(a.keys)[:, :n].tobytes() == np.array(b.keys)[:, :n].tobytes()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_pipelined_greedy_is_the_host_loop(params, path, monkeypatch):
+    (host,), host_eng = _generate(params, path, False, monkeypatch)
+    (dev,), dev_eng = _generate(params, path, True, monkeypatch)
+    assert len(dev) == TOKENS and dev[-1].finish_reason == "length"
+    _assert_same_run(host, dev)
+    _assert_same_session(host_eng, dev_eng)
+    assert dev_eng.length == len(PROMPT) + TOKENS - 1  # the last token is not decoded
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_end_of_text_drops_the_step_queued_past_it(params, path, monkeypatch):
+    """The token at index 4 made end-of-text: the pipeline had queued its decode, which must
+    leave no trace; a following prompt extending the session reuses it as the host's does."""
+    (free,), _ = _generate(params, path, False, monkeypatch)
+    stop = free[4].token
+    assert stop not in [r.token for r in free[:4]] and stop not in PROMPT
+    follow = lambda first: PROMPT + [r.token for r in first] + [5, 9]  # noqa: E731
+    host, host_eng = _generate(params, path, False, monkeypatch, eos={stop}, then=follow)
+    dev, dev_eng = _generate(params, path, True, monkeypatch, eos={stop}, then=follow)
+    assert host[0][-1].finish_reason == "stop" and len(host[0]) == 5
+    for h, d in zip(host, dev):
+        _assert_same_run(h, d)
+    assert dev[1][0].prompt_reused == len(PROMPT) + 4  # every position the first call held
+    _assert_same_session(host_eng, dev_eng)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_context_limit_ends_both_alike(params, path, monkeypatch):
+    """No step is queued past the context: both end with "context" at the same token."""
+    prompt = [int(t) % 256 for t in range(SMALL.max_context - 4)]
+    (host,), host_eng = _generate(params, path, False, monkeypatch, prompt=prompt, max_tokens=40)
+    (dev,), dev_eng = _generate(params, path, True, monkeypatch, prompt=prompt, max_tokens=40)
+    assert host[-1].finish_reason == "context"
+    _assert_same_run(host, dev)
+    _assert_same_session(host_eng, dev_eng)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_non_finite_logits_raise_at_the_same_position(params, path, monkeypatch):
+    """A NaN embedding row for the token the host loop generates at index 2: its decode's logits
+    are NaN, and both loops raise NonFiniteError after the same tokens, with the same message
+    and the same session."""
+    (free,), _ = _generate(params, path, False, monkeypatch)
+    bad = free[2].token
+    assert bad not in [r.token for r in free[:2]] and bad not in PROMPT
+    embed = np.array(params.embed)
+    embed[bad] = np.nan
+    poisoned = replace(params, embed=mx.array(embed))
+    errors, engines, seen = [], [], []
+    for flag in (False, True):
+        with using_path(path), _pipelined(flag, monkeypatch):
+            eng = MlxEngine(poisoned, model=_model(params.cfg))
+            got = []
+            with pytest.raises(NonFiniteError) as caught:
+                for r in strata.stream_generate(eng, PROMPT, max_tokens=TOKENS):
+                    got.append(r.token)
+        errors.append(str(caught.value))
+        engines.append(eng)
+        seen.append(got)
+    assert seen[0] == seen[1] == [r.token for r in free[:3]]
+    assert errors[0] == errors[1] and f"after {len(PROMPT) + 3} positions" in errors[0]
+    assert engines[0].tokens == engines[1].tokens and engines[0].stats() == engines[1].stats()
+
+
+def test_only_plain_greedy_takes_the_pipeline(params, monkeypatch):
+    """Sampling, a repetition penalty and a drafter keep their host sources; so does an engine
+    that offers no pipeline (PIPELINED off)."""
+    with using_path(KernelPath.OPS):
+        model = _model(params.cfg)
+        model.experts_file = SimpleNamespace(header=SimpleNamespace(padded_bytes=1))  # what SpeculativeSteps reads
+        eng = MlxEngine(params, model=model)
+        logits = eng.prefill(PROMPT)
+        pick = lambda sampler, drafter=None: _steps(eng, logits, sampler, drafter, SMALL.max_context, list(PROMPT))  # noqa: E731
+        assert isinstance(pick(SamplerConfig()), PipelinedGreedySteps)
+        assert isinstance(pick(SamplerConfig(temperature=0.7)), _PlainSteps)
+        assert isinstance(pick(SamplerConfig(repeat_penalty=1.2)), _PlainSteps)
+        assert isinstance(pick(SamplerConfig(), SuffixDrafter(2)), SpeculativeSteps)
+        with _pipelined(False, monkeypatch):
+            assert isinstance(pick(SamplerConfig()), _PlainSteps)
