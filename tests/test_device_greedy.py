@@ -26,14 +26,21 @@ from strata.generate import _PlainSteps, _steps
 from strata.mlx_backend import pipeline
 from strata.mlx_backend.engine import MlxEngine
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.model_config import LayerType, Mixer
+from strata.reference.deltanet import DeltaNetState
 from strata.reference.sampling import SamplerConfig
 from strata.speculative import SpeculativeSteps, SuffixDrafter
 from strata.testing.mlx_params import SEED_SHAPE, random_params
-from strata.tokenizer import Tokenizer, byte_level_tokenizer_json
+from strata.testing.stand_in_model import stand_in_model
 
-# ids 0..255 are bytes, 256 end-of-text (the byte-level tokenizer); 257.. decode to nothing
+# ids 0..255 are bytes, 256 end-of-text (stand_in_model's tokenizer); 257.. decode to nothing
 SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
+# a hybrid of the same size: DeltaNet, DeltaNet, gated attention with partial rotary (the
+# pipeline carries the recurrent states from step to step; each decoded position keeps a snapshot)
+SMALL_HYBRID = replace(SMALL, n_layers=3, layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
+                       rotary_dim=16, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4,
+                       linear_k_head_dim=32, linear_v_head_dim=32, linear_conv_kernel=4)
 PROMPT = [7, 3, 11]
 TOKENS = 12
 
@@ -45,12 +52,6 @@ PATHS = [pytest.param(KernelPath.OPS, id="ops"),
 @pytest.fixture(scope="module")
 def params():
     return random_params(SMALL, seed=3, pred_q8=False)
-
-
-def _model(cfg, eos=frozenset({256})):
-    """What generate reads of a Model: the tokenizer (its end-of-text ids) and the config."""
-    tok = Tokenizer.from_json(byte_level_tokenizer_json())
-    return SimpleNamespace(tokenizer=replace(tok, eos_ids=frozenset(eos)), cfg=cfg)
 
 
 @contextlib.contextmanager
@@ -65,11 +66,10 @@ def _generate(p, path, flag, monkeypatch, *, prompt=PROMPT, eos=frozenset({256})
     the pipeline on or off, and the engine after."""
     with using_path(path), _pipelined(flag, monkeypatch), warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback from the compiled step
-        eng = MlxEngine(p, model=_model(p.cfg, eos))
+        eng = MlxEngine(p, model=stand_in_model(p.cfg, eos=eos))
         out = [list(strata.stream_generate(eng, prompt, max_tokens=kw.get("max_tokens", TOKENS)))]
         if then is not None:
             out.append(list(strata.stream_generate(eng, then(out[0]), max_tokens=4)))
-        mx.eval(*[a for s in eng.state.layers for a in (s.keys, s.values)])
     return out, eng
 
 
@@ -88,13 +88,19 @@ def _assert_same_session(host_eng, dev_eng):
     n = host_eng.length
     for a, b in zip(host_eng.state.layers, dev_eng.state.layers):
         assert a.length == b.length == n
-        assert np.array(a.keys)[:, :n].tobytes() == np.array(b.keys)[:, :n].tobytes()
+        if isinstance(a, DeltaNetState):  # the same snapshots kept: prefix reuse trims alike
+            assert a.kept_positions == b.kept_positions
+            assert np.array(a.recurrent).tobytes() == np.array(b.recurrent).tobytes()
+        else:
+            assert np.array(a.keys)[:, :n].tobytes() == np.array(b.keys)[:, :n].tobytes()
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_pipelined_greedy_is_the_host_loop(params, path, monkeypatch):
-    (host,), host_eng = _generate(params, path, False, monkeypatch)
-    (dev,), dev_eng = _generate(params, path, True, monkeypatch)
+@pytest.mark.parametrize("shape", ["attention", "hybrid"])
+def test_pipelined_greedy_is_the_host_loop(params, path, shape, monkeypatch):
+    p = params if shape == "attention" else random_params(SMALL_HYBRID, seed=9, pred_q8=False)
+    (host,), host_eng = _generate(p, path, False, monkeypatch)
+    (dev,), dev_eng = _generate(p, path, True, monkeypatch)
     assert len(dev) == TOKENS and dev[-1].finish_reason == "length"
     _assert_same_run(host, dev)
     _assert_same_session(host_eng, dev_eng)
@@ -143,7 +149,7 @@ def test_non_finite_logits_raise_at_the_same_position(params, path, monkeypatch)
     errors, engines, seen = [], [], []
     for flag in (False, True):
         with using_path(path), _pipelined(flag, monkeypatch):
-            eng = MlxEngine(poisoned, model=_model(params.cfg))
+            eng = MlxEngine(poisoned, model=stand_in_model(params.cfg))
             got = []
             with pytest.raises(NonFiniteError) as caught:
                 for r in strata.stream_generate(eng, PROMPT, max_tokens=TOKENS):
@@ -160,8 +166,9 @@ def test_only_plain_greedy_takes_the_pipeline(params, monkeypatch):
     """Sampling, a repetition penalty and a drafter keep their host sources; so does an engine
     that offers no pipeline (PIPELINED off)."""
     with using_path(KernelPath.OPS):
-        model = _model(params.cfg)
-        model.experts_file = SimpleNamespace(header=SimpleNamespace(padded_bytes=1))  # what SpeculativeSteps reads
+        # SpeculativeSteps reads the slot size of the model's experts file
+        model = SimpleNamespace(**vars(stand_in_model(params.cfg)),
+                                experts_file=SimpleNamespace(header=SimpleNamespace(padded_bytes=1)))
         eng = MlxEngine(params, model=model)
         logits = eng.prefill(PROMPT)
         pick = lambda sampler, drafter=None: _steps(eng, logits, sampler, drafter, SMALL.max_context, list(PROMPT))  # noqa: E731

@@ -114,7 +114,9 @@ class DevicePipeline:
             check_context(eng.params.cfg, state.length, 1)
         else:
             compiled_step.check_decode(eng.params, state, token)
-        step = eng._compiled_step()
+        step = eng._step  # bound to `state` by identity when it is the last step's (no per-layer scan)
+        if step is None or not step.bound_to(state):
+            step = eng._compiled_step()
         if step is not None:
             first = step.calls == 0
             try:
