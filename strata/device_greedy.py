@@ -36,18 +36,21 @@ class Selection(Protocol):
 class GreedyPipeline(Protocol):
     """Decode steps queued on an engine's device, each ending in its greedy selection.
 
-    `push(token)`: enqueue the decode of `token` (an int), or, None, of the token the last pushed
-    step selects (the host never reads it first), one position after the last pushed step.
-    `pull()`: the oldest pushed step's Selection (waits for that step only); that step becomes
-    the session's next position. `drop()`: forget the pushed steps not pulled (the session holds
-    what was pulled). `pending`: steps pushed and not pulled."""
+    `push(token)`: enqueue the decode of `token` (an int), or, None, of the token the step
+    before selects (the host never reads it first), one position after the last pushed step.
+    `commit()`: the oldest pushed step becomes the session's next position (what `decode` of
+    its token would have done; no wait). `selection()`: the last committed step's Selection
+    (waits for that step only). `drop()`: forget the pushed steps not committed (the session
+    holds what was committed). `pending`: steps pushed and not committed."""
 
     @property
     def pending(self) -> int: ...
 
     def push(self, token: int | None) -> None: ...
 
-    def pull(self) -> Selection: ...
+    def commit(self) -> None: ...
+
+    def selection(self) -> Selection: ...
 
     def drop(self) -> None: ...
 
@@ -81,7 +84,7 @@ class PipelinedGreedySteps:
                 raise non_finite_logits(self.engine.length)
             token = sample(logits, self.sampler, n)
             return token, float(log_softmax(logits)[token])
-        selection = self.pipe.pull()
+        selection = self.pipe.selection()  # of token n - 1's step, committed by advance(n - 1)
         if not selection.finite:
             self.pipe.drop()  # the step after it decoded a garbage token
             raise non_finite_logits(self.engine.length)
@@ -90,6 +93,7 @@ class PipelinedGreedySteps:
     def advance(self, token: int, n: int, room: int) -> None:
         if not self.pipe.pending:  # token n came from the host (token 0): its step is not queued yet
             self.pipe.push(token)
+        self.pipe.commit()  # token n's decode is the session's now, as the host loop's `decode`
         if room >= 2 and self.start + n + 1 < self.limit:  # token n + 1's decode, on its device-side id
             self.pipe.push(None)
 

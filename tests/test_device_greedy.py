@@ -125,6 +125,25 @@ def test_end_of_text_drops_the_step_queued_past_it(params, path, monkeypatch):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_a_caller_that_stops_early_leaves_the_hosts_session(params, path, monkeypatch):
+    """A caller that stops reading after token 4 (a stop string, a closed connection): the
+    session holds what the host loop's would, token 4's decode included, the step queued after
+    it not; the next call reuses it alike."""
+    sessions, follow = [], []
+    for flag in (False, True):
+        with using_path(path), _pipelined(flag, monkeypatch):
+            eng = MlxEngine(params, model=stand_in_model(params.cfg))
+            stream = strata.stream_generate(eng, PROMPT, max_tokens=TOKENS)
+            first = [next(stream) for _ in range(5)]
+            stream.close()
+            sessions.append((eng.tokens, eng.stats()))
+            follow.append(list(strata.stream_generate(eng, PROMPT + [r.token for r in first] + [5], max_tokens=4)))
+    assert sessions[0] == sessions[1] and sessions[0][1].length == len(PROMPT) + 5
+    _assert_same_run(*follow)
+    assert follow[1][0].prompt_reused == len(PROMPT) + 5
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_the_context_limit_ends_both_alike(params, path, monkeypatch):
     """No step is queued past the context: both end with "context" at the same token."""
     prompt = [int(t) % 256 for t in range(SMALL.max_context - 4)]

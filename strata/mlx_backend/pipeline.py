@@ -7,9 +7,10 @@ the GPU always has the next step queued while the host reads this one's small re
 host loop waited for per token (H200, seed shape, context 8): the round trip of the logits and
 the encoding of the next step, 5.45 ms a token against 3.83 ms enqueued back to back.
 
-The session changes only when a step is pulled (`MlxEngine._commit`): a pushed step that is
-never pulled (the one enqueued past an end-of-text, or any left when the caller stops) is
-dropped and leaves `length`, `tokens` and the state as they were. Its KV rows were written in
+The session changes only when a step is committed (`MlxEngine._commit`, when the loop goes on
+past the token it decodes, as `decode` would have run then): a pushed step never committed (the
+one enqueued past an end-of-text, or one left when the caller stops) is dropped and leaves
+`length`, `tokens` and the state as they were. Its KV rows were written in
 place at positions past the session's length, which every later step writes over before any
 attention reads them (MlxModelState.trim's rule: later positions are written over).
 
@@ -45,7 +46,7 @@ PIPELINED = True
 
 @dataclass(frozen=True)
 class _Pushed:
-    state: MlxModelState  # the session's state once this step is pulled
+    state: MlxModelState  # the session's state once this step is committed
     selection: mx.array  # int32 [MIN_INPUT_SIZE], greedy.py's layout (lazy until read)
     token: int | None  # the token decoded; None: the previous step's selection
 
@@ -69,8 +70,9 @@ class DevicePipeline:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self._pushed: deque[_Pushed] = deque()
-        self._read: int | None = None  # the token the last pulled step selected
+        self._pushed: deque[_Pushed] = deque()  # pushed, not committed, oldest first
+        self._committed: _Pushed | None = None  # the last step committed
+        self._read: Selection | None = None  # its selection, once read
 
     @property
     def pending(self) -> int:
@@ -78,32 +80,38 @@ class DevicePipeline:
 
     def push(self, token: int | None) -> None:
         """Enqueue the decode of `token` (host-known), or with None of the token the last pushed
-        step selects, after the last pushed step (or the session's last position)."""
+        (or committed) step selects, one position after it (or after the session's last)."""
         eng = self.engine
         if eng.closed:
             raise StrataError("decode: the engine is closed")
-        last = self._pushed[-1] if self._pushed else None
+        last = self._pushed[-1] if self._pushed else self._committed
         if token is None and last is None:
-            raise ValueError("greedy pipeline: a step without a token needs a pushed step before it")
-        state = last.state if last is not None else eng.state
+            raise ValueError("greedy pipeline: a step without a token needs a step before it")
+        state = self._pushed[-1].state if self._pushed else eng.state
         ids = last.selection if token is None else int(token)
         logits, new, compiled = self._step(state, ids)
         selection = greedy_select(logits)
         mx.async_eval(selection, *_arrays(new, compiled))  # enqueued: the host goes on at once
         self._pushed.append(_Pushed(new, selection, None if token is None else int(token)))
 
-    def pull(self) -> Selection:
-        """The oldest pushed step's selection (waits for that step only); the step becomes the
-        session's next position."""
+    def commit(self) -> None:
+        """The oldest pushed step becomes the session's next position (no wait: its token is
+        host-known by now, the int it was pushed with or the selection read before it)."""
         step = self._pushed.popleft()
-        selection = read_selection(step.selection)
-        token = step.token if step.token is not None else self._read
+        token = step.token if step.token is not None else self.selection().token
         self.engine._commit(step.state, token)
-        self._read = selection.token
-        return selection
+        self._committed, self._read = step, None
+
+    def selection(self) -> Selection:
+        """The last committed step's selection: read once (it waits for that step only)."""
+        if self._committed is None:
+            raise ValueError("greedy pipeline: no step committed yet")
+        if self._read is None:
+            self._read = read_selection(self._committed.selection)
+        return self._read
 
     def drop(self) -> None:
-        """Forget every step pushed and not pulled: the session keeps what was pulled."""
+        """Forget every step pushed and not committed: the session keeps what was committed."""
         self._pushed.clear()
 
     def _step(self, state: MlxModelState, token: int | mx.array) -> tuple[mx.array, MlxModelState, bool]:
