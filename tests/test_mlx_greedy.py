@@ -25,9 +25,11 @@ SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts
 GREEDY = SamplerConfig()
 
 
-def _host(z: np.ndarray) -> tuple[int, float, bool]:
-    token = sample(z, GREEDY, 0)
-    return token, float(log_softmax(z)[token]), bool(np.isfinite(z.max()))
+def _host(z: np.ndarray) -> tuple[int, float | None, bool]:
+    """What generate's host loop takes of one position's logits: token, logprob, finite (no
+    logprob where it would raise first)."""
+    token, finite = sample(z, GREEDY, 0), bool(np.isfinite(z.max()))
+    return token, float(log_softmax(z)[token]) if finite else None, finite
 
 
 @pytest.mark.parametrize("vocab", [7, 512, 151_936])
