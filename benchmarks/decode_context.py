@@ -147,8 +147,9 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
     holding this context, from the same position twice: pipelined (the next token chosen on the
     device, step n + 1 enqueued before token n is read: what `generate` does now) and the host
     loop (each token's logits read, argmax on the host: pipeline.PIPELINED off), real argmax
-    tokens both; and whether the two made the same tokens. Per token: the time from token 1 to
-    the last over the tokens between (token 0 comes from one host decode, as a prefill's would)."""
+    tokens both; and whether the two made the same tokens. Per token: the time from token 0 (from
+    one host decode, as a prefill's logits) to the last, over the `tokens` steps decoded between
+    (the pipeline's first step, not overlapped, included)."""
     eng = MlxEngine(p)
     eng.state, eng._step = state, step  # the made context; the step already traced on its buffers
     eng._tokens = [0] * state.length  # the session's positions (their ids do not matter: the rows are made)
@@ -169,7 +170,7 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
                     source.finish(n)
         finally:
             pipeline.PIPELINED = saved
-        out[f"generate_{name}_ms"] = (stamps[-1] - stamps[1]) / (tokens - 1) * 1e3
+        out[f"generate_{name}_ms"] = (stamps[-1] - stamps[0]) / tokens * 1e3
         out[f"generate_{name}_tokens"] = made
     out["generate_same_tokens"] = out.pop("generate_pipelined_tokens") == out.pop("generate_host_tokens")
     return out
