@@ -89,7 +89,7 @@ class DevicePipeline:
             raise ValueError("greedy pipeline: a step without a token needs a step before it")
         state = self._pushed[-1].state if self._pushed else eng.state
         ids = last.selection if token is None else int(token)
-        logits, new, compiled = self._step(state, ids)
+        logits, new, compiled = self._decode_step(state, ids)
         selection = greedy_select(logits)
         mx.async_eval(selection, *_arrays(new, compiled))  # enqueued: the host goes on at once
         self._pushed.append(_Pushed(new, selection, None if token is None else int(token)))
@@ -114,7 +114,7 @@ class DevicePipeline:
         """Forget every step pushed and not committed: the session keeps what was committed."""
         self._pushed.clear()
 
-    def _step(self, state: MlxModelState, token: int | mx.array) -> tuple[mx.array, MlxModelState, bool]:
+    def _decode_step(self, state: MlxModelState, token: int | mx.array) -> tuple[mx.array, MlxModelState, bool]:
         """(logits float32 [1, V] (lazy), the state one position on, whether compiled)."""
         eng = self.engine
         if isinstance(token, mx.array):
