@@ -25,6 +25,7 @@ from strata.errors import NonFiniteError
 from strata.generate import _PlainSteps, _steps
 from strata.mlx_backend import pipeline
 from strata.mlx_backend.engine import MlxEngine
+from strata.mlx_backend.pipeline import DevicePipeline
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.model_config import LayerType, Mixer
 from strata.reference.deltanet import DeltaNetState
@@ -156,19 +157,27 @@ def test_the_context_limit_ends_both_alike(params, path, monkeypatch):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_non_finite_logits_raise_at_the_same_position(params, path, monkeypatch):
-    """A NaN embedding row for the token the host loop generates at index 2: its decode's logits
-    are NaN, and both loops raise NonFiniteError after the same tokens, with the same message
-    and the same session."""
+    """The logits of the decode at position P (token index 2's) made NaN, in the host loop's
+    `decode` and in the pipeline's step (on the device, before its selection): both raise
+    NonFiniteError after the same tokens, with the same message and the same session. (Made NaN
+    after the layers: NaN router logits would send the GPU's expert kernels to undefined slots.)"""
+    at = len(PROMPT) + 2
     (free,), _ = _generate(params, path, False, monkeypatch)
-    bad = free[2].token
-    assert bad not in [r.token for r in free[:2]] and bad not in PROMPT
-    embed = np.array(params.embed)
-    embed[bad] = np.nan
-    poisoned = replace(params, embed=mx.array(embed))
     errors, engines, seen = [], [], []
     for flag in (False, True):
-        with using_path(path), _pipelined(flag, monkeypatch):
-            eng = MlxEngine(poisoned, model=stand_in_model(params.cfg))
+        with using_path(path), _pipelined(flag, monkeypatch), monkeypatch.context() as m:
+            eng = MlxEngine(params, model=stand_in_model(params.cfg))
+            host_decode, device_step = eng._decode, DevicePipeline._decode_step
+
+            def nan_on_host(token, eng=eng, host_decode=host_decode):  # eng.length: the token's position
+                return host_decode(token) * (np.nan if eng.length == at else 1.0)
+
+            def nan_on_device(self, state, token, device_step=device_step):
+                logits, new, compiled = device_step(self, state, token)
+                return logits * (np.nan if state.length == at else 1.0), new, compiled
+
+            m.setattr(eng, "_decode", nan_on_host)
+            m.setattr(DevicePipeline, "_decode_step", nan_on_device)
             got = []
             with pytest.raises(NonFiniteError) as caught:
                 for r in strata.stream_generate(eng, PROMPT, max_tokens=TOKENS):
@@ -177,7 +186,7 @@ def test_non_finite_logits_raise_at_the_same_position(params, path, monkeypatch)
         engines.append(eng)
         seen.append(got)
     assert seen[0] == seen[1] == [r.token for r in free[:3]]
-    assert errors[0] == errors[1] and f"after {len(PROMPT) + 3} positions" in errors[0]
+    assert errors[0] == errors[1] and f"after {at + 1} positions" in errors[0]
     assert engines[0].tokens == engines[1].tokens and engines[0].stats() == engines[1].stats()
 
 
