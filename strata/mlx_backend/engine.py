@@ -21,12 +21,12 @@ import numpy as np
 from strata.config import Config
 from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
+from strata.mlx_backend import pipeline
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
-from strata.mlx_backend import pipeline
-from strata.mlx_backend.pipeline import DevicePipeline
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
+from strata.mlx_backend.pipeline import DevicePipeline
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
 from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
