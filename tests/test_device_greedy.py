@@ -108,6 +108,27 @@ def test_pipelined_greedy_is_the_host_loop(params, path, shape, monkeypatch):
     assert dev_eng.length == len(PROMPT) + TOKENS - 1  # the last token is not decoded
 
 
+def test_the_next_step_is_queued_before_a_token_is_read(params, monkeypatch):
+    """What removes the host wait: when the host reads token n (step n - 1's selection), step n
+    is already enqueued on the device token, for every n but the last (no step past max_tokens)."""
+    pushed, at_read = [0], []
+    select, read = pipeline.greedy_select, pipeline.read_selection
+
+    def counting_select(logits):
+        pushed[0] += 1
+        return select(logits)
+
+    def recording_read(packed):
+        at_read.append(pushed[0])
+        return read(packed)
+
+    monkeypatch.setattr(pipeline, "greedy_select", counting_select)
+    monkeypatch.setattr(pipeline, "read_selection", recording_read)
+    (dev,), _ = _generate(params, KernelPath.OPS, True, monkeypatch, max_tokens=8)
+    assert len(dev) == 8
+    assert at_read == [n + 1 for n in range(1, 7)] + [7]  # token n read with steps 0..n pushed; 7: the last
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_end_of_text_drops_the_step_queued_past_it(params, path, monkeypatch):
     """The token at index 4 made end-of-text: the pipeline had queued its decode, which must
