@@ -60,9 +60,12 @@ def _select(logits: mx.array) -> mx.array:
     if e.size % SUM_ROW:
         e = mx.pad(e, (0, SUM_ROW - e.size % SUM_ROW))  # zeros: they add nothing
     logprob = -mx.log(mx.sum(mx.sum(e.reshape(-1, SUM_ROW), axis=1)))  # z[token] - logsumexp(z), z[token] == top
-    finite = mx.isfinite(top)
-    return mx.concatenate([token.reshape(1), mx.view(logprob.reshape(1), mx.int32),
-                           finite.astype(mx.int32).reshape(1), mx.zeros((MIN_INPUT_SIZE - 3,), mx.int32)])
+    bits = mx.view(logprob.reshape(1), mx.int32)  # [1]: the same 4 bytes, no copy
+    finite = mx.isfinite(top).astype(mx.int32)
+    # the layout by element index, one elementwise expression (one fused kernel), not a concatenation
+    i = mx.arange(MIN_INPUT_SIZE, dtype=mx.int32)
+    zero = mx.array(0, mx.int32)
+    return mx.where(i == TOKEN, token, mx.where(i == LOGPROB, bits, mx.where(i == FINITE, finite, zero)))
 
 
 # a handful of reductions and elementwise ops, fused where MLX can; compiled on a GPU only: MLX's
