@@ -74,7 +74,11 @@ def test_the_selection_is_a_device_token_input():
     with pytest.raises(ValueError, match="int32"):
         compiled_step.check_device_token(mx.zeros((MIN_INPUT_SIZE,), mx.float32))
     with pytest.raises(ValueError, match="int32"):
-        compiled_step.check_device_token(mx.zeros((1,), mx.int32))
+        compiled_step.check_device_token(mx.zeros((2,), mx.int32))
+    one = mx.array([9], mx.int32)  # [1] is taken too, padded to the one input shape
+    compiled_step.check_device_token(one)
+    assert np.array(compiled_step.device_ids(one)).tolist() == [9] + [0] * (MIN_INPUT_SIZE - 1)
+    assert compiled_step.device_ids(packed) is packed
     with pytest.raises(ValueError, match="one position"):
         greedy_select(mx.zeros((2, 8)))
 
@@ -95,7 +99,8 @@ def test_compiled_step_with_a_device_token_equals_the_int_token():
             out = []
             for i in range(4):
                 before = sum(LAUNCHES.values())
-                logits, state = step(state, token if device else read_selection(token).token)
+                host = read_selection(token).token
+                logits, state = step(state, (token if i % 2 else token[:1]) if device else host)  # [8] and [1]
                 if i:
                     assert sum(LAUNCHES.values()) == before, "retraced"
                 token = greedy_select(logits)

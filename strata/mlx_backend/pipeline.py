@@ -32,7 +32,6 @@ from strata.errors import StrataError
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.attention import MlxLayerKV, check_context
 from strata.mlx_backend.greedy import Selection, greedy_select, read_selection
-from strata.mlx_backend.kernels.launch import index_param
 from strata.mlx_backend.mla import MlxLatentKV
 from strata.mlx_backend.model import MlxModelState, decode_device
 from strata.reference.deltanet import DeltaNetState
@@ -134,7 +133,7 @@ class DevicePipeline:
                 if not first:
                     raise
                 eng._give_up(f"{type(exc).__name__}: {exc}")
-        ids = token if isinstance(token, mx.array) else index_param(token)
+        ids = compiled_step.device_ids(token)
         # no device position: untraced, every layer takes state.length from the host, as `forward`
         # does (the ops attention refuses a device position)
         logits, new = decode_device(eng.params, state, ids, None)
