@@ -69,7 +69,9 @@ def _select(logits: mx.array) -> mx.array:
 
 
 # a handful of reductions and elementwise ops, fused where MLX can; compiled on a GPU only: MLX's
-# CPU build compiles a fused graph with the C++ compiler (~4 s the first time in a process here)
+# CPU build compiles a fused graph with the C++ compiler (~4 s the first time in a process here).
+# On the H200 the first call compiles the fused kernels with NVRTC: ~9 s once in a process (the
+# mid-session run), start-up like the decode step's own first trace
 _compiled_select = mx.compile(_select)
 
 
