@@ -39,7 +39,8 @@ SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
 # a hybrid of the same size: DeltaNet, DeltaNet, gated attention with partial rotary (the
 # pipeline carries the recurrent states from step to step; each decoded position keeps a snapshot)
-SMALL_HYBRID = replace(SMALL, n_layers=3, layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
+SMALL_HYBRID = replace(SMALL, n_layers=3,
+                       layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
                        rotary_dim=16, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4,
                        linear_k_head_dim=32, linear_v_head_dim=32, linear_conv_kernel=4)
 PROMPT = [7, 3, 11]
@@ -220,7 +221,10 @@ def test_only_plain_greedy_takes_the_pipeline(params, monkeypatch):
                                 experts_file=SimpleNamespace(header=SimpleNamespace(padded_bytes=1)))
         eng = MlxEngine(params, model=model)
         logits = eng.prefill(PROMPT)
-        pick = lambda sampler, drafter=None: _steps(eng, logits, sampler, drafter, SMALL.max_context, list(PROMPT))  # noqa: E731
+
+        def pick(sampler, drafter=None):
+            return _steps(eng, logits, sampler, drafter, SMALL.max_context, list(PROMPT))
+
         assert isinstance(pick(SamplerConfig()), PipelinedGreedySteps)
         assert isinstance(pick(SamplerConfig(temperature=0.7)), _PlainSteps)
         assert isinstance(pick(SamplerConfig(repeat_penalty=1.2)), _PlainSteps)

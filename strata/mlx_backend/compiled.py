@@ -99,7 +99,9 @@ def device_ids(token: int | mx.array) -> mx.array:
     padded: one small op, and the trace's input shape stays one)."""
     if not isinstance(token, mx.array):
         return index_param(token)
-    return token if token.shape == (MIN_INPUT_SIZE,) else mx.concatenate([token, mx.zeros((MIN_INPUT_SIZE - 1,), mx.int32)])
+    if token.shape == (MIN_INPUT_SIZE,):
+        return token
+    return mx.concatenate([token, mx.zeros((MIN_INPUT_SIZE - 1,), mx.int32)])
 
 
 def _buffers(state: MlxModelState) -> tuple[mx.array, ...]:
