@@ -14,7 +14,6 @@ import warnings
 from dataclasses import replace
 from types import SimpleNamespace
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
