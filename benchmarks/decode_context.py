@@ -47,7 +47,7 @@ from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
-from strata.mlx_backend import pipeline  # noqa: E402
+from strata.mlx_backend import device_pipeline  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
 from strata.generate import _steps  # noqa: E402
@@ -146,7 +146,7 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
     """ms/token of generate's own token source (strata.generate._steps, greedy) over an MlxEngine
     holding this context, from the same position twice: pipelined (the next token chosen on the
     device, step n + 1 enqueued before token n is read: what `generate` does now) and the host
-    loop (each token's logits read, argmax on the host: pipeline.PIPELINED off), real argmax
+    loop (each token's logits read, argmax on the host: device_pipeline.PIPELINED off), real argmax
     tokens both; and whether the two made the same tokens. Per token: the time from token 0 (from
     one host decode, as a prefill's logits) to the last, over the `tokens` steps decoded between
     (the pipeline's first step, not overlapped, included)."""
@@ -157,7 +157,7 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
     # "warm" first, untimed: the device selection's first call compiles its fused kernels (NVRTC,
     # seconds; the H200's mid-session run timed it inside the pipelined row: 289 ms a token)
     for name, flag, count in (("warm", True, 3), ("pipelined", True, tokens), ("host", False, tokens)):
-        saved, pipeline.PIPELINED = pipeline.PIPELINED, flag
+        saved, device_pipeline.PIPELINED = device_pipeline.PIPELINED, flag
         try:
             eng.trim(start)
             source = _steps(eng, eng.decode(1), SamplerConfig(), None, p.cfg.max_context, [])
@@ -171,7 +171,7 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
                 else:
                     source.finish(n)
         finally:
-            pipeline.PIPELINED = saved
+            device_pipeline.PIPELINED = saved
         if name != "warm":
             out[f"generate_{name}_ms"] = (stamps[-1] - stamps[0]) / count * 1e3
             out[f"generate_{name}_tokens"] = made

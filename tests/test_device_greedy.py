@@ -1,5 +1,5 @@
 """Greedy decoding with the next token chosen on the device (strata/device_greedy.py,
-strata/mlx_backend/pipeline.py) against the host loop, through `stream_generate` on MlxEngine:
+strata/mlx_backend/device_pipeline.py) against the host loop, through `stream_generate` on MlxEngine:
 the same tokens, log-probabilities within DEVICE_LOGPROB_ATOL, finish reasons, the same session
 afterwards (the step queued past the end never committed), prompt reuse as before, and
 NonFiniteError at the same position with the same message.
@@ -22,9 +22,9 @@ from budgets import DEVICE_LOGPROB_ATOL
 from strata.device_greedy import PipelinedGreedySteps
 from strata.errors import NonFiniteError
 from strata.generate import _PlainSteps, _steps
-from strata.mlx_backend import pipeline
+from strata.mlx_backend import device_pipeline
 from strata.mlx_backend.engine import MlxEngine
-from strata.mlx_backend.pipeline import DevicePipeline
+from strata.mlx_backend.device_pipeline import DevicePipeline
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.model_config import LayerType, Mixer
 from strata.reference.deltanet import DeltaNetState
@@ -58,7 +58,7 @@ def params():
 @contextlib.contextmanager
 def _pipelined(flag: bool, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(pipeline, "PIPELINED", flag)
+        m.setattr(device_pipeline, "PIPELINED", flag)
         yield
 
 
@@ -112,7 +112,7 @@ def test_the_next_step_is_queued_before_a_token_is_read(params, monkeypatch):
     """What removes the host wait: when the host reads token n (step n - 1's selection), step n
     is already enqueued on the device token, for every n but the last (no step past max_tokens)."""
     pushed, at_read = [0], []
-    select, read = pipeline.greedy_select, pipeline.read_selection
+    select, read = device_pipeline.greedy_select, device_pipeline.read_selection
 
     def counting_select(logits):
         pushed[0] += 1
@@ -122,8 +122,8 @@ def test_the_next_step_is_queued_before_a_token_is_read(params, monkeypatch):
         at_read.append(pushed[0])
         return read(packed)
 
-    monkeypatch.setattr(pipeline, "greedy_select", counting_select)
-    monkeypatch.setattr(pipeline, "read_selection", recording_read)
+    monkeypatch.setattr(device_pipeline, "greedy_select", counting_select)
+    monkeypatch.setattr(device_pipeline, "read_selection", recording_read)
     (dev,), _ = _generate(params, KernelPath.OPS, True, monkeypatch, max_tokens=8)
     assert len(dev) == 8
     assert at_read == [n + 1 for n in range(1, 7)] + [7]  # token n read with steps 0..n pushed; 7: the last

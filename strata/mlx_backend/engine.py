@@ -21,12 +21,12 @@ import numpy as np
 from strata.config import Config
 from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
-from strata.mlx_backend import pipeline
+from strata.mlx_backend import device_pipeline
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
-from strata.mlx_backend.pipeline import DevicePipeline
+from strata.mlx_backend.device_pipeline import DevicePipeline
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
 from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
@@ -138,9 +138,9 @@ class MlxEngine(StateEngine):
         return np.array(logits[-1], dtype=np.float32)
 
     def greedy_pipeline(self) -> DevicePipeline | None:
-        """Greedy decoding with each next token chosen on the device (pipeline.py), unless
-        `pipeline.PIPELINED` is off."""
-        return DevicePipeline(self) if pipeline.PIPELINED else None
+        """Greedy decoding with each next token chosen on the device (device_pipeline.py), unless
+        `device_pipeline.PIPELINED` is off."""
+        return DevicePipeline(self) if device_pipeline.PIPELINED else None
 
     def _commit(self, state: MlxModelState, token: int) -> None:
         """A step the greedy pipeline enqueued becomes the session's next position (as `decode`)."""

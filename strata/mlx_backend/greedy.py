@@ -5,7 +5,7 @@ step's token input and what the host reads back.
 Why: the host loop reads every token's logits ([V] float32) before it can encode the next step,
 so the GPU idles for the round trip and the host's encoding of the step (H200, seed shape,
 context 8: 5.45 ms a token against 3.83 ms with the steps enqueued back to back). Chosen on the
-device, token n feeds step n + 1 before the host has seen it (strata/mlx_backend/pipeline.py).
+device, token n feeds step n + 1 before the host has seen it (strata/mlx_backend/device_pipeline.py).
 
 Exactly the host's choice (strata.reference.sampling.sample at temperature 0 without a penalty:
 numpy's argmax, the FIRST index of the maximum): MLX's argmax keeps the first index on ties too
