@@ -190,6 +190,10 @@ stage peers 240 python3 benchmarks/peers.py
 # context 8 with today's defaults (first and last), the step as before and the vector-load forms
 stage experts19 120 bash -c 'ncu --clock-control none -k regex:strata_moe --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active --csv python3 benchmarks/kernels.py --ncu experts 2>&1 | python3 benchmarks/_ncu_table.py &&
   python3 benchmarks/decode_context.py --contexts 8 --forms split,before_experts19,vector_loads,split --tokens 32'
+# issue 19, greedy tokens chosen on the device (STRATA_STAGES=pipelined): generate's loop pipelined
+# beside the host loop at contexts 8 and 2048 (decode_context's generate row), then peers' decode rows
+stage pipelined 200 bash -c 'timeout 70 python3 benchmarks/decode_context.py --contexts 8 --forms split --also 2048/split \
+  --tokens 32; timeout 120 python3 benchmarks/peers.py --rows decode --tokens 16'
 # issue 19: first-call JIT costs (decode step, prompts of 128/512/2048/1000, a per-layer breakdown)
 # in a first process on an empty MLX PTX cache and in a second one on what the first left there.
 # STRATA_STAGES=jit_probe
