@@ -1,6 +1,7 @@
 """Compiled all-resident decode against the context length (issue 19): ms/token at contexts 8 and
-2048 with the attention split over the context (the default past SPLIT_FROM positions) and with
-one block per head (the form before the split), at the seed shape without a shared expert (48
+2048 with the attention split over the context (the default past SPLIT_FROM positions:
+kernels/attend_split.py; `split_chunks` the three-launch split before it) and with one block per
+head (the form before the split), at the seed shape without a shared expert (48
 layers, 256 experts top-10, hidden 2560, expert ffn 576, 16 q / 4 kv heads of 128, float16
 dense, Q2_0 experts). Target: context 2048 within 1.3x of context 8.
 
@@ -39,7 +40,7 @@ from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
-from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
@@ -80,6 +81,10 @@ FORMS = {
     "late_loads": (True, True, 0),  # the dense GEMVs' weight loads after their prologue (before EARLY_LOADS)
     "unfused_attention": (True, True, 0),  # attend and the output GEMV as two launches (before attend_project)
     "before19b": (True, True, 0),  # all three above: the decode step before the one-token work
+    # past SPLIT_FROM: attend split by chunks, its merge, the W_o GEMV (before kernels/attend_split.py)
+    "split_chunks": (True, True, 0),
+    "split_ns32": (True, True, 0),  # attend_split with 32 / 128 splits (64 by default)
+    "split_ns128": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -88,6 +93,9 @@ SWITCHES = {
     "unfused_attention": ((attend_project, "FUSED", False),),
     "before19b": ((decode_experts, "TWO_LAUNCHES", False), (dense_gemv, "EARLY_LOADS", False),
                   (attend_project, "FUSED", False)),
+    "split_chunks": ((attend_split, "FUSED", False),),
+    "split_ns32": ((attend_split, "SPLITS", 32),),
+    "split_ns128": ((attend_split, "SPLITS", 128),),
 }
 
 

@@ -216,3 +216,27 @@ def test_compiled_decode_crosses_into_the_split(split_midway):
         ref, got, ref_state, got_state, step = _decode_both(p, traced=True)
     _assert_same_decode(ref, got, ref_state, got_state)
     assert sorted(step._fns) == [False, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "chunks"])
+def test_split_on_the_gpu_at_the_seed_heads(monkeypatch, merged):
+    """The seed shape's heads (16 q / 4 KV of 128, D 2560) past SPLIT_FROM with the module's own
+    split shape (64 splits, 4 rows a step; chunks of 128): a prompt of 300, then decode windows."""
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    monkeypatch.setattr(attend_split, "FUSED", merged)
+    cfg = replace(SHAPES["tiny"], hidden_size=2560, n_heads=16, n_kv_heads=4, head_dim=128, qk_norm=QKNorm.PER_HEAD,
+                  max_context=512)
+    rng = np.random.default_rng(2048)
+    dense, w = _layer(cfg, rng)
+    with using_path(KernelPath.GPU):
+        n = 0
+        for t, ref, got, launches, kv_r, (keys, _) in _run(cfg, w, dense, rng, (300, 1, 3, 1)):
+            n += t
+            split = attn_kernels.split_applies(n, t)
+            assert split == (t < 300) and launches == _launches(split, t, n, w.wo)
+            assert_backends_agree(ref, got, "FAST", what=f"window of {t} ending at {n} (split {split})")
+            assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what="cached keys")
