@@ -85,6 +85,7 @@ FORMS = {
     "split_chunks": (True, True, 0),
     "split_ns32": (True, True, 0),  # attend_split with 32 / 128 splits (64 by default)
     "split_ns128": (True, True, 0),
+    "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -96,6 +97,7 @@ SWITCHES = {
     "split_chunks": ((attend_split, "FUSED", False),),
     "split_ns32": ((attend_split, "SPLITS", 32),),
     "split_ns128": ((attend_split, "SPLITS", 128),),
+    "split_from32": ((attn_kernels, "SPLIT_FROM", 32),),
 }
 
 
@@ -104,11 +106,11 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
     split, views, chunk = FORMS[form]
     saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK
     switched = [(mod, name, getattr(mod, name)) for mod, name, _ in SWITCHES.get(form, ())]
-    for mod, name, value in SWITCHES.get(form, ()):
-        setattr(mod, name, value)
     attn_kernels.SPLIT_FROM = saved[0] if split else 1 << 30
     launch.GRAPH_VIEWS = views
     attn_kernels.SPLIT_CHUNK = chunk or saved[2]
+    for mod, name, value in SWITCHES.get(form, ()):  # after the above: a switch may set SPLIT_FROM too
+        setattr(mod, name, value)
     try:
         state = state_at(p.cfg, length, seed=length, dtype=mx.float16 if form == "kv16" else mx.float32)
         step = CompiledDecode(p, state, traced=traced)
