@@ -1,6 +1,7 @@
-"""Decode attention over a long context in two launches: `attend_split` (flash decoding, a block
-per (KV head, split of the context)) and `merge_project` (the splits merged inside the output
-projection's blocks). strata.reference.attention is the definition.
+"""Decode attention over a long context in two launches: `attend_split` (this file: flash
+decoding, a block per (KV head, split of the context)) and `merge_project` (kernels/merge_project.py:
+the splits merged inside the output projection's blocks). strata.reference.attention is the
+definition.
 
 Why (issue 19, H200, the seed shape: 16 q / 4 KV heads of 128, D 2560, float32 cache): the split
 before this (kernels/attention.py with CH > 0, then kernels/attend_merge.py, then the W_o GEMV)
@@ -51,6 +52,7 @@ import numpy as np
 
 from strata.mlx_backend.kernels import attend_project
 from strata.mlx_backend.kernels import attention as attn
+from strata.mlx_backend.kernels import merge_project
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
@@ -262,35 +264,6 @@ INLINE f4 load_kv4(const DEVICE half_t* p) { f4 r; for (int i = 0; i < 4; ++i) r
 ATTEND_SOURCE = KernelSource("strata_attend_split", ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params",
                                                      "fparams", "kc", "vc"), ("part",), BODY, HELPERS)
 
-_MERGE = r"""
-  constexpr int GOFF = (H + 2 * KVH) * HD;
-  constexpr int ROW = GOFF + GATE * H * HD;
-  const uint32_t h = bx / NRC;
-  const uint32_t t = by;
-  SHARED float wsh[NS];
-  SHARED float lsh[NS];
-  const DEVICE float* pp = part + ((uint64_t)t * H + h) * NS * (HD + 2);
-  for (uint32_t c = tid; c < (uint32_t)NS; c += NT) { wsh[c] = pp[(uint64_t)c * (HD + 2) + HD]; lsh[c] = pp[(uint64_t)c * (HD + 2) + HD + 1]; }
-  BARRIER();
-  float mm = NEG_BIG;
-  for (int c = 0; c < NS; ++c) mm = wsh[c] > mm ? wsh[c] : mm;
-  BARRIER();  // every thread has read the maxima before they become weights
-  for (uint32_t c = tid; c < (uint32_t)NS; c += NT) wsh[c] = exp_f(wsh[c] - mm);
-  BARRIER();
-  for (uint32_t r = tid; r < (uint32_t)HD; r += NT) {  // the splits in a fixed order
-    float ll = 0.0f, aa = 0.0f;
-    for (int c = 0; c < NS; ++c) {
-      ll += lsh[c] * wsh[c];
-      if (wsh[c] > 0.0f) aa += pp[(uint64_t)c * (HD + 2) + r] * wsh[c];  // weight 0: an empty split
-    }
-    const float gate = GATE ? 1.0f / (1.0f + exp_f(-qkv[(uint64_t)t * ROW + GOFF + (uint64_t)h * HD + r])) : 1.0f;
-    osh[r] = aa / ll * gate;
-  }
-"""
-MERGE_SOURCE = KernelSource("strata_merge_project", ("part", "qkv", "wo"), ("out",),
-                            attend_project.W_O_PREFETCH + _MERGE + attend_project.W_O_PROJECT)
-
-
 def heads_per_block(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
     """HPB: the largest power of two dividing the group (H / KVH) with HPB x HD <= MAX_HEAD_ROWS."""
     g, hpb = n_heads // n_kv_heads, 1
@@ -350,8 +323,5 @@ def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.arra
                   template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                             ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
                             ("NS", splits), ("HPB", hpb), ("PB", positions_per_step)))[0]
-    nrc = -(-d // attend_project.THREADS)
-    return launch(MERGE_SOURCE, [part, qkv, wo], [(t, n_heads, d)], [mx.float32],
-                  blocks=(n_heads * nrc, t, 1), threads=attend_project.THREADS,
-                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("GATE", int(gated)),
-                            ("NT", attend_project.THREADS), ("NS", splits), ("D", d), ("PREF", prefetch)))[0]
+    return merge_project.merge_project(part, qkv, wo, n_heads=n_heads, n_kv_heads=kvh, head_dim=hd, splits=splits,
+                                       gated=gated, prefetch=prefetch)
