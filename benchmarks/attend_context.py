@@ -22,7 +22,8 @@ partials H NS (HD + 2) 4 written and read back. Each layer of the chain has its 
         --metrics gpu__time_duration.sum,dram__bytes_read.sum \\
         python3 benchmarks/attend_context.py --ncu | python3 benchmarks/_ncu_table.py
 
-Prints each form's agreement with split_chunks (relative L2 of the summed output), a table (wall
+Prints each form's agreement with the context's first form (split_chunks, else project: relative
+L2 of the summed output), a table (wall
 us a layer over a compiled chain of layers, steps enqueued back to back) and one JSON line.
 """
 
@@ -106,6 +107,7 @@ def main() -> int:
     ap.add_argument("--forms", default=",".join(FORMS), help="comma list of " + ", ".join(FORMS))
     ap.add_argument("--layers", type=int, default=48, help="layers in the timed chain (each its own cache and W_o)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--also", default="", help="more CONTEXT/FORM runs, e.g. 64/project,64/split")
     ap.add_argument("--ncu", action="store_true", help="3 launches of each form and context for ncu, no timing")
     args = ap.parse_args()
     cfg = SMALL if args.small else SHAPE
@@ -116,7 +118,12 @@ def main() -> int:
     if path is KernelPath.OPS:
         ap.error("no MLX GPU here (--small runs the emulated kernels)")
     n_layers = 2 if args.small or args.ncu else args.layers
-    contexts = [min(int(c), cfg.max_context - 2) for c in args.contexts.split(",")]
+    clamp = lambda c: min(int(c), cfg.max_context - 2)  # noqa: E731
+    runs = [(clamp(c), f) for c in args.contexts.split(",") for f in forms]
+    runs += [(clamp(a.split("/")[0]), a.split("/")[1]) for a in args.also.split(",") if a]
+    if {f for _, f in runs} - set(FORMS):
+        ap.error(f"--also: {sorted({f for _, f in runs} - set(FORMS))} (known: {', '.join(FORMS)})")
+    contexts = list(dict.fromkeys(c for c, _ in runs))
     res: dict = {"device": device_name(), "mlx": mx.__version__, "path": path.value, "layers": n_layers,
                  "heads": [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim], "hidden": cfg.hidden_size,
                  "splits": attend_split.SPLITS, "split_chunk": attn_kernels.SPLIT_CHUNK, "runs": {}}
@@ -125,17 +132,18 @@ def main() -> int:
         for ctx in contexts:
             layers = [layer_inputs(cfg, ctx, seed=1000 * ctx + l) for l in range(n_layers)]
             pos = index_param(ctx)
-            ref = None
-            for form in sorted(forms, key=lambda f: f != "split_chunks"):  # the reference form first
+            ref, ref_form = None, None
+            here = [f for c, f in runs if c == ctx]
+            for form in sorted(here, key=lambda f: (f != "split_chunks", f != "project")):  # the reference first
                 run = lambda: [attention_step(cfg, form, a, pos) for a in layers]  # noqa: E731
                 out = np.array(run()[0])
-                ref = out if ref is None and form == "split_chunks" else ref
-                agree = float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) if ref is not None else None
+                if ref is None:
+                    ref, ref_form = out, form
+                agree = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
                 if args.ncu:
                     for _ in range(2):
                         mx.eval(run())
-                    print(f"context {ctx:>5} {form:<13} vs split_chunks {'-' if agree is None else f'{agree:.1e}'}",
-                          flush=True)
+                    print(f"context {ctx:>5} {form:<13} vs {ref_form}: rel L2 {agree:.1e}", flush=True)
                     continue
                 step = mx.compile(lambda p: [attention_step(cfg, form, a, p) for a in layers]) if path is KernelPath.GPU \
                     else (lambda p: [attention_step(cfg, form, a, p) for a in layers])
@@ -148,10 +156,9 @@ def main() -> int:
                 mx.eval(outs)
                 us = (time.perf_counter() - t0) / reps / n_layers * 1e6
                 b = predicted_bytes(cfg, ctx, form)
-                res["runs"][f"{ctx}/{form}"] = {"us_per_layer": us, "rel_l2_vs_split_chunks": agree, "bytes": b}
+                res["runs"][f"{ctx}/{form}"] = {"us_per_layer": us, "rel_l2_vs": [ref_form, agree], "bytes": b}
                 rows.append((f"context {ctx}, {form}", us, agree, b))
-                print(f"context {ctx:>5} {form:<13} {us:8.2f} us a layer  vs split_chunks "
-                      f"{'-' if agree is None else f'{agree:.1e}'}", flush=True)
+                print(f"context {ctx:>5} {form:<13} {us:8.2f} us a layer  vs {ref_form}: rel L2 {agree:.1e}", flush=True)
     if args.ncu:
         print("ncu launches done")
         return 0
@@ -160,7 +167,7 @@ def main() -> int:
           f"with steps back to back)")
     print(f"{'run':<30} {'us/layer':>9} {'rel L2':>9} {'KV MB':>7} {'W_o MB':>7} {'part. MB':>8}")
     for name, us, agree, b in rows:
-        print(f"{name:<30} {us:9.2f} {'-' if agree is None else f'{agree:.1e}':>9} {b['kv'] / 1e6:7.2f} "
+        print(f"{name:<30} {us:9.2f} {agree:9.1e} {b['kv'] / 1e6:7.2f} "
               f"{b['wo'] / 1e6:7.2f} {b['partials'] / 1e6:8.3f}")
     print("JSON " + json.dumps(res, sort_keys=True, default=str))
     return 0
