@@ -56,7 +56,7 @@ from strata.mlx_backend.kernels import merge_project
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
-THREADS = 256  # 8 warps a block (attend_split); merge_project's rows of W_o a block
+THREADS = 256  # 8 warps a block: 8 x PB rows of a split in flight at once
 SPLITS = 64  # NS: 4 KV heads x 64 = 256 blocks at the seed shape (132 SMs); 32 positions a block at 2048
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows whose loads are in flight together
 MAX_HEAD_ROWS = 512  # HPB x HD: the block's q rows and each warp's accumulators in threadgroup memory
