@@ -127,13 +127,16 @@ def test_split_is_deterministic_and_agrees_with_one_block_per_head(small_chunks,
     assert_backends_agree(np.array(chunks[:, 0]), a.sum(axis=1), "FAST", what="merged in W_o's blocks vs chunks")
 
 
-@pytest.mark.parametrize("splits,rows", [(1, 4), (7, 3), (64, 4)], ids=["one_split", "ragged", "mostly_empty"])
-def test_every_step_shape_against_reference(small_chunks, monkeypatch, splits, rows):
+@pytest.mark.parametrize("splits,rows,per_round", [(1, 4, 4), (7, 3, 2), (64, 4, 4)],
+                         ids=["one_split", "ragged", "mostly_empty"])
+def test_every_step_shape_against_reference(small_chunks, monkeypatch, splits, rows, per_round):
     """attend_split's step shapes: one split (a warp takes two steps of rows, the second's loads
-    issued after the first's update), splits that do not divide the context with 3 rows a step,
-    more splits than positions (empty splits, weight 0 in the merge)."""
+    issued after the first's update), splits that do not divide the context with 3 rows a step
+    and the window's own positions made 2 a round (a window of 3: two rounds), more splits than
+    positions (empty splits, weight 0 in the merge)."""
     monkeypatch.setattr(attend_split, "SPLITS", splits)
     monkeypatch.setattr(attend_split, "POSITIONS_PER_STEP", rows)
+    monkeypatch.setattr(attend_split, "NEW_PER_ROUND", per_round)
     cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=32, qk_norm=QKNorm.PER_HEAD,
                   max_context=40)
     rng = np.random.default_rng([splits, rows])
@@ -151,6 +154,7 @@ def test_heads_per_block():
     assert attend_split.heads_per_block(16, 4, 128) == 4  # the seed shape: a KV head's 4 q heads in one block
     assert attend_split.heads_per_block(16, 4, 256) == 2  # HPB x HD <= MAX_HEAD_ROWS
     assert attend_split.heads_per_block(6, 3, 16) == 2 and attend_split.heads_per_block(12, 4, 64) == 1
+    assert attend_split.heads_per_block(64, 1, 32) == 8  # at most a warp a head: warps 0 .. HPB - 1 make q
 
 
 def test_split_applies_to_long_decode_only():

@@ -60,6 +60,7 @@ THREADS = 256  # 8 warps a block: 8 x PB rows of a split in flight at once
 SPLITS = 64  # NS: 4 KV heads x 64 = 256 blocks at the seed shape (132 SMs); 32 positions a block at 2048
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows whose loads are in flight together
 MAX_HEAD_ROWS = 512  # HPB x HD: the block's q rows and each warp's accumulators in threadgroup memory
+NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded token: 1, in one round)
 FUSED = True  # False: attend split by chunks, the merge and the W_o GEMV (the form before; benchmarks flip it)
 
 _BODY = r"""
@@ -78,36 +79,43 @@ _BODY = r"""
   const uint32_t h0 = kvh * G + (bx % NG) * HPB;
   const uint32_t j = by;
   const uint32_t t = bz;
+  const float eps = fparams[0];
+  const float scale = sqrt_f((float)HD);
+  const DEVICE float* qkv_t = qkv + (uint64_t)t * ROW;
+  SHARED float qsh[HPB * HD];
+  SHARED float ksh[NEWMAX * HD];
+  SHARED float vsh[NEWMAX * HD];
+  SHARED float mw[NW * HPB];
+  SHARED float lw[NW * HPB];
+  SHARED float accw[NW * HPB * HD];
+  // Every load that does not wait on another goes out first, so the block's chain of dependent
+  // memory accesses is: the position, then the rows / the RoPE table / the raw keys, together
+  // (ncu: the kernel's fixed cost, 7 us at 64 positions, was that chain's length).
+  float qa[PPL], qb[PPL], qc[PSA];
+  float s2 = 0.0f;
+  const bool qwarp = warp_id < (uint32_t)HPB;  // warp u < HPB makes q of head h0 + u
+  if (qwarp) {
+    const DEVICE float* src = qkv_t + (uint64_t)(h0 + warp_id) * HD;
+    LOAD_Q
+  }
   const int32_t pos0 = params[0];
   const int32_t n_pos = pos0 + (int32_t)t + 1;  // causal: positions 0 .. pos0 + t
   const int32_t chunk = (n_pos + NS - 1) / NS;
   const int32_t lo = (int32_t)j * chunk;
   const int32_t hi = lo + chunk < n_pos ? lo + chunk : n_pos;  // lo >= hi: an empty split
-  const int32_t hc = hi < pos0 ? hi : pos0;  // cached positions end here; [max(lo, pos0), hi) are new
-  const float eps = fparams[0];
-  const float scale = sqrt_f((float)HD);
-  const DEVICE float* qkv_t = qkv + (uint64_t)t * ROW;
-  SHARED float qsh[HPB * HD];
-  SHARED float ksh[HD];
-  SHARED float vsh[HD];
-  SHARED float mw[NW * HPB];
-  SHARED float lw[NW * HPB];
-  SHARED float accw[NW * HPB * HD];
-  // the first step's rows: their loads go out before q is made (they do not depend on it)
+  const int32_t hc = hi < pos0 ? hi : pos0;  // cached positions end here; [nlo, hi) are new
+  const int32_t nlo = lo > pos0 ? lo : pos0;
+  const int32_t rounds = hi > nlo ? (hi - nlo + NEWMAX - 1) / NEWMAX : 0;  // of NEWMAX new positions
   int32_t p0 = lo + (int32_t)warp_id * PB;
   float kr[PB][EPL], vr[PB][EPL];
   if (p0 < hc) {
     LOAD_ROWS
   }
-  // q of the block's heads, a warp a head: attend's code (per-head norm, RoPE at pos0 + t)
-  for (uint32_t u = warp_id; u < (uint32_t)HPB; u += NW) {
-    float qa[PPL], qb[PPL], qc[PSA];
-    const DEVICE float* src = qkv_t + (uint64_t)(h0 + u) * HD;
-    float s2 = 0.0f;
-    LOAD_Q
+  if (qwarp) {  // attend's code: per-head norm, RoPE at pos0 + t
     NORM_ROPE_Q
-    PAIRS_TO_SHARED(qsh + u * HD, qa, qb, qc)
+    PAIRS_TO_SHARED(qsh + warp_id * HD, qa, qb, qc)
   }
+  RAW_ROUND(0)
   BARRIER();
   float qv[HPB][EPL], acc[HPB][EPL], m[HPB], l[HPB];
   UNROLL for (int u = 0; u < HPB; ++u) {
@@ -126,33 +134,23 @@ _BODY = r"""
       LOAD_ROWS
     }
   }
-  // the chunk's own positions (block-uniform loop: the barriers are the whole block's)
-  const int32_t nlo = lo > pos0 ? lo : pos0;
-  for (int32_t p = nlo; p < hi; ++p) {
-    const bool mine = (uint32_t)((p - nlo) % NW) == warp_id;
-    if (mine) {
-      float ka[PPL], kb[PPL], kx[PSA], va[PPL], vb[PPL], vx[PSA];
-      const DEVICE float* ks = qkv + (uint64_t)(p - pos0) * ROW + (uint64_t)(H + kvh) * HD;
-      const DEVICE float* vs = ks + (uint64_t)KVH * HD;
-      float s2 = 0.0f;
-      LOAD_KV_RAW
-      const bool write = bx % NG == 0 && p == n_pos - 1;  // one writer per (KV head, position)
-      const auto kd = writable(kc) + ((uint64_t)kvh * S_MAX + p) * HD;
-      const auto vd = writable(vc) + ((uint64_t)kvh * S_MAX + p) * HD;
-      NORM_ROPE_K
-      PAIRS_TO_SHARED(ksh, ka, kb, kx)
-      PAIRS_TO_SHARED(vsh, va, vb, vx)
+  // the chunk's own positions, NEWMAX a round (block-uniform loop: its barriers are the block's)
+  for (int32_t k = 0; k < rounds; ++k) {
+    if (k > 0) {
+      BARRIER();  // the last round's rows read before these overwrite them
+      RAW_ROUND(k)
+      BARRIER();
     }
-    BARRIER();
-    if (mine) {
-      UNROLL for (int i = 0; i < EPL; ++i) {
-        const int e = 4 * ((int)lane + 32 * (i / 4)) + i % 4;
-        kr[0][i] = e < HD ? ksh[e] : 0.0f;
-        vr[0][i] = e < HD ? vsh[e] : 0.0f;
+    for (int i = (int)warp_id; i < NEWMAX; i += NW) {
+      if (nlo + k * NEWMAX + i < hi) {
+        UNROLL for (int c = 0; c < EPL; ++c) {
+          const int e = 4 * ((int)lane + 32 * (c / 4)) + c % 4;
+          kr[0][c] = e < HD ? ksh[i * HD + e] : 0.0f;
+          vr[0][c] = e < HD ? vsh[i * HD + e] : 0.0f;
+        }
+        UPDATE_NEW
       }
-      UPDATE_NEW
     }
-    BARRIER();
   }
   // the warps merged in a fixed order (no atomics: deterministic)
   UNROLL for (int u = 0; u < HPB; ++u) {
@@ -223,11 +221,33 @@ UNROLL for (int u = 0; u < HPB; ++u) {{
 """
 
 
-def _pairs_to_shared(line: str) -> str:
+def _raw_round(k: str) -> str:
+    """`RAW_ROUND(k)`: the new positions nlo + k NEWMAX + ni (ni < NEWMAX, below hi) made from their
+    raw qkv rows by attend's code (k norm, RoPE, KV16 rounding, the cache write of the one writer),
+    position ni by warp (HPB + ni) % NW (round 0 beside q's warps), into ksh / vsh row ni."""
+    return f"""
+for (int ni = 0; ni < NEWMAX; ++ni) {{  // ni: not i, which attend's pieces use
+  const int32_t p = nlo + ({k}) * NEWMAX + ni;
+  if ((uint32_t)((HPB + ni) % NW) == warp_id && p < hi) {{  // warp-uniform
+    float ka[PPL], kb[PPL], kx[PSA], va[PPL], vb[PPL], vx[PSA];
+    const DEVICE float* ks = qkv + (uint64_t)(p - pos0) * ROW + (uint64_t)(H + kvh) * HD;
+    const DEVICE float* vs = ks + (uint64_t)KVH * HD;
+    float s2 = 0.0f;
+    LOAD_KV_RAW
+    const bool write = bx % NG == 0 && p == n_pos - 1;  // one writer per (KV head, position)
+    const auto kd = writable(kc) + ((uint64_t)kvh * S_MAX + p) * HD;
+    const auto vd = writable(vc) + ((uint64_t)kvh * S_MAX + p) * HD;
+    NORM_ROPE_K
+    PAIRS_TO_SHARED(ksh + ni * HD, ka, kb, kx)
+    PAIRS_TO_SHARED(vsh + ni * HD, va, vb, vx)
+  }}
+}}
+"""
+
+
+def _pairs_to_shared(dst: str, a: str, b: str, c: str) -> str:
     """`PAIRS_TO_SHARED(dst, a, b, c)`: this lane's rotate-half pairs and the rest of a head (attend's
     layout) stored at dst[0 .. HD)."""
-    args = [s.strip() for s in line[line.index("(") + 1:line.rindex(")")].split(",")]
-    dst, a, b, c = args
     return f"""
 UNROLL for (int i = 0; i < PPL; ++i) {{
   const int r = (int)lane + 32 * i;
@@ -240,22 +260,24 @@ UNROLL for (int jj = 0; jj < PSL; ++jj) {{
 """
 
 
-def _with_pairs(body: str) -> str:
-    """body with each `PAIRS_TO_SHARED(...)` line expanded, indented alike."""
+def _macro(body: str, name: str, fn) -> str:
+    """body with each line `name(a, b, ...)` replaced by fn("a", "b", ...), indented alike."""
     out = []
     for line in body.splitlines(keepends=True):
-        if line.strip().startswith("PAIRS_TO_SHARED("):
+        text = line.strip()
+        if text.startswith(name + "("):
+            args = [a.strip() for a in text[len(name) + 1:text.rindex(")")].split(",")]
             ind = line[:len(line) - len(line.lstrip())]
-            out += [ind + s + "\n" for s in _pairs_to_shared(line.strip()).strip("\n").splitlines()]
+            out += [ind + s + "\n" for s in fn(*args).strip("\n").splitlines()]
         else:
             out.append(line)
     return "".join(out)
 
 
-BODY = _with_pairs(expand(_BODY, LOAD_ROWS=_LOAD_ROWS, UPDATE_CACHED=_update("PB", "p0 + b < hc"),
-                          UPDATE_NEW=_update("1", "true"),
-                          **{k: attn.ATTEND_PIECES[k] for k in ("LOAD_Q", "NORM_ROPE_Q", "LOAD_KV_RAW",
-                                                                "NORM_ROPE_K")}))
+BODY = _macro(expand(_macro(_BODY, "RAW_ROUND", _raw_round), LOAD_ROWS=_LOAD_ROWS,
+                     UPDATE_CACHED=_update("PB", "p0 + b < hc"), UPDATE_NEW=_update("1", "true"),
+                     **{k: attn.ATTEND_PIECES[k] for k in ("LOAD_Q", "NORM_ROPE_Q", "LOAD_KV_RAW", "NORM_ROPE_K")}),
+              "PAIRS_TO_SHARED", _pairs_to_shared)
 HELPERS = attn.ATTEND_HELPERS + r"""
 INLINE f4 zero4() { f4 r; for (int i = 0; i < 4; ++i) r.v[i] = 0.0f; return r; }
 INLINE f4 load_kv4(const DEVICE float* p) { return load_f4(p); }
@@ -265,9 +287,10 @@ ATTEND_SOURCE = KernelSource("strata_attend_split", ("qkv", "q_norm", "k_norm", 
                                                      "fparams", "kc", "vc"), ("part",), BODY, HELPERS)
 
 def heads_per_block(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
-    """HPB: the largest power of two dividing the group (H / KVH) with HPB x HD <= MAX_HEAD_ROWS."""
+    """HPB: the largest power of two dividing the group (H / KVH) with HPB x HD <= MAX_HEAD_ROWS,
+    at most a warp a head (q is made by warps 0 .. HPB - 1)."""
     g, hpb = n_heads // n_kv_heads, 1
-    while g % (2 * hpb) == 0 and 2 * hpb * head_dim <= MAX_HEAD_ROWS:
+    while g % (2 * hpb) == 0 and 2 * hpb * head_dim <= MAX_HEAD_ROWS and 2 * hpb <= THREADS // 32:
         hpb *= 2
     return hpb
 
@@ -322,6 +345,6 @@ def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.arra
                   threads=THREADS,
                   template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                             ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
-                            ("NS", splits), ("HPB", hpb), ("PB", positions_per_step)))[0]
+                            ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND)))[0]
     return merge_project.merge_project(part, qkv, wo, n_heads=n_heads, n_kv_heads=kvh, head_dim=hd, splits=splits,
                                        gated=gated, prefetch=prefetch)

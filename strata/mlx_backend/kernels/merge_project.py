@@ -28,6 +28,11 @@ from strata.mlx_backend.kernels import attend_project
 from strata.mlx_backend.kernels.launch import launch
 from strata.mlx_backend.kernels.source import KernelSource
 
+# MB: a thread's partial loads in flight at once. ncu (H200, 2048 positions): with one load at a
+# time the merge took ~0.14 us a split (an L2 round trip each): 14.5 us at NS 64 against 10.2 at 32
+# and the W_o GEMV's 6.6 alone
+MERGE_BATCH = 16
+
 _MERGE = r"""
   constexpr int GOFF = (H + 2 * KVH) * HD;
   constexpr int ROW = GOFF + GATE * H * HD;
@@ -43,11 +48,15 @@ _MERGE = r"""
   BARRIER();  // every thread has read the maxima before they become weights
   for (uint32_t c = tid; c < (uint32_t)NS; c += NT) wsh[c] = exp_f(wsh[c] - mm);
   BARRIER();
-  for (uint32_t r = tid; r < (uint32_t)HD; r += NT) {  // the splits in a fixed order
+  for (uint32_t r = tid; r < (uint32_t)HD; r += NT) {  // the splits in a fixed order, MB loads in flight
     float ll = 0.0f, aa = 0.0f;
-    for (int c = 0; c < NS; ++c) {
-      ll += lsh[c] * wsh[c];
-      if (wsh[c] > 0.0f) aa += pp[(uint64_t)c * (HD + 2) + r] * wsh[c];  // weight 0: an empty split
+    for (int c0 = 0; c0 < NS; c0 += MB) {
+      float v[MB];
+      UNROLL for (int q = 0; q < MB; ++q) v[q] = c0 + q < NS ? pp[(uint64_t)(c0 + q) * (HD + 2) + r] : 0.0f;
+      if (HD % 32 == 0) warp_sync();  // the loads issued before the sums (whole warps only: HD % 32 == 0)
+      UNROLL for (int q = 0; q < MB; ++q) {
+        if (c0 + q < NS) { ll += lsh[c0 + q] * wsh[c0 + q]; aa += v[q] * wsh[c0 + q]; }  // an empty split: 0 x 0
+      }
     }
     const float gate = GATE ? 1.0f / (1.0f + exp_f(-qkv[(uint64_t)t * ROW + GOFF + (uint64_t)h * HD + r])) : 1.0f;
     osh[r] = aa / ll * gate;
@@ -76,4 +85,4 @@ def merge_project(part: mx.array, qkv: mx.array, wo: mx.array, *, n_heads: int, 
     return launch(SOURCE, [part, qkv, wo], [(t, n_heads, d)], [mx.float32],
                   blocks=(n_heads * nrc, t, 1), threads=attend_project.THREADS,
                   template=(("H", n_heads), ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated)),
-                            ("NT", attend_project.THREADS), ("NS", splits), ("D", d), ("PREF", prefetch)))[0]
+                            ("NT", attend_project.THREADS), ("NS", splits), ("D", d), ("PREF", prefetch), ("MB", MERGE_BATCH)))[0]
