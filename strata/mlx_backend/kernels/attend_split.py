@@ -20,8 +20,9 @@ step keeps one trace). Each warp takes PB consecutive cached rows a step, 16-byt
 step's loads issued before q is made; each row loaded once serves the block's HPB heads (one
 warp sum a head and row). The chunk's own positions (>= pos0) come from the raw qkv rows as in
 attend (the same pieces: per-head k norm, RoPE, the float16 rounding of KV16, the one writer per
-(KV head, position)), made by one warp into threadgroup memory, one position at a time (at most
-T of them, in the last split). Warps merge in a fixed order; out: per (token, head, split) the
+(KV head, position)), made into threadgroup memory by the warps that do not make q, beside
+them and before the cached rows, NEWMAX at a time (at most T of them, in the last splits): every
+load that waits on nothing goes out first. Warps merge in a fixed order; out: per (token, head, split) the
 unnormalised values, the max and the sum (an empty split: zeros, NEG_BIG, 0).
 
 `merge_project`, block (h, c, t) as attend_project's: rows c NT .. c NT + NT - 1 of W_o's head-h
@@ -37,6 +38,11 @@ above). merge_project: W_o's 10.5 MB (6.7 us as the GEMV alone, attend_project 9
 plus 532 KB of partials, each head's 33 KB read by its 10 row blocks from L2: ~7-8 us. So ~12 us a
 layer against attend_project's 9.8 at context 8, one launch more (290 a token against 242, not
 338): context 2048 at ~0.15-0.25 ms a token over context 8 with no host wait (~1.05x).
+Measured (H200, ncu, the first form): attend_split 12.4 us at 2048 and 7.0 at 64 positions,
+merge_project 14.5: fixed costs, not bytes. The first form made the window's own positions only
+after every cached row (two more dependent accesses and two barriers at the end) and the merge
+loaded one partial at a time (~0.14 us a split); now the positions are made beside q, q's row is
+loaded before the position, and the merge loads MB partials at once: predicted ~5-7 and ~8-9 us.
 
 Shapes:
     attend_split: qkv float32 [T, (H + 2 KVH + GATE H) HD] (raw), kc / vc float32 or float16
