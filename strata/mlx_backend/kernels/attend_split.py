@@ -327,7 +327,6 @@ def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.arra
     prefetch = attend_project.PREFETCH if prefetch is None else prefetch
     t, width = qkv.shape
     kvh, s_max, hd = kc.shape
-    d = wo.shape[0]
     rd = hd if rotary_dim is None else rotary_dim
     if (hd % 8 or hd > attn.MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
             or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2 or wo.shape[1] != n_heads * hd
