@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -185,6 +185,13 @@ stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --
 stage dispatch 60 python3 benchmarks/dispatch.py
 stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
 stage peers 240 python3 benchmarks/peers.py
+# issue 19: the decode attention alone by form and context (wall time of a 48-layer chain), then
+# ncu's GPU time of its launches: the split in two launches (attend_split) vs the three before.
+# STRATA_STAGES=attend_context
+stage attend_context 90 bash -c 'timeout 40 python3 benchmarks/attend_context.py --contexts 8,256,2048 \
+  --forms project,split,split_chunks; timeout 45 ncu --clock-control none -k "regex:strata_(attend|merge|dense_gemv)" \
+  --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum python3 benchmarks/attend_context.py --ncu \
+  --contexts 2048 --forms split,split_chunks 2>&1 | python3 benchmarks/_ncu_table.py'
 # issue 19: first-call JIT costs (decode step, prompts of 128/512/2048/1000, a per-layer breakdown)
 # in a first process on an empty MLX PTX cache and in a second one on what the first left there.
 # STRATA_STAGES=jit_probe
