@@ -192,6 +192,10 @@ stage attend_context 90 bash -c 'timeout 40 python3 benchmarks/attend_context.py
   --forms project,split,split_chunks; timeout 45 ncu --clock-control none -k "regex:strata_(attend|merge|dense_gemv)" \
   --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum python3 benchmarks/attend_context.py --ncu \
   --contexts 2048 --forms split,split_chunks 2>&1 | python3 benchmarks/_ncu_table.py'
+# issue 19, greedy tokens chosen on the device (STRATA_STAGES=pipelined): generate's loop pipelined
+# beside the host loop at contexts 8 and 2048 (decode_context's generate row), then peers' decode rows
+stage pipelined 200 bash -c 'timeout 70 python3 benchmarks/decode_context.py --contexts 8 --forms split --also 2048/split \
+  --tokens 32; timeout 120 python3 benchmarks/peers.py --rows decode --tokens 16'
 # issue 19: first-call JIT costs (decode step, prompts of 128/512/2048/1000, a per-layer breakdown)
 # in a first process on an empty MLX PTX cache and in a second one on what the first left there.
 # STRATA_STAGES=jit_probe
