@@ -1,0 +1,182 @@
+"""Measured runs over a pool of warmed child processes: compiles in parallel, measurements one at a time.
+
+On a GPU the first run of each kernel specialisation in an MLX process compiles it (NVRTC on the
+H200: ~1.3 s for a trivial custom kernel, seconds for each of strata's; custom kernels are not
+kept on disk, so every process compiles its own), and a model of a new shape brings a handful of
+new ones. One process running every case in turn (`measure.measure_batch`) therefore spent its
+time compiling, one kernel after another: on the H200 the quick probe's 9 engine cases did not
+finish in 64 s (two left out of the fit), and the `demo` model's 4 cases did not start within the
+36 s left after `small`'s. Compiling is CPU work and the GPU host has 16 cores, so:
+
+- `RunPool(groups)` starts one child per group of run specs at once; each runs every spec of its
+  group once, unmeasured (the warm-up: its compiles, in parallel with the other children's), then
+  says it is ready and waits;
+- `RunPool.measure(g, i)` has child g run its spec i again and measures it, while every other
+  child sits idle in a blocking read: one measured run at a time on the machine, so no run's time
+  or CPU share is another's.
+
+Measured runs of one round can then be interleaved across groups (`interleaved`): probe models
+and validated models measured minutes apart on the H200 moved by 20-36% between passes (the
+probe's 6-layer model ran 0.88 ms a token in one pass and 1.20 in another; within one batch its
+top-1 twin, doing less work, ran 22% slower than it), so a prediction is checked against runs
+measured in the same minutes as the runs its profile was fitted on.
+
+Each measured run's peak is its own over what the child held before it (the high-water mark is
+reset first, as `measure_batch` does); a child holds one group's models' leftovers only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+from strata.doctor.measure import PROMPT, RunMeasurement, _child_env, _one, _reset_peak
+
+__all__ = ["RunPool", "interleaved", "READY"]
+
+READY = "READY"  # what a child prints once every spec of its group has run once
+
+
+def _readline(proc: subprocess.Popen, deadline: float) -> str | None:
+    """One line of the child's stdout, or None past `deadline` (time.monotonic) or at its end."""
+    fd = proc.stdout.fileno()
+    buf = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return None
+        chunk = os.read(fd, 1)  # byte by byte: a line is all a turn says, and nothing may be read past it
+        if not chunk:
+            return None
+        if chunk == b"\n":
+            return buf.decode()
+        buf += chunk
+
+
+class RunPool:
+    """Child processes, one per group of (model, Config overrides) specs; see the module docstring.
+
+    `ready(timeout)` waits for every child's warm-up and returns which groups are ready; a child
+    not ready by then, or one that fails, is stopped and its runs come back as None from
+    `measure`. Use as a context manager (children are stopped on exit)."""
+
+    def __init__(self, groups: Sequence[Sequence[tuple[str | os.PathLike, dict]]], *, max_tokens: int = 48,
+                 prompt: str = PROMPT) -> None:
+        self.groups = [list(g) for g in groups]
+        self.procs: list[subprocess.Popen | None] = []
+        self.failed: dict[int, str] = {}  # group -> why it was stopped (with its stderr's last line)
+        self._errs = [tempfile.TemporaryFile() for _ in self.groups]
+        for g, err in zip(self.groups, self._errs):
+            arg = json.dumps({"runs": [{"model": str(m), "overrides": o or {}} for m, o in g],
+                              "max_tokens": max_tokens, "prompt": prompt})
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "strata.doctor.pool", arg], stdin=subprocess.PIPE,
+                                               stdout=subprocess.PIPE, stderr=err, env=_child_env()))
+        self._ready: set[int] = set()
+
+    def _stop(self, g: int, why: str) -> None:
+        proc = self.procs[g]
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            self.procs[g] = None
+        self.failed.setdefault(g, why + self._stderr_tail(g))
+        self._ready.discard(g)
+
+    def _stderr_tail(self, g: int) -> str:
+        err = self._errs[g]
+        err.seek(0)
+        lines = err.read().decode(errors="replace").strip().splitlines()
+        return f": {lines[-1][:300]}" if lines else ""
+
+    def ready(self, timeout: float) -> list[bool]:
+        """Wait until every child has warmed up (at most `timeout` seconds in all)."""
+        deadline = time.monotonic() + timeout
+        for g, proc in enumerate(self.procs):
+            if proc is None or g in self._ready:
+                continue
+            line = _readline(proc, deadline)
+            while line is not None and line != READY:  # anything else a library printed
+                line = _readline(proc, deadline)
+            if line == READY:
+                self._ready.add(g)
+            else:
+                self._stop(g, "warm-up not finished in time or failed")
+        return [g in self._ready for g in range(len(self.groups))]
+
+    def measure(self, g: int, i: int, timeout: float) -> RunMeasurement | None:
+        """Run spec i of group g again in its (warmed) child and return what it measured; None if
+        the child is gone or does not answer within `timeout` seconds (it is then stopped)."""
+        proc = self.procs[g]
+        if proc is None or g not in self._ready:
+            return None
+        try:
+            proc.stdin.write(f"{i}\n".encode())
+            proc.stdin.flush()
+        except BrokenPipeError:
+            self._stop(g, "the child ended")
+            return None
+        deadline = time.monotonic() + timeout
+        line = _readline(proc, deadline)
+        while line is not None and not line.startswith("{"):  # anything else a library printed
+            line = _readline(proc, deadline)
+        if line is None:
+            self._stop(g, "run not finished in time or failed")
+            return None
+        return RunMeasurement(**json.loads(line))
+
+    def close(self) -> None:
+        for g, proc in enumerate(self.procs):
+            if proc is None:
+                continue
+            try:
+                proc.stdin.close()  # the child's read ends: it exits
+                proc.wait(timeout=10)
+            except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+                proc.kill()
+                proc.wait()
+            self.procs[g] = None
+        for err in self._errs:
+            err.close()
+
+    def __enter__(self) -> "RunPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def interleaved(sizes: Sequence[int], round_: int = 0) -> list[tuple[int, int]]:
+    """(group, spec) pairs of one round, round-robin over the groups (each group's specs in
+    order), the groups' starting turn rotated by `round_`: a drift over a round spreads over
+    every group rather than landing on the last ones."""
+    n = len(sizes)
+    order = [(g + round_) % n for g in range(n)] if n else []
+    out, depth = [], max(sizes, default=0)
+    for j in range(depth):
+        out += [(g, j) for g in order if j < sizes[g]]
+    return out
+
+
+def _child(arg: str) -> None:
+    spec = json.loads(arg)
+    runs = [{**run, "max_tokens": spec["max_tokens"], "prompt": spec["prompt"]} for run in spec["runs"]]
+    for run in runs:
+        _one(run)  # the warm-up: compiles what this spec is the first to use; not measured
+    print(READY, flush=True)
+    for line in sys.stdin:
+        i = int(line)
+        _reset_peak()
+        print(json.dumps(_one({**runs[i], "warmed": True})), flush=True)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])

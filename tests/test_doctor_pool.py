@@ -1,0 +1,57 @@
+"""strata.doctor.pool: warmed child processes that measure one run at a time, interleaved."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from strata.doctor.pool import RunPool, interleaved
+from strata.testing.models import make_model
+
+
+def test_interleaved_visits_every_run_once_round_robin_and_rotates_the_start():
+    order = interleaved([2, 3, 1])
+    assert sorted(order) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (2, 0)]
+    assert order[:3] == [(0, 0), (1, 0), (2, 0)]  # one run of each group before any group's second
+    assert interleaved([2, 3, 1], 1)[:3] == [(1, 0), (2, 0), (0, 0)]
+    assert interleaved([]) == []
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("pool") / "demo", "demo")  # 16 MB of experts all-resident
+
+
+def test_pool_measures_warmed_runs_one_at_a_time_with_each_runs_own_peak(demo):
+    resident = (demo.model_path, {"backend": "numpy"})
+    streaming = (demo.model_path, {"backend": "numpy", "arena": "76slots"})
+    with RunPool([[resident], [streaming, resident]], max_tokens=8) as pool:
+        assert pool.ready(timeout=300) == [True, True]
+        a = pool.measure(0, 0, timeout=120)
+        b = pool.measure(1, 0, timeout=120)
+        c = pool.measure(1, 1, timeout=120)
+    assert a.warmed and b.warmed and c.warmed  # each spec ran once, unmeasured, before
+    assert not a.streaming and b.streaming and b.report["reads_per_token"] > 0 and not c.streaming
+    assert a.tokens == b.tokens == c.tokens == 8
+    if Path("/proc/self/clear_refs").exists():
+        # the streaming run's peak is its own: its child's warm-up of the all-resident spec came after
+        # it in the group, and the mark is reset before each measured run
+        assert b.peak_rss < c.peak_rss
+
+
+def test_pool_stops_a_child_past_its_time_and_returns_none(demo):
+    spec = (demo.model_path, {"backend": "numpy"})
+    with RunPool([[spec]], max_tokens=8) as pool:
+        start = time.monotonic()
+        assert pool.ready(timeout=0.01) == [False]
+        assert time.monotonic() - start < 5
+        assert pool.measure(0, 0, timeout=5) is None
+        assert "warm-up" in pool.failed[0]
+
+
+def test_pool_reports_a_failing_child(tmp_path):
+    with RunPool([[(tmp_path / "missing.gguf", {"backend": "numpy"})]], max_tokens=8) as pool:
+        assert pool.ready(timeout=120) == [False]
+    assert "warm-up" in pool.failed[0] and len(pool.failed[0]) > len("warm-up not finished in time or failed")
