@@ -116,9 +116,15 @@ def _cases(models: dict[str, Path], fractions: tuple[float, ...]) -> list[tuple[
 # Measured there (mid-session run): a fresh MLX process took 17-25 s for a run that decodes in well
 # under a second, so --quick also runs every case of a round in one process (`measure_batch`, each
 # run's peak from a reset high-water mark) and gives the probe at most PROBE_SHARE of the budget.
-QUICK = {"models": "small", "arenas": "0.3", "repeats": 1, "tries": 1, "tokens": 24, "wait_run": 0.0,
+# Measured there again (this session's first pass, `--models small,demo`, 110 s): the probe's 9
+# engine cases in one process were cut at 64 s (kernels compiling one after another) and `demo`'s
+# 4 cases never started, so --quick now measures the probe's cases and its own over one pool of
+# warmed processes (strata.doctor.joint: every child compiles at once, runs are measured one at a
+# time, in up to `repeats` interleaved rounds, probe and cases alike, in the same minutes).
+QUICK = {"models": "small", "arenas": "0.3", "repeats": 3, "tries": 1, "tokens": 24, "wait_run": 0.0,
          "budget_s": 150.0, "case_timeout": 45.0, "one_process": True}
 PROBE_SHARE = 0.6
+RESERVE_S = 6.0  # of a --budget-s run: for the predictions (each replays its model's trace) and the table
 
 
 def _row(name: str, arena: str, pred, runs: list) -> dict:
@@ -172,14 +178,11 @@ def main(argv=None) -> int:
     import subprocess
     import time
 
-    from strata.config import Config
     from strata.default_model import default_model_path
-    from strata.doctor import diagnose
-    from strata.doctor.measure import PROMPT, QUIET_OTHERS, WARMUP_TOKENS, measure_batch, measure_quiet
+    from strata.doctor.measure import QUIET_OTHERS, measure_quiet
     from strata.doctor.engine_fit import refit
     from strata.doctor.measure import RunMeasurement
     from strata.doctor.probe import MachineProfile, default_cache_dir, machine_profile
-    from strata.loader import load
     from strata.testing.models import make_model
 
     t0 = time.time()
@@ -209,7 +212,8 @@ def main(argv=None) -> int:
                    help="wall seconds for the whole run (0: none; --quick: 150): no run starts past it")
     p.add_argument("--case-timeout", type=float, default=None, help="seconds one measured run may take (600; --quick: 45)")
     p.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run each round's cases in one process (--quick: yes), not a fresh process each")
+                   help="measure the probe's cases and these over one pool of warmed processes, a process a "
+                        "model's all-resident or streaming cases (--quick: yes), not a fresh process a run")
     p.add_argument("--replay", default=None, help="predict again the cases an earlier run's output measured")
     p.add_argument("--refit", action="store_true", help="with --replay: refit the profile's engine costs too")
     p.add_argument("--refit-clock", default="wall", choices=("wall", "cpu"),
@@ -233,6 +237,9 @@ def main(argv=None) -> int:
     left = lambda: args.budget_s - (time.time() - t0) if args.budget_s else float("inf")  # noqa: E731
     _wait_for_quiet(args.wait_load, args.wait_max)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
+    pooled = args.one_process and not replayed and args.repeats > 0
+    if pooled:
+        return _pooled(args, fractions, t0, cache)
     if replayed:
         stored = json.loads(Path(args.profile).read_text()) if args.profile else replayed[0]
         profile = MachineProfile.from_dict(stored)
@@ -253,40 +260,11 @@ def main(argv=None) -> int:
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
         cases = _cases(models, fractions) if not replayed else [
             (r["model"], models[r["model"]], "" if r["arena"] == "resident" else r["arena"]) for r in replayed[1]]
-        preds = []
-        for name, path, arena in cases:  # before measuring: a prediction reads no measurement
-            config = Config(backend=args.backend, **({"arena": arena} if arena else {}))
-            n_prompt = len(load(path).tokenizer.encode(PROMPT))
-            # the measured steps: decode calls WARMUP_TOKENS .. tokens-2, after the prompt and the warm-up
-            preds.append(diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
-                                  context=n_prompt + args.tokens, horizon=max(1, args.tokens - 1 - WARMUP_TOKENS),
-                                  prompt=n_prompt + WARMUP_TOKENS).prediction)
+        preds = _predictions(args, cases, traces, profile, cache)  # before measuring: they read no measurement
         measured: dict[int, list] = {i: [] for i in range(len(cases))}
         for i, r in enumerate(replayed[1] if replayed else ()):
             measured[i].append(RunMeasurement(**r["run"]))
-        for round_ in range(args.repeats if args.one_process else 0):  # each round's cases in one process
-            limit = min(args.case_timeout * len(cases), left())
-            if limit < 5:
-                cut.append(f"round {round_ + 1}: no time left")
-                continue
-            # smallest predicted peak first: a run's high-water mark starts at what the earlier runs
-            # left resident (MLX CPU here: a demo streaming run after its all-resident one measured
-            # the resident one's 131 MB for its own 100)
-            order = sorted(range(len(cases)), key=lambda i: preds[i].peak_memory)
-            batch = [(cases[i][1], {"backend": args.backend, "profile": True,
-                                    **({"arena": cases[i][2]} if cases[i][2] else {})}) for i in order]
-            # each case run twice, the second measured: the first run of a spec in an MLX process
-            # compiles its kernels (H200: a first run's rate 6.3 tok/s, its steady one 1,130)
-            got = measure_batch(batch, max_tokens=args.tokens, timeout=limit, warmup=True)
-            for i, run in sorted(zip(order, got), key=lambda pair: pair[0]):
-                name, _, arena = cases[i]
-                if run is None:
-                    cut.append(f"{name} {arena or 'resident'} round {round_ + 1}: past the round's {limit:.0f} s")
-                    continue
-                measured[i].append(run)
-                if round_ == args.repeats - 1:
-                    _part("case", seconds=round(time.time() - t0, 1), **_row(name, arena, preds[i], measured[i]))
-        for round_ in range(0 if args.one_process else args.repeats):  # interleaved: a load spike hits all alike
+        for round_ in range(args.repeats):  # interleaved: a load spike hits all alike
             for i, (name, path, arena) in enumerate(cases):
                 overrides = {"backend": args.backend, "profile": True, **({"arena": arena} if arena else {})}
                 limit = min(args.case_timeout, left())
@@ -310,6 +288,82 @@ def main(argv=None) -> int:
             rows.append(row := _row(name, arena, preds[i], measured[i]))
             print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
                   f"(median {row['median_tps']:.1f}), load {row['load']:.1f}", file=sys.stderr, flush=True)
+    return _report(args, profile, rows, cut, t0)
+
+
+def _predictions(args, cases, traces, profile, cache) -> list:
+    """The doctor's prediction of every case: steady decode over the measured steps (WARMUP_TOKENS
+    .. tokens-2, after the prompt and the warm-up), from the model's own trace."""
+    from strata.config import Config
+    from strata.doctor import diagnose
+    from strata.doctor.measure import PROMPT, WARMUP_TOKENS
+    from strata.loader import load
+
+    preds = []
+    for name, path, arena in cases:  # a prediction reads no measurement
+        config = Config(backend=args.backend, **({"arena": arena} if arena else {}))
+        n_prompt = len(load(path).tokenizer.encode(PROMPT))
+        preds.append(diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
+                              context=n_prompt + args.tokens, horizon=max(1, args.tokens - 1 - WARMUP_TOKENS),
+                              prompt=n_prompt + WARMUP_TOKENS).prediction)
+    return preds
+
+
+def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
+    """--quick (one process a group): the probe's engine cases and every case over one pool of
+    warmed processes (strata.doctor.joint), predictions after, from the profile fitted on the
+    probe's runs alone."""
+    import time
+
+    from strata.doctor.joint import measure_joint
+    from strata.testing.models import make_model
+
+    say = lambda m: print(f"# {time.time() - t0:6.1f} s {m}", file=sys.stderr, flush=True)  # noqa: E731
+    budget = args.budget_s or 600.0
+    deadline = time.monotonic() + budget - (time.time() - t0) - RESERVE_S
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+        models = {}
+        for name in wanted:
+            from strata.default_model import default_model_path
+
+            models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
+        cases = _cases(models, fractions)
+        # a model's all-resident and streaming cases compile different kernels: two children
+        keyed = [(i, path, {"profile": True, **({"arena": arena} if arena else {})},
+                  f"{name}-{'streaming' if arena else 'resident'}") for i, (name, path, arena) in enumerate(cases)]
+        traces: dict = {}
+
+        def record_traces():  # CPU work of this process while the children compile
+            traces.update({name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()})
+            say(f"traces recorded ({', '.join(models)})")
+
+        joint = measure_joint(args.backend, cache, keyed, tokens=args.tokens, deadline=deadline,
+                              case_timeout=args.case_timeout, rounds=args.repeats, remeasure=args.remeasure,
+                              progress=say, while_warming=record_traces)
+        profile = joint.profile
+        _part("profile", seconds=round(time.time() - t0, 1), profile=profile.to_dict(), probed=joint.probed,
+              phases={k: round(v, 1) for k, v in joint.seconds.items()})
+        preds = _predictions(args, cases, traces, profile, cache)
+        rows = []
+        for i, (name, path, arena) in enumerate(cases):
+            runs = joint.runs.get(i, [])
+            if not runs:
+                continue
+            rows.append(row := _row(name, arena, preds[i], runs))
+            _part("case", seconds=round(time.time() - t0, 1), **row)
+            print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
+                  f"(median {row['median_tps']:.1f}; {len(runs)} rounds)", file=sys.stderr, flush=True)
+    cut = [f"{cases[int(c.split()[0])][0]} {cases[int(c.split()[0])][2] or 'resident'} {c.split(' ', 1)[1]}"
+           if c.split()[0].isdigit() else c for c in joint.cut]
+    return _report(args, profile, rows, cut, t0, phases={k: round(v, 1) for k, v in joint.seconds.items()})
+
+
+def _report(args, profile, rows: list, cut: list, t0: float, **extra) -> int:
+    """The table, what was not measured, and the summary JSON line (last)."""
+    import time
+
     print(f"machine profile: {profile.backend}, measured at load {profile.load_avg:.1f}; "
           f"base RSS {profile.base_rss / 1e6:.1f} MB, step {1e3 * profile.step_s:.3f} ms, "
           f"round trip {1e6 * profile.sync_s:.1f} us, layer {1e3 * profile.layer_s:.3f} ms, "
@@ -340,7 +394,7 @@ def main(argv=None) -> int:
         "tps_within_target": sum(abs(r["tps_err"]) <= TPS_TARGET for r in rows),
         "median_tps_within_target": sum(abs(r["median_tps_err"]) <= TPS_TARGET for r in rows),
         "peak_within_target": sum(abs(r["peak_err"]) <= PEAK_TARGET for r in rows),
-        "rows": rows, "profile": profile.to_dict(),
+        "rows": rows, "profile": profile.to_dict(), **extra,
     }
     line = json.dumps(summary, sort_keys=True)
     if args.json_out:

@@ -38,7 +38,7 @@ from typing import Sequence
 
 from strata.doctor.measure import PROMPT, RunMeasurement, _child_env, _one, _reset_peak
 
-__all__ = ["RunPool", "interleaved", "READY"]
+__all__ = ["RunPool", "interleaved", "measure_rounds", "READY"]
 
 READY = "READY"  # what a child prints once every spec of its group has run once
 
@@ -69,15 +69,17 @@ class RunPool:
     not ready by then, or one that fails, is stopped and its runs come back as None from
     `measure`. Use as a context manager (children are stopped on exit)."""
 
-    def __init__(self, groups: Sequence[Sequence[tuple[str | os.PathLike, dict]]], *, max_tokens: int = 48,
-                 prompt: str = PROMPT) -> None:
+    def __init__(self, groups: Sequence[Sequence[tuple[str | os.PathLike, dict]]], *,
+                 max_tokens: int | Sequence[int] = 48, prompt: str = PROMPT) -> None:
+        """max_tokens: decoded tokens a run, for every group or one a group."""
         self.groups = [list(g) for g in groups]
+        tokens = [max_tokens] * len(self.groups) if isinstance(max_tokens, int) else list(max_tokens)
         self.procs: list[subprocess.Popen | None] = []
         self.failed: dict[int, str] = {}  # group -> why it was stopped (with its stderr's last line)
         self._errs = [tempfile.TemporaryFile() for _ in self.groups]
-        for g, err in zip(self.groups, self._errs):
+        for g, err, n in zip(self.groups, self._errs, tokens):
             arg = json.dumps({"runs": [{"model": str(m), "overrides": o or {}} for m, o in g],
-                              "max_tokens": max_tokens, "prompt": prompt})
+                              "max_tokens": n, "prompt": prompt})
             self.procs.append(subprocess.Popen([sys.executable, "-m", "strata.doctor.pool", arg], stdin=subprocess.PIPE,
                                                stdout=subprocess.PIPE, stderr=err, env=_child_env()))
         self._ready: set[int] = set()
@@ -164,6 +166,30 @@ def interleaved(sizes: Sequence[int], round_: int = 0) -> list[tuple[int, int]]:
     for j in range(depth):
         out += [(g, j) for g in order if j < sizes[g]]
     return out
+
+
+def measure_rounds(pool: RunPool, rounds: int, deadline: float, run_timeout: float) -> tuple[dict, list[str]]:
+    """Up to `rounds` interleaved rounds of every ready run of `pool`, each run started only while
+    `deadline` (time.monotonic) is ahead; a round after the first only if the first round's
+    duration still fits. Returns ((group, spec) -> its measurements, what was not measured)."""
+    sizes = [len(g) for g in pool.groups]
+    got: dict = {(g, i): [] for g, n in enumerate(sizes) for i in range(n)}
+    cut: list[str] = []
+    first = None
+    for r in range(max(1, rounds)):
+        start = time.monotonic()
+        if first is not None and start + first > deadline:
+            break  # another round would not fit: the rounds done so far stand
+        for g, i in interleaved(sizes, r):
+            left = deadline - time.monotonic()
+            run = pool.measure(g, i, timeout=min(run_timeout, left)) if left > 1 else None
+            if run is None:
+                cut.append(f"group {g} run {i} round {r + 1}: " + ("no time left" if left <= 1 else
+                                                                  pool.failed.get(g, "not measured")))
+                continue
+            got[(g, i)].append(run)
+        first = first if first is not None else time.monotonic() - start
+    return got, cut
 
 
 def _child(arg: str) -> None:

@@ -1,0 +1,100 @@
+"""The quick probe's engine cases and other runs (a validation's), measured over one pool.
+
+`measure_joint` starts one `RunPool` holding the probe's groups (unless a cached profile is used)
+and the caller's, lets every child compile while the caller does its own work (`while_warming`:
+the validation records its traces then), measures interleaved rounds of every run, fits the
+profile from the probe's runs only and caches it. The profile never sees the caller's runs: they
+are measured beside the probe's, in the same minutes, so that a drift of the machine moves both
+alike, not fitted on (fitting the validated models would make the validation circular).
+
+On the H200 the sequential form (the probe's batch, then the validation's) spent its 110 s
+compiling: the probe's 9 cases were cut at 64 s with 2 left out, and the `demo` model's 4 cases
+never started in the 36 s left (pool.py says why a pool does better).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["Joint", "measure_joint", "WARM_SHARE"]
+
+WARM_SHARE = 0.65  # of the time left when the pool starts: the most its children's warm-ups may take
+
+
+@dataclass
+class Joint:
+    """profile: the probe's (fitted now, or the cached one); runs: the caller's case key -> its
+    measured runs (one a round); cut: what was not measured, and why; seconds: by phase."""
+
+    profile: object
+    runs: dict
+    cut: list = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)
+    probed: bool = False
+
+
+def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: int, deadline: float,
+                  case_timeout: float, rounds: int, remeasure: bool = False, progress=None,
+                  while_warming: Callable[[], None] | None = None) -> Joint:
+    """cases: (key, model path, Config overrides, group name) of the caller's runs; a group's runs
+    share a child (put a model's all-resident and streaming cases in different groups: they compile
+    different kernels). deadline: time.monotonic() by which the last run must have ended."""
+    from strata.doctor.pool import RunPool, measure_rounds
+    from strata.doctor.probe import cached_profile, measure_parts, profile_from_runs, save_profile
+    from strata.doctor.probe_engine import CALIBRATION_TOKENS, engine_cases, median_run
+    from strata.doctor.engine_fit import run_name
+
+    say = progress or (lambda _msg: None)
+    seconds: dict = {}
+    t = time.monotonic()
+    profile = None if remeasure else cached_profile(backend, cache_dir, quick=True)
+    with tempfile.TemporaryDirectory() as d:
+        eng = parts = None
+        probe_groups: list = []
+        if profile is None:
+            parts = measure_parts(backend, Path(cache_dir), progress=say, quick=True)
+            eng = engine_cases(Path(d), quick=True)
+            probe_groups = eng.groups()
+        seconds["parts"] = time.monotonic() - t
+        mine: dict[str, list] = {}
+        for case in cases:
+            mine.setdefault(case[3], []).append(case)
+        groups = probe_groups + list(mine.values())
+        n_tokens = [CALIBRATION_TOKENS] * len(probe_groups) + [tokens] * len(mine)
+        say(f"engine: {sum(map(len, groups))} cases in {len(groups)} warmed processes")
+        t = time.monotonic()
+        with RunPool([[(path, {"backend": backend, **o}) for _, path, o, _ in g] for g in groups],
+                     max_tokens=n_tokens) as pool:
+            if while_warming is not None:
+                while_warming()
+            pool.ready(max(1.0, WARM_SHARE * (deadline - t)))
+            seconds["warm_up"] = time.monotonic() - t
+            say(f"warmed up in {seconds['warm_up']:.1f} s; measuring")
+            t = time.monotonic()
+            got, cut = measure_rounds(pool, rounds, deadline, run_timeout=case_timeout)
+            seconds["rounds"] = time.monotonic() - t
+        names = {(gi, i): run_name(case[0]) if gi < len(probe_groups) else str(case[0])
+                 for gi, g in enumerate(groups) for i, case in enumerate(g)}
+        cut = [_named(c, names) for c in cut]
+        runs = {groups[gi][i][0]: rs for (gi, i), rs in got.items() if gi >= len(probe_groups)}
+        if eng is not None:
+            probe_runs = {groups[gi][i][0]: median_run(rs) for (gi, i), rs in got.items()
+                          if gi < len(probe_groups) and rs}
+            missing = [run_name(k) for k, _, _, _ in eng.cases if k not in probe_runs]
+            if not eng.essential <= set(probe_runs):
+                raise RuntimeError(f"quick probe: engine runs {', '.join(missing)} not measured ({'; '.join(cut)})")
+            profile = profile_from_runs(backend, parts, eng, probe_runs, quick=True, missing=tuple(missing))
+            save_profile(profile, cache_dir, quick=True)
+    return Joint(profile=profile, runs=runs, cut=cut, seconds=seconds, probed=eng is not None)
+
+
+def _named(cut: str, names: dict) -> str:
+    """'group G run I round R: why' with the run's name for G, I."""
+    head, _, why = cut.partition(": ")
+    words = head.split()
+    g, i = int(words[1]), int(words[3])
+    return f"{names[(g, i)]} {' '.join(words[4:])}: {why}"
