@@ -1,8 +1,8 @@
 """The probe's engine cases: its made models, the runs of each (a case), and how they are measured.
 
 Cases (engine_fit.py fits them): "resident" (the `tiny` shape, CALIBRATION_LAYERS layers of
-CALIBRATION_EXPERTS experts, all-resident), "top1" (the same at top-1), "short" (SHORT_LAYERS
-layers), "wide" (WIDE_FFN-wide experts), the made model streaming at several arenas (int keys)
+CALIBRATION_EXPERTS experts, all-resident), "top1" (the same at top-1), "short", "mid" and "e32"
+(ALL_RESIDENT_POINTS: fewer layers, fewer experts), "wide" (WIDE_FFN-wide experts), the made model streaming at several arenas (int keys)
 and the wide one at two (("wide", slots) keys).
 
 Measured either in a fresh process per run, in interleaved rounds (`run_fresh`: the CPU
@@ -18,7 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata.doctor.engine_fit import CALIBRATION_EXPERTS, CALIBRATION_LAYERS, SHORT_LAYERS, WIDE_FFN, run_name, token_s
+from strata.doctor.engine_fit import (
+    ALL_RESIDENT_POINTS, CALIBRATION_EXPERTS, CALIBRATION_LAYERS, WIDE_FFN, run_name, token_s,
+)
 
 __all__ = ["EngineCases", "engine_cases", "run_fresh", "run_pooled", "median_run", "CALIBRATION_TOKENS",
            "CALIBRATION_REPEATS", "POOL_ROUNDS"]
@@ -68,11 +70,15 @@ def engine_cases(d: Path, *, quick: bool) -> EngineCases:
     arenas = sorted({least, total // 2, total} if quick else {least, total // 3, 2 * total // 3, total})
     one = make_model(d / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
                      n_experts_per_token=1)
-    short = make_model(d / "probe2", "tiny", n_layers=SHORT_LAYERS, n_experts=CALIBRATION_EXPERTS)
     wide = make_model(d / "probe3", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
                       expert_ffn_size=WIDE_FFN)
     stream = lambda c: {"arena": f"{c}slots", "profile": True}  # noqa: E731
-    cases = [("resident", made.model_path, {}, "resident"), ("short", short.model_path, {}, "resident")]
+    cases = [("resident", made.model_path, {}, "resident")]
+    for key, fields in ALL_RESIDENT_POINTS.items():  # the step fit's other points
+        other = make_model(d / f"probe-{key}", "tiny", **{"n_layers": CALIBRATION_LAYERS,
+                                                           "n_experts": CALIBRATION_EXPERTS, **fields})
+        # fewer layers: "resident"'s kernels, its child; fewer experts: kernels of their own, a child
+        cases.append((key, other.model_path, {}, "resident" if "n_experts" not in fields else key))
     cases += [(c, made.model_path, stream(c), "streaming") for c in arenas]
     cases += [("top1", one.model_path, {}, "top1"), ("wide", wide.model_path, {}, "wide")]
     cases += [(("wide", c), wide.model_path, stream(c), "wide-streaming") for c in (least, total // 2)]
