@@ -55,3 +55,28 @@ def test_pool_reports_a_failing_child(tmp_path):
     with RunPool([[(tmp_path / "missing.gguf", {"backend": "numpy"})]], max_tokens=8) as pool:
         assert pool.ready(timeout=120) == [False]
     assert "warm-up" in pool.failed[0] and len(pool.failed[0]) > len("warm-up not finished in time or failed")
+
+
+def test_joint_measures_the_callers_cases_in_rounds_beside_a_cached_profile(tmp_path, demo):
+    """With a cached quick profile nothing is probed: the caller's groups alone, warmed while the
+    caller works, measured in interleaved rounds; the profile comes back as cached."""
+    import dataclasses
+
+    from strata.doctor.joint import measure_joint
+    from strata.doctor.probe import _machine_id, save_profile
+    from test_doctor import PROFILE
+
+    cached = dataclasses.replace(PROFILE, machine=_machine_id())
+    save_profile(cached, tmp_path, quick=True)
+    cases = [("res", demo.model_path, {}, "demo-resident"), ("str", demo.model_path, {"arena": "76slots"}, "demo-str")]
+    worked = []
+    joint = measure_joint("numpy", tmp_path, cases, tokens=8, deadline=time.monotonic() + 300, case_timeout=120,
+                          rounds=2, while_warming=lambda: worked.append(1))
+    assert worked == [1] and not joint.probed and joint.profile == cached
+    assert [len(joint.runs[k]) for k in ("res", "str")] == [2, 2] and joint.cut == []
+    assert all(r.warmed for rs in joint.runs.values() for r in rs)
+    assert joint.runs["str"][0].streaming and not joint.runs["res"][0].streaming
+    # a deadline already near: the first round is cut run by run, and says so
+    late = measure_joint("numpy", tmp_path, cases, tokens=8, deadline=time.monotonic() + 0.5, case_timeout=120,
+                         rounds=2)
+    assert not any(late.runs.values()) and any("no time left" in c for c in late.cut)
