@@ -80,3 +80,21 @@ def test_joint_measures_the_callers_cases_in_rounds_beside_a_cached_profile(tmp_
     late = measure_joint("numpy", tmp_path, cases, tokens=8, deadline=time.monotonic() + 0.5, case_timeout=120,
                          rounds=2)
     assert not any(late.runs.values()) and any("no time left" in c for c in late.cut)
+
+
+def test_mlx_children_get_their_own_jit_cache_linked_to_the_shared_one(tmp_path, monkeypatch, demo):
+    """Two MLX children compiling one module at once must not read each other's half-written
+    file: each gets a directory of hard links to the shared modules, gone after the pool."""
+    shared = tmp_path / "ptx"
+    shared.mkdir()
+    (shared / "module.ptx").write_bytes(b"cubin")
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(shared))
+    pool = RunPool([[(demo.model_path, {"backend": "mlx"})], [(demo.model_path, {"backend": "mlx"})]], max_tokens=2)
+    try:
+        dirs = pool._jit_dirs
+        assert len(dirs) == 2 and len(set(dirs)) == 2 and shared not in dirs
+        for d in dirs:
+            assert (d / "module.ptx").stat().st_ino == (shared / "module.ptx").stat().st_ino
+    finally:
+        pool.close()
+    assert not any(d.exists() for d in dirs) and (shared / "module.ptx").read_bytes() == b"cubin"

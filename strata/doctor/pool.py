@@ -30,10 +30,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Sequence
 
 from strata.doctor.measure import PROMPT, RunMeasurement, _child_env, _one, _reset_peak
@@ -77,12 +79,38 @@ class RunPool:
         self.procs: list[subprocess.Popen | None] = []
         self.failed: dict[int, str] = {}  # group -> why it was stopped (with its stderr's last line)
         self._errs = [tempfile.TemporaryFile() for _ in self.groups]
+        mlx = any((o or {}).get("backend") == "mlx" for g in self.groups for _, o in g)
+        self._jit_dirs: list[Path] = []
         for g, err, n in zip(self.groups, self._errs, tokens):
             arg = json.dumps({"runs": [{"model": str(m), "overrides": o or {}} for m, o in g],
                               "max_tokens": n, "prompt": prompt})
+            env = _child_env()
+            if mlx:
+                env = self._private_jit_cache(env)
             self.procs.append(subprocess.Popen([sys.executable, "-m", "strata.doctor.pool", arg], stdin=subprocess.PIPE,
-                                               stdout=subprocess.PIPE, stderr=err, env=_child_env()))
+                                               stdout=subprocess.PIPE, stderr=err, env=env))
         self._ready: set[int] = set()
+
+    def _private_jit_cache(self, env: dict) -> dict:
+        """env with MLX_PTX_CACHE_DIR a directory of this child's own, seeded with hard links to the
+        shared one's modules. MLX's CUDA build writes a module it compiled in place (an ofstream
+        over `<name>.ptx`, jit_module.cpp) and reads a cached one by its size, then its bytes: children
+        compiling the same module at once could each read another's half-written file. A child
+        writes only modules missing from its directory, so a linked file is never rewritten."""
+        from strata.mlx_backend import jit_cache
+
+        shared = Path(jit_cache.set_default(dict(env)))
+        mine = shared.parent / f"{shared.name}.pool-{os.getpid()}-{len(self._jit_dirs)}"
+        try:
+            mine.mkdir(parents=True, exist_ok=True)
+            for f in (shared.iterdir() if shared.is_dir() else ()):
+                if f.is_file():
+                    os.link(f, mine / f.name)
+        except OSError:  # no hard links here (another filesystem): share the directory as before
+            shutil.rmtree(mine, ignore_errors=True)
+            return env
+        self._jit_dirs.append(mine)
+        return {**env, jit_cache.ENV: str(mine)}
 
     def _stop(self, g: int, why: str) -> None:
         proc = self.procs[g]
@@ -140,14 +168,18 @@ class RunPool:
             if proc is None:
                 continue
             try:
-                proc.stdin.close()  # the child's read ends: it exits
+                if g not in self._ready:
+                    raise OSError("still warming up")  # nothing of it is wanted now
+                proc.stdin.close()  # its read ends: it exits
                 proc.wait(timeout=10)
-            except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+            except (subprocess.TimeoutExpired, OSError):  # BrokenPipeError included
                 proc.kill()
                 proc.wait()
             self.procs[g] = None
         for err in self._errs:
             err.close()
+        for d in self._jit_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
     def __enter__(self) -> "RunPool":
         return self
