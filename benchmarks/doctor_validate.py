@@ -309,6 +309,14 @@ def _predictions(args, cases, traces, profile, cache) -> list:
     return preds
 
 
+def _case_name(cases: list, key) -> str:
+    """A case's name (model and arena) by its index; a probe run's name as it is."""
+    if isinstance(key, int):
+        name, _, arena = cases[key]
+        return f"{name} {arena or 'resident'}"
+    return f"probe {key}"
+
+
 def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
     """--quick (one process a group): the probe's engine cases and every case over one pool of
     warmed processes (strata.doctor.joint), predictions after, from the profile fitted on the
@@ -341,7 +349,10 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
 
         joint = measure_joint(args.backend, cache, keyed, tokens=args.tokens, deadline=deadline,
                               case_timeout=args.case_timeout, rounds=args.repeats, remeasure=args.remeasure,
-                              progress=say, while_warming=record_traces)
+                              progress=say, while_warming=record_traces,
+                              on_run=lambda name, r, run: _part("run", seconds=round(time.time() - t0, 1),
+                                                                case=_case_name(cases, name), round=r + 1,
+                                                                run=run.to_dict()))
         profile = joint.profile
         _part("profile", seconds=round(time.time() - t0, 1), profile=profile.to_dict(), probed=joint.probed,
               phases={k: round(v, 1) for k, v in joint.seconds.items()})
@@ -355,8 +366,8 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
             _part("case", seconds=round(time.time() - t0, 1), **row)
             print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
                   f"(median {row['median_tps']:.1f}; {len(runs)} rounds)", file=sys.stderr, flush=True)
-    cut = [f"{cases[int(c.split()[0])][0]} {cases[int(c.split()[0])][2] or 'resident'} {c.split(' ', 1)[1]}"
-           if c.split()[0].isdigit() else c for c in joint.cut]
+    cut = [f"{_case_name(cases, int(c.split()[0]))} {c.split(' ', 1)[1]}" if c.split()[0].isdigit() else c
+           for c in joint.cut]
     return _report(args, profile, rows, cut, t0, phases={k: round(v, 1) for k, v in joint.seconds.items()})
 
 

@@ -39,10 +39,12 @@ class Joint:
 
 def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: int, deadline: float,
                   case_timeout: float, rounds: int, remeasure: bool = False, progress=None,
-                  while_warming: Callable[[], None] | None = None) -> Joint:
+                  while_warming: Callable[[], None] | None = None, on_run=None) -> Joint:
     """cases: (key, model path, Config overrides, group name) of the caller's runs; a group's runs
     share a child (put a model's all-resident and streaming cases in different groups: they compile
-    different kernels). deadline: time.monotonic() by which the last run must have ended."""
+    different kernels). deadline: time.monotonic() by which the last run must have ended.
+    on_run(name, round, run): each measured run as it comes in, the probe's (by run_name) and the
+    caller's (by key), so that a run cut off at its limit still leaves them."""
     from strata.doctor.pool import RunPool, measure_rounds
     from strata.doctor.probe import cached_profile, measure_parts, profile_from_runs, save_profile
     from strata.doctor.probe_engine import CALIBRATION_TOKENS, engine_cases, median_run
@@ -75,10 +77,12 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
             seconds["warm_up"] = time.monotonic() - t
             say(f"warmed up in {seconds['warm_up']:.1f} s; measuring")
             t = time.monotonic()
-            got, cut = measure_rounds(pool, rounds, deadline, run_timeout=case_timeout)
+            names = {(gi, i): run_name(case[0]) if gi < len(probe_groups) else case[0]
+                     for gi, g in enumerate(groups) for i, case in enumerate(g)}
+            tell = None if on_run is None else (lambda g, i, r, run: on_run(names[(g, i)], r, run))
+            got, cut, took = measure_rounds(pool, rounds, deadline, run_timeout=case_timeout, on_run=tell)
             seconds["rounds"] = time.monotonic() - t
-        names = {(gi, i): run_name(case[0]) if gi < len(probe_groups) else str(case[0])
-                 for gi, g in enumerate(groups) for i, case in enumerate(g)}
+            seconds.update({f"round_{r + 1}": s for r, s in enumerate(took)})
         cut = [_named(c, names) for c in cut]
         runs = {groups[gi][i][0]: rs for (gi, i), rs in got.items() if gi >= len(probe_groups)}
         if eng is not None:

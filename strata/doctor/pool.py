@@ -43,6 +43,7 @@ from strata.doctor.measure import PROMPT, RunMeasurement, _child_env, _one, _res
 __all__ = ["RunPool", "interleaved", "measure_rounds", "READY"]
 
 READY = "READY"  # what a child prints once every spec of its group has run once
+CLOSE_WAIT_S = 2.0  # for the children to exit at close, all together
 
 
 def _readline(proc: subprocess.Popen, deadline: float) -> str | None:
@@ -164,15 +165,19 @@ class RunPool:
         return RunMeasurement(**json.loads(line))
 
     def close(self) -> None:
-        for g, proc in enumerate(self.procs):
-            if proc is None:
-                continue
+        """End every child: its read ends (it exits), or, past CLOSE_WAIT_S for them all, it is
+        killed (nothing of it is wanted now, and a bounded run cannot wait on ten exits in turn)."""
+        live = [(g, p) for g, p in enumerate(self.procs) if p is not None]
+        for _, proc in live:
             try:
-                if g not in self._ready:
-                    raise OSError("still warming up")  # nothing of it is wanted now
-                proc.stdin.close()  # its read ends: it exits
-                proc.wait(timeout=10)
-            except (subprocess.TimeoutExpired, OSError):  # BrokenPipeError included
+                proc.stdin.close()
+            except OSError:  # BrokenPipeError included: it is gone already
+                pass
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for g, proc in live:
+            try:
+                proc.wait(timeout=max(0.01, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
             self.procs[g] = None
@@ -200,17 +205,19 @@ def interleaved(sizes: Sequence[int], round_: int = 0) -> list[tuple[int, int]]:
     return out
 
 
-def measure_rounds(pool: RunPool, rounds: int, deadline: float, run_timeout: float) -> tuple[dict, list[str]]:
+def measure_rounds(pool: RunPool, rounds: int, deadline: float, run_timeout: float,
+                   on_run=None) -> tuple[dict, list[str], list]:
     """Up to `rounds` interleaved rounds of every ready run of `pool`, each run started only while
     `deadline` (time.monotonic) is ahead; a round after the first only if the first round's
-    duration still fits. Returns ((group, spec) -> its measurements, what was not measured)."""
+    duration still fits; `on_run(group, spec, round, run)` as each run comes in. Returns ((group,
+    spec) -> its measurements, what was not measured, the seconds each round took)."""
     sizes = [len(g) for g in pool.groups]
     got: dict = {(g, i): [] for g, n in enumerate(sizes) for i in range(n)}
     cut: list[str] = []
-    first = None
+    took: list[float] = []
     for r in range(max(1, rounds)):
         start = time.monotonic()
-        if first is not None and start + first > deadline:
+        if took and start + took[0] > deadline:
             break  # another round would not fit: the rounds done so far stand
         for g, i in interleaved(sizes, r):
             left = deadline - time.monotonic()
@@ -220,8 +227,10 @@ def measure_rounds(pool: RunPool, rounds: int, deadline: float, run_timeout: flo
                                                                   pool.failed.get(g, "not measured")))
                 continue
             got[(g, i)].append(run)
-        first = first if first is not None else time.monotonic() - start
-    return got, cut
+            if on_run is not None:
+                on_run(g, i, r, run)
+        took.append(time.monotonic() - start)
+    return got, cut, took
 
 
 def _child(arg: str) -> None:

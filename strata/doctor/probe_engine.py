@@ -117,7 +117,7 @@ def run_pooled(eng: EngineCases, backend: str, timeout: float, progress=None, ro
     with RunPool([[(path, {"backend": backend, **o}) for _, path, o, _ in g] for g in groups],
                  max_tokens=CALIBRATION_TOKENS) as pool:
         pool.ready(max(1.0, deadline - time.monotonic()))
-        got, _ = measure_rounds(pool, rounds, deadline, run_timeout=timeout)
+        got, _, _ = measure_rounds(pool, rounds, deadline, run_timeout=timeout)
     runs = {g[i][0]: median_run(rs) for (gi, i), rs in got.items() if rs for g in [groups[gi]]}
     missing = [run_name(key) for key, _, _, _ in eng.cases if key not in runs]
     if not eng.essential <= set(runs):
