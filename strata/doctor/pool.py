@@ -215,16 +215,21 @@ def measure_rounds(pool: RunPool, rounds: int, deadline: float, run_timeout: flo
     got: dict = {(g, i): [] for g, n in enumerate(sizes) for i in range(n)}
     cut: list[str] = []
     took: list[float] = []
+    gone: set = set()
     for r in range(max(1, rounds)):
         start = time.monotonic()
         if took and start + took[0] > deadline:
             break  # another round would not fit: the rounds done so far stand
         for g, i in interleaved(sizes, r):
+            if (g, i) in gone:
+                continue  # its child was stopped: said once
             left = deadline - time.monotonic()
             run = pool.measure(g, i, timeout=min(run_timeout, left)) if left > 1 else None
             if run is None:
                 cut.append(f"group {g} run {i} round {r + 1}: " + ("no time left" if left <= 1 else
                                                                   pool.failed.get(g, "not measured")))
+                if g in pool.failed:
+                    gone.add((g, i))
                 continue
             got[(g, i)].append(run)
             if on_run is not None:
