@@ -18,8 +18,9 @@ time are kept beside each measurement: on a shared machine they explain most of 
 `tok/s by own CPU` is decode calls / the process's CPU seconds over the same steps: a
 descheduled run's wall time grows and its CPU time does not, so where a single-threaded run's
 two rates part, the load, not the model, moved it (a streaming run's reader threads add CPU).
-`--quick` is the bounded variant for a GPU machine (QUICK below); every finished case prints a
-`JSON-PART` line at once, so a run cut off at its limit still says what it measured.
+`--quick` is the bounded variant for a GPU machine (QUICK below): the probe's engine cases and
+these measured over one pool of warmed processes (strata.doctor.joint); every measured run
+prints a `JSON-PART` line at once, so a run cut off at its limit still says what it measured.
 `--replay OUTPUT` predicts again, with this checkout's code, the cases an earlier run (its
 printed output or --json-out file, from any machine) measured, against its measurements and
 its machine profile; `--refit` also refits the profile's engine costs from the probe runs it
@@ -189,8 +190,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="numpy", choices=("numpy", "mlx"))
     p.add_argument("--quick", action="store_true",
-                   help="the bounded variant (QUICK in this file): small model, resident + one arena, one round, "
-                        "the quick probe, --budget-s 150; explicit flags override it")
+                   help="the bounded variant (QUICK in this file): small model, resident + one arena, the quick "
+                        "probe's cases and these over one pool of warmed processes, --budget-s 150; explicit "
+                        "flags override it")
     p.add_argument("--tokens", type=int, default=None, help="decoded tokens per run (48; --quick: 24)")
     p.add_argument("--remeasure", action="store_true")
     p.add_argument("--cache-dir", default=None)
@@ -199,7 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--arenas", default=None,
                    help="streaming arenas as shares of every expert, comma-separated (0.15,0.3,0.6; --quick: 0.3)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="measured runs per case, in interleaved rounds (the median counts; 3, --quick: 1)")
+                   help="measured runs per case, in interleaved rounds (the median counts; 3; --quick: at most 3, as many "
+                        "whole rounds as --budget-s allows)")
     p.add_argument("--tries", type=int, default=None,
                    help="redo a run up to this many times while other processes keep >25%% of the CPUs busy (3)")
     p.add_argument("--wait-load", type=float, default=0.0,
