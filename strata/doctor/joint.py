@@ -71,9 +71,10 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
         t = time.monotonic()
         with RunPool([[(path, {"backend": backend, **o}) for _, path, o, _ in g] for g in groups],
                      max_tokens=n_tokens) as pool:
+            warm_by = t + WARM_SHARE * (deadline - t)  # the caller's work runs inside it, not after it
             if while_warming is not None:
                 while_warming()
-            pool.ready(max(1.0, WARM_SHARE * (deadline - t)))
+            pool.ready(max(1.0, warm_by - time.monotonic()))
             seconds["warm_up"] = time.monotonic() - t
             say(f"warmed up in {seconds['warm_up']:.1f} s; measuring")
             t = time.monotonic()
