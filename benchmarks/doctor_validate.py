@@ -201,8 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--arenas", default=None,
                    help="streaming arenas as shares of every expert, comma-separated (0.15,0.3,0.6; --quick: 0.3)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="measured runs per case, in interleaved rounds (the median counts; 3; --quick: at most 3, as many "
-                        "whole rounds as --budget-s allows)")
+                   help="measured runs per case, in interleaved rounds (the median counts; 3; --quick: at most 3, "
+                        "as many whole rounds as --budget-s allows)")
     p.add_argument("--tries", type=int, default=None,
                    help="redo a run up to this many times while other processes keep >25%% of the CPUs busy (3)")
     p.add_argument("--wait-load", type=float, default=0.0,

@@ -10,8 +10,8 @@ import pytest
 
 from strata.cache.types import CacheStats
 from strata.doctor.engine_fit import (
-    ALL_RESIDENT_POINTS, SHORT_LAYERS, WIDE_FFN, calibration_config, fit_engine, fit_streaming, refit, run_name, stored_runs,
-    wide_slot_bytes,
+    ALL_RESIDENT_POINTS, SHORT_LAYERS, WIDE_FFN, calibration_config, fit_engine, fit_streaming, refit, run_name,
+    stored_runs, wide_slot_bytes,
 )
 from strata.doctor.measure import WARMUP_TOKENS, RunMeasurement, _steady
 from strata.doctor.probe import MachineProfile, OpCost

@@ -2,8 +2,8 @@
 
 Cases (engine_fit.py fits them): "resident" (the `tiny` shape, CALIBRATION_LAYERS layers of
 CALIBRATION_EXPERTS experts, all-resident), "top1" (the same at top-1), "short", "mid" and "e32"
-(ALL_RESIDENT_POINTS: fewer layers, fewer experts), "wide" (WIDE_FFN-wide experts), the made model streaming at several arenas (int keys)
-and the wide one at two (("wide", slots) keys).
+(ALL_RESIDENT_POINTS: fewer layers, fewer experts), "wide" (WIDE_FFN-wide experts), the made
+model streaming at several arenas (int keys) and the wide one at two (("wide", slots) keys).
 
 Measured either in a fresh process per run, in interleaved rounds (`run_fresh`: the CPU
 machine), or over a `RunPool` (`run_pooled`: a GPU machine, where each case's kernels compile
