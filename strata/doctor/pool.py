@@ -156,13 +156,13 @@ class RunPool:
             self._stop(g, "the child ended")
             return None
         deadline = time.monotonic() + timeout
-        line = _readline(proc, deadline)
-        while line is not None and not line.startswith("{"):  # anything else a library printed
-            line = _readline(proc, deadline)
-        if line is None:
-            self._stop(g, "run not finished in time or failed")
-            return None
-        return RunMeasurement(**json.loads(line))
+        while (line := _readline(proc, deadline)) is not None:
+            try:
+                return RunMeasurement(**json.loads(line))
+            except (ValueError, TypeError):  # anything else a library printed
+                continue
+        self._stop(g, "run not finished in time or failed")
+        return None
 
     def close(self) -> None:
         """End every child: its read ends (it exits), or, past CLOSE_WAIT_S for them all, it is
