@@ -122,7 +122,9 @@ def _cases(models: dict[str, Path], fractions: tuple[float, ...]) -> list[tuple[
 # 4 cases never started, so --quick now measures the probe's cases and its own over one pool of
 # warmed processes (strata.doctor.joint: every child compiles at once, runs are measured one at a
 # time, in up to `repeats` interleaved rounds, probe and cases alike, in the same minutes).
-QUICK = {"models": "small", "arenas": "0.3", "repeats": 3, "tries": 1, "tokens": 24, "wait_run": 0.0,
+# The H200's mid pass (pooled): warm-ups 39 s, a round of all 19 runs 4.2 s, single runs of one case
+# 0.82-1.15 ms a token apart: up to 5 rounds, the median run.
+QUICK = {"models": "small", "arenas": "0.3", "repeats": 5, "tries": 1, "tokens": 24, "wait_run": 0.0,
          "budget_s": 150.0, "case_timeout": 45.0, "one_process": True}
 PROBE_SHARE = 0.6
 RESERVE_S = 6.0  # of a --budget-s run: for the predictions (each replays its model's trace) and the table
@@ -201,7 +203,7 @@ def main(argv=None) -> int:
     p.add_argument("--arenas", default=None,
                    help="streaming arenas as shares of every expert, comma-separated (0.15,0.3,0.6; --quick: 0.3)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="measured runs per case, in interleaved rounds (the median counts; 3; --quick: at most 3, "
+                   help="measured runs per case, in interleaved rounds (the median counts; 3; --quick: at most 5, "
                         "as many whole rounds as --budget-s allows)")
     p.add_argument("--tries", type=int, default=None,
                    help="redo a run up to this many times while other processes keep >25%% of the CPUs busy (3)")
@@ -353,9 +355,10 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
         joint = measure_joint(args.backend, cache, keyed, tokens=args.tokens, deadline=deadline,
                               case_timeout=args.case_timeout, rounds=args.repeats, remeasure=args.remeasure,
                               progress=say, while_warming=record_traces,
-                              on_run=lambda name, r, run: _part("run", seconds=round(time.time() - t0, 1),
-                                                                case=_case_name(cases, name), round=r + 1,
-                                                                run=run.to_dict()))
+                              alone=tuple(i for i, (_, _, arena) in enumerate(cases) if not arena),
+                              on_run=lambda name, r, run, alone: _part(
+                                  "run", seconds=round(time.time() - t0, 1), case=_case_name(cases, name),
+                                  round=r + 1, alone=alone, run=run.to_dict()))
         profile = joint.profile
         _part("profile", seconds=round(time.time() - t0, 1), profile=profile.to_dict(), probed=joint.probed,
               phases={k: round(v, 1) for k, v in joint.seconds.items()})
@@ -371,7 +374,33 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
                   f"(median {row['median_tps']:.1f}; {len(runs)} rounds)", file=sys.stderr, flush=True)
     cut = [f"{_case_name(cases, int(c.split()[0]))} {c.split(' ', 1)[1]}" if c.split()[0].isdigit() else c
            for c in joint.cut]
-    return _report(args, profile, rows, cut, t0, phases={k: round(v, 1) for k, v in joint.seconds.items()})
+    alone = _alone_check(joint, cases)
+    return _report(args, profile, rows, cut, t0, phases={k: round(v, 1) for k, v in joint.seconds.items()},
+                   alone=alone)
+
+
+def _alone_check(joint, cases: list) -> dict:
+    """Each all-resident case measured again with the rest of the pool ended (strata.doctor.joint's
+    alone check) against its runs in the pool: ms a token (the median run each), printed as a
+    table; the pool's idle processes cost nothing if the two agree within the runs' spread."""
+    from strata.doctor.engine_fit import token_s
+    from strata.doctor.probe_engine import median_run
+
+    out = {}
+    for key, solo in joint.alone.items():
+        pooled = joint.pooled.get(key)
+        if not pooled:
+            continue
+        out[_case_name(cases, key)] = {
+            "pool_ms": 1e3 * token_s(median_run(pooled)), "alone_ms": 1e3 * token_s(median_run(solo)),
+            "pool_runs_ms": [1e3 * token_s(r) for r in pooled], "alone_runs_ms": [1e3 * token_s(r) for r in solo]}
+    if out:
+        print("\nalone check (ms a token: the pool's median run / the median run with every other process ended)")
+    for name, d in out.items():
+        runs = " / ".join(" ".join(f"{t:.3f}" for t in d[k]) for k in ("pool_runs_ms", "alone_runs_ms"))
+        print(f"  {name:24s} pool {d['pool_ms']:.3f}  alone {d['alone_ms']:.3f}  "
+              f"({d['alone_ms'] / d['pool_ms']:.2f}x)  runs {runs}")
+    return out
 
 
 def _report(args, profile, rows: list, cut: list, t0: float, **extra) -> int:

@@ -98,3 +98,12 @@ def test_mlx_children_get_their_own_jit_cache_linked_to_the_shared_one(tmp_path,
     finally:
         pool.close()
     assert not any(d.exists() for d in dirs) and (shared / "module.ptx").read_bytes() == b"cubin"
+
+
+def test_keep_only_ends_the_other_children_and_the_kept_one_still_measures(demo):
+    spec = (demo.model_path, {"backend": "numpy"})
+    with RunPool([[spec], [spec]], max_tokens=4) as pool:
+        assert pool.ready(timeout=300) == [True, True]
+        pool.keep_only({1})
+        assert pool.procs[0] is None and pool.measure(0, 0, timeout=60) is None
+        assert pool.measure(1, 0, timeout=120).tokens == 4

@@ -23,28 +23,39 @@ from typing import Callable
 __all__ = ["Joint", "measure_joint", "WARM_SHARE"]
 
 WARM_SHARE = 0.65  # of the time left when the pool starts: the most its children's warm-ups may take
+# The alone check: after the rounds every process but those of the chosen all-resident cases is
+# ended and those are measured ALONE_ROUNDS times more, with no other process of the pool alive
+# (the H200 mid pass measured `small` all-resident at 1.00 ms a token in the pool where a batch
+# of one process had measured 0.69: was it the nine idle processes beside it, or the machine?)
+ALONE_ROUNDS = 2
+ALONE_S = 5.0  # kept from the rounds' time for it
 
 
 @dataclass
 class Joint:
     """profile: the probe's (fitted now, or the cached one); runs: the caller's case key -> its
-    measured runs (one a round); cut: what was not measured, and why; seconds: by phase."""
+    measured runs (one a round); cut: what was not measured, and why; seconds: by phase; alone:
+    the alone check's runs (the probe's by run_name, the caller's by key)."""
 
     profile: object
     runs: dict
     cut: list = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
     probed: bool = False
+    alone: dict = field(default_factory=dict)  # name -> runs measured with the rest of the pool ended
+    pooled: dict = field(default_factory=dict)  # name -> the rounds' runs, the probe's and the caller's
 
 
 def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: int, deadline: float,
                   case_timeout: float, rounds: int, remeasure: bool = False, progress=None,
-                  while_warming: Callable[[], None] | None = None, on_run=None) -> Joint:
+                  while_warming: Callable[[], None] | None = None, on_run=None, alone: tuple = ()) -> Joint:
     """cases: (key, model path, Config overrides, group name) of the caller's runs; a group's runs
     share a child (put a model's all-resident and streaming cases in different groups: they compile
     different kernels). deadline: time.monotonic() by which the last run must have ended.
-    on_run(name, round, run): each measured run as it comes in, the probe's (by run_name) and the
-    caller's (by key), so that a run cut off at its limit still leaves them."""
+    on_run(name, round, run, alone): each measured run as it comes in, the probe's (by run_name) and
+    the caller's (by key), so that a run cut off at its limit still leaves them. alone: caller keys
+    whose groups, with the probe's all-resident one, get the alone check (ALONE_ROUNDS) after the
+    rounds; its runs are reported apart and used for nothing else."""
     from strata.doctor.pool import RunPool, measure_rounds
     from strata.doctor.probe import cached_profile, measure_parts, profile_from_runs, save_profile
     from strata.doctor.probe_engine import CALIBRATION_TOKENS, engine_cases, median_run
@@ -80,12 +91,18 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
             t = time.monotonic()
             names = {(gi, i): run_name(case[0]) if gi < len(probe_groups) else case[0]
                      for gi, g in enumerate(groups) for i, case in enumerate(g)}
-            tell = None if on_run is None else (lambda g, i, r, run: on_run(names[(g, i)], r, run))
-            got, cut, took = measure_rounds(pool, rounds, deadline, run_timeout=case_timeout, on_run=tell)
+            tell = None if on_run is None else (lambda g, i, r, run: on_run(names[(g, i)], r, run, False))
+            got, cut, took = measure_rounds(pool, rounds, deadline - (ALONE_S if alone else 0.0),
+                                            run_timeout=case_timeout, on_run=tell)
             seconds["rounds"] = time.monotonic() - t
             seconds.update({f"round_{r + 1}": s for r, s in enumerate(took)})
+            keep = {gi for gi, g in enumerate(groups) for case in g  # the caller's chosen, the probe's resident
+                    if case[0] in alone if gi >= len(probe_groups)} | {
+                gi for gi, g in enumerate(groups[:len(probe_groups)]) for case in g if case[0] == "resident"}
+            solo = _alone(pool, sorted(keep), deadline, case_timeout, names, on_run) if alone else {}
         cut = [_named(c, names) for c in cut]
         runs = {groups[gi][i][0]: rs for (gi, i), rs in got.items() if gi >= len(probe_groups)}
+        pooled = {names[key]: rs for key, rs in got.items() if rs}
         if eng is not None:
             probe_runs = {groups[gi][i][0]: median_run(rs) for (gi, i), rs in got.items()
                           if gi < len(probe_groups) and rs}
@@ -94,7 +111,25 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
                 raise RuntimeError(f"quick probe: engine runs {', '.join(missing)} not measured ({'; '.join(cut)})")
             profile = profile_from_runs(backend, parts, eng, probe_runs, quick=True, missing=tuple(missing))
             save_profile(profile, cache_dir, quick=True)
-    return Joint(profile=profile, runs=runs, cut=cut, seconds=seconds, probed=eng is not None)
+    return Joint(profile=profile, runs=runs, cut=cut, seconds=seconds, probed=eng is not None, alone=solo,
+                 pooled=pooled)
+
+
+def _alone(pool, keep: list, deadline: float, case_timeout: float, names: dict, on_run) -> dict:
+    """The alone check (ALONE_ROUNDS): end every child but `keep`'s, measure theirs again."""
+    pool.keep_only(set(keep))
+    out: dict = {}
+    for r in range(ALONE_ROUNDS):
+        for g in keep:
+            for i in range(len(pool.groups[g])):
+                left = deadline - time.monotonic()
+                run = pool.measure(g, i, timeout=min(case_timeout, left)) if left > 1 else None
+                if run is None:
+                    continue
+                out.setdefault(names[(g, i)], []).append(run)
+                if on_run is not None:
+                    on_run(names[(g, i)], r, run, True)
+    return out
 
 
 def _named(cut: str, names: dict) -> str:

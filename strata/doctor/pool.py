@@ -164,10 +164,16 @@ class RunPool:
         self._stop(g, "run not finished in time or failed")
         return None
 
-    def close(self) -> None:
-        """End every child: its read ends (it exits), or, past CLOSE_WAIT_S for them all, it is
-        killed (nothing of it is wanted now, and a bounded run cannot wait on ten exits in turn)."""
-        live = [(g, p) for g, p in enumerate(self.procs) if p is not None]
+    def keep_only(self, keep: set) -> None:
+        """End every child but those of the groups in `keep` (as `close` does): the kept ones run
+        with no other process of the pool alive."""
+        for g, proc in enumerate(self.procs):
+            if proc is not None and g not in keep:
+                self._end([(g, proc)])
+                self.failed.setdefault(g, "ended (keep_only)")
+                self._ready.discard(g)
+
+    def _end(self, live: list) -> None:
         for _, proc in live:
             try:
                 proc.stdin.close()
@@ -181,6 +187,11 @@ class RunPool:
                 proc.kill()
                 proc.wait()
             self.procs[g] = None
+
+    def close(self) -> None:
+        """End every child: its read ends (it exits), or, past CLOSE_WAIT_S for them all, it is
+        killed (nothing of it is wanted now, and a bounded run cannot wait on ten exits in turn)."""
+        self._end([(g, p) for g, p in enumerate(self.procs) if p is not None])
         for err in self._errs:
             err.close()
         for d in self._jit_dirs:
