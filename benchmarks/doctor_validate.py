@@ -372,21 +372,29 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
             _part("case", seconds=round(time.time() - t0, 1), **row)
             print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
                   f"(median {row['median_tps']:.1f}; {len(runs)} rounds)", file=sys.stderr, flush=True)
+        try:  # a report of its own: whatever it meets, the table and the summary still come
+            alone = _alone_check(joint, cases, args, traces, cache)
+        except Exception as exc:  # noqa: BLE001
+            print(f"alone check failed: {type(exc).__name__}: {exc}")
+            alone = {"error": f"{type(exc).__name__}: {exc}"}
     cut = [f"{_case_name(cases, int(c.split()[0]))} {c.split(' ', 1)[1]}" if c.split()[0].isdigit() else c
            for c in joint.cut]
-    alone = _alone_check(joint, cases)
     return _report(args, profile, rows, cut, t0, phases={k: round(v, 1) for k, v in joint.seconds.items()},
                    alone=alone)
 
 
-def _alone_check(joint, cases: list) -> dict:
+def _alone_check(joint, cases: list, args, traces: dict, cache: Path) -> dict:
     """Each all-resident case measured again with the rest of the pool ended (strata.doctor.joint's
     alone check) against its runs in the pool: ms a token (the median run each), printed as a
-    table; the pool's idle processes cost nothing if the two agree within the runs' spread."""
-    from strata.doctor.engine_fit import token_s
+    table; the pool's idle processes cost nothing if the two agree within the runs' spread. With
+    a probe measured now, the validated all-resident cases are also predicted from the profile
+    refitted on the probe's alone runs (the streaming fit as it was) against their alone runs."""
+    import dataclasses
+
+    from strata.doctor.engine_fit import refit, token_s
     from strata.doctor.probe_engine import median_run
 
-    out = {}
+    out = {}  # the probe's keys in joint.alone are its run names, the calibration's keys
     for key, solo in joint.alone.items():
         pooled = joint.pooled.get(key)
         if not pooled:
@@ -400,6 +408,19 @@ def _alone_check(joint, cases: list) -> dict:
         runs = " / ".join(" ".join(f"{t:.3f}" for t in d[k]) for k in ("pool_runs_ms", "alone_runs_ms"))
         print(f"  {name:24s} pool {d['pool_ms']:.3f}  alone {d['alone_ms']:.3f}  "
               f"({d['alone_ms'] / d['pool_ms']:.2f}x)  runs {runs}")
+    probe_alone = {k: median_run(rs) for k, rs in joint.alone.items() if isinstance(k, str)}
+    mine = [k for k in joint.alone if isinstance(k, int)]
+    if joint.probed and probe_alone and mine:
+        calibration = {**joint.profile.calibration, **{k: r.to_dict() for k, r in probe_alone.items()}}
+        solo_profile = refit(dataclasses.replace(joint.profile, calibration=calibration))
+        preds = _predictions(args, [cases[k] for k in mine], traces, solo_profile, cache)
+        print(f"  alone profile: step {1e3 * solo_profile.step_s:.3f} ms, layer {1e3 * solo_profile.layer_s:.3f} ms")
+        for k, pred in zip(mine, preds):
+            tps = 1.0 / token_s(median_run(joint.alone[k]))
+            d = out.setdefault(_case_name(cases, k), {})
+            d.update(alone_pred_tps=pred.tok_per_s, alone_tps=tps, alone_tps_err=pred.tok_per_s / tps - 1)
+            print(f"  {_case_name(cases, k):24s} alone: predicted {pred.tok_per_s:.1f} tok/s, measured {tps:.1f} "
+                  f"({100 * d['alone_tps_err']:+.0f}%)")
     return out
 
 

@@ -28,7 +28,8 @@ WARM_SHARE = 0.65  # of the time left when the pool starts: the most its childre
 # (the H200 mid pass measured `small` all-resident at 1.00 ms a token in the pool where a batch
 # of one process had measured 0.69: was it the nine idle processes beside it, or the machine?)
 ALONE_ROUNDS = 2
-ALONE_S = 5.0  # kept from the rounds' time for it
+ALONE_S = 8.0  # kept from the rounds' time for it
+PROBE_ALONE = ("resident", "e32", "top1")  # the probe's all-resident groups (by a case of each) in it
 
 
 @dataclass
@@ -54,8 +55,8 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
     different kernels). deadline: time.monotonic() by which the last run must have ended.
     on_run(name, round, run, alone): each measured run as it comes in, the probe's (by run_name) and
     the caller's (by key), so that a run cut off at its limit still leaves them. alone: caller keys
-    whose groups, with the probe's all-resident one, get the alone check (ALONE_ROUNDS) after the
-    rounds; its runs are reported apart and used for nothing else."""
+    whose groups, with the probe's all-resident ones (PROBE_ALONE), get the alone check
+    (ALONE_ROUNDS) after the rounds; its runs are reported apart (`Joint.alone`), not fitted."""
     from strata.doctor.pool import RunPool, measure_rounds
     from strata.doctor.probe import cached_profile, measure_parts, profile_from_runs, save_profile
     from strata.doctor.probe_engine import CALIBRATION_TOKENS, engine_cases, median_run
@@ -98,7 +99,7 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
             seconds.update({f"round_{r + 1}": s for r, s in enumerate(took)})
             keep = {gi for gi, g in enumerate(groups) for case in g  # the caller's chosen, the probe's resident
                     if case[0] in alone if gi >= len(probe_groups)} | {
-                gi for gi, g in enumerate(groups[:len(probe_groups)]) for case in g if case[0] == "resident"}
+                gi for gi, g in enumerate(groups[:len(probe_groups)]) for case in g if case[0] in PROBE_ALONE}
             solo = _alone(pool, sorted(keep), deadline, case_timeout, names, on_run) if alone else {}
         cut = [_named(c, names) for c in cut]
         runs = {groups[gi][i][0]: rs for (gi, i), rs in got.items() if gi >= len(probe_groups)}
