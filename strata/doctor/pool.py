@@ -167,11 +167,11 @@ class RunPool:
     def keep_only(self, keep: set) -> None:
         """End every child but those of the groups in `keep` (as `close` does): the kept ones run
         with no other process of the pool alive."""
-        for g, proc in enumerate(self.procs):
-            if proc is not None and g not in keep:
-                self._end([(g, proc)])
-                self.failed.setdefault(g, "ended (keep_only)")
-                self._ready.discard(g)
+        ending = [(g, proc) for g, proc in enumerate(self.procs) if proc is not None and g not in keep]
+        self._end(ending)  # all together: CLOSE_WAIT_S for them all, not each
+        for g, _ in ending:
+            self.failed.setdefault(g, "ended (keep_only)")
+            self._ready.discard(g)
 
     def _end(self, live: list) -> None:
         for _, proc in live:
