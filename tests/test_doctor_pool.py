@@ -107,3 +107,24 @@ def test_keep_only_ends_the_other_children_and_the_kept_one_still_measures(demo)
         pool.keep_only({1})
         assert pool.procs[0] is None and pool.measure(0, 0, timeout=60) is None
         assert pool.measure(1, 0, timeout=120).tokens == 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_the_other_children_are_stopped_while_a_run_is_measured(demo):
+    import threading
+
+    spec = (demo.model_path, {"backend": "numpy"})
+    with RunPool([[spec], [spec]], max_tokens=8) as pool:
+        assert pool.ready(timeout=300) == [True, True]
+        other = pool.procs[1].pid
+        state = lambda: Path(f"/proc/{other}/stat").read_text().rsplit(")", 1)[1].split()[0]  # noqa: E731
+        seen = set()
+        run = threading.Thread(target=lambda: seen.add(pool.measure(0, 0, timeout=120) is not None))
+        run.start()
+        states = set()
+        while run.is_alive():
+            states.add(state())
+            time.sleep(0.002)
+        run.join()
+        assert seen == {True} and "T" in states  # stopped while group 0's run ran
+        assert state() != "T"  # and running on after it

@@ -12,8 +12,8 @@ finish in 64 s (two left out of the fit), and the `demo` model's 4 cases did not
   group once, unmeasured (the warm-up: its compiles, in parallel with the other children's), then
   says it is ready and waits;
 - `RunPool.measure(g, i)` has child g run its spec i again and measures it, while every other
-  child sits idle in a blocking read: one measured run at a time on the machine, so no run's time
-  or CPU share is another's.
+  child sits in a blocking read, stopped (SIGSTOP until the run ends: not one of its threads gets
+  a CPU): one measured run at a time on the machine, so no run's time or CPU share is another's.
 
 Measured runs of one round can then be interleaved across groups (`interleaved`): probe models
 and validated models measured minutes apart on the H200 moved by 20-36% between passes (the
@@ -31,6 +31,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,6 +150,17 @@ class RunPool:
         proc = self.procs[g]
         if proc is None or g not in self._ready:
             return None
+        others = [p for h, p in enumerate(self.procs) if p is not None and h != g]
+        for p in others:  # frozen while it runs: not a thread of theirs (driver, allocator) gets a CPU
+            p.send_signal(signal.SIGSTOP)
+        try:
+            return self._measure(g, proc, i, timeout)
+        finally:
+            for p in others:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGCONT)
+
+    def _measure(self, g: int, proc: subprocess.Popen, i: int, timeout: float) -> RunMeasurement | None:
         try:
             proc.stdin.write(f"{i}\n".encode())
             proc.stdin.flush()
