@@ -44,8 +44,9 @@ DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 16 --tokens 8 -
 DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 8 --tokens 8 --skip resident,handshake}
 NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 # the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
-# the quick probe, then the small and demo models all-resident and at three arenas each in one
-# process (each case warmed up first), 150 s at most, JSON-PART lines as it goes
+# the quick probe's engine cases and the small and demo models all-resident and at three arenas
+# each, over one pool of warmed processes (compiles in parallel, runs measured one at a time in
+# interleaved rounds), 150 s at most, a JSON-PART line per measured run as it goes
 DOCTOR_S=${STRATA_DOCTOR_S:-150}
 # dense weights as stored on the GPU (issue 22; STRATA_STAGES=dense): the MLX dense tests (the
 # Q8_0 GEMV path within FORWARD, F16 held as stored), then F32 / F16 / Q8_0 dense side by side
