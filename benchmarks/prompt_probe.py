@@ -17,6 +17,12 @@ default q2tiles then padded), in this order, each part printed as a `JSON-PART` 
 (`strata_probe_marker`), for `ncu --metrics gpu__time_duration.sum` (benchmarks/ncu_summary.py
 prints each kernel's GPU time per segment between markers).
 
+`--variants` (a comma list, e.g. `all,none,-topk,-sort,-norm,-qkv`) times the whole prompt at the
+largest length with the prompt path's kernel flags (FLAGS: the top-k and pair-sort kernels, the
+row kernels) all on (`all`), all off (`none`), or all on but one (`-name`), in one process, right
+after the first form's whole prompts; logits compared with the first variant's. With `--ncu`,
+one segment per (form, variant).
+
 --budget-s bounds the run: a part that would not fit is skipped and says so. Prints a table and
 one JSON line (`JSON {...}`).
 
@@ -41,7 +47,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import median_time  # noqa: E402
-from strata.mlx_backend import grouped, jit_cache, lowp  # noqa: E402,F401  (jit_cache: the PTX cache default)
+from strata.mlx_backend import grouped, grouped_tiles, jit_cache, lowp, prompt_rows  # noqa: E402,F401  (jit_cache: the PTX cache default)
 from strata.mlx_backend import prompt as prompt_mod  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
 from strata.mlx_backend.experts import experts_route, gated_hidden  # noqa: E402
@@ -63,6 +69,44 @@ T0 = time.time()
 
 def part(obj: dict) -> None:
     print("JSON-PART " + json.dumps({**obj, "t": round(time.time() - T0, 1)}), flush=True)
+
+
+# The prompt path's kernel flags --variants switches (module, constant), by name.
+FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "sort": (grouped_tiles, "COUNTING_SORT"),
+         "norm": (prompt_rows, "NORM_KERNEL"), "qkv": (prompt_rows, "QKV_KERNEL")}
+
+
+def set_variant(name: str) -> None:
+    """all: every flag on; none: every flag off; -x: every flag on but x."""
+    if name not in ("all", "none") and name.lstrip("-") not in FLAGS:
+        raise SystemExit(f"prompt_probe: variant {name!r} (all, none, or -{' / -'.join(FLAGS)})")
+    for flag, (mod, const) in FLAGS.items():
+        setattr(mod, const, name != "none" and name != f"-{flag}")
+
+
+def variants(p, names: list[str], n: int, reps: int, seen: set, left) -> dict:
+    """--variants: the whole prompt of n tokens (Q2_TILES) per flag variant, logits against the first."""
+    out, first = {}, None
+    try:
+        for name in names:
+            if left() < 8:
+                out[name] = {"skipped": f"{left():.0f} s left"}
+                part({"variant": name, **out[name]})
+                continue
+            set_variant(name)
+            w = whole_prompts(p, GroupedGemm.Q2_TILES, [n], reps, seen)[n]
+            row = {k: v for k, v in w.items() if k != "logits"}
+            if first is None:
+                first = w["logits"]
+            else:
+                row["rel_l2_vs_first"] = float(np.linalg.norm(w["logits"] - first) / np.linalg.norm(first))
+                row["same_argmax"] = bool(np.argmax(w["logits"]) == np.argmax(first))
+            out[name] = row
+            part({"variant": name, "ms": row["s"] * 1e3, **{k: row[k] for k in ("rel_l2_vs_first", "same_argmax")
+                                                             if k in row}})
+    finally:
+        set_variant("all")
+    return out
 
 
 def _fresh(cfg) -> MlxModelState:
@@ -261,28 +305,34 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
     return out
 
 
-def ncu_layer(p, forms: list[GroupedGemm], n: int) -> None:
-    """--ncu: one layer (attention, router, experts) per form, each after a marker kernel; every
-    form warmed up first (JIT), so segment i (between markers i and i + 1) is form i's layer."""
+def ncu_layer(p, forms: list[GroupedGemm], n: int, names: list[str] | None = None) -> None:
+    """--ncu: one layer (attention, router, experts) per form (and per --variants name), each
+    after a marker kernel; every one warmed up first (JIT), so segment i (between markers i and
+    i + 1) is the i-th (form, variant)'s layer."""
     cfg = p.cfg
     x = mx.random.normal((n, cfg.hidden_size))
     st = MlxModelState.empty(cfg).layers[0]
     mx.eval(x, st.keys, st.values)
+    runs = [(form, name) for form in forms for name in (names or [None])]
 
-    def layer():
+    def layer(form, name):
+        grouped.GEMM = form
+        if name is not None:
+            set_variant(name)
         mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])
 
-    for form in forms:  # warm (JIT)
-        grouped.GEMM = form
-        layer()
+    for run in runs:  # warm (JIT)
+        layer(*run)
     marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
                                  source="b[0] = a[0];")
-    for i, form in enumerate(forms):
+    for i, (form, name) in enumerate(runs):
         mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                        output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
-        grouped.GEMM = form
-        layer()
-        print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}", flush=True)
+        layer(form, name)
+        print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}"
+              + (f", variant {name}" if name else ""), flush=True)
+    if names:
+        set_variant("all")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -296,7 +346,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
+    ap.add_argument("--variants", default="", help="flag variants of the whole prompt: all, none, -" + ", -".join(FLAGS))
     args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    for name in names:
+        set_variant(name)  # a bad name fails here, before the model is built
+    set_variant("all")
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
     lengths = [int(v) for v in args.lengths.split(",")]
     forms = [GroupedGemm(v) for v in args.forms.split(",")]
@@ -310,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
                "layers": cfg.n_layers, "split": lowp.SPLIT, "forms": {}}
         part({"build_s": res["build_s"]})
         if args.ncu:
-            ncu_layer(p, forms, max(lengths))
+            ncu_layer(p, forms, max(lengths), names)
             return
         seen: set = set()
         left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
@@ -327,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
                 r["whole"] = {n: {k: v for k, v in w.items() if k != "logits"} for n, w in whole.items()}
                 if first_logits is None:
                     first_logits = {n: w["logits"] for n, w in whole.items()}
+                    if names and form is GroupedGemm.Q2_TILES:  # the flag variants while the kernels are warm
+                        res["variants"] = variants(p, names, max(lengths), args.repeat, seen, left)
                 else:
                     for n, w in whole.items():
                         ref = first_logits[n]
@@ -380,6 +437,16 @@ def main(argv: list[str] | None = None) -> None:
         for key in ("error", "skipped"):
             if key in r:
                 print(f"| {f} | {key}: {r[key]} |")
+    if "variants" in res:
+        flags = ", ".join(f"{k}: {m.__name__.rsplit('.', 1)[-1]}.{c}" for k, (m, c) in FLAGS.items())
+        print(f"\n| variant ({flags}) | {max(lengths)} tokens ms | tok/s | rel L2 vs first | same argmax |\n"
+              "|---|---|---|---|---|")
+        for name, row in res["variants"].items():
+            if "s" in row:
+                print(f"| {name} | {row['s'] * 1e3:.1f} | {row['tok_s']:.0f} | {row.get('rel_l2_vs_first', '-')} | "
+                      f"{row.get('same_argmax', '-')} |")
+            else:
+                print(f"| {name} | {row.get('skipped')} |")
     if "layer_steps_ms" in res:
         print("\n| one layer's step (evaluated alone) | ms |\n|---|---|")
         for s, v in res["layer_steps_ms"].items():

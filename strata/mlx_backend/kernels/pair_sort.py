@@ -27,7 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import absent, index_param, launch
+from strata.mlx_backend.kernels.launch import absent, block_threads, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256  # a block: one expert's pairs; a power of two (the tree sums and the prefix sum)
@@ -119,16 +119,16 @@ def sort_pairs(experts: mx.array, n_experts: int, per_tile: int, n_tiles: int,
         src int32 [T K] (order // K), tiles int32 [n_tiles, TILE_INTS])
     """
     t, k = experts.shape
-    n = t * k
+    n, nt = t * k, block_threads(THREADS)
     flat = experts.reshape(-1).astype(mx.int32)
     # N and the tile bound: runtime ints as views of the device arange (no host write:
     # kernels/launch.py), not template values (a compile per prompt length)
     pairs_n, tiles_n = index_param(n), index_param(n_tiles)
     (counts,) = launch(COUNTS, [flat, pairs_n], [(n_experts,)], [mx.int32], blocks=(n_experts, 1, 1),
-                       threads=THREADS, template=(("NT", THREADS),))
+                       threads=nt, template=(("NT", nt),))
     template = (("E", n_experts), ("K", k), ("TP", per_tile), ("HAS_SLOTS", int(slots is not None)),
-                ("TILE_INTS", TILE_INTS), ("NT", THREADS))
+                ("TILE_INTS", TILE_INTS), ("NT", nt))
     order, src, tiles = launch(SCATTER, [flat, counts, absent(np.int32) if slots is None else slots.astype(mx.int32),
                                          pairs_n, tiles_n], [(n,), (n,), (n_tiles, TILE_INTS)], [mx.int32] * 3,
-                               blocks=(n_experts, 1, 1), threads=THREADS, template=template)
+                               blocks=(n_experts, 1, 1), threads=nt, template=template)
     return order, src, tiles

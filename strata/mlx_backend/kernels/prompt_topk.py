@@ -22,7 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from strata.mlx_backend.kernels import moe
-from strata.mlx_backend.kernels.launch import launch
+from strata.mlx_backend.kernels.launch import block_threads, launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 MAX_THREADS = 256  # a block: one position's E scores (E > 256: a thread ranks several)
@@ -45,6 +45,6 @@ def topk_kernel(score: mx.array, k: int) -> mx.array:
     """The k best experts per row in rank order (a kernel path only).
     float32 [T, E] -> int32 [T, k]"""
     t, e = score.shape
-    threads = min(MAX_THREADS, -(-e // 32) * 32)
+    threads = block_threads(min(MAX_THREADS, -(-e // 32) * 32))
     return launch(SOURCE, [score.astype(mx.float32)], [(t, k)], [mx.int32], blocks=(t, 1, 1), threads=threads,
                   template=(("E", e), ("K", k), ("NT", threads)))[0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
+from strata.mlx_backend.kernels.launch import absent, block_threads, float_params, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256
@@ -109,15 +109,15 @@ def qkv_rope(y: mx.array, n: int, *, n_heads: int, n_kv: int, head_dim: int, rop
                          f"{q_norm is not None} / {k_norm is not None}")
     if (why := qkv_rope_refusal(n_heads, n_kv, head_dim, rope_dim)) is not None:
         raise ValueError(f"qkv_rope: {why}")
-    f32 = np.float32
+    f32, nt = np.float32, block_threads(THREADS)
     template = (("H", n_heads), ("KVH", n_kv), ("HD", head_dim), ("R", rope_dim), ("YC", y.shape[1]), ("P", p),
                 ("Y_F16", int(y.dtype == mx.float16)), ("HAS_BIAS", int(bias is not None)),
                 ("B_F16", int(bias is not None and bias.dtype == mx.float16)), ("QK", int(q_norm is not None)),
-                ("N_F16", int(q_norm is not None and q_norm.dtype == mx.float16)), ("NT", THREADS))
+                ("N_F16", int(q_norm is not None and q_norm.dtype == mx.float16)), ("NT", nt))
     q_shape, kv_shape = (n_heads, n, head_dim), (n_kv, n, head_dim)
     return tuple(launch(SOURCE, [y, absent(f32) if bias is None else bias, absent(f32) if q_norm is None else q_norm,
                                  absent(f32) if k_norm is None else k_norm, cos_t, sin_t, float_params(float(eps)),
                                  index_param(start), index_param(n)],
                         [q_shape, kv_shape, kv_shape, kv_shape, kv_shape],
                         [mx.float16, mx.float16, mx.float16, mx.float32, mx.float32],
-                        blocks=(n, 1, 1), threads=THREADS, template=template))
+                        blocks=(n, 1, 1), threads=nt, template=template))

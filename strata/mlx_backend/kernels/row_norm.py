@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from strata.mlx_backend.kernels.launch import float_params, index_param, launch
+from strata.mlx_backend.kernels.launch import block_threads, float_params, index_param, launch
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256
@@ -96,13 +96,14 @@ def row_norm(x: mx.array, w: mx.array, eps: float, *, parts: mx.array | None = N
         float32 [T, D] or float16 [terms T, D])
     """
     t, d = x.shape
+    nt = block_threads(THREADS)
     p = 0 if parts is None else parts.shape[1]
     if terms not in (0, 1, 2):
         raise ValueError(f"row_norm: {terms} terms (0, 1 or 2)")
     template = (("D", d), ("P", p), ("PARTS_F16", 0 if parts is None else _dtype_code(parts)),
-                ("W_F16", _dtype_code(w)), ("TERMS", terms), ("NT", THREADS))
+                ("W_F16", _dtype_code(w)), ("TERMS", terms), ("NT", nt))
     out_shape, out_dtype = ((t, d), mx.float32) if terms == 0 else ((terms * t, d), mx.float16)
     x_out, y = launch(SOURCE, [x.astype(mx.float32), x if parts is None else parts, w, float_params(float(eps)),
                                index_param(t)], [(t, d) if p else (8,), out_shape], [mx.float32, out_dtype],
-                      blocks=(t, 1, 1), threads=THREADS, template=template)
+                      blocks=(t, 1, 1), threads=nt, template=template)
     return (x_out if p else x), y
