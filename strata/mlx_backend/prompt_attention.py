@@ -22,6 +22,7 @@ import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, rms_norm, rope_table_cached
 from strata.mlx_backend.lowp import as_mm, lowp_matmul
+from strata.mlx_backend import prompt_rows
 from strata.mlx_backend.prompt_rows import attention_qkv, qkv_kernel_applies
 from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ModelConfig, QKNorm
@@ -102,8 +103,10 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
     # [T, H HD] in the attention's dtype: float16 on a GPU, whose lo term would be zeros
     # (lowp.split_rows: one term then; the output GEMM half the rows, no float32 copy of o)
     o = o[0, :, :t].transpose(1, 0, 2).reshape(t, qr)
+    if w.gated or not prompt_rows.O_AS_IS:
+        o = o.astype(mx.float32)
     if w.gated:
-        o = o.astype(mx.float32) * mx.sigmoid(gate)
+        o = o * mx.sigmoid(gate)
     out = lowp_matmul(o, w.wo, dtype)  # [T, D]
     if w.bo is not None:
         out = out + w.bo.astype(mx.float32)

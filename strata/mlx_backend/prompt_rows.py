@@ -22,13 +22,17 @@ from strata.mlx_backend.kernels.row_norm import row_norm
 from strata.mlx_backend.lowp import as_mm, mm_dtype
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["NORM_KERNEL", "QKV_KERNEL", "qkv_kernel_applies", "residual_norm", "attention_qkv"]
+__all__ = ["NORM_KERNEL", "QKV_KERNEL", "O_AS_IS", "qkv_kernel_applies", "residual_norm", "attention_qkv"]
 
 # The residual (x + the mixer's parts) and the FFN norm in one launch (ncu, a 2048-token layer:
 # ~90 us over 12 launches) and the attention's norm with its float16 terms in one (~100 us over 15).
 NORM_KERNEL = True
 # The QKV epilogue in one launch (~400 us over ~45 launches).
 QKV_KERNEL = True
+# The attention's float16 output into the output projection as it is: one term (lowp.split_rows;
+# its lo term is zeros), no float32 copy and no split (~90 us: 8 launches and half the GEMM's
+# rows). Exact: the same products. False: cast to float32 first, as before (the two terms' GEMM).
+O_AS_IS = True
 
 
 def _kernels() -> bool:
