@@ -72,7 +72,7 @@ def part(obj: dict) -> None:
 
 
 # The prompt path's kernel flags --variants switches (module, constant), by name.
-FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "sort": (grouped_tiles, "COUNTING_SORT"),
+FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "weights": (grouped, "WEIGHTS_KERNEL"), "sort": (grouped_tiles, "COUNTING_SORT"),
          "norm": (prompt_rows, "NORM_KERNEL"), "qkv": (prompt_rows, "QKV_KERNEL"), "oproj": (prompt_rows, "O_AS_IS")}
 
 

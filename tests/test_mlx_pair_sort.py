@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kernel_paths import KERNEL_PATHS
+from mlx_agree import assert_backends_agree
 from strata.mlx_backend import grouped
 from strata.mlx_backend.grouped import top_k
 from strata.mlx_backend.grouped_tiles import tile_bound, tile_table
@@ -19,6 +20,8 @@ from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.pair_sort import sort_pairs
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.prompt_topk import topk_kernel
+from strata.model_config import RoutingOrder
+from strata.reference.routing import RouterRule
 
 
 def _experts(t: int, k: int, e: int, seed: int, kind: str) -> np.ndarray:
@@ -78,6 +81,23 @@ def test_topk_kernel_is_the_key_sort(path, e, k, monkeypatch):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("order,norm", [(RoutingOrder.SOFTMAX_TOPK, True), (RoutingOrder.SOFTMAX_TOPK, False),
+                                        (RoutingOrder.TOPK_SOFTMAX, False), (RoutingOrder.SIGMOID_TOPK, True)])
+def test_route_prompt_kernel_is_the_rule(path, order, norm, monkeypatch):
+    """route_prompt on a kernel path (the top-k kernel, with the softmax rules' weights in its
+    launch; the sigmoid rule's scores and weights from ops) against the ops path: the same
+    experts in rank order, the weights within ROUTING."""
+    rule = RouterRule(10, order, norm_topk_prob=norm)
+    z = mx.array(np.random.default_rng(7).standard_normal((40, 256)).astype(np.float32) * 2)
+    with using_path(KernelPath.OPS):
+        want_e, want_w = (np.array(a) for a in grouped.route_prompt(z, rule))
+    with using_path(path):
+        got_e, got_w = (np.array(a) for a in grouped.route_prompt(z, rule))
+    np.testing.assert_array_equal(got_e, want_e)
+    assert_backends_agree(want_w, got_w, "ROUTING", what=f"{order.name} weights")
+
+
 def test_top_k_takes_the_kernel_on_kernel_paths_only(monkeypatch):
     """TOPK_KERNEL: the kernel on the emulated and GPU paths, the key sort on the ops path."""
     calls = []
@@ -116,6 +136,8 @@ def test_routing_kernel_sources_compile(tmp_path, dialect):
         mx.eval(*sort_pairs(ids, 8, 32, tile_bound(60, 8, 32)))
         mx.eval(*sort_pairs(ids, 8, 32, tile_bound(60, 8, 32), mx.arange(8, dtype=mx.int32)))
         mx.eval(topk_kernel(mx.random.normal((5, 8)), 3))
+        for order in (RoutingOrder.SOFTMAX_TOPK, RoutingOrder.TOPK_SOFTMAX):
+            mx.eval(*topk_kernel(mx.random.normal((5, 8)), 3, order=order, norm=True))
     assert {s[0].name for s in specs} == {"strata_pair_counts", "strata_pair_scatter", "strata_prompt_topk"}
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)

@@ -41,7 +41,7 @@ from strata.mlx_backend.grouped_tiles import q2_tile_experts
 from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
-from strata.mlx_backend.kernels.prompt_topk import topk_kernel
+from strata.mlx_backend.kernels.prompt_topk import WEIGHED_ORDERS, topk_kernel
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
 from strata.mlx_backend.quants import GROUP
 from strata.mlx_backend.routing import combine_weights, rank_order, selection_scores
@@ -52,7 +52,7 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TOPK_KERNEL", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
+__all__ = ["GroupedGemm", "GEMM", "TOPK_KERNEL", "WEIGHTS_KERNEL", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
            "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
@@ -100,8 +100,16 @@ def _sorts_uint64(device: str) -> bool:
         return False
 
 
+# The softmax rules' weights in the top-k kernel's launch (kernels/prompt_topk.py), where
+# routing.combine_weights takes ~8 launches over [T, E] (ncu, a 2048-token layer: ~30 us). False:
+# the ops (the selection stays TOPK_KERNEL's).
+WEIGHTS_KERNEL = True
+
+
 def route_prompt(z: mx.array, rule: RouterRule) -> tuple[mx.array, mx.array]:
     """The model's own rule on the device. z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
+    if WEIGHTS_KERNEL and TOPK_KERNEL and current_path() is not KernelPath.OPS and rule.order in WEIGHED_ORDERS:
+        return topk_kernel(z, rule.k, order=rule.order, norm=rule.norm_topk_prob)
     experts = top_k(selection_scores(z, rule), rule.k)
     return experts, combine_weights(z, experts, rule)
 
