@@ -79,8 +79,9 @@ def _ops_qkv(cfg, y: mx.array, t: int, start: int, bias, qn, kn):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("shape", ["tiny", "sigmoid", "demo"])  # sigmoid: partial RoPE (8 of 16); demo: HD 32
-@pytest.mark.parametrize("terms,bias,norms,start", [(2, False, True, 0), (1, True, True, 5), (2, True, False, 3)])
+@pytest.mark.parametrize("shape,terms,bias,norms,start", [  # sigmoid: partial RoPE (8 of 16); demo: HD 32
+    ("tiny", 2, False, True, 0), ("sigmoid", 1, True, True, 5), ("sigmoid", 2, False, True, 0),
+    ("demo", 2, True, False, 3)])
 def test_qkv_rope_is_the_ops_epilogue(path, shape, terms, bias, norms, start):
     """q, k, v of the kernel against the ops path's (join, bias, q / k norms, RoPE at start..):
     the float32 k and v within FAST, the float16 q, k, v within KV16, the extra gate-like columns
