@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from strata.mlx_backend import lowp
-from strata.mlx_backend.attention import AttentionWeights
+from strata.mlx_backend.attention import AttentionWeights, rms_norm
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.kernels.qkv_rope import qkv_rope, qkv_rope_refusal
 from strata.mlx_backend.kernels.row_norm import row_norm
@@ -44,8 +44,6 @@ def residual_norm(x: mx.array, parts: mx.array, w: mx.array, eps: float) -> tupl
     x float32 [T, D], parts [T, P, D], w [D] -> (float32 [T, D], float32 [T, D])"""
     if NORM_KERNEL and _kernels():
         return row_norm(x, w, eps, parts=parts)
-    from strata.mlx_backend.attention import rms_norm
-
     x = x + parts.sum(axis=1)
     return x, rms_norm(x, w, eps)
 
@@ -73,8 +71,6 @@ def attention_qkv(cfg: ModelConfig, w: AttentionWeights, x: mx.array, start: int
         _, xt = row_norm(x, w.norm, cfg.rms_norm_eps, terms=terms)  # float16 [terms T, D]
         xt = as_mm(xt, dtype)
     else:
-        from strata.mlx_backend.attention import rms_norm
-
         xt = lowp.split_rows(rms_norm(x, w.norm, cfg.rms_norm_eps), dtype)
     y = xt @ as_mm(w.wqkv, dtype).T  # [terms T, QKV (+ gate columns)]
     qk = cfg.qk_norm is QKNorm.PER_HEAD
