@@ -7,7 +7,8 @@ expert's weights are read once for all its tokens and multiplied on the matrix u
 
 1. route on the device (the model's rule; every expert resident, so MoCE's bonus lifts every
    logit alike and the selection is the model's): `top_k` ranks by an exact integer key, ties to
-   the lower id as the reference breaks them;
+   the lower id as the reference breaks them (on a kernel path one launch ranks them the same
+   way, kernels/prompt_topk.py, with the softmax rules' weights);
 2. dequantize the layer's E records to the compute dtype (`mx.dequantize`: Q2_0 is MLX's affine
    2-bit group-32 layout, d (q - 2) is exact in float16);
 3. gather the sorted tokens' rows and run gate, up and down as grouped GEMMs: `mx.gather_mm(...,

@@ -14,8 +14,9 @@ tokens (N = 20480 (token, expert) pairs, E = 256, D 2560, F 576), and what this 
   float32 rows by token (splitting them into float16 terms as it stores its tile) and writes the
   down step's weighted rows in (token, rank) order.
 
-The tile table is a few [E] and [NT] ops on the device (counts, cumulative sums, one [NT, E]
-comparison); nothing reaches the host.
+The tile table and the sorted pairs come from a counting sort in two launches
+(kernels/pair_sort.py, COUNTING_SORT); `tile_table` is its ops twin (a few [E] and [NT] ops:
+counts, cumulative sums, one [NT, E] comparison, after an argsort). Nothing reaches the host.
 
 Shapes: T tokens, k selected, N = T k pairs, E experts, D hidden, F expert ffn, P terms (lowp.py).
 """
