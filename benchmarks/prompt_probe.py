@@ -94,7 +94,12 @@ def variants(p, names: list[str], n: int, reps: int, seen: set, left) -> dict:
                 part({"variant": name, **out[name]})
                 continue
             set_variant(name)
-            w = whole_prompts(p, GroupedGemm.Q2_TILES, [n], reps, seen)[n]
+            try:
+                w = whole_prompts(p, GroupedGemm.Q2_TILES, [n], reps, seen)[n]
+            except Exception as exc:  # reported, not fatal: the next variant still runs
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                part({"variant": name, **out[name]})
+                continue
             row = {k: v for k, v in w.items() if k != "logits"}
             if first is None:
                 first = w["logits"]
@@ -446,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {name} | {row['s'] * 1e3:.1f} | {row['tok_s']:.0f} | {row.get('rel_l2_vs_first', '-')} | "
                       f"{row.get('same_argmax', '-')} |")
             else:
-                print(f"| {name} | {row.get('skipped')} |")
+                print(f"| {name} | {row.get('skipped') or row.get('error')} |")
     if "layer_steps_ms" in res:
         print("\n| one layer's step (evaluated alone) | ms |\n|---|---|")
         for s, v in res["layer_steps_ms"].items():
