@@ -19,7 +19,8 @@ prints each kernel's GPU time per segment between markers).
 
 `--variants` (a comma list, e.g. `all,none,-topk,-sort,-norm,-qkv`) times the whole prompt at the
 largest length with the prompt path's kernel flags (FLAGS: the top-k and pair-sort kernels, the
-row kernels) all on (`all`), all off (`none`), or all on but one (`-name`), in one process, right
+row kernels) all on (`all`), all off (`none`), all on but one (`-name`), or all on and an opt-in
+one (`+name`, OPT_IN: the QKV GEMM on one term), in one process, right
 after the first form's whole prompts; logits compared with the first variant's. With `--ncu`,
 one segment per (form, variant).
 
@@ -76,12 +77,19 @@ FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "weights": (grouped, "WEIGHTS_KERNEL"
          "norm": (prompt_rows, "NORM_KERNEL"), "qkv": (prompt_rows, "QKV_KERNEL"), "oproj": (prompt_rows, "O_AS_IS")}
 
 
+# Opt-in flags (off by default): `+name` is every FLAGS flag on and this one too.
+OPT_IN = {"qkv1": (prompt_rows, "QKV_ONE_TERM")}
+
+
 def set_variant(name: str) -> None:
-    """all: every flag on; none: every flag off; -x: every flag on but x."""
-    if name not in ("all", "none") and name.lstrip("-") not in FLAGS:
-        raise SystemExit(f"prompt_probe: variant {name!r} (all, none, or -{' / -'.join(FLAGS)})")
+    """all: every flag on; none: every flag off; -x: every flag on but x; +y: all, and opt-in y."""
+    if name not in ("all", "none") and name.lstrip("-") not in FLAGS and name.lstrip("+") not in OPT_IN:
+        raise SystemExit(f"prompt_probe: variant {name!r} (all, none, -{' / -'.join(FLAGS)} or "
+                         f"+{' / +'.join(OPT_IN)})")
     for flag, (mod, const) in FLAGS.items():
         setattr(mod, const, name != "none" and name != f"-{flag}")
+    for flag, (mod, const) in OPT_IN.items():
+        setattr(mod, const, name == f"+{flag}")
 
 
 def variants(p, names: list[str], n: int, reps: int, seen: set, left) -> dict:
@@ -351,7 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
-    ap.add_argument("--variants", default="", help="flag variants of the whole prompt: all, none, -" + ", -".join(FLAGS))
+    ap.add_argument("--variants", default="", help="flag variants of the whole prompt: all, none, -" + ", -".join(FLAGS)
+                    + ", +" + ", +".join(OPT_IN))
     args = ap.parse_args(argv)
     names = [v for v in args.variants.split(",") if v]
     for name in names:

@@ -39,16 +39,18 @@ def test_variants_set_the_flags():
     """--variants: `all` turns every FLAGS constant on, `none` every one off, `-x` all but x; an
     unknown name stops the probe before it builds a model."""
     flags = prompt_probe.FLAGS
-    saved = {k: getattr(m, c) for k, (m, c) in flags.items()}
+    saved = {k: getattr(m, c) for k, (m, c) in {**flags, **prompt_probe.OPT_IN}.items()}
     try:
         prompt_probe.set_variant("none")
         assert not any(getattr(m, c) for m, c in flags.values())
         prompt_probe.set_variant("-sort")
         assert {k for k, (m, c) in flags.items() if not getattr(m, c)} == {"sort"}
+        prompt_probe.set_variant("+qkv1")
+        assert all(getattr(m, c) for m, c in flags.values()) and prompt_probe.prompt_rows.QKV_ONE_TERM
         prompt_probe.set_variant("all")
-        assert all(getattr(m, c) for m, c in flags.values())
+        assert all(getattr(m, c) for m, c in flags.values()) and not prompt_probe.prompt_rows.QKV_ONE_TERM
         with pytest.raises(SystemExit, match="variant"):
             prompt_probe.set_variant("-nothing")
     finally:
-        for k, (m, c) in flags.items():
+        for k, (m, c) in {**flags, **prompt_probe.OPT_IN}.items():
             setattr(m, c, saved[k])

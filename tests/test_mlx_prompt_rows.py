@@ -176,3 +176,24 @@ def test_row_kernel_sources_compile(tmp_path, dialect):
     assert {s[0].name for s in specs} == {"strata_row_norm", "strata_qkv_rope"}
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_qkv_one_term_is_within_the_prompt_budget(path, monkeypatch):
+    """QKV_ONE_TERM (opt-in: the QKV GEMM on the hi term alone) against the two terms: the
+    attention output within PROMPT (on the CPU the products are float32, so this is the hi
+    term's rounding alone; a GPU's float16 GEMM output rounds both forms)."""
+    from test_mlx_prompt import made_params
+
+    rp = made_params("tiny")
+    x = mx.array(_rows(13, rp.cfg.hidden_size, 8))
+    outs = []
+    for one in (False, True):
+        monkeypatch.setattr(prompt_rows, "QKV_ONE_TERM", one)
+        with using_path(path):
+            p = from_reference(rp, dtype=mx.float16)
+            a, _ = prompt_attention(rp.cfg, p.layers[0].attn, MlxModelState.empty(rp.cfg).layers[0], x,
+                                    dtype=mx.float16)
+            outs.append(np.array(a))
+    assert_backends_agree(outs[0], outs[1], "PROMPT", what="QKV GEMM on one term")
+    assert not np.array_equal(outs[0], outs[1])  # the flag took effect

@@ -22,7 +22,7 @@ from strata.mlx_backend.kernels.row_norm import row_norm
 from strata.mlx_backend.lowp import as_mm, mm_dtype
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["NORM_KERNEL", "QKV_KERNEL", "O_AS_IS", "qkv_kernel_applies", "residual_norm", "attention_qkv"]
+__all__ = ["NORM_KERNEL", "QKV_KERNEL", "O_AS_IS", "QKV_ONE_TERM", "qkv_kernel_applies", "residual_norm", "attention_qkv"]
 
 # The residual (x + the mixer's parts) and the FFN norm in one launch (ncu, a 2048-token layer:
 # ~90 us over 12 launches) and the attention's norm with its float16 terms in one (~100 us over 15).
@@ -33,6 +33,12 @@ QKV_KERNEL = True
 # its lo term is zeros), no float32 copy and no split (~90 us: 8 launches and half the GEMM's
 # rows). Exact: the same products. False: cast to float32 first, as before (the two terms' GEMM).
 O_AS_IS = True
+# Opt-in: the QKV GEMM on the hi term alone (half its flops: ~44 us a 2048-token layer). MLX's
+# float16 matmul on CUDA writes float16 (cuBLAS's hsh kernels), so the product is rounded to
+# float16 before the lo term's product is added, and that correction is of the rounding's own
+# size; q, k, v then go to the fused attention in float16 as well. What it costs the logits is
+# prompt_probe's `+qkv1` variant (against the two terms); False keeps lowp.SPLIT's two terms.
+QKV_ONE_TERM = False
 
 
 def _kernels() -> bool:
@@ -66,7 +72,7 @@ def attention_qkv(cfg: ModelConfig, w: AttentionWeights, x: mx.array, start: int
         k, v float32 [KVH, T, HD] (the cache's)
     """
     t = x.shape[0]
-    terms = 2 if lowp.SPLIT else 1
+    terms = 2 if lowp.SPLIT and not QKV_ONE_TERM else 1
     if NORM_KERNEL:
         _, xt = row_norm(x, w.norm, cfg.rms_norm_eps, terms=terms)  # float16 [terms T, D]
         xt = as_mm(xt, dtype)
