@@ -182,7 +182,7 @@ stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --
 # STRATA_STAGES=prompt_rows): the whole 2048-token prompt per kernel-flag variant in one process
 # (prompt_probe.py FLAGS), one layer's kernels by ncu with all flags on and all off, the GPU tests
 stage prompt_rows 170 bash -c 'timeout 58 python3 benchmarks/prompt_probe.py --lengths 2048 --forms q2tiles \
-  --repeat 2 --budget-s 50 --variants all,none,-topk,-weights,-sort,-norm,-qkv,-oproj;
+  --repeat 2 --budget-s 50 --variants all,none,-topk,-weights,-sort,-norm,-qkv,-oproj,+qkv1;
   timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
   --lengths 2048 --forms q2tiles --variants all,none 2>&1 | python3 benchmarks/ncu_summary.py;
   PYTHONPATH="tests:${PYTHONPATH:-}" timeout 50 python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree \
