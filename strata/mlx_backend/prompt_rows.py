@@ -77,7 +77,8 @@ def attention_qkv(cfg: ModelConfig, w: AttentionWeights, x: mx.array, start: int
         _, xt = row_norm(x, w.norm, cfg.rms_norm_eps, terms=terms)  # float16 [terms T, D]
         xt = as_mm(xt, dtype)
     else:
-        xt = lowp.split_rows(rms_norm(x, w.norm, cfg.rms_norm_eps), dtype)
+        xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
+        xt = lowp.split_rows(xn, dtype) if terms == 2 else as_mm(xn, dtype)
     y = xt @ as_mm(w.wqkv, dtype).T  # [terms T, QKV (+ gate columns)]
     qk = cfg.qk_norm is QKNorm.PER_HEAD
     q, k, v, k32, v32 = qkv_rope(y, t, n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads, head_dim=cfg.head_dim,
