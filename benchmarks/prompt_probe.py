@@ -48,7 +48,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import median_time  # noqa: E402
-from strata.mlx_backend import grouped, grouped_tiles, jit_cache, lowp, prompt_rows  # noqa: E402,F401  (jit_cache: the PTX cache default)
+from strata.mlx_backend import grouped, grouped_tiles, lowp, prompt_rows  # noqa: E402
+from strata.mlx_backend import jit_cache  # noqa: E402,F401  (jit_cache: the PTX cache default)
 from strata.mlx_backend import prompt as prompt_mod  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
 from strata.mlx_backend.experts import experts_route, gated_hidden  # noqa: E402
@@ -73,8 +74,9 @@ def part(obj: dict) -> None:
 
 
 # The prompt path's kernel flags --variants switches (module, constant), by name.
-FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "weights": (grouped, "WEIGHTS_KERNEL"), "sort": (grouped_tiles, "COUNTING_SORT"),
-         "norm": (prompt_rows, "NORM_KERNEL"), "qkv": (prompt_rows, "QKV_KERNEL"), "oproj": (prompt_rows, "O_AS_IS")}
+FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "weights": (grouped, "WEIGHTS_KERNEL"),
+         "sort": (grouped_tiles, "COUNTING_SORT"), "norm": (prompt_rows, "NORM_KERNEL"),
+         "qkv": (prompt_rows, "QKV_KERNEL"), "oproj": (prompt_rows, "O_AS_IS")}
 
 
 # Opt-in flags (off by default): `+name` is every FLAGS flag on and this one too.

@@ -53,8 +53,8 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TOPK_KERNEL", "WEIGHTS_KERNEL", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
-           "top_k",
+__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
+           "top_k", "TOPK_KERNEL", "WEIGHTS_KERNEL",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 

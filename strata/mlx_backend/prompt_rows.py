@@ -22,7 +22,8 @@ from strata.mlx_backend.kernels.row_norm import row_norm
 from strata.mlx_backend.lowp import as_mm, mm_dtype
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["NORM_KERNEL", "QKV_KERNEL", "O_AS_IS", "QKV_ONE_TERM", "qkv_kernel_applies", "residual_norm", "attention_qkv"]
+__all__ = ["NORM_KERNEL", "QKV_KERNEL", "O_AS_IS", "QKV_ONE_TERM", "qkv_kernel_applies", "residual_norm",
+           "attention_qkv"]
 
 # The residual (x + the mixer's parts) and the FFN norm in one launch (ncu, a 2048-token layer:
 # ~90 us over 12 launches) and the attention's norm with its float16 terms in one (~100 us over 15).

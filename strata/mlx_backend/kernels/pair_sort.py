@@ -103,8 +103,8 @@ SCATTER_BODY = r"""
 """
 
 COUNTS = KernelSource("strata_pair_counts", ("experts", "pairs_n"), ("counts",), COUNTS_BODY)
-SCATTER = KernelSource("strata_pair_scatter", ("experts", "counts", "slots", "pairs_n", "tiles_n"), ("order", "src", "tiles"),
-                       SCATTER_BODY)
+SCATTER = KernelSource("strata_pair_scatter", ("experts", "counts", "slots", "pairs_n", "tiles_n"),
+                       ("order", "src", "tiles"), SCATTER_BODY)
 
 
 def sort_pairs(experts: mx.array, n_experts: int, per_tile: int, n_tiles: int,
