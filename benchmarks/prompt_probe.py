@@ -22,7 +22,7 @@ largest length with the prompt path's kernel flags (FLAGS: the top-k and pair-so
 row kernels) all on (`all`), all off (`none`), all on but one (`-name`), or all on and an opt-in
 one (`+name`, OPT_IN: the QKV GEMM on one term), in one process, right
 after the first form's whole prompts; logits compared with the first variant's. With `--ncu`,
-one segment per (form, variant).
+the first variant's flags.
 
 --budget-s bounds the run: a part that would not fit is skipped and says so. Prints a table and
 one JSON line (`JSON {...}`).
@@ -94,8 +94,9 @@ def set_variant(name: str) -> None:
         setattr(mod, const, name == f"+{flag}")
 
 
-def variants(p, names: list[str], n: int, reps: int, seen: set, left) -> dict:
-    """--variants: the whole prompt of n tokens (Q2_TILES) per flag variant, logits against the first."""
+def variants(p, form, names: list[str], n: int, reps: int, seen: set, left) -> dict:
+    """--variants: the whole prompt of n tokens (the first --forms form) per flag variant, logits
+    against the first variant's."""
     out, first = {}, None
     try:
         for name in names:
@@ -105,7 +106,7 @@ def variants(p, names: list[str], n: int, reps: int, seen: set, left) -> dict:
                 continue
             set_variant(name)
             try:
-                w = whole_prompts(p, GroupedGemm.Q2_TILES, [n], reps, seen)[n]
+                w = whole_prompts(p, form, [n], reps, seen)[n]
             except Exception as exc:  # reported, not fatal: the next variant still runs
                 out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 part({"variant": name, **out[name]})
@@ -320,34 +321,28 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
     return out
 
 
-def ncu_layer(p, forms: list[GroupedGemm], n: int, names: list[str] | None = None) -> None:
-    """--ncu: one layer (attention, router, experts) per form (and per --variants name), each
-    after a marker kernel; every one warmed up first (JIT), so segment i (between markers i and
-    i + 1) is the i-th (form, variant)'s layer."""
+def ncu_layer(p, forms: list[GroupedGemm], n: int) -> None:
+    """--ncu: one layer (attention, router, experts) per form, each after a marker kernel; every
+    form warmed up first (JIT), so segment i (between markers i and i + 1) is form i's layer."""
     cfg = p.cfg
     x = mx.random.normal((n, cfg.hidden_size))
     st = MlxModelState.empty(cfg).layers[0]
     mx.eval(x, st.keys, st.values)
-    runs = [(form, name) for form in forms for name in (names or [None])]
 
-    def layer(form, name):
-        grouped.GEMM = form
-        if name is not None:
-            set_variant(name)
+    def layer():
         mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])
 
-    for run in runs:  # warm (JIT)
-        layer(*run)
+    for form in forms:  # warm (JIT)
+        grouped.GEMM = form
+        layer()
     marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
                                  source="b[0] = a[0];")
-    for i, (form, name) in enumerate(runs):
+    for i, form in enumerate(forms):
         mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                        output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
-        layer(form, name)
-        print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}"
-              + (f", variant {name}" if name else ""), flush=True)
-    if names:
-        set_variant("all")
+        grouped.GEMM = form
+        layer()
+        print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -381,7 +376,9 @@ def main(argv: list[str] | None = None) -> None:
                "layers": cfg.n_layers, "split": lowp.SPLIT, "forms": {}}
         part({"build_s": res["build_s"]})
         if args.ncu:
-            ncu_layer(p, forms, max(lengths), names)
+            if names:
+                set_variant(names[0])  # --ncu: the flags of the first variant
+            ncu_layer(p, forms, max(lengths))
             return
         seen: set = set()
         left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
@@ -398,8 +395,8 @@ def main(argv: list[str] | None = None) -> None:
                 r["whole"] = {n: {k: v for k, v in w.items() if k != "logits"} for n, w in whole.items()}
                 if first_logits is None:
                     first_logits = {n: w["logits"] for n, w in whole.items()}
-                    if names and form is GroupedGemm.Q2_TILES:  # the flag variants while the kernels are warm
-                        res["variants"] = variants(p, names, max(lengths), args.repeat, seen, left)
+                    if names:  # the flag variants of the first form, while its kernels are warm
+                        res["variants"] = variants(p, form, names, max(lengths), args.repeat, seen, left)
                 else:
                     for n, w in whole.items():
                         ref = first_logits[n]
