@@ -173,6 +173,15 @@ fi
 stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
   tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
+# issue 19, a prompt layer's launches besides the tile kernel (not in the default list:
+# STRATA_STAGES=prompt_rows): the whole 2048-token prompt per kernel-flag variant in one process
+# (prompt_probe.py FLAGS), one layer's kernels by ncu (every flag on), the row kernels' GPU tests
+stage prompt_rows 170 bash -c 'timeout 58 python3 benchmarks/prompt_probe.py --lengths 2048 --forms q2tiles \
+  --repeat 2 --budget-s 50 --variants all,none,-topk,-weights,-sort,-norm,-qkv,-oproj,+qkv1;
+  timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
+  --lengths 2048 --forms q2tiles 2>&1 | python3 benchmarks/ncu_summary.py;
+  PYTHONPATH="tests:${PYTHONPATH:-}" timeout 50 python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree \
+  -rfEs -m gpu tests/test_mlx_pair_sort.py tests/test_mlx_prompt_rows.py'
 # issue 19's prompt probe (not in the default list: STRATA_STAGES=prompt_probe): whole prompts per
 # grouped form (first calls apart), a synchronised per-layer pass, one layer's steps alone, then
 # each kernel's GPU time of one layer under ncu (benchmarks/ncu_summary.py)
