@@ -1,6 +1,7 @@
 """Compiled all-resident decode against the context length (issue 19): ms/token at contexts 8 and
-2048 with the attention split over the context (the default past SPLIT_FROM positions) and with
-one block per head (the form before the split), at the seed shape without a shared expert (48
+2048 with the attention split over the context (the default past SPLIT_FROM positions:
+kernels/attend_split.py; `split_chunks` the three-launch split before it) and with one block per
+head (the form before the split), at the seed shape without a shared expert (48
 layers, 256 experts top-10, hidden 2560, expert ffn 576, 16 q / 4 kv heads of 128, float16
 dense, Q2_0 experts). Target: context 2048 within 1.3x of context 8.
 
@@ -44,7 +45,7 @@ from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
-from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
@@ -97,6 +98,11 @@ FORMS = {
     "experts19_nt128": (True, True, 0),  # experts19 with 128 threads a gate/up block (360 blocks)
     "vector_loads": (True, True, 0),  # gate/up's codes in 16-byte loads, down's in 8-byte ones (VECTOR_LOADS)
     "before_experts19": (True, True, 0),  # the expert step as before those (loop ranking, DOWN, weights late)
+    # past SPLIT_FROM: attend split by chunks, its merge, the W_o GEMV (before kernels/attend_split.py)
+    "split_chunks": (True, True, 0),
+    "split_ns32": (True, True, 0),  # attend_split with 32 / 128 splits (64 by default)
+    "split_ns128": (True, True, 0),
+    "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -118,6 +124,10 @@ SWITCHES = {
                          (moe_decode, "WEIGHTS_EARLY", False), (moe_decode, "GATEUP_UNITS_PER_WARP", 4),
                          (moe_decode, "GATEUP_THREADS", 256), (moe_decode, "GATEUP_VECTOR_LOADS", False),
                          (moe_down_warps, "VECTOR_LOADS", False)),
+    "split_chunks": ((attend_split, "FUSED", False),),
+    "split_ns32": ((attend_split, "SPLITS", 32),),
+    "split_ns128": ((attend_split, "SPLITS", 128),),
+    "split_from32": ((attn_kernels, "SPLIT_FROM", 32),),
 }
 
 
@@ -126,11 +136,11 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
     split, views, chunk = FORMS[form]
     saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK
     switched = [(mod, name, getattr(mod, name)) for mod, name, _ in SWITCHES.get(form, ())]
-    for mod, name, value in SWITCHES.get(form, ()):
-        setattr(mod, name, value)
     attn_kernels.SPLIT_FROM = saved[0] if split else 1 << 30
     launch.GRAPH_VIEWS = views
     attn_kernels.SPLIT_CHUNK = chunk or saved[2]
+    for mod, name, value in SWITCHES.get(form, ()):  # after the above: a switch may set SPLIT_FROM too
+        setattr(mod, name, value)
     try:
         state = state_at(p.cfg, length, seed=length, dtype=mx.float16 if form == "kv16" else mx.float32)
         step = CompiledDecode(p, state, traced=traced)

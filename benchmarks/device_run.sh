@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -44,8 +44,9 @@ DEEPSEEK_RESIDENT_ARGS=${STRATA_DEEPSEEK_RESIDENT_ARGS:---layers 16 --tokens 8 -
 DEEPSEEK_STREAM_ARGS=${STRATA_DEEPSEEK_STREAM_ARGS:---layers 8 --tokens 8 --skip resident,handshake}
 NGRAM_ARGS=${STRATA_NGRAM_ARGS:---gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5} NGRAM_S=${STRATA_NGRAM_S:-180}
 # the doctor's validation on the GPU, bounded (issue 22; not in the default list: STRATA_STAGES=doctor):
-# the quick probe, then the small and demo models all-resident and at three arenas each in one
-# process (each case warmed up first), 150 s at most, JSON-PART lines as it goes
+# the quick probe's engine cases and the small and demo models all-resident and at three arenas
+# each, over one pool of warmed processes (compiles in parallel, runs measured one at a time in
+# interleaved rounds), 150 s at most, a JSON-PART line per measured run as it goes
 DOCTOR_S=${STRATA_DOCTOR_S:-150}
 # dense weights as stored on the GPU (issue 22; STRATA_STAGES=dense): the MLX dense tests (the
 # Q8_0 GEMV path within FORWARD, F16 held as stored), then F32 / F16 / Q8_0 dense side by side
@@ -172,6 +173,15 @@ fi
 stage prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
   tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py -k "not emulated"'
+# issue 19, a prompt layer's launches besides the tile kernel (not in the default list:
+# STRATA_STAGES=prompt_rows): the whole 2048-token prompt per kernel-flag variant in one process
+# (prompt_probe.py FLAGS), one layer's kernels by ncu (every flag on), the row kernels' GPU tests
+stage prompt_rows 170 bash -c 'timeout 58 python3 benchmarks/prompt_probe.py --lengths 2048 --forms q2tiles \
+  --repeat 2 --budget-s 50 --variants all,none,-topk,-weights,-sort,-norm,-qkv,-oproj,+qkv1;
+  timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
+  --lengths 2048 --forms q2tiles 2>&1 | python3 benchmarks/ncu_summary.py;
+  PYTHONPATH="tests:${PYTHONPATH:-}" timeout 50 python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree \
+  -rfEs -m gpu tests/test_mlx_pair_sort.py tests/test_mlx_prompt_rows.py'
 # issue 19's prompt probe (not in the default list: STRATA_STAGES=prompt_probe): whole prompts per
 # grouped form (first calls apart), a synchronised per-layer pass, one layer's steps alone, then
 # each kernel's GPU time of one layer under ncu (benchmarks/ncu_summary.py)
@@ -190,6 +200,13 @@ stage peers 240 python3 benchmarks/peers.py
 # context 8 with today's defaults (first and last), the step as before and the vector-load forms
 stage experts19 120 bash -c 'ncu --clock-control none -k regex:strata_moe --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active --csv python3 benchmarks/kernels.py --ncu experts 2>&1 | python3 benchmarks/_ncu_table.py &&
   python3 benchmarks/decode_context.py --contexts 8 --forms split,before_experts19,vector_loads,split --tokens 32'
+# issue 19: the decode attention alone by form and context (wall time of a 48-layer chain), then
+# ncu's GPU time of its launches: the split in two launches (attend_split) vs the three before.
+# STRATA_STAGES=attend_context
+stage attend_context 90 bash -c 'timeout 40 python3 benchmarks/attend_context.py --contexts 8,256,2048 \
+  --forms project,split,split_chunks; timeout 45 ncu --clock-control none -k "regex:strata_(attend|merge|dense_gemv)" \
+  --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum python3 benchmarks/attend_context.py --ncu \
+  --contexts 2048 --forms split,split_chunks 2>&1 | python3 benchmarks/_ncu_table.py'
 # issue 19, greedy tokens chosen on the device (STRATA_STAGES=pipelined): generate's loop pipelined
 # beside the host loop at contexts 8 and 2048 (decode_context's generate row), then peers' decode rows
 stage pipelined 200 bash -c 'timeout 70 python3 benchmarks/decode_context.py --contexts 8 --forms split --also 2048/split \

@@ -18,8 +18,9 @@ time are kept beside each measurement: on a shared machine they explain most of 
 `tok/s by own CPU` is decode calls / the process's CPU seconds over the same steps: a
 descheduled run's wall time grows and its CPU time does not, so where a single-threaded run's
 two rates part, the load, not the model, moved it (a streaming run's reader threads add CPU).
-`--quick` is the bounded variant for a GPU machine (QUICK below); every finished case prints a
-`JSON-PART` line at once, so a run cut off at its limit still says what it measured.
+`--quick` is the bounded variant for a GPU machine (QUICK below): the probe's engine cases and
+these measured over one pool of warmed processes (strata.doctor.joint); every measured run
+prints a `JSON-PART` line at once, so a run cut off at its limit still says what it measured.
 `--replay OUTPUT` predicts again, with this checkout's code, the cases an earlier run (its
 printed output or --json-out file, from any machine) measured, against its measurements and
 its machine profile; `--refit` also refits the profile's engine costs from the probe runs it
@@ -116,9 +117,17 @@ def _cases(models: dict[str, Path], fractions: tuple[float, ...]) -> list[tuple[
 # Measured there (mid-session run): a fresh MLX process took 17-25 s for a run that decodes in well
 # under a second, so --quick also runs every case of a round in one process (`measure_batch`, each
 # run's peak from a reset high-water mark) and gives the probe at most PROBE_SHARE of the budget.
-QUICK = {"models": "small", "arenas": "0.3", "repeats": 1, "tries": 1, "tokens": 24, "wait_run": 0.0,
+# Measured there again (this session's first pass, `--models small,demo`, 110 s): the probe's 9
+# engine cases in one process were cut at 64 s (kernels compiling one after another) and `demo`'s
+# 4 cases never started, so --quick now measures the probe's cases and its own over one pool of
+# warmed processes (strata.doctor.joint: every child compiles at once, runs are measured one at a
+# time, in up to `repeats` interleaved rounds, probe and cases alike, in the same minutes).
+# The H200's mid pass (pooled): warm-ups 39 s, a round of all 19 runs 4.2 s, single runs of one case
+# 0.82-1.15 ms a token apart: up to 5 rounds, the median run.
+QUICK = {"models": "small", "arenas": "0.3", "repeats": 5, "tries": 1, "tokens": 24, "wait_run": 0.0,
          "budget_s": 150.0, "case_timeout": 45.0, "one_process": True}
 PROBE_SHARE = 0.6
+RESERVE_S = 6.0  # of a --budget-s run: for the predictions (each replays its model's trace) and the table
 
 
 def _row(name: str, arena: str, pred, runs: list) -> dict:
@@ -172,22 +181,20 @@ def main(argv=None) -> int:
     import subprocess
     import time
 
-    from strata.config import Config
     from strata.default_model import default_model_path
-    from strata.doctor import diagnose
-    from strata.doctor.measure import PROMPT, QUIET_OTHERS, WARMUP_TOKENS, measure_batch, measure_quiet
+    from strata.doctor.measure import QUIET_OTHERS, measure_quiet
     from strata.doctor.engine_fit import refit
     from strata.doctor.measure import RunMeasurement
     from strata.doctor.probe import MachineProfile, default_cache_dir, machine_profile
-    from strata.loader import load
     from strata.testing.models import make_model
 
     t0 = time.time()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="numpy", choices=("numpy", "mlx"))
     p.add_argument("--quick", action="store_true",
-                   help="the bounded variant (QUICK in this file): small model, resident + one arena, one round, "
-                        "the quick probe, --budget-s 150; explicit flags override it")
+                   help="the bounded variant (QUICK in this file): small model, resident + one arena, the quick "
+                        "probe's cases and these over one pool of warmed processes, --budget-s 150; explicit "
+                        "flags override it")
     p.add_argument("--tokens", type=int, default=None, help="decoded tokens per run (48; --quick: 24)")
     p.add_argument("--remeasure", action="store_true")
     p.add_argument("--cache-dir", default=None)
@@ -196,7 +203,8 @@ def main(argv=None) -> int:
     p.add_argument("--arenas", default=None,
                    help="streaming arenas as shares of every expert, comma-separated (0.15,0.3,0.6; --quick: 0.3)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="measured runs per case, in interleaved rounds (the median counts; 3, --quick: 1)")
+                   help="measured runs per case, in interleaved rounds (the median counts; 3; --quick: at most 5, "
+                        "as many whole rounds as --budget-s allows)")
     p.add_argument("--tries", type=int, default=None,
                    help="redo a run up to this many times while other processes keep >25%% of the CPUs busy (3)")
     p.add_argument("--wait-load", type=float, default=0.0,
@@ -209,7 +217,8 @@ def main(argv=None) -> int:
                    help="wall seconds for the whole run (0: none; --quick: 150): no run starts past it")
     p.add_argument("--case-timeout", type=float, default=None, help="seconds one measured run may take (600; --quick: 45)")
     p.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run each round's cases in one process (--quick: yes), not a fresh process each")
+                   help="measure the probe's cases and these over one pool of warmed processes, a process a "
+                        "model's all-resident or streaming cases (--quick: yes), not a fresh process a run")
     p.add_argument("--replay", default=None, help="predict again the cases an earlier run's output measured")
     p.add_argument("--refit", action="store_true", help="with --replay: refit the profile's engine costs too")
     p.add_argument("--refit-clock", default="wall", choices=("wall", "cpu"),
@@ -233,6 +242,9 @@ def main(argv=None) -> int:
     left = lambda: args.budget_s - (time.time() - t0) if args.budget_s else float("inf")  # noqa: E731
     _wait_for_quiet(args.wait_load, args.wait_max)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
+    pooled = args.one_process and not replayed and args.repeats > 0
+    if pooled:
+        return _pooled(args, fractions, t0, cache)
     if replayed:
         stored = json.loads(Path(args.profile).read_text()) if args.profile else replayed[0]
         profile = MachineProfile.from_dict(stored)
@@ -253,40 +265,11 @@ def main(argv=None) -> int:
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
         cases = _cases(models, fractions) if not replayed else [
             (r["model"], models[r["model"]], "" if r["arena"] == "resident" else r["arena"]) for r in replayed[1]]
-        preds = []
-        for name, path, arena in cases:  # before measuring: a prediction reads no measurement
-            config = Config(backend=args.backend, **({"arena": arena} if arena else {}))
-            n_prompt = len(load(path).tokenizer.encode(PROMPT))
-            # the measured steps: decode calls WARMUP_TOKENS .. tokens-2, after the prompt and the warm-up
-            preds.append(diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
-                                  context=n_prompt + args.tokens, horizon=max(1, args.tokens - 1 - WARMUP_TOKENS),
-                                  prompt=n_prompt + WARMUP_TOKENS).prediction)
+        preds = _predictions(args, cases, traces, profile, cache)  # before measuring: they read no measurement
         measured: dict[int, list] = {i: [] for i in range(len(cases))}
         for i, r in enumerate(replayed[1] if replayed else ()):
             measured[i].append(RunMeasurement(**r["run"]))
-        for round_ in range(args.repeats if args.one_process else 0):  # each round's cases in one process
-            limit = min(args.case_timeout * len(cases), left())
-            if limit < 5:
-                cut.append(f"round {round_ + 1}: no time left")
-                continue
-            # smallest predicted peak first: a run's high-water mark starts at what the earlier runs
-            # left resident (MLX CPU here: a demo streaming run after its all-resident one measured
-            # the resident one's 131 MB for its own 100)
-            order = sorted(range(len(cases)), key=lambda i: preds[i].peak_memory)
-            batch = [(cases[i][1], {"backend": args.backend, "profile": True,
-                                    **({"arena": cases[i][2]} if cases[i][2] else {})}) for i in order]
-            # each case run twice, the second measured: the first run of a spec in an MLX process
-            # compiles its kernels (H200: a first run's rate 6.3 tok/s, its steady one 1,130)
-            got = measure_batch(batch, max_tokens=args.tokens, timeout=limit, warmup=True)
-            for i, run in sorted(zip(order, got), key=lambda pair: pair[0]):
-                name, _, arena = cases[i]
-                if run is None:
-                    cut.append(f"{name} {arena or 'resident'} round {round_ + 1}: past the round's {limit:.0f} s")
-                    continue
-                measured[i].append(run)
-                if round_ == args.repeats - 1:
-                    _part("case", seconds=round(time.time() - t0, 1), **_row(name, arena, preds[i], measured[i]))
-        for round_ in range(0 if args.one_process else args.repeats):  # interleaved: a load spike hits all alike
+        for round_ in range(args.repeats):  # interleaved: a load spike hits all alike
             for i, (name, path, arena) in enumerate(cases):
                 overrides = {"backend": args.backend, "profile": True, **({"arena": arena} if arena else {})}
                 limit = min(args.case_timeout, left())
@@ -310,6 +293,141 @@ def main(argv=None) -> int:
             rows.append(row := _row(name, arena, preds[i], measured[i]))
             print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
                   f"(median {row['median_tps']:.1f}), load {row['load']:.1f}", file=sys.stderr, flush=True)
+    return _report(args, profile, rows, cut, t0)
+
+
+def _predictions(args, cases, traces, profile, cache) -> list:
+    """The doctor's prediction of every case: steady decode over the measured steps (WARMUP_TOKENS
+    .. tokens-2, after the prompt and the warm-up), from the model's own trace."""
+    from strata.config import Config
+    from strata.doctor import diagnose
+    from strata.doctor.measure import PROMPT, WARMUP_TOKENS
+    from strata.loader import load
+
+    preds = []
+    for name, path, arena in cases:  # a prediction reads no measurement
+        config = Config(backend=args.backend, **({"arena": arena} if arena else {}))
+        n_prompt = len(load(path).tokenizer.encode(PROMPT))
+        preds.append(diagnose(path, cache_dir=cache, config=config, trace=traces[name], profile=profile,
+                              context=n_prompt + args.tokens, horizon=max(1, args.tokens - 1 - WARMUP_TOKENS),
+                              prompt=n_prompt + WARMUP_TOKENS).prediction)
+    return preds
+
+
+def _case_name(cases: list, key) -> str:
+    """A case's name (model and arena) by its index; a probe run's name as it is."""
+    if isinstance(key, int):
+        name, _, arena = cases[key]
+        return f"{name} {arena or 'resident'}"
+    return f"probe {key}"
+
+
+def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
+    """--quick (one process a group): the probe's engine cases and every case over one pool of
+    warmed processes (strata.doctor.joint), predictions after, from the profile fitted on the
+    probe's runs alone."""
+    import time
+
+    from strata.doctor.joint import measure_joint
+    from strata.testing.models import make_model
+
+    say = lambda m: print(f"# {time.time() - t0:6.1f} s {m}", file=sys.stderr, flush=True)  # noqa: E731
+    budget = args.budget_s or 600.0
+    deadline = time.monotonic() + budget - (time.time() - t0) - RESERVE_S
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+        models = {}
+        for name in wanted:
+            from strata.default_model import default_model_path
+
+            models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
+        cases = _cases(models, fractions)
+        # a model's all-resident and streaming cases compile different kernels: two children
+        keyed = [(i, path, {"profile": True, **({"arena": arena} if arena else {})},
+                  f"{name}-{'streaming' if arena else 'resident'}") for i, (name, path, arena) in enumerate(cases)]
+        traces: dict = {}
+
+        def record_traces():  # CPU work of this process while the children compile
+            traces.update({name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()})
+            say(f"traces recorded ({', '.join(models)})")
+
+        joint = measure_joint(args.backend, cache, keyed, tokens=args.tokens, deadline=deadline,
+                              case_timeout=args.case_timeout, rounds=args.repeats, remeasure=args.remeasure,
+                              progress=say, while_warming=record_traces,
+                              alone=tuple(i for i, (_, _, arena) in enumerate(cases) if not arena),
+                              on_run=lambda name, r, run, alone: _part(
+                                  "run", seconds=round(time.time() - t0, 1), case=_case_name(cases, name),
+                                  round=r + 1, alone=alone, run=run.to_dict()))
+        profile = joint.profile
+        _part("profile", seconds=round(time.time() - t0, 1), profile=profile.to_dict(), probed=joint.probed,
+              phases={k: round(v, 1) for k, v in joint.seconds.items()})
+        preds = _predictions(args, cases, traces, profile, cache)
+        rows = []
+        for i, (name, path, arena) in enumerate(cases):
+            runs = joint.runs.get(i, [])
+            if not runs:
+                continue
+            rows.append(row := _row(name, arena, preds[i], runs))
+            _part("case", seconds=round(time.time() - t0, 1), **row)
+            print(f"# {name} {row['arena']}: predicted {row['pred_tps']:.1f} tok/s, measured {row['tps']:.1f} "
+                  f"(median {row['median_tps']:.1f}; {len(runs)} rounds)", file=sys.stderr, flush=True)
+        try:  # a report of its own: whatever it meets, the table and the summary still come
+            alone = _alone_check(joint, cases, args, traces, cache)
+        except Exception as exc:  # noqa: BLE001
+            print(f"alone check failed: {type(exc).__name__}: {exc}")
+            alone = {"error": f"{type(exc).__name__}: {exc}"}
+    cut = [f"{_case_name(cases, int(c.split()[0]))} {c.split(' ', 1)[1]}" if c.split()[0].isdigit() else c
+           for c in joint.cut]
+    return _report(args, profile, rows, cut, t0, phases={k: round(v, 1) for k, v in joint.seconds.items()},
+                   alone=alone)
+
+
+def _alone_check(joint, cases: list, args, traces: dict, cache: Path) -> dict:
+    """Each all-resident case measured again with the rest of the pool ended (strata.doctor.joint's
+    alone check) against its runs in the pool: ms a token (the median run each), printed as a
+    table; the pool's idle processes cost nothing if the two agree within the runs' spread. With
+    a probe measured now, the validated all-resident cases are also predicted from the profile
+    refitted on the probe's alone runs (the streaming fit as it was) against their alone runs."""
+    import dataclasses
+
+    from strata.doctor.engine_fit import refit, token_s
+    from strata.doctor.probe_engine import median_run
+
+    out = {}  # the probe's keys in joint.alone are its run names, the calibration's keys
+    for key, solo in joint.alone.items():
+        pooled = joint.pooled.get(key)
+        if not pooled:
+            continue
+        out[_case_name(cases, key)] = {
+            "pool_ms": 1e3 * token_s(median_run(pooled)), "alone_ms": 1e3 * token_s(median_run(solo)),
+            "pool_runs_ms": [1e3 * token_s(r) for r in pooled], "alone_runs_ms": [1e3 * token_s(r) for r in solo]}
+    if out:
+        print("\nalone check (ms a token: the pool's median run / the median run with every other process ended)")
+    for name, d in out.items():
+        runs = " / ".join(" ".join(f"{t:.3f}" for t in d[k]) for k in ("pool_runs_ms", "alone_runs_ms"))
+        print(f"  {name:24s} pool {d['pool_ms']:.3f}  alone {d['alone_ms']:.3f}  "
+              f"({d['alone_ms'] / d['pool_ms']:.2f}x)  runs {runs}")
+    probe_alone = {k: median_run(rs) for k, rs in joint.alone.items() if isinstance(k, str)}
+    mine = [k for k in joint.alone if isinstance(k, int)]
+    if joint.probed and probe_alone and mine:
+        calibration = {**joint.profile.calibration, **{k: r.to_dict() for k, r in probe_alone.items()}}
+        solo_profile = refit(dataclasses.replace(joint.profile, calibration=calibration))
+        preds = _predictions(args, [cases[k] for k in mine], traces, solo_profile, cache)
+        print(f"  alone profile: step {1e3 * solo_profile.step_s:.3f} ms, layer {1e3 * solo_profile.layer_s:.3f} ms")
+        for k, pred in zip(mine, preds):
+            tps = 1.0 / token_s(median_run(joint.alone[k]))
+            d = out.setdefault(_case_name(cases, k), {})
+            d.update(alone_pred_tps=pred.tok_per_s, alone_tps=tps, alone_tps_err=pred.tok_per_s / tps - 1)
+            print(f"  {_case_name(cases, k):24s} alone: predicted {pred.tok_per_s:.1f} tok/s, measured {tps:.1f} "
+                  f"({100 * d['alone_tps_err']:+.0f}%)")
+    return out
+
+
+def _report(args, profile, rows: list, cut: list, t0: float, **extra) -> int:
+    """The table, what was not measured, and the summary JSON line (last)."""
+    import time
+
     print(f"machine profile: {profile.backend}, measured at load {profile.load_avg:.1f}; "
           f"base RSS {profile.base_rss / 1e6:.1f} MB, step {1e3 * profile.step_s:.3f} ms, "
           f"round trip {1e6 * profile.sync_s:.1f} us, layer {1e3 * profile.layer_s:.3f} ms, "
@@ -340,7 +458,7 @@ def main(argv=None) -> int:
         "tps_within_target": sum(abs(r["tps_err"]) <= TPS_TARGET for r in rows),
         "median_tps_within_target": sum(abs(r["median_tps_err"]) <= TPS_TARGET for r in rows),
         "peak_within_target": sum(abs(r["peak_err"]) <= PEAK_TARGET for r in rows),
-        "rows": rows, "profile": profile.to_dict(),
+        "rows": rows, "profile": profile.to_dict(), **extra,
     }
     line = json.dumps(summary, sort_keys=True)
     if args.json_out:

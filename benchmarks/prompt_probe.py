@@ -17,6 +17,13 @@ default q2tiles then padded), in this order, each part printed as a `JSON-PART` 
 (`strata_probe_marker`), for `ncu --metrics gpu__time_duration.sum` (benchmarks/ncu_summary.py
 prints each kernel's GPU time per segment between markers).
 
+`--variants` (a comma list, e.g. `all,none,-topk,-sort,-norm,-qkv`) times the whole prompt at the
+largest length with the prompt path's kernel flags (FLAGS: the top-k and pair-sort kernels, the
+row kernels) all on (`all`), all off (`none`), all on but one (`-name`), or all on and an opt-in
+one (`+name`, OPT_IN: the QKV GEMM on one term), in one process, right
+after the first form's whole prompts; logits compared with the first variant's. With `--ncu`,
+the first variant's flags.
+
 --budget-s bounds the run: a part that would not fit is skipped and says so. Prints a table and
 one JSON line (`JSON {...}`).
 
@@ -41,7 +48,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import median_time  # noqa: E402
-from strata.mlx_backend import grouped, jit_cache, lowp  # noqa: E402,F401  (jit_cache: the PTX cache default)
+from strata.mlx_backend import grouped, grouped_tiles, lowp, prompt_rows  # noqa: E402
+from strata.mlx_backend import jit_cache  # noqa: E402,F401  (jit_cache: the PTX cache default)
 from strata.mlx_backend import prompt as prompt_mod  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
 from strata.mlx_backend.experts import experts_route, gated_hidden  # noqa: E402
@@ -63,6 +71,58 @@ T0 = time.time()
 
 def part(obj: dict) -> None:
     print("JSON-PART " + json.dumps({**obj, "t": round(time.time() - T0, 1)}), flush=True)
+
+
+# The prompt path's kernel flags --variants switches (module, constant), by name.
+FLAGS = {"topk": (grouped, "TOPK_KERNEL"), "weights": (grouped, "WEIGHTS_KERNEL"),
+         "sort": (grouped_tiles, "COUNTING_SORT"), "norm": (prompt_rows, "NORM_KERNEL"),
+         "qkv": (prompt_rows, "QKV_KERNEL"), "oproj": (prompt_rows, "O_AS_IS")}
+
+
+# Opt-in flags (off by default): `+name` is every FLAGS flag on and this one too.
+OPT_IN = {"qkv1": (prompt_rows, "QKV_ONE_TERM")}
+
+
+def set_variant(name: str) -> None:
+    """all: every flag on; none: every flag off; -x: every flag on but x; +y: all, and opt-in y."""
+    if name not in ("all", "none") and name.lstrip("-") not in FLAGS and name.lstrip("+") not in OPT_IN:
+        raise SystemExit(f"prompt_probe: variant {name!r} (all, none, -{' / -'.join(FLAGS)} or "
+                         f"+{' / +'.join(OPT_IN)})")
+    for flag, (mod, const) in FLAGS.items():
+        setattr(mod, const, name != "none" and name != f"-{flag}")
+    for flag, (mod, const) in OPT_IN.items():
+        setattr(mod, const, name == f"+{flag}")
+
+
+def variants(p, form, names: list[str], n: int, reps: int, seen: set, left) -> dict:
+    """--variants: the whole prompt of n tokens (the first --forms form) per flag variant, logits
+    against the first variant's."""
+    out, first = {}, None
+    try:
+        for name in names:
+            if left() < 8:
+                out[name] = {"skipped": f"{left():.0f} s left"}
+                part({"variant": name, **out[name]})
+                continue
+            set_variant(name)
+            try:
+                w = whole_prompts(p, form, [n], reps, seen)[n]
+            except Exception as exc:  # reported, not fatal: the next variant still runs
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                part({"variant": name, **out[name]})
+                continue
+            row = {k: v for k, v in w.items() if k != "logits"}
+            if first is None:
+                first = w["logits"]
+            else:
+                row["rel_l2_vs_first"] = float(np.linalg.norm(w["logits"] - first) / np.linalg.norm(first))
+                row["same_argmax"] = bool(np.argmax(w["logits"]) == np.argmax(first))
+            out[name] = row
+            part({"variant": name, "ms": row["s"] * 1e3, **{k: row[k] for k in ("rel_l2_vs_first", "same_argmax")
+                                                             if k in row}})
+    finally:
+        set_variant("all")
+    return out
 
 
 def _fresh(cfg) -> MlxModelState:
@@ -296,7 +356,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
+    ap.add_argument("--variants", default="", help="flag variants of the whole prompt: all, none, -" + ", -".join(FLAGS)
+                    + ", +" + ", +".join(OPT_IN))
     args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    for name in names:
+        set_variant(name)  # a bad name fails here, before the model is built
+    set_variant("all")
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
     lengths = [int(v) for v in args.lengths.split(",")]
     forms = [GroupedGemm(v) for v in args.forms.split(",")]
@@ -310,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                "layers": cfg.n_layers, "split": lowp.SPLIT, "forms": {}}
         part({"build_s": res["build_s"]})
         if args.ncu:
+            if names:
+                set_variant(names[0])  # --ncu: the flags of the first variant
             ncu_layer(p, forms, max(lengths))
             return
         seen: set = set()
@@ -327,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
                 r["whole"] = {n: {k: v for k, v in w.items() if k != "logits"} for n, w in whole.items()}
                 if first_logits is None:
                     first_logits = {n: w["logits"] for n, w in whole.items()}
+                    if names:  # the flag variants of the first form, while its kernels are warm
+                        res["variants"] = variants(p, form, names, max(lengths), args.repeat, seen, left)
                 else:
                     for n, w in whole.items():
                         ref = first_logits[n]
@@ -380,6 +450,16 @@ def main(argv: list[str] | None = None) -> None:
         for key in ("error", "skipped"):
             if key in r:
                 print(f"| {f} | {key}: {r[key]} |")
+    if "variants" in res:
+        flags = ", ".join(f"{k}: {m.__name__.rsplit('.', 1)[-1]}.{c}" for k, (m, c) in FLAGS.items())
+        print(f"\n| variant ({flags}) | {max(lengths)} tokens ms | tok/s | rel L2 vs first | same argmax |\n"
+              "|---|---|---|---|---|")
+        for name, row in res["variants"].items():
+            if "s" in row:
+                print(f"| {name} | {row['s'] * 1e3:.1f} | {row['tok_s']:.0f} | {row.get('rel_l2_vs_first', '-')} | "
+                      f"{row.get('same_argmax', '-')} |")
+            else:
+                print(f"| {name} | {row.get('skipped') or row.get('error')} |")
     if "layer_steps_ms" in res:
         print("\n| one layer's step (evaluated alone) | ms |\n|---|---|")
         for s, v in res["layer_steps_ms"].items():

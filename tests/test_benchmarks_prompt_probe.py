@@ -33,3 +33,24 @@ def test_probe_reports_each_part(capsys, monkeypatch):
     assert set(res["crossing_ms"]["8"]) == {"fused", "q2tiles", "padded"}
     assert res["q2tiles_rounded_once"]["8"]["s"] > 0
     assert prompt_probe.lowp.SPLIT and prompt_probe.prompt_mod.grouped_experts is prompt_probe.grouped_experts
+
+
+def test_variants_set_the_flags():
+    """--variants: `all` turns every FLAGS constant on, `none` every one off, `-x` all but x; an
+    unknown name stops the probe before it builds a model."""
+    flags = prompt_probe.FLAGS
+    saved = {k: getattr(m, c) for k, (m, c) in {**flags, **prompt_probe.OPT_IN}.items()}
+    try:
+        prompt_probe.set_variant("none")
+        assert not any(getattr(m, c) for m, c in flags.values())
+        prompt_probe.set_variant("-sort")
+        assert {k for k, (m, c) in flags.items() if not getattr(m, c)} == {"sort"}
+        prompt_probe.set_variant("+qkv1")
+        assert all(getattr(m, c) for m, c in flags.values()) and prompt_probe.prompt_rows.QKV_ONE_TERM
+        prompt_probe.set_variant("all")
+        assert all(getattr(m, c) for m, c in flags.values()) and not prompt_probe.prompt_rows.QKV_ONE_TERM
+        with pytest.raises(SystemExit, match="variant"):
+            prompt_probe.set_variant("-nothing")
+    finally:
+        for k, (m, c) in {**flags, **prompt_probe.OPT_IN}.items():
+            setattr(m, c, saved[k])

@@ -10,8 +10,8 @@ import pytest
 
 from strata.cache.types import CacheStats
 from strata.doctor.engine_fit import (
-    SHORT_LAYERS, WIDE_FFN, calibration_config, fit_engine, fit_streaming, refit, run_name, stored_runs,
-    wide_slot_bytes,
+    ALL_RESIDENT_POINTS, SHORT_LAYERS, WIDE_FFN, calibration_config, fit_engine, fit_streaming, refit, run_name,
+    stored_runs, wide_slot_bytes,
 )
 from strata.doctor.measure import WARMUP_TOKENS, RunMeasurement, _steady
 from strata.doctor.probe import MachineProfile, OpCost
@@ -119,14 +119,42 @@ def test_a_short_model_splits_a_tokens_fixed_cost_from_its_layers():
     assert (prof.step_s, prof.layer_s) == pytest.approx((STEP_S, layer), rel=1e-6)
 
 
-def _ops(n_layers: int) -> float:
+def _ops(n_layers: int, **fields) -> float:
     from strata.doctor.byte_budget import byte_budget
     from strata.doctor.families import count_strata
     from strata.doctor.predict import ops_seconds
 
     prof = _profile({})
-    n = count_strata(calibration_config(n_layers))
+    n = count_strata(calibration_config(n_layers, **fields))
     return ops_seconds(n, byte_budget(n, slot_bytes=4096), prof)
+
+
+def _resident_points(layer: float, disturb: dict | None = None) -> dict:
+    """The all-resident runs of every ALL_RESIDENT_POINTS model at step STEP_S + layer a layer
+    + its ops; `disturb`: key -> factor on its time (a run slowed by the machine)."""
+    base = RunMeasurement(decode_tps=1.0, median_token_s=1.0, tokens=24, peak_rss=90_000_000, streaming=False)
+    runs = {}
+    for key, fields in {"resident": {}, **ALL_RESIDENT_POINTS}.items():
+        n = fields.get("n_layers", L)
+        t = (STEP_S + n * layer + _ops(n, **{k: v for k, v in fields.items() if k != "n_layers"})) * (
+            (disturb or {}).get(key, 1.0))
+        runs[key] = dataclasses.replace(base, steady_tps=1 / t)
+    return runs
+
+
+def test_every_all_resident_point_goes_into_the_step_fit_and_one_slow_run_weighs_less():
+    layer = 1e-4
+    runs = {**_resident_points(layer), "top1": _resident_points(layer)["resident"], **STREAMING}
+    prof = refit(_profile(runs))
+    assert (prof.step_s, prof.layer_s) == pytest.approx((STEP_S, layer), rel=1e-6)
+    # the 2-layer run 30% slow (as a probe run measured minutes before its validation was on the H200):
+    # the four points' fit misses a 4-layer token by less than the two points' did (here 0.73x)
+    slow = {**_resident_points(layer, {"short": 1.3}), **STREAMING}
+    slow["top1"] = slow["resident"]
+    four = refit(_profile(slow))
+    two = refit(_profile({k: r for k, r in slow.items() if k not in ("mid", "e32")}))
+    truth = STEP_S + 4 * layer
+    assert abs(four.step_s + 4 * four.layer_s - truth) < 0.8 * abs(two.step_s + 4 * two.layer_s - truth)
 
 
 def test_calibration_configs_are_the_probes_made_models(tmp_path):

@@ -1,8 +1,10 @@
-"""Decode attention split over the context (attend with CH > 0, then kernels/attend_merge.py) on
-the emulated kernel path: against the reference over contexts of several chunks (empty chunks
-past the last position included), decode windows of T > 1, GQA, the output gate and partial
-rotary; the cache it writes; determinism; when it applies; and the Metal / CUDA compile check of
-both kernels (Metal: compile-checked, not run).
+"""Decode attention split over the context on the emulated kernel path, in both forms: the split
+attend merged inside the output projection's blocks (kernels/attend_split.py, the default: two
+launches) and the form before it (attend with CH > 0, kernels/attend_merge.py, the W_o GEMV:
+three). Against the reference over contexts of several splits (empty ones past the last position
+included), decode windows of T > 1, GQA, the output gate and partial rotary; every step shape
+(splits, rows a step); the cache it writes; determinism; when it applies; and the Metal / CUDA
+compile check of every kernel (Metal: compile-checked, not run).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from mlx_agree import assert_backends_agree
 from strata.mlx_backend.attention import MlxLayerKV, attention_partials
-from strata.mlx_backend.kernels import attend_project
+from strata.mlx_backend.kernels import attend_project, attend_split
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path
@@ -28,6 +30,7 @@ from test_mlx_attention_kernels import _layer
 pytestmark = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
 
 CHUNK = 4  # positions per block in these tests: contexts of a few chunks stay small
+SPLITS = 3  # attend_split's splits in these tests: several positions a split, a part-filled step
 STEPS = (9, 1, 3, 1, 2)  # a prompt of 9 (not split: T > SPLIT_MAX_T below), then decode windows
 
 
@@ -36,6 +39,7 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(attn_kernels, "SPLIT_CHUNK", CHUNK)
     monkeypatch.setattr(attn_kernels, "SPLIT_FROM", CHUNK)
     monkeypatch.setattr(attn_kernels, "SPLIT_MAX_T", 4)
+    monkeypatch.setattr(attend_split, "SPLITS", SPLITS)
 
 
 def _run(cfg, w, dense, rng, steps):
@@ -55,8 +59,18 @@ def _run(cfg, w, dense, rng, steps):
     return out
 
 
-@pytest.mark.parametrize("heads", [(8, 2, 32), (4, 1, 128), (6, 3, 16)], ids=["group4_hd32", "group4_hd128", "group2_hd16"])
-def test_split_attention_against_reference(small_chunks, heads):
+def _launches(split: bool, t: int, n: int, wo) -> int:
+    """A window's launches: QKV GEMV, then the split's two (merged) or three (attend, merge, GEMV),
+    else attend and the projection in one (a short window) or two."""
+    if split:
+        return 3 if attend_split.FUSED else 4
+    return 2 if attend_project.applies(t, n, wo) else 3
+
+
+@pytest.mark.parametrize("heads,merged", [((8, 2, 32), True), ((4, 1, 128), True), ((6, 3, 16), False)],
+                         ids=["group4_hd32", "group4_hd128", "group2_hd16_chunks"])
+def test_split_attention_against_reference(small_chunks, monkeypatch, heads, merged):
+    monkeypatch.setattr(attend_split, "FUSED", merged)
     h, kvh, hd = heads
     cfg = replace(SHAPES["tiny"], hidden_size=96, n_heads=h, n_kv_heads=kvh, head_dim=hd, qk_norm=QKNorm.PER_HEAD,
                   max_context=40)  # 10 chunks of 4: most are empty at these lengths
@@ -68,8 +82,7 @@ def test_split_attention_against_reference(small_chunks, heads):
             n += t
             split = attn_kernels.split_applies(n, t)
             assert split == (t <= 4 and n > CHUNK)
-            # QKV GEMV, attend, (merge,) output GEMV; a short window: attend and the projection in one launch
-            assert launches == (4 if split else 2 if attend_project.applies(t, n, w.wo) else 3)
+            assert launches == _launches(split, t, n, w.wo)
             what = f"window of {t} ending at {n} (split {split})"
             assert_backends_agree(ref, got, "FAST", what=what)
             assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what=f"{what}: cached keys")
@@ -85,7 +98,7 @@ def test_split_gated_partial_rotary_against_reference(small_chunks, gated):
     dense, w = _layer(cfg, rng)
     with using_path(KernelPath.EMULATED):
         for t, ref, got, launches, _, _ in _run(cfg, w, dense, rng, (5, 1, 2, 1)):
-            assert launches == (2 if t > 4 else 4)  # the prompt of 5: one block per head, fused with the projection
+            assert launches == (2 if t > 4 else 3)  # the prompt of 5: one block per head, fused with the projection
             assert_backends_agree(ref, got, "FAST", what=f"gated={gated}: window of {t}")
 
 
@@ -104,9 +117,43 @@ def test_split_is_deterministic_and_agrees_with_one_block_per_head(small_chunks,
         a, _ = attention_partials(cfg, w, kv, xs[-1])
         b, _ = attention_partials(cfg, w, kv, xs[-1])
         np.testing.assert_array_equal(np.array(a), np.array(b))
+        monkeypatch.setattr(attend_split, "FUSED", False)
+        chunks, _ = attention_partials(cfg, w, kv, xs[-1])
         monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 1 << 30)
         one, _ = attention_partials(cfg, w, kv, xs[-1])
+    assert a.shape == (1, cfg.n_heads, cfg.hidden_size) and chunks.shape == (1, 1, cfg.hidden_size)
     assert_backends_agree(np.array(one.sum(axis=1)), a.sum(axis=1), "FAST", what="split vs one block per head")
+    assert_backends_agree(np.array(chunks[:, 0]), a.sum(axis=1), "FAST", what="merged in W_o's blocks vs chunks")
+
+
+@pytest.mark.parametrize("splits,rows,per_round", [(1, 4, 4), (7, 3, 2), (40, 4, 4)],
+                         ids=["one_split", "ragged", "mostly_empty"])
+def test_every_step_shape_against_reference(small_chunks, monkeypatch, splits, rows, per_round):
+    """attend_split's step shapes: one split (a warp takes two steps of rows, the second's loads
+    issued after the first's update), splits that do not divide the context with 3 rows a step
+    and the window's own positions made 2 a round (a window of 3: two rounds), more splits than
+    positions (empty splits, weight 0 in the merge)."""
+    monkeypatch.setattr(attend_split, "SPLITS", splits)
+    monkeypatch.setattr(attend_split, "POSITIONS_PER_STEP", rows)
+    monkeypatch.setattr(attend_split, "NEW_PER_ROUND", per_round)
+    cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=32, qk_norm=QKNorm.PER_HEAD,
+                  max_context=40)
+    rng = np.random.default_rng([splits, rows])
+    dense, w = _layer(cfg, rng)
+    with using_path(KernelPath.EMULATED):
+        n = 0
+        for t, ref, got, launches, kv_r, (keys, _) in _run(cfg, w, dense, rng, (33, 1, 3)):
+            n += t
+            assert launches == _launches(attn_kernels.split_applies(n, t), t, n, w.wo)
+            assert_backends_agree(ref, got, "FAST", what=f"{splits} splits, {rows} rows a step: window of {t} at {n}")
+            assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what="cached keys")
+
+
+def test_heads_per_block():
+    assert attend_split.heads_per_block(16, 4, 128) == 4  # the seed shape: a KV head's 4 q heads in one block
+    assert attend_split.heads_per_block(16, 4, 256) == 2  # HPB x HD <= MAX_HEAD_ROWS
+    assert attend_split.heads_per_block(6, 3, 16) == 2 and attend_split.heads_per_block(12, 4, 64) == 1
+    assert attend_split.heads_per_block(64, 1, 32) == 8  # at most a warp a head: warps 0 .. HPB - 1 make q
 
 
 def test_split_applies_to_long_decode_only():
@@ -116,8 +163,9 @@ def test_split_applies_to_long_decode_only():
 
 
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-def test_split_kernels_compile(tmp_path, small_chunks, dialect):
-    """attend with CH > 0 and the merge (gated), as Metal (compile-checked, not run) and CUDA."""
+def test_split_kernels_compile(tmp_path, small_chunks, monkeypatch, dialect):
+    """Both split forms' kernels (gated): attend_split and merge_project; attend with CH > 0 and
+    the merge; as Metal (compile-checked, not run) and CUDA."""
     from test_metal_compile import _check
 
     cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=4, n_kv_heads=1, head_dim=128, rotary_dim=32,
@@ -126,9 +174,13 @@ def test_split_kernels_compile(tmp_path, small_chunks, dialect):
     with using_path(KernelPath.EMULATED), recording() as rec:
         _, kv = attention_partials(cfg, w, MlxLayerKV.empty(cfg), mx.ones((5, cfg.hidden_size)))
         parts, _ = attention_partials(cfg, w, kv, mx.ones((1, cfg.hidden_size)))
-        mx.eval(parts)
-    split = [r for r in rec if dict(r[3]).get("CH") == CHUNK]
-    assert sorted(r[0].name for r in split) == ["strata_attend", "strata_attend_merge"]
+        with monkeypatch.context() as m:
+            m.setattr(attend_split, "FUSED", False)
+            chunks, _ = attention_partials(cfg, w, kv, mx.ones((1, cfg.hidden_size)))
+        mx.eval(parts, chunks)
+    split = [r for r in rec if dict(r[3]).get("CH") == CHUNK or "NS" in dict(r[3])]
+    assert sorted(r[0].name for r in split) == ["strata_attend", "strata_attend_merge", "strata_attend_split",
+                                                "strata_merge_project"]
     for r in split:
         assert _check(tmp_path, dialect, r) is None
 
@@ -167,3 +219,27 @@ def test_compiled_decode_crosses_into_the_split(split_midway):
         ref, got, ref_state, got_state, step = _decode_both(p, traced=True)
     _assert_same_decode(ref, got, ref_state, got_state)
     assert sorted(step._fns) == [False, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "chunks"])
+def test_split_on_the_gpu_at_the_seed_heads(monkeypatch, merged):
+    """The seed shape's heads (16 q / 4 KV of 128, D 2560) past SPLIT_FROM with the module's own
+    split shape (64 splits, 4 rows a step; chunks of 128): a prompt of 300, then decode windows."""
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    monkeypatch.setattr(attend_split, "FUSED", merged)
+    cfg = replace(SHAPES["tiny"], hidden_size=2560, n_heads=16, n_kv_heads=4, head_dim=128, qk_norm=QKNorm.PER_HEAD,
+                  max_context=512)
+    rng = np.random.default_rng(2048)
+    dense, w = _layer(cfg, rng)
+    with using_path(KernelPath.GPU):
+        n = 0
+        for t, ref, got, launches, kv_r, (keys, _) in _run(cfg, w, dense, rng, (300, 1, 3, 1)):
+            n += t
+            split = attn_kernels.split_applies(n, t)
+            assert split == (t < 300) and launches == _launches(split, t, n, w.wo)
+            assert_backends_agree(ref, got, "FAST", what=f"window of {t} ending at {n} (split {split})")
+            assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what="cached keys")

@@ -116,7 +116,7 @@ def test_q2_tiles_sources_compile(tmp_path, dialect, monkeypatch):
                                             dtype=mx.float16, gemm=GroupedGemm.Q2_TILES))
     finally:
         lowp.SPLIT = saved
-    assert len(specs) == 6
+    assert len([s for s in specs if not s[0].name.startswith("strata_pair_")]) == 6  # the pair sort's: test_mlx_pair_sort.py
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
 

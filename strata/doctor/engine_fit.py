@@ -7,12 +7,16 @@ CALIBRATION_EXPERTS experts) all-resident at top-k and top-1 and streaming at se
 - `expert_call_s`: (resident top-k − resident top-1) / (L · (k − 1)), the engine's own cost per
   routed expert at the calibration record size;
 - `step_s` + `layer_s` · L: what the ops (gemv / expert / widening tables) and the token's one
-  host round trip (`sync_s`, MLX) leave of the all-resident runs of CALIBRATION_LAYERS and of
-  SHORT_LAYERS layers, by non-negative least squares: a decoded token's fixed cost (the
-  generation loop's sampling and bookkeeping, a compiled step's replay) apart from its per-layer
-  one. On the H200 the all-resident step took 0.83 ms at 4 layers and 1.06 at 8 (MLX, compiled):
-  ~0.6 ms a token and ~0.06 a layer, where one 6-layer run priced it all per layer (0.09 ms) and
-  predicted +37% and -40% there;
+  host round trip (`sync_s`, MLX) leave of the all-resident runs (CALIBRATION_LAYERS, SHORT_LAYERS
+  and MID_LAYERS layers, and FEW_EXPERTS experts: ALL_RESIDENT_POINTS), by non-negative least
+  squares: a decoded token's fixed cost (the generation loop's sampling and bookkeeping, a
+  compiled step's replay) apart from its per-layer one. On the H200 the all-resident step took
+  0.83 ms at 4 layers and 1.06 at 8 (MLX, compiled): ~0.6 ms a token and ~0.06 a layer, where one
+  6-layer run priced it all per layer (0.09 ms) and predicted +37% and -40% there. In a later
+  pass the probe's 2- and 6-layer runs took 0.80 and 1.20 ms where the validated 4-layer `small`
+  ran 0.69, faster than the 2-layer one: no split of fixed and per-layer cost fits that, the runs
+  themselves were ~0.3 ms slower than the validation's, minutes later (doctor/joint.py measures
+  both in the same minutes);
 - `miss_s`: the reports' wait per urgent miss;
 - `turn_s`, `turn_slot_s`, `read_s`, `read_byte_s`: non-negative least squares on what the
   all-resident step and the measured waits leave of the streaming runs (`fit_streaming`), the
@@ -38,20 +42,25 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["EngineCosts", "fit_engine", "fit_streaming", "token_s", "calibration_config", "refit",
-           "CALIBRATION_LAYERS", "CALIBRATION_EXPERTS", "SHORT_LAYERS", "WIDE_FFN", "run_name", "device_bandwidth",
-           "stored_runs"]
+           "CALIBRATION_LAYERS", "CALIBRATION_EXPERTS", "SHORT_LAYERS", "MID_LAYERS", "FEW_EXPERTS", "WIDE_FFN",
+           "ALL_RESIDENT_POINTS", "run_name", "device_bandwidth", "stored_runs"]
 
 CALIBRATION_LAYERS = 6
 CALIBRATION_EXPERTS = 64  # 384 slots over 6 layers: arenas from the smallest legal one (44) to all
 SHORT_LAYERS = 2  # the second all-resident model: a token's fixed cost apart from its per-layer one
+MID_LAYERS = 4  # a third: three layer counts, so one run off the line is seen (and weighs less)
+FEW_EXPERTS = 32  # a fourth, 6 layers of half the experts: the step's cost with E (`small` has 32, `demo` 64)
 WIDE_FFN = 512  # the wide model's expert width: 32 KB slots where the made model's are 4 KB
+# the all-resident runs the step_s + layer_s fit takes beside "resident": key -> their config's changes
+ALL_RESIDENT_POINTS = {"short": {"n_layers": SHORT_LAYERS}, "mid": {"n_layers": MID_LAYERS},
+                       "e32": {"n_experts": FEW_EXPERTS}}
 
 
 def calibration_config(n_layers: int = CALIBRATION_LAYERS, **fields):
     """The probe's made model's ModelConfig (as `make_model(..., "tiny", n_layers=..., n_experts=...)`)."""
     from strata.testing.models import SHAPES
 
-    return dataclasses.replace(SHAPES["tiny"], n_layers=n_layers, n_experts=CALIBRATION_EXPERTS, **fields)
+    return dataclasses.replace(SHAPES["tiny"], **{"n_layers": n_layers, "n_experts": CALIBRATION_EXPERTS, **fields})
 
 
 def wide_slot_bytes() -> int:
@@ -154,10 +163,11 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
         nc = count_strata(c)
         return token_s(run, clock) - sync_s - ops_seconds(nc, byte_budget(nc, slot_bytes=slot_bytes), partial)
 
-    if "short" in runs:
-        short = dataclasses.replace(cfg, n_layers=SHORT_LAYERS)
-        A = np.array([[1.0, L], [1.0, SHORT_LAYERS]])
-        (step_s, layer_s), _ = nnls(A, np.array([rest(resident, cfg), rest(runs["short"], short)]))
+    points = [(resident, cfg)] + [(runs[key], dataclasses.replace(cfg, **fields))
+                                  for key, fields in ALL_RESIDENT_POINTS.items() if key in runs]
+    if len(points) > 1:  # NNLS over every all-resident point: one disturbed run moves the fit less
+        A = np.array([[1.0, c.n_layers] for _, c in points])
+        (step_s, layer_s), _ = nnls(A, np.array([rest(run, c) for run, c in points]))
     else:  # runs measured before the short model: every fixed cost priced per layer
         step_s, layer_s = 0.0, max(0.0, rest(resident, cfg) / L)
     rows = [(s, slot_bytes, resident_s, r) for s, r in sorted(streaming.items())]

@@ -18,7 +18,8 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
   non-negative least squares, the streamer's per-layer turn (`turn_s` + `turn_slot_s` per
   arena slot: measured to grow with the arena) and the host's cost per read issued (`read_s`).
   The resident run's peak RSS less the model's bytes is the process's base memory. The fit is
-  engine_fit.py's; the runs are kept in the profile (`calibration`) so it can be redone.
+  engine_fit.py's; the runs are kept in the profile (`calibration`) so it can be redone; the
+  cases and how they are run (fresh processes, or a pool of warmed ones) are probe_engine.py's.
 
 Engine times are per decode call after the warm-up steps (the first steps of an MLX process
 compile kernels); the 1-minute load average at measurement time is kept with the profile.
@@ -39,23 +40,20 @@ from typing import Mapping
 
 import numpy as np
 
-from strata.doctor.engine_fit import (
-    CALIBRATION_EXPERTS, CALIBRATION_LAYERS, SHORT_LAYERS, WIDE_FFN, device_bandwidth, fit_engine, run_name,
-    token_s,
-)
+from strata.doctor.engine_fit import device_bandwidth, fit_engine, run_name
 
-__all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "PROFILE_VERSION"]
+__all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "measure_parts",
+           "profile_from_runs", "save_profile", "cached_profile", "PROFILE_VERSION"]
 
 PROFILE_VERSION = 6  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
-CALIBRATION_TOKENS = 32
-CALIBRATION_REPEATS = 3  # runs per engine case; the median one counts (a loaded machine's runs scatter)
 # The quick probe (`quick=True`, for a bounded run on a lent GPU machine where a fresh MLX process
-# cost 17-25 s on the H200): one run per engine case, all in one process (measure_batch), three
-# streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s takes), one
-# compute round. Cached apart from the full one.
+# cost 17-25 s on the H200): the engine cases over a pool of warmed processes (probe_engine.py,
+# pool.py: their kernels compile in parallel, runs measured one at a time in interleaved rounds),
+# three streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s
+# takes), one compute round. Cached apart from the full one.
 QUICK_COMPUTE_ROUNDS = 1
 
 
@@ -168,18 +166,28 @@ def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, p
                     quick: bool = False, timeout: float = 600) -> MachineProfile:
     """The cached profile of this machine for `backend`, measured now if absent or stale
     (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`)."""
-    path = Path(cache_dir) / f"machine-{backend}{'-quick' if quick else ''}.json"
-    if path.exists() and not remeasure:
-        try:
-            prof = MachineProfile.from_dict(json.loads(path.read_text()))
-            if prof.version == PROFILE_VERSION and prof.machine == _machine_id():
-                return prof
-        except (ValueError, TypeError, KeyError):
-            pass  # an old or broken cache: measure again
+    prof = None if remeasure else cached_profile(backend, cache_dir, quick=quick)
+    if prof is not None:
+        return prof
     prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    save_profile(prof, cache_dir, quick=quick)
     return prof
+
+
+def _profile_path(backend: str, cache_dir: Path, quick: bool) -> Path:
+    return Path(cache_dir) / f"machine-{backend}{'-quick' if quick else ''}.json"
+
+
+def cached_profile(backend: str, cache_dir: Path, *, quick: bool = False) -> MachineProfile | None:
+    """The cached profile of this machine, or None (absent, stale or of another machine)."""
+    path = _profile_path(backend, cache_dir, quick)
+    if not path.exists():
+        return None
+    try:
+        prof = MachineProfile.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError):
+        return None  # an old or broken cache: measure again
+    return prof if prof.version == PROFILE_VERSION and prof.machine == _machine_id() else None
 
 
 # ---------------------------------------------------------------- disk
@@ -379,56 +387,15 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
 
 
 def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
-    """The engine runs of the probe: "resident" (top-k), "top1", "short" (all-resident with
-    SHORT_LAYERS layers: with "resident", a token's fixed cost apart from its per-layer one)
-    and arena slots -> streaming run."""
-    from strata.config import Config
-    from strata.formats.expert_record import RecordLayout
-    from strata.formats.quant_types import QuantType
-    from strata.doctor.measure import measure_batch, measure_quiet
-    from strata.loader import load
-    from strata.runtime.decode import cache_config_for
-    from strata.testing.models import make_model
+    """The probe's engine runs (probe_engine.py): fresh processes, or (quick) a pool of warmed ones."""
+    from strata.doctor.probe_engine import engine_cases, run_fresh, run_pooled
 
     with tempfile.TemporaryDirectory() as d:
-        made = make_model(Path(d) / "probe", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS)
-        model = load(made.model_path)
-        total = model.experts_file.header.n_records
-        least = cache_config_for(model, Config(), 1).min_capacity
-        slot = model.experts_file.header.padded_bytes
-        record = RecordLayout(QuantType(model.experts_file.header.qtype), made.cfg.hidden_size,
-                              made.cfg.expert_ffn_size).record_bytes
-        model.experts_file.close()
-        arenas = {least, total // 2, total} if quick else {least, total // 3, 2 * total // 3, total}
-        one = make_model(Path(d) / "probe1", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
-                         n_experts_per_token=1)
-        short = make_model(Path(d) / "probe2", "tiny", n_layers=SHORT_LAYERS, n_experts=CALIBRATION_EXPERTS)
-        wide = make_model(Path(d) / "probe3", "tiny", n_layers=CALIBRATION_LAYERS, n_experts=CALIBRATION_EXPERTS,
-                          expert_ffn_size=WIDE_FFN)
-        cases = [("resident", made.model_path, {})] + [
-            (c, made.model_path, {"arena": f"{c}slots", "profile": True}) for c in sorted(arenas)] + [
-            ("top1", one.model_path, {}), ("short", short.model_path, {}), ("wide", wide.model_path, {})] + [
-            (("wide", c), wide.model_path, {"arena": f"{c}slots", "profile": True}) for c in (least, total // 2)]
-        if quick:  # every case in one process: a fresh MLX process costs seconds on a GPU (measure_batch)
-            if progress:
-                progress(f"engine: {len(cases)} cases in one process")
-            got = measure_batch([(path, {"backend": backend, **o}) for _, path, o in cases],
-                                max_tokens=CALIBRATION_TOKENS, timeout=timeout, warmup=True)
-            runs = {name: r for (name, _, _), r in zip(cases, got) if r is not None}
-            # the short and wide models come last and refine the fit; the fit needs the rest
-            missing = [run_name(name) for name, _, _ in cases if name not in runs]
-            if any(name not in runs for name, _, _ in cases[:len(arenas) + 2]):
-                raise RuntimeError(f"quick probe: engine runs {', '.join(missing)} did not finish within "
-                                   f"{timeout:.0f} s")
-            return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record, "missing": missing}
-        tries: dict = {name: [] for name, _, _ in cases}
-        for round_ in range(CALIBRATION_REPEATS):  # interleaved: a load burst hits every case alike
-            for name, path, o in cases:
-                if progress:
-                    progress(f"engine: {run_name(name)} ({round_ + 1}/{CALIBRATION_REPEATS})")
-                tries[name].append(measure_quiet(path, {"backend": backend, **o}, max_tokens=CALIBRATION_TOKENS))
-        runs = {name: sorted(t, key=token_s)[len(t) // 2] for name, t in tries.items()}  # the median run
-    return {"runs": runs, "cfg": made.cfg, "slot": slot, "record": record}
+        eng = engine_cases(Path(d), quick=quick)
+        if quick:  # a fresh MLX process costs seconds on a GPU, and every case's kernels compile (pool.py)
+            runs, missing = run_pooled(eng, backend, timeout, progress)
+            return {"runs": runs, "eng": eng, "missing": missing}
+        return {"runs": run_fresh(eng, backend, progress), "eng": eng, "missing": []}
 
 
 _PLACEHOLDER = MachineProfile(
@@ -443,10 +410,8 @@ def placeholder_profile(**fields) -> MachineProfile:
     return dataclasses.replace(_PLACEHOLDER, **fields)
 
 
-def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
-                    timeout: float = 600) -> MachineProfile:
-    """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs in
-    one process within `timeout` seconds)."""
+def measure_parts(backend: str, cache_dir: Path, *, progress=None, quick: bool = False) -> dict:
+    """What the probe measures outside strata's engine: disk, compute, memory (module docstring)."""
     say = progress or (lambda _msg: None)
     say("disk")
     lat, bw, direct = _disk(cache_dir)
@@ -455,27 +420,47 @@ def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool
     gemv, expert, sync = _compute_mlx(rounds) if backend == "mlx" else (*_compute_numpy(rounds), 0.0)
     say("memory")
     mem = device_bandwidth(gemv) if backend == "mlx" else _mem_bw()
-    widen = {} if backend == "mlx" else _widen_numpy(rounds)
-    eng = _engine(backend, say, quick, timeout)
-    notes: list[str] = []
     gpu = False
     if backend == "mlx":
         from strata.engines import mlx_gpu_available
 
         gpu = mlx_gpu_available()
-    runs = eng["runs"]
-    costs = fit_engine(runs, cfg=eng["cfg"], slot_bytes=eng["slot"], record_bytes=eng["record"], gemv=gemv,
-                       expert=expert, widen=widen, sync_s=sync, backend=backend, gpu=gpu,
-                       fallback_miss_s=lat + eng["slot"] / bw)
-    calibration = {run_name(k): r.to_dict() for k, r in runs.items()}
-    if not direct:
+    return {"disk_latency_s": lat, "disk_bytes_per_s": bw, "disk_direct": direct, "gemv": gemv, "expert": expert,
+            "sync_s": sync, "mem_bytes_per_s": mem, "widen": {} if backend == "mlx" else _widen_numpy(rounds),
+            "gpu": gpu}
+
+
+def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool = False,
+                      missing: tuple = ()) -> MachineProfile:
+    """The profile from `measure_parts` and the engine runs of `eng` (probe_engine.EngineCases)."""
+    costs = fit_engine(runs, cfg=eng.cfg, slot_bytes=eng.slot, record_bytes=eng.record, gemv=parts["gemv"],
+                       expert=parts["expert"], widen=parts["widen"], sync_s=parts["sync_s"], backend=backend,
+                       gpu=parts["gpu"], fallback_miss_s=parts["disk_latency_s"] + eng.slot / parts["disk_bytes_per_s"])
+    notes: list[str] = []
+    if not parts["disk_direct"]:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
-        notes.append("quick probe: one run per engine case, three streaming arenas, all in one process")
-    if eng.get("missing"):
-        notes.append(f"not finished within the probe's time, left out of the fit: {', '.join(eng['missing'])}")
+        notes.append("quick probe: engine cases measured over warmed processes, interleaved rounds")
+    if missing:
+        notes.append(f"not finished within the probe's time, left out of the fit: {', '.join(missing)}")
     return MachineProfile(
-        backend=backend, machine=_machine_id(), disk_latency_s=lat, disk_bytes_per_s=bw, disk_direct=direct,
-        mem_bytes_per_s=mem, gemv=gemv, expert=expert, calibration_record_bytes=eng["record"],
-        calibration_slot_bytes=eng["slot"], load_avg=os.getloadavg()[0], measured_at=time.time(),
-        notes=tuple(notes), widen=widen, calibration=calibration, gpu=gpu, sync_s=sync, **dataclasses.asdict(costs))
+        backend=backend, machine=_machine_id(), calibration_record_bytes=eng.record, calibration_slot_bytes=eng.slot,
+        load_avg=os.getloadavg()[0], measured_at=time.time(), notes=tuple(notes),
+        calibration={run_name(k): r.to_dict() for k, r in runs.items()}, **parts, **dataclasses.asdict(costs))
+
+
+def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
+                    timeout: float = 600) -> MachineProfile:
+    """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs over
+    a pool of warmed processes within `timeout` seconds)."""
+    parts = measure_parts(backend, Path(cache_dir), progress=progress, quick=quick)
+    eng = _engine(backend, progress or (lambda _msg: None), quick, timeout)
+    return profile_from_runs(backend, parts, eng["eng"], eng["runs"], quick=quick, missing=tuple(eng["missing"]))
+
+
+def save_profile(prof: MachineProfile, cache_dir: Path, *, quick: bool = False) -> Path:
+    """Cache `prof` where `machine_profile` reads it."""
+    path = _profile_path(prof.backend, cache_dir, quick)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    return path

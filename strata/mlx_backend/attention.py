@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.dense import linear
-from strata.mlx_backend.kernels import attend_project
+from strata.mlx_backend.kernels import attend_project, attend_split
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
@@ -220,9 +220,15 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
                                                   kv.length, cfg.rms_norm_eps, cfg.n_heads, pos=pos,
                                                   rotary_dim=cfg.rope_dim, gated=w.gated)
             return parts, MlxLayerKV(kv.keys, kv.values, kv.length + t)
+        split = attn_kernels.split_applies(kv.length + t, t)
+        if split and attend_split.applies(w.wo):  # attention split over the context, merged in W_o's blocks
+            parts = attend_split.attend_split_project(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo,
+                                                      kv.length, cfg.rms_norm_eps, cfg.n_heads, pos=pos,
+                                                      rotary_dim=cfg.rope_dim, gated=w.gated)
+            return parts, MlxLayerKV(kv.keys, kv.values, kv.length + t)
         o = attn_kernels.attend(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, kv.length,
                                 cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
-                                gated=w.gated, split=attn_kernels.split_applies(kv.length + t, t))  # [T, H HD]
+                                gated=w.gated, split=split)  # [T, H HD]
         out = dense_kernel.dense_gemv(w.wo, o)  # [T, D]
         return out[:, None, :], MlxLayerKV(kv.keys, kv.values, kv.length + t)
     out, kv = _ops(cfg, w, kv, x)

@@ -7,7 +7,8 @@ expert's weights are read once for all its tokens and multiplied on the matrix u
 
 1. route on the device (the model's rule; every expert resident, so MoCE's bonus lifts every
    logit alike and the selection is the model's): `top_k` ranks by an exact integer key, ties to
-   the lower id as the reference breaks them;
+   the lower id as the reference breaks them (on a kernel path one launch ranks them the same
+   way, kernels/prompt_topk.py, with the softmax rules' weights);
 2. dequantize the layer's E records to the compute dtype (`mx.dequantize`: Q2_0 is MLX's affine
    2-bit group-32 layout, d (q - 2) is exact in float16);
 3. gather the sorted tokens' rows and run gate, up and down as grouped GEMMs: `mx.gather_mm(...,
@@ -41,6 +42,7 @@ from strata.mlx_backend.grouped_tiles import q2_tile_experts
 from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.mlx_backend.kernels.prompt_topk import WEIGHED_ORDERS, topk_kernel
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
 from strata.mlx_backend.quants import GROUP
 from strata.mlx_backend.routing import combine_weights, rank_order, selection_scores
@@ -52,7 +54,7 @@ from strata.reference.routing import RouterRule
 Q2_BITS = layout(QuantType.Q2_0).bits
 
 __all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
-           "top_k",
+           "top_k", "TOPK_KERNEL", "WEIGHTS_KERNEL",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
@@ -67,20 +69,31 @@ def _order_key(score: mx.array) -> mx.array:
     return ~((ordered.astype(mx.uint64) << 32) | (e - 1 - ids))  # larger score (then lower id) first
 
 
+# top_k on a kernel path as one launch (kernels/prompt_topk.py: the same selection) instead of the
+# uint64 key's ~12 ops and its sort (ncu, a 2048-token layer: ~140 us). False: the key everywhere.
+TOPK_KERNEL = True
+
+
 def top_k(score: mx.array, k: int) -> mx.array:
     """The k best experts per row in rank order (the reference's order, ties to the lower id):
-    one sort of distinct integer keys, where `routing.rank_order` compares all E x E pairs
-    ([T, E, E]: 0.5 GB of int32 a layer at 2048 tokens; still the form where this device cannot
-    sort uint64). float32 [T, E] -> int32 [T, k]"""
-    if not _sorts_uint64(mx.default_device()):
+    on a kernel path one launch (TOPK_KERNEL), else one sort of distinct integer keys, where
+    `routing.rank_order` compares all E x E pairs ([T, E, E]: 0.5 GB of int32 a layer at 2048
+    tokens; still the form where this device cannot sort uint64). float32 [T, E] -> int32 [T, k]"""
+    if TOPK_KERNEL and current_path() is not KernelPath.OPS:
+        return topk_kernel(score, k)
+    if not _sorts_uint64(str(mx.default_device())):
         ids = mx.broadcast_to(mx.arange(score.shape[-1], dtype=mx.int32)[None], score.shape)
         return mx.argsort(rank_order(score, ids), axis=-1)[:, :k].astype(mx.int32)
     return mx.argsort(_order_key(score), axis=-1)[:, :k].astype(mx.int32)
 
 
 @functools.cache
-def _sorts_uint64(device) -> bool:
-    """Whether MLX sorts uint64 keys on `device` (asked once: an unsupported op fails only when evaluated)."""
+def _sorts_uint64(device: str) -> bool:
+    """Whether MLX sorts uint64 keys on `device` (asked once: an unsupported op fails only when evaluated).
+    Keyed by the device's name: `mx.Device` compares equal but hashes by identity and
+    `mx.default_device()` makes a new one per call, so a cache keyed by it asked again at every
+    layer (on the H200 an 8-key sort of a host array, 156 us of GPU time under ncu, and a host
+    sync that drained the layers queued before it)."""
     keys = np.array([5, 3, 7, 1, 6, 0, 4, 2], np.uint64) << np.uint64(33) | np.arange(8, dtype=np.uint64)
     try:
         return np.array(mx.argsort(mx.array(keys))).tolist() == np.argsort(keys).tolist()
@@ -88,8 +101,16 @@ def _sorts_uint64(device) -> bool:
         return False
 
 
+# The softmax rules' weights in the top-k kernel's launch (kernels/prompt_topk.py), where
+# routing.combine_weights takes ~8 launches over [T, E] (ncu, a 2048-token layer: ~30 us). False:
+# the ops (the selection stays TOPK_KERNEL's).
+WEIGHTS_KERNEL = True
+
+
 def route_prompt(z: mx.array, rule: RouterRule) -> tuple[mx.array, mx.array]:
     """The model's own rule on the device. z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
+    if WEIGHTS_KERNEL and TOPK_KERNEL and current_path() is not KernelPath.OPS and rule.order in WEIGHED_ORDERS:
+        return topk_kernel(z, rule.k, order=rule.order, norm=rule.norm_topk_prob)
     experts = top_k(selection_scores(z, rule), rule.k)
     return experts, combine_weights(z, experts, rule)
 

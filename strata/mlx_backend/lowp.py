@@ -39,11 +39,12 @@ def as_mm(a: mx.array, dtype: mx.Dtype) -> mx.array:
 
 
 def split_rows(x: mx.array, dtype: mx.Dtype, axis: int = 0) -> mx.array:
-    """x as its hi rows then its lo rows along `axis` (SPLIT), else rounded once.
+    """x as its hi rows then its lo rows along `axis` (SPLIT), else rounded once (and x of `dtype`
+    already, e.g. the float16 attention output, as it is: its lo rows would be zeros).
     x float32 [.., N, ..] -> [.., 2N, ..] (SPLIT) or [.., N, ..], in `mm_dtype(dtype)`"""
-    hi = x.astype(dtype)
-    if not SPLIT or dtype == mx.float32:
+    if not SPLIT or dtype == mx.float32 or x.dtype == dtype:  # x already of dtype: its lo term is zeros
         return as_mm(x, dtype)
+    hi = x.astype(dtype)
     lo = (x - hi.astype(mx.float32)).astype(dtype)
     m = mm_dtype(dtype)
     return mx.concatenate([hi.astype(m), lo.astype(m)], axis=axis)

@@ -28,13 +28,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.attention import AttentionWeights, rms_norm
+from strata.mlx_backend.attention import AttentionWeights
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, silu
 from strata.mlx_backend.grouped import grouped_experts, grouped_pays, grouped_refusal, route_prompt
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, holds_q8_dense, mixer_partials
 from strata.mlx_backend.lowp import lowp_matmul
 from strata.mlx_backend.prompt_attention import attention_refusal, prompt_attention
+from strata.mlx_backend.prompt_rows import residual_norm
 from strata.model_config import Mixer
 from strata.reference.experts import expert_act
 
@@ -125,8 +126,7 @@ def _layer(p: MlxParams, layer: int, state, x: mx.array, *, window: bool):
     """One layer over T positions. x float32 [T, D] -> (float32 [T, D], the layer's new state)"""
     cfg, lw, dtype = p.cfg, p.layers[layer], prompt_dtype(p)
     parts, state = prompt_mixer(p, layer, state, x, window=window)
-    x = x + parts.sum(axis=1)
-    h = rms_norm(x, lw.ffn_norm, cfg.rms_norm_eps)
+    x, h = residual_norm(x, parts, lw.ffn_norm, cfg.rms_norm_eps)  # x + parts.sum(axis=1), its norm
     if lw.dense is not None:  # a dense FFN layer
         return x + swiglu(h, lw.dense, dtype), state
     z = h @ lw.router.T  # float32 [T, E]: selection is decided in float32

@@ -22,6 +22,8 @@ import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, rms_norm, rope_table_cached
 from strata.mlx_backend.lowp import as_mm, lowp_matmul
+from strata.mlx_backend import prompt_rows
+from strata.mlx_backend.prompt_rows import attention_qkv, qkv_kernel_applies
 from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ModelConfig, QKNorm
 
@@ -65,24 +67,31 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
     check_context(cfg, kv.length, t)
     hd, h, kvh = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     qr, kr = h * hd, kvh * hd
-    xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
-    qkv = lowp_matmul(xn, w.wqkv, dtype)  # [T, QR + 2 KR (+ QR gate columns)]
-    if w.bqkv is not None:
-        qkv = qkv + w.bqkv.astype(mx.float32)
-    q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
-    if cfg.qk_norm is QKNorm.FULL:
-        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-    q = q.reshape(t, h, hd).transpose(1, 0, 2)  # [H, T, HD]
-    k = k.reshape(t, kvh, hd).transpose(1, 0, 2)  # [KVH, T, HD]
-    v = v.reshape(t, kvh, hd).transpose(1, 0, 2)
-    if cfg.qk_norm is QKNorm.PER_HEAD:
-        q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
     start = kv.length
-    q, k = _rope(cfg, q, start), _rope(cfg, k, start)
-    kv.keys[:, start:start + t, :] = k  # the cache is the ops path's: float32, written in place
-    kv.values[:, start:start + t, :] = v
     s = start + t
-    keys, values = (k, v) if start == 0 else (kv.keys[:, :s], kv.values[:, :s])  # [KVH, S, HD]
+    if qkv_kernel_applies(cfg, w, dtype):  # norm + terms, the GEMM, its epilogue: 3 launches (prompt_rows.py)
+        q, k16, v16, k, v = attention_qkv(cfg, w, x, start, *_device_tables(cfg), dtype)
+        kv.keys[:, start:start + t, :] = k
+        kv.values[:, start:start + t, :] = v
+        keys, values = (k16, v16) if start == 0 else (kv.keys[:, :s], kv.values[:, :s])  # [KVH, S, HD]
+        gate = None
+    else:
+        xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
+        qkv = lowp_matmul(xn, w.wqkv, dtype)  # [T, QR + 2 KR (+ QR gate columns)]
+        if w.bqkv is not None:
+            qkv = qkv + w.bqkv.astype(mx.float32)
+        q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
+        if cfg.qk_norm is QKNorm.FULL:
+            q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q = q.reshape(t, h, hd).transpose(1, 0, 2)  # [H, T, HD]
+        k = k.reshape(t, kvh, hd).transpose(1, 0, 2)  # [KVH, T, HD]
+        v = v.reshape(t, kvh, hd).transpose(1, 0, 2)
+        if cfg.qk_norm is QKNorm.PER_HEAD:
+            q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q, k = _rope(cfg, q, start), _rope(cfg, k, start)
+        kv.keys[:, start:start + t, :] = k  # the cache is the ops path's: float32, written in place
+        kv.values[:, start:start + t, :] = v
+        keys, values = (k, v) if start == 0 else (kv.keys[:, :s], kv.values[:, :s])  # [KVH, S, HD]
     pad = bucket(t) - t if start == 0 and buckets_positions() else 0
     if pad:  # zero rows after the last position: [H, T + pad, HD], [KVH, T + pad, HD]
         q, keys, values = (mx.concatenate([a, mx.zeros((a.shape[0], pad, hd), a.dtype)], axis=1)
@@ -91,7 +100,11 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
     o = mx.fast.scaled_dot_product_attention(as_mm(q[None], dtype), as_mm(keys[None], dtype),
                                              as_mm(values[None], dtype), scale=float(1.0 / np.sqrt(hd)),
                                              mask="causal")  # [1, H, T (+ pad), HD]
-    o = o[0, :, :t].astype(mx.float32).transpose(1, 0, 2).reshape(t, qr)  # [T, H HD]
+    # [T, H HD] in the attention's dtype: float16 on a GPU, whose lo term would be zeros
+    # (lowp.split_rows: one term then; the output GEMM half the rows, no float32 copy of o)
+    o = o[0, :, :t].transpose(1, 0, 2).reshape(t, qr)
+    if w.gated or not prompt_rows.O_AS_IS:
+        o = o.astype(mx.float32)
     if w.gated:
         o = o * mx.sigmoid(gate)
     out = lowp_matmul(o, w.wo, dtype)  # [T, D]

@@ -50,7 +50,7 @@ def _edit(body: str, old: str, new: str) -> str:
     return body.replace(old, new)
 
 
-_PREFETCH = r"""
+W_O_PREFETCH = r"""
   constexpr int NRC = (D + NT - 1) / NT;      // row chunks of W_o
   constexpr int NG8 = HD / 8;                 // 16-byte groups of a head's slice of a row
   constexpr int PF = NG8 < PREF ? NG8 : PREF; // ... loaded before the attention
@@ -62,7 +62,7 @@ _PREFETCH = r"""
   UNROLL for (int g = 0; g < PF; ++g) wq[g] = *(const DEVICE uint4*)(wrow + 8 * g);
 """
 
-_PROJECT = r"""
+W_O_PROJECT = r"""
   BARRIER();
   float acc = 0.0f;
   UNROLL for (int g = 0; g < PF; ++g) {
@@ -84,7 +84,7 @@ BODY = _edit(_edit(_edit(attn.ATTEND_BODY,
              "      osh[r] = aa / ll * gate;\n")
 SOURCE = KernelSource("strata_attend_project",
                       ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params", "fparams", "kc", "vc", "wo"),
-                      ("out",), _PREFETCH + BODY + _PROJECT, attn.ATTEND_HELPERS)
+                      ("out",), W_O_PREFETCH + BODY + W_O_PROJECT, attn.ATTEND_HELPERS)
 
 
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:

@@ -205,8 +205,8 @@ def _norm_rope(a: str, b: str, c: str, weight: str, position: str, then_pair: st
 """
 
 
-ATTEND_BODY = expand(
-    _ATTEND_TEMPLATE,
+# attend's pieces by name: kernels/attend_split.py builds its body from the same q and raw-key code
+ATTEND_PIECES = dict(
     LOAD_Q=_load_pairs(("qa", "qb", "qc", "src"), sum_squares=True),
     LOAD_KV_CACHED=_load_pairs(("ka", "kb", "kx", "kp"), ("va", "vb", "vx", "vp"), sum_squares=False),
     LOAD_KV_RAW=_load_pairs(("ka", "kb", "kx", "ks"), ("va", "vb", "vx", "vs"), sum_squares=True),
@@ -219,6 +219,7 @@ ATTEND_BODY = expand(
                   " put_kv(vd + r + RH, vb[i]); }",
         then_rest="\n        if (KV16) { kx[j] = kv_round(kx[j]); vx[j] = kv_round(vx[j]); }"
                   "\n        if (write) { put_kv(kd + e, kx[j]); put_kv(vd + e, vx[j]); }"))
+ATTEND_BODY = expand(_ATTEND_TEMPLATE, **ATTEND_PIECES)
 
 
 # The cache's element type is the kernel's float or half_t (KV16): the chunk's own positions are

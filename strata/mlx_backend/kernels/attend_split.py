@@ -1,0 +1,355 @@
+"""Decode attention over a long context in two launches: `attend_split` (this file: flash
+decoding, a block per (KV head, split of the context)) and `merge_project` (kernels/merge_project.py:
+the splits merged inside the output projection's blocks). strata.reference.attention is the
+definition.
+
+Why (issue 19, H200, the seed shape: 16 q / 4 KV heads of 128, D 2560, float32 cache): the split
+before this (kernels/attention.py with CH > 0, then kernels/attend_merge.py, then the W_o GEMV)
+was three launches a layer where a short context takes one (kernels/attend_project.py): 338
+launches a token at context 2048 against 242 at 8, and 5.59 against 3.83 ms a token with no host
+wait: ~37 us a layer more, where the layer's keys and values at 2048 positions are 8.4 MB (2.5
+us at 3.4 TB/s). Its attend ran a block per (query head, chunk of 128 positions): each warp took
+16 positions one dependent step at a time (a load, a warp sum, two exponentials), and the four
+query heads of a KV head read the same rows four times.
+
+`attend_split`, block (g, j, t): the HPB query heads h0 .. h0 + HPB - 1 of KV head g / (G / HPB)
+over split j of token t's positions 0 .. pos0 + t (NS splits of ceil(n / NS) positions: every
+block has work at every length past NS, the grid does not change with the context, so a compiled
+step keeps one trace). Each warp takes PB consecutive cached rows a step, 16-byte loads (a lane's
+4 floats of each key and value row: a row is one coalesced 512-byte read at HD 128), the first
+step's loads issued before q is made; each row loaded once serves the block's HPB heads (one
+warp sum a head and row). The chunk's own positions (>= pos0) come from the raw qkv rows as in
+attend (the same pieces: per-head k norm, RoPE, the float16 rounding of KV16, the one writer per
+(KV head, position)), made into threadgroup memory by the warps that do not make q, beside
+them and before the cached rows, NEWMAX at a time (at most T of them, in the last splits): every
+load that waits on nothing goes out first. Warps merge in a fixed order; out: per (token, head, split) the
+unnormalised values, the max and the sum (an empty split: zeros, NEG_BIG, 0).
+
+`merge_project`, block (h, c, t) as attend_project's: rows c NT .. c NT + NT - 1 of W_o's head-h
+slice, loaded (16-byte groups, up to PREF of them) before the merge; the head's NS partials merged
+in a fixed order, M = max m_j, out = sum_j exp(m_j - M) acc_j / sum_j exp(m_j - M) l_j (x the
+output gate), then the slice times the head's output: one partial per head, [T, H, D], which the
+router kernel adds to x as it adds attend_project's (the same router specialisation: P = H).
+
+Predicted at context 2048 (seed shape, a layer): attend_split 256 blocks (4 KV heads x NS 64), 32
+positions a block, 4 a warp (one step): all 8.4 MB in flight at once, so ~2.5 us of bytes + ~2 us
+of ramp and q's prologue: ~4-5 us (the old split attend + merge: ~25-30 us by the difference
+above). merge_project: W_o's 10.5 MB (6.7 us as the GEMV alone, attend_project 9.8 us at context 8)
+plus 532 KB of partials, each head's 33 KB read by its 10 row blocks from L2: ~7-8 us. So ~12 us a
+layer against attend_project's 9.8 at context 8, one launch more (290 a token against 242, not
+338): context 2048 at ~0.15-0.25 ms a token over context 8 with no host wait (~1.05x).
+Measured (H200, ncu, the first form): attend_split 12.4 us at 2048 and 7.0 at 64 positions,
+merge_project 14.5: fixed costs, not bytes. The first form made the window's own positions only
+after every cached row (two more dependent accesses and two barriers at the end) and the merge
+loaded one partial at a time (~0.14 us a split); now the positions are made beside q, q's row is
+loaded before the position, and the merge loads MB partials at once: predicted ~5-7 and ~8-9 us.
+
+Shapes:
+    attend_split: qkv float32 [T, (H + 2 KVH + GATE H) HD] (raw), kc / vc float32 or float16
+                  [KVH, S_MAX, HD] -> part float32 [T, H NS (HD + 2)]; writes the T new positions
+    merge_project: part, qkv, wo float16 [D, H HD] -> partials float32 [T, H, D]
+Grids: attend_split (KVH G / HPB, NS, T) blocks of NT threads; merge_project (H ceil(D / NT), T).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from strata.mlx_backend.kernels import attend_project
+from strata.mlx_backend.kernels import attention as attn
+from strata.mlx_backend.kernels import merge_project
+from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
+from strata.mlx_backend.kernels.source import KernelSource, expand
+
+THREADS = 256  # 8 warps a block: 8 x PB rows of a split in flight at once
+SPLITS = 64  # NS: 4 KV heads x 64 = 256 blocks at the seed shape (132 SMs); 32 positions a block at 2048
+POSITIONS_PER_STEP = 4  # PB: a warp's cached rows whose loads are in flight together
+MAX_HEAD_ROWS = 512  # HPB x HD: the block's q rows and each warp's accumulators in threadgroup memory
+NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded token: 1, in one round)
+FUSED = True  # False: attend split by chunks, the merge and the W_o GEMV (the form before; benchmarks flip it)
+
+_BODY = r"""
+  constexpr int NW = NT / 32;
+  constexpr int RH = RD / 2;
+  constexpr int PPL = (RH + 31) / 32;
+  constexpr int NP = HD - RD;
+  constexpr int PSL = (NP + 31) / 32;
+  constexpr int PSA = PSL > 0 ? PSL : 1;
+  constexpr int G = H / KVH;
+  constexpr int NG = G / HPB;             // head groups a KV head (blocks per KV head and split)
+  constexpr int ROW = (H + 2 * KVH + GATE * H) * HD;
+  constexpr int GPL = (HD + 127) / 128;   // a row's 16-byte loads a lane
+  constexpr int EPL = 4 * GPL;            // ... its elements: i -> 4 (lane + 32 (i / 4)) + i % 4
+  const uint32_t kvh = bx / NG;
+  const uint32_t h0 = kvh * G + (bx % NG) * HPB;
+  const uint32_t j = by;
+  const uint32_t t = bz;
+  const float eps = fparams[0];
+  const float scale = sqrt_f((float)HD);
+  const DEVICE float* qkv_t = qkv + (uint64_t)t * ROW;
+  SHARED float qsh[HPB * HD];
+  SHARED float ksh[NEWMAX * HD];
+  SHARED float vsh[NEWMAX * HD];
+  SHARED float mw[NW * HPB];
+  SHARED float lw[NW * HPB];
+  SHARED float accw[NW * HPB * HD];
+  // Every load that does not wait on another goes out first, so the block's chain of dependent
+  // memory accesses is: the position, then the rows / the RoPE table / the raw keys, together
+  // (ncu: the kernel's fixed cost, 7 us at 64 positions, was that chain's length).
+  float qa[PPL], qb[PPL], qc[PSA];
+  float s2 = 0.0f;
+  const bool qwarp = warp_id < (uint32_t)HPB;  // warp u < HPB makes q of head h0 + u
+  if (qwarp) {
+    const DEVICE float* src = qkv_t + (uint64_t)(h0 + warp_id) * HD;
+    LOAD_Q
+  }
+  const int32_t pos0 = params[0];
+  const int32_t n_pos = pos0 + (int32_t)t + 1;  // causal: positions 0 .. pos0 + t
+  const int32_t chunk = (n_pos + NS - 1) / NS;
+  const int32_t lo = (int32_t)j * chunk;
+  const int32_t hi = lo + chunk < n_pos ? lo + chunk : n_pos;  // lo >= hi: an empty split
+  const int32_t hc = hi < pos0 ? hi : pos0;  // cached positions end here; [nlo, hi) are new
+  const int32_t nlo = lo > pos0 ? lo : pos0;
+  const int32_t rounds = hi > nlo ? (hi - nlo + NEWMAX - 1) / NEWMAX : 0;  // of NEWMAX new positions
+  int32_t p0 = lo + (int32_t)warp_id * PB;
+  float kr[PB][EPL], vr[PB][EPL];
+  if (p0 < hc) {
+    LOAD_ROWS
+  }
+  if (qwarp) {  // attend's code: per-head norm, RoPE at pos0 + t
+    NORM_ROPE_Q
+    PAIRS_TO_SHARED(qsh + warp_id * HD, qa, qb, qc)
+  }
+  RAW_ROUND(0)
+  BARRIER();
+  float qv[HPB][EPL], acc[HPB][EPL], m[HPB], l[HPB];
+  UNROLL for (int u = 0; u < HPB; ++u) {
+    UNROLL for (int i = 0; i < EPL; ++i) {
+      const int e = 4 * ((int)lane + 32 * (i / 4)) + i % 4;
+      qv[u][i] = e < HD ? qsh[u * HD + e] : 0.0f;
+      acc[u][i] = 0.0f;
+    }
+    m[u] = NEG_BIG;
+    l[u] = 0.0f;
+  }
+  while (p0 < hc) {  // the cached rows, PB a step
+    UPDATE_CACHED
+    p0 += NW * PB;
+    if (p0 < hc) {
+      LOAD_ROWS
+    }
+  }
+  // the chunk's own positions, NEWMAX a round (block-uniform loop: its barriers are the block's)
+  for (int32_t k = 0; k < rounds; ++k) {
+    if (k > 0) {
+      BARRIER();  // the last round's rows read before these overwrite them
+      RAW_ROUND(k)
+      BARRIER();
+    }
+    for (int i = (int)warp_id; i < NEWMAX; i += NW) {
+      if (nlo + k * NEWMAX + i < hi) {
+        UNROLL for (int c = 0; c < EPL; ++c) {
+          const int e = 4 * ((int)lane + 32 * (c / 4)) + c % 4;
+          kr[0][c] = e < HD ? ksh[i * HD + e] : 0.0f;
+          vr[0][c] = e < HD ? vsh[i * HD + e] : 0.0f;
+        }
+        UPDATE_NEW
+      }
+    }
+  }
+  // the warps merged in a fixed order (no atomics: deterministic)
+  UNROLL for (int u = 0; u < HPB; ++u) {
+    if (lane == 0) { mw[warp_id * HPB + u] = m[u]; lw[warp_id * HPB + u] = l[u]; }
+    UNROLL for (int i = 0; i < EPL; ++i) {
+      const int e = 4 * ((int)lane + 32 * (i / 4)) + i % 4;
+      if (e < HD) accw[(warp_id * HPB + u) * HD + e] = acc[u][i];
+    }
+  }
+  BARRIER();
+  for (uint32_t x = tid; x < (uint32_t)(HPB * HD); x += NT) {
+    const uint32_t u = x / HD, r = x % HD;
+    float mm = NEG_BIG;
+    for (int w = 0; w < NW; ++w) mm = mw[w * HPB + u] > mm ? mw[w * HPB + u] : mm;
+    float ll = 0.0f, aa = 0.0f;
+    for (int w = 0; w < NW; ++w) {
+      const float f = exp_f(mw[w * HPB + u] - mm);
+      ll += lw[w * HPB + u] * f;
+      aa += accw[(w * HPB + u) * HD + r] * f;
+    }
+    const uint64_t base = (((uint64_t)t * H + h0 + u) * NS + j) * (HD + 2);
+    part[base + r] = aa;
+    if (r == 0) { part[base + HD] = mm; part[base + HD + 1] = ll; }
+  }
+"""
+
+# PB rows from p0 on (a row past the cached ones rereads the last: its weight is 0 below)
+_LOAD_ROWS = r"""
+UNROLL for (int b = 0; b < PB; ++b) {
+  const int32_t p = p0 + b < hc ? p0 + b : hc - 1;
+  const auto kp = kc + ((uint64_t)kvh * S_MAX + p) * HD;
+  const auto vp = vc + ((uint64_t)kvh * S_MAX + p) * HD;
+  UNROLL for (int g = 0; g < GPL; ++g) {
+    const int e = 4 * ((int)lane + 32 * g);
+    const f4 a = e < HD ? load_kv4(kp + e) : zero4();
+    const f4 c = e < HD ? load_kv4(vp + e) : zero4();
+    UNROLL for (int q = 0; q < 4; ++q) { kr[b][4 * g + q] = a.v[q]; vr[b][4 * g + q] = c.v[q]; }
+  }
+}
+"""
+
+
+def _update(nb: str, valid: str) -> str:
+    """The online softmax over nb rows in kr / vr for each of the block's heads (row b counts
+    where `valid`; the first always does)."""
+    return f"""
+UNROLL for (int u = 0; u < HPB; ++u) {{
+  float sc[{nb}];
+  float mn = m[u];
+  UNROLL for (int b = 0; b < {nb}; ++b) {{
+    float dot = 0.0f;
+    UNROLL for (int i = 0; i < EPL; ++i) dot += qv[u][i] * kr[b][i];
+    const float s = warp_sum(dot) / scale;
+    sc[b] = ({valid}) ? s : NEG_BIG;
+    mn = sc[b] > mn ? sc[b] : mn;
+  }}
+  const float corr = exp_f(m[u] - mn);
+  l[u] = l[u] * corr;
+  float pe[{nb}];
+  UNROLL for (int b = 0; b < {nb}; ++b) {{ pe[b] = ({valid}) ? exp_f(sc[b] - mn) : 0.0f; l[u] += pe[b]; }}
+  UNROLL for (int i = 0; i < EPL; ++i) {{
+    float a = acc[u][i] * corr;
+    UNROLL for (int b = 0; b < {nb}; ++b) a += pe[b] * vr[b][i];
+    acc[u][i] = a;
+  }}
+  m[u] = mn;
+}}
+"""
+
+
+def _raw_round(k: str) -> str:
+    """`RAW_ROUND(k)`: the new positions nlo + k NEWMAX + ni (ni < NEWMAX, below hi) made from their
+    raw qkv rows by attend's code (k norm, RoPE, KV16 rounding, the cache write of the one writer),
+    position ni by warp (HPB + ni) % NW (round 0 beside q's warps), into ksh / vsh row ni."""
+    return f"""
+for (int ni = 0; ni < NEWMAX; ++ni) {{  // ni: not i, which attend's pieces use
+  const int32_t p = nlo + ({k}) * NEWMAX + ni;
+  if ((uint32_t)((HPB + ni) % NW) == warp_id && p < hi) {{  // warp-uniform
+    float ka[PPL], kb[PPL], kx[PSA], va[PPL], vb[PPL], vx[PSA];
+    const DEVICE float* ks = qkv + (uint64_t)(p - pos0) * ROW + (uint64_t)(H + kvh) * HD;
+    const DEVICE float* vs = ks + (uint64_t)KVH * HD;
+    float s2 = 0.0f;
+    LOAD_KV_RAW
+    const bool write = bx % NG == 0 && p == n_pos - 1;  // one writer per (KV head, position)
+    const auto kd = writable(kc) + ((uint64_t)kvh * S_MAX + p) * HD;
+    const auto vd = writable(vc) + ((uint64_t)kvh * S_MAX + p) * HD;
+    NORM_ROPE_K
+    PAIRS_TO_SHARED(ksh + ni * HD, ka, kb, kx)
+    PAIRS_TO_SHARED(vsh + ni * HD, va, vb, vx)
+  }}
+}}
+"""
+
+
+def _pairs_to_shared(dst: str, a: str, b: str, c: str) -> str:
+    """`PAIRS_TO_SHARED(dst, a, b, c)`: this lane's rotate-half pairs and the rest of a head (attend's
+    layout) stored at dst[0 .. HD)."""
+    return f"""
+UNROLL for (int i = 0; i < PPL; ++i) {{
+  const int r = (int)lane + 32 * i;
+  if (r < RH) {{ ({dst})[r] = {a}[i]; ({dst})[r + RH] = {b}[i]; }}
+}}
+UNROLL for (int jj = 0; jj < PSL; ++jj) {{
+  const int e = RD + (int)lane + 32 * jj;
+  if (e < HD) ({dst})[e] = {c}[jj];
+}}
+"""
+
+
+def _macro(body: str, name: str, fn) -> str:
+    """body with each line `name(a, b, ...)` replaced by fn("a", "b", ...), indented alike."""
+    out = []
+    for line in body.splitlines(keepends=True):
+        text = line.strip()
+        if text.startswith(name + "("):
+            args = [a.strip() for a in text[len(name) + 1:text.rindex(")")].split(",")]
+            ind = line[:len(line) - len(line.lstrip())]
+            out += [ind + s + "\n" for s in fn(*args).strip("\n").splitlines()]
+        else:
+            out.append(line)
+    return "".join(out)
+
+
+BODY = _macro(expand(_macro(_BODY, "RAW_ROUND", _raw_round), LOAD_ROWS=_LOAD_ROWS,
+                     UPDATE_CACHED=_update("PB", "p0 + b < hc"), UPDATE_NEW=_update("1", "true"),
+                     **{k: attn.ATTEND_PIECES[k] for k in ("LOAD_Q", "NORM_ROPE_Q", "LOAD_KV_RAW", "NORM_ROPE_K")}),
+              "PAIRS_TO_SHARED", _pairs_to_shared)
+HELPERS = attn.ATTEND_HELPERS + r"""
+INLINE f4 zero4() { f4 r; for (int i = 0; i < 4; ++i) r.v[i] = 0.0f; return r; }
+INLINE f4 load_kv4(const DEVICE float* p) { return load_f4(p); }
+INLINE f4 load_kv4(const DEVICE half_t* p) { f4 r; for (int i = 0; i < 4; ++i) r.v[i] = F32(p[i]); return r; }
+"""
+ATTEND_SOURCE = KernelSource("strata_attend_split", ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params",
+                                                     "fparams", "kc", "vc"), ("part",), BODY, HELPERS)
+
+def heads_per_block(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    """HPB: the largest power of two dividing the group (H / KVH) with HPB x HD <= MAX_HEAD_ROWS,
+    at most a warp a head (q is made by warps 0 .. HPB - 1)."""
+    g, hpb = n_heads // n_kv_heads, 1
+    while g % (2 * hpb) == 0 and 2 * hpb * head_dim <= MAX_HEAD_ROWS and 2 * hpb <= THREADS // 32:
+        hpb *= 2
+    return hpb
+
+
+def applies(wo: mx.array) -> bool:
+    """Whether a split decode step takes these two launches: FUSED and a float16 W_o (a Q8_0 one
+    takes attend, the merge and the Q8_0 GEMV)."""
+    return FUSED and wo.dtype == mx.float16 and wo.ndim == 2
+
+
+def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
+                         rope_sin: mx.array, kc: mx.array, vc: mx.array, wo: mx.array, pos0: int, eps: float,
+                         n_heads: int, *, pos: mx.array | None = None, rotary_dim: int | None = None,
+                         gated: bool = False, splits: int | None = None, positions_per_step: int | None = None,
+                         prefetch: int | None = None) -> mx.array:
+    """Kernel path: attention of T new positions split over the context, then the output
+    projection by wo, as one partial per head. Writes the positions' keys and values into kc / vc
+    as attend does. splits (NS), positions_per_step (PB), prefetch (16-byte groups of a W_o row
+    loaded before the merge): the step's shape, None for the module's (any is correct; the
+    benchmarks and tests compare).
+
+    Shapes:
+        qkv float32 [T, (H + 2 KVH + gated H) HD], kc / vc float32 or float16 [KVH, S_MAX, HD],
+        wo float16 [D, H HD] -> partials float32 [T, H, D]
+    """
+    splits = SPLITS if splits is None else splits
+    positions_per_step = POSITIONS_PER_STEP if positions_per_step is None else positions_per_step
+    prefetch = attend_project.PREFETCH if prefetch is None else prefetch
+    t, width = qkv.shape
+    kvh, s_max, hd = kc.shape
+    rd = hd if rotary_dim is None else rotary_dim
+    if (hd % 8 or hd > attn.MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
+            or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2 or wo.shape[1] != n_heads * hd
+            or splits < 1 or positions_per_step < 1):
+        raise ValueError(f"attend_split: head_dim {hd} (a multiple of 8, <= {attn.MAX_HEAD_DIM}), {n_heads} heads "
+                         f"over {kvh} KV heads, qkv width {width} (gated {gated}), rotary dims {rd}, W_o {wo.shape}, "
+                         f"{splits} splits, {positions_per_step} rows a step")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("attend_split: q_norm and k_norm come together")
+    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
+        raise ValueError(f"attend_split: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
+    if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
+        raise ValueError(f"attend_split: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    qkn = q_norm is not None
+    half = absent(np.float16)
+    hpb = heads_per_block(n_heads, kvh, hd)
+    params = index_param(pos0) if pos is None else pos
+    part = launch(ATTEND_SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin, params,
+                                  float_params(eps), kc, vc],
+                  [(t, n_heads * splits * (hd + 2))], [mx.float32], blocks=(n_heads // hpb, splits, t),
+                  threads=THREADS,
+                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
+                            ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
+                            ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND)))[0]
+    return merge_project.merge_project(part, qkv, wo, n_heads=n_heads, n_kv_heads=kvh, head_dim=hd, splits=splits,
+                                       gated=gated, prefetch=prefetch)
