@@ -27,6 +27,12 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                units; compile-checked, not run).
                mma_16816_frag(c, mma_a_frag(a, lda, lane), b, ldb, lane): the same product with
                A's registers loaded once (`afrag`) for the many B tiles one A tile meets
+               mma_16816_ab(c, mma_a_ldm(a, lda, lane), mma_b2_ldm(b, ldb, lane), j, lane): the same
+               product, A's fragment and two n-tiles' B fragments (rows b.. and b + 8 ldb..,
+               `bfrag2`, j = 0 / 1 picks one) each loaded by one `ldmatrix.x4` on CUDA (four 8x8
+               matrices, one instruction instead of four or two 32-bit shared loads); elsewhere
+               the pointers, the same four dot products
+    shuffle    shfl_xor_f(x, m): lane ^ m's x (every lane of the warp calls it)
     bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
                the 8 bytes y:x; one PRMT on CUDA, a loop elsewhere)
 
@@ -135,6 +141,16 @@ INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t la
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
 }
+// ldmatrix's twins: the fragments as pointers, read by the four dot products (Metal: compile-checked, not run)
+struct bfrag2 { const threadgroup uint16_t* b; uint32_t ldb; };
+INLINE afrag mma_a_ldm(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) { return mma_a_frag(a, lda, lane); }
+INLINE bfrag2 mma_b2_ldm(const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
+  bfrag2 f; f.b = b; f.ldb = ldb; return f;
+}
+INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
+}
+INLINE float shfl_xor_f(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
 """ + _PORTABLE_HELPERS
 
 METAL_BODY = r"""
@@ -239,6 +255,32 @@ INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32
   return c;
 }
 INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }  // one PRMT
+// ldmatrix.x4 (sm_75+): lane l gives the address of row l % 8 of matrix l / 8; register i of every lane
+// is then its m16n8k16 fragment of matrix i (row lane / 4, columns 2 (lane % 4)..). One instruction
+// where the 32-bit loads took four (A) or two per n-tile (B); the same bytes, so the same wavefronts
+INLINE uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+INLINE afrag mma_a_ldm(const uint16_t* a, uint32_t lda, uint32_t lane) {  // matrices: rows 0-7 | 8-15, k 0-7 | 8-15
+  afrag f;
+  const uint32_t p = smem_u32(a + (lane & 15u) * lda + (lane >> 4) * 8u);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3]) : "r"(p));
+  return f;
+}
+struct bfrag2 { uint32_t r[4]; };  // b0, b1 of n-tile 0 (B rows 0-7), then of n-tile 1 (rows 8-15)
+INLINE bfrag2 mma_b2_ldm(const uint16_t* b, uint32_t ldb, uint32_t lane) {  // matrix i: rows 8 (i / 2).., k 8 (i % 2)..
+  bfrag2 f;
+  const uint32_t p = smem_u32(b + ((lane & 7u) + ((lane >> 4) << 3)) * ldb + ((lane >> 3) & 1u) * 8u);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3]) : "r"(p));
+  return f;
+}
+INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(fb.r[2 * j]), "r"(fb.r[2 * j + 1]));
+  return c;
+}
+INLINE float shfl_xor_f(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
 """
 
 CUDA_BODY = r"""
@@ -299,6 +341,21 @@ struct afrag { const uint16_t* a; uint32_t lda; };
 INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+// ldmatrix's twins: the fragments as pointers, read by the four dot products (the same values)
+struct bfrag2 { const uint16_t* b; uint32_t ldb; };
+INLINE afrag mma_a_ldm(const uint16_t* a, uint32_t lda, uint32_t lane) { return mma_a_frag(a, lda, lane); }
+INLINE bfrag2 mma_b2_ldm(const uint16_t* b, uint32_t ldb, uint32_t lane) { bfrag2 f; f.b = b; f.ldb = ldb; return f; }
+INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
+}
+INLINE float shfl_xor_f(float x, uint32_t m) {  // through the block's per-thread buffer, between two warp barriers
+  strata_emu::Ctx* c = strata_emu::ctx;
+  c->blk->buf[c->tid] = x;
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  const float r = c->blk->buf[(c->tid & ~31u) | ((c->tid & 31u) ^ m)];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  return r;
 }
 """ + _PORTABLE_HELPERS
 

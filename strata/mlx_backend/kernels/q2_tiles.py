@@ -35,10 +35,13 @@ Shapes:
 
 from __future__ import annotations
 
+import enum
+
 import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels.launch import launch
+from strata.mlx_backend.kernels import q2_tiles_cols
 from strata.mlx_backend.kernels.q2_mma import BK, BN, PAD, THREADS
 from strata.mlx_backend.kernels.source import KernelSource
 
@@ -196,6 +199,19 @@ BODY = r"""
 SOURCE = KernelSource("strata_q2_tiles", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",), BODY)
 
 
+class TileForm(enum.Enum):
+    """The kernel body a launch takes: the same inputs, template, grid and bits (tests hold them
+    equal); they differ in how a block's 4 warps split its tile and load their fragments."""
+
+    ROWS = "rows"  # this file's body: a warp 16 rows x BN columns, fragments by 32-bit shared loads
+    COLS = "cols"  # kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns, ldmatrix, conflict-free stores
+
+
+# Which body runs (benchmarks/prompt_probe.py --tile-forms times them side by side in one process).
+FORM = TileForm.ROWS
+SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE}
+
+
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
              rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool, terms: int = 2,
              hidden: bool = False, bn: int | None = None) -> mx.array:
@@ -231,5 +247,5 @@ def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx
                 ("TILE_INTS", TILE_INTS),
                 ("BM", BM), ("BN", bn), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
     cols, per_block = (ra, bn // 2) if hidden else (r, bn)
-    return launch(SOURCE, [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
+    return launch(SOURCES[FORM], [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
                   blocks=(-(-cols // per_block), tiles.shape[0], 1), threads=THREADS, template=template)[0]
