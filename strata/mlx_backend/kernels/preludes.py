@@ -32,7 +32,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                `bfrag2`, j = 0 / 1 picks one) each loaded by one `ldmatrix.x4` on CUDA (four 8x8
                matrices, one instruction instead of four or two 32-bit shared loads); elsewhere
                the pointers, the same four dot products
-    shuffle    shfl_xor_f(x, m): lane ^ m's x (every lane of the warp calls it)
+    shuffle    shfl_xor_f(x, m): lane ^ m's x; shfl_xor_fx16(v, m): lane ^ m's 16 floats (`fx16`, one
+               exchange on the emulator instead of 16); every lane of the warp calls them
     bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
                the 8 bytes y:x; one PRMT on CUDA, a loop elsewhere)
 
@@ -151,6 +152,11 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
+struct fx16 { float v[16]; };
+INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {
+  for (int i = 0; i < 16; ++i) x.v[i] = simd_shuffle_xor(x.v[i], (ushort)m);
+  return x;
+}
 """ + _PORTABLE_HELPERS
 
 METAL_BODY = r"""
@@ -281,6 +287,11 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
   return c;
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
+struct fx16 { float v[16]; };
+INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {
+  for (int i = 0; i < 16; ++i) x.v[i] = __shfl_xor_sync(0xffffffffu, x.v[i], (int)m);
+  return x;
+}
 """
 
 CUDA_BODY = r"""
@@ -356,6 +367,17 @@ INLINE float shfl_xor_f(float x, uint32_t m) {  // through the block's per-threa
   const float r = c->blk->buf[(c->tid & ~31u) | ((c->tid & 31u) ^ m)];
   c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
   return r;
+}
+struct fx16 { float v[16]; };
+INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {  // one exchange (two warp barriers) for the 16 floats
+  static float xb[1024 * 16];  // blocks run one after another: one buffer serves them all
+  strata_emu::Ctx* c = strata_emu::ctx;
+  for (int i = 0; i < 16; ++i) xb[c->tid * 16u + (uint32_t)i] = x.v[i];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  const uint32_t from = ((c->tid & ~31u) | ((c->tid & 31u) ^ m)) * 16u;
+  for (int i = 0; i < 16; ++i) x.v[i] = xb[from + (uint32_t)i];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  return x;
 }
 """ + _PORTABLE_HELPERS
 

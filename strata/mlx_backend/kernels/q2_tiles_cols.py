@@ -147,19 +147,18 @@ BODY = r"""
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
   // P == 2: row g + 1 (the lo term of row g's pair, g even) is lane ^ 4's; every lane shuffles, the even rows keep
   for (int m = 0; m < MI; ++m) {
+    fx16 hv;  // the m-tile's accumulators, [n-tile][4] (NJ <= 4)
+    for (int i = 0; i < 16; ++i) hv.v[i] = 0.0f;
+    for (int j = 0; j < NJ; ++j) for (int i = 0; i < 4; ++i) hv.v[4 * j + i] = acc[m * NJ + j].v[i];
+    if (P == 2) {  // hi + lo, as lowp.join_rows adds them
+      const fx16 lv = shfl_xor_fx16(hv, 4u);
+      for (int i = 0; i < 4 * NJ; ++i) hv.v[i] = hv.v[i] + lv.v[i];
+    }
     for (int h = 0; h < 2; ++h) {
       const uint32_t row = (uint32_t)(16 * m) + g + 8u * (uint32_t)h, pair = row / (uint32_t)P;
       const bool keep = row % (uint32_t)P == 0u && (int)pair < count;
       float v[NJ][2];
-      for (int j = 0; j < NJ; ++j) {
-        v[j][0] = acc[m * NJ + j].v[2 * h];
-        v[j][1] = acc[m * NJ + j].v[2 * h + 1];
-        if (P == 2) {  // hi + lo, as lowp.join_rows adds them
-          const float l0 = shfl_xor_f(v[j][0], 4u), l1 = shfl_xor_f(v[j][1], 4u);
-          v[j][0] = v[j][0] + l0;
-          v[j][1] = v[j][1] + l1;
-        }
-      }
+      for (int j = 0; j < NJ; ++j) { v[j][0] = hv.v[4 * j + 2 * h]; v[j][1] = hv.v[4 * j + 2 * h + 1]; }
       if (!keep) continue;
       if (HIDDEN) {  // silu(g) u of the warp's units (n-tile j: gate, j + NJ / 2: up), as the ops write it
         for (int j = 0; j < NJ / 2; ++j) {
