@@ -32,6 +32,12 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                `bfrag2`, j = 0 / 1 picks one) each loaded by one `ldmatrix.x4` on CUDA (four 8x8
                matrices, one instruction instead of four or two 32-bit shared loads); elsewhere
                the pointers, the same four dot products
+               mma_16816_ar(c, fa, b0, b1, xw, slot, lane): B's fragment from the lane's registers b0, b1
+               (as m16n8k16 places them: column g, rows 2t.. and 2t + 8..), words `slot`, `slot + 1`
+               of the lane's `u16w` that `breg_publish(xw, words, lane)` published. The emulator and
+               Metal: xw is the warp's [32, 16] words of a SHARED array of BREG_XCHG (1) NT 16 words,
+               which their dot products read (a lane's C needs other lanes' B); CUDA: BREG_XCHG 0,
+               publishing does nothing and b0, b1 go to `mma`
     shuffle    shfl_xor_f(x, m): lane ^ m's x; shfl_xor_fx16(v, m): lane ^ m's 16 floats (`fx16`, one
                exchange on the emulator instead of 16); every lane of the warp calls them
     bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
@@ -152,6 +158,25 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
+#define BREG_XCHG 1
+struct u16w { uint32_t v[16]; };
+INLINE void breg_publish(threadgroup uint32_t* xw, u16w w, uint32_t lane) {
+  for (int i = 0; i < 16; ++i) xw[lane * 16u + (uint32_t)i] = w.v[i];
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+}
+INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const threadgroup uint32_t* wx, int slot, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t row = g + (i >= 2 ? 8u : 0u), col = t + (uint32_t)(i & 1);
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 16u; ++k) {
+      const uint32_t w = wx[(col * 4u + (k & 7u) / 2u) * 16u + (uint32_t)slot + (k >> 3)];
+      s += h16_f32(fa.a[row * fa.lda + k]) * h16_f32((uint16_t)((k & 1u) ? w >> 16 : w & 0xffffu));
+    }
+    c.v[i] += s;
+  }
+  return c;
+}
 struct fx16 { float v[16]; };
 INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {
   for (int i = 0; i < 16; ++i) x.v[i] = simd_shuffle_xor(x.v[i], (ushort)m);
@@ -287,6 +312,15 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
   return c;
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
+#define BREG_XCHG 0
+struct u16w { uint32_t v[16]; };
+INLINE void breg_publish(uint32_t* xw, u16w w, uint32_t lane) {}  // the registers are the fragments
+INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const uint32_t* xw, int slot, uint32_t lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(b0), "r"(b1));
+  return c;
+}
 struct fx16 { float v[16]; };
 INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {
   for (int i = 0; i < 16; ++i) x.v[i] = __shfl_xor_sync(0xffffffffu, x.v[i], (int)m);
@@ -367,6 +401,25 @@ INLINE float shfl_xor_f(float x, uint32_t m) {  // through the block's per-threa
   const float r = c->blk->buf[(c->tid & ~31u) | ((c->tid & 31u) ^ m)];
   c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
   return r;
+}
+#define BREG_XCHG 1
+struct u16w { uint32_t v[16]; };
+INLINE void breg_publish(uint32_t* xw, u16w w, uint32_t lane) {
+  for (int i = 0; i < 16; ++i) xw[lane * 16u + (uint32_t)i] = w.v[i];
+  strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait();
+}
+INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const uint32_t* wx, int slot, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t row = g + (i >= 2 ? 8u : 0u), col = t + (uint32_t)(i & 1);
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 16u; ++k) {  // B[col][k]: lane 4 col + (k % 8) / 2's word b0 (k < 8) or b1
+      const uint32_t w = wx[(col * 4u + (k & 7u) / 2u) * 16u + (uint32_t)slot + (k >> 3)];
+      s += h16_f32(fa.a[row * fa.lda + k]) * h16_f32((uint16_t)((k & 1u) ? w >> 16 : w & 0xffffu));
+    }
+    c.v[i] += s;
+  }
+  return c;
 }
 struct fx16 { float v[16]; };
 INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {  // one exchange (two warp barriers) for the 16 floats

@@ -41,7 +41,7 @@ import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels.launch import launch
-from strata.mlx_backend.kernels import q2_tiles_cols
+from strata.mlx_backend.kernels import q2_tiles_breg, q2_tiles_cols
 from strata.mlx_backend.kernels.q2_mma import BK, BN, PAD, THREADS
 from strata.mlx_backend.kernels.source import KernelSource
 
@@ -205,11 +205,12 @@ class TileForm(enum.Enum):
 
     ROWS = "rows"  # this file's body: a warp 16 rows x BN columns, fragments by 32-bit shared loads
     COLS = "cols"  # kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns, ldmatrix, conflict-free stores
+    BREG = "breg"  # kernels/q2_tiles_breg.py: COLS with B's fragments dequantized in registers (no B in shared)
 
 
 # Which body runs (benchmarks/prompt_probe.py --tile-forms times them side by side in one process).
 FORM = TileForm.ROWS
-SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE}
+SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE, TileForm.BREG: q2_tiles_breg.SOURCE}
 
 
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
