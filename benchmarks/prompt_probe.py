@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
         first_logits = None
         for i, form in enumerate(forms):
             r = res["forms"][form.value] = {}
-            if left() < (40 if i else 10):
+            if left() < (10 if i == 0 or form.gemm is GroupedGemm.Q2_TILES else 40):  # a q2tiles form: ~5 s
                 r["skipped"] = f"{left():.0f} s left"
                 part({"form": form.value, "skipped": r["skipped"]})
                 continue
