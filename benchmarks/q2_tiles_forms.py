@@ -79,7 +79,13 @@ def main(argv: list[str] | None = None) -> None:
             for form in forms:
                 qt.FORM = form
                 for name, (call, flops) in launches.items():
-                    y = np.array(call(bn))  # JIT, and the bits
+                    try:
+                        y = np.array(call(bn))  # JIT, and the bits
+                    except Exception as exc:  # reported, not fatal: the next body still runs
+                        row = {"form": form.value, "bn": bn, "launch": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                        res["rows"][f"{form.value}/{bn}/{name}"] = row
+                        print("JSON-PART " + json.dumps(row), flush=True)
+                        continue
                     key = (name, bn)
                     same = bool(np.array_equal(y, first[key])) if key in first else None
                     first.setdefault(key, y)
@@ -93,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| body | columns | launch | ms | mma TFLOP/s | bits = first body |")
     print("|---|---|---|---|---|---|")
     for r in res["rows"].values():
+        if "error" in r:
+            print(f"| {r['form']} | {r['bn']} | {r['launch']} | error: {r['error']} | | |")
+            continue
         print(f"| {r['form']} | {r['bn']} | {r['launch']} | {r['ms']:.3f} | {r['mma_tflops']:.1f} | "
               f"{'-' if r['same_bits_as_first'] is None else r['same_bits_as_first']} |")
     print("JSON " + json.dumps(res))
