@@ -77,11 +77,14 @@ BODY = r"""
         const uint32_t dbits = bd[j], mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
         const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d (subnormal d: a shift)
         const uint32_t lo = (two ^ 0x8000u) | ((dbits ^ 0x8000u) << 16), hi = dbits << 16;
-        for (int hf = 0; hf < 2; ++hf) {
-          for (int r = 0; r < 2; ++r) {  // b0: k = 2t, 2t + 1 (nibble t); b1: k + 8 (nibble t + 4)
-            const uint32_t c = (bq[j][hf] >> (2u * t + 16u * (uint32_t)r)) & 15u;
-            bf.v[4 * j + 2 * hf + r] = byte_perm(lo, hi, (c & 3u) * 0x22u + (c >> 2) * 0x2200u + 0x1010u);
-          }
+        for (int hf = 0; hf < 2; ++hf) {  // b0: k = 2t, 2t + 1 (nibble lane % 4); b1: k + 8 (that nibble + 4)
+          // both permute selectors at once: the two nibbles' four codes a byte each, times 0x22 plus 0x10
+          // (selector nibbles 2c, 2c + 1), the permute reading the low 16 bits: (c & 3) 0x22 + (c >> 2)
+          // 0x2200 + 0x1010 of each nibble c in 6 instructions for two words instead of 12
+          const uint32_t w = (bq[j][hf] >> (2u * t)) & 0x000F000Fu;
+          const uint32_t sel = ((w | (w << 6)) & 0x03030303u) * 0x22u + 0x10101010u;
+          bf.v[4 * j + 2 * hf] = byte_perm(lo, hi, sel);
+          bf.v[4 * j + 2 * hf + 1] = byte_perm(lo, hi, sel >> 16);
         }
       }
       breg_publish(xw, bf, lane);

@@ -93,9 +93,13 @@ BODY = r"""
         // d (c - 2) for c = 0..3 as float16 bits, bytes 2c and 2c + 1 of {hi:lo}: -2d, -d, 0, d
         const uint32_t lo = (two ^ 0x8000u) | ((dbits ^ 0x8000u) << 16), hi = dbits << 16;
         uint32_t w[8];
-        for (uint32_t j = 0; j < 8u; ++j) {  // two codes a word, picked by one byte permute
-          const uint32_t c = (qw >> (4u * j)) & 15u;
-          w[j] = byte_perm(lo, hi, (c & 3u) * 0x22u + (c >> 2) * 0x2200u + 0x1010u);
+        for (uint32_t j = 0; j < 4u; ++j) {  // two codes a word, picked by one byte permute; words j and j + 4's
+          // selectors at once: nibbles j and j + 4's four codes a byte each, times 0x22 plus 0x10 (selector
+          // nibbles 2c, 2c + 1; the permute reads the low 16 bits): (c & 3) 0x22 + (c >> 2) 0x2200 + 0x1010
+          const uint32_t nib = (qw >> (4u * j)) & 0x000F000Fu;
+          const uint32_t sel = ((nib | (nib << 6)) & 0x03030303u) * 0x22u + 0x10101010u;
+          w[j] = byte_perm(lo, hi, sel);
+          w[j + 4u] = byte_perm(lo, hi, sel >> 16);
         }
         SHARED_PTR(uint4) dstb = (SHARED_PTR(uint4))(bs32 + (row * LD + 16u * half) / 2u);  // 16-byte aligned
         uint4 u;
