@@ -28,6 +28,11 @@ products back. Here a tile reads its rows where they are:
 One shared stage, the next k-step's global words prefetched into registers (the q2_mma body's
 k loop, which the emulator and tests/test_mlx_q2_mma.py hold to the dequantized product).
 
+This file's body is the first of three behind this interface (`TileForm`, picked by `FORM`):
+kernels/q2_tiles_cols.py (COLS) and kernels/q2_tiles_breg.py (BREG) split the tile between the
+warps by columns and cut the shared-memory traffic per mma (docs/mlx_backend.md counts it), with
+the same bits (tests/test_mlx_q2_tiles_forms.py).
+
 Shapes:
     x float32 [X, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]
     -> y float32 [N, R]
