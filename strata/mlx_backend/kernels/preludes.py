@@ -40,6 +40,8 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                publishing does nothing and b0, b1 go to `mma`
     shuffle    shfl_xor_f(x, m): lane ^ m's x; shfl_xor_fx16(v, m): lane ^ m's 16 floats (`fx16`, one
                exchange on the emulator instead of 16); every lane of the warp calls them
+    terms      split_h2(a, b): (hi, lo) float16 terms of a and b, each pair one word (a in the low
+               half): lowp.py's hi = f16(x), lo = f16(x - hi)
     bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
                the 8 bytes y:x; one PRMT on CUDA, a loop elsewhere)
 
@@ -75,6 +77,13 @@ INLINE f8 h8_f8(uint4 u) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
   f8 r;
   for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
+  return r;
+}
+INLINE uint2 split_h2(float a, float b) {
+  const half_t ha = to_half(a), hb = to_half(b);
+  uint2 r;
+  r.x = f16_bits(ha) | (f16_bits(hb) << 16);
+  r.y = f16_bits(to_half(a - F32(ha))) | (f16_bits(to_half(b - F32(hb))) << 16);
   return r;
 }
 INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
@@ -286,6 +295,18 @@ INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32
   return c;
 }
 INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }  // one PRMT
+// hi = f16(a), f16(b) and lo = f16(a - hi), f16(b - hi) as two words (a in the low halves): one
+// cvt.rn.f16x2.f32 a word (to nearest even, as __float2half_rn) instead of two conversions and a pack
+INLINE uint2 split_h2(float a, float b) {
+  uint32_t h, l;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(b), "f"(a));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(b - f.y), "f"(a - f.x));
+  uint2 r;
+  r.x = h;
+  r.y = l;
+  return r;
+}
 // ldmatrix.x4 (sm_75+): lane l gives the address of row l % 8 of matrix l / 8; register i of every lane
 // is then its m16n8k16 fragment of matrix i (row lane / 4, columns 2 (lane % 4)..). One instruction
 // where the 32-bit loads took four (A) or two per n-tile (B); the same bytes, so the same wavefronts

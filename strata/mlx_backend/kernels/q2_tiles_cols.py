@@ -71,9 +71,9 @@ BODY = r"""
         uint32_t hw[4], lw[4];
         for (int i = 0; i < 4; ++i) {
           const float v0 = av[2 * q4 + i / 2].v[(2 * i) % 4], v1 = av[2 * q4 + i / 2].v[(2 * i) % 4 + 1];
-          const half_t h0 = to_half(v0), h1 = to_half(v1);
-          hw[i] = f16_bits(h0) | (f16_bits(h1) << 16);
-          lw[i] = P == 2 ? (f16_bits(to_half(v0 - F32(h0))) | (f16_bits(to_half(v1 - F32(h1))) << 16)) : 0u;
+          const uint2 terms = split_h2(v0, v1);
+          hw[i] = terms.x;
+          lw[i] = P == 2 ? terms.y : 0u;
         }
         const uint32_t col = seg * (uint32_t)FPT + 8u * (uint32_t)q4, row = my_pair * (uint32_t)P;
         uint4 u;
