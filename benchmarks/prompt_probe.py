@@ -13,7 +13,7 @@ default q2tiles then padded), in this order, each part printed as a `JSON-PART` 
    four steps, the router, routing, each step of the form's expert path, the decode's fused
    expert kernel on the same pairs), on the inputs of 2. (the prompt's real routing).
 
-`--tile-forms rows,cols,breg` runs the q2tiles form once per body of the tile kernel (q2_tiles.TileForm),
+`--tile-forms rows,cols,breg,breg2` runs the q2tiles form once per body of the tile kernel (q2_tiles.TileForm),
 named `q2tiles:rows`, `q2tiles:cols`, ... (default: the module's FORM alone).
 
 `--ncu` runs one layer per form on a one-layer model, each after a marker kernel
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
-    ap.add_argument("--tile-forms", default="", help="q2tiles once per tile-kernel body: rows,cols,breg")
+    ap.add_argument("--tile-forms", default="", help="q2tiles once per tile-kernel body: rows,cols,breg,breg2")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
     args = ap.parse_args(argv)
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)

@@ -28,10 +28,10 @@ products back. Here a tile reads its rows where they are:
 One shared stage, the next k-step's global words prefetched into registers (the q2_mma body's
 k loop, which the emulator and tests/test_mlx_q2_mma.py hold to the dequantized product).
 
-This file's body is the first of three behind this interface (`TileForm`, picked by `FORM`):
-kernels/q2_tiles_cols.py (COLS) and kernels/q2_tiles_breg.py (BREG) split the tile between the
-warps by columns and cut the shared-memory traffic per mma (docs/mlx_backend.md counts it), with
-the same bits (tests/test_mlx_q2_tiles_forms.py).
+This file's body is the first of the bodies behind this interface (`TileForm`, picked by
+`FORM`): kernels/q2_tiles_cols.py (COLS) and kernels/q2_tiles_breg.py (BREG, BREG2) split the
+tile between the warps by columns and cut the shared-memory traffic per mma (docs/mlx_backend.md
+counts it), with the same bits (tests/test_mlx_q2_tiles_forms.py).
 
 Shapes:
     x float32 [X, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]
@@ -211,11 +211,13 @@ class TileForm(enum.Enum):
     ROWS = "rows"  # this file's body: a warp 16 rows x BN columns, fragments by 32-bit shared loads
     COLS = "cols"  # kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns, ldmatrix, conflict-free stores
     BREG = "breg"  # kernels/q2_tiles_breg.py: COLS with B's fragments dequantized in registers (no B in shared)
+    BREG2 = "breg2"  # BREG with two A stages: one barrier a k-step
 
 
 # Which body runs (benchmarks/prompt_probe.py --tile-forms times them side by side in one process).
 FORM = TileForm.ROWS
-SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE, TileForm.BREG: q2_tiles_breg.SOURCE}
+SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE, TileForm.BREG: q2_tiles_breg.SOURCE,
+           TileForm.BREG2: q2_tiles_breg.SOURCE_2}
 
 
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,

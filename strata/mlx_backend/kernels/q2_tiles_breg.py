@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from strata.mlx_backend.kernels.source import KernelSource
 
-BODY = r"""
+_BODY = r"""
   constexpr int LD = BK + PAD;
   constexpr int TP = BM / P;  // pairs a tile
   constexpr int FPT = TP * BK / NT;  // floats of x a thread loads per k-step (8: P = 2, 16: P = 1)
@@ -27,10 +27,9 @@ BODY = r"""
   constexpr int WN = BN / 4;  // columns a warp (all BM rows of the tile): 32 (BN 128) or 16
   constexpr int NJ = WN / 8;  // n-tiles a warp
   constexpr int MI = BM / 16;  // m-tiles a warp
-  SHARED uint32_t as32[BM * LD / 2];
-  SHARED uint32_t bxch[BREG_XCHG ? NT * 16 : 1];  // the emulator's and Metal's view of the B registers
-  SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;
-  SHARED_PTR(uint32_t) xw = bxch + (BREG_XCHG ? warp_id * 32u * 16u : 0u);
+  constexpr int ST = @STAGES@;  // A stages: 2 alternate by k-step, so one barrier a k-step keeps writes off a stage in use
+  SHARED uint32_t as_all[ST * BM * LD / 2];
+  SHARED uint32_t bxch[BREG_XCHG ? ST * NT * 16 : 1];  // the emulator's and Metal's view of the B registers
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
   const uint32_t n0 = bx * BN;
   const int e = tiles[TILE_INTS * by], first = tiles[TILE_INTS * by + 1], count = tiles[TILE_INTS * by + 2];
@@ -55,6 +54,10 @@ BODY = r"""
   for (int i = 0; i < 16; ++i) bf.v[i] = 0u;
   const uint32_t kend = count > 0 ? (uint32_t)C : 0u;  // block-uniform: an unused tile runs no k-step
   for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {
+    const uint32_t stage = ST == 2 ? (k0 / (uint32_t)BK) & 1u : 0u;  // k-step k0 - BK's stage
+    SHARED_PTR(uint32_t) as32 = as_all + stage * (uint32_t)(BM * LD / 2);
+    SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;
+    SHARED_PTR(uint32_t) xw = bxch + (BREG_XCHG ? (stage * (uint32_t)NT + warp_id * 32u) * 16u : 0u);
     if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
       for (int q4 = 0; q4 < FPT / 8; ++q4) {  // 8 floats -> hi = f16(v), lo = f16(v - hi): 16-byte stores
         uint32_t hw[4], lw[4];
@@ -127,7 +130,7 @@ BODY = r"""
           }
         }
       }
-      BARRIER();
+      if (ST == 1) BARRIER();  // one stage: the next k-step's stores wait for every warp's multiply
     }
   }
   // P == 2: row g + 1 (the lo term of row g's pair, g even) is lane ^ 4's; every lane shuffles, the even rows keep
@@ -172,4 +175,8 @@ BODY = r"""
   }
 """
 
-SOURCE = KernelSource("strata_q2_tiles_breg", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",), BODY)
+SOURCE = KernelSource("strata_q2_tiles_breg", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
+                      _BODY.replace("@STAGES@", "1"))
+# BREG2: two A stages, one barrier a k-step instead of two (10 KB of shared memory a block)
+SOURCE_2 = KernelSource("strata_q2_tiles_breg2", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
+                        _BODY.replace("@STAGES@", "2"))
