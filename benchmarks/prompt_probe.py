@@ -14,7 +14,7 @@ default q2tiles then padded), in this order, each part printed as a `JSON-PART` 
    expert kernel on the same pairs), on the inputs of 2. (the prompt's real routing).
 
 `--tile-forms rows,cols,breg,breg2` runs the q2tiles form once per body of the tile kernel (q2_tiles.TileForm),
-named `q2tiles:rows`, `q2tiles:cols`, ... (default: the module's FORM alone).
+named `q2tiles:rows`, `q2tiles:cols`, ... (default: each step's fastest body, q2_tiles.BEST).
 
 `--ncu` runs one layer per form on a one-layer model, each after a marker kernel
 (`strata_probe_marker`), for `ncu --metrics gpu__time_duration.sum` (benchmarks/ncu_summary.py
@@ -67,7 +67,7 @@ T0 = time.time()
 
 @dataclass(frozen=True)
 class Form:
-    """A grouped form, and for Q2_TILES which body of the tile kernel (None: the module's FORM)."""
+    """A grouped form, and for Q2_TILES which body of the tile kernel (None: q2_tiles.BEST's by step)."""
 
     gemm: GroupedGemm
     tile: TileForm | None = None
@@ -78,8 +78,7 @@ class Form:
 
     def select(self) -> None:
         grouped.GEMM = self.gemm
-        if self.tile is not None:
-            q2_tiles_mod.FORM = self.tile
+        q2_tiles_mod.FORM = self.tile  # None: each step's fastest body (q2_tiles.BEST)
 
 
 def part(obj: dict) -> None:

@@ -96,6 +96,18 @@ def test_the_form_picks_the_body():
 
 
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
+def test_each_step_takes_its_fastest_body_by_default():
+    """FORM None: gate | up and down launch q2_tiles.BEST's bodies (the H200's fastest for each)."""
+    rec, _, records = q2_records()
+    flat, order, x, hid, w = _inputs(6, 2, 0, skewed=False)
+    assert qt.FORM is None
+    for step, planes in (("gate_up_hidden", ("gate", "up")), ("down", ("down",))):
+        with using_path(KernelPath.EMULATED), recording() as specs:
+            _step(None, step, 2, 128, flat, order, x, hid, w, 2, records, rec)
+        assert [s.name for s, *_ in specs] == [qt.SOURCES[qt.BEST[planes]].name]
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
 def test_every_body_compiles(tmp_path, dialect):
     """Each body's specialisations (every step, one and two terms, 64 and 128 columns) as the full

@@ -214,8 +214,13 @@ class TileForm(enum.Enum):
     BREG2 = "breg2"  # BREG with two A stages: one barrier a k-step
 
 
-# Which body runs (benchmarks/prompt_probe.py --tile-forms times them side by side in one process).
-FORM = TileForm.ROWS
+# Which body runs: None, BEST's for the step; a TileForm, that one for every step (benchmarks/
+# prompt_probe.py --tile-forms and benchmarks/q2_tiles_forms.py time them side by side).
+FORM: TileForm | None = None
+# The fastest body by step, measured on the H200 (q2_tiles_forms.py: the seed shape's 2048-token
+# launches, ms): gate | up with silu(g) u ROWS 2.37, COLS 1.77, BREG 1.68; down ROWS 1.36, COLS 0.87,
+# BREG 0.97 (whole prompt of 2048 tokens: ROWS 258.0, COLS 222.6, BREG 214.8 ms)
+BEST = {("gate", "up"): TileForm.BREG, ("down",): TileForm.COLS}
 SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE, TileForm.BREG: q2_tiles_breg.SOURCE,
            TileForm.BREG2: q2_tiles_breg.SOURCE_2}
 
@@ -255,5 +260,6 @@ def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx
                 ("TILE_INTS", TILE_INTS),
                 ("BM", BM), ("BN", bn), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
     cols, per_block = (ra, bn // 2) if hidden else (r, bn)
-    return launch(SOURCES[FORM], [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
+    form = FORM or BEST.get(tuple(planes), TileForm.COLS)
+    return launch(SOURCES[form], [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
                   blocks=(-(-cols // per_block), tiles.shape[0], 1), threads=THREADS, template=template)[0]
