@@ -317,12 +317,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
-    ap.add_argument("--tile-forms", default="", help="q2tiles once per tile-kernel body: rows,cols,breg,breg2 (best: q2_tiles.BEST's by step)")
+    ap.add_argument("--tile-forms", default="",
+                    help="q2tiles once per tile-kernel body: rows,cols,breg,breg2 (best: q2_tiles.BEST's by step)")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
     args = ap.parse_args(argv)
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
     lengths = [int(v) for v in args.lengths.split(",")]
-    tile_forms = [None if v == "best" else TileForm(v) for v in args.tile_forms.split(",")] if args.tile_forms else [None]
+    tile_forms = ([None if v == "best" else TileForm(v) for v in args.tile_forms.split(",")] if args.tile_forms
+                  else [None])
     forms = [Form(g, t) for g in (GroupedGemm(v) for v in args.forms.split(","))
              for t in (tile_forms if g is GroupedGemm.Q2_TILES else [None])]
     cfg = replace(cfg, max_context=max(cfg.max_context, max(lengths) + 8), n_layers=1 if args.ncu else cfg.n_layers)

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
                     try:
                         y = np.array(call(bn))  # JIT, and the bits
                     except Exception as exc:  # reported, not fatal: the next body still runs
-                        row = {"form": form.value, "bn": bn, "launch": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                        row = {"form": form.value, "bn": bn, "launch": name,
+                               "error": f"{type(exc).__name__}: {exc}"[:300]}
                         res["rows"][f"{form.value}/{bn}/{name}"] = row
                         print("JSON-PART " + json.dumps(row), flush=True)
                         continue

@@ -27,7 +27,7 @@ _BODY = r"""
   constexpr int WN = BN / 4;  // columns a warp (all BM rows of the tile): 32 (BN 128) or 16
   constexpr int NJ = WN / 8;  // n-tiles a warp
   constexpr int MI = BM / 16;  // m-tiles a warp
-  constexpr int ST = @STAGES@;  // A stages: 2 alternate by k-step, so one barrier a k-step keeps writes off a stage in use
+  constexpr int ST = @STAGES@;  // A stages: 2 alternate by k-step (one barrier a k-step keeps writes off a stage in use)
   SHARED uint32_t as_all[ST * BM * LD / 2];
   SHARED uint32_t bxch[BREG_XCHG ? ST * NT * 16 : 1];  // the emulator's and Metal's view of the B registers
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
