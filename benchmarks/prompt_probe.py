@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
     ap.add_argument("--tile-forms", default="",
-                    help="q2tiles once per tile-kernel body: rows,cols,breg,breg2 (best: q2_tiles.BEST's by step)")
+                    help="q2tiles once per tile-kernel body: rows,cols,breg,breg2,bregdeep (best: q2_tiles.BEST's by step)")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
     args = ap.parse_args(argv)
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)

@@ -212,6 +212,7 @@ class TileForm(enum.Enum):
     COLS = "cols"  # kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns, ldmatrix, conflict-free stores
     BREG = "breg"  # kernels/q2_tiles_breg.py: COLS with B's fragments dequantized in registers (no B in shared)
     BREG2 = "breg2"  # BREG with two A stages: one barrier a k-step
+    BREG_DEEP = "bregdeep"  # BREG with its global loads two k-steps ahead (two register sets)
 
 
 # Which body runs: None, BEST's for the step; a TileForm, that one for every step (benchmarks/
@@ -222,7 +223,7 @@ FORM: TileForm | None = None
 # BREG 0.97 (whole prompt of 2048 tokens: ROWS 258.0, COLS 222.6, BREG 214.8 ms)
 BEST = {("gate", "up"): TileForm.BREG, ("down",): TileForm.COLS}
 SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE, TileForm.BREG: q2_tiles_breg.SOURCE,
-           TileForm.BREG2: q2_tiles_breg.SOURCE_2}
+           TileForm.BREG2: q2_tiles_breg.SOURCE_2, TileForm.BREG_DEEP: q2_tiles_breg.SOURCE_DEEP}
 
 
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
