@@ -184,8 +184,8 @@ stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --
 stage q2_tiles_forms 200 bash -c 'timeout 40 python3 benchmarks/q2_tiles_forms.py;
   timeout 60 ncu --clock-control none -k regex:strata_q2_tiles --metrics gpu__time_duration.sum,\
 l1tex__throughput.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_active,\
-launch__registers_per_thread --csv python3 benchmarks/prompt_probe.py --ncu --lengths 2048 --forms q2tiles --tile-forms rows,cols,breg,breg2;
-  timeout 90 python3 benchmarks/prompt_probe.py --lengths 2048 --forms q2tiles --tile-forms breg2,breg,cols,rows --repeat 2 --budget-s 80'
+launch__registers_per_thread --csv python3 benchmarks/prompt_probe.py --ncu --lengths 2048 --forms q2tiles --tile-forms best,bregdeep;
+  timeout 90 python3 benchmarks/prompt_probe.py --lengths 2048 --forms q2tiles --tile-forms best,bregdeep,breg2,rows --repeat 2 --budget-s 80'
 # issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
 # context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
 # (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).
