@@ -37,6 +37,30 @@ from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 SMALL = replace(SEED_SHAPE, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64)
 
 
+def _time_bodies(forms, columns, launches, repeat: int, res: dict, first: dict) -> None:
+    """Each body and column count: the launches' bits (against the first body's) and median ms."""
+    for bn in columns:
+        for form in forms:
+            qt.FORM = form
+            for name, (call, flops) in launches.items():
+                try:
+                    y = np.array(call(bn))  # JIT, and the bits
+                except Exception as exc:  # reported, not fatal: the next body still runs
+                    row = {"form": form.value, "bn": bn, "launch": name,
+                           "error": f"{type(exc).__name__}: {exc}"[:300]}
+                    res["rows"][f"{form.value}/{bn}/{name}"] = row
+                    print("JSON-PART " + json.dumps(row), flush=True)
+                    continue
+                key = (name, bn)
+                same = bool(np.array_equal(y, first[key])) if key in first else None
+                first.setdefault(key, y)
+                s = median_time(lambda: mx.eval(call(bn)), warmup=1, reps=repeat)
+                row = {"form": form.value, "bn": bn, "launch": name, "ms": s * 1e3,
+                       "mma_tflops": flops / s / 1e12, "same_bits_as_first": same}
+                res["rows"][f"{form.value}/{bn}/{name}"] = row
+                print("JSON-PART " + json.dumps(row), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=2048)
@@ -74,27 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     res = {"bench": "q2_tiles_forms", "device": str(mx.default_device()), "mlx": mx.__version__, "tokens": t,
            "pairs": n, "terms": terms, "rows": {}}
     first: dict = {}
-    with using_path(path):
-        for bn in columns:
-            for form in forms:
-                qt.FORM = form
-                for name, (call, flops) in launches.items():
-                    try:
-                        y = np.array(call(bn))  # JIT, and the bits
-                    except Exception as exc:  # reported, not fatal: the next body still runs
-                        row = {"form": form.value, "bn": bn, "launch": name,
-                               "error": f"{type(exc).__name__}: {exc}"[:300]}
-                        res["rows"][f"{form.value}/{bn}/{name}"] = row
-                        print("JSON-PART " + json.dumps(row), flush=True)
-                        continue
-                    key = (name, bn)
-                    same = bool(np.array_equal(y, first[key])) if key in first else None
-                    first.setdefault(key, y)
-                    s = median_time(lambda: mx.eval(call(bn)), warmup=1, reps=args.repeat)
-                    row = {"form": form.value, "bn": bn, "launch": name, "ms": s * 1e3,
-                           "mma_tflops": flops / s / 1e12, "same_bits_as_first": same}
-                    res["rows"][f"{form.value}/{bn}/{name}"] = row
-                    print("JSON-PART " + json.dumps(row), flush=True)
+    saved = qt.FORM
+    try:
+        with using_path(path):
+            _time_bodies(forms, columns, launches, args.repeat, res, first)
+    finally:
+        qt.FORM = saved
     print(f"\n## Q2_0 tile kernel bodies: {res['device']}, MLX {res['mlx']}, {t} tokens ({n} pairs), {terms} terms, "
           f"median of {args.repeat}")
     print("| body | columns | launch | ms | mma TFLOP/s | bits = first body |")
