@@ -188,6 +188,14 @@ stage prompt_rows 170 bash -c 'timeout 58 python3 benchmarks/prompt_probe.py --l
 stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --lengths 512,2048 --repeat 2 --budget-s 88;
   timeout 45 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/prompt_probe.py --ncu \
   --lengths 2048 --forms q2tiles,padded 2>&1 | python3 benchmarks/ncu_summary.py'
+# issue 19's tile-kernel bodies (not in the default list: STRATA_STAGES=q2_tiles_forms): each body of the
+# Q2_0 tile kernel (q2_tiles.TileForm) timed and bit-compared on one layer's launches, then ncu's L1
+# and tensor-pipe share of each, then whole prompts per body
+stage q2_tiles_forms 200 bash -c 'timeout 40 python3 benchmarks/q2_tiles_forms.py;
+  timeout 60 ncu --clock-control none -k regex:strata_q2_tiles --metrics gpu__time_duration.sum,\
+l1tex__throughput.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_active,\
+launch__registers_per_thread --csv python3 benchmarks/prompt_probe.py --ncu --lengths 2048 --forms q2tiles --tile-forms best,bregdeep;
+  timeout 90 python3 benchmarks/prompt_probe.py --lengths 2048 --forms q2tiles --tile-forms best,bregdeep,breg2,rows --repeat 2 --budget-s 80'
 # issue 19 (not in the default list): custom-kernel dispatch factors, compiled decode against the
 # context (split attention vs one block per head, graph views), strata vs mlx-lm on one shape
 # (mlx-lm's wheel installed for the benchmark only, --no-deps: peers.py loads its model files alone).

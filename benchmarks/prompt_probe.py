@@ -13,6 +13,9 @@ default q2tiles then padded), in this order, each part printed as a `JSON-PART` 
    four steps, the router, routing, each step of the form's expert path, the decode's fused
    expert kernel on the same pairs), on the inputs of 2. (the prompt's real routing).
 
+`--tile-forms rows,cols,breg,breg2` runs the q2tiles form once per body of the tile kernel (q2_tiles.TileForm),
+named `q2tiles:rows`, `q2tiles:cols`, ... (default: each step's fastest body, q2_tiles.BEST).
+
 `--ncu` runs one layer per form on a one-layer model, each after a marker kernel
 (`strata_probe_marker`), for `ncu --metrics gpu__time_duration.sum` (benchmarks/ncu_summary.py
 prints each kernel's GPU time per segment between markers).
@@ -38,7 +41,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +59,8 @@ from strata.mlx_backend.experts import experts_route, gated_hidden  # noqa: E402
 from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, route_prompt  # noqa: E402
 from strata.mlx_backend.grouped_tiles import tile_table  # noqa: E402
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path  # noqa: E402
-from strata.mlx_backend.kernels.q2_tiles import BM, q2_tiles  # noqa: E402
+from strata.mlx_backend.kernels import q2_tiles as q2_tiles_mod  # noqa: E402
+from strata.mlx_backend.kernels.q2_tiles import BM, TileForm, q2_tiles  # noqa: E402
 from strata.mlx_backend.lowp import lowp_matmul  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, embed  # noqa: E402
 from strata.mlx_backend.prompt import _layer, prompt_forward  # noqa: E402
@@ -67,6 +71,22 @@ from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512)
 T0 = time.time()
+
+
+@dataclass(frozen=True)
+class Form:
+    """A grouped form, and for Q2_TILES which body of the tile kernel (None: q2_tiles.BEST's by step)."""
+
+    gemm: GroupedGemm
+    tile: TileForm | None = None
+
+    @property
+    def value(self) -> str:
+        return self.gemm.value + (f":{self.tile.value}" if self.tile else "")
+
+    def select(self) -> None:
+        grouped.GEMM = self.gemm
+        q2_tiles_mod.FORM = self.tile  # None: each step's fastest body (q2_tiles.BEST)
 
 
 def part(obj: dict) -> None:
@@ -131,9 +151,9 @@ def _fresh(cfg) -> MlxModelState:
     return st
 
 
-def whole_prompts(p, form: GroupedGemm, lengths: list[int], reps: int, seen: set) -> dict:
+def whole_prompts(p, form: Form, lengths: list[int], reps: int, seen: set) -> dict:
     """1.: first call (s, new kernel specialisations) and the median of later calls per length."""
-    grouped.GEMM = form
+    form.select()
     out = {}
     rng = np.random.default_rng(0)
     for n in lengths:
@@ -161,10 +181,10 @@ def whole_prompts(p, form: GroupedGemm, lengths: list[int], reps: int, seen: set
     return out
 
 
-def synced_pass(p, form: GroupedGemm, n: int, layer_at: int) -> tuple[dict, tuple]:
+def synced_pass(p, form: Form, n: int, layer_at: int) -> tuple[dict, tuple]:
     """2.: each layer evaluated alone (ms) and its routing's largest group / mean group; the
     expert step's inputs (records, h, experts, weights) of layer `layer_at`."""
-    grouped.GEMM = form
+    form.select()
     cfg = p.cfg
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, n)
     seen_routes: list = []
@@ -198,7 +218,7 @@ def synced_pass(p, form: GroupedGemm, n: int, layer_at: int) -> tuple[dict, tupl
     return out, kept
 
 
-def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
+def layer_steps(p, forms: list[Form], kept, reps: int) -> dict:
     """3.: one layer's steps, each evaluated alone (ms)."""
     cfg, lw, rec = p.cfg, p.layers[0], p.rec
     records, h, experts, weights = kept
@@ -243,9 +263,10 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
     act = expert_act(cfg)
     for form in forms:
         f = form.value
+        form.select()
         time_ms(f"experts ({f}): whole", lambda form=form: grouped_experts(records, rec, h, experts, weights,
-                                                                            dtype=p.dtype, act=act, gemm=form))
-        if form is GroupedGemm.Q2_TILES:
+                                                                            dtype=p.dtype, act=act, gemm=form.gemm))
+        if form.gemm is GroupedGemm.Q2_TILES:
             flat = experts.reshape(-1)
             time_ms(f"experts ({f}): argsort pairs", lambda: mx.argsort(flat))
             order = mx.argsort(flat).astype(mx.int32)
@@ -277,7 +298,7 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
                 bn=64))
             time_ms(f"experts ({f}): down kernel, 64 columns a block", lambda: q2_tiles(
                 hid, order, order, w, tiles, n * k, records, rec, ("down",), gather=False, scatter=True, bn=64))
-        if form is GroupedGemm.PADDED:
+        if form.gemm is GroupedGemm.PADDED:
             time_ms(f"experts ({f}): dequantize E experts", lambda: dequantized_experts(records, rec, p.dtype))
             flat = experts.reshape(-1)
             counts = mx.zeros((records.shape[0],), mx.int32).at[flat].add(1)
@@ -288,7 +309,7 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
     time_ms("experts (decode's fused kernel, same routing rule)", lambda: experts_route(
         p.arena.array, rec, h, base_z, 0, lw.rule, None, act)[0])
     for form in forms:
-        grouped.GEMM = form
+        form.select()
         st = MlxModelState.empty(cfg).layers[0]
         mx.eval(st.keys, st.values)
         time_ms(f"whole layer ({form.value})", lambda st=st: _layer(p, 0, type(st)(st.keys, st.values, 0), x,
@@ -297,7 +318,7 @@ def layer_steps(p, forms: list[GroupedGemm], kept, reps: int) -> dict:
     return steps
 
 
-def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict:
+def crossing(p, forms: list[Form], lengths: list[int], reps: int) -> dict:
     """One layer's routed experts at a few token counts: each grouped form against the decode's
     fused kernel on the same pairs (where grouped.GROUPED_MIN_PAIRS belongs), ms."""
     cfg, lw, rec = p.cfg, p.layers[0], p.rec
@@ -312,8 +333,9 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
         row = {"fused": median_time(lambda: mx.eval(experts_route(p.arena.array, rec, h, z, 0, lw.rule, None,
                                                                   expert_act(cfg))[0]), warmup=1, reps=reps) * 1e3}
         for form in forms:
+            form.select()
             row[form.value] = median_time(lambda form=form: mx.eval(grouped_experts(
-                records, rec, h, experts, weights, dtype=p.dtype, act=expert_act(cfg), gemm=form)),
+                records, rec, h, experts, weights, dtype=p.dtype, act=expert_act(cfg), gemm=form.gemm)),
                 warmup=1, reps=reps) * 1e3
         out[n] = row
         part({"crossing_tokens": n, "pairs_per_expert": n * cfg.n_experts_per_token / cfg.n_experts,
@@ -321,7 +343,7 @@ def crossing(p, forms: list[GroupedGemm], lengths: list[int], reps: int) -> dict
     return out
 
 
-def ncu_layer(p, forms: list[GroupedGemm], n: int) -> None:
+def ncu_layer(p, forms: list[Form], n: int) -> None:
     """--ncu: one layer (attention, router, experts) per form, each after a marker kernel; every
     form warmed up first (JIT), so segment i (between markers i and i + 1) is form i's layer."""
     cfg = p.cfg
@@ -333,14 +355,14 @@ def ncu_layer(p, forms: list[GroupedGemm], n: int) -> None:
         mx.eval(_layer(p, 0, type(st)(st.keys, st.values, 0), x, window=False)[0])
 
     for form in forms:  # warm (JIT)
-        grouped.GEMM = form
+        form.select()
         layer()
     marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
                                  source="b[0] = a[0];")
     for i, form in enumerate(forms):
         mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                        output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
-        grouped.GEMM = form
+        form.select()
         layer()
         print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}", flush=True)
 
@@ -355,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=140.0)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--path", choices=["gpu", "emulated"], default="gpu")
+    ap.add_argument("--tile-forms", default="",
+                    help="q2tiles once per tile-kernel body: rows,cols,breg,breg2,bregdeep (best: q2_tiles.BEST's by step)")
     ap.add_argument("--ncu", action="store_true", help="one layer per form, each after a marker kernel")
     ap.add_argument("--variants", default="", help="flag variants of the whole prompt: all, none, -" + ", -".join(FLAGS)
                     + ", +" + ", +".join(OPT_IN))
@@ -365,7 +389,10 @@ def main(argv: list[str] | None = None) -> None:
     set_variant("all")
     cfg = replace(SMALL if args.small else SEED_SHAPE, shared_ffn_size=0, shared_expert_gated=False)
     lengths = [int(v) for v in args.lengths.split(",")]
-    forms = [GroupedGemm(v) for v in args.forms.split(",")]
+    tile_forms = ([None if v == "best" else TileForm(v) for v in args.tile_forms.split(",")] if args.tile_forms
+                  else [None])
+    forms = [Form(g, t) for g in (GroupedGemm(v) for v in args.forms.split(","))
+             for t in (tile_forms if g is GroupedGemm.Q2_TILES else [None])]
     cfg = replace(cfg, max_context=max(cfg.max_context, max(lengths) + 8), n_layers=1 if args.ncu else cfg.n_layers)
     grouped.GROUPED_MIN_PAIRS = 0  # every layer grouped: the probe times the grouped forms (the fused kernel apart)
     path = KernelPath.GPU if args.path == "gpu" else KernelPath.EMULATED
@@ -386,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         first_logits = None
         for i, form in enumerate(forms):
             r = res["forms"][form.value] = {}
-            if left() < (40 if i else 10):
+            if left() < (10 if i == 0 or form.gemm is GroupedGemm.Q2_TILES else 40):  # a q2tiles form: ~5 s
                 r["skipped"] = f"{left():.0f} s left"
                 part({"form": form.value, "skipped": r["skipped"]})
                 continue
@@ -425,11 +452,12 @@ def main(argv: list[str] | None = None) -> None:
             except Exception as exc:
                 res["crossing_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 part({"crossing_error": res["crossing_error"]})
-    if GroupedGemm.Q2_TILES in forms and left() > 12 and "whole" in res["forms"].get("q2tiles", {}):
+    tiles_forms = [f for f in forms if f.gemm is GroupedGemm.Q2_TILES and "whole" in res["forms"][f.value]]
+    if tiles_forms and left() > 12:
         with using_path(path):  # the activations rounded to float16 once (lowp.SPLIT off): half the expert flops
             lowp.SPLIT = False
             try:
-                once = whole_prompts(p, GroupedGemm.Q2_TILES, [max(lengths)], args.repeat, seen)
+                once = whole_prompts(p, tiles_forms[-1], [max(lengths)], args.repeat, seen)
                 res["q2tiles_rounded_once"] = {n: {k: v for k, v in w.items() if k != "logits"}
                                                for n, w in once.items()}
             finally:

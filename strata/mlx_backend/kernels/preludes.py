@@ -28,6 +28,21 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                units; compile-checked, not run).
                mma_16816_frag(c, mma_a_frag(a, lda, lane), b, ldb, lane): the same product with
                A's registers loaded once (`afrag`) for the many B tiles one A tile meets
+               mma_16816_ab(c, mma_a_ldm(a, lda, lane), mma_b2_ldm(b, ldb, lane), j, lane): the same
+               product, A's fragment and two n-tiles' B fragments (rows b.. and b + 8 ldb..,
+               `bfrag2`, j = 0 / 1 picks one) each loaded by one `ldmatrix.x4` on CUDA (four 8x8
+               matrices, one instruction instead of four or two 32-bit shared loads); elsewhere
+               the pointers, the same four dot products
+               mma_16816_ar(c, fa, b0, b1, xw, slot, lane): B's fragment from the lane's registers b0, b1
+               (as m16n8k16 places them: column g, rows 2t.. and 2t + 8..), words `slot`, `slot + 1`
+               of the lane's `u16w` that `breg_publish(xw, words, lane)` published. The emulator and
+               Metal: xw is the warp's [32, 16] words of a SHARED array of BREG_XCHG (1) NT 16 words,
+               which their dot products read (a lane's C needs other lanes' B); CUDA: BREG_XCHG 0,
+               publishing does nothing and b0, b1 go to `mma`
+    shuffle    shfl_xor_f(x, m): lane ^ m's x; shfl_xor_fx16(v, m): lane ^ m's 16 floats (`fx16`, one
+               exchange on the emulator instead of 16); every lane of the warp calls them
+    terms      split_h2(a, b): (hi, lo) float16 terms of a and b, each pair one word (a in the low
+               half): lowp.py's hi = f16(x), lo = f16(x - hi)
     bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
                the 8 bytes y:x; one PRMT on CUDA, a loop elsewhere)
 
@@ -63,6 +78,13 @@ INLINE f8 h8_f8(uint4 u) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
   f8 r;
   for (int i = 0; i < 4; ++i) { r.v[2 * i] = h16_f32((uint16_t)(w[i] & 0xFFFFu)); r.v[2 * i + 1] = h16_f32((uint16_t)(w[i] >> 16)); }
+  return r;
+}
+INLINE uint2 split_h2(float a, float b) {
+  const half_t ha = to_half(a), hb = to_half(b);
+  uint2 r;
+  r.x = f16_bits(ha) | (f16_bits(hb) << 16);
+  r.y = f16_bits(to_half(a - F32(ha))) | (f16_bits(to_half(b - F32(hb))) << 16);
   return r;
 }
 INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byte_perm: byte i <- byte s[4i..] of {y:x}
@@ -136,6 +158,40 @@ INLINE afrag mma_a_frag(const threadgroup uint16_t* a, uint32_t lda, uint32_t la
 }
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+// ldmatrix's twins: the fragments as pointers, read by the four dot products (Metal: compile-checked, not run)
+struct bfrag2 { const threadgroup uint16_t* b; uint32_t ldb; };
+INLINE afrag mma_a_ldm(const threadgroup uint16_t* a, uint32_t lda, uint32_t lane) { return mma_a_frag(a, lda, lane); }
+INLINE bfrag2 mma_b2_ldm(const threadgroup uint16_t* b, uint32_t ldb, uint32_t lane) {
+  bfrag2 f; f.b = b; f.ldb = ldb; return f;
+}
+INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
+}
+INLINE float shfl_xor_f(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
+#define BREG_XCHG 1
+struct u16w { uint32_t v[16]; };
+INLINE void breg_publish(threadgroup uint32_t* xw, u16w w, uint32_t lane) {
+  for (int i = 0; i < 16; ++i) xw[lane * 16u + (uint32_t)i] = w.v[i];
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+}
+INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const threadgroup uint32_t* wx, int slot, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t row = g + (i >= 2 ? 8u : 0u), col = t + (uint32_t)(i & 1);
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 16u; ++k) {
+      const uint32_t w = wx[(col * 4u + (k & 7u) / 2u) * 16u + (uint32_t)slot + (k >> 3)];
+      s += h16_f32(fa.a[row * fa.lda + k]) * h16_f32((uint16_t)((k & 1u) ? w >> 16 : w & 0xffffu));
+    }
+    c.v[i] += s;
+  }
+  return c;
+}
+struct fx16 { float v[16]; };
+INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {
+  for (int i = 0; i < 16; ++i) x.v[i] = simd_shuffle_xor(x.v[i], (ushort)m);
+  return x;
 }
 """ + _PORTABLE_HELPERS
 
@@ -242,6 +298,58 @@ INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32
   return c;
 }
 INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }  // one PRMT
+// hi = f16(a), f16(b) and lo = f16(a - hi), f16(b - hi) as two words (a in the low halves): one
+// cvt.rn.f16x2.f32 a word (to nearest even, as __float2half_rn) instead of two conversions and a pack
+INLINE uint2 split_h2(float a, float b) {
+  uint32_t h, l;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(b), "f"(a));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(l) : "f"(b - f.y), "f"(a - f.x));
+  uint2 r;
+  r.x = h;
+  r.y = l;
+  return r;
+}
+// ldmatrix.x4 (sm_75+): lane l gives the address of row l % 8 of matrix l / 8; register i of every lane
+// is then its m16n8k16 fragment of matrix i (row lane / 4, columns 2 (lane % 4)..). One instruction
+// where the 32-bit loads took four (A) or two per n-tile (B); the same bytes, so the same wavefronts
+INLINE uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+INLINE afrag mma_a_ldm(const uint16_t* a, uint32_t lda, uint32_t lane) {  // matrices: rows 0-7 | 8-15, k 0-7 | 8-15
+  afrag f;
+  const uint32_t p = smem_u32(a + (lane & 15u) * lda + (lane >> 4) * 8u);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3]) : "r"(p));
+  return f;
+}
+struct bfrag2 { uint32_t r[4]; };  // b0, b1 of n-tile 0 (B rows 0-7), then of n-tile 1 (rows 8-15)
+INLINE bfrag2 mma_b2_ldm(const uint16_t* b, uint32_t ldb, uint32_t lane) {  // matrix i: rows 8 (i / 2).., k 8 (i % 2)..
+  bfrag2 f;
+  const uint32_t p = smem_u32(b + ((lane & 7u) + ((lane >> 4) << 3)) * ldb + ((lane >> 3) & 1u) * 8u);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3]) : "r"(p));
+  return f;
+}
+INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(fb.r[2 * j]), "r"(fb.r[2 * j + 1]));
+  return c;
+}
+INLINE float shfl_xor_f(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
+#define BREG_XCHG 0
+struct u16w { uint32_t v[16]; };
+INLINE void breg_publish(uint32_t* xw, u16w w, uint32_t lane) {}  // the registers are the fragments
+INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const uint32_t* xw, int slot, uint32_t lane) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c.v[0]), "+f"(c.v[1]), "+f"(c.v[2]), "+f"(c.v[3])
+               : "r"(fa.r[0]), "r"(fa.r[1]), "r"(fa.r[2]), "r"(fa.r[3]), "r"(b0), "r"(b1));
+  return c;
+}
+struct fx16 { float v[16]; };
+INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {
+  for (int i = 0; i < 16; ++i) x.v[i] = __shfl_xor_sync(0xffffffffu, x.v[i], (int)m);
+  return x;
+}
 """
 
 CUDA_BODY = r"""
@@ -303,6 +411,51 @@ struct afrag { const uint16_t* a; uint32_t lda; };
 INLINE afrag mma_a_frag(const uint16_t* a, uint32_t lda, uint32_t lane) { afrag f; f.a = a; f.lda = lda; return f; }
 INLINE f4 mma_16816_frag(f4 c, afrag fa, const uint16_t* b, uint32_t ldb, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, b, ldb, lane);
+}
+// ldmatrix's twins: the fragments as pointers, read by the four dot products (the same values)
+struct bfrag2 { const uint16_t* b; uint32_t ldb; };
+INLINE afrag mma_a_ldm(const uint16_t* a, uint32_t lda, uint32_t lane) { return mma_a_frag(a, lda, lane); }
+INLINE bfrag2 mma_b2_ldm(const uint16_t* b, uint32_t ldb, uint32_t lane) { bfrag2 f; f.b = b; f.ldb = ldb; return f; }
+INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
+  return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
+}
+INLINE float shfl_xor_f(float x, uint32_t m) {  // through the block's per-thread buffer, between two warp barriers
+  strata_emu::Ctx* c = strata_emu::ctx;
+  c->blk->buf[c->tid] = x;
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  const float r = c->blk->buf[(c->tid & ~31u) | ((c->tid & 31u) ^ m)];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  return r;
+}
+#define BREG_XCHG 1
+struct u16w { uint32_t v[16]; };
+INLINE void breg_publish(uint32_t* xw, u16w w, uint32_t lane) {
+  for (int i = 0; i < 16; ++i) xw[lane * 16u + (uint32_t)i] = w.v[i];
+  strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait();
+}
+INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const uint32_t* wx, int slot, uint32_t lane) {
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t row = g + (i >= 2 ? 8u : 0u), col = t + (uint32_t)(i & 1);
+    float s = 0.0f;
+    for (uint32_t k = 0; k < 16u; ++k) {  // B[col][k]: lane 4 col + (k % 8) / 2's word b0 (k < 8) or b1
+      const uint32_t w = wx[(col * 4u + (k & 7u) / 2u) * 16u + (uint32_t)slot + (k >> 3)];
+      s += h16_f32(fa.a[row * fa.lda + k]) * h16_f32((uint16_t)((k & 1u) ? w >> 16 : w & 0xffffu));
+    }
+    c.v[i] += s;
+  }
+  return c;
+}
+struct fx16 { float v[16]; };
+INLINE fx16 shfl_xor_fx16(fx16 x, uint32_t m) {  // one exchange (two warp barriers) for the 16 floats
+  static float xb[1024 * 16];  // blocks run one after another: one buffer serves them all
+  strata_emu::Ctx* c = strata_emu::ctx;
+  for (int i = 0; i < 16; ++i) xb[c->tid * 16u + (uint32_t)i] = x.v[i];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  const uint32_t from = ((c->tid & ~31u) | ((c->tid & 31u) ^ m)) * 16u;
+  for (int i = 0; i < 16; ++i) x.v[i] = xb[from + (uint32_t)i];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  return x;
 }
 """ + _PORTABLE_HELPERS
 

@@ -28,6 +28,11 @@ products back. Here a tile reads its rows where they are:
 One shared stage, the next k-step's global words prefetched into registers (the q2_mma body's
 k loop, which the emulator and tests/test_mlx_q2_mma.py hold to the dequantized product).
 
+This file's body is the first of the bodies behind this interface (`TileForm`, picked by
+`FORM`): kernels/q2_tiles_cols.py (COLS) and kernels/q2_tiles_breg.py (BREG, BREG2) split the
+tile between the warps by columns and cut the shared-memory traffic per mma (docs/mlx_backend.md
+counts it), with the same bits (tests/test_mlx_q2_tiles_forms.py).
+
 Shapes:
     x float32 [X, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]
     -> y float32 [N, R]
@@ -35,10 +40,13 @@ Shapes:
 
 from __future__ import annotations
 
+import enum
+
 import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels.launch import launch
+from strata.mlx_backend.kernels import q2_tiles_breg, q2_tiles_cols
 from strata.mlx_backend.kernels.q2_mma import BK, BN, PAD, THREADS
 from strata.mlx_backend.kernels.source import KernelSource
 
@@ -196,6 +204,28 @@ BODY = r"""
 SOURCE = KernelSource("strata_q2_tiles", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",), BODY)
 
 
+class TileForm(enum.Enum):
+    """The kernel body a launch takes: the same inputs, template, grid and bits (tests hold them
+    equal); they differ in how a block's 4 warps split its tile and load their fragments."""
+
+    ROWS = "rows"  # this file's body: a warp 16 rows x BN columns, fragments by 32-bit shared loads
+    COLS = "cols"  # kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns, ldmatrix, conflict-free stores
+    BREG = "breg"  # kernels/q2_tiles_breg.py: COLS with B's fragments dequantized in registers (no B in shared)
+    BREG2 = "breg2"  # BREG with two A stages: one barrier a k-step
+    BREG_DEEP = "bregdeep"  # BREG with its global loads two k-steps ahead (two register sets)
+
+
+# Which body runs: None, BEST's for the step; a TileForm, that one for every step (benchmarks/
+# prompt_probe.py --tile-forms and benchmarks/q2_tiles_forms.py time them side by side).
+FORM: TileForm | None = None
+# The fastest body by step, measured on the H200 (q2_tiles_forms.py: the seed shape's 2048-token
+# launches, ms): gate | up with silu(g) u ROWS 2.37, COLS 1.77, BREG 1.68; down ROWS 1.36, COLS 0.87,
+# BREG 0.97 (whole prompt of 2048 tokens: ROWS 258.0, COLS 222.6, BREG 214.8 ms)
+BEST = {("gate", "up"): TileForm.BREG, ("down",): TileForm.COLS}
+SOURCES = {TileForm.ROWS: SOURCE, TileForm.COLS: q2_tiles_cols.SOURCE, TileForm.BREG: q2_tiles_breg.SOURCE,
+           TileForm.BREG2: q2_tiles_breg.SOURCE_2, TileForm.BREG_DEEP: q2_tiles_breg.SOURCE_DEEP}
+
+
 def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx.array, n: int, records: mx.array,
              rec: RecordLayout, planes: tuple[str, ...], *, gather: bool, scatter: bool, terms: int = 2,
              hidden: bool = False, bn: int | None = None) -> mx.array:
@@ -231,5 +261,6 @@ def q2_tiles(x: mx.array, src: mx.array, dst: mx.array, wts: mx.array, tiles: mx
                 ("TILE_INTS", TILE_INTS),
                 ("BM", BM), ("BN", bn), ("BK", BK), ("PAD", PAD), ("NT", THREADS))
     cols, per_block = (ra, bn // 2) if hidden else (r, bn)
-    return launch(SOURCE, [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
+    form = FORM or BEST.get(tuple(planes), TileForm.COLS)
+    return launch(SOURCES[form], [x.astype(mx.float32), src, dst, wts, tiles, records], [(n, cols)], [mx.float32],
                   blocks=(-(-cols // per_block), tiles.shape[0], 1), threads=THREADS, template=template)[0]

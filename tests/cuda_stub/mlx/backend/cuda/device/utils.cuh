@@ -2,6 +2,7 @@
 // cuda_fp16 types), so g++ can syntax-check strata's CUDA kernels (tests/test_metal_compile.py).
 // Only what the kernels may use is declared: `uint` is deliberately absent (CUDA has none).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cmath>
 
@@ -19,6 +20,7 @@ void __syncwarp(unsigned int mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
 float __shfl_sync(unsigned int mask, float v, int src);
 unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s);
+size_t __cvta_generic_to_shared(const void* p);
 
 struct __half {  // no conversion operator: kernels must convert with __half2float
   uint16_t bits;

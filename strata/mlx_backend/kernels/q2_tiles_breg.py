@@ -1,0 +1,220 @@
+"""The Q2_0 tile kernel's third body (TileForm.BREG of kernels/q2_tiles.py): COLS
+(kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns) with B's fragments built in registers
+straight from the record's words instead of through shared memory. In COLS a warp's columns are
+read by that warp only, so staging them costs shared traffic for no reuse: per block and k-step
+of 32 (128 mma) B's 64 store wavefronts and 64 ldmatrix wavefronts go, leaving A's 32 stores and
+128 loads (1.25 a mma instead of 2.25). The global words are the same (each row's two words of a
+k-step and its scale, now an 8-byte load a lane, the 4 lanes of a column reading the same bytes);
+the dequantization is the same byte permute, lane t taking nibbles t and t + 4 of each word (its
+fragment's k = 2t, 2t + 1 and 2t + 8, 2t + 9), so the same bits as ROWS and COLS.
+
+The emulator and Metal multiply through `mma_16816_ar` over the lanes' published registers (a
+[NT, 16] word SHARED array: their dot products need other lanes' B); CUDA passes the registers
+to `mma` and publishes nothing.
+
+Shapes: as kernels/q2_tiles.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+from strata.mlx_backend.kernels.source import KernelSource
+
+_BODY = r"""
+  constexpr int LD = BK + PAD;
+  constexpr int TP = BM / P;  // pairs a tile
+  constexpr int FPT = TP * BK / NT;  // floats of x a thread loads per k-step (8: P = 2, 16: P = 1)
+  constexpr int TPP = BK / FPT;  // threads a pair (TP * TPP = NT)
+  constexpr int WN = BN / 4;  // columns a warp (all BM rows of the tile): 32 (BN 128) or 16
+  constexpr int NJ = WN / 8;  // n-tiles a warp
+  constexpr int MI = BM / 16;  // m-tiles a warp
+  constexpr int ST = @STAGES@;  // A stages: 2 alternate by k-step (one barrier a k-step keeps writes off a stage in use)
+  SHARED uint32_t as_all[ST * BM * LD / 2];
+  SHARED uint32_t bxch[BREG_XCHG ? ST * NT * 16 : 1];  // the emulator's and Metal's view of the B registers
+  const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
+  const uint32_t n0 = bx * BN;
+  const int e = tiles[TILE_INTS * by], first = tiles[TILE_INTS * by + 1], count = tiles[TILE_INTS * by + 2];
+  const DEVICE uint8_t* rec = arena + (uint64_t)e * SLOT;
+  // A: this thread's pair and FPT of its k-step's floats. Row r's four 16-byte units sit at 5r mod 8
+  // of the 8 bank groups (rows of 80 bytes), and a 16-byte store's phase is 8 lanes: swapping two bits
+  // of tid / TPP puts a phase on rows 4 apart (P = 2) or {0, 1, 4, 5} (P = 1), 8 distinct groups
+  const uint32_t q = tid / (uint32_t)TPP, sb = P == 2 ? 0u : 1u;
+  const uint32_t my_pair = (q & ~(3u << sb)) | (((q >> sb) & 1u) << (sb + 1u)) | (((q >> (sb + 1u)) & 1u) << sb);
+  const uint32_t seg = tid % (uint32_t)TPP;
+  const bool xok = (int)my_pair < count;
+  const uint32_t xrow = xok ? (GATHER ? (uint32_t)src[first + (int)my_pair] : (uint32_t)(first + (int)my_pair)) : 0u;
+  const DEVICE float* xp = x + (uint64_t)xrow * (uint32_t)C + seg * (uint32_t)FPT;
+  f4 acc[MI * NJ];  // [m-tile][n-tile]
+  for (int j = 0; j < MI * NJ; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
+  f4 av[FPT / 4];  // the next k-step's floats of x, loaded while this one multiplies
+  // B: a warp's columns are its own (no other warp reads them), so each lane dequantizes its m16n8k16
+  // fragments straight from the record's words: column g of n-tile j is block row WN warp + 8 j + g,
+  // its k-step's two words and scale in registers; lane t's codes are nibbles t and t + 4 of each word
+  uint32_t bq[NJ][2], bd[NJ];
+  u16w bf;  // [n-tile][16 of k][b0, b1]: the k-step's fragments, dequantized while the next one loads
+  for (int i = 0; i < 16; ++i) bf.v[i] = 0u;
+  const uint32_t kend = count > 0 ? (uint32_t)C : 0u;  // block-uniform: an unused tile runs no k-step
+  for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {
+    const uint32_t stage = ST == 2 ? (k0 / (uint32_t)BK) & 1u : 0u;  // k-step k0 - BK's stage
+    SHARED_PTR(uint32_t) as32 = as_all + stage * (uint32_t)(BM * LD / 2);
+    SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;
+    SHARED_PTR(uint32_t) xw = bxch + (BREG_XCHG ? (stage * (uint32_t)NT + warp_id * 32u) * 16u : 0u);
+    if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
+      for (int q4 = 0; q4 < FPT / 8; ++q4) {  // 8 floats -> hi = f16(v), lo = f16(v - hi): 16-byte stores
+        uint32_t hw[4], lw[4];
+        for (int i = 0; i < 4; ++i) {
+          const float v0 = av[2 * q4 + i / 2].v[(2 * i) % 4], v1 = av[2 * q4 + i / 2].v[(2 * i) % 4 + 1];
+          const uint2 terms = split_h2(v0, v1);
+          hw[i] = terms.x;
+          lw[i] = P == 2 ? terms.y : 0u;
+        }
+        const uint32_t col = seg * (uint32_t)FPT + 8u * (uint32_t)q4, row = my_pair * (uint32_t)P;
+        uint4 u;
+        u.x = hw[0]; u.y = hw[1]; u.z = hw[2]; u.w = hw[3];
+        *((SHARED_PTR(uint4))(as32 + (row * LD + col) / 2u)) = u;
+        if (P == 2) {
+          u.x = lw[0]; u.y = lw[1]; u.z = lw[2]; u.w = lw[3];
+          *((SHARED_PTR(uint4))(as32 + ((row + 1u) * LD + col) / 2u)) = u;
+        }
+      }
+      for (int j = 0; j < NJ; ++j) {  // d (c - 2) for c = 0..3 as float16 bits, bytes 2c and 2c + 1 of {hi:lo}
+        const uint32_t dbits = bd[j], mag = dbits & 0x7fffu, sgn = dbits & 0x8000u;
+        const uint32_t two = (mag < 0x400u ? mag << 1 : mag + 0x400u) | sgn;  // 2d (subnormal d: a shift)
+        const uint32_t lo = (two ^ 0x8000u) | ((dbits ^ 0x8000u) << 16), hi = dbits << 16;
+        for (int hf = 0; hf < 2; ++hf) {  // b0: k = 2t, 2t + 1 (nibble lane % 4); b1: k + 8 (that nibble + 4)
+          // both permute selectors at once: the two nibbles' four codes a byte each, times 0x22 plus 0x10
+          // (selector nibbles 2c, 2c + 1), the permute reading the low 16 bits: (c & 3) 0x22 + (c >> 2)
+          // 0x2200 + 0x1010 of each nibble c in 6 instructions for two words instead of 12
+          const uint32_t w = (bq[j][hf] >> (2u * t)) & 0x000F000Fu;
+          const uint32_t sel = ((w | (w << 6)) & 0x03030303u) * 0x22u + 0x10101010u;
+          bf.v[4 * j + 2 * hf] = byte_perm(lo, hi, sel);
+          bf.v[4 * j + 2 * hf + 1] = byte_perm(lo, hi, sel >> 16);
+        }
+      }
+      breg_publish(xw, bf, lane);
+      BARRIER();
+    }
+    if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
+      for (int i = 0; i < FPT / 4; ++i) {  // 16-byte loads (rows of C floats, seg and k0 multiples of 4)
+        if (xok) {
+          av[i] = load_f4(xp + k0 + 4u * (uint32_t)i);
+        } else {
+          av[i].v[0] = 0.0f; av[i].v[1] = 0.0f; av[i].v[2] = 0.0f; av[i].v[3] = 0.0f;
+        }
+      }
+      for (int j = 0; j < NJ; ++j) {
+        const uint32_t row = warp_id * (uint32_t)WN + (uint32_t)(8 * j) + g, r = n0 + row;
+        // HIDDEN: the warp's columns are WN / 2 hidden units as gate rows, then the same units' up rows
+        const uint32_t local = row % (uint32_t)WN;
+        const uint32_t unit = bx * (uint32_t)(BN / 2) + warp_id * (uint32_t)(WN / 2) + local % (uint32_t)(WN / 2);
+        const bool in_a = HIDDEN ? local < (uint32_t)(WN / 2) : r < (uint32_t)RA;
+        const uint32_t rr = HIDDEN ? unit : (in_a ? r : r - (uint32_t)RA);
+        bq[j][0] = 0u;
+        bq[j][1] = 0u;
+        bd[j] = 0u;
+        if (HIDDEN ? unit < (uint32_t)RA : r < (uint32_t)R) {  // the k-step's two words: 8 bytes, aligned
+          const uint2 u = *((const DEVICE uint2*)(rec + (in_a ? CA : CB)) + (rr * (C / 16) + k0 / 16u) / 2u);
+          bq[j][0] = u.x;
+          bq[j][1] = u.y;
+          bd[j] = ((const DEVICE uint16_t*)(rec + (in_a ? SA : SB)))[rr * (C / 32) + k0 / 32u];
+        }
+      }
+    }
+    if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
+      for (uint32_t kk = 0; kk < (uint32_t)BK; kk += 16u) {
+        const int hf = (int)(kk / 16u);
+        for (int m = 0; m < MI; ++m) {
+          const afrag fa = mma_a_ldm(as + (uint32_t)(16 * m) * LD + kk, LD, lane);
+          for (int j = 0; j < NJ; ++j) {
+            acc[m * NJ + j] = mma_16816_ar(acc[m * NJ + j], fa, bf.v[4 * j + 2 * hf], bf.v[4 * j + 2 * hf + 1], xw,
+                                           4 * j + 2 * hf, lane);
+          }
+        }
+      }
+      if (ST == 1) BARRIER();  // one stage: the next k-step's stores wait for every warp's multiply
+    }
+  }
+  // P == 2: row g + 1 (the lo term of row g's pair, g even) is lane ^ 4's; every lane shuffles, the even rows keep
+  for (int m = 0; m < MI; ++m) {
+    fx16 hv;  // the m-tile's accumulators, [n-tile][4] (NJ <= 4)
+    for (int i = 0; i < 16; ++i) hv.v[i] = 0.0f;
+    for (int j = 0; j < NJ; ++j) for (int i = 0; i < 4; ++i) hv.v[4 * j + i] = acc[m * NJ + j].v[i];
+    if (P == 2) {  // hi + lo, as lowp.join_rows adds them
+      const fx16 lv = shfl_xor_fx16(hv, 4u);
+      for (int i = 0; i < 4 * NJ; ++i) hv.v[i] = hv.v[i] + lv.v[i];
+    }
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t row = (uint32_t)(16 * m) + g + 8u * (uint32_t)h, pair = row / (uint32_t)P;
+      const bool keep = row % (uint32_t)P == 0u && (int)pair < count;
+      float v[NJ][2];
+      for (int j = 0; j < NJ; ++j) { v[j][0] = hv.v[4 * j + 2 * h]; v[j][1] = hv.v[4 * j + 2 * h + 1]; }
+      if (!keep) continue;
+      if (HIDDEN) {  // silu(g) u of the warp's units (n-tile j: gate, j + NJ / 2: up), as the ops write it
+        for (int j = 0; j < NJ / 2; ++j) {
+          const uint32_t col = bx * (uint32_t)(BN / 2) + warp_id * (uint32_t)(WN / 2) + (uint32_t)(8 * j) + t;
+          const float g0 = v[j][0], g1 = v[j][1], u0 = v[j + NJ / 2][0], u1 = v[j + NJ / 2][1];
+          const uint64_t o = (uint64_t)(first + (int)pair) * RA + col;
+          if (col < (uint32_t)RA) y[o] = g0 / (1.0f + exp_f(-g0)) * u0;  // experts.silu: x / (1 + exp(-x))
+          if (col + 1u < (uint32_t)RA) y[o + 1] = g1 / (1.0f + exp_f(-g1)) * u1;
+        }
+      } else {
+        const int pi = first + (int)pair;
+        const uint32_t out = SCATTER ? (uint32_t)dst[pi] : (uint32_t)pi;
+        for (int j = 0; j < NJ; ++j) {
+          const uint32_t col = n0 + warp_id * (uint32_t)WN + (uint32_t)(8 * j) + t;
+          float v0 = v[j][0], v1 = v[j][1];
+          if (SCATTER) {  // the routing weight, as grouped_experts applies it (one float32 product)
+            v0 = v0 * wts[out];
+            v1 = v1 * wts[out];
+          }
+          const uint64_t o = (uint64_t)out * R + col;
+          if (col < (uint32_t)R) y[o] = v0;
+          if (col + 1u < (uint32_t)R) y[o + 1] = v1;
+        }
+      }
+    }
+  }
+"""
+
+SOURCE = KernelSource("strata_q2_tiles_breg", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
+                      _BODY.replace("@STAGES@", "1"))
+# BREG2: two A stages, one barrier a k-step instead of two (10 KB of shared memory a block)
+SOURCE_2 = KernelSource("strata_q2_tiles_breg2", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
+                        _BODY.replace("@STAGES@", "2"))
+
+
+def _deep(body: str) -> str:
+    """BREG's k loop with the global loads two k-steps ahead: two register sets (x floats, record
+    words, scales) taking turns, the loop unrolled by two so each set keeps its registers (an
+    indexed set would live in local memory). Store, load and multiply are BREG's own text; each
+    accumulator still takes its mma in k order (the same bits)."""
+    loop = body.index("  for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {\n")
+    end = body.index("  // P == 2: row g + 1")
+    head, inner, tail = body[:loop], body[loop:end], body[end:]
+    marks = ["    if (k0 > 0) {  // registers", "    if (k0 < kend) {  // issue", "    if (k0 > 0) {  // multiply"]
+    at = [inner.index(m) for m in marks] + [inner.rindex("  }\n")]
+    pre = inner[inner.index("\n") + 1:at[0]]  # the stage's pointers
+    store, load, mult = (inner[at[i]:at[i + 1]] for i in range(3))
+    block = lambda text: text[text.index("\n") + 1:text.rindex("    }\n")]  # noqa: E731  the branch's body
+
+    def regs(text: str, s: int) -> str:
+        return re.sub(r"\b(av|bq|bd)\b", r"\1_1", text) if s else text
+
+    def step(s: int, kc: str) -> str:
+        stage = f"    const uint32_t k0 = {kc} + (uint32_t)BK;  // BREG's k0 when it stores k-step {kc}\n"
+        return ("  {\n" + stage + pre
+                + regs(block(store), s) + "    {\n      const uint32_t k0 = " + kc + " + 2u * (uint32_t)BK;\n"
+                + "      if (k0 < kend) {\n" + regs(block(load), s) + "      }\n    }\n" + block(mult) + "  }\n")
+
+    prologue = "".join("  {\n    const uint32_t k0 = " + k + ";\n    if (k0 < kend) {\n" + regs(block(load), s)
+                       + "    }\n  }\n" for s, k in ((0, "0u"), (1, "(uint32_t)BK")))
+    decl = "  f4 av_1[FPT / 4];\n  uint32_t bq_1[NJ][2], bd_1[NJ];  // the second register set\n"
+    loop2 = ("  for (uint32_t ks = 0; ks < kend; ks += 2u * (uint32_t)BK) {\n" + step(0, "ks")
+             + "  if (ks + (uint32_t)BK < kend) {\n" + step(1, "(ks + (uint32_t)BK)") + "  }\n  }\n")
+    return head + decl + prologue + loop2 + tail
+
+
+# BREG_DEEP: BREG with its loads two k-steps ahead (one A stage, two barriers a k-step)
+SOURCE_DEEP = KernelSource("strata_q2_tiles_bregdeep", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
+                           _deep(_BODY.replace("@STAGES@", "1")))
