@@ -51,7 +51,7 @@ BITONIC_TOPK = r"""
         float fi = (float)e;                  // past E: id >= E, behind every real logit of equal value
         UNROLL for (int kk = 2; kk <= 32; kk <<= 1) {
           UNROLL for (int j = kk >> 1; j > 0; j >>= 1) {
-            const float pv = warp_shfl_xor(v, (uint32_t)j), pi = warp_shfl_xor(fi, (uint32_t)j);
+            const float pv = shfl_xor_f(v, (uint32_t)j), pi = shfl_xor_f(fi, (uint32_t)j);
             const bool pbeats = pv > v || (pv == v && pi < fi);
             const bool keep_better = ((lane & (uint32_t)j) == 0u) == ((lane & (uint32_t)kk) == 0u);
             if (keep_better == pbeats) { v = pv; fi = pi; }   // descending: lane l ends holding the l-th

@@ -99,14 +99,6 @@ struct Ctx {
   }
   float warp_sum(float x) { return warp_reduce(x, false); }
   float warp_max(float x) { return warp_reduce(x, true); }
-  float shfl_xor(float x, uint32_t m) {  // lane l gets lane (l ^ m)'s x
-    const uint32_t w = tid >> 5, base = w * 32;
-    blk->buf[tid] = x;
-    blk->warp_bars[w]->arrive_and_wait();
-    const float r = blk->buf[base + (((tid & 31u) ^ m) & 31u)];
-    blk->warp_bars[w]->arrive_and_wait();
-    return r;
-  }
 };
 
 thread_local Ctx* ctx = nullptr;

@@ -107,7 +107,7 @@ BODY = r"""
       }
     }
   }
-  UNROLL for (int m = RB; m < 32; m <<= 1) acc += warp_shfl_xor(acc, (uint32_t)m);  // the row's pieces
+  UNROLL for (int m = RB; m < 32; m <<= 1) acc += shfl_xor_f(acc, (uint32_t)m);  // the row's pieces
   if (piece == 0u) {
     float ss = 0.0f;
     UNROLL for (int j = 0; j < SPW; ++j) ss += sp[j];

@@ -7,7 +7,6 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                SHARED_PTR(T) (a pointer to T in block-shared memory: another view of a SHARED array),
                BARRIER() (block barrier, threadgroup memory)
     reductions warp_sum(float), warp_max(float): uniform across the 32 lanes
-    exchange   warp_shfl_xor(float x, uint32_t m): lane l gets lane (l ^ m)'s x (every lane calls it)
     fma_keep(a, b, c) a * b + c rounded once, subnormal operands and results kept (no flush to zero)
     warp_sync() a warp barrier (every lane of the warp calls it), used as a scheduling fence: ptxas
                issues every global load above it before any use below (without one it interleaves
@@ -114,7 +113,6 @@ struct f4 { float v[4]; };
 struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
 INLINE float warp_max(float x) { return simd_max(x); }
-INLINE float warp_shfl_xor(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
 INLINE void warp_sync() { simdgroup_barrier(mem_flags::mem_none); }
 INLINE float fma_keep(float a, float b, float c) { return metal::fma(a, b, c); }
 INLINE float exp_f(float x) { return metal::exp(x); }
@@ -230,7 +228,6 @@ INLINE float warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-INLINE float warp_shfl_xor(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
 INLINE void warp_sync() { __syncwarp(); }
 // fma.rn.f32 without .ftz: subnormal operands and results kept even under -ftz / fast math
 INLINE float fma_keep(float a, float b, float c) { float d; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c)); return d; }
@@ -380,7 +377,6 @@ struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
 INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
-INLINE float warp_shfl_xor(float x, uint32_t m) { return strata_emu::ctx->shfl_xor(x, m); }
 INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait(); }
 INLINE float fma_keep(float a, float b, float c) { return std::fma(a, b, c); }
 INLINE float exp_f(float x) { return std::exp(x); }
