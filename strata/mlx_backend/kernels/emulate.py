@@ -82,10 +82,11 @@ struct half {  // IEEE binary16 storage with float conversion (what the kernels 
 
 // A block's GPU threads are fibers on the launching OS thread, switched at barriers: a barrier
 // costs one context switch per thread. With one OS thread per GPU thread it cost an OS wake-up
-// per thread, which on two cores shared by a test suite was most of a launch's time (a decode
-// step of a small model: ~13 s of CPU, now ~1). On x86-64 Linux the switch saves the callee-saved
-// registers and swaps stacks (strata_emu_switch below); elsewhere it is ucontext's swapcontext,
-// which also saves the signal mask: a system call per switch, half the launch's time again.
+// per thread, most of a launch's time on two shared cores. A 3-token forward of a small model
+// (tests/test_mlx_compiled.py SMALL, 2 layers, ~40 launches) took 13-15 s of CPU that way, 1.1 s
+// with ucontext's swapcontext (a system call per switch: it saves the signal mask), 0.13 s with
+// strata_emu_switch below (x86-64 Linux: push the callee-saved registers, swap stacks); other
+// machines use swapcontext.
 // The fibers run in a scrambled order (a stride permutation of the thread ids, thread 0 neither
 // first nor last), so a missing barrier shows as a wrong read in the same run, every run: the
 // broadcast (thread 0 writes, the rest read) and the reduction (all write, thread 0 reads) alike.
