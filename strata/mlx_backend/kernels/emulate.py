@@ -132,7 +132,7 @@ struct Ctx {
   float warp_max(float x) { return warp_reduce(x, true); }
 };
 
-thread_local Ctx* ctx = nullptr;  // the running fiber's
+thread_local Ctx* ctx = nullptr;
 
 #if defined(__x86_64__) && defined(__linux__)
 extern "C" void strata_emu_switch(void** save_sp, void* load_sp);
