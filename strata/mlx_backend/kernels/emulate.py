@@ -138,7 +138,7 @@ thread_local Ctx* ctx = nullptr;
 extern "C" void strata_emu_switch(void** save_sp, void* load_sp);
 // Push the System V callee-saved registers, store the stack pointer, load the other's, pop its.
 asm(R"(
-.text
+.pushsection .text
 .globl strata_emu_switch
 .hidden strata_emu_switch
 .type strata_emu_switch,@function
@@ -159,6 +159,7 @@ strata_emu_switch:
   popq %rbp
   ret
 .size strata_emu_switch, .-strata_emu_switch
+.popsection
 )");
 
 struct Context {
