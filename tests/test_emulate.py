@@ -5,8 +5,6 @@ deadlock at once, not after the timeout. The kernels' own tests check their arit
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -69,10 +67,8 @@ def test_a_thread_that_skips_a_barrier_is_a_deadlock():
   if (tid < 32) BARRIER();
   out[tid] = x[0];
 """)
-    start = time.perf_counter()
-    with pytest.raises(RuntimeError, match="skipped a barrier"):
-        _launch(src, 1.0, NT)
-    assert time.perf_counter() - start < emulate.TIMEOUT_S / 4, "found by the scheduler, not the timeout"
+    with pytest.raises(RuntimeError, match="skipped a barrier"):  # the scheduler's finding (the timeout
+        _launch(src, 1.0, NT)                                      # says "did not finish in 120 s")
 
 
 def test_warp_sums_and_the_block_barrier_agree_with_numpy():
