@@ -15,6 +15,11 @@ TB/s, against ~2.6 GB of weights and experts a token.
                                                            #   kernels, uncompiled, tiny shape)
     python benchmarks/decode_context.py --contexts 8,512,2048,4000
 
+Each run also times generate's greedy token source over an MlxEngine at that context (the
+"generate" row): pipelined, the next token chosen on the device (what `generate` does), beside
+the host loop that reads each token's logits, with real argmax tokens (the rows above feed
+random or fixed ones).
+
 Prints a table and one JSON line; a JSON-PART line after each context survives a kill.
 """
 
@@ -42,7 +47,11 @@ from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
+from strata.mlx_backend import device_pipeline  # noqa: E402
+from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
+from strata.generate import _steps  # noqa: E402
+from strata.reference.sampling import SamplerConfig  # noqa: E402
 from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 
 # the issue's shape: the seed without a shared expert
@@ -121,14 +130,53 @@ def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
             mx.async_eval(logits)
         mx.eval(logits)
         pipelined = (time.perf_counter() - t0) / tokens
+        launches = sum(LAUNCHES.values()) - before
+        loops = generate_loops(p, state, step, tokens)
         return {"ms": float(np.median(times)) * 1e3, "first_ms": first * 1e3, "min_ms": float(np.min(times)) * 1e3,
-                "pipelined_ms": pipelined * 1e3,
-                "wrapper_launches": sum(LAUNCHES.values()) - before,
+                "pipelined_ms": pipelined * 1e3, **loops,
+                "wrapper_launches": launches,
                 "split": attn_kernels.split_applies(length + 1, 1)}
     finally:
         attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK = saved
         for mod, name, value in switched:
             setattr(mod, name, value)
+
+
+def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -> dict:
+    """ms/token of generate's own token source (strata.generate._steps, greedy) over an MlxEngine
+    holding this context, from the same position twice: pipelined (the next token chosen on the
+    device, step n + 1 enqueued before token n is read: what `generate` does now) and the host
+    loop (each token's logits read, argmax on the host: device_pipeline.PIPELINED off), real argmax
+    tokens both; and whether the two made the same tokens. Per token: the time from token 0 (from
+    one host decode, as a prefill's logits) to the last, over the `tokens` steps decoded between
+    (the pipeline's first step, not overlapped, included)."""
+    eng = MlxEngine(p)
+    eng.state, eng._step = state, step  # the made context; the step already traced on its buffers
+    eng._tokens = [0] * state.length  # the session's positions (their ids do not matter: the rows are made)
+    start, out = state.length, {}
+    # "warm" first, untimed: the device selection's first call compiles its fused kernels (NVRTC,
+    # seconds; the H200's mid-session run timed it inside the pipelined row: 289 ms a token)
+    for name, flag, count in (("warm", True, 3), ("pipelined", True, tokens), ("host", False, tokens)):
+        saved, device_pipeline.PIPELINED = device_pipeline.PIPELINED, flag
+        try:
+            eng.trim(start)
+            source = _steps(eng, eng.decode(1), SamplerConfig(), None, p.cfg.max_context, [])
+            stamps, made = [], []
+            for n in range(count + 1):
+                token, _ = source.next(n)
+                stamps.append(time.perf_counter())
+                made.append(token)
+                if n < count:
+                    source.advance(token, n, room=count - n)
+                else:
+                    source.finish(n)
+        finally:
+            device_pipeline.PIPELINED = saved
+        if name != "warm":
+            out[f"generate_{name}_ms"] = (stamps[-1] - stamps[0]) / count * 1e3
+            out[f"generate_{name}_tokens"] = made
+    out["generate_same_tokens"] = out.pop("generate_pipelined_tokens") == out.pop("generate_host_tokens")
+    return out
 
 
 def main() -> int:
@@ -174,6 +222,9 @@ def main() -> int:
                 rows.append((f"context {ctx}, {form}", f"{r['ms']:.2f} ms/token",
                              f"min {r['min_ms']:.2f}; no host wait {r['pipelined_ms']:.2f}; trace "
                              f"{r['first_ms']:.0f} ms; split used: {r['split']}"))
+                rows.append((f"context {ctx}, {form}, generate", f"{r['generate_pipelined_ms']:.2f} ms/token",
+                             f"pipelined (device argmax); host loop {r['generate_host_ms']:.2f}; same tokens: "
+                             f"{r['generate_same_tokens']}"))
     first = min(contexts[0], cfg.max_context - args.tokens - 2) if args.small else contexts[0]
     base = {f: res["ms"].get(f"{first}/{f}", {}).get("ms") for f in FORMS}
     for key, r in res["ms"].items():

@@ -185,6 +185,10 @@ stage prompt_probe 150 bash -c 'timeout 95 python3 benchmarks/prompt_probe.py --
 stage dispatch 60 python3 benchmarks/dispatch.py
 stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
 stage peers 240 python3 benchmarks/peers.py
+# issue 19, greedy tokens chosen on the device (STRATA_STAGES=pipelined): generate's loop pipelined
+# beside the host loop at contexts 8 and 2048 (decode_context's generate row), then peers' decode rows
+stage pipelined 200 bash -c 'timeout 70 python3 benchmarks/decode_context.py --contexts 8 --forms split --also 2048/split \
+  --tokens 32; timeout 120 python3 benchmarks/peers.py --rows decode --tokens 16'
 # issue 19: first-call JIT costs (decode step, prompts of 128/512/2048/1000, a per-layer breakdown)
 # in a first process on an empty MLX PTX cache and in a second one on what the first left there.
 # STRATA_STAGES=jit_probe

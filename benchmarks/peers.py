@@ -10,9 +10,11 @@ layers, 256 experts top-10, hidden 2560, expert ffn 576, 16 q / 4 kv heads of 12
   --q-group-size 32` makes of them), timed through a greedy loop written as its `generate_step`
   runs (prefill in pieces of 2048, then each token evaluated asynchronously one step ahead);
 - strata: the same shape made by `strata.testing.mlx_params.random_params` (float16 dense, Q2_0
-  experts: 2 bits, groups of 32), all resident, through `MlxEngine` (`prefill`, `decode`: the
-  compiled step on a GPU).
-A prompt's time is its time to the first token (prefill and the first token's logits); a decode
+  experts: 2 bits, groups of 32), all resident in an `MlxEngine`, timed through strata's own
+  `stream_generate` (greedy: on a GPU the compiled step, each next token chosen on the device and
+  its step enqueued before the host reads the token, as mlx-lm's loop does), stamped as mlx-lm's
+  loop is: when each token reaches the caller.
+A prompt's time is its time to the first token (prefill and the first token); a decode
 row is the median time per token after it. Each prompt length runs once on other tokens first, on
 both sides: a kernel's first call in a process compiles it, which is start-up, not prompt time.
 
@@ -22,6 +24,7 @@ alone: `pip install --no-deps mlx-lm` into the environment that runs the benchma
 
     python benchmarks/peers.py            # the issue's shape (GPU)
     python benchmarks/peers.py --small    # a small shape (any machine, MLX's CPU build too)
+    python benchmarks/peers.py --rows decode --tokens 16    # the two decode rows only
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ import numpy as np  # noqa: E402
 from _measure import device_name, part  # noqa: E402
 from decode_context import SHAPE  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
+from strata.generate import stream_generate  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.kernels.launch import current_path  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
+from strata.testing.stand_in_model import stand_in_model  # noqa: E402
 
 SMALL = replace(SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=1024, max_context=2304)
@@ -130,17 +135,17 @@ def time_mlx_lm(model, prompt: np.ndarray, n_decode: int) -> tuple[float, float 
 
 
 def time_strata(eng: MlxEngine, prompt: np.ndarray, n_decode: int) -> tuple[float, float | None]:
-    """(time to the first token, median s per decoded token or None) through MlxEngine."""
+    """(time to the first token, median s per decoded token or None) through strata's own
+    `stream_generate`, greedy, as a user gets it: on a GPU each next token chosen on the device
+    and its step enqueued before the host reads the token (strata/device_greedy.py). Timed as
+    mlx-lm's loop is: a stamp when each token reaches the caller."""
     eng.reset()
     t0 = time.perf_counter()
-    tok = int(np.argmax(eng.prefill(list(prompt))))
-    first = time.perf_counter() - t0
-    gaps = []
-    for _ in range(n_decode + 1):
-        t = time.perf_counter()
-        tok = int(np.argmax(eng.decode(tok)))
-        gaps.append(time.perf_counter() - t)
-    return first, (float(np.median(gaps[1:])) if n_decode else None)
+    stamps = []
+    for _ in stream_generate(eng, [int(t) for t in prompt], max_tokens=n_decode + 1):
+        stamps.append(time.perf_counter())
+    gaps = np.diff(stamps)
+    return stamps[0] - t0, (float(np.median(gaps[1:] if len(gaps) > 2 else gaps)) if n_decode else None)
 
 
 def main() -> int:
@@ -150,12 +155,19 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma list: mlx_lm, strata (default both)")
     ap.add_argument("--lengths", default="", help="the short and the long prompt (default 512,2048; --small 64,256: "
                                                   "mlx-lm's 2-bit experts on the CPU take minutes at 2048)")
+    ap.add_argument("--rows", default="decode,prompt", help="comma list: decode (contexts 8 and the long prompt), "
+                                                         "prompt (both lengths' time to the first token)")
     args = ap.parse_args()
     cfg = SMALL if args.small else SHAPE
     n = 4 if args.small else args.tokens
     short, long = (int(v) for v in (args.lengths or ("64,256" if args.small else "512,2048")).split(","))
+    rows_asked = set(r for r in args.rows.split(",") if r)
+    if not rows_asked or rows_asked - {"decode", "prompt"}:
+        ap.error(f"--rows: decode and/or prompt, got {args.rows!r}")
     # (prompt length, decoded tokens): the long prompt then decode at its context, decode at 8 after 8
-    plan = ((short, 0), (long, n), (8, n))
+    plan = ((short, 0), (long, n), (8, n)) if "prompt" in rows_asked else ((long, n), (8, n))
+    if "decode" not in rows_asked:
+        plan = ((short, 0), (long, 0))
     rng = np.random.default_rng(0)
     prompts = {length: rng.integers(0, cfg.vocab_size, length) for length, _ in plan}
     warm = {length: rng.integers(0, cfg.vocab_size, length) for length, _ in plan}
@@ -172,12 +184,15 @@ def main() -> int:
                 model = mlx_lm_model(cfg)
                 run = lambda pr, k: time_mlx_lm(model, pr, k)  # noqa: E731
             else:
-                eng = MlxEngine(random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg)))
+                # no end-of-text: a random model's greedy tokens would stop a row anywhere
+                eng = MlxEngine(random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg)),
+                                model=stand_in_model(cfg, eos=frozenset()))
                 run = lambda pr, k: time_strata(eng, pr, k)  # noqa: E731
             res[f"{name}_build_s"] = time.time() - t0
             run(prompts[8], 2)  # warm: kernels built, the compiled step traced
-            for length, _ in plan:  # and each prompt length once on other tokens: a custom kernel's first
-                run(warm[length], 0)  # call in a process compiles it (seconds), which is not the prompt's time
+            for length, _ in plan if "prompt" in rows_asked else ():  # and each prompt length once on other
+                run(warm[length], 0)  # tokens: a custom kernel's first call in a process compiles it (seconds),
+                # which is not the prompt's time (decode rows alone: their first gap, excluded, holds any trace)
             for length, k in plan:
                 first, per = run(prompts[length], k)
                 res["times_s"].setdefault(name, {})[f"prompt {length}"] = first
@@ -190,7 +205,9 @@ def main() -> int:
           f"{cfg.n_layers} layers, {cfg.n_experts} experts top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, "
           f"F={cfg.expert_ffn_size}; experts 2-bit g32)")
     print(f"{'row':<18} {'mlx-lm':>12} {'strata':>12} {'mlx-lm / strata':>16}")
-    for key in ("decode at 8", f"decode at {long}", f"prompt {short}", f"prompt {long}"):
+    keys = (["decode at 8", f"decode at {long}"] if "decode" in rows_asked else []) + \
+        ([f"prompt {short}", f"prompt {long}"] if "prompt" in rows_asked else [])
+    for key in keys:
         a, b = t.get("mlx_lm", {}).get(key), t.get("strata", {}).get(key)
         unit = (lambda s: f"{s * 1e3:.2f} ms") if key.startswith("decode") else (lambda s: f"{s:.3f} s")
         ratio = a / b if a and b else None

@@ -67,6 +67,9 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def greedy_pipeline(self):
+        """Greedy decoding with each next token chosen on the device (strata.device_greedy), or None."""
+
     def close(self) -> None: ...
 
 

@@ -13,7 +13,8 @@ from strata.api_args import as_config, check_count, check_prompt, check_token_id
 from strata.cache.types import CacheStats
 from strata.config import Config, load_config
 from strata.engines import Engine, common_prefix, session_engine
-from strata.errors import ContextLimitError, NonFiniteError, ParameterError, StrataError
+from strata.device_greedy import PipelinedGreedySteps, non_finite_logits, takes_pipeline
+from strata.errors import ContextLimitError, ParameterError, StrataError
 from strata.loader import Model, load
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
@@ -188,15 +189,18 @@ class _PlainSteps:
 def check_finite_logits(logits: np.ndarray, length: int) -> None:
     """One pass (max propagates NaN): never sample from garbage."""
     if not np.isfinite(logits.max()):
-        raise NonFiniteError(f"the logits after {length} positions are not finite: the model's weights "
-                             "or an expert read are bad (run `strata generate --verify-reads`)")
+        raise non_finite_logits(length)
 
 
 def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | None, limit: int,
            history: list[int]) -> TokenSource:
-    """Plain decoding, or speculative windows where a drafter is given or the config names one."""
+    """Plain decoding (greedy: on the engine's device where it offers that), or speculative
+    windows where a drafter is given or the config names one."""
     drafter = drafter if drafter is not None else drafter_for(engine.config)
     if drafter is None:
+        pipe = engine.greedy_pipeline() if takes_pipeline(sampler) else None
+        if pipe is not None:
+            return PipelinedGreedySteps(engine, pipe, logits, sampler, limit)
         return _PlainSteps(engine, logits, sampler, history)
     if sampler.repeat_penalty != 1.0:  # its history would have to follow every draft and rollback
         raise ParameterError("repeat_penalty: not supported with speculation (suffix_draft / drafter) yet; "

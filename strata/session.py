@@ -116,6 +116,11 @@ class SessionEngine:
                            decode_tokens=self._decode_tokens, expert_reads=self._expert_reads(),
                            cache=self._cache_totals())
 
+    def greedy_pipeline(self):
+        """Greedy decoding whose next token the engine chooses on its device (a GreedyPipeline,
+        strata.device_greedy), or None: then `decode` returns each position's logits to the host."""
+        return None
+
     def ledger(self):
         """Running totals a streaming engine's report is the difference of; None elsewhere."""
         return None

@@ -131,3 +131,9 @@ PLE_RSS_SLACK = 32 << 20
 # the stored 32 MB (0.27), the tensors a layer widens at once and the heap numpy keeps after them
 # (~14 MB), one prefill's transients (~11 MB). Float32 at load grew it by 1.11 (133 MB).
 PEAK_RSS_SHARE_OF_F32 = 0.6
+
+# greedy selection on the device (strata/mlx_backend/greedy.py) vs the host's: the same token
+# always (EXACT), its log-probability as a float32 max-subtracted log-sum-exp where the host's
+# log_softmax sums in float64 over the same float32 logits: a few float32 roundings of values
+# of order 1-10 (seen 7.2e-7 on a 512-token vocabulary, MLX's CPU build)
+DEVICE_LOGPROB_ATOL = 1e-5

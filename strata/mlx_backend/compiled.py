@@ -42,13 +42,14 @@ import numpy as np
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, kernel_applies
 from strata.mlx_backend.kernels.attention import split_applies
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
+from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
 from strata.mlx_backend.mla import kernel_applies as mla_applies
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
 
-__all__ = ["COMPILED_DECODE", "CompiledDecode", "unsupported", "check_decode"]
+__all__ = ["COMPILED_DECODE", "CompiledDecode", "unsupported", "check_decode", "check_device_token", "device_ids"]
 
 # MlxEngine's default (its `compiled` argument overrides it): compile the decode step where the
 # path allows (the GPU kernel path). False: every token runs the uncompiled `forward`.
@@ -82,6 +83,25 @@ def check_decode(p: MlxParams, state: MlxModelState, token: int) -> None:
     """The host-side checks `forward` makes for one decoded token (same messages)."""
     check_token_ids(np.array([token]), p.cfg.vocab_size)
     check_context(p.cfg, state.length, 1)
+
+
+def check_device_token(ids: mx.array) -> None:
+    """A token already on the device: int32 [1], or [MIN_INPUT_SIZE] (the shape of `index_param`'s
+    views and of greedy.greedy_select's output: one trace serves host and device tokens)."""
+    if ids.dtype != mx.int32 or ids.shape not in ((1,), (MIN_INPUT_SIZE,)):
+        raise ValueError(f"compiled decode: a device token is int32 [1] or [{MIN_INPUT_SIZE}], "
+                         f"got {ids.dtype} {tuple(ids.shape)}")
+
+
+def device_ids(token: int | mx.array) -> mx.array:
+    """The step's token input, int32 [MIN_INPUT_SIZE] with the id in element 0: a view into the
+    device index table for a host int (no host write), a device token as it is (an [1] one
+    padded: one small op, and the trace's input shape stays one)."""
+    if not isinstance(token, mx.array):
+        return index_param(token)
+    if token.shape == (MIN_INPUT_SIZE,):
+        return token
+    return mx.concatenate([token, mx.zeros((MIN_INPUT_SIZE - 1,), mx.int32)])
 
 
 def _buffers(state: MlxModelState) -> tuple[mx.array, ...]:
@@ -149,13 +169,20 @@ class CompiledDecode:
         bufs = _buffers(state)
         return len(bufs) == len(self._bufs) and all(a is b for a, b in zip(bufs, self._bufs))
 
-    def __call__(self, state: MlxModelState, token: int) -> tuple[mx.array, MlxModelState]:
-        check_decode(self.p, state, token)
+    def __call__(self, state: MlxModelState, token: int | mx.array) -> tuple[mx.array, MlxModelState]:
+        """token: a host int, or already on the device (int32 [1] or [MIN_INPUT_SIZE], element 0
+        the id: greedy.greedy_select's output, so step n + 1 is enqueued before the host has token
+        n; its range is not checked, an argmax over the vocabulary is in it)."""
+        if isinstance(token, mx.array):
+            check_device_token(token)
+            check_context(self.p.cfg, state.length, 1)
+        else:
+            check_decode(self.p, state, token)
         if not self.bound_to(state):
             raise ValueError("compiled decode: the state's KV buffers are not the ones this step was built on")
         if current_path() is not self.path:
             raise ValueError(f"compiled decode: built on the {self.path.value} path, called on {current_path().value}")
-        ids, pos = index_param(token), index_param(state.length)  # device views: no host write
+        ids, pos = device_ids(token), index_param(state.length)
         self._pending[:] = [state]
         try:
             split = split_applies(state.length + 1, 1)

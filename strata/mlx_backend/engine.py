@@ -21,10 +21,12 @@ import numpy as np
 from strata.config import Config
 from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
+from strata.mlx_backend import device_pipeline
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
+from strata.mlx_backend.device_pipeline import DevicePipeline
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
 from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
@@ -134,6 +136,17 @@ class MlxEngine(StateEngine):
                 return out
         logits, self.state = forward(self.params, self.state, np.asarray([token]))
         return np.array(logits[-1], dtype=np.float32)
+
+    def greedy_pipeline(self) -> DevicePipeline | None:
+        """Greedy decoding with each next token chosen on the device (device_pipeline.py), unless
+        `device_pipeline.PIPELINED` is off."""
+        return DevicePipeline(self) if device_pipeline.PIPELINED else None
+
+    def _commit(self, state: MlxModelState, token: int) -> None:
+        """A step the greedy pipeline enqueued becomes the session's next position (as `decode`)."""
+        self.state = state
+        self._tokens.append(int(token))
+        self._decode_tokens += 1
 
     def _compiled_step(self) -> compiled_step.CompiledDecode | None:
         """The compiled step bound to this state's KV buffers (built on first use), or None where
