@@ -54,10 +54,13 @@ def readme_commands() -> list[str]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("readme")
-    make_model(d / "model", "demo", seed=1)  # 512 experts: 10% of them is a legal arena
+    # 512 experts (10% of them is a legal arena, 300 slots one that fits) in 4 layers, not the demo
+    # shape's 8: every command here runs the same code, at half the cost a token (`strata sweep`
+    # alone decodes the text once per policy, ten times)
+    make_model(d / "model", "demo", seed=1, n_layers=4, n_experts=128)
     (d / "prompt.txt").write_text("def add(a, b):\n    return")
     (d / "text.txt").write_text("def fibonacci(n):\n    if n < 2:\n        return n\n"
-                                "    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 2)
+                                "    return fibonacci(n - 1) + fibonacci(n - 2)\n")  # ~100 tokens
     copy_checkpoint("qwen3_moe", d / "hf" / "Qwen3-30B-A3B")
     return d
 

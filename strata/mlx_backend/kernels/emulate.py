@@ -1,12 +1,14 @@
-"""Run a shared kernel body on the CPU: the EMU dialect (C++20, one OS thread per GPU thread).
+"""Run a shared kernel body on the CPU: the EMU dialect (C++20, one fiber per GPU thread).
 
 MLX's CPU build cannot run custom kernels, so CI would otherwise never execute the bodies the
 GPU runs. Here the body of `KernelSource` is compiled with g++ against the EMU prelude and run
-with numpy buffers: blocks one after another, the block's threads concurrently (std::barrier for
-BARRIER(), a per-warp buffer for warp_sum), `SHARED` arrays shared by the block's threads. It
-checks the body's arithmetic, indexing and barrier discipline (a thread that skips a barrier
-deadlocks, which `run` reports as an error after a timeout); it does not model the GPU's memory
-ordering between blocks (blocks never communicate in strata's kernels).
+with numpy buffers: blocks one after another, the block's threads as fibers of one OS thread that
+switch at barriers (BARRIER(), and a per-warp buffer and barrier for warp_sum), `SHARED` arrays
+shared by the block's threads. It checks the body's arithmetic, indexing and barrier discipline:
+the fibers run between barriers in a fixed scrambled order, so a read that a barrier should have
+ordered after another thread's write reads the stale value in every run, and a thread that skips
+a barrier leaves the others waiting, which `run` reports as a deadlock. It does not model the
+GPU's memory ordering between blocks (blocks never communicate in strata's kernels).
 
 Inputs are used in place (an input a kernel writes, like a KV cache, is written here too);
 outputs are poisoned (NaN / 0xA5 bytes) before the run, so an unwritten element shows.
@@ -29,14 +31,18 @@ from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import KernelSource, full_source
 
 RUNTIME = r"""
-#include <barrier>
+#if defined(__APPLE__)
+#define _XOPEN_SOURCE 700  // ucontext on macOS
+#define _DARWIN_C_SOURCE   // MAP_ANON beside it
+#endif
+#include <sys/mman.h>
+#include <ucontext.h>  // where the assembly switch below is not built
+#include <unistd.h>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <memory>
-#include <thread>
-#include <vector>
+// No other standard header: parsing <functional>, <memory> and <vector> took half of each kernel's
+// ~1 s compile, and a fresh machine compiles a few hundred kernels in one test run.
 
 namespace strata_emu {
 
@@ -74,14 +80,39 @@ struct half {  // IEEE binary16 storage with float conversion (what the kernels 
   }
 };
 
+// A block's GPU threads are fibers on the launching OS thread, switched at barriers: a barrier
+// costs one context switch per thread. With one OS thread per GPU thread it cost an OS wake-up
+// per thread, most of a launch's time on two shared cores. A 3-token forward of a small model
+// (tests/test_mlx_compiled.py SMALL, 2 layers, ~40 launches) took 13-15 s of CPU that way, 1.1 s
+// with ucontext's swapcontext (a system call per switch: it saves the signal mask), 0.13 s with
+// strata_emu_switch below (x86-64 Linux: push the callee-saved registers, swap stacks); other
+// machines use swapcontext.
+// The fibers run in a scrambled order (a stride permutation of the thread ids, thread 0 neither
+// first nor last), so a missing barrier shows as a wrong read in the same run, every run: the
+// broadcast (thread 0 writes, the rest read) and the reduction (all write, thread 0 reads) alike.
+constexpr size_t STACK_BYTES = 256 * 1024;  // kernels keep a few small arrays each (GPU registers)
+
+struct Scheduler;
+thread_local Scheduler* sched = nullptr;
+
+struct Barrier {  // std::barrier's arrive_and_wait, for fibers
+  int n = 32, arrived = 0;
+  uint64_t generation = 0;
+  void arrive_and_wait();
+};
+
 struct Block {
-  explicit Block(int nt) : bar(nt) {
-    for (int w = 0; w < nt / 32; ++w) warp_bars.emplace_back(std::make_unique<std::barrier<>>(32));
-    buf.assign((size_t)nt, 0.0f);
+  explicit Block(int nt) : warps(new Barrier[nt / 32]), warp_bars(new Barrier*[nt / 32]), buf(new float[nt]()) {
+    bar.n = nt;
+    for (int w = 0; w < nt / 32; ++w) warp_bars[w] = &warps[w];
   }
-  std::barrier<> bar;
-  std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
-  std::vector<float> buf;
+  ~Block() { delete[] warps; delete[] warp_bars; delete[] buf; }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  Barrier bar;
+  Barrier* warps;
+  Barrier** warp_bars;  // warp_bars[w]->arrive_and_wait(), as std::barrier was used
+  float* buf;
 };
 
 struct Ctx {
@@ -103,31 +134,161 @@ struct Ctx {
 
 thread_local Ctx* ctx = nullptr;
 
-inline int run_grid(int gx, int gy, int gz, int nt, const std::function<void()>& body) {
+#if defined(__x86_64__) && defined(__linux__)
+extern "C" void strata_emu_switch(void** save_sp, void* load_sp);
+// Push the System V callee-saved registers, store the stack pointer, load the other's, pop its.
+asm(R"(
+.pushsection .text
+.globl strata_emu_switch
+.hidden strata_emu_switch
+.type strata_emu_switch,@function
+strata_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size strata_emu_switch, .-strata_emu_switch
+.popsection
+)");
+
+struct Context {
+  void* sp = nullptr;
+  void start(char* stack, size_t size, void (*entry)(), Context*) {  // entry never returns
+    auto* top = (uintptr_t*)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
+    top[-1] = 0;                   // entry's return address: none (keeps its stack ABI-aligned)
+    top[-2] = (uintptr_t)entry;    // strata_emu_switch's `ret` goes there
+    for (int r = 3; r <= 8; ++r) top[-r] = 0;  // the six registers it pops
+    sp = top - 8;
+  }
+};
+inline void switch_to(Context& save, Context& load) { strata_emu_switch(&save.sp, load.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+  void start(char* stack, size_t size, void (*entry)(), Context* link) {
+    getcontext(&uc);
+    uc.uc_stack.ss_sp = stack;
+    uc.uc_stack.ss_size = size;
+    uc.uc_link = &link->uc;
+    makecontext(&uc, entry, 0);
+  }
+};
+inline void switch_to(Context& save, Context& load) { swapcontext(&save.uc, &load.uc); }
+#endif
+
+struct Fiber {
+  Context context;
+  char* stack = nullptr;  // mmap'd: STACK_BYTES under one guard page
+  Ctx c;
+  bool done = false;
+};
+
+struct Scheduler {
+  Context main;
+  Fiber* running = nullptr;
+  uint64_t progress = 0;  // arrivals and finished fibers: none in a whole round is a deadlock
+  int gx = 0, gy = 0, gz = 0;
+  void (*call)(const void*) = nullptr;  // runs the kernel body once for the running fiber
+  const void* body = nullptr;
+  void yield() { switch_to(running->context, main); }
+};
+
+inline void Barrier::arrive_and_wait() {
+  ++sched->progress;
+  if (++arrived == n) { arrived = 0; ++generation; return; }
+  const uint64_t g = generation;
+  while (generation == g) sched->yield();
+}
+
+inline void fiber_main() {
+  Scheduler* s = sched;
+  Fiber* f = s->running;
+  for (int z = 0; z < s->gz; ++z)
+    for (int y = 0; y < s->gy; ++y)
+      for (int x = 0; x < s->gx; ++x) {
+        f->c.bx = x; f->c.by = y; f->c.bz = z;
+        s->call(s->body);
+        f->c.blk->bar.arrive_and_wait();  // the block's SHARED arrays are reused by the next block
+      }
+  f->done = true;
+  ++s->progress;
+  switch_to(f->context, s->main);  // never resumed
+}
+
+inline int fiber_at(int i, int nt) {  // the i-th fiber to run: a stride permutation of 0..nt-1
+  int stride = 13;
+  for (;;) {
+    int a = stride, b = nt;
+    while (b) { const int r = a % b; a = b; b = r; }
+    if (a == 1) break;
+    stride += 2;
+  }
+  return (int)(((int64_t)i * stride + nt / 2 + 1) % nt);
+}
+
+// 0: done; 1: a bad block size; 2: deadlock (a thread skipped a barrier); 3: out of memory.
+template <class Body>
+int run_grid(int gx, int gy, int gz, int nt, const Body& body) {
   if (nt <= 0 || nt % 32) return 1;
   Block blk(nt);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < nt; ++t) {
-    threads.emplace_back([&, t]() {
-      Ctx c{(uint32_t)t, 0, 0, 0, &blk};
-      ctx = &c;
-      for (int z = 0; z < gz; ++z)
-        for (int y = 0; y < gy; ++y)
-          for (int x = 0; x < gx; ++x) {
-            c.bx = x; c.by = y; c.bz = z;
-            body();
-            blk.bar.arrive_and_wait();  // the block's SHARED arrays are reused by the next block
-          }
-    });
+  Scheduler s;
+  s.gx = gx; s.gy = gy; s.gz = gz;
+  s.call = [](const void* b) { (*static_cast<const Body*>(b))(); };
+  s.body = &body;
+  Fiber* fibers = new Fiber[nt];
+  int* order = new int[nt];
+  for (int i = 0; i < nt; ++i) order[i] = fiber_at(i, nt);
+  const long page = sysconf(_SC_PAGESIZE);
+  int rc = 0;
+  for (int t = 0; t < nt && !rc; ++t) {
+    Fiber& f = fibers[t];
+    void* m = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANON, -1, 0);
+    if (m == MAP_FAILED) { rc = 3; break; }
+    f.stack = (char*)m;
+    mprotect(f.stack, page, PROT_NONE);  // an overflow faults instead of writing another's stack
+    f.c = Ctx{(uint32_t)t, 0, 0, 0, &blk};
+    f.context.start(f.stack + page, STACK_BYTES, fiber_main, &s.main);
   }
-  for (auto& th : threads) th.join();
-  return 0;
+  Scheduler* outer = sched;
+  sched = &s;
+  for (int live = nt; live && !rc;) {
+    const uint64_t before = s.progress;
+    live = 0;
+    for (int i = 0; i < nt; ++i) {
+      Fiber& f = fibers[order[i]];
+      if (f.done) continue;
+      s.running = &f;
+      ctx = &f.c;
+      switch_to(s.main, f.context);
+      live += !f.done;
+    }
+    if (live && s.progress == before) rc = 2;
+  }
+  sched = outer;
+  ctx = nullptr;
+  for (int t = 0; t < nt; ++t)
+    if (fibers[t].stack) munmap(fibers[t].stack, STACK_BYTES + page);
+  delete[] fibers;
+  delete[] order;
+  return rc;
 }
 
 }  // namespace strata_emu
 """
 
-TIMEOUT_S = 120.0  # a deadlocked body (a thread skipped a barrier) is an error, not a hang
+TIMEOUT_S = 120.0  # a body that never finishes (a loop that never ends) is an error, not a hang
+_DEADLOCK, _NO_MEMORY = 2, 3  # run_grid's codes
 _POISON_BYTE = 0xA5
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
@@ -151,14 +312,19 @@ def _compile(code: str) -> ctypes.CDLL:
             return _libs[key]
         so = _cache_dir() / f"k_{key}.so"
         if not so.exists():
-            src = so.with_suffix(".cpp")
+            # Processes share the directory (pytest-xdist's workers, other users of the machine):
+            # each writes and compiles its own files and renames them into place, so no compiler
+            # reads a source another process is rewriting and no one loads a half-written library.
+            src = so.with_suffix(f".{os.getpid()}.cpp")
             src.write_text(code)
             tmp = so.with_suffix(f".{os.getpid()}.tmp")
             cmd = [os.environ.get("CXX", "g++"), "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread",
                    "-Wno-unused-variable", "-o", str(tmp), str(src)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode:
+                src.unlink()
                 raise RuntimeError(f"emulator build failed:\n{proc.stderr[-4000:]}")
+            os.replace(src, so.with_suffix(".cpp"))  # kept beside the library, to read
             os.replace(tmp, so)
         lib = ctypes.CDLL(str(so))
         lib.strata_launch.restype = ctypes.c_int
@@ -197,8 +363,11 @@ def run(src: KernelSource, inputs: list[np.ndarray], output_shapes: list[tuple[i
     th.start()
     th.join(TIMEOUT_S)
     if th.is_alive():
-        raise RuntimeError(f"kernel {src.name} did not finish in {TIMEOUT_S:.0f} s on the emulator: "
-                           "a thread skipped a barrier (deadlock)")
+        raise RuntimeError(f"kernel {src.name} did not finish in {TIMEOUT_S:.0f} s on the emulator")
+    if result == [_DEADLOCK]:
+        raise RuntimeError(f"kernel {src.name}: a thread skipped a barrier (deadlock) on the emulator")
+    if result == [_NO_MEMORY]:
+        raise MemoryError(f"kernel {src.name}: no memory for the emulator's {nt} thread stacks")
     if result != [0]:
         raise RuntimeError(f"kernel {src.name}: emulator launch failed ({result})")
     return outs

@@ -53,9 +53,8 @@ Dialects:
 - METAL: MLX `mx.fast.metal_kernel` (Apple GPUs). simdgroups are 32 wide on Apple GPUs.
 - CUDA: MLX `mx.fast.cuda_kernel` (NVIDIA; NVRTC). There is no `uint` in CUDA: bodies use
   uint32_t. warp_sum broadcasts lane 0's sum so every lane holds the same bits.
-- EMU: C++20 on the CPU (strata.mlx_backend.kernels.emulate): one OS thread per GPU thread,
-  blocks one after another, std::barrier for barriers, warp reductions through a per-warp
-  buffer. SHARED is `static` (one copy, shared by the block's threads; blocks never overlap).
+- EMU: C++20 on the CPU (strata.mlx_backend.kernels.emulate): one fiber per GPU thread,
+  switched at barriers, blocks one after another, warp reductions through a per-warp buffer. SHARED is `static` (one copy, shared by the block's threads; blocks never overlap).
   It runs the shared bodies in CI, where MLX's CPU build cannot run custom kernels.
 """
 
