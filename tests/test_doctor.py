@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -66,6 +67,12 @@ def test_made_model_streams_when_memory_is_short(made):
     assert p.verdict == "streams" and p.arena_slots == 60 and p.locality is not None
     assert 0 < p.locality.hit_rate < 1 and "calibrated curve" in p.locality.source
     assert p.breakdown["urgent_waits"] > 0 and p.tok_per_s < _diag(made.model_path).prediction.tok_per_s
+    # a streaming run's peak takes the streaming base where the profile measured one; the plan's room does not
+    lean = dataclasses.replace(PROFILE, base_rss_streaming=PROFILE.base_rss // 2)
+    d2 = diagnose(made.model_path, cache_dir=None, config=Config(backend="numpy", keep="0"), profile=lean,
+                  memory=_mem(available))
+    assert d2.prediction.arena_slots == 60
+    assert d2.prediction.peak_memory == p.peak_memory - PROFILE.base_rss // 2
 
 
 def test_will_not_run_says_why(made):

@@ -13,7 +13,10 @@ from strata.doctor.engine_fit import (
     ALL_RESIDENT_POINTS, SHORT_LAYERS, WIDE_FFN, calibration_config, fit_engine, fit_streaming, refit, run_name,
     stored_runs, wide_slot_bytes,
 )
+from strata.doctor.byte_budget import byte_budget
+from strata.doctor.families import count_strata
 from strata.doctor.measure import WARMUP_TOKENS, RunMeasurement, _steady
+from strata.doctor.predict import dense_held
 from strata.doctor.probe import MachineProfile, OpCost
 from strata.testing.models import make_model
 
@@ -105,6 +108,24 @@ def test_refit_recomputes_the_engine_costs_from_the_kept_runs():
     assert prof.step_s == 0.0  # no short model among the runs: every fixed cost per layer
     with pytest.raises(ValueError, match="remeasure"):
         refit(dataclasses.replace(prof, calibration={}))
+
+
+def test_streaming_runs_give_their_own_base_rss():
+    # an all-resident process holding more than its bytes (the H200's MLX: compiled step, prompt
+    # kernels) must not price a streaming run's peak: each kind's base from its own runs
+    resident = RunMeasurement(decode_tps=1 / RESIDENT_S, median_token_s=RESIDENT_S, tokens=24, peak_rss=300_000_000,
+                              streaming=False, steady_tps=1 / RESIDENT_S)
+    top1 = dataclasses.replace(resident, steady_tps=1 / (RESIDENT_S - 18 * 5e-5))
+    streaming = {s: dataclasses.replace(r, peak_rss=40_000_000 + s * 4096) for s, r in STREAMING.items()}
+    kw = dict(cfg=calibration_config(), slot_bytes=4096, record_bytes=1920, gemv=OpCost(((1e4, 2e-6), (1e8, 1e-2))),
+              expert=OpCost(((4e3, 2e-5), (1e6, 3e-2))), widen={}, sync_s=0.0, backend="numpy", gpu=False,
+              fallback_miss_s=1.0)
+    costs = fit_engine({"resident": resident, "top1": top1, **streaming}, **kw)
+    dense = dense_held(byte_budget(count_strata(calibration_config()), slot_bytes=4096), "numpy")
+    assert costs.base_rss_streaming == 40_000_000 - dense  # every streaming run's peak less dense and arena
+    assert costs.base_rss > costs.base_rss_streaming + 200_000_000
+    unmeasured = {s: dataclasses.replace(r, peak_rss=0) for s, r in STREAMING.items()}
+    assert fit_engine({"resident": resident, "top1": top1, **unmeasured}, **kw).base_rss_streaming == 0  # base_rss then
 
 
 def test_a_short_model_splits_a_tokens_fixed_cost_from_its_layers():

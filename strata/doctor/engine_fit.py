@@ -24,7 +24,12 @@ CALIBRATION_EXPERTS experts) all-resident at top-k and top-1 and streaming at se
   with its bytes. On the H200 the per-layer streaming cost grew with the slot (0.86 ms a layer
   at 4 KB, 1.06 at 8 KB, 1.25 at 32 KB: the reads land in CUDA managed memory, which the
   device's experts then fault over), and one slot size priced the 32 KB model at +26%;
-- `base_rss`: the resident run's peak less the model's bytes, as predict.py counts a peak.
+- `base_rss`: the resident run's peak less the model's bytes, as predict.py counts a peak;
+  `base_rss_streaming`: the same of the streaming runs (the median of their peaks less dense and
+  arena bytes). Two, because the kinds hold different code: on the H200 an all-resident MLX
+  process (its compiled step, the prompt path's kernels, the device-side greedy loop) peaked
+  ~255 MB above the streaming ones of the same model (804-833 MB against 548-575), and one base
+  taken from the resident run priced every streaming peak +44..+47%.
 
 Every time is per decode call after the warm-up steps (`RunMeasurement.steady_tps`): the first
 steps of an MLX process compile kernels, and on the H200 a quick probe that timed its runs by
@@ -82,6 +87,7 @@ class EngineCosts:
     read_byte_s: float
     miss_s: float
     base_rss: int
+    base_rss_streaming: int = 0  # 0: no streaming run measured (base_rss for both kinds)
 
 
 def token_s(run, clock: str = "wall") -> float:
@@ -176,10 +182,13 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
         rows += [(s, wide_slot, wide_s, r) for (_, s), r in sorted(
             (k, r) for k, r in runs.items() if isinstance(k, tuple))]
     turn_s, turn_slot_s, read_s, read_byte_s, miss_s = fit_streaming(rows, L, fallback_miss_s, clock)
-    base = max(0, resident.peak_rss - dense_held(budget, backend, gpu=gpu) - budget.experts_resident)
+    dense = dense_held(budget, backend, gpu=gpu)
+    base = max(0, resident.peak_rss - dense - budget.experts_resident)
+    streamed = [r.peak_rss - dense - s * slot_bytes for s, r in streaming.items() if r.peak_rss]
+    base_streaming = max(0, int(np.median(streamed))) if streamed else 0
     return EngineCosts(expert_call_s=expert_call_s, step_s=float(step_s), layer_s=float(layer_s), turn_s=turn_s,
                        turn_slot_s=turn_slot_s, read_s=read_s, read_byte_s=read_byte_s, miss_s=miss_s,
-                       base_rss=base)
+                       base_rss=base, base_rss_streaming=base_streaming)
 
 
 def stored_runs(calibration: dict) -> dict:

@@ -140,7 +140,9 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
         terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
     token_s = sum(terms.values())
     experts_held = plan.nbytes if plan and plan.streaming else budget.experts_resident
-    peak = base + dense + experts_held + budget.kv_bytes + budget.ple_reserve
+    # the arena's room was planned against the larger (resident) base: a plan never counts on less
+    held_base = profile.base_rss_streaming if streaming and profile.base_rss_streaming else base
+    peak = held_base + dense + experts_held + budget.kv_bytes + budget.ple_reserve
     tps = 1.0 / token_s if token_s > 0 else 0.0
     arena_txt = f"arena {slots} slots ({fmt_bytes(slots * budget.slot_bytes)})"
     if not supported:

@@ -45,7 +45,8 @@ from strata.doctor.engine_fit import device_bandwidth, fit_engine, run_name
 __all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "measure_parts",
            "profile_from_runs", "save_profile", "cached_profile", "PROFILE_VERSION"]
 
-PROFILE_VERSION = 6  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit
+PROFILE_VERSION = 7  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
+# 7: a base RSS per engine kind (base_rss_streaming)
 SCRATCH_BYTES = 64 << 20
 SMALL_READ, LARGE_READ = 4096, 1 << 20
 READ_THREADS = 4
@@ -121,6 +122,7 @@ class MachineProfile:
     sync_s: float = 0.0  # one host round trip, paid once per decoded token (MLX: its logits to the host; numpy: 0)
     step_s: float = 0.0  # a decoded token's fixed cost beyond its layers (sampling, bookkeeping, a compiled replay)
     read_byte_s: float = 0.0  # a read's cost per byte of its slot, beyond read_s (MLX on CUDA: managed memory)
+    base_rss_streaming: int = 0  # a streaming run's base RSS (engine_fit.py); 0: base_rss for both kinds
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
