@@ -46,7 +46,7 @@ import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels.launch import launch
-from strata.mlx_backend.kernels import q2_tiles_breg, q2_tiles_cols
+from strata.mlx_backend.kernels import q2_tile_parts, q2_tiles_breg, q2_tiles_cols
 from strata.mlx_backend.kernels.q2_mma import BK, BN, PAD, THREADS
 from strata.mlx_backend.kernels.source import KernelSource
 
@@ -112,13 +112,7 @@ BODY = r"""
       BARRIER();
     }
     if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
-      for (int i = 0; i < FPT / 4; ++i) {  // 16-byte loads (rows of C floats, seg and k0 multiples of 4)
-        if (xok) {
-          av[i] = load_f4(xp + k0 + 4u * (uint32_t)i);
-        } else {
-          av[i].v[0] = 0.0f; av[i].v[1] = 0.0f; av[i].v[2] = 0.0f; av[i].v[3] = 0.0f;
-        }
-      }
+""" + q2_tile_parts.X_LOADS + r"""
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT), row = i >> 1, half = i & 1u, r = n0 + row;
         // HIDDEN: the block's BN / 2 hidden units as gate rows, then the same units' up rows

@@ -33,6 +33,7 @@ Shapes: as kernels/q2_tiles.py.
 
 from __future__ import annotations
 
+from strata.mlx_backend.kernels import q2_tile_parts
 from strata.mlx_backend.kernels.source import KernelSource
 
 BODY = r"""
@@ -48,42 +49,12 @@ BODY = r"""
   SHARED uint32_t bs32[BN * LD / 2];
   SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;
   SHARED_PTR(uint16_t) bs = (SHARED_PTR(uint16_t))bs32;
-  const uint32_t n0 = bx * BN;
-  const int e = tiles[TILE_INTS * by], first = tiles[TILE_INTS * by + 1], count = tiles[TILE_INTS * by + 2];
-  const DEVICE uint8_t* rec = arena + (uint64_t)e * SLOT;
-  // A: this thread's pair and FPT of its k-step's floats. Row r's four 16-byte units sit at 5r mod 8
-  // of the 8 bank groups (rows of 80 bytes), and a 16-byte store's phase is 8 lanes: swapping two bits
-  // of tid / TPP puts a phase on rows 4 apart (P = 2) or {0, 1, 4, 5} (P = 1), 8 distinct groups
-  const uint32_t q = tid / (uint32_t)TPP, sb = P == 2 ? 0u : 1u;
-  const uint32_t my_pair = (q & ~(3u << sb)) | (((q >> sb) & 1u) << (sb + 1u)) | (((q >> (sb + 1u)) & 1u) << sb);
-  const uint32_t seg = tid % (uint32_t)TPP;
-  const bool xok = (int)my_pair < count;
-  const uint32_t xrow = xok ? (GATHER ? (uint32_t)src[first + (int)my_pair] : (uint32_t)(first + (int)my_pair)) : 0u;
-  const DEVICE float* xp = x + (uint64_t)xrow * (uint32_t)C + seg * (uint32_t)FPT;
-  f4 acc[MI * NJ];  // [m-tile][n-tile]
-  for (int j = 0; j < MI * NJ; ++j) { acc[j].v[0] = 0.0f; acc[j].v[1] = 0.0f; acc[j].v[2] = 0.0f; acc[j].v[3] = 0.0f; }
-  f4 av[FPT / 4];  // the next k-step's floats of x, loaded while this one multiplies
+""" + q2_tile_parts.TILE_SETUP + r"""
   uint32_t bq[BI], bd[BI];
   const uint32_t kend = count > 0 ? (uint32_t)C : 0u;  // block-uniform: an unused tile runs no k-step
   for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {
     if (k0 > 0) {  // registers (k-step k0 - BK) -> shared; B dequantized: d (c - 2) from d's bits, exact
-      for (int q4 = 0; q4 < FPT / 8; ++q4) {  // 8 floats -> hi = f16(v), lo = f16(v - hi): 16-byte stores
-        uint32_t hw[4], lw[4];
-        for (int i = 0; i < 4; ++i) {
-          const float v0 = av[2 * q4 + i / 2].v[(2 * i) % 4], v1 = av[2 * q4 + i / 2].v[(2 * i) % 4 + 1];
-          const uint2 terms = split_h2(v0, v1);
-          hw[i] = terms.x;
-          lw[i] = P == 2 ? terms.y : 0u;
-        }
-        const uint32_t col = seg * (uint32_t)FPT + 8u * (uint32_t)q4, row = my_pair * (uint32_t)P;
-        uint4 u;
-        u.x = hw[0]; u.y = hw[1]; u.z = hw[2]; u.w = hw[3];
-        *((SHARED_PTR(uint4))(as32 + (row * LD + col) / 2u)) = u;
-        if (P == 2) {
-          u.x = lw[0]; u.y = lw[1]; u.z = lw[2]; u.w = lw[3];
-          *((SHARED_PTR(uint4))(as32 + ((row + 1u) * LD + col) / 2u)) = u;
-        }
-      }
+""" + q2_tile_parts.A_TERMS + r"""
       for (int it = 0; it < BI; ++it) {  // item i: row (i & 7) + 8 (i >> 4), half (i >> 3) & 1: a phase's 8 lanes
         const uint32_t i = tid + (uint32_t)(it * NT);  // on 8 consecutive rows, 8 distinct bank groups
         const uint32_t row = (i & 7u) | ((i >> 4) << 3), half = (i >> 3) & 1u;
@@ -111,13 +82,7 @@ BODY = r"""
       BARRIER();
     }
     if (k0 < kend) {  // issue the global loads of k-step k0 (rows past the tile's pairs or R read as zeros)
-      for (int i = 0; i < FPT / 4; ++i) {  // 16-byte loads (rows of C floats, seg and k0 multiples of 4)
-        if (xok) {
-          av[i] = load_f4(xp + k0 + 4u * (uint32_t)i);
-        } else {
-          av[i].v[0] = 0.0f; av[i].v[1] = 0.0f; av[i].v[2] = 0.0f; av[i].v[3] = 0.0f;
-        }
-      }
+""" + q2_tile_parts.X_LOADS + r"""
       for (int it = 0; it < BI; ++it) {
         const uint32_t i = tid + (uint32_t)(it * NT);
         const uint32_t row = (i & 7u) | ((i >> 4) << 3), half = (i >> 3) & 1u, r = n0 + row;
@@ -149,46 +114,6 @@ BODY = r"""
     }
   }
   const uint32_t g = lane >> 2, t = (lane & 3u) * 2u;
-  // P == 2: row g + 1 (the lo term of row g's pair, g even) is lane ^ 4's; every lane shuffles, the even rows keep
-  for (int m = 0; m < MI; ++m) {
-    fx16 hv;  // the m-tile's accumulators, [n-tile][4] (NJ <= 4)
-    for (int i = 0; i < 16; ++i) hv.v[i] = 0.0f;
-    for (int j = 0; j < NJ; ++j) for (int i = 0; i < 4; ++i) hv.v[4 * j + i] = acc[m * NJ + j].v[i];
-    if (P == 2) {  // hi + lo, as lowp.join_rows adds them
-      const fx16 lv = shfl_xor_fx16(hv, 4u);
-      for (int i = 0; i < 4 * NJ; ++i) hv.v[i] = hv.v[i] + lv.v[i];
-    }
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t row = (uint32_t)(16 * m) + g + 8u * (uint32_t)h, pair = row / (uint32_t)P;
-      const bool keep = row % (uint32_t)P == 0u && (int)pair < count;
-      float v[NJ][2];
-      for (int j = 0; j < NJ; ++j) { v[j][0] = hv.v[4 * j + 2 * h]; v[j][1] = hv.v[4 * j + 2 * h + 1]; }
-      if (!keep) continue;
-      if (HIDDEN) {  // silu(g) u of the warp's units (n-tile j: gate, j + NJ / 2: up), as the ops write it
-        for (int j = 0; j < NJ / 2; ++j) {
-          const uint32_t col = bx * (uint32_t)(BN / 2) + warp_id * (uint32_t)(WN / 2) + (uint32_t)(8 * j) + t;
-          const float g0 = v[j][0], g1 = v[j][1], u0 = v[j + NJ / 2][0], u1 = v[j + NJ / 2][1];
-          const uint64_t o = (uint64_t)(first + (int)pair) * RA + col;
-          if (col < (uint32_t)RA) y[o] = g0 / (1.0f + exp_f(-g0)) * u0;  // experts.silu: x / (1 + exp(-x))
-          if (col + 1u < (uint32_t)RA) y[o + 1] = g1 / (1.0f + exp_f(-g1)) * u1;
-        }
-      } else {
-        const int pi = first + (int)pair;
-        const uint32_t out = SCATTER ? (uint32_t)dst[pi] : (uint32_t)pi;
-        for (int j = 0; j < NJ; ++j) {
-          const uint32_t col = n0 + warp_id * (uint32_t)WN + (uint32_t)(8 * j) + t;
-          float v0 = v[j][0], v1 = v[j][1];
-          if (SCATTER) {  // the routing weight, as grouped_experts applies it (one float32 product)
-            v0 = v0 * wts[out];
-            v1 = v1 * wts[out];
-          }
-          const uint64_t o = (uint64_t)out * R + col;
-          if (col < (uint32_t)R) y[o] = v0;
-          if (col + 1u < (uint32_t)R) y[o + 1] = v1;
-        }
-      }
-    }
-  }
-"""
+""" + q2_tile_parts.WARP_TILE_STORE + "\n"
 
 SOURCE = KernelSource("strata_q2_tiles_cols", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",), BODY)
