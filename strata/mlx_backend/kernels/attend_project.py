@@ -93,6 +93,29 @@ def applies(t: int, n_pos: int, wo: mx.array) -> bool:
     return FUSED and 1 <= t <= MAX_TOKENS and not attn.split_applies(n_pos, t) and wo.dtype == mx.float16 and wo.ndim == 2
 
 
+def check_step(name: str, qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
+               kc: mx.array, vc: mx.array, wo: mx.array, n_heads: int, pos: mx.array | None, rotary_dim: int | None,
+               gated: bool, *, bad: bool = False, detail: str = "") -> int:
+    """The arguments an attention step with its output projection takes (this launch and
+    attend_split's), checked: a ValueError naming `name` and the shapes. `bad`: the caller's own
+    sizes are wrong (the same error), `detail` ends its message. Returns the rotary dims."""
+    width = qkv.shape[1]
+    kvh, hd = kc.shape[0], kc.shape[2]
+    rd = hd if rotary_dim is None else rotary_dim
+    if (bad or hd % 8 or hd > attn.MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
+            or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2 or wo.shape[1] != n_heads * hd):
+        raise ValueError(f"{name}: head_dim {hd} (a multiple of 8, <= {attn.MAX_HEAD_DIM}), {n_heads} heads "
+                         f"over {kvh} KV heads, qkv width {width} (gated {gated}), rotary dims {rd}, W_o {wo.shape}"
+                         f"{detail}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError(f"{name}: q_norm and k_norm come together")
+    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
+        raise ValueError(f"{name}: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
+    if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
+        raise ValueError(f"{name}: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    return rd
+
+
 def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
                    rope_sin: mx.array, kc: mx.array, vc: mx.array, wo: mx.array, pos0: int, eps: float, n_heads: int,
                    *, pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False,
@@ -107,17 +130,7 @@ def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | No
     t, width = qkv.shape
     kvh, s_max, hd = kc.shape
     d = wo.shape[0]
-    rd = hd if rotary_dim is None else rotary_dim
-    if (hd % 8 or hd > attn.MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
-            or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2 or wo.shape[1] != n_heads * hd):
-        raise ValueError(f"attend_project: head_dim {hd} (a multiple of 8, <= {attn.MAX_HEAD_DIM}), {n_heads} heads "
-                         f"over {kvh} KV heads, qkv width {width} (gated {gated}), rotary dims {rd}, W_o {wo.shape}")
-    if (q_norm is None) != (k_norm is None):
-        raise ValueError("attend_project: q_norm and k_norm come together")
-    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
-        raise ValueError(f"attend_project: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
-    if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
-        raise ValueError(f"attend_project: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    rd = check_step("attend_project", qkv, q_norm, k_norm, rope_cos, kc, vc, wo, n_heads, pos, rotary_dim, gated)
     qkn = q_norm is not None
     half = absent(np.float16)
     nrc = -(-d // THREADS)

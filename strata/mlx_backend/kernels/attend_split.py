@@ -327,19 +327,9 @@ def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.arra
     prefetch = attend_project.PREFETCH if prefetch is None else prefetch
     t, width = qkv.shape
     kvh, s_max, hd = kc.shape
-    rd = hd if rotary_dim is None else rotary_dim
-    if (hd % 8 or hd > attn.MAX_HEAD_DIM or n_heads % kvh or width != (n_heads * (1 + int(gated)) + 2 * kvh) * hd
-            or rd % 2 or not 0 < rd <= hd or rope_cos.shape[-1] != rd // 2 or wo.shape[1] != n_heads * hd
-            or splits < 1 or positions_per_step < 1):
-        raise ValueError(f"attend_split: head_dim {hd} (a multiple of 8, <= {attn.MAX_HEAD_DIM}), {n_heads} heads "
-                         f"over {kvh} KV heads, qkv width {width} (gated {gated}), rotary dims {rd}, W_o {wo.shape}, "
-                         f"{splits} splits, {positions_per_step} rows a step")
-    if (q_norm is None) != (k_norm is None):
-        raise ValueError("attend_split: q_norm and k_norm come together")
-    if kc.dtype != vc.dtype or kc.dtype not in (mx.float32, mx.float16):
-        raise ValueError(f"attend_split: the cache is float32 or float16 (keys {kc.dtype}, values {vc.dtype})")
-    if pos is not None and (pos.dtype != mx.int32 or pos.size < 1):
-        raise ValueError(f"attend_split: pos must be int32 with at least one element, got {pos.dtype} [{pos.size}]")
+    rd = attend_project.check_step("attend_split", qkv, q_norm, k_norm, rope_cos, kc, vc, wo, n_heads, pos,
+                                   rotary_dim, gated, bad=splits < 1 or positions_per_step < 1,
+                                   detail=f", {splits} splits, {positions_per_step} rows a step")
     qkn = q_norm is not None
     half = absent(np.float16)
     hpb = heads_per_block(n_heads, kvh, hd)
