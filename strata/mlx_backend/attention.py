@@ -117,15 +117,16 @@ def _kernel_ok(cfg: ModelConfig, w: AttentionWeights) -> bool:
             and cfg.hidden_size <= dense_kernel.MAX_COLS and cfg.n_heads * cfg.head_dim <= dense_kernel.MAX_COLS)
 
 
-def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
-    t = x.shape[0]
-    hd, h, kvh = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+def qkv_heads(cfg: ModelConfig, w: AttentionWeights, qkv: mx.array) -> tuple[mx.array, ...]:
+    """The QKV projection's rows as heads, the layer's q/k norms applied (the ops path and the
+    prompt path's fallback both take it).
+
+    Shapes:
+        qkv float32 [T, QR + 2 KR (+ QR gate columns)] -> q [H, T, HD], k, v [KVH, T, HD],
+        gate [T, QR] (no columns: ungated)
+    """
+    t, hd, h, kvh = qkv.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     qr, kr = h * hd, kvh * hd
-    f32 = lambda a: a.astype(mx.float32)  # noqa: E731
-    xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
-    qkv = linear(xn, w.wqkv)  # [T, QR + 2 KR (+ QR gate columns)]; widened per op (dense.py)
-    if w.bqkv is not None:
-        qkv = qkv + f32(w.bqkv)
     q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
     if cfg.qk_norm is QKNorm.FULL:
         q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
@@ -134,6 +135,19 @@ def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> 
     v = v.reshape(t, kvh, hd).transpose(1, 0, 2)
     if cfg.qk_norm is QKNorm.PER_HEAD:
         q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+    return q, k, v, gate
+
+
+def _ops(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array) -> tuple[mx.array, MlxLayerKV]:
+    t = x.shape[0]
+    hd, h, kvh = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    qr = h * hd
+    f32 = lambda a: a.astype(mx.float32)  # noqa: E731
+    xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
+    qkv = linear(xn, w.wqkv)  # [T, QR + 2 KR (+ QR gate columns)]; widened per op (dense.py)
+    if w.bqkv is not None:
+        qkv = qkv + f32(w.bqkv)
+    q, k, v, gate = qkv_heads(cfg, w, qkv)
     cos_t, sin_t = rope_table_cached(cfg)
     start = kv.length
     rd = cfg.rope_dim  # the rotated dims: the first rd of each head (partial rotary), the rest pass

@@ -20,12 +20,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, rms_norm, rope_table_cached
+from strata.mlx_backend.attention import (
+    AttentionWeights, MlxLayerKV, check_context, qkv_heads, rms_norm, rope_table_cached,
+)
 from strata.mlx_backend.lowp import as_mm, lowp_matmul
 from strata.mlx_backend import prompt_rows
 from strata.mlx_backend.prompt_rows import attention_qkv, qkv_kernel_applies
 from strata.mlx_backend.shape_buckets import bucket
-from strata.model_config import ModelConfig, QKNorm
+from strata.model_config import ModelConfig
 
 __all__ = ["attention_refusal", "prompt_attention", "BUCKET_POSITIONS", "buckets_positions"]
 
@@ -65,8 +67,8 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
     """
     t = x.shape[0]
     check_context(cfg, kv.length, t)
-    hd, h, kvh = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    qr, kr = h * hd, kvh * hd
+    hd, h = cfg.head_dim, cfg.n_heads
+    qr = h * hd
     start = kv.length
     s = start + t
     if qkv_kernel_applies(cfg, w, dtype):  # norm + terms, the GEMM, its epilogue: 3 launches (prompt_rows.py)
@@ -80,14 +82,7 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
         qkv = lowp_matmul(xn, w.wqkv, dtype)  # [T, QR + 2 KR (+ QR gate columns)]
         if w.bqkv is not None:
             qkv = qkv + w.bqkv.astype(mx.float32)
-        q, k, v, gate = qkv[:, :qr], qkv[:, qr:qr + kr], qkv[:, qr + kr:qr + 2 * kr], qkv[:, qr + 2 * kr:]
-        if cfg.qk_norm is QKNorm.FULL:
-            q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-        q = q.reshape(t, h, hd).transpose(1, 0, 2)  # [H, T, HD]
-        k = k.reshape(t, kvh, hd).transpose(1, 0, 2)  # [KVH, T, HD]
-        v = v.reshape(t, kvh, hd).transpose(1, 0, 2)
-        if cfg.qk_norm is QKNorm.PER_HEAD:
-            q, k = rms_norm(q, w.q_norm, cfg.rms_norm_eps), rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q, k, v, gate = qkv_heads(cfg, w, qkv)
         q, k = _rope(cfg, q, start), _rope(cfg, k, start)
         kv.keys[:, start:start + t, :] = k  # the cache is the ops path's: float32, written in place
         kv.values[:, start:start + t, :] = v
