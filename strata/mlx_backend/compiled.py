@@ -36,12 +36,14 @@ Shapes: V vocab.
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, check_context, kernel_applies
 from strata.mlx_backend.kernels.attention import split_applies
-from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param
+from strata.mlx_backend.kernels.launch import KernelPath, constant_views, current_path, index_param, using_constant_views
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
 from strata.mlx_backend.mla import kernel_applies as mla_applies
@@ -49,11 +51,15 @@ from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
 
-__all__ = ["COMPILED_DECODE", "CompiledDecode", "unsupported", "check_decode", "check_device_token", "device_ids"]
+__all__ = ["COMPILED_DECODE", "CONSTANT_VIEWS", "CompiledDecode", "unsupported", "check_decode", "check_device_token", "device_ids"]
 
 # MlxEngine's default (its `compiled` argument overrides it): compile the decode step where the
 # path allows (the GPU kernel path). False: every token runs the uncompiled `forward`.
 COMPILED_DECODE = True
+# The trace gives its kernels views of the weights, the arena and the KV buffers made (and
+# evaluated) before it (launch.constant_views): no reshape and slice nodes a large input replayed
+# every call. False: the views are made inside the trace, as before (benchmarks compare both).
+CONSTANT_VIEWS = True
 
 
 def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
@@ -128,6 +134,28 @@ def _with_recurrent(state: MlxModelState, arrays, length: int, keep: bool) -> Ml
     return MlxModelState(tuple(layers))
 
 
+def _constant_arrays(obj, seen: set | None = None) -> list[mx.array]:
+    """Every mx.array held by `obj` through dataclass fields, tuples, lists, dicts and an arena's
+    `array` (the weights of MlxParams, the KV buffers): the step's graph constants."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, mx.array):
+        return [obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        items = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, (tuple, list)):
+        items = list(obj)
+    elif isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(getattr(obj, "array", None), mx.array):  # MlxArena
+        items = [obj.array]
+    else:
+        return []
+    return [a for it in items for a in _constant_arrays(it, seen)]
+
+
 class CompiledDecode:
     """One decoded token of `p` over the KV buffers of `state`, traced once (traced=False: the
     same device-scalar step without mx.compile, for the emulator).
@@ -161,6 +189,7 @@ class CompiledDecode:
         # by the context length at trace time (attention_partials), so the step is chosen by it too
         self._make = make_step
         self._fns: dict[bool, object] = {}
+        self._views = constant_views(_constant_arrays((p, self._bufs))) if traced and CONSTANT_VIEWS else None
 
     def bound_to(self, state: MlxModelState) -> bool:
         """Whether `state` holds the very KV buffers this step's graph writes (by identity)."""
@@ -187,7 +216,8 @@ class CompiledDecode:
         try:
             split = split_applies(state.length + 1, 1)
             fn = self._fns.get(split) or self._fns.setdefault(split, self._make())
-            logits, *recurrent = fn(ids, pos, *_recurrent(state))
+            with using_constant_views(self._views):
+                logits, *recurrent = fn(ids, pos, *_recurrent(state))
         finally:
             self._pending.clear()  # the trace is done with it; nothing kept between calls
         self.calls += 1

@@ -219,15 +219,61 @@ def _graph_view(a: mx.array) -> mx.array:
     flattens without a copy; any other is copied whole by the reshape, and the kernel reads the
     copy, so the view is never wrong, only slower. Past int32 elements (MLX's dimension type:
     only the expert arena, [slots, slot_bytes], row-contiguous by construction) it cannot be
-    flattened: the view is its first row."""
+    flattened: the view is its first row. Under `using_constant_views` a constant's view made
+    (and evaluated) before the trace is given instead: the same pointer, no node in the graph."""
     if a.nbytes <= GRAPH_VIEW_ABOVE:
         return a
+    views = _constant_views.get()
+    if views is not None:
+        hit = views.get(id(a))
+        if hit is not None and hit[0] is a:
+            VIEW_COUNTS["constant"] += 1
+            return hit[1]
+    VIEW_COUNTS["traced"] += 1
+    return _first_elements(a)
+
+
+def _first_elements(a: mx.array) -> mx.array:
     if a.size < MAX_FLAT:
         return a.reshape(-1)[:MIN_INPUT_SIZE]
     return a[(slice(0, 1),) * (a.ndim - 1)]
 
 
 MAX_FLAT = 2**31 - 1
+
+# A compiled step's graph replays every node of its trace on every call, the views of its
+# constants included: on the H200 (MLX 0.32.4) a node costs the host ~1 us in the compiled call and
+# more in the evaluation, and the seed shape's decoded token gave ~7 large constants a layer (the
+# dense weights, the arena, the KV buffers) a reshape and a slice each. Made and evaluated once
+# before the trace, such a view is a leaf of the graph (an evaluated array holding the same
+# buffer), so the replay has no node for it. Keyed by id with the array kept beside its view, so
+# an id reused by another array never hits.
+_constant_views: contextvars.ContextVar[dict | None] = contextvars.ContextVar("strata_constant_views", default=None)
+VIEW_COUNTS: collections.Counter = collections.Counter()  # views given: "constant" (made before), "traced"
+
+
+def constant_views(arrays) -> dict[int, tuple[mx.array, mx.array]]:
+    """The evaluated first-element views of those of `arrays` past GRAPH_VIEW_ABOVE bytes (arrays
+    already evaluated: weights, the arena, KV buffers), for `using_constant_views`. Empty off
+    MLX's CUDA build (where `launch` makes no views)."""
+    if not (GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA):
+        return {}
+    out: dict[int, tuple[mx.array, mx.array]] = {}
+    for a in arrays:
+        if a.nbytes > GRAPH_VIEW_ABOVE and id(a) not in out:
+            out[id(a)] = (a, _first_elements(a))
+    mx.eval([v for _, v in out.values()])
+    return out
+
+
+@contextlib.contextmanager
+def using_constant_views(views: dict | None) -> Iterator[None]:
+    """Within: `launch` gives a kernel the view made before for any input in `views`."""
+    token = _constant_views.set(views)
+    try:
+        yield
+    finally:
+        _constant_views.reset(token)
 
 
 def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[int, ...]],
