@@ -115,6 +115,36 @@ def measure(layers: int, tokens: int, form: str = "default") -> dict:
     }
 
 
+def census(layers: int, dot_path: str) -> dict:
+    """The uncompiled graph of one decoded token (what the trace records) by node label, from
+    mx.export_to_dot: the custom kernels against every other node the replay runs."""
+    import collections
+    import re
+    from dataclasses import replace
+
+    import mlx.core as mx
+
+    from decode_context import SHAPE, state_at
+    from decode_memory import resident_distinct
+    from strata.mlx_backend import compiled
+    from strata.mlx_backend.kernels import launch
+    from strata.mlx_backend.kernels.launch import KernelPath, using_path
+    from strata.mlx_backend.model import decode_device
+    from strata.testing.mlx_params import random_params
+
+    cfg = replace(SHAPE, n_layers=layers)
+    with using_path(KernelPath.GPU):
+        p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
+        state = state_at(cfg, 8, seed=8)
+        views = launch.constant_views(compiled._constant_arrays((p, compiled._buffers(state))))
+        with launch.using_constant_views(views):
+            logits, _ = decode_device(p, state, compiled.device_ids(1), launch.index_param(8))
+        mx.export_to_dot(dot_path, logits)
+    text = open(dot_path).read()
+    labels = collections.Counter(re.findall(r'label\s*=\s*"([^"]*)"', text))
+    return {"layers": layers, "labels": dict(labels.most_common(40)), "nodes": sum(labels.values())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,13 +152,22 @@ def main() -> int:
     ap.add_argument("--layers", default="48,12", help="comma list of layer counts (default 48,12)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--no-env", action="store_true", help="skip the child processes under MLX's other launch modes")
+    ap.add_argument("--default-only", action="store_true", help="only the default form (no traced_views row, no control)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--census", metavar="DOT", help="only count the nodes of one token's graph (written to DOT)")
     args = ap.parse_args()
     layer_counts = [int(x) for x in args.layers.split(",") if x]
+    if args.census:
+        c = census(layer_counts[0], args.census)
+        for label, n in c["labels"].items():
+            print(f"{n:6d}  {label}")
+        print("JSON " + json.dumps(c, sort_keys=True))
+        return 0
     rows = {f"default/{n}": measure(n, args.tokens) for n in layer_counts}
-    for n in layer_counts[:1]:  # the trace's own views (the form before CONSTANT_VIEWS), same process
-        rows[f"traced_views/{n}"] = measure(n, args.tokens, "traced_views")
-    rows[f"default/{layer_counts[0]}#2"] = measure(layer_counts[0], args.tokens)  # order control
+    if not args.default_only:
+        for n in layer_counts[:1]:  # the trace's own views (the form before CONSTANT_VIEWS), same process
+            rows[f"traced_views/{n}"] = measure(n, args.tokens, "traced_views")
+        rows[f"default/{layer_counts[0]}#2"] = measure(layer_counts[0], args.tokens)  # order control
     if args.child:
         print("CHILD " + json.dumps(rows))
         return 0
