@@ -103,6 +103,7 @@ FORMS = {
     "split_ns32": (True, True, 0),  # attend_split with 32 / 128 splits (64 by default)
     "split_ns128": (True, True, 0),
     "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
+    "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (attend_project.CHAIN_QKV)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -128,6 +129,7 @@ SWITCHES = {
     "split_ns32": ((attend_split, "SPLITS", 32),),
     "split_ns128": ((attend_split, "SPLITS", 128),),
     "split_from32": ((attn_kernels, "SPLIT_FROM", 32),),
+    "chain_qkv": ((attend_project, "CHAIN_QKV", True),),
 }
 
 

@@ -62,15 +62,16 @@ def measure(layers: int, tokens: int, form: str = "default") -> dict:
     with using_path(KernelPath.GPU):
         p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
         state = state_at(cfg, 8, seed=8)
-        saved = compiled.CONSTANT_VIEWS
+        saved = compiled.CONSTANT_VIEWS, attend_project.CHAIN_QKV
         compiled.CONSTANT_VIEWS = form != "traced_views"
+        attend_project.CHAIN_QKV = form == "chain_qkv"
         try:
             step = CompiledDecode(p, state, traced=True)
+            before = sum(LAUNCHES.values())
+            views_before = dict(launch.VIEW_COUNTS)
+            logits, state = step(state, 1)  # the trace (every kernel JIT-compiled)
         finally:
-            compiled.CONSTANT_VIEWS = saved
-        before = sum(LAUNCHES.values())
-        views_before = dict(launch.VIEW_COUNTS)
-        logits, state = step(state, 1)  # the trace (every kernel JIT-compiled)
+            compiled.CONSTANT_VIEWS, attend_project.CHAIN_QKV = saved
         views = {k: v - views_before.get(k, 0) for k, v in launch.VIEW_COUNTS.items()}
         sel = greedy_select(logits)
         mx.eval(sel)
@@ -165,8 +166,11 @@ def main() -> int:
         return 0
     rows = {f"default/{n}": measure(n, args.tokens) for n in layer_counts}
     if not args.default_only:
-        for n in layer_counts[:1]:  # the trace's own views (the form before CONSTANT_VIEWS), same process
+        for n in layer_counts[:1]:
+            # the trace's own views (the form before CONSTANT_VIEWS), and the QKV GEMV chained with
+            # attention + W_o in one launch (attend_project.CHAIN_QKV), in the same process
             rows[f"traced_views/{n}"] = measure(n, args.tokens, "traced_views")
+            rows[f"chain_qkv/{n}"] = measure(n, args.tokens, "chain_qkv")
         rows[f"default/{layer_counts[0]}#2"] = measure(layer_counts[0], args.tokens)  # order control
     if args.child:
         print("CHILD " + json.dumps(rows))

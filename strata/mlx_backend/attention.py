@@ -228,6 +228,11 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
         raise ValueError("attention: a device position needs the attend kernel (the ops path slices by kv.length)")
     if _kernel_ok(cfg, w):
         cos, sin = rope_table_cached(cfg)
+        if attend_project.chains_qkv(t, kv.length + t, w.wo):  # the QKV GEMV, attend and W_o in one launch
+            _, parts = attend_project.qkv_attend_project(w.wqkv, x, w.norm, w.bqkv, w.q_norm, w.k_norm, cos, sin,
+                                                         kv.keys, kv.values, w.wo, kv.length, cfg.rms_norm_eps,
+                                                         cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim, gated=w.gated)
+            return parts, MlxLayerKV(kv.keys, kv.values, kv.length + t)
         qkv = dense_kernel.dense_gemv(w.wqkv, x, w.norm, cfg.rms_norm_eps, bias=w.bqkv)  # [T, (H + 2 KVH (+ H)) HD]
         if attend_project.applies(t, kv.length + t, w.wo):  # attend + W_o in one launch: partials [T, H, D]
             parts = attend_project.attend_project(qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo,

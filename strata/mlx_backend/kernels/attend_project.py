@@ -34,7 +34,10 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn
-from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
+from strata.mlx_backend.kernels import dense_gemv as dense_kernel
+from strata.mlx_backend.kernels import phases
+from strata.mlx_backend.kernels.launch import absent, float_params, index_param
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource
 
 THREADS = 256  # rows of W_o a block: 10 chunks x 16 heads = 160 blocks at the seed shape
@@ -87,6 +90,36 @@ SOURCE = KernelSource("strata_attend_project",
                       ("out",), W_O_PREFETCH + BODY + W_O_PROJECT, attn.ATTEND_HELPERS)
 
 
+# The QKV GEMV and this launch as one (phases.chain): the attention blocks load their W_o rows,
+# then wait for the GEMV's blocks where they first read q, k and v: one launch a layer fewer at
+# decode (~15 us of host a launch on the H200, where a decoded token is host-bound), and the W_o
+# loads overlap the GEMV. Off until measured on the GPU (benchmarks/host_cost.py compares).
+CHAIN_QKV = False
+WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention starts
+
+
+def chains_qkv(t: int, n_pos: int, wo: mx.array) -> bool:
+    """Whether the QKV GEMV and `attend_project` run as one launch here (one token, CHAIN_QKV)."""
+    return CHAIN_QKV and t == 1 and applies(t, n_pos, wo) and phases.available()
+
+
+def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
+                       k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
+                       wo: mx.array, pos0: int, eps: float, n_heads: int, *, pos: mx.array | None = None,
+                       rotary_dim: int | None = None, gated: bool = False) -> tuple[mx.array, mx.array]:
+    """`dense_gemv(wqkv, x, norm_w, eps, bias)` then `attend_project` of its output, one launch.
+
+    Shapes:
+        wqkv float16 [(H + 2 KVH + gated H) HD, D], x float32 [1, D]
+        -> (qkv float32 [1, (H + 2 KVH + gated H) HD], partials float32 [1, H, D])
+    """
+    gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
+    proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
+                          wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated, spec=True)
+    qkv, parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
+    return qkv, parts
+
+
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:
     """Whether `attend_project` serves t new positions ending at n_pos: the one-block-per-head
     attention (not split), few tokens, float16 W_o."""
@@ -119,10 +152,11 @@ def check_step(name: str, qkv: mx.array, q_norm: mx.array | None, k_norm: mx.arr
 def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
                    rope_sin: mx.array, kc: mx.array, vc: mx.array, wo: mx.array, pos0: int, eps: float, n_heads: int,
                    *, pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False,
-                   prefetch: int = PREFETCH) -> mx.array:
+                   prefetch: int = PREFETCH, spec: bool = False):
     """Kernel path: `attend` (the same arguments, never split) followed by the output projection
     by wo, as one partial per head. Writes the positions' keys and values into kc / vc as attend does.
     prefetch: 16-byte groups of a W_o row loaded before the attention (the benchmarks compare).
+    spec: the launch's `phases.LaunchSpec` instead of its output (qkv may be a `phases.Pending`).
 
     Shapes:
         qkv float32 [T, (H + 2 KVH + gated H) HD], wo float16 [D, H HD] -> partials float32 [T, H, D]
@@ -134,9 +168,10 @@ def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | No
     qkn = q_norm is not None
     half = absent(np.float16)
     nrc = -(-d // THREADS)
-    return launch(SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
-                           index_param(pos0) if pos is None else pos, float_params(eps), kc, vc, wo],
-                  [(t, n_heads, d)], [mx.float32], blocks=(n_heads * nrc, t, 1), threads=THREADS,
-                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
-                            ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", 0),
-                            ("KV16", int(kc.dtype == mx.float16)), ("D", d), ("PREF", prefetch)))[0]
+    one = LaunchSpec(SOURCE, (qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
+                              index_param(pos0) if pos is None else pos, float_params(eps), kc, vc, wo),
+                     ((t, n_heads, d),), (mx.float32,), (n_heads * nrc, t, 1), THREADS,
+                     (("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
+                      ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", 0),
+                      ("KV16", int(kc.dtype == mx.float16)), ("D", d), ("PREF", prefetch)))
+    return one if spec else run(one)[0]

@@ -29,7 +29,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import absent, as_f32, float_params, launch
+from strata.mlx_backend.kernels.launch import absent, as_f32, float_params
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
@@ -130,10 +131,11 @@ def rows_per_warp(r: int) -> int:
 
 
 def dense_gemv(w: mx.array, x: mx.array, norm_w: mx.array | None = None, eps: float = 0.0,
-               bias: mx.array | None = None, *, early: bool | None = None) -> mx.array:
+               bias: mx.array | None = None, *, early: bool | None = None, spec: bool = False):
     """Kernel path. w float16 [R, C] (C a multiple of 8, at most MAX_COLS), x float32 [T, C];
     with norm_w (float16 [C]) x is RMS-normed first; with bias (float16 [R]) it is added.
     early: the first weight loads before the prologue (default EARLY_LOADS; the benchmarks compare).
+    spec: the launch's `phases.LaunchSpec` instead of its output (for `phases.chain`).
 
     Shapes:
         w [R, C], x [T, C] -> y float32 [T, R]
@@ -145,9 +147,9 @@ def dense_gemv(w: mx.array, x: mx.array, norm_w: mx.array | None = None, eps: fl
     rpw = rows_per_warp(r)
     rows_per_block = rpw * (THREADS // WARP)
     norm, has_bias = norm_w is not None, bias is not None
-    return launch(SOURCE, [w, as_f32(x), norm_w if norm else absent(np.float16),
-                           bias if has_bias else absent(np.float16), float_params(eps)],
-                  [(t, r)], [mx.float32], blocks=((r + rows_per_block - 1) // rows_per_block, t, 1), threads=THREADS,
-                  template=(("R", r), ("C", c), ("NORM", int(norm)), ("BIAS", int(has_bias)), ("RPW", rpw),
-                            ("MAX_LOADS", MAX_LOADS), ("NT", THREADS),
-                            ("EARLY", int(EARLY_LOADS if early is None else early))))[0]
+    one = LaunchSpec(SOURCE, (w, as_f32(x), norm_w if norm else absent(np.float16),
+                              bias if has_bias else absent(np.float16), float_params(eps)),
+                     ((t, r),), (mx.float32,), ((r + rows_per_block - 1) // rows_per_block, t, 1), THREADS,
+                     (("R", r), ("C", c), ("NORM", int(norm)), ("BIAS", int(has_bias)), ("RPW", rpw),
+                      ("MAX_LOADS", MAX_LOADS), ("NT", THREADS), ("EARLY", int(EARLY_LOADS if early is None else early))))
+    return one if spec else run(one)[0]

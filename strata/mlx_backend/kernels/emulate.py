@@ -202,7 +202,10 @@ struct Scheduler {
   void (*call)(const void*) = nullptr;  // runs the kernel body once for the running fiber
   const void* body = nullptr;
   void yield() { switch_to(running->context, main); }
+  int failed = 0;  // set by a body (sched_fail): run_grid's code
 };
+
+inline void sched_fail(int code) { sched->failed = code; }
 
 inline void Barrier::arrive_and_wait() {
   ++sched->progress;
@@ -275,6 +278,7 @@ int run_grid(int gx, int gy, int gz, int nt, const Body& body) {
     }
     if (live && s.progress == before) rc = 2;
   }
+  if (!rc && s.failed) rc = s.failed;
   sched = outer;
   ctx = nullptr;
   for (int t = 0; t < nt; ++t)
@@ -288,7 +292,7 @@ int run_grid(int gx, int gy, int gz, int nt, const Body& body) {
 """
 
 TIMEOUT_S = 120.0  # a body that never finishes (a loop that never ends) is an error, not a hang
-_DEADLOCK, _NO_MEMORY = 2, 3  # run_grid's codes
+_DEADLOCK, _NO_MEMORY, _UNMET_WAIT = 2, 3, 4  # run_grid's codes
 _POISON_BYTE = 0xA5
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
@@ -368,6 +372,8 @@ def run(src: KernelSource, inputs: list[np.ndarray], output_shapes: list[tuple[i
         raise RuntimeError(f"kernel {src.name}: a thread skipped a barrier (deadlock) on the emulator")
     if result == [_NO_MEMORY]:
         raise MemoryError(f"kernel {src.name}: no memory for the emulator's {nt} thread stacks")
+    if result == [_UNMET_WAIT]:
+        raise RuntimeError(f"kernel {src.name}: a block waited for blocks that had not run (phases out of order)")
     if result != [0]:
         raise RuntimeError(f"kernel {src.name}: emulator launch failed ({result})")
     return outs

@@ -228,6 +228,15 @@ INLINE float warp_max(float x) {
   return x;
 }
 INLINE void warp_sync() { __syncwarp(); }
+// phases.py's one-launch chains (CUDA and the emulator only): a block's ticket, a phase's
+// completion count, and the wait for a count; volatile reads and a device fence, the pattern
+// of CUDA's threadFenceReduction sample
+INLINE uint32_t atomic_add_u32(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
+INLINE void fence_device() { __threadfence(); }
+INLINE void wait_count(const uint32_t* p, uint32_t n) {
+  while (*(const volatile uint32_t*)p < n) __nanosleep(32);
+  __threadfence();
+}
 // fma.rn.f32 without .ftz: subnormal operands and results kept even under -ftz / fast math
 INLINE float fma_keep(float a, float b, float c) { float d; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c)); return d; }
 INLINE float exp_f(float x) { return expf(x); }
@@ -377,6 +386,10 @@ struct uint4 { uint32_t x, y, z, w; };
 INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
 INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait(); }
+// blocks run one after another in ticket order: a count waited for is complete, or the chain is wrong
+INLINE uint32_t atomic_add_u32(uint32_t* p, uint32_t v) { const uint32_t o = *p; *p = o + v; return o; }
+INLINE void fence_device() {}
+INLINE void wait_count(const uint32_t* p, uint32_t n) { if (*p < n) strata_emu::sched_fail(4); }
 INLINE float fma_keep(float a, float b, float c) { return std::fma(a, b, c); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
