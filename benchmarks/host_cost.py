@@ -38,6 +38,7 @@ ENV_VARIANTS = (
     ("graphs_off", {"MLX_USE_CUDA_GRAPHS": "0"}),
     ("ops_per_graph_1000", {"MLX_MAX_OPS_PER_BUFFER": "1000"}),
     ("ops_per_graph_25", {"MLX_MAX_OPS_PER_BUFFER": "25"}),
+    ("full_prelude", {"STRATA_CUDA_FULL_PRELUDE": "1"}),  # every CUDA kernel with the whole 6 KB prelude, as before
 )
 
 
@@ -153,6 +154,8 @@ def main() -> int:
     ap.add_argument("--layers", default="48,12", help="comma list of layer counts (default 48,12)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--no-env", action="store_true", help="skip the child processes under MLX's other launch modes")
+    ap.add_argument("--env", default="", help="comma list of the child variants to run (default: all): "
+                    + ", ".join(n for n, _ in ENV_VARIANTS))
     ap.add_argument("--default-only", action="store_true", help="only the default form (no traced_views row, no control)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--census", metavar="DOT", help="only count the nodes of one token's graph (written to DOT)")
@@ -176,7 +179,10 @@ def main() -> int:
         print("CHILD " + json.dumps(rows))
         return 0
     if not args.no_env:
+        wanted = {n for n in args.env.split(",") if n}
         for name, env in ENV_VARIANTS:
+            if wanted and name not in wanted:
+                continue
             cmd = [sys.executable, __file__, "--child", "--layers", str(layer_counts[0]), "--tokens", str(args.tokens)]
             try:
                 out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)

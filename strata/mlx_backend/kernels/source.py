@@ -20,6 +20,7 @@ Rules every body keeps (they make the dialects agree):
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 from dataclasses import dataclass
@@ -122,7 +123,13 @@ def mlx_source(src: KernelSource, dialect: Dialect) -> tuple[str, str]:
     if dialect is Dialect.EMU:
         return header, body
     header, body = compact(header), compact(body)
-    return (used_only(header, body) if dialect is Dialect.CUDA else header), body
+    return (used_only(header, body) if dialect is Dialect.CUDA and USED_ONLY else header), body
+
+
+# CUDA headers trimmed to what each body reaches (used_only). Read once, at import: MLX builds each
+# kernel object once a process, so the A/B (benchmarks/host_cost.py) runs the whole prelude in a
+# child process with STRATA_CUDA_FULL_PRELUDE=1.
+USED_ONLY = os.environ.get("STRATA_CUDA_FULL_PRELUDE", "") != "1"
 
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
