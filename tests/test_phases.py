@@ -168,3 +168,12 @@ def test_chained_qkv_and_attention_decode_bit_for_bit_on_the_gpu(monkeypatch):
         *chained, _ = _decode(p, True, monkeypatch, compiled=True)
     for a, b in zip(apart, chained):
         assert a.tobytes() == b.tobytes()
+
+
+def test_links_must_name_a_consumer_input_and_a_producer_output():
+    x = mx.array(np.ones(8, np.float32))
+    prod, cons = _specs(2, 2, x, x)
+    with using_path(KernelPath.EMULATED):
+        for links in ({"nope": 0}, {"y": 1}):
+            with pytest.raises(ValueError, match="name no input"):
+                phases.chain(prod, cons, links, key=x)

@@ -11,7 +11,7 @@ grid-wide dependency, which one launch can hold without a grid barrier:
   are handed out in the order blocks actually start, so a consumer block waits only for blocks
   that have started before it and wait for nothing: no deadlock whatever order or residency the
   hardware gives the grid (the ordering argument of single-pass scans' decoupled look-back);
-- a producer block ends with a device fence and a count; a consumer block waits (thread 0 spins
+- a producer block ends with a device fence (every thread) and a count; a consumer block waits (thread 0 spins
   on a volatile read, then a fence and a block barrier) where its body first needs the producer's
   outputs, so what it does before that (loading its own weights) overlaps the producer;
 - the last block to finish resets the three counters, so the next launch (the next layer's) finds
@@ -90,12 +90,12 @@ _TICKET = r"""
   BARRIER();
   const uint32_t chain_vb = chain_ticket;
 """
+# every thread fences its own writes before the barrier (not only the counting thread: the
+# conservative form of "publish, then count"), so the count is seen only after all of them
 _DONE = r"""
+  fence_device();
   BARRIER();
-  if (tid == 0) {
-    fence_device();
-    atomic_add_u32(chain_ctr + 1, 1u);
-  }
+  if (tid == 0) atomic_add_u32(chain_ctr + 1, 1u);
 """
 _WAIT = r"""
   if (tid == 0) wait_count(chain_ctr + 1, (uint32_t)CHAIN_NA);
@@ -191,6 +191,8 @@ def chain(producer: LaunchSpec, consumer: LaunchSpec, links: dict[str, int], *, 
                          f"{consumer.src.name} {consumer.threads}")
     if producer.blocks[1:] != (1, 1) or consumer.blocks[1:] != (1, 1):
         raise ValueError(f"chain: one row of blocks each (grids {producer.blocks}, {consumer.blocks})")
+    if set(links) - set(consumer.src.inputs) or not all(0 <= i < len(producer.src.outputs) for i in links.values()):
+        raise ValueError(f"chain: links {links} name no input of {consumer.src.name} / output of {producer.src.name}")
     names = {n: i for i, n in enumerate(consumer.src.inputs)}
     link_names = tuple((c, producer.src.outputs[i]) for c, i in links.items())
     for c, i in links.items():
