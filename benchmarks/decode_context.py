@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 from _measure import device_name, part  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
+from strata.mlx_backend import compiled as compiled_step  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
@@ -104,6 +105,7 @@ FORMS = {
     "split_ns128": (True, True, 0),
     "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
     "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (attend_project.CHAIN_QKV)
+    "traced_views": (True, True, 0),  # the large inputs' views made inside the trace (compiled.CONSTANT_VIEWS off)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -130,6 +132,7 @@ SWITCHES = {
     "split_ns128": ((attend_split, "SPLITS", 128),),
     "split_from32": ((attn_kernels, "SPLIT_FROM", 32),),
     "chain_qkv": ((attend_project, "CHAIN_QKV", True),),
+    "traced_views": ((compiled_step, "CONSTANT_VIEWS", False),),
 }
 
 

@@ -23,15 +23,31 @@ Prints a table and one JSON line.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from decode_context import SHAPE, SWITCHES, state_at  # noqa: E402
+from decode_memory import resident_distinct  # noqa: E402
+from strata.mlx_backend import compiled  # noqa: E402
+from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
+from strata.mlx_backend.greedy import greedy_select  # noqa: E402
+from strata.mlx_backend.kernels import launch  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
+from strata.mlx_backend.model import decode_device  # noqa: E402
+from strata.testing.mlx_params import random_params  # noqa: E402
 
 # (name, environment) of the child processes: MLX reads these once, when it makes the CUDA encoder
 ENV_VARIANTS = (
@@ -42,37 +58,31 @@ ENV_VARIANTS = (
 )
 
 
+def _made(layers: int):
+    """The issue's shape at `layers` layers, all-resident, and a made context of 8 positions."""
+    cfg = replace(SHAPE, n_layers=layers)
+    return random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg)), state_at(cfg, 8, seed=8)
+
+
 def measure(layers: int, tokens: int, form: str = "default") -> dict:
-    from dataclasses import replace
-
-    import mlx.core as mx
-    import numpy as np
-
-    from decode_context import SHAPE, state_at
-    from decode_memory import resident_distinct
-    from strata.mlx_backend import compiled
-    from strata.mlx_backend.compiled import CompiledDecode
-    from strata.mlx_backend.kernels import launch
-    from strata.mlx_backend.greedy import greedy_select
-    from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path
-    from strata.testing.mlx_params import random_params
-
+    """One process's timings of the compiled step; form: "default" or one of decode_context's
+    switched forms (e.g. traced_views, chain_qkv), switched for the trace (what the replays run)."""
     if current_path() is not KernelPath.GPU:
         raise SystemExit("host_cost.py: needs MLX's GPU kernel path (a CUDA or Metal device)")
-    cfg = replace(SHAPE, n_layers=layers)
+    switches = SWITCHES.get(form, ())
     with using_path(KernelPath.GPU):
-        p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
-        state = state_at(cfg, 8, seed=8)
-        saved = compiled.CONSTANT_VIEWS, attend_project.CHAIN_QKV
-        compiled.CONSTANT_VIEWS = form != "traced_views"
-        attend_project.CHAIN_QKV = form == "chain_qkv"
+        p, state = _made(layers)
+        saved = [(mod, name, getattr(mod, name)) for mod, name, _ in switches]
+        for mod, name, value in switches:
+            setattr(mod, name, value)
         try:
             step = CompiledDecode(p, state, traced=True)
             before = sum(LAUNCHES.values())
             views_before = dict(launch.VIEW_COUNTS)
             logits, state = step(state, 1)  # the trace (every kernel JIT-compiled)
         finally:
-            compiled.CONSTANT_VIEWS, attend_project.CHAIN_QKV = saved
+            for mod, name, value in saved:
+                setattr(mod, name, value)
         views = {k: v - views_before.get(k, 0) for k, v in launch.VIEW_COUNTS.items()}
         sel = greedy_select(logits)
         mx.eval(sel)
@@ -120,25 +130,9 @@ def measure(layers: int, tokens: int, form: str = "default") -> dict:
 def census(layers: int, dot_path: str) -> dict:
     """The uncompiled graph of one decoded token (what the trace records) by node label, from
     mx.export_to_dot: the custom kernels against every other node the replay runs."""
-    import collections
-    import re
-    from dataclasses import replace
-
-    import mlx.core as mx
-
-    from decode_context import SHAPE, state_at
-    from decode_memory import resident_distinct
-    from strata.mlx_backend import compiled
-    from strata.mlx_backend.kernels import launch
-    from strata.mlx_backend.kernels.launch import KernelPath, using_path
-    from strata.mlx_backend.model import decode_device
-    from strata.testing.mlx_params import random_params
-
-    cfg = replace(SHAPE, n_layers=layers)
     with using_path(KernelPath.GPU):
-        p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
-        state = state_at(cfg, 8, seed=8)
-        views = launch.constant_views(compiled._constant_arrays((p, compiled._buffers(state))))
+        p, state = _made(layers)
+        views = launch.constant_views(compiled._constant_arrays(p, state))
         with launch.using_constant_views(views):
             logits, _ = decode_device(p, state, compiled.device_ids(1), launch.index_param(8))
         mx.export_to_dot(dot_path, logits)
@@ -203,7 +197,6 @@ def main() -> int:
         v = r.get("views", {})
         print(f"| {key} | {r['wrapper_launches']} | {v.get('constant', 0)} / {v.get('traced', 0)} | {r['wall_ms']:.2f} | {r['host_ms']:.2f} | {r['call_ms']:.3f} | "
               f"{r['async_eval_ms']:.2f} | {r['async_eval_us_per_launch']:.1f} | {r['drain_ms']:.2f} | {r['alone_ms']:.2f} |")
-    import mlx.core as mx
     print("JSON " + json.dumps({"mlx": mx.__version__, "rows": rows}, sort_keys=True))
     return 0
 

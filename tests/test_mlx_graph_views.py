@@ -84,14 +84,14 @@ def test_constant_views_are_made_once_and_given_only_for_the_same_array(monkeypa
     assert launch.constant_views([big]) == {}
 
 
-def test_constant_arrays_walk_the_params_and_buffers():
+def test_constant_arrays_are_the_weights_arena_and_buffers():
     from strata.mlx_backend.compiled import _constant_arrays
     from strata.testing.mlx_params import random_params
     from test_mlx_compiled import SMALL
 
     p = random_params(SMALL, seed=5, pred_q8=False)
     state = mlx_model.MlxModelState.empty(p.cfg)
-    got = {id(a) for a in _constant_arrays((p, state))}
+    got = {id(a) for a in _constant_arrays(p, state)}
     assert id(p.output) in got and id(p.embed) in got and id(p.arena.array) in got
     assert id(p.layers[0].attn.wqkv) in got and id(p.layers[-1].attn.wo) in got
     assert id(state.layers[0].keys) in got and id(state.layers[1].values) in got

@@ -36,8 +36,6 @@ Shapes: V vocab.
 
 from __future__ import annotations
 
-import dataclasses
-
 import mlx.core as mx
 import numpy as np
 
@@ -47,7 +45,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, constant_views, curren
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
 from strata.mlx_backend.mla import kernel_applies as mla_applies
-from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device
+from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device, dense_arrays
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
 
@@ -134,26 +132,9 @@ def _with_recurrent(state: MlxModelState, arrays, length: int, keep: bool) -> Ml
     return MlxModelState(tuple(layers))
 
 
-def _constant_arrays(obj, seen: set | None = None) -> list[mx.array]:
-    """Every mx.array held by `obj` through dataclass fields, tuples, lists, dicts and an arena's
-    `array` (the weights of MlxParams, the KV buffers): the step's graph constants."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, mx.array):
-        return [obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        items = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
-    elif isinstance(obj, (tuple, list)):
-        items = list(obj)
-    elif isinstance(obj, dict):
-        items = list(obj.values())
-    elif isinstance(getattr(obj, "array", None), mx.array):  # MlxArena
-        items = [obj.array]
-    else:
-        return []
-    return [a for it in items for a in _constant_arrays(it, seen)]
+def _constant_arrays(p: MlxParams, state: MlxModelState) -> list[mx.array]:
+    """The step's graph constants a kernel may take whole: the dense weights, the arena, the KV buffers."""
+    return dense_arrays(p) + ([p.arena.array] if p.arena is not None else []) + list(_buffers(state))
 
 
 class CompiledDecode:
@@ -189,7 +170,7 @@ class CompiledDecode:
         # by the context length at trace time (attention_partials), so the step is chosen by it too
         self._make = make_step
         self._fns: dict[bool, object] = {}
-        self._views = constant_views(_constant_arrays((p, self._bufs))) if traced and CONSTANT_VIEWS else None
+        self._views = constant_views(_constant_arrays(p, state)) if traced and CONSTANT_VIEWS else None
 
     def bound_to(self, state: MlxModelState) -> bool:
         """Whether `state` holds the very KV buffers this step's graph writes (by identity)."""

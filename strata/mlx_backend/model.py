@@ -233,15 +233,20 @@ def holds_q8_dense(p: MlxParams) -> bool:
     return any(isinstance(w, Q8Dense) for w in [p.embed, p.output] + [w for lw in p.layers for w in _arrays(lw)])
 
 
-def dense_nbytes(p: MlxParams) -> int:
-    """The bytes MLX holds for the dense weights (every layer's, the embedding, the head; the
-    Q8_0 read-ahead copies of the routers included): what a plan wires besides its experts."""
-    seen, total = set(), 0
+def dense_arrays(p: MlxParams) -> list[mx.array]:
+    """Every dense weight's arrays, each once (every layer's, the embedding, the head — a tied head
+    is the embedding itself — and the Q8_0 read-ahead copies of the routers)."""
+    seen, out = set(), []
     for a in _flat([p.embed, p.output, p.out_norm] + [w for lw in p.layers for w in _arrays(lw)]):
-        if id(a) not in seen:  # a tied head is the embedding itself
+        if id(a) not in seen:
             seen.add(id(a))
-            total += int(a.nbytes)
-    return total
+            out.append(a)
+    return out
+
+
+def dense_nbytes(p: MlxParams) -> int:
+    """The bytes MLX holds for the dense weights (`dense_arrays`): what a plan wires besides its experts."""
+    return sum(int(a.nbytes) for a in dense_arrays(p))
 
 
 def fill_resident_arena(arena: MlxArena, cfg: ModelConfig, record: Callable[[int, int], bytes | np.ndarray]) -> None:
