@@ -56,6 +56,21 @@ def _prefilled(p):
     return int(np.argmax(np.array(logits[-1]))), state
 
 
+def greedy_steps(p, steps: int = 3, *, compiled: bool = False):
+    """The prompt's forward, then `steps` greedy tokens (uncompiled forward, or a CompiledDecode
+    built on the prompt's state) -> (logits float32 [steps + 1, V], layer 0's keys, its values)."""
+    state = mlx_model.MlxModelState.empty(p.cfg)
+    logits, state = mlx_model.forward(p, state, PROMPT)
+    out = [np.array(logits[-1])]
+    step = CompiledDecode(p, state) if compiled else None
+    for _ in range(steps):
+        tok = int(np.argmax(out[-1]))
+        logits, state = step(state, tok) if compiled else mlx_model.forward(p, state, np.array([tok]))
+        out.append(np.array(logits[-1]))
+    kv = state.layers[0]
+    return np.stack(out), np.array(kv.keys), np.array(kv.values)
+
+
 def _decode_both(p, traced: bool):
     """Decode STEPS tokens uncompiled (forward) and through CompiledDecode from two copies of the
     prompt state (own KV buffers each) -> per-step logits of both, the final states."""

@@ -34,7 +34,7 @@ def test_graph_view_keeps_the_first_elements_and_leaves_small_arrays():
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
 def test_views_change_no_bit_of_a_decode(monkeypatch):
-    from test_mlx_compiled import PROMPT, SMALL
+    from test_mlx_compiled import SMALL, greedy_steps
     from strata.testing.mlx_params import random_params
 
     monkeypatch.setattr(launch, "GRAPH_VIEW_ABOVE", 0)  # every input a view: the arena, weights, caches
@@ -43,14 +43,7 @@ def test_views_change_no_bit_of_a_decode(monkeypatch):
         p = random_params(SMALL, seed=21, pred_q8=False)
         for views in (False, True):
             monkeypatch.setattr(launch, "GRAPH_VIEWS", views)
-            state = mlx_model.MlxModelState.empty(p.cfg)
-            logits, state = mlx_model.forward(p, state, PROMPT)
-            steps = [np.array(logits[-1])]
-            for _ in range(3):
-                logits, state = mlx_model.forward(p, state, np.array([int(np.argmax(steps[-1]))]))
-                steps.append(np.array(logits[-1]))
-            kv = state.layers[0]
-            out.append((np.stack(steps), np.array(kv.keys), np.array(kv.values)))
+            out.append(greedy_steps(p))
     for a, b in zip(*out):
         assert a.tobytes() == b.tobytes()
 

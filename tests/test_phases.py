@@ -10,7 +10,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.kernels import attend_project, emulate, phases
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -95,23 +94,17 @@ def test_chain_refuses_what_it_cannot_run():
         phases.chain(prod, cons, {"y": 0}, key=x)
 
 
+CHAINED = "strata_chain_dense_gemv_attend_project"
+
+
 def _decode(p, chained: bool, monkeypatch, compiled: bool = False):
+    """test_mlx_compiled.greedy_steps with the chain on or off -> (its three arrays, chained launches)."""
+    from test_mlx_compiled import greedy_steps
+
     monkeypatch.setattr(attend_project, "CHAIN_QKV", chained)
-    from test_mlx_compiled import PROMPT
-    state = mlx_model.MlxModelState.empty(p.cfg)
-    logits, state = mlx_model.forward(p, state, PROMPT)
-    steps = [np.array(logits[-1])]
-    before = dict(LAUNCHES)
-    if compiled:
-        from strata.mlx_backend.compiled import CompiledDecode
-        step = CompiledDecode(p, state)
-    for _ in range(3):
-        tok = int(np.argmax(steps[-1]))
-        logits, state = step(state, tok) if compiled else mlx_model.forward(p, state, np.array([tok]))
-        steps.append(np.array(logits[-1]))
-    chains = LAUNCHES["strata_chain_dense_gemv_attend_project"] - before.get("strata_chain_dense_gemv_attend_project", 0)
-    kv = state.layers[0]
-    return np.stack(steps), np.array(kv.keys), np.array(kv.values), chains
+    before = LAUNCHES[CHAINED]
+    out = greedy_steps(p, compiled=compiled)
+    return (*out, LAUNCHES[CHAINED] - before)
 
 
 def test_chained_qkv_and_attention_decode_bit_for_bit_on_the_emulator(monkeypatch):
