@@ -2,10 +2,16 @@
 q2_tiles_breg.py BREG and its variants), so a fix to one piece reaches every body that takes it.
 Each is a run of statements inside the bodies' k loop or around it, in the bodies' own names
 (tid, lane, warp_id, bx, by; the template constants BM, BN, BK, P, C, R, RA, LD, FPT, TPP, WN, NJ,
-MI; as32, av, acc, xok, xp, kend, g, t), and each body's tests hold its bits to the first body's.
+MI; as32, av, acc, xok, xp, kend, g, t; B_WORDS the loop's it, r, half, unit, in_a, bq, bd;
+SCATTER_STORE the store's v0, v1, col, out), and each body's tests hold its bits to the first body's.
 A piece starts at its first line's indent and ends without its last newline: a body writes it
 between two lines of its own.
 
+- WARP_GEOMETRY: the k-step's pairs and floats a thread, and a warp's columns and tiles (COLS, BREG);
+- B_WORDS: a thread's B item of a k-step, the record's code word and scale, zeros past the rows
+  (ROWS, COLS);
+- SCATTER_STORE: two accumulators to y, times the routing weight where the rows scatter (ROWS, and
+  WARP_TILE_STORE below);
 - TILE_SETUP: the block's tile (expert, first sorted pair, pairs), this thread's pair of x and its
   FPT floats a k-step, bank-conflict-free by a swap of two bits of tid / TPP (COLS, BREG);
 - A_TERMS: that thread's floats of the last k-step as two float16 terms' rows of A (COLS, BREG);
@@ -14,6 +20,31 @@ between two lines of its own.
   exchange, silu(g) u (HIDDEN) or the routing weight and the scatter (COLS, BREG)."""
 
 from __future__ import annotations
+
+import textwrap
+
+WARP_GEOMETRY = r"""  constexpr int TP = BM / P;  // pairs a tile
+  constexpr int FPT = TP * BK / NT;  // floats of x a thread loads per k-step (8: P = 2, 16: P = 1)
+  constexpr int TPP = BK / FPT;  // threads a pair (TP * TPP = NT)
+  constexpr int WN = BN / 4;  // columns a warp (all BM rows of the tile): 32 (BN 128) or 16
+  constexpr int NJ = WN / 8;  // n-tiles a warp
+  constexpr int MI = BM / 16;  // m-tiles a warp"""
+
+B_WORDS = r"""        const uint32_t rr = HIDDEN ? unit : (in_a ? r : r - (uint32_t)RA);
+        bq[it] = 0u;
+        bd[it] = 0u;
+        if (HIDDEN ? unit < (uint32_t)RA : r < (uint32_t)R) {
+          bq[it] = ((const DEVICE uint32_t*)(rec + (in_a ? CA : CB)))[rr * (C / 16) + k0 / 16u + half];
+          bd[it] = ((const DEVICE uint16_t*)(rec + (in_a ? SA : SB)))[rr * (C / 32) + k0 / 32u];
+        }"""
+
+SCATTER_STORE = r"""        if (SCATTER) {  // the routing weight, as grouped_experts applies it (one float32 product)
+          v0 = v0 * wts[out];
+          v1 = v1 * wts[out];
+        }
+        const uint64_t o = (uint64_t)out * R + col;
+        if (col < (uint32_t)R) y[o] = v0;
+        if (col + 1u < (uint32_t)R) y[o + 1] = v1;"""
 
 TILE_SETUP = r"""  const uint32_t n0 = bx * BN;
   const int e = tiles[TILE_INTS * by], first = tiles[TILE_INTS * by + 1], count = tiles[TILE_INTS * by + 2];
@@ -86,13 +117,7 @@ WARP_TILE_STORE = r"""  // P == 2: row g + 1 (the lo term of row g's pair, g eve
         for (int j = 0; j < NJ; ++j) {
           const uint32_t col = n0 + warp_id * (uint32_t)WN + (uint32_t)(8 * j) + t;
           float v0 = v[j][0], v1 = v[j][1];
-          if (SCATTER) {  // the routing weight, as grouped_experts applies it (one float32 product)
-            v0 = v0 * wts[out];
-            v1 = v1 * wts[out];
-          }
-          const uint64_t o = (uint64_t)out * R + col;
-          if (col < (uint32_t)R) y[o] = v0;
-          if (col + 1u < (uint32_t)R) y[o + 1] = v1;
+""" + textwrap.indent(SCATTER_STORE, "  ") + r"""
         }
       }
     }

@@ -118,13 +118,7 @@ BODY = r"""
         // HIDDEN: the block's BN / 2 hidden units as gate rows, then the same units' up rows
         const uint32_t unit = bx * (uint32_t)(BN / 2) + row % (uint32_t)(BN / 2);
         const bool in_a = HIDDEN ? row < (uint32_t)(BN / 2) : r < (uint32_t)RA;
-        const uint32_t rr = HIDDEN ? unit : (in_a ? r : r - (uint32_t)RA);
-        bq[it] = 0u;
-        bd[it] = 0u;
-        if (HIDDEN ? unit < (uint32_t)RA : r < (uint32_t)R) {
-          bq[it] = ((const DEVICE uint32_t*)(rec + (in_a ? CA : CB)))[rr * (C / 16) + k0 / 16u + half];
-          bd[it] = ((const DEVICE uint16_t*)(rec + (in_a ? SA : SB)))[rr * (C / 32) + k0 / 32u];
-        }
+""" + q2_tile_parts.B_WORDS + r"""
       }
     }
     if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
@@ -183,13 +177,7 @@ BODY = r"""
           v0 = v0 + lo_rows[pair * BN + (uint32_t)(8 * j) + t];
           v1 = v1 + lo_rows[pair * BN + (uint32_t)(8 * j) + t + 1u];
         }
-        if (SCATTER) {  // the routing weight, as grouped_experts applies it (one float32 product)
-          v0 = v0 * wts[out];
-          v1 = v1 * wts[out];
-        }
-        const uint64_t o = (uint64_t)out * R + col;
-        if (col < (uint32_t)R) y[o] = v0;
-        if (col + 1u < (uint32_t)R) y[o + 1] = v1;
+""" + q2_tile_parts.SCATTER_STORE + r"""
       }
     }
   }

@@ -24,12 +24,7 @@ from strata.mlx_backend.kernels.source import KernelSource
 
 _BODY = r"""
   constexpr int LD = BK + PAD;
-  constexpr int TP = BM / P;  // pairs a tile
-  constexpr int FPT = TP * BK / NT;  // floats of x a thread loads per k-step (8: P = 2, 16: P = 1)
-  constexpr int TPP = BK / FPT;  // threads a pair (TP * TPP = NT)
-  constexpr int WN = BN / 4;  // columns a warp (all BM rows of the tile): 32 (BN 128) or 16
-  constexpr int NJ = WN / 8;  // n-tiles a warp
-  constexpr int MI = BM / 16;  // m-tiles a warp
+""" + q2_tile_parts.WARP_GEOMETRY + r"""
   constexpr int ST = @STAGES@;  // A stages: 2 alternate by k-step (one barrier a k-step keeps writes off a stage in use)
   SHARED uint32_t as_all[ST * BM * LD / 2];
   SHARED uint32_t bxch[BREG_XCHG ? ST * NT * 16 : 1];  // the emulator's and Metal's view of the B registers

@@ -39,12 +39,7 @@ from strata.mlx_backend.kernels.source import KernelSource
 BODY = r"""
   constexpr int LD = BK + PAD;
   constexpr int BI = 2 * BN / NT;  // B items (one word of 16 codes and its scale) per thread
-  constexpr int TP = BM / P;  // pairs a tile
-  constexpr int FPT = TP * BK / NT;  // floats of x a thread loads per k-step (8: P = 2, 16: P = 1)
-  constexpr int TPP = BK / FPT;  // threads a pair (TP * TPP = NT)
-  constexpr int WN = BN / 4;  // columns a warp (all BM rows of the tile): 32 (BN 128) or 16
-  constexpr int NJ = WN / 8;  // n-tiles a warp
-  constexpr int MI = BM / 16;  // m-tiles a warp
+""" + q2_tile_parts.WARP_GEOMETRY + r"""
   SHARED uint32_t as32[BM * LD / 2];
   SHARED uint32_t bs32[BN * LD / 2];
   SHARED_PTR(uint16_t) as = (SHARED_PTR(uint16_t))as32;
@@ -90,13 +85,7 @@ BODY = r"""
         const uint32_t local = row % (uint32_t)WN;
         const uint32_t unit = bx * (uint32_t)(BN / 2) + (row / (uint32_t)WN) * (uint32_t)(WN / 2) + local % (uint32_t)(WN / 2);
         const bool in_a = HIDDEN ? local < (uint32_t)(WN / 2) : r < (uint32_t)RA;
-        const uint32_t rr = HIDDEN ? unit : (in_a ? r : r - (uint32_t)RA);
-        bq[it] = 0u;
-        bd[it] = 0u;
-        if (HIDDEN ? unit < (uint32_t)RA : r < (uint32_t)R) {
-          bq[it] = ((const DEVICE uint32_t*)(rec + (in_a ? CA : CB)))[rr * (C / 16) + k0 / 16u + half];
-          bd[it] = ((const DEVICE uint16_t*)(rec + (in_a ? SA : SB)))[rr * (C / 32) + k0 / 32u];
-        }
+""" + q2_tile_parts.B_WORDS + r"""
       }
     }
     if (k0 > 0) {  // multiply k-step k0 - BK from shared while k0's loads are in flight
