@@ -93,6 +93,16 @@ def _median_run(runs):
     return sorted(runs, key=lambda r: -r.tps)[len(runs) // 2]
 
 
+def _models(names: str, d: Path) -> dict[str, Path]:
+    """--models (a comma list) -> name: model path; `default` the embedded model, others made in d."""
+    from strata.default_model import default_model_path
+    from strata.testing.models import make_model
+
+    wanted = [m.strip() for m in names.split(",") if m.strip()]
+    return {name: default_model_path() if name == "default" else make_model(d / name, name).model_path
+            for name in wanted}
+
+
 def _cases(models: dict[str, Path], fractions: tuple[float, ...]) -> list[tuple[str, Path, str]]:
     from strata.config import Config
     from strata.loader import load
@@ -181,12 +191,10 @@ def main(argv=None) -> int:
     import subprocess
     import time
 
-    from strata.default_model import default_model_path
     from strata.doctor.measure import QUIET_OTHERS, measure_quiet
     from strata.doctor.engine_fit import refit
     from strata.doctor.measure import RunMeasurement
     from strata.doctor.probe import MachineProfile, default_cache_dir, machine_profile
-    from strata.testing.models import make_model
 
     t0 = time.time()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -258,10 +266,7 @@ def main(argv=None) -> int:
     rows, cut = [], []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
-        models = {}
-        for name in wanted:
-            models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
+        models = _models(args.models, d)
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
         cases = _cases(models, fractions) if not replayed else [
             (r["model"], models[r["model"]], "" if r["arena"] == "resident" else r["arena"]) for r in replayed[1]]
@@ -329,19 +334,13 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
     import time
 
     from strata.doctor.joint import measure_joint
-    from strata.testing.models import make_model
 
     say = lambda m: print(f"# {time.time() - t0:6.1f} s {m}", file=sys.stderr, flush=True)  # noqa: E731
     budget = args.budget_s or 600.0
     deadline = time.monotonic() + budget - (time.time() - t0) - RESERVE_S
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
-        models = {}
-        for name in wanted:
-            from strata.default_model import default_model_path
-
-            models[name] = default_model_path() if name == "default" else make_model(d / name, name).model_path
+        models = _models(args.models, d)
         cases = _cases(models, fractions)
         # a model's all-resident and streaming cases compile different kernels: two children
         keyed = [(i, path, {"profile": True, **({"arena": arena} if arena else {})},
