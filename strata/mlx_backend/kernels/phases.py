@@ -159,10 +159,11 @@ def chain_source(producer: KernelSource, consumer: KernelSource, links: tuple[tu
     return src
 
 
-# counters per chain site (a layer's weights): (the key's array, its counters); the array is kept so
-# an id another array takes later never finds these (they are zero between launches, so even that
-# would be harmless while the two never run at once)
-_counters: dict[int, tuple[mx.array, mx.array]] = {}
+# counters per chain site, by the id of an array unique to it (a layer's W_o). The array itself is
+# not held (that would keep a dropped model's weights alive): an id another array takes later finds
+# the same counters, harmless because they are zero between launches and two launches of one
+# site never run at once
+_counters: dict[int, mx.array] = {}
 _COUNTERS_MAX = 4096
 
 
@@ -170,13 +171,11 @@ def counters(key: mx.array) -> mx.array:
     """The zeroed uint32 counters of the chain site `key` (an array unique to the site), made once:
     a leaf made from host memory, so a compiled step's trace holds it as a constant."""
     hit = _counters.get(id(key))
-    if hit is not None and hit[0] is key:
-        return hit[1]
-    if len(_counters) >= _COUNTERS_MAX:
-        _counters.pop(next(iter(_counters)))
-    c = mx.array(np.zeros(MIN_INPUT_SIZE, np.uint32))
-    _counters[id(key)] = (key, c)
-    return c
+    if hit is None:
+        if len(_counters) >= _COUNTERS_MAX:
+            _counters.pop(next(iter(_counters)))
+        hit = _counters[id(key)] = mx.array(np.zeros(MIN_INPUT_SIZE, np.uint32))
+    return hit
 
 
 def chain(producer: LaunchSpec, consumer: LaunchSpec, links: dict[str, int], *, key: mx.array,
