@@ -105,6 +105,10 @@ FORMS = {
     "split_ns128": (True, True, 0),
     "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
     "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (attend_project.CHAIN_QKV)
+    "unchained": (True, True, 0),  # the QKV GEMV a launch of its own (CHAIN_QKV off)
+    "unsummed": (True, True, 0),  # the router adds attend_project's H partials (SUM_PARTS off)
+    "chain_pf8": (True, True, 0),  # 8 / 16 16-byte groups of W_o loaded before the chained wait (CHAIN_PREFETCH; 4 by default)
+    "chain_pf16": (True, True, 0),
     "traced_views": (True, True, 0),  # the large inputs' views made inside the trace (compiled.CONSTANT_VIEWS off)
 }
 # forms that flip a module switch for their run: (module, name, value) each
@@ -132,6 +136,10 @@ SWITCHES = {
     "split_ns128": ((attend_split, "SPLITS", 128),),
     "split_from32": ((attn_kernels, "SPLIT_FROM", 32),),
     "chain_qkv": ((attend_project, "CHAIN_QKV", True),),
+    "unchained": ((attend_project, "CHAIN_QKV", False),),
+    "unsummed": ((attend_project, "SUM_PARTS", False),),
+    "chain_pf8": ((attend_project, "CHAIN_PREFETCH", 8),),
+    "chain_pf16": ((attend_project, "CHAIN_PREFETCH", 16),),
     "traced_views": ((compiled_step, "CONSTANT_VIEWS", False),),
 }
 

@@ -66,7 +66,7 @@ def _made(layers: int):
 
 def measure(layers: int, tokens: int, form: str = "default") -> dict:
     """One process's timings of the compiled step; form: "default" or one of decode_context's
-    switched forms (e.g. traced_views, chain_qkv), switched for the trace (what the replays run)."""
+    switched forms (e.g. traced_views, unchained), switched for the trace (what the replays run)."""
     if current_path() is not KernelPath.GPU:
         raise SystemExit("host_cost.py: needs MLX's GPU kernel path (a CUDA or Metal device)")
     switches = SWITCHES.get(form, ())
@@ -150,11 +150,17 @@ def main() -> int:
     ap.add_argument("--no-env", action="store_true", help="skip the child processes under MLX's other launch modes")
     ap.add_argument("--env", default="", help="comma list of the child variants to run (default: all): "
                     + ", ".join(n for n, _ in ENV_VARIANTS))
-    ap.add_argument("--default-only", action="store_true", help="only the default form (no traced_views row, no control)")
+    ap.add_argument("--default-only", action="store_true", help="only the default form (no other forms, no control)")
+    ap.add_argument("--forms", default="traced_views,unchained",
+                    help="comma list of decode_context's switched forms measured beside the default, in one process")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--census", metavar="DOT", help="only count the nodes of one token's graph (written to DOT)")
     args = ap.parse_args()
     layer_counts = [int(x) for x in args.layers.split(",") if x]
+    forms = [f for f in args.forms.split(",") if f]
+    for form in forms:
+        if form not in SWITCHES:
+            ap.error(f"--forms: {form!r} is none of {', '.join(SWITCHES)}")
     if args.census:
         c = census(layer_counts[0], args.census)
         for label, n in c["labels"].items():
@@ -164,10 +170,10 @@ def main() -> int:
     rows = {f"default/{n}": measure(n, args.tokens) for n in layer_counts}
     if not args.default_only:
         for n in layer_counts[:1]:
-            # the trace's own views (the form before CONSTANT_VIEWS), and the QKV GEMV chained with
-            # attention + W_o in one launch (attend_project.CHAIN_QKV), in the same process
-            rows[f"traced_views/{n}"] = measure(n, args.tokens, "traced_views")
-            rows[f"chain_qkv/{n}"] = measure(n, args.tokens, "chain_qkv")
+            # e.g. the trace's own views (the form before CONSTANT_VIEWS), the QKV GEMV a launch of
+            # its own (attend_project.CHAIN_QKV off), in the same process
+            for form in forms:
+                rows[f"{form}/{n}"] = measure(n, args.tokens, form)
         rows[f"default/{layer_counts[0]}#2"] = measure(layer_counts[0], args.tokens)  # order control
     if args.child:
         print("CHILD " + json.dumps(rows))

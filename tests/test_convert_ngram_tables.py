@@ -7,8 +7,9 @@ import json
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import save_file
+
+torch = pytest.importorskip("torch")  # the checkpoints are written in torch's dtypes (bfloat16 among them)
+from safetensors.torch import save_file  # noqa: E402
 
 from strata.convert import ngram_tables
 from strata.convert.ngram_tables import find_ngram_tables, write_ngram_tables

@@ -28,6 +28,7 @@ RNG = np.random.default_rng(7)
 
 
 def _hf_yarn(cfg, max_positions: int):
+    pytest.importorskip("torch")  # transformers' rope helpers build torch tensors
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

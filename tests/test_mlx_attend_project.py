@@ -33,6 +33,7 @@ def _cfg(path):
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_one_launch_against_the_reference_and_the_two(path, monkeypatch):
+    monkeypatch.setattr(attend_project, "CHAIN_QKV", False)  # this launch alone (the chain: tests/test_phases.py)
     cfg = _cfg(path)
     rng = np.random.default_rng(23)
     dense, w = _layer(cfg, rng)
@@ -43,10 +44,12 @@ def test_one_launch_against_the_reference_and_the_two(path, monkeypatch):
             x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
             ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, norm, cfg.rms_norm_eps))
             assert attend_project.applies(t, kv_a.length + t, w.wo)
-            before = LAUNCHES["strata_attend_project"]
+            name, parts = ("strata_attend_project_sum", 1) if attend_project.sums_parts() else ("strata_attend_project",
+                                                                                                 cfg.n_heads)
+            before = LAUNCHES[name]
             one, kv_a = attention_partials(cfg, w, kv_a, mx.array(x))
             again, _ = attention_partials(cfg, w, MlxLayerKV(kv_a.keys, kv_a.values, kv_a.length - t), mx.array(x))
-            assert LAUNCHES["strata_attend_project"] - before == 2 and one.shape == (t, cfg.n_heads, cfg.hidden_size)
+            assert LAUNCHES[name] - before == 2 and one.shape == (t, parts, cfg.hidden_size)
             np.testing.assert_array_equal(np.array(one), np.array(again))  # a fixed order: the same bits
             monkeypatch.setattr(attend_project, "FUSED", False)
             two, kv_b = attention_partials(cfg, w, kv_b, mx.array(x))
@@ -86,3 +89,35 @@ def test_prefetch_depth_changes_no_bits():
                                                                w.wo, 0, cfg.rms_norm_eps, cfg.n_heads, prefetch=pf)))
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_summed_partials_are_the_partials_added_in_head_order(path, monkeypatch):
+    """SUM_PARTS: the last of a row chunk's blocks adds the chunk's H partials in head order; the
+    one part holds, bit for bit, the H partials (the launch without the sum) added so, for tokens
+    1 and 3 of a window, twice in a row (the counts left zero for the next launch)."""
+    from strata.mlx_backend.attention import rope_table_cached
+
+    cfg = _cfg(path)
+    _, w = _layer(cfg, np.random.default_rng(8))
+    cos, sin = rope_table_cached(cfg)
+    width = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    with using_path(path):
+        if not attend_project.sums_parts():
+            pytest.skip("the partials are summed on CUDA and the emulator only")
+        for t in (1, 3, 1):
+            qkv = mx.array(np.random.default_rng(t).standard_normal((t, width)).astype(np.float32))
+            got = {}
+            for summed in (False, True, True):
+                monkeypatch.setattr(attend_project, "SUM_PARTS", summed)
+                kv = MlxLayerKV.empty(cfg)
+                got.setdefault(summed, []).append(np.array(attend_project.attend_project(
+                    qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo, 0, cfg.rms_norm_eps, cfg.n_heads)))
+            parts = got[False][0]
+            assert parts.shape == (t, cfg.n_heads, cfg.hidden_size)
+            want = parts[:, 0].copy()
+            for h in range(1, cfg.n_heads):
+                want += parts[:, h]  # float32, in head order
+            for one in got[True]:
+                assert one.shape == (t, 1, cfg.hidden_size)
+                assert one[:, 0].tobytes() == want.tobytes()

@@ -63,6 +63,11 @@ def _layer(cfg, rng) -> tuple[dict, AttentionWeights]:
     return dense, fast
 
 
+def _launches(fused: bool, t: int, pos0: int, w: AttentionWeights) -> int:
+    """An attention step's launches: QKV, attend, W_o apart (3), attend with W_o (2), or all three chained (1)."""
+    return 3 if not fused else 1 if attend_project.chains_qkv(t, pos0 + t, w.wo) else 2
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["attend_project", "attend_then_gemv"])
 @pytest.mark.parametrize("qkn", [QKNorm.PER_HEAD, QKNorm.NONE], ids=["qknorm", "no_qknorm"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
@@ -84,9 +89,10 @@ def test_attention_chunks_and_cache_against_reference(monkeypatch, qkn, bias, he
             before = sum(LAUNCHES.values())
             parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
             mx.eval(parts)
-            # QKV GEMV, attend, output GEMV; fused: attend and the output projection in one launch, a partial a head
-            assert sum(LAUNCHES.values()) - before == (2 if fused else 3)
-            assert parts.shape == (t, cfg.n_heads if fused else 1, cfg.hidden_size)
+            # QKV GEMV, attend, output GEMV; fused: attend and the output projection in one launch, a partial a head;
+            # one token: the QKV GEMV chained into that launch too
+            assert sum(LAUNCHES.values()) - before == _launches(fused, t, pos0, w)
+            assert parts.shape == (t, cfg.n_heads if fused and not attend_project.sums_parts() else 1, cfg.hidden_size)
             what = f"chunk of {t} at {pos0}"
             assert_backends_agree(ref, parts.sum(axis=1), "FAST", what=what)
             assert kv_f.length == kv_r.length
@@ -121,7 +127,7 @@ def test_gated_and_partial_rotary_chunks_against_reference(monkeypatch, gated, h
             before = sum(LAUNCHES.values())
             parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
             mx.eval(parts)
-            assert sum(LAUNCHES.values()) - before == (2 if fused else 3)  # the gate rides in the QKV GEMV and attend
+            assert sum(LAUNCHES.values()) - before == _launches(fused, t, pos0, w)  # the gate rides in the QKV GEMV and attend
             what = f"gated={gated} rd={rd}/{hd}: chunk of {t} at {pos0}"
             assert_backends_agree(ref, parts.sum(axis=1), "FAST", what=what)
             keys = np.array(kv_f.keys)[:, :kv_f.length]
@@ -183,10 +189,12 @@ def test_two_rows_per_warp_compiles(tmp_path, monkeypatch, dialect):
 
 
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-def test_gated_partial_rotary_attend_compiles(tmp_path, dialect):
+def test_gated_partial_rotary_attend_compiles(tmp_path, dialect, monkeypatch):
     """attend with the output gate and partial rotary (Qwen3.5's heads: 256 dims, 64 rotary), as
     Metal (compile-checked, not run) and CUDA."""
     from test_metal_compile import _check
+
+    monkeypatch.setattr(attend_project, "SUM_PARTS", dialect is Dialect.CUDA)  # Metal's form keeps the partials
 
     cfg = replace(SHAPES["hybrid"], hidden_size=64, n_heads=4, n_kv_heads=1, head_dim=256, rotary_dim=64,
                   attention_output_gate=True, max_context=16)

@@ -94,7 +94,7 @@ def test_chain_refuses_what_it_cannot_run():
         phases.chain(prod, cons, {"y": 0}, key=x)
 
 
-CHAINED = "strata_chain_dense_gemv_attend_project"
+CHAINED = "strata_chain_dense_gemv_attend_project_sum"  # the attention's partials summed in the launch (SUM_PARTS)
 
 
 def _decode(p, chained: bool, monkeypatch, compiled: bool = False):

@@ -7,9 +7,11 @@ merge, the output gate), keeps the head's output in threadgroup memory, and mult
 slice of W_o: rows c NT .. c NT + NT - 1, columns h HD .. h HD + HD - 1, a thread per row, the
 row's HD halves loaded (16-byte loads, up to PREFETCH of them) *before* the attention runs (they
 do not depend on it), so the projection's HBM reads overlap the attention's chain of dependent
-steps. The output is one partial per head ([T, H, D]: the router kernel adds x + the partials in
-a fixed order), so no block waits on another. Only block c = 0 of a KV head's first query head
-writes the cache (attend's one writer per (KV head, position)).
+steps. The output is one partial per head ([T, H, D]), so no block waits on another; on CUDA and
+the emulator the last of a row chunk's H blocks to finish then adds the chunk's H partials in head
+order into one part ([T, 1, D], `SUM_PARTS`), which the router kernel adds to x (on Metal the
+router adds the H partials, in the same fixed order). Only block c = 0 of a KV head's first query
+head writes the cache (attend's one writer per (KV head, position)).
 
 Why: at context 8 ncu timed attend at 4.6-4.9 us (16 blocks: 16 of the H200's 132 SMs) and the
 output projection at 6.5-6.7 us (10.5 MB, 47% of copy) a layer, plus a launch each (~5 us of
@@ -89,12 +91,49 @@ SOURCE = KernelSource("strata_attend_project",
                       ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params", "fparams", "kc", "vc", "wo"),
                       ("out",), W_O_PREFETCH + BODY + W_O_PROJECT, attn.ATTEND_HELPERS)
 
+# The H partials of a row chunk summed once, by the last of the chunk's H blocks to finish (a count
+# a (token, chunk), left zero again by that block; the partials added in head order): the router
+# then reads one part instead of H. Why: ncu timed the router at 9.7 us a layer on the H200 while
+# each of its 64 blocks read all 16 partials (160 KB of L2 a block), 3.8-4.2 us when it read one.
+# CUDA and the emulator (atomics and device fences, as phases.py; Metal keeps the H partials).
+SUM_PARTS = True
+SUM_EPILOGUE = r"""
+  fence_device();
+  BARRIER();
+  SHARED uint32_t sum_last;
+  uint32_t* const sum_at = (uint32_t*)sum_ctr + (uint64_t)t * NRC + bx % NRC;
+  if (tid == 0) sum_last = atomic_add_u32(sum_at, 1u) == (uint32_t)(H - 1) ? 1u : 0u;
+  BARRIER();
+  if (sum_last != 0u) {
+    fence_device();
+    if (orow < (uint32_t)D) {
+      float s = load_coherent(out + (uint64_t)t * H * D + orow);
+      for (int p = 1; p < H; ++p) s += load_coherent(out + ((uint64_t)t * H + p) * D + orow);
+      summed[(uint64_t)t * D + orow] = s;
+    }
+    if (tid == 0) *sum_at = 0u;
+  }
+"""
+SUMMED_SOURCE = KernelSource("strata_attend_project_sum", SOURCE.inputs + ("sum_ctr",), ("out", "summed"),
+                             SOURCE.body + SUM_EPILOGUE, attn.ATTEND_HELPERS, metal=False)
+
+
+def sums_parts() -> bool:
+    """Whether `attend_project` returns its partials summed (one part) on the current path."""
+    return SUM_PARTS and phases.available()
+
 
 # The QKV GEMV and this launch as one (phases.chain): the attention blocks load their W_o rows,
 # then wait for the GEMV's blocks where they first read q, k and v: one launch a layer fewer at
-# decode (~15 us of host a launch on the H200, where a decoded token is host-bound), and the W_o
-# loads overlap the GEMV. Off until measured on the GPU (benchmarks/host_cost.py compares).
-CHAIN_QKV = False
+# decode (~13-15 us of host a launch on the H200, where a decoded token is host-bound), and the
+# W_o loads overlap the GEMV. Measured there (docs/perf.md, ncu, a layer): the two apart 21.9 us,
+# chained 26.6 (117 registers a thread, the GEMV's blocks 2 an SM), with the partials' sum 28.0;
+# a decoded token 7-13% less wall time, the host being what bounds it.
+CHAIN_QKV = True
+# 16-byte groups of W_o a chained block loads before its wait: the chained kernel holds them in
+# registers through the GEMV's phase too (ncu: 26.3-27.0 us a layer at 4, 71 registers a thread;
+# 28.0-28.2 at 8 and 16, 87 and 117); no bits change with the depth
+CHAIN_PREFETCH = 4
 WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention starts
 
 
@@ -111,13 +150,14 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
 
     Shapes:
         wqkv float16 [(H + 2 KVH + gated H) HD, D], x float32 [1, D]
-        -> (qkv float32 [1, (H + 2 KVH + gated H) HD], partials float32 [1, H, D])
+        -> (qkv float32 [1, (H + 2 KVH + gated H) HD], partials float32 [1, H or 1, D])
     """
     gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
-                          wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated, spec=True)
-    qkv, parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
-    return qkv, parts
+                          wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
+                          prefetch=CHAIN_PREFETCH, spec=True)
+    qkv, *parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
+    return qkv, parts[-1]
 
 
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:
@@ -157,9 +197,11 @@ def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | No
     by wo, as one partial per head. Writes the positions' keys and values into kc / vc as attend does.
     prefetch: 16-byte groups of a W_o row loaded before the attention (the benchmarks compare).
     spec: the launch's `phases.LaunchSpec` instead of its output (qkv may be a `phases.Pending`).
+    Where `sums_parts()`, the partials come summed, one part (the launch's second output; its
+    first holds the H partials).
 
     Shapes:
-        qkv float32 [T, (H + 2 KVH + gated H) HD], wo float16 [D, H HD] -> partials float32 [T, H, D]
+        qkv float32 [T, (H + 2 KVH + gated H) HD], wo float16 [D, H HD] -> partials float32 [T, H or 1, D]
     """
     t, width = qkv.shape
     kvh, s_max, hd = kc.shape
@@ -168,10 +210,16 @@ def attend_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | No
     qkn = q_norm is not None
     half = absent(np.float16)
     nrc = -(-d // THREADS)
-    one = LaunchSpec(SOURCE, (qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
-                              index_param(pos0) if pos is None else pos, float_params(eps), kc, vc, wo),
-                     ((t, n_heads, d),), (mx.float32,), (n_heads * nrc, t, 1), THREADS,
+    inputs = (qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin,
+              index_param(pos0) if pos is None else pos, float_params(eps), kc, vc, wo)
+    shapes = ((t, n_heads, d),)
+    summed = sums_parts()
+    if summed:
+        inputs += (phases.counters(wo, "attend_sum", max(t, MAX_TOKENS) * nrc),)
+        shapes += ((t, 1, d),)
+    one = LaunchSpec(SUMMED_SOURCE if summed else SOURCE, inputs, shapes, (mx.float32,) * len(shapes),
+                     (n_heads * nrc, t, 1), THREADS,
                      (("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                       ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("CH", 0),
                       ("KV16", int(kc.dtype == mx.float16)), ("D", d), ("PREF", prefetch)))
-    return one if spec else run(one)[0]
+    return one if spec else run(one)[-1]

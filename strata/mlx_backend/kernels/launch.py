@@ -309,6 +309,8 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
             rec.append(key)
     tg = (threads, 1, 1)
     if path is KernelPath.GPU:
+        if not src.metal and gpu_dialect() is Dialect.METAL:
+            raise RuntimeError(f"kernel {src.name} runs on CUDA and the emulator only (its caller checks first)")
         kernel = _kernels.get(src.name) or _build(src)
         if GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA:
             inputs = [_graph_view(a) for a in inputs]

@@ -154,7 +154,7 @@ def chain_source(producer: KernelSource, consumer: KernelSource, links: tuple[tu
     src = KernelSource(f"strata_chain_{producer.name.removeprefix('strata_')}_{consumer.name.removeprefix('strata_')}",
                        ("counters",) + tuple("a_" + n for n in producer.inputs) + tuple("b_" + n for n in free),
                        tuple("a_" + n for n in producer.outputs) + tuple("b_" + n for n in consumer.outputs),
-                       text, helpers)
+                       text, helpers, metal=False)
     _sources[key] = src
     return src
 
@@ -163,18 +163,20 @@ def chain_source(producer: KernelSource, consumer: KernelSource, links: tuple[tu
 # not held (that would keep a dropped model's weights alive): an id another array takes later finds
 # the same counters, harmless because they are zero between launches and two launches of one
 # site never run at once
-_counters: dict[int, mx.array] = {}
+_counters: dict[tuple[int, str], mx.array] = {}
 _COUNTERS_MAX = 4096
 
 
-def counters(key: mx.array) -> mx.array:
-    """The zeroed uint32 counters of the chain site `key` (an array unique to the site), made once:
-    a leaf made from host memory, so a compiled step's trace holds it as a constant."""
-    hit = _counters.get(id(key))
-    if hit is None:
+def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.array:
+    """The n zeroed uint32 counters of the site `key` (an array unique to the site) for `use` (a
+    chain's tickets, or a kernel's own counts), made once: a leaf made from host memory, so a
+    compiled step's trace holds it as a constant. Every launch leaves its counters zero."""
+    at = (id(key), use)
+    hit = _counters.get(at)
+    if hit is None or hit.size < n:
         if len(_counters) >= _COUNTERS_MAX:
             _counters.pop(next(iter(_counters)))
-        hit = _counters[id(key)] = mx.array(np.zeros(MIN_INPUT_SIZE, np.uint32))
+        hit = _counters[at] = mx.array(np.zeros(max(n, MIN_INPUT_SIZE), np.uint32))
     return hit
 
 

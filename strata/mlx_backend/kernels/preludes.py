@@ -237,6 +237,8 @@ INLINE void wait_count(const uint32_t* p, uint32_t n) {
   while (*(const volatile uint32_t*)p < n) __nanosleep(32);
   __threadfence();
 }
+// a value another block of this launch wrote (and fenced): read from L2, past this SM's L1
+INLINE float load_coherent(const float* p) { return __ldcg(p); }
 // fma.rn.f32 without .ftz: subnormal operands and results kept even under -ftz / fast math
 INLINE float fma_keep(float a, float b, float c) { float d; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c)); return d; }
 INLINE float exp_f(float x) { return expf(x); }
@@ -390,6 +392,7 @@ INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >
 INLINE uint32_t atomic_add_u32(uint32_t* p, uint32_t v) { const uint32_t o = *p; *p = o + v; return o; }
 INLINE void fence_device() {}
 INLINE void wait_count(const uint32_t* p, uint32_t n) { if (*p < n) strata_emu::sched_fail(4); }
+INLINE float load_coherent(const float* p) { return *p; }
 INLINE float fma_keep(float a, float b, float c) { return std::fma(a, b, c); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }

@@ -72,6 +72,7 @@ class KernelSource:
     outputs: tuple[str, ...]
     body: str
     helpers: str = ""
+    metal: bool = True  # False: CUDA and the emulator only (blocks that count and wait on one another)
 
     def __post_init__(self) -> None:
         if re.search(r"\buint\b", self.body + self.helpers):
