@@ -105,7 +105,9 @@ FORMS = {
     "split_ns128": (True, True, 0),
     "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
     "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (attend_project.CHAIN_QKV)
-    "unchained": (True, True, 0),  # the QKV GEMV a launch of its own (CHAIN_QKV off)
+    "unchained": (True, True, 0),  # the QKV GEMV and the router launches of their own (CHAIN_QKV off)
+    "unrouted": (True, True, 0),  # the router a launch of its own (attend_project.CHAIN_ROUTER off)
+    "route_rl10": (True, True, 0),  # the chained router's lanes 10 units in flight (ROUTE_ROW_LOADS; 5 by default)
     "unsummed": (True, True, 0),  # the router adds attend_project's H partials (SUM_PARTS off)
     "chain_pf8": (True, True, 0),  # 8 / 16 16-byte groups of W_o loaded before the chained wait (CHAIN_PREFETCH; 4 by default)
     "chain_pf16": (True, True, 0),
@@ -137,6 +139,8 @@ SWITCHES = {
     "split_from32": ((attn_kernels, "SPLIT_FROM", 32),),
     "chain_qkv": ((attend_project, "CHAIN_QKV", True),),
     "unchained": ((attend_project, "CHAIN_QKV", False),),
+    "unrouted": ((attend_project, "CHAIN_ROUTER", False),),
+    "route_rl10": ((attend_project, "ROUTE_ROW_LOADS", 10),),
     "unsummed": ((attend_project, "SUM_PARTS", False),),
     "chain_pf8": ((attend_project, "CHAIN_PREFETCH", 8),),
     "chain_pf16": ((attend_project, "CHAIN_PREFETCH", 16),),

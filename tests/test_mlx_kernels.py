@@ -25,7 +25,7 @@ from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend import arena as arena_module
 from strata.mlx_backend.arena import MLX_MAX_DIM, ArenaView, MlxArena, arena_geometry
 from strata.mlx_backend.experts import routed_partials
-from strata.mlx_backend.kernels import attend_project, emulate, moe, phases
+from strata.mlx_backend.kernels import attend_project, emulate, moe
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -323,8 +323,8 @@ def test_fused_kernel_reads_slots_past_4_gib():
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_decoded_token_sends_no_host_arrays_to_kernels(path):
     """A decoded token (all experts resident, routing on the device) launches 5 kernels per layer
-    (QKV, attention with its output projection, router, experts, combine; 4 where the QKV GEMV and
-    the attention chain into one launch) plus the embedding and the head, and none of them reads an
+    (QKV, attention with its output projection, router, experts, combine; 4 or 3 where the QKV GEMV
+    and the router chain into the attention's launch) plus the embedding and the head, and none of them reads an
     array made from host memory (on MLX CUDA such an input is managed memory the GPU must fault in:
     tens of us per launch)."""
     cfg = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
@@ -335,7 +335,8 @@ def test_decoded_token_sends_no_host_arrays_to_kernels(path):
         launches, host = sum(LAUNCHES.values()), sum(HOST_INPUTS.values())
         logits, _ = mlx_model.forward(p, state, np.array([5]))
         mx.eval(logits)
-        per_layer = 4 if attend_project.CHAIN_QKV and phases.available() else 5
+        per_layer = 5 - attend_project.chains_qkv(1, 3, p.layers[0].attn.wo) - attend_project.chains_router(
+            1, 3, p.layers[0].attn.wo)  # the QKV GEMV, then the router, chained into the attention's launch
         assert sum(LAUNCHES.values()) - launches == per_layer * cfg.n_layers + 2
         assert sum(HOST_INPUTS.values()) == host, dict(HOST_INPUTS)
 

@@ -216,7 +216,8 @@ def test_decode_through_the_two_launches(path, monkeypatch):
                 before, down0 = sum(LAUNCHES.values()), downs()
                 outs[name], _ = mlx_model.forward(p, state.trim(2), np.array([5]))
                 mx.eval(outs[name])
-                per_layer = 4 if attend_project.chains_qkv(1, 3, p.layers[0].attn.wo) else 5  # QKV chained into attention
+                wo = p.layers[0].attn.wo  # the QKV GEMV, then the router, chained into the attention's launch
+                per_layer = 5 - attend_project.chains_qkv(1, 3, wo) - attend_project.chains_router(1, 3, wo)
                 assert sum(LAUNCHES.values()) - before == per_layer * NO_SHARED.n_layers + 2, name
                 assert downs() - down0 == NO_SHARED.n_layers, name
         monkeypatch.setattr(decode_experts, "TWO_LAUNCHES", False)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from strata.mlx_backend.kernels import attend_project, emulate, phases
+from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import KernelSource
@@ -71,7 +72,7 @@ def test_an_unmet_wait_is_an_error_on_the_emulator():
     src = phases.chain_source(prod.src, cons.src, (("y", "y"),), prod.template, cons.template)
     stale = mx.array(np.array([2, 0, 0, 0, 0, 0, 0, 0], np.uint32))
     template = (tuple(("A_" + k, v) for k, v in prod.template) + tuple(("B_" + k, v) for k, v in cons.template)
-                + (("CHAIN_NA", 3), ("CHAIN_NTOT", 5)))
+                + (("CHAIN_S1", 3), ("CHAIN_NTOT", 5)))
     with using_path(KernelPath.EMULATED), pytest.raises(RuntimeError, match="waited for blocks that had not run"):
         # tickets 2..6: block 2 of the producer, then consumers 0..3 (out holds 4)
         phases.launch(src, [stale, x, scale], [(3 * NT,), (4,)], [mx.float32, mx.float32], blocks=(5, 1, 1),
@@ -94,29 +95,37 @@ def test_chain_refuses_what_it_cannot_run():
         phases.chain(prod, cons, {"y": 0}, key=x)
 
 
-CHAINED = "strata_chain_dense_gemv_attend_project_sum"  # the attention's partials summed in the launch (SUM_PARTS)
+# the QKV GEMV + attention (its partials summed in the launch: SUM_PARTS), and that + the router
+CHAINS = {"qkv": "strata_chain_dense_gemv_attend_project_sum",
+          "qkv_router": "strata_chain_dense_gemv_attend_project_sum_router"}
 
 
-def _decode(p, chained: bool, monkeypatch, compiled: bool = False):
-    """test_mlx_compiled.greedy_steps with the chain on or off -> (its three arrays, chained launches)."""
+def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
+    """test_mlx_compiled.greedy_steps with a chain on (its CHAINS key) or none -> (its three
+    arrays, launches of that chain). The router runs at the chain's 256 threads either way (its
+    norm's partial sums are per thread: 128 threads would sum in another order)."""
     from test_mlx_compiled import greedy_steps
 
-    monkeypatch.setattr(attend_project, "CHAIN_QKV", chained)
-    before = LAUNCHES[CHAINED]
+    monkeypatch.setattr(attend_project, "CHAIN_QKV", chained is not None)
+    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained == "qkv_router")
+    monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
+    name = CHAINS[chained or "qkv"]
+    before = LAUNCHES[name]
     out = greedy_steps(p, compiled=compiled)
-    return (*out, LAUNCHES[CHAINED] - before)
+    return (*out, LAUNCHES[name] - before)
 
 
-def test_chained_qkv_and_attention_decode_bit_for_bit_on_the_emulator(monkeypatch):
+@pytest.mark.parametrize("chained", list(CHAINS))
+def test_chained_decode_bit_for_bit_on_the_emulator(monkeypatch, chained):
     from strata.testing.mlx_params import random_params
     from test_mlx_compiled import SMALL
 
     with using_path(KernelPath.EMULATED):
         p = random_params(SMALL, seed=21, pred_q8=False)
-        *apart, n_apart = _decode(p, False, monkeypatch)
-        *chained, n_chained = _decode(p, True, monkeypatch)
+        *apart, n_apart = _decode(p, None, monkeypatch)
+        *chain, n_chained = _decode(p, chained, monkeypatch)
     assert n_apart == 0 and n_chained == 3 * SMALL.n_layers  # one a layer and decoded token (the prompt apart)
-    for a, b in zip(apart, chained):
+    for a, b in zip(apart, chain):
         assert a.tobytes() == b.tobytes()
 
 
@@ -150,16 +159,18 @@ def test_the_chained_cuda_source_compiles(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_dialect() is not Dialect.CUDA, reason="no MLX CUDA GPU here")
-def test_chained_qkv_and_attention_decode_bit_for_bit_on_the_gpu(monkeypatch):
-    """The compiled step with the chain against the uncompiled forward without it, on the GPU."""
+@pytest.mark.parametrize("chained", list(CHAINS))
+def test_chained_decode_bit_for_bit_on_the_gpu(monkeypatch, chained):
+    """The compiled step with a chain against the uncompiled forward without it, on the GPU."""
     from strata.testing.mlx_params import random_params
     from test_mlx_compiled import SMALL
 
     with using_path(KernelPath.GPU):
         p = random_params(SMALL, seed=23, pred_q8=False)
-        *apart, _ = _decode(p, False, monkeypatch)
-        *chained, _ = _decode(p, True, monkeypatch, compiled=True)
-    for a, b in zip(apart, chained):
+        *apart, _ = _decode(p, None, monkeypatch)
+        *chain, n_chained = _decode(p, chained, monkeypatch, compiled=True)
+    assert n_chained > 0
+    for a, b in zip(apart, chain):
         assert a.tobytes() == b.tobytes()
 
 

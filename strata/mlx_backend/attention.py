@@ -254,6 +254,30 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
     return out[:, None, :], kv
 
 
+def routes_with_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, t: int) -> bool:
+    """Whether `attention_router` serves t new positions here (one token, a short context, the
+    kernel path on CUDA or the emulator)."""
+    return _kernel_ok(cfg, w) and attend_project.chains_router(t, kv.length + t, w.wo)
+
+
+def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, ffn_norm: mx.array,
+                     w_router: mx.array, *, pos: mx.array | None = None
+                     ) -> tuple[mx.array, mx.array, mx.array, MlxLayerKV]:
+    """The attention (`attention_partials`) and the router kernel after it (no guess) as one
+    launch, where `routes_with_attention`: the residual after attention, the router's input and
+    its logits (model.router_stage's first three), and the new cache.
+
+    Shapes:
+        x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z [1, E], MlxLayerKV with 1 more)
+    """
+    check_context(cfg, kv.length, x.shape[0])
+    cos, sin = rope_table_cached(cfg)
+    x_mid, h, z = attend_project.qkv_attend_route(w.wqkv, x, w.norm, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys,
+                                                  kv.values, w.wo, ffn_norm, w_router, kv.length, cfg.rms_norm_eps,
+                                                  cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim, gated=w.gated)
+    return x_mid, h, z, MlxLayerKV(kv.keys, kv.values, kv.length + x.shape[0])
+
+
 def attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x) -> tuple[mx.array, MlxLayerKV]:
     """Twin of reference `attention`: x [T, D] (normed by the caller in the reference; here the
     layer's attn_norm is part of `w`, so x is the residual) -> ([T, D], MlxLayerKV)."""

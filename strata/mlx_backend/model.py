@@ -25,7 +25,8 @@ from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
-from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_partials, rms_norm
+from strata.mlx_backend.attention import (AttentionWeights, MlxLayerKV, attention_partials, attention_router, rms_norm,
+                                         routes_with_attention)
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
@@ -298,6 +299,12 @@ def _router_kernel_ok(p: MlxParams) -> bool:
             and not p.cfg.router_logit_bias)
 
 
+def _routes_with_mixer(p: MlxParams, layer: int, kv, t: int) -> bool:
+    """Whether the layer's attention and its router (the kernel, no guess) run as one launch."""
+    return (p.cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and _router_kernel_ok(p)
+            and routes_with_attention(p.cfg, p.layers[layer].attn, kv, t))
+
+
 def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: MlxQuantMatrix | None = None
                  ) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:
     """The residual after attention, the router input h, router logits z, and (with `guess`, the
@@ -373,10 +380,13 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
-    parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
-    if lw.dense is not None:  # a dense FFN layer: no router, no experts
-        return dense_ffn(p, layer, *ffn_input(p, layer, x, parts)), kv
-    x_mid, h, z, _ = router_stage(p, layer, x, parts)
+    if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
+        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos)
+    else:
+        parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
+        if lw.dense is not None:  # a dense FFN layer: no router, no experts
+            return dense_ffn(p, layer, *ffn_input(p, layer, x, parts)), kv
+        x_mid, h, z, _ = router_stage(p, layer, x, parts)
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):

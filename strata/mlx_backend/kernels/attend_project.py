@@ -38,6 +38,7 @@ import numpy as np
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import phases
+from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource
@@ -158,6 +159,43 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
                           prefetch=CHAIN_PREFETCH, spec=True)
     qkv, *parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
     return qkv, parts[-1]
+
+
+# The router kernel as a third phase of that launch (phases.chain_all): its blocks issue their
+# first router-row loads, then wait for the attention's blocks (the partials summed) where the
+# router first reads x and the part. One launch a layer fewer again (194 -> 146 a token at the
+# seed shape); the router runs at the chain's 256 threads (8 rows a block) with ROUTE_ROW_LOADS
+# units a lane in flight (its own 20 would hold ~150 registers a thread for the whole chain).
+CHAIN_ROUTER = True
+ROUTE_ROW_LOADS = 5
+
+
+def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
+    """Whether the QKV GEMV, attention + W_o and the router (no guess) run as one launch here."""
+    return CHAIN_ROUTER and chains_qkv(t, n_pos, wo) and sums_parts()
+
+
+def qkv_attend_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
+                     k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
+                     wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
+                     pos: mx.array | None = None, rotary_dim: int | None = None,
+                     gated: bool = False) -> tuple[mx.array, mx.array, mx.array]:
+    """`qkv_attend_project` then `router.router(x, its summed partials, ffn_norm, w_router)` (no
+    guess), one launch.
+
+    Shapes:
+        x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
+    """
+    gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
+    proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
+                          wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
+                          prefetch=CHAIN_PREFETCH, spec=True)
+    route = router_kernel.router(x, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None, None,
+                                 eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
+    outs = phases.chain_all((gemv, proj, route), ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}),
+                            key=wo, waits=(0, WAIT_AT, router_kernel.WAIT_AT))
+    x_mid, h, z, _ = outs[-4:]
+    return x_mid, h, z
 
 
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:

@@ -40,7 +40,8 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dial
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource
 
-__all__ = ["Pending", "LaunchSpec", "available", "chain", "chain_source", "counters", "run"]
+__all__ = ["Pending", "LaunchSpec", "available", "chain", "chain_all", "chain_source", "chain_sources", "counters",
+           "run"]
 
 
 @dataclass(frozen=True)
@@ -91,26 +92,30 @@ _TICKET = r"""
   const uint32_t chain_vb = chain_ticket;
 """
 # every thread fences its own writes before the barrier (not only the counting thread: the
-# conservative form of "publish, then count"), so the count is seen only after all of them
+# conservative form of "publish, then count"), so the count is seen only after all of them;
+# phase i counts into chain_ctr[1 + i] and phase i + 1 waits for it
 _DONE = r"""
   fence_device();
   BARRIER();
-  if (tid == 0) atomic_add_u32(chain_ctr + 1, 1u);
+  if (tid == 0) atomic_add_u32(chain_ctr + 1 + PHASE, 1u);
 """
 _WAIT = r"""
-  if (tid == 0) wait_count(chain_ctr + 1, (uint32_t)CHAIN_NA);
+  if (tid == 0) wait_count(chain_ctr + PHASE, (uint32_t)(CHAIN_S{i} - CHAIN_S{j}));
   BARRIER();
 """
 _RESET = r"""
-  if (tid == 0 && atomic_add_u32(chain_ctr + 2, 1u) == (uint32_t)(CHAIN_NTOT - 1)) {
-    chain_ctr[0] = 0u;
-    chain_ctr[1] = 0u;
-    chain_ctr[2] = 0u;
+  if (tid == 0 && atomic_add_u32(chain_ctr + N_PHASES, 1u) == (uint32_t)(CHAIN_NTOT - 1)) {
+    for (int c = 0; c <= N_PHASES; ++c) chain_ctr[c] = 0u;
     fence_device();
   }
 """
+MAX_PHASES = MIN_INPUT_SIZE - 1  # the counters: a ticket, a count per phase but the last, the exits
 
 _sources: dict[tuple, KernelSource] = {}
+
+
+def _prefix(i: int) -> str:
+    return "abcdefg"[i] + "_"
 
 
 def _aliases(names: Sequence[str], prefix: str) -> str:
@@ -121,42 +126,69 @@ def _consts(template: Sequence[tuple[str, int]], prefix: str) -> str:
     return "".join(f"    constexpr int {k} = {prefix}{k};\n" for k, _ in template)
 
 
+def _start(i: int) -> str:
+    return "0u" if i == 0 else f"(uint32_t)CHAIN_S{i}"
+
+
+def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str, int, str], ...]],
+                  templates: Sequence[Sequence[tuple[str, int]]], waits: Sequence[int]) -> KernelSource:
+    """The one-launch body of phases srcs[0], srcs[1], ... in that order. links[i]: (input of
+    phase i, earlier phase j, output of phase j) triples, phase i reading that output for that
+    input; waits[i]: the offset in phase i's body where it first needs them (0: at its start;
+    phase 0 waits for nothing). Phase i waits for phase i - 1's count only: that phase's blocks
+    counted after their own wait, so every earlier phase is done too."""
+    n = len(srcs)
+    key = (tuple(srcs), tuple(links), tuple(tuple(k for k, _ in t) for t in templates), tuple(waits))
+    hit = _sources.get(key)
+    if hit is not None:
+        return hit
+    if not 2 <= n <= MAX_PHASES:
+        raise ValueError(f"chain: 2 to {MAX_PHASES} phases, got {n}")
+    for src in srcs:
+        if re.search(r"\breturn\b", src.body):
+            raise ValueError(f"chain: {src.name}'s body returns (a block would skip its count)")
+    inputs, outputs, text = ["counters"], [], _TICKET
+    for i, src in enumerate(srcs):
+        pre = _prefix(i)
+        linked = {c: (j, o) for c, j, o in links[i]}
+        if (set(linked) - set(src.inputs) or any(not 0 <= j < i or o not in srcs[j].outputs for j, o in linked.values())
+                or (i == 0 and linked)):
+            raise ValueError(f"chain: links {links[i]} name no input of {src.name} / output of an earlier phase")
+        free = [c for c in src.inputs if c not in linked]
+        inputs += [pre + c for c in free]
+        outputs += [pre + o for o in src.outputs]
+        body = src.body
+        if i > 0:
+            wait = _WAIT.replace("PHASE", str(i)).replace("{i}", str(i)).replace("{j}", str(i - 1))
+            wait = wait.replace("CHAIN_S0", "0")
+            body = body[:waits[i]] + wait + body[waits[i]:]
+        last = i == n - 1
+        text += (("  if" if i == 0 else "  } else if") + f" (chain_vb < (uint32_t)CHAIN_S{i + 1}) {{\n" if not last
+                 else "  } else {\n")
+        text += (f"    const uint32_t bx = chain_vb - {_start(i)};\n" + _aliases(free + list(src.outputs), pre)
+                 + "".join(f"    const auto {c} = {_prefix(j)}{o};\n" for c, (j, o) in linked.items())
+                 + _consts(templates[i], pre.upper()) + "    {\n" + body + "\n    }\n")
+        if not last:
+            text += _DONE.replace("PHASE", str(i))
+    text = text.replace(f"CHAIN_S{n}", "CHAIN_NTOT") + "  }\n" + _RESET.replace("N_PHASES", str(n))
+    helpers = ""
+    for src in srcs:
+        if src.helpers not in helpers:
+            helpers += src.helpers
+    name = "strata_chain_" + "_".join(src.name.removeprefix("strata_") for src in srcs)
+    src = KernelSource(name, tuple(inputs), tuple(outputs), text, helpers, metal=False)
+    _sources[key] = src
+    return src
+
+
 def chain_source(producer: KernelSource, consumer: KernelSource, links: tuple[tuple[str, str], ...],
                  producer_template: Sequence[tuple[str, int]], consumer_template: Sequence[tuple[str, int]],
                  wait_at: int = 0) -> KernelSource:
     """The one-launch body of producer then consumer. links: (consumer input, producer output)
     pairs, the consumer reading the producer's output for that input; wait_at: the offset in the
     consumer's body where it first needs them (0: at its start)."""
-    key = (producer, consumer, links, tuple(k for k, _ in producer_template), tuple(k for k, _ in consumer_template),
-           wait_at)
-    hit = _sources.get(key)
-    if hit is not None:
-        return hit
-    for src in (producer, consumer):
-        if re.search(r"\breturn\b", src.body):
-            raise ValueError(f"chain: {src.name}'s body returns (a block would skip its count)")
-    linked = dict(links)
-    if set(linked) - set(consumer.inputs) or set(linked.values()) - set(producer.outputs):
-        raise ValueError(f"chain: links {links} name no input of {consumer.name} / output of {producer.name}")
-    free = [n for n in consumer.inputs if n not in linked]
-    body = consumer.body
-    consumer_body = body[:wait_at] + _WAIT + body[wait_at:]
-    text = (_TICKET
-            + "  if (chain_vb < (uint32_t)CHAIN_NA) {\n    const uint32_t bx = chain_vb;\n"
-            + _aliases(producer.inputs + producer.outputs, "a_") + _consts(producer_template, "A_")
-            + "    {\n" + producer.body + "\n    }\n" + _DONE
-            + "  } else {\n    const uint32_t bx = chain_vb - (uint32_t)CHAIN_NA;\n"
-            + _aliases(free + list(consumer.outputs), "b_")
-            + "".join(f"    const auto {c} = a_{p};\n" for c, p in links)
-            + _consts(consumer_template, "B_")
-            + "    {\n" + consumer_body + "\n    }\n  }\n" + _RESET)
-    helpers = producer.helpers if producer.helpers == consumer.helpers else producer.helpers + consumer.helpers
-    src = KernelSource(f"strata_chain_{producer.name.removeprefix('strata_')}_{consumer.name.removeprefix('strata_')}",
-                       ("counters",) + tuple("a_" + n for n in producer.inputs) + tuple("b_" + n for n in free),
-                       tuple("a_" + n for n in producer.outputs) + tuple("b_" + n for n in consumer.outputs),
-                       text, helpers, metal=False)
-    _sources[key] = src
-    return src
+    return chain_sources((producer, consumer), ((), tuple((c, 0, o) for c, o in links)),
+                         (producer_template, consumer_template), (0, wait_at))
 
 
 # counters per chain site, by the id of an array unique to it (a layer's W_o). The array itself is
@@ -180,33 +212,48 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
     return hit
 
 
+def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
+              waits: Sequence[int] | None = None) -> list[mx.array]:
+    """Run specs[0], specs[1], ... as one launch, each phase after the one before it; links[i]:
+    phase i's input name -> (an earlier phase j, the index of j's output it reads; phase i's spec
+    holds a `Pending` there); waits[i]: where phase i's body first reads them (`chain_sources`).
+    Returns every phase's outputs, in phase order."""
+    if not available():
+        raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
+    waits = tuple(waits) if waits is not None else (0,) * len(specs)
+    first = specs[0]
+    for s in specs[1:]:
+        if s.threads != first.threads:
+            raise ValueError(f"chain: {first.src.name} has {first.threads} threads a block, {s.src.name} {s.threads}")
+    for s in specs:
+        if s.blocks[1:] != (1, 1):
+            raise ValueError(f"chain: one row of blocks each (grids {[t.blocks for t in specs]})")
+    named = []
+    for i, (s, ln) in enumerate(zip(specs, links)):
+        names = {n: k for k, n in enumerate(s.src.inputs)}
+        for c, (j, o) in ln.items():
+            if c not in names or not 0 <= j < i or not 0 <= o < len(specs[j].src.outputs):
+                raise ValueError(f"chain: links {ln} name no input of {s.src.name} / output of an earlier phase")
+            got = s.inputs[names[c]]
+            want = (tuple(specs[j].output_shapes[o]), specs[j].output_dtypes[o])
+            if not isinstance(got, Pending) or (tuple(got.shape), got.dtype) != want:
+                raise ValueError(f"chain: {s.src.name}'s {c} must be a Pending {want}, got {got!r}")
+        named.append(tuple((c, j, specs[j].src.outputs[o]) for c, (j, o) in ln.items()))
+    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits)
+    template, inputs, starts = [], [counters(key)], [0]
+    for i, (s, ln) in enumerate(zip(specs, links)):
+        template += [(_prefix(i).upper() + k, v) for k, v in s.template]
+        inputs += [a for n, a in zip(s.src.inputs, s.inputs) if n not in ln]
+        starts.append(starts[-1] + s.blocks[0])
+    template += [(f"CHAIN_S{i}", starts[i]) for i in range(1, len(specs))] + [("CHAIN_NTOT", starts[-1])]
+    return launch(src, inputs, [sh for s in specs for sh in s.output_shapes],
+                  [d for s in specs for d in s.output_dtypes], blocks=(starts[-1], 1, 1), threads=first.threads,
+                  template=template)
+
+
 def chain(producer: LaunchSpec, consumer: LaunchSpec, links: dict[str, int], *, key: mx.array,
           wait_at: int = 0) -> list[mx.array]:
     """Run producer then consumer as one launch; links: consumer input name -> the index of the
     producer output it reads (the consumer's spec holds a `Pending` there). Returns the producer's
     outputs, then the consumer's."""
-    if not available():
-        raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
-    if producer.threads != consumer.threads:
-        raise ValueError(f"chain: {producer.src.name} has {producer.threads} threads a block, "
-                         f"{consumer.src.name} {consumer.threads}")
-    if producer.blocks[1:] != (1, 1) or consumer.blocks[1:] != (1, 1):
-        raise ValueError(f"chain: one row of blocks each (grids {producer.blocks}, {consumer.blocks})")
-    if set(links) - set(consumer.src.inputs) or not all(0 <= i < len(producer.src.outputs) for i in links.values()):
-        raise ValueError(f"chain: links {links} name no input of {consumer.src.name} / output of {producer.src.name}")
-    names = {n: i for i, n in enumerate(consumer.src.inputs)}
-    link_names = tuple((c, producer.src.outputs[i]) for c, i in links.items())
-    for c, i in links.items():
-        got = consumer.inputs[names[c]]
-        want = (tuple(producer.output_shapes[i]), producer.output_dtypes[i])
-        if not isinstance(got, Pending) or (tuple(got.shape), got.dtype) != want:
-            raise ValueError(f"chain: {consumer.src.name}'s {c} must be a Pending {want}, got {got!r}")
-    src = chain_source(producer.src, consumer.src, link_names, producer.template, consumer.template, wait_at)
-    na, nb = producer.blocks[0], consumer.blocks[0]
-    free = [a for n, a in zip(consumer.src.inputs, consumer.inputs) if n not in links]
-    template = (tuple(("A_" + k, v) for k, v in producer.template) + tuple(("B_" + k, v) for k, v in consumer.template)
-                + (("CHAIN_NA", na), ("CHAIN_NTOT", na + nb)))
-    return launch(src, [counters(key)] + list(producer.inputs) + free,
-                  list(producer.output_shapes) + list(consumer.output_shapes),
-                  list(producer.output_dtypes) + list(consumer.output_dtypes),
-                  blocks=(na + nb, 1, 1), threads=producer.threads, template=template)
+    return chain_all((producer, consumer), ({}, {c: (0, i) for c, i in links.items()}), key=key, waits=(0, wait_at))

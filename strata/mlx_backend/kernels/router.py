@@ -38,7 +38,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.launch import absent, float_params, launch
+from strata.mlx_backend.kernels.launch import absent, float_params
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
@@ -152,7 +153,7 @@ _DOT_Q8 = r"""
 BODY = r"""
   constexpr int NW = NT / 32;
   constexpr int D4 = D / 4;                          // 4-column units
-  constexpr int ROW_LOADS = 20;                      // units a lane keeps in flight (D <= 2560: a whole row)
+  constexpr int ROW_LOADS = RL;                      // units a lane keeps in flight (20, D <= 2560: a whole row)
   constexpr int NL = (D4 + 31) / 32;                 // units a lane in one row
   constexpr int NBATCH = (NL + ROW_LOADS - 1) / ROW_LOADS;
   constexpr int LB = (NL + NBATCH - 1) / NBATCH;     // units a lane a batch
@@ -204,9 +205,20 @@ SOURCE = KernelSource("strata_router", ("x", "parts", "norm_w", "w_router", "g_c
                       ("x_mid", "h", "z", "g"), BODY)
 
 
-def router(x: mx.array, parts: mx.array, norm_w: mx.array, w_router: mx.array, g_codes: mx.array | None,
-           g_scales: mx.array | None, eps: float) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+ROW_LOADS = 20  # 4-column units a lane loads at once (RL): a whole row of D = 2560
+# where the router's body first reads x and the parts (the F32 rows' first loads are out before):
+# a chain's wait goes there (phases.chain_all; only without a guess, whose blocks branch apart)
+WAIT_AT = BODY.index("float ss = 0.0f;")
+WAIT_AT = BODY.rindex("\n", 0, WAIT_AT) + 1
+
+
+def router(x: mx.array, parts, norm_w: mx.array, w_router: mx.array, g_codes: mx.array | None,
+           g_scales: mx.array | None, eps: float, *, threads: int = THREADS, row_loads: int = ROW_LOADS,
+           spec: bool = False):
     """Kernel path -> (x_mid [T, D], h [T, D], z [T, E], g [T, NG or 1]).
+    threads, row_loads: a block's threads (a warp a row) and a lane's loads in flight (the
+    chained form's, attend_project.qkv_attend_route); spec: the launch's `phases.LaunchSpec`
+    (parts may be a `phases.Pending`).
 
     Shapes:
         x float32 [T, D], parts float32 [T, P, D], norm_w float16 [D], w_router float32 [E, D],
@@ -218,10 +230,10 @@ def router(x: mx.array, parts: mx.array, norm_w: mx.array, w_router: mx.array, g
     ng = 0 if g_codes is None else g_codes.shape[0]
     if d % 4 or (ng and d % 32):
         raise ValueError(f"router kernel: hidden size {d} must be a multiple of 4 (of 32 with a guess)")
-    nw = THREADS // WARP
+    nw = threads // WARP
     blocks = (e + nw - 1) // nw + (ng + nw - 1) // nw
-    return tuple(launch(
-        SOURCE, [x, parts, norm_w, w_router, g_codes if ng else absent(np.uint8),
-                 g_scales if ng else absent(np.float16), float_params(eps)],
-        [(t, d), (t, d), (t, e), (t, max(ng, 1))], [mx.float32] * 4, blocks=(blocks, t, 1), threads=THREADS,
-        template=(("D", d), ("P", parts.shape[1]), ("E", e), ("NG", ng), ("NT", THREADS))))
+    one = LaunchSpec(SOURCE, (x, parts, norm_w, w_router, g_codes if ng else absent(np.uint8),
+                              g_scales if ng else absent(np.float16), float_params(eps)),
+                     ((t, d), (t, d), (t, e), (t, max(ng, 1))), (mx.float32,) * 4, (blocks, t, 1), threads,
+                     (("D", d), ("P", parts.shape[1]), ("E", e), ("NG", ng), ("NT", threads), ("RL", row_loads)))
+    return one if spec else tuple(run(one))
