@@ -35,11 +35,13 @@ def test_probe_reports_each_part(capsys, monkeypatch):
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
 def test_probe_counts_first_launched_kernels(capsys):
     """On the emulated path the decode step launches custom kernels first (each an NVRTC compile
-    on CUDA); a prompt afterwards launches only the specialisations the decode did not."""
+    on CUDA); a prompt afterwards counts only the specialisations the decode did not launch (its
+    own: the prompt path's row kernels and grouped GEMMs)."""
     jit_probe._SEEN.clear()
     jit_probe.main(["--small", "--layers", "1", "--lengths", "32", "--one-process", "--path", "emulated"])
     res = json.loads(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("JSON "))[5:])
     first = res["first_process"]
     assert first["path"] == "emulated" and first["one_compile_s"] is None
-    assert first["decode"]["new_kernels"] >= 5  # embedding, GEMVs, attend, router, experts, combine
-    assert 0 <= first["prompt"]["32"]["new_kernels"] < first["decode"]["new_kernels"]
+    # embedding, QKV + attention + router (one chained launch), gate/up, down, head
+    assert first["decode"]["new_kernels"] >= 5
+    assert first["prompt"]["32"]["new_kernels"] >= 1
