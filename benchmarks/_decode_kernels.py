@@ -26,6 +26,8 @@ from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
 from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, moe, moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
+from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect
+from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.model import MlxModelState, forward, layer_forward
 from strata.testing.mlx_params import SEED_SHAPE, random_params
 
@@ -122,6 +124,62 @@ def ncu_decode_launches(small: bool = False) -> None:
     kv = MlxLayerKV.empty(cfg)
     mx.eval(attend_project.attend_project(qkv, lw.attn.q_norm, lw.attn.k_norm, cos, sin, kv.keys, kv.values,
                                           lw.attn.wo, 8, cfg.rms_norm_eps, cfg.n_heads, prefetch=8))  # half the row first
+
+
+# a decoded token's layer in the forms that chain its launches (attend_project's switches):
+# (label, {switch: value}) each, today's default first
+CHAIN_FORMS = (
+    ("default: QKV + attention + router in one launch (3 a layer)", {}),
+    ("the router a launch of its own (4 a layer)", {"CHAIN_ROUTER": False}),
+    ("the router's lanes 10 units in flight", {"ROUTE_ROW_LOADS": 10}),
+    ("16 W_o groups prefetched in the chain", {"CHAIN_PREFETCH": 16}),
+    ("the 16 partials added by the router (no sum in the launch)", {"SUM_PARTS": False, "CHAIN_ROUTER": False}),
+    ("before: no chains, the router adds the 16 partials (5 a layer)", {"SUM_PARTS": False, "CHAIN_QKV": False}),
+)
+
+
+def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
+    """One decoded token (context 8) of a `layers`-layer model in each form of CHAIN_FORMS, twice
+    over (the first pass holds each kernel's first launch), each token between two marker
+    launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits of each
+    form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
+    cfg = replace(SMALL if small else SHAPE, n_layers=layers)
+    p = random_params(cfg, seed=0, pred_q8=False)
+    cuda = gpu_dialect() is Dialect.CUDA and current_path() is KernelPath.GPU
+    marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
+                                 source="b[0] = a[0];") if cuda else None
+    x = mx.zeros((8,))
+    mx.eval(x)
+
+    def mark():  # no markers off CUDA (the emulated smoke test: the forms' logits only)
+        if marker is not None:
+            mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                           output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
+
+    out = {}
+    for rep in range(2):
+        for label, switches in CHAIN_FORMS:
+            saved = {k: getattr(attend_project, k) for k in switches}
+            try:
+                for k, v in switches.items():
+                    setattr(attend_project, k, v)
+                logits, state = forward(p, MlxModelState.empty(cfg), np.arange(7) + 3)
+                mx.eval(logits)
+                mark()
+                logits, _ = forward(p, state, np.array([5]))
+                mx.eval(logits)
+                mark()
+            finally:
+                for k, v in saved.items():
+                    setattr(attend_project, k, v)
+            out.setdefault(label, np.array(logits, np.float64))
+            print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {label}", flush=True)
+    ref = out[CHAIN_FORMS[-1][0]]
+    errs = {}
+    for label, got in out.items():
+        errs[label] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        print(f"{label}: rel L2 to the last form {errs[label]:.2e}, the same argmax {int(got.argmax()) == int(ref.argmax())}")
+    return errs
 
 
 def decode_part(res: dict, rows: list, *, small: bool = False) -> None:
