@@ -107,6 +107,7 @@ FORMS = {
     "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (attend_project.CHAIN_QKV)
     "unchained": (True, True, 0),  # the QKV GEMV and the router launches of their own (CHAIN_QKV off)
     "unrouted": (True, True, 0),  # the router a launch of its own (attend_project.CHAIN_ROUTER off)
+    "l2_prefetch": (True, True, 0),  # the down step asks the next layer's QKV matrix into L2 (NEXT_LAYER_PREFETCH)
     "route_rl10": (True, True, 0),  # the chained router's lanes 10 units in flight (ROUTE_ROW_LOADS; 5 by default)
     "unsummed": (True, True, 0),  # the router adds attend_project's H partials (SUM_PARTS off)
     "chain_pf8": (True, True, 0),  # 8 / 16 16-byte groups of W_o loaded before the chained wait (CHAIN_PREFETCH; 4 by default)
@@ -141,6 +142,7 @@ SWITCHES = {
     "unchained": ((attend_project, "CHAIN_QKV", False),),
     "unrouted": ((attend_project, "CHAIN_ROUTER", False),),
     "route_rl10": ((attend_project, "ROUTE_ROW_LOADS", 10),),
+    "l2_prefetch": ((moe_down_warps, "NEXT_LAYER_PREFETCH", True),),
     "unsummed": ((attend_project, "SUM_PARTS", False),),
     "chain_pf8": ((attend_project, "CHAIN_PREFETCH", 8),),
     "chain_pf16": ((attend_project, "CHAIN_PREFETCH", 16),),

@@ -324,3 +324,24 @@ def test_vector_loads_against_the_reference(path):
             g4 = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, vector_loads=True,
                                    upw=4)
             np.testing.assert_array_equal(np.array(g4.hid), np.array(g2.hid))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_next_layer_prefetch_changes_no_bits(path, monkeypatch):
+    """moe_down_warps.NEXT_LAYER_PREFETCH: the down step asks the next layer's QKV matrix into L2
+    (a no-op on the emulator): the decoded tokens' logits and cache bit for bit as without it, and
+    every down launch but the last layer's carries the prefetch (PFB > 0)."""
+    from strata.mlx_backend.kernels.launch import recording
+    from test_mlx_compiled import greedy_steps
+
+    with using_path(path):
+        p = random_params(NO_SHARED, seed=6, pred_q8=False)
+        off = greedy_steps(p)
+        monkeypatch.setattr(moe_down_warps, "NEXT_LAYER_PREFETCH", True)
+        with recording() as rec:
+            on = greedy_steps(p)
+    pfb = sorted({dict(r[3])["PFB"] for r in rec if r[0].name == "strata_moe_down_warps"})
+    wqkv = p.layers[1].attn.wqkv
+    assert pfb == [0, min(wqkv.nbytes, moe_down_warps.PREFETCH_BYTES)]  # the last layer has none to ask for
+    for a, b in zip(off, on):
+        assert a.tobytes() == b.tobytes()

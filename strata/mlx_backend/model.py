@@ -35,6 +35,7 @@ from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
+from strata.mlx_backend.kernels import moe_down_warps, phases
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
@@ -299,6 +300,17 @@ def _router_kernel_ok(p: MlxParams) -> bool:
             and not p.cfg.router_logit_bias)
 
 
+def _next_layer_weights(p: MlxParams, layer: int) -> mx.array | None:
+    """The next layer's QKV matrix where the down step asks it into L2 (moe_down_warps.
+    NEXT_LAYER_PREFETCH; CUDA, and the emulator, where the prefetch is a no-op): an attention
+    layer's float16 rows, else None."""
+    if not moe_down_warps.NEXT_LAYER_PREFETCH or layer + 1 >= p.cfg.n_layers or not phases.available():
+        return None
+    a = p.layers[layer + 1].attn
+    w = getattr(a, "wqkv", None)
+    return w if isinstance(w, mx.array) and w.dtype == mx.float16 else None
+
+
 def _routes_with_mixer(p: MlxParams, layer: int, kv, t: int) -> bool:
     """Whether the layer's attention and its router (the kernel, no guess) run as one launch."""
     return (p.cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and _router_kernel_ok(p)
@@ -390,7 +402,8 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):
-        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared), kv
+        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared,
+                                              prefetch=_next_layer_weights(p, layer)), kv
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:

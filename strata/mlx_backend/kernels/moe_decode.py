@@ -426,7 +426,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     """Kernel path: x_mid + the routed experts of h, routed by z, (+ the shared expert of h, gated)
     in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
     upw / denormals / rounds, `down`'s rw, down_warps (None: DOWN_WARPS) for moe_down_warps' down
-    step where it applies, down_rows its rows a block and down_vector_loads its loads (benchmarks).
+    step where it applies, down_rows its rows a block and down_vector_loads its loads (benchmarks),
+    prefetch the weights its down step asks into L2 (moe_down_warps.down).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
@@ -436,12 +437,13 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     warps = DOWN_WARPS if warps is None else warps
     rows = kw.pop("down_rows", down_warps.ROWS)
     down_vl = kw.pop("down_vector_loads", None)
+    prefetch = kw.pop("prefetch", None)
     g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
     if warps and units % 16 == 0 and down_warps.applies(rec, k, rows):  # hws: whole words of h a gate/up block
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
-                               denormals=kw.get("denormals"), vector_loads=down_vl)
+                               denormals=kw.get("denormals"), vector_loads=down_vl, prefetch=prefetch)
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
                 denormals=kw.get("denormals"))

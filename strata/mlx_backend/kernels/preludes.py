@@ -113,6 +113,7 @@ struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
 INLINE float warp_max(float x) { return simd_max(x); }
 INLINE void warp_sync() { simdgroup_barrier(mem_flags::mem_none); }
+INLINE void prefetch_l2(const device uint8_t*) {}  // no prefetch to L2 on Metal: a no-op
 INLINE float fma_keep(float a, float b, float c) { return metal::fma(a, b, c); }
 INLINE float exp_f(float x) { return metal::exp(x); }
 INLINE float sqrt_f(float x) { return metal::sqrt(x); }
@@ -228,6 +229,8 @@ INLINE float warp_max(float x) {
   return x;
 }
 INLINE void warp_sync() { __syncwarp(); }
+// one 128-byte line into L2 for a later launch to read (nothing read into registers)
+INLINE void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 // phases.py's one-launch chains (CUDA and the emulator only): a block's ticket, a phase's
 // completion count, and the wait for a count; volatile reads and a device fence, the pattern
 // of CUDA's threadFenceReduction sample
@@ -388,6 +391,7 @@ struct uint4 { uint32_t x, y, z, w; };
 INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
 INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait(); }
+INLINE void prefetch_l2(const uint8_t*) {}
 // blocks run one after another in ticket order: a count waited for is complete, or the chain is wrong
 INLINE uint32_t atomic_add_u32(uint32_t* p, uint32_t v) { const uint32_t o = *p; *p = o + v; return o; }
 INLINE void fence_device() {}
