@@ -1,4 +1,5 @@
-"""Two dependent launches as one: a producer's blocks, then a consumer's that read its outputs.
+"""Dependent launches as one: a producer's blocks, then a consumer's that read its outputs (and
+so on: a chain of phases, each reading earlier phases' outputs).
 
 Why: on the H200 (MLX 0.32.4) a decoded token is host-bound: each custom-kernel launch costs the
 host ~15 us (MLX's compiled replay and its evaluation: benchmarks/host_cost.py), 242 a token at
@@ -6,22 +7,25 @@ the seed shape, against ~10 us of GPU time for most of them. A chain of two laun
 reads the first's whole output (the QKV GEMV, then attention with its output projection) needs a
 grid-wide dependency, which one launch can hold without a grid barrier:
 
-- each block takes a ticket (an atomic add on a counter) when it starts; tickets below NA run the
-  producer's body as its block `ticket`, the rest the consumer's as block `ticket - NA`. Tickets
-  are handed out in the order blocks actually start, so a consumer block waits only for blocks
-  that have started before it and wait for nothing: no deadlock whatever order or residency the
-  hardware gives the grid (the ordering argument of single-pass scans' decoupled look-back);
-- a producer block ends with a device fence (every thread) and a count; a consumer block waits (thread 0 spins
-  on a volatile read, then a fence and a block barrier) where its body first needs the producer's
-  outputs, so what it does before that (loading its own weights) overlaps the producer;
-- the last block to finish resets the three counters, so the next launch (the next layer's) finds
-  them zero; each chain site has its own counters (`counters`), so no two launches share them.
+- each block takes a ticket (an atomic add on a counter) when it starts; tickets below the
+  second phase's start (CHAIN_S1) run the first phase's body as its block `ticket`, the next ones
+  the second's as block `ticket - CHAIN_S1`, and so on. Tickets are handed out in the order blocks
+  actually start, so a waiting block waits only for blocks that have started before it and do not
+  wait for it: no deadlock whatever order or residency the hardware gives the grid (the ordering
+  argument of single-pass scans' decoupled look-back);
+- a block of any phase but the last ends with a device fence (every thread) and a count; a block
+  of the next phase waits for that phase's count (thread 0 spins on a volatile read, then a fence
+  and a block barrier) where its body first needs earlier outputs, so what it does before that
+  (loading its own weights) overlaps the phases before it. Waiting for the phase just before is
+  enough: its blocks counted only after their own wait;
+- the last block to finish resets the counters, so the next launch (the next layer's) finds them
+  zero; each chain site has its own counters (`counters`), so no two launches share them.
 
 Bodies run unchanged inside a scope each, with their block index, inputs, outputs and template
-values as local aliases (the fused kernel's arguments are prefixed a_ / b_, its template values
-A_ / B_). A body may not `return` (the block would skip its count). CUDA and the emulator only:
-Metal declares threadgroup memory at kernel scope, not in a body's scope, and does not promise
-the forward progress the wait needs (`available`).
+values as local aliases (the fused kernel's arguments are prefixed a_, b_, c_ ..., its template
+values A_, B_, ...). A body may not `return` (the block would skip its count). CUDA and the
+emulator only: Metal declares threadgroup memory at kernel scope, not in a body's scope, and does
+not promise the forward progress the wait needs (`available`).
 
 On the emulator blocks run one after another in ticket order, so every wait is already met (an
 unmet one is an error there, not a hang).
@@ -93,16 +97,23 @@ _TICKET = r"""
 """
 # every thread fences its own writes before the barrier (not only the counting thread: the
 # conservative form of "publish, then count"), so the count is seen only after all of them;
-# phase i counts into chain_ctr[1 + i] and phase i + 1 waits for it
-_DONE = r"""
+# phase i counts into chain_ctr[1 + i], and phase i + 1 waits there for phase i's blocks
+def _done(i: int) -> str:
+    return f"""
   fence_device();
   BARRIER();
-  if (tid == 0) atomic_add_u32(chain_ctr + 1 + PHASE, 1u);
+  if (tid == 0) atomic_add_u32(chain_ctr + {1 + i}, 1u);
 """
-_WAIT = r"""
-  if (tid == 0) wait_count(chain_ctr + PHASE, (uint32_t)(CHAIN_S{i} - CHAIN_S{j}));
+
+
+def _wait(i: int) -> str:
+    blocks = "CHAIN_S1" if i == 1 else f"(CHAIN_S{i} - CHAIN_S{i - 1})"  # phase i - 1's blocks
+    return f"""
+  if (tid == 0) wait_count(chain_ctr + {i}, (uint32_t){blocks});
   BARRIER();
 """
+
+
 _RESET = r"""
   if (tid == 0 && atomic_add_u32(chain_ctr + N_PHASES, 1u) == (uint32_t)(CHAIN_NTOT - 1)) {
     for (int c = 0; c <= N_PHASES; ++c) chain_ctr[c] = 0u;
@@ -159,9 +170,7 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         outputs += [pre + o for o in src.outputs]
         body = src.body
         if i > 0:
-            wait = _WAIT.replace("PHASE", str(i)).replace("{i}", str(i)).replace("{j}", str(i - 1))
-            wait = wait.replace("CHAIN_S0", "0")
-            body = body[:waits[i]] + wait + body[waits[i]:]
+            body = body[:waits[i]] + _wait(i) + body[waits[i]:]
         last = i == n - 1
         text += (("  if" if i == 0 else "  } else if") + f" (chain_vb < (uint32_t)CHAIN_S{i + 1}) {{\n" if not last
                  else "  } else {\n")
@@ -169,8 +178,8 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
                  + "".join(f"    const auto {c} = {_prefix(j)}{o};\n" for c, (j, o) in linked.items())
                  + _consts(templates[i], pre.upper()) + "    {\n" + body + "\n    }\n")
         if not last:
-            text += _DONE.replace("PHASE", str(i))
-    text = text.replace(f"CHAIN_S{n}", "CHAIN_NTOT") + "  }\n" + _RESET.replace("N_PHASES", str(n))
+            text += _done(i)
+    text += "  }\n" + _RESET.replace("N_PHASES", str(n))
     helpers = ""
     for src in srcs:
         if src.helpers not in helpers:
