@@ -153,12 +153,21 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
         wqkv float16 [(H + 2 KVH + gated H) HD, D], x float32 [1, D]
         -> (qkv float32 [1, (H + 2 KVH + gated H) HD], partials float32 [1, H or 1, D])
     """
+    gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
+                                n_heads, pos, rotary_dim, gated)
+    qkv, *parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
+    return qkv, parts[-1]
+
+
+def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos,
+                   rotary_dim, gated) -> tuple[LaunchSpec, LaunchSpec]:
+    """The QKV GEMV's launch and attend_project's reading its output (a `phases.Pending`), as a
+    chain's first two phases take them."""
     gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
                           prefetch=CHAIN_PREFETCH, spec=True)
-    qkv, *parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
-    return qkv, parts[-1]
+    return gemv, proj
 
 
 # The router kernel as a third phase of that launch (phases.chain_all): its blocks issue their
@@ -186,10 +195,8 @@ def qkv_attend_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arr
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
     """
-    gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
-    proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
-                          wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
-                          prefetch=CHAIN_PREFETCH, spec=True)
+    gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
+                                n_heads, pos, rotary_dim, gated)
     route = router_kernel.router(x, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None, None,
                                  eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
     outs = phases.chain_all((gemv, proj, route), ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}),
