@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -228,6 +228,15 @@ stage jit_probe 130 env MLX_PTX_CACHE_DIR="$(mktemp -d)" python3 benchmarks/jit_
 # Not in the default list: STRATA_STAGES=speculative
 stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
+# issue 19, decode at context 8 in chained launches (STRATA_STAGES=chains): the chains' GPU tests,
+# a layer's kernels by ncu in each chain form, the host's share and the GPU's drain in one process
+# per form (l2_prefetch: the down step asks the next layer's QKV matrix into L2; ncu flushes the
+# caches between kernels, so only these in-graph rows can show it), decode_context alternating
+stage chains 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 140 python3 -m pytest -q   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_mlx_attend_project.py   tests/test_mlx_moe_decode.py::test_next_layer_prefetch_changes_no_bits;
+  timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains   2>&1 | python3 benchmarks/ncu_summary.py;
+  timeout 90 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms l2_prefetch,unrouted,unchained;
+  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,l2_prefetch \
+  --also 8/split,8/l2_prefetch,8/split,8/l2_prefetch --tokens 64'
 stage doctor "$DOCTOR_S" python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
   --models small,demo --arenas 0.15,0.3,0.6 --budget-s $(( DOCTOR_S - 30 )) --case-timeout 30 \
   --cache-dir /tmp/strata-doctor-cache
