@@ -19,7 +19,7 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 
-from _measure import median_time, part
+from _measure import median_time, ncu_marker, part
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
@@ -145,16 +145,9 @@ def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
     form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
     p = random_params(cfg, seed=0, pred_q8=False)
+    # no markers off CUDA's kernel path (the emulated smoke test: the forms' logits only)
     cuda = gpu_dialect() is Dialect.CUDA and current_path() is KernelPath.GPU
-    marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
-                                 source="b[0] = a[0];") if cuda else None
-    x = mx.zeros((8,))
-    mx.eval(x)
-
-    def mark():  # no markers off CUDA (the emulated smoke test: the forms' logits only)
-        if marker is not None:
-            mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                           output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
+    mark = ncu_marker() if cuda else (lambda: None)
 
     out = {}
     for rep in range(2):

@@ -87,6 +87,33 @@ def graph_launches(*outputs: mx.array) -> dict[str, int]:
     return counts
 
 
+def known_forms(ap, flag: str, forms, known) -> list[str]:
+    """forms (a benchmark's form names), each one of `known`; else argparse's one-line error
+    naming the flag, the unknown names and the known ones."""
+    bad = sorted(set(forms) - set(known))
+    if bad:
+        ap.error(f"{flag}: {bad} (known: {', '.join(known)})")
+    return list(forms)
+
+
+def ncu_marker():
+    """A no-argument function that launches the segment marker kernel benchmarks/ncu_summary.py
+    splits an ncu run at (a 32-thread copy of one float, named ncu_summary.MARKER); a no-op off
+    MLX's CUDA build (the emulated smoke runs of the --ncu probes)."""
+    from ncu_summary import MARKER
+
+    if not mx.cuda.is_available():
+        return lambda: None
+    kernel = mx.fast.cuda_kernel(name=MARKER, input_names=["a"], output_names=["b"], source="b[0] = a[0];")
+    x = mx.zeros((8,))
+    mx.eval(x)
+
+    def mark() -> None:
+        mx.eval(kernel(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                       output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
+    return mark
+
+
 def device_name() -> str:
     try:
         info = mx.device_info() if hasattr(mx, "device_info") else {}

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import device_name  # noqa: E402
+from _measure import device_name, known_forms  # noqa: E402
 from strata.mlx_backend.attention import rope_table_cached  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
@@ -111,9 +111,7 @@ def main() -> int:
     ap.add_argument("--ncu", action="store_true", help="3 launches of each form and context for ncu, no timing")
     args = ap.parse_args()
     cfg = SMALL if args.small else SHAPE
-    forms = [f for f in args.forms.split(",") if f]
-    if set(forms) - set(FORMS):
-        ap.error(f"--forms: {sorted(set(forms) - set(FORMS))} (known: {', '.join(FORMS)})")
+    forms = known_forms(ap, "--forms", [f for f in args.forms.split(",") if f], FORMS)
     path = KernelPath.EMULATED if args.small else current_path()
     if path is KernelPath.OPS:
         ap.error("no MLX GPU here (--small runs the emulated kernels)")
@@ -121,8 +119,7 @@ def main() -> int:
     clamp = lambda c: min(int(c), cfg.max_context - 2)  # noqa: E731
     runs = [(clamp(c), f) for c in args.contexts.split(",") for f in forms]
     runs += [(clamp(a.split("/")[0]), a.split("/")[1]) for a in args.also.split(",") if a]
-    if {f for _, f in runs} - set(FORMS):
-        ap.error(f"--also: {sorted({f for _, f in runs} - set(FORMS))} (known: {', '.join(FORMS)})")
+    known_forms(ap, "--also", [f for _, f in runs], FORMS)
     contexts = list(dict.fromkeys(c for c, _ in runs))
     res: dict = {"device": device_name(), "mlx": mx.__version__, "path": path.value, "layers": n_layers,
                  "heads": [cfg.n_heads, cfg.n_kv_heads, cfg.head_dim], "hidden": cfg.hidden_size,

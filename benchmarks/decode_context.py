@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import device_name, part  # noqa: E402
+from _measure import device_name, known_forms, part  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend import compiled as compiled_step  # noqa: E402
@@ -104,7 +104,7 @@ FORMS = {
     "split_ns32": (True, True, 0),  # attend_split with 32 / 128 splits (64 by default)
     "split_ns128": (True, True, 0),
     "split_from32": (True, True, 0),  # the split from 33 positions on (SPLIT_FROM 32): where it starts to pay
-    "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (attend_project.CHAIN_QKV)
+    "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (CHAIN_QKV; the default since)
     "unchained": (True, True, 0),  # the QKV GEMV and the router launches of their own (CHAIN_QKV off)
     "unrouted": (True, True, 0),  # the router a launch of its own (attend_project.CHAIN_ROUTER off)
     "l2_prefetch": (True, True, 0),  # the down step asks the next layer's QKV matrix into L2 (NEXT_LAYER_PREFETCH)
@@ -242,9 +242,9 @@ def main() -> int:
     if args.layers:
         cfg = replace(cfg, n_layers=args.layers)
     contexts = [int(c) for c in args.contexts.split(",")]
-    forms = [f for f in args.forms.split(",") if f]
-    if set(forms) - set(FORMS):
-        ap.error(f"--forms: {sorted(set(forms) - set(FORMS))} (known: {', '.join(FORMS)})")
+    forms = known_forms(ap, "--forms", [f for f in args.forms.split(",") if f], FORMS)
+    also = [(int(a.split("/")[0]), a.split("/")[1]) for a in args.also.split(",") if a]
+    known_forms(ap, "--also", [f for _, f in also], FORMS)
     path = KernelPath.EMULATED if args.small else current_path()
     if path is KernelPath.OPS:
         ap.error("no MLX GPU here: the compiled step needs the GPU kernel path (--small runs the emulated kernels)")
@@ -259,7 +259,7 @@ def main() -> int:
         res["build_s"] = time.time() - t0
         print(f"built the model in {res['build_s']:.1f} s", flush=True)
         runs = [(c, f) for c in contexts for f in forms]
-        runs += [(int(a.split("/")[0]), a.split("/")[1]) for a in args.also.split(",") if a]
+        runs += also
         for ctx, form in runs:
             if args.small:
                 ctx = min(ctx, cfg.max_context - args.tokens - 2)

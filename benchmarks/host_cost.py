@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from _measure import known_forms  # noqa: E402
 from decode_context import SHAPE, SWITCHES, state_at  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend import compiled  # noqa: E402
@@ -157,10 +158,7 @@ def main() -> int:
     ap.add_argument("--census", metavar="DOT", help="only count the nodes of one token's graph (written to DOT)")
     args = ap.parse_args()
     layer_counts = [int(x) for x in args.layers.split(",") if x]
-    forms = [f for f in args.forms.split(",") if f]
-    for form in forms:
-        if form not in SWITCHES:
-            ap.error(f"--forms: {form!r} is none of {', '.join(SWITCHES)}")
+    forms = known_forms(ap, "--forms", [f for f in args.forms.split(",") if f], SWITCHES)
     if args.census:
         c = census(layer_counts[0], args.census)
         for label, n in c["labels"].items():

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import median_time  # noqa: E402
+from _measure import median_time, ncu_marker  # noqa: E402
 from strata.mlx_backend import grouped, grouped_tiles, lowp, prompt_rows  # noqa: E402
 from strata.mlx_backend import jit_cache  # noqa: E402,F401  (jit_cache: the PTX cache default)
 from strata.mlx_backend import prompt as prompt_mod  # noqa: E402
@@ -357,11 +357,9 @@ def ncu_layer(p, forms: list[Form], n: int) -> None:
     for form in forms:  # warm (JIT)
         form.select()
         layer()
-    marker = mx.fast.cuda_kernel(name="strata_probe_marker", input_names=["a"], output_names=["b"],
-                                 source="b[0] = a[0];")
+    mark = ncu_marker()
     for i, form in enumerate(forms):
-        mx.eval(marker(inputs=[x], template=[("N", 1)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                       output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
+        mark()
         form.select()
         layer()
         print(f"ncu segment {i + 1}: one layer at {n} tokens, experts {form.value}", flush=True)
