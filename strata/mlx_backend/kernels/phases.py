@@ -114,11 +114,12 @@ def _wait(i: int) -> str:
 """
 
 
-_RESET = r"""
-  if (tid == 0 && atomic_add_u32(chain_ctr + N_PHASES, 1u) == (uint32_t)(CHAIN_NTOT - 1)) {
-    for (int c = 0; c <= N_PHASES; ++c) chain_ctr[c] = 0u;
+def _reset(n: int) -> str:  # the last of the launch's blocks to leave zeroes the n + 1 counters
+    return f"""
+  if (tid == 0 && atomic_add_u32(chain_ctr + {n}, 1u) == (uint32_t)(CHAIN_NTOT - 1)) {{
+    for (int c = 0; c <= {n}; ++c) chain_ctr[c] = 0u;
     fence_device();
-  }
+  }}
 """
 MAX_PHASES = MIN_INPUT_SIZE - 1  # the counters: a ticket, a count per phase but the last, the exits
 
@@ -179,7 +180,7 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
                  + _consts(templates[i], pre.upper()) + "    {\n" + body + "\n    }\n")
         if not last:
             text += _done(i)
-    text += "  }\n" + _RESET.replace("N_PHASES", str(n))
+    text += "  }\n" + _reset(n)
     helpers = ""
     for src in srcs:
         if src.helpers not in helpers:

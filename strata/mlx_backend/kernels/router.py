@@ -208,8 +208,7 @@ SOURCE = KernelSource("strata_router", ("x", "parts", "norm_w", "w_router", "g_c
 ROW_LOADS = 20  # 4-column units a lane loads at once (RL): a whole row of D = 2560
 # where the router's body first reads x and the parts (the F32 rows' first loads are out before):
 # a chain's wait goes there (phases.chain_all; only without a guess, whose blocks branch apart)
-WAIT_AT = BODY.index("float ss = 0.0f;")
-WAIT_AT = BODY.rindex("\n", 0, WAIT_AT) + 1
+WAIT_AT = BODY.rindex("\n", 0, BODY.index("float ss = 0.0f;")) + 1  # the start of the norm's first line
 
 
 def router(x: mx.array, parts, norm_w: mx.array, w_router: mx.array, g_codes: mx.array | None,
