@@ -24,7 +24,7 @@ from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, moe, moe_decode
+from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, l2_prefetch, moe, moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -128,21 +128,29 @@ def ncu_decode_launches(small: bool = False) -> None:
 
 # a decoded token's layer in the forms that chain its launches (attend_project's switches):
 # (label, {switch: value}) each, today's default first
-CHAIN_FORMS = (
-    ("default: QKV + attention + router in one launch (3 a layer)", {}),
-    ("the router a launch of its own (4 a layer)", {"CHAIN_ROUTER": False}),
-    ("the router's lanes 10 units in flight", {"ROUTE_ROW_LOADS": 10}),
-    ("16 W_o groups prefetched in the chain", {"CHAIN_PREFETCH": 16}),
-    ("the 16 partials added by the router (no sum in the launch)", {"SUM_PARTS": False, "CHAIN_ROUTER": False}),
-    ("before: no chains, the router adds the 16 partials (5 a layer)", {"SUM_PARTS": False, "CHAIN_QKV": False}),
+_AP = attend_project
+CHAIN_FORMS = (  # (label, the switches it flips: (module, name, value) each)
+    ("default: QKV + attention + router in one launch (3 a layer)", ()),
+    ("the router a launch of its own (4 a layer)", ((_AP, "CHAIN_ROUTER", False),)),
+    ("the router's lanes 10 units in flight", ((_AP, "ROUTE_ROW_LOADS", 10),)),
+    ("16 W_o groups prefetched in the chain", ((_AP, "CHAIN_PREFETCH", 16),)),
+    ("the 16 partials added by the router (no sum in the launch)", ((_AP, "SUM_PARTS", False),
+                                                                     (_AP, "CHAIN_ROUTER", False))),
+    ("before: no chains, the router adds the 16 partials (5 a layer)", ((_AP, "SUM_PARTS", False),
+                                                                         (_AP, "CHAIN_QKV", False))),
 )
+# the next layer's weights asked into L2 by the expert launches (kernels/l2_prefetch.py): under
+# `ncu --cache-control none` (no flush between kernels) each kernel's time shows what L2 held for it
+_L2 = l2_prefetch.NextLayer
+L2_FORMS = tuple((f"L2: {w.value}", ((l2_prefetch, "NEXT_LAYER", w),)) for w in
+                 (_L2.QKV_DOWN, _L2.QKV_GATEUP, _L2.QKV_GATEUP_WO_DOWN, _L2.OFF))
 
 
-def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
-    """One decoded token (context 8) of a `layers`-layer model in each form of CHAIN_FORMS, twice
-    over (the first pass holds each kernel's first launch), each token between two marker
-    launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits of each
-    form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
+def ncu_chain_forms(small: bool = False, layers: int = 4, forms=CHAIN_FORMS) -> dict[str, float]:
+    """One decoded token (context 8) of a `layers`-layer model in each form of `forms` (CHAIN_FORMS
+    or L2_FORMS), twice over (the first pass holds each kernel's first launch), each token between
+    two marker launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits
+    of each form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
     p = random_params(cfg, seed=0, pred_q8=False)
     # no markers off CUDA's kernel path (the emulated smoke test: the forms' logits only)
@@ -151,11 +159,11 @@ def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
 
     out = {}
     for rep in range(2):
-        for label, switches in CHAIN_FORMS:
-            saved = {k: getattr(attend_project, k) for k in switches}
+        for label, switches in forms:
+            saved = [(m, k, getattr(m, k)) for m, k, _ in switches]
             try:
-                for k, v in switches.items():
-                    setattr(attend_project, k, v)
+                for m, k, v in switches:
+                    setattr(m, k, v)
                 logits, state = forward(p, MlxModelState.empty(cfg), np.arange(7) + 3)
                 mx.eval(logits)
                 mark()
@@ -163,11 +171,11 @@ def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
                 mx.eval(logits)
                 mark()
             finally:
-                for k, v in saved.items():
-                    setattr(attend_project, k, v)
+                for m, k, v in saved:
+                    setattr(m, k, v)
             out.setdefault(label, np.array(logits, np.float64))
             print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {label}", flush=True)
-    ref = out[CHAIN_FORMS[-1][0]]
+    ref = out[forms[-1][0]]
     errs = {}
     for label, got in out.items():
         errs[label] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))

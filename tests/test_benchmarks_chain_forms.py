@@ -27,3 +27,12 @@ def test_every_chain_form_decodes_the_same_token(capsys):
     assert out.count("the same argmax True") == len(errs)
     # the default, the 10-unit router and the 16-group prefetch forms, two passes, two layers each
     assert LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"] - before == 3 * 2 * 2
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler for the emulator")
+def test_every_l2_form_decodes_the_same_logits(capsys):
+    """--ncu l2: asking the next layer's weights into L2 changes no bits (a no-op on the emulator)."""
+    with using_path(KernelPath.EMULATED):
+        errs = _decode_kernels.ncu_chain_forms(small=True, layers=2, forms=_decode_kernels.L2_FORMS)
+    assert set(errs) == {label for label, _ in _decode_kernels.L2_FORMS}
+    assert all(e == 0.0 for e in errs.values()), errs

@@ -42,7 +42,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
-from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels import l2_prefetch, moe
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
@@ -115,7 +115,8 @@ GATEUP = r"""
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
   SHARED float hsb[UPB];                      // routed blocks: their units' h (the word sums)
-""" + routing.RANKING + routing.SLOT_AT + r"""
+  // the next launches' weights into L2 before the ranking, which HBM would idle through (l2_prefetch.py)
+""" + l2_prefetch.SPAN + routing.RANKING + routing.SLOT_AT + r"""
   if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
     const uint32_t sb = bx;
 """ + shared_kernel.SHARED_BLOCK + r"""
@@ -294,7 +295,8 @@ DOWN = r"""
   }
 """
 
-GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp"),
+GATEUP_SOURCE = KernelSource("strata_moe_gateup",
+                             ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp", "pf"),
                              ("hid", "sel", "wsel", "sout", "sgate_out", "hpre", "hws"), GATEUP, moe.HELPERS)
 DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel", "sout", "gate_val"), ("out",), DOWN,
                            moe.HELPERS)
@@ -348,7 +350,8 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
-           weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None):
+           weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
+           prefetch: mx.array | None = None):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -357,7 +360,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY);
     no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); vector_loads: a lane's
     codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
-    order than the fused kernel's).
+    order than the fused kernel's); prefetch: weights the next launches read, which the blocks ask
+    into L2 before their ranking (kernels/l2_prefetch.py; no values change).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -380,8 +384,10 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("ROUNDS", int(ranking)),
                                ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early)),
                                ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
+    template += l2_prefetch.span_template(prefetch, nsb + k * nch)
     f = rec.expert_ffn
-    return GateUp(*launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs,
+    return GateUp(*launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs
+                          + [l2_prefetch.span_input(prefetch)],
                           [(t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)],
                           [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32],
                           blocks=(nsb + k * nch, t, 1), threads=threads, template=template))
@@ -427,7 +433,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
     upw / denormals / rounds, `down`'s rw, down_warps (None: DOWN_WARPS) for moe_down_warps' down
     step where it applies, down_rows its rows a block and down_vector_loads its loads (benchmarks),
-    prefetch the weights its down step asks into L2 (moe_down_warps.down).
+    gateup_prefetch / down_prefetch the weights each launch asks into L2 (kernels/l2_prefetch.py;
+    the down launch asks only in moe_down_warps' form).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
@@ -437,13 +444,14 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     warps = DOWN_WARPS if warps is None else warps
     rows = kw.pop("down_rows", down_warps.ROWS)
     down_vl = kw.pop("down_vector_loads", None)
-    prefetch = kw.pop("prefetch", None)
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
+    down_prefetch = kw.pop("down_prefetch", None)
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared,
+               prefetch=kw.pop("gateup_prefetch", None), **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
     if warps and units % 16 == 0 and down_warps.applies(rec, k, rows):  # hws: whole words of h a gate/up block
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
-                               denormals=kw.get("denormals"), vector_loads=down_vl, prefetch=prefetch)
+                               denormals=kw.get("denormals"), vector_loads=down_vl, prefetch=down_prefetch)
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
                 denormals=kw.get("denormals"))

@@ -32,23 +32,16 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RecordLayout
-from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels import l2_prefetch, moe
 from strata.mlx_backend.kernels.launch import absent, as_f32, launch
 from strata.mlx_backend.kernels.preludes import WARP
-from strata.mlx_backend.kernels.source import KernelSource
+from strata.mlx_backend.kernels.source import KernelSource, expand
 
 ROWS = 8  # output rows a block: 320 blocks at D = 2560 (2.4 an H200 SM), 4 lanes a row
 MAX_K = 32  # a warp an expert: at most 1024 threads a block
 # a lane's codes as 8-byte loads of a Q2_0 block's two words (5 pairs a lane at F = 576, one lane
 # in two taking one fewer) instead of 9 single words: 10 loads a lane instead of 18
 VECTOR_LOADS = False
-# The next layer's QKV matrix asked into L2 while this launch runs (`prefetch`): the chain that
-# starts the next layer then reads it from L2. Why: its GEMV phase moves 15.7 MB in ~11 us (1.4
-# TB/s, latency-bound: a dependent load chain per lane) while this launch moves 4.6 MB in ~7.5 us;
-# the H200's L2 holds the 15.7 MB. Predicted: the GEMV phase a few us faster a layer (0.1-0.25 ms a
-# token). Off until measured (decode_context's `l2_prefetch` form); at most PREFETCH_BYTES.
-NEXT_LAYER_PREFETCH = False
-PREFETCH_BYTES = 16 << 20
 
 BODY = r"""
   constexpr int WF = F / 16;                  // words of one expert's down row
@@ -63,11 +56,6 @@ BODY = r"""
   const uint32_t row = lane % (uint32_t)RB, piece = lane / (uint32_t)RB;
   const uint32_t d = bx * RB + row;           // D % RB == 0 (`applies`)
   const DEVICE uint8_t* rec = arena + (uint64_t)sel[t * K + i] * (uint64_t)SLOT;
-  if (PFB > 0 && t == 0u) {                   // the next layer's first PFB bytes of weights into L2
-    const DEVICE uint8_t* pfb = (const DEVICE uint8_t*)pf;
-    const uint64_t stride = (uint64_t)(D / RB) * (uint64_t)(32 * K) * 128u;
-    for (uint64_t o = ((uint64_t)bx * (uint64_t)(32 * K) + tid) * 128u; o < (uint64_t)PFB; o += stride) prefetch_l2(pfb + o);
-  }
   // every load first: the row's codes and scales, this lane's shared partials
   uint32_t q[WPN];
   half_t sc[WPN];
@@ -96,6 +84,8 @@ BODY = r"""
     const int s = (int)i + K * j;
     sp[j] = (NSB > 0 && piece == 0u && s < NSB) ? sout[((uint64_t)t * NSB + s) * D + d] : 0.0f;
   }
+  // the next launches' weights into L2 (kernels/l2_prefetch.py), after this block's own loads
+  L2_SPAN
   const DEVICE float* hp = hpre + ((uint64_t)t * K + i) * F;
   const DEVICE float* hs = hws + ((uint64_t)t * K + i) * WF;
   float acc = 0.0f;
@@ -137,8 +127,8 @@ BODY = r"""
 """
 
 SOURCE = KernelSource("strata_moe_down_warps",
-                      ("arena", "x_mid", "hpre", "hws", "sel", "wsel", "sout", "gate_val", "pf"), ("out",), BODY,
-                      moe.HELPERS)
+                      ("arena", "x_mid", "hpre", "hws", "sel", "wsel", "sout", "gate_val", "pf"), ("out",),
+                      expand(BODY, L2_SPAN=l2_prefetch.SPAN), moe.HELPERS)
 
 
 def applies(rec: RecordLayout, k: int, rows: int = ROWS) -> bool:
@@ -157,8 +147,8 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
     `moe_decode.GateUp` gives it (hpre, hws). sout None: no shared expert; sgate None: ungated.
     denormals: the code form hpre was scaled for (default moe.subnormal_codes()); vector_loads: a
     Q2_0 block's two words in one 8-byte load (default VECTOR_LOADS; sums in another order);
-    prefetch: weights the next launches read (the next layer's QKV matrix), whose first
-    `PREFETCH_BYTES` the blocks ask into L2 (no values change).
+    prefetch: weights the next launches read (the next layer's), which the blocks ask into L2 after
+    their own loads (kernels/l2_prefetch.py; no values change).
 
     Shapes:
         x_mid float32 [T, D], hpre float32 [T, k, F], hws float32 [T, k, F / 16], sel int32 [T, k],
@@ -173,9 +163,9 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
     template = (("D", rec.hidden), ("F", f), ("SLOT", rec.padded_bytes), ("DC", rec.codes("down").offset),
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", int(dn)), ("NSB", nsb),
                 ("GATED", int(sgate is not None and nsb > 0)),
-                ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)),
-                ("PFB", 0 if prefetch is None else min(int(prefetch.nbytes), PREFETCH_BYTES)))
+                ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
+    template += l2_prefetch.span_template(prefetch, rec.hidden // rows)
     return launch(SOURCE, [arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
-                           none if sgate is None else sgate, absent(np.uint8) if prefetch is None else prefetch],
+                           none if sgate is None else sgate, l2_prefetch.span_input(prefetch)],
                   [(t, rec.hidden)], [mx.float32],
                   blocks=(rec.hidden // rows, t, 1), threads=WARP * k, template=template)[0]
