@@ -126,16 +126,27 @@ def ncu_decode_launches(small: bool = False) -> None:
                                           lw.attn.wo, 8, cfg.rms_norm_eps, cfg.n_heads, prefetch=8))  # half the row first
 
 
-# a decoded token's layer in the forms that chain its launches (attend_project's switches):
-# (label, {switch: value}) each, today's default first
+# a decoded token's layer in the forms that chain its launches (attend_project's switches by name,
+# another module's as "module.NAME": _SWITCHED): (label, {switch: value}) each, today's default first
 CHAIN_FORMS = (
     ("default: QKV + attention + router in one launch (3 a layer)", {}),
+    ("the experts' gate/up and down in one launch too (2 a layer)", {"moe_decode.CHAIN_EXPERTS": True}),
     ("the router a launch of its own (4 a layer)", {"CHAIN_ROUTER": False}),
     ("the router's lanes 10 units in flight", {"ROUTE_ROW_LOADS": 10}),
     ("16 W_o groups prefetched in the chain", {"CHAIN_PREFETCH": 16}),
     ("the 16 partials added by the router (no sum in the launch)", {"SUM_PARTS": False, "CHAIN_ROUTER": False}),
-    ("before: no chains, the router adds the 16 partials (5 a layer)", {"SUM_PARTS": False, "CHAIN_QKV": False}),
+    ("before: no chains, the router adds the 16 partials (5 a layer)", {"SUM_PARTS": False, "CHAIN_QKV": False,
+                                                                         "moe_decode.CHAIN_EXPERTS": False}),
 )
+
+
+_SWITCHED = {"moe_decode": moe_decode}
+
+
+def _switched(key: str) -> tuple:
+    """A CHAIN_FORMS switch's (module, attribute name)."""
+    mod, _, name = key.rpartition(".")
+    return (_SWITCHED[mod] if mod else attend_project), name
 
 
 def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
@@ -152,10 +163,10 @@ def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
     out = {}
     for rep in range(2):
         for label, switches in CHAIN_FORMS:
-            saved = {k: getattr(attend_project, k) for k in switches}
+            saved = {k: getattr(*_switched(k)) for k in switches}
             try:
                 for k, v in switches.items():
-                    setattr(attend_project, k, v)
+                    setattr(*_switched(k), v)
                 logits, state = forward(p, MlxModelState.empty(cfg), np.arange(7) + 3)
                 mx.eval(logits)
                 mark()
@@ -164,7 +175,7 @@ def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
                 mark()
             finally:
                 for k, v in saved.items():
-                    setattr(attend_project, k, v)
+                    setattr(*_switched(k), v)
             out.setdefault(label, np.array(logits, np.float64))
             print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {label}", flush=True)
     ref = out[CHAIN_FORMS[-1][0]]
