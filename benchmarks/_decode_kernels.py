@@ -126,18 +126,20 @@ def ncu_decode_launches(small: bool = False) -> None:
                                           lw.attn.wo, 8, cfg.rms_norm_eps, cfg.n_heads, prefetch=8))  # half the row first
 
 
-# a decoded token's layer in the forms that chain its launches (attend_project's switches):
-# (label, {switch: value}) each, today's default first
-_AP = attend_project
-CHAIN_FORMS = (  # (label, the switches it flips: (module, name, value) each)
+# a decoded token's layer in the forms that chain its launches: (label, the switches it flips:
+# (module, name, value) each), today's default first
+_AP, _MD = attend_project, moe_decode
+CHAIN_FORMS = (
     ("default: QKV + attention + router in one launch (3 a layer)", ()),
+    ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),
     ("the router a launch of its own (4 a layer)", ((_AP, "CHAIN_ROUTER", False),)),
     ("the router's lanes 10 units in flight", ((_AP, "ROUTE_ROW_LOADS", 10),)),
     ("16 W_o groups prefetched in the chain", ((_AP, "CHAIN_PREFETCH", 16),)),
     ("the 16 partials added by the router (no sum in the launch)", ((_AP, "SUM_PARTS", False),
                                                                      (_AP, "CHAIN_ROUTER", False))),
     ("before: no chains, the router adds the 16 partials (5 a layer)", ((_AP, "SUM_PARTS", False),
-                                                                         (_AP, "CHAIN_QKV", False))),
+                                                                         (_AP, "CHAIN_QKV", False),
+                                                                         (_MD, "CHAIN_EXPERTS", False))),
 )
 # the next layer's weights asked into L2 by the expert launches (kernels/l2_prefetch.py): under
 # `ncu --cache-control none` (no flush between kernels) each kernel's time shows what L2 held for it

@@ -116,6 +116,7 @@ FORMS = {
     "chain_pf8": (True, True, 0),  # 8 / 16 16-byte groups of W_o loaded before the chained wait (CHAIN_PREFETCH; 4 by default)
     "chain_pf16": (True, True, 0),
     "traced_views": (True, True, 0),  # the large inputs' views made inside the trace (compiled.CONSTANT_VIEWS off)
+    "chain_experts": (True, True, 0),  # the gate/up and down launches as one (moe_decode.CHAIN_EXPERTS: 2 a layer)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -152,6 +153,7 @@ SWITCHES = {
     "chain_pf8": ((attend_project, "CHAIN_PREFETCH", 8),),
     "chain_pf16": ((attend_project, "CHAIN_PREFETCH", 16),),
     "traced_views": ((compiled_step, "CONSTANT_VIEWS", False),),
+    "chain_experts": ((moe_decode, "CHAIN_EXPERTS", True),),
 }
 
 

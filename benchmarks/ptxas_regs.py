@@ -4,7 +4,9 @@ nvcc/ptxas for sm_90 (no GPU needed): each form's CUDA source as MLX would compi
     python benchmarks/ptxas_regs.py            # a table and one JSON line
 
 The launches are captured, not run (`launch` replaced by a recorder), so any machine with nvcc
-prints what an H200 would get; occupancy follows from registers x threads (65536 a SM).
+prints what an H200 would get; occupancy follows from registers x threads (65536 a SM). The
+chained form (moe_decode.CHAIN_EXPERTS: gate/up and down as one launch) is built on the emulated
+path, where phases run (a C++ compiler is enough), and captured the same way.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from strata.formats.expert_record import RecordLayout  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
-from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps, phases  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.kernels.source import full_source  # noqa: E402
 from strata.model_config import RoutingOrder  # noqa: E402
@@ -42,7 +45,7 @@ def _capture(fn) -> list:
         seen.append((src, tuple(names), tuple(str(d).split(".")[-1] for d in dtypes), tuple(template), threads, blocks))
         return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
 
-    mods = (moe_decode, moe_down_warps)
+    mods = (moe_decode, moe_down_warps, phases)  # phases: the gate/up launch (its spec run) and the chain
     saved = [m.launch for m in mods]
     for m in mods:
         m.launch = fake
@@ -91,7 +94,23 @@ def main() -> int:
             moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, upw=upw,
                                        vector_loads=True)
 
-    seen = _capture(forms)
+    def chained():  # on the emulated path, where phases.available() (the launch itself is captured)
+        with using_path(KernelPath.EMULATED):
+            for prefetch in (None, mx.zeros((1 << 20,), mx.uint8)):  # the default forms, then the L2 ask
+                moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True,
+                                           down_prefetch=prefetch)
+
+    def every_form():
+        saved = moe_decode.CHAIN_EXPERTS
+        try:
+            moe_decode.CHAIN_EXPERTS = False  # the two launches' forms, whatever the default
+            forms()
+            moe_decode.CHAIN_EXPERTS = True
+            chained()
+        finally:
+            moe_decode.CHAIN_EXPERTS = saved
+
+    seen = _capture(every_form)
     rows, out, done = [], {}, set()
     with tempfile.TemporaryDirectory() as td:
         for src, ins, outs, template, threads, blocks in seen:
@@ -103,7 +122,8 @@ def main() -> int:
             r = _ptxas(code, Path(td))
             t = dict(template)
             label = f"{src.name} blocks {blocks[0]} x {threads}" + (
-                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']} WE {t['WE']} VL {t['VL']}" if "ROUNDS" in t else "")
+                f" ROUNDS {t['ROUNDS']} UPW {t['UPW']} WE {t['WE']} VL {t['VL']}" if "ROUNDS" in t else "") + (
+                f" (gate/up {t['CHAIN_S1']} blocks, PFB {t['B_PFB']})" if "CHAIN_S1" in t else "")
             regs = r.get("registers")
             occ = (65536 // (regs * threads)) if regs else None
             rows.append((label, regs, r.get("spill_stores"), r.get("smem"), occ, r.get("error", "")[:200]))

@@ -24,7 +24,7 @@ from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.experts import routed_partials
-from strata.mlx_backend.kernels import attend_project, q8_gemv
+from strata.mlx_backend.kernels import attend_project, moe_decode, q8_gemv
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import full_source
@@ -59,6 +59,7 @@ def specialisations() -> list:
                 with pytest.MonkeyPatch.context() as m:
                     m.setattr(attend_project, "CHAIN_QKV", cross_block)
                     m.setattr(attend_project, "SUM_PARTS", cross_block)
+                    m.setattr(moe_decode, "CHAIN_EXPERTS", cross_block)
                     logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
                     logits, _ = mlx_model.forward(mp, state, np.array([4]))  # a decoded token: the chained QKV
                     mx.eval(logits)

@@ -205,7 +205,8 @@ def test_decode_through_the_two_launches(path, monkeypatch):
         p = random_params(NO_SHARED, seed=4, pred_q8=False)
         _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(NO_SHARED), np.array([7, 3]))
         mx.eval(state.layers[0].keys)
-        downs = lambda: LAUNCHES["strata_moe_down"] + LAUNCHES["strata_moe_down_warps"]  # noqa: E731
+        downs = lambda: (LAUNCHES["strata_moe_down"] + LAUNCHES["strata_moe_down_warps"]  # noqa: E731
+                         + LAUNCHES["strata_chain_moe_gateup_moe_down_chained"])  # the down step chained (CHAIN_EXPERTS)
         forms = {"default": (), "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC),
                                               (moe_decode, "DOWN_WARPS", True), (moe_decode, "WEIGHTS_EARLY", True))}
         outs = {}
@@ -217,7 +218,8 @@ def test_decode_through_the_two_launches(path, monkeypatch):
                 outs[name], _ = mlx_model.forward(p, state.trim(2), np.array([5]))
                 mx.eval(outs[name])
                 wo = p.layers[0].attn.wo  # the QKV GEMV, then the router, chained into the attention's launch
-                per_layer = 5 - attend_project.chains_qkv(1, 3, wo) - attend_project.chains_router(1, 3, wo)
+                per_layer = (5 - attend_project.chains_qkv(1, 3, wo) - attend_project.chains_router(1, 3, wo)
+                             - moe_decode.chains_experts(p.rec, NO_SHARED.n_experts_per_token, 1))  # gate/up + down
                 assert sum(LAUNCHES.values()) - before == per_layer * NO_SHARED.n_layers + 2, name
                 assert downs() - down0 == NO_SHARED.n_layers, name
         monkeypatch.setattr(decode_experts, "TWO_LAUNCHES", False)
@@ -227,14 +229,15 @@ def test_decode_through_the_two_launches(path, monkeypatch):
 
 
 @pytest.mark.parametrize("dialect", ["metal", "cuda"])
-def test_sources_compile(tmp_path, dialect):
+def test_sources_compile(tmp_path, dialect, monkeypatch):
     """Both launches in both code forms, with and without the shared expert's blocks, as full Metal
-    and CUDA sources (Metal: compile-checked, not run)."""
+    and CUDA sources (Metal: compile-checked, not run; the chained form: tests/test_moe_chain.py)."""
     from test_metal_compile import _check
 
     from strata.mlx_backend.kernels.launch import recording
     from strata.mlx_backend.kernels.preludes import Dialect
 
+    monkeypatch.setattr(moe_decode, "CHAIN_EXPERTS", False)  # the two launches, as Metal runs them
     k = 4
     with using_path(KernelPath.EMULATED), recording() as rec:
         records_rec, records, x, x_mid, z = _case(KernelPath.EMULATED, 7, k, tokens=1)

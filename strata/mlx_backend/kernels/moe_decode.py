@@ -43,9 +43,12 @@ from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
 from strata.mlx_backend.kernels import l2_prefetch, moe
+from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
+from strata.mlx_backend.kernels import phases
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
 from strata.model_config import RoutingOrder
@@ -69,6 +72,13 @@ GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNIT
 # dense GEMVs, 16 bytes a lane, moved 1.4-1.6)
 GATEUP_VECTOR_LOADS = False
 WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block weighs before its arithmetic
+# At one token, the gate/up launch and moe_down_warps' down step as one launch (phases.chain_all;
+# the down phase is moe_down_chained.py's: it ranks z itself and loads its codes before it waits
+# for the gate/up blocks): a layer's routed experts in 1 launch instead of 2, 146 -> 98 launches a
+# decoded token at the seed shape (~3.5 us of GPU time at a kernel boundary and ~12 us of host
+# dispatch a launch on the H200). Off until measured there (decode_context's chain_experts form).
+# CUDA and the emulator only (phases.available): Metal keeps the two launches.
+CHAIN_EXPERTS = False
 
 # The first routed block's extra work: the rule's weights (and the slots) and the shared
 # expert's gate. WE = 0: after its arithmetic, so that block ends ~1-2 us after the others (a
@@ -351,7 +361,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
            weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
-           prefetch: mx.array | None = None):
+           prefetch: mx.array | None = None, spec: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -361,7 +371,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); vector_loads: a lane's
     codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
     order than the fused kernel's); prefetch: weights the next launches read, which the blocks ask
-    into L2 before their ranking (kernels/l2_prefetch.py; no values change).
+    into L2 before their ranking (kernels/l2_prefetch.py; no values change); spec: the launch's
+    `phases.LaunchSpec` instead of its outputs (the first phase of `routed_residual`'s chain).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -386,11 +397,12 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
     template += l2_prefetch.span_template(prefetch, nsb + k * nch)
     f = rec.expert_ffn
-    return GateUp(*launch(GATEUP_SOURCE, [arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs
-                          + [l2_prefetch.span_input(prefetch)],
-                          [(t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)],
-                          [mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32],
-                          blocks=(nsb + k * nch, t, 1), threads=threads, template=template))
+    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs
+                                          + [l2_prefetch.span_input(prefetch)]),
+                     ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
+                     (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
+                     (nsb + k * nch, t, 1), threads, template)
+    return one if spec else GateUp(*run(one))
 
 
 def _ranking(rounds, k: int) -> routing.Ranking:
@@ -438,6 +450,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
+
+    Where `chains_experts` (CHAIN_EXPERTS, one token): the two launches as one, the same bits.
     """
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
     warps = kw.pop("down_warps", None)
@@ -445,8 +459,11 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     rows = kw.pop("down_rows", down_warps.ROWS)
     down_vl = kw.pop("down_vector_loads", None)
     down_prefetch = kw.pop("down_prefetch", None)
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared,
-               prefetch=kw.pop("gateup_prefetch", None), **kw)
+    gateup_prefetch = kw.pop("gateup_prefetch", None)
+    if chains_experts(rec, k, z.shape[0], threads=kw.get("threads"), upw=kw.get("upw"), warps=warps, rows=rows):
+        return _chained_residual(arena, rec, x_mid, h, z, slot_base, k, order, norm_topk_prob, shared, rows, down_vl,
+                                 (gateup_prefetch, down_prefetch), kw)
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, prefetch=gateup_prefetch, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
@@ -455,3 +472,33 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
                                denormals=kw.get("denormals"), vector_loads=down_vl, prefetch=down_prefetch)
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
                 denormals=kw.get("denormals"))
+
+
+def chains_experts(rec: RecordLayout, k: int, tokens: int, *, threads: int | None = None, upw: int | None = None,
+                   warps: bool | None = None, rows: int | None = None) -> bool:
+    """Whether `routed_residual` runs its two launches as one here: CHAIN_EXPERTS on a path that
+    runs chains (phases.available), one token, and the down step moe_down_warps' (DOWN_WARPS or
+    `warps`, whole words of h a gate/up block, its `applies` at the gate/up blocks' threads). The
+    shared expert (its blocks in the gate/up phase) rides along either way."""
+    threads, upw = threads or GATEUP_THREADS, upw or GATEUP_UNITS_PER_WARP
+    warps = DOWN_WARPS if warps is None else warps
+    rows = down_warps.ROWS if rows is None else rows
+    return (CHAIN_EXPERTS and tokens == 1 and bool(warps) and ((threads // WARP) * upw) % 16 == 0
+            and applies(rec, k, threads, upw) and moe_down_chained.applies(rec, k, rows, threads)
+            and phases.available())
+
+
+def _chained_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
+                      k: int, order: RoutingOrder, norm_topk_prob: bool, shared, rows: int, vector_loads: bool | None,
+                      prefetch: tuple[mx.array | None, mx.array | None], kw: dict) -> mx.array:
+    """`routed_residual`'s two launches (the gate/up launch, moe_down_warps' down step) as one:
+    the gate/up blocks, then moe_down_chained's down blocks, which wait for them where they first
+    read h. The same outputs bit for bit. Counters: a site a layer (the arena and the layer's slot base).
+    prefetch: the weights the gate/up and the down phase ask into L2 (kernels/l2_prefetch.py)."""
+    gateup_spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True,
+                         prefetch=prefetch[0], **kw)
+    down_spec = moe_down_chained.down_phase(gateup_spec, rec, x_mid, k, rows=rows, vector_loads=vector_loads,
+                                            prefetch=prefetch[1])
+    links = {c: (0, GATEUP_SOURCE.outputs.index(o)) for c, o in moe_down_chained.FROM_GATEUP.items()}
+    return phases.chain_all((gateup_spec, down_spec), ({}, links), key=arena, use=f"experts@{slot_base}",
+                            waits=(0, moe_down_chained.WAIT_AT))[-1]

@@ -223,10 +223,11 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
 
 
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
-              waits: Sequence[int] | None = None) -> list[mx.array]:
+              waits: Sequence[int] | None = None, use: str = "chain") -> list[mx.array]:
     """Run specs[0], specs[1], ... as one launch, each phase after the one before it; links[i]:
     phase i's input name -> (an earlier phase j, the index of j's output it reads; phase i's spec
-    holds a `Pending` there); waits[i]: where phase i's body first reads them (`chain_sources`).
+    holds a `Pending` there); waits[i]: where phase i's body first reads them (`chain_sources`);
+    key, use: the site's counters (`counters`: use tells apart sites that share their key array).
     Returns every phase's outputs, in phase order."""
     if not available():
         raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
@@ -250,7 +251,7 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
                 raise ValueError(f"chain: {s.src.name}'s {c} must be a Pending {want}, got {got!r}")
         named.append(tuple((c, j, specs[j].src.outputs[o]) for c, (j, o) in ln.items()))
     src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits)
-    template, inputs, starts = [], [counters(key)], [0]
+    template, inputs, starts = [], [counters(key, use)], [0]
     for i, (s, ln) in enumerate(zip(specs, links)):
         template += [(_prefix(i).upper() + k, v) for k, v in s.template]
         inputs += [a for n, a in zip(s.src.inputs, s.inputs) if n not in ln]
