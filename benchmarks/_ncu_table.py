@@ -17,7 +17,8 @@ import sys
 NAME_CHARS = 90
 # more metrics printed where collected: (metric, column, format)
 EXTRA = (("launch__registers_per_thread", "regs", "{:5.0f}"),
-         ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps%", "{:6.1f}"))
+         ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps%", "{:6.1f}"),
+         ("lts__t_sector_hit_rate.pct", "L2hit%", "{:6.1f}"))
 UNITS = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0, "byte": 1.0, "Kbyte": 1e3,
          "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9, "B": 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3}
 
