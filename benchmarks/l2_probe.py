@@ -1,0 +1,95 @@
+"""Does asking a matrix into L2 make the next GEMV over it faster? Two questions the L2 forms of
+the decode step (kernels/l2_prefetch.py) could not tell apart: whether a line or bulk prefetch
+leaves the matrix in the H200's L2, and whether a decode GEMV reading its matrix from L2 is faster
+than one reading it from HBM.
+
+One matrix the size of the seed shape's QKV projection (3072 x 2560 float16, 15.7 MB), the decode
+GEMV over it (kernels/dense_gemv.py, one token), in five sequences, each after a 256 MB copy that
+evicts L2:
+    cold        the GEMV alone (its matrix from HBM)
+    warm        the GEMV, then the GEMV again (the second reads what the first left in L2)
+    bulk        a launch asking the matrix into L2 by bulk prefetch (l2_prefetch.SPAN), then the GEMV
+    lines       the same by 128-byte line prefetches (prefetch_l2 a line a thread)
+    copy        a launch reading the whole matrix into registers (a demand load), then the GEMV
+Run under ncu with no cache flush between kernels and one metric (no kernel replay), so each
+GEMV's time is what the L2 held for it; the marker kernel splits the sequences:
+
+    ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \\
+        python3 benchmarks/l2_probe.py | python3 benchmarks/ncu_summary.py
+
+Without ncu it runs the sequences once (a smoke test; on the emulator the prefetches are no-ops).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _measure import ncu_marker  # noqa: E402
+from strata.mlx_backend.kernels import l2_prefetch  # noqa: E402
+from strata.mlx_backend.kernels.dense_gemv import dense_gemv  # noqa: E402
+from strata.mlx_backend.kernels.launch import launch  # noqa: E402
+from strata.mlx_backend.kernels.source import KernelSource  # noqa: E402
+
+ROWS, COLS = 3072, 2560
+BLOCKS = 384  # spans a launch (the QKV GEMV's grid)
+EVICT_BYTES = 256 << 20
+
+_ASK = KernelSource("strata_probe_l2_ask", ("pf",), ("out",), l2_prefetch.SPAN + "\n  if (tid == 0u) out[bx] = 0.0f;\n")
+_LINES = KernelSource("strata_probe_l2_lines", ("pf",), ("out",), r"""
+  const DEVICE uint8_t* p = (const DEVICE uint8_t*)pf;
+  for (uint64_t o = ((uint64_t)bx * NT + tid) * 128u; o < (uint64_t)PFB; o += (uint64_t)NB * NT * 128u) prefetch_l2(p + o);
+  if (tid == 0u) out[bx] = 0.0f;
+""")
+_READ = KernelSource("strata_probe_l2_read", ("pf",), ("out",), r"""
+  const DEVICE uint4* p = (const DEVICE uint4*)pf;
+  uint32_t acc = 0u;
+  for (uint64_t o = (uint64_t)bx * NT + tid; o < (uint64_t)(PFB / 16); o += (uint64_t)NB * NT) acc ^= p[o].x ^ p[o].w;
+  out[bx * NT + tid] = (float)(acc & 1u);
+""")
+
+
+def _run(src: KernelSource, w: mx.array, template: tuple, threads: int = 256) -> mx.array:
+    return launch(src, [w], [(BLOCKS * threads,)], [mx.float32], blocks=(BLOCKS, 1, 1), threads=threads,
+                  template=template)[0]
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    w = mx.array((rng.standard_normal((ROWS, COLS)) * 0.02).astype(np.float16))
+    x = mx.array(rng.standard_normal((1, COLS)).astype(np.float32))
+    evict = mx.zeros((EVICT_BYTES // 4,), mx.float32)
+    mx.eval(w, x, evict)
+    span = l2_prefetch.span_template(w, BLOCKS)
+    plain = (("PFB", int(w.nbytes)), ("NB", BLOCKS), ("NT", 256))
+    mark = ncu_marker()
+    first = None
+    sequences = {
+        "cold": [],
+        "warm": [lambda: dense_gemv(w, x)],
+        "bulk": [lambda: _run(_ASK, w, span)],
+        "lines": [lambda: _run(_LINES, w, plain)],
+        "copy": [lambda: _run(_READ, w, plain)],
+    }
+    for rep in range(2):
+        for name, before in sequences.items():
+            mx.eval(evict + 1.0)  # a 256 MB read and write: L2 holds none of w
+            for f in before:
+                mx.eval(f())
+            y = dense_gemv(w, x)
+            mx.eval(y)
+            mark()
+            first = np.array(y) if first is None else first
+            assert np.array_equal(np.array(y), first), name  # the prefetches change no values
+            print(f"l2_probe segment: pass {rep + 1}, {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
