@@ -62,9 +62,11 @@ def _run(src: KernelSource, w: mx.array, template: tuple, threads: int = 256) ->
 
 def main() -> int:
     rng = np.random.default_rng(0)
-    w = mx.array((rng.standard_normal((ROWS, COLS)) * 0.02).astype(np.float16))
-    x = mx.array(rng.standard_normal((1, COLS)).astype(np.float32))
-    evict = mx.zeros((EVICT_BYTES // 4,), mx.float32)
+    # in device memory (an op's output): an array made from host memory is managed memory on MLX's
+    # CUDA build, which a kernel faults in (a first run of this probe timed those faults, 150-450 us)
+    w = mx.array((rng.standard_normal((ROWS, COLS)) * 0.02).astype(np.float16)) + 0
+    x = mx.array(rng.standard_normal((1, COLS)).astype(np.float32)) + 0
+    evict = mx.zeros((EVICT_BYTES // 4,), mx.float32) + 0
     mx.eval(w, x, evict)
     span = l2_prefetch.span_template(w, BLOCKS)
     plain = (("PFB", int(w.nbytes)), ("NB", BLOCKS), ("NT", 256))
