@@ -24,7 +24,7 @@ from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, l2_prefetch, moe, moe_decode
+from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, moe, moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -141,16 +141,11 @@ CHAIN_FORMS = (
                                                                          (_AP, "CHAIN_QKV", False),
                                                                          (_MD, "CHAIN_EXPERTS", False))),
 )
-# the next layer's weights asked into L2 by the expert launches (kernels/l2_prefetch.py): under
-# `ncu --cache-control none` (no flush between kernels) each kernel's time shows what L2 held for it
-_L2 = l2_prefetch.NextLayer
-L2_FORMS = tuple((f"L2: {w.value}", ((l2_prefetch, "NEXT_LAYER", w),)) for w in
-                 (_L2.QKV_DOWN, _L2.QKV_GATEUP, _L2.QKV_GATEUP_WO_DOWN, _L2.OFF))
 
 
 def ncu_chain_forms(small: bool = False, layers: int = 4, forms=CHAIN_FORMS) -> dict[str, float]:
     """One decoded token (context 8) of a `layers`-layer model in each form of `forms` (CHAIN_FORMS
-    or L2_FORMS), twice over (the first pass holds each kernel's first launch), each token between
+    by default), twice over (the first pass holds each kernel's first launch), each token between
     two marker launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits
     of each form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)

@@ -48,7 +48,7 @@ from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
-from strata.mlx_backend.kernels import decode_routing, l2_prefetch, moe_decode, moe_down_warps  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend import device_pipeline  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
@@ -107,10 +107,6 @@ FORMS = {
     "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (CHAIN_QKV; the default since)
     "unchained": (True, True, 0),  # the QKV GEMV and the router launches of their own (CHAIN_QKV off)
     "unrouted": (True, True, 0),  # the router a launch of its own (attend_project.CHAIN_ROUTER off)
-    # the next layer's weights asked into L2 by the expert launches (kernels/l2_prefetch.py NEXT_LAYER)
-    "l2_prefetch": (True, True, 0),  # the QKV matrix by the down step (NextLayer.QKV_DOWN: the first form)
-    "l2_qkv_gateup": (True, True, 0),  # the QKV matrix by the gate/up step, before its ranking
-    "l2_qkv_wo": (True, True, 0),  # that, and W_o by the down step
     "route_rl10": (True, True, 0),  # the chained router's lanes 10 units in flight (ROUTE_ROW_LOADS; 5 by default)
     "unsummed": (True, True, 0),  # the router adds attend_project's H partials (SUM_PARTS off)
     "chain_pf8": (True, True, 0),  # 8 / 16 16-byte groups of W_o loaded before the chained wait (CHAIN_PREFETCH; 4 by default)
@@ -146,9 +142,6 @@ SWITCHES = {
     "unchained": ((attend_project, "CHAIN_QKV", False),),
     "unrouted": ((attend_project, "CHAIN_ROUTER", False),),
     "route_rl10": ((attend_project, "ROUTE_ROW_LOADS", 10),),
-    "l2_prefetch": ((l2_prefetch, "NEXT_LAYER", l2_prefetch.NextLayer.QKV_DOWN),),
-    "l2_qkv_gateup": ((l2_prefetch, "NEXT_LAYER", l2_prefetch.NextLayer.QKV_GATEUP),),
-    "l2_qkv_wo": ((l2_prefetch, "NEXT_LAYER", l2_prefetch.NextLayer.QKV_GATEUP_WO_DOWN),),
     "unsummed": ((attend_project, "SUM_PARTS", False),),
     "chain_pf8": ((attend_project, "CHAIN_PREFETCH", 8),),
     "chain_pf16": ((attend_project, "CHAIN_PREFETCH", 16),),

@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, l2, experts_chain
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, l2_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -229,37 +229,21 @@ stage jit_probe 130 env MLX_PTX_CACHE_DIR="$(mktemp -d)" python3 benchmarks/jit_
 stage speculative "$SPEC_S" bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
 # issue 19, decode at context 8 in chained launches (STRATA_STAGES=chains): the chains' GPU tests,
-# a layer's kernels by ncu in each chain form, the host's share and the GPU's drain in one process
-# per form (l2_prefetch: the down step asks the next layer's QKV matrix into L2; ncu flushes the
-# caches between kernels, so only these in-graph rows can show it), decode_context alternating
-stage chains 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 140 python3 -m pytest -q   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_mlx_attend_project.py   tests/test_mlx_moe_decode.py::test_next_layer_prefetch_changes_no_bits;
-  timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains   2>&1 | python3 benchmarks/ncu_summary.py;
-  timeout 90 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms l2_prefetch,unrouted,unchained;
-  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,l2_prefetch \
-  --also 8/split,8/l2_prefetch,8/split,8/l2_prefetch --tokens 64'
-# issue 19, the next layer's weights asked into L2 by the expert launches (STRATA_STAGES=l2;
-# kernels/l2_prefetch.py): the prefetch tests on the GPU, a token's kernels by ncu with no cache
-# flush between them in each form, then the in-graph rows (host_cost, decode_context alternating)
-stage l2 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 60 python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -rfEs -m gpu tests/test_mlx_moe_decode.py -k prefetch;
-  timeout 70 ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
-  python3 benchmarks/kernels.py --ncu l2 2>&1 | python3 benchmarks/ncu_summary.py;
-  timeout 150 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms l2_prefetch,l2_qkv_gateup,l2_qkv_wo;
-  timeout 150 python3 benchmarks/decode_context.py --contexts 8 --forms split,l2_qkv_gateup,l2_qkv_wo \
-  --also 8/split,8/l2_qkv_gateup,8/l2_qkv_wo --tokens 64'
-# issue 19, a token's routed experts as one launch (STRATA_STAGES=experts_chain): the chain's GPU
-# tests, ncu of a token's kernels in each chain form, the chain kernel's DRAM bytes with the L2
-# forms (no flush between kernels: did the prefetch land?), then the in-graph rows
-stage experts_chain 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 90 python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -rfEs -m gpu tests/test_moe_chain.py tests/test_phases.py;
+# a layer's kernels by ncu in each chain form (the experts' chain among them), the host's share and
+# the GPU's drain in one process per form, decode_context alternating
+stage chains 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 140 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_mlx_attend_project.py \
+  tests/test_moe_chain.py;
   timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains \
   2>&1 | python3 benchmarks/ncu_summary.py | grep -v "^| [0-9]";
-  timeout 60 ncu --cache-control none --clock-control none -k regex:strata_chain_dense --metrics \
-  gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct --csv python3 benchmarks/kernels.py --ncu l2 \
-  2>&1 | python3 benchmarks/_ncu_table.py;
-  timeout 110 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms chain_experts,unchained;
+  timeout 110 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms chain_experts,unrouted,unchained;
   timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,chain_experts \
   --also 8/split,8/chain_experts --tokens 64'
+# issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
+# the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
+# no cache flush between kernels
+stage l2_probe 120 bash -c 'ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
+  python3 benchmarks/l2_probe.py 2>&1 | python3 benchmarks/ncu_summary.py | grep -v "binary_vs\|copy_s"'
 stage doctor "$DOCTOR_S" python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
   --models small,demo --arenas 0.15,0.3,0.6 --budget-s $(( DOCTOR_S - 30 )) --case-timeout 30 \
   --cache-dir /tmp/strata-doctor-cache

@@ -23,7 +23,6 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
     python benchmarks/kernels.py --ncu decode  # a decoded token's launches for ncu, now and before
     ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains \
         | python3 benchmarks/ncu_summary.py     # a decoded token in each form of chained launches, by kernel
-    ncu --cache-control none ... --ncu l2 | ...  # the same in each form of the next layer's L2 prefetch
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part, print_rows  # noqa: E402
 from _native_experts import native_part, ncu_launches  # noqa: E402
-from _decode_kernels import CHAIN_FORMS, L2_FORMS, decode_part, ncu_chain_forms, ncu_decode_launches, ncu_expert_launches  # noqa: E402
+from _decode_kernels import decode_part, ncu_chain_forms, ncu_decode_launches, ncu_expert_launches  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.mlx_backend.experts import silu, slot_planes  # noqa: E402
@@ -143,15 +142,13 @@ def gather_qmm_experts(stack, x16: mx.array, idx: mx.array, weights: mx.array) -
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on any machine")
-    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native", "experts", "chains", "l2"), nargs="?", const="all",
+    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native", "experts", "chains"), nargs="?", const="all",
                     default=None,
                     help="only a few launches for ncu to time: the expert kernel at 1 and 64 tokens and "
                          "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
                          "native kernel and gather_qmm per MLX type (native); a decoded token's expert step "
                          "in each form (experts: _decode_kernels.EXPERT_FORMS); a decoded token of 4 layers "
-                         "in each form of chained launches (chains: _decode_kernels.CHAIN_FORMS); the same "
-                         "in each form of the next layer's L2 prefetch (l2: _decode_kernels.L2_FORMS; run "
-                         "ncu with --cache-control none)")
+                         "in each form of chained launches (chains: _decode_kernels.CHAIN_FORMS)")
     ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
     ap.add_argument("--decode", action="store_true", help="a decoded token's kernels one by one only (_decode_kernels.py)")
     args = ap.parse_args()
@@ -164,11 +161,11 @@ def main() -> int:
             return 1
         ncu_expert_launches()
         return 0
-    if args.ncu in ("chains", "l2"):
+    if args.ncu == "chains":
         if not gpu:
             print("--ncu needs the GPU path")
             return 1
-        ncu_chain_forms(args.small, forms=CHAIN_FORMS if args.ncu == "chains" else L2_FORMS)
+        ncu_chain_forms(args.small)
         return 0
     if args.ncu == "native":
         if not gpu:

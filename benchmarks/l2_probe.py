@@ -1,14 +1,15 @@
-"""Does asking a matrix into L2 make the next GEMV over it faster? Two questions the L2 forms of
-the decode step (kernels/l2_prefetch.py) could not tell apart: whether a line or bulk prefetch
-leaves the matrix in the H200's L2, and whether a decode GEMV reading its matrix from L2 is faster
-than one reading it from HBM.
+"""Does asking a matrix into L2 make the next GEMV over it faster? Two questions the decode step's
+L2 forms (the expert launches asking the next layer's QKV matrix and W_o into L2: built, measured
+no faster on the H200, removed; docs/perf.md) could not tell apart: whether a line or bulk
+prefetch leaves the matrix in the H200's L2, and whether a decode GEMV reading its matrix from L2
+is faster than one reading it from HBM.
 
 One matrix the size of the seed shape's QKV projection (3072 x 2560 float16, 15.7 MB), the decode
 GEMV over it (kernels/dense_gemv.py, one token), in five sequences, each after a 256 MB copy that
 evicts L2 and ending with a small GEMV that hands the measured one its output buffer:
     cold        the GEMV alone (its matrix from HBM)
     warm        the GEMV, then the GEMV again (the second reads what the first left in L2)
-    bulk        a launch asking the matrix into L2 by bulk prefetch (l2_prefetch.SPAN), then the GEMV
+    bulk        a launch asking the matrix into L2 by bulk prefetch (a span a block), then the GEMV
     lines       the same by 128-byte line prefetches (prefetch_l2 a line a thread)
     copy        a launch reading the whole matrix into registers (a demand load), then the GEMV
 Run under ncu with no cache flush between kernels and one metric (no kernel replay), so each
@@ -32,7 +33,6 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import ncu_marker  # noqa: E402
-from strata.mlx_backend.kernels import l2_prefetch  # noqa: E402
 from strata.mlx_backend.kernels.dense_gemv import dense_gemv  # noqa: E402
 from strata.mlx_backend.kernels.launch import launch  # noqa: E402
 from strata.mlx_backend.kernels.source import KernelSource  # noqa: E402
@@ -41,7 +41,19 @@ ROWS, COLS = 3072, 2560
 BLOCKS = 384  # spans a launch (the QKV GEMV's grid)
 EVICT_BYTES = 256 << 20
 
-_ASK = KernelSource("strata_probe_l2_ask", ("pf",), ("out",), l2_prefetch.SPAN + "\n  if (tid == 0u) out[bx] = 0.0f;\n")
+CHUNK = 1 << 16  # bytes a bulk prefetch instruction asks for
+# a block's span of pf (PFB bytes in all, PFS a block) into L2, asked by one thread
+_ASK = KernelSource("strata_probe_l2_ask", ("pf",), ("out",), r"""
+  if (tid == 0u) {
+    const uint64_t lo = (uint64_t)bx * (uint64_t)PFS;
+    const uint64_t hi = lo + (uint64_t)PFS < (uint64_t)PFB ? lo + (uint64_t)PFS : (uint64_t)PFB;
+    for (uint64_t o = lo; o + 16u <= hi; o += (uint64_t)PF_CHUNK) {
+      const uint64_t n = hi - o < (uint64_t)PF_CHUNK ? hi - o : (uint64_t)PF_CHUNK;
+      prefetch_l2_span((const DEVICE uint8_t*)pf + o, (uint32_t)(n & ~(uint64_t)15u));
+    }
+    out[bx] = 0.0f;
+  }
+""")
 _LINES = KernelSource("strata_probe_l2_lines", ("pf",), ("out",), r"""
   const DEVICE uint8_t* p = (const DEVICE uint8_t*)pf;
   for (uint64_t o = ((uint64_t)bx * NT + tid) * 128u; o < (uint64_t)PFB; o += (uint64_t)NB * NT * 128u) prefetch_l2(p + o);
@@ -74,7 +86,8 @@ def main() -> int:
     w_small = mx.array((rng.standard_normal((ROWS, 64)) * 0.02).astype(np.float16)) + 0
     x_small = mx.array(rng.standard_normal((1, 64)).astype(np.float32)) + 0
     mx.eval(w, x, evict, w_small, x_small)
-    span = l2_prefetch.span_template(w, BLOCKS)
+    per_block = -(-int(w.nbytes) // BLOCKS)
+    span = (("PFB", int(w.nbytes)), ("PFS", -(-per_block // 128) * 128), ("PF_CHUNK", CHUNK))
     plain = (("PFB", int(w.nbytes)), ("NB", BLOCKS), ("NT", 256))
     mark = ncu_marker()
     first = None

@@ -96,9 +96,7 @@ def main() -> int:
 
     def chained():  # on the emulated path, where phases.available() (the launch itself is captured)
         with using_path(KernelPath.EMULATED):
-            for prefetch in (None, mx.zeros((1 << 20,), mx.uint8)):  # the default forms, then the L2 ask
-                moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True,
-                                           down_prefetch=prefetch)
+            moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True)
 
     def every_form():
         saved = moe_decode.CHAIN_EXPERTS
@@ -123,7 +121,7 @@ def main() -> int:
             t = dict(template)
             label = f"{src.name} blocks {blocks[0]} x {threads}" + (
                 f" ROUNDS {t['ROUNDS']} UPW {t['UPW']} WE {t['WE']} VL {t['VL']}" if "ROUNDS" in t else "") + (
-                f" (gate/up {t['CHAIN_S1']} blocks, PFB {t['B_PFB']})" if "CHAIN_S1" in t else "")
+                f" (gate/up {t['CHAIN_S1']} blocks)" if "CHAIN_S1" in t else "")
             regs = r.get("registers")
             occ = (65536 // (regs * threads)) if regs else None
             rows.append((label, regs, r.get("spill_stores"), r.get("smem"), occ, r.get("error", "")[:200]))

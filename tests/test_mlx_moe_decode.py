@@ -18,7 +18,7 @@ from strata.formats.expert_record import RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend import model as mlx_model
-from strata.mlx_backend.kernels import attend_project, decode_routing, l2_prefetch, moe_decode, moe_down_warps
+from strata.mlx_backend.kernels import attend_project, decode_routing, moe_decode, moe_down_warps
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 from strata.mlx_backend.routing import route_batch
 from strata.model_config import RoutingOrder
@@ -327,44 +327,3 @@ def test_vector_loads_against_the_reference(path):
             g4 = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, vector_loads=True,
                                    upw=4)
             np.testing.assert_array_equal(np.array(g4.hid), np.array(g2.hid))
-
-
-@pytest.mark.parametrize("where", [w for w in l2_prefetch.NextLayer if w is not l2_prefetch.NextLayer.OFF])
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-def test_next_layer_prefetch_changes_no_bits(path, where, monkeypatch):
-    """l2_prefetch.NEXT_LAYER: the expert launches ask the next layer's QKV matrix (and W_o) into
-    L2 (a no-op on the emulator): the decoded tokens' logits and cache bit for bit as without it;
-    every launch that asks, but the last layer's, asks for the whole array in spans that cover it."""
-    from strata.mlx_backend.kernels.launch import recording
-    from test_mlx_compiled import greedy_steps
-
-    with using_path(path):
-        p = random_params(NO_SHARED, seed=6, pred_q8=False)
-        off = greedy_steps(p)
-        monkeypatch.setattr(l2_prefetch, "NEXT_LAYER", where)
-        with recording() as rec:
-            on = greedy_steps(p)
-    attn = p.layers[1].attn
-    want = {l2_prefetch.NextLayer.QKV_DOWN: (None, attn.wqkv), l2_prefetch.NextLayer.QKV_GATEUP: (attn.wqkv, None),
-            l2_prefetch.NextLayer.QKV_GATEUP_WO_DOWN: (attn.wqkv, attn.wo)}[where]
-    for name, arr in zip(("strata_moe_gateup", "strata_moe_down_warps"), want):
-        spans = sorted({(dict(r[3])["PFB"], dict(r[3])["PFS"]) for r in rec if r[0].name == name})
-        if arr is None:
-            assert spans == [(0, 0)]
-            continue
-        assert spans[0] == (0, 0) and len(spans) == 2  # the last layer has none to ask for
-        pfb, pfs = spans[1]
-        assert pfb == min(arr.nbytes, l2_prefetch.MAX_BYTES) and pfs % 128 == 0
-    for a, b in zip(off, on):
-        assert a.tobytes() == b.tobytes()
-
-
-def test_prefetch_spans_cover_the_array():
-    """span_template: blocks x PFS bytes cover PFB (whole 128-byte lines), capped at MAX_BYTES."""
-    for nbytes, blocks in ((3072 * 2560 * 2, 360), (2560 * 2048 * 2, 320), (4096, 7), (128, 1000)):
-        a = mx.zeros((nbytes // 2,), dtype=mx.float16)
-        t = dict(l2_prefetch.span_template(a, blocks))
-        assert t["PFB"] == min(nbytes, l2_prefetch.MAX_BYTES)
-        assert t["PFS"] % 128 == 0 and blocks * t["PFS"] >= t["PFB"]  # every byte in some block's span
-        assert t["PFS"] < -(-t["PFB"] // blocks) + 128  # and no span longer than its share needs
-    assert dict(l2_prefetch.span_template(None, 5))["PFB"] == 0

@@ -115,23 +115,18 @@ def test_chain_equals_the_two_launches_bit_for_bit(monkeypatch, shape, n, shared
     {"rounds": decode_routing.Ranking.LOOP},  # both phases rank by the count loop
     {"rounds": decode_routing.Ranking.ROUNDS},
     {"threads": 128, "upw": 4},  # 4 warps a block: the down phase's warps take experts w, w + 4
-    {"down_prefetch": "next"},  # the next layer's weights asked into L2 (a no-op here: the same bits)
-    {"down_prefetch": "next", "gateup_prefetch": "next"},
 ], ids=lambda kw: "-".join(f"{k}={getattr(v, 'name', v)}" for k, v in kw.items()))
 def test_every_form_chains_bit_for_bit(monkeypatch, kw):
     """Each of routed_residual's forms that the chain takes, at k 6 (more experts than the
     128-thread form's warps), with the shared expert (gated): the two launches' bits."""
     k = 6
     rec, records, x, x_mid, z, weights = _case(1024, 96, 24, 7, shared="gated")
-    kw = {n: mx.array(np.arange(4096, dtype=np.float16)) if v == "next" else v for n, v in kw.items()}
     with using_path(KernelPath.EMULATED), recording() as seen:
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, RoutingOrder.SOFTMAX_TOPK, True)
         (apart, chained), made = _apart_and_chained(monkeypatch, args, shared=_as_f16(weights), **kw)
     _assert_same_bits(apart, chained, made, str(kw))
     tpl = dict(next(t for s, _, _, t in seen if s.name == CHAINED))
     assert tpl["B_NT"] == tpl["A_NT"] == kw.get("threads", moe_decode.GATEUP_THREADS)
-    assert tpl["B_PFB"] == (8192 if "down_prefetch" in kw else 0)
-    assert tpl["A_PFB"] == (8192 if "gateup_prefetch" in kw else 0)
 
 
 @emulated
@@ -171,20 +166,19 @@ def test_counters_are_zero_after_the_launch_and_a_layer_each(monkeypatch):
 
 @emulated
 def test_the_down_phase_waits_after_its_loads_and_before_h(monkeypatch):
-    """In the chained source, the down phase ranks z and issues its code and scale loads (and the
-    L2 prefetch) before its wait for the gate/up phase's count, and reads nothing that phase
+    """In the chained source, the down phase ranks z and issues its code and scale loads before its
+    wait for the gate/up phase's count, and reads nothing that phase
     writes (h, the weights, the shared partials and gate) before it."""
     rec, records, x, x_mid, z, weights = _case(1024, 96, 24, 9, shared="gated")
     monkeypatch.setattr(moe_decode, "CHAIN_EXPERTS", True)
     with using_path(KernelPath.EMULATED), recording() as seen:
         mx.eval(moe_decode.routed_residual(records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, 4,
-                                           RoutingOrder.SOFTMAX_TOPK, True, shared=_as_f16(weights),
-                                           down_prefetch=mx.zeros((4096,), mx.float16)))
+                                           RoutingOrder.SOFTMAX_TOPK, True, shared=_as_f16(weights)))
     src = next(s for s, *_ in seen if s.name == CHAINED)
     down = src.body[src.body.index("chain_vb - (uint32_t)CHAIN_S1"):]  # the down phase's branch
     wait = down.index("wait_count(")
     assert down.count("wait_count(") == 1
-    for before in ("zs[e] = z[", "top[r] = qi", "qrow[wc]", "srow[wc >> 1]", "prefetch_l2_span("):
+    for before in ("zs[e] = z[", "top[r] = qi", "qrow[wc]", "srow[wc >> 1]"):
         assert down.rindex(before) < wait, before
     for after in ("sout[", "load_f4(hp", "hs[w]", "wsel[", "gate_val["):
         assert down.index(after) > wait, after
@@ -259,7 +253,7 @@ def test_the_decode_step_takes_one_launch_fewer_a_layer(monkeypatch, cfg):
 
 @emulated
 def test_the_chained_cuda_sources_compile(tmp_path, monkeypatch):
-    """The chained kernel in its forms (code forms, vector loads, the shared expert, the L2 ask),
+    """The chained kernel in its forms (code forms, vector loads, the shared expert),
     as MLX's CUDA build compiles it (g++ against the CUDA stub header, as every kernel's check)."""
     from test_metal_compile import _check
 
@@ -267,11 +261,10 @@ def test_the_chained_cuda_sources_compile(tmp_path, monkeypatch):
     rec, records, x, x_mid, z, weights = _case(1024, 96, 24, 15, shared="gated")
     args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, 4, RoutingOrder.SOFTMAX_TOPK, True)
     with using_path(KernelPath.EMULATED), recording() as seen:
-        for kw in ({}, {"denormals": False, "down_vector_loads": True}, {"shared": _as_f16(weights)},
-                   {"down_prefetch": mx.zeros((4096,), mx.float16)}):
+        for kw in ({}, {"denormals": False, "down_vector_loads": True}, {"shared": _as_f16(weights)}):
             mx.eval(moe_decode.routed_residual(*args, **kw))
     chained = [s for s in seen if s[0].name == CHAINED]
-    assert len(chained) == 4 and not chained[0][0].metal
+    assert len(chained) == 3 and not chained[0][0].metal
     errors = [e for e in (_check(tmp_path, Dialect.CUDA, s) for s in chained) if e]
     assert not errors, "\n\n".join(errors)
 

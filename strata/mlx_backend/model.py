@@ -35,7 +35,6 @@ from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
-from strata.mlx_backend.kernels import l2_prefetch, phases
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
@@ -300,23 +299,6 @@ def _router_kernel_ok(p: MlxParams) -> bool:
             and not p.cfg.router_logit_bias)
 
 
-def _next_layer_weights(p: MlxParams, layer: int) -> tuple[mx.array | None, mx.array | None]:
-    """The next layer's weights the gate/up and the down launch ask into L2 (l2_prefetch.NEXT_LAYER;
-    CUDA, and the emulator, where the prefetch is a no-op): an attention layer's float16 QKV
-    matrix and W_o, else None."""
-    where = l2_prefetch.NEXT_LAYER
-    if where is l2_prefetch.NextLayer.OFF or layer + 1 >= p.cfg.n_layers or not phases.available():
-        return None, None
-    a = p.layers[layer + 1].attn
-    qkv, wo = (w if isinstance(w, mx.array) and w.dtype == mx.float16 else None
-               for w in (getattr(a, "wqkv", None), getattr(a, "wo", None)))
-    if where is l2_prefetch.NextLayer.QKV_DOWN:
-        return None, qkv
-    if where is l2_prefetch.NextLayer.QKV_GATEUP:
-        return qkv, None
-    return qkv, wo
-
-
 def _routes_with_mixer(p: MlxParams, layer: int, kv, t: int) -> bool:
     """Whether the layer's attention and its router (the kernel, no guess) run as one launch."""
     return (p.cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and _router_kernel_ok(p)
@@ -408,8 +390,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):
-        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared,
-                                              prefetch=_next_layer_weights(p, layer)), kv
+        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared), kv
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:

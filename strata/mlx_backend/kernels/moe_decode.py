@@ -42,7 +42,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
-from strata.mlx_backend.kernels import l2_prefetch, moe
+from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import phases
@@ -76,8 +76,9 @@ WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block
 # the down phase is moe_down_chained.py's: it ranks z itself and loads its codes before it waits
 # for the gate/up blocks): a layer's routed experts in 1 launch instead of 2, 146 -> 98 launches a
 # decoded token at the seed shape (~3.5 us of GPU time at a kernel boundary and ~12 us of host
-# dispatch a launch on the H200). Off until measured there (decode_context's chain_experts form).
-# CUDA and the emulator only (phases.available): Metal keeps the two launches.
+# dispatch a launch on the H200). Off: measured there, the chained launch took 26.2 us of GPU time
+# a layer against 20.7 for the two (moe_down_chained.py says why), and a token was no faster
+# (decode_context's chain_experts form). CUDA and the emulator only (phases.available).
 CHAIN_EXPERTS = False
 
 # The first routed block's extra work: the rule's weights (and the slots) and the shared
@@ -125,8 +126,7 @@ GATEUP = r"""
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
   SHARED float hsb[UPB];                      // routed blocks: their units' h (the word sums)
-  // the next launches' weights into L2 before the ranking, which HBM would idle through (l2_prefetch.py)
-""" + l2_prefetch.SPAN + routing.RANKING + routing.SLOT_AT + r"""
+""" + routing.RANKING + routing.SLOT_AT + r"""
   if (bx < (uint32_t)NSB) {                   // the shared expert's blocks (NSB = 0: none), block-uniform
     const uint32_t sb = bx;
 """ + shared_kernel.SHARED_BLOCK + r"""
@@ -305,8 +305,7 @@ DOWN = r"""
   }
 """
 
-GATEUP_SOURCE = KernelSource("strata_moe_gateup",
-                             ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp", "pf"),
+GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp"),
                              ("hid", "sel", "wsel", "sout", "sgate_out", "hpre", "hws"), GATEUP, moe.HELPERS)
 DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel", "sout", "gate_val"), ("out",), DOWN,
                            moe.HELPERS)
@@ -361,7 +360,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
            weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
-           prefetch: mx.array | None = None, spec: bool = False):
+           spec: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -370,9 +369,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY);
     no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); vector_loads: a lane's
     codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
-    order than the fused kernel's); prefetch: weights the next launches read, which the blocks ask
-    into L2 before their ranking (kernels/l2_prefetch.py; no values change); spec: the launch's
-    `phases.LaunchSpec` instead of its outputs (the first phase of `routed_residual`'s chain).
+    order than the fused kernel's); spec: the launch's `phases.LaunchSpec` instead of its outputs
+    (the first phase of `routed_residual`'s chain).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -395,10 +393,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("ROUNDS", int(ranking)),
                                ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early)),
                                ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
-    template += l2_prefetch.span_template(prefetch, nsb + k * nch)
     f = rec.expert_ffn
-    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs
-                                          + [l2_prefetch.span_input(prefetch)]),
+    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs),
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
                      (nsb + k * nch, t, 1), threads, template)
@@ -444,9 +440,7 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     """Kernel path: x_mid + the routed experts of h, routed by z, (+ the shared expert of h, gated)
     in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
     upw / denormals / rounds, `down`'s rw, down_warps (None: DOWN_WARPS) for moe_down_warps' down
-    step where it applies, down_rows its rows a block and down_vector_loads its loads (benchmarks),
-    gateup_prefetch / down_prefetch the weights each launch asks into L2 (kernels/l2_prefetch.py;
-    the down launch asks only in moe_down_warps' form).
+    step where it applies, down_rows its rows a block and down_vector_loads its loads (benchmarks).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
@@ -458,18 +452,16 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     warps = DOWN_WARPS if warps is None else warps
     rows = kw.pop("down_rows", down_warps.ROWS)
     down_vl = kw.pop("down_vector_loads", None)
-    down_prefetch = kw.pop("down_prefetch", None)
-    gateup_prefetch = kw.pop("gateup_prefetch", None)
     if chains_experts(rec, k, z.shape[0], threads=kw.get("threads"), upw=kw.get("upw"), warps=warps, rows=rows):
         return _chained_residual(arena, rec, x_mid, h, z, slot_base, k, order, norm_topk_prob, shared, rows, down_vl,
-                                 (gateup_prefetch, down_prefetch), kw)
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, prefetch=gateup_prefetch, **kw)
+                                 kw)
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
     if warps and units % 16 == 0 and down_warps.applies(rec, k, rows):  # hws: whole words of h a gate/up block
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
-                               denormals=kw.get("denormals"), vector_loads=down_vl, prefetch=down_prefetch)
+                               denormals=kw.get("denormals"), vector_loads=down_vl)
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
                 denormals=kw.get("denormals"))
 
@@ -490,15 +482,12 @@ def chains_experts(rec: RecordLayout, k: int, tokens: int, *, threads: int | Non
 
 def _chained_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
                       k: int, order: RoutingOrder, norm_topk_prob: bool, shared, rows: int, vector_loads: bool | None,
-                      prefetch: tuple[mx.array | None, mx.array | None], kw: dict) -> mx.array:
+                      kw: dict) -> mx.array:
     """`routed_residual`'s two launches (the gate/up launch, moe_down_warps' down step) as one:
     the gate/up blocks, then moe_down_chained's down blocks, which wait for them where they first
-    read h. The same outputs bit for bit. Counters: a site a layer (the arena and the layer's slot base).
-    prefetch: the weights the gate/up and the down phase ask into L2 (kernels/l2_prefetch.py)."""
-    gateup_spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True,
-                         prefetch=prefetch[0], **kw)
-    down_spec = moe_down_chained.down_phase(gateup_spec, rec, x_mid, k, rows=rows, vector_loads=vector_loads,
-                                            prefetch=prefetch[1])
+    read h. The same outputs bit for bit. Counters: a site a layer (the arena and the layer's slot base)."""
+    gateup_spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True, **kw)
+    down_spec = moe_down_chained.down_phase(gateup_spec, rec, x_mid, k, rows=rows, vector_loads=vector_loads)
     links = {c: (0, GATEUP_SOURCE.outputs.index(o)) for c, o in moe_down_chained.FROM_GATEUP.items()}
     return phases.chain_all((gateup_spec, down_spec), ({}, links), key=arena, use=f"experts@{slot_base}",
                             waits=(0, moe_down_chained.WAIT_AT))[-1]

@@ -21,7 +21,7 @@ there that moves a cut fails at import):
 - slots: a down block ranks z itself (decode_routing.RANKING, the form the gate/up blocks rank
   by: the same top k), so it reads slot_base + top[i] where moe_down_warps reads the gate/up
   launch's sel, and its code and scale loads (14.4 KB a block, 4.6 MB in all at the seed shape)
-  and the next layer's prefetch go out *before* it waits for the gate/up blocks' count. Only
+  go out *before* it waits for the gate/up blocks' count. Only
   what the gate/up blocks write waits (`WAIT_AT`): h as hpre / hws, the rule's weights wsel,
   the shared expert's partials and gate.
 
@@ -33,10 +33,18 @@ blocks end, without the ~3.5 us boundary. So ~2-4 us of GPU time a layer less th
 launches' ~21.5 (ncu: gate/up 14.3, down 7.2) and one host dispatch less: ~0.6 ms a token of host
 time at ~12 us a launch. Registers: a phase's live values are its own, so the chained kernel takes
 about the more of the two (gate/up alone 70; the down phase holds 2 experts' codes, 2 x 9 words and
-9 scales a lane, across the wait): nvcc sm_90 gives 67 a thread (70 with the L2 prefetch), 17.3 KB
+9 scales a lane, across the wait): nvcc sm_90 gives 67 a thread, 17.3 KB
 of shared memory (both phases' arrays), 3 blocks an SM as the gate/up launch alone
 (benchmarks/ptxas_regs.py). The down phase so runs 24 warps an SM where moe_down_warps ran 40 (4
 blocks of 10): fewer loads in flight to hide its DRAM round trip, which its early loads cover.
+
+Measured on the H200 (ncu, a decoded token of a 4-layer seed-shape model, docs/perf.md): the
+chained launch 26.2 us a layer against 13.2 + 7.5 for the two launches: 5.6 us *more*, not 2-4
+less. Most down blocks start only as gate/up blocks leave (the 360 gate/up blocks hold 360 of
+the 396 block slots at 3 an SM), so their ranking and their loads' round trip come after the
+gate/up phase instead of in its shadow, at 24 warps an SM. In the graph (host_cost.py, 98 launches
+a token against 146) 3.97 ms a token against 3.70-4.52 for the default on one host, and slower in
+decode_context.py's rows: so CHAIN_EXPERTS stays off.
 
 Shapes (one token):
     arena uint8 [S, SLOT], z float32 [1, E], x_mid float32 [1, D], and from the gate/up phase
@@ -51,7 +59,7 @@ import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels import decode_routing as routing
-from strata.mlx_backend.kernels import l2_prefetch, moe
+from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels.launch import as_f32
 from strata.mlx_backend.kernels.phases import LaunchSpec, Pending
@@ -81,18 +89,12 @@ _REC_LINE = "  const DEVICE uint8_t* rec = arena + (uint64_t)sel[t * K + i] * (u
 # moe_down_warps' pieces: its sizes and threadgroup arrays; a lane's row and piece; the loads of
 # an expert row's codes and scales (into q, sc); the shared partials, h and the row sums (into
 # part_r, part_s); the row threads' sums over experts. Left out: the expert of a warp, the slot
-# from sel, moe_down_warps' ask of the next layer's weights into L2 (here once a block, after
-# every expert's loads) and the q / sc arrays (here one per expert of the warp)
+# from sel and the q / sc arrays (here one per expert of the warp)
 SIZES = _cut(_WARPS, "  constexpr int WF = ", _EXPERT_LINE, "moe_down_warps.BODY")
 LANE = _cut(_WARPS, "  const uint32_t row = ", _REC_LINE, "moe_down_warps.BODY")
 ROW_LOADS = _cut(_WARPS, "  const DEVICE uint32_t* qrow = ", "  float sp[SPW];\n", "moe_down_warps.BODY")
-_ASK_L2 = "  // the next launches' weights into L2 (kernels/l2_prefetch.py), after this block's own loads\n  L2_SPAN\n"
-ROW_SUMS = _drop(_cut(_WARPS, "  float sp[SPW];\n", "  BARRIER();\n", "moe_down_warps.BODY"), _ASK_L2,
-                 "moe_down_warps.BODY")
+ROW_SUMS = _cut(_WARPS, "  float sp[SPW];\n", "  BARRIER();\n", "moe_down_warps.BODY")
 EXPERT_SUMS = _cut(_WARPS, "  BARRIER();\n", None, "moe_down_warps.BODY")
-for _piece in (SIZES, LANE, ROW_LOADS, ROW_SUMS, EXPERT_SUMS):
-    if "PFB" in _piece or "prefetch_l2" in _piece or "L2_SPAN" in _piece:  # a prefetch there would run per expert
-        raise AssertionError("moe_down_chained: moe_down_warps' prefetch moved into a piece this phase repeats")
 if "hpre" in ROW_LOADS or "wsel" in ROW_LOADS or "sout" in ROW_LOADS:
     raise AssertionError("moe_down_chained: moe_down_warps' code loads read what the gate/up phase writes")
 
@@ -117,8 +119,7 @@ BEFORE_WAIT = SIZES + RANKING + LANE + r"""
 """ + ROW_LOADS + r"""
     }
   }
-  // the next launches' weights into L2 (kernels/l2_prefetch.py), after this block's own loads
-""" + l2_prefetch.SPAN
+"""
 # where the phase first reads what the gate/up phase writes (the shared partials, then h): the
 # chain's wait goes here
 WAIT_AT = len(BEFORE_WAIT)
@@ -134,7 +135,7 @@ BODY = BEFORE_WAIT + r"""
 """ + EXPERT_SUMS
 
 SOURCE = KernelSource("strata_moe_down_chained",
-                      ("arena", "z", "slot_base", "x_mid", "hpre", "hws", "wsel", "sout", "gate_val", "pf"), ("out",),
+                      ("arena", "z", "slot_base", "x_mid", "hpre", "hws", "wsel", "sout", "gate_val"), ("out",),
                       BODY, moe.HELPERS, metal=False)
 # what the phase reads from the gate/up phase: its input -> the gate/up launch's output
 FROM_GATEUP = {"hpre": "hpre", "hws": "hws", "wsel": "wsel", "sout": "sout", "gate_val": "sgate_out"}
@@ -147,12 +148,12 @@ def applies(rec: RecordLayout, k: int, rows: int, threads: int) -> bool:
 
 
 def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *, rows: int = down_warps.ROWS,
-               vector_loads: bool | None = None, prefetch: mx.array | None = None) -> LaunchSpec:
+               vector_loads: bool | None = None) -> LaunchSpec:
     """The down phase's `LaunchSpec` after the gate/up launch `gateup` (moe_decode.gateup's
     spec=True, one token): the arena, z and slot base it ranks and reads by, its threads, code form
     (DN), ranking form (ROUNDS) and shared blocks (NSB, GATED) are the gate/up launch's; what it
     reads from that phase (FROM_GATEUP) is a `Pending` there, for the chain's links. rows,
-    vector_loads, prefetch: as moe_down_warps.down.
+    vector_loads: as moe_down_warps.down.
 
     Shapes:
         x_mid float32 [1, D] -> out float32 [1, D]
@@ -167,9 +168,8 @@ def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *
     template = (("D", rec.hidden), ("F", rec.expert_ffn), ("SLOT", rec.padded_bytes), ("DC", rec.codes("down").offset),
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", g["DN"]), ("NSB", g["NSB"]),
                 ("GATED", g["GATED"]), ("VL", int(down_warps.VECTOR_LOADS if vector_loads is None else vector_loads)),
-                ("E", g["E"]), ("ROUNDS", g["ROUNDS"]), ("NT", nt)) + l2_prefetch.span_template(prefetch, rec.hidden // rows)
+                ("E", g["E"]), ("ROUNDS", g["ROUNDS"]), ("NT", nt))
     values = {"arena": given["arena"], "z": given["z"], "slot_base": given["slot_base"], "x_mid": as_f32(x_mid),
-              "pf": l2_prefetch.span_input(prefetch),
               **{c: Pending(*made[out]) for c, out in FROM_GATEUP.items()}}
     return LaunchSpec(SOURCE, tuple(values[n] for n in SOURCE.inputs), ((t, rec.hidden),), (mx.float32,),
                       (rec.hidden // rows, t, 1), nt, template)

@@ -32,10 +32,10 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RecordLayout
-from strata.mlx_backend.kernels import l2_prefetch, moe
+from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels.launch import absent, as_f32, launch
 from strata.mlx_backend.kernels.preludes import WARP
-from strata.mlx_backend.kernels.source import KernelSource, expand
+from strata.mlx_backend.kernels.source import KernelSource
 
 ROWS = 8  # output rows a block: 320 blocks at D = 2560 (2.4 an H200 SM), 4 lanes a row
 MAX_K = 32  # a warp an expert: at most 1024 threads a block
@@ -84,8 +84,6 @@ BODY = r"""
     const int s = (int)i + K * j;
     sp[j] = (NSB > 0 && piece == 0u && s < NSB) ? sout[((uint64_t)t * NSB + s) * D + d] : 0.0f;
   }
-  // the next launches' weights into L2 (kernels/l2_prefetch.py), after this block's own loads
-  L2_SPAN
   const DEVICE float* hp = hpre + ((uint64_t)t * K + i) * F;
   const DEVICE float* hs = hws + ((uint64_t)t * K + i) * WF;
   float acc = 0.0f;
@@ -127,8 +125,8 @@ BODY = r"""
 """
 
 SOURCE = KernelSource("strata_moe_down_warps",
-                      ("arena", "x_mid", "hpre", "hws", "sel", "wsel", "sout", "gate_val", "pf"), ("out",),
-                      expand(BODY, L2_SPAN=l2_prefetch.SPAN), moe.HELPERS)
+                      ("arena", "x_mid", "hpre", "hws", "sel", "wsel", "sout", "gate_val"), ("out",), BODY,
+                      moe.HELPERS)
 
 
 def applies(rec: RecordLayout, k: int, rows: int = ROWS) -> bool:
@@ -141,14 +139,11 @@ def applies(rec: RecordLayout, k: int, rows: int = ROWS) -> bool:
 
 def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hws: mx.array, sel: mx.array,
          wsel: mx.array, sout: mx.array | None = None, sgate: mx.array | None = None, *, rows: int = ROWS,
-         denormals: bool | None = None, vector_loads: bool | None = None,
-         prefetch: mx.array | None = None) -> mx.array:
+         denormals: bool | None = None, vector_loads: bool | None = None) -> mx.array:
     """Kernel path: x_mid + (sum_i wsel_i down_i . h_i + sgate * sum of the shared partials), h as
     `moe_decode.GateUp` gives it (hpre, hws). sout None: no shared expert; sgate None: ungated.
     denormals: the code form hpre was scaled for (default moe.subnormal_codes()); vector_loads: a
-    Q2_0 block's two words in one 8-byte load (default VECTOR_LOADS; sums in another order);
-    prefetch: weights the next launches read (the next layer's), which the blocks ask into L2 after
-    their own loads (kernels/l2_prefetch.py; no values change).
+    Q2_0 block's two words in one 8-byte load (default VECTOR_LOADS; sums in another order).
 
     Shapes:
         x_mid float32 [T, D], hpre float32 [T, k, F], hws float32 [T, k, F / 16], sel int32 [T, k],
@@ -164,8 +159,7 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", int(dn)), ("NSB", nsb),
                 ("GATED", int(sgate is not None and nsb > 0)),
                 ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
-    template += l2_prefetch.span_template(prefetch, rec.hidden // rows)
     return launch(SOURCE, [arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
-                           none if sgate is None else sgate, l2_prefetch.span_input(prefetch)],
+                           none if sgate is None else sgate],
                   [(t, rec.hidden)], [mx.float32],
                   blocks=(rec.hidden // rows, t, 1), threads=WARP * k, template=template)[0]

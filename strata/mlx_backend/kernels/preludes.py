@@ -236,7 +236,7 @@ INLINE void warp_sync() { __syncwarp(); }
 // one 128-byte line into L2 for a later launch to read (nothing read into registers)
 INLINE void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
 // n bytes from p into L2 (p 16-byte aligned, n a multiple of 16): on sm_90 one bulk prefetch, whose
-// lines the copy engine walks (kernels/l2_prefetch.py); before it, a line prefetch each 128 bytes
+// lines the copy engine walks (benchmarks/l2_probe.py measures both); before it, a line each 128 bytes
 INLINE void prefetch_l2_span(const uint8_t* p, uint32_t n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory");
