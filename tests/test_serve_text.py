@@ -1,7 +1,7 @@
 """strata.serve's text machinery: stop sequences over streamed pieces, tool-call parsing, fields."""
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strata.serve.fields import Fields, RequestError
@@ -23,6 +23,8 @@ def test_held_back_is_the_longest_suffix_that_starts_a_stop():
 
 @given(st.text("ab\n", max_size=30), st.lists(st.integers(0, 40), max_size=8),
        st.lists(st.text("ab\n", min_size=1, max_size=3), min_size=1, max_size=3))
+@example(text="\naa", cuts=[1, 2], stops=["a", "\naa"])  # "a" completes first, but "\naa" starts earlier
+@example(text="\na", cuts=[1], stops=["a", "\naa"])  # ...and if the text ends there, "a" is the stop
 def test_streamed_stop_matching_equals_cutting_the_whole_text(text, cuts, stops):
     matcher = StopMatcher(tuple(stops))
     shown = "".join(matcher.feed(p) for p in _split(text, cuts))

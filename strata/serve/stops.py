@@ -16,9 +16,17 @@ def held_back(text: str, needles: tuple[str, ...]) -> int:
     return longest
 
 
+def earliest_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """(where, which) of the stop sequence that starts first in `text`, or None."""
+    hits = [(text.find(stop), stop) for stop in stops if stop in text]
+    return min(hits) if hits else None
+
+
 class StopMatcher:
     """Feed the generated text piece by piece; `feed` returns what is safe to show. After a stop
-    sequence `stopped` names it and nothing more is shown (the sequence itself is not)."""
+    sequence `stopped` names it and nothing more is shown (the sequence itself is not). The text
+    is cut where the first stop sequence starts, not where the first one completes, so the result
+    does not depend on how the text was split into pieces."""
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = stops
@@ -29,16 +37,24 @@ class StopMatcher:
         if self.stopped is not None:
             return ""
         text = self._pending + piece
-        hits = [(text.find(s), s) for s in self.stops if s in text]
-        if hits:
-            at, self.stopped = min(hits)
-            self._pending = ""
-            return text[:at]
-        keep = held_back(text, self.stops)
-        self._pending = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        # From here on the text may be the start of a stop that the next pieces complete.
+        undecided_from = len(text) - held_back(text, self.stops)
+        stop = earliest_stop(text, self.stops)
+        # A complete stop counts only if no stop still forming starts before it: with stops
+        # "a" and "\naa", the text "\na" completes "a" but "\naa" may yet start at 0.
+        if stop is not None and stop[0] <= undecided_from:
+            return self._stop_at(text, stop)
+        self._pending = text[undecided_from:]
+        return text[:undecided_from]
 
     def flush(self) -> str:
-        """At the end of generation: the held-back text (it never completed a stop sequence)."""
+        """At the end of generation: the held-back text, cut at a stop sequence it completed
+        while an earlier one might still have formed (no later piece can complete that one)."""
         text, self._pending = self._pending, ""
-        return text
+        stop = earliest_stop(text, self.stops)
+        return self._stop_at(text, stop) if stop is not None else text
+
+    def _stop_at(self, text: str, stop: tuple[int, str]) -> str:
+        at, self.stopped = stop
+        self._pending = ""
+        return text[:at]
