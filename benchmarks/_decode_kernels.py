@@ -24,7 +24,7 @@ from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, moe, moe_decode, moe_down_warps
+from strata.mlx_backend.kernels import attend_project, decode_routing, dense_gemv, moe, moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -132,10 +132,6 @@ _AP, _MD = attend_project, moe_decode
 CHAIN_FORMS = (
     ("default: QKV + attention + router in one launch (3 a layer)", ()),
     ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),
-    ("... with vector loads (60 registers: 4 blocks an SM)", ((_MD, "CHAIN_EXPERTS", True),
-                                                              (_MD, "GATEUP_VECTOR_LOADS", True),
-                                                              (moe_down_warps, "VECTOR_LOADS", True))),
-    ("the GEMV blocks ask W_o and the router's rows into L2", ((_AP, "CHAIN_ASK_L2", True),)),
     ("the router a launch of its own (4 a layer)", ((_AP, "CHAIN_ROUTER", False),)),
     ("the router's lanes 10 units in flight", ((_AP, "ROUTE_ROW_LOADS", 10),)),
     ("16 W_o groups prefetched in the chain", ((_AP, "CHAIN_PREFETCH", 16),)),

@@ -107,8 +107,6 @@ FORMS = {
     "chain_qkv": (True, True, 0),  # the QKV GEMV, attend and W_o as one launch (CHAIN_QKV; the default since)
     "unchained": (True, True, 0),  # the QKV GEMV and the router launches of their own (CHAIN_QKV off)
     "unrouted": (True, True, 0),  # the router a launch of its own (attend_project.CHAIN_ROUTER off)
-    "chain_experts_vl": (True, True, 0),  # chain_experts with both expert steps' vector loads (60 registers: 4 blocks an SM)
-    "chain_ask_l2": (True, True, 0),  # the chain's GEMV blocks ask W_o and the router's rows into L2 (CHAIN_ASK_L2)
     "route_rl10": (True, True, 0),  # the chained router's lanes 10 units in flight (ROUTE_ROW_LOADS; 5 by default)
     "unsummed": (True, True, 0),  # the router adds attend_project's H partials (SUM_PARTS off)
     "chain_pf8": (True, True, 0),  # 8 / 16 16-byte groups of W_o loaded before the chained wait (CHAIN_PREFETCH; 4 by default)
@@ -143,9 +141,6 @@ SWITCHES = {
     "chain_qkv": ((attend_project, "CHAIN_QKV", True),),
     "unchained": ((attend_project, "CHAIN_QKV", False),),
     "unrouted": ((attend_project, "CHAIN_ROUTER", False),),
-    "chain_experts_vl": ((moe_decode, "CHAIN_EXPERTS", True), (moe_decode, "GATEUP_VECTOR_LOADS", True),
-                         (moe_down_warps, "VECTOR_LOADS", True)),
-    "chain_ask_l2": ((attend_project, "CHAIN_ASK_L2", True),),
     "route_rl10": ((attend_project, "ROUTE_ROW_LOADS", 10),),
     "unsummed": ((attend_project, "SUM_PARTS", False),),
     "chain_pf8": ((attend_project, "CHAIN_PREFETCH", 8),),

@@ -95,12 +95,9 @@ def test_chain_refuses_what_it_cannot_run():
         phases.chain(prod, cons, {"y": 0}, key=x)
 
 
-# the QKV GEMV + attention (its partials summed in the launch: SUM_PARTS), and that + the router;
-# each with the GEMV's blocks asking the later phases' weights into L2 (CHAIN_ASK_L2: no bits change)
+# the QKV GEMV + attention (its partials summed in the launch: SUM_PARTS), and that + the router
 CHAINS = {"qkv": "strata_chain_dense_gemv_attend_project_sum",
-          "qkv_router": "strata_chain_dense_gemv_attend_project_sum_router",
-          "qkv_ask": "strata_chain_dense_gemv_ask_attend_project_sum",
-          "qkv_router_ask": "strata_chain_dense_gemv_ask_attend_project_sum_router"}
+          "qkv_router": "strata_chain_dense_gemv_attend_project_sum_router"}
 
 
 def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
@@ -110,8 +107,7 @@ def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
     from test_mlx_compiled import greedy_steps
 
     monkeypatch.setattr(attend_project, "CHAIN_QKV", chained is not None)
-    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained is not None and chained.startswith("qkv_router"))
-    monkeypatch.setattr(attend_project, "CHAIN_ASK_L2", chained is not None and chained.endswith("_ask"))
+    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained == "qkv_router")
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
     name = CHAINS[chained or "qkv"]
     before = LAUNCHES[name]
@@ -133,10 +129,9 @@ def test_chained_decode_bit_for_bit_on_the_emulator(monkeypatch, chained):
         assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("ask", [False, True])
-def test_the_chained_cuda_source_compiles(tmp_path, monkeypatch, ask):
+def test_the_chained_cuda_source_compiles(tmp_path):
     """The chained QKV + attention kernel as MLX's CUDA build would compile it (g++ against the
-    CUDA stub header, as every other kernel's check), with and without the L2 ask."""
+    CUDA stub header, as every other kernel's check)."""
     from test_metal_compile import _check
 
     seen = []
@@ -146,7 +141,6 @@ def test_the_chained_cuda_source_compiles(tmp_path, monkeypatch, ask):
                      tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
         return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
 
-    monkeypatch.setattr(attend_project, "CHAIN_ASK_L2", ask)
     h, kvh, hd, d, s = 4, 2, 64, 256, 64
     f16 = mx.float16
     with using_path(KernelPath.EMULATED):
@@ -159,7 +153,7 @@ def test_the_chained_cuda_source_compiles(tmp_path, monkeypatch, ask):
                 mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), 3, 1e-6, h)
         finally:
             phases.launch = saved
-    assert len(seen) == 1 and ("a_ask_a" in seen[0][0].inputs) == ask
+    assert len(seen) == 1
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 

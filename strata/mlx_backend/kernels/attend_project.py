@@ -136,12 +136,6 @@ CHAIN_QKV = True
 # 28.0-28.2 at 8 and 16, 87 and 117); no bits change with the depth
 CHAIN_PREFETCH = 4
 WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention starts
-# The GEMV phase's blocks ask W_o (and the chained router's rows) into L2 as they start
-# (dense_gemv's `ask`): the attention blocks start only as the GEMV blocks leave the SMs, so their
-# W_o loads and the router's rounds of row loads then wait on L2 instead of HBM. Predicted: 2-3 us
-# a layer (each dependent round ~half as long), if the 13 MB fit in HBM's time beside the GEMV's
-# 15.7 MB without slowing it. Off until measured (decode_context's `chain_ask_l2` form).
-CHAIN_ASK_L2 = False
 
 
 def chains_qkv(t: int, n_pos: int, wo: mx.array) -> bool:
@@ -160,17 +154,16 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
         -> (qkv float32 [1, (H + 2 KVH + gated H) HD], partials float32 [1, H or 1, D])
     """
     gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
-                                n_heads, pos, rotary_dim, gated, (wo,))
+                                n_heads, pos, rotary_dim, gated)
     qkv, *parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
     return qkv, parts[-1]
 
 
 def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos,
-                   rotary_dim, gated, later: tuple) -> tuple[LaunchSpec, LaunchSpec]:
+                   rotary_dim, gated) -> tuple[LaunchSpec, LaunchSpec]:
     """The QKV GEMV's launch and attend_project's reading its output (a `phases.Pending`), as a
-    chain's first two phases take them; `later`: the later phases' weights the GEMV's blocks ask
-    into L2 where CHAIN_ASK_L2."""
-    gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True, ask=later if CHAIN_ASK_L2 else ())
+    chain's first two phases take them."""
+    gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
                           prefetch=CHAIN_PREFETCH, spec=True)
@@ -203,7 +196,7 @@ def qkv_attend_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arr
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
     """
     gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
-                                n_heads, pos, rotary_dim, gated, (wo, w_router))
+                                n_heads, pos, rotary_dim, gated)
     route = router_kernel.router(x, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None, None,
                                  eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
     outs = phases.chain_all((gemv, proj, route), ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}),

@@ -123,36 +123,6 @@ BODY = expand(BODY.replace("  LOAD_BATCH\n", ""), LOAD=_LOAD)
 
 SOURCE = KernelSource("strata_dense_gemv", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY)
 
-# The GEMV as a chain's first phase may ask two later phases' weights into L2 (`ask`): each block's
-# span of each (one bulk prefetch a 64 KB chunk on sm_90, line prefetches before; no registers, no
-# values; a no-op on the emulator), issued before its own loads. Why: in attend_project's chain the
-# GEMV's 384 blocks hold the SMs for its ~9 us while HBM moves its 15.7 MB at ~1.7 TB/s; the
-# attention blocks that start after them load W_o (10.5 MB) in a round trip after their attention,
-# and the router's blocks read their 2.6 MB in several rounds: from L2 each round waits about half
-# as long (benchmarks/l2_probe.py: a 15.7 MB GEMV from L2 6.3 us against 9.1 from HBM).
-ASK_CHUNK = 1 << 16
-_ASK = r"""
-  if (by == 0u && (tid == 0u || tid == 32u)) {  // this block's span of each later phase's weights into L2
-    const DEVICE uint8_t* base = tid == 0u ? (const DEVICE uint8_t*)ask_a : (const DEVICE uint8_t*)ask_b;
-    const uint64_t nb = tid == 0u ? (uint64_t)ASK_AB : (uint64_t)ASK_BB;
-    const uint64_t per = tid == 0u ? (uint64_t)ASK_AS : (uint64_t)ASK_BS;
-    const uint64_t lo = (uint64_t)bx * per, hi = lo + per < nb ? lo + per : nb;
-    for (uint64_t o = lo; o + 16u <= hi; o += (uint64_t)ASK_CHUNK)
-      prefetch_l2_span(base + o, (uint32_t)((hi - o < (uint64_t)ASK_CHUNK ? hi - o : (uint64_t)ASK_CHUNK) & ~(uint64_t)15u));
-  }
-"""
-ASK_SOURCE = KernelSource("strata_dense_gemv_ask", SOURCE.inputs + ("ask_a", "ask_b"), ("y",), _ASK + BODY)
-
-
-def _ask_template(arrays: tuple, blocks: int) -> tuple[tuple[str, int], ...]:
-    """ASK_AB / ASK_BB: the two arrays' bytes (0: none), ASK_AS / ASK_BS: a block's span of each
-    (whole 128-byte lines), ASK_CHUNK."""
-    out = []
-    for tag, a in zip("AB", tuple(arrays) + (None,) * (2 - len(arrays))):
-        nb = 0 if a is None else int(a.nbytes)
-        out += [(f"ASK_{tag}B", nb), (f"ASK_{tag}S", -(-(-(-nb // blocks)) // 128) * 128)]
-    return tuple(out) + (("ASK_CHUNK", ASK_CHUNK),)
-
 
 def rows_per_warp(r: int) -> int:
     """1, or 2 where the grid still has MIN_BLOCKS_FOR_TWO_ROWS blocks per token (the LM head)."""
@@ -161,13 +131,11 @@ def rows_per_warp(r: int) -> int:
 
 
 def dense_gemv(w: mx.array, x: mx.array, norm_w: mx.array | None = None, eps: float = 0.0,
-               bias: mx.array | None = None, *, early: bool | None = None, spec: bool = False,
-               ask: tuple = ()):
+               bias: mx.array | None = None, *, early: bool | None = None, spec: bool = False):
     """Kernel path. w float16 [R, C] (C a multiple of 8, at most MAX_COLS), x float32 [T, C];
     with norm_w (float16 [C]) x is RMS-normed first; with bias (float16 [R]) it is added.
     early: the first weight loads before the prologue (default EARLY_LOADS; the benchmarks compare).
     spec: the launch's `phases.LaunchSpec` instead of its output (for `phases.chain`).
-    ask: up to two arrays (later phases' weights) whose bytes the blocks ask into L2 (`_ASK`).
 
     Shapes:
         w [R, C], x [T, C] -> y float32 [T, R]
@@ -179,16 +147,9 @@ def dense_gemv(w: mx.array, x: mx.array, norm_w: mx.array | None = None, eps: fl
     rpw = rows_per_warp(r)
     rows_per_block = rpw * (THREADS // WARP)
     norm, has_bias = norm_w is not None, bias is not None
-    if len(ask) > 2:
-        raise ValueError(f"dense GEMV kernel: at most two arrays asked into L2, got {len(ask)}")
-    blocks = (r + rows_per_block - 1) // rows_per_block
-    inputs = (w, as_f32(x), norm_w if norm else absent(np.float16), bias if has_bias else absent(np.float16),
-              float_params(eps))
-    if ask:
-        inputs += tuple(ask) + (absent(np.uint8),) * (2 - len(ask))
-    one = LaunchSpec(ASK_SOURCE if ask else SOURCE, inputs,
-                     ((t, r),), (mx.float32,), (blocks, t, 1), THREADS,
+    one = LaunchSpec(SOURCE, (w, as_f32(x), norm_w if norm else absent(np.float16),
+                              bias if has_bias else absent(np.float16), float_params(eps)),
+                     ((t, r),), (mx.float32,), ((r + rows_per_block - 1) // rows_per_block, t, 1), THREADS,
                      (("R", r), ("C", c), ("NORM", int(norm)), ("BIAS", int(has_bias)), ("RPW", rpw),
-                      ("MAX_LOADS", MAX_LOADS), ("NT", THREADS), ("EARLY", int(EARLY_LOADS if early is None else early)))
-                     + (_ask_template(ask, blocks) if ask else ()))
+                      ("MAX_LOADS", MAX_LOADS), ("NT", THREADS), ("EARLY", int(EARLY_LOADS if early is None else early))))
     return one if spec else run(one)[0]
