@@ -143,11 +143,11 @@ CHAIN_FORMS = (
 )
 
 
-def ncu_chain_forms(small: bool = False, layers: int = 4, forms=CHAIN_FORMS) -> dict[str, float]:
-    """One decoded token (context 8) of a `layers`-layer model in each form of `forms` (CHAIN_FORMS
-    by default), twice over (the first pass holds each kernel's first launch), each token between
-    two marker launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits
-    of each form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
+def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
+    """One decoded token (context 8) of a `layers`-layer model in each form of CHAIN_FORMS, twice
+    over (the first pass holds each kernel's first launch), each token between two marker
+    launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits of each
+    form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
     p = random_params(cfg, seed=0, pred_q8=False)
     # no markers off CUDA's kernel path (the emulated smoke test: the forms' logits only)
@@ -156,7 +156,7 @@ def ncu_chain_forms(small: bool = False, layers: int = 4, forms=CHAIN_FORMS) -> 
 
     out = {}
     for rep in range(2):
-        for label, switches in forms:
+        for label, switches in CHAIN_FORMS:
             saved = [(m, k, getattr(m, k)) for m, k, _ in switches]
             try:
                 for m, k, v in switches:
@@ -172,7 +172,7 @@ def ncu_chain_forms(small: bool = False, layers: int = 4, forms=CHAIN_FORMS) -> 
                     setattr(m, k, v)
             out.setdefault(label, np.array(logits, np.float64))
             print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {label}", flush=True)
-    ref = out[forms[-1][0]]
+    ref = out[CHAIN_FORMS[-1][0]]
     errs = {}
     for label, got in out.items():
         errs[label] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))

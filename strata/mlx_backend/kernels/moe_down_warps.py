@@ -124,9 +124,8 @@ BODY = r"""
   }
 """
 
-SOURCE = KernelSource("strata_moe_down_warps",
-                      ("arena", "x_mid", "hpre", "hws", "sel", "wsel", "sout", "gate_val"), ("out",), BODY,
-                      moe.HELPERS)
+SOURCE = KernelSource("strata_moe_down_warps", ("arena", "x_mid", "hpre", "hws", "sel", "wsel", "sout", "gate_val"),
+                      ("out",), BODY, moe.HELPERS)
 
 
 def applies(rec: RecordLayout, k: int, rows: int = ROWS) -> bool:
@@ -160,6 +159,5 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
                 ("GATED", int(sgate is not None and nsb > 0)),
                 ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
     return launch(SOURCE, [arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
-                           none if sgate is None else sgate],
-                  [(t, rec.hidden)], [mx.float32],
+                           none if sgate is None else sgate], [(t, rec.hidden)], [mx.float32],
                   blocks=(rec.hidden // rows, t, 1), threads=WARP * k, template=template)[0]
