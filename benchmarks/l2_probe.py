@@ -42,6 +42,24 @@ BLOCKS = 384  # spans a launch (the QKV GEMV's grid)
 EVICT_BYTES = 256 << 20
 
 CHUNK = 1 << 16  # bytes a bulk prefetch instruction asks for
+# The asks into L2, this probe's own (no library kernel asks since the forms above were removed):
+# on CUDA a line prefetch, and for a span one bulk prefetch on sm_90 (the copy engine walks its
+# lines) or a line each 128 bytes before it; on the emulator no-ops (its smoke test checks values)
+_PREFETCH = r"""
+#if defined(__CUDA_ARCH__)
+INLINE void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+INLINE void prefetch_l2_span(const uint8_t* p, uint32_t n) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory");
+#else
+  for (uint32_t o = 0; o < n; o += 128u) prefetch_l2(p + o);
+#endif
+}
+#else
+INLINE void prefetch_l2(const uint8_t*) {}
+INLINE void prefetch_l2_span(const uint8_t*, uint32_t) {}
+#endif
+"""
 # a block's span of pf (PFB bytes in all, PFS a block) into L2, asked by one thread
 _ASK = KernelSource("strata_probe_l2_ask", ("pf",), ("out",), r"""
   if (tid == 0u) {
@@ -53,12 +71,12 @@ _ASK = KernelSource("strata_probe_l2_ask", ("pf",), ("out",), r"""
     }
     out[bx] = 0.0f;
   }
-""")
+""", _PREFETCH)
 _LINES = KernelSource("strata_probe_l2_lines", ("pf",), ("out",), r"""
   const DEVICE uint8_t* p = (const DEVICE uint8_t*)pf;
   for (uint64_t o = ((uint64_t)bx * NT + tid) * 128u; o < (uint64_t)PFB; o += (uint64_t)NB * NT * 128u) prefetch_l2(p + o);
   if (tid == 0u) out[bx] = 0.0f;
-""")
+""", _PREFETCH)
 _READ = KernelSource("strata_probe_l2_read", ("pf",), ("out",), r"""
   const DEVICE uint4* p = (const DEVICE uint4*)pf;
   uint32_t acc = 0u;

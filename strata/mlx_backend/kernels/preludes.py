@@ -19,9 +19,6 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                bits as uint32_t)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned;
                h8_f8(u) (the 8 halves of a uint4 loaded raw, as floats: a load whose use is later)
-    L2         prefetch_l2(p) (p's 128-byte line into L2), prefetch_l2_span(p, n) (n bytes, p 16-byte
-               aligned, n a multiple of 16): hints for a later launch, no values read; no-ops on
-               Metal and the emulator
     matrix     mma_16816(c, a, lda, b, ldb, lane): one warp's C[16x8] += A[16x16] B[16x8] in float32,
                A row-major and B as [n][k], float16 bits (uint16_t) in shared memory; c holds the
                lane's four elements of C as CUDA's m16n8k16 places them (rows g, g + 8 and
@@ -116,8 +113,6 @@ struct f8 { float v[8]; };
 INLINE float warp_sum(float x) { return simd_sum(x); }
 INLINE float warp_max(float x) { return simd_max(x); }
 INLINE void warp_sync() { simdgroup_barrier(mem_flags::mem_none); }
-INLINE void prefetch_l2(const device uint8_t*) {}  // no prefetch to L2 on Metal: a no-op
-INLINE void prefetch_l2_span(const device uint8_t*, uint32_t) {}
 INLINE float fma_keep(float a, float b, float c) { return metal::fma(a, b, c); }
 INLINE float exp_f(float x) { return metal::exp(x); }
 INLINE float sqrt_f(float x) { return metal::sqrt(x); }
@@ -233,17 +228,6 @@ INLINE float warp_max(float x) {
   return x;
 }
 INLINE void warp_sync() { __syncwarp(); }
-// one 128-byte line into L2 for a later launch to read (nothing read into registers)
-INLINE void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
-// n bytes from p into L2 (p 16-byte aligned, n a multiple of 16): on sm_90 one bulk prefetch, whose
-// lines the copy engine walks (benchmarks/l2_probe.py measures both); before it, a line each 128 bytes
-INLINE void prefetch_l2_span(const uint8_t* p, uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory");
-#else
-  for (uint32_t o = 0; o < n; o += 128u) prefetch_l2(p + o);
-#endif
-}
 // phases.py's one-launch chains (CUDA and the emulator only): a block's ticket, a phase's
 // completion count, and the wait for a count; volatile reads and a device fence, the pattern
 // of CUDA's threadFenceReduction sample
@@ -404,8 +388,6 @@ struct uint4 { uint32_t x, y, z, w; };
 INLINE float warp_sum(float x) { return strata_emu::ctx->warp_sum(x); }
 INLINE float warp_max(float x) { return strata_emu::ctx->warp_max(x); }
 INLINE void warp_sync() { strata_emu::ctx->blk->warp_bars[strata_emu::ctx->tid >> 5]->arrive_and_wait(); }
-INLINE void prefetch_l2(const uint8_t*) {}
-INLINE void prefetch_l2_span(const uint8_t*, uint32_t) {}
 // blocks run one after another in ticket order: a count waited for is complete, or the chain is wrong
 INLINE uint32_t atomic_add_u32(uint32_t* p, uint32_t v) { const uint32_t o = *p; *p = o + v; return o; }
 INLINE void fence_device() {}
