@@ -131,6 +131,8 @@ def ncu_decode_launches(small: bool = False) -> None:
 _AP, _MD = attend_project, moe_decode
 CHAIN_FORMS = (
     ("default: QKV + attention + router in one launch (3 a layer)", ()),
+    ("the chain's QKV GEMV walked KV group by group", ((_AP, "QKV_BY_GROUP", True),)),
+    ("... and 16 W_o groups prefetched", ((_AP, "QKV_BY_GROUP", True), (_AP, "CHAIN_PREFETCH", 16))),
     ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),
     ("the router a launch of its own (4 a layer)", ((_AP, "CHAIN_ROUTER", False),)),
     ("the router's lanes 10 units in flight", ((_AP, "ROUTE_ROW_LOADS", 10),)),

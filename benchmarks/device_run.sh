@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, l2_probe
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, l2_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -239,6 +239,16 @@ stage chains 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   timeout 110 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms chain_experts,unrouted,unchained;
   timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,chain_experts \
   --also 8/split,8/chain_experts --tokens 64'
+# issue 19, decode at context 8 with the chain's QKV GEMV walked KV group by group (STRATA_STAGES=groups):
+# its GPU tests, a layer's kernels by ncu in each chain form, the host's share and the GPU's drain,
+# decode_context alternating the default and the walk
+stage groups 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_mlx_attend_project.py;
+  timeout 70 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains \
+  2>&1 | python3 benchmarks/ncu_summary.py | grep -v "^| [0-9]";
+  timeout 100 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms qkv_groups,groups_pf16;
+  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,qkv_groups \
+  --also 8/split,8/qkv_groups,8/groups_pf16 --tokens 64'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

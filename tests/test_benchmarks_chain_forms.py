@@ -20,6 +20,7 @@ from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path  
 def test_every_chain_form_decodes_the_same_token(capsys):
     before = LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"]
     experts_before = LAUNCHES["strata_chain_moe_gateup_moe_down_chained"]
+    groups_before = LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"]
     with using_path(KernelPath.EMULATED):
         errs = _decode_kernels.ncu_chain_forms(small=True, layers=2)
     assert set(errs) == {label for label, _ in _decode_kernels.CHAIN_FORMS}
@@ -29,6 +30,8 @@ def test_every_chain_form_decodes_the_same_token(capsys):
     # the default, the experts chained too, the 10-unit router and the 16-group prefetch forms, two
     # passes, two layers each; the experts' chain in the forms that switch it on (or keep its default on)
     assert LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"] - before == 4 * 2 * 2
+    # the two forms with the QKV GEMV walked by KV groups
+    assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"] - groups_before == 2 * 2 * 2
     experts = sum(bool(dict(((m, k), v) for m, k, v in sw).get((moe_decode, "CHAIN_EXPERTS"), moe_decode.CHAIN_EXPERTS))
                   for _, sw in _decode_kernels.CHAIN_FORMS)
     assert experts >= 1

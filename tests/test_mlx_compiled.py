@@ -58,7 +58,8 @@ def _prefilled(p):
 
 def greedy_steps(p, steps: int = 3, *, compiled: bool = False):
     """The prompt's forward, then `steps` greedy tokens (uncompiled forward, or a CompiledDecode
-    built on the prompt's state) -> (logits float32 [steps + 1, V], layer 0's keys, its values)."""
+    built on the prompt's state) -> (logits float32 [steps + 1, V], the first attention layer's
+    keys, its values)."""
     state = mlx_model.MlxModelState.empty(p.cfg)
     logits, state = mlx_model.forward(p, state, PROMPT)
     out = [np.array(logits[-1])]
@@ -67,7 +68,7 @@ def greedy_steps(p, steps: int = 3, *, compiled: bool = False):
         tok = int(np.argmax(out[-1]))
         logits, state = step(state, tok) if compiled else mlx_model.forward(p, state, np.array([tok]))
         out.append(np.array(logits[-1]))
-    kv = state.layers[0]
+    kv = next(layer for layer in state.layers if hasattr(layer, "keys"))
     return np.stack(out), np.array(kv.keys), np.array(kv.values)
 
 

@@ -97,7 +97,10 @@ def test_chain_refuses_what_it_cannot_run():
 
 # the QKV GEMV + attention (its partials summed in the launch: SUM_PARTS), and that + the router
 CHAINS = {"qkv": "strata_chain_dense_gemv_attend_project_sum",
-          "qkv_router": "strata_chain_dense_gemv_attend_project_sum_router"}
+          "qkv_router": "strata_chain_dense_gemv_attend_project_sum_router",
+          # ... with the QKV GEMV walked KV group by KV group (kernels/qkv_groups.py)
+          "groups": "strata_chain_qkv_groups_attend_project_sum",
+          "groups_router": "strata_chain_qkv_groups_attend_project_sum_router"}
 
 
 def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
@@ -107,7 +110,8 @@ def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
     from test_mlx_compiled import greedy_steps
 
     monkeypatch.setattr(attend_project, "CHAIN_QKV", chained is not None)
-    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained == "qkv_router")
+    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained in ("qkv_router", "groups_router"))
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in ("groups", "groups_router"))
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
     name = CHAINS[chained or "qkv"]
     before = LAUNCHES[name]
@@ -127,6 +131,52 @@ def test_chained_decode_bit_for_bit_on_the_emulator(monkeypatch, chained):
     assert n_apart == 0 and n_chained == 3 * SMALL.n_layers  # one a layer and decoded token (the prompt apart)
     for a, b in zip(apart, chain):
         assert a.tobytes() == b.tobytes()
+
+
+def test_the_group_walk_decodes_gated_attention_bit_for_bit(monkeypatch):
+    """The hybrid's gated attention (the output gate's rows walked with their group's, partial
+    rotary): the walk against no chain, on the emulator."""
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL_HYBRID
+
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL_HYBRID, seed=22, pred_q8=False)
+        *apart, _ = _decode(p, None, monkeypatch)
+        *chain, n_chained = _decode(p, "groups_router", monkeypatch)
+    assert n_chained == 3  # the one attention layer, three decoded tokens
+    for a, b in zip(apart, chain):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_the_group_walk_rows_cover_the_projection_once():
+    """qkv_group_row over every group and row is a permutation of the projection's rows, each
+    group's rows the ones its heads read (its query heads, its key and value heads, its gates)."""
+    from strata.mlx_backend.kernels import qkv_groups
+
+    for h, kvh, hd, gate in ((4, 2, 64, 0), (16, 4, 128, 0), (8, 2, 16, 1), (6, 3, 8, 1)):
+        g = h // kvh
+        rg = (g * (1 + gate) + 2) * hd
+
+        def row(grp, j):  # the helper's rule, restated
+            qr = g * hd
+            if j < qr:
+                return grp * qr + j
+            if j < qr + hd:
+                return h * hd + grp * hd + j - qr
+            if j < qr + 2 * hd:
+                return (h + kvh) * hd + grp * hd + j - qr - hd
+            return (h + 2 * kvh) * hd + grp * qr + j - qr - 2 * hd
+
+        rows = [row(grp, j) for grp in range(kvh) for j in range(rg)]
+        assert sorted(rows) == list(range((h * (1 + gate) + 2 * kvh) * hd))
+        for grp in range(kvh):
+            mine = {row(grp, j) for j in range(rg)}
+            heads = range(grp * g, grp * g + g)
+            want = {q * hd + i for q in heads for i in range(hd)} | {(h + grp) * hd + i for i in range(hd)}
+            want |= {(h + kvh + grp) * hd + i for i in range(hd)}
+            want |= {(h + 2 * kvh + q) * hd + i for q in heads for i in range(hd) if gate}
+            assert mine == want
+    assert "if (j < qr) return g * qr + j;" in qkv_groups.HELPERS  # the rule restated above is the kernel's
 
 
 def test_the_chained_cuda_source_compiles(tmp_path):
@@ -154,6 +204,31 @@ def test_the_chained_cuda_source_compiles(tmp_path):
         finally:
             phases.launch = saved
     assert len(seen) == 1
+    assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
+
+
+def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
+    """The chained launch with the QKV GEMV walked by KV groups, compiled as the one above."""
+    from test_metal_compile import _check
+
+    seen = []
+
+    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
+        seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
+                     tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", True)
+    h, kvh, hd, d, s, e = 4, 2, 64, 256, 64, 16
+    f16 = mx.float16
+    with using_path(KernelPath.EMULATED):
+        monkeypatch.setattr(phases, "launch", record)
+        attend_project.qkv_attend_route(
+            mx.zeros(((h + 2 * kvh) * hd, d), f16), mx.zeros((1, d)), mx.zeros((d,), f16), None,
+            mx.zeros((hd,), f16), mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)),
+            mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), mx.zeros((d,), f16),
+            mx.zeros((e, d)), 3, 1e-6, h)
+    assert len(seen) == 1 and seen[0][0].name == CHAINS["groups_router"]
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
-from strata.mlx_backend.kernels import phases
+from strata.mlx_backend.kernels import phases, qkv_groups
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
@@ -138,6 +138,16 @@ CHAIN_PREFETCH = 4
 WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention starts
 
 
+# The QKV GEMV of the chain walked KV group by KV group (kernels/qkv_groups.py): an attention block
+# waits for its own group's rows, not for the whole GEMV, so the first groups' attention overlaps
+# the last groups' reads. The outputs are bit for bit the plain chain's.
+QKV_BY_GROUP = False
+
+
+def _by_group(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
+    return QKV_BY_GROUP and qkv_groups.applies(wqkv, n_heads, kc.shape[0], kc.shape[2], gated)
+
+
 def chains_qkv(t: int, n_pos: int, wo: mx.array) -> bool:
     """Whether the QKV GEMV and `attend_project` run as one launch here (one token, CHAIN_QKV)."""
     return CHAIN_QKV and t == 1 and applies(t, n_pos, wo) and phases.available()
@@ -155,15 +165,28 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
     """
     gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
                                 n_heads, pos, rotary_dim, gated)
-    qkv, *parts = phases.chain(gemv, proj, {"qkv": 0}, key=wo, wait_at=WAIT_AT)
+    qkv, *parts = phases.chain_all((gemv, proj), ({}, {"qkv": (0, 0)}), key=wo, waits=(0, WAIT_AT),
+                                   **_group_waits(wqkv, kc, n_heads, gated, 2))
     return qkv, parts[-1]
+
+
+def _group_waits(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool, n: int) -> dict:
+    """chain_all's finer waits where the QKV GEMV walks the KV groups: the attention phase waits
+    for its group's count (one counter a group), the others as before."""
+    if not _by_group(wqkv, kc, n_heads, gated):
+        return {}
+    return dict(custom_waits=(None, qkv_groups.ATTEND_WAIT) + (None,) * (n - 2), extra=kc.shape[0])
 
 
 def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos,
                    rotary_dim, gated) -> tuple[LaunchSpec, LaunchSpec]:
     """The QKV GEMV's launch and attend_project's reading its output (a `phases.Pending`), as a
     chain's first two phases take them."""
-    gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
+    if _by_group(wqkv, kc, n_heads, gated):
+        gemv = qkv_groups.qkv_groups(wqkv, x, norm_w, eps, bias, n_heads=n_heads, n_kv_heads=kc.shape[0],
+                                     head_dim=kc.shape[2], gated=gated)
+    else:
+        gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
                           prefetch=CHAIN_PREFETCH, spec=True)
@@ -200,7 +223,7 @@ def qkv_attend_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arr
     route = router_kernel.router(x, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None, None,
                                  eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
     outs = phases.chain_all((gemv, proj, route), ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}),
-                            key=wo, waits=(0, WAIT_AT, router_kernel.WAIT_AT))
+                            key=wo, waits=(0, WAIT_AT, router_kernel.WAIT_AT), **_group_waits(wqkv, kc, n_heads, gated, 3))
     x_mid, h, z, _ = outs[-4:]
     return x_mid, h, z
 

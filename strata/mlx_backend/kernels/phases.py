@@ -20,6 +20,10 @@ grid-wide dependency, which one launch can hold without a grid barrier:
   enough: its blocks counted only after their own wait;
 - the last block to finish resets the counters, so the next launch (the next layer's) finds them
   zero; each chain site has its own counters (`counters`), so no two launches share them.
+- a phase may count finer than per phase: `extra` counters after the chain's own
+  (`chain_extra[0 ..]` in every body, zeroed with the rest), and a phase's wait may be its own
+  snippet (`custom_waits`) that waits on one of them: kernels/qkv_groups.py counts a KV group's
+  QKV rows so an attention block waits for its group alone, not for the whole GEMV.
 
 Bodies run unchanged inside a scope each, with their block index, inputs, outputs and template
 values as local aliases (the fused kernel's arguments are prefixed a_, b_, c_ ..., its template
@@ -114,10 +118,10 @@ def _wait(i: int) -> str:
 """
 
 
-def _reset(n: int) -> str:  # the last of the launch's blocks to leave zeroes the n + 1 counters
+def _reset(n: int, extra: int) -> str:  # the last of the launch's blocks to leave zeroes every counter
     return f"""
   if (tid == 0 && atomic_add_u32(chain_ctr + {n}, 1u) == (uint32_t)(CHAIN_NTOT - 1)) {{
-    for (int c = 0; c <= {n}; ++c) chain_ctr[c] = 0u;
+    for (int c = 0; c <= {n + extra}; ++c) chain_ctr[c] = 0u;
     fence_device();
   }}
 """
@@ -143,14 +147,19 @@ def _start(i: int) -> str:
 
 
 def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str, int, str], ...]],
-                  templates: Sequence[Sequence[tuple[str, int]]], waits: Sequence[int]) -> KernelSource:
+                  templates: Sequence[Sequence[tuple[str, int]]], waits: Sequence[int],
+                  custom_waits: Sequence[str | None] = (), extra: int = 0) -> KernelSource:
     """The one-launch body of phases srcs[0], srcs[1], ... in that order. links[i]: (input of
     phase i, earlier phase j, output of phase j) triples, phase i reading that output for that
     input; waits[i]: the offset in phase i's body where it first needs them (0: at its start;
     phase 0 waits for nothing). Phase i waits for phase i - 1's count only: that phase's blocks
-    counted after their own wait, so every earlier phase is done too."""
+    counted after their own wait, so every earlier phase is done too. custom_waits[i], where
+    given and not None, is phase i's wait instead (it must hold the same promise: every output
+    it reads written); extra: counters the bodies count into themselves (`chain_extra`)."""
     n = len(srcs)
-    key = (tuple(srcs), tuple(links), tuple(tuple(k for k, _ in t) for t in templates), tuple(waits))
+    custom_waits = tuple(custom_waits) + (None,) * (n - len(custom_waits))
+    key = (tuple(srcs), tuple(links), tuple(tuple(k for k, _ in t) for t in templates), tuple(waits), custom_waits,
+           extra)
     hit = _sources.get(key)
     if hit is not None:
         return hit
@@ -160,6 +169,8 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         if re.search(r"\breturn\b", src.body):
             raise ValueError(f"chain: {src.name}'s body returns (a block would skip its count)")
     inputs, outputs, text = ["counters"], [], _TICKET
+    if extra:
+        text += f"  uint32_t* const chain_extra = chain_ctr + {n + 1};\n"
     for i, src in enumerate(srcs):
         pre = _prefix(i)
         linked = {c: (j, o) for c, j, o in links[i]}
@@ -171,7 +182,7 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         outputs += [pre + o for o in src.outputs]
         body = src.body
         if i > 0:
-            body = body[:waits[i]] + _wait(i) + body[waits[i]:]
+            body = body[:waits[i]] + (custom_waits[i] or _wait(i)) + body[waits[i]:]
         last = i == n - 1
         text += (("  if" if i == 0 else "  } else if") + f" (chain_vb < (uint32_t)CHAIN_S{i + 1}) {{\n" if not last
                  else "  } else {\n")
@@ -180,7 +191,7 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
                  + _consts(templates[i], pre.upper()) + "    {\n" + body + "\n    }\n")
         if not last:
             text += _done(i)
-    text += "  }\n" + _reset(n)
+    text += "  }\n" + _reset(n, extra)
     helpers = ""
     for src in srcs:
         if src.helpers not in helpers:
@@ -223,11 +234,13 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
 
 
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
-              waits: Sequence[int] | None = None, use: str = "chain") -> list[mx.array]:
+              waits: Sequence[int] | None = None, use: str = "chain", custom_waits: Sequence[str | None] = (),
+              extra: int = 0) -> list[mx.array]:
     """Run specs[0], specs[1], ... as one launch, each phase after the one before it; links[i]:
     phase i's input name -> (an earlier phase j, the index of j's output it reads; phase i's spec
     holds a `Pending` there); waits[i]: where phase i's body first reads them (`chain_sources`);
-    key, use: the site's counters (`counters`: use tells apart sites that share their key array).
+    key, use: the site's counters (`counters`: use tells apart sites that share their key array);
+    custom_waits, extra: finer waits and the counters they use (`chain_sources`).
     Returns every phase's outputs, in phase order."""
     if not available():
         raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
@@ -250,8 +263,8 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
             if not isinstance(got, Pending) or (tuple(got.shape), got.dtype) != want:
                 raise ValueError(f"chain: {s.src.name}'s {c} must be a Pending {want}, got {got!r}")
         named.append(tuple((c, j, specs[j].src.outputs[o]) for c, (j, o) in ln.items()))
-    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits)
-    template, inputs, starts = [], [counters(key, use)], [0]
+    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra)
+    template, inputs, starts = [], [counters(key, use, len(specs) + 1 + extra)], [0]
     for i, (s, ln) in enumerate(zip(specs, links)):
         template += [(_prefix(i).upper() + k, v) for k, v in s.template]
         inputs += [a for n, a in zip(s.src.inputs, s.inputs) if n not in ln]
