@@ -241,14 +241,17 @@ stage chains 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   --also 8/split,8/chain_experts --tokens 64'
 # issue 19, decode at context 8 with the chain's QKV GEMV walked KV group by group (STRATA_STAGES=groups):
 # its GPU tests, a layer's kernels by ncu in each chain form, the host's share and the GPU's drain,
-# decode_context alternating the default and the walk
-stage groups 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_mlx_attend_project.py;
+# decode_context alternating the default and the walk, then peers' decode rows with the walk on
+stage groups 540 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 90 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py;
   timeout 70 ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains \
   2>&1 | python3 benchmarks/ncu_summary.py | grep -v "^| [0-9]";
   timeout 100 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms qkv_groups,groups_pf16;
   timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,qkv_groups \
-  --also 8/split,8/qkv_groups,8/groups_pf16 --tokens 64'
+  --also 8/split,8/qkv_groups,8/groups_pf16 --tokens 64;
+  timeout 120 python3 -c "import runpy, sys; from strata.mlx_backend.kernels import attend_project as a
+a.QKV_BY_GROUP = True; sys.argv = [\"peers.py\", \"--rows\", \"decode\", \"--tokens\", \"16\"]
+runpy.run_path(\"benchmarks/peers.py\", run_name=\"__main__\")"'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels
