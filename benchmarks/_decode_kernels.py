@@ -130,13 +130,13 @@ def ncu_decode_launches(small: bool = False) -> None:
 # (module, name, value) each), today's default first
 _AP, _MD = attend_project, moe_decode
 CHAIN_FORMS = (
-    ("default: QKV + attention + router in one launch (3 a layer)", ()),
-    ("the chain's QKV GEMV walked KV group by group", ((_AP, "QKV_BY_GROUP", True),)),
-    ("... and 16 W_o groups prefetched", ((_AP, "QKV_BY_GROUP", True), (_AP, "CHAIN_PREFETCH", 16))),
+    ("default: QKV (walked by KV group) + attention + router in one launch (3 a layer)", ()),
+    ("the chain's QKV GEMV all at once (the plain chain)", ((_AP, "QKV_BY_GROUP", False),)),
+    ("the walk with 4 W_o groups prefetched", ((_AP, "GROUP_PREFETCH", 4),)),
     ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),
     ("the router a launch of its own (4 a layer)", ((_AP, "CHAIN_ROUTER", False),)),
     ("the router's lanes 10 units in flight", ((_AP, "ROUTE_ROW_LOADS", 10),)),
-    ("16 W_o groups prefetched in the chain", ((_AP, "CHAIN_PREFETCH", 16),)),
+    ("16 W_o groups prefetched in the plain chain", ((_AP, "QKV_BY_GROUP", False), (_AP, "CHAIN_PREFETCH", 16))),
     ("the 16 partials added by the router (no sum in the launch)", ((_AP, "SUM_PARTS", False),
                                                                      (_AP, "CHAIN_ROUTER", False))),
     ("before: no chains, the router adds the 16 partials (5 a layer)", ((_AP, "SUM_PARTS", False),

@@ -113,8 +113,8 @@ FORMS = {
     "chain_pf16": (True, True, 0),
     "traced_views": (True, True, 0),  # the large inputs' views made inside the trace (compiled.CONSTANT_VIEWS off)
     "chain_experts": (True, True, 0),  # the gate/up and down launches as one (moe_decode.CHAIN_EXPERTS: 2 a layer)
-    "qkv_groups": (True, True, 0),  # the chain's QKV GEMV walked KV group by group (attend_project.QKV_BY_GROUP)
-    "groups_pf16": (True, True, 0),  # that, with 16 W_o groups loaded before the chained wait
+    "plain_chain": (True, True, 0),  # the chain's QKV GEMV all at once, not by KV group (QKV_BY_GROUP off)
+    "groups_pf4": (True, True, 0),  # the walk with 4 W_o groups loaded before the wait (GROUP_PREFETCH; 16 by default)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -149,8 +149,8 @@ SWITCHES = {
     "chain_pf16": ((attend_project, "CHAIN_PREFETCH", 16),),
     "traced_views": ((compiled_step, "CONSTANT_VIEWS", False),),
     "chain_experts": ((moe_decode, "CHAIN_EXPERTS", True),),
-    "qkv_groups": ((attend_project, "QKV_BY_GROUP", True),),
-    "groups_pf16": ((attend_project, "QKV_BY_GROUP", True), (attend_project, "CHAIN_PREFETCH", 16)),
+    "plain_chain": ((attend_project, "QKV_BY_GROUP", False),),
+    "groups_pf4": ((attend_project, "GROUP_PREFETCH", 4),),
 }
 
 

@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, l2_probe
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, l2_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -252,6 +252,17 @@ stage groups 540 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   timeout 120 python3 -c "import runpy, sys; from strata.mlx_backend.kernels import attend_project as a
 a.QKV_BY_GROUP = True; sys.argv = [\"peers.py\", \"--rows\", \"decode\", \"--tokens\", \"16\"]
 runpy.run_path(\"benchmarks/peers.py\", run_name=\"__main__\")"'
+# issue 19, decode at context 8: a token's GPU time inside MLX's CUDA graphs against its kernels' own
+# (STRATA_STAGES=graph_time): ncu by graph and by kernel over the same 8 steps, the default and the
+# plain chain, each form's wall time back to back, then every peers.py row
+stage graph_time 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 60 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py;
+  for f in default plain_chain; do for mode in graph node; do
+    timeout 90 ncu --profile-from-start off --graph-profiling $mode --clock-control none --metrics gpu__time_duration.sum \
+      --csv python3 benchmarks/graph_time.py --steps 8 --form $f 2>&1 | python3 benchmarks/graph_time.py --sum --steps 8 \
+      --label "$f/$mode" | grep -v "^==PROF==\|^==WARNING=="; done;
+    timeout 60 python3 benchmarks/graph_time.py --steps 48 --form $f; done;
+  timeout 170 python3 benchmarks/peers.py --tokens 16'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

@@ -27,11 +27,11 @@ def test_every_chain_form_decodes_the_same_token(capsys):
     assert all(e <= 1e-4 for e in errs.values()), errs  # FORWARD's budget
     out = capsys.readouterr().out
     assert out.count("the same argmax True") == len(errs)
-    # the default, the experts chained too, the 10-unit router and the 16-group prefetch forms, two
-    # passes, two layers each; the experts' chain in the forms that switch it on (or keep its default on)
-    assert LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"] - before == 4 * 2 * 2
-    # the two forms with the QKV GEMV walked by KV groups
-    assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"] - groups_before == 2 * 2 * 2
+    # the QKV GEMV walked by KV groups (the default): the default, the walk's 4-group prefetch, the
+    # experts chained too and the 10-unit router forms; the plain chain and its 16-group prefetch;
+    # two passes, two layers each; the experts' chain in the forms that switch it on
+    assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"] - groups_before == 4 * 2 * 2
+    assert LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"] - before == 2 * 2 * 2
     experts = sum(bool(dict(((m, k), v) for m, k, v in sw).get((moe_decode, "CHAIN_EXPERTS"), moe_decode.CHAIN_EXPERTS))
                   for _, sw in _decode_kernels.CHAIN_FORMS)
     assert experts >= 1

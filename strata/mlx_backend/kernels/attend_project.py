@@ -140,8 +140,13 @@ WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention st
 
 # The QKV GEMV of the chain walked KV group by KV group (kernels/qkv_groups.py): an attention block
 # waits for its own group's rows, not for the whole GEMV, so the first groups' attention overlaps
-# the last groups' reads. The outputs are bit for bit the plain chain's.
-QKV_BY_GROUP = False
+# the last groups' reads. The outputs are bit for bit the plain chain's. Measured on the H200 (ncu,
+# a layer of the seed shape): 27.0-27.2 us with the whole W_o slice loaded before the wait
+# (GROUP_PREFETCH 16: 116 registers, 2 blocks an SM) against 30.6 for the plain chain; with 4
+# groups loaded first (80 registers) the walk took 33.3-33.5: an attention block that starts early
+# must not then wait on its W_o rows.
+QKV_BY_GROUP = True
+GROUP_PREFETCH = 16
 
 
 def _by_group(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
@@ -189,7 +194,7 @@ def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc
         gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
-                          prefetch=CHAIN_PREFETCH, spec=True)
+                          prefetch=GROUP_PREFETCH if _by_group(wqkv, kc, n_heads, gated) else CHAIN_PREFETCH, spec=True)
     return gemv, proj
 
 
