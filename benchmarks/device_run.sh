@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, l2_probe
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, l2_probe
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -263,6 +263,14 @@ stage graph_time 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROF
       --label "$f/$mode" | grep -v "^==PROF==\|^==WARNING=="; done;
     timeout 60 python3 benchmarks/graph_time.py --steps 48 --form $f; done;
   timeout 170 python3 benchmarks/peers.py --tokens 16'
+# the same by graph for the default and the plain chain alternating, three times each, then by graph
+# and by kernel for the forms of 5 and 2 launches a layer (what a launch boundary costs on the GPU)
+# (STRATA_STAGES=graph_forms)
+stage graph_forms 540 bash -c 'run() { timeout 90 ncu --profile-from-start off --graph-profiling $2 --clock-control none \
+    --metrics gpu__time_duration.sum --csv python3 benchmarks/graph_time.py --steps 8 --form $1 2>&1 \
+    | python3 benchmarks/graph_time.py --sum --steps 8 --label "$1/$2" | grep -v "^==PROF==\|^==WARNING==\|^JSON {\"bench\": \"graph_time\", \"form"; }
+  for i in 1 2 3; do run default graph; run plain_chain graph; done
+  for f in unchained chain_experts; do run $f graph; run $f node; done'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels
