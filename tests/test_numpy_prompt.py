@@ -13,7 +13,7 @@ from strata.numpy_backend.engine import ReferenceEngine
 from strata.numpy_backend.prompt import prompt_forward
 from strata.reference.model import ModelState, forward
 from strata.testing.models import make_model
-from tests.budgets import FLOAT32_REORDER
+from tests.budgets import FLOAT32_REORDER, FLOAT32_REORDER_OF_SCALE
 
 SHAPES = ["tiny", "dense-first", "sigmoid", "hybrid", "gpt-oss", "mla"]
 PROMPT = np.array(list(b"def fibonacci(n): return n if n < 2 else fib(n - 1)"), np.int64)  # 51 positions
@@ -65,7 +65,9 @@ def test_reference_engine_window_matches_the_reference_forward(model):
     want, _ = forward(params, ModelState.empty(model.cfg), PROMPT)
     eng = ReferenceEngine(params)
     np.testing.assert_allclose(eng.prefill(PROMPT[:CUT]), want[CUT - 1], **FLOAT32_REORDER)
-    np.testing.assert_allclose(eng.decode_window(PROMPT[CUT:]), want[CUT:], **FLOAT32_REORDER)
+    got = eng.decode_window(PROMPT[CUT:])
+    err = np.abs(got - want[CUT:]).max(axis=1) / np.abs(want[CUT:]).max(axis=1)
+    assert got.shape == want[CUT:].shape and err.max() <= FLOAT32_REORDER_OF_SCALE, err
 
 
 def test_greedy_generation_on_the_embedded_model_is_unchanged():
