@@ -2,6 +2,7 @@
 nvcc/ptxas for sm_90 (no GPU needed): each form's CUDA source as MLX would compile it.
 
     python benchmarks/ptxas_regs.py            # a table and one JSON line
+    python benchmarks/ptxas_regs.py --attention-chain   # the chained attention launch's forms
 
 The launches are captured, not run (`launch` replaced by a recorder), so any machine with nvcc
 prints what an H200 would get; occupancy follows from registers x threads (65536 a SM). The
@@ -74,10 +75,55 @@ def _ptxas(code: str, tmp: Path) -> dict:
             "smem": int(smem.group(1)) if smem else 0}
 
 
+def attention_chains() -> list:
+    """The chained attention launch of a decoded layer at the issue's shape (16 q / 4 KV heads of
+    128), captured in each form: the plain chain, the QKV walk by KV group at 4 and 16 W_o groups
+    loaded first, and the walk led by the previous layer's deferred down step (moe_decode.DeferredDown)."""
+    from strata.mlx_backend.kernels import attend_project
+
+    h, kvh, hd, s, f16 = 16, 4, 128, 64, mx.float16
+    rec = RecordLayout(QuantType.Q2_0, D, F)
+    arena = mx.zeros((4, rec.padded_bytes), mx.uint8)
+    x, z = mx.zeros((1, D)), mx.zeros((1, E))
+
+    def route(x_in):
+        attend_project.qkv_attend_route(
+            mx.zeros(((h + 2 * kvh) * hd, D), f16), x_in, mx.zeros((D,), f16), None, mx.zeros((hd,), f16),
+            mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)), mx.zeros((kvh, s, hd)),
+            mx.zeros((kvh, s, hd)), mx.zeros((D, h * hd), f16), mx.zeros((D,), f16), mx.zeros((E, D)), 3, 1e-6, h)
+
+    def forms():
+        saved = attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH
+        try:
+            with using_path(KernelPath.EMULATED):
+                for walk, pf in ((False, 16), (True, 4), (True, 16)):
+                    attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH = walk, pf
+                    route(x)
+                attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH = saved
+                down = moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True,
+                                                  defer=True)
+                route(down)
+        finally:
+            attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH = saved
+
+    return [c for c in _capture(forms) if c[0].name.startswith("strata_chain_")]
+
+
 def main() -> int:
     if shutil.which("nvcc") is None:
         print("ptxas_regs: no nvcc here")
         return 1
+    if "--attention-chain" in sys.argv[1:]:
+        print("| chained attention launch | W_o groups first | blocks | registers | spill stores | smem bytes | "
+              "blocks an SM (registers) |\n|---|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory() as td:
+            for src, ins, outs, template, threads, blocks in attention_chains():
+                r = _ptxas(full_source(src, Dialect.CUDA, ins, outs, template), Path(td))
+                regs = r.get("registers")
+                print(f"| {src.name} | {dict(template).get('B_PREF', dict(template).get('C_PREF'))} | {blocks[0]} | "
+                      f"{regs} | {r.get('spill_stores')} | {r.get('smem')} | "
+                      f"{65536 // (regs * threads) if regs else None} |" + (f" {r['error'][:200]}" if "error" in r else ""))
+        return 0
     rec = RecordLayout(QuantType.Q2_0, D, F)
     arena = mx.zeros((4, rec.padded_bytes), mx.uint8)
     x, z = mx.zeros((1, D)), mx.zeros((1, E))

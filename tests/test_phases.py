@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from strata.mlx_backend.kernels import attend_project, emulate, phases
+from strata.mlx_backend.kernels import attend_project, emulate, moe_decode, phases
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -100,7 +100,11 @@ CHAINS = {"qkv": "strata_chain_dense_gemv_attend_project_sum",
           "qkv_router": "strata_chain_dense_gemv_attend_project_sum_router",
           # ... with the QKV GEMV walked KV group by KV group (kernels/qkv_groups.py)
           "groups": "strata_chain_qkv_groups_attend_project_sum",
-          "groups_router": "strata_chain_qkv_groups_attend_project_sum_router"}
+          "groups_router": "strata_chain_qkv_groups_attend_project_sum_router",
+          # ... and a layer's down step run by the next layer's launch (moe_decode.DEFER_DOWN): the
+          # first layer's launch as groups_router's, the later ones with the down phase first
+          "deferred": ("strata_chain_qkv_groups_attend_project_sum_router",
+                       "strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router")}
 
 
 def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
@@ -110,13 +114,15 @@ def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
     from test_mlx_compiled import greedy_steps
 
     monkeypatch.setattr(attend_project, "CHAIN_QKV", chained is not None)
-    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained in ("qkv_router", "groups_router"))
-    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in ("groups", "groups_router"))
+    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained in ("qkv_router", "groups_router", "deferred"))
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in ("groups", "groups_router", "deferred"))
+    monkeypatch.setattr(moe_decode, "DEFER_DOWN", chained == "deferred")
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
-    name = CHAINS[chained or "qkv"]
-    before = LAUNCHES[name]
+    names = CHAINS[chained or "qkv"]
+    names = (names,) if isinstance(names, str) else names
+    before = sum(LAUNCHES[n] for n in names)
     out = greedy_steps(p, compiled=compiled)
-    return (*out, LAUNCHES[name] - before)
+    return (*out, sum(LAUNCHES[n] for n in names) - before)
 
 
 @pytest.mark.parametrize("chained", list(CHAINS))
@@ -129,6 +135,21 @@ def test_chained_decode_bit_for_bit_on_the_emulator(monkeypatch, chained):
         *apart, n_apart = _decode(p, None, monkeypatch)
         *chain, n_chained = _decode(p, chained, monkeypatch)
     assert n_apart == 0 and n_chained == 3 * SMALL.n_layers  # one a layer and decoded token (the prompt apart)
+    for a, b in zip(apart, chain):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_deferred_down_step_of_16_rows_a_block_decodes_bit_for_bit(monkeypatch):
+    """moe_decode.DEFER_ROWS = 16 (the down phase's other block shape) against no chain, emulated."""
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL
+
+    monkeypatch.setattr(moe_decode, "DEFER_ROWS", 16)
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL, seed=25, pred_q8=False)
+        *apart, _ = _decode(p, None, monkeypatch)
+        *chain, n_chained = _decode(p, "deferred", monkeypatch)
+    assert n_chained == 3 * SMALL.n_layers
     for a, b in zip(apart, chain):
         assert a.tobytes() == b.tobytes()
 
@@ -229,6 +250,36 @@ def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
             mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), mx.zeros((d,), f16),
             mx.zeros((e, d)), 3, 1e-6, h)
     assert len(seen) == 1 and seen[0][0].name == CHAINS["groups_router"]
+    assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
+
+
+def test_the_deferred_down_chain_cuda_source_compiles(tmp_path, monkeypatch):
+    """A layer's down step as the first phase of the next layer's chained launch (four phases),
+    compiled as the ones above: the launches of a 2-layer model's decoded token captured."""
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL
+
+    from strata.mlx_backend import model as mlx_model
+    from test_metal_compile import _check
+
+    seen = []
+    real = phases.launch
+
+    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
+        if src.name == CHAINS["deferred"][1]:
+            seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
+                         tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
+        return real(src, inputs, shapes, dtypes, blocks=blocks, threads=threads, template=template)
+
+    monkeypatch.setattr(moe_decode, "DEFER_DOWN", True)
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", True)
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL, seed=24, pred_q8=False)
+        _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(SMALL), np.array([3, 4]))
+        monkeypatch.setattr(phases, "launch", record)
+        logits, _ = mlx_model.forward(p, state, np.array([5]))
+        mx.eval(logits)
+    assert len(seen) == SMALL.n_layers - 1
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 

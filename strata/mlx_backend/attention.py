@@ -260,12 +260,20 @@ def routes_with_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV,
     return _kernel_ok(cfg, w) and attend_project.chains_router(t, kv.length + t, w.wo)
 
 
-def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, ffn_norm: mx.array,
+def takes_deferred_down(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, t: int) -> bool:
+    """Whether `attention_router` here runs the previous layer's deferred down step as its first
+    phase (moe_decode.DeferredDown)."""
+    return (routes_with_attention(cfg, w, kv, t)
+            and attend_project.takes_deferred(w.wqkv, kv.keys, cfg.n_heads, w.gated))
+
+
+def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, ffn_norm: mx.array,
                      w_router: mx.array, *, pos: mx.array | None = None
                      ) -> tuple[mx.array, mx.array, mx.array, MlxLayerKV]:
     """The attention (`attention_partials`) and the router kernel after it (no guess) as one
     launch, where `routes_with_attention`: the residual after attention, the router's input and
-    its logits (model.router_stage's first three), and the new cache.
+    its logits (model.router_stage's first three), and the new cache. x may be the previous
+    layer's down step unlaunched (where `takes_deferred_down`): the launch runs it first.
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z [1, E], MlxLayerKV with 1 more)

@@ -47,14 +47,16 @@ def _shared_ok(sw: SharedWeights, hidden: int) -> bool:
 
 
 def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
-                    rule: RouterRule, shared: SharedWeights | None = None) -> mx.array:
+                    rule: RouterRule, shared: SharedWeights | None = None, *,
+                    defer: bool = False) -> mx.array | moe_decode.DeferredDown:
     """x_mid + sum_i w_i expert_i(h) (+ the shared expert of h, times sigmoid(gate_inp . h) where
     gated), the experts chosen from z by the model's rule, every expert of the layer resident at
-    arena slot slot_base + e (the twin of experts_route + combine).
+    arena slot slot_base + e (the twin of experts_route + combine). defer: the down step may come
+    back unlaunched (moe_decode.DeferredDown: the next layer's attention launch runs it).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
     """
     sh = None if shared is None else (shared.gate, shared.up, shared.down, shared.gate_inp)
     return moe_decode.routed_residual(arena, rec, x_mid, h, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
-                                      shared=sh)
+                                      shared=sh, defer=defer)

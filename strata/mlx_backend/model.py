@@ -26,7 +26,7 @@ from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
 from strata.errors import ConfigError
 from strata.mlx_backend.attention import (AttentionWeights, MlxLayerKV, attention_partials, attention_router, rms_norm,
-                                         routes_with_attention)
+                                         routes_with_attention, takes_deferred_down)
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
@@ -35,6 +35,7 @@ from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
+from strata.mlx_backend.kernels import moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
@@ -371,15 +372,19 @@ def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, 
     raise NotImplementedError(f"no MLX mixer {mixer.value}")
 
 
-def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select: SelectFn | None = None,
+def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn | None = None,
                   trace: list | None = None, *, pos: mx.array | None = None,
-                  window: bool = False) -> tuple[mx.array, MlxLayerKV]:
+                  window: bool = False, defer: bool = False) -> tuple[mx.array, MlxLayerKV]:
     """One decoder layer over all-resident experts. select None: the model's own rule on the
     GPU (no host round trip); else one host round trip for the router logits. pos: kv.length on
-    the device (attention_partials; kernel path only)."""
+    the device (attention_partials; kernel path only). x may be the previous layer's down step
+    unlaunched (moe_decode.DeferredDown: run here as the attention launch's first phase where it
+    can be, else launched first); defer: this layer's may come back so (`takes_deferred`)."""
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
+    if isinstance(x, moe_decode.DeferredDown) and not takes_deferred(p, layer, kv, x.shape[0]):
+        x = x.run()
     if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
         x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos)
     else:
@@ -390,7 +395,8 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):
-        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared), kv
+        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared,
+                                              defer=defer), kv
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:
@@ -403,6 +409,13 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array, select:
             trace.append((np.array(h), tuple(sels)))
     gate_inp = lw.shared.gate_inp if lw.shared is not None else None
     return combine(x_mid, routed, shared, h, gate_inp), kv
+
+
+def takes_deferred(p: MlxParams, layer: int, kv, t: int) -> bool:
+    """Whether layer `layer` runs the previous layer's deferred down step inside its attention
+    launch (its attention and router chained, the QKV walk by KV group)."""
+    return (p.layers[layer].dense is None and _routes_with_mixer(p, layer, kv, t)
+            and takes_deferred_down(p.cfg, p.layers[layer].attn, kv, t))
 
 
 def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -450,13 +463,17 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
 
 def _layers_and_head(p: MlxParams, state: MlxModelState, x: mx.array, select: SelectFn | None, records: list | None,
                      every: int, pos: mx.array | None = None, *, window: bool = False) -> tuple[mx.array, MlxModelState]:
-    layers = []
-    for layer in range(p.cfg.n_layers):
-        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window)
+    layers, n = [], p.cfg.n_layers
+    for layer in range(n):
+        # a layer's down step is handed on unlaunched where the next layer runs it in its attention
+        # launch (moe_decode.DEFER_DOWN): not before an evaluation, nor into the head
+        defer = (select is None and layer + 1 < n and not (every and (layer + 1) % every == 0)
+                 and takes_deferred(p, layer + 1, state.layers[layer + 1], x.shape[0]))
+        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window, defer=defer)
         layers.append(kv)
         if every and (layer + 1) % every == 0:
             mx.async_eval(x)
-    return head(p, x), MlxModelState(tuple(layers))
+    return head(p, moe_decode.materialized(x)), MlxModelState(tuple(layers))
 
 
 def decode_device(p: MlxParams, state: MlxModelState, ids: mx.array, pos: mx.array) -> tuple[mx.array, MlxModelState]:

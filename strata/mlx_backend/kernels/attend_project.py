@@ -212,25 +212,45 @@ def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
     return CHAIN_ROUTER and chains_qkv(t, n_pos, wo) and sums_parts()
 
 
-def qkv_attend_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
+def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
                      k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                      wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
                      pos: mx.array | None = None, rotary_dim: int | None = None,
                      gated: bool = False) -> tuple[mx.array, mx.array, mx.array]:
     """`qkv_attend_project` then `router.router(x, its summed partials, ffn_norm, w_router)` (no
-    guess), one launch.
+    guess), one launch. x may be the previous layer's down step not yet launched (a
+    `moe_decode.DeferredDown`, where `takes_deferred`): it then runs as the launch's first phase,
+    the QKV walk waiting for it where it first reads x (one launch a layer fewer).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
     """
-    gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
+    down = getattr(x, "spec", None)  # a DeferredDown's launch, else None
+    if down is not None and not takes_deferred(wqkv, kc, n_heads, gated):
+        raise ValueError("qkv_attend_route: a deferred down step needs the QKV walk by KV group (takes_deferred)")
+    xin = phases.Pending(down.output_shapes[0], mx.float32) if down is not None else x
+    gemv, proj = _chained_specs(wqkv, xin, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
                                 n_heads, pos, rotary_dim, gated)
-    route = router_kernel.router(x, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None, None,
-                                 eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
-    outs = phases.chain_all((gemv, proj, route), ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}),
-                            key=wo, waits=(0, WAIT_AT, router_kernel.WAIT_AT), **_group_waits(wqkv, kc, n_heads, gated, 3))
+    route = router_kernel.router(xin, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None,
+                                 None, eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
+    links = ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)})
+    if down is None:
+        outs = phases.chain_all((gemv, proj, route), links, key=wo, waits=(0, WAIT_AT, router_kernel.WAIT_AT),
+                                **_group_waits(wqkv, kc, n_heads, gated, 3))
+    else:  # the down step first: the walk and the router read its output as their x
+        outs = phases.chain_all((down, gemv, proj, route),
+                                ({}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1),
+                                                                      "x": (0, 0)}),
+                                key=wo, waits=(0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT),
+                                custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
     x_mid, h, z, _ = outs[-4:]
     return x_mid, h, z
+
+
+def takes_deferred(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
+    """Whether `qkv_attend_route` runs a deferred down step as its first phase here (the QKV walk
+    by KV group applies: its blocks wait for x after issuing their first row's loads)."""
+    return _by_group(wqkv, kc, n_heads, gated)
 
 
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:

@@ -436,7 +436,8 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hid: mx.array, sel
 
 
 def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
-                    k: int, order: RoutingOrder, norm_topk_prob: bool, *, shared=None, **kw) -> mx.array:
+                    k: int, order: RoutingOrder, norm_topk_prob: bool, *, shared=None, defer: bool = False,
+                    **kw) -> mx.array | DeferredDown:
     """Kernel path: x_mid + the routed experts of h, routed by z, (+ the shared expert of h, gated)
     in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
     upw / denormals / rounds, `down`'s rw, down_warps (None: DOWN_WARPS) for moe_down_warps' down
@@ -446,7 +447,13 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
 
     Where `chains_experts` (CHAIN_EXPERTS, one token): the two launches as one, the same bits.
+    defer (the default form only, no kw): where `defers_down`, the gate/up launch runs and the
+    down step comes back unlaunched (a `DeferredDown`), the same bits once run.
     """
+    if defer and not kw and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0]):
+        spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True)
+        made = dict(zip(spec.src.outputs, run(spec)))
+        return DeferredDown(moe_down_chained.down_phase(spec, rec, x_mid, k, rows=DEFER_ROWS, made=made))
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
     warps = kw.pop("down_warps", None)
     warps = DOWN_WARPS if warps is None else warps
@@ -464,6 +471,47 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
                                denormals=kw.get("denormals"), vector_loads=down_vl)
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
                 denormals=kw.get("denormals"))
+
+
+# A decoded layer's down step handed on unlaunched (`DeferredDown`, `routed_residual(defer=True)`):
+# the next layer's chained attention launch runs it as its first phase
+# (attend_project.qkv_attend_route), one launch a layer fewer (146 -> 99 a token at the seed
+# shape). Why: on the H200 hosts of the latest runs a token's host share (16-21 us of MLX's host
+# work a launch, 146 launches) was as large as its GPU time, and a launch boundary costs the GPU
+# ~3 us (benchmarks/graph_time.py). The down phase is moe_down_chained's (256 threads, its blocks
+# ranking z themselves), the same bits as moe_down_warps' launch.
+DEFER_DOWN = True
+# output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
+# which leaves the chain's later blocks slots beside them at 2 blocks an SM)
+DEFER_ROWS = down_warps.ROWS
+
+
+class DeferredDown(NamedTuple):
+    """A layer's output x_mid + its experts, as a launch not yet made: `spec` (its phase), run by
+    the next layer's chained attention launch, or alone by `run`."""
+
+    spec: LaunchSpec
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.spec.output_shapes[0])
+
+    def run(self) -> mx.array:
+        return run(self.spec)[0]
+
+
+def materialized(x) -> mx.array:
+    """x itself, or a `DeferredDown`'s output launched now."""
+    return x.run() if isinstance(x, DeferredDown) else x
+
+
+def defers_down(rec: RecordLayout, k: int, tokens: int) -> bool:
+    """Whether `routed_residual(defer=True)` hands its down step on here: DEFER_DOWN, one token,
+    the down step moe_down_warps' (whole words of h a gate/up block) in moe_down_chained's form at
+    the gate/up blocks' threads, on a path that runs chains."""
+    units = (GATEUP_THREADS // WARP) * GATEUP_UNITS_PER_WARP
+    return (DEFER_DOWN and tokens == 1 and DOWN_WARPS and units % 16 == 0 and applies(rec, k)
+            and moe_down_chained.applies(rec, k, DEFER_ROWS, GATEUP_THREADS) and phases.available())
 
 
 def chains_experts(rec: RecordLayout, k: int, tokens: int, *, threads: int | None = None, upw: int | None = None,

@@ -148,19 +148,21 @@ def applies(rec: RecordLayout, k: int, rows: int, threads: int) -> bool:
 
 
 def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *, rows: int = down_warps.ROWS,
-               vector_loads: bool | None = None) -> LaunchSpec:
+               vector_loads: bool | None = None, made: dict[str, mx.array] | None = None) -> LaunchSpec:
     """The down phase's `LaunchSpec` after the gate/up launch `gateup` (moe_decode.gateup's
     spec=True, one token): the arena, z and slot base it ranks and reads by, its threads, code form
     (DN), ranking form (ROUNDS) and shared blocks (NSB, GATED) are the gate/up launch's; what it
-    reads from that phase (FROM_GATEUP) is a `Pending` there, for the chain's links. rows,
-    vector_loads: as moe_down_warps.down.
+    reads from that phase (FROM_GATEUP) is a `Pending` there, for the chain's links, or, with
+    `made` (the gate/up launch's outputs by name, already launched), those arrays: then the phase
+    waits for nothing and may lead another chain (moe_decode.DeferredDown). rows, vector_loads: as
+    moe_down_warps.down.
 
     Shapes:
         x_mid float32 [1, D] -> out float32 [1, D]
     """
     g = dict(gateup.template)
     given = dict(zip(gateup.src.inputs, gateup.inputs))
-    made = dict(zip(gateup.src.outputs, zip(gateup.output_shapes, gateup.output_dtypes)))
+    made_shapes = dict(zip(gateup.src.outputs, zip(gateup.output_shapes, gateup.output_dtypes)))
     t, nt = x_mid.shape[0], gateup.threads
     if t != 1 or gateup.blocks[1] != 1 or not applies(rec, k, rows, nt):
         raise ValueError(f"moe_down_chained: records {rec} with k={k}, {rows} rows a block, {nt} threads, "
@@ -170,6 +172,6 @@ def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *
                 ("GATED", g["GATED"]), ("VL", int(down_warps.VECTOR_LOADS if vector_loads is None else vector_loads)),
                 ("E", g["E"]), ("ROUNDS", g["ROUNDS"]), ("NT", nt))
     values = {"arena": given["arena"], "z": given["z"], "slot_base": given["slot_base"], "x_mid": as_f32(x_mid),
-              **{c: Pending(*made[out]) for c, out in FROM_GATEUP.items()}}
+              **{c: Pending(*made_shapes[out]) if made is None else made[out] for c, out in FROM_GATEUP.items()}}
     return LaunchSpec(SOURCE, tuple(values[n] for n in SOURCE.inputs), ((t, rec.hidden),), (mx.float32,),
                       (rec.hidden // rows, t, 1), nt, template)

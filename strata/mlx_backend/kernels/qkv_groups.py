@@ -122,13 +122,23 @@ BODY = r"""
 
 SOURCE = KernelSource("strata_qkv_groups", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY, HELPERS,
                       metal=False)
+# where the walk first reads x (a chain that makes x in an earlier phase waits here): group 0's
+# row loads are issued before it
+WAIT_AT = BODY.index("  float ss = 0.0f;\n")
 
-# an attention block's wait (kernels/attend_project.py's body, where it first reads qkv): its head
-# h = bx / NRC is in group h / G, whose count reaches the phase's blocks (CHAIN_S1: phase 0's)
-ATTEND_WAIT = r"""
-  if (tid == 0) wait_count(chain_extra + (bx / NRC) / (H / KVH), (uint32_t)CHAIN_S1);
+
+def attend_wait(walk: int) -> str:
+    """An attention block's wait (kernels/attend_project.py's body, where it first reads qkv) when
+    the walk is phase `walk` of the chain: its head h = bx / NRC is in group h / G, whose count
+    reaches the walk's blocks."""
+    blocks = "CHAIN_S1" if walk == 0 else f"(CHAIN_S{walk + 1} - CHAIN_S{walk})"
+    return f"""
+  if (tid == 0) wait_count(chain_extra + (bx / NRC) / (H / KVH), (uint32_t){blocks});
   BARRIER();
 """
+
+
+ATTEND_WAIT = attend_wait(0)
 
 
 def blocks(n_heads: int, n_kv_heads: int, head_dim: int, gated: bool) -> int:
