@@ -130,9 +130,9 @@ def ncu_decode_launches(small: bool = False) -> None:
 # (module, name, value) each), today's default first
 _AP, _MD = attend_project, moe_decode
 CHAIN_FORMS = (
-    ("default: the previous down step + QKV (walked by KV group) + attention + router in one launch (2 a layer)", ()),
-    ("each layer's down step a launch of its own (no deferral: 3 a layer)", ((_MD, "DEFER_DOWN", False),)),
-    ("the deferred down step at 16 rows a block", ((_MD, "DEFER_ROWS", 16),)),
+    ("default: QKV (walked by KV group) + attention + router in one launch (3 a layer)", ()),
+    ("the previous layer's down step run first in that launch (deferred: 2 a layer)", ((_MD, "DEFER_DOWN", True),)),
+    ("the deferred down step at 16 rows a block", ((_MD, "DEFER_DOWN", True), (_MD, "DEFER_ROWS", 16))),
     ("the chain's QKV GEMV all at once (the plain chain)", ((_AP, "QKV_BY_GROUP", False),)),
     ("the walk with 4 W_o groups prefetched", ((_AP, "GROUP_PREFETCH", 4),)),
     ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),

@@ -115,8 +115,8 @@ FORMS = {
     "chain_experts": (True, True, 0),  # the gate/up and down launches as one (moe_decode.CHAIN_EXPERTS: 2 a layer)
     "plain_chain": (True, True, 0),  # the chain's QKV GEMV all at once, not by KV group (QKV_BY_GROUP off)
     "groups_pf4": (True, True, 0),  # the walk with 4 W_o groups loaded before the wait (GROUP_PREFETCH; 16 by default)
-    "undeferred": (True, True, 0),  # each layer's down step a launch of its own (moe_decode.DEFER_DOWN off)
-    "deferred_r16": (True, True, 0),  # the deferred down step at 16 rows a block (moe_decode.DEFER_ROWS; 8 by default)
+    "deferred": (True, True, 0),  # a layer's down step run by the next layer's launch (moe_decode.DEFER_DOWN: 2 a layer)
+    "deferred_r16": (True, True, 0),  # that at 16 rows a block (moe_decode.DEFER_ROWS; 8 by default)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -153,8 +153,8 @@ SWITCHES = {
     "chain_experts": ((moe_decode, "CHAIN_EXPERTS", True),),
     "plain_chain": ((attend_project, "QKV_BY_GROUP", False),),
     "groups_pf4": ((attend_project, "GROUP_PREFETCH", 4),),
-    "undeferred": ((moe_decode, "DEFER_DOWN", False),),
-    "deferred_r16": ((moe_decode, "DEFER_ROWS", 16),),
+    "deferred": ((moe_decode, "DEFER_DOWN", True),),
+    "deferred_r16": ((moe_decode, "DEFER_DOWN", True), (moe_decode, "DEFER_ROWS", 16)),
 }
 
 

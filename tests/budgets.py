@@ -50,7 +50,8 @@ FLOAT32_REORDER = dict(rtol=1e-4, atol=1e-4)
 # made hybrid's third windowed position differs from the batched forward by 1.6e-4 (window) and
 # 3.1e-4 (single decodes) at logits of scale 4.0 under OpenBLAS 0.3.31 (numpy 2.4.6), ~4e-5 and
 # 8e-5 of the scale, every other position under 1e-5 absolute: float32 reordering amplified
-# there, not a different path (the same three elements move on both sides)
+# there, not a different path (the same three elements move on both sides); also the read-ahead
+# guess a row at a time against a [T, D] matmul (one element 5.4e-6 off at scale ~55, 1e-7 of it)
 FLOAT32_REORDER_OF_SCALE = 1e-4
 
 # float32 softmax over <= 64 logits in [-16, 16] vs float64: the subtraction z - max errs by at

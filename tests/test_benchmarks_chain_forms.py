@@ -29,12 +29,12 @@ def test_every_chain_form_decodes_the_same_token(capsys):
     out = capsys.readouterr().out
     assert out.count("the same argmax True") == len(errs)
     # the QKV GEMV walked by KV groups (the default), two passes of two layers: where a layer's down
-    # step is deferred (the default, at 16 rows a block, the walk's 4-group prefetch, the 10-unit router) the first
-    # layer's launch is the three phases and the second's leads with the down step; without
-    # deferral (that form, the experts chained too) both are the three phases; the plain chain and
-    # its 16-group prefetch; the experts' chain in the forms that switch it on
-    assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"] - groups_before == (4 * 1 + 2 * 2) * 2
-    assert LAUNCHES["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router"] - deferred_before == 4 * 2
+    # step is deferred (those two forms) the first layer's launch is the three phases and the
+    # second's leads with the down step; without deferral (the default, the walk's 4-group
+    # prefetch, the experts chained, the 10-unit router) both are the three phases; the plain chain
+    # and its 16-group prefetch; the experts' chain in the forms that switch it on
+    assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"] - groups_before == (4 * 2 + 2 * 1) * 2
+    assert LAUNCHES["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router"] - deferred_before == 2 * 2
     assert LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"] - before == 2 * 2 * 2
     experts = sum(bool(dict(((m, k), v) for m, k, v in sw).get((moe_decode, "CHAIN_EXPERTS"), moe_decode.CHAIN_EXPERTS))
                   for _, sw in _decode_kernels.CHAIN_FORMS)

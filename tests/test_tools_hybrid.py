@@ -27,6 +27,7 @@ from strata.tools.closed_loop import LoopConfig
 from strata.tools.quality import fast_params, run_decode
 from strata.tools.replay import replay
 from strata.tools.trace import load_trace, record_trace
+from tests.budgets import FLOAT32_REORDER_OF_SCALE
 
 TEXT = "def fib(n): return n if n < 2 else fib(n-1)"
 DENSE_FIRST = dict(layer_types=(LayerType(Mixer.DELTANET, Ffn.DENSE),) + SHAPES["hybrid"].layer_types[1:],
@@ -77,7 +78,11 @@ def test_the_guess_reaches_across_deltanet_layers(model, trace_path):
     assert g.shape == (24, cfg.n_moe_layers - 1, cfg.n_experts)
     nxt = np.asarray(model.dense[TensorNames.block(cfg.moe_layers[1], TensorNames.router)], np.float32)
     h = tr.router_inputs[:, 0].astype(np.float32)
-    np.testing.assert_allclose(g[:, 0], h @ nxt.T, rtol=1e-5, atol=1e-6)
+    # guess_logits goes a row at a time as decoding does; the [T, D] matmul here sums in another
+    # order, so each token's row is held to float32 reordering of its scale
+    want = h @ nxt.T
+    err = np.abs(g[:, 0] - want).max(axis=1) / np.abs(want).max(axis=1)
+    assert err.max() <= FLOAT32_REORDER_OF_SCALE, err
     assert cfg.kinds[cfg.moe_layers[1]].mixer is Mixer.DELTANET
 
 

@@ -479,8 +479,10 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
 # shape). Why: on the H200 hosts of the latest runs a token's host share (16-21 us of MLX's host
 # work a launch, 146 launches) was as large as its GPU time, and a launch boundary costs the GPU
 # ~3 us (benchmarks/graph_time.py). The down phase is moe_down_chained's (256 threads, its blocks
-# ranking z themselves), the same bits as moe_down_warps' launch.
-DEFER_DOWN = True
+# ranking z themselves), the same bits as moe_down_warps' launch. Off by default until a GPU run
+# has held it to the reference and timed it: it is bit for bit on the emulator and its CUDA source
+# compiles, but no recorded run has executed it on the H200 (benchmarks/device_run.sh, 'deferred').
+DEFER_DOWN = False
 # output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
 # which leaves the chain's later blocks slots beside them at 2 blocks an SM)
 DEFER_ROWS = down_warps.ROWS
