@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -158,46 +159,59 @@ SWITCHES = {
 }
 
 
+@contextmanager
+def switched(form: str):
+    """SWITCHES' module switches of `form` (none for a form without) set, then restored."""
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in SWITCHES.get(form, ())]
+    try:
+        for mod, name, value in SWITCHES.get(form, ()):
+            setattr(mod, name, value)
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
 def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
     """Median ms/token of `tokens` compiled decode steps from a made context of `length`."""
     split, views, chunk = FORMS[form]
     saved = attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK
-    switched = [(mod, name, getattr(mod, name)) for mod, name, _ in SWITCHES.get(form, ())]
     attn_kernels.SPLIT_FROM = saved[0] if split else 1 << 30
     launch.GRAPH_VIEWS = views
     attn_kernels.SPLIT_CHUNK = chunk or saved[2]
-    for mod, name, value in SWITCHES.get(form, ()):  # after the above: a switch may set SPLIT_FROM too
-        setattr(mod, name, value)
     try:
-        state = state_at(p.cfg, length, seed=length, dtype=mx.float16 if form == "kv16" else mx.float32)
-        step = CompiledDecode(p, state, traced=traced)
-        rng = np.random.default_rng(length)
-        times = []
-        before = sum(LAUNCHES.values())
-        for i in range(tokens + 1):
-            t0 = time.perf_counter()
-            logits, state = step(state, int(rng.integers(0, p.cfg.vocab_size)))
-            np.array(logits[-1], dtype=np.float32)
-            times.append(time.perf_counter() - t0)
-        first = times.pop(0)  # the trace
-        # the same steps with no host wait between them (the next token fixed, as a device-side
-        # sampler would allow): what the host's encoding and the GPU sustain, without the round trip
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            logits, state = step(state, 1)
-            mx.async_eval(logits)
-        mx.eval(logits)
-        pipelined = (time.perf_counter() - t0) / tokens
-        launches = sum(LAUNCHES.values()) - before
-        loops = generate_loops(p, state, step, tokens)
-        return {"ms": float(np.median(times)) * 1e3, "first_ms": first * 1e3, "min_ms": float(np.min(times)) * 1e3,
-                "pipelined_ms": pipelined * 1e3, **loops,
-                "wrapper_launches": launches,
-                "split": attn_kernels.split_applies(length + 1, 1)}
+        with switched(form):  # after the above: a switch may set SPLIT_FROM too
+            return _decode_ms(p, length, tokens, form=form, traced=traced)
     finally:
         attn_kernels.SPLIT_FROM, launch.GRAPH_VIEWS, attn_kernels.SPLIT_CHUNK = saved
-        for mod, name, value in switched:
-            setattr(mod, name, value)
+
+
+def _decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:
+    state = state_at(p.cfg, length, seed=length, dtype=mx.float16 if form == "kv16" else mx.float32)
+    step = CompiledDecode(p, state, traced=traced)
+    rng = np.random.default_rng(length)
+    times = []
+    before = sum(LAUNCHES.values())
+    for i in range(tokens + 1):
+        t0 = time.perf_counter()
+        logits, state = step(state, int(rng.integers(0, p.cfg.vocab_size)))
+        np.array(logits[-1], dtype=np.float32)
+        times.append(time.perf_counter() - t0)
+    first = times.pop(0)  # the trace
+    # the same steps with no host wait between them (the next token fixed, as a device-side
+    # sampler would allow): what the host's encoding and the GPU sustain, without the round trip
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        logits, state = step(state, 1)
+        mx.async_eval(logits)
+    mx.eval(logits)
+    pipelined = (time.perf_counter() - t0) / tokens
+    launches = sum(LAUNCHES.values()) - before
+    loops = generate_loops(p, state, step, tokens)
+    return {"ms": float(np.median(times)) * 1e3, "first_ms": first * 1e3, "min_ms": float(np.min(times)) * 1e3,
+            "pipelined_ms": pipelined * 1e3, **loops,
+            "wrapper_launches": launches,
+            "split": attn_kernels.split_applies(length + 1, 1)}
 
 
 def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -> dict:

@@ -17,7 +17,6 @@ expert, all-resident, context 8; --form: one of decode_context.py's switched for
 from __future__ import annotations
 
 import argparse
-import csv
 import ctypes
 import glob
 import json
@@ -27,9 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6}
-
 
 def _profiler():
     """(start, stop) of the CUDA profiler range, from the runtime library where one is found
@@ -52,26 +48,19 @@ def _profiler():
 
 def run(layers: int, steps: int, form: str) -> dict:
     import mlx.core as mx
-    from decode_context import SWITCHES
+    from decode_context import switched
     from host_cost import _made
 
     from strata.mlx_backend.compiled import CompiledDecode
     from strata.mlx_backend.greedy import greedy_select
     from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 
-    switches = SWITCHES.get(form, ())
     with using_path(KernelPath.GPU):
         p, state = _made(layers)
-        saved = [(m, k, getattr(m, k)) for m, k, _ in switches]
-        for m, k, v in switches:
-            setattr(m, k, v)
-        try:
+        with switched(form):  # for the trace: what the replays run
             step = CompiledDecode(p, state, traced=True)
             before = sum(LAUNCHES.values())
             logits, state = step(state, 1)
-        finally:
-            for m, k, v in saved:
-                setattr(m, k, v)
         launches = sum(LAUNCHES.values()) - before
         sel = greedy_select(logits)
         mx.eval(sel)
@@ -97,19 +86,11 @@ def run(layers: int, steps: int, form: str) -> dict:
 
 def summed(steps: int, lines) -> dict:
     """The gpu__time_duration rows of ncu's CSV in `lines`, summed; other lines printed through."""
-    header, n, total = None, 0, 0.0
-    for line in lines:
-        if line.startswith('"ID"'):
-            header = next(csv.reader([line]))
-            continue
-        if header and line.startswith('"'):
-            rec = dict(zip(header, next(csv.reader([line]))))
-            if rec.get("Metric Name") == "gpu__time_duration.sum":
-                n += 1
-                total += float(rec["Metric Value"].replace(",", "")) * UNIT_US.get(rec.get("Metric Unit", "ns"), 1e-3)
-            continue
-        sys.stdout.write(line)
-    return {"workloads": n, "total_us": total, "us_a_token": total / steps, "workloads_a_token": n / steps}
+    from ncu_summary import gpu_time_rows, row_us
+
+    rows = gpu_time_rows(lines)
+    total = sum(row_us(r) for r in rows)
+    return {"workloads": len(rows), "total_us": total, "us_a_token": total / steps, "workloads_a_token": len(rows) / steps}
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import known_forms  # noqa: E402
-from decode_context import SHAPE, SWITCHES, state_at  # noqa: E402
+from decode_context import SHAPE, SWITCHES, state_at, switched  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend import compiled  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
@@ -70,20 +70,13 @@ def measure(layers: int, tokens: int, form: str = "default") -> dict:
     switched forms (e.g. traced_views, unchained), switched for the trace (what the replays run)."""
     if current_path() is not KernelPath.GPU:
         raise SystemExit("host_cost.py: needs MLX's GPU kernel path (a CUDA or Metal device)")
-    switches = SWITCHES.get(form, ())
     with using_path(KernelPath.GPU):
         p, state = _made(layers)
-        saved = [(mod, name, getattr(mod, name)) for mod, name, _ in switches]
-        for mod, name, value in switches:
-            setattr(mod, name, value)
-        try:
+        with switched(form):
             step = CompiledDecode(p, state, traced=True)
             before = sum(LAUNCHES.values())
             views_before = dict(launch.VIEW_COUNTS)
             logits, state = step(state, 1)  # the trace (every kernel JIT-compiled)
-        finally:
-            for mod, name, value in saved:
-                setattr(mod, name, value)
         views = {k: v - views_before.get(k, 0) for k, v in launch.VIEW_COUNTS.items()}
         sel = greedy_select(logits)
         mx.eval(sel)

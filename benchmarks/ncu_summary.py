@@ -18,9 +18,11 @@ UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e
 MARKER = "strata_probe_marker"
 
 
-def main() -> None:
+def gpu_time_rows(lines) -> list[dict]:
+    """ncu's CSV rows of gpu__time_duration.sum in `lines` (a dict a row, by the CSV's header);
+    the lines that are not ncu's CSV are written through to stdout."""
     rows, header = [], None
-    for line in sys.stdin:
+    for line in lines:
         if line.startswith('"ID"'):
             header = next(csv.reader([line]))
             continue
@@ -30,6 +32,16 @@ def main() -> None:
                 rows.append(rec)
             continue
         sys.stdout.write(line)
+    return rows
+
+
+def row_us(rec: dict) -> float:
+    """A gpu__time_duration row's value in us."""
+    return float(rec["Metric Value"].replace(",", "")) * UNIT_US.get(rec.get("Metric Unit", "nsecond"), 1e-3)
+
+
+def main() -> None:
+    rows = gpu_time_rows(sys.stdin)
     marks = [i for i, r in enumerate(rows) if MARKER in r.get("Kernel Name", "")]
     bounds = list(zip(marks, marks[1:] + [len(rows)])) if marks else [(-1, len(rows))]
     out = []
@@ -39,7 +51,7 @@ def main() -> None:
         by_name: dict[str, list[float]] = defaultdict(list)
         total = 0.0
         for i, r in enumerate(after):
-            us = float(r["Metric Value"].replace(",", "")) * UNIT_US.get(r.get("Metric Unit", "nsecond"), 1e-3)
+            us = row_us(r)
             name = r["Kernel Name"][:90]
             by_name[name].append(us)
             total += us

@@ -70,25 +70,7 @@ BODY = r"""
     const int b = 0;
     LOAD
   }
-  float ss = 0.0f;
-  for (uint32_t c = tid; c < (uint32_t)C; c += NT) {
-    const float v = x[(uint64_t)t * C + c];
-    xs[(c % 8) * GPR + c / 8] = v;
-    ss += v * v;
-  }
-  if (NORM) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp_id] = ss;
-    BARRIER();
-    float tot = 0.0f;
-    for (int w = 0; w < NW; ++w) tot += red[w];
-    const float inv = 1.0f / sqrt_f(tot / (float)C + fparams[0]);
-    for (uint32_t c = tid; c < (uint32_t)C; c += NT) {  // this thread's own elements
-      const uint32_t k = (c % 8) * GPR + c / 8;
-      xs[k] = xs[k] * inv * F32(norm_w[c]);
-    }
-  }
-  BARRIER();
+  STAGE_X
   UNROLL for (int b = 0; b < NB; ++b) {
     if (b > 0 || !EARLY) {
       LOAD
@@ -119,7 +101,31 @@ _LOAD = r"""
       UNROLL for (int k = 0; k < RPW; ++k) wv[k][i] = *(const DEVICE uint4*)(rows[k] + 8 * gc);
     }
 """
-BODY = expand(BODY.replace("  LOAD_BATCH\n", ""), LOAD=_LOAD)
+# token t's activations into threadgroup memory (xs[j * GPR + g] = x[8 g + j]), RMS-normed by
+# norm_w where NORM; every thread's own elements, then a barrier. Shared with kernels/qkv_groups.py,
+# whose rows must be summed over the very same xs
+STAGE_X = r"""
+  float ss = 0.0f;
+  for (uint32_t c = tid; c < (uint32_t)C; c += NT) {
+    const float v = x[(uint64_t)t * C + c];
+    xs[(c % 8) * GPR + c / 8] = v;
+    ss += v * v;
+  }
+  if (NORM) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp_id] = ss;
+    BARRIER();
+    float tot = 0.0f;
+    for (int q = 0; q < NW; ++q) tot += red[q];
+    const float inv = 1.0f / sqrt_f(tot / (float)C + fparams[0]);
+    for (uint32_t c = tid; c < (uint32_t)C; c += NT) {  // this thread's own elements
+      const uint32_t k = (c % 8) * GPR + c / 8;
+      xs[k] = xs[k] * inv * F32(norm_w[c]);
+    }
+  }
+  BARRIER();
+"""
+BODY = expand(BODY.replace("  LOAD_BATCH\n", ""), LOAD=_LOAD, STAGE_X=STAGE_X)
 
 SOURCE = KernelSource("strata_dense_gemv", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY)
 

@@ -37,7 +37,7 @@ from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels.launch import absent, as_f32, float_params
 from strata.mlx_backend.kernels.phases import LaunchSpec
 from strata.mlx_backend.kernels.preludes import WARP
-from strata.mlx_backend.kernels.source import KernelSource
+from strata.mlx_backend.kernels.source import KernelSource, expand
 
 THREADS = dense_kernel.THREADS
 # where the walk pays: few groups (each a round of loads a warp, one after another) and few blocks
@@ -65,6 +65,7 @@ BODY = r"""
   constexpr int RG = (G * (1 + GATE) + 2) * HD;  // a KV group's rows
   SHARED float xs[C];  // xs[j * GPR + g] = xn[8 g + j], as dense_gemv stages it
   SHARED float red[NW];
+  const uint32_t t = 0;                   // the one token (dense_gemv's STAGE_X reads row t of x)
   const uint32_t j = bx * NW + warp_id;   // this warp's row of every group
   const uint32_t jr = j < (uint32_t)RG ? j : (uint32_t)(RG - 1);  // past RG: read a real row, store nothing
   uint4 wv[GPL];
@@ -73,25 +74,7 @@ BODY = r"""
     const int g8 = (int)lane + 32 * i;
     wv[i] = *(const DEVICE uint4*)(row + 8 * (g8 < GPR ? g8 : GPR - 1));
   }
-  float ss = 0.0f;
-  for (uint32_t c = tid; c < (uint32_t)C; c += NT) {
-    const float v = x[c];
-    xs[(c % 8) * GPR + c / 8] = v;
-    ss += v * v;
-  }
-  if (NORM) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp_id] = ss;
-    BARRIER();
-    float tot = 0.0f;
-    for (int q = 0; q < NW; ++q) tot += red[q];
-    const float inv = 1.0f / sqrt_f(tot / (float)C + fparams[0]);
-    for (uint32_t c = tid; c < (uint32_t)C; c += NT) {
-      const uint32_t k = (c % 8) * GPR + c / 8;
-      xs[k] = xs[k] * inv * F32(norm_w[c]);
-    }
-  }
-  BARRIER();
+  STAGE_X
   for (int g = 0; g < KVH; ++g) {
     warp_sync();  // a fence for the scheduler: the row's loads all issue before its FMAs
     float acc = 0.0f;
@@ -119,6 +102,8 @@ BODY = r"""
     if (tid == 0) atomic_add_u32(chain_extra + g, 1u);
   }
 """
+
+BODY = expand(BODY, STAGE_X=dense_kernel.STAGE_X)
 
 SOURCE = KernelSource("strata_qkv_groups", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY, HELPERS,
                       metal=False)
