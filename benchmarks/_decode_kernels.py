@@ -133,6 +133,8 @@ CHAIN_FORMS = (
     ("default: QKV (walked by KV group) + attention + router in one launch (3 a layer)", ()),
     ("the previous layer's down step run first in that launch (deferred: 2 a layer)", ((_MD, "DEFER_DOWN", True),)),
     ("the deferred down step at 16 rows a block", ((_MD, "DEFER_DOWN", True), (_MD, "DEFER_ROWS", 16))),
+    ("the top k ranked once, the launch's last phase (the expert blocks read it)", ((_MD, "RANK_ONCE", True),)),
+    ("ranked once and the down step deferred", ((_MD, "RANK_ONCE", True), (_MD, "DEFER_DOWN", True))),
     ("the chain's QKV GEMV all at once (the plain chain)", ((_AP, "QKV_BY_GROUP", False),)),
     ("the walk with 4 W_o groups prefetched", ((_AP, "GROUP_PREFETCH", 4),)),
     ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),

@@ -118,6 +118,8 @@ FORMS = {
     "groups_pf4": (True, True, 0),  # the walk with 4 W_o groups loaded before the wait (GROUP_PREFETCH; 16 by default)
     "deferred": (True, True, 0),  # a layer's down step run by the next layer's launch (moe_decode.DEFER_DOWN: 2 a layer)
     "deferred_r16": (True, True, 0),  # that at 16 rows a block (moe_decode.DEFER_ROWS; 8 by default)
+    "ranked": (True, True, 0),  # the top k ranked once, the attention launch's last phase (moe_decode.RANK_ONCE)
+    "ranked_deferred": (True, True, 0),  # that and the deferred down step (2 launches a layer)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -156,6 +158,8 @@ SWITCHES = {
     "groups_pf4": ((attend_project, "GROUP_PREFETCH", 4),),
     "deferred": ((moe_decode, "DEFER_DOWN", True),),
     "deferred_r16": ((moe_decode, "DEFER_DOWN", True), (moe_decode, "DEFER_ROWS", 16)),
+    "ranked": ((moe_decode, "RANK_ONCE", True),),
+    "ranked_deferred": ((moe_decode, "RANK_ONCE", True), (moe_decode, "DEFER_DOWN", True)),
 }
 
 

@@ -78,7 +78,8 @@ def _ptxas(code: str, tmp: Path) -> dict:
 def attention_chains() -> list:
     """The chained attention launch of a decoded layer at the issue's shape (16 q / 4 KV heads of
     128), captured in each form: the plain chain, the QKV walk by KV group at 4 and 16 W_o groups
-    loaded first, and the walk led by the previous layer's deferred down step (moe_decode.DeferredDown)."""
+    loaded first, the walk led by the previous layer's deferred down step (moe_decode.DeferredDown),
+    and both with the top k ranked as the last phase (route_rank.py: moe_decode.RANK_ONCE)."""
     from strata.mlx_backend.kernels import attend_project
 
     h, kvh, hd, s, f16 = 16, 4, 128, 64, mx.float16
@@ -86,14 +87,17 @@ def attention_chains() -> list:
     arena = mx.zeros((4, rec.padded_bytes), mx.uint8)
     x, z = mx.zeros((1, D)), mx.zeros((1, E))
 
-    def route(x_in):
+    def route(x_in, rank_k=0):
         attend_project.qkv_attend_route(
             mx.zeros(((h + 2 * kvh) * hd, D), f16), x_in, mx.zeros((D,), f16), None, mx.zeros((hd,), f16),
             mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)), mx.zeros((kvh, s, hd)),
-            mx.zeros((kvh, s, hd)), mx.zeros((D, h * hd), f16), mx.zeros((D,), f16), mx.zeros((E, D)), 3, 1e-6, h)
+            mx.zeros((kvh, s, hd)), mx.zeros((D, h * hd), f16), mx.zeros((D,), f16), mx.zeros((E, D)), 3, 1e-6, h,
+            rank_k=rank_k)
 
     def forms():
         saved = attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH
+        deferring = moe_decode.DEFER_DOWN
+        moe_decode.DEFER_DOWN = True  # the deferred forms, whatever the default
         try:
             with using_path(KernelPath.EMULATED):
                 for walk, pf in ((False, 16), (True, 4), (True, 16)):
@@ -103,8 +107,12 @@ def attention_chains() -> list:
                 down = moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True,
                                                   defer=True)
                 route(down)
+                route(x, rank_k=K)
+                route(moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True,
+                                                 defer=True), rank_k=K)
         finally:
             attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH = saved
+            moe_decode.DEFER_DOWN = deferring
 
     return [c for c in _capture(forms) if c[0].name.startswith("strata_chain_")]
 
@@ -139,6 +147,9 @@ def main() -> int:
                                        down_rows=16)
             moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True, upw=upw,
                                        vector_loads=True)
+        # the top k given (ranked once in the attention's launch: moe_decode.RANK_ONCE)
+        ranked = decode_routing.RankedLogits(z, mx.zeros((1, K), mx.int32))
+        moe_decode.routed_residual(arena, rec, x, x, ranked, 0, K, RoutingOrder.SOFTMAX_TOPK, True)
 
     def chained():  # on the emulated path, where phases.available() (the launch itself is captured)
         with using_path(KernelPath.EMULATED):

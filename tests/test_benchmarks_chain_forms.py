@@ -22,6 +22,8 @@ def test_every_chain_form_decodes_the_same_token(capsys):
     experts_before = LAUNCHES["strata_chain_moe_gateup_moe_down_chained"]
     groups_before = LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"]
     deferred_before = LAUNCHES["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router"]
+    ranked_before = LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router_route_rank"]
+    ranked_deferred_before = LAUNCHES["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank"]
     with using_path(KernelPath.EMULATED):
         errs = _decode_kernels.ncu_chain_forms(small=True, layers=2)
     assert set(errs) == {label for label, _ in _decode_kernels.CHAIN_FORMS}
@@ -35,6 +37,11 @@ def test_every_chain_form_decodes_the_same_token(capsys):
     # and its 16-group prefetch; the experts' chain in the forms that switch it on
     assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router"] - groups_before == (4 * 2 + 2 * 1) * 2
     assert LAUNCHES["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router"] - deferred_before == 2 * 2
+    # the top k ranked as the last phase: both layers' launches in that form, the first layer's
+    # (the second's leads with the down step) where the down step is deferred too
+    assert LAUNCHES["strata_chain_qkv_groups_attend_project_sum_router_route_rank"] - ranked_before == (2 + 1) * 2
+    assert (LAUNCHES["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank"]
+            - ranked_deferred_before == 1 * 2)
     assert LAUNCHES["strata_chain_dense_gemv_attend_project_sum_router"] - before == 2 * 2 * 2
     experts = sum(bool(dict(((m, k), v) for m, k, v in sw).get((moe_decode, "CHAIN_EXPERTS"), moe_decode.CHAIN_EXPERTS))
                   for _, sw in _decode_kernels.CHAIN_FORMS)

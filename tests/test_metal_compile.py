@@ -24,7 +24,7 @@ from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.experts import routed_partials
-from strata.mlx_backend.kernels import attend_project, moe_decode, q8_gemv
+from strata.mlx_backend.kernels import attend_project, moe_decode, q8_gemv, route_rank
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import full_source
@@ -60,6 +60,9 @@ def specialisations() -> list:
                     m.setattr(attend_project, "CHAIN_QKV", cross_block)
                     m.setattr(attend_project, "SUM_PARTS", cross_block)
                     m.setattr(moe_decode, "CHAIN_EXPERTS", cross_block)
+                    # the top k ranked in the attention's launch, and the down step deferred into it
+                    # (with CHAIN_EXPERTS on, the experts' chain reads the given ranking)
+                    m.setattr(moe_decode, "RANK_ONCE", cross_block)
                     logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
                     logits, _ = mlx_model.forward(mp, state, np.array([4]))  # a decoded token: the chained QKV
                     mx.eval(logits)
@@ -67,6 +70,7 @@ def specialisations() -> list:
         mx.eval(routed_partials(mp.arena.array, mp.rec, x, np.array([[0, 5, -1, 2]]), np.ones((1, 4), np.float32)))
         parts = mx.zeros((1, params.cfg.n_heads, params.cfg.hidden_size))
         mx.eval(*[a for a in mlx_model.router_stage(mp, 0, x, parts, mp.layers[1].guess) if a is not None])
+        mx.eval(route_rank.rank(mx.zeros((1, params.cfg.n_experts)), params.cfg.n_experts_per_token))  # alone
         m = quantize(QuantType.Q8_0, np.ones((16, 64), np.float32))
         mx.eval(q8_gemv.q8_gemv(mx.array(m.codes), mx.array(m.scales), x))
     assert len(rec) >= 8
@@ -89,6 +93,14 @@ def test_every_kernel_source_compiles(tmp_path, specialisations, dialect):
     assert len(runs) >= 8
     errors = [e for e in (_check(tmp_path, dialect, s) for s in runs) if e]
     assert not errors, "\n\n".join(errors)
+
+
+def test_the_checked_sources_include_the_ranking_phase(specialisations):
+    """route_rank alone and as the attention chain's last phase (moe_decode.RANK_ONCE) are among
+    the sources checked above."""
+    names = {s[0].name for s in specialisations}
+    assert "strata_route_rank" in names
+    assert any(n.startswith("strata_chain_") and n.endswith("_router_route_rank") for n in names), sorted(names)
 
 
 def test_metal_signature_declares_what_the_body_uses(specialisations):

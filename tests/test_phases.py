@@ -104,7 +104,13 @@ CHAINS = {"qkv": "strata_chain_dense_gemv_attend_project_sum",
           # ... and a layer's down step run by the next layer's launch (moe_decode.DEFER_DOWN): the
           # first layer's launch as groups_router's, the later ones with the down phase first
           "deferred": ("strata_chain_qkv_groups_attend_project_sum_router",
-                       "strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router")}
+                       "strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router"),
+          # ... and the top k ranked once as the launch's last phase (moe_decode.RANK_ONCE: the
+          # expert launches read it), without and with the deferred down step
+          "ranked": "strata_chain_qkv_groups_attend_project_sum_router_route_rank",
+          "ranked_deferred": ("strata_chain_qkv_groups_attend_project_sum_router_route_rank",
+                              "strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank")}
+ROUTED = ("qkv_router", "groups_router", "deferred", "ranked", "ranked_deferred")  # the router in the launch
 
 
 def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
@@ -114,9 +120,10 @@ def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
     from test_mlx_compiled import greedy_steps
 
     monkeypatch.setattr(attend_project, "CHAIN_QKV", chained is not None)
-    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained in ("qkv_router", "groups_router", "deferred"))
-    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in ("groups", "groups_router", "deferred"))
-    monkeypatch.setattr(moe_decode, "DEFER_DOWN", chained == "deferred")
+    monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained in ROUTED)
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in ("groups",) + ROUTED[1:])
+    monkeypatch.setattr(moe_decode, "DEFER_DOWN", chained in ("deferred", "ranked_deferred"))
+    monkeypatch.setattr(moe_decode, "RANK_ONCE", chained in ("ranked", "ranked_deferred"))
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
     names = CHAINS[chained or "qkv"]
     names = (names,) if isinstance(names, str) else names

@@ -268,12 +268,13 @@ def takes_deferred_down(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, t
 
 
 def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, ffn_norm: mx.array,
-                     w_router: mx.array, *, pos: mx.array | None = None
+                     w_router: mx.array, *, pos: mx.array | None = None, rank_k: int = 0
                      ) -> tuple[mx.array, mx.array, mx.array, MlxLayerKV]:
     """The attention (`attention_partials`) and the router kernel after it (no guess) as one
     launch, where `routes_with_attention`: the residual after attention, the router's input and
     its logits (model.router_stage's first three), and the new cache. x may be the previous
-    layer's down step unlaunched (where `takes_deferred_down`): the launch runs it first.
+    layer's down step unlaunched (where `takes_deferred_down`): the launch runs it first. rank_k:
+    the logits' top rank_k ranked in the launch too (a `RankedLogits`, moe_decode.ranks_once).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z [1, E], MlxLayerKV with 1 more)
@@ -282,7 +283,8 @@ def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, f
     cos, sin = rope_table_cached(cfg)
     x_mid, h, z = attend_project.qkv_attend_route(w.wqkv, x, w.norm, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys,
                                                   kv.values, w.wo, ffn_norm, w_router, kv.length, cfg.rms_norm_eps,
-                                                  cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim, gated=w.gated)
+                                                  cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim, gated=w.gated,
+                                                  rank_k=rank_k)
     return x_mid, h, z, MlxLayerKV(kv.keys, kv.values, kv.length + x.shape[0])
 
 

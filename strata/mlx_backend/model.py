@@ -385,8 +385,12 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
     if isinstance(x, moe_decode.DeferredDown) and not takes_deferred(p, layer, kv, x.shape[0]):
         x = x.run()
+    experts_on_device = select is None and lw.dense is None and decode_experts.applies(
+        p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0])
     if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
-        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos)
+        # the top k ranked in that launch too, where the expert launches read it (moe_decode.RANK_ONCE)
+        rank_k = lw.rule.k if experts_on_device and moe_decode.ranks_once(p.rec, lw.rule.k, x.shape[0]) else 0
+        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos, rank_k=rank_k)
     else:
         parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
         if lw.dense is not None:  # a dense FFN layer: no router, no experts
@@ -394,7 +398,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
         x_mid, h, z, _ = router_stage(p, layer, x, parts)
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
-    if select is None and decode_experts.applies(p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0]):
+    if experts_on_device:
         return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared,
                                               defer=defer), kv
     if select is None:

@@ -37,8 +37,9 @@ import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
-from strata.mlx_backend.kernels import phases, qkv_groups
+from strata.mlx_backend.kernels import phases, qkv_groups, route_rank
 from strata.mlx_backend.kernels import router as router_kernel
+from strata.mlx_backend.kernels.decode_routing import RankedLogits
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource
@@ -205,6 +206,7 @@ def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc
 # units a lane in flight (its own 20 would hold ~150 registers a thread for the whole chain).
 CHAIN_ROUTER = True
 ROUTE_ROW_LOADS = 5
+ROUTER_Z = router_kernel.SOURCE.outputs.index("z")  # the router phase's logits, which route_rank reads
 
 
 def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
@@ -216,11 +218,12 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
                      k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                      wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
                      pos: mx.array | None = None, rotary_dim: int | None = None,
-                     gated: bool = False) -> tuple[mx.array, mx.array, mx.array]:
+                     gated: bool = False, rank_k: int = 0) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
     """`qkv_attend_project` then `router.router(x, its summed partials, ffn_norm, w_router)` (no
     guess), one launch. x may be the previous layer's down step not yet launched (a
     `moe_decode.DeferredDown`, where `takes_deferred`): it then runs as the launch's first phase,
-    the QKV walk waiting for it where it first reads x (one launch a layer fewer).
+    the QKV walk waiting for it where it first reads x (one launch a layer fewer). rank_k > 0: the
+    top rank_k of z ranked by a last phase (route_rank.py), z returned as `RankedLogits`.
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
@@ -233,18 +236,25 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
                                 n_heads, pos, rotary_dim, gated)
     route = router_kernel.router(xin, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None,
                                  None, eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
-    links = ({}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)})
     if down is None:
-        outs = phases.chain_all((gemv, proj, route), links, key=wo, waits=(0, WAIT_AT, router_kernel.WAIT_AT),
-                                **_group_waits(wqkv, kc, n_heads, gated, 3))
+        specs, waits = [gemv, proj, route], [0, WAIT_AT, router_kernel.WAIT_AT]
+        links = [{}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}]
+        extra = _group_waits(wqkv, kc, n_heads, gated, 3 + (rank_k > 0))
     else:  # the down step first: the walk and the router read its output as their x
-        outs = phases.chain_all((down, gemv, proj, route),
-                                ({}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1),
-                                                                      "x": (0, 0)}),
-                                key=wo, waits=(0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT),
-                                custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
-    x_mid, h, z, _ = outs[-4:]
-    return x_mid, h, z
+        specs, waits = [down, gemv, proj, route], [0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT]
+        links = [{}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1), "x": (0, 0)}]
+        extra = dict(custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
+    if rank_k:  # the ranking last: its one block waits for every router block's logits
+        specs.append(route_rank.rank(phases.Pending(route.output_shapes[ROUTER_Z], mx.float32), rank_k,
+                                     threads=THREADS, spec=True))
+        links.append({"z": (len(specs) - 2, ROUTER_Z)})
+        waits.append(0)
+    outs = phases.chain_all(specs, links, key=wo, waits=waits, **extra)
+    if not rank_k:
+        x_mid, h, z, _ = outs[-4:]
+        return x_mid, h, z
+    x_mid, h, z, _, top = outs[-5:]
+    return x_mid, h, RankedLogits(z, top)
 
 
 def takes_deferred(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:

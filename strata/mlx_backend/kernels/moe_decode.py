@@ -305,7 +305,8 @@ DOWN = r"""
   }
 """
 
-GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown", "gate_inp"),
+GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "given", "sgate", "sup", "sdown",
+                                                  "gate_inp"),
                              ("hid", "sel", "wsel", "sout", "sgate_out", "hpre", "hws"), GATEUP, moe.HELPERS)
 DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel", "sout", "gate_val"), ("out",), DOWN,
                            moe.HELPERS)
@@ -360,7 +361,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
            weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
-           spec: bool = False):
+           given: mx.array | None = None, spec: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -369,8 +370,9 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY);
     no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); vector_loads: a lane's
     codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
-    order than the fused kernel's); spec: the launch's `phases.LaunchSpec` instead of its outputs
-    (the first phase of `routed_residual`'s chain).
+    order than the fused kernel's); given: z's top k already ranked (route_rank.py, int32 [T, k]:
+    Ranking.GIVEN, the blocks read it instead of ranking z); spec: the launch's `phases.LaunchSpec`
+    instead of its outputs (the first phase of `routed_residual`'s chain).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -386,7 +388,9 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     dn = moe.subnormal_codes() if denormals is None else denormals
     nch = rec.expert_ffn // ((threads // WARP) * upw)
     sh_inputs, sh_template, nsb = _shared_parts(rec, shared)
-    ranking = _ranking(rounds, k)
+    if given is not None and rounds is not None:
+        raise ValueError("moe_decode: a given ranking takes no ranking form (rounds)")
+    ranking = routing.Ranking.GIVEN if given is not None else _ranking(rounds, k)
     template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
@@ -394,7 +398,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early)),
                                ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
     f = rec.expert_ffn
-    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base)] + sh_inputs),
+    ranked = absent(np.int32) if given is None else given
+    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base), ranked] + sh_inputs),
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
                      (nsb + k * nch, t, 1), threads, template)
@@ -446,12 +451,17 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
 
+    z may come ranked (decode_routing.RankedLogits: the attention launch's route_rank phase); the
+    expert blocks then read its top k (Ranking.GIVEN), the same bits.
     Where `chains_experts` (CHAIN_EXPERTS, one token): the two launches as one, the same bits.
     defer (the default form only, no kw): where `defers_down`, the gate/up launch runs and the
     down step comes back unlaunched (a `DeferredDown`), the same bits once run.
     """
-    if defer and not kw and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0]):
-        spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True)
+    z, given = (z.logits, z.top) if isinstance(z, routing.RankedLogits) else (z, None)
+    if given is not None:
+        kw["given"] = given
+    if defer and kw.keys() <= {"given"} and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0]):
+        spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True, **kw)
         made = dict(zip(spec.src.outputs, run(spec)))
         return DeferredDown(moe_down_chained.down_phase(spec, rec, x_mid, k, rows=DEFER_ROWS, made=made))
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
@@ -481,11 +491,25 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
 # ~3 us (benchmarks/graph_time.py). The down phase is moe_down_chained's (256 threads, its blocks
 # ranking z themselves), the same bits as moe_down_warps' launch. Off by default until a GPU run
 # has held it to the reference and timed it: it is bit for bit on the emulator and its CUDA source
-# compiles, but no recorded run has executed it on the H200 (benchmarks/device_run.sh, 'deferred').
+# compiles, but no recorded run has executed it on the H200 (device_run.sh, stage 'launch_cuts').
 DEFER_DOWN = False
 # output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
 # which leaves the chain's later blocks slots beside them at 2 blocks an SM)
 DEFER_ROWS = down_warps.ROWS
+
+
+# A decoded token's top k ranked once, by the last phase of the attention's chained launch
+# (kernels/route_rank.py), and read by the expert launches' blocks (decode_routing.Ranking.GIVEN)
+# instead of each of them ranking z before its first load (~4 us of the gate/up launch's ~13 on
+# the H200 was that ranking's chain). Off until an H200 run has held it to the reference and timed
+# it: bit for bit on the emulator, its CUDA source compiles (device_run.sh, stage 'launch_cuts').
+RANK_ONCE = False
+
+
+def ranks_once(rec: RecordLayout, k: int, tokens: int) -> bool:
+    """Whether the attention's launch ranks this layer's logits for `routed_residual` (RANK_ONCE,
+    one token, these records on the two launches' path, where chains run)."""
+    return RANK_ONCE and tokens == 1 and applies(rec, k) and phases.available()
 
 
 class DeferredDown(NamedTuple):

@@ -20,7 +20,8 @@ there that moves a cut fails at import):
   for bit the two launches'.
 - slots: a down block ranks z itself (decode_routing.RANKING, the form the gate/up blocks rank
   by: the same top k), so it reads slot_base + top[i] where moe_down_warps reads the gate/up
-  launch's sel, and its code and scale loads (14.4 KB a block, 4.6 MB in all at the seed shape)
+  launch's sel (or reads the top k ranked once, where the gate/up launch does: Ranking.GIVEN),
+  and its code and scale loads (14.4 KB a block, 4.6 MB in all at the seed shape)
   go out *before* it waits for the gate/up blocks' count. Only
   what the gate/up blocks write waits (`WAIT_AT`): h as hpre / hws, the rule's weights wsel,
   the shared expert's partials and gate.
@@ -135,7 +136,8 @@ BODY = BEFORE_WAIT + r"""
 """ + EXPERT_SUMS
 
 SOURCE = KernelSource("strata_moe_down_chained",
-                      ("arena", "z", "slot_base", "x_mid", "hpre", "hws", "wsel", "sout", "gate_val"), ("out",),
+                      ("arena", "z", "slot_base", "given", "x_mid", "hpre", "hws", "wsel", "sout", "gate_val"),
+                      ("out",),
                       BODY, moe.HELPERS, metal=False)
 # what the phase reads from the gate/up phase: its input -> the gate/up launch's output
 FROM_GATEUP = {"hpre": "hpre", "hws": "hws", "wsel": "wsel", "sout": "sout", "gate_val": "sgate_out"}
@@ -150,9 +152,10 @@ def applies(rec: RecordLayout, k: int, rows: int, threads: int) -> bool:
 def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *, rows: int = down_warps.ROWS,
                vector_loads: bool | None = None, made: dict[str, mx.array] | None = None) -> LaunchSpec:
     """The down phase's `LaunchSpec` after the gate/up launch `gateup` (moe_decode.gateup's
-    spec=True, one token): the arena, z and slot base it ranks and reads by, its threads, code form
-    (DN), ranking form (ROUNDS) and shared blocks (NSB, GATED) are the gate/up launch's; what it
-    reads from that phase (FROM_GATEUP) is a `Pending` there, for the chain's links, or, with
+    spec=True, one token): the arena, z, slot base and given top k it ranks and reads by, its
+    threads, code form (DN), ranking form (ROUNDS) and shared blocks (NSB, GATED) are the gate/up
+    launch's; what it reads from that phase (FROM_GATEUP) is a `Pending` there, for the chain's
+    links, or, with
     `made` (the gate/up launch's outputs by name, already launched), those arrays: then the phase
     waits for nothing and may lead another chain (moe_decode.DeferredDown). rows, vector_loads: as
     moe_down_warps.down.
@@ -161,7 +164,7 @@ def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *
         x_mid float32 [1, D] -> out float32 [1, D]
     """
     g = dict(gateup.template)
-    given = dict(zip(gateup.src.inputs, gateup.inputs))
+    args = dict(zip(gateup.src.inputs, gateup.inputs))
     made_shapes = dict(zip(gateup.src.outputs, zip(gateup.output_shapes, gateup.output_dtypes)))
     t, nt = x_mid.shape[0], gateup.threads
     if t != 1 or gateup.blocks[1] != 1 or not applies(rec, k, rows, nt):
@@ -171,7 +174,8 @@ def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", g["DN"]), ("NSB", g["NSB"]),
                 ("GATED", g["GATED"]), ("VL", int(down_warps.VECTOR_LOADS if vector_loads is None else vector_loads)),
                 ("E", g["E"]), ("ROUNDS", g["ROUNDS"]), ("NT", nt))
-    values = {"arena": given["arena"], "z": given["z"], "slot_base": given["slot_base"], "x_mid": as_f32(x_mid),
+    values = {"arena": args["arena"], "z": args["z"], "slot_base": args["slot_base"], "given": args["given"],
+              "x_mid": as_f32(x_mid),
               **{c: Pending(*made_shapes[out]) if made is None else made[out] for c, out in FROM_GATEUP.items()}}
     return LaunchSpec(SOURCE, tuple(values[n] for n in SOURCE.inputs), ((t, rec.hidden),), (mx.float32,),
                       (rec.hidden // rows, t, 1), nt, template)
