@@ -51,7 +51,7 @@ from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv 
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
-from strata.mlx_backend import device_pipeline  # noqa: E402
+from strata.mlx_backend import device_pipeline, greedy  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.model import MlxModelState  # noqa: E402
 from strata.generate import _steps  # noqa: E402
@@ -120,6 +120,8 @@ FORMS = {
     "deferred_r16": (True, True, 0),  # that at 16 rows a block (moe_decode.DEFER_ROWS; 8 by default)
     "ranked": (True, True, 0),  # the top k ranked once, the attention launch's last phase (moe_decode.RANK_ONCE)
     "ranked_deferred": (True, True, 0),  # that and the deferred down step (2 launches a layer)
+    "pick": (True, True, 0),  # the greedy selection as one launch of ours (greedy.PICK_KERNEL)
+    "all_cuts": (True, True, 0),  # ranked_deferred and pick: 100 graph nodes a token at the seed shape (159)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -160,6 +162,8 @@ SWITCHES = {
     "deferred_r16": ((moe_decode, "DEFER_DOWN", True), (moe_decode, "DEFER_ROWS", 16)),
     "ranked": ((moe_decode, "RANK_ONCE", True),),
     "ranked_deferred": ((moe_decode, "RANK_ONCE", True), (moe_decode, "DEFER_DOWN", True)),
+    "pick": ((greedy, "PICK_KERNEL", True),),
+    "all_cuts": ((moe_decode, "RANK_ONCE", True), (moe_decode, "DEFER_DOWN", True), (greedy, "PICK_KERNEL", True)),
 }
 
 

@@ -279,25 +279,27 @@ stage walk_check 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROF
   tests/test_mlx_compiled.py;
   timeout 130 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split --also 8/plain_chain,8/split --tokens 32;
   timeout 100 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms plain_chain'
-# launches cut from a decoded layer (STRATA_STAGES=launch_cuts, then launch_cuts_ncu in the next
-# call): a layer's down step run by the next layer's launch (moe_decode.DEFER_DOWN) and the top k
-# ranked once as the attention launch's last phase (moe_decode.RANK_ONCE), both off until these
-# run. First their GPU tests (bit for bit the unchained decode: they decide whether either may
-# become the default), then ncu by graph for the default and the three forms; the second stage
-# ncu by kernel (the expert launches' own times with the ranking given) and the host's share.
-# Each sized to one call (a cut-off call returns no log)
+# graph nodes cut from a decoded token, each off until these run: a layer's down step run by the
+# next layer's launch (moe_decode.DEFER_DOWN), the top k ranked once as the attention launch's last
+# phase (moe_decode.RANK_ONCE), the greedy selection as one launch (greedy.PICK_KERNEL); all three:
+# the form all_cuts. Three calls back to back, each stage sized to one call (a cut-off call returns
+# no log): STRATA_STAGES=launch_cuts (their GPU tests, which decide whether any may become a
+# default, then ncu by graph for the default and all_cuts, alternating), launch_cuts_forms (ncu by
+# graph for each cut alone, by kernel for the default and all_cuts), launch_cuts_ncu (each chain
+# form's kernels by ncu, the host's share)
 graph_time_run() { timeout 55 ncu --profile-from-start off --graph-profiling $2 --clock-control none \
     --metrics gpu__time_duration.sum --csv python3 benchmarks/graph_time.py --steps 8 --form $1 2>&1 \
     | python3 benchmarks/graph_time.py --sum --steps 8 --label "$1/$2" | grep -v "^==PROF==\|^==WARNING==\|^JSON {\"bench\": \"graph_time\", \"form"; }
 export -f graph_time_run
-stage launch_cuts 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 110 python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_route_rank.py;
-  for f in default deferred ranked ranked_deferred; do graph_time_run $f graph; done;
-  graph_time_run default graph; graph_time_run ranked_deferred graph'
-stage launch_cuts_ncu 420 bash -c 'for f in default ranked; do graph_time_run $f node; done;
-  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    python3 benchmarks/kernels.py --ncu chains 2>&1 | python3 benchmarks/ncu_summary.py | tail -n 60;
-  timeout 90 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms deferred,ranked,ranked_deferred'
+stage launch_cuts 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 150 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_route_rank.py \
+  tests/test_greedy_pick.py tests/test_mlx_greedy.py;
+  for i in 1 2; do graph_time_run default graph; graph_time_run all_cuts graph; done'
+stage launch_cuts_forms 420 bash -c 'for f in deferred ranked ranked_deferred pick; do graph_time_run $f graph; done;
+  graph_time_run default node; graph_time_run all_cuts node'
+stage launch_cuts_ncu 420 bash -c 'timeout 180 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 benchmarks/kernels.py --ncu chains 2>&1 | python3 benchmarks/ncu_summary.py | tail -n 80;
+  timeout 150 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms deferred,ranked_deferred,all_cuts'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

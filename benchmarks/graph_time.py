@@ -55,12 +55,12 @@ def run(layers: int, steps: int, form: str) -> dict:
     from strata.mlx_backend.greedy import greedy_select
     from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 
-    with using_path(KernelPath.GPU):
+    # the form's switches for the whole run: the trace takes most, the selection each step's
+    with using_path(KernelPath.GPU), switched(form):
         p, state = _made(layers)
-        with switched(form):  # for the trace: what the replays run
-            step = CompiledDecode(p, state, traced=True)
-            before = sum(LAUNCHES.values())
-            logits, state = step(state, 1)
+        step = CompiledDecode(p, state, traced=True)
+        before = sum(LAUNCHES.values())
+        logits, state = step(state, 1)
         launches = sum(LAUNCHES.values()) - before
         sel = greedy_select(logits)
         mx.eval(sel)

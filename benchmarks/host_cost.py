@@ -67,16 +67,16 @@ def _made(layers: int):
 
 def measure(layers: int, tokens: int, form: str = "default") -> dict:
     """One process's timings of the compiled step; form: "default" or one of decode_context's
-    switched forms (e.g. traced_views, unchained), switched for the trace (what the replays run)."""
+    switched forms (e.g. traced_views, unchained), switched for the whole run."""
     if current_path() is not KernelPath.GPU:
         raise SystemExit("host_cost.py: needs MLX's GPU kernel path (a CUDA or Metal device)")
-    with using_path(KernelPath.GPU):
+    # the form's switches for the whole run: the trace takes most, the selection each step's
+    with using_path(KernelPath.GPU), switched(form):
         p, state = _made(layers)
-        with switched(form):
-            step = CompiledDecode(p, state, traced=True)
-            before = sum(LAUNCHES.values())
-            views_before = dict(launch.VIEW_COUNTS)
-            logits, state = step(state, 1)  # the trace (every kernel JIT-compiled)
+        step = CompiledDecode(p, state, traced=True)
+        before = sum(LAUNCHES.values())
+        views_before = dict(launch.VIEW_COUNTS)
+        logits, state = step(state, 1)  # the trace (every kernel JIT-compiled)
         views = {k: v - views_before.get(k, 0) for k, v in launch.VIEW_COUNTS.items()}
         sel = greedy_select(logits)
         mx.eval(sel)

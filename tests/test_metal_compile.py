@@ -24,7 +24,7 @@ from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.experts import routed_partials
-from strata.mlx_backend.kernels import attend_project, moe_decode, q8_gemv, route_rank
+from strata.mlx_backend.kernels import attend_project, greedy_pick, moe_decode, phases, q8_gemv, route_rank
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import full_source
@@ -71,6 +71,11 @@ def specialisations() -> list:
         parts = mx.zeros((1, params.cfg.n_heads, params.cfg.hidden_size))
         mx.eval(*[a for a in mlx_model.router_stage(mp, 0, x, parts, mp.layers[1].guess) if a is not None])
         mx.eval(route_rank.rank(mx.zeros((1, params.cfg.n_experts)), params.cfg.n_experts_per_token))  # alone
+        z = mx.zeros((3 * greedy_pick.CH,))
+        mx.eval(greedy_pick.pick(z))  # one chained launch (CUDA's form)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(phases, "available", lambda: False)
+            mx.eval(greedy_pick.pick(z))  # two launches (Metal's form)
         m = quantize(QuantType.Q8_0, np.ones((16, 64), np.float32))
         mx.eval(q8_gemv.q8_gemv(mx.array(m.codes), mx.array(m.scales), x))
     assert len(rec) >= 8
@@ -95,11 +100,12 @@ def test_every_kernel_source_compiles(tmp_path, specialisations, dialect):
     assert not errors, "\n\n".join(errors)
 
 
-def test_the_checked_sources_include_the_ranking_phase(specialisations):
-    """route_rank alone and as the attention chain's last phase (moe_decode.RANK_ONCE) are among
-    the sources checked above."""
+def test_the_checked_sources_include_the_ranking_phase_and_the_pick(specialisations):
+    """route_rank alone and as the attention chain's last phase (moe_decode.RANK_ONCE), and
+    greedy_pick's two phases chained and apart, are among the sources checked above."""
     names = {s[0].name for s in specialisations}
-    assert "strata_route_rank" in names
+    assert {"strata_route_rank", "strata_greedy_part", "strata_greedy_join",
+            "strata_chain_greedy_part_greedy_join"} <= names
     assert any(n.startswith("strata_chain_") and n.endswith("_router_route_rank") for n in names), sorted(names)
 
 

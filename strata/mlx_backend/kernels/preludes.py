@@ -14,9 +14,9 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
     types      half_t (IEEE binary16), uint2 / uint4 / float4 (vector loads), f4 / f8 (float
                arrays returned by value), uint32_t / int32_t / uint64_t
     math       F32(x) (to float), to_half(x) (float to half_t, to nearest even), exp_f, sqrt_f, log1p_f (log(1 + x), accurate near 0), NEG_BIG (a finite -infinity), UNROLL,
-               bits_f32(u) (the float whose bits are the uint32_t u), opaque(u) (u, as a value the
-               compiler may not re-derive from how it was computed), f16_bits(h) (a half_t's
-               bits as uint32_t)
+               bits_f32(u) (the float whose bits are the uint32_t u), f32_bits(f) (the reverse),
+               opaque(u) (u, as a value the compiler may not re-derive from how it was
+               computed), f16_bits(h) (a half_t's bits as uint32_t)
     loads      load_f4(p) (4 floats), load_h8(p) (8 halves as floats); 16-byte aligned;
                h8_f8(u) (the 8 halves of a uint4 loaded raw, as floats: a load whose use is later)
     matrix     mma_16816(c, a, lda, b, ldb, lane): one warp's C[16x8] += A[16x16] B[16x8] in float32,
@@ -122,6 +122,7 @@ INLINE float log1p_f(float x) { const float u = 1.0f + x; return u == 1.0f ? x :
 template <typename T, typename U> T as_type(U);  // Metal's own; declared for the g++ syntax check
 #endif
 INLINE float bits_f32(uint32_t u) { return as_type<float>(u); }
+INLINE uint32_t f32_bits(float f) { return as_type<uint32_t>(f); }
 INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const device float* p) {
   const float4 a = *(const device float4*)p;
@@ -245,6 +246,7 @@ INLINE float exp_f(float x) { return expf(x); }
 INLINE float sqrt_f(float x) { return sqrtf(x); }
 INLINE float log1p_f(float x) { return log1pf(x); }
 INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
+INLINE uint32_t f32_bits(float f) { return __float_as_uint(f); }
 INLINE uint32_t opaque(uint32_t u) { asm("" : "+r"(u)); return u; }  // no instruction: hides u's bits from ptxas
 INLINE f4 load_f4(const float* p) {
   const float4 a = *reinterpret_cast<const float4*>(p);
@@ -398,6 +400,7 @@ INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }
 INLINE float log1p_f(float x) { return std::log1p(x); }
 INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+INLINE uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const float* p) {
   f4 r; for (int i = 0; i < 4; ++i) r.v[i] = p[i];

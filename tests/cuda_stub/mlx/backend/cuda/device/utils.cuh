@@ -20,6 +20,7 @@ void __syncwarp(unsigned int mask = 0xffffffffu);
 void __threadfence();
 void __nanosleep(unsigned int ns);
 float __ldcg(const float* p);
+unsigned int __float_as_uint(float x);
 unsigned int atomicAdd(unsigned int* address, unsigned int val);
 float __shfl_xor_sync(unsigned int mask, float v, int lane_mask);
 float __shfl_sync(unsigned int mask, float v, int src);
