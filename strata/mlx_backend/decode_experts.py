@@ -52,7 +52,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     """x_mid + sum_i w_i expert_i(h) (+ the shared expert of h, times sigmoid(gate_inp . h) where
     gated), the experts chosen from z by the model's rule, every expert of the layer resident at
     arena slot slot_base + e (the twin of experts_route + combine). defer: the down step may come
-    back unlaunched (moe_decode.DeferredDown: the next layer's attention launch runs it).
+    back unlaunched (moe_decode.DeferredDown: the next layer's attention launch runs it). z may
+    come with its top k ranked (decode_routing.RankedLogits, moe_decode.RANK_ONCE).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
