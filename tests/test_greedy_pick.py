@@ -76,24 +76,30 @@ def test_finiteness_is_check_finite_logits_test(monkeypatch, chained, bad, finit
     _check(z, got)
 
 
-@emulated
-def test_greedy_select_takes_the_launch_where_switched_on(monkeypatch):
-    """greedy.PICK_KERNEL on a kernel path: the same packed layout, token and finiteness as MLX's
-    ops form, the log-probability within the budget of it; on the ops path the ops form."""
-    z = (np.random.default_rng(3).standard_normal(5000) * 3).astype(np.float32)
-    ops = np.array(greedy_select(mx.array(z)[None]))
-    monkeypatch.setattr(greedy, "PICK_KERNEL", True)
-    name = "strata_chain_greedy_part_greedy_join"
-    before = LAUNCHES[name]
-    with using_path(KernelPath.EMULATED):
-        packed = greedy_select(mx.array(z)[None])
-        assert packed.dtype == mx.int32 and packed.shape == (ops.size,)
-        got = np.array(packed)
-    assert LAUNCHES[name] - before == 1
-    assert got[0] == ops[0] and got[2] == ops[2] and (got[3:] == 0).all()
-    assert abs(got[1:2].view(np.float32)[0] - ops[1:2].view(np.float32)[0]) <= DEVICE_LOGPROB_ATOL
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_greedy_select_takes_the_launch_where_switched_on(monkeypatch, path):
+    """greedy.PICK_KERNEL on a kernel path (on the GPU: compiled, twice, the second a replay): the
+    same packed layout, token and finiteness as MLX's ops form, the log-probability within the
+    budget of it; on the ops path the ops form."""
+    rng = np.random.default_rng(3)
+    zs = [(rng.standard_normal(5000) * 3).astype(np.float32) for _ in range(2)]
     with using_path(KernelPath.OPS):
-        assert np.array(greedy_select(mx.array(z))).tobytes() == ops.tobytes()
+        ops = [np.array(greedy_select(mx.array(z)[None])) for z in zs]
+    monkeypatch.setattr(greedy, "PICK_KERNEL", True)
+    with using_path(path):
+        name = "strata_chain_greedy_part_greedy_join" if phases.available() else "strata_greedy_join"
+        before = LAUNCHES[name]
+        got = []
+        for z in zs:
+            packed = greedy_select(mx.array(z)[None])
+            assert packed.dtype == mx.int32 and packed.shape == (ops[0].size,)
+            got.append(np.array(packed))
+    assert LAUNCHES[name] - before >= 1
+    for g, o in zip(got, ops):
+        assert g[0] == o[0] and g[2] == o[2] and (g[3:] == 0).all()
+        assert abs(g[1:2].view(np.float32)[0] - o[1:2].view(np.float32)[0]) <= DEVICE_LOGPROB_ATOL
+    with using_path(KernelPath.OPS):
+        assert np.array(greedy_select(mx.array(zs[0]))).tobytes() == ops[0].tobytes()
 
 
 def test_a_vocabulary_past_exact_float_indices_is_refused():
