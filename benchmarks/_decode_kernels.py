@@ -19,7 +19,7 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 
-from _measure import median_time, ncu_marker, part
+from _measure import median_time, ncu_marker, part, switches_set
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
@@ -163,19 +163,13 @@ def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
     out = {}
     for rep in range(2):
         for label, switches in CHAIN_FORMS:
-            saved = [(m, k, getattr(m, k)) for m, k, _ in switches]
-            try:
-                for m, k, v in switches:
-                    setattr(m, k, v)
+            with switches_set(switches):
                 logits, state = forward(p, MlxModelState.empty(cfg), np.arange(7) + 3)
                 mx.eval(logits)
                 mark()
                 logits, _ = forward(p, state, np.array([5]))
                 mx.eval(logits)
                 mark()
-            finally:
-                for m, k, v in saved:
-                    setattr(m, k, v)
             out.setdefault(label, np.array(logits, np.float64))
             print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {label}", flush=True)
     ref = out[CHAIN_FORMS[-1][0]]

@@ -30,7 +30,6 @@ import argparse
 import json
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from _measure import device_name, known_forms, part  # noqa: E402
+from _measure import device_name, known_forms, part, switches_set  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend import compiled as compiled_step  # noqa: E402
@@ -167,17 +166,9 @@ SWITCHES = {
 }
 
 
-@contextmanager
 def switched(form: str):
     """SWITCHES' module switches of `form` (none for a form without) set, then restored."""
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in SWITCHES.get(form, ())]
-    try:
-        for mod, name, value in SWITCHES.get(form, ()):
-            setattr(mod, name, value)
-        yield
-    finally:
-        for mod, name, value in saved:
-            setattr(mod, name, value)
+    return switches_set(SWITCHES.get(form, ()))
 
 
 def decode_ms(p, length: int, tokens: int, *, form: str, traced: bool) -> dict:

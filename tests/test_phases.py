@@ -111,6 +111,7 @@ CHAINS = {"qkv": "strata_chain_dense_gemv_attend_project_sum",
           "ranked_deferred": ("strata_chain_qkv_groups_attend_project_sum_router_route_rank",
                               "strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank")}
 ROUTED = ("qkv_router", "groups_router", "deferred", "ranked", "ranked_deferred")  # the router in the launch
+BY_GROUP = ("groups", "groups_router", "deferred", "ranked", "ranked_deferred")  # the QKV walk by KV group
 
 
 def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
@@ -121,7 +122,7 @@ def _decode(p, chained: str | None, monkeypatch, compiled: bool = False):
 
     monkeypatch.setattr(attend_project, "CHAIN_QKV", chained is not None)
     monkeypatch.setattr(attend_project, "CHAIN_ROUTER", chained in ROUTED)
-    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in ("groups",) + ROUTED[1:])
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", chained in BY_GROUP)
     monkeypatch.setattr(moe_decode, "DEFER_DOWN", chained in ("deferred", "ranked_deferred"))
     monkeypatch.setattr(moe_decode, "RANK_ONCE", chained in ("ranked", "ranked_deferred"))
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)

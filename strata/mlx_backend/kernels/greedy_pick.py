@@ -137,11 +137,10 @@ def pick(logits: mx.array) -> mx.array:
     nb = (v + CH - 1) // CH
     part = LaunchSpec(PART_SOURCE, (z,), ((nb, 4),), (mx.float32,), (nb, 1, 1), THREADS,
                       (("V", v), ("NT", THREADS), ("CH", CH)))
-    join_args = (("V", v), ("NT", THREADS), ("NB", nb), ("PICKED", MIN_INPUT_SIZE))
-    if phases.available():
-        join = LaunchSpec(JOIN_SOURCE, (Pending((nb, 4), mx.float32),), ((MIN_INPUT_SIZE,),), (mx.int32,),
-                          (1, 1, 1), THREADS, join_args)
+    chained = phases.available()  # else two launches, the join reading the parts as made
+    parts = Pending((nb, 4), mx.float32) if chained else run(part)[0]
+    join = LaunchSpec(JOIN_SOURCE, (parts,), ((MIN_INPUT_SIZE,),), (mx.int32,), (1, 1, 1), THREADS,
+                      (("V", v), ("NT", THREADS), ("NB", nb), ("PICKED", MIN_INPUT_SIZE)))
+    if chained:
         return phases.chain_all((part, join), ({}, {"parts": (0, 0)}), key=_SITE, use="greedy")[-1]
-    parts = run(part)[0]
-    return run(LaunchSpec(JOIN_SOURCE, (parts,), ((MIN_INPUT_SIZE,),), (mx.int32,), (1, 1, 1), THREADS,
-                          join_args))[0]
+    return run(join)[0]

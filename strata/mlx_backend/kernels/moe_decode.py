@@ -458,10 +458,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     down step comes back unlaunched (a `DeferredDown`), the same bits once run.
     """
     z, given = (z.logits, z.top) if isinstance(z, routing.RankedLogits) else (z, None)
-    if given is not None:
-        kw["given"] = given
-    if defer and kw.keys() <= {"given"} and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0]):
-        spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True, **kw)
+    if defer and not kw and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0]):
+        spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, spec=True)
         made = dict(zip(spec.src.outputs, run(spec)))
         return DeferredDown(moe_down_chained.down_phase(spec, rec, x_mid, k, rows=DEFER_ROWS, made=made))
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
@@ -471,8 +469,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     down_vl = kw.pop("down_vector_loads", None)
     if chains_experts(rec, k, z.shape[0], threads=kw.get("threads"), upw=kw.get("upw"), warps=warps, rows=rows):
         return _chained_residual(arena, rec, x_mid, h, z, slot_base, k, order, norm_topk_prob, shared, rows, down_vl,
-                                 kw)
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, **kw)
+                                 given, kw)
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
@@ -556,11 +554,12 @@ def chains_experts(rec: RecordLayout, k: int, tokens: int, *, threads: int | Non
 
 def _chained_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
                       k: int, order: RoutingOrder, norm_topk_prob: bool, shared, rows: int, vector_loads: bool | None,
-                      kw: dict) -> mx.array:
+                      given: mx.array | None, kw: dict) -> mx.array:
     """`routed_residual`'s two launches (the gate/up launch, moe_down_warps' down step) as one:
     the gate/up blocks, then moe_down_chained's down blocks, which wait for them where they first
     read h. The same outputs bit for bit. Counters: a site a layer (the arena and the layer's slot base)."""
-    gateup_spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, spec=True, **kw)
+    gateup_spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, spec=True,
+                         **kw)
     down_spec = moe_down_chained.down_phase(gateup_spec, rec, x_mid, k, rows=rows, vector_loads=vector_loads)
     links = {c: (0, GATEUP_SOURCE.outputs.index(o)) for c, o in moe_down_chained.FROM_GATEUP.items()}
     return phases.chain_all((gateup_spec, down_spec), ({}, links), key=arena, use=f"experts@{slot_base}",

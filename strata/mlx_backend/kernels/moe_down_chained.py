@@ -155,10 +155,9 @@ def down_phase(gateup: LaunchSpec, rec: RecordLayout, x_mid: mx.array, k: int, *
     spec=True, one token): the arena, z, slot base and given top k it ranks and reads by, its
     threads, code form (DN), ranking form (ROUNDS) and shared blocks (NSB, GATED) are the gate/up
     launch's; what it reads from that phase (FROM_GATEUP) is a `Pending` there, for the chain's
-    links, or, with
-    `made` (the gate/up launch's outputs by name, already launched), those arrays: then the phase
-    waits for nothing and may lead another chain (moe_decode.DeferredDown). rows, vector_loads: as
-    moe_down_warps.down.
+    links, or, with `made` (the gate/up launch's outputs by name, already launched), those arrays:
+    then the phase waits for nothing and may lead another chain (moe_decode.DeferredDown). rows,
+    vector_loads: as moe_down_warps.down.
 
     Shapes:
         x_mid float32 [1, D] -> out float32 [1, D]
