@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -295,6 +295,10 @@ stage launch_cuts 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PRO
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_route_rank.py \
   tests/test_greedy_pick.py tests/test_mlx_greedy.py;
   for i in 1 2; do graph_time_run default graph; graph_time_run all_cuts graph; done'
+# the cuts end to end (STRATA_STAGES=launch_cuts_e2e): decode at context 8, the default and all_cuts
+# twice each, alternating, in one process (compiled step, generate's pipelined and host loops)
+stage launch_cuts_e2e 240 timeout 230 python3 benchmarks/decode_context.py --contexts 8 --forms split,all_cuts \
+  --also 8/split,8/all_cuts --tokens 32
 stage launch_cuts_forms 420 bash -c 'for f in deferred ranked ranked_deferred pick; do graph_time_run $f graph; done;
   graph_time_run default node; graph_time_run all_cuts node'
 stage launch_cuts_ncu 420 bash -c 'timeout 180 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
