@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -304,6 +304,18 @@ stage launch_cuts_forms 420 bash -c 'for f in deferred ranked ranked_deferred pi
 stage launch_cuts_ncu 420 bash -c 'timeout 180 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     python3 benchmarks/kernels.py --ncu chains 2>&1 | python3 benchmarks/ncu_summary.py | tail -n 80;
   timeout 150 python3 benchmarks/host_cost.py --layers 48 --tokens 48 --no-env --forms deferred,ranked_deferred,all_cuts'
+# where the host's time goes in a decoded token (STRATA_STAGES=host_spy; py-spy's wheel carried in
+# .whl and installed beside gguf's): py-spy's native profile of host_cost's back-to-back pushes and of
+# generate's own loops at context 8 (decode_context), each summarised by spy_summary.py; then greedy
+# selection as one launch (greedy.PICK_KERNEL, the form pick) against the default end to end
+stage host_spy 400 bash -c 'SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy);
+  timeout 110 $SPY record --native --format raw -r 997 -o "$OUT/host_cost.raw" -- \
+    python3 benchmarks/host_cost.py --layers 48 --tokens 400 --no-env --default-only | tail -n 4;
+  python3 benchmarks/spy_summary.py "$OUT/host_cost.raw" --within measure --within async_eval --top 40;
+  timeout 120 $SPY record --native --format raw -r 997 -o "$OUT/generate.raw" -- \
+    python3 benchmarks/decode_context.py --contexts 8 --forms split --tokens 300 | tail -n 3;
+  python3 benchmarks/spy_summary.py "$OUT/generate.raw" --within generate_loops --within advance --top 40;
+  timeout 120 python3 benchmarks/decode_context.py --contexts 8 --forms split,pick --also 8/split,8/pick --tokens 32 | grep -v "^JSON-PART"'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels
