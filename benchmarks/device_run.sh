@@ -307,15 +307,16 @@ stage launch_cuts_ncu 420 bash -c 'timeout 180 ncu --clock-control none --metric
 # where the host's time goes in a decoded token (STRATA_STAGES=host_spy; py-spy's wheel carried in
 # .whl and installed beside gguf's): py-spy's native profile of host_cost's back-to-back pushes and of
 # generate's own loops at context 8 (decode_context), each summarised by spy_summary.py. py-spy
-# stops itself when its child exits (a timeout on py-spy instead loses the profile: nothing written),
+# stops itself when its child exits (a timeout on py-spy instead loses the profile: nothing written;
+# --subprocesses: the child is timeout, python its child),
 # at 250 samples a second (at 997 native unwinding fell a minute behind)
 stage host_spy 400 bash -c 'SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy);
-  $SPY record --native --format raw -r 250 -o "$OUT/host_cost.raw" -- \
+  $SPY record --subprocesses --native --format raw -r 250 -o "$OUT/host_cost.raw" -- \
     timeout 110 python3 benchmarks/host_cost.py --layers 48 --tokens 1000 --no-env --default-only | tail -n 4;
   python3 benchmarks/spy_summary.py "$OUT/host_cost.raw" --within measure --within async_eval --top 40;
-  $SPY record --native --format raw -r 250 -o "$OUT/generate.raw" -- \
+  $SPY record --subprocesses --native --format raw -r 250 -o "$OUT/generate.raw" -- \
     timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split --tokens 300 | tail -n 3;
-  python3 benchmarks/spy_summary.py "$OUT/generate.raw" --within generate_loops --within advance --top 40'
+  python3 benchmarks/spy_summary.py "$OUT/generate.raw" --within generate_loops --within PipelinedGreedySteps.advance --top 40'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels
