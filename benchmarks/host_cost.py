@@ -121,20 +121,6 @@ def measure(layers: int, tokens: int, form: str = "default") -> dict:
     }
 
 
-def census(layers: int, dot_path: str) -> dict:
-    """The uncompiled graph of one decoded token (what the trace records) by node label, from
-    mx.export_to_dot: the custom kernels against every other node the replay runs."""
-    with using_path(KernelPath.GPU):
-        p, state = _made(layers)
-        views = launch.constant_views(compiled._constant_arrays(p, state))
-        with launch.using_constant_views(views):
-            logits, _ = decode_device(p, state, compiled.device_ids(1), launch.index_param(8))
-        mx.export_to_dot(dot_path, logits)
-    text = open(dot_path).read()
-    labels = collections.Counter(re.findall(r'label\s*=\s*"([^"]*)"', text))
-    return {"layers": layers, "labels": dict(labels.most_common(40)), "nodes": sum(labels.values())}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -148,16 +134,9 @@ def main() -> int:
     ap.add_argument("--forms", default="traced_views,unchained",
                     help="comma list of decode_context's switched forms measured beside the default, in one process")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--census", metavar="DOT", help="only count the nodes of one token's graph (written to DOT)")
     args = ap.parse_args()
     layer_counts = [int(x) for x in args.layers.split(",") if x]
     forms = known_forms(ap, "--forms", [f for f in args.forms.split(",") if f], SWITCHES)
-    if args.census:
-        c = census(layer_counts[0], args.census)
-        for label, n in c["labels"].items():
-            print(f"{n:6d}  {label}")
-        print("JSON " + json.dumps(c, sort_keys=True))
-        return 0
     rows = {f"default/{n}": measure(n, args.tokens) for n in layer_counts}
     if not args.default_only:
         for n in layer_counts[:1]:
