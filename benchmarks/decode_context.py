@@ -46,7 +46,7 @@ from strata.mlx_backend import compiled as compiled_step  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
-from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv, folded_outputs  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
@@ -121,6 +121,7 @@ FORMS = {
     "ranked_deferred": (True, True, 0),  # that and the deferred down step (2 launches a layer)
     "pick": (True, True, 0),  # the greedy selection as one launch of ours (greedy.PICK_KERNEL)
     "all_cuts": (True, True, 0),  # ranked_deferred and pick: 100 graph nodes a token at the seed shape (159)
+    "unfolded": (True, True, 0),  # every output its own array (folded_outputs.FOLD_OUTPUTS off: 722 a token, not 482)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -163,6 +164,7 @@ SWITCHES = {
     "ranked_deferred": ((moe_decode, "RANK_ONCE", True), (moe_decode, "DEFER_DOWN", True)),
     "pick": ((greedy, "PICK_KERNEL", True),),
     "all_cuts": ((moe_decode, "RANK_ONCE", True), (moe_decode, "DEFER_DOWN", True), (greedy, "PICK_KERNEL", True)),
+    "unfolded": ((folded_outputs, "FOLD_OUTPUTS", False),),
 }
 
 

@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 from _measure import known_forms  # noqa: E402
 from decode_context import SWITCHES, switched  # noqa: E402
 from strata.mlx_backend import model as mlx_model  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, recording, using_path  # noqa: E402
+from strata.mlx_backend.kernels.folded_outputs import FOLDED  # noqa: E402
+from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path  # noqa: E402
 from strata.mlx_backend.kernels.preludes import Dialect  # noqa: E402
 from strata.mlx_backend.kernels.source import full_source  # noqa: E402
 from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
@@ -36,21 +37,26 @@ LAYERS = 2
 
 
 def token_bytes(form: str) -> dict[str, tuple[int, int]]:
-    """One decoded token (after a prompt of 3): by kernel, (its CUDA source's bytes, its launches)."""
+    """One decoded token (after a prompt of 3): by kernel, (its CUDA source's bytes, its launches).
+    A kernel launched with some outputs folded into one buffer (folded_outputs.py) is a source of
+    its own, `<name> (outputs folded)`: with the deferred down step the last layer's gate/up is
+    folded and the others' are not."""
     cfg = replace(SEED_SHAPE, n_layers=LAYERS, shared_ffn_size=0, vocab_size=4096, n_experts=64)
     p = random_params(cfg, seed=0, pred_q8=False)
     with using_path(KernelPath.EMULATED), switched(form):
         _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(cfg), np.array([1, 2, 3]))
-        before = collections.Counter(LAUNCHES)
-        with recording() as seen:  # each specialisation once
+        with recording(every=True) as seen:
             logits, _ = mlx_model.forward(p, state, np.array([4]))
             mx.eval(logits)
     size: dict[str, int] = {}
+    launches: collections.Counter = collections.Counter()
     for src, ins, outs, template in seen:
+        name = src.name + (" (outputs folded)" if FOLDED in src.outputs else "")
         n = len(full_source(src, Dialect.CUDA, ins, outs, template))
-        if size.setdefault(src.name, n) != n:
-            raise SystemExit(f"source_bytes: {src.name} ran in specialisations of different sizes")
-    return {name: (n, LAUNCHES[name] - before[name]) for name, n in size.items()}
+        if size.setdefault(name, n) != n:
+            raise SystemExit(f"source_bytes: {name} ran in specialisations of different sizes")
+        launches[name] += 1
+    return {name: (n, launches[name]) for name, n in size.items()}
 
 
 def main() -> int:

@@ -20,10 +20,14 @@ def test_a_tokens_sources_and_launches():
     layers = source_bytes.LAYERS
     default = source_bytes.token_bytes("default")
     launches = {name: k for name, (_, k) in default.items()}
-    assert launches == {"strata_chain_qkv_groups_attend_project_sum_router": layers, "strata_moe_gateup": layers,
-                        "strata_moe_down_warps": layers, "strata_dense_gemv": 1, "strata_embed": 1}
+    folded = " (outputs folded)"  # the launch's unread outputs in one buffer (folded_outputs.py)
+    assert launches == {"strata_chain_qkv_groups_attend_project_sum_router" + folded: layers,
+                        "strata_moe_gateup" + folded: layers, "strata_moe_down_warps": layers,
+                        "strata_dense_gemv": 1, "strata_embed": 1}
     assert all(n > 0 for n, _ in default.values())
     cuts = source_bytes.token_bytes("all_cuts")
     assert sum(k for _, k in cuts.values()) == sum(launches.values()) - (layers - 1)  # each down but the last deferred
-    deferred = cuts["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank"]
-    assert deferred[0] > default["strata_chain_qkv_groups_attend_project_sum_router"][0]
+    deferred = cuts["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank" + folded]
+    assert deferred[0] > default["strata_chain_qkv_groups_attend_project_sum_router" + folded][0]
+    # the deferred down step's gate/up launches are a chain's first phase (unfolded), the last layer's not
+    assert cuts["strata_moe_gateup"][1] == layers - 1 and cuts["strata_moe_gateup" + folded][1] == 1

@@ -109,6 +109,14 @@ def test_the_checked_sources_include_the_ranking_phase_and_the_pick(specialisati
     assert any(n.startswith("strata_chain_") and n.endswith("_router_route_rank") for n in names), sorted(names)
 
 
+def test_the_checked_sources_include_folded_outputs(specialisations):
+    """Unread outputs folded into one buffer (folded_outputs.py): the gate/up launch (every
+    dialect) and the attention chain (CUDA's) are checked in that form."""
+    folded = {s[0].name for s in specialisations if "folded" in s[0].outputs}
+    assert "strata_moe_gateup" in folded
+    assert any(n.startswith("strata_chain_") for n in folded), sorted(folded)
+
+
 def test_metal_signature_declares_what_the_body_uses(specialisations):
     """MLX adds a Metal attribute parameter only when its name is in the body: the body prelude
     must name every id it uses, and inputs stay in `device` space (>= 8 elements each)."""

@@ -249,7 +249,11 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
                                      threads=THREADS, spec=True))
         links.append({"z": (len(specs) - 2, ROUTER_Z)})
         waits.append(0)
-    outs = phases.chain_all(specs, links, key=wo, waits=waits, **extra)
+    # what is read after the launch: the router's x_mid, h, z (its last output, the guess, is
+    # none here) and the ranking's ids; every other output (the phases' intermediates) is folded
+    n, ranked = sum(len(s.output_shapes) for s in specs), int(bool(rank_k))
+    read = tuple(n - ranked - 4 + i for i in range(3)) + ((n - 1,) if ranked else ())
+    outs = phases.chain_all(specs, links, key=wo, waits=waits, keep=read, **extra)
     if not rank_k:
         x_mid, h, z, _ = outs[-4:]
         return x_mid, h, z

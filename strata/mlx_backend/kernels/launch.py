@@ -51,11 +51,16 @@ LAUNCHES: collections.Counter = collections.Counter()  # custom-kernel launches 
 _recording: contextvars.ContextVar[list | None] = contextvars.ContextVar("strata_kernel_recording", default=None)
 
 
+class _EveryLaunch(list):
+    """A recording that keeps every launch, not each specialisation once."""
+
+
 @contextlib.contextmanager
-def recording() -> Iterator[list]:
-    """Collect (source, input dtype names, output dtype names, template) of every launch in the
-    block (the compile checks build each specialisation that actually ran for Metal and CUDA)."""
-    seen: list = []
+def recording(every: bool = False) -> Iterator[list]:
+    """Collect (source, input dtype names, output dtype names, template) of every specialisation
+    launched in the block, once each (the compile checks build each one that actually ran for
+    Metal and CUDA); every: once per launch (benchmarks/source_bytes.py sums them)."""
+    seen: list = _EveryLaunch() if every else []
     token = _recording.set(seen)
     try:
         yield seen
@@ -88,7 +93,9 @@ def using_path(path: KernelPath) -> Iterator[None]:
 _signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
 
 
-_kernels: dict[str, object] = {}  # kernel name -> the MLX kernel object, built once (a dict lookup per launch)
+# (kernel name, its outputs) -> the MLX kernel object, built once (a dict lookup per launch); a
+# source with some outputs folded (folded_outputs.py) keeps its name: its template tells it apart
+_kernels: dict[tuple[str, tuple[str, ...]], object] = {}
 
 
 def _build(src: KernelSource):
@@ -97,7 +104,7 @@ def _build(src: KernelSource):
     make = mx.fast.metal_kernel if dialect is Dialect.METAL else mx.fast.cuda_kernel
     kernel = make(name=src.name, input_names=list(src.inputs), output_names=list(src.outputs),
                   source=body, header=header)
-    if _kernels.setdefault(src.name, kernel) is not kernel:
+    if _kernels.setdefault((src.name, src.outputs), kernel) is not kernel:
         raise ValueError(f"two kernel bodies are named {src.name}")
     return kernel
 
@@ -305,13 +312,13 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     if rec is not None:
         key = (src, tuple(str(a.dtype).split(".")[-1] for a in inputs),
                tuple(str(d).split(".")[-1] for d in output_dtypes), template)
-        if key not in rec:
+        if isinstance(rec, _EveryLaunch) or key not in rec:
             rec.append(key)
     tg = (threads, 1, 1)
     if path is KernelPath.GPU:
         if not src.metal and gpu_dialect() is Dialect.METAL:
             raise RuntimeError(f"kernel {src.name} runs on CUDA and the emulator only (its caller checks first)")
-        kernel = _kernels.get(src.name) or _build(src)
+        kernel = _kernels.get((src.name, src.outputs)) or _build(src)
         if GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA:
             inputs = [_graph_view(a) for a in inputs]
         return kernel(inputs=inputs, template=list(template), grid=grid, threadgroup=tg,

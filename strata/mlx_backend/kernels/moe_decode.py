@@ -361,7 +361,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
            weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
-           given: mx.array | None = None, spec: bool = False):
+           given: mx.array | None = None, unread: tuple[str, ...] = (), spec: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -371,8 +371,9 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); vector_loads: a lane's
     codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
     order than the fused kernel's); given: z's top k already ranked (route_rank.py, int32 [T, k]:
-    Ranking.GIVEN, the blocks read it instead of ranking z); spec: the launch's `phases.LaunchSpec`
-    instead of its outputs (the first phase of `routed_residual`'s chain).
+    Ranking.GIVEN, the blocks read it instead of ranking z); unread: names of `GateUp` fields the
+    caller will not read (None there: they share one buffer, launch's fold); spec: the launch's
+    `phases.LaunchSpec` instead of its outputs (the first phase of `routed_residual`'s chain).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -402,7 +403,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base), ranked] + sh_inputs),
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
-                     (nsb + k * nch, t, 1), threads, template)
+                     (nsb + k * nch, t, 1), threads, template,
+                     tuple(GateUp._fields.index(n) for n in unread))
     return one if spec else GateUp(*run(one))
 
 
@@ -470,11 +472,14 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     if chains_experts(rec, k, z.shape[0], threads=kw.get("threads"), upw=kw.get("upw"), warps=warps, rows=rows):
         return _chained_residual(arena, rec, x_mid, h, z, slot_base, k, order, norm_topk_prob, shared, rows, down_vl,
                                  given, kw)
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, **kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
-    sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
-    if warps and units % 16 == 0 and down_warps.applies(rec, k, rows):  # hws: whole words of h a gate/up block
+    in_warps = warps and units % 16 == 0 and down_warps.applies(rec, k, rows)  # hws: whole words of h a block
+    # the outputs the down step will not read: one buffer for them (launch's fold)
+    unread = (("hid",) if in_warps else ("hpre", "hws")) + (() if has else ("sout",)) + (() if gated else ("sgate",))
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, unread=unread, **kw)
+    sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
+    if in_warps:
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
                                denormals=kw.get("denormals"), vector_loads=down_vl)
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,

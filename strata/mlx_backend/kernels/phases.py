@@ -44,6 +44,7 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend.kernels.folded_outputs import folded_launch
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect, launch
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource
@@ -79,11 +80,12 @@ class LaunchSpec:
     blocks: tuple[int, int, int]
     threads: int
     template: tuple[tuple[str, int], ...]
+    fold: tuple[int, ...] = ()  # outputs the caller will not read (launch's fold)
 
 
-def run(spec: LaunchSpec) -> list[mx.array]:
-    return launch(spec.src, list(spec.inputs), list(spec.output_shapes), list(spec.output_dtypes),
-                  blocks=spec.blocks, threads=spec.threads, template=spec.template)
+def run(spec: LaunchSpec) -> list[mx.array | None]:
+    return folded_launch(launch, spec.src, list(spec.inputs), list(spec.output_shapes), list(spec.output_dtypes),
+                         blocks=spec.blocks, threads=spec.threads, template=spec.template, fold=spec.fold)
 
 
 def available() -> bool:
@@ -235,15 +237,18 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
 
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
               waits: Sequence[int] | None = None, use: str = "chain", custom_waits: Sequence[str | None] = (),
-              extra: int = 0) -> list[mx.array]:
+              extra: int = 0, keep: Sequence[int] | None = None) -> list[mx.array | None]:
     """Run specs[0], specs[1], ... as one launch, each phase after the one before it; links[i]:
     phase i's input name -> (an earlier phase j, the index of j's output it reads; phase i's spec
     holds a `Pending` there); waits[i]: where phase i's body first reads them (`chain_sources`);
     key, use: the site's counters (`counters`: use tells apart sites that share their key array);
     custom_waits, extra: finer waits and the counters they use (`chain_sources`).
-    Returns every phase's outputs, in phase order."""
+    Returns every phase's outputs, in phase order; with keep (indices into that list) only those,
+    the others None: the phases' intermediates then share one buffer (launch's fold)."""
     if not available():
         raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
+    if any(s.fold for s in specs):
+        raise ValueError("chain: a phase's outputs fold through keep, not its spec")
     waits = tuple(waits) if waits is not None else (0,) * len(specs)
     first = specs[0]
     for s in specs[1:]:
@@ -270,9 +275,10 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
         inputs += [a for n, a in zip(s.src.inputs, s.inputs) if n not in ln]
         starts.append(starts[-1] + s.blocks[0])
     template += [(f"CHAIN_S{i}", starts[i]) for i in range(1, len(specs))] + [("CHAIN_NTOT", starts[-1])]
-    return launch(src, inputs, [sh for s in specs for sh in s.output_shapes],
-                  [d for s in specs for d in s.output_dtypes], blocks=(starts[-1], 1, 1), threads=first.threads,
-                  template=template)
+    shapes = [sh for s in specs for sh in s.output_shapes]
+    fold = () if keep is None else tuple(i for i in range(len(shapes)) if i not in set(keep))
+    return folded_launch(launch, src, inputs, shapes, [d for s in specs for d in s.output_dtypes],
+                         blocks=(starts[-1], 1, 1), threads=first.threads, template=template, fold=fold)
 
 
 def chain(producer: LaunchSpec, consumer: LaunchSpec, links: dict[str, int], *, key: mx.array,

@@ -1,0 +1,96 @@
+"""Outputs no caller reads, folded into one buffer: a launch's intermediates as one allocation.
+
+Why: MLX's host work for a custom kernel grows with its outputs. Each output is an allocation,
+a kernel argument, an array the compiled step's replay makes and one the encoder registers. At
+the seed shape a decoded token's 146 launches wrote 722 outputs (`benchmarks/graph_census.py`):
+15 a layer, of which 7 are read by nobody after the launch. They are a chain's phase
+intermediates (the QKV rows, the heads' partials, their sum), the next layer's guess when nothing
+streams, and gate/up's `hid` where the down step reads `hpre`. Without a shared expert its
+partials and gate are unread too. In py-spy's profile of generate's loop on the H200, allocating
+outputs was 8.9% of the host's push of a token.
+
+`fold_source(src, names, dtypes)` is `src` with those outputs declared at the top of its body as
+pointers into one uint8 output, `folded`, at offsets given as template values (FOLD_<name>,
+16-byte aligned). The body is unchanged, so the kernel computes and writes exactly what it did;
+the caller gets None in those places. Every dialect: the pointer qualifier is the prelude's
+DEVICE. The folded source keeps its name (launches are counted by it); its template values tell
+its build apart. `phases.run` and `phases.chain_all` fold what a LaunchSpec's `fold` or a
+chain's `keep` leaves unread (`folded_launch`), before `launch`, so whatever records launches
+sees (and compile-checks) the folded source.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from strata.mlx_backend.kernels.source import KernelSource
+
+FOLDED = "folded"  # the one output that holds them
+# False: every output its own array, as before (the benchmarks' form `unfolded` compares)
+FOLD_OUTPUTS = True
+ALIGN = 16  # bytes: every region starts where a 16-byte load may read it
+
+# numpy dtype name -> the type a folded pointer is declared with (the same spelling in every
+# dialect's prelude: MLX's signatures use these too)
+_TYPES = {"float32": "float", "int32": "int32_t", "uint32": "uint32_t"}
+
+_sources: dict[tuple, KernelSource] = {}
+
+
+def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
+    """src with outputs `names` (numpy dtype names `dtypes`) moved into the `folded` buffer."""
+    key = (src, tuple(names), tuple(dtypes))
+    hit = _sources.get(key)
+    if hit is not None:
+        return hit
+    if FOLDED in src.outputs or FOLDED in src.inputs:
+        raise ValueError(f"kernel {src.name}: an argument is already named {FOLDED!r}")
+    unknown = [n for n in names if n not in src.outputs]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"kernel {src.name}: cannot fold {list(names)} (its outputs: {list(src.outputs)})")
+    bad = [d for d in dtypes if d not in _TYPES]
+    if bad:
+        raise ValueError(f"kernel {src.name}: cannot fold outputs of dtypes {bad} (only {sorted(_TYPES)})")
+    decls = "".join(f"  DEVICE {_TYPES[d]}* const {n} = (DEVICE {_TYPES[d]}*)({FOLDED} + FOLD_{n});\n"
+                    for n, d in zip(names, dtypes))
+    out = KernelSource(src.name, src.inputs, tuple(o for o in src.outputs if o not in names) + (FOLDED,),
+                       decls + src.body, src.helpers, src.metal)
+    _sources[key] = out
+    return out
+
+
+def offsets(names: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str]) -> tuple[list, int]:
+    """([(FOLD_<name>, byte offset)], total bytes) of the regions, in order, each ALIGN-aligned."""
+    at, template = 0, []
+    for n, shape, d in zip(names, shapes, dtypes):
+        template.append((f"FOLD_{n}", at))
+        size = int(np.prod(shape)) * np.dtype(d).itemsize
+        at += -(-size // ALIGN) * ALIGN
+    return template, max(at, ALIGN)
+
+
+def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_shapes: Sequence,
+                  output_dtypes: Sequence, *, blocks: tuple[int, int, int], threads: int,
+                  template: Sequence[tuple[str, int]], fold: Sequence[int]) -> list[mx.array | None]:
+    """launch(...) with the outputs at indices `fold` folded (where FOLD_OUTPUTS): None in their
+    places. launch: the launcher to call (phases' own name for it, which tests replace)."""
+    if len(set(fold)) < 2 or not FOLD_OUTPUTS:  # one output folded would still be one output
+        return launch(src, inputs, output_shapes, output_dtypes, blocks=blocks, threads=threads, template=template)
+    fold = sorted(set(fold))
+    names = [src.outputs[i] for i in fold]
+    dtypes = [str(output_dtypes[i]).split(".")[-1] for i in fold]
+    at, size = offsets(names, [tuple(output_shapes[i]) for i in fold], dtypes)
+    kept = [i for i in range(len(output_shapes)) if i not in fold]
+    folded = fold_source(src, names, dtypes)
+    outs = launch(folded, inputs,
+                  [output_shapes[i] for i in kept] + [(size,)], [output_dtypes[i] for i in kept] + [mx.uint8],
+                  blocks=blocks, threads=threads, template=tuple(template) + tuple(at))
+    if len(outs) != len(kept) + 1:
+        raise AssertionError(f"kernel {folded.name}: {len(outs)} outputs, {len(kept) + 1} expected")
+    result: list[mx.array | None] = [None] * len(output_shapes)
+    for i, a in zip(kept, outs):
+        result[i] = a
+    return result

@@ -1,0 +1,110 @@
+"""Outputs no caller reads, folded into one buffer (kernels/folded_outputs.py): the source
+declares them as pointers into it and is otherwise the same text; a decoded token writes the
+same bits folded or not (emulated, and on the GPU where there is one); the chain and the
+gate/up launch do fold (fewer outputs), and what a caller reads never is."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from strata.mlx_backend.kernels import folded_outputs, moe_decode, phases
+from strata.mlx_backend.kernels.folded_outputs import FOLDED, fold_source, folded_launch, offsets
+from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
+from strata.mlx_backend.kernels.source import KernelSource
+
+SRC = KernelSource("strata_fold_probe", ("x",), ("a", "b", "c"), "  a[0] = x[0];\n  b[0] = 1;\n  c[0] = 2.0f;\n")
+
+
+def test_the_folded_source_declares_its_outputs_in_the_buffer():
+    f = fold_source(SRC, ("a", "b"), ("float32", "int32"))
+    assert f.name == SRC.name and f.inputs == SRC.inputs
+    assert f.outputs == ("c", FOLDED)
+    assert f.body == ("  DEVICE float* const a = (DEVICE float*)(folded + FOLD_a);\n"
+                      "  DEVICE int32_t* const b = (DEVICE int32_t*)(folded + FOLD_b);\n" + SRC.body)
+    assert fold_source(SRC, ("a", "b"), ("float32", "int32")) is f  # built once
+
+
+@pytest.mark.parametrize("names,dtypes,match", [(("d",), ("float32",), "cannot fold"),
+                                                (("a", "a"), ("float32", "float32"), "cannot fold"),
+                                                (("a",), ("float16",), "dtypes"),
+                                                ])
+def test_what_cannot_be_folded_is_refused(names, dtypes, match):
+    with pytest.raises(ValueError, match=match):
+        fold_source(SRC, names, dtypes)
+    with pytest.raises(ValueError, match="already named"):
+        fold_source(KernelSource("strata_fold_clash", ("x",), ("a", FOLDED), "  a[0] = 0.0f;\n"), ("a",), ("float32",))
+
+
+def test_regions_are_aligned_and_apart():
+    at, size = offsets(("a", "b", "c"), ((3,), (1, 5), (4,)), ("float32", "int32", "uint32"))
+    assert at == [("FOLD_a", 0), ("FOLD_b", 16), ("FOLD_c", 48)]
+    assert size == 64
+
+
+def test_one_unread_output_is_not_folded():
+    seen = []
+
+    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
+        seen.append((src.outputs, tuple(shapes), tuple(template)))
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+
+    args = (SRC, [mx.zeros((8,))], [(1,), (1,), (1,)], [mx.float32, mx.int32, mx.float32])
+    outs = folded_launch(record, *args, blocks=(1, 1, 1), threads=32, template=(), fold=(1,))
+    assert seen[-1][0] == SRC.outputs and len(outs) == 3 and outs[1] is not None
+    outs = folded_launch(record, *args, blocks=(1, 1, 1), threads=32, template=(("N", 1),), fold=(0, 1))
+    assert seen[-1] == (("c", FOLDED), ((1,), (32,)), (("N", 1), ("FOLD_a", 0), ("FOLD_b", 16)))
+    assert outs[0] is None and outs[1] is None and outs[2] is not None
+
+
+def _token(p, monkeypatch, fold: bool):
+    from test_mlx_compiled import greedy_steps
+
+    monkeypatch.setattr(folded_outputs, "FOLD_OUTPUTS", fold)
+    seen = []
+    real = phases.launch
+
+    def record(src, *a, **kw):
+        seen.append(src.outputs)
+        return real(src, *a, **kw)
+
+    monkeypatch.setattr(phases, "launch", record)
+    out = greedy_steps(p)
+    monkeypatch.setattr(phases, "launch", real)
+    return out, seen
+
+
+def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
+    from dataclasses import replace
+
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL
+
+    cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
+    with using_path(path):
+        p = random_params(cfg, seed=29, pred_q8=False)
+        plain, plain_seen = _token(p, monkeypatch, False)
+        folded, folded_seen = _token(p, monkeypatch, True)
+    for a, b in zip(plain, folded):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert not any(FOLDED in o for o in plain_seen)
+    gateup = {o for o in folded_seen if "sel" in o and "wsel" in o}
+    # without a shared expert hid and its partials and gate are folded; with one, the down step
+    # reads those two, and hid alone is not worth folding
+    assert gateup == ({moe_decode.GATEUP_SOURCE.outputs} if shared else {("sel", "wsel", "hpre", "hws", FOLDED)})
+    return folded_seen
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_a_decoded_token_is_the_same_bits_folded_or_not_emulated(monkeypatch, shared):
+    seen = _same_bits_folded_or_not(KernelPath.EMULATED, monkeypatch, shared)
+    # the attention chain keeps what its caller reads: the router's x_mid, h and z
+    assert any(o[:3] == ("c_x_mid", "c_h", "c_z") and o[-1] == FOLDED for o in seen), seen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_a_decoded_token_is_the_same_bits_folded_or_not_on_the_gpu(monkeypatch, shared):
+    _same_bits_folded_or_not(KernelPath.GPU, monkeypatch, shared)
