@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -325,6 +325,14 @@ stage folded 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   tests/test_mlx_moe_decode.py tests/test_route_rank.py tests/test_mlx_compiled.py;
   timeout 110 python3 benchmarks/host_cost.py --layers 48 --tokens 64 --no-env --forms unfolded | tail -n 6;
   timeout 120 python3 benchmarks/decode_context.py --contexts 8 --forms split,unfolded --also 8/split,8/unfolded \
+    --tokens 32 | grep -v "^JSON"'
+# the expert step handing h on in gate/up's folded buffer (STRATA_STAGES=packed; moe_decode.PACK_EXPERT_STEP,
+# off until this runs): its GPU tests, then the host's share and decode at context 8 with it off and
+# on (the form packed), alternating in one process each
+stage packed 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 120 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_folded_outputs.py tests/test_mlx_moe_decode.py;
+  timeout 100 python3 benchmarks/host_cost.py --layers 48 --tokens 64 --no-env --forms packed | tail -n 6;
+  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,packed --also 8/split,8/packed \
     --tokens 32 | grep -v "^JSON"'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with

@@ -11,7 +11,7 @@ is the real graph; the stood-in dialect picks the launches (CUDA chains phases, 
     python3 benchmarks/graph_census.py                      # seed shape, 1 and 2 layers, CUDA
     python3 benchmarks/graph_census.py --dialect metal --forms default,pick
 
-Prints, per form, the kernel launches and their outputs by kernel, the other nodes by label, and
+Prints, per form, the kernel launches and their inputs and outputs by kernel, the other nodes by label, and
 what one more layer adds; one JSON line.
 """
 
@@ -57,6 +57,7 @@ def stood_in(dialect: Dialect) -> Iterator[collections.Counter]:
         def kernel(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
             counts[src.name, "launches"] += 1
             counts[src.name, "outputs"] += len(output_shapes)
+            counts[src.name, "inputs"] += len(inputs)
             outs = []
             for shape, dtype in zip(output_shapes, output_dtypes):
                 key = (tuple(shape), dtype)
@@ -106,13 +107,14 @@ def _census(p, state, dialect: Dialect, form: str) -> dict:
             dot = Path(td) / "token.dot"
             mx.export_to_dot(str(dot), selection)
             labels = collections.Counter(re.findall(r'label\s*=\s*"([^"]*)"', dot.read_text()))
-    kernels = {name: {"launches": counts[name, "launches"], "outputs": counts[name, "outputs"]}
-               for name, what in counts if what == "launches"}
+    kernels = {name: {"launches": counts[name, "launches"], "inputs": counts[name, "inputs"],
+                      "outputs": counts[name, "outputs"]} for name, what in counts if what == "launches"}
     launches = sum(k["launches"] for k in kernels.values())
     if labels[STAND_IN] != launches:
         raise AssertionError(f"graph_census: {labels[STAND_IN]} stood-in nodes for {launches} launches")
     other = {k: v for k, v in labels.most_common() if k != STAND_IN}
-    return {"layers": len(state.layers), "launches": launches, "outputs": sum(k["outputs"] for k in kernels.values()),
+    return {"layers": len(state.layers), "launches": launches, "inputs": sum(k["inputs"] for k in kernels.values()),
+            "outputs": sum(k["outputs"] for k in kernels.values()),
             "other_nodes": sum(other.values()), "kernels": kernels, "other": other}
 
 
@@ -135,17 +137,17 @@ def main() -> int:
     out = {}
     for form in forms:
         lo, hi = (census(replace(base, n_layers=n), dialect, form) for n in counts)
-        per_layer = {k: (hi[k] - lo[k]) / (counts[1] - counts[0]) for k in ("launches", "outputs", "other_nodes")}
+        per_layer = {k: (hi[k] - lo[k]) / (counts[1] - counts[0]) for k in ("launches", "inputs", "outputs", "other_nodes")}
         token = {k: lo[k] + per_layer[k] * (SHAPE.n_layers - counts[0]) for k in per_layer}
         out[form] = {"at": {counts[0]: lo, counts[1]: hi}, "per_layer": per_layer,
                      f"token_at_{SHAPE.n_layers}_layers": token}
         print(f"## {form} ({args.dialect}): a layer adds {per_layer['launches']:g} launches with "
-              f"{per_layer['outputs']:g} outputs and {per_layer['other_nodes']:g} other nodes; a token at "
-              f"{SHAPE.n_layers} layers: {token['launches']:g} launches, {token['outputs']:g} outputs, "
-              f"{token['other_nodes']:g} other nodes")
-        print("| kernel | launches | outputs |\n|---|---|---|")
+              f"{per_layer['inputs']:g} inputs, {per_layer['outputs']:g} outputs and {per_layer['other_nodes']:g} "
+              f"other nodes; a token at {SHAPE.n_layers} layers: {token['launches']:g} launches, "
+              f"{token['inputs']:g} inputs, {token['outputs']:g} outputs, {token['other_nodes']:g} other nodes")
+        print("| kernel | launches | inputs | outputs |\n|---|---|---|---|")
         for name, k in hi["kernels"].items():
-            print(f"| {name} | {k['launches']} | {k['outputs']} |")
+            print(f"| {name} | {k['launches']} | {k['inputs']} | {k['outputs']} |")
         print("| other node | count |\n|---|---|")
         for label, n in hi["other"].items():
             print(f"| {label} | {n} |")

@@ -1,7 +1,8 @@
 """Outputs no caller reads, folded into one buffer (kernels/folded_outputs.py): the source
 declares them as pointers into it and is otherwise the same text; a decoded token writes the
 same bits folded or not (emulated, and on the GPU where there is one); the chain and the
-gate/up launch do fold (fewer outputs), and what a caller reads never is."""
+gate/up launch do fold (fewer outputs), and what a caller reads never is. The expert step
+handing h on in that buffer (moe_decode.PACK_EXPERT_STEP, off) is the same bits too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from strata.mlx_backend.kernels import folded_outputs, moe_decode, phases
+from strata.mlx_backend.kernels import folded_outputs, moe_decode, moe_down_warps, phases
 from strata.mlx_backend.kernels.folded_outputs import FOLDED, fold_source, folded_launch, offsets
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.source import KernelSource
@@ -108,3 +109,60 @@ def test_a_decoded_token_is_the_same_bits_folded_or_not_emulated(monkeypatch, sh
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
 def test_a_decoded_token_is_the_same_bits_folded_or_not_on_the_gpu(monkeypatch, shared):
     _same_bits_folded_or_not(KernelPath.GPU, monkeypatch, shared)
+
+
+def _expert_step(p, monkeypatch, pack: bool):
+    from test_mlx_compiled import greedy_steps
+
+    monkeypatch.setattr(moe_decode, "PACK_EXPERT_STEP", pack)
+    seen = []
+    real = moe_down_warps.launch
+
+    def record(src, inputs, *a, **kw):
+        seen.append(src.inputs)
+        return real(src, inputs, *a, **kw)
+
+    monkeypatch.setattr(moe_down_warps, "launch", record)
+    out = greedy_steps(p)
+    monkeypatch.setattr(moe_down_warps, "launch", real)
+    return out, seen
+
+
+def _packed_same_bits(path, monkeypatch, shared: bool):
+    """moe_decode.PACK_EXPERT_STEP: gate/up's outputs all in its folded buffer, the down step in
+    warps reading hpre, hws, sel, wsel (and the shared expert's partials and gate) from it."""
+    from dataclasses import replace
+
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL
+
+    cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
+    with using_path(path):
+        p = random_params(cfg, seed=31, pred_q8=False)
+        plain, plain_seen = _expert_step(p, monkeypatch, False)
+        packed, packed_seen = _expert_step(p, monkeypatch, True)
+    for a, b in zip(plain, packed):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert plain_seen and all("hpre" in i and "packed" not in i for i in plain_seen)
+    read = ("hpre", "hws", "sel", "wsel") + (("sout", "sgate") if shared else ())
+    assert packed_seen and all(i[-1] == "packed" and not set(read) & set(i) for i in packed_seen)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_the_expert_step_handing_h_on_in_one_buffer_is_the_same_bits(monkeypatch, shared):
+    _packed_same_bits(KernelPath.EMULATED, monkeypatch, shared)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_the_expert_step_handing_h_on_in_one_buffer_is_the_same_bits_on_the_gpu(monkeypatch, shared):
+    _packed_same_bits(KernelPath.GPU, monkeypatch, shared)
+
+
+def test_regions_of_two_buffers_are_refused():
+    a, b = (folded_outputs.Region(mx.zeros((64,), mx.uint8), 0, (4,), mx.float32) for _ in range(2))
+    src = KernelSource("strata_two_regions", ("x", "y"), ("c",), "  c[0] = x[0] + y[0];\n")
+    with pytest.raises(ValueError, match="2 buffers"):
+        folded_launch(lambda *x, **k: None, src, [a, b], [(1,)], [mx.float32], blocks=(1, 1, 1), threads=32,
+                      template=())

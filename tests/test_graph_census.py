@@ -23,7 +23,7 @@ def test_a_layer_adds_its_launches_and_their_outputs(dialect, per_layer):
     one, two = (graph_census.census(replace(graph_census.SMALL, n_layers=n), dialect) for n in (1, 2))
     assert two["launches"] - one["launches"] == per_layer
     assert two["outputs"] - one["outputs"] >= per_layer  # every launch writes at least one output
-    assert one["kernels"]["strata_embed"] == {"launches": 1, "outputs": 1}
+    assert one["kernels"]["strata_embed"] == {"launches": 1, "inputs": 2, "outputs": 1}  # the table and the token
     assert launch.gpu_dialect() is before  # the stand-in is gone
 
 

@@ -66,6 +66,11 @@ def specialisations() -> list:
                     logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
                     logits, _ = mlx_model.forward(mp, state, np.array([4]))  # a decoded token: the chained QKV
                     mx.eval(logits)
+        with pytest.MonkeyPatch.context() as m:  # the expert step handing h on in one buffer (both dialects)
+            m.setattr(moe_decode, "PACK_EXPERT_STEP", True)
+            m.setattr(moe_decode, "CHAIN_EXPERTS", False)
+            logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
+            mx.eval(mlx_model.forward(mp, state, np.array([4]))[0])
         x = mx.array(np.ones((1, params.cfg.hidden_size), np.float32))
         mx.eval(routed_partials(mp.arena.array, mp.rec, x, np.array([[0, 5, -1, 2]]), np.ones((1, 4), np.float32)))
         parts = mx.zeros((1, params.cfg.n_heads, params.cfg.hidden_size))
@@ -115,6 +120,8 @@ def test_the_checked_sources_include_folded_outputs(specialisations):
     folded = {s[0].name for s in specialisations if "folded" in s[0].outputs}
     assert "strata_moe_gateup" in folded
     assert any(n.startswith("strata_chain_") for n in folded), sorted(folded)
+    # ... and the down step reading gate/up's buffer (moe_decode.PACK_EXPERT_STEP)
+    assert "strata_moe_down_warps" in {s[0].name for s in specialisations if "packed" in s[0].inputs}
 
 
 def test_metal_signature_declares_what_the_body_uses(specialisations):

@@ -21,6 +21,7 @@ sees (and compile-checks) the folded source.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import mlx.core as mx
@@ -38,6 +39,26 @@ ALIGN = 16  # bytes: every region starts where a 16-byte load may read it
 _TYPES = {"float32": "float", "int32": "int32_t", "uint32": "uint32_t"}
 
 _sources: dict[tuple, KernelSource] = {}
+
+
+@dataclass(frozen=True)
+class Region:
+    """A folded output handed on to another launch (folded_launch(regions=True)): its bytes in
+    the producer's `folded` buffer. A launch given regions of one buffer for several inputs takes
+    that buffer once (`packed`). Only kernel launches read a Region; it is not an array."""
+
+    buffer: mx.array  # uint8: the producer's folded output
+    offset: int  # bytes
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
 
 
 def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
@@ -62,6 +83,29 @@ def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) 
     return out
 
 
+def pack_inputs(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
+    """src with inputs `names` read from one uint8 input, `packed` (appended last), at offsets
+    given as template values (PACK_<name>): the consumer's side of a folded buffer."""
+    key = ("in", src, tuple(names), tuple(dtypes))
+    hit = _sources.get(key)
+    if hit is not None:
+        return hit
+    if "packed" in src.inputs or "packed" in src.outputs:
+        raise ValueError(f"kernel {src.name}: an argument is already named 'packed'")
+    unknown = [n for n in names if n not in src.inputs]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"kernel {src.name}: cannot pack {list(names)} (its inputs: {list(src.inputs)})")
+    bad = [d for d in dtypes if d not in _TYPES]
+    if bad:
+        raise ValueError(f"kernel {src.name}: cannot pack inputs of dtypes {bad} (only {sorted(_TYPES)})")
+    decls = "".join(f"  const DEVICE {_TYPES[d]}* const {n} = (const DEVICE {_TYPES[d]}*)(packed + PACK_{n});\n"
+                    for n, d in zip(names, dtypes))
+    out = KernelSource(src.name, tuple(i for i in src.inputs if i not in names) + ("packed",), src.outputs,
+                       decls + src.body, src.helpers, src.metal)
+    _sources[key] = out
+    return out
+
+
 def offsets(names: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str]) -> tuple[list, int]:
     """([(FOLD_<name>, byte offset)], total bytes) of the regions, in order, each ALIGN-aligned."""
     at, template = 0, []
@@ -74,10 +118,25 @@ def offsets(names: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Seq
 
 def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_shapes: Sequence,
                   output_dtypes: Sequence, *, blocks: tuple[int, int, int], threads: int,
-                  template: Sequence[tuple[str, int]], fold: Sequence[int]) -> list[mx.array | None]:
+                  template: Sequence[tuple[str, int]], fold: Sequence[int] = (),
+                  regions: bool = False) -> list:
     """launch(...) with the outputs at indices `fold` folded (where FOLD_OUTPUTS): None in their
-    places. launch: the launcher to call (phases' own name for it, which tests replace)."""
-    if len(set(fold)) < 2 or not FOLD_OUTPUTS:  # one output folded would still be one output
+    places, or with regions a `Region` each (for another launch to read). Inputs given as Regions
+    of one buffer are read from it (`pack_inputs`). launch: the launcher to call (phases' own
+    name for it, which tests replace)."""
+    template = tuple(template)
+    held = [i for i, a in enumerate(inputs) if isinstance(a, Region)]
+    if held:
+        buffers = {id(inputs[i].buffer) for i in held}
+        if len(buffers) != 1:
+            raise ValueError(f"kernel {src.name}: regions of {len(buffers)} buffers; one is read at a time")
+        names = [src.inputs[i] for i in held]
+        src = pack_inputs(src, names, [str(inputs[i].dtype).split(".")[-1] for i in held])
+        template += tuple((f"PACK_{n}", inputs[i].offset) for n, i in zip(names, held))
+        inputs = [a for i, a in enumerate(inputs) if i not in held] + [inputs[held[0]].buffer]
+    if not FOLD_OUTPUTS or len(set(fold)) < (1 if regions else 2):  # one output folded would still be one
+        if regions:
+            raise ValueError(f"kernel {src.name}: regions need FOLD_OUTPUTS and outputs to fold")
         return launch(src, inputs, output_shapes, output_dtypes, blocks=blocks, threads=threads, template=template)
     fold = sorted(set(fold))
     names = [src.outputs[i] for i in fold]
@@ -87,10 +146,13 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
     folded = fold_source(src, names, dtypes)
     outs = launch(folded, inputs,
                   [output_shapes[i] for i in kept] + [(size,)], [output_dtypes[i] for i in kept] + [mx.uint8],
-                  blocks=blocks, threads=threads, template=tuple(template) + tuple(at))
+                  blocks=blocks, threads=threads, template=template + tuple(at))
     if len(outs) != len(kept) + 1:
         raise AssertionError(f"kernel {folded.name}: {len(outs)} outputs, {len(kept) + 1} expected")
-    result: list[mx.array | None] = [None] * len(output_shapes)
+    result: list = [None] * len(output_shapes)
     for i, a in zip(kept, outs):
         result[i] = a
+    if regions:
+        for i, (_, off) in zip(fold, at):
+            result[i] = Region(outs[-1], off, tuple(output_shapes[i]), output_dtypes[i])
     return result

@@ -42,7 +42,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
-from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels import folded_outputs, moe
 from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import phases
@@ -361,7 +361,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
            weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
-           given: mx.array | None = None, unread: tuple[str, ...] = (), spec: bool = False):
+           given: mx.array | None = None, unread: tuple[str, ...] = (), pack: bool = False, spec: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
@@ -372,7 +372,9 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
     order than the fused kernel's); given: z's top k already ranked (route_rank.py, int32 [T, k]:
     Ranking.GIVEN, the blocks read it instead of ranking z); unread: names of `GateUp` fields the
-    caller will not read (None there: they share one buffer, launch's fold); spec: the launch's
+    caller will not read (None there: they share one buffer, launch's fold); pack: every field
+    in that one buffer, a `folded_outputs.Region` each, for the down step's launch to read
+    (PACK_EXPERT_STEP); spec: the launch's
     `phases.LaunchSpec` instead of its outputs (the first phase of `routed_residual`'s chain).
 
     Shapes:
@@ -404,7 +406,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
                      (nsb + k * nch, t, 1), threads, template,
-                     tuple(GateUp._fields.index(n) for n in unread))
+                     tuple(range(len(GateUp._fields))) if pack else tuple(GateUp._fields.index(n) for n in unread),
+                     pack)
     return one if spec else GateUp(*run(one))
 
 
@@ -477,7 +480,9 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     in_warps = warps and units % 16 == 0 and down_warps.applies(rec, k, rows)  # hws: whole words of h a block
     # the outputs the down step will not read: one buffer for them (launch's fold)
     unread = (("hid",) if in_warps else ("hpre", "hws")) + (() if has else ("sout",)) + (() if gated else ("sgate",))
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, unread=unread, **kw)
+    pack = PACK_EXPERT_STEP and in_warps and folded_outputs.FOLD_OUTPUTS
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, unread=unread,
+               pack=pack, **kw)
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     if in_warps:
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
@@ -496,6 +501,15 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
 # has held it to the reference and timed it: it is bit for bit on the emulator and its CUDA source
 # compiles, but no recorded run has executed it on the H200 (device_run.sh, stage 'launch_cuts').
 DEFER_DOWN = False
+
+# The expert step's two launches handing h on in one buffer: gate/up writes every output into its
+# folded buffer (one output instead of 5 with the unread ones folded) and the down step in warps
+# reads hpre, hws, sel and wsel (and the shared expert's partials and gate) from it (one input
+# instead of 4-6). Why: each output and input is MLX host work (kernels/folded_outputs.py: folding
+# the unread ones took the host's share of a decoded token down 16-20% on the H200); this takes
+# ~190 outputs and ~140 inputs more off a token at the seed shape. The same bits (emulated:
+# tests/test_folded_outputs.py); off until an H200 run has timed it (form `packed`).
+PACK_EXPERT_STEP = False
 # output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
 # which leaves the chain's later blocks slots beside them at 2 blocks an SM)
 DEFER_ROWS = down_warps.ROWS

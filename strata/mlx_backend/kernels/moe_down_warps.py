@@ -33,6 +33,7 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels import moe
+from strata.mlx_backend.kernels.folded_outputs import folded_launch
 from strata.mlx_backend.kernels.launch import absent, as_f32, launch
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
@@ -158,6 +159,7 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", int(dn)), ("NSB", nsb),
                 ("GATED", int(sgate is not None and nsb > 0)),
                 ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
-    return launch(SOURCE, [arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
-                           none if sgate is None else sgate], [(t, rec.hidden)], [mx.float32],
-                  blocks=(rec.hidden // rows, t, 1), threads=WARP * k, template=template)[0]
+    # hpre .. sgate may be folded_outputs.Region of the gate/up launch's buffer (moe_decode.PACK_EXPERT_STEP)
+    return folded_launch(launch, SOURCE, [arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
+                                          none if sgate is None else sgate], [(t, rec.hidden)], [mx.float32],
+                         blocks=(rec.hidden // rows, t, 1), threads=WARP * k, template=template)[0]

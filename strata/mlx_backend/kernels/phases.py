@@ -80,12 +80,14 @@ class LaunchSpec:
     blocks: tuple[int, int, int]
     threads: int
     template: tuple[tuple[str, int], ...]
-    fold: tuple[int, ...] = ()  # outputs the caller will not read (launch's fold)
+    fold: tuple[int, ...] = ()  # outputs the caller will not read (folded_outputs.folded_launch)
+    regions: bool = False  # the folded outputs come back as folded_outputs.Region (another launch reads them)
 
 
-def run(spec: LaunchSpec) -> list[mx.array | None]:
+def run(spec: LaunchSpec) -> list:
     return folded_launch(launch, spec.src, list(spec.inputs), list(spec.output_shapes), list(spec.output_dtypes),
-                         blocks=spec.blocks, threads=spec.threads, template=spec.template, fold=spec.fold)
+                         blocks=spec.blocks, threads=spec.threads, template=spec.template, fold=spec.fold,
+                         regions=spec.regions)
 
 
 def available() -> bool:
@@ -247,7 +249,7 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
     the others None: the phases' intermediates then share one buffer (launch's fold)."""
     if not available():
         raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
-    if any(s.fold for s in specs):
+    if any(s.fold or s.regions for s in specs):
         raise ValueError("chain: a phase's outputs fold through keep, not its spec")
     waits = tuple(waits) if waits is not None else (0,) * len(specs)
     first = specs[0]
