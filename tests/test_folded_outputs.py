@@ -27,8 +27,16 @@ def test_the_folded_source_declares_its_outputs_in_the_buffer():
     assert fold_source(SRC, ("a", "b"), ("float32", "int32")) is f  # built once
 
 
-@pytest.mark.parametrize("names,dtypes,match", [(("d",), ("float32",), "cannot fold"),
-                                                (("a", "a"), ("float32", "float32"), "cannot fold"),
+def test_the_packed_source_reads_its_inputs_from_the_buffer():
+    src = KernelSource("strata_pack_probe", ("x", "y", "z"), ("c",), "  c[0] = x[0] + y[0] + z[0];\n")
+    f = folded_outputs.pack_inputs(src, ("x", "z"), ("float32", "uint32"))
+    assert f.name == src.name and f.inputs == ("y", "packed") and f.outputs == ("c",)
+    assert f.body == ("  const DEVICE float* const x = (const DEVICE float*)(packed + PACK_x);\n"
+                      "  const DEVICE uint32_t* const z = (const DEVICE uint32_t*)(packed + PACK_z);\n" + src.body)
+
+
+@pytest.mark.parametrize("names,dtypes,match", [(("d",), ("float32",), "cannot put"),
+                                                (("a", "a"), ("float32", "float32"), "cannot put"),
                                                 (("a",), ("float16",), "dtypes"),
                                                 ])
 def test_what_cannot_be_folded_is_refused(names, dtypes, match):
@@ -59,24 +67,28 @@ def test_one_unread_output_is_not_folded():
     assert outs[0] is None and outs[1] is None and outs[2] is not None
 
 
-def _token(p, monkeypatch, fold: bool):
+def _decoded(p, monkeypatch, switch: tuple, launcher, side: str):
+    """test_mlx_compiled.greedy_steps with `switch` (module, name, value) set -> (its arrays, the
+    `side` ("inputs" / "outputs") of every source `launcher`'s module launched)."""
     from test_mlx_compiled import greedy_steps
 
-    monkeypatch.setattr(folded_outputs, "FOLD_OUTPUTS", fold)
+    monkeypatch.setattr(*switch)
     seen = []
-    real = phases.launch
+    real = launcher.launch
 
     def record(src, *a, **kw):
-        seen.append(src.outputs)
+        seen.append(getattr(src, side))
         return real(src, *a, **kw)
 
-    monkeypatch.setattr(phases, "launch", record)
+    monkeypatch.setattr(launcher, "launch", record)
     out = greedy_steps(p)
-    monkeypatch.setattr(phases, "launch", real)
+    monkeypatch.setattr(launcher, "launch", real)
     return out, seen
 
 
-def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
+def _same_bits_either_way(path, monkeypatch, shared: bool, flag: tuple, launcher, side: str) -> tuple[list, list]:
+    """A decoded token with `flag` (module, name) off and on, the same bits either way -> what
+    `launcher`'s module launched, off and on (`_decoded`)."""
     from dataclasses import replace
 
     from strata.testing.mlx_params import random_params
@@ -85,10 +97,16 @@ def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
     cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
     with using_path(path):
         p = random_params(cfg, seed=29, pred_q8=False)
-        plain, plain_seen = _token(p, monkeypatch, False)
-        folded, folded_seen = _token(p, monkeypatch, True)
-    for a, b in zip(plain, folded):
+        off, off_seen = _decoded(p, monkeypatch, (*flag, False), launcher, side)
+        on, on_seen = _decoded(p, monkeypatch, (*flag, True), launcher, side)
+    for a, b in zip(off, on):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    return off_seen, on_seen
+
+
+def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
+    plain_seen, folded_seen = _same_bits_either_way(path, monkeypatch, shared, (folded_outputs, "FOLD_OUTPUTS"),
+                                                    phases, "outputs")
     assert not any(FOLDED in o for o in plain_seen)
     gateup = {o for o in folded_seen if "sel" in o and "wsel" in o}
     # without a shared expert hid and its partials and gate are folded; with one, the down step
@@ -111,38 +129,11 @@ def test_a_decoded_token_is_the_same_bits_folded_or_not_on_the_gpu(monkeypatch, 
     _same_bits_folded_or_not(KernelPath.GPU, monkeypatch, shared)
 
 
-def _expert_step(p, monkeypatch, pack: bool):
-    from test_mlx_compiled import greedy_steps
-
-    monkeypatch.setattr(moe_decode, "PACK_EXPERT_STEP", pack)
-    seen = []
-    real = moe_down_warps.launch
-
-    def record(src, inputs, *a, **kw):
-        seen.append(src.inputs)
-        return real(src, inputs, *a, **kw)
-
-    monkeypatch.setattr(moe_down_warps, "launch", record)
-    out = greedy_steps(p)
-    monkeypatch.setattr(moe_down_warps, "launch", real)
-    return out, seen
-
-
 def _packed_same_bits(path, monkeypatch, shared: bool):
     """moe_decode.PACK_EXPERT_STEP: gate/up's outputs all in its folded buffer, the down step in
     warps reading hpre, hws, sel, wsel (and the shared expert's partials and gate) from it."""
-    from dataclasses import replace
-
-    from strata.testing.mlx_params import random_params
-    from test_mlx_compiled import SMALL
-
-    cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
-    with using_path(path):
-        p = random_params(cfg, seed=31, pred_q8=False)
-        plain, plain_seen = _expert_step(p, monkeypatch, False)
-        packed, packed_seen = _expert_step(p, monkeypatch, True)
-    for a, b in zip(plain, packed):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    plain_seen, packed_seen = _same_bits_either_way(path, monkeypatch, shared, (moe_decode, "PACK_EXPERT_STEP"),
+                                                    moe_down_warps, "inputs")
     assert plain_seen and all("hpre" in i and "packed" not in i for i in plain_seen)
     read = ("hpre", "hws", "sel", "wsel") + (("sout", "sgate") if shared else ())
     assert packed_seen and all(i[-1] == "packed" and not set(read) & set(i) for i in packed_seen)
@@ -161,7 +152,7 @@ def test_the_expert_step_handing_h_on_in_one_buffer_is_the_same_bits_on_the_gpu(
 
 
 def test_regions_of_two_buffers_are_refused():
-    a, b = (folded_outputs.Region(mx.zeros((64,), mx.uint8), 0, (4,), mx.float32) for _ in range(2))
+    a, b = (folded_outputs.Region((4,), mx.float32, buffer=mx.zeros((64,), mx.uint8), offset=0) for _ in range(2))
     src = KernelSource("strata_two_regions", ("x", "y"), ("c",), "  c[0] = x[0] + y[0];\n")
     with pytest.raises(ValueError, match="2 buffers"):
         folded_launch(lambda *x, **k: None, src, [a, b], [(1,)], [mx.float32], blocks=(1, 1, 1), threads=32,

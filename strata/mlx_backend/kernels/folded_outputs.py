@@ -42,13 +42,10 @@ _sources: dict[tuple, KernelSource] = {}
 
 
 @dataclass(frozen=True)
-class Region:
-    """A folded output handed on to another launch (folded_launch(regions=True)): its bytes in
-    the producer's `folded` buffer. A launch given regions of one buffer for several inputs takes
-    that buffer once (`packed`). Only kernel launches read a Region; it is not an array."""
+class Shaped:
+    """An argument that is not an array yet reads as one where a launch wrapper asks: its shape
+    and dtype (phases.Pending, Region)."""
 
-    buffer: mx.array  # uint8: the producer's folded output
-    offset: int  # bytes
     shape: tuple[int, ...]
     dtype: mx.Dtype
 
@@ -61,46 +58,52 @@ class Region:
         return int(np.prod(self.shape))
 
 
+@dataclass(frozen=True)
+class Region(Shaped):
+    """A folded output handed on to another launch (folded_launch(regions=True)): its bytes in
+    the producer's `folded` buffer. A launch given regions of one buffer for several inputs takes
+    that buffer once (`packed`). Only kernel launches read a Region; it is not an array."""
+
+    buffer: mx.array  # uint8: the producer's folded output
+    offset: int  # bytes
+
+
+PACKED = "packed"  # the one input a consumer reads Regions of one buffer through
+
+
 def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
     """src with outputs `names` (numpy dtype names `dtypes`) moved into the `folded` buffer."""
-    key = (src, tuple(names), tuple(dtypes))
-    hit = _sources.get(key)
-    if hit is not None:
-        return hit
-    if FOLDED in src.outputs or FOLDED in src.inputs:
-        raise ValueError(f"kernel {src.name}: an argument is already named {FOLDED!r}")
-    unknown = [n for n in names if n not in src.outputs]
-    if unknown or len(set(names)) != len(names):
-        raise ValueError(f"kernel {src.name}: cannot fold {list(names)} (its outputs: {list(src.outputs)})")
-    bad = [d for d in dtypes if d not in _TYPES]
-    if bad:
-        raise ValueError(f"kernel {src.name}: cannot fold outputs of dtypes {bad} (only {sorted(_TYPES)})")
-    decls = "".join(f"  DEVICE {_TYPES[d]}* const {n} = (DEVICE {_TYPES[d]}*)({FOLDED} + FOLD_{n});\n"
-                    for n, d in zip(names, dtypes))
-    out = KernelSource(src.name, src.inputs, tuple(o for o in src.outputs if o not in names) + (FOLDED,),
-                       decls + src.body, src.helpers, src.metal)
-    _sources[key] = out
-    return out
+    return _pointers_into(src, names, dtypes, FOLDED, "FOLD", inputs=False)
 
 
 def pack_inputs(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
     """src with inputs `names` read from one uint8 input, `packed` (appended last), at offsets
     given as template values (PACK_<name>): the consumer's side of a folded buffer."""
-    key = ("in", src, tuple(names), tuple(dtypes))
+    return _pointers_into(src, names, dtypes, PACKED, "PACK", inputs=True)
+
+
+def _pointers_into(src: KernelSource, names: Sequence[str], dtypes: Sequence[str], buffer: str, prefix: str, *,
+                   inputs: bool) -> KernelSource:
+    """src with its inputs (or outputs) `names` replaced by one uint8 argument `buffer`, appended
+    last, and declared at the top of the body as pointers into it at <prefix>_<name> bytes."""
+    key = (src, tuple(names), tuple(dtypes), buffer)
     hit = _sources.get(key)
     if hit is not None:
         return hit
-    if "packed" in src.inputs or "packed" in src.outputs:
-        raise ValueError(f"kernel {src.name}: an argument is already named 'packed'")
-    unknown = [n for n in names if n not in src.inputs]
-    if unknown or len(set(names)) != len(names):
-        raise ValueError(f"kernel {src.name}: cannot pack {list(names)} (its inputs: {list(src.inputs)})")
+    side = "inputs" if inputs else "outputs"
+    if buffer in src.outputs or buffer in src.inputs:
+        raise ValueError(f"kernel {src.name}: an argument is already named {buffer!r}")
+    own = src.inputs if inputs else src.outputs
+    if any(n not in own for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"kernel {src.name}: cannot put {list(names)} in one buffer (its {side}: {list(own)})")
     bad = [d for d in dtypes if d not in _TYPES]
     if bad:
-        raise ValueError(f"kernel {src.name}: cannot pack inputs of dtypes {bad} (only {sorted(_TYPES)})")
-    decls = "".join(f"  const DEVICE {_TYPES[d]}* const {n} = (const DEVICE {_TYPES[d]}*)(packed + PACK_{n});\n"
+        raise ValueError(f"kernel {src.name}: cannot put {side} of dtypes {bad} in one buffer (only {sorted(_TYPES)})")
+    const = "const " if inputs else ""
+    decls = "".join(f"  {const}DEVICE {_TYPES[d]}* const {n} = ({const}DEVICE {_TYPES[d]}*)({buffer} + {prefix}_{n});\n"
                     for n, d in zip(names, dtypes))
-    out = KernelSource(src.name, tuple(i for i in src.inputs if i not in names) + ("packed",), src.outputs,
+    rest = tuple(o for o in own if o not in names) + (buffer,)
+    out = KernelSource(src.name, rest if inputs else src.inputs, src.outputs if inputs else rest,
                        decls + src.body, src.helpers, src.metal)
     _sources[key] = out
     return out
@@ -132,7 +135,7 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
             raise ValueError(f"kernel {src.name}: regions of {len(buffers)} buffers; one is read at a time")
         names = [src.inputs[i] for i in held]
         src = pack_inputs(src, names, [str(inputs[i].dtype).split(".")[-1] for i in held])
-        template += tuple((f"PACK_{n}", inputs[i].offset) for n, i in zip(names, held))
+        template += tuple((f"PACK_{n}", inputs[i].offset) for n, i in zip(names, held))  # _pointers_into's names
         inputs = [a for i, a in enumerate(inputs) if i not in held] + [inputs[held[0]].buffer]
     if not FOLD_OUTPUTS or len(set(fold)) < (1 if regions else 2):  # one output folded would still be one
         if regions:
@@ -154,5 +157,5 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
         result[i] = a
     if regions:
         for i, (_, off) in zip(fold, at):
-            result[i] = Region(outs[-1], off, tuple(output_shapes[i]), output_dtypes[i])
+            result[i] = Region(tuple(output_shapes[i]), output_dtypes[i], buffer=outs[-1], offset=off)
     return result

@@ -44,7 +44,7 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.folded_outputs import folded_launch
+from strata.mlx_backend.kernels.folded_outputs import Shaped, folded_launch
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect, launch
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource
@@ -54,19 +54,8 @@ __all__ = ["Pending", "LaunchSpec", "available", "chain", "chain_all", "chain_so
 
 
 @dataclass(frozen=True)
-class Pending:
+class Pending(Shaped):
     """A producer's output before it exists, where a consumer's wrapper reads its shape and dtype."""
-
-    shape: tuple[int, ...]
-    dtype: mx.Dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
 
 
 @dataclass(frozen=True)
