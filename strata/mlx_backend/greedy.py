@@ -78,8 +78,9 @@ _compiled_select = mx.compile(_select)
 
 # The selection as one launch of our own (kernels/greedy_pick.py: a chain of part blocks and a join
 # block) where kernels run, instead of MLX's ~13 graph nodes (~3 us of GPU time and ~3.5 us of host
-# work each on the H200). Off until an H200 run has timed it (benchmarks/device_run.sh, stage
-# 'launch_cuts'): the same token and finiteness, the log-probability within the same budget.
+# work each on the H200): the same token and finiteness, the log-probability within the same
+# budget. Off: on the H200 it timed within the spread of MLX's reductions, in the graph and end to
+# end (docs/perf.md; benchmarks/device_run.sh, stage 'launch_cuts').
 PICK_KERNEL = False
 _compiled_pick = mx.compile(greedy_pick.pick)
 

@@ -497,9 +497,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
 # shape). Why: on the H200 hosts of the latest runs a token's host share (16-21 us of MLX's host
 # work a launch, 146 launches) was as large as its GPU time, and a launch boundary costs the GPU
 # ~3 us (benchmarks/graph_time.py). The down phase is moe_down_chained's (256 threads, its blocks
-# ranking z themselves), the same bits as moe_down_warps' launch. Off by default until a GPU run
-# has held it to the reference and timed it: it is bit for bit on the emulator and its CUDA source
-# compiles, but no recorded run has executed it on the H200 (device_run.sh, stage 'launch_cuts').
+# ranking z themselves), the same bits as moe_down_warps' launch (emulator and H200). Off: on the
+# H200 a token's graph took ~0.5 ms more with it (docs/perf.md; device_run.sh, stage 'launch_cuts').
 DEFER_DOWN = False
 
 # The expert step's two launches handing h on in one buffer: gate/up writes every output into its
@@ -518,8 +517,9 @@ DEFER_ROWS = down_warps.ROWS
 # A decoded token's top k ranked once, by the last phase of the attention's chained launch
 # (kernels/route_rank.py), and read by the expert launches' blocks (decode_routing.Ranking.GIVEN)
 # instead of each of them ranking z before its first load (~4 us of the gate/up launch's ~13 on
-# the H200 was that ranking's chain). Off until an H200 run has held it to the reference and timed
-# it: bit for bit on the emulator, its CUDA source compiles (device_run.sh, stage 'launch_cuts').
+# the H200 was that ranking's chain). The same bits (emulator and H200). Off: on the H200 gate/up
+# lost 3.3 us a layer but the attention launch gained more, 0.17 ms a token in the graph
+# (docs/perf.md; device_run.sh, stage 'launch_cuts').
 RANK_ONCE = False
 
 
