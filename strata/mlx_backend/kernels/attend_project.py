@@ -249,10 +249,11 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
                                      threads=THREADS, spec=True))
         links.append({"z": (len(specs) - 2, ROUTER_Z)})
         waits.append(0)
-    # what is read after the launch: the router's x_mid, h, z (its last output, the guess, is
-    # none here) and the ranking's ids; every other output (the phases' intermediates) is folded
-    n, ranked = sum(len(s.output_shapes) for s in specs), int(bool(rank_k))
-    read = tuple(n - ranked - 4 + i for i in range(3)) + ((n - 1,) if ranked else ())
+    # what is read after the launch: the router's x_mid, h, z (not its guess: none here) and the
+    # ranking's ids; every other output (the phases' intermediates) is folded
+    at = sum(len(s.output_shapes) for s in specs[:specs.index(route)])  # the router phase's first output
+    read = tuple(at + router_kernel.SOURCE.outputs.index(o) for o in ("x_mid", "h", "z")) + (
+        (at + len(route.output_shapes),) if rank_k else ())
     outs = phases.chain_all(specs, links, key=wo, waits=waits, keep=read, **extra)
     if not rank_k:
         x_mid, h, z, _ = outs[-4:]

@@ -33,6 +33,8 @@ FOLDED = "folded"  # the one output that holds them
 # False: every output its own array, as before (the benchmarks' form `unfolded` compares)
 FOLD_OUTPUTS = True
 ALIGN = 16  # bytes: every region starts where a 16-byte load may read it
+# the template values that place each region: FOLD_<output> in the producer, PACK_<input> in a consumer
+FOLD_AT, PACK_AT = "FOLD", "PACK"
 
 # numpy dtype name -> the type a folded pointer is declared with (the same spelling in every
 # dialect's prelude: MLX's signatures use these too)
@@ -73,13 +75,13 @@ PACKED = "packed"  # the one input a consumer reads Regions of one buffer throug
 
 def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
     """src with outputs `names` (numpy dtype names `dtypes`) moved into the `folded` buffer."""
-    return _pointers_into(src, names, dtypes, FOLDED, "FOLD", inputs=False)
+    return _pointers_into(src, names, dtypes, FOLDED, FOLD_AT, inputs=False)
 
 
 def pack_inputs(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
     """src with inputs `names` read from one uint8 input, `packed` (appended last), at offsets
     given as template values (PACK_<name>): the consumer's side of a folded buffer."""
-    return _pointers_into(src, names, dtypes, PACKED, "PACK", inputs=True)
+    return _pointers_into(src, names, dtypes, PACKED, PACK_AT, inputs=True)
 
 
 def _pointers_into(src: KernelSource, names: Sequence[str], dtypes: Sequence[str], buffer: str, prefix: str, *,
@@ -113,7 +115,7 @@ def offsets(names: Sequence[str], shapes: Sequence[tuple[int, ...]], dtypes: Seq
     """([(FOLD_<name>, byte offset)], total bytes) of the regions, in order, each ALIGN-aligned."""
     at, template = 0, []
     for n, shape, d in zip(names, shapes, dtypes):
-        template.append((f"FOLD_{n}", at))
+        template.append((f"{FOLD_AT}_{n}", at))
         size = int(np.prod(shape)) * np.dtype(d).itemsize
         at += -(-size // ALIGN) * ALIGN
     return template, max(at, ALIGN)
@@ -124,7 +126,8 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
                   template: Sequence[tuple[str, int]], fold: Sequence[int] = (),
                   regions: bool = False) -> list:
     """launch(...) with the outputs at indices `fold` folded (where FOLD_OUTPUTS): None in their
-    places, or with regions a `Region` each (for another launch to read). Inputs given as Regions
+    places, or with regions a `Region` each (for another launch to read; with FOLD_OUTPUTS off,
+    the arrays themselves, which that launch reads as well). Inputs given as Regions
     of one buffer are read from it (`pack_inputs`). launch: the launcher to call (phases' own
     name for it, which tests replace)."""
     template = tuple(template)
@@ -135,17 +138,17 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
             raise ValueError(f"kernel {src.name}: regions of {len(buffers)} buffers; one is read at a time")
         names = [src.inputs[i] for i in held]
         src = pack_inputs(src, names, [str(inputs[i].dtype).split(".")[-1] for i in held])
-        template += tuple((f"PACK_{n}", inputs[i].offset) for n, i in zip(names, held))  # _pointers_into's names
-        inputs = [a for i, a in enumerate(inputs) if i not in held] + [inputs[held[0]].buffer]
-    if not FOLD_OUTPUTS or len(set(fold)) < (1 if regions else 2):  # one output folded would still be one
-        if regions:
-            raise ValueError(f"kernel {src.name}: regions need FOLD_OUTPUTS and outputs to fold")
+        template += tuple((f"{PACK_AT}_{n}", inputs[i].offset) for n, i in zip(names, held))
+        inputs = [a for a in inputs if not isinstance(a, Region)] + [inputs[held[0]].buffer]
+    # one output folded would still be one output; unfolded, what a consumer reads is the arrays
+    if not FOLD_OUTPUTS or len(set(fold)) < (1 if regions else 2):
         return launch(src, inputs, output_shapes, output_dtypes, blocks=blocks, threads=threads, template=template)
     fold = sorted(set(fold))
     names = [src.outputs[i] for i in fold]
     dtypes = [str(output_dtypes[i]).split(".")[-1] for i in fold]
     at, size = offsets(names, [tuple(output_shapes[i]) for i in fold], dtypes)
-    kept = [i for i in range(len(output_shapes)) if i not in fold]
+    folded_at = set(fold)
+    kept = [i for i in range(len(output_shapes)) if i not in folded_at]
     folded = fold_source(src, names, dtypes)
     outs = launch(folded, inputs,
                   [output_shapes[i] for i in kept] + [(size,)], [output_dtypes[i] for i in kept] + [mx.uint8],

@@ -42,7 +42,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
-from strata.mlx_backend.kernels import folded_outputs, moe
+from strata.mlx_backend.kernels import moe
 from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import phases
@@ -374,8 +374,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     Ranking.GIVEN, the blocks read it instead of ranking z); unread: names of `GateUp` fields the
     caller will not read (None there: they share one buffer, launch's fold); pack: every field
     in that one buffer, a `folded_outputs.Region` each, for the down step's launch to read
-    (PACK_EXPERT_STEP); spec: the launch's
-    `phases.LaunchSpec` instead of its outputs (the first phase of `routed_residual`'s chain).
+    (PACK_EXPERT_STEP); spec: the launch's `phases.LaunchSpec` instead of its outputs (the first
+    phase of `routed_residual`'s chain).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -480,9 +480,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     in_warps = warps and units % 16 == 0 and down_warps.applies(rec, k, rows)  # hws: whole words of h a block
     # the outputs the down step will not read: one buffer for them (launch's fold)
     unread = (("hid",) if in_warps else ("hpre", "hws")) + (() if has else ("sout",)) + (() if gated else ("sgate",))
-    pack = PACK_EXPERT_STEP and in_warps and folded_outputs.FOLD_OUTPUTS
     g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, unread=unread,
-               pack=pack, **kw)
+               pack=PACK_EXPERT_STEP and in_warps, **kw)
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     if in_warps:
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,

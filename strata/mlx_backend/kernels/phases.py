@@ -267,7 +267,8 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
         starts.append(starts[-1] + s.blocks[0])
     template += [(f"CHAIN_S{i}", starts[i]) for i in range(1, len(specs))] + [("CHAIN_NTOT", starts[-1])]
     shapes = [sh for s in specs for sh in s.output_shapes]
-    fold = () if keep is None else tuple(i for i in range(len(shapes)) if i not in set(keep))
+    kept = set(range(len(shapes)) if keep is None else keep)
+    fold = tuple(i for i in range(len(shapes)) if i not in kept)
     return folded_launch(launch, src, inputs, shapes, [d for s in specs for d in s.output_dtypes],
                          blocks=(starts[-1], 1, 1), threads=first.threads, template=template, fold=fold)
 
