@@ -23,10 +23,8 @@ Prints a table and one JSON line.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -42,12 +40,10 @@ import numpy as np  # noqa: E402
 from _measure import known_forms  # noqa: E402
 from decode_context import SHAPE, SWITCHES, state_at, switched  # noqa: E402
 from decode_memory import resident_distinct  # noqa: E402
-from strata.mlx_backend import compiled  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend.greedy import greedy_select  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
-from strata.mlx_backend.model import decode_device  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
 
 # (name, environment) of the child processes: MLX reads these once, when it makes the CUDA encoder
