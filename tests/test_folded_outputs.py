@@ -35,6 +35,40 @@ def test_the_packed_source_reads_its_inputs_from_the_buffer():
                       "  const DEVICE uint32_t* const z = (const DEVICE uint32_t*)(packed + PACK_z);\n" + src.body)
 
 
+def test_a_packed_build_and_its_unpacked_twin_are_built_apart(monkeypatch):
+    """The packed source keeps the kernel's name and outputs: the build cache must tell them apart
+    by their inputs, or the second launch runs the first build (on the H200: "Expected `inputs` to
+    have size 8 but got size 5")."""
+    from strata.mlx_backend.kernels import launch as launch_mod
+    from strata.mlx_backend.kernels.preludes import Dialect
+
+    built = []
+
+    def make(*, name, input_names, output_names, source, header):
+        def kernel(*, inputs, **kw):
+            assert len(inputs) == len(input_names), (input_names, len(inputs))
+            return [tuple(input_names)]
+        built.append(tuple(input_names))
+        return kernel
+
+    monkeypatch.setattr(launch_mod, "_kernels", {})
+    monkeypatch.setattr(launch_mod, "gpu_dialect", lambda: Dialect.CUDA)
+    monkeypatch.setattr(launch_mod, "GRAPH_VIEWS", False)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", make)
+    src = KernelSource("strata_pack_twin", ("x", "y", "z"), ("c",), "  c[0] = x[0] + y[0] + z[0];\n")
+    packed = folded_outputs.pack_inputs(src, ("x", "z"), ("float32", "float32"))
+    token = launch_mod._path.set(KernelPath.GPU)  # using_path would ask for a real GPU
+    try:
+        plain, at = (("N", 1),), (("N", 1), ("PACK_x", 0), ("PACK_z", 256))  # as pack_inputs' callers
+        for s, n, template in ((src, 3, plain), (packed, 2, at), (src, 3, plain), (packed, 2, at)):
+            got = launch_mod.launch(s, [mx.zeros((64,))] * n, [(1,)], [mx.float32], blocks=(1, 1, 1),
+                                    threads=32, template=template)
+            assert got == [s.inputs]
+    finally:
+        launch_mod._path.reset(token)
+    assert built == [("x", "y", "z"), ("y", "packed")]  # each built once
+
+
 @pytest.mark.parametrize("names,dtypes,match", [(("d",), ("float32",), "cannot put"),
                                                 (("a", "a"), ("float32", "float32"), "cannot put"),
                                                 (("a",), ("float16",), "dtypes"),

@@ -93,9 +93,15 @@ def using_path(path: KernelPath) -> Iterator[None]:
 _signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
 
 
-# (kernel name, its outputs) -> the MLX kernel object, built once (a dict lookup per launch); a
-# source with some outputs folded (folded_outputs.py) keeps its name: its template tells it apart
-_kernels: dict[tuple[str, tuple[str, ...]], object] = {}
+# (kernel name, its inputs, its outputs) -> the MLX kernel object, built once (a dict lookup per
+# launch). A source with some outputs folded, or with inputs packed into one buffer
+# (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its template
+# the offsets
+_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...]], object] = {}
+
+
+def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    return src.name, src.inputs, src.outputs
 
 
 def _build(src: KernelSource):
@@ -104,7 +110,7 @@ def _build(src: KernelSource):
     make = mx.fast.metal_kernel if dialect is Dialect.METAL else mx.fast.cuda_kernel
     kernel = make(name=src.name, input_names=list(src.inputs), output_names=list(src.outputs),
                   source=body, header=header)
-    if _kernels.setdefault((src.name, src.outputs), kernel) is not kernel:
+    if _kernels.setdefault(_kernel_key(src), kernel) is not kernel:
         raise ValueError(f"two kernel bodies are named {src.name}")
     return kernel
 
@@ -318,7 +324,7 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
     if path is KernelPath.GPU:
         if not src.metal and gpu_dialect() is Dialect.METAL:
             raise RuntimeError(f"kernel {src.name} runs on CUDA and the emulator only (its caller checks first)")
-        kernel = _kernels.get((src.name, src.outputs)) or _build(src)
+        kernel = _kernels.get(_kernel_key(src)) or _build(src)
         if GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA:
             inputs = [_graph_view(a) for a in inputs]
         return kernel(inputs=inputs, template=list(template), grid=grid, threadgroup=tg,
