@@ -122,7 +122,8 @@ FORMS = {
     "pick": (True, True, 0),  # the greedy selection as one launch of ours (greedy.PICK_KERNEL)
     "all_cuts": (True, True, 0),  # ranked_deferred and pick: 100 graph nodes a token at the seed shape (159)
     "unfolded": (True, True, 0),  # every output its own array (folded_outputs.FOLD_OUTPUTS off: 722 a token, not 482)
-    "packed": (True, True, 0),  # the expert step's h handed on in one buffer (moe_decode.PACK_EXPERT_STEP)
+    "packed": (True, True, 0),  # the expert step's h handed on in one buffer (moe_decode.PACK_EXPERT_STEP; the default since)
+    "unpacked": (True, True, 0),  # gate/up's outputs as arrays of their own for the down step (PACK_EXPERT_STEP off)
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -167,6 +168,7 @@ SWITCHES = {
     "all_cuts": ((moe_decode, "RANK_ONCE", True), (moe_decode, "DEFER_DOWN", True), (greedy, "PICK_KERNEL", True)),
     "unfolded": ((folded_outputs, "FOLD_OUTPUTS", False),),
     "packed": ((moe_decode, "PACK_EXPERT_STEP", True),),
+    "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
 }
 
 

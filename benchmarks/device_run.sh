@@ -327,12 +327,12 @@ stage folded 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   timeout 120 python3 benchmarks/decode_context.py --contexts 8 --forms split,unfolded --also 8/split,8/unfolded \
     --tokens 32 | grep -v "^JSON"'
 # the expert step handing h on in gate/up's folded buffer (STRATA_STAGES=packed; moe_decode.PACK_EXPERT_STEP,
-# off until this runs): its GPU tests, then the host's share and decode at context 8 with it off and
-# on (the form packed), alternating in one process each
+# on since this ran): its GPU tests, then the host's share and decode at context 8 with it off (the form
+# unpacked) and on, alternating in one process each
 stage packed 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 120 python3 -m pytest -q \
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_folded_outputs.py tests/test_mlx_moe_decode.py;
-  timeout 100 python3 benchmarks/host_cost.py --layers 48 --tokens 64 --no-env --forms packed | tail -n 6;
-  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,packed --also 8/split,8/packed \
+  timeout 100 python3 benchmarks/host_cost.py --layers 48 --tokens 64 --no-env --forms unpacked | tail -n 6;
+  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms unpacked,split --also 8/unpacked,8/split \
     --tokens 32 | grep -v "^JSON"'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with

@@ -2,7 +2,7 @@
 declares them as pointers into it and is otherwise the same text; a decoded token writes the
 same bits folded or not (emulated, and on the GPU where there is one); the chain and the
 gate/up launch do fold (fewer outputs), and what a caller reads never is. The expert step
-handing h on in that buffer (moe_decode.PACK_EXPERT_STEP, off) is the same bits too."""
+handing h on in that buffer (moe_decode.PACK_EXPERT_STEP, on) is the same bits too."""
 
 from __future__ import annotations
 
@@ -139,6 +139,9 @@ def _same_bits_either_way(path, monkeypatch, shared: bool, flag: tuple, launcher
 
 
 def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
+    # the unread outputs of the expert step as two launches with their own arrays (packed, the
+    # default, every gate/up output is in the buffer: _packed_same_bits)
+    monkeypatch.setattr(moe_decode, "PACK_EXPERT_STEP", False)
     plain_seen, folded_seen = _same_bits_either_way(path, monkeypatch, shared, (folded_outputs, "FOLD_OUTPUTS"),
                                                     phases, "outputs")
     assert not any(FOLDED in o for o in plain_seen)

@@ -505,9 +505,12 @@ DEFER_DOWN = False
 # reads hpre, hws, sel and wsel (and the shared expert's partials and gate) from it (one input
 # instead of 4-6). Why: each output and input is MLX host work (kernels/folded_outputs.py: folding
 # the unread ones took the host's share of a decoded token down 16-20% on the H200); this takes
-# ~190 outputs and ~140 inputs more off a token at the seed shape. The same bits (emulated:
-# tests/test_folded_outputs.py); off until an H200 run has timed it (form `packed`).
-PACK_EXPERT_STEP = False
+# ~190 outputs and ~140 inputs more off a token at the seed shape. The same bits (emulator and
+# H200: tests/test_folded_outputs.py). On: on the H200 a token's host share went 2.37 -> 2.11 ms
+# and generate's pipelined loop 3.50 / 3.71 -> 3.30 / 3.28 ms (one process each, alternating);
+# peers.py's decode at 8, three processes a form alternating, median 2.81 -> 2.48 ms
+# (docs/perf.md; device_run.sh, stage 'packed'; form `unpacked` turns it off).
+PACK_EXPERT_STEP = True
 # output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
 # which leaves the chain's later blocks slots beside them at 2 blocks an SM)
 DEFER_ROWS = down_warps.ROWS
