@@ -10,6 +10,7 @@ is the real graph; the stood-in dialect picks the launches (CUDA chains phases, 
 
     python3 benchmarks/graph_census.py                      # seed shape, 1 and 2 layers, CUDA
     python3 benchmarks/graph_census.py --dialect metal --forms default,pick
+    python3 benchmarks/graph_census.py --context 2048        # the split attention's launches
 
 Prints, per form, the kernel launches and their inputs and outputs by kernel, the other nodes by label, and
 what one more layer adds; one JSON line.
@@ -84,24 +85,24 @@ def stood_in(dialect: Dialect) -> Iterator[collections.Counter]:
             m.gpu_dialect = original
 
 
-def census(cfg, dialect: Dialect, form: str = "default") -> dict:
-    """One decoded token at context 8 (logits and the greedy selection), counted."""
+def census(cfg, dialect: Dialect, form: str = "default", context: int = 8) -> dict:
+    """One decoded token at `context` positions (logits and the greedy selection), counted."""
     p = random_params(cfg, seed=0, pred_q8=False)
-    state = state_at(cfg, 8, seed=8)
+    state = state_at(cfg, context, seed=8)
     # mx.compile off: a function compiled by strata (the greedy selection) would otherwise replay
     # the stand-in it traced in an earlier census, a node no launch counted here
     mx.disable_compile()
     try:
-        return _census(p, state, dialect, form)
+        return _census(p, state, dialect, form, context)
     finally:
         mx.enable_compile()
 
 
-def _census(p, state, dialect: Dialect, form: str) -> dict:
+def _census(p, state, dialect: Dialect, form: str, context: int) -> dict:
     with stood_in(dialect) as counts, using_path(KernelPath.GPU), switched(form):
         views = launch.constant_views(compiled._constant_arrays(p, state))
         with launch.using_constant_views(views):
-            logits, _ = decode_device(p, state, compiled.device_ids(1), launch.index_param(8))
+            logits, _ = decode_device(p, state, compiled.device_ids(1), launch.index_param(context))
             selection = greedy_select(logits)
         with tempfile.TemporaryDirectory() as td:
             dot = Path(td) / "token.dot"
@@ -126,6 +127,8 @@ def main() -> int:
     ap.add_argument("--dialect", choices=("cuda", "metal"), default="cuda", help="the GPU dialect stood in")
     ap.add_argument("--forms", default="default", help="comma list: default or decode_context's switched forms")
     ap.add_argument("--small", action="store_true", help="decode_context's small shape (the seed shape's layer kinds)")
+    ap.add_argument("--context", type=int, default=8, help="positions before the decoded token (default 8; past 256 "
+                                                           "the attention splits by chunks)")
     args = ap.parse_args()
     counts = [int(x) for x in args.layers.split(",") if x]
     if len(counts) != 2 or counts[0] >= counts[1] or counts[0] < 1:
@@ -136,12 +139,12 @@ def main() -> int:
     base = SMALL if args.small else SHAPE
     out = {}
     for form in forms:
-        lo, hi = (census(replace(base, n_layers=n), dialect, form) for n in counts)
+        lo, hi = (census(replace(base, n_layers=n), dialect, form, args.context) for n in counts)
         per_layer = {k: (hi[k] - lo[k]) / (counts[1] - counts[0]) for k in ("launches", "inputs", "outputs", "other_nodes")}
         token = {k: lo[k] + per_layer[k] * (SHAPE.n_layers - counts[0]) for k in per_layer}
         out[form] = {"at": {counts[0]: lo, counts[1]: hi}, "per_layer": per_layer,
                      f"token_at_{SHAPE.n_layers}_layers": token}
-        print(f"## {form} ({args.dialect}): a layer adds {per_layer['launches']:g} launches with "
+        print(f"## {form} ({args.dialect}, context {args.context}): a layer adds {per_layer['launches']:g} launches with "
               f"{per_layer['inputs']:g} inputs, {per_layer['outputs']:g} outputs and {per_layer['other_nodes']:g} "
               f"other nodes; a token at {SHAPE.n_layers} layers: {token['launches']:g} launches, "
               f"{token['inputs']:g} inputs, {token['outputs']:g} outputs, {token['other_nodes']:g} other nodes")
@@ -151,7 +154,7 @@ def main() -> int:
         print("| other node | count |\n|---|---|")
         for label, n in hi["other"].items():
             print(f"| {label} | {n} |")
-    print("JSON " + json.dumps({"bench": "graph_census", "dialect": args.dialect, "layers": counts,
+    print("JSON " + json.dumps({"bench": "graph_census", "dialect": args.dialect, "layers": counts, "context": args.context,
                                 "forms": out}, sort_keys=True))
     return 0
 

@@ -79,8 +79,9 @@ def attention_chains() -> list:
     """The chained attention launch of a decoded layer at the issue's shape (16 q / 4 KV heads of
     128), captured in each form: the plain chain, the QKV walk by KV group at 4 and 16 W_o groups
     loaded first, the walk led by the previous layer's deferred down step (moe_decode.DeferredDown),
-    and both with the top k ranked as the last phase (route_rank.py: moe_decode.RANK_ONCE)."""
-    from strata.mlx_backend.kernels import attend_project
+    both with the top k ranked as the last phase (route_rank.py: moe_decode.RANK_ONCE), and past
+    SPLIT_FROM the split attention's chain (kernels/attend_split.py)."""
+    from strata.mlx_backend.kernels import attend_project, attend_split
 
     h, kvh, hd, s, f16 = 16, 4, 128, 64, mx.float16
     rec = RecordLayout(QuantType.Q2_0, D, F)
@@ -93,6 +94,13 @@ def attention_chains() -> list:
             mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)), mx.zeros((kvh, s, hd)),
             mx.zeros((kvh, s, hd)), mx.zeros((D, h * hd), f16), mx.zeros((D,), f16), mx.zeros((E, D)), 3, 1e-6, h,
             rank_k=rank_k)
+
+    def split_route(x_in):
+        sl = 512
+        attend_split.qkv_split_route(
+            mx.zeros(((h + 2 * kvh) * hd, D), f16), x_in, mx.zeros((D,), f16), None, mx.zeros((hd,), f16),
+            mx.zeros((hd,), f16), mx.zeros((sl, hd // 2)), mx.zeros((sl, hd // 2)), mx.zeros((kvh, sl, hd)),
+            mx.zeros((kvh, sl, hd)), mx.zeros((D, h * hd), f16), mx.zeros((D,), f16), mx.zeros((E, D)), 300, 1e-6, h)
 
     def forms():
         saved = attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH
@@ -110,6 +118,7 @@ def attention_chains() -> list:
                 route(x, rank_k=K)
                 route(moe_decode.routed_residual(arena, rec, x, x, z, 0, K, RoutingOrder.SOFTMAX_TOPK, True,
                                                  defer=True), rank_k=K)
+                split_route(x)  # past SPLIT_FROM (kernels/attend_split.py's chain)
         finally:
             attend_project.QKV_BY_GROUP, attend_project.GROUP_PREFETCH = saved
             moe_decode.DEFER_DOWN = deferring

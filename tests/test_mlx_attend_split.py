@@ -243,3 +243,93 @@ def test_split_on_the_gpu_at_the_seed_heads(monkeypatch, merged):
             assert split == (t < 300) and launches == _launches(split, t, n, w.wo)
             assert_backends_agree(ref, got, "FAST", what=f"window of {t} ending at {n} (split {split})")
             assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what="cached keys")
+
+
+# the split chain's launch (kernels/attend_split.py, CHAIN_SPLIT) by the QKV GEMV's form
+SPLIT_CHAINS = {"groups": "strata_chain_qkv_groups_attend_split_chained_merge_project_router",
+                "plain": "strata_chain_dense_gemv_attend_split_chained_merge_project_router",
+                "ranked": "strata_chain_qkv_groups_attend_split_chained_merge_project_router_route_rank"}
+
+
+def _split_decode(p, monkeypatch, chained: bool, form: str = "groups", compiled: bool = False):
+    """test_mlx_compiled.greedy_steps (a prompt of 3, then 4 tokens) with the split from 4
+    positions on, its chain on or off -> (its three arrays, the chain's launches). The router runs
+    at the chain's 256 threads either way (its norm's partial sums are per thread)."""
+    from strata.mlx_backend.kernels import moe_decode
+    from strata.mlx_backend.kernels import router as router_kernel
+    from test_mlx_compiled import greedy_steps
+
+    monkeypatch.setattr(attn_kernels, "SPLIT_CHUNK", CHUNK)
+    monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 4)
+    monkeypatch.setattr(attend_split, "CHAIN_SPLIT", chained)
+    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", form != "plain")
+    monkeypatch.setattr(moe_decode, "RANK_ONCE", form == "ranked")
+    monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
+    before = LAUNCHES[SPLIT_CHAINS[form]]
+    out = greedy_steps(p, steps=4, compiled=compiled)
+    return (*out, LAUNCHES[SPLIT_CHAINS[form]] - before)
+
+
+@pytest.mark.parametrize("model", ["small", "hybrid_gated"])
+@pytest.mark.parametrize("form", list(SPLIT_CHAINS))
+def test_the_split_chain_decodes_bit_for_bit(monkeypatch, form, model):
+    """The QKV GEMV, the split attention, its merge in W_o's blocks and the router as one launch
+    a layer against their launches apart, past SPLIT_FROM, on the emulator: the same logits and
+    cache bits (the hybrid: gated attention with partial rotary, one attention layer)."""
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL, SMALL_HYBRID
+
+    cfg = SMALL if model == "small" else SMALL_HYBRID
+    attention_layers = sum(k.mixer.name.endswith("ATTENTION") for k in cfg.kinds)
+    with using_path(KernelPath.EMULATED):
+        p = random_params(cfg, seed=31, pred_q8=False)
+        *apart, n_apart = _split_decode(p, monkeypatch, False, form)
+        *chain, n_chained = _split_decode(p, monkeypatch, True, form)
+    assert n_apart == 0 and n_chained == 3 * attention_layers  # positions 5, 6 and 7 split
+    for a, b in zip(apart, chain):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_the_split_chain_cuda_source_compiles(tmp_path, monkeypatch):
+    """The split chain as MLX's CUDA build would compile it (g++ against the CUDA stub header),
+    at the seed shape's heads."""
+    from strata.mlx_backend.kernels import phases
+    from test_metal_compile import _check
+
+    seen = []
+
+    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
+        seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
+                     tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+
+    h, kvh, hd, d, s, e = 16, 4, 128, 512, 512, 16
+    f16 = mx.float16
+    with using_path(KernelPath.EMULATED):
+        monkeypatch.setattr(phases, "launch", record)
+        attend_split.qkv_split_route(
+            mx.zeros(((h + 2 * kvh) * hd, d), f16), mx.zeros((1, d)), mx.zeros((d,), f16), None,
+            mx.zeros((hd,), f16), mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)),
+            mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), mx.zeros((d,), f16),
+            mx.zeros((e, d)), 300, 1e-6, h)
+    assert len(seen) == 1 and seen[0][0].name == SPLIT_CHAINS["groups"]
+    assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["groups", "plain"])
+def test_the_split_chain_decodes_bit_for_bit_on_the_gpu(monkeypatch, form):
+    """The compiled step with the split chain against the uncompiled forward without it."""
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL
+
+    if gpu_dialect() is not Dialect.CUDA:
+        pytest.skip("no MLX CUDA GPU here")
+    with using_path(KernelPath.GPU):
+        p = random_params(SMALL, seed=32, pred_q8=False)
+        *apart, _ = _split_decode(p, monkeypatch, False, form)
+        *chain, n_chained = _split_decode(p, monkeypatch, True, form, compiled=True)
+    assert n_chained > 0
+    for a, b in zip(apart, chain):
+        assert a.tobytes() == b.tobytes()

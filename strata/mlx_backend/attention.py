@@ -255,15 +255,16 @@ def attention_partials(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x:
 
 
 def routes_with_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, t: int) -> bool:
-    """Whether `attention_router` serves t new positions here (one token, a short context, the
-    kernel path on CUDA or the emulator)."""
-    return _kernel_ok(cfg, w) and attend_project.chains_router(t, kv.length + t, w.wo)
+    """Whether `attention_router` serves t new positions here (one token, the kernel path on CUDA
+    or the emulator; a short context, or past SPLIT_FROM the split attention's chain)."""
+    return _kernel_ok(cfg, w) and (attend_project.chains_router(t, kv.length + t, w.wo)
+                                   or attend_split.chains_router(t, kv.length + t, w.wo))
 
 
 def takes_deferred_down(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, t: int) -> bool:
     """Whether `attention_router` here runs the previous layer's deferred down step as its first
     phase (moe_decode.DeferredDown)."""
-    return (routes_with_attention(cfg, w, kv, t)
+    return (_kernel_ok(cfg, w) and attend_project.chains_router(t, kv.length + t, w.wo)
             and attend_project.takes_deferred(w.wqkv, kv.keys, cfg.n_heads, w.gated))
 
 
@@ -271,7 +272,8 @@ def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, f
                      w_router: mx.array, *, pos: mx.array | None = None, rank_k: int = 0
                      ) -> tuple[mx.array, mx.array, mx.array, MlxLayerKV]:
     """The attention (`attention_partials`) and the router kernel after it (no guess) as one
-    launch, where `routes_with_attention`: the residual after attention, the router's input and
+    launch, where `routes_with_attention` (past SPLIT_FROM the split attention's chain,
+    kernels/attend_split.py): the residual after attention, the router's input and
     its logits (model.router_stage's first three), and the new cache. x may be the previous
     layer's down step unlaunched (where `takes_deferred_down`): the launch runs it first. rank_k:
     the logits' top rank_k ranked in the launch too (a `RankedLogits`, moe_decode.ranks_once).
@@ -281,10 +283,11 @@ def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, f
     """
     check_context(cfg, kv.length, x.shape[0])
     cos, sin = rope_table_cached(cfg)
-    x_mid, h, z = attend_project.qkv_attend_route(w.wqkv, x, w.norm, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys,
-                                                  kv.values, w.wo, ffn_norm, w_router, kv.length, cfg.rms_norm_eps,
-                                                  cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim, gated=w.gated,
-                                                  rank_k=rank_k)
+    short = attend_project.chains_router(x.shape[0], kv.length + x.shape[0], w.wo)
+    route = attend_project.qkv_attend_route if short else attend_split.qkv_split_route
+    x_mid, h, z = route(w.wqkv, x, w.norm, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo, ffn_norm,
+                        w_router, kv.length, cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
+                        gated=w.gated, rank_k=rank_k)
     return x_mid, h, z, MlxLayerKV(kv.keys, kv.values, kv.length + x.shape[0])
 
 

@@ -184,15 +184,21 @@ def _group_waits(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool, n: int
     return dict(custom_waits=(None, qkv_groups.ATTEND_WAIT) + (None,) * (n - 2), extra=kc.shape[0])
 
 
+def qkv_spec(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None, kc: mx.array, eps: float, n_heads: int,
+             gated: bool) -> LaunchSpec:
+    """A chain's QKV GEMV phase: walked KV group by KV group where `_by_group` (each group counted
+    into chain_extra[group], which `qkv_groups.attend_wait` waits on), else the plain GEMV."""
+    if _by_group(wqkv, kc, n_heads, gated):
+        return qkv_groups.qkv_groups(wqkv, x, norm_w, eps, bias, n_heads=n_heads, n_kv_heads=kc.shape[0],
+                                     head_dim=kc.shape[2], gated=gated)
+    return dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
+
+
 def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos,
                    rotary_dim, gated) -> tuple[LaunchSpec, LaunchSpec]:
     """The QKV GEMV's launch and attend_project's reading its output (a `phases.Pending`), as a
     chain's first two phases take them."""
-    if _by_group(wqkv, kc, n_heads, gated):
-        gemv = qkv_groups.qkv_groups(wqkv, x, norm_w, eps, bias, n_heads=n_heads, n_kv_heads=kc.shape[0],
-                                     head_dim=kc.shape[2], gated=gated)
-    else:
-        gemv = dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
+    gemv = qkv_spec(wqkv, x, norm_w, bias, kc, eps, n_heads, gated)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
                           prefetch=GROUP_PREFETCH if _by_group(wqkv, kc, n_heads, gated) else CHAIN_PREFETCH, spec=True)
@@ -239,22 +245,31 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
     if down is None:
         specs, waits = [gemv, proj, route], [0, WAIT_AT, router_kernel.WAIT_AT]
         links = [{}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}]
-        extra = _group_waits(wqkv, kc, n_heads, gated, 3 + (rank_k > 0))
+        extra = _group_waits(wqkv, kc, n_heads, gated, 3)
     else:  # the down step first: the walk and the router read its output as their x
         specs, waits = [down, gemv, proj, route], [0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT]
         links = [{}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1), "x": (0, 0)}]
         extra = dict(custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
+    return routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)
+
+
+def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *, key: mx.array, rank_k: int = 0,
+                 **extra) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
+    """A chain whose last phase is the router (`router.router(spec=True)`, no guess), run as one
+    launch (`phases.chain_all`; extra: its custom_waits / extra), with rank_k > 0 a ranking phase
+    after it -> (x_mid, h, z or `RankedLogits`). Every output but those is folded."""
+    route = specs[-1]
     if rank_k:  # the ranking last: its one block waits for every router block's logits
-        specs.append(route_rank.rank(phases.Pending(route.output_shapes[ROUTER_Z], mx.float32), rank_k,
-                                     threads=THREADS, spec=True))
-        links.append({"z": (len(specs) - 2, ROUTER_Z)})
-        waits.append(0)
+        specs = specs + [route_rank.rank(phases.Pending(route.output_shapes[ROUTER_Z], mx.float32), rank_k,
+                                         threads=THREADS, spec=True)]
+        links = links + [{"z": (len(specs) - 2, ROUTER_Z)}]
+        waits = waits + [0]
     # what is read after the launch: the router's x_mid, h, z (not its guess: none here) and the
     # ranking's ids; every other output (the phases' intermediates) is folded
     at = sum(len(s.output_shapes) for s in specs[:specs.index(route)])  # the router phase's first output
     read = tuple(at + router_kernel.SOURCE.outputs.index(o) for o in ("x_mid", "h", "z")) + (
         (at + len(route.output_shapes),) if rank_k else ())
-    outs = phases.chain_all(specs, links, key=wo, waits=waits, keep=read, **extra)
+    outs = phases.chain_all(specs, links, key=key, waits=waits, keep=read, **extra)
     if not rank_k:
         x_mid, h, z, _ = outs[-4:]
         return x_mid, h, z

@@ -56,10 +56,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels import attend_project
+from strata.mlx_backend.kernels import attend_project, merge_project, phases
 from strata.mlx_backend.kernels import attention as attn
-from strata.mlx_backend.kernels import merge_project
-from strata.mlx_backend.kernels.launch import absent, float_params, index_param, launch
+from strata.mlx_backend.kernels import router as router_kernel
+from strata.mlx_backend.kernels.launch import absent, float_params, index_param
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
 THREADS = 256  # 8 warps a block: 8 x PB rows of a split in flight at once
@@ -81,10 +82,11 @@ _BODY = r"""
   constexpr int ROW = (H + 2 * KVH + GATE * H) * HD;
   constexpr int GPL = (HD + 127) / 128;   // a row's 16-byte loads a lane
   constexpr int EPL = 4 * GPL;            // ... its elements: i -> 4 (lane + 32 (i / 4)) + i % 4
-  const uint32_t kvh = bx / NG;
-  const uint32_t h0 = kvh * G + (bx % NG) * HPB;
-  const uint32_t j = by;
-  const uint32_t t = bz;
+  const uint32_t hb = FLAT ? bx % (KVH * NG) : bx;  // FLAT: one row of blocks, split j = bx / (KVH NG)
+  const uint32_t kvh = hb / NG;
+  const uint32_t h0 = kvh * G + (hb % NG) * HPB;
+  const uint32_t j = FLAT ? bx / (KVH * NG) : by;
+  const uint32_t t = FLAT ? 0u : bz;
   const float eps = fparams[0];
   const float scale = sqrt_f((float)HD);
   const DEVICE float* qkv_t = qkv + (uint64_t)t * ROW;
@@ -240,7 +242,7 @@ for (int ni = 0; ni < NEWMAX; ++ni) {{  // ni: not i, which attend's pieces use
     const DEVICE float* vs = ks + (uint64_t)KVH * HD;
     float s2 = 0.0f;
     LOAD_KV_RAW
-    const bool write = bx % NG == 0 && p == n_pos - 1;  // one writer per (KV head, position)
+    const bool write = hb % NG == 0 && p == n_pos - 1;  // one writer per (KV head, position)
     const auto kd = writable(kc) + ((uint64_t)kvh * S_MAX + p) * HD;
     const auto vd = writable(vc) + ((uint64_t)kvh * S_MAX + p) * HD;
     NORM_ROPE_K
@@ -322,24 +324,114 @@ def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.arra
         qkv float32 [T, (H + 2 KVH + gated H) HD], kc / vc float32 or float16 [KVH, S_MAX, HD],
         wo float16 [D, H HD] -> partials float32 [T, H, D]
     """
+    attend = _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos, rotary_dim,
+                          gated, splits, positions_per_step, flat=False)
+    part = run(attend)[0]
+    return _merge(part, qkv, kc, wo, n_heads, gated, attend, prefetch)
+
+
+def _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos, rotary_dim, gated,
+                 splits, positions_per_step, *, flat: bool) -> LaunchSpec:
+    """attend_split's launch; flat: its blocks in one row, the chained body (one token: a chain's
+    phase, qkv may be a `phases.Pending`)."""
     splits = SPLITS if splits is None else splits
     positions_per_step = POSITIONS_PER_STEP if positions_per_step is None else positions_per_step
-    prefetch = attend_project.PREFETCH if prefetch is None else prefetch
-    t, width = qkv.shape
+    t = qkv.shape[0]
     kvh, s_max, hd = kc.shape
     rd = attend_project.check_step("attend_split", qkv, q_norm, k_norm, rope_cos, kc, vc, wo, n_heads, pos,
-                                   rotary_dim, gated, bad=splits < 1 or positions_per_step < 1,
+                                   rotary_dim, gated, bad=splits < 1 or positions_per_step < 1 or (flat and t != 1),
                                    detail=f", {splits} splits, {positions_per_step} rows a step")
     qkn = q_norm is not None
     half = absent(np.float16)
     hpb = heads_per_block(n_heads, kvh, hd)
     params = index_param(pos0) if pos is None else pos
-    part = launch(ATTEND_SOURCE, [qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin, params,
-                                  float_params(eps), kc, vc],
-                  [(t, n_heads * splits * (hd + 2))], [mx.float32], blocks=(n_heads // hpb, splits, t),
-                  threads=THREADS,
-                  template=(("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
-                            ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
-                            ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND)))[0]
-    return merge_project.merge_project(part, qkv, wo, n_heads=n_heads, n_kv_heads=kvh, head_dim=hd, splits=splits,
-                                       gated=gated, prefetch=prefetch)
+    blocks = (n_heads // hpb * splits, 1, 1) if flat else (n_heads // hpb, splits, t)
+    return LaunchSpec(CHAINED_SOURCE if flat else ATTEND_SOURCE, (qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin, params,
+                                      float_params(eps), kc, vc),
+                      ((t, n_heads * splits * (hd + 2)),), (mx.float32,), blocks, THREADS,
+                      (("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
+                       ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
+                       ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND),
+                       ("FLAT", int(flat))))
+
+
+def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, attend: LaunchSpec,
+           prefetch: int | None, spec: bool = False):
+    return merge_project.merge_project(part, qkv, wo, n_heads=n_heads, n_kv_heads=kc.shape[0], head_dim=kc.shape[2],
+                                       splits=dict(attend.template)["NS"], gated=gated,
+                                       prefetch=attend_project.PREFETCH if prefetch is None else prefetch, spec=spec)
+
+
+# The QKV GEMV, this attention, its merge in W_o's blocks and the router as one launch past
+# SPLIT_FROM (phases.chain_all), as kernels/attend_project.py chains them at a short context: 3
+# launches a layer fewer (290 -> 146 a token at the seed shape), the same bits. Why: at context
+# 2048 the H200 spent 2.9-3.5 ms a decoded token against 2.3-2.5 at 8 (docs/perf.md), the
+# layer's KV rows 2-4 MB a layer (~1 us at copy speed): the difference is the host's work for the
+# 144 launches more, as at 8 before its chain. The attention blocks wait for their KV group's QKV
+# rows (the walk by group, where it applies) after their cached rows' first loads are asked for;
+# the merge blocks for every attention block after loading their W_o rows; the router's for the
+# merge's partials, which it adds (H of them) as in the two launches' form. Predicted: decode at
+# 2048 within ~0.1-0.3 ms a token of decode at 8 (the bytes' and the attention's own difference).
+CHAIN_SPLIT = True
+
+
+def _rows_first(body: str) -> tuple[str, int]:
+    """(the body with q's row loaded after the first cached rows are asked for, the offset of that
+    load): a chained block waits there for the QKV rows while its cached rows arrive. The loads'
+    order only: the same bits."""
+    start = body.index("  if (qwarp) {\n    const DEVICE float* src")
+    end = body.index("\n  }\n", start) + len("\n  }\n")
+    load_q, rest = body[start:end], body[:start] + body[end:]
+    at = rest.index("  if (qwarp) {  // attend's code")
+    return rest[:at] + load_q + rest[at:], at
+
+
+CHAINED_BODY, WAIT_AT = _rows_first(BODY)
+CHAINED_SOURCE = KernelSource("strata_attend_split_chained", ATTEND_SOURCE.inputs, ATTEND_SOURCE.outputs,
+                              CHAINED_BODY, HELPERS, metal=False)
+
+
+def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
+    """Whether the QKV GEMV, the split attention, its merge and the router (no guess) run as one
+    launch here (one token past SPLIT_FROM, CUDA or the emulator)."""
+    return (CHAIN_SPLIT and attend_project.CHAIN_QKV and attend_project.CHAIN_ROUTER and t == 1
+            and attn.split_applies(n_pos, t) and applies(wo) and phases.available())
+
+
+def _group_wait() -> str:
+    """A chained attention block's wait where the QKV walk (phase 0) goes by KV group: for its
+    group's count to reach every block of the walk (kernels/qkv_groups.py)."""
+    return """
+  if (tid == 0) wait_count(chain_extra + kvh, (uint32_t)CHAIN_S1);
+  BARRIER();
+"""
+
+
+def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
+                    k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
+                    wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
+                    pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False,
+                    rank_k: int = 0):
+    """`dense_gemv(wqkv, x, norm_w, eps, bias)`, `attend_split_project` of it and
+    `router.router(x, its partials, ffn_norm, w_router)` (no guess) as one launch, where
+    `chains_router`. rank_k > 0: z's top rank_k ranked by a last phase (`RankedLogits`).
+
+    Shapes:
+        x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
+    """
+    by_group = attend_project.takes_deferred(wqkv, kc, n_heads, gated)  # the walk by KV group applies
+    gemv = attend_project.qkv_spec(wqkv, x, norm_w, bias, kc, eps, n_heads, gated)
+    qkv = phases.Pending(gemv.output_shapes[0], mx.float32)
+    attend = _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos, rotary_dim,
+                          gated, None, None, flat=True)
+    part = phases.Pending(attend.output_shapes[0], mx.float32)
+    merge = _merge(part, qkv, kc, wo, n_heads, gated, attend,
+                   attend_project.GROUP_PREFETCH if by_group else attend_project.CHAIN_PREFETCH, spec=True)
+    route = router_kernel.router(x, phases.Pending(merge.output_shapes[0], mx.float32), ffn_norm, w_router, None,
+                                 None, eps, threads=attend_project.THREADS, row_loads=attend_project.ROUTE_ROW_LOADS,
+                                 spec=True)
+    specs = [gemv, attend, merge, route]
+    links = [{}, {"qkv": (0, 0)}, {"part": (1, 0), "qkv": (0, 0)}, {"parts": (2, 0)}]
+    waits = [0, WAIT_AT, merge_project.WAIT_AT, router_kernel.WAIT_AT]
+    extra = dict(custom_waits=(None, _group_wait()), extra=kc.shape[0]) if by_group else {}
+    return attend_project.routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from strata.mlx_backend.kernels import attend_project
-from strata.mlx_backend.kernels.launch import launch
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource
 
 # MB: a thread's partial loads in flight at once. ncu (H200, 2048 positions): with one load at a
@@ -64,14 +64,17 @@ _MERGE = r"""
 """
 SOURCE = KernelSource("strata_merge_project", ("part", "qkv", "wo"), ("out",),
                       attend_project.W_O_PREFETCH + _MERGE + attend_project.W_O_PROJECT)
+WAIT_AT = len(attend_project.W_O_PREFETCH)  # where a chained block first reads the partials (and qkv)
 
 
 
 
 def merge_project(part: mx.array, qkv: mx.array, wo: mx.array, *, n_heads: int, n_kv_heads: int, head_dim: int,
-                  splits: int, gated: bool, prefetch: int = attend_project.PREFETCH) -> mx.array:
+                  splits: int, gated: bool, prefetch: int = attend_project.PREFETCH,
+                  spec: bool = False) -> mx.array | LaunchSpec:
     """Kernel path: the split partials of `attend_split` (NS = splits) -> the attention output
-    times W_o, one partial per head.
+    times W_o, one partial per head. spec: the launch's `phases.LaunchSpec` instead (part and qkv
+    may then be `phases.Pending`: a chain's phase).
 
     Shapes:
         part float32 [T, H NS (HD + 2)], qkv float32 [T, (H + 2 KVH + gated H) HD], wo float16 [D, H HD]
@@ -82,7 +85,8 @@ def merge_project(part: mx.array, qkv: mx.array, wo: mx.array, *, n_heads: int, 
         raise ValueError(f"merge_project: partials {part.shape} for {t} tokens x {n_heads} heads x {splits} splits "
                          f"of {head_dim} + 2, W_o {wo.shape}")
     nrc = -(-d // attend_project.THREADS)
-    return launch(SOURCE, [part, qkv, wo], [(t, n_heads, d)], [mx.float32],
-                  blocks=(n_heads * nrc, t, 1), threads=attend_project.THREADS,
-                  template=(("H", n_heads), ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated)),
-                            ("NT", attend_project.THREADS), ("NS", splits), ("D", d), ("PREF", prefetch), ("MB", MERGE_BATCH)))[0]
+    one = LaunchSpec(SOURCE, (part, qkv, wo), ((t, n_heads, d),), (mx.float32,), (n_heads * nrc, t, 1),
+                     attend_project.THREADS,
+                     (("H", n_heads), ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated)),
+                      ("NT", attend_project.THREADS), ("NS", splits), ("D", d), ("PREF", prefetch), ("MB", MERGE_BATCH)))
+    return one if spec else run(one)[0]
