@@ -295,18 +295,13 @@ def test_the_split_chain_cuda_source_compiles(tmp_path, monkeypatch):
     at the seed shape's heads."""
     from strata.mlx_backend.kernels import phases
     from test_metal_compile import _check
+    from test_phases import capturing
 
     seen = []
-
-    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
-        seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
-                     tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
-        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
-
     h, kvh, hd, d, s, e = 16, 4, 128, 512, 512, 16
     f16 = mx.float16
     with using_path(KernelPath.EMULATED):
-        monkeypatch.setattr(phases, "launch", record)
+        monkeypatch.setattr(phases, "launch", capturing(seen))
         attend_split.qkv_split_route(
             mx.zeros(((h + 2 * kvh) * hd, d), f16), mx.zeros((1, d)), mx.zeros((d,), f16), None,
             mx.zeros((hd,), f16), mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)),

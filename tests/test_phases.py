@@ -211,17 +211,28 @@ def test_the_group_walk_rows_cover_the_projection_once():
     assert "if (j < qr) return g * qr + j;" in qkv_groups.HELPERS  # the rule restated above is the kernel's
 
 
+def compile_key(src, inputs, dtypes, template) -> tuple:
+    """A launch as test_metal_compile._check takes it: (source, input dtype names, output dtype
+    names, template)."""
+    return (src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
+            tuple(str(d).split(".")[-1] for d in dtypes), tuple(template))
+
+
+def capturing(seen: list):
+    """A `launch` stand-in: each launch's `compile_key` into seen, zeros back (nothing runs)."""
+    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
+        seen.append(compile_key(src, inputs, dtypes, template))
+        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    return record
+
+
 def test_the_chained_cuda_source_compiles(tmp_path):
     """The chained QKV + attention kernel as MLX's CUDA build would compile it (g++ against the
     CUDA stub header, as every other kernel's check)."""
     from test_metal_compile import _check
 
     seen = []
-
-    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
-        seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
-                     tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
-        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    record = capturing(seen)
 
     h, kvh, hd, d, s = 4, 2, 64, 256, 64
     f16 = mx.float16
@@ -244,11 +255,7 @@ def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
     from test_metal_compile import _check
 
     seen = []
-
-    def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
-        seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
-                     tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
-        return [mx.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    record = capturing(seen)
 
     monkeypatch.setattr(attend_project, "QKV_BY_GROUP", True)
     h, kvh, hd, d, s, e = 4, 2, 64, 256, 64, 16
@@ -278,8 +285,7 @@ def test_the_deferred_down_chain_cuda_source_compiles(tmp_path, monkeypatch):
 
     def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
         if src.name == CHAINS["deferred"][1]:
-            seen.append((src, tuple(str(np.dtype(str(a.dtype).split(".")[-1])) for a in inputs),
-                         tuple(str(d).split(".")[-1] for d in dtypes), tuple(template)))
+            seen.append(compile_key(src, inputs, dtypes, template))
         return real(src, inputs, shapes, dtypes, blocks=blocks, threads=threads, template=template)
 
     monkeypatch.setattr(moe_decode, "DEFER_DOWN", True)
