@@ -124,8 +124,8 @@ FORMS = {
     "unfolded": (True, True, 0),  # every output its own array (folded_outputs.FOLD_OUTPUTS off: 722 a token, not 482)
     "packed": (True, True, 0),  # the expert step's h handed on in one buffer (moe_decode.PACK_EXPERT_STEP; the default since)
     "unpacked": (True, True, 0),  # gate/up's outputs as arrays of their own for the down step (PACK_EXPERT_STEP off)
-    # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as 4 launches, not one chain
-    "split_apart": (True, True, 0),  # (attend_split.CHAIN_SPLIT off)
+    # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
+    "split_chain": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -171,7 +171,7 @@ SWITCHES = {
     "unfolded": ((folded_outputs, "FOLD_OUTPUTS", False),),
     "packed": ((moe_decode, "PACK_EXPERT_STEP", True),),
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
-    "split_apart": ((attend_split, "CHAIN_SPLIT", False),),
+    "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
 }
 
 

@@ -335,12 +335,13 @@ stage packed 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms unpacked,split --also 8/unpacked,8/split \
     --tokens 32 | grep -v "^JSON"'
 # past SPLIT_FROM the QKV GEMV, the split attention, its merge and the router as one launch
-# (STRATA_STAGES=split_chain; attend_split.CHAIN_SPLIT, on): its GPU tests with the packed step's,
-# then decode at 8 and 2048 with it off (the form split_apart) and on, alternating in one process
+# (STRATA_STAGES=split_chain; attend_split.CHAIN_SPLIT, off: no gain measured end to end): its GPU tests
+# with the packed step's, then decode at 8 and 2048 without it and with it (the form split_chain),
+# alternating in one process
 stage split_chain 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 150 python3 -m pytest -q \
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_mlx_attend_split.py tests/test_folded_outputs.py;
-  timeout 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split_apart,split \
-    --also 2048/split_apart,2048/split,8/split --tokens 32 | grep -v "^JSON"'
+  timeout 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_chain \
+    --also 2048/split,2048/split_chain,8/split --tokens 32 | grep -v "^JSON"'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

@@ -372,7 +372,11 @@ def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, att
 # the merge blocks for every attention block after loading their W_o rows; the router's for the
 # merge's partials, which it adds (H of them) as in the two launches' form. Predicted: decode at
 # 2048 within ~0.1-0.3 ms a token of decode at 8 (the bytes' and the attention's own difference).
-CHAIN_SPLIT = True
+# Off: on the H200 decode at 2048 took 3.07 / 3.85 ms a token with it against 2.91 / 3.86 without
+# (peers.py, one process each, alternating; its GPU test passed): no gain the host's noise lets
+# show. The chain holds 118 registers a thread (2 blocks an SM) where attend_split alone fits more,
+# so what the host saves the GPU may spend; ncu has not timed it (form `split_chain`).
+CHAIN_SPLIT = False
 
 
 def _rows_first(body: str) -> tuple[str, int]:
