@@ -25,12 +25,21 @@ alone: `pip install --no-deps mlx-lm` into the environment that runs the benchma
     python benchmarks/peers.py            # the issue's shape (GPU)
     python benchmarks/peers.py --small    # a small shape (any machine, MLX's CPU build too)
     python benchmarks/peers.py --rows decode --tokens 16    # the two decode rows only
+    python benchmarks/peers.py --processes 5   # each side in 5 fresh processes, alternating: medians
+
+A GPU machine's host is noisy from process to process (a decoded token is bound by the host's
+work: on the H200 one session read mlx-lm's decode at 8 as 10.3 to 18.3 ms), so `--processes N`
+runs each side N times, each in a process of its own, the sides alternating, and reports every
+row's median and range, the ratios of the medians, and strata's decode at the long context over
+decode at 8 per process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -157,7 +166,14 @@ def main() -> int:
                                                   "mlx-lm's 2-bit experts on the CPU take minutes at 2048)")
     ap.add_argument("--rows", default="decode,prompt", help="comma list: decode (contexts 8 and the long prompt), "
                                                          "prompt (both lengths' time to the first token)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="each side in this many fresh processes, alternating: medians and ranges (default 1: one "
+                         "process, both sides in it)")
     args = ap.parse_args()
+    if args.processes < 1:
+        ap.error(f"--processes: at least 1, got {args.processes}")
+    if args.processes > 1:
+        return in_processes(args)
     cfg = SMALL if args.small else SHAPE
     n = 4 if args.small else args.tokens
     short, long = (int(v) for v in (args.lengths or ("64,256" if args.small else "512,2048")).split(","))
@@ -221,6 +237,55 @@ def main() -> int:
     res["all_at_least_2x"] = all(r is not None and r >= 2 for r in ratios.values())
     for name, val, note in rows:
         print(f"{name:<28} {val:>16}  {note}")
+    print("JSON " + json.dumps(res, sort_keys=True, default=str))
+    return 0
+
+
+def in_processes(args) -> int:
+    """`--processes N`: this benchmark N times a side, each run a process of its own (the sides
+    alternating, so a slow spell of the host falls on both), then each row's median and range."""
+    who = [w for w in (args.only or "mlx_lm,strata").split(",") if w]
+    base = [sys.executable, str(Path(__file__).resolve()), "--tokens", str(args.tokens), "--rows", args.rows]
+    base += (["--small"] if args.small else []) + (["--lengths", args.lengths] if args.lengths else [])
+    runs: dict[str, list[dict]] = {w: [] for w in who}
+    last: dict = {}
+    for i in range(args.processes):
+        for name in who:
+            out = subprocess.run(base + ["--only", name], capture_output=True, text=True)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("JSON ")]
+            if out.returncode != 0 or not lines:
+                print(f"peers: process {i + 1} of {name} failed (exit {out.returncode}): "
+                      f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+                return 1
+            last = json.loads(lines[-1][5:])
+            runs[name].append(last["times_s"].get(name, {}))
+            print(f"process {i + 1}/{args.processes} {name}: "
+                  + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(runs[name][-1].items())), flush=True)
+    rows = sorted({k for r in runs.values() for t in r for k in t})
+    med = {name: {k: statistics.median([t[k] for t in r if k in t]) for k in rows if any(k in t for t in r)}
+           for name, r in runs.items()}
+    ratios = {k: (med["mlx_lm"][k] / med["strata"][k] if "mlx_lm" in med and "strata" in med
+                  and k in med["mlx_lm"] and k in med["strata"] else None) for k in rows}
+    long_key = next((k for k in rows if k.startswith("decode at") and k != "decode at 8"), None)
+    over = ([t[long_key] / t["decode at 8"] for t in runs.get("strata", []) if long_key in t and "decode at 8" in t]
+            if long_key else [])
+    print(f"## strata vs mlx-lm over {args.processes} processes a side on {last.get('device', '-')} "
+          f"(MLX {last.get('mlx', '-')}, mlx-lm {last.get('mlx_lm', '-')}): median [min - max]")
+    print(f"{'row':<18} {'mlx-lm':>26} {'strata':>26} {'ratio of medians':>17}")
+    for k in rows:
+        cells = []
+        for name in ("mlx_lm", "strata"):
+            vals = [t[k] for t in runs.get(name, []) if k in t]
+            cells.append(f"{statistics.median(vals) * 1e3:.2f} [{min(vals) * 1e3:.2f} - {max(vals) * 1e3:.2f}] ms"
+                         if vals else "-")
+        print(f"{k:<18} {cells[0]:>26} {cells[1]:>26} {f'{ratios[k]:.2f}x' if ratios[k] else '-':>17}")
+    if over:
+        print(f"strata {long_key} / decode at 8, per process: " + ", ".join(f"{r:.2f}x" for r in over)
+              + f" (median {statistics.median(over):.2f}x)")
+    res = {"device": last.get("device"), "mlx": last.get("mlx"), "mlx_lm": last.get("mlx_lm"),
+           "processes": args.processes, "times_s": runs, "median_s": med, "ratios": ratios,
+           "all_at_least_2x": all(r is not None and r >= 2 for r in ratios.values()),
+           "long_over_8": over}
     print("JSON " + json.dumps(res, sort_keys=True, default=str))
     return 0
 

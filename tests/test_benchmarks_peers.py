@@ -40,3 +40,28 @@ def test_mlx_lm_model_files_load_without_its_tokenizer_imports():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.slow
+def test_peers_in_processes_reports_medians_of_its_runs():
+    """--processes 2: strata in two fresh processes; each row's median is the median of the two
+    runs' times, and the long context over 8 is given per process."""
+    import statistics
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--small", "--lengths", "16,32",
+                          "--only", "strata", "--rows", "decode", "--processes", "2"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    res = json.loads([l for l in out.stdout.splitlines() if l.startswith("JSON ")][-1][5:])
+    runs = res["times_s"]["strata"]
+    assert res["processes"] == 2 and len(runs) == 2
+    for row in ("decode at 8", "decode at 32"):
+        assert res["median_s"]["strata"][row] == statistics.median([r[row] for r in runs]) > 0
+    assert res["long_over_8"] == [r["decode at 32"] / r["decode at 8"] for r in runs]
+    assert res["ratios"] == {k: None for k in res["median_s"]["strata"]}  # no mlx-lm side asked for
+
+
+def test_peers_refuses_fewer_than_one_process():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--processes", "0"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 2 and "--processes: at least 1, got 0" in out.stderr
