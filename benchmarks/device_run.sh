@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -203,6 +203,9 @@ launch__registers_per_thread --csv python3 benchmarks/prompt_probe.py --ncu --le
 stage dispatch 60 python3 benchmarks/dispatch.py
 stage decode_context 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,one_block --also 8/no_views
 stage peers 240 python3 benchmarks/peers.py
+# the issue's targets judged over the hosts' noise (STRATA_STAGES=peers_medians): each side in 5 fresh
+# processes, alternating, medians and ranges (mlx-lm's wheel in .whl, on PYTHONPATH)
+stage peers_medians 540 python3 benchmarks/peers.py --tokens 16 --processes 5
 # issue 19, the decode expert step's forms (not in the default list: STRATA_STAGES=experts19): each
 # form's two launches under ncu (GPU time, DRAM bytes, registers, warps active), then decode at
 # context 8 with today's defaults (first and last), the step as before and the vector-load forms
