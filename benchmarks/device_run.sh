@@ -340,11 +340,15 @@ stage packed 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
 # past SPLIT_FROM the QKV GEMV, the split attention, its merge and the router as one launch
 # (STRATA_STAGES=split_chain; attend_split.CHAIN_SPLIT, off: no gain measured end to end): its GPU tests
 # with the packed step's, then decode at 8 and 2048 without it and with it (the form split_chain),
-# alternating in one process
-stage split_chain 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 150 python3 -m pytest -q \
+# alternating in one process, then ncu by graph and by kernel over 8 steps at 2048, each form
+stage split_chain 540 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 120 python3 -m pytest -q \
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_mlx_attend_split.py tests/test_folded_outputs.py;
-  timeout 150 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_chain \
-    --also 2048/split,2048/split_chain,8/split --tokens 32 | grep -v "^JSON"'
+  timeout 130 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_chain \
+    --also 2048/split,2048/split_chain,8/split --tokens 32 | grep -v "^JSON";
+  for f in default split_chain; do for mode in graph node; do
+    timeout 70 ncu --profile-from-start off --graph-profiling $mode --clock-control none --metrics gpu__time_duration.sum \
+      --csv python3 benchmarks/graph_time.py --steps 8 --context 2048 --form $f 2>&1 \
+      | python3 benchmarks/graph_time.py --sum --steps 8 --label "2048/$f/$mode" | grep -v "^==PROF==\|^==WARNING=="; done; done'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

@@ -11,7 +11,8 @@ only: the trace's JIT compiles and the warm-up stay out), give both sums a token
     (the same with --graph-profiling node: the kernels' own times)
 
 Alone (no ncu) it prints the steps' wall time a token, back to back. Seed shape without a shared
-expert, all-resident, context 8; --form: one of decode_context.py's switched forms.
+expert, all-resident, context 8 (--context: another); --form: one of decode_context.py's
+switched forms.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _profiler():
         return None
 
 
-def run(layers: int, steps: int, form: str) -> dict:
+def run(layers: int, steps: int, form: str, context: int = 8) -> dict:
     import mlx.core as mx
     from decode_context import switched
     from host_cost import _made
@@ -57,7 +58,7 @@ def run(layers: int, steps: int, form: str) -> dict:
 
     # the form's switches for the whole run: the trace takes most, the selection each step's
     with using_path(KernelPath.GPU), switched(form):
-        p, state = _made(layers)
+        p, state = _made(layers, context)
         step = CompiledDecode(p, state, traced=True)
         before = sum(LAUNCHES.values())
         logits, state = step(state, 1)
@@ -80,7 +81,7 @@ def run(layers: int, steps: int, form: str) -> dict:
         wall = time.perf_counter() - t0
         if prof:
             prof[1]()
-    return {"form": form, "layers": layers, "steps": steps, "launches_a_token": launches,
+    return {"form": form, "layers": layers, "context": context, "steps": steps, "launches_a_token": launches,
             "wall_ms_a_token": wall / steps * 1e3, "profiler": prof[2] if prof else None, "profiler_start_rc": rc}
 
 
@@ -102,6 +103,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--steps", type=int, default=8, help="measured decode steps (inside the profiler range)")
     ap.add_argument("--form", default="default", help="decode_context.py's switched form, or default")
+    ap.add_argument("--context", type=int, default=8, help="positions before the first decoded token (default 8; "
+                                                           "past 256 the attention splits)")
     ap.add_argument("--sum", action="store_true", help="read ncu's CSV on stdin and sum its GPU times a step")
     ap.add_argument("--label", default="", help="with --sum: the label of the JSON line")
     args = ap.parse_args()
@@ -110,8 +113,8 @@ def main() -> int:
         print(f"{args.label}: {out['workloads']} workloads, {out['us_a_token']:.1f} us of GPU time a step "
               f"({out['workloads_a_token']:.1f} workloads a step)")
     else:
-        out = {"bench": "graph_time", **run(args.layers, args.steps, args.form)}
-        print(f"{args.form}: {out['wall_ms_a_token']:.3f} ms a token back to back, {out['launches_a_token']} launches "
+        out = {"bench": "graph_time", **run(args.layers, args.steps, args.form, args.context)}
+        print(f"{args.form} at {args.context}: {out['wall_ms_a_token']:.3f} ms a token back to back, {out['launches_a_token']} launches "
               f"(profiler range: {out['profiler']}, rc {out['profiler_start_rc']})")
     print("JSON " + json.dumps(out, sort_keys=True))
     return 0

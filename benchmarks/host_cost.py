@@ -55,10 +55,11 @@ ENV_VARIANTS = (
 )
 
 
-def _made(layers: int):
-    """The issue's shape at `layers` layers, all-resident, and a made context of 8 positions."""
+def _made(layers: int, context: int = 8):
+    """The issue's shape at `layers` layers, all-resident, and a made context of `context` positions."""
     cfg = replace(SHAPE, n_layers=layers)
-    return random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg)), state_at(cfg, 8, seed=8)
+    return (random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg)),
+            state_at(cfg, context, seed=8))
 
 
 def measure(layers: int, tokens: int, form: str = "default") -> dict:
