@@ -150,7 +150,8 @@ QKV_BY_GROUP = True
 GROUP_PREFETCH = 16
 
 
-def _by_group(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
+def walks_by_group(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
+    """Whether a chain's QKV GEMV walks the KV groups here (QKV_BY_GROUP, kernels/qkv_groups.py)."""
     return QKV_BY_GROUP and qkv_groups.applies(wqkv, n_heads, kc.shape[0], kc.shape[2], gated)
 
 
@@ -179,16 +180,16 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
 def _group_waits(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool, n: int) -> dict:
     """chain_all's finer waits where the QKV GEMV walks the KV groups: the attention phase waits
     for its group's count (one counter a group), the others as before."""
-    if not _by_group(wqkv, kc, n_heads, gated):
+    if not walks_by_group(wqkv, kc, n_heads, gated):
         return {}
     return dict(custom_waits=(None, qkv_groups.ATTEND_WAIT) + (None,) * (n - 2), extra=kc.shape[0])
 
 
 def qkv_spec(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None, kc: mx.array, eps: float, n_heads: int,
              gated: bool) -> LaunchSpec:
-    """A chain's QKV GEMV phase: walked KV group by KV group where `_by_group` (each group counted
+    """A chain's QKV GEMV phase: walked KV group by KV group where `walks_by_group` (each group counted
     into chain_extra[group], which `qkv_groups.attend_wait` waits on), else the plain GEMV."""
-    if _by_group(wqkv, kc, n_heads, gated):
+    if walks_by_group(wqkv, kc, n_heads, gated):
         return qkv_groups.qkv_groups(wqkv, x, norm_w, eps, bias, n_heads=n_heads, n_kv_heads=kc.shape[0],
                                      head_dim=kc.shape[2], gated=gated)
     return dense_kernel.dense_gemv(wqkv, x, norm_w, eps, bias=bias, spec=True)
@@ -201,7 +202,7 @@ def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc
     gemv = qkv_spec(wqkv, x, norm_w, bias, kc, eps, n_heads, gated)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
-                          prefetch=GROUP_PREFETCH if _by_group(wqkv, kc, n_heads, gated) else CHAIN_PREFETCH, spec=True)
+                          prefetch=GROUP_PREFETCH if walks_by_group(wqkv, kc, n_heads, gated) else CHAIN_PREFETCH, spec=True)
     return gemv, proj
 
 
@@ -280,7 +281,7 @@ def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *
 def takes_deferred(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
     """Whether `qkv_attend_route` runs a deferred down step as its first phase here (the QKV walk
     by KV group applies: its blocks wait for x after issuing their first row's loads)."""
-    return _by_group(wqkv, kc, n_heads, gated)
+    return walks_by_group(wqkv, kc, n_heads, gated)
 
 
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:

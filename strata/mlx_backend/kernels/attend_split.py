@@ -346,9 +346,10 @@ def _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
     hpb = heads_per_block(n_heads, kvh, hd)
     params = index_param(pos0) if pos is None else pos
     blocks = (n_heads // hpb * splits, 1, 1) if flat else (n_heads // hpb, splits, t)
-    return LaunchSpec(CHAINED_SOURCE if flat else ATTEND_SOURCE, (qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin, params,
-                                      float_params(eps), kc, vc),
-                      ((t, n_heads * splits * (hd + 2)),), (mx.float32,), blocks, THREADS,
+    inputs = (qkv, q_norm if qkn else half, k_norm if qkn else half, rope_cos, rope_sin, params, float_params(eps),
+              kc, vc)
+    return LaunchSpec(CHAINED_SOURCE if flat else ATTEND_SOURCE, inputs, ((t, n_heads * splits * (hd + 2)),),
+                      (mx.float32,), blocks, THREADS,
                       (("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                        ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
                        ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND),
@@ -366,8 +367,8 @@ def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, att
 # SPLIT_FROM (phases.chain_all), as kernels/attend_project.py chains them at a short context: 3
 # launches a layer fewer (290 -> 146 a token at the seed shape), the same bits. Why: at context
 # 2048 the H200 spent 2.9-3.5 ms a decoded token against 2.3-2.5 at 8 (docs/perf.md), the
-# layer's KV rows 2-4 MB a layer (~1 us at copy speed): the difference is the host's work for the
-# 144 launches more, as at 8 before its chain. The attention blocks wait for their KV group's QKV
+# layer's float32 keys and values 8.4 MB (2.5 us at copy speed, 0.12 ms a token): the rest of the
+# difference was taken for the host's work for the 144 launches more, as at 8 before its chain. The attention blocks wait for their KV group's QKV
 # rows (the walk by group, where it applies) after their cached rows' first loads are asked for;
 # the merge blocks for every attention block after loading their W_o rows; the router's for the
 # merge's partials, which it adds (H of them) as in the two launches' form. Predicted: decode at
@@ -402,10 +403,9 @@ def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
             and attn.split_applies(n_pos, t) and applies(wo) and phases.available())
 
 
-def _group_wait() -> str:
-    """A chained attention block's wait where the QKV walk (phase 0) goes by KV group: for its
-    group's count to reach every block of the walk (kernels/qkv_groups.py)."""
-    return """
+# a chained attention block's wait where the QKV walk (phase 0) goes by KV group: for its group's
+# count to reach every block of the walk (kernels/qkv_groups.py)
+GROUP_WAIT = """
   if (tid == 0) wait_count(chain_extra + kvh, (uint32_t)CHAIN_S1);
   BARRIER();
 """
@@ -423,7 +423,7 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
     """
-    by_group = attend_project.takes_deferred(wqkv, kc, n_heads, gated)  # the walk by KV group applies
+    by_group = attend_project.walks_by_group(wqkv, kc, n_heads, gated)
     gemv = attend_project.qkv_spec(wqkv, x, norm_w, bias, kc, eps, n_heads, gated)
     qkv = phases.Pending(gemv.output_shapes[0], mx.float32)
     attend = _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos, rotary_dim,
@@ -437,5 +437,5 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
     specs = [gemv, attend, merge, route]
     links = [{}, {"qkv": (0, 0)}, {"part": (1, 0), "qkv": (0, 0)}, {"parts": (2, 0)}]
     waits = [0, WAIT_AT, merge_project.WAIT_AT, router_kernel.WAIT_AT]
-    extra = dict(custom_waits=(None, _group_wait()), extra=kc.shape[0]) if by_group else {}
+    extra = dict(custom_waits=(None, GROUP_WAIT), extra=kc.shape[0]) if by_group else {}
     return attend_project.routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)
