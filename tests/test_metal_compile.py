@@ -24,7 +24,8 @@ from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.experts import routed_partials
-from strata.mlx_backend.kernels import attend_project, greedy_pick, moe_decode, phases, q8_gemv, route_rank
+from strata.mlx_backend.kernels import attend_project, attend_split, greedy_pick, moe_decode, phases, q8_gemv, route_rank
+from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import full_source
@@ -66,9 +67,15 @@ def specialisations() -> list:
                     logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
                     logits, _ = mlx_model.forward(mp, state, np.array([4]))  # a decoded token: the chained QKV
                     mx.eval(logits)
-        with pytest.MonkeyPatch.context() as m:  # the expert step handing h on in one buffer (both dialects)
-            m.setattr(moe_decode, "PACK_EXPERT_STEP", True)
-            m.setattr(moe_decode, "CHAIN_EXPERTS", False)
+        for pack in (True, False):  # the expert step handing h on in one buffer (the default) and not
+            with pytest.MonkeyPatch.context() as m:
+                m.setattr(moe_decode, "PACK_EXPERT_STEP", pack)
+                m.setattr(moe_decode, "CHAIN_EXPERTS", False)
+                logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
+                mx.eval(mlx_model.forward(mp, state, np.array([4]))[0])
+        with pytest.MonkeyPatch.context() as m:  # past SPLIT_FROM: the split attention's chain (CUDA's)
+            m.setattr(attn_kernels, "SPLIT_FROM", 2)
+            m.setattr(attend_split, "CHAIN_SPLIT", True)
             logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
             mx.eval(mlx_model.forward(mp, state, np.array([4]))[0])
         x = mx.array(np.ones((1, params.cfg.hidden_size), np.float32))
@@ -120,8 +127,16 @@ def test_the_checked_sources_include_folded_outputs(specialisations):
     folded = {s[0].name for s in specialisations if "folded" in s[0].outputs}
     assert "strata_moe_gateup" in folded
     assert any(n.startswith("strata_chain_") for n in folded), sorted(folded)
-    # ... and the down step reading gate/up's buffer (moe_decode.PACK_EXPERT_STEP)
+    # ... and the down step reading gate/up's buffer (moe_decode.PACK_EXPERT_STEP) and not
     assert "strata_moe_down_warps" in {s[0].name for s in specialisations if "packed" in s[0].inputs}
+    assert "strata_moe_down_warps" in {s[0].name for s in specialisations if "hpre" in s[0].inputs}
+
+
+def test_the_checked_sources_include_the_split_chain(specialisations):
+    """Past SPLIT_FROM the QKV GEMV, the split attention, its merge and the router as one launch
+    (attend_split.CHAIN_SPLIT, CUDA's form) is among the sources checked."""
+    names = {s[0].name for s in specialisations}
+    assert any("attend_split_chained_merge_project_router" in n for n in names), sorted(names)
 
 
 def test_metal_signature_declares_what_the_body_uses(specialisations):
