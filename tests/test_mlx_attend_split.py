@@ -295,18 +295,13 @@ def test_the_split_chain_cuda_source_compiles(tmp_path, monkeypatch):
     at the seed shape's heads."""
     from strata.mlx_backend.kernels import phases
     from test_metal_compile import _check
-    from test_phases import capturing
+    from test_phases import capturing, zero_route_args
 
     seen = []
-    h, kvh, hd, d, s, e = 16, 4, 128, 512, 512, 16
-    f16 = mx.float16
+    h = 16
     with using_path(KernelPath.EMULATED):
         monkeypatch.setattr(phases, "launch", capturing(seen))
-        attend_split.qkv_split_route(
-            mx.zeros(((h + 2 * kvh) * hd, d), f16), mx.zeros((1, d)), mx.zeros((d,), f16), None,
-            mx.zeros((hd,), f16), mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)),
-            mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), mx.zeros((d,), f16),
-            mx.zeros((e, d)), 300, 1e-6, h)
+        attend_split.qkv_split_route(*zero_route_args(h, 4, 128, 512, 512, 16), 300, 1e-6, h)
     assert len(seen) == 1 and seen[0][0].name == SPLIT_CHAINS["groups"]
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 

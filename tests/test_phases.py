@@ -218,6 +218,16 @@ def compile_key(src, inputs, dtypes, template) -> tuple:
             tuple(str(d).split(".")[-1] for d in dtypes), tuple(template))
 
 
+def zero_route_args(h: int, kvh: int, hd: int, d: int, s: int, e: int) -> tuple:
+    """The arrays a chained route (attend_project.qkv_attend_route, attend_split.qkv_split_route)
+    takes before its position, as zeros: h / kvh heads of hd, hidden d, s cached positions, e experts."""
+    f16 = mx.float16
+    return (mx.zeros(((h + 2 * kvh) * hd, d), f16), mx.zeros((1, d)), mx.zeros((d,), f16), None,
+            mx.zeros((hd,), f16), mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)),
+            mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), mx.zeros((d,), f16),
+            mx.zeros((e, d)))
+
+
 def capturing(seen: list):
     """A `launch` stand-in: each launch's `compile_key` into seen, zeros back (nothing runs)."""
     def record(src, inputs, shapes, dtypes, *, blocks, threads, template):
@@ -258,15 +268,10 @@ def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
     record = capturing(seen)
 
     monkeypatch.setattr(attend_project, "QKV_BY_GROUP", True)
-    h, kvh, hd, d, s, e = 4, 2, 64, 256, 64, 16
-    f16 = mx.float16
+    h = 4
     with using_path(KernelPath.EMULATED):
         monkeypatch.setattr(phases, "launch", record)
-        attend_project.qkv_attend_route(
-            mx.zeros(((h + 2 * kvh) * hd, d), f16), mx.zeros((1, d)), mx.zeros((d,), f16), None,
-            mx.zeros((hd,), f16), mx.zeros((hd,), f16), mx.zeros((s, hd // 2)), mx.zeros((s, hd // 2)),
-            mx.zeros((kvh, s, hd)), mx.zeros((kvh, s, hd)), mx.zeros((d, h * hd), f16), mx.zeros((d,), f16),
-            mx.zeros((e, d)), 3, 1e-6, h)
+        attend_project.qkv_attend_route(*zero_route_args(h, 2, 64, 256, 64, 16), 3, 1e-6, h)
     assert len(seen) == 1 and seen[0][0].name == CHAINS["groups_router"]
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 

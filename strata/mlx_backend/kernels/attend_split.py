@@ -56,7 +56,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels import attend_project, merge_project, phases
+from strata.mlx_backend.kernels import attend_project, merge_project, phases, qkv_groups
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
@@ -403,14 +403,6 @@ def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
             and attn.split_applies(n_pos, t) and applies(wo) and phases.available())
 
 
-# a chained attention block's wait where the QKV walk (phase 0) goes by KV group: for its group's
-# count to reach every block of the walk (kernels/qkv_groups.py)
-GROUP_WAIT = """
-  if (tid == 0) wait_count(chain_extra + kvh, (uint32_t)CHAIN_S1);
-  BARRIER();
-"""
-
-
 def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
                     k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                     wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
@@ -437,5 +429,6 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
     specs = [gemv, attend, merge, route]
     links = [{}, {"qkv": (0, 0)}, {"part": (1, 0), "qkv": (0, 0)}, {"parts": (2, 0)}]
     waits = [0, WAIT_AT, merge_project.WAIT_AT, router_kernel.WAIT_AT]
-    extra = dict(custom_waits=(None, GROUP_WAIT), extra=kc.shape[0]) if by_group else {}
+    # where the QKV walk goes by KV group, an attention block waits for its own group's count (the body's kvh)
+    extra = dict(custom_waits=(None, qkv_groups.attend_wait(0, "kvh")), extra=kc.shape[0]) if by_group else {}
     return attend_project.routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)

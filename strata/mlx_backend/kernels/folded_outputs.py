@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels.source import KernelSource
+from strata.mlx_backend.kernels.source import KernelSource, dtype_name
 
 FOLDED = "folded"  # the one output that holds them
 # False: every output its own array, as before (the benchmarks' form `unfolded` compares)
@@ -137,7 +137,7 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
         if len(buffers) != 1:
             raise ValueError(f"kernel {src.name}: regions of {len(buffers)} buffers; one is read at a time")
         names = [src.inputs[i] for i in held]
-        src = pack_inputs(src, names, [str(inputs[i].dtype).split(".")[-1] for i in held])
+        src = pack_inputs(src, names, [dtype_name(inputs[i].dtype) for i in held])
         template += tuple((f"{PACK_AT}_{n}", inputs[i].offset) for n, i in zip(names, held))
         inputs = [a for a in inputs if not isinstance(a, Region)] + [inputs[held[0]].buffer]
     # one output folded would still be one output; unfolded, what a consumer reads is the arrays
@@ -145,7 +145,7 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
         return launch(src, inputs, output_shapes, output_dtypes, blocks=blocks, threads=threads, template=template)
     fold = sorted(set(fold))
     names = [src.outputs[i] for i in fold]
-    dtypes = [str(output_dtypes[i]).split(".")[-1] for i in fold]
+    dtypes = [dtype_name(output_dtypes[i]) for i in fold]
     at, size = offsets(names, [tuple(output_shapes[i]) for i in fold], dtypes)
     folded_at = set(fold)
     kept = [i for i in range(len(output_shapes)) if i not in folded_at]

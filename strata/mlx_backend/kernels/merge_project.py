@@ -64,7 +64,7 @@ _MERGE = r"""
 """
 SOURCE = KernelSource("strata_merge_project", ("part", "qkv", "wo"), ("out",),
                       attend_project.W_O_PREFETCH + _MERGE + attend_project.W_O_PROJECT)
-WAIT_AT = len(attend_project.W_O_PREFETCH)  # where a chained block first reads the partials (and qkv)
+WAIT_AT = attend_project.WAIT_AT  # past the same W_o prefetch: where a chained block first reads the partials
 
 
 

@@ -112,13 +112,14 @@ SOURCE = KernelSource("strata_qkv_groups", ("w", "x", "norm_w", "bias", "fparams
 WAIT_AT = BODY.index("  float ss = 0.0f;\n")
 
 
-def attend_wait(walk: int) -> str:
-    """An attention block's wait (kernels/attend_project.py's body, where it first reads qkv) when
-    the walk is phase `walk` of the chain: its head h = bx / NRC is in group h / G, whose count
-    reaches the walk's blocks."""
+def attend_wait(walk: int, group: str = "(bx / NRC) / (H / KVH)") -> str:
+    """An attention block's wait (where its body first reads qkv) when the walk is phase `walk` of
+    the chain: for the count of its KV group, `group` (an expression of the body; by default
+    kernels/attend_project.py's: its head h = bx / NRC is in group h / G), to reach the walk's
+    blocks."""
     blocks = "CHAIN_S1" if walk == 0 else f"(CHAIN_S{walk + 1} - CHAIN_S{walk})"
     return f"""
-  if (tid == 0) wait_count(chain_extra + (bx / NRC) / (H / KVH), (uint32_t){blocks});
+  if (tid == 0) wait_count(chain_extra + {group}, (uint32_t){blocks});
   BARRIER();
 """
 
