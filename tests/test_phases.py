@@ -63,6 +63,32 @@ def test_a_consumer_block_reads_every_producer_block_and_the_counters_reset():
     assert phases.counters(mx.zeros(3)) is not phases.counters(key)
 
 
+def test_a_stamped_chain_writes_every_blocks_timeline_and_the_same_outputs():
+    """phases.stamping: each block's ticket, wait met and end in order (blocks run in ticket order
+    on the emulator, whose clock counts stamps), a consumer's wait met after every producer block
+    ended, and the chain's outputs unchanged."""
+    na, nb = 3, 2
+    x = mx.array(np.full(8, 1.0, np.float32))
+    scale = mx.array(np.full(8, 0.5, np.float32))
+    key = mx.zeros(3)
+    with using_path(KernelPath.EMULATED):
+        plain = [np.array(a) for a in phases.chain(*_specs(na, nb, x, scale), {"y": 0}, key=key)]
+        with phases.stamping() as rec:
+            stamped = [np.array(a) for a in phases.chain(*_specs(na, nb, x, scale), {"y": 0}, key=key)]
+        phases.chain(*_specs(na, nb, x, scale), {"y": 0}, key=key)  # past the context: not stamped
+    for a, b in zip(plain, stamped):
+        np.testing.assert_array_equal(a, b)
+    assert len(rec) == 1 and rec[0].starts == (0, na, na + nb)
+    assert rec[0].phases == ("strata_test_fill", "strata_test_sum_all")
+    assert len(rec) == 1
+    st = np.array(rec[0].stamps).astype(np.int64)
+    assert st.shape == (na + nb, phases.STAMP_WORDS)
+    assert (st[:, 0] <= st[:, 1]).all() and (st[:, 1] < st[:, 2]).all()
+    assert (np.diff(st[:, 0]) > 0).all()  # tickets in block order
+    assert st[na:, 1].min() > st[:na, 2].max()  # every consumer waited until every producer ended
+    assert (st[:na, 3] == 0).all() and (st[na:, 3] > 0).all()  # cycles to the wait: none where none is
+
+
 def test_an_unmet_wait_is_an_error_on_the_emulator():
     """Counters left non-zero (a chain's reset broken) hand out tickets from 2: one producer block
     runs, and the consumers' wait for 3 fails loudly instead of reading an unwritten output."""
@@ -273,6 +299,20 @@ def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
         monkeypatch.setattr(phases, "launch", record)
         attend_project.qkv_attend_route(*zero_route_args(h, 2, 64, 256, 64, 16), 3, 1e-6, h)
     assert len(seen) == 1 and seen[0][0].name == CHAINS["groups_router"]
+    assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
+
+
+def test_the_stamped_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
+    """The timeline's stamped form of the chained launch (phases.stamping), compiled as above."""
+    from test_metal_compile import _check
+
+    seen = []
+    h = 4
+    with using_path(KernelPath.EMULATED), phases.stamping() as rec:
+        monkeypatch.setattr(phases, "launch", capturing(seen))
+        attend_project.qkv_attend_route(*zero_route_args(h, 2, 64, 256, 64, 16), 3, 1e-6, h)
+    assert len(seen) == 1 and len(rec) == 1 and seen[0][0].name.endswith("_stamped")
+    assert "globaltimer" not in seen[0][0].body and "clock_ns()" in seen[0][0].body
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 

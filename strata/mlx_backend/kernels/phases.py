@@ -38,6 +38,7 @@ unmet one is an error there, not a hang).
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -49,8 +50,8 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dial
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource
 
-__all__ = ["Pending", "LaunchSpec", "available", "chain", "chain_all", "chain_source", "chain_sources", "counters",
-           "run"]
+__all__ = ["ChainStamps", "Pending", "LaunchSpec", "available", "chain", "chain_all", "chain_source", "chain_sources",
+           "counters", "run", "stamping"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,24 @@ def _reset(n: int, extra: int) -> str:  # the last of the launch's blocks to lea
     fence_device();
   }}
 """
+# a chain's timeline (`stamping`): thread 0 of each block writes, at its ticket's slot, when it took
+# the ticket, when its wait was met (its ticket's time where it waits for nothing) and when its body
+# ended (before its count), on the GPU's global clock (shared by the SMs, coarse on some GPUs) and
+# as cycles of its SM's own clock after the ticket (exact), and its SM
+STAMP_WORDS = 6
+_STAMPS_AT = r"""
+  uint32_t* const chain_stamps = (uint32_t*)stamps;
+  const uint32_t chain_t0 = clock_ns(), chain_c0 = clock_cycles();
+  uint32_t chain_t1 = chain_t0, chain_c1 = chain_c0;
+"""
+_STAMP_WAITED = "  chain_t1 = clock_ns(); chain_c1 = clock_cycles();\n"
+_STAMP = f"""
+  if (tid == 0) {{
+    uint32_t* const s = chain_stamps + {STAMP_WORDS}u * chain_vb;
+    s[0] = chain_t0; s[1] = chain_t1; s[2] = clock_ns();
+    s[3] = chain_c1 - chain_c0; s[4] = clock_cycles() - chain_c0; s[5] = sm_id();
+  }}
+"""
 MAX_PHASES = MIN_INPUT_SIZE - 1  # the counters: a ticket, a count per phase but the last, the exits
 
 _sources: dict[tuple, KernelSource] = {}
@@ -141,18 +160,19 @@ def _start(i: int) -> str:
 
 def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str, int, str], ...]],
                   templates: Sequence[Sequence[tuple[str, int]]], waits: Sequence[int],
-                  custom_waits: Sequence[str | None] = (), extra: int = 0) -> KernelSource:
+                  custom_waits: Sequence[str | None] = (), extra: int = 0, stamps: bool = False) -> KernelSource:
     """The one-launch body of phases srcs[0], srcs[1], ... in that order. links[i]: (input of
     phase i, earlier phase j, output of phase j) triples, phase i reading that output for that
     input; waits[i]: the offset in phase i's body where it first needs them (0: at its start;
     phase 0 waits for nothing). Phase i waits for phase i - 1's count only: that phase's blocks
     counted after their own wait, so every earlier phase is done too. custom_waits[i], where
     given and not None, is phase i's wait instead (it must hold the same promise: every output
-    it reads written); extra: counters the bodies count into themselves (`chain_extra`)."""
+    it reads written); extra: counters the bodies count into themselves (`chain_extra`); stamps:
+    the timeline's stamps written into a second input (`stamping`)."""
     n = len(srcs)
     custom_waits = tuple(custom_waits) + (None,) * (n - len(custom_waits))
     key = (tuple(srcs), tuple(links), tuple(tuple(k for k, _ in t) for t in templates), tuple(waits), custom_waits,
-           extra)
+           extra, stamps)
     hit = _sources.get(key)
     if hit is not None:
         return hit
@@ -162,6 +182,9 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         if re.search(r"\breturn\b", src.body):
             raise ValueError(f"chain: {src.name}'s body returns (a block would skip its count)")
     inputs, outputs, text = ["counters"], [], _TICKET
+    if stamps:
+        inputs.append("stamps")
+        text += _STAMPS_AT
     if extra:
         text += f"  uint32_t* const chain_extra = chain_ctr + {n + 1};\n"
     for i, src in enumerate(srcs):
@@ -175,13 +198,15 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         outputs += [pre + o for o in src.outputs]
         body = src.body
         if i > 0:
-            body = body[:waits[i]] + (custom_waits[i] or _wait(i)) + body[waits[i]:]
+            body = body[:waits[i]] + (custom_waits[i] or _wait(i)) + (_STAMP_WAITED if stamps else "") + body[waits[i]:]
         last = i == n - 1
         text += (("  if" if i == 0 else "  } else if") + f" (chain_vb < (uint32_t)CHAIN_S{i + 1}) {{\n" if not last
                  else "  } else {\n")
         text += (f"    const uint32_t bx = chain_vb - {_start(i)};\n" + _aliases(free + list(src.outputs), pre)
                  + "".join(f"    const auto {c} = {_prefix(j)}{o};\n" for c, (j, o) in linked.items())
                  + _consts(templates[i], pre.upper()) + "    {\n" + body + "\n    }\n")
+        if stamps:
+            text += _STAMP
         if not last:
             text += _done(i)
     text += "  }\n" + _reset(n, extra)
@@ -189,7 +214,7 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
     for src in srcs:
         if src.helpers not in helpers:
             helpers += src.helpers
-    name = "strata_chain_" + "_".join(src.name.removeprefix("strata_") for src in srcs)
+    name = "strata_chain_" + "_".join(src.name.removeprefix("strata_") for src in srcs) + ("_stamped" if stamps else "")
     src = KernelSource(name, tuple(inputs), tuple(outputs), text, helpers, metal=False)
     _sources[key] = src
     return src
@@ -226,6 +251,35 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
     return hit
 
 
+@dataclass(frozen=True)
+class ChainStamps:
+    """One chain launch's timeline: stamps uint32 [blocks, STAMP_WORDS] (per ticket: the ticket
+    taken, the wait met, the body ended, in the GPU's global ns (low 32 bits; the emulator counts
+    stamps); the wait met and the end in cycles of the block's SM after its ticket; the SM), read
+    after the launch is evaluated; starts: each phase's first ticket and the total; phases: the
+    phases' kernel names."""
+
+    stamps: mx.array
+    starts: tuple[int, ...]
+    phases: tuple[str, ...]
+
+
+_stamping: list[ChainStamps] | None = None
+
+
+@contextmanager
+def stamping():
+    """While active, every chain launch also writes its blocks' timeline, appended to the list
+    this yields as a `ChainStamps` (benchmarks/chain_timeline.py: where a chain's time goes).
+    The stamped chains are their own builds; outputs are unchanged."""
+    global _stamping
+    prev, _stamping = _stamping, []
+    try:
+        yield _stamping
+    finally:
+        _stamping = prev
+
+
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
               waits: Sequence[int] | None = None, use: str = "chain", custom_waits: Sequence[str | None] = (),
               extra: int = 0, keep: Sequence[int] | None = None) -> list[mx.array | None]:
@@ -259,13 +313,18 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
             if not isinstance(got, Pending) or (tuple(got.shape), got.dtype) != want:
                 raise ValueError(f"chain: {s.src.name}'s {c} must be a Pending {want}, got {got!r}")
         named.append(tuple((c, j, specs[j].src.outputs[o]) for c, (j, o) in ln.items()))
-    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra)
+    stamps = _stamping is not None
+    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra, stamps)
     template, inputs, starts = [], [counters(key, use, len(specs) + 1 + extra)], [0]
     for i, (s, ln) in enumerate(zip(specs, links)):
         template += [(_prefix(i).upper() + k, v) for k, v in s.template]
         inputs += [a for n, a in zip(s.src.inputs, s.inputs) if n not in ln]
         starts.append(starts[-1] + s.blocks[0])
     template += [(f"CHAIN_S{i}", starts[i]) for i in range(1, len(specs))] + [("CHAIN_NTOT", starts[-1])]
+    if stamps:
+        stamp = mx.array(np.zeros((starts[-1], STAMP_WORDS), np.uint32))
+        inputs.insert(1, stamp)
+        _stamping.append(ChainStamps(stamp, tuple(starts), tuple(s.src.name for s in specs)))
     shapes = [sh for s in specs for sh in s.output_shapes]
     kept = set(range(len(shapes)) if keep is None else keep)
     fold = tuple(i for i in range(len(shapes)) if i not in kept)

@@ -1,0 +1,147 @@
+"""Where a chained launch's time goes: each block's ticket, its wait met and its end on the GPU's
+global clock, by phase (kernels/phases.py `stamping`).
+
+ncu gives a chain's whole time (~27-30 us a layer at context 8 for 29 MB of weights, which copy
+speed moves in ~9 us) but not which phase holds it up: the QKV walk's rounds, the attention
+blocks' wait for their group, W_o, or the router's tail after the last partial. Here the decode
+chain of `attention.attention_router` runs for `--layers` layers back to back in one evaluation
+(each layer's x the one before's x_mid, so the launches queue as in decode; the expert launches
+between them are left out), every block stamping when it took its ticket, when its wait was met
+and when its body ended. Per phase, over the launches after the first: its blocks' tickets, waits
+met and ends (median and last, us after the launch's first ticket, on the global clock), each
+block's wait and body in its SM's cycles (exact where the global clock is coarse), and between
+launches the gap from one launch's last end to the next one's first ticket.
+
+    python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain
+
+Seed shape without a shared expert; --small: a smoke test's shape on the emulator (its clock
+counts stamps, not time). Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from _decode_kernels import SHAPE, SMALL  # noqa: E402
+from _measure import device_name, kernel_bench_path, switches_set  # noqa: E402
+from strata.mlx_backend.attention import MlxLayerKV, attention_router, routes_with_attention  # noqa: E402
+from strata.mlx_backend.kernels import attend_split, phases  # noqa: E402
+from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
+from strata.testing.mlx_params import random_params  # noqa: E402
+
+FORMS = {"default": (), "split_chain": ((attend_split, "CHAIN_SPLIT", True),)}
+
+
+def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
+    """One launch's stamps [blocks, STAMP_WORDS] (phases.ChainStamps) -> per phase: its blocks,
+    the SMs they ran on, (median, last) of each moment in us after the launch's first ticket on
+    the global clock, and (median, max) of each block's wait and body in its SM's kilocycles."""
+    t = stamps[:, :3].astype(np.uint32)
+    rel = (t - t[:, 0].min()).astype(np.int64) / 1000.0  # uint32 differences: right across the clock's wrap
+    cyc = stamps[:, 3:5].astype(np.int64)
+    cyc = np.stack([cyc[:, 0], cyc[:, 1] - cyc[:, 0]], axis=1) / 1000.0  # the wait, then the body after it
+    rows = []
+    stats = (("median", np.median), ("last", np.max))
+    for i in range(len(starts) - 1):
+        at = slice(starts[i], starts[i + 1])
+        rows.append({"blocks": starts[i + 1] - starts[i], "sms": int(len(np.unique(stamps[at, 5]))),
+                     **{f"{m}_{s}": float(f(rel[at, k])) for k, m in enumerate(("ticket", "waited", "ended"))
+                        for s, f in stats},
+                     **{f"{m}_kcyc_{s}": float(f(cyc[at, k])) for k, m in enumerate(("wait", "body"))
+                        for s, f in stats}})
+    return rows
+
+
+def launch_span(stamps: np.ndarray) -> tuple[int, int]:
+    """(first ticket, last end) of one launch, uint32 ns."""
+    return int(stamps[:, 0].min()), int(stamps[:, 2].max())
+
+
+def run(form: str, context: int, layers: int, small: bool) -> dict:
+    cfg = replace(SMALL if small else SHAPE, n_layers=layers)
+    p = random_params(cfg, seed=0, pred_q8=False)
+    rng = np.random.default_rng(1)
+    x = mx.array(rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)) + 0
+    kvs = []
+    for _ in range(layers):
+        kv = MlxLayerKV.empty(cfg)
+        kvs.append(MlxLayerKV(kv.keys, kv.values, context))
+    with switches_set(FORMS[form]):
+        lw0 = p.layers[0]
+        if not routes_with_attention(cfg, lw0.attn, kvs[0], 1):
+            return {"error": f"no chained attention + router at context {context} in form {form}"}
+        launches = []
+        for rep in range(2):  # the first evaluation holds the builds; the second is measured
+            with phases.stamping() as rec:
+                h = x
+                for layer, lw in enumerate(p.layers):
+                    h, _, z, _ = attention_router(cfg, lw.attn, kvs[layer], h, lw.ffn_norm, lw.router)
+                mx.eval(h, z)
+            launches = rec
+    per = [phase_rows(np.array(c.stamps), c.starts) for c in launches[1:]]
+    spans = [launch_span(np.array(c.stamps)) for c in launches]
+    gaps = [((b[0] - a[1]) % 2 ** 32) / 1000.0 for a, b in zip(spans, spans[1:])]
+    lens = [((s[1] - s[0]) % 2 ** 32) / 1000.0 for s in spans[1:]]
+    phases_out = []
+    for i, name in enumerate(launches[0].phases):
+        rows = [r[i] for r in per]
+        phases_out.append({"phase": name, "blocks": rows[0]["blocks"], "sms": rows[0]["sms"],
+                           **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))}})
+    return {"launch_us": float(np.median(lens)), "gap_us": float(np.median(gaps)) if gaps else None,
+            "phases": phases_out, "launches": len(launches)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="example: python3 benchmarks/chain_timeline.py --contexts 8,2048 "
+                                        "--forms default,split_chain")
+    ap.add_argument("--contexts", default="8,2048", help="comma list of cached positions before the token")
+    ap.add_argument("--forms", default="default", help="comma list of " + ", ".join(FORMS))
+    ap.add_argument("--layers", type=int, default=8, help="launches back to back (the first not counted)")
+    ap.add_argument("--small", action="store_true", help="the smoke test's shape (the emulator off the GPU)")
+    args = ap.parse_args()
+    forms = [f for f in args.forms.split(",") if f]
+    bad = [f for f in forms if f not in FORMS]
+    if bad:
+        ap.error(f"unknown form(s) {bad}; known: {', '.join(FORMS)}")
+    if args.layers < 2:
+        ap.error("--layers must be at least 2 (the first launch is not counted)")
+    path = kernel_bench_path(args.small)
+    if path is None:
+        return 1
+    res: dict = {"bench": "chain_timeline", "device": device_name(), "path": path.value, "layers": args.layers,
+                 "runs": {}}
+    with using_path(path):
+        for form in forms:
+            for ctx in (int(c) for c in args.contexts.split(",") if c):
+                got = run(form, ctx, args.layers, args.small)
+                res["runs"][f"{form}@{ctx}"] = got
+                if "error" in got:
+                    print(f"{form} at context {ctx}: {got['error']}")
+                    continue
+                print(f"{form} at context {ctx}: a launch {got['launch_us']:.1f} us from its first ticket to its "
+                      f"last end, {got['gap_us']:.1f} us from one launch's last end to the next one's first ticket")
+                print(f"  {'phase':<36} {'blocks':>6} {'SMs':>4}  ticket med/last  waited med/last   ended med/last (us)"
+                      "   wait / body med/max (kcycles)")
+                for ph in got["phases"]:
+                    print(f"  {ph['phase']:<36} {ph['blocks']:>6} {ph['sms']:>4}  "
+                          f"{ph['ticket_median']:6.1f} {ph['ticket_last']:6.1f}   {ph['waited_median']:6.1f} "
+                          f"{ph['waited_last']:6.1f}   {ph['ended_median']:6.1f} {ph['ended_last']:6.1f}   "
+                          f"{ph['wait_kcyc_median']:6.1f} {ph['wait_kcyc_last']:6.1f} / {ph['body_kcyc_median']:6.1f} "
+                          f"{ph['body_kcyc_last']:6.1f}")
+    print("JSON " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

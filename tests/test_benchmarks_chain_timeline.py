@@ -1,0 +1,39 @@
+"""benchmarks/chain_timeline.py on the emulated kernels at the smoke test's shape: every phase of
+the decode chain reported, its blocks in phase order (the emulator runs them one after another,
+its clock counting stamps), one JSON line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import chain_timeline  # noqa: E402
+
+from strata.mlx_backend.kernels import emulate  # noqa: E402
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler for the emulator")
+def test_the_timeline_reports_each_phase_in_order(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["chain_timeline.py", "--small", "--layers", "3", "--contexts", "8"])
+    assert chain_timeline.main() == 0
+    out = capsys.readouterr().out
+    res = json.loads(out.split("JSON ", 1)[1])
+    run = res["runs"]["default@8"]
+    assert run["launches"] == 3
+    names = [p["phase"] for p in run["phases"]]
+    assert names == ["strata_qkv_groups", "strata_attend_project_sum", "strata_router"]
+    for a, b in zip(run["phases"], run["phases"][1:]):
+        assert b["waited_median"] > a["ended_median"]  # a phase's wait is met after the one before ended
+    assert all(p["blocks"] > 0 for p in run["phases"])
+
+
+def test_the_timeline_refuses_one_layer(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["chain_timeline.py", "--small", "--layers", "1"])
+    with pytest.raises(SystemExit):
+        chain_timeline.main()
+    assert "--layers must be at least 2" in capsys.readouterr().err
