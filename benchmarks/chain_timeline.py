@@ -33,12 +33,14 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _decode_kernels import SHAPE, SMALL  # noqa: E402
-from _measure import device_name, kernel_bench_path  # noqa: E402
-from decode_context import FORMS, switched  # noqa: E402
+from _measure import device_name, kernel_bench_path, switches_set  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV, attention_router, routes_with_attention  # noqa: E402
-from strata.mlx_backend.kernels import phases  # noqa: E402
+from strata.mlx_backend.kernels import attend_split, phases  # noqa: E402
 from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
+
+FORMS = {"default": (), "split_chain": ((attend_split, "CHAIN_SPLIT", True),)}
+
 
 def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
     """One launch's stamps [blocks, STAMP_WORDS] (phases.ChainStamps) -> per phase: its blocks,
@@ -74,7 +76,7 @@ def run(form: str, context: int, layers: int, small: bool) -> dict:
     for _ in range(layers):
         kv = MlxLayerKV.empty(cfg)
         kvs.append(MlxLayerKV(kv.keys, kv.values, context))
-    with switched(form):
+    with switches_set(FORMS[form]):
         lw0 = p.layers[0]
         if not routes_with_attention(cfg, lw0.attn, kvs[0], 1):
             return {"error": f"no chained attention + router at context {context} in form {form}"}
@@ -104,15 +106,14 @@ def main() -> int:
                                  epilog="example: python3 benchmarks/chain_timeline.py --contexts 8,2048 "
                                         "--forms default,split_chain")
     ap.add_argument("--contexts", default="8,2048", help="comma list of cached positions before the token")
-    ap.add_argument("--forms", default="default", help="comma list of default and decode_context.py's forms "
-                    "(the module switches they flip; e.g. split_chain, unasked)")
+    ap.add_argument("--forms", default="default", help="comma list of " + ", ".join(FORMS))
     ap.add_argument("--layers", type=int, default=8, help="launches back to back (the first not counted)")
     ap.add_argument("--small", action="store_true", help="the smoke test's shape (the emulator off the GPU)")
     args = ap.parse_args()
     forms = [f for f in args.forms.split(",") if f]
-    bad = [f for f in forms if f != "default" and f not in FORMS]
+    bad = [f for f in forms if f not in FORMS]
     if bad:
-        ap.error(f"unknown form(s) {bad}; known: default, {', '.join(FORMS)}")
+        ap.error(f"unknown form(s) {bad}; known: {', '.join(FORMS)}")
     if args.layers < 2:
         ap.error("--layers must be at least 2 (the first launch is not counted)")
     path = kernel_bench_path(args.small)

@@ -48,8 +48,7 @@ from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv, folded_outputs  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
-from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps, qkv_groups  # noqa: E402
-from strata.mlx_backend.kernels import router as router_kernel  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend import device_pipeline, greedy  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
@@ -127,11 +126,6 @@ FORMS = {
     "unpacked": (True, True, 0),  # gate/up's outputs as arrays of their own for the down step (PACK_EXPERT_STEP off)
     # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
     "split_chain": (True, True, 0),
-    # no rows asked into L2 ahead of their loads (qkv_groups.ASK, router.ASK_ROWS, attend_split.ASK_ROWS,
-    # moe_decode.ASK_DOWN: on); ask_down_only: the down step's alone
-    "unasked": (True, True, 0),
-    "ask_down_only": (True, True, 0),
-    "unasked_split_chain": (True, True, 0),  # that, with the split chain
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -178,12 +172,6 @@ SWITCHES = {
     "packed": ((moe_decode, "PACK_EXPERT_STEP", True),),
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
-    "unasked": ((qkv_groups, "ASK", False), (router_kernel, "ASK_ROWS", False), (attend_split, "ASK_ROWS", False),
-                (moe_decode, "ASK_DOWN", False)),
-    "unasked_split_chain": ((qkv_groups, "ASK", False), (router_kernel, "ASK_ROWS", False),
-                            (attend_split, "ASK_ROWS", False), (moe_decode, "ASK_DOWN", False),
-                            (attend_split, "CHAIN_SPLIT", True)),
-    "ask_down_only": ((qkv_groups, "ASK", False), (router_kernel, "ASK_ROWS", False), (attend_split, "ASK_ROWS", False)),
 }
 
 

@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, asks
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -355,21 +355,6 @@ stage split_chain 540 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PRO
 stage timeline 240 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py;
   timeout 120 python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain --layers 12'
-# rows asked into L2 ahead of their loads (STRATA_STAGES=asks; qkv_groups.ASK, router.ASK_ROWS,
-# attend_split.ASK_ROWS, moe_decode.ASK_DOWN, on; the form unasked turns them off): the touched
-# kernels' GPU tests, the chain's timeline with and without, decode at 8 and 2048 alternating in
-# one process, then ncu's kernel sum a token at 8 each way
-stage asks 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 110 python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py tests/test_mlx_moe_decode.py \
-  tests/test_mlx_attend_split.py tests/test_mlx_combine_router.py;
-  timeout 80 python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,unasked,split_chain,unasked_split_chain \
-    --layers 12 | grep -v "^JSON";
-  timeout 140 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,unasked \
-    --also 8/split,8/unasked,2048/split,2048/unasked --tokens 32 | grep -v "^JSON";
-  for f in default unasked; do
-    timeout 70 ncu --profile-from-start off --graph-profiling node --clock-control none --metrics gpu__time_duration.sum \
-      --csv python3 benchmarks/graph_time.py --steps 8 --form $f 2>&1 \
-      | python3 benchmarks/graph_time.py --sum --steps 8 --label "8/$f/node" | grep -v "^==PROF==\|^==WARNING=="; done'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

@@ -68,13 +68,6 @@ SPLITS = 64  # NS: 4 KV heads x 64 = 256 blocks at the seed shape (132 SMs); 32 
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows whose loads are in flight together
 MAX_HEAD_ROWS = 512  # HPB x HD: the block's q rows and each warp's accumulators in threadgroup memory
 NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded token: 1, in one round)
-# A split's cached rows past the block's first step (NW x PB rows) asked into L2 as it starts
-# (`ask_l2`: the keys' span and the values', one instruction each), so its later steps' loads wait
-# on L2, not HBM. Why: at context 2048 a split holds 33 positions (2049 over 64 splits) against 32
-# a step, so every block took a second step of loads after its first, one HBM round trip more on
-# the attention's path (the chain's timeline on the H200: 12 us from the wait met to the end).
-# Predicted: ~1-2 us a layer at 2048. No value changes.
-ASK_ROWS = True
 FUSED = True  # False: attend split by chunks, the merge and the W_o GEMV (the form before; benchmarks flip it)
 
 _BODY = r"""
@@ -121,12 +114,6 @@ _BODY = r"""
   const int32_t hc = hi < pos0 ? hi : pos0;  // cached positions end here; [nlo, hi) are new
   const int32_t nlo = lo > pos0 ? lo : pos0;
   const int32_t rounds = hi > nlo ? (hi - nlo + NEWMAX - 1) / NEWMAX : 0;  // of NEWMAX new positions
-  if (ASK && tid == 0 && hc - lo > NW * PB) {  // the split's rows past the first step asked into L2 (ASK_ROWS)
-    const int32_t a0 = lo + NW * PB;
-    const uint32_t n = (uint32_t)(hc - a0) * (uint32_t)HD * (KV16 ? 2u : 4u);
-    ask_l2(kc + ((uint64_t)kvh * S_MAX + a0) * HD, n);
-    ask_l2(vc + ((uint64_t)kvh * S_MAX + a0) * HD, n);
-  }
   int32_t p0 = lo + (int32_t)warp_id * PB;
   float kr[PB][EPL], vr[PB][EPL];
   if (p0 < hc) {
@@ -366,7 +353,7 @@ def _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
                       (("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                        ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
                        ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND),
-                       ("FLAT", int(flat)), ("ASK", int(ASK_ROWS))))
+                       ("FLAT", int(flat))))
 
 
 def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, attend: LaunchSpec,

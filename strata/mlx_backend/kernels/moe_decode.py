@@ -71,12 +71,6 @@ GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNIT
 # 5 loads a row a lane instead of 10 at D = 2560 (both expert launches moved ~0.6 TB/s where the
 # dense GEMVs, 16 bytes a lane, moved 1.4-1.6)
 GATEUP_VECTOR_LOADS = False
-# Each routed gate/up block asks its share of its expert's down codes and scales into L2 once its
-# own loads are out (`ask_l2`, two instructions a block; no values change), so the down launch
-# after it reads L2, not HBM. Why: on the H200 the gate/up launch moved ~0.7 TB/s (9.2 MB in
-# ~13 us) and the down launch, 4.6 MB, took ~7.5 us with its loads as its first dependent step.
-# Predicted: the down launch ~2-3 us shorter a layer (~0.1-0.15 ms a token).
-ASK_DOWN = True
 WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block weighs before its arithmetic
 # At one token, the gate/up launch and moe_down_warps' down step as one launch (phases.chain_all;
 # the down phase is moe_down_chained.py's: it ranks z itself and loads its codes before it waits
@@ -166,16 +160,6 @@ GATEUP = r"""
       uw[k][4 * NV4 + i] = uq[wc];
       gd[k][4 * NV4 + i] = gs[wc >> 1];
       ud[k][4 * NV4 + i] = us[wc >> 1];
-    }
-  }
-  if (AD && tid == 0) {  // this block's share of its expert's down codes and scales asked into L2 (ASK_DOWN)
-    constexpr uint32_t DCB = (uint32_t)(D / 4) * F, DSB = (uint32_t)(D / 16) * F;  // 2 bits a code, a half a 32
-    constexpr uint32_t CS = ((DCB + NCH - 1) / NCH + 15u) & ~15u, SS = ((DSB + NCH - 1) / NCH + 15u) & ~15u;
-    if (((DC | DS) & 15) == 0 && c * CS < DCB) {
-      ask_l2(rec + DC + c * CS, (DCB - c * CS < CS ? DCB - c * CS : CS) & ~15u);
-    }
-    if (((DC | DS) & 15) == 0 && c * SS < DSB) {
-      ask_l2(rec + DS + c * SS, (DSB - c * SS < SS ? DSB - c * SS : SS) & ~15u);
     }
   }
   if (WE) {                                   // the weights while this block's loads are in flight
@@ -415,7 +399,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("NORM", int(norm_topk_prob)),
                                ("ROUNDS", int(ranking)),
                                ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early)),
-                               ("NA", int(no_arithmetic)), ("VL", int(vl)), ("AD", int(ASK_DOWN))) + sh_template
+                               ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
     f = rec.expert_ffn
     ranked = absent(np.int32) if given is None else given
     one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base), ranked] + sh_inputs),

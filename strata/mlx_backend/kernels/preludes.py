@@ -123,7 +123,6 @@ template <typename T, typename U> T as_type(U);  // Metal's own; declared for th
 #endif
 INLINE float bits_f32(uint32_t u) { return as_type<float>(u); }
 INLINE uint32_t f32_bits(float f) { return as_type<uint32_t>(f); }
-INLINE void ask_l2(const device void*, uint32_t) {}  // CUDA's bulk ask into L2; none on Metal
 INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const device float* p) {
   const float4 a = *(const device float4*)p;
@@ -253,13 +252,6 @@ INLINE float log1p_f(float x) { return log1pf(x); }
 INLINE float bits_f32(uint32_t u) { union { uint32_t u; float f; } c; c.u = u; return c.f; }  // a register move
 INLINE uint32_t f32_bits(float f) { return __float_as_uint(f); }
 INLINE uint32_t opaque(uint32_t u) { asm("" : "+r"(u)); return u; }  // no instruction: hides u's bits from ptxas
-// n bytes at p (16-byte aligned, a multiple of 16) asked into L2 by one instruction on sm_90 (the copy
-// engine walks the lines; no registers, no value): a later load of them waits on L2, not HBM
-INLINE void ask_l2(const void* p, uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(n) : "memory");
-#endif
-}
 INLINE f4 load_f4(const float* p) {
   const float4 a = *reinterpret_cast<const float4*>(p);
   f4 r; r.v[0] = a.x; r.v[1] = a.y; r.v[2] = a.z; r.v[3] = a.w;
@@ -417,7 +409,6 @@ INLINE float sqrt_f(float x) { return std::sqrt(x); }
 INLINE float log1p_f(float x) { return std::log1p(x); }
 INLINE float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 INLINE uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-INLINE void ask_l2(const void*, uint32_t) {}  // no cache to ask
 INLINE uint32_t opaque(uint32_t u) { return u; }
 INLINE f4 load_f4(const float* p) {
   f4 r; for (int i = 0; i < 4; ++i) r.v[i] = p[i];

@@ -74,9 +74,6 @@ BODY = r"""
     const int g8 = (int)lane + 32 * i;
     wv[i] = *(const DEVICE uint4*)(row + 8 * (g8 < GPR ? g8 : GPR - 1));
   }
-  if (ASK && lane == 0) {  // the later groups' rows asked into L2 now: each round then waits on L2, not HBM
-    for (int g = 1; g < KVH; ++g) ask_l2(w + (uint64_t)qkv_group_row((uint32_t)g, jr, G, HD, H, KVH) * C, (uint32_t)(2 * C));
-  }
   STAGE_X
   for (int g = 0; g < KVH; ++g) {
     warp_sync();  // a fence for the scheduler: the row's loads all issue before its FMAs
@@ -107,14 +104,6 @@ BODY = r"""
 """
 
 BODY = expand(BODY, STAGE_X=dense_kernel.STAGE_X)
-
-# Each warp's rows of the later groups asked into L2 as the walk starts (`ask_l2`, one instruction
-# a row; the values do not change). Why: the chain's timeline on the H200 (benchmarks/chain_timeline.py,
-# context 8) had the walk end at 13.4 us a layer, its 96 blocks on 52 SMs, each warp one 5 KB row in
-# flight a round, four rounds one after another: with W_o's prefetch beside it, 26 MB in 13.4 us
-# (~2 TB/s). Asked at the start, every byte of the walk is requested at once and each later round
-# reads L2. Predicted: the walk's end near the bytes' ~8.5 us, ~4 us a layer off the chain.
-ASK = True
 
 SOURCE = KernelSource("strata_qkv_groups", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY, HELPERS,
                       metal=False)
@@ -164,4 +153,4 @@ def qkv_groups(w: mx.array, x: mx.array, norm_w: mx.array | None, eps: float, bi
                                bias if has_bias else absent(np.float16), float_params(eps)),
                       ((1, r),), (mx.float32,), (blocks(n_heads, n_kv_heads, head_dim, gated), 1, 1), THREADS,
                       (("C", c), ("NORM", int(norm)), ("BIAS", int(has_bias)), ("NT", THREADS), ("H", n_heads),
-                       ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated)), ("ASK", int(ASK))))
+                       ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated))))

@@ -169,9 +169,6 @@ BODY = r"""
     const uint32_t e = bx * NW + warp_id;
     const bool live = e < (uint32_t)E;
     f4 wv[LB];
-    if (ASK && NBATCH > 1 && live && lane == 0) {  // the row past the first batch asked into L2 (ASK_ROWS)
-      ask_l2(w_router + (uint64_t)e * D + 128 * LB, (uint32_t)(4 * (D - 128 * LB)));
-    }
     ROWS_F32
     if (live && lane == 0) z[(uint64_t)t * E + e] = a * inv;
   } else {
@@ -209,12 +206,6 @@ SOURCE = KernelSource("strata_router", ("x", "parts", "norm_w", "w_router", "g_c
 
 
 ROW_LOADS = 20  # 4-column units a lane loads at once (RL): a whole row of D = 2560
-# Where a lane holds less than its row (row_loads < ROW_LOADS: the chained form), the rest of each
-# row is asked into L2 as the block starts (`ask_l2`), so the batches after the norm read L2. Why:
-# in the chained launch the router's blocks start ~7 us before their wait (the chain's timeline on
-# the H200) and then took ~2 us, three batches of loads one after another from HBM. Predicted:
-# ~1 us a layer off the chain. No value changes.
-ASK_ROWS = True
 # where the router's body first reads x and the parts (the F32 rows' first loads are out before):
 # a chain's wait goes there (phases.chain_all; only without a guess, whose blocks branch apart)
 WAIT_AT = BODY.rindex("\n", 0, BODY.index("float ss = 0.0f;")) + 1  # the start of the norm's first line
@@ -243,6 +234,5 @@ def router(x: mx.array, parts, norm_w: mx.array, w_router: mx.array, g_codes: mx
     one = LaunchSpec(SOURCE, (x, parts, norm_w, w_router, g_codes if ng else absent(np.uint8),
                               g_scales if ng else absent(np.float16), float_params(eps)),
                      ((t, d), (t, d), (t, e), (t, max(ng, 1))), (mx.float32,) * 4, (blocks, t, 1), threads,
-                     (("D", d), ("P", parts.shape[1]), ("E", e), ("NG", ng), ("NT", threads), ("RL", row_loads),
-                      ("ASK", int(ASK_ROWS and row_loads < ROW_LOADS))))
+                     (("D", d), ("P", parts.shape[1]), ("E", e), ("NG", ng), ("NT", threads), ("RL", row_loads)))
     return one if spec else tuple(run(one))
