@@ -10,7 +10,8 @@ between them are left out), every block stamping when it took its ticket, when i
 and when its body ended. Per phase, over the launches after the first: its blocks' tickets, waits
 met and ends (median and last, us after the launch's first ticket, on the global clock), each
 block's wait and body in its SM's cycles (exact where the global clock is coarse), and between
-launches the gap from one launch's last end to the next one's first ticket.
+launches the gap from one launch's last end to the next one's first ticket; and whether the last
+layer's outputs are bit for bit the first form's at the same context (forms that change no values).
 
     python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain
 
@@ -21,6 +22,7 @@ counts stamps, not time). Prints a table and one JSON line.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from dataclasses import replace
@@ -33,14 +35,12 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _decode_kernels import SHAPE, SMALL  # noqa: E402
-from _measure import device_name, kernel_bench_path, switches_set  # noqa: E402
+from _measure import device_name, kernel_bench_path  # noqa: E402
+from decode_context import FORMS, switched  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV, attention_router, routes_with_attention  # noqa: E402
-from strata.mlx_backend.kernels import attend_split, phases  # noqa: E402
+from strata.mlx_backend.kernels import phases  # noqa: E402
 from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
-
-FORMS = {"default": (), "split_chain": ((attend_split, "CHAIN_SPLIT", True),)}
-
 
 def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
     """One launch's stamps [blocks, STAMP_WORDS] (phases.ChainStamps) -> per phase: its blocks,
@@ -76,7 +76,7 @@ def run(form: str, context: int, layers: int, small: bool) -> dict:
     for _ in range(layers):
         kv = MlxLayerKV.empty(cfg)
         kvs.append(MlxLayerKV(kv.keys, kv.values, context))
-    with switches_set(FORMS[form]):
+    with switched(form):
         lw0 = p.layers[0]
         if not routes_with_attention(cfg, lw0.attn, kvs[0], 1):
             return {"error": f"no chained attention + router at context {context} in form {form}"}
@@ -88,6 +88,7 @@ def run(form: str, context: int, layers: int, small: bool) -> dict:
                     h, _, z, _ = attention_router(cfg, lw.attn, kvs[layer], h, lw.ffn_norm, lw.router)
                 mx.eval(h, z)
             launches = rec
+    out_bytes = np.array(h).tobytes() + np.array(z).tobytes()  # the last layer's: each form's bits against the first's
     per = [phase_rows(np.array(c.stamps), c.starts) for c in launches[1:]]
     spans = [launch_span(np.array(c.stamps)) for c in launches]
     gaps = [((b[0] - a[1]) % 2 ** 32) / 1000.0 for a, b in zip(spans, spans[1:])]
@@ -97,7 +98,7 @@ def run(form: str, context: int, layers: int, small: bool) -> dict:
         rows = [r[i] for r in per]
         phases_out.append({"phase": name, "blocks": rows[0]["blocks"], "sms": rows[0]["sms"],
                            **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))}})
-    return {"launch_us": float(np.median(lens)), "gap_us": float(np.median(gaps)) if gaps else None,
+    return {"outputs": hashlib.sha256(out_bytes).hexdigest()[:16], "launch_us": float(np.median(lens)), "gap_us": float(np.median(gaps)) if gaps else None,
             "phases": phases_out, "launches": len(launches)}
 
 
@@ -106,14 +107,15 @@ def main() -> int:
                                  epilog="example: python3 benchmarks/chain_timeline.py --contexts 8,2048 "
                                         "--forms default,split_chain")
     ap.add_argument("--contexts", default="8,2048", help="comma list of cached positions before the token")
-    ap.add_argument("--forms", default="default", help="comma list of " + ", ".join(FORMS))
+    ap.add_argument("--forms", default="default", help="comma list of default and decode_context.py's forms "
+                    "(the module switches they flip; e.g. split_chain)")
     ap.add_argument("--layers", type=int, default=8, help="launches back to back (the first not counted)")
     ap.add_argument("--small", action="store_true", help="the smoke test's shape (the emulator off the GPU)")
     args = ap.parse_args()
     forms = [f for f in args.forms.split(",") if f]
-    bad = [f for f in forms if f not in FORMS]
+    bad = [f for f in forms if f != "default" and f not in FORMS]
     if bad:
-        ap.error(f"unknown form(s) {bad}; known: {', '.join(FORMS)}")
+        ap.error(f"unknown form(s) {bad}; known: default, {', '.join(FORMS)}")
     if args.layers < 2:
         ap.error("--layers must be at least 2 (the first launch is not counted)")
     path = kernel_bench_path(args.small)
@@ -129,8 +131,11 @@ def main() -> int:
                 if "error" in got:
                     print(f"{form} at context {ctx}: {got['error']}")
                     continue
+                first = next(r for k, r in res["runs"].items() if k.endswith(f"@{ctx}") and "outputs" in r)
+                got["same_bits_as_first_form"] = got["outputs"] == first["outputs"]
                 print(f"{form} at context {ctx}: a launch {got['launch_us']:.1f} us from its first ticket to its "
-                      f"last end, {got['gap_us']:.1f} us from one launch's last end to the next one's first ticket")
+                      f"last end, {got['gap_us']:.1f} us from one launch's last end to the next one's first ticket; "
+                      f"the outputs bit for bit the first form's: {got['same_bits_as_first_form']}")
                 print(f"  {'phase':<36} {'blocks':>6} {'SMs':>4}  ticket med/last  waited med/last   ended med/last (us)"
                       "   wait / body med/max (kcycles)")
                 for ph in got["phases"]:

@@ -48,7 +48,7 @@ from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv, folded_outputs  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
-from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps, qkv_groups  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend import device_pipeline, greedy  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
@@ -126,6 +126,8 @@ FORMS = {
     "unpacked": (True, True, 0),  # gate/up's outputs as arrays of their own for the down step (PACK_EXPERT_STEP off)
     # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
     "split_chain": (True, True, 0),
+    "walk_rif1": (True, True, 0),  # the QKV walk's warps with one / two rows in flight (qkv_groups.ROWS_IN_FLIGHT)
+    "walk_rif2": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -172,6 +174,8 @@ SWITCHES = {
     "packed": ((moe_decode, "PACK_EXPERT_STEP", True),),
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
+    "walk_rif1": ((qkv_groups, "ROWS_IN_FLIGHT", 1),),
+    "walk_rif2": ((qkv_groups, "ROWS_IN_FLIGHT", 2),),
 }
 
 
