@@ -126,6 +126,7 @@ FORMS = {
     "unpacked": (True, True, 0),  # gate/up's outputs as arrays of their own for the down step (PACK_EXPERT_STEP off)
     # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
     "split_chain": (True, True, 0),
+    "split_chain_ns32": (True, True, 0),  # the split chain with 32 splits (224 of its first two phases' blocks, not 352)
     "walk_rif1": (True, True, 0),  # the QKV walk's warps with one / two rows in flight (qkv_groups.ROWS_IN_FLIGHT)
     "walk_rif2": (True, True, 0),
 }
@@ -174,6 +175,7 @@ SWITCHES = {
     "packed": ((moe_decode, "PACK_EXPERT_STEP", True),),
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
+    "split_chain_ns32": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPLITS", 32)),
     "walk_rif1": ((qkv_groups, "ROWS_IN_FLIGHT", 1),),
     "walk_rif2": ((qkv_groups, "ROWS_IN_FLIGHT", 2),),
 }

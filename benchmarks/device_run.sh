@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, walk
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, walk, split32
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -369,6 +369,17 @@ stage walk 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=de
   timeout 90 ncu --clock-control none -k regex:strata_attend_split --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
     python3 benchmarks/attend_context.py --ncu --contexts 2048 --forms split 2>&1 | grep -v "^==PROF==" | tail -n 90'
+# the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
+# the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
+# attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,
+# then where the split attention's warps stall (ncu's source counters, one launch at 2048)
+stage split32 560 bash -c 'timeout 80 python3 benchmarks/chain_timeline.py --contexts 2048 \
+    --forms split_chain,split_chain_ns32,split_chain,split_chain_ns32 --layers 12 | grep -v "^JSON";
+  timeout 170 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_chain,split_chain_ns32 \
+    --also 2048/split,2048/split_chain,2048/split_chain_ns32 --tokens 32 | grep -v "^JSON";
+  timeout 90 ncu --clock-control none -k regex:strata_attend_split --launch-skip 2 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters \
+    python3 benchmarks/attend_context.py --ncu --contexts 2048 --forms split 2>&1 | grep -v "^==PROF==" | tail -n 70'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels
