@@ -69,6 +69,8 @@ def launch_span(stamps: np.ndarray) -> tuple[int, int]:
 
 def run(form: str, context: int, layers: int, small: bool) -> dict:
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
+    if context + 1 > cfg.max_context:
+        return {"error": f"context {context} leaves no room for a token in the shape's {cfg.max_context} positions"}
     p = random_params(cfg, seed=0, pred_q8=False)
     rng = np.random.default_rng(1)
     x = mx.array(rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)) + 0
