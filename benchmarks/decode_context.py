@@ -127,6 +127,7 @@ FORMS = {
     # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
     "split_chain": (True, True, 0),
     "split_chain_ns32": (True, True, 0),  # the split chain with 32 splits (224 of its first two phases' blocks, not 352)
+    "late_wo": (True, True, 0),  # the chain's attention blocks load W_o after the walk's first group (attend_project.LATE_WO)
     "walk_rif1": (True, True, 0),  # the QKV walk's warps with one / two rows in flight (qkv_groups.ROWS_IN_FLIGHT)
     "walk_rif2": (True, True, 0),
 }
@@ -176,6 +177,7 @@ SWITCHES = {
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
     "split_chain_ns32": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPLITS", 32)),
+    "late_wo": ((attend_project, "LATE_WO", True),),
     "walk_rif1": ((qkv_groups, "ROWS_IN_FLIGHT", 1),),
     "walk_rif2": ((qkv_groups, "ROWS_IN_FLIGHT", 2),),
 }
