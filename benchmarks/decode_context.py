@@ -128,6 +128,7 @@ FORMS = {
     "split_chain": (True, True, 0),
     "split_chain_ns32": (True, True, 0),  # the split chain with 32 splits (224 of its first two phases' blocks, not 352)
     "late_wo": (True, True, 0),  # the chain's attention blocks load W_o after the walk's first group (attend_project.LATE_WO)
+    "late_wo_rif2": (True, True, 0),  # that, the walk's warps with two rows in flight
     "walk_rif1": (True, True, 0),  # the QKV walk's warps with one / two rows in flight (qkv_groups.ROWS_IN_FLIGHT)
     "walk_rif2": (True, True, 0),
 }
@@ -178,6 +179,7 @@ SWITCHES = {
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
     "split_chain_ns32": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPLITS", 32)),
     "late_wo": ((attend_project, "LATE_WO", True),),
+    "late_wo_rif2": ((attend_project, "LATE_WO", True), (qkv_groups, "ROWS_IN_FLIGHT", 2)),
     "walk_rif1": ((qkv_groups, "ROWS_IN_FLIGHT", 1),),
     "walk_rif2": ((qkv_groups, "ROWS_IN_FLIGHT", 2),),
 }

@@ -384,7 +384,7 @@ stage split32 560 bash -c 'timeout 80 python3 benchmarks/chain_timeline.py --con
 # timeline with and without twice (the outputs' bits compared), ncu's kernel sum a token at 8 each
 # way, then decode at 8 in both forms alternating in one process
 stage late_wo 560 bash -c 'timeout 80 python3 benchmarks/chain_timeline.py --contexts 8 \
-    --forms default,late_wo,default,late_wo --layers 12 | grep -v "^JSON";
+    --forms default,late_wo,late_wo_rif2,default,late_wo,late_wo_rif2 --layers 12 | grep -v "^JSON";
   for f in default late_wo; do
     timeout 70 ncu --profile-from-start off --graph-profiling node --clock-control none --metrics gpu__time_duration.sum \
       --csv python3 benchmarks/graph_time.py --steps 8 --form $f 2>&1 \
