@@ -48,7 +48,7 @@ from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv, folded_outputs  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
-from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps, qkv_groups  # noqa: E402
+from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend import device_pipeline, greedy  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
@@ -127,10 +127,6 @@ FORMS = {
     # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
     "split_chain": (True, True, 0),
     "split_chain_ns32": (True, True, 0),  # the split chain with 32 splits (224 of its first two phases' blocks, not 352)
-    "late_wo": (True, True, 0),  # the chain's attention blocks load W_o after the walk's first group (attend_project.LATE_WO)
-    "late_wo_rif2": (True, True, 0),  # that, the walk's warps with two rows in flight
-    "walk_rif1": (True, True, 0),  # the QKV walk's warps with one / two rows in flight (qkv_groups.ROWS_IN_FLIGHT)
-    "walk_rif2": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -178,10 +174,6 @@ SWITCHES = {
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
     "split_chain_ns32": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPLITS", 32)),
-    "late_wo": ((attend_project, "LATE_WO", True),),
-    "late_wo_rif2": ((attend_project, "LATE_WO", True), (qkv_groups, "ROWS_IN_FLIGHT", 2)),
-    "walk_rif1": ((qkv_groups, "ROWS_IN_FLIGHT", 1),),
-    "walk_rif2": ((qkv_groups, "ROWS_IN_FLIGHT", 2),),
 }
 
 

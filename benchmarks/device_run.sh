@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, walk, split32, late_wo
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, split32
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -355,20 +355,6 @@ stage split_chain 540 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PRO
 stage timeline 240 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py;
   timeout 120 python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain --layers 12'
-# the QKV walk with two rows a warp in flight (STRATA_STAGES=walk; qkv_groups.ROWS_IN_FLIGHT): the
-# chain's GPU tests, its timeline in both forms twice (the outputs' bits compared), ncu's kernel sum a
-# token at 8 each way, then where the split attention's warps stall at 2048 (ncu's warp states)
-stage walk 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_phases.py;
-  timeout 80 python3 benchmarks/chain_timeline.py --contexts 8 --forms walk_rif1,walk_rif2,walk_rif1,walk_rif2 \
-    --layers 12 | grep -v "^JSON";
-  for f in walk_rif1 walk_rif2; do
-    timeout 70 ncu --profile-from-start off --graph-profiling node --clock-control none --metrics gpu__time_duration.sum \
-      --csv python3 benchmarks/graph_time.py --steps 8 --form $f 2>&1 \
-      | python3 benchmarks/graph_time.py --sum --steps 8 --label "8/$f/node" | grep -v "^==PROF==\|^==WARNING=="; done;
-  timeout 90 ncu --clock-control none -k regex:strata_attend_split --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-    python3 benchmarks/attend_context.py --ncu --contexts 2048 --forms split 2>&1 | grep -v "^==PROF==" | tail -n 90'
 # the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
 # the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
 # attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,
@@ -380,16 +366,6 @@ stage split32 560 bash -c 'timeout 80 python3 benchmarks/chain_timeline.py --con
   timeout 90 ncu --clock-control none -k regex:strata_attend_split --launch-skip 2 --launch-count 1 \
     --section WarpStateStats --section SourceCounters \
     python3 benchmarks/attend_context.py --ncu --contexts 2048 --forms split 2>&1 | grep -v "^==PROF==" | tail -n 70'
-# W_o's loads after the walk's first group (STRATA_STAGES=late_wo; attend_project.LATE_WO): the chain's
-# timeline with and without twice (the outputs' bits compared), ncu's kernel sum a token at 8 each
-# way, then decode at 8 in both forms alternating in one process
-stage late_wo 560 bash -c 'timeout 80 python3 benchmarks/chain_timeline.py --contexts 8 \
-    --forms default,late_wo,late_wo_rif2,default,late_wo,late_wo_rif2 --layers 12 | grep -v "^JSON";
-  for f in default late_wo; do
-    timeout 70 ncu --profile-from-start off --graph-profiling node --clock-control none --metrics gpu__time_duration.sum \
-      --csv python3 benchmarks/graph_time.py --steps 8 --form $f 2>&1 \
-      | python3 benchmarks/graph_time.py --sum --steps 8 --label "8/$f/node" | grep -v "^==PROF==\|^==WARNING=="; done;
-  for f in default late_wo default late_wo; do timeout 40 python3 benchmarks/graph_time.py --steps 48 --form $f | tail -n 2; done'
 # issue 19: does a matrix asked into L2 make the decode GEMV over it faster (STRATA_STAGES=l2_probe):
 # the QKV-shaped GEMV cold, warm, after a bulk / line prefetch and after a demand read, by ncu with
 # no cache flush between kernels

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from strata.mlx_backend.kernels import attend_project, emulate, moe_decode, phases, qkv_groups
+from strata.mlx_backend.kernels import attend_project, emulate, moe_decode, phases
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -173,46 +173,6 @@ def test_chained_decode_bit_for_bit_on_the_emulator(monkeypatch, chained):
         assert a.tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("chained, rows_in_flight", [("groups_router", 2), ("deferred", 2), ("groups_router", 3)])
-def test_the_walk_with_more_rows_in_flight_decodes_bit_for_bit(monkeypatch, chained, rows_in_flight):
-    """qkv_groups.ROWS_IN_FLIGHT > 1 (a warp's next groups' rows loaded ahead, in a ring), four KV
-    groups: the same sums in the same order as no chain, on the emulator."""
-    from strata.testing.mlx_params import random_params
-    from test_mlx_compiled import SMALL
-
-    monkeypatch.setattr(qkv_groups, "ROWS_IN_FLIGHT", rows_in_flight)
-    cfg = replace(SMALL, n_heads=8, n_kv_heads=4)
-    with using_path(KernelPath.EMULATED):
-        p = random_params(cfg, seed=21, pred_q8=False)
-        *apart, _ = _decode(p, None, monkeypatch)
-        *chain, n_chained = _decode(p, chained, monkeypatch)
-    assert n_chained == 3 * cfg.n_layers
-    for a, b in zip(apart, chain):
-        assert a.tobytes() == b.tobytes()
-
-
-@pytest.mark.parametrize("chained", ["groups", "groups_router", "deferred"])
-def test_late_w_o_loads_decode_bit_for_bit(monkeypatch, chained):
-    """attend_project.LATE_WO (each attention block's W_o loads after the walk's first group,
-    the walk phase 0 or, deferred, 1): the same bits as no chain, on the emulator."""
-    from strata.testing.mlx_params import random_params
-    from test_mlx_compiled import SMALL
-
-    late = {"groups": ("strata_chain_qkv_groups_attend_project_sum_late_wo0",),
-            "groups_router": ("strata_chain_qkv_groups_attend_project_sum_late_wo0_router",),
-            "deferred": ("strata_chain_qkv_groups_attend_project_sum_late_wo0_router",
-                         "strata_chain_moe_down_chained_qkv_groups_attend_project_sum_late_wo1_router")}[chained]
-    monkeypatch.setattr(attend_project, "LATE_WO", True)
-    with using_path(KernelPath.EMULATED):
-        p = random_params(SMALL, seed=21, pred_q8=False)
-        *apart, _ = _decode(p, None, monkeypatch)
-        before = sum(LAUNCHES[n] for n in late)
-        *chain, _ = _decode(p, chained, monkeypatch)
-    assert sum(LAUNCHES[n] for n in late) - before == 3 * SMALL.n_layers  # the late forms ran, a layer and token each
-    for a, b in zip(apart, chain):
-        assert a.tobytes() == b.tobytes()
-
-
 def test_a_deferred_down_step_of_16_rows_a_block_decodes_within_fast(monkeypatch):
     """moe_decode.DEFER_ROWS = 16 (the down phase's other block shape: a lane takes another share
     of its row, so its float32 sums go in another order) against no chain, emulated, within FAST."""
@@ -326,29 +286,19 @@ def test_the_chained_cuda_source_compiles(tmp_path):
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 
-@pytest.mark.parametrize("rows_in_flight, late_wo", [(1, False), (2, False), (1, True)])
-def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch, rows_in_flight, late_wo):
-    """The chained launch with the QKV GEMV walked by KV groups (a warp's rows in flight: 1 or 2;
-    W_o's loads after the walk's first group), compiled as the one above."""
+def test_the_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch):
+    """The chained launch with the QKV GEMV walked by KV groups, compiled as the one above."""
     from test_metal_compile import _check
 
     seen = []
     record = capturing(seen)
 
     monkeypatch.setattr(attend_project, "QKV_BY_GROUP", True)
-    monkeypatch.setattr(qkv_groups, "ROWS_IN_FLIGHT", rows_in_flight)
-    monkeypatch.setattr(attend_project, "LATE_WO", late_wo)
     h = 4
     with using_path(KernelPath.EMULATED):
         monkeypatch.setattr(phases, "launch", record)
         attend_project.qkv_attend_route(*zero_route_args(h, 2, 64, 256, 64, 16), 3, 1e-6, h)
-    body = seen[0][0].body
-    if late_wo:  # the wait for group 0's count, then W_o's loads, then the wait for the head's own group
-        assert seen[0][0].name == CHAINS["groups_router"].replace("_sum_", "_sum_late_wo0_")
-        first_wait = body.index("wait_count(chain_extra + 0u")
-        assert first_wait < body.index("wq[g] = *(") < body.index("wait_count(chain_extra + (bx / NRC)")
-    else:
-        assert len(seen) == 1 and seen[0][0].name == CHAINS["groups_router"]
+    assert len(seen) == 1 and seen[0][0].name == CHAINS["groups_router"]
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 

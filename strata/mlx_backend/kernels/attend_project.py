@@ -32,8 +32,6 @@ Grid: (H x ceil(D / NT), T) blocks of NT threads.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import mlx.core as mx
 import numpy as np
 
@@ -141,12 +139,6 @@ CHAIN_PREFETCH = 4
 WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention starts
 
 
-def wait_at(proj: LaunchSpec) -> int:
-    """Where a chained attend_project phase waits for its QKV rows: WAIT_AT, past the walk's first
-    group's wait in late_wo_source's body."""
-    return proj.src.body.index(W_O_PREFETCH) + WAIT_AT
-
-
 # The QKV GEMV of the chain walked KV group by KV group (kernels/qkv_groups.py): an attention block
 # waits for its own group's rows, not for the whole GEMV, so the first groups' attention overlaps
 # the last groups' reads. The outputs are bit for bit the plain chain's. Measured on the H200 (ncu,
@@ -180,7 +172,7 @@ def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.a
     """
     gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
                                 n_heads, pos, rotary_dim, gated)
-    qkv, *parts = phases.chain_all((gemv, proj), ({}, {"qkv": (0, 0)}), key=wo, waits=(0, wait_at(proj)),
+    qkv, *parts = phases.chain_all((gemv, proj), ({}, {"qkv": (0, 0)}), key=wo, waits=(0, WAIT_AT),
                                    **_group_waits(wqkv, kc, n_heads, gated, 2))
     return qkv, parts[-1]
 
@@ -204,40 +196,14 @@ def qkv_spec(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None, kc: mx.
 
 
 def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps, n_heads, pos,
-                   rotary_dim, gated, walk: int = 0) -> tuple[LaunchSpec, LaunchSpec]:
+                   rotary_dim, gated) -> tuple[LaunchSpec, LaunchSpec]:
     """The QKV GEMV's launch and attend_project's reading its output (a `phases.Pending`), as a
-    chain's phases `walk` and `walk` + 1 take them."""
+    chain's first two phases take them."""
     gemv = qkv_spec(wqkv, x, norm_w, bias, kc, eps, n_heads, gated)
-    by_group = walks_by_group(wqkv, kc, n_heads, gated)
     proj = attend_project(phases.Pending(gemv.output_shapes[0], mx.float32), q_norm, k_norm, rope_cos, rope_sin, kc, vc,
                           wo, pos0, eps, n_heads, pos=pos, rotary_dim=rotary_dim, gated=gated,
-                          prefetch=GROUP_PREFETCH if by_group else CHAIN_PREFETCH, spec=True)
-    if by_group and LATE_WO and proj.src is SUMMED_SOURCE:
-        proj = replace(proj, src=late_wo_source(walk))
+                          prefetch=GROUP_PREFETCH if walks_by_group(wqkv, kc, n_heads, gated) else CHAIN_PREFETCH, spec=True)
     return gemv, proj
-
-
-# In the chain with the walk by KV group, each attention block asks for its W_o rows only once the
-# walk's first group is done (its count, as the attention's own wait), not as it starts. Why: the
-# chain's timeline on the H200 (benchmarks/chain_timeline.py, context 8): the walk ended at 13.4 us
-# a layer, its first round (3.9 MB) queued behind the 10.5 MB of W_o every attention block asked
-# for at once, while W_o is first needed only after the block's attention, past the walk's end;
-# the walk's later rounds leave HBM room for W_o. Predicted: the walk ~3 us sooner, W_o still
-# there by the projection: ~2-4 us a layer. Only the loads' order changes: the same bits.
-LATE_WO = False
-
-
-def late_wo_source(walk: int) -> KernelSource:
-    """SUMMED_SOURCE with the wait for the walk's (chain phase `walk`) first KV group before its
-    W_o loads."""
-    hit = _late_wo_sources.get(walk)
-    if hit is None:
-        hit = _late_wo_sources[walk] = replace(SUMMED_SOURCE, name=f"{SUMMED_SOURCE.name}_late_wo{walk}",
-                                               body=qkv_groups.attend_wait(walk, "0u") + SUMMED_SOURCE.body)
-    return hit
-
-
-_late_wo_sources: dict[int, KernelSource] = {}
 
 
 # The router kernel as a third phase of that launch (phases.chain_all): its blocks issue their
@@ -274,15 +240,15 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
         raise ValueError("qkv_attend_route: a deferred down step needs the QKV walk by KV group (takes_deferred)")
     xin = phases.Pending(down.output_shapes[0], mx.float32) if down is not None else x
     gemv, proj = _chained_specs(wqkv, xin, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
-                                n_heads, pos, rotary_dim, gated, walk=0 if down is None else 1)
+                                n_heads, pos, rotary_dim, gated)
     route = router_kernel.router(xin, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None,
                                  None, eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
     if down is None:
-        specs, waits = [gemv, proj, route], [0, wait_at(proj), router_kernel.WAIT_AT]
+        specs, waits = [gemv, proj, route], [0, WAIT_AT, router_kernel.WAIT_AT]
         links = [{}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}]
         extra = _group_waits(wqkv, kc, n_heads, gated, 3)
     else:  # the down step first: the walk and the router read its output as their x
-        specs, waits = [down, gemv, proj, route], [0, qkv_groups.WAIT_AT, wait_at(proj), router_kernel.WAIT_AT]
+        specs, waits = [down, gemv, proj, route], [0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT]
         links = [{}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1), "x": (0, 0)}]
         extra = dict(custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
     return routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)

@@ -68,30 +68,28 @@ BODY = r"""
   const uint32_t t = 0;                   // the one token (dense_gemv's STAGE_X reads row t of x)
   const uint32_t j = bx * NW + warp_id;   // this warp's row of every group
   const uint32_t jr = j < (uint32_t)RG ? j : (uint32_t)(RG - 1);  // past RG: read a real row, store nothing
-  uint4 wv[RIF][GPL];  // RIF groups' rows in flight, group g's in wv[g % RIF]
-  UNROLL for (int r = 0; r < RIF && r < KVH; ++r) {  // the first RIF rows: in flight while x is staged and normed
-    const DEVICE half_t* row = w + (uint64_t)qkv_group_row((uint32_t)r, jr, G, HD, H, KVH) * C;
-    UNROLL for (int i = 0; i < GPL; ++i) {
-      const int g8 = (int)lane + 32 * i;
-      wv[r][i] = *(const DEVICE uint4*)(row + 8 * (g8 < GPR ? g8 : GPR - 1));
-    }
+  uint4 wv[GPL];
+  const DEVICE half_t* row = w + (uint64_t)qkv_group_row(0u, jr, G, HD, H, KVH) * C;
+  UNROLL for (int i = 0; i < GPL; ++i) {  // group 0's row: in flight while x is staged and normed
+    const int g8 = (int)lane + 32 * i;
+    wv[i] = *(const DEVICE uint4*)(row + 8 * (g8 < GPR ? g8 : GPR - 1));
   }
   STAGE_X
-  UNROLL for (int g = 0; g < KVH; ++g) {  // unrolled: wv's index is known where it is compiled
+  for (int g = 0; g < KVH; ++g) {
     warp_sync();  // a fence for the scheduler: the row's loads all issue before its FMAs
     float acc = 0.0f;
     UNROLL for (int i = 0; i < GPL; ++i) {
       const int g8 = (int)lane + 32 * i;
       if (g8 < GPR) {
-        const f8 wf = h8_f8(wv[g % RIF][i]);
+        const f8 wf = h8_f8(wv[i]);
         UNROLL for (int e = 0; e < 8; ++e) acc += wf.v[e] * xs[e * GPR + g8];
       }
     }
-    if (g + RIF < KVH) {  // group g + RIF's row in flight while this one's sum is reduced and published
-      const DEVICE half_t* row = w + (uint64_t)qkv_group_row((uint32_t)(g + RIF), jr, G, HD, H, KVH) * C;
+    if (g + 1 < KVH) {  // the next group's row in flight while this one's sum is reduced and published
+      row = w + (uint64_t)qkv_group_row((uint32_t)g + 1u, jr, G, HD, H, KVH) * C;
       UNROLL for (int i = 0; i < GPL; ++i) {
         const int g8 = (int)lane + 32 * i;
-        wv[g % RIF][i] = *(const DEVICE uint4*)(row + 8 * (g8 < GPR ? g8 : GPR - 1));
+        wv[i] = *(const DEVICE uint4*)(row + 8 * (g8 < GPR ? g8 : GPR - 1));
       }
     }
     const float a = warp_sum(acc);
@@ -106,15 +104,6 @@ BODY = r"""
 """
 
 BODY = expand(BODY, STAGE_X=dense_kernel.STAGE_X)
-
-# Rows a warp keeps in flight (RIF): 1, its next group's row loaded as it sums the current one; 2,
-# the one after that too. Why: the chain's timeline on the H200 (benchmarks/chain_timeline.py,
-# context 8) had the walk end at 13.4 us a layer: its first round waits behind W_o's 10.5 MB
-# (loaded by the attention blocks as they start) and each later round is one 5 KB row a warp, ~3.9
-# MB in flight over the grid, one HBM round trip each. With two rows a warp in flight the last
-# rounds overlap. The walk's 40 registers more stay under the attention phase's 116 (the chain
-# keeps 2 blocks an SM). The same sums in the same order: the same bits.
-ROWS_IN_FLIGHT = 1
 
 SOURCE = KernelSource("strata_qkv_groups", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY, HELPERS,
                       metal=False)
@@ -164,4 +153,4 @@ def qkv_groups(w: mx.array, x: mx.array, norm_w: mx.array | None, eps: float, bi
                                bias if has_bias else absent(np.float16), float_params(eps)),
                       ((1, r),), (mx.float32,), (blocks(n_heads, n_kv_heads, head_dim, gated), 1, 1), THREADS,
                       (("C", c), ("NORM", int(norm)), ("BIAS", int(has_bias)), ("NT", THREADS), ("H", n_heads),
-                       ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated)), ("RIF", ROWS_IN_FLIGHT)))
+                       ("KVH", n_kv_heads), ("HD", head_dim), ("GATE", int(gated))))
