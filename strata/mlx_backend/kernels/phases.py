@@ -25,6 +25,9 @@ grid-wide dependency, which one launch can hold without a grid barrier:
   snippet (`custom_waits`) that waits on one of them: kernels/qkv_groups.py counts a KV group's
   QKV rows so an attention block waits for its group alone, not for the whole GEMV.
 
+A chain's timeline (`stamping`): every block of a chain launched inside it also writes when it
+took its ticket, when its wait was met and when its body ended (benchmarks/chain_timeline.py).
+
 Bodies run unchanged inside a scope each, with their block index, inputs, outputs and template
 values as local aliases (the fused kernel's arguments are prefixed a_, b_, c_ ..., its template
 values A_, B_, ...). A body may not `return` (the block would skip its count). CUDA and the
