@@ -10,7 +10,9 @@ between them are left out), every block stamping when it took its ticket, when i
 and when its body ended. Per phase, over the launches after the first: its blocks' tickets, waits
 met and ends (median and last, us after the launch's first ticket, on the global clock), each
 block's wait and body in its SM's cycles (exact where the global clock is coarse), and between
-launches the gap from one launch's last end to the next one's first ticket; and whether the last
+launches the gap from one launch's last end to the next one's first ticket; with --marks, thread
+0's cycles at places inside the walk, the attention and the split attention (from its wait); and
+whether the last
 layer's outputs are bit for bit the first form's at the same context (forms that change no values).
 
     python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain
@@ -38,9 +40,28 @@ from _decode_kernels import SHAPE, SMALL  # noqa: E402
 from _measure import device_name, kernel_bench_path  # noqa: E402
 from decode_context import FORMS, switched  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV, attention_router, routes_with_attention  # noqa: E402
-from strata.mlx_backend.kernels import phases  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, attend_split, phases  # noqa: E402
 from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
+
+# --marks: places in a phase's body (a text there once) where thread 0 stamps its cycles, by phase
+# kernel name: (label, the text the mark goes before)
+MARKS = {
+    "strata_qkv_groups": (("x staged and normed", "  for (int g = 0; g < KVH; ++g) {\n"),),
+    "strata_attend_project_sum": (("attention made", attend_project.W_O_PROJECT),
+                                  ("W_o's rows summed", attend_project.SUM_EPILOGUE)),
+    "strata_attend_split_chained": (
+        ("q's row asked", "  if (qwarp) {  // attend's code"),
+        ("q normed and rotated", "  for (int ni = 0; ni < NEWMAX; ++ni) {  // ni: not i, which attend's pieces use\n"
+                                 "    const int32_t p = nlo + (0) * NEWMAX + ni;"),
+        ("the new position made", "  BARRIER();\n  float qv[HPB][EPL]"),
+        ("the cached rows scored", "  // the chunk's own positions, NEWMAX a round"),
+        ("the new rows scored", "  // the warps merged in a fixed order"),
+        ("the merge's barrier passed", "  for (uint32_t x = tid; x < (uint32_t)(HPB * HD); x += NT) {")),
+}
+if "  BARRIER();\n  float qv[HPB][EPL]" not in attend_split.CHAINED_BODY:
+    raise AssertionError("chain_timeline: attend_split's chained body no longer has its marks' texts")
+
 
 def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
     """One launch's stamps [blocks, STAMP_WORDS] (phases.ChainStamps) -> per phase: its blocks,
@@ -54,7 +75,10 @@ def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
     stats = (("median", np.median), ("last", np.max))
     for i in range(len(starts) - 1):
         at = slice(starts[i], starts[i + 1])
+        marks = [(stamps[at, 6 + k].astype(np.int64) - stamps[at, 3].astype(np.int64)) / 1000.0
+                 for k in range(phases.MAX_MARKS) if stamps[at, 6 + k].any()]
         rows.append({"blocks": starts[i + 1] - starts[i], "sms": int(len(np.unique(stamps[at, 5]))),
+                     "marks_kcyc_median": [float(np.median(m)) for m in marks],
                      **{f"{m}_{s}": float(f(rel[at, k])) for k, m in enumerate(("ticket", "waited", "ended"))
                         for s, f in stats},
                      **{f"{m}_kcyc_{s}": float(f(cyc[at, k])) for k, m in enumerate(("wait", "body"))
@@ -67,7 +91,7 @@ def launch_span(stamps: np.ndarray) -> tuple[int, int]:
     return int(stamps[:, 0].min()), int(stamps[:, 2].max())
 
 
-def run(form: str, context: int, layers: int, small: bool) -> dict:
+def run(form: str, context: int, layers: int, small: bool, marks: bool = False) -> dict:
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
     if context + 1 > cfg.max_context:
         return {"error": f"context {context} leaves no room for a token in the shape's {cfg.max_context} positions"}
@@ -84,7 +108,7 @@ def run(form: str, context: int, layers: int, small: bool) -> dict:
             return {"error": f"no chained attention + router at context {context} in form {form}"}
         launches = []
         for rep in range(2):  # the first evaluation holds the builds; the second is measured
-            with phases.stamping() as rec:
+            with phases.stamping({k: [a for _, a in v] for k, v in MARKS.items()} if marks else None) as rec:
                 h = x
                 for layer, lw in enumerate(p.layers):
                     h, _, z, _ = attention_router(cfg, lw.attn, kvs[layer], h, lw.ffn_norm, lw.router)
@@ -99,7 +123,11 @@ def run(form: str, context: int, layers: int, small: bool) -> dict:
     for i, name in enumerate(launches[0].phases):
         rows = [r[i] for r in per]
         phases_out.append({"phase": name, "blocks": rows[0]["blocks"], "sms": rows[0]["sms"],
-                           **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))}})
+                           **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))
+                              and k != "marks_kcyc_median"},
+                           "marks": [[label, float(np.median([r["marks_kcyc_median"][k] for r in rows]))]
+                                     for k, (label, _) in enumerate(MARKS.get(name, ()))
+                                     if k < len(rows[0]["marks_kcyc_median"])]})
     return {"outputs": hashlib.sha256(out_bytes).hexdigest()[:16], "launch_us": float(np.median(lens)), "gap_us": float(np.median(gaps)) if gaps else None,
             "phases": phases_out, "launches": len(launches)}
 
@@ -113,6 +141,9 @@ def main() -> int:
                     "(the module switches they flip; e.g. split_chain)")
     ap.add_argument("--layers", type=int, default=8, help="launches back to back (the first not counted)")
     ap.add_argument("--small", action="store_true", help="the smoke test's shape (the emulator off the GPU)")
+    ap.add_argument("--marks", action="store_true",
+                    help="thread 0 also stamps its cycles at places inside the walk, the attention and the split "
+                         "attention (MARKS), printed after the wait")
     args = ap.parse_args()
     forms = [f for f in args.forms.split(",") if f]
     bad = [f for f in forms if f != "default" and f not in FORMS]
@@ -128,7 +159,7 @@ def main() -> int:
     with using_path(path):
         for form in forms:
             for ctx in (int(c) for c in args.contexts.split(",") if c):
-                got = run(form, ctx, args.layers, args.small)
+                got = run(form, ctx, args.layers, args.small, args.marks)
                 res["runs"][f"{form}@{ctx}"] = got
                 if "error" in got:
                     print(f"{form} at context {ctx}: {got['error']}")
@@ -146,6 +177,9 @@ def main() -> int:
                           f"{ph['waited_last']:6.1f}   {ph['ended_median']:6.1f} {ph['ended_last']:6.1f}   "
                           f"{ph['wait_kcyc_median']:6.1f} {ph['wait_kcyc_last']:6.1f} / {ph['body_kcyc_median']:6.1f} "
                           f"{ph['body_kcyc_last']:6.1f}")
+                    if ph["marks"]:
+                        print("      from the wait (kcycles, median): "
+                              + ", ".join(f"{k} {v:.1f}" for k, v in ph["marks"]))
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
 

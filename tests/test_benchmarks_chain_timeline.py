@@ -19,7 +19,7 @@ from strata.mlx_backend.kernels import emulate  # noqa: E402
 
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler for the emulator")
 def test_the_timeline_reports_each_phase_in_order(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["chain_timeline.py", "--small", "--layers", "3", "--contexts", "8"])
+    monkeypatch.setattr(sys, "argv", ["chain_timeline.py", "--small", "--layers", "3", "--contexts", "8", "--marks"])
     assert chain_timeline.main() == 0
     out = capsys.readouterr().out
     res = json.loads(out.split("JSON ", 1)[1])
@@ -30,6 +30,9 @@ def test_the_timeline_reports_each_phase_in_order(capsys, monkeypatch):
     for a, b in zip(run["phases"], run["phases"][1:]):
         assert b["waited_median"] > a["ended_median"]  # a phase's wait is met after the one before ended
     assert all(p["blocks"] > 0 for p in run["phases"])
+    marks = dict(run["phases"][1]["marks"])  # the attention's, after its wait, in the body's order
+    assert [k for k, _ in run["phases"][1]["marks"]] == ["attention made", "W_o's rows summed"]
+    assert 0 < marks["attention made"] <= marks["W_o's rows summed"]
 
 
 def test_the_timeline_refuses_one_layer(capsys, monkeypatch):

@@ -316,6 +316,43 @@ def test_the_stamped_group_walk_chain_cuda_source_compiles(tmp_path, monkeypatch
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_the_timelines_marked_chains_cuda_sources_compile(tmp_path, monkeypatch, split):
+    """benchmarks/chain_timeline.py's marks: each of its texts found once in its phase's body (the
+    wait inserted), a stamp before each, in the short chain and the split chain, compiled as above."""
+    import sys
+    from pathlib import Path
+
+    from test_metal_compile import _check
+
+    from strata.mlx_backend.kernels import attend_split
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from chain_timeline import MARKS
+
+    seen = []
+    h = 4
+    monkeypatch.setattr(attend_split, "CHAIN_SPLIT", True)
+    with using_path(KernelPath.EMULATED), phases.stamping({k: [a for _, a in v] for k, v in MARKS.items()}):
+        monkeypatch.setattr(phases, "launch", capturing(seen))
+        if split:
+            attend_split.qkv_split_route(*zero_route_args(h, 2, 64, 256, 512, 16), 300, 1e-6, h)
+        else:
+            attend_project.qkv_attend_route(*zero_route_args(h, 2, 64, 256, 64, 16), 3, 1e-6, h)
+    body = seen[0][0].body
+    want = len(MARKS["strata_qkv_groups"]) + len(MARKS["strata_attend_split_chained" if split
+                                                     else "strata_attend_project_sum"])
+    assert body.count(f"chain_stamps[{phases.STAMP_WORDS}u * chain_vb + ") == want
+    assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
+
+
+def test_a_marks_text_must_be_in_its_body_once():
+    with pytest.raises(ValueError, match="0 times, not once"):
+        phases._marked("  int a = 0;\n", ["  int b"], "strata_test")
+    with pytest.raises(ValueError, match="at most"):
+        phases._marked("x", ["x"] * (phases.MAX_MARKS + 1), "strata_test")
+
+
 def test_the_deferred_down_chain_cuda_source_compiles(tmp_path, monkeypatch):
     """A layer's down step as the first phase of the next layer's chained launch (four phases),
     compiled as the ones above: the launches of a 2-layer model's decoded token captured."""

@@ -126,7 +126,10 @@ def _reset(n: int, extra: int) -> str:  # the last of the launch's blocks to lea
 # the ticket, when its wait was met (its ticket's time where it waits for nothing) and when its body
 # ended (before its count), on the GPU's global clock (shared by the SMs, coarse on some GPUs) and
 # as cycles of its SM's own clock after the ticket (exact), and its SM
-STAMP_WORDS = 6
+# ... and, at up to MAX_MARKS places in a phase's body (`stamping(marks=...)`), thread 0's cycles
+# after its ticket as it passes each (0: not passed)
+MAX_MARKS = 8
+STAMP_WORDS = 6 + MAX_MARKS
 _STAMPS_AT = r"""
   uint32_t* const chain_stamps = (uint32_t*)stamps;
   const uint32_t chain_t0 = clock_ns(), chain_c0 = clock_cycles();
@@ -143,6 +146,21 @@ _STAMP = f"""
 MAX_PHASES = MIN_INPUT_SIZE - 1  # the counters: a ticket, a count per phase but the last, the exits
 
 _sources: dict[tuple, KernelSource] = {}
+
+
+def _marked(body: str, anchors: Sequence[str], name: str) -> str:
+    """body with thread 0's cycles after its ticket stamped before each anchor (mark k into word
+    6 + k of its stamps)."""
+    if len(anchors) > MAX_MARKS:
+        raise ValueError(f"chain: at most {MAX_MARKS} marks a phase, got {len(anchors)} for {name}")
+    for k, anchor in enumerate(anchors):
+        if body.count(anchor) != 1:
+            raise ValueError(f"chain: a mark's text is in {name}'s body {body.count(anchor)} times, not once: "
+                             f"{anchor.strip()[:60]!r}")
+        at = body.index(anchor)
+        body = (body[:at] + f"  if (tid == 0) chain_stamps[{STAMP_WORDS}u * chain_vb + {6 + k}u] = "
+                f"clock_cycles() - chain_c0;\n" + body[at:])
+    return body
 
 
 def _prefix(i: int) -> str:
@@ -163,7 +181,8 @@ def _start(i: int) -> str:
 
 def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str, int, str], ...]],
                   templates: Sequence[Sequence[tuple[str, int]]], waits: Sequence[int],
-                  custom_waits: Sequence[str | None] = (), extra: int = 0, stamps: bool = False) -> KernelSource:
+                  custom_waits: Sequence[str | None] = (), extra: int = 0, stamps: bool = False,
+                  marks: Sequence[Sequence[str]] = ()) -> KernelSource:
     """The one-launch body of phases srcs[0], srcs[1], ... in that order. links[i]: (input of
     phase i, earlier phase j, output of phase j) triples, phase i reading that output for that
     input; waits[i]: the offset in phase i's body where it first needs them (0: at its start;
@@ -171,11 +190,13 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
     counted after their own wait, so every earlier phase is done too. custom_waits[i], where
     given and not None, is phase i's wait instead (it must hold the same promise: every output
     it reads written); extra: counters the bodies count into themselves (`chain_extra`); stamps:
-    the timeline's stamps written into a second input (`stamping`)."""
+    the timeline's stamps written into a second input (`stamping`); marks[i] (with stamps): texts
+    of phase i's body (each there once, its wait inserted), before each of which thread 0 stamps
+    its cycles."""
     n = len(srcs)
     custom_waits = tuple(custom_waits) + (None,) * (n - len(custom_waits))
     key = (tuple(srcs), tuple(links), tuple(tuple(k for k, _ in t) for t in templates), tuple(waits), custom_waits,
-           extra, stamps)
+           extra, stamps, tuple(tuple(m) for m in marks))
     hit = _sources.get(key)
     if hit is not None:
         return hit
@@ -202,6 +223,8 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         body = src.body
         if i > 0:
             body = body[:waits[i]] + (custom_waits[i] or _wait(i)) + (_STAMP_WAITED if stamps else "") + body[waits[i]:]
+        if stamps and i < len(marks):
+            body = _marked(body, marks[i], src.name)
         last = i == n - 1
         text += (("  if" if i == 0 else "  } else if") + f" (chain_vb < (uint32_t)CHAIN_S{i + 1}) {{\n" if not last
                  else "  } else {\n")
@@ -258,8 +281,9 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
 class ChainStamps:
     """One chain launch's timeline: stamps uint32 [blocks, STAMP_WORDS] (per ticket: the ticket
     taken, the wait met, the body ended, in the GPU's global ns (low 32 bits; the emulator counts
-    stamps); the wait met and the end in cycles of the block's SM after its ticket; the SM), read
-    after the launch is evaluated; starts: each phase's first ticket and the total; phases: the
+    stamps); the wait met and the end in cycles of the block's SM after its ticket; the SM; the
+    marks' cycles after the ticket, 0 where thread 0 did not pass one), read after the launch is
+    evaluated; starts: each phase's first ticket and the total; phases: the
     phases' kernel names."""
 
     stamps: mx.array
@@ -268,19 +292,23 @@ class ChainStamps:
 
 
 _stamping: list[ChainStamps] | None = None
+_marks: dict[str, tuple[str, ...]] = {}
 
 
 @contextmanager
-def stamping():
+def stamping(marks: dict[str, Sequence[str]] | None = None):
     """While active, every chain launch also writes its blocks' timeline, appended to the list
     this yields as a `ChainStamps` (benchmarks/chain_timeline.py: where a chain's time goes).
-    The stamped chains are their own builds; outputs are unchanged."""
-    global _stamping
-    prev, _stamping = _stamping, []
+    marks: by phase kernel name, texts of its body before which thread 0 stamps its cycles (the
+    marks' words of the stamps, in that order). The stamped chains are their own builds; outputs
+    are unchanged."""
+    global _stamping, _marks
+    prev, _stamping = (_stamping, _marks), []
+    _marks = {k: tuple(v) for k, v in (marks or {}).items()}
     try:
         yield _stamping
     finally:
-        _stamping = prev
+        _stamping, _marks = prev
 
 
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
@@ -317,7 +345,8 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
                 raise ValueError(f"chain: {s.src.name}'s {c} must be a Pending {want}, got {got!r}")
         named.append(tuple((c, j, specs[j].src.outputs[o]) for c, (j, o) in ln.items()))
     stamps = _stamping is not None
-    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra, stamps)
+    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra, stamps,
+                        [_marks.get(s.src.name, ()) for s in specs] if stamps else ())
     template, inputs, starts = [], [counters(key, use, len(specs) + 1 + extra)], [0]
     for i, (s, ln) in enumerate(zip(specs, links)):
         template += [(_prefix(i).upper() + k, v) for k, v in s.template]
