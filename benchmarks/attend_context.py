@@ -8,7 +8,7 @@ by W_o):
                   whole context walked in the block (the form at short contexts; any length here)
     split         kernels/attend_split.py: the split attend, then the merge inside W_o's blocks
                   (two launches: the default past attention.SPLIT_FROM positions)
-    split_ns32, split_ns128, split_pb2   the same with 32 / 128 splits, 2 rows a warp step
+    split_ns32, split_ns128, split_pb2, split_pb5   the same with 32 / 128 splits, 2 / 5 rows a warp step
     split_chunks  attend with CH = SPLIT_CHUNK, attend_merge, the W_o GEMV (three launches: the
                   form before attend_split)
 
@@ -54,7 +54,7 @@ SHAPE = replace(SEED_SHAPE, qk_norm=QKNorm.PER_HEAD)
 SMALL = replace(SHAPE, hidden_size=256, n_heads=8, n_kv_heads=2, head_dim=64, max_context=320)
 # name -> attend_split's (splits, rows a step) for the split forms; None: not attend_split
 FORMS = {"project": None, "split": (None, None), "split_ns32": (32, None), "split_ns128": (128, None),
-         "split_pb2": (None, 2), "split_chunks": None}
+         "split_pb2": (None, 2), "split_pb5": (None, 5), "split_chunks": None}
 
 
 def layer_inputs(cfg, length: int, seed: int, dtype=mx.float32) -> dict:

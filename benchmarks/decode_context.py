@@ -127,6 +127,10 @@ FORMS = {
     # past SPLIT_FROM: the QKV GEMV, the split attention, its merge and the router as one launch (attend_split.CHAIN_SPLIT)
     "split_chain": (True, True, 0),
     "split_chain_ns32": (True, True, 0),  # the split chain with 32 splits (224 of its first two phases' blocks, not 352)
+    # 5 rows a warp step in the split attention (attend_split.POSITIONS_PER_STEP; 4 by default): a split of
+    # 33 positions (2049 over 64) in one step of 8 warps, not two for warp 0; alone and in the split chain
+    "split_pb5": (True, True, 0),
+    "split_chain_pb5": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -174,6 +178,8 @@ SWITCHES = {
     "unpacked": ((moe_decode, "PACK_EXPERT_STEP", False),),
     "split_chain": ((attend_split, "CHAIN_SPLIT", True),),
     "split_chain_ns32": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPLITS", 32)),
+    "split_pb5": ((attend_split, "POSITIONS_PER_STEP", 5),),
+    "split_chain_pb5": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "POSITIONS_PER_STEP", 5)),
 }
 
 

@@ -126,8 +126,8 @@ def test_split_is_deterministic_and_agrees_with_one_block_per_head(small_chunks,
     assert_backends_agree(np.array(chunks[:, 0]), a.sum(axis=1), "FAST", what="merged in W_o's blocks vs chunks")
 
 
-@pytest.mark.parametrize("splits,rows,per_round", [(1, 4, 4), (7, 3, 2), (40, 4, 4)],
-                         ids=["one_split", "ragged", "mostly_empty"])
+@pytest.mark.parametrize("splits,rows,per_round", [(1, 4, 4), (7, 3, 2), (40, 4, 4), (3, 5, 4)],
+                         ids=["one_split", "ragged", "mostly_empty", "five_rows"])
 def test_every_step_shape_against_reference(small_chunks, monkeypatch, splits, rows, per_round):
     """attend_split's step shapes: one split (a warp takes two steps of rows, the second's loads
     issued after the first's update), splits that do not divide the context with 3 rows a step
