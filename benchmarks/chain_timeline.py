@@ -44,8 +44,8 @@ from strata.mlx_backend.kernels import attend_project, attend_split, phases  # n
 from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
 
-# --marks: places in a phase's body (a text there once) where thread 0 stamps its cycles, by phase
-# kernel name: (label, the text the mark goes before)
+# --marks: places in a phase's body (a text there once) where thread 0 stamps its cycles as it
+# first passes, by phase kernel name: (label, the text the mark goes before)
 MARKS = {
     "strata_qkv_groups": (("x staged and normed", "  for (int g = 0; g < KVH; ++g) {\n"),),
     "strata_attend_project_sum": (("attention made", attend_project.W_O_PROJECT),
@@ -55,6 +55,7 @@ MARKS = {
         ("q normed and rotated", "  for (int ni = 0; ni < NEWMAX; ++ni) {  // ni: not i, which attend's pieces use\n"
                                  "    const int32_t p = nlo + (0) * NEWMAX + ni;"),
         ("the new position made", "  BARRIER();\n  float qv[HPB][EPL]"),
+        ("the first step's rows scored", "    p0 += NW * PB;\n"),
         ("the cached rows scored", "  // the chunk's own positions, NEWMAX a round"),
         ("the new rows scored", "  // the warps merged in a fixed order"),
         ("the merge's barrier passed", "  for (uint32_t x = tid; x < (uint32_t)(HPB * HD); x += NT) {")),

@@ -127,7 +127,7 @@ def _reset(n: int, extra: int) -> str:  # the last of the launch's blocks to lea
 # ended (before its count), on the GPU's global clock (shared by the SMs, coarse on some GPUs) and
 # as cycles of its SM's own clock after the ticket (exact), and its SM
 # ... and, at up to MAX_MARKS places in a phase's body (`stamping(marks=...)`), thread 0's cycles
-# after its ticket as it passes each (0: not passed)
+# after its ticket as it first passes each (0: not passed)
 MAX_MARKS = 8
 STAMP_WORDS = 6 + MAX_MARKS
 _STAMPS_AT = r"""
@@ -150,7 +150,7 @@ _sources: dict[tuple, KernelSource] = {}
 
 def _marked(body: str, anchors: Sequence[str], name: str) -> str:
     """body with thread 0's cycles after its ticket stamped before each anchor (mark k into word
-    6 + k of its stamps)."""
+    6 + k of its stamps) the first time it passes there (an anchor in a loop: its first pass)."""
     if len(anchors) > MAX_MARKS:
         raise ValueError(f"chain: at most {MAX_MARKS} marks a phase, got {len(anchors)} for {name}")
     for k, anchor in enumerate(anchors):
@@ -158,8 +158,8 @@ def _marked(body: str, anchors: Sequence[str], name: str) -> str:
             raise ValueError(f"chain: a mark's text is in {name}'s body {body.count(anchor)} times, not once: "
                              f"{anchor.strip()[:60]!r}")
         at = body.index(anchor)
-        body = (body[:at] + f"  if (tid == 0) chain_stamps[{STAMP_WORDS}u * chain_vb + {6 + k}u] = "
-                f"clock_cycles() - chain_c0;\n" + body[at:])
+        word = f"chain_stamps[{STAMP_WORDS}u * chain_vb + {6 + k}u]"
+        body = body[:at] + f"  if (tid == 0 && {word} == 0u) {word} = clock_cycles() - chain_c0;\n" + body[at:]
     return body
 
 
