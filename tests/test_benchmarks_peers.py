@@ -28,8 +28,10 @@ def test_peers_small_runs_and_reports_every_row():
     assert set(res["ratios"]) == set(rows)
     if has_mlx_lm:
         assert all(res["ratios"][r] > 0 for r in rows)
+        assert res["all_at_least_2x"] is (min(res["ratios"].values()) >= 2)
     else:
         assert all(v is None for v in res["ratios"].values())
+        assert res["all_at_least_2x"] is None  # one side: no verdict
 
 
 def test_mlx_lm_model_files_load_without_its_tokenizer_imports():
@@ -59,6 +61,17 @@ def test_peers_in_processes_reports_medians_of_its_runs():
         assert res["median_s"]["strata"][row] == statistics.median([r[row] for r in runs]) > 0
     assert res["long_over_8"] == [r["decode at 32"] / r["decode at 8"] for r in runs]
     assert res["ratios"] == {k: None for k in res["median_s"]["strata"]}  # no mlx-lm side asked for
+    assert res["all_at_least_2x"] is None
+
+
+def test_the_2x_verdict_needs_every_ratio():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import peers
+
+    assert peers.at_least_2x({"decode at 8": 2.5, "prompt 512": 2.0}) is True
+    assert peers.at_least_2x({"decode at 8": 2.5, "prompt 512": 1.9}) is False
+    assert peers.at_least_2x({"decode at 8": 2.5, "prompt 512": None}) is None
+    assert peers.at_least_2x({}) is None
 
 
 def test_peers_refuses_fewer_than_one_process():
