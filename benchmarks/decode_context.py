@@ -131,6 +131,10 @@ FORMS = {
     # 33 positions (2049 over 64) in one step of 8 warps, not two for warp 0; alone and in the split chain
     "split_pb5": (True, True, 0),
     "split_chain_pb5": (True, True, 0),
+    # a step's scores summed at once, each divided and exponentiated by one lane (attend_split.SPREAD)
+    "split_spread": (True, True, 0),
+    "split_chain_spread": (True, True, 0),
+    "split_chain_pb5_spread": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {
@@ -180,6 +184,10 @@ SWITCHES = {
     "split_chain_ns32": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPLITS", 32)),
     "split_pb5": ((attend_split, "POSITIONS_PER_STEP", 5),),
     "split_chain_pb5": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "POSITIONS_PER_STEP", 5)),
+    "split_spread": ((attend_split, "SPREAD", True),),
+    "split_chain_spread": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPREAD", True)),
+    "split_chain_pb5_spread": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "POSITIONS_PER_STEP", 5),
+                               (attend_split, "SPREAD", True)),
 }
 
 

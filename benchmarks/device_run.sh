@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, split32, pb5
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, split32, split_steps
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -359,19 +359,20 @@ stage timeline 240 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFIL
 # (STRATA_STAGES=marks: chain_timeline.py --marks)
 stage marks 150 timeout 140 python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain \
   --layers 12 --marks
-# 5 rows a warp step in the split attention (STRATA_STAGES=pb5; for the next session: the marks put its
-# time in warp 0's second step of 4 rows at 33 positions a split): the split attention's GPU tests,
-# the split chain's timeline with marks at 4 and 5 rows, ncu of the attention alone in both, decode at
-# 8 and 2048 in the four forms alternating in one process
-stage pb5 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
+# the split attention's step for the next session (STRATA_STAGES=split_steps; the marks put its time in
+# its cached-rows loop): 5 rows a warp step (a 33-position split in one step: POSITIONS_PER_STEP) and a
+# step's scores summed at once (SPREAD), each off until this runs: the split attention's GPU tests (the
+# spread sum bit for bit), the split chain's timeline with marks in each form, then decode at 8 and
+# 2048 in the forms alternating in one process
+stage split_steps 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 120 python3 -m pytest -q \
   -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_mlx_attend_split.py;
-  timeout 90 python3 benchmarks/chain_timeline.py --contexts 2048 --forms split_chain,split_chain_pb5,split_chain,split_chain_pb5 \
-    --layers 12 --marks | grep -v "^JSON";
-  for f in split split_pb5; do timeout 60 ncu --clock-control none -k regex:strata_attend_split \
-    --metrics gpu__time_duration.sum,launch__registers_per_thread --csv python3 benchmarks/attend_context.py --ncu \
-    --contexts 2048 --forms $f 2>&1 | grep -v "^==PROF==" | tail -n 4; done;
-  timeout 170 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_pb5,split_chain,split_chain_pb5 \
-    --also 2048/split,2048/split_pb5,2048/split_chain,2048/split_chain_pb5 --tokens 32 | grep -v "^JSON"'
+  timeout 120 python3 benchmarks/chain_timeline.py --contexts 2048 \
+    --forms split_chain,split_chain_pb5,split_chain_spread,split_chain_pb5_spread,split_chain --layers 12 --marks \
+    | grep -v "^JSON";
+  timeout 250 python3 benchmarks/decode_context.py --contexts 8,2048 \
+    --forms split,split_pb5,split_spread,split_chain,split_chain_pb5_spread \
+    --also 2048/split,2048/split_pb5,2048/split_spread,2048/split_chain,2048/split_chain_pb5_spread --tokens 32 \
+    | grep -v "^JSON"'
 # the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
 # the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
 # attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,

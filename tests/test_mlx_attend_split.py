@@ -149,6 +149,57 @@ def test_every_step_shape_against_reference(small_chunks, monkeypatch, splits, r
             assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what="cached keys")
 
 
+@pytest.mark.parametrize("splits,rows,per_round,heads",
+                         [(1, 4, 4, 4), (7, 3, 2, 4), (3, 5, 4, 4), (2, 4, 4, 8), (2, 5, 4, 8)],
+                         ids=["two_steps", "ragged", "five_rows", "32_scores", "40_scores"])
+def test_scores_summed_at_once_give_the_same_bits(small_chunks, monkeypatch, splits, rows, per_round, heads):
+    """attend_split.SPREAD (a step's scores summed at once, each divided and exponentiated by one
+    lane, the values read from their lanes): the same outputs and cache, bit for bit, as each
+    score summed by its own warp_sum, on the emulator (whose warp_sum order the spread sum keeps;
+    CUDA's is its xor levels, which it keeps too). 8 heads a block: 32 scores a step with 4 rows
+    (every lane one), 40 with 5 (past a warp's 32: the other form)."""
+    monkeypatch.setattr(attend_split, "SPLITS", splits)
+    monkeypatch.setattr(attend_split, "POSITIONS_PER_STEP", rows)
+    monkeypatch.setattr(attend_split, "NEW_PER_ROUND", per_round)
+    cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=heads, n_kv_heads=1 if heads == 8 else 2, head_dim=32,
+                  qk_norm=QKNorm.PER_HEAD, max_context=40)
+    got = {}
+    for spread in (False, True):
+        monkeypatch.setattr(attend_split, "SPREAD", spread)
+        rng = np.random.default_rng([splits, rows, heads])
+        dense, w = _layer(cfg, rng)
+        with using_path(KernelPath.EMULATED):
+            got[spread] = [(np.array(out), np.array(keys)) for _, _, out, _, _, (keys, _) in
+                           _run(cfg, w, dense, rng, (33, 1, 3))]
+    assert len(got[True]) == 3
+    for (a, ka), (b, kb) in zip(got[False], got[True]):
+        assert a.tobytes() == b.tobytes() and ka.tobytes() == kb.tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [4, 5])
+def test_scores_summed_at_once_give_the_same_bits_on_the_gpu(monkeypatch, rows):
+    """SPREAD against each score's own warp_sum on the GPU at the seed shape's heads (16 q / 4 KV
+    of 128: 16 or 20 scores a step), bit for bit: warp_sum's xor levels kept."""
+    from strata.mlx_backend.kernels.launch import gpu_dialect
+
+    if gpu_dialect() is None:
+        pytest.skip("no MLX GPU here")
+    monkeypatch.setattr(attend_split, "POSITIONS_PER_STEP", rows)
+    cfg = replace(SHAPES["tiny"], hidden_size=2560, n_heads=16, n_kv_heads=4, head_dim=128, qk_norm=QKNorm.PER_HEAD,
+                  max_context=512)
+    got = {}
+    for spread in (False, True):
+        monkeypatch.setattr(attend_split, "SPREAD", spread)
+        rng = np.random.default_rng(rows)
+        dense, w = _layer(cfg, rng)
+        with using_path(KernelPath.GPU):
+            got[spread] = [(np.array(out), np.array(keys)) for _, _, out, _, _, (keys, _) in
+                           _run(cfg, w, dense, rng, (300, 1, 1, 3))]
+    for (a, ka), (b, kb) in zip(got[False], got[True]):
+        assert a.tobytes() == b.tobytes() and ka.tobytes() == kb.tobytes()
+
+
 def test_heads_per_block():
     assert attend_split.heads_per_block(16, 4, 128) == 4  # the seed shape: a KV head's 4 q heads in one block
     assert attend_split.heads_per_block(16, 4, 256) == 2  # HPB x HD <= MAX_HEAD_ROWS

@@ -59,7 +59,8 @@ import numpy as np
 from strata.mlx_backend.kernels import attend_project, merge_project, phases, qkv_groups
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import router as router_kernel
-from strata.mlx_backend.kernels.launch import absent, float_params, index_param
+from strata.mlx_backend.kernels.launch import KernelPath, absent, current_path, float_params, gpu_dialect, index_param
+from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
@@ -68,6 +69,17 @@ SPLITS = 64  # NS: 4 KV heads x 64 = 256 blocks at the seed shape (132 SMs); 32 
 POSITIONS_PER_STEP = 4  # PB: a warp's cached rows whose loads are in flight together
 MAX_HEAD_ROWS = 512  # HPB x HD: the block's q rows and each warp's accumulators in threadgroup memory
 NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded token: 1, in one round)
+# The block's scores summed at once and each divided and exponentiated in one lane (`_update`'s TR
+# form), not each summed by its own warp_sum and then divided and exponentiated by all 32 lanes.
+# Why: the chain's marks on the H200 put the split attention's time in its cached-rows loop (~10
+# kcycles a step of 4 rows x 4 heads at 4 warps a scheduler, ncu: 12.4 cycles between a warp's
+# instructions), where a step's 16 scores each take a 6-shuffle sum, an IEEE division and an
+# exponential on every lane: ~1400 instructions a warp; summed at once they take 16 + 1 shuffles,
+# and each lane divides and exponentiates one score: ~400. Predicted: the loop ~3x shorter,
+# ~5 us a layer at 2048 (to be measured: off until then). The same bits (the xor levels of
+# warp_sum; tests/test_mlx_attend_split.py on the emulator). CUDA and the emulator (Metal's
+# warp_sum is simd_sum, whose order this does not follow).
+SPREAD = False
 FUSED = True  # False: attend split by chunks, the merge and the W_o GEMV (the form before; benchmarks flip it)
 
 _BODY = r"""
@@ -203,8 +215,54 @@ UNROLL for (int b = 0; b < PB; ++b) {
 
 def _update(nb: str, valid: str) -> str:
     """The online softmax over nb rows in kr / vr for each of the block's heads (row b counts
-    where `valid`; the first always does)."""
+    where `valid`; the first always does). SPREAD (TR): the HPB nb scores summed at once
+    (`warp_sums_spread`), each lane dividing and exponentiating its own one, the values then read
+    from their lanes: the same operations on the same values in the same order, so the same bits."""
     return f"""
+if (TR && HPB * {nb} <= 32) {{
+  constexpr int NV = HPB * {nb};
+  constexpr int P2 = NV <= 1 ? 1 : NV <= 2 ? 2 : NV <= 4 ? 4 : NV <= 8 ? 8 : NV <= 16 ? 16 : 32;
+  constexpr int SH = P2 == 1 ? 5 : P2 == 2 ? 4 : P2 == 4 ? 3 : P2 == 8 ? 2 : P2 == 16 ? 1 : 0;
+  fx32 rv;
+  UNROLL for (int u = 0; u < HPB; ++u) {{
+    UNROLL for (int b = 0; b < {nb}; ++b) {{
+      float dot = 0.0f;
+      UNROLL for (int i = 0; i < EPL; ++i) dot += qv[u][i] * kr[b][i];
+      rv.v[u * {nb} + b] = dot;
+    }}
+  }}
+  UNROLL for (int v = NV; v < 32; ++v) rv.v[v] = 0.0f;
+  const int mv = (int)(lane >> SH);  // this lane's score: head mv / nb, row mv % nb
+  const float ms = warp_sums_spread(rv, P2, lane) / scale;
+  float mns[HPB];
+  float mmy = 0.0f;  // the running max of this lane's head
+  UNROLL for (int u = 0; u < HPB; ++u) {{
+    float mn = m[u];
+    UNROLL for (int b = 0; b < {nb}; ++b) {{
+      const float sb = ({valid}) ? shfl_f(ms, (uint32_t)((u * {nb} + b) << SH)) : NEG_BIG;
+      mn = sb > mn ? sb : mn;
+    }}
+    mns[u] = mn;
+    if (mv / {nb} == u) mmy = mn;
+  }}
+  float pmy;
+  {{
+    const int b = mv % {nb};
+    pmy = (mv < NV && ({valid})) ? exp_f(ms - mmy) : 0.0f;
+  }}
+  UNROLL for (int u = 0; u < HPB; ++u) {{
+    const float corr = exp_f(m[u] - mns[u]);
+    l[u] = l[u] * corr;
+    float pe[{nb}];
+    UNROLL for (int b = 0; b < {nb}; ++b) {{ pe[b] = shfl_f(pmy, (uint32_t)((u * {nb} + b) << SH)); l[u] += pe[b]; }}
+    UNROLL for (int i = 0; i < EPL; ++i) {{
+      float a = acc[u][i] * corr;
+      UNROLL for (int b = 0; b < {nb}; ++b) a += pe[b] * vr[b][i];
+      acc[u][i] = a;
+    }}
+    m[u] = mns[u];
+  }}
+}} else {{
 UNROLL for (int u = 0; u < HPB; ++u) {{
   float sc[{nb}];
   float mn = m[u];
@@ -225,6 +283,7 @@ UNROLL for (int u = 0; u < HPB; ++u) {{
     acc[u][i] = a;
   }}
   m[u] = mn;
+}}
 }}
 """
 
@@ -294,6 +353,11 @@ INLINE f4 load_kv4(const DEVICE half_t* p) { f4 r; for (int i = 0; i < 4; ++i) r
 ATTEND_SOURCE = KernelSource("strata_attend_split", ("qkv", "q_norm", "k_norm", "rope_cos", "rope_sin", "params",
                                                      "fparams", "kc", "vc"), ("part",), BODY, HELPERS)
 
+def spreads() -> bool:
+    """Whether the split attention sums a step's scores at once here (SPREAD, off Metal)."""
+    return SPREAD and not (current_path() is KernelPath.GPU and gpu_dialect() is Dialect.METAL)
+
+
 def heads_per_block(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
     """HPB: the largest power of two dividing the group (H / KVH) with HPB x HD <= MAX_HEAD_ROWS,
     at most a warp a head (q is made by warps 0 .. HPB - 1)."""
@@ -353,7 +417,7 @@ def _attend_spec(qkv, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
                       (("H", n_heads), ("KVH", kvh), ("HD", hd), ("S_MAX", s_max), ("QKN", int(qkn)),
                        ("RD", rd), ("GATE", int(gated)), ("NT", THREADS), ("KV16", int(kc.dtype == mx.float16)),
                        ("NS", splits), ("HPB", hpb), ("PB", positions_per_step), ("NEWMAX", NEW_PER_ROUND),
-                       ("FLAT", int(flat))))
+                       ("FLAT", int(flat)), ("TR", int(spreads()))))
 
 
 def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, attend: LaunchSpec,

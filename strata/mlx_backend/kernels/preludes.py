@@ -39,7 +39,12 @@ A kernel body (strata/mlx_backend/kernels/*.py) is written once against these na
                which their dot products read (a lane's C needs other lanes' B); CUDA: BREG_XCHG 0,
                publishing does nothing and b0, b1 go to `mma`
     shuffle    shfl_xor_f(x, m): lane ^ m's x; shfl_xor_fx16(v, m): lane ^ m's 16 floats (`fx16`, one
-               exchange on the emulator instead of 16); every lane of the warp calls them
+               exchange on the emulator instead of 16); shfl_f(x, src): lane src's x; every lane of
+               the warp calls them
+    sums       warp_sums_spread(v, p2, lane): warp_sum of each of p2 values (`fx32`, p2 a power of
+               two <= 32) at once, lane l holding value l >> (5 - log2 p2)'s, each warp_sum's bits
+               (CUDA, Metal: warp_sum's xor levels, halving the values a lane holds; the emulator:
+               its warp_sum's lane order)
     terms      split_h2(a, b): (hi, lo) float16 terms of a and b, each pair one word (a in the low
                half): lowp.py's hi = f16(x), lo = f16(x - hi)
     bytes      byte_perm(x, y, s): CUDA's __byte_perm (byte i of the result is byte s's nibble i of
@@ -167,6 +172,31 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
   return mma_16816(c, fa.a, fa.lda, fb.b + (uint32_t)(8 * j) * fb.ldb, fb.ldb, lane);
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
+INLINE float shfl_f(float x, uint32_t src) { return simd_shuffle(x, (ushort)src); }
+struct fx32 { float v[32]; };
+// warp_sum's xor levels 16 .. 1 over p2 values at once: a lane holding more than one keeps the half
+// its lane bit picks and adds its partner's copy of that half (own + partner, as warp_sum adds), so
+// each value's sum has warp_sum's bits, for p2 - 1 + 5 - log2 p2 shuffles in all instead of 6 p2
+INLINE float warp_sums_spread(fx32 v, int p2, uint32_t lane) {
+  int cnt = p2;
+  UNROLL for (int o = 16; o > 0; o >>= 1) {
+    if (cnt >= 2) {
+      const bool hi = (lane & (uint32_t)o) != 0u;
+      const int half = cnt / 2;
+      UNROLL for (int i = 0; i < 16; ++i) {
+        if (i < half) {
+          const float send = hi ? v.v[i] : v.v[i + half];
+          const float keep = hi ? v.v[i + half] : v.v[i];
+          v.v[i] = keep + shfl_xor_f(send, (uint32_t)o);
+        }
+      }
+      cnt = half;
+    } else {
+      v.v[0] += shfl_xor_f(v.v[0], (uint32_t)o);
+    }
+  }
+  return v.v[0];
+}
 #define BREG_XCHG 1
 struct u16w { uint32_t v[16]; };
 INLINE void breg_publish(threadgroup uint32_t* xw, u16w w, uint32_t lane) {
@@ -349,6 +379,31 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
   return c;
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
+INLINE float shfl_f(float x, uint32_t src) { return __shfl_sync(0xffffffffu, x, (int)src); }
+struct fx32 { float v[32]; };
+// warp_sum's xor levels 16 .. 1 over p2 values at once: a lane holding more than one keeps the half
+// its lane bit picks and adds its partner's copy of that half (own + partner, as warp_sum adds), so
+// each value's sum has warp_sum's bits, for p2 - 1 + 5 - log2 p2 shuffles in all instead of 6 p2
+INLINE float warp_sums_spread(fx32 v, int p2, uint32_t lane) {
+  int cnt = p2;
+  UNROLL for (int o = 16; o > 0; o >>= 1) {
+    if (cnt >= 2) {
+      const bool hi = (lane & (uint32_t)o) != 0u;
+      const int half = cnt / 2;
+      UNROLL for (int i = 0; i < 16; ++i) {
+        if (i < half) {
+          const float send = hi ? v.v[i] : v.v[i + half];
+          const float keep = hi ? v.v[i + half] : v.v[i];
+          v.v[i] = keep + shfl_xor_f(send, (uint32_t)o);
+        }
+      }
+      cnt = half;
+    } else {
+      v.v[0] += shfl_xor_f(v.v[0], (uint32_t)o);
+    }
+  }
+  return v.v[0];
+}
 #define BREG_XCHG 0
 struct u16w { uint32_t v[16]; };
 INLINE void breg_publish(uint32_t* xw, u16w w, uint32_t lane) {}  // the registers are the fragments
@@ -446,6 +501,27 @@ INLINE float shfl_xor_f(float x, uint32_t m) {  // through the block's per-threa
   c->blk->buf[c->tid] = x;
   c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
   const float r = c->blk->buf[(c->tid & ~31u) | ((c->tid & 31u) ^ m)];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  return r;
+}
+INLINE float shfl_f(float x, uint32_t src) {  // through the block's per-thread buffer, as shfl_xor_f
+  strata_emu::Ctx* c = strata_emu::ctx;
+  c->blk->buf[c->tid] = x;
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  const float r = c->blk->buf[(c->tid & ~31u) | (src & 31u)];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  return r;
+}
+struct fx32 { float v[32]; };
+INLINE float warp_sums_spread(fx32 v, int p2, uint32_t lane) {  // each value summed in warp_sum's (lane) order here
+  static float sb[1024 * 32];  // blocks run one after another: one buffer serves them all
+  strata_emu::Ctx* c = strata_emu::ctx;
+  for (int i = 0; i < p2; ++i) sb[c->tid * 32u + (uint32_t)i] = v.v[i];
+  c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
+  const int sh = p2 >= 32 ? 0 : p2 >= 16 ? 1 : p2 >= 8 ? 2 : p2 >= 4 ? 3 : p2 >= 2 ? 4 : 5;
+  const uint32_t idx = lane >> sh, base = c->tid & ~31u;
+  float r = sb[base * 32u + idx];
+  for (uint32_t k = 1; k < 32u; ++k) r += sb[(base + k) * 32u + idx];
   c->blk->warp_bars[c->tid >> 5]->arrive_and_wait();
   return r;
 }
