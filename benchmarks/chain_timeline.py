@@ -42,6 +42,7 @@ from decode_context import FORMS, switched  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV, attention_router, routes_with_attention  # noqa: E402
 from strata.mlx_backend.kernels import attend_project, attend_split, phases  # noqa: E402
 from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
+from strata.mlx_backend.model import layer_forward  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
 
 # --marks: places in a phase's body (a text there once) where thread 0 stamps its cycles as it
@@ -59,6 +60,14 @@ MARKS = {
         ("the cached rows scored", "  // the chunk's own positions, NEWMAX a round"),
         ("the new rows scored", "  // the warps merged in a fixed order"),
         ("the merge's barrier passed", "  for (uint32_t x = tid; x < (uint32_t)(HPB * HD); x += NT) {")),
+    # the expert step (--layer): gate/up after its ranking, its loads issued, x staged; down's codes
+    # issued, its sums done (a warp's), the rows' sums over the experts
+    "strata_moe_gateup": (("ranked (the slot known)", "  const uint32_t c = rb % NCH;\n"),
+                          ("gate/up codes asked", "  if (WE) {"),
+                          ("x staged", "  float ga[UPW], ua[UPW];")),
+    "strata_moe_down_warps": (("codes asked", "  float sp[SPW];\n"),
+                              ("a warp's sums done", "  UNROLL for (int m = RB; m < 32; m <<= 1) acc +="),
+                              ("summed over the experts", "  if (tid < (uint32_t)RB) {")),
 }
 if "  BARRIER();\n  float qv[HPB][EPL]" not in attend_split.CHAINED_BODY:
     raise AssertionError("chain_timeline: attend_split's chained body no longer has its marks' texts")
@@ -92,7 +101,27 @@ def launch_span(stamps: np.ndarray) -> tuple[int, int]:
     return int(stamps[:, 0].min()), int(stamps[:, 2].max())
 
 
-def run(form: str, context: int, layers: int, small: bool, marks: bool = False) -> dict:
+def kind_rows(launches: list) -> dict:
+    """The launches of one kind (the same phases), the first left out where there are more: the
+    median launch (first ticket to last end, us) and each phase's medians over them."""
+    use = launches[1:] or launches
+    per = [phase_rows(np.array(c.stamps), c.starts) for c in use]
+    lens = [((e - b) % 2 ** 32) / 1000.0 for b, e in (launch_span(np.array(c.stamps)) for c in use)]
+    out = []
+    for i, name in enumerate(launches[0].phases):
+        rows = [r[i] for r in per]
+        out.append({"phase": name, "blocks": rows[0]["blocks"], "sms": rows[0]["sms"],
+                    **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))
+                       and k != "marks_kcyc_median"},
+                    "marks": [[label, float(np.median([r["marks_kcyc_median"][k] for r in rows]))]
+                              for k, (label, _) in enumerate(MARKS.get(name, ()))
+                              if k < len(rows[0]["marks_kcyc_median"])]})
+    return {"launches": len(launches), "launch_us": float(np.median(lens)), "phases": out}
+
+
+def run(form: str, context: int, layers: int, small: bool, marks: bool = False, whole: bool = False) -> dict:
+    """The timeline of `layers` decoded layers back to back: their chained attention launches, or
+    (whole) each whole layer (`layer_forward`: the chain, then the expert step's launches)."""
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
     if context + 1 > cfg.max_context:
         return {"error": f"context {context} leaves no room for a token in the shape's {cfg.max_context} positions"}
@@ -110,27 +139,29 @@ def run(form: str, context: int, layers: int, small: bool, marks: bool = False) 
         launches = []
         for rep in range(2):  # the first evaluation holds the builds; the second is measured
             with phases.stamping({k: [a for _, a in v] for k, v in MARKS.items()} if marks else None) as rec:
-                h = x
+                h, z = x, x
                 for layer, lw in enumerate(p.layers):
-                    h, _, z, _ = attention_router(cfg, lw.attn, kvs[layer], h, lw.ffn_norm, lw.router)
+                    if whole:
+                        h, _ = layer_forward(p, layer, kvs[layer], h)
+                    else:
+                        h, _, z, _ = attention_router(cfg, lw.attn, kvs[layer], h, lw.ffn_norm, lw.router)
                 mx.eval(h, z)
             launches = rec
     out_bytes = np.array(h).tobytes() + np.array(z).tobytes()  # the last layer's: each form's bits against the first's
-    per = [phase_rows(np.array(c.stamps), c.starts) for c in launches[1:]]
+    kinds: dict[tuple, list] = {}
+    for c in launches:
+        kinds.setdefault(c.phases, []).append(c)
     spans = [launch_span(np.array(c.stamps)) for c in launches]
-    gaps = [((b[0] - a[1]) % 2 ** 32) / 1000.0 for a, b in zip(spans, spans[1:])]
-    lens = [((s[1] - s[0]) % 2 ** 32) / 1000.0 for s in spans[1:]]
-    phases_out = []
-    for i, name in enumerate(launches[0].phases):
-        rows = [r[i] for r in per]
-        phases_out.append({"phase": name, "blocks": rows[0]["blocks"], "sms": rows[0]["sms"],
-                           **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))
-                              and k != "marks_kcyc_median"},
-                           "marks": [[label, float(np.median([r["marks_kcyc_median"][k] for r in rows]))]
-                                     for k, (label, _) in enumerate(MARKS.get(name, ()))
-                                     if k < len(rows[0]["marks_kcyc_median"])]})
-    return {"outputs": hashlib.sha256(out_bytes).hexdigest()[:16], "launch_us": float(np.median(lens)), "gap_us": float(np.median(gaps)) if gaps else None,
-            "phases": phases_out, "launches": len(launches)}
+    gaps: dict[str, list] = {}
+    for a, b, ca, cb in zip(spans, spans[1:], launches, launches[1:]):
+        gaps.setdefault(f"{_kind_name(ca.phases)} -> {_kind_name(cb.phases)}", []).append(((b[0] - a[1]) % 2 ** 32) / 1000.0)
+    return {"outputs": hashlib.sha256(out_bytes).hexdigest()[:16], "launches": len(launches),
+            "kinds": {_kind_name(k): kind_rows(v) for k, v in kinds.items()},
+            "gaps_us": {k: float(np.median(v)) for k, v in gaps.items()}}
+
+
+def _kind_name(kind: tuple) -> str:
+    return " + ".join(n.removeprefix("strata_") for n in kind)
 
 
 def main() -> int:
@@ -142,6 +173,9 @@ def main() -> int:
                     "(the module switches they flip; e.g. split_chain)")
     ap.add_argument("--layers", type=int, default=8, help="launches back to back (the first not counted)")
     ap.add_argument("--small", action="store_true", help="the smoke test's shape (the emulator off the GPU)")
+    ap.add_argument("--layer", action="store_true",
+                    help="whole decoded layers (the chain, then the expert step's launches, each stamped), not "
+                         "only the chains: each launch kind's phases and the gaps between launches")
     ap.add_argument("--marks", action="store_true",
                     help="thread 0 also stamps its cycles at places inside the walk, the attention and the split "
                          "attention (MARKS), printed after the wait")
@@ -160,27 +194,31 @@ def main() -> int:
     with using_path(path):
         for form in forms:
             for ctx in (int(c) for c in args.contexts.split(",") if c):
-                got = run(form, ctx, args.layers, args.small, args.marks)
+                got = run(form, ctx, args.layers, args.small, args.marks, args.layer)
                 res["runs"][f"{form}@{ctx}"] = got
                 if "error" in got:
                     print(f"{form} at context {ctx}: {got['error']}")
                     continue
                 first = next(r for k, r in res["runs"].items() if k.endswith(f"@{ctx}") and "outputs" in r)
                 got["same_bits_as_first_form"] = got["outputs"] == first["outputs"]
-                print(f"{form} at context {ctx}: a launch {got['launch_us']:.1f} us from its first ticket to its "
-                      f"last end, {got['gap_us']:.1f} us from one launch's last end to the next one's first ticket; "
-                      f"the outputs bit for bit the first form's: {got['same_bits_as_first_form']}")
-                print(f"  {'phase':<36} {'blocks':>6} {'SMs':>4}  ticket med/last  waited med/last   ended med/last (us)"
-                      "   wait / body med/max (kcycles)")
-                for ph in got["phases"]:
-                    print(f"  {ph['phase']:<36} {ph['blocks']:>6} {ph['sms']:>4}  "
-                          f"{ph['ticket_median']:6.1f} {ph['ticket_last']:6.1f}   {ph['waited_median']:6.1f} "
-                          f"{ph['waited_last']:6.1f}   {ph['ended_median']:6.1f} {ph['ended_last']:6.1f}   "
-                          f"{ph['wait_kcyc_median']:6.1f} {ph['wait_kcyc_last']:6.1f} / {ph['body_kcyc_median']:6.1f} "
-                          f"{ph['body_kcyc_last']:6.1f}")
-                    if ph["marks"]:
-                        print("      from the wait (kcycles, median): "
-                              + ", ".join(f"{k} {v:.1f}" for k, v in ph["marks"]))
+                print(f"{form} at context {ctx}: {got['launches']} launches; the outputs bit for bit the first "
+                      f"form's: {got['same_bits_as_first_form']}")
+                for kind, k in got["kinds"].items():
+                    print(f"  {kind}: {k['launches']} launches, {k['launch_us']:.1f} us from the first ticket to the "
+                          f"last end")
+                    print(f"    {'phase':<34} {'blocks':>6} {'SMs':>4}  ticket med/last  waited med/last   "
+                          "ended med/last (us)   wait / body med/max (kcycles)")
+                    for ph in k["phases"]:
+                        print(f"    {ph['phase']:<34} {ph['blocks']:>6} {ph['sms']:>4}  "
+                              f"{ph['ticket_median']:6.1f} {ph['ticket_last']:6.1f}   {ph['waited_median']:6.1f} "
+                              f"{ph['waited_last']:6.1f}   {ph['ended_median']:6.1f} {ph['ended_last']:6.1f}   "
+                              f"{ph['wait_kcyc_median']:6.1f} {ph['wait_kcyc_last']:6.1f} / "
+                              f"{ph['body_kcyc_median']:6.1f} {ph['body_kcyc_last']:6.1f}")
+                        if ph["marks"]:
+                            print("        from the wait (kcycles, median): "
+                                  + ", ".join(f"{m} {v:.1f}" for m, v in ph["marks"]))
+                print("  from one launch's last end to the next one's first ticket (us, median): "
+                      + "; ".join(f"{k} {v:.1f}" for k, v in got["gaps_us"].items()))
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0
 

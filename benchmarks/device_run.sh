@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, split32, split_steps
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -359,6 +359,11 @@ stage timeline 240 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFIL
 # (STRATA_STAGES=marks: chain_timeline.py --marks)
 stage marks 150 timeout 140 python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain \
   --layers 12 --marks
+# whole decoded layers (STRATA_STAGES=layer_timeline): the chain and the expert step's two launches
+# each stamped, with marks, and the gaps between launches, at 8 and 2048 (the default 6-launch split
+# past SPLIT_FROM has no chain: the split chain's form there)
+stage layer_timeline 200 timeout 190 python3 benchmarks/chain_timeline.py --contexts 8,2048 \
+  --forms default,split_chain --layers 12 --layer --marks
 # the split attention's step for the next session (STRATA_STAGES=split_steps; the marks put its time in
 # its cached-rows loop): 5 rows a warp step (a 33-position split in one step: POSITIONS_PER_STEP) and a
 # step's scores summed at once (SPREAD), each off until this runs: the split attention's GPU tests (the

@@ -24,15 +24,33 @@ def test_the_timeline_reports_each_phase_in_order(capsys, monkeypatch):
     out = capsys.readouterr().out
     res = json.loads(out.split("JSON ", 1)[1])
     run = res["runs"]["default@8"]
-    assert run["launches"] == 3
-    names = [p["phase"] for p in run["phases"]]
+    assert run["launches"] == 3 and run["same_bits_as_first_form"]
+    (kind, chain), = run["kinds"].items()
+    assert kind == "qkv_groups + attend_project_sum + router" and chain["launches"] == 3
+    names = [p["phase"] for p in chain["phases"]]
     assert names == ["strata_qkv_groups", "strata_attend_project_sum", "strata_router"]
-    for a, b in zip(run["phases"], run["phases"][1:]):
+    for a, b in zip(chain["phases"], chain["phases"][1:]):
         assert b["waited_median"] > a["ended_median"]  # a phase's wait is met after the one before ended
-    assert all(p["blocks"] > 0 for p in run["phases"])
-    marks = dict(run["phases"][1]["marks"])  # the attention's, after its wait, in the body's order
-    assert [k for k, _ in run["phases"][1]["marks"]] == ["attention made", "W_o's rows summed"]
+    assert all(p["blocks"] > 0 for p in chain["phases"])
+    marks = dict(chain["phases"][1]["marks"])  # the attention's, after its wait, in the body's order
+    assert [k for k, _ in chain["phases"][1]["marks"]] == ["attention made", "W_o's rows summed"]
     assert 0 < marks["attention made"] <= marks["W_o's rows summed"]
+
+
+@pytest.mark.skipif(not emulate.available(), reason="no C++ compiler for the emulator")
+def test_whole_layers_stamp_the_expert_launches_and_the_gaps(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["chain_timeline.py", "--small", "--layers", "2", "--contexts", "8", "--layer",
+                                      "--marks"])
+    assert chain_timeline.main() == 0
+    run = json.loads(capsys.readouterr().out.split("JSON ", 1)[1])["runs"]["default@8"]
+    assert run["launches"] == 6  # a chain, gate/up and down a layer
+    assert set(run["kinds"]) == {"qkv_groups + attend_project_sum + router", "moe_gateup", "moe_down_warps"}
+    assert set(run["gaps_us"]) == {"qkv_groups + attend_project_sum + router -> moe_gateup",
+                                   "moe_gateup -> moe_down_warps",
+                                   "moe_down_warps -> qkv_groups + attend_project_sum + router"}
+    gateup = run["kinds"]["moe_gateup"]["phases"][0]["marks"]
+    assert [k for k, _ in gateup] == ["ranked (the slot known)", "gate/up codes asked", "x staged"]
+    assert [v for _, v in gateup] == sorted(v for _, v in gateup)
 
 
 def test_the_timeline_refuses_one_layer(capsys, monkeypatch):

@@ -101,9 +101,10 @@ def test_one_unread_output_is_not_folded():
     assert outs[0] is None and outs[1] is None and outs[2] is not None
 
 
-def _decoded(p, monkeypatch, switch: tuple, launcher, side: str):
+def _decoded(p, monkeypatch, switch: tuple, launcher, side: str, name: str | None = None):
     """test_mlx_compiled.greedy_steps with `switch` (module, name, value) set -> (its arrays, the
-    `side` ("inputs" / "outputs") of every source `launcher`'s module launched)."""
+    `side` ("inputs" / "outputs") of every source `launcher`'s module launched (named `name`, where
+    given))."""
     from test_mlx_compiled import greedy_steps
 
     monkeypatch.setattr(*switch)
@@ -111,7 +112,8 @@ def _decoded(p, monkeypatch, switch: tuple, launcher, side: str):
     real = launcher.launch
 
     def record(src, *a, **kw):
-        seen.append(getattr(src, side))
+        if name is None or src.name == name:
+            seen.append(getattr(src, side))
         return real(src, *a, **kw)
 
     monkeypatch.setattr(launcher, "launch", record)
@@ -120,7 +122,8 @@ def _decoded(p, monkeypatch, switch: tuple, launcher, side: str):
     return out, seen
 
 
-def _same_bits_either_way(path, monkeypatch, shared: bool, flag: tuple, launcher, side: str) -> tuple[list, list]:
+def _same_bits_either_way(path, monkeypatch, shared: bool, flag: tuple, launcher, side: str,
+                          name: str | None = None) -> tuple[list, list]:
     """A decoded token with `flag` (module, name) off and on, the same bits either way -> what
     `launcher`'s module launched, off and on (`_decoded`)."""
     from dataclasses import replace
@@ -131,8 +134,8 @@ def _same_bits_either_way(path, monkeypatch, shared: bool, flag: tuple, launcher
     cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
     with using_path(path):
         p = random_params(cfg, seed=29, pred_q8=False)
-        off, off_seen = _decoded(p, monkeypatch, (*flag, False), launcher, side)
-        on, on_seen = _decoded(p, monkeypatch, (*flag, True), launcher, side)
+        off, off_seen = _decoded(p, monkeypatch, (*flag, False), launcher, side, name)
+        on, on_seen = _decoded(p, monkeypatch, (*flag, True), launcher, side, name)
     for a, b in zip(off, on):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     return off_seen, on_seen
@@ -170,7 +173,7 @@ def _packed_same_bits(path, monkeypatch, shared: bool):
     """moe_decode.PACK_EXPERT_STEP: gate/up's outputs all in its folded buffer, the down step in
     warps reading hpre, hws, sel, wsel (and the shared expert's partials and gate) from it."""
     plain_seen, packed_seen = _same_bits_either_way(path, monkeypatch, shared, (moe_decode, "PACK_EXPERT_STEP"),
-                                                    moe_down_warps, "inputs")
+                                                    phases, "inputs", moe_down_warps.SOURCE.name)
     assert plain_seen and all("hpre" in i and "packed" not in i for i in plain_seen)
     read = ("hpre", "hws", "sel", "wsel") + (("sout", "sgate") if shared else ())
     assert packed_seen and all(i[-1] == "packed" and not set(read) & set(i) for i in packed_seen)

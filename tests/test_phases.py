@@ -89,6 +89,63 @@ def test_a_stamped_chain_writes_every_blocks_timeline_and_the_same_outputs():
     assert (st[:na, 3] == 0).all() and (st[na:, 3] > 0).all()  # cycles to the wait: none where none is
 
 
+def test_a_stamped_decode_stamps_the_expert_launches_too_and_changes_no_bits():
+    """Inside phases.stamping a decoded token's one-row launches through phases.run (the expert
+    step's gate/up and down) are stamped as well as its chains, in launch order; the same bits."""
+    from strata.mlx_backend.kernels import moe_down_warps
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL, greedy_steps
+
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL, seed=21, pred_q8=False)
+        plain = greedy_steps(p, steps=1)
+        with phases.stamping() as rec:
+            stamped = greedy_steps(p, steps=1)
+    for a, b in zip(plain, stamped):
+        assert a.tobytes() == b.tobytes()
+    names = [c.phases[0] for c in rec if len(c.phases) == 1]
+    assert "strata_moe_gateup" in names and moe_down_warps.SOURCE.name in names
+    down = next(c for c in rec if c.phases == (moe_down_warps.SOURCE.name,))
+    st = np.array(down.stamps).astype(np.int64)
+    assert down.starts == (0, len(st)) and (st[:, 0] <= st[:, 2]).all() and (np.diff(st[:, 0]) > 0).all()
+
+
+def test_the_stamped_expert_launches_cuda_sources_compile(tmp_path, monkeypatch):
+    """The expert step's stamped builds with benchmarks/chain_timeline.py's marks (gate/up, down),
+    as a decoded token launches them, compiled as the chains above."""
+    import sys
+    from pathlib import Path
+
+    from test_metal_compile import _check
+
+    from strata.mlx_backend import model as mlx_model
+    from strata.mlx_backend.kernels import moe_down_warps
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import PROMPT, SMALL
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from chain_timeline import MARKS
+
+    seen = []
+    with using_path(KernelPath.EMULATED):
+        p = random_params(SMALL, seed=21, pred_q8=False)
+        _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(SMALL), PROMPT)
+        with phases.stamping({k: [a for _, a in v] for k, v in MARKS.items()}):
+            monkeypatch.setattr(phases, "launch", capturing(seen))
+            mlx_model.forward(p, state, np.array([3]))
+    want = {"strata_moe_gateup_stamped", moe_down_warps.SOURCE.name + "_stamped"}
+    got = {k[0].name: k for k in seen if k[0].name in want}
+    assert set(got) == want
+    for key in got.values():
+        assert key[0].body.count(f"chain_stamps[{phases.STAMP_WORDS}u * chain_vb + ") == 2 * 3  # 3 marks each
+        assert _check(tmp_path, Dialect.CUDA, key) is None
+
+
+def test_a_body_that_returns_is_not_stamped():
+    with pytest.raises(ValueError, match="returns"):
+        phases.stamped_single(replace(PRODUCER, name="strata_test_returns", body=PRODUCER.body + "  return;\n"))
+
+
 def test_an_unmet_wait_is_an_error_on_the_emulator():
     """Counters left non-zero (a chain's reset broken) hand out tickets from 2: one producer block
     runs, and the consumers' wait for 3 fails loudly instead of reading an unwritten output."""

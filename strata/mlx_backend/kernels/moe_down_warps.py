@@ -33,8 +33,8 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.kernels import moe
-from strata.mlx_backend.kernels.folded_outputs import folded_launch
-from strata.mlx_backend.kernels.launch import absent, as_f32, launch
+from strata.mlx_backend.kernels.launch import absent, as_f32
+from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
 
@@ -160,6 +160,6 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
                 ("GATED", int(sgate is not None and nsb > 0)),
                 ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
     # hpre .. sgate may be folded_outputs.Region of the gate/up launch's buffer (moe_decode.PACK_EXPERT_STEP)
-    return folded_launch(launch, SOURCE, [arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
-                                          none if sgate is None else sgate], [(t, rec.hidden)], [mx.float32],
-                         blocks=(rec.hidden // rows, t, 1), threads=WARP * k, template=template)[0]
+    return run(LaunchSpec(SOURCE, (arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
+                                   none if sgate is None else sgate), ((t, rec.hidden),), (mx.float32,),
+                          (rec.hidden // rows, t, 1), WARP * k, template))[0]

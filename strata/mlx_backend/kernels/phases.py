@@ -78,6 +78,9 @@ class LaunchSpec:
 
 
 def run(spec: LaunchSpec) -> list:
+    """Launch one spec (inside `stamping`, where it can: its stamped build, `stamped_single`)."""
+    if _stamping is not None and spec.blocks[1:] == (1, 1) and available():
+        return _run_stamped(spec)
     return folded_launch(launch, spec.src, list(spec.inputs), list(spec.output_shapes), list(spec.output_dtypes),
                          blocks=spec.blocks, threads=spec.threads, template=spec.template, fold=spec.fold,
                          regions=spec.regions)
@@ -277,6 +280,37 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
     return hit
 
 
+_single: dict[tuple, KernelSource] = {}
+
+
+def stamped_single(src: KernelSource, marks: Sequence[str] = ()) -> KernelSource:
+    """One kernel's stamped build for the timeline (`stamping`): its blocks take tickets as a
+    chain's do (a block runs as block `ticket`: its blocks are independent, so any order is the
+    same launch) and write their stamps; its wait is its start. One row of blocks."""
+    key = (src, tuple(marks))
+    hit = _single.get(key)
+    if hit is None:
+        if re.search(r"\breturn\b", src.body):
+            raise ValueError(f"stamping: {src.name}'s body returns (a block would skip its stamps and count)")
+        body = _marked(src.body, marks, src.name) if marks else src.body
+        text = (_TICKET + _STAMPS_AT + "  {\n    const uint32_t bx = chain_vb;\n    {\n" + body + "\n    }\n  }\n"
+                + _STAMP + _reset(1, 0))
+        hit = _single[key] = KernelSource(src.name + "_stamped", ("counters", "stamps") + tuple(src.inputs),
+                                          src.outputs, text, src.helpers, metal=False)
+    return hit
+
+
+def _run_stamped(spec: LaunchSpec) -> list:
+    src = stamped_single(spec.src, _marks.get(spec.src.name, ()))
+    n = spec.blocks[0]
+    stamp = mx.array(np.zeros((n, STAMP_WORDS), np.uint32))
+    _stamping.append(ChainStamps(stamp, (0, n), (spec.src.name,)))
+    ctr = counters(stamp, "stamped " + spec.src.name)  # keyed by this launch's own stamps: never shared
+    return folded_launch(launch, src, [ctr, stamp] + list(spec.inputs), list(spec.output_shapes),
+                         list(spec.output_dtypes), blocks=spec.blocks, threads=spec.threads,
+                         template=tuple(spec.template) + (("CHAIN_NTOT", n),), fold=spec.fold, regions=spec.regions)
+
+
 @dataclass(frozen=True)
 class ChainStamps:
     """One chain launch's timeline: stamps uint32 [blocks, STAMP_WORDS] (per ticket: the ticket
@@ -297,8 +331,9 @@ _marks: dict[str, tuple[str, ...]] = {}
 
 @contextmanager
 def stamping(marks: dict[str, Sequence[str]] | None = None):
-    """While active, every chain launch also writes its blocks' timeline, appended to the list
-    this yields as a `ChainStamps` (benchmarks/chain_timeline.py: where a chain's time goes).
+    """While active, every chain launch (and every one-row launch through `run`: the expert
+    step's) also writes its blocks' timeline, appended in launch order to the list this yields as
+    a `ChainStamps` (benchmarks/chain_timeline.py: where a chain's time goes).
     marks: by phase kernel name, texts of its body before which thread 0 stamps its cycles (the
     marks' words of the stamps, in that order). The stamped chains are their own builds; outputs
     are unchanged."""
