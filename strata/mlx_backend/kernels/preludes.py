@@ -100,6 +100,34 @@ INLINE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // CUDA's __byt
 }
 """
 
+# warp_sums_spread on CUDA and Metal (the emulator's keeps its own warp_sum order)
+_SPREAD_XOR = r"""
+struct fx32 { float v[32]; };
+// warp_sum's xor levels 16 .. 1 over p2 values at once: a lane holding more than one keeps the half
+// its lane bit picks and adds its partner's copy of that half (own + partner, as warp_sum adds), so
+// each value's sum has warp_sum's bits, for p2 - 1 + 5 - log2 p2 shuffles in all instead of 6 p2
+INLINE float warp_sums_spread(fx32 v, int p2, uint32_t lane) {
+  int cnt = p2;
+  UNROLL for (int o = 16; o > 0; o >>= 1) {
+    if (cnt >= 2) {
+      const bool hi = (lane & (uint32_t)o) != 0u;
+      const int half = cnt / 2;
+      UNROLL for (int i = 0; i < 16; ++i) {
+        if (i < half) {
+          const float send = hi ? v.v[i] : v.v[i + half];
+          const float keep = hi ? v.v[i + half] : v.v[i];
+          v.v[i] = keep + shfl_xor_f(send, (uint32_t)o);
+        }
+      }
+      cnt = half;
+    } else {
+      v.v[0] += shfl_xor_f(v.v[0], (uint32_t)o);
+    }
+  }
+  return v.v[0];
+}
+"""
+
 METAL_HEADER = r"""
 #include <metal_stdlib>
 using namespace metal;
@@ -173,31 +201,7 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return simd_shuffle_xor(x, (ushort)m); }
 INLINE float shfl_f(float x, uint32_t src) { return simd_shuffle(x, (ushort)src); }
-struct fx32 { float v[32]; };
-// warp_sum's xor levels 16 .. 1 over p2 values at once: a lane holding more than one keeps the half
-// its lane bit picks and adds its partner's copy of that half (own + partner, as warp_sum adds), so
-// each value's sum has warp_sum's bits, for p2 - 1 + 5 - log2 p2 shuffles in all instead of 6 p2
-INLINE float warp_sums_spread(fx32 v, int p2, uint32_t lane) {
-  int cnt = p2;
-  UNROLL for (int o = 16; o > 0; o >>= 1) {
-    if (cnt >= 2) {
-      const bool hi = (lane & (uint32_t)o) != 0u;
-      const int half = cnt / 2;
-      UNROLL for (int i = 0; i < 16; ++i) {
-        if (i < half) {
-          const float send = hi ? v.v[i] : v.v[i + half];
-          const float keep = hi ? v.v[i + half] : v.v[i];
-          v.v[i] = keep + shfl_xor_f(send, (uint32_t)o);
-        }
-      }
-      cnt = half;
-    } else {
-      v.v[0] += shfl_xor_f(v.v[0], (uint32_t)o);
-    }
-  }
-  return v.v[0];
-}
-#define BREG_XCHG 1
+""" + _SPREAD_XOR + r"""#define BREG_XCHG 1
 struct u16w { uint32_t v[16]; };
 INLINE void breg_publish(threadgroup uint32_t* xw, u16w w, uint32_t lane) {
   for (int i = 0; i < 16; ++i) xw[lane * 16u + (uint32_t)i] = w.v[i];
@@ -380,31 +384,7 @@ INLINE f4 mma_16816_ab(f4 c, afrag fa, bfrag2 fb, int j, uint32_t lane) {
 }
 INLINE float shfl_xor_f(float x, uint32_t m) { return __shfl_xor_sync(0xffffffffu, x, (int)m); }
 INLINE float shfl_f(float x, uint32_t src) { return __shfl_sync(0xffffffffu, x, (int)src); }
-struct fx32 { float v[32]; };
-// warp_sum's xor levels 16 .. 1 over p2 values at once: a lane holding more than one keeps the half
-// its lane bit picks and adds its partner's copy of that half (own + partner, as warp_sum adds), so
-// each value's sum has warp_sum's bits, for p2 - 1 + 5 - log2 p2 shuffles in all instead of 6 p2
-INLINE float warp_sums_spread(fx32 v, int p2, uint32_t lane) {
-  int cnt = p2;
-  UNROLL for (int o = 16; o > 0; o >>= 1) {
-    if (cnt >= 2) {
-      const bool hi = (lane & (uint32_t)o) != 0u;
-      const int half = cnt / 2;
-      UNROLL for (int i = 0; i < 16; ++i) {
-        if (i < half) {
-          const float send = hi ? v.v[i] : v.v[i + half];
-          const float keep = hi ? v.v[i + half] : v.v[i];
-          v.v[i] = keep + shfl_xor_f(send, (uint32_t)o);
-        }
-      }
-      cnt = half;
-    } else {
-      v.v[0] += shfl_xor_f(v.v[0], (uint32_t)o);
-    }
-  }
-  return v.v[0];
-}
-#define BREG_XCHG 0
+""" + _SPREAD_XOR + r"""#define BREG_XCHG 0
 struct u16w { uint32_t v[16]; };
 INLINE void breg_publish(uint32_t* xw, u16w w, uint32_t lane) {}  // the registers are the fragments
 INLINE f4 mma_16816_ar(f4 c, afrag fa, uint32_t b0, uint32_t b1, const uint32_t* xw, int slot, uint32_t lane) {
