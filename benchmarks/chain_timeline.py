@@ -5,15 +5,16 @@ ncu gives a chain's whole time (~27-30 us a layer at context 8 for 29 MB of weig
 speed moves in ~9 us) but not which phase holds it up: the QKV walk's rounds, the attention
 blocks' wait for their group, W_o, or the router's tail after the last partial. Here the decode
 chain of `attention.attention_router` runs for `--layers` layers back to back in one evaluation
-(each layer's x the one before's x_mid, so the launches queue as in decode; the expert launches
-between them are left out), every block stamping when it took its ticket, when its wait was met
-and when its body ended. Per phase, over the launches after the first: its blocks' tickets, waits
-met and ends (median and last, us after the launch's first ticket, on the global clock), each
-block's wait and body in its SM's cycles (exact where the global clock is coarse), and between
-launches the gap from one launch's last end to the next one's first ticket; with --marks, thread
-0's cycles at places inside the walk, the attention and the split attention (from its wait); and
-whether the last
-layer's outputs are bit for bit the first form's at the same context (forms that change no values).
+(each layer's x the one before's x_mid, so the launches queue as in decode), every block stamping
+when it took its ticket, when its wait was met and when its body ended; with --layer, whole
+decoded layers (`model.layer_forward`: the chain, then the expert step's gate/up and down, each
+stamped too). Per launch kind and phase, over the launches after the first: its blocks' tickets,
+waits met and ends (median and last, us after the launch's first ticket, on the global clock),
+each block's wait and body in its SM's cycles (exact where the global clock is coarse); between
+launches, the gap from one launch's last end to the next one's first ticket; with --marks, thread
+0's cycles at places inside the walk, the attention, the split attention and the expert step
+(MARKS, from its wait); and whether the last layer's outputs are bit for bit the first form's at
+the same context (forms that change no values).
 
     python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain
 
@@ -40,7 +41,7 @@ from _decode_kernels import SHAPE, SMALL  # noqa: E402
 from _measure import device_name, kernel_bench_path  # noqa: E402
 from decode_context import FORMS, switched  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV, attention_router, routes_with_attention  # noqa: E402
-from strata.mlx_backend.kernels import attend_project, attend_split, phases  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, phases  # noqa: E402
 from strata.mlx_backend.kernels.launch import using_path  # noqa: E402
 from strata.mlx_backend.model import layer_forward  # noqa: E402
 from strata.testing.mlx_params import random_params  # noqa: E402
@@ -69,8 +70,6 @@ MARKS = {
                               ("a warp's sums done", "  UNROLL for (int m = RB; m < 32; m <<= 1) acc +="),
                               ("summed over the experts", "  if (tid < (uint32_t)RB) {")),
 }
-if "  BARRIER();\n  float qv[HPB][EPL]" not in attend_split.CHAINED_BODY:
-    raise AssertionError("chain_timeline: attend_split's chained body no longer has its marks' texts")
 
 
 def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
@@ -136,7 +135,6 @@ def run(form: str, context: int, layers: int, small: bool, marks: bool = False, 
         lw0 = p.layers[0]
         if not routes_with_attention(cfg, lw0.attn, kvs[0], 1):
             return {"error": f"no chained attention + router at context {context} in form {form}"}
-        launches = []
         for rep in range(2):  # the first evaluation holds the builds; the second is measured
             with phases.stamping({k: [a for _, a in v] for k, v in MARKS.items()} if marks else None) as rec:
                 h, z = x, x

@@ -439,8 +439,10 @@ def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, att
 # 2048 within ~0.1-0.3 ms a token of decode at 8 (the bytes' and the attention's own difference).
 # Off: on the H200 decode at 2048 took 3.07 / 3.85 ms a token with it against 2.91 / 3.86 without
 # (peers.py, one process each, alternating; its GPU test passed): no gain the host's noise lets
-# show. The chain holds 118 registers a thread (2 blocks an SM) where attend_split alone fits more,
-# so what the host saves the GPU may spend; ncu has not timed it (form `split_chain`).
+# show. The GPU spends what the host saves: back to back (graph_time.py --steps 48) 3.088 ms a
+# token against 2.885 for the six launches a layer, ncu's kernel sum 3155 against 3305 us; its
+# timeline (benchmarks/chain_timeline.py) 40.5-41 us a layer, most of it the split attention's
+# cached-rows loop and the merge blocks starting only as the attention's leave (form `split_chain`).
 CHAIN_SPLIT = False
 
 

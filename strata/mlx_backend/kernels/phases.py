@@ -317,8 +317,7 @@ class ChainStamps:
     taken, the wait met, the body ended, in the GPU's global ns (low 32 bits; the emulator counts
     stamps); the wait met and the end in cycles of the block's SM after its ticket; the SM; the
     marks' cycles after the ticket, 0 where thread 0 did not pass one), read after the launch is
-    evaluated; starts: each phase's first ticket and the total; phases: the
-    phases' kernel names."""
+    evaluated; starts: each phase's first ticket and the total; phases: the phases' kernel names."""
 
     stamps: mx.array
     starts: tuple[int, ...]
