@@ -133,6 +133,11 @@ FORMS = {
     "split_chain_pb5": (True, True, 0),
     # a step's scores summed at once, each divided and exponentiated by one lane (attend_split.SPREAD)
     "split_spread": (True, True, 0),
+    "split_pb5_spread": (True, True, 0),
+    # the defaults' two switches off: the six launches a layer past SPLIT_FROM (attend_split.CHAIN_SPLIT
+    # off), and those with each score summed by its own warp_sum (SPREAD off too: the form before both)
+    "split_six": (True, True, 0),
+    "split_six_unspread": (True, True, 0),
     "split_chain_spread": (True, True, 0),
     "split_chain_pb5_spread": (True, True, 0),
 }
@@ -185,6 +190,9 @@ SWITCHES = {
     "split_pb5": ((attend_split, "POSITIONS_PER_STEP", 5),),
     "split_chain_pb5": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "POSITIONS_PER_STEP", 5)),
     "split_spread": ((attend_split, "SPREAD", True),),
+    "split_pb5_spread": ((attend_split, "POSITIONS_PER_STEP", 5), (attend_split, "SPREAD", True)),
+    "split_six": ((attend_split, "CHAIN_SPLIT", False),),
+    "split_six_unspread": ((attend_split, "CHAIN_SPLIT", False), (attend_split, "SPREAD", False)),
     "split_chain_spread": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPREAD", True)),
     "split_chain_pb5_spread": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "POSITIONS_PER_STEP", 5),
                                (attend_split, "SPREAD", True)),

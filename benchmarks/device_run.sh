@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -378,6 +378,22 @@ stage split_steps 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PRO
     --forms split,split_pb5,split_spread,split_chain,split_chain_pb5_spread \
     --also 2048/split,2048/split_pb5,2048/split_spread,2048/split_chain,2048/split_chain_pb5_spread --tokens 32 \
     | grep -v "^JSON"'
+# the split attention's steps by graph (STRATA_STAGES=spread_graph): ncu's GPU time a token inside
+# MLX's graphs at 2048 for the six-launch split and the split chain, each with and without the
+# spread sum and 5 rows a step, and the default at 8; then each form's wall time back to back
+stage spread_graph 560 bash -c 'run() { timeout 60 ncu --profile-from-start off --graph-profiling graph --clock-control none \
+    --metrics gpu__time_duration.sum --csv python3 benchmarks/graph_time.py --steps 8 --form $1 --context $2 2>&1 \
+    | python3 benchmarks/graph_time.py --sum --steps 8 --label "$1@$2" | grep -v "^==PROF==\|^==WARNING=="; }
+  run default 8; for f in split split_spread split_pb5_spread split_chain split_chain_spread split_chain_pb5_spread; do run $f 2048; done
+  for f in split_pb5_spread split_chain_pb5_spread split_chain_spread; do timeout 50 python3 benchmarks/graph_time.py --steps 48 --form $f --context 2048; done'
+# the split chain with the spread sum as the defaults, checked (STRATA_STAGES=split_defaults): the GPU
+# tests of the split attention, the chains, the float16 cache and the compiled step, then decode at
+# 8 and 2048 against the six launches with and without the spread sum, alternating in one process
+stage split_defaults 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 200 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_mlx_attend_split.py tests/test_phases.py \
+  tests/test_mlx_kv_f16.py tests/test_mlx_compiled.py;
+  timeout 200 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_six,split_six_unspread \
+    --also 2048/split,2048/split_six,2048/split_six_unspread --tokens 32 | grep -v "^JSON"'
 # the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
 # the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
 # attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,

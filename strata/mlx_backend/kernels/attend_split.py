@@ -73,13 +73,16 @@ NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded t
 # form), not each summed by its own warp_sum and then divided and exponentiated by all 32 lanes.
 # Why: the chain's marks on the H200 put the split attention's time in its cached-rows loop (~10
 # kcycles a step of 4 rows x 4 heads at 4 warps a scheduler, ncu: 12.4 cycles between a warp's
-# instructions), where a step's 16 scores each take a 6-shuffle sum, an IEEE division and an
+# instructions), where a step's 16 scores each took a 6-shuffle sum, an IEEE division and an
 # exponential on every lane: ~1400 instructions a warp; summed at once they take 16 + 1 shuffles,
-# and each lane divides and exponentiates one score: ~400. Predicted: the loop ~3x shorter,
-# ~5 us a layer at 2048 (to be measured: off until then). The same bits (the xor levels of
-# warp_sum; tests/test_mlx_attend_split.py on the emulator). CUDA and the emulator (Metal's
-# warp_sum is simd_sum, whose order this does not follow).
-SPREAD = False
+# and each lane divides and exponentiates one score: ~400. Measured (H200, context 2048, seed
+# shape): the split chain's launch 34.3 us a layer against 41.5 (chain_timeline.py: the cached
+# rows scored 9.5 kcycles after the wait against 23.5); ncu by graph 3232 against 3404 us a token
+# for the split chain, 3692 against 3871 for the six launches (docs/perf.md). The same bits (the
+# xor levels of warp_sum; tests/test_mlx_attend_split.py, emulated and on the H200). CUDA and the
+# emulator (Metal's warp_sum is simd_sum, whose order this does not follow: Metal keeps the
+# per-score sums).
+SPREAD = True
 FUSED = True  # False: attend split by chunks, the merge and the W_o GEMV (the form before; benchmarks flip it)
 
 _BODY = r"""
@@ -437,13 +440,11 @@ def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, att
 # the merge blocks for every attention block after loading their W_o rows; the router's for the
 # merge's partials, which it adds (H of them) as in the two launches' form. Predicted: decode at
 # 2048 within ~0.1-0.3 ms a token of decode at 8 (the bytes' and the attention's own difference).
-# Off: on the H200 decode at 2048 took 3.07 / 3.85 ms a token with it against 2.91 / 3.86 without
-# (peers.py, one process each, alternating; its GPU test passed): no gain the host's noise lets
-# show. The GPU spends what the host saves: back to back (graph_time.py --steps 48) 3.088 ms a
-# token against 2.885 for the six launches a layer, ncu's kernel sum 3155 against 3305 us; its
-# timeline (benchmarks/chain_timeline.py) 40.5-41 us a layer, most of it the split attention's
-# cached-rows loop and the merge blocks starting only as the attention's leave (form `split_chain`).
-CHAIN_SPLIT = False
+# Measured on the H200 before SPREAD: no gain end to end (the GPU spent what the host saved: back
+# to back 3.088 ms a token against 2.885 for the six launches a layer). With SPREAD (its loop ~2.5x
+# shorter) ncu by graph gave 3232 us a token against 3692 for the six launches, back to back 2.81
+# ms against 2.76 (graph_time.py --context 2048), with half the launches (146) for the host: on.
+CHAIN_SPLIT = True
 
 
 def _rows_first(body: str) -> tuple[str, int]:
