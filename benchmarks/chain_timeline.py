@@ -61,9 +61,13 @@ MARKS = {
         ("the cached rows scored", "  // the chunk's own positions, NEWMAX a round"),
         ("the new rows scored", "  // the warps merged in a fixed order"),
         ("the merge's barrier passed", "  for (uint32_t x = tid; x < (uint32_t)(HPB * HD); x += NT) {")),
-    # the expert step (--layer): gate/up after its ranking, its loads issued, x staged; down's codes
-    # issued, its sums done (a warp's), the rows' sums over the experts
-    "strata_moe_gateup": (("ranked (the slot known)", "  const uint32_t c = rb % NCH;\n"),
+    # the expert step (--layer): gate/up's ranking (z staged, the warps' sorts, the count; Ranking.BITONIC),
+    # its loads issued, x staged; down's codes issued, its sums done (a warp's), the rows' sums over
+    # the experts
+    "strata_moe_gateup": (("z staged", "  if (ROUNDS == 4) {\n"),
+                          ("the warps' sorts written", "    constexpr int NCAND = NCH32 * K;\n"),
+                          ("the candidates counted", "  } else if (ROUNDS) {\n"),
+                          ("ranked (the slot known)", "  const uint32_t c = rb % NCH;\n"),
                           ("gate/up codes asked", "  if (WE) {"),
                           ("x staged", "  float ga[UPW], ua[UPW];")),
     "strata_moe_down_warps": (("codes asked", "  float sp[SPW];\n"),
@@ -84,10 +88,11 @@ def phase_rows(stamps: np.ndarray, starts: tuple[int, ...]) -> list[dict]:
     stats = (("median", np.median), ("last", np.max))
     for i in range(len(starts) - 1):
         at = slice(starts[i], starts[i + 1])
-        marks = [(stamps[at, 6 + k].astype(np.int64) - stamps[at, 3].astype(np.int64)) / 1000.0
-                 for k in range(phases.MAX_MARKS) if stamps[at, 6 + k].any()]
+        # mark k at index k, None where no block passed it (a form whose body skips that place)
+        marks = [float(np.median((stamps[at, 6 + k].astype(np.int64) - stamps[at, 3].astype(np.int64)) / 1000.0))
+                 if stamps[at, 6 + k].any() else None for k in range(phases.MAX_MARKS)]
         rows.append({"blocks": starts[i + 1] - starts[i], "sms": int(len(np.unique(stamps[at, 5]))),
-                     "marks_kcyc_median": [float(np.median(m)) for m in marks],
+                     "marks_kcyc_median": marks,
                      **{f"{m}_{s}": float(f(rel[at, k])) for k, m in enumerate(("ticket", "waited", "ended"))
                         for s, f in stats},
                      **{f"{m}_kcyc_{s}": float(f(cyc[at, k])) for k, m in enumerate(("wait", "body"))
@@ -112,9 +117,10 @@ def kind_rows(launches: list) -> dict:
         out.append({"phase": name, "blocks": rows[0]["blocks"], "sms": rows[0]["sms"],
                     **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k.endswith(("median", "last"))
                        and k != "marks_kcyc_median"},
-                    "marks": [[label, float(np.median([r["marks_kcyc_median"][k] for r in rows]))]
+                    "marks": [[label, float(np.median(passed))]
                               for k, (label, _) in enumerate(MARKS.get(name, ()))
-                              if k < len(rows[0]["marks_kcyc_median"])]})
+                              if (passed := [r["marks_kcyc_median"][k] for r in rows
+                                             if r["marks_kcyc_median"][k] is not None])]})
     return {"launches": len(launches), "launch_us": float(np.median(lens)), "phases": out}
 
 

@@ -92,7 +92,9 @@ FORMS = {
     "late_loads": (True, True, 0),  # the dense GEMVs' weight loads after their prologue (before EARLY_LOADS)
     "unfused_attention": (True, True, 0),  # attend and the output GEMV as two launches (before attend_project)
     "before19b": (True, True, 0),  # all three above: the decode step before the one-token work
-    "bitonic": (True, True, 0),  # the gate/up launch ranks by warp sorts (decode_routing.Ranking.BITONIC)
+    "bitonic": (True, True, 0),
+    # a diagnostic, not a routing: the first k experts, no ranking (what the gate/up launch's ranking costs)
+    "unranked": (True, True, 0),  # the gate/up launch ranks by warp sorts (decode_routing.Ranking.BITONIC)
     "down_warps": (True, True, 0),  # the down launch a warp per expert (kernels/moe_down_warps.py)
     "experts19": (True, True, 0),  # both, the weights weighed early (moe_decode.WEIGHTS_EARLY)
     "experts19_upw2": (True, True, 0),  # those, 2 gate/up units a warp (360 blocks)
@@ -149,6 +151,7 @@ SWITCHES = {
     "before19b": ((decode_experts, "TWO_LAUNCHES", False), (dense_gemv, "EARLY_LOADS", False),
                   (attend_project, "FUSED", False)),
     "bitonic": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC),),
+    "unranked": ((decode_routing, "RANK_FORM", decode_routing.Ranking.NONE),),
     "down_warps": ((moe_decode, "DOWN_WARPS", True),),
     "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC), (moe_decode, "DOWN_WARPS", True),
                   (moe_decode, "WEIGHTS_EARLY", True)),

@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults, rank_marks
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -394,6 +394,11 @@ stage split_defaults 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_
   tests/test_mlx_kv_f16.py tests/test_mlx_compiled.py;
   timeout 200 python3 benchmarks/decode_context.py --contexts 8,2048 --forms split,split_six,split_six_unspread \
     --also 2048/split,2048/split_six,2048/split_six_unspread --tokens 32 | grep -v "^JSON"'
+# where the gate/up launch's ranking goes (STRATA_STAGES=rank_marks; the layer's timeline had it at
+# ~10.8 kcycles before a block's loads): whole layers at 8 with the ranking's marks (z staged, the
+# warps' sorts, the count), against the top k ranked once in the chain and no ranking at all
+stage rank_marks 120 timeout 110 python3 benchmarks/chain_timeline.py --contexts 8 --forms default,unranked,ranked,default \
+  --layers 12 --layer --marks
 # the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
 # the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
 # attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,
