@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults, rank_marks
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults, rank_marks, rank_branchless
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -397,6 +397,15 @@ stage split_defaults 220 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_
 # warps' sorts, the count), against the top k ranked once in the chain and no ranking at all
 stage rank_marks 120 timeout 110 python3 benchmarks/chain_timeline.py --contexts 8 --forms default,unranked,ranked,default \
   --layers 12 --layer --marks
+# the ranking's compares without short circuits (STRATA_STAGES=rank_branchless; decode_routing.py says
+# why): the GPU tests of the expert step and its rankings, whole layers at 8 with the ranking's
+# marks, then decode at 8 back to back
+stage rank_branchless 300 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 130 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_mlx_moe_decode.py tests/test_route_rank.py \
+  tests/test_moe_chain.py;
+  timeout 90 python3 benchmarks/chain_timeline.py --contexts 8 --forms default,default --layers 12 --layer --marks \
+    | grep -v "^JSON" | grep -A3 "moe_gateup:\|outputs bit";
+  timeout 60 python3 benchmarks/graph_time.py --steps 48'
 # the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
 # the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
 # attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,

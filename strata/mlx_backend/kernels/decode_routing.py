@@ -42,6 +42,10 @@ class Ranking(enum.IntEnum):
 # distinct, so the counts are the exact ranks.
 ROUTING_FORMS = (Ranking.LOOP, Ranking.ROUNDS, Ranking.BITONIC)  # the forms that rank (NONE does not; GIVEN reads)
 WARP_TOPK_MAX = 32  # BITONIC: a warp's 32 sorted logits hold at most its top 32
+# Its compares are written with | and & on bools, not || and &&: short-circuited, nvcc made each
+# of the count's 80 compares three divergent branches (PTX), and on the H200 the count took 6.6
+# kcycles of the gate/up launch's ~24 (chain_timeline.py --layer --marks) where its ~600
+# instructions a warp should take ~1; the same ranks either way.
 # the form the gate/up launch takes (the benchmarks time every form). BITONIC since the H200
 # measured it (ncu, seed shape, one token): gate/up 15.5 us against the loop's 18.1
 RANK_FORM = Ranking.BITONIC
@@ -56,7 +60,7 @@ BITONIC_TOPK = r"""
         UNROLL for (int kk = 2; kk <= 32; kk <<= 1) {
           UNROLL for (int j = kk >> 1; j > 0; j >>= 1) {
             const float pv = shfl_xor_f(v, (uint32_t)j), pi = shfl_xor_f(fi, (uint32_t)j);
-            const bool pbeats = pv > v || (pv == v && pi < fi);
+            const bool pbeats = (pv > v) | ((pv == v) & (pi < fi));  // no short circuit: no branches
             const bool keep_better = ((lane & (uint32_t)j) == 0u) == ((lane & (uint32_t)kk) == 0u);
             if (keep_better == pbeats) { v = pv; fi = pi; }   // descending: lane l ends holding the l-th
           }
@@ -75,9 +79,9 @@ BITONIC_TOPK = r"""
         float pv[8];                          // compare waited ~30 cycles on its load: 80 of them ~1 us)
         int32_t pi[8];
         UNROLL for (int u = 0; u < 8; ++u) { pv[u] = cand_bv[p + u]; pi[u] = cand_bi[p + u]; }
-        UNROLL for (int u = 0; u < 8; ++u) r += (pv[u] > qv || (pv[u] == qv && pi[u] < qi)) ? 1 : 0;
+        UNROLL for (int u = 0; u < 8; ++u) r += (int)((pv[u] > qv) | ((pv[u] == qv) & (pi[u] < qi)));
       }
-      for (; p < NCAND; ++p) r += (cand_bv[p] > qv || (cand_bv[p] == qv && cand_bi[p] < qi)) ? 1 : 0;
+      for (; p < NCAND; ++p) r += (int)((cand_bv[p] > qv) | ((cand_bv[p] == qv) & (cand_bi[p] < qi)));
       if (r < K && qi < E) top[r] = qi;
     }
 """
