@@ -40,17 +40,23 @@ def test_the_timeline_reports_each_phase_in_order(capsys, monkeypatch):
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler for the emulator")
 def test_whole_layers_stamp_the_expert_launches_and_the_gaps(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["chain_timeline.py", "--small", "--layers", "2", "--contexts", "8", "--layer",
-                                      "--marks"])
+                                      "--marks", "--forms", "default,unranked"])
     assert chain_timeline.main() == 0
-    run = json.loads(capsys.readouterr().out.split("JSON ", 1)[1])["runs"]["default@8"]
+    runs = json.loads(capsys.readouterr().out.split("JSON ", 1)[1])["runs"]
+    run = runs["default@8"]
     assert run["launches"] == 6  # a chain, gate/up and down a layer
     assert set(run["kinds"]) == {"qkv_groups + attend_project_sum + router", "moe_gateup", "moe_down_warps"}
     assert set(run["gaps_us"]) == {"qkv_groups + attend_project_sum + router -> moe_gateup",
                                    "moe_gateup -> moe_down_warps",
                                    "moe_down_warps -> qkv_groups + attend_project_sum + router"}
     gateup = run["kinds"]["moe_gateup"]["phases"][0]["marks"]
-    assert [k for k, _ in gateup] == ["ranked (the slot known)", "gate/up codes asked", "x staged"]
+    assert [k for k, _ in gateup] == ["z staged", "the warps' sorts written", "the candidates counted",
+                                      "ranked (the slot known)", "gate/up codes asked", "x staged"]
     assert [v for _, v in gateup] == sorted(v for _, v in gateup)
+    # no ranking (a diagnostic form): the sorts' and the count's marks are not passed, and the
+    # others keep their own labels
+    unranked = runs["unranked@8"]["kinds"]["moe_gateup"]["phases"][0]["marks"]
+    assert [k for k, _ in unranked] == ["z staged", "ranked (the slot known)", "gate/up codes asked", "x staged"]
 
 
 def test_the_timeline_refuses_one_layer(capsys, monkeypatch):
