@@ -181,8 +181,8 @@ def main() -> int:
                     help="whole decoded layers (the chain, then the expert step's launches, each stamped), not "
                          "only the chains: each launch kind's phases and the gaps between launches")
     ap.add_argument("--marks", action="store_true",
-                    help="thread 0 also stamps its cycles at places inside the walk, the attention and the split "
-                         "attention (MARKS), printed after the wait")
+                    help="thread 0 also stamps its cycles at places inside the walk, the attention, the split "
+                         "attention and (with --layer) the expert step's launches (MARKS), printed after the wait")
     args = ap.parse_args()
     forms = [f for f in args.forms.split(",") if f]
     bad = [f for f in forms if f != "default" and f not in FORMS]

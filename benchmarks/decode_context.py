@@ -92,9 +92,9 @@ FORMS = {
     "late_loads": (True, True, 0),  # the dense GEMVs' weight loads after their prologue (before EARLY_LOADS)
     "unfused_attention": (True, True, 0),  # attend and the output GEMV as two launches (before attend_project)
     "before19b": (True, True, 0),  # all three above: the decode step before the one-token work
-    "bitonic": (True, True, 0),
+    "bitonic": (True, True, 0),  # the gate/up launch ranks by warp sorts (decode_routing.Ranking.BITONIC)
     # a diagnostic, not a routing: the first k experts, no ranking (what the gate/up launch's ranking costs)
-    "unranked": (True, True, 0),  # the gate/up launch ranks by warp sorts (decode_routing.Ranking.BITONIC)
+    "unranked": (True, True, 0),
     "down_warps": (True, True, 0),  # the down launch a warp per expert (kernels/moe_down_warps.py)
     "experts19": (True, True, 0),  # both, the weights weighed early (moe_decode.WEIGHTS_EARLY)
     "experts19_upw2": (True, True, 0),  # those, 2 gate/up units a warp (360 blocks)
@@ -136,12 +136,12 @@ FORMS = {
     # a step's scores summed at once, each divided and exponentiated by one lane (attend_split.SPREAD)
     "split_spread": (True, True, 0),
     "split_pb5_spread": (True, True, 0),
+    "split_chain_spread": (True, True, 0),
+    "split_chain_pb5_spread": (True, True, 0),
     # the defaults' two switches off: the six launches a layer past SPLIT_FROM (attend_split.CHAIN_SPLIT
     # off), and those with each score summed by its own warp_sum (SPREAD off too: the form before both)
     "split_six": (True, True, 0),
     "split_six_unspread": (True, True, 0),
-    "split_chain_spread": (True, True, 0),
-    "split_chain_pb5_spread": (True, True, 0),
 }
 # forms that flip a module switch for their run: (module, name, value) each
 SWITCHES = {

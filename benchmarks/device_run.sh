@@ -338,7 +338,8 @@ stage packed 420 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=
   timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms unpacked,split --also 8/unpacked,8/split \
     --tokens 32 | grep -v "^JSON"'
 # past SPLIT_FROM the QKV GEMV, the split attention, its merge and the router as one launch
-# (STRATA_STAGES=split_chain; attend_split.CHAIN_SPLIT, off: no gain measured end to end): its GPU tests
+# (STRATA_STAGES=split_chain; attend_split.CHAIN_SPLIT, then off: no gain measured end to end; on since the
+# spread sum, and this stage's forms are then the same): its GPU tests
 # with the packed step's, then decode at 8 and 2048 without it and with it (the form split_chain),
 # alternating in one process, then ncu by graph and by kernel over 8 steps at 2048, each form
 stage split_chain 540 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 120 python3 -m pytest -q \
@@ -360,13 +361,13 @@ stage timeline 240 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFIL
 stage marks 150 timeout 140 python3 benchmarks/chain_timeline.py --contexts 8,2048 --forms default,split_chain \
   --layers 12 --marks
 # whole decoded layers (STRATA_STAGES=layer_timeline): the chain and the expert step's two launches
-# each stamped, with marks, and the gaps between launches, at 8 and 2048 (the default 6-launch split
-# past SPLIT_FROM has no chain: the split chain's form there)
+# each stamped, with marks, and the gaps between launches, at 8 and 2048 (written when the default past
+# SPLIT_FROM was the six launches, which have no chain: the split chain's form there; both the same now)
 stage layer_timeline 200 timeout 190 python3 benchmarks/chain_timeline.py --contexts 8,2048 \
   --forms default,split_chain --layers 12 --layer --marks
-# the split attention's step for the next session (STRATA_STAGES=split_steps; the marks put its time in
+# the split attention's step (STRATA_STAGES=split_steps; the marks put its time in
 # its cached-rows loop): 5 rows a warp step (a 33-position split in one step: POSITIONS_PER_STEP) and a
-# step's scores summed at once (SPREAD), each off until this runs: the split attention's GPU tests (the
+# step's scores summed at once (SPREAD), each off when this ran (SPREAD on since): the split attention's GPU tests (the
 # spread sum bit for bit), the split chain's timeline with marks in each form, then decode at 8 and
 # 2048 in the forms alternating in one process
 stage split_steps 560 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 120 python3 -m pytest -q \
