@@ -46,7 +46,7 @@ from strata.mlx_backend import compiled as compiled_step  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend import decode_experts  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
-from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv, folded_outputs  # noqa: E402
+from strata.mlx_backend.kernels import attend_project, attend_split, dense_gemv, folded_outputs, included_source  # noqa: E402
 from strata.mlx_backend.kernels import launch  # noqa: E402
 from strata.mlx_backend.kernels import decode_routing, moe_decode, moe_down_warps  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
@@ -138,6 +138,9 @@ FORMS = {
     "split_pb5_spread": (True, True, 0),
     "split_chain_spread": (True, True, 0),
     "split_chain_pb5_spread": (True, True, 0),
+    # every CUDA source handed to MLX whole (included_source.INCLUDED off: ~42 KB a layer hashed each
+    # evaluation, not ~5)
+    "inline_sources": (True, True, 0),
     # the defaults' two switches off: the six launches a layer past SPLIT_FROM (attend_split.CHAIN_SPLIT
     # off), and those with each score summed by its own warp_sum (SPREAD off too: the form before both)
     "split_six": (True, True, 0),
@@ -199,6 +202,9 @@ SWITCHES = {
     "split_chain_spread": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "SPREAD", True)),
     "split_chain_pb5_spread": ((attend_split, "CHAIN_SPLIT", True), (attend_split, "POSITIONS_PER_STEP", 5),
                                (attend_split, "SPREAD", True)),
+    # every CUDA source handed to MLX whole, hashed in full each evaluation (the default before
+    # included_source.py)
+    "inline_sources": ((included_source, "INCLUDED", False),),
 }
 
 

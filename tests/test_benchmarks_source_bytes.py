@@ -1,5 +1,6 @@
-"""benchmarks/source_bytes.py: a decoded token's kernel sources by kernel, with their launches: the
-default's 3 launches a layer and 2 a token, and the cuts' fewer launches of larger sources."""
+"""benchmarks/source_bytes.py: a decoded token's kernel sources by kernel, inline and included, with
+their launches: the default's 3 launches a layer and 2 a token, and the cuts' fewer launches of
+larger sources."""
 
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from strata.mlx_backend.kernels import emulate  # noqa: E402
 def test_a_tokens_sources_and_launches():
     layers = source_bytes.LAYERS
     default = source_bytes.token_bytes("default")
-    launches = {name: k for name, (_, k) in default.items()}
+    launches = {name: k for name, (_, _, k) in default.items()}
     folded = " (outputs folded)"  # the launch's unread outputs in one buffer (folded_outputs.py)
     assert launches == {"strata_chain_qkv_groups_attend_project_sum_router" + folded: layers,
                         "strata_moe_gateup" + folded: layers, "strata_moe_down_warps": layers,
                         "strata_dense_gemv": 1, "strata_embed": 1}
-    assert all(n > 0 for n, _ in default.values())
+    assert all(n > 0 for n, _, _ in default.values())
+    # included (the CUDA default): what MLX hashes is its own frame and two include lines, a
+    # fraction of each large source
+    assert all(inc < n / 4 for n, inc, _ in default.values() if n > 8000)
     cuts = source_bytes.token_bytes("all_cuts")
-    assert sum(k for _, k in cuts.values()) == sum(launches.values()) - (layers - 1)  # each down but the last deferred
+    assert sum(k for _, _, k in cuts.values()) == sum(launches.values()) - (layers - 1)  # each down but the last deferred
     deferred = cuts["strata_chain_moe_down_chained_qkv_groups_attend_project_sum_router_route_rank" + folded]
     assert deferred[0] > default["strata_chain_qkv_groups_attend_project_sum_router" + folded][0]
     # the deferred down step's gate/up launches are a chain's first phase (unfolded), the last layer's not
-    assert cuts["strata_moe_gateup"][1] == layers - 1 and cuts["strata_moe_gateup" + folded][1] == 1
+    assert cuts["strata_moe_gateup"][2] == layers - 1 and cuts["strata_moe_gateup" + folded][2] == 1

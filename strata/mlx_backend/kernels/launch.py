@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels import emulate
+from strata.mlx_backend.kernels import emulate, included_source
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource, mlx_source
 
@@ -93,20 +93,23 @@ def using_path(path: KernelPath) -> Iterator[None]:
 _signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
 
 
-# (kernel name, its inputs, its outputs) -> the MLX kernel object, built once (a dict lookup per
-# launch). A source with some outputs folded, or with inputs packed into one buffer
-# (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its template
-# the offsets
-_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...]], object] = {}
+# (kernel name, its inputs, its outputs, CUDA source included) -> the MLX kernel object, built once
+# (a dict lookup per launch). A source with some outputs folded, or with inputs packed into one
+# buffer (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its
+# template the offsets. The included and inline forms of one source are two builds (benchmarks
+# alternate them in one process)
+_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], object] = {}
 
 
-def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    return src.name, src.inputs, src.outputs
+def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...], bool]:
+    return src.name, src.inputs, src.outputs, included_source.INCLUDED
 
 
 def _build(src: KernelSource):
     dialect = gpu_dialect()
     header, body = mlx_source(src, dialect)
+    if dialect is Dialect.CUDA:
+        header, body = included_source.included(header, body, src.inputs)
     make = mx.fast.metal_kernel if dialect is Dialect.METAL else mx.fast.cuda_kernel
     kernel = make(name=src.name, input_names=list(src.inputs), output_names=list(src.outputs),
                   source=body, header=header)
