@@ -141,6 +141,9 @@ FORMS = {
     # every CUDA source handed to MLX whole (included_source.INCLUDED off: ~42 KB a layer hashed each
     # evaluation, not ~5)
     "inline_sources": (True, True, 0),
+    # the kernels' constants made lazily, nodes of the compiled step where a trace made them
+    # (launch.LEAF_CONSTANTS off: 100 other nodes a token, not 41)
+    "lazy_constants": (True, True, 0),
     # the defaults' two switches off: the six launches a layer past SPLIT_FROM (attend_split.CHAIN_SPLIT
     # off), and those with each score summed by its own warp_sum (SPREAD off too: the form before both)
     "split_six": (True, True, 0),
@@ -205,6 +208,10 @@ SWITCHES = {
     # every CUDA source handed to MLX whole, hashed in full each evaluation (the default before
     # included_source.py)
     "inline_sources": ((included_source, "INCLUDED", False),),
+    # the kernels' constants made lazily (launch.LEAF_CONSTANTS off): those a trace makes replayed by
+    # the compiled step on every call (an add per device_const, the index table's arange, a slice a
+    # layer for the slot base), as before
+    "lazy_constants": ((launch, "LEAF_CONSTANTS", False),),
 }
 
 

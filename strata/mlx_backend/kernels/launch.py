@@ -154,10 +154,20 @@ def as_f32(a):
 # constants are made once and kept in device memory (`device_const`, `absent`, `float_params`), and
 # runtime indices (a position, a slot base, a token id) are views into a device arange
 # (`index_param`, `index_view`): no host write, no launch.
+#
+# Each constant is evaluated when it is made. One made lazily inside `mx.compile`'s trace (the
+# compiled decode step's first call makes most of its own) is not a constant to the trace but a
+# node of it, recomputed on every call: an MLX add (and its broadcast) per `device_const`, the
+# 65536-entry arange behind `index_view`, a slice per layer. An array evaluated when it is made
+# is a leaf wherever it is used (evaluating one inside a trace is allowed: it is not a tracer).
+# LEAF_CONSTANTS off makes them lazily again, in caches of their own (the benchmarks' form
+# lazy_constants: a step traced then replays what it made, as before).
+LEAF_CONSTANTS = True
 
 _CONSTS: dict[tuple, mx.array] = {}
 _CONSTS_MAX = 1024  # distinct constants kept (eps values, absent-input zeros: a handful per model)
 _index_table: list[mx.array] = []
+_lazy_index_table: list[mx.array] = []  # LEAF_CONSTANTS off: its own table, made lazily
 INDEX_TABLE_MIN = 1 << 16
 
 
@@ -167,12 +177,14 @@ def device_const(values) -> mx.array:
     a = np.ascontiguousarray(values).reshape(-1)
     if a.size < MIN_INPUT_SIZE:
         a = np.concatenate([a, np.zeros(MIN_INPUT_SIZE - a.size, a.dtype)])
-    key = (a.dtype.str, a.tobytes())
+    key = (a.dtype.str, a.tobytes(), LEAF_CONSTANTS)
     hit = _CONSTS.get(key)
     if hit is None:
         if len(_CONSTS) >= _CONSTS_MAX:
             _CONSTS.pop(next(iter(_CONSTS)))
         hit = mx.array(a) + 0  # an op's output: device memory on MLX CUDA (the host array is not)
+        if LEAF_CONSTANTS:
+            mx.eval(hit)
         _CONSTS[key] = hit
     return hit
 
@@ -182,7 +194,7 @@ _by_key: dict[tuple, mx.array] = {}  # the two helpers below, keyed by their arg
 
 def absent(dtype) -> mx.array:
     """The stand-in for an absent optional input (zeros of `dtype`; the body does not read it)."""
-    key = ("absent", dtype)
+    key = ("absent", dtype, LEAF_CONSTANTS)
     hit = _by_key.get(key)
     if hit is None:
         hit = _by_key[key] = device_const(np.zeros(MIN_INPUT_SIZE, np.dtype(dtype)))
@@ -191,11 +203,12 @@ def absent(dtype) -> mx.array:
 
 def float_params(*values: float) -> mx.array:
     """Runtime float constants for a kernel (an eps): device-resident, made once per value."""
-    hit = _by_key.get(values)
+    key = (values, LEAF_CONSTANTS)
+    hit = _by_key.get(key)
     if hit is None:
         if len(_by_key) >= _CONSTS_MAX:
             _by_key.clear()
-        hit = _by_key[values] = device_const(np.array(values, dtype=np.float32))
+        hit = _by_key[key] = device_const(np.array(values, dtype=np.float32))
     return hit
 
 
@@ -203,11 +216,14 @@ def index_view(i: int, n: int = 1) -> mx.array:
     """int32 [n] holding i, i+1, ..., i+n-1: a view into a device arange (no host write, no launch)."""
     if i < 0:
         raise ValueError(f"index_view: negative index {i}")
-    tab = _index_table[0] if _index_table else None
+    table = _index_table if LEAF_CONSTANTS else _lazy_index_table
+    tab = table[0] if table else None
     if tab is None or tab.size < i + n:
         size = max(INDEX_TABLE_MIN, i + n, 2 * (tab.size if tab is not None else 0))
         tab = mx.arange(size, dtype=mx.int32)
-        _index_table[:] = [tab]
+        if LEAF_CONSTANTS:
+            mx.eval(tab)
+        table[:] = [tab]
     return tab[i:i + n]
 
 
@@ -215,6 +231,25 @@ def index_param(i: int) -> mx.array:
     """A runtime int scalar for a kernel (a position, a slot base): element 0 of an int32
     [MIN_INPUT_SIZE] view into the device arange."""
     return index_view(i, MIN_INPUT_SIZE)
+
+
+_index_consts: dict[int, mx.array] = {}
+
+
+def index_const(i: int) -> mx.array:
+    """`index_param(i)` for an i that stays the same from call to call (a layer's slot base),
+    evaluated once and kept: a leaf of any graph, where `index_param`'s view is a slice node a
+    compiled step replays every call. Not for runtime values: each new one is an evaluation."""
+    if not LEAF_CONSTANTS:
+        return index_param(i)
+    hit = _index_consts.get(i)
+    if hit is None:
+        if len(_index_consts) >= _CONSTS_MAX:
+            _index_consts.pop(next(iter(_index_consts)))
+        hit = index_param(i)
+        mx.eval(hit)
+        _index_consts[i] = hit
+    return hit
 
 
 # MLX's CUDA encoder (mlx/backend/cuda/device.cpp, 0.32) commits its CUDA graph (update or

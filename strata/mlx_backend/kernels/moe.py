@@ -44,7 +44,7 @@ import numpy as np
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType, layout
 from strata.mlx_backend.kernels import shared as shared_kernel
-from strata.mlx_backend.kernels.launch import absent, as_f32, gpu_dialect, index_param, launch
+from strata.mlx_backend.kernels.launch import absent, as_f32, gpu_dialect, index_const, launch
 from strata.mlx_backend.kernels.preludes import WARP, Dialect
 from strata.mlx_backend.kernels.source import KernelSource
 from strata.errors import ConfigError
@@ -482,7 +482,7 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     fc, threads, hx = _shape(rec, t, fc, None, None)
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
     template = _template(rec, k, fc, threads, None, hx) + routing
-    out, sout = _launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base)], t, k, fc,
+    out, sout = _launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_const(slot_base)], t, k, fc,
                         template, shared, threads)
     return out if shared is None else (out, sout)
 

@@ -47,7 +47,7 @@ from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import phases
 from strata.mlx_backend.kernels import shared as shared_kernel
-from strata.mlx_backend.kernels.launch import absent, as_f32, index_param, launch
+from strata.mlx_backend.kernels.launch import absent, as_f32, index_const, launch
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
 from strata.mlx_backend.kernels.source import KernelSource
@@ -402,7 +402,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
     f = rec.expert_ffn
     ranked = absent(np.int32) if given is None else given
-    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_param(slot_base), ranked] + sh_inputs),
+    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_const(slot_base), ranked] + sh_inputs),
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
                      (nsb + k * nch, t, 1), threads, template,

@@ -48,7 +48,7 @@ from strata.formats.mlx_affine import AFFINE_SPECS
 from strata.formats.mxfp4 import BLOCK as MXFP4_BLOCK
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import moe
-from strata.mlx_backend.kernels.launch import as_f32, float_params, index_param
+from strata.mlx_backend.kernels.launch import as_f32, float_params, index_const
 from strata.mlx_backend.kernels.moe_native_source import ROUTE_SOURCE, SLOTS_SOURCE
 from strata.model_config import ExpertKind, RoutingOrder
 from strata.reference.experts import SWIGLU, ExpertAct
@@ -204,6 +204,6 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
     template = _template(rec, k, fc, threads, moe.subnormal_codes(), hx, moe.VECTOR_LOADS, kind,
                          unroll_steps(rec, fc, threads)) + routing
-    out, sout = moe._launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_param(slot_base), act_in], t, k,
+    out, sout = moe._launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_const(slot_base), act_in], t, k,
                             fc, template, shared, threads)
     return out if shared is None else (out, sout)
