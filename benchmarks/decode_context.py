@@ -144,6 +144,8 @@ FORMS = {
     # the kernels' constants made lazily, nodes of the compiled step where a trace made them
     # (launch.LEAF_CONSTANTS off: 100 other nodes a token, not 41)
     "lazy_constants": (True, True, 0),
+    # h and z as arrays of their own between the attention launch and gate/up (moe_decode.HAND_ON off)
+    "unhanded": (True, True, 0),
     # the defaults' two switches off: the six launches a layer past SPLIT_FROM (attend_split.CHAIN_SPLIT
     # off), and those with each score summed by its own warp_sum (SPREAD off too: the form before both)
     "split_six": (True, True, 0),
@@ -212,6 +214,8 @@ SWITCHES = {
     # the compiled step on every call (an add per device_const, the index table's arange, a slice a
     # layer for the slot base), as before
     "lazy_constants": ((launch, "LEAF_CONSTANTS", False),),
+    # h and z as the attention launch's own outputs, gate/up reading them as arrays (moe_decode.HAND_ON off)
+    "unhanded": ((moe_decode, "HAND_ON", False),),
 }
 
 

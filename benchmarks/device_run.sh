@@ -23,7 +23,7 @@ HOST_TURN_S=${STRATA_HOST_TURN_S:-60}
 SPEC_S=${STRATA_SPEC_S:-240}  # the speculative stage: run it alone, STRATA_STAGES=speculative
 NATIVE_S=${STRATA_NATIVE_S:-200}
 STAGES=${STRATA_STAGES:-tests,kernels,host_turn,decode,ncu_moe,ncu}  # the stages to run, comma list
-# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults, rank_marks, rank_branchless, included, leaf_constants
+# issue 19's stages (not in the default list): dispatch, decode_context, peers, jit_probe, attend_context, chains, groups, graph_time, graph_forms, walk_check, deferred, l2_probe, launch_cuts, launch_cuts_e2e, launch_cuts_forms, launch_cuts_ncu, host_spy, folded, packed, split_chain, peers_medians, timeline, marks, layer_timeline, split32, split_steps, spread_graph, split_defaults, rank_marks, rank_branchless, included, leaf_constants, handed_on
 # the Qwen4-Exp stages (issue 15; not in the default list): qwen4_tests, qwen4_decode, qwen4_seed (the
 # reference engine's model, synthetic, 48 layers: 7.8 GB model file + 17 GB experts + a --ple-gb row
 # store, in /dev/shm where it holds them, else the temporary directory; pooled random weights build
@@ -429,6 +429,16 @@ stage leaf_constants 470 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_
   timeout 120 python3 benchmarks/decode_context.py --contexts 8 --forms split,lazy_constants --also 8/split,8/lazy_constants \
     --tokens 32 | grep -v "^JSON";
   for f in lazy_constants default; do timeout 45 python3 benchmarks/graph_time.py --steps 48 --form $f | tail -n 2; done'
+# the attention launch handing h and z on in its folded buffer (STRATA_STAGES=handed_on;
+# moe_decode.HAND_ON says why): the GPU tests of the fold, the packing and the hand-on, then the
+# host's share, decode at 8 and generate's loop with them as arrays (the form unhanded) and handed
+# on, alternating in one process each, then decode at 8 back to back in each form
+stage handed_on 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 100 python3 -m pytest -q \
+  -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs -m gpu tests/test_folded_outputs.py tests/test_mlx_compiled.py;
+  timeout 90 python3 benchmarks/host_cost.py --layers 48 --tokens 64 --no-env --forms unhanded | tail -n 6;
+  timeout 110 python3 benchmarks/decode_context.py --contexts 8 --forms split,unhanded --also 8/split,8/unhanded \
+    --tokens 32 | grep -v "^JSON";
+  for f in unhanded default; do timeout 45 python3 benchmarks/graph_time.py --steps 48 --form $f | tail -n 2; done'
 # the split chain at 2048 with 32 splits (STRATA_STAGES=split32): its first two phases then take 224 of
 # the 264 block slots (2 an SM), not 352, so the merge blocks start, and load W_o, during the
 # attention; its timeline against 64 splits twice, decode at 2048 in the three forms alternating,

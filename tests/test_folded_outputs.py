@@ -158,8 +158,9 @@ def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
 def test_a_decoded_token_is_the_same_bits_folded_or_not_emulated(monkeypatch, shared):
     seen = _same_bits_folded_or_not(KernelPath.EMULATED, monkeypatch, shared)
-    # the attention chain keeps what its caller reads: the router's x_mid, h and z
-    assert any(o[:3] == ("c_x_mid", "c_h", "c_z") and o[-1] == FOLDED for o in seen), seen
+    # the attention chain keeps what its caller reads as arrays: the router's x_mid (h and z are
+    # handed to the gate/up launch in the folded buffer: moe_decode.HAND_ON)
+    assert any(o == ("c_x_mid", FOLDED) for o in seen), seen
 
 
 @pytest.mark.gpu
@@ -197,3 +198,40 @@ def test_regions_of_two_buffers_are_refused():
     with pytest.raises(ValueError, match="2 buffers"):
         folded_launch(lambda *x, **k: None, src, [a, b], [(1,)], [mx.float32], blocks=(1, 1, 1), threads=32,
                       template=())
+
+
+def _handed_on_same_bits(path, monkeypatch, shared: bool):
+    """moe_decode.HAND_ON: the attention launch's h and z read by gate/up from its folded buffer."""
+    off, on = _same_bits_either_way(path, monkeypatch, shared, (moe_decode, "HAND_ON"), phases, "inputs",
+                                    moe_decode.GATEUP_SOURCE.name)
+    assert off and all("x" in i and "z" in i and "packed" not in i for i in off)
+    # every decoded token's gate/up reads them packed (a prompt's router may run apart: arrays)
+    handed = [i for i in on if i[-1] == "packed"]
+    assert len(handed) >= len(on) // 2 and all("x" not in i and "z" not in i for i in handed)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_the_attention_launch_handing_h_and_z_on_is_the_same_bits(monkeypatch, shared):
+    _handed_on_same_bits(KernelPath.EMULATED, monkeypatch, shared)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_the_attention_launch_handing_h_and_z_on_is_the_same_bits_on_the_gpu(monkeypatch, shared):
+    _handed_on_same_bits(KernelPath.GPU, monkeypatch, shared)
+
+
+@pytest.mark.parametrize("form", ["DEFER_DOWN", "CHAIN_EXPERTS"])
+def test_the_forms_that_take_h_and_z_as_arrays_read_the_handed_on_bytes(monkeypatch, form):
+    """The deferred and the chained expert steps read h and z as arrays (folded_outputs.region_array
+    of the handed-on regions): the same bits as with them never handed on."""
+    monkeypatch.setattr(moe_decode, form, True)
+    _same_bits_either_way(KernelPath.EMULATED, monkeypatch, False, (moe_decode, "HAND_ON"), phases, "inputs")
+
+
+def test_a_region_read_as_an_array_is_its_bytes():
+    buf = mx.array(np.arange(64, dtype=np.uint8))
+    r = folded_outputs.Region((2, 3), mx.float16, buffer=buf, offset=16)
+    want = np.arange(16, 28, dtype=np.uint8).view(np.float16).reshape(2, 3)
+    assert np.array_equal(np.array(folded_outputs.region_array(r)).view(np.uint16), want.view(np.uint16))

@@ -390,7 +390,10 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
     if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
         # the top k ranked in that launch too, where the expert launches read it (moe_decode.RANK_ONCE)
         rank_k = lw.rule.k if experts_on_device and moe_decode.ranks_once(p.rec, lw.rule.k, x.shape[0]) else 0
-        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos, rank_k=rank_k)
+        # h and z handed to the expert launch in the attention launch's buffer (moe_decode.HAND_ON)
+        hand_on = experts_on_device and not rank_k and moe_decode.HAND_ON
+        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos, rank_k=rank_k,
+                                           hand_on=hand_on)
     else:
         parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
         if lw.dense is not None:  # a dense FFN layer: no router, no experts

@@ -37,7 +37,7 @@ import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
-from strata.mlx_backend.kernels import phases, qkv_groups, route_rank
+from strata.mlx_backend.kernels import folded_outputs, phases, qkv_groups, route_rank
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.decode_routing import RankedLogits
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
@@ -225,12 +225,14 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
                      k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                      wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
                      pos: mx.array | None = None, rotary_dim: int | None = None,
-                     gated: bool = False, rank_k: int = 0) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
+                     gated: bool = False, rank_k: int = 0, hand_on: bool = False
+                     ) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
     """`qkv_attend_project` then `router.router(x, its summed partials, ffn_norm, w_router)` (no
     guess), one launch. x may be the previous layer's down step not yet launched (a
     `moe_decode.DeferredDown`, where `takes_deferred`): it then runs as the launch's first phase,
     the QKV walk waiting for it where it first reads x (one launch a layer fewer). rank_k > 0: the
     top rank_k of z ranked by a last phase (route_rank.py), z returned as `RankedLogits`.
+    hand_on: h and z come back as `Region`s of the launch's folded buffer (`routed_chain`).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
@@ -251,15 +253,18 @@ def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None,
         specs, waits = [down, gemv, proj, route], [0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT]
         links = [{}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1), "x": (0, 0)}]
         extra = dict(custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
-    return routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)
+    return routed_chain(specs, links, waits, key=wo, rank_k=rank_k, hand_on=hand_on, **extra)
 
 
 def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *, key: mx.array, rank_k: int = 0,
-                 **extra) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
+                 hand_on: bool = False, **extra) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
     """A chain whose last phase is the router (`router.router(spec=True)`, no guess), run as one
     launch (`phases.chain_all`; extra: its custom_waits / extra), with rank_k > 0 a ranking phase
-    after it -> (x_mid, h, z or `RankedLogits`). Every output but those is folded."""
+    after it -> (x_mid, h, z or `RankedLogits`). Every output but those is folded. hand_on (no
+    ranking, outputs folded): h and z folded too and returned as `Region`s of the buffer, which
+    the expert step's gate/up launch reads as one input (moe_decode.HAND_ON says why)."""
     route = specs[-1]
+    hand_on = hand_on and not rank_k and folded_outputs.FOLD_OUTPUTS
     if rank_k:  # the ranking last: its one block waits for every router block's logits
         specs = specs + [route_rank.rank(phases.Pending(route.output_shapes[ROUTER_Z], mx.float32), rank_k,
                                          threads=THREADS, spec=True)]
@@ -268,9 +273,9 @@ def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *
     # what is read after the launch: the router's x_mid, h, z (not its guess: none here) and the
     # ranking's ids; every other output (the phases' intermediates) is folded
     at = sum(len(s.output_shapes) for s in specs[:specs.index(route)])  # the router phase's first output
-    read = tuple(at + router_kernel.SOURCE.outputs.index(o) for o in ("x_mid", "h", "z")) + (
+    read = tuple(at + router_kernel.SOURCE.outputs.index(o) for o in (("x_mid",) if hand_on else ("x_mid", "h", "z"))) + (
         (at + len(route.output_shapes),) if rank_k else ())
-    outs = phases.chain_all(specs, links, key=key, waits=waits, keep=read, **extra)
+    outs = phases.chain_all(specs, links, key=key, waits=waits, keep=read, regions=hand_on, **extra)
     if not rank_k:
         x_mid, h, z, _ = outs[-4:]
         return x_mid, h, z

@@ -474,10 +474,11 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
                     k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                     wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
                     pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False,
-                    rank_k: int = 0):
+                    rank_k: int = 0, hand_on: bool = False):
     """`dense_gemv(wqkv, x, norm_w, eps, bias)`, `attend_split_project` of it and
     `router.router(x, its partials, ffn_norm, w_router)` (no guess) as one launch, where
     `chains_router`. rank_k > 0: z's top rank_k ranked by a last phase (`RankedLogits`).
+    hand_on: h and z as `Region`s of the launch's folded buffer (`attend_project.routed_chain`).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
@@ -498,4 +499,4 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
     waits = [0, WAIT_AT, merge_project.WAIT_AT, router_kernel.WAIT_AT]
     # where the QKV walk goes by KV group, an attention block waits for its own group's count (the body's kvh)
     extra = dict(custom_waits=(None, qkv_groups.attend_wait(0, "kvh")), extra=kc.shape[0]) if by_group else {}
-    return attend_project.routed_chain(specs, links, waits, key=wo, rank_k=rank_k, **extra)
+    return attend_project.routed_chain(specs, links, waits, key=wo, rank_k=rank_k, hand_on=hand_on, **extra)

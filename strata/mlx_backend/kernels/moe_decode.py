@@ -47,6 +47,7 @@ from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
 from strata.mlx_backend.kernels import phases
 from strata.mlx_backend.kernels import shared as shared_kernel
+from strata.mlx_backend.kernels.folded_outputs import Region, region_array
 from strata.mlx_backend.kernels.launch import absent, as_f32, index_const, launch
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
@@ -402,7 +403,8 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
     f = rec.expert_ffn
     ranked = absent(np.int32) if given is None else given
-    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, as_f32(x), as_f32(z), index_const(slot_base), ranked] + sh_inputs),
+    x, z = (a if isinstance(a, Region) else as_f32(a) for a in (x, z))  # a Region: float32 by construction
+    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, x, z, index_const(slot_base), ranked] + sh_inputs),
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
                      (nsb + k * nch, t, 1), threads, template,
@@ -463,7 +465,12 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
     down step comes back unlaunched (a `DeferredDown`), the same bits once run.
     """
     z, given = (z.logits, z.top) if isinstance(z, routing.RankedLogits) else (z, None)
-    if defer and not kw and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0]):
+    deferring = defer and not kw and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0])
+    if deferring or CHAIN_EXPERTS:
+        # h and z handed on in the attention launch's buffer (HAND_ON) are read by the plain
+        # gate/up launch only: the deferred and chained forms take them as arrays
+        h, z = (region_array(a) if isinstance(a, Region) else a for a in (h, z))
+    if deferring:
         spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, spec=True)
         made = dict(zip(spec.src.outputs, run(spec)))
         return DeferredDown(moe_down_chained.down_phase(spec, rec, x_mid, k, rows=DEFER_ROWS, made=made))
@@ -511,6 +518,15 @@ DEFER_DOWN = False
 # peers.py's decode at 8, three processes a form alternating, median 2.81 -> 2.48 ms
 # (docs/perf.md; device_run.sh, stage 'packed'; form `unpacked` turns it off).
 PACK_EXPERT_STEP = True
+
+# The attention's chained launch handing h and z on in its folded buffer: the router phase's h
+# and z are folded with the chain's intermediates (x_mid stays an array: the down step reads the
+# gate/up launch's buffer already) and the gate/up launch reads them as one input, `packed`. Why:
+# as PACK_EXPERT_STEP, each output and input is MLX host work: 2 outputs and 1 input a layer
+# fewer (96 and 48 a token at the seed shape). The same bits (emulator and GPU:
+# tests/test_folded_outputs.py). The caller asks for it (model.layer_forward, where the experts
+# run on the device and no ranking phase is chained); form `unhanded` turns it off.
+HAND_ON = True
 # output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
 # which leaves the chain's later blocks slots beside them at 2 blocks an SM)
 DEFER_ROWS = down_warps.ROWS

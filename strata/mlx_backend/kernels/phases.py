@@ -347,14 +347,15 @@ def stamping(marks: dict[str, Sequence[str]] | None = None):
 
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
               waits: Sequence[int] | None = None, use: str = "chain", custom_waits: Sequence[str | None] = (),
-              extra: int = 0, keep: Sequence[int] | None = None) -> list[mx.array | None]:
+              extra: int = 0, keep: Sequence[int] | None = None, regions: bool = False) -> list:
     """Run specs[0], specs[1], ... as one launch, each phase after the one before it; links[i]:
     phase i's input name -> (an earlier phase j, the index of j's output it reads; phase i's spec
     holds a `Pending` there); waits[i]: where phase i's body first reads them (`chain_sources`);
     key, use: the site's counters (`counters`: use tells apart sites that share their key array);
     custom_waits, extra: finer waits and the counters they use (`chain_sources`).
     Returns every phase's outputs, in phase order; with keep (indices into that list) only those,
-    the others None: the phases' intermediates then share one buffer (launch's fold)."""
+    the others None: the phases' intermediates then share one buffer (launch's fold); with
+    regions, a `Region` of that buffer each in place of None (for a later launch to read)."""
     if not available():
         raise RuntimeError("chain: one-launch chains run on the emulator or MLX's CUDA build only")
     if any(s.fold or s.regions for s in specs):
@@ -395,7 +396,8 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
     kept = set(range(len(shapes)) if keep is None else keep)
     fold = tuple(i for i in range(len(shapes)) if i not in kept)
     return folded_launch(launch, src, inputs, shapes, [d for s in specs for d in s.output_dtypes],
-                         blocks=(starts[-1], 1, 1), threads=first.threads, template=template, fold=fold)
+                         blocks=(starts[-1], 1, 1), threads=first.threads, template=template, fold=fold,
+                         regions=regions)
 
 
 def chain(producer: LaunchSpec, consumer: LaunchSpec, links: dict[str, int], *, key: mx.array,
