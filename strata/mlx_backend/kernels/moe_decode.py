@@ -459,7 +459,8 @@ def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.a
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
 
     z may come ranked (decode_routing.RankedLogits: the attention launch's route_rank phase); the
-    expert blocks then read its top k (Ranking.GIVEN), the same bits.
+    expert blocks then read its top k (Ranking.GIVEN), the same bits. h and z may be `Region`s of
+    the attention launch's buffer (HAND_ON): gate/up reads them from it.
     Where `chains_experts` (CHAIN_EXPERTS, one token): the two launches as one, the same bits.
     defer (the default form only, no kw): where `defers_down`, the gate/up launch runs and the
     down step comes back unlaunched (a `DeferredDown`), the same bits once run.
@@ -519,6 +520,10 @@ DEFER_DOWN = False
 # (docs/perf.md; device_run.sh, stage 'packed'; form `unpacked` turns it off).
 PACK_EXPERT_STEP = True
 
+# output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
+# which leaves the chain's later blocks slots beside them at 2 blocks an SM)
+DEFER_ROWS = down_warps.ROWS
+
 # The attention's chained launch handing h and z on in its folded buffer: the router phase's h
 # and z are folded with the chain's intermediates (x_mid stays an array: the down step reads the
 # gate/up launch's buffer already) and the gate/up launch reads them as one input, `packed`. Why:
@@ -527,9 +532,6 @@ PACK_EXPERT_STEP = True
 # tests/test_folded_outputs.py). The caller asks for it (model.layer_forward, where the experts
 # run on the device and no ranking phase is chained); form `unhanded` turns it off.
 HAND_ON = True
-# output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
-# which leaves the chain's later blocks slots beside them at 2 blocks an SM)
-DEFER_ROWS = down_warps.ROWS
 
 
 # A decoded token's top k ranked once, by the last phase of the attention's chained launch
