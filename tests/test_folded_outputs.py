@@ -210,16 +210,12 @@ def _handed_on_same_bits(path, monkeypatch, shared: bool):
     assert len(handed) >= len(on) // 2 and all("x" not in i and "z" not in i for i in handed)
 
 
+@pytest.mark.parametrize("path", [KernelPath.EMULATED,
+                                  pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(
+                                      gpu_dialect() is None, reason="no MLX GPU here")])], ids=["emulated", "gpu"])
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_the_attention_launch_handing_h_and_z_on_is_the_same_bits(monkeypatch, shared):
-    _handed_on_same_bits(KernelPath.EMULATED, monkeypatch, shared)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
-@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_the_attention_launch_handing_h_and_z_on_is_the_same_bits_on_the_gpu(monkeypatch, shared):
-    _handed_on_same_bits(KernelPath.GPU, monkeypatch, shared)
+def test_the_attention_launch_handing_h_and_z_on_is_the_same_bits(monkeypatch, path, shared):
+    _handed_on_same_bits(path, monkeypatch, shared)
 
 
 @pytest.mark.parametrize("form", ["DEFER_DOWN", "CHAIN_EXPERTS"])
