@@ -137,3 +137,14 @@ def test_a_decoded_token_is_the_same_bits_included_or_inline_on_the_gpu(monkeypa
     assert included_source.source_dir() is not None
     for a, b in zip(inline, included):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_a_damaged_file_is_written_again(in_dir):
+    body = "  c[0] = x[0] * 3.0f;\n"
+    _, b = included_source.included("", body, ("x",))
+    path = _target(b)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(body.replace("3.0f", "4.0f"))  # same length, other code
+    assert included_source.included("", body, ("x",)) == ("", b)
+    with open(path, encoding="utf-8") as f:
+        assert f.read() == body

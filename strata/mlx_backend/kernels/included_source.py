@@ -51,13 +51,19 @@ def source_dir() -> Path | None:
 
 
 def _written(directory: Path, text: str) -> Path:
-    """`text` in `directory/<sha256 of text>.cuh`, written atomically unless already there."""
-    path = directory / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".cuh")
-    if not (path.is_file() and path.stat().st_size == len(text.encode())):
+    """`text` in `directory/<sha256 of text>.cuh`, written atomically unless already there (read
+    back and compared: once a kernel build, a few KB, and a damaged file is written again)."""
+    data = text.encode()
+    path = directory / (hashlib.sha256(data).hexdigest()[:32] + ".cuh")
+    try:
+        same = path.read_bytes() == data
+    except OSError:
+        same = False
+    if not same:
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             os.replace(tmp, path)  # another process writing the same name writes the same bytes
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
