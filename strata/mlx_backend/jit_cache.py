@@ -24,11 +24,16 @@ from pathlib import Path
 ENV = "MLX_PTX_CACHE_DIR"  # MLX reads it once, at its first JIT compile (a function-local static)
 
 
-def default_dir(mlx_version: str, env: dict | None = None) -> Path:
-    """`$XDG_CACHE_HOME/strata/mlx-ptx/<mlx version>` (XDG_CACHE_HOME defaulting to ~/.cache)."""
+def cache_root(env: dict | None = None) -> Path:
+    """`$XDG_CACHE_HOME/strata` (XDG_CACHE_HOME defaulting to ~/.cache): where the GPU build's
+    files live (MLX's modules here, strata's CUDA sources in kernels/included_source.py)."""
     env = os.environ if env is None else env
-    base = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "strata" / "mlx-ptx" / mlx_version
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata"
+
+
+def default_dir(mlx_version: str, env: dict | None = None) -> Path:
+    """`cache_root()/mlx-ptx/<mlx version>`."""
+    return cache_root(env) / "mlx-ptx" / mlx_version
 
 
 def set_default(env: dict | None = None) -> str:

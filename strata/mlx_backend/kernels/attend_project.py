@@ -37,7 +37,7 @@ import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
-from strata.mlx_backend.kernels import folded_outputs, phases, qkv_groups, route_rank
+from strata.mlx_backend.kernels import phases, qkv_groups, route_rank
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.decode_routing import RankedLogits
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
@@ -261,10 +261,10 @@ def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *
     """A chain whose last phase is the router (`router.router(spec=True)`, no guess), run as one
     launch (`phases.chain_all`; extra: its custom_waits / extra), with rank_k > 0 a ranking phase
     after it -> (x_mid, h, z or `RankedLogits`). Every output but those is folded. hand_on (no
-    ranking, outputs folded): h and z folded too and returned as `Region`s of the buffer, which
+    ranking): h and z folded too and returned as `Region`s of the buffer, which
     the expert step's gate/up launch reads as one input (moe_decode.HAND_ON says why)."""
     route = specs[-1]
-    hand_on = hand_on and not rank_k and folded_outputs.FOLD_OUTPUTS
+    hand_on = hand_on and not rank_k  # with FOLD_OUTPUTS off, folded_launch hands back arrays
     if rank_k:  # the ranking last: its one block waits for every router block's logits
         specs = specs + [route_rank.rank(phases.Pending(route.output_shapes[ROUTER_Z], mx.float32), rank_k,
                                          threads=THREADS, spec=True)]

@@ -23,16 +23,16 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from strata.mlx_backend.jit_cache import cache_root
+
 INCLUDED = True  # CUDA sources through includes; False: inline, as MLX takes them (benchmarks' A/B)
 
 _dir: list[Path | None] = []  # asked once a process: [the directory, or None where none is writable]
 
 
 def default_dir(env: dict | None = None) -> Path:
-    """`$XDG_CACHE_HOME/strata/cuda-src` (XDG_CACHE_HOME defaulting to ~/.cache)."""
-    env = os.environ if env is None else env
-    base = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "strata" / "cuda-src"
+    """`$XDG_CACHE_HOME/strata/cuda-src` (jit_cache.cache_root: ~/.cache/strata by default)."""
+    return cache_root(env) / "cuda-src"
 
 
 def source_dir() -> Path | None:
