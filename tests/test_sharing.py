@@ -15,11 +15,11 @@ from strata.config import Backend
 from strata.engines import close_session
 from strata.errors import SessionBusyError
 from strata.testing.models import make_model
+from strata.testing.sharing import REFUSED, call_kwargs, run_interleaved, run_threads
 from engine_kinds import EXACT0, min_slots  # noqa: E402
 from tests.strategies import SHARED_PROMPTS, interleavings
 
 MODES = ["resident", "streaming-min"]  # the reference engine (snapshots); numpy streaming at the smallest arena
-REFUSED = "refused"
 EXAMPLES = 30  # each example is a few tiny-model generations: enough interleavings, seconds per test
 
 
@@ -41,49 +41,12 @@ def shared(request, made):
     def expected(call) -> list[int]:
         key = call[1:]
         if key not in alone:  # one at a time, on a model of its own
-            alone[key] = strata.generate(alone_model, **_kwargs(call), config=config).tokens
+            alone[key] = strata.generate(alone_model, **call_kwargs(call, SHARED_PROMPTS), config=config).tokens
         return alone[key]
 
     yield model, config, expected, request.param
     model.close()
     alone_model.close()
-
-
-def _kwargs(call) -> dict:
-    _, prompt, max_tokens, temperature, seed = call
-    return dict(prompt=SHARED_PROMPTS[prompt], max_tokens=max_tokens, temperature=temperature, seed=seed)
-
-
-def run_interleaved(model, config, calls, schedule) -> list:
-    """Make `calls` on one thread, advancing them in `schedule`'s order: each call's tokens, or
-    REFUSED where it ended in SessionBusyError."""
-    out: list = [[] for _ in calls]
-    live: dict = {}
-    ended: set[int] = set()
-
-    def advance(i: int) -> None:
-        whole = calls[i][0]
-        try:
-            if whole:
-                out[i] = strata.generate(model, **_kwargs(calls[i]), config=config).tokens
-                ended.add(i)
-                return
-            it = live.setdefault(i, strata.stream_generate(model, **_kwargs(calls[i]), config=config))
-            out[i].append(next(it).token)
-        except StopIteration:
-            ended.add(i)
-        except SessionBusyError:
-            assert out[i] == [], "a call refused after it had tokens"
-            out[i] = REFUSED
-            ended.add(i)
-
-    for pick in schedule:
-        if pick % len(calls) not in ended:
-            advance(pick % len(calls))
-    for i in range(len(calls)):
-        while i not in ended:
-            advance(i)
-    return out
 
 
 def check(outcomes, calls, expected, mode) -> None:
@@ -99,7 +62,7 @@ def check(outcomes, calls, expected, mode) -> None:
 def test_iterators_interleaved_on_one_thread_equal_each_call_alone(shared, plan):
     model, config, expected, mode = shared
     calls, schedule = plan
-    check(run_interleaved(model, config, calls, schedule), calls, expected, mode)
+    check(run_interleaved(model, config, calls, schedule, SHARED_PROMPTS), calls, expected, mode)
 
 
 @settings(max_examples=EXAMPLES // 2, deadline=None)
@@ -108,21 +71,8 @@ def test_threads_each_interleaving_equal_each_call_alone(shared, plans):
     """Threads share the model, each interleaving calls of its own: a call from another thread
     waits for its turn (never refused); only a thread's own second iterator can be."""
     model, config, expected, mode = shared
-    results: list = [None] * len(plans)
-    errors: list = []
-
-    def worker(k: int) -> None:
-        try:
-            results[k] = run_interleaved(model, config, *plans[k])
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(plans))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
+    results, errors, finished = run_threads(model, config, plans, SHARED_PROMPTS, timeout=120)
+    assert finished, "a thread hung"
     assert not errors, errors
     for (calls, _), outcomes in zip(plans, results):
         check(outcomes, calls, expected, mode)
