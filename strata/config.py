@@ -115,6 +115,10 @@ class Config:
             raise ConfigError(f"moce_lambda must be >= 0, got {self.moce_lambda}")
         if self.moce_margin < 0:
             raise ConfigError(f"moce_margin must be >= 0 (0: off), got {self.moce_margin}")
+        if not 0 <= self.moce_drop_tail <= 1:  # checked here too, so the message names the field
+            raise ConfigError(f"moce_drop_tail must be in [0, 1] (0: off), got {self.moce_drop_tail}")
+        if self.moce_drop_rank < 0:
+            raise ConfigError(f"moce_drop_rank must be >= 0, got {self.moce_drop_rank}")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
         if self.io_switch_ms < 0:

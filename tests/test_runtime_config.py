@@ -99,7 +99,7 @@ def test_none_is_refused_naming_the_field_and_its_default(field):
 @pytest.mark.parametrize("field", ["io_switch_ms", "moce_lambda", "moce_margin", "moce_drop_tail", "io_timeout"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_float_fields_must_be_finite(field, value):
-    with pytest.raises(ConfigError, match=rf"^{field} must be a finite number"):
+    with pytest.raises(ConfigError, match=rf"^{field} must be (a finite number|in \[0, 1\])"):
         Config(**{field: value})
 
 
@@ -129,3 +129,18 @@ def test_a_logpos_write_that_fails_is_refused_naming_the_field(tmp_path):
     with strata.load(made.model_path) as model:
         with pytest.raises(ConfigError, match=r"^logpos /dev/full: cannot write \(No space left on device\)"):
             strata.generate(model, [1, 2, 3], max_tokens=2, config=dict(logpos="/dev/full", arena="100%"))
+
+
+def test_every_refusal_names_the_field_as_python_spells_it():
+    """Any value given to any field is taken or refused in one line starting with the field's
+    name (not a MoCE policy's or a TypeError's words)."""
+    import math
+
+    from strata.config import field_types
+
+    for name in field_types():
+        for value in (None, math.nan, math.inf, -math.inf, [3], {}, -5, 2.5, "zz", True, 10**30):
+            try:
+                Config(**{name: value})
+            except ConfigError as e:
+                assert str(e).startswith(name) and "\n" not in str(e), (name, value, str(e))
