@@ -108,6 +108,10 @@ def stream_generate(
     `drafter`: speculate with it (strata.speculative); default: the one the engine's config names
     (`suffix_draft`), none when that is 0. Greedy output is the same with or without; sampled
     output has the same distribution (not the same draws).
+    Threads and interleaved iterators may share one model or engine: each call gives what it
+    gives alone (strata/sharing.py). An engine that cannot keep a suspended call's state apart
+    (streaming, MLX) runs one call at a time: a call from another thread waits; one started on
+    the thread holding an unfinished iterator raises SessionBusyError naming the fix.
     """
     prompt = check_prompt(prompt)
     max_tokens = check_count("max_tokens", max_tokens)

@@ -45,7 +45,9 @@ class SharedSession:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self._turn = threading.Condition(threading.Lock())
+        # reentrant: an abandoned iterator's generator may be finalized (its `finish`) by the
+        # garbage collector on a thread that is inside a step
+        self._turn = threading.Condition(threading.RLock())
         self._active: list[Call] = []  # started, not finished, in the order they started
         self._owner: Call | None = None  # the unfinished call whose positions the engine holds
 
