@@ -78,14 +78,21 @@ def test_threads_each_interleaving_equal_each_call_alone(shared, plans):
         check(outcomes, calls, expected, mode)
 
 
-def test_a_second_iterator_on_a_streaming_session_is_refused_in_one_line(shared):
+def test_a_second_iterator_on_one_thread_interleaves_or_is_refused_in_one_line(shared):
+    """Resident: the two interleave, each exact. Streaming: the second is refused in one line
+    naming the fix, and once the first is closed the session serves it."""
     model, config, expected, mode = shared
-    if mode != "streaming-min":
-        pytest.skip("an engine that takes snapshots interleaves instead")
     first = strata.stream_generate(model, SHARED_PROMPTS[0], max_tokens=3, config=config)
-    next(first)
+    got = [next(first).token]
+    second = strata.stream_generate(model, SHARED_PROMPTS[1], max_tokens=3, config=config)
+    if mode == "resident":
+        pairs = [(next(second).token, next(first).token), (next(second).token, next(first).token)]
+        got += [b for _, b in pairs]
+        assert [a for a, _ in pairs] + [r.token for r in second] == expected((False, 1, 3, 0.0, 0))
+        assert got == expected((False, 0, 3, 0.0, 0))
+        return
     with pytest.raises(SessionBusyError, match=r"close\(\) that iterator first.*strata\.open_engine") as err:
-        next(strata.stream_generate(model, SHARED_PROMPTS[1], max_tokens=3, config=config))
+        next(second)
     assert "\n" not in str(err.value)
     first.close()  # the fix it names: the session is free again
     assert strata.generate(model, SHARED_PROMPTS[1], max_tokens=3, config=config).tokens == expected(
