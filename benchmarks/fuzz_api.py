@@ -95,7 +95,8 @@ def sharing_cases(model_path: Path, rng, count: int, timeout: float):
                     for call, got in zip(calls, outcomes or []):
                         key = call[1:]
                         if key not in alone:
-                            alone[key] = strata.generate(alone_model, **call_kwargs(call, PROMPTS), config=config).tokens
+                            kwargs = call_kwargs(call, PROMPTS)
+                            alone[key] = strata.generate(alone_model, **kwargs, config=config).tokens
                         if got == REFUSED:
                             yield kind, mode, *(("refused", "SessionBusyError") if mode == "streaming" else
                                                 ("WRONG", "refused on an engine that takes snapshots"))
@@ -241,9 +242,11 @@ def serve_cases(model_path: Path, rng, count: int, timeout: float):
             if kind == "short body":
                 request = f"{head}content-length: {len(data) + int(rng.integers(1, 10**6))}\r\n\r\n".encode() + data
             elif kind == "huge chunk":
-                request = f"{head}transfer-encoding: chunked\r\n\r\n{int(rng.integers(2**20, 2**40)):x}\r\n".encode() + data
+                size = int(rng.integers(2**20, 2**40))  # declared, never sent
+                request = f"{head}transfer-encoding: chunked\r\n\r\n{size:x}\r\n".encode() + data
             elif kind == "leave mid-body":
-                request = f"{head}content-length: {len(data) + 50}\r\n\r\n".encode() + data[: int(rng.integers(0, len(data)))]
+                sent = data[: int(rng.integers(0, len(data)))]
+                request = f"{head}content-length: {len(data) + 50}\r\n\r\n".encode() + sent
             elif kind == "not http":
                 request = bytes(rng.integers(33, 127, size=int(rng.integers(1, 200)), dtype=np.uint8)) + b"\r\n\r\n"
             else:
