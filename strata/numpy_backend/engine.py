@@ -24,6 +24,7 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
     grouped over the tokens that chose them, the prefill head on the last position only)."""
 
     kind = "reference"
+    takes_snapshots = True  # its ModelState is frozen: a forward returns a new one (strata/sharing.py)
 
     def __init__(self, params: ModelParams, *, select: SelectFn | None = None, model=None, config=None,
                  expert_reads: int = 0) -> None:
@@ -65,6 +66,14 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
 
     def _expert_reads(self) -> int:
         return self._reads
+
+    def snapshot(self) -> tuple[tuple[int, ...], ModelState]:
+        return self.tokens, self.state
+
+    def restore(self, snapshot: tuple[tuple[int, ...], ModelState]) -> None:
+        tokens, self.state = snapshot
+        self._tokens = list(tokens)
+        self.version += 1
 
 
 class _NoResidentExperts:
