@@ -146,7 +146,7 @@ def count_strata(cfg, family: str = "strata") -> PartCounts:
     from strata.model_config import dense_tensor_shapes
 
     from strata.ple_store import table_shapes
-    from strata.qwen4_config import Qwen4Names, ple_layers
+    from strata.families.qwen4_exp import Qwen4Names, ple_layers
 
     parts: dict[str, int] = {}
     for name, shape in dense_tensor_shapes(cfg).items():
