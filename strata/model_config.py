@@ -15,12 +15,13 @@ import math
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
-from strata.families.qwen4_exp import check_qwen4_fields, qwen4_tensor_shapes
+from strata.families.qwen4_exp import qwen4_tensor_shapes
+from strata.families.registry import FAMILIES
 from strata.layer_kinds import (  # noqa: F401  (re-exported: the model's vocabulary, spoken through this module)
     MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, RopeScaling, RoutingOrder,
 )
 from strata.tensor_names import (  # noqa: F401  (re-exported)
-    TensorNames, attention_tensor_shapes, deltanet_tensor_shapes, mla_tensor_shapes,
+    MIXER_TENSORS, TensorNames, attention_tensor_shapes, deltanet_tensor_shapes, mla_tensor_shapes,
 )
 
 
@@ -148,10 +149,8 @@ class ModelConfig:
         if self.rotary_dim and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ConfigError(f"model config: rotary_dim must be even and in (0, head_dim={self.head_dim}], "
                               f"got {self.rotary_dim}")
-        _check_hybrid(self)
-        check_sigmoid_fields(self)
-        _check_gpt_oss(self)
-        check_qwen4_fields(self)
+        for family in FAMILIES:  # each family's own fields (strata/families/)
+            family.check(self)
 
     @property
     def rope_dim(self) -> int:
@@ -214,62 +213,6 @@ class ModelConfig:
         return cls(**d)
 
 
-def _check_hybrid(cfg: ModelConfig) -> None:
-    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
-    if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
-        return
-    sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
-    for name in sizes:
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(cfg, name)}")
-    if cfg.linear_v_heads % cfg.linear_k_heads:
-        raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
-                          f"linear_k_heads={cfg.linear_k_heads}")
-
-
-def check_sigmoid_fields(cfg: "ModelConfig") -> None:
-    """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
-    if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
-        raise ConfigError(f"model config: n_group={cfg.n_group} must divide n_experts={cfg.n_experts}")
-    if not 1 <= cfg.topk_group <= cfg.n_group:
-        raise ConfigError(f"model config: topk_group={cfg.topk_group} must be in 1..n_group={cfg.n_group}")
-    if cfg.n_group > 1 and cfg.n_experts // cfg.n_group < 2:
-        raise ConfigError("model config: n_group needs >= 2 experts per group (groups score by their top 2)")
-    if cfg.topk_group * (cfg.n_experts // cfg.n_group) < cfg.n_experts_per_token:
-        raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
-    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
-        raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
-    if any(t.mixer is Mixer.MLA for t in cfg.kinds):
-        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
-            if getattr(cfg, name) <= 0:
-                raise ConfigError(f"model config: latent attention needs {name} > 0")
-        if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
-            raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
-                              "(qk_rope_head_dim even)")
-        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
-            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
-                              "or attention_output_gate")
-
-
-def _check_gpt_oss(cfg: ModelConfig) -> None:
-    """The gpt-oss fields: a window for sliding layers, a usable clamped SwiGLU, YaRN's numbers."""
-    def positive(name: str) -> None:
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
-
-    if any(t.mixer is Mixer.SLIDING_ATTENTION for t in cfg.kinds) and cfg.sliding_window <= 0:
-        raise ConfigError(f"model config: sliding-attention layers need sliding_window > 0, got {cfg.sliding_window}")
-    if cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU:
-        positive("swiglu_alpha")
-        positive("swiglu_limit")
-    if cfg.rope_scaling is RopeScaling.YARN:
-        for name in ("yarn_factor", "yarn_original_context", "yarn_beta_fast", "yarn_beta_slow",
-                     "yarn_attention_factor"):
-            positive(name)
-
-
-
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
     if cfg.hc_count:  # Qwen4-Exp: hyper-connection norms instead of pre-norms, PLE and indexer tensors
@@ -282,12 +225,7 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for l in range(cfg.n_layers):
         b = lambda s: n.block(l, s)  # noqa: E731
         shapes[b(n.attn_norm)] = (cfg.hidden_size,)
-        if cfg.kinds[l].mixer is Mixer.DELTANET:
-            shapes.update(deltanet_tensor_shapes(cfg, l))
-        elif cfg.kinds[l].mixer is Mixer.MLA:  # latent attention: its own projections (no q/k/v)
-            shapes.update(mla_tensor_shapes(cfg, l))
-        else:
-            shapes.update(attention_tensor_shapes(cfg, l))
+        shapes.update(MIXER_TENSORS[cfg.kinds[l].mixer](cfg, l))
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
         if cfg.kinds[l].ffn is Ffn.DENSE:
             shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)

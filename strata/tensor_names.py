@@ -1,4 +1,5 @@
-"""Dense tensor names (llama.cpp's GGUF spelling) and each mixer's tensors with their shapes.
+"""Dense tensor names (llama.cpp's GGUF spelling) and each mixer's tensors with their shapes
+(`MIXER_TENSORS`, keyed by the mixer kind).
 
 `model_config.dense_tensor_shapes` composes the whole model's list from these; a family with
 tensors of its own (strata/families/) composes it from them too.
@@ -6,9 +7,9 @@ tensors of its own (strata/families/) composes it from them too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from strata.layer_kinds import QKNorm
+from strata.layer_kinds import Mixer, QKNorm
 
 if TYPE_CHECKING:  # annotations only: a config is read, never built, here
     from strata.model_config import ModelConfig
@@ -128,3 +129,14 @@ def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
         shapes[b(n.attn_q)] = (h * qk, d)
     return shapes
 
+
+# each mixer kind's own tensors (the norm before it is the layer's attn_norm): one entry per kind.
+# Indexed attention is attention's projections; its indexer's tensors are its family's
+# (families/qwen4_exp.py), as is every tensor of a hyper-connection model.
+MIXER_TENSORS: dict[Mixer, Callable[["ModelConfig", int], dict[str, tuple[int, ...]]]] = {
+    Mixer.ATTENTION: attention_tensor_shapes,
+    Mixer.SLIDING_ATTENTION: attention_tensor_shapes,
+    Mixer.DELTANET: deltanet_tensor_shapes,
+    Mixer.MLA: mla_tensor_shapes,
+    Mixer.INDEXED_ATTENTION: attention_tensor_shapes,
+}

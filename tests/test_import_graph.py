@@ -139,6 +139,7 @@ DESCRIPTION = ("strata.errors", "strata.layer_kinds", "strata.tensor_names", "st
     ("strata.layer_kinds", DESCRIPTION),
     ("strata.tensor_names", DESCRIPTION),
     ("strata.model_config", DESCRIPTION),
+    ("strata.families", DESCRIPTION),
 ])
 def test_layers_point_down(package, allowed):
     bad = _importers_outside(package, allowed)

@@ -21,14 +21,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strata.errors import ConfigError
+from strata.families.family import MADE_VOCAB, FamilyParts
 
-from strata.layer_kinds import Ffn, Mixer
-from strata.tensor_names import TensorNames, attention_tensor_shapes, deltanet_tensor_shapes
+from strata.layer_kinds import Ffn, LayerType, Mixer, QKNorm
+from strata.tensor_names import MIXER_TENSORS, TensorNames
 
 if TYPE_CHECKING:  # annotations only: model_config imports this module for its checks and tensors
     from strata.model_config import ModelConfig
 
 HC_FINAL = "hc_output"  # the prefix of the hyper-connection before the head
+# the mixers of a Qwen4-Exp layer (each layer is one of them, with an MoE block)
+QWEN4_MIXERS = frozenset({Mixer.DELTANET, Mixer.INDEXED_ATTENTION})
 
 
 class Qwen4Names:
@@ -121,10 +124,8 @@ def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
         b = lambda name: n.block(layer, name)  # noqa: E731
         shapes.update(hc_shapes(cfg, b("hc_attn")))
         shapes.update(hc_shapes(cfg, b("hc_ffn")))
-        if cfg.kinds[layer].mixer is Mixer.DELTANET:
-            shapes.update(deltanet_tensor_shapes(cfg, layer))
-        else:
-            shapes.update(attention_tensor_shapes(cfg, layer))
+        shapes.update(MIXER_TENSORS[cfg.kinds[layer].mixer](cfg, layer))
+        if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:  # its indexer
             hi, di = cfg.indexer_heads, cfg.indexer_head_dim
             shapes.update({b(q.idx_qk): ((hi + 1) * di, d), b(q.idx_q_norm): (di,), b(q.idx_k_norm): (di,)})
         if layer in ple:
@@ -152,8 +153,7 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
     if cfg.hc_count < 2 or cfg.hc_lowrank <= 0:
         raise ConfigError(f"model config: hc_count must be > 1 and hc_lowrank > 0, got {cfg.hc_count}, "
                           f"{cfg.hc_lowrank}")
-    allowed = {Mixer.DELTANET, Mixer.INDEXED_ATTENTION}
-    bad = [t.to_str() for t in cfg.kinds if t.mixer not in allowed or t.ffn is not Ffn.MOE]
+    bad = [t.to_str() for t in cfg.kinds if t.mixer not in QWEN4_MIXERS or t.ffn is not Ffn.MOE]
     if bad:
         raise ConfigError(f"model config: layer_types {bad[0]!r}: Qwen4-Exp layers are deltanet or "
                           "indexed_attention, each with an MoE block")
@@ -191,3 +191,24 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
                           f"{ngram_heads(cfg)} n-gram heads")
     if not 0 <= cfg.ngram_eos_token < cfg.vocab_size:
         raise ConfigError(f"model config: ngram_eos_token={cfg.ngram_eos_token} is not a token id")
+
+
+MADE_SHAPES = {
+    # 4 hyper-connection streams, three DeltaNet layers (PLE modules on two), then indexed attention
+    # whose budget (2 blocks of 4) is smaller than most contexts, so selection matters
+    "qwen4": dict(hidden_size=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, n_experts=16,
+                  n_experts_per_token=4, expert_ffn_size=32, shared_ffn_size=32, shared_expert_gated=True,
+                  qk_norm=QKNorm.PER_HEAD, max_context=256,
+                  layer_types=((LayerType(Mixer.DELTANET, Ffn.MOE),) * 3
+                               + (LayerType(Mixer.INDEXED_ATTENTION, Ffn.MOE),)),
+                  rotary_dim=8, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
+                  linear_v_head_dim=16, linear_conv_kernel=4, hc_count=4, hc_lowrank=16, indexer_heads=2,
+                  indexer_head_dim=16, indexer_budget=8, indexer_block=4, ple_layer_ids="0,2", ple_embed_dim=32,
+                  ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=2, ngram_vocab_base=101,
+                  ngram_vocab_divisor=8, ngram_seed=1234, ngram_eos_token=MADE_VOCAB - 1),
+}
+
+FAMILY = FamilyParts(
+    name="Qwen4-Exp", model_types=("qwen4_exp_text", "qwen4_exp"), converter="strata.convert.qwen4_exp",
+    check=check_qwen4_fields, made_shapes=MADE_SHAPES,
+)
