@@ -20,10 +20,12 @@ __all__ = ["grouped_terms", "rank_sum"]
 
 
 def grouped_terms(h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                  weights_of: Callable[[int], ExpertWeights], act: ExpertAct) -> np.ndarray:
+                  weights_of: Callable[[int], ExpertWeights], act: ExpertAct, *,
+                  expert: Callable[..., np.ndarray] = swiglu_expert) -> np.ndarray:
     """weight[t, r] * expert_{ids[t, r]}(h[t]) for every selected (t, r); zeros where ids < 0.
 
-    `ids` names an expert (or an arena slot: whatever `weights_of` takes). A group of one row is
+    `ids` names an expert (or an arena slot: whatever `weights_of` takes); `expert` computes one
+    (the reference's `swiglu_expert` or its compiled twin, strata.numpy_backend.quant_kernels). A group of one row is
     computed on its [D] row, as the per-token path does, so decode's arithmetic is unchanged.
 
     Shapes:
@@ -34,9 +36,9 @@ def grouped_terms(h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
         t, r = np.nonzero(ids == e)
         w = weights_of(int(e))
         if len(t) == 1:
-            terms[t[0], r[0]] = weights[t[0], r[0]] * swiglu_expert(w, h[t[0]], act)
+            terms[t[0], r[0]] = weights[t[0], r[0]] * expert(w, h[t[0]], act)
         else:
-            terms[t, r] = weights[t, r][:, None] * swiglu_expert(w, h[t], act)
+            terms[t, r] = weights[t, r][:, None] * expert(w, h[t], act)
     return terms
 
 

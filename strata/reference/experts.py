@@ -10,13 +10,13 @@ Shared expert:  the same SwiGLU on dense weights, times sigmoid(w_gate_inp · x)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import ExpertKind, ModelConfig
-from strata.reference.quants import gemv
+from strata.reference.quants import QuantMatrix, gemv
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,19 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-np.asarray(x, dtype=np.float32)))
 
 
-def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU) -> np.ndarray:
+def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU, *,
+                  matvec: Callable[[QuantMatrix, np.ndarray], np.ndarray] = gemv) -> np.ndarray:
     """One routed expert on its stored (quantized) weights, with its biases if it has them.
+    `matvec`: the product W x on a stored matrix (the reference's `gemv`; the numpy engines'
+    compiled twin, strata.numpy_backend.quant_kernels, passes its own).
 
     Shapes:
         x: [D] or [T, D] -> [D] or [T, D]
     """
-    g, u = gemv(w.gate, x), gemv(w.up, x)  # [.., F]
+    g, u = matvec(w.gate, x), matvec(w.up, x)  # [.., F]
     if w.biases is not None:
         g, u = g + w.biases.gate, u + w.biases.up
-    y = gemv(w.down, gated_hidden(act, g, u))
+    y = matvec(w.down, gated_hidden(act, g, u))
     return y if w.biases is None else y + w.biases.down
 
 

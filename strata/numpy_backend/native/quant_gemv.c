@@ -1,0 +1,132 @@
+/* Quantized GEMV on the CPU: y[t] = W x[t] with W in Q8_0, Q4_0 or Q2_0 as strata stores it (two
+ * planes: the codes, then one float16 scale d per block of 32 weights), x and y float32.
+ *
+ * x stays float32 (no activation quantization, unlike ggml's q8_0 x q8_0 dot): each block's 32
+ * products are summed in float32 and times the block's scale d; so against the reference (widen W
+ * to float32, then a float32 matrix product) only the summation order differs.
+ *
+ * A block's signed levels (q for Q8_0, q - 8 for Q4_0, q - 2 for Q2_0) are unpacked to 32 int8,
+ * then widened and multiplied with x in float32: AVX2 + FMA intrinsics where the build machine
+ * has them (8 lanes, 4 per block; the row keeps one 8-lane sum reduced once at its end), a
+ * portable loop the compiler vectorizes elsewhere (NEON on arm64: 16 lanes, the same order of
+ * operations per lane). Code layouts as strata.formats.quant_types defines them: Q8_0 32 int8;
+ * Q4_0 16 bytes, weight j < 16 the low nibble of byte j, j >= 16 the high nibble of byte j - 16;
+ * Q2_0 8 bytes, weight j at bits 2 (j % 4) of byte j / 4.
+ *
+ * Rows [r0, r1) only: a caller splits the rows over threads (each call touches its rows alone). */
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define STRATA_AVX2 1
+#endif
+
+#define BLOCK 32
+
+static inline float half_to_float(uint16_t h) {
+#if defined(STRATA_AVX2)
+    return _cvtsh_ss(h);
+#elif defined(__aarch64__)
+    __fp16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* ---------------------------------------------------------------- a block's 32 signed levels */
+
+static inline void q8_0_levels(const uint8_t *restrict c, int8_t *restrict out) { memcpy(out, c, BLOCK); }
+
+static inline void q4_0_levels(const uint8_t *restrict c, int8_t *restrict out) {
+    for (int j = 0; j < 16; j++) {
+        out[j] = (int8_t)((c[j] & 0x0f) - 8);
+        out[j + 16] = (int8_t)((c[j] >> 4) - 8);
+    }
+}
+
+static inline void q2_0_levels(const uint8_t *restrict c, int8_t *restrict out) {
+    for (int j = 0; j < BLOCK; j++) out[j] = (int8_t)(((c[j >> 2] >> (2 * (j & 3))) & 3) - 2);
+}
+
+/* ---------------------------------------------------------------- one row's dot product */
+
+#if defined(STRATA_AVX2)
+static inline __m256 widen8(__m128i q8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)); }
+
+#define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
+    static inline float LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,         \
+                                      const float *x) {                                              \
+        __m256 acc = _mm256_setzero_ps();                                                            \
+        int8_t lv[BLOCK] __attribute__((aligned(32)));                                               \
+        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES), x += BLOCK) {                      \
+            LEVELS(c, lv);                                                                           \
+            __m128i lo = _mm_load_si128((const __m128i *)lv), hi = _mm_load_si128((const __m128i *)(lv + 16)); \
+            __m256 p = _mm256_mul_ps(widen8(lo), _mm256_loadu_ps(x));                                \
+            p = _mm256_fmadd_ps(widen8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), p);          \
+            p = _mm256_fmadd_ps(widen8(hi), _mm256_loadu_ps(x + 16), p);                             \
+            p = _mm256_fmadd_ps(widen8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), p);          \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(d[b])), p, acc);                     \
+        }                                                                                            \
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));          \
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                                      \
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));                                                       \
+        return _mm_cvtss_f32(s);                                                                     \
+    }
+#else
+#define LANES 16 /* partial sums the compiler keeps in vector registers (no -ffast-math needed) */
+#define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
+    static inline float LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,         \
+                                      const float *x) {                                              \
+        float acc[LANES] = {0};                                                                      \
+        int8_t lv[BLOCK];                                                                            \
+        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES), x += BLOCK) {                      \
+            LEVELS(c, lv);                                                                           \
+            const float db = half_to_float(d[b]);                                                    \
+            float p[LANES];                                                                          \
+            for (int j = 0; j < LANES; j++) p[j] = (float)lv[j] * x[j] + (float)lv[j + LANES] * x[j + LANES]; \
+            for (int j = 0; j < LANES; j++) acc[j] += db * p[j];                                     \
+        }                                                                                            \
+        for (int w = LANES / 2; w; w /= 2)                                                           \
+            for (int j = 0; j < w; j++) acc[j] += acc[j + w];                                        \
+        return acc[0];                                                                               \
+    }
+#endif
+
+ROW_DOT(q8_0_levels, 32)
+ROW_DOT(q4_0_levels, 16)
+ROW_DOT(q2_0_levels, 8)
+
+/* ---------------------------------------------------------------- the entry points */
+
+/* rows [r0, r1) of y[t, r] = sum_b d[r, b] * sum_j level(r, b, j) x[t, 32 b + j], t < n_tokens.
+ * codes [n_rows, n_cols / 32 * CODE_BYTES] uint8, scales [n_rows, n_cols / 32] float16 bits,
+ * x [n_tokens, n_cols] float32, y [n_tokens, n_rows] float32, all C-contiguous. */
+#define DEFINE_GEMV(NAME, LEVELS, CODE_BYTES)                                                        \
+    void NAME(const uint8_t *codes, const uint16_t *scales, int64_t n_rows, int64_t n_cols,         \
+              const float *x, int64_t n_tokens, float *y, int64_t r0, int64_t r1) {                  \
+        const int64_t n_blocks = n_cols / BLOCK;                                                     \
+        for (int64_t r = r0; r < r1; r++)                                                            \
+            for (int64_t t = 0; t < n_tokens; t++)                                                   \
+                y[t * n_rows + r] = LEVELS##_row(codes + r * n_blocks * (CODE_BYTES),                \
+                                                 scales + r * n_blocks, n_blocks, x + t * n_cols);   \
+    }
+
+DEFINE_GEMV(strata_q8_0_gemv, q8_0_levels, 32)
+DEFINE_GEMV(strata_q4_0_gemv, q4_0_levels, 16)
+DEFINE_GEMV(strata_q2_0_gemv, q2_0_levels, 8)

@@ -1,0 +1,122 @@
+"""Compiled twins of the reference's quantized products, for the numpy engines (docs/cpu.md).
+
+    gemv(m, x)                  twin of strata.reference.quants.gemv (a routed expert's matrices)
+    swiglu_expert(w, x, act)    twin of strata.reference.experts.swiglu_expert (its gemvs compiled)
+    linear(dense, name, x)      twin of strata.reference.model.linear (the head; stored Q8_0)
+
+The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
+stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
+copy of the matrix, which is where the numpy path spent its time (78% of a decode token on a
+made Q8_0 model went to `dequantize`). Only the float32 summation order differs from the
+reference; tests/test_cpu_kernels.py holds each twin to it within FLOAT32_REORDER-sized budgets.
+
+`CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
+or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
+note). A matrix of a type without a compiled kernel goes to the reference's product, per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
+from strata.formats.expert_record import ExpertWeights
+from strata.formats.quant_types import QuantType
+from strata.numpy_backend import native_build
+from strata.reference import experts as ref_experts
+from strata.reference import model as ref_model
+from strata.reference import quants as ref_quants
+from strata.reference.experts import SWIGLU, ExpertAct
+from strata.reference.quants import QuantMatrix
+
+__all__ = ["COMPILED_TYPES", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert", "linear"]
+
+# the expert types with a compiled kernel, and its symbol in native/quant_gemv.c
+COMPILED_TYPES: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv"}
+# Rows of x above which widening the matrix once and one float32 matrix product (BLAS) beats
+# reading the stored matrix once per row: a prompt's grouped experts, not decode's 1-row GEMVs.
+MAX_COMPILED_ROWS = 4
+
+
+def _kernel(qtype: QuantType):
+    lib = native_build.library()
+    name = COMPILED_TYPES.get(qtype)
+    return None if lib is None or name is None else getattr(lib, name)
+
+
+def _run(fn, codes: np.ndarray, scales: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
+    """y = W x on the stored planes (C-contiguous codes [R, *] and float16 scales [R, C/32]).
+    x [.., C] -> [.., R] float32"""
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1, n_cols)  # [T, C]
+    y = np.empty((flat.shape[0], n_rows), np.float32)  # [T, R]
+    if not (codes.flags.c_contiguous and scales.flags.c_contiguous):
+        codes, scales = np.ascontiguousarray(codes), np.ascontiguousarray(scales)
+    fn(codes.ctypes.data, scales.ctypes.data, n_rows, n_cols, flat.ctypes.data, flat.shape[0], y.ctypes.data, 0, n_rows)
+    return y.reshape(*np.shape(x)[:-1], n_rows)
+
+
+def _rows(x: np.ndarray) -> int:
+    return 1 if np.ndim(x) == 1 else int(np.prod(np.shape(x)[:-1]))
+
+
+def gemv(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
+    """Twin of reference `gemv`: y = W x on the stored weights, in float32.
+
+    Shapes:
+        x: [n_cols] or [T, n_cols] -> y: [n_rows] or [T, n_rows]
+    """
+    fn = _kernel(m.qtype)
+    if fn is None or _rows(x) > MAX_COMPILED_ROWS:
+        return ref_quants.gemv(m, x)
+    if np.shape(x)[-1] != m.n_cols:
+        raise ValueError(f"gemv: x has {np.shape(x)[-1]} features, the matrix wants {m.n_cols}")
+    return _run(fn, m.codes, m.scales, m.n_rows, m.n_cols, x)
+
+
+def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU) -> np.ndarray:
+    """Twin of reference `swiglu_expert`: the same steps, its three products by `gemv` above.
+
+    Shapes:
+        x: [D] or [T, D] -> [D] or [T, D]
+    """
+    return ref_experts.swiglu_expert(w, x, act, matvec=gemv)
+
+
+def linear(dense: DenseWeights, name: str, x: np.ndarray) -> np.ndarray:
+    """Twin of reference `linear`: x W^T for the dense matrix `name`, on its stored Q8_0 bytes
+    where it is held so (else the reference's widening product). [T, C] -> [T, R]"""
+    t = dense.stored(name)
+    fn = _kernel(QuantType.Q8_0)
+    if fn is None or not isinstance(t, StoredTensor) or t.qtype is not StoredType.Q8_0 or t.ndim != 2 \
+            or _rows(x) > MAX_COMPILED_ROWS:
+        return ref_model.linear(dense, name, x)
+    rows, cols = t.rows_cols
+    return _run(fn, t.codes, t.scales, rows, cols, x)
+
+
+@dataclass(frozen=True)
+class CpuOps:
+    """The products a numpy engine computes with (one choice per engine, made at open)."""
+
+    expert: Callable[..., np.ndarray]  # swiglu_expert(w, x, act)
+    linear: Callable[[DenseWeights, str, np.ndarray], np.ndarray]  # linear(dense, name, x)
+    note: str = ""  # why the compiled products are not in use ("" where they are, or not asked for)
+
+    @property
+    def compiled(self) -> bool:
+        return self.expert is swiglu_expert
+
+
+REFERENCE_OPS = CpuOps(ref_experts.swiglu_expert, ref_model.linear)
+
+
+def compiled_ops() -> CpuOps:
+    """The compiled twins where the library builds on this machine; else the reference's float32
+    products and a one-line note saying why."""
+    if native_build.library() is None:
+        return CpuOps(ref_experts.swiglu_expert, ref_model.linear,
+                      note=f"compiled CPU kernels unavailable, numpy's float32 path instead: {native_build.reason()}")
+    return CpuOps(swiglu_expert, linear)
