@@ -10,6 +10,7 @@ keeps each (token, rank) term and sums them in rank order once all passes are do
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -46,8 +47,9 @@ class NumpyCompute(StatefulCompute):
 
     def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
                  layers: LayerRange | None = None, ops: CpuOps = REFERENCE_OPS) -> None:
+        params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
         self.params, self.arena, self.layout = params, arena, layout
-        self.ops = ops  # the experts' and the head's products: the float32 reference's or compiled
+        self.ops = ops  # the experts' and the dense products: the float32 reference's or compiled
         cfg = params.cfg
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
@@ -117,4 +119,4 @@ class NumpyCompute(StatefulCompute):
         return x + (routed + shared)
 
     def head(self, x: np.ndarray) -> np.ndarray:
-        return ref.head(self.params, x, linear=self.ops.linear)
+        return ref.head(self.params, x)

@@ -34,7 +34,7 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
     def __init__(self, params: ModelParams, *, select: SelectFn | None = None, model=None, config=None,
                  expert_reads: int = 0, ops: CpuOps = REFERENCE_OPS) -> None:
         super().__init__(model, config)
-        self.params = params
+        self.params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
         self.ops = ops
         self.select = select
         self.state = ModelState.empty(params.cfg)

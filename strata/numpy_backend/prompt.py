@@ -51,7 +51,8 @@ def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.nd
     """Process `tokens` after the `state.length` cached positions, every layer held (no
     pipeline stage). Tokens are routed one at a time in order, as `ref.forward` routes them.
     `window`: a decode window (recurrent layers keep a snapshot per position). `ops`: the routed
-    experts' and the head's products (the float32 reference's, or the compiled twins).
+    experts' products (the float32 reference's, or the compiled twins; the dense products are
+    `params.dense.linear`'s, which the engine chose with the same ops).
 
     Shapes:
         tokens: [T] int -> logits float32 [1, vocab] (the last position), or [T, vocab] with all_logits
@@ -74,4 +75,4 @@ def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.nd
             continue
         selections = ref.layer_selections(cfg, select, layer, ref.layer_router_logits(params, layer, h))
         x = x + grouped_moe_output(params, layer, h, selections, ops=ops)
-    return ref.head(params, x if all_logits else x[-1:], linear=ops.linear), ref.ModelState(tuple(layers))
+    return ref.head(params, x if all_logits else x[-1:]), ref.ModelState(tuple(layers))

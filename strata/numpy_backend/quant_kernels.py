@@ -2,7 +2,8 @@
 
     gemv(m, x)                  twin of strata.reference.quants.gemv (a routed expert's matrices)
     swiglu_expert(w, x, act)    twin of strata.reference.experts.swiglu_expert (its gemvs compiled)
-    linear(dense, name, x)      twin of strata.reference.model.linear (the head; stored Q8_0)
+    CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
+                                Q8_0 (attention's projections, the head)
 
 The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
@@ -12,7 +13,8 @@ reference; tests/test_cpu_kernels.py holds each twin to it within FLOAT32_REORDE
 
 `CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
 or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
-note). A matrix of a type without a compiled kernel goes to the reference's product, per call.
+note). A matrix of a type without a compiled kernel goes to the reference's product, per call,
+and so does a product over more than MAX_COMPILED_ROWS rows (a prompt: BLAS wins there).
 """
 
 from __future__ import annotations
@@ -27,12 +29,11 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_types import QuantType
 from strata.numpy_backend import native_build
 from strata.reference import experts as ref_experts
-from strata.reference import model as ref_model
 from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert", "linear"]
+__all__ = ["COMPILED_TYPES", "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
 # the expert types with a compiled kernel, and its symbol in native/quant_gemv.c
 COMPILED_TYPES: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv"}
@@ -85,16 +86,26 @@ def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU) -> n
     return ref_experts.swiglu_expert(w, x, act, matvec=gemv)
 
 
-def linear(dense: DenseWeights, name: str, x: np.ndarray) -> np.ndarray:
-    """Twin of reference `linear`: x W^T for the dense matrix `name`, on its stored Q8_0 bytes
-    where it is held so (else the reference's widening product). [T, C] -> [T, R]"""
-    t = dense.stored(name)
-    fn = _kernel(QuantType.Q8_0)
-    if fn is None or not isinstance(t, StoredTensor) or t.qtype is not StoredType.Q8_0 or t.ndim != 2 \
-            or _rows(x) > MAX_COMPILED_ROWS:
-        return ref_model.linear(dense, name, x)
-    rows, cols = t.rows_cols
-    return _run(fn, t.codes, t.scales, rows, cols, x)
+class CompiledDense(DenseWeights):
+    """The same held weights (no copy), with `linear` on the stored Q8_0 bytes where a matrix is
+    held so; every other use (widening, rows, other types) is DenseWeights' own."""
+
+    def __init__(self, dense: DenseWeights) -> None:
+        super().__init__(dense.held)
+
+    def linear(self, name: str, x: np.ndarray) -> np.ndarray:
+        """Twin of DenseWeights.linear. x [T, C] -> [T, R]"""
+        t = self.stored(name)
+        fn = _kernel(QuantType.Q8_0)
+        if fn is None or not isinstance(t, StoredTensor) or t.qtype is not StoredType.Q8_0 or t.ndim != 2 \
+                or _rows(x) > MAX_COMPILED_ROWS:
+            return super().linear(name, x)
+        rows, cols = t.rows_cols
+        return _run(fn, t.codes, t.scales, rows, cols, x)
+
+
+def _as_is(dense: DenseWeights) -> DenseWeights:
+    return dense
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,7 @@ class CpuOps:
     """The products a numpy engine computes with (one choice per engine, made at open)."""
 
     expert: Callable[..., np.ndarray]  # swiglu_expert(w, x, act)
-    linear: Callable[[DenseWeights, str, np.ndarray], np.ndarray]  # linear(dense, name, x)
+    dense: Callable[[DenseWeights], DenseWeights]  # the view of the dense weights whose `linear` is used
     note: str = ""  # why the compiled products are not in use ("" where they are, or not asked for)
 
     @property
@@ -110,13 +121,13 @@ class CpuOps:
         return self.expert is swiglu_expert
 
 
-REFERENCE_OPS = CpuOps(ref_experts.swiglu_expert, ref_model.linear)
+REFERENCE_OPS = CpuOps(ref_experts.swiglu_expert, _as_is)
 
 
 def compiled_ops() -> CpuOps:
     """The compiled twins where the library builds on this machine; else the reference's float32
     products and a one-line note saying why."""
     if native_build.library() is None:
-        return CpuOps(ref_experts.swiglu_expert, ref_model.linear,
+        return CpuOps(ref_experts.swiglu_expert, _as_is,
                       note=f"compiled CPU kernels unavailable, numpy's float32 path instead: {native_build.reason()}")
-    return CpuOps(swiglu_expert, linear)
+    return CpuOps(swiglu_expert, CompiledDense)

@@ -239,21 +239,12 @@ def moe_output(params: ModelParams, layer: int, h: np.ndarray, selections: list[
     return routed + shared_output(params, layer, h)
 
 
-def linear(dense: DenseWeights, name: str, x: np.ndarray) -> np.ndarray:
-    """x W^T for the dense matrix `name`, widened to float32. [T, C] -> [T, R]"""
-    return x @ dense[name].T
-
-
-LinearFn = Callable[[DenseWeights, str, np.ndarray], np.ndarray]
-
-
-def head(params: ModelParams, x: np.ndarray, *, linear: LinearFn = linear) -> np.ndarray:
-    """Final norm and LM head. `linear`: the product with the head's matrix (the numpy engines'
-    compiled twin passes its own). [T, D] -> [T, vocab]"""
+def head(params: ModelParams, x: np.ndarray) -> np.ndarray:
+    """Final norm and LM head. [T, D] -> [T, vocab]"""
     n = TensorNames
     x = rms_norm(x, params.dense[n.output_norm], params.cfg.rms_norm_eps)
     out = n.token_embd if params.cfg.tie_embeddings else n.output
-    return linear(params.dense, out, x).astype(np.float32)
+    return params.dense.linear(out, x).astype(np.float32)
 
 
 @dataclass(frozen=True)
