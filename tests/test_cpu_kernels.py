@@ -46,6 +46,32 @@ def test_gemv_twin_agrees(rows, cols, tokens):
     assert_backends_agree(gemv(m, x), quant_kernels.gemv(m, x), "FAST", what=f"gemv {rows}x{cols} x{x.shape}")
 
 
+@pytest.fixture(scope="module")
+def portable_library():
+    """The kernels built for the target's baseline (x86-64: SSE2, no AVX2): the portable C loops
+    an arm64 or older x86 machine compiles."""
+    lib, why = native_build.build((native_build.PORTABLE_FLAGS,))
+    if lib is None:
+        pytest.skip(why)
+    return lib
+
+
+@needs_compiler
+@pytest.mark.parametrize("qtype", list(quant_kernels.KERNELS), ids=lambda q: q.name)
+@pytest.mark.parametrize("build", ["native", "portable"])
+def test_every_kernel_agrees(qtype, build, portable_library):
+    """Every type's kernel (Q4_0 and Q2_0 too, which the engines do not use yet), in the
+    machine's own build and the portable one, on odd sizes, one and several rows."""
+    lib = native_build.library() if build == "native" else portable_library
+    fn = getattr(lib, quant_kernels.KERNELS[qtype])
+    rng = np.random.default_rng(7)
+    for rows, cols in SHAPES_RC:
+        m = _matrix(rng, rows, cols, qtype)
+        for x in (rng.standard_normal(cols).astype(np.float32), rng.standard_normal((3, cols)).astype(np.float32)):
+            got = quant_kernels.run_kernel(fn, m.codes, m.scales, m.n_rows, m.n_cols, x)
+            assert_backends_agree(gemv(m, x), got, "FAST", what=f"{qtype.name} {build} {rows}x{cols} x{x.shape}")
+
+
 @needs_compiler
 def test_gemv_over_many_rows_is_the_reference():
     """A prompt's product (more than MAX_COMPILED_ROWS rows) is the reference's, bit for bit."""
@@ -59,7 +85,7 @@ def test_a_type_without_a_kernel_is_the_reference():
     rng = np.random.default_rng(2)
     m = _matrix(rng, 64, 128, QuantType.Q2_0)
     x = rng.standard_normal(128).astype(np.float32)
-    assert m.qtype not in quant_kernels.COMPILED_TYPES
+    assert m.qtype not in quant_kernels.COMPILED_TYPES  # (its kernel exists: test_every_kernel_agrees)
     np.testing.assert_array_equal(quant_kernels.gemv(m, x), gemv(m, x))
 
 

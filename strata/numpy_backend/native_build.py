@@ -25,12 +25,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["library", "reason", "SOURCE"]
+__all__ = ["library", "reason", "build", "SOURCE", "FLAG_SETS", "PORTABLE_FLAGS"]
 
 SOURCE = Path(__file__).with_name("native") / "quant_gemv.c"
 # tried in order: the first that compiles is used (-march=native is not accepted by every
 # compiler for every target: Apple clang on arm64 takes -mcpu=native)
-FLAG_SETS = (("-O3", "-march=native"), ("-O3", "-mcpu=native"), ("-O3",))
+PORTABLE_FLAGS = ("-O3",)  # the target's baseline instruction set: the portable C loops (tests build it too)
+FLAG_SETS = (("-O3", "-march=native"), ("-O3", "-mcpu=native"), PORTABLE_FLAGS)
 BUILD_TIMEOUT_S = 120
 
 _lock = threading.Lock()
@@ -58,12 +59,12 @@ def cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"strata-cpu-{uid}"
 
 
-def _build(cc: str, code: bytes) -> tuple[Path | None, str]:
+def _build(cc: str, code: bytes, flag_sets: tuple[tuple[str, ...], ...]) -> tuple[Path | None, str]:
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     ident = f"{_version(cc)}|{platform.machine()}|{platform.system()}"
     errors = []
-    for flags in FLAG_SETS:
+    for flags in flag_sets:
         key = hashlib.sha256(code + ident.encode() + " ".join(flags).encode()).hexdigest()[:20]
         so = d / f"quant_gemv_{key}.so"
         if so.exists():
@@ -83,11 +84,13 @@ def _build(cc: str, code: bytes) -> tuple[Path | None, str]:
     return None, f"{cc} could not build {SOURCE.name} ({errors[-1] if errors else 'no flags tried'})"
 
 
-def _load() -> tuple[object, str]:
+def build(flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> tuple[ctypes.CDLL | None, str]:
+    """Build (or find built) and load the kernels with the first of `flag_sets` that compiles:
+    (library, "") or (None, why)."""
     cc = _compiler()
     if cc is None:
         return None, "no C compiler on PATH (cc, gcc or clang; or set CC)"
-    so, why = _build(cc, SOURCE.read_bytes())
+    so, why = _build(cc, SOURCE.read_bytes(), flag_sets)
     if so is None:
         return None, why
     lib = ctypes.CDLL(str(so))
@@ -103,7 +106,7 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernels (built on first call, then cached), or None where they cannot be."""
     with _lock:
         if "lib" not in _loaded:
-            _loaded["lib"], _loaded["reason"] = _load()
+            _loaded["lib"], _loaded["reason"] = build()
         return _loaded["lib"]
 
 

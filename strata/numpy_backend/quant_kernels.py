@@ -33,22 +33,33 @@ from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
+__all__ = ["COMPILED_TYPES", "KERNELS", "kernel", "run_kernel", "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
-# the expert types with a compiled kernel, and its symbol in native/quant_gemv.c
-COMPILED_TYPES: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv"}
+# every type native/quant_gemv.c computes, and its symbol there
+KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
+                                 QuantType.Q2_0: "strata_q2_0_gemv"}
+# the types the engines compute on their kernel: Q8_0 (the CPU path's type). Q4_0 and Q2_0 pass
+# the same twin tests (tests/test_cpu_kernels.py) but stay on the float32 products until the
+# runtime's exactness tests compare a streaming engine with a reference engine on the same
+# products (docs/cpu.md, "Next").
+COMPILED_TYPES = frozenset({QuantType.Q8_0})
 # Rows of x above which widening the matrix once and one float32 matrix product (BLAS) beats
 # reading the stored matrix once per row: a prompt's grouped experts, not decode's 1-row GEMVs.
 MAX_COMPILED_ROWS = 4
 
 
-def _kernel(qtype: QuantType):
+def kernel(qtype: QuantType):
+    """The compiled GEMV of `qtype` (a ctypes function; see `run_kernel` for its arguments), or None."""
     lib = native_build.library()
-    name = COMPILED_TYPES.get(qtype)
+    name = KERNELS.get(qtype)
     return None if lib is None or name is None else getattr(lib, name)
 
 
-def _run(fn, codes: np.ndarray, scales: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
+def _kernel(qtype: QuantType):
+    return kernel(qtype) if qtype in COMPILED_TYPES else None
+
+
+def run_kernel(fn, codes: np.ndarray, scales: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray) -> np.ndarray:
     """y = W x on the stored planes (C-contiguous codes [R, *] and float16 scales [R, C/32]).
     x [.., C] -> [.., R] float32"""
     flat = np.ascontiguousarray(x, np.float32).reshape(-1, n_cols)  # [T, C]
@@ -74,7 +85,7 @@ def gemv(m: QuantMatrix, x: np.ndarray) -> np.ndarray:
         return ref_quants.gemv(m, x)
     if np.shape(x)[-1] != m.n_cols:
         raise ValueError(f"gemv: x has {np.shape(x)[-1]} features, the matrix wants {m.n_cols}")
-    return _run(fn, m.codes, m.scales, m.n_rows, m.n_cols, x)
+    return run_kernel(fn, m.codes, m.scales, m.n_rows, m.n_cols, x)
 
 
 def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU) -> np.ndarray:
@@ -101,7 +112,7 @@ class CompiledDense(DenseWeights):
                 or _rows(x) > MAX_COMPILED_ROWS:
             return super().linear(name, x)
         rows, cols = t.rows_cols
-        return _run(fn, t.codes, t.scales, rows, cols, x)
+        return run_kernel(fn, t.codes, t.scales, rows, cols, x)
 
 
 def _as_is(dense: DenseWeights) -> DenseWeights:

@@ -7,9 +7,9 @@
  *
  * A block's signed levels (q for Q8_0, q - 8 for Q4_0, q - 2 for Q2_0) are unpacked to 32 int8,
  * then widened and multiplied with x in float32: AVX2 + FMA intrinsics where the build machine
- * has them (8 lanes, 4 per block; the row keeps one 8-lane sum reduced once at its end), a
- * portable loop the compiler vectorizes elsewhere (NEON on arm64: 16 lanes, the same order of
- * operations per lane). Code layouts as strata.formats.quant_types defines them: Q8_0 32 int8;
+ * has them (the levels unpacked in registers; 8 lanes, 4 multiply-adds per block; the row keeps
+ * one 8-lane sum, reduced once at its end), a portable loop the compiler vectorizes elsewhere
+ * (NEON on arm64: 16 lanes). Code layouts as strata.formats.quant_types defines them: Q8_0 32 int8;
  * Q4_0 16 bytes, weight j < 16 the low nibble of byte j, j >= 16 the high nibble of byte j - 16;
  * Q2_0 8 bytes, weight j at bits 2 (j % 4) of byte j / 4.
  *
@@ -69,14 +69,36 @@ static inline void q2_0_levels(const uint8_t *restrict c, int8_t *restrict out) 
 #if defined(STRATA_AVX2)
 static inline __m256 widen8(__m128i q8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)); }
 
+/* a block's levels as two vectors of 16 int8 (weights 0-15, 16-31), unpacked in registers */
+static inline void q8_0_levels_x(const uint8_t *c, __m128i *lo, __m128i *hi) {
+    *lo = _mm_loadu_si128((const __m128i *)c);
+    *hi = _mm_loadu_si128((const __m128i *)(c + 16));
+}
+
+static inline void q4_0_levels_x(const uint8_t *c, __m128i *lo, __m128i *hi) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)c), m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    *lo = _mm_sub_epi8(_mm_and_si128(b, m4), eight);
+    *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m4), eight);
+}
+
+static inline void q2_0_levels_x(const uint8_t *c, __m128i *lo, __m128i *hi) {
+    /* t_k holds weight 4 i + k at byte i; interleaving bytes (t0, t1), (t2, t3), then those as
+       16-bit pairs, puts weight j at byte j */
+    const __m128i b = _mm_loadl_epi64((const __m128i *)c), m3 = _mm_set1_epi8(3), two = _mm_set1_epi8(2);
+    const __m128i t0 = _mm_and_si128(b, m3), t1 = _mm_and_si128(_mm_srli_epi16(b, 2), m3);
+    const __m128i t2 = _mm_and_si128(_mm_srli_epi16(b, 4), m3), t3 = _mm_and_si128(_mm_srli_epi16(b, 6), m3);
+    const __m128i a01 = _mm_unpacklo_epi8(t0, t1), a23 = _mm_unpacklo_epi8(t2, t3);
+    *lo = _mm_sub_epi8(_mm_unpacklo_epi16(a01, a23), two);
+    *hi = _mm_sub_epi8(_mm_unpackhi_epi16(a01, a23), two);
+}
+
 #define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
     static inline float LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,         \
                                       const float *x) {                                              \
         __m256 acc = _mm256_setzero_ps();                                                            \
-        int8_t lv[BLOCK] __attribute__((aligned(32)));                                               \
         for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES), x += BLOCK) {                      \
-            LEVELS(c, lv);                                                                           \
-            __m128i lo = _mm_load_si128((const __m128i *)lv), hi = _mm_load_si128((const __m128i *)(lv + 16)); \
+            __m128i lo, hi;                                                                          \
+            LEVELS##_x(c, &lo, &hi);                                                                 \
             __m256 p = _mm256_mul_ps(widen8(lo), _mm256_loadu_ps(x));                                \
             p = _mm256_fmadd_ps(widen8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), p);          \
             p = _mm256_fmadd_ps(widen8(hi), _mm256_loadu_ps(x + 16), p);                             \
