@@ -38,7 +38,7 @@ def _matrix(rng, rows, cols, qtype=QuantType.Q8_0):
 
 @needs_compiler
 @pytest.mark.parametrize("rows,cols", SHAPES_RC)
-@pytest.mark.parametrize("tokens", [None, 1, 3])
+@pytest.mark.parametrize("tokens", [None, 1, 3, 6])  # 6: a pass of 4 rows, then 2
 def test_gemv_twin_agrees(rows, cols, tokens):
     rng = np.random.default_rng([rows, cols])
     m = _matrix(rng, rows, cols)
@@ -67,7 +67,7 @@ def test_every_kernel_agrees(qtype, build, portable_library):
     rng = np.random.default_rng(7)
     for rows, cols in SHAPES_RC:
         m = _matrix(rng, rows, cols, qtype)
-        for x in (rng.standard_normal(cols).astype(np.float32), rng.standard_normal((3, cols)).astype(np.float32)):
+        for x in (rng.standard_normal(cols).astype(np.float32), rng.standard_normal((6, cols)).astype(np.float32)):
             got = quant_kernels.run_kernel(fn, m.codes, m.scales, m.n_rows, m.n_cols, x)
             assert_backends_agree(gemv(m, x), got, "FAST", what=f"{qtype.name} {build} {rows}x{cols} x{x.shape}")
 

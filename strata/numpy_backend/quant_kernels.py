@@ -43,9 +43,12 @@ KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q
 # runtime's exactness tests compare a streaming engine with a reference engine on the same
 # products (docs/cpu.md, "Next").
 COMPILED_TYPES = frozenset({QuantType.Q8_0})
-# Rows of x above which widening the matrix once and one float32 matrix product (BLAS) beats
-# reading the stored matrix once per row: a prompt's grouped experts, not decode's 1-row GEMVs.
-MAX_COMPILED_ROWS = 4
+# Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
+# product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
+# measured on a 768 x 2048 Q8_0 matrix, one BLAS thread, 2-core machine under load: the kernel
+# 99x faster at 1 row, 10x at 16, 1.2-1.5x at 32-64 (docs/cpu.md), so prompts' longer products
+# go to BLAS, where a quiet many-core machine gains most.
+MAX_COMPILED_ROWS = 16
 
 
 def kernel(qtype: QuantType):

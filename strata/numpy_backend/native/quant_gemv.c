@@ -22,6 +22,7 @@
 #endif
 
 #define BLOCK 32
+#define TILE 4 /* tokens one pass over a row serves (a prompt's rows, a decode window) */
 
 static inline float half_to_float(uint16_t h) {
 #if defined(STRATA_AVX2)
@@ -92,41 +93,56 @@ static inline void q2_0_levels_x(const uint8_t *c, __m128i *lo, __m128i *hi) {
     *hi = _mm_sub_epi8(_mm_unpackhi_epi16(a01, a23), two);
 }
 
+/* one row against up to TILE tokens: each block's levels are widened once for all of them */
 #define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
-    static inline float LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,         \
-                                      const float *x) {                                              \
-        __m256 acc = _mm256_setzero_ps();                                                            \
-        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES), x += BLOCK) {                      \
+    static inline void LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,          \
+                                    const float *x, int64_t n_cols, int nt, float *out) {            \
+        __m256 acc[TILE];                                                                            \
+        for (int t = 0; t < TILE; t++) acc[t] = _mm256_setzero_ps();                                 \
+        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES)) {                                  \
             __m128i lo, hi;                                                                          \
             LEVELS##_x(c, &lo, &hi);                                                                 \
-            __m256 p = _mm256_mul_ps(widen8(lo), _mm256_loadu_ps(x));                                \
-            p = _mm256_fmadd_ps(widen8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), p);          \
-            p = _mm256_fmadd_ps(widen8(hi), _mm256_loadu_ps(x + 16), p);                             \
-            p = _mm256_fmadd_ps(widen8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), p);          \
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(d[b])), p, acc);                     \
+            const __m256 w0 = widen8(lo), w1 = widen8(_mm_srli_si128(lo, 8));                        \
+            const __m256 w2 = widen8(hi), w3 = widen8(_mm_srli_si128(hi, 8));                        \
+            const __m256 db = _mm256_set1_ps(half_to_float(d[b]));                                   \
+            for (int t = 0; t < nt; t++) {                                                           \
+                const float *xb = x + t * n_cols + b * BLOCK;                                        \
+                __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));                                   \
+                p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), p);                                 \
+                p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), p);                                \
+                p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), p);                                \
+                acc[t] = _mm256_fmadd_ps(db, p, acc[t]);                                             \
+            }                                                                                        \
         }                                                                                            \
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));          \
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                                      \
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));                                                       \
-        return _mm_cvtss_f32(s);                                                                     \
+        for (int t = 0; t < nt; t++) {                                                               \
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1)); \
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                                  \
+            s = _mm_add_ss(s, _mm_movehdup_ps(s));                                                   \
+            out[t] = _mm_cvtss_f32(s);                                                               \
+        }                                                                                            \
     }
 #else
 #define LANES 16 /* partial sums the compiler keeps in vector registers (no -ffast-math needed) */
 #define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
-    static inline float LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,         \
-                                      const float *x) {                                              \
-        float acc[LANES] = {0};                                                                      \
+    static inline void LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,          \
+                                    const float *x, int64_t n_cols, int nt, float *out) {            \
+        float acc[TILE][LANES] = {{0}};                                                              \
         int8_t lv[BLOCK];                                                                            \
-        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES), x += BLOCK) {                      \
+        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES)) {                                  \
             LEVELS(c, lv);                                                                           \
             const float db = half_to_float(d[b]);                                                    \
-            float p[LANES];                                                                          \
-            for (int j = 0; j < LANES; j++) p[j] = (float)lv[j] * x[j] + (float)lv[j + LANES] * x[j + LANES]; \
-            for (int j = 0; j < LANES; j++) acc[j] += db * p[j];                                     \
+            for (int t = 0; t < nt; t++) {                                                           \
+                const float *xb = x + t * n_cols + b * BLOCK;                                        \
+                float p[LANES];                                                                      \
+                for (int j = 0; j < LANES; j++) p[j] = (float)lv[j] * xb[j] + (float)lv[j + LANES] * xb[j + LANES]; \
+                for (int j = 0; j < LANES; j++) acc[t][j] += db * p[j];                              \
+            }                                                                                        \
         }                                                                                            \
-        for (int w = LANES / 2; w; w /= 2)                                                           \
-            for (int j = 0; j < w; j++) acc[j] += acc[j + w];                                        \
-        return acc[0];                                                                               \
+        for (int t = 0; t < nt; t++) {                                                               \
+            for (int w = LANES / 2; w; w /= 2)                                                       \
+                for (int j = 0; j < w; j++) acc[t][j] += acc[t][j + w];                              \
+            out[t] = acc[t][0];                                                                      \
+        }                                                                                            \
     }
 #endif
 
@@ -143,10 +159,14 @@ ROW_DOT(q2_0_levels, 8)
     void NAME(const uint8_t *codes, const uint16_t *scales, int64_t n_rows, int64_t n_cols,         \
               const float *x, int64_t n_tokens, float *y, int64_t r0, int64_t r1) {                  \
         const int64_t n_blocks = n_cols / BLOCK;                                                     \
+        float out[TILE];                                                                             \
         for (int64_t r = r0; r < r1; r++)                                                            \
-            for (int64_t t = 0; t < n_tokens; t++)                                                   \
-                y[t * n_rows + r] = LEVELS##_row(codes + r * n_blocks * (CODE_BYTES),                \
-                                                 scales + r * n_blocks, n_blocks, x + t * n_cols);   \
+            for (int64_t t0 = 0; t0 < n_tokens; t0 += TILE) {                                        \
+                const int nt = n_tokens - t0 < TILE ? (int)(n_tokens - t0) : TILE;                   \
+                LEVELS##_row(codes + r * n_blocks * (CODE_BYTES), scales + r * n_blocks, n_blocks,   \
+                             x + t0 * n_cols, n_cols, nt, out);                                      \
+                for (int t = 0; t < nt; t++) y[(t0 + t) * n_rows + r] = out[t];                      \
+            }                                                                                        \
     }
 
 DEFINE_GEMV(strata_q8_0_gemv, q8_0_levels, 32)
