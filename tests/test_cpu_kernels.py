@@ -73,6 +73,17 @@ def test_every_kernel_agrees(qtype, build, portable_library):
 
 
 @needs_compiler
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threaded_products_equal_one_threads(threads):
+    """Rows split over threads: each row's arithmetic is unchanged, so bit for bit."""
+    rng = np.random.default_rng(8)
+    m = _matrix(rng, 1031, 1024)  # above PARALLEL_MIN_WEIGHTS, rows not a multiple of the threads
+    assert m.n_rows * m.n_cols >= quant_kernels.PARALLEL_MIN_WEIGHTS
+    x = rng.standard_normal((2, 1024)).astype(np.float32)
+    np.testing.assert_array_equal(quant_kernels.gemv(m, x, threads=threads), quant_kernels.gemv(m, x))
+
+
+@needs_compiler
 def test_gemv_over_many_rows_is_the_reference():
     """A prompt's product (more than MAX_COMPILED_ROWS rows) is the reference's, bit for bit."""
     rng = np.random.default_rng(1)

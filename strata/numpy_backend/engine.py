@@ -14,6 +14,7 @@ from strata.numpy_backend.prompt import prompt_forward
 from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps, compiled_ops
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.runtime.ngram_source import RowCacheOwner
+from strata.threads import compute_threads
 from strata.session import StateEngine
 
 __all__ = ["ReferenceEngine", "streaming_parts"]
@@ -48,7 +49,7 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         if ple is not None:
             params = dataclasses.replace(params, rows=ple.rows)
         engine = cls(params, model=model, config=config, expert_reads=model.experts_file.header.n_records,
-                     ops=cpu_ops(config))
+                     ops=cpu_ops(config, model.cfg.hidden_size))
         engine._own_row_cache(ple)
         return engine
 
@@ -79,13 +80,14 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         return self._reads
 
 
-def cpu_ops(config) -> CpuOps:
+def cpu_ops(config, hidden_size: int | None = None) -> CpuOps:
     """The products a numpy engine computes with under `config`: the compiled twins where
-    `cpu_kernels` is on (the default) and they build here, else the float32 reference's. Where
-    they were asked for and cannot build, one warning says why (once per process and place)."""
+    `cpu_kernels` is on (the default) and they build here, on the threads strata.threads chooses
+    (the same count as BLAS's), else the float32 reference's. Where they were asked for and
+    cannot build, one warning says why (once per process and place)."""
     if config is not None and not config.cpu_kernels:
         return REFERENCE_OPS
-    ops = compiled_ops()
+    ops = compiled_ops(compute_threads(config.threads if config is not None else 0, hidden_size))
     if ops.note:
         warnings.warn(ops.note, RuntimeWarning, stacklevel=2)
     return ops
@@ -120,5 +122,5 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
                                     rows=rows)
         return arena, compute, tuple(notes)
     compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
-                           ops=cpu_ops(config))
+                           ops=cpu_ops(config, model.cfg.hidden_size))
     return arena, compute, tuple(notes)
