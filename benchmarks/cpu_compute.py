@@ -11,6 +11,7 @@ greedy tokens are the same and the largest logit difference relative to the logi
 
     python benchmarks/cpu_compute.py                       # D 1024, F 512, 4 layers, 32 experts top-8
     python benchmarks/cpu_compute.py --layers 8 --tokens 32 --arena 50%
+    python benchmarks/cpu_compute.py --hidden 2048 --ffn 768 --threads 4   # a many-core machine
 
 llama.cpp is not part of this run: it is not installed here (building it from the
 llama-cpp-python source package takes ~30 minutes on 2 cores). Prints a table and one JSON line.
@@ -35,6 +36,7 @@ from strata.engines import open_engine  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.numpy_backend import native_build  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
+from strata.threads import compute_threads  # noqa: E402
 
 PROMPT_TOKENS = 32
 
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=257)
     ap.add_argument("--tokens", type=int, default=16, help="greedy decode steps per engine (default 16)")
     ap.add_argument("--arena", default="", help="a streaming arena (e.g. 50%%); default: all-resident")
+    ap.add_argument("--threads", type=int, default=0, help="Config.threads for both sides (default 0: auto)")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "strata-bench-cpu"))
     args = ap.parse_args()
     lib = native_build.library()
@@ -69,7 +72,8 @@ def main() -> None:
     path = made_model(args, Path(args.cache_dir))
     model = strata.load(path)
     sides = {"numpy float32": False, "compiled": True}
-    engines = {name: open_engine(model, dict(backend="numpy", cpu_kernels=on, moce_lambda=0.0, arena=args.arena),
+    config = dict(backend="numpy", moce_lambda=0.0, arena=args.arena, threads=args.threads)
+    engines = {name: open_engine(model, dict(config, cpu_kernels=on),
                                  stream=bool(args.arena) or None) for name, on in sides.items()}
     prompt = np.random.default_rng(0).integers(0, args.vocab - 1, PROMPT_TOKENS)
     prompt_s, decode_s, tokens, logits = {}, {n: 0.0 for n in sides}, {n: [] for n in sides}, {n: [] for n in sides}
@@ -94,12 +98,14 @@ def main() -> None:
     res = dict(bench="cpu_compute", cores=os.cpu_count(), load_avg=round(os.getloadavg()[0], 2),
                hidden=args.hidden, ffn=args.ffn, layers=args.layers, experts=args.experts, top_k=args.top_k,
                vocab=args.vocab, arena=args.arena or "all-resident", tokens=args.tokens,
+               threads=compute_threads(args.threads, args.hidden),
                decode_tok_s={n: round(args.tokens / decode_s[n], 2) for n in sides},
                prompt_tok_s={n: round(PROMPT_TOKENS / prompt_s[n], 1) for n in sides},
                decode_ratio=round(decode_s["numpy float32"] / decode_s["compiled"], 2),
                same_greedy_tokens=same, max_rel_logit_diff=rel, llama_cpp="not installed here")
     print(f"\nQ8_0 made model: D {args.hidden}, F {args.ffn}, {args.layers} layers, {args.experts} experts top-"
-          f"{args.top_k}, vocab {args.vocab}, {res['arena']}; {args.tokens} greedy tokens each; load avg {res['load_avg']}\n")
+          f"{args.top_k}, vocab {args.vocab}, {res['arena']}; {args.tokens} greedy tokens each; {res['threads']} "
+          f"thread(s); load avg {res['load_avg']}\n")
     print("| compute | decode tok/s | prompt tok/s |")
     print("|---|---|---|")
     for n in sides:
