@@ -88,26 +88,34 @@ def routed_experts(experts: Sequence[ExpertWeights], weights: np.ndarray, x: np.
     return out
 
 
-def dense_swiglu(gate: np.ndarray, up: np.ndarray, down: np.ndarray, x: np.ndarray) -> np.ndarray:
+def times_transpose(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x W^T on a float matrix: what a dense SwiGLU's `product` is by default."""
+    return x @ w.T
+
+
+def dense_swiglu(gate, up, down, x: np.ndarray, *, product: Callable = times_transpose) -> np.ndarray:
     """down(silu(gate·x) * (up·x)) on dense float weights: a dense FFN layer, an ungated shared expert.
+    `product(w, x)` is x W^T for each of the three; by default they are float arrays, and the
+    model passes tensor names with DenseWeights.linear (which the numpy engines may compile).
 
     Shapes:
         gate, up: [F, D]; down: [D, F]; x: [D] or [T, D] -> like x
     """
     x = np.asarray(x, dtype=np.float32)
-    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+    return product(down, silu(product(gate, x)) * product(up, x))
 
 
 def shared_expert(
-    gate: np.ndarray, up: np.ndarray, down: np.ndarray, gate_inp: np.ndarray | None, x: np.ndarray
+    gate, up, down, gate_inp: np.ndarray | None, x: np.ndarray, *, product: Callable = times_transpose
 ) -> np.ndarray:
-    """The shared expert on dense float weights, gated by sigmoid(gate_inp · x) when gate_inp is given.
+    """The shared expert on dense float weights, gated by sigmoid(gate_inp · x) when gate_inp is given
+    (`product`: as dense_swiglu's).
 
     Shapes:
         gate, up: [Fs, D]; down: [D, Fs]; gate_inp: [D] or None; x: [D] or [T, D] -> like x
     """
     x = np.asarray(x, dtype=np.float32)
-    y = dense_swiglu(gate, up, down, x)
+    y = dense_swiglu(gate, up, down, x, product=product)
     if gate_inp is not None:
         y = y * sigmoid(x @ gate_inp)[..., None]
     return y
