@@ -81,7 +81,7 @@ def test_a_loaded_model_holds_the_files_dense_bytes(stored_model):
 def test_numpy_engine_logits_are_bit_identical_to_float32_at_load(stored_model, kind):
     """Prompt, then decodes: every position's logits equal, bit for bit, the reference engine's
     over the float32 weights the loader used to hold. On the float32 products (cpu_kernels off):
-    the compiled Q8_0 products are held to these within a budget in tests/test_cpu_kernels.py."""
+    the compiled Q8_0 products are held to these within a budget in tests/test_numpy_quant_kernels.py."""
     _, made = stored_model
     _, before = widened_file_tensors(made.model_path)
     with strata.load(made.model_path) as m:

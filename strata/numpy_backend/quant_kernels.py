@@ -9,7 +9,7 @@ The products run in native/quant_gemv.c (built at first use: native_build.py) st
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
 copy of the matrix, which is where the numpy path spent its time (78% of a decode token on a
 made Q8_0 model went to `dequantize`). Only the float32 summation order differs from the
-reference; tests/test_cpu_kernels.py holds each twin to it within FLOAT32_REORDER-sized budgets.
+reference; tests/test_numpy_quant_kernels.py holds each twin to it within FLOAT32_REORDER-sized budgets.
 
 `CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
 or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
@@ -43,7 +43,7 @@ __all__ = ["COMPILED_TYPES", "KERNELS", "kernel", "run_kernel", "CompiledDense",
 KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
                                  QuantType.Q2_0: "strata_q2_0_gemv"}
 # the types the engines compute on their kernel: Q8_0 (the CPU path's type). Q4_0 and Q2_0 pass
-# the same twin tests (tests/test_cpu_kernels.py) but stay on the float32 products until the
+# the same twin tests (tests/test_numpy_quant_kernels.py) but stay on the float32 products until the
 # runtime's exactness tests compare a streaming engine with a reference engine on the same
 # products (docs/cpu.md, "Next").
 COMPILED_TYPES = frozenset({QuantType.Q8_0})
