@@ -121,6 +121,8 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
         compute = HyperNumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
                                     rows=rows)
         return arena, compute, tuple(notes)
-    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
-                           ops=cpu_ops(config, model.cfg.hidden_size))
+    ops = cpu_ops(config, model.cfg.hidden_size)
+    if ops.note:
+        notes.append(ops.note)  # in the stream report too
+    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers, ops=ops)
     return arena, compute, tuple(notes)
