@@ -198,3 +198,17 @@ def test_a_failing_build_is_one_line(monkeypatch, tmp_path):
     assert native_build.library() is None
     why = native_build.reason()
     assert why.startswith("false could not build quant_gemv.c") and "\n" not in why
+
+
+@needs_compiler
+@pytest.mark.parametrize("qtype", [QuantType.Q2_0, QuantType.Q8_0], ids=lambda q: q.name)
+def test_a_streaming_report_names_experts_without_a_kernel(tmp_path, qtype):
+    made = make_model(tmp_path / "m", "tiny", seed=6, expert_type=qtype)
+    with strata.load(made.model_path) as m:
+        eng = open_kind(m, "numpy-full")
+        try:
+            eng.prefill(np.arange(1, 5))
+            note = f"{qtype.name} experts on numpy's float32 products"
+            assert (note in eng.report().io) == (qtype not in quant_kernels.COMPILED_TYPES)
+        finally:
+            eng.close()

@@ -11,7 +11,8 @@ import numpy as np
 
 from strata.formats.dense_weights import as_dense_weights
 from strata.numpy_backend.prompt import prompt_forward
-from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps, compiled_ops
+from strata.formats.quant_types import QuantType
+from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, CpuOps, compiled_ops
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.runtime.ngram_source import RowCacheOwner
 from strata.threads import compute_threads
@@ -93,6 +94,14 @@ def cpu_ops(config, hidden_size: int | None = None) -> CpuOps:
     return ops
 
 
+def expert_type_note(ops: CpuOps, qtype: QuantType) -> str:
+    """One line where compiled products are in use but the experts' type has none ("" else)."""
+    if not ops.compiled or qtype in COMPILED_TYPES:
+        return ""
+    return (f"{qtype.name} experts on numpy's float32 products (compiled CPU kernels: "
+            f"{', '.join(sorted(q.name for q in COMPILED_TYPES))})")
+
+
 class _NoResidentExperts:
     """Streaming params carry no expert store: experts come from arena slots only."""
 
@@ -122,7 +131,8 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
                                     rows=rows)
         return arena, compute, tuple(notes)
     ops = cpu_ops(config, model.cfg.hidden_size)
-    if ops.note:
-        notes.append(ops.note)  # in the stream report too
+    note = ops.note or expert_type_note(ops, QuantType(model.experts_file.header.qtype))
+    if note:
+        notes.append(note)  # in the stream report
     compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers, ops=ops)
     return arena, compute, tuple(notes)
