@@ -129,6 +129,22 @@ def test_swiglu_expert_twin_agrees(shape):
 
 
 @needs_compiler
+@pytest.mark.parametrize("qtype", [QuantType.Q8_0, QuantType.Q2_0], ids=lambda q: q.name)  # fused; per expert
+@pytest.mark.parametrize("threads", [1, 3])
+def test_expert_stack_agrees(qtype, threads):
+    """One token's experts in one call: each row within FAST of the reference's swiglu_expert
+    (the fused kernel for a compiled type, its own products otherwise), any thread count alike."""
+    cfg = replace(SHAPES["tiny"], hidden_size=256, expert_ffn_size=96)
+    ws = [make_expert(cfg, 0, 0, e, qtype) for e in range(5)]
+    x = np.random.default_rng(9).standard_normal(256).astype(np.float32)
+    got = quant_kernels.expert_stack(ws, x, threads=threads)
+    assert got.shape == (5, 256) and got.dtype == np.float32
+    for i, w in enumerate(ws):
+        assert_backends_agree(ref_experts.swiglu_expert(w, x), got[i], "FAST", what=f"{qtype.name} expert {i}")
+    np.testing.assert_array_equal(got, quant_kernels.expert_stack(ws, x))
+
+
+@needs_compiler
 def test_compiled_dense_linear_agrees():
     """Q8_0 matrices on the kernel within FAST; other stored types and float32 arrays are
     DenseWeights' own product, bit for bit."""

@@ -94,7 +94,8 @@ class NumpyCompute(StatefulCompute):
 
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
-        terms = grouped_terms(h, slots, weights, self._weights, self.act, expert=self.ops.expert)  # as prompt_forward
+        terms = grouped_terms(h, slots, weights, self._weights, self.act, expert=self.ops.expert,
+                              stack=self.ops.stack)  # as prompt_forward
         for t, r in zip(*np.nonzero(slots >= 0)):
             part.terms[(int(t), int(r))] = terms[t, r]
         return part

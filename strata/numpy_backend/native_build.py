@@ -70,7 +70,7 @@ def _build(cc: str, code: bytes, flag_sets: tuple[tuple[str, ...], ...]) -> tupl
         if so.exists():
             return so, ""
         tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [cc, *flags, "-fPIC", "-shared", "-o", str(tmp), str(SOURCE)]
+        cmd = [cc, *flags, "-fPIC", "-shared", "-o", str(tmp), str(SOURCE), "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:
@@ -95,10 +95,11 @@ def build(flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> tuple[ctypes.CD
         return None, why
     lib = ctypes.CDLL(str(so))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name in ("strata_q8_0_gemv", "strata_q4_0_gemv", "strata_q2_0_gemv"):
-        fn = getattr(lib, name)
-        fn.argtypes = [p, p, i64, i64, p, i64, p, i64, i64]
-        fn.restype = None
+    for qtype in ("q8_0", "q4_0", "q2_0"):
+        gemv, swiglu = getattr(lib, f"strata_{qtype}_gemv"), getattr(lib, f"strata_{qtype}_swiglu")
+        gemv.argtypes = [p, p, i64, i64, p, i64, p, i64, i64]
+        swiglu.argtypes = [i64, p, p, p, p, p, p, i64, i64, p, p, p]
+        gemv.restype = swiglu.restype = None
     return lib, ""
 
 

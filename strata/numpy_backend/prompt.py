@@ -41,7 +41,7 @@ def grouped_moe_output(params: ref.ModelParams, layer: int, h: np.ndarray, selec
     m = params.cfg.moe_index(layer)
     ids, weights = _ids_and_weights(selections)
     terms = grouped_terms(h, ids, weights, lambda e: params.experts.expert(m, e), expert_act(params.cfg),
-                          expert=ops.expert)
+                          expert=ops.expert, stack=ops.stack)
     return rank_sum(terms) + ref.shared_output(params, layer, h)
 
 

@@ -2,6 +2,7 @@
 
     gemv(m, x)                  twin of strata.reference.quants.gemv (a routed expert's matrices)
     swiglu_expert(w, x, act)    twin of strata.reference.experts.swiglu_expert (its gemvs compiled)
+    expert_stack(ws, x, act)    one token's experts in one call: [swiglu_expert(w, x, act) for w in ws]
     CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
                                 Q8_0 (attention's projections, the head)
 
@@ -19,29 +20,33 @@ and so does a product over more than MAX_COMPILED_ROWS rows (a prompt: BLAS wins
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_types import QuantType
+from strata.model_config import ExpertKind
 from strata.numpy_backend import native_build
 from strata.reference import experts as ref_experts
 from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "KERNELS", "kernel", "run_kernel", "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
+__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
 # every type native/quant_gemv.c computes, and its symbol there
 KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
                                  QuantType.Q2_0: "strata_q2_0_gemv"}
+# the fused experts' kernel of each type (expert_stack)
+SWIGLU_KERNELS: dict[QuantType, str] = {q: name.replace("_gemv", "_swiglu") for q, name in KERNELS.items()}
 # the types the engines compute on their kernel: Q8_0 (the CPU path's type). Q4_0 and Q2_0 pass
 # the same twin tests (tests/test_numpy_quant_kernels.py) but stay on the float32 products until the
 # runtime's exactness tests compare a streaming engine with a reference engine on the same
@@ -123,6 +128,50 @@ def gemv(m: QuantMatrix, x: np.ndarray, *, threads: int = 1) -> np.ndarray:
     return run_kernel(fn, m.codes, m.scales, m.n_rows, m.n_cols, x, threads=threads)
 
 
+def _address(a: np.ndarray) -> int:
+    if not a.flags.c_contiguous:
+        raise ValueError("expert_stack: the experts' planes must be C-contiguous")
+    return a.__array_interface__["data"][0]
+
+
+def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SWIGLU, *,
+                 threads: int = 1) -> np.ndarray:
+    """One token's experts: row i is swiglu_expert(ws[i], x, act), the whole stack in one call of
+    the fused kernel (a SwiGLU without biases, every expert of one compiled type; else expert by
+    expert). threads > 1: the experts are split over that many threads.
+
+    Shapes:
+        ws: k experts; x: [D] -> [k, D] float32
+    """
+    qtypes = {p.qtype for w in ws for p in (w.gate, w.up, w.down)}
+    if (act.kind is not ExpertKind.SWIGLU or any(w.biases is not None for w in ws) or len(qtypes) != 1
+            or next(iter(qtypes)) not in COMPILED_TYPES or native_build.library() is None):
+        return np.stack([swiglu_expert(w, x, act, threads=threads) for w in ws]) if ws else \
+            np.zeros((0, np.shape(x)[-1]), np.float32)
+    fn = getattr(native_build.library(), SWIGLU_KERNELS[next(iter(qtypes))])
+    x = np.ascontiguousarray(x, np.float32)
+    hidden, ffn = ws[0].down.n_rows, ws[0].gate.n_rows
+    out = np.empty((len(ws), hidden), np.float32)  # [k, D]
+
+    def run(lo: int, hi: int) -> None:
+        group = ws[lo:hi]
+        planes = [(ctypes.c_void_p * len(group))(*[_address(getattr(getattr(w, p), part)) for w in group])
+                  for p in ("gate", "up", "down") for part in ("codes", "scales")]
+        scratch = np.empty(2 * ffn, np.float32)
+        fn(len(group), *planes, hidden, ffn, x.ctypes.data, out[lo:hi].ctypes.data, scratch.ctypes.data)
+
+    parts = min(threads, len(ws))
+    if parts <= 1:
+        run(0, len(ws))
+    else:
+        bounds = np.linspace(0, len(ws), parts + 1).astype(np.int64).tolist()
+        rest = [_pool(parts - 1).submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        run(bounds[0], bounds[1])
+        for f in rest:
+            f.result()
+    return out
+
+
 def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU, *, threads: int = 1) -> np.ndarray:
     """Twin of reference `swiglu_expert`: the same steps, its three products by `gemv` above.
 
@@ -162,6 +211,7 @@ class CpuOps:
 
     expert: Callable[..., np.ndarray]  # swiglu_expert(w, x, act)
     dense: Callable[[DenseWeights], DenseWeights]  # the view of the dense weights whose `linear` is used
+    stack: Callable[..., np.ndarray] | None = None  # expert_stack(ws, x, act): one token's experts at once
     compiled: bool = False
     threads: int = 1  # the compiled products' threads
     note: str = ""  # why the compiled products are not in use ("" where they are, or not asked for)
@@ -177,4 +227,4 @@ def compiled_ops(threads: int = 1) -> CpuOps:
         return dataclasses.replace(
             REFERENCE_OPS, note=f"compiled CPU kernels unavailable, numpy's float32 path instead: {native_build.reason()}")
     return CpuOps(functools.partial(swiglu_expert, threads=threads), functools.partial(CompiledDense, threads=threads),
-                  compiled=True, threads=threads)
+                  functools.partial(expert_stack, threads=threads), compiled=True, threads=threads)

@@ -15,6 +15,7 @@
  *
  * Rows [r0, r1) only: a caller splits the rows over threads (each call touches its rows alone). */
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -172,3 +173,28 @@ ROW_DOT(q2_0_levels, 8)
 DEFINE_GEMV(strata_q8_0_gemv, q8_0_levels, 32)
 DEFINE_GEMV(strata_q4_0_gemv, q4_0_levels, 16)
 DEFINE_GEMV(strata_q2_0_gemv, q2_0_levels, 8)
+
+/* ---------------------------------------------------------------- one token's experts */
+
+/* out[i] = down_i(silu(gate_i x) * (up_i x)) for experts i < n_experts (SwiGLU, no biases), one
+ * token: gate_i, up_i [ffn, hidden] and down_i [hidden, ffn] given by their planes' addresses.
+ * silu(g) * u is computed as the reference writes it: g / (1 + exp(-g)), then times u.
+ * scratch: 2 ffn floats. out: [n_experts, hidden]. One call per layer instead of three per expert:
+ * the per-call overhead of Python is what a decode token's many small products add up to. */
+#define DEFINE_SWIGLU(NAME, GEMV)                                                                    \
+    void NAME(int64_t n_experts, const uint8_t *const *gate_codes, const uint16_t *const *gate_scales, \
+              const uint8_t *const *up_codes, const uint16_t *const *up_scales,                     \
+              const uint8_t *const *down_codes, const uint16_t *const *down_scales, int64_t hidden,  \
+              int64_t ffn, const float *x, float *out, float *scratch) {                             \
+        float *g = scratch, *u = scratch + ffn;                                                      \
+        for (int64_t i = 0; i < n_experts; i++) {                                                    \
+            GEMV(gate_codes[i], gate_scales[i], ffn, hidden, x, 1, g, 0, ffn);                       \
+            GEMV(up_codes[i], up_scales[i], ffn, hidden, x, 1, u, 0, ffn);                           \
+            for (int64_t j = 0; j < ffn; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];             \
+            GEMV(down_codes[i], down_scales[i], hidden, ffn, g, 1, out + i * hidden, 0, hidden);     \
+        }                                                                                            \
+    }
+
+DEFINE_SWIGLU(strata_q8_0_swiglu, strata_q8_0_gemv)
+DEFINE_SWIGLU(strata_q4_0_swiglu, strata_q4_0_gemv)
+DEFINE_SWIGLU(strata_q2_0_swiglu, strata_q2_0_gemv)
