@@ -8,14 +8,15 @@
 
 The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
-copy of the matrix, which is where the numpy path spent its time (78% of a decode token on a
-made Q8_0 model went to `dequantize`). Only the float32 summation order differs from the
-reference; tests/test_numpy_quant_kernels.py holds each twin to it within FLOAT32_REORDER-sized budgets.
+copy of the matrix, which is where the numpy path spent its time (two thirds of a decode token
+on a made Q8_0 model went to `dequantize`). Only the float32 summation order (and the fused
+experts' `expf`) differs from the reference; tests/test_numpy_quant_kernels.py holds each twin
+to it within FAST (tests/budgets.py).
 
 `CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
 or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
 note). A matrix of a type without a compiled kernel goes to the reference's product, per call,
-and so does a product over more than MAX_COMPILED_ROWS rows (a prompt: BLAS wins there).
+and so does a product over more than MAX_COMPILED_ROWS rows (a long prompt's: BLAS's).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
+__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "run_stack_kernel", "CompiledDense",
+           "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
 # every type native/quant_gemv.c computes, and its symbol there
 KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
@@ -50,7 +52,7 @@ SWIGLU_KERNELS: dict[QuantType, str] = {q: name.replace("_gemv", "_swiglu") for 
 # the types the engines compute on their kernel: Q8_0 (the CPU path's type). Q4_0 and Q2_0 pass
 # the same twin tests (tests/test_numpy_quant_kernels.py) but stay on the float32 products until the
 # runtime's exactness tests compare a streaming engine with a reference engine on the same
-# products (docs/cpu.md, "Next").
+# products (docs/cpu.md, "Where the kernels are not used").
 COMPILED_TYPES = frozenset({QuantType.Q8_0})
 # Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
 # product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
@@ -148,7 +150,13 @@ def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SW
             or next(iter(qtypes)) not in COMPILED_TYPES or native_build.library() is None):
         return np.stack([swiglu_expert(w, x, act, threads=threads) for w in ws]) if ws else \
             np.zeros((0, np.shape(x)[-1]), np.float32)
-    fn = getattr(native_build.library(), SWIGLU_KERNELS[next(iter(qtypes))])
+    return run_stack_kernel(getattr(native_build.library(), SWIGLU_KERNELS[next(iter(qtypes))]), ws, x,
+                            threads=threads)
+
+
+def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads: int = 1) -> np.ndarray:
+    """The fused experts' kernel `fn` (a SWIGLU_KERNELS function) on ws, split over `threads`
+    by expert. ws: k experts of fn's type, no biases; x [D] -> [k, D] float32"""
     x = np.ascontiguousarray(x, np.float32)
     hidden, ffn = ws[0].down.n_rows, ws[0].gate.n_rows
     out = np.empty((len(ws), hidden), np.float32)  # [k, D]
