@@ -41,8 +41,8 @@ from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "run_stack_kernel", "CompiledDense",
-           "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
+__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "run_stack_kernel",
+           "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
 # every type native/quant_gemv.c computes, and its symbol there
 KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
@@ -232,7 +232,7 @@ def compiled_ops(threads: int = 1) -> CpuOps:
     """The compiled twins (on `threads` threads) where the library builds on this machine; else
     the reference's float32 products and a one-line note saying why."""
     if native_build.library() is None:
-        return dataclasses.replace(
-            REFERENCE_OPS, note=f"compiled CPU kernels unavailable, numpy's float32 path instead: {native_build.reason()}")
+        why = native_build.reason()
+        return dataclasses.replace(REFERENCE_OPS, note=f"compiled CPU kernels unavailable, numpy's float32 path instead: {why}")
     return CpuOps(functools.partial(swiglu_expert, threads=threads), functools.partial(CompiledDense, threads=threads),
                   functools.partial(expert_stack, threads=threads), compiled=True, threads=threads)
