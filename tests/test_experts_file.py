@@ -24,8 +24,8 @@ from strata.formats.expert_record import (
     unpack_record,
 )
 from strata.formats.experts_file import HEADER_SIZE, MAGIC, ExpertsFile, file_geometry, write_experts
-from strata.formats.quant_types import QuantType, layout
-from strata.reference.quants import dequantize, quantize
+from strata.formats.quant_types import QuantType, layout, row_bytes
+from strata.reference.quants import QUANTIZABLE, dequantize, from_blocks, quantize
 
 # Block-multiple dimensions small enough for fast tests (hypothesis strategies local to this
 # module: they are about record shapes, which no other module needs).
@@ -42,6 +42,10 @@ L, E, D, F = 2, 3, 32, 64  # the small file most tests use
 
 def make_expert(qtype: QuantType, hidden: int, ffn: int, seed: int) -> ExpertWeights:
     rng = np.random.default_rng(seed)
+    if qtype not in QUANTIZABLE:  # a GGUF's types are copied, never made: random blocks
+        def blocks(rows: int, cols: int):
+            return from_blocks(qtype, cols, rng.integers(0, 256, (rows, row_bytes(qtype, cols)), dtype=np.uint8))
+        return ExpertWeights(gate=blocks(ffn, hidden), up=blocks(ffn, hidden), down=blocks(hidden, ffn))
     return ExpertWeights(
         gate=quantize(qtype, rng.standard_normal((ffn, hidden))),
         up=quantize(qtype, rng.standard_normal((ffn, hidden))),
@@ -145,17 +149,17 @@ def test_layout_rejects_partial_blocks_and_mismatched_experts():
 @pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
 def test_file_round_trip_every_qtype(tmp_path, qtype):
     path = tmp_path / f"{qtype.name}.experts"
-    d = fit(D, qtype)
-    header = write_experts(path, qtype=qtype, n_layers=L, n_experts=E, hidden=d, expert_ffn=F,
-                           get_expert=seeded(qtype, d))
+    d, f_ = fit(D, qtype), fit(F, qtype)
+    header = write_experts(path, qtype=qtype, n_layers=L, n_experts=E, hidden=d, expert_ffn=f_,
+                           get_expert=seeded(qtype, d, f_))
     with ExpertsFile.open(path) as f:
         assert f.header == header
         h = f.header
-        assert (h.qtype, h.n_layers, h.n_experts, h.hidden, h.expert_ffn) == (qtype, L, E, d, F)
-        assert f.layout == RecordLayout(qtype, d, F)
+        assert (h.qtype, h.n_layers, h.n_experts, h.hidden, h.expert_ffn) == (qtype, L, E, d, f_)
+        assert f.layout == RecordLayout(qtype, d, f_)
         for l in range(L):
             for e in range(E):
-                assert_same_expert(f.expert(l, e), seeded(qtype, d)(l, e))
+                assert_same_expert(f.expert(l, e), seeded(qtype, d, f_)(l, e))
 
 
 def test_record_offsets_and_file_size(q2_file):

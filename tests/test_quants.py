@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType, layout, row_bytes
-from strata.reference.quants import codes_of, dequantize, from_blocks, gemv, quantize, to_blocks
+from strata.reference.quants import QUANTIZABLE, codes_of, dequantize, from_blocks, gemv, quantize, to_blocks
 from tests.strategies import finite_f32, float_matrices
 
 F32_UNIT_ROUNDOFF = 2.0**-24
@@ -38,7 +38,7 @@ GGUF_TYPE = {
 GGML_QUANTS = [QuantType.Q8_0, QuantType.Q4_0]
 # the properties below draw matrices in blocks of 32; MLX's group-64 types get the same ones in
 # tests/test_mlx_quants.py
-ALL_TYPES = [q for q in QuantType if layout(q).block_size <= 32]
+ALL_TYPES = [q for q in QUANTIZABLE if layout(q).block_size <= 32]
 
 # ggml's rule is undefined when 1/d overflows float32 (|d| < ~2^-128: a block of tiny
 # subnormals): x·inf is ±inf or NaN and C casts it to an int. numpy warns and gguf's port casts
