@@ -16,13 +16,15 @@ from tests.ggml_kquants import quantize_q4_k, quantize_q6_k  # noqa: E402
 
 K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
-# (architecture, ggml expert type, ggml dense type, strata type the experts must end up as)
+# (architecture, ggml expert type, ggml dense type, strata type the experts must end up as;
+# None: converted with --experts q8_0, requantized with the KLD printed)
 CASES = [
     ("qwen3_moe", "Q8_0", "F16", "Q8_0"),
     ("qwen2_moe", "Q4_0", "Q8_0", "Q4_0"),
     ("olmoe", "F16", "Q4_0", "F16"),
     ("mixtral", "Q8_0", "F32", "Q8_0"),
-    ("qwen3_moe", "MXFP4", "F16", None),  # ggml's MXFP4: no strata type holds it -> requantized
+    ("qwen3_moe", "MXFP4", "F16", "GGML_MXFP4"),  # ggml's MXFP4, kept as stored
+    ("qwen3_moe", "MXFP4", "F16", None),  # the same file requantized on request (--experts q8_0)
 ]
 # the K-quant case: a wider checkpoint (build_wide_checkpoint), Q4_K experts, Q6_K dense weights
 WIDE_CASE = ("qwen3_moe_wide", "Q4_K", "Q6_K")

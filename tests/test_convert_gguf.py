@@ -1,6 +1,6 @@
 """`strata convert` of llama.cpp GGUF files (tests/gguf_models.py writes them from the tiny
 trained checkpoints in llama.cpp's layout with gguf's writer and quantizers): experts kept
-bit for bit where a strata type holds them, requantized with the KLD printed otherwise; logits
+bit for bit in their own types, requantized with the KLD printed when --experts asks; logits
 equal transformers' forward on the GGUF's dequantized weights (checked in under tests/fixtures/gguf/
 with the digest of the weights they are for: tests/hf_fixtures.py); the tokenizer rebuilt from
 tokenizer.ggml.* encodes like the original; `strata generate` on a GGUF that is not strata's."""
@@ -25,7 +25,11 @@ from tests.budgets import F16_LOGIT_BUDGET, GGUF_DEQUANT_LOGIT_BUDGET, Q2_KLD_SA
 CASES = [(arch, experts, dense, kept and QuantType[kept]) for arch, experts, dense, kept in gguf_models.CASES]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=gguf_models.case_id)
+def _case_name(case: tuple) -> str:
+    return gguf_models.case_id(case) + ("-requantized" if case[3] is None else "")
+
+
+@pytest.fixture(scope="module", params=CASES, ids=_case_name)
 def converted(request, tmp_path_factory):
     arch, experts, dense, kept = request.param
     hf_dir, _ = hf_models.cached_checkpoint(arch, tmp_path_factory)
@@ -102,8 +106,8 @@ def test_generate_on_a_llama_cpp_gguf_says_convert(converted, capsys):
 
 
 def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path, capsys):
-    """Q4_K experts (no strata type holds them: requantized, here to f16, the KLD line printed)
-    and Q6_K dense weights (dequantized by gguf), on a model wide enough for QK_K = 256 rows."""
+    """Q4_K experts requantized on request (here to f16, the KLD line printed) and Q6_K dense
+    weights (dequantized), on a model wide enough for QK_K = 256 rows."""
     from strata.cli.main import main as cli
 
     hf_dir = gguf_models.build_wide_checkpoint(tmp_path / "hf")

@@ -23,7 +23,7 @@ from strata.formats.expert_record import (
     pack_record,
     unpack_record,
 )
-from strata.formats.experts_file import HEADER_SIZE, MAGIC, ExpertsFile, file_geometry, write_experts
+from strata.formats.experts_file import HEADER_SIZE, MAGIC, ExpertsFile, file_geometry, header_size, write_experts
 from strata.formats.quant_types import QuantType, layout, row_bytes
 from strata.reference.quants import QUANTIZABLE, dequantize, from_blocks, quantize
 
@@ -138,9 +138,12 @@ def test_layout_rejects_partial_blocks_and_mismatched_experts():
     rec = RecordLayout(QuantType.Q2_0, D, F)
     with pytest.raises(ValueError, match="record layout wants"):
         pack_record(make_expert(QuantType.Q8_0, D, F, 0), rec)
-    with pytest.raises(ValueError, match="mix quant types"):
-        a, b = make_expert(QuantType.Q2_0, D, F, 0), make_expert(QuantType.Q8_0, D, F, 0)
-        ExpertWeights(a.gate, b.up, a.down)
+    a, b = make_expert(QuantType.Q2_0, D, F, 0), make_expert(QuantType.Q8_0, D, F, 0)
+    mixed = ExpertWeights(a.gate, b.up, a.down)  # a GGUF's projections mix types: an expert may
+    with pytest.raises(ValueError, match="mix quant types"):  # but asking it for one type is an error
+        mixed.qtype
+    with pytest.raises(ValueError, match="record layout wants"):  # and a single-type record refuses it
+        pack_record(mixed, rec)
 
 
 # ---------------------------------------------------------------- file round trip
@@ -278,10 +281,10 @@ def test_header_disagreeing_with_the_layout(q2_file):
 
 
 def test_unknown_version_and_qtype(q2_file):
-    rewrite(q2_file, 8, struct.pack("<I", 3))
+    rewrite(q2_file, 8, struct.pack("<I", 4))
     with pytest.raises(FormatError) as err:
         ExpertsFile.open(q2_file)
-    assert_one_line_error(err, q2_file, "version 3")
+    assert_one_line_error(err, q2_file, "version 4")
     rewrite(q2_file, 8, struct.pack("<II", 1, 77), fix_header_crc=True)
     with pytest.raises(FormatError) as err:
         ExpertsFile.open(q2_file)
@@ -388,3 +391,93 @@ def test_q2_0_codes_plane_is_mlx_packed_uint32():
         got = mx.dequantize(mx.array(m.codes.view("<u4")), mx.array(scales), mx.array(-2 * scales),
                             group_size=32, bits=2)
         np.testing.assert_array_equal(np.array(got), dequantize(m))
+
+
+# ---------------------------------------------------------------- types per layer and projection (version 3)
+
+# a llama.cpp UD-like mix: Q4_K gate/up with a Q5_1 down, an IQ4_NL layer, an all-Q8_0 layer
+MIXED_TYPES = ((QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_1),
+               (QuantType.IQ4_NL, QuantType.IQ4_NL, QuantType.IQ4_NL),
+               (QuantType.Q8_0, QuantType.Q8_0, QuantType.Q8_0))
+MD, MF = 256, 512  # whole K-quant super-blocks
+
+
+def mixed_expert(types, l: int, e: int, biases: bool = False) -> ExpertWeights:
+    rng = np.random.default_rng(100 * l + e)
+    mats = []
+    for q, (rows, cols) in zip(types, ((MF, MD), (MF, MD), (MD, MF))):
+        if q in QUANTIZABLE:
+            mats.append(quantize(q, rng.standard_normal((rows, cols))))
+        else:
+            mats.append(from_blocks(q, cols, rng.integers(0, 256, (rows, row_bytes(q, cols)), dtype=np.uint8)))
+    b = None
+    if biases:
+        from strata.formats.expert_record import ExpertBiases
+        b = ExpertBiases(*(rng.standard_normal(n).astype(np.float32) for n in (MF, MF, MD)))
+    return ExpertWeights(*mats, biases=b)
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_mixed_types_round_trip_as_version_3(tmp_path, biases):
+    path = tmp_path / "mixed.experts"
+    header = write_experts(path, qtype=QuantType.Q4_K, n_layers=3, n_experts=2, hidden=MD, expert_ffn=MF,
+                           get_expert=lambda l, e: mixed_expert(MIXED_TYPES[l], l, e, biases), biases=biases,
+                           layer_qtypes=MIXED_TYPES)
+    layouts = [RecordLayout(g, MD, MF, biases, up_qtype=u, down_qtype=d) for g, u, d in MIXED_TYPES]
+    with ExpertsFile.open(path) as f:
+        h = f.header
+        assert h == header and h.version == 3 and h.mixed and h.qtype is None and h.biases == biases
+        assert h.layer_qtypes == MIXED_TYPES
+        assert f.layout is None  # no one layout: a single-layout reader cannot take it silently
+        assert h.padded_bytes == max(r.padded_bytes for r in layouts)  # the arena slot fits the largest record
+        assert h.record_bytes == max(r.record_bytes for r in layouts)
+        assert h.data_offset % RECORD_ALIGN == 0 and os.path.getsize(path) == h.data_offset + 6 * h.padded_bytes
+        for l in range(3):
+            assert f.layer_layout(l) == layouts[l]
+            for e in range(2):
+                assert f.record_offset(l, e) == h.data_offset + (2 * l + e) * h.padded_bytes
+                got = f.expert(l, e)
+                assert got.qtypes == MIXED_TYPES[l]
+                assert_same_expert(got, mixed_expert(MIXED_TYPES[l], l, e, biases))
+        f.verify_all()
+        assert "Q4_K" in repr(f) and "Q5_1" in repr(f)
+
+
+def test_a_uniform_layer_list_is_written_as_version_1(tmp_path):
+    one = ((QuantType.Q8_0,) * 3,) * 2
+    h = write_experts(tmp_path / "u.experts", qtype=QuantType.Q8_0, n_layers=2, n_experts=2, hidden=D, expert_ffn=F,
+                      get_expert=seeded(QuantType.Q8_0), layer_qtypes=one)
+    assert (h.version, h.qtype, h.mixed) == (1, QuantType.Q8_0, False)
+
+
+def test_mixed_header_damage_is_one_line(tmp_path):
+    path = tmp_path / "mixed.experts"
+    write_experts(path, qtype=QuantType.Q4_K, n_layers=3, n_experts=2, hidden=MD, expert_ffn=MF,
+                  get_expert=lambda l, e: mixed_expert(MIXED_TYPES[l], l, e), layer_qtypes=MIXED_TYPES)
+    good = path.read_bytes()
+    table_start = HEADER_SIZE + 8
+
+    def damaged(at: int, data: bytes) -> str:
+        raw = bytearray(good)
+        raw[at:at + len(data)] = data
+        head = header_size(False, 3)
+        end = head + 4 * 6
+        raw[end:end + 4] = struct.pack("<I", zlib.crc32(bytes(raw[:end])))  # the header CRC made to match
+        path.write_bytes(bytes(raw))
+        with pytest.raises(FormatError) as err:
+            ExpertsFile.open(path)
+        assert_one_line_error(err, path)
+        return str(err.value)
+
+    assert "quant type id 77" in damaged(table_start + 4, struct.pack("<I", 77))
+    assert "unknown flags" in damaged(HEADER_SIZE, struct.pack("<Q", 6))
+    raw = bytearray(good)  # a layer's down relabelled Q5_1 -> Q4_K, the header CRC left as it was
+    raw[table_start + 8:table_start + 12] = struct.pack("<I", int(QuantType.Q4_K))
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError) as err:
+        ExpertsFile.open(path)
+    assert_one_line_error(err, path, "header checksum mismatch")
+    path.write_bytes(good[:HEADER_SIZE + 4])  # cut inside the type table
+    with pytest.raises(FormatError) as err:
+        ExpertsFile.open(path)
+    assert_one_line_error(err, path, "truncated")

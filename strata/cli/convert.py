@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     c = r.cfg
     print(f"wrote {r.model_path} and {r.experts_path}: {r.family}, {c.n_layers} layers, {c.n_experts} experts "
-          f"(top-{c.n_experts_per_token}), experts {r.expert_type.name}, dense {r.dense_type.name}, "
+          f"(top-{c.n_experts_per_token}), experts {r.experts_described}, dense {r.dense_type.name}, "
           f"{r.seconds:.1f} s")
     if r.ngrams_path is not None:
         print(f"wrote {r.ngrams_path}: the PLE n-gram row store, rows {args.ngrams.upper()}")

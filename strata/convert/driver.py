@@ -72,12 +72,21 @@ class ConvertResult:
     experts_path: Path
     cfg: ModelConfig
     family: str
-    expert_type: QuantType
+    expert_type: QuantType | None  # None: a GGUF's experts kept as stored, types per layer (expert_layer_types)
     dense_type: QuantType
     seconds: float
     notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
     requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
     ngrams_path: Path | None = None  # a PLE model's row store (`out.ngrams`), else None
+    expert_layer_types: tuple | None = None  # (gate, up, down) types per MoE layer where they mix
+
+    @property
+    def experts_described(self) -> str:
+        """'Q2_0', or 'Q4_K, Q5_1, IQ4_NL as stored (per layer and projection)'."""
+        if self.expert_layer_types is None:
+            return self.expert_type.name
+        names = sorted({q for t in self.expert_layer_types for q in t}, key=int)
+        return ", ".join(q.name for q in names) + " as stored (per layer and projection)"
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -185,10 +194,11 @@ class _Plan:
     family: Family
     cfg: ModelConfig
     experts: ExpertTensors | mlx_checkpoint.MlxExpertTensors
-    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint)
+    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint, a GGUF)
     sources: dict[str, str | Derived]  # strata dense name -> checkpoint tensor name (or tensors derived from)
     tokenizer: TokenizerFiles
     notes: tuple[str, ...] = ()  # what was deliberately left out (a vision tower, an MTP head)
+    kept_layers: tuple | None = None  # a GGUF's (gate, up, down) types per layer where they mix, kept as stored
 
 
 def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
@@ -211,7 +221,8 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
             experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
         sources = dense_sources(cfg, moe)
     kept = getattr(experts, "qtype", None) if expert_type is None else None
-    if kept is None:
+    kept_layers = getattr(experts, "layer_qtypes", None) if expert_type is None and kept is None else None
+    if kept is None and kept_layers is None:
         _check_expert_type(cfg, DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
         if isinstance(src, Derived):
@@ -223,7 +234,7 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
     tok = gguf_checkpoint.tokenizer_of(ckpt) if isinstance(ckpt, gguf_checkpoint.GgufCheckpoint) else \
         read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, kept, sources, tok, notes)
+    return _Plan(hf, family, cfg, experts, kept, sources, tok, notes, kept_layers)
 
 
 def convert(
@@ -237,9 +248,10 @@ def convert(
 ) -> ConvertResult:
     """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc).
 
-    expert_type None: an MLX-quantized checkpoint's experts keep their own type (bit for bit),
-    a float checkpoint's become DEFAULT_EXPERT_TYPE; a type given is quantized to (from the
-    dequantized values, for an MLX checkpoint). ngram_type: the row type of a PLE model's row
+    expert_type None: an MLX-quantized checkpoint's or a llama.cpp GGUF's experts keep their own
+    types (bit for bit; a GGUF's may differ per layer and projection), a float checkpoint's become
+    DEFAULT_EXPERT_TYPE; a type given is quantized to (from the dequantized values, for an MLX
+    checkpoint or a GGUF). ngram_type: the row type of a PLE model's row
     store (`out.ngrams`: F32, F16, Q8_0 or Q4_0; docs/formats.md §7)."""
     start = time.perf_counter()
     hf_dir = Path(hf_dir)
@@ -263,8 +275,8 @@ def convert(
     with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
         # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
-        expert_type = plan.kept if plan.kept is not None else (
-            DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
+        kept = plan.kept is not None or plan.kept_layers is not None
+        expert_type = plan.kept if kept else (DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
@@ -275,10 +287,11 @@ def convert(
         model_path.parent.mkdir(parents=True, exist_ok=True)
         renamed = False
         try:
-            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
+            described = expert_type.name if expert_type is not None else "as stored"
+            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({described})", "expert",
                       progress) as bar:
                 def get_expert(layer: int, e: int) -> ExpertWeights:  # layer: the MoE index
-                    if plan.kept is not None:
+                    if kept:
                         w = plan.experts.read_quantized(layer, e)
                     else:
                         gate, up, down = plan.experts.read(layer, e)
@@ -291,9 +304,10 @@ def convert(
                     bar.update(1)
                     return w
 
-                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
+                write_experts(experts_partial, qtype=expert_type if expert_type is not None else plan.kept_layers[0][0],
+                              n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert,
-                              biases=cfg.expert_bias)
+                              biases=cfg.expert_bias, layer_qtypes=plan.kept_layers)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity
             ngrams_identity = None
@@ -316,9 +330,9 @@ def convert(
             _unlink(*partials, *(finals if renamed else []))
             raise
         kld = None
-        if from_gguf and plan.kept is None:  # requantized: what that step cost, against gguf's dequantization
+        if from_gguf and not kept:  # requantized: what that step cost, against gguf's dequantization
             from strata.convert.requant_report import requantization_kld
 
             kld = requantization_kld(model_path, plan.experts)
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start, plan.notes, kld, ngrams_path)
+                         time.perf_counter() - start, plan.notes, kld, ngrams_path, plan.kept_layers)

@@ -4,9 +4,10 @@
 into the config.json keys the families read; `GgufCheckpoint` presents its tensors under the
 Hugging Face names (`blk.0.attn_q.weight` -> `model.layers.0.self_attn.q_proj.weight`),
 dequantized by the `gguf` package's own dequantizers; `GgufExpertTensors` reads the stacked
-`blk.L.ffn_{gate,up,down}_exps` experts either as their stored blocks (when a strata type holds
-them exactly: F32, F16, Q8_0, Q4_0, whose ggml blocks ARE strata's block form) or dequantized
-(K-quants and the rest, which the converter requantizes); `tokenizer_of` rebuilds a
+`blk.L.ffn_{gate,up,down}_exps` experts as their stored blocks, every type as the GGUF holds it
+(each ggml type is a strata type: strata/formats/ggml_blocks.py; Q8_0 / Q4_0 split into strata's
+planes, the rest whole blocks), a type per layer and projection, or dequantized (when the user asks
+for another expert type with --experts, which requantizes); `tokenizer_of` rebuilds a
 `tokenizer.json` from the GGUF's byte-level BPE vocabulary.
 
 llama.cpp's converter permutes the rows of Q and K for its `llama` architecture (Mixtral), to
@@ -25,7 +26,8 @@ from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig
-from strata.reference.quants import from_blocks
+from strata.formats.quant_types import row_bytes
+from strata.reference.quants import dequantize, from_blocks
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp architecture -> (transformers model_type, MoE block name)
@@ -48,7 +50,9 @@ PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-KEPT = {"F32": QuantType.F32, "F16": QuantType.F16, "Q8_0": QuantType.Q8_0, "Q4_0": QuantType.Q4_0}
+# ggml type name -> the strata type that keeps it as stored (every ggml weight type has one;
+# ggml's MXFP4 / NVFP4 are GGML_MXFP4 / GGML_NVFP4 here, MLX's MXFP4 being another layout)
+KEPT = {q.name.removeprefix("GGML_"): q for q in QuantType if q.value < 200}
 TOKEN_TYPE_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: special tokens
 
 
@@ -72,6 +76,14 @@ def _reader(path: Path):
 def _value(reader, key: str, default=None):
     field = reader.fields.get(key)
     return default if field is None else field.contents()
+
+
+def _dequantize(data: np.ndarray, ggml_type: str, n_cols: int) -> np.ndarray:
+    """A tensor's stored data (gguf's reader: float arrays, or uint8 rows of blocks) in float32, by
+    strata's reference (ggml's `dequantize_row_*`; equal to gguf's own bit for bit)."""
+    qtype = KEPT[ggml_type]
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    return dequantize(from_blocks(qtype, n_cols, raw.reshape(-1, row_bytes(qtype, n_cols))))
 
 
 class GgufCheckpoint:
@@ -134,8 +146,9 @@ class GgufCheckpoint:
 
         t = self._tensor(name)
         data = np.asarray(t.data) if index is None else np.asarray(t.data)[index]
-        x = gguf.quants.dequantize(data, t.tensor_type).astype(np.float32)
         want = self.shape(name) if index is None else self.shape(name)[1:]
+        x = _dequantize(data, t.tensor_type.name, want[-1]) if t.tensor_type.name in KEPT else \
+            gguf.quants.dequantize(data, t.tensor_type).astype(np.float32)
         x = x.reshape(want)
         if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             x = self._unpermute(x, t.name)
@@ -189,37 +202,46 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
 
 
 class GgufExpertTensors:
-    """The stacked experts of a GGUF: `qtype` is the strata type that holds every projection
-    exactly (None: they are requantized; see the module doc)."""
+    """The stacked experts of a GGUF, kept as stored: `layer_qtypes[l]` is the (gate, up, down)
+    strata types of MoE layer l, `qtype` their one type where every projection of every layer
+    shares it (else None: the `.experts` file records a type per layer and projection)."""
 
     def __init__(self, ckpt: GgufCheckpoint, cfg: ModelConfig, moe: str = "", projections=None) -> None:
         self._ckpt = ckpt
         self.names = [tuple(f"blk.{l}.{s}" for s in EXPERT_SUFFIXES) for l in range(cfg.n_layers)]
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
-        types = set()
+        layer_qtypes = []
         for layer in self.names:
+            kinds = []
             for name, shape in zip(layer, ((n_exp, f, d), (n_exp, f, d), (n_exp, d, f))):
                 if name not in ckpt.gguf_tensors:
                     raise FormatError(f"{ckpt.path}: no tensor {name} (llama.cpp's stacked experts)")
                 if ckpt.shape(name) != shape:
                     raise FormatError(f"{ckpt.path}: tensor {name}: shape {list(ckpt.shape(name))}, expected {list(shape)}")
                 ckpt.check_dtype(name)
-                types.add(ckpt.gguf_tensors[name].tensor_type.name)
-        self.source_types = sorted(types)
-        self.qtype: QuantType | None = KEPT[types.pop()] if len(types) == 1 and next(iter(types)) in KEPT else None
+                gtype = ckpt.gguf_tensors[name].tensor_type.name
+                if gtype not in KEPT:
+                    raise FormatError(f"{ckpt.path}: tensor {name}: type {gtype} is not a weight type strata reads")
+                kinds.append(KEPT[gtype])
+            layer_qtypes.append(tuple(kinds))
+        self.layer_qtypes: tuple[tuple[QuantType, QuantType, QuantType], ...] = tuple(layer_qtypes)
+        types = {q for t in self.layer_qtypes for q in t}
+        self.source_types = sorted(q.name.removeprefix("GGML_") for q in types)
+        self.qtype: QuantType | None = next(iter(types)) if len(types) == 1 else None
 
     def read(self, layer: int, expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gguf's dequantization: gate [F, D], up [F, D], down [D, F] float32."""
         return tuple(self._ckpt.read(n, expert) for n in self.names[layer])  # type: ignore[return-value]
 
     def read_quantized(self, layer: int, expert: int) -> ExpertWeights:
-        """The stored blocks as strata's (ggml's F32/F16/Q8_0/Q4_0 block form is strata's `to_blocks`)."""
+        """The stored blocks as strata's, each projection its own type (ggml's blocks are strata's
+        `to_blocks` form of the same type: split into planes for Q8_0 / Q4_0, whole otherwise)."""
         mats = []
-        for name in self.names[layer]:
+        for name, qtype in zip(self.names[layer], self.layer_qtypes[layer]):
             _, data = self._ckpt.raw(name, expert)
             cols = self._ckpt.shape(name)[-1]
-            mats.append(from_blocks(self.qtype, cols, np.ascontiguousarray(data).view(np.uint8)))
+            mats.append(from_blocks(qtype, cols, np.ascontiguousarray(data).view(np.uint8)))
         return ExpertWeights(*mats)
 
 

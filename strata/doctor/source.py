@@ -132,7 +132,9 @@ def _read_strata(p: Path, reader, cfg) -> Source:
         raise FormatError(f"{xp}: no such experts file (expected beside {p.name})")
     with ExpertsFile.open(xp) as xf:
         h = xf.header
-        qtype, slot = QuantType(h.qtype), h.padded_bytes
+        # a file mixing types per layer (a GGUF's, kept as stored): its first layer's gate type
+        # stands for it (never Q2_0, so the backend rule picks numpy); the slot is the largest record
+        qtype, slot = (h.layer_qtypes[0][0] if h.mixed else QuantType(h.qtype)), h.padded_bytes
     dense_types = {int(t.ggml_type) for t in reader.tensors.values() if len(t.shape) > 1}
     dense_types.discard(int(QuantType.F32))
     dense_qtype = QuantType(min(dense_types)) if dense_types else QuantType.F32
