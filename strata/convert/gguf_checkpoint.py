@@ -1,10 +1,13 @@
 """A llama.cpp GGUF model file read as the Hugging Face checkpoint it was converted from.
 
+The file is opened by strata's own GGUF reader (strata/formats/gguf_file.py), which holds it to
+ggml's loader's rules first: a relabelled tensor type, a moved or misaligned offset, truncation or
+a changed alignment ends in one FormatError line, never in other weights.
 `hf_config_of` turns the GGUF's metadata (`{arch}.block_count`, `{arch}.embedding_length`, ...)
 into the config.json keys the families read; `GgufCheckpoint` presents its tensors under the
 Hugging Face names (`blk.0.attn_q.weight` -> `model.layers.0.self_attn.q_proj.weight`),
-dequantized by the `gguf` package's own dequantizers; `GgufExpertTensors` reads the stacked
-`blk.L.ffn_{gate,up,down}_exps` experts as their stored blocks, every type as the GGUF holds it
+dequantized by strata's reference (ggml's semantics; the `gguf` package's values bit for bit);
+`GgufExpertTensors` reads the stacked `blk.L.ffn_{gate,up,down}_exps` experts as their stored blocks, every type as the GGUF holds it
 (each ggml type is a strata type: strata/formats/ggml_blocks.py; Q8_0 / Q4_0 split into strata's
 planes, the rest whole blocks), a type per layer and projection, or dequantized (when the user asks
 for another expert type with --experts, which requantizes); `tokenizer_of` rebuilds a
@@ -24,9 +27,9 @@ from strata.convert.hf_config import HFConfig
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights
-from strata.formats.quant_types import QuantType
+from strata.formats.gguf_file import GGUFFile, TensorInfo, open_gguf
+from strata.formats.quant_types import QuantType, row_bytes
 from strata.model_config import ModelConfig
-from strata.formats.quant_types import row_bytes
 from strata.reference.quants import dequantize, from_blocks
 
 GGUF_MAGIC = b"GGUF"
@@ -64,22 +67,25 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def _reader(path: Path):
+def _reader(path: Path) -> GGUFFile:
+    """The file, checked by ggml's loader's rules before a byte of it is used (gguf_file.py): a
+    relabelled type, a moved offset, truncation or a changed alignment is one FormatError line."""
+    return open_gguf(path)
+
+
+def _value(reader: GGUFFile, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.value
+
+
+def _type_name(info: TensorInfo) -> str:
     import gguf
 
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct.error, IndexError on bad files
-        raise FormatError(f"{path}: unreadable GGUF ({type(e).__name__}: {e})") from None
-
-
-def _value(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    return gguf.GGMLQuantizationType(info.ggml_type).name
 
 
 def _dequantize(data: np.ndarray, ggml_type: str, n_cols: int) -> np.ndarray:
-    """A tensor's stored data (gguf's reader: float arrays, or uint8 rows of blocks) in float32, by
+    """A tensor's stored data (float arrays, or uint8 rows of blocks) in float32, by
     strata's reference (ggml's `dequantize_row_*`; equal to gguf's own bit for bit)."""
     qtype = KEPT[ggml_type]
     raw = np.ascontiguousarray(data).view(np.uint8)
@@ -97,7 +103,7 @@ class GgufCheckpoint:
             raise ConfigError(f"{path}: llama.cpp architecture {self.arch!r} not supported; supported: "
                               f"{', '.join(ARCHITECTURES)}")
         self.model_type, self.moe = ARCHITECTURES[self.arch]
-        self.gguf_tensors = {t.name: t for t in self.reader.tensors}
+        self.gguf_tensors = dict(self.reader.tensors)  # name -> TensorInfo, in file order
         self.tensors: dict[str, str] = {}  # Hugging Face name -> GGUF name
         for name in self.gguf_tensors:
             hf = self._hf_name(name)
@@ -124,32 +130,28 @@ class GgufCheckpoint:
         return self.gguf_tensors[gname]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in reversed(self._tensor(name).shape))  # ggml's ne is innermost first
+        return tuple(int(n) for n in self._tensor(name).shape)  # numpy order (ggml's ne reversed)
 
     def check_dtype(self, name: str) -> None:
-        import gguf
-
         t = self._tensor(name)
-        if t.tensor_type not in gguf.quants._type_traits and t.tensor_type not in (
-                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
-            raise FormatError(f"{self.path}: tensor {t.name}: type {t.tensor_type.name} has no dequantizer in gguf")
+        if _type_name(t) not in KEPT:
+            raise FormatError(f"{self.path}: tensor {t.name}: type {_type_name(t)} is not a weight type "
+                              f"(supported: {', '.join(KEPT)})")
 
     def raw(self, name: str, index: int | None = None) -> tuple[str, np.ndarray]:
-        """(ggml type name, the stored data: rows of blocks as uint8, or the float array)."""
+        """(ggml type name, the stored data: rows of blocks as uint8, or the float array; a
+        read-only view of the file's map)."""
         t = self._tensor(name)
-        data = np.asarray(t.data)
-        return t.tensor_type.name, (data if index is None else data[index])
+        data = self.reader.raw(t)
+        return _type_name(t), (data if index is None else data[index])
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """The tensor in float32, in the Hugging Face layout. Shapes: -> shape(name) (without index)"""
-        import gguf
-
+        self.check_dtype(name)
         t = self._tensor(name)
-        data = np.asarray(t.data) if index is None else np.asarray(t.data)[index]
+        data = self.reader.raw(t) if index is None else self.reader.raw(t)[index]
         want = self.shape(name) if index is None else self.shape(name)[1:]
-        x = _dequantize(data, t.tensor_type.name, want[-1]) if t.tensor_type.name in KEPT else \
-            gguf.quants.dequantize(data, t.tensor_type).astype(np.float32)
-        x = x.reshape(want)
+        x = _dequantize(data, _type_name(t), want[-1]).reshape(want)
         if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             x = self._unpermute(x, t.name)
         return x
@@ -163,6 +165,8 @@ class GgufCheckpoint:
         return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
         self.reader = None
 
     def __enter__(self) -> "GgufCheckpoint":
@@ -220,10 +224,7 @@ class GgufExpertTensors:
                 if ckpt.shape(name) != shape:
                     raise FormatError(f"{ckpt.path}: tensor {name}: shape {list(ckpt.shape(name))}, expected {list(shape)}")
                 ckpt.check_dtype(name)
-                gtype = ckpt.gguf_tensors[name].tensor_type.name
-                if gtype not in KEPT:
-                    raise FormatError(f"{ckpt.path}: tensor {name}: type {gtype} is not a weight type strata reads")
-                kinds.append(KEPT[gtype])
+                kinds.append(KEPT[_type_name(ckpt.gguf_tensors[name])])
             layer_qtypes.append(tuple(kinds))
         self.layer_qtypes: tuple[tuple[QuantType, QuantType, QuantType], ...] = tuple(layer_qtypes)
         types = {q for t in self.layer_qtypes for q in t}
