@@ -1,7 +1,7 @@
 """A llama.cpp GGUF whose types mix per layer and projection, as unsloth's dynamic quants mix them
 (tests/gguf_models.UD_MIX: Q4_K gate/up with a Q5_1 down, an IQ4_NL layer, an MXFP4 layer; Q6_K
 dense weights), written with gguf's writer in llama.cpp's layout and converted with every expert
-kept as stored (a version 3 `.experts` file). Against the reference forward on the `gguf`
+kept as stored (a version 3 `.experts` file) and every dense matrix kept in its Q6_K. Against the reference forward on the `gguf`
 package's own dequantization of the same file (converted from those float32 values): the same
 logits bit for bit and the same 32 greedy tokens, all-resident and streamed at the smallest legal
 arena (strata's dequantization is gguf's bit for bit, tests/test_ggml_quants.py, so nothing
@@ -61,6 +61,24 @@ def test_every_expert_is_kept_as_stored_with_its_own_type(models):
             for proj, g in (("gate", "ffn_gate_exps"), ("up", "ffn_up_exps"), ("down", "ffn_down_exps")):
                 stored = np.asarray(tensors[f"blk.{layer}.{g}.weight"].data)[e]
                 assert to_blocks(w.projection(proj)).tobytes() == np.ascontiguousarray(stored).tobytes()
+
+
+def test_dense_matrices_are_kept_as_stored(models):
+    """Every dense matrix but the routers (F32 by the format's rule) is the GGUF's Q6_K, byte for byte."""
+    from strata.formats.gguf_file import open_gguf
+
+    path, r, _, _ = models
+    assert r.dense_kept and r.dense_described == "as stored"
+    ours, theirs = open_gguf(r.model_path), open_gguf(path)
+    try:
+        matrices = [n for n, t in ours.tensors.items() if len(t.shape) == 2 and "ffn_gate_inp" not in n]
+        assert len(matrices) >= 2 + 4 * len(gguf_models.UD_MIX)  # embedding, head, q/k/v/o per layer
+        for name in matrices:
+            assert ours.tensors[name].ggml_type == int(QuantType.Q6_K), name
+            assert ours.raw(ours.tensors[name]).tobytes() == theirs.raw(theirs.tensors[name]).tobytes(), name
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_logits_equal_the_reference_on_gguf_s_dequantized_weights(models):

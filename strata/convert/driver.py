@@ -52,9 +52,9 @@ from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights, RecordLayout
 from strata.formats.experts_file import ExpertsFile, write_experts
-from strata.formats.model_file import DENSE_TYPES, write_model
+from strata.formats.model_file import DENSE_TYPES, StoredBlocks, write_model
 from strata.formats.quant_types import QuantType
-from strata.model_config import ModelConfig, dense_tensor_shapes
+from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
 from strata.ple_store import NGRAMS_SUFFIX
 from strata.reference.quants import quantize
 
@@ -73,12 +73,17 @@ class ConvertResult:
     cfg: ModelConfig
     family: str
     expert_type: QuantType | None  # None: a GGUF's experts kept as stored, types per layer (expert_layer_types)
-    dense_type: QuantType
+    dense_type: QuantType  # of the matrices written; a GGUF's own are kept as stored where dense_kept
     seconds: float
     notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
     requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
     ngrams_path: Path | None = None  # a PLE model's row store (`out.ngrams`), else None
     expert_layer_types: tuple | None = None  # (gate, up, down) types per MoE layer where they mix
+    dense_kept: bool = False  # a GGUF's dense matrices written in their stored types
+
+    @property
+    def dense_described(self) -> str:
+        return "as stored" if self.dense_kept else self.dense_type.name
 
     @property
     def experts_described(self) -> str:
@@ -138,6 +143,23 @@ class LazyTensor:
         if self._bar is not None:
             self._bar.update(1)
         return x if dtype is None else x.astype(dtype, copy=False)
+
+
+def _kept_dense(ckpt: gguf_checkpoint.GgufCheckpoint, name: str, src, shape: tuple[int, ...], bar):
+    """A GGUF's dense matrix as it is stored (its ggml type and bytes), or None where it is not a
+    plain matrix of its own (a router and 1-D tensors are F32 by the format's rule; a derived or
+    reshaped tensor; an F32 one, which F32 writes as it is). Its values are checked finite."""
+    if (not isinstance(src, str) or len(shape) != 2 or name.endswith("." + TensorNames.router)
+            or ckpt.shape(src) != tuple(shape) or ckpt.ggml_type(src) == int(QuantType.F32)):
+        return None
+
+    def read() -> np.ndarray:
+        check_finite(ckpt.read(src), f"{ckpt.directory}: tensor {src}")
+        if bar is not None:
+            bar.update(1)
+        return ckpt.stored(src)[1]
+
+    return StoredBlocks(ckpt.ggml_type(src), tuple(shape), read)
 
 
 def check_finite(x: np.ndarray, where: str) -> None:
@@ -242,7 +264,7 @@ def convert(
     out: str | os.PathLike,
     *,
     expert_type: QuantType | None = None,
-    dense_type: QuantType = DEFAULT_DENSE_TYPE,
+    dense_type: QuantType | None = None,
     progress: bool = False,
     ngram_type: QuantType = DEFAULT_NGRAM_TYPE,
 ) -> ConvertResult:
@@ -258,7 +280,9 @@ def convert(
     from_gguf = gguf_checkpoint.is_gguf(hf_dir)
     if not hf_dir.is_dir() and not from_gguf:
         raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
-    expert_type, dense_type = None if expert_type is None else QuantType(expert_type), QuantType(dense_type)
+    keep_dense = from_gguf and dense_type is None
+    expert_type = None if expert_type is None else QuantType(expert_type)
+    dense_type = DEFAULT_DENSE_TYPE if dense_type is None else QuantType(dense_type)
     ngram_type = QuantType(ngram_type)
     if dense_type not in DENSE_TYPES:
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
@@ -317,8 +341,13 @@ def convert(
                     ngrams_identity = store.identity
             extra = {SOURCE_KEY: plan.hf.model_type}
             extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in plan.tokenizer.special_tokens.items()})
-            with _bar(len(plan.sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
+            what = "as stored" if keep_dense else dense_type.name
+            with _bar(len(plan.sources), f"{model_path.name} (dense {what})", "tensor", progress) as bar:
                 dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
+                if keep_dense:
+                    for name, src in plan.sources.items():
+                        kept_tensor = _kept_dense(ckpt, name, src, shapes[name], bar)
+                        dense[name] = dense[name] if kept_tensor is None else kept_tensor
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
                             chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra,
                             experts_identity=identity, ngrams_identity=ngrams_identity)
@@ -335,4 +364,4 @@ def convert(
 
             kld = requantization_kld(model_path, plan.experts)
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start, plan.notes, kld, ngrams_path, plan.kept_layers)
+                         time.perf_counter() - start, plan.notes, kld, ngrams_path, plan.kept_layers, keep_dense)

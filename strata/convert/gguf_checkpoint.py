@@ -132,6 +132,10 @@ class GgufCheckpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(int(n) for n in self._tensor(name).shape)  # numpy order (ggml's ne reversed)
 
+    def ggml_type(self, name: str) -> int:
+        """The tensor's ggml type id."""
+        return int(self._tensor(name).ggml_type)
+
     def check_dtype(self, name: str) -> None:
         t = self._tensor(name)
         if _type_name(t) not in KEPT:
@@ -144,6 +148,18 @@ class GgufCheckpoint:
         t = self._tensor(name)
         data = self.reader.raw(t)
         return _type_name(t), (data if index is None else data[index])
+
+    def stored(self, name: str) -> tuple[int, np.ndarray]:
+        """(ggml type id, the tensor's rows as stored: uint8 [R, row_bytes]) in the Hugging Face row
+        order (llama's Q/K rows un-permuted: rows are whole blocks, so that moves bytes only)."""
+        self.check_dtype(name)
+        t = self._tensor(name)
+        shape = self.shape(name)
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        raw = np.ascontiguousarray(self.reader.raw(t)).view(np.uint8).reshape(rows, -1)
+        if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            raw = self._unpermute(raw, t.name)
+        return int(t.ggml_type), raw
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """The tensor in float32, in the Hugging Face layout. Shapes: -> shape(name) (without index)"""
