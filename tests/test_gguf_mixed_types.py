@@ -120,3 +120,20 @@ def test_mlx_refuses_mixed_types_in_one_line_and_auto_picks_numpy(models):
     msg = str(err.value)
     assert "\n" not in msg and "mix" in msg and "Q4_K" in msg and "--backend numpy" in msg
     assert resolve_backend(model, EXACT0) is Backend.NUMPY
+
+
+def test_auto_on_a_gpu_machine_says_numpy_computes_these_experts(models, monkeypatch):
+    """Where MLX has a GPU, `--backend auto` still runs this model on numpy (MLX has no kernels
+    for its types) and the stream report says why, in one line; never a silent change of engine."""
+    import strata.engines as engines
+    from engine_kinds import min_slots
+
+    _, _, model, _ = models
+    monkeypatch.setattr(engines, "mlx_gpu_available", lambda: True)
+    config = EXACT0.replace(arena=f"{min_slots(model)}slots")
+    assert resolve_backend(model, config) is Backend.NUMPY
+    with open_engine(model, config, stream=True) as eng:
+        eng.prefill(list(model.tokenizer.encode("The quick brown fox")))
+        eng.decode(1)
+        io = eng.report().io
+    assert "backend auto: numpy computes these experts" in io and "Q5_1" in io
