@@ -73,10 +73,11 @@ def build_wide_checkpoint(directory: Path, seed: int = 0, layers: int = 2) -> Pa
     return directory
 
 
-def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16") -> Path:
+def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None) -> Path:
     """A llama.cpp-style GGUF of the checkpoint in `hf_dir`; routed experts quantized to the ggml
     type named `experts` (or per layer: a sequence of (gate, up, down) type names, as unsloth's
-    dynamic quants mix them), 2-D dense weights to `dense` (norms, routers and biases stay F32)."""
+    dynamic quants mix them), 2-D dense weights to `dense` (norms, routers and biases stay F32);
+    `alignment`: a `general.alignment` other than the default 32."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
@@ -85,6 +86,8 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16") 
     arch, moe, projections = ARCH[cfg["model_type"]]
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     w = gguf.GGUFWriter(str(path), arch)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
     n_exp = cfg.get("num_experts") or cfg["num_local_experts"]
     ffn = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]

@@ -1,7 +1,7 @@
 """Structurally invalid llama.cpp GGUFs end `strata convert` in one line naming the file, never
 in a converted model of other weights: a tensor type relabelled with its bytes unchanged, an
 offset moved by +1 (misaligned), +32, -32, to 2^64 - 1, into another tensor or by one flipped
-bit, a shape changed, truncation. ggml's own loader rejects each (gguf.cpp: offsets in
+bit, a shape changed, a changed alignment, truncation. ggml's own loader rejects each (gguf.cpp: offsets in
 order, aligned, sized by type and shape, inside the file); strata's reader holds the file to the
 same rules before converting a byte (strata/formats/gguf_file.py)."""
 
@@ -128,3 +128,22 @@ def test_a_file_that_is_not_gguf_inside_is_one_line(good, tmp_path):
     bad.write_bytes(good[:4] + struct.pack("<I", 77) + good[8:])  # an unknown version
     with pytest.raises(FormatError, match="version 77"):
         convert(bad, tmp_path / "out")
+
+
+@pytest.mark.parametrize("alignment, fragment", [(128, "corrupt GGUF"), (48, "power of two")])
+def test_a_changed_alignment_ends_in_one_line(tmp_path_factory, tmp_path, alignment, fragment):
+    """A file written with general.alignment = 64 whose value is then changed: at 128 the data
+    section would start elsewhere and the tensors no longer end where the file does; 48 is no
+    alignment at all."""
+    hf_dir, _ = hf_models.cached_checkpoint("qwen3_moe", tmp_path_factory)
+    path = gguf_models.write_gguf(hf_dir, tmp_path / "aligned.gguf", experts="Q8_0", dense="F16", alignment=64)
+    convert(path, tmp_path / "fine")  # 64 itself is fine
+    raw = path.read_bytes()
+    key = struct.pack("<Q", len(b"general.alignment")) + b"general.alignment"
+    at = raw.index(key) + len(key) + 4  # the key, its u32 value type, then the u32 value
+    assert struct.unpack_from("<I", raw, at)[0] == 64
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(_patched(raw, at, struct.pack("<I", alignment)))
+    with pytest.raises(FormatError) as err:
+        convert(bad, tmp_path / "out")
+    assert "\n" not in str(err.value) and str(bad) in str(err.value) and fragment in str(err.value), str(err.value)
