@@ -36,9 +36,10 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
-def _bits(x: np.ndarray, n: int) -> np.ndarray:
-    """The n low bits of each integer, LSB first. [...] -> [..., n] uint8"""
-    return ((x[..., None].astype(np.uint32) >> np.arange(n, dtype=np.uint32)) & 1).astype(np.uint8)
+def _bits(x: np.ndarray, n: int = 8) -> np.ndarray:
+    """The 8 bits of each byte, LSB first. uint8 [...] -> [..., 8] uint8 (n: 8, the only width)"""
+    assert n == 8 and x.dtype == np.uint8
+    return np.unpackbits(x[..., None], axis=-1, bitorder="little")
 
 
 # ---------------------------------------------------------------- 32-weight blocks
