@@ -63,6 +63,7 @@ def assert_bitwise_equal(ours: np.ndarray, theirs: np.ndarray) -> None:
                            f"{ours.reshape(-1)[bad[0]]!r} vs gguf's {theirs.reshape(-1)[bad[0]]!r}")
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")  # e8m0 255: 12 * 2^127
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("qtype", TWIN_TYPES, ids=lambda q: q.name)
 def test_reference_equals_gguf_bit_for_bit(qtype, seed):
@@ -72,6 +73,21 @@ def test_reference_equals_gguf_bit_for_bit(qtype, seed):
     theirs = gguf.quants.dequantize(raw, _gguf_type(qtype))
     ours = ggml_quants.dequantize_blocks(name, raw, raw.shape[1] // dt.itemsize * block)
     assert_bitwise_equal(ours, np.asarray(theirs, np.float32))
+
+
+@pytest.mark.parametrize("qtype", TWIN_TYPES, ids=lambda q: q.name)
+def test_constant_blocks_equal_gguf_bit_for_bit(qtype):
+    """Blocks of one byte repeated: all zero; 0xFF (NaN float16 scales, every code at its top);
+    0x7C (float16 scales of +inf: inf and NaN products); 0x80 (-0.0 scales, sign bits set). NaN
+    payloads included: the same bits as gguf's."""
+    name = ggml_block_name(qtype)
+    block, dt = ggml_blocks.BLOCK_DTYPES[name]
+    for fill in (0x00, 0xFF, 0x7C, 0x80):
+        raw = np.full((2, 3 * dt.itemsize), fill, np.uint8)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ours = ggml_quants.dequantize_blocks(name, raw, 3 * block)
+            theirs = np.asarray(gguf.quants.dequantize(raw, _gguf_type(qtype)), np.float32)
+        assert_bitwise_equal(ours, theirs)
 
 
 @pytest.mark.parametrize("qtype", FLOAT_TWINS, ids=lambda q: q.name)
