@@ -43,10 +43,14 @@ class NumpyCompute(StatefulCompute):
     # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
     synchronous = True
 
-    def __init__(self, params: ref.ModelParams, arena: Arena, layouts: Callable[[int], RecordLayout], *,
+    def __init__(self, params: ref.ModelParams, arena: Arena,
+                 layouts: RecordLayout | Callable[[int], RecordLayout], *,
                  pred_q8: bool = True, layers: LayerRange | None = None) -> None:
-        """layouts(layer): the record layout of a (model) layer's experts: one for every layer, or
-        each layer its own where the `.experts` file mixes types (`ExpertsFile.layer_layout`)."""
+        """layouts: the record layout of every layer's experts, or a function of the (model) layer
+        giving each layer its own, where the `.experts` file mixes types (`ExpertsFile.layer_layout`)."""
+        if isinstance(layouts, RecordLayout):
+            one = layouts
+            layouts = lambda layer: one  # noqa: E731
         self.params, self.arena, self.layouts = params, arena, layouts
         cfg = params.cfg
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
