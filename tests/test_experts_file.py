@@ -26,6 +26,7 @@ from strata.formats.expert_record import (
 from strata.formats.experts_file import HEADER_SIZE, MAGIC, ExpertsFile, file_geometry, header_size, write_experts
 from strata.formats.quant_types import QuantType, layout, row_bytes
 from strata.reference.quants import QUANTIZABLE, dequantize, from_blocks, quantize
+from tests.ggml_random import random_blocks
 
 # Block-multiple dimensions small enough for fast tests (hypothesis strategies local to this
 # module: they are about record shapes, which no other module needs).
@@ -43,9 +44,13 @@ L, E, D, F = 2, 3, 32, 64  # the small file most tests use
 def make_expert(qtype: QuantType, hidden: int, ffn: int, seed: int) -> ExpertWeights:
     rng = np.random.default_rng(seed)
     if qtype not in QUANTIZABLE:  # a GGUF's types are copied, never made: random blocks
-        def blocks(rows: int, cols: int):
-            return from_blocks(qtype, cols, rng.integers(0, 256, (rows, row_bytes(qtype, cols)), dtype=np.uint8))
-        return ExpertWeights(gate=blocks(ffn, hidden), up=blocks(ffn, hidden), down=blocks(hidden, ffn))
+        def blocks(rows: int, cols: int, salt: int):
+            n = rows * row_bytes(qtype, cols) // layout(qtype).block_bytes
+            if qtype is QuantType.BF16:
+                raw = rng.standard_normal(rows * cols).astype(np.float32).view(np.uint32) >> 16
+                return from_blocks(qtype, cols, raw.astype(np.uint16).view(np.uint8))
+            return from_blocks(qtype, cols, random_blocks(qtype, n, seed * 3 + salt, edges=False))
+        return ExpertWeights(gate=blocks(ffn, hidden, 0), up=blocks(ffn, hidden, 1), down=blocks(hidden, ffn, 2))
     return ExpertWeights(
         gate=quantize(qtype, rng.standard_normal((ffn, hidden))),
         up=quantize(qtype, rng.standard_normal((ffn, hidden))),
@@ -409,7 +414,8 @@ def mixed_expert(types, l: int, e: int, biases: bool = False) -> ExpertWeights:
         if q in QUANTIZABLE:
             mats.append(quantize(q, rng.standard_normal((rows, cols))))
         else:
-            mats.append(from_blocks(q, cols, rng.integers(0, 256, (rows, row_bytes(q, cols)), dtype=np.uint8)))
+            n = rows * row_bytes(q, cols) // layout(q).block_bytes
+            mats.append(from_blocks(q, cols, random_blocks(q, n, 100 * l + e, edges=False)))
     b = None
     if biases:
         from strata.formats.expert_record import ExpertBiases

@@ -13,46 +13,17 @@ from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType, ggml_block_name, is_whole_blocks, layout
 from strata.reference import ggml_quants
 from strata.reference.quants import dequantize, from_blocks, to_blocks
+from tests.ggml_random import random_blocks
 
 # every type the gguf package dequantizes, ours beside it (F32 / F16 / BF16 are plain floats)
 TWIN_TYPES = [q for q in QuantType if is_whole_blocks(q)] + [QuantType.Q4_0, QuantType.Q8_0]
 FLOAT_TWINS = [QuantType.F32, QuantType.F16, QuantType.BF16]
 N_BLOCKS = 64  # random blocks per type per seed
 # float16 scales with edges: zero, minus zero, the smallest subnormal, the largest finite, ones
-F16_EDGES = np.array([0.0, -0.0, 2.0**-24, -(2.0**-24), 65504.0, -65504.0, 1.0, -1.0, 6.1e-5], np.float16)
-U8_EDGES = np.array([0, 1, 2, 127, 128, 254, 255, 0x7F, 0x7E, 0x80, 0xFF], np.uint8)  # e8m0 / ue4m3 bytes
 
 
 def _gguf_type(qtype: QuantType) -> gguf.GGMLQuantizationType:
     return gguf.GGMLQuantizationType[ggml_block_name(qtype)]
-
-
-def random_blocks(qtype: QuantType, n_blocks: int, seed: int) -> np.ndarray:
-    """n random blocks of a ggml type as raw bytes: every code byte random, every float16 field a
-    finite value (half of them random, half drawn from the edges), every e8m0 / ue4m3 scale byte
-    random with edges mixed in. uint8 [n_blocks * block_bytes]"""
-    rng = np.random.default_rng(seed)
-    name = ggml_block_name(qtype)
-    _, dt = ggml_blocks.BLOCK_DTYPES[name]
-    raw = rng.integers(0, 256, n_blocks * dt.itemsize, dtype=np.uint8)
-    b = raw.view(dt)
-    for field in dt.names:
-        if dt[field].base == np.float16:
-            vals = rng.standard_normal(b[field].shape).astype(np.float16)
-            edge = rng.random(b[field].shape) < 0.5
-            b[field] = np.where(edge, rng.choice(F16_EDGES, b[field].shape), vals)
-    if name == "IQ1_M":  # its float16 scale is spread over the top nibbles of 4 u16 words
-        words = b["scales"].copy().view("<u2")
-        d = np.where(rng.random(n_blocks) < 0.5, rng.choice(F16_EDGES, n_blocks),
-                     rng.standard_normal(n_blocks).astype(np.float16)).astype(np.float16).view(np.uint16)
-        for k in range(4):
-            words[:, k] = (words[:, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
-        b["scales"] = words.view(np.uint8).reshape(n_blocks, 8)
-    if name in ("MXFP4", "NVFP4"):
-        field = "e" if name == "MXFP4" else "d"
-        edge = rng.random(b[field].shape) < 0.3
-        b[field] = np.where(edge, rng.choice(U8_EDGES, b[field].shape), b[field])
-    return raw
 
 
 def assert_bitwise_equal(ours: np.ndarray, theirs: np.ndarray) -> None:
