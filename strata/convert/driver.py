@@ -105,7 +105,8 @@ def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
 def _check_expert_type(cfg: ModelConfig, qtype: QuantType) -> None:
     if qtype not in EXPERT_TYPES:
         raise ConfigError(f"expert type {qtype.name.lower()} not supported; use one of "
-                          f"{', '.join(q.name.lower() for q in EXPERT_TYPES)}")
+                          f"{', '.join(q.name.lower() for q in EXPERT_TYPES)} (or no --experts: a llama.cpp "
+                          "GGUF's or an MLX checkpoint's experts keep their own types)")
     try:
         RecordLayout(qtype, cfg.hidden_size, cfg.expert_ffn_size)
     except ValueError as e:
