@@ -147,3 +147,53 @@ def test_a_changed_alignment_ends_in_one_line(tmp_path_factory, tmp_path, alignm
     with pytest.raises(FormatError) as err:
         convert(bad, tmp_path / "out")
     assert "\n" not in str(err.value) and str(bad) in str(err.value) and fragment in str(err.value), str(err.value)
+
+
+def _renamed(key: bytes):
+    """Metadata `key` renamed (its last byte changed): the file parses, the key is gone."""
+    def make(raw: bytes) -> bytes:
+        at = raw.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) - 1
+        return _patched(raw, at, b"X")
+    return make
+
+
+def _retyped(key: bytes, value_type: int):
+    """Metadata `key`'s value type changed to another of the same size (its bytes reread)."""
+    def make(raw: bytes) -> bytes:
+        at = raw.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+        return _patched(raw, at, struct.pack("<I", value_type))
+    return make
+
+
+METADATA = {
+    "block_count missing": (_renamed(b"qwen3moe.block_count"), "missing metadata key qwen3moe.block_count"),
+    "rms epsilon missing": (_renamed(b"qwen3moe.attention.layer_norm_rms_epsilon"),
+                            "missing metadata key qwen3moe.attention.layer_norm_rms_epsilon"),
+    "tokens missing": (_renamed(b"tokenizer.ggml.tokens"), "missing metadata key tokenizer.ggml.tokens"),
+    "merges missing": (_renamed(b"tokenizer.ggml.merges"), "missing metadata key tokenizer.ggml.merges"),
+    "block_count a float": (_retyped(b"qwen3moe.block_count", 6), "qwen3moe.block_count is FLOAT32"),
+    "head count an int32 < 0": (_retyped(b"qwen3moe.attention.head_count", 5), "expected an integer"),
+}
+
+
+@pytest.mark.parametrize("what", list(METADATA))
+def test_missing_or_mistyped_metadata_is_one_line(good, tmp_path, capsys, what):
+    """What llama.cpp's loader requires (gguf keys of the architecture, the BPE vocabulary and
+    its merges) missing, or a value of another type: one line naming the key, never a converted
+    model of another configuration or an internal error."""
+    make, fragment = METADATA[what]
+    bad = tmp_path / "bad.gguf"
+    data = make(good)
+    if what == "head count an int32 < 0":  # the u32 4 read as an int32 is still 4: make it negative
+        key = b"qwen3moe.attention.head_count"
+        at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4
+        data = _patched(data, at, struct.pack("<i", -4))
+    bad.write_bytes(data)
+    with pytest.raises(StrataError) as err:
+        convert(bad, tmp_path / "out")
+    msg = str(err.value)
+    assert "\n" not in msg and str(bad) in msg and fragment in msg, msg
+    capsys.readouterr()
+    assert main(["convert", str(bad), str(tmp_path / "cli"), "--quiet"]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and "internal error" not in err_lines[0]

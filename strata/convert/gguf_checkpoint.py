@@ -27,6 +27,7 @@ from strata.convert.hf_config import HFConfig
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights
+from strata.formats import gguf_file
 from strata.formats.gguf_file import GGUFFile, TensorInfo, open_gguf
 from strata.formats.quant_types import QuantType, row_bytes
 from strata.model_config import ModelConfig
@@ -192,30 +193,66 @@ class GgufCheckpoint:
         self.close()
 
 
+_REQUIRED = object()
+_INTEGERS = frozenset({gguf_file.UINT8, gguf_file.INT8, gguf_file.UINT16, gguf_file.INT16, gguf_file.UINT32,
+                       gguf_file.INT32, gguf_file.UINT64, gguf_file.INT64})
+_KINDS = {"an integer": _INTEGERS, "a number": _INTEGERS | {gguf_file.FLOAT32, gguf_file.FLOAT64},
+          "a string": {gguf_file.STRING}, "a bool": {gguf_file.BOOL}}
+
+
+def metadata(ckpt: GgufCheckpoint, key: str, kind: str, default=_REQUIRED):
+    """The value of metadata `key`, checked to be `kind` (a key of _KINDS); `default` where it is
+    absent, or a FormatError naming the key where it is required (as llama.cpp's loader requires
+    it) or of another type."""
+    f = ckpt.reader.fields.get(key)
+    if f is None:
+        if default is _REQUIRED:
+            raise FormatError(f"{ckpt.path}: missing metadata key {key} (llama.cpp's loader requires it)")
+        return default
+    if f.type not in _KINDS[kind] or (kind == "an integer" and f.value < 0):
+        raise FormatError(f"{ckpt.path}: metadata key {key} is {f.type_name} {f.value!r}, expected {kind}")
+    return f.value
+
+
+def _string_list(ckpt: GgufCheckpoint, key: str, default=_REQUIRED) -> list[str]:
+    f = ckpt.reader.fields.get(key)
+    if f is None:
+        if default is _REQUIRED:
+            raise FormatError(f"{ckpt.path}: missing metadata key {key} (llama.cpp's loader requires it)")
+        return default
+    if f.type != gguf_file.ARRAY or f.item_type != gguf_file.STRING:
+        raise FormatError(f"{ckpt.path}: metadata key {key} is {f.type_name}, expected an array of strings")
+    return list(f.value)
+
+
 def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
-    """The config.json keys the families read, from the GGUF's `{arch}.*` metadata."""
-    r, a = ckpt.reader, ckpt.arch
-    get = lambda key, default=None: _value(r, f"{a}.{key}", default)  # noqa: E731
-    n_experts = get("expert_count", 0)
+    """The config.json keys the families read, from the GGUF's `{arch}.*` metadata (each checked
+    present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
+    a = ckpt.arch
+    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+    number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
+    n_experts = integer("expert_count", 0)
     if not n_experts:
         raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
-    scaling = get("rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
+    if scaling != "none":
         raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none")
     vocab = ckpt.shape("model.embed_tokens.weight")[0]
-    ffn = get("expert_feed_forward_length", get("feed_forward_length"))
+    ffn = integer("expert_feed_forward_length", None)
+    ffn = integer("feed_forward_length") if ffn is None else ffn
+    heads = integer("attention.head_count")
     raw = dict(
-        model_type=ckpt.model_type, vocab_size=vocab, hidden_size=get("embedding_length"),
-        num_hidden_layers=get("block_count"), num_attention_heads=get("attention.head_count"),
-        num_key_value_heads=get("attention.head_count_kv", get("attention.head_count")),
-        head_dim=get("attention.key_length"), num_experts=n_experts, num_local_experts=n_experts,
-        num_experts_per_tok=get("expert_used_count"), moe_intermediate_size=ffn, intermediate_size=ffn,
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
-        max_position_embeddings=get("context_length"), hidden_act="silu",
-        norm_topk_prob=bool(get("expert_weights_norm", NORM_TOPK[a])),
+        model_type=ckpt.model_type, vocab_size=vocab, hidden_size=integer("embedding_length"),
+        num_hidden_layers=integer("block_count"), num_attention_heads=heads,
+        num_key_value_heads=integer("attention.head_count_kv", heads),
+        head_dim=integer("attention.key_length", None), num_experts=n_experts, num_local_experts=n_experts,
+        num_experts_per_tok=integer("expert_used_count"), moe_intermediate_size=ffn, intermediate_size=ffn,
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon"), rope_theta=number("rope.freq_base", 10000.0),
+        max_position_embeddings=integer("context_length"), hidden_act="silu",
+        norm_topk_prob=bool(metadata(ckpt, f"{a}.expert_weights_norm", "a bool", NORM_TOPK[a])),
         tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
     )
-    shared = get("expert_shared_feed_forward_length")
+    shared = integer("expert_shared_feed_forward_length", None)
     if shared:
         raw["shared_expert_intermediate_size"] = shared
     return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
@@ -276,15 +313,21 @@ def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     r = ckpt.reader
-    kind = _value(r, "tokenizer.ggml.model")
+    kind = metadata(ckpt, "tokenizer.ggml.model", "a string", None)
     if kind != "gpt2":
         raise ConfigError(f"{ckpt.path}: tokenizer.ggml.model = {kind!r}; supported: 'gpt2' (byte-level BPE)")
-    pre = _value(r, "tokenizer.ggml.pre", "default")
+    pre = metadata(ckpt, "tokenizer.ggml.pre", "a string", "default")
     if pre not in PRE_TOKENIZERS:
         raise ConfigError(f"{ckpt.path}: tokenizer.ggml.pre = {pre!r}; supported: {', '.join(PRE_TOKENIZERS)}")
-    tokens = list(_value(r, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in _value(r, "tokenizer.ggml.merges", [])]
-    types = list(_value(r, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    tokens = _string_list(ckpt, "tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in _string_list(ckpt, "tokenizer.ggml.merges")]  # gpt2 BPE needs them
+    if any(len(m) != 2 for m in merges):
+        raise FormatError(f"{ckpt.path}: tokenizer.ggml.merges holds an entry without a space (want 'a b')")
+    f = r.fields.get("tokenizer.ggml.token_type")
+    if f is not None and (f.type != gguf_file.ARRAY or f.item_type not in _INTEGERS or len(f.value) != len(tokens)):
+        raise FormatError(f"{ckpt.path}: tokenizer.ggml.token_type is {f.type_name} of {len(f.value) if f.type == gguf_file.ARRAY else 1}, "
+                          f"expected {len(tokens)} integers (one per token)")
+    types = list(f.value) if f is not None else [1] * len(tokens)
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
     regex = PRE_TOKENIZERS[pre]
     if regex is None:
@@ -298,7 +341,7 @@ def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
                             for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL])
     special = {}
     for name in ("bos", "eos", "unk", "pad"):
-        idx = _value(r, f"tokenizer.ggml.{name}_token_id")
+        idx = metadata(ckpt, f"tokenizer.ggml.{name}_token_id", "an integer", None)
         if idx is not None and 0 <= int(idx) < len(tokens):
             special[f"{name}_token"] = tokens[int(idx)]
-    return TokenizerFiles(tok.to_str(), len(tokens), _value(r, "tokenizer.chat_template"), special)
+    return TokenizerFiles(tok.to_str(), len(tokens), metadata(ckpt, "tokenizer.chat_template", "a string", None), special)
