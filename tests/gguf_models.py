@@ -28,8 +28,10 @@ CASES = [
 ]
 # the K-quant case: a wider checkpoint (build_wide_checkpoint), Q4_K experts, Q6_K dense weights
 WIDE_CASE = ("qwen3_moe_wide", "Q4_K", "Q6_K")
-# an unsloth-UD-like mix on a 3-layer wide checkpoint: (gate, up, down) per layer, Q6_K dense
-UD_MIX = (("Q4_K", "Q4_K", "Q5_1"), ("IQ4_NL", "IQ4_NL", "IQ4_NL"), ("MXFP4", "MXFP4", "MXFP4"))
+# an unsloth-UD-like mix on a wide checkpoint, (gate, up, down) per layer, Q6_K dense; the last
+# layer mixes a whole-block type, strata's split Q8_0 planes and raw BF16 in one record
+UD_MIX = (("Q4_K", "Q4_K", "Q5_1"), ("IQ4_NL", "IQ4_NL", "IQ4_NL"), ("MXFP4", "MXFP4", "MXFP4"),
+          ("Q6_K", "Q8_0", "BF16"))
 
 
 def case_id(case: tuple) -> str:

@@ -1,6 +1,6 @@
 """A llama.cpp GGUF whose types mix per layer and projection, as unsloth's dynamic quants mix them
-(tests/gguf_models.UD_MIX: Q4_K gate/up with a Q5_1 down, an IQ4_NL layer, an MXFP4 layer; Q6_K
-dense weights), written with gguf's writer in llama.cpp's layout and converted with every expert
+(tests/gguf_models.UD_MIX: Q4_K gate/up with a Q5_1 down, an IQ4_NL layer, an MXFP4 layer, a
+Q6_K / Q8_0 / BF16 layer; Q6_K dense weights), written with gguf's writer in llama.cpp's layout and converted with every expert
 kept as stored (a version 3 `.experts` file) and every dense matrix kept in its Q6_K. Against the reference forward on the `gguf`
 package's own dequantization of the same file (converted from those float32 values): the same
 logits bit for bit and the same 32 greedy tokens, all-resident and streamed at the smallest legal
