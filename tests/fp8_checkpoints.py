@@ -121,8 +121,8 @@ def write_fp8_checkpoint(src: Path, dst: Path, *, block: tuple[int, int] = PUBLI
             codes, inv = quantize_blocks(w, block)
             if scale_dtype == "F8_E8M0":
                 inv = np.ldexp(np.float32(1), np.ceil(np.log2(inv)).astype(np.int32)).astype(np.float32)
-                codes = np.clip(w / np.repeat(np.repeat(inv, block[0], -2), block[1], -1)[..., :w.shape[-2], :w.shape[-1]],
-                                -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+                full = np.repeat(np.repeat(inv, block[0], -2), block[1], -1)[..., :w.shape[-2], :w.shape[-1]]
+                codes = np.clip(w / full, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
                 stored = (np.log2(inv).astype(np.int32) + 127).astype(np.uint8).tobytes()
             elif scale_dtype == "BF16":
                 inv = inv.astype(ml_dtypes.bfloat16).astype(np.float32)

@@ -96,11 +96,13 @@ def is_multimodal(seed: int) -> bool:
     return random.Random(seed * 7919).random() < 0.3
 
 
-def hf_config(arch: str):
+def hf_config(arch: str, **text_overrides):
+    """The config of fixture `arch` (text_overrides: keys of the text config replaced, for the sweep
+    in scripts/qwen4_parity_sweep.py)."""
     import transformers
 
     seed = seed_of(arch)
-    text = text_fields(seed)
+    text = {**text_fields(seed), **text_overrides}
     if not is_multimodal(seed):
         return transformers.Qwen4ExpTextConfig(**text)
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
@@ -125,21 +127,22 @@ def perturb_constant_parameters(model, seed: int) -> list[str]:
     return names
 
 
-def build_checkpoint(arch: str, directory: Path, seed: int | None = None):
+def build_checkpoint(arch: str, directory: Path, *, train: bool = True, **text_overrides):
     """Save the trained tiny model of `arch` and the tokenizer in `directory`; returns the model as
-    transformers loads it back, in float32."""
+    transformers loads it back, in float32 (train False: as initialized and noised, for the sweep)."""
     import torch
     import transformers
     from tokenizers import Tokenizer
 
-    seed = seed_of(arch) if seed is None else seed
+    seed = seed_of(arch)
     hf_models.write_tokenizer(directory)
     ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(hf_models.PARITY_TEXT).ids
     torch.manual_seed(seed)
     cls = getattr(transformers, hf_qwen4.MODEL_CLASS["qwen4_exp" if is_multimodal(seed) else "qwen4_exp_text"])
-    model = cls(hf_config(arch))
+    model = cls(hf_config(arch, **text_overrides))
     perturb_constant_parameters(model, seed)
-    hf_models.train_briefly(model, torch.tensor(ids)[None])
+    if train:
+        hf_models.train_briefly(model, torch.tensor(ids)[None])
     model.to(getattr(torch, hf_qwen4.SAVE_DTYPE)).save_pretrained(directory)
     return cls.from_pretrained(directory, dtype=torch.float32).eval()
 

@@ -158,6 +158,7 @@ def _edit_quantization(fp8_dir, **changes):
 
 @pytest.mark.parametrize("changes, message", [
     ({"fmt": "e5m2"}, "fmt = 'e5m2'"),
+    ({"fmt": "float8_e5m2"}, "fmt = 'float8_e5m2'"),
     ({"activation_scheme": "static"}, "activation_scheme = 'static'"),
     ({"weight_block_size": [128]}, "weight_block_size = [128]"),
     ({"weight_block_size": [32, 32]}, "in blocks of [32, 32]"),  # the scales were written for [128, 128]
@@ -168,6 +169,12 @@ def test_bad_quantization_configs_are_refused(changes, message, tmp_path):
     with pytest.raises((ConfigError, FormatError)) as err:
         convert(fp8_dir, tmp_path / "out", expert_type=QuantType.F16)
     assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_minimax_spelling_of_the_format_is_read(tmp_path):
+    fp8_dir, deq_dir = _pair("minimax_m2", tmp_path)
+    _edit_quantization(fp8_dir, fmt="float8_e4m3fn")
+    _assert_same_logits(fp8_dir, deq_dir, tmp_path)
 
 
 def test_fp8_weight_without_scales_is_refused(tmp_path):

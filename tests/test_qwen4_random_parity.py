@@ -7,8 +7,8 @@ them, tests/test_hf_fixtures.py checks them current).
 
 Each converts with f32 experts (every weight as saved) and strata's reference forward gives, over
 the parity text (teacher-forced), logits within FLOAT32_REORDER_OF_SCALE of transformers' (both
-float32; only the order of sums differs: seen up to 1.8e-5 of the scale over 96 drawn configs),
-and the same 32 greedy tokens as transformers' generate. Where two QSA blocks tie, torch.topk
+float32; only the order of sums differs: seen up to 1.4e-5 of the scale over the 90 configurations
+scripts/qwen4_parity_sweep.py drew), and the same 32 greedy tokens as transformers' generate. Where two QSA blocks tie, torch.topk
 chooses in no defined order (docs/qwen4.md): the test checks that no tie decides a selection in
 these fixtures, at every indexed attention layer, so the comparison is a test and not a coin toss.
 """

@@ -40,7 +40,7 @@ FP8_DTYPE = "F8_E4M3"
 SCALE_SUFFIX = "_scale_inv"  # `p.weight` -> `p.weight_scale_inv`; a fused `p` -> `p_scale_inv`
 # the dtypes a block scale may be stored in -> (bytes per element, stored numpy dtype)
 SCALE_DTYPES = {"F32": np.dtype("<f4"), "BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F8_E8M0": np.dtype(np.uint8)}
-WEIGHT_FORMATS = ("e4m3",)
+WEIGHT_FORMATS = ("e4m3", "float8_e4m3fn")  # DeepSeek's and Qwen's spelling; MiniMax's
 ACTIVATION_SCHEMES = ("dynamic",)  # activations are quantized at run time by the published inference
 SCALE_FORMATS = ("float", "ue8m0")
 
@@ -65,7 +65,7 @@ def quantization_of(hf: HFConfig) -> Fp8Quantization | None:
 
     fmt = q.get("fmt", WEIGHT_FORMATS[0])
     if fmt not in WEIGHT_FORMATS:
-        raise refuse(f"fmt = {fmt!r}", "e4m3 weights")
+        raise refuse(f"fmt = {fmt!r}", "e4m3 weights ('e4m3' or 'float8_e4m3fn')")
     scheme = str(q.get("activation_scheme", ACTIVATION_SCHEMES[0])).lower()
     if scheme not in ACTIVATION_SCHEMES:
         raise refuse(f"activation_scheme = {scheme!r}", "'dynamic': weights with block scales, no input scales")
@@ -107,9 +107,9 @@ class Fp8Checkpoint(Checkpoint):
             if info.dtype == FP8_DTYPE:
                 self.fp8[name] = self._check(info)
         if not self.fp8:  # the config and the tensors disagree: which one is wrong is the user's to say
-            raise ConfigError(f"{self.directory}: unsupported pre-quantized checkpoint: quantization_config says fp8 but "
-                              f"no tensor is {FP8_DTYPE} (supported: FP8 weights beside their weight_scale_inv, or "
-                              "a float checkpoint without quantization_config)")
+            raise ConfigError(f"{self.directory}: unsupported pre-quantized checkpoint: quantization_config says fp8 "
+                              f"but no tensor is {FP8_DTYPE} (supported: FP8 weights beside their weight_scale_inv, "
+                              "or a float checkpoint without quantization_config)")
         hidden = {scale_name(n) for n in self.fp8}
         self.tensors = {n: i for n, i in self.raw_tensors.items() if n not in hidden}
 
