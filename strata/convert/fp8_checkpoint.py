@@ -107,9 +107,9 @@ class Fp8Checkpoint(Checkpoint):
             if info.dtype == FP8_DTYPE:
                 self.fp8[name] = self._check(info)
         if not self.fp8:  # the config and the tensors disagree: which one is wrong is the user's to say
-            raise ConfigError(f"{self.directory}: unsupported pre-quantized checkpoint: quantization_config says fp8 "
-                              f"but no tensor is {FP8_DTYPE} (supported: FP8 weights beside their weight_scale_inv, "
-                              "or a float checkpoint without quantization_config)")
+            raise ConfigError(f"{self.directory}: unsupported pre-quantized checkpoint: quantization_config.quant_method "
+                              f"= {QUANT_METHOD!r} but no tensor is {FP8_DTYPE} (supported: FP8 weights beside their "
+                              "weight_scale_inv, or a float checkpoint without quantization_config)")
         hidden = {scale_name(n) for n in self.fp8}
         self.tensors = {n: i for n, i in self.raw_tensors.items() if n not in hidden}
 
