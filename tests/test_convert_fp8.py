@@ -28,6 +28,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from strata.cli.main import main  # noqa: E402
 from strata.convert import convert  # noqa: E402
+from strata.convert.fp8_checkpoint import Fp8Checkpoint, Fp8Quantization  # noqa: E402
 from strata.errors import ConfigError, FormatError  # noqa: E402
 from strata.formats.float8 import E4M3_MAX, E4M3FN_VALUES, e4m3fn_to_f32  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
@@ -112,6 +113,23 @@ def test_fused_experts_and_ragged_blocks(tmp_path):
     """gpt-oss's fused [E, D, 2F] / [E, F, D] expert stacks: one expert's slice and its scales."""
     fp8_dir, deq_dir = _pair("gpt_oss_bf16", tmp_path, block=(16, 24))
     _assert_same_logits(fp8_dir, deq_dir, tmp_path)
+
+
+@pytest.mark.parametrize("block", [fp8_checkpoints.PUBLISHED_BLOCK, (7, 3)])
+def test_table_rows_read_by_range_equal_the_whole_table(block, tmp_path):
+    """A PLE table is converted a row range at a time: each range, with only the rows of scales it
+    spans, equals those rows of the whole dequantized table (ranges across ragged blocks too)."""
+    quantized = fp8_checkpoints.write_fp8_checkpoint(hf_fixtures.checkpoint_dir("qwen4_exp_text"), tmp_path / "fp8",
+                                                     block=block)
+    tables = [n for n in quantized if "ngram_embedding" in n]
+    assert tables
+    with Fp8Checkpoint(tmp_path / "fp8", Fp8Quantization(block)) as ckpt:
+        for name in tables:
+            whole = ckpt.read(name)
+            np.testing.assert_array_equal(whole, fp8_checkpoints.dequantize_blocks(*quantized[name], block))
+            n = whole.shape[0]
+            for start, stop in ((0, n), (0, 1), (5, 17), (n - 3, n), (100, min(300, n))):
+                np.testing.assert_array_equal(ckpt.read_rows(name, start, stop), whole[start:stop])
 
 
 # ---------------------------------------------------------------- against the bf16 model, requantized

@@ -154,15 +154,20 @@ class Fp8Checkpoint(Checkpoint):
         if name not in self.fp8:
             super().check_dtype(name)
 
-    def _scales(self, name: str, index: int | None) -> np.ndarray:
-        """The block scales of FP8 weight `name` (of `name[index]`) as float32.
-        Shapes: -> _scale_grid(name) (without its first axis with index)"""
+    def _scales(self, name: str, index: int | None, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The block scales of FP8 weight `name` (of `name[index]`; of its rows of blocks
+        [rows[0], rows[1]) only, for a 2-D weight) as float32.
+        Shapes: -> _scale_grid(name) (without its first axis with index; rows[1] - rows[0] rows)"""
         info = self.fp8[name]
         grid = self._scale_grid(name)
         begin, nbytes = info.begin, info.end - info.begin
         if index is not None:
             grid, nbytes = grid[1:], nbytes // grid[0]
             begin += index * nbytes
+        if rows is not None:
+            row_bytes = nbytes // grid[0]
+            grid, nbytes = (rows[1] - rows[0], grid[1]), (rows[1] - rows[0]) * row_bytes
+            begin += rows[0] * row_bytes
         s = np.frombuffer(self._pread(info, begin, nbytes), dtype=SCALE_DTYPES[info.dtype]).reshape(grid)
         if info.dtype == "BF16":
             return bf16_bits_to_f32(s)
@@ -189,7 +194,7 @@ class Fp8Checkpoint(Checkpoint):
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of 2-D FP8 weight `name` (an n-gram table) as float32, reading only
-        those rows and their rows of block scales.
+        those rows and the rows of block scales they fall in.
 
         Shapes: -> [stop - start, K]
         """
@@ -197,7 +202,8 @@ class Fp8Checkpoint(Checkpoint):
         (bn, bk), k = self._block(name), info.shape[1]
         codes = np.frombuffer(self._pread(info, info.begin + start * k, (stop - start) * k), np.uint8)
         w = e4m3fn_to_f32(codes.reshape(stop - start, k))
-        scales = self._scales(name, None)  # [ceil(N / bn), ceil(K / bk)]: small beside the table
-        row_scales = np.repeat(scales[np.arange(start, stop) // bn], bk, axis=-1)[:, :k]  # [stop - start, K]
+        first = start // bn
+        scales = self._scales(name, None, rows=(first, (stop - 1) // bn + 1))  # [blocks spanned, ceil(K / bk)]
+        row_scales = np.repeat(scales[np.arange(start, stop) // bn - first], bk, axis=-1)[:, :k]  # [stop - start, K]
         w *= row_scales
         return w
