@@ -18,7 +18,8 @@ example:
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="convert a Hugging Face MoE checkpoint", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (or an mlx-lm one, or a llama.cpp .gguf)")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (float, block-wise FP8, or an mlx-lm one; "
+                                                    "or a llama.cpp .gguf)")
     p.add_argument("out", metavar="OUT", help="output path (OUT.gguf and OUT.experts are written)")
     p.add_argument("--experts", default=None, help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0; an "
                                                 "MLX-quantized checkpoint's or a llama.cpp GGUF's experts keep "

@@ -45,7 +45,7 @@ from strata.convert.common import (
     same_up_to_unit_axes,
 )
 from strata.convert.hf_config import HFConfig
-from strata.convert import gguf_checkpoint, mlx_checkpoint
+from strata.convert import fp8_checkpoint, gguf_checkpoint, mlx_checkpoint
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, source_names
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
@@ -76,7 +76,7 @@ class ConvertResult:
     dense_type: QuantType  # of the matrices written; a GGUF's own are kept as stored where dense_kept
     seconds: float
     notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
-    requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
+    requant_kld: object = None  # RequantKld of a GGUF's or an FP8 checkpoint's requantized experts, else None
     ngrams_path: Path | None = None  # a PLE model's row store (`out.ngrams`), else None
     expert_layer_types: tuple | None = None  # (gate, up, down) types per MoE layer where they mix
     dense_kept: bool = False  # a GGUF's dense matrices written in their stored types
@@ -302,10 +302,15 @@ def convert(
         hf = gguf_checkpoint.hf_config_of(source)
     else:
         hf = HFConfig.read(hf_dir)
-        mlx_quant = mlx_checkpoint.quantization_of(hf)
+        mlx_quant, fp8_quant = mlx_checkpoint.quantization_of(hf), fp8_checkpoint.quantization_of(hf)
         if mlx_quant is not None:  # mlx-lm's format: read as the float model it stands for
             hf = mlx_checkpoint.without_quantization(hf)
-        source = Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
+            source = mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
+        elif fp8_quant is not None:  # block-wise FP8 (DeepSeek's layout): read dequantized, in float32
+            hf = fp8_checkpoint.without_quantization(hf)
+            source = fp8_checkpoint.Fp8Checkpoint(hf_dir, fp8_quant)
+        else:
+            source = Checkpoint(hf_dir)
     with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
         # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
@@ -378,6 +383,10 @@ def convert(
         if from_gguf and not kept:  # requantized: what that step cost, against gguf's dequantization
             from strata.convert.requant_report import requantization_kld
 
-            kld = requantization_kld(model_path, plan.experts)
+            kld = requantization_kld(model_path, plan.experts, plan.experts.source_types, "the GGUF's")
+        elif isinstance(ckpt, fp8_checkpoint.Fp8Checkpoint) and expert_type is not QuantType.F32:
+            from strata.convert.requant_report import requantization_kld  # FP8 values * float32 scales: F32 is exact
+
+            kld = requantization_kld(model_path, plan.experts, (fp8_checkpoint.FP8_DTYPE,), "the FP8 checkpoint's")
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
                          time.perf_counter() - start, plan.notes, kld, ngrams_path, plan.kept_layers, keep_dense)
