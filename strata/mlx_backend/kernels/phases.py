@@ -48,9 +48,9 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernels.folded_outputs import Shaped, folded_launch
-from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect, launch
-from strata.mlx_backend.kernels.preludes import Dialect
+from strata.mlx_backend.kernels.launch import launch
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource
 
 __all__ = ["ChainStamps", "Pending", "LaunchSpec", "available", "chain", "chain_all", "chain_source", "chain_sources",
@@ -87,9 +87,9 @@ def run(spec: LaunchSpec) -> list:
 
 
 def available() -> bool:
-    """Whether one-launch chains run on the current path: the emulator, or MLX's CUDA build."""
-    path = current_path()
-    return path is KernelPath.EMULATED or (path is KernelPath.GPU and gpu_dialect() is Dialect.CUDA)
+    """Whether one-launch chains run here: the kernel plan's `chained_launches` (the emulator and
+    MLX's CUDA build can; Metal cannot)."""
+    return kernel_plan.current().chained_launches
 
 
 _TICKET = r"""
