@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernels import emulate, included_source
-from strata.mlx_backend.kernels.paths import KernelPath, current_path, default_path, gpu_dialect, using_path
+from strata.mlx_backend.kernels.paths import KernelPath, current_path, gpu_dialect, using_path  # noqa: F401 - the callers import them from here
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource, mlx_source
 
