@@ -171,9 +171,7 @@ def test_dense_gemv_against_reference(monkeypatch, rpw, shape, norm, bias):
     h16 = lambda a: None if a is None else mx.array(a).astype(mx.float16)  # noqa: E731
     with using_path(KernelPath.EMULATED):
         y = dense_kernel.dense_gemv(h16(w), mx.array(x), h16(nw), 1e-6, bias=h16(b))
-        late = dense_kernel.dense_gemv(h16(w), mx.array(x), h16(nw), 1e-6, bias=h16(b), early=False)
     assert_backends_agree(_gemv_ref(w, x, nw, 1e-6, b), y, "FAST", what=f"dense GEMV {r}x{c} rpw {rpw}")
-    np.testing.assert_array_equal(np.array(y), np.array(late))  # loads before or after the prologue: the same sums
 
 
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])

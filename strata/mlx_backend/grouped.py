@@ -39,7 +39,6 @@ from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import Q2_0_LEVEL_OFFSET, QuantType, layout
 from strata.mlx_backend.experts import gated_hidden
 from strata.mlx_backend.grouped_tiles import q2_tile_experts
-from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.kernels.prompt_topk import WEIGHED_ORDERS, topk_kernel
@@ -71,15 +70,13 @@ def _order_key(score: mx.array) -> mx.array:
 
 # top_k on a kernel path as one launch (kernels/prompt_topk.py: the same selection) instead of the
 # uint64 key's ~12 ops and its sort (ncu, a 2048-token layer: ~140 us). False: the key everywhere.
-TOPK_KERNEL = True
-
-
 def top_k(score: mx.array, k: int) -> mx.array:
     """The k best experts per row in rank order (the reference's order, ties to the lower id):
-    on a kernel path one launch (TOPK_KERNEL), else one sort of distinct integer keys, where
+    on a kernel path one launch (kernels/prompt_topk.py: ~140 us less of a 2048-token layer than
+    the uint64 key's ~12 ops and its sort, ncu), else one sort of distinct integer keys, where
     `routing.rank_order` compares all E x E pairs ([T, E, E]: 0.5 GB of int32 a layer at 2048
     tokens; still the form where this device cannot sort uint64). float32 [T, E] -> int32 [T, k]"""
-    if TOPK_KERNEL and current_path() is not KernelPath.OPS:
+    if current_path() is not KernelPath.OPS:
         return topk_kernel(score, k)
     if not _sorts_uint64(str(mx.default_device())):
         ids = mx.broadcast_to(mx.arange(score.shape[-1], dtype=mx.int32)[None], score.shape)
@@ -101,15 +98,12 @@ def _sorts_uint64(device: str) -> bool:
         return False
 
 
-# The softmax rules' weights in the top-k kernel's launch (kernels/prompt_topk.py), where
-# routing.combine_weights takes ~8 launches over [T, E] (ncu, a 2048-token layer: ~30 us). False:
-# the ops (the selection stays TOPK_KERNEL's).
-WEIGHTS_KERNEL = True
-
-
 def route_prompt(z: mx.array, rule: RouterRule) -> tuple[mx.array, mx.array]:
-    """The model's own rule on the device. z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
-    if WEIGHTS_KERNEL and TOPK_KERNEL and current_path() is not KernelPath.OPS and rule.order in WEIGHED_ORDERS:
+    """The model's own rule on the device: on a kernel path the softmax rules' weights in the top-k
+    kernel's launch (kernels/prompt_topk.py), where routing.combine_weights takes ~8 launches over
+    [T, E] (ncu, a 2048-token layer: ~30 us).
+    z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
+    if current_path() is not KernelPath.OPS and rule.order in WEIGHED_ORDERS:
         return topk_kernel(z, rule.k, order=rule.order, norm=rule.norm_topk_prob)
     experts = top_k(selection_scores(z, rule), rule.k)
     return experts, combine_weights(z, experts, rule)
@@ -270,16 +264,14 @@ def _gather(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
 # Round Q2_MMA's group capacity up to a bucket (shape_buckets.py): its row count is a template
 # value of its kernel, so an exact cap compiled a new kernel per prompt on MLX's CUDA build.
 # PADDED keeps the exact cap: its batched matmul is cuBLAS, which compiles nothing per shape
-# (docs/mlx_backend.md, "JIT compile costs"), so a bucket would only add rows. False: the exact
-# largest group (benchmarks/jit_probe.py --no-bucket).
-BUCKET_CAP = True
+# (docs/mlx_backend.md, "JIT compile costs"), so a bucket would only add rows.
 
 
 def _cap(counts: mx.array, *, template: bool) -> int:
     """Rows per expert of a padded form: the largest group (one host sync), in a bucket where the
     count becomes a kernel's template value."""
     largest = int(counts.max().item())
-    return bucket(largest) if template and BUCKET_CAP else largest
+    return bucket(largest) if template else largest
 
 
 def _padded(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
@@ -347,7 +339,7 @@ def _q2_mma(rows, by_expert, records, rec, act, dtype) -> mx.array:
 
     def mm(a: mx.array, planes: tuple[str, ...]) -> mx.array:  # [N, C] float32 -> [N, R] float32
         hi = a.astype(half)
-        parts = mx.concatenate([hi, (a - hi.astype(mx.float32)).astype(half)]) if lowp.SPLIT else hi
+        parts = mx.concatenate([hi, (a - hi.astype(mx.float32)).astype(half)])  # lowp.py's two terms
         p = parts.shape[0] // n
         dest = mx.concatenate([by_expert.astype(mx.int32) * (p * cap) + j * cap + pos for j in range(p)])
         buf = mx.zeros((e * p * cap, a.shape[1]), half)

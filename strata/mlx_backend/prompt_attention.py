@@ -24,7 +24,6 @@ from strata.mlx_backend.attention import (
     AttentionWeights, MlxLayerKV, check_context, qkv_heads, rms_norm, rope_table_cached,
 )
 from strata.mlx_backend.lowp import as_mm, lowp_matmul
-from strata.mlx_backend import prompt_rows
 from strata.mlx_backend.prompt_rows import attention_qkv, qkv_kernel_applies
 from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ModelConfig
@@ -96,9 +95,10 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
                                              as_mm(values[None], dtype), scale=float(1.0 / np.sqrt(hd)),
                                              mask="causal")  # [1, H, T (+ pad), HD]
     # [T, H HD] in the attention's dtype: float16 on a GPU, whose lo term would be zeros
-    # (lowp.split_rows: one term then; the output GEMM half the rows, no float32 copy of o)
+    # (lowp.split_rows: one term then; the output GEMM half the rows, no float32 copy of o:
+    # ~90 us a 2048-token layer, the same products)
     o = o[0, :, :t].transpose(1, 0, 2).reshape(t, qr)
-    if w.gated or not prompt_rows.O_AS_IS:
+    if w.gated:
         o = o.astype(mx.float32)
     if w.gated:
         o = o * mx.sigmoid(gate)

@@ -45,16 +45,15 @@ def recording(every: bool = False) -> Iterator[list]:
 _signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
 
 
-# (kernel name, its inputs, its outputs, CUDA source included) -> the MLX kernel object, built once
-# (a dict lookup per launch). A source with some outputs folded, or with inputs packed into one
-# buffer (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its
-# template the offsets. The included and inline forms of one source are two builds (benchmarks
-# alternate them in one process)
-_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], object] = {}
+# (kernel name, its inputs, its outputs) -> the MLX kernel object, built once (a dict lookup per
+# launch). A source with some outputs folded, or with inputs packed into one buffer
+# (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its template
+# the offsets.
+_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...]], object] = {}
 
 
-def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...], bool]:
-    return src.name, src.inputs, src.outputs, included_source.INCLUDED
+def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    return src.name, src.inputs, src.outputs
 
 
 def _build(src: KernelSource):

@@ -40,9 +40,8 @@ from strata.mlx_backend.kernels.source import KernelSource
 
 ROWS = 8  # output rows a block: 320 blocks at D = 2560 (2.4 an H200 SM), 4 lanes a row
 MAX_K = 32  # a warp an expert: at most 1024 threads a block
-# a lane's codes as 8-byte loads of a Q2_0 block's two words (5 pairs a lane at F = 576, one lane
-# in two taking one fewer) instead of 9 single words: 10 loads a lane instead of 18
-VECTOR_LOADS = False
+# The template's VL (a lane's codes as 8-byte loads of a Q2_0 block's two words) stays 0: 8-byte
+# loads did not beat 9 single words on the H200 (docs/perf.md's history)
 
 BODY = r"""
   constexpr int WF = F / 16;                  // words of one expert's down row
@@ -139,11 +138,10 @@ def applies(rec: RecordLayout, k: int, rows: int = ROWS) -> bool:
 
 def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hws: mx.array, sel: mx.array,
          wsel: mx.array, sout: mx.array | None = None, sgate: mx.array | None = None, *, rows: int = ROWS,
-         denormals: bool | None = None, vector_loads: bool | None = None) -> mx.array:
+         denormals: bool | None = None) -> mx.array:
     """Kernel path: x_mid + (sum_i wsel_i down_i . h_i + sgate * sum of the shared partials), h as
     `moe_decode.GateUp` gives it (hpre, hws). sout None: no shared expert; sgate None: ungated.
-    denormals: the code form hpre was scaled for (default moe.subnormal_codes()); vector_loads: a
-    Q2_0 block's two words in one 8-byte load (default VECTOR_LOADS; sums in another order).
+    denormals: the code form hpre was scaled for (default moe.subnormal_codes()).
 
     Shapes:
         x_mid float32 [T, D], hpre float32 [T, k, F], hws float32 [T, k, F / 16], sel int32 [T, k],
@@ -158,8 +156,8 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
     template = (("D", rec.hidden), ("F", f), ("SLOT", rec.padded_bytes), ("DC", rec.codes("down").offset),
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", int(dn)), ("NSB", nsb),
                 ("GATED", int(sgate is not None and nsb > 0)),
-                ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
-    # hpre .. sgate may be folded_outputs.Region of the gate/up launch's buffer (moe_decode.PACK_EXPERT_STEP)
+                ("VL", 0))
+    # hpre .. sgate may be folded_outputs.Region of the gate/up launch's buffer (moe_decode.routed_residual)
     return run(LaunchSpec(SOURCE, (arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
                                    none if sgate is None else sgate), ((t, rec.hidden),), (mx.float32,),
                           (rec.hidden // rows, t, 1), WARP * k, template))[0]
