@@ -21,6 +21,7 @@ import numpy as np
 from strata.config import Config
 from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
@@ -55,9 +56,9 @@ def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | 
 class MlxEngine(StateEngine):
     """The Engine protocol over MlxParams with resident experts.
 
-    plan: the kernel plan its kernels follow (kernel_plan.py; None: the backend's). compiled:
-    decode through a `CompiledDecode` where it can run (the GPU kernel path); None: the plan's
-    compiled_decode. If its first (tracing) call raises, the engine warns once,
+    plan: the kernel plan its kernels follow (kernel_plan.py; None: the plan in force where it
+    is called, the backend's by default). compiled: decode through a `CompiledDecode` where it can
+    run (the GPU kernel path); None: the plan's compiled_decode. If its first (tracing) call raises, the engine warns once,
     keeps the reason in `compile_error` and decodes uncompiled from then on. `trim` trims the
     state (StateEngine): the same KV buffers, so the compiled step stays bound."""
 
@@ -70,8 +71,8 @@ class MlxEngine(StateEngine):
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
         self.params = params
         self.state = MlxModelState.empty(params.cfg, config.kv_cache if config is not None else KVPrecision.F32)
-        self.plan = KernelPlan() if plan is None else plan
-        self.compiled = self.plan.compiled_decode if compiled is None else compiled
+        self.plan = plan
+        self._compiled = compiled
         self.compile_error: str | None = None
         self.prompt_error: str | None = None  # why the prompt path failed (it is then off)
         self._step: compiled_step.CompiledDecode | None = None
@@ -95,7 +96,7 @@ class MlxEngine(StateEngine):
             out = self._prompt(tokens, all_logits=False)
             if out is not None:
                 return out[-1]
-            logits, self.state = forward(self.params, self.state, tokens, eval_every=self.plan.eval_every)
+            logits, self.state = forward(self.params, self.state, tokens, eval_every=kernel_plan.current().eval_every)
             return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
@@ -104,7 +105,7 @@ class MlxEngine(StateEngine):
             if out is not None:
                 return out
             logits, self.state = forward(self.params, self.state, tokens, window=True,
-                                         eval_every=self.plan.eval_every)
+                                         eval_every=kernel_plan.current().eval_every)
             return np.array(logits, dtype=np.float32)
 
     def _prompt(self, tokens: np.ndarray, *, all_logits: bool) -> np.ndarray | None:
@@ -143,13 +144,23 @@ class MlxEngine(StateEngine):
             else:
                 self.state = state
                 return out
-        logits, self.state = forward(self.params, self.state, np.asarray([token]), eval_every=self.plan.eval_every)
+        logits, self.state = forward(self.params, self.state, np.asarray([token]),
+                                     eval_every=kernel_plan.current().eval_every)
         return np.array(logits[-1], dtype=np.float32)
 
     def greedy_pipeline(self) -> DevicePipeline | None:
         """Greedy decoding with each next token chosen on the device (device_pipeline.py), unless
         the plan's pipelined is off."""
-        return DevicePipeline(self) if self.plan.pipelined else None
+        with using_plan(self.plan):
+            return DevicePipeline(self) if kernel_plan.current().pipelined else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decode goes through the compiled step: `compiled`, else the plan's compiled_decode."""
+        if self._compiled is not None:
+            return self._compiled
+        with using_plan(self.plan):
+            return kernel_plan.current().compiled_decode
 
     def _commit(self, state: MlxModelState, token: int) -> None:
         """A step the greedy pipeline enqueued becomes the session's next position (as `decode`)."""

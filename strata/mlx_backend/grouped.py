@@ -29,7 +29,6 @@ Shapes: T tokens, k selected, E experts, D hidden, F expert ffn.
 
 from __future__ import annotations
 
-import enum
 import functools
 
 import mlx.core as mx
@@ -37,9 +36,11 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import Q2_0_LEVEL_OFFSET, QuantType, layout
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.experts import gated_hidden
 from strata.mlx_backend.grouped_tiles import q2_tile_experts
 from strata.mlx_backend.kernels import q2_mma
+from strata.mlx_backend.kernel_plan import GroupedGemm
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.kernels.prompt_topk import WEIGHED_ORDERS, topk_kernel
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
@@ -52,7 +53,7 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
+__all__ = ["GroupedGemm", "TILE_ROWS", "MIN_PAIRS", "grouped_pays", "default_gemm",
            "top_k", "TOPK_KERNEL", "WEIGHTS_KERNEL",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
@@ -156,15 +157,14 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
 
     records: the layer's E arena rows (slot e = expert e). dtype: the GEMMs' input dtype
     (float16 on a GPU, activations split in two terms: lowp.py; float32: only the reordering of
-    sums). gemm: None is
-    `GEMM`, or `default_gemm()` where that is None too. slots: expert e is records[slots[e]]
+    sums). gemm: None is the kernel plan's grouped_gemm, or `default_gemm()` where that is None too. slots: expert e is records[slots[e]]
     (Q2_TILES reads it there; the other forms gather the rows first); None: records[e].
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
     """
     t, k = experts.shape
-    form = gemm or GEMM or default_gemm()
+    form = gemm or kernel_plan.current().grouped_gemm or default_gemm()
     if form is GroupedGemm.Q2_TILES:
         if current_path() is KernelPath.OPS:
             raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); "
@@ -187,16 +187,6 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     return unsorted.reshape(t, k, -1).sum(axis=1)
 
 
-class GroupedGemm(enum.Enum):
-    """How the sorted pairs meet their experts' weights."""
-
-    GATHER = "gather"  # mx.gather_mm(sorted_indices=True): MLX's grouped GEMM, no padding
-    PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
-    TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
-    Q2_MMA = "q2mma"  # PADDED's rows against the Q2_0 records themselves (kernels/q2_mma.py): no float16 copy
-    Q2_TILES = "q2tiles"  # tiles of sorted rows against the records (grouped_tiles.py): no padding, no host sync
-
-
 # Rows per tile of the TILED form. Its tile count has a bound the host knows without a sync,
 # ceil(N / TILE_ROWS) + E, whose unused tiles are computed and dropped: at the seed shape
 # (N = 20480 pairs of 2048 tokens, E = 256) 32 rows cost 1.4x the flops, 64 rows 1.8x.
@@ -214,19 +204,16 @@ TILE_ROWS = 32
 # the fused kernel (the rest of the layer stays on the prompt path).
 MIN_PAIRS: dict["GroupedGemm", int | None] = {GroupedGemm.PADDED: None, GroupedGemm.Q2_TILES: 7,
                                               GroupedGemm.TILED: 8, GroupedGemm.Q2_MMA: 8, GroupedGemm.GATHER: 8}
-# An override of MIN_PAIRS for every form (tests and benchmarks: 0 always groups); None: by form.
-GROUPED_MIN_PAIRS: int | None = None
 
 
 def grouped_pays(pairs: int, experts: int) -> bool:
     """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs
-    (the form `grouped_experts` would run: GEMM, else the device's default)."""
-    least = GROUPED_MIN_PAIRS if GROUPED_MIN_PAIRS is not None else MIN_PAIRS[GEMM or default_gemm()]
+    (the form `grouped_experts` would run: the kernel plan's, else the device's default; the plan's
+    grouped_min_pairs, where it has one, for every form)."""
+    plan = kernel_plan.current()
+    least = plan.grouped_min_pairs if plan.grouped_min_pairs is not None else MIN_PAIRS[
+        plan.grouped_gemm or default_gemm()]
     return least is not None and pairs >= least * experts
-
-
-# None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).
-GEMM: GroupedGemm | None = None
 
 
 def default_gemm() -> GroupedGemm:

@@ -12,13 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass, replace
+import enum
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from strata.mlx_backend.kernels.paths import KernelPath, current_path, gpu_dialect
 from strata.mlx_backend.kernels.preludes import Dialect
 
-__all__ = ["KernelPlan", "plan_for", "backend_plan", "current", "using_plan", "PRESETS", "preset"]
+__all__ = ["GroupedGemm", "KernelPlan", "plan_for", "backend_plan", "current", "using_plan", "PRESETS", "preset"]
+
+
+class GroupedGemm(enum.Enum):
+    """How a prompt's sorted (token, expert) pairs meet their experts' weights (grouped.py)."""
+
+    GATHER = "gather"  # mx.gather_mm(sorted_indices=True): MLX's grouped GEMM, no padding
+    PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
+    TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
+    Q2_MMA = "q2mma"  # PADDED's rows against the Q2_0 records themselves (kernels/q2_mma.py): no float16 copy
+    Q2_TILES = "q2tiles"  # tiles of sorted rows against the records (grouped_tiles.py): no padding, no host sync
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,11 @@ class KernelPlan:
     pipelined: greedy decoding chooses the next token on the device (device_pipeline.py).
     eval_every: layers per asynchronous evaluation of an uncompiled forward (0: one at the end;
         every layer measured 9.90 ms a token against 9.44 for one, H200).
+    prompt_paths: the kernel paths on which the engines take the prompt path (prompt.py; the GPU:
+        tests add the others to run it on the CPU).
+    grouped_gemm: the prompt's grouped GEMM form (None: by the device, grouped.default_gemm).
+    grouped_min_pairs: pairs per distinct expert from which a layer's experts take the grouped
+        GEMM (None: grouped.MIN_PAIRS by form; 0: always).
     """
 
     chained_launches: bool = True
@@ -45,6 +61,9 @@ class KernelPlan:
     compiled_decode: bool = True
     pipelined: bool = True
     eval_every: int = 0
+    prompt_paths: frozenset[KernelPath] = field(default_factory=lambda: frozenset({KernelPath.GPU}))
+    grouped_gemm: GroupedGemm | None = None
+    grouped_min_pairs: int | None = None
 
     def __post_init__(self) -> None:
         if self.eval_every < 0:
@@ -81,7 +100,10 @@ def current() -> KernelPlan:
 
 @contextlib.contextmanager
 def using_plan(plan: KernelPlan | None) -> Iterator[None]:
-    """Kernel-backed functions follow `plan` inside the block (None: the backend's)."""
+    """Kernel-backed functions follow `plan` inside the block (None: the plan in force stays)."""
+    if plan is None:
+        yield
+        return
     token = _given.set(plan)
     try:
         yield
