@@ -118,7 +118,7 @@ def layer_parts(p, n: int, reps: int, gemms) -> dict:
 
 def streaming_prompt(cfg, lengths: list[int], slots: int, reps: int) -> dict:
     """A streaming engine's prefill (an arena of `slots` slots, the `.experts` file in /dev/shm or the
-    temporary directory) with the prompt path's pieces and without them (PROMPT_PATHS empty):
+    temporary directory) with the prompt path's pieces and without them (the plan's prompt_paths empty):
     seconds per length."""
     from decode import make_experts_file
     from decode_memory import stream_dir
@@ -196,7 +196,7 @@ def main(args) -> None:
     res["gemm_failures"] = {g.value: why for g, why in gemms.items() if why}
     got = {}
     try:  # a time limit's SIGINT ends the measuring, not the report: what finished is printed
-        for n in lengths:  # 1. the prompt path, each grouped GEMM, then rounded once
+        for n in lengths:  # 1. the prompt path, each grouped GEMM
             tokens = rng.integers(0, cfg.vocab_size, n)
             fresh = lambda: MlxModelState.empty(cfg)  # noqa: E731
             run_new = lambda st: np.array(prompt_forward(p, st, tokens)[0][-1])  # noqa: E731

@@ -51,8 +51,9 @@ def _case(t: int, k: int, seed: int):
 
 
 def _run(monkeypatch, bucketed: bool, gemm: GroupedGemm, dtype, case):
+    """grouped_experts with the group cap in a bucket (its default), or exact (no bucket)."""
     rec, records, h, ids, wts, _ = case
-    monkeypatch.setattr(grouped, "BUCKET_CAP", bucketed)
+    monkeypatch.setattr(grouped, "bucket", bucket if bucketed else (lambda n: n))
     return np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=dtype,
                                     gemm=gemm))
 
@@ -77,7 +78,7 @@ def test_q2_mma_template_rows_take_bucket_values(monkeypatch):
             bucket_m |= rows_seen(seen)
             np.testing.assert_array_equal(got, exact)
             assert_backends_agree(case[-1], got, "FAST", what=f"q2_mma, bucketed cap, T={t}")
-    p = 2 if grouped.lowp.SPLIT else 1
+    p = 2  # lowp.py's two terms a row
     assert all(m % p == 0 and bucket(m // p) == m // p for m in bucket_m)
     assert len(bucket_m) < len(exact_m)
 

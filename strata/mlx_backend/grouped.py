@@ -54,7 +54,7 @@ from strata.reference.routing import RouterRule
 Q2_BITS = layout(QuantType.Q2_0).bits
 
 __all__ = ["GroupedGemm", "TILE_ROWS", "MIN_PAIRS", "grouped_pays", "default_gemm",
-           "top_k", "TOPK_KERNEL", "WEIGHTS_KERNEL",
+           "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 

@@ -216,7 +216,7 @@ UNROLL for (int b = 0; b < PB; ++b) {
 
 def _update(nb: str, valid: str) -> str:
     """The online softmax over nb rows in kr / vr for each of the block's heads (row b counts
-    where `valid`; the first always does). SPREAD (TR): the HPB nb scores summed at once
+    where `valid`; the first always does). Spread (TR, the plan's spread_scores): the HPB nb scores summed at once
     (`warp_sums_spread`), each lane dividing and exponentiating its own one, the values then read
     from their lanes: the same operations on the same values in the same order, so the same bits."""
     return f"""

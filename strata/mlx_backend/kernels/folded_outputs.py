@@ -71,13 +71,6 @@ class Region(Shaped):
 PACKED = "packed"  # the one input a consumer reads Regions of one buffer through
 
 
-def region_array(r: Region) -> mx.array:
-    """The region's bytes as an array of its shape and dtype (three MLX ops: a slice, a view, a
-    reshape), for a reader that is not a kernel launch."""
-    n = int(np.prod(r.shape)) * np.dtype(dtype_name(r.dtype)).itemsize
-    return r.buffer[r.offset:r.offset + n].view(r.dtype).reshape(r.shape)
-
-
 def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
     """src with outputs `names` (numpy dtype names `dtypes`) moved into the `folded` buffer."""
     return _pointers_into(src, names, dtypes, FOLDED, FOLD_AT, inputs=False)

@@ -70,9 +70,8 @@ GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNIT
 # routed experts stay two launches (chaining them: 26.2 us of GPU time a layer against 20.7).
 
 # The first routed block's extra work: the rule's weights (and the slots) and the shared
-# expert's gate. WE = 0: after its arithmetic, so that block ends ~1-2 us after the others (a
-# softmax over E, four barriers) and the down launch waits for it; WE = 1 (WEIGHTS_EARLY): right
-# after its loads are issued, inside the DRAM round trip they wait for anyway.
+# expert's gate, after its arithmetic (WE = 0: that block ends ~1-2 us after the others, a
+# softmax over E and four barriers; WE = 1, right after its loads were issued, did not win).
 WEIGH = r"""
   if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
 """ + routing.WEIGHING + r"""

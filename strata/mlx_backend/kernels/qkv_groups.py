@@ -1,5 +1,5 @@
 """The decode QKV GEMV walked KV group by KV group, as the first phase of the chained attention
-launch (kernels/attend_project.py, `QKV_BY_GROUP`): an attention block waits for its own group's
+launch (kernels/attend_project.py, `walks_by_group`): an attention block waits for its own group's
 rows only, so the attention of the first groups runs while the GEMV still reads the last ones.
 
 A KV group's rows of the QKV projection are its G query heads, its key head, its value head and
