@@ -1,6 +1,6 @@
 """Fuzz strata's files and reads: mutated `.experts`, mutated `.gguf`, I/O fault schedules.
 
-    PYTHONPATH=$PWD python benchmarks/fuzz_files.py [--experts 320] [--gguf 320] [--faults 220] \
+    PYTHONPATH=$PWD python tests/fuzz/fuzz_files.py [--experts 320] [--gguf 320] [--faults 220] \
         [--seed 0] [--timeout 30] [--json out.json] [--by-kind] [--no-verify-reads]
 
 One small made model (the "tiny" shape, 32 experts) is the unmutated run. Each case mutates a
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import strata  # noqa: E402
 from strata.config import Config  # noqa: E402
