@@ -300,9 +300,9 @@ SPLIT_CHAIN = "strata_chain_qkv_groups_attend_split_chained_merge_project_router
 
 def _split_decode(p, monkeypatch, chained: bool, compiled: bool = False):
     """test_mlx_compiled.greedy_steps (a prompt of 3, then 4 tokens) with the split from 4
-    positions on, chained launches on or off (the plan's chained_launches: off, Metal's form) ->
-    (its three arrays, the split chain's launches). The router runs at the chain's 256 threads
-    either way (its norm's partial sums are per thread)."""
+    positions on, the split chain on (the default) or its launches apart -> (its three arrays, the
+    split chain's launches). The router runs at the chain's 256 threads either way (its norm's
+    partial sums are per thread)."""
     from strata.mlx_backend.kernels import router as router_kernel
     from test_mlx_compiled import greedy_steps
 
@@ -310,7 +310,9 @@ def _split_decode(p, monkeypatch, chained: bool, compiled: bool = False):
     monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 4)
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
     before = LAUNCHES[SPLIT_CHAIN]
-    with using_plan(KernelPlan(chained_launches=chained)):
+    with pytest.MonkeyPatch.context() as m:
+        if not chained:
+            m.setattr(attend_split, "chains_router", lambda *a: False)
         out = greedy_steps(p, steps=4, compiled=compiled)
     return (*out, LAUNCHES[SPLIT_CHAIN] - before)
 

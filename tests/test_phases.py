@@ -10,7 +10,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.kernels import attend_project, emulate, phases
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, gpu_dialect, using_path
@@ -102,14 +101,17 @@ CHAIN = "strata_chain_qkv_groups_attend_project_sum_router"
 
 
 def _decode(p, chained: bool, compiled: bool = False):
-    """test_mlx_compiled.greedy_steps with chained launches on (the default plan) or off (Metal's
-    form) -> (its three arrays, launches of the chain). The router runs at the chain's 256 threads
-    either way (its norm's partial sums are per thread: 128 threads would sum in another order)."""
+    """test_mlx_compiled.greedy_steps with the chain (the default) or its launches apart (the QKV
+    GEMV, the attention launch with its partials summed, the router) -> (its three arrays,
+    launches of the chain). The router runs at the chain's 256 threads either way (its norm's
+    partial sums are per thread: 128 threads would sum in another order)."""
     from test_mlx_compiled import greedy_steps
 
     before = LAUNCHES[CHAIN]
-    with pytest.MonkeyPatch.context() as m, using_plan(KernelPlan(chained_launches=chained)):
+    with pytest.MonkeyPatch.context() as m:
         m.setattr(router_kernel, "THREADS", attend_project.THREADS)
+        if not chained:
+            m.setattr(attend_project, "chains_qkv", lambda *a: False)
         out = greedy_steps(p, compiled=compiled)
     return (*out, LAUNCHES[CHAIN] - before)
 
