@@ -194,8 +194,8 @@ TILE_ROWS = 32
 
 
 # Pairs per distinct expert from which a grouped form beats the decode's fused GEMV kernel, by
-# form (None: never), from the H200 (a layer's experts at the seed shape, each evaluated alone,
-# benchmarks/prompt_probe.py): PADDED was slower than the fused kernel at every length (128 /
+# form (None: never), from the H200 (a layer's experts at the seed shape, each evaluated alone):
+# PADDED was slower than the fused kernel at every length (128 /
 # 512 / 2048 tokens: 16.5 / 17.0 / 31.3 ms against 1.5 / 4.9 / 19.0), so never. Q2_TILES against
 # the fused kernel at 1.25 / 5 / 10 pairs an expert: 1.55 / 1.76 / 2.05 ms against 0.56 / 1.46 /
 # 2.60 (the fused kernel's time grows with the pairs, the tiles' barely): they cross at ~7 (a

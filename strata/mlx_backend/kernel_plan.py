@@ -53,6 +53,8 @@ class KernelPlan:
     grouped_gemm: the prompt's grouped GEMM form (None: by the device, grouped.default_gemm).
     grouped_min_pairs: pairs per distinct expert from which a layer's experts take the grouped
         GEMM (None: grouped.MIN_PAIRS by form; 0: always).
+    bucket_positions: a first prompt chunk's attention padded to a bucket of positions
+        (prompt_attention.py; None: on MLX's CUDA build, where each new length built a cuDNN graph).
     """
 
     chained_launches: bool = True
@@ -64,6 +66,7 @@ class KernelPlan:
     prompt_paths: frozenset[KernelPath] = field(default_factory=lambda: frozenset({KernelPath.GPU}))
     grouped_gemm: GroupedGemm | None = None
     grouped_min_pairs: int | None = None
+    bucket_positions: bool | None = None
 
     def __post_init__(self) -> None:
         if self.eval_every < 0:

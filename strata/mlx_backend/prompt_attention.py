@@ -20,6 +20,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.attention import (
     AttentionWeights, MlxLayerKV, check_context, qkv_heads, rms_norm, rope_table_cached,
 )
@@ -28,21 +29,21 @@ from strata.mlx_backend.prompt_rows import attention_qkv, qkv_kernel_applies
 from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ModelConfig
 
-__all__ = ["attention_refusal", "prompt_attention", "BUCKET_POSITIONS", "buckets_positions"]
+__all__ = ["attention_refusal", "prompt_attention", "buckets_positions"]
 
 # A prompt's attention on MLX's CUDA build is a cuDNN graph built per q/k/v shape, per process
 # (scaled_dot_product_attention.cpp: build_sdpa_cache_key), so each new prompt length built one.
 # A first chunk (no cached positions) pads q, k and v with zero rows to `bucket(T)` positions:
 # with the causal mask real queries never see the padded keys (all after them) and the padded
-# queries' rows are dropped. None: on MLX's CUDA build only (elsewhere nothing is built per shape:
-# the padding would only cost flops); True / False force it (tests, benchmarks/jit_probe.py).
-BUCKET_POSITIONS: bool | None = None
+# queries' rows are dropped. On MLX's CUDA build only (elsewhere nothing is built per shape: the
+# padding would only cost flops), unless the kernel plan's bucket_positions says otherwise.
 
 
 def buckets_positions() -> bool:
-    """Whether a first prompt chunk's attention pads its positions to a bucket (BUCKET_POSITIONS)."""
-    if BUCKET_POSITIONS is not None:
-        return BUCKET_POSITIONS
+    """Whether a first prompt chunk's attention pads its positions to a bucket."""
+    forced = kernel_plan.current().bucket_positions
+    if forced is not None:
+        return forced
     cuda = getattr(mx, "cuda", None)
     return cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
 

@@ -76,7 +76,7 @@ NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded t
 # instructions), where a step's 16 scores each took a 6-shuffle sum, an IEEE division and an
 # exponential on every lane: ~1400 instructions a warp; summed at once they take 16 + 1 shuffles,
 # and each lane divides and exponentiates one score: ~400. Measured (H200, context 2048, seed
-# shape): the split chain's launch 34.3 us a layer against 41.5 (chain_timeline.py: the cached
+# shape): the split chain's launch 34.3 us a layer against 41.5 (a chain's timeline: the cached
 # rows scored 9.5 kcycles after the wait against 23.5); ncu by graph 3232 against 3404 us a token
 # for the split chain, 3692 against 3871 for the six launches (docs/perf.md). The same bits (the
 # xor levels of warp_sum; tests/test_mlx_attend_split.py, emulated and on the H200). The kernel
@@ -441,7 +441,7 @@ def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, att
 # Measured on the H200 before SPREAD: no gain end to end (the GPU spent what the host saved: back
 # to back 3.088 ms a token against 2.885 for the six launches a layer). With SPREAD (its loop ~2.5x
 # shorter) ncu by graph gave 3232 us a token against 3692 for the six launches, back to back 2.81
-# ms against 2.76 (graph_time.py --context 2048), with half the launches (146) for the host: on.
+# ms against 2.76 (ncu by graph, context 2048), with half the launches (146) for the host: on.
 
 
 def _rows_first(body: str) -> tuple[str, int]:

@@ -40,7 +40,7 @@ ROUTING_FORMS = (Ranking.LOOP, Ranking.ROUNDS, Ranking.BITONIC)  # the forms tha
 WARP_TOPK_MAX = 32  # BITONIC: a warp's 32 sorted logits hold at most its top 32
 # Its compares are written with | and & on bools, not || and &&: short-circuited, nvcc made each
 # of the count's 80 compares three divergent branches (PTX), and on the H200 the count took 6.6
-# kcycles of the gate/up launch's ~24 (chain_timeline.py --layer --marks) where its ~600
+# kcycles of the gate/up launch's ~24 (a chain's timeline) where its ~600
 # instructions a warp should take ~1; the same ranks either way.
 # the form the gate/up launch takes (the benchmarks time every form). BITONIC since the H200
 # measured it (ncu, seed shape, one token): gate/up 15.5 us against the loop's 18.1

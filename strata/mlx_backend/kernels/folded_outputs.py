@@ -2,7 +2,7 @@
 
 Why: MLX's host work for a custom kernel grows with its outputs. Each output is an allocation,
 a kernel argument, an array the compiled step's replay makes and one the encoder registers. At
-the seed shape a decoded token's 146 launches wrote 722 outputs (`benchmarks/graph_census.py`):
+the seed shape a decoded token's 146 launches wrote 722 outputs:
 15 a layer, of which 7 are read by nobody after the launch. They are a chain's phase
 intermediates (the QKV rows, the heads' partials, their sum), the next layer's guess when nothing
 streams, and gate/up's `hid` where the down step reads `hpre`. Without a shared expert its

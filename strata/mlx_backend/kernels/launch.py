@@ -33,7 +33,7 @@ class _EveryLaunch(list):
 def recording(every: bool = False) -> Iterator[list]:
     """Collect (source, input dtype names, output dtype names, template) of every specialisation
     launched in the block, once each (the compile checks build each one that actually ran for
-    Metal and CUDA); every: once per launch (benchmarks/source_bytes.py sums them)."""
+    Metal and CUDA); every: once per launch."""
     seen: list = _EveryLaunch() if every else []
     token = _recording.set(seen)
     try:
@@ -204,8 +204,7 @@ def index_const(i: int) -> mx.array:
 # graph). A kernel gets only a pointer (no body reads an input's shape), so a large input goes in
 # as a view of its first elements: the same buffer, the same dependency (MLX tracks buffers by
 # address), MIN_INPUT_SIZE elements counted. CUDA only (the emulator copies what it is given;
-# Metal's encoder is not measured): the kernel plan's graph_views. benchmarks/dispatch.py isolates
-# the cost.
+# Metal's encoder is not measured): the kernel plan's graph_views.
 GRAPH_VIEW_ABOVE = 1 << 20  # bytes: smaller inputs count for nothing that matters
 
 

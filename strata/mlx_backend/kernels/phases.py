@@ -2,7 +2,7 @@
 so on: a chain of phases, each reading earlier phases' outputs).
 
 Why: on the H200 (MLX 0.32.4) a decoded token is host-bound: each custom-kernel launch costs the
-host ~15 us (MLX's compiled replay and its evaluation: benchmarks/host_cost.py), 242 a token at
+host ~15 us (MLX's compiled replay and its evaluation), 242 a token at
 the seed shape, against ~10 us of GPU time for most of them. A chain of two launches whose second
 reads the first's whole output (the QKV GEMV, then attention with its output projection) needs a
 grid-wide dependency, which one launch can hold without a grid barrier:
