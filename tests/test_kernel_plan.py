@@ -20,7 +20,8 @@ BACKEND = Path(kernel_plan.__file__).parent
 # a module-level True / False: the form of every kernel switch the plan replaced
 SWITCH = re.compile(r"^[A-Z][A-Z0-9_]* = (True|False)\b", re.MULTILINE)
 # the other module-level knobs the benchmarks used to set (now plan fields or deleted)
-FORMER_KNOBS = ("EVAL_EVERY", "UNROLL_BUDGET", "GROUPED_MIN_PAIRS", "PROMPT_PATHS", "GEMM")
+FORMER_KNOBS = ("EVAL_EVERY", "UNROLL_BUDGET", "GROUPED_MIN_PAIRS", "PROMPT_PATHS", "GEMM", "BUCKET_POSITIONS",
+                "USED_ONLY", "FORM")
 
 
 def test_no_module_level_kernel_switch_is_left_in_the_mlx_backend():
