@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
@@ -79,8 +80,10 @@ class KernelPlan:
                        graph_views=self.graph_views and able.graph_views)
 
 
+@functools.cache
 def plan_for(path: KernelPath, dialect: Dialect | None) -> KernelPlan:
-    """The default plan of a kernel path (and the GPU's dialect)."""
+    """The default plan of a kernel path (and the GPU's dialect). Cached, as `current` is: kernel
+    wrappers ask on every launch, and the streaming host turn has ~50 us a layer for all of them."""
     metal = path is KernelPath.GPU and dialect is Dialect.METAL
     cuda = path is KernelPath.GPU and dialect is Dialect.CUDA
     return KernelPlan(chained_launches=path is KernelPath.EMULATED or cuda, spread_scores=not metal)
@@ -98,7 +101,12 @@ def current() -> KernelPlan:
     """The plan in force: `using_plan`'s within the backend's capabilities, else the backend's."""
     able = backend_plan()
     given = _given.get()
-    return able if given is None else given.within(able)
+    return able if given is None else _within(given, able)
+
+
+@functools.lru_cache(maxsize=64)
+def _within(given: KernelPlan, able: KernelPlan) -> KernelPlan:
+    return given.within(able)
 
 
 @contextlib.contextmanager
