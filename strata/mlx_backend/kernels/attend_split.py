@@ -493,5 +493,5 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
     links = [{}, {"qkv": (0, 0)}, {"part": (1, 0), "qkv": (0, 0)}, {"parts": (2, 0)}]
     waits = [0, WAIT_AT, merge_project.WAIT_AT, router_kernel.WAIT_AT]
     # where the QKV walk goes by KV group, an attention block waits for its own group's count (the body's kvh)
-    extra = dict(custom_waits=(None, qkv_groups.attend_wait(0, "kvh")), extra=kc.shape[0]) if by_group else {}
+    extra = dict(custom_waits=(None, qkv_groups.attend_wait("kvh")), extra=kc.shape[0]) if by_group else {}
     return attend_project.routed_chain(specs, links, waits, key=wo, hand_on=hand_on, **extra)
