@@ -45,6 +45,7 @@ from decode_memory import resident_distinct  # noqa: E402
 from strata.mlx_backend.attention import MlxLayerKV  # noqa: E402
 from strata.mlx_backend.compiled import CompiledDecode  # noqa: E402
 from strata.mlx_backend.kernel_plan import PRESETS, using_plan  # noqa: E402
+from strata.mlx_backend.kernel_plan import current as current_plan  # noqa: E402
 from strata.mlx_backend.kernels import attention as attn_kernels  # noqa: E402
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, current_path, using_path  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
@@ -129,7 +130,7 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
     one host decode, as a prefill's logits) to the last, over the `tokens` steps decoded between
     (the pipeline's first step, not overlapped, included)."""
     eng = MlxEngine(p)
-    planned = eng.plan
+    planned = current_plan()  # the form's plan (decode_ms put it in force), its pipelined set below
     eng.state, eng._step = state, step  # the made context; the step already traced on its buffers
     eng._tokens = [0] * state.length  # the session's positions (their ids do not matter: the rows are made)
     start, out = state.length, {}
@@ -150,7 +151,7 @@ def generate_loops(p, state: MlxModelState, step: CompiledDecode, tokens: int) -
                 else:
                     source.finish(n)
         finally:
-            eng.plan = planned
+            eng.plan = None
         if name != "warm":
             out[f"generate_{name}_ms"] = (stamps[-1] - stamps[0]) / count * 1e3
             out[f"generate_{name}_tokens"] = made
