@@ -65,13 +65,13 @@ MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
 # where it applies, else DOWN (a warp per row, every expert's h staged in each block): H200 (ncu,
 # seed shape, one token) 7.2 us against DOWN's 9.5
 GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNITS_PER_WARP units, twice the blocks)
-# The gate/up launch's template keeps VL (a lane's codes in 16-byte loads) and WE (the weights
-# before the arithmetic) at 0: neither won on the H200 (docs/perf.md's history), and one token's
-# routed experts stay two launches (chaining them: 26.2 us of GPU time a layer against 20.7).
+# A lane's gate/up codes are single words (16-byte loads did not win on the H200: docs/perf.md),
+# and one token's routed experts stay two launches (chaining them: 26.2 us of GPU time a layer
+# against 20.7).
 
 # The first routed block's extra work: the rule's weights (and the slots) and the shared
-# expert's gate, after its arithmetic (WE = 0: that block ends ~1-2 us after the others, a
-# softmax over E and four barriers; WE = 1, right after its loads were issued, did not win).
+# expert's gate, after its arithmetic (that block ends ~1-2 us after the others, a softmax over E
+# and four barriers; done right after its loads were issued, it did not win).
 WEIGH = r"""
   if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
 """ + routing.WEIGHING + r"""
@@ -94,22 +94,12 @@ WEIGH = r"""
     }
   }
 """
-X_PRESCALE_AT = moe.X_PRESCALE.replace("xsh[XW * w + j + q]", "xsh[XOFF(w) + j + q]")
-if X_PRESCALE_AT.count("XOFF(w)") != 1:
-    raise AssertionError("moe_decode: moe.X_PRESCALE no longer writes xsh[XW * w + j + q]")
 GATEUP = r"""
   constexpr int NW = NT / 32;
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
   constexpr int WPL = (WPR + 31) / 32;        // words a lane
   constexpr int UPB = NW * UPW;               // hidden units a block
-  // VL: a lane's words 4 m .. 4 m + 3 (m = lane + 32 c, one 16-byte load) for c < NV4, then single
-  // words; else lane + 32 i. XOFF: where word w of x sits in xsh (VL: 4 floats more after every
-  // 4 words, so the 16-byte reads of words 4 m meet 8 different bank quads, as XW = 20 does for w).
-  constexpr int NV4 = VL ? WPR / 128 : 0;
-  constexpr int NW1 = VL ? (WPR - 128 * NV4 + 31) / 32 : WPL;
-  constexpr int WL = 4 * NV4 + NW1;           // words a lane
-#define XOFF(w) (VL ? (4 * XW + 4) * ((w) >> 2) + XW * ((w) & 3) : XW * (w))
-  SHARED float xsh[VL ? (4 * XW + 4) * ((WPR + 3) / 4) : WPR * XW];  // routed: x pre-scaled per code; shared: x
+  SHARED float xsh[WPR * XW];                 // routed: x pre-scaled per code; shared: x
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
   SHARED float hsb[UPB];                      // routed blocks: their units' h (the word sums)
@@ -121,53 +111,39 @@ GATEUP = r"""
   const uint32_t c = rb % NCH;
   const DEVICE uint8_t* rec = arena + (uint64_t)slot * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
   // every gate/up load of the warp's UPW units first (nothing here depends on x)
-  uint32_t gw[UPW][WL], uw[UPW][WL];
-  half_t gd[UPW][WL], ud[UPW][WL];
+  uint32_t gw[UPW][WPL], uw[UPW][WPL];        // a lane's words lane + 32 i
+  half_t gd[UPW][WPL], ud[UPW][WPL];
   UNROLL for (int k = 0; k < UPW; ++k) {
     const uint64_t f = (uint64_t)c * UPB + warp_id * UPW + k;
     const DEVICE uint32_t* gq = (const DEVICE uint32_t*)(rec + GC + f * (D / 4));
     const DEVICE uint32_t* uq = (const DEVICE uint32_t*)(rec + UC + f * (D / 4));
     const DEVICE half_t* gs = (const DEVICE half_t*)(rec + GS) + f * (D / 32);
     const DEVICE half_t* us = (const DEVICE half_t*)(rec + US) + f * (D / 32);
-    UNROLL for (int c4 = 0; c4 < NV4; ++c4) {  // VL: 16-byte loads (rows of D / 4 bytes, D % 512 == 0)
-      const int m = (int)lane + 32 * c4;
-      const uint4 gv = *(const DEVICE uint4*)(gq + 4 * m);
-      const uint4 uv = *(const DEVICE uint4*)(uq + 4 * m);
-      gw[k][4 * c4] = gv.x; gw[k][4 * c4 + 1] = gv.y; gw[k][4 * c4 + 2] = gv.z; gw[k][4 * c4 + 3] = gv.w;
-      uw[k][4 * c4] = uv.x; uw[k][4 * c4 + 1] = uv.y; uw[k][4 * c4 + 2] = uv.z; uw[k][4 * c4 + 3] = uv.w;
-      gd[k][4 * c4] = gs[2 * m]; gd[k][4 * c4 + 1] = gd[k][4 * c4]; gd[k][4 * c4 + 2] = gs[2 * m + 1];
-      gd[k][4 * c4 + 3] = gd[k][4 * c4 + 2];
-      ud[k][4 * c4] = us[2 * m]; ud[k][4 * c4 + 1] = ud[k][4 * c4]; ud[k][4 * c4 + 2] = us[2 * m + 1];
-      ud[k][4 * c4 + 3] = ud[k][4 * c4 + 2];
-    }
-    UNROLL for (int i = 0; i < NW1; ++i) {
-      const int w = 128 * NV4 + (int)lane + 32 * i;
+    UNROLL for (int i = 0; i < WPL; ++i) {
+      const int w = (int)lane + 32 * i;
       const int wc = w < WPR ? w : WPR - 1;  // past the row: its last word again (unused; no branch)
-      gw[k][4 * NV4 + i] = gq[wc];
-      uw[k][4 * NV4 + i] = uq[wc];
-      gd[k][4 * NV4 + i] = gs[wc >> 1];
-      ud[k][4 * NV4 + i] = us[wc >> 1];
+      gw[k][i] = gq[wc];
+      uw[k][i] = uq[wc];
+      gd[k][i] = gs[wc >> 1];
+      ud[k][i] = us[wc >> 1];
     }
   }
-  if (WE) {                                   // the weights while this block's loads are in flight
-""" + WEIGH + r"""
-  }
-  // x pre-scaled per code and each word's plain sum (moe.py's X_PRESCALE: the fused kernel's text, at XOFF)
-""" + X_PRESCALE_AT + r"""  BARRIER();
+  // x pre-scaled per code and each word's plain sum (moe.py's X_PRESCALE: the fused kernel's text)
+""" + moe.X_PRESCALE + r"""  BARRIER();
   float ga[UPW], ua[UPW];
   UNROLL for (int k = 0; k < UPW; ++k) { ga[k] = 0.0f; ua[k] = 0.0f; }
   if (NA) {                                   // a diagnostic (no arithmetic): the loads kept, folded
     uint32_t fold = 0u;
     UNROLL for (int k = 0; k < UPW; ++k) {
-      UNROLL for (int i = 0; i < WL; ++i) fold ^= gw[k][i] ^ uw[k][i] ^ f16_bits(gd[k][i]) ^ f16_bits(ud[k][i]);
+      UNROLL for (int i = 0; i < WPL; ++i) fold ^= gw[k][i] ^ uw[k][i] ^ f16_bits(gd[k][i]) ^ f16_bits(ud[k][i]);
     }
     ga[0] = bits_f32(fold & 0x007FFFFFu) + xsum[lane % WPR];
   } else {
-  UNROLL for (int i = 0; i < WL; ++i) {
-    const int w = i < 4 * NV4 ? 4 * ((int)lane + 32 * (i / 4)) + i % 4 : 128 * NV4 + (int)lane + 32 * (i - 4 * NV4);
+  UNROLL for (int i = 0; i < WPL; ++i) {
+    const int w = (int)lane + 32 * i;
     if (w < WPR) {
       float xv[16];
-      UNROLL for (int j = 0; j < 16; ++j) xv[j] = xsh[XOFF(w) + j];
+      UNROLL for (int j = 0; j < 16; ++j) xv[j] = xsh[XW * w + j];
       const float xs = xsum[w];
       UNROLL for (int k = 0; k < UPW; ++k) {
         if (DN) {
@@ -212,7 +188,7 @@ GATEUP = r"""
       hws[((uint64_t)t * K + rank) * (F / 16) + c * (UPB / 16) + tid] = s;
     }
   }
-  if (!WE) {                                  // template-uniform: the weights after the arithmetic
+  {                                           // the weights, after the arithmetic
 """ + WEIGH + r"""
   }
   }
@@ -376,7 +352,7 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
                                ("ROUNDS", int(ranking)),
-                               ("WE", 0), ("NA", int(no_arithmetic)), ("VL", 0)) + sh_template
+                               ("NA", int(no_arithmetic))) + sh_template
     f = rec.expert_ffn
     x, z = (a if isinstance(a, Region) else as_f32(a) for a in (x, z))  # a Region: float32 by construction
     one = LaunchSpec(GATEUP_SOURCE, tuple([arena, x, z, index_const(slot_base)] + sh_inputs),
