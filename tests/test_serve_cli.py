@@ -38,9 +38,26 @@ def test_serve_binds_loopback_with_the_runtime_flags(served, model, capsys):
     assert "warning" not in capsys.readouterr().err
 
 
-def test_the_embedded_model_is_served_when_none_is_named(served):
+def test_the_embedded_model_is_served_when_none_is_named(served, capsys):
     assert main(["serve"]) == 0
-    assert served[0][0].state.strata.name == "default"
+    state = served[0][0].state.strata
+    assert state.name == "default" and state.chat_template  # it chats out of the box
+    assert "only /v1/completions" not in capsys.readouterr().err
+
+
+def test_a_model_without_a_chat_template_is_announced_as_completions_only(served, model, capsys):
+    assert model.tokenizer.chat_template is None
+    assert main(["serve", str(model.model_path)]) == 0
+    err = capsys.readouterr().err
+    assert "no chat template: only /v1/completions is available" in err and "--chat-template FILE" in err
+    assert main(["serve", str(model.model_path), "--chat-template", str(_template_file(model))]) == 0
+    assert "only /v1/completions" not in capsys.readouterr().err
+
+
+def _template_file(model) -> Path:
+    path = Path(model.model_path).with_name("chat.jinja")
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return path
 
 
 def test_a_public_host_is_warned_about(served, model, capsys):

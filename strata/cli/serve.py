@@ -85,5 +85,8 @@ def run(args: argparse.Namespace) -> int:
               "authentication", file=sys.stderr)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (OpenAI and Anthropic APIs; /metrics)",
           file=sys.stderr)
+    if not app.state.strata.chat_template:
+        print(f"note: {name!r} has no chat template: only /v1/completions is available (chat and messages "
+              "answer 400); give one with --chat-template FILE", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
