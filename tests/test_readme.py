@@ -30,6 +30,10 @@ PARSE_ONLY = {
     'strata generate /data/qwen3.gguf "Hi" --hosts 10.0.0.1,10.0.0.2': "needs two pipeline hosts",
     "strata serve /data/qwen3.gguf --name qwen3 --arena 8GB --prefetch 16": "a server runs until stopped "
                                                                             "(tests/test_serve_cli.py serves)",
+    "strata serve": "a server runs until stopped (test_the_readme_openai_snippet_chats_with_the_embedded_model "
+                    "serves what it builds)",
+    'strata chat --system "Answer in Python."': "interactive (tests/test_cli_chat.py drives it through a "
+                                                "pseudo-terminal)",
 }
 SKIPPED = {  # (prefix, why): not strata's command line
     "pip install": "installs; CI runs exactly these lines",
@@ -129,3 +133,24 @@ def test_the_readme_python_block_runs(workdir, monkeypatch, capsys):
     exec(compile(code, str(README), "exec"), {"__name__": "readme"})
     out = capsys.readouterr().out
     assert "EngineStats(engine=" in out.rstrip().splitlines()[-1], "the session's stats are printed last"
+
+
+def test_the_readme_openai_snippet_chats_with_the_embedded_model(monkeypatch, capsys):
+    """`strata serve` as the README starts it (the embedded model), answering the README's OpenAI
+    snippet as written (only the port differs: a free one)."""
+    import uvicorn
+    from serve_support import live_server
+
+    built = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: built.append((app, kw)))
+    assert main(["serve"]) == 0
+    (app, kw), = built
+    assert (kw["host"], kw["port"]) == ("127.0.0.1", 8000)
+    snippet = next(b for b in _blocks("python") if "from openai import OpenAI" in b)
+    capsys.readouterr()
+    with live_server(app) as url:
+        code = snippet.replace("http://127.0.0.1:8000", url)
+        exec(compile(code, str(README), "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out.rstrip("\n")
+    text, cached = printed.rsplit(" ", 1)
+    assert text.strip() and cached == "0", printed  # a reply, and nothing cached on a fresh server
