@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from serve_support import model_fixture
 
+import strata
 from strata.cli.main import main
 
 model = model_fixture()
@@ -96,3 +97,27 @@ def test_the_documented_serve_commands_parse():
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])
         assert args.command == "serve", command
+
+
+def test_ctx_and_stop_apply_to_every_request(served, model):
+    from starlette.testclient import TestClient
+
+    full = strata.generate(model, "ab", max_tokens=40).text
+    stop = full[10:12]
+    assert "\\" not in stop and full.index(stop) > 0
+    assert main(["serve", str(model.model_path), "--ctx", "64", "--stop", stop, "--name", "tiny"]) == 0
+    (app, _), = served
+    state = app.state.strata
+    assert state.context == 64 and state.stops == (stop,)
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "x" * 80, "max_tokens": 4})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "ab", "max_tokens": 40,
+                                                 "temperature": 0})
+        assert r.json()["choices"][0]["text"] == full[:full.index(stop)]
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_ctx_beyond_the_model_fails_before_listening(served, model, capsys):
+    assert main(["serve", str(model.model_path), "--ctx", "100000"]) == 2
+    assert "--ctx: 100000 is more than the model's context of 2048" in capsys.readouterr().err and not served

@@ -68,11 +68,13 @@ def _endpoint(state: ServerState, handler, api: str):
 
 def build_app(model, config=None, *, name: str | None = None, chat_template: str | None = None,
               keepalive_seconds: float = KEEPALIVE_SECONDS, max_body_bytes: int = MAX_BODY_BYTES,
-              generate=None) -> Starlette:
+              generate=None, stop: tuple[str, ...] = ()) -> Starlette:
     """The server's app for a loaded `model`, served under `name` (default: the file's stem).
 
     `config` is the runtime Config every request runs with; `chat_template` replaces the model's
-    own; `generate` replaces `strata.stream_generate` (tests script the model's output with it).
+    own; `stop`: stop strings every request has besides its own; `generate` replaces
+    `strata.stream_generate` (tests script the model's output with it). A model loaded with
+    `max_context` is served with that context.
     """
     from strata.config import load_config
     from strata.chat_template import special_tokens_of
@@ -82,7 +84,7 @@ def build_app(model, config=None, *, name: str | None = None, chat_template: str
     state = ServerState(model=model, name=name or Path(model.model_path).stem, worker=worker,
                         chat_template=chat_template or model.tokenizer.chat_template,
                         special_tokens=special_tokens_of(model.model_path), keepalive_seconds=keepalive_seconds,
-                        max_body_bytes=max_body_bytes)
+                        max_body_bytes=max_body_bytes, stops=tuple(stop))
 
     async def health(request: Request) -> Response:
         state.metrics.count_request("/health", 200)

@@ -112,7 +112,7 @@ def read_stops(f: Fields, key: str) -> tuple[str, ...]:
 async def run(state: ServerState, plan: Plan) -> AsyncIterator[Piece | Outcome | object]:
     job = Job(plan.tokens, plan.sampling)
     state.worker.submit(job)
-    stopper = StopMatcher(plan.stop)
+    stopper = StopMatcher(plan.stop + tuple(s for s in state.stops if s not in plan.stop))
     splitter = ToolCallSplitter(id_prefix=plan.call_id_prefix) if plan.tools else None
     tokenizer = state.model.tokenizer
     shown, pending, every, calls = [], [], [], []
