@@ -12,7 +12,8 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
-from strata.model_source import check_model_source
+from strata.model_source import EMBEDDED_NAME, check_model_source, resolve_model_name, strata_model_in
+from strata.hub_cache import looks_like_hub_id
 from strata.ple_store import open_ngram_store
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
@@ -72,7 +73,7 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
-EMBEDDED_NAME = "default"  # strata.load("default") and strata.load(): the embedded model
+# strata.load("default") and strata.load(): the embedded model (EMBEDDED_NAME, strata/model_source.py)
 
 
 def load(model: str | Path | None = None, *, experts: str | Path | None = None,
@@ -108,6 +109,8 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
         model = default_model_path()
     if not isinstance(model, (str, Path)):
         raise FormatError(f"model: expected a path (str or Path), got {type(model).__name__}")
+    if looks_like_hub_id(model):  # a hub id: the strata model in its local-cache snapshot
+        model = strata_model_in(resolve_model_name(model), str(model))
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
         model_path = model_path.with_name(model_path.name + ".gguf")

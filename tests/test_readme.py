@@ -3,7 +3,8 @@
 The README's `bash` blocks are run through strata's own command line (`strata.cli.main.main`,
 in-process, the code a user's `strata` runs) in the order they appear, with the paths a reader
 would have replaced by files made here: `model.gguf` and `/tmp/tiny` by a made model,
-`~/hf/Qwen3-30B-A3B` by the checked-in tiny Qwen3-MoE checkpoint, `@prompt.txt` / `@text.txt`
+`~/hf/Qwen3-30B-A3B` by the checked-in tiny Qwen3-MoE checkpoint (and the hub id by that checkpoint in
+a Hugging Face cache laid out here), `@prompt.txt` / `@text.txt`
 by short text files. A command that cannot run on this machine (a server that blocks, pipeline
 stages on two Macs, an illustration with `...`) is parsed by the real parser instead, and says
 why in `PARSE_ONLY`. The Python block runs as written against the made model. A README command
@@ -66,6 +67,11 @@ def workdir(tmp_path_factory) -> Path:
     (d / "text.txt").write_text("def fibonacci(n):\n    if n < 2:\n        return n\n"
                                 "    return fibonacci(n - 1) + fibonacci(n - 2)\n")  # ~100 tokens
     copy_checkpoint("qwen3_moe", d / "hf" / "Qwen3-30B-A3B")
+    # the hub id's snapshot, laid out as the hub client does (tests/test_hub_cache.py)
+    repo = d / "hub" / "models--Qwen--Qwen3-30B-A3B"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    copy_checkpoint("qwen3_moe", repo / "snapshots" / ("0" * 40))
     return d
 
 
@@ -90,6 +96,7 @@ def _run(argv: list[str], stdin: str | None, monkeypatch, capsys) -> tuple[int, 
 
 def test_every_readme_command_runs_or_parses(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(workdir / "hub"))
     commands = readme_commands()
     assert len(commands) >= 20, "the README's commands were not found"
     # the trace the README's replay lines read is made by its `strata trace` line: run that first

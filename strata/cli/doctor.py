@@ -7,7 +7,8 @@ import os
 
 EPILOG = """\
 SOURCE is a Hugging Face config.json (or a checkpoint directory holding one; an MLX checkpoint's
-too), a strata model NAME.gguf (with NAME.experts beside it), or a llama.cpp GGUF.
+too), a strata model NAME.gguf (with NAME.experts beside it), a llama.cpp GGUF, `default` (the
+embedded model) or a hub id (Qwen/Qwen3-30B-A3B) in the local Hugging Face cache.
 
 The first run measures this machine (disk random reads, memory bandwidth, compute and strata's
 own engine on a small made model: about half a minute) and caches it under the user's cache
@@ -54,8 +55,20 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
     say = None if args.json else (lambda msg: print(f"measuring this machine: {msg}", file=sys.stderr, flush=True))
-    d = diagnose(args.source, cache_dir=cache, config=config, trace=args.trace,
+    d = diagnose(_source_path(args.source), cache_dir=cache, config=config, trace=args.trace,
                  expert_qtype=parse_quant_type(args.experts), dense_qtype=parse_quant_type(args.dense),
                  context=args.context or None, remeasure=args.remeasure, progress=say, horizon=args.tokens)
     print(d.to_json() if args.json else d.text())
     return 0
+
+
+def _source_path(source: str):
+    """SOURCE as a path: `default` and hub ids resolved (strata.model_source.resolve_model_name);
+    a hub snapshot without a config.json is looked at as the strata model it holds."""
+    from strata.hub_cache import looks_like_hub_id
+    from strata.model_source import resolve_model_name, strata_model_in
+
+    path = resolve_model_name(source)
+    if looks_like_hub_id(source) and not (path / "config.json").exists():
+        return strata_model_in(path, source)
+    return path
