@@ -10,13 +10,18 @@ SOURCE is a Hugging Face config.json (or a checkpoint directory holding one; an 
 too), a strata model NAME.gguf (with NAME.experts beside it), a llama.cpp GGUF, `default` (the
 embedded model) or a hub id (Qwen/Qwen3-30B-A3B) in the local Hugging Face cache.
 
-The first run measures this machine (disk random reads, memory bandwidth, compute and strata's
-own engine on a small made model: about half a minute) and caches it under the user's cache
-dir; --remeasure measures again. Runtime flags (--arena, --keep, --prefetch, --backend, ...)
-change the plan exactly as they would change a run.
+The first run measures this machine with the quick probe (disk random reads, memory bandwidth,
+compute, and strata's own engine on small made models in a few warmed processes: about half a
+minute on a quiet 2-core machine), answers, and caches the profile under the user's cache dir.
+--calibrate measures fully (every engine case in fresh processes, 3 rounds: several minutes)
+and from then on every answer uses that profile, the one whose error docs/doctor.md documents.
+--remeasure measures again. Runtime flags (--arena, --keep, --prefetch, --backend, ...) change
+the plan exactly as they would change a run.
 
 examples:
   strata doctor ~/hf/Qwen3-30B-A3B                     a checkpoint directory: will it run, how fast
+  strata doctor default --calibrate                    the embedded model, after measuring this machine fully
+  strata doctor Qwen/Qwen3-30B-A3B                     a checkpoint in the local Hugging Face cache
   strata doctor model.gguf --arena 2GB                 a strata model at a given arena
   strata doctor model.gguf --trace trace.npz           hit rate from the model's own routing trace
   strata doctor config.json --experts q4_0 --json      as JSON, for Q4_0 experts
@@ -37,6 +42,8 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--context", type=int, default=0, help="positions for the KV cache (default: min(4096, the model's))")
     p.add_argument("-n", "--tokens", type=int, default=0,
                    help="predict the mean over a run of N tokens from a cold arena (default: the steady state)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine fully (several minutes) and answer from that profile from now on")
     p.add_argument("--remeasure", action="store_true", help="measure this machine again (else the cached profile)")
     p.add_argument("--cache-dir", metavar="DIR", help="where the machine profile is cached (default: the user's cache dir)")
     add_runtime_flags(p)
@@ -45,6 +52,7 @@ def add_parser(sub, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import sys
+    import time
     from pathlib import Path
 
     from strata.cli.runtime_flags import config_from_args
@@ -54,10 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
-    say = None if args.json else (lambda msg: print(f"measuring this machine: {msg}", file=sys.stderr, flush=True))
+    probe = "full probe, several minutes" if args.calibrate else "quick probe, about half a minute"
+    started = time.monotonic()
+    say = None if args.json else (lambda msg: print(f"measuring this machine ({probe}; {time.monotonic() - started:.0f} s):"
+                                                    f" {msg}", file=sys.stderr, flush=True))
     d = diagnose(_source_path(args.source), cache_dir=cache, config=config, trace=args.trace,
                  expert_qtype=parse_quant_type(args.experts), dense_qtype=parse_quant_type(args.dense),
-                 context=args.context or None, remeasure=args.remeasure, progress=say, horizon=args.tokens)
+                 context=args.context or None, remeasure=args.remeasure or args.calibrate, progress=say,
+                 horizon=args.tokens, quick=not args.calibrate)
     print(d.to_json() if args.json else d.text())
     return 0
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from strata.doctor.engine_fit import device_bandwidth, fit_engine, run_name
 
-__all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "measure_parts",
+__all__ = ["MachineProfile", "machine_profile", "first_answer_profile", "default_cache_dir", "measure_machine", "measure_parts",
            "profile_from_runs", "save_profile", "cached_profile", "PROFILE_VERSION"]
 
 PROFILE_VERSION = 7  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
@@ -56,6 +56,7 @@ READ_THREADS = 4
 # three streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s
 # takes), one compute round. Cached apart from the full one.
 QUICK_COMPUTE_ROUNDS = 1
+QUICK_NOTE = "quick probe"  # how a quick probe's profile says so (its first note)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,11 @@ class MachineProfile:
     read_byte_s: float = 0.0  # a read's cost per byte of its slot, beyond read_s (MLX on CUDA: managed memory)
     base_rss_streaming: int = 0  # a streaming run's base RSS (engine_fit.py); 0: base_rss for both kinds
 
+    @property
+    def quick(self) -> bool:
+        """Measured by the quick probe (measure_machine(quick=True)), not the full one."""
+        return any(n.startswith(QUICK_NOTE) for n in self.notes)
+
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
 
@@ -174,6 +180,18 @@ def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, p
     prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout)
     save_profile(prof, cache_dir, quick=quick)
     return prof
+
+
+def first_answer_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None) -> MachineProfile:
+    """The profile `strata doctor` answers from without --calibrate: the full probe's where it is
+    cached (it was calibrated), else the quick probe's, measured now if absent (about half a
+    minute on a quiet 2-core machine, against several minutes for the full probe's fresh
+    processes: docs/doctor.md, "The machine probe")."""
+    if not remeasure:
+        full = cached_profile(backend, cache_dir)
+        if full is not None:
+            return full
+    return machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress, quick=True)
 
 
 def _profile_path(backend: str, cache_dir: Path, quick: bool) -> Path:
@@ -442,7 +460,7 @@ def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool
     if not parts["disk_direct"]:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
-        notes.append("quick probe: engine cases measured over warmed processes, interleaved rounds")
+        notes.insert(0, f"{QUICK_NOTE}: engine cases measured over warmed processes, interleaved rounds")
     if missing:
         notes.append(f"not finished within the probe's time, left out of the fit: {', '.join(missing)}")
     return MachineProfile(
