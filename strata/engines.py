@@ -102,10 +102,12 @@ def resolve_backend(model, config: Config) -> Backend:
     qtype = QuantType(model.experts_file.header.qtype)
     if config.backend is Backend.MLX and qtype not in mlx_expert_types():
         from strata.errors import ConfigError
+        from strata.option_names import option
 
         known = ", ".join(q.name for q in sorted(mlx_expert_types(), key=int))
         raise ConfigError(f"backend mlx: MLX computes experts of {known}; this model's are {qtype.name} "
-                          "(use --backend numpy or auto, or convert with --experts q2_0)")
+                          f"(use {option('backend', 'numpy')} or auto, or convert with "
+                          f"{option('experts', 'q2_0', python='expert_type')})")
     if config.backend is not Backend.AUTO:
         return config.backend
     if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:

@@ -82,7 +82,7 @@ def test_will_not_run_says_why(made):
 
 def test_over_budget_arena_is_refused(made):
     d = _diag(made.model_path, available=9 * GB, config=Config(backend="numpy", arena="1GB", keep="9GB"))
-    assert d.prediction.verdict == "will not run" and "--force-arena" in d.prediction.summary
+    assert d.prediction.verdict == "will not run" and "force_arena=True" in d.prediction.summary  # Python's words
     forced = _diag(made.model_path, available=9 * GB,
                    config=Config(backend="numpy", arena="100slots", keep="9GB", force_arena=True))
     assert forced.prediction.verdict == "streams" and forced.prediction.arena_slots == 100

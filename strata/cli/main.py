@@ -98,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
     preset_environment(argv)  # before numpy's first import, which the parsers below bring
     debug, argv = _debug_requested(argv)
+    from strata.option_names import command_line
+
     try:
-        return _dispatch(argv)
+        with command_line():  # errors name flags, not the Python API's parameters
+            return _dispatch(argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
