@@ -240,16 +240,16 @@ def test_calibrate_measures_the_full_probe_and_says_how_far_it_got(tmp_path, mon
 
     asked = []
 
-    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600):
-        asked.append(quick)
+    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600, rounds=None):
+        asked.append((quick, rounds))
         progress("disk")
         return dataclasses.replace(PROFILE, machine=_machine_id())
 
     monkeypatch.setattr(probe, "measure_machine", measure)
     assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path), "--calibrate"]) == 0
     err = capsys.readouterr().err
-    assert asked == [False] and (tmp_path / "machine-numpy.json").exists()
+    assert asked == [(False, None)] and (tmp_path / "machine-numpy.json").exists()
     assert "measuring this machine (full probe, several minutes; 0 s): disk" in err
     assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path / "cold")]) == 0
-    assert asked == [False, True]  # a cold cache: the quick probe
+    assert asked == [(False, None), (True, 1)]  # a cold cache: the quick probe, one round
     assert "measuring this machine (quick probe, about half a minute; 0 s): disk" in capsys.readouterr().err

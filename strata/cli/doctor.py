@@ -64,11 +64,12 @@ def run(args: argparse.Namespace) -> int:
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(os.environ)
     probe = "full probe, several minutes" if args.calibrate else "quick probe, about half a minute"
     started = time.monotonic()
-    say = None if args.json else (lambda msg: print(f"measuring this machine ({probe}; {time.monotonic() - started:.0f} s):"
-                                                    f" {msg}", file=sys.stderr, flush=True))
+    def say(msg: str) -> None:
+        print(f"measuring this machine ({probe}; {time.monotonic() - started:.0f} s): {msg}", file=sys.stderr, flush=True)
+
     d = diagnose(_source_path(args.source), cache_dir=cache, config=config, trace=args.trace,
                  expert_qtype=parse_quant_type(args.experts), dense_qtype=parse_quant_type(args.dense),
-                 context=args.context or None, remeasure=args.remeasure or args.calibrate, progress=say,
+                 context=args.context or None, remeasure=args.remeasure or args.calibrate, progress=None if args.json else say,
                  horizon=args.tokens, quick=not args.calibrate)
     print(d.to_json() if args.json else d.text())
     return 0

@@ -30,7 +30,8 @@ examples:
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="serve a model over OpenAI- and Anthropic-compatible HTTP", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", metavar="MODEL", help="model path (default: the embedded model)")
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="model path, `default` or a hub id (default: the embedded model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--name", help="the model id clients send as `model` (default: the file's stem)")
