@@ -97,3 +97,16 @@ def test_chat_keeps_history_applies_the_system_prompt_and_resets():
     finally:
         if term.proc.poll() is None:
             term.proc.kill()
+
+
+def test_a_model_without_a_chat_template_is_refused_in_one_line(tmp_path, capsys):
+    from strata.cli.main import main
+    from strata.testing.models import make_model
+
+    made = make_model(tmp_path / "tiny", "tiny", seed=0)
+    assert main(["chat", str(made.model_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert "has no chat template; give one with --chat-template FILE" in err
+    assert main(["chat", str(made.model_path), "--ctx", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --ctx: must be >= 2, got 1"
