@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from strata.cli.paths import check_output_path, read_prompt
     from strata.default_model import default_model_path
     from strata.errors import ConfigError, StrataError
-    from strata.loader import EMBEDDED_NAME, load
+    from strata.loader import load
 
     if len(args.args) > 2:
         raise StrataError(f"expected [MODEL] PROMPT, got {len(args.args)} arguments (quote the prompt)")
@@ -123,10 +123,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def is_embedded(model_arg: str | None) -> bool:
-    """No model named, or `default` where no such file is: the embedded model."""
-    from strata.loader import EMBEDDED_NAME
+    """No model named, or `default` where no such file is (nor default.gguf): the embedded model,
+    as strata.load reads the name."""
+    from strata.model_source import EMBEDDED_NAME
 
-    return not model_arg or (model_arg == EMBEDDED_NAME and not os.path.exists(model_arg))
+    return not model_arg or (model_arg == EMBEDDED_NAME and not os.path.exists(model_arg)
+                             and not os.path.exists(model_arg + ".gguf"))
 
 
 def _generate(args: argparse.Namespace, source, model, prompt, config, options: dict, *, echo: bool) -> int:
