@@ -88,3 +88,11 @@ def test_a_hub_id_not_in_the_cache_is_refused_in_one_line(cache, capsys):
     with pytest.raises(FormatError, match="no refs/main: the download did not finish"):
         strata.load("Qwen/Qwen3-30B-A3B")
 
+
+
+def test_a_cached_hub_id_alone_is_taken_for_a_model_not_a_prompt(cache, capsys):
+    lay_out(cache, "Qwen/Qwen3-30B-A3B")
+    assert main(["generate", "Qwen/Qwen3-30B-A3B"]) == 2
+    assert "looks like a model, not a prompt" in capsys.readouterr().err
+    assert main(["generate", "and/or", "-n", "2", "--quiet"]) == 0  # not in the cache: a prompt
+    assert "looks like a model" not in capsys.readouterr().err

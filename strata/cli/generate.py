@@ -46,13 +46,22 @@ def add_parser(sub, name: str) -> None:
 
 def looks_like_model(arg: str) -> bool:
     """A lone positional argument that names a model rather than a prompt: a model or weights
-    file name, or an existing directory."""
+    file name, an existing directory, or a hub id the local Hugging Face cache holds."""
+    from strata.errors import FormatError
+    from strata.hub_cache import looks_like_hub_id, snapshot_dir
     from strata.model_source import WEIGHT_SUFFIXES
 
     text = arg.strip()
     if not text or "\n" in text or " " in text:
         return False
-    return text.lower().endswith(MODEL_SUFFIXES + WEIGHT_SUFFIXES) or os.path.isdir(text)
+    if text.lower().endswith(MODEL_SUFFIXES + WEIGHT_SUFFIXES) or os.path.isdir(text):
+        return True
+    if looks_like_hub_id(text):  # "and/or" is a prompt, unless the cache holds a model of that name
+        try:
+            return snapshot_dir(text).is_dir()
+        except FormatError:
+            return False
+    return False
 
 
 def peak_memory_bytes() -> int | None:
