@@ -102,6 +102,12 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
         model_path = model_path.with_name(model_path.name + ".gguf")
     if not model_path.exists():
         raise FormatError(f"{model}: no such model file")
+    from strata.tier2 import is_tier2_source
+
+    if is_tier2_source(model_path):  # a checkpoint directory: mlx-lm's model file, experts streamed
+        from strata.tier2.model import load_tier2
+
+        return load_tier2(model_path)
     check_model_source(model_path)
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():

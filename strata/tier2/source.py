@@ -1,0 +1,35 @@
+"""What makes a path a tier-2 checkpoint, and the requirement it brings (mlx-lm).
+
+A directory with a `config.json` and safetensors weights is a checkpoint that mlx-lm's model
+files read; strata runs it as tier 2 (strata.tier2). Stat calls only: a wrong path fails at
+once, before anything is imported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from strata.errors import ConfigError
+
+__all__ = ["is_tier2_source", "require_mlx_lm", "MLX_LM_VERSION", "EXTRA_HINT"]
+
+MLX_LM_VERSION = "0.32.2"  # the version pyproject's `mlx-lm` extra pins (tested against it)
+EXTRA_HINT = "pip install 'strata-moe[mlx-lm]'"
+
+
+def is_tier2_source(path: Path) -> bool:
+    """A directory holding config.json and at least one .safetensors file."""
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def require_mlx_lm(path: Path | str) -> None:
+    """Raise a one-line ConfigError naming the extra when mlx-lm is not importable here, or is
+    not the version tier 2 was built and tested against."""
+    try:
+        import mlx_lm
+    except ImportError:
+        raise ConfigError(f"{path}: a checkpoint directory for mlx-lm's model files (tier 2) needs mlx-lm: "
+                          f"{EXTRA_HINT}") from None
+    version = getattr(mlx_lm, "__version__", None)
+    if version != MLX_LM_VERSION:
+        raise ConfigError(f"{path}: tier 2 is tested with mlx-lm {MLX_LM_VERSION}, this is {version}: {EXTRA_HINT}")

@@ -1,0 +1,134 @@
+"""Tiny random checkpoints made with mlx-lm's own model classes and quantized by its own
+`quantize_model`, saved by its own `save_model` / `save_config` (the files mlx-community ships:
+config.json + model.safetensors + index), with a byte-level tokenizer.json beside them.
+
+FAMILIES: model_type -> the tiny config (fields of that family's ModelArgs). Every float
+parameter is drawn at random (seeded) before quantization, so routers, norms and selection
+biases are not the constructors' zeros and ones: routing differs per token and per layer."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+
+BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=384,
+            rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False)
+
+FAMILIES: dict[str, dict] = {
+    "qwen3_moe": dict(BASE, num_hidden_layers=3, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                      decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32, norm_topk_prob=True),
+    "mixtral": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "deepseek_v3": dict(BASE, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32,
+                        n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=2, topk_group=1,
+                        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16,
+                        v_head_dim=16, qk_nope_head_dim=16, first_k_dense_replace=1, moe_layer_freq=1,
+                        norm_topk_prob=True, num_key_value_heads=4),
+    "glm4_moe": dict(BASE, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32, n_routed_experts=16,
+                     n_shared_experts=1, num_experts_per_tok=4, n_group=1, topk_group=1, routed_scaling_factor=1.5,
+                     first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+                     partial_rotary_factor=0.5, rope_scaling=None),
+    "gpt_oss": dict(BASE, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, intermediate_size=64,
+                    sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "qwen3_next": dict(BASE, num_hidden_layers=4, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                       decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                       partial_rotary_factor=0.5, full_attention_interval=2, norm_topk_prob=True),
+}
+
+# name -> (model_type, quantize_model arguments)
+RECIPES = {
+    "qwen3_moe_a4g32": ("qwen3_moe", dict(group_size=32, bits=4)),
+    "qwen3_moe_a2g64": ("qwen3_moe", dict(group_size=64, bits=2)),
+    "qwen3_moe_mxfp4": ("qwen3_moe", dict(group_size=32, bits=4, mode="mxfp4")),
+    "mixtral_a8g32": ("mixtral", dict(group_size=32, bits=8)),
+    "deepseek_v3_a4g32": ("deepseek_v3", dict(group_size=32, bits=4)),
+    "glm4_moe_a3g32": ("glm4_moe", dict(group_size=32, bits=3)),
+    "gpt_oss_mxfp4": ("gpt_oss", dict(group_size=32, bits=4, mode="mxfp4")),
+    "qwen3_next_a6g32": ("qwen3_next", dict(group_size=32, bits=6)),
+}
+
+
+def _randomize(model, seed: int) -> None:
+    """Every float parameter drawn at random: N(0, 0.5) / sqrt(fan-in) for matrices, 1 + N(0, 0.1)
+    for vectors that scale (norms), N(0, 0.1) for other vectors (biases, selection biases)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    rng = np.random.default_rng(seed)
+    new = []
+    for name, a in tree_flatten(model.parameters()):
+        if not mx.issubdtype(a.dtype, mx.floating):
+            continue
+        shape = tuple(a.shape)
+        if len(shape) >= 2:
+            v = rng.normal(0, 0.5 / np.sqrt(shape[-1]), shape)
+        elif "norm" in name:
+            v = 1 + rng.normal(0, 0.1, shape)
+        else:
+            v = rng.normal(0, 0.1, shape)
+        new.append((name, mx.array(v.astype(np.float32)).astype(a.dtype)))
+    model.update(tree_unflatten(new))
+
+
+def make_checkpoint(recipe: str, out: Path, *, seed: int = 0) -> Path:
+    """A tiny checkpoint of `recipe` in `out` (created); -> out."""
+    import mlx.core as mx
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    from strata.tokenizer import byte_level_tokenizer_json
+
+    model_type, quant = RECIPES[recipe]
+    config = {"model_type": model_type, **FAMILIES[model_type]}
+    module = importlib.import_module(f"mlx_lm.models.{model_type}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    _randomize(model, seed)
+    model.update(tree_map_floats(model.parameters(), mx.bfloat16))
+    model, config = quantize_model(model, config, quant["group_size"], quant["bits"], mode=quant.get("mode", "affine"))
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    (out / "tokenizer.json").write_text(byte_level_tokenizer_json())
+    return out
+
+
+def tree_map_floats(params, dtype):
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    return tree_map(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a, params)
+
+
+def mlx_lm_model(directory: Path):
+    """mlx-lm's own model of the checkpoint, every expert resident (its `load`)."""
+    from mlx_lm.utils import load_model
+
+    return load_model(Path(directory))[0]
+
+
+def mlx_lm_generate(directory: Path, prompt: list[int], steps: int) -> list[int]:
+    """mlx-lm's own greedy generate (generate_step, argmax sampler) on the checkpoint."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    model = mlx_lm_model(directory)
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=steps)]
+
+
+def mlx_lm_schedule_logits(directory: Path, prompt: list[int], continuation: list[int]) -> np.ndarray:
+    """mlx-lm's all-resident logits under generate_step's schedule (every prompt position but the
+    last as one chunk, then one position per call): the last prompt position's logits, then each
+    continuation token's. -> float32 [1 + len(continuation), V]"""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = mlx_lm_model(directory)
+    cache = make_prompt_cache(model)
+    if len(prompt) > 1:
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    rows = []
+    for t in [prompt[-1], *continuation]:
+        rows.append(np.array(model(mx.array([t])[None], cache=cache)[0, -1].astype(mx.float32)))
+    return np.stack(rows)
