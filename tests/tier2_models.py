@@ -41,7 +41,7 @@ FAMILIES: dict[str, dict] = {
 # name -> (model_type, quantize_model arguments)
 RECIPES = {
     "qwen3_moe_a4g32": ("qwen3_moe", dict(group_size=32, bits=4)),
-    "qwen3_moe_a2g64": ("qwen3_moe", dict(group_size=64, bits=2)),
+    "qwen3_moe_a2g32": ("qwen3_moe", dict(group_size=32, bits=2)),
     "qwen3_moe_mxfp4": ("qwen3_moe", dict(group_size=32, bits=4, mode="mxfp4")),
     "mixtral_a8g32": ("mixtral", dict(group_size=32, bits=8)),
     "deepseek_v3_a4g32": ("deepseek_v3", dict(group_size=32, bits=4)),
@@ -117,7 +117,7 @@ def mlx_lm_generate(directory: Path, prompt: list[int], steps: int) -> list[int]
 
 
 def mlx_lm_schedule_logits(directory: Path, prompt: list[int], continuation: list[int]) -> np.ndarray:
-    """mlx-lm's all-resident logits under generate_step's schedule (every prompt position but the
+    """mlx-lm's all-resident log-probabilities (generate_step's: logits - logsumexp) under generate_step's schedule (every prompt position but the
     last as one chunk, then one position per call): the last prompt position's logits, then each
     continuation token's. -> float32 [1 + len(continuation), V]"""
     import mlx.core as mx
@@ -130,5 +130,7 @@ def mlx_lm_schedule_logits(directory: Path, prompt: list[int], continuation: lis
         mx.eval([c.state for c in cache])
     rows = []
     for t in [prompt[-1], *continuation]:
-        rows.append(np.array(model(mx.array([t])[None], cache=cache)[0, -1].astype(mx.float32)))
+        logits = model(mx.array([t])[None], cache=cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)  # generate_step's, as its sampler sees them
+        rows.append(np.array(logprobs[0].astype(mx.float32)))
     return np.stack(rows)

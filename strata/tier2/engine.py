@@ -5,7 +5,8 @@ mlx-lm's model runs the layer loop; each streamed switch layer takes its MoE lay
 for native models: the same decisions from the same turns whatever the I/O timing, the same
 stream report. Prompts follow mlx-lm's own schedule (`generate_step`): every position but the
 last in chunks of PREFILL_STEP inside a held region, then the last position alone, so the logits
-are the ones mlx-lm's own generate computes. Decode windows of up to `config.window` positions
+are the ones mlx-lm's own generate computes. The engine's logits are mlx-lm's log-probabilities
+as its sampler sees them (`_scores`), so greedy decoding picks mlx-lm's tokens. Decode windows of up to `config.window` positions
 are one cache window; a longer window runs as prompt chunks.
 
 At full residency (the budget rule: every expert fits) the arena has a slot per expert and each
@@ -30,7 +31,6 @@ from strata.runtime.memory import PagingDelta, paging_snapshot
 from strata.runtime.report import StreamReport, build_report
 from strata.runtime.streamer import Streamer
 from strata.session import SessionEngine
-from strata.sizes import fmt_bytes
 from strata.tier2.arena import PieceArena
 from strata.tier2.reader import ShardReaderPool
 from strata.tier2.switch import ExpertStream
@@ -65,9 +65,10 @@ class Tier2Engine(SessionEngine):
         super().__init__(model, config)
         from mlx_lm.models.cache import make_prompt_cache
 
-        if config.moce_policy().bonus != 0.0:
-            raise ConfigError("tier 2 runs the family's own routing (mlx-lm's): MoCE's bonus needs a native module; "
-                              "run with λ = 0 (the default)")
+        policy = config.moce_policy()
+        if policy.bonus != 0.0 or policy.drop_tail_weight != 0.0:
+            raise ConfigError("tier 2 runs the family's own routing (mlx-lm's): MoCE (its bonus, drop-tail) needs a "
+                              "native module; run with --moce-lambda 0 and no drop-tail (the defaults)")
         self.cache_config = cache_config_for(model, config, capacity)
         least = self.cache_config.min_capacity
         if capacity < least:
@@ -88,8 +89,7 @@ class Tier2Engine(SessionEngine):
         self._new_cache = lambda: make_prompt_cache(model.mlx_model)
         self.kv = self._new_cache()
         unguessed = sum(s is None for s in model.scorers[1:])
-        self.notes = (model.why(), f"arena {capacity} slots ({fmt_bytes(capacity * self.arena.slot_bytes)}; {reason})"
-                      if reason else f"arena {capacity} slots") + (
+        self.notes = (model.why(), f"arena from {reason}" if reason else "arena as asked") + (
             (f"no read-ahead into {unguessed} MoE layers (their gate is of an unknown form)",) if unguessed else ())
         self._ledger = Ledger()
         self._paging0 = paging_snapshot()
@@ -110,6 +110,17 @@ class Tier2Engine(SessionEngine):
 
         return self.model.mlx_model(mx.array(tokens, dtype=mx.int32)[None], cache=self.kv)
 
+    @staticmethod
+    def _scores(logits) -> np.ndarray:
+        """mlx-lm's next-token scores as its generate_step hands them to its sampler: the logits
+        minus their logsumexp, in the model's dtype (bfloat16 rounding there can tie two tokens
+        that the logits order, so argmax over these is mlx-lm's own greedy choice).
+        Shapes: [1, T, V] -> float32 [T, V]"""
+        import mlx.core as mx
+
+        rows = logits[0]
+        return np.array((rows - mx.logsumexp(rows, axis=-1, keepdims=True)).astype(mx.float32))
+
     def _held_chunks(self, tokens: np.ndarray, *, keep_logits: bool) -> list:
         """`tokens` as prompt chunks of PREFILL_STEP positions inside a held region; each chunk's
         logits [T, V] when keep_logits."""
@@ -124,17 +135,15 @@ class Tier2Engine(SessionEngine):
                 logits = self._forward(tokens[start:start + PREFILL_STEP])
                 mx.eval([c.state for c in self.kv])
                 if keep_logits:
-                    rows.append(np.array(logits[0].astype(mx.float32)))
+                    rows.append(self._scores(logits))
         finally:
             self.stream.held = False
         s.hold_region(False)
         return rows
 
     def _one_window(self, tokens: np.ndarray) -> np.ndarray:
-        import mlx.core as mx
-
         self.streamer.begin_window()
-        return np.array(self._forward(tokens)[0].astype(mx.float32))
+        return self._scores(self._forward(tokens))
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
         before, start = self.streamer.totals, time.perf_counter()

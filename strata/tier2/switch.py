@@ -41,6 +41,7 @@ class ExpertStream:
         self.scorers = scorers
         self.prefetch, self.prefetch2, self.split_turn = prefetch, prefetch2, split_turn
         self.held = False
+        self.split_layers = 0  # layer turns that ran in more than one pass (prompt chunks on a small arena)
 
     def routed(self, m: int, inner: nn.Module, x: mx.array, indices: mx.array) -> mx.array:
         """The layer's SwitchGLU output on arena slots (mlx-lm's shapes: x [..., D], indices
@@ -62,6 +63,7 @@ class ExpertStream:
         s = self.streamer
         s.at_layer(m, selected, on_use=on_use)
         out = passes[0][1]
+        self.split_layers += len(passes) > 1
         for mine, y in passes[1:]:  # each entry belongs to exactly one pass
             out = mx.where(mx.array(mine)[..., None], y, out)
         g1 = self._guesses(m + 1, x)

@@ -1,0 +1,113 @@
+"""Tier 2 (strata.tier2): tiny random checkpoints made with mlx-lm's own model classes and
+quantized by its own quantize_model run through strata's streamed expert layer:
+
+- greedy tokens identical to mlx-lm's own all-resident generate on the same files;
+- every score (mlx-lm's log-probabilities, as its sampler sees them) bit for bit, at full
+  residency and at the smallest legal arena (where prompt layers run in several passes);
+- decisions (the cache's turns and actions) and tokens independent of injected read delays;
+- without mlx-lm a checkpoint directory is refused in one line naming the extra; nothing is
+  written beside the checkpoint; the report says which tier runs and why."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import strata  # noqa: E402
+from strata.config import Config  # noqa: E402
+from strata.engines import open_engine  # noqa: E402
+from strata.errors import ConfigError  # noqa: E402
+from strata.generate import generate  # noqa: E402
+from strata.testing.faults import RandomDelays  # noqa: E402
+from strata.tier2.engine import arena_plan_for  # noqa: E402
+from tests import tier2_models  # noqa: E402
+
+PROMPT = [5, 17, 99, 200, 3, 45, 77, 12, 250, 31]
+STEPS = 6
+SMALL = Config(prefetch=2)  # a small read-ahead depth: the smallest legal arena is a third of the experts
+
+
+@pytest.fixture(scope="module", params=sorted(tier2_models.RECIPES))
+def made(request, tmp_path_factory):
+    """(recipe, checkpoint dir, mlx-lm's greedy tokens, its scores under generate_step's schedule)."""
+    recipe = request.param
+    d = tier2_models.make_checkpoint(recipe, tmp_path_factory.mktemp("tier2") / recipe)
+    tokens = tier2_models.mlx_lm_generate(d, PROMPT, STEPS)
+    scores = tier2_models.mlx_lm_schedule_logits(d, PROMPT, tokens[:-1])
+    return recipe, d, tokens, scores
+
+
+def _scores(model, config: Config, continuation, **kw) -> tuple[np.ndarray, object]:
+    with open_engine(model, config, **kw) as engine:
+        rows = [engine.prefill(PROMPT)]
+        rows += [engine.decode(t) for t in continuation]
+        return np.stack(rows), engine
+
+
+def test_greedy_tokens_equal_mlx_lm_generate(made):
+    recipe, d, want, _ = made
+    before = sorted(os.listdir(d))
+    with strata.load(d) as model:
+        result = generate(model, PROMPT, max_tokens=STEPS)
+    assert result.tokens == want
+    assert sorted(os.listdir(d)) == before  # nothing written beside the checkpoint
+    assert "tier 2: mlx-lm's" in result.report.io
+
+
+@pytest.mark.parametrize("arena", ["full", "smallest"])
+def test_scores_bit_for_bit(made, arena):
+    recipe, d, tokens, want = made
+    with strata.load(d) as model:
+        config = SMALL
+        if arena == "smallest":
+            least = arena_plan_for(model, SMALL.replace(arena="1000000slots")).min_slots
+            assert least < model.tensors.n_records  # the arena really streams
+            config = SMALL.replace(arena=f"{least}slots")
+        ours, engine = _scores(model, config, tokens[:-1])
+        if arena == "smallest":
+            assert engine.arena.capacity == least
+            assert engine.stats().cache.reads_issued > least  # slots were reused
+            assert engine.stream.split_layers > 0  # prompt layers ran in several passes
+    assert np.array_equal(ours, want), f"{recipe} at the {arena} arena: max |d| {np.abs(ours - want).max()}"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_decisions_independent_of_read_delays(made, seed):
+    recipe, d, tokens, want = made
+    if recipe not in ("qwen3_moe_a4g32", "qwen3_next_a6g32", "deepseek_v3_a4g32"):
+        pytest.skip("the property on one plain, one hybrid and one MLA family keeps the suite fast")
+    with strata.load(d) as model:
+        least = arena_plan_for(model, SMALL.replace(arena="1000000slots")).min_slots
+        config = SMALL.replace(arena=f"{least + 1}slots", io_threads=3)
+        runs = []
+        for hook in (None, RandomDelays(seed, max_ms=1.0)):
+            scores, engine = _scores(model, config, tokens[:-1], hook=hook, keep_trace=True)
+            runs.append((scores, engine.streamer.trace, engine.streamer.decisions))
+    (s0, t0, d0), (s1, t1, d1) = runs
+    assert np.array_equal(s0, want) and np.array_equal(s1, want)
+    assert t1 == t0  # the turns the machine was fed: the family's selections and the gate's guesses
+    assert d1 == d0  # Read, Cancel, Evict, Use: slot for slot
+
+
+def test_without_mlx_lm_refused_naming_the_extra(made, monkeypatch):
+    _, d, _, _ = made
+    monkeypatch.setitem(sys.modules, "mlx_lm", None)  # import mlx_lm raises ImportError
+    with pytest.raises(ConfigError) as e:
+        strata.load(d)
+    assert "strata-moe[mlx-lm]" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_generate_takes_the_directory(made, capsys):
+    recipe, d, want, _ = made
+    if recipe != "qwen3_moe_a4g32":
+        pytest.skip("one family: the CLI path is the same for all")
+    from strata.cli.main import main
+
+    assert main(["generate", str(d), "hi", "-n", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "tier 2: mlx-lm's qwen3_moe model file" in err and "strata convert" in err
