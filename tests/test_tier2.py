@@ -27,7 +27,7 @@ from strata.testing.faults import RandomDelays  # noqa: E402
 from strata.tier2.engine import arena_plan_for  # noqa: E402
 from tests import tier2_models  # noqa: E402
 
-PROMPT = [5, 17, 99, 200, 3, 45, 77, 12, 250, 31]
+PROMPT = [5, 17, 99, 200, 3, 45, 77, 12, 250, 31, 8, 140, 66, 2, 91, 180, 23, 230, 54, 111]
 STEPS = 6
 SMALL = Config(prefetch=2)  # a small read-ahead depth: the smallest legal arena is a third of the experts
 
