@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("mlx_lm")
 
 import strata  # noqa: E402
+from strata.cache.types import AtLayer  # noqa: E402
 from strata.config import Config  # noqa: E402
 from strata.engines import open_engine  # noqa: E402
 from strata.errors import ConfigError  # noqa: E402
@@ -29,7 +30,10 @@ from tests import tier2_models  # noqa: E402
 
 PROMPT = [5, 17, 99, 200, 3, 45, 77, 12, 250, 31, 8, 140, 66, 2, 91, 180, 23, 230, 54, 111]
 STEPS = 6
-SMALL = Config(prefetch=2)  # a small read-ahead depth: the smallest legal arena is a third of the experts
+SMALL = Config(prefetch=2)
+# recipes whose prompt (at the smallest arena) has a layer run in several passes: the multi-pass
+# path is held to mlx-lm bit for bit on these at least
+SPLITS = ("qwen3_moe_a4g32", "qwen3_next_a6g32", "mixtral_a8g32", "deepseek_v3_a4g32")  # a small read-ahead depth: the smallest legal arena is a third of the experts
 
 
 @pytest.fixture(scope="module", params=sorted(tier2_models.RECIPES))
@@ -68,11 +72,14 @@ def test_scores_bit_for_bit(made, arena):
             least = arena_plan_for(model, SMALL.replace(arena="1000000slots")).min_slots
             assert least < model.tensors.n_records  # the arena really streams
             config = SMALL.replace(arena=f"{least}slots")
-        ours, engine = _scores(model, config, tokens[:-1])
+        ours, engine = _scores(model, config, tokens[:-1], keep_trace=True)
         if arena == "smallest":
             assert engine.arena.capacity == least
             assert engine.stats().cache.reads_issued > least  # slots were reused
-            assert engine.stream.split_layers > 0  # prompt layers ran in several passes
+            assert model.cfg.n_experts > least  # so a prompt layer's experts can exceed the arena
+            widest = max(len(ev.selected) for ev in engine.streamer.trace if isinstance(ev, AtLayer))
+            if widest > least or recipe in SPLITS:  # such a layer runs in several passes
+                assert engine.stream.split_layers > 0
     assert np.array_equal(ours, want), f"{recipe} at the {arena} arena: max |d| {np.abs(ours - want).max()}"
 
 

@@ -4,7 +4,9 @@ config.json + model.safetensors + index), with a byte-level tokenizer.json besid
 
 FAMILIES: model_type -> the tiny config (fields of that family's ModelArgs). Every float
 parameter is drawn at random (seeded) before quantization, so routers, norms and selection
-biases are not the constructors' zeros and ones: routing differs per token and per layer."""
+biases are not the constructors' zeros and ones: routing differs per token and per layer. Each
+family has more experts than its smallest legal arena at read-ahead depth 2, so a prompt layer's
+union of experts can exceed the arena (the cache then runs it in several passes)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ BASE = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_d
             rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False)
 
 FAMILIES: dict[str, dict] = {
-    "qwen3_moe": dict(BASE, num_hidden_layers=3, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+    "qwen3_moe": dict(BASE, num_hidden_layers=3, intermediate_size=128, num_experts=32, num_experts_per_tok=4,
                       decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32, norm_topk_prob=True),
-    "mixtral": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "mixtral": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_local_experts=16, num_experts_per_tok=2),
     "deepseek_v3": dict(BASE, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32,
-                        n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=2, topk_group=1,
+                        n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
                         routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16,
                         v_head_dim=16, qk_nope_head_dim=16, first_k_dense_replace=1, moe_layer_freq=1,
                         norm_topk_prob=True, num_key_value_heads=4),
@@ -29,9 +31,9 @@ FAMILIES: dict[str, dict] = {
                      n_shared_experts=1, num_experts_per_tok=4, n_group=1, topk_group=1, routed_scaling_factor=1.5,
                      first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
                      partial_rotary_factor=0.5, rope_scaling=None),
-    "gpt_oss": dict(BASE, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, intermediate_size=64,
+    "gpt_oss": dict(BASE, num_hidden_layers=2, num_local_experts=16, num_experts_per_tok=2, intermediate_size=64,
                     sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
-    "qwen3_next": dict(BASE, num_hidden_layers=4, intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+    "qwen3_next": dict(BASE, num_hidden_layers=4, intermediate_size=128, num_experts=32, num_experts_per_tok=4,
                        decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
@@ -51,9 +53,12 @@ RECIPES = {
 }
 
 
+SELECTION_BIASES = ("e_score_correction_bias", "expert_bias", "router_bias")
+
+
 def _randomize(model, seed: int) -> None:
     """Every float parameter drawn at random: N(0, 0.5) / sqrt(fan-in) for matrices, 1 + N(0, 0.1)
-    for vectors that scale (norms), N(0, 0.1) for other vectors (biases, selection biases)."""
+    for vectors that scale (norms), N(0, 0.01) for selection biases, N(0, 0.1) for other vectors (biases, selection biases)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
 
@@ -67,6 +72,8 @@ def _randomize(model, seed: int) -> None:
             v = rng.normal(0, 0.5 / np.sqrt(shape[-1]), shape)
         elif "norm" in name:
             v = 1 + rng.normal(0, 0.1, shape)
+        elif name.endswith(SELECTION_BIASES):  # small beside the scores, as trained ones are: routing follows the token
+            v = rng.normal(0, 0.01, shape)
         else:
             v = rng.normal(0, 0.1, shape)
         new.append((name, mx.array(v.astype(np.float32)).astype(a.dtype)))
