@@ -118,3 +118,18 @@ def test_cli_generate_takes_the_directory(made, capsys):
     assert main(["generate", str(d), "hi", "-n", "3"]) == 0
     err = capsys.readouterr().err
     assert "tier 2: mlx-lm's qwen3_moe model file" in err and "strata convert" in err
+
+
+def test_serve_runs_the_directory(made):
+    recipe, d, want, _ = made
+    if recipe != "qwen3_moe_a4g32":
+        pytest.skip("one family: serve loads through the same loader")
+    from starlette.testclient import TestClient
+
+    from strata.serve import build_app
+
+    with strata.load(d) as model, TestClient(build_app(model)) as client:
+        r = client.post("/v1/completions", json={"model": d.name, "prompt": PROMPT, "max_tokens": STEPS,
+                                                 "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == model.tokenizer.decode(want)
