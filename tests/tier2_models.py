@@ -38,6 +38,24 @@ FAMILIES: dict[str, dict] = {
                        shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
                        partial_rotary_factor=0.5, full_attention_interval=2, norm_topk_prob=True),
+    "qwen3_5_moe": dict(text_config=dict(BASE, model_type="qwen3_5_moe_text", num_hidden_layers=4,
+                                         intermediate_size=128, num_experts=32, num_experts_per_tok=4,
+                                         moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                         linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                                         linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+                                         rope_parameters={"type": "default", "mrope_section": [2, 1, 1],
+                                                          "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+    "minimax": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_local_experts=16, num_experts_per_tok=2,
+                    shared_intermediate_size=0, rotary_dim=8),
+    "ernie4_5_moe": dict(BASE, num_hidden_layers=3, intermediate_size=128, use_bias=False, moe_num_experts=16, moe_k=4,
+                         moe_intermediate_size=32, moe_layer_start_index=1, moe_num_shared_experts=1,
+                         moe_use_aux_free=True),
+    "olmoe": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_experts=32, num_experts_per_tok=4),
+    "qwen2_moe": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_experts=32, num_experts_per_tok=4,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    "step3p5": dict(BASE, num_hidden_layers=3, num_attention_groups=2, intermediate_size=128, moe_num_experts=16,
+                    moe_top_k=4, moe_intermediate_size=32, share_expert_dim=32, moe_layers_enum="1,2",
+                    sliding_window=8, layer_types=["full_attention", "sliding_attention", "full_attention"]),
 }
 
 # name -> (model_type, quantize_model arguments)
@@ -50,6 +68,12 @@ RECIPES = {
     "glm4_moe_a3g32": ("glm4_moe", dict(group_size=32, bits=3)),
     "gpt_oss_mxfp4": ("gpt_oss", dict(group_size=32, bits=4, mode="mxfp4")),
     "qwen3_next_a6g32": ("qwen3_next", dict(group_size=32, bits=6)),
+    "qwen3_5_moe_a4g32": ("qwen3_5_moe", dict(group_size=32, bits=4)),
+    "minimax_a5g32": ("minimax", dict(group_size=32, bits=5)),
+    "ernie4_5_moe_a4g32": ("ernie4_5_moe", dict(group_size=32, bits=4)),
+    "olmoe_a8g32": ("olmoe", dict(group_size=32, bits=8)),
+    "qwen2_moe_a4g32": ("qwen2_moe", dict(group_size=32, bits=4)),
+    "step3p5_a4g32": ("step3p5", dict(group_size=32, bits=4)),
 }
 
 
