@@ -57,6 +57,7 @@ def test_greedy_tokens_equal_mlx_lm_generate(made):
     recipe, d, want, _ = made
     before = sorted(os.listdir(d))
     with strata.load(d) as model:
+        assert all(s is not None for s in model.scorers)  # every MoE layer's gate gives read-ahead guesses
         result = generate(model, PROMPT, max_tokens=STEPS)
     assert result.tokens == want
     assert sorted(os.listdir(d)) == before  # nothing written beside the checkpoint

@@ -5,7 +5,7 @@ mlx-lm's MoE blocks call their gate on the same normed hidden state their switch
 so the next block's gate applied to this block's input is the guess. The gate is found by name
 on the block (`gate`, `router`): a linear layer (quantized or not) gives logits; a gate module of
 its own with a `weight` [E, D] (DeepSeek-V3's MoEGate, Bailing's) gives `x @ weight.T`; one that
-wraps a linear `gate` (Step 3.5) gives that. A selection bias beside it (`e_score_correction_bias`,
+wraps one linear layer (Step 3.5's `gate`, Hunyuan's `wg`) gives that. A selection bias beside it (`e_score_correction_bias`,
 `expert_bias`, `router_bias`) ranks by sigmoid(logits) + bias, as those families select. A guess
 only decides what is read early, never what is computed, so a family whose gate is none of these
 runs without read-ahead (the report says so).
@@ -33,9 +33,10 @@ def _linear_logits(gate) -> Callable[[mx.array], mx.array] | None:
     weight = gate.get("weight") if isinstance(gate, nn.Module) else None
     if isinstance(weight, mx.array) and weight.ndim == 2:
         return lambda x: x.astype(mx.float32) @ weight.astype(mx.float32).T
-    inner = gate.get("gate") if isinstance(gate, nn.Module) else None
-    if isinstance(inner, (nn.Linear, nn.QuantizedLinear)):
-        return lambda x: inner(x).astype(mx.float32)
+    if isinstance(gate, nn.Module):  # a gate module around one linear layer (Step 3.5's `gate`, Hunyuan's `wg`)
+        inner = [c for c in gate.children().values() if isinstance(c, (nn.Linear, nn.QuantizedLinear))]
+        if len(inner) == 1:
+            return lambda x: inner[0](x).astype(mx.float32)
     return None
 
 
