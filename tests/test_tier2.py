@@ -30,10 +30,10 @@ from tests import tier2_models  # noqa: E402
 
 PROMPT = [5, 17, 99, 200, 3, 45, 77, 12, 250, 31, 8, 140, 66, 2, 91, 180, 23, 230, 54, 111]
 STEPS = 6
-SMALL = Config(prefetch=2)
+SMALL = Config(prefetch=2)  # a small read-ahead depth: the smallest legal arena is well below the experts
 # recipes whose prompt (at the smallest arena) has a layer run in several passes: the multi-pass
 # path is held to mlx-lm bit for bit on these at least
-SPLITS = ("qwen3_moe_a4g32", "qwen3_next_a6g32", "mixtral_a8g32", "deepseek_v3_a4g32")  # a small read-ahead depth: the smallest legal arena is a third of the experts
+SPLITS = ("qwen3_moe_a4g32", "qwen3_next_a6g32", "mixtral_a8g32", "deepseek_v3_a4g32")
 
 
 @pytest.fixture(scope="module", params=sorted(tier2_models.RECIPES))

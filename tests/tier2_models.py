@@ -79,7 +79,8 @@ FAMILIES: dict[str, dict] = {
                   routed_scaling_factor=1.0, scoring_func="noaux_tc"),
     "hunyuan": dict(BASE, num_hidden_layers=3, intermediate_size=64, attention_bias=False, moe_topk=4,
                     num_experts=32, num_shared_expert=1, use_mixed_mlp_moe=True, use_qk_norm=True, use_cla=False,
-                    cla_share_factor=2, moe_intermediate_size=32, rope_scaling={"alpha": 1.0, "factor": 1.0, "type": "dynamic"}),
+                    cla_share_factor=2, moe_intermediate_size=32,
+                    rope_scaling={"alpha": 1.0, "factor": 1.0, "type": "dynamic"}),
     "llama4": dict(text_config=dict(BASE, model_type="llama4_text", num_hidden_layers=4, attention_bias=False,
                                     attention_chunk_size=8, interleave_moe_layer_step=1, intermediate_size=32,
                                     intermediate_size_mlp=128, num_experts_per_tok=1, num_local_experts=16,
@@ -116,7 +117,8 @@ SELECTION_BIASES = ("e_score_correction_bias", "expert_bias", "router_bias")
 
 def _randomize(model, seed: int) -> None:
     """Every float parameter drawn at random: N(0, 0.5) / sqrt(fan-in) for matrices, 1 + N(0, 0.1)
-    for vectors that scale (norms), N(0, 0.01) for selection biases, N(0, 0.1) for other vectors (biases, selection biases)."""
+    for vectors that scale (norms), N(0, 0.01) for selection biases, N(0, 0.1) for other vectors
+    (biases)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
 
@@ -182,9 +184,10 @@ def mlx_lm_generate(directory: Path, prompt: list[int], steps: int) -> list[int]
 
 
 def mlx_lm_schedule_logits(directory: Path, prompt: list[int], continuation: list[int]) -> np.ndarray:
-    """mlx-lm's all-resident log-probabilities (generate_step's: logits - logsumexp) under generate_step's schedule (every prompt position but the
-    last as one chunk, then one position per call): the last prompt position's logits, then each
-    continuation token's. -> float32 [1 + len(continuation), V]"""
+    """mlx-lm's all-resident log-probabilities (generate_step's: logits - logsumexp) under
+    generate_step's schedule (every prompt position but the last as one chunk, then one position
+    per call): the last prompt position's, then each continuation token's.
+    -> float32 [1 + len(continuation), V]"""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 

@@ -6,8 +6,8 @@ for native models: the same decisions from the same turns whatever the I/O timin
 stream report. Prompts follow mlx-lm's own schedule (`generate_step`): every position but the
 last in chunks of PREFILL_STEP inside a held region, then the last position alone, so the logits
 are the ones mlx-lm's own generate computes. The engine's logits are mlx-lm's log-probabilities
-as its sampler sees them (`_scores`), so greedy decoding picks mlx-lm's tokens. Decode windows of up to `config.window` positions
-are one cache window; a longer window runs as prompt chunks.
+as its sampler sees them (`_scores`), so greedy decoding picks mlx-lm's tokens. Decode windows of
+up to `config.window` positions are one cache window; a longer window runs as prompt chunks.
 
 At full residency (the budget rule: every expert fits) the arena has a slot per expert and each
 is read once, on first use. KV caches that cannot be trimmed (recurrent layers) restore only

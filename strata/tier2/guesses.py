@@ -5,8 +5,9 @@ mlx-lm's MoE blocks call their gate on the same normed hidden state their switch
 so the next block's gate applied to this block's input is the guess. The gate is found by name
 on the block (`gate`, `router`): a linear layer (quantized or not) gives logits; a gate module of
 its own with a `weight` [E, D] (DeepSeek-V3's MoEGate, Bailing's) gives `x @ weight.T`; one that
-wraps one linear layer (Step 3.5's `gate`, Hunyuan's `wg`) gives that. A selection bias beside it (`e_score_correction_bias`,
-`expert_bias`, `router_bias`) ranks by sigmoid(logits) + bias, as those families select. A guess
+wraps one linear layer (Step 3.5's `gate`, Hunyuan's `wg`) gives that. A selection bias beside
+it (`e_score_correction_bias`, `expert_bias`, `router_bias`) ranks by sigmoid(logits) + bias, as
+those families select. A guess
 only decides what is read early, never what is computed, so a family whose gate is none of these
 runs without read-ahead (the report says so).
 """

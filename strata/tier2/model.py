@@ -139,7 +139,8 @@ def load_tier2(directory: str | Path) -> Tier2Model:
         raise ConfigError(f"{directory}: mlx-lm cannot build this model ({str(e).splitlines()[0]})") from None
     except FileNotFoundError as e:
         raise FormatError(f"{directory}: {e}") from None
-    found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, SwitchGLU)), key=lambda t: _layer_key(t[0]))
+    found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, SwitchGLU)),
+                   key=lambda t: _layer_key(t[0]))  # MoE layers in forward order
     if not found:
         raise ConfigError(f"{directory}: {model_type} has no routed experts in mlx-lm's model (no SwitchGLU layer); "
                           "tier 2 streams MoE models only")
