@@ -134,3 +134,15 @@ def test_serve_runs_the_directory(made):
                                                  "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == model.tokenizer.decode(want)
+
+
+def test_experts_of_mixed_widths_refused_in_one_line(tmp_path):
+    from strata.errors import FormatError
+
+    def first_layer_8_bits(path, module):
+        return {"group_size": 32, "bits": 8, "mode": "affine"} if path.startswith("model.layers.0.mlp.switch") else True
+
+    d = tier2_models.make_checkpoint("qwen3_moe_a4g32", tmp_path / "mixed", quant_predicate=first_layer_8_bits)
+    with pytest.raises(FormatError) as e:
+        strata.load(d)
+    assert "mixed per-layer expert formats" in str(e.value) and "\n" not in str(e.value)

@@ -92,6 +92,8 @@ RECIPES = {
     "qwen3_moe_a4g32": ("qwen3_moe", dict(group_size=32, bits=4)),
     "qwen3_moe_a2g32": ("qwen3_moe", dict(group_size=32, bits=2)),
     "qwen3_moe_mxfp4": ("qwen3_moe", dict(group_size=32, bits=4, mode="mxfp4")),
+    "qwen3_moe_mxfp8": ("qwen3_moe", dict(group_size=32, bits=8, mode="mxfp8")),
+    "qwen3_moe_nvfp4": ("qwen3_moe", dict(group_size=16, bits=4, mode="nvfp4")),
     "mixtral_a8g32": ("mixtral", dict(group_size=32, bits=8)),
     "deepseek_v3_a4g32": ("deepseek_v3", dict(group_size=32, bits=4)),
     "glm4_moe_a3g32": ("glm4_moe", dict(group_size=32, bits=3)),
@@ -140,8 +142,9 @@ def _randomize(model, seed: int) -> None:
     model.update(tree_unflatten(new))
 
 
-def make_checkpoint(recipe: str, out: Path, *, seed: int = 0) -> Path:
-    """A tiny checkpoint of `recipe` in `out` (created); -> out."""
+def make_checkpoint(recipe: str, out: Path, *, seed: int = 0, quant_predicate=None) -> Path:
+    """A tiny checkpoint of `recipe` in `out` (created); -> out. quant_predicate: mlx-lm's
+    per-module override (path, module) -> bool or quantization parameters (mixed recipes)."""
     import mlx.core as mx
     from mlx_lm.utils import quantize_model, save_config, save_model
 
@@ -153,7 +156,8 @@ def make_checkpoint(recipe: str, out: Path, *, seed: int = 0) -> Path:
     model = module.Model(module.ModelArgs.from_dict(config))
     _randomize(model, seed)
     model.update(tree_map_floats(model.parameters(), mx.bfloat16))
-    model, config = quantize_model(model, config, quant["group_size"], quant["bits"], mode=quant.get("mode", "affine"))
+    model, config = quantize_model(model, config, quant["group_size"], quant["bits"], mode=quant.get("mode", "affine"),
+                                   quant_predicate=quant_predicate)
     save_model(out, model)
     save_config(config, out / "config.json")
     (out / "tokenizer.json").write_text(byte_level_tokenizer_json())
