@@ -74,13 +74,15 @@ EMBEDDED_NAME = "default"  # strata.load("default") and strata.load(): the embed
 
 
 def load(model: str | Path | None = None, *, experts: str | Path | None = None,
-         allow_foreign_experts: bool = False, layers=None, ngrams: str | Path | None = None) -> Model:
+         allow_foreign_experts: bool = False, layers=None, ngrams: str | Path | None = None):
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
     The experts file defaults to the model's name with the `.experts` suffix. No model, or the
     name "default" where no such file is, loads the embedded default model (docs/model-card.md).
-    A directory, a checkpoint's weights file or another program's GGUF (llama.cpp's) is refused
-    in one line naming `strata convert` (strata/model_source.py). A model written
+    A checkpoint directory (config.json + safetensors) loads as tier 2: a `strata.tier2.model.
+    Tier2Model`, mlx-lm's model file with strata's streamed experts (needs the `mlx-lm` extra;
+    docs/tier2.md). Another directory, a checkpoint's weights file or another program's GGUF
+    (llama.cpp's) is refused in one line naming `strata convert` (strata/model_source.py). A model written
     with an expert set records that set's identity; loading it with another set (another model's
     experts of the same shape, or a conversion interrupted between its two renames) is refused
     unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a

@@ -12,7 +12,8 @@ from strata.cli.runtime_flags import add_runtime_flags, config_from_args, print_
 HELP = """\
 Generate text. With one positional argument it is the prompt and the embedded default model
 is used; with two, the first is a model (`name.gguf`, its experts in `name.experts`; `default`
-names the embedded one). PROMPT is the text, @FILE reads it from a file, - from standard input
+names the embedded one; a checkpoint directory as mlx-lm's convert writes it runs as tier 2:
+mlx-lm's model file, experts streamed from the shards, with the `mlx-lm` extra). PROMPT is the text, @FILE reads it from a file, - from standard input
 (@@text is the literal @text). Greedy by default (--temp 0); --top-k, --min-p, --top-p filter a
 sampled step, --repeat-penalty lowers tokens seen in the last 64 (all off by default); --seed
 makes sampled runs reproducible. --chat wraps the prompt as one user turn in the model's chat

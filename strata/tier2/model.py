@@ -20,7 +20,7 @@ from strata.errors import ConfigError, FormatError
 from strata.tokenizer import Tokenizer
 from strata.tier2.source import require_mlx_lm
 
-__all__ = ["Tier2Config", "Tier2Model", "load_tier2", "TOP_K_KEYS", "DEFAULT_MAX_CONTEXT"]
+__all__ = ["Tier2Config", "Tier2Model", "load_tier2", "not_runnable", "TOP_K_KEYS", "DEFAULT_MAX_CONTEXT"]
 
 # where configs name the experts a token selects (the first present wins)
 TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k", "top_k",
@@ -90,6 +90,12 @@ class Tier2Model:
         self.close()
 
 
+def not_runnable(directory: Path, why: str) -> str:
+    """The one-line refusal of a checkpoint directory tier 2 cannot run, with the other way in."""
+    return (f"{directory}: a Hugging Face checkpoint directory that tier 2 cannot run as it is ({why}); for a "
+            f"native family run `strata convert {directory} OUT`, then `strata generate OUT.gguf PROMPT`")
+
+
 def _config_value(config: dict, keys) -> object:
     for c in (config, config.get("text_config") or {}):
         for k in keys:
@@ -132,13 +138,15 @@ def load_tier2(directory: str | Path) -> Tier2Model:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise FormatError(f"{directory / 'config.json'}: unreadable ({e})") from None
-    model_type = config.get("model_type")
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type is None:
+        raise FormatError(not_runnable(directory, "its config.json names no model_type"))
     try:
         model, config = load_model(directory, lazy=True)
-    except ValueError as e:  # mlx-lm's words for an unknown model_type or a missing file
-        raise ConfigError(f"{directory}: mlx-lm cannot build this model ({str(e).splitlines()[0]})") from None
-    except FileNotFoundError as e:
-        raise FormatError(f"{directory}: {e}") from None
+    except (ValueError, RuntimeError, OSError, KeyError, TypeError, AttributeError) as e:
+        # mlx-lm's words for an unknown model_type, a config it cannot read, a damaged shard
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise FormatError(not_runnable(directory, f"mlx-lm cannot load it: {why}")) from None
     found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, SwitchGLU)),
                    key=lambda t: _layer_key(t[0]))  # MoE layers in forward order
     if not found:

@@ -28,8 +28,9 @@ def require_mlx_lm(path: Path | str) -> None:
     try:
         import mlx_lm
     except ImportError:
-        raise ConfigError(f"{path}: a checkpoint directory runs on mlx-lm's model files (tier 2), which needs "
-                          f"mlx-lm: {EXTRA_HINT} (or `strata convert {path} OUT` for a native family)") from None
+        raise ConfigError(f"{path}: a Hugging Face checkpoint directory runs as it is on mlx-lm's model files "
+                          f"(tier 2), which needs mlx-lm: {EXTRA_HINT}; or run `strata convert {path} OUT` for a "
+                          "native family") from None
     version = getattr(mlx_lm, "__version__", None)
     if version != MLX_LM_VERSION:
         raise ConfigError(f"{path}: tier 2 is tested with mlx-lm {MLX_LM_VERSION}, this is {version}: {EXTRA_HINT}")
