@@ -36,14 +36,33 @@ SMALL = Config(prefetch=2)  # a small read-ahead depth: the smallest legal arena
 SPLITS = ("qwen3_moe_a4g32", "qwen3_next_a6g32", "mixtral_a8g32", "deepseek_v3_a4g32")
 
 
+DELAYED = ("qwen3_moe_a4g32", "qwen3_next_a6g32", "deepseek_v3_a4g32")  # one plain, one hybrid, one MLA family
+_MADE: dict = {}
+
+
+def _made(recipe: str, tmp_path_factory):
+    """(recipe, checkpoint dir, mlx-lm's greedy tokens, its scores under generate_step's schedule),
+    made once per recipe."""
+    if recipe not in _MADE:
+        d = tier2_models.make_checkpoint(recipe, tmp_path_factory.mktemp("tier2") / recipe)
+        tokens = tier2_models.mlx_lm_generate(d, PROMPT, STEPS)
+        _MADE[recipe] = recipe, d, tokens, tier2_models.mlx_lm_schedule_logits(d, PROMPT, tokens[:-1])
+    return _MADE[recipe]
+
+
 @pytest.fixture(scope="module", params=sorted(tier2_models.RECIPES))
 def made(request, tmp_path_factory):
-    """(recipe, checkpoint dir, mlx-lm's greedy tokens, its scores under generate_step's schedule)."""
-    recipe = request.param
-    d = tier2_models.make_checkpoint(recipe, tmp_path_factory.mktemp("tier2") / recipe)
-    tokens = tier2_models.mlx_lm_generate(d, PROMPT, STEPS)
-    scores = tier2_models.mlx_lm_schedule_logits(d, PROMPT, tokens[:-1])
-    return recipe, d, tokens, scores
+    return _made(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=DELAYED)
+def delayed_family(request, tmp_path_factory):
+    return _made(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return _made("qwen3_moe_a4g32", tmp_path_factory)
 
 
 def _scores(model, config: Config, continuation, **kw) -> tuple[np.ndarray, object]:
@@ -85,10 +104,8 @@ def test_scores_bit_for_bit(made, arena):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_decisions_independent_of_read_delays(made, seed):
-    recipe, d, tokens, want = made
-    if recipe not in ("qwen3_moe_a4g32", "qwen3_next_a6g32", "deepseek_v3_a4g32"):
-        pytest.skip("the property on one plain, one hybrid and one MLA family keeps the suite fast")
+def test_decisions_independent_of_read_delays(delayed_family, seed):
+    recipe, d, tokens, want = delayed_family
     with strata.load(d) as model:
         least = arena_plan_for(model, SMALL.replace(arena="1000000slots")).min_slots
         config = SMALL.replace(arena=f"{least + 1}slots", io_threads=3)
@@ -102,18 +119,16 @@ def test_decisions_independent_of_read_delays(made, seed):
     assert d1 == d0  # Read, Cancel, Evict, Use: slot for slot
 
 
-def test_without_mlx_lm_refused_naming_the_extra(made, monkeypatch):
-    _, d, _, _ = made
+def test_without_mlx_lm_refused_naming_the_extra(qwen3, monkeypatch):
+    _, d, _, _ = qwen3
     monkeypatch.setitem(sys.modules, "mlx_lm", None)  # import mlx_lm raises ImportError
     with pytest.raises(ConfigError) as e:
         strata.load(d)
     assert "strata-moe[mlx-lm]" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_cli_generate_takes_the_directory(made, capsys):
-    recipe, d, want, _ = made
-    if recipe != "qwen3_moe_a4g32":
-        pytest.skip("one family: the CLI path is the same for all")
+def test_cli_generate_takes_the_directory(qwen3, capsys):
+    recipe, d, want, _ = qwen3
     from strata.cli.main import main
 
     assert main(["generate", str(d), "hi", "-n", "3"]) == 0
@@ -121,10 +136,8 @@ def test_cli_generate_takes_the_directory(made, capsys):
     assert "tier 2: mlx-lm's qwen3_moe model file" in err and "strata convert" in err
 
 
-def test_serve_runs_the_directory(made):
-    recipe, d, want, _ = made
-    if recipe != "qwen3_moe_a4g32":
-        pytest.skip("one family: serve loads through the same loader")
+def test_serve_runs_the_directory(qwen3):
+    recipe, d, want, _ = qwen3
     from starlette.testclient import TestClient
 
     from strata.serve import build_app
