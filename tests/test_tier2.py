@@ -159,3 +159,31 @@ def test_experts_of_mixed_widths_refused_in_one_line(tmp_path):
     with pytest.raises(FormatError) as e:
         strata.load(d)
     assert "mixed per-layer expert formats" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    return _made("qwen3_next_a6g32", tmp_path_factory)
+
+
+@pytest.mark.parametrize("which", ["qwen3", "hybrid"])
+def test_a_session_continues_a_prompt_it_holds(which, request):
+    """A second call whose prompt extends the first's text: attention-only caches trim to the
+    common prefix and prefill the rest; a hybrid's recurrent state restores only all or nothing."""
+    _, d, _, _ = request.getfixturevalue(which)
+    with strata.load(d) as model:
+        first = generate(model, PROMPT, max_tokens=STEPS).tokens
+        again = generate(model, PROMPT + first[:3], max_tokens=STEPS - 3)
+    assert again.tokens == first[3:]
+    assert (again.prompt_reused > 0) == (which == "qwen3")
+
+
+def test_speculative_windows_keep_greedy_tokens(qwen3):
+    _, d, _, _ = qwen3
+    prompt = [5, 17, 99, 200, 3] * 4  # repeats: the suffix drafter drafts
+    with strata.load(d) as model:
+        plain = generate(model, prompt, max_tokens=16).tokens
+    with strata.load(d) as model:
+        spec = generate(model, prompt, max_tokens=16, config=Config(suffix_draft=2, spec_gate=False))
+    assert spec.tokens == plain
+    assert spec.speculation.spec_windows > 0  # a window was drafted (and its rejected drafts rolled back)

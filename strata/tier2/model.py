@@ -60,6 +60,13 @@ class Tier2Model:
 
     tier = 2
 
+    @property
+    def experts_file(self):
+        """The experts' source as the runtime reads a model's `.experts` file: its `header`
+        geometry (record and slot bytes, layers, experts), `path`, `record_offset` (speculation's
+        byte counts, the reader pool); the shards' stacked tensors (ExpertTensors)."""
+        return self.tensors
+
     def why(self) -> str:
         """One line: which tier runs and why."""
         t = self.cfg.model_type
