@@ -85,6 +85,15 @@ FAMILIES: dict[str, dict] = {
                                     attention_chunk_size=8, interleave_moe_layer_step=1, intermediate_size=32,
                                     intermediate_size_mlp=128, num_experts_per_tok=1, num_local_experts=16,
                                     rope_scaling=None, use_qk_norm=True)),
+    "kimi_k25": dict(text_config=dict(
+        BASE, model_type="kimi_k2", num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32,
+        n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=16,
+        qk_nope_head_dim=16, first_k_dense_replace=1, num_key_value_heads=4)),
+    "deepseek_v41": dict(BASE, num_hidden_layers=3, head_dim=32, q_lora_rank=48, qk_rope_head_dim=16, o_groups=2,
+                         o_lora_rank=32, moe_intermediate_size=32, n_routed_experts=32, num_experts_per_tok=4,
+                         sliding_window=8, index_n_heads=2, index_head_dim=16, index_topk=8, hc_mult=2,
+                         compress_ratios=(0, 0, 0), rms_norm_eps=1e-6),
 }
 
 # name -> (model_type, quantize_model arguments)
@@ -111,6 +120,8 @@ RECIPES = {
     "dots1_a4g32": ("dots1", dict(group_size=32, bits=4)),
     "hunyuan_a4g32": ("hunyuan", dict(group_size=32, bits=4)),
     "llama4_a4g32": ("llama4", dict(group_size=32, bits=4)),
+    "kimi_k25_a4g32": ("kimi_k25", dict(group_size=32, bits=4)),
+    "deepseek_v41_a4g32": ("deepseek_v41", dict(group_size=32, bits=4)),
 }
 
 

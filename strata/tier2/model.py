@@ -128,6 +128,22 @@ def _parent(model, path: str):
     return obj, parts[-1]
 
 
+def _scorer(model, path: str, n_experts: int):
+    """The read-ahead scorer of the MoE block that owns the switch layer at `path`: its parent's
+    gate, else its grandparent's (DeepSeek-V4.1 keeps the switch layer in an `experts` module
+    beside the gate)."""
+    from strata.tier2.guesses import gate_scorer
+
+    parts = path.split(".")
+    for inner in (path, ".".join(parts[:-1])):  # the switch layer's parent, then the parent's parent
+        if "." not in inner:
+            break
+        scorer = gate_scorer(_parent(model, inner)[0], n_experts)
+        if scorer is not None:
+            return scorer
+    return None
+
+
 def load_tier2(directory: str | Path) -> Tier2Model:
     """mlx-lm's model of `directory` with its routed experts left on disk (module doc)."""
     directory = Path(directory)
@@ -139,8 +155,6 @@ def load_tier2(directory: str | Path) -> Tier2Model:
 
     from strata.convert.tokenizer_files import read_tokenizer_files
     from strata.tier2.expert_tensors import locate_experts
-    from strata.tier2.guesses import gate_scorer
-
     try:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -165,7 +179,7 @@ def load_tier2(directory: str | Path) -> Tier2Model:
     for path, inner in found:
         parent, attr = _parent(model, path)
         switches.append((path, parent, attr, inner))
-        scorers.append(gate_scorer(parent, tensors.n_experts))
+        scorers.append(_scorer(model, path, tensors.n_experts))
         # the lazy file arrays go: the experts are read per slot, never whole
         inner.update(tree_unflatten([(p.name, mx.zeros((0,), mx.uint8)) for p in tensors.pieces]))
     params = [a for _, a in tree_flatten(model.parameters())]
