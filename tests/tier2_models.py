@@ -94,6 +94,18 @@ FAMILIES: dict[str, dict] = {
                          o_lora_rank=32, moe_intermediate_size=32, n_routed_experts=32, num_experts_per_tok=4,
                          sliding_window=8, index_n_heads=2, index_head_dim=16, index_topk=8, hc_mult=2,
                          compress_ratios=(0, 0, 0), rms_norm_eps=1e-6),
+    "bailing_moe_v3": dict(BASE, num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32,
+                           moe_shared_expert_intermediate_size=32, num_experts=32, num_experts_per_tok=4,
+                           num_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                           routed_scaling_factor=2.5, layer_group_size=2, q_lora_rank=48, kv_lora_rank=32,
+                           qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, short_conv_kernel_size=4),
+    "kimi_k3": dict(text_config=dict(BASE, model_type="kimi_linear", num_hidden_layers=4, intermediate_size=128,
+                                     linear_attn_config={"kda_layers": [1, 3], "num_heads": 2, "head_dim": 16,
+                                                         "short_conv_kernel_size": 4},
+                                     q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
+                                     v_head_dim=16, num_experts=32, num_experts_per_token=4, num_shared_experts=1,
+                                     moe_intermediate_size=32, first_k_dense_replace=1, moe_layer_freq=1,
+                                     num_expert_group=1, topk_group=1, hidden_act="situ")),
 }
 
 # name -> (model_type, quantize_model arguments)
@@ -122,6 +134,8 @@ RECIPES = {
     "llama4_a4g32": ("llama4", dict(group_size=32, bits=4)),
     "kimi_k25_a4g32": ("kimi_k25", dict(group_size=32, bits=4)),
     "deepseek_v41_a4g32": ("deepseek_v41", dict(group_size=32, bits=4)),
+    "bailing_moe_v3_a4g32": ("bailing_moe_v3", dict(group_size=32, bits=4)),
+    "kimi_k3_a4g32": ("kimi_k3", dict(group_size=32, bits=4)),
 }
 
 
