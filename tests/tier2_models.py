@@ -106,6 +106,30 @@ FAMILIES: dict[str, dict] = {
                                      v_head_dim=16, num_experts=32, num_experts_per_token=4, num_shared_experts=1,
                                      moe_intermediate_size=32, first_k_dense_replace=1, moe_layer_freq=1,
                                      num_expert_group=1, topk_group=1, hidden_act="situ")),
+    "nemotron_h": dict(BASE, num_hidden_layers=4, hybrid_override_pattern=["M", "E", "*", "E"], intermediate_size=64,
+                       attention_bias=False, mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False,
+                       ssm_state_size=16, conv_kernel=4, n_groups=2, mlp_bias=False, layer_norm_epsilon=1e-5,
+                       use_bias=False, use_conv_bias=True, moe_intermediate_size=32,
+                       moe_shared_expert_intermediate_size=32, n_group=1, n_routed_experts=32, n_shared_experts=1,
+                       topk_group=1, num_experts_per_tok=4, norm_topk_prob=True, routed_scaling_factor=1.0,
+                       time_step_limit=(0.0, float("inf")), time_step_min=0.001, time_step_max=0.1),
+    "gemma4_text": dict(BASE, num_hidden_layers=3, intermediate_size=64, head_dim=16, global_head_dim=32,
+                        vocab_size_per_layer_input=384, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+                        sliding_window=8, sliding_window_pattern=3, enable_moe_block=True, num_experts=32,
+                        top_k_experts=4, moe_intermediate_size=32, use_double_wide_mlp=False,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
+    "glm4_moe_lite": dict(BASE, num_hidden_layers=3, intermediate_size=128, moe_intermediate_size=32,
+                          n_routed_experts=32, n_shared_experts=1, num_experts_per_tok=4, kv_lora_rank=32,
+                          q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+                          first_k_dense_replace=1, num_key_value_heads=4, num_nextn_predict_layers=0),
+    "granitemoe": dict(BASE, num_hidden_layers=3, intermediate_size=64, logits_scaling=2.0, attention_multiplier=0.1,
+                       embedding_multiplier=4.0, residual_multiplier=0.5, attention_bias=False, num_local_experts=16,
+                       num_experts_per_tok=2),
+    "phimoe": dict(BASE, num_hidden_layers=3, intermediate_size=32, num_local_experts=16, num_experts_per_tok=2,
+                   original_max_position_embeddings=512),
+    "lfm2_moe": dict(BASE, num_hidden_layers=4, intermediate_size=128, moe_intermediate_size=32, num_experts=32,
+                     num_experts_per_tok=4, norm_topk_prob=True, use_expert_bias=True, num_dense_layers=1,
+                     norm_eps=1e-5, conv_bias=False, conv_L_cache=3, full_attn_idxs=[1, 3]),
 }
 
 # name -> (model_type, quantize_model arguments)
@@ -136,6 +160,12 @@ RECIPES = {
     "deepseek_v41_a4g32": ("deepseek_v41", dict(group_size=32, bits=4)),
     "bailing_moe_v3_a4g32": ("bailing_moe_v3", dict(group_size=32, bits=4)),
     "kimi_k3_a4g32": ("kimi_k3", dict(group_size=32, bits=4)),
+    "nemotron_h_a4g32": ("nemotron_h", dict(group_size=32, bits=4)),
+    "gemma4_text_a4g32": ("gemma4_text", dict(group_size=32, bits=4)),
+    "glm4_moe_lite_a4g32": ("glm4_moe_lite", dict(group_size=32, bits=4)),
+    "granitemoe_a4g32": ("granitemoe", dict(group_size=32, bits=4)),
+    "phimoe_a4g32": ("phimoe", dict(group_size=32, bits=4)),
+    "lfm2_moe_a4g32": ("lfm2_moe", dict(group_size=32, bits=4)),
 }
 
 

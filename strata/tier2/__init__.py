@@ -13,7 +13,7 @@ mlx-lm's own bit for bit. mlx-lm is an optional extra (`strata-moe[mlx-lm]`).
     arena.py           the arena: one MLX array per piece, [capacity, ...], filled in place
     reader.py          the reader pool over the shards (scattered reads, verified)
     guesses.py         read-ahead scores from a MoE block's own gate module
-    switch.py          the streamed expert layer (replaces SwitchGLU) and the turns it takes
+    switch.py          the streamed expert layer (replaces SwitchGLU / SwitchMLP) and its turns
     model.py           Tier2Model and `load_tier2`: mlx-lm's model with the layers replaced
     engine.py          Tier2Engine: the Engine protocol over mlx-lm's forward and KV cache
 """

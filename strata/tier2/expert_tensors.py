@@ -141,7 +141,7 @@ def locate_experts(directory: Path, layers: list[tuple[str, dict]]) -> ExpertTen
                                   "not run on tier 2 yet")
             offsets.append(tuple(where))
         if pieces is None:
-            raise FormatError(f"{directory}: no routed experts (no SwitchGLU layer) in this model")
+            raise FormatError(f"{directory}: no routed experts (no switch layer) in this model")
         return ExpertTensors(pieces, tuple(offsets), tuple(shards), int(n_experts), Path(directory))
     finally:
         ckpt.close()

@@ -28,15 +28,26 @@ BIAS_NAMES = ("e_score_correction_bias", "expert_bias", "router_bias")
 Scorer = Callable[[mx.array], np.ndarray]
 
 
-def _linear_logits(gate) -> Callable[[mx.array], mx.array] | None:
+def _in_dims(linear) -> int:
+    """A linear layer's input width (a quantized one packs 32 // bits codes per uint32)."""
+    if isinstance(linear, nn.QuantizedLinear):
+        return linear.weight.shape[-1] * 32 // linear.bits
+    return linear.weight.shape[-1]
+
+
+def _linear_logits(gate, input_dims: int) -> Callable[[mx.array], mx.array] | None:
+    """The gate's logits as a function of the switch layer's input, or None where the gate is of
+    another form or reads another width (Nemotron-H's latent experts take a projection of it)."""
     if isinstance(gate, (nn.Linear, nn.QuantizedLinear)):
-        return lambda x: gate(x).astype(mx.float32)
+        return (lambda x: gate(x).astype(mx.float32)) if _in_dims(gate) == input_dims else None
     weight = gate.get("weight") if isinstance(gate, nn.Module) else None
     if isinstance(weight, mx.array) and weight.ndim == 2:
+        if weight.shape[-1] != input_dims:
+            return None
         return lambda x: x.astype(mx.float32) @ weight.astype(mx.float32).T
     if isinstance(gate, nn.Module):  # a gate module around one linear layer (Step 3.5's `gate`, Hunyuan's `wg`)
         inner = [c for c in gate.children().values() if isinstance(c, (nn.Linear, nn.QuantizedLinear))]
-        if len(inner) == 1:
+        if len(inner) == 1 and _in_dims(inner[0]) == input_dims:
             return lambda x: inner[0](x).astype(mx.float32)
     return None
 
@@ -50,9 +61,10 @@ def _bias(*modules) -> mx.array | None:
     return None
 
 
-def gate_scorer(block: nn.Module, n_experts: int) -> Scorer | None:
-    """scores(x [..., D]) -> float32 [T, E] on the host, larger = more likely selected; None
-    where the block's gate is not one of the known forms.
+def gate_scorer(block: nn.Module, n_experts: int, input_dims: int) -> Scorer | None:
+    """scores(x [..., D]) -> float32 [T, E] on the host, larger = more likely selected, for x as
+    the switch layer takes it (`input_dims` wide); None where the block's gate is not one of the
+    known forms or reads another width.
 
     Shapes:
         x: [B, L, D] (or [T, D]) -> [B*L, E]
@@ -61,7 +73,7 @@ def gate_scorer(block: nn.Module, n_experts: int) -> Scorer | None:
         gate = block.get(name) if isinstance(block, nn.Module) else None
         if gate is None:
             continue
-        logits = _linear_logits(gate)
+        logits = _linear_logits(gate, input_dims)
         if logits is None:
             continue
         bias = _bias(gate, block)

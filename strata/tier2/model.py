@@ -1,12 +1,12 @@
 """Tier2Model: a checkpoint directory run with mlx-lm's own model class, experts streamed.
 
 `load_tier2(directory)` builds the model as mlx-lm's `load_model` does (its config, class,
-sanitize, quantization and weights; lazily, so nothing is read yet), finds every `SwitchGLU`,
-locates each one's stacked expert tensors in the shards (strata.tier2.expert_tensors), drops the
-model's references to them (they are never read whole) and then materializes the rest: the dense
-weights as mlx-lm loads them. An engine installs its arena into the switch layers
-(`install`): each one's projections then read the arena's slots, and a StreamedSwitchGLU takes
-its place. Nothing is written beside the checkpoint.
+sanitize, quantization and weights; lazily, so nothing is read yet), finds every switch layer
+(`SwitchGLU`, `SwitchMLP`), locates each one's stacked expert tensors in the shards
+(strata.tier2.expert_tensors), drops the model's references to them (they are never read whole)
+and then materializes the rest: the dense weights as mlx-lm loads them. An engine installs its
+arena into the switch layers (`install`): each one's projections then read the arena's slots,
+and a StreamedSwitch takes its place. Nothing is written beside the checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["Tier2Config", "Tier2Model", "load_tier2", "not_runnable", "TOP_K_KEY
 
 # where configs name the experts a token selects (the first present wins)
 TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k", "top_k",
-              "n_activated_experts")
+              "top_k_experts", "n_activated_experts")
 DEFAULT_MAX_CONTEXT = 32768  # a config without max_position_embeddings: mlx-lm sets no limit either
 
 
@@ -79,11 +79,11 @@ class Tier2Model:
         """Point every switch layer's stacked tensors at `arena` and route its calls through `stream`."""
         from mlx.utils import tree_unflatten
 
-        from strata.tier2.switch import StreamedSwitchGLU
+        from strata.tier2.switch import StreamedSwitch
 
         for m, (path, parent, attr, inner) in enumerate(self.switches):
             inner.update(tree_unflatten(list(arena.arrays.items())))
-            setattr(parent, attr, StreamedSwitchGLU(inner, m, stream))
+            setattr(parent, attr, StreamedSwitch(inner, m, stream))
 
     def close(self) -> None:
         if self.session is not None:
@@ -128,7 +128,7 @@ def _parent(model, path: str):
     return obj, parts[-1]
 
 
-def _scorer(model, path: str, n_experts: int):
+def _scorer(model, path: str, n_experts: int, input_dims: int):
     """The read-ahead scorer of the MoE block that owns the switch layer at `path`: its parent's
     gate, else its grandparent's (DeepSeek-V4.1 keeps the switch layer in an `experts` module
     beside the gate)."""
@@ -138,7 +138,7 @@ def _scorer(model, path: str, n_experts: int):
     for inner in (path, ".".join(parts[:-1])):  # the switch layer's parent, then the parent's parent
         if "." not in inner:
             break
-        scorer = gate_scorer(_parent(model, inner)[0], n_experts)
+        scorer = gate_scorer(_parent(model, inner)[0], n_experts, input_dims)
         if scorer is not None:
             return scorer
     return None
@@ -150,7 +150,7 @@ def load_tier2(directory: str | Path) -> Tier2Model:
     require_mlx_lm(directory)
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.models.switch_layers import SwitchGLU
+    from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
     from mlx_lm.utils import load_model
 
     from strata.convert.tokenizer_files import read_tokenizer_files
@@ -168,10 +168,10 @@ def load_tier2(directory: str | Path) -> Tier2Model:
         # mlx-lm's words for an unknown model_type, a config it cannot read, a damaged shard
         why = (str(e).splitlines() or [type(e).__name__])[0]
         raise FormatError(not_runnable(directory, f"mlx-lm cannot load it: {why}")) from None
-    found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, SwitchGLU)),
+    found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, (SwitchGLU, SwitchMLP))),
                    key=lambda t: _layer_key(t[0]))  # MoE layers in forward order
     if not found:
-        raise ConfigError(f"{directory}: {model_type} has no routed experts in mlx-lm's model (no SwitchGLU layer); "
+        raise ConfigError(f"{directory}: {model_type} has no routed experts in mlx-lm's model (no switch layer); "
                           "tier 2 streams MoE models only")
     layers = [(p, dict(tree_flatten(m.parameters()))) for p, m in found]
     tensors = locate_experts(directory, layers)
@@ -179,7 +179,8 @@ def load_tier2(directory: str | Path) -> Tier2Model:
     for path, inner in found:
         parent, attr = _parent(model, path)
         switches.append((path, parent, attr, inner))
-        scorers.append(_scorer(model, path, tensors.n_experts))
+        first = inner["gate_proj"] if "gate_proj" in inner else inner["fc1"]  # SwitchGLU's / SwitchMLP's
+        scorers.append(_scorer(model, path, tensors.n_experts, first.input_dims))
         # the lazy file arrays go: the experts are read per slot, never whole
         inner.update(tree_unflatten([(p.name, mx.zeros((0,), mx.uint8)) for p in tensors.pieces]))
     params = [a for _, a in tree_flatten(model.parameters())]

@@ -1,11 +1,12 @@
-"""The streamed expert layer: mlx-lm's SwitchGLU over arena slots, and the cache turn it takes.
+"""The streamed expert layer: mlx-lm's switch layer over arena slots, and the cache turn it takes.
 
-`StreamedSwitchGLU` stands where a family's `SwitchGLU` stood and is called as it was, with the
-hidden state x and the expert indices the family's own router chose. Its MoE layer's turn:
+`StreamedSwitch` stands where a family's `SwitchGLU` (or non-gated `SwitchMLP`: Nemotron-H's)
+stood and is called as it was, with the hidden state x and the expert indices the family's own
+router chose. Its MoE layer's turn:
 
     indices -> host; the experts they name, once, in order of first appearance (token, rank)
     at_layer(m, experts): hits, read-ahead claims, urgent reads, wait -> Use(slots) per pass
-    per pass: the original SwitchGLU (its projections now read the arena) on slot indices
+    per pass: the original switch layer (its projections now read the arena) on slot indices
     after_layer(m, guesses from the next MoE layer's gate on x): retire, release limbo, read ahead
 
 A slot index selects the same bytes the expert index selected in the stacked tensors, and every
@@ -26,7 +27,7 @@ from strata.cache.types import Use
 from strata.runtime.selector import top_k_experts
 from strata.runtime.streamer import Streamer
 
-__all__ = ["StreamedSwitchGLU", "ExpertStream"]
+__all__ = ["StreamedSwitch", "ExpertStream"]
 
 
 class ExpertStream:
@@ -44,7 +45,7 @@ class ExpertStream:
         self.split_layers = 0  # layer turns that ran in more than one pass (prompt chunks on a small arena)
 
     def routed(self, m: int, inner: nn.Module, x: mx.array, indices: mx.array) -> mx.array:
-        """The layer's SwitchGLU output on arena slots (mlx-lm's shapes: x [..., D], indices
+        """The switch layer's output on arena slots (mlx-lm's shapes: x [..., D], indices
         [..., k] -> [..., k, D])."""
         idx = np.array(indices)  # [..., k]: the family's own selections (a host sync, as every streamer's)
         selected = tuple(dict.fromkeys(idx.reshape(-1).tolist()))
@@ -79,8 +80,8 @@ class ExpertStream:
         return top_k_experts(z, min(self.prefetch, z.shape[-1]))
 
 
-class StreamedSwitchGLU(nn.Module):
-    """A family's SwitchGLU whose stacked expert tensors are the arena's (strata.tier2.arena):
+class StreamedSwitch(nn.Module):
+    """A family's SwitchGLU / SwitchMLP whose stacked expert tensors are the arena's (strata.tier2.arena):
     called like it, `(x, indices)`, it takes MoE layer `moe_index`'s cache turn first."""
 
     def __init__(self, inner: nn.Module, moe_index: int, stream: ExpertStream) -> None:
