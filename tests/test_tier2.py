@@ -187,3 +187,37 @@ def test_speculative_windows_keep_greedy_tokens(qwen3):
         spec = generate(model, prompt, max_tokens=16, config=Config(suffix_draft=2, spec_gate=False))
     assert spec.tokens == plain
     assert spec.speculation.spec_windows > 0  # a window was drafted (and its rejected drafts rolled back)
+
+
+class _CorruptSecondRead:
+    """Flips a byte of every expert's second read (its first read set the checksum to hold it to)."""
+
+    def __init__(self) -> None:
+        self.seen: dict = {}
+
+    def before(self, req) -> None:
+        pass
+
+    def after(self, req, buf, got: int) -> int:
+        key = (req.layer, req.expert)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.seen[key] == 2:
+            buf[0] ^= 0xFF
+        return got
+
+
+@pytest.mark.parametrize("fault", ["eio", "short", "changed"])
+def test_bad_reads_refused_naming_the_expert(qwen3, fault):
+    from strata.errors import ExpertReadError
+    from strata.testing.faults import Faults
+
+    _, d, tokens, _ = qwen3
+    with strata.load(d) as model:
+        least = arena_plan_for(model, SMALL.replace(arena="1000000slots")).min_slots
+        config = SMALL.replace(arena=f"{least}slots")
+        everything = {(m, e) for m in range(model.cfg.n_moe_layers) for e in range(model.cfg.n_experts)}
+        hook = {"eio": Faults(eio=everything), "short": Faults(short=everything), "changed": _CorruptSecondRead()}
+        with pytest.raises(ExpertReadError) as e:
+            _scores(model, config, tokens[:-1], hook=hook[fault])
+    want = {"eio": "read error", "short": "short read", "changed": "checksum mismatch"}[fault]
+    assert want in str(e.value) and "layer" in str(e.value) and "expert" in str(e.value)
