@@ -237,3 +237,25 @@ def test_the_benchmark_runs_and_reports_every_row(qwen3):
     res = json.loads(out.stdout.splitlines()[-1])
     assert len(res["rows"]) == 4 and all(r["ms_per_token"] > 0 for r in res["rows"].values())
     assert res["rows"]["tier 2, quarter arena, read-ahead off"]["readahead_hits_per_token"] == 0
+
+
+@pytest.mark.parametrize("setting", [dict(moce_lambda=0.85), dict(moce_drop_tail=0.05), dict(backend="numpy"),
+                                     dict(kv_cache="f16"), dict(logpos="/tmp/x")])
+def test_settings_tier_2_would_ignore_are_refused(qwen3, setting):
+    _, d, _, _ = qwen3
+    with strata.load(d) as model, pytest.raises(ConfigError) as e:
+        open_engine(model, Config(**setting))
+    assert "\n" not in str(e.value)
+
+
+def test_two_engines_over_one_model_keep_their_own_arenas(qwen3):
+    _, d, tokens, want = qwen3
+    with strata.load(d) as model:
+        least = arena_plan_for(model, SMALL.replace(arena="1000000slots")).min_slots
+        with open_engine(model, SMALL) as full, open_engine(model, SMALL.replace(arena=f"{least}slots")) as small:
+            rows = {id(full): [full.prefill(PROMPT)], id(small): [small.prefill(PROMPT)]}
+            for t in tokens[:-1]:  # interleaved: each forward runs on its own engine's arena
+                for e in (full, small):
+                    rows[id(e)].append(e.decode(t))
+    for r in rows.values():
+        assert np.array_equal(np.stack(r), want)

@@ -23,7 +23,8 @@ from dataclasses import asdict
 import numpy as np
 
 from strata.cache.types import CacheConfig, stats_delta, stats_sum
-from strata.config import Config
+from strata.config import Backend, Config
+from strata.reference.attention import KVPrecision
 from strata.errors import ArenaTooSmallError, ConfigError
 from strata.runtime.budget import plan_arena
 from strata.runtime.decode import Ledger
@@ -35,7 +36,7 @@ from strata.tier2.arena import PieceArena
 from strata.tier2.reader import ShardReaderPool
 from strata.tier2.switch import ExpertStream
 
-__all__ = ["Tier2Engine", "cache_config_for", "arena_plan_for", "PREFILL_STEP"]
+__all__ = ["Tier2Engine", "cache_config_for", "arena_plan_for", "check_tier2_config", "PREFILL_STEP"]
 
 PREFILL_STEP = 2048  # mlx-lm's generate_step default (prefill_step_size): the same chunks, the same logits
 
@@ -55,6 +56,22 @@ def arena_plan_for(model, config: Config):
                       dense_bytes=model.dense_bytes, model_files=t.shards)
 
 
+def check_tier2_config(config: Config) -> None:
+    """Refuse, in one line, a setting tier 2 would otherwise ignore: it runs mlx-lm's forward on
+    MLX with the family's own routing and mlx-lm's KV cache."""
+    policy = config.moce_policy()
+    if policy.bonus != 0.0 or policy.drop_tail_weight != 0.0:
+        raise ConfigError("tier 2 runs the family's own routing (mlx-lm's): MoCE (its bonus, drop-tail) needs a "
+                          "native module; run with --moce-lambda 0 and no drop-tail (the defaults)")
+    if config.backend is Backend.NUMPY:
+        raise ConfigError("--backend numpy: tier 2 runs mlx-lm's model files on MLX; the numpy engines need a "
+                          "converted model (`strata convert DIR OUT`)")
+    if config.kv_cache is not KVPrecision.F32:
+        raise ConfigError(f"--kv-cache {config.kv_cache.value}: tier 2 keeps mlx-lm's own KV cache; leave it at f32")
+    if config.logpos:
+        raise ConfigError("--logpos: not on tier 2 yet (the logit dump is the native engines')")
+
+
 class Tier2Engine(SessionEngine):
     """mlx-lm's model with its switch layers streamed through an arena of `capacity` slots."""
 
@@ -65,10 +82,7 @@ class Tier2Engine(SessionEngine):
         super().__init__(model, config)
         from mlx_lm.models.cache import make_prompt_cache
 
-        policy = config.moce_policy()
-        if policy.bonus != 0.0 or policy.drop_tail_weight != 0.0:
-            raise ConfigError("tier 2 runs the family's own routing (mlx-lm's): MoCE (its bonus, drop-tail) needs a "
-                              "native module; run with --moce-lambda 0 and no drop-tail (the defaults)")
+        check_tier2_config(config)
         self.cache_config = cache_config_for(model, config, capacity)
         least = self.cache_config.min_capacity
         if capacity < least:
@@ -82,7 +96,7 @@ class Tier2Engine(SessionEngine):
                                      reference=config.reference_cache)
             self.stream = ExpertStream(self.streamer, model.scorers, prefetch=config.prefetch,
                                        prefetch2=config.prefetch2, split_turn=config.split_turn)
-            model.install(self.arena, self.stream)
+            model.install(self.arena, self.stream, self)
         except BaseException:
             self.io.close()
             raise
@@ -108,6 +122,8 @@ class Tier2Engine(SessionEngine):
     def _forward(self, tokens: np.ndarray) -> "object":
         import mlx.core as mx
 
+        if self.model.installed is not self:  # another engine over this model ran since
+            self.model.install(self.arena, self.stream, self)
         return self.model.mlx_model(mx.array(tokens, dtype=mx.int32)[None], cache=self.kv)
 
     @staticmethod

@@ -57,6 +57,7 @@ class Tier2Model:
     dense_bytes: int
     session: object = field(default=None, repr=False)
     ngrams_file: object = None  # no PLE tables on tier 2
+    installed: object = field(default=None, repr=False)  # the engine whose arena the switch layers read
 
     tier = 2
 
@@ -75,8 +76,10 @@ class Tier2Model:
                     f"path needs `strata convert {self.model_path} OUT` first)")
         return f"tier 2: mlx-lm's {t} model file, experts streamed from the checkpoint (no native {t} module in strata)"
 
-    def install(self, arena, stream) -> None:
-        """Point every switch layer's stacked tensors at `arena` and route its calls through `stream`."""
+    def install(self, arena, stream, owner) -> None:
+        """Point every switch layer's stacked tensors at `arena` and route its calls through
+        `stream`, for the engine `owner` (`installed`): engines over one model each install
+        theirs before a forward, so two open at once never read each other's arena."""
         from mlx.utils import tree_unflatten
 
         from strata.tier2.switch import StreamedSwitch
@@ -84,6 +87,7 @@ class Tier2Model:
         for m, (path, parent, attr, inner) in enumerate(self.switches):
             inner.update(tree_unflatten(list(arena.arrays.items())))
             setattr(parent, attr, StreamedSwitch(inner, m, stream))
+        self.installed = owner
 
     def close(self) -> None:
         if self.session is not None:
