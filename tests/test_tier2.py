@@ -223,18 +223,16 @@ def test_bad_reads_refused_naming_the_expert(qwen3, fault):
     assert want in str(e.value) and "layer" in str(e.value) and "expert" in str(e.value)
 
 
-def test_the_benchmark_runs_and_reports_every_row(qwen3):
+def test_the_benchmark_runs_and_reports_every_row(qwen3, capsys, monkeypatch):
     import json
-    import subprocess
+    import runpy
     from pathlib import Path
 
     _, d, _, _ = qwen3
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "tier2.py"), str(d), "--tokens", "3",
-                          "--prompt-tokens", "8"], capture_output=True, text=True, timeout=600, cwd=root,
-                         env={**os.environ, "PYTHONPATH": str(root)})
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads(out.stdout.splitlines()[-1])
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tier2.py"
+    monkeypatch.setattr(sys, "argv", [str(script), str(d), "--tokens", "3", "--prompt-tokens", "8"])
+    runpy.run_path(str(script), run_name="__main__")
+    res = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert len(res["rows"]) == 4 and all(r["ms_per_token"] > 0 for r in res["rows"].values())
     assert res["rows"]["tier 2, quarter arena, read-ahead off"]["readahead_hits_per_token"] == 0
 
