@@ -23,6 +23,8 @@ lengths, config values, header fields, swapped records or checksum-table entries
 schedules combine random delays with EIO, short reads, flipped bytes, a record overwritten on disk
 mid-run, the file truncated mid-run, a reader that raises, and a read that stalls past
 `io_timeout` (set to 2 s for the fault runs; 60 s by default). docs/reliability.md has results.
+Its sibling benchmarks/fuzz_api.py fuzzes what is not a file: a Model shared by threads and
+iterators, Config values, convert's pass-through of stored blocks, the server's connections.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from strata.errors import ConfigError
@@ -80,6 +82,8 @@ class Config:
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
     # entry points (issue 23): the CPU path's BLAS threads
     threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
+    cpu_kernels: bool = knob(True, "numpy backend: Q8_0 products (experts, dense, head) on compiled CPU kernels, "
+                                   "built at first use (default on; off: the float32 reference's; docs/cpu.md)")
     force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "
                                     "(default off: refused)")
     # speculative windows (strata.speculative): drafted tokens verified in one decode window
@@ -113,12 +117,19 @@ class Config:
             raise ConfigError(f"moce_lambda must be >= 0, got {self.moce_lambda}")
         if self.moce_margin < 0:
             raise ConfigError(f"moce_margin must be >= 0 (0: off), got {self.moce_margin}")
+        if not 0 <= self.moce_drop_tail <= 1:  # checked here too, so the message names the field
+            raise ConfigError(f"moce_drop_tail must be in [0, 1] (0: off), got {self.moce_drop_tail}")
+        if self.moce_drop_rank < 0:
+            raise ConfigError(f"moce_drop_rank must be >= 0, got {self.moce_drop_rank}")
         if self.io_threads < 1:
             raise ConfigError(f"io_threads must be >= 1, got {self.io_threads}")
         if self.io_switch_ms < 0:
             raise ConfigError(f"io_switch_ms must be >= 0 (0: Python's own), got {self.io_switch_ms}")
         if not 0 < self.io_timeout < float("inf"):  # an infinite wait is the hang the timeout exists to end
             raise ConfigError(f"io_timeout must be a finite number of seconds > 0, got {self.io_timeout}")
+        for name, typ in _field_types().items():  # NaN passes every `<` check above; inf is no setting either
+            if typ == "float" and not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.window < 1:
@@ -136,6 +147,8 @@ class Config:
             if value and not (name == "keep" and value == "auto"):
                 parse_size(value, what=name, allow_slots=name == "arena")
         self.moce_policy()  # validates the MoCE fields together
+        if self.logpos:
+            _check_logpos(self.logpos)
 
     def replace(self, **changes) -> "Config":
         return from_mapping(changes, base=self)
@@ -148,6 +161,19 @@ class Config:
                               drop_tail_weight=float(self.moce_drop_tail), drop_tail_min_rank=self.moce_drop_rank)
         except ConfigError as e:
             raise ConfigError(f"config: {e}") from None
+
+
+def _check_logpos(path: str) -> None:
+    """`logpos` names a file that can be created or appended to: not a directory, in a directory
+    that exists and is writable (a write that fails later, as on a full disk, is refused then)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"logpos {path}: is a directory; name a file")
+    parent = p.absolute().parent
+    if not parent.is_dir():
+        raise ConfigError(f"logpos {path}: no such directory {parent} (create it first)")
+    if not os.access(parent, os.W_OK | os.X_OK) and not (p.exists() and os.access(p, os.W_OK)):
+        raise ConfigError(f"logpos {path}: directory {parent} is not writable")
 
 
 _ENUMS: dict[str, type[enum.Enum]] = {"Backend": Backend, "BonusScale": BonusScale, "KVPrecision": KVPrecision}
@@ -163,7 +189,16 @@ def _field_types() -> dict[str, str]:
     return {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(Config)}
 
 
+_WANTED = {"int": "an int", "float": "a number", "bool": "True or False", "str": "a str"}
+
+
 def _coerce(name: str, value, typ: str):
+    if value is None:  # Config(prefetch=None): a mistake, not "the default" (leaving the field out is)
+        default = next(f.default for f in dataclasses.fields(Config) if f.name == name)
+        shown = default.value if isinstance(default, enum.Enum) else default
+        wanted = _WANTED.get(typ) or "one of " + ", ".join(m.value for m in _ENUMS[typ])
+        raise ConfigError(f"{name}: got None; give {wanted} or leave {name} out "
+                          f"for its default ({shown!r})")
     if typ == "bool":
         if isinstance(value, bool):
             return value
@@ -183,7 +218,7 @@ def _coerce(name: str, value, typ: str):
         if typ in _ENUMS:
             cls = _ENUMS[typ]
             return value if isinstance(value, cls) else cls(str(value).lower())
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: int([1]), float({}): not a number at all
         choices = f" (one of {', '.join(m.value for m in _ENUMS[typ])})" if typ in _ENUMS else ""
         raise ConfigError(f"{name}: cannot read {value!r} as {typ}{choices}") from None
     return value if type(value) is str else str(value)

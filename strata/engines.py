@@ -217,14 +217,19 @@ def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, ki
 
 def session_engine(model, config: Config) -> Engine:
     """The engine `model` keeps for `config`: the one it holds when that was opened with an
-    equal config, else a new one (the old one is closed first: one arena per model)."""
-    held = model.session
-    if held is not None and held.config == config and not held.closed:
-        return held
-    close_session(model)
-    engine = open_engine(model, config)
-    model.session = engine
-    return engine
+    equal config, else a new one (one arena per model: the old one is closed first, once no
+    call is using it; strata.sharing.SharedSession.wait_until_idle)."""
+    with model.session_lock:
+        held = model.session
+        if held is not None and held.config == config and not held.closed:
+            return held
+        if held is not None and not held.closed:
+            held.sharing.wait_until_idle("this call's config differs from the session's (a new engine would "
+                                         "close the one that iterator runs on)")
+        close_session(model)
+        engine = open_engine(model, config)
+        model.session = engine
+        return engine
 
 
 def close_session(model) -> None:

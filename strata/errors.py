@@ -42,3 +42,8 @@ class ParameterError(ConfigError, TypeError):
 
 class RowReadError(StrataError, OSError):
     """Reading a page of n-gram embedding rows failed (I/O error, short read, checksum mismatch)."""
+
+
+class SessionBusyError(StrataError):
+    """A call cannot have a session without computing over another call's positions: the message
+    names the fix (finish the other iterator first, or give the call its own engine)."""

@@ -20,6 +20,7 @@ from strata.tier2.model import Tier2Model
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
 from strata.session import SessionEngine
+from strata.sharing import Call
 from strata.speculative import Drafter, Gate, SpeculationReport, SpeculativeSteps, drafter_for
 from strata.tokenizer import StreamingDetokenizer
 
@@ -108,6 +109,10 @@ def stream_generate(
     `drafter`: speculate with it (strata.speculative); default: the one the engine's config names
     (`suffix_draft`), none when that is 0. Greedy output is the same with or without; sampled
     output has the same distribution (not the same draws).
+    Threads and interleaved iterators may share one model or engine: each call gives what it
+    gives alone (strata/sharing.py). An engine that cannot keep a suspended call's state apart
+    (streaming, MLX) runs one call at a time: a call from another thread waits; one started on
+    the thread holding an unfinished iterator raises SessionBusyError naming the fix.
     """
     prompt = check_prompt(prompt)
     max_tokens = check_count("max_tokens", max_tokens)
@@ -212,30 +217,45 @@ def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | No
 
 def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int,
          limit: int, drafter: Drafter | None = None) -> Iterator[GenerationResponse]:
-    detok = StreamingDetokenizer(model.tokenizer)
-    since = engine.ledger()  # None unless the engine streams (then: this call's report)
+    """The generation loop. Each step (the prompt, each token) holds the engine with this call's
+    own positions (strata.sharing: other calls on the same session wait, or are kept apart by
+    snapshots); the engine is free while the caller holds a response."""
+    call, shared = Call(), engine.sharing
+    try:
+        yield from _steps_of(model, engine, tokens, sampler, max_tokens, limit, drafter, call, shared)
+    finally:
+        shared.finish(call)
 
-    start = time.perf_counter()
-    reused = _reuse(engine, tokens)
-    logits = engine.prefill(tokens[reused:])
-    prompt_seconds = time.perf_counter() - start
-    prompt_tps = (len(tokens) - reused) / max(prompt_seconds, 1e-9)
-    steps = _steps(engine, logits, sampler, drafter, limit, list(tokens))
+
+def _steps_of(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig, max_tokens: int, limit: int,
+              drafter: Drafter | None, call: Call, shared) -> Iterator[GenerationResponse]:
+    detok = StreamingDetokenizer(model.tokenizer)
+    with shared.step(call):
+        since = engine.ledger()  # None unless the engine streams (then: this call's report)
+        start = time.perf_counter()
+        reused = _reuse(engine, tokens)
+        logits = engine.prefill(tokens[reused:])
+        prompt_seconds = time.perf_counter() - start
+        prompt_tps = (len(tokens) - reused) / max(prompt_seconds, 1e-9)
+        steps = _steps(engine, logits, sampler, drafter, limit, list(tokens))
     decode_start = time.perf_counter()
     for n in range(max_tokens):
         step_start = time.perf_counter()
-        token, logprob = steps.next(n)
-        finish = None
-        if token in model.tokenizer.eos_ids:
-            finish = "stop"
-        elif n + 1 == max_tokens:
-            finish = "length"
-        elif len(tokens) + n >= limit:  # the positions held before this token (a window may hold more)
-            finish = "context"
-        if finish is None:
-            steps.advance(token, n, room=max_tokens - n - 1)
-        else:
-            steps.finish(n)
+        with shared.step(call):
+            token, logprob = steps.next(n)
+            finish = None
+            if token in model.tokenizer.eos_ids:
+                finish = "stop"
+            elif n + 1 == max_tokens:
+                finish = "length"
+            elif len(tokens) + n >= limit:  # the positions held before this token (a window may hold more)
+                finish = "context"
+            if finish is None:
+                steps.advance(token, n, room=max_tokens - n - 1)
+            else:
+                steps.finish(n)
+            cache = engine.stats().cache if since is not None else None
+            report = engine.report(since=since) if since is not None and finish is not None else None
         text = detok.add(token) if finish != "stop" else ""
         if finish is not None:
             text += detok.flush()
@@ -244,9 +264,7 @@ def _run(model: Model, engine: Engine, tokens: list[int], sampler: SamplerConfig
             text=text, token=token, logprob=logprob, prompt_tokens=len(tokens), prompt_tps=prompt_tps,
             generation_tokens=n + 1, generation_tps=(n + 1) / max(now - decode_start, 1e-9),
             token_seconds=now - step_start, finish_reason=finish, prompt_reused=reused,
-            cache=engine.stats().cache if since is not None else None,
-            report=engine.report(since=since) if since is not None and finish is not None else None,
-            speculation=steps.report() if finish is not None else None,
+            cache=cache, report=report, speculation=steps.report() if finish is not None else None,
         )
         if finish is not None:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,8 @@ class Model:
     """A loaded model: config, dense weights, tokenizer, and its experts file.
 
     `session` is the engine the model keeps across `generate` calls (strata.engines.
-    session_engine opens and replaces it; `close()` closes it and the experts file)."""
+    session_engine opens and replaces it, holding `session_lock`; `close()` closes it and the
+    experts file). Threads and iterators may share a Model: strata/sharing.py says how."""
 
     cfg: ModelConfig
     dense: DenseWeights  # as the file stores them; dense[name] widens to float32 (formats/dense_weights.py)
@@ -45,6 +47,7 @@ class Model:
     model_path: Path
     session: object = field(default=None, repr=False)
     ngrams_file: object = None  # a PLE model's row store (NgramRowsFile, strata/ple_store.py); None: none
+    session_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> None:
         if self.session is not None:

@@ -11,84 +11,18 @@ layers only, addressed by their MoE index (`moe_index`), so a dense layer costs 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
-
-
-class RoutingOrder(enum.Enum):
-    """How router logits become k experts and their weights."""
-
-    SOFTMAX_TOPK = "softmax_topk"  # Qwen/OLMoE: softmax over all, top-k, optional renormalization
-    TOPK_SOFTMAX = "topk_softmax"  # Mixtral: top-k logits, softmax over those k
-    SIGMOID_TOPK = "sigmoid_topk"  # DeepSeek-V3/GLM-4.5/MiniMax-M2: sigmoid + selection bias, groups (docs/routing.md)
-
-
-class QKNorm(enum.Enum):
-    """RMSNorm on queries and keys before RoPE."""
-
-    NONE = "none"
-    PER_HEAD = "per_head"  # Qwen3: one [head_dim] weight shared by all heads
-    FULL = "full"  # OLMoE: over the whole [n_heads * head_dim] projection
-
-
-class Mixer(enum.Enum):
-    """A layer's token mixer: what it computes and what per-layer state it keeps."""
-
-    ATTENTION = "attention"  # grouped-query softmax attention with RoPE; state: the KV cache
-    DELTANET = "deltanet"  # gated DeltaNet linear attention (Qwen3-Next, Qwen3.5); state: conv + recurrent
-    MLA = "mla"  # DeepSeek's multi-head latent attention; state: the compressed latent + rope key (reference/mla.py)
-    # attention over the last `sliding_window` positions only (gpt-oss's alternate layers); state:
-    # the KV cache, every position kept (so trim works for every n; the mask does the windowing)
-    SLIDING_ATTENTION = "sliding_attention"
-    # Qwen4-Exp's QSA: attention over the key blocks an indexer picks per query (reference/indexed_attention.py);
-    # state: the KV cache and the indexer's keys
-    INDEXED_ATTENTION = "indexed_attention"
-
-
-class ExpertKind(enum.Enum):
-    """What a routed expert computes from its three projections (and their biases, if any)."""
-
-    SWIGLU = "swiglu"  # down(silu(gate x) * up x)
-    # gpt-oss: g = min(gate x, limit), u = clip(up x, -limit, limit), down((u + 1) * g * sigmoid(alpha g))
-    CLAMPED_SWIGLU = "clamped_swiglu"
-
-
-class RopeScaling(enum.Enum):
-    """How RoPE's frequencies are scaled for a longer context."""
-
-    NONE = "none"
-    YARN = "yarn"  # gpt-oss: NTK-by-parts interpolation and a cos/sin attention factor
-
-
-class Ffn(enum.Enum):
-    """A layer's feed-forward block."""
-
-    MOE = "moe"  # router + routed experts (+ the shared expert when the model has one)
-    DENSE = "dense"  # one SwiGLU of width dense_ffn_size on dense weights (DeepSeek's first layers)
-
-
-@dataclass(frozen=True)
-class LayerType:
-    mixer: Mixer = Mixer.ATTENTION
-    ffn: Ffn = Ffn.MOE
-
-    def to_str(self) -> str:
-        return f"{self.mixer.value}:{self.ffn.value}"
-
-    @staticmethod
-    def from_str(text: str) -> "LayerType":
-        mixer, sep, ffn = str(text).partition(":")
-        try:
-            return LayerType(Mixer(mixer), Ffn(ffn if sep else Ffn.MOE.value))
-        except ValueError:
-            known = ", ".join(f"{m.value}:{f.value}" for m in Mixer for f in Ffn)
-            raise ConfigError(f"model config: unknown layer type {text!r} (known: {known})") from None
-
-
-MOE_LAYER = LayerType(Mixer.ATTENTION, Ffn.MOE)
+from strata.families.qwen4_exp import qwen4_tensor_shapes
+from strata.families.registry import FAMILIES
+from strata.layer_kinds import (  # noqa: F401  (re-exported: the model's vocabulary, spoken through this module)
+    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, RopeScaling, RoutingOrder,
+)
+from strata.tensor_names import (  # noqa: F401  (re-exported)
+    MIXER_TENSORS, TensorNames, attention_tensor_shapes, deltanet_tensor_shapes, mla_tensor_shapes,
+)
 
 
 @dataclass(frozen=True)
@@ -157,7 +91,7 @@ class ModelConfig:
     yarn_truncate: bool = True  # floor/ceil the correction range (gpt-oss: false)
     yarn_attention_factor: float = 1.0  # cos and sin are multiplied by it
     # qwen4_exp (Qwen4-Exp): hyper-connections, indexed (QSA) attention, PLE n-gram embeddings;
-    # their tensors and rules are in strata/qwen4_config.py
+    # their tensors and rules are in strata/families/qwen4_exp.py
     hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)
     hc_lowrank: int = 0  # rank of the hyper-connection input mixer
     indexer_heads: int = 0  # QSA indexer query heads (one key head)
@@ -215,12 +149,8 @@ class ModelConfig:
         if self.rotary_dim and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ConfigError(f"model config: rotary_dim must be even and in (0, head_dim={self.head_dim}], "
                               f"got {self.rotary_dim}")
-        _check_hybrid(self)
-        check_sigmoid_fields(self)
-        _check_gpt_oss(self)
-        from strata.qwen4_config import check_qwen4_fields  # beside its tensors; it imports this module
-
-        check_qwen4_fields(self)
+        for family in FAMILIES:  # each family's own fields (strata/families/)
+            family.check(self)
 
     @property
     def rope_dim(self) -> int:
@@ -283,122 +213,9 @@ class ModelConfig:
         return cls(**d)
 
 
-def _check_hybrid(cfg: ModelConfig) -> None:
-    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
-    if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
-        return
-    sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
-    for name in sizes:
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(cfg, name)}")
-    if cfg.linear_v_heads % cfg.linear_k_heads:
-        raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
-                          f"linear_k_heads={cfg.linear_k_heads}")
-
-
-def check_sigmoid_fields(cfg: "ModelConfig") -> None:
-    """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
-    if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
-        raise ConfigError(f"model config: n_group={cfg.n_group} must divide n_experts={cfg.n_experts}")
-    if not 1 <= cfg.topk_group <= cfg.n_group:
-        raise ConfigError(f"model config: topk_group={cfg.topk_group} must be in 1..n_group={cfg.n_group}")
-    if cfg.n_group > 1 and cfg.n_experts // cfg.n_group < 2:
-        raise ConfigError("model config: n_group needs >= 2 experts per group (groups score by their top 2)")
-    if cfg.topk_group * (cfg.n_experts // cfg.n_group) < cfg.n_experts_per_token:
-        raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
-    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
-        raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
-    if any(t.mixer is Mixer.MLA for t in cfg.kinds):
-        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
-            if getattr(cfg, name) <= 0:
-                raise ConfigError(f"model config: latent attention needs {name} > 0")
-        if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
-            raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
-                              "(qk_rope_head_dim even)")
-        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
-            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
-                              "or attention_output_gate")
-
-
-def _check_gpt_oss(cfg: ModelConfig) -> None:
-    """The gpt-oss fields: a window for sliding layers, a usable clamped SwiGLU, YaRN's numbers."""
-    def positive(name: str) -> None:
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
-
-    if any(t.mixer is Mixer.SLIDING_ATTENTION for t in cfg.kinds) and cfg.sliding_window <= 0:
-        raise ConfigError(f"model config: sliding-attention layers need sliding_window > 0, got {cfg.sliding_window}")
-    if cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU:
-        positive("swiglu_alpha")
-        positive("swiglu_limit")
-    if cfg.rope_scaling is RopeScaling.YARN:
-        for name in ("yarn_factor", "yarn_original_context", "yarn_beta_fast", "yarn_beta_slow",
-                     "yarn_attention_factor"):
-            positive(name)
-
-
-class TensorNames:
-    """Dense tensor names (llama.cpp's GGUF spelling); numpy shapes are [out, in]."""
-
-    token_embd = "token_embd.weight"  # [vocab, hidden]
-    output_norm = "output_norm.weight"  # [hidden]
-    output = "output.weight"  # [vocab, hidden]; absent when embeddings are tied
-
-    @staticmethod
-    def block(layer: int, name: str) -> str:
-        return f"blk.{layer}.{name}"
-
-    # per-layer suffixes, used with block()
-    attn_norm = "attn_norm.weight"  # [hidden]
-    attn_q = "attn_q.weight"  # [n_heads * head_dim, hidden]
-    attn_k = "attn_k.weight"  # [n_kv_heads * head_dim, hidden]
-    attn_v = "attn_v.weight"  # [n_kv_heads * head_dim, hidden]
-    attn_q_bias = "attn_q.bias"
-    attn_k_bias = "attn_k.bias"
-    attn_v_bias = "attn_v.bias"
-    attn_output = "attn_output.weight"  # [hidden, n_heads * head_dim]
-    attn_q_norm = "attn_q_norm.weight"  # [head_dim] (PER_HEAD) or [n_heads * head_dim] (FULL)
-    attn_k_norm = "attn_k_norm.weight"  # [head_dim] or [n_kv_heads * head_dim]
-    ffn_norm = "ffn_norm.weight"  # [hidden]
-    router = "ffn_gate_inp.weight"  # [n_experts, hidden], F32
-    router_logit_bias = "ffn_gate_inp.bias"  # [n_experts] (gpt-oss)
-    attn_sinks = "attn_sinks.weight"  # [n_heads]: each head's sink logit (gpt-oss)
-    attn_output_bias = "attn_output.bias"  # [hidden] (gpt-oss)
-    shexp_gate = "ffn_gate_shexp.weight"  # [shared_ffn, hidden]
-    shexp_up = "ffn_up_shexp.weight"  # [shared_ffn, hidden]
-    shexp_down = "ffn_down_shexp.weight"  # [hidden, shared_ffn]
-    shexp_gate_inp = "ffn_gate_inp_shexp.weight"  # [hidden]: the shared expert's sigmoid gate
-    ffn_gate = "ffn_gate.weight"  # dense FFN layers: [dense_ffn, hidden]
-    ffn_up = "ffn_up.weight"  # [dense_ffn, hidden]
-    ffn_down = "ffn_down.weight"  # [hidden, dense_ffn]
-    # hybrid models. C = 2 * linear_k_heads * linear_k_head_dim + V, V = linear_v_heads * linear_v_head_dim
-    attn_gate = "attn_gate.weight"  # [n_heads * head_dim, hidden]: the attention output gate
-    ssm_qkv = "ssm_qkv.weight"  # [C, hidden]: DeltaNet q (all k heads), k, v (all v heads)
-    ssm_z = "ssm_z.weight"  # [V, hidden]: the gate of the gated RMSNorm
-    ssm_beta = "ssm_beta.weight"  # [linear_v_heads, hidden]: beta = sigmoid(x · w)
-    ssm_alpha = "ssm_alpha.weight"  # [linear_v_heads, hidden]: the decay step's input
-    ssm_conv = "ssm_conv1d.weight"  # [C, linear_conv_kernel]: causal depthwise conv
-    ssm_a = "ssm_a"  # [linear_v_heads]: -exp(A_log), the decay rate (log decay = a * softplus(...))
-    ssm_dt_bias = "ssm_dt.bias"  # [linear_v_heads]
-    ssm_norm = "ssm_norm.weight"  # [linear_v_head_dim]: the gated RMSNorm, shared by every head
-    ssm_out = "ssm_out.weight"  # [hidden, V]
-    # sigmoid routing: the selection-only bias of an MoE layer's router
-    exp_probs_b = "exp_probs_b.bias"  # [n_experts], F32
-    # latent attention (Mixer.MLA); r = qk_rope_head_dim, n = qk_nope_head_dim, v = v_head_dim
-    attn_q_a = "attn_q_a.weight"  # [q_lora_rank, hidden]
-    attn_q_a_norm = "attn_q_a_norm.weight"  # [q_lora_rank]
-    attn_q_b = "attn_q_b.weight"  # [n_heads * (n + r), q_lora_rank]  (attn_q when q_lora_rank = 0)
-    attn_kv_a_mqa = "attn_kv_a_mqa.weight"  # [kv_lora_rank + r, hidden]: the latent and the shared rope key
-    attn_kv_a_norm = "attn_kv_a_norm.weight"  # [kv_lora_rank]
-    attn_kv_b = "attn_kv_b.weight"  # [n_heads * (n + v), kv_lora_rank]: per head, its nope key rows then value rows
-
-
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
     if cfg.hc_count:  # Qwen4-Exp: hyper-connection norms instead of pre-norms, PLE and indexer tensors
-        from strata.qwen4_config import qwen4_tensor_shapes
-
         return qwen4_tensor_shapes(cfg)
     n = TensorNames
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),
@@ -408,12 +225,7 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for l in range(cfg.n_layers):
         b = lambda s: n.block(l, s)  # noqa: E731
         shapes[b(n.attn_norm)] = (cfg.hidden_size,)
-        if cfg.kinds[l].mixer is Mixer.DELTANET:
-            shapes.update(deltanet_tensor_shapes(cfg, l))
-        elif cfg.kinds[l].mixer is Mixer.MLA:  # latent attention: its own projections (no q/k/v)
-            shapes.update(mla_tensor_shapes(cfg, l))
-        else:
-            shapes.update(attention_tensor_shapes(cfg, l))
+        shapes.update(MIXER_TENSORS[cfg.kinds[l].mixer](cfg, l))
         shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
         if cfg.kinds[l].ffn is Ffn.DENSE:
             shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
@@ -434,62 +246,6 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
-    """An attention layer's mixer tensors (the norm before it is the layer's attn_norm)."""
-    n = TensorNames
-    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    b = lambda s: n.block(l, s)  # noqa: E731
-    shapes: dict[str, tuple[int, ...]] = {}
-    shapes[b(n.attn_q)] = (q_dim, cfg.hidden_size)
-    shapes[b(n.attn_k)] = (kv_dim, cfg.hidden_size)
-    shapes[b(n.attn_v)] = (kv_dim, cfg.hidden_size)
-    shapes[b(n.attn_output)] = (cfg.hidden_size, q_dim)
-    if cfg.attention_bias:
-        shapes[b(n.attn_q_bias)] = (q_dim,)
-        shapes[b(n.attn_k_bias)] = (kv_dim,)
-        shapes[b(n.attn_v_bias)] = (kv_dim,)
-    if cfg.qk_norm is QKNorm.PER_HEAD:
-        shapes[b(n.attn_q_norm)] = (cfg.head_dim,)
-        shapes[b(n.attn_k_norm)] = (cfg.head_dim,)
-    elif cfg.qk_norm is QKNorm.FULL:
-        shapes[b(n.attn_q_norm)] = (q_dim,)
-        shapes[b(n.attn_k_norm)] = (kv_dim,)
-    if cfg.attention_output_gate:
-        shapes[b(n.attn_gate)] = (q_dim, cfg.hidden_size)
-    if cfg.attention_sinks:
-        shapes[b(n.attn_sinks)] = (cfg.n_heads,)
-    if cfg.attention_output_bias:
-        shapes[b(n.attn_output_bias)] = (cfg.hidden_size,)
-    return shapes
-
-
-def deltanet_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
-    """A gated DeltaNet layer's mixer tensors."""
-    n = TensorNames
-    hv, d = cfg.linear_v_heads, cfg.hidden_size
-    v_dim = hv * cfg.linear_v_head_dim
-    conv_dim = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
-    b = lambda s: n.block(l, s)  # noqa: E731
-    return {b(n.ssm_qkv): (conv_dim, d), b(n.ssm_z): (v_dim, d), b(n.ssm_beta): (hv, d), b(n.ssm_alpha): (hv, d),
-            b(n.ssm_conv): (conv_dim, cfg.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
-            b(n.ssm_norm): (cfg.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
-
-
-def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    """A latent-attention layer's projections (reference/mla.py), with their shapes."""
-    n, b = TensorNames, (lambda s: TensorNames.block(layer, s))  # noqa: E731
-    h, d = cfg.n_heads, cfg.hidden_size
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    shapes = {b(n.attn_kv_a_mqa): (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
-              b(n.attn_kv_a_norm): (cfg.kv_lora_rank,),
-              b(n.attn_kv_b): (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
-              b(n.attn_output): (d, h * cfg.v_head_dim)}
-    if cfg.q_lora_rank:
-        shapes.update({b(n.attn_q_a): (cfg.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.q_lora_rank,),
-                       b(n.attn_q_b): (h * qk, cfg.q_lora_rank)})
-    else:
-        shapes[b(n.attn_q)] = (h * qk, d)
-    return shapes
 
 
 # ---------------------------------------------------------------- a layer range (pipeline stages)

@@ -15,7 +15,7 @@ from pathlib import Path
 from strata.errors import FormatError
 from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.model_config import ModelConfig
-from strata.qwen4_config import ngram_heads, ngram_table_sizes, ple_layers
+from strata.families.qwen4_exp import ngram_heads, ngram_table_sizes, ple_layers
 
 __all__ = ["NGRAMS_SUFFIX", "ngrams_path_for", "table_shapes", "open_ngram_store"]
 

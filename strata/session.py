@@ -25,6 +25,7 @@ import numpy as np
 
 from strata.cache.types import CacheStats
 from strata.errors import StrataError
+from strata.sharing import SharedSession
 
 __all__ = ["EngineStats", "SessionEngine", "StateEngine"]
 
@@ -52,12 +53,15 @@ class SessionEngine:
     """The Engine protocol's bookkeeping (strata.engines.Engine), over four engine steps."""
 
     kind = "engine"
+    takes_snapshots = False  # `snapshot()` is a value `restore` brings back exactly (strata.sharing)
 
     def __init__(self, model=None, config=None) -> None:
         self.model, self.config = model, config
         self._tokens: list[int] = []
         self._prompt_tokens = self._decode_tokens = 0
         self._closed = False
+        self.version = 0  # counts changes to the positions held: how a suspended call sees another's
+        self.sharing = SharedSession(self)  # the generate calls on this session (strata/sharing.py)
 
     # -------------------------------------------------------- the session
 
@@ -73,6 +77,7 @@ class SessionEngine:
     def prefill(self, tokens) -> np.ndarray:
         """Process `tokens` after the held positions; the last position's logits [V]."""
         ids = self._ids(tokens, "prefill")
+        self.version += 1
         logits = self._prefill(ids)
         self._tokens.extend(ids.tolist())
         self._prompt_tokens += len(ids)
@@ -81,6 +86,7 @@ class SessionEngine:
     def decode(self, token: int) -> np.ndarray:
         """Process one token after the held positions; its logits [V]."""
         ids = self._ids([token], "decode")
+        self.version += 1
         logits = self._decode(int(ids[0]))
         self._tokens.append(int(ids[0]))
         self._decode_tokens += 1
@@ -90,6 +96,7 @@ class SessionEngine:
         """Process T tokens at once (verifying drafted tokens); every position's logits [T, V].
         T = 1 is `decode`."""
         ids = self._ids(tokens, "decode_window")
+        self.version += 1
         logits = self._decode(int(ids[0]))[None] if len(ids) == 1 else self._window(ids)
         self._tokens.extend(ids.tolist())
         self._decode_tokens += len(ids)
@@ -104,12 +111,22 @@ class SessionEngine:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= self.length:
             raise StrataError(f"trim: n must be an int in [0, {self.length}], got {n!r}")
         if n < self.length:
+            self.version += 1
             self._truncate(int(n))
             del self._tokens[n:]
 
     def reset(self) -> None:
         """Hold no positions (what the engine has resident, such as experts, stays)."""
         self.trim(0)
+
+    def snapshot(self):
+        """The positions held, as a value `restore` brings back exactly (engines whose
+        `takes_snapshots` is True; strata.sharing keeps a suspended call's state with it)."""
+        raise NotImplementedError(f"{self.kind}: no snapshots (its state is written in place)")
+
+    def restore(self, snapshot) -> None:
+        """Hold exactly the positions `snapshot()` returned."""
+        raise NotImplementedError(f"{self.kind}: no snapshots (its state is written in place)")
 
     def stats(self) -> EngineStats:
         return EngineStats(engine=self.kind, length=self.length, prompt_tokens=self._prompt_tokens,

@@ -119,3 +119,24 @@ def cache_turn_sequences(draw, config: CacheConfig, max_windows: int = 4):
 def ngram_row_ids(rows: int, max_ids: int = 24):
     """Row ids of one PLE layer's request: int64 [n] in [0, rows), repeats allowed."""
     return hnp.arrays(np.int64, st.integers(1, max_ids), elements=st.integers(0, rows - 1))
+
+
+# ---------------------------------------------------------------- calls sharing one Model
+
+SHARED_PROMPTS = (list(b"def f(x):"), list(b"def f(x): return x"), list(b"hello"), list(b"def g"))  # shared prefixes
+
+
+@st.composite
+def generation_calls(draw):
+    """One call: (whole, prompt index into SHARED_PROMPTS, max_tokens, temperature, seed); whole:
+    `generate` (all at once), else a `stream_generate` iterator; greedy or sampled."""
+    temperature = draw(st.sampled_from([0.0, 0.9]))
+    return (draw(st.booleans()), draw(st.integers(0, len(SHARED_PROMPTS) - 1)), draw(st.integers(1, 5)), temperature,
+            draw(st.integers(0, 3)) if temperature else 0)
+
+
+def interleavings(max_calls: int = 4, max_steps: int = 24):
+    """(calls, schedule): the calls one thread makes, and which of them advances at each step
+    (an index taken modulo the number of calls); what the schedule leaves is drained in order."""
+    return st.tuples(st.lists(generation_calls(), min_size=1, max_size=max_calls),
+                     st.lists(st.integers(0, max_calls - 1), max_size=max_steps))

@@ -16,7 +16,7 @@ import qwen4_seed  # noqa: E402
 from strata.formats.expert_record import RecordLayout  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.model_config import Mixer  # noqa: E402
-from strata.qwen4_config import ngram_heads, ple_layers  # noqa: E402
+from strata.families.qwen4_exp import ngram_heads, ple_layers  # noqa: E402
 
 
 def test_the_full_size_shape_is_the_reference_engines():

@@ -127,3 +127,24 @@ def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path
     capsys.readouterr()
     assert cli(["convert", str(path), str(tmp_path / "cli"), "--experts", "q8_0", "--quiet"]) == 0
     assert "experts requantized Q4_K -> Q8_0: mean KLD" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("experts", ["Q8_0", "F16"])
+def test_a_non_finite_block_copied_through_is_refused_naming_the_tensor(tmp_path, tmp_path_factory, capsys, experts):
+    """The pass-through path (GGUF blocks kept as stored) checks values as the Hugging Face path
+    does: a Q8_0 block whose scale is NaN, or an F16 weight that is inf, is refused in one line
+    naming the layer, expert and projection, and nothing is written."""
+    hf_dir, _ = hf_models.cached_checkpoint("qwen3_moe", tmp_path_factory)
+    path = gguf_models.write_gguf(hf_dir, tmp_path / "m.gguf", experts=experts)
+    target = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_up_exps.weight")
+    expert, expert_bytes = 2, int(np.asarray(target.data)[0].nbytes)
+    poison = np.float16(np.nan if experts == "Q8_0" else np.inf).tobytes()  # a Q8_0 block starts with its scale
+    with open(path, "r+b") as f:
+        f.seek(int(target.data_offset) + expert * expert_bytes + (0 if experts == "Q8_0" else 6))
+        f.write(poison)
+    with pytest.raises(FormatError, match=r"layer 1 expert 2 up projection: \d+ non-finite values"):
+        convert(path, tmp_path / "out")
+    assert not list(tmp_path.glob("out*"))
+    assert main(["convert", str(path), str(tmp_path / "cli"), "--quiet"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expert 2 up projection" in err[0] and "non-finite" in err[0]

@@ -30,7 +30,7 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.generate import generate  # noqa: E402
 from strata.loader import load  # noqa: E402
 from strata.model_config import Mixer  # noqa: E402
-from strata.qwen4_config import Qwen4Names, ple_layers  # noqa: E402
+from strata.families.qwen4_exp import Qwen4Names, ple_layers  # noqa: E402
 from strata.reference import indexed_attention as qsa  # noqa: E402
 from strata.reference.model import router_rule  # noqa: E402
 from strata.reference.routing import route  # noqa: E402

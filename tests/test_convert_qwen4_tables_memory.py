@@ -18,7 +18,7 @@ import pytest
 
 from strata.convert.ngram_tables import ROWS_PER_READ
 from strata.convert.safetensors_reader import Checkpoint
-from strata.qwen4_config import primes_from
+from strata.families.qwen4_exp import primes_from
 from tests.budgets import PLE_RSS_SLACK
 from tests.convert_memory import convert_rss
 

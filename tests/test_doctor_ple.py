@@ -8,7 +8,7 @@ from strata.doctor.byte_budget import PLE_PART, PLE_ROW_TYPE, byte_budget, bytes
 from strata.doctor.families import count_strata
 from strata.doctor.source import read_source
 from strata.formats.quant_types import QuantType
-from strata.qwen4_config import ngram_heads, ple_layers
+from strata.families.qwen4_exp import ngram_heads, ple_layers
 from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS
 from strata.testing.models import SHAPES, make_model
 

@@ -273,3 +273,27 @@ def test_bad_shapes_raise_value_error(qtype):
     for call in bad_calls:
         with pytest.raises(ValueError):
             call()
+
+
+# what each stored type's plane holds for "not a number": f16 NaN, bfloat16 NaN bits, e8m0's NaN
+_NAN_WORD = {np.dtype("<f2"): np.float16(np.nan), np.dtype("<u2"): np.uint16(0x7FC0), np.dtype(np.uint8): np.uint8(255)}
+
+
+@pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
+def test_non_finite_reads_each_stored_type_from_its_planes(qtype):
+    """QuantMatrix.non_finite (convert's pass-through check) agrees with dequantizing: a block
+    whose scale (or bias) is NaN is block_size non-finite weights; a clean matrix has none."""
+    w = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
+    m = quantize(qtype, w)
+    assert m.non_finite() == 0
+    lay = layout(qtype)
+    if lay.scale_bytes:
+        plane = m.biases if m.biases is not None else m.scales
+        plane[1, 0] = _NAN_WORD[plane.dtype]
+        want = lay.block_size
+    else:
+        m.codes.view("<f4" if qtype is QuantType.F32 else "<f2")[2, 5] = np.inf
+        want = 1
+    assert m.non_finite() == want
+    with np.errstate(all="ignore"):  # e8m0's 255 widens through an overflow
+        assert int(np.count_nonzero(~np.isfinite(dequantize(m)))) == want

@@ -18,7 +18,7 @@ from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
 from strata.model_config import Mixer, ModelConfig
 from strata.numpy_backend.prompt import prompt_forward
-from strata.qwen4_config import ple_layers
+from strata.families.qwen4_exp import ple_layers
 from strata.reference.attention import LayerKV, attention
 from strata.reference.indexed_attention import IndexedKV, indexed_attention
 from strata.reference.model import ModelState, forward

@@ -88,3 +88,59 @@ def test_keep_auto_scales_with_memory():
     assert keep_bytes("auto") == int(ram * SEED_KEEP_FRACTION)
     assert keep_bytes("7GB") == 7_000_000_000
     assert Config().keep == "auto"
+
+
+@pytest.mark.parametrize("field", ["prefetch", "io_switch_ms", "verify_reads", "backend", "logpos", "arena"])
+def test_none_is_refused_naming_the_field_and_its_default(field):
+    with pytest.raises(ConfigError, match=rf"^{field}: got None; give .* or leave {field} out for its default"):
+        Config(**{field: None})
+
+
+@pytest.mark.parametrize("field", ["io_switch_ms", "moce_lambda", "moce_margin", "moce_drop_tail", "io_timeout"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_float_fields_must_be_finite(field, value):
+    with pytest.raises(ConfigError, match=rf"^{field} must be (a finite number|in \[0, 1\])"):
+        Config(**{field: value})
+
+
+def test_a_value_of_no_numeric_kind_is_a_config_error_not_a_type_error():
+    with pytest.raises(ConfigError, match=r"^prefetch: cannot read \[3\] as int"):
+        Config(prefetch=[3])
+
+
+def test_logpos_is_checked_where_the_config_is_made(tmp_path):
+    with pytest.raises(ConfigError, match=r"^logpos .*: no such directory .* \(create it first\)"):
+        Config(logpos=str(tmp_path / "missing" / "rows.bin"))
+    with pytest.raises(ConfigError, match=r"^logpos .*: is a directory; name a file"):
+        Config(logpos=str(tmp_path))
+    assert Config(logpos=str(tmp_path / "rows.bin")).logpos.endswith("rows.bin")
+
+
+def test_a_logpos_write_that_fails_is_refused_naming_the_field(tmp_path):
+    """/dev/full opens, and every write fails (ENOSPC): refused naming logpos, not an OSError."""
+    import os
+
+    import strata
+    from strata.testing.models import make_model
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    made = make_model(tmp_path / "m", "tiny", seed=1)
+    with strata.load(made.model_path) as model:
+        with pytest.raises(ConfigError, match=r"^logpos /dev/full: cannot write \(No space left on device\)"):
+            strata.generate(model, [1, 2, 3], max_tokens=2, config=dict(logpos="/dev/full", arena="100%"))
+
+
+def test_every_refusal_names_the_field_as_python_spells_it():
+    """Any value given to any field is taken or refused in one line starting with the field's
+    name (not a MoCE policy's or a TypeError's words)."""
+    import math
+
+    from strata.config import field_types
+
+    for name in field_types():
+        for value in (None, math.nan, math.inf, -math.inf, [3], {}, -5, 2.5, "zz", True, 10**30):
+            try:
+                Config(**{name: value})
+            except ConfigError as e:
+                assert str(e).startswith(name) and "\n" not in str(e), (name, value, str(e))

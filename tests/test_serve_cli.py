@@ -33,6 +33,9 @@ def test_serve_binds_loopback_with_the_runtime_flags(served, model, capsys):
     assert main(["serve", str(model.model_path), "--port", "8123", "--prefetch", "4", "--name", "mine"]) == 0
     (app, kw), = served
     assert (kw["host"], kw["port"]) == ("127.0.0.1", 8123)
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    assert issubclass(kw["http"], AutoHTTPProtocol) and kw["http"].__name__.startswith("JsonErrors")  # its 400s: JSON
     state = app.state.strata
     assert state.name == "mine" and state.worker.config.prefetch == 4
     assert "warning" not in capsys.readouterr().err

@@ -102,6 +102,8 @@ CASES = [
         {"type": "tool_result", "tool_use_id": "x", "content": "1"}]}]), 400, "not supported in assistant messages"),
     (MESSAGES, message(system=5), 400, "system"),
     (MESSAGES, message(stop_sequences={"a": 1}), 400, "stop_sequences"),
+    (MESSAGES, message(stop_sequences="END"), 400, "stop_sequences: must be an array of non-empty strings, got a string"),
+    (MESSAGES, message(stop_sequences=["END", 3]), 400, "stop_sequences: must be an array of non-empty strings"),
     (MESSAGES, message(tools=[{"name": "f"}]), 400, "tools[0].input_schema: required"),
     (MESSAGES, b"{", 400, "malformed JSON"),
 ]

@@ -43,6 +43,10 @@ def config_from_args(args: argparse.Namespace):
         value = getattr(args, f"cfg_{f.name}")
         if value is not None:
             values[f.name] = value
+    if getattr(args, "cfg_logpos", None):  # named as the flag here; Config's own check names the field
+        from strata.cli.paths import check_output_path
+
+        check_output_path(args.cfg_logpos, "--logpos")
     return load_config(values)
 
 

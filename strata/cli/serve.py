@@ -86,5 +86,7 @@ def run(args: argparse.Namespace) -> int:
               "authentication", file=sys.stderr)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1 (OpenAI and Anthropic APIs; /metrics)",
           file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    from strata.serve.protocol import json_errors
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http=json_errors())
     return 0

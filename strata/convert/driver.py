@@ -139,6 +139,15 @@ def check_finite(x: np.ndarray, where: str) -> None:
         raise FormatError(f"{where}: {bad} non-finite values (NaN or inf); the checkpoint is damaged")
 
 
+def check_stored_finite(m, where: str) -> None:
+    """check_finite for a matrix copied through in its stored type (a QuantMatrix), read from its
+    planes: a block is finite when its scales are (QuantMatrix.non_finite)."""
+    bad = m.non_finite()
+    if bad:
+        raise FormatError(f"{where}: {bad} non-finite values (NaN or inf, {m.qtype.name} blocks copied as stored); "
+                          "the checkpoint is damaged")
+
+
 def _install(model_partial: Path, experts_partial: Path, model_path: Path, experts_path: Path,
              ngrams: tuple[Path, Path] | None = None) -> None:
     """Put the pair in place (and a PLE model's row store: ngrams = (partial, final)). A crash
@@ -278,8 +287,11 @@ def convert(
             with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
                       progress) as bar:
                 def get_expert(layer: int, e: int) -> ExpertWeights:  # layer: the MoE index
-                    if plan.kept is not None:
+                    if plan.kept is not None:  # copied through as stored: checked as the float path is
                         w = plan.experts.read_quantized(layer, e)
+                        for name, m in (("gate", w.gate), ("up", w.up), ("down", w.down)):
+                            check_stored_finite(m, f"{hf_dir}: layer {cfg.moe_layers[layer]} expert {e} {name} "
+                                                   "projection")
                     else:
                         gate, up, down = plan.experts.read(layer, e)
                         for name, x in (("gate", gate), ("up", up), ("down", down)):
@@ -288,6 +300,9 @@ def convert(
                                           quantize(expert_type, down))
                     if cfg.expert_bias:  # gpt-oss: the biases travel in the record, in float32
                         w = dataclasses.replace(w, biases=plan.experts.read_biases(layer, e))
+                        for name in ("gate", "up", "down"):
+                            check_finite(getattr(w.biases, name), f"{hf_dir}: layer {cfg.moe_layers[layer]} "
+                                                                  f"expert {e} {name} bias")
                     bar.update(1)
                     return w
 

@@ -39,7 +39,7 @@ from strata.convert.tensor_plan import Derived, TensorPlan, source_names
 from strata.formats.quant_types import QuantType
 from strata.errors import ConfigError
 from strata.model_config import LayerType, Mixer, ModelConfig, TensorNames
-from strata.qwen4_config import HC_FINAL, Qwen4Names, ngram_heads, ple_layers
+from strata.families.qwen4_exp import HC_FINAL, Qwen4Names, ngram_heads, ple_layers
 from strata.reference.hyper_model import ple_table_items
 from strata.reference.ngram_hash import NgramHash
 

@@ -46,6 +46,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.doctor.byte_budget import byte_budget
+from strata.doctor.families import count_strata
+from strata.doctor.predict import dense_held, ops_seconds
+from strata.doctor.profile import placeholder_profile
+
 __all__ = ["EngineCosts", "fit_engine", "fit_streaming", "token_s", "calibration_config", "refit",
            "CALIBRATION_LAYERS", "CALIBRATION_EXPERTS", "SHORT_LAYERS", "MID_LAYERS", "FEW_EXPERTS", "WIDE_FFN",
            "ALL_RESIDENT_POINTS", "run_name", "device_bandwidth", "stored_runs"]
@@ -147,11 +152,6 @@ def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float, clock: str 
 def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, expert, widen: dict, sync_s: float,
                backend: str, gpu: bool, fallback_miss_s: float, clock: str = "wall") -> EngineCosts:
     """The engine fields (module docstring) from `runs`: "resident", "top1" and capacity -> run."""
-    from strata.doctor.byte_budget import byte_budget
-    from strata.doctor.families import count_strata
-    from strata.doctor.predict import dense_held, ops_seconds
-    from strata.doctor.probe import placeholder_profile
-
     from scipy.optimize import nnls
 
     streaming = {s: r for s, r in runs.items() if isinstance(s, int)}

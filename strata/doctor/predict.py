@@ -32,7 +32,7 @@ from pathlib import Path
 from strata.doctor.byte_budget import ByteBudget
 from strata.doctor.families import PartCounts
 from strata.doctor.locality import Locality, from_curve, from_trace
-from strata.doctor.probe import MachineProfile
+from strata.doctor.profile import MachineProfile
 from strata.errors import StrataError
 from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
 from strata.runtime.memory import MemoryInfo

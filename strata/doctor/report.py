@@ -10,7 +10,8 @@ from pathlib import Path
 from strata.doctor.byte_budget import ByteBudget, byte_budget
 from strata.doctor.families import PartCounts
 from strata.doctor.predict import Prediction, predict
-from strata.doctor.probe import MachineProfile, machine_profile
+from strata.doctor.probe import machine_profile
+from strata.doctor.profile import MachineProfile
 from strata.doctor.source import Source, read_source
 from strata.formats.quant_types import QuantType
 from strata.runtime.budget import fmt_bytes

@@ -72,6 +72,26 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes + (0 if self.biases is None else self.biases.nbytes)
 
+    def non_finite(self) -> int:
+        """How many NaN or infinite weights the planes hold, read without widening: a quantized
+        block is finite when its scale (and bias) are, since its codes are integers (MXFP4's FP4
+        codes have no NaN or inf; its e8m0 scale's NaN is E8M0_NAN); a float type's values are
+        looked at themselves. Counted in weights (a bad block counts its block_size)."""
+        lay = layout(self.qtype)
+        if not lay.scale_bytes:  # F32 / F16: the codes are the little-endian floats
+            values = self.codes.view("<f4" if self.qtype is QuantType.F32 else "<f2")
+            return int(values.size - np.count_nonzero(np.isfinite(values)))
+        planes = [self.scales] if self.biases is None else [self.scales, self.biases]
+        bad = np.zeros(self.scales.shape, bool)
+        for plane in planes:
+            if plane.dtype == np.uint8:  # MXFP4's e8m0 exponents
+                bad |= plane == mxfp4.E8M0_NAN
+            elif plane.dtype == np.dtype("<u2"):  # bfloat16 bits: exponent all ones is inf or NaN
+                bad |= (plane & 0x7F80) == 0x7F80
+            else:
+                bad |= ~np.isfinite(plane)
+        return int(np.count_nonzero(bad)) * lay.block_size
+
     def scale_plane(self) -> np.ndarray:
         """The bytes of the record's scales plane: all scales, then all biases (if any). uint8 [N]"""
         parts = [self.scales] if self.biases is None else [self.scales, self.biases]

@@ -6,6 +6,7 @@ Modules (one concept each; the same names as strata/reference/ where they twin i
     routing    route / route_batch (MoCE), exact ranking on the device
     experts    SwiGLU experts: fused kernel, gather_qmm ops path, shared expert, combine
     attention  attention with a preallocated KV cache written in place
+    mixers     the mixers' table by kind (weights, empty state, partials), the twin of reference/mixers.py
     model      MlxParams, the layer steps and forward
     arena      MlxArena: the runtime's Arena over MLX memory (zero-copy slot writes)
     compute    MlxCompute: the runtime's LayerCompute

@@ -147,6 +147,7 @@ class MlxEngine(StateEngine):
         self.state = state
         self._tokens.append(int(token))
         self._decode_tokens += 1
+        self.version += 1  # a change to the positions held, as decode's (strata/sharing.py)
 
     def _compiled_step(self) -> compiled_step.CompiledDecode | None:
         """The compiled step bound to this state's KV buffers (built on first use), or None where

@@ -14,11 +14,12 @@ Shapes: T positions, S = hc_count * D streams, V vocab.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import mlx.core as mx
 import numpy as np
 
+from strata.errors import ConfigError
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.mlx_backend.arena import MlxArena
@@ -29,7 +30,7 @@ from strata.mlx_backend.indexed_attention import IndexedWeights, empty_indexed_s
 from strata.mlx_backend.model import fill_resident_arena, selections_to_slots
 from strata.mlx_backend.ple import PleWeights, empty_ple_state, grouped_rms_norm, ple
 from strata.model_config import Mixer, ModelConfig, TensorNames
-from strata.qwen4_config import HC_FINAL, Qwen4Names, ple_layers
+from strata.families.qwen4_exp import HC_FINAL, Qwen4Names, ple_layers
 from strata.reference.experts import expert_act
 from strata.reference.model import ExpertSource, ModelState, check_token_ids, router_rules
 from strata.reference.ngram_rows import NgramRows
@@ -90,16 +91,58 @@ def _float32(dense: Mapping[str, np.ndarray], name: str) -> mx.array:
     return mx.array(np.asarray(dense[name], np.float32))
 
 
+def _deltanet_weights(b) -> DeltaNetWeights:
+    n = TensorNames
+    w_in = mx.concatenate([b(n.ssm_qkv), b(n.ssm_z), b(n.ssm_beta), b(n.ssm_alpha)])
+    return DeltaNetWeights(None, w_in, b(n.ssm_conv), b(n.ssm_a), b(n.ssm_dt_bias), b(n.ssm_norm), b(n.ssm_out))
+
+
+def _indexed_weights(b) -> IndexedWeights:
+    n, q = TensorNames, Qwen4Names
+    return IndexedWeights(b(n.attn_q), b(n.attn_gate), b(n.attn_k), b(n.attn_v), b(n.attn_output),
+                          b(n.attn_q_norm), b(n.attn_k_norm), b(q.idx_qk), b(q.idx_q_norm), b(q.idx_k_norm))
+
+
+def _deltanet(cfg: ModelConfig, w: DeltaNetWeights, state, a: mx.array, *, window: bool):
+    parts, state = deltanet_partials(cfg, w, state, a, window=window)
+    return parts[:, 0], state
+
+
+def _indexed(cfg: ModelConfig, w: IndexedWeights, state, a: mx.array, *, window: bool):
+    return indexed_attention(cfg, w, state, a)
+
+
+@dataclass(frozen=True)
+class HyperMixer:
+    """A mixer inside a hyper-connection: weights(b) from the layer's float32 tensors by suffix;
+    empty_state(cfg); compute(cfg, weights, state, a, *, window) -> (out [T, D], state), a the
+    hyper-connection's block input (it normed it)."""
+
+    weights: Callable
+    empty_state: Callable
+    compute: Callable
+
+
+# the hyper-connection model's mixers (families/qwen4_exp.py: its layers are these two kinds)
+HYPER_MIXERS: dict[Mixer, HyperMixer] = {
+    Mixer.DELTANET: HyperMixer(_deltanet_weights, empty_deltanet_state, _deltanet),
+    Mixer.INDEXED_ATTENTION: HyperMixer(_indexed_weights, empty_indexed_state, _indexed),
+}
+
+
+def hyper_mixer_for(kind: Mixer, layer: int | None = None) -> HyperMixer:
+    """The table's entry, or a ConfigError naming the kind (the family's check refuses it first)."""
+    if kind not in HYPER_MIXERS:
+        where = f" (layer {layer})" if layer is not None else ""
+        raise ConfigError(f"MLX backend: mixer {kind.value}{where} has no twin inside a hyper-connection model")
+    return HYPER_MIXERS[kind]
+
+
 def _layer(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, rule: RouterRule) -> HyperLayer:
     n, q = TensorNames, Qwen4Names
     get = lambda name: _float32(dense, name)  # noqa: E731
     b = lambda s: get(n.block(layer, s))  # noqa: E731
-    if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
-        mixer = IndexedWeights(b(n.attn_q), b(n.attn_gate), b(n.attn_k), b(n.attn_v), b(n.attn_output),
-                               b(n.attn_q_norm), b(n.attn_k_norm), b(q.idx_qk), b(q.idx_q_norm), b(q.idx_k_norm))
-    else:
-        w_in = mx.concatenate([b(n.ssm_qkv), b(n.ssm_z), b(n.ssm_beta), b(n.ssm_alpha)])
-        mixer = DeltaNetWeights(None, w_in, b(n.ssm_conv), b(n.ssm_a), b(n.ssm_dt_bias), b(n.ssm_norm), b(n.ssm_out))
+    mixer = hyper_mixer_for(cfg.kinds[layer].mixer, layer).weights(b)
     ple_w = None
     if layer in ple_layers(cfg):
         ple_w = PleWeights(b(q.ple_key), b(q.ple_value), b(q.ple_key_norm), b(q.ple_query_norm), b(q.ple_conv_norm),
@@ -133,11 +176,9 @@ def to_hyper_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], experts: 
 def empty_hyper_state(cfg: ModelConfig) -> ModelState:
     """The reference's ModelState with MLX arrays: DeltaNet (+ PLE) or indexed-attention states."""
     def one(layer: int):
-        if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
-            return empty_indexed_state(cfg)
-        if layer in ple_layers(cfg):
+        if layer in ple_layers(cfg):  # PLE layers are DeltaNet layers (families/qwen4_exp.py)
             return PleLayerState(empty_deltanet_state(cfg), empty_ple_state(cfg, layer))
-        return empty_deltanet_state(cfg)
+        return hyper_mixer_for(cfg.kinds[layer].mixer, layer).empty_state(cfg)
     return ModelState(tuple(one(l) for l in range(cfg.n_layers)))
 
 
@@ -162,18 +203,15 @@ def hc_write(streams: mx.array, inject: mx.array, out: mx.array) -> mx.array:
 def hyper_mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens: np.ndarray, rows: NgramRows,
            window: bool):
     cfg, lw = p.cfg, p.layers[layer]
+    mixer = hyper_mixer_for(cfg.kinds[layer].mixer, layer)
     if isinstance(state, PleLayerState):
         extra, ple_state = ple(cfg, lw.ple, layer, rows, state.ple, streams, tokens, window=window)
         streams = streams + extra
         a, inject = hc_read(cfg, lw.hc_attn, streams)
-        out, mixer_state = deltanet_partials(cfg, lw.mixer, state.mixer, a, window=window)
-        return hc_write(streams, inject, out[:, 0]), PleLayerState(mixer_state, ple_state)
+        out, mixer_state = mixer.compute(cfg, lw.mixer, state.mixer, a, window=window)
+        return hc_write(streams, inject, out), PleLayerState(mixer_state, ple_state)
     a, inject = hc_read(cfg, lw.hc_attn, streams)
-    if isinstance(lw.mixer, IndexedWeights):
-        out, state = indexed_attention(cfg, lw.mixer, state, a)
-    else:
-        parts, state = deltanet_partials(cfg, lw.mixer, state, a, window=window)
-        out = parts[:, 0]
+    out, state = mixer.compute(cfg, lw.mixer, state, a, window=window)
     return hc_write(streams, inject, out), state
 
 

@@ -24,24 +24,23 @@ from strata.formats.dense_weights import as_dense_weights
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
-from strata.errors import ConfigError
-from strata.mlx_backend.attention import (AttentionWeights, MlxLayerKV, attention_partials, attention_router, rms_norm,
+from strata.mlx_backend.attention import (AttentionWeights, MlxLayerKV, attention_router, rms_norm,
                                          routes_with_attention, takes_deferred_down)
-from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
+from strata.mlx_backend.deltanet import DeltaNetWeights
 from strata.mlx_backend import decode_experts
-from strata.mlx_backend.dense import Q8Dense, held_rows_of, linear, rows
+from strata.mlx_backend.dense import Q8Dense, linear, rows
 from strata.mlx_backend.dense import held as held_weight
-from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
 from strata.mlx_backend.kernels import moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
-from strata.mlx_backend.mla import MlaWeights, MlxLatentKV, mla_partials, mla_weights
+from strata.mlx_backend.mixers import mixer_for
+from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
 from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
-from strata.model_config import Ffn, Mixer, ModelConfig, QKNorm, TensorNames
-from strata.reference.attention import KVPrecision, window_of
+from strata.model_config import Ffn, ModelConfig, TensorNames
+from strata.reference.attention import KVPrecision
 from strata.reference.deltanet import DeltaNetState, kept_position
 from strata.reference.experts import expert_act
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
@@ -114,56 +113,14 @@ class MlxModelState:
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int, kv_precision: KVPrecision = KVPrecision.F32) -> MlxLayerKV:
-    """The state layer `layer` starts from, by its mixer kind (twin of the reference's)."""
-    mixer = cfg.kinds[layer].mixer
-    if mixer is Mixer.ATTENTION:
-        return MlxLayerKV.empty(cfg, kv_precision)
-    if mixer is Mixer.DELTANET:
-        return empty_deltanet_state(cfg)
-    if mixer is Mixer.SLIDING_ATTENTION:  # every position kept, as the reference keeps them
-        return MlxLayerKV.empty(cfg, kv_precision)
-    if mixer is Mixer.MLA:  # the latent + rope key cache (mla.py)
-        return MlxLatentKV.empty(cfg)
-    raise NotImplementedError(f"no MLX state for mixer {mixer.value}")
+    """The state layer `layer` starts from, by its mixer kind (twin of the reference's; mixers.py)."""
+    return mixer_for(cfg.kinds[layer].mixer, layer).empty_state(cfg, kv_precision)
 
 
 def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype,
                    pred_q8: bool) -> LayerWeights:
-    n = TensorNames
-    get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
-    arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
-    stored = lambda s: as_dense_weights(dense).stored(n.block(layer, s))  # noqa: E731
-    held = lambda t: held_weight(t, dtype)  # noqa: E731
-    if cfg.kinds[layer].mixer is Mixer.DELTANET:
-        return _with_ffn(cfg, dense, layer, dtype, pred_q8, _deltanet_weights(dense, layer, dtype))
-    if cfg.kinds[layer].mixer is Mixer.MLA:
-        return _with_ffn(cfg, dense, layer, dtype, pred_q8, mla_weights(cfg, dense, layer, dtype))
-    if cfg.kinds[layer].mixer not in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION):
-        raise ConfigError(f"MLX backend: no twin of mixer {cfg.kinds[layer].mixer.value} (layer {layer}); use numpy")
-    gated = cfg.attention_output_gate  # the gate's rows under q, k, v: one projection (attention.py)
-    names = [n.block(layer, s) for s in (n.attn_q, n.attn_k, n.attn_v) + ((n.attn_gate,) if gated else ())]
-    wqkv = held_rows_of(dense, names, dtype)  # as stored (mlx_backend/dense.py)
-    bqkv = np.concatenate([get(n.attn_q_bias), get(n.attn_k_bias), get(n.attn_v_bias)]
-                          + ([np.zeros(cfg.n_heads * cfg.head_dim, np.float32)] if gated else [])) if cfg.attention_bias else None
-    qk = cfg.qk_norm is not QKNorm.NONE
-    attn = AttentionWeights(arr(get(n.attn_norm)), wqkv, None if bqkv is None else arr(bqkv),
-                            arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
-                            held(stored(n.attn_output)), gated,
-                            sinks=mx.array(get(n.attn_sinks)) if cfg.attention_sinks else None,
-                            bo=arr(get(n.attn_output_bias)) if cfg.attention_output_bias else None,
-                            window=window_of(cfg, layer))
-    return _with_ffn(cfg, dense, layer, dtype, pred_q8, attn)
-
-
-def _deltanet_weights(dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype) -> DeltaNetWeights:
-    n = TensorNames
-    get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
-    arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
-    w_in = held_rows_of(dense, [n.block(layer, s) for s in (n.ssm_qkv, n.ssm_z, n.ssm_beta, n.ssm_alpha)], dtype)
-    wo = held_weight(as_dense_weights(dense).stored(n.block(layer, n.ssm_out)), dtype)  # as stored (dense.py)
-    # the decay parameters stay float32: exp(a * softplus(...)) compounds over every position
-    return DeltaNetWeights(arr(get(n.attn_norm)), w_in, arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
-                           mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), wo)
+    mixer = mixer_for(cfg.kinds[layer].mixer, layer).weights(cfg, dense, layer, dtype)
+    return _with_ffn(cfg, dense, layer, dtype, pred_q8, mixer)
 
 
 def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype, pred_q8: bool,
@@ -302,7 +259,7 @@ def _router_kernel_ok(p: MlxParams) -> bool:
 
 def _routes_with_mixer(p: MlxParams, layer: int, kv, t: int) -> bool:
     """Whether the layer's attention and its router (the kernel, no guess) run as one launch."""
-    return (p.cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and _router_kernel_ok(p)
+    return (mixer_for(p.cfg.kinds[layer].mixer).softmax_attention and _router_kernel_ok(p)
             and routes_with_attention(p.cfg, p.layers[layer].attn, kv, t))
 
 
@@ -358,18 +315,10 @@ def head(p: MlxParams, x: mx.array) -> mx.array:
 
 def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None,
                    window: bool = False) -> tuple[mx.array, MlxLayerKV]:
-    """The layer's mixer (by kind) as partials of its output, and its new state. window: a
+    """The layer's mixer (by kind: mixers.py) as partials of its output, and its new state. window: a
     decode window (a recurrent layer keeps a snapshot per position). Shapes: x [T, D] -> parts [T, P, D]"""
-    mixer = p.cfg.kinds[layer].mixer
-    if mixer is Mixer.ATTENTION:
-        return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
-    if mixer is Mixer.DELTANET:
-        return deltanet_partials(p.cfg, p.layers[layer].attn, state, x, window=window)
-    if mixer is Mixer.SLIDING_ATTENTION:  # the window is in the layer's AttentionWeights
-        return attention_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
-    if mixer is Mixer.MLA:  # a decoded position on a kernel path: the absorbed kernels (pos on the device)
-        return mla_partials(p.cfg, p.layers[layer].attn, state, x, pos=pos)
-    raise NotImplementedError(f"no MLX mixer {mixer.value}")
+    mixer = mixer_for(p.cfg.kinds[layer].mixer, layer)
+    return mixer.partials(p.cfg, p.layers[layer].attn, state, x, pos=pos, window=window)
 
 
 def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn | None = None,

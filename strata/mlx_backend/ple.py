@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.model_config import ModelConfig
-from strata.qwen4_config import ple_layers
+from strata.families.qwen4_exp import ple_layers
 from strata.reference.deltanet import KEPT_SNAPSHOTS
 from strata.reference.ngram_hash import NgramHash, initial_ngram_context, ngram_context_after
 from strata.reference.ngram_rows import NgramRows

@@ -34,9 +34,9 @@ from strata.mlx_backend.grouped import grouped_experts, grouped_pays, grouped_re
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, holds_q8_dense, mixer_partials
 from strata.mlx_backend.lowp import lowp_matmul
+from strata.mlx_backend.mixers import mixer_for
 from strata.mlx_backend.prompt_attention import attention_refusal, prompt_attention
 from strata.mlx_backend.prompt_rows import residual_norm
-from strata.model_config import Mixer
 from strata.reference.experts import expert_act
 
 __all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "PROMPT_PATHS", "prompt_dtype", "prompt_refusal", "uses_prompt_path",
@@ -115,7 +115,7 @@ def prompt_mixer(p: MlxParams, layer: int, state, x: mx.array, *, window: bool =
     serves it, else the mixer's own multi-position form (model.mixer_partials).
     x float32 [T, D] -> (parts float32 [T, P, D], the layer's new state)"""
     w = p.layers[layer].attn
-    if p.cfg.kinds[layer].mixer in (Mixer.ATTENTION, Mixer.SLIDING_ATTENTION) and isinstance(w, AttentionWeights) \
+    if mixer_for(p.cfg.kinds[layer].mixer).softmax_attention and isinstance(w, AttentionWeights) \
             and attention_refusal(w) is None:
         a, state = prompt_attention(p.cfg, w, state, x, dtype=prompt_dtype(p))
         return a[:, None, :], state

@@ -10,6 +10,7 @@ keeps each (token, rank) term and sums them in rank order once all passes are do
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_rec
 from strata.formats.quant_types import QuantType
 from strata.model_config import LayerRange, TensorNames
 from strata.numpy_backend.grouped import grouped_terms
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference import model as ref
 from strata.reference.experts import expert_act
 from strata.reference.quants import dequantize, quantize
@@ -44,8 +46,10 @@ class NumpyCompute(StatefulCompute):
     synchronous = True
 
     def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
-                 layers: LayerRange | None = None) -> None:
+                 layers: LayerRange | None = None, ops: CpuOps = REFERENCE_OPS) -> None:
+        params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
         self.params, self.arena, self.layout = params, arena, layout
+        self.ops = ops  # the experts' and the dense products: the float32 reference's or compiled
         cfg = params.cfg
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
@@ -90,7 +94,8 @@ class NumpyCompute(StatefulCompute):
 
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
-        terms = grouped_terms(h, slots, weights, self._weights, self.act)  # as the reference engine's prompt
+        terms = grouped_terms(h, slots, weights, self._weights, self.act, expert=self.ops.expert,
+                              stack=self.ops.stack)  # as prompt_forward
         for t, r in zip(*np.nonzero(slots >= 0)):
             part.terms[(int(t), int(r))] = terms[t, r]
         return part

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.model_config import ModelConfig
-from strata.qwen4_config import Qwen4Names
+from strata.families.qwen4_exp import Qwen4Names
 from strata.reference.attention import sigmoid
 from strata.reference.deltanet import silu
 

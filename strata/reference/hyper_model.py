@@ -18,25 +18,19 @@ from __future__ import annotations
 import numpy as np
 
 from strata.errors import ConfigError
-from strata.model_config import Mixer, ModelConfig, TensorNames
-from strata.qwen4_config import HC_FINAL, Qwen4Names, ple_layers
-from strata.reference.deltanet import DeltaNetState, deltanet
+from strata.families.qwen4_exp import HC_FINAL, Qwen4Names, ple_layers
+from strata.model_config import ModelConfig, TensorNames
 from strata.reference.hyper_connections import expand_streams, hc_read, hc_write
-from strata.reference.indexed_attention import IndexedKV, indexed_attention
+from strata.reference.layers import ForwardTrace, embed, layer_router_logits, layer_selections
+from strata.reference.layers import moe_output as reference_moe_output
+from strata.reference.mixers import MixerState, mixer_for
+from strata.reference.model_state import ModelState
 from strata.reference.ngram_rows import NgramRows, ResidentNgramRows
-from strata.reference.ple import PleLayerState, empty_ple_layer_state, ple
+from strata.reference.ple import PleLayerState, ple
 
-# a hyper-connection model's per-layer state: DeltaNet (with its PLE module's, on PLE layers) or indexed attention
-HyperLayerState = DeltaNetState | PleLayerState | IndexedKV
-
-
-def hyper_layer_state(cfg: ModelConfig, layer: int) -> HyperLayerState:
-    """The state layer `layer` of a hyper-connection model starts from."""
-    if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
-        return IndexedKV.empty(cfg)
-    if layer in ple_layers(cfg):
-        return empty_ple_layer_state(cfg, layer)
-    return DeltaNetState.empty(cfg)
+# a hyper-connection model's per-layer state: its mixer's (DeltaNet or indexed attention), or on
+# a PLE layer the DeltaNet's and its PLE module's
+HyperLayerState = MixerState | PleLayerState
 
 
 def resident_rows(cfg: ModelConfig, dense) -> ResidentNgramRows:
@@ -59,17 +53,15 @@ def hyper_mixer(params, layer: int, state: HyperLayerState, streams: np.ndarray,
     """The PLE term (on PLE layers) and the mixer with its hyper-connection. [T, S] -> ([T, S], state)"""
     cfg, dense = params.cfg, params.dense
     prefix = TensorNames.block(layer, "hc_attn")
+    mixer = mixer_for(cfg.kinds[layer].mixer)
     if isinstance(state, PleLayerState):
         extra, ple_state = ple(cfg, dense, layer, rows, state.ple, streams, tokens, window=window)
         streams = streams + extra
         a, inject = hc_read(cfg, dense, prefix, streams)
-        out, mixer_state = deltanet(cfg, dense, layer, state.mixer, a, window=window)
+        out, mixer_state = mixer.compute(cfg, dense, layer, state.mixer, a, window=window)
         return hc_write(streams, inject, out), PleLayerState(mixer_state, ple_state)
     a, inject = hc_read(cfg, dense, prefix, streams)
-    if isinstance(state, IndexedKV):
-        out, state = indexed_attention(cfg, dense, layer, state, a)
-    else:
-        out, state = deltanet(cfg, dense, layer, state, a, window=window)
+    out, state = mixer.compute(cfg, dense, layer, state, a, window=window)
     return hc_write(streams, inject, out), state
 
 
@@ -92,27 +84,25 @@ def hyper_forward(params, state, tokens: np.ndarray, *, select, trace: bool = Fa
     Shapes:
         tokens: [T] -> logits [T, vocab] float32
     """
-    from strata.reference import model as ref
-
     cfg = params.cfg
     if layers is not None and (layers.start, layers.stop) != (0, cfg.n_layers):
         raise ConfigError("hc_count: pipeline stages of a hyper-connection model are not supported")
     if rows is None:
         rows = params.rows if params.rows is not None else resident_rows(cfg, params.dense)
-    moe_output = moe_output or ref.moe_output
+    moe_output = moe_output or reference_moe_output
     tokens = np.asarray(tokens, np.int64)
-    streams = expand_streams(cfg, ref.embed(params, tokens))  # [T, hc * D]
+    streams = expand_streams(cfg, embed(params, tokens))  # [T, hc * D]
     new_layers, inputs, all_sel = list(state.layers), [], []
     for layer in range(cfg.n_layers):
         streams, new_layers[layer] = hyper_mixer(params, layer, state.layers[layer], streams, tokens, rows,
                                                  window=window)
         h, inject = hc_read(cfg, params.dense, TensorNames.block(layer, "hc_ffn"), streams)
-        selections = ref.layer_selections(cfg, select, layer, ref.layer_router_logits(params, layer, h))
+        selections = layer_selections(cfg, select, layer, layer_router_logits(params, layer, h))
         streams = hc_write(streams, inject, moe_output(params, layer, h, selections))
         if trace:
             inputs.append(h)
             all_sel.append(tuple(selections))
-    logits, new_state = hyper_head(params, streams), ref.ModelState(tuple(new_layers))
+    logits, new_state = hyper_head(params, streams), ModelState(tuple(new_layers))
     if trace:
-        return logits, new_state, ref.ForwardTrace(np.stack(inputs), tuple(all_sel))
+        return logits, new_state, ForwardTrace(np.stack(inputs), tuple(all_sel))
     return logits, new_state

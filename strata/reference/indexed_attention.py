@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.model_config import ModelConfig, TensorNames
-from strata.qwen4_config import Qwen4Names
+from strata.families.qwen4_exp import Qwen4Names
 from strata.reference.attention import LayerKV, attention, partial_rope, rms_norm
 
 

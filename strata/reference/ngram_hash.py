@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.model_config import ModelConfig
-from strata.qwen4_config import ngram_table_sizes, primes_from  # noqa: F401  (primes_from: re-exported)
+from strata.families.qwen4_exp import ngram_table_sizes, primes_from  # noqa: F401  (primes_from: re-exported)
 
 _MASK64 = (1 << 64) - 1
 _SPLITMIX_GAMMA = 0x9E3779B97F4A7C15

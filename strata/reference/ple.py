@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.model_config import ModelConfig, TensorNames
-from strata.qwen4_config import Qwen4Names, ple_layers
+from strata.families.qwen4_exp import Qwen4Names, ple_layers
 from strata.reference.attention import sigmoid
 from strata.reference.deltanet import KEPT_SNAPSHOTS, DeltaNetState, silu
 from strata.reference.hyper_connections import grouped_rms_norm

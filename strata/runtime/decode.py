@@ -104,6 +104,14 @@ class Ledger:
                       ple_rows=self.ple_rows.minus(other.ple_rows), **sub)
 
 
+def _open_logpos(path: str):
+    """`config.logpos` opened for appending; an OSError is refused naming the field."""
+    try:
+        return open(path, "ab")
+    except OSError as e:
+        raise ConfigError(f"logpos {path}: cannot open ({e.strerror or e}); name a writable file") from None
+
+
 class StreamingEngine(SessionEngine):
     """An engine that pages routed experts through `arena` (the Engine protocol: strata.engines)."""
 
@@ -135,7 +143,7 @@ class StreamingEngine(SessionEngine):
         self.phase_s = dict.fromkeys(PHASES, 0.0)
         self._ledger = Ledger()
         self._paging0 = paging_snapshot()
-        self._logpos = open(config.logpos, "ab") if config.logpos else None
+        self._logpos = _open_logpos(config.logpos) if config.logpos else None
 
     # -------------------------------------------------------- the engine's steps
 
@@ -282,8 +290,12 @@ class StreamingEngine(SessionEngine):
     def dump(self, logits: np.ndarray) -> None:
         """Append every position's logits to `config.logpos` (for KLD), when set."""
         if self._logpos is not None:
-            self._logpos.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
-            self._logpos.flush()
+            try:
+                self._logpos.write(np.ascontiguousarray(logits, dtype=np.float32).tobytes())
+                self._logpos.flush()
+            except OSError as e:  # a full disk (/dev/full), a revoked mount: the field, not a traceback
+                raise ConfigError(f"logpos {self.config.logpos}: cannot write ({e.strerror or e}); "
+                                  "name a file on a disk with room") from None
 
     @property
     def dumping(self) -> bool:
@@ -318,4 +330,7 @@ class StreamingEngine(SessionEngine):
             if self.ngram_rows is not None:
                 self.ngram_rows.close()
             if self._logpos is not None:
-                self._logpos.close()
+                try:
+                    self._logpos.close()
+                except OSError:  # the rows it could not flush: their write was refused when it failed (dump)
+                    pass

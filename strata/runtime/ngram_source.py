@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.qwen4_config import ngram_heads, ple_layers
+from strata.families.qwen4_exp import ngram_heads, ple_layers
 from strata.reference.ngram_hash import NgramHash, initial_ngram_context, ngram_context_after, ngram_row_ids
 from strata.reference.ngram_rows import NgramRows, ResidentNgramRows
 from strata.runtime.ngram_budget import RowCachePlan, open_row_cache

@@ -132,7 +132,7 @@ async def messages(state: ServerState, request, body: dict) -> Response:
     state.check_prompt(tokens, "messages")
     sampling = gen.read_sampling(f, max_tokens=f.int("max_tokens", lo=1, hi=state.context),
                                  temperature_hi=TEMPERATURE_MAX)
-    stops = gen.read_stops(f, "stop_sequences")
+    stops = gen.read_stops(f, "stop_sequences", single=False)  # Anthropic's field is an array
     stream = f.bool("stream", False)
     f.neutral("top_k", 0)
     # no effect on a local model's output: accounting, routing and caching hints of Anthropic's service

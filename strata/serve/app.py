@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from strata.serve import anthropic, openai
-from strata.serve.fields import MAX_BODY_BYTES, RequestError, read_json
+from strata.serve.fields import BODY_TIMEOUT_SECONDS, MAX_BODY_BYTES, ClientLeft, RequestError, read_json
 from strata.serve.generation import GenerationFailed
 from strata.serve.state import KEEPALIVE_SECONDS, ServerState
 from strata.serve.worker import Worker
@@ -27,11 +27,12 @@ log = logging.getLogger("strata.serve")
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                   405: "invalid_request_error", 413: "request_too_large", 500: "api_error"}
+                   405: "invalid_request_error", 408: "timeout_error", 413: "request_too_large", 500: "api_error"}
+CLIENT_CLOSED = 499  # nginx's status for a request its client abandoned (counted; no one reads the response)
 
 
 def error_response(api: str, status: int, message: str, *, param: str | None = None,
-                   code: str | None = None) -> JSONResponse:
+                   code: str | None = None, close: bool = False) -> JSONResponse:
     message = " ".join(message.split())  # one line, always
     if api == ANTHROPIC:
         body = {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "invalid_request_error"),
@@ -39,7 +40,8 @@ def error_response(api: str, status: int, message: str, *, param: str | None = N
     else:
         kind = "server_error" if status >= 500 else "invalid_request_error"
         body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    # close: the request's body was left unread, so the connection cannot carry another request
+    return JSONResponse(body, status_code=status, headers={"connection": "close"} if close else None)
 
 
 def _api_of(path: str) -> str:
@@ -52,9 +54,13 @@ def _endpoint(state: ServerState, handler, api: str):
     async def route(request: Request) -> Response:
         path = request.url.path
         try:
-            response = await handler(state, request, await read_json(request, state.max_body_bytes))
+            body = await read_json(request, state.max_body_bytes, state.body_timeout_seconds)
+            response = await handler(state, request, body)
         except RequestError as e:
-            response = error_response(api, e.status, e.message, param=e.param, code=e.code)
+            response = error_response(api, e.status, e.message, param=e.param, code=e.code, close=e.close)
+        except ClientLeft as e:  # the client's doing, not the server's: one line, no traceback
+            log.info("client closed the connection mid-body (%s): %s", e, path)
+            response = Response(status_code=CLIENT_CLOSED)
         except GenerationFailed as e:
             response = error_response(api, 500, str(e))
         except Exception as e:  # a bug, or the engine failing outside generation: logged, not shown
@@ -68,11 +74,15 @@ def _endpoint(state: ServerState, handler, api: str):
 
 def build_app(model, config=None, *, name: str | None = None, chat_template: str | None = None,
               keepalive_seconds: float = KEEPALIVE_SECONDS, max_body_bytes: int = MAX_BODY_BYTES,
-              generate=None) -> Starlette:
+              body_timeout_seconds: float = BODY_TIMEOUT_SECONDS, generate=None) -> Starlette:
     """The server's app for a loaded `model`, served under `name` (default: the file's stem).
 
     `config` is the runtime Config every request runs with; `chat_template` replaces the model's
     own; `generate` replaces `strata.stream_generate` (tests script the model's output with it).
+    A request body over `max_body_bytes` is refused (413), and so is one that goes
+    `body_timeout_seconds` without a byte before it is complete (408); both close the connection.
+    Run it with uvicorn's `http=strata.serve.protocol.json_errors(...)` (as `strata serve` does) so
+    that a request that is not HTTP gets the APIs' error JSON too.
     """
     from strata.config import load_config
     from strata.chat_template import special_tokens_of
@@ -82,7 +92,7 @@ def build_app(model, config=None, *, name: str | None = None, chat_template: str
     state = ServerState(model=model, name=name or Path(model.model_path).stem, worker=worker,
                         chat_template=chat_template or model.tokenizer.chat_template,
                         special_tokens=special_tokens_of(model.model_path), keepalive_seconds=keepalive_seconds,
-                        max_body_bytes=max_body_bytes)
+                        max_body_bytes=max_body_bytes, body_timeout_seconds=body_timeout_seconds)
 
     async def health(request: Request) -> Response:
         state.metrics.count_request("/health", 200)

@@ -8,36 +8,66 @@ and a known API field strata does not implement is refused unless it has its neu
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 200k-token conversation is ~1 MB of JSON; larger is refused (413)
+# Seconds a request body may go without a byte before it is refused (408, the connection closed):
+# a Content-Length larger than what was sent, or a chunk declared and never finished, otherwise
+# holds its connection forever (nginx's client_body_timeout is 60 s between reads; a client on
+# loopback sends a 4 MB body in milliseconds).
+BODY_TIMEOUT_SECONDS = 30.0
 
 
 class RequestError(Exception):
     """A request strata will not serve: HTTP `status`, a one-line message, the field at fault."""
 
     def __init__(self, message: str, *, param: str | None = None, status: int = 400,
-                 code: str | None = None) -> None:
+                 code: str | None = None, close: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.code = code
+        self.close = close  # the connection cannot carry another request (a body left unread)
 
 
-async def read_json(request, limit: int = MAX_BODY_BYTES) -> dict:
-    """The request body as a JSON object; 413 past `limit` bytes (checked while reading)."""
+class ClientLeft(Exception):
+    """The client closed its connection before its request body was complete: a client event
+    (logged as such), not a failure of the server."""
+
+
+async def read_body(request, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT_SECONDS) -> bytes:
+    """The request body: 413 past `limit` bytes (checked while reading), 408 when no byte comes
+    for `timeout` seconds; ClientLeft when the client goes away before the end."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(f"body: {int(declared)} bytes is over the limit of {limit}", status=413)
+        raise RequestError(f"body: {int(declared)} bytes is over the limit of {limit}", status=413, close=True)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise RequestError(f"body: no byte for {timeout:g} s after {size} bytes, before the body was complete "
+                               "(a Content-Length larger than the body sent, or a chunk never finished); "
+                               "the connection is closed", status=408, code="body_timeout", close=True) from None
+        except ClientDisconnect:
+            raise ClientLeft(f"after {size} bytes") from None
         size += len(chunk)
         if size > limit:
-            raise RequestError(f"body: over the limit of {limit} bytes", status=413)
+            raise RequestError(f"body: over the limit of {limit} bytes", status=413, close=True)
         chunks.append(chunk)
-    raw = b"".join(chunks)
+
+
+async def read_json(request, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT_SECONDS) -> dict:
+    """The request body as a JSON object (read_body's limits)."""
+    raw = await read_body(request, limit, timeout)
     if not raw.strip():
         raise RequestError("body: empty; expected a JSON object")
     try:
@@ -162,12 +192,15 @@ class Fields:
         value = self.raw(key, default)
         return Fields(value, self.name(key))
 
-    def strings(self, key: str, *, most: int) -> tuple[str, ...]:
-        """A string or an array of at most `most` non-empty strings (stop sequences)."""
+    def strings(self, key: str, *, most: int, single: bool = True) -> tuple[str, ...]:
+        """A string or an array of at most `most` non-empty strings (stop sequences); single=False:
+        an array only (an API whose field is an array: a bare string is a client's mistake)."""
         value = self.raw(key, ())
-        items = [value] if isinstance(value, str) else value
+        items = [value] if isinstance(value, str) and single else value
         if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
-            raise self.error(key, "must be a non-empty string or an array of them")
+            wanted = "a non-empty string or an array of them" if single else "an array of non-empty strings"
+            raise self.error(key, f"must be {wanted}, got {_kind(value)}" if not isinstance(value, list)
+                             else f"must be {wanted}")
         if len(items) > most:
             raise self.error(key, f"at most {most} entries, got {len(items)}")
         return tuple(items)

@@ -88,8 +88,8 @@ def read_sampling(f: Fields, *, max_tokens: int, temperature_hi: float, default_
     )
 
 
-def read_stops(f: Fields, key: str) -> tuple[str, ...]:
-    return f.strings(key, most=MAX_STOP_SEQUENCES)
+def read_stops(f: Fields, key: str, *, single: bool = True) -> tuple[str, ...]:
+    return f.strings(key, most=MAX_STOP_SEQUENCES, single=single)
 
 
 async def run(state: ServerState, plan: Plan) -> AsyncIterator[Piece | Outcome | object]:

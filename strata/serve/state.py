@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from strata.errors import ConfigError
-from strata.serve.fields import MAX_BODY_BYTES, Fields, RequestError
+from strata.serve.fields import BODY_TIMEOUT_SECONDS, MAX_BODY_BYTES, Fields, RequestError
 from strata.serve.metrics import Metrics
 from strata.serve.worker import Worker
 
@@ -24,6 +24,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     keepalive_seconds: float = KEEPALIVE_SECONDS
     max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS  # a request body's longest wait between bytes
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -22,9 +22,11 @@ import numpy as np
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
+from strata.families.family import MADE_VOCAB
+from strata.families.registry import FAMILIES
 from strata.formats.quant_types import QuantType
 from strata.model_config import (
-    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, ModelConfig, QKNorm, RopeScaling, RoutingOrder, TensorNames,
+    MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, TensorNames,
     dense_tensor_shapes,
 )
 from strata.testing.gpt_oss import expert_biases, gpt_oss_dense
@@ -32,7 +34,7 @@ from strata.reference.quants import quantize
 from strata.testing.hybrid import deltanet_dense
 from strata.tokenizer import byte_level_tokenizer_json
 
-BYTE_VOCAB = 257  # 256 bytes + <|endoftext|>
+BYTE_VOCAB = MADE_VOCAB  # 256 bytes + <|endoftext|>
 
 SHAPES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
@@ -52,58 +54,9 @@ SHAPES: dict[str, ModelConfig] = {
         shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
         layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
     ),
-    # Qwen3-Next / Qwen3.5 style: three gated DeltaNet layers, then gated attention with partial rotary
-    "hybrid": ModelConfig(
-        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=4, n_heads=4,
-        n_kv_heads=2, head_dim=32, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
-        shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
-        layer_types=(LayerType(Mixer.DELTANET, Ffn.MOE),) * 3 + (MOE_LAYER,), rotary_dim=8,
-        attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
-        linear_v_head_dim=16, linear_conv_kernel=4,
-    ),
-    # DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a selection-only bias, 4 groups of which the
-    # best 2 are eligible, scaled weights, an ungated shared expert, a dense first layer
-    "sigmoid": ModelConfig(
-        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=3, n_heads=4,
-        n_kv_heads=2, head_dim=16, n_experts=32, n_experts_per_token=4, expert_ffn_size=32,
-        shared_ffn_size=32, qk_norm=QKNorm.PER_HEAD, max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
-        layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
-        n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True, rotary_dim=8,
-    ),
-    # DeepSeek-V3's layer kinds in small: latent attention (low-rank q, a latent + rope-key
-    # cache), sigmoid routing with biases and groups, a shared expert, a dense first layer
-    "mla": ModelConfig(
-        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=3, n_heads=4,
-        n_kv_heads=4, head_dim=24, n_experts=32, n_experts_per_token=4, expert_ffn_size=32,
-        shared_ffn_size=32, max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
-        layer_types=(LayerType(Mixer.MLA, Ffn.DENSE), LayerType(Mixer.MLA, Ffn.MOE), LayerType(Mixer.MLA, Ffn.MOE)),
-        dense_ffn_size=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True,
-        q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-    ),
-    # gpt-oss style: sliding / full attention alternating, sinks, biases everywhere, the clamped
-    # SwiGLU (limit 1, not gpt-oss's 7, so that the clamp is active on these small activations), YaRN
-    "gpt-oss": ModelConfig(
-        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=4, n_heads=4,
-        n_kv_heads=2, head_dim=16, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
-        routing_order=RoutingOrder.TOPK_SOFTMAX, attention_bias=True, max_context=256,
-        layer_types=(LayerType(Mixer.SLIDING_ATTENTION, Ffn.MOE), MOE_LAYER) * 2, sliding_window=8,
-        router_logit_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True, swiglu_limit=1.0,
-        attention_sinks=True, attention_output_bias=True, rope_scaling=RopeScaling.YARN, yarn_factor=8.0,
-        yarn_original_context=32, yarn_truncate=False, yarn_attention_factor=1.2079441541679836,
-    ),
-    # Qwen4-Exp style: 4 hyper-connection streams, three DeltaNet layers (PLE modules on two), then
-    # indexed attention whose budget (2 blocks of 4) is smaller than most contexts, so selection matters
-    "qwen4": ModelConfig(
-        architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=64, n_layers=4, n_heads=4,
-        n_kv_heads=2, head_dim=32, n_experts=16, n_experts_per_token=4, expert_ffn_size=32,
-        shared_ffn_size=32, shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=256,
-        layer_types=(LayerType(Mixer.DELTANET, Ffn.MOE),) * 3 + (LayerType(Mixer.INDEXED_ATTENTION, Ffn.MOE),),
-        rotary_dim=8, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
-        linear_v_head_dim=16, linear_conv_kernel=4, hc_count=4, hc_lowrank=16, indexer_heads=2,
-        indexer_head_dim=16, indexer_budget=8, indexer_block=4, ple_layer_ids="0,2", ple_embed_dim=32,
-        ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=2, ngram_vocab_base=101, ngram_vocab_divisor=8,
-        ngram_seed=1234, ngram_eos_token=BYTE_VOCAB - 1,
-    ),
+    # each family's own made shapes (strata/families/<family>.py MADE_SHAPES), in the registry's order
+    **{name: ModelConfig(architecture="strata_test", vocab_size=BYTE_VOCAB, **fields)
+       for family in FAMILIES for name, fields in family.made_shapes.items()},
     "demo": ModelConfig(
         architecture="strata_test", vocab_size=BYTE_VOCAB, hidden_size=256, n_layers=8, n_heads=8,
         n_kv_heads=2, head_dim=32, n_experts=64, n_experts_per_token=4, expert_ffn_size=128,

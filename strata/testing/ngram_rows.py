@@ -79,7 +79,7 @@ def move_tables_to_store(cfg, dense: dict, path, qtype: QuantType) -> tuple:
     from dataclasses import replace
 
     from strata.model_config import TensorNames
-    from strata.qwen4_config import Qwen4Names, ple_layers
+    from strata.families.qwen4_exp import Qwen4Names, ple_layers
 
     names = [TensorNames.block(layer, Qwen4Names.ple_ngram) for layer in ple_layers(cfg)]
     tables = {i: np.asarray(dense[n], np.float32) for i, n in enumerate(names)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class Tier2Model:
     session: object = field(default=None, repr=False)
     ngrams_file: object = None  # no PLE tables on tier 2
     installed: object = field(default=None, repr=False)  # the engine whose arena the switch layers read
+    session_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # as Model's (strata/sharing.py)
 
     tier = 2
 

@@ -1,0 +1,97 @@
+"""DeepSeek-V3 / Kimi-K2 and GLM-4.7-Flash: multi-head latent attention, sigmoid routing with a
+selection-only bias and expert groups, scaled combine weights, dense first layers. GLM-4.5 and
+MiniMax-M2 share the routing rules checked here (their converters: convert/glm_moe.py, minimax.py).
+
+Its converter: strata/convert/deepseek.py; its mixer: reference/mla.py (twins in mlx_backend/mla.py);
+its routing: reference/routing.py (SIGMOID_TOPK).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from strata.errors import ConfigError
+from strata.families.counts import PartCounts, common_sizes, config_value, published_counts
+from strata.families.family import FamilyParts
+from strata.layer_kinds import Ffn, LayerType, Mixer, QKNorm, RoutingOrder, MOE_LAYER
+
+if TYPE_CHECKING:  # annotations only: model_config runs the check
+    from strata.model_config import ModelConfig
+
+
+def check_sigmoid_fields(cfg: "ModelConfig") -> None:
+    """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
+    if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
+        raise ConfigError(f"model config: n_group={cfg.n_group} must divide n_experts={cfg.n_experts}")
+    if not 1 <= cfg.topk_group <= cfg.n_group:
+        raise ConfigError(f"model config: topk_group={cfg.topk_group} must be in 1..n_group={cfg.n_group}")
+    if cfg.n_group > 1 and cfg.n_experts // cfg.n_group < 2:
+        raise ConfigError("model config: n_group needs >= 2 experts per group (groups score by their top 2)")
+    if cfg.topk_group * (cfg.n_experts // cfg.n_group) < cfg.n_experts_per_token:
+        raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
+    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
+        raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
+    if any(t.mixer is Mixer.MLA for t in cfg.kinds):
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(cfg, name) <= 0:
+                raise ConfigError(f"model config: latent attention needs {name} > 0")
+        if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
+            raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
+                              "(qk_rope_head_dim even)")
+        if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
+            raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
+                              "or attention_output_gate")
+
+
+def count_published(c: dict, t: str) -> PartCounts:
+    """Its weights by part from a published config.json (strata doctor, where strata refuses it):
+    MLA attention, `first_k_dense_replace` dense-MLP layers, `n_shared_experts` shared experts."""
+    hidden, vocab, L, tie = common_sizes(c)
+    heads = int(config_value(c, "num_attention_heads"))
+    q_rank = c.get("q_lora_rank")
+    kv_rank, nope, rope, v_dim = (int(config_value(c, k)) for k in ("kv_lora_rank", "qk_nope_head_dim",
+                                                                     "qk_rope_head_dim",
+                                                             "v_head_dim"))
+    q_head = nope + rope
+    q = hidden * heads * q_head if not q_rank else hidden * q_rank + q_rank + q_rank * heads * q_head
+    attn = q + hidden * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
+    dense_layers = int(c.get("first_k_dense_replace", 0))
+    freq = int(c.get("moe_layer_freq", 1))
+    moe_layers = sum(1 for l in range(dense_layers, L) if l % freq == 0)
+    ffn, moe_ffn = int(config_value(c, "intermediate_size")), int(config_value(c, "moe_intermediate_size"))
+    n_exp, shared = int(config_value(c, "n_routed_experts")), int(c.get("n_shared_experts") or 0)
+    dense = {"attention": L * attn, "dense_ffn": (L - moe_layers) * 3 * hidden * ffn,
+             "shared_expert": moe_layers * shared * 3 * hidden * moe_ffn,
+             "router": moe_layers * (n_exp * hidden + n_exp), "norms": L * 2 * hidden + hidden}
+    return published_counts("DeepSeek-V3", t,
+                            "MLA attention, sigmoid routing with expert groups and dense first layers",
+                            hidden=hidden, vocab=vocab, n_layers=L, moe_layers=moe_layers, n_experts=n_exp,
+                            top_k=int(config_value(c, "num_experts_per_tok")), expert_ffn=moe_ffn,
+                            expert_weights=3 * hidden * moe_ffn,
+                            dense=dense, kv=L * (kv_rank + rope), tie=tie)  # MLA caches the latent + the rope key
+
+
+MADE_SHAPES = {
+    # DeepSeek-V3 / GLM-4.5 routing: sigmoid scores, a selection-only bias, 4 groups of which the
+    # best 2 are eligible, scaled weights, an ungated shared expert, a dense first layer
+    "sigmoid": dict(hidden_size=64, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=16, n_experts=32,
+                    n_experts_per_token=4, expert_ffn_size=32, shared_ffn_size=32, qk_norm=QKNorm.PER_HEAD,
+                    max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
+                    layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
+                    n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True, rotary_dim=8),
+    # DeepSeek-V3's layer kinds in small: latent attention (low-rank q, a latent + rope-key
+    # cache), sigmoid routing with biases and groups, a shared expert, a dense first layer
+    "mla": dict(hidden_size=64, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=24, n_experts=32,
+                n_experts_per_token=4, expert_ffn_size=32, shared_ffn_size=32, max_context=256,
+                routing_order=RoutingOrder.SIGMOID_TOPK,
+                layer_types=(LayerType(Mixer.MLA, Ffn.DENSE), LayerType(Mixer.MLA, Ffn.MOE),
+                             LayerType(Mixer.MLA, Ffn.MOE)),
+                dense_ffn_size=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True,
+                q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+}
+
+FAMILY = FamilyParts(
+    name="DeepSeek-V3 / GLM-4.7-Flash", model_types=("deepseek_v3", "kimi_k2", "glm4_moe_lite"),
+    converter="strata.convert.deepseek", check=check_sigmoid_fields, made_shapes=MADE_SHAPES,
+    count_published=count_published, published_types=("deepseek_v3", "deepseek_v2", "kimi_k2"),
+)

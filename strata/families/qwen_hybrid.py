@@ -1,0 +1,81 @@
+"""Qwen3-Next and Qwen3.5 / 3.6-MoE: gated DeltaNet (linear attention) layers between gated
+full-attention layers with partial rotary, a gated shared expert in every layer.
+
+Its converter: strata/convert/qwen_hybrid.py; its mixer: reference/deltanet.py (twins in
+mlx_backend/deltanet.py); its fields: ModelConfig's linear_* and attention_output_gate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from strata.errors import ConfigError
+from strata.families.counts import PartCounts, common_sizes, config_value, gqa_attention_weights, published_counts
+from strata.families.family import FamilyParts
+from strata.layer_kinds import Ffn, LayerType, Mixer, QKNorm, MOE_LAYER
+
+if TYPE_CHECKING:  # annotations only: model_config runs the check
+    from strata.model_config import ModelConfig
+
+
+def check_hybrid_fields(cfg: "ModelConfig") -> None:
+    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
+    if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
+        return
+    sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
+    for name in sizes:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(cfg, name)}")
+    if cfg.linear_v_heads % cfg.linear_k_heads:
+        raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
+                          f"linear_k_heads={cfg.linear_k_heads}")
+
+
+def count_published(c: dict, t: str) -> PartCounts:
+    """Its weights by part from a published config.json (strata doctor, where strata refuses it)."""
+    hidden, vocab, L, tie = common_sizes(c)
+    heads, kv_heads = int(config_value(c, "num_attention_heads")), int(config_value(c, "num_key_value_heads"))
+    head_dim = int(c.get("head_dim") or hidden // heads)
+    types = c.get("layer_types")
+    if not types:
+        every = int(c.get("full_attention_interval", 4))
+        types = ["full_attention" if (l + 1) % every == 0 else "linear_attention" for l in range(L)]
+    n_full = sum(1 for x in types if x == "full_attention")
+    n_lin = L - n_full
+    kh, vh = int(config_value(c, "linear_num_key_heads")), int(config_value(c, "linear_num_value_heads"))
+    kd, vd = int(config_value(c, "linear_key_head_dim")), int(config_value(c, "linear_value_head_dim"))
+    conv = int(c.get("linear_conv_kernel_dim", 4))
+    k_dim, v_dim = kh * kd, vh * vd
+    conv_dim = 2 * k_dim + v_dim
+    # in_proj_qkvz [2K + 2V, D], in_proj_ba [2 Hv, D], conv1d [C, kernel], dt_bias + A_log [Hv], norm [Vd], out [D, V]
+    deltanet = hidden * (2 * k_dim + 2 * v_dim) + hidden * 2 * vh + conv_dim * conv + 2 * vh + vd + v_dim * hidden
+    full = gqa_attention_weights(hidden, heads, kv_heads, head_dim, out_gate=bool(c.get("attn_output_gate", True))) \
+        + 2 * head_dim  # q/k norms
+    moe_ffn, n_exp = int(config_value(c, "moe_intermediate_size")), int(config_value(c, "num_experts"))
+    shared_ffn = int(c.get("shared_expert_intermediate_size") or 0)
+    dense = {"attention": n_full * full + n_lin * deltanet,
+             "shared_expert": L * (3 * hidden * shared_ffn + (hidden if shared_ffn else 0)),
+             "router": L * n_exp * hidden, "norms": L * 2 * hidden + hidden}
+    family = "Qwen3.5" if t.startswith("qwen3_5") else "Qwen3-Next"
+    return published_counts(family, t, "gated DeltaNet + gated attention hybrid layers", hidden=hidden, vocab=vocab,
+                            n_layers=L, moe_layers=L, n_experts=n_exp,
+                            top_k=int(config_value(c, "num_experts_per_tok")),
+                            expert_ffn=moe_ffn, expert_weights=3 * hidden * moe_ffn, dense=dense,
+                            kv=2 * n_full * kv_heads * head_dim, tie=tie, linear_state=n_lin * vh * kd * vd)
+
+
+MADE_SHAPES = {
+    # three gated DeltaNet layers, then gated attention with partial rotary
+    "hybrid": dict(hidden_size=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, n_experts=16,
+                   n_experts_per_token=4, expert_ffn_size=32, shared_ffn_size=32, shared_expert_gated=True,
+                   qk_norm=QKNorm.PER_HEAD, max_context=256,
+                   layer_types=(LayerType(Mixer.DELTANET, Ffn.MOE),) * 3 + (MOE_LAYER,), rotary_dim=8,
+                   attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
+                   linear_v_head_dim=16, linear_conv_kernel=4),
+}
+
+FAMILY = FamilyParts(
+    name="Qwen3-Next / Qwen3.5-MoE", model_types=("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"),
+    converter="strata.convert.qwen_hybrid", check=check_hybrid_fields, made_shapes=MADE_SHAPES,
+    count_published=count_published, published_types=("qwen3_5", "qwen3_next"),
+)

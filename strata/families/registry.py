@@ -1,0 +1,24 @@
+"""Every family with a module of its own (docs/adding-a-family.md), in the order `ModelConfig`
+runs their checks (a config with fields of several reports the first family's error).
+
+Families without one yet (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, GLM-4.5, MiniMax-M2) use only the
+fields every family shares and the shared routing rules; their converters are in strata/convert/.
+"""
+
+from __future__ import annotations
+
+from strata.families import deepseek, gpt_oss, qwen4_exp, qwen_hybrid
+from strata.families.family import FamilyParts
+
+FAMILIES: tuple[FamilyParts, ...] = (qwen_hybrid.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY, qwen4_exp.FAMILY)
+
+
+def published_counter(model_type: str, *, by_prefix: bool = True):
+    """The family counter of a config strata refuses, by model_type (exact first, then, with
+    by_prefix, the first family type it starts with), or None."""
+    for exact in (True, False) if by_prefix else (True,):
+        for family in FAMILIES:
+            for t in family.published_types:
+                if family.count_published and (model_type == t if exact else model_type.startswith(t)):
+                    return family.count_published
+    return None
