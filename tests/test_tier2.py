@@ -257,3 +257,46 @@ def test_two_engines_over_one_model_keep_their_own_arenas(qwen3):
                     rows[id(e)].append(e.decode(t))
     for r in rows.values():
         assert np.array_equal(np.stack(r), want)
+
+
+NATIVE = ("qwen3_moe_a4g32", "qwen3_moe_mxfp4", "mixtral_a8g32", "qwen2_moe_a4g32", "olmoe_a8g32")
+
+
+@pytest.fixture(scope="module", params=NATIVE)
+def native_family(request, tmp_path_factory):
+    return _made(request.param, tmp_path_factory)
+
+
+def test_native_path_and_tier_2_agree(native_family, tmp_path):
+    """The same checkpoint through `strata convert` (the native path, float32 activations) and as
+    tier 2: with mlx-lm's dense parameters widened to float32 (exact) the two agree within
+    MLX_LM_LOGIT_BUDGET with every argmax equal; as shipped (bfloat16 activations) within
+    TIER2_BF16_LOGPROB_BUDGET."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    from strata.convert import convert
+    from strata.reference.model import ModelState, forward
+    from tests.budgets import MLX_LM_LOGIT_BUDGET, TIER2_BF16_LOGPROB_BUDGET
+
+    recipe, d, tokens, _ = native_family
+    seq = np.asarray(PROMPT + tokens + list(range(100, 140)))
+    native = strata.load(convert(d, tmp_path / "native").model_path)
+    logits, _ = forward(native.resident_params(), ModelState.empty(native.cfg), seq)
+    native.close()
+    z = logits - logits.max(-1, keepdims=True)
+    ours = z - np.log(np.exp(z).sum(-1, keepdims=True))  # native log-probabilities [T, V]
+    scale = float(np.abs(ours).max())
+    for widened, budget in ((True, MLX_LM_LOGIT_BUDGET), (False, TIER2_BF16_LOGPROB_BUDGET)):
+        with strata.load(d) as model:
+            if widened:  # before the engine installs its arena (whose pieces keep their stored types)
+                wide = lambda a: a.astype(mx.float32) if a.dtype in (mx.bfloat16, mx.float16) else a  # noqa: E731
+                model.mlx_model.update(tree_map(wide, model.mlx_model.parameters()))
+            with open_engine(model, Config()) as engine:
+                theirs = engine.decode_window(seq)  # tier 2's scores: mlx-lm's log-probabilities [T, V]
+        rel = float(np.abs(ours - theirs).max()) / scale
+        print(f"\n{recipe}, {'float32' if widened else 'bfloat16'} activations: native vs tier 2, "
+              f"max |Δ log-probability| / scale = {rel:.2e}")
+        assert rel <= budget
+        if widened:
+            assert np.array_equal(ours.argmax(-1), theirs.argmax(-1))
