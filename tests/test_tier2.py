@@ -300,3 +300,16 @@ def test_native_path_and_tier_2_agree(native_family, tmp_path):
         assert rel <= budget
         if widened:
             assert np.array_equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_doctor_says_which_tier_runs_a_directory(qwen3, tmp_path):
+    import json
+
+    from tests.test_doctor import _diag
+
+    _, d, _, _ = qwen3
+    text = _diag(d).text()
+    assert "tier: 2 as it is" in text and "mlx-lm's qwen3_moe model file" in text and "strata convert" in text
+    (tmp_path / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                      "model_type": "no_such_family"}))
+    assert "tier: no tier 2 (mlx-lm has no no_such_family model file)" in _diag(tmp_path).text()
