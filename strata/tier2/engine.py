@@ -111,6 +111,10 @@ class Tier2Engine(SessionEngine):
     @classmethod
     def open(cls, model, config: Config, *, stream: bool | None = None, plan=None, hook=None,
              keep_trace: bool = False) -> "Tier2Engine":
+        """The engine strata.engines.open_engine gives a Tier2Model: an arena of `plan.slots`
+        slots (`--arena` or the budget rule), or a slot per expert where every expert fits or
+        `stream` is False (full residency through the same layer: each expert read once)."""
+        check_tier2_config(config)  # before the plan: a setting tier 2 ignores is the first thing said
         plan = plan or arena_plan_for(model, config)
         capacity = plan.slots if plan.streaming else max(plan.total_experts, plan.min_slots)
         if stream is False:
