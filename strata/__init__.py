@@ -1,7 +1,8 @@
 """strata: run Mixture-of-Experts language models larger than memory.
 
 Public API:
-    load(path)                                  -> Model (no path, or "default": the embedded model)
+    load(path)                                  -> Model (no path, or "default": the embedded model;
+                                                   a checkpoint directory: a tier-2 model)
     open_engine(model, config)                  -> Engine (a long-lived session: prefill, decode,
                                                    decode_window, trim, reset, stats, close)
     generate(model_or_engine, prompt, *, ...)   -> GenerationResult

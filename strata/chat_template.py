@@ -74,8 +74,14 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
 
 
 def special_tokens_of(model_path: str | os.PathLike) -> dict[str, str]:
-    """The special-token strings stored in a converted model's GGUF metadata (metadata only)."""
+    """The special-token strings stored in a converted model's GGUF metadata (metadata only), or
+    a checkpoint directory's tokenizer_config.json (a tier-2 model)."""
     from strata.formats.gguf_file import open_gguf  # checked like every model read (FormatError on a bad file)
+
+    if os.path.isdir(model_path):
+        from strata.convert.tokenizer_files import read_tokenizer_files
+
+        return dict(read_tokenizer_files(model_path).special_tokens)
 
     gf = open_gguf(model_path)
     try:

@@ -159,8 +159,14 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     config = as_config(config)  # a Config or a mapping of its fields
     from strata.threads import apply_threads
 
-    model = model if isinstance(model, Model) else load(model)
+    from strata.tier2.model import Tier2Model
+
+    model = model if isinstance(model, (Model, Tier2Model)) else load(model)
     config = config if config is not None else load_config()
+    if isinstance(model, Tier2Model):  # mlx-lm's model file, experts streamed (strata.tier2)
+        from strata.tier2.engine import Tier2Engine
+
+        return Tier2Engine.open(model, config, stream=stream, plan=plan, hook=hook, keep_trace=keep_trace)
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
     plan = plan or arena_plan_for(model, config, ple_bytes=_row_cache_bytes(model, config))
     mlx = resolve_backend(model, config) is Backend.MLX

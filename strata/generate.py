@@ -16,6 +16,7 @@ from strata.engines import Engine, common_prefix, session_engine
 from strata.device_greedy import PipelinedGreedySteps, non_finite_logits, takes_pipeline
 from strata.errors import ContextLimitError, ParameterError, StrataError
 from strata.loader import Model, load
+from strata.tier2.model import Tier2Model
 from strata.reference.sampling import SamplerConfig, log_softmax, sample
 from strata.runtime.report import StreamReport
 from strata.session import SessionEngine
@@ -140,7 +141,7 @@ def stream_generate(
         if engine.model is None:
             raise StrataError("this engine was built from bare parameters; generate needs one from strata.open_engine")
         model = engine.model
-    elif isinstance(model, Model):
+    elif isinstance(model, (Model, Tier2Model)):
         engine = None
     else:
         model = owned = load(model)

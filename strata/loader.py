@@ -86,8 +86,10 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
 
     The experts file defaults to the model's name with the `.experts` suffix. No model, or the
     name "default" where no such file is, loads the embedded default model (docs/model-card.md).
-    A directory, a checkpoint's weights file or another program's GGUF (llama.cpp's) is refused
-    in one line naming `strata convert` (strata/model_source.py). A model written
+    A checkpoint directory (config.json + safetensors) loads as tier 2: a `strata.tier2.model.
+    Tier2Model`, mlx-lm's model file with strata's streamed experts (needs the `mlx-lm` extra;
+    docs/tier2.md). Another directory, a checkpoint's weights file or another program's GGUF
+    (llama.cpp's) is refused in one line naming `strata convert` (strata/model_source.py). A model written
     with an expert set records that set's identity; loading it with another set (another model's
     experts of the same shape, or a conversion interrupted between its two renames) is refused
     unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
@@ -112,13 +114,29 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
         model = default_model_path()
     if not isinstance(model, (str, Path)):
         raise FormatError(f"model: expected a path (str or Path), got {type(model).__name__}")
-    if looks_like_hub_id(model):  # a hub id: the strata model in its local-cache snapshot
-        model = strata_model_in(resolve_model_name(model), str(model))
+    if looks_like_hub_id(model):  # a hub id: its local-cache snapshot, a checkpoint (tier 2) or a strata model
+        from strata.tier2 import is_tier2_source
+
+        snapshot = resolve_model_name(model)
+        model = snapshot if is_tier2_source(snapshot) else strata_model_in(snapshot, str(model))
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
         model_path = model_path.with_name(model_path.name + ".gguf")
     if not model_path.exists():
         raise FormatError(f"{model}: no such model file")
+    from strata.tier2 import is_tier2_source
+
+    if is_tier2_source(model_path):  # a checkpoint directory: mlx-lm's model file, experts streamed
+        from strata.tier2.model import load_tier2
+
+        if max_context is not None:
+            from strata.option_names import option
+
+            raise ParameterError(f"{model}: {option('ctx', python='max_context')} is not available on tier 2 (mlx-lm's "
+                                 "model file sizes its own cache); leave it out, or convert a native family with "
+                                 "`strata convert`")
+
+        return load_tier2(model_path)
     check_model_source(model_path)
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():

@@ -128,7 +128,7 @@ def test_mlx_refuses_mixed_types_in_one_line_and_auto_picks_numpy(models):
     with pytest.raises(ConfigError) as err:
         open_engine(model, EXACT0.replace(backend=Backend.MLX), stream=False)
     msg = str(err.value)
-    assert "\n" not in msg and "mix" in msg and "Q4_K" in msg and "--backend numpy" in msg
+    assert "\n" not in msg and "mix" in msg and "Q4_K" in msg and "backend='numpy'" in msg  # the Python API's spelling
     assert resolve_backend(model, EXACT0) is Backend.NUMPY
 
 

@@ -14,16 +14,18 @@ HELP = """\
 Generate text. With one positional argument it is the prompt and the embedded default model
 is used; with two, the first is a model (`name.gguf`, its experts in `name.experts`; `default`
 names the embedded one; a hub id such as Qwen/Qwen3-30B-A3B is looked up in the local Hugging
-Face cache). PROMPT is the text, @FILE reads it from a file, - from standard input (@@text is the
-literal @text). Greedy by default (--temp 0); --top-k, --min-p, --top-p filter a sampled step,
---repeat-penalty lowers tokens seen in the last 64, --frequency-penalty and --presence-penalty
-are OpenAI's (all off by default); --seed makes sampled runs reproducible. The embedded model
-is the demo: with no sampling flag it samples (--temp 0.7 --top-p 0.9 --repeat-penalty 1.2
---seed 0, which keep it out of greedy loops: docs/model-card.md) and its output starts with the
-prompt; any sampling flag (or --suffix-draft) starts from greedy instead. --stop ends the text where a string
-starts; --ctx holds the model to fewer positions than its context (a longer prompt is refused).
---chat wraps the prompt as one user turn in the model's chat template (converted models keep
-their checkpoint's). The summary line gives the speeds and the process's peak memory.
+Face cache; a checkpoint directory as mlx-lm's convert writes it runs as tier 2: mlx-lm's model
+file, experts streamed from the shards, with the `mlx-lm` extra). PROMPT is the text, @FILE reads
+it from a file, - from standard input (@@text is the literal @text). Greedy by default (--temp 0);
+--top-k, --min-p, --top-p filter a sampled step, --repeat-penalty lowers tokens seen in the last
+64, --frequency-penalty and --presence-penalty are OpenAI's (all off by default); --seed makes
+sampled runs reproducible. The embedded model is the demo: with no sampling flag it samples
+(--temp 0.7 --top-p 0.9 --repeat-penalty 1.2 --seed 0, which keep it out of greedy loops:
+docs/model-card.md) and its output starts with the prompt; any sampling flag (or --suffix-draft)
+starts from greedy instead. --stop ends the text where a string starts; --ctx holds the model to
+fewer positions than its context (a longer prompt is refused). --chat wraps the prompt as one
+user turn in the model's chat template (converted models keep their checkpoint's). The summary
+line gives the speeds and the process's peak memory.
 
 sizes: --arena 2GB (bytes: a number with a unit), --arena 300 or 300slots (slots), --arena 25%
 (a share of all experts); every size flag of every subcommand reads them alike."""

@@ -19,6 +19,7 @@ otherwise; there is no authentication. Every generate runtime flag applies to ev
 examples:
   strata serve                                    the embedded model on http://127.0.0.1:8000
   strata serve /data/qwen3.gguf --arena 8GB --prefetch 16
+  strata serve ~/models/Qwen3-30B-A3B-4bit        an mlx-lm checkpoint directory (tier 2: docs/tier2.md)
   strata serve model.gguf --port 9000 --name qwen3 --chat-template chat.jinja
   strata serve --ctx 512 --stop '\\n\\n'              a 512-position context; every reply ends at a blank line
   curl -s localhost:8000/v1/completions -H 'content-type: application/json' \\

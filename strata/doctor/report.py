@@ -74,6 +74,13 @@ class Diagnosis:
                      f"peak memory {fmt_bytes(p.peak_memory)}")
         after = " (once converted with `strata convert`)" if _needs_convert(self.source) and p.verdict != "not supported" else ""
         lines.append(f"verdict: {p.summary}{after}")
+        where = Path(self.source.path)
+        if self.source.kind in ("hf", "mlx"):  # a checkpoint directory may run as it is (tier 2, docs/tier2.md)
+            from strata.convert.architectures import BY_MODEL_TYPE
+            from strata.tier2.source import tier_line
+
+            t = self.source.counts.model_type
+            lines.append(tier_line(where if where.is_dir() else where.parent, t, t in BY_MODEL_TYPE))
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

@@ -1,0 +1,151 @@
+"""Where each routed expert's bytes are in a checkpoint's safetensors shards.
+
+mlx-lm's convert stores a MoE layer's experts stacked: `<layer>.switch_mlp.gate_proj.weight` of
+shape [E, out, in/pack], and likewise its `scales`, `biases` (affine), `bias` (a projection with
+one). Expert e of a stacked tensor is the e-th of E equal row-major slices, so its bytes are
+one contiguous range of the shard: `begin + e * piece_bytes` (from the safetensors header).
+
+One slot of the arena holds one expert of any MoE layer: a fixed list of *pieces* (projection
+part, per-expert shape, dtype), the same for every layer. A checkpoint whose layers store their
+experts differently (mixed per-layer bit widths) is refused in one line, as is one whose stacked
+tensors are not stored as mlx-lm holds them (per-expert tensors, a transposed layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from strata.convert.safetensors_reader import Checkpoint
+from strata.errors import FormatError
+from strata.formats.expert_record import RECORD_ALIGN
+
+__all__ = ["Piece", "ExpertTensors", "locate_experts", "SAFETENSORS_DTYPES"]
+
+# safetensors dtype -> (MLX dtype name, bytes per element): what mlx-lm's quantized experts use
+SAFETENSORS_DTYPES = {"U32": ("uint32", 4), "U8": ("uint8", 1), "BF16": ("bfloat16", 2), "F16": ("float16", 2),
+                      "F32": ("float32", 4), "I32": ("int32", 4)}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One part of an expert as a slot holds it: `name` within the SwitchGLU (e.g.
+    `gate_proj.scales`), one expert's shape and MLX dtype name, its byte count."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ExpertTensors:
+    """Every MoE layer's stacked expert tensors in the shards.
+
+    pieces: what one slot holds, in order; `offsets[m][p]` = (shard index, byte offset of expert
+    0 of piece p of MoE layer m); `shards`: the shard paths. Quacks, for the reader pool, like the
+    parts of an ExpertsFile it reads (`header`, `path`, `record_offset`)."""
+
+    pieces: tuple[Piece, ...]
+    offsets: tuple[tuple[tuple[int, int], ...], ...]
+    shards: tuple[Path, ...]
+    n_experts: int
+    directory: Path
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def record_bytes(self) -> int:
+        """One expert's bytes, all pieces."""
+        return sum(p.nbytes for p in self.pieces)
+
+    @property
+    def slot_bytes(self) -> int:
+        """`record_bytes` rounded up to the arena's slot alignment (the budget rule's unit)."""
+        return -(-self.record_bytes // RECORD_ALIGN) * RECORD_ALIGN
+
+    @property
+    def n_records(self) -> int:
+        return self.n_layers * self.n_experts
+
+    @property
+    def path(self) -> Path:
+        return self.directory
+
+    @property
+    def header(self) -> SimpleNamespace:
+        """What the reader pool reads of an `.experts` header: geometry for its messages and checks."""
+        return SimpleNamespace(padded_bytes=self.slot_bytes, record_bytes=self.record_bytes, data_offset=0,
+                               n_layers=self.n_layers, n_experts=self.n_experts)
+
+    def record_offset(self, layer: int, expert: int) -> int:
+        """The file offset of the expert's first piece (named in read errors)."""
+        if not (0 <= layer < self.n_layers and 0 <= expert < self.n_experts):
+            raise FormatError(f"{self.directory}: no MoE layer {layer} expert {expert} "
+                              f"({self.n_layers} MoE layers of {self.n_experts} experts)")
+        shard, begin = self.offsets[layer][0]
+        return begin + expert * self.pieces[0].nbytes
+
+    def piece_ranges(self, layer: int, expert: int) -> list[tuple[int, int, int]]:
+        """(shard index, file offset, byte count) of each piece of one expert, in slot order."""
+        return [(s, begin + expert * p.nbytes, p.nbytes) for p, (s, begin) in zip(self.pieces, self.offsets[layer])]
+
+
+def locate_experts(directory: Path, layers: list[tuple[str, dict]]) -> ExpertTensors:
+    """The stacked tensors of each MoE layer, found in the shards' headers.
+
+    layers: per MoE layer in order, (module path as the checkpoint names it, {piece name: the
+    module's array}); each array must be stored under `path.name` with its shape and dtype."""
+    ckpt = Checkpoint(directory)
+    try:
+        shards = sorted({info.shard for info in ckpt.tensors.values()})
+        index = {p: i for i, p in enumerate(shards)}
+        pieces: tuple[Piece, ...] | None = None
+        offsets = []
+        n_experts = None
+        for path, arrays in layers:
+            mine, where = [], []
+            for name in sorted(arrays):
+                arr = arrays[name]
+                key = f"{path}.{name}"
+                if key not in ckpt:
+                    raise FormatError(f"{directory}: the experts of {path} are not stored stacked ({key} is missing; a "
+                                      "checkpoint with one tensor per expert): convert it with mlx-lm's convert "
+                                      "(or `strata convert` for a native family) first")
+                info = ckpt.tensors[key]
+                dtype = SAFETENSORS_DTYPES.get(info.dtype)
+                want = str(arr.dtype).removeprefix("mlx.core.")
+                if dtype is None or dtype[0] != want or tuple(info.shape) != tuple(arr.shape):
+                    raise FormatError(f"{directory}: {key} is stored as {info.dtype} {list(info.shape)}, but mlx-lm "
+                                      f"holds it as {want} {list(arr.shape)}: convert it with mlx-lm's convert first")
+                e = info.shape[0]
+                if n_experts is None:
+                    n_experts = e
+                elif e != n_experts:
+                    raise FormatError(f"{directory}: {key} stacks {e} experts, earlier layers {n_experts}")
+                per = int(np.prod(info.shape[1:], dtype=np.int64)) * dtype[1]
+                if info.end - info.begin != e * per:
+                    raise FormatError(f"{directory}: {key}: {info.end - info.begin} bytes, expected {e * per}")
+                mine.append(Piece(name, tuple(info.shape[1:]), dtype[0], per))
+                where.append((index[info.shard], info.begin))
+            if pieces is None:
+                pieces = tuple(mine)
+            elif tuple(mine) != pieces:
+                raise FormatError(f"{directory}: the experts of {path} are stored unlike the first MoE layer's "
+                                  f"({_describe(mine)} vs {_describe(pieces)}): mixed per-layer expert formats are "
+                                  "not run on tier 2 yet")
+            offsets.append(tuple(where))
+        if pieces is None:
+            raise FormatError(f"{directory}: no routed experts (no switch layer) in this model")
+        return ExpertTensors(pieces, tuple(offsets), tuple(shards), int(n_experts), Path(directory))
+    finally:
+        ckpt.close()
+
+
+def _describe(pieces) -> str:
+    return ", ".join(f"{p.name} {p.dtype}{list(p.shape)}" for p in pieces)

@@ -1,0 +1,208 @@
+"""Tier2Model: a checkpoint directory run with mlx-lm's own model class, experts streamed.
+
+`load_tier2(directory)` builds the model as mlx-lm's `load_model` does (its config, class,
+sanitize, quantization and weights; lazily, so nothing is read yet), finds every switch layer
+(`SwitchGLU`, `SwitchMLP`), locates each one's stacked expert tensors in the shards
+(strata.tier2.expert_tensors), drops the model's references to them (they are never read whole)
+and then materializes the rest: the dense weights as mlx-lm loads them. An engine installs its
+arena into the switch layers (`install`): each one's projections then read the arena's slots,
+and a StreamedSwitch takes its place. Nothing is written beside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from strata.errors import ConfigError, FormatError
+from strata.tokenizer import Tokenizer
+from strata.tier2.source import require_mlx_lm
+
+__all__ = ["Tier2Config", "Tier2Model", "load_tier2", "not_runnable", "TOP_K_KEYS", "DEFAULT_MAX_CONTEXT"]
+
+# where configs name the experts a token selects (the first present wins)
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k", "top_k",
+              "top_k_experts", "n_activated_experts")
+DEFAULT_MAX_CONTEXT = 32768  # a config without max_position_embeddings: mlx-lm sets no limit either
+
+
+@dataclass(frozen=True)
+class Tier2Config:
+    """What the generation loop and the cache need of a tier-2 model."""
+
+    model_type: str
+    vocab_size: int
+    max_context: int
+    n_moe_layers: int
+    n_experts: int
+    n_experts_per_token: int
+    native: bool  # strata also has a native module for this model_type (`strata convert`)
+
+
+@dataclass(eq=False)
+class Tier2Model:
+    """A loaded tier-2 model. `mlx_model` is mlx-lm's Model; `switches` its SwitchGLU modules by
+    MoE layer as (path, parent module, attribute, the SwitchGLU); `tensors` the experts in the
+    shards; `session` the engine it keeps (strata.engines.session_engine)."""
+
+    cfg: Tier2Config
+    mlx_model: object
+    tokenizer: Tokenizer
+    tensors: object  # ExpertTensors
+    switches: list
+    scorers: list  # per MoE layer: its gate's read-ahead scorer or None (strata.tier2.guesses)
+    model_path: Path
+    dense_bytes: int
+    session: object = field(default=None, repr=False)
+    ngrams_file: object = None  # no PLE tables on tier 2
+    installed: object = field(default=None, repr=False)  # the engine whose arena the switch layers read
+    session_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # as Model's (strata/sharing.py)
+
+    tier = 2
+
+    @property
+    def experts_file(self):
+        """The experts' source as the runtime reads a model's `.experts` file: its `header`
+        geometry (record and slot bytes, layers, experts), `path`, `record_offset` (speculation's
+        byte counts, the reader pool); the shards' stacked tensors (ExpertTensors)."""
+        return self.tensors
+
+    def why(self) -> str:
+        """One line: which tier runs and why."""
+        t = self.cfg.model_type
+        if self.cfg.native:
+            return (f"tier 2: mlx-lm's {t} model file, experts streamed from the checkpoint (strata's native {t} "
+                    f"path needs `strata convert {self.model_path} OUT` first)")
+        return f"tier 2: mlx-lm's {t} model file, experts streamed from the checkpoint (no native {t} module in strata)"
+
+    def install(self, arena, stream, owner) -> None:
+        """Point every switch layer's stacked tensors at `arena` and route its calls through
+        `stream`, for the engine `owner` (`installed`): engines over one model each install
+        theirs before a forward, so two open at once never read each other's arena."""
+        from mlx.utils import tree_unflatten
+
+        from strata.tier2.switch import StreamedSwitch
+
+        for m, (path, parent, attr, inner) in enumerate(self.switches):
+            inner.update(tree_unflatten(list(arena.arrays.items())))
+            setattr(parent, attr, StreamedSwitch(inner, m, stream))
+        self.installed = owner
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def __enter__(self) -> "Tier2Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def not_runnable(directory: Path, why: str) -> str:
+    """The one-line refusal of a checkpoint directory tier 2 cannot run, with the other way in."""
+    return (f"{directory}: a Hugging Face checkpoint directory that tier 2 cannot run as it is ({why}); for a "
+            f"native family run `strata convert {directory} OUT`, then `strata generate OUT.gguf PROMPT`")
+
+
+def _config_value(config: dict, keys) -> object:
+    for c in (config, config.get("text_config") or {}):
+        for k in keys:
+            if c.get(k) is not None:
+                return c[k]
+    return None
+
+
+def _native_model_types() -> frozenset:
+    from strata.convert.architectures import BY_MODEL_TYPE
+
+    return frozenset(BY_MODEL_TYPE)
+
+
+def _layer_key(path: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\.(\d+)(?=\.|$)", path))
+
+
+def _parent(model, path: str):
+    obj, parts = model, path.split(".")
+    for p in parts[:-1]:
+        obj = obj[int(p)] if isinstance(obj, list) else obj[p]
+    return obj, parts[-1]
+
+
+def _scorer(model, path: str, n_experts: int, input_dims: int):
+    """The read-ahead scorer of the MoE block that owns the switch layer at `path`: its parent's
+    gate, else its grandparent's (DeepSeek-V4.1 keeps the switch layer in an `experts` module
+    beside the gate)."""
+    from strata.tier2.guesses import gate_scorer
+
+    parts = path.split(".")
+    for inner in (path, ".".join(parts[:-1])):  # the switch layer's parent, then the parent's parent
+        if "." not in inner:
+            break
+        scorer = gate_scorer(_parent(model, inner)[0], n_experts, input_dims)
+        if scorer is not None:
+            return scorer
+    return None
+
+
+def load_tier2(directory: str | Path) -> Tier2Model:
+    """mlx-lm's model of `directory` with its routed experts left on disk (module doc)."""
+    directory = Path(directory)
+    require_mlx_lm(directory)
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
+    from mlx_lm.utils import load_model
+
+    from strata.convert.tokenizer_files import read_tokenizer_files
+    from strata.tier2.expert_tensors import locate_experts
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{directory / 'config.json'}: unreadable ({e})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type is None:
+        raise FormatError(not_runnable(directory, "its config.json names no model_type"))
+    try:
+        model, config = load_model(directory, lazy=True)
+    except (ValueError, RuntimeError, OSError, KeyError, TypeError, AttributeError) as e:
+        # mlx-lm's words for an unknown model_type, a config it cannot read, a damaged shard
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise FormatError(not_runnable(directory, f"mlx-lm cannot load it: {why}")) from None
+    found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, (SwitchGLU, SwitchMLP))),
+                   key=lambda t: _layer_key(t[0]))  # MoE layers in forward order
+    if not found:
+        raise ConfigError(f"{directory}: {model_type} has no routed experts in mlx-lm's model (no switch layer); "
+                          "tier 2 streams MoE models only")
+    layers = [(p, dict(tree_flatten(m.parameters()))) for p, m in found]
+    tensors = locate_experts(directory, layers)
+    switches, scorers = [], []
+    for path, inner in found:
+        parent, attr = _parent(model, path)
+        switches.append((path, parent, attr, inner))
+        first = inner["gate_proj"] if "gate_proj" in inner else inner["fc1"]  # SwitchGLU's / SwitchMLP's
+        scorers.append(_scorer(model, path, tensors.n_experts, first.input_dims))
+        # the lazy file arrays go: the experts are read per slot, never whole
+        inner.update(tree_unflatten([(p.name, mx.zeros((0,), mx.uint8)) for p in tensors.pieces]))
+    params = [a for _, a in tree_flatten(model.parameters())]
+    mx.eval(params)
+    dense = sum(a.nbytes for a in params)
+    top_k = _config_value(config, TOP_K_KEYS)
+    if not isinstance(top_k, int) or not 1 <= top_k <= tensors.n_experts:
+        raise ConfigError(f"{directory}: config.json names no experts per token ({' / '.join(TOP_K_KEYS[:3])}, ...)")
+    vocab = _config_value(config, ("vocab_size",))
+    limit = _config_value(config, ("max_position_embeddings",)) or DEFAULT_MAX_CONTEXT
+    tf = read_tokenizer_files(directory)
+    eos = tf.special_tokens.get("eos_token")
+    tok = Tokenizer.from_json(tf.tokenizer_json, chat_template=tf.chat_template, source=str(directory),
+                              eos_tokens=(eos,) if eos else ())
+    cfg = Tier2Config(model_type=str(model_type), vocab_size=int(vocab or tf.vocab_size), max_context=int(limit),
+                      n_moe_layers=tensors.n_layers, n_experts=tensors.n_experts, n_experts_per_token=top_k,
+                      native=model_type in _native_model_types())
+    return Tier2Model(cfg=cfg, mlx_model=model, tokenizer=tok, tensors=tensors, switches=switches, scorers=scorers,
+                      model_path=directory, dense_bytes=dense)
