@@ -181,7 +181,7 @@ def streaming_parts(model, config: Config, plan, *, rows=None) -> tuple:
     if model.cfg.hc_count:  # Qwen4-Exp: the streams as the runtime's x (hyper_compute.py)
         from strata.mlx_backend.hyper_compute import HyperMlxCompute
         from strata.mlx_backend.hyper_model import to_hyper_params
-        from strata.reference.hyper_model import resident_rows
+        from strata.reference.ple import resident_rows
 
         wire_mlx(plan.slots * xf.header.padded_bytes + stored_bytes(model.dense))  # Metal: within its ceiling
         arena = MlxArena(plan.slots, xf.header.padded_bytes)

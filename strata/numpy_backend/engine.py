@@ -98,11 +98,5 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
         ok = all(mlock_buffer(a) for a in as_dense_weights(model.dense).arrays())  # the stored buffers
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
-    if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)
-        from strata.numpy_backend.hyper_compute import HyperNumpyCompute
-
-        compute = HyperNumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
-                                    rows=rows)
-        return arena, compute, tuple(notes)
-    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers)
+    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers, rows=rows)
     return arena, compute, tuple(notes)

@@ -119,7 +119,7 @@ def ple_rows_for(model, config, *, stream: bool | None = None, hook=None, latenc
         return None
     store = model.ngrams_file
     if store is None:
-        from strata.reference.hyper_model import resident_rows
+        from strata.reference.ple import resident_rows
 
         return PleRows(resident_rows(cfg, model.dense), None, None, "PLE rows resident (in the model file)")
     if not stream:
