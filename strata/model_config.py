@@ -18,7 +18,7 @@ from strata.errors import ConfigError
 from strata.families.qwen4_exp import qwen4_tensor_shapes
 from strata.families.registry import FAMILIES
 from strata.layer_kinds import (  # noqa: F401  (re-exported: the model's vocabulary, spoken through this module)
-    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, RopeScaling, RoutingOrder,
+    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, ResidualKind, RopeScaling, RoutingOrder,
 )
 from strata.tensor_names import (  # noqa: F401  (re-exported)
     MIXER_TENSORS, TensorNames, attention_tensor_shapes, deltanet_tensor_shapes, mla_tensor_shapes,
@@ -181,6 +181,11 @@ class ModelConfig:
     @property
     def has_shared_expert(self) -> bool:
         return self.shared_ffn_size > 0
+
+    @property
+    def residual(self) -> ResidualKind:
+        """The residual stream's kind: hyper-connections where the model has streams (Qwen4-Exp)."""
+        return ResidualKind.HYPER_CONNECTIONS if self.hc_count else ResidualKind.PLAIN
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)

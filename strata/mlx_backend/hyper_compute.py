@@ -1,5 +1,6 @@
 """`HyperMlxCompute`: the runtime's LayerCompute seam for a hyper-connection model (Qwen4-Exp) on
-MLX, routed experts from a streaming MlxArena (twin of numpy_backend/hyper_compute.py).
+MLX, routed experts from a streaming MlxArena (twin of NumpyCompute over reference/residual.py's
+`HyperConnections`).
 
 The runtime's loop is unchanged; what it calls `x` is the residual streams [T, hc * D], wrapped
 after `mixer` in a `_Streams` that `router_input` fills with the MoE block's input h and its

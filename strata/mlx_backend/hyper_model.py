@@ -1,4 +1,4 @@
-"""Twin of strata.reference.hyper_model on MLX ops: the forward of a hyper-connection model
+"""Twin of strata.reference.residual's `HyperConnections` on MLX ops: the forward of a hyper-connection model
 (Qwen4-Exp), every expert resident in one MLX arena.
 
 An ops-level twin: the hyper-connections, the PLE term (mlx_backend/ple.py), the indexed
@@ -217,7 +217,7 @@ def hyper_mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens:
 
 def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows, *, window: bool = False,
                   device_routing: bool = True) -> tuple[mx.array, ModelState]:
-    """Twin of reference `hyper_forward` with the model's own routing: on the device (no host
+    """Twin of reference `forward` with hyper-connections and the model's own routing: on the device (no host
     round trip per layer), or device_routing=False on the host by the reference's `route`.
 
     Shapes: tokens [T] -> (logits float32 [T, V], state)"""
@@ -248,6 +248,6 @@ def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows,
 
 
 def hyper_head(p: HyperMlxParams, streams: mx.array) -> mx.array:
-    """Twin of reference `hyper_head`: the last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
+    """Twin of reference `HyperConnections.head`: the last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
     final, _ = hc_read(p.cfg, p.hc_out, streams)
     return final @ p.output.T

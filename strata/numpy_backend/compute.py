@@ -51,8 +51,7 @@ class NumpyCompute(StatefulCompute):
                  layers: LayerRange | None = None, rows: NgramRows | None = None) -> None:
         self.params, self.arena, self.layout = params, arena, layout
         cfg = params.cfg
-        self.residual = residual_for(params, rows)  # `rows`: a PLE model's row source (default: resident)
-        self.residual.check_stage(cfg, layers)
+        self.residual = residual_for(params, rows, layers)  # `rows`: a PLE model's row source (default: resident)
         self._tokens = np.zeros(0, np.int64)  # the positions being computed, embed to head (PLE layers hash them)
         self._carry = None  # what router_input's read hands combine's write (hyper-connections: the injection)
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)

@@ -11,10 +11,10 @@ import numpy as np
 from strata.formats.dense_weights import as_dense_weights
 from strata.numpy_backend.prompt import prompt_forward
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
-from strata.runtime.ngram_source import RowCacheOwner
+from strata.runtime.ngram_source import RowCacheOwner, ple_rows_for
 from strata.session import StateEngine
 
-__all__ = ["ReferenceEngine", "streaming_parts"]
+__all__ = ["ReferenceEngine", "open_resident", "streaming_parts"]
 
 
 class ReferenceEngine(RowCacheOwner, StateEngine):
@@ -74,6 +74,19 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         tokens, self.state = snapshot
         self._tokens = list(tokens)
         self.version += 1
+
+
+def open_resident(model, config, *, row_faults: dict | None = None) -> ReferenceEngine:
+    """The all-resident numpy engine over `model`, with its PLE row source where it has one
+    (strata.runtime.ngram_source: the tables whole where they fit, else a row cache the engine
+    owns; row_faults: hook and latency faults on its reads)."""
+    ple = ple_rows_for(model, config, **(row_faults or {}))
+    try:
+        return ReferenceEngine.open(model, config, ple=ple)
+    except BaseException:
+        if ple is not None:
+            ple.close()
+        raise
 
 
 class _NoResidentExperts:

@@ -71,8 +71,7 @@ def forward(
     cfg = params.cfg
     select = select or plain_select(cfg, params.dense)
     moe_output = moe_output or reference_moe_output
-    residual = residual_for(params, rows)  # plain, or hyper-connection streams (residual.py)
-    residual.check_stage(cfg, layers)
+    residual = residual_for(params, rows, layers)  # plain, or hyper-connection streams (residual.py)
     layers = layers or LayerRange.whole(cfg)
     if layers.embeds:
         tokens = np.asarray(tokens, np.int64)

@@ -2,7 +2,7 @@
 
 The forward pass (model.py) and its twins on the runtime's seam run one layer loop; how a block
 reads the residual and writes its output back is the strategy's, chosen from the config by
-`residual_for`:
+`residual_for` (by `ModelConfig.residual`, a table like the mixers'):
 
 - `PlainResidual` (every family but Qwen4-Exp): one stream x [T, D] with pre-norms,
   x += mixer(rms_norm(x)); h = rms_norm(x); x += ffn(h); logits = head(rms_norm(x)).
@@ -29,21 +29,19 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.families.qwen4_exp import HC_FINAL
-from strata.model_config import LayerRange, ModelConfig, TensorNames
+from strata.model_config import LayerRange, ResidualKind, TensorNames
 from strata.reference.hyper_connections import expand_streams, hc_read, hc_write
 from strata.reference.layers import head, mixer_block, router_input
 from strata.reference.mixers import mixer_for
 from strata.reference.ngram_rows import NgramRows
 from strata.reference.ple import PleLayerState, ple, resident_rows
 
-__all__ = ["Residual", "PlainResidual", "HyperConnections", "residual_for"]
+__all__ = ["Residual", "PlainResidual", "HyperConnections", "RESIDUALS", "residual_for"]
 
 
 class Residual(Protocol):
     """How a layer's blocks read and write the residual (module doc). `r` is the residual: [T, D]
     for the plain stream, [T, S] for hyper-connection streams; h and block outputs are [T, D]."""
-
-    def check_stage(self, cfg: ModelConfig, layers: LayerRange | None) -> None: ...
 
     def expand(self, params, x: np.ndarray, tokens: np.ndarray) -> np.ndarray: ...
 
@@ -60,8 +58,9 @@ class Residual(Protocol):
 class PlainResidual:
     """One stream with pre-norms (layers.py's pieces); takes pipeline stages."""
 
-    def check_stage(self, cfg: ModelConfig, layers: LayerRange | None) -> None:
-        return None
+    @staticmethod
+    def for_params(params, rows: NgramRows | None, layers: LayerRange | None) -> "PlainResidual":
+        return PLAIN
 
     def expand(self, params, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return x
@@ -89,9 +88,15 @@ class HyperConnections:
     def __init__(self, rows: NgramRows) -> None:
         self.rows = rows
 
-    def check_stage(self, cfg: ModelConfig, layers: LayerRange | None) -> None:
+    @staticmethod
+    def for_params(params, rows: NgramRows | None, layers: LayerRange | None) -> "HyperConnections":
+        """rows: default `params.rows`, else the tables held with the dense weights."""
+        cfg = params.cfg
         if layers is not None and (layers.start, layers.stop) != (0, cfg.n_layers):
             raise ConfigError("hc_count: pipeline stages of a hyper-connection model are not supported")
+        if rows is None:
+            rows = params.rows if params.rows is not None else resident_rows(cfg, params.dense)
+        return HyperConnections(rows)
 
     def expand(self, params, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return expand_streams(params.cfg, x)  # [T, hc * D]
@@ -130,12 +135,15 @@ class HyperConnections:
         return logits[-1:] if last_only else logits
 
 
-def residual_for(params, rows: NgramRows | None = None) -> Residual:
-    """The model's residual strategy: hyper-connections where the config has streams (`hc_count`),
-    else the plain stream. rows: the PLE row source (default `params.rows`, else the tables held
-    with the dense weights)."""
-    if not params.cfg.hc_count:
-        return PLAIN
-    if rows is None:
-        rows = params.rows if params.rows is not None else resident_rows(params.cfg, params.dense)
-    return HyperConnections(rows)
+# each residual kind's strategy; `for_params(params, rows, layers)` builds it
+RESIDUALS: dict[ResidualKind, type] = {
+    ResidualKind.PLAIN: PlainResidual,
+    ResidualKind.HYPER_CONNECTIONS: HyperConnections,
+}
+
+
+def residual_for(params, rows: NgramRows | None = None, layers: LayerRange | None = None) -> Residual:
+    """The model's residual strategy, by its kind (`ModelConfig.residual`). rows: the PLE row
+    source of hyper-connections (default `params.rows`, else the tables held with the dense
+    weights). layers: a pipeline stage's range, refused (one line) by a residual that cannot be split."""
+    return RESIDUALS[params.cfg.residual].for_params(params, rows, layers)
