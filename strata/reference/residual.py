@@ -15,7 +15,9 @@ reads the residual and writes its output back is the strategy's, chosen from the
       h, inj = hc_read(hc_ffn, X);   X = hc_write(X, inj, ffn(h))      h is what the router sees
       logits = hc_read(hc_output, X) W_head^T    (no final norm: the last hyper-connection norms)
 
-A strategy's methods: `expand` (the embedding -> the residual), `mixer_block` (the layer's
+A strategy's static parts: `for_params` (built for a model's params, its PLE row source and a
+pipeline stage's layers) and `empty_layer_state` (what a layer keeps: its mixer's state, and
+under hyper-connections a PLE layer's PLE module state beside it). Its methods: `expand` (the embedding -> the residual), `mixer_block` (the layer's
 mixer applied to the residual), `ffn_read` (the FFN input h and what `ffn_write` needs to put
 the FFN's output back), `ffn_write`, `head` (last_only: a prefill's logits, the last position's). The mixers, the router, the experts are the
 reference's own pieces, whatever the residual.
@@ -28,13 +30,13 @@ from typing import Protocol
 import numpy as np
 
 from strata.errors import ConfigError
-from strata.families.qwen4_exp import HC_FINAL
-from strata.model_config import LayerRange, ResidualKind, TensorNames
+from strata.families.qwen4_exp import HC_FINAL, ple_layers
+from strata.model_config import LayerRange, ModelConfig, ResidualKind, TensorNames
 from strata.reference.hyper_connections import expand_streams, hc_read, hc_write
 from strata.reference.layers import head, mixer_block, router_input
-from strata.reference.mixers import mixer_for
+from strata.reference.mixers import MixerState, mixer_for
 from strata.reference.ngram_rows import NgramRows
-from strata.reference.ple import PleLayerState, ple, resident_rows
+from strata.reference.ple import PleLayerState, empty_ple_layer_state, ple, resident_rows
 
 __all__ = ["Residual", "PlainResidual", "HyperConnections", "RESIDUALS", "residual_for"]
 
@@ -61,6 +63,10 @@ class PlainResidual:
     @staticmethod
     def for_params(params, rows: NgramRows | None, layers: LayerRange | None) -> "PlainResidual":
         return PLAIN
+
+    @staticmethod
+    def empty_layer_state(cfg: ModelConfig, layer: int) -> MixerState:
+        return mixer_for(cfg.kinds[layer].mixer).empty_state(cfg)
 
     def expand(self, params, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return x
@@ -97,6 +103,13 @@ class HyperConnections:
         if rows is None:
             rows = params.rows if params.rows is not None else resident_rows(cfg, params.dense)
         return HyperConnections(rows)
+
+    @staticmethod
+    def empty_layer_state(cfg: ModelConfig, layer: int) -> MixerState | PleLayerState:
+        """The mixer's state, and on a PLE layer its PLE module's beside it (a DeltaNet layer's)."""
+        if layer in ple_layers(cfg):
+            return empty_ple_layer_state(cfg, layer)
+        return mixer_for(cfg.kinds[layer].mixer).empty_state(cfg)
 
     def expand(self, params, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return expand_streams(params.cfg, x)  # [T, hc * D]
