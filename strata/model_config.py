@@ -220,7 +220,7 @@ class ModelConfig:
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
-    if cfg.hc_count:  # Qwen4-Exp: hyper-connection norms instead of pre-norms, PLE and indexer tensors
+    if cfg.residual is ResidualKind.HYPER_CONNECTIONS:  # Qwen4-Exp: hyper-connection norms, not pre-norms; PLE, indexer
         return qwen4_tensor_shapes(cfg)
     n = TensorNames
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),
