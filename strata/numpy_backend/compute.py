@@ -3,7 +3,8 @@
 It composes the reference layer pieces (strata.reference.model) in the reference's order with
 the reference's float32 ops, the residual read and written by the model's strategy
 (strata.reference.residual: what the runtime calls `x` is the plain stream [T, D] or the
-hyper-connection streams [T, S]; `router_input` keeps what `combine` writes back with), so at λ = 0 it reproduces `ReferenceEngine`'s logits exactly:
+hyper-connection streams [T, S]; `router_input` keeps what `combine` writes back with), so at
+λ = 0 it reproduces `ReferenceEngine`'s logits exactly:
 routed experts are computed once per slot over the rows that chose it (strata.numpy_backend.
 grouped, as the reference engine's prompt path does; one row: on its [D] row, like
 `routed_experts`) and summed in rank order; a prompt layer that needs several passes (its expert union did not fit)
@@ -12,6 +13,7 @@ keeps each (token, rank) term and sums them in rank order once all passes are do
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -20,6 +22,7 @@ from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_rec
 from strata.formats.quant_types import QuantType
 from strata.model_config import LayerRange, TensorNames
 from strata.numpy_backend.grouped import grouped_terms
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference import model as ref
 from strata.reference.experts import expert_act
 from strata.reference.ngram_rows import NgramRows
@@ -48,8 +51,11 @@ class NumpyCompute(StatefulCompute):
     synchronous = True
 
     def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
-                 layers: LayerRange | None = None, rows: NgramRows | None = None) -> None:
+                 layers: LayerRange | None = None, rows: NgramRows | None = None,
+                 ops: CpuOps = REFERENCE_OPS) -> None:
+        params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
         self.params, self.arena, self.layout = params, arena, layout
+        self.ops = ops  # the experts' and the dense products: the float32 reference's or compiled
         cfg = params.cfg
         self.residual = residual_for(params, rows, layers)  # `rows`: a PLE model's row source (default: resident)
         self._tokens = np.zeros(0, np.int64)  # the positions being computed, embed to head (PLE layers hash them)
@@ -101,7 +107,8 @@ class NumpyCompute(StatefulCompute):
 
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
-        terms = grouped_terms(h, slots, weights, self._weights, self.act)  # as the reference engine's prompt
+        terms = grouped_terms(h, slots, weights, self._weights, self.act, expert=self.ops.expert,
+                              stack=self.ops.stack)  # as prompt_forward
         for t, r in zip(*np.nonzero(slots >= 0)):
             part.terms[(int(t), int(r))] = terms[t, r]
         return part
