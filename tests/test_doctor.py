@@ -182,6 +182,12 @@ def test_llama_cpp_gguf_metadata(tmp_path):
     c = d.source.counts
     assert d.source.kind == "gguf" and (c.n_layers, c.moe_layers, c.n_experts, c.top_k) == (2, 2, 8, 2)
     assert c.expert_weights == 3 * 64 * 32 and d.source.stored["experts"] == 2 * 3 * 8 * 64 * 32 * 2
+    # a conversion keeps the experts' own type (F16 here): the slot is that record's
+    from strata.formats.expert_record import RecordLayout
+    from strata.formats.quant_types import QuantType
+
+    assert d.source.expert_qtype is QuantType.F16
+    assert d.source.slot_bytes == RecordLayout(QuantType.F16, 64, 32).padded_bytes
     assert d.prediction.verdict == "not supported" and "strata convert" in d.prediction.summary
 
 

@@ -18,11 +18,14 @@ example:
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="convert a Hugging Face MoE checkpoint", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (or an mlx-lm one, or a llama.cpp .gguf)")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (float, block-wise FP8, or an mlx-lm one; "
+                                                    "or a llama.cpp .gguf)")
     p.add_argument("out", metavar="OUT", help="output path (OUT.gguf and OUT.experts are written)")
     p.add_argument("--experts", default=None, help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0; an "
-                                                "MLX-quantized checkpoint's experts keep their own bits)")
-    p.add_argument("--dense", default="f32", help="dense matrix type: f32, f16, q8_0 (default f32)")
+                                                "MLX-quantized checkpoint's or a llama.cpp GGUF's experts keep "
+                                                "their own types, bit for bit)")
+    p.add_argument("--dense", default=None, help="dense matrix type: f32, f16, q8_0 (default f32; a llama.cpp "
+                                             "GGUF's dense matrices keep their own types, bit for bit)")
     p.add_argument("--ngrams", default="f16", help="a PLE model's n-gram row store (OUT.ngrams) row type: f32, f16, "
                                                 "q8_0, q4_0 (default f16; docs/qwen4.md gives their KLD)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         expert_type = None if args.experts is None else parse_quant_type(args.experts)
-        dense_type = parse_quant_type(args.dense)
+        dense_type = None if args.dense is None else parse_quant_type(args.dense)
         ngram_type = parse_quant_type(args.ngrams)
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     c = r.cfg
     print(f"wrote {r.model_path} and {r.experts_path}: {r.family}, {c.n_layers} layers, {c.n_experts} experts "
-          f"(top-{c.n_experts_per_token}), experts {r.expert_type.name}, dense {r.dense_type.name}, "
+          f"(top-{c.n_experts_per_token}), experts {r.experts_described}, dense {r.dense_described}, "
           f"{r.seconds:.1f} s")
     if r.ngrams_path is not None:
         print(f"wrote {r.ngrams_path}: the PLE n-gram row store, rows {args.ngrams.upper()}")
