@@ -116,8 +116,10 @@ def resolve_backend(model, config: Config) -> Backend:
     why = mlx_refusal(header) if config.backend is Backend.MLX else None
     if why is not None:
         from strata.errors import ConfigError
+        from strata.option_names import option
 
-        raise ConfigError(f"backend mlx: {why} (use --backend numpy or auto, or convert with --experts q2_0)")
+        raise ConfigError(f"backend mlx: {why} (use {option('backend', 'numpy')} or auto, or convert with "
+                          f"{option('experts', 'q2_0', python='expert_type')})")
     if config.backend is not Backend.AUTO:
         return config.backend
     if mlx_gpu_available() and not header.mixed and header.qtype == QuantType.Q2_0:

@@ -57,6 +57,7 @@ from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
 from strata.ple_store import NGRAMS_SUFFIX
 from strata.reference.quants import quantize
+from strata.option_names import option
 
 EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
 DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # design §4: routed experts are Q2_0
@@ -111,7 +112,8 @@ def _check_expert_type(cfg: ModelConfig, qtype: QuantType) -> None:
         RecordLayout(qtype, cfg.hidden_size, cfg.expert_ffn_size)
     except ValueError as e:
         raise ConfigError(f"cannot store experts as {qtype.name.lower()}: {str(e).removeprefix('record layout: ')} "
-                          "(hidden_size and the expert ffn size; use --experts f16)") from None
+                          f"(hidden_size and the expert ffn size; use {option('experts', 'f16', python='expert_type')})") \
+            from None
 
 
 def _check_tokenizer(tok: TokenizerFiles, cfg: ModelConfig, where: Path) -> None:

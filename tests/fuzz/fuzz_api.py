@@ -1,10 +1,10 @@
 """Fuzz strata's API surfaces: one Model shared by threads and iterators, Config values, convert's
 pass-through of stored blocks, and the server's connections.
 
-    PYTHONPATH=$PWD python benchmarks/fuzz_api.py [--sharing 40] [--config 200] [--convert 24] \
+    PYTHONPATH=$PWD python tests/fuzz/fuzz_api.py [--sharing 40] [--config 200] [--convert 24] \
         [--serve 120] [--seed 0] [--timeout 30] [--json out.json] [--by-kind]
 
-The sibling of benchmarks/fuzz_files.py (files and reads), with its outcomes:
+The sibling of tests/fuzz/fuzz_files.py (files and reads), with its outcomes:
 
 - `refused`: a strata error (or the API's JSON error) in one line: the intended outcome here;
 - `same`: the call gave what it gives alone (sharing), a valid value was taken (config), a
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import strata  # noqa: E402
 from strata.config import Config, field_types  # noqa: E402

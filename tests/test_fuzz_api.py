@@ -1,4 +1,4 @@
-"""benchmarks/fuzz_api.py, a few cases of each group: every run refused or the same as alone
+"""tests/fuzz/fuzz_api.py, a few cases of each group: every run refused or the same as alone
 (0 wrong, 0 tracebacks, 0 hangs), and its JSON line counts them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[0] / "fuzz"))
 
 import fuzz_api  # noqa: E402
 

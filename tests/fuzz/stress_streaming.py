@@ -2,7 +2,7 @@
 small arena and short prompt chunks (several passes per prompt layer), many runs per read mode
 (O_DIRECT, buffered), counting runs whose logits leave the reference's tolerance.
 
-    python benchmarks/stress_streaming.py [--runs 30] [--arena 40slots] [--chunk 3]
+    python tests/fuzz/stress_streaming.py [--runs 30] [--arena 40slots] [--chunk 3]
 
 Prints one line per read mode and a JSON line. (The engine tests failed on the H200 twice, with
 O_DIRECT reads only: 28 slots / 5-position chunks, then 40 slots / 3; this script then showed
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402

@@ -1,4 +1,4 @@
-"""Stop sequences over streamed text: a piece is handed out only once it cannot be the start of
+"""Stop strings over streamed text: a piece is handed out only once it cannot be the start of
 a stop sequence, so a stream never shows text that the finished response would not contain."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fuzz strata's files and reads: mutated `.experts`, mutated `.gguf`, I/O fault schedules.
 
-    PYTHONPATH=$PWD python benchmarks/fuzz_files.py [--experts 320] [--gguf 320] [--faults 220] \
+    PYTHONPATH=$PWD python tests/fuzz/fuzz_files.py [--experts 320] [--gguf 320] [--faults 220] \
         [--seed 0] [--timeout 30] [--json out.json] [--by-kind] [--no-verify-reads]
 
 One small made model (the "tiny" shape, 32 experts) is the unmutated run. Each case mutates a
@@ -23,7 +23,7 @@ lengths, config values, header fields, swapped records or checksum-table entries
 schedules combine random delays with EIO, short reads, flipped bytes, a record overwritten on disk
 mid-run, the file truncated mid-run, a reader that raises, and a read that stalls past
 `io_timeout` (set to 2 s for the fault runs; 60 s by default). docs/reliability.md has results.
-Its sibling benchmarks/fuzz_api.py fuzzes what is not a file: a Model shared by threads and
+Its sibling tests/fuzz/fuzz_api.py fuzzes what is not a file: a Model shared by threads and
 iterators, Config values, convert's pass-through of stored blocks, the server's connections.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import strata  # noqa: E402
 from strata.config import Config  # noqa: E402
