@@ -149,12 +149,12 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
     I/O fault hook) and keep_trace (the cache's event trace) are for tests and tools; ple_hook and
     ple_latency are faults on a PLE model's row reads (an IOHook; the advised reader's latency).
 
-    A PLE model with a row store gets one row source (strata.runtime.ngram_source): its row cache's
-    pages are reserved from the arena's budget, and the streaming engine reads it ahead every
-    window; an all-resident engine reads the tables whole only where they fit."""
+    A model with PLE rows (strata.runtime.ngram_source, which the engines ask) has its row cache's
+    pages reserved from the arena's budget here; each engine opens its own row source."""
     from strata.api_args import as_config
     from strata.loader import Model, load
     from strata.runtime.decode import arena_plan_for
+    from strata.runtime.ngram_source import row_cache_bytes
 
     config = as_config(config)  # a Config or a mapping of its fields
     from strata.threads import apply_threads
@@ -168,73 +168,58 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
 
         return Tier2Engine.open(model, config, stream=stream, plan=plan, hook=hook, keep_trace=keep_trace)
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
-    plan = plan or arena_plan_for(model, config, ple_bytes=_row_cache_bytes(model, config))
+    plan = plan or arena_plan_for(model, config, ple_bytes=row_cache_bytes(model, config))
     mlx = resolve_backend(model, config) is Backend.MLX
     if config.kv_cache is not KVPrecision.F32 and not mlx:
         from strata.errors import ConfigError
 
         raise ConfigError(f"kv_cache {config.kv_cache.value}: the MLX engines only (numpy's caches are float32)")
     streaming = plan.streaming if stream is None else stream
-    from strata.runtime.ngram_source import ple_rows_for
-
-    ple = ple_rows_for(model, config, stream=True if streaming else None, hook=ple_hook, latency=ple_latency)
-    try:
-        if not streaming:
-            if mlx and model.cfg.hc_count:  # Qwen4-Exp: the ops twin (mlx_backend/hyper_engine.py)
-                from strata.mlx_backend.hyper_engine import MlxHyperEngine
-
-                return MlxHyperEngine.open(model, config, ple=ple)
-            if mlx:
-                from strata.mlx_backend.engine import MlxEngine
-
-                return MlxEngine.open(model, config)
-            from strata.numpy_backend.engine import ReferenceEngine
-
-            return ReferenceEngine.open(model, config, ple=ple)
+    row_faults = dict(hook=ple_hook, latency=ple_latency)
+    if not streaming:
         if mlx:
-            from strata.mlx_backend.engine import streaming_parts
+            from strata.mlx_backend.engine import open_resident
         else:
-            from strata.numpy_backend.engine import streaming_parts
-        return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
-                          kind="mlx streaming" if mlx else "numpy streaming", ple=ple,
-                          note=None if mlx else auto_backend_note(model, config))
-    except BaseException:
-        if ple is not None and ple.streamed is not None:
-            ple.streamed.close()
-        raise
+            from strata.numpy_backend.engine import open_resident
+        return open_resident(model, config, row_faults=row_faults)
+    if mlx:
+        from strata.mlx_backend.engine import streaming_parts
+    else:
+        from strata.numpy_backend.engine import streaming_parts
+    return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
+                      kind="mlx streaming" if mlx else "numpy streaming", row_faults=row_faults,
+                      note=None if mlx else auto_backend_note(model, config))
 
 
-def _row_cache_bytes(model, config: Config) -> int | None:
-    """A PLE model's row cache (ple_reserve's pages) for the budget rule; None without a row store."""
-    if model.ngrams_file is None:
-        return None
-    from strata.runtime.ngram_budget import plan_row_cache
-    from strata.runtime.ngram_source import rows_per_position
-
-    return plan_row_cache(config, model.ngrams_file, rows_per_position=rows_per_position(model.cfg)).nbytes
-
-
-def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str, ple=None,
+def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str, row_faults: dict,
                note: str | None = None):
-    """The runtime's StreamingEngine over a backend's arena and compute, with a reader pool (and a
-    PLE model's row source: the compute's rows, read ahead by the engine when streamed)."""
+    """The runtime's StreamingEngine over a backend's arena and compute, with a reader pool, and
+    the model's PLE row source where it has one (strata.runtime.ngram_source: the compute's rows,
+    read ahead by the engine when streamed; row_faults: faults on its reads). note: a line for
+    the report."""
     from strata.runtime.decode import StreamingEngine
     from strata.runtime.io import ReaderPool
+    from strata.runtime.ngram_source import ple_rows_for
 
-    if ple is None:
-        arena, compute, notes = parts(model, config, plan)
-    else:
-        arena, compute, notes = parts(model, config, plan, rows=ple.rows)
-        notes = (*notes, ple.reason)
-    notes = (*notes, note) if note else notes
-    pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
-                      verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
-                      switch_interval=config.io_switch_ms / 1e3)
+    ple = ple_rows_for(model, config, stream=True, **row_faults)
+    pool = None
     try:
+        if ple is None:
+            arena, compute, notes = parts(model, config, plan)
+        else:
+            arena, compute, notes = parts(model, config, plan, rows=ple.rows)
+            notes = (*notes, ple.reason)
+        notes = (*notes, note) if note else notes
+        pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
+                          verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
+                          switch_interval=config.io_switch_ms / 1e3)
         return StreamingEngine(model, config, arena, compute, pool, keep_trace=keep_trace, notes=notes, kind=kind,
                                ngram_rows=None if ple is None else ple.streamed)
     except BaseException:
-        pool.close()
+        if pool is not None:
+            pool.close()
+        if ple is not None:
+            ple.close()
         raise
 
 

@@ -58,6 +58,14 @@ class RopeScaling(enum.Enum):
     YARN = "yarn"  # gpt-oss: NTK-by-parts interpolation and a cos/sin attention factor
 
 
+class ResidualKind(enum.Enum):
+    """How the hidden state is carried between blocks (reference/residual.py)."""
+
+    PLAIN = "plain"  # one stream with pre-norms: x += block(rms_norm(x))
+    # Qwen4-Exp: hc streams, each block read and written through a gated hyper-connection
+    HYPER_CONNECTIONS = "hyper_connections"
+
+
 class Ffn(enum.Enum):
     """A layer's feed-forward block."""
 

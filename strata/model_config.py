@@ -18,7 +18,7 @@ from strata.errors import ConfigError
 from strata.families.qwen4_exp import qwen4_tensor_shapes
 from strata.families.registry import FAMILIES
 from strata.layer_kinds import (  # noqa: F401  (re-exported: the model's vocabulary, spoken through this module)
-    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, RopeScaling, RoutingOrder,
+    MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, ResidualKind, RopeScaling, RoutingOrder,
 )
 from strata.tensor_names import (  # noqa: F401  (re-exported)
     MIXER_TENSORS, TensorNames, attention_tensor_shapes, deltanet_tensor_shapes, mla_tensor_shapes,
@@ -182,6 +182,11 @@ class ModelConfig:
     def has_shared_expert(self) -> bool:
         return self.shared_ffn_size > 0
 
+    @property
+    def residual(self) -> ResidualKind:
+        """The residual stream's kind: hyper-connections where the model has streams (Qwen4-Exp)."""
+        return ResidualKind.HYPER_CONNECTIONS if self.hc_count else ResidualKind.PLAIN
+
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["routing_order"] = self.routing_order.value
@@ -215,7 +220,7 @@ class ModelConfig:
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every dense tensor the model needs, with its shape. One list for writers, readers, checks."""
-    if cfg.hc_count:  # Qwen4-Exp: hyper-connection norms instead of pre-norms, PLE and indexer tensors
+    if cfg.residual is ResidualKind.HYPER_CONNECTIONS:  # Qwen4-Exp: hyper-connection norms, not pre-norms; PLE, indexer
         return qwen4_tensor_shapes(cfg)
     n = TensorNames
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, cfg.hidden_size),

@@ -26,7 +26,7 @@ SHAPE_OF = {Mixer.ATTENTION: "tiny", Mixer.SLIDING_ATTENTION: "gpt-oss", Mixer.D
             Mixer.MLA: "mla", Mixer.INDEXED_ATTENTION: "qwen4"}
 # the modules that run a layer loop or build a layer: none may branch on `Mixer.<kind>`
 LOOPS = ("strata/reference/model.py", "strata/reference/layers.py", "strata/reference/model_state.py",
-         "strata/reference/hyper_model.py", "strata/numpy_backend", "strata/mlx_backend/model.py",
+         "strata/reference/residual.py", "strata/numpy_backend", "strata/mlx_backend/model.py",
          "strata/mlx_backend/hyper_model.py", "strata/mlx_backend/compute.py", "strata/mlx_backend/hyper_compute.py",
          "strata/mlx_backend/prompt.py", "strata/runtime")
 

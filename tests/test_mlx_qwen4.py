@@ -104,7 +104,7 @@ def test_ple_agrees_over_calls(model, pieces):
     """Two calls (the second reads the first's context and conv state), EOS in the first."""
     from strata.mlx_backend import ple as mple
     from strata.reference import ple as rple
-    from strata.reference.hyper_model import resident_rows
+    from strata.reference.ple import resident_rows
 
     ref_p, mlx_p = pieces
     cfg, layer = model.cfg, 2
@@ -139,7 +139,7 @@ def test_indexed_attention_agrees_past_the_budget(model, pieces):
 
 def test_device_and_host_routing_agree(model, pieces):
     from strata.mlx_backend.hyper_model import empty_hyper_state, hyper_forward
-    from strata.reference.hyper_model import resident_rows
+    from strata.reference.ple import resident_rows
 
     ref_p, mlx_p = pieces
     rows, tokens = resident_rows(model.cfg, ref_p.dense), _tokens(model)

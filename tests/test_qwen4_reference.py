@@ -26,7 +26,7 @@ from strata.reference.ngram_hash import (
     NgramHash, initial_ngram_context, ngram_context_after, ngram_row_ids, primes_from,
 )
 from strata.reference.ngram_rows import ResidentNgramRows
-from strata.reference.hyper_model import resident_rows
+from strata.reference.ple import resident_rows
 from strata.testing.models import SHAPES, make_model
 from tests.budgets import FLOAT32_REORDER
 

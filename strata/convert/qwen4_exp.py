@@ -40,7 +40,7 @@ from strata.formats.quant_types import QuantType
 from strata.errors import ConfigError
 from strata.model_config import LayerType, Mixer, ModelConfig, TensorNames
 from strata.families.qwen4_exp import HC_FINAL, Qwen4Names, ngram_heads, ple_layers
-from strata.reference.hyper_model import ple_table_items
+from strata.reference.ple import ple_table_items
 from strata.reference.ngram_hash import NgramHash
 
 TEXT = "qwen4_exp_text"

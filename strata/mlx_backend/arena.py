@@ -23,11 +23,15 @@ view at a byte offset - but `as_strided` flattens its input, so that only works 
 allocation is used as it is, unaligned (the reader pool then falls back from O_DIRECT to buffered
 reads at its first EINVAL). `arena_geometry` is that arithmetic, testable without allocating; the
 kernels index the arena with 64-bit byte offsets (slot * SLOT in uint64).
+
+`load_resident_arena` fills an arena with every record of an `.experts` file (the all-resident
+engines' experts, whatever the model's residual).
 """
 
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -38,7 +42,7 @@ from strata.mlx_backend.kernels.launch import gpu_dialect
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.runtime.arena import SlotArena, check_slot_geometry
 
-__all__ = ["MlxArena", "ArenaGeometry", "ArenaView", "arena_geometry", "MLX_MAX_DIM"]
+__all__ = ["MlxArena", "ArenaGeometry", "ArenaView", "arena_geometry", "MLX_MAX_DIM", "load_resident_arena"]
 
 MLX_MAX_DIM = 2**31 - 1  # MLX array dimensions are int32
 FLAT_LIMIT = MLX_MAX_DIM  # mx.as_strided flattens its input: larger allocations cannot be offset-viewed
@@ -120,3 +124,20 @@ class MlxArena(SlotArena):
         """Copy one record into a slot (tests, all-resident loading)."""
         data = np.frombuffer(record, np.uint8) if not isinstance(record, np.ndarray) else record.reshape(-1)
         self._host[slot, : data.size] = data
+
+
+def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | None = None) -> MlxArena:
+    """Every record of an `.experts` file, pread straight into an MLX arena (slot m*E + e).
+    progress: a bar on stderr (None: where stderr is a terminal); a 30-400B model's experts are
+    tens to hundreds of GB, minutes of reading."""
+    from tqdm import tqdm
+
+    h = experts_file.header
+    arena = MlxArena(h.n_layers * h.n_experts, h.padded_bytes)
+    with tqdm(total=h.n_layers * h.n_experts * h.padded_bytes, desc="loading experts", unit="B", unit_scale=True,
+              file=sys.stderr, disable=None if progress is None else not progress, dynamic_ncols=True) as bar:
+        for l in range(h.n_layers):
+            for e in range(h.n_experts):
+                experts_file.read_record(l, e, verify=verify, out=arena.slot_buffer(l * h.n_experts + e))
+            bar.update(h.n_experts * h.padded_bytes)
+    return arena

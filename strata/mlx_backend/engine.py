@@ -7,13 +7,14 @@
   `compiled=False` or its kernel plan's compiled_decode is off; prefill stays uncompiled.
 - streaming: `streaming_parts` gives an `MlxArena` and `MlxCompute`; strata.engines puts them
   in the runtime's StreamingEngine with a reader pool, as it does the numpy ones.
+- a hyper-connection model (Qwen4-Exp): `MlxHyperEngine` and `HyperMlxCompute`, chosen by the
+  residual kind (`RESIDUAL_ENGINES`).
 
 strata.engines.open_engine picks between them by the arena plan (design §7).
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import numpy as np
@@ -23,34 +24,18 @@ from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
-from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.arena import MlxArena, load_resident_arena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
 from strata.mlx_backend.device_pipeline import DevicePipeline
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
+from strata.model_config import ResidualKind
 from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
 from strata.session import StateEngine
 
-__all__ = ["MlxEngine", "streaming_parts", "load_resident_arena"]
-
-
-def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | None = None) -> MlxArena:
-    """Every record of an `.experts` file, pread straight into an MLX arena (slot m*E + e).
-    progress: a bar on stderr (None: where stderr is a terminal); a 30-400B model's experts are
-    tens to hundreds of GB, minutes of reading."""
-    from tqdm import tqdm
-
-    h = experts_file.header
-    arena = MlxArena(h.n_layers * h.n_experts, h.padded_bytes)
-    with tqdm(total=h.n_layers * h.n_experts * h.padded_bytes, desc="loading experts", unit="B", unit_scale=True,
-              file=sys.stderr, disable=None if progress is None else not progress, dynamic_ncols=True) as bar:
-        for l in range(h.n_layers):
-            for e in range(h.n_experts):
-                experts_file.read_record(l, e, verify=verify, out=arena.slot_buffer(l * h.n_experts + e))
-            bar.update(h.n_experts * h.padded_bytes)
-    return arena
+__all__ = ["MlxEngine", "open_resident", "streaming_parts", "load_resident_arena"]
 
 
 class MlxEngine(StateEngine):
@@ -194,22 +179,63 @@ class MlxEngine(StateEngine):
 
 
 
-def streaming_parts(model, config: Config, plan, *, rows=None) -> tuple:
-    """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
-    MlxCompute over the model's dense weights (strata.engines adds the pool and the loop)."""
-    xf = model.experts_file
-    if model.cfg.hc_count:  # Qwen4-Exp: the streams as the runtime's x (hyper_compute.py)
-        from strata.mlx_backend.hyper_compute import HyperMlxCompute
-        from strata.mlx_backend.hyper_model import to_hyper_params
-        from strata.reference.hyper_model import resident_rows
+def _plain_resident(model, config: Config, row_faults: dict) -> MlxEngine:
+    return MlxEngine.open(model, config)
 
-        wire_mlx(plan.slots * xf.header.padded_bytes + stored_bytes(model.dense))  # Metal: within its ceiling
-        arena = MlxArena(plan.slots, xf.header.padded_bytes)
-        params = to_hyper_params(model.cfg, model.dense, resident=False)
-        rows = rows if rows is not None else resident_rows(model.cfg, model.dense)
-        return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
+
+def _plain_streaming_parts(model, config: Config, plan, rows) -> tuple:
+    xf = model.experts_file
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
     return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8, kv_precision=config.kv_cache), ("mlx backend",)
+
+
+def _hyper_resident(model, config: Config, row_faults: dict):
+    from strata.mlx_backend.hyper_engine import MlxHyperEngine
+    from strata.runtime.ngram_source import ple_rows_for
+
+    ple = ple_rows_for(model, config, **row_faults)
+    try:
+        return MlxHyperEngine.open(model, config, ple=ple)
+    except BaseException:
+        if ple is not None:
+            ple.close()
+        raise
+
+
+def _hyper_streaming_parts(model, config: Config, plan, rows) -> tuple:
+    from strata.mlx_backend.hyper_compute import HyperMlxCompute
+    from strata.mlx_backend.hyper_model import to_hyper_params
+    from strata.reference.ple import resident_rows
+
+    xf = model.experts_file
+    wire_mlx(plan.slots * xf.header.padded_bytes + stored_bytes(model.dense))  # Metal: within its ceiling
+    arena = MlxArena(plan.slots, xf.header.padded_bytes)
+    params = to_hyper_params(model.cfg, model.dense, resident=False)
+    rows = rows if rows is not None else resident_rows(model.cfg, model.dense)
+    return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
+
+
+# Each residual kind's engines on MLX: (the all-resident engine, the streaming engine's parts).
+# The plain stream's residual adds live inside the decode kernels (router, combine; model.py);
+# hyper-connections (Qwen4-Exp) are an ops twin of reference/residual.py (hyper_model.py, with
+# hyper_engine.py and hyper_compute.py over it), imported only for such a model.
+RESIDUAL_ENGINES = {
+    ResidualKind.PLAIN: (_plain_resident, _plain_streaming_parts),
+    ResidualKind.HYPER_CONNECTIONS: (_hyper_resident, _hyper_streaming_parts),
+}
+
+
+def open_resident(model, config: Config, *, row_faults: dict | None = None):
+    """The all-resident MLX engine for `model`'s residual kind; a model with PLE rows opens its row
+    source here (strata.runtime.ngram_source; row_faults: hook and latency faults on its reads)."""
+    return RESIDUAL_ENGINES[model.cfg.residual][0](model, config, row_faults or {})
+
+
+def streaming_parts(model, config: Config, plan, *, rows=None) -> tuple:
+    """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
+    the compute of the model's residual kind over its dense weights (strata.engines adds the pool
+    and the loop). rows: a PLE model's row source (default: the tables in the model file)."""
+    return RESIDUAL_ENGINES[model.cfg.residual][1](model, config, plan, rows)
 

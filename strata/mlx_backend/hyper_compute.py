@@ -1,5 +1,6 @@
 """`HyperMlxCompute`: the runtime's LayerCompute seam for a hyper-connection model (Qwen4-Exp) on
-MLX, routed experts from a streaming MlxArena (twin of numpy_backend/hyper_compute.py).
+MLX, routed experts from a streaming MlxArena (twin of NumpyCompute over reference/residual.py's
+`HyperConnections`).
 
 The runtime's loop is unchanged; what it calls `x` is the residual streams [T, hc * D], wrapped
 after `mixer` in a `_Streams` that `router_input` fills with the MoE block's input h and its
@@ -26,7 +27,7 @@ from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import hand_off
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
 from strata.formats.quant_types import QuantType
-from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hc_read, hc_write, hyper_head, hyper_mixer
+from strata.mlx_backend.hyper_model import HyperConnections, HyperMlxParams, empty_hyper_state
 from strata.mlx_backend.quants import gemv, to_mlx
 from strata.reference.quants import quantize
 from strata.reference.experts import expert_act
@@ -55,6 +56,7 @@ class HyperMlxCompute(StatefulCompute):
     def __init__(self, params: HyperMlxParams, arena: MlxArena, layout: RecordLayout, rows: NgramRows, *,
                  pred_q8: bool = True) -> None:
         self.params, self.arena, self.layout, self.rows = params, arena, layout, rows
+        self.residual = HyperConnections(rows)
         self.state = empty_hyper_state(params.cfg)
         self._tokens = np.zeros(0, np.int64)
         self._guess = ({l: to_mlx(quantize(QuantType.Q8_0, np.array(lw.router))) for l, lw in enumerate(params.layers)}
@@ -65,11 +67,12 @@ class HyperMlxCompute(StatefulCompute):
     def embed(self, tokens: np.ndarray) -> mx.array:
         self._tokens = np.asarray(tokens, np.int64).reshape(-1)
         x = self.params.embed[mx.array(self._tokens.astype(np.int32))]
-        return mx.concatenate([x] * self.params.cfg.hc_count, axis=1)
+        return self.residual.expand(self.params, x, self._tokens)
 
     def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Streams:
         layers = list(self.state.layers)
-        streams, layers[layer] = hyper_mixer(self.params, layer, layers[layer], x, self._tokens, self.rows, window)
+        streams, layers[layer] = self.residual.mixer_block(self.params, layer, layers[layer], x, self._tokens,
+                                                           window=window)
         self.state = type(self.state)(tuple(layers))
         return _Streams(layer, streams)
 
@@ -77,7 +80,7 @@ class HyperMlxCompute(StatefulCompute):
         raise ConfigError("hc_count: a hyper-connection model has no dense FFN layers")
 
     def router_input(self, layer: int, x: _Streams) -> _Streams:
-        x.h, x.inject = hc_read(self.params.cfg, self.params.layers[layer].hc_ffn, x.streams)
+        x.h, x.inject = self.residual.ffn_read(self.params, layer, x.streams)
         return x
 
     def router_logits(self, layer: int, h: _Streams) -> np.ndarray:
@@ -113,7 +116,7 @@ class HyperMlxCompute(StatefulCompute):
         routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)
         gate_inp = self.params.layers[x.layer].shared.gate_inp
         moe = combine(mx.zeros_like(x.h), routed, shared, x.h, gate_inp)
-        return hc_write(x.streams, x.inject, moe)
+        return self.residual.ffn_write(x.streams, x.inject, moe)
 
     def head(self, x: mx.array) -> np.ndarray:
-        return np.array(hyper_head(self.params, x), dtype=np.float32)
+        return np.array(self.residual.head(self.params, x), dtype=np.float32)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from strata.config import Config
-from strata.mlx_backend.engine import load_resident_arena
+from strata.mlx_backend.arena import load_resident_arena
 from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hyper_forward, to_hyper_params
-from strata.reference.hyper_model import resident_rows
+from strata.reference.ple import resident_rows
 from strata.reference.ngram_rows import NgramRows
 from strata.runtime.ngram_source import RowCacheOwner
 from strata.session import StateEngine

@@ -1,4 +1,4 @@
-"""Twin of strata.reference.hyper_model on MLX ops: the forward of a hyper-connection model
+"""Twin of strata.reference.residual's `HyperConnections` on MLX ops: the forward of a hyper-connection model
 (Qwen4-Exp), every expert resident in one MLX arena.
 
 An ops-level twin: the hyper-connections, the PLE term (mlx_backend/ple.py), the indexed
@@ -37,8 +37,8 @@ from strata.reference.ngram_rows import NgramRows
 from strata.reference.ple import PleLayerState
 from strata.reference.routing import RouterRule, route
 
-__all__ = ["HyperMlxParams", "to_hyper_params", "empty_hyper_state", "hyper_forward", "hyper_mixer", "hc_read",
-           "hc_write", "hyper_head"]
+__all__ = ["HyperMlxParams", "HyperConnections", "to_hyper_params", "empty_hyper_state", "hyper_forward", "hc_read",
+           "hc_write"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,38 +200,61 @@ def hc_write(streams: mx.array, inject: mx.array, out: mx.array) -> mx.array:
     return streams + (inject[:, :, None] * out[:, None, :]).reshape(t, -1)
 
 
-def hyper_mixer(p: HyperMlxParams, layer: int, state, streams: mx.array, tokens: np.ndarray, rows: NgramRows,
-           window: bool):
-    cfg, lw = p.cfg, p.layers[layer]
-    mixer = hyper_mixer_for(cfg.kinds[layer].mixer, layer)
-    if isinstance(state, PleLayerState):
-        extra, ple_state = ple(cfg, lw.ple, layer, rows, state.ple, streams, tokens, window=window)
-        streams = streams + extra
-        a, inject = hc_read(cfg, lw.hc_attn, streams)
-        out, mixer_state = mixer.compute(cfg, lw.mixer, state.mixer, a, window=window)
-        return hc_write(streams, inject, out), PleLayerState(mixer_state, ple_state)
-    a, inject = hc_read(cfg, lw.hc_attn, streams)
-    out, state = mixer.compute(cfg, lw.mixer, state, a, window=window)
-    return hc_write(streams, inject, out), state
+class HyperConnections:
+    """Twin of reference/residual.py's `HyperConnections` (the same steps, MLX ops over
+    HyperMlxParams). rows: the PLE layers' n-gram row source."""
+
+    def __init__(self, rows: NgramRows) -> None:
+        self.rows = rows
+
+    def expand(self, p: HyperMlxParams, x: mx.array, tokens: np.ndarray) -> mx.array:
+        return mx.concatenate([x] * p.cfg.hc_count, axis=1)  # [T, S]
+
+    def mixer_block(self, p: HyperMlxParams, layer: int, state, r: mx.array, tokens: np.ndarray, *,
+                    window: bool):
+        """The PLE term (on PLE layers) and the mixer with its hyper-connection. [T, S] -> ([T, S], state)"""
+        cfg, lw = p.cfg, p.layers[layer]
+        mixer = hyper_mixer_for(cfg.kinds[layer].mixer, layer)
+        if isinstance(state, PleLayerState):
+            extra, ple_state = ple(cfg, lw.ple, layer, self.rows, state.ple, r, tokens, window=window)
+            r = r + extra
+            a, inject = hc_read(cfg, lw.hc_attn, r)
+            out, mixer_state = mixer.compute(cfg, lw.mixer, state.mixer, a, window=window)
+            return hc_write(r, inject, out), PleLayerState(mixer_state, ple_state)
+        a, inject = hc_read(cfg, lw.hc_attn, r)
+        out, state = mixer.compute(cfg, lw.mixer, state, a, window=window)
+        return hc_write(r, inject, out), state
+
+    def ffn_read(self, p: HyperMlxParams, layer: int, r: mx.array) -> tuple[mx.array, mx.array]:
+        """h [T, D] and each stream's share of the FFN output, inject [T, hc]."""
+        return hc_read(p.cfg, p.layers[layer].hc_ffn, r)
+
+    def ffn_write(self, r: mx.array, carry: mx.array, out: mx.array) -> mx.array:
+        return hc_write(r, carry, out)
+
+    def head(self, p: HyperMlxParams, r: mx.array) -> mx.array:
+        """The last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
+        final, _ = hc_read(p.cfg, p.hc_out, r)
+        return final @ p.output.T
 
 
 def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows, *, window: bool = False,
                   device_routing: bool = True) -> tuple[mx.array, ModelState]:
-    """Twin of reference `hyper_forward` with the model's own routing: on the device (no host
+    """Twin of reference `forward` with hyper-connections and the model's own routing: on the device (no host
     round trip per layer), or device_routing=False on the host by the reference's `route`.
 
     Shapes: tokens [T] -> (logits float32 [T, V], state)"""
-    cfg = p.cfg
+    cfg, residual = p.cfg, HyperConnections(rows)
     tokens = np.asarray(tokens, np.int64).reshape(-1)
     check_token_ids(tokens, cfg.vocab_size)
-    x = p.embed[mx.array(tokens.astype(np.int32))]
-    streams = mx.concatenate([x] * cfg.hc_count, axis=1)  # [T, S]
+    streams = residual.expand(p, p.embed[mx.array(tokens.astype(np.int32))], tokens)  # [T, S]
     new_layers = list(state.layers)
     act = expert_act(cfg)
     for layer in range(cfg.n_layers):
         lw = p.layers[layer]
-        streams, new_layers[layer] = hyper_mixer(p, layer, state.layers[layer], streams, tokens, rows, window)
-        h, inject = hc_read(cfg, lw.hc_ffn, streams)
+        streams, new_layers[layer] = residual.mixer_block(p, layer, state.layers[layer], streams, tokens,
+                                                          window=window)
+        h, inject = residual.ffn_read(p, layer, streams)
         z = h @ lw.router.T  # [T, E]
         base = cfg.moe_index(layer) * cfg.n_experts
         if device_routing:  # the model's rule on the device (selects exactly as the host: ROUTING)
@@ -243,11 +266,5 @@ def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows,
             routed, shared = routed_partials(p.arena.array, p.rec, h, slots, weights, act=act), shared_partials(
                 h, lw.shared)
         moe = combine(mx.zeros_like(h), routed, shared, h, lw.shared.gate_inp)
-        streams = hc_write(streams, inject, moe)
-    return hyper_head(p, streams), ModelState(tuple(new_layers))
-
-
-def hyper_head(p: HyperMlxParams, streams: mx.array) -> mx.array:
-    """Twin of reference `hyper_head`: the last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
-    final, _ = hc_read(p.cfg, p.hc_out, streams)
-    return final @ p.output.T
+        streams = residual.ffn_write(streams, inject, moe)
+    return residual.head(p, streams), ModelState(tuple(new_layers))

@@ -1,7 +1,10 @@
 """`NumpyCompute`: the runtime's LayerCompute seam on the numpy reference pieces.
 
 It composes the reference layer pieces (strata.reference.model) in the reference's order with
-the reference's float32 ops, so at λ = 0 it reproduces `ReferenceEngine`'s logits exactly:
+the reference's float32 ops, the residual read and written by the model's strategy
+(strata.reference.residual: what the runtime calls `x` is the plain stream [T, D] or the
+hyper-connection streams [T, S]; `router_input` keeps what `combine` writes back with), so at
+λ = 0 it reproduces `ReferenceEngine`'s logits exactly:
 routed experts are computed once per slot over the rows that chose it (strata.numpy_backend.
 grouped, as the reference engine's prompt path does; one row: on its [D] row, like
 `routed_experts`) and summed in rank order; a prompt layer that needs several passes (its expert union did not fit)
@@ -22,7 +25,9 @@ from strata.numpy_backend.grouped import grouped_terms
 from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference import model as ref
 from strata.reference.experts import expert_act
+from strata.reference.ngram_rows import NgramRows
 from strata.reference.quants import dequantize, quantize
+from strata.reference.residual import residual_for
 from strata.runtime.arena import Arena
 from strata.runtime.compute import StatefulCompute
 
@@ -47,9 +52,11 @@ class NumpyCompute(StatefulCompute):
 
     def __init__(self, params: ref.ModelParams, arena: Arena,
                  layouts: RecordLayout | Callable[[int], RecordLayout], *,
-                 pred_q8: bool = True, layers: LayerRange | None = None, ops: CpuOps = REFERENCE_OPS) -> None:
+                 pred_q8: bool = True, layers: LayerRange | None = None, rows: NgramRows | None = None,
+                 ops: CpuOps = REFERENCE_OPS) -> None:
         """layouts: the record layout of every layer's experts, or a function of the (model) layer
         giving each layer its own, where the `.experts` file mixes types (`ExpertsFile.layer_layout`).
+        rows: a PLE model's n-gram row source (default: the tables among the dense weights).
         ops: the experts' and the dense products, the float32 reference's or compiled."""
         if isinstance(layouts, RecordLayout):
             one = layouts
@@ -57,6 +64,9 @@ class NumpyCompute(StatefulCompute):
         params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
         self.params, self.arena, self.layouts, self.ops = params, arena, layouts, ops
         cfg = params.cfg
+        self.residual = residual_for(params, rows, layers)  # `rows`: a PLE model's row source (default: resident)
+        self._tokens = np.zeros(0, np.int64)  # the positions being computed, embed to head (PLE layers hash them)
+        self._carry = None  # what router_input's read hands combine's write (hyper-connections: the injection)
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
         # the routers this process holds (a pipeline stage loads only its own layers')
@@ -74,19 +84,23 @@ class NumpyCompute(StatefulCompute):
         self._slot_weights: dict[tuple[int, RecordLayout], ExpertWeights] = {}
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        return ref.embed(self.params, tokens)
+        self._tokens = np.asarray(tokens, np.int64)
+        return self.residual.expand(self.params, ref.embed(self.params, self._tokens), self._tokens)
 
     def mixer(self, layer: int, x: np.ndarray, *, window: bool = False) -> np.ndarray:
         layers = list(self.state.layers)
-        x, layers[layer] = ref.mixer_block(self.params, layer, layers[layer], x, window=window)
+        x, layers[layer] = self.residual.mixer_block(self.params, layer, layers[layer], x, self._tokens,
+                                                     window=window)
         self.state = ref.ModelState(tuple(layers))
         return x
 
     def dense_ffn(self, layer: int, x: np.ndarray) -> np.ndarray:
-        return x + ref.dense_ffn_output(self.params, layer, ref.router_input(self.params, layer, x))
+        h, carry = self.residual.ffn_read(self.params, layer, x)
+        return self.residual.ffn_write(x, carry, ref.dense_ffn_output(self.params, layer, h))
 
     def router_input(self, layer: int, x: np.ndarray) -> np.ndarray:
-        return ref.router_input(self.params, layer, x)
+        h, self._carry = self.residual.ffn_read(self.params, layer, x)
+        return h
 
     def router_logits(self, layer: int, h: np.ndarray) -> np.ndarray:
         return ref.layer_router_logits(self.params, layer, h)
@@ -119,12 +133,13 @@ class NumpyCompute(StatefulCompute):
             terms.update(p.terms)
         rows = []
         for t in range(x.shape[0]):
-            out = np.zeros(x.shape[-1], dtype=np.float32)
+            out = np.zeros(shared.shape[-1], dtype=np.float32)
             for r in sorted(r for (tt, r) in terms if tt == t):
                 out += terms[(t, r)]
             rows.append(out)
         routed = np.stack(rows)  # [T, D]
-        return x + (routed + shared)
+        carry, self._carry = self._carry, None
+        return self.residual.ffn_write(x, carry, routed + shared)
 
     def head(self, x: np.ndarray) -> np.ndarray:
-        return ref.head(self.params, x)
+        return self.residual.head(self.params, x)

@@ -14,11 +14,11 @@ from strata.numpy_backend.prompt import prompt_forward
 from strata.formats.quant_types import QuantType
 from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, CpuOps, compiled_ops
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
-from strata.runtime.ngram_source import RowCacheOwner
+from strata.runtime.ngram_source import RowCacheOwner, ple_rows_for
 from strata.threads import compute_threads
 from strata.session import StateEngine
 
-__all__ = ["ReferenceEngine", "streaming_parts"]
+__all__ = ["ReferenceEngine", "open_resident", "streaming_parts"]
 
 
 class ReferenceEngine(RowCacheOwner, StateEngine):
@@ -90,6 +90,19 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         self.version += 1
 
 
+def open_resident(model, config, *, row_faults: dict | None = None) -> ReferenceEngine:
+    """The all-resident numpy engine over `model`, with its PLE row source where it has one
+    (strata.runtime.ngram_source: the tables whole where they fit, else a row cache the engine
+    owns; row_faults: hook and latency faults on its reads)."""
+    ple = ple_rows_for(model, config, **(row_faults or {}))
+    try:
+        return ReferenceEngine.open(model, config, ple=ple)
+    except BaseException:
+        if ple is not None:
+            ple.close()
+        raise
+
+
 def cpu_ops(config, hidden_size: int | None = None) -> CpuOps:
     """The products a numpy engine computes with under `config`: the compiled twins where
     `cpu_kernels` is on (the default) and they build here, on the threads strata.threads chooses
@@ -138,15 +151,9 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
     xf, cfg = model.experts_file, model.cfg
     layouts = lambda layer: xf.layer_layout(cfg.moe_index(layer))  # noqa: E731 - a layer's own types
-    if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)
-        from strata.numpy_backend.hyper_compute import HyperNumpyCompute
-
-        compute = HyperNumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers,
-                                    rows=rows)
-        return arena, compute, tuple(notes)
     ops = cpu_ops(config, model.cfg.hidden_size)
     note = ops.note or expert_type_note(ops, model.experts_file.header)
     if note:
         notes.append(note)  # in the stream report
-    compute = NumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers, ops=ops)
+    compute = NumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers, rows=rows, ops=ops)
     return arena, compute, tuple(notes)

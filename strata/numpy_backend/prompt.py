@@ -1,19 +1,19 @@
 """The numpy backend's all-resident prompt path: the reference's layers, with routed experts
 grouped by expert and the head only where logits are returned.
 
-`prompt_forward` runs the reference's own layer pieces (strata.reference.model: `mixer_block`,
-`router_input`, `dense_ffn_output`, `layer_router_logits`, `shared_output`, `head`) in the
-reference forward's order, so every layer kind goes through the reference's dispatch. What
-differs is only how the work is grouped: each selected expert is computed once over all the
-tokens that chose it (strata.numpy_backend.grouped), and the prefill head runs on the last
-position alone. Held to `forward` within FLOAT32_REORDER (tests/test_numpy_prompt.py).
+`prompt_forward` is the reference forward itself (strata.reference.model.forward: its layer
+loop and its residual strategy, so every layer kind and residual goes through the reference's
+dispatch) with two differences: each selected expert is computed once over all the tokens that
+chose it (strata.numpy_backend.grouped), and the prefill head runs on the last position alone.
+Held to `forward` within FLOAT32_REORDER (tests/test_numpy_prompt.py).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from strata.model_config import Ffn
 from strata.numpy_backend.grouped import grouped_terms, rank_sum
 from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference import model as ref
@@ -57,22 +57,5 @@ def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.nd
     Shapes:
         tokens: [T] int -> logits float32 [1, vocab] (the last position), or [T, vocab] with all_logits
     """
-    cfg = params.cfg
-    select = select or ref.plain_select(cfg, params.dense)
-    if cfg.hc_count:  # Qwen4-Exp: the hyper-connection loop, with the grouped experts
-        from strata.reference.hyper_model import hyper_forward
-
-        logits, state = hyper_forward(params, state, tokens, select=select, window=window,
-                                      moe_output=grouped_moe_output)
-        return logits if all_logits else logits[-1:], state
-    x = ref.embed(params, tokens)
-    layers = list(state.layers)
-    for layer in range(cfg.n_layers):
-        x, layers[layer] = ref.mixer_block(params, layer, layers[layer], x, window=window)
-        h = ref.router_input(params, layer, x)
-        if cfg.kinds[layer].ffn is Ffn.DENSE:
-            x = x + ref.dense_ffn_output(params, layer, h)
-            continue
-        selections = ref.layer_selections(cfg, select, layer, ref.layer_router_logits(params, layer, h))
-        x = x + grouped_moe_output(params, layer, h, selections, ops=ops)
-    return ref.head(params, x if all_logits else x[-1:]), ref.ModelState(tuple(layers))
+    return ref.forward(params, state, tokens, select=select, window=window,
+                       moe_output=functools.partial(grouped_moe_output, ops=ops), last_only=not all_logits)

@@ -1,7 +1,7 @@
 """The pieces a forward pass is composed of, layer by layer (pure numpy).
 
-The plain residual's loop (model.py: x += mixer(rms_norm(x)); h = rms_norm(x); x += moe(h) or
-ffn(h)) and the hyper-connection one (hyper_model.py) call these same pieces; so do the streaming
+The forward's loop (model.py) and its residual strategies (residual.py: the plain one is
+x += mixer(rms_norm(x)); h = rms_norm(x); x += moe(h) or ffn(h)) call these same pieces; so do the streaming
 runtime and the analysis tools, with their own routing and residency, instead of keeping a second
 copy of the math. Routed experts are addressed by MoE index (`ModelConfig.moe_index`), as the
 `.experts` file stores them.

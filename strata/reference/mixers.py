@@ -2,7 +2,7 @@
 
 Each entry says what a layer of that kind keeps (its empty state) and how it mixes: the normed
 input h [T, D] of layer `layer` and its state in, the mixer's output [T, D] and the new state out.
-The forward passes (model.py's plain residual, hyper_model.py's streams) look a layer's mixer up
+The forward pass (model.py, whatever its residual strategy) looks a layer's mixer up
 here instead of branching on its kind, so a new mixer is its reference file, its twins in the
 backends (numpy_backend reuses this table; mlx_backend/mixers.py) and one entry in each table.
 """

@@ -1,28 +1,27 @@
 """The state a forward pass carries between calls: every layer's, by its mixer kind.
 
-A layer starts from its mixer's empty state (mixers.py's table); a Qwen4-Exp PLE layer (reference/ple.py)
-keeps its PLE module's state beside its DeltaNet's.
+A layer starts from its mixer's empty state (mixers.py's table), as the model's residual strategy
+says (residual.py: under hyper-connections a PLE layer, reference/ple.py, keeps its PLE module's
+state beside its DeltaNet's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata.families.qwen4_exp import ple_layers
 from strata.model_config import LayerRange, ModelConfig
 from strata.reference.deltanet import kept_position
-from strata.reference.mixers import MixerState, mixer_for
-from strata.reference.ple import PleLayerState, empty_ple_layer_state
+from strata.reference.mixers import MixerState
+from strata.reference.ple import PleLayerState
+from strata.reference.residual import RESIDUALS
 
 # a layer's state: its mixer's (mixers.py), or on a PLE layer the DeltaNet's and its PLE module's
 LayerState = MixerState | PleLayerState
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int) -> LayerState:
-    """The state layer `layer` starts from, chosen by its mixer kind."""
-    if layer in ple_layers(cfg):  # PLE layers are DeltaNet layers (families/qwen4_exp.py)
-        return empty_ple_layer_state(cfg, layer)
-    return mixer_for(cfg.kinds[layer].mixer).empty_state(cfg)
+    """The state layer `layer` starts from, chosen by its mixer kind and the residual's strategy."""
+    return RESIDUALS[cfg.residual].empty_layer_state(cfg, layer)
 
 
 @dataclass(frozen=True)

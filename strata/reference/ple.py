@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.errors import ConfigError
 from strata.model_config import ModelConfig, TensorNames
 from strata.families.qwen4_exp import Qwen4Names, ple_layers
 from strata.reference.attention import sigmoid
 from strata.reference.deltanet import KEPT_SNAPSHOTS, DeltaNetState, silu
 from strata.reference.hyper_connections import grouped_rms_norm
 from strata.reference.ngram_hash import NgramHash, initial_ngram_context, ngram_context_after, ngram_row_ids
-from strata.reference.ngram_rows import NgramRows
+from strata.reference.ngram_rows import NgramRows, ResidentNgramRows
 
 GATE_FLOOR = 1e-6  # transformers' clamp under the signed square root of the gate
 
@@ -90,6 +91,20 @@ class PleLayerState:
 
 def empty_ple_layer_state(cfg: ModelConfig, layer: int) -> PleLayerState:
     return PleLayerState(DeltaNetState.empty(cfg), PleState.empty(cfg, ple_layers(cfg).index(layer)))
+
+
+def resident_rows(cfg: ModelConfig, dense) -> ResidentNgramRows:
+    """The row source over the n-gram tables held with the dense weights, by PLE index."""
+    if cfg.ple_row_store:
+        raise ConfigError("ple_row_store: this model's n-gram tables are in its row store, not among the dense "
+                          "weights; pass the row source (strata.runtime.ngram_source.ple_rows_for)")
+    return ResidentNgramRows(dict(ple_table_items(cfg, dense)))
+
+
+def ple_table_items(cfg: ModelConfig, dense):
+    """(PLE index, table [rows, width]) for each PLE layer, in order: what a row store is written from."""
+    for i, layer in enumerate(ple_layers(cfg)):
+        yield i, dense[TensorNames.block(layer, Qwen4Names.ple_ngram)]
 
 
 def ple_embeddings(cfg: ModelConfig, ple_index: int, rows: NgramRows, context: np.ndarray,

@@ -25,11 +25,12 @@ import numpy as np
 from strata.families.qwen4_exp import ngram_heads, ple_layers
 from strata.reference.ngram_hash import NgramHash, initial_ngram_context, ngram_context_after, ngram_row_ids
 from strata.reference.ngram_rows import NgramRows, ResidentNgramRows
-from strata.runtime.ngram_budget import RowCachePlan, open_row_cache
+from strata.runtime.ngram_budget import RowCachePlan, open_row_cache, plan_row_cache
 from strata.runtime.ngram_rows import StreamedNgramRows
 from strata.sizes import fmt_bytes
 
-__all__ = ["PleRows", "RowCacheOwner", "ModelRowIds", "rows_per_position", "resident_table_bytes", "resident_room", "ple_rows_for"]
+__all__ = ["PleRows", "RowCacheOwner", "ModelRowIds", "rows_per_position", "row_cache_bytes", "resident_table_bytes",
+           "resident_room", "ple_rows_for"]
 
 
 class ModelRowIds:
@@ -60,6 +61,11 @@ class PleRows:
     plan: RowCachePlan | None
     reason: str
 
+    def close(self) -> None:
+        """Close the row cache (a resident source holds nothing to close)."""
+        if self.streamed is not None:
+            self.streamed.close()
+
 
 class RowCacheOwner:
     """Mixin for an all-resident session engine given a PleRows: it owns the row cache (`streamed`,
@@ -86,6 +92,13 @@ class RowCacheOwner:
 def rows_per_position(cfg) -> int:
     """Rows one token reads over every PLE layer: n-gram heads x PLE layers."""
     return ngram_heads(cfg) * len(ple_layers(cfg))
+
+
+def row_cache_bytes(model, config) -> int | None:
+    """A PLE model's row cache (ple_reserve's pages) for the budget rule; None without a row store."""
+    if model.ngrams_file is None:
+        return None
+    return plan_row_cache(config, model.ngrams_file, rows_per_position=rows_per_position(model.cfg)).nbytes
 
 
 def resident_table_bytes(store) -> int:
@@ -119,7 +132,7 @@ def ple_rows_for(model, config, *, stream: bool | None = None, hook=None, latenc
         return None
     store = model.ngrams_file
     if store is None:
-        from strata.reference.hyper_model import resident_rows
+        from strata.reference.ple import resident_rows
 
         return PleRows(resident_rows(cfg, model.dense), None, None, "PLE rows resident (in the model file)")
     if not stream:

@@ -91,6 +91,6 @@ def model_tables(model) -> dict[int, np.ndarray]:
     if model.ngrams_file is not None:
         store = model.ngrams_file
         return {layer: store.rows(layer, np.arange(t.rows)) for layer, t in store.tables.items()}
-    from strata.reference.hyper_model import ple_table_items
+    from strata.reference.ple import ple_table_items
 
     return {i: np.asarray(t, np.float32) for i, t in ple_table_items(model.cfg, model.dense)}
