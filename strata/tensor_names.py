@@ -94,9 +94,9 @@ def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ..
         shapes[b(n.attn_k_norm)] = (kv_dim,)
     if cfg.attention_output_gate:
         shapes[b(n.attn_gate)] = (q_dim, cfg.hidden_size)
-    if cfg.attention_sinks:
+    if cfg.gpt_oss.attention_sinks:
         shapes[b(n.attn_sinks)] = (cfg.n_heads,)
-    if cfg.attention_output_bias:
+    if cfg.gpt_oss.attention_output_bias:
         shapes[b(n.attn_output_bias)] = (cfg.hidden_size,)
     return shapes
 

@@ -115,7 +115,7 @@ def test_yarn_decode_steps_are_the_references():
     """DeepSeek's YaRN (scaled frequencies, cos/sin times the attention factor, the softmax scale
     times mscale^2): the MLX tables and the kernels' folded scale against the reference."""
     name = "made_mla"
-    cfg = dataclasses.replace(_cfg(name), rope_scaling=RopeScaling.YARN, yarn_factor=4.0, yarn_original_context=16,
+    cfg = _cfg(name).with_fields(rope_scaling=RopeScaling.YARN, yarn_factor=4.0, yarn_original_context=16,
                               yarn_attention_factor=1.1, yarn_mscale_all_dim=0.8)
     assert ref_mla.softmax_scale(cfg) > 1.1 * ref_mla.softmax_scale(_cfg(name))
     _, dense, norm, xs, _, w = _setup(name, seed=4)

@@ -60,7 +60,7 @@ def deepseek_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     )
     if not hf.get_bool("rope_interleave", default=True):
         raise hf.unsupported("rope_interleave = false", "the released (interleaved) rope layout")
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 def deepseek_rope(hf: HFConfig) -> dict:

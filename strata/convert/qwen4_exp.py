@@ -154,7 +154,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
             ngram_seed=text.get_int("seed", default=1234), ngram_eos_token=_eos(text),
             ple_row_store=True,  # the tables go to <name>.ngrams (write_row_store), not the model file
         )
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 # ---------------------------------------------------------------- tensors

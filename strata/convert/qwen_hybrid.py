@@ -201,7 +201,7 @@ def hybrid_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         raise ConfigError(f"{hf.path}: shared_expert_intermediate_size must be positive, got {shared}")
     fields.update(gated_hybrid_fields(hf, text, fields, rope=rope, layer_types=_layer_types(text, fields["n_layers"])),
                   shared_ffn_size=shared)
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 # ---------------------------------------------------------------- tensors

@@ -62,7 +62,7 @@ _V1_FIELDS = frozenset({
     "n_experts_per_token", "expert_ffn_size", "shared_ffn_size", "shared_expert_gated", "routing_order",
     "norm_topk_prob", "qk_norm", "attention_bias", "rope_theta", "rms_norm_eps", "max_context", "tie_embeddings",
 })
-assert all(str(f.type) in _FIELD_VALUE_TYPES for f in dataclasses.fields(ModelConfig)), "new ModelConfig field type"
+assert all(str(f.type) in _FIELD_VALUE_TYPES for f in ModelConfig.stored_fields()), "new ModelConfig field type"
 
 
 def config_key(field_name: str) -> str:
@@ -72,7 +72,7 @@ def config_key(field_name: str) -> str:
 _RESERVED_KEYS = frozenset(
     [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, KEY_EXPERTS_IDENTITY,
      KEY_FILE_CHECKSUM, KEY_NGRAMS_IDENTITY, "general.alignment"]
-    + [config_key(f.name) for f in dataclasses.fields(ModelConfig)]
+    + [config_key(f.name) for f in ModelConfig.stored_fields()]
 )
 
 
@@ -174,7 +174,7 @@ def write_model(
     with atomic_output(path) as tmp:
         w = gguf.GGUFWriter(tmp, ARCHITECTURE)
         w.add_uint32(KEY_FORMAT_VERSION, FORMAT_VERSION)
-        types = {f.name: _FIELD_VALUE_TYPES[str(f.type)] for f in dataclasses.fields(ModelConfig)}
+        types = {f.name: _FIELD_VALUE_TYPES[str(f.type)] for f in ModelConfig.stored_fields()}
         for name, value in cfg.to_dict().items():
             w.add_key_value(config_key(name), value, gguf.GGUFValueType[types[name]])
         w.add_string(KEY_TOKENIZER_JSON, tokenizer_json)
@@ -269,7 +269,7 @@ def _config(gf: GGUFFile) -> ModelConfig:
     if version != FORMAT_VERSION:
         raise FormatError(f"{path}: unsupported strata model format version {version} (this reader knows {FORMAT_VERSION})")
     values = {}
-    for f in dataclasses.fields(ModelConfig):
+    for f in ModelConfig.stored_fields():
         key = config_key(f.name)
         want = _FIELD_VALUE_TYPES[str(f.type)]
         field = gf.fields.get(key)

@@ -146,9 +146,7 @@ _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
     """cos, sin float32 [max_context, r / 2]: the reference's `rope_cos_sin` of every position
     (float64 angles, YaRN's frequencies and factor where the config scales), rounded once."""
-    key = (cfg.qk_rope_head_dim, cfg.rope_theta, cfg.max_context, cfg.rope_scaling, cfg.yarn_factor,
-           cfg.yarn_original_context, cfg.yarn_beta_fast, cfg.yarn_beta_slow, cfg.yarn_truncate,
-           cfg.yarn_attention_factor)
+    key = (cfg.qk_rope_head_dim, cfg.rope_theta, cfg.max_context, cfg.yarn)  # every YaRN number is in cfg.yarn
     if key not in _tables:
         cos, sin = rope_cos_sin(cfg, np.arange(cfg.max_context))
         _tables[key] = (mx.array(cos), mx.array(sin))

@@ -76,8 +76,8 @@ def softmax_scale(cfg: ModelConfig) -> float:
     under YaRN with mscale_all_dim (DeepSeek-V3, Kimi-K2: the attention's temperature follows the
     context extension; transformers' `yarn_apply_mscale`)."""
     scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-    if cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_mscale_all_dim:
-        scale *= yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale_all_dim) ** 2
+    if cfg.yarn.rope_scaling is RopeScaling.YARN and cfg.yarn.yarn_mscale_all_dim:
+        scale *= yarn_mscale(cfg.yarn.yarn_factor, cfg.yarn.yarn_mscale_all_dim) ** 2
     return scale
 
 

@@ -14,7 +14,7 @@ The weights are random, but the routing is shaped like a trained model's (see do
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -181,14 +181,14 @@ def make_model(
         cfg = SHAPES[shape]
     else:
         cfg = shape
-    cfg = replace(cfg, **overrides) if overrides else cfg
+    cfg = cfg.with_fields(**overrides) if overrides else cfg
     model_path, experts_path = model_paths(path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     write_experts(
         experts_path, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
         get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
-        biases=cfg.expert_bias,
+        biases=cfg.gpt_oss.expert_bias,
     )
     with ExpertsFile.open(experts_path) as xf:  # the model records which expert set it goes with
         identity = xf.identity
