@@ -78,7 +78,7 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
         if isinstance(a, MlaWeights):  # weights, and the latent cache instead of keys and values
             total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes
             total += lw.router.nbytes if lw.router is not None else 0
-            total += 4 * context * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            total += 4 * context * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim)
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # (added below)
         elif isinstance(a, DeltaNetWeights):  # weights, and the recurrent state read and written
             total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes + lw.router.nbytes
@@ -227,7 +227,7 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
 
         # the runtime routes with the model's selection biases (sigmoid rules): random_params' own
         biases = {TensorNames.block(l, TensorNames.exp_probs_b): selection_bias(cfg, 0, l) for l in cfg.moe_layers
-                  if cfg.router_bias}
+                  if cfg.sigmoid.router_bias}
         model = Model(cfg, biases, None, xf, path.with_suffix(".gguf"))
         least = cache_config_for(model, Config(), 1).min_capacity
         slots = max(slots, least)

@@ -64,17 +64,6 @@ class ModelConfig(FamilyFields):
     linear_k_head_dim: int = 0
     linear_v_head_dim: int = 0
     linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
-    # sigmoid-routed families (DeepSeek-V3 / Kimi-K2, GLM-4.5, MiniMax-M2): routing (RoutingOrder.SIGMOID_TOPK)
-    n_group: int = 1  # experts form n_group equal groups; only the best topk_group groups are eligible
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
-    router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
-    # multi-head latent attention (Mixer.MLA); head_dim is the q/k head (nope + rope), n_kv_heads = n_heads
-    q_lora_rank: int = 0  # 0: queries projected directly (no low-rank q path)
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0
-    v_head_dim: int = 0
     # qwen4_exp (Qwen4-Exp): hyper-connections, indexed (QSA) attention, PLE n-gram embeddings;
     # their tensors and rules are in strata/families/qwen4_exp.py
     hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)
@@ -243,7 +232,7 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
             continue
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
-        if cfg.router_bias:
+        if cfg.sigmoid.router_bias:
             shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
         if cfg.gpt_oss.router_logit_bias:
             shapes[b(n.router_logit_bias)] = (cfg.n_experts,)

@@ -117,14 +117,14 @@ def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
     """A latent-attention layer's projections (reference/mla.py), with their shapes."""
     n, b = TensorNames, (lambda s: TensorNames.block(layer, s))  # noqa: E731
     h, d = cfg.n_heads, cfg.hidden_size
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    shapes = {b(n.attn_kv_a_mqa): (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
-              b(n.attn_kv_a_norm): (cfg.kv_lora_rank,),
-              b(n.attn_kv_b): (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
-              b(n.attn_output): (d, h * cfg.v_head_dim)}
-    if cfg.q_lora_rank:
-        shapes.update({b(n.attn_q_a): (cfg.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.q_lora_rank,),
-                       b(n.attn_q_b): (h * qk, cfg.q_lora_rank)})
+    qk = cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim
+    shapes = {b(n.attn_kv_a_mqa): (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim, d),
+              b(n.attn_kv_a_norm): (cfg.mla.kv_lora_rank,),
+              b(n.attn_kv_b): (h * (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim), cfg.mla.kv_lora_rank),
+              b(n.attn_output): (d, h * cfg.mla.v_head_dim)}
+    if cfg.mla.q_lora_rank:
+        shapes.update({b(n.attn_q_a): (cfg.mla.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.mla.q_lora_rank,),
+                       b(n.attn_q_b): (h * qk, cfg.mla.q_lora_rank)})
     else:
         shapes[b(n.attn_q)] = (h * qk, d)
     return shapes

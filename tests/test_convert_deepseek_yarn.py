@@ -104,13 +104,13 @@ def test_the_published_config_in_bf16_is_accepted_with_transformers_yarn(name):
     assert cfg.yarn.yarn_mscale_all_dim == 1.0 and cfg.rope_theta == raw["rope_theta"]
     assert all(k.mixer is Mixer.MLA for k in cfg.kinds)
     assert [k.ffn for k in cfg.kinds[:raw["first_k_dense_replace"] + 1]] == [Ffn.DENSE] * raw["first_k_dense_replace"] + [Ffn.MOE]
-    assert (cfg.n_experts, cfg.n_group, cfg.topk_group, cfg.n_heads) == (
+    assert (cfg.n_experts, cfg.sigmoid.n_group, cfg.sigmoid.topk_group, cfg.n_heads) == (
         raw["n_routed_experts"], raw["n_group"], raw["topk_group"], raw["num_attention_heads"])
-    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_rope_head_dim) == (512, 1536, 64)
+    assert (cfg.mla.kv_lora_rank, cfg.mla.q_lora_rank, cfg.mla.qk_rope_head_dim) == (512, 1536, 64)
     # transformers' own numbers for this config (its DeepseekV3Config reads the v4 spelling)
     hf = transformers.DeepseekV3Config(**{k: v for k, v in raw.items() if k != "model_type"})
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf)
-    ours, factor = rope_frequencies(cfg, cfg.qk_rope_head_dim)
+    ours, factor = rope_frequencies(cfg, cfg.mla.qk_rope_head_dim)
     np.testing.assert_allclose(ours, inv_freq.double().numpy(), rtol=1e-6)  # theirs in float32
     assert factor == pytest.approx(attention_factor) == 1.0  # mscale = mscale_all_dim
     want = yarn_apply_mscale(hf.rope_parameters, (128 + 64) ** -0.5)

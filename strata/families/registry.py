@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from strata.families import deepseek, gpt_oss, qwen4_exp, qwen_hybrid
 from strata.families.family import FamilyParts
+from strata.families.deepseek import LatentAttentionConfig, SigmoidRoutingConfig
 from strata.families.gpt_oss import GptOssConfig, YarnConfig
 
 
@@ -23,6 +24,8 @@ class FamilyFields:
     metadata every field is one flat key `strata.<field>` (`ModelConfig.to_dict`), so a field's
     name is unique across the families. A new family with fields of its own adds its attribute here."""
 
+    sigmoid: SigmoidRoutingConfig = field(default_factory=SigmoidRoutingConfig)
+    mla: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
     gpt_oss: GptOssConfig = field(default_factory=GptOssConfig)
     yarn: YarnConfig = field(default_factory=YarnConfig)
 

@@ -138,7 +138,7 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
         shared = SharedWeights(w(n.shexp_gate), w(n.shexp_up), w(n.shexp_down), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
-    rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
+    rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.sigmoid.router_bias else None)
     bias = mx.array(get(n.router_logit_bias)) if cfg.gpt_oss.router_logit_bias else None
     return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule,
                         router_logit_bias=bias)

@@ -62,7 +62,7 @@ def router_rules(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None,
     layers to give rules for (default every MoE layer; a pipeline stage's own)."""
     rule = router_rule(cfg)
     layers = cfg.moe_layers if moe_layers is None else moe_layers
-    if not cfg.router_bias:
+    if not cfg.sigmoid.router_bias:
         return (rule,) * len(layers)
     if dense is None:
         raise ValueError("router_rules: this model's routers have selection biases; pass the dense weights")

@@ -52,14 +52,14 @@ QWEN35_397B_SHAPE = ModelConfig(
 # dense layer): 61 layers, the first 3 dense (SwiGLU of 18432), then 256 routed experts of 2048 and
 # one shared, top-8 by sigmoid scores with a selection bias in 8 groups of which the best 4 are
 # eligible, weights normalised and scaled by 2.5; latent attention with a low-rank query
-DEEPSEEK_V3_SHAPE = ModelConfig(
+DEEPSEEK_V3_SHAPE = ModelConfig.from_dict(dict(
     architecture="strata_test", vocab_size=129280, hidden_size=7168, n_layers=61, n_heads=128, n_kv_heads=128,
     head_dim=192, n_experts=256, n_experts_per_token=8, expert_ffn_size=2048, shared_ffn_size=2048,
     shared_expert_gated=False, qk_norm=QKNorm.NONE, max_context=4096, routing_order=RoutingOrder.SIGMOID_TOPK,
     layer_types=tuple(LayerType(Mixer.MLA, Ffn.DENSE if l < 3 else Ffn.MOE) for l in range(61)),
     dense_ffn_size=18432, n_group=8, topk_group=4, routed_scaling_factor=2.5, router_bias=True,
     q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-)
+))
 
 
 def _normal(shape, std, key) -> mx.array:
@@ -187,13 +187,13 @@ def random_deltanet(cfg: ModelConfig, key: mx.array) -> DeltaNetWeights:
 def selection_bias(cfg: ModelConfig, seed: int, layer: int) -> np.ndarray | None:
     """The selection-only router bias random_params gives MoE layer `layer` (None without one):
     the streaming benchmark hands the same values to the runtime's routing."""
-    return np.random.default_rng([seed, layer]).normal(0, 0.05, cfg.n_experts) if cfg.router_bias else None
+    return np.random.default_rng([seed, layer]).normal(0, 0.05, cfg.n_experts) if cfg.sigmoid.router_bias else None
 
 
 def random_mla(cfg: ModelConfig, key: mx.array) -> MlaWeights:
     """Random float16 latent-attention weights of `cfg`'s sizes (norm weights 1)."""
-    d, h, c, r = cfg.hidden_size, cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    n, v, ql = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+    d, h, c, r = cfg.hidden_size, cfg.n_heads, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim
+    n, v, ql = cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim, cfg.mla.q_lora_rank
     ks = mx.random.split(key, 5)
     q_in = ql or d
     wo_blocks = tuple(_normal((d, min(MAX_COLS, h * v - i)), (h * v) ** -0.5, k)

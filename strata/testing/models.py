@@ -119,7 +119,7 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
             dense.update(deltanet_dense(cfg, layer, rng, basis, ATTN_OUT_SCALE))
         else:
             if kind.mixer is Mixer.MLA:  # small queries: near-uniform attention, as small q/k below
-                dense[b(n.attn_q_b if cfg.q_lora_rank else n.attn_q)] *= QK_SCALE
+                dense[b(n.attn_q_b if cfg.mla.q_lora_rank else n.attn_q)] *= QK_SCALE
             else:
                 dense[b(n.attn_q)] *= QK_SCALE
                 dense[b(n.attn_k)] *= QK_SCALE
@@ -138,7 +138,7 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
         dense[b(n.router)] = (popularity[:, None] * common[None, :] + low_rank + noise).astype(np.float32)
         if cfg.has_shared_expert and cfg.shared_expert_gated:
             dense[b(n.shexp_gate_inp)] = _normal(rng, (d,), 1.0 / np.sqrt(d))
-        if cfg.router_bias:
+        if cfg.sigmoid.router_bias:
             dense[b(n.exp_probs_b)] = _normal(rng, (cfg.n_experts,), SELECTION_BIAS_SCALE)
     for layer in range(cfg.n_layers):
         dense.update(gpt_oss_dense(cfg, layer, rng))
