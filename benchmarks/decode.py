@@ -63,7 +63,7 @@ from _random_experts import make_experts_file  # noqa: E402,F401  (prompt_mlx.py
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=256)
 # the hybrid's pattern at SMALL's size: three DeltaNet layers, then gated attention with partial rotary
-SMALL_HYBRID = replace(QWEN35_397B_SHAPE, n_layers=4, layer_types=QWEN35_397B_SHAPE.layer_types[:4], hidden_size=256,
+SMALL_HYBRID = QWEN35_397B_SHAPE.with_fields(n_layers=4, layer_types=QWEN35_397B_SHAPE.layer_types[:4], hidden_size=256,
                        n_experts=32, n_experts_per_token=4, expert_ffn_size=64, shared_ffn_size=64, n_heads=4,
                        n_kv_heads=2, head_dim=64, rotary_dim=16, vocab_size=512, max_context=256, linear_k_heads=2,
                        linear_v_heads=4, linear_k_head_dim=32, linear_v_head_dim=32)
@@ -82,7 +82,8 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # (added below)
         elif isinstance(a, DeltaNetWeights):  # weights, and the recurrent state read and written
             total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes + lw.router.nbytes
-            total += 2 * 4 * cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
+            dn = cfg.deltanet
+            total += 2 * 4 * dn.linear_v_heads * dn.linear_k_head_dim * dn.linear_v_head_dim
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # no KV cache (added below)
         else:
             total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)

@@ -51,9 +51,9 @@ def dense_bytes(cfg: ModelConfig) -> int:
             n, v = cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim
             total += 2 * ((ql + c + r) * d + h * (n + r) * (ql or d) + h * (n + v) * c + d * h * v + d + ql + c)
         elif t.mixer is Mixer.DELTANET:
-            hv, v = cfg.linear_v_heads, cfg.linear_v_heads * cfg.linear_v_head_dim
+            hv, v = cfg.deltanet.linear_v_heads, cfg.deltanet.linear_v_heads * cfg.deltanet.linear_v_head_dim
             c = conv_channels(cfg)
-            total += (c + v + 2 * hv) * d * 2 + d * v * 2 + c * cfg.linear_conv_kernel * 2 + 8 * hv + 2 * d
+            total += (c + v + 2 * hv) * d * 2 + d * v * 2 + c * cfg.deltanet.linear_conv_kernel * 2 + 8 * hv + 2 * d
         else:
             total += (qr * (1 + int(cfg.attention_output_gate)) + 2 * kr) * d * 2 + d * qr * 2 + 2 * d + 4 * hd
     return total
@@ -62,8 +62,8 @@ def dense_bytes(cfg: ModelConfig) -> int:
 def state_bytes(cfg: ModelConfig) -> int:
     """KV caches and DeltaNet states with their kept snapshots (a long decode keeps KEPT_SNAPSHOTS)."""
     kv = 2 * cfg.n_kv_heads * cfg.max_context * cfg.head_dim * 4
-    dn = 4 * (cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
-              + conv_channels(cfg) * max(cfg.linear_conv_kernel - 1, 0))
+    dn = 4 * (cfg.deltanet.linear_v_heads * cfg.deltanet.linear_k_head_dim * cfg.deltanet.linear_v_head_dim
+              + conv_channels(cfg) * max(cfg.deltanet.linear_conv_kernel - 1, 0))
     latent = 4 * cfg.max_context * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim)  # MlxLatentKV
     return sum(dn * (KEPT_SNAPSHOTS + 1) if t.mixer is Mixer.DELTANET else latent if t.mixer is Mixer.MLA else kv
                for t in cfg.kinds)

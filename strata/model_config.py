@@ -55,15 +55,10 @@ class ModelConfig(FamilyFields):
     # so `replace(cfg, n_layers=...)` keeps working on such models); read it through `kinds`
     layer_types: tuple[LayerType, ...] = ()
     dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
-    # hybrid models (Qwen3-Next, Qwen3.5/3.6-MoE): gated attention, partial rotary, gated DeltaNet
-    # (rotary_dim is shared: the sigmoid families GLM-4.5 and MiniMax-M2 use partial rotary too)
+    # partial rotary (Qwen3-Next / Qwen3.5, Qwen4-Exp, GLM-4.5, MiniMax-M2) and the gated attention
+    # output (Qwen3-Next / Qwen3.5, Qwen4-Exp): fields of several families, so they stay shared
     rotary_dim: int = 0  # RoPE over the first rotary_dim dims of each head (0: the whole head)
     attention_output_gate: bool = False  # attention output * sigmoid(x · W_gate) before o_proj
-    linear_k_heads: int = 0  # DeltaNet layers: query/key heads
-    linear_v_heads: int = 0  # value heads (a multiple of linear_k_heads)
-    linear_k_head_dim: int = 0
-    linear_v_head_dim: int = 0
-    linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
     # qwen4_exp (Qwen4-Exp): hyper-connections, indexed (QSA) attention, PLE n-gram embeddings;
     # their tensors and rules are in strata/families/qwen4_exp.py
     hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)

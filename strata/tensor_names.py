@@ -104,13 +104,13 @@ def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ..
 def deltanet_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
     """A gated DeltaNet layer's mixer tensors."""
     n = TensorNames
-    hv, d = cfg.linear_v_heads, cfg.hidden_size
-    v_dim = hv * cfg.linear_v_head_dim
-    conv_dim = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    hv, d = cfg.deltanet.linear_v_heads, cfg.hidden_size
+    v_dim = hv * cfg.deltanet.linear_v_head_dim
+    conv_dim = 2 * cfg.deltanet.linear_k_heads * cfg.deltanet.linear_k_head_dim + v_dim
     b = lambda s: n.block(l, s)  # noqa: E731
     return {b(n.ssm_qkv): (conv_dim, d), b(n.ssm_z): (v_dim, d), b(n.ssm_beta): (hv, d), b(n.ssm_alpha): (hv, d),
-            b(n.ssm_conv): (conv_dim, cfg.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
-            b(n.ssm_norm): (cfg.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
+            b(n.ssm_conv): (conv_dim, cfg.deltanet.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
+            b(n.ssm_norm): (cfg.deltanet.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
 
 
 def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:

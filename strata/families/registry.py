@@ -13,6 +13,7 @@ from strata.families import deepseek, gpt_oss, qwen4_exp, qwen_hybrid
 from strata.families.family import FamilyParts
 from strata.families.deepseek import LatentAttentionConfig, SigmoidRoutingConfig
 from strata.families.gpt_oss import GptOssConfig, YarnConfig
+from strata.families.qwen_hybrid import DeltaNetConfig
 
 
 
@@ -24,6 +25,7 @@ class FamilyFields:
     metadata every field is one flat key `strata.<field>` (`ModelConfig.to_dict`), so a field's
     name is unique across the families. A new family with fields of its own adds its attribute here."""
 
+    deltanet: DeltaNetConfig = field(default_factory=DeltaNetConfig)
     sigmoid: SigmoidRoutingConfig = field(default_factory=SigmoidRoutingConfig)
     mla: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
     gpt_oss: GptOssConfig = field(default_factory=GptOssConfig)

@@ -39,14 +39,14 @@ SEED_SHAPE = ModelConfig(
 )
 # Qwen3.5-397B-A17B's per-layer shape (its config.json): 60 layers, every fourth full attention
 # (gated, a quarter of the head rotary), the rest gated DeltaNet; 512 experts, top-10
-QWEN35_397B_SHAPE = ModelConfig(
+QWEN35_397B_SHAPE = ModelConfig.from_dict(dict(
     architecture="strata_test", vocab_size=248320, hidden_size=4096, n_layers=60, n_heads=32, n_kv_heads=2,
     head_dim=256, n_experts=512, n_experts_per_token=10, expert_ffn_size=1024, shared_ffn_size=1024,
     shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=4096,
     layer_types=tuple(LayerType(Mixer.ATTENTION if (l + 1) % 4 == 0 else Mixer.DELTANET, Ffn.MOE) for l in range(60)),
     rotary_dim=64, attention_output_gate=True, linear_k_heads=16, linear_v_heads=64, linear_k_head_dim=128,
     linear_v_head_dim=128, linear_conv_kernel=4,
-)
+))
 
 # DeepSeek-V3's per-layer shape (its config.json; Kimi-K2 differs in 384 experts, 64 heads, one
 # dense layer): 61 layers, the first 3 dense (SwiGLU of 18432), then 256 routed experts of 2048 and
@@ -174,13 +174,14 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
 
 def random_deltanet(cfg: ModelConfig, key: mx.array) -> DeltaNetWeights:
     """Random float16 DeltaNet weights of `cfg`'s sizes (decay parameters float32, decays < 1)."""
-    d, hv = cfg.hidden_size, cfg.linear_v_heads
-    v_dim = hv * cfg.linear_v_head_dim
-    c = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    dn = cfg.deltanet
+    d, hv = cfg.hidden_size, dn.linear_v_heads
+    v_dim = hv * dn.linear_v_head_dim
+    c = 2 * dn.linear_k_heads * dn.linear_k_head_dim + v_dim
     ks = mx.random.split(key, 4)
     return DeltaNetWeights(mx.ones((d,), mx.float16), _normal((c + v_dim + 2 * hv, d), d ** -0.5, ks[0]),
-                           _normal((c, cfg.linear_conv_kernel), 0.5, ks[1]), -mx.random.uniform(1.0, 16.0, (hv,), key=ks[2]),
-                           mx.zeros((hv,), mx.float32), mx.ones((cfg.linear_v_head_dim,), mx.float16),
+                           _normal((c, dn.linear_conv_kernel), 0.5, ks[1]), -mx.random.uniform(1.0, 16.0, (hv,), key=ks[2]),
+                           mx.zeros((hv,), mx.float32), mx.ones((dn.linear_v_head_dim,), mx.float16),
                            _normal((d, v_dim), v_dim ** -0.5, ks[3]))
 
 
