@@ -11,9 +11,11 @@ layers only, addressed by their MoE index (`moe_index`), so a dense layer costs 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
+from strata import layer_kinds
 from strata.errors import ConfigError
 from strata.families.qwen4_exp import qwen4_tensor_shapes
 from strata.families.registry import FAMILIES, FamilyFields
@@ -170,7 +172,7 @@ class ModelConfig(FamilyFields):
     def to_dict(self) -> dict:
         out = self.flat()
         for name, value in out.items():
-            if isinstance(value, (RoutingOrder, QKNorm, ExpertKind, RopeScaling)):
+            if isinstance(value, enum.Enum):  # stored as its string value
                 out[name] = value.value
         out["layer_types"] = ",".join(t.to_str() for t in self.layer_types)  # one GGUF string ("": uniform)
         return out
@@ -203,8 +205,16 @@ for _name, _part in _PARTS.items():
     for _f in dataclasses.fields(_part):
         assert _f.name not in _FIELD_PART, f"the stored field {_f.name} is in two parts of ModelConfig"
         _FIELD_PART[_f.name] = _name
-_ENUM_FIELDS = {"routing_order": RoutingOrder, "qk_norm": QKNorm, "expert_kind": ExpertKind,
-                "rope_scaling": RopeScaling}
+
+
+def stored_enum(field: dataclasses.Field) -> type[enum.Enum] | None:
+    """The enum (of strata/layer_kinds.py) a stored field holds, stored as its string value; None
+    for a plain value."""
+    kind = getattr(layer_kinds, str(field.type), None)
+    return kind if isinstance(kind, type) and issubclass(kind, enum.Enum) else None
+
+
+_ENUM_FIELDS = {f.name: kind for f in ModelConfig.stored_fields() if (kind := stored_enum(f)) is not None}
 
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
