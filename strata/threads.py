@@ -1,5 +1,5 @@
-"""How many threads numpy's BLAS uses (Config.threads, `--threads`, STRATA_THREADS): chosen here,
-deliberately, instead of OpenBLAS's default of one per core.
+"""How many threads numpy's BLAS and the compiled CPU kernels use (Config.threads, `--threads`,
+STRATA_THREADS): chosen here, deliberately, instead of OpenBLAS's default of one per core.
 
 Why: decode is matrix-vector products, most of them small (the embedded model's are 64-256 wide:
 a 256x256 product takes 4 us, less than a BLAS thread handoff), and BLAS workers spin for cores
@@ -7,7 +7,10 @@ that the reader threads and every other process also want. On a loaded 2-core ma
 embedded model decoded at 38.6 tok/s with one thread and 12.7 with OpenBLAS's default
 (docs/perf.md, "CPU threads"). So `auto` (threads = 0) is one thread for models narrower than
 WIDE_HIDDEN, and half the usable cores (at most MAX_AUTO_THREADS) for wider ones, whose
-products are large enough to split. A thread count the user put in the environment
+products are large enough to split, less the cores other processes keep busy (the 1-minute
+load average when the engine opens): llama.cpp with 2 threads on this shared 2-core machine
+collapsed to 0.6-2 tok/s where 1 thread ran at 33-36, because a thread that waits for a busy
+core stalls every product it shares. A thread count the user put in the environment
 (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, MKL_NUM_THREADS) is respected under `auto`.
 
 How: with threadpoolctl installed (a dependency) the limit is set at run time, once per value.
@@ -21,7 +24,8 @@ from __future__ import annotations
 import os
 from typing import Mapping, MutableMapping, Sequence
 
-__all__ = ["BLAS_ENV", "auto_threads", "usable_cores", "apply_threads", "preset_environment", "blas_threads"]
+__all__ = ["BLAS_ENV", "auto_threads", "usable_cores", "busy_cores", "compute_threads", "apply_threads",
+           "preset_environment", "blas_threads"]
 
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 WIDE_HIDDEN = 2048  # products of narrower models are cheaper than a thread handoff (see the docstring)
@@ -37,6 +41,15 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def busy_cores() -> int:
+    """Cores other processes keep busy: the 1-minute load average, rounded (0 where the system
+    does not report one)."""
+    try:
+        return int(round(os.getloadavg()[0]))
+    except (AttributeError, OSError):
+        return 0
+
+
 def user_threads(environ: Mapping[str, str] | None = None) -> int | None:
     """A BLAS thread count the environment already names, if any (an int > 0)."""
     environ = os.environ if environ is None else environ
@@ -47,13 +60,21 @@ def user_threads(environ: Mapping[str, str] | None = None) -> int | None:
     return None
 
 
-def auto_threads(hidden_size: int | None, cores: int | None = None) -> int:
+def auto_threads(hidden_size: int | None, cores: int | None = None, busy: int | None = None) -> int:
     """`threads = 0`: one thread below WIDE_HIDDEN (or when the model is not known yet), else half
-    the usable cores, at most MAX_AUTO_THREADS."""
+    the usable cores, at most MAX_AUTO_THREADS, and no more than the cores left idle by `busy`
+    (default: busy_cores(); at least one thread)."""
     cores = usable_cores() if cores is None else cores
     if hidden_size is None or hidden_size < WIDE_HIDDEN:
         return 1
-    return max(1, min(MAX_AUTO_THREADS, cores // 2))
+    busy = busy_cores() if busy is None else busy
+    return max(1, min(MAX_AUTO_THREADS, cores // 2, cores - busy))
+
+
+def compute_threads(threads: int, hidden_size: int | None = None) -> int:
+    """The thread count in force for `threads` (Config.threads): itself, or under 0 the
+    environment's count or auto_threads."""
+    return threads or user_threads() or auto_threads(hidden_size)
 
 
 def apply_threads(threads: int, hidden_size: int | None = None) -> int | None:
@@ -61,7 +82,7 @@ def apply_threads(threads: int, hidden_size: int | None = None) -> int | None:
     or auto_threads. Returns the count set, or None where it cannot be set (no threadpoolctl:
     then the environment of the process start decides)."""
     global _applied
-    n = threads or user_threads() or auto_threads(hidden_size)
+    n = compute_threads(threads, hidden_size)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

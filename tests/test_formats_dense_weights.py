@@ -80,12 +80,13 @@ def test_a_loaded_model_holds_the_files_dense_bytes(stored_model):
 @pytest.mark.parametrize("kind", ["reference", "numpy-min", "numpy-full"])
 def test_numpy_engine_logits_are_bit_identical_to_float32_at_load(stored_model, kind):
     """Prompt, then decodes: every position's logits equal, bit for bit, the reference engine's
-    over the float32 weights the loader used to hold."""
+    over the float32 weights the loader used to hold. On the float32 products (cpu_kernels off):
+    the compiled Q8_0 products are held to these within a budget in tests/test_numpy_quant_kernels.py."""
     _, made = stored_model
     _, before = widened_file_tensors(made.model_path)
     with strata.load(made.model_path) as m:
         want = ReferenceEngine(ModelParams(m.cfg, before, m.resident_params().experts))
-        got = open_kind(m, kind, EXACT0)
+        got = open_kind(m, kind, EXACT0.replace(cpu_kernels=False))
         try:
             np.testing.assert_array_equal(_bits(got.prefill(PROMPT)), _bits(want.prefill(PROMPT)))
             for tok in (5, 17, 99, 3):

@@ -30,8 +30,9 @@ Q8 = layout(QuantType.Q8_0)
 
 
 class StoredType(enum.Enum):
-    """The dense types kept as stored (ggml's type ids). BF16 is not a QuantType (no expert is
-    stored in it), so the stored dense types are their own enum."""
+    """The dense types kept in memory as stored (ggml's type ids): the ones a matmul widens
+    cheaply per use. Their own enum, not QuantType: which types memory keeps is this module's
+    choice, not the file format's (a file may hold any QuantType; the rest are widened at load)."""
 
     F16 = 1
     BF16 = 30
@@ -166,6 +167,17 @@ class DenseWeights(MutableMapping):
     def stored(self, name: str) -> Dense:
         """What is held for `name`: a float32 array (F32 tensors) or a StoredTensor."""
         return self._held[name]
+
+    @property
+    def held(self) -> MutableMapping[str, Dense]:
+        """The mapping held (not a copy): another view of the same weights shares it."""
+        return self._held
+
+    def linear(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x W^T for the 2-D matrix `name`, widened to float32: the product every dense matrix is
+        used in (a subclass may compute it on the stored bytes: strata.numpy_backend.quant_kernels).
+        x [T, C] -> [T, R]"""
+        return x @ self[name].T
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of a 2-D tensor in float32, widening only those. ids int [T] -> [T, C]"""

@@ -10,7 +10,8 @@ keeps each (token, rank) term and sums them in rank order once all passes are do
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from strata.formats.expert_record import ExpertWeights, RecordLayout, unpack_rec
 from strata.formats.quant_types import QuantType
 from strata.model_config import LayerRange, TensorNames
 from strata.numpy_backend.grouped import grouped_terms
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference import model as ref
 from strata.reference.experts import expert_act
 from strata.reference.quants import dequantize, quantize
@@ -43,9 +45,17 @@ class NumpyCompute(StatefulCompute):
     # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
     synchronous = True
 
-    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
-                 layers: LayerRange | None = None) -> None:
-        self.params, self.arena, self.layout = params, arena, layout
+    def __init__(self, params: ref.ModelParams, arena: Arena,
+                 layouts: RecordLayout | Callable[[int], RecordLayout], *,
+                 pred_q8: bool = True, layers: LayerRange | None = None, ops: CpuOps = REFERENCE_OPS) -> None:
+        """layouts: the record layout of every layer's experts, or a function of the (model) layer
+        giving each layer its own, where the `.experts` file mixes types (`ExpertsFile.layer_layout`).
+        ops: the experts' and the dense products, the float32 reference's or compiled."""
+        if isinstance(layouts, RecordLayout):
+            one = layouts
+            layouts = lambda layer: one  # noqa: E731
+        params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
+        self.params, self.arena, self.layouts, self.ops = params, arena, layouts, ops
         cfg = params.cfg
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
@@ -60,8 +70,8 @@ class NumpyCompute(StatefulCompute):
                              if cfg.gpt_oss.router_logit_bias else {})  # the guess adds the logits' bias too (gpt-oss)
         self.act = expert_act(cfg)
         # A slot's ExpertWeights are views of its buffer (unpack_record is zero-copy), valid
-        # whatever record the slot holds: unpacked once per slot, not once per use.
-        self._slot_weights: dict[int, ExpertWeights] = {}
+        # whatever record of that layout the slot holds: unpacked once per (slot, layout), not per use.
+        self._slot_weights: dict[tuple[int, RecordLayout], ExpertWeights] = {}
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return ref.embed(self.params, tokens)
@@ -90,15 +100,17 @@ class NumpyCompute(StatefulCompute):
 
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
-        terms = grouped_terms(h, slots, weights, self._weights, self.act)  # as the reference engine's prompt
+        layout = self.layouts(layer)
+        terms = grouped_terms(h, slots, weights, lambda slot: self._weights(slot, layout), self.act,
+                              expert=self.ops.expert, stack=self.ops.stack)  # as prompt_forward
         for t, r in zip(*np.nonzero(slots >= 0)):
             part.terms[(int(t), int(r))] = terms[t, r]
         return part
 
-    def _weights(self, slot: int) -> ExpertWeights:
-        w = self._slot_weights.get(slot)
+    def _weights(self, slot: int, layout: RecordLayout) -> ExpertWeights:
+        w = self._slot_weights.get((slot, layout))
         if w is None:
-            w = self._slot_weights[slot] = unpack_record(self.arena.slot_buffer(slot), self.layout)
+            w = self._slot_weights[(slot, layout)] = unpack_record(self.arena.slot_buffer(slot), layout)
         return w
 
     def combine(self, x: np.ndarray, parts: Sequence[RoutedPart], shared: np.ndarray) -> np.ndarray:

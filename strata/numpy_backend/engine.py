@@ -5,13 +5,17 @@ runtime adds the reader pool and the loop, strata.engines puts them together).""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 
 from strata.formats.dense_weights import as_dense_weights
 from strata.numpy_backend.prompt import prompt_forward
+from strata.formats.quant_types import QuantType
+from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, CpuOps, compiled_ops
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.runtime.ngram_source import RowCacheOwner
+from strata.threads import compute_threads
 from strata.session import StateEngine
 
 __all__ = ["ReferenceEngine", "streaming_parts"]
@@ -21,15 +25,20 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
     """The pure-numpy forward, all experts resident: the definition of correct output.
     `select` routes each token (default: the model's own rule). Decode runs the reference
     `forward` itself; a prompt or a window runs `prompt_forward` (the same layers, experts
-    grouped over the tokens that chose them, the prefill head on the last position only)."""
+    grouped over the tokens that chose them, the prefill head on the last position only).
+    `ops`: the routed experts' and the head's products. Built directly the engine keeps the
+    float32 reference's; `open` (what open_engine uses) takes the compiled twins under
+    `Config.cpu_kernels` (strata.numpy_backend.quant_kernels), and then decodes through
+    `prompt_forward` too, which on one token is `forward`'s arithmetic with those products."""
 
     kind = "reference"
     takes_snapshots = True  # its ModelState is frozen: a forward returns a new one (strata/sharing.py)
 
     def __init__(self, params: ModelParams, *, select: SelectFn | None = None, model=None, config=None,
-                 expert_reads: int = 0) -> None:
+                 expert_reads: int = 0, ops: CpuOps = REFERENCE_OPS) -> None:
         super().__init__(model, config)
-        self.params = params
+        self.params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
+        self.ops = ops
         self.select = select
         self.state = ModelState.empty(params.cfg)
         self._reads = expert_reads
@@ -41,18 +50,23 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         params = model.resident_params()
         if ple is not None:
             params = dataclasses.replace(params, rows=ple.rows)
-        engine = cls(params, model=model, config=config, expert_reads=model.experts_file.header.n_records)
+        engine = cls(params, model=model, config=config, expert_reads=model.experts_file.header.n_records,
+                     ops=cpu_ops(config, model.cfg.hidden_size))
         engine._own_row_cache(ple)
         return engine
 
     def _forward(self, tokens: np.ndarray, *, window: bool = False) -> np.ndarray:
         self._read_ahead(tokens)
-        logits, self.state = forward(self.params, self.state, tokens, select=self.select, window=window)
+        if self.ops is REFERENCE_OPS:
+            logits, self.state = forward(self.params, self.state, tokens, select=self.select, window=window)
+        else:
+            logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, window=window,
+                                                all_logits=True, ops=self.ops)
         return logits
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
         self._read_ahead(tokens)
-        logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select)
+        logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, ops=self.ops)
         return logits[-1]
 
     def _decode(self, token: int) -> np.ndarray:
@@ -61,7 +75,7 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
     def _window(self, tokens: np.ndarray) -> np.ndarray:
         self._read_ahead(tokens)
         logits, self.state = prompt_forward(self.params, self.state, tokens, select=self.select, window=True,
-                                            all_logits=True)
+                                            all_logits=True, ops=self.ops)
         return logits
 
     def _expert_reads(self) -> int:
@@ -74,6 +88,30 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         tokens, self.state = snapshot
         self._tokens = list(tokens)
         self.version += 1
+
+
+def cpu_ops(config, hidden_size: int | None = None) -> CpuOps:
+    """The products a numpy engine computes with under `config`: the compiled twins where
+    `cpu_kernels` is on (the default) and they build here, on the threads strata.threads chooses
+    (the same count as BLAS's), else the float32 reference's. Where they were asked for and
+    cannot build, one warning says why (once per process and place)."""
+    if config is not None and not config.cpu_kernels:
+        return REFERENCE_OPS
+    ops = compiled_ops(compute_threads(config.threads if config is not None else 0, hidden_size))
+    if ops.note:
+        warnings.warn(ops.note, RuntimeWarning, stacklevel=2)
+    return ops
+
+
+def expert_type_note(ops: CpuOps, header) -> str:
+    """One line where compiled products are in use but some of the experts' types have none ("" else).
+    `header`: the `.experts` file's (one type, or a type per layer and projection)."""
+    types = {q for t in header.layer_qtypes for q in t} if header.mixed else {QuantType(header.qtype)}
+    slow = sorted((q for q in types if q not in COMPILED_TYPES), key=int)
+    if not ops.compiled or not slow:
+        return ""
+    return (f"{', '.join(q.name for q in slow)} experts on numpy's float32 products (compiled CPU kernels: "
+            f"{', '.join(sorted(q.name for q in COMPILED_TYPES))})")
 
 
 class _NoResidentExperts:
@@ -98,11 +136,17 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
         ok = all(mlock_buffer(a) for a in as_dense_weights(model.dense).arrays())  # the stored buffers
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
+    xf, cfg = model.experts_file, model.cfg
+    layouts = lambda layer: xf.layer_layout(cfg.moe_index(layer))  # noqa: E731 - a layer's own types
     if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)
         from strata.numpy_backend.hyper_compute import HyperNumpyCompute
 
-        compute = HyperNumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
+        compute = HyperNumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers,
                                     rows=rows)
         return arena, compute, tuple(notes)
-    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers)
+    ops = cpu_ops(config, model.cfg.hidden_size)
+    note = ops.note or expert_type_note(ops, model.experts_file.header)
+    if note:
+        notes.append(note)  # in the stream report
+    compute = NumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers, ops=ops)
     return arena, compute, tuple(notes)

@@ -20,23 +20,34 @@ __all__ = ["grouped_terms", "rank_sum"]
 
 
 def grouped_terms(h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-                  weights_of: Callable[[int], ExpertWeights], act: ExpertAct) -> np.ndarray:
+                  weights_of: Callable[[int], ExpertWeights], act: ExpertAct, *,
+                  expert: Callable[..., np.ndarray] = swiglu_expert,
+                  stack: Callable[..., np.ndarray] | None = None) -> np.ndarray:
     """weight[t, r] * expert_{ids[t, r]}(h[t]) for every selected (t, r); zeros where ids < 0.
 
-    `ids` names an expert (or an arena slot: whatever `weights_of` takes). A group of one row is
+    `ids` names an expert (or an arena slot: whatever `weights_of` takes); `expert` computes one
+    (the reference's `swiglu_expert` or its compiled twin, strata.numpy_backend.quant_kernels);
+    `stack`, where given, computes one token's experts in one call (decode: one row, k experts,
+    each term still its own expert's output times its weight). A group of one row is
     computed on its [D] row, as the per-token path does, so decode's arithmetic is unchanged.
 
     Shapes:
         h: [T, D]; ids: int [T, k] (-1: none); weights: float32 [T, k] -> terms float32 [T, k, D]
     """
     terms = np.zeros((*ids.shape, h.shape[-1]), np.float32)
+    if stack is not None and ids.shape[0] == 1:
+        r = np.nonzero(ids[0] >= 0)[0]
+        if len(r):
+            ys = stack([weights_of(int(e)) for e in ids[0, r]], h[0], act)  # [n, D]
+            terms[0, r] = weights[0, r][:, None] * ys
+        return terms
     for e in np.unique(ids[ids >= 0]).tolist():
         t, r = np.nonzero(ids == e)
         w = weights_of(int(e))
         if len(t) == 1:
-            terms[t[0], r[0]] = weights[t[0], r[0]] * swiglu_expert(w, h[t[0]], act)
+            terms[t[0], r[0]] = weights[t[0], r[0]] * expert(w, h[t[0]], act)
         else:
-            terms[t, r] = weights[t, r][:, None] * swiglu_expert(w, h[t], act)
+            terms[t, r] = weights[t, r][:, None] * expert(w, h[t], act)
     return terms
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from strata.model_config import Ffn
 from strata.numpy_backend.grouped import grouped_terms, rank_sum
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference import model as ref
 from strata.reference.experts import expert_act
 from strata.reference.routing import Selection
@@ -34,20 +35,24 @@ def _ids_and_weights(selections: list[Selection]) -> tuple[np.ndarray, np.ndarra
     return ids, weights
 
 
-def grouped_moe_output(params: ref.ModelParams, layer: int, h: np.ndarray, selections: list[Selection]) -> np.ndarray:
+def grouped_moe_output(params: ref.ModelParams, layer: int, h: np.ndarray, selections: list[Selection], *,
+                       ops: CpuOps = REFERENCE_OPS) -> np.ndarray:
     """`ref.moe_output`, each expert computed once over its tokens. [T, D] -> [T, D]"""
     m = params.cfg.moe_index(layer)
     ids, weights = _ids_and_weights(selections)
-    terms = grouped_terms(h, ids, weights, lambda e: params.experts.expert(m, e), expert_act(params.cfg))
+    terms = grouped_terms(h, ids, weights, lambda e: params.experts.expert(m, e), expert_act(params.cfg),
+                          expert=ops.expert, stack=ops.stack)
     return rank_sum(terms) + ref.shared_output(params, layer, h)
 
 
 def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.ndarray, *,
                    select: ref.SelectFn | None = None, window: bool = False,
-                   all_logits: bool = False) -> tuple[np.ndarray, ref.ModelState]:
+                   all_logits: bool = False, ops: CpuOps = REFERENCE_OPS) -> tuple[np.ndarray, ref.ModelState]:
     """Process `tokens` after the `state.length` cached positions, every layer held (no
     pipeline stage). Tokens are routed one at a time in order, as `ref.forward` routes them.
-    `window`: a decode window (recurrent layers keep a snapshot per position).
+    `window`: a decode window (recurrent layers keep a snapshot per position). `ops`: the routed
+    experts' products (the float32 reference's, or the compiled twins; the dense products are
+    `params.dense.linear`'s, which the engine chose with the same ops).
 
     Shapes:
         tokens: [T] int -> logits float32 [1, vocab] (the last position), or [T, vocab] with all_logits
@@ -69,5 +74,5 @@ def prompt_forward(params: ref.ModelParams, state: ref.ModelState, tokens: np.nd
             x = x + ref.dense_ffn_output(params, layer, h)
             continue
         selections = ref.layer_selections(cfg, select, layer, ref.layer_router_logits(params, layer, h))
-        x = x + grouped_moe_output(params, layer, h, selections)
+        x = x + grouped_moe_output(params, layer, h, selections, ops=ops)
     return ref.head(params, x if all_logits else x[-1:]), ref.ModelState(tuple(layers))

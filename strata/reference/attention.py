@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.model_config import Mixer, ModelConfig, QKNorm, RopeScaling, TensorNames
 from strata.reference.rope_scaling import scaled_rope
 
@@ -135,11 +136,13 @@ def attention(
         x: [T, D] (already normed), keep: bool [T, S] (S = cached + T) -> ([T, D], LayerKV with T more positions)
     """
     n = TensorNames
+    dense = as_dense_weights(dense)  # a plain dict of float32 arrays (tests) is wrapped
     w = lambda s: dense[n.block(layer, s)]  # noqa: E731
+    proj = lambda s, a: dense.linear(n.block(layer, s), a)  # noqa: E731  a W^T
     t = x.shape[0]
-    q = x @ w(n.attn_q).T  # [T, H*hd]
-    k = x @ w(n.attn_k).T  # [T, KV*hd]
-    v = x @ w(n.attn_v).T
+    q = proj(n.attn_q, x)  # [T, H*hd]
+    k = proj(n.attn_k, x)  # [T, KV*hd]
+    v = proj(n.attn_v, x)
     if cfg.attention_bias:
         q, k, v = q + w(n.attn_q_bias), k + w(n.attn_k_bias), v + w(n.attn_v_bias)
     if cfg.qk_norm is QKNorm.FULL:
@@ -173,8 +176,8 @@ def attention(
     probs = softmax_with_sinks(scores, w(n.attn_sinks) if cfg.gpt_oss.attention_sinks else None)
     out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]
     if cfg.attention_output_gate:  # Qwen3-Next / Qwen3.5: each head's output gated by sigmoid(x · W_gate)
-        out = out * sigmoid(x @ w(n.attn_gate).T)
-    out = out @ w(n.attn_output).T
+        out = out * sigmoid(proj(n.attn_gate, x))
+    out = proj(n.attn_output, out)
     if cfg.gpt_oss.attention_output_bias:
         out = out + w(n.attn_output_bias)
     return out.astype(np.float32), LayerKV(keys, values, kv.precision)

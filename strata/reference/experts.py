@@ -10,13 +10,13 @@ Shared expert:  the same SwiGLU on dense weights, times sigmoid(w_gate_inp · x)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from strata.formats.expert_record import ExpertWeights
 from strata.model_config import ExpertKind, ModelConfig
-from strata.reference.quants import gemv
+from strata.reference.quants import QuantMatrix, gemv
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,19 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.float32(1.0) / (np.float32(1.0) + np.exp(-np.asarray(x, dtype=np.float32)))
 
 
-def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU) -> np.ndarray:
+def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU, *,
+                  matvec: Callable[[QuantMatrix, np.ndarray], np.ndarray] = gemv) -> np.ndarray:
     """One routed expert on its stored (quantized) weights, with its biases if it has them.
+    `matvec`: the product W x on a stored matrix (the reference's `gemv`; the numpy engines'
+    compiled twin, strata.numpy_backend.quant_kernels, passes its own).
 
     Shapes:
         x: [D] or [T, D] -> [D] or [T, D]
     """
-    g, u = gemv(w.gate, x), gemv(w.up, x)  # [.., F]
+    g, u = matvec(w.gate, x), matvec(w.up, x)  # [.., F]
     if w.biases is not None:
         g, u = g + w.biases.gate, u + w.biases.up
-    y = gemv(w.down, gated_hidden(act, g, u))
+    y = matvec(w.down, gated_hidden(act, g, u))
     return y if w.biases is None else y + w.biases.down
 
 
@@ -85,26 +88,34 @@ def routed_experts(experts: Sequence[ExpertWeights], weights: np.ndarray, x: np.
     return out
 
 
-def dense_swiglu(gate: np.ndarray, up: np.ndarray, down: np.ndarray, x: np.ndarray) -> np.ndarray:
+def times_transpose(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x W^T on a float matrix: what a dense SwiGLU's `product` is by default."""
+    return x @ w.T
+
+
+def dense_swiglu(gate, up, down, x: np.ndarray, *, product: Callable = times_transpose) -> np.ndarray:
     """down(silu(gate·x) * (up·x)) on dense float weights: a dense FFN layer, an ungated shared expert.
+    `product(w, x)` is x W^T for each of the three; by default they are float arrays, and the
+    model passes tensor names with DenseWeights.linear (which the numpy engines may compile).
 
     Shapes:
         gate, up: [F, D]; down: [D, F]; x: [D] or [T, D] -> like x
     """
     x = np.asarray(x, dtype=np.float32)
-    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+    return product(down, silu(product(gate, x)) * product(up, x))
 
 
 def shared_expert(
-    gate: np.ndarray, up: np.ndarray, down: np.ndarray, gate_inp: np.ndarray | None, x: np.ndarray
+    gate, up, down, gate_inp: np.ndarray | None, x: np.ndarray, *, product: Callable = times_transpose
 ) -> np.ndarray:
-    """The shared expert on dense float weights, gated by sigmoid(gate_inp · x) when gate_inp is given.
+    """The shared expert on dense float weights, gated by sigmoid(gate_inp · x) when gate_inp is given
+    (`product`: as dense_swiglu's).
 
     Shapes:
         gate, up: [Fs, D]; down: [D, Fs]; gate_inp: [D] or None; x: [D] or [T, D] -> like x
     """
     x = np.asarray(x, dtype=np.float32)
-    y = dense_swiglu(gate, up, down, x)
+    y = dense_swiglu(gate, up, down, x, product=product)
     if gate_inp is not None:
         y = y * sigmoid(x @ gate_inp)[..., None]
     return y

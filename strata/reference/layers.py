@@ -110,8 +110,8 @@ def mixer_block(params: ModelParams, layer: int, state: MixerState, x: np.ndarra
 def dense_ffn_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
     """A dense FFN layer's output: one SwiGLU on dense weights. [T, D] -> [T, D]"""
     n = TensorNames
-    w = lambda s: params.dense[n.block(layer, s)]  # noqa: E731
-    return dense_swiglu(w(n.ffn_gate), w(n.ffn_up), w(n.ffn_down), h)
+    b = lambda s: n.block(layer, s)  # noqa: E731
+    return dense_swiglu(b(n.ffn_gate), b(n.ffn_up), b(n.ffn_down), h, product=params.dense.linear)
 
 
 def router_input(params: ModelParams, layer: int, x: np.ndarray) -> np.ndarray:
@@ -145,9 +145,9 @@ def shared_output(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
     cfg, n = params.cfg, TensorNames
     if not cfg.has_shared_expert:
         return np.zeros_like(h)
-    w = lambda s: params.dense[n.block(layer, s)]  # noqa: E731
-    gate_inp = w(n.shexp_gate_inp) if cfg.shared_expert_gated else None
-    return shared_expert(w(n.shexp_gate), w(n.shexp_up), w(n.shexp_down), gate_inp, h)
+    b = lambda s: n.block(layer, s)  # noqa: E731
+    gate_inp = params.dense[b(n.shexp_gate_inp)] if cfg.shared_expert_gated else None
+    return shared_expert(b(n.shexp_gate), b(n.shexp_up), b(n.shexp_down), gate_inp, h, product=params.dense.linear)
 
 
 def moe_output(params: ModelParams, layer: int, h: np.ndarray, selections: list[Selection]) -> np.ndarray:
@@ -164,8 +164,8 @@ def head(params: ModelParams, x: np.ndarray) -> np.ndarray:
     """Final norm and LM head. [T, D] -> [T, vocab]"""
     n = TensorNames
     x = rms_norm(x, params.dense[n.output_norm], params.cfg.rms_norm_eps)
-    out_w = params.dense[n.token_embd] if params.cfg.tie_embeddings else params.dense[n.output]
-    return (x @ out_w.T).astype(np.float32)
+    out = n.token_embd if params.cfg.tie_embeddings else n.output
+    return params.dense.linear(out, x).astype(np.float32)
 
 
 @dataclass(frozen=True)

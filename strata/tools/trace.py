@@ -16,6 +16,7 @@ measures misses with the drift included.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,12 +114,13 @@ class Trace:
 
 
 def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decode_order: bool = True,
-                 meta: dict | None = None) -> Trace:
+                 meta: dict | None = None, progress: Callable[[int], None] | None = None) -> Trace:
     """Run the model over `tokens` at λ = 0 and record every router input, logit and selection.
 
     decode_order: one token at a time with the KV cache, as generation (and the streaming
     runtime) computes it, so the trace's numbers are the runtime's bit for bit; off: one
-    forward over the whole sequence (faster; equal up to float32 rounding).
+    forward over the whole sequence (faster; equal up to float32 rounding). `progress(n)`: called
+    with the tokens done so far after each one (decode order; once at the end otherwise).
 
     Shapes: tokens [T] -> Trace with T tokens
     """
@@ -134,11 +136,15 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
             _, state, ft = forward(params, state, np.array([tok], np.int64), trace=True)
             inputs.append(ft.router_inputs[:, 0])  # [L, D]
             sels.append([layer_sel[0] for layer_sel in ft.selections])  # L selections
+            if progress is not None:
+                progress(len(sels))
         h = np.stack(inputs)  # [T, L, D]
     else:
         _, _, ft = forward(params, ModelState.empty(cfg), tokens, trace=True)
         h = ft.router_inputs.transpose(1, 0, 2)  # [T, L, D]
         sels = [[ft.selections[m][t] for m in range(cfg.n_moe_layers)] for t in range(len(tokens))]
+        if progress is not None:
+            progress(len(sels))
     routers = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.router)], np.float32)
                         for l in cfg.moe_layers])  # [L, E, D]: MoE layers only
     biases = None

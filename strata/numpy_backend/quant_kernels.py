@@ -1,0 +1,238 @@
+"""Compiled twins of the reference's quantized products, for the numpy engines (docs/cpu.md).
+
+    gemv(m, x)                  twin of strata.reference.quants.gemv (a routed expert's matrices)
+    swiglu_expert(w, x, act)    twin of strata.reference.experts.swiglu_expert (its gemvs compiled)
+    expert_stack(ws, x, act)    one token's experts in one call: [swiglu_expert(w, x, act) for w in ws]
+    CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
+                                Q8_0 (attention's projections, the head)
+
+The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
+stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
+copy of the matrix, which is where the numpy path spent its time (two thirds of a decode token
+on a made Q8_0 model went to `dequantize`). Only the float32 summation order (and the fused
+experts' `expf`) differs from the reference; tests/test_numpy_quant_kernels.py holds each twin
+to it within FAST (tests/budgets.py).
+
+`CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
+or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
+note). A matrix of a type without a compiled kernel goes to the reference's product, per call,
+and so does a product over more than MAX_COMPILED_ROWS rows (a long prompt's: BLAS's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
+from strata.formats.expert_record import ExpertWeights
+from strata.formats.quant_types import QuantType
+from strata.model_config import ExpertKind
+from strata.numpy_backend import native_build
+from strata.reference import experts as ref_experts
+from strata.reference import quants as ref_quants
+from strata.reference.experts import SWIGLU, ExpertAct
+from strata.reference.quants import QuantMatrix
+
+__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "run_stack_kernel",
+           "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
+
+# every type native/quant_gemv.c computes, and its symbol there
+KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
+                                 QuantType.Q2_0: "strata_q2_0_gemv"}
+# the fused experts' kernel of each type (expert_stack)
+SWIGLU_KERNELS: dict[QuantType, str] = {q: name.replace("_gemv", "_swiglu") for q, name in KERNELS.items()}
+# the types the engines compute on their kernel: Q8_0 (the CPU path's type). Q4_0 and Q2_0 pass
+# the same twin tests (tests/test_numpy_quant_kernels.py) but stay on the float32 products until the
+# runtime's exactness tests compare a streaming engine with a reference engine on the same
+# products (docs/cpu.md, "Where the kernels are not used").
+COMPILED_TYPES = frozenset({QuantType.Q8_0})
+# Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
+# product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
+# measured on a 768 x 2048 Q8_0 matrix, one BLAS thread, 2-core machine under load: the kernel
+# 99x faster at 1 row, 10x at 16, 1.2-1.5x at 32-64 (docs/cpu.md), so prompts' longer products
+# go to BLAS, where a quiet many-core machine gains most.
+MAX_COMPILED_ROWS = 16
+
+
+def kernel(qtype: QuantType):
+    """The compiled GEMV of `qtype` (a ctypes function; see `run_kernel` for its arguments), or None."""
+    lib = native_build.library()
+    name = KERNELS.get(qtype)
+    return None if lib is None or name is None else getattr(lib, name)
+
+
+def _kernel(qtype: QuantType):
+    return kernel(qtype) if qtype in COMPILED_TYPES else None
+
+
+# Weights below which a product runs on one thread: handing rows to a pool thread costs ~20-50 us,
+# and a 1M-weight Q8_0 product takes ~0.1 ms on one AVX2 core from cache.
+PARALLEL_MIN_WEIGHTS = 1 << 20
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="strata-cpu")
+        return _pools[workers]
+
+
+def run_kernel(fn, codes: np.ndarray, scales: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray, *,
+               threads: int = 1) -> np.ndarray:
+    """y = W x on the stored planes (C-contiguous codes [R, *] and float16 scales [R, C/32]).
+    threads > 1: a product of at least PARALLEL_MIN_WEIGHTS is split into that many row ranges,
+    one on this thread, the rest on a pool's (ctypes releases the GIL for the call); each row's
+    arithmetic is the same whoever computes it.
+    x [.., C] -> [.., R] float32"""
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1, n_cols)  # [T, C]
+    y = np.empty((flat.shape[0], n_rows), np.float32)  # [T, R]
+    if not (codes.flags.c_contiguous and scales.flags.c_contiguous):
+        codes, scales = np.ascontiguousarray(codes), np.ascontiguousarray(scales)
+    args = (codes.ctypes.data, scales.ctypes.data, n_rows, n_cols, flat.ctypes.data, flat.shape[0], y.ctypes.data)
+    parts = min(threads, n_rows) if n_rows * n_cols >= PARALLEL_MIN_WEIGHTS else 1
+    if parts <= 1:
+        fn(*args, 0, n_rows)
+    else:
+        bounds = np.linspace(0, n_rows, parts + 1).astype(np.int64).tolist()
+        rest = [_pool(parts - 1).submit(fn, *args, r0, r1) for r0, r1 in zip(bounds[1:-1], bounds[2:])]
+        fn(*args, bounds[0], bounds[1])
+        for f in rest:
+            f.result()
+    return y.reshape(*np.shape(x)[:-1], n_rows)
+
+
+def _rows(x: np.ndarray) -> int:
+    return 1 if np.ndim(x) == 1 else int(np.prod(np.shape(x)[:-1]))
+
+
+def gemv(m: QuantMatrix, x: np.ndarray, *, threads: int = 1) -> np.ndarray:
+    """Twin of reference `gemv`: y = W x on the stored weights, in float32 (`threads`: run_kernel's).
+
+    Shapes:
+        x: [n_cols] or [T, n_cols] -> y: [n_rows] or [T, n_rows]
+    """
+    fn = _kernel(m.qtype)
+    if fn is None or _rows(x) > MAX_COMPILED_ROWS:
+        return ref_quants.gemv(m, x)
+    if np.shape(x)[-1] != m.n_cols:
+        raise ValueError(f"gemv: x has {np.shape(x)[-1]} features, the matrix wants {m.n_cols}")
+    return run_kernel(fn, m.codes, m.scales, m.n_rows, m.n_cols, x, threads=threads)
+
+
+def _address(a: np.ndarray) -> int:
+    if not a.flags.c_contiguous:
+        raise ValueError("expert_stack: the experts' planes must be C-contiguous")
+    return a.__array_interface__["data"][0]
+
+
+def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SWIGLU, *,
+                 threads: int = 1) -> np.ndarray:
+    """One token's experts: row i is swiglu_expert(ws[i], x, act), the whole stack in one call of
+    the fused kernel (a SwiGLU without biases, every expert of one compiled type; else expert by
+    expert). threads > 1: the experts are split over that many threads.
+
+    Shapes:
+        ws: k experts; x: [D] -> [k, D] float32
+    """
+    qtypes = {p.qtype for w in ws for p in (w.gate, w.up, w.down)}
+    if (act.kind is not ExpertKind.SWIGLU or any(w.biases is not None for w in ws) or len(qtypes) != 1
+            or next(iter(qtypes)) not in COMPILED_TYPES or native_build.library() is None):
+        return np.stack([swiglu_expert(w, x, act, threads=threads) for w in ws]) if ws else \
+            np.zeros((0, np.shape(x)[-1]), np.float32)
+    return run_stack_kernel(getattr(native_build.library(), SWIGLU_KERNELS[next(iter(qtypes))]), ws, x,
+                            threads=threads)
+
+
+def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads: int = 1) -> np.ndarray:
+    """The fused experts' kernel `fn` (a SWIGLU_KERNELS function) on ws, split over `threads`
+    by expert. ws: k experts of fn's type, no biases; x [D] -> [k, D] float32"""
+    x = np.ascontiguousarray(x, np.float32)
+    hidden, ffn = ws[0].down.n_rows, ws[0].gate.n_rows
+    out = np.empty((len(ws), hidden), np.float32)  # [k, D]
+
+    def run(lo: int, hi: int) -> None:
+        group = ws[lo:hi]
+        planes = [(ctypes.c_void_p * len(group))(*[_address(getattr(getattr(w, p), part)) for w in group])
+                  for p in ("gate", "up", "down") for part in ("codes", "scales")]
+        scratch = np.empty(2 * ffn, np.float32)
+        fn(len(group), *planes, hidden, ffn, x.ctypes.data, out[lo:hi].ctypes.data, scratch.ctypes.data)
+
+    parts = min(threads, len(ws))
+    if parts <= 1:
+        run(0, len(ws))
+    else:
+        bounds = np.linspace(0, len(ws), parts + 1).astype(np.int64).tolist()
+        rest = [_pool(parts - 1).submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+        run(bounds[0], bounds[1])
+        for f in rest:
+            f.result()
+    return out
+
+
+def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU, *, threads: int = 1) -> np.ndarray:
+    """Twin of reference `swiglu_expert`: the same steps, its three products by `gemv` above.
+
+    Shapes:
+        x: [D] or [T, D] -> [D] or [T, D]
+    """
+    matvec = gemv if threads == 1 else functools.partial(gemv, threads=threads)
+    return ref_experts.swiglu_expert(w, x, act, matvec=matvec)
+
+
+class CompiledDense(DenseWeights):
+    """The same held weights (no copy), with `linear` on the stored Q8_0 bytes where a matrix is
+    held so; every other use (widening, rows, other types) is DenseWeights' own."""
+
+    def __init__(self, dense: DenseWeights, *, threads: int = 1) -> None:
+        super().__init__(dense.held)
+        self.threads = threads
+
+    def linear(self, name: str, x: np.ndarray) -> np.ndarray:
+        """Twin of DenseWeights.linear. x [T, C] -> [T, R]"""
+        t = self.stored(name)
+        fn = _kernel(QuantType.Q8_0)
+        if fn is None or not isinstance(t, StoredTensor) or t.qtype is not StoredType.Q8_0 or t.ndim != 2 \
+                or _rows(x) > MAX_COMPILED_ROWS:
+            return super().linear(name, x)
+        rows, cols = t.rows_cols
+        return run_kernel(fn, t.codes, t.scales, rows, cols, x, threads=self.threads)
+
+
+def _as_is(dense: DenseWeights) -> DenseWeights:
+    return dense
+
+
+@dataclass(frozen=True)
+class CpuOps:
+    """The products a numpy engine computes with (one choice per engine, made at open)."""
+
+    expert: Callable[..., np.ndarray]  # swiglu_expert(w, x, act)
+    dense: Callable[[DenseWeights], DenseWeights]  # the view of the dense weights whose `linear` is used
+    stack: Callable[..., np.ndarray] | None = None  # expert_stack(ws, x, act): one token's experts at once
+    compiled: bool = False
+    threads: int = 1  # the compiled products' threads
+    note: str = ""  # why the compiled products are not in use ("" where they are, or not asked for)
+
+
+REFERENCE_OPS = CpuOps(ref_experts.swiglu_expert, _as_is)
+
+
+def compiled_ops(threads: int = 1) -> CpuOps:
+    """The compiled twins (on `threads` threads) where the library builds on this machine; else
+    the reference's float32 products and a one-line note saying why."""
+    if native_build.library() is None:
+        why = native_build.reason()
+        return dataclasses.replace(REFERENCE_OPS, note=f"compiled CPU kernels unavailable, numpy's float32 path instead: {why}")
+    return CpuOps(functools.partial(swiglu_expert, threads=threads), functools.partial(CompiledDense, threads=threads),
+                  functools.partial(expert_stack, threads=threads), compiled=True, threads=threads)

@@ -1,0 +1,28 @@
+"""strata/threads.py: the thread count `auto` chooses for the machine and its load."""
+
+from __future__ import annotations
+
+from strata.threads import MAX_AUTO_THREADS, WIDE_HIDDEN, auto_threads, compute_threads
+
+
+def test_narrow_models_get_one_thread_whatever_the_machine():
+    assert auto_threads(WIDE_HIDDEN - 1, cores=64, busy=0) == 1
+    assert auto_threads(None, cores=64, busy=0) == 1
+
+
+def test_wide_models_get_half_the_idle_cores():
+    assert auto_threads(WIDE_HIDDEN, cores=16, busy=0) == 8
+    assert auto_threads(WIDE_HIDDEN, cores=64, busy=0) == MAX_AUTO_THREADS
+    assert auto_threads(WIDE_HIDDEN, cores=16, busy=12) == 4  # only 4 cores idle
+    assert auto_threads(WIDE_HIDDEN, cores=2, busy=0) == 1
+    assert auto_threads(WIDE_HIDDEN, cores=16, busy=40) == 1  # a loaded machine: one thread, never 0
+
+
+def test_an_explicit_count_or_the_environments_wins(monkeypatch):
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    assert compute_threads(3, WIDE_HIDDEN) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert compute_threads(0, WIDE_HIDDEN) == 5
+    assert compute_threads(2, WIDE_HIDDEN) == 2
