@@ -64,7 +64,7 @@ from _random_experts import make_experts_file  # noqa: E402,F401  (prompt_mlx.py
 SMALL = replace(SEED_SHAPE, n_layers=4, hidden_size=256, n_experts=32, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=256)
 # the hybrid's pattern at SMALL's size: three DeltaNet layers, then gated attention with partial rotary
-SMALL_HYBRID = replace(QWEN35_397B_SHAPE, n_layers=4, layer_types=QWEN35_397B_SHAPE.layer_types[:4], hidden_size=256,
+SMALL_HYBRID = QWEN35_397B_SHAPE.with_fields(n_layers=4, layer_types=QWEN35_397B_SHAPE.layer_types[:4], hidden_size=256,
                        n_experts=32, n_experts_per_token=4, expert_ffn_size=64, shared_ffn_size=64, n_heads=4,
                        n_kv_heads=2, head_dim=64, rotary_dim=16, vocab_size=512, max_context=256, linear_k_heads=2,
                        linear_v_heads=4, linear_k_head_dim=32, linear_v_head_dim=32)
@@ -79,11 +79,12 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
         if isinstance(a, MlaWeights):  # weights, and the latent cache instead of keys and values
             total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes
             total += lw.router.nbytes if lw.router is not None else 0
-            total += 4 * context * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            total += 4 * context * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim)
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # (added below)
         elif isinstance(a, DeltaNetWeights):  # weights, and the recurrent state read and written
             total += sum(x.nbytes for x in a.arrays()) + lw.ffn_norm.nbytes + lw.router.nbytes
-            total += 2 * 4 * cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
+            dn = cfg.deltanet
+            total += 2 * 4 * dn.linear_v_heads * dn.linear_k_head_dim * dn.linear_v_head_dim
             total -= 2 * cfg.n_kv_heads * context * cfg.head_dim * 4  # no KV cache (added below)
         else:
             total += sum(x.nbytes for x in (a.norm, a.wqkv, a.wo, lw.ffn_norm, lw.router) if x is not None)
@@ -229,7 +230,7 @@ def streaming(cfg: ModelConfig, n_prompt: int, n_decode: int, slots: int, rows: 
 
         # the runtime routes with the model's selection biases (sigmoid rules): random_params' own
         biases = {TensorNames.block(l, TensorNames.exp_probs_b): selection_bias(cfg, 0, l) for l in cfg.moe_layers
-                  if cfg.router_bias}
+                  if cfg.sigmoid.router_bias}
         model = Model(cfg, biases, None, xf, path.with_suffix(".gguf"))
         least = cache_config_for(model, Config(), 1).min_capacity
         slots = max(slots, least)

@@ -25,15 +25,14 @@ host's file-system rate (decode.py prints each phase's seconds and the write's G
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from decode_memory import _record, dense_bytes
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig
 from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE
 
 # the pattern at a smoke test's size: a dense first layer, then three MoE layers in 4 groups
-SMALL_DEEPSEEK = replace(
-    DEEPSEEK_V3_SHAPE, n_layers=4, layer_types=(LayerType(Mixer.MLA, Ffn.DENSE),) + (LayerType(Mixer.MLA, Ffn.MOE),) * 3,
+SMALL_DEEPSEEK = DEEPSEEK_V3_SHAPE.with_fields(
+    n_layers=4, layer_types=(LayerType(Mixer.MLA, Ffn.DENSE),) + (LayerType(Mixer.MLA, Ffn.MOE),) * 3,
     hidden_size=256, n_heads=4, n_kv_heads=4, head_dim=48, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=16,
     qk_nope_head_dim=32, v_head_dim=32, n_experts=32, n_experts_per_token=4, n_group=4, topk_group=2,
     expert_ffn_size=64, shared_ffn_size=64, dense_ffn_size=128, vocab_size=512, max_context=256)

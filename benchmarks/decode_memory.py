@@ -47,13 +47,13 @@ def dense_bytes(cfg: ModelConfig) -> int:
         if cfg.has_shared_expert and t.ffn is not Ffn.DENSE:
             total += 3 * d * cfg.shared_ffn_size * 2 + d * 2
         if t.mixer is Mixer.MLA:  # random_mla: W_qa | W_kva, W_qb, W_uk, W_uv, W_o and the norms
-            h, c, r, ql = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.q_lora_rank
-            n, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+            h, c, r, ql = cfg.n_heads, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim, cfg.mla.q_lora_rank
+            n, v = cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim
             total += 2 * ((ql + c + r) * d + h * (n + r) * (ql or d) + h * (n + v) * c + d * h * v + d + ql + c)
         elif t.mixer is Mixer.DELTANET:
-            hv, v = cfg.linear_v_heads, cfg.linear_v_heads * cfg.linear_v_head_dim
+            hv, v = cfg.deltanet.linear_v_heads, cfg.deltanet.linear_v_heads * cfg.deltanet.linear_v_head_dim
             c = conv_channels(cfg)
-            total += (c + v + 2 * hv) * d * 2 + d * v * 2 + c * cfg.linear_conv_kernel * 2 + 8 * hv + 2 * d
+            total += (c + v + 2 * hv) * d * 2 + d * v * 2 + c * cfg.deltanet.linear_conv_kernel * 2 + 8 * hv + 2 * d
         else:
             total += (qr * (1 + int(cfg.attention_output_gate)) + 2 * kr) * d * 2 + d * qr * 2 + 2 * d + 4 * hd
     return total
@@ -62,9 +62,9 @@ def dense_bytes(cfg: ModelConfig) -> int:
 def state_bytes(cfg: ModelConfig) -> int:
     """KV caches and DeltaNet states with their kept snapshots (a long decode keeps KEPT_SNAPSHOTS)."""
     kv = 2 * cfg.n_kv_heads * cfg.max_context * cfg.head_dim * 4
-    dn = 4 * (cfg.linear_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim
-              + conv_channels(cfg) * max(cfg.linear_conv_kernel - 1, 0))
-    latent = 4 * cfg.max_context * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)  # MlxLatentKV
+    dn = 4 * (cfg.deltanet.linear_v_heads * cfg.deltanet.linear_k_head_dim * cfg.deltanet.linear_v_head_dim
+              + conv_channels(cfg) * max(cfg.deltanet.linear_conv_kernel - 1, 0))
+    latent = 4 * cfg.max_context * (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim)  # MlxLatentKV
     return sum(dn * (KEPT_SNAPSHOTS + 1) if t.mixer is Mixer.DELTANET else latent if t.mixer is Mixer.MLA else kv
                for t in cfg.kinds)
 

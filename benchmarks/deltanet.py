@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,14 +38,15 @@ from strata.testing.mlx_params import QWEN35_397B_SHAPE, random_deltanet  # noqa
 
 LAYERS = 45  # Qwen3.5-397B's DeltaNet layers: one launch each per timed evaluation
 MIXER_LAYERS = 16  # 16 x 236 MB of projection weights per evaluation
-SMALL = replace(QWEN35_397B_SHAPE, hidden_size=256, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=32,
+SMALL = QWEN35_397B_SHAPE.with_fields(hidden_size=256, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=32,
                 linear_v_head_dim=32)
 
 
 def step_bytes(cfg: ModelConfig) -> int:
     """HBM bytes one decode step must move: the state read and written, the conv state read and
     written, the conv weights (float16), the projection row read and the output written."""
-    hv, dk, dv, kc = cfg.linear_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim, cfg.linear_conv_kernel
+    dn = cfg.deltanet
+    hv, dk, dv, kc = dn.linear_v_heads, dn.linear_k_head_dim, dn.linear_v_head_dim, dn.linear_conv_kernel
     c = conv_channels(cfg)
     proj = c + hv * dv + 2 * hv
     return 2 * 4 * hv * dk * dv + 2 * 4 * c * (kc - 1) + 2 * c * kc + 4 * proj + 4 * hv * dv
@@ -55,11 +55,12 @@ def step_bytes(cfg: ModelConfig) -> int:
 def _layer_inputs(cfg: ModelConfig, n: int, seed: int):
     """n layers' weights, states and projection rows, made on the device and evaluated."""
     keys = mx.random.split(mx.random.key(seed), 3 * n)
-    c, hv = conv_channels(cfg), cfg.linear_v_heads
-    width = c + hv * cfg.linear_v_head_dim + 2 * hv
+    dn = cfg.deltanet
+    c, hv = conv_channels(cfg), dn.linear_v_heads
+    width = c + hv * dn.linear_v_head_dim + 2 * hv
     ws = [random_deltanet(cfg, keys[3 * i]) for i in range(n)]
-    states = [DeltaNetState(mx.random.normal((c, cfg.linear_conv_kernel - 1), key=keys[3 * i + 1]),
-                            mx.random.normal((hv, cfg.linear_k_head_dim, cfg.linear_v_head_dim), key=keys[3 * i + 2]) * 0.1)
+    states = [DeltaNetState(mx.random.normal((c, dn.linear_conv_kernel - 1), key=keys[3 * i + 1]),
+                            mx.random.normal((hv, dn.linear_k_head_dim, dn.linear_v_head_dim), key=keys[3 * i + 2]) * 0.1)
               for i in range(n)]
     projs = [mx.random.normal((1, width), key=keys[3 * i + 1]) for i in range(n)]
     xs = [mx.random.normal((1, cfg.hidden_size), key=keys[3 * i + 2]) for i in range(n)]
@@ -69,7 +70,7 @@ def _layer_inputs(cfg: ModelConfig, n: int, seed: int):
 
 def _step(cfg: ModelConfig, w: mdn.DeltaNetWeights, s: DeltaNetState, proj: mx.array):
     return step_kernel.deltanet_step(proj, s.conv, w.conv, w.a, w.dt_bias, w.out_norm, s.recurrent,
-                                     k_heads=cfg.linear_k_heads, eps=cfg.rms_norm_eps, l2_eps=L2NORM_EPS,
+                                     k_heads=cfg.deltanet.linear_k_heads, eps=cfg.rms_norm_eps, l2_eps=L2NORM_EPS,
                                      softplus_max=SOFTPLUS_THRESHOLD)
 
 
@@ -90,10 +91,11 @@ def main() -> int:
     cfg = SMALL if args.small else QWEN35_397B_SHAPE
     n_layers, n_mixer = (4, 2) if args.small else (LAYERS, MIXER_LAYERS)
     nbytes = step_bytes(cfg)
-    res: dict = {"device": device_name(), "path": path.value, "hidden": cfg.hidden_size, "k_heads": cfg.linear_k_heads,
-                 "v_heads": cfg.linear_v_heads, "dk": cfg.linear_k_head_dim, "dv": cfg.linear_v_head_dim,
-                 "conv": cfg.linear_conv_kernel, "step_bytes": nbytes,
-                 "step_threads": step_kernel.threads_for(cfg.linear_k_head_dim, cfg.linear_v_head_dim)}
+    dn = cfg.deltanet
+    res: dict = {"device": device_name(), "path": path.value, "hidden": cfg.hidden_size, "k_heads": dn.linear_k_heads,
+                 "v_heads": dn.linear_v_heads, "dk": dn.linear_k_head_dim, "dv": dn.linear_v_head_dim,
+                 "conv": dn.linear_conv_kernel, "step_bytes": nbytes,
+                 "step_threads": step_kernel.threads_for(dn.linear_k_head_dim, dn.linear_v_head_dim)}
     rows: list = []
     with using_path(path):
         ws, states, projs, xs = _layer_inputs(cfg, n_layers, seed=0)
@@ -116,7 +118,7 @@ def main() -> int:
             rows.append(("  floor: bytes / copy bandwidth", f"{nbytes / bw['copy_Bps'] * 1e6:.2f} us", "prediction 3-5 us (GPU time)"))
 
         with part("ops_rule", res, rows):
-            hv, dk, dv = cfg.linear_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
+            hv, dk, dv = cfg.deltanet.linear_v_heads, cfg.deltanet.linear_k_head_dim, cfg.deltanet.linear_v_head_dim
             key = mx.random.split(mx.random.key(7), 5)
             q, k = mx.random.normal((hv, 1, dk), key=key[0]) * 0.1, mx.random.normal((hv, 1, dk), key=key[1]) * 0.1
             v, g = mx.random.normal((hv, 1, dv), key=key[2]), -mx.random.uniform(0, 1, (hv, 1), key=key[3])

@@ -51,7 +51,7 @@ from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE, random_mla  # noqa: E40
 CONTEXTS = (512, 2048, 8192, 32768)  # positions attended by the timed step
 LAYERS = 8  # steps per timed evaluation, each over its own weights and cache
 MIXER_LAYERS = 4  # decoded mixers per evaluation (374 MB of weights each)
-SMALL = replace(DEEPSEEK_V3_SHAPE, hidden_size=256, n_heads=4, n_kv_heads=4, q_lora_rank=64, kv_lora_rank=64,
+SMALL = DEEPSEEK_V3_SHAPE.with_fields(hidden_size=256, n_heads=4, n_kv_heads=4, q_lora_rank=64, kv_lora_rank=64,
                 qk_rope_head_dim=16, qk_nope_head_dim=32, head_dim=48, v_head_dim=32, max_context=512)
 SMALL_CONTEXTS = (16, 300)
 NCU_CONTEXTS = (512, 2048, 8192)  # the steps --ncu launches, in order (each one query, attend, output)
@@ -77,7 +77,7 @@ def kernel_bytes(h: int, c: int, r: int, n: int, v: int, positions: int, splits:
 
 
 def _shape(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
-    return cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
+    return cfg.n_heads, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim, cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim
 
 
 def _inputs(cfg: ModelConfig, n: int, s_max: int, seed: int):
@@ -114,7 +114,7 @@ def main() -> int:
     h, c, r, nope, v = _shape(cfg)
     n_layers, n_mixer = (2, 1) if args.small else (LAYERS, MIXER_LAYERS)
     res: dict = {"device": device_name(), "path": path.value, "heads": h, "kv_lora_rank": c, "rope": r, "nope": nope,
-                 "v": v, "q_lora_rank": cfg.q_lora_rank, "hidden": cfg.hidden_size, "cache_dtype": "float32",
+                 "v": v, "q_lora_rank": cfg.mla.q_lora_rank, "hidden": cfg.hidden_size, "cache_dtype": "float32",
                  "cache_bytes_per_position": 4 * (c + r), "by_context": {}}
     rows: list = []
     with using_path(path):

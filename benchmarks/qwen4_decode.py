@@ -14,7 +14,6 @@ embedding row, each PLE layer's N rows, and k expert records per MoE layer.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import tempfile
 import time
@@ -36,8 +35,8 @@ def shape(hidden: int, layers: int, experts: int):
                   for l in range(layers))
     ple = ",".join(str(l) for l in range(layers) if kinds[l].mixer is Mixer.DELTANET and l % 2 == 0)
     heads = hidden // 64
-    return dataclasses.replace(
-        SHAPES["qwen4"], hidden_size=hidden, n_layers=layers, layer_types=kinds, n_heads=heads, n_kv_heads=2,
+    return SHAPES["qwen4"].with_fields(
+        hidden_size=hidden, n_layers=layers, layer_types=kinds, n_heads=heads, n_kv_heads=2,
         head_dim=64, rotary_dim=16, n_experts=experts, n_experts_per_token=8, expert_ffn_size=hidden // 2,
         shared_ffn_size=hidden // 2, linear_k_heads=heads // 2, linear_v_heads=heads, linear_k_head_dim=64,
         linear_v_head_dim=64, hc_lowrank=hidden // 8, indexer_heads=8, indexer_head_dim=64, indexer_budget=64,

@@ -85,8 +85,8 @@ def seed_shape(layers: int = FULL_LAYERS, *, ple_gb: float = 0.0, tiny: bool = F
                       n_experts_per_token=4, ngram_heads_per_order=4, ple_embed_dim=256, ngram_vocab_base=2003,
                       ple_row_store=True)
         return cfg
-    cfg = replace(
-        SHAPES["qwen4"], architecture="qwen4_exp_text", vocab_size=151936, hidden_size=2560, n_layers=layers,
+    cfg = SHAPES["qwen4"].with_fields(
+        architecture="qwen4_exp_text", vocab_size=151936, hidden_size=2560, n_layers=layers,
         layer_types=kinds, n_heads=16, n_kv_heads=4, head_dim=128, rotary_dim=64, n_experts=256, n_experts_per_token=10,
         expert_ffn_size=576, shared_ffn_size=512, routing_order=RoutingOrder.SOFTMAX_TOPK, max_context=4096,
         linear_k_heads=16, linear_v_heads=32, linear_k_head_dim=128, linear_v_head_dim=128, linear_conv_kernel=4,

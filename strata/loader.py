@@ -172,9 +172,10 @@ def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow
         raise FormatError(
             f"{experts_path}: holds (MoE layers, experts, hidden, ffn) = {found}, but {model_path.name} wants {wanted}"
         )
-    if h.biases != cfg.expert_bias:
+    if h.biases != cfg.gpt_oss.expert_bias:
         has = lambda b: "experts with biases" if b else "experts without biases"  # noqa: E731
-        raise FormatError(f"{experts_path}: holds {has(h.biases)}, but {model_path.name} wants {has(cfg.expert_bias)}")
+        raise FormatError(f"{experts_path}: holds {has(h.biases)}, but {model_path.name} wants "
+                          f"{has(cfg.gpt_oss.expert_bias)}")
     if mf.experts_identity is not None and mf.experts_identity != xf.identity and not allow_foreign:
         raise FormatError(
             f"{experts_path}: not the expert set {model_path.name} was written with (identity {xf.identity}, the "

@@ -11,12 +11,14 @@ layers only, addressed by their MoE index (`moe_index`), so a dense layer costs 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
+from strata import layer_kinds
 from strata.errors import ConfigError
 from strata.families.qwen4_exp import qwen4_tensor_shapes
-from strata.families.registry import FAMILIES
+from strata.families.registry import FAMILIES, FamilyFields
 from strata.layer_kinds import (  # noqa: F401  (re-exported: the model's vocabulary, spoken through this module)
     MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, ResidualKind, RopeScaling, RoutingOrder,
 )
@@ -26,7 +28,11 @@ from strata.tensor_names import (  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(FamilyFields):
+    """The fields every family shares; each family's own are its dataclass, an attribute inherited
+    from `FamilyFields` (strata/families/registry.py). Stored flat: `to_dict` / `from_dict` speak
+    the GGUF metadata's keys, one per field of either kind."""
+
     architecture: str
     vocab_size: int
     hidden_size: int
@@ -51,45 +57,10 @@ class ModelConfig:
     # so `replace(cfg, n_layers=...)` keeps working on such models); read it through `kinds`
     layer_types: tuple[LayerType, ...] = ()
     dense_ffn_size: int = 0  # width of the dense FFN layers (0: the model has none)
-    # hybrid models (Qwen3-Next, Qwen3.5/3.6-MoE): gated attention, partial rotary, gated DeltaNet
-    # (rotary_dim is shared: the sigmoid families GLM-4.5 and MiniMax-M2 use partial rotary too)
+    # partial rotary (Qwen3-Next / Qwen3.5, Qwen4-Exp, GLM-4.5, MiniMax-M2) and the gated attention
+    # output (Qwen3-Next / Qwen3.5, Qwen4-Exp): fields of several families, so they stay shared
     rotary_dim: int = 0  # RoPE over the first rotary_dim dims of each head (0: the whole head)
     attention_output_gate: bool = False  # attention output * sigmoid(x · W_gate) before o_proj
-    linear_k_heads: int = 0  # DeltaNet layers: query/key heads
-    linear_v_heads: int = 0  # value heads (a multiple of linear_k_heads)
-    linear_k_head_dim: int = 0
-    linear_v_head_dim: int = 0
-    linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
-    # sigmoid-routed families (DeepSeek-V3 / Kimi-K2, GLM-4.5, MiniMax-M2): routing (RoutingOrder.SIGMOID_TOPK)
-    n_group: int = 1  # experts form n_group equal groups; only the best topk_group groups are eligible
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
-    router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
-    # multi-head latent attention (Mixer.MLA); head_dim is the q/k head (nope + rope), n_kv_heads = n_heads
-    q_lora_rank: int = 0  # 0: queries projected directly (no low-rank q path)
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0
-    v_head_dim: int = 0
-    # gpt-oss: router and expert biases, the clamped SwiGLU, attention sinks and an output bias,
-    # sliding-window layers, YaRN rotary scaling (strata/reference/rope_scaling.py)
-    # z = W h + b: a plain logit bias that selection and weights both see (not the sigmoid rules'
-    # selection-only bias, which chooses and never weights)
-    router_logit_bias: bool = False
-    expert_kind: ExpertKind = ExpertKind.SWIGLU
-    expert_bias: bool = False  # each expert's gate/up/down carry a bias (in its .experts record)
-    swiglu_alpha: float = 1.702  # CLAMPED_SWIGLU: the sigmoid's gain
-    swiglu_limit: float = 7.0  # CLAMPED_SWIGLU: the clamp on gate (above) and up (both sides)
-    attention_sinks: bool = False  # one learned logit per head joins every softmax (then dropped)
-    attention_output_bias: bool = False  # o_proj carries a bias
-    sliding_window: int = 0  # SLIDING_ATTENTION layers see keys j with i - sliding_window < j <= i
-    rope_scaling: RopeScaling = RopeScaling.NONE
-    yarn_factor: float = 1.0
-    yarn_original_context: int = 0  # the pretraining context the correction range is computed for
-    yarn_beta_fast: float = 32.0
-    yarn_beta_slow: float = 1.0
-    yarn_truncate: bool = True  # floor/ceil the correction range (gpt-oss: false)
-    yarn_attention_factor: float = 1.0  # cos and sin are multiplied by it
     # qwen4_exp (Qwen4-Exp): hyper-connections, indexed (QSA) attention, PLE n-gram embeddings;
     # their tensors and rules are in strata/families/qwen4_exp.py
     hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)
@@ -110,9 +81,6 @@ class ModelConfig:
     # the n-gram tables are in the row store `<name>.ngrams` (docs/formats.md §7), not among the
     # dense tensors: what `strata convert` writes; the made test models may keep them dense
     ple_row_store: bool = False
-    # DeepSeek-V3 / Kimi-K2 YaRN: the latent attention's softmax scale is multiplied by
-    # (0.1 mscale_all_dim ln(yarn_factor) + 1)^2 (reference/mla.py softmax_scale); 0: not scaled
-    yarn_mscale_all_dim: float = 0.0
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
@@ -187,35 +155,71 @@ class ModelConfig:
         """The residual stream's kind: hyper-connections where the model has streams (Qwen4-Exp)."""
         return ResidualKind.HYPER_CONNECTIONS if self.hc_count else ResidualKind.PLAIN
 
+    @classmethod
+    def stored_fields(cls) -> tuple[dataclasses.Field, ...]:
+        """Every field as stored (one GGUF key each): the shared ones, then each family's."""
+        return tuple(f for f in dataclasses.fields(cls) if f.name not in _PARTS) + tuple(
+            f for part in _PARTS.values() for f in dataclasses.fields(part))
+
+    def flat(self) -> dict:
+        """Every stored field by name, its value as held (enums, a LayerType tuple)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _PARTS}
+        for name in _PARTS:
+            part = getattr(self, name)
+            out.update({f.name: getattr(part, f.name) for f in dataclasses.fields(part)})
+        return out
+
+    def with_fields(self, **changes) -> "ModelConfig":
+        """This config with stored fields replaced by name, whichever family's they are
+        (`cfg.with_fields(n_layers=3, sliding_window=4)`)."""
+        return ModelConfig.from_dict({**self.flat(), **changes})
+
     def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["routing_order"] = self.routing_order.value
-        out["qk_norm"] = self.qk_norm.value
+        out = self.flat()
+        for name, value in out.items():
+            if isinstance(value, enum.Enum):  # stored as its string value
+                out[name] = value.value
         out["layer_types"] = ",".join(t.to_str() for t in self.layer_types)  # one GGUF string ("": uniform)
-        out["expert_kind"] = self.expert_kind.value
-        out["rope_scaling"] = self.rope_scaling.value
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
+        """A config from its stored fields by name (the GGUF metadata's keys; enum values or their
+        strings); unknown keys are refused."""
+        unknown = set(d) - set(_FIELD_PART)
         if unknown:
             raise ConfigError(f"model config: unknown keys {sorted(unknown)}")
         d = dict(d)
-        if "routing_order" in d:
-            d["routing_order"] = RoutingOrder(d["routing_order"])
-        if "qk_norm" in d:
-            d["qk_norm"] = QKNorm(d["qk_norm"])
-        if "expert_kind" in d:
-            d["expert_kind"] = ExpertKind(d["expert_kind"])
-        if "rope_scaling" in d:
-            d["rope_scaling"] = RopeScaling(d["rope_scaling"])
+        for name, kind in _ENUM_FIELDS.items():
+            if name in d:
+                d[name] = kind(d[name])
         if "layer_types" in d:
             types = d["layer_types"]
             types = types.split(",") if isinstance(types, str) else types
             d["layer_types"] = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in types if t)
-        return cls(**d)
+        shared = {k: v for k, v in d.items() if _FIELD_PART[k] is None}
+        parts = {name: part(**{k: v for k, v in d.items() if _FIELD_PART[k] == name}) for name, part in _PARTS.items()}
+        return cls(**shared, **parts)
+
+
+# each family's part: its attribute on ModelConfig -> its dataclass
+_PARTS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(FamilyFields)}  # type: ignore[misc]
+# every stored field -> the part holding it (None: a shared field)
+_FIELD_PART: dict[str, str | None] = {f.name: None for f in dataclasses.fields(ModelConfig) if f.name not in _PARTS}
+for _name, _part in _PARTS.items():
+    for _f in dataclasses.fields(_part):
+        assert _f.name not in _FIELD_PART, f"the stored field {_f.name} is in two parts of ModelConfig"
+        _FIELD_PART[_f.name] = _name
+
+
+def stored_enum(field: dataclasses.Field) -> type[enum.Enum] | None:
+    """The enum (of strata/layer_kinds.py) a stored field holds, stored as its string value; None
+    for a plain value."""
+    kind = getattr(layer_kinds, str(field.type), None)
+    return kind if isinstance(kind, type) and issubclass(kind, enum.Enum) else None
+
+
+_ENUM_FIELDS = {f.name: kind for f in ModelConfig.stored_fields() if (kind := stored_enum(f)) is not None}
 
 
 def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -238,9 +242,9 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
             continue
         shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
-        if cfg.router_bias:
+        if cfg.sigmoid.router_bias:
             shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
-        if cfg.router_logit_bias:
+        if cfg.gpt_oss.router_logit_bias:
             shapes[b(n.router_logit_bias)] = (cfg.n_experts,)
         if cfg.has_shared_expert:
             shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)

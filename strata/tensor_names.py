@@ -94,9 +94,9 @@ def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ..
         shapes[b(n.attn_k_norm)] = (kv_dim,)
     if cfg.attention_output_gate:
         shapes[b(n.attn_gate)] = (q_dim, cfg.hidden_size)
-    if cfg.attention_sinks:
+    if cfg.gpt_oss.attention_sinks:
         shapes[b(n.attn_sinks)] = (cfg.n_heads,)
-    if cfg.attention_output_bias:
+    if cfg.gpt_oss.attention_output_bias:
         shapes[b(n.attn_output_bias)] = (cfg.hidden_size,)
     return shapes
 
@@ -104,27 +104,27 @@ def attention_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ..
 def deltanet_tensor_shapes(cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
     """A gated DeltaNet layer's mixer tensors."""
     n = TensorNames
-    hv, d = cfg.linear_v_heads, cfg.hidden_size
-    v_dim = hv * cfg.linear_v_head_dim
-    conv_dim = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    hv, d = cfg.deltanet.linear_v_heads, cfg.hidden_size
+    v_dim = hv * cfg.deltanet.linear_v_head_dim
+    conv_dim = 2 * cfg.deltanet.linear_k_heads * cfg.deltanet.linear_k_head_dim + v_dim
     b = lambda s: n.block(l, s)  # noqa: E731
     return {b(n.ssm_qkv): (conv_dim, d), b(n.ssm_z): (v_dim, d), b(n.ssm_beta): (hv, d), b(n.ssm_alpha): (hv, d),
-            b(n.ssm_conv): (conv_dim, cfg.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
-            b(n.ssm_norm): (cfg.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
+            b(n.ssm_conv): (conv_dim, cfg.deltanet.linear_conv_kernel), b(n.ssm_a): (hv,), b(n.ssm_dt_bias): (hv,),
+            b(n.ssm_norm): (cfg.deltanet.linear_v_head_dim,), b(n.ssm_out): (d, v_dim)}
 
 
 def mla_tensor_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
     """A latent-attention layer's projections (reference/mla.py), with their shapes."""
     n, b = TensorNames, (lambda s: TensorNames.block(layer, s))  # noqa: E731
     h, d = cfg.n_heads, cfg.hidden_size
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    shapes = {b(n.attn_kv_a_mqa): (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d),
-              b(n.attn_kv_a_norm): (cfg.kv_lora_rank,),
-              b(n.attn_kv_b): (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
-              b(n.attn_output): (d, h * cfg.v_head_dim)}
-    if cfg.q_lora_rank:
-        shapes.update({b(n.attn_q_a): (cfg.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.q_lora_rank,),
-                       b(n.attn_q_b): (h * qk, cfg.q_lora_rank)})
+    qk = cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim
+    shapes = {b(n.attn_kv_a_mqa): (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim, d),
+              b(n.attn_kv_a_norm): (cfg.mla.kv_lora_rank,),
+              b(n.attn_kv_b): (h * (cfg.mla.qk_nope_head_dim + cfg.mla.v_head_dim), cfg.mla.kv_lora_rank),
+              b(n.attn_output): (d, h * cfg.mla.v_head_dim)}
+    if cfg.mla.q_lora_rank:
+        shapes.update({b(n.attn_q_a): (cfg.mla.q_lora_rank, d), b(n.attn_q_a_norm): (cfg.mla.q_lora_rank,),
+                       b(n.attn_q_b): (h * qk, cfg.mla.q_lora_rank)})
     else:
         shapes[b(n.attn_q)] = (h * qk, d)
     return shapes

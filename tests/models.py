@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from strata.formats.quant_types import QuantType
 from strata.reference.model import ModelParams
@@ -18,6 +17,6 @@ class DictExperts:
 
 
 def tiny_params(seed: int = 0, qtype: QuantType = QuantType.Q2_0, **overrides) -> ModelParams:
-    cfg = replace(SHAPES["tiny"], **overrides) if overrides else SHAPES["tiny"]
+    cfg = SHAPES["tiny"].with_fields(**overrides) if overrides else SHAPES["tiny"]
     experts = {(l, e): make_expert(cfg, seed, l, e, qtype) for l in range(cfg.n_layers) for e in range(cfg.n_experts)}
     return ModelParams(cfg, make_dense(cfg, seed), DictExperts(experts))

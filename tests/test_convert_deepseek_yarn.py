@@ -97,19 +97,20 @@ def test_the_published_config_in_bf16_is_accepted_with_transformers_yarn(name):
     raw = _bf16(PUBLISHED[name])
     cfg = _config(raw)
     rs = raw["rope_scaling"]
-    assert cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_factor == rs["factor"]
-    assert cfg.yarn_original_context == rs["original_max_position_embeddings"] == 4096
-    assert (cfg.yarn_beta_fast, cfg.yarn_beta_slow, cfg.yarn_truncate) == (rs["beta_fast"], rs["beta_slow"], True)
-    assert cfg.yarn_mscale_all_dim == 1.0 and cfg.rope_theta == raw["rope_theta"]
+    assert cfg.yarn.rope_scaling is RopeScaling.YARN and cfg.yarn.yarn_factor == rs["factor"]
+    assert cfg.yarn.yarn_original_context == rs["original_max_position_embeddings"] == 4096
+    yarn = cfg.yarn
+    assert (yarn.yarn_beta_fast, yarn.yarn_beta_slow, yarn.yarn_truncate) == (rs["beta_fast"], rs["beta_slow"], True)
+    assert cfg.yarn.yarn_mscale_all_dim == 1.0 and cfg.rope_theta == raw["rope_theta"]
     assert all(k.mixer is Mixer.MLA for k in cfg.kinds)
     assert [k.ffn for k in cfg.kinds[:raw["first_k_dense_replace"] + 1]] == [Ffn.DENSE] * raw["first_k_dense_replace"] + [Ffn.MOE]
-    assert (cfg.n_experts, cfg.n_group, cfg.topk_group, cfg.n_heads) == (
+    assert (cfg.n_experts, cfg.sigmoid.n_group, cfg.sigmoid.topk_group, cfg.n_heads) == (
         raw["n_routed_experts"], raw["n_group"], raw["topk_group"], raw["num_attention_heads"])
-    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.qk_rope_head_dim) == (512, 1536, 64)
+    assert (cfg.mla.kv_lora_rank, cfg.mla.q_lora_rank, cfg.mla.qk_rope_head_dim) == (512, 1536, 64)
     # transformers' own numbers for this config (its DeepseekV3Config reads the v4 spelling)
     hf = transformers.DeepseekV3Config(**{k: v for k, v in raw.items() if k != "model_type"})
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf)
-    ours, factor = rope_frequencies(cfg, cfg.qk_rope_head_dim)
+    ours, factor = rope_frequencies(cfg, cfg.mla.qk_rope_head_dim)
     np.testing.assert_allclose(ours, inv_freq.double().numpy(), rtol=1e-6)  # theirs in float32
     assert factor == pytest.approx(attention_factor) == 1.0  # mscale = mscale_all_dim
     want = yarn_apply_mscale(hf.rope_parameters, (128 + 64) ** -0.5)
@@ -153,8 +154,9 @@ def _logits(model, tokens, cfg=None) -> np.ndarray:
 
 def test_the_checkpoint_is_yarn(converted):
     cfg = converted[QuantType.F16].cfg
-    assert cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_factor == 4.0 and cfg.yarn_original_context == 64
-    assert cfg.yarn_mscale_all_dim == 0.8 and cfg.yarn_attention_factor == pytest.approx(
+    yarn = cfg.yarn
+    assert yarn.rope_scaling is RopeScaling.YARN and yarn.yarn_factor == 4.0 and yarn.yarn_original_context == 64
+    assert cfg.yarn.yarn_mscale_all_dim == 0.8 and cfg.yarn.yarn_attention_factor == pytest.approx(
         (0.1 * math.log(4) + 1) / (0.08 * math.log(4) + 1))
 
 
@@ -171,8 +173,8 @@ def test_yarn_frequencies_and_mscale_each_matter(checkpoint, converted):
     model, want = converted[QuantType.F16], checkpoint[1]
     scale = float(np.abs(want.logits).max())
     cfg = model.cfg
-    for what, other in (("no YaRN", dataclasses.replace(cfg, rope_scaling=RopeScaling.NONE)),
-                        ("no softmax mscale", dataclasses.replace(cfg, yarn_mscale_all_dim=0.0))):
+    for what, other in (("no YaRN", cfg.with_fields(rope_scaling=RopeScaling.NONE)),
+                        ("no softmax mscale", cfg.with_fields(yarn_mscale_all_dim=0.0))):
         err = float(np.abs(_logits(model, want.tokens, other) - want.logits).max()) / scale
         assert err > 10 * SIGMOID_F16_LOGIT_BUDGET, what
 

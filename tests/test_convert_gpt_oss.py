@@ -106,11 +106,12 @@ def test_config_carried_over(converted):
     cfg = converted["bf16", QuantType.F16][0].cfg
     assert cfg.architecture == "gpt_oss"
     assert [k.mixer for k in cfg.kinds] == [Mixer.SLIDING_ATTENTION, Mixer.ATTENTION]
-    assert cfg.sliding_window == hf_gpt_oss.WINDOW and cfg.max_context == hf_models.MAX_POSITIONS  # not capped
-    assert cfg.router_logit_bias and cfg.expert_bias and cfg.attention_sinks and cfg.attention_output_bias
-    assert cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU and cfg.swiglu_limit == hf_gpt_oss.SWIGLU_LIMIT
-    assert cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_factor == 8.0 and not cfg.yarn_truncate
-    assert cfg.yarn_attention_factor == pytest.approx(0.1 * np.log(8.0) + 1.0, rel=1e-15)
+    assert cfg.gpt_oss.sliding_window == hf_gpt_oss.WINDOW and cfg.max_context == hf_models.MAX_POSITIONS  # not capped
+    g = cfg.gpt_oss
+    assert g.router_logit_bias and g.expert_bias and g.attention_sinks and g.attention_output_bias
+    assert cfg.gpt_oss.expert_kind is ExpertKind.CLAMPED_SWIGLU and cfg.gpt_oss.swiglu_limit == hf_gpt_oss.SWIGLU_LIMIT
+    assert cfg.yarn.rope_scaling is RopeScaling.YARN and cfg.yarn.yarn_factor == 8.0 and not cfg.yarn.yarn_truncate
+    assert cfg.yarn.yarn_attention_factor == pytest.approx(0.1 * np.log(8.0) + 1.0, rel=1e-15)
 
 
 def test_mxfp4_experts_are_the_checkpoints_bytes(checkpoints, converted):

@@ -95,7 +95,7 @@ def test_config_carried_over(arch, checkpoint, converted):
     assert cfg.architecture == arch
     assert [k.mixer for k in cfg.kinds] == [Mixer.DELTANET] * 3 + [Mixer.ATTENTION]
     assert cfg.rotary_dim == int(hf_hybrid.HEAD_DIM * hf_hybrid.PARTIAL_ROTARY) and cfg.attention_output_gate
-    assert (cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_conv_kernel) == (2, 4, 4)
+    assert (cfg.deltanet.linear_k_heads, cfg.deltanet.linear_v_heads, cfg.deltanet.linear_conv_kernel) == (2, 4, 4)
     assert cfg.shared_expert_gated and cfg.shared_ffn_size == hf_hybrid.SHARED_FFN
     skipped_vision = any("vision tower" in n for n in r.notes)
     assert skipped_vision == (arch == "qwen3_5_moe")

@@ -30,12 +30,12 @@ def test_biases_are_carried_and_matter(arch, tmp_path_factory):
     directory, _ = hf_models.cached_checkpoint(arch, tmp_path_factory)
     model = load(convert(directory, tmp_path_factory.mktemp(f"sig_{arch}") / "m", expert_type=QuantType.F16).model_path)
     cfg = model.cfg
-    assert cfg.router_bias and all(np.abs(model.dense[TensorNames.block(l, TensorNames.exp_probs_b)]).max() > 0
+    assert cfg.sigmoid.router_bias and all(np.abs(model.dense[TensorNames.block(l, TensorNames.exp_probs_b)]).max() > 0
                                    for l in cfg.moe_layers)
     if arch != "minimax_m2":
-        assert cfg.kinds[0].ffn is Ffn.DENSE and cfg.n_group == 4 and cfg.routed_scaling_factor == 2.5
+        assert cfg.kinds[0].ffn is Ffn.DENSE and cfg.sigmoid.n_group == 4 and cfg.sigmoid.routed_scaling_factor == 2.5
     if arch == "deepseek_v3":
-        assert all(k.mixer is Mixer.MLA for k in cfg.kinds) and cfg.kv_lora_rank == 32
+        assert all(k.mixer is Mixer.MLA for k in cfg.kinds) and cfg.mla.kv_lora_rank == 32
     params = model.resident_params()
     tokens = np.array(model.tokenizer.encode(hf_models.PARITY_TEXT)[:64])
     want, _ = forward(params, ModelState.empty(cfg), tokens)

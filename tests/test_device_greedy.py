@@ -38,7 +38,7 @@ SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
 # a hybrid of the same size: DeltaNet, DeltaNet, gated attention with partial rotary (the
 # pipeline carries the recurrent states from step to step; each decoded position keeps a snapshot)
-SMALL_HYBRID = replace(SMALL, n_layers=3,
+SMALL_HYBRID = SMALL.with_fields(n_layers=3,
                        layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
                        rotary_dim=16, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4,
                        linear_k_head_dim=32, linear_v_head_dim=32, linear_conv_kernel=4)

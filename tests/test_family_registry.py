@@ -1,8 +1,10 @@
 """The families' registry against the tree: every registered family provides each piece of
-`FamilyParts`, and every file docs/adding-a-family.md names exists."""
+`FamilyParts`, every file docs/adding-a-family.md names exists, and `ModelConfig` keeps only the
+fields every family shares (each family's own are its dataclass)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 from pathlib import Path
@@ -11,9 +13,10 @@ import pytest
 
 from strata.convert.architectures import BY_MODEL_TYPE
 from strata.convert.common import Family
+from strata.errors import ConfigError
 from strata.families.counts import PartCounts
 from strata.families.family import FamilyParts
-from strata.families.registry import FAMILIES, published_counter
+from strata.families.registry import FAMILIES, FamilyFields, published_counter
 from strata.model_config import ModelConfig
 from strata.testing.models import SHAPES
 
@@ -83,3 +86,55 @@ def test_the_family_engine_table_has_every_made_shape():
     from test_family_engines import ROWS
 
     assert {row.shape for row in ROWS} >= {s for f in FAMILIES for s in f.made_shapes}
+
+
+# the fields every family shares: ModelConfig keeps these and no family's own (a new family's
+# fields are its dataclass in strata/families/<family>.py, an attribute of FamilyFields)
+SHARED_FIELDS = {
+    "architecture", "vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim", "n_experts",
+    "n_experts_per_token", "expert_ffn_size", "shared_ffn_size", "shared_expert_gated", "routing_order",
+    "norm_topk_prob", "qk_norm", "attention_bias", "rope_theta", "rms_norm_eps", "max_context", "tie_embeddings",
+    "layer_types", "dense_ffn_size", "rotary_dim", "attention_output_gate",
+}
+# Qwen4-Exp's fields, the last still on ModelConfig itself (they move into its own dataclass next)
+QWEN4_ON_MODEL_CONFIG = {
+    "hc_count", "hc_lowrank", "indexer_heads", "indexer_head_dim", "indexer_budget", "indexer_block",
+    "ple_layer_ids", "ple_embed_dim", "ple_conv_kernel", "ngram_size", "ngram_heads_per_order", "ngram_vocab_base",
+    "ngram_vocab_divisor", "ngram_seed", "ngram_eos_token", "ple_row_store",
+}
+
+
+def test_model_config_keeps_only_the_shared_fields():
+    parts = {f.name: f.default_factory for f in dataclasses.fields(FamilyFields)}
+    own = {f.name for f in dataclasses.fields(ModelConfig)} - set(parts)
+    assert own == SHARED_FIELDS | QWEN4_ON_MODEL_CONFIG
+    family_modules = {f"strata.families.{m}" for m in MODULES}
+    stored = [f.name for f in ModelConfig.stored_fields()]
+    assert len(stored) == len(set(stored)) == len(own) + sum(len(dataclasses.fields(p)) for p in parts.values())
+    for name, part in parts.items():
+        # a frozen dataclass of one registered family's module, at defaults every family's check passes
+        assert part.__module__ in family_modules and part.__dataclass_params__.frozen, name
+        assert getattr(ModelConfig(architecture="x", vocab_size=8, hidden_size=8, n_layers=1, n_heads=1,
+                                   n_kv_heads=1, head_dim=8, n_experts=2, n_experts_per_token=1,
+                                   expert_ffn_size=8), name) == part()
+        assert not {f.name for f in dataclasses.fields(part)} & own
+        with pytest.raises(TypeError):
+            part(not_a_field=1)
+
+
+def test_stored_fields_round_trip_and_unknown_keys_are_refused():
+    for cfg in SHAPES.values():
+        assert ModelConfig.from_dict(cfg.to_dict()) == cfg == cfg.with_fields()
+    gpt_oss = SHAPES["gpt-oss"]
+    window = gpt_oss.with_fields(sliding_window=4, n_layers=2, layer_types=gpt_oss.layer_types[:2])
+    assert window.gpt_oss.sliding_window == 4 and window.n_layers == 2 and window.yarn == gpt_oss.yarn
+    with pytest.raises(ConfigError, match="unknown keys"):
+        ModelConfig.from_dict({**SHAPES["tiny"].to_dict(), "sliding_windows": 4})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        SHAPES["tiny"].with_fields(gpt_oss_window=4)
+
+
+def test_the_doc_sends_no_family_to_model_config():
+    part_a = DOC.read_text().split("## A.")[1].split("## B.")[0]
+    assert "strata/model_config.py" not in part_a
+    assert "strata/families/registry.py" in part_a and "`FamilyFields`" in part_a

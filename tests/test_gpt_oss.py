@@ -32,9 +32,9 @@ def _hf_yarn(cfg, max_positions: int):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    rope = {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": cfg.yarn_factor,
-            "original_max_position_embeddings": cfg.yarn_original_context, "beta_fast": cfg.yarn_beta_fast,
-            "beta_slow": cfg.yarn_beta_slow, "truncate": cfg.yarn_truncate}
+    rope = {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": cfg.yarn.yarn_factor,
+            "original_max_position_embeddings": cfg.yarn.yarn_original_context, "beta_fast": cfg.yarn.yarn_beta_fast,
+            "beta_slow": cfg.yarn.yarn_beta_slow, "truncate": cfg.yarn.yarn_truncate}
     hf = transformers.GptOssConfig(hidden_size=cfg.n_heads * cfg.head_dim, num_attention_heads=cfg.n_heads,
                                    head_dim=cfg.head_dim, max_position_embeddings=max_positions, rope_parameters=rope)
     inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](hf)
@@ -44,15 +44,15 @@ def _hf_yarn(cfg, max_positions: int):
 @pytest.mark.parametrize("truncate", [False, True])
 @pytest.mark.parametrize("shape", ["made", "gpt-oss-120b"])
 def test_yarn_frequencies_match_transformers(truncate, shape):
-    cfg = CFG if shape == "made" else dataclasses.replace(  # the released config's rope
-        CFG, head_dim=64, rope_theta=150000.0, yarn_factor=32.0, yarn_original_context=4096,
+    cfg = CFG if shape == "made" else CFG.with_fields(  # the released config's rope
+        head_dim=64, rope_theta=150000.0, yarn_factor=32.0, yarn_original_context=4096,
         yarn_attention_factor=0.1 * np.log(32.0) + 1.0)
-    cfg = dataclasses.replace(cfg, yarn_truncate=truncate)
-    want_freq, want_factor = _hf_yarn(cfg, int(cfg.yarn_factor * cfg.yarn_original_context))
+    cfg = cfg.with_fields(yarn_truncate=truncate)
+    want_freq, want_factor = _hf_yarn(cfg, int(cfg.yarn.yarn_factor * cfg.yarn.yarn_original_context))
     got_freq, got_factor = rope_frequencies(cfg)
     np.testing.assert_allclose(got_freq, want_freq, rtol=ROPE_F32_RTOL)
     assert got_factor == pytest.approx(want_factor, rel=1e-15)
-    plain, _ = rope_frequencies(dataclasses.replace(cfg, rope_scaling=RopeScaling.NONE))
+    plain, _ = rope_frequencies(cfg.with_fields(rope_scaling=RopeScaling.NONE))
     assert not np.allclose(got_freq, plain)  # YaRN changed the slow dims
 
 
@@ -62,11 +62,11 @@ def test_clamped_swiglu_matches_transformers():
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
     experts = GptOssExperts(transformers.GptOssConfig(hidden_size=8, intermediate_size=64, num_local_experts=1,
-                                                      swiglu_limit=CFG.swiglu_limit))
+                                                      swiglu_limit=CFG.gpt_oss.swiglu_limit))
     gate_up = (RNG.standard_normal((5, 128)) * 2).astype(np.float32)  # interleaved: gate, up, gate, ...
     want = experts._apply_gate(torch.from_numpy(gate_up)).numpy()
     g, u = gate_up[:, 0::2], gate_up[:, 1::2]
-    assert (g > CFG.swiglu_limit).any() and (np.abs(u) > CFG.swiglu_limit).any()  # both clamps bite
+    assert (g > CFG.gpt_oss.swiglu_limit).any() and (np.abs(u) > CFG.gpt_oss.swiglu_limit).any()  # both clamps bite
     np.testing.assert_allclose(gated_hidden(expert_act(CFG), g, u), want, **FLOAT32_REORDER)
 
 
@@ -85,7 +85,7 @@ def test_a_sliding_layer_sees_exactly_its_window():
     """Position i's output equals the layer run fresh on positions i - W + 1..i alone: RoPE (and
     YaRN) are relative, so only which keys are visible matters."""
     dense = make_dense(CFG, 0)
-    w = CFG.sliding_window
+    w = CFG.gpt_oss.sliding_window
     assert CFG.kinds[0].mixer is Mixer.SLIDING_ATTENTION and w > 0
     x = RNG.standard_normal((3 * w, CFG.hidden_size)).astype(np.float32)
     full, kv = attention(CFG, dense, 0, LayerKV.empty(CFG), x)
@@ -132,7 +132,7 @@ def test_a_record_with_biases_round_trips_and_keeps_the_six_planes_in_place(qtyp
 
 
 def _write(path, biases: bool):
-    cfg = dataclasses.replace(CFG, expert_bias=biases)
+    cfg = CFG.with_fields(expert_bias=biases)
     return write_experts(path, qtype=QuantType.Q2_0, n_layers=2, n_experts=3, hidden=cfg.hidden_size,
                          expert_ffn=cfg.expert_ffn_size, biases=biases,
                          get_expert=lambda l, e: make_expert(cfg, 0, l, e, QuantType.Q2_0))
@@ -160,7 +160,7 @@ def test_the_made_model_round_trips_its_config_and_refuses_a_foreign_bias_flag(t
     made = make_model(tmp_path / "m", "gpt-oss")
     with strata.load(made.model_path) as m:
         assert m.cfg == CFG and m.experts_file.header.biases
-    other = make_model(tmp_path / "plain", dataclasses.replace(CFG, expert_bias=False))
+    other = make_model(tmp_path / "plain", CFG.with_fields(expert_bias=False))
     os.replace(other.experts_path, made.experts_path)
     with pytest.raises(FormatError, match="experts without biases"):
         strata.load(made.model_path, allow_foreign_experts=True)

@@ -31,7 +31,7 @@ def model(request, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_every_engine_agrees_with_the_reference_past_the_window(model, kind):
-    assert len(PROMPT) > 4 * model.cfg.sliding_window
+    assert len(PROMPT) > 4 * model.cfg.gpt_oss.sliding_window
     with open_kind(model, "reference") as ref:
         want = [ref.prefill(PROMPT)] + [ref.decode(t) for t in PROMPT[:10]]
     with open_kind(model, kind) as eng:

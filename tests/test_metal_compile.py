@@ -43,7 +43,7 @@ STUBS = {Dialect.METAL: HERE / "metal_stub", Dialect.CUDA: HERE / "cuda_stub"}
 
 
 def _model(**overrides) -> ModelParams:
-    cfg = replace(SHAPES["tiny"], **overrides)
+    cfg = SHAPES["tiny"].with_fields(**overrides)
     experts = {(l, e): make_expert(cfg, 0, l, e, QuantType.Q2_0) for l in range(cfg.n_layers) for e in range(cfg.n_experts)}
     return ModelParams(cfg, make_dense(cfg, 0), DictExperts(experts))
 

@@ -30,7 +30,7 @@ def test_forms_agree_and_the_cache_is_the_latent(dense):
     a, sa = mla(CFG, dense, 1, LatentKV.empty(CFG), x, absorbed=True)
     b, sb = mla(CFG, dense, 1, LatentKV.empty(CFG), x, absorbed=False)
     np.testing.assert_allclose(a, b, **FLOAT32_REORDER)
-    assert sa.latent.shape == (12, CFG.kv_lora_rank) and sa.rope_key.shape == (12, CFG.qk_rope_head_dim)
+    assert sa.latent.shape == (12, CFG.mla.kv_lora_rank) and sa.rope_key.shape == (12, CFG.mla.qk_rope_head_dim)
     np.testing.assert_array_equal(sa.latent, sb.latent)
 
 
@@ -59,9 +59,8 @@ def test_causality(dense):
 def test_which_form_is_cheaper():
     """Decoding absorbs once anything is cached; a prompt chunk over itself expands
     (DeepSeek-V3's shape: c = 512, n = r*2 = v = 128)."""
-    from dataclasses import replace
 
-    ds = replace(CFG, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, head_dim=192,
+    ds = CFG.with_fields(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, head_dim=192,
                  q_lora_rank=1536)
     assert absorbed_is_cheaper(ds, 1, 2) and absorbed_is_cheaper(ds, 1, 4096)
     assert not absorbed_is_cheaper(ds, 512, 512)

@@ -39,7 +39,8 @@ emulated = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler
 SMALL = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_experts_per_token=4, expert_ffn_size=64,
                 shared_ffn_size=64, n_heads=4, n_kv_heads=2, head_dim=64, vocab_size=512, max_context=64)
 # a hybrid of the same size: DeltaNet, DeltaNet, gated attention with partial rotary
-SMALL_HYBRID = replace(SMALL, n_layers=3, layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
+SMALL_HYBRID = SMALL.with_fields(n_layers=3,
+                                 layer_types=(LayerType(Mixer.DELTANET), LayerType(Mixer.DELTANET), LayerType()),
                        rotary_dim=16, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4,
                        linear_k_head_dim=32, linear_v_head_dim=32, linear_conv_kernel=4)
 PROMPT = np.array([7, 3, 11])

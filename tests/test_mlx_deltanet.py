@@ -21,7 +21,7 @@ from strata.model_config import TensorNames  # noqa: E402
 from strata.testing.models import SHAPES, make_dense  # noqa: E402
 
 CFG = SHAPES["hybrid"]
-HV, DK, DV = CFG.linear_v_heads, CFG.linear_k_head_dim, CFG.linear_v_head_dim
+HV, DK, DV = CFG.deltanet.linear_v_heads, CFG.deltanet.linear_k_head_dim, CFG.deltanet.linear_v_head_dim
 
 
 def _inputs(t: int, seed: int = 0):

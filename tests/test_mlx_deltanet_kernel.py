@@ -42,7 +42,7 @@ RECORDED: list = []  # specialisations launched here, for the compile check
 
 def _cfg(name: str):
     hk, hv, dk, dv = HEADS[name]
-    return dataclasses.replace(BASE, linear_k_heads=hk, linear_v_heads=hv, linear_k_head_dim=dk, linear_v_head_dim=dv)
+    return BASE.with_fields(linear_k_heads=hk, linear_v_heads=hv, linear_k_head_dim=dk, linear_v_head_dim=dv)
 
 
 def _fp16_exact(dense: dict) -> dict:
@@ -117,8 +117,8 @@ def test_the_step_is_deterministic():
 @emulated
 def test_heads_too_large_for_a_block_take_the_ops_path():
     """dk = dv = 256 needs 8 x 256 threads a block: refused by the kernel, so the layer runs the ops twin."""
-    cfg = dataclasses.replace(_cfg("hybrid_16"), linear_k_head_dim=256, linear_v_head_dim=256)
-    assert not step_kernel.fits(256, 256, cfg.linear_conv_kernel)
+    cfg = _cfg("hybrid_16").with_fields(linear_k_head_dim=256, linear_v_head_dim=256)
+    assert not step_kernel.fits(256, 256, cfg.deltanet.linear_conv_kernel)
     assert step_kernel.fits(128, 128, 4) and not step_kernel.fits(128, 128, 1)
     w = to_mlx_params(cfg, _fp16_exact(make_dense(cfg, seed=1)), dtype=mx.float16, pred_q8=False).layers[0].attn
     with using_path(KernelPath.EMULATED):

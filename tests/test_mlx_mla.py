@@ -51,7 +51,7 @@ def test_prompt_then_decodes_agree_with_the_reference(dense, dtype, absorbed):
         r, kv_r = ref_mla.mla(CFG, dense, 1, kv_r, x[lo:hi], absorbed=absorbed)
         f, kv_f = mla(CFG, w, kv_f, mx.array(x[lo:hi]), absorbed=absorbed)
         assert_backends_agree(r, f, "FAST", what=f"positions {lo}..{hi}")
-    assert kv_f.length == 12 and kv_f.buffer.shape == (CFG.max_context, CFG.kv_lora_rank + CFG.qk_rope_head_dim)
+    assert kv_f.length == 12 and kv_f.buffer.shape == (CFG.max_context, CFG.mla.kv_lora_rank + CFG.mla.qk_rope_head_dim)
     assert_backends_agree(kv_r.latent, kv_f.latent(CFG), "FAST", what="cached latent")
     assert_backends_agree(kv_r.rope_key, kv_f.rope_key(CFG), "FAST", what="cached rope key")
 

@@ -60,7 +60,7 @@ RECORDED: list = []  # specialisations launched here, for the compile check
 
 def _cfg(name: str):
     h, ql, c, r, n, v = HEADS[name]
-    return dataclasses.replace(BASE, n_heads=h, n_kv_heads=h, head_dim=n + r, q_lora_rank=ql, kv_lora_rank=c,
+    return BASE.with_fields(n_heads=h, n_kv_heads=h, head_dim=n + r, q_lora_rank=ql, kv_lora_rank=c,
                                qk_rope_head_dim=r, qk_nope_head_dim=n, v_head_dim=v)
 
 
@@ -96,7 +96,7 @@ def _decode(cfg, w, kv, x, **kw):
 def test_decode_steps_are_the_references(name, path):
     cfg, dense, norm, xs, ref, w = _setup(name, seed=len(name))
     kv = _prefilled(cfg, w, xs)
-    assert len(w.wo_blocks) == -(-cfg.n_heads * cfg.v_head_dim // 8192)
+    assert len(w.wo_blocks) == -(-cfg.n_heads * cfg.mla.v_head_dim // 8192)
     with using_path(path), recording() as rec:
         assert mmla.kernel_applies(cfg, w)
         for i in range(PROMPT, PROMPT + STEPS):
@@ -115,7 +115,7 @@ def test_yarn_decode_steps_are_the_references():
     """DeepSeek's YaRN (scaled frequencies, cos/sin times the attention factor, the softmax scale
     times mscale^2): the MLX tables and the kernels' folded scale against the reference."""
     name = "made_mla"
-    cfg = dataclasses.replace(_cfg(name), rope_scaling=RopeScaling.YARN, yarn_factor=4.0, yarn_original_context=16,
+    cfg = _cfg(name).with_fields(rope_scaling=RopeScaling.YARN, yarn_factor=4.0, yarn_original_context=16,
                               yarn_attention_factor=1.1, yarn_mscale_all_dim=0.8)
     assert ref_mla.softmax_scale(cfg) > 1.1 * ref_mla.softmax_scale(_cfg(name))
     _, dense, norm, xs, _, w = _setup(name, seed=4)
@@ -153,8 +153,8 @@ def test_every_step_shape_gives_the_same_attention():
     within MLA_KERNEL. VW = 4 on a 40-float row (c 32 + r 8): 10 16-byte loads, lanes 10.. idle."""
     cfg, _, norm, xs, _, w = _setup("made_mla", seed=11)
     rng = np.random.default_rng(3)
-    h, c, r = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    q = mx.array(rng.standard_normal((1, h * (cfg.qk_nope_head_dim + r))).astype(np.float32))
+    h, c, r = cfg.n_heads, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim
+    q = mx.array(rng.standard_normal((1, h * (cfg.mla.qk_nope_head_dim + r))).astype(np.float32))
     kva = mx.array(rng.standard_normal((1, c + r)).astype(np.float32))
     cache = rng.standard_normal((cfg.max_context, c + r)).astype(np.float32)
     cos, sin = mmla.rope_table(cfg)
@@ -203,7 +203,7 @@ def test_the_step_is_deterministic():
 @emulated
 def test_a_latent_the_kernels_refuse_takes_the_ops_path():
     """c = 12 is no multiple of 8 (the 16-byte weight groups): the layer runs its ops twin, no launch."""
-    cfg = dataclasses.replace(_cfg("made_mla"), kv_lora_rank=12)
+    cfg = _cfg("made_mla").with_fields(kv_lora_rank=12)
     assert not mla_kernel.fits(12, 8) and mla_kernel.fits(512, 64) and not mla_kernel.fits(512, 7)
     w = mmla.mla_weights(cfg, make_dense(cfg, seed=1), LAYER, mx.float16)
     with using_path(KernelPath.EMULATED):

@@ -241,7 +241,7 @@ def test_gpt_oss_mxfp4_engines_run_the_native_kernel(tmp_path, path):
     prompt = list(b"def fibonacci(n): return n")
     made = make_model(tmp_path / "m", "gpt-oss", seed=5, expert_type=QuantType.MXFP4, dense_type=QuantType.F16)
     with strata.load(made.model_path) as m:
-        assert len(prompt) > 2 * m.cfg.sliding_window
+        assert len(prompt) > 2 * m.cfg.gpt_oss.sliding_window
         with open_kind(m, "reference") as ref:
             want = np.stack([ref.prefill(prompt)] + [ref.decode(t) for t in prompt[:3]])
         for kind, entry in (("mlx-resident", "strata_moe_native_route"), ("mlx-min", "strata_moe_native_slots")):

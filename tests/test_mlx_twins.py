@@ -12,7 +12,6 @@ the same numbers and the FAST budget applies.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -53,7 +52,7 @@ VARIANTS = {
     "bias_full_norm": dict(attention_bias=True, qk_norm=QKNorm.FULL, shared_expert_gated=False, n_experts=8,
                            n_experts_per_token=2),
     # gpt-oss: a sliding then a full layer, sinks, biases, the clamped SwiGLU, YaRN (ops path on every path)
-    "gpt_oss": {f: getattr(SHAPES["gpt-oss"], f) for f in (
+    "gpt_oss": {f: SHAPES["gpt-oss"].flat()[f] for f in (
         "routing_order", "attention_bias", "router_logit_bias", "expert_kind", "expert_bias", "swiglu_limit",
         "attention_sinks", "attention_output_bias", "rope_scaling", "yarn_factor", "yarn_original_context",
         "yarn_truncate", "yarn_attention_factor")} | dict(
@@ -68,7 +67,7 @@ def fp16_exact(a: np.ndarray) -> np.ndarray:
 
 
 def tiny_model(variant: str, seed: int) -> ref_model.ModelParams:
-    cfg = replace(SHAPES["tiny"], **VARIANTS[variant])
+    cfg = SHAPES["tiny"].with_fields(**VARIANTS[variant])
     dense = {k: fp16_exact(v) for k, v in make_dense(cfg, seed).items()}
     experts = {(l, e): make_expert(cfg, seed, l, e, QuantType.Q2_0) for l in range(cfg.n_layers) for e in range(cfg.n_experts)}
     return ref_model.ModelParams(cfg, dense, DictExperts(experts))
@@ -127,7 +126,7 @@ def case_swiglu_expert(rng, path):
     w = make_expert(cfg, int(rng.integers(1 << 30)), 0, 0, qt)
     x = rng.standard_normal((int(rng.integers(1, 4)), cfg.hidden_size)).astype(np.float32)
     t, act = BY_NAME["experts.swiglu_expert"], expert_act(cfg)
-    return [(f"{cfg.expert_kind.value} {qt.name}", t.reference(w, x, act), t.fast(w, x, act))]
+    return [(f"{cfg.gpt_oss.expert_kind.value} {qt.name}", t.reference(w, x, act), t.fast(w, x, act))]
 
 
 def case_gated_hidden(rng, path):

@@ -122,7 +122,7 @@ def test_swiglu_expert_twin_agrees(shape):
     cfg = replace(SHAPES[shape], hidden_size=256, expert_ffn_size=128)
     w = make_expert(cfg, 0, 0, 3, QuantType.Q8_0)
     act = ref_experts.expert_act(cfg)
-    assert (w.biases is not None) == (cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU)
+    assert (w.biases is not None) == (cfg.gpt_oss.expert_kind is ExpertKind.CLAMPED_SWIGLU)
     x = np.random.default_rng(3).standard_normal(256).astype(np.float32)
     assert_backends_agree(ref_experts.swiglu_expert(w, x, act), quant_kernels.swiglu_expert(w, x, act), "FAST",
                           what=shape)

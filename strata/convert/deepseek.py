@@ -60,7 +60,7 @@ def deepseek_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     )
     if not hf.get_bool("rope_interleave", default=True):
         raise hf.unsupported("rope_interleave = false", "the released (interleaved) rope layout")
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 def deepseek_rope(hf: HFConfig) -> dict:
@@ -87,7 +87,7 @@ def rope_rows(cfg: ModelConfig, name: str):
     if not name.startswith("blk.") or cfg.kinds[int(name.split(".")[1])].mixer is not Mixer.MLA:
         return None
     suffix = name.split(".", 2)[-1]
-    nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+    nope, rope = cfg.mla.qk_nope_head_dim, cfg.mla.qk_rope_head_dim
     if suffix in (n.attn_q_b, n.attn_q):
         def query(x: np.ndarray) -> np.ndarray:
             heads = x.reshape(cfg.n_heads, nope + rope, x.shape[-1]).copy()  # [H, n + r, in]
@@ -97,7 +97,7 @@ def rope_rows(cfg: ModelConfig, name: str):
     if suffix == n.attn_kv_a_mqa:
         def shared_key(x: np.ndarray) -> np.ndarray:
             out = x.copy()  # [c + r, D]
-            out[cfg.kv_lora_rank:] = deinterleave(x[cfg.kv_lora_rank:])
+            out[cfg.mla.kv_lora_rank:] = deinterleave(x[cfg.mla.kv_lora_rank:])
             return out
         return shared_key
     return None

@@ -343,7 +343,7 @@ def convert(
                             check_finite(x, f"{hf_dir}: layer {cfg.moe_layers[layer]} expert {e} {name} projection")
                         w = ExpertWeights(quantize(expert_type, gate), quantize(expert_type, up),
                                           quantize(expert_type, down))
-                    if cfg.expert_bias:  # gpt-oss: the biases travel in the record, in float32
+                    if cfg.gpt_oss.expert_bias:  # gpt-oss: the biases travel in the record, in float32
                         w = dataclasses.replace(w, biases=plan.experts.read_biases(layer, e))
                         for name in ("gate", "up", "down"):
                             check_finite(getattr(w.biases, name), f"{hf_dir}: layer {cfg.moe_layers[layer]} "
@@ -354,7 +354,7 @@ def convert(
                 write_experts(experts_partial, qtype=expert_type if expert_type is not None else plan.kept_layers[0][0],
                               n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert,
-                              biases=cfg.expert_bias, layer_qtypes=plan.kept_layers)
+                              biases=cfg.gpt_oss.expert_bias, layer_qtypes=plan.kept_layers)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity
             ngrams_identity = None

@@ -29,7 +29,7 @@ def glm4_moe_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         qk_norm=QKNorm.PER_HEAD if hf.get_bool("use_qk_norm", default=False) else QKNorm.NONE,
         max_context=hf.max_context(None),
     )
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 GLM4_MOE = Family(

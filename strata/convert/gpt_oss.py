@@ -129,7 +129,7 @@ def gpt_oss_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         raise ConfigError(f"{hf.path}: sliding_window must be a positive integer for sliding layers, got {window!r}")
     bias = hf.get_bool("attention_bias", default=True)
     max_positions = hf.get_int("max_position_embeddings")
-    return ModelConfig(
+    return ModelConfig.from_dict(dict(
         architecture=hf.model_type, vocab_size=hf.get_int("vocab_size"), hidden_size=hf.get_int("hidden_size"),
         n_layers=n_layers, n_heads=n_heads, n_kv_heads=hf.get_int("num_key_value_heads", default=n_heads),
         head_dim=hf.head_dim(), n_experts=hf.get_int("num_local_experts", "num_experts"),
@@ -141,7 +141,7 @@ def gpt_oss_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         swiglu_alpha=hf.get_float("swiglu_alpha", default=DEFAULT_ALPHA),
         swiglu_limit=hf.get_float("swiglu_limit", default=DEFAULT_LIMIT),
         attention_sinks=True, attention_output_bias=bias, **_rope(hf, max_positions),
-    )
+    ))
 
 
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:

@@ -28,7 +28,7 @@ def minimax_m2_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     fields.update(rope_fields(hf, fields["head_dim"], DEFAULT_ROPE_THETA))
     fields.update(expert_ffn_size=hf.get_int("intermediate_size"), qk_norm=QKNorm.FULL,
                   max_context=hf.max_context(None))
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 MINIMAX_M2 = Family(

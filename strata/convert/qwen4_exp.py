@@ -154,7 +154,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
             ngram_seed=text.get_int("seed", default=1234), ngram_eos_token=_eos(text),
             ple_row_store=True,  # the tables go to <name>.ngrams (write_row_store), not the model file
         )
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 # ---------------------------------------------------------------- tensors
@@ -227,7 +227,7 @@ def _layer_sources(cfg: ModelConfig, ckpt: Checkpoint, layer: int, prefix: str):
                     q.idx_k_norm: _plus_one(a + "indexer.k_layernorm.weight", (di,))})
         return out, buffers
     a = lp + "linear_attn."
-    hv = cfg.linear_v_heads
+    hv = cfg.deltanet.linear_v_heads
     out.update({n.ssm_qkv: a + "in_proj_qkv.weight", n.ssm_z: a + "in_proj_z.weight",
                 n.ssm_beta: a + "in_proj_b.weight", n.ssm_alpha: a + "in_proj_a.weight",
                 n.ssm_conv: a + "conv1d.weight",  # [C, 1, K] -> [C, K]: a unit axis

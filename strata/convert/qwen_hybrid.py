@@ -201,7 +201,7 @@ def hybrid_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         raise ConfigError(f"{hf.path}: shared_expert_intermediate_size must be positive, got {shared}")
     fields.update(gated_hybrid_fields(hf, text, fields, rope=rope, layer_types=_layer_types(text, fields["n_layers"])),
                   shared_ffn_size=shared)
-    return ModelConfig(**fields)
+    return ModelConfig.from_dict(fields)
 
 
 # ---------------------------------------------------------------- tensors
@@ -220,8 +220,8 @@ def _split_q_gate(cfg: ModelConfig, name: str, part: int) -> Derived:
 def _qwen3_next_projections(cfg: ModelConfig, a: str) -> dict[str, Derived]:
     """De-interleave in_proj_qkvz [Hk (2 dk + 2 r dv), D] and in_proj_ba [Hk 2r, D] (per key head)."""
     n, d = TensorNames, cfg.hidden_size
-    hk, dk, dv = cfg.linear_k_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
-    r = cfg.linear_v_heads // hk
+    hk, dk, dv = cfg.deltanet.linear_k_heads, cfg.deltanet.linear_k_head_dim, cfg.deltanet.linear_v_head_dim
+    r = cfg.deltanet.linear_v_heads // hk
     group = 2 * dk + 2 * r * dv
     qkvz = (a + "in_proj_qkvz.weight", (hk * group, d))
     ba = (a + "in_proj_ba.weight", (hk * 2 * r, d))
@@ -258,7 +258,7 @@ def _layer_sources(cfg: ModelConfig, layer: int, prefix: str) -> dict[str, str |
                     n.attn_k_norm: _plus_one(a + "k_norm.weight", (cfg.head_dim,))})
         return out
     a = lp + "linear_attn."
-    hv = cfg.linear_v_heads
+    hv = cfg.deltanet.linear_v_heads
     if cfg.architecture == "qwen3_next":
         out.update(_qwen3_next_projections(cfg, a))
     else:

@@ -40,7 +40,8 @@ def count_hf(raw: dict, path: str = "config.json") -> PartCounts:
 def _kv_per_position(cfg) -> int:
     """Cached floats per position: K and V of every attention layer (a recurrent layer's state is
     fixed; a latent-attention layer caches its latent and rope key)."""
-    per = {Mixer.ATTENTION: 2 * cfg.n_kv_heads * cfg.head_dim, Mixer.MLA: cfg.kv_lora_rank + cfg.qk_rope_head_dim}
+    per = {Mixer.ATTENTION: 2 * cfg.n_kv_heads * cfg.head_dim,
+           Mixer.MLA: cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim}
     return sum(per.get(k.mixer, 0) for k in cfg.kinds)
 
 

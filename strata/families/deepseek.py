@@ -8,6 +8,7 @@ its routing: reference/routing.py (SIGMOID_TOPK).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from strata.errors import ConfigError
@@ -19,23 +20,47 @@ if TYPE_CHECKING:  # annotations only: model_config runs the check
     from strata.model_config import ModelConfig
 
 
+@dataclass(frozen=True)
+class SigmoidRoutingConfig:
+    """Sigmoid routing's fields (`ModelConfig.sigmoid`; RoutingOrder.SIGMOID_TOPK): DeepSeek-V3 /
+    Kimi-K2, GLM-4.5, GLM-4.7-Flash and MiniMax-M2 route this way."""
+
+    n_group: int = 1  # experts form n_group equal groups; only the best topk_group groups are eligible
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
+    router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
+
+
+@dataclass(frozen=True)
+class LatentAttentionConfig:
+    """Multi-head latent attention's sizes (`ModelConfig.mla`; Mixer.MLA): the model's head_dim is
+    the q/k head (nope + rope), and n_kv_heads = n_heads."""
+
+    q_lora_rank: int = 0  # 0: queries projected directly (no low-rank q path)
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+
+
 def check_sigmoid_fields(cfg: "ModelConfig") -> None:
     """The sigmoid-routing and latent-attention fields' own rules (one ConfigError naming the field)."""
-    if cfg.n_group < 1 or cfg.n_experts % cfg.n_group:
-        raise ConfigError(f"model config: n_group={cfg.n_group} must divide n_experts={cfg.n_experts}")
-    if not 1 <= cfg.topk_group <= cfg.n_group:
-        raise ConfigError(f"model config: topk_group={cfg.topk_group} must be in 1..n_group={cfg.n_group}")
-    if cfg.n_group > 1 and cfg.n_experts // cfg.n_group < 2:
+    r, mla = cfg.sigmoid, cfg.mla
+    if r.n_group < 1 or cfg.n_experts % r.n_group:
+        raise ConfigError(f"model config: n_group={r.n_group} must divide n_experts={cfg.n_experts}")
+    if not 1 <= r.topk_group <= r.n_group:
+        raise ConfigError(f"model config: topk_group={r.topk_group} must be in 1..n_group={r.n_group}")
+    if r.n_group > 1 and cfg.n_experts // r.n_group < 2:
         raise ConfigError("model config: n_group needs >= 2 experts per group (groups score by their top 2)")
-    if cfg.topk_group * (cfg.n_experts // cfg.n_group) < cfg.n_experts_per_token:
-        raise ConfigError(f"model config: topk_group={cfg.topk_group} groups hold fewer than k experts")
-    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (cfg.n_group > 1 or cfg.router_bias):
+    if r.topk_group * (cfg.n_experts // r.n_group) < cfg.n_experts_per_token:
+        raise ConfigError(f"model config: topk_group={r.topk_group} groups hold fewer than k experts")
+    if cfg.routing_order is not RoutingOrder.SIGMOID_TOPK and (r.n_group > 1 or r.router_bias):
         raise ConfigError("model config: n_group / router_bias need routing_order sigmoid_topk")
     if any(t.mixer is Mixer.MLA for t in cfg.kinds):
         for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
-            if getattr(cfg, name) <= 0:
+            if getattr(mla, name) <= 0:
                 raise ConfigError(f"model config: latent attention needs {name} > 0")
-        if cfg.qk_rope_head_dim % 2 or cfg.head_dim != cfg.qk_nope_head_dim + cfg.qk_rope_head_dim:
+        if mla.qk_rope_head_dim % 2 or cfg.head_dim != mla.qk_nope_head_dim + mla.qk_rope_head_dim:
             raise ConfigError("model config: latent attention needs head_dim = qk_nope_head_dim + qk_rope_head_dim "
                               "(qk_rope_head_dim even)")
         if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
@@ -78,7 +103,8 @@ MADE_SHAPES = {
                     n_experts_per_token=4, expert_ffn_size=32, shared_ffn_size=32, qk_norm=QKNorm.PER_HEAD,
                     max_context=256, routing_order=RoutingOrder.SIGMOID_TOPK,
                     layer_types=(LayerType(Mixer.ATTENTION, Ffn.DENSE), MOE_LAYER, MOE_LAYER), dense_ffn_size=96,
-                    n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True, rotary_dim=8),
+                    rotary_dim=8,
+                    sigmoid=SigmoidRoutingConfig(n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True)),
     # DeepSeek-V3's layer kinds in small: latent attention (low-rank q, a latent + rope-key
     # cache), sigmoid routing with biases and groups, a shared expert, a dense first layer
     "mla": dict(hidden_size=64, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=24, n_experts=32,
@@ -86,8 +112,10 @@ MADE_SHAPES = {
                 routing_order=RoutingOrder.SIGMOID_TOPK,
                 layer_types=(LayerType(Mixer.MLA, Ffn.DENSE), LayerType(Mixer.MLA, Ffn.MOE),
                              LayerType(Mixer.MLA, Ffn.MOE)),
-                dense_ffn_size=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True,
-                q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+                dense_ffn_size=96,
+                sigmoid=SigmoidRoutingConfig(n_group=4, topk_group=2, routed_scaling_factor=2.5, router_bias=True),
+                mla=LatentAttentionConfig(q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                                          v_head_dim=16)),
 }
 
 FAMILY = FamilyParts(

@@ -9,6 +9,7 @@ reference/rope_scaling.py (YaRN).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from strata.errors import ConfigError
@@ -20,22 +21,57 @@ if TYPE_CHECKING:  # annotations only: model_config runs the check
     from strata.model_config import ModelConfig
 
 
+@dataclass(frozen=True)
+class GptOssConfig:
+    """gpt-oss's own fields (`ModelConfig.gpt_oss`), at their "not gpt-oss" defaults."""
+
+    # z = W h + b: a plain logit bias that selection and weights both see (not the sigmoid rules'
+    # selection-only bias, which chooses and never weights)
+    router_logit_bias: bool = False
+    expert_kind: ExpertKind = ExpertKind.SWIGLU
+    expert_bias: bool = False  # each expert's gate/up/down carry a bias (in its .experts record)
+    swiglu_alpha: float = 1.702  # CLAMPED_SWIGLU: the sigmoid's gain
+    swiglu_limit: float = 7.0  # CLAMPED_SWIGLU: the clamp on gate (above) and up (both sides)
+    attention_sinks: bool = False  # one learned logit per head joins every softmax (then dropped)
+    attention_output_bias: bool = False  # o_proj carries a bias
+    sliding_window: int = 0  # SLIDING_ATTENTION layers see keys j with i - sliding_window < j <= i
+
+
+@dataclass(frozen=True)
+class YarnConfig:
+    """YaRN rotary scaling (`ModelConfig.yarn`; strata/reference/rope_scaling.py), gpt-oss's and
+    DeepSeek-V3 / Kimi-K2's. Off (RopeScaling.NONE) for every other family."""
+
+    rope_scaling: RopeScaling = RopeScaling.NONE
+    yarn_factor: float = 1.0
+    yarn_original_context: int = 0  # the pretraining context the correction range is computed for
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_truncate: bool = True  # floor/ceil the correction range (gpt-oss: false)
+    yarn_attention_factor: float = 1.0  # cos and sin are multiplied by it
+    # DeepSeek-V3 / Kimi-K2: the latent attention's softmax scale is multiplied by
+    # (0.1 mscale_all_dim ln(yarn_factor) + 1)^2 (reference/mla.py softmax_scale); 0: not scaled
+    yarn_mscale_all_dim: float = 0.0
+
+
+def _positive(part: object, name: str) -> None:
+    value = getattr(part, name)
+    if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
+
+
 def check_gpt_oss_fields(cfg: "ModelConfig") -> None:
     """The gpt-oss fields: a window for sliding layers, a usable clamped SwiGLU, YaRN's numbers."""
-    def positive(name: str) -> None:
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"model config: {name} must be a finite number > 0, got {value!r}")
-
-    if any(t.mixer is Mixer.SLIDING_ATTENTION for t in cfg.kinds) and cfg.sliding_window <= 0:
-        raise ConfigError(f"model config: sliding-attention layers need sliding_window > 0, got {cfg.sliding_window}")
-    if cfg.expert_kind is ExpertKind.CLAMPED_SWIGLU:
-        positive("swiglu_alpha")
-        positive("swiglu_limit")
-    if cfg.rope_scaling is RopeScaling.YARN:
+    g, yarn = cfg.gpt_oss, cfg.yarn
+    if any(t.mixer is Mixer.SLIDING_ATTENTION for t in cfg.kinds) and g.sliding_window <= 0:
+        raise ConfigError(f"model config: sliding-attention layers need sliding_window > 0, got {g.sliding_window}")
+    if g.expert_kind is ExpertKind.CLAMPED_SWIGLU:
+        _positive(g, "swiglu_alpha")
+        _positive(g, "swiglu_limit")
+    if yarn.rope_scaling is RopeScaling.YARN:
         for name in ("yarn_factor", "yarn_original_context", "yarn_beta_fast", "yarn_beta_slow",
                      "yarn_attention_factor"):
-            positive(name)
+            _positive(yarn, name)
 
 
 def count_published(c: dict, t: str) -> PartCounts:
@@ -62,11 +98,12 @@ MADE_SHAPES = {
     "gpt-oss": dict(hidden_size=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, n_experts=16,
                     n_experts_per_token=4, expert_ffn_size=32, routing_order=RoutingOrder.TOPK_SOFTMAX,
                     attention_bias=True, max_context=256,
-                    layer_types=(LayerType(Mixer.SLIDING_ATTENTION, Ffn.MOE), MOE_LAYER) * 2, sliding_window=8,
-                    router_logit_bias=True, expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True,
-                    swiglu_limit=1.0, attention_sinks=True, attention_output_bias=True,
-                    rope_scaling=RopeScaling.YARN, yarn_factor=8.0, yarn_original_context=32, yarn_truncate=False,
-                    yarn_attention_factor=1.2079441541679836),
+                    layer_types=(LayerType(Mixer.SLIDING_ATTENTION, Ffn.MOE), MOE_LAYER) * 2,
+                    gpt_oss=GptOssConfig(sliding_window=8, router_logit_bias=True,
+                                         expert_kind=ExpertKind.CLAMPED_SWIGLU, expert_bias=True, swiglu_limit=1.0,
+                                         attention_sinks=True, attention_output_bias=True),
+                    yarn=YarnConfig(rope_scaling=RopeScaling.YARN, yarn_factor=8.0, yarn_original_context=32,
+                                    yarn_truncate=False, yarn_attention_factor=1.2079441541679836)),
 }
 
 FAMILY = FamilyParts(

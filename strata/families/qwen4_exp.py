@@ -22,6 +22,7 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.families.family import MADE_VOCAB, FamilyParts
+from strata.families.qwen_hybrid import MADE_DELTANET
 
 from strata.layer_kinds import Ffn, LayerType, Mixer, QKNorm
 from strata.tensor_names import MIXER_TENSORS, TensorNames
@@ -201,8 +202,8 @@ MADE_SHAPES = {
                   qk_norm=QKNorm.PER_HEAD, max_context=256,
                   layer_types=((LayerType(Mixer.DELTANET, Ffn.MOE),) * 3
                                + (LayerType(Mixer.INDEXED_ATTENTION, Ffn.MOE),)),
-                  rotary_dim=8, attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
-                  linear_v_head_dim=16, linear_conv_kernel=4, hc_count=4, hc_lowrank=16, indexer_heads=2,
+                  rotary_dim=8, attention_output_gate=True, deltanet=MADE_DELTANET, hc_count=4, hc_lowrank=16,
+                  indexer_heads=2,
                   indexer_head_dim=16, indexer_budget=8, indexer_block=4, ple_layer_ids="0,2", ple_embed_dim=32,
                   ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=2, ngram_vocab_base=101,
                   ngram_vocab_divisor=8, ngram_seed=1234, ngram_eos_token=MADE_VOCAB - 1),

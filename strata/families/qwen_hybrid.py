@@ -2,11 +2,13 @@
 full-attention layers with partial rotary, a gated shared expert in every layer.
 
 Its converter: strata/convert/qwen_hybrid.py; its mixer: reference/deltanet.py (twins in
-mlx_backend/deltanet.py); its fields: ModelConfig's linear_* and attention_output_gate.
+mlx_backend/deltanet.py); its fields: DeltaNetConfig (`ModelConfig.deltanet`), and the shared
+attention_output_gate and rotary_dim.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from strata.errors import ConfigError
@@ -18,17 +20,30 @@ if TYPE_CHECKING:  # annotations only: model_config runs the check
     from strata.model_config import ModelConfig
 
 
+@dataclass(frozen=True)
+class DeltaNetConfig:
+    """Gated DeltaNet's sizes (`ModelConfig.deltanet`; Mixer.DELTANET layers): Qwen3-Next,
+    Qwen3.5 / 3.6-MoE and Qwen4-Exp. All 0 in a model without DeltaNet layers."""
+
+    linear_k_heads: int = 0  # query/key heads
+    linear_v_heads: int = 0  # value heads (a multiple of linear_k_heads)
+    linear_k_head_dim: int = 0
+    linear_v_head_dim: int = 0
+    linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
+
+
 def check_hybrid_fields(cfg: "ModelConfig") -> None:
     """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
     if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
         return
+    dn = cfg.deltanet
     sizes = ("linear_k_heads", "linear_v_heads", "linear_k_head_dim", "linear_v_head_dim", "linear_conv_kernel")
     for name in sizes:
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(cfg, name)}")
-    if cfg.linear_v_heads % cfg.linear_k_heads:
-        raise ConfigError(f"model config: linear_v_heads={cfg.linear_v_heads} is not a multiple of "
-                          f"linear_k_heads={cfg.linear_k_heads}")
+        if getattr(dn, name) <= 0:
+            raise ConfigError(f"model config: DeltaNet layers need {name} > 0, got {getattr(dn, name)}")
+    if dn.linear_v_heads % dn.linear_k_heads:
+        raise ConfigError(f"model config: linear_v_heads={dn.linear_v_heads} is not a multiple of "
+                          f"linear_k_heads={dn.linear_k_heads}")
 
 
 def count_published(c: dict, t: str) -> PartCounts:
@@ -64,14 +79,17 @@ def count_published(c: dict, t: str) -> PartCounts:
                             kv=2 * n_full * kv_heads * head_dim, tie=tie, linear_state=n_lin * vh * kd * vd)
 
 
+# the made models' DeltaNet (Qwen4-Exp's made shape has the same)
+MADE_DELTANET = DeltaNetConfig(linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16, linear_v_head_dim=16,
+                               linear_conv_kernel=4)
+
 MADE_SHAPES = {
     # three gated DeltaNet layers, then gated attention with partial rotary
     "hybrid": dict(hidden_size=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, n_experts=16,
                    n_experts_per_token=4, expert_ffn_size=32, shared_ffn_size=32, shared_expert_gated=True,
                    qk_norm=QKNorm.PER_HEAD, max_context=256,
                    layer_types=(LayerType(Mixer.DELTANET, Ffn.MOE),) * 3 + (MOE_LAYER,), rotary_dim=8,
-                   attention_output_gate=True, linear_k_heads=2, linear_v_heads=4, linear_k_head_dim=16,
-                   linear_v_head_dim=16, linear_conv_kernel=4),
+                   attention_output_gate=True, deltanet=MADE_DELTANET),
 }
 
 FAMILY = FamilyParts(

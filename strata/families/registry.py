@@ -7,8 +7,30 @@ fields every family shares and the shared routing rules; their converters are in
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from strata.families import deepseek, gpt_oss, qwen4_exp, qwen_hybrid
 from strata.families.family import FamilyParts
+from strata.families.deepseek import LatentAttentionConfig, SigmoidRoutingConfig
+from strata.families.gpt_oss import GptOssConfig, YarnConfig
+from strata.families.qwen_hybrid import DeltaNetConfig
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilyFields:
+    """Each family's own config fields: one frozen dataclass per family (defined in its module),
+    at its "not this family" defaults. `ModelConfig` inherits these attributes
+    (`cfg.gpt_oss.sliding_window`) and keeps only the fields every family shares; in the GGUF
+    metadata every field is one flat key `strata.<field>` (`ModelConfig.to_dict`), so a field's
+    name is unique across the families. A new family with fields of its own adds its attribute here."""
+
+    deltanet: DeltaNetConfig = field(default_factory=DeltaNetConfig)
+    sigmoid: SigmoidRoutingConfig = field(default_factory=SigmoidRoutingConfig)
+    mla: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)
+    gpt_oss: GptOssConfig = field(default_factory=GptOssConfig)
+    yarn: YarnConfig = field(default_factory=YarnConfig)
+
 
 FAMILIES: tuple[FamilyParts, ...] = (qwen_hybrid.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY, qwen4_exp.FAMILY)
 

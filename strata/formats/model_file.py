@@ -24,7 +24,7 @@ from strata.formats.atomic import atomic_output
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.gguf_file import GGUFFile, open_gguf
 from strata.formats.quant_types import QuantType
-from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
+from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes, stored_enum
 
 ARCHITECTURE = "strata"
 FORMAT_VERSION = 1
@@ -67,8 +67,7 @@ def _gguf():
 # ModelConfig field type (its annotation string) -> GGUF value type name. A new field type must
 # be added here; the assert below fails at import otherwise.
 _FIELD_VALUE_TYPES = {"int": "UINT32", "bool": "BOOL", "float": "FLOAT64", "str": "STRING",
-                      "RoutingOrder": "STRING", "QKNorm": "STRING", "tuple[LayerType, ...]": "STRING",
-                      "ExpertKind": "STRING", "RopeScaling": "STRING"}
+                      "tuple[LayerType, ...]": "STRING"}
 # The fields format version 1 shipped with: every file has them. A field added since has a
 # default, and a file without it gets that default (every layer attention + MoE, no dense FFN,
 # no new family's feature), which is what such a file describes.
@@ -77,7 +76,15 @@ _V1_FIELDS = frozenset({
     "n_experts_per_token", "expert_ffn_size", "shared_ffn_size", "shared_expert_gated", "routing_order",
     "norm_topk_prob", "qk_norm", "attention_bias", "rope_theta", "rms_norm_eps", "max_context", "tie_embeddings",
 })
-assert all(str(f.type) in _FIELD_VALUE_TYPES for f in dataclasses.fields(ModelConfig)), "new ModelConfig field type"
+
+
+def _value_type(field: dataclasses.Field) -> str:
+    """A stored field's GGUF value type: an enum (strata/layer_kinds.py) is its string value."""
+    return "STRING" if stored_enum(field) is not None else _FIELD_VALUE_TYPES[str(field.type)]
+
+
+assert all(stored_enum(f) or str(f.type) in _FIELD_VALUE_TYPES for f in ModelConfig.stored_fields()), \
+    "new ModelConfig field type"
 
 
 def config_key(field_name: str) -> str:
@@ -87,7 +94,7 @@ def config_key(field_name: str) -> str:
 _RESERVED_KEYS = frozenset(
     [KEY_ARCHITECTURE, KEY_FORMAT_VERSION, KEY_TOKENIZER_JSON, KEY_CHAT_TEMPLATE, KEY_EXPERTS_IDENTITY,
      KEY_FILE_CHECKSUM, KEY_NGRAMS_IDENTITY, "general.alignment"]
-    + [config_key(f.name) for f in dataclasses.fields(ModelConfig)]
+    + [config_key(f.name) for f in ModelConfig.stored_fields()]
 )
 
 
@@ -190,7 +197,7 @@ def write_model(
     with atomic_output(path) as tmp:
         w = gguf.GGUFWriter(tmp, ARCHITECTURE)
         w.add_uint32(KEY_FORMAT_VERSION, FORMAT_VERSION)
-        types = {f.name: _FIELD_VALUE_TYPES[str(f.type)] for f in dataclasses.fields(ModelConfig)}
+        types = {f.name: _value_type(f) for f in ModelConfig.stored_fields()}
         for name, value in cfg.to_dict().items():
             w.add_key_value(config_key(name), value, gguf.GGUFValueType[types[name]])
         w.add_string(KEY_TOKENIZER_JSON, tokenizer_json)
@@ -293,9 +300,9 @@ def _config(gf: GGUFFile) -> ModelConfig:
     if version != FORMAT_VERSION:
         raise FormatError(f"{path}: unsupported strata model format version {version} (this reader knows {FORMAT_VERSION})")
     values = {}
-    for f in dataclasses.fields(ModelConfig):
+    for f in ModelConfig.stored_fields():
         key = config_key(f.name)
-        want = _FIELD_VALUE_TYPES[str(f.type)]
+        want = _value_type(f)
         field = gf.fields.get(key)
         if field is None and f.name not in _V1_FIELDS:
             continue

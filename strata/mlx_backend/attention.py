@@ -196,8 +196,7 @@ _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 
 
 def rope_table_cached(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
-    key = (cfg.rope_dim, cfg.rope_theta, cfg.max_context, cfg.rope_scaling, cfg.yarn_factor, cfg.yarn_original_context,
-           cfg.yarn_beta_fast, cfg.yarn_beta_slow, cfg.yarn_truncate, cfg.yarn_attention_factor)
+    key = (cfg.rope_dim, cfg.rope_theta, cfg.max_context, cfg.yarn)  # every YaRN number is in cfg.yarn
     if key not in _tables:
         _tables[key] = rope_table(cfg)
     return _tables[key]

@@ -67,8 +67,9 @@ class DeltaNetWeights:
 
 
 def empty_state(cfg: ModelConfig) -> DeltaNetState:
-    conv = mx.zeros((conv_channels(cfg), cfg.linear_conv_kernel - 1), mx.float32)
-    rec = mx.zeros((cfg.linear_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim), mx.float32)
+    dn = cfg.deltanet
+    conv = mx.zeros((conv_channels(cfg), dn.linear_conv_kernel - 1), mx.float32)
+    rec = mx.zeros((dn.linear_v_heads, dn.linear_k_head_dim, dn.linear_v_head_dim), mx.float32)
     return DeltaNetState(conv, rec)
 
 
@@ -83,15 +84,15 @@ def _l2norm(x: mx.array) -> mx.array:
 def _inputs(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.array):
     """Norm, projections, conv, heads: q, k [Hv, T, dk], v [Hv, T, dv], g, beta [Hv, T], z [T, V],
     and the padded conv inputs [K-1+T, C]."""
-    t, c, hv = x.shape[0], conv_channels(cfg), cfg.linear_v_heads
-    hk, dk, dv = cfg.linear_k_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
+    t, c, hv = x.shape[0], conv_channels(cfg), cfg.deltanet.linear_v_heads
+    hk, dk, dv = cfg.deltanet.linear_k_heads, cfg.deltanet.linear_k_head_dim, cfg.deltanet.linear_v_head_dim
     xn = x if w.norm is None else rms_norm(x, w.norm, cfg.rms_norm_eps)  # None: normed by the caller (Qwen4-Exp)
     proj = linear(xn, w.w_in)  # [T, C + V + 2 Hv]; weights as stored, widened per op (dense.py)
     qkv, z = proj[:, :c], proj[:, c:c + hv * dv]
     b, a = proj[:, c + hv * dv:c + hv * dv + hv], proj[:, c + hv * dv + hv:]
     padded = mx.concatenate([state.conv.T, qkv], axis=0)  # [K-1+T, C]
     wc = w.conv.astype(mx.float32)
-    mixed = sum(wc[:, j] * padded[j:j + t] for j in range(cfg.linear_conv_kernel))
+    mixed = sum(wc[:, j] * padded[j:j + t] for j in range(cfg.deltanet.linear_conv_kernel))
     mixed = mixed * mx.sigmoid(mixed)
     r = hv // hk
     q = _l2norm(mixed[:, :hk * dk].reshape(t, hk, dk)) * np.float32(dk ** -0.5)
@@ -176,10 +177,11 @@ def chunked(s: mx.array, q: mx.array, k: mx.array, v: mx.array, g: mx.array, bet
 
 def kernel_applies(cfg: ModelConfig, w: DeltaNetWeights) -> bool:
     """Whether a decoded position of this layer takes the kernel path (on the current path)."""
-    d, v = cfg.hidden_size, cfg.linear_v_heads * cfg.linear_v_head_dim
+    dn = cfg.deltanet
+    d, v = cfg.hidden_size, dn.linear_v_heads * dn.linear_v_head_dim
     return (current_path() is not KernelPath.OPS and w.w_in.dtype == mx.float16 and w.wo.dtype == mx.float16
             and d % 8 == 0 and v % 8 == 0 and d <= dense_kernel.MAX_COLS and v <= dense_kernel.MAX_COLS
-            and step_kernel.fits(cfg.linear_k_head_dim, cfg.linear_v_head_dim, cfg.linear_conv_kernel))
+            and step_kernel.fits(dn.linear_k_head_dim, dn.linear_v_head_dim, dn.linear_conv_kernel))
 
 
 def _kernel_step(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.array
@@ -187,7 +189,8 @@ def _kernel_step(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: 
     """One decoded position on the kernel path: three launches (the module doc). x [1, D] -> [1, 1, D]"""
     proj = dense_kernel.dense_gemv(w.w_in, x, w.norm, cfg.rms_norm_eps)  # [1, C + V + 2 Hv]
     y, conv, rec = step_kernel.deltanet_step(proj, state.conv, w.conv, w.a, w.dt_bias, w.out_norm, state.recurrent,
-                                             k_heads=cfg.linear_k_heads, eps=cfg.rms_norm_eps, l2_eps=L2NORM_EPS,
+                                             k_heads=cfg.deltanet.linear_k_heads, eps=cfg.rms_norm_eps,
+                                             l2_eps=L2NORM_EPS,
                                              softplus_max=SOFTPLUS_THRESHOLD)
     out = dense_kernel.dense_gemv(w.wo, y)  # [1, D]
     n = state.length + 1
@@ -209,7 +212,7 @@ def deltanet_partials(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState
     if t == 1 and kernel_applies(cfg, w):
         return _kernel_step(cfg, w, state, x)
     q, k, v, g, beta, z, padded = _inputs(cfg, w, state, x)
-    keep = cfg.linear_conv_kernel - 1
+    keep = cfg.deltanet.linear_conv_kernel - 1
     conv_after = lambda i: padded[i + 1:i + 1 + keep].T  # noqa: E731  the conv state after i + 1 positions
     if window or t == 1:
         o, states = recurrent(state.recurrent, q, k, v, g, beta)

@@ -62,8 +62,8 @@ def attention_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: 
     return AttentionWeights(arr(get(n.attn_norm)), wqkv, None if bqkv is None else arr(bqkv),
                             arr(get(n.attn_q_norm)) if qk else None, arr(get(n.attn_k_norm)) if qk else None,
                             held_weight(stored(n.attn_output), dtype), gated,
-                            sinks=mx.array(get(n.attn_sinks)) if cfg.attention_sinks else None,
-                            bo=arr(get(n.attn_output_bias)) if cfg.attention_output_bias else None,
+                            sinks=mx.array(get(n.attn_sinks)) if cfg.gpt_oss.attention_sinks else None,
+                            bo=arr(get(n.attn_output_bias)) if cfg.gpt_oss.attention_output_bias else None,
                             window=window_of(cfg, layer))
 
 

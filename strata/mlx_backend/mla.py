@@ -56,7 +56,7 @@ class MlxLatentKV:
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "MlxLatentKV":
-        buf = mx.zeros((cfg.max_context, cfg.kv_lora_rank + cfg.qk_rope_head_dim), mx.float32)
+        buf = mx.zeros((cfg.max_context, cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim), mx.float32)
         mx.eval(buf)
         return MlxLatentKV(buf, 0)
 
@@ -66,11 +66,11 @@ class MlxLatentKV:
 
     def latent(self, cfg: ModelConfig) -> mx.array:
         """The cached latents [length, c] (the reference's LatentKV.latent)."""
-        return self.buffer[:self.length, :cfg.kv_lora_rank]
+        return self.buffer[:self.length, :cfg.mla.kv_lora_rank]
 
     def rope_key(self, cfg: ModelConfig) -> mx.array:
         """The cached rope keys [length, r] (the reference's LatentKV.rope_key)."""
-        return self.buffer[:self.length, cfg.kv_lora_rank:]
+        return self.buffer[:self.length, cfg.mla.kv_lora_rank:]
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,9 +130,9 @@ def mla_weights(cfg: ModelConfig, dense, layer: int, dtype: mx.Dtype) -> MlaWeig
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     stored = as_dense_weights(dense)
     held = lambda s: held_weight(stored.stored(nm.block(layer, s)), dtype)  # noqa: E731  as stored
-    h, n, v = cfg.n_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
-    kvb = get(nm.attn_kv_b).reshape(h, n + v, cfg.kv_lora_rank)  # per head: n key rows, then v value rows
-    low_rank = bool(cfg.q_lora_rank)
+    h, n, v = cfg.n_heads, cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim
+    kvb = get(nm.attn_kv_b).reshape(h, n + v, cfg.mla.kv_lora_rank)  # per head: n key rows, then v value rows
+    low_rank = bool(cfg.mla.q_lora_rank)
     a = (held_rows_of(dense, [nm.block(layer, nm.attn_q_a), nm.block(layer, nm.attn_kv_a_mqa)], dtype) if low_rank
          else held(nm.attn_kv_a_mqa))
     return MlaWeights(arr(get(nm.attn_norm)), a, arr(get(nm.attn_q_a_norm)) if low_rank else None,
@@ -146,9 +146,7 @@ _tables: dict[tuple, tuple[mx.array, mx.array]] = {}
 def rope_table(cfg: ModelConfig) -> tuple[mx.array, mx.array]:
     """cos, sin float32 [max_context, r / 2]: the reference's `rope_cos_sin` of every position
     (float64 angles, YaRN's frequencies and factor where the config scales), rounded once."""
-    key = (cfg.qk_rope_head_dim, cfg.rope_theta, cfg.max_context, cfg.rope_scaling, cfg.yarn_factor,
-           cfg.yarn_original_context, cfg.yarn_beta_fast, cfg.yarn_beta_slow, cfg.yarn_truncate,
-           cfg.yarn_attention_factor)
+    key = (cfg.mla.qk_rope_head_dim, cfg.rope_theta, cfg.max_context, cfg.yarn)  # every YaRN number is in cfg.yarn
     if key not in _tables:
         cos, sin = rope_cos_sin(cfg, np.arange(cfg.max_context))
         _tables[key] = (mx.array(cos), mx.array(sin))
@@ -168,7 +166,7 @@ def kernel_applies(cfg: ModelConfig, w: MlaWeights) -> bool:
     return (current_path() is not KernelPath.OPS and w.a.dtype == mx.float16 and w.q_b.dtype == mx.float16
             and all(c % 8 == 0 and c <= dense_kernel.MAX_COLS for c in cols)
             and all(b.dtype == mx.float16 and b.shape[1] % 8 == 0 for b in w.wo_blocks)
-            and mla_kernel.fits(cfg.kv_lora_rank, cfg.qk_rope_head_dim))
+            and mla_kernel.fits(cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim))
 
 
 def _project_out(w: MlaWeights, out: mx.array, gemv: bool) -> mx.array:
@@ -212,7 +210,7 @@ def mla(cfg: ModelConfig, w: MlaWeights, kv: MlxLatentKV, x: mx.array, *,
         x float32 [T, D] -> (float32 [T, D], MlxLatentKV with T more positions)
     """
     t, h = x.shape[0], cfg.n_heads
-    c, n, r, v = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    c, n, r, v = cfg.mla.kv_lora_rank, cfg.mla.qk_nope_head_dim, cfg.mla.qk_rope_head_dim, cfg.mla.v_head_dim
     if t == 1 and absorbed is not False and kernel_applies(cfg, w):
         return _kernel_decode(cfg, w, kv, x, None, None, None)
     check_context(cfg, kv.length, t)

@@ -136,8 +136,8 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
         shared = SharedWeights(w(n.shexp_gate), w(n.shexp_up), w(n.shexp_down), gi)
     router = get(n.router)
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
-    rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.router_bias else None)
-    bias = mx.array(get(n.router_logit_bias)) if cfg.router_logit_bias else None
+    rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.sigmoid.router_bias else None)
+    bias = mx.array(get(n.router_logit_bias)) if cfg.gpt_oss.router_logit_bias else None
     return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule,
                         router_logit_bias=bias)
 
@@ -252,7 +252,7 @@ def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tu
 def _router_kernel_ok(p: MlxParams) -> bool:
     # the router kernel computes W h only: a router with a logit bias (gpt-oss) takes MLX ops
     return (current_path() is not KernelPath.OPS and p.dtype == mx.float16 and p.cfg.hidden_size % 32 == 0
-            and not p.cfg.router_logit_bias)
+            and not p.cfg.gpt_oss.router_logit_bias)
 
 
 def _routes_with_mixer(p: MlxParams, layer: int, kv, t: int) -> bool:

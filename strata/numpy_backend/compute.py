@@ -77,7 +77,7 @@ class NumpyCompute(StatefulCompute):
         # use (x @ dequantize(q).T), without dequantizing E x D weights per layer per token.
         self.guess_routers = {l: dequantize(quantize(QuantType.Q8_0, w)) for l, w in routers.items()} if pred_q8 else routers
         self.guess_biases = ({l: params.dense[TensorNames.block(l, TensorNames.router_logit_bias)] for l in cfg.moe_layers}
-                             if cfg.router_logit_bias else {})  # the guess adds the logits' bias too (gpt-oss)
+                             if cfg.gpt_oss.router_logit_bias else {})  # the guess adds the logits' bias too (gpt-oss)
         self.act = expert_act(cfg)
         # A slot's ExpertWeights are views of its buffer (unpack_record is zero-copy), valid
         # whatever record of that layout the slot holds: unpacked once per (slot, layout), not per use.

@@ -122,7 +122,7 @@ def softmax_with_sinks(scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarr
 
 def window_of(cfg: ModelConfig, layer: int) -> int:
     """How many latest positions a query of this layer sees (0: all of them)."""
-    return cfg.sliding_window if cfg.kinds[layer].mixer is Mixer.SLIDING_ATTENTION else 0
+    return cfg.gpt_oss.sliding_window if cfg.kinds[layer].mixer is Mixer.SLIDING_ATTENTION else 0
 
 
 def attention(
@@ -155,7 +155,7 @@ def attention(
         q = rms_norm(q, w(n.attn_q_norm), cfg.rms_norm_eps)
         k = rms_norm(k, w(n.attn_k_norm), cfg.rms_norm_eps)
     positions = np.arange(kv.length, kv.length + t)
-    if cfg.rope_scaling is RopeScaling.NONE:
+    if cfg.yarn.rope_scaling is RopeScaling.NONE:
         q = partial_rope(q, positions, cfg.rope_theta, cfg.rope_dim)
         k = partial_rope(k, positions, cfg.rope_theta, cfg.rope_dim)
     else:
@@ -173,11 +173,11 @@ def attention(
     if keep is not None:
         causal &= keep
     scores = np.where(causal[None], scores, np.float32(-np.inf))
-    probs = softmax_with_sinks(scores, w(n.attn_sinks) if cfg.attention_sinks else None)
+    probs = softmax_with_sinks(scores, w(n.attn_sinks) if cfg.gpt_oss.attention_sinks else None)
     out = (probs @ values_h).transpose(1, 0, 2).reshape(t, cfg.n_heads * cfg.head_dim)  # [T, H*hd]
     if cfg.attention_output_gate:  # Qwen3-Next / Qwen3.5: each head's output gated by sigmoid(x · W_gate)
         out = out * sigmoid(proj(n.attn_gate, x))
     out = proj(n.attn_output, out)
-    if cfg.attention_output_bias:
+    if cfg.gpt_oss.attention_output_bias:
         out = out + w(n.attn_output_bias)
     return out.astype(np.float32), LayerKV(keys, values, kv.precision)

@@ -59,8 +59,9 @@ class DeltaNetState:
     @staticmethod
     def empty(cfg: ModelConfig) -> "DeltaNetState":
         c = conv_channels(cfg)
-        conv = np.zeros((c, cfg.linear_conv_kernel - 1), np.float32)
-        rec = np.zeros((cfg.linear_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim), np.float32)
+        dn = cfg.deltanet
+        conv = np.zeros((c, dn.linear_conv_kernel - 1), np.float32)
+        rec = np.zeros((dn.linear_v_heads, dn.linear_k_head_dim, dn.linear_v_head_dim), np.float32)
         return DeltaNetState(conv, rec)
 
     @property
@@ -99,7 +100,8 @@ def kept_position(layers, n: int) -> int:
 
 def conv_channels(cfg: ModelConfig) -> int:
     """C: the q, k and v channels the conv runs over."""
-    return 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + cfg.linear_v_heads * cfg.linear_v_head_dim
+    dn = cfg.deltanet
+    return 2 * dn.linear_k_heads * dn.linear_k_head_dim + dn.linear_v_heads * dn.linear_v_head_dim
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -160,11 +162,11 @@ def split_heads(cfg: ModelConfig, mixed: np.ndarray) -> tuple[np.ndarray, np.nda
     """The conv output as per-v-head q, k (normed, q scaled, k heads repeated r times) and v.
 
     Shapes: mixed [T, C] -> q [T, Hv, dk], k [T, Hv, dk], v [T, Hv, dv]"""
-    t, hk, dk = mixed.shape[0], cfg.linear_k_heads, cfg.linear_k_head_dim
-    r = cfg.linear_v_heads // hk
+    t, hk, dk = mixed.shape[0], cfg.deltanet.linear_k_heads, cfg.deltanet.linear_k_head_dim
+    r = cfg.deltanet.linear_v_heads // hk
     q = mixed[:, :hk * dk].reshape(t, hk, dk)
     k = mixed[:, hk * dk:2 * hk * dk].reshape(t, hk, dk)
-    v = mixed[:, 2 * hk * dk:].reshape(t, cfg.linear_v_heads, cfg.linear_v_head_dim)
+    v = mixed[:, 2 * hk * dk:].reshape(t, cfg.deltanet.linear_v_heads, cfg.deltanet.linear_v_head_dim)
     q = l2norm(q) * np.float32(dk ** -0.5)
     k = l2norm(k)
     return np.repeat(q, r, axis=1), np.repeat(k, r, axis=1), v  # v head h reads k head h // r
@@ -191,7 +193,7 @@ def deltanet(cfg: ModelConfig, dense, layer: int, state: DeltaNetState, x: np.nd
     qkv, z, beta, g = deltanet_inputs(cfg, dense, layer, x)
     mixed, padded = causal_conv(state.conv, dense[TensorNames.block(layer, TensorNames.ssm_conv)], qkv)
     q, k, v = split_heads(cfg, mixed)
-    keep = cfg.linear_conv_kernel - 1
+    keep = cfg.deltanet.linear_conv_kernel - 1
     s, outs, snaps = state.recurrent, [], []
     t_len = x.shape[0]
     for t in range(t_len):

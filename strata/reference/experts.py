@@ -32,9 +32,9 @@ SWIGLU = ExpertAct()
 
 
 def expert_act(cfg: ModelConfig) -> ExpertAct:
-    if cfg.expert_kind is ExpertKind.SWIGLU:
+    if cfg.gpt_oss.expert_kind is ExpertKind.SWIGLU:
         return SWIGLU
-    return ExpertAct(cfg.expert_kind, cfg.swiglu_alpha, cfg.swiglu_limit)
+    return ExpertAct(cfg.gpt_oss.expert_kind, cfg.gpt_oss.swiglu_alpha, cfg.gpt_oss.swiglu_limit)
 
 
 def gated_hidden(act: ExpertAct, g: np.ndarray, u: np.ndarray) -> np.ndarray:

@@ -62,7 +62,7 @@ def router_rules(cfg: ModelConfig, dense: Mapping[str, np.ndarray] | None,
     layers to give rules for (default every MoE layer; a pipeline stage's own)."""
     rule = router_rule(cfg)
     layers = cfg.moe_layers if moe_layers is None else moe_layers
-    if not cfg.router_bias:
+    if not cfg.sigmoid.router_bias:
         return (rule,) * len(layers)
     if dense is None:
         raise ValueError("router_rules: this model's routers have selection biases; pass the dense weights")
@@ -123,7 +123,7 @@ def router_input(params: ModelParams, layer: int, x: np.ndarray) -> np.ndarray:
 def layer_router_logits(params: ModelParams, layer: int, h: np.ndarray) -> np.ndarray:
     """z = W_router(layer) · h (+ the router's logit bias, gpt-oss) in float32. [T, D] -> [T, E]"""
     z = router_logits(params.dense[TensorNames.block(layer, TensorNames.router)], h)
-    if params.cfg.router_logit_bias:
+    if params.cfg.gpt_oss.router_logit_bias:
         z = z + params.dense[TensorNames.block(layer, TensorNames.router_logit_bias)]
     return z
 

@@ -55,7 +55,8 @@ class LatentKV:
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "LatentKV":
-        return LatentKV(np.zeros((0, cfg.kv_lora_rank), np.float32), np.zeros((0, cfg.qk_rope_head_dim), np.float32))
+        return LatentKV(np.zeros((0, cfg.mla.kv_lora_rank), np.float32),
+                        np.zeros((0, cfg.mla.qk_rope_head_dim), np.float32))
 
     @property
     def length(self) -> int:
@@ -75,9 +76,9 @@ def softmax_scale(cfg: ModelConfig) -> float:
     """What the scores are multiplied by: (n + r)^-1/2, times yarn_mscale(factor, mscale_all_dim)^2
     under YaRN with mscale_all_dim (DeepSeek-V3, Kimi-K2: the attention's temperature follows the
     context extension; transformers' `yarn_apply_mscale`)."""
-    scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-    if cfg.rope_scaling is RopeScaling.YARN and cfg.yarn_mscale_all_dim:
-        scale *= yarn_mscale(cfg.yarn_factor, cfg.yarn_mscale_all_dim) ** 2
+    scale = 1.0 / math.sqrt(cfg.mla.qk_nope_head_dim + cfg.mla.qk_rope_head_dim)
+    if cfg.yarn.rope_scaling is RopeScaling.YARN and cfg.yarn.yarn_mscale_all_dim:
+        scale *= yarn_mscale(cfg.yarn.yarn_factor, cfg.yarn.yarn_mscale_all_dim) ** 2
     return scale
 
 
@@ -87,7 +88,7 @@ def rope_cos_sin(cfg: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, n
 
     Shapes: positions [T] -> cos, sin float32 [T, r / 2]
     """
-    inv_freq, factor = rope_frequencies(cfg, cfg.qk_rope_head_dim)  # [r / 2]
+    inv_freq, factor = rope_frequencies(cfg, cfg.mla.qk_rope_head_dim)  # [r / 2]
     angles = np.asarray(positions, np.float64)[:, None] * inv_freq[None, :]
     return (np.cos(angles) * factor).astype(np.float32), (np.sin(angles) * factor).astype(np.float32)
 
@@ -102,7 +103,7 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def absorbed_is_cheaper(cfg: ModelConfig, t: int, s: int) -> bool:
     """Whether T new positions over S positions in all cost fewer multiply-adds absorbed than
     expanded (module docstring)."""
-    c, n, r, v = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    c, n, r, v = cfg.mla.kv_lora_rank, cfg.mla.qk_nope_head_dim, cfg.mla.qk_rope_head_dim, cfg.mla.v_head_dim
     expanded = s * c * (n + v) + t * s * (n + r + v)
     absorbed = t * c * (n + v) + t * s * (2 * c + r)
     return absorbed < expanded
@@ -119,8 +120,8 @@ def mla(cfg: ModelConfig, dense: dict, layer: int, kv: LatentKV, x: np.ndarray, 
     nm = TensorNames
     w = lambda s: dense[nm.block(layer, s)]  # noqa: E731
     t, h = x.shape[0], cfg.n_heads
-    c, n, r, v = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-    if cfg.q_lora_rank:
+    c, n, r, v = cfg.mla.kv_lora_rank, cfg.mla.qk_nope_head_dim, cfg.mla.qk_rope_head_dim, cfg.mla.v_head_dim
+    if cfg.mla.q_lora_rank:
         q = rms_norm(x @ w(nm.attn_q_a).T, w(nm.attn_q_a_norm), MLA_NORM_EPS) @ w(nm.attn_q_b).T
     else:
         q = x @ w(nm.attn_q).T

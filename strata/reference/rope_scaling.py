@@ -24,13 +24,13 @@ def yarn_correction_range(cfg: ModelConfig, dim: int | None = None) -> tuple[flo
     """(low, high): the rotary dimension pairs where the ramp from extrapolation to interpolation
     runs. dim: the rotated dims (None: cfg.rope_dim; latent attention rotates qk_rope_head_dim)."""
     dim = cfg.rope_dim if dim is None else dim
-    base, orig = cfg.rope_theta, cfg.yarn_original_context
+    base, orig = cfg.rope_theta, cfg.yarn.yarn_original_context
 
     def correction_dim(rotations: float) -> float:  # the dim pair that turns `rotations` times over orig
         return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low, high = correction_dim(cfg.yarn_beta_fast), correction_dim(cfg.yarn_beta_slow)
-    if cfg.yarn_truncate:
+    low, high = correction_dim(cfg.yarn.yarn_beta_fast), correction_dim(cfg.yarn.yarn_beta_slow)
+    if cfg.yarn.yarn_truncate:
         low, high = math.floor(low), math.ceil(high)
     return max(low, 0.0), min(high, dim - 1.0)
 
@@ -43,17 +43,17 @@ def rope_frequencies(cfg: ModelConfig, dim: int | None = None) -> tuple[np.ndarr
     """
     dim = cfg.rope_dim if dim is None else dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))  # [dim/2]
-    if cfg.rope_scaling is RopeScaling.NONE:
+    if cfg.yarn.rope_scaling is RopeScaling.NONE:
         return inv_freq, 1.0
-    if cfg.rope_scaling is not RopeScaling.YARN:  # pragma: no cover - a new member must be handled here
-        raise NotImplementedError(f"rope scaling {cfg.rope_scaling.value}")
+    if cfg.yarn.rope_scaling is not RopeScaling.YARN:  # pragma: no cover - a new member must be handled here
+        raise NotImplementedError(f"rope scaling {cfg.yarn.rope_scaling.value}")
     low, high = yarn_correction_range(cfg, dim)
     if low == high:
         high += RAMP_EPS
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
     extrapolated = 1.0 - ramp  # 1: the dim keeps its frequency, 0: divided by the factor
-    inv_freq = inv_freq / cfg.yarn_factor * (1.0 - extrapolated) + inv_freq * extrapolated
-    return inv_freq, float(cfg.yarn_attention_factor)
+    inv_freq = inv_freq / cfg.yarn.yarn_factor * (1.0 - extrapolated) + inv_freq * extrapolated
+    return inv_freq, float(cfg.yarn.yarn_attention_factor)
 
 
 def rope_cos_sin(cfg: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -105,8 +105,9 @@ class RouterRule:
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> "RouterRule":
         """The rule without a layer's bias (`for_layer` adds it)."""
-        return cls(cfg.n_experts_per_token, cfg.routing_order, cfg.norm_topk_prob, cfg.n_group, cfg.topk_group,
-                   float(cfg.routed_scaling_factor))
+        r = cfg.sigmoid
+        return cls(cfg.n_experts_per_token, cfg.routing_order, cfg.norm_topk_prob, r.n_group, r.topk_group,
+                   float(r.routed_scaling_factor))
 
     def for_layer(self, bias: np.ndarray | None) -> "RouterRule":
         """This rule with one MoE layer's selection bias (None: the rule unchanged). Shapes: bias [E]"""

@@ -24,18 +24,18 @@ def gpt_oss_dense(cfg: ModelConfig, layer: int, rng: np.random.Generator) -> dic
     n = TensorNames
     b = lambda s: n.block(layer, s)  # noqa: E731
     out: dict[str, np.ndarray] = {}
-    if cfg.attention_sinks:
+    if cfg.gpt_oss.attention_sinks:
         out[b(n.attn_sinks)] = (rng.standard_normal(cfg.n_heads) * SINK_STD).astype(np.float32)
-    if cfg.attention_output_bias:
+    if cfg.gpt_oss.attention_output_bias:
         out[b(n.attn_output_bias)] = (rng.standard_normal(cfg.hidden_size) * OUTPUT_BIAS_STD).astype(np.float32)
-    if cfg.router_logit_bias and cfg.is_moe(layer):
+    if cfg.gpt_oss.router_logit_bias and cfg.is_moe(layer):
         out[b(n.router_logit_bias)] = (rng.standard_normal(cfg.n_experts) * ROUTER_LOGIT_BIAS_STD).astype(np.float32)
     return out
 
 
 def expert_biases(cfg: ModelConfig, rng: np.random.Generator) -> ExpertBiases | None:
     """One expert's biases (None when the model's experts have none). gate, up [F], down [D]"""
-    if not cfg.expert_bias:
+    if not cfg.gpt_oss.expert_bias:
         return None
     f, d = cfg.expert_ffn_size, cfg.hidden_size
     draw = lambda k: (rng.standard_normal(k) * EXPERT_BIAS_STD).astype(np.float32)  # noqa: E731

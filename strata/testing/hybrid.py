@@ -26,11 +26,11 @@ def deltanet_dense(cfg: ModelConfig, layer: int, rng: np.random.Generator, basis
     Shapes: basis [r, D] (the context subspace)"""
     n = TensorNames
     b = lambda s: n.block(layer, s)  # noqa: E731
-    hv, kc = cfg.linear_v_heads, cfg.linear_conv_kernel
-    c = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + hv * cfg.linear_v_head_dim
+    hv, kc = cfg.deltanet.linear_v_heads, cfg.deltanet.linear_conv_kernel
+    c = 2 * cfg.deltanet.linear_k_heads * cfg.deltanet.linear_k_head_dim + hv * cfg.deltanet.linear_v_head_dim
     conv = (rng.standard_normal((c, kc)) * CONV_NOISE).astype(np.float32)
     conv[:, -1] += CONV_LAST_TAP
-    v_dim = hv * cfg.linear_v_head_dim
+    v_dim = hv * cfg.deltanet.linear_v_head_dim
     out = basis.T @ rng.standard_normal((basis.shape[0], v_dim)) * out_scale / np.sqrt(basis.shape[0])
     return {
         b(n.ssm_a): -rng.uniform(*A_RANGE, hv).astype(np.float32),

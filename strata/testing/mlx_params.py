@@ -39,27 +39,27 @@ SEED_SHAPE = ModelConfig(
 )
 # Qwen3.5-397B-A17B's per-layer shape (its config.json): 60 layers, every fourth full attention
 # (gated, a quarter of the head rotary), the rest gated DeltaNet; 512 experts, top-10
-QWEN35_397B_SHAPE = ModelConfig(
+QWEN35_397B_SHAPE = ModelConfig.from_dict(dict(
     architecture="strata_test", vocab_size=248320, hidden_size=4096, n_layers=60, n_heads=32, n_kv_heads=2,
     head_dim=256, n_experts=512, n_experts_per_token=10, expert_ffn_size=1024, shared_ffn_size=1024,
     shared_expert_gated=True, qk_norm=QKNorm.PER_HEAD, max_context=4096,
     layer_types=tuple(LayerType(Mixer.ATTENTION if (l + 1) % 4 == 0 else Mixer.DELTANET, Ffn.MOE) for l in range(60)),
     rotary_dim=64, attention_output_gate=True, linear_k_heads=16, linear_v_heads=64, linear_k_head_dim=128,
     linear_v_head_dim=128, linear_conv_kernel=4,
-)
+))
 
 # DeepSeek-V3's per-layer shape (its config.json; Kimi-K2 differs in 384 experts, 64 heads, one
 # dense layer): 61 layers, the first 3 dense (SwiGLU of 18432), then 256 routed experts of 2048 and
 # one shared, top-8 by sigmoid scores with a selection bias in 8 groups of which the best 4 are
 # eligible, weights normalised and scaled by 2.5; latent attention with a low-rank query
-DEEPSEEK_V3_SHAPE = ModelConfig(
+DEEPSEEK_V3_SHAPE = ModelConfig.from_dict(dict(
     architecture="strata_test", vocab_size=129280, hidden_size=7168, n_layers=61, n_heads=128, n_kv_heads=128,
     head_dim=192, n_experts=256, n_experts_per_token=8, expert_ffn_size=2048, shared_ffn_size=2048,
     shared_expert_gated=False, qk_norm=QKNorm.NONE, max_context=4096, routing_order=RoutingOrder.SIGMOID_TOPK,
     layer_types=tuple(LayerType(Mixer.MLA, Ffn.DENSE if l < 3 else Ffn.MOE) for l in range(61)),
     dense_ffn_size=18432, n_group=8, topk_group=4, routed_scaling_factor=2.5, router_bias=True,
     q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-)
+))
 
 
 def _normal(shape, std, key) -> mx.array:
@@ -174,26 +174,27 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
 
 def random_deltanet(cfg: ModelConfig, key: mx.array) -> DeltaNetWeights:
     """Random float16 DeltaNet weights of `cfg`'s sizes (decay parameters float32, decays < 1)."""
-    d, hv = cfg.hidden_size, cfg.linear_v_heads
-    v_dim = hv * cfg.linear_v_head_dim
-    c = 2 * cfg.linear_k_heads * cfg.linear_k_head_dim + v_dim
+    dn = cfg.deltanet
+    d, hv = cfg.hidden_size, dn.linear_v_heads
+    v_dim = hv * dn.linear_v_head_dim
+    c = 2 * dn.linear_k_heads * dn.linear_k_head_dim + v_dim
     ks = mx.random.split(key, 4)
     return DeltaNetWeights(mx.ones((d,), mx.float16), _normal((c + v_dim + 2 * hv, d), d ** -0.5, ks[0]),
-                           _normal((c, cfg.linear_conv_kernel), 0.5, ks[1]), -mx.random.uniform(1.0, 16.0, (hv,), key=ks[2]),
-                           mx.zeros((hv,), mx.float32), mx.ones((cfg.linear_v_head_dim,), mx.float16),
+                           _normal((c, dn.linear_conv_kernel), 0.5, ks[1]), -mx.random.uniform(1.0, 16.0, (hv,), key=ks[2]),
+                           mx.zeros((hv,), mx.float32), mx.ones((dn.linear_v_head_dim,), mx.float16),
                            _normal((d, v_dim), v_dim ** -0.5, ks[3]))
 
 
 def selection_bias(cfg: ModelConfig, seed: int, layer: int) -> np.ndarray | None:
     """The selection-only router bias random_params gives MoE layer `layer` (None without one):
     the streaming benchmark hands the same values to the runtime's routing."""
-    return np.random.default_rng([seed, layer]).normal(0, 0.05, cfg.n_experts) if cfg.router_bias else None
+    return np.random.default_rng([seed, layer]).normal(0, 0.05, cfg.n_experts) if cfg.sigmoid.router_bias else None
 
 
 def random_mla(cfg: ModelConfig, key: mx.array) -> MlaWeights:
     """Random float16 latent-attention weights of `cfg`'s sizes (norm weights 1)."""
-    d, h, c, r = cfg.hidden_size, cfg.n_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    n, v, ql = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank
+    d, h, c, r = cfg.hidden_size, cfg.n_heads, cfg.mla.kv_lora_rank, cfg.mla.qk_rope_head_dim
+    n, v, ql = cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim, cfg.mla.q_lora_rank
     ks = mx.random.split(key, 5)
     q_in = ql or d
     wo_blocks = tuple(_normal((d, min(MAX_COLS, h * v - i)), (h * v) ** -0.5, k)

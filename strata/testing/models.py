@@ -14,7 +14,7 @@ The weights are random, but the routing is shaped like a trained model's (see do
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +119,7 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
             dense.update(deltanet_dense(cfg, layer, rng, basis, ATTN_OUT_SCALE))
         else:
             if kind.mixer is Mixer.MLA:  # small queries: near-uniform attention, as small q/k below
-                dense[b(n.attn_q_b if cfg.q_lora_rank else n.attn_q)] *= QK_SCALE
+                dense[b(n.attn_q_b if cfg.mla.q_lora_rank else n.attn_q)] *= QK_SCALE
             else:
                 dense[b(n.attn_q)] *= QK_SCALE
                 dense[b(n.attn_k)] *= QK_SCALE
@@ -138,7 +138,7 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
         dense[b(n.router)] = (popularity[:, None] * common[None, :] + low_rank + noise).astype(np.float32)
         if cfg.has_shared_expert and cfg.shared_expert_gated:
             dense[b(n.shexp_gate_inp)] = _normal(rng, (d,), 1.0 / np.sqrt(d))
-        if cfg.router_bias:
+        if cfg.sigmoid.router_bias:
             dense[b(n.exp_probs_b)] = _normal(rng, (cfg.n_experts,), SELECTION_BIAS_SCALE)
     for layer in range(cfg.n_layers):
         dense.update(gpt_oss_dense(cfg, layer, rng))
@@ -181,14 +181,14 @@ def make_model(
         cfg = SHAPES[shape]
     else:
         cfg = shape
-    cfg = replace(cfg, **overrides) if overrides else cfg
+    cfg = cfg.with_fields(**overrides) if overrides else cfg
     model_path, experts_path = model_paths(path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     write_experts(
         experts_path, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
         hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size,
         get_expert=lambda l, e: make_expert(cfg, seed, l, e, expert_type), progress=progress,
-        biases=cfg.expert_bias,
+        biases=cfg.gpt_oss.expert_bias,
     )
     with ExpertsFile.open(experts_path) as xf:  # the model records which expert set it goes with
         identity = xf.identity

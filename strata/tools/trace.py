@@ -148,7 +148,7 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
     routers = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.router)], np.float32)
                         for l in cfg.moe_layers])  # [L, E, D]: MoE layers only
     biases = None
-    if cfg.router_bias:  # the rules `forward` routed by (`router_rules`): one bias per MoE layer
+    if cfg.sigmoid.router_bias:  # the rules `forward` routed by (`router_rules`): one bias per MoE layer
         biases = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.exp_probs_b)], np.float32)
                            for l in cfg.moe_layers])  # [L, E]
     return Trace(
