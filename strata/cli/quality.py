@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import loop_configs, scoring_tokens
+    from strata.tools.options import loop_configs, scoring_tokens, tool_ops
     from strata.tools.quality import fast_params, quality
 
     model = load(args.model)
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.warmup < len(tokens):
         raise ConfigError(f"--warmup {args.warmup} must be below the text's {len(tokens)} tokens")
     start = time.perf_counter()
-    q = quality(fast_params(model.resident_params()), tokens, config, warmup=args.warmup)
+    q = quality(fast_params(model.resident_params()), tokens, config, warmup=args.warmup, ops=tool_ops(model))
     d = q.to_json()
     print(f"{config.label} at {config.capacity} slots, {q.positions} positions scored in decode order "
           f"({time.perf_counter() - start:.1f} s)")

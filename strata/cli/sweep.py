@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import loop_configs, scoring_tokens
+    from strata.tools.options import loop_configs, scoring_tokens, tool_ops
     from strata.tools.plots import plot_policy_table
     from strata.tools.quality import fast_params
     from strata.tools.sweep import policy_sweep, write_csv
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup {args.warmup} must be below the text's {len(tokens)} tokens")
     start = time.perf_counter()
     rows = policy_sweep(fast_params(model.resident_params()), tokens, js, lams, base=base, warmup=args.warmup,
-                        progress=lambda label: print(f"  {label} ...", file=sys.stderr))
+                        progress=lambda label: print(f"  {label} ...", file=sys.stderr), ops=tool_ops(model))
     print(f"{len(tokens) - args.warmup} tokens at {base.capacity} slots, read-ahead K={base.prefetch_depth}; "
           f"{len(rows)} policies in {time.perf_counter() - start:.1f} s")
     print(table(*sweep_rows(rows)))

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import read_text
+    from strata.tools.options import read_text, tool_ops
     from strata.tools.quality import fast_params
     from strata.tools.trace import record_trace, save_trace
 
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
                           f"(use --max-tokens)")
     start = time.perf_counter()
     trace = record_trace(fast_params(model.resident_params()), tokens, input_dtype="f16" if args.f16 else "f32",
-                         decode_order=not args.batch, meta={"model": str(model.model_path), "tokens": len(tokens)})
+                         decode_order=not args.batch, meta={"model": str(model.model_path), "tokens": len(tokens)},
+                         ops=tool_ops(model))
     path = save_trace(args.output, trace)
     print(f"wrote {path}: {trace.n_tokens} tokens x {trace.n_layers} layers x {trace.n_experts} experts "
           f"(top-{trace.top_k}) in {time.perf_counter() - start:.1f} s")
