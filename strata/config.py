@@ -82,7 +82,7 @@ class Config:
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
     # entry points (issue 23): the CPU path's BLAS threads
     threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
-    cpu_kernels: bool = knob(True, "numpy backend: Q8_0 / Q4_0 / Q2_0 products (experts, dense, head) on compiled CPU kernels, "
+    cpu_kernels: bool = knob(True, "numpy backend: quantized products (experts, dense, head) on compiled CPU kernels, "
                                    "built at first use (default on; off: the float32 reference's; docs/cpu.md)")
     force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "
                                     "(default off: refused)")
