@@ -65,7 +65,8 @@ class Config:
     moce_pre: bool = knob(False, "MoCE: unclaimed read-aheads count as resident (default off)")
     arena: str = knob("", "arena size: 2GB or 512MB (bytes), 300 or 300slots (slots), 25% (of all experts); "
                             "default: the budget rule; streams when set")
-    keep: str = knob("auto", "memory the budget rule leaves to the system, with a unit (default auto: 7GB per 24GB of RAM)")
+    keep: str = knob("auto", "memory the budget rule leaves beside the arena, with a unit (default auto: 512MiB, "
+                          "or 7/24 of a machine under 1.75GB; docs/runtime.md)")
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")
