@@ -250,3 +250,36 @@ def test_a_streaming_report_names_experts_without_a_kernel(tmp_path, qtype):
             assert (note in eng.report().io) == (qtype not in quant_kernels.COMPILED_TYPES)
         finally:
             eng.close()
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape,names", [("hybrid", ("ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_out")),
+                                         ("mla", ("attn_kv_a_mqa", "attn_output"))])
+def test_deltanet_and_mla_project_on_the_kernels(tmp_path, monkeypatch, shape, names):
+    """The DeltaNet and MLA mixers' Q8_0 projections go through the engine's DenseWeights.linear
+    (the compiled kernel), and the engine stays within FORWARD of the float32 products with the
+    same greedy tokens."""
+    made = make_model(tmp_path / shape, shape, seed=4, expert_type=QuantType.Q8_0, dense_type=QuantType.Q8_0)
+    on_kernel: set[str] = set()
+    linear = quant_kernels.CompiledDense.linear
+
+    def spy(self, name, x):
+        if self.stored_type(name) is StoredType.Q8_0:
+            on_kernel.add(name.rsplit(".", 2)[-2])  # blk.L.<name>.weight -> <name>
+        return linear(self, name, x)
+
+    monkeypatch.setattr(quant_kernels.CompiledDense, "linear", spy)
+    with strata.load(made.model_path) as m:
+        engines = [open_kind(m, "reference", EXACT0.replace(cpu_kernels=on)) for on in (False, True)]
+        try:
+            prompt = np.frombuffer(b"mixers", np.uint8).astype(np.int64)
+            logits = [e.prefill(prompt) for e in engines]
+            for step in range(4):
+                assert_backends_agree(logits[0], logits[1], "FORWARD", what=f"{shape} step {step}")
+                token = int(np.argmax(logits[0]))
+                assert int(np.argmax(logits[1])) == token
+                logits = [e.decode(token) for e in engines]
+        finally:
+            for e in engines:
+                e.close()
+    assert set(names) <= on_kernel, f"{shape}: {sorted(set(names) - on_kernel)} not on the kernel"
