@@ -119,9 +119,9 @@ def test_a_model_larger_than_memory_starts_with_default_settings(tmp_path, monke
     """A container sized for `share` of the experts (the interpreter, the dense weights, that
     share of the experts and the process reserve): the loader has just read the model file,
     whose pages sit in the container's page cache, all active. The default budget rule streams
-    with a legal arena of at least that share, leaving the reserve inside the limit. (The rule
-    used to charge the model's page cache and 7/24 of the limit against the arena: 81 slots
-    at 30%, below the legal 148, and less than nothing at 15%: refused both.)"""
+    with a legal arena of at least that share (344 and 236 slots of 1024; the legal least is
+    148), leaving the reserve inside the limit. (The rule used to charge the model's page cache
+    and 7/24 of the limit against the arena: less than nothing at both: refused.)"""
     experts = 16 * 64 * SLOT_16x64
     limit = INTERPRETER + DENSE_16x64 + int(share * experts) + PROCESS_RESERVE
     used = INTERPRETER + DENSE_16x64 + DENSE_16x64  # the dense weights' anonymous copy, and the file's cache
