@@ -9,7 +9,9 @@ Feed TEXT (a string, or @file) to MODEL one token at a time, twice: with the mod
 (λ = 0) and with MoCE (--J, --lambda) against a simulated arena (--cap) whose residency evolves
 as in generation. Reports the KLD of the next-token distributions vs λ = 0 (mean, p90, p99,
 max), the routed-output relMSE and rel-L2 vs λ = 0 with exact expert weights, perplexity,
-and the policy run's urgent misses. At --lambda 0 the KLD is exactly 0.
+and the policy run's urgent misses. At --lambda 0 the KLD is exactly 0. Both runs compute on
+the products `strata generate` uses on the CPU (the compiled kernels; STRATA_CPU_KERNELS=0:
+numpy's float32), so the policy run's logits and misses are the runtime's bit for bit.
 
 example:
   strata quality model.gguf @text.txt --J 2 --lambda 0.85 --cap 25% --max-tokens 256"""

@@ -8,7 +8,8 @@ HELP = """\
 For each MoCE policy in --J × --lambda, at one arena (--cap): urgent misses per token from the
 closed-loop replay of the text's λ = 0 trace and from the decode-order run, the routed-output
 relMSE / rel-L2 and the KLD vs λ = 0 (as `strata quality`). Writes PREFIX.csv, PREFIX.png
-(misses against relMSE and KLD) and PREFIX.json.
+(misses against relMSE and KLD) and PREFIX.json. Computed on `strata generate`'s CPU products
+(the compiled kernels; STRATA_CPU_KERNELS=0: numpy's float32), as `strata quality` is.
 
 example:
   strata sweep model.gguf @text.txt --J 1,2,3 --lambda 0,0.5,0.85,1.5 --cap 25% -o /tmp/sweep"""

@@ -8,7 +8,9 @@ HELP = """\
 Run MODEL over TEXT (a string, or @file) at λ = 0, one token at a time as decoding does, and
 save what every layer's router saw and chose: router inputs [T, L, D], logits [T, L, E], the
 routers [L, E, D] and the selections [T, L, k], in one .npz (docs/analysis.md). The trace is
-all `strata replay` and `strata recall` need.
+all `strata replay` and `strata recall` need. It computes on the products `strata generate`
+uses on the CPU (the compiled kernels; STRATA_CPU_KERNELS=0: numpy's float32), so its numbers
+are the runtime's bit for bit.
 
 example:
   strata trace model.gguf @prompt.txt -o /tmp/trace.npz --max-tokens 1024"""
