@@ -2,9 +2,8 @@
 48 layers of D 2560, 256 experts top-10 of F 576, 16 q / 4 kv heads of 128, float16 dense, Q2_0
 experts): `benchmarks/kernels.py --decode` (wall time per launch in chains of 48 launches an
 evaluation, a token's worth, host dispatch included) and `benchmarks/kernels.py --ncu decode`
-(the launches ncu times: a decoded token now and as before (fused experts + combine, attend and
-the output GEMV apart, the GEMVs' loads after their prologue), and the two expert launches'
-other block shapes).
+(the launches ncu times: a decoded token in the kernel plan's presets, and the two expert
+launches' other block shapes).
 
 Each chain's inputs cycle over LAYERS layers' weights (26 MB of dense weights a layer, 10 of 256
 experts picked afresh): each launch reads from HBM, as in decode, not from the 60 MB L2.
@@ -19,8 +18,8 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 
-from _measure import median_time, ncu_marker, part, switches_set
-from strata.mlx_backend import decode_experts
+from _measure import median_time, ncu_marker, part
+from strata.mlx_backend.kernel_plan import PRESETS, using_plan
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import combine as combine_kernel
@@ -57,12 +56,9 @@ def _inputs(cfg, n: int, seed: int):
 # ranking and the arithmetic cost, their outputs not the layer's
 _R = decode_routing.Ranking
 EXPERT_FORMS = (
-    ("before: loop ranking, 4 units a warp + DOWN", {"rounds": _R.LOOP, "upw": 4, "down_warps": False}),
     ("default: bitonic ranking, 2 units a warp + down_warps", {}),
+    ("loop ranking", {"rounds": _R.LOOP}),
     ("bitonic ranking, 4 units a warp + down_warps", {"upw": 4}),
-    ("default, 16-byte code loads", {"vector_loads": True}),
-    ("default, 16-byte gate/up and 8-byte down code loads", {"vector_loads": True, "down_vector_loads": True}),
-    ("default, weights early", {"weights_early": True}),
     ("default, 8 rows a down block -> 16", {"down_rows": 16}),
     ("diagnostic: no ranking", {"rounds": _R.NONE}),
     ("diagnostic: no arithmetic in gate/up", {"no_arithmetic": True}),
@@ -91,22 +87,18 @@ def ncu_expert_launches(small: bool = False) -> None:
 
 
 def ncu_decode_launches(small: bool = False) -> None:
-    """Two layers: one decoded token (the first position) as the step runs now and as it ran
-    before (fused experts + combine, the GEMVs' loads after their prologue), then the expert
-    launches' other block shapes and the GEMVs' load orders alone."""
+    """Two layers: one decoded token (the first position) in each of the kernel plan's presets
+    that changes a launch (default, unchained), then the expert launches' other block shapes and
+    ranking forms."""
     cfg = replace(SMALL if small else SHAPE, n_layers=2)
     p = random_params(cfg, seed=0, pred_q8=False)
-    saved = decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS, attend_project.FUSED
     out = {}
-    try:
-        for now in (True, False):
-            decode_experts.TWO_LAUNCHES = dense_gemv.EARLY_LOADS = attend_project.FUSED = now
+    for name in ("default", "unchained"):
+        with using_plan(PRESETS[name]):
             logits, _ = forward(p, MlxModelState.empty(cfg), np.array([5]))  # the first position: no prompt to profile
-            out[now] = np.array(logits, np.float64)
-    finally:
-        decode_experts.TWO_LAUNCHES, dense_gemv.EARLY_LOADS, attend_project.FUSED = saved
-    err = np.linalg.norm(out[True] - out[False]) / np.linalg.norm(out[False])
-    print(f"decoded logits, now vs before: rel L2 {err:.2e} (budget FORWARD 1e-4)", flush=True)
+            out[name] = np.array(logits, np.float64)
+    err = np.linalg.norm(out["default"] - out["unchained"]) / np.linalg.norm(out["unchained"])
+    print(f"decoded logits, default vs unchained: rel L2 {err:.2e} (budget FORWARD 1e-4)", flush=True)
     (x,), (z,), (o,) = _inputs(cfg, 1, 1)
     lw, rule = p.layers[0], p.layers[0].rule
     for upw, rw in NCU_SHAPES:
@@ -116,9 +108,7 @@ def ncu_decode_launches(small: bool = False) -> None:
         if form is not decode_routing.RANK_FORM:
             mx.eval(moe_decode.routed_residual(p.arena.array, p.rec, x, x, z, 0, rule.k, rule.order,
                                                rule.norm_topk_prob, rounds=form))
-    for early in (True, False):
-        mx.eval(dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps, early=early),
-                dense_gemv.dense_gemv(lw.attn.wo, o, early=early))
+    mx.eval(dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps), dense_gemv.dense_gemv(lw.attn.wo, o))
     qkv = dense_gemv.dense_gemv(lw.attn.wqkv, x, lw.attn.norm, cfg.rms_norm_eps)
     cos, sin = rope_table_cached(cfg)
     kv = MlxLayerKV.empty(cfg)
@@ -126,53 +116,35 @@ def ncu_decode_launches(small: bool = False) -> None:
                                           lw.attn.wo, 8, cfg.rms_norm_eps, cfg.n_heads, prefetch=8))  # half the row first
 
 
-# a decoded token's layer in the forms that chain its launches: (label, the switches it flips:
-# (module, name, value) each), today's default first
-_AP, _MD = attend_project, moe_decode
-CHAIN_FORMS = (
-    ("default: QKV (walked by KV group) + attention + router in one launch (3 a layer)", ()),
-    ("the previous layer's down step run first in that launch (deferred: 2 a layer)", ((_MD, "DEFER_DOWN", True),)),
-    ("the deferred down step at 16 rows a block", ((_MD, "DEFER_DOWN", True), (_MD, "DEFER_ROWS", 16))),
-    ("the top k ranked once, the launch's last phase (the expert blocks read it)", ((_MD, "RANK_ONCE", True),)),
-    ("ranked once and the down step deferred", ((_MD, "RANK_ONCE", True), (_MD, "DEFER_DOWN", True))),
-    ("the chain's QKV GEMV all at once (the plain chain)", ((_AP, "QKV_BY_GROUP", False),)),
-    ("the walk with 4 W_o groups prefetched", ((_AP, "GROUP_PREFETCH", 4),)),
-    ("the experts' gate/up and down in one launch too (2 a layer)", ((_MD, "CHAIN_EXPERTS", True),)),
-    ("the router a launch of its own (4 a layer)", ((_AP, "CHAIN_ROUTER", False),)),
-    ("the router's lanes 10 units in flight", ((_AP, "ROUTE_ROW_LOADS", 10),)),
-    ("16 W_o groups prefetched in the plain chain", ((_AP, "QKV_BY_GROUP", False), (_AP, "CHAIN_PREFETCH", 16))),
-    ("the 16 partials added by the router (no sum in the launch)", ((_AP, "SUM_PARTS", False),
-                                                                     (_AP, "CHAIN_ROUTER", False))),
-    ("before: no chains, the router adds the 16 partials (5 a layer)", ((_AP, "SUM_PARTS", False),
-                                                                         (_AP, "CHAIN_QKV", False),
-                                                                         (_MD, "CHAIN_EXPERTS", False))),
-)
+# a decoded token's layer with its launches chained (the default: QKV walked by KV group +
+# attention + router in one launch, 3 a layer) and without (Metal's form: 5 a layer)
+CHAIN_PLANS = ("default", "unchained")
 
 
 def ncu_chain_forms(small: bool = False, layers: int = 4) -> dict[str, float]:
-    """One decoded token (context 8) of a `layers`-layer model in each form of CHAIN_FORMS, twice
+    """One decoded token (context 8) of a `layers`-layer model in each plan of CHAIN_PLANS, twice
     over (the first pass holds each kernel's first launch), each token between two marker
     launches (`strata_probe_marker`: benchmarks/ncu_summary.py's segments); the logits of each
-    form against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by label."""
+    plan against the last's (the same argmax, rel L2 within FORWARD's 1e-4), returned by name."""
     cfg = replace(SMALL if small else SHAPE, n_layers=layers)
     p = random_params(cfg, seed=0, pred_q8=False)
-    # no markers off CUDA's kernel path (the emulated smoke test: the forms' logits only)
+    # no markers off CUDA's kernel path (the emulated smoke test: the plans' logits only)
     cuda = gpu_dialect() is Dialect.CUDA and current_path() is KernelPath.GPU
     mark = ncu_marker() if cuda else (lambda: None)
 
     out = {}
     for rep in range(2):
-        for label, switches in CHAIN_FORMS:
-            with switches_set(switches):
+        for name in CHAIN_PLANS:
+            with using_plan(PRESETS[name]):
                 logits, state = forward(p, MlxModelState.empty(cfg), np.arange(7) + 3)
                 mx.eval(logits)
                 mark()
                 logits, _ = forward(p, state, np.array([5]))
                 mx.eval(logits)
                 mark()
-            out.setdefault(label, np.array(logits, np.float64))
-            print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {label}", flush=True)
-    ref = out[CHAIN_FORMS[-1][0]]
+            out.setdefault(name, np.array(logits, np.float64))
+            print(f"ncu segment (a prompt of 7, then this token): pass {rep + 1}, {name}", flush=True)
+    ref = out[CHAIN_PLANS[-1]]
     errs = {}
     for label, got in out.items():
         errs[label] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
@@ -195,14 +167,13 @@ def decode_part(res: dict, rows: list, *, small: bool = False) -> None:
     one = mx.zeros((1, 1, cfg.hidden_size))
     mx.eval(one)
 
-    def qkv(early):
-        return [dense_gemv.dense_gemv(lws[i].attn.wqkv, xs[i], lws[i].attn.norm, eps, early=early) for i in range(n)]
+    def qkv():
+        return [dense_gemv.dense_gemv(lws[i].attn.wqkv, xs[i], lws[i].attn.norm, eps) for i in range(n)]
 
-    qkv_out = qkv(True)
+    qkv_out = qkv()
     mx.eval(*qkv_out)
     cases = {
-        "qkv GEMV (early loads)": (lambda: qkv(True), 1),
-        "qkv GEMV (late loads)": (lambda: qkv(False), 1),
+        "qkv GEMV": (lambda: qkv(), 1),
         "attend (context 8)": (lambda: [attn_kernels.attend(qkv_out[i], lws[i].attn.q_norm, lws[i].attn.k_norm, cos, sin,
                                                             kvs[i % cfg.n_layers].keys,
                                                             kvs[i % cfg.n_layers].values, 8, eps, cfg.n_heads)
@@ -210,11 +181,10 @@ def decode_part(res: dict, rows: list, *, small: bool = False) -> None:
         "attend + output projection (one launch, context 8)": (lambda: [attend_project.attend_project(
             qkv_out[i], lws[i].attn.q_norm, lws[i].attn.k_norm, cos, sin, kvs[i % cfg.n_layers].keys,
             kvs[i % cfg.n_layers].values, lws[i].attn.wo, 8, eps, cfg.n_heads) for i in range(n)], 1),
-        "output GEMV (early loads)": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i], early=True) for i in range(n)], 1),
-        "output GEMV (late loads)": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i], early=False) for i in range(n)], 1),
+        "output GEMV": (lambda: [dense_gemv.dense_gemv(lws[i].attn.wo, os_[i]) for i in range(n)], 1),
         "router": (lambda: [router_kernel.router(xs[i], one, lws[i].ffn_norm, lws[i].router, None, None, eps)[2]
                             for i in range(n)], 1),
-        "experts fused + combine (before)": (lambda: [combine_kernel.combine(
+        "experts fused + combine (8 tokens and more)": (lambda: [combine_kernel.combine(
             xs[i], moe.moe_route(p.arena.array, p.rec, xs[i], zs[i], bases[i], k, rule.order, rule.norm_topk_prob),
             None, xs[i], None) for i in range(n)], 2),
     }

@@ -148,20 +148,6 @@ def print_rows(rows: list, *, value_width: int = 16) -> None:
 
 
 @contextlib.contextmanager
-def switches_set(switches):
-    """Module switches ((module, name, value) each) set inside the block, restored after, on an
-    error too: a benchmark form's A/B switches."""
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in switches]
-    try:
-        for mod, name, value in switches:
-            setattr(mod, name, value)
-        yield
-    finally:
-        for mod, name, value in saved:
-            setattr(mod, name, value)
-
-
-@contextlib.contextmanager
 def part(name: str, res: dict, rows: list):
     """One benchmark part: a failure is recorded (`<name>_error`, a FAILED row) instead of losing
     the other parts' numbers, and the results so far are printed as a JSON-PART line, which

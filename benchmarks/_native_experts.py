@@ -21,7 +21,7 @@ from strata.formats.expert_record import RecordLayout, unpack_record
 from strata.formats.mlx_affine import AFFINE_SPECS
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.experts import native_slot_planes, silu
-from strata.mlx_backend.kernels import moe, moe_native
+from strata.mlx_backend.kernels import moe_native
 from strata.mlx_backend.kernels.launch import KernelPath, using_path
 from strata.reference.experts import routed_experts
 from strata.testing.native_records import random_native_records
@@ -100,9 +100,9 @@ def native_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: boo
                 moved = n * rec.record_bytes
                 timed = {}
                 res[f"{name} default_fc"] = moe_native.block_shape(rec, tokens).fc
-                if gpu:  # FC = 64 and 32 (256 threads each), lane steps unrolled or not
+                if gpu:  # FC = 64 and 32 (256 threads each), lane steps a loop (the default) or unrolled
                     for fc in (64, 32):
-                        default = moe_native.unroll_steps(rec, fc, moe.THREADS)
+                        default = False
                         for unroll in (default, not default):
                             what = f"fused FC={fc}" + ("" if unroll == default else f" unroll={int(unroll)}")
                             timed[what] = median_time(lambda fc=fc, u=unroll: mx.eval([moe_native.moe_slots(

@@ -51,7 +51,8 @@ from strata.mlx_backend.compute import MlxCompute  # noqa: E402
 from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.kernels import combine as combine_kernel  # noqa: E402
 from strata.mlx_backend.kernels.launch import HOST_INPUTS, LAUNCHES, KernelPath, current_path  # noqa: E402
-from strata.mlx_backend.model import EVAL_EVERY, MlxParams, forward  # noqa: E402
+from strata.mlx_backend.kernel_plan import KernelPlan  # noqa: E402
+from strata.mlx_backend.model import MlxParams, forward  # noqa: E402
 from strata.mlx_backend.deltanet import DeltaNetWeights  # noqa: E402
 from strata.mlx_backend.mla import MlaWeights  # noqa: E402
 from strata.testing.mlx_params import DEEPSEEK_V3_SHAPE, QWEN35_397B_SHAPE, SEED_SHAPE, random_params, selection_bias  # noqa: E402
@@ -133,15 +134,16 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
         med = lambda v: float(np.median(v[2:] if len(v) > 4 else v))  # noqa: E731
         return med(times), med(builds)
 
-    # the default (an asynchronous evaluation per layer) and the alternatives, in one run
+    # the default (the kernel plan's eval_every: one evaluation a token) and the alternatives, in one run
+    default_every = KernelPlan().eval_every
     by_every = {}
-    for every in dict.fromkeys((EVAL_EVERY, 0, 4) if sweep_eval else (EVAL_EVERY,)):
+    for every in dict.fromkeys((default_every, 0, 4) if sweep_eval else (default_every,)):
         by_every[every] = run(every)
         t = phase(res, f"resident_uncompiled_eval_every_{every}", t)
     res["kernel_calls_per_token"] = (sum(LAUNCHES.values()) - before) / (n_decode * len(by_every))
     res["resident_host_inputs_per_token"] = (sum(HOST_INPUTS.values()) - host_before) / (n_decode * len(by_every))
     res["resident_ms_by_eval_every"] = {str(k): v[0] * 1e3 for k, v in by_every.items()}
-    ms, build_ms = by_every[EVAL_EVERY][0] * 1e3, by_every[EVAL_EVERY][1] * 1e3
+    ms, build_ms = by_every[default_every][0] * 1e3, by_every[default_every][1] * 1e3
     res["resident_build_ms"] = build_ms
     nbytes = bytes_per_token(p, eng.length)
     # before the compiled step's first call (its trace and compiles): a run cut there keeps this
@@ -166,7 +168,7 @@ def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw
              ("  ratio to max(bytes, launches + trips)", f"{ms / (floor * 1e3):.2f}x", "target <= 1.5x"),
              ("  kernel inputs made from host memory", f"{res['resident_host_inputs_per_token']:.1f} /token", "target 0")]
     rows += [(f"  asynchronous evaluation every {k} layers" if k else "  one evaluation per token",
-              f"{v[0] * 1e3:.2f} ms/token", f"graph built in {v[1] * 1e3:.2f} ms" + (" (default)" if k == EVAL_EVERY else ""))
+              f"{v[0] * 1e3:.2f} ms/token", f"graph built in {v[1] * 1e3:.2f} ms" + (" (default)" if k == default_every else ""))
              for k, v in by_every.items()]
     # the compiled decode step (strata/mlx_backend/compiled.py) from the same state: the first call
     # traces (timed apart), the rest replay; a failure is a row, not a lost part

@@ -20,9 +20,9 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
                                             # fused vs gather_qmm (benchmarks/_native_experts.py)
     python benchmarks/kernels.py --ncu native  # its launches for ncu
     python benchmarks/kernels.py --decode   # a decoded token's kernels one by one (wall time, 48 a chain)
-    python benchmarks/kernels.py --ncu decode  # a decoded token's launches for ncu, now and before
+    python benchmarks/kernels.py --ncu decode  # a decoded token's launches for ncu, chained and not
     ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains \
-        | python3 benchmarks/ncu_summary.py     # a decoded token in each form of chained launches, by kernel
+        | python3 benchmarks/ncu_summary.py     # a decoded token chained and unchained, by kernel
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ DN = moe.subnormal_codes()
 # threadgroup memory (HX) or held in 64 registers.
 # Run 1 of the third session (ncu): (64, 512, HX) 483 us, (64, 512) 584 (113 registers), (64, 256, HX) 493,
 # (32, 256) 533. VL: the down step's codes in one 8- or 16-byte load per row, or FC/16 4-byte loads.
-VARIANTS = ((32, moe.THREADS, DN, moe.HX_SHARED, True), (32, moe.THREADS, DN, moe.HX_SHARED, False),
+VARIANTS = ((32, moe.THREADS, DN, False, True), (32, moe.THREADS, DN, False, False),
             (64, 512, DN, True, True), (64, 512, DN, True, False))
 
 
@@ -148,7 +148,7 @@ def main() -> int:
                          "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
                          "native kernel and gather_qmm per MLX type (native); a decoded token's expert step "
                          "in each form (experts: _decode_kernels.EXPERT_FORMS); a decoded token of 4 layers "
-                         "in each form of chained launches (chains: _decode_kernels.CHAIN_FORMS)")
+                         "chained and unchained (chains: _decode_kernels.CHAIN_PLANS)")
     ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
     ap.add_argument("--decode", action="store_true", help="a decoded token's kernels one by one only (_decode_kernels.py)")
     args = ap.parse_args()
@@ -209,7 +209,7 @@ def main() -> int:
                                       hx_shared=hx, vector_loads=vl))
         if args.ncu == "moe":
             return 0
-        # every kernel of a decoded token (2 layers of the issue's shape), now and before: the per-kernel GPU times
+        # every kernel of a decoded token (2 layers of the issue's shape), chained and not: the per-kernel GPU times
         ncu_decode_launches()
         return 0
 

@@ -7,9 +7,7 @@ expert unless --shared), `benchmarks/prompt.py --mlx`:
 2. one layer's parts at each length, each evaluated alone (attention, router + routing, the
    experts' dequantization, the grouped GEMMs), and `mx.gather_qmm(sorted_indices=True)` on the
    Q2_0 planes as the alternative the grouped path does not take (on MLX's CUDA build a GEMV per row);
-3. the same path with the activations rounded to float16 once instead of split in two terms
-   (strata/mlx_backend/lowp.py: what the float32-level accuracy costs);
-4. the floors: matrix-unit flops at PEAK_TFLOPS and the bytes the path moves at the copy bandwidth.
+3. the floors: matrix-unit flops at PEAK_TFLOPS and the bytes the path moves at the copy bandwidth.
 
 Prints a table and one JSON line (`JSON {...}`).
 
@@ -36,14 +34,14 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name  # noqa: E402
-from strata.mlx_backend import grouped, lowp
+from strata.mlx_backend import grouped  # noqa: E402
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan  # noqa: E402
 from strata.mlx_backend.grouped import GroupedGemm, dequantized_experts, grouped_experts, route_prompt  # noqa: E402
 from strata.mlx_backend.model import MlxModelState, forward  # noqa: E402
 from strata.mlx_backend.experts import experts_route, slot_planes  # noqa: E402
 from strata.mlx_backend.prompt import prompt_forward  # noqa: E402
 from strata.mlx_backend.prompt_attention import prompt_attention  # noqa: E402
 from strata.mlx_backend.attention import rms_norm  # noqa: E402
-from strata.mlx_backend.kernels.launch import KernelPath  # noqa: E402
 from strata.testing.mlx_params import SEED_SHAPE, random_params  # noqa: E402
 
 PEAK_TFLOPS = 800.0  # H200 dense float16 on the tensor cores (~990 spec; ~800 reached by cuBLAS)
@@ -101,7 +99,7 @@ def layer_parts(p, n: int, reps: int, gemms) -> dict:
     base_z = h @ lw.router.T
     mx.eval(base_z)
     out["fused kernel experts (decode's)"] = _time(lambda _: mx.eval(experts_route(
-        p.arena.array, rec, h, base_z, 0, lw.rule, None)[0]), reps)  # the crossing: grouped.GROUPED_MIN_PAIRS
+        p.arena.array, rec, h, base_z, 0, lw.rule, None)[0]), reps)  # the crossing: grouped.MIN_PAIRS
     try:  # the alternative: MLX's quantized gather over the Q2_0 planes, pairs sorted by expert
         st = slot_planes(records, rec)
         flat = experts.reshape(-1)
@@ -120,14 +118,13 @@ def layer_parts(p, n: int, reps: int, gemms) -> dict:
 
 def streaming_prompt(cfg, lengths: list[int], slots: int, reps: int) -> dict:
     """A streaming engine's prefill (an arena of `slots` slots, the `.experts` file in /dev/shm or the
-    temporary directory) with the prompt path's pieces and without them (PROMPT_PATHS empty):
+    temporary directory) with the prompt path's pieces and without them (the plan's prompt_paths empty):
     seconds per length."""
     from decode import make_experts_file
     from decode_memory import stream_dir
     from strata.config import Backend, Config
     from strata.formats.experts_file import ExpertsFile
     from strata.loader import Model
-    from strata.mlx_backend import prompt as prompt_mod
     from strata.mlx_backend.arena import MlxArena
     from strata.mlx_backend.compute import MlxCompute
     from strata.runtime.decode import StreamingEngine, cache_config_for
@@ -143,8 +140,7 @@ def streaming_prompt(cfg, lengths: list[int], slots: int, reps: int) -> dict:
         config = Config(backend=Backend.MLX, arena=f"{slots}slots", moce_lambda=0.0)
         params = random_params(cfg, seed=0, experts=False, pred_q8=config.pred_q8)
         rng = np.random.default_rng(0)
-        for label, paths in (("prompt path", prompt_mod.PROMPT_PATHS), ("decode kernels", frozenset())):
-            prompt_mod.PROMPT_PATHS = paths
+        for label, paths in (("prompt path", KernelPlan().prompt_paths), ("decode kernels", frozenset())):
             for n in lengths:
                 times = []
                 for _ in range(reps if paths else 1):
@@ -154,13 +150,13 @@ def streaming_prompt(cfg, lengths: list[int], slots: int, reps: int) -> dict:
                     eng = StreamingEngine(model, config, arena, MlxCompute(params, arena, xf.layout,
                                                                            pred_q8=config.pred_q8), pool)
                     t = time.perf_counter()
-                    eng.prefill(list(rng.integers(0, cfg.vocab_size, n)))
+                    with using_plan(KernelPlan(prompt_paths=paths)):
+                        eng.prefill(list(rng.integers(0, cfg.vocab_size, n)))
                     times.append(time.perf_counter() - t)
                     eng.close()
                 out[f"{label} {n}"] = statistics.median(times)
                 print("JSON-PART " + json.dumps({"streaming": label, "tokens": n, "slots": slots,
                                                  "s": out[f"{label} {n}"]}), flush=True)
-        prompt_mod.PROMPT_PATHS = frozenset({KernelPath.GPU})
     finally:
         xf.close()
         path.unlink(missing_ok=True)
@@ -186,38 +182,37 @@ def main(args) -> None:
     wanted = [GroupedGemm(v) for v in args.gemms.split(",")] if args.gemms else [
         g for g in GroupedGemm if not (g is GroupedGemm.GATHER and grouped.default_gemm() is not g)]
     for g in wanted:  # warm-up at 256 tokens, every layer's experts grouped: MLX's CUDA build JIT-
-        grouped.GEMM = g  # compiles its gather / scatter / fused kernels (and CUTLASS's) on first use
-        saved, grouped.GROUPED_MIN_PAIRS = grouped.GROUPED_MIN_PAIRS, 0
+        # compiles its gather / scatter / fused kernels (and CUTLASS's) on first use
         t = time.perf_counter()
         try:
-            mx.eval(prompt_forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 256))[0])
+            with using_plan(KernelPlan(grouped_gemm=g, grouped_min_pairs=0)):
+                mx.eval(prompt_forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 256))[0])
             gemms[g] = None
         except Exception as exc:
             gemms[g] = f"{type(exc).__name__}: {exc}"[:160]
-        grouped.GROUPED_MIN_PAIRS = saved
         res.setdefault("first_call_s", {})[g.value] = time.perf_counter() - t
         print("JSON-PART " + json.dumps({"first_call_s": g.value, "s": res["first_call_s"][g.value],
                                          "error": gemms[g], "t": time.time() - t0}), flush=True)
     res["gemm_failures"] = {g.value: why for g, why in gemms.items() if why}
     got = {}
     try:  # a time limit's SIGINT ends the measuring, not the report: what finished is printed
-        for n in lengths:  # 1. the prompt path, each grouped GEMM, then rounded once
+        for n in lengths:  # 1. the prompt path, each grouped GEMM
             tokens = rng.integers(0, cfg.vocab_size, n)
             fresh = lambda: MlxModelState.empty(cfg)  # noqa: E731
             run_new = lambda st: np.array(prompt_forward(p, st, tokens)[0][-1])  # noqa: E731
             r, best = {}, None
             for g in (g for g, why in gemms.items() if why is None):
-                grouped.GEMM = g
-                s = _time(run_new, args.repeat, fresh)
+                with using_plan(KernelPlan(grouped_gemm=g)):
+                    s = _time(run_new, args.repeat, fresh)
                 r[f"prompt_path_{g.value}_s"] = s
                 if best is None or s < best[1]:
                     best = (g, s)
             if best is None:
                 print(f"JSON-PART {json.dumps({'tokens': n, 'error': res['gemm_failures']})}", flush=True)
                 continue
-            grouped.GEMM = best[0]
             new_s = best[1]
-            got[n] = (tokens, run_new(fresh()))
+            with using_plan(KernelPlan(grouped_gemm=best[0])):
+                got[n] = (tokens, run_new(fresh()))
             r.update(prompt_path_s=new_s, prompt_path_tok_s=n / new_s, gemm=best[0].value)
             flops = n * flops_per_token(cfg, n / 2)
             deq_bytes = cfg.n_moe_layers * cfg.n_experts * (p.rec.record_bytes
@@ -226,13 +221,6 @@ def main(args) -> None:
                      dequant_bytes_gb=deq_bytes / 1e9, dequant_floor_s=deq_bytes / bw["read_Bps"])
             res["lengths"][str(n)] = r
             print("JSON-PART " + json.dumps({"tokens": n, **r, "t": time.time() - t0}), flush=True)
-        for n in got:  # the two-term activations' cost: the same path, rounded once
-            lowp.SPLIT = False
-            tokens = got[n][0]
-            res["lengths"][str(n)]["prompt_path_rounded_once_s"] = _time(
-                lambda st: np.array(prompt_forward(p, st, tokens)[0][-1]), args.repeat,
-                lambda: MlxModelState.empty(cfg))
-            lowp.SPLIT = True
         if not args.skip_old:  # 2. the decode kernels' forward (their first launches build them: NVRTC)
             mx.eval(forward(p, MlxModelState.empty(cfg), rng.integers(0, cfg.vocab_size, 64))[0])
             for n, (tokens, new) in got.items():
@@ -257,7 +245,6 @@ def main(args) -> None:
             res["streaming_s"] = streaming_prompt(cfg, lengths, args.streaming, args.repeat)
     except KeyboardInterrupt:
         res["interrupted"] = True
-        lowp.SPLIT = True
     print(f"\n## MLX prompt path: {res['device']}, MLX {res['mlx']}, {'small' if args.small else 'seed'} shape, "
           f"{'with' if args.shared else 'no'} shared expert, median of {args.repeat}")
     print("| tokens | prompt path (grouped GEMM) | tok/s | before (decode kernels) | speedup | same argmax | rel L2 | "
@@ -268,13 +255,12 @@ def main(args) -> None:
         print(f"| {n} | {r['prompt_path_s'] * 1e3:.1f} ms ({r['gemm']}) | {r['prompt_path_tok_s']:.0f} | {old} | "
               f"{r.get('speedup', 0):.1f}x | {r.get('same_argmax', '-')} | {r.get('rel_l2', float('nan')):.2g} | "
               f"{r['compute_floor_s'] * 1e3:.1f} ms | {r['dequant_floor_s'] * 1e3:.1f} ms |")
-    print("\n| tokens | " + " | ".join(f"{g.value} (ms)" for g in GroupedGemm) + " | best, rounded once (ms) |")
-    print("|---|" + "---|" * (len(GroupedGemm) + 1))
+    print("\n| tokens | " + " | ".join(f"{g.value} (ms)" for g in GroupedGemm) + " |")
+    print("|---|" + "---|" * len(GroupedGemm))
     for n, r in res["lengths"].items():
         cells = [f"{r[f'prompt_path_{g.value}_s'] * 1e3:.1f}" if f"prompt_path_{g.value}_s" in r
                  else res["gemm_failures"].get(g.value, "-")[:60] for g in GroupedGemm]
-        once = r.get("prompt_path_rounded_once_s")
-        print(f"| {n} | " + " | ".join(cells) + (f" | {once * 1e3:.1f} |" if once else " | - |"))
+        print(f"| {n} | " + " | ".join(cells) + " |")
     print("\n| tokens | one layer's part | ms |")
     print("|---|---|---|")
     for n, r in res["lengths"].items():

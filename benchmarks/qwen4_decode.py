@@ -25,7 +25,7 @@ import strata
 from strata.config import Backend, Config
 from strata.formats.quant_types import QuantType
 from strata.model_config import Ffn, LayerType, Mixer, TensorNames
-from strata.qwen4_config import Qwen4Names, ngram_heads, ple_layers
+from strata.families.qwen4_exp import Qwen4Names, ngram_heads, ple_layers
 from strata.testing.models import SHAPES, make_model
 
 PROMPT = list(b"def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)")

@@ -54,7 +54,7 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, RoutingOrder, TensorNames  # noqa: E402
 from strata.model_config import dense_tensor_shapes  # noqa: E402
 from strata.ple_store import table_shapes  # noqa: E402
-from strata.qwen4_config import ple_layers  # noqa: E402
+from strata.families.qwen4_exp import ple_layers  # noqa: E402
 from strata.runtime.ngram_source import rows_per_position  # noqa: E402
 from strata.testing.models import SHAPES, byte_level_tokenizer_json, make_dense  # noqa: E402
 from _pooled_random import pooled_normals, write_pooled_store  # noqa: E402

@@ -28,7 +28,8 @@ BUSY = "while True: pass"
 
 def run_once(setting: str, model: str | None, prompt: str, tokens: int) -> tuple[float, float]:
     env = {k: v for k, v in os.environ.items() if k not in BLAS_ENV and not k.startswith("STRATA_")}
-    argv = [sys.executable, "-m", "strata.cli.main", "generate", *([model] if model else []), prompt, "-n", str(tokens)]
+    argv = [sys.executable, "-m", "strata.cli.main", "generate", *([model] if model else []), prompt, "-n", str(tokens),
+            "--temp", "0"]  # greedy on every model (the embedded one samples by default: its demo)
     if setting == "default":
         env.update({k: str(os.cpu_count()) for k in BLAS_ENV})
     elif setting != "auto":

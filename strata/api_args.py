@@ -67,13 +67,16 @@ def check_real(name: str, value) -> float:
     return value
 
 
-def sampler_from(*, temperature, top_p, seed, top_k=0, min_p=0.0, repeat_penalty=1.0):
+def sampler_from(*, temperature, top_p, seed, top_k=0, min_p=0.0, repeat_penalty=1.0, frequency_penalty=0.0,
+                 presence_penalty=0.0):
     """The SamplerConfig of a call's sampling arguments (its range checks name the parameter)."""
     from strata.reference.sampling import SamplerConfig
 
     values = dict(temperature=check_real("temperature", temperature), top_p=check_real("top_p", top_p),
                   seed=check_count("seed", seed), top_k=check_count("top_k", top_k), min_p=check_real("min_p", min_p),
-                  repeat_penalty=check_real("repeat_penalty", repeat_penalty))
+                  repeat_penalty=check_real("repeat_penalty", repeat_penalty),
+                  frequency_penalty=check_real("frequency_penalty", frequency_penalty),
+                  presence_penalty=check_real("presence_penalty", presence_penalty))
     try:
         return SamplerConfig(**values)
     except ConfigError as e:  # a range check: its message starts with the parameter's name

@@ -16,6 +16,7 @@ import os
 from datetime import datetime
 
 from strata.errors import ConfigError
+from strata.option_names import option
 
 SPECIAL_TOKEN_KEY_PREFIX = "tokenizer.huggingface."  # + bos_token, eos_token, unk_token, pad_token
 MIN_JINJA2 = (3, 1, 6)  # older versions have known sandbox escapes; templates are untrusted code
@@ -88,7 +89,7 @@ def chat_prompt(model, user_text: str) -> str:
     """`user_text` as one user turn of a loaded strata Model, rendered by its chat template."""
     template = model.tokenizer.chat_template
     if not template:
-        raise ConfigError(f"{model.model_path}: the model has no chat template (--chat needs one; `strata convert` "
-                          "keeps the checkpoint's)")
+        raise ConfigError(f"{model.model_path}: the model has no chat template ({option('chat')} needs one; "
+                          "`strata convert` keeps the checkpoint's)")
     return render_chat(template, [{"role": "user", "content": user_text}],
                        special_tokens=special_tokens_of(model.model_path))

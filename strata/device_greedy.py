@@ -56,8 +56,8 @@ class GreedyPipeline(Protocol):
 
 
 def takes_pipeline(sampler: SamplerConfig) -> bool:
-    """Whether the device's greedy choice is `sample`'s: temperature 0 and no repetition penalty."""
-    return sampler.temperature == 0.0 and sampler.repeat_penalty == 1.0
+    """Whether the device's greedy choice is `sample`'s: temperature 0 and no penalty."""
+    return sampler.temperature == 0.0 and not sampler.penalized
 
 
 def non_finite_logits(length: int) -> NonFiniteError:

@@ -26,8 +26,8 @@ from strata.reference.attention import KVPrecision
 from strata.formats.quant_types import QuantType
 from strata.session import EngineStats
 
-__all__ = ["Engine", "EngineStats", "open_engine", "resolve_backend", "mlx_gpu_available", "session_engine",
-           "close_session"]
+__all__ = ["Engine", "EngineStats", "open_engine", "resolve_backend", "mlx_refusal", "mlx_gpu_available",
+           "session_engine", "close_session"]
 
 
 class Engine(Protocol):
@@ -93,24 +93,47 @@ def mlx_expert_types() -> frozenset:
     return frozenset(q for q in (QuantType.Q2_0, QuantType.MXFP4, *AFFINE_SPECS) if native_refusal(q) is None)
 
 
+def mlx_refusal(header) -> str | None:
+    """Why the MLX backend cannot compute the experts of an `.experts` header (None: it can): a
+    type without an MLX kernel or ops path (llama.cpp's K / IQ types, ggml's MXFP4, ...), or types
+    that differ per layer or projection (MLX's experts path reads one type per file)."""
+    known = ", ".join(q.name for q in sorted(mlx_expert_types(), key=int))
+    if header.mixed:
+        return f"MLX computes experts of one type per file ({known}); this model's mix {header.type_names}"
+    if QuantType(header.qtype) not in mlx_expert_types():
+        return f"MLX computes experts of {known}; this model's are {QuantType(header.qtype).name}"
+    return None
+
+
 def resolve_backend(model, config: Config) -> Backend:
     """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
     numpy otherwise. On a CPU-only machine numpy is the faster choice where it matters most:
     it processes prompts 2.5-10x faster than MLX's CPU build, and MLX decodes within 0.69-1.11x
     of its time (benchmarks/backends.py; docs/perf.md, "Backend choice"); numpy's arithmetic is
-    also the reference's (bit-exact at λ = 0). An explicit backend is taken as asked."""
-    qtype = QuantType(model.experts_file.header.qtype)
-    if config.backend is Backend.MLX and qtype not in mlx_expert_types():
+    also the reference's (bit-exact at λ = 0). An explicit backend is taken as asked; MLX asked
+    for experts it cannot compute (`mlx_refusal`) is a one-line ConfigError."""
+    header = model.experts_file.header
+    why = mlx_refusal(header) if config.backend is Backend.MLX else None
+    if why is not None:
         from strata.errors import ConfigError
+        from strata.option_names import option
 
-        known = ", ".join(q.name for q in sorted(mlx_expert_types(), key=int))
-        raise ConfigError(f"backend mlx: MLX computes experts of {known}; this model's are {qtype.name} "
-                          "(use --backend numpy or auto, or convert with --experts q2_0)")
+        raise ConfigError(f"backend mlx: {why} (use {option('backend', 'numpy')} or auto, or convert with "
+                          f"{option('experts', 'q2_0', python='expert_type')})")
     if config.backend is not Backend.AUTO:
         return config.backend
-    if mlx_gpu_available() and model.experts_file.header.qtype == QuantType.Q2_0:
+    if mlx_gpu_available() and not header.mixed and header.qtype == QuantType.Q2_0:
         return Backend.MLX
     return Backend.NUMPY
+
+
+def auto_backend_note(model, config: Config) -> str | None:
+    """The line a report carries where `--backend auto` chose numpy on a machine with an MLX GPU
+    because MLX cannot compute these experts (never a silent change of engine); else None."""
+    if config.backend is not Backend.AUTO or not mlx_gpu_available():
+        return None
+    why = mlx_refusal(model.experts_file.header)
+    return None if why is None else f"backend auto: numpy computes these experts ({why})"
 
 
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,
@@ -167,7 +190,8 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
         else:
             from strata.numpy_backend.engine import streaming_parts
         return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
-                          kind="mlx streaming" if mlx else "numpy streaming", ple=ple)
+                          kind="mlx streaming" if mlx else "numpy streaming", ple=ple,
+                          note=None if mlx else auto_backend_note(model, config))
     except BaseException:
         if ple is not None and ple.streamed is not None:
             ple.streamed.close()
@@ -184,7 +208,8 @@ def _row_cache_bytes(model, config: Config) -> int | None:
     return plan_row_cache(config, model.ngrams_file, rows_per_position=rows_per_position(model.cfg)).nbytes
 
 
-def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str, ple=None):
+def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str, ple=None,
+               note: str | None = None):
     """The runtime's StreamingEngine over a backend's arena and compute, with a reader pool (and a
     PLE model's row source: the compute's rows, read ahead by the engine when streamed)."""
     from strata.runtime.decode import StreamingEngine
@@ -195,6 +220,7 @@ def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, ki
     else:
         arena, compute, notes = parts(model, config, plan, rows=ple.rows)
         notes = (*notes, ple.reason)
+    notes = (*notes, note) if note else notes
     pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
                       verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
                       switch_interval=config.io_switch_ms / 1e3)

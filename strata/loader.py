@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata.errors import FormatError
+from strata.errors import FormatError, ParameterError
 from strata.formats.dense_weights import DenseWeights
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
-from strata.model_source import check_model_source
+from strata.model_source import EMBEDDED_NAME, check_model_source, resolve_model_name, strata_model_in
+from strata.hub_cache import looks_like_hub_id
 from strata.ple_store import open_ngram_store
 from strata.reference.model import ModelParams
 from strata.tokenizer import Tokenizer
@@ -48,6 +50,7 @@ class Model:
     session: object = field(default=None, repr=False)
     ngrams_file: object = None  # a PLE model's row store (NgramRowsFile, strata/ple_store.py); None: none
     session_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    native_context: int | None = None  # the file's max_context where load(max_context=) lowered cfg's; else None
 
     def close(self) -> None:
         if self.session is not None:
@@ -73,11 +76,12 @@ def experts_path_for(model_path: Path) -> Path:
     return model_path.with_suffix(".experts")
 
 
-EMBEDDED_NAME = "default"  # strata.load("default") and strata.load(): the embedded model
+# strata.load("default") and strata.load(): the embedded model (EMBEDDED_NAME, strata/model_source.py)
 
 
 def load(model: str | Path | None = None, *, experts: str | Path | None = None,
-         allow_foreign_experts: bool = False, layers=None, ngrams: str | Path | None = None) -> Model:
+         allow_foreign_experts: bool = False, layers=None, ngrams: str | Path | None = None,
+         max_context: int | None = None) -> Model:
     """Load `model` (a `.gguf` path, or a path without the suffix) and its `.experts` file.
 
     The experts file defaults to the model's name with the `.experts` suffix. No model, or the
@@ -91,8 +95,16 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     `layers` (a `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it
     computes with. A PLE model whose tables are in a row store (`cfg.ple_row_store`) opens it too:
     `ngrams`, default `<name>.ngrams`, refused in one line when missing or not the one the model
-    was written with (strata/ple_store.py).
+    was written with (strata/ple_store.py). `max_context`: hold the model to this many positions
+    (prompt and generated) instead of the file's own context: engines size their KV caches by it
+    and generation refuses a longer prompt and stops there (finish_reason "context"); at most the
+    file's context. A hub id (`Qwen/Qwen3-30B-A3B`) is looked up in the local Hugging Face cache
+    (strata/hub_cache.py).
     """
+    if max_context is not None:
+        from strata.api_args import check_count
+
+        check_count("max_context", max_context, minimum=2)
     if model is None or (str(model) == EMBEDDED_NAME and not Path(model).exists()
                          and not Path(EMBEDDED_NAME + ".gguf").exists()):
         from strata.default_model import default_model_path
@@ -100,6 +112,8 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
         model = default_model_path()
     if not isinstance(model, (str, Path)):
         raise FormatError(f"model: expected a path (str or Path), got {type(model).__name__}")
+    if looks_like_hub_id(model):  # a hub id: the strata model in its local-cache snapshot
+        model = strata_model_in(resolve_model_name(model), str(model))
     model_path = Path(model)
     if not model_path.exists() and model_path.suffix != ".gguf":
         model_path = model_path.with_name(model_path.name + ".gguf")
@@ -113,6 +127,11 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     if layers is not None:
         names = frozenset(layers.dense_names(read_model_config(model_path)))
     mf = read_model(model_path, names=names)
+    cfg, native = mf.cfg, None
+    if max_context is not None and max_context < cfg.max_context:
+        cfg, native = dataclasses.replace(cfg, max_context=max_context), cfg.max_context
+    elif max_context is not None and max_context > cfg.max_context:
+        raise ParameterError(f"max_context: {max_context} is more than the model's context of {cfg.max_context}")
     xf = ExpertsFile.open(experts_path)
     try:
         _check_pair(mf, xf, model_path, experts_path, allow_foreign_experts)
@@ -123,8 +142,8 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     eos = mf.metadata.get(EOS_TOKEN_KEY)
     tok = Tokenizer.from_json(mf.tokenizer_json, chat_template=mf.chat_template, source=str(model_path),
                               eos_tokens=(eos,) if isinstance(eos, str) else ())
-    return Model(cfg=mf.cfg, dense=mf.dense, tokenizer=tok, experts_file=xf, model_path=model_path,
-                 ngrams_file=store)
+    return Model(cfg=cfg, dense=mf.dense, tokenizer=tok, experts_file=xf, model_path=model_path,
+                 ngrams_file=store, native_context=native)
 
 
 def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:

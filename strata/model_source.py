@@ -9,8 +9,9 @@ import struct
 from pathlib import Path
 
 from strata.errors import FormatError
+from strata.hub_cache import looks_like_hub_id, snapshot_dir
 
-__all__ = ["check_model_source", "gguf_architecture", "WEIGHT_SUFFIXES"]
+__all__ = ["check_model_source", "gguf_architecture", "resolve_model_name", "strata_model_in", "WEIGHT_SUFFIXES"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npz", ".mlx")
 GGUF_MAGIC = b"GGUF"
@@ -66,3 +67,35 @@ def check_model_source(path: Path) -> None:
     if arch is not None and arch != ARCHITECTURE:
         raise FormatError(f"{path}: a GGUF file of architecture {arch!r} (llama.cpp's format), not a strata model; "
                           f"{_convert_hint(path)}")
+
+
+EMBEDDED_NAME = "default"  # names the embedded model wherever a model is named (where no such file is)
+
+
+def resolve_model_name(name: str | Path) -> Path:
+    """What a model argument names, as a path: an existing path as it is; `default` (where no file
+    `default` or `default.gguf` is) the embedded model; a hub id `owner/name` (where no such path
+    is) its snapshot directory in the local Hugging Face cache (strata/hub_cache.py); anything else
+    the path as given (for the caller to refuse)."""
+    text = str(name)
+    if text == EMBEDDED_NAME and not Path(text).exists() and not Path(text + ".gguf").exists():
+        from strata.default_model import default_model_path
+
+        return default_model_path()
+    if looks_like_hub_id(text):
+        return snapshot_dir(text)
+    return Path(name)
+
+
+def strata_model_in(directory: Path, named_as: str) -> Path:
+    """The strata model (NAME.gguf with NAME.experts beside it) a directory holds, such as a hub
+    snapshot; refused in one line when it holds none (a checkpoint to convert) or several."""
+    found = sorted(p for p in directory.glob("*.gguf") if p.with_suffix(".experts").exists())
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise FormatError(f"{named_as}: {directory} holds {len(found)} strata models; name one: {found[0]}")
+    if (directory / "config.json").exists():
+        raise FormatError(f"{named_as}: a Hugging Face checkpoint ({directory}), not a strata model; "
+                          f"run `strata convert {named_as} OUT`, then `strata generate OUT.gguf PROMPT`")
+    raise FormatError(f"{named_as}: {directory} holds no strata model (NAME.gguf beside NAME.experts)")

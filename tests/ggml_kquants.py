@@ -1,4 +1,4 @@
-"""Simple quantizers to ggml's Q4_K and Q6_K block formats, for writing test GGUFs (the gguf
+"""Simple quantizers to ggml's Q4_K, Q6_K and IQ4_NL block formats, for writing test GGUFs (the gguf
 package dequantizes these types but does not quantize them). Not llama.cpp's search for the
 best scales: a plain absmax/min-max rule, which is enough to make valid blocks whose values
 gguf's dequantizer defines. Layouts as ggml-common.h's block_q4_K / block_q6_K (QK_K = 256)."""
@@ -63,3 +63,25 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     qs = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, 128)  # sub-blocks 2j (low) and 2j+1 (high)
     out = np.concatenate([d.reshape(n, 1).view(np.uint8), dmin.reshape(n, 1).view(np.uint8), packed, qs], axis=1)
     return out.reshape(*np.shape(x)[:-1], -1)
+
+
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def quantize_iq4_nl(x: np.ndarray) -> np.ndarray:
+    """[..., C] -> uint8 [..., C / 32 * 18]: d f16, qs[16] (weight j < 16 low nibble of byte j,
+    j >= 16 high nibble of byte j - 16); value d * KVALUES_IQ4NL[q]. d maps the block's value of
+    largest magnitude onto -127 (ggml's starting point), each weight to its nearest level."""
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] % 32:
+        raise ValueError(f"IQ4_NL rows must be a multiple of 32, got {x.shape}")
+    b = x.reshape(-1, 32)
+    n = b.shape[0]
+    first = np.abs(b).argmax(-1)
+    d = (b[np.arange(n), first] / -127.0).astype(np.float16)
+    d32 = d.astype(np.float32)[:, None]
+    levels = d32[..., None] * KVALUES_IQ4NL  # [N, 1, 16]
+    q = np.abs(b[..., None] - levels).argmin(-1).astype(np.uint8)  # [N, 32]
+    qs = q[:, :16] | (q[:, 16:] << 4)
+    out = np.concatenate([d.reshape(n, 1).view(np.uint8), qs], axis=1)
+    return out.reshape(*x.shape[:-1], -1)

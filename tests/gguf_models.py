@@ -12,20 +12,26 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.ggml_kquants import quantize_q4_k, quantize_q6_k  # noqa: E402
+from tests.ggml_kquants import quantize_iq4_nl, quantize_q4_k, quantize_q6_k  # noqa: E402
 
-K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k, "IQ4_NL": quantize_iq4_nl}
 
-# (architecture, ggml expert type, ggml dense type, strata type the experts must end up as)
+# (architecture, ggml expert type, ggml dense type, strata type the experts must end up as;
+# None: converted with --experts q8_0, requantized with the KLD printed)
 CASES = [
     ("qwen3_moe", "Q8_0", "F16", "Q8_0"),
     ("qwen2_moe", "Q4_0", "Q8_0", "Q4_0"),
     ("olmoe", "F16", "Q4_0", "F16"),
     ("mixtral", "Q8_0", "F32", "Q8_0"),
-    ("qwen3_moe", "MXFP4", "F16", None),  # ggml's MXFP4: no strata type holds it -> requantized
+    ("qwen3_moe", "MXFP4", "F16", "GGML_MXFP4"),  # ggml's MXFP4, kept as stored
+    ("qwen3_moe", "MXFP4", "F16", None),  # the same file requantized on request (--experts q8_0)
 ]
 # the K-quant case: a wider checkpoint (build_wide_checkpoint), Q4_K experts, Q6_K dense weights
 WIDE_CASE = ("qwen3_moe_wide", "Q4_K", "Q6_K")
+# an unsloth-UD-like mix on a wide checkpoint, (gate, up, down) per layer, Q6_K dense; the last
+# layer mixes a whole-block type, strata's split Q8_0 planes and raw BF16 in one record
+UD_MIX = (("Q4_K", "Q4_K", "Q5_1"), ("IQ4_NL", "IQ4_NL", "IQ4_NL"), ("MXFP4", "MXFP4", "MXFP4"),
+          ("Q6_K", "Q8_0", "BF16"))
 
 
 def case_id(case: tuple) -> str:
@@ -55,7 +61,7 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def build_wide_checkpoint(directory: Path, seed: int = 0) -> Path:
+def build_wide_checkpoint(directory: Path, seed: int = 0, layers: int = 2) -> Path:
     """A random (untrained) tiny Qwen3-MoE whose every matrix row is a multiple of 256 weights,
     so its tensors can be K-quants (QK_K = 256): hidden 256, head_dim 64, expert ffn 256. Written
     by numpy (hf_models.write_synthetic_checkpoint, seeded), so it is the same file everywhere and
@@ -64,14 +70,16 @@ def build_wide_checkpoint(directory: Path, seed: int = 0) -> Path:
     a selection (seen: max |Δlogit| 17% of the scale at one seed)."""
     from tests import hf_models
 
-    hf_models.write_synthetic_checkpoint(directory, layers=2, experts=hf_models.EXPERTS, hidden=256, ffn=256,
+    hf_models.write_synthetic_checkpoint(directory, layers=layers, experts=hf_models.EXPERTS, hidden=256, ffn=256,
                                          shards=1, seed=seed, std=hf_models.INIT_STD)
     return directory
 
 
-def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = "F16") -> Path:
+def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None) -> Path:
     """A llama.cpp-style GGUF of the checkpoint in `hf_dir`; routed experts quantized to the ggml
-    type named `experts`, 2-D dense weights to `dense` (norms, routers and biases stay F32)."""
+    type named `experts` (or per layer: a sequence of (gate, up, down) type names, as unsloth's
+    dynamic quants mix them), 2-D dense weights to `dense` (norms, routers and biases stay F32);
+    `alignment`: a `general.alignment` other than the default 32."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
@@ -80,6 +88,8 @@ def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = 
     arch, moe, projections = ARCH[cfg["model_type"]]
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     w = gguf.GGUFWriter(str(path), arch)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
     n_exp = cfg.get("num_experts") or cfg["num_local_experts"]
     ffn = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -143,9 +153,10 @@ def write_gguf(hf_dir: Path, path: Path, *, experts: str = "Q8_0", dense: str = 
                     x = x.reshape(-1)
                 two_d = x.ndim == 2 and not g_suffix.startswith("ffn_gate_inp")
                 add(f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
-            for proj, g in zip(projections, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
+            layer_types = (experts,) * 3 if isinstance(experts, str) else experts[l]
+            for proj, g, qtype in zip(projections, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), layer_types):
                 stack = np.stack([ck.read(base + f"{moe}.experts.{e}.{proj}.weight") for e in range(n_exp)])
-                add(f"blk.{l}.{g}.weight", stack, experts)
+                add(f"blk.{l}.{g}.weight", stack, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -72,7 +72,7 @@ def scripted(pieces: list[str], *, finish: str = "stop", delay: float = 0.0, log
     """A `stream_generate` stand-in that yields `pieces` as tokens (`log` collects each call's
     prompt tokens, in the order the worker ran them)."""
 
-    def generate(model, tokens, *, max_tokens, temperature, top_p, seed, config):
+    def generate(model, tokens, *, max_tokens, config, **sampling):
         if log is not None:
             log.append(list(tokens))
         n = min(len(pieces), max_tokens)

@@ -1,6 +1,6 @@
 """`strata convert` of llama.cpp GGUF files (tests/gguf_models.py writes them from the tiny
 trained checkpoints in llama.cpp's layout with gguf's writer and quantizers): experts kept
-bit for bit where a strata type holds them, requantized with the KLD printed otherwise; logits
+bit for bit in their own types, requantized with the KLD printed when --experts asks; logits
 equal transformers' forward on the GGUF's dequantized weights (checked in under tests/fixtures/gguf/
 with the digest of the weights they are for: tests/hf_fixtures.py); the tokenizer rebuilt from
 tokenizer.ggml.* encodes like the original; `strata generate` on a GGUF that is not strata's."""
@@ -25,7 +25,11 @@ from tests.budgets import F16_LOGIT_BUDGET, GGUF_DEQUANT_LOGIT_BUDGET, Q2_KLD_SA
 CASES = [(arch, experts, dense, kept and QuantType[kept]) for arch, experts, dense, kept in gguf_models.CASES]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=gguf_models.case_id)
+def _case_name(case: tuple) -> str:
+    return gguf_models.case_id(case) + ("-requantized" if case[3] is None else "")
+
+
+@pytest.fixture(scope="module", params=CASES, ids=_case_name)
 def converted(request, tmp_path_factory):
     arch, experts, dense, kept = request.param
     hf_dir, _ = hf_models.cached_checkpoint(arch, tmp_path_factory)
@@ -102,8 +106,8 @@ def test_generate_on_a_llama_cpp_gguf_says_convert(converted, capsys):
 
 
 def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path, capsys):
-    """Q4_K experts (no strata type holds them: requantized, here to f16, the KLD line printed)
-    and Q6_K dense weights (dequantized by gguf), on a model wide enough for QK_K = 256 rows."""
+    """Q4_K experts requantized on request (here to f16, the KLD line printed) and Q6_K dense
+    weights (dequantized), on a model wide enough for QK_K = 256 rows."""
     from strata.cli.main import main as cli
 
     hf_dir = gguf_models.build_wide_checkpoint(tmp_path / "hf")
@@ -148,3 +152,20 @@ def test_a_non_finite_block_copied_through_is_refused_naming_the_tensor(tmp_path
     assert main(["convert", str(path), str(tmp_path / "cli"), "--quiet"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expert 2 up projection" in err[0] and "non-finite" in err[0]
+
+
+def test_dense_kept_as_stored_equals_dense_widened_to_f32(tmp_path_factory):
+    """A llama-architecture (Mixtral) GGUF with Q8_0 dense matrices: kept as stored (the default;
+    Q/K rows un-permuted as whole rows of blocks) and written as F32 (--dense f32) give the same
+    logits bit for bit: the same values, one file 3.8x smaller in its dense part."""
+    hf_dir, _ = hf_models.cached_checkpoint("mixtral", tmp_path_factory)
+    work = tmp_path_factory.mktemp("gguf_mixtral_dense")
+    path = gguf_models.write_gguf(hf_dir, work / "m.gguf", experts="Q8_0", dense="Q8_0")
+    kept, wide = convert(path, work / "kept"), convert(path, work / "wide", dense_type=QuantType.F32)
+    assert kept.dense_kept and not wide.dense_kept
+    assert kept.model_path.stat().st_size < wide.model_path.stat().st_size
+    a, b = load(kept.model_path), load(wide.model_path)
+    tokens = np.asarray(a.tokenizer.encode(hf_models.PARITY_TEXT))
+    ours, _ = forward(a.resident_params(), ModelState.empty(a.cfg), tokens)
+    theirs, _ = forward(b.resident_params(), ModelState.empty(b.cfg), tokens)
+    np.testing.assert_array_equal(ours, theirs)

@@ -78,3 +78,15 @@ def test_generate_without_a_model_prints_python(capsys):
     assert "24 generated" in err
     assert "\ufffd" not in out and out.strip()
     assert re.search(r"\n {4}\S", out), out  # the function body is indented, as Python is
+
+
+def test_the_embedded_model_chats_in_python_comments(model):
+    from strata.chat_template import render_chat
+
+    text = render_chat(model.tokenizer.chat_template, [
+        {"role": "system", "content": "Answer in Python.\nBe brief."},
+        {"role": "user", "content": "add two numbers"},
+        {"role": "assistant", "content": "def add(a, b):\n    return a + b"},
+        {"role": "user", "content": "now subtract"}])
+    assert text == ("# system: Answer in Python.\n# Be brief.\n# user: add two numbers\n"
+                    "def add(a, b):\n    return a + b\n\n# user: now subtract\n")

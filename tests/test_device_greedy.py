@@ -9,7 +9,6 @@ On MLX's CPU build the pipeline's step is `decode_device` uncompiled (the ops pa
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import replace
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ from strata.generate import _PlainSteps, _steps
 from strata.mlx_backend import device_pipeline
 from strata.mlx_backend.engine import MlxEngine
 from strata.mlx_backend.device_pipeline import DevicePipeline
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.model_config import LayerType, Mixer
 from strata.reference.deltanet import DeltaNetState
@@ -55,11 +55,9 @@ def params():
     return random_params(SMALL, seed=3, pred_q8=False)
 
 
-@contextlib.contextmanager
 def _pipelined(flag: bool, monkeypatch):
-    with monkeypatch.context() as m:
-        m.setattr(device_pipeline, "PIPELINED", flag)
-        yield
+    """The kernel plan with greedy decoding pipelined on the device or not (the host loop)."""
+    return using_plan(KernelPlan(pipelined=flag))
 
 
 def _generate(p, path, flag, monkeypatch, *, prompt=PROMPT, eos=frozenset({256}), then=None, **kw):
@@ -213,7 +211,7 @@ def test_non_finite_logits_raise_at_the_same_position(params, path, monkeypatch)
 
 def test_only_plain_greedy_takes_the_pipeline(params, monkeypatch):
     """Sampling, a repetition penalty and a drafter keep their host sources; so does an engine
-    that offers no pipeline (PIPELINED off)."""
+    that offers no pipeline (the plan's pipelined off)."""
     with using_path(KernelPath.OPS):
         # SpeculativeSteps reads the slot size of the model's experts file
         model = SimpleNamespace(**vars(stand_in_model(params.cfg)),

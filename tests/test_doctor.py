@@ -80,7 +80,7 @@ def test_will_not_run_says_why(made):
 
 def test_over_budget_arena_is_refused(made):
     d = _diag(made.model_path, available=9 * GB, config=Config(backend="numpy", arena="1GB", keep="9GB"))
-    assert d.prediction.verdict == "will not run" and "--force-arena" in d.prediction.summary
+    assert d.prediction.verdict == "will not run" and "force_arena=True" in d.prediction.summary  # Python's words
     forced = _diag(made.model_path, available=9 * GB,
                    config=Config(backend="numpy", arena="100slots", keep="9GB", force_arena=True))
     assert forced.prediction.verdict == "streams" and forced.prediction.arena_slots == 100
@@ -180,6 +180,12 @@ def test_llama_cpp_gguf_metadata(tmp_path):
     c = d.source.counts
     assert d.source.kind == "gguf" and (c.n_layers, c.moe_layers, c.n_experts, c.top_k) == (2, 2, 8, 2)
     assert c.expert_weights == 3 * 64 * 32 and d.source.stored["experts"] == 2 * 3 * 8 * 64 * 32 * 2
+    # a conversion keeps the experts' own type (F16 here): the slot is that record's
+    from strata.formats.expert_record import RecordLayout
+    from strata.formats.quant_types import QuantType
+
+    assert d.source.expert_qtype is QuantType.F16
+    assert d.source.slot_bytes == RecordLayout(QuantType.F16, 64, 32).padded_bytes
     assert d.prediction.verdict == "not supported" and "strata convert" in d.prediction.summary
 
 
@@ -208,3 +214,46 @@ def test_measure_batch_runs_in_one_process_with_each_runs_own_peak(tmp_path):
         experts = made_slot(demo) * (demo.cfg.n_moe_layers * demo.cfg.n_experts - 76)
         assert streaming.peak_rss < resident.peak_rss - experts / 2  # its own peak, not the resident run's
     assert measure_batch(runs, max_tokens=8, timeout=0.01) == [None, None]
+
+
+def test_the_first_answer_prefers_a_calibrated_profile_then_the_quick_probes(tmp_path, monkeypatch, capsys):
+    """No probe runs here: each profile is cached, and measuring fails the test."""
+    from strata.cli.main import main
+    from strata.doctor import probe
+    from strata.doctor.probe import QUICK_NOTE, _machine_id, first_answer_profile
+
+    monkeypatch.setattr(probe, "measure_machine", lambda *a, **k: pytest.fail("measured instead of reading the cache"))
+    quick = dataclasses.replace(PROFILE, machine=_machine_id(), notes=(f"{QUICK_NOTE}: warmed processes",))
+    full = dataclasses.replace(PROFILE, machine=_machine_id(), layer_s=7e-4)
+    (tmp_path / "machine-numpy-quick.json").write_text(json.dumps(quick.to_dict()))
+    assert first_answer_profile("numpy", tmp_path) == quick and quick.quick and not full.quick
+    assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(str(Path("strata") / "data" / "default.gguf")) or "default.gguf" in out.splitlines()[0]
+    assert "the quick probe's: `strata doctor --calibrate` measures fully" in out
+    (tmp_path / "machine-numpy.json").write_text(json.dumps(full.to_dict()))  # what --calibrate leaves
+    assert first_answer_profile("numpy", tmp_path) == full
+    assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
+    assert "--calibrate" not in capsys.readouterr().out
+
+
+def test_calibrate_measures_the_full_probe_and_says_how_far_it_got(tmp_path, monkeypatch, capsys):
+    from strata.cli.main import main
+    from strata.doctor import probe
+    from strata.doctor.probe import _machine_id
+
+    asked = []
+
+    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600, rounds=None):
+        asked.append((quick, rounds))
+        progress("disk")
+        return dataclasses.replace(PROFILE, machine=_machine_id())
+
+    monkeypatch.setattr(probe, "measure_machine", measure)
+    assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path), "--calibrate"]) == 0
+    err = capsys.readouterr().err
+    assert asked == [(False, None)] and (tmp_path / "machine-numpy.json").exists()
+    assert "measuring this machine (full probe, several minutes; 0 s): disk" in err
+    assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path / "cold")]) == 0
+    assert asked == [(False, None), (True, 1)]  # a cold cache: the quick probe, one round
+    assert "measuring this machine (quick probe, about half a minute; 0 s): disk" in capsys.readouterr().err

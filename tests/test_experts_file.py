@@ -23,9 +23,10 @@ from strata.formats.expert_record import (
     pack_record,
     unpack_record,
 )
-from strata.formats.experts_file import HEADER_SIZE, MAGIC, ExpertsFile, file_geometry, write_experts
-from strata.formats.quant_types import QuantType, layout
-from strata.reference.quants import dequantize, quantize
+from strata.formats.experts_file import HEADER_SIZE, MAGIC, ExpertsFile, file_geometry, header_size, write_experts
+from strata.formats.quant_types import QuantType, layout, row_bytes
+from strata.reference.quants import QUANTIZABLE, dequantize, from_blocks, quantize
+from tests.ggml_random import random_blocks
 
 # Block-multiple dimensions small enough for fast tests (hypothesis strategies local to this
 # module: they are about record shapes, which no other module needs).
@@ -42,6 +43,14 @@ L, E, D, F = 2, 3, 32, 64  # the small file most tests use
 
 def make_expert(qtype: QuantType, hidden: int, ffn: int, seed: int) -> ExpertWeights:
     rng = np.random.default_rng(seed)
+    if qtype not in QUANTIZABLE:  # a GGUF's types are copied, never made: random blocks
+        def blocks(rows: int, cols: int, salt: int):
+            n = rows * row_bytes(qtype, cols) // layout(qtype).block_bytes
+            if qtype is QuantType.BF16:
+                raw = rng.standard_normal(rows * cols).astype(np.float32).view(np.uint32) >> 16
+                return from_blocks(qtype, cols, raw.astype(np.uint16).view(np.uint8))
+            return from_blocks(qtype, cols, random_blocks(qtype, n, seed * 3 + salt, edges=False))
+        return ExpertWeights(gate=blocks(ffn, hidden, 0), up=blocks(ffn, hidden, 1), down=blocks(hidden, ffn, 2))
     return ExpertWeights(
         gate=quantize(qtype, rng.standard_normal((ffn, hidden))),
         up=quantize(qtype, rng.standard_normal((ffn, hidden))),
@@ -134,9 +143,12 @@ def test_layout_rejects_partial_blocks_and_mismatched_experts():
     rec = RecordLayout(QuantType.Q2_0, D, F)
     with pytest.raises(ValueError, match="record layout wants"):
         pack_record(make_expert(QuantType.Q8_0, D, F, 0), rec)
-    with pytest.raises(ValueError, match="mix quant types"):
-        a, b = make_expert(QuantType.Q2_0, D, F, 0), make_expert(QuantType.Q8_0, D, F, 0)
-        ExpertWeights(a.gate, b.up, a.down)
+    a, b = make_expert(QuantType.Q2_0, D, F, 0), make_expert(QuantType.Q8_0, D, F, 0)
+    mixed = ExpertWeights(a.gate, b.up, a.down)  # a GGUF's projections mix types: an expert may
+    with pytest.raises(ValueError, match="mix quant types"):  # but asking it for one type is an error
+        mixed.qtype
+    with pytest.raises(ValueError, match="record layout wants"):  # and a single-type record refuses it
+        pack_record(mixed, rec)
 
 
 # ---------------------------------------------------------------- file round trip
@@ -145,17 +157,17 @@ def test_layout_rejects_partial_blocks_and_mismatched_experts():
 @pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
 def test_file_round_trip_every_qtype(tmp_path, qtype):
     path = tmp_path / f"{qtype.name}.experts"
-    d = fit(D, qtype)
-    header = write_experts(path, qtype=qtype, n_layers=L, n_experts=E, hidden=d, expert_ffn=F,
-                           get_expert=seeded(qtype, d))
+    d, f_ = fit(D, qtype), fit(F, qtype)
+    header = write_experts(path, qtype=qtype, n_layers=L, n_experts=E, hidden=d, expert_ffn=f_,
+                           get_expert=seeded(qtype, d, f_))
     with ExpertsFile.open(path) as f:
         assert f.header == header
         h = f.header
-        assert (h.qtype, h.n_layers, h.n_experts, h.hidden, h.expert_ffn) == (qtype, L, E, d, F)
-        assert f.layout == RecordLayout(qtype, d, F)
+        assert (h.qtype, h.n_layers, h.n_experts, h.hidden, h.expert_ffn) == (qtype, L, E, d, f_)
+        assert f.layout == RecordLayout(qtype, d, f_)
         for l in range(L):
             for e in range(E):
-                assert_same_expert(f.expert(l, e), seeded(qtype, d)(l, e))
+                assert_same_expert(f.expert(l, e), seeded(qtype, d, f_)(l, e))
 
 
 def test_record_offsets_and_file_size(q2_file):
@@ -274,10 +286,10 @@ def test_header_disagreeing_with_the_layout(q2_file):
 
 
 def test_unknown_version_and_qtype(q2_file):
-    rewrite(q2_file, 8, struct.pack("<I", 3))
+    rewrite(q2_file, 8, struct.pack("<I", 4))
     with pytest.raises(FormatError) as err:
         ExpertsFile.open(q2_file)
-    assert_one_line_error(err, q2_file, "version 3")
+    assert_one_line_error(err, q2_file, "version 4")
     rewrite(q2_file, 8, struct.pack("<II", 1, 77), fix_header_crc=True)
     with pytest.raises(FormatError) as err:
         ExpertsFile.open(q2_file)
@@ -384,3 +396,94 @@ def test_q2_0_codes_plane_is_mlx_packed_uint32():
         got = mx.dequantize(mx.array(m.codes.view("<u4")), mx.array(scales), mx.array(-2 * scales),
                             group_size=32, bits=2)
         np.testing.assert_array_equal(np.array(got), dequantize(m))
+
+
+# ---------------------------------------------------------------- types per layer and projection (version 3)
+
+# a llama.cpp UD-like mix: Q4_K gate/up with a Q5_1 down, an IQ4_NL layer, an all-Q8_0 layer
+MIXED_TYPES = ((QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_1),
+               (QuantType.IQ4_NL, QuantType.IQ4_NL, QuantType.IQ4_NL),
+               (QuantType.Q8_0, QuantType.Q8_0, QuantType.Q8_0))
+MD, MF = 256, 512  # whole K-quant super-blocks
+
+
+def mixed_expert(types, l: int, e: int, biases: bool = False) -> ExpertWeights:
+    rng = np.random.default_rng(100 * l + e)
+    mats = []
+    for q, (rows, cols) in zip(types, ((MF, MD), (MF, MD), (MD, MF))):
+        if q in QUANTIZABLE:
+            mats.append(quantize(q, rng.standard_normal((rows, cols))))
+        else:
+            n = rows * row_bytes(q, cols) // layout(q).block_bytes
+            mats.append(from_blocks(q, cols, random_blocks(q, n, 100 * l + e, edges=False)))
+    b = None
+    if biases:
+        from strata.formats.expert_record import ExpertBiases
+        b = ExpertBiases(*(rng.standard_normal(n).astype(np.float32) for n in (MF, MF, MD)))
+    return ExpertWeights(*mats, biases=b)
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_mixed_types_round_trip_as_version_3(tmp_path, biases):
+    path = tmp_path / "mixed.experts"
+    header = write_experts(path, qtype=QuantType.Q4_K, n_layers=3, n_experts=2, hidden=MD, expert_ffn=MF,
+                           get_expert=lambda l, e: mixed_expert(MIXED_TYPES[l], l, e, biases), biases=biases,
+                           layer_qtypes=MIXED_TYPES)
+    layouts = [RecordLayout(g, MD, MF, biases, up_qtype=u, down_qtype=d) for g, u, d in MIXED_TYPES]
+    with ExpertsFile.open(path) as f:
+        h = f.header
+        assert h == header and h.version == 3 and h.mixed and h.qtype is None and h.biases == biases
+        assert h.layer_qtypes == MIXED_TYPES
+        assert f.layout is None  # no one layout: a single-layout reader cannot take it silently
+        assert h.padded_bytes == max(r.padded_bytes for r in layouts)  # the arena slot fits the largest record
+        assert h.record_bytes == max(r.record_bytes for r in layouts)
+        assert h.data_offset % RECORD_ALIGN == 0 and os.path.getsize(path) == h.data_offset + 6 * h.padded_bytes
+        for l in range(3):
+            assert f.layer_layout(l) == layouts[l]
+            for e in range(2):
+                assert f.record_offset(l, e) == h.data_offset + (2 * l + e) * h.padded_bytes
+                got = f.expert(l, e)
+                assert got.qtypes == MIXED_TYPES[l]
+                assert_same_expert(got, mixed_expert(MIXED_TYPES[l], l, e, biases))
+        f.verify_all()
+        assert "Q4_K" in repr(f) and "Q5_1" in repr(f)
+
+
+def test_a_uniform_layer_list_is_written_as_version_1(tmp_path):
+    one = ((QuantType.Q8_0,) * 3,) * 2
+    h = write_experts(tmp_path / "u.experts", qtype=QuantType.Q8_0, n_layers=2, n_experts=2, hidden=D, expert_ffn=F,
+                      get_expert=seeded(QuantType.Q8_0), layer_qtypes=one)
+    assert (h.version, h.qtype, h.mixed) == (1, QuantType.Q8_0, False)
+
+
+def test_mixed_header_damage_is_one_line(tmp_path):
+    path = tmp_path / "mixed.experts"
+    write_experts(path, qtype=QuantType.Q4_K, n_layers=3, n_experts=2, hidden=MD, expert_ffn=MF,
+                  get_expert=lambda l, e: mixed_expert(MIXED_TYPES[l], l, e), layer_qtypes=MIXED_TYPES)
+    good = path.read_bytes()
+    table_start = HEADER_SIZE + 8
+
+    def damaged(at: int, data: bytes) -> str:
+        raw = bytearray(good)
+        raw[at:at + len(data)] = data
+        head = header_size(False, 3)
+        end = head + 4 * 6
+        raw[end:end + 4] = struct.pack("<I", zlib.crc32(bytes(raw[:end])))  # the header CRC made to match
+        path.write_bytes(bytes(raw))
+        with pytest.raises(FormatError) as err:
+            ExpertsFile.open(path)
+        assert_one_line_error(err, path)
+        return str(err.value)
+
+    assert "quant type id 77" in damaged(table_start + 4, struct.pack("<I", 77))
+    assert "unknown flags" in damaged(HEADER_SIZE, struct.pack("<Q", 6))
+    raw = bytearray(good)  # a layer's down relabelled Q5_1 -> Q4_K, the header CRC left as it was
+    raw[table_start + 8:table_start + 12] = struct.pack("<I", int(QuantType.Q4_K))
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError) as err:
+        ExpertsFile.open(path)
+    assert_one_line_error(err, path, "header checksum mismatch")
+    path.write_bytes(good[:HEADER_SIZE + 4])  # cut inside the type table
+    with pytest.raises(FormatError) as err:
+        ExpertsFile.open(path)
+    assert_one_line_error(err, path, "truncated")

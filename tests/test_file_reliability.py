@@ -1,6 +1,6 @@
 """Never compute with bad bytes: reads verified by default, a `.gguf` tied to its `.experts`,
 the converter's pair installed recoverably, invalid values and non-finite results refused in one
-line. (The container checks are tests/test_gguf_file.py; benchmarks/fuzz_files.py is the fuzz.)"""
+line. (The container checks are tests/test_gguf_file.py; tests/fuzz/fuzz_files.py is the fuzz.)"""
 
 from __future__ import annotations
 

@@ -1,16 +1,14 @@
 """Outputs no caller reads, folded into one buffer (kernels/folded_outputs.py): the source
-declares them as pointers into it and is otherwise the same text; a decoded token writes the
-same bits folded or not (emulated, and on the GPU where there is one); the chain and the
-gate/up launch do fold (fewer outputs), and what a caller reads never is. The expert step
-handing h on in that buffer (moe_decode.PACK_EXPERT_STEP, on) is the same bits too."""
+declares them as pointers into it and is otherwise the same text; a decoded token's chain and
+gate/up launch do fold (fewer outputs; emulated, and on the GPU where there is one), and what a
+caller reads never is; the expert step and the attention launch hand h (and z) on in that buffer."""
 
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
-from strata.mlx_backend.kernels import folded_outputs, moe_decode, moe_down_warps, phases
+from strata.mlx_backend.kernels import folded_outputs, moe_decode, moe_down_warps, paths, phases
 from strata.mlx_backend.kernels.folded_outputs import FOLDED, fold_source, folded_launch, offsets
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
 from strata.mlx_backend.kernels.source import KernelSource
@@ -53,11 +51,10 @@ def test_a_packed_build_and_its_unpacked_twin_are_built_apart(monkeypatch):
 
     monkeypatch.setattr(launch_mod, "_kernels", {})
     monkeypatch.setattr(launch_mod, "gpu_dialect", lambda: Dialect.CUDA)
-    monkeypatch.setattr(launch_mod, "GRAPH_VIEWS", False)
     monkeypatch.setattr(mx.fast, "cuda_kernel", make)
     src = KernelSource("strata_pack_twin", ("x", "y", "z"), ("c",), "  c[0] = x[0] + y[0] + z[0];\n")
     packed = folded_outputs.pack_inputs(src, ("x", "z"), ("float32", "float32"))
-    token = launch_mod._path.set(KernelPath.GPU)  # using_path would ask for a real GPU
+    token = paths._path.set(KernelPath.GPU)  # using_path would ask for a real GPU
     try:
         plain, at = (("N", 1),), (("N", 1), ("PACK_x", 0), ("PACK_z", 256))  # as pack_inputs' callers
         for s, n, template in ((src, 3, plain), (packed, 2, at), (src, 3, plain), (packed, 2, at)):
@@ -65,7 +62,7 @@ def test_a_packed_build_and_its_unpacked_twin_are_built_apart(monkeypatch):
                                     threads=32, template=template)
             assert got == [s.inputs]
     finally:
-        launch_mod._path.reset(token)
+        paths._path.reset(token)
     assert built == [("x", "y", "z"), ("y", "packed")]  # each built once
 
 
@@ -101,13 +98,16 @@ def test_one_unread_output_is_not_folded():
     assert outs[0] is None and outs[1] is None and outs[2] is not None
 
 
-def _decoded(p, monkeypatch, switch: tuple, launcher, side: str, name: str | None = None):
-    """test_mlx_compiled.greedy_steps with `switch` (module, name, value) set -> (its arrays, the
-    `side` ("inputs" / "outputs") of every source `launcher`'s module launched (named `name`, where
-    given))."""
-    from test_mlx_compiled import greedy_steps
+def _launched(path, monkeypatch, shared: bool, launcher, side: str, name: str | None = None) -> list:
+    """test_mlx_compiled.greedy_steps on the made shape (with a gated shared expert or none) ->
+    the `side` ("inputs" / "outputs") of every source `launcher`'s module launched (named `name`,
+    where given). The steps' bits are held to the reference by tests/test_mlx_compiled.py."""
+    from dataclasses import replace
 
-    monkeypatch.setattr(*switch)
+    from strata.testing.mlx_params import random_params
+    from test_mlx_compiled import SMALL, greedy_steps
+
+    cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
     seen = []
     real = launcher.launch
 
@@ -116,80 +116,53 @@ def _decoded(p, monkeypatch, switch: tuple, launcher, side: str, name: str | Non
             seen.append(getattr(src, side))
         return real(src, *a, **kw)
 
-    monkeypatch.setattr(launcher, "launch", record)
-    out = greedy_steps(p)
-    monkeypatch.setattr(launcher, "launch", real)
-    return out, seen
-
-
-def _same_bits_either_way(path, monkeypatch, shared: bool, flag: tuple, launcher, side: str,
-                          name: str | None = None) -> tuple[list, list]:
-    """A decoded token with `flag` (module, name) off and on, the same bits either way -> what
-    `launcher`'s module launched, off and on (`_decoded`)."""
-    from dataclasses import replace
-
-    from strata.testing.mlx_params import random_params
-    from test_mlx_compiled import SMALL
-
-    cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
     with using_path(path):
         p = random_params(cfg, seed=29, pred_q8=False)
-        off, off_seen = _decoded(p, monkeypatch, (*flag, False), launcher, side, name)
-        on, on_seen = _decoded(p, monkeypatch, (*flag, True), launcher, side, name)
-    for a, b in zip(off, on):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    return off_seen, on_seen
+        monkeypatch.setattr(launcher, "launch", record)
+        greedy_steps(p)
+        monkeypatch.setattr(launcher, "launch", real)
+    return seen
 
 
-def _same_bits_folded_or_not(path, monkeypatch, shared: bool):
-    # the unread outputs of the expert step as two launches with their own arrays (packed, the
-    # default, every gate/up output is in the buffer: _packed_same_bits)
-    monkeypatch.setattr(moe_decode, "PACK_EXPERT_STEP", False)
-    plain_seen, folded_seen = _same_bits_either_way(path, monkeypatch, shared, (folded_outputs, "FOLD_OUTPUTS"),
-                                                    phases, "outputs")
-    assert not any(FOLDED in o for o in plain_seen)
-    gateup = {o for o in folded_seen if "sel" in o and "wsel" in o}
-    # without a shared expert hid and its partials and gate are folded; with one, the down step
-    # reads those two, and hid alone is not worth folding
-    assert gateup == ({moe_decode.GATEUP_SOURCE.outputs} if shared else {("sel", "wsel", "hpre", "hws", FOLDED)})
-    return folded_seen
-
-
-@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_a_decoded_token_is_the_same_bits_folded_or_not_emulated(monkeypatch, shared):
-    seen = _same_bits_folded_or_not(KernelPath.EMULATED, monkeypatch, shared)
+def _folds_what_no_caller_reads(path, monkeypatch, shared: bool):
+    seen = _launched(path, monkeypatch, shared, phases, "outputs")
     # the attention chain keeps what its caller reads as arrays: the router's x_mid (h and z are
-    # handed to the gate/up launch in the folded buffer: moe_decode.HAND_ON)
+    # handed to the gate/up launch in the folded buffer: attend_project.routed_chain)
     assert any(o == ("c_x_mid", FOLDED) for o in seen), seen
+    # the gate/up launch of the expert step: every output in the buffer (the down step reads them there)
+    assert (FOLDED,) in seen, seen
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
+def test_a_decoded_token_folds_what_no_caller_reads_emulated(monkeypatch, shared):
+    _folds_what_no_caller_reads(KernelPath.EMULATED, monkeypatch, shared)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_a_decoded_token_is_the_same_bits_folded_or_not_on_the_gpu(monkeypatch, shared):
-    _same_bits_folded_or_not(KernelPath.GPU, monkeypatch, shared)
+def test_a_decoded_token_folds_what_no_caller_reads_on_the_gpu(monkeypatch, shared):
+    _folds_what_no_caller_reads(KernelPath.GPU, monkeypatch, shared)
 
 
-def _packed_same_bits(path, monkeypatch, shared: bool):
-    """moe_decode.PACK_EXPERT_STEP: gate/up's outputs all in its folded buffer, the down step in
-    warps reading hpre, hws, sel, wsel (and the shared expert's partials and gate) from it."""
-    plain_seen, packed_seen = _same_bits_either_way(path, monkeypatch, shared, (moe_decode, "PACK_EXPERT_STEP"),
-                                                    phases, "inputs", moe_down_warps.SOURCE.name)
-    assert plain_seen and all("hpre" in i and "packed" not in i for i in plain_seen)
+def _packed(path, monkeypatch, shared: bool):
+    """gate/up's outputs all in its folded buffer, the down step in warps reading hpre, hws, sel,
+    wsel (and the shared expert's partials and gate) from it."""
+    seen = _launched(path, monkeypatch, shared, phases, "inputs", moe_down_warps.SOURCE.name)
     read = ("hpre", "hws", "sel", "wsel") + (("sout", "sgate") if shared else ())
-    assert packed_seen and all(i[-1] == "packed" and not set(read) & set(i) for i in packed_seen)
+    assert seen and all(i[-1] == "packed" and not set(read) & set(i) for i in seen)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_the_expert_step_handing_h_on_in_one_buffer_is_the_same_bits(monkeypatch, shared):
-    _packed_same_bits(KernelPath.EMULATED, monkeypatch, shared)
+def test_the_expert_step_hands_h_on_in_one_buffer(monkeypatch, shared):
+    _packed(KernelPath.EMULATED, monkeypatch, shared)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_the_expert_step_handing_h_on_in_one_buffer_is_the_same_bits_on_the_gpu(monkeypatch, shared):
-    _packed_same_bits(KernelPath.GPU, monkeypatch, shared)
+def test_the_expert_step_hands_h_on_in_one_buffer_on_the_gpu(monkeypatch, shared):
+    _packed(KernelPath.GPU, monkeypatch, shared)
 
 
 def test_regions_of_two_buffers_are_refused():
@@ -200,34 +173,17 @@ def test_regions_of_two_buffers_are_refused():
                       template=())
 
 
-def _handed_on_same_bits(path, monkeypatch, shared: bool):
-    """moe_decode.HAND_ON: the attention launch's h and z read by gate/up from its folded buffer."""
-    off, on = _same_bits_either_way(path, monkeypatch, shared, (moe_decode, "HAND_ON"), phases, "inputs",
-                                    moe_decode.GATEUP_SOURCE.name)
-    assert off and all("x" in i and "z" in i and "packed" not in i for i in off)
+def _handed_on(path, monkeypatch, shared: bool):
+    """The attention launch's h and z read by gate/up from its folded buffer."""
+    on = _launched(path, monkeypatch, shared, phases, "inputs", moe_decode.GATEUP_SOURCE.name)
     # every decoded token's gate/up reads them packed (a prompt's router may run apart: arrays)
     handed = [i for i in on if i[-1] == "packed"]
-    assert len(handed) >= len(on) // 2 and all("x" not in i and "z" not in i for i in handed)
+    assert handed and len(handed) >= len(on) // 2 and all("x" not in i and "z" not in i for i in handed)
 
 
 @pytest.mark.parametrize("path", [KernelPath.EMULATED,
                                   pytest.param(KernelPath.GPU, marks=[pytest.mark.gpu, pytest.mark.skipif(
                                       gpu_dialect() is None, reason="no MLX GPU here")])], ids=["emulated", "gpu"])
 @pytest.mark.parametrize("shared", [False, True], ids=["no-shared-expert", "gated-shared-expert"])
-def test_the_attention_launch_handing_h_and_z_on_is_the_same_bits(monkeypatch, path, shared):
-    _handed_on_same_bits(path, monkeypatch, shared)
-
-
-@pytest.mark.parametrize("form", ["DEFER_DOWN", "CHAIN_EXPERTS"])
-def test_the_forms_that_take_h_and_z_as_arrays_read_the_handed_on_bytes(monkeypatch, form):
-    """The deferred and the chained expert steps read h and z as arrays (folded_outputs.region_array
-    of the handed-on regions): the same bits as with them never handed on."""
-    monkeypatch.setattr(moe_decode, form, True)
-    _same_bits_either_way(KernelPath.EMULATED, monkeypatch, False, (moe_decode, "HAND_ON"), phases, "inputs")
-
-
-def test_a_region_read_as_an_array_is_its_bytes():
-    buf = mx.array(np.arange(64, dtype=np.uint8))
-    r = folded_outputs.Region((2, 3), mx.float16, buffer=buf, offset=16)
-    want = np.arange(16, 28, dtype=np.uint8).view(np.float16).reshape(2, 3)
-    assert np.array_equal(np.array(folded_outputs.region_array(r)).view(np.uint16), want.view(np.uint16))
+def test_the_attention_launch_hands_h_and_z_on(monkeypatch, path, shared):
+    _handed_on(path, monkeypatch, shared)

@@ -21,7 +21,6 @@ from strata.mlx_backend.kernels.source import KernelSource, mlx_source
 @pytest.fixture
 def in_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(included_source, "_dir", [tmp_path])
-    monkeypatch.setattr(included_source, "INCLUDED", True)
     return tmp_path
 
 
@@ -59,11 +58,8 @@ def test_a_body_that_names_an_input_shape_stays_inline(in_dir, name):
     assert not list(in_dir.glob("*.cuh"))
 
 
-def test_switched_off_or_without_a_directory_the_source_stays_inline(in_dir, monkeypatch):
+def test_without_a_directory_the_source_stays_inline(in_dir, monkeypatch):
     body = "  c[0] = x[0];\n"
-    monkeypatch.setattr(included_source, "INCLUDED", False)
-    assert included_source.included("#define A 1\n", body, ("x",)) == ("#define A 1\n", body)
-    monkeypatch.setattr(included_source, "INCLUDED", True)
     monkeypatch.setattr(included_source, "_dir", [None])
     assert included_source.included("#define A 1\n", body, ("x",)) == ("#define A 1\n", body)
 
@@ -96,7 +92,7 @@ def test_the_preprocessor_sees_the_same_tokens_either_way(in_dir):
 
 
 def test_the_build_gets_the_includes_on_cuda(in_dir, monkeypatch):
-    """launch._build hands MLX the included form on CUDA, and keeps the two forms as two builds."""
+    """launch._build hands MLX the included form on CUDA (inline where no directory is writable)."""
     from strata.mlx_backend.kernels import launch as launch_mod
 
     given = []
@@ -110,8 +106,8 @@ def test_the_build_gets_the_includes_on_cuda(in_dir, monkeypatch):
     monkeypatch.setattr(mx.fast, "cuda_kernel", make)
     src = KernelSource("strata_included_twin", ("x",), ("c",), "  c[0] = x[0];\n")
     launch_mod._build(src)
-    monkeypatch.setattr(included_source, "INCLUDED", False)
-    launch_mod._build(src)  # another key: not "two kernel bodies are named"
+    monkeypatch.setattr(included_source, "_dir", [None])
+    launch_mod._build(KernelSource("strata_inline_twin", ("x",), ("c",), "  c[0] = x[0];\n"))
     assert _target(given[0][1]).startswith(str(in_dir))
     assert "c[0] = x[0];" in given[1][1]
     assert len(launch_mod._kernels) == 2
@@ -123,6 +119,7 @@ def test_the_build_gets_the_includes_on_cuda(in_dir, monkeypatch):
 def test_a_decoded_token_is_the_same_bits_included_or_inline_on_the_gpu(monkeypatch, shared):
     from dataclasses import replace
 
+    from strata.mlx_backend.kernels import launch as launch_mod
     from strata.mlx_backend.kernels.launch import using_path
     from strata.testing.mlx_params import random_params
     from test_mlx_compiled import SMALL, greedy_steps
@@ -130,9 +127,11 @@ def test_a_decoded_token_is_the_same_bits_included_or_inline_on_the_gpu(monkeypa
     cfg = SMALL if shared else replace(SMALL, shared_ffn_size=0, shared_expert_gated=False)
     with using_path(KernelPath.GPU):
         p = random_params(cfg, seed=31, pred_q8=False)
-        monkeypatch.setattr(included_source, "INCLUDED", False)
+        monkeypatch.setattr(launch_mod, "_kernels", {})  # every kernel built again, inline
+        monkeypatch.setattr(included_source, "_dir", [None])
         inline = greedy_steps(p)
-        monkeypatch.setattr(included_source, "INCLUDED", True)
+        monkeypatch.setattr(launch_mod, "_kernels", {})
+        monkeypatch.setattr(included_source, "_dir", [])  # asked again: the cache directory
         included = greedy_steps(p)
     assert included_source.source_dir() is not None
     for a, b in zip(inline, included):

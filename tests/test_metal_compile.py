@@ -24,7 +24,8 @@ from models import DictExperts
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.experts import routed_partials
-from strata.mlx_backend.kernels import attend_project, attend_split, greedy_pick, moe_decode, phases, q8_gemv, route_rank
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
+from strata.mlx_backend.kernels import q8_gemv
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -57,37 +58,18 @@ def specialisations() -> list:
             params = _model(**over)
             mp = mlx_model.from_reference(params)
             for cross_block in (True, False):  # CUDA's forms (blocks counting on one another), then Metal's
-                with pytest.MonkeyPatch.context() as m:
-                    m.setattr(attend_project, "CHAIN_QKV", cross_block)
-                    m.setattr(attend_project, "SUM_PARTS", cross_block)
-                    m.setattr(moe_decode, "CHAIN_EXPERTS", cross_block)
-                    # the top k ranked in the attention's launch, and the down step deferred into it
-                    # (with CHAIN_EXPERTS on, the experts' chain reads the given ranking)
-                    m.setattr(moe_decode, "RANK_ONCE", cross_block)
+                with using_plan(KernelPlan(chained_launches=cross_block)):
                     logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
                     logits, _ = mlx_model.forward(mp, state, np.array([4]))  # a decoded token: the chained QKV
                     mx.eval(logits)
-        for pack in (True, False):  # the expert step handing h on in one buffer (the default) and not
-            with pytest.MonkeyPatch.context() as m:
-                m.setattr(moe_decode, "PACK_EXPERT_STEP", pack)
-                m.setattr(moe_decode, "CHAIN_EXPERTS", False)
-                logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
-                mx.eval(mlx_model.forward(mp, state, np.array([4]))[0])
         with pytest.MonkeyPatch.context() as m:  # past SPLIT_FROM: the split attention's chain (CUDA's)
             m.setattr(attn_kernels, "SPLIT_FROM", 2)
-            m.setattr(attend_split, "CHAIN_SPLIT", True)
             logits, state = mlx_model.forward(mp, mlx_model.MlxModelState.empty(params.cfg), np.array([1, 2, 3]))
             mx.eval(mlx_model.forward(mp, state, np.array([4]))[0])
         x = mx.array(np.ones((1, params.cfg.hidden_size), np.float32))
         mx.eval(routed_partials(mp.arena.array, mp.rec, x, np.array([[0, 5, -1, 2]]), np.ones((1, 4), np.float32)))
         parts = mx.zeros((1, params.cfg.n_heads, params.cfg.hidden_size))
         mx.eval(*[a for a in mlx_model.router_stage(mp, 0, x, parts, mp.layers[1].guess) if a is not None])
-        mx.eval(route_rank.rank(mx.zeros((1, params.cfg.n_experts)), params.cfg.n_experts_per_token))  # alone
-        z = mx.zeros((3 * greedy_pick.CH,))
-        mx.eval(greedy_pick.pick(z))  # one chained launch (CUDA's form)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(phases, "available", lambda: False)
-            mx.eval(greedy_pick.pick(z))  # two launches (Metal's form)
         m = quantize(QuantType.Q8_0, np.ones((16, 64), np.float32))
         mx.eval(q8_gemv.q8_gemv(mx.array(m.codes), mx.array(m.scales), x))
     assert len(rec) >= 8
@@ -112,29 +94,19 @@ def test_every_kernel_source_compiles(tmp_path, specialisations, dialect):
     assert not errors, "\n\n".join(errors)
 
 
-def test_the_checked_sources_include_the_ranking_phase_and_the_pick(specialisations):
-    """route_rank alone and as the attention chain's last phase (moe_decode.RANK_ONCE), and
-    greedy_pick's two phases chained and apart, are among the sources checked above."""
-    names = {s[0].name for s in specialisations}
-    assert {"strata_route_rank", "strata_greedy_part", "strata_greedy_join",
-            "strata_chain_greedy_part_greedy_join"} <= names
-    assert any(n.startswith("strata_chain_") and n.endswith("_router_route_rank") for n in names), sorted(names)
-
-
 def test_the_checked_sources_include_folded_outputs(specialisations):
     """Unread outputs folded into one buffer (folded_outputs.py): the gate/up launch (every
     dialect) and the attention chain (CUDA's) are checked in that form."""
     folded = {s[0].name for s in specialisations if "folded" in s[0].outputs}
     assert "strata_moe_gateup" in folded
     assert any(n.startswith("strata_chain_") for n in folded), sorted(folded)
-    # ... and the down step reading gate/up's buffer (moe_decode.PACK_EXPERT_STEP) and not
+    # ... and the down step reading gate/up's buffer (moe_decode.routed_residual)
     assert "strata_moe_down_warps" in {s[0].name for s in specialisations if "packed" in s[0].inputs}
-    assert "strata_moe_down_warps" in {s[0].name for s in specialisations if "hpre" in s[0].inputs}
 
 
 def test_the_checked_sources_include_the_split_chain(specialisations):
     """Past SPLIT_FROM the QKV GEMV, the split attention, its merge and the router as one launch
-    (attend_split.CHAIN_SPLIT, CUDA's form) is among the sources checked."""
+    (kernels/attend_split.py, CUDA's form) is among the sources checked."""
     names = {s[0].name for s in specialisations}
     assert any("attend_split_chained_merge_project_router" in n for n in names), sorted(names)
 

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from mlx_agree import assert_backends_agree
-from strata.mlx_backend.attention import MlxLayerKV, attention_partials
+from strata.mlx_backend.attention import MlxLayerKV, attention_partials, rope_table_cached
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.kernels import attend_project
 from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path
 from strata.model_config import QKNorm, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.testing.models import SHAPES
 from tests.kernel_paths import KERNEL_PATHS
-from test_mlx_attention_kernels import _layer
+from test_mlx_attention_kernels import _layer, unfused_partials
 
 
 def _cfg(path):
@@ -32,15 +33,17 @@ def _cfg(path):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-def test_one_launch_against_the_reference_and_the_two(path, monkeypatch):
-    monkeypatch.setattr(attend_project, "CHAIN_QKV", False)  # this launch alone (the chain: tests/test_phases.py)
+@pytest.mark.parametrize("chained", [False, True], ids=["unchained", "chains"])
+def test_one_launch_against_the_reference_and_the_two(path, chained):
+    """This launch alone: unchained, its H partials (Metal's form); where chains run, the partials
+    summed in the launch (a decoded token's chain is tests/test_phases.py's)."""
     cfg = _cfg(path)
     rng = np.random.default_rng(23)
     dense, w = _layer(cfg, rng)
     norm = dense[TensorNames.block(0, TensorNames.attn_norm)]
     kv_r, kv_a, kv_b = LayerKV.empty(cfg), MlxLayerKV.empty(cfg), MlxLayerKV.empty(cfg)
-    with using_path(path):
-        for t in (3, 1, 1, 2):
+    with using_path(path), using_plan(KernelPlan(chained_launches=chained)):
+        for t in (3, 2, 2, 3):  # more than one token: no QKV chain
             x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
             ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, norm, cfg.rms_norm_eps))
             assert attend_project.applies(t, kv_a.length + t, w.wo)
@@ -51,9 +54,7 @@ def test_one_launch_against_the_reference_and_the_two(path, monkeypatch):
             again, _ = attention_partials(cfg, w, MlxLayerKV(kv_a.keys, kv_a.values, kv_a.length - t), mx.array(x))
             assert LAUNCHES[name] - before == 2 and one.shape == (t, parts, cfg.hidden_size)
             np.testing.assert_array_equal(np.array(one), np.array(again))  # a fixed order: the same bits
-            monkeypatch.setattr(attend_project, "FUSED", False)
-            two, kv_b = attention_partials(cfg, w, kv_b, mx.array(x))
-            monkeypatch.setattr(attend_project, "FUSED", True)
+            two, kv_b = unfused_partials(cfg, w, kv_b, mx.array(x))
             what = f"window of {t} ending at {kv_a.length}"
             assert_backends_agree(ref, one.sum(axis=1), "FAST", what=what)
             assert_backends_agree(np.array(two[:, 0]), one.sum(axis=1), "FAST", what=f"{what}: vs two launches")
@@ -73,7 +74,6 @@ def test_refuses_what_it_does_not_serve():
 
 def test_prefetch_depth_changes_no_bits():
     """How much of each W_o row is loaded before the attention changes when, not what, is summed."""
-    from strata.mlx_backend.attention import rope_table_cached
 
     cfg = replace(SHAPES["tiny"], hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=128, qk_norm=QKNorm.PER_HEAD,
                   max_context=8)
@@ -92,12 +92,10 @@ def test_prefetch_depth_changes_no_bits():
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-def test_summed_partials_are_the_partials_added_in_head_order(path, monkeypatch):
-    """SUM_PARTS: the last of a row chunk's blocks adds the chunk's H partials in head order; the
+def test_summed_partials_are_the_partials_added_in_head_order(path):
+    """Where chains run: the last of a row chunk's blocks adds the chunk's H partials in head order; the
     one part holds, bit for bit, the H partials (the launch without the sum) added so, for tokens
     1 and 3 of a window, twice in a row (the counts left zero for the next launch)."""
-    from strata.mlx_backend.attention import rope_table_cached
-
     cfg = _cfg(path)
     _, w = _layer(cfg, np.random.default_rng(8))
     cos, sin = rope_table_cached(cfg)
@@ -109,10 +107,11 @@ def test_summed_partials_are_the_partials_added_in_head_order(path, monkeypatch)
             qkv = mx.array(np.random.default_rng(t).standard_normal((t, width)).astype(np.float32))
             got = {}
             for summed in (False, True, True):
-                monkeypatch.setattr(attend_project, "SUM_PARTS", summed)
-                kv = MlxLayerKV.empty(cfg)
-                got.setdefault(summed, []).append(np.array(attend_project.attend_project(
-                    qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo, 0, cfg.rms_norm_eps, cfg.n_heads)))
+                with using_plan(KernelPlan(chained_launches=summed)):
+                    kv = MlxLayerKV.empty(cfg)
+                    got.setdefault(summed, []).append(np.array(attend_project.attend_project(
+                        qkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo, 0, cfg.rms_norm_eps,
+                        cfg.n_heads)))
             parts = got[False][0]
             assert parts.shape == (t, cfg.n_heads, cfg.hidden_size)
             want = parts[:, 0].copy()

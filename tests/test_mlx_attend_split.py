@@ -1,6 +1,6 @@
 """Decode attention split over the context on the emulated kernel path, in both forms: the split
 attend merged inside the output projection's blocks (kernels/attend_split.py, the default: two
-launches) and the form before it (attend with CH > 0, kernels/attend_merge.py, the W_o GEMV:
+launches) and the form a Q8_0 W_o takes (attend with CH > 0, kernels/attend_merge.py, the W_o GEMV:
 three). Against the reference over contexts of several splits (empty ones past the last position
 included), decode windows of T > 1, GQA, the output gate and partial rotary; every step shape
 (splits, rows a step); the cache it writes; determinism; when it applies; and the Metal / CUDA
@@ -17,6 +17,7 @@ import pytest
 
 from mlx_agree import assert_backends_agree
 from strata.mlx_backend.attention import MlxLayerKV, attention_partials
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.kernels import attend_project, attend_split
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import emulate
@@ -25,7 +26,7 @@ from strata.mlx_backend.kernels.preludes import Dialect
 from strata.model_config import QKNorm, TensorNames
 from strata.reference.attention import LayerKV, attention, rms_norm
 from strata.testing.models import SHAPES
-from test_mlx_attention_kernels import _layer
+from test_mlx_attention_kernels import _layer, unfused_partials
 
 pytestmark = pytest.mark.skipif(not emulate.available(), reason="no C++20 compiler")
 
@@ -42,9 +43,11 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(attend_split, "SPLITS", SPLITS)
 
 
-def _run(cfg, w, dense, rng, steps):
+def _run(cfg, w, dense, rng, steps, partials=attention_partials):
     """Each step's window, (reference, kernel path) outputs, the kernel path's launches, the
-    reference's cache and copies of the kernel path's cache buffers (written in place)."""
+    reference's cache and copies of the kernel path's cache buffers (written in place). partials:
+    attention_partials, or unfused_partials (attend split by chunks, the merge, the W_o GEMV: a
+    Q8_0 W_o's form)."""
     kv_r, kv_f = LayerKV.empty(cfg), MlxLayerKV.empty(cfg)
     norm = dense[TensorNames.block(0, TensorNames.attn_norm)]
     out = []
@@ -52,25 +55,24 @@ def _run(cfg, w, dense, rng, steps):
         x = rng.standard_normal((t, cfg.hidden_size)).astype(np.float32)
         ref, kv_r = attention(cfg, dense, 0, kv_r, rms_norm(x, norm, cfg.rms_norm_eps))
         before = sum(LAUNCHES.values())
-        parts, kv_f = attention_partials(cfg, w, kv_f, mx.array(x))
+        parts, kv_f = partials(cfg, w, kv_f, mx.array(x))
         mx.eval(parts)
         out.append((t, ref, parts.sum(axis=1), sum(LAUNCHES.values()) - before, kv_r,
                     (np.array(kv_f.keys), np.array(kv_f.values))))
     return out
 
 
-def _launches(split: bool, t: int, n: int, wo) -> int:
+def _launches(split: bool, t: int, n: int, wo, merged: bool = True) -> int:
     """A window's launches: QKV GEMV, then the split's two (merged) or three (attend, merge, GEMV),
     else attend and the projection in one (a short window) or two."""
     if split:
-        return 3 if attend_split.FUSED else 4
-    return 2 if attend_project.applies(t, n, wo) else 3
+        return 3 if merged else 4
+    return 2 if merged and attend_project.applies(t, n, wo) else 3
 
 
 @pytest.mark.parametrize("heads,merged", [((8, 2, 32), True), ((4, 1, 128), True), ((6, 3, 16), False)],
                          ids=["group4_hd32", "group4_hd128", "group2_hd16_chunks"])
-def test_split_attention_against_reference(small_chunks, monkeypatch, heads, merged):
-    monkeypatch.setattr(attend_split, "FUSED", merged)
+def test_split_attention_against_reference(small_chunks, heads, merged):
     h, kvh, hd = heads
     cfg = replace(SHAPES["tiny"], hidden_size=96, n_heads=h, n_kv_heads=kvh, head_dim=hd, qk_norm=QKNorm.PER_HEAD,
                   max_context=40)  # 10 chunks of 4: most are empty at these lengths
@@ -78,11 +80,12 @@ def test_split_attention_against_reference(small_chunks, monkeypatch, heads, mer
     dense, w = _layer(cfg, rng)
     with using_path(KernelPath.EMULATED):
         n = 0
-        for t, ref, got, launches, kv_r, (keys, values) in _run(cfg, w, dense, rng, STEPS):
+        for t, ref, got, launches, kv_r, (keys, values) in _run(cfg, w, dense, rng, STEPS,
+                                                                 attention_partials if merged else unfused_partials):
             n += t
             split = attn_kernels.split_applies(n, t)
             assert split == (t <= 4 and n > CHUNK)
-            assert launches == _launches(split, t, n, w.wo)
+            assert launches == _launches(split, t, n, w.wo, merged)
             what = f"window of {t} ending at {n} (split {split})"
             assert_backends_agree(ref, got, "FAST", what=what)
             assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what=f"{what}: cached keys")
@@ -117,8 +120,7 @@ def test_split_is_deterministic_and_agrees_with_one_block_per_head(small_chunks,
         a, _ = attention_partials(cfg, w, kv, xs[-1])
         b, _ = attention_partials(cfg, w, kv, xs[-1])
         np.testing.assert_array_equal(np.array(a), np.array(b))
-        monkeypatch.setattr(attend_split, "FUSED", False)
-        chunks, _ = attention_partials(cfg, w, kv, xs[-1])
+        chunks, _ = unfused_partials(cfg, w, kv, xs[-1])
         monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 1 << 30)
         one, _ = attention_partials(cfg, w, kv, xs[-1])
     assert a.shape == (1, cfg.n_heads, cfg.hidden_size) and chunks.shape == (1, 1, cfg.hidden_size)
@@ -153,7 +155,7 @@ def test_every_step_shape_against_reference(small_chunks, monkeypatch, splits, r
                          [(1, 4, 4, 4), (7, 3, 2, 4), (3, 5, 4, 4), (2, 4, 4, 8), (2, 5, 4, 8)],
                          ids=["two_steps", "ragged", "five_rows", "32_scores", "40_scores"])
 def test_scores_summed_at_once_give_the_same_bits(small_chunks, monkeypatch, splits, rows, per_round, heads):
-    """attend_split.SPREAD (a step's scores summed at once, each divided and exponentiated by one
+    """The plan's spread_scores (a step's scores summed at once, each divided and exponentiated by one
     lane, the values read from their lanes): the same outputs and cache, bit for bit, as each
     score summed by its own warp_sum, on the emulator (whose warp_sum order the spread sum keeps;
     CUDA's is its xor levels, which it keeps too). 8 heads a block: 32 scores a step with 4 rows
@@ -165,10 +167,9 @@ def test_scores_summed_at_once_give_the_same_bits(small_chunks, monkeypatch, spl
                   qk_norm=QKNorm.PER_HEAD, max_context=40)
     got = {}
     for spread in (False, True):
-        monkeypatch.setattr(attend_split, "SPREAD", spread)
         rng = np.random.default_rng([splits, rows, heads])
         dense, w = _layer(cfg, rng)
-        with using_path(KernelPath.EMULATED):
+        with using_path(KernelPath.EMULATED), using_plan(KernelPlan(spread_scores=spread)):
             got[spread] = [(np.array(out), np.array(keys)) for _, _, out, _, _, (keys, _) in
                            _run(cfg, w, dense, rng, (33, 1, 3))]
     assert len(got[True]) == 3
@@ -179,7 +180,7 @@ def test_scores_summed_at_once_give_the_same_bits(small_chunks, monkeypatch, spl
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 5])
 def test_scores_summed_at_once_give_the_same_bits_on_the_gpu(monkeypatch, rows):
-    """SPREAD against each score's own warp_sum on the GPU at the seed shape's heads (16 q / 4 KV
+    """spread_scores against each score's own warp_sum on the GPU at the seed shape's heads (16 q / 4 KV
     of 128: 16 or 20 scores a step), bit for bit: warp_sum's xor levels kept."""
     from strata.mlx_backend.kernels.launch import gpu_dialect
 
@@ -190,10 +191,9 @@ def test_scores_summed_at_once_give_the_same_bits_on_the_gpu(monkeypatch, rows):
                   max_context=512)
     got = {}
     for spread in (False, True):
-        monkeypatch.setattr(attend_split, "SPREAD", spread)
         rng = np.random.default_rng(rows)
         dense, w = _layer(cfg, rng)
-        with using_path(KernelPath.GPU):
+        with using_path(KernelPath.GPU), using_plan(KernelPlan(spread_scores=spread)):
             got[spread] = [(np.array(out), np.array(keys)) for _, _, out, _, _, (keys, _) in
                            _run(cfg, w, dense, rng, (300, 1, 1, 3))]
     for (a, ka), (b, kb) in zip(got[False], got[True]):
@@ -225,9 +225,7 @@ def test_split_kernels_compile(tmp_path, small_chunks, monkeypatch, dialect):
     with using_path(KernelPath.EMULATED), recording() as rec:
         _, kv = attention_partials(cfg, w, MlxLayerKV.empty(cfg), mx.ones((5, cfg.hidden_size)))
         parts, _ = attention_partials(cfg, w, kv, mx.ones((1, cfg.hidden_size)))
-        with monkeypatch.context() as m:
-            m.setattr(attend_split, "FUSED", False)
-            chunks, _ = attention_partials(cfg, w, kv, mx.ones((1, cfg.hidden_size)))
+        chunks, _ = unfused_partials(cfg, w, kv, mx.ones((1, cfg.hidden_size)))
         mx.eval(parts, chunks)
     split = [r for r in rec if dict(r[3]).get("CH") == CHUNK or "NS" in dict(r[3])]
     assert sorted(r[0].name for r in split) == ["strata_attend", "strata_attend_merge", "strata_attend_split",
@@ -274,56 +272,53 @@ def test_compiled_decode_crosses_into_the_split(split_midway):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "chunks"])
-def test_split_on_the_gpu_at_the_seed_heads(monkeypatch, merged):
+def test_split_on_the_gpu_at_the_seed_heads(merged):
     """The seed shape's heads (16 q / 4 KV of 128, D 2560) past SPLIT_FROM with the module's own
     split shape (64 splits, 4 rows a step; chunks of 128): a prompt of 300, then decode windows."""
     from strata.mlx_backend.kernels.launch import gpu_dialect
 
     if gpu_dialect() is None:
         pytest.skip("no MLX GPU here")
-    monkeypatch.setattr(attend_split, "FUSED", merged)
     cfg = replace(SHAPES["tiny"], hidden_size=2560, n_heads=16, n_kv_heads=4, head_dim=128, qk_norm=QKNorm.PER_HEAD,
                   max_context=512)
     rng = np.random.default_rng(2048)
     dense, w = _layer(cfg, rng)
     with using_path(KernelPath.GPU):
         n = 0
-        for t, ref, got, launches, kv_r, (keys, _) in _run(cfg, w, dense, rng, (300, 1, 3, 1)):
+        for t, ref, got, launches, kv_r, (keys, _) in _run(cfg, w, dense, rng, (300, 1, 3, 1),
+                                                           attention_partials if merged else unfused_partials):
             n += t
             split = attn_kernels.split_applies(n, t)
-            assert split == (t < 300) and launches == _launches(split, t, n, w.wo)
+            assert split == (t < 300) and launches == _launches(split, t, n, w.wo, merged)
             assert_backends_agree(ref, got, "FAST", what=f"window of {t} ending at {n} (split {split})")
             assert_backends_agree(kv_r.keys, keys[:, :n], "FAST", what="cached keys")
 
 
-# the split chain's launch (kernels/attend_split.py, CHAIN_SPLIT) by the QKV GEMV's form
-SPLIT_CHAINS = {"groups": "strata_chain_qkv_groups_attend_split_chained_merge_project_router",
-                "plain": "strata_chain_dense_gemv_attend_split_chained_merge_project_router",
-                "ranked": "strata_chain_qkv_groups_attend_split_chained_merge_project_router_route_rank"}
+# the split chain's launch (kernels/attend_split.py), its QKV GEMV walked by KV group
+SPLIT_CHAIN = "strata_chain_qkv_groups_attend_split_chained_merge_project_router"
 
 
-def _split_decode(p, monkeypatch, chained: bool, form: str = "groups", compiled: bool = False):
+def _split_decode(p, monkeypatch, chained: bool, compiled: bool = False):
     """test_mlx_compiled.greedy_steps (a prompt of 3, then 4 tokens) with the split from 4
-    positions on, its chain on or off -> (its three arrays, the chain's launches). The router runs
-    at the chain's 256 threads either way (its norm's partial sums are per thread)."""
-    from strata.mlx_backend.kernels import moe_decode
+    positions on, the split chain on (the default) or its launches apart -> (its three arrays, the
+    split chain's launches). The router runs at the chain's 256 threads either way (its norm's
+    partial sums are per thread)."""
     from strata.mlx_backend.kernels import router as router_kernel
     from test_mlx_compiled import greedy_steps
 
     monkeypatch.setattr(attn_kernels, "SPLIT_CHUNK", CHUNK)
     monkeypatch.setattr(attn_kernels, "SPLIT_FROM", 4)
-    monkeypatch.setattr(attend_split, "CHAIN_SPLIT", chained)
-    monkeypatch.setattr(attend_project, "QKV_BY_GROUP", form != "plain")
-    monkeypatch.setattr(moe_decode, "RANK_ONCE", form == "ranked")
     monkeypatch.setattr(router_kernel, "THREADS", attend_project.THREADS)
-    before = LAUNCHES[SPLIT_CHAINS[form]]
-    out = greedy_steps(p, steps=4, compiled=compiled)
-    return (*out, LAUNCHES[SPLIT_CHAINS[form]] - before)
+    before = LAUNCHES[SPLIT_CHAIN]
+    with pytest.MonkeyPatch.context() as m:
+        if not chained:
+            m.setattr(attend_split, "chains_router", lambda *a: False)
+        out = greedy_steps(p, steps=4, compiled=compiled)
+    return (*out, LAUNCHES[SPLIT_CHAIN] - before)
 
 
 @pytest.mark.parametrize("model", ["small", "hybrid_gated"])
-@pytest.mark.parametrize("form", list(SPLIT_CHAINS))
-def test_the_split_chain_decodes_bit_for_bit(monkeypatch, form, model):
+def test_the_split_chain_decodes_bit_for_bit(monkeypatch, model):
     """The QKV GEMV, the split attention, its merge in W_o's blocks and the router as one launch
     a layer against their launches apart, past SPLIT_FROM, on the emulator: the same logits and
     cache bits (the hybrid: gated attention with partial rotary, one attention layer)."""
@@ -334,8 +329,8 @@ def test_the_split_chain_decodes_bit_for_bit(monkeypatch, form, model):
     attention_layers = sum(k.mixer.name.endswith("ATTENTION") for k in cfg.kinds)
     with using_path(KernelPath.EMULATED):
         p = random_params(cfg, seed=31, pred_q8=False)
-        *apart, n_apart = _split_decode(p, monkeypatch, False, form)
-        *chain, n_chained = _split_decode(p, monkeypatch, True, form)
+        *apart, n_apart = _split_decode(p, monkeypatch, False)
+        *chain, n_chained = _split_decode(p, monkeypatch, True)
     assert n_apart == 0 and n_chained == 3 * attention_layers  # positions 5, 6 and 7 split
     for a, b in zip(apart, chain):
         assert a.tobytes() == b.tobytes()
@@ -353,13 +348,12 @@ def test_the_split_chain_cuda_source_compiles(tmp_path, monkeypatch):
     with using_path(KernelPath.EMULATED):
         monkeypatch.setattr(phases, "launch", capturing(seen))
         attend_split.qkv_split_route(*zero_route_args(h, 4, 128, 512, 512, 16), 300, 1e-6, h)
-    assert len(seen) == 1 and seen[0][0].name == SPLIT_CHAINS["groups"]
+    assert len(seen) == 1 and seen[0][0].name == SPLIT_CHAIN
     assert _check(tmp_path, Dialect.CUDA, seen[0]) is None
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["groups", "plain"])
-def test_the_split_chain_decodes_bit_for_bit_on_the_gpu(monkeypatch, form):
+def test_the_split_chain_decodes_bit_for_bit_on_the_gpu(monkeypatch):
     """The compiled step with the split chain against the uncompiled forward without it."""
     from strata.mlx_backend.kernels.launch import gpu_dialect
     from strata.testing.mlx_params import random_params
@@ -369,8 +363,8 @@ def test_the_split_chain_decodes_bit_for_bit_on_the_gpu(monkeypatch, form):
         pytest.skip("no MLX CUDA GPU here")
     with using_path(KernelPath.GPU):
         p = random_params(SMALL, seed=32, pred_q8=False)
-        *apart, _ = _split_decode(p, monkeypatch, False, form)
-        *chain, n_chained = _split_decode(p, monkeypatch, True, form, compiled=True)
+        *apart, _ = _split_decode(p, monkeypatch, False)
+        *chain, n_chained = _split_decode(p, monkeypatch, True, compiled=True)
     assert n_chained > 0
     for a, b in zip(apart, chain):
         assert a.tobytes() == b.tobytes()

@@ -23,6 +23,7 @@ from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.attention import MlxLayerKV, rope_table_cached
 from strata.mlx_backend.compiled import CompiledDecode
 from strata.mlx_backend.engine import MlxEngine
+from strata.mlx_backend.kernel_plan import KernelPlan
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels import embed as embed_kernel
@@ -268,7 +269,7 @@ def test_mlx_engine_on_the_ops_path_does_not_compile():
         p = random_params(SMALL, seed=7, pred_q8=False)
         plain = _engine_run(MlxEngine(p, compiled=False))
         eng = MlxEngine(p)
-        assert eng.compiled is compiled_step.COMPILED_DECODE
+        assert eng.compiled is KernelPlan().compiled_decode
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got = _engine_run(eng)

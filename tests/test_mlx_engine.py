@@ -94,7 +94,7 @@ def test_all_resident_mlx_engine_matches_reference(tiny):
 
 def test_streaming_mlx_takes_no_direct_reads_into_cuda_managed_memory(tiny, monkeypatch):
     """On MLX's CUDA build the streaming arena is managed memory, where O_DIRECT reads came back
-    stale on the H200 (1 of 40 runs; benchmarks/stress_streaming.py): the arena refuses them, the
+    stale on the H200 (1 of 40 runs; tests/fuzz/stress_streaming.py): the arena refuses them, the
     engine reads buffered there and says why in its report. Elsewhere direct reads stay as configured."""
     from strata.mlx_backend import arena as mlx_arena
     from strata.mlx_backend.kernels.preludes import Dialect

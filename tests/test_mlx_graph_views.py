@@ -1,4 +1,4 @@
-"""Large kernel inputs go to MLX as views of their first elements (launch.GRAPH_VIEWS: MLX's CUDA
+"""Large kernel inputs go to MLX as views of their first elements (the kernel plan's graph_views: MLX's CUDA
 encoder counts whole input arrays toward its graph-commit limit). The view must keep the data
 pointer, so the kernels read the same bytes: the decoded token's logits and KV cache with views
 on and off, bit for bit (GPU); on the CPU, what the view holds.
@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend.kernels import launch
 from strata.mlx_backend.kernels.launch import KernelPath, gpu_dialect, using_path
@@ -42,8 +43,8 @@ def test_views_change_no_bit_of_a_decode(monkeypatch):
     with using_path(KernelPath.GPU):
         p = random_params(SMALL, seed=21, pred_q8=False)
         for views in (False, True):
-            monkeypatch.setattr(launch, "GRAPH_VIEWS", views)
-            out.append(greedy_steps(p))
+            with using_plan(KernelPlan(graph_views=views)):
+                out.append(greedy_steps(p))
     for a, b in zip(*out):
         assert a.tobytes() == b.tobytes()
 
@@ -73,8 +74,8 @@ def test_constant_views_are_made_once_and_given_only_for_the_same_array(monkeypa
     assert launch._graph_view(big) is not view  # outside: traced as before
     assert launch.VIEW_COUNTS["constant"] - before.get("constant", 0) == 1
     assert launch.VIEW_COUNTS["traced"] - before.get("traced", 0) == 2
-    monkeypatch.setattr(launch, "GRAPH_VIEWS", False)
-    assert launch.constant_views([big]) == {}
+    with using_plan(KernelPlan(graph_views=False)):
+        assert launch.constant_views([big]) == {}
 
 
 def test_constant_arrays_are_the_weights_arena_and_buffers():
@@ -101,7 +102,6 @@ def test_constant_views_change_no_bit_of_a_compiled_decode(monkeypatch):
     from strata.testing.mlx_params import random_params
 
     monkeypatch.setattr(launch, "GRAPH_VIEW_ABOVE", 0)
-    monkeypatch.setattr(compiled, "CONSTANT_VIEWS", True)
     with using_path(KernelPath.GPU):
         p = random_params(SMALL, seed=22, pred_q8=False)
         before = launch.VIEW_COUNTS["constant"]

@@ -14,7 +14,7 @@ import pytest
 
 from mlx_agree import assert_backends_agree
 from strata.mlx_backend.attention import MlxLayerKV, attention_partials
-from strata.mlx_backend.kernels import attend_project
+from strata.mlx_backend.kernels import phases
 from strata.mlx_backend.kernels import attention as attn_kernels
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import KernelPath, launch, recording, using_path
@@ -93,7 +93,8 @@ def test_f16_cache_on_the_ops_path_against_the_reference(monkeypatch):
 def test_f16_cache_attend_compiles(tmp_path, dialect, monkeypatch):
     from test_metal_compile import _check
 
-    monkeypatch.setattr(attend_project, "SUM_PARTS", dialect is Dialect.CUDA)  # Metal's form keeps the partials
+    # Metal's form keeps the partials (no chains there: none summed in the launch)
+    monkeypatch.setattr(phases, "available", lambda: dialect is Dialect.CUDA)
 
     _, w = _layer(CFG, np.random.default_rng(1))
     with using_path(KernelPath.EMULATED), recording() as rec:

@@ -123,10 +123,20 @@ def test_warp_sorts_rank_many_chunks(path):
         np.testing.assert_array_equal(np.array(outs[1][1]), want)
 
 
+def _in_rows(arena, rec, x_mid, h, z, slot_base, k, order, norm, *, shared=None, rw=1, **kw):
+    """routed_residual with moe_decode's DOWN step (a warp per output row, every expert's h staged
+    in each block): its form where moe_down_warps does not apply (k past MAX_K, other units a warp)."""
+    g = moe_decode.gateup(arena, rec, h, z, slot_base, k, order, norm, shared=shared, **kw)
+    has, gated = shared is not None, shared is not None and shared[3] is not None
+    return moe_decode.down(arena, rec, x_mid, g.hid, g.sel, g.wsel, g.sout if has else None,
+                           g.sgate if gated else None, threads=kw.get("threads", moe_decode.THREADS), rw=rw,
+                           denormals=kw.get("denormals"))
+
+
 @pytest.mark.parametrize("path", EMULATED)
 def test_block_shapes_and_code_forms(path):
-    """Other units a warp and threads a block (gate/up), rows a warp (down), the ranking forms and
-    the weights' place compute the same sums: bit for bit, through each down step; the exponent
+    """Other units a warp and threads a block (gate/up), rows a warp (down) and the ranking forms
+    compute the same sums: bit for bit, through each down step; the exponent
     code form (Metal's) agrees with the reference."""
     with using_path(path):
         k = 4
@@ -134,17 +144,14 @@ def test_block_shapes_and_code_forms(path):
         rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
         _, want = _want(records, rec, x, x_mid, z, rule, 0)
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
-        base = np.array(moe_decode.routed_residual(*args, down_warps=False))
+        base = np.array(_in_rows(*args))
         assert_backends_agree(want, base, "FAST", what="default shape")
-        for kw in ({"upw": 4}, {"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}, {"weights_early": True}):
-            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, down_warps=False, **kw)), base,
-                                          err_msg=str(kw))
-        warps = np.array(moe_decode.routed_residual(*args, down_warps=True))  # moe_down_warps' sums: their own order
+        for kw in ({"upw": 4}, {"upw": 2}, {"upw": 1}, {"rw": 2}, {"upw": 2, "rw": 4}):
+            np.testing.assert_array_equal(np.array(_in_rows(*args, **kw)), base, err_msg=str(kw))
+        warps = np.array(moe_decode.routed_residual(*args))  # moe_down_warps' sums: their own order
         assert_backends_agree(want, warps, "FAST", what="down warps")
-        for kw in ({"upw": 4}, {"upw": 2}, {"weights_early": True}, {"rounds": decode_routing.Ranking.LOOP},
-                   {"threads": 128, "upw": 4}):
-            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, down_warps=True, **kw)), warps,
-                                          err_msg=str(kw))
+        for kw in ({"upw": 4}, {"upw": 2}, {"rounds": decode_routing.Ranking.LOOP}, {"threads": 128, "upw": 4}):
+            np.testing.assert_array_equal(np.array(moe_decode.routed_residual(*args, **kw)), warps, err_msg=str(kw))
         exp_form = moe_decode.routed_residual(*args, denormals=False)
         assert_backends_agree(want, exp_form, "FAST", what="exponent code form")
 
@@ -184,10 +191,10 @@ def test_shared_expert_rides_along(path, gated):
         _, want = _want(records, rec, x, x_mid, z, rule, 0)
         want = want + shared_expert(gate, up, down, gi, x)
         h16 = lambda a: None if a is None else mx.array(a).astype(mx.float16)  # noqa: E731
-        for warps, early in ((False, False), (True, True)):  # moe_decode's DOWN, moe_down_warps' (weights early)
-            got = moe_decode.routed_residual(records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order,
-                                             True, shared=(h16(gate), h16(up), h16(down), h16(gi)), down_warps=warps,
-                                             weights_early=early)
+        for warps in (False, True):  # moe_decode's DOWN, moe_down_warps'
+            got = (moe_decode.routed_residual if warps else _in_rows)(
+                records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True,
+                shared=(h16(gate), h16(up), h16(down), h16(gi)))
             assert_backends_agree(want, got, "FAST", what=f"with the shared expert, gated={gated}, warps={warps}")
 
 
@@ -199,45 +206,34 @@ NO_SHARED = replace(SEED_SHAPE, n_layers=2, hidden_size=256, n_experts=16, n_exp
 @pytest.mark.parametrize("path", EMULATED)  # on the GPU: test_mlx_kernels' decode tests take the same launches
 def test_decode_through_the_two_launches(path, monkeypatch):
     """A decoded token of a model without a shared expert takes the two launches (5 a layer: QKV,
-    attention with its projection, router, gate/up, down) and its logits agree with the fused kernel's,
-    in the default forms and in this issue's (warp sorts, weights early, the down step by expert warps)."""
+    attention with its projection, router, gate/up, down; fewer where chained) and its logits agree
+    with the fused kernel's."""
     with using_path(path):
         p = random_params(NO_SHARED, seed=4, pred_q8=False)
         _, state = mlx_model.forward(p, mlx_model.MlxModelState.empty(NO_SHARED), np.array([7, 3]))
         mx.eval(state.layers[0].keys)
-        downs = lambda: (LAUNCHES["strata_moe_down"] + LAUNCHES["strata_moe_down_warps"]  # noqa: E731
-                         + LAUNCHES["strata_chain_moe_gateup_moe_down_chained"])  # the down step chained (CHAIN_EXPERTS)
-        forms = {"default": (), "experts19": ((decode_routing, "RANK_FORM", decode_routing.Ranking.BITONIC),
-                                              (moe_decode, "DOWN_WARPS", True), (moe_decode, "WEIGHTS_EARLY", True))}
-        outs = {}
-        for name, switches in forms.items():
-            with monkeypatch.context() as m:
-                for mod, attr, value in switches:
-                    m.setattr(mod, attr, value)
-                before, down0 = sum(LAUNCHES.values()), downs()
-                outs[name], _ = mlx_model.forward(p, state.trim(2), np.array([5]))
-                mx.eval(outs[name])
-                wo = p.layers[0].attn.wo  # the QKV GEMV, then the router, chained into the attention's launch
-                per_layer = (5 - attend_project.chains_qkv(1, 3, wo) - attend_project.chains_router(1, 3, wo)
-                             - moe_decode.chains_experts(p.rec, NO_SHARED.n_experts_per_token, 1))  # gate/up + down
-                assert sum(LAUNCHES.values()) - before == per_layer * NO_SHARED.n_layers + 2, name
-                assert downs() - down0 == NO_SHARED.n_layers, name
-        monkeypatch.setattr(decode_experts, "TWO_LAUNCHES", False)
+        downs = lambda: LAUNCHES["strata_moe_down"] + LAUNCHES["strata_moe_down_warps"]  # noqa: E731
+        before, down0 = sum(LAUNCHES.values()), downs()
+        two, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
+        mx.eval(two)
+        wo = p.layers[0].attn.wo  # the QKV GEMV, then the router, chained into the attention's launch
+        per_layer = 5 - attend_project.chains_qkv(1, 3, wo) - attend_project.chains_router(1, 3, wo)
+        assert sum(LAUNCHES.values()) - before == per_layer * NO_SHARED.n_layers + 2
+        assert downs() - down0 == NO_SHARED.n_layers
+        monkeypatch.setattr(decode_experts, "applies", lambda *a: False)  # the fused expert kernel + combine
         fused, _ = mlx_model.forward(p, state.trim(2), np.array([5]))
-        for name, two in outs.items():
-            assert_backends_agree(fused, two, "FORWARD", what=f"decoded logits, {name}")
+        assert_backends_agree(fused, two, "FORWARD", what="decoded logits")
 
 
 @pytest.mark.parametrize("dialect", ["metal", "cuda"])
 def test_sources_compile(tmp_path, dialect, monkeypatch):
     """Both launches in both code forms, with and without the shared expert's blocks, as full Metal
-    and CUDA sources (Metal: compile-checked, not run; the chained form: tests/test_moe_chain.py)."""
+    and CUDA sources (Metal: compile-checked, not run)."""
     from test_metal_compile import _check
 
     from strata.mlx_backend.kernels.launch import recording
     from strata.mlx_backend.kernels.preludes import Dialect
 
-    monkeypatch.setattr(moe_decode, "CHAIN_EXPERTS", False)  # the two launches, as Metal runs them
     k = 4
     with using_path(KernelPath.EMULATED), recording() as rec:
         records_rec, records, x, x_mid, z = _case(KernelPath.EMULATED, 7, k, tokens=1)
@@ -245,24 +241,15 @@ def test_sources_compile(tmp_path, dialect, monkeypatch):
         shared = (mx.zeros((32, d), mx.float16), mx.zeros((32, d), mx.float16), mx.zeros((d, 32), mx.float16),
                   mx.zeros((d,), mx.float16))
         for dn, sh in ((True, None), (False, None), (True, shared), (False, shared)):
-            mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
-                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh,
-                                               down_warps=False))
+            mx.eval(_in_rows(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
+                             RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                            RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.ROUNDS))
         mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
                                            RoutingOrder.SOFTMAX_TOPK, True, rounds=decode_routing.Ranking.BITONIC))
         for dn, sh in ((True, None), (False, shared)):
             mx.eval(moe_decode.routed_residual(records, records_rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k,
-                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh,
-                                               down_warps=True, weights_early=True))
-        rec_vl = RecordLayout(QuantType.Q2_0, 2560, 64)  # GATEUP_VECTOR_LOADS: D % 512 == 0
-        rv = random_records(rec_vl, 8, mx.random.key(3))
-        xv = mx.zeros((1, 2560))
-        zv = mx.array(np.arange(8, dtype=np.float32)[None])
-        for dn in (True, False):
-            mx.eval(moe_decode.routed_residual(rv, rec_vl, xv, xv, zv, 0, k, RoutingOrder.SOFTMAX_TOPK, True,
-                                               denormals=dn, vector_loads=True, down_vector_loads=True))
+                                               RoutingOrder.SOFTMAX_TOPK, True, denormals=dn, shared=sh))
     assert {s[0].name for s in rec} == {"strata_moe_gateup", "strata_moe_down", "strata_moe_down_warps"}
     assert len(rec) >= 10  # the forms above, less those the defaults already ran
     errors = [e for e in (_check(tmp_path, Dialect(dialect), s) for s in rec) if e]
@@ -283,10 +270,8 @@ def test_down_warps_against_the_reference(path):
         args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
         bitonic = decode_routing.Ranking.BITONIC
         for dn in ((True,) if path is KernelPath.GPU else (True, False)):
-            for vl in (False, True):
-                got = moe_decode.routed_residual(*args, denormals=dn, down_warps=True, rounds=bitonic,
-                                                 down_vector_loads=vl)
-                assert_backends_agree(want, got, "FAST", what=f"down warps, denormals={dn}, 8-byte loads {vl}")
+            got = moe_decode.routed_residual(*args, denormals=dn, rounds=bitonic)
+            assert_backends_agree(want, got, "FAST", what=f"down warps, denormals={dn}")
         g = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, rounds=bitonic)
         np.testing.assert_array_equal(np.array(g.sel), np.stack([s.experts for s in sels]))
         if path is KernelPath.GPU:
@@ -297,33 +282,7 @@ def test_down_warps_against_the_reference(path):
             sums += hid[..., j::16]
         np.testing.assert_array_equal(np.array(g.hws), sums)
         for rows in (4, 16, 32):
-            for vl in (False, True):
-                got = moe_down_warps.down(records, rec, mx.array(x_mid), g.hpre, g.hws, g.sel, g.wsel, rows=rows,
-                                          vector_loads=vl)
-                assert_backends_agree(want, got, "FAST", what=f"{rows} rows a block, 8-byte loads {vl}")
+            got = moe_down_warps.down(records, rec, mx.array(x_mid), g.hpre, g.hws, g.sel, g.wsel, rows=rows)
+            assert_backends_agree(want, got, "FAST", what=f"{rows} rows a block")
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-def test_vector_loads_against_the_reference(path):
-    """The gate/up launch's 16-byte code loads (GATEUP_VECTOR_LOADS: a lane's words 4 m .. 4 m + 3,
-    then single words; x skewed in threadgroup memory) at D = 2560 (one 16-byte chunk and one word
-    a lane a row): the experts exactly, the sum FAST against the reference, and the same h bit for
-    bit at other units a warp."""
-    with using_path(path):
-        k, n, d, f = 4, 8, 2560, 64 if path is not KernelPath.GPU else 576
-        rec = RecordLayout(QuantType.Q2_0, d, f)
-        records = random_records(rec, n, mx.random.key(21))
-        rng = np.random.default_rng(21)
-        x, x_mid = (rng.standard_normal((1, d)).astype(np.float32) for _ in range(2))
-        z = rng.standard_normal((1, n)).astype(np.float32)
-        rule = RouterRule(k, RoutingOrder.SOFTMAX_TOPK, True)
-        sels, want = _want(records, rec, x, x_mid, z, rule, 0)
-        args = (records, rec, mx.array(x_mid), mx.array(x), mx.array(z), 0, k, rule.order, True)
-        got = moe_decode.routed_residual(*args, vector_loads=True)
-        assert_backends_agree(want, got, "FAST", what="vector loads")
-        g2 = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, vector_loads=True)
-        np.testing.assert_array_equal(np.array(g2.sel), np.stack([s.experts for s in sels]))
-        if path is not KernelPath.GPU:
-            g4 = moe_decode.gateup(records, rec, mx.array(x), mx.array(z), 0, k, rule.order, True, vector_loads=True,
-                                   upw=4)
-            np.testing.assert_array_equal(np.array(g4.hid), np.array(g2.hid))

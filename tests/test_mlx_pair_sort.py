@@ -65,7 +65,7 @@ RANK_ROWS = [
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("e,k", [(8, 5), (256, 10), (300, 8)])
-def test_topk_kernel_is_the_key_sort(path, e, k, monkeypatch):
+def test_topk_kernel_is_the_key_sort(path, e, k):
     """The kernel's selection is the uint64 key sort's, rank for rank: ties to the lower id,
     -0.0 equal to 0.0, -inf below every finite score; many ties (scores rounded to 0.1)."""
     rng = np.random.default_rng(e + k)
@@ -73,8 +73,8 @@ def test_topk_kernel_is_the_key_sort(path, e, k, monkeypatch):
     rows += [rng.standard_normal(e).astype(np.float32) for _ in range(20)]
     rows += [np.round(rng.standard_normal(e), 1).astype(np.float32) for _ in range(20)]
     z = mx.array(np.asarray(rows, np.float32))
-    monkeypatch.setattr(grouped, "TOPK_KERNEL", False)
-    want = np.array(top_k(z, k))  # the key sort (this process's default device)
+    with using_path(KernelPath.OPS):
+        want = np.array(top_k(z, k))  # the key sort (this process's default device)
     with using_path(path):
         got = np.array(topk_kernel(z, k))
     np.testing.assert_array_equal(got, want)
@@ -83,7 +83,7 @@ def test_topk_kernel_is_the_key_sort(path, e, k, monkeypatch):
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("order,norm", [(RoutingOrder.SOFTMAX_TOPK, True), (RoutingOrder.SOFTMAX_TOPK, False),
                                         (RoutingOrder.TOPK_SOFTMAX, False), (RoutingOrder.SIGMOID_TOPK, True)])
-def test_route_prompt_kernel_is_the_rule(path, order, norm, monkeypatch):
+def test_route_prompt_kernel_is_the_rule(path, order, norm):
     """route_prompt on a kernel path (the top-k kernel, with the softmax rules' weights in its
     launch; the sigmoid rule's scores and weights from ops) against the ops path: the same
     experts in rank order, the weights within ROUTING."""
@@ -98,7 +98,7 @@ def test_route_prompt_kernel_is_the_rule(path, order, norm, monkeypatch):
 
 
 def test_top_k_takes_the_kernel_on_kernel_paths_only(monkeypatch):
-    """TOPK_KERNEL: the kernel on the emulated and GPU paths, the key sort on the ops path."""
+    """The kernel on the emulated and GPU paths, the key sort on the ops path."""
     calls = []
     monkeypatch.setattr(grouped, "topk_kernel", lambda s, k: calls.append(1) or mx.zeros((s.shape[0], k), mx.int32))
     z = mx.array(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
@@ -111,11 +111,10 @@ def test_top_k_takes_the_kernel_on_kernel_paths_only(monkeypatch):
         assert calls == [1]
 
 
-def test_the_uint64_question_is_asked_once(monkeypatch):
+def test_the_uint64_question_is_asked_once():
     """`_sorts_uint64` is cached by the device's name: mx.default_device() makes a new Device per
     call that hashes apart, and a miss ran a host-synchronising probe sort at every layer."""
     grouped._sorts_uint64.cache_clear()
-    monkeypatch.setattr(grouped, "TOPK_KERNEL", False)
     z = mx.array(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
     with using_path(KernelPath.OPS):
         for _ in range(3):

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from kernel_paths import plan_in_force
 from mlx_agree import assert_backends_agree
 from models import DictExperts
 from strata.formats.quant_types import QuantType
@@ -61,7 +62,7 @@ def min_gap(trace: ref_model.ForwardTrace, k: int) -> float:
 @pytest.fixture
 def always_grouped(monkeypatch):
     """Every MoE layer's experts through the grouped GEMMs (the made shapes have few pairs per expert)."""
-    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0)
+    return plan_in_force(monkeypatch, grouped_min_pairs=0)
 
 
 @pytest.mark.parametrize("experts", ["grouped", "fused"])
@@ -70,7 +71,7 @@ def test_prompt_path_matches_reference_float32(shape, experts, monkeypatch):
     """float32 weights: the prompt path is the reference up to the order of float32 sums, every
     position's logits, then a continuation after the cached positions; its experts as grouped
     GEMMs, and through the decode kernels' expert step (few pairs per expert)."""
-    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0 if experts == "grouped" else 10**9)
+    plan_in_force(monkeypatch, grouped_min_pairs=0 if experts == "grouped" else 10**9)
     rp = made_params(shape)
     tokens = np.random.default_rng(1).integers(0, rp.cfg.vocab_size, PROMPT_LEN + CONTINUATION)
     ref, _ = ref_model.forward(rp, ref_model.ModelState.empty(rp.cfg), tokens)
@@ -168,11 +169,11 @@ def test_engine_takes_the_prompt_path_only_where_it_applies():
 @pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
 @pytest.mark.parametrize("shape", ("tiny", "sigmoid", "hybrid"))
 @pytest.mark.parametrize("gemm", list(GroupedGemm))
-def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch, always_grouped):
+def test_gpu_prefill_through_the_prompt_path(shape, gemm, monkeypatch):
     """On the GPU: MlxEngine.prefill of a PROMPT_MIN_TOKENS-position prompt goes through the prompt
     path and agrees with the reference within PROMPT (a prompt far from routing ties), then
     decodes on from the cache it wrote (the compiled step where the model has one)."""
-    monkeypatch.setattr(grouped, "GEMM", gemm)
+    plan_in_force(monkeypatch, grouped_gemm=gemm, grouped_min_pairs=0)  # every layer's experts grouped
     rp = made_params(shape, seed=3)
     rng = np.random.default_rng(5)
     for _ in range(20):
@@ -214,7 +215,7 @@ def test_gpu_float16_dequantization_is_exact():
 
 
 @pytest.mark.parametrize("arena,chunk", [("10slots", 16), ("12slots", 8)])
-def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch, arena, chunk, always_grouped):
+def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch, arena, chunk):
     """The streaming engine's prompt chunks on the prompt path's pieces (MlxCompute: attention as
     matmuls, each cache pass's distinct slots as grouped GEMMs): a small arena forces several
     passes per layer, and the logits are the reference engine's (float32 weights on the CPU:
@@ -228,7 +229,7 @@ def test_streaming_prompt_chunks_through_the_prompt_pieces(tmp_path, monkeypatch
     from strata.numpy_backend.engine import ReferenceEngine
     from strata.testing.models import make_model
 
-    monkeypatch.setattr(prompt, "PROMPT_PATHS", frozenset(KernelPath))
+    plan_in_force(monkeypatch, prompt_paths=frozenset(KernelPath), grouped_min_pairs=0)  # and always grouped
     monkeypatch.setattr(prompt, "PROMPT_MIN_TOKENS", 4)
     from strata.mlx_backend import compute as mlx_compute
 
@@ -267,7 +268,7 @@ def test_engine_falls_back_when_the_prompt_path_fails(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no GPU kernel for this op")
 
-    monkeypatch.setattr(prompt, "PROMPT_PATHS", frozenset(KernelPath))
+    plan_in_force(monkeypatch, prompt_paths=frozenset(KernelPath))
     monkeypatch.setattr(mlx_engine, "prompt_forward", broken)
     with using_path(KernelPath.OPS):
         eng = MlxEngine(from_reference(rp, dtype=mx.float32), compiled=False)

@@ -14,7 +14,7 @@ import pytest
 
 from kernel_paths import KERNEL_PATHS
 from mlx_agree import assert_backends_agree
-from strata.mlx_backend import lowp, prompt_rows
+from strata.mlx_backend import lowp
 from strata.mlx_backend.attention import rms_norm
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
@@ -112,9 +112,9 @@ def test_qkv_rope_is_the_ops_epilogue(path, shape, terms, bias, norms, start):
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("shape", ["tiny", "sigmoid"])
-def test_prompt_attention_with_row_kernels_is_without(path, shape, monkeypatch):
-    """prompt_attention (float16 products) with the row kernels against the same path with them
-    off: the output within KV16 (attention reads float16 q, k, v either way, each within one
+def test_prompt_attention_with_row_kernels_is_without(path, shape):
+    """prompt_attention (float16 products) with the row kernels against the ops path (their twins:
+    the same float16 products): the output within KV16 (attention reads float16 q, k, v either way, each within one
     rounding), the float32 cache within FAST, a first chunk and a continuation after it."""
     from test_mlx_prompt import made_params
 
@@ -124,9 +124,7 @@ def test_prompt_attention_with_row_kernels_is_without(path, shape, monkeypatch):
     more = mx.array(_rows(6, cfg.hidden_size, 5))
     outs = {}
     for on in (True, False):
-        monkeypatch.setattr(prompt_rows, "QKV_KERNEL", on)
-        monkeypatch.setattr(prompt_rows, "NORM_KERNEL", on)
-        with using_path(path):
+        with using_path(path if on else KernelPath.OPS):
             p = from_reference(rp, dtype=mx.float16)
             w = p.layers[0].attn
             kv = MlxModelState.empty(cfg).layers[0]
@@ -178,22 +176,3 @@ def test_row_kernel_sources_compile(tmp_path, dialect):
     assert not errors, "\n\n".join(errors)
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS)
-def test_qkv_one_term_is_within_the_prompt_budget(path, monkeypatch):
-    """QKV_ONE_TERM (opt-in: the QKV GEMM on the hi term alone) against the two terms: the
-    attention output within PROMPT (on the CPU the products are float32, so this is the hi
-    term's rounding alone; a GPU's float16 GEMM output rounds both forms)."""
-    from test_mlx_prompt import made_params
-
-    rp = made_params("tiny")
-    x = mx.array(_rows(13, rp.cfg.hidden_size, 8))
-    outs = []
-    for one in (False, True):
-        monkeypatch.setattr(prompt_rows, "QKV_ONE_TERM", one)
-        with using_path(path):
-            p = from_reference(rp, dtype=mx.float16)
-            a, _ = prompt_attention(rp.cfg, p.layers[0].attn, MlxModelState.empty(rp.cfg).layers[0], x,
-                                    dtype=mx.float16)
-            outs.append(np.array(a))
-    assert_backends_agree(outs[0], outs[1], "PROMPT", what="QKV GEMM on one term")
-    assert not np.array_equal(outs[0], outs[1])  # the flag took effect

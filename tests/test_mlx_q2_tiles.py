@@ -12,9 +12,9 @@ import pytest
 from kernel_paths import KERNEL_PATHS
 from mlx_agree import assert_backends_agree
 from q2_records import CFG, q2_records
-from strata.mlx_backend import lowp
 from strata.mlx_backend.grouped import GroupedGemm, grouped_experts
 from strata.mlx_backend.grouped_tiles import tile_bound, tile_table
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
@@ -53,38 +53,24 @@ def test_tile_table_covers_every_pair_once(n, e, per_tile, seed):
 
 
 @pytest.mark.parametrize("path", KERNEL_PATHS)
-@pytest.mark.parametrize("split", [True, False], ids=["two_terms", "rounded_once"])
 @pytest.mark.parametrize("skewed", [False, True], ids=["random", "every_token_same_experts"])
-@pytest.mark.parametrize("fused", [False, True], ids=["ops_hidden", "fused_hidden"])
-def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, split, skewed, fused, monkeypatch):
-    """Q2_TILES: the reference's per-token experts within FAST (two terms); with the hidden
-    activation in MLX ops, bit for bit the padded kernel form Q2_MMA (the same k loop per row: only
-    where rows live differs); with silu(g) u in the kernel (FUSED_HIDDEN), within FAST of it (the
-    kernel's exp is the dialect's: expf on CUDA as MLX's own, std::exp on the emulator against MLX's
-    CPU exp, a few ulps apart). Skewed routing puts every token on the same experts: groups of T
-    pairs, several tiles each."""
-    from strata.mlx_backend import grouped_tiles
-
-    monkeypatch.setattr(grouped_tiles, "FUSED_HIDDEN", fused)
+def test_q2_tiles_is_the_padded_kernel_and_the_reference(path, skewed):
+    """Q2_TILES: the reference's per-token experts within FAST, and within FAST of the padded
+    kernel form Q2_MMA (the same k loop per row; silu(g) u in the kernel, whose exp is the
+    dialect's: expf on CUDA as MLX's own, std::exp on the emulator against MLX's CPU exp, a few
+    ulps apart). Skewed routing puts every token on the same experts: groups of T pairs, several
+    tiles each."""
     rec, experts, records = q2_records()
     t, k = 70, 3
     h, ids, wts = _routing(t, k, 1, skewed=skewed)
-    saved, lowp.SPLIT = lowp.SPLIT, split
-    try:
-        with using_path(path):
-            got = np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=mx.float16,
-                                           gemm=GroupedGemm.Q2_TILES))
-            padded = np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts),
-                                              dtype=mx.float16, gemm=GroupedGemm.Q2_MMA))
-    finally:
-        lowp.SPLIT = saved
-    if fused:
-        assert_backends_agree(padded, got, "FAST", what="q2_tiles (silu in the kernel) vs q2_mma")
-    else:
-        np.testing.assert_array_equal(got, padded)
-    if split:
-        ref = np.stack([routed_experts([experts[int(e)] for e in ids[i]], wts[i], h[i]) for i in range(t)])
-        assert_backends_agree(ref, got, "FAST", what="grouped experts through q2_tiles")
+    with using_path(path):
+        got = np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=mx.float16,
+                                       gemm=GroupedGemm.Q2_TILES))
+        padded = np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts),
+                                          dtype=mx.float16, gemm=GroupedGemm.Q2_MMA))
+    assert_backends_agree(padded, got, "FAST", what="q2_tiles (silu in the kernel) vs q2_mma")
+    ref = np.stack([routed_experts([experts[int(e)] for e in ids[i]], wts[i], h[i]) for i in range(t)])
+    assert_backends_agree(ref, got, "FAST", what="grouped experts through q2_tiles")
 
 
 def test_q2_tiles_refuses_the_ops_path():
@@ -96,27 +82,17 @@ def test_q2_tiles_refuses_the_ops_path():
 
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-def test_q2_tiles_sources_compile(tmp_path, dialect, monkeypatch):
-    """The specialisations that ran (gate | up gathered, with silu(g) u in the kernel or not; down
-    scattered and weighted; one and two terms), as the full Metal and CUDA sources (Metal:
-    compile-checked, not run)."""
+def test_q2_tiles_sources_compile(tmp_path, dialect):
+    """The specialisations that ran (gate | up gathered with silu(g) u in the kernel; down
+    scattered and weighted), as the full Metal and CUDA sources (Metal: compile-checked, not run)."""
     from test_metal_compile import _check
-    from strata.mlx_backend import grouped_tiles
 
     rec, _, records = q2_records()
     h, ids, wts = _routing(6, 2, 0)
-    saved = lowp.SPLIT
-    try:
-        with using_path(KernelPath.EMULATED), recording() as specs:
-            for split in (True, False):
-                for fused in (True, False):
-                    lowp.SPLIT = split
-                    monkeypatch.setattr(grouped_tiles, "FUSED_HIDDEN", fused)
-                    mx.eval(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts),
-                                            dtype=mx.float16, gemm=GroupedGemm.Q2_TILES))
-    finally:
-        lowp.SPLIT = saved
-    assert len([s for s in specs if not s[0].name.startswith("strata_pair_")]) == 6  # the pair sort's: test_mlx_pair_sort.py
+    with using_path(KernelPath.EMULATED), recording() as specs:
+        mx.eval(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=mx.float16,
+                                gemm=GroupedGemm.Q2_TILES))
+    assert len([s for s in specs if not s[0].name.startswith("strata_pair_")]) == 2  # the pair sort's: test_mlx_pair_sort.py
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
 
@@ -139,19 +115,19 @@ def test_q2_tiles_reads_experts_at_their_slots(path):
     assert_backends_agree(np.array(padded), np.array(got), "FAST", what="q2_tiles at slots vs q2_mma")
 
 
-def test_the_crossing_is_the_forms(monkeypatch):
+def test_the_crossing_is_the_forms():
     """grouped_pays asks the form that would run: PADDED never (measured slower than the fused
-    kernel at every length), Q2_TILES from MIN_PAIRS pairs an expert; GROUPED_MIN_PAIRS overrides."""
+    kernel at every length), Q2_TILES from MIN_PAIRS pairs an expert; the plan's grouped_min_pairs
+    overrides."""
     from strata.mlx_backend import grouped
 
-    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.PADDED)
-    assert not grouped.grouped_pays(10**6, 256)
-    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.Q2_TILES)
-    least = grouped.MIN_PAIRS[GroupedGemm.Q2_TILES]
-    assert grouped.grouped_pays(least * 256, 256) and not grouped.grouped_pays(least * 256 - 1, 256)
-    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0)
-    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.PADDED)
-    assert grouped.grouped_pays(1, 256)
+    with using_plan(KernelPlan(grouped_gemm=GroupedGemm.PADDED)):
+        assert not grouped.grouped_pays(10**6, 256)
+    with using_plan(KernelPlan(grouped_gemm=GroupedGemm.Q2_TILES)):
+        least = grouped.MIN_PAIRS[GroupedGemm.Q2_TILES]
+        assert grouped.grouped_pays(least * 256, 256) and not grouped.grouped_pays(least * 256 - 1, 256)
+    with using_plan(KernelPlan(grouped_gemm=GroupedGemm.PADDED, grouped_min_pairs=0)):
+        assert grouped.grouped_pays(1, 256)
 
 
 @pytest.mark.skipif(not emulate.available(), reason="no C++ compiler")
@@ -183,8 +159,6 @@ def test_prompt_forward_through_q2_tiles(shape, monkeypatch):
     from strata.reference import model as ref_model
     from test_mlx_prompt import made_params, min_gap
 
-    monkeypatch.setattr(grouped, "GROUPED_MIN_PAIRS", 0)
-    monkeypatch.setattr(grouped, "GEMM", GroupedGemm.Q2_TILES)
     rp = made_params(shape, seed=3)
     rng = np.random.default_rng(5)
     for _ in range(20):
@@ -197,7 +171,7 @@ def test_prompt_forward_through_q2_tiles(shape, monkeypatch):
     calls = []
     real = grouped.q2_tile_experts
     monkeypatch.setattr(grouped, "q2_tile_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    with using_path(KernelPath.EMULATED):
+    with using_path(KernelPath.EMULATED), using_plan(KernelPlan(grouped_gemm=GroupedGemm.Q2_TILES, grouped_min_pairs=0)):
         got, _ = prompt_forward(from_reference(rp), MlxModelState.empty(rp.cfg), tokens, all_logits=True)
     assert len(calls) == rp.cfg.n_moe_layers
     assert_backends_agree(ref, np.array(got), "PROMPT", what=f"{shape}: prompt path through q2_tiles")

@@ -17,6 +17,7 @@ from strata.formats.quant_types import QuantType
 from strata.mlx_backend import grouped
 from strata.mlx_backend.experts import stack_experts
 from strata.mlx_backend.grouped import GroupedGemm, grouped_experts
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.kernels import emulate
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.shape_buckets import LINEAR_FROM, MIN_BUCKET, bucket
@@ -51,8 +52,9 @@ def _case(t: int, k: int, seed: int):
 
 
 def _run(monkeypatch, bucketed: bool, gemm: GroupedGemm, dtype, case):
+    """grouped_experts with the group cap in a bucket (its default), or exact (no bucket)."""
     rec, records, h, ids, wts, _ = case
-    monkeypatch.setattr(grouped, "BUCKET_CAP", bucketed)
+    monkeypatch.setattr(grouped, "bucket", bucket if bucketed else (lambda n: n))
     return np.array(grouped_experts(records, rec, mx.array(h), mx.array(ids), mx.array(wts), dtype=dtype,
                                     gemm=gemm))
 
@@ -77,19 +79,18 @@ def test_q2_mma_template_rows_take_bucket_values(monkeypatch):
             bucket_m |= rows_seen(seen)
             np.testing.assert_array_equal(got, exact)
             assert_backends_agree(case[-1], got, "FAST", what=f"q2_mma, bucketed cap, T={t}")
-    p = 2 if grouped.lowp.SPLIT else 1
+    p = 2  # lowp.py's two terms a row
     assert all(m % p == 0 and bucket(m // p) == m // p for m in bucket_m)
     assert len(bucket_m) < len(exact_m)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("shape", ("tiny", "hybrid", "mla"))
-def test_prompt_attention_bucketed_positions(shape, dtype, monkeypatch):
+def test_prompt_attention_bucketed_positions(shape, dtype):
     """A first prompt chunk's attention padded to bucket(T) positions (prompt_attention's
-    BUCKET_POSITIONS): every position's logits against the reference (FORWARD for float32 weights,
+    the kernel plan's bucket_positions): every position's logits against the reference (FORWARD for float32 weights,
     PROMPT for float16 matmul inputs) and against the unpadded path (FAST), the KV cache holding
     the real positions only, then a continuation (never padded) after them."""
-    from strata.mlx_backend import prompt_attention
     from strata.mlx_backend.model import MlxModelState, from_reference
     from strata.mlx_backend.prompt import prompt_forward
     from strata.reference import model as ref_model
@@ -103,9 +104,9 @@ def test_prompt_attention_bucketed_positions(shape, dtype, monkeypatch):
     with using_path(KernelPath.OPS):
         p = from_reference(rp, dtype=getattr(mx, dtype))
         for padded in (False, True):
-            monkeypatch.setattr(prompt_attention, "BUCKET_POSITIONS", padded)
-            got, state = prompt_forward(p, MlxModelState.empty(rp.cfg), tokens[:t], all_logits=True)
-            more, state = prompt_forward(p, state, tokens[t:])
+            with using_plan(KernelPlan(bucket_positions=padded)):
+                got, state = prompt_forward(p, MlxModelState.empty(rp.cfg), tokens[:t], all_logits=True)
+                more, state = prompt_forward(p, state, tokens[t:])
             runs[padded] = (np.array(got), np.array(more), state)
     budget = "FORWARD" if dtype == "float32" else "PROMPT"
     got, more, state = runs[True]

@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType, layout, row_bytes
-from strata.reference.quants import codes_of, dequantize, from_blocks, gemv, quantize, to_blocks
+from strata.reference.quants import QUANTIZABLE, codes_of, dequantize, from_blocks, gemv, quantize, to_blocks
 from tests.strategies import finite_f32, float_matrices
 
 F32_UNIT_ROUNDOFF = 2.0**-24
@@ -38,7 +38,7 @@ GGUF_TYPE = {
 GGML_QUANTS = [QuantType.Q8_0, QuantType.Q4_0]
 # the properties below draw matrices in blocks of 32; MLX's group-64 types get the same ones in
 # tests/test_mlx_quants.py
-ALL_TYPES = [q for q in QuantType if layout(q).block_size <= 32]
+ALL_TYPES = [q for q in QUANTIZABLE if layout(q).block_size <= 32]
 
 # ggml's rule is undefined when 1/d overflows float32 (|d| < ~2^-128: a block of tiny
 # subnormals): x·inf is ±inf or NaN and C casts it to an int. numpy warns and gguf's port casts
@@ -279,10 +279,11 @@ def test_bad_shapes_raise_value_error(qtype):
 _NAN_WORD = {np.dtype("<f2"): np.float16(np.nan), np.dtype("<u2"): np.uint16(0x7FC0), np.dtype(np.uint8): np.uint8(255)}
 
 
-@pytest.mark.parametrize("qtype", list(QuantType), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QUANTIZABLE, ids=lambda q: q.name)
 def test_non_finite_reads_each_stored_type_from_its_planes(qtype):
     """QuantMatrix.non_finite (convert's pass-through check) agrees with dequantizing: a block
-    whose scale (or bias) is NaN is block_size non-finite weights; a clean matrix has none."""
+    whose scale (or bias) is NaN is block_size non-finite weights; a clean matrix has none. (The
+    ggml block types strata keeps but does not make: tests/test_ggml_quants.py.)"""
     w = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
     m = quantize(qtype, w)
     assert m.non_finite() == 0

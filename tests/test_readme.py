@@ -3,7 +3,8 @@
 The README's `bash` blocks are run through strata's own command line (`strata.cli.main.main`,
 in-process, the code a user's `strata` runs) in the order they appear, with the paths a reader
 would have replaced by files made here: `model.gguf` and `/tmp/tiny` by a made model,
-`~/hf/Qwen3-30B-A3B` by the checked-in tiny Qwen3-MoE checkpoint, `@prompt.txt` / `@text.txt`
+`~/hf/Qwen3-30B-A3B` by the checked-in tiny Qwen3-MoE checkpoint (and the hub id by that checkpoint in
+a Hugging Face cache laid out here), `@prompt.txt` / `@text.txt`
 by short text files. A command that cannot run on this machine (a server that blocks, pipeline
 stages on two Macs, an illustration with `...`) is parsed by the real parser instead, and says
 why in `PARSE_ONLY`. The Python block runs as written against the made model. A README command
@@ -30,6 +31,10 @@ PARSE_ONLY = {
     'strata generate /data/qwen3.gguf "Hi" --hosts 10.0.0.1,10.0.0.2': "needs two pipeline hosts",
     "strata serve /data/qwen3.gguf --name qwen3 --arena 8GB --prefetch 16": "a server runs until stopped "
                                                                             "(tests/test_serve_cli.py serves)",
+    "strata serve": "a server runs until stopped (test_the_readme_openai_snippet_chats_with_the_embedded_model "
+                    "serves what it builds)",
+    'strata chat --system "Answer in Python."': "interactive (tests/test_cli_chat.py drives it through a "
+                                                "pseudo-terminal)",
 }
 SKIPPED = {  # (prefix, why): not strata's command line
     "pip install": "installs; CI runs exactly these lines",
@@ -62,6 +67,11 @@ def workdir(tmp_path_factory) -> Path:
     (d / "text.txt").write_text("def fibonacci(n):\n    if n < 2:\n        return n\n"
                                 "    return fibonacci(n - 1) + fibonacci(n - 2)\n")  # ~100 tokens
     copy_checkpoint("qwen3_moe", d / "hf" / "Qwen3-30B-A3B")
+    # the hub id's snapshot, laid out as the hub client does (tests/test_hub_cache.py)
+    repo = d / "hub" / "models--Qwen--Qwen3-30B-A3B"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    copy_checkpoint("qwen3_moe", repo / "snapshots" / ("0" * 40))
     return d
 
 
@@ -86,6 +96,7 @@ def _run(argv: list[str], stdin: str | None, monkeypatch, capsys) -> tuple[int, 
 
 def test_every_readme_command_runs_or_parses(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(workdir / "hub"))
     commands = readme_commands()
     assert len(commands) >= 20, "the README's commands were not found"
     # the trace the README's replay lines read is made by its `strata trace` line: run that first
@@ -129,3 +140,24 @@ def test_the_readme_python_block_runs(workdir, monkeypatch, capsys):
     exec(compile(code, str(README), "exec"), {"__name__": "readme"})
     out = capsys.readouterr().out
     assert "EngineStats(engine=" in out.rstrip().splitlines()[-1], "the session's stats are printed last"
+
+
+def test_the_readme_openai_snippet_chats_with_the_embedded_model(monkeypatch, capsys):
+    """`strata serve` as the README starts it (the embedded model), answering the README's OpenAI
+    snippet as written (only the port differs: a free one)."""
+    import uvicorn
+    from serve_support import live_server
+
+    built = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: built.append((app, kw)))
+    assert main(["serve"]) == 0
+    (app, kw), = built
+    assert (kw["host"], kw["port"]) == ("127.0.0.1", 8000)
+    snippet = next(b for b in _blocks("python") if "from openai import OpenAI" in b)
+    capsys.readouterr()
+    with live_server(app) as url:
+        code = snippet.replace("http://127.0.0.1:8000", url)
+        exec(compile(code, str(README), "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out.rstrip("\n")
+    text, cached = printed.rsplit(" ", 1)
+    assert text.strip() and cached == "0", printed  # a reply, and nothing cached on a fresh server

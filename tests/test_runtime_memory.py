@@ -141,7 +141,11 @@ def test_a_model_larger_than_memory_starts_with_default_settings(tmp_path, monke
 def test_arena_above_budget_is_refused_unless_forced():
     common = dict(slot_bytes=1000, total_experts=500, min_slots=40, dense_bytes=0, available=100_000, total=10**9)
     cfg = Config(arena="200slots", keep="0", backend="numpy")
-    with pytest.raises(ConfigError, match=r"above this machine's budget.*--force-arena"):
+    with pytest.raises(ConfigError, match=r"above this machine's budget.*force_arena=True"):  # Python's spelling
+        plan_arena(config=cfg, **common)
+    from strata.option_names import command_line
+
+    with command_line(), pytest.raises(ConfigError, match=r"above this machine's budget.*--force-arena to run"):
         plan_arena(config=cfg, **common)
     forced = plan_arena(config=cfg.replace(force_arena=True), **common)
     assert forced.slots == 200

@@ -225,7 +225,7 @@ def test_the_row_cache_is_the_ple_reserve_of_the_budget(tmp_path):
         assert plan.pages == min(DEFAULT_CACHE_POSITIONS * per_position, store.n_pages) + 1
         plan = plan_row_cache(Config(ple_reserve="1MiB"), store, rows_per_position=per_position)
         assert plan.pages == 256 and plan.nbytes == 1 << 20
-        with pytest.raises(ConfigError, match=r"^ple_reserve 40kB holds 9 pages .* needs 19 .*ple_reserve=1MiB or more$"):
+        with pytest.raises(ConfigError, match=r"^ple_reserve 40kB holds 9 pages .* needs 19 .*ple_reserve='1MiB' or more$"):
             plan_row_cache(Config(ple_reserve="40kB"), store, rows_per_position=per_position)
     common = dict(config=Config(keep="0", backend="numpy"), slot_bytes=1000, total_experts=10**6, min_slots=1,
                   dense_bytes=0, available=10_000_000, total=10**9)

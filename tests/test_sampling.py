@@ -103,3 +103,26 @@ def test_repeat_penalty_breaks_the_embedded_models_greedy_loop():
         penalized = strata.generate(model, "def f(x):", max_tokens=48, repeat_penalty=1.3)
     distinct = lambda toks: len(set(toks)) / len(toks)
     assert distinct(penalized.tokens) > distinct(plain.tokens)
+
+
+def test_frequency_and_presence_penalties_follow_openais_definition():
+    from strata.reference.sampling import penalize_counts
+
+    logits = np.array([2.0, 1.5, -1.0, 0.5], np.float32)
+    generated = [0, 0, 0, 2]  # c = [3, 0, 1, 0]
+    # mu[j] - c[j] * frequency - (c[j] > 0) * presence
+    assert penalize_counts(logits, generated, 0.5, 0.0).tolist() == [0.5, 1.5, -1.5, 0.5]
+    assert penalize_counts(logits, generated, 0.0, 0.25).tolist() == [1.75, 1.5, -1.25, 0.5]
+    assert penalize_counts(logits, generated, -0.5, 0.0).tolist() == [3.5, 1.5, -0.5, 0.5]  # negative: favoured
+    assert logits.tolist() == [2.0, 1.5, -1.0, 0.5]  # pure
+    # the prompt does not count: only `generated` does, while the repetition penalty reads `history`
+    cfg = SamplerConfig(presence_penalty=1.0)
+    assert sample(logits, cfg, 0, history=[0, 0], generated=[]) == 0
+    assert sample(logits, cfg, 0, history=[0, 0], generated=[0]) == 1
+
+
+@pytest.mark.parametrize("kw", [dict(frequency_penalty=2.5), dict(presence_penalty=-2.01),
+                                dict(frequency_penalty=float("nan"))])
+def test_openai_penalties_outside_their_range_are_rejected(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        SamplerConfig(**kw)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from serve_support import model_fixture
 
+import strata
 from strata.cli.main import main
 
 model = model_fixture()
@@ -41,9 +42,26 @@ def test_serve_binds_loopback_with_the_runtime_flags(served, model, capsys):
     assert "warning" not in capsys.readouterr().err
 
 
-def test_the_embedded_model_is_served_when_none_is_named(served):
+def test_the_embedded_model_is_served_when_none_is_named(served, capsys):
     assert main(["serve"]) == 0
-    assert served[0][0].state.strata.name == "default"
+    state = served[0][0].state.strata
+    assert state.name == "default" and state.chat_template  # it chats out of the box
+    assert "only /v1/completions" not in capsys.readouterr().err
+
+
+def test_a_model_without_a_chat_template_is_announced_as_completions_only(served, model, capsys):
+    assert model.tokenizer.chat_template is None
+    assert main(["serve", str(model.model_path)]) == 0
+    err = capsys.readouterr().err
+    assert "no chat template: only /v1/completions is available" in err and "--chat-template FILE" in err
+    assert main(["serve", str(model.model_path), "--chat-template", str(_template_file(model))]) == 0
+    assert "only /v1/completions" not in capsys.readouterr().err
+
+
+def _template_file(model) -> Path:
+    path = Path(model.model_path).with_name("chat.jinja")
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return path
 
 
 def test_a_public_host_is_warned_about(served, model, capsys):
@@ -82,3 +100,27 @@ def test_the_documented_serve_commands_parse():
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])
         assert args.command == "serve", command
+
+
+def test_ctx_and_stop_apply_to_every_request(served, model):
+    from starlette.testclient import TestClient
+
+    full = strata.generate(model, "ab", max_tokens=40).text
+    stop = full[10:12]
+    assert "\\" not in stop and full.index(stop) > 0
+    assert main(["serve", str(model.model_path), "--ctx", "64", "--stop", stop, "--name", "tiny"]) == 0
+    (app, _), = served
+    state = app.state.strata
+    assert state.context == 64 and state.stops == (stop,)
+    with TestClient(app) as client:
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "x" * 80, "max_tokens": 4})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "ab", "max_tokens": 40,
+                                                 "temperature": 0})
+        assert r.json()["choices"][0]["text"] == full[:full.index(stop)]
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_ctx_beyond_the_model_fails_before_listening(served, model, capsys):
+    assert main(["serve", str(model.model_path), "--ctx", "100000"]) == 2
+    assert "--ctx: 100000 is more than the model's context of 2048" in capsys.readouterr().err and not served

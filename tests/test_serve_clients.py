@@ -70,7 +70,7 @@ def test_anthropic_messages_plain_and_streamed(server, model):
     assert streamed == expected.text and final.usage.output_tokens == len(expected.tokens)
     assert final.stop_reason == msg.stop_reason
     with pytest.raises(anthropic.BadRequestError, match="top_k"):
-        client.messages.create(model=NAME, max_tokens=10, messages=USER, extra_body={"top_k": 3})
+        client.messages.create(model=NAME, max_tokens=10, messages=USER, extra_body={"top_k": -3})
 
 
 def test_tool_call_round_trip_through_both_clients(model):

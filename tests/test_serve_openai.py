@@ -41,6 +41,31 @@ def test_a_completion_is_strata_generate_with_the_same_settings(client, model):
         assert body["strata"]["finish_reason"] == "length" and "report" in body["strata"]
 
 
+@pytest.mark.parametrize("settings", [
+    {"temperature": 0.9, "top_k": 5, "seed": 3},
+    {"temperature": 0.9, "min_p": 0.2, "seed": 3},
+    {"temperature": 0.0, "repeat_penalty": 1.5},
+    {"temperature": 0.0, "frequency_penalty": 1.5},
+    {"temperature": 0.0, "presence_penalty": 2.0},
+    {"temperature": 0.8, "top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1, "frequency_penalty": 0.5,
+     "presence_penalty": -0.5, "seed": 9},
+])
+def test_every_cli_sampling_field_is_a_request_field(client, model, settings):
+    expected = strata.generate(model, "def f(x):", max_tokens=16, **settings)
+    for path, body in (("/v1/completions", {"prompt": "def f(x):"}),):
+        r = client.post(path, json={"model": NAME, "max_tokens": 16, **body, **settings})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == expected.text
+    plain = strata.generate(model, "def f(x):", max_tokens=16, **{**settings, **_neutral(settings)})
+    assert plain.tokens != expected.tokens, "the setting changed nothing: the test cannot tell it was applied"
+
+
+def _neutral(settings: dict) -> dict:
+    """The settings with the field under test switched off (temperature and seed kept)."""
+    off = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    return {k: v for k, v in off.items() if k in settings}
+
+
 def test_the_seed_is_reported_and_reproduces_the_text(client):
     r1 = client.post("/v1/completions", json={"model": NAME, "prompt": "ab", "max_tokens": 10, "temperature": 1.0})
     seed = r1.json()["strata"]["seed"]

@@ -5,7 +5,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from strata.serve.fields import Fields, RequestError
-from strata.serve.stops import StopMatcher, held_back
+from strata.stop_strings import StopMatcher, held_back
 from strata.serve.tool_calls import ToolCallSplitter, parse_tool_calls
 
 

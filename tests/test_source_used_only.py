@@ -47,10 +47,3 @@ def test_the_cuda_header_of_a_decode_kernel_is_a_fraction_of_the_prelude():
     assert metal_header == compact(HEADER[Dialect.METAL])  # Metal and the emulator keep the whole prelude
 
 
-def test_the_whole_prelude_stays_selectable(monkeypatch):
-    """STRATA_CUDA_FULL_PRELUDE=1 (source.USED_ONLY False): the whole prelude, the benchmarks' A/B."""
-    from strata.mlx_backend.kernels import source
-
-    monkeypatch.setattr(source, "USED_ONLY", False)
-    header, _ = mlx_source(dense_gemv.SOURCE, Dialect.CUDA)
-    assert header == compact(HEADER[Dialect.CUDA])

@@ -86,3 +86,18 @@ def test_errors_are_one_line(made, trace_path, tmp_path, capsys, argv, fragment)
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert fragment in err.strip().splitlines()[-1] and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_trace_shows_its_progress_token_by_token(made, tmp_path, capsys):
+    from strata.loader import load
+    from strata.tools.trace import record_trace
+
+    with load(made.model_path) as model:
+        seen = []
+        record_trace(model.resident_params(), model.tokenizer.encode(TEXT)[:6], progress=seen.append)
+        assert seen == [1, 2, 3, 4, 5, 6]
+    code, out, err = run(capsys, "trace", made.model_path, TEXT, "-o", tmp_path / "p.npz", "--max-tokens", "12")
+    assert code == 0 and "tracing" in err and "12/12" in err and "wrote" in out
+    code, out, err = run(capsys, "trace", made.model_path, TEXT, "-o", tmp_path / "q.npz", "--max-tokens", "12",
+                         "--quiet")
+    assert code == 0 and "tracing" not in err

@@ -6,23 +6,35 @@ import argparse
 import signal
 
 HELP = """\
-Convert a downloaded Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json) of a
-Qwen3-MoE, Qwen2-MoE, OLMoE or Mixtral model into OUT.gguf (dense weights, config, tokenizer,
-chat template) and OUT.experts (routed experts). Streams tensor by tensor; nothing appears
-under OUT's names until the conversion is complete. See docs/convert.md.
+Convert a downloaded Hugging Face checkpoint (config.json, *.safetensors, tokenizer.json), an
+mlx-lm checkpoint or a llama.cpp GGUF into OUT.gguf (dense weights, config, tokenizer, chat
+template) and OUT.experts (routed experts). Streams tensor by tensor; nothing appears under
+OUT's names until the conversion is complete. See docs/convert.md and docs/models.md.
 
-example:
-  strata convert ~/models/Qwen3-30B-A3B /data/qwen3-30b --experts q2_0"""
+families (config.json model_type): Qwen3-MoE (qwen3_moe), Qwen2-MoE (qwen2_moe), OLMoE (olmoe),
+Mixtral (mixtral), Qwen3-Next (qwen3_next), Qwen3.5-MoE (qwen3_5_moe, qwen3_5_moe_text),
+DeepSeek-V3 (deepseek_v3, kimi_k2), GLM-4.7-Flash (glm4_moe_lite), GLM-4.5 (glm4_moe),
+MiniMax-M2 (minimax_m2), gpt-oss (gpt_oss), Qwen4-Exp (qwen4_exp, qwen4_exp_text).
+
+HF_DIR may be a hub id (Qwen/Qwen3-30B-A3B): its snapshot in the local Hugging Face cache
+(HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); strata does not download.
+
+examples:
+  strata convert ~/models/Qwen3-30B-A3B /data/qwen3-30b --experts q2_0
+  strata convert Qwen/Qwen3-30B-A3B /data/qwen3-30b     the checkpoint in the local hub cache"""
 
 
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="convert a Hugging Face MoE checkpoint", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (or an mlx-lm one, or a llama.cpp .gguf)")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (float, block-wise FP8, or an mlx-lm one; "
+                                                    "or a llama.cpp .gguf), or a hub id in the local Hugging Face cache")
     p.add_argument("out", metavar="OUT", help="output path (OUT.gguf and OUT.experts are written)")
     p.add_argument("--experts", default=None, help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0; an "
-                                                "MLX-quantized checkpoint's experts keep their own bits)")
-    p.add_argument("--dense", default="f32", help="dense matrix type: f32, f16, q8_0 (default f32)")
+                                                "MLX-quantized checkpoint's or a llama.cpp GGUF's experts keep "
+                                                "their own types, bit for bit)")
+    p.add_argument("--dense", default=None, help="dense matrix type: f32, f16, q8_0 (default f32; a llama.cpp "
+                                             "GGUF's dense matrices keep their own types, bit for bit)")
     p.add_argument("--ngrams", default="f16", help="a PLE model's n-gram row store (OUT.ngrams) row type: f32, f16, "
                                                 "q8_0, q4_0 (default f16; docs/qwen4.md gives their KLD)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -37,25 +49,27 @@ def run(args: argparse.Namespace) -> int:
     from strata.convert import convert
     from strata.errors import ConfigError
     from strata.formats.quant_types import parse_quant_type
+    from strata.hub_cache import looks_like_hub_id, snapshot_dir
 
     from strata.cli.paths import check_output_path
 
     try:
         expert_type = None if args.experts is None else parse_quant_type(args.experts)
-        dense_type = parse_quant_type(args.dense)
+        dense_type = None if args.dense is None else parse_quant_type(args.dense)
         ngram_type = parse_quant_type(args.ngrams)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_output_path(args.out, "OUT", make_dirs=True)  # before hours of conversion, not after (the converter makes directories)
+    source = snapshot_dir(args.hf_dir) if looks_like_hub_id(args.hf_dir) else args.hf_dir
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        r = convert(args.hf_dir, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet,
+        r = convert(source, args.out, expert_type=expert_type, dense_type=dense_type, progress=not args.quiet,
                     ngram_type=ngram_type)
     finally:
         signal.signal(signal.SIGTERM, previous)
     c = r.cfg
     print(f"wrote {r.model_path} and {r.experts_path}: {r.family}, {c.n_layers} layers, {c.n_experts} experts "
-          f"(top-{c.n_experts_per_token}), experts {r.expert_type.name}, dense {r.dense_type.name}, "
+          f"(top-{c.n_experts_per_token}), experts {r.experts_described}, dense {r.dense_described}, "
           f"{r.seconds:.1f} s")
     if r.ngrams_path is not None:
         print(f"wrote {r.ngrams_path}: the PLE n-gram row store, rows {args.ngrams.upper()}")

@@ -14,6 +14,7 @@ import sys
 
 SUBCOMMANDS = {
     "generate": "strata.cli.generate",
+    "chat": "strata.cli.chat",
     "serve": "strata.cli.serve",
     "make-model": "strata.cli.make_model",
     "convert": "strata.cli.convert",
@@ -32,6 +33,7 @@ resident, routed experts are paged from disk into a fixed arena of slots.
 examples:
   strata generate "def fibonacci(n):"            the embedded default model
   strata generate model.gguf "Once upon" -n 64    a converted model (model.gguf + model.experts)
+  strata chat                                     chat in the terminal (history, --system, /reset)
   strata serve model.gguf --port 8000             OpenAI/Anthropic-compatible HTTP on 127.0.0.1
   strata generate model.gguf @prompt.txt          the prompt from a file (- reads standard input)
   strata make-model /tmp/tiny --shape tiny        write a small random test model
@@ -96,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
     preset_environment(argv)  # before numpy's first import, which the parsers below bring
     debug, argv = _debug_requested(argv)
+    from strata.option_names import command_line
+
     try:
-        return _dispatch(argv)
+        with command_line():  # errors name flags, not the Python API's parameters
+            return _dispatch(argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

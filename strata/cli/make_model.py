@@ -22,12 +22,16 @@ def add_parser(sub, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from strata.errors import ConfigError
     from strata.formats.quant_types import parse_quant_type
+    from strata.reference.quants import QUANTIZABLE
     from strata.testing.models import make_model
 
     try:
         expert_type, dense_type = parse_quant_type(args.experts), parse_quant_type(args.dense)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if expert_type not in QUANTIZABLE:  # llama.cpp's types are read from GGUFs, never made
+        raise ConfigError(f"expert type {args.experts!r} cannot be made (it is only read, as a GGUF stores it); "
+                          f"use one of {', '.join(q.name.lower() for q in QUANTIZABLE)}")
     made = make_model(args.path, args.shape, args.seed, expert_type=expert_type, dense_type=dense_type, progress=True)
     print(f"wrote {made.model_path} and {made.experts_path}")
     return 0

@@ -19,18 +19,22 @@ example:
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="record a routing trace (router inputs and selections)", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="model path (name.gguf; its experts in name.experts)")
+    p.add_argument("model", help="model path (name.gguf; its experts in name.experts), default or a hub id")
     p.add_argument("text", help="the text, or @path to read it from a file")
     p.add_argument("-o", "--output", required=True, help="trace file to write (.npz)")
     p.add_argument("--max-tokens", type=int, default=0, help="keep only the first N tokens (default: all)")
     p.add_argument("--f16", action="store_true", help="store router inputs as float16 (half the size)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--batch", action="store_true",
                    help="one forward over the whole text instead of decode order (faster; rounds differently)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
+
+    from tqdm import tqdm
 
     from strata.errors import ConfigError
     from strata.loader import load
@@ -48,9 +52,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{len(tokens)} tokens exceed the model's context of {model.cfg.max_context} "
                           f"(use --max-tokens)")
     start = time.perf_counter()
-    trace = record_trace(fast_params(model.resident_params()), tokens, input_dtype="f16" if args.f16 else "f32",
-                         decode_order=not args.batch, meta={"model": str(model.model_path), "tokens": len(tokens)},
-                         ops=tool_ops(model))
+    with tqdm(total=len(tokens), desc="tracing", unit="tok", disable=args.quiet, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        trace = record_trace(fast_params(model.resident_params()), tokens, input_dtype="f16" if args.f16 else "f32",
+                             decode_order=not args.batch, meta={"model": str(model.model_path), "tokens": len(tokens)},
+                             progress=lambda n: bar.update(n - bar.n), ops=tool_ops(model))
     path = save_trace(args.output, trace)
     print(f"wrote {path}: {trace.n_tokens} tokens x {trace.n_layers} layers x {trace.n_experts} experts "
           f"(top-{trace.top_k}) in {time.perf_counter() - start:.1f} s")

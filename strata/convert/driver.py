@@ -45,18 +45,19 @@ from strata.convert.common import (
     same_up_to_unit_axes,
 )
 from strata.convert.hf_config import HFConfig
-from strata.convert import gguf_checkpoint, mlx_checkpoint
+from strata.convert import fp8_checkpoint, gguf_checkpoint, mlx_checkpoint
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, source_names
 from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights, RecordLayout
 from strata.formats.experts_file import ExpertsFile, write_experts
-from strata.formats.model_file import DENSE_TYPES, write_model
+from strata.formats.model_file import DENSE_TYPES, StoredBlocks, write_model
 from strata.formats.quant_types import QuantType
-from strata.model_config import ModelConfig, dense_tensor_shapes
+from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
 from strata.ple_store import NGRAMS_SUFFIX
 from strata.reference.quants import quantize
+from strata.option_names import option
 
 EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
 DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # design §4: routed experts are Q2_0
@@ -72,12 +73,26 @@ class ConvertResult:
     experts_path: Path
     cfg: ModelConfig
     family: str
-    expert_type: QuantType
-    dense_type: QuantType
+    expert_type: QuantType | None  # None: a GGUF's experts kept as stored, types per layer (expert_layer_types)
+    dense_type: QuantType  # of the matrices written; a GGUF's own are kept as stored where dense_kept
     seconds: float
     notes: tuple[str, ...] = ()  # what the conversion deliberately left out, for the user
-    requant_kld: object = None  # RequantKld of a GGUF's requantized experts, else None
+    requant_kld: object = None  # RequantKld of a GGUF's or an FP8 checkpoint's requantized experts, else None
     ngrams_path: Path | None = None  # a PLE model's row store (`out.ngrams`), else None
+    expert_layer_types: tuple | None = None  # (gate, up, down) types per MoE layer where they mix
+    dense_kept: bool = False  # a GGUF's dense matrices written in their stored types
+
+    @property
+    def dense_described(self) -> str:
+        return "as stored" if self.dense_kept else self.dense_type.name
+
+    @property
+    def experts_described(self) -> str:
+        """'Q2_0', or 'Q4_K, Q5_1, IQ4_NL as stored (per layer and projection)'."""
+        if self.expert_layer_types is None:
+            return self.expert_type.name
+        names = sorted({q for t in self.expert_layer_types for q in t}, key=int)
+        return ", ".join(q.name for q in names) + " as stored (per layer and projection)"
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -91,12 +106,14 @@ def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
 def _check_expert_type(cfg: ModelConfig, qtype: QuantType) -> None:
     if qtype not in EXPERT_TYPES:
         raise ConfigError(f"expert type {qtype.name.lower()} not supported; use one of "
-                          f"{', '.join(q.name.lower() for q in EXPERT_TYPES)}")
+                          f"{', '.join(q.name.lower() for q in EXPERT_TYPES)} (or no --experts: a llama.cpp "
+                          "GGUF's or an MLX checkpoint's experts keep their own types)")
     try:
         RecordLayout(qtype, cfg.hidden_size, cfg.expert_ffn_size)
     except ValueError as e:
         raise ConfigError(f"cannot store experts as {qtype.name.lower()}: {str(e).removeprefix('record layout: ')} "
-                          "(hidden_size and the expert ffn size; use --experts f16)") from None
+                          f"(hidden_size and the expert ffn size; use {option('experts', 'f16', python='expert_type')})") \
+            from None
 
 
 def _check_tokenizer(tok: TokenizerFiles, cfg: ModelConfig, where: Path) -> None:
@@ -129,6 +146,23 @@ class LazyTensor:
         if self._bar is not None:
             self._bar.update(1)
         return x if dtype is None else x.astype(dtype, copy=False)
+
+
+def _kept_dense(ckpt: gguf_checkpoint.GgufCheckpoint, name: str, src, shape: tuple[int, ...], bar):
+    """A GGUF's dense matrix as it is stored (its ggml type and bytes), or None where it is not a
+    plain matrix of its own (a router and 1-D tensors are F32 by the format's rule; a derived or
+    reshaped tensor; an F32 one, which F32 writes as it is). Its values are checked finite."""
+    if (not isinstance(src, str) or len(shape) != 2 or name.endswith("." + TensorNames.router)
+            or ckpt.shape(src) != tuple(shape) or ckpt.ggml_type(src) == int(QuantType.F32)):
+        return None
+
+    def read() -> np.ndarray:
+        check_finite(ckpt.read(src), f"{ckpt.directory}: tensor {src}")
+        if bar is not None:
+            bar.update(1)
+        return ckpt.stored(src)[1]
+
+    return StoredBlocks(ckpt.ggml_type(src), tuple(shape), read)
 
 
 def check_finite(x: np.ndarray, where: str) -> None:
@@ -194,10 +228,11 @@ class _Plan:
     family: Family
     cfg: ModelConfig
     experts: ExpertTensors | mlx_checkpoint.MlxExpertTensors
-    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint)
+    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint, a GGUF)
     sources: dict[str, str | Derived]  # strata dense name -> checkpoint tensor name (or tensors derived from)
     tokenizer: TokenizerFiles
     notes: tuple[str, ...] = ()  # what was deliberately left out (a vision tower, an MTP head)
+    kept_layers: tuple | None = None  # a GGUF's (gate, up, down) types per layer where they mix, kept as stored
 
 
 def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
@@ -220,7 +255,8 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
             experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
         sources = dense_sources(cfg, moe)
     kept = getattr(experts, "qtype", None) if expert_type is None else None
-    if kept is None:
+    kept_layers = getattr(experts, "layer_qtypes", None) if expert_type is None and kept is None else None
+    if kept is None and kept_layers is None:
         _check_expert_type(cfg, DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
     for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
         if isinstance(src, Derived):
@@ -232,7 +268,7 @@ def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType |
     tok = gguf_checkpoint.tokenizer_of(ckpt) if isinstance(ckpt, gguf_checkpoint.GgufCheckpoint) else \
         read_tokenizer_files(hf_dir)
     _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, kept, sources, tok, notes)
+    return _Plan(hf, family, cfg, experts, kept, sources, tok, notes, kept_layers)
 
 
 def convert(
@@ -240,22 +276,25 @@ def convert(
     out: str | os.PathLike,
     *,
     expert_type: QuantType | None = None,
-    dense_type: QuantType = DEFAULT_DENSE_TYPE,
+    dense_type: QuantType | None = None,
     progress: bool = False,
     ngram_type: QuantType = DEFAULT_NGRAM_TYPE,
 ) -> ConvertResult:
     """Convert the checkpoint in `hf_dir` to `out.gguf` + `out.experts` (see the module doc).
 
-    expert_type None: an MLX-quantized checkpoint's experts keep their own type (bit for bit),
-    a float checkpoint's become DEFAULT_EXPERT_TYPE; a type given is quantized to (from the
-    dequantized values, for an MLX checkpoint). ngram_type: the row type of a PLE model's row
+    expert_type None: an MLX-quantized checkpoint's or a llama.cpp GGUF's experts keep their own
+    types (bit for bit; a GGUF's may differ per layer and projection), a float checkpoint's become
+    DEFAULT_EXPERT_TYPE; a type given is quantized to (from the dequantized values, for an MLX
+    checkpoint or a GGUF). ngram_type: the row type of a PLE model's row
     store (`out.ngrams`: F32, F16, Q8_0 or Q4_0; docs/formats.md §7)."""
     start = time.perf_counter()
     hf_dir = Path(hf_dir)
     from_gguf = gguf_checkpoint.is_gguf(hf_dir)
     if not hf_dir.is_dir() and not from_gguf:
         raise ConfigError(f"{hf_dir}: not a directory (expected a Hugging Face checkpoint directory)")
-    expert_type, dense_type = None if expert_type is None else QuantType(expert_type), QuantType(dense_type)
+    keep_dense = from_gguf and dense_type is None
+    expert_type = None if expert_type is None else QuantType(expert_type)
+    dense_type = DEFAULT_DENSE_TYPE if dense_type is None else QuantType(dense_type)
     ngram_type = QuantType(ngram_type)
     if dense_type not in DENSE_TYPES:
         raise ConfigError(f"dense type {dense_type.name.lower()} not supported; use one of "
@@ -265,15 +304,20 @@ def convert(
         hf = gguf_checkpoint.hf_config_of(source)
     else:
         hf = HFConfig.read(hf_dir)
-        mlx_quant = mlx_checkpoint.quantization_of(hf)
+        mlx_quant, fp8_quant = mlx_checkpoint.quantization_of(hf), fp8_checkpoint.quantization_of(hf)
         if mlx_quant is not None:  # mlx-lm's format: read as the float model it stands for
             hf = mlx_checkpoint.without_quantization(hf)
-        source = Checkpoint(hf_dir) if mlx_quant is None else mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
+            source = mlx_checkpoint.MlxCheckpoint(hf_dir, mlx_quant)
+        elif fp8_quant is not None:  # block-wise FP8 (DeepSeek's layout): read dequantized, in float32
+            hf = fp8_checkpoint.without_quantization(hf)
+            source = fp8_checkpoint.Fp8Checkpoint(hf_dir, fp8_quant)
+        else:
+            source = Checkpoint(hf_dir)
     with source as ckpt:
         plan = _plan(hf_dir, ckpt, hf, expert_type)
         # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
-        expert_type = plan.kept if plan.kept is not None else (
-            DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
+        kept = plan.kept is not None or plan.kept_layers is not None
+        expert_type = plan.kept if kept else (DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
         cfg, shapes = plan.cfg, dense_tensor_shapes(plan.cfg)
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
@@ -284,10 +328,11 @@ def convert(
         model_path.parent.mkdir(parents=True, exist_ok=True)
         renamed = False
         try:
-            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({expert_type.name})", "expert",
+            described = expert_type.name if expert_type is not None else "as stored"
+            with _bar(cfg.n_moe_layers * cfg.n_experts, f"{experts_path.name} ({described})", "expert",
                       progress) as bar:
                 def get_expert(layer: int, e: int) -> ExpertWeights:  # layer: the MoE index
-                    if plan.kept is not None:  # copied through as stored: checked as the float path is
+                    if kept:  # copied through as stored: checked as the float path is
                         w = plan.experts.read_quantized(layer, e)
                         for name, m in (("gate", w.gate), ("up", w.up), ("down", w.down)):
                             check_stored_finite(m, f"{hf_dir}: layer {cfg.moe_layers[layer]} expert {e} {name} "
@@ -306,9 +351,10 @@ def convert(
                     bar.update(1)
                     return w
 
-                write_experts(experts_partial, qtype=expert_type, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
+                write_experts(experts_partial, qtype=expert_type if expert_type is not None else plan.kept_layers[0][0],
+                              n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
                               hidden=cfg.hidden_size, expert_ffn=cfg.expert_ffn_size, get_expert=get_expert,
-                              biases=cfg.expert_bias)
+                              biases=cfg.expert_bias, layer_qtypes=plan.kept_layers)
             with ExpertsFile.open(experts_partial) as xf:
                 identity = xf.identity
             ngrams_identity = None
@@ -318,8 +364,13 @@ def convert(
                     ngrams_identity = store.identity
             extra = {SOURCE_KEY: plan.hf.model_type}
             extra.update({SPECIAL_TOKEN_KEY_PREFIX + k: v for k, v in plan.tokenizer.special_tokens.items()})
-            with _bar(len(plan.sources), f"{model_path.name} (dense {dense_type.name})", "tensor", progress) as bar:
+            what = "as stored" if keep_dense else dense_type.name
+            with _bar(len(plan.sources), f"{model_path.name} (dense {what})", "tensor", progress) as bar:
                 dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
+                if keep_dense:
+                    for name, src in plan.sources.items():
+                        kept_tensor = _kept_dense(ckpt, name, src, shapes[name], bar)
+                        dense[name] = dense[name] if kept_tensor is None else kept_tensor
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
                             chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra,
                             experts_identity=identity, ngrams_identity=ngrams_identity)
@@ -331,9 +382,13 @@ def convert(
             _unlink(*partials, *(finals if renamed else []))
             raise
         kld = None
-        if from_gguf and plan.kept is None:  # requantized: what that step cost, against gguf's dequantization
+        if from_gguf and not kept:  # requantized: what that step cost, against gguf's dequantization
             from strata.convert.requant_report import requantization_kld
 
-            kld = requantization_kld(model_path, plan.experts)
+            kld = requantization_kld(model_path, plan.experts, plan.experts.source_types, "the GGUF's")
+        elif isinstance(ckpt, fp8_checkpoint.Fp8Checkpoint) and expert_type is not QuantType.F32:
+            from strata.convert.requant_report import requantization_kld  # FP8 values * float32 scales: F32 is exact
+
+            kld = requantization_kld(model_path, plan.experts, (fp8_checkpoint.FP8_DTYPE,), "the FP8 checkpoint's")
     return ConvertResult(model_path, experts_path, cfg, plan.family.name, expert_type, dense_type,
-                         time.perf_counter() - start, plan.notes, kld, ngrams_path)
+                         time.perf_counter() - start, plan.notes, kld, ngrams_path, plan.kept_layers, keep_dense)

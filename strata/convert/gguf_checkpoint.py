@@ -1,12 +1,16 @@
 """A llama.cpp GGUF model file read as the Hugging Face checkpoint it was converted from.
 
+The file is opened by strata's own GGUF reader (strata/formats/gguf_file.py), which holds it to
+ggml's loader's rules first: a relabelled tensor type, a moved or misaligned offset, truncation or
+a changed alignment ends in one FormatError line, never in other weights.
 `hf_config_of` turns the GGUF's metadata (`{arch}.block_count`, `{arch}.embedding_length`, ...)
 into the config.json keys the families read; `GgufCheckpoint` presents its tensors under the
 Hugging Face names (`blk.0.attn_q.weight` -> `model.layers.0.self_attn.q_proj.weight`),
-dequantized by the `gguf` package's own dequantizers; `GgufExpertTensors` reads the stacked
-`blk.L.ffn_{gate,up,down}_exps` experts either as their stored blocks (when a strata type holds
-them exactly: F32, F16, Q8_0, Q4_0, whose ggml blocks ARE strata's block form) or dequantized
-(K-quants and the rest, which the converter requantizes); `tokenizer_of` rebuilds a
+dequantized by strata's reference (ggml's semantics; the `gguf` package's values bit for bit);
+`GgufExpertTensors` reads the stacked `blk.L.ffn_{gate,up,down}_exps` experts as their stored blocks, every type as the GGUF holds it
+(each ggml type is a strata type: strata/formats/ggml_blocks.py; Q8_0 / Q4_0 split into strata's
+planes, the rest whole blocks), a type per layer and projection, or dequantized (when the user asks
+for another expert type with --experts, which requantizes); `tokenizer_of` rebuilds a
 `tokenizer.json` from the GGUF's byte-level BPE vocabulary.
 
 llama.cpp's converter permutes the rows of Q and K for its `llama` architecture (Mixtral), to
@@ -23,9 +27,11 @@ from strata.convert.hf_config import HFConfig
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertWeights
-from strata.formats.quant_types import QuantType
+from strata.formats import gguf_file
+from strata.formats.gguf_file import GGUFFile, TensorInfo, open_gguf
+from strata.formats.quant_types import QuantType, row_bytes
 from strata.model_config import ModelConfig
-from strata.reference.quants import from_blocks
+from strata.reference.quants import dequantize, from_blocks
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp architecture -> (transformers model_type, MoE block name)
@@ -48,7 +54,9 @@ PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-KEPT = {"F32": QuantType.F32, "F16": QuantType.F16, "Q8_0": QuantType.Q8_0, "Q4_0": QuantType.Q4_0}
+# ggml type name -> the strata type that keeps it as stored (every ggml weight type has one;
+# ggml's MXFP4 / NVFP4 are GGML_MXFP4 / GGML_NVFP4 here, MLX's MXFP4 being another layout)
+KEPT = {q.name.removeprefix("GGML_"): q for q in QuantType if q.value < 200}
 TOKEN_TYPE_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: special tokens
 
 
@@ -60,18 +68,29 @@ def is_gguf(path: str | Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def _reader(path: Path):
+def _reader(path: Path) -> GGUFFile:
+    """The file, checked by ggml's loader's rules before a byte of it is used (gguf_file.py): a
+    relabelled type, a moved offset, truncation or a changed alignment is one FormatError line."""
+    return open_gguf(path)
+
+
+def _value(reader: GGUFFile, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.value
+
+
+def _type_name(info: TensorInfo) -> str:
     import gguf
 
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct.error, IndexError on bad files
-        raise FormatError(f"{path}: unreadable GGUF ({type(e).__name__}: {e})") from None
+    return gguf.GGMLQuantizationType(info.ggml_type).name
 
 
-def _value(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _dequantize(data: np.ndarray, ggml_type: str, n_cols: int) -> np.ndarray:
+    """A tensor's stored data (float arrays, or uint8 rows of blocks) in float32, by
+    strata's reference (ggml's `dequantize_row_*`; equal to gguf's own bit for bit)."""
+    qtype = KEPT[ggml_type]
+    raw = np.ascontiguousarray(data).view(np.uint8)
+    return dequantize(from_blocks(qtype, n_cols, raw.reshape(-1, row_bytes(qtype, n_cols))))
 
 
 class GgufCheckpoint:
@@ -85,7 +104,7 @@ class GgufCheckpoint:
             raise ConfigError(f"{path}: llama.cpp architecture {self.arch!r} not supported; supported: "
                               f"{', '.join(ARCHITECTURES)}")
         self.model_type, self.moe = ARCHITECTURES[self.arch]
-        self.gguf_tensors = {t.name: t for t in self.reader.tensors}
+        self.gguf_tensors = dict(self.reader.tensors)  # name -> TensorInfo, in file order
         self.tensors: dict[str, str] = {}  # Hugging Face name -> GGUF name
         for name in self.gguf_tensors:
             hf = self._hf_name(name)
@@ -112,31 +131,44 @@ class GgufCheckpoint:
         return self.gguf_tensors[gname]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in reversed(self._tensor(name).shape))  # ggml's ne is innermost first
+        return tuple(int(n) for n in self._tensor(name).shape)  # numpy order (ggml's ne reversed)
+
+    def ggml_type(self, name: str) -> int:
+        """The tensor's ggml type id."""
+        return int(self._tensor(name).ggml_type)
 
     def check_dtype(self, name: str) -> None:
-        import gguf
-
         t = self._tensor(name)
-        if t.tensor_type not in gguf.quants._type_traits and t.tensor_type not in (
-                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16):
-            raise FormatError(f"{self.path}: tensor {t.name}: type {t.tensor_type.name} has no dequantizer in gguf")
+        if _type_name(t) not in KEPT:
+            raise FormatError(f"{self.path}: tensor {t.name}: type {_type_name(t)} is not a weight type "
+                              f"(supported: {', '.join(KEPT)})")
 
     def raw(self, name: str, index: int | None = None) -> tuple[str, np.ndarray]:
-        """(ggml type name, the stored data: rows of blocks as uint8, or the float array)."""
+        """(ggml type name, the stored data: rows of blocks as uint8, or the float array; a
+        read-only view of the file's map)."""
         t = self._tensor(name)
-        data = np.asarray(t.data)
-        return t.tensor_type.name, (data if index is None else data[index])
+        data = self.reader.raw(t)
+        return _type_name(t), (data if index is None else data[index])
+
+    def stored(self, name: str) -> tuple[int, np.ndarray]:
+        """(ggml type id, the tensor's rows as stored: uint8 [R, row_bytes]) in the Hugging Face row
+        order (llama's Q/K rows un-permuted: rows are whole blocks, so that moves bytes only)."""
+        self.check_dtype(name)
+        t = self._tensor(name)
+        shape = self.shape(name)
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        raw = np.ascontiguousarray(self.reader.raw(t)).view(np.uint8).reshape(rows, -1)
+        if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            raw = self._unpermute(raw, t.name)
+        return int(t.ggml_type), raw
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """The tensor in float32, in the Hugging Face layout. Shapes: -> shape(name) (without index)"""
-        import gguf
-
+        self.check_dtype(name)
         t = self._tensor(name)
-        data = np.asarray(t.data) if index is None else np.asarray(t.data)[index]
-        x = gguf.quants.dequantize(data, t.tensor_type).astype(np.float32)
+        data = self.reader.raw(t) if index is None else self.reader.raw(t)[index]
         want = self.shape(name) if index is None else self.shape(name)[1:]
-        x = x.reshape(want)
+        x = _dequantize(data, _type_name(t), want[-1]).reshape(want)
         if self.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             x = self._unpermute(x, t.name)
         return x
@@ -150,6 +182,8 @@ class GgufCheckpoint:
         return w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
         self.reader = None
 
     def __enter__(self) -> "GgufCheckpoint":
@@ -159,67 +193,109 @@ class GgufCheckpoint:
         self.close()
 
 
+_REQUIRED = object()
+_INTEGERS = frozenset({gguf_file.UINT8, gguf_file.INT8, gguf_file.UINT16, gguf_file.INT16, gguf_file.UINT32,
+                       gguf_file.INT32, gguf_file.UINT64, gguf_file.INT64})
+_KINDS = {"an integer": _INTEGERS, "a number": _INTEGERS | {gguf_file.FLOAT32, gguf_file.FLOAT64},
+          "a string": {gguf_file.STRING}, "a bool": {gguf_file.BOOL}}
+
+
+def metadata(ckpt: GgufCheckpoint, key: str, kind: str, default=_REQUIRED):
+    """The value of metadata `key`, checked to be `kind` (a key of _KINDS); `default` where it is
+    absent, or a FormatError naming the key where it is required (as llama.cpp's loader requires
+    it) or of another type."""
+    f = ckpt.reader.fields.get(key)
+    if f is None:
+        if default is _REQUIRED:
+            raise FormatError(f"{ckpt.path}: missing metadata key {key} (llama.cpp's loader requires it)")
+        return default
+    if f.type not in _KINDS[kind] or (kind == "an integer" and f.value < 0):
+        raise FormatError(f"{ckpt.path}: metadata key {key} is {f.type_name} {f.value!r}, expected {kind}")
+    return f.value
+
+
+def _string_list(ckpt: GgufCheckpoint, key: str, default=_REQUIRED) -> list[str]:
+    f = ckpt.reader.fields.get(key)
+    if f is None:
+        if default is _REQUIRED:
+            raise FormatError(f"{ckpt.path}: missing metadata key {key} (llama.cpp's loader requires it)")
+        return default
+    if f.type != gguf_file.ARRAY or f.item_type != gguf_file.STRING:
+        raise FormatError(f"{ckpt.path}: metadata key {key} is {f.type_name}, expected an array of strings")
+    return list(f.value)
+
+
 def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
-    """The config.json keys the families read, from the GGUF's `{arch}.*` metadata."""
-    r, a = ckpt.reader, ckpt.arch
-    get = lambda key, default=None: _value(r, f"{a}.{key}", default)  # noqa: E731
-    n_experts = get("expert_count", 0)
+    """The config.json keys the families read, from the GGUF's `{arch}.*` metadata (each checked
+    present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
+    a = ckpt.arch
+    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+    number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
+    n_experts = integer("expert_count", 0)
     if not n_experts:
         raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
-    scaling = get("rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
+    if scaling != "none":
         raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none")
     vocab = ckpt.shape("model.embed_tokens.weight")[0]
-    ffn = get("expert_feed_forward_length", get("feed_forward_length"))
+    ffn = integer("expert_feed_forward_length", None)
+    ffn = integer("feed_forward_length") if ffn is None else ffn
+    heads = integer("attention.head_count")
     raw = dict(
-        model_type=ckpt.model_type, vocab_size=vocab, hidden_size=get("embedding_length"),
-        num_hidden_layers=get("block_count"), num_attention_heads=get("attention.head_count"),
-        num_key_value_heads=get("attention.head_count_kv", get("attention.head_count")),
-        head_dim=get("attention.key_length"), num_experts=n_experts, num_local_experts=n_experts,
-        num_experts_per_tok=get("expert_used_count"), moe_intermediate_size=ffn, intermediate_size=ffn,
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
-        max_position_embeddings=get("context_length"), hidden_act="silu",
-        norm_topk_prob=bool(get("expert_weights_norm", NORM_TOPK[a])),
+        model_type=ckpt.model_type, vocab_size=vocab, hidden_size=integer("embedding_length"),
+        num_hidden_layers=integer("block_count"), num_attention_heads=heads,
+        num_key_value_heads=integer("attention.head_count_kv", heads),
+        head_dim=integer("attention.key_length", None), num_experts=n_experts, num_local_experts=n_experts,
+        num_experts_per_tok=integer("expert_used_count"), moe_intermediate_size=ffn, intermediate_size=ffn,
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon"), rope_theta=number("rope.freq_base", 10000.0),
+        max_position_embeddings=integer("context_length"), hidden_act="silu",
+        norm_topk_prob=bool(metadata(ckpt, f"{a}.expert_weights_norm", "a bool", NORM_TOPK[a])),
         tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
     )
-    shared = get("expert_shared_feed_forward_length")
+    shared = integer("expert_shared_feed_forward_length", None)
     if shared:
         raw["shared_expert_intermediate_size"] = shared
     return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
 
 
 class GgufExpertTensors:
-    """The stacked experts of a GGUF: `qtype` is the strata type that holds every projection
-    exactly (None: they are requantized; see the module doc)."""
+    """The stacked experts of a GGUF, kept as stored: `layer_qtypes[l]` is the (gate, up, down)
+    strata types of MoE layer l, `qtype` their one type where every projection of every layer
+    shares it (else None: the `.experts` file records a type per layer and projection)."""
 
     def __init__(self, ckpt: GgufCheckpoint, cfg: ModelConfig, moe: str = "", projections=None) -> None:
         self._ckpt = ckpt
         self.names = [tuple(f"blk.{l}.{s}" for s in EXPERT_SUFFIXES) for l in range(cfg.n_layers)]
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
-        types = set()
+        layer_qtypes = []
         for layer in self.names:
+            kinds = []
             for name, shape in zip(layer, ((n_exp, f, d), (n_exp, f, d), (n_exp, d, f))):
                 if name not in ckpt.gguf_tensors:
                     raise FormatError(f"{ckpt.path}: no tensor {name} (llama.cpp's stacked experts)")
                 if ckpt.shape(name) != shape:
                     raise FormatError(f"{ckpt.path}: tensor {name}: shape {list(ckpt.shape(name))}, expected {list(shape)}")
                 ckpt.check_dtype(name)
-                types.add(ckpt.gguf_tensors[name].tensor_type.name)
-        self.source_types = sorted(types)
-        self.qtype: QuantType | None = KEPT[types.pop()] if len(types) == 1 and next(iter(types)) in KEPT else None
+                kinds.append(KEPT[_type_name(ckpt.gguf_tensors[name])])
+            layer_qtypes.append(tuple(kinds))
+        self.layer_qtypes: tuple[tuple[QuantType, QuantType, QuantType], ...] = tuple(layer_qtypes)
+        types = {q for t in self.layer_qtypes for q in t}
+        self.source_types = sorted(q.name.removeprefix("GGML_") for q in types)
+        self.qtype: QuantType | None = next(iter(types)) if len(types) == 1 else None
 
     def read(self, layer: int, expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gguf's dequantization: gate [F, D], up [F, D], down [D, F] float32."""
         return tuple(self._ckpt.read(n, expert) for n in self.names[layer])  # type: ignore[return-value]
 
     def read_quantized(self, layer: int, expert: int) -> ExpertWeights:
-        """The stored blocks as strata's (ggml's F32/F16/Q8_0/Q4_0 block form is strata's `to_blocks`)."""
+        """The stored blocks as strata's, each projection its own type (ggml's blocks are strata's
+        `to_blocks` form of the same type: split into planes for Q8_0 / Q4_0, whole otherwise)."""
         mats = []
-        for name in self.names[layer]:
+        for name, qtype in zip(self.names[layer], self.layer_qtypes[layer]):
             _, data = self._ckpt.raw(name, expert)
             cols = self._ckpt.shape(name)[-1]
-            mats.append(from_blocks(self.qtype, cols, np.ascontiguousarray(data).view(np.uint8)))
+            mats.append(from_blocks(qtype, cols, np.ascontiguousarray(data).view(np.uint8)))
         return ExpertWeights(*mats)
 
 
@@ -237,15 +313,21 @@ def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     r = ckpt.reader
-    kind = _value(r, "tokenizer.ggml.model")
+    kind = metadata(ckpt, "tokenizer.ggml.model", "a string", None)
     if kind != "gpt2":
         raise ConfigError(f"{ckpt.path}: tokenizer.ggml.model = {kind!r}; supported: 'gpt2' (byte-level BPE)")
-    pre = _value(r, "tokenizer.ggml.pre", "default")
+    pre = metadata(ckpt, "tokenizer.ggml.pre", "a string", "default")
     if pre not in PRE_TOKENIZERS:
         raise ConfigError(f"{ckpt.path}: tokenizer.ggml.pre = {pre!r}; supported: {', '.join(PRE_TOKENIZERS)}")
-    tokens = list(_value(r, "tokenizer.ggml.tokens"))
-    merges = [tuple(m.split(" ", 1)) for m in _value(r, "tokenizer.ggml.merges", [])]
-    types = list(_value(r, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    tokens = _string_list(ckpt, "tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in _string_list(ckpt, "tokenizer.ggml.merges")]  # gpt2 BPE needs them
+    if any(len(m) != 2 for m in merges):
+        raise FormatError(f"{ckpt.path}: tokenizer.ggml.merges holds an entry without a space (want 'a b')")
+    f = r.fields.get("tokenizer.ggml.token_type")
+    if f is not None and (f.type != gguf_file.ARRAY or f.item_type not in _INTEGERS or len(f.value) != len(tokens)):
+        raise FormatError(f"{ckpt.path}: tokenizer.ggml.token_type is {f.type_name} of {len(f.value) if f.type == gguf_file.ARRAY else 1}, "
+                          f"expected {len(tokens)} integers (one per token)")
+    types = list(f.value) if f is not None else [1] * len(tokens)
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
     regex = PRE_TOKENIZERS[pre]
     if regex is None:
@@ -259,7 +341,7 @@ def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
                             for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL])
     special = {}
     for name in ("bos", "eos", "unk", "pad"):
-        idx = _value(r, f"tokenizer.ggml.{name}_token_id")
+        idx = metadata(ckpt, f"tokenizer.ggml.{name}_token_id", "an integer", None)
         if idx is not None and 0 <= int(idx) < len(tokens):
             special[f"{name}_token"] = tokens[int(idx)]
-    return TokenizerFiles(tok.to_str(), len(tokens), _value(r, "tokenizer.chat_template"), special)
+    return TokenizerFiles(tok.to_str(), len(tokens), metadata(ckpt, "tokenizer.chat_template", "a string", None), special)

@@ -124,7 +124,8 @@ class HFConfig:
         if q is not None:
             method = q.get("quant_method", "?") if isinstance(q, dict) else q
             raise self.unsupported(f"a pre-quantized checkpoint (quantization_config: {method})",
-                                   "float checkpoints in F32, F16 or BF16")
+                                   "float checkpoints in F32, F16 or BF16, block-wise FP8 (quant_method fp8), "
+                                   "mlx-lm's quantized ones")
 
     def max_context(self, sliding_window: int | None) -> int:
         """max_position_embeddings, capped at the sliding window when one is in use.

@@ -40,9 +40,10 @@ from typing import Mapping
 import numpy as np
 
 from strata.doctor.engine_fit import device_bandwidth, fit_engine, run_name
-from strata.doctor.profile import PROFILE_VERSION, MachineProfile, OpCost
+from strata.doctor.probe_engine import POOL_ROUNDS
+from strata.doctor.profile import PROFILE_VERSION, QUICK_NOTE, MachineProfile, OpCost
 
-__all__ = ["MachineProfile", "machine_profile", "default_cache_dir", "measure_machine", "measure_parts",
+__all__ = ["MachineProfile", "machine_profile", "first_answer_profile", "default_cache_dir", "measure_machine", "measure_parts",
            "profile_from_runs", "save_profile", "cached_profile", "PROFILE_VERSION"]
 
 SCRATCH_BYTES = 64 << 20
@@ -54,6 +55,11 @@ READ_THREADS = 4
 # three streaming arenas (the fewest the least-squares fit of turn_s, turn_slot_s and read_s
 # takes), one compute round. Cached apart from the full one.
 QUICK_COMPUTE_ROUNDS = 1
+# `strata doctor`'s first answer on a cold cache: the quick probe with one measured round (the
+# median of 1). Its engine part is most of the probe and each round repeats every case: on the
+# 2-core machine at load ~10, three rounds took 79 s (25 s of CPU), one 55 s (17 s of CPU), the
+# full probe 423 s (109 s of CPU) (docs/doctor.md, "Cold-cache time").
+FIRST_ANSWER_ROUNDS = 1
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -72,15 +78,30 @@ def _machine_id() -> str:
 
 
 def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
-                    quick: bool = False, timeout: float = 600) -> MachineProfile:
+                    quick: bool = False, timeout: float = 600, rounds: int | None = None) -> MachineProfile:
     """The cached profile of this machine for `backend`, measured now if absent or stale
-    (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`)."""
+    (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`; `rounds`: its measured
+    rounds, default POOL_ROUNDS)."""
     prof = None if remeasure else cached_profile(backend, cache_dir, quick=quick)
     if prof is not None:
         return prof
-    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout)
+    kwargs = {"rounds": rounds} if rounds is not None else {}
+    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout, **kwargs)
     save_profile(prof, cache_dir, quick=quick)
     return prof
+
+
+def first_answer_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None) -> MachineProfile:
+    """The profile `strata doctor` answers from without --calibrate: the full probe's where it is
+    cached (it was calibrated), else the quick probe's, measured now if absent (about half a
+    minute on a quiet 2-core machine, against several minutes for the full probe's fresh
+    processes: docs/doctor.md, "The machine probe")."""
+    if not remeasure:
+        full = cached_profile(backend, cache_dir)
+        if full is not None:
+            return full
+    return machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress, quick=True,
+                           rounds=FIRST_ANSWER_ROUNDS)
 
 
 def _profile_path(backend: str, cache_dir: Path, quick: bool) -> Path:
@@ -295,14 +316,15 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
 # ---------------------------------------------------------------- the engine
 
 
-def _engine(backend: str, progress, quick: bool = False, timeout: float = 600) -> dict:
-    """The probe's engine runs (probe_engine.py): fresh processes, or (quick) a pool of warmed ones."""
+def _engine(backend: str, progress, quick: bool = False, timeout: float = 600, rounds: int = POOL_ROUNDS) -> dict:
+    """The probe's engine runs (probe_engine.py): fresh processes, or (quick) a pool of warmed ones
+    measured in up to `rounds` rounds."""
     from strata.doctor.probe_engine import engine_cases, run_fresh, run_pooled
 
     with tempfile.TemporaryDirectory() as d:
         eng = engine_cases(Path(d), quick=quick)
         if quick:  # a fresh MLX process costs seconds on a GPU, and every case's kernels compile (pool.py)
-            runs, missing = run_pooled(eng, backend, timeout, progress)
+            runs, missing = run_pooled(eng, backend, timeout, progress, rounds=rounds)
             return {"runs": runs, "eng": eng, "missing": missing}
         return {"runs": run_fresh(eng, backend, progress), "eng": eng, "missing": []}
 
@@ -338,7 +360,7 @@ def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool
     if not parts["disk_direct"]:
         notes.append("disk probe read buffered (no O_DIRECT on the cache dir's filesystem)")
     if quick:
-        notes.append("quick probe: engine cases measured over warmed processes, interleaved rounds")
+        notes.insert(0, f"{QUICK_NOTE}: engine cases measured over warmed processes, interleaved rounds")
     if missing:
         notes.append(f"not finished within the probe's time, left out of the fit: {', '.join(missing)}")
     return MachineProfile(
@@ -348,11 +370,11 @@ def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool
 
 
 def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
-                    timeout: float = 600) -> MachineProfile:
+                    timeout: float = 600, rounds: int = POOL_ROUNDS) -> MachineProfile:
     """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs over
-    a pool of warmed processes within `timeout` seconds)."""
+    a pool of warmed processes in up to `rounds` rounds within `timeout` seconds)."""
     parts = measure_parts(backend, Path(cache_dir), progress=progress, quick=quick)
-    eng = _engine(backend, progress or (lambda _msg: None), quick, timeout)
+    eng = _engine(backend, progress or (lambda _msg: None), quick, timeout, rounds)
     return profile_from_runs(backend, parts, eng["eng"], eng["runs"], quick=quick, missing=tuple(eng["missing"]))
 
 

@@ -113,11 +113,18 @@ def run_pooled(eng: EngineCases, backend: str, timeout: float, progress=None, ro
     deadline = time.monotonic() + timeout
     groups = eng.groups()
     if progress:
-        progress(f"engine: {len(eng.cases)} cases in {len(groups)} warmed processes")
+        progress(f"engine: {len(eng.cases)} cases in {len(groups)} warmed processes (starting them)")
+    done = [0]
+
+    def measured(g: int, i: int, r: int, run) -> None:  # a line per run: the engine part is most of the probe
+        done[0] += 1
+        if progress:
+            progress(f"engine: {run_name(groups[g][i][0])} measured ({done[0]} of up to {len(eng.cases) * rounds})")
+
     with RunPool([[(path, {"backend": backend, **o}) for _, path, o, _ in g] for g in groups],
                  max_tokens=CALIBRATION_TOKENS) as pool:
         pool.ready(max(1.0, deadline - time.monotonic()))
-        got, _, _ = measure_rounds(pool, rounds, deadline, run_timeout=timeout)
+        got, _, _ = measure_rounds(pool, rounds, deadline, run_timeout=timeout, on_run=measured)
     runs = {g[i][0]: median_run(rs) for (gi, i), rs in got.items() if rs for g in [groups[gi]]}
     missing = [run_name(key) for key, _, _, _ in eng.cases if key not in runs]
     if not eng.essential <= set(runs):

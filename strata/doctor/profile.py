@@ -13,6 +13,7 @@ import numpy as np
 
 PROFILE_VERSION = 7  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
 # 7: a base RSS per engine kind (base_rss_streaming)
+QUICK_NOTE = "quick probe"  # how a quick probe's profile says so (its first note)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,11 @@ class MachineProfile:
     step_s: float = 0.0  # a decoded token's fixed cost beyond its layers (sampling, bookkeeping, a compiled replay)
     read_byte_s: float = 0.0  # a read's cost per byte of its slot, beyond read_s (MLX on CUDA: managed memory)
     base_rss_streaming: int = 0  # a streaming run's base RSS (engine_fit.py); 0: base_rss for both kinds
+
+    @property
+    def quick(self) -> bool:
+        """Measured by the quick probe (probe.measure_machine(quick=True)), not the full one."""
+        return any(n.startswith(QUICK_NOTE) for n in self.notes)
 
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s

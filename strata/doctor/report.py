@@ -10,7 +10,7 @@ from pathlib import Path
 from strata.doctor.byte_budget import ByteBudget, byte_budget
 from strata.doctor.families import PartCounts
 from strata.doctor.predict import Prediction, predict
-from strata.doctor.probe import machine_profile
+from strata.doctor.probe import first_answer_profile, machine_profile
 from strata.doctor.profile import MachineProfile
 from strata.doctor.source import Source, read_source
 from strata.formats.quant_types import QuantType
@@ -59,7 +59,9 @@ class Diagnosis:
         lines.append(f"this machine: {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available "
                      f"({mem['source']}); disk {m.disk_latency_s * 1e6:.0f} us/4 KiB, "
                      f"{fmt_bytes(m.disk_bytes_per_s)}/s; memory {fmt_bytes(m.mem_bytes_per_s)}/s; "
-                     f"backend {m.backend} (profile measured at load {m.load_avg:.1f})")
+                     f"backend {m.backend} (profile measured at load {m.load_avg:.1f}"
+                     + ("; the quick probe's: `strata doctor --calibrate` measures fully, for the documented error)"
+                        if m.quick else ")"))
         lines.append(f"arena: {p.arena_slots} slots ({fmt_bytes(p.arena_bytes)}; at least {p.min_slots}) from "
                      f"{p.plan_reason}" if p.streaming else f"arena: none needed ({p.plan_reason})")
         if p.locality is not None:
@@ -119,10 +121,13 @@ def resolve_backend(config, expert_qtype: QuantType) -> str:
 def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | Path | None = None,
              expert_qtype: QuantType = QuantType.Q2_0, dense_qtype: QuantType = QuantType.F32,
              context: int | None = None, profile: MachineProfile | None = None, memory: MemoryInfo | None = None,
-             remeasure: bool = False, progress=None, horizon: int = 0, prompt: int = 0) -> Diagnosis:
+             remeasure: bool = False, progress=None, horizon: int = 0, prompt: int = 0,
+             quick: bool = False) -> Diagnosis:
     """Everything `strata doctor` prints, for SOURCE on this machine (or the given profile and
     memory figures: tests and what-if questions). horizon / prompt: predict the mean over a
-    run of `horizon` tokens after a `prompt`-token prompt (0: the steady state)."""
+    run of `horizon` tokens after a `prompt`-token prompt (0: the steady state). `quick`:
+    answer from a calibrated (full) profile where one is cached, else from the quick probe
+    (probe.first_answer_profile); otherwise from the full probe, measured now if needed."""
     from strata.config import Config
 
     config = config or Config()
@@ -133,8 +138,10 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
                          slot_bytes=src.slot_bytes)
     if src.kind == "strata":  # its tensor index says exactly what the loader will hold (dense kept as stored)
         budget = dataclasses.replace(budget, dense_resident=src.stored["dense"], dense_file=src.stored["dense"])
-    profile = profile or machine_profile(resolve_backend(config, src.expert_qtype), cache_dir, remeasure=remeasure,
-                                         progress=progress)
+    backend = resolve_backend(config, src.expert_qtype)
+    if profile is None and quick:
+        profile = first_answer_profile(backend, cache_dir, remeasure=remeasure, progress=progress)
+    profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress)
     memory = memory or machine_memory()
     pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
                    supported=src.counts.supported and src.kind != "mlx",

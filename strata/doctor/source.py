@@ -132,7 +132,9 @@ def _read_strata(p: Path, reader, cfg) -> Source:
         raise FormatError(f"{xp}: no such experts file (expected beside {p.name})")
     with ExpertsFile.open(xp) as xf:
         h = xf.header
-        qtype, slot = QuantType(h.qtype), h.padded_bytes
+        # a file mixing types per layer (a GGUF's, kept as stored): its first layer's gate type
+        # stands for it (never Q2_0, so the backend rule picks numpy); the slot is the largest record
+        qtype, slot = (h.layer_qtypes[0][0] if h.mixed else QuantType(h.qtype)), h.padded_bytes
     dense_types = {int(t.ggml_type) for t in reader.tensors.values() if len(t.shape) > 1}
     dense_types.discard(int(QuantType.F32))
     dense_qtype = QuantType(min(dense_types)) if dense_types else QuantType.F32
@@ -171,5 +173,26 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
                         hidden=hidden, vocab=vocab, n_layers=n_layers, moe_layers=moe_layers, n_experts=n_exp,
                         top_k=top_k, expert_ffn=ffn or per_expert // (3 * hidden), expert_weights=per_expert,
                         embedding=embedding, dense={"dense": dense})
-    return Source(str(p), "gguf", counts, QuantType.Q2_0, QuantType.F32,
+    qtype, slot = _kept_expert_types(reader, hidden, counts.expert_ffn)
+    return Source(str(p), "gguf", counts, qtype, QuantType.F32, slot_bytes=slot,
                   stored={"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())) - experts, "experts": experts})
+
+
+def _kept_expert_types(reader, hidden: int, ffn: int) -> tuple[QuantType, int | None]:
+    """What `strata convert` writes for a GGUF's experts, which it keeps as stored: (the first MoE
+    layer's gate type, standing for them, and the arena slot: the largest layer's padded record).
+    (Q2_0, None) where the GGUF's expert tensors are not the stacked ones a conversion reads."""
+    from strata.formats.expert_record import RecordLayout
+
+    layers = {}
+    for t in reader.tensors.values():
+        parts = t.name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            layers.setdefault(int(parts[1]), {})[parts[2]] = t.ggml_type
+    try:
+        types = [tuple(QuantType(layer[k]) for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+                 for _, layer in sorted(layers.items())]
+        slot = max(RecordLayout(g, hidden, ffn, up_qtype=u, down_qtype=d).padded_bytes for g, u, d in types)
+    except (KeyError, ValueError):  # a missing projection, a type strata does not read, a partial block
+        return QuantType.Q2_0, None
+    return types[0][0], slot

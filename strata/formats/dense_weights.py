@@ -30,8 +30,9 @@ Q8 = layout(QuantType.Q8_0)
 
 
 class StoredType(enum.Enum):
-    """The dense types kept as stored (ggml's type ids). BF16 is not a QuantType (no expert is
-    stored in it), so the stored dense types are their own enum."""
+    """The dense types kept in memory as stored (ggml's type ids): the ones a matmul widens
+    cheaply per use. Their own enum, not QuantType: which types memory keeps is this module's
+    choice, not the file format's (a file may hold any QuantType; the rest are widened at load)."""
 
     F16 = 1
     BF16 = 30

@@ -7,6 +7,8 @@ codes as aligned uint32 / uint4 words straight out of an arena slot; the record 
 to RECORD_ALIGN so one pread (O_DIRECT where available) of `padded_bytes` fills one slot.
 A record of experts with biases (gpt-oss) appends three float32 planes after those six: gate
 bias [F], up bias [F], down bias [D]; the six planes before them sit where they always do.
+The three projections may each have their own type (a llama.cpp GGUF's Q4_K gate/up with a Q5_1
+down): the planes are laid out the same way, each sized by its projection's type.
 docs/formats.md is the normative description; this module is its one implementation.
 """
 
@@ -46,8 +48,8 @@ class ExpertBiases:
 
 @dataclass(frozen=True, eq=False)
 class ExpertWeights:
-    """The three projections of one routed expert, all of one QuantType, and their biases if the
-    model's experts have them.
+    """The three projections of one routed expert (each its own QuantType: a GGUF's mixes them),
+    and their biases if the model's experts have them.
 
     Shapes:
         gate: [F, D]   up: [F, D]   down: [D, F]     (D = hidden, F = expert_ffn)
@@ -59,9 +61,6 @@ class ExpertWeights:
     biases: ExpertBiases | None = None
 
     def __post_init__(self) -> None:
-        qtypes = {self.gate.qtype, self.up.qtype, self.down.qtype}
-        if len(qtypes) != 1:
-            raise ValueError(f"expert weights mix quant types {sorted(q.name for q in qtypes)}")
         f, d = self.gate.shape
         if self.up.shape != (f, d) or self.down.shape != (d, f):
             raise ValueError(
@@ -75,8 +74,14 @@ class ExpertWeights:
                              f"{[(np.asarray(v).dtype.name, np.shape(v)) for v in (b.gate, b.up, b.down)]}")
 
     @property
+    def qtypes(self) -> tuple[QuantType, QuantType, QuantType]:
+        """(gate, up, down) types."""
+        return (self.gate.qtype, self.up.qtype, self.down.qtype)
+
+    @property
     def qtype(self) -> QuantType:
-        return self.gate.qtype
+        """The one type of all three projections; ValueError where they mix (read `qtypes`)."""
+        return _one_type(self.qtypes)
 
     @property
     def hidden(self) -> int:
@@ -88,6 +93,13 @@ class ExpertWeights:
 
     def projection(self, name: str) -> QuantMatrix:
         return getattr(self, name)
+
+
+def _one_type(qtypes: tuple[QuantType, ...]) -> QuantType:
+    if len(set(qtypes)) != 1:
+        raise ValueError(f"the projections mix quant types {'/'.join(q.name for q in qtypes)} (gate/up/down); "
+                         "this path computes one type per expert")
+    return qtypes[0]
 
 
 @dataclass(frozen=True)
@@ -108,13 +120,16 @@ class RecordLayout:
 
     `planes` follows PLANE_NAMES, then BIAS_PLANE_NAMES when `biases`. `record_bytes` is the end
     of the last plane (what the checksum covers); `padded_bytes` rounds it up to RECORD_ALIGN
-    (the record stride in the file and the size of one arena slot).
+    (the record stride in the file and the size of one arena slot). `up_qtype` / `down_qtype`
+    give those projections their own types (None: `qtype`, the gate's, as every single-type record).
     """
 
     qtype: QuantType
     hidden: int
     expert_ffn: int
     biases: bool = False
+    up_qtype: QuantType | None = None
+    down_qtype: QuantType | None = None
     planes: tuple[PlaneSpan, ...] = field(init=False)
     record_bytes: int = field(init=False)
     padded_bytes: int = field(init=False)
@@ -122,16 +137,21 @@ class RecordLayout:
     def __post_init__(self) -> None:
         qtype = QuantType(self.qtype)
         object.__setattr__(self, "qtype", qtype)
+        for name in ("up_qtype", "down_qtype"):  # the same type as the gate's is written as None
+            q = getattr(self, name)
+            object.__setattr__(self, name, None if q is None or QuantType(q) is qtype else QuantType(q))
         if self.hidden <= 0 or self.expert_ffn <= 0:
             raise ValueError(f"record layout: hidden={self.hidden} and expert_ffn={self.expert_ffn} must be positive")
-        lay = layout(qtype)
-        for name, n in (("hidden", self.hidden), ("expert_ffn", self.expert_ffn)):
-            if n % lay.block_size:
-                raise ValueError(f"record layout: {qtype.name} needs {name} a multiple of {lay.block_size}, got {n}")
+        for q in set(self.qtypes):
+            block = layout(q).block_size
+            for name, n in (("hidden", self.hidden), ("expert_ffn", self.expert_ffn)):
+                if n % block:
+                    raise ValueError(f"record layout: {q.name} needs {name} a multiple of {block}, got {n}")
         planes: list[PlaneSpan] = []
         end = 0
         for proj in PROJECTIONS:
             rows, cols = self.shape(proj)
+            lay = layout(self.qtype_of(proj))
             n_blocks = rows * (cols // lay.block_size)
             for nbytes in (n_blocks * lay.code_bytes, n_blocks * lay.scale_bytes):
                 start = align_up(end, PLANE_ALIGN)
@@ -144,6 +164,24 @@ class RecordLayout:
         object.__setattr__(self, "planes", tuple(planes))
         object.__setattr__(self, "record_bytes", end)
         object.__setattr__(self, "padded_bytes", align_up(end, RECORD_ALIGN))
+
+    @property
+    def qtypes(self) -> tuple[QuantType, QuantType, QuantType]:
+        """(gate, up, down) types."""
+        return (self.qtype, self.up_qtype or self.qtype, self.down_qtype or self.qtype)
+
+    @property
+    def mixed(self) -> bool:
+        """The projections do not all have one type."""
+        return len(set(self.qtypes)) > 1
+
+    def qtype_of(self, proj: str) -> QuantType:
+        return self.qtypes[PROJECTIONS.index(proj)]
+
+    @property
+    def type_names(self) -> str:
+        """'Q4_K' or 'Q4_K/Q4_K/Q5_1' (gate/up/down), for messages."""
+        return "/".join(q.name for q in self.qtypes) if self.mixed else self.qtype.name
 
     def shape(self, proj: str) -> tuple[int, int]:
         """[rows, cols] of a projection: gate/up [F, D], down [D, F]."""
@@ -162,7 +200,7 @@ class RecordLayout:
     def bias(self, proj: str) -> PlaneSpan:
         """A projection's bias plane (records with biases only)."""
         if not self.biases:
-            raise ValueError(f"record layout of {self.qtype.name} D={self.hidden} F={self.expert_ffn} has no biases")
+            raise ValueError(f"record layout of {self.type_names} D={self.hidden} F={self.expert_ffn} has no biases")
         return self.planes[len(PLANE_NAMES) + PROJECTIONS.index(proj)]
 
     @property
@@ -172,12 +210,13 @@ class RecordLayout:
 
 def pack_record(w: ExpertWeights, rec: RecordLayout) -> bytes:
     """The `padded_bytes` bytes of one record (planes at their offsets, zeros elsewhere)."""
-    if (w.qtype is not rec.qtype or (w.expert_ffn, w.hidden) != (rec.expert_ffn, rec.hidden)
+    if (w.qtypes != rec.qtypes or (w.expert_ffn, w.hidden) != (rec.expert_ffn, rec.hidden)
             or (w.biases is not None) != rec.biases):
         with_b = lambda b: " with biases" if b else ""  # noqa: E731
+        names = "/".join(q.name for q in w.qtypes) if len(set(w.qtypes)) > 1 else w.gate.qtype.name
         raise ValueError(
-            f"expert is {w.qtype.name} F={w.expert_ffn} D={w.hidden}{with_b(w.biases is not None)}, the record "
-            f"layout wants {rec.qtype.name} F={rec.expert_ffn} D={rec.hidden}{with_b(rec.biases)}"
+            f"expert is {names} F={w.expert_ffn} D={w.hidden}{with_b(w.biases is not None)}, the record "
+            f"layout wants {rec.type_names} F={rec.expert_ffn} D={rec.hidden}{with_b(rec.biases)}"
         )
     buf = np.zeros(rec.padded_bytes, np.uint8)
     for proj in PROJECTIONS:
@@ -207,7 +246,8 @@ def unpack_record(buf: bytes | bytearray | memoryview | np.ndarray, rec: RecordL
     for proj in PROJECTIONS:
         rows, cols = rec.shape(proj)
         c, s = rec.codes(proj), rec.scales(proj)
-        mats.append(QuantMatrix.from_planes(rec.qtype, rows, cols, data[c.offset : c.end], data[s.offset : s.end]))
+        mats.append(QuantMatrix.from_planes(rec.qtype_of(proj), rows, cols, data[c.offset : c.end],
+                                            data[s.offset : s.end]))
     biases = None
     if rec.biases:
         biases = ExpertBiases(*(data[rec.bias(p).offset : rec.bias(p).end].view(BIAS_DTYPE) for p in PROJECTIONS))

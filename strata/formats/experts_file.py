@@ -16,6 +16,15 @@ the layout fail at open, not with garbage weights.
 Experts with biases (gpt-oss) are version 2: the same fixed header, followed by the offsets and
 sizes of the three bias planes (BIAS_FIELDS, 48 bytes), so the checksum table starts at 224.
 A file without biases is written as version 1, byte for byte what it always was.
+
+A file whose projections do not all have one type (a llama.cpp GGUF's experts kept as stored:
+Q4_K gate/up with a Q5_1 down, another type in a few layers) is version 3: the fixed header
+with `qtype` = MIXED_QTYPE and the six plane fields 0 (each layer has its own record layout),
+then `flags` (u64; bit 0: the records carry biases) and a type table of n_layers x 3 u32
+(gate, up, down) padded to 8 bytes, then the checksum table. The record stride `padded_bytes`
+is the largest layer's padded record, so every record sits where versions 1 and 2 put it and
+one arena slot holds any of them; `record_bytes` (what each CRC covers) is the largest layer's
+too (a smaller layer's record is followed by zeros up to it).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import stat
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -50,6 +59,10 @@ from strata.formats.quant_types import QuantType
 MAGIC = b"STRXPRT1"
 VERSION = 1
 VERSION_BIASES = 2  # records carry expert biases; the header grows by BIAS_FIELDS
+VERSION_MIXED = 3  # a record layout per layer (types per layer and projection): flags + a type table
+VERSIONS = (VERSION, VERSION_BIASES, VERSION_MIXED)
+MIXED_QTYPE = 0xFFFFFFFF  # the fixed header's qtype in a version 3 file (no one type)
+FLAG_BIASES = 1
 
 # (name, struct code), in file order. The offsets are pinned by tests/test_experts_file.py.
 HEADER_FIELDS: tuple[tuple[str, str], ...] = (
@@ -85,8 +98,15 @@ HEADER_SIZE_BIASES = HEADER_SIZE + BIAS_STRUCT.size  # 224
 assert HEADER_SIZE_BIASES == 224
 
 
-def header_size(biases: bool) -> int:
-    """Bytes before the checksum table: the fixed header, and the bias planes' fields in version 2."""
+FLAGS = struct.Struct("<Q")  # version 3, right after the fixed header
+TYPE_ENTRY = struct.Struct("<3I")  # version 3: (gate, up, down) type ids of one layer
+
+
+def header_size(biases: bool, mixed_layers: int = 0) -> int:
+    """Bytes before the checksum table: the fixed header, and the bias planes' fields in version
+    2, or the flags and the type table of `mixed_layers` layers in version 3."""
+    if mixed_layers:
+        return align_up(HEADER_SIZE + FLAGS.size + TYPE_ENTRY.size * mixed_layers, 8)
     return HEADER_SIZE_BIASES if biases else HEADER_SIZE
 
 
@@ -116,29 +136,66 @@ class ExpertsHeader:
     data_offset: int
     file_bytes: int
     biases: bool = False  # version 2: every record carries its expert's gate/up/down biases
+    # version 3: (gate, up, down) types of each layer; `qtype` is then None (no one type)
+    layer_qtypes: tuple[tuple[QuantType, QuantType, QuantType], ...] | None = None
 
     @property
     def n_records(self) -> int:
         return self.n_layers * self.n_experts
 
+    @property
+    def mixed(self) -> bool:
+        """Types differ between layers or projections (a version 3 file)."""
+        return self.layer_qtypes is not None
 
-def file_geometry(n_layers: int, n_experts: int, padded_bytes: int, biases: bool = False) -> tuple[int, int]:
+    @property
+    def type_names(self) -> str:
+        """'Q2_0', or the distinct types of a mixed file ('Q4_K, Q5_1, Q8_0'), for messages."""
+        if self.layer_qtypes is None:
+            return self.qtype.name
+        return ", ".join(q.name for q in sorted({q for t in self.layer_qtypes for q in t}, key=int))
+
+
+def file_geometry(n_layers: int, n_experts: int, padded_bytes: int, biases: bool = False,
+                  mixed: bool = False) -> tuple[int, int]:
     """(data_offset, file_bytes) of an `.experts` file: header + table + header CRC, padded to
     RECORD_ALIGN, then n_layers * n_experts records of padded_bytes."""
     n = n_layers * n_experts
-    data_offset = align_up(header_size(biases) + CHECKSUM.size * n + CHECKSUM.size, RECORD_ALIGN)
+    head = header_size(biases, n_layers if mixed else 0)
+    data_offset = align_up(head + CHECKSUM.size * n + CHECKSUM.size, RECORD_ALIGN)
     return data_offset, data_offset + n * padded_bytes
 
 
-def _pack_header(rec: RecordLayout, n_layers: int, n_experts: int) -> bytes:
-    """The header bytes before the checksum table (HEADER_SIZE, or HEADER_SIZE_BIASES)."""
-    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes, rec.biases)
+def is_mixed(layouts: Sequence[RecordLayout]) -> bool:
+    """The layers' record layouts do not share one type (written as version 3)."""
+    return any(r.mixed for r in layouts) or len({r.qtype for r in layouts}) > 1
+
+
+def check_layer_layouts(layouts: Sequence[RecordLayout]) -> None:
+    """Every layer's layout has the same shape and biases (only the types may differ)."""
+    shapes = {(r.hidden, r.expert_ffn, r.biases) for r in layouts}
+    if not layouts or len(shapes) != 1:
+        raise ValueError(f"an .experts file's layers share one shape (hidden, expert_ffn, biases), got {sorted(shapes)}")
+
+
+def _pack_header(layouts: Sequence[RecordLayout], n_experts: int) -> bytes:
+    """The header bytes before the checksum table (HEADER_SIZE or HEADER_SIZE_BIASES; version 3:
+    header_size(biases, n_layers)). layouts: one RecordLayout per layer."""
+    n_layers, rec = len(layouts), layouts[0]
+    mixed = is_mixed(layouts)
+    record_bytes, padded_bytes = max(r.record_bytes for r in layouts), max(r.padded_bytes for r in layouts)
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, padded_bytes, rec.biases, mixed)
     six = rec.planes[: len(PLANE_NAMES)]
-    values = [MAGIC, VERSION_BIASES if rec.biases else VERSION, int(rec.qtype), n_layers, n_experts, rec.hidden,
-              rec.expert_ffn, PLANE_ALIGN, RECORD_ALIGN, rec.record_bytes, rec.padded_bytes,
-              *(p.offset for p in six), *(p.nbytes for p in six),
-              header_size(rec.biases), data_offset, file_bytes]
+    version = VERSION_MIXED if mixed else VERSION_BIASES if rec.biases else VERSION
+    planes = [0] * (2 * len(PLANE_NAMES)) if mixed else [*(p.offset for p in six), *(p.nbytes for p in six)]
+    values = [MAGIC, version, MIXED_QTYPE if mixed else int(rec.qtype), n_layers, n_experts, rec.hidden,
+              rec.expert_ffn, PLANE_ALIGN, RECORD_ALIGN, record_bytes, padded_bytes, *planes,
+              header_size(rec.biases, n_layers if mixed else 0), data_offset, file_bytes]
     head = HEADER_STRUCT.pack(*values)
+    if mixed:
+        head += FLAGS.pack(FLAG_BIASES if rec.biases else 0)
+        head += b"".join(TYPE_ENTRY.pack(*(int(q) for q in r.qtypes)) for r in layouts)
+        return head + bytes(header_size(rec.biases, n_layers) - len(head))
     if rec.biases:
         bias = rec.planes[len(PLANE_NAMES):]
         head += BIAS_STRUCT.pack(*(p.offset for p in bias), *(p.nbytes for p in bias))
@@ -159,24 +216,35 @@ def write_experts(
     get_expert: Callable[[int, int], ExpertWeights],
     progress: bool = False,
     biases: bool = False,
+    layer_qtypes: Sequence[tuple[QuantType, QuantType, QuantType]] | None = None,
 ) -> ExpertsHeader:
     """Write an `.experts` file, one record at a time (never more than one expert in memory).
-    biases: every expert carries gate/up/down biases (a version 2 file).
+    biases: every expert carries gate/up/down biases (a version 2 file). layer_qtypes: the
+    (gate, up, down) types of each layer, where they differ (a version 3 file unless they are
+    all `qtype` after all); None: every projection is `qtype`.
 
     The file is written to `path + ".tmp"` and renamed over `path` only when complete, so an
     interrupted write (an exception from `get_expert`, Ctrl-C) leaves nothing under `path`.
     """
-    rec = RecordLayout(QuantType(qtype), hidden, expert_ffn, biases)
+    _check_counts(path, n_layers, n_experts)
+    if layer_qtypes is None:
+        layouts = [RecordLayout(QuantType(qtype), hidden, expert_ffn, biases)] * n_layers
+    else:
+        if len(layer_qtypes) != n_layers:
+            raise ValueError(f"{os.fspath(path)}: layer_qtypes has {len(layer_qtypes)} layers, the file {n_layers}")
+        layouts = [RecordLayout(g, hidden, expert_ffn, biases, up_qtype=u, down_qtype=d) for g, u, d in layer_qtypes]
+    stride = max(r.padded_bytes for r in layouts)
+    crc_bytes = max(r.record_bytes for r in layouts)
 
     def packed(l: int, e: int) -> tuple[bytes, int]:
         try:
-            buf = pack_record(get_expert(l, e), rec)
+            buf = pack_record(get_expert(l, e), layouts[l])
         except ValueError as err:
             raise ValueError(f"{os.fspath(path)}: layer {l} expert {e}: {err}") from None
-        return buf, checksum(memoryview(buf)[: rec.record_bytes])
+        buf += bytes(stride - len(buf))  # a smaller layer's record, zero-padded to the stride
+        return buf, checksum(memoryview(buf)[:crc_bytes])
 
-    return write_packed_experts(path, rec, n_layers=n_layers, n_experts=n_experts, get_record=packed,
-                                progress=progress)
+    return _write(path, layouts, n_experts, packed, progress)
 
 
 def write_packed_experts(
@@ -192,11 +260,24 @@ def write_packed_experts(
     bytes, the CRC-32 of its first `rec.record_bytes`). A synthetic benchmark's file repeats a pool
     of packed records (benchmarks/_random_experts.py): packing each of DeepSeek-V3's 13.8 MB
     records again took ~50 ms of the ~70 ms a record cost (measured on a 2-core CPU host)."""
-    path = os.fspath(path)
+    _check_counts(path, n_layers, n_experts)
+    return _write(path, [rec] * n_layers, n_experts, get_record, progress)
+
+
+def _check_counts(path: str | os.PathLike, n_layers: int, n_experts: int) -> None:
     if n_layers <= 0 or n_experts <= 0:
-        raise ValueError(f"{path}: n_layers={n_layers} and n_experts={n_experts} must be positive")
-    header = _pack_header(rec, n_layers, n_experts)
-    data_offset, file_bytes = file_geometry(n_layers, n_experts, rec.padded_bytes, rec.biases)
+        raise ValueError(f"{os.fspath(path)}: n_layers={n_layers} and n_experts={n_experts} must be positive")
+
+
+def _write(path: str | os.PathLike, layouts: Sequence[RecordLayout], n_experts: int,
+           get_record: Callable[[int, int], tuple[bytes | np.ndarray, int]], progress: bool) -> ExpertsHeader:
+    """The writer behind both: records of the stride max(padded_bytes) over the layers' layouts."""
+    path = os.fspath(path)
+    n_layers = len(layouts)
+    check_layer_layouts(layouts)
+    header = _pack_header(layouts, n_experts)
+    stride = max(r.padded_bytes for r in layouts)
+    data_offset, file_bytes = file_geometry(n_layers, n_experts, stride, layouts[0].biases, is_mixed(layouts))
     crcs = np.zeros(n_layers * n_experts, "<u4")
     with atomic_output(path) as tmp:
         with open(tmp, "wb") as f:
@@ -204,9 +285,9 @@ def write_packed_experts(
             for l in range(n_layers):
                 for e in range(n_experts):
                     buf, crc = get_record(l, e)
-                    if memoryview(buf).nbytes != rec.padded_bytes:
+                    if memoryview(buf).nbytes != stride:
                         raise ValueError(f"{path}: layer {l} expert {e}: a packed record of "
-                                         f"{memoryview(buf).nbytes} bytes, the layout's is {rec.padded_bytes}")
+                                         f"{memoryview(buf).nbytes} bytes, the layout's is {stride}")
                     crcs[l * n_experts + e] = crc
                     f.write(buf)
                 if progress:
@@ -233,32 +314,54 @@ def _unpack_fields(raw: bytes) -> dict[str, object]:
     return out
 
 
-def _parse_header(name: str, raw: bytes, actual_bytes: int) -> ExpertsHeader:
-    """Check the header against the layout this reader computes. raw: header_size(biases) bytes."""
-    v = _unpack_fields(raw)
-    biases = v["version"] == VERSION_BIASES
+def _qtype(name: str, value: int) -> QuantType:
     try:
-        qtype = QuantType(v["qtype"])
+        return QuantType(value)
     except ValueError:
-        raise FormatError(f"{name}: unknown quant type id {v['qtype']}") from None
-    try:
-        rec = RecordLayout(qtype, v["hidden"], v["expert_ffn"], biases)
-    except ValueError as e:
-        raise FormatError(f"{name}: bad header: {e}") from None
+        raise FormatError(f"{name}: unknown quant type id {value}") from None
+
+
+def _layer_layouts(name: str, raw: bytes, v: dict) -> list[RecordLayout]:
+    """One RecordLayout per layer, from the header (version 3: its flags and type table)."""
+    if v["version"] != VERSION_MIXED:
+        return [RecordLayout(_qtype(name, v["qtype"]), v["hidden"], v["expert_ffn"], v["version"] == VERSION_BIASES)
+                ] * v["n_layers"]
+    (flags,) = FLAGS.unpack_from(raw, HEADER_SIZE)
+    if flags & ~FLAG_BIASES:
+        raise FormatError(f"{name}: bad header: unknown flags {flags:#x}")
+    entries = [TYPE_ENTRY.unpack_from(raw, HEADER_SIZE + FLAGS.size + TYPE_ENTRY.size * l) for l in range(v["n_layers"])]
+    return [RecordLayout(*(_qtype(name, t) for t in ids[:1]), v["hidden"], v["expert_ffn"], bool(flags & FLAG_BIASES),
+                         up_qtype=_qtype(name, ids[1]), down_qtype=_qtype(name, ids[2])) for ids in entries]
+
+
+def _parse_header(name: str, raw: bytes, actual_bytes: int) -> ExpertsHeader:
+    """Check the header against the layout this reader computes. raw: header_size(...) bytes."""
+    v = _unpack_fields(raw)
     if v["n_layers"] <= 0 or v["n_experts"] <= 0:
         raise FormatError(f"{name}: bad header: n_layers={v['n_layers']}, n_experts={v['n_experts']}")
-    want = _unpack_fields(_pack_header(rec, v["n_layers"], v["n_experts"]))
+    try:
+        layouts = _layer_layouts(name, raw, v)
+    except ValueError as e:
+        raise FormatError(f"{name}: bad header: {e}") from None
+    rec = layouts[0]
+    packed = _pack_header(layouts, v["n_experts"])
+    want = _unpack_fields(packed)
+    what = "mixed types" if v["version"] == VERSION_MIXED else rec.qtype.name
     for key, expected in want.items():
         if v[key] != expected:
             raise FormatError(f"{name}: header field {key} is {v[key]}, expected {expected} for "
-                              f"{qtype.name} D={rec.hidden} F={rec.expert_ffn}")
+                              f"{what} D={rec.hidden} F={rec.expert_ffn}")
+    if raw != packed:  # version 3's flags, type table and padding
+        raise FormatError(f"{name}: bad header: the type table's padding is not zero")
     if actual_bytes != v["file_bytes"]:
         what = "truncated" if actual_bytes < v["file_bytes"] else "trailing bytes"
         raise FormatError(f"{name}: {what}: {actual_bytes} bytes, header says {v['file_bytes']}")
-    return ExpertsHeader(version=v["version"], qtype=qtype, n_layers=v["n_layers"], n_experts=v["n_experts"],
-                         hidden=v["hidden"], expert_ffn=v["expert_ffn"], record_bytes=v["record_bytes"],
-                         padded_bytes=v["padded_bytes"], table_offset=v["table_offset"],
-                         data_offset=v["data_offset"], file_bytes=v["file_bytes"], biases=biases)
+    mixed = v["version"] == VERSION_MIXED
+    return ExpertsHeader(version=v["version"], qtype=None if mixed else rec.qtype, n_layers=v["n_layers"],
+                         n_experts=v["n_experts"], hidden=v["hidden"], expert_ffn=v["expert_ffn"],
+                         record_bytes=v["record_bytes"], padded_bytes=v["padded_bytes"],
+                         table_offset=v["table_offset"], data_offset=v["data_offset"], file_bytes=v["file_bytes"],
+                         biases=rec.biases, layer_qtypes=tuple(r.qtypes for r in layouts) if mixed else None)
 
 
 class ExpertsFile(OpenFile):
@@ -269,7 +372,13 @@ class ExpertsFile(OpenFile):
         self.path = path
         self.header = header
         self.identity = identity  # identity_of(header bytes + checksum table): names this expert set
-        self.layout = RecordLayout(header.qtype, header.hidden, header.expert_ffn, header.biases)
+        if header.layer_qtypes is None:
+            self._layouts = [RecordLayout(header.qtype, header.hidden, header.expert_ffn, header.biases)]
+        else:
+            self._layouts = [RecordLayout(g, header.hidden, header.expert_ffn, header.biases, up_qtype=u, down_qtype=d)
+                             for g, u, d in header.layer_qtypes]
+        # the one layout of every record; None in a mixed file (layer_layout(l) gives each layer's)
+        self.layout = None if header.mixed else self._layouts[0]
         self._fd = fd
         self._checksums = checksums  # [n_layers, n_experts] uint32
 
@@ -300,11 +409,14 @@ class ExpertsFile(OpenFile):
             raise FormatError(f"{path}: not a strata .experts file (magic {raw[:len(MAGIC)]!r}, expected {MAGIC!r})")
         if len(raw) < HEADER_SIZE:
             raise FormatError(f"{path}: truncated: {size} bytes, shorter than the {HEADER_SIZE}-byte header")
-        version = HEADER_STRUCT.unpack(raw)[1]
-        if version not in (VERSION, VERSION_BIASES):
+        version, n_layers = HEADER_STRUCT.unpack(raw)[1], HEADER_STRUCT.unpack(raw)[3]
+        if version not in VERSIONS:
             raise FormatError(f"{path}: unsupported .experts version {version} "
-                              f"(this reader knows {VERSION} and {VERSION_BIASES})")
-        head_bytes = header_size(version == VERSION_BIASES)
+                              f"(this reader knows {', '.join(map(str, VERSIONS))}; a newer strata wrote it?)")
+        head_bytes = header_size(version == VERSION_BIASES, n_layers if version == VERSION_MIXED else 0)
+        if head_bytes > size:
+            raise FormatError(f"{path}: truncated or corrupt header: {size} bytes, the header of {n_layers} "
+                              f"layers needs {head_bytes}")
         if head_bytes > HEADER_SIZE:
             raw += os.pread(fd, head_bytes - HEADER_SIZE, HEADER_SIZE)
             if len(raw) < head_bytes:
@@ -330,6 +442,12 @@ class ExpertsFile(OpenFile):
         if not (0 <= layer < h.n_layers and 0 <= expert < h.n_experts):
             raise ValueError(f"{self.path}: no record for layer {layer} expert {expert} "
                              f"(file has {h.n_layers} layers x {h.n_experts} experts)")
+
+    def layer_layout(self, layer: int) -> RecordLayout:
+        """The record layout of a layer's experts (every layer's is `layout` in a single-type file)."""
+        if not 0 <= layer < self.header.n_layers:
+            raise ValueError(f"{self.path}: no layer {layer} (file has {self.header.n_layers} layers)")
+        return self._layouts[layer if self.header.mixed else 0]
 
     def record_offset(self, layer: int, expert: int) -> int:
         """Byte offset of record (layer, expert): a multiple of 4096."""
@@ -369,7 +487,7 @@ class ExpertsFile(OpenFile):
 
     def expert(self, layer: int, expert: int, *, verify: bool = True) -> ExpertWeights:
         """The weights of (layer, expert), as views of a freshly read record."""
-        return unpack_record(self.read_record(layer, expert, verify=verify), self.layout)
+        return unpack_record(self.read_record(layer, expert, verify=verify), self.layer_layout(layer))
 
     def verify_all(self) -> None:
         """Read every record and check its checksum (FormatError at the first mismatch)."""
@@ -380,5 +498,5 @@ class ExpertsFile(OpenFile):
 
     def __repr__(self) -> str:
         h = self.header
-        return (f"ExpertsFile({self.path!r}, {h.qtype.name}, {h.n_layers} layers x {h.n_experts} experts, "
+        return (f"ExpertsFile({self.path!r}, {h.type_names}, {h.n_layers} layers x {h.n_experts} experts, "
                 f"D={h.hidden}, F={h.expert_ffn}, {h.padded_bytes} bytes/record)")

@@ -43,6 +43,21 @@ MAX_LAYERS = 1 << 14
 DENSE_TYPES = (QuantType.F32, QuantType.F16, QuantType.Q8_0)  # what write_model can store 2-D matrices as
 
 
+@dataclass(frozen=True, eq=False)
+class StoredBlocks:
+    """A dense matrix handed to `write_model` as a GGUF already stores it (a llama.cpp GGUF's own
+    Q6_K / Q8_0 / BF16 ... tensor, kept as stored): written with its bytes unchanged, whatever the
+    `dense_type`. `read` is called once, when the writer gets to it.
+
+    Shapes: shape = the numpy shape of the matrix; read() -> uint8 [..., row_bytes] (the
+    tensor's rows of ggml blocks, or of raw floats for F32 / F16 / BF16)
+    """
+
+    ggml_type: int
+    shape: tuple[int, ...]
+    read: Any  # () -> np.ndarray
+
+
 def _gguf():
     import gguf  # imported late: `import strata` stays cheap for tools that never touch GGUF
 
@@ -159,7 +174,8 @@ def write_model(
     `ngrams_identity` (`NgramRowsFile.identity`) does the same for a PLE model's row store.
 
     Shapes:
-        dense[name]: dense_tensor_shapes(cfg)[name], any float dtype (stored as described above)
+        dense[name]: dense_tensor_shapes(cfg)[name], any float dtype (stored as described above),
+            or a StoredBlocks (a matrix written as it is already stored)
     """
     gguf = _gguf()
     path = os.fspath(path)
@@ -189,6 +205,14 @@ def write_model(
             _add_value(w, key, value)
         for name, shape in shapes.items():
             qt = _tensor_type(name, shape, dense_type)
+            if isinstance(dense[name], StoredBlocks):
+                kept = dense[name]
+                if _tensor_type(name, shape, QuantType.F16) is QuantType.F32 and kept.ggml_type != int(QuantType.F32):
+                    raise ConfigError(f"write_model: tensor {name} must be F32 (a router or 1-D tensor), "
+                                      f"got stored type {kept.ggml_type}")
+                ggml_type = gguf.GGMLQuantizationType(kept.ggml_type)
+                w.add_tensor(name, np.ascontiguousarray(kept.read(), np.uint8), raw_dtype=ggml_type)
+                continue
             if qt is QuantType.F16 and np.asarray(dense[name]).dtype == np.float16:
                 w.add_tensor(name, np.ascontiguousarray(dense[name]))  # as given: float32 and back is the identity
                 continue

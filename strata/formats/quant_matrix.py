@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.formats import mlx_affine, mxfp4
-from strata.formats.quant_types import QuantType, layout
+from strata.formats import ggml_blocks, mlx_affine, mxfp4
+from strata.formats.quant_types import QuantType, ggml_block_name, layout
 
 
 def scale_dtype(qtype: QuantType) -> np.dtype:
@@ -78,6 +78,11 @@ class QuantMatrix:
         codes have no NaN or inf; its e8m0 scale's NaN is E8M0_NAN); a float type's values are
         looked at themselves. Counted in weights (a bad block counts its block_size)."""
         lay = layout(self.qtype)
+        if lay.whole_blocks:  # a ggml block type kept as stored: its blocks' own scale fields
+            return int(np.count_nonzero(ggml_blocks.non_finite_blocks(ggml_block_name(self.qtype), self.codes))) \
+                * lay.block_size
+        if self.qtype is QuantType.BF16:  # bfloat16 bits: exponent all ones is inf or NaN
+            return int(np.count_nonzero((self.codes.view("<u2") & 0x7F80) == 0x7F80))
         if not lay.scale_bytes:  # F32 / F16: the codes are the little-endian floats
             values = self.codes.view("<f4" if self.qtype is QuantType.F32 else "<f2")
             return int(values.size - np.count_nonzero(np.isfinite(values)))

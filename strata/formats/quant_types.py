@@ -16,6 +16,10 @@ Layouts (all little-endian; a "row" is one output channel, quantized along its i
   (scale = d, bias = -2d, group 32).
 - A{4,8}G{32,64}_{F16,BF16}, MXFP4: MLX's own formats, kept bit-exact from mlx-lm checkpoints;
   their one definition is strata/formats/mlx_affine.py and strata/formats/mxfp4.py.
+- BF16 and the rest of llama.cpp's types (Q4_1 .. Q6_K, the IQ types, TQ1_0, TQ2_0, ggml's
+  MXFP4 and NVFP4): kept exactly as a GGUF stores them, whole blocks (`whole_blocks`: the
+  codes plane is the blocks themselves, scales inside; there is no separate scales plane).
+  Their one definition is strata/formats/ggml_blocks.py; ids are ggml's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.formats import ggml_blocks
 
 class QuantType(enum.IntEnum):
     """Weight formats. Values shared with ggml keep ggml's type ids; Q2_0 takes an id ggml
@@ -33,7 +38,30 @@ class QuantType(enum.IntEnum):
     F32 = 0
     F16 = 1
     Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    IQ1_M = 29
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    # ggml's MXFP4 and NVFP4 (ids 39, 40): not MLX's MXFP4 (220), whose nibble order differs
+    GGML_MXFP4 = 39
+    GGML_NVFP4 = 40
     Q2_0 = 200
     # MLX's own checkpoint formats, kept bit-exact from mlx-lm files (strata/formats/mlx_affine.py,
     # strata/formats/mxfp4.py): affine {4, 8} bits x group {32, 64} x 16-bit scale/bias dtype, and MXFP4.
@@ -54,8 +82,10 @@ class BlockLayout:
 
     block_size: int
     block_bytes: int
-    scale_bytes: int  # leading float16 scale (0 for float types)
-    bits: int  # bits per weight code (the float width for float types)
+    scale_bytes: int  # leading float16 scale (0 for float types and whole-block types)
+    bits: int  # bits per weight code (the float width for float types; the nominal width a
+    #            whole-block type is named for, its scales not counted)
+    whole_blocks: bool = False  # a ggml block type kept as stored: codes plane = the blocks
 
     @property
     def code_bytes(self) -> int:
@@ -72,11 +102,38 @@ LAYOUTS: dict[QuantType, BlockLayout] = {
     **{QuantType[f"A{b}G{g}_{dt}"]: BlockLayout(block_size=g, block_bytes=g * b // 8 + 4, scale_bytes=4, bits=b)
        for b in (4, 8) for g in (32, 64) for dt in ("F16", "BF16")},
     QuantType.MXFP4: BlockLayout(block_size=32, block_bytes=17, scale_bytes=1, bits=4),
+    QuantType.BF16: BlockLayout(block_size=1, block_bytes=2, scale_bytes=0, bits=16),
 }
+# llama.cpp's block types, as whole blocks; the nominal code width each is named for
+GGML_BLOCK_BITS = {
+    QuantType.Q4_1: 4, QuantType.Q5_0: 5, QuantType.Q5_1: 5, QuantType.Q2_K: 2, QuantType.Q3_K: 3,
+    QuantType.Q4_K: 4, QuantType.Q5_K: 5, QuantType.Q6_K: 6, QuantType.IQ2_XXS: 2, QuantType.IQ2_XS: 2,
+    QuantType.IQ2_S: 2, QuantType.IQ3_XXS: 3, QuantType.IQ3_S: 3, QuantType.IQ1_S: 1, QuantType.IQ1_M: 1,
+    QuantType.IQ4_NL: 4, QuantType.IQ4_XS: 4, QuantType.TQ1_0: 1, QuantType.TQ2_0: 2,  # TQ1_0: 1.6 (base 3)
+    QuantType.GGML_MXFP4: 4, QuantType.GGML_NVFP4: 4,
+}
+
+
+def ggml_block_name(qtype: QuantType) -> str:
+    """The ggml type name of a whole-block type (strata/formats/ggml_blocks.py's key)."""
+    return qtype.name.removeprefix("GGML_")
+
+
+for _qt, _bits in GGML_BLOCK_BITS.items():
+    _block, _dt = ggml_blocks.BLOCK_DTYPES[ggml_block_name(_qt)]
+    LAYOUTS[_qt] = BlockLayout(block_size=_block, block_bytes=_dt.itemsize, scale_bytes=0, bits=_bits,
+                               whole_blocks=True)
+del _qt, _bits, _block, _dt
+assert set(LAYOUTS) == set(QuantType)
+for _qt in (QuantType.Q4_0, QuantType.Q8_0):  # split into planes here, but the same ggml block
+    assert (LAYOUTS[_qt].block_size, LAYOUTS[_qt].block_bytes) == (
+        ggml_blocks.BLOCK_DTYPES[_qt.name][0], ggml_blocks.BLOCK_DTYPES[_qt.name][1].itemsize), _qt
 
 # The layout constants must agree with the bit widths (ggml's static_assert, done once at import).
 for _qt, _layout in LAYOUTS.items():
-    if _layout.scale_bytes:
+    if _layout.whole_blocks:
+        assert _layout.block_bytes * 8 > _layout.block_size * _layout.bits, _qt  # codes and scales
+    elif _layout.scale_bytes:
         assert _layout.code_bytes * 8 == _layout.block_size * _layout.bits, _qt
     else:
         assert _layout.block_bytes * 8 == _layout.bits, _qt
@@ -116,3 +173,8 @@ def parse_quant_type(name: str) -> QuantType:
 
 
 FLOAT_DTYPES = {QuantType.F32: np.dtype("<f4"), QuantType.F16: np.dtype("<f2")}
+
+
+def is_whole_blocks(qtype: QuantType | int) -> bool:
+    """A type kept as ggml stores it (its codes plane is its blocks; no scales plane)."""
+    return layout(qtype).whole_blocks

@@ -11,6 +11,7 @@ Modules (one concept each; the same names as strata/reference/ where they twin i
     arena      MlxArena: the runtime's Arena over MLX memory (zero-copy slot writes)
     compute    MlxCompute: the runtime's LayerCompute
     engine     MlxEngine (all-resident), streaming_parts (arena + compute for the runtime's engine)
+    kernel_plan  KernelPlan: the forms the kernels take on each backend, presets for benchmarks
     twins      the reference <-> MLX twin table the differential tests iterate
     jit_cache  where MLX's CUDA build keeps the kernels it compiles (MLX_PTX_CACHE_DIR's default)
     shape_buckets  the fixed shape set that keeps a new prompt length from compiling a kernel

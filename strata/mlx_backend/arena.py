@@ -87,7 +87,7 @@ class MlxArena(SlotArena):
         # MLX's CUDA build: the arena is managed memory. On the H200, with the GPU running kernels
         # over other slots while reads landed, 1 of 40 streaming runs with O_DIRECT left the GPU a
         # stale slot (its logits 0.87 off the reference; 0 of 480 with buffered reads), and a
-        # direct read cost ~15x a buffered one (benchmarks/stress_streaming.py, docs/perf.md).
+        # direct read cost ~15x a buffered one (tests/fuzz/stress_streaming.py, docs/perf.md).
         # Apple GPUs share the CPU's memory: direct reads stay on there, as on the CPU.
         if gpu_dialect() is Dialect.CUDA:
             self.direct_reads_refused = "O_DIRECT into CUDA managed memory came back stale"

@@ -261,24 +261,15 @@ def routes_with_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV,
                                    or attend_split.chains_router(t, kv.length + t, w.wo))
 
 
-def takes_deferred_down(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, t: int) -> bool:
-    """Whether `attention_router` here runs the previous layer's deferred down step as its first
-    phase (moe_decode.DeferredDown)."""
-    return (_kernel_ok(cfg, w) and attend_project.chains_router(t, kv.length + t, w.wo)
-            and attend_project.takes_deferred(w.wqkv, kv.keys, cfg.n_heads, w.gated))
-
-
-def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, ffn_norm: mx.array,
-                     w_router: mx.array, *, pos: mx.array | None = None, rank_k: int = 0,
+def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: mx.array, ffn_norm: mx.array,
+                     w_router: mx.array, *, pos: mx.array | None = None,
                      hand_on: bool = False) -> tuple[mx.array, mx.array, mx.array, MlxLayerKV]:
     """The attention (`attention_partials`) and the router kernel after it (no guess) as one
     launch, where `routes_with_attention` (past SPLIT_FROM the split attention's chain,
     kernels/attend_split.py): the residual after attention, the router's input and
-    its logits (model.router_stage's first three), and the new cache. x may be the previous
-    layer's down step unlaunched (where `takes_deferred_down`): the launch runs it first. rank_k:
-    the logits' top rank_k ranked in the launch too (a `RankedLogits`, moe_decode.ranks_once).
-    hand_on: h and z as `Region`s of the launch's folded buffer, for the expert step's launch
-    alone to read (moe_decode.HAND_ON).
+    its logits (model.router_stage's first three), and the new cache. hand_on: h and z as
+    `Region`s of the launch's folded buffer, for the expert step's launch alone to read
+    (attend_project.routed_chain says why).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z [1, E], MlxLayerKV with 1 more)
@@ -289,7 +280,7 @@ def attention_router(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x, f
     route = attend_project.qkv_attend_route if short else attend_split.qkv_split_route
     x_mid, h, z = route(w.wqkv, x, w.norm, w.bqkv, w.q_norm, w.k_norm, cos, sin, kv.keys, kv.values, w.wo, ffn_norm,
                         w_router, kv.length, cfg.rms_norm_eps, cfg.n_heads, pos=pos, rotary_dim=cfg.rope_dim,
-                        gated=w.gated, rank_k=rank_k, hand_on=hand_on)
+                        gated=w.gated, hand_on=hand_on)
     return x_mid, h, z, MlxLayerKV(kv.keys, kv.values, kv.length + x.shape[0])
 
 

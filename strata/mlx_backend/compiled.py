@@ -28,7 +28,7 @@ What the trace may and may not hold:
 
 Only T = 1 (decode) is compiled, routing on the device (no `select`: a host round trip inside
 a traced graph is impossible), on the GPU kernel path (the emulator evaluates its inputs to
-numpy, which a trace cannot). `MlxEngine` uses it when COMPILED_DECODE (or its `compiled` flag)
+numpy, which a trace cannot). `MlxEngine` uses it when its kernel plan's compiled_decode (or its `compiled` flag)
 says so, and falls back to the uncompiled `forward` if the first (tracing) call raises.
 
 Shapes: V vocab.
@@ -49,15 +49,7 @@ from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device, de
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
 
-__all__ = ["COMPILED_DECODE", "CONSTANT_VIEWS", "CompiledDecode", "unsupported", "check_decode", "check_device_token", "device_ids"]
-
-# MlxEngine's default (its `compiled` argument overrides it): compile the decode step where the
-# path allows (the GPU kernel path). False: every token runs the uncompiled `forward`.
-COMPILED_DECODE = True
-# The trace gives its kernels views of the weights, the arena and the KV buffers made (and
-# evaluated) before it (launch.constant_views): no reshape and slice nodes a large input replayed
-# every call. False: the views are made inside the trace, as before (benchmarks compare both).
-CONSTANT_VIEWS = True
+__all__ = ["CompiledDecode", "unsupported", "check_decode", "check_device_token", "device_ids"]
 
 
 def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
@@ -170,7 +162,9 @@ class CompiledDecode:
         # by the context length at trace time (attention_partials), so the step is chosen by it too
         self._make = make_step
         self._fns: dict[bool, object] = {}
-        self._views = constant_views(_constant_arrays(p, state)) if traced and CONSTANT_VIEWS else None
+        # the large inputs' views made (and evaluated) before the trace: no reshape and slice node
+        # a large input that the compiled step would replay every call
+        self._views = constant_views(_constant_arrays(p, state)) if traced else None
 
     def bound_to(self, state: MlxModelState) -> bool:
         """Whether `state` holds the very KV buffers this step's graph writes (by identity)."""

@@ -24,10 +24,8 @@ from strata.model_config import ExpertKind
 from strata.reference.experts import ExpertAct
 from strata.reference.routing import RouterRule
 
-__all__ = ["TWO_LAUNCHES", "MAX_TOKENS", "applies", "routed_residual"]
+__all__ = ["MAX_TOKENS", "applies", "routed_residual"]
 
-# False: the fused kernel + combine for every token count (the A/B switch the benchmarks flip)
-TWO_LAUNCHES = True
 # up to this many tokens a launch; from moe.MANY_TOKENS the fused kernel's FC = 64 shape reads
 # each record's down planes in fewer L2 sectors and is the measured choice
 MAX_TOKENS = moe.MANY_TOKENS - 1
@@ -36,7 +34,7 @@ MAX_TOKENS = moe.MANY_TOKENS - 1
 def applies(rec: RecordLayout | None, rule: RouterRule | None, shared: SharedWeights | None, act: ExpertAct,
             tokens: int) -> bool:
     """Whether `routed_residual` serves this layer's routed step on the current path."""
-    return (TWO_LAUNCHES and current_path() is not KernelPath.OPS and rec is not None and rule is not None
+    return (current_path() is not KernelPath.OPS and rec is not None and rule is not None
             and (shared is None or _shared_ok(shared, rec.hidden)) and act.kind is ExpertKind.SWIGLU
             and 1 <= tokens <= MAX_TOKENS and moe.routes_on_kernel(rule) and moe_decode.applies(rec, rule.k))
 
@@ -47,17 +45,14 @@ def _shared_ok(sw: SharedWeights, hidden: int) -> bool:
 
 
 def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
-                    rule: RouterRule, shared: SharedWeights | None = None, *,
-                    defer: bool = False) -> mx.array | moe_decode.DeferredDown:
+                    rule: RouterRule, shared: SharedWeights | None = None) -> mx.array:
     """x_mid + sum_i w_i expert_i(h) (+ the shared expert of h, times sigmoid(gate_inp . h) where
     gated), the experts chosen from z by the model's rule, every expert of the layer resident at
-    arena slot slot_base + e (the twin of experts_route + combine). defer: the down step may come
-    back unlaunched (moe_decode.DeferredDown: the next layer's attention launch runs it). z may
-    come with its top k ranked (decode_routing.RankedLogits, moe_decode.RANK_ONCE).
+    arena slot slot_base + e (the twin of experts_route + combine).
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
     """
     sh = None if shared is None else (shared.gate, shared.up, shared.down, shared.gate_inp)
     return moe_decode.routed_residual(arena, rec, x_mid, h, z, slot_base, rule.k, rule.order, rule.norm_topk_prob,
-                                      shared=sh, defer=defer)
+                                      shared=sh)

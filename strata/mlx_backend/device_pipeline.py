@@ -18,7 +18,8 @@ The step: the engine's compiled decode (compiled.py, the GPU kernel path) where 
 else `model.decode_device` uncompiled (MLX's CPU build on the ops path, the emulated kernels,
 or `compiled=False`): the same layers with the token input already on the device; the
 positions are host-known either way. A first compiled call that fails (the trace) gives up the
-compiled step as `MlxEngine._decode` does, and the same push runs uncompiled.
+compiled step as `MlxEngine._decode` does, and the same push runs uncompiled. MlxEngine offers
+the pipeline where its kernel plan's `pipelined` is on (the default).
 """
 
 from __future__ import annotations
@@ -31,16 +32,13 @@ import mlx.core as mx
 from strata.errors import StrataError
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend.attention import MlxLayerKV, check_context
+from strata.mlx_backend.kernel_plan import using_plan
 from strata.mlx_backend.greedy import Selection, greedy_select, read_selection
 from strata.mlx_backend.mla import MlxLatentKV
 from strata.mlx_backend.model import MlxModelState, decode_device
 from strata.reference.deltanet import DeltaNetState
 
-__all__ = ["PIPELINED", "DevicePipeline"]
-
-# MlxEngine offers the pipeline (strata.generate takes it for greedy decoding) when True;
-# False: every token's logits come back to the host, as before (benchmarks compare both)
-PIPELINED = True
+__all__ = ["DevicePipeline"]
 
 
 @dataclass(frozen=True)
@@ -88,8 +86,9 @@ class DevicePipeline:
             raise ValueError("greedy pipeline: a step without a token needs a step before it")
         state = self._pushed[-1].state if self._pushed else eng.state
         ids = last.selection if token is None else int(token)
-        logits, new, compiled = self._decode_step(state, ids)
-        selection = greedy_select(logits)
+        with using_plan(eng.plan):
+            logits, new, compiled = self._decode_step(state, ids)
+            selection = greedy_select(logits)
         mx.async_eval(selection, *_arrays(new, compiled))  # enqueued: the host goes on at once
         self._pushed.append(_Pushed(new, selection, None if token is None else int(token)))
 

@@ -4,7 +4,7 @@
   model's own rule (with all experts resident MoCE's bonus lifts every logit alike, so the
   selection is the model's): one host round trip per token, six launches per layer. On the GPU
   the decode step is compiled (compiled.py: traced once, replayed from C++) unless
-  `compiled=False` or `compiled.COMPILED_DECODE` is False; prefill stays uncompiled.
+  `compiled=False` or its kernel plan's compiled_decode is off; prefill stays uncompiled.
 - streaming: `streaming_parts` gives an `MlxArena` and `MlxCompute`; strata.engines puts them
   in the runtime's StreamingEngine with a reader pool, as it does the numpy ones.
 
@@ -21,7 +21,8 @@ import numpy as np
 from strata.config import Config
 from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
-from strata.mlx_backend import device_pipeline
+from strata.mlx_backend import kernel_plan
+from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
 from strata.mlx_backend.arena import MlxArena
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
@@ -55,21 +56,23 @@ def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | 
 class MlxEngine(StateEngine):
     """The Engine protocol over MlxParams with resident experts.
 
-    compiled: decode through a `CompiledDecode` where it can run (the GPU kernel path); None
-    reads `compiled.COMPILED_DECODE`. If its first (tracing) call raises, the engine warns once,
+    plan: the kernel plan its kernels follow (kernel_plan.py; None: the plan in force where it
+    is called, the backend's by default). compiled: decode through a `CompiledDecode` where it can
+    run (the GPU kernel path); None: the plan's compiled_decode. If its first (tracing) call raises, the engine warns once,
     keeps the reason in `compile_error` and decodes uncompiled from then on. `trim` trims the
     state (StateEngine): the same KV buffers, so the compiled step stays bound."""
 
     kind = "mlx resident"
 
-    def __init__(self, params: MlxParams, *, compiled: bool | None = None, model=None, config=None,
-                 expert_reads: int = 0) -> None:
+    def __init__(self, params: MlxParams, *, compiled: bool | None = None, plan: KernelPlan | None = None,
+                 model=None, config=None, expert_reads: int = 0) -> None:
         super().__init__(model, config)
         if params.arena is None:
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
         self.params = params
         self.state = MlxModelState.empty(params.cfg, config.kv_cache if config is not None else KVPrecision.F32)
-        self.compiled = compiled_step.COMPILED_DECODE if compiled is None else compiled
+        self.plan = plan
+        self._compiled = compiled
         self.compile_error: str | None = None
         self.prompt_error: str | None = None  # why the prompt path failed (it is then off)
         self._step: compiled_step.CompiledDecode | None = None
@@ -89,18 +92,21 @@ class MlxEngine(StateEngine):
         return self._reads
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
-        out = self._prompt(tokens, all_logits=False)
-        if out is not None:
-            return out[-1]
-        logits, self.state = forward(self.params, self.state, tokens)
-        return np.array(logits[-1], dtype=np.float32)
+        with using_plan(self.plan):
+            out = self._prompt(tokens, all_logits=False)
+            if out is not None:
+                return out[-1]
+            logits, self.state = forward(self.params, self.state, tokens, eval_every=kernel_plan.current().eval_every)
+            return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
-        out = self._prompt(tokens, all_logits=True)
-        if out is not None:
-            return out
-        logits, self.state = forward(self.params, self.state, tokens, window=True)
-        return np.array(logits, dtype=np.float32)
+        with using_plan(self.plan):
+            out = self._prompt(tokens, all_logits=True)
+            if out is not None:
+                return out
+            logits, self.state = forward(self.params, self.state, tokens, window=True,
+                                         eval_every=kernel_plan.current().eval_every)
+            return np.array(logits, dtype=np.float32)
 
     def _prompt(self, tokens: np.ndarray, *, all_logits: bool) -> np.ndarray | None:
         """The prompt path's logits (prompt.py: a prompt on the matrix units), or None where it does
@@ -120,6 +126,10 @@ class MlxEngine(StateEngine):
         return out
 
     def _decode(self, token: int) -> np.ndarray:
+        with using_plan(self.plan):
+            return self._decode_planned(token)
+
+    def _decode_planned(self, token: int) -> np.ndarray:
         step = self._compiled_step()
         if step is not None:
             compiled_step.check_decode(self.params, self.state, int(token))  # raises like forward
@@ -134,13 +144,23 @@ class MlxEngine(StateEngine):
             else:
                 self.state = state
                 return out
-        logits, self.state = forward(self.params, self.state, np.asarray([token]))
+        logits, self.state = forward(self.params, self.state, np.asarray([token]),
+                                     eval_every=kernel_plan.current().eval_every)
         return np.array(logits[-1], dtype=np.float32)
 
     def greedy_pipeline(self) -> DevicePipeline | None:
         """Greedy decoding with each next token chosen on the device (device_pipeline.py), unless
-        `device_pipeline.PIPELINED` is off."""
-        return DevicePipeline(self) if device_pipeline.PIPELINED else None
+        the plan's pipelined is off."""
+        with using_plan(self.plan):
+            return DevicePipeline(self) if kernel_plan.current().pipelined else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decode goes through the compiled step: `compiled`, else the plan's compiled_decode."""
+        if self._compiled is not None:
+            return self._compiled
+        with using_plan(self.plan):
+            return kernel_plan.current().compiled_decode
 
     def _commit(self, state: MlxModelState, token: int) -> None:
         """A step the greedy pipeline enqueued becomes the session's next position (as `decode`)."""

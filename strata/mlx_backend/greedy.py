@@ -30,8 +30,6 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.kernels import greedy_pick
-from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE
 
 __all__ = ["Selection", "greedy_select", "read_selection"]
@@ -76,15 +74,6 @@ def _select(logits: mx.array) -> mx.array:
 # mid-session run), start-up like the decode step's own first trace
 _compiled_select = mx.compile(_select)
 
-# The selection as one launch of our own (kernels/greedy_pick.py: a chain of part blocks and a join
-# block) where kernels run, instead of MLX's ~13 graph nodes (~3 us of GPU time and ~3.5 us of host
-# work each on the H200): the same token and finiteness, the log-probability within the same
-# budget. Off: on the H200 it timed within the spread of MLX's reductions, in the graph and end to
-# end (docs/perf.md; benchmarks/device_run.sh, stage 'launch_cuts').
-PICK_KERNEL = False
-_compiled_pick = mx.compile(greedy_pick.pick)
-
-
 def greedy_select(logits: mx.array) -> mx.array:
     """The packed greedy selection of one position's logits (lazy: nothing is evaluated here).
 
@@ -93,9 +82,6 @@ def greedy_select(logits: mx.array) -> mx.array:
     """
     if logits.dtype != mx.float32 or logits.size != logits.shape[-1]:
         raise ValueError(f"greedy_select: one position's float32 logits, got {logits.dtype} {tuple(logits.shape)}")
-    path = current_path()
-    if PICK_KERNEL and path is not KernelPath.OPS:
-        return (_compiled_pick if path is KernelPath.GPU else greedy_pick.pick)(logits)
     return (_compiled_select if mx.default_device().type == mx.DeviceType.gpu else _select)(logits)
 
 

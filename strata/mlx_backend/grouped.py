@@ -29,7 +29,6 @@ Shapes: T tokens, k selected, E experts, D hidden, F expert ffn.
 
 from __future__ import annotations
 
-import enum
 import functools
 
 import mlx.core as mx
@@ -37,10 +36,11 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import Q2_0_LEVEL_OFFSET, QuantType, layout
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.experts import gated_hidden
 from strata.mlx_backend.grouped_tiles import q2_tile_experts
-from strata.mlx_backend import lowp
 from strata.mlx_backend.kernels import q2_mma
+from strata.mlx_backend.kernel_plan import GroupedGemm
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.kernels.prompt_topk import WEIGHED_ORDERS, topk_kernel
 from strata.mlx_backend.lowp import as_mm, join_rows, mm_dtype, split_rows
@@ -53,8 +53,8 @@ from strata.reference.routing import RouterRule
 
 Q2_BITS = layout(QuantType.Q2_0).bits
 
-__all__ = ["GroupedGemm", "GEMM", "TILE_ROWS", "MIN_PAIRS", "GROUPED_MIN_PAIRS", "grouped_pays", "default_gemm",
-           "top_k", "TOPK_KERNEL", "WEIGHTS_KERNEL",
+__all__ = ["GroupedGemm", "TILE_ROWS", "MIN_PAIRS", "grouped_pays", "default_gemm",
+           "top_k",
            "route_prompt", "dequantized_experts", "grouped_experts",
            "grouped_refusal"]
 
@@ -71,15 +71,13 @@ def _order_key(score: mx.array) -> mx.array:
 
 # top_k on a kernel path as one launch (kernels/prompt_topk.py: the same selection) instead of the
 # uint64 key's ~12 ops and its sort (ncu, a 2048-token layer: ~140 us). False: the key everywhere.
-TOPK_KERNEL = True
-
-
 def top_k(score: mx.array, k: int) -> mx.array:
     """The k best experts per row in rank order (the reference's order, ties to the lower id):
-    on a kernel path one launch (TOPK_KERNEL), else one sort of distinct integer keys, where
+    on a kernel path one launch (kernels/prompt_topk.py: ~140 us less of a 2048-token layer than
+    the uint64 key's ~12 ops and its sort, ncu), else one sort of distinct integer keys, where
     `routing.rank_order` compares all E x E pairs ([T, E, E]: 0.5 GB of int32 a layer at 2048
     tokens; still the form where this device cannot sort uint64). float32 [T, E] -> int32 [T, k]"""
-    if TOPK_KERNEL and current_path() is not KernelPath.OPS:
+    if current_path() is not KernelPath.OPS:
         return topk_kernel(score, k)
     if not _sorts_uint64(str(mx.default_device())):
         ids = mx.broadcast_to(mx.arange(score.shape[-1], dtype=mx.int32)[None], score.shape)
@@ -101,15 +99,12 @@ def _sorts_uint64(device: str) -> bool:
         return False
 
 
-# The softmax rules' weights in the top-k kernel's launch (kernels/prompt_topk.py), where
-# routing.combine_weights takes ~8 launches over [T, E] (ncu, a 2048-token layer: ~30 us). False:
-# the ops (the selection stays TOPK_KERNEL's).
-WEIGHTS_KERNEL = True
-
-
 def route_prompt(z: mx.array, rule: RouterRule) -> tuple[mx.array, mx.array]:
-    """The model's own rule on the device. z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
-    if WEIGHTS_KERNEL and TOPK_KERNEL and current_path() is not KernelPath.OPS and rule.order in WEIGHED_ORDERS:
+    """The model's own rule on the device: on a kernel path the softmax rules' weights in the top-k
+    kernel's launch (kernels/prompt_topk.py), where routing.combine_weights takes ~8 launches over
+    [T, E] (ncu, a 2048-token layer: ~30 us).
+    z float32 [T, E] -> (experts int32 [T, k], weights float32 [T, k])"""
+    if current_path() is not KernelPath.OPS and rule.order in WEIGHED_ORDERS:
         return topk_kernel(z, rule.k, order=rule.order, norm=rule.norm_topk_prob)
     experts = top_k(selection_scores(z, rule), rule.k)
     return experts, combine_weights(z, experts, rule)
@@ -162,15 +157,14 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
 
     records: the layer's E arena rows (slot e = expert e). dtype: the GEMMs' input dtype
     (float16 on a GPU, activations split in two terms: lowp.py; float32: only the reordering of
-    sums). gemm: None is
-    `GEMM`, or `default_gemm()` where that is None too. slots: expert e is records[slots[e]]
+    sums). gemm: None is the kernel plan's grouped_gemm, or `default_gemm()` where that is None too. slots: expert e is records[slots[e]]
     (Q2_TILES reads it there; the other forms gather the rows first); None: records[e].
 
     Shapes:
         records uint8 [E, SLOT]; h float32 [T, D]; experts int32 [T, k]; weights float32 [T, k] -> float32 [T, D]
     """
     t, k = experts.shape
-    form = gemm or GEMM or default_gemm()
+    form = gemm or kernel_plan.current().grouped_gemm or default_gemm()
     if form is GroupedGemm.Q2_TILES:
         if current_path() is KernelPath.OPS:
             raise ValueError("grouped experts: Q2_TILES is a kernel (the GPU or emulated path); "
@@ -193,16 +187,6 @@ def grouped_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     return unsorted.reshape(t, k, -1).sum(axis=1)
 
 
-class GroupedGemm(enum.Enum):
-    """How the sorted pairs meet their experts' weights."""
-
-    GATHER = "gather"  # mx.gather_mm(sorted_indices=True): MLX's grouped GEMM, no padding
-    PADDED = "padded"  # rows scattered into [E, cap, D] (cap: the largest group), one batched matmul
-    TILED = "tiled"  # rows in tiles of TILE_ROWS of one expert each, mx.gather_mm by tile: no host sync
-    Q2_MMA = "q2mma"  # PADDED's rows against the Q2_0 records themselves (kernels/q2_mma.py): no float16 copy
-    Q2_TILES = "q2tiles"  # tiles of sorted rows against the records (grouped_tiles.py): no padding, no host sync
-
-
 # Rows per tile of the TILED form. Its tile count has a bound the host knows without a sync,
 # ceil(N / TILE_ROWS) + E, whose unused tiles are computed and dropped: at the seed shape
 # (N = 20480 pairs of 2048 tokens, E = 256) 32 rows cost 1.4x the flops, 64 rows 1.8x.
@@ -210,8 +194,8 @@ TILE_ROWS = 32
 
 
 # Pairs per distinct expert from which a grouped form beats the decode's fused GEMV kernel, by
-# form (None: never), from the H200 (a layer's experts at the seed shape, each evaluated alone,
-# benchmarks/prompt_probe.py): PADDED was slower than the fused kernel at every length (128 /
+# form (None: never), from the H200 (a layer's experts at the seed shape, each evaluated alone):
+# PADDED was slower than the fused kernel at every length (128 /
 # 512 / 2048 tokens: 16.5 / 17.0 / 31.3 ms against 1.5 / 4.9 / 19.0), so never. Q2_TILES against
 # the fused kernel at 1.25 / 5 / 10 pairs an expert: 1.55 / 1.76 / 2.05 ms against 0.56 / 1.46 /
 # 2.60 (the fused kernel's time grows with the pairs, the tiles' barely): they cross at ~7 (a
@@ -220,19 +204,16 @@ TILE_ROWS = 32
 # the fused kernel (the rest of the layer stays on the prompt path).
 MIN_PAIRS: dict["GroupedGemm", int | None] = {GroupedGemm.PADDED: None, GroupedGemm.Q2_TILES: 7,
                                               GroupedGemm.TILED: 8, GroupedGemm.Q2_MMA: 8, GroupedGemm.GATHER: 8}
-# An override of MIN_PAIRS for every form (tests and benchmarks: 0 always groups); None: by form.
-GROUPED_MIN_PAIRS: int | None = None
 
 
 def grouped_pays(pairs: int, experts: int) -> bool:
     """Whether `pairs` (token, expert) pairs over `experts` distinct experts take the grouped GEMMs
-    (the form `grouped_experts` would run: GEMM, else the device's default)."""
-    least = GROUPED_MIN_PAIRS if GROUPED_MIN_PAIRS is not None else MIN_PAIRS[GEMM or default_gemm()]
+    (the form `grouped_experts` would run: the kernel plan's, else the device's default; the plan's
+    grouped_min_pairs, where it has one, for every form)."""
+    plan = kernel_plan.current()
+    least = plan.grouped_min_pairs if plan.grouped_min_pairs is not None else MIN_PAIRS[
+        plan.grouped_gemm or default_gemm()]
     return least is not None and pairs >= least * experts
-
-
-# None: by the device (`default_gemm`); a member forces it (benchmarks/prompt_mlx.py times both).
-GEMM: GroupedGemm | None = None
 
 
 def default_gemm() -> GroupedGemm:
@@ -270,16 +251,14 @@ def _gather(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
 # Round Q2_MMA's group capacity up to a bucket (shape_buckets.py): its row count is a template
 # value of its kernel, so an exact cap compiled a new kernel per prompt on MLX's CUDA build.
 # PADDED keeps the exact cap: its batched matmul is cuBLAS, which compiles nothing per shape
-# (docs/mlx_backend.md, "JIT compile costs"), so a bucket would only add rows. False: the exact
-# largest group (benchmarks/jit_probe.py --no-bucket).
-BUCKET_CAP = True
+# (docs/mlx_backend.md, "JIT compile costs"), so a bucket would only add rows.
 
 
 def _cap(counts: mx.array, *, template: bool) -> int:
     """Rows per expert of a padded form: the largest group (one host sync), in a bucket where the
     count becomes a kernel's template value."""
     largest = int(counts.max().item())
-    return bucket(largest) if template and BUCKET_CAP else largest
+    return bucket(largest) if template else largest
 
 
 def _padded(rows, by_expert, gate_up, down, act, dtype) -> mx.array:
@@ -347,7 +326,7 @@ def _q2_mma(rows, by_expert, records, rec, act, dtype) -> mx.array:
 
     def mm(a: mx.array, planes: tuple[str, ...]) -> mx.array:  # [N, C] float32 -> [N, R] float32
         hi = a.astype(half)
-        parts = mx.concatenate([hi, (a - hi.astype(mx.float32)).astype(half)]) if lowp.SPLIT else hi
+        parts = mx.concatenate([hi, (a - hi.astype(mx.float32)).astype(half)])  # lowp.py's two terms
         p = parts.shape[0] // n
         dest = mx.concatenate([by_expert.astype(mx.int32) * (p * cap) + j * cap + pos for j in range(p)])
         buf = mx.zeros((e * p * cap, a.shape[1]), half)

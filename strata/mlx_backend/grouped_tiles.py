@@ -15,8 +15,11 @@ tokens (N = 20480 (token, expert) pairs, E = 256, D 2560, F 576), and what this 
   down step's weighted rows in (token, rank) order.
 
 The tile table and the sorted pairs come from a counting sort in two launches
-(kernels/pair_sort.py, COUNTING_SORT); `tile_table` is its ops twin (a few [E] and [NT] ops:
-counts, cumulative sums, one [NT, E] comparison, after an argsort). Nothing reaches the host.
+(kernels/pair_sort.py: ~245 us of MLX's merge-sort launches and ~25 small launches less a
+2048-token layer, ncu); `tile_table` is its ops twin (a few [E] and [NT] ops: counts,
+cumulative sums, one [NT, E] comparison, after an argsort), which the tests hold it to. SwiGLU's
+silu(g) u is the gate | up kernel's epilogue (no [N, 2F] float32 product written and read, no
+five elementwise launches: ~150 us of a 2048-token layer). Nothing reaches the host.
 
 Shapes: T tokens, k selected, N = T k pairs, E experts, D hidden, F expert ffn, P terms (lowp.py).
 """
@@ -26,25 +29,13 @@ from __future__ import annotations
 import mlx.core as mx
 
 from strata.formats.expert_record import RecordLayout
-from strata.mlx_backend import lowp
 from strata.mlx_backend.experts import gated_hidden
 from strata.mlx_backend.kernels.pair_sort import sort_pairs
 from strata.mlx_backend.kernels.q2_tiles import BM, q2_tiles
 from strata.model_config import ExpertKind
 from strata.reference.experts import SWIGLU, ExpertAct
 
-__all__ = ["FUSED_HIDDEN", "COUNTING_SORT", "tile_table", "tile_bound", "q2_tile_experts"]
-
-# SwiGLU's silu(g) u in the gate | up kernel (its block's columns: half gate rows, half the same
-# units' up rows): no [N, 2F] float32 product written and read, no five elementwise launches
-# (ncu: ~150 us of a 2048-token layer's GPU time). The same formula as experts.silu; on CUDA
-# expf and IEEE division as MLX's ops, elsewhere within the exp implementations' ulps.
-FUSED_HIDDEN = True
-
-# The sorted pairs, their tokens and the tile table from one counting sort in two launches
-# (kernels/pair_sort.py: the same values) instead of MLX's argsort and the table's ops (ncu, a
-# 2048-token layer: ~245 us of merge-sort launches and ~25 small launches). False: the ops.
-COUNTING_SORT = True
+__all__ = ["tile_table", "tile_bound", "q2_tile_experts"]
 
 
 def tile_bound(n: int, e: int, per_tile: int) -> int:
@@ -90,16 +81,10 @@ def q2_tile_experts(records: mx.array, rec: RecordLayout, h: mx.array, experts: 
     """
     t, k = experts.shape
     n, e, f = t * k, (records if slots is None else slots).shape[0], rec.expert_ffn
-    p = 2 if lowp.SPLIT else 1  # float16 terms a row: the kernel splits the float32 rows (lowp.py's terms)
-    if COUNTING_SORT:
-        order, tokens, tiles = sort_pairs(experts, e, BM // p, tile_bound(n, e, BM // p), slots)
-    else:
-        flat = experts.reshape(-1)  # [N] in (token, rank) order
-        order = mx.argsort(flat).astype(mx.int32)  # [N] pairs grouped by expert (any order inside a group)
-        tokens = order // k
-        tiles = tile_table(flat[order], e, BM // p, slots)
+    p = 2  # float16 terms a row: the kernel splits the float32 rows (lowp.py's terms)
+    order, tokens, tiles = sort_pairs(experts, e, BM // p, tile_bound(n, e, BM // p), slots)
     w = weights.reshape(-1).astype(mx.float32)  # [N] (token, rank) order, as dst indexes it
-    if FUSED_HIDDEN and act.kind is ExpertKind.SWIGLU:  # silu(g) u in the gate | up kernel's epilogue
+    if act.kind is ExpertKind.SWIGLU:  # silu(g) u in the gate | up kernel's epilogue
         hid = q2_tiles(h, tokens, order, w, tiles, n, records, rec, ("gate", "up"), gather=True,
                        scatter=False, terms=p, hidden=True)  # [N, F] float32, sorted order
     else:

@@ -24,8 +24,7 @@ from strata.formats.dense_weights import as_dense_weights
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
-from strata.mlx_backend.attention import (AttentionWeights, MlxLayerKV, attention_router, rms_norm,
-                                         routes_with_attention, takes_deferred_down)
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_router, rms_norm, routes_with_attention
 from strata.mlx_backend.deltanet import DeltaNetWeights
 from strata.mlx_backend import decode_experts
 from strata.mlx_backend.dense import Q8Dense, linear, rows
@@ -33,7 +32,6 @@ from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
 from strata.mlx_backend.kernels import embed as embed_kernel
-from strata.mlx_backend.kernels import moe_decode
 from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.mixers import mixer_for
@@ -323,26 +321,19 @@ def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, 
 
 def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn | None = None,
                   trace: list | None = None, *, pos: mx.array | None = None,
-                  window: bool = False, defer: bool = False) -> tuple[mx.array, MlxLayerKV]:
+                  window: bool = False) -> tuple[mx.array, MlxLayerKV]:
     """One decoder layer over all-resident experts. select None: the model's own rule on the
     GPU (no host round trip); else one host round trip for the router logits. pos: kv.length on
-    the device (attention_partials; kernel path only). x may be the previous layer's down step
-    unlaunched (moe_decode.DeferredDown: run here as the attention launch's first phase where it
-    can be, else launched first); defer: this layer's may come back so (`takes_deferred`)."""
+    the device (attention_partials; kernel path only)."""
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
-    if isinstance(x, moe_decode.DeferredDown) and not takes_deferred(p, layer, kv, x.shape[0]):
-        x = x.run()
     experts_on_device = select is None and lw.dense is None and decode_experts.applies(
         p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0])
     if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
-        # the top k ranked in that launch too, where the expert launches read it (moe_decode.RANK_ONCE)
-        rank_k = lw.rule.k if experts_on_device and moe_decode.ranks_once(p.rec, lw.rule.k, x.shape[0]) else 0
-        # h and z handed to the expert launch in the attention launch's buffer (moe_decode.HAND_ON)
-        hand_on = experts_on_device and not rank_k and moe_decode.HAND_ON
-        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos, rank_k=rank_k,
-                                           hand_on=hand_on)
+        # h and z handed to the expert launch in the attention launch's buffer (attend_project.routed_chain)
+        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos,
+                                           hand_on=experts_on_device)
     else:
         parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
         if lw.dense is not None:  # a dense FFN layer: no router, no experts
@@ -351,8 +342,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if experts_on_device:
-        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared,
-                                              defer=defer), kv
+        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared), kv
     if select is None:
         routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:
@@ -367,13 +357,6 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
     return combine(x_mid, routed, shared, h, gate_inp), kv
 
 
-def takes_deferred(p: MlxParams, layer: int, kv, t: int) -> bool:
-    """Whether layer `layer` runs the previous layer's deferred down step inside its attention
-    launch (its attention and router chained, the QKV walk by KV group)."""
-    return (p.layers[layer].dense is None and _routes_with_mixer(p, layer, kv, t)
-            and takes_deferred_down(p.cfg, p.layers[layer].attn, kv, t))
-
-
 def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.ndarray, np.ndarray]:
     """Selections -> slots int32 [T, k] (base + expert; -1 where a selection is shorter) and weights."""
     slots = np.full((len(sels), k), -1, np.int32)
@@ -385,21 +368,14 @@ def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.nd
     return slots, weights
 
 
-# Kernel path: hand MLX each `EVAL_EVERY` layers' graph as soon as it is built (mx.async_eval), so
-# the GPU could run layer l while Python builds layer l + 1. Measured on the H200 (docs/perf.md,
-# runs A and B) once the GPU work had shrunk to ~2.9 ms a token: every layer 9.90 / 10.26 ms per
-# token, every 4 layers 9.00 / 9.07, once 9.44 / 8.63: the evaluations cost the host more than
-# the overlap gains. 0: one evaluation at the end (the default; decode itself runs compiled).
-EVAL_EVERY = 0
-
-
 def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | None = None, trace: bool = False,
-            eval_every: int | None = None, window: bool = False):
+            eval_every: int = 0, window: bool = False):
     """Twin of reference `forward`: process `tokens` after the cached positions.
 
     select None (and no trace): routing on the device by the model's rule. A `select` (or trace)
     routes each token on the host, like the reference. eval_every: layers per asynchronous
-    evaluation on the kernel path (default EVAL_EVERY; 0: none until the caller evaluates).
+    evaluation on the GPU kernel path (0: none until the caller evaluates; kernel_plan.KernelPlan
+    says why that is the default).
 
     Shapes:
         tokens: [T] -> logits float32 [T, V] (mx.array)
@@ -409,8 +385,7 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
         select = lambda m, z: route(z, rules[m])  # noqa: E731
     x = embed(p, tokens)
     records = [] if trace else None
-    every = EVAL_EVERY if eval_every is None else eval_every
-    every = every if current_path() is KernelPath.GPU else 0
+    every = eval_every if current_path() is KernelPath.GPU else 0
     logits, new_state = _layers_and_head(p, state, x, select, records, every, window=window)
     if trace:
         return logits, new_state, ForwardTrace(np.stack([r[0] for r in records]), tuple(r[1] for r in records))
@@ -421,15 +396,11 @@ def _layers_and_head(p: MlxParams, state: MlxModelState, x: mx.array, select: Se
                      every: int, pos: mx.array | None = None, *, window: bool = False) -> tuple[mx.array, MlxModelState]:
     layers, n = [], p.cfg.n_layers
     for layer in range(n):
-        # a layer's down step is handed on unlaunched where the next layer runs it in its attention
-        # launch (moe_decode.DEFER_DOWN): not before an evaluation, nor into the head
-        defer = (select is None and layer + 1 < n and not (every and (layer + 1) % every == 0)
-                 and takes_deferred(p, layer + 1, state.layers[layer + 1], x.shape[0]))
-        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window, defer=defer)
+        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window)
         layers.append(kv)
         if every and (layer + 1) % every == 0:
             mx.async_eval(x)
-    return head(p, moe_decode.materialized(x)), MlxModelState(tuple(layers))
+    return head(p, x), MlxModelState(tuple(layers))
 
 
 def decode_device(p: MlxParams, state: MlxModelState, ids: mx.array, pos: mx.array) -> tuple[mx.array, MlxModelState]:

@@ -31,7 +31,8 @@ import numpy as np
 from strata.mlx_backend.attention import AttentionWeights
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, silu
 from strata.mlx_backend.grouped import grouped_experts, grouped_pays, grouped_refusal, route_prompt
-from strata.mlx_backend.kernels.launch import KernelPath, current_path
+from strata.mlx_backend import kernel_plan
+from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, holds_q8_dense, mixer_partials
 from strata.mlx_backend.lowp import lowp_matmul
 from strata.mlx_backend.mixers import mixer_for
@@ -39,7 +40,7 @@ from strata.mlx_backend.prompt_attention import attention_refusal, prompt_attent
 from strata.mlx_backend.prompt_rows import residual_norm
 from strata.reference.experts import expert_act
 
-__all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "PROMPT_PATHS", "prompt_dtype", "prompt_refusal", "uses_prompt_path",
+__all__ = ["PROMPT_MIN_TOKENS", "PROMPT_CHUNK", "prompt_dtype", "prompt_refusal", "uses_prompt_path",
            "prompt_forward", "prompt_mixer", "slot_experts", "swiglu"]
 
 # Below this many positions a prompt keeps the decode kernels (a GEMM's tile is mostly padding).
@@ -49,8 +50,6 @@ PROMPT_MIN_TOKENS = 32
 # Positions per pass: bounds the attention scores ([H, T, S] float32 where MLX has no fused
 # kernel) and the sorted expert rows ([T k, D]).
 PROMPT_CHUNK = 4096
-# The kernel paths on which the engines take the prompt path (tests add OPS to run it on the CPU).
-PROMPT_PATHS = frozenset({KernelPath.GPU})
 
 
 def prompt_dtype(p: MlxParams) -> mx.Dtype:
@@ -76,11 +75,11 @@ _ASK = object()  # uses_prompt_path: no refusal kept by the caller, ask prompt_r
 
 def uses_prompt_path(p: MlxParams, n_tokens: int, rec=None, *, refusal=_ASK) -> bool:
     """Whether an MLX engine takes the prompt path for n_tokens positions: on the GPU kernel path
-    (PROMPT_PATHS), from PROMPT_MIN_TOKENS, for a model it serves (refusal: `prompt_refusal`'s
+    (the kernel plan's prompt_paths), from PROMPT_MIN_TOKENS, for a model it serves (refusal: `prompt_refusal`'s
     answer where the caller keeps it)."""
     if n_tokens < PROMPT_MIN_TOKENS:  # first: a decoded token's host turn pays one comparison
         return False
-    return current_path() in PROMPT_PATHS and (prompt_refusal(p, rec) if refusal is _ASK else refusal) is None
+    return current_path() in kernel_plan.current().prompt_paths and (prompt_refusal(p, rec) if refusal is _ASK else refusal) is None
 
 
 def prompt_forward(p: MlxParams, state: MlxModelState, tokens, *, all_logits: bool = False

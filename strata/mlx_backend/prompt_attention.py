@@ -20,30 +20,30 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.attention import (
     AttentionWeights, MlxLayerKV, check_context, qkv_heads, rms_norm, rope_table_cached,
 )
 from strata.mlx_backend.lowp import as_mm, lowp_matmul
-from strata.mlx_backend import prompt_rows
 from strata.mlx_backend.prompt_rows import attention_qkv, qkv_kernel_applies
 from strata.mlx_backend.shape_buckets import bucket
 from strata.model_config import ModelConfig
 
-__all__ = ["attention_refusal", "prompt_attention", "BUCKET_POSITIONS", "buckets_positions"]
+__all__ = ["attention_refusal", "prompt_attention", "buckets_positions"]
 
 # A prompt's attention on MLX's CUDA build is a cuDNN graph built per q/k/v shape, per process
 # (scaled_dot_product_attention.cpp: build_sdpa_cache_key), so each new prompt length built one.
 # A first chunk (no cached positions) pads q, k and v with zero rows to `bucket(T)` positions:
 # with the causal mask real queries never see the padded keys (all after them) and the padded
-# queries' rows are dropped. None: on MLX's CUDA build only (elsewhere nothing is built per shape:
-# the padding would only cost flops); True / False force it (tests, benchmarks/jit_probe.py).
-BUCKET_POSITIONS: bool | None = None
+# queries' rows are dropped. On MLX's CUDA build only (elsewhere nothing is built per shape: the
+# padding would only cost flops), unless the kernel plan's bucket_positions says otherwise.
 
 
 def buckets_positions() -> bool:
-    """Whether a first prompt chunk's attention pads its positions to a bucket (BUCKET_POSITIONS)."""
-    if BUCKET_POSITIONS is not None:
-        return BUCKET_POSITIONS
+    """Whether a first prompt chunk's attention pads its positions to a bucket."""
+    forced = kernel_plan.current().bucket_positions
+    if forced is not None:
+        return forced
     cuda = getattr(mx, "cuda", None)
     return cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
 
@@ -96,9 +96,10 @@ def prompt_attention(cfg: ModelConfig, w: AttentionWeights, kv: MlxLayerKV, x: m
                                              as_mm(values[None], dtype), scale=float(1.0 / np.sqrt(hd)),
                                              mask="causal")  # [1, H, T (+ pad), HD]
     # [T, H HD] in the attention's dtype: float16 on a GPU, whose lo term would be zeros
-    # (lowp.split_rows: one term then; the output GEMM half the rows, no float32 copy of o)
+    # (lowp.split_rows: one term then; the output GEMM half the rows, no float32 copy of o:
+    # ~90 us a 2048-token layer, the same products)
     o = o[0, :, :t].transpose(1, 0, 2).reshape(t, qr)
-    if w.gated or not prompt_rows.O_AS_IS:
+    if w.gated:
         o = o.astype(mx.float32)
     if w.gated:
         o = o * mx.sigmoid(gate)

@@ -1,11 +1,10 @@
 """The prompt path's row-wise steps as one kernel each on a kernel path (kernels/row_norm.py,
 kernels/qkv_rope.py), where the ops path takes 5-15 elementwise launches a step: the attention's
 norm and the QKV GEMM's float16 terms, the QKV epilogue (join, bias, q / k norms, RoPE, the
-float16 and float32 layouts), and the residual with the FFN norm.
-
-Each flag is one change, so one process on the H200 times them side by side
-(benchmarks/prompt_probe.py --rows); each kernel is held to the ops it replaces within FAST
-(tests/test_mlx_prompt_rows.py) and the whole prompt to the reference within PROMPT.
+float16 and float32 layouts), and the residual with the FFN norm. Why (ncu, a 2048-token layer):
+the residual with the FFN norm ~90 us over 12 launches, the attention's norm with its terms ~100
+us over 15, the QKV epilogue ~400 us over ~45. Each kernel is held to the ops it replaces within
+FAST (tests/test_mlx_prompt_rows.py) and the whole prompt to the reference within PROMPT.
 
 Shapes: T positions, D hidden, H / KVH heads of HD.
 """
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from strata.mlx_backend import lowp
 from strata.mlx_backend.attention import AttentionWeights, rms_norm
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.kernels.qkv_rope import qkv_rope, qkv_rope_refusal
@@ -22,24 +20,7 @@ from strata.mlx_backend.kernels.row_norm import row_norm
 from strata.mlx_backend.lowp import as_mm, mm_dtype
 from strata.model_config import ModelConfig, QKNorm
 
-__all__ = ["NORM_KERNEL", "QKV_KERNEL", "O_AS_IS", "QKV_ONE_TERM", "qkv_kernel_applies", "residual_norm",
-           "attention_qkv"]
-
-# The residual (x + the mixer's parts) and the FFN norm in one launch (ncu, a 2048-token layer:
-# ~90 us over 12 launches) and the attention's norm with its float16 terms in one (~100 us over 15).
-NORM_KERNEL = True
-# The QKV epilogue in one launch (~400 us over ~45 launches).
-QKV_KERNEL = True
-# The attention's float16 output into the output projection as it is: one term (lowp.split_rows;
-# its lo term is zeros), no float32 copy and no split (~90 us: 8 launches and half the GEMM's
-# rows). Exact: the same products. False: cast to float32 first, as before (the two terms' GEMM).
-O_AS_IS = True
-# Opt-in: the QKV GEMM on the hi term alone (half its flops: ~44 us a 2048-token layer). MLX's
-# float16 matmul on CUDA writes float16 (cuBLAS's hsh kernels), so the product is rounded to
-# float16 before the lo term's product is added, and that correction is of the rounding's own
-# size; q, k, v then go to the fused attention in float16 as well. What it costs the logits is
-# prompt_probe's `+qkv1` variant (against the two terms); False keeps lowp.SPLIT's two terms.
-QKV_ONE_TERM = False
+__all__ = ["qkv_kernel_applies", "residual_norm", "attention_qkv"]
 
 
 def _kernels() -> bool:
@@ -47,9 +28,9 @@ def _kernels() -> bool:
 
 
 def residual_norm(x: mx.array, parts: mx.array, w: mx.array, eps: float) -> tuple[mx.array, mx.array]:
-    """(x + parts.sum(axis=1), rms_norm of it): one launch on a kernel path (NORM_KERNEL).
+    """(x + parts.sum(axis=1), rms_norm of it): one launch on a kernel path.
     x float32 [T, D], parts [T, P, D], w [D] -> (float32 [T, D], float32 [T, D])"""
-    if NORM_KERNEL and _kernels():
+    if _kernels():
         return row_norm(x, w, eps, parts=parts)
     x = x + parts.sum(axis=1)
     return x, rms_norm(x, w, eps)
@@ -58,7 +39,7 @@ def residual_norm(x: mx.array, parts: mx.array, w: mx.array, eps: float) -> tupl
 def qkv_kernel_applies(cfg: ModelConfig, w: AttentionWeights, dtype: mx.Dtype) -> bool:
     """Whether `attention_qkv` serves this layer: a kernel path, float16 products, per-head or no
     q / k norms, no output gate (its columns stay with the ops), a row that fits the kernel."""
-    return (QKV_KERNEL and _kernels() and dtype == mx.float16 and not w.gated
+    return (_kernels() and dtype == mx.float16 and not w.gated
             and cfg.qk_norm in (QKNorm.NONE, QKNorm.PER_HEAD)
             and qkv_rope_refusal(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dim) is None)
 
@@ -66,21 +47,16 @@ def qkv_kernel_applies(cfg: ModelConfig, w: AttentionWeights, dtype: mx.Dtype) -
 def attention_qkv(cfg: ModelConfig, w: AttentionWeights, x: mx.array, start: int, cos_t: mx.array, sin_t: mx.array,
                   dtype: mx.Dtype) -> tuple[mx.array, ...]:
     """The attention's q, k, v of T positions at start.. from the residual (`qkv_kernel_applies`):
-    the norm and its terms (one launch, NORM_KERNEL), the QKV GEMM, its epilogue (one launch).
+    the norm and its two float16 terms (one launch), the QKV GEMM, its epilogue (one launch).
 
     Shapes:
         x float32 [T, D] -> q [H, T, HD], k, v [KVH, T, HD] in mm_dtype(dtype) (float16 values);
         k, v float32 [KVH, T, HD] (the cache's)
     """
     t = x.shape[0]
-    terms = 2 if lowp.SPLIT and not QKV_ONE_TERM else 1
-    if NORM_KERNEL:
-        _, xt = row_norm(x, w.norm, cfg.rms_norm_eps, terms=terms)  # float16 [terms T, D]
-        xt = as_mm(xt, dtype)
-    else:
-        xn = rms_norm(x, w.norm, cfg.rms_norm_eps)
-        xt = lowp.split_rows(xn, dtype) if terms == 2 else as_mm(xn, dtype)
-    y = xt @ as_mm(w.wqkv, dtype).T  # [terms T, QKV (+ gate columns)]
+    _, xt = row_norm(x, w.norm, cfg.rms_norm_eps, terms=2)  # float16 [2 T, D]
+    xt = as_mm(xt, dtype)
+    y = xt @ as_mm(w.wqkv, dtype).T  # [2 T, QKV (+ gate columns)]
     qk = cfg.qk_norm is QKNorm.PER_HEAD
     q, k, v, k32, v32 = qkv_rope(y, t, n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads, head_dim=cfg.head_dim,
                                  rope_dim=cfg.rope_dim, cos_t=cos_t, sin_t=sin_t, start=start, bias=w.bqkv,

@@ -31,6 +31,7 @@ from strata.formats.quant_types import FLOAT_DTYPES, Q2_0_LEVEL_OFFSET, Q4_0_LEV
 from strata.mlx_backend.kernels import q8_gemv as q8_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.reference.quants import codes_of
+from strata.option_names import option
 
 __all__ = ["MlxQuantMatrix", "to_mlx", "dequantize", "gemv", "AFFINE"]
 
@@ -161,4 +162,4 @@ def native_refusal(qtype: QuantType, rec=None, *, gather: bool = False) -> str |
 
     if not gather and current_path() is not KernelPath.OPS and (rec is None or moe_native.supports(rec) is None):
         return None
-    return "MLX's CUDA gather_qmm has no MXFP4 kernel for float32 activations (use --backend numpy)"
+    return f"MLX's CUDA gather_qmm has no MXFP4 kernel for float32 activations (use {option('backend', 'numpy')})"

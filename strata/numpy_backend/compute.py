@@ -11,7 +11,7 @@ keeps each (token, rank) term and sums them in rank order once all passes are do
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -45,11 +45,17 @@ class NumpyCompute(StatefulCompute):
     # split turn's read-ahead is issued) is before it, not after (strata.runtime.decode).
     synchronous = True
 
-    def __init__(self, params: ref.ModelParams, arena: Arena, layout: RecordLayout, *, pred_q8: bool = True,
-                 layers: LayerRange | None = None, ops: CpuOps = REFERENCE_OPS) -> None:
+    def __init__(self, params: ref.ModelParams, arena: Arena,
+                 layouts: RecordLayout | Callable[[int], RecordLayout], *,
+                 pred_q8: bool = True, layers: LayerRange | None = None, ops: CpuOps = REFERENCE_OPS) -> None:
+        """layouts: the record layout of every layer's experts, or a function of the (model) layer
+        giving each layer its own, where the `.experts` file mixes types (`ExpertsFile.layer_layout`).
+        ops: the experts' and the dense products, the float32 reference's or compiled."""
+        if isinstance(layouts, RecordLayout):
+            one = layouts
+            layouts = lambda layer: one  # noqa: E731
         params = dataclasses.replace(params, dense=ops.dense(params.dense))  # its `linear`: the dense products
-        self.params, self.arena, self.layout = params, arena, layout
-        self.ops = ops  # the experts' and the dense products: the float32 reference's or compiled
+        self.params, self.arena, self.layouts, self.ops = params, arena, layouts, ops
         cfg = params.cfg
         self.state = ref.ModelState.empty(cfg, layers)  # `layers`: a pipeline stage's (the state it holds)
         names = {l: TensorNames.block(l, TensorNames.router) for l in cfg.moe_layers}
@@ -64,8 +70,8 @@ class NumpyCompute(StatefulCompute):
                              if cfg.router_logit_bias else {})  # the guess adds the logits' bias too (gpt-oss)
         self.act = expert_act(cfg)
         # A slot's ExpertWeights are views of its buffer (unpack_record is zero-copy), valid
-        # whatever record the slot holds: unpacked once per slot, not once per use.
-        self._slot_weights: dict[int, ExpertWeights] = {}
+        # whatever record of that layout the slot holds: unpacked once per (slot, layout), not per use.
+        self._slot_weights: dict[tuple[int, RecordLayout], ExpertWeights] = {}
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return ref.embed(self.params, tokens)
@@ -94,16 +100,17 @@ class NumpyCompute(StatefulCompute):
 
     def routed(self, layer: int, h: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> RoutedPart:
         part = RoutedPart()
-        terms = grouped_terms(h, slots, weights, self._weights, self.act, expert=self.ops.expert,
-                              stack=self.ops.stack)  # as prompt_forward
+        layout = self.layouts(layer)
+        terms = grouped_terms(h, slots, weights, lambda slot: self._weights(slot, layout), self.act,
+                              expert=self.ops.expert, stack=self.ops.stack)  # as prompt_forward
         for t, r in zip(*np.nonzero(slots >= 0)):
             part.terms[(int(t), int(r))] = terms[t, r]
         return part
 
-    def _weights(self, slot: int) -> ExpertWeights:
-        w = self._slot_weights.get(slot)
+    def _weights(self, slot: int, layout: RecordLayout) -> ExpertWeights:
+        w = self._slot_weights.get((slot, layout))
         if w is None:
-            w = self._slot_weights[slot] = unpack_record(self.arena.slot_buffer(slot), self.layout)
+            w = self._slot_weights[(slot, layout)] = unpack_record(self.arena.slot_buffer(slot), layout)
         return w
 
     def combine(self, x: np.ndarray, parts: Sequence[RoutedPart], shared: np.ndarray) -> np.ndarray:

@@ -103,11 +103,14 @@ def cpu_ops(config, hidden_size: int | None = None) -> CpuOps:
     return ops
 
 
-def expert_type_note(ops: CpuOps, qtype: QuantType) -> str:
-    """One line where compiled products are in use but the experts' type has none ("" else)."""
-    if not ops.compiled or qtype in COMPILED_TYPES:
+def expert_type_note(ops: CpuOps, header) -> str:
+    """One line where compiled products are in use but some of the experts' types have none ("" else).
+    `header`: the `.experts` file's (one type, or a type per layer and projection)."""
+    types = {q for t in header.layer_qtypes for q in t} if header.mixed else {QuantType(header.qtype)}
+    slow = sorted((q for q in types if q not in COMPILED_TYPES), key=int)
+    if not ops.compiled or not slow:
         return ""
-    return (f"{qtype.name} experts on numpy's float32 products (compiled CPU kernels: "
+    return (f"{', '.join(q.name for q in slow)} experts on numpy's float32 products (compiled CPU kernels: "
             f"{', '.join(sorted(q.name for q in COMPILED_TYPES))})")
 
 
@@ -133,15 +136,17 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
         ok = all(mlock_buffer(a) for a in as_dense_weights(model.dense).arrays())  # the stored buffers
         notes.append("dense wired" if ok else "dense NOT wired (mlock refused)")
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
+    xf, cfg = model.experts_file, model.cfg
+    layouts = lambda layer: xf.layer_layout(cfg.moe_index(layer))  # noqa: E731 - a layer's own types
     if model.cfg.hc_count:  # Qwen4-Exp: the residual is hyper-connection streams (hyper_compute.py)
         from strata.numpy_backend.hyper_compute import HyperNumpyCompute
 
-        compute = HyperNumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers,
+        compute = HyperNumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers,
                                     rows=rows)
         return arena, compute, tuple(notes)
     ops = cpu_ops(config, model.cfg.hidden_size)
-    note = ops.note or expert_type_note(ops, QuantType(model.experts_file.header.qtype))
+    note = ops.note or expert_type_note(ops, model.experts_file.header)
     if note:
         notes.append(note)  # in the stream report
-    compute = NumpyCompute(params, arena, model.experts_file.layout, pred_q8=config.pred_q8, layers=layers, ops=ops)
+    compute = NumpyCompute(params, arena, layouts, pred_q8=config.pred_q8, layers=layers, ops=ops)
     return arena, compute, tuple(notes)

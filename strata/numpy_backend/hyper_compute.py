@@ -31,11 +31,11 @@ __all__ = ["HyperNumpyCompute"]
 class HyperNumpyCompute(NumpyCompute):
     """NumpyCompute whose `x` is the residual streams (module doc). rows: the PLE row source."""
 
-    def __init__(self, params: ref.ModelParams, arena, layout, *, pred_q8: bool = True, layers=None,
+    def __init__(self, params: ref.ModelParams, arena, layouts, *, pred_q8: bool = True, layers=None,
                  rows: NgramRows | None = None) -> None:
         if layers is not None and (layers.start, layers.stop) != (0, params.cfg.n_layers):
             raise ConfigError("hc_count: pipeline stages of a hyper-connection model are not supported")
-        super().__init__(params, arena, layout, pred_q8=pred_q8)
+        super().__init__(params, arena, layouts, pred_q8=pred_q8)
         if rows is None:
             rows = params.rows if params.rows is not None else resident_rows(params.cfg, params.dense)
         self.rows = rows

@@ -10,6 +10,10 @@ Quantizers follow ggml's `quantize_row_*_ref` step for step, in float32:
   id = 1/d (0 if d = 0), q = min(3, trunc(x*id + 2.5)); d is rounded to float16 only after.
 - Q4_0: the same with d = m / -8 and q = min(15, trunc(x*id + 8.5)).
 - Q8_0: d = max|x| / 127, q = round-half-away(x / d); d stored as float16.
+
+llama.cpp's other types (BF16, Q4_1 .. Q6_K, the IQ types, ggml's MXFP4 and NVFP4) are kept as a
+GGUF stores them and only dequantized here (strata/reference/ggml_quants.py, ggml's
+`dequantize_row_*`); `quantize` refuses them (a GGUF's blocks are copied, never made).
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ from strata.formats.quant_types import (
     Q2_0_LEVEL_OFFSET,
     Q4_0_LEVEL_OFFSET,
     QuantType,
+    ggml_block_name,
+    is_whole_blocks,
     layout,
     row_bytes,
 )
 from strata.formats.quant_matrix import QuantMatrix, has_biases, scale_dtype
-from strata.reference import mlx_quants
+from strata.reference import ggml_quants, mlx_quants
 
-__all__ = ["QuantMatrix", "quantize", "dequantize", "gemv", "codes_of", "to_blocks", "from_blocks"]
+__all__ = ["QuantMatrix", "quantize", "dequantize", "gemv", "codes_of", "to_blocks", "from_blocks",
+           "QUANTIZABLE"]
 
 
 # ---------------------------------------------------------------- quantize
@@ -80,6 +87,10 @@ def _q4_0_unpack(b: np.ndarray) -> np.ndarray:
     return np.concatenate([b & np.uint8(0x0F), b >> np.uint8(4)], axis=-1)
 
 
+# the types `quantize` makes (the rest are only read, as stored)
+QUANTIZABLE = tuple(q for q in QuantType if not is_whole_blocks(q) and q is not QuantType.BF16)
+
+
 def quantize(qtype: QuantType, w: np.ndarray) -> QuantMatrix:
     """Quantize a float matrix by the reference rule of `qtype`.
 
@@ -91,6 +102,9 @@ def quantize(qtype: QuantType, w: np.ndarray) -> QuantMatrix:
     if w.ndim != 2:
         raise ValueError(f"quantize wants a 2-D matrix, got shape {w.shape}")
     n_rows, n_cols = w.shape
+    if qtype not in QUANTIZABLE:
+        raise ValueError(f"{qtype.name} has no quantizer here: llama.cpp's types are kept as a GGUF stores "
+                         f"them; quantize to one of {', '.join(q.name for q in QUANTIZABLE)}")
     row_bytes(qtype, n_cols)  # validates the column count
     if qtype in mlx_quants.MLX_TYPES:
         return mlx_quants.quantize(qtype, w)
@@ -140,6 +154,10 @@ def dequantize(m: QuantMatrix) -> np.ndarray:
     """The float32 weights a QuantMatrix stands for. [n_rows, n_cols] float32"""
     if m.qtype in FLOAT_DTYPES:
         return m.codes.view(FLOAT_DTYPES[m.qtype]).reshape(m.n_rows, m.n_cols).astype(np.float32)
+    if m.qtype is QuantType.BF16:
+        return ggml_quants.bf16(m.codes).reshape(m.n_rows, m.n_cols)
+    if is_whole_blocks(m.qtype):
+        return ggml_quants.dequantize_blocks(ggml_block_name(m.qtype), m.codes, m.n_cols).reshape(m.n_rows, m.n_cols)
     if m.qtype in mlx_quants.MLX_TYPES:
         return mlx_quants.dequantize(m)
     q = codes_of(m).astype(np.float32) - np.float32(_OFFSETS[m.qtype])

@@ -397,7 +397,7 @@ def check_policy_for_rule(policy: MoCEPolicy | None, rule: RouterRule) -> None:
             and policy.bonus_scale is BonusScale.ABSOLUTE and policy.bonus == STOCK_BONUS):
         raise ConfigError(f"MoCE: the stock λ = {STOCK_BONUS} is in logits (measured on softmax routers), but this "
                           "model's sigmoid rule ranks by σ(z) + bias in (0, 1): use the RANGE form "
-                          "(--moce-scale range: λ × the running score spread) or an absolute λ in score units "
+                          "(moce_scale='range', on the command line --moce-scale range: λ × the running score spread) or an absolute λ in score units "
                           "(docs/routing.md)")
 
 

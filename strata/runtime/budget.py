@@ -35,6 +35,7 @@ from pathlib import Path
 from strata.errors import ArenaTooSmallError, ConfigError
 from strata.sizes import SizeSpec, fmt_bytes, parse_size
 from strata.runtime.memory import machine_memory, metal_wired_budget
+from strata.option_names import option
 
 __all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "keep_bytes", "mem_available", "cached_file_bytes",
            "model_cache_in_use", "fmt_bytes", "budget_bytes", "check_wired", "PROCESS_RESERVE"]
@@ -148,13 +149,14 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
     if config.arena:
         spec = parse_size(config.arena, what="arena")
         slots = spec.to_slots(slot_bytes, total_experts)
-        reason = f"--arena {config.arena}"
+        reason = option("arena", config.arena)
         if slots > max(total_experts, min_slots):
             slots = max(total_experts, min_slots)
             reason += f" (capped at {slots} slots: one per expert)"
         if slots * slot_bytes > budget and not config.force_arena:
-            raise ConfigError(f"--arena {config.arena} ({fmt_bytes(slots * slot_bytes)}) is above this machine's "
-                              f"{budget_reason}; give a smaller --arena, or --force-arena to run it anyway")
+            raise ConfigError(f"{option('arena', config.arena)} ({fmt_bytes(slots * slot_bytes)}) is above this "
+                              f"machine's {budget_reason}; give a smaller {option('arena')}, or "
+                              f"{option('force_arena', True)} to run it anyway")
         _check(slots, min_slots, slot_bytes, reason)
         plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
     else:
@@ -185,7 +187,8 @@ def check_wired(plan: ArenaPlan, dense_bytes: int, config, wired_budget: int | N
         raise ConfigError(
             f"plan refused: it wires {fmt_bytes(wired)} (experts {fmt_bytes(experts)} + dense {fmt_bytes(dense_bytes)}) "
             f"but this GPU may keep at most {fmt_bytes(ceiling)} wired (max_recommended_working_set_size); "
-            f"give a smaller --arena, or --force-arena to run it anyway")
+            f"give a smaller {option('arena')}, or {option('force_arena', True)} "
+            "to run it anyway")
 
 
 def _check(slots: int, min_slots: int, slot_bytes: int, reason: str) -> None:
@@ -193,5 +196,5 @@ def _check(slots: int, min_slots: int, slot_bytes: int, reason: str) -> None:
         raise ArenaTooSmallError(
             f"arena of {slots} slots ({fmt_bytes(slots * slot_bytes)}, from {reason}) cannot hold one "
             f"window's selections of every layer plus the read-ahead depth: this configuration needs at "
-            f"least {min_slots} slots ({fmt_bytes(min_slots * slot_bytes)}); give --arena {min_slots}slots "
-            f"or more, or lower --prefetch")
+            f"least {min_slots} slots ({fmt_bytes(min_slots * slot_bytes)}); give {option('arena', f'{min_slots}slots')} "
+            f"or more, or lower {option('prefetch')}")

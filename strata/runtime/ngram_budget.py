@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from strata.errors import ConfigError
 from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.sizes import fmt_bytes, parse_size
+from strata.option_names import option
 
 __all__ = ["DEFAULT_CACHE_POSITIONS", "RowCachePlan", "plan_row_cache", "open_row_cache"]
 
@@ -54,8 +55,8 @@ def plan_row_cache(config, store: NgramRowsFile, *, rows_per_position: int) -> R
     pages = reserve // page
     if pages < least:
         raise ConfigError(f"ple_reserve {text} holds {pages} pages of {page} bytes; one position of this model's "
-                          f"PLE layers needs {least} ({fmt_bytes(least * page)}): give --set ple_reserve="
-                          f"{math.ceil(least * page / 2**20)}MiB or more")
+                          f"PLE layers needs {least} ({fmt_bytes(least * page)}): give "
+                          f"{_reserve(math.ceil(least * page / 2**20))} or more")
     return RowCachePlan(pages, page, f"ple_reserve {text}: {pages} pages of {page} bytes")
 
 
@@ -73,3 +74,9 @@ def open_row_cache(store: NgramRowsFile, config, *, rows_per_position: int, row_
                              direct=config.direct_io, timeout=config.io_timeout, hook=hook, row_ids=row_ids,
                              context_tokens=context_tokens, reader=reader, latency=latency)
     return rows, plan
+
+
+def _reserve(mib: int) -> str:
+    """ple_reserve has no flag of its own: `--set ple_reserve=...` on the command line."""
+    spelled = option("set", f"ple_reserve={mib}MiB")
+    return spelled if spelled.startswith("--") else option("ple_reserve", f"{mib}MiB")

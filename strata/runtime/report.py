@@ -49,14 +49,16 @@ class StreamReport:
     ple_wait_ms_per_token: float = 0.0  # blocked at PLE layers for their pages
 
     def text(self) -> str:
-        ranks = " ".join(f"{m:.1f}" for m in self.misses_by_rank)
+        ranks = " ".join(f"{m:.2f}" for m in self.misses_by_rank)
+        # the split turn's after-layer work: only where a turn was split (0 on a run without one)
+        after = f" (+ {self.after_ms:.2f} ms after the layer's compute was issued)" if self.after_ms > 0 else ""
         line = (f"stream: {self.tokens} tokens, {self.ms_per_token:.2f} ms/token; urgent misses "
                 f"{self.urgent_misses_per_token:.2f}/token, read-ahead hits {self.readahead_hits_per_token:.2f}/token, "
                 f"reads {self.reads_per_token:.2f}/token ({fmt_bytes(self.bytes_per_token)}/token), "
                 f"hit rate {100 * self.hit_rate:.2f}%; host {self.host_ms_per_window:.2f} ms per window, of it "
-                f"waiting {self.waiting_ms_per_window:.2f} (+ {self.after_ms:.2f} ms after the GPU went on); "
-                f"late {self.late}; misses by rank {ranks}; arena {self.arena_slots} slots "
-                f"({fmt_bytes(self.arena_bytes)}); routing {self.policy}; {self.io}")
+                f"waiting {self.waiting_ms_per_window:.2f}{after}; late read-aheads {self.late} (needed before "
+                f"their read finished); urgent misses/token by routing rank (the 1st, 2nd, ... expert chosen) {ranks}; "
+                f"arena {self.arena_slots} slots ({fmt_bytes(self.arena_bytes)}); routing {self.policy}; {self.io}")
         if self.prompt_tokens:
             line += f"; prompt {self.prompt_tokens} tokens in {self.prompt_ms:.0f} ms, {self.prompt_reads} reads"
         if self.paging is not None:

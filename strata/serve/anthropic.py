@@ -134,7 +134,6 @@ async def messages(state: ServerState, request, body: dict) -> Response:
                                  temperature_hi=TEMPERATURE_MAX)
     stops = gen.read_stops(f, "stop_sequences", single=False)  # Anthropic's field is an array
     stream = f.bool("stream", False)
-    f.neutral("top_k", 0)
     # no effect on a local model's output: accounting, routing and caching hints of Anthropic's service
     f.ignore("metadata", "service_tier", "container", "cache_control", "inference_geo", "speed", "user_profile_id",
              "workspace_id", "diagnostics")

@@ -74,11 +74,14 @@ def _endpoint(state: ServerState, handler, api: str):
 
 def build_app(model, config=None, *, name: str | None = None, chat_template: str | None = None,
               keepalive_seconds: float = KEEPALIVE_SECONDS, max_body_bytes: int = MAX_BODY_BYTES,
-              body_timeout_seconds: float = BODY_TIMEOUT_SECONDS, generate=None) -> Starlette:
+              body_timeout_seconds: float = BODY_TIMEOUT_SECONDS, generate=None,
+              stop: tuple[str, ...] = ()) -> Starlette:
     """The server's app for a loaded `model`, served under `name` (default: the file's stem).
 
     `config` is the runtime Config every request runs with; `chat_template` replaces the model's
-    own; `generate` replaces `strata.stream_generate` (tests script the model's output with it).
+    own; `stop`: stop strings every request has besides its own; `generate` replaces
+    `strata.stream_generate` (tests script the model's output with it). A model loaded with
+    `max_context` is served with that context.
     A request body over `max_body_bytes` is refused (413), and so is one that goes
     `body_timeout_seconds` without a byte before it is complete (408); both close the connection.
     Run it with uvicorn's `http=strata.serve.protocol.json_errors(...)` (as `strata serve` does) so
@@ -92,7 +95,8 @@ def build_app(model, config=None, *, name: str | None = None, chat_template: str
     state = ServerState(model=model, name=name or Path(model.model_path).stem, worker=worker,
                         chat_template=chat_template or model.tokenizer.chat_template,
                         special_tokens=special_tokens_of(model.model_path), keepalive_seconds=keepalive_seconds,
-                        max_body_bytes=max_body_bytes, body_timeout_seconds=body_timeout_seconds)
+                        max_body_bytes=max_body_bytes, body_timeout_seconds=body_timeout_seconds,
+                        stops=tuple(stop))
 
     async def health(request: Request) -> Response:
         state.metrics.count_request("/health", 200)

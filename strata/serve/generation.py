@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from strata.reference.sampling import OPENAI_PENALTY_RANGE
 from strata.serve.fields import Fields
 from strata.serve.state import ServerState
-from strata.serve.stops import StopMatcher
+from strata.stop_strings import StopMatcher
 from strata.serve.tool_calls import ToolCall, ToolCallSplitter
 from strata.serve.worker import Done, Failed, Job, Sampling, Started, Token
 
@@ -75,16 +76,32 @@ class GenerationFailed(Exception):
 KEEPALIVE = object()
 
 
-def read_sampling(f: Fields, *, max_tokens: int, temperature_hi: float, default_temperature: float = 1.0) -> Sampling:
-    """temperature, top_p and seed (a random one when absent; the response names it)."""
+def read_sampling(f: Fields, *, max_tokens: int, temperature_hi: float, default_temperature: float = 1.0,
+                  openai_penalties: bool = False) -> Sampling:
+    """temperature, top_p, top_k, min_p, repeat_penalty and seed (a random one when absent; the
+    response names it): the sampling of `strata generate`, field for field. `openai_penalties`:
+    also OpenAI's frequency_penalty and presence_penalty ([-2, 2], 0: off)."""
     top_p = f.number("top_p", 1.0, lo=0.0, hi=1.0)
     if top_p == 0.0:  # a nucleus of no mass keeps nothing
         raise f.error("top_p", "must be in (0, 1]; for the most likely token use temperature 0")
+    min_p = f.number("min_p", 0.0, lo=0.0, hi=1.0)
+    if min_p == 1.0:  # only tokens as probable as the most probable one: use temperature 0
+        raise f.error("min_p", "must be in [0, 1) (0: off), got 1")
+    repeat_penalty = f.number("repeat_penalty", 1.0, lo=0.0)
+    if repeat_penalty == 0.0:
+        raise f.error("repeat_penalty", "must be a number > 0 (1: off), got 0")
+    lo, hi = OPENAI_PENALTY_RANGE
+    penalties = {name: f.number(name, 0.0, lo=lo, hi=hi) for name in ("frequency_penalty", "presence_penalty")} \
+        if openai_penalties else {}
     return Sampling(
         max_tokens=max_tokens,
         temperature=f.number("temperature", default_temperature, lo=0.0, hi=temperature_hi),
         top_p=top_p,
         seed=f.int("seed", secrets.randbelow(2**31), lo=0, hi=SEED_LIMIT - 1),
+        top_k=f.int("top_k", 0, lo=0),
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        **penalties,
     )
 
 
@@ -95,7 +112,7 @@ def read_stops(f: Fields, key: str, *, single: bool = True) -> tuple[str, ...]:
 async def run(state: ServerState, plan: Plan) -> AsyncIterator[Piece | Outcome | object]:
     job = Job(plan.tokens, plan.sampling)
     state.worker.submit(job)
-    stopper = StopMatcher(plan.stop)
+    stopper = StopMatcher(plan.stop + tuple(s for s in state.stops if s not in plan.stop))
     splitter = ToolCallSplitter(id_prefix=plan.call_id_prefix) if plan.tools else None
     tokenizer = state.model.tokenizer
     shown, pending, every, calls = [], [], [], []

@@ -31,8 +31,6 @@ def _unsupported(f: Fields) -> None:
     """OpenAI fields strata does not implement: refused unless neutral. Fields that do not change
     the output (user ids, storage flags) are dropped."""
     f.neutral("n", 1)
-    f.neutral("presence_penalty", 0, 0.0)
-    f.neutral("frequency_penalty", 0, 0.0)
     f.neutral("logit_bias", {})
     f.ignore("user", "metadata", "store", "service_tier")
 
@@ -44,7 +42,8 @@ def _common(state: ServerState, f: Fields, tokens: list[int], *, where: str, max
     max_tokens = f.int("max_tokens", None, lo=1, hi=limit)
     if f.has("max_completion_tokens"):
         max_tokens = f.int("max_completion_tokens", lo=1, hi=limit)
-    sampling = gen.read_sampling(f, max_tokens=max_tokens or max_tokens_default, temperature_hi=2.0)
+    sampling = gen.read_sampling(f, max_tokens=max_tokens or max_tokens_default, temperature_hi=2.0,
+                                 openai_penalties=True)
     stops = gen.read_stops(f, "stop")
     stream = f.bool("stream", False)
     include_usage = False

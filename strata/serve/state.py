@@ -21,6 +21,7 @@ class ServerState:
     worker: Worker
     chat_template: str | None  # the model's own unless the server was given one
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token, eos_token, ... for the template
+    stops: tuple[str, ...] = ()  # the server's stop strings (`serve --stop`), added to every request's
     metrics: Metrics = field(default_factory=Metrics)
     keepalive_seconds: float = KEEPALIVE_SECONDS
     max_body_bytes: int = MAX_BODY_BYTES
@@ -29,6 +30,7 @@ class ServerState:
 
     @property
     def context(self) -> int:
+        """The model's context, or what `serve --ctx` (load's max_context) held it to."""
         return self.model.cfg.max_context
 
     def check_model(self, f: Fields) -> None:

@@ -17,7 +17,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from strata.serve.stops import held_back
+from strata.stop_strings import held_back
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)

@@ -14,6 +14,7 @@ after the token in flight: the worker checks between tokens.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -28,10 +29,21 @@ log = logging.getLogger("strata.serve")
 
 @dataclass(frozen=True)
 class Sampling:
+    """A request's sampling, as stream_generate takes it (every field but max_tokens by name)."""
+
     max_tokens: int
     temperature: float
     top_p: float
     seed: int
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    def options(self) -> dict:
+        """The keyword arguments of stream_generate."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -149,9 +161,7 @@ class Worker:
             job.push(Done(cancelled=True))
             return
         job.push(Started(time.perf_counter() - job.submitted))
-        s = job.sampling
-        steps = self._generate(self.model, job.tokens, max_tokens=s.max_tokens, temperature=s.temperature,
-                               top_p=s.top_p, seed=s.seed, config=self.config)
+        steps = self._generate(self.model, job.tokens, config=self.config, **job.sampling.options())
         try:
             for response in steps:
                 if job.cancelled:

@@ -16,6 +16,7 @@ measures misses with the drift included.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,13 +116,15 @@ class Trace:
 
 
 def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decode_order: bool = True,
-                 meta: dict | None = None, ops: CpuOps = REFERENCE_OPS) -> Trace:
+                 meta: dict | None = None, progress: Callable[[int], None] | None = None,
+                 ops: CpuOps = REFERENCE_OPS) -> Trace:
     """Run the model over `tokens` at λ = 0 and record every router input, logit and selection.
 
     decode_order: one token at a time with the KV cache, as generation (and the streaming
     runtime) computes it, on the products `ops` (strata.tools.quality's docstring: the numpy
     engine's, so the trace's numbers are the runtime's bit for bit); off: one reference forward
-    over the whole sequence (faster; equal up to float32 rounding).
+    over the whole sequence (faster; equal up to float32 rounding). `progress(n)`: called with
+    the tokens done so far after each one (decode order; once at the end otherwise).
 
     Shapes: tokens [T] -> Trace with T tokens
     """
@@ -139,11 +142,15 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
             _, state = decode_token(params, state, tok, select, lambda m, sel, h, z: seen.append((h[0], sel)), ops=ops)
             inputs.append(np.stack([h for h, _ in seen]))  # [L, D]
             sels.append([sel for _, sel in seen])  # L selections
+            if progress is not None:
+                progress(len(sels))
         h = np.stack(inputs)  # [T, L, D]
     else:
         _, _, ft = forward(params, ModelState.empty(cfg), tokens, trace=True)
         h = ft.router_inputs.transpose(1, 0, 2)  # [T, L, D]
         sels = [[ft.selections[m][t] for m in range(cfg.n_moe_layers)] for t in range(len(tokens))]
+        if progress is not None:
+            progress(len(sels))
     routers = np.stack([np.asarray(params.dense[TensorNames.block(l, TensorNames.router)], np.float32)
                         for l in cfg.moe_layers])  # [L, E, D]: MoE layers only
     biases = None

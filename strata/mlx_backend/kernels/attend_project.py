@@ -9,7 +9,7 @@ row's HD halves loaded (16-byte loads, up to PREFETCH of them) *before* the atte
 do not depend on it), so the projection's HBM reads overlap the attention's chain of dependent
 steps. The output is one partial per head ([T, H, D]), so no block waits on another; on CUDA and
 the emulator the last of a row chunk's H blocks to finish then adds the chunk's H partials in head
-order into one part ([T, 1, D], `SUM_PARTS`), which the router kernel adds to x (on Metal the
+order into one part ([T, 1, D], `sums_parts`), which the router kernel adds to x (on Metal the
 router adds the H partials, in the same fixed order). Only block c = 0 of a KV head's first query
 head writes the cache (attend's one writer per (KV head, position)).
 
@@ -37,9 +37,8 @@ import numpy as np
 
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
-from strata.mlx_backend.kernels import phases, qkv_groups, route_rank
+from strata.mlx_backend.kernels import phases, qkv_groups
 from strata.mlx_backend.kernels import router as router_kernel
-from strata.mlx_backend.kernels.decode_routing import RankedLogits
 from strata.mlx_backend.kernels.launch import absent, float_params, index_param
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource
@@ -47,7 +46,6 @@ from strata.mlx_backend.kernels.source import KernelSource
 THREADS = 256  # rows of W_o a block: 10 chunks x 16 heads = 160 blocks at the seed shape
 PREFETCH = 16  # 16-byte groups of a row loaded before the attention (a head of 128: the whole row)
 MAX_TOKENS = 7  # a decode step or a short window: each token's blocks read their W_o slice
-FUSED = True  # False: attend + the GEMV as before (the A/B switch the benchmarks flip)
 
 
 def _edit(body: str, old: str, new: str) -> str:
@@ -97,8 +95,7 @@ SOURCE = KernelSource("strata_attend_project",
 # a (token, chunk), left zero again by that block; the partials added in head order): the router
 # then reads one part instead of H. Why: ncu timed the router at 9.7 us a layer on the H200 while
 # each of its 64 blocks read all 16 partials (160 KB of L2 a block), 3.8-4.2 us when it read one.
-# CUDA and the emulator (atomics and device fences, as phases.py; Metal keeps the H partials).
-SUM_PARTS = True
+# Where chains run (atomics and device fences, as phases.py; Metal keeps the H partials).
 SUM_EPILOGUE = r"""
   fence_device();
   BARRIER();
@@ -122,7 +119,7 @@ SUMMED_SOURCE = KernelSource("strata_attend_project_sum", SOURCE.inputs + ("sum_
 
 def sums_parts() -> bool:
     """Whether `attend_project` returns its partials summed (one part) on the current path."""
-    return SUM_PARTS and phases.available()
+    return phases.available()
 
 
 # The QKV GEMV and this launch as one (phases.chain): the attention blocks load their W_o rows,
@@ -131,7 +128,6 @@ def sums_parts() -> bool:
 # W_o loads overlap the GEMV. Measured there (docs/perf.md, ncu, a layer): the two apart 21.9 us,
 # chained 26.6 (117 registers a thread, the GEMV's blocks 2 an SM), with the partials' sum 28.0;
 # a decoded token 7-13% less wall time, the host being what bounds it.
-CHAIN_QKV = True
 # 16-byte groups of W_o a chained block loads before its wait: the chained kernel holds them in
 # registers through the GEMV's phase too (ncu: 26.3-27.0 us a layer at 4, 71 registers a thread;
 # 28.0-28.2 at 8 and 16, 87 and 117); no bits change with the depth
@@ -146,18 +142,17 @@ WAIT_AT = len(W_O_PREFETCH)  # the consumer body's offset where the attention st
 # (GROUP_PREFETCH 16: 116 registers, 2 blocks an SM) against 30.6 for the plain chain; with 4
 # groups loaded first (80 registers) the walk took 33.3-33.5: an attention block that starts early
 # must not then wait on its W_o rows.
-QKV_BY_GROUP = True
 GROUP_PREFETCH = 16
 
 
 def walks_by_group(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
-    """Whether a chain's QKV GEMV walks the KV groups here (QKV_BY_GROUP, kernels/qkv_groups.py)."""
-    return QKV_BY_GROUP and qkv_groups.applies(wqkv, n_heads, kc.shape[0], kc.shape[2], gated)
+    """Whether a chain's QKV GEMV walks the KV groups here (kernels/qkv_groups.py)."""
+    return qkv_groups.applies(wqkv, n_heads, kc.shape[0], kc.shape[2], gated)
 
 
 def chains_qkv(t: int, n_pos: int, wo: mx.array) -> bool:
-    """Whether the QKV GEMV and `attend_project` run as one launch here (one token, CHAIN_QKV)."""
-    return CHAIN_QKV and t == 1 and applies(t, n_pos, wo) and phases.available()
+    """Whether the QKV GEMV and `attend_project` run as one launch here (one token, chains run)."""
+    return t == 1 and applies(t, n_pos, wo) and phases.available()
 
 
 def qkv_attend_project(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
@@ -211,88 +206,55 @@ def _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc
 # router first reads x and the part. One launch a layer fewer again (194 -> 146 a token at the
 # seed shape); the router runs at the chain's 256 threads (8 rows a block) with ROUTE_ROW_LOADS
 # units a lane in flight (its own 20 would hold ~150 registers a thread for the whole chain).
-CHAIN_ROUTER = True
 ROUTE_ROW_LOADS = 5
-ROUTER_Z = router_kernel.SOURCE.outputs.index("z")  # the router phase's logits, which route_rank reads
 
 
 def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
     """Whether the QKV GEMV, attention + W_o and the router (no guess) run as one launch here."""
-    return CHAIN_ROUTER and chains_qkv(t, n_pos, wo) and sums_parts()
+    return chains_qkv(t, n_pos, wo) and sums_parts()
 
 
-def qkv_attend_route(wqkv: mx.array, x, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
+def qkv_attend_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
                      k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                      wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
                      pos: mx.array | None = None, rotary_dim: int | None = None,
-                     gated: bool = False, rank_k: int = 0, hand_on: bool = False
-                     ) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
+                     gated: bool = False, hand_on: bool = False) -> tuple[mx.array, mx.array, mx.array]:
     """`qkv_attend_project` then `router.router(x, its summed partials, ffn_norm, w_router)` (no
-    guess), one launch. x may be the previous layer's down step not yet launched (a
-    `moe_decode.DeferredDown`, where `takes_deferred`): it then runs as the launch's first phase,
-    the QKV walk waiting for it where it first reads x (one launch a layer fewer). rank_k > 0: the
-    top rank_k of z ranked by a last phase (route_rank.py), z returned as `RankedLogits`.
-    hand_on: h and z come back as `Region`s of the launch's folded buffer (`routed_chain`).
+    guess), one launch. hand_on: h and z come back as `Region`s of the launch's folded buffer
+    (`routed_chain`).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
     """
-    down = getattr(x, "spec", None)  # a DeferredDown's launch, else None
-    if down is not None and not takes_deferred(wqkv, kc, n_heads, gated):
-        raise ValueError("qkv_attend_route: a deferred down step needs the QKV walk by KV group (takes_deferred)")
-    xin = phases.Pending(down.output_shapes[0], mx.float32) if down is not None else x
-    gemv, proj = _chained_specs(wqkv, xin, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
+    gemv, proj = _chained_specs(wqkv, x, norm_w, bias, q_norm, k_norm, rope_cos, rope_sin, kc, vc, wo, pos0, eps,
                                 n_heads, pos, rotary_dim, gated)
-    route = router_kernel.router(xin, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None,
+    route = router_kernel.router(x, phases.Pending(proj.output_shapes[-1], mx.float32), ffn_norm, w_router, None,
                                  None, eps, threads=THREADS, row_loads=ROUTE_ROW_LOADS, spec=True)
-    if down is None:
-        specs, waits = [gemv, proj, route], [0, WAIT_AT, router_kernel.WAIT_AT]
-        links = [{}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}]
-        extra = _group_waits(wqkv, kc, n_heads, gated, 3)
-    else:  # the down step first: the walk and the router read its output as their x
-        specs, waits = [down, gemv, proj, route], [0, qkv_groups.WAIT_AT, WAIT_AT, router_kernel.WAIT_AT]
-        links = [{}, {"x": (0, 0)}, {"qkv": (1, 0)}, {"parts": (2, len(proj.output_shapes) - 1), "x": (0, 0)}]
-        extra = dict(custom_waits=(None, None, qkv_groups.attend_wait(1), None), extra=kc.shape[0])
-    return routed_chain(specs, links, waits, key=wo, rank_k=rank_k, hand_on=hand_on, **extra)
+    specs, waits = [gemv, proj, route], [0, WAIT_AT, router_kernel.WAIT_AT]
+    links = [{}, {"qkv": (0, 0)}, {"parts": (1, len(proj.output_shapes) - 1)}]
+    return routed_chain(specs, links, waits, key=wo, hand_on=hand_on, **_group_waits(wqkv, kc, n_heads, gated, 3))
 
 
-def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *, key: mx.array, rank_k: int = 0,
-                 hand_on: bool = False, **extra) -> tuple[mx.array, mx.array, mx.array | RankedLogits]:
+def routed_chain(specs: list[LaunchSpec], links: list[dict], waits: list[int], *, key: mx.array,
+                 hand_on: bool = False, **extra) -> tuple[mx.array, mx.array, mx.array]:
     """A chain whose last phase is the router (`router.router(spec=True)`, no guess), run as one
-    launch (`phases.chain_all`; extra: its custom_waits / extra), with rank_k > 0 a ranking phase
-    after it -> (x_mid, h, z or `RankedLogits`). Every output but those is folded. hand_on (no
-    ranking): h and z folded too and returned as `Region`s of the buffer, which
-    the expert step's gate/up launch reads as one input (moe_decode.HAND_ON says why)."""
-    route = specs[-1]
-    hand_on = hand_on and not rank_k  # with FOLD_OUTPUTS off, folded_launch hands back arrays
-    if rank_k:  # the ranking last: its one block waits for every router block's logits
-        specs = specs + [route_rank.rank(phases.Pending(route.output_shapes[ROUTER_Z], mx.float32), rank_k,
-                                         threads=THREADS, spec=True)]
-        links = links + [{"z": (len(specs) - 2, ROUTER_Z)}]
-        waits = waits + [0]
-    # what is read after the launch: the router's x_mid, h, z (not its guess: none here) and the
-    # ranking's ids; every other output (the phases' intermediates) is folded
-    at = sum(len(s.output_shapes) for s in specs[:specs.index(route)])  # the router phase's first output
-    read = tuple(at + router_kernel.SOURCE.outputs.index(o) for o in (("x_mid",) if hand_on else ("x_mid", "h", "z"))) + (
-        (at + len(route.output_shapes),) if rank_k else ())
+    launch (`phases.chain_all`; extra: its custom_waits / extra) -> (x_mid, h, z). Every output but
+    those is folded. hand_on: h and z folded too and returned as `Region`s of the buffer, which the
+    expert step's gate/up launch reads as one input: 2 outputs and 1 input a layer fewer of MLX's
+    host work (96 and 48 a token at the seed shape), the same bits."""
+    # what is read after the launch: the router's x_mid, h, z (not its guess: none here); every
+    # other output (the phases' intermediates) is folded
+    at = sum(len(s.output_shapes) for s in specs[:-1])  # the router phase's first output
+    read = tuple(at + router_kernel.SOURCE.outputs.index(o) for o in (("x_mid",) if hand_on else ("x_mid", "h", "z")))
     outs = phases.chain_all(specs, links, key=key, waits=waits, keep=read, regions=hand_on, **extra)
-    if not rank_k:
-        x_mid, h, z, _ = outs[-4:]
-        return x_mid, h, z
-    x_mid, h, z, _, top = outs[-5:]
-    return x_mid, h, RankedLogits(z, top)
-
-
-def takes_deferred(wqkv: mx.array, kc: mx.array, n_heads: int, gated: bool) -> bool:
-    """Whether `qkv_attend_route` runs a deferred down step as its first phase here (the QKV walk
-    by KV group applies: its blocks wait for x after issuing their first row's loads)."""
-    return walks_by_group(wqkv, kc, n_heads, gated)
+    x_mid, h, z, _ = outs[-4:]
+    return x_mid, h, z
 
 
 def applies(t: int, n_pos: int, wo: mx.array) -> bool:
     """Whether `attend_project` serves t new positions ending at n_pos: the one-block-per-head
     attention (not split), few tokens, float16 W_o."""
-    return FUSED and 1 <= t <= MAX_TOKENS and not attn.split_applies(n_pos, t) and wo.dtype == mx.float16 and wo.ndim == 2
+    return 1 <= t <= MAX_TOKENS and not attn.split_applies(n_pos, t) and wo.dtype == mx.float16 and wo.ndim == 2
 
 
 def check_step(name: str, qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,

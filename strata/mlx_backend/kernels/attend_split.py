@@ -56,11 +56,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernels import attend_project, merge_project, phases, qkv_groups
 from strata.mlx_backend.kernels import attention as attn
 from strata.mlx_backend.kernels import router as router_kernel
-from strata.mlx_backend.kernels.launch import KernelPath, absent, current_path, float_params, gpu_dialect, index_param
-from strata.mlx_backend.kernels.preludes import Dialect
+from strata.mlx_backend.kernels.launch import absent, float_params, index_param
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.source import KernelSource, expand
 
@@ -76,14 +76,12 @@ NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded t
 # instructions), where a step's 16 scores each took a 6-shuffle sum, an IEEE division and an
 # exponential on every lane: ~1400 instructions a warp; summed at once they take 16 + 1 shuffles,
 # and each lane divides and exponentiates one score: ~400. Measured (H200, context 2048, seed
-# shape): the split chain's launch 34.3 us a layer against 41.5 (chain_timeline.py: the cached
+# shape): the split chain's launch 34.3 us a layer against 41.5 (a chain's timeline: the cached
 # rows scored 9.5 kcycles after the wait against 23.5); ncu by graph 3232 against 3404 us a token
 # for the split chain, 3692 against 3871 for the six launches (docs/perf.md). The same bits (the
-# xor levels of warp_sum; tests/test_mlx_attend_split.py, emulated and on the H200). CUDA and the
-# emulator (Metal's warp_sum is simd_sum, whose order this does not follow: Metal keeps the
-# per-score sums).
-SPREAD = True
-FUSED = True  # False: attend split by chunks, the merge and the W_o GEMV (the form before; benchmarks flip it)
+# xor levels of warp_sum; tests/test_mlx_attend_split.py, emulated and on the H200). The kernel
+# plan's spread_scores: off on Metal (its warp_sum is simd_sum, whose order this does not follow:
+# Metal keeps the per-score sums).
 
 _BODY = r"""
   constexpr int NW = NT / 32;
@@ -218,7 +216,7 @@ UNROLL for (int b = 0; b < PB; ++b) {
 
 def _update(nb: str, valid: str) -> str:
     """The online softmax over nb rows in kr / vr for each of the block's heads (row b counts
-    where `valid`; the first always does). SPREAD (TR): the HPB nb scores summed at once
+    where `valid`; the first always does). Spread (TR, the plan's spread_scores): the HPB nb scores summed at once
     (`warp_sums_spread`), each lane dividing and exponentiating its own one, the values then read
     from their lanes: the same operations on the same values in the same order, so the same bits."""
     return f"""
@@ -357,8 +355,8 @@ ATTEND_SOURCE = KernelSource("strata_attend_split", ("qkv", "q_norm", "k_norm", 
                                                      "fparams", "kc", "vc"), ("part",), BODY, HELPERS)
 
 def spreads() -> bool:
-    """Whether the split attention sums a step's scores at once here (SPREAD, off Metal)."""
-    return SPREAD and not (current_path() is KernelPath.GPU and gpu_dialect() is Dialect.METAL)
+    """Whether the split attention sums a step's scores at once here (the plan's spread_scores)."""
+    return kernel_plan.current().spread_scores
 
 
 def heads_per_block(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -371,9 +369,9 @@ def heads_per_block(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
 
 
 def applies(wo: mx.array) -> bool:
-    """Whether a split decode step takes these two launches: FUSED and a float16 W_o (a Q8_0 one
-    takes attend, the merge and the Q8_0 GEMV)."""
-    return FUSED and wo.dtype == mx.float16 and wo.ndim == 2
+    """Whether a split decode step takes these two launches: a float16 W_o (a Q8_0 one takes
+    attend, the merge and the Q8_0 GEMV)."""
+    return wo.dtype == mx.float16 and wo.ndim == 2
 
 
 def attend_split_project(qkv: mx.array, q_norm: mx.array | None, k_norm: mx.array | None, rope_cos: mx.array,
@@ -443,8 +441,7 @@ def _merge(part, qkv, kc: mx.array, wo: mx.array, n_heads: int, gated: bool, att
 # Measured on the H200 before SPREAD: no gain end to end (the GPU spent what the host saved: back
 # to back 3.088 ms a token against 2.885 for the six launches a layer). With SPREAD (its loop ~2.5x
 # shorter) ncu by graph gave 3232 us a token against 3692 for the six launches, back to back 2.81
-# ms against 2.76 (graph_time.py --context 2048), with half the launches (146) for the host: on.
-CHAIN_SPLIT = True
+# ms against 2.76 (ncu by graph, context 2048), with half the launches (146) for the host: on.
 
 
 def _rows_first(body: str) -> tuple[str, int]:
@@ -466,19 +463,17 @@ CHAINED_SOURCE = KernelSource("strata_attend_split_chained", ATTEND_SOURCE.input
 def chains_router(t: int, n_pos: int, wo: mx.array) -> bool:
     """Whether the QKV GEMV, the split attention, its merge and the router (no guess) run as one
     launch here (one token past SPLIT_FROM, CUDA or the emulator)."""
-    return (CHAIN_SPLIT and attend_project.CHAIN_QKV and attend_project.CHAIN_ROUTER and t == 1
-            and attn.split_applies(n_pos, t) and applies(wo) and phases.available())
+    return (t == 1 and attn.split_applies(n_pos, t) and applies(wo) and phases.available())
 
 
 def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.array | None, q_norm: mx.array | None,
                     k_norm: mx.array | None, rope_cos: mx.array, rope_sin: mx.array, kc: mx.array, vc: mx.array,
                     wo: mx.array, ffn_norm: mx.array, w_router: mx.array, pos0: int, eps: float, n_heads: int, *,
                     pos: mx.array | None = None, rotary_dim: int | None = None, gated: bool = False,
-                    rank_k: int = 0, hand_on: bool = False):
+                    hand_on: bool = False):
     """`dense_gemv(wqkv, x, norm_w, eps, bias)`, `attend_split_project` of it and
     `router.router(x, its partials, ffn_norm, w_router)` (no guess) as one launch, where
-    `chains_router`. rank_k > 0: z's top rank_k ranked by a last phase (`RankedLogits`).
-    hand_on: h and z as `Region`s of the launch's folded buffer (`attend_project.routed_chain`).
+    `chains_router`. hand_on: h and z as `Region`s of the launch's folded buffer (`attend_project.routed_chain`).
 
     Shapes:
         x float32 [1, D], w_router float32 [E, D] -> (x_mid [1, D], h [1, D], z float32 [1, E])
@@ -498,5 +493,5 @@ def qkv_split_route(wqkv: mx.array, x: mx.array, norm_w: mx.array, bias: mx.arra
     links = [{}, {"qkv": (0, 0)}, {"part": (1, 0), "qkv": (0, 0)}, {"parts": (2, 0)}]
     waits = [0, WAIT_AT, merge_project.WAIT_AT, router_kernel.WAIT_AT]
     # where the QKV walk goes by KV group, an attention block waits for its own group's count (the body's kvh)
-    extra = dict(custom_waits=(None, qkv_groups.attend_wait(0, "kvh")), extra=kc.shape[0]) if by_group else {}
-    return attend_project.routed_chain(specs, links, waits, key=wo, rank_k=rank_k, hand_on=hand_on, **extra)
+    extra = dict(custom_waits=(None, qkv_groups.attend_wait("kvh")), extra=kc.shape[0]) if by_group else {}
+    return attend_project.routed_chain(specs, links, waits, key=wo, hand_on=hand_on, **extra)

@@ -48,7 +48,7 @@ THREADS = 256
 MAX_HEAD_DIM = 256  # rotate-half pairs per lane: (HD / 2) / 32 <= 4
 # Split over the context (flash-decoding, kernels/attend_merge.py says why): CH positions per
 # block, 32 at S_MAX = 4096 per head. A split costs the merge's launch (~5-8 us of host time a
-# compiled launch on the H200, benchmarks/dispatch.py), so it starts once the context outweighs
+# compiled launch on the H200), so it starts once the context outweighs
 # that: a block walks its positions at ~1 us per step per warp, so past SPLIT_FROM positions (32
 # steps per warp) one block per head is slower than the launch. Windows longer than SPLIT_MAX_T positions (prompt
 # chunks) stay on one block per head: their partials would be T x NC x (HD + 2) floats per head.

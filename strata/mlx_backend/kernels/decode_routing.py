@@ -9,9 +9,6 @@ an edit there that moves the cuts fails at import.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
-
-import mlx.core as mx
 
 from strata.mlx_backend.kernels import moe
 
@@ -23,7 +20,6 @@ class Ranking(enum.IntEnum):
     ROUNDS = 1  # K rounds of a block-wide argmax (two warp reductions, two barriers a round)
     BITONIC = 2  # each warp sorts 32 logits by shuffles; the warps' top k merged by one count
     NONE = 3  # a diagnostic, not a routing: the first k experts, no ranking (what the ranking costs)
-    GIVEN = 4  # the top k as an earlier launch ranked it (input `given`, int32 [T, K]: kernels/route_rank.py)
 
 
 # Ranking.ROUNDS: the top k by K rounds of a block-wide argmax (the largest z, ties to the lower
@@ -40,11 +36,11 @@ class Ranking(enum.IntEnum):
 # the gate/up launch issued ~5.6M in all). The top k of the union of every chunk's top k is the
 # top k (whatever beats a chunk's k-th is in that chunk's top k), and the keys (value, id) are
 # distinct, so the counts are the exact ranks.
-ROUTING_FORMS = (Ranking.LOOP, Ranking.ROUNDS, Ranking.BITONIC)  # the forms that rank (NONE does not; GIVEN reads)
+ROUTING_FORMS = (Ranking.LOOP, Ranking.ROUNDS, Ranking.BITONIC)  # the forms that rank (NONE does not)
 WARP_TOPK_MAX = 32  # BITONIC: a warp's 32 sorted logits hold at most its top 32
 # Its compares are written with | and & on bools, not || and &&: short-circuited, nvcc made each
 # of the count's 80 compares three divergent branches (PTX), and on the H200 the count took 6.6
-# kcycles of the gate/up launch's ~24 (chain_timeline.py --layer --marks) where its ~600
+# kcycles of the gate/up launch's ~24 (a chain's timeline) where its ~600
 # instructions a warp should take ~1; the same ranks either way.
 # the form the gate/up launch takes (the benchmarks time every form). BITONIC since the H200
 # measured it (ncu, seed shape, one token): gate/up 15.5 us against the loop's 18.1
@@ -85,17 +81,12 @@ BITONIC_TOPK = r"""
       if (r < K && qi < E) top[r] = qi;
     }
 """
-# Ranking.GIVEN: the top k read from the input `given` (ranked once, before this launch); a body
-# that includes it declares that input (RANKING), one that ranks for others does not (RANKING_ITSELF)
-GIVEN_BRANCH = r"""  if (ROUNDS == 4) {
-    if (tid < (uint32_t)K) top[tid] = given[(uint64_t)t * K + tid];
-  } else """
 ROUNDS_OR_LOOP = r"""
   SHARED float cand_v[NT / 32];
   SHARED int32_t cand_i[NT / 32];
   SHARED float cand_bv[((E + 31) / 32) * K];
   SHARED int32_t cand_bi[((E + 31) / 32) * K];
-""" + GIVEN_BRANCH + r"""if (ROUNDS == 3) {
+  if (ROUNDS == 3) {
     if (tid < (uint32_t)K) top[tid] = (int32_t)tid;  // Ranking.NONE: a diagnostic
   } else if (ROUNDS == 2) {
 """ + BITONIC_TOPK + r"""
@@ -141,20 +132,4 @@ SLOT_AT = "  const int32_t slot = slot_base[0] + top[rank];\n"
 if PREAMBLE.count(WEIGHTS_AT) != 1 or PREAMBLE.count(SLOT_AT) != 1:
     raise AssertionError("decode_routing: moe.ROUTE_PREAMBLE no longer ranks, then weighs, then picks the slot")
 RANKING = PREAMBLE[:PREAMBLE.index(WEIGHTS_AT)]
-if RANKING.count(GIVEN_BRANCH) != 1:
-    raise AssertionError("decode_routing: the ranking no longer has its Ranking.GIVEN branch")
-RANKING_ITSELF = RANKING.replace(GIVEN_BRANCH, "  ")  # every form but GIVEN (kernels/route_rank.py)
 WEIGHING = PREAMBLE[PREAMBLE.index(WEIGHTS_AT):PREAMBLE.index(SLOT_AT)]
-
-
-class RankedLogits(NamedTuple):
-    """A decoded token's router logits with their top k already ranked on the device (by
-    kernels/route_rank.py, a phase of the attention's launch): the expert launches read `top`
-    (Ranking.GIVEN) instead of each block ranking `logits` again."""
-
-    logits: mx.array  # float32 [T, E]
-    top: mx.array  # int32 [T, K]: expert ids, rank order (z descending, ties to the lower id)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.logits.shape)

@@ -45,7 +45,6 @@ MIN_BLOCKS_FOR_TWO_ROWS = 4 * 132
 # of following them: at one token a GEMV is a single round of loads a warp (10 LDG.128 a lane at
 # C = 2560), so the prologue was ~1.5 us of a ~12 us QKV launch (ncu, H200) with nothing in
 # flight. Predicted: QKV 12 -> ~10 us, output projection 6.6 -> ~5.5 us. The sums are unchanged.
-EARLY_LOADS = True
 
 BODY = r"""
   constexpr int NW = NT / 32;
@@ -66,13 +65,13 @@ BODY = r"""
   }
   uint4 wv[RPW][GB];  // the halves as loaded: widened only where used, so the loads stay in flight
   LOAD_BATCH
-  if (EARLY) {  // batch 0's weights do not depend on x: in flight while x is staged and normed
+  {  // batch 0's weights do not depend on x: in flight while x is staged and normed
     const int b = 0;
     LOAD
   }
   STAGE_X
   UNROLL for (int b = 0; b < NB; ++b) {
-    if (b > 0 || !EARLY) {
+    if (b > 0) {
       LOAD
     }
     warp_sync();  // a fence for the scheduler: the loads above all issue before the FMAs below
@@ -137,10 +136,9 @@ def rows_per_warp(r: int) -> int:
 
 
 def dense_gemv(w: mx.array, x: mx.array, norm_w: mx.array | None = None, eps: float = 0.0,
-               bias: mx.array | None = None, *, early: bool | None = None, spec: bool = False):
+               bias: mx.array | None = None, *, spec: bool = False):
     """Kernel path. w float16 [R, C] (C a multiple of 8, at most MAX_COLS), x float32 [T, C];
     with norm_w (float16 [C]) x is RMS-normed first; with bias (float16 [R]) it is added.
-    early: the first weight loads before the prologue (default EARLY_LOADS; the benchmarks compare).
     spec: the launch's `phases.LaunchSpec` instead of its output (for `phases.chain`).
 
     Shapes:
@@ -157,5 +155,5 @@ def dense_gemv(w: mx.array, x: mx.array, norm_w: mx.array | None = None, eps: fl
                               bias if has_bias else absent(np.float16), float_params(eps)),
                      ((t, r),), (mx.float32,), ((r + rows_per_block - 1) // rows_per_block, t, 1), THREADS,
                      (("R", r), ("C", c), ("NORM", int(norm)), ("BIAS", int(has_bias)), ("RPW", rpw),
-                      ("MAX_LOADS", MAX_LOADS), ("NT", THREADS), ("EARLY", int(EARLY_LOADS if early is None else early))))
+                      ("MAX_LOADS", MAX_LOADS), ("NT", THREADS)))
     return one if spec else run(one)[0]

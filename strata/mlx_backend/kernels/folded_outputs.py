@@ -2,7 +2,7 @@
 
 Why: MLX's host work for a custom kernel grows with its outputs. Each output is an allocation,
 a kernel argument, an array the compiled step's replay makes and one the encoder registers. At
-the seed shape a decoded token's 146 launches wrote 722 outputs (`benchmarks/graph_census.py`):
+the seed shape a decoded token's 146 launches wrote 722 outputs:
 15 a layer, of which 7 are read by nobody after the launch. They are a chain's phase
 intermediates (the QKV rows, the heads' partials, their sum), the next layer's guess when nothing
 streams, and gate/up's `hid` where the down step reads `hpre`. Without a shared expert its
@@ -30,8 +30,6 @@ import numpy as np
 from strata.mlx_backend.kernels.source import KernelSource, dtype_name
 
 FOLDED = "folded"  # the one output that holds them
-# False: every output its own array, as before (the benchmarks' form `unfolded` compares)
-FOLD_OUTPUTS = True
 ALIGN = 16  # bytes: every region starts where a 16-byte load may read it
 # the template values that place each region: FOLD_<output> in the producer, PACK_<input> in a consumer
 FOLD_AT, PACK_AT = "FOLD", "PACK"
@@ -71,13 +69,6 @@ class Region(Shaped):
 
 
 PACKED = "packed"  # the one input a consumer reads Regions of one buffer through
-
-
-def region_array(r: Region) -> mx.array:
-    """The region's bytes as an array of its shape and dtype (three MLX ops: a slice, a view, a
-    reshape), for a reader that is not a kernel launch."""
-    n = int(np.prod(r.shape)) * np.dtype(dtype_name(r.dtype)).itemsize
-    return r.buffer[r.offset:r.offset + n].view(r.dtype).reshape(r.shape)
 
 
 def fold_source(src: KernelSource, names: Sequence[str], dtypes: Sequence[str]) -> KernelSource:
@@ -132,9 +123,9 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
                   output_dtypes: Sequence, *, blocks: tuple[int, int, int], threads: int,
                   template: Sequence[tuple[str, int]], fold: Sequence[int] = (),
                   regions: bool = False) -> list:
-    """launch(...) with the outputs at indices `fold` folded (where FOLD_OUTPUTS): None in their
-    places, or with regions a `Region` each (for another launch to read; with FOLD_OUTPUTS off,
-    the arrays themselves, which that launch reads as well). Inputs given as Regions
+    """launch(...) with the outputs at indices `fold` folded: None in their places, or with
+    regions a `Region` each (for another launch to read; with a single output to fold, the
+    array itself, which that launch reads as well). Inputs given as Regions
     of one buffer are read from it (`pack_inputs`). launch: the launcher to call (phases' own
     name for it, which tests replace)."""
     template = tuple(template)
@@ -148,7 +139,7 @@ def folded_launch(launch: Callable, src: KernelSource, inputs: Sequence, output_
         template += tuple((f"{PACK_AT}_{n}", inputs[i].offset) for n, i in zip(names, held))
         inputs = [a for a in inputs if not isinstance(a, Region)] + [inputs[held[0]].buffer]
     # one output folded would still be one output; unfolded, what a consumer reads is the arrays
-    if not FOLD_OUTPUTS or len(set(fold)) < (1 if regions else 2):
+    if len(set(fold)) < (1 if regions else 2):
         return launch(src, inputs, output_shapes, output_dtypes, blocks=blocks, threads=threads, template=template)
     fold = sorted(set(fold))
     names = [src.outputs[i] for i in fold]

@@ -25,8 +25,6 @@ from typing import Sequence
 
 from strata.mlx_backend.jit_cache import cache_root
 
-INCLUDED = True  # CUDA sources through includes; False: inline, as MLX takes them (benchmarks' A/B)
-
 _dir: list[Path | None] = []  # asked once a process: [the directory, or None where none is writable]
 
 
@@ -77,9 +75,9 @@ def _reads_shapes(body: str, input_names: Sequence[str]) -> bool:
 
 def included(header: str, body: str, input_names: Sequence[str]) -> tuple[str, str]:
     """(header, body) for `mx.fast.cuda_kernel`: each an `#include` of its file where that is
-    possible (INCLUDED, a writable directory, a body that names no input's shape), else as given.
+    possible (a writable directory, a body that names no input's shape), else as given.
     An empty header stays empty."""
-    directory = source_dir() if INCLUDED else None
+    directory = source_dir()
     if directory is None or _reads_shapes(body, input_names):
         return header, body
     try:

@@ -1,12 +1,6 @@
-"""Build each kernel once and launch it on the path in force: a GPU, the emulator, or none.
-
-`KernelPath` names how a kernel-backed function runs:
-- GPU: the shared body through `mx.fast.metal_kernel` (Apple) or `mx.fast.cuda_kernel` (NVIDIA),
-  built once per body (mlx-lm's `gated_delta.py` pattern) and specialised by template arguments;
-- EMULATED: the same body compiled for the CPU (emulate.py); inputs are evaluated to numpy;
-- OPS: no custom kernel; the public functions use their MLX-ops twins (the CPU default).
-
-The default is GPU where MLX sees a GPU, else OPS. `using_path(p)` switches it (tests).
+"""Build each kernel once and launch it on the path in force (paths.py: a GPU, the emulator, or
+none): on a GPU a body is built once (mlx-lm's `gated_delta.py` pattern) and specialised by
+template arguments; KernelPath and the path helpers are re-exported here for the callers.
 """
 
 from __future__ import annotations
@@ -14,36 +8,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
-import enum
-import functools
 from typing import Iterator, Sequence
 
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernels import emulate, included_source
+from strata.mlx_backend.kernels.paths import KernelPath, current_path, gpu_dialect, using_path  # noqa: F401 - the callers import them from here
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource, mlx_source
-
-
-class KernelPath(enum.Enum):
-    GPU = "gpu"
-    EMULATED = "emulated"
-    OPS = "ops"
-
-
-@functools.cache
-def gpu_dialect() -> Dialect | None:
-    """The dialect of the GPU MLX sees here, or None (CPU-only MLX). Asked once per process."""
-    if mx.metal.is_available():
-        return Dialect.METAL
-    if hasattr(mx, "cuda") and mx.cuda.is_available():
-        return Dialect.CUDA
-    return None
-
-
-def default_path() -> KernelPath:
-    return KernelPath.GPU if gpu_dialect() is not None else KernelPath.OPS
 
 
 LAUNCHES: collections.Counter = collections.Counter()  # custom-kernel launches by kernel name (benchmarks)
@@ -59,7 +33,7 @@ class _EveryLaunch(list):
 def recording(every: bool = False) -> Iterator[list]:
     """Collect (source, input dtype names, output dtype names, template) of every specialisation
     launched in the block, once each (the compile checks build each one that actually ran for
-    Metal and CUDA); every: once per launch (benchmarks/source_bytes.py sums them)."""
+    Metal and CUDA); every: once per launch."""
     seen: list = _EveryLaunch() if every else []
     token = _recording.set(seen)
     try:
@@ -68,41 +42,18 @@ def recording(every: bool = False) -> Iterator[list]:
         _recording.reset(token)
 
 
-_path: contextvars.ContextVar[KernelPath | None] = contextvars.ContextVar("strata_kernel_path", default=None)
-
-
-def current_path() -> KernelPath:
-    p = _path.get()
-    return default_path() if p is None else p
-
-
-@contextlib.contextmanager
-def using_path(path: KernelPath) -> Iterator[None]:
-    """Run kernel-backed functions on `path` inside the block."""
-    if path is KernelPath.GPU and gpu_dialect() is None:
-        raise RuntimeError("no MLX GPU here (Metal or CUDA): the GPU kernel path cannot run")
-    if path is KernelPath.EMULATED and not emulate.available():
-        raise RuntimeError("no C++ compiler here: the emulated kernel path cannot run")
-    token = _path.set(path)
-    try:
-        yield
-    finally:
-        _path.reset(token)
-
-
 _signatures: dict[tuple, tuple[str, ...]] = {}  # (name, template) -> dtypes it was launched with
 
 
-# (kernel name, its inputs, its outputs, CUDA source included) -> the MLX kernel object, built once
-# (a dict lookup per launch). A source with some outputs folded, or with inputs packed into one
-# buffer (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its
-# template the offsets. The included and inline forms of one source are two builds (benchmarks
-# alternate them in one process)
-_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...], bool], object] = {}
+# (kernel name, its inputs, its outputs) -> the MLX kernel object, built once (a dict lookup per
+# launch). A source with some outputs folded, or with inputs packed into one buffer
+# (folded_outputs.py), keeps its name: its inputs and outputs tell the build apart, its template
+# the offsets.
+_kernels: dict[tuple[str, tuple[str, ...], tuple[str, ...]], object] = {}
 
 
-def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...], bool]:
-    return src.name, src.inputs, src.outputs, included_source.INCLUDED
+def _kernel_key(src: KernelSource) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    return src.name, src.inputs, src.outputs
 
 
 def _build(src: KernelSource):
@@ -159,15 +110,12 @@ def as_f32(a):
 # compiled decode step's first call makes most of its own) is not a constant to the trace but a
 # node of it, recomputed on every call: an MLX add (and its broadcast) per `device_const`, the
 # 65536-entry arange behind `index_view`, a slice per layer. An array evaluated when it is made
-# is a leaf wherever it is used (evaluating one inside a trace is allowed: it is not a tracer).
-# LEAF_CONSTANTS off makes them lazily again, in caches of their own (the benchmarks' form
-# lazy_constants: a step traced then replays what it made, as before).
-LEAF_CONSTANTS = True
+# is a leaf wherever it is used (evaluating one inside a trace is allowed: it is not a tracer):
+# made lazily, a compiled step replayed 100 other nodes a token, not 41 (H200, seed shape).
 
 _CONSTS: dict[tuple, mx.array] = {}
 _CONSTS_MAX = 1024  # distinct constants kept (eps values, absent-input zeros: a handful per model)
 _index_table: list[mx.array] = []
-_lazy_index_table: list[mx.array] = []  # LEAF_CONSTANTS off: its own table, made lazily
 INDEX_TABLE_MIN = 1 << 16
 
 
@@ -177,14 +125,13 @@ def device_const(values) -> mx.array:
     a = np.ascontiguousarray(values).reshape(-1)
     if a.size < MIN_INPUT_SIZE:
         a = np.concatenate([a, np.zeros(MIN_INPUT_SIZE - a.size, a.dtype)])
-    key = (a.dtype.str, a.tobytes(), LEAF_CONSTANTS)
+    key = (a.dtype.str, a.tobytes())
     hit = _CONSTS.get(key)
     if hit is None:
         if len(_CONSTS) >= _CONSTS_MAX:
             _CONSTS.pop(next(iter(_CONSTS)))
         hit = mx.array(a) + 0  # an op's output: device memory on MLX CUDA (the host array is not)
-        if LEAF_CONSTANTS:
-            mx.eval(hit)
+        mx.eval(hit)
         _CONSTS[key] = hit
     return hit
 
@@ -194,7 +141,7 @@ _by_key: dict[tuple, mx.array] = {}  # the two helpers below, keyed by their arg
 
 def absent(dtype) -> mx.array:
     """The stand-in for an absent optional input (zeros of `dtype`; the body does not read it)."""
-    key = ("absent", dtype, LEAF_CONSTANTS)
+    key = ("absent", dtype)
     hit = _by_key.get(key)
     if hit is None:
         hit = _by_key[key] = device_const(np.zeros(MIN_INPUT_SIZE, np.dtype(dtype)))
@@ -203,7 +150,7 @@ def absent(dtype) -> mx.array:
 
 def float_params(*values: float) -> mx.array:
     """Runtime float constants for a kernel (an eps): device-resident, made once per value."""
-    key = (values, LEAF_CONSTANTS)
+    key = values
     hit = _by_key.get(key)
     if hit is None:
         if len(_by_key) >= _CONSTS_MAX:
@@ -216,13 +163,12 @@ def index_view(i: int, n: int = 1) -> mx.array:
     """int32 [n] holding i, i+1, ..., i+n-1: a view into a device arange (no host write, no launch)."""
     if i < 0:
         raise ValueError(f"index_view: negative index {i}")
-    table = _index_table if LEAF_CONSTANTS else _lazy_index_table
+    table = _index_table
     tab = table[0] if table else None
     if tab is None or tab.size < i + n:
         size = max(INDEX_TABLE_MIN, i + n, 2 * (tab.size if tab is not None else 0))
         tab = mx.arange(size, dtype=mx.int32)
-        if LEAF_CONSTANTS:
-            mx.eval(tab)
+        mx.eval(tab)
         table[:] = [tab]
     return tab[i:i + n]
 
@@ -240,8 +186,6 @@ def index_const(i: int) -> mx.array:
     """`index_param(i)` for an i that stays the same from call to call (a layer's slot base),
     evaluated once and kept: a leaf of any graph, where `index_param`'s view is a slice node a
     compiled step replays every call. Not for runtime values: each new one is an evaluation."""
-    if not LEAF_CONSTANTS:
-        return index_param(i)
     hit = _index_consts.get(i)
     if hit is None:
         if len(_index_consts) >= _CONSTS_MAX:
@@ -260,9 +204,13 @@ def index_const(i: int) -> mx.array:
 # graph). A kernel gets only a pointer (no body reads an input's shape), so a large input goes in
 # as a view of its first elements: the same buffer, the same dependency (MLX tracks buffers by
 # address), MIN_INPUT_SIZE elements counted. CUDA only (the emulator copies what it is given;
-# Metal's encoder is not measured). benchmarks/dispatch.py isolates the cost.
-GRAPH_VIEWS = True
+# Metal's encoder is not measured): the kernel plan's graph_views.
 GRAPH_VIEW_ABOVE = 1 << 20  # bytes: smaller inputs count for nothing that matters
+
+
+def _views_here() -> bool:
+    """Whether large inputs go in as views: the plan's graph_views, on MLX's CUDA build."""
+    return gpu_dialect() is Dialect.CUDA and kernel_plan.current().graph_views
 
 
 def _graph_view(a: mx.array) -> mx.array:
@@ -307,7 +255,7 @@ def constant_views(arrays) -> dict[int, tuple[mx.array, mx.array]]:
     """The evaluated first-element views of those of `arrays` past GRAPH_VIEW_ABOVE bytes (arrays
     already evaluated: weights, the arena, KV buffers), for `using_constant_views`. Empty off
     MLX's CUDA build (where `launch` makes no views)."""
-    if not (GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA):
+    if not _views_here():
         return {}
     out: dict[int, tuple[mx.array, mx.array]] = {}
     for a in arrays:
@@ -363,7 +311,7 @@ def launch(src: KernelSource, inputs: Sequence, output_shapes: Sequence[tuple[in
         if not src.metal and gpu_dialect() is Dialect.METAL:
             raise RuntimeError(f"kernel {src.name} runs on CUDA and the emulator only (its caller checks first)")
         kernel = _kernels.get(_kernel_key(src)) or _build(src)
-        if GRAPH_VIEWS and gpu_dialect() is Dialect.CUDA:
+        if _views_here():
             inputs = [_graph_view(a) for a in inputs]
         return kernel(inputs=inputs, template=list(template), grid=grid, threadgroup=tg,
                       output_shapes=list(output_shapes), output_dtypes=list(output_dtypes))

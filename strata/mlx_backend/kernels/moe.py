@@ -52,12 +52,6 @@ from strata.model_config import RoutingOrder
 
 Q2 = layout(QuantType.Q2_0)
 THREADS = 256
-# The down step's h: in registers (76 registers, 3 blocks per SM on sm_90) or read from threadgroup
-# memory (58, 4 blocks per SM). H200, run C: 529 vs 549 us of GPU time (ncu), 578 vs 604 us wall.
-HX_SHARED = False
-# The down step's codes as one 8- or 16-byte load per row (FC = 32 / 64) instead of FC/16 4-byte
-# loads, each of which a warp issues as 32 sectors (the rows are F/4 bytes apart).
-VECTOR_LOADS = True
 MAX_HIDDEN = 8192  # x pre-scaled in threadgroup memory: 1.25 D floats (40 KB at 8192) of the 48 KB
 WORD_CODES = 32 // Q2.bits  # 16 codes per uint32 word
 
@@ -361,6 +355,12 @@ class BlockShape(NamedTuple):
     hx_shared: bool
 
 
+# A decoded token's shape: FC = 32, h of the down step in registers (76 registers, 3 blocks per SM
+# on sm_90) rather than threadgroup memory (58, 4 blocks per SM). H200, run C: 529 vs 549 us of GPU
+# time (ncu), 578 vs 604 us wall.
+DECODE_SHAPE = BlockShape(Q2.block_size, THREADS, False)
+
+
 # The multi-token shape: FC = 64 halves the down planes' L2 sectors per byte (a block reads 16
 # bytes of codes and 4 of scales per down row instead of 8 and 2, each from its own 32-byte
 # sector: at FC = 32 those reads were 76% of a block's sectors and L2 the busiest unit, 70%);
@@ -380,12 +380,12 @@ def block_shape(rec: RecordLayout, tokens: int) -> BlockShape:
     at 256 threads, 152 registers, 1 block per SM: the gate/up rows per warp doubled.)"""
     if tokens >= MANY_TOKENS and rec.expert_ffn % MANY_TOKENS_SHAPE.fc == 0:
         return MANY_TOKENS_SHAPE
-    return BlockShape(Q2.block_size, THREADS, HX_SHARED)
+    return DECODE_SHAPE
 
 
 @functools.cache
 def _template(rec: RecordLayout, k: int, fc: int, threads: int = THREADS, denormals: bool | None = None,
-              hx_shared: bool = HX_SHARED, vector_loads: bool = VECTOR_LOADS) -> tuple[tuple[str, int], ...]:
+              hx_shared: bool = False, vector_loads: bool = True) -> tuple[tuple[str, int], ...]:
     denormals = subnormal_codes() if denormals is None else denormals
     if rec.qtype is not QuantType.Q2_0:
         raise ValueError(f"the fused expert kernel reads Q2_0 records, not {rec.qtype.name}")
@@ -420,10 +420,10 @@ def full_template(rec: RecordLayout, k: int, fc: int, shared=None) -> tuple[tupl
 
 def _shape(rec: RecordLayout, tokens: int, fc: int | None, threads: int | None, hx: bool | None) -> BlockShape:
     """`block_shape`, with what the caller chose put in; an FC other than the chosen shape's
-    gets 256 threads and HX_SHARED unless they are given too."""
+    gets 256 threads and h in registers unless they are given too."""
     shape = block_shape(rec, tokens)
     if fc is not None and fc != shape.fc:
-        shape = BlockShape(fc, THREADS, HX_SHARED)
+        shape = BlockShape(fc, THREADS, False)
     return BlockShape(shape.fc, threads or shape.threads, shape.hx_shared if hx is None else hx)
 
 
@@ -447,14 +447,15 @@ def slot_inputs(slots, weights):
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, fc: int | None = None,
               shared=None, threads: int | None = None, denormals: bool | None = None,
-              hx_shared: bool | None = None, vector_loads: bool = VECTOR_LOADS) -> mx.array | tuple[mx.array, mx.array]:
+              hx_shared: bool | None = None, vector_loads: bool = True) -> mx.array | tuple[mx.array, mx.array]:
     """Kernel path, host-chosen slots. x [T, D], slots int [T, k] (-1 skip), weights [T, k]
     (numpy: padded on the host, no launch; or mx) -> partials float32 [T, k * F/FC, D].
     shared (gate, up, down float16): the shared expert's blocks ride in the same launch and the
     result is (routed partials, shared partials [T, Fs/FCS, D]). fc / threads: other block shapes
     (the benchmarks compare them); denormals: the code form (default `subnormal_codes()`);
     hx_shared: where the down step reads h (defaults: `block_shape`); vector_loads: the down
-    step's codes in 8- or 16-byte loads (VECTOR_LOADS)."""
+    step's codes as one 8- or 16-byte load per row (FC = 32 / 64), not FC/16 4-byte loads, each of
+    which a warp issues as 32 sectors (the rows are F/4 bytes apart)."""
     t, k = slots.shape
     slots, weights = slot_inputs(slots, weights)
     fc, threads, hx_shared = _shape(rec, t, fc, threads, hx_shared)

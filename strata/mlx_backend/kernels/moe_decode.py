@@ -43,11 +43,9 @@ from strata.formats.expert_record import RecordLayout
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import decode_routing as routing
 from strata.mlx_backend.kernels import moe
-from strata.mlx_backend.kernels import moe_down_chained
 from strata.mlx_backend.kernels import moe_down_warps as down_warps
-from strata.mlx_backend.kernels import phases
 from strata.mlx_backend.kernels import shared as shared_kernel
-from strata.mlx_backend.kernels.folded_outputs import Region, region_array
+from strata.mlx_backend.kernels.folded_outputs import Region
 from strata.mlx_backend.kernels.launch import absent, as_f32, index_const, launch
 from strata.mlx_backend.kernels.phases import LaunchSpec, run
 from strata.mlx_backend.kernels.preludes import WARP
@@ -63,29 +61,17 @@ DOWN_ROWS_PER_WARP = 1  # 320 blocks of 8 rows at D = 2560: ~2.4 per H200 SM
 XW = 20  # floats a word of x (or h) takes in threadgroup memory: 16 values, 4 of padding (no bank conflicts)
 # the down launch stages every selected expert's h pre-scaled: K F / 16 words of XW + 1 floats
 MAX_PAIRS = 448  # 37.6 KB of the 48 KB of threadgroup memory (seed shape: 360)
-# the down step as moe_down_warps.py's (a warp per expert, h read as gate/up wrote it pre-scaled)
-# instead of DOWN (a warp per row, every expert's h staged in each block): the A/B switch
-# H200 (ncu, seed shape, one token): 7.2 us against DOWN's 9.5
-DOWN_WARPS = True
+# the down step is moe_down_warps.py's (a warp per expert, h read as gate/up wrote it pre-scaled)
+# where it applies, else DOWN (a warp per row, every expert's h staged in each block): H200 (ncu,
+# seed shape, one token) 7.2 us against DOWN's 9.5
 GATEUP_THREADS = THREADS  # threads a gate/up block (128: 4 warps of GATEUP_UNITS_PER_WARP units, twice the blocks)
-# a lane's gate/up codes in 16-byte loads (4 words, then single words) instead of 4-byte ones:
-# 5 loads a row a lane instead of 10 at D = 2560 (both expert launches moved ~0.6 TB/s where the
-# dense GEMVs, 16 bytes a lane, moved 1.4-1.6)
-GATEUP_VECTOR_LOADS = False
-WEIGHTS_EARLY = False  # the gate/up launch's WE (below): the first routed block weighs before its arithmetic
-# At one token, the gate/up launch and moe_down_warps' down step as one launch (phases.chain_all;
-# the down phase is moe_down_chained.py's: it ranks z itself and loads its codes before it waits
-# for the gate/up blocks): a layer's routed experts in 1 launch instead of 2, 146 -> 98 launches a
-# decoded token at the seed shape (~3.5 us of GPU time at a kernel boundary and ~12 us of host
-# dispatch a launch on the H200). Off: measured there, the chained launch took 26.2 us of GPU time
-# a layer against 20.7 for the two (moe_down_chained.py says why), and a token was no faster
-# (decode_context's chain_experts form). CUDA and the emulator only (phases.available).
-CHAIN_EXPERTS = False
+# A lane's gate/up codes are single words (16-byte loads did not win on the H200: docs/perf.md),
+# and one token's routed experts stay two launches (chaining them: 26.2 us of GPU time a layer
+# against 20.7).
 
 # The first routed block's extra work: the rule's weights (and the slots) and the shared
-# expert's gate. WE = 0: after its arithmetic, so that block ends ~1-2 us after the others (a
-# softmax over E, four barriers) and the down launch waits for it; WE = 1 (WEIGHTS_EARLY): right
-# after its loads are issued, inside the DRAM round trip they wait for anyway.
+# expert's gate, after its arithmetic (that block ends ~1-2 us after the others, a softmax over E
+# and four barriers; done right after its loads were issued, it did not win).
 WEIGH = r"""
   if (bx == (uint32_t)NSB) {                  // block-uniform: the rule's weights, once
 """ + routing.WEIGHING + r"""
@@ -108,22 +94,12 @@ WEIGH = r"""
     }
   }
 """
-X_PRESCALE_AT = moe.X_PRESCALE.replace("xsh[XW * w + j + q]", "xsh[XOFF(w) + j + q]")
-if X_PRESCALE_AT.count("XOFF(w)") != 1:
-    raise AssertionError("moe_decode: moe.X_PRESCALE no longer writes xsh[XW * w + j + q]")
 GATEUP = r"""
   constexpr int NW = NT / 32;
   constexpr int WPR = D / 16;                 // uint32 words per gate/up row
   constexpr int WPL = (WPR + 31) / 32;        // words a lane
   constexpr int UPB = NW * UPW;               // hidden units a block
-  // VL: a lane's words 4 m .. 4 m + 3 (m = lane + 32 c, one 16-byte load) for c < NV4, then single
-  // words; else lane + 32 i. XOFF: where word w of x sits in xsh (VL: 4 floats more after every
-  // 4 words, so the 16-byte reads of words 4 m meet 8 different bank quads, as XW = 20 does for w).
-  constexpr int NV4 = VL ? WPR / 128 : 0;
-  constexpr int NW1 = VL ? (WPR - 128 * NV4 + 31) / 32 : WPL;
-  constexpr int WL = 4 * NV4 + NW1;           // words a lane
-#define XOFF(w) (VL ? (4 * XW + 4) * ((w) >> 2) + XW * ((w) & 3) : XW * (w))
-  SHARED float xsh[VL ? (4 * XW + 4) * ((WPR + 3) / 4) : WPR * XW];  // routed: x pre-scaled per code; shared: x
+  SHARED float xsh[WPR * XW];                 // routed: x pre-scaled per code; shared: x
   SHARED float xsum[WPR];
   SHARED float hs[FCS];                       // shared blocks: their h chunk
   SHARED float hsb[UPB];                      // routed blocks: their units' h (the word sums)
@@ -135,53 +111,39 @@ GATEUP = r"""
   const uint32_t c = rb % NCH;
   const DEVICE uint8_t* rec = arena + (uint64_t)slot * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
   // every gate/up load of the warp's UPW units first (nothing here depends on x)
-  uint32_t gw[UPW][WL], uw[UPW][WL];
-  half_t gd[UPW][WL], ud[UPW][WL];
+  uint32_t gw[UPW][WPL], uw[UPW][WPL];        // a lane's words lane + 32 i
+  half_t gd[UPW][WPL], ud[UPW][WPL];
   UNROLL for (int k = 0; k < UPW; ++k) {
     const uint64_t f = (uint64_t)c * UPB + warp_id * UPW + k;
     const DEVICE uint32_t* gq = (const DEVICE uint32_t*)(rec + GC + f * (D / 4));
     const DEVICE uint32_t* uq = (const DEVICE uint32_t*)(rec + UC + f * (D / 4));
     const DEVICE half_t* gs = (const DEVICE half_t*)(rec + GS) + f * (D / 32);
     const DEVICE half_t* us = (const DEVICE half_t*)(rec + US) + f * (D / 32);
-    UNROLL for (int c4 = 0; c4 < NV4; ++c4) {  // VL: 16-byte loads (rows of D / 4 bytes, D % 512 == 0)
-      const int m = (int)lane + 32 * c4;
-      const uint4 gv = *(const DEVICE uint4*)(gq + 4 * m);
-      const uint4 uv = *(const DEVICE uint4*)(uq + 4 * m);
-      gw[k][4 * c4] = gv.x; gw[k][4 * c4 + 1] = gv.y; gw[k][4 * c4 + 2] = gv.z; gw[k][4 * c4 + 3] = gv.w;
-      uw[k][4 * c4] = uv.x; uw[k][4 * c4 + 1] = uv.y; uw[k][4 * c4 + 2] = uv.z; uw[k][4 * c4 + 3] = uv.w;
-      gd[k][4 * c4] = gs[2 * m]; gd[k][4 * c4 + 1] = gd[k][4 * c4]; gd[k][4 * c4 + 2] = gs[2 * m + 1];
-      gd[k][4 * c4 + 3] = gd[k][4 * c4 + 2];
-      ud[k][4 * c4] = us[2 * m]; ud[k][4 * c4 + 1] = ud[k][4 * c4]; ud[k][4 * c4 + 2] = us[2 * m + 1];
-      ud[k][4 * c4 + 3] = ud[k][4 * c4 + 2];
-    }
-    UNROLL for (int i = 0; i < NW1; ++i) {
-      const int w = 128 * NV4 + (int)lane + 32 * i;
+    UNROLL for (int i = 0; i < WPL; ++i) {
+      const int w = (int)lane + 32 * i;
       const int wc = w < WPR ? w : WPR - 1;  // past the row: its last word again (unused; no branch)
-      gw[k][4 * NV4 + i] = gq[wc];
-      uw[k][4 * NV4 + i] = uq[wc];
-      gd[k][4 * NV4 + i] = gs[wc >> 1];
-      ud[k][4 * NV4 + i] = us[wc >> 1];
+      gw[k][i] = gq[wc];
+      uw[k][i] = uq[wc];
+      gd[k][i] = gs[wc >> 1];
+      ud[k][i] = us[wc >> 1];
     }
   }
-  if (WE) {                                   // the weights while this block's loads are in flight
-""" + WEIGH + r"""
-  }
-  // x pre-scaled per code and each word's plain sum (moe.py's X_PRESCALE: the fused kernel's text, at XOFF)
-""" + X_PRESCALE_AT + r"""  BARRIER();
+  // x pre-scaled per code and each word's plain sum (moe.py's X_PRESCALE: the fused kernel's text)
+""" + moe.X_PRESCALE + r"""  BARRIER();
   float ga[UPW], ua[UPW];
   UNROLL for (int k = 0; k < UPW; ++k) { ga[k] = 0.0f; ua[k] = 0.0f; }
   if (NA) {                                   // a diagnostic (no arithmetic): the loads kept, folded
     uint32_t fold = 0u;
     UNROLL for (int k = 0; k < UPW; ++k) {
-      UNROLL for (int i = 0; i < WL; ++i) fold ^= gw[k][i] ^ uw[k][i] ^ f16_bits(gd[k][i]) ^ f16_bits(ud[k][i]);
+      UNROLL for (int i = 0; i < WPL; ++i) fold ^= gw[k][i] ^ uw[k][i] ^ f16_bits(gd[k][i]) ^ f16_bits(ud[k][i]);
     }
     ga[0] = bits_f32(fold & 0x007FFFFFu) + xsum[lane % WPR];
   } else {
-  UNROLL for (int i = 0; i < WL; ++i) {
-    const int w = i < 4 * NV4 ? 4 * ((int)lane + 32 * (i / 4)) + i % 4 : 128 * NV4 + (int)lane + 32 * (i - 4 * NV4);
+  UNROLL for (int i = 0; i < WPL; ++i) {
+    const int w = (int)lane + 32 * i;
     if (w < WPR) {
       float xv[16];
-      UNROLL for (int j = 0; j < 16; ++j) xv[j] = xsh[XOFF(w) + j];
+      UNROLL for (int j = 0; j < 16; ++j) xv[j] = xsh[XW * w + j];
       const float xs = xsum[w];
       UNROLL for (int k = 0; k < UPW; ++k) {
         if (DN) {
@@ -226,7 +188,7 @@ GATEUP = r"""
       hws[((uint64_t)t * K + rank) * (F / 16) + c * (UPB / 16) + tid] = s;
     }
   }
-  if (!WE) {                                  // template-uniform: the weights after the arithmetic
+  {                                           // the weights, after the arithmetic
 """ + WEIGH + r"""
   }
   }
@@ -306,7 +268,7 @@ DOWN = r"""
   }
 """
 
-GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "given", "sgate", "sup", "sdown",
+GATEUP_SOURCE = KernelSource("strata_moe_gateup", ("arena", "x", "z", "slot_base", "sgate", "sup", "sdown",
                                                   "gate_inp"),
                              ("hid", "sel", "wsel", "sout", "sgate_out", "hpre", "hws"), GATEUP, moe.HELPERS)
 DOWN_SOURCE = KernelSource("strata_moe_down", ("arena", "x_mid", "hid", "sel", "wsel", "sout", "gate_val"), ("out",), DOWN,
@@ -361,22 +323,16 @@ def _shared_parts(rec: RecordLayout, shared) -> tuple[list, tuple, int]:
 def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_base: int, k: int,
            order: RoutingOrder, norm_topk_prob: bool, *, shared=None, threads: int | None = None,
            upw: int | None = None, denormals: bool | None = None, rounds: routing.Ranking | bool | None = None,
-           weights_early: bool | None = None, no_arithmetic: bool = False, vector_loads: bool | None = None,
-           given: mx.array | None = None, unread: tuple[str, ...] = (), pack: bool = False, spec: bool = False):
+           no_arithmetic: bool = False, unread: tuple[str, ...] = (), pack: bool = False):
     """Kernel path: rank z by the model's rule (moe.routes_on_kernel), the selected experts'
     hidden activations; with shared (gate, up, down, gate_inp or None: float16), the shared
     expert's blocks in the same grid (its down partials and its gate). denormals: the code form
     (default moe.subnormal_codes()); rounds: how the top k is found (decode_routing.Ranking;
     default decode_routing.RANK_FORM, LOOP where BITONIC would take k > 32; a bool: LOOP or ROUNDS);
-    weights_early: where the first routed block computes the weights (default WEIGHTS_EARLY);
-    no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); vector_loads: a lane's
-    codes in 16-byte loads where D % 512 == 0 (default GATEUP_VECTOR_LOADS; its sums in another
-    order than the fused kernel's); given: z's top k already ranked (route_rank.py, int32 [T, k]:
-    Ranking.GIVEN, the blocks read it instead of ranking z); unread: names of `GateUp` fields the
-    caller will not read (None there: they share one buffer, launch's fold); pack: every field
-    in that one buffer, a `folded_outputs.Region` each, for the down step's launch to read
-    (PACK_EXPERT_STEP); spec: the launch's `phases.LaunchSpec` instead of its outputs (the first
-    phase of `routed_residual`'s chain).
+    no_arithmetic: a diagnostic (the loads and their chain only; hid is not h); unread: names of
+    `GateUp` fields the caller will not read (None there: they share one buffer, launch's fold);
+    pack: every field in that one buffer, a `folded_outputs.Region` each, for the down step's
+    launch to read (`routed_residual`).
 
     Shapes:
         x float32 [T, D], z float32 [T, E] -> hid float32 [T, k, F], sel int32 [T, k], wsel float32 [T, k],
@@ -386,31 +342,26 @@ def gateup(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot_ba
     t, e = z.shape
     upw = GATEUP_UNITS_PER_WARP if upw is None else upw  # read per call: the benchmarks switch them
     threads = GATEUP_THREADS if threads is None else threads
-    vl = (GATEUP_VECTOR_LOADS if vector_loads is None else vector_loads) and rec.hidden % 512 == 0
     if not applies(rec, k, threads, upw):
         raise ValueError(f"moe_decode: records {rec} with k={k} do not fit the decode launches (applies)")
     dn = moe.subnormal_codes() if denormals is None else denormals
     nch = rec.expert_ffn // ((threads // WARP) * upw)
     sh_inputs, sh_template, nsb = _shared_parts(rec, shared)
-    if given is not None and rounds is not None:
-        raise ValueError("moe_decode: a given ranking takes no ranking form (rounds)")
-    ranking = routing.Ranking.GIVEN if given is not None else _ranking(rounds, k)
+    ranking = _ranking(rounds, k)
     template = _planes(rec) + (("K", k), ("E", e), ("NCH", nch), ("UPW", upw), ("NT", threads), ("DN", int(dn)),
                                ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1),
                                ("NORM", int(norm_topk_prob)),
                                ("ROUNDS", int(ranking)),
-                               ("WE", int(WEIGHTS_EARLY if weights_early is None else weights_early)),
-                               ("NA", int(no_arithmetic)), ("VL", int(vl))) + sh_template
+                               ("NA", int(no_arithmetic))) + sh_template
     f = rec.expert_ffn
-    ranked = absent(np.int32) if given is None else given
     x, z = (a if isinstance(a, Region) else as_f32(a) for a in (x, z))  # a Region: float32 by construction
-    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, x, z, index_const(slot_base), ranked] + sh_inputs),
+    one = LaunchSpec(GATEUP_SOURCE, tuple([arena, x, z, index_const(slot_base)] + sh_inputs),
                      ((t, k, f), (t, k), (t, k), (t, max(nsb, 1), rec.hidden), (t, 8), (t, k, f), (t, k, f // 16)),
                      (mx.float32, mx.int32, mx.float32, mx.float32, mx.float32, mx.float32, mx.float32),
                      (nsb + k * nch, t, 1), threads, template,
                      tuple(range(len(GateUp._fields))) if pack else tuple(GateUp._fields.index(n) for n in unread),
                      pack)
-    return one if spec else GateUp(*run(one))
+    return GateUp(*run(one))
 
 
 def _ranking(rounds, k: int) -> routing.Ranking:
@@ -448,158 +399,32 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hid: mx.array, sel
 
 
 def routed_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
-                    k: int, order: RoutingOrder, norm_topk_prob: bool, *, shared=None, defer: bool = False,
-                    **kw) -> mx.array | DeferredDown:
+                    k: int, order: RoutingOrder, norm_topk_prob: bool, *, shared=None, **kw) -> mx.array:
     """Kernel path: x_mid + the routed experts of h, routed by z, (+ the shared expert of h, gated)
     in two launches. shared: (gate, up, down, gate_inp or None), float16. kw: `gateup`'s threads /
-    upw / denormals / rounds, `down`'s rw, down_warps (None: DOWN_WARPS) for moe_down_warps' down
-    step where it applies, down_rows its rows a block and down_vector_loads its loads (benchmarks).
+    upw / denormals / rounds, `down`'s rw, down_rows moe_down_warps' rows a block (benchmarks).
+
+    Where moe_down_warps' down step applies, the gate/up launch writes every output into one
+    folded buffer (`pack`) and the down step reads them from it as one input: each output and input
+    is MLX host work (on the H200 a token's host share went 2.37 -> 2.11 ms, peers.py's decode at 8
+    2.81 -> 2.48 ms). h and z may be `Region`s of the attention launch's buffer (handed on, the
+    same way): gate/up reads them from it.
 
     Shapes:
         x_mid float32 [T, D], h float32 [T, D], z float32 [T, E] -> float32 [T, D]
-
-    z may come ranked (decode_routing.RankedLogits: the attention launch's route_rank phase); the
-    expert blocks then read its top k (Ranking.GIVEN), the same bits. h and z may be `Region`s of
-    the attention launch's buffer (HAND_ON): gate/up reads them from it.
-    Where `chains_experts` (CHAIN_EXPERTS, one token): the two launches as one, the same bits.
-    defer (the default form only, no kw): where `defers_down`, the gate/up launch runs and the
-    down step comes back unlaunched (a `DeferredDown`), the same bits once run.
     """
-    z, given = (z.logits, z.top) if isinstance(z, routing.RankedLogits) else (z, None)
-    deferring = defer and not kw and not chains_experts(rec, k, z.shape[0]) and defers_down(rec, k, z.shape[0])
-    if deferring or CHAIN_EXPERTS:
-        # h and z handed on in the attention launch's buffer (HAND_ON) are read by the plain
-        # gate/up launch only: the deferred and chained forms take them as arrays
-        h, z = (region_array(a) if isinstance(a, Region) else a for a in (h, z))
-    if deferring:
-        spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, spec=True)
-        made = dict(zip(spec.src.outputs, run(spec)))
-        return DeferredDown(moe_down_chained.down_phase(spec, rec, x_mid, k, rows=DEFER_ROWS, made=made))
     rw = kw.pop("rw", DOWN_ROWS_PER_WARP)
-    warps = kw.pop("down_warps", None)
-    warps = DOWN_WARPS if warps is None else warps
     rows = kw.pop("down_rows", down_warps.ROWS)
-    down_vl = kw.pop("down_vector_loads", None)
-    if chains_experts(rec, k, z.shape[0], threads=kw.get("threads"), upw=kw.get("upw"), warps=warps, rows=rows):
-        return _chained_residual(arena, rec, x_mid, h, z, slot_base, k, order, norm_topk_prob, shared, rows, down_vl,
-                                 given, kw)
     has, gated = shared is not None, shared is not None and shared[3] is not None
     units = ((kw.get("threads") or GATEUP_THREADS) // WARP) * (kw.get("upw") or GATEUP_UNITS_PER_WARP)
-    in_warps = warps and units % 16 == 0 and down_warps.applies(rec, k, rows)  # hws: whole words of h a block
+    in_warps = units % 16 == 0 and down_warps.applies(rec, k, rows)  # hws: whole words of h a block
     # the outputs the down step will not read: one buffer for them (launch's fold)
     unread = (("hid",) if in_warps else ("hpre", "hws")) + (() if has else ("sout",)) + (() if gated else ("sgate",))
-    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, unread=unread,
-               pack=PACK_EXPERT_STEP and in_warps, **kw)
+    g = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, unread=unread, pack=in_warps,
+               **kw)
     sout, sgate = (g.sout if has else None), (g.sgate if gated else None)
     if in_warps:
         return down_warps.down(arena, rec, x_mid, g.hpre, g.hws, g.sel, g.wsel, sout, sgate, rows=rows,
-                               denormals=kw.get("denormals"), vector_loads=down_vl)
+                               denormals=kw.get("denormals"))
     return down(arena, rec, x_mid, g.hid, g.sel, g.wsel, sout, sgate, threads=kw.get("threads", THREADS), rw=rw,
                 denormals=kw.get("denormals"))
-
-
-# A decoded layer's down step handed on unlaunched (`DeferredDown`, `routed_residual(defer=True)`):
-# the next layer's chained attention launch runs it as its first phase
-# (attend_project.qkv_attend_route), one launch a layer fewer (146 -> 99 a token at the seed
-# shape). Why: on the H200 hosts of the latest runs a token's host share (16-21 us of MLX's host
-# work a launch, 146 launches) was as large as its GPU time, and a launch boundary costs the GPU
-# ~3 us (benchmarks/graph_time.py). The down phase is moe_down_chained's (256 threads, its blocks
-# ranking z themselves), the same bits as moe_down_warps' launch (emulator and H200). Off: on the
-# H200 a token's graph took ~0.5 ms more with it (docs/perf.md; device_run.sh, stage 'launch_cuts').
-DEFER_DOWN = False
-
-# The expert step's two launches handing h on in one buffer: gate/up writes every output into its
-# folded buffer (one output instead of 5 with the unread ones folded) and the down step in warps
-# reads hpre, hws, sel and wsel (and the shared expert's partials and gate) from it (one input
-# instead of 4-6). Why: each output and input is MLX host work (kernels/folded_outputs.py: folding
-# the unread ones took the host's share of a decoded token down 16-20% on the H200); this takes
-# ~190 outputs and ~140 inputs more off a token at the seed shape. The same bits (emulator and
-# H200: tests/test_folded_outputs.py). On: on the H200 a token's host share went 2.37 -> 2.11 ms
-# and generate's pipelined loop 3.50 / 3.71 -> 3.30 / 3.28 ms (one process each, alternating);
-# peers.py's decode at 8, three processes a form alternating, median 2.81 -> 2.48 ms
-# (docs/perf.md; device_run.sh, stage 'packed'; form `unpacked` turns it off).
-PACK_EXPERT_STEP = True
-
-# output rows a deferred down block takes (moe_down_warps.ROWS: 8, 320 blocks at D 2560; 16: 160,
-# which leaves the chain's later blocks slots beside them at 2 blocks an SM)
-DEFER_ROWS = down_warps.ROWS
-
-# The attention's chained launch handing h and z on in its folded buffer: the router phase's h
-# and z are folded with the chain's intermediates (x_mid stays an array: the down step reads the
-# gate/up launch's buffer already) and the gate/up launch reads them as one input, `packed`. Why:
-# as PACK_EXPERT_STEP, each output and input is MLX host work: 2 outputs and 1 input a layer
-# fewer (96 and 48 a token at the seed shape). The same bits (emulator and GPU:
-# tests/test_folded_outputs.py). The caller asks for it (model.layer_forward, where the experts
-# run on the device and no ranking phase is chained); form `unhanded` turns it off.
-HAND_ON = True
-
-
-# A decoded token's top k ranked once, by the last phase of the attention's chained launch
-# (kernels/route_rank.py), and read by the expert launches' blocks (decode_routing.Ranking.GIVEN)
-# instead of each of them ranking z before its first load (~4 us of the gate/up launch's ~13 on
-# the H200 was that ranking's chain). The same bits (emulator and H200). Off: on the H200 gate/up
-# lost 3.3 us a layer but the attention launch gained more, 0.17 ms a token in the graph
-# (docs/perf.md; device_run.sh, stage 'launch_cuts').
-RANK_ONCE = False
-
-
-def ranks_once(rec: RecordLayout, k: int, tokens: int) -> bool:
-    """Whether the attention's launch ranks this layer's logits for `routed_residual` (RANK_ONCE,
-    one token, these records on the two launches' path, where chains run)."""
-    return RANK_ONCE and tokens == 1 and applies(rec, k) and phases.available()
-
-
-class DeferredDown(NamedTuple):
-    """A layer's output x_mid + its experts, as a launch not yet made: `spec` (its phase), run by
-    the next layer's chained attention launch, or alone by `run`."""
-
-    spec: LaunchSpec
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.spec.output_shapes[0])
-
-    def run(self) -> mx.array:
-        return run(self.spec)[0]
-
-
-def materialized(x) -> mx.array:
-    """x itself, or a `DeferredDown`'s output launched now."""
-    return x.run() if isinstance(x, DeferredDown) else x
-
-
-def defers_down(rec: RecordLayout, k: int, tokens: int) -> bool:
-    """Whether `routed_residual(defer=True)` hands its down step on here: DEFER_DOWN, one token,
-    the down step moe_down_warps' (whole words of h a gate/up block) in moe_down_chained's form at
-    the gate/up blocks' threads, on a path that runs chains."""
-    units = (GATEUP_THREADS // WARP) * GATEUP_UNITS_PER_WARP
-    return (DEFER_DOWN and tokens == 1 and DOWN_WARPS and units % 16 == 0 and applies(rec, k)
-            and moe_down_chained.applies(rec, k, DEFER_ROWS, GATEUP_THREADS) and phases.available())
-
-
-def chains_experts(rec: RecordLayout, k: int, tokens: int, *, threads: int | None = None, upw: int | None = None,
-                   warps: bool | None = None, rows: int | None = None) -> bool:
-    """Whether `routed_residual` runs its two launches as one here: CHAIN_EXPERTS on a path that
-    runs chains (phases.available), one token, and the down step moe_down_warps' (DOWN_WARPS or
-    `warps`, whole words of h a gate/up block, its `applies` at the gate/up blocks' threads). The
-    shared expert (its blocks in the gate/up phase) rides along either way."""
-    threads, upw = threads or GATEUP_THREADS, upw or GATEUP_UNITS_PER_WARP
-    warps = DOWN_WARPS if warps is None else warps
-    rows = down_warps.ROWS if rows is None else rows
-    return (CHAIN_EXPERTS and tokens == 1 and bool(warps) and ((threads // WARP) * upw) % 16 == 0
-            and applies(rec, k, threads, upw) and moe_down_chained.applies(rec, k, rows, threads)
-            and phases.available())
-
-
-def _chained_residual(arena: mx.array, rec: RecordLayout, x_mid: mx.array, h: mx.array, z: mx.array, slot_base: int,
-                      k: int, order: RoutingOrder, norm_topk_prob: bool, shared, rows: int, vector_loads: bool | None,
-                      given: mx.array | None, kw: dict) -> mx.array:
-    """`routed_residual`'s two launches (the gate/up launch, moe_down_warps' down step) as one:
-    the gate/up blocks, then moe_down_chained's down blocks, which wait for them where they first
-    read h. The same outputs bit for bit. Counters: a site a layer (the arena and the layer's slot base)."""
-    gateup_spec = gateup(arena, rec, h, z, slot_base, k, order, norm_topk_prob, shared=shared, given=given, spec=True,
-                         **kw)
-    down_spec = moe_down_chained.down_phase(gateup_spec, rec, x_mid, k, rows=rows, vector_loads=vector_loads)
-    links = {c: (0, GATEUP_SOURCE.outputs.index(o)) for c, o in moe_down_chained.FROM_GATEUP.items()}
-    return phases.chain_all((gateup_spec, down_spec), ({}, links), key=arena, use=f"experts@{slot_base}",
-                            waits=(0, moe_down_chained.WAIT_AT))[-1]

@@ -40,16 +40,13 @@ from strata.mlx_backend.kernels.source import KernelSource
 
 ROWS = 8  # output rows a block: 320 blocks at D = 2560 (2.4 an H200 SM), 4 lanes a row
 MAX_K = 32  # a warp an expert: at most 1024 threads a block
-# a lane's codes as 8-byte loads of a Q2_0 block's two words (5 pairs a lane at F = 576, one lane
-# in two taking one fewer) instead of 9 single words: 10 loads a lane instead of 18
-VECTOR_LOADS = False
+# A lane's codes as single words (8-byte loads of a Q2_0 block's two words did not beat them on
+# the H200: docs/perf.md)
 
 BODY = r"""
   constexpr int WF = F / 16;                  // words of one expert's down row
   constexpr int LPR = 32 / RB;                // lanes a row
-  constexpr int NPAIR = WF / 2;               // 8-byte pairs of words (one Q2_0 block each) a row
-  constexpr int PPN = (NPAIR + LPR - 1) / LPR;  // VL: pairs a lane
-  constexpr int WPN = VL ? 2 * PPN : (WF + LPR - 1) / LPR;  // words a lane
+  constexpr int WPN = (WF + LPR - 1) / LPR;   // words a lane
   constexpr int SPW = NSB > 0 ? (NSB + K - 1) / K : 1;  // shared partials a warp's row thread adds
   SHARED float part_r[K * RB];                // warp i's rows, times w_i
   SHARED float part_s[K * RB];                // the shared partials' sums, by warp
@@ -62,23 +59,11 @@ BODY = r"""
   half_t sc[WPN];
   const DEVICE uint32_t* qrow = (const DEVICE uint32_t*)(rec + DC + (uint64_t)d * (F / 4));
   const DEVICE half_t* srow = (const DEVICE half_t*)(rec + DS) + (uint64_t)d * (F / 32);
-  if (VL) {                                   // a block's two words in one 8-byte load (rows 8-byte aligned)
-    UNROLL for (int j = 0; j < PPN; ++j) {
-      const int pr = (int)piece + LPR * j;
-      const int pc = pr < NPAIR ? pr : NPAIR - 1;
-      const uint2 v = *(const DEVICE uint2*)(qrow + 2 * pc);
-      q[2 * j] = v.x;
-      q[2 * j + 1] = v.y;
-      sc[2 * j] = srow[pc];
-      sc[2 * j + 1] = sc[2 * j];
-    }
-  } else {
-    UNROLL for (int j = 0; j < WPN; ++j) {
-      const int w = (int)piece + LPR * j;
-      const int wc = w < WF ? w : WF - 1;     // past the row: its last word again (unused; no branch)
-      q[j] = qrow[wc];
-      sc[j] = srow[wc >> 1];
-    }
+  UNROLL for (int j = 0; j < WPN; ++j) {
+    const int w = (int)piece + LPR * j;
+    const int wc = w < WF ? w : WF - 1;       // past the row: its last word again (unused; no branch)
+    q[j] = qrow[wc];
+    sc[j] = srow[wc >> 1];
   }
   float sp[SPW];
   UNROLL for (int j = 0; j < SPW; ++j) {
@@ -89,7 +74,7 @@ BODY = r"""
   const DEVICE float* hs = hws + ((uint64_t)t * K + i) * WF;
   float acc = 0.0f;
   UNROLL for (int j = 0; j < WPN; ++j) {
-    const int w = VL ? 2 * ((int)piece + LPR * (j / 2)) + j % 2 : (int)piece + LPR * j;
+    const int w = (int)piece + LPR * j;
     if (w < WF) {
       float hv[16];
       UNROLL for (int v = 0; v < 16; v += 4) {
@@ -139,11 +124,10 @@ def applies(rec: RecordLayout, k: int, rows: int = ROWS) -> bool:
 
 def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hws: mx.array, sel: mx.array,
          wsel: mx.array, sout: mx.array | None = None, sgate: mx.array | None = None, *, rows: int = ROWS,
-         denormals: bool | None = None, vector_loads: bool | None = None) -> mx.array:
+         denormals: bool | None = None) -> mx.array:
     """Kernel path: x_mid + (sum_i wsel_i down_i . h_i + sgate * sum of the shared partials), h as
     `moe_decode.GateUp` gives it (hpre, hws). sout None: no shared expert; sgate None: ungated.
-    denormals: the code form hpre was scaled for (default moe.subnormal_codes()); vector_loads: a
-    Q2_0 block's two words in one 8-byte load (default VECTOR_LOADS; sums in another order).
+    denormals: the code form hpre was scaled for (default moe.subnormal_codes()).
 
     Shapes:
         x_mid float32 [T, D], hpre float32 [T, k, F], hws float32 [T, k, F / 16], sel int32 [T, k],
@@ -157,9 +141,8 @@ def down(arena: mx.array, rec: RecordLayout, x_mid: mx.array, hpre: mx.array, hw
     none = absent(np.float32)
     template = (("D", rec.hidden), ("F", f), ("SLOT", rec.padded_bytes), ("DC", rec.codes("down").offset),
                 ("DS", rec.scales("down").offset), ("K", k), ("RB", rows), ("DN", int(dn)), ("NSB", nsb),
-                ("GATED", int(sgate is not None and nsb > 0)),
-                ("VL", int(VECTOR_LOADS if vector_loads is None else vector_loads)))
-    # hpre .. sgate may be folded_outputs.Region of the gate/up launch's buffer (moe_decode.PACK_EXPERT_STEP)
+                ("GATED", int(sgate is not None and nsb > 0)))
+    # hpre .. sgate may be folded_outputs.Region of the gate/up launch's buffer (moe_decode.routed_residual)
     return run(LaunchSpec(SOURCE, (arena, as_f32(x_mid), hpre, hws, sel, wsel, none if sout is None else sout,
                                    none if sgate is None else sgate), ((t, rec.hidden),), (mx.float32,),
                           (rec.hidden // rows, t, 1), WARP * k, template))[0]

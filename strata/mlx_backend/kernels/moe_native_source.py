@@ -123,7 +123,7 @@ COMMON = r"""
   BARRIER();
   float ga[RPW], ua[RPW];
   UNROLL for (int rr = 0; rr < RPW; ++rr) { ga[rr] = 0.0f; ua[rr] = 0.0f; }
-  // ULS: the lane steps unrolled or a loop. The loop is the default (`unroll_steps`): by ncu's GPU
+  // ULS: the lane steps unrolled or a loop. The loop is the default (moe_native.py): by ncu's GPU
   // time on the H200 it beat the unrolled body for 4-bit affine (FC = 64) and MXFP4 (FC = 32)
   if (ULS) {
     UNROLL for (int i = 0; i < WPL; ++i) {

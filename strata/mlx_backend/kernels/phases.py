@@ -2,7 +2,7 @@
 so on: a chain of phases, each reading earlier phases' outputs).
 
 Why: on the H200 (MLX 0.32.4) a decoded token is host-bound: each custom-kernel launch costs the
-host ~15 us (MLX's compiled replay and its evaluation: benchmarks/host_cost.py), 242 a token at
+host ~15 us (MLX's compiled replay and its evaluation), 242 a token at
 the seed shape, against ~10 us of GPU time for most of them. A chain of two launches whose second
 reads the first's whole output (the QKV GEMV, then attention with its output projection) needs a
 grid-wide dependency, which one launch can hold without a grid barrier:
@@ -25,9 +25,6 @@ grid-wide dependency, which one launch can hold without a grid barrier:
   snippet (`custom_waits`) that waits on one of them: kernels/qkv_groups.py counts a KV group's
   QKV rows so an attention block waits for its group alone, not for the whole GEMV.
 
-A chain's timeline (`stamping`): every block of a chain launched inside it also writes when it
-took its ticket, when its wait was met and when its body ended (benchmarks/chain_timeline.py).
-
 Bodies run unchanged inside a scope each, with their block index, inputs, outputs and template
 values as local aliases (the fused kernel's arguments are prefixed a_, b_, c_ ..., its template
 values A_, B_, ...). A body may not `return` (the block would skip its count). CUDA and the
@@ -41,20 +38,19 @@ unmet one is an error there, not a hang).
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernels.folded_outputs import Shaped, folded_launch
-from strata.mlx_backend.kernels.launch import KernelPath, current_path, gpu_dialect, launch
-from strata.mlx_backend.kernels.preludes import Dialect
+from strata.mlx_backend.kernels.launch import launch
 from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE, KernelSource
 
 __all__ = ["ChainStamps", "Pending", "LaunchSpec", "available", "chain", "chain_all", "chain_source", "chain_sources",
-           "counters", "run", "stamping"]
+           "counters", "run"]
 
 
 @dataclass(frozen=True)
@@ -78,18 +74,16 @@ class LaunchSpec:
 
 
 def run(spec: LaunchSpec) -> list:
-    """Launch one spec (inside `stamping`, where it can: its stamped build, `stamped_single`)."""
-    if _stamping is not None and spec.blocks[1:] == (1, 1) and available():
-        return _run_stamped(spec)
+    """Launch one spec."""
     return folded_launch(launch, spec.src, list(spec.inputs), list(spec.output_shapes), list(spec.output_dtypes),
                          blocks=spec.blocks, threads=spec.threads, template=spec.template, fold=spec.fold,
                          regions=spec.regions)
 
 
 def available() -> bool:
-    """Whether one-launch chains run on the current path: the emulator, or MLX's CUDA build."""
-    path = current_path()
-    return path is KernelPath.EMULATED or (path is KernelPath.GPU and gpu_dialect() is Dialect.CUDA)
+    """Whether one-launch chains run here: the kernel plan's `chained_launches` (the emulator and
+    MLX's CUDA build can; Metal cannot)."""
+    return kernel_plan.current().chained_launches
 
 
 _TICKET = r"""
@@ -125,45 +119,9 @@ def _reset(n: int, extra: int) -> str:  # the last of the launch's blocks to lea
     fence_device();
   }}
 """
-# a chain's timeline (`stamping`): thread 0 of each block writes, at its ticket's slot, when it took
-# the ticket, when its wait was met (its ticket's time where it waits for nothing) and when its body
-# ended (before its count), on the GPU's global clock (shared by the SMs, coarse on some GPUs) and
-# as cycles of its SM's own clock after the ticket (exact), and its SM
-# ... and, at up to MAX_MARKS places in a phase's body (`stamping(marks=...)`), thread 0's cycles
-# after its ticket as it first passes each (0: not passed)
-MAX_MARKS = 8
-STAMP_WORDS = 6 + MAX_MARKS
-_STAMPS_AT = r"""
-  uint32_t* const chain_stamps = (uint32_t*)stamps;
-  const uint32_t chain_t0 = clock_ns(), chain_c0 = clock_cycles();
-  uint32_t chain_t1 = chain_t0, chain_c1 = chain_c0;
-"""
-_STAMP_WAITED = "  chain_t1 = clock_ns(); chain_c1 = clock_cycles();\n"
-_STAMP = f"""
-  if (tid == 0) {{
-    uint32_t* const s = chain_stamps + {STAMP_WORDS}u * chain_vb;
-    s[0] = chain_t0; s[1] = chain_t1; s[2] = clock_ns();
-    s[3] = chain_c1 - chain_c0; s[4] = clock_cycles() - chain_c0; s[5] = sm_id();
-  }}
-"""
 MAX_PHASES = MIN_INPUT_SIZE - 1  # the counters: a ticket, a count per phase but the last, the exits
 
 _sources: dict[tuple, KernelSource] = {}
-
-
-def _marked(body: str, anchors: Sequence[str], name: str) -> str:
-    """body with thread 0's cycles after its ticket stamped before each anchor (mark k into word
-    6 + k of its stamps) the first time it passes there (an anchor in a loop: its first pass)."""
-    if len(anchors) > MAX_MARKS:
-        raise ValueError(f"chain: at most {MAX_MARKS} marks a phase, got {len(anchors)} for {name}")
-    for k, anchor in enumerate(anchors):
-        if body.count(anchor) != 1:
-            raise ValueError(f"chain: a mark's text is in {name}'s body {body.count(anchor)} times, not once: "
-                             f"{anchor.strip()[:60]!r}")
-        at = body.index(anchor)
-        word = f"chain_stamps[{STAMP_WORDS}u * chain_vb + {6 + k}u]"
-        body = body[:at] + f"  if (tid == 0 && {word} == 0u) {word} = clock_cycles() - chain_c0;\n" + body[at:]
-    return body
 
 
 def _prefix(i: int) -> str:
@@ -184,22 +142,18 @@ def _start(i: int) -> str:
 
 def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str, int, str], ...]],
                   templates: Sequence[Sequence[tuple[str, int]]], waits: Sequence[int],
-                  custom_waits: Sequence[str | None] = (), extra: int = 0, stamps: bool = False,
-                  marks: Sequence[Sequence[str]] = ()) -> KernelSource:
+                  custom_waits: Sequence[str | None] = (), extra: int = 0) -> KernelSource:
     """The one-launch body of phases srcs[0], srcs[1], ... in that order. links[i]: (input of
     phase i, earlier phase j, output of phase j) triples, phase i reading that output for that
     input; waits[i]: the offset in phase i's body where it first needs them (0: at its start;
     phase 0 waits for nothing). Phase i waits for phase i - 1's count only: that phase's blocks
     counted after their own wait, so every earlier phase is done too. custom_waits[i], where
     given and not None, is phase i's wait instead (it must hold the same promise: every output
-    it reads written); extra: counters the bodies count into themselves (`chain_extra`); stamps:
-    the timeline's stamps written into a second input (`stamping`); marks[i] (with stamps): texts
-    of phase i's body (each there once, its wait inserted), before each of which thread 0 stamps
-    its cycles."""
+    it reads written); extra: counters the bodies count into themselves (`chain_extra`)."""
     n = len(srcs)
     custom_waits = tuple(custom_waits) + (None,) * (n - len(custom_waits))
     key = (tuple(srcs), tuple(links), tuple(tuple(k for k, _ in t) for t in templates), tuple(waits), custom_waits,
-           extra, stamps, tuple(tuple(m) for m in marks))
+           extra)
     hit = _sources.get(key)
     if hit is not None:
         return hit
@@ -209,9 +163,6 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         if re.search(r"\breturn\b", src.body):
             raise ValueError(f"chain: {src.name}'s body returns (a block would skip its count)")
     inputs, outputs, text = ["counters"], [], _TICKET
-    if stamps:
-        inputs.append("stamps")
-        text += _STAMPS_AT
     if extra:
         text += f"  uint32_t* const chain_extra = chain_ctr + {n + 1};\n"
     for i, src in enumerate(srcs):
@@ -225,17 +176,13 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
         outputs += [pre + o for o in src.outputs]
         body = src.body
         if i > 0:
-            body = body[:waits[i]] + (custom_waits[i] or _wait(i)) + (_STAMP_WAITED if stamps else "") + body[waits[i]:]
-        if stamps and i < len(marks):
-            body = _marked(body, marks[i], src.name)
+            body = body[:waits[i]] + (custom_waits[i] or _wait(i)) + body[waits[i]:]
         last = i == n - 1
         text += (("  if" if i == 0 else "  } else if") + f" (chain_vb < (uint32_t)CHAIN_S{i + 1}) {{\n" if not last
                  else "  } else {\n")
         text += (f"    const uint32_t bx = chain_vb - {_start(i)};\n" + _aliases(free + list(src.outputs), pre)
                  + "".join(f"    const auto {c} = {_prefix(j)}{o};\n" for c, (j, o) in linked.items())
                  + _consts(templates[i], pre.upper()) + "    {\n" + body + "\n    }\n")
-        if stamps:
-            text += _STAMP
         if not last:
             text += _done(i)
     text += "  }\n" + _reset(n, extra)
@@ -243,7 +190,7 @@ def chain_sources(srcs: Sequence[KernelSource], links: Sequence[tuple[tuple[str,
     for src in srcs:
         if src.helpers not in helpers:
             helpers += src.helpers
-    name = "strata_chain_" + "_".join(src.name.removeprefix("strata_") for src in srcs) + ("_stamped" if stamps else "")
+    name = "strata_chain_" + "_".join(src.name.removeprefix("strata_") for src in srcs)
     src = KernelSource(name, tuple(inputs), tuple(outputs), text, helpers, metal=False)
     _sources[key] = src
     return src
@@ -283,68 +230,6 @@ def counters(key: mx.array, use: str = "chain", n: int = MIN_INPUT_SIZE) -> mx.a
 _single: dict[tuple, KernelSource] = {}
 
 
-def stamped_single(src: KernelSource, marks: Sequence[str] = ()) -> KernelSource:
-    """One kernel's stamped build for the timeline (`stamping`): its blocks take tickets as a
-    chain's do (a block runs as block `ticket`: its blocks are independent, so any order is the
-    same launch) and write their stamps; its wait is its start. One row of blocks."""
-    key = (src, tuple(marks))
-    hit = _single.get(key)
-    if hit is None:
-        if re.search(r"\breturn\b", src.body):
-            raise ValueError(f"stamping: {src.name}'s body returns (a block would skip its stamps and count)")
-        body = _marked(src.body, marks, src.name) if marks else src.body
-        text = (_TICKET + _STAMPS_AT + "  {\n    const uint32_t bx = chain_vb;\n    {\n" + body + "\n    }\n  }\n"
-                + _STAMP + _reset(1, 0))
-        hit = _single[key] = KernelSource(src.name + "_stamped", ("counters", "stamps") + tuple(src.inputs),
-                                          src.outputs, text, src.helpers, metal=False)
-    return hit
-
-
-def _run_stamped(spec: LaunchSpec) -> list:
-    src = stamped_single(spec.src, _marks.get(spec.src.name, ()))
-    n = spec.blocks[0]
-    stamp = mx.array(np.zeros((n, STAMP_WORDS), np.uint32))
-    _stamping.append(ChainStamps(stamp, (0, n), (spec.src.name,)))
-    ctr = counters(stamp, "stamped " + spec.src.name)  # keyed by this launch's own stamps: never shared
-    return folded_launch(launch, src, [ctr, stamp] + list(spec.inputs), list(spec.output_shapes),
-                         list(spec.output_dtypes), blocks=spec.blocks, threads=spec.threads,
-                         template=tuple(spec.template) + (("CHAIN_NTOT", n),), fold=spec.fold, regions=spec.regions)
-
-
-@dataclass(frozen=True)
-class ChainStamps:
-    """One chain launch's timeline: stamps uint32 [blocks, STAMP_WORDS] (per ticket: the ticket
-    taken, the wait met, the body ended, in the GPU's global ns (low 32 bits; the emulator counts
-    stamps); the wait met and the end in cycles of the block's SM after its ticket; the SM; the
-    marks' cycles after the ticket, 0 where thread 0 did not pass one), read after the launch is
-    evaluated; starts: each phase's first ticket and the total; phases: the phases' kernel names."""
-
-    stamps: mx.array
-    starts: tuple[int, ...]
-    phases: tuple[str, ...]
-
-
-_stamping: list[ChainStamps] | None = None
-_marks: dict[str, tuple[str, ...]] = {}
-
-
-@contextmanager
-def stamping(marks: dict[str, Sequence[str]] | None = None):
-    """While active, every chain launch (and every one-row launch through `run`: the expert
-    step's) also writes its blocks' timeline, appended in launch order to the list this yields as
-    a `ChainStamps` (benchmarks/chain_timeline.py: where a chain's time goes).
-    marks: by phase kernel name, texts of its body before which thread 0 stamps its cycles (the
-    marks' words of the stamps, in that order). The stamped chains are their own builds; outputs
-    are unchanged."""
-    global _stamping, _marks
-    prev, _stamping = (_stamping, _marks), []
-    _marks = {k: tuple(v) for k, v in (marks or {}).items()}
-    try:
-        yield _stamping
-    finally:
-        _stamping, _marks = prev
-
-
 def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, int]]], *, key: mx.array,
               waits: Sequence[int] | None = None, use: str = "chain", custom_waits: Sequence[str | None] = (),
               extra: int = 0, keep: Sequence[int] | None = None, regions: bool = False) -> list:
@@ -379,19 +264,13 @@ def chain_all(specs: Sequence[LaunchSpec], links: Sequence[dict[str, tuple[int, 
             if not isinstance(got, Pending) or (tuple(got.shape), got.dtype) != want:
                 raise ValueError(f"chain: {s.src.name}'s {c} must be a Pending {want}, got {got!r}")
         named.append(tuple((c, j, specs[j].src.outputs[o]) for c, (j, o) in ln.items()))
-    stamps = _stamping is not None
-    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra, stamps,
-                        [_marks.get(s.src.name, ()) for s in specs] if stamps else ())
+    src = chain_sources([s.src for s in specs], named, [s.template for s in specs], waits, custom_waits, extra)
     template, inputs, starts = [], [counters(key, use, len(specs) + 1 + extra)], [0]
     for i, (s, ln) in enumerate(zip(specs, links)):
         template += [(_prefix(i).upper() + k, v) for k, v in s.template]
         inputs += [a for n, a in zip(s.src.inputs, s.inputs) if n not in ln]
         starts.append(starts[-1] + s.blocks[0])
     template += [(f"CHAIN_S{i}", starts[i]) for i in range(1, len(specs))] + [("CHAIN_NTOT", starts[-1])]
-    if stamps:
-        stamp = mx.array(np.zeros((starts[-1], STAMP_WORDS), np.uint32))
-        inputs.insert(1, stamp)
-        _stamping.append(ChainStamps(stamp, tuple(starts), tuple(s.src.name for s in specs)))
     shapes = [sh for s in specs for sh in s.output_shapes]
     kept = set(range(len(shapes)) if keep is None else keep)
     fold = tuple(i for i in range(len(shapes)) if i not in kept)

@@ -274,10 +274,6 @@ INLINE void wait_count(const uint32_t* p, uint32_t n) {
 }
 // a value another block of this launch wrote (and fenced): read from L2, past this SM's L1
 INLINE float load_coherent(const float* p) { return __ldcg(p); }
-// the GPU's global clock (ns, its low 32 bits) and this block's SM: a chain's timeline (phases.stamping)
-INLINE uint32_t clock_ns() { uint64_t t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return (uint32_t)t; }
-INLINE uint32_t sm_id() { uint32_t s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }
-INLINE uint32_t clock_cycles() { uint32_t c; asm volatile("mov.u32 %0, %%clock;" : "=r"(c)); return c; }  // this SM's own
 // fma.rn.f32 without .ftz: subnormal operands and results kept even under -ftz / fast math
 INLINE float fma_keep(float a, float b, float c) { float d; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c)); return d; }
 INLINE float exp_f(float x) { return expf(x); }
@@ -434,10 +430,6 @@ INLINE uint32_t atomic_add_u32(uint32_t* p, uint32_t v) { const uint32_t o = *p;
 INLINE void fence_device() {}
 INLINE void wait_count(const uint32_t* p, uint32_t n) { if (*p < n) strata_emu::sched_fail(4); }
 INLINE float load_coherent(const float* p) { return *p; }
-// blocks run one after another: the clock counts the stamps taken, one SM
-INLINE uint32_t clock_ns() { static uint32_t t = 0; return ++t; }
-INLINE uint32_t sm_id() { return 0u; }
-INLINE uint32_t clock_cycles() { return clock_ns(); }
 INLINE float fma_keep(float a, float b, float c) { return std::fma(a, b, c); }
 INLINE float exp_f(float x) { return std::exp(x); }
 INLINE float sqrt_f(float x) { return std::sqrt(x); }

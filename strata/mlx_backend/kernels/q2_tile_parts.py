@@ -1,17 +1,17 @@
-"""Text the Q2_0 tile kernel's bodies share (kernels/q2_tiles.py ROWS, q2_tiles_cols.py COLS,
-q2_tiles_breg.py BREG and its variants), so a fix to one piece reaches every body that takes it.
+"""Text the Q2_0 tile kernel's bodies share (kernels/q2_tiles_cols.py COLS,
+q2_tiles_breg.py BREG), so a fix to one piece reaches every body that takes it.
 Each is a run of statements inside the bodies' k loop or around it, in the bodies' own names
 (tid, lane, warp_id, bx, by; the template constants BM, BN, BK, P, C, R, RA, LD, FPT, TPP, WN, NJ,
 MI; as32, av, acc, xok, xp, kend, g, t; B_WORDS the loop's it, r, half, unit, in_a, bq, bd;
-SCATTER_STORE the store's v0, v1, col, out), and each body's tests hold its bits to the first body's.
+SCATTER_STORE the store's v0, v1, col, out), and the tests hold the bodies' bits to one another.
 A piece starts at its first line's indent and ends without its last newline: a body writes it
 between two lines of its own.
 
 - WARP_GEOMETRY: the k-step's pairs and floats a thread, and a warp's columns and tiles (COLS, BREG);
 - B_WORDS: a thread's B item of a k-step, the record's code word and scale, zeros past the rows
-  (ROWS, COLS);
-- SCATTER_STORE: two accumulators to y, times the routing weight where the rows scatter (ROWS, and
-  WARP_TILE_STORE below);
+  (COLS);
+- SCATTER_STORE: two accumulators to y, times the routing weight where the rows scatter
+  (WARP_TILE_STORE below);
 - TILE_SETUP: the block's tile (expert, first sorted pair, pairs), this thread's pair of x and its
   FPT floats a k-step, bank-conflict-free by a swap of two bits of tid / TPP (COLS, BREG);
 - A_TERMS: that thread's floats of the last k-step as two float16 terms' rows of A (COLS, BREG);

@@ -1,4 +1,4 @@
-"""The Q2_0 tile kernel's third body (TileForm.BREG of kernels/q2_tiles.py): COLS
+"""A Q2_0 tile kernel body (TileForm.BREG of kernels/q2_tiles.py): COLS
 (kernels/q2_tiles_cols.py: a warp 64 rows x BN / 4 columns) with B's fragments built in registers
 straight from the record's words instead of through shared memory. In COLS a warp's columns are
 read by that warp only, so staging them costs shared traffic for no reuse: per block and k-step
@@ -6,7 +6,7 @@ of 32 (128 mma) B's 64 store wavefronts and 64 ldmatrix wavefronts go, leaving A
 128 loads (1.25 a mma instead of 2.25). The global words are the same (each row's two words of a
 k-step and its scale, now an 8-byte load a lane, the 4 lanes of a column reading the same bytes);
 the dequantization is the same byte permute, lane t taking nibbles t and t + 4 of each word (its
-fragment's k = 2t, 2t + 1 and 2t + 8, 2t + 9), so the same bits as ROWS and COLS.
+fragment's k = 2t, 2t + 1 and 2t + 8, 2t + 9), so the same bits as COLS.
 
 The emulator and Metal multiply through `mma_16816_ar` over the lanes' published registers (a
 [NT, 16] word SHARED array: their dot products need other lanes' B); CUDA passes the registers
@@ -16,8 +16,6 @@ Shapes: as kernels/q2_tiles.py.
 """
 
 from __future__ import annotations
-
-import re
 
 from strata.mlx_backend.kernels import q2_tile_parts
 from strata.mlx_backend.kernels.source import KernelSource
@@ -99,42 +97,3 @@ _BODY = r"""
 
 SOURCE = KernelSource("strata_q2_tiles_breg", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
                       _BODY.replace("@STAGES@", "1"))
-# BREG2: two A stages, one barrier a k-step instead of two (10 KB of shared memory a block)
-SOURCE_2 = KernelSource("strata_q2_tiles_breg2", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
-                        _BODY.replace("@STAGES@", "2"))
-
-
-def _deep(body: str) -> str:
-    """BREG's k loop with the global loads two k-steps ahead: two register sets (x floats, record
-    words, scales) taking turns, the loop unrolled by two so each set keeps its registers (an
-    indexed set would live in local memory). Store, load and multiply are BREG's own text; each
-    accumulator still takes its mma in k order (the same bits)."""
-    loop = body.index("  for (uint32_t k0 = 0; k0 <= kend; k0 += BK) {\n")
-    end = body.index("  // P == 2: row g + 1")
-    head, inner, tail = body[:loop], body[loop:end], body[end:]
-    marks = ["    if (k0 > 0) {  // registers", "    if (k0 < kend) {  // issue", "    if (k0 > 0) {  // multiply"]
-    at = [inner.index(m) for m in marks] + [inner.rindex("  }\n")]
-    pre = inner[inner.index("\n") + 1:at[0]]  # the stage's pointers
-    store, load, mult = (inner[at[i]:at[i + 1]] for i in range(3))
-    block = lambda text: text[text.index("\n") + 1:text.rindex("    }\n")]  # noqa: E731  the branch's body
-
-    def regs(text: str, s: int) -> str:
-        return re.sub(r"\b(av|bq|bd)\b", r"\1_1", text) if s else text
-
-    def step(s: int, kc: str) -> str:
-        stage = f"    const uint32_t k0 = {kc} + (uint32_t)BK;  // BREG's k0 when it stores k-step {kc}\n"
-        return ("  {\n" + stage + pre
-                + regs(block(store), s) + "    {\n      const uint32_t k0 = " + kc + " + 2u * (uint32_t)BK;\n"
-                + "      if (k0 < kend) {\n" + regs(block(load), s) + "      }\n    }\n" + block(mult) + "  }\n")
-
-    prologue = "".join("  {\n    const uint32_t k0 = " + k + ";\n    if (k0 < kend) {\n" + regs(block(load), s)
-                       + "    }\n  }\n" for s, k in ((0, "0u"), (1, "(uint32_t)BK")))
-    decl = "  f4 av_1[FPT / 4];\n  uint32_t bq_1[NJ][2], bd_1[NJ];  // the second register set\n"
-    loop2 = ("  for (uint32_t ks = 0; ks < kend; ks += 2u * (uint32_t)BK) {\n" + step(0, "ks")
-             + "  if (ks + (uint32_t)BK < kend) {\n" + step(1, "(ks + (uint32_t)BK)") + "  }\n  }\n")
-    return head + decl + prologue + loop2 + tail
-
-
-# BREG_DEEP: BREG with its loads two k-steps ahead (one A stage, two barriers a k-step)
-SOURCE_DEEP = KernelSource("strata_q2_tiles_bregdeep", ("x", "src", "dst", "wts", "tiles", "arena"), ("y",),
-                           _deep(_BODY.replace("@STAGES@", "1")))

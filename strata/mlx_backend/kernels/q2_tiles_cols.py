@@ -1,6 +1,7 @@
-"""The Q2_0 tile kernel's second body (TileForm.COLS of kernels/q2_tiles.py): the same tiles, the
-same inputs, template and launch, the same products bit for bit; what it changes is the
-shared-memory traffic per `mma`, which ncu measured as the first form's wall (H200, 2048-token
+"""A Q2_0 tile kernel body (TileForm.COLS of kernels/q2_tiles.py; the down step's): the same tiles,
+inputs, template and launch as the other, the same products bit for bit. Against the first form,
+ROWS (deleted: at the tag lab-before-kernel-plan), it cuts the shared-memory traffic per `mma`,
+which ncu measured as that form's wall (H200, 2048-token
 prompt layer: L1/TEX throughput 92%, tensor pipe far from busy, 124 registers and 31.7 KB of
 shared memory a block: 25% occupancy).
 

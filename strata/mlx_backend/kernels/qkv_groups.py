@@ -1,5 +1,5 @@
 """The decode QKV GEMV walked KV group by KV group, as the first phase of the chained attention
-launch (kernels/attend_project.py, `QKV_BY_GROUP`): an attention block waits for its own group's
+launch (kernels/attend_project.py, `walks_by_group`): an attention block waits for its own group's
 rows only, so the attention of the first groups runs while the GEMV still reads the last ones.
 
 A KV group's rows of the QKV projection are its G query heads, its key head, its value head and
@@ -107,24 +107,18 @@ BODY = expand(BODY, STAGE_X=dense_kernel.STAGE_X)
 
 SOURCE = KernelSource("strata_qkv_groups", ("w", "x", "norm_w", "bias", "fparams"), ("y",), BODY, HELPERS,
                       metal=False)
-# where the walk first reads x (a chain that makes x in an earlier phase waits here): group 0's
-# row loads are issued before it
-WAIT_AT = BODY.index("  float ss = 0.0f;\n")
-
-
-def attend_wait(walk: int, group: str = "(bx / NRC) / (H / KVH)") -> str:
-    """An attention block's wait (where its body first reads qkv) when the walk is phase `walk` of
-    the chain: for the count of its KV group, `group` (an expression of the body; by default
+def attend_wait(group: str = "(bx / NRC) / (H / KVH)") -> str:
+    """An attention block's wait (where its body first reads qkv), the walk being the chain's
+    first phase: for the count of its KV group, `group` (an expression of the body; by default
     kernels/attend_project.py's: its head h = bx / NRC is in group h / G), to reach the walk's
     blocks."""
-    blocks = "CHAIN_S1" if walk == 0 else f"(CHAIN_S{walk + 1} - CHAIN_S{walk})"
     return f"""
-  if (tid == 0) wait_count(chain_extra + {group}, (uint32_t){blocks});
+  if (tid == 0) wait_count(chain_extra + {group}, (uint32_t)CHAIN_S1);
   BARRIER();
 """
 
 
-ATTEND_WAIT = attend_wait(0)
+ATTEND_WAIT = attend_wait()
 
 
 def blocks(n_heads: int, n_kv_heads: int, head_dim: int, gated: bool) -> int:

@@ -20,7 +20,6 @@ Rules every body keeps (they make the dialects agree):
 
 from __future__ import annotations
 
-import os
 import re
 import textwrap
 from dataclasses import dataclass
@@ -96,8 +95,7 @@ def compact(text: str) -> str:
     Why: MLX's CUDA build hashes a custom kernel's whole source (`std::hash` in
     CustomKernel::eval_gpu, to name its JIT module) on every evaluation, compiled replays
     included, and rewrites it on every call it builds; a decoded token evaluates ~48 KB of our
-    sources per layer (the expert kernel alone ~15 KB). benchmarks/dispatch.py measures what a
-    source's size costs."""
+    sources per layer (the expert kernel alone ~15 KB)."""
     out = []
     for line in text.splitlines():
         parts = line.split('"')  # even indices: outside string literals (no escaped quotes in ours)
@@ -124,13 +122,7 @@ def mlx_source(src: KernelSource, dialect: Dialect) -> tuple[str, str]:
     if dialect is Dialect.EMU:
         return header, body
     header, body = compact(header), compact(body)
-    return (used_only(header, body) if dialect is Dialect.CUDA and USED_ONLY else header), body
-
-
-# CUDA headers trimmed to what each body reaches (used_only). Read once, at import: MLX builds each
-# kernel object once a process, so the A/B (benchmarks/host_cost.py) runs the whole prelude in a
-# child process with STRATA_CUDA_FULL_PRELUDE=1.
-USED_ONLY = os.environ.get("STRATA_CUDA_FULL_PRELUDE", "") != "1"
+    return (used_only(header, body) if dialect is Dialect.CUDA else header), body
 
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
