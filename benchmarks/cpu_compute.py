@@ -1,5 +1,5 @@
 """Decode on the CPU: numpy's float32 products against the compiled kernels (Config.cpu_kernels,
-docs/cpu.md), on one made Q8_0 model (experts and dense Q8_0), in one process.
+docs/cpu.md), on one made model (dense Q8_0, experts Q8_0 or --expert-type), in one process.
 
 The model is Qwen3-MoE's layer kind (attention with per-head q/k norms, softmax-top-k routing,
 SwiGLU experts, no shared expert) at a width this machine decodes in seconds; --hidden, --ffn,
@@ -12,6 +12,7 @@ greedy tokens are the same and the largest logit difference relative to the logi
     python benchmarks/cpu_compute.py                       # D 1024, F 512, 4 layers, 32 experts top-8
     python benchmarks/cpu_compute.py --layers 8 --tokens 32 --arena 50%
     python benchmarks/cpu_compute.py --hidden 2048 --ffn 768 --threads 4   # a many-core machine
+    python benchmarks/cpu_compute.py --expert-type q2_0                    # Q2_0 experts (or q4_0)
 
 llama.cpp is not part of this run: it is not installed here (building it from the
 llama-cpp-python source package takes ~30 minutes on 2 cores). Prints a table and one JSON line.
@@ -39,17 +40,20 @@ from strata.testing.models import make_model  # noqa: E402
 from strata.threads import compute_threads  # noqa: E402
 
 PROMPT_TOKENS = 32
+EXPERT_TYPES = {"q8_0": QuantType.Q8_0, "q4_0": QuantType.Q4_0, "q2_0": QuantType.Q2_0}  # each on its kernel
 
 
 def made_model(args, directory: Path):
     shape = dict(n_layers=args.layers, hidden_size=args.hidden, expert_ffn_size=args.ffn, n_experts=args.experts,
                  n_experts_per_token=args.top_k, n_heads=args.hidden // 64, n_kv_heads=max(1, args.hidden // 256),
                  head_dim=64, shared_ffn_size=0, shared_expert_gated=False, vocab_size=args.vocab)
-    name = f"q8_d{args.hidden}_f{args.ffn}_l{args.layers}_e{args.experts}k{args.top_k}_v{args.vocab}"
+    qtype = EXPERT_TYPES[args.expert_type]
+    prefix = "q8" if qtype is QuantType.Q8_0 else f"{args.expert_type}_q8"  # the Q8_0 model keeps its name
+    name = f"{prefix}_d{args.hidden}_f{args.ffn}_l{args.layers}_e{args.experts}k{args.top_k}_v{args.vocab}"
     path = directory / name
     if not path.with_suffix(".experts").exists():
         print(f"writing the model {path} ...", file=sys.stderr)
-        make_model(path, "demo", 0, expert_type=QuantType.Q8_0, dense_type=QuantType.Q8_0, progress=True, **shape)
+        make_model(path, "demo", 0, expert_type=qtype, dense_type=QuantType.Q8_0, progress=True, **shape)
     return path.with_suffix(".gguf")
 
 
@@ -64,6 +68,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="greedy decode steps per engine (default 16)")
     ap.add_argument("--arena", default="", help="a streaming arena (e.g. 50%%); default: all-resident")
     ap.add_argument("--threads", type=int, default=0, help="Config.threads for both sides (default 0: auto)")
+    ap.add_argument("--expert-type", choices=sorted(EXPERT_TYPES), default="q8_0",
+                    help="the experts' type (default q8_0); the dense matrices are Q8_0")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "strata-bench-cpu"))
     args = ap.parse_args()
     lib = native_build.library()
@@ -96,14 +102,14 @@ def main() -> None:
     rel = float(np.max(np.abs(fast - ref).max(axis=1) / np.abs(ref).max(axis=1)))
     same = tokens["numpy float32"] == tokens["compiled"]
     res = dict(bench="cpu_compute", cores=os.cpu_count(), load_avg=round(os.getloadavg()[0], 2),
-               hidden=args.hidden, ffn=args.ffn, layers=args.layers, experts=args.experts, top_k=args.top_k,
+               expert_type=args.expert_type, hidden=args.hidden, ffn=args.ffn, layers=args.layers, experts=args.experts, top_k=args.top_k,
                vocab=args.vocab, arena=args.arena or "all-resident", tokens=args.tokens,
                threads=compute_threads(args.threads, args.hidden),
                decode_tok_s={n: round(args.tokens / decode_s[n], 2) for n in sides},
                prompt_tok_s={n: round(PROMPT_TOKENS / prompt_s[n], 1) for n in sides},
                decode_ratio=round(decode_s["numpy float32"] / decode_s["compiled"], 2),
                same_greedy_tokens=same, max_rel_logit_diff=rel, llama_cpp="not installed here")
-    print(f"\nQ8_0 made model: D {args.hidden}, F {args.ffn}, {args.layers} layers, {args.experts} experts top-"
+    print(f"\n{args.expert_type.upper()} experts, Q8_0 dense, made model: D {args.hidden}, F {args.ffn}, {args.layers} layers, {args.experts} experts top-"
           f"{args.top_k}, vocab {args.vocab}, {res['arena']}; {args.tokens} greedy tokens each; {res['threads']} "
           f"thread(s); load avg {res['load_avg']}\n")
     print("| compute | decode tok/s | prompt tok/s |")

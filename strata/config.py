@@ -65,7 +65,8 @@ class Config:
     moce_pre: bool = knob(False, "MoCE: unclaimed read-aheads count as resident (default off)")
     arena: str = knob("", "arena size: 2GB or 512MB (bytes), 300 or 300slots (slots), 25% (of all experts); "
                             "default: the budget rule; streams when set")
-    keep: str = knob("auto", "memory the budget rule leaves to the system, with a unit (default auto: 7GB per 24GB of RAM)")
+    keep: str = knob("auto", "memory the budget rule leaves beside the arena, with a unit (default auto: 512MiB, "
+                          "or 7/24 of a machine under 1.75GB; docs/runtime.md)")
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")
@@ -82,7 +83,7 @@ class Config:
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
     # entry points (issue 23): the CPU path's BLAS threads
     threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
-    cpu_kernels: bool = knob(True, "numpy backend: Q8_0 products (experts, dense, head) on compiled CPU kernels, "
+    cpu_kernels: bool = knob(True, "numpy backend: quantized products (experts, dense, head) on compiled CPU kernels, "
                                    "built at first use (default on; off: the float32 reference's; docs/cpu.md)")
     force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "
                                     "(default off: refused)")

@@ -110,9 +110,9 @@ def test_gemv_over_many_rows_is_the_reference():
 
 def test_a_type_without_a_kernel_is_the_reference():
     rng = np.random.default_rng(2)
-    m = _matrix(rng, 64, 128, QuantType.Q2_0)
+    m = _matrix(rng, 64, 128, QuantType.A4G64_F16)  # MLX's affine 4-bit: no compiled kernel
     x = rng.standard_normal(128).astype(np.float32)
-    assert m.qtype not in quant_kernels.COMPILED_TYPES  # (its kernel exists: test_every_kernel_agrees)
+    assert m.qtype not in quant_kernels.COMPILED_TYPES
     np.testing.assert_array_equal(quant_kernels.gemv(m, x), gemv(m, x))
 
 
@@ -180,12 +180,21 @@ def q8_model(tmp_path_factory):
                       dense_type=QuantType.Q8_0)
 
 
+@pytest.fixture(scope="module", params=[QuantType.Q8_0, QuantType.Q4_0, QuantType.Q2_0], ids=lambda q: q.name)
+def typed_model(request, q8_model, tmp_path_factory):
+    """The Q8_0 model, or one with Q4_0 / Q2_0 experts (dense Q8_0): each expert type on its kernels."""
+    if request.param is QuantType.Q8_0:
+        return q8_model
+    return make_model(tmp_path_factory.mktemp(request.param.name) / "m", "tiny", seed=5, expert_type=request.param,
+                      dense_type=QuantType.Q8_0)
+
+
 @needs_compiler
 @pytest.mark.parametrize("kind", ["reference", "numpy-min"])
-def test_engine_on_compiled_kernels_matches_the_reference(q8_model, kind):
+def test_engine_on_compiled_kernels_matches_the_reference(typed_model, kind):
     """Prefill, then GREEDY_TOKENS greedy decodes on both: the same tokens, every step's logits
     within FORWARD of the float32 products'."""
-    with strata.load(q8_model.model_path) as m:
+    with strata.load(typed_model.model_path) as m:
         engines = [open_kind(m, kind, EXACT0.replace(cpu_kernels=on)) for on in (False, True)]
         try:
             assert [e.ops.compiled if kind == "reference" else e.compute.ops.compiled for e in engines] == [False, True]
@@ -230,7 +239,7 @@ def test_a_failing_build_is_one_line(monkeypatch, tmp_path):
 
 
 @needs_compiler
-@pytest.mark.parametrize("qtype", [QuantType.Q2_0, QuantType.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [QuantType.A4G32_F16, QuantType.Q2_0, QuantType.Q8_0], ids=lambda q: q.name)
 def test_a_streaming_report_names_experts_without_a_kernel(tmp_path, qtype):
     made = make_model(tmp_path / "m", "tiny", seed=6, expert_type=qtype)
     with strata.load(made.model_path) as m:
@@ -241,3 +250,36 @@ def test_a_streaming_report_names_experts_without_a_kernel(tmp_path, qtype):
             assert (note in eng.report().io) == (qtype not in quant_kernels.COMPILED_TYPES)
         finally:
             eng.close()
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape,names", [("hybrid", ("ssm_qkv", "ssm_z", "ssm_beta", "ssm_alpha", "ssm_out")),
+                                         ("mla", ("attn_kv_a_mqa", "attn_output"))])
+def test_deltanet_and_mla_project_on_the_kernels(tmp_path, monkeypatch, shape, names):
+    """The DeltaNet and MLA mixers' Q8_0 projections go through the engine's DenseWeights.linear
+    (the compiled kernel), and the engine stays within FORWARD of the float32 products with the
+    same greedy tokens."""
+    made = make_model(tmp_path / shape, shape, seed=4, expert_type=QuantType.Q8_0, dense_type=QuantType.Q8_0)
+    on_kernel: set[str] = set()
+    linear = quant_kernels.CompiledDense.linear
+
+    def spy(self, name, x):
+        if self.stored_type(name) is StoredType.Q8_0:
+            on_kernel.add(name.rsplit(".", 2)[-2])  # blk.L.<name>.weight -> <name>
+        return linear(self, name, x)
+
+    monkeypatch.setattr(quant_kernels.CompiledDense, "linear", spy)
+    with strata.load(made.model_path) as m:
+        engines = [open_kind(m, "reference", EXACT0.replace(cpu_kernels=on)) for on in (False, True)]
+        try:
+            prompt = np.frombuffer(b"mixers", np.uint8).astype(np.int64)
+            logits = [e.prefill(prompt) for e in engines]
+            for step in range(4):
+                assert_backends_agree(logits[0], logits[1], "FORWARD", what=f"{shape} step {step}")
+                token = int(np.argmax(logits[0]))
+                assert int(np.argmax(logits[1])) == token
+                logits = [e.decode(token) for e in engines]
+        finally:
+            for e in engines:
+                e.close()
+    assert set(names) <= on_kernel, f"{shape}: {sorted(set(names) - on_kernel)} not on the kernel"

@@ -80,12 +80,12 @@ def test_budget_rule_and_explicit_arena():
         plan_arena(config=Config(keep="599000B"), available=600_000, **common)
 
 
-def test_keep_auto_scales_with_memory():
-    from strata.runtime.budget import SEED_KEEP_FRACTION, keep_bytes
-    import os
+def test_keep_auto_is_the_process_reserve_on_this_machine():
+    """auto: the process reserve (tests/test_runtime_memory.py), 7/24 of a machine too small for it."""
+    from strata.runtime.budget import PROCESS_RESERVE, SEED_KEEP_FRACTION, keep_bytes
+    from strata.runtime.memory import machine_memory
 
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert keep_bytes("auto") == int(ram * SEED_KEEP_FRACTION)
+    assert keep_bytes("auto") == min(PROCESS_RESERVE, int(machine_memory().total * SEED_KEEP_FRACTION))
     assert keep_bytes("7GB") == 7_000_000_000
     assert Config().keep == "auto"
 

@@ -7,7 +7,6 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.numpy_backend.engine import ReferenceEngine
 from strata.errors import ArenaTooSmallError, ExpertReadError
 from strata.formats.experts_file import checksum
 from strata.cache.machine import decision_view, initial_state, step
@@ -15,7 +14,7 @@ from strata.cache.types import WaitFor
 from strata.numpy_backend.compute import NumpyCompute
 from strata.numpy_backend.engine import _NoResidentExperts
 from strata.runtime.decode import StreamingEngine, arena_plan_for
-from strata.testing.engines import open_numpy_streaming
+from strata.testing.engines import open_numpy_reference, open_numpy_streaming
 from strata.runtime.io import ReaderPool
 from strata.testing.faults import Faults, RandomDelays
 from strata.numpy_backend.arena import NumpyArena
@@ -36,7 +35,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(model):
-    return greedy(ReferenceEngine(model.resident_params()), model, N_DECODE)
+    """The all-resident engine on the streaming engine's products (STOCK0: the compiled CPU kernels)."""
+    return greedy(open_numpy_reference(model, STOCK0), model, N_DECODE)
 
 
 def greedy(engine, model, n, prompt=PROMPT):

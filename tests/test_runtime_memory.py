@@ -7,20 +7,23 @@ import pytest
 
 from strata.config import Backend, Config
 from strata.errors import ConfigError
-from strata.runtime.budget import ArenaPlan, check_wired, keep_bytes, plan_arena
+from strata.cache.types import CacheConfig
+from strata.runtime import budget
+from strata.runtime.budget import PROCESS_RESERVE, ArenaPlan, budget_bytes, check_wired, keep_bytes, plan_arena
+from strata.sizes import parse_size
 from strata.runtime.memory import (PagingDelta, PagingSnapshot, cgroup_limit, machine_memory, metal_wired_budget,
                                    paging_snapshot, wire_mlx)
 
 MB = 1_000_000
 
 
-def _v2(tmp_path, limit="300000000", current=100 * MB, inactive=40 * MB, path="/user.slice/job"):
+def _v2(tmp_path, limit="300000000", current=100 * MB, inactive=40 * MB, path="/user.slice/job", active=5):
     root = tmp_path / "cg"
     d = root / path.strip("/")
     d.mkdir(parents=True)
     (d / "memory.max").write_text(f"{limit}\n")
     (d / "memory.current").write_text(f"{current}\n")
-    (d / "memory.stat").write_text(f"anon 1\ninactive_file {inactive}\nactive_file 5\n")
+    (d / "memory.stat").write_text(f"anon 1\ninactive_file {inactive}\nactive_file {active}\n")
     proc = tmp_path / "cgroup"
     proc.write_text(f"0::{path}\n")
     return root, proc
@@ -47,12 +50,12 @@ def test_cgroup_v1_limit(tmp_path):
     d.mkdir(parents=True)
     (d / "memory.limit_in_bytes").write_text("500000000\n")
     (d / "memory.usage_in_bytes").write_text("200000000\n")
-    (d / "memory.stat").write_text("total_inactive_file 50000000\n")
+    (d / "memory.stat").write_text("total_inactive_file 50000000\ntotal_active_file 70000000\n")
     (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # the root: unlimited
     proc = tmp_path / "cgroup"
     proc.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
     lim = cgroup_limit(root, proc)
-    assert lim.limit == 500 * MB and lim.available == 350 * MB
+    assert lim.limit == 500 * MB and lim.available == 350 * MB and lim.active_file == 70 * MB
 
 
 def test_no_cgroup_files(tmp_path):
@@ -70,6 +73,69 @@ def test_container_limit_sizes_the_budget(tmp_path):
     keep = keep_bytes("auto", mem.total)
     assert keep == int(300 * MB * 7 / 24)
     assert plan.streaming and plan.slots == (240 * MB - keep) // MB
+
+
+def test_a_container_reports_its_active_file_pages(tmp_path):
+    root, proc = _v2(tmp_path, active=30 * MB)
+    assert cgroup_limit(root, proc).active_file == 30 * MB
+    assert machine_memory(cgroup_root=root, proc_self_cgroup=proc).active_file == 30 * MB
+    assert machine_memory(cgroup_root=tmp_path / "none", proc_self_cgroup=tmp_path / "missing").active_file == 0
+
+
+def test_keep_auto_is_the_process_reserve():
+    """What the process needs beyond its arena (measured 350-450 MB), not 7/24 of the machine;
+    a machine too small for that keeps 7/24 of itself, as before."""
+    assert keep_bytes("auto", 24 << 30) == PROCESS_RESERVE == 512 << 20
+    assert keep_bytes("auto", 300 * MB) == int(300 * MB * 7 / 24)
+    assert keep_bytes("2GB") == parse_size("2GB", allow_slots=False).nbytes  # an explicit keep is kept
+
+
+def test_the_model_page_cache_is_not_charged_to_the_arena(tmp_path, monkeypatch):
+    """The model file's cached pages are the arena's to take: in a container, those the limit
+    counts as used (at most its active file pages) are added back; psutil's figure already
+    counts them as available, so nothing is added or taken there."""
+    model = (tmp_path / "m.gguf", tmp_path / "m.experts")
+    monkeypatch.setattr(budget, "cached_file_bytes", {model[0]: 80 * MB, model[1]: 15 * MB}.__getitem__)
+    cfg = Config(keep="100MB")
+    keep = keep_bytes("100MB")
+    got, reason = budget_bytes(cfg, model_files=model, available=500 * MB, total=10**10, active_file=60 * MB)
+    assert got == 500 * MB + 60 * MB - keep and "model page cache" in reason  # capped at the active pages
+    got, _ = budget_bytes(cfg, model_files=model, available=500 * MB, total=10**10, active_file=200 * MB)
+    assert got == 500 * MB + 95 * MB - keep  # capped at the model's own cached bytes
+    got, _ = budget_bytes(cfg, model_files=model, available=500 * MB, total=10**10, active_file=0)
+    assert got == 500 * MB - keep
+
+
+# A 16-layer, 64-expert Qwen3-MoE-like model, everything Q8_0 (34 bytes per 32 weights): D 1024,
+# experts of F 512 top-8, 16 query and 4 KV heads of 128, Qwen3's vocabulary, untied head.
+Q8 = 34 / 32
+SLOT_16x64 = int(3 * 1024 * 512 * Q8)  # one expert record
+DENSE_16x64 = int((2 * 151_936 * 1024 + 16 * (2 * 2048 * 1024 + 2 * 512 * 1024)) * Q8) + 16 * 64 * 1024 * 4
+INTERPRETER = 150 * MB  # Python, numpy and strata before the engine starts
+
+
+@pytest.mark.parametrize("share", [0.30, 0.15])
+def test_a_model_larger_than_memory_starts_with_default_settings(tmp_path, monkeypatch, share):
+    """A container sized for `share` of the experts (the interpreter, the dense weights, that
+    share of the experts and the process reserve): the loader has just read the model file,
+    whose pages sit in the container's page cache, all active. The default budget rule streams
+    with a legal arena of at least that share (344 and 236 slots of 1024; the legal least is
+    148), leaving the reserve inside the limit. (The rule used to charge the model's page cache
+    and 7/24 of the limit against the arena: less than nothing at both: refused.)"""
+    experts = 16 * 64 * SLOT_16x64
+    limit = INTERPRETER + DENSE_16x64 + int(share * experts) + PROCESS_RESERVE
+    used = INTERPRETER + DENSE_16x64 + DENSE_16x64  # the dense weights' anonymous copy, and the file's cache
+    root, proc = _v2(tmp_path, limit=str(limit), current=used, inactive=0, active=DENSE_16x64)
+    mem = machine_memory(cgroup_root=root, proc_self_cgroup=proc)
+    gguf = tmp_path / "m.gguf"
+    monkeypatch.setattr(budget, "cached_file_bytes", lambda p: DENSE_16x64 if p == gguf else 0)
+    least = CacheConfig(capacity=1, n_layers=16, n_experts=64, top_k=8, prefetch_depth=10).min_capacity
+    plan = plan_arena(config=Config(backend=Backend.NUMPY), slot_bytes=SLOT_16x64, total_experts=16 * 64,
+                      min_slots=least, dense_bytes=DENSE_16x64, model_files=(gguf, tmp_path / "m.experts"),
+                      available=mem.available, total=mem.total, active_file=mem.active_file)
+    assert plan.streaming and plan.slots >= least
+    assert plan.nbytes >= share * experts - SLOT_16x64
+    assert INTERPRETER + DENSE_16x64 + plan.nbytes + keep_bytes("auto", mem.total) <= limit
 
 
 def test_arena_above_budget_is_refused_unless_forced():

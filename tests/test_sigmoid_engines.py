@@ -19,7 +19,7 @@ from strata.numpy_backend.engine import ReferenceEngine
 from strata.reference.model import router_rules
 from strata.reference.routing import RouterRule, route
 from strata.runtime.decode import arena_plan_for
-from strata.testing.engines import open_numpy_streaming
+from strata.testing.engines import open_numpy_reference, open_numpy_streaming
 from strata.testing.models import make_model
 from tests.strategies import moce_policies
 
@@ -49,6 +49,12 @@ def reference(model):
     return greedy(ReferenceEngine(model.resident_params()))
 
 
+@pytest.fixture(scope="module")
+def numpy_reference(model):
+    """The all-resident engine on the numpy streaming engine's products (STOCK0: the compiled CPU kernels)."""
+    return greedy(open_numpy_reference(model, STOCK0))
+
+
 def test_the_made_model_routes_with_its_biases_and_groups(model):
     """The biases are loaded per layer and change selections; the groups exclude experts."""
     rules = router_rules(model.cfg, model.dense)
@@ -61,12 +67,12 @@ def test_the_made_model_routes_with_its_biases_and_groups(model):
 
 
 @pytest.mark.parametrize("extra", [0, 5])
-def test_numpy_streaming_is_the_reference_bit_for_bit(model, reference, extra):
+def test_numpy_streaming_is_the_reference_bit_for_bit(model, numpy_reference, extra):
     least = arena_plan_for(model, STOCK0.replace(arena="100000slots")).min_slots
     with open_numpy_streaming(model, STOCK0.replace(arena=f"{least + extra}slots")) as engine:
         got = greedy(engine)
         assert engine.report().reads_per_token > 0
-    np.testing.assert_array_equal(got, reference)
+    np.testing.assert_array_equal(got, numpy_reference)
 
 
 @pytest.mark.parametrize("arena", ["", "40slots"])

@@ -24,6 +24,7 @@ from strata.model_config import Ffn, LayerType, Mixer, TensorNames
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import SHAPES, make_model
 from strata.tools.closed_loop import LoopConfig
+from strata.tools.options import tool_ops
 from strata.tools.quality import fast_params, run_decode
 from strata.tools.replay import replay
 from strata.tools.trace import load_trace, record_trace
@@ -107,7 +108,7 @@ def _capacity(model, config, extra: int) -> int:
 @pytest.mark.parametrize("extra", [0, 7])
 def test_replay_makes_the_runtimes_decisions(model, tokens, extra):
     params = fast_params(model.resident_params())
-    trace = record_trace(params, tokens)
+    trace = record_trace(params, tokens, ops=tool_ops(model, Config()))  # the runtime's products
     config = Config(moce_lambda=0.0)
     cap = _capacity(model, config, extra)
     config = config.replace(arena=f"{cap}slots")
@@ -123,7 +124,7 @@ def test_moce_closed_loop_makes_the_runtimes_decisions_and_logits(model, tokens)
     cap = _capacity(model, config, 5)
     config = config.replace(arena=f"{cap}slots")
     got, logits = _runtime(model, tokens, config)
-    sim = run_decode(params, tokens, config=LoopConfig.from_config(config, cap))
+    sim = run_decode(params, tokens, config=LoopConfig.from_config(config, cap), ops=tool_ops(model, config))
     assert sim.changed > 0  # MoCE changed routing: not a λ = 0 comparison in disguise
     assert _decisions(sim.stats) == _decisions(got)
     np.testing.assert_array_equal(sim.logits, logits)

@@ -20,6 +20,7 @@ from strata.model_config import RoutingOrder, TensorNames
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
 from strata.tools.closed_loop import LoopConfig
+from strata.tools.options import tool_ops
 from strata.tools.quality import fast_params, quality, run_decode
 from strata.tools.replay import replay
 from strata.tools.trace import Trace, load_trace, record_trace, reroute_check, save_trace
@@ -46,8 +47,14 @@ def params(model):
 
 
 @pytest.fixture(scope="module")
-def trace(params, tokens):
-    return record_trace(params, tokens)
+def ops(model):
+    """The products the runtime computes with (the compiled CPU kernels by default)."""
+    return tool_ops(model, Config())
+
+
+@pytest.fixture(scope="module")
+def trace(params, tokens, ops):
+    return record_trace(params, tokens, ops=ops)
 
 
 def decisions(stats):
@@ -118,12 +125,12 @@ MOCE = [dict(moce_lambda=0.05), dict(moce_j=1, moce_lambda=0.1, prefetch2=True),
 
 
 @pytest.mark.parametrize("switch", MOCE, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, switch):
+def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, ops, switch):
     config = Config(moce_j=3).replace(**switch)
     cap = capacity(model, config, 5)
     config = config.replace(arena=f"{cap}slots")
     got, logits = run_runtime(model, tokens, config)
-    sim = run_decode(params, tokens, config=LoopConfig.from_config(config, cap))
+    sim = run_decode(params, tokens, config=LoopConfig.from_config(config, cap), ops=ops)
     assert sim.changed > 0  # MoCE did change routing: not a λ = 0 comparison in disguise
     assert decisions(sim.stats) == decisions(got)
     np.testing.assert_array_equal(sim.logits, logits)
@@ -135,7 +142,7 @@ def test_quality_at_lambda_zero_is_exact(model, tokens, params):
     assert result.kld_max == 0.0 and result.changed_fraction == 0.0 and result.stats.urgent_misses > 0
 
 
-def test_stock_moce_is_refused_on_sigmoid_rules_and_range_runs(model, tokens, params):
+def test_stock_moce_is_refused_on_sigmoid_rules_and_range_runs(model, tokens, params, ops):
     """`--moce stock`'s λ = 0.85 is logits (softmax routers): on a sigmoid rule, whose ABSOLUTE
     bonus is in score units, the runtime and the closed loop refuse it naming the RANGE form."""
     stock = Config(moce="stock")
@@ -146,7 +153,7 @@ def test_stock_moce_is_refused_on_sigmoid_rules_and_range_runs(model, tokens, pa
         run_decode(params, tokens, config=LoopConfig.from_config(stock, cap))
     ranged = stock.replace(moce_scale="range", moce_lambda=0.5)
     got, logits = run_runtime(model, tokens, ranged.replace(arena=f"{cap}slots"))
-    sim = run_decode(params, tokens, config=LoopConfig.from_config(ranged, cap))
+    sim = run_decode(params, tokens, config=LoopConfig.from_config(ranged, cap), ops=ops)
     assert sim.changed > 0 and decisions(sim.stats) == decisions(got)
     np.testing.assert_array_equal(sim.logits, logits)
 

@@ -15,9 +15,12 @@ import pytest
 
 import strata
 from strata.config import Config
+from strata.formats.quant_types import QuantType
+from strata.numpy_backend import native_build
 from strata.testing.engines import open_numpy_streaming
 from strata.testing.models import make_model
 from strata.tools.closed_loop import LoopConfig
+from strata.tools.options import tool_ops
 from strata.tools.quality import fast_params, run_decode
 from strata.tools.replay import replay
 from strata.tools.trace import record_trace
@@ -42,8 +45,14 @@ def params(model):
 
 
 @pytest.fixture(scope="module")
-def trace(params, tokens):
-    return record_trace(params, tokens)
+def ops(model):
+    """The products the runtime computes with (the compiled CPU kernels by default)."""
+    return tool_ops(model, Config())
+
+
+@pytest.fixture(scope="module")
+def trace(params, tokens, ops):
+    return record_trace(params, tokens, ops=ops)
 
 
 def decisions(stats):
@@ -90,12 +99,44 @@ MOCE = [
 
 @pytest.mark.parametrize("switch", MOCE, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "stock")
 @pytest.mark.parametrize("reference_cache", [False, True], ids=["fast-cache", "reference-cache"])
-def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, switch, reference_cache):
+def test_decode_order_loop_matches_runtime_with_moce(model, tokens, params, ops, switch, reference_cache):
     config = Config(moce="stock", reference_cache=reference_cache).replace(**switch)
     cap = capacity(config, 5)
     config = config.replace(arena=f"{cap}slots")
     got, logits = run_runtime(model, tokens, config)
-    sim = run_decode(params, tokens, config=LoopConfig.from_config(config, cap))
+    sim = run_decode(params, tokens, config=LoopConfig.from_config(config, cap), ops=ops)
     assert sim.changed > 0  # MoCE did change routing: the comparison is not a λ = 0 one in disguise
     assert decisions(sim.stats) == decisions(got)
     np.testing.assert_array_equal(sim.logits, logits)
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    """Experts and dense matrices stored Q8_0: every product on the compiled CPU kernels."""
+    made = make_model(tmp_path_factory.mktemp("sim_q8") / "m", "tiny", seed=7, n_layers=3, n_experts=32,
+                      expert_type=QuantType.Q8_0, dense_type=QuantType.Q8_0)
+    return strata.load(made.model_path)
+
+
+@pytest.mark.parametrize("switch", [dict(moce_lambda=0.0), dict(moce="stock")], ids=["lambda0", "stock"])
+def test_the_tools_are_the_runtime_on_a_q8_0_model(q8_model, switch):
+    """The trace, the replay and the decode-order loop compute on the runtime's products (the
+    compiled Q8_0 kernels for the experts, the dense matrices and the head): its decisions and
+    its logits bit for bit."""
+    ops = tool_ops(q8_model, Config())
+    if native_build.library() is not None:
+        assert ops.compiled  # else both sides are on the reference's products, and the test says less
+    tokens = q8_model.tokenizer.encode(TEXT)[:24]
+    params = fast_params(q8_model.resident_params())
+    config = Config(**switch)
+    cap = capacity(config, 5)
+    config = config.replace(arena=f"{cap}slots")
+    got, logits = run_runtime(q8_model, tokens, config)
+    loop = LoopConfig.from_config(config, cap)
+    sim = run_decode(params, tokens, config=loop, ops=ops)
+    assert decisions(sim.stats) == decisions(got) and got.urgent_misses > 0
+    np.testing.assert_array_equal(sim.logits, logits)
+    if loop.policy is None or loop.policy.bonus == 0:
+        assert decisions(replay(record_trace(params, tokens, ops=ops), loop).stats) == decisions(got)
+    else:
+        assert sim.changed > 0  # MoCE did change routing

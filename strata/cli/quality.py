@@ -9,7 +9,9 @@ Feed TEXT (a string, or @file) to MODEL one token at a time, twice: with the mod
 (λ = 0) and with MoCE (--J, --lambda) against a simulated arena (--cap) whose residency evolves
 as in generation. Reports the KLD of the next-token distributions vs λ = 0 (mean, p90, p99,
 max), the routed-output relMSE and rel-L2 vs λ = 0 with exact expert weights, perplexity,
-and the policy run's urgent misses. At --lambda 0 the KLD is exactly 0.
+and the policy run's urgent misses. At --lambda 0 the KLD is exactly 0. Both runs compute on
+the products `strata generate` uses on the CPU (the compiled kernels; STRATA_CPU_KERNELS=0:
+numpy's float32), so the policy run's logits and misses are the runtime's bit for bit.
 
 example:
   strata quality model.gguf @text.txt --J 2 --lambda 0.85 --cap 25% --max-tokens 256"""
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import loop_configs, scoring_tokens
+    from strata.tools.options import loop_configs, scoring_tokens, tool_ops
     from strata.tools.quality import fast_params, quality
 
     model = load(args.model)
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.warmup < len(tokens):
         raise ConfigError(f"--warmup {args.warmup} must be below the text's {len(tokens)} tokens")
     start = time.perf_counter()
-    q = quality(fast_params(model.resident_params()), tokens, config, warmup=args.warmup)
+    q = quality(fast_params(model.resident_params()), tokens, config, warmup=args.warmup, ops=tool_ops(model))
     d = q.to_json()
     print(f"{config.label} at {config.capacity} slots, {q.positions} positions scored in decode order "
           f"({time.perf_counter() - start:.1f} s)")

@@ -8,7 +8,8 @@ HELP = """\
 For each MoCE policy in --J × --lambda, at one arena (--cap): urgent misses per token from the
 closed-loop replay of the text's λ = 0 trace and from the decode-order run, the routed-output
 relMSE / rel-L2 and the KLD vs λ = 0 (as `strata quality`). Writes PREFIX.csv, PREFIX.png
-(misses against relMSE and KLD) and PREFIX.json.
+(misses against relMSE and KLD) and PREFIX.json. Computed on `strata generate`'s CPU products
+(the compiled kernels; STRATA_CPU_KERNELS=0: numpy's float32), as `strata quality` is.
 
 example:
   strata sweep model.gguf @text.txt --J 1,2,3 --lambda 0,0.5,0.85,1.5 --cap 25% -o /tmp/sweep"""
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import loop_configs, scoring_tokens
+    from strata.tools.options import loop_configs, scoring_tokens, tool_ops
     from strata.tools.plots import plot_policy_table
     from strata.tools.quality import fast_params
     from strata.tools.sweep import policy_sweep, write_csv
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup {args.warmup} must be below the text's {len(tokens)} tokens")
     start = time.perf_counter()
     rows = policy_sweep(fast_params(model.resident_params()), tokens, js, lams, base=base, warmup=args.warmup,
-                        progress=lambda label: print(f"  {label} ...", file=sys.stderr))
+                        progress=lambda label: print(f"  {label} ...", file=sys.stderr), ops=tool_ops(model))
     print(f"{len(tokens) - args.warmup} tokens at {base.capacity} slots, read-ahead K={base.prefetch_depth}; "
           f"{len(rows)} policies in {time.perf_counter() - start:.1f} s")
     print(table(*sweep_rows(rows)))

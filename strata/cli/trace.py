@@ -8,7 +8,9 @@ HELP = """\
 Run MODEL over TEXT (a string, or @file) at λ = 0, one token at a time as decoding does, and
 save what every layer's router saw and chose: router inputs [T, L, D], logits [T, L, E], the
 routers [L, E, D] and the selections [T, L, k], in one .npz (docs/analysis.md). The trace is
-all `strata replay` and `strata recall` need.
+all `strata replay` and `strata recall` need. It computes on the products `strata generate`
+uses on the CPU (the compiled kernels; STRATA_CPU_KERNELS=0: numpy's float32), so its numbers
+are the runtime's bit for bit.
 
 example:
   strata trace model.gguf @prompt.txt -o /tmp/trace.npz --max-tokens 1024"""
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.errors import ConfigError
     from strata.loader import load
-    from strata.tools.options import read_text
+    from strata.tools.options import read_text, tool_ops
     from strata.tools.quality import fast_params
     from strata.tools.trace import record_trace, save_trace
 
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
               dynamic_ncols=True) as bar:
         trace = record_trace(fast_params(model.resident_params()), tokens, input_dtype="f16" if args.f16 else "f32",
                              decode_order=not args.batch, meta={"model": str(model.model_path), "tokens": len(tokens)},
-                             progress=lambda n: bar.update(n - bar.n))
+                             progress=lambda n: bar.update(n - bar.n), ops=tool_ops(model))
     path = save_trace(args.output, trace)
     print(f"wrote {path}: {trace.n_tokens} tokens x {trace.n_layers} layers x {trace.n_experts} experts "
           f"(top-{trace.top_k}) in {time.perf_counter() - start:.1f} s")

@@ -6,6 +6,9 @@
     CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
                                 Q8_0 (attention's projections, the head)
 
+The routed experts' kernels compute Q8_0, Q4_0 and Q2_0 (COMPILED_TYPES); the dense matrices are
+stored Q8_0 or float.
+
 The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
 copy of the matrix, which is where the numpy path spent its time (two thirds of a decode token
@@ -49,11 +52,10 @@ KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q
                                  QuantType.Q2_0: "strata_q2_0_gemv"}
 # the fused experts' kernel of each type (expert_stack)
 SWIGLU_KERNELS: dict[QuantType, str] = {q: name.replace("_gemv", "_swiglu") for q, name in KERNELS.items()}
-# the types the engines compute on their kernel: Q8_0 (the CPU path's type). Q4_0 and Q2_0 pass
-# the same twin tests (tests/test_numpy_quant_kernels.py) but stay on the float32 products until the
-# runtime's exactness tests compare a streaming engine with a reference engine on the same
-# products (docs/cpu.md, "Where the kernels are not used").
-COMPILED_TYPES = frozenset({QuantType.Q8_0})
+# the types the engines compute on their kernel (every one in KERNELS). The runtime's bit-for-bit
+# tests compare a streaming engine with the all-resident engine, and with the analysis tools, on
+# the same products (strata.testing.engines.open_numpy_reference, strata.tools.options.tool_ops).
+COMPILED_TYPES = frozenset({QuantType.Q8_0, QuantType.Q4_0, QuantType.Q2_0})
 # Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
 # product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
 # measured on a 768 x 2048 Q8_0 matrix, one BLAS thread, 2-core machine under load: the kernel

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.model_config import ModelConfig, TensorNames
 from strata.reference.attention import rms_norm, sigmoid
 
@@ -150,11 +151,13 @@ def gated_delta_step(s: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
 def deltanet_inputs(cfg: ModelConfig, dense, layer: int, x: np.ndarray):
     """The projections before the conv: (qkv [T, C], z [T, V], beta [T, Hv], g [T, Hv])."""
     n = TensorNames
+    dense = as_dense_weights(dense)  # a plain dict of float32 arrays (tests) is wrapped
     w = lambda s: dense[n.block(layer, s)]  # noqa: E731
-    qkv = (x @ w(n.ssm_qkv).T).astype(np.float32)
-    z = (x @ w(n.ssm_z).T).astype(np.float32)
-    beta = sigmoid((x @ w(n.ssm_beta).T).astype(np.float32))
-    g = (w(n.ssm_a) * softplus(x @ w(n.ssm_alpha).T + w(n.ssm_dt_bias))).astype(np.float32)
+    proj = lambda s, a: dense.linear(n.block(layer, s), a)  # noqa: E731  a W^T
+    qkv = proj(n.ssm_qkv, x).astype(np.float32)
+    z = proj(n.ssm_z, x).astype(np.float32)
+    beta = sigmoid(proj(n.ssm_beta, x).astype(np.float32))
+    g = (w(n.ssm_a) * softplus(proj(n.ssm_alpha, x) + w(n.ssm_dt_bias))).astype(np.float32)
     return qkv, z, beta, g
 
 
@@ -175,10 +178,10 @@ def split_heads(cfg: ModelConfig, mixed: np.ndarray) -> tuple[np.ndarray, np.nda
 def gated_output(cfg: ModelConfig, dense, layer: int, o: np.ndarray, z: np.ndarray) -> np.ndarray:
     """The gated RMSNorm per head and the output projection. o [T, Hv, dv], z [T, V] -> [T, D]"""
     n = TensorNames
-    w = lambda s: dense[n.block(layer, s)]  # noqa: E731
+    dense = as_dense_weights(dense)
     t = o.shape[0]
-    normed = rms_norm(o, w(n.ssm_norm), cfg.rms_norm_eps) * silu(z.reshape(o.shape))
-    return (normed.reshape(t, -1) @ w(n.ssm_out).T).astype(np.float32)
+    normed = rms_norm(o, dense[n.block(layer, n.ssm_norm)], cfg.rms_norm_eps) * silu(z.reshape(o.shape))
+    return dense.linear(n.block(layer, n.ssm_out), normed.reshape(t, -1)).astype(np.float32)
 
 
 def deltanet(cfg: ModelConfig, dense, layer: int, state: DeltaNetState, x: np.ndarray, *,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.formats.dense_weights import as_dense_weights
 from strata.model_config import ModelConfig, RopeScaling, TensorNames
 from strata.reference.attention import rms_norm
 from strata.reference.rope_scaling import rope_frequencies
@@ -118,15 +119,17 @@ def mla(cfg: ModelConfig, dense: dict, layer: int, kv: LatentKV, x: np.ndarray, 
         x: [T, D] (already normed) -> ([T, D], LatentKV with T more positions)
     """
     nm = TensorNames
+    dense = as_dense_weights(dense)  # a plain dict of float32 arrays (tests) is wrapped
     w = lambda s: dense[nm.block(layer, s)]  # noqa: E731
+    proj = lambda s, a: dense.linear(nm.block(layer, s), a)  # noqa: E731  a W^T
     t, h = x.shape[0], cfg.n_heads
     c, n, r, v = cfg.mla.kv_lora_rank, cfg.mla.qk_nope_head_dim, cfg.mla.qk_rope_head_dim, cfg.mla.v_head_dim
     if cfg.mla.q_lora_rank:
-        q = rms_norm(x @ w(nm.attn_q_a).T, w(nm.attn_q_a_norm), MLA_NORM_EPS) @ w(nm.attn_q_b).T
+        q = proj(nm.attn_q_b, rms_norm(proj(nm.attn_q_a, x), w(nm.attn_q_a_norm), MLA_NORM_EPS))
     else:
-        q = x @ w(nm.attn_q).T
+        q = proj(nm.attn_q, x)
     q = q.reshape(t, h, n + r).transpose(1, 0, 2)  # [H, T, n + r]
-    kva = x @ w(nm.attn_kv_a_mqa).T  # [T, c + r]
+    kva = proj(nm.attn_kv_a_mqa, x)  # [T, c + r]
     latent = rms_norm(kva[:, :c], w(nm.attn_kv_a_norm), MLA_NORM_EPS)  # [T, c]
     positions = np.arange(kv.length, kv.length + t)
     cos, sin = rope_cos_sin(cfg, positions)  # [T, r / 2]
@@ -157,4 +160,4 @@ def mla(cfg: ModelConfig, dense: dict, layer: int, kv: LatentKV, x: np.ndarray, 
         values = np.einsum("hvc,sc->hsv", w_uv, state.latent)  # [H, S, v]
         out = probs @ values
     out = out.transpose(1, 0, 2).reshape(t, h * v)  # [T, H*v]
-    return (out @ w(nm.attn_output).T).astype(np.float32), state
+    return proj(nm.attn_output, out).astype(np.float32), state

@@ -1,13 +1,21 @@
 """How many arena slots a run gets (design §7): `--arena SIZE` or the budget rule.
 
-    arena = available − keep − ple_reserve − dense_unwired
+    arena = available + model page cache − keep − ple_reserve − dense_unwired
 
-`available` is the kernel's MemAvailable less the page cache already holding the model's own
-files (the design: "inactive file pages of the model itself are not available" — they are what the
-arena would displace). `dense_unwired` is the part of the dense weights that sits in
-reclaimable file pages: strata's loader copies dense tensors into anonymous memory (already
-outside MemAvailable once loaded), so it is 0 here, and 0 by definition with `mlock_dense`.
-The rule never grows an arena past its budget; it only decides a size once, at engine start.
+`available` is the kernel's MemAvailable (a container's limit less what it uses but inactive
+file pages). The page cache holding the model's own files is the arena's to take: strata's
+loader copies the dense tensors into anonymous memory and the experts are read into the arena,
+so those file pages are never needed again; the loader has just read the model file, and
+charging its cache against the arena refused runs that fit (a 15% limit on a 5.3 GB model).
+psutil's MemAvailable already counts that cache as available; inside a container limit, the
+model's pages among the active file pages (which `available` counts as used) are added back
+(`model_cache_in_use`: min(the model files' cached bytes, the cgroup's active file bytes)).
+`keep` ("auto") is what the process itself still needs beyond its arena once the engine starts
+(KV cache, activations, read buffers, the interpreter's growth): PROCESS_RESERVE, or
+SEED_KEEP_FRACTION of a machine too small for that. `dense_unwired` is the part of the dense
+weights that sits in reclaimable file pages: 0 here (anonymous copies, already outside
+`available` once loaded), and 0 by definition with `mlock_dense`. The rule never grows an arena
+past its budget; it only decides a size once, at engine start.
 
 Memory figures come from `strata.runtime.memory.machine_memory` (psutil, bounded by a container's
 cgroup limit: inside a container the limit is the machine). An explicit `--arena` above the
@@ -30,17 +38,22 @@ from strata.runtime.memory import machine_memory, metal_wired_budget
 from strata.option_names import option
 
 __all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "keep_bytes", "mem_available", "cached_file_bytes",
-           "fmt_bytes", "budget_bytes", "check_wired"]
+           "model_cache_in_use", "fmt_bytes", "budget_bytes", "check_wired", "PROCESS_RESERVE"]
 
-SEED_KEEP_FRACTION = 7 / 24  # the reference engine: keep = 7 GB on a 24 GB Mac
+# What a run needs beyond its arena once the engine has started: measured 350-450 MB (peak RSS
+# less the arena, numpy engine, a 24-layer 128-expert Q8_0 Qwen3-MoE under cgroup limits), with
+# a margin. The rule used to keep SEED_KEEP_FRACTION of the machine (~29%: 7 GB of 24 GB), which
+# at a 15% limit left no arena where the run fits.
+PROCESS_RESERVE = 512 << 20
+SEED_KEEP_FRACTION = 7 / 24  # the reference engine's 7 GB of a 24 GB Mac: the most "auto" keeps of a small machine
 
 
 def keep_bytes(keep: str, total: int | None = None) -> int:
-    """`keep` in bytes; "auto" scales the reference engine's 7 GB of 24 GB to this machine's memory (`total`,
-    default `machine_memory().total`: a container's limit where one is set), so a small machine
-    is not told to keep more than it has."""
+    """`keep` in bytes; "auto" is PROCESS_RESERVE, or SEED_KEEP_FRACTION of this machine's memory
+    (`total`, default `machine_memory().total`: a container's limit where one is set) where that
+    is less, so a small machine is not told to keep more than it has."""
     if keep == "auto":
-        return int((machine_memory().total if total is None else total) * SEED_KEEP_FRACTION)
+        return min(PROCESS_RESERVE, int((machine_memory().total if total is None else total) * SEED_KEEP_FRACTION))
     return parse_size(keep, what="keep", allow_slots=False).nbytes
 
 
@@ -85,22 +98,34 @@ class ArenaPlan:
         return self.slots * self.slot_bytes
 
 
+def model_cache_in_use(model_files: tuple[Path, ...], active_file: int) -> int:
+    """The model files' page cache that `available` counts as used: at most the container's
+    active file pages (`active_file`; 0 where `available` counts the page cache as available)."""
+    if active_file <= 0:
+        return 0
+    return min(active_file, sum(cached_file_bytes(p) for p in model_files))
+
+
 def budget_bytes(config, *, model_files: tuple[Path, ...] = (), available: int | None = None,
-                 total: int | None = None, ple_bytes: int | None = None) -> tuple[int, str]:
+                 total: int | None = None, active_file: int | None = None,
+                 ple_bytes: int | None = None) -> tuple[int, str]:
     """The budget rule (module docstring): the bytes an arena may take now, and the one-line sum.
-    ple_bytes: the row cache of a model with PLE rows (strata.runtime.ngram_budget), which may
-    differ from `config.ple_reserve` (its default when unset); None: `config.ple_reserve`."""
+    active_file: the file pages `available` counts as used (MemoryInfo.active_file; None: this
+    machine's where `available` is measured here, else 0). ple_bytes: the row cache of a model
+    with PLE rows (strata.runtime.ngram_budget), which may differ from `config.ple_reserve` (its
+    default when unset); None: `config.ple_reserve`."""
     if available is None or total is None:
         mem = machine_memory()
-        available = mem.available if available is None else available
+        if available is None:
+            available, active_file = mem.available, mem.active_file if active_file is None else active_file
         total = mem.total if total is None else total
-    cached = sum(cached_file_bytes(p) for p in model_files)
+    model_cache = model_cache_in_use(model_files, active_file or 0)
     keep = keep_bytes(config.keep, total)
     ple = parse_size(config.ple_reserve or "0", what="ple_reserve", allow_slots=False).nbytes if ple_bytes is None \
         else ple_bytes
     dense_unwired = 0  # see the module docstring: dense tensors are anonymous copies
-    budget = available - cached - keep - ple - dense_unwired
-    reason = (f"budget: available {fmt_bytes(available)} - model page cache {fmt_bytes(cached)} - keep "
+    budget = available + model_cache - keep - ple - dense_unwired
+    reason = (f"budget: available {fmt_bytes(available)} + model page cache {fmt_bytes(model_cache)} - keep "
               f"{fmt_bytes(keep)} - ple {fmt_bytes(ple)} - dense unwired {fmt_bytes(dense_unwired)} "
               f"= {fmt_bytes(budget)}")
     return budget, reason
@@ -108,7 +133,7 @@ def budget_bytes(config, *, model_files: tuple[Path, ...] = (), available: int |
 
 def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
                dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None,
-               total: int | None = None, wired_budget: int | None | str = "auto",
+               total: int | None = None, active_file: int | None = None, wired_budget: int | None | str = "auto",
                ple_bytes: int | None = None) -> ArenaPlan:
     """Decide the arena from `config.arena` or the budget rule (module docstring).
 
@@ -116,11 +141,11 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
     and is refused (ConfigError, one line) when it is above the budget unless
     `config.force_arena`; the budget rule streams only when the experts do not all fit. Raises
     ArenaTooSmallError when the size cannot hold one window's selections plus the read-ahead
-    depth (`min_slots`). `wired_budget`: the GPU's wired ceiling ("auto": asked of MLX on a
+    depth (`min_slots`). `available`, `total`, `active_file`: budget_bytes'. `wired_budget`: the GPU's wired ceiling ("auto": asked of MLX on a
     Mac, None elsewhere); a plan over it is refused by `check_wired`.
     """
     budget, budget_reason = budget_bytes(config, model_files=model_files, available=available, total=total,
-                                         ple_bytes=ple_bytes)
+                                         active_file=active_file, ple_bytes=ple_bytes)
     if config.arena:
         spec = parse_size(config.arena, what="arena")
         slots = spec.to_slots(slot_bytes, total_experts)

@@ -7,7 +7,8 @@ and the wired-memory ceiling of a Mac's GPU.
   path from the process's cgroup to the root) *is* the machine for the budget rule: under a
   300 MB limit the host's MemAvailable says gigabytes, and a run sized by it is killed.
   Inside a limit, available = limit − (usage − inactive file pages), since the kernel reclaims
-  inactive file pages before it kills.
+  inactive file pages before it kills; the active file pages are reported beside it
+  (`active_file`), for the budget rule to count the model's own among what an arena may take.
 - `paging_snapshot()` / `PagingDelta`: major faults of this process, system swap-in and
   swap-out bytes (and page-ins on macOS), read before and after a run, so a run whose compute
   time rises with the arena (the reference engine's finding: model pages reclaimed and
@@ -36,11 +37,13 @@ NO_LIMIT = 1 << 62  # cgroup v1 writes 2^63 rounded down to a page for "unlimite
 @dataclass(frozen=True)
 class CgroupLimit:
     """The tightest memory limit on this process's cgroup path: `limit` bytes, of which `used`
-    (usage less inactive file pages) are taken; `source` names the file it came from."""
+    (usage less inactive file pages) are taken; `source` names the file it came from;
+    `active_file`: the active file pages counted in `used`."""
 
     limit: int
     used: int
     source: str
+    active_file: int = 0
 
     @property
     def available(self) -> int:
@@ -52,6 +55,9 @@ class MemoryInfo:
     total: int  # physical memory, or the container's limit when that is smaller
     available: int  # what a run can take without swapping or being killed
     source: str  # "psutil" or the cgroup file that bounded it
+    # file pages counted as taken in `available` (a cgroup's active file pages, where the limit
+    # bounded it; 0 for psutil's figure, which counts the page cache as available)
+    active_file: int = 0
 
 
 def _read_int(path: Path) -> int | None:
@@ -109,21 +115,22 @@ def cgroup_limit(root: str | os.PathLike = CGROUP_ROOT,
     """The tightest cgroup memory limit over this process (v2 first, then v1), or None."""
     root, proc = Path(root), Path(proc_self_cgroup)
     v2, v1 = _cgroup_paths(proc)
-    candidates: list[tuple[Path, str, str, str]] = []  # (dir, limit file, usage file, inactive key)
+    candidates: list[tuple[Path, str, str, str]] = []  # (dir, limit file, usage file, memory.stat prefix)
     if v2 is not None:
-        candidates += [(d, "memory.max", "memory.current", "inactive_file") for d in _ancestors(root, v2)]
+        candidates += [(d, "memory.max", "memory.current", "") for d in _ancestors(root, v2)]
     if v1 is not None:
         base = root / "memory"
-        candidates += [(d, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        candidates += [(d, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_")
                        for d in _ancestors(base, v1)]
     best: CgroupLimit | None = None
-    for d, limit_file, usage_file, inactive_key in candidates:
+    for d, limit_file, usage_file, prefix in candidates:
         limit = _read_int(d / limit_file)
         if limit is None:
             continue
         usage = _read_int(d / usage_file) or 0
-        used = max(0, usage - _stat_value(d / "memory.stat", inactive_key))
-        found = CgroupLimit(limit, used, str(d / limit_file))
+        used = max(0, usage - _stat_value(d / "memory.stat", prefix + "inactive_file"))
+        active = min(used, _stat_value(d / "memory.stat", prefix + "active_file"))
+        found = CgroupLimit(limit, used, str(d / limit_file), active)
         if best is None or found.available < best.available:
             best = found
     return best
@@ -135,14 +142,14 @@ def machine_memory(*, cgroup_root: str | os.PathLike = CGROUP_ROOT,
     import psutil
 
     vm = psutil.virtual_memory()
-    total, available, source = int(vm.total), int(vm.available), "psutil"
+    total, available, source, active = int(vm.total), int(vm.available), "psutil", 0
     limit = cgroup_limit(cgroup_root, proc_self_cgroup)  # no such files on macOS: None
     if limit is not None:
         if limit.limit < total:
             total, source = limit.limit, limit.source
         if limit.available < available:
-            available, source = limit.available, limit.source
-    return MemoryInfo(total, available, source)
+            available, source, active = limit.available, limit.source, limit.active_file
+    return MemoryInfo(total, available, source, active)
 
 
 # ---------------------------------------------------------------- paging counters

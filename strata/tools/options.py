@@ -16,7 +16,7 @@ from strata.reference.routing import STOCK_BONUS, STOCK_DROP_TAIL_RANK, STOCK_J,
 from strata.tools.closed_loop import GuessRanking, LoopConfig
 
 __all__ = ["add_policy_options", "add_cache_options", "loop_configs", "parse_capacity", "read_text",
-           "parse_list", "SEED_PRESET"]
+           "parse_list", "tool_ops", "SEED_PRESET"]
 
 SEED_PRESET = "seed"
 _ON_OFF = {"on": (True,), "off": (False,), "both": (False, True)}
@@ -158,3 +158,14 @@ def scoring_tokens(model, text_arg: str, max_tokens: int) -> list[int]:
     if len(tokens) > model.cfg.max_context:
         raise ConfigError(f"{len(tokens)} tokens exceed the model's context of {model.cfg.max_context} (use --max-tokens)")
     return tokens
+
+
+def tool_ops(model, config=None):
+    """The products the numpy engine computes `model` with under `config` (default: the
+    configuration `generate` reads, STRATA_* variables applied): the compiled CPU kernels under
+    `cpu_kernels` where they build, else the float32 reference's. The analysis tools compute on
+    these (strata.tools.quality), so their logits and decisions are the runtime's bit for bit."""
+    from strata.config import from_env
+    from strata.numpy_backend.engine import cpu_ops
+
+    return cpu_ops(from_env() if config is None else config, model.cfg.hidden_size)

@@ -6,7 +6,10 @@ model's own rule (λ = 0); the policy run routes every (token, layer) through th
 (`ClosedLoop`: MoCE against the residency the cache machine holds at that moment, then the
 machine takes the turn and reads ahead from W_router(l+1)·h(l)). Both runs go through the same
 `decode_token` with the same ops in the same order, so at λ = 0 their logits are bit-identical
-and the KLD is exactly 0.
+and the KLD is exactly 0. `ops` (strata.numpy_backend.quant_kernels.CpuOps) are the products the
+numpy engine computes with: the float32 reference's by default, or the compiled CPU kernels
+(`tool_ops` in strata.tools.options: what `generate` would use), and then the loop computes what
+the streaming runtime computes bit for bit (its dense view, its grouped experts).
 
 Measured, over positions from `warmup` on:
 - KLD(P_ref || P_policy) of the next-token distributions: mean, p90, p99, max;
@@ -30,17 +33,19 @@ from strata.formats.quant_matrix import QuantMatrix
 from strata.formats.quant_types import QuantType
 from strata.cache.types import CacheStats, stats_delta
 from strata.model_config import Ffn, TensorNames
-from strata.reference.experts import expert_act, swiglu_expert
+from strata.numpy_backend.prompt import grouped_moe_output
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
+from strata.reference.experts import expert_act
 from strata.reference.model import (
     ExpertSource, ModelParams, ModelState, dense_ffn_output, embed, head, layer_router_logits, mixer_block,
-    moe_output, router_input, router_rule, router_rules,
+    router_input, router_rule, router_rules,
 )
 from strata.reference.quants import dequantize
 from strata.reference.routing import Selection, route
 from strata.reference.sampling import log_softmax
 from strata.tools.closed_loop import ClosedLoop, GuessRouters, LoopConfig
 
-__all__ = ["DequantizedExperts", "decode_token", "RunOutput", "run_decode", "QualityResult", "quality",
+__all__ = ["DequantizedExperts", "engine_params", "decode_token", "RunOutput", "run_decode", "QualityResult", "quality",
            "kld_rows", "DEQUANT_CACHE_BYTES"]
 
 DEQUANT_CACHE_BYTES = 2 << 30  # float32 copies of experts kept for speed (an LRU of this many bytes)
@@ -88,11 +93,24 @@ class DequantizedExperts:
         return w
 
 
+def engine_params(params: ModelParams, ops: CpuOps = REFERENCE_OPS) -> ModelParams:
+    """`params` as a numpy engine on `ops` computes with them: the dense weights through `ops`'
+    view (whose `linear` is the engine's dense product) and, where the products are compiled,
+    the stored experts (the kernels read their blocks; `DequantizedExperts`' float32 copies
+    have no kernel and would take the reference's products). Idempotent."""
+    experts = params.experts
+    if ops.compiled and isinstance(experts, DequantizedExperts):
+        experts = experts.source
+    return ModelParams(params.cfg, ops.dense(params.dense), experts, rows=params.rows)
+
+
 def decode_token(params: ModelParams, state: ModelState, token: int, select: Callable[[int, np.ndarray], Selection],
-                 observe: Observer | None = None) -> tuple[np.ndarray, ModelState]:
+                 observe: Observer | None = None, *, ops: CpuOps = REFERENCE_OPS) -> tuple[np.ndarray, ModelState]:
     """One decode step through the public layer pieces, exactly `forward(params, state, [token],
     select=select)`'s ops in its order (tests/test_tools_quality.py checks the bits), with a hook
-    after each layer's MoE that sees the router input h (for the read-ahead guess).
+    after each layer's MoE that sees the router input h (for the read-ahead guess). The routed
+    experts are the numpy engines' (`grouped_moe_output` on `ops`: with the reference's ops,
+    `moe_output`'s arithmetic); the dense products are `params.dense.linear` (`engine_params`).
 
     Shapes: -> logits float32 [vocab]
     """
@@ -108,7 +126,7 @@ def decode_token(params: ModelParams, state: ModelState, token: int, select: Cal
         m = cfg.moe_index(layer)  # the hooks and the cache count MoE layers
         z = layer_router_logits(params, layer, h)  # [1, E]
         sel = select(m, z[0])
-        moe = moe_output(params, layer, h, [sel])
+        moe = grouped_moe_output(params, layer, h, [sel], ops=ops)
         if observe is not None:
             observe(m, sel, h, z[0])
         x = x + moe
@@ -127,21 +145,24 @@ class RunOutput:
     turns: int = 0  # counted (token, layer)
 
 
-def _routed(params: ModelParams, layer: int, sel: Selection, h: np.ndarray, memo: dict) -> np.ndarray:
+def _routed(params: ModelParams, layer: int, sel: Selection, h: np.ndarray, memo: dict,
+            ops: CpuOps = REFERENCE_OPS) -> np.ndarray:
     """Σ w_i expert_i(h) in rank order (routed_experts' sum), expert outputs memoized per layer."""
     out = np.zeros(h.shape[-1], np.float32)
     for e, w in zip(sel.experts.tolist(), np.asarray(sel.weights, np.float32)):
         y = memo.get(e)
         if y is None:
-            y = memo[e] = swiglu_expert(params.experts.expert(layer, e), h, expert_act(params.cfg))
+            y = memo[e] = ops.expert(params.experts.expert(layer, e), h, expert_act(params.cfg))
         out += w * y
     return out
 
 
 def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None, warmup: int = 0,
-               progress: Callable[[int], None] | None = None) -> RunOutput:
+               progress: Callable[[int], None] | None = None, ops: CpuOps = REFERENCE_OPS) -> RunOutput:
     """Feed `tokens` one at a time. config None: the reference (λ = 0, no cache). Otherwise the
-    closed loop under `config`, with the routed-output error vs λ = 0 measured on the way."""
+    closed loop under `config`, with the routed-output error vs λ = 0 measured on the way.
+    ops: the products (the module's docstring)."""
+    params = engine_params(params, ops)
     cfg = params.cfg
     rule, rules = router_rule(cfg), router_rules(cfg, params.dense)  # rules: per MoE layer (selection biases)
     tokens = np.asarray(tokens, np.int64)
@@ -160,9 +181,9 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
         if counting[0]:
             ref = route(z, rules[layer])
             memo: dict = {}
-            y0 = _routed(params, layer, ref, h[0], memo)
+            y0 = _routed(params, layer, ref, h[0], memo, ops)
             same = np.array_equal(ref.experts, sel.experts) and np.array_equal(ref.weights, sel.weights)
-            yp = y0 if same else _routed(params, layer, sel, h[0], memo)
+            yp = y0 if same else _routed(params, layer, sel, h[0], memo, ops)
             acc["num"] += float(np.sum((yp.astype(np.float64) - y0) ** 2))
             acc["den"] += float(np.sum(y0.astype(np.float64) ** 2))
             acc["changed"] += int(not same)
@@ -179,7 +200,7 @@ def run_decode(params: ModelParams, tokens, *, config: LoopConfig | None = None,
             if t == warmup:
                 before, counting[0] = loop.totals(), True
             loop.begin_token()
-        logits, state = decode_token(params, state, tok, select, hook)
+        logits, state = decode_token(params, state, tok, select, hook, ops=ops)
         rows.append(logits)
         if progress is not None:
             progress(t)
@@ -236,14 +257,14 @@ class QualityResult:
 
 
 def quality(params: ModelParams, tokens, config: LoopConfig, *, warmup: int = 0,
-            reference: RunOutput | None = None, progress=None) -> QualityResult:
+            reference: RunOutput | None = None, progress=None, ops: CpuOps = REFERENCE_OPS) -> QualityResult:
     """Score `config` against λ = 0 on `tokens` (teacher-forced, decode order). Pass the
-    `reference` run (`run_decode(params, tokens)`) to reuse it across policies."""
+    `reference` run (`run_decode(params, tokens, ops=ops)`) to reuse it across policies."""
     tokens = np.asarray(tokens, np.int64)
     if not 0 <= warmup < len(tokens):
         raise ValueError(f"warmup {warmup} must leave positions to score (text has {len(tokens)} tokens)")
-    ref = reference if reference is not None else run_decode(params, tokens, progress=progress)
-    run = run_decode(params, tokens, config=config, warmup=warmup, progress=progress)
+    ref = reference if reference is not None else run_decode(params, tokens, progress=progress, ops=ops)
+    run = run_decode(params, tokens, config=config, warmup=warmup, progress=progress, ops=ops)
     kl = kld_rows(ref.logits[warmup:], run.logits[warmup:])
     relmse = run.err_num / run.err_den if run.err_den > 0 else 0.0
     return QualityResult(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
 from strata.reference.model import ModelParams
 from strata.reference.routing import STOCK_BONUS, STOCK_J, MoCEPolicy
 from strata.tools.closed_loop import LoopConfig
@@ -61,13 +62,14 @@ def _grid(js, lambdas) -> list[tuple[int | None, float]]:
 
 
 def policy_sweep(params: ModelParams, tokens, js=(1, 2, 3), lambdas=(0.0, 0.5, 0.85, 1.5), *,
-                 base: LoopConfig, warmup: int = 0, progress=None) -> list[dict]:
+                 base: LoopConfig, warmup: int = 0, progress=None, ops: CpuOps = REFERENCE_OPS) -> list[dict]:
     """One row (a dict with CSV_COLUMNS) per (J, λ); `base` gives the arena and read-ahead
-    (its policy is replaced). `progress(label)` before each policy."""
+    (its policy is replaced). `progress(label)` before each policy. ops: the products
+    (strata.tools.quality)."""
     params = fast_params(params)
     tokens = np.asarray(tokens, np.int64)
-    inputs = ReplayInputs(record_trace(params, tokens))
-    ref = run_decode(params, tokens)
+    inputs = ReplayInputs(record_trace(params, tokens, ops=ops))
+    ref = run_decode(params, tokens, ops=ops)
     rows = []
     for j, lam in _grid(js, lambdas):
         policy = MoCEPolicy(bonus=0.0) if j is None else replace(
@@ -76,7 +78,7 @@ def policy_sweep(params: ModelParams, tokens, js=(1, 2, 3), lambdas=(0.0, 0.5, 0
         if progress is not None:
             progress(config.label)
         row = SweepRow(j, lam, replay(inputs, config, warmup=warmup),
-                       quality(params, tokens, config, warmup=warmup, reference=ref))
+                       quality(params, tokens, config, warmup=warmup, reference=ref, ops=ops))
         rows.append(row.to_dict())
     stock = [r for r in rows if r["J"] == STOCK_J and r["lambda"] == STOCK_BONUS]
     for r in rows:

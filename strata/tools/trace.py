@@ -24,9 +24,11 @@ import numpy as np
 
 from strata.errors import ConfigError, FormatError
 from strata.model_config import RoutingOrder, TensorNames
-from strata.reference.model import ModelParams, ModelState, forward, router_rule
-from strata.reference.routing import RouterRule, route
+from strata.numpy_backend.quant_kernels import REFERENCE_OPS, CpuOps
+from strata.reference.model import ModelParams, ModelState, forward, plain_select, router_rule
+from strata.reference.routing import RouterRule, Selection, route
 from strata.tools.closed_loop import GuessRouters
+from strata.tools.quality import decode_token, engine_params
 
 __all__ = ["Trace", "record_trace", "save_trace", "load_trace", "TRACE_VERSION"]
 
@@ -114,13 +116,15 @@ class Trace:
 
 
 def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decode_order: bool = True,
-                 meta: dict | None = None, progress: Callable[[int], None] | None = None) -> Trace:
+                 meta: dict | None = None, progress: Callable[[int], None] | None = None,
+                 ops: CpuOps = REFERENCE_OPS) -> Trace:
     """Run the model over `tokens` at λ = 0 and record every router input, logit and selection.
 
     decode_order: one token at a time with the KV cache, as generation (and the streaming
-    runtime) computes it, so the trace's numbers are the runtime's bit for bit; off: one
-    forward over the whole sequence (faster; equal up to float32 rounding). `progress(n)`: called
-    with the tokens done so far after each one (decode order; once at the end otherwise).
+    runtime) computes it, on the products `ops` (strata.tools.quality's docstring: the numpy
+    engine's, so the trace's numbers are the runtime's bit for bit); off: one reference forward
+    over the whole sequence (faster; equal up to float32 rounding). `progress(n)`: called with
+    the tokens done so far after each one (decode order; once at the end otherwise).
 
     Shapes: tokens [T] -> Trace with T tokens
     """
@@ -131,11 +135,13 @@ def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decod
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError(f"a trace needs a non-empty token sequence, got shape {tokens.shape}")
     if decode_order:
+        params, select = engine_params(params, ops), plain_select(cfg, params.dense)
         state, inputs, sels = ModelState.empty(cfg), [], []
         for tok in tokens.tolist():
-            _, state, ft = forward(params, state, np.array([tok], np.int64), trace=True)
-            inputs.append(ft.router_inputs[:, 0])  # [L, D]
-            sels.append([layer_sel[0] for layer_sel in ft.selections])  # L selections
+            seen: list[tuple[np.ndarray, Selection]] = []  # per MoE layer: (router input [D], selection)
+            _, state = decode_token(params, state, tok, select, lambda m, sel, h, z: seen.append((h[0], sel)), ops=ops)
+            inputs.append(np.stack([h for h, _ in seen]))  # [L, D]
+            sels.append([sel for _, sel in seen])  # L selections
             if progress is not None:
                 progress(len(sels))
         h = np.stack(inputs)  # [T, L, D]
