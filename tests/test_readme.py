@@ -3,8 +3,9 @@
 The README's `bash` blocks are run through strata's own command line (`strata.cli.main.main`,
 in-process, the code a user's `strata` runs) in the order they appear, with the paths a reader
 would have replaced by files made here: `model.gguf` and `/tmp/tiny` by a made model,
-`~/hf/Qwen3-30B-A3B` by the checked-in tiny Qwen3-MoE checkpoint (and the hub id by that checkpoint in
-a Hugging Face cache laid out here), `@prompt.txt` / `@text.txt`
+`~/hf/Qwen3-30B-A3B` by the checked-in tiny Qwen3-MoE checkpoint (its `-FP8` by that checkpoint
+in FP8 blocks, and the hub id by it in a Hugging Face cache laid out here), `~/models/GLM-5-mlx-4bit`
+by a tiny GLM-5 checkpoint quantized by mlx-lm's own code, `@prompt.txt` / `@text.txt`
 by short text files. A command that cannot run on this machine (a server that blocks, pipeline
 stages on two Macs, an illustration with `...`) is parsed by the real parser instead, and says
 why in `PARSE_ONLY`. The Python block runs as written against the made model. A README command
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from hf_fixtures import copy_checkpoint
+from fp8_checkpoints import write_fp8_checkpoint
+from hf_fixtures import checkpoint_dir, copy_checkpoint
+from tier2_models import make_checkpoint
 from strata.cli.main import build_parser, main
 from strata.testing.models import make_model
 
@@ -67,6 +70,8 @@ def workdir(tmp_path_factory) -> Path:
     (d / "text.txt").write_text("def fibonacci(n):\n    if n < 2:\n        return n\n"
                                 "    return fibonacci(n - 1) + fibonacci(n - 2)\n")  # ~100 tokens
     copy_checkpoint("qwen3_moe", d / "hf" / "Qwen3-30B-A3B")
+    write_fp8_checkpoint(checkpoint_dir("qwen3_moe"), d / "hf" / "Qwen3-30B-A3B-FP8")  # the published FP8 layout
+    make_checkpoint("glm_moe_dsa_a4g32", d / "models" / "GLM-5-mlx-4bit")  # tier 2: as mlx-lm's convert writes it
     # the hub id's snapshot, laid out as the hub client does (tests/test_hub_cache.py)
     repo = d / "hub" / "models--Qwen--Qwen3-30B-A3B"
     (repo / "refs").mkdir(parents=True)
@@ -78,6 +83,7 @@ def workdir(tmp_path_factory) -> Path:
 def _localized(command: str, d: Path) -> str:
     """The command with the README's placeholder paths pointing into `d`."""
     return (command.replace("~/hf/Qwen3-30B-A3B", str(d / "hf" / "Qwen3-30B-A3B"))
+            .replace("~/models/", f"{d / 'models'}/")
             .replace("/data/qwen3", str(d / "qwen3")).replace("/tmp/tiny", str(d / "tiny"))
             .replace("model.gguf", str(d / "model.gguf"))
             .replace("@prompt.txt", f"@{d / 'prompt.txt'}").replace("@text.txt", f"@{d / 'text.txt'}"))

@@ -152,14 +152,17 @@ class Worker:
                 return
             self._running = 1
             try:
-                self._serve(job)
+                done = self._serve(job)
             finally:
+                # not running before Done reaches the request: a client that reads /metrics right
+                # after its answer sees the queue it left (a race seen under load)
                 self._running = 0
+            job.push(done)
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job) -> Done:
+        """Run `job`, pushing its events; -> the Done event, for the caller to push."""
         if job.cancelled:
-            job.push(Done(cancelled=True))
-            return
+            return Done(cancelled=True)
         job.push(Started(time.perf_counter() - job.submitted))
         steps = self._generate(self.model, job.tokens, config=self.config, **job.sampling.options())
         try:
@@ -175,4 +178,4 @@ class Worker:
                 steps.close()  # a cut-short generation releases its engine's resources here
             except Exception:
                 log.exception("closing a generation failed")
-        job.push(Done(cancelled=job.cancelled))
+        return Done(cancelled=job.cancelled)
