@@ -57,7 +57,8 @@ from strata.runtime.decode import arena_plan_for  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 from strata.testing.sharing import REFUSED, call_kwargs, run_threads  # noqa: E402
 
-OUTCOMES = ("refused", "same", "WRONG", "TRACEBACK", "HANG")
+from outcomes import OUTCOMES, close  # noqa: E402  (beside this file)
+
 PROMPTS = (list(b"def f(x):"), list(b"def f(x): return x"), list(b"hello"), list(b"def g"))
 SERVE_BODY_TIMEOUT = 0.5
 
@@ -217,7 +218,7 @@ class _Errors(logging.Handler):
 
 def serve_cases(model_path: Path, rng, count: int, timeout: float):
     """Yield (kind, mode, outcome, detail)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: serve_support
     from serve_support import NAME, live_server, make_app
 
     errors = _Errors()
@@ -335,16 +336,9 @@ def main(argv=None) -> int:
         print(f"\n{'group':8} {'kind':30} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
         for (group, kind), c in sorted(by_kind.items()):
             print(f"{group:8} {kind:30} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
-    for b in bad[:40]:
-        print(f"  {b['outcome']}: {b['group']} {b['kind']} ({b['mode']}): {b['detail']}")
     print(json.dumps({"bench": "fuzz_api", "runs": sum(totals.values()), **{o: totals[o] for o in OUTCOMES},
                       "seconds": round(seconds, 1)}))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"counts": {f"{g}/{m}": dict(c) for (g, m), c in counts.items()},
-                       "by_kind": {f"{g}/{k}": dict(c) for (g, k), c in by_kind.items()},
-                       "bad": bad, "seconds": seconds, "args": vars(args)}, f, indent=1)
-    return 1 if totals["WRONG"] or totals["TRACEBACK"] or totals["HANG"] else 0
+    return close(bad=bad, counts=counts, by_kind=by_kind, totals=totals, seconds=seconds, args=args)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import collections
 import errno
-import json
 import os
 import shutil
 import signal
@@ -59,9 +58,10 @@ from strata.testing.faults import Faults, RandomDelays  # noqa: E402
 from strata.testing.engines import open_numpy_streaming  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 
+from outcomes import OUTCOMES, close  # noqa: E402  (beside this file)
+
 PROMPT = list(b"def fib(n):")
 N_TOKENS = 6
-OUTCOMES = ("refused", "same", "WRONG", "TRACEBACK", "HANG")
 BASE = Config(moce_lambda=0.0)  # every default but λ, which the lead's issue-23 work sets to 0 too
 FAULT_IO_TIMEOUT = 2.0
 
@@ -535,14 +535,7 @@ def main(argv=None) -> int:
         print(f"\n{'group':8} {'kind':34} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
         for (group, kind), c in sorted(by_kind.items()):
             print(f"{group:8} {kind:34} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
-    for b in bad[:40]:
-        print(f"  {b['outcome']}: {b['group']} {b['kind']} ({b['mode']}): {b['detail']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"counts": {f"{g}/{m}": dict(c) for (g, m), c in counts.items()},
-                       "by_kind": {f"{g}/{k}": dict(c) for (g, k), c in by_kind.items()},
-                       "bad": bad, "seconds": seconds, "args": vars(args)}, f, indent=1)
-    return 1 if totals["WRONG"] or totals["TRACEBACK"] or totals["HANG"] else 0
+    return close(bad=bad, counts=counts, by_kind=by_kind, totals=totals, seconds=seconds, args=args)
 
 
 if __name__ == "__main__":
