@@ -35,7 +35,6 @@ def test_a_row_store_model_reads_rows_per_token_not_tables(tmp_path):
 def test_tables_among_the_dense_weights_are_counted_the_same(tmp_path):
     """A made model with its tables in the model file: the doctor counts them as the row store's
     all the same (never as dense weights read whole per token)."""
-
     dense, stored = SHAPES["qwen4"], SHAPES["qwen4"].with_fields(ple_row_store=True)
     a, b = byte_budget(count_strata(dense)), byte_budget(count_strata(stored))
     assert a.rows == b.rows and a.dense_resident == b.dense_resident and a.per_token == b.per_token

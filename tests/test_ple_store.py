@@ -3,7 +3,6 @@ refused in one line when missing, foreign or shaped for another config."""
 
 from __future__ import annotations
 
-
 import pytest
 
 import strata

@@ -10,7 +10,8 @@ indexer, reference/indexed_attention.py); some DeltaNet layers carry a PLE modul
 
 Shapes use S = hc_count * D (every stream), r = hc_lowrank, E = ple_embed_dim,
 N = (ngram_size - 1) * ngram_heads_per_order n-gram heads, Hi / di the indexer heads and width.
-Below model_config (whose part it is): it imports only errors, layer_kinds and tensor_names.
+Below model_config (whose part it is): it imports only errors, the families' shared pieces
+(family, qwen_hybrid's made DeltaNet sizes), layer_kinds and tensor_names.
 """
 
 from __future__ import annotations

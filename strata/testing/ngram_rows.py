@@ -76,7 +76,6 @@ def move_tables_to_store(cfg, dense: dict, path, qtype: QuantType) -> tuple:
     """A made PLE model's n-gram tables written into a row store at `path` (keyed by PLE index)
     and taken out of its dense weights: -> (cfg with ple_row_store, dense without the tables,
     the store's identity for the model file)."""
-
     from strata.model_config import TensorNames
     from strata.families.qwen4_exp import Qwen4Names, ple_layers
 
