@@ -31,7 +31,7 @@ TEXT = (b"def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibon
 
 def measure(seed: int, positions: int, embed: int, workdir: Path) -> list:
     made = make_model(workdir / "m", "qwen4", seed=seed, ple_rows=QuantType.F32, ple_embed_dim=embed)
-    eos = SHAPES["qwen4"].ngram_eos_token
+    eos = SHAPES["qwen4"].qwen4.ngram_eos_token
     tokens = np.array([eos if b == ord("\n") and i % 3 == 0 else b for i, b in enumerate(TEXT)][:positions])
     with strata.load(made.model_path) as model:
         tables = model_tables(model)

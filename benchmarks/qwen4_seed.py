@@ -36,7 +36,6 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -81,9 +80,9 @@ def seed_shape(layers: int = FULL_LAYERS, *, ple_gb: float = 0.0, tiny: bool = F
     kinds = _layer_types(layers)
     ple = ",".join(str(l) for l, k in enumerate(kinds) if k.mixer is Mixer.DELTANET)
     if tiny:
-        cfg = replace(SHAPES["qwen4"], n_layers=layers, layer_types=kinds, ple_layer_ids=ple, n_experts=32,
-                      n_experts_per_token=4, ngram_heads_per_order=4, ple_embed_dim=256, ngram_vocab_base=2003,
-                      ple_row_store=True)
+        cfg = SHAPES["qwen4"].with_fields(n_layers=layers, layer_types=kinds, ple_layer_ids=ple, n_experts=32,
+                                          n_experts_per_token=4, ngram_heads_per_order=4, ple_embed_dim=256,
+                                          ngram_vocab_base=2003, ple_row_store=True)
         return cfg
     cfg = SHAPES["qwen4"].with_fields(
         architecture="qwen4_exp_text", vocab_size=151936, hidden_size=2560, n_layers=layers,
@@ -95,7 +94,7 @@ def seed_shape(layers: int = FULL_LAYERS, *, ple_gb: float = 0.0, tiny: bool = F
         ngram_vocab_base=FULL_PLE_BASE, ngram_vocab_divisor=128, ngram_seed=1234, ngram_eos_token=151645,
         ple_row_store=True)
     if ple_gb:
-        cfg = replace(cfg, ngram_vocab_base=max(1009, int(FULL_PLE_BASE * ple_gb * 1e9 / store_bytes(cfg))))
+        cfg = cfg.with_fields(ngram_vocab_base=max(1009, int(FULL_PLE_BASE * ple_gb * 1e9 / store_bytes(cfg))))
     return cfg
 
 

@@ -95,7 +95,7 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
     re-quantized one) is run. Model files without an identity (older ones) skip the check.
     `layers` (a `model_config.LayerRange`, a pipeline stage's): load only the dense tensors it
-    computes with. A PLE model whose tables are in a row store (`cfg.ple_row_store`) opens it too:
+    computes with. A PLE model whose tables are in a row store (`cfg.qwen4.ple_row_store`) opens it too:
     `ngrams`, default `<name>.ngrams`, refused in one line when missing or not the one the model
     was written with (strata/ple_store.py). `max_context`: hold the model to this many positions
     (prompt and generated) instead of the file's own context: engines size their KV caches by it

@@ -61,26 +61,6 @@ class ModelConfig(FamilyFields):
     # output (Qwen3-Next / Qwen3.5, Qwen4-Exp): fields of several families, so they stay shared
     rotary_dim: int = 0  # RoPE over the first rotary_dim dims of each head (0: the whole head)
     attention_output_gate: bool = False  # attention output * sigmoid(x · W_gate) before o_proj
-    # qwen4_exp (Qwen4-Exp): hyper-connections, indexed (QSA) attention, PLE n-gram embeddings;
-    # their tensors and rules are in strata/families/qwen4_exp.py
-    hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)
-    hc_lowrank: int = 0  # rank of the hyper-connection input mixer
-    indexer_heads: int = 0  # QSA indexer query heads (one key head)
-    indexer_head_dim: int = 0
-    indexer_budget: int = 0  # tokens taken from complete key blocks per query
-    indexer_block: int = 0  # tokens per compressed key block (transformers' indexer_compress_ratio)
-    ple_layer_ids: str = ""  # comma-separated model layers (0-based) with a PLE module ("": none)
-    ple_embed_dim: int = 0  # every n-gram head's row, concatenated
-    ple_conv_kernel: int = 0  # taps of the dilated depthwise conv (dilation ngram_size)
-    ngram_size: int = 0  # the largest n-gram hashed (orders 2..ngram_size)
-    ngram_heads_per_order: int = 0
-    ngram_vocab_base: int = 0  # head tables are successive primes from this one
-    ngram_vocab_divisor: int = 1  # a layer's table rows are padded to a multiple of it
-    ngram_seed: int = 0  # seeds the per-layer hash multipliers
-    ngram_eos_token: int = 0  # the n-gram shifts stop at this token
-    # the n-gram tables are in the row store `<name>.ngrams` (docs/formats.md §7), not among the
-    # dense tensors: what `strata convert` writes; the made test models may keep them dense
-    ple_row_store: bool = False
 
     def __post_init__(self) -> None:
         types = tuple(t if isinstance(t, LayerType) else LayerType.from_str(t) for t in self.layer_types)
@@ -153,7 +133,7 @@ class ModelConfig(FamilyFields):
     @property
     def residual(self) -> ResidualKind:
         """The residual stream's kind: hyper-connections where the model has streams (Qwen4-Exp)."""
-        return ResidualKind.HYPER_CONNECTIONS if self.hc_count else ResidualKind.PLAIN
+        return ResidualKind.HYPER_CONNECTIONS if self.qwen4.hc_count else ResidualKind.PLAIN
 
     @classmethod
     def stored_fields(cls) -> tuple[dataclasses.Field, ...]:

@@ -29,7 +29,7 @@ def ngrams_path_for(model_path: Path) -> Path:
 
 def table_shapes(cfg: ModelConfig) -> dict[int, tuple[int, int]]:
     """PLE index -> (rows, width) of its table: what the store must hold for this config."""
-    width = cfg.ple_embed_dim // ngram_heads(cfg) if cfg.ple_embed_dim else 0
+    width = cfg.qwen4.ple_embed_dim // ngram_heads(cfg) if cfg.qwen4.ple_embed_dim else 0
     return {i: (ngram_table_sizes(cfg, i)[2], width) for i in range(len(ple_layers(cfg)))}
 
 
@@ -38,7 +38,7 @@ def open_ngram_store(cfg: ModelConfig, model_path: Path, identity: str | None, *
     """The row store of a model whose config says `ple_row_store` (None for any other model).
     identity: what the model file records (None: not recorded, no check). path: the store
     (default `<name>.ngrams` beside the model)."""
-    if not cfg.ple_row_store:
+    if not cfg.qwen4.ple_row_store:
         return None
     path = Path(path) if path is not None else ngrams_path_for(model_path)
     if not path.exists():

@@ -25,7 +25,7 @@ def test_the_full_size_shape_is_the_reference_engines():
     assert kinds.count(Mixer.DELTANET) == 36 and kinds.count(Mixer.INDEXED_ATTENTION) == 12
     assert all(kinds[l] is Mixer.INDEXED_ATTENTION for l in range(3, 48, 4))
     assert (cfg.hidden_size, cfg.n_experts, cfg.n_experts_per_token, cfg.expert_ffn_size, cfg.shared_ffn_size,
-            cfg.hc_count, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (2560, 256, 10, 576, 512, 4, 16, 4, 128)
+            cfg.qwen4.hc_count, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (2560, 256, 10, 576, 512, 4, 16, 4, 128)
     assert len(ple_layers(cfg)) == 36
     assert abs(RecordLayout(QuantType.Q2_0, 2560, 576).record_bytes / 1e6 - 1.38) < 0.01
     budget = qwen4_seed.token_budget(cfg)

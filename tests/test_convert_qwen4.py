@@ -59,7 +59,7 @@ def test_f16_logits_match_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
     tokens = parity_tokens(model, checkpoint[1])
     assert len(tokens) >= 128
-    assert np.count_nonzero(tokens == model.cfg.ngram_eos_token) >= 2  # the shifts stop inside the text
+    assert np.count_nonzero(tokens == model.cfg.qwen4.ngram_eos_token) >= 2  # the shifts stop inside the text
     ref, got = checkpoint[1].logits, reference_logits(model, tokens)
     rel, scale = logit_error(ref, got)
     print(f"\n{arch} f16: max|dlogit|/scale = {rel:.2e} (scale {scale:.2f}, {len(tokens)} positions), "
@@ -71,7 +71,7 @@ def test_f16_greedy_matches_transformers(arch, checkpoint, converted):
     model = converted[QuantType.F16][0]
     prompt = [int(t) for t in parity_tokens(model, checkpoint[1])[:PROMPT_TOKENS]]
     assert checkpoint[1].eos_ids == sorted(model.tokenizer.eos_ids) and checkpoint[1].prompt == prompt
-    assert model.cfg.ngram_eos_token in prompt
+    assert model.cfg.qwen4.ngram_eos_token in prompt
     ours = generate(model, prompt, max_tokens=GREEDY_STEPS).tokens
     assert ours == checkpoint[1].greedy and len(ours) == GREEDY_STEPS
 
@@ -89,9 +89,9 @@ def test_config_carried_over(arch, converted):
     cfg, r = converted[QuantType.F16][0].cfg, converted[QuantType.F16][1]
     assert cfg.architecture == arch
     assert [k.mixer for k in cfg.kinds] == [Mixer.DELTANET] * 3 + [Mixer.INDEXED_ATTENTION]
-    assert (cfg.hc_count, cfg.hc_lowrank) == (hf_qwen4.HC_COUNT, hf_qwen4.HC_LOWRANK)
+    assert (cfg.qwen4.hc_count, cfg.qwen4.hc_lowrank) == (hf_qwen4.HC_COUNT, hf_qwen4.HC_LOWRANK)
     assert ple_layers(cfg) == tuple(i - 1 for i in hf_qwen4.PLE_LAYER_IDS)
-    assert (cfg.indexer_heads, cfg.indexer_budget, cfg.indexer_block) == (
+    assert (cfg.qwen4.indexer_heads, cfg.qwen4.indexer_budget, cfg.qwen4.indexer_block) == (
         hf_qwen4.INDEXER_HEADS, hf_qwen4.INDEXER_BUDGET, hf_qwen4.INDEXER_BLOCK)
     assert any("hash buffers" in n for n in r.notes)
     assert any("vision tower" in n for n in r.notes) == (arch == "qwen4_exp")
@@ -130,9 +130,9 @@ def test_qsa_selection_matters_and_no_tie_decides_it(arch, converted):
     model = converted[QuantType.F16][0]
     cfg = model.cfg
     queries, blocks = _index_scores(model, parity_tokens(model))
-    top, limited = cfg.indexer_budget // cfg.indexer_block, 0
+    top, limited = cfg.qwen4.indexer_budget // cfg.qwen4.indexer_block, 0
     for p in range(len(queries)):
-        complete = (p + 1) // cfg.indexer_block
+        complete = (p + 1) // cfg.qwen4.indexer_block
         if complete <= top:
             continue
         limited += 1
@@ -238,7 +238,7 @@ def test_tables_go_to_the_row_store_in_shard_order(arch, checkpoint, converted):
     from strata.formats.model_file import read_model
 
     model, result = converted[QuantType.F16]
-    assert model.cfg.ple_row_store and result.ngrams_path == result.model_path.with_suffix(".ngrams")
+    assert model.cfg.qwen4.ple_row_store and result.ngrams_path == result.model_path.with_suffix(".ngrams")
     assert not any(k.endswith(Qwen4Names.ple_ngram) for k in model.dense)
     store = model.ngrams_file
     assert read_model(result.model_path).ngrams_identity == store.identity

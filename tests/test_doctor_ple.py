@@ -21,7 +21,7 @@ def test_a_row_store_model_reads_rows_per_token_not_tables(tmp_path):
     made = make_model(tmp_path / "m", "qwen4", seed=1, ple_rows=QuantType.F16, ngram_vocab_base=5003)
     src = read_source(made.model_path)
     cfg = src.counts.model_config
-    heads, width = ngram_heads(cfg), cfg.ple_embed_dim // ngram_heads(cfg)
+    heads, width = ngram_heads(cfg), cfg.qwen4.ple_embed_dim // ngram_heads(cfg)
     budget = byte_budget(src.counts)
     row = _ple_row(budget)
     assert row.resident_bytes == 0
@@ -35,8 +35,6 @@ def test_a_row_store_model_reads_rows_per_token_not_tables(tmp_path):
 def test_tables_among_the_dense_weights_are_counted_the_same(tmp_path):
     """A made model with its tables in the model file: the doctor counts them as the row store's
     all the same (never as dense weights read whole per token)."""
-    from dataclasses import replace
-
-    dense, stored = SHAPES["qwen4"], replace(SHAPES["qwen4"], ple_row_store=True)
+    dense, stored = SHAPES["qwen4"], SHAPES["qwen4"].with_fields(ple_row_store=True)
     a, b = byte_budget(count_strata(dense)), byte_budget(count_strata(stored))
     assert a.rows == b.rows and a.dense_resident == b.dense_resident and a.per_token == b.per_token

@@ -96,18 +96,12 @@ SHARED_FIELDS = {
     "norm_topk_prob", "qk_norm", "attention_bias", "rope_theta", "rms_norm_eps", "max_context", "tie_embeddings",
     "layer_types", "dense_ffn_size", "rotary_dim", "attention_output_gate",
 }
-# Qwen4-Exp's fields, the last still on ModelConfig itself (they move into its own dataclass next)
-QWEN4_ON_MODEL_CONFIG = {
-    "hc_count", "hc_lowrank", "indexer_heads", "indexer_head_dim", "indexer_budget", "indexer_block",
-    "ple_layer_ids", "ple_embed_dim", "ple_conv_kernel", "ngram_size", "ngram_heads_per_order", "ngram_vocab_base",
-    "ngram_vocab_divisor", "ngram_seed", "ngram_eos_token", "ple_row_store",
-}
 
 
 def test_model_config_keeps_only_the_shared_fields():
     parts = {f.name: f.default_factory for f in dataclasses.fields(FamilyFields)}
     own = {f.name for f in dataclasses.fields(ModelConfig)} - set(parts)
-    assert own == SHARED_FIELDS | QWEN4_ON_MODEL_CONFIG
+    assert own == SHARED_FIELDS
     family_modules = {f"strata.families.{m}" for m in MODULES}
     stored = [f.name for f in ModelConfig.stored_fields()]
     assert len(stored) == len(set(stored)) == len(own) + sum(len(dataclasses.fields(p)) for p in parts.values())

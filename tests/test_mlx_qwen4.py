@@ -34,7 +34,7 @@ def model(tmp_path_factory):
 
 
 def _tokens(model) -> np.ndarray:
-    eos = model.cfg.ngram_eos_token
+    eos = model.cfg.qwen4.ngram_eos_token
     return np.asarray(list(b"def fib(n):") + [eos] + list(b" return fib(n - 1) + fib(n - 2)"))
 
 
@@ -82,7 +82,7 @@ def pieces(model):
 
 
 def _streams(cfg, t: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((t, cfg.hc_count * cfg.hidden_size)).astype(np.float32)
+    return np.random.default_rng(seed).standard_normal((t, cfg.qwen4.hc_count * cfg.hidden_size)).astype(np.float32)
 
 
 def test_hyper_connection_read_and_write_agree(model, pieces):

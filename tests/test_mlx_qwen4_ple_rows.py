@@ -17,7 +17,7 @@ from strata.mlx_backend.kernels.launch import gpu_dialect  # noqa: E402
 from strata.runtime import ngram_source  # noqa: E402
 from strata.testing.models import SHAPES, make_model  # noqa: E402
 
-EOS = SHAPES["qwen4"].ngram_eos_token
+EOS = SHAPES["qwen4"].qwen4.ngram_eos_token
 PROMPT = [5, 6, 7, EOS, 8, 9, 10, 11, EOS, 12]
 
 

@@ -28,7 +28,7 @@ def model(tmp_path_factory):
 
 
 def _prompt(model) -> list[int]:
-    eos = model.cfg.ngram_eos_token
+    eos = model.cfg.qwen4.ngram_eos_token
     return list(b"def fib(n):") + [eos] + list(b" return n")
 
 

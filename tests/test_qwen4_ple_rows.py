@@ -33,7 +33,7 @@ from strata.testing.faults import FixedDelay
 from strata.testing.models import SHAPES, make_model
 from tests.budgets import PLE_RSS_SLACK, PLE_WAIT_SLACK_S
 
-EOS = SHAPES["qwen4"].ngram_eos_token
+EOS = SHAPES["qwen4"].qwen4.ngram_eos_token
 BIG = dict(ngram_vocab_base=5003)  # tables of ~20k rows (160 pages a layer): a token reads pages
 PROMPT = [5, 6, 7, EOS, 8, 9, 10, 11, EOS, 12, 13, 14]
 DECODE = [3, EOS, 4, 5, 6]

@@ -86,10 +86,10 @@ def test_no_tie_decides_a_qsa_selection(checkpoint, model):
     tokens = parity_tokens(model, checkpoint[1])
     selections = _selections(model, tokens)
     assert len(selections) == sum(k.mixer is Mixer.INDEXED_ATTENTION for k in cfg.kinds)
-    top, limited = cfg.indexer_budget // cfg.indexer_block, 0
+    top, limited = cfg.qwen4.indexer_budget // cfg.qwen4.indexer_block, 0
     for layer, (queries, blocks) in enumerate(selections):
         for p in range(len(queries)):
-            complete = (p + 1) // cfg.indexer_block
+            complete = (p + 1) // cfg.qwen4.indexer_block
             if complete <= top:
                 continue
             limited += 1

@@ -31,7 +31,7 @@ from strata.testing.models import SHAPES, make_model
 from tests.budgets import FLOAT32_REORDER
 
 CFG = SHAPES["qwen4"]
-EOS = CFG.ngram_eos_token
+EOS = CFG.qwen4.ngram_eos_token
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_row_ids_of_chunks_equal_the_whole(seed):
         parts.append(ngram_row_ids(h, context, chunk))
         context = ngram_context_after(h, context, chunk)
     np.testing.assert_array_equal(np.concatenate(parts), whole)
-    assert whole.shape == (40, (CFG.ngram_size - 1) * CFG.ngram_heads_per_order) and whole.dtype == np.int64
+    assert whole.shape == (40, (CFG.qwen4.ngram_size - 1) * CFG.qwen4.ngram_heads_per_order) and whole.dtype == np.int64
     assert (whole >= 0).all() and (whole < h.table_rows).all()
 
 
@@ -153,7 +153,7 @@ def test_ple_rows_come_only_from_the_row_source(model):
 def test_indexed_attention_with_a_budget_past_the_context_is_gated_attention(model):
     params = model.resident_params()
     layer = next(l for l, k in enumerate(model.cfg.kinds) if k.mixer is Mixer.INDEXED_ATTENTION)
-    wide = dataclasses.replace(model.cfg, indexer_budget=64 * model.cfg.indexer_block)
+    wide = model.cfg.with_fields(indexer_budget=64 * model.cfg.qwen4.indexer_block)
     x = np.random.default_rng(4).standard_normal((30, wide.hidden_size)).astype(np.float32)
     got, state = indexed_attention(wide, params.dense, layer, IndexedKV.empty(wide), x)
     want, _ = attention(wide, params.dense, layer, LayerKV.empty(wide), x)
@@ -179,7 +179,7 @@ def test_the_fields_survive_the_model_file(model):
 ])
 def test_bad_fields_are_refused_naming_the_field(change, field):
     with pytest.raises(ConfigError, match=field):
-        dataclasses.replace(CFG, **change)
+        CFG.with_fields(**change)
 
 
 def test_generate_on_the_numpy_engines(model):

@@ -50,10 +50,10 @@ def test_hyper_connections_widen_the_residual_to_every_stream():
     cfg, residual = params.cfg, residual_for(params)
     x = np.arange(2 * cfg.hidden_size, dtype=np.float32).reshape(2, cfg.hidden_size)
     streams = residual.expand(params, x, np.zeros(2, np.int64))
-    assert streams.shape == (2, cfg.hc_count * cfg.hidden_size)
+    assert streams.shape == (2, cfg.qwen4.hc_count * cfg.hidden_size)
     assert np.array_equal(streams[:, -cfg.hidden_size:], x)  # every stream starts as the embedding
     h, inject = residual.ffn_read(params, 0, streams)
-    assert h.shape == (2, cfg.hidden_size) and inject.shape == (2, cfg.hc_count)
+    assert h.shape == (2, cfg.hidden_size) and inject.shape == (2, cfg.qwen4.hc_count)
 
 
 def test_a_pipeline_stage_of_hyper_connections_is_refused_in_one_line():

@@ -322,7 +322,7 @@ def convert(
         model_path, experts_path = output_paths(out)
         model_partial = Path(str(model_path) + PARTIAL_SUFFIX)
         experts_partial = Path(str(experts_path) + PARTIAL_SUFFIX)
-        ngrams_path = model_path.with_suffix(NGRAMS_SUFFIX) if cfg.ple_row_store else None
+        ngrams_path = model_path.with_suffix(NGRAMS_SUFFIX) if cfg.qwen4.ple_row_store else None
         ngrams_partial = Path(str(ngrams_path) + PARTIAL_SUFFIX) if ngrams_path else None
         partials = (model_partial, experts_partial) + ((ngrams_partial,) if ngrams_partial else ())
         model_path.parent.mkdir(parents=True, exist_ok=True)

@@ -161,7 +161,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
 
 
 def _hc_sources(cfg: ModelConfig, src: str, dst: str, *, inject: bool = True) -> dict[str, str | Derived]:
-    q, s = Qwen4Names, cfg.hc_count * cfg.hidden_size
+    q, s = Qwen4Names, cfg.qwen4.hc_count * cfg.hidden_size
     out: dict[str, str | Derived] = {q.hc(dst, q.hc_norm): _plus_one(src + "hc_norm.weight", (s,)),
                                      q.hc(dst, q.hc_down): src + "input_mix_weight_down.weight",
                                      q.hc(dst, q.hc_up): src + "input_mix_weight_up.weight"}
@@ -216,7 +216,7 @@ def _layer_sources(cfg: ModelConfig, ckpt: Checkpoint, layer: int, prefix: str):
     buffers: list[str] = []
     if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:
         a = lp + "self_attn."
-        di = cfg.indexer_head_dim
+        di = cfg.qwen4.indexer_head_dim
         out.update({n.attn_q: _split_q_gate(cfg, a + "q_proj.weight", 0),
                     n.attn_gate: _split_q_gate(cfg, a + "q_proj.weight", 1),
                     n.attn_k: a + "k_proj.weight", n.attn_v: a + "v_proj.weight", n.attn_output: a + "o_proj.weight",
@@ -234,7 +234,7 @@ def _layer_sources(cfg: ModelConfig, ckpt: Checkpoint, layer: int, prefix: str):
                 n.ssm_a: Derived(((a + "A_log", (hv,)),), lambda w: -np.exp(w), "-exp"),
                 n.ssm_dt_bias: a + "dt_bias", n.ssm_norm: a + "norm.weight", n.ssm_out: a + "out_proj.weight"})
     if layer in ple_layers(cfg):
-        p, s = lp + "ple.", cfg.hc_count * cfg.hidden_size
+        p, s = lp + "ple.", cfg.qwen4.hc_count * cfg.hidden_size
         h = NgramHash.of(cfg, ple_layers(cfg).index(layer))
         emb = p + "ple_embedding.ngram_embedding."
         out.update({q.ple_key: p + "key_proj.weight", q.ple_value: p + "value_proj.weight",
@@ -242,8 +242,8 @@ def _layer_sources(cfg: ModelConfig, ckpt: Checkpoint, layer: int, prefix: str):
                     q.ple_query_norm: _plus_one(p + "norm_query.weight", (s,)),
                     q.ple_conv_norm: _plus_one(p + "norm_conv.weight", (s,)),
                     q.ple_conv: p + "conv1d.weight"})  # [S, 1, K] -> [S, K]
-        table = _ngram_table(ckpt, emb, h.table_rows, cfg.ple_embed_dim // ngram_heads(cfg))  # shapes checked
-        if cfg.ple_row_store:  # written by write_row_store: the model file has no place for it
+        table = _ngram_table(ckpt, emb, h.table_rows, cfg.qwen4.ple_embed_dim // ngram_heads(cfg))  # shapes checked
+        if cfg.qwen4.ple_row_store:  # written by write_row_store: the model file has no place for it
             buffers = list(source_names({"table": table}))
         else:
             out[q.ple_ngram] = table
@@ -276,7 +276,7 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
 
 def ckpt_table_shape(cfg: ModelConfig, layer: int) -> tuple[int, int]:
     """A PLE layer's table [rows, width] (the config's hash decides the rows)."""
-    return NgramHash.of(cfg, ple_layers(cfg).index(layer)).table_rows, cfg.ple_embed_dim // ngram_heads(cfg)
+    return NgramHash.of(cfg, ple_layers(cfg).index(layer)).table_rows, cfg.qwen4.ple_embed_dim // ngram_heads(cfg)
 
 
 def ngram_tables(cfg: ModelConfig, dense):

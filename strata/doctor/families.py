@@ -88,7 +88,7 @@ def _ple_counts(cfg, ple_layers, table_shapes) -> dict:
     shapes = table_shapes(cfg)
     width = next(iter(shapes.values()))[1]
     return dict(ple_table_values=sum(r * w for r, w in shapes.values()), ple_row_width=width,
-                ple_rows_per_token=cfg.ple_embed_dim // width * len(shapes))
+                ple_rows_per_token=cfg.qwen4.ple_embed_dim // width * len(shapes))
 
 
 def _strata_part(name: str) -> str:

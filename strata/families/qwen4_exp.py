@@ -1,6 +1,7 @@
-"""Qwen4-Exp's part of the model config: its tensors (names, shapes) and the rules its fields keep.
+"""Qwen4-Exp's part of the model config: its fields (`Qwen4Config`, `ModelConfig.qwen4`), its
+tensors (names, shapes) and the rules its fields keep.
 
-A Qwen4-Exp model (`ModelConfig.hc_count > 0`) has no pre-norms: every layer's residual is
+A Qwen4-Exp model (`cfg.qwen4.hc_count > 0`) has no pre-norms: every layer's residual is
 `hc_count` streams of width D, and a hyper-connection (reference/hyper_connections.py) with its
 own grouped RMSNorm reads them before the mixer and before the MoE block, and a last one before
 the head. Its full-attention layers are `Mixer.INDEXED_ATTENTION` (gated attention plus a QSA
@@ -9,13 +10,15 @@ indexer, reference/indexed_attention.py); some DeltaNet layers carry a PLE modul
 
 Shapes use S = hc_count * D (every stream), r = hc_lowrank, E = ple_embed_dim,
 N = (ngram_size - 1) * ngram_heads_per_order n-gram heads, Hi / di the indexer heads and width.
-Below model_config (whose part it is): it imports only errors, layer_kinds and tensor_names.
+Below model_config (whose part it is): it imports only errors, the families' shared pieces
+(family, qwen_hybrid's made DeltaNet sizes), layer_kinds and tensor_names.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +32,31 @@ from strata.tensor_names import MIXER_TENSORS, TensorNames
 
 if TYPE_CHECKING:  # annotations only: model_config imports this module for its checks and tensors
     from strata.model_config import ModelConfig
+
+@dataclass(frozen=True)
+class Qwen4Config:
+    """Qwen4-Exp's own fields (`ModelConfig.qwen4`): hyper-connections, indexed (QSA) attention,
+    PLE n-gram embeddings. At their "not Qwen4-Exp" defaults (hc_count 0: a plain residual)."""
+
+    hc_count: int = 0  # residual streams (0: a plain residual with pre-norms)
+    hc_lowrank: int = 0  # rank of the hyper-connection input mixer
+    indexer_heads: int = 0  # QSA indexer query heads (one key head)
+    indexer_head_dim: int = 0
+    indexer_budget: int = 0  # tokens taken from complete key blocks per query
+    indexer_block: int = 0  # tokens per compressed key block (transformers' indexer_compress_ratio)
+    ple_layer_ids: str = ""  # comma-separated model layers (0-based) with a PLE module ("": none)
+    ple_embed_dim: int = 0  # every n-gram head's row, concatenated
+    ple_conv_kernel: int = 0  # taps of the dilated depthwise conv (dilation ngram_size)
+    ngram_size: int = 0  # the largest n-gram hashed (orders 2..ngram_size)
+    ngram_heads_per_order: int = 0
+    ngram_vocab_base: int = 0  # head tables are successive primes from this one
+    ngram_vocab_divisor: int = 1  # a layer's table rows are padded to a multiple of it
+    ngram_seed: int = 0  # seeds the per-layer hash multipliers
+    ngram_eos_token: int = 0  # the n-gram shifts stop at this token
+    # the n-gram tables are in the row store `<name>.ngrams` (docs/formats.md §7), not among the
+    # dense tensors: what `strata convert` writes; the made test models may keep them dense
+    ple_row_store: bool = False
+
 
 HC_FINAL = "hc_output"  # the prefix of the hyper-connection before the head
 # the mixers of a Qwen4-Exp layer (each layer is one of them, with an MoE block)
@@ -63,13 +91,13 @@ class Qwen4Names:
 
 def ple_layers(cfg: "ModelConfig") -> tuple[int, ...]:
     """The model layers (0-based, ascending) that carry a PLE module."""
-    text = cfg.ple_layer_ids.strip()
+    text = cfg.qwen4.ple_layer_ids.strip()
     return tuple(int(t) for t in text.split(",")) if text else ()
 
 
 def ngram_heads(cfg: "ModelConfig") -> int:
     """N: hashed heads per PLE layer (heads_per_order for each order 2..ngram_size)."""
-    return (cfg.ngram_size - 1) * cfg.ngram_heads_per_order
+    return (cfg.qwen4.ngram_size - 1) * cfg.qwen4.ngram_heads_per_order
 
 
 @functools.lru_cache(maxsize=8)
@@ -96,26 +124,26 @@ def ngram_table_sizes(cfg: "ModelConfig", ple_index: int) -> tuple[np.ndarray, n
     from ngram_vocab_base, layer by layer. -> (sizes int64 [N], offsets int64 [N], rows)"""
     heads = ngram_heads(cfg)
     # every PLE layer's primes at once (one cached sieve per config, not one per layer)
-    every = primes_from(cfg.ngram_vocab_base, max(len(ple_layers(cfg)), ple_index + 1) * heads)
+    every = primes_from(cfg.qwen4.ngram_vocab_base, max(len(ple_layers(cfg)), ple_index + 1) * heads)
     sizes = np.asarray(every[ple_index * heads:(ple_index + 1) * heads], np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    rows = -(-int(sizes.sum()) // cfg.ngram_vocab_divisor) * cfg.ngram_vocab_divisor
+    rows = -(-int(sizes.sum()) // cfg.qwen4.ngram_vocab_divisor) * cfg.qwen4.ngram_vocab_divisor
     return sizes, offsets, rows
 
 
 def hc_shapes(cfg: "ModelConfig", prefix: str, *, inject: bool = True) -> dict[str, tuple[int, ...]]:
-    q, s = Qwen4Names, cfg.hc_count * cfg.hidden_size
-    shapes = {q.hc(prefix, q.hc_norm): (s,), q.hc(prefix, q.hc_down): (cfg.hc_lowrank, s),
-              q.hc(prefix, q.hc_up): (s, cfg.hc_lowrank)}
+    q, s = Qwen4Names, cfg.qwen4.hc_count * cfg.hidden_size
+    shapes = {q.hc(prefix, q.hc_norm): (s,), q.hc(prefix, q.hc_down): (cfg.qwen4.hc_lowrank, s),
+              q.hc(prefix, q.hc_up): (s, cfg.qwen4.hc_lowrank)}
     if inject:
-        shapes[q.hc(prefix, q.hc_inject)] = (cfg.hc_count, s)
+        shapes[q.hc(prefix, q.hc_inject)] = (cfg.qwen4.hc_count, s)
     return shapes
 
 
 def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
     """Every dense tensor of a Qwen4-Exp model with its shape (model_config.dense_tensor_shapes)."""
     n, q, d = TensorNames, Qwen4Names, cfg.hidden_size
-    s = cfg.hc_count * d
+    s = cfg.qwen4.hc_count * d
     shapes: dict[str, tuple[int, ...]] = {n.token_embd: (cfg.vocab_size, d)}
     if not cfg.tie_embeddings:
         shapes[n.output] = (cfg.vocab_size, d)
@@ -127,14 +155,14 @@ def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
         shapes.update(hc_shapes(cfg, b("hc_ffn")))
         shapes.update(MIXER_TENSORS[cfg.kinds[layer].mixer](cfg, layer))
         if cfg.kinds[layer].mixer is Mixer.INDEXED_ATTENTION:  # its indexer
-            hi, di = cfg.indexer_heads, cfg.indexer_head_dim
+            hi, di = cfg.qwen4.indexer_heads, cfg.qwen4.indexer_head_dim
             shapes.update({b(q.idx_qk): ((hi + 1) * di, d), b(q.idx_q_norm): (di,), b(q.idx_k_norm): (di,)})
         if layer in ple:
-            e, k = cfg.ple_embed_dim, cfg.ple_conv_kernel
+            e, k = cfg.qwen4.ple_embed_dim, cfg.qwen4.ple_conv_kernel
             rows = ngram_table_sizes(cfg, ple.index(layer))[2]
             shapes.update({b(q.ple_key): (s, e), b(q.ple_value): (d, e), b(q.ple_key_norm): (s,),
                            b(q.ple_query_norm): (s,), b(q.ple_conv_norm): (s,), b(q.ple_conv): (s, k)})
-            if not cfg.ple_row_store:  # else the table is in the row store, not the model file
+            if not cfg.qwen4.ple_row_store:  # else the table is in the row store, not the model file
                 shapes[b(q.ple_ngram)] = (rows, e // ngram_heads(cfg))
         shapes[b(n.router)] = (cfg.n_experts, d)
         shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, d)
@@ -146,14 +174,15 @@ def qwen4_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
 
 def check_qwen4_fields(cfg: "ModelConfig") -> None:
     """The Qwen4-Exp fields' rules, one ConfigError naming the field (nothing when hc_count is 0)."""
+    q = cfg.qwen4
     indexed = [layer for layer, t in enumerate(cfg.kinds) if t.mixer is Mixer.INDEXED_ATTENTION]
-    if not cfg.hc_count:
-        if indexed or cfg.ple_layer_ids:
+    if not q.hc_count:
+        if indexed or q.ple_layer_ids:
             raise ConfigError("model config: indexed attention and PLE layers need hc_count > 0 (Qwen4-Exp)")
         return
-    if cfg.hc_count < 2 or cfg.hc_lowrank <= 0:
-        raise ConfigError(f"model config: hc_count must be > 1 and hc_lowrank > 0, got {cfg.hc_count}, "
-                          f"{cfg.hc_lowrank}")
+    if q.hc_count < 2 or q.hc_lowrank <= 0:
+        raise ConfigError(f"model config: hc_count must be > 1 and hc_lowrank > 0, got {q.hc_count}, "
+                          f"{q.hc_lowrank}")
     bad = [t.to_str() for t in cfg.kinds if t.mixer not in QWEN4_MIXERS or t.ffn is not Ffn.MOE]
     if bad:
         raise ConfigError(f"model config: layer_types {bad[0]!r}: Qwen4-Exp layers are deltanet or "
@@ -162,36 +191,36 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
         raise ConfigError("model config: shared_ffn_size: Qwen4-Exp has a gated shared expert")
     if indexed:
         for name in ("indexer_heads", "indexer_head_dim", "indexer_budget", "indexer_block"):
-            if getattr(cfg, name) <= 0:
-                raise ConfigError(f"model config: indexed attention needs {name} > 0, got {getattr(cfg, name)}")
-        if cfg.indexer_budget % cfg.indexer_block:
-            raise ConfigError(f"model config: indexer_budget={cfg.indexer_budget} is not a multiple of "
-                              f"indexer_block={cfg.indexer_block}")
-        if cfg.rope_dim > cfg.indexer_head_dim:
-            raise ConfigError(f"model config: indexer_head_dim={cfg.indexer_head_dim} must hold the "
+            if getattr(q, name) <= 0:
+                raise ConfigError(f"model config: indexed attention needs {name} > 0, got {getattr(q, name)}")
+        if q.indexer_budget % q.indexer_block:
+            raise ConfigError(f"model config: indexer_budget={q.indexer_budget} is not a multiple of "
+                              f"indexer_block={q.indexer_block}")
+        if cfg.rope_dim > q.indexer_head_dim:
+            raise ConfigError(f"model config: indexer_head_dim={q.indexer_head_dim} must hold the "
                               f"{cfg.rope_dim} rotary dims")
     try:
         layers = ple_layers(cfg)
     except ValueError:
-        raise ConfigError(f"model config: ple_layer_ids must be comma-separated layers, got {cfg.ple_layer_ids!r}")
+        raise ConfigError(f"model config: ple_layer_ids must be comma-separated layers, got {q.ple_layer_ids!r}")
     if not layers:
-        if cfg.ple_row_store:
+        if q.ple_row_store:
             raise ConfigError("model config: ple_row_store is set, but ple_layer_ids names no PLE layer")
         return
     deltanet = {l for l, t in enumerate(cfg.kinds) if t.mixer is Mixer.DELTANET}
     if list(layers) != sorted(set(layers)) or not set(layers) <= deltanet:
-        raise ConfigError(f"model config: ple_layer_ids {cfg.ple_layer_ids!r} must be ascending DeltaNet layers")
+        raise ConfigError(f"model config: ple_layer_ids {q.ple_layer_ids!r} must be ascending DeltaNet layers")
     for name in ("ple_embed_dim", "ple_conv_kernel", "ngram_heads_per_order", "ngram_vocab_base",
                  "ngram_vocab_divisor"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"model config: PLE layers need {name} > 0, got {getattr(cfg, name)}")
-    if cfg.ngram_size < 2:
-        raise ConfigError(f"model config: PLE layers need ngram_size >= 2, got {cfg.ngram_size}")
-    if cfg.ple_embed_dim % ngram_heads(cfg):
-        raise ConfigError(f"model config: ple_embed_dim={cfg.ple_embed_dim} is not a multiple of the "
+        if getattr(q, name) <= 0:
+            raise ConfigError(f"model config: PLE layers need {name} > 0, got {getattr(q, name)}")
+    if q.ngram_size < 2:
+        raise ConfigError(f"model config: PLE layers need ngram_size >= 2, got {q.ngram_size}")
+    if q.ple_embed_dim % ngram_heads(cfg):
+        raise ConfigError(f"model config: ple_embed_dim={q.ple_embed_dim} is not a multiple of the "
                           f"{ngram_heads(cfg)} n-gram heads")
-    if not 0 <= cfg.ngram_eos_token < cfg.vocab_size:
-        raise ConfigError(f"model config: ngram_eos_token={cfg.ngram_eos_token} is not a token id")
+    if not 0 <= q.ngram_eos_token < cfg.vocab_size:
+        raise ConfigError(f"model config: ngram_eos_token={q.ngram_eos_token} is not a token id")
 
 
 MADE_SHAPES = {
@@ -202,11 +231,11 @@ MADE_SHAPES = {
                   qk_norm=QKNorm.PER_HEAD, max_context=256,
                   layer_types=((LayerType(Mixer.DELTANET, Ffn.MOE),) * 3
                                + (LayerType(Mixer.INDEXED_ATTENTION, Ffn.MOE),)),
-                  rotary_dim=8, attention_output_gate=True, deltanet=MADE_DELTANET, hc_count=4, hc_lowrank=16,
-                  indexer_heads=2,
-                  indexer_head_dim=16, indexer_budget=8, indexer_block=4, ple_layer_ids="0,2", ple_embed_dim=32,
-                  ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=2, ngram_vocab_base=101,
-                  ngram_vocab_divisor=8, ngram_seed=1234, ngram_eos_token=MADE_VOCAB - 1),
+                  rotary_dim=8, attention_output_gate=True, deltanet=MADE_DELTANET,
+                  qwen4=Qwen4Config(hc_count=4, hc_lowrank=16, indexer_heads=2, indexer_head_dim=16,
+                                    indexer_budget=8, indexer_block=4, ple_layer_ids="0,2", ple_embed_dim=32,
+                                    ple_conv_kernel=4, ngram_size=3, ngram_heads_per_order=2, ngram_vocab_base=101,
+                                    ngram_vocab_divisor=8, ngram_seed=1234, ngram_eos_token=MADE_VOCAB - 1)),
 }
 
 FAMILY = FamilyParts(

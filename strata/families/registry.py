@@ -13,8 +13,8 @@ from strata.families import deepseek, gpt_oss, qwen4_exp, qwen_hybrid
 from strata.families.family import FamilyParts
 from strata.families.deepseek import LatentAttentionConfig, SigmoidRoutingConfig
 from strata.families.gpt_oss import GptOssConfig, YarnConfig
+from strata.families.qwen4_exp import Qwen4Config
 from strata.families.qwen_hybrid import DeltaNetConfig
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +23,10 @@ class FamilyFields:
     at its "not this family" defaults. `ModelConfig` inherits these attributes
     (`cfg.gpt_oss.sliding_window`) and keeps only the fields every family shares; in the GGUF
     metadata every field is one flat key `strata.<field>` (`ModelConfig.to_dict`), so a field's
-    name is unique across the families. A new family with fields of its own adds its attribute here."""
+    name is unique across the families. A new family with fields of its own adds its attribute here
+    (last: the stored keys keep their order, the order the files were first written in)."""
 
+    qwen4: Qwen4Config = field(default_factory=Qwen4Config)  # first: its keys followed the shared ones
     deltanet: DeltaNetConfig = field(default_factory=DeltaNetConfig)
     sigmoid: SigmoidRoutingConfig = field(default_factory=SigmoidRoutingConfig)
     mla: LatentAttentionConfig = field(default_factory=LatentAttentionConfig)

@@ -184,7 +184,7 @@ def empty_hyper_state(cfg: ModelConfig) -> ModelState:
 
 def hc_read(cfg: ModelConfig, w: HcWeights, streams: mx.array) -> tuple[mx.array, mx.array | None]:
     """Twin of reference `hc_read`. streams [T, S] -> (input [T, D], inject [T, hc] or None)"""
-    hc, d, t = cfg.hc_count, cfg.hidden_size, streams.shape[0]
+    hc, d, t = cfg.qwen4.hc_count, cfg.hidden_size, streams.shape[0]
     normed = grouped_rms_norm(streams, w.norm, d, cfg.rms_norm_eps)
     low = normed @ w.down.T / hc
     mix = mx.sigmoid((low * mx.sigmoid(low)) @ w.up.T)
@@ -208,7 +208,7 @@ class HyperConnections:
         self.rows = rows
 
     def expand(self, p: HyperMlxParams, x: mx.array, tokens: np.ndarray) -> mx.array:
-        return mx.concatenate([x] * p.cfg.hc_count, axis=1)  # [T, S]
+        return mx.concatenate([x] * p.cfg.qwen4.hc_count, axis=1)  # [T, S]
 
     def mixer_block(self, p: HyperMlxParams, layer: int, state, r: mx.array, tokens: np.ndarray, *,
                     window: bool):

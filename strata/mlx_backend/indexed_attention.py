@@ -39,7 +39,7 @@ class IndexedWeights:
 
 def empty_indexed_state(cfg: ModelConfig) -> IndexedKV:
     z = mx.zeros((cfg.n_kv_heads, 0, cfg.head_dim), mx.float32)
-    return IndexedKV(LayerKV(z, z), mx.zeros((0, cfg.indexer_head_dim), mx.float32))
+    return IndexedKV(LayerKV(z, z), mx.zeros((0, cfg.qwen4.indexer_head_dim), mx.float32))
 
 
 def rope(cfg: ModelConfig, x: mx.array, positions: np.ndarray) -> mx.array:
@@ -58,9 +58,9 @@ def _keep(cfg: ModelConfig, w: IndexedWeights, q_idx: mx.array, raw_keys: mx.arr
     """Which keys each new query sees (twin of reference `selected_keys` over `block_keys`).
 
     Shapes: q_idx [T, Hi, di], raw_keys [S, di] -> bool [T, S]"""
-    c, s, t = cfg.indexer_block, raw_keys.shape[0], q_idx.shape[0]
+    c, s, t = cfg.qwen4.indexer_block, raw_keys.shape[0], q_idx.shape[0]
     n_blocks = s // c
-    top = cfg.indexer_budget // c
+    top = cfg.qwen4.indexer_budget // c
     positions = np.arange(start, start + t)
     key_pos = mx.arange(s)[None, :]
     query_pos = mx.array(positions)[:, None]
@@ -70,7 +70,7 @@ def _keep(cfg: ModelConfig, w: IndexedWeights, q_idx: mx.array, raw_keys: mx.arr
         return tail
     pooled = raw_keys[:n_blocks * c].reshape(n_blocks, c, -1).mean(axis=1)
     blocks = rope(cfg, rms_norm(pooled, w.idx_k_norm, cfg.rms_norm_eps)[None], np.arange(n_blocks) * c)[0]
-    scores = mx.maximum(q_idx @ blocks.T, 0).sum(axis=1) / np.float32(np.sqrt(cfg.indexer_head_dim))  # [T, B]
+    scores = mx.maximum(q_idx @ blocks.T, 0).sum(axis=1) / np.float32(np.sqrt(cfg.qwen4.indexer_head_dim))  # [T, B]
     eligible = mx.arange(n_blocks)[None, :] < complete  # [T, B]
     # a block's rank: the eligible blocks scoring more, or as much and earlier (the reference's
     # stable descending order). O(T B^2) comparisons: an ops twin, not a long-context path.
@@ -90,7 +90,7 @@ def indexed_attention(cfg: ModelConfig, w: IndexedWeights, state: IndexedKV, x: 
     """Twin of reference `indexed_attention`. x [T, D] (the block input) -> ([T, D], IndexedKV)"""
     t, start = x.shape[0], state.length
     h, kvh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    hi, di = cfg.indexer_heads, cfg.indexer_head_dim
+    hi, di = cfg.qwen4.indexer_heads, cfg.qwen4.indexer_head_dim
     positions = np.arange(start, start + t)
     qk = x @ w.idx_qk.T  # [T, (Hi + 1) di]
     q_idx = rms_norm(qk[:, :hi * di].reshape(t, hi, di), w.idx_q_norm, cfg.rms_norm_eps)

@@ -44,14 +44,14 @@ def grouped_rms_norm(x: mx.array, weight: mx.array, group: int, eps: float) -> m
 
 def empty_ple_state(cfg: ModelConfig, layer: int) -> PleState:
     h = NgramHash.of(cfg, ple_layers(cfg).index(layer))
-    conv = mx.zeros((conv_state_len(cfg), cfg.hc_count * cfg.hidden_size), mx.float32)
-    return PleState(initial_ngram_context(h), conv, eos_token=cfg.ngram_eos_token)
+    conv = mx.zeros((conv_state_len(cfg), cfg.qwen4.hc_count * cfg.hidden_size), mx.float32)
+    return PleState(initial_ngram_context(h), conv, eos_token=cfg.qwen4.ngram_eos_token)
 
 
 def ple(cfg: ModelConfig, w: PleWeights, layer: int, rows: NgramRows, state: PleState, streams: mx.array,
         tokens: np.ndarray, *, window: bool = False) -> tuple[mx.array, PleState]:
     """Twin of reference `ple`. streams [T, S], tokens [T] -> ([T, S], PleState with T more positions)"""
-    d, hc, eps, t = cfg.hidden_size, cfg.hc_count, cfg.rms_norm_eps, streams.shape[0]
+    d, hc, eps, t = cfg.hidden_size, cfg.qwen4.hc_count, cfg.rms_norm_eps, streams.shape[0]
     index = ple_layers(cfg).index(layer)
     emb = mx.array(ple_embeddings(cfg, index, rows, state.context, tokens))  # [T, E]
     key = grouped_rms_norm(emb @ w.key.T, w.key_norm, d, eps).reshape(t, hc, d)
@@ -62,8 +62,8 @@ def ple(cfg: ModelConfig, w: PleWeights, layer: int, rows: NgramRows, state: Ple
     gated = (mx.sigmoid(gate)[:, :, None] * value[:, None, :]).reshape(t, hc * d)
     normed = grouped_rms_norm(gated, w.conv_norm, d, eps)
     padded = mx.concatenate([state.conv, normed], axis=0)  # [L + T, S]
-    dil = cfg.ngram_size
-    conv = sum(w.conv[:, j] * padded[j * dil:j * dil + t] for j in range(cfg.ple_conv_kernel))
+    dil = cfg.qwen4.ngram_size
+    conv = sum(w.conv[:, j] * padded[j * dil:j * dil + t] for j in range(cfg.qwen4.ple_conv_kernel))
     conv = conv * mx.sigmoid(conv)
     keep, snaps = conv_state_len(cfg), []
     h = NgramHash.of(cfg, index)

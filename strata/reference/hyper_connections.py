@@ -27,7 +27,7 @@ from strata.reference.deltanet import silu
 
 def expand_streams(cfg: ModelConfig, x: np.ndarray) -> np.ndarray:
     """The embedding copied into every stream. [T, D] -> [T, hc * D]"""
-    return np.tile(np.asarray(x, np.float32), (1, cfg.hc_count))
+    return np.tile(np.asarray(x, np.float32), (1, cfg.qwen4.hc_count))
 
 
 def grouped_rms_norm(x: np.ndarray, weight: np.ndarray, group: int, eps: float) -> np.ndarray:
@@ -44,7 +44,7 @@ def hc_read(cfg: ModelConfig, dense, prefix: str, streams: np.ndarray, *,
     the hyper-connection before the head).
 
     Shapes: streams [T, S] -> (input [T, D], inject [T, hc] or None)"""
-    q, hc, d = Qwen4Names, cfg.hc_count, cfg.hidden_size
+    q, hc, d = Qwen4Names, cfg.qwen4.hc_count, cfg.hidden_size
     w = lambda part: dense[q.hc(prefix, part)]  # noqa: E731
     normed = grouped_rms_norm(streams, w(q.hc_norm), d, cfg.rms_norm_eps)  # [T, S]
     low = silu((normed @ w(q.hc_down).T) / np.float32(hc))  # [T, r]

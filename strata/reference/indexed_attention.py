@@ -40,7 +40,7 @@ class IndexedKV:
 
     @staticmethod
     def empty(cfg: ModelConfig) -> "IndexedKV":
-        return IndexedKV(LayerKV.empty(cfg), np.zeros((0, cfg.indexer_head_dim), np.float32))
+        return IndexedKV(LayerKV.empty(cfg), np.zeros((0, cfg.qwen4.indexer_head_dim), np.float32))
 
     @property
     def length(self) -> int:
@@ -55,7 +55,7 @@ def block_keys(cfg: ModelConfig, dense, layer: int, raw_keys: np.ndarray) -> np.
     """Every complete block's key: the mean of its raw keys, normed, rotated at its first position.
 
     Shapes: raw_keys [S, di] -> [S // c, di]"""
-    c = cfg.indexer_block
+    c = cfg.qwen4.indexer_block
     n_blocks = raw_keys.shape[0] // c
     pooled = raw_keys[:n_blocks * c].reshape(n_blocks, c, raw_keys.shape[1]).mean(axis=1, dtype=np.float32)  # [B, di]
     pooled = rms_norm(pooled, dense[TensorNames.block(layer, Qwen4Names.idx_k_norm)], cfg.rms_norm_eps)
@@ -67,7 +67,7 @@ def index_queries(cfg: ModelConfig, dense, layer: int, x: np.ndarray, positions:
     """The indexer's normed, rotated queries and its raw keys for x.
 
     Shapes: x [T, D], positions [T] -> (queries [T, Hi, di], raw keys [T, di])"""
-    hi, di = cfg.indexer_heads, cfg.indexer_head_dim
+    hi, di = cfg.qwen4.indexer_heads, cfg.qwen4.indexer_head_dim
     qk = (x @ dense[TensorNames.block(layer, Qwen4Names.idx_qk)].T).astype(np.float32)  # [T, (Hi + 1) di]
     t = x.shape[0]
     q = rms_norm(qk[:, :hi * di].reshape(t, hi, di), dense[TensorNames.block(layer, Qwen4Names.idx_q_norm)],
@@ -81,10 +81,10 @@ def selected_keys(cfg: ModelConfig, queries: np.ndarray, blocks: np.ndarray, pos
     """Which keys each query sees: its best complete blocks and its own incomplete block.
 
     Shapes: queries [T, Hi, di], blocks [B, di], positions [T] -> bool [T, n_keys]"""
-    c = cfg.indexer_block
-    top = cfg.indexer_budget // c
+    c = cfg.qwen4.indexer_block
+    top = cfg.qwen4.indexer_budget // c
     keep = np.zeros((len(positions), n_keys), bool)
-    scale = np.float32(np.sqrt(cfg.indexer_head_dim))
+    scale = np.float32(np.sqrt(cfg.qwen4.indexer_head_dim))
     for t, p in enumerate(positions):
         complete = (int(p) + 1) // c
         if complete:

@@ -67,8 +67,8 @@ class NgramHash:
     @staticmethod
     def of(cfg: ModelConfig, ple_index: int) -> "NgramHash":
         sizes, offsets, rows = ngram_table_sizes(cfg, ple_index)
-        return NgramHash(cfg.ngram_size, cfg.ngram_heads_per_order, cfg.ngram_eos_token,
-                         layer_multipliers(cfg.vocab_size, cfg.ngram_size, ple_index, cfg.ngram_seed),
+        return NgramHash(cfg.qwen4.ngram_size, cfg.qwen4.ngram_heads_per_order, cfg.qwen4.ngram_eos_token,
+                         layer_multipliers(cfg.vocab_size, cfg.qwen4.ngram_size, ple_index, cfg.qwen4.ngram_seed),
                          sizes, offsets, rows)
 
     @property

@@ -35,7 +35,7 @@ GATE_FLOOR = 1e-6  # transformers' clamp under the signed square root of the gat
 
 def conv_state_len(cfg: ModelConfig) -> int:
     """How many past conv inputs the dilated conv reads: (K - 1) * dilation."""
-    return (cfg.ple_conv_kernel - 1) * cfg.ngram_size
+    return (cfg.qwen4.ple_conv_kernel - 1) * cfg.qwen4.ngram_size
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class PleState:
 
     @staticmethod
     def empty(cfg: ModelConfig, ple_index: int) -> "PleState":
-        conv = np.zeros((conv_state_len(cfg), cfg.hc_count * cfg.hidden_size), np.float32)
-        return PleState(initial_ngram_context(NgramHash.of(cfg, ple_index)), conv, eos_token=cfg.ngram_eos_token)
+        conv = np.zeros((conv_state_len(cfg), cfg.qwen4.hc_count * cfg.hidden_size), np.float32)
+        return PleState(initial_ngram_context(NgramHash.of(cfg, ple_index)), conv, eos_token=cfg.qwen4.ngram_eos_token)
 
     def trim(self, n: int) -> "PleState":
         """The state after n positions: the current one, a kept snapshot, or empty (n = 0)."""
@@ -95,7 +95,7 @@ def empty_ple_layer_state(cfg: ModelConfig, layer: int) -> PleLayerState:
 
 def resident_rows(cfg: ModelConfig, dense) -> ResidentNgramRows:
     """The row source over the n-gram tables held with the dense weights, by PLE index."""
-    if cfg.ple_row_store:
+    if cfg.qwen4.ple_row_store:
         raise ConfigError("ple_row_store: this model's n-gram tables are in its row store, not among the dense "
                           "weights; pass the row source (strata.runtime.ngram_source.ple_rows_for)")
     return ResidentNgramRows(dict(ple_table_items(cfg, dense)))
@@ -119,7 +119,7 @@ def dilated_conv(cfg: ModelConfig, weight: np.ndarray, state: np.ndarray, x: np.
 
     Shapes: weight [S, K], state [L, S], x [T, S] -> (out [T, S], padded [L + T, S])"""
     padded = np.concatenate([state, x], axis=0)
-    t, dil = x.shape[0], cfg.ngram_size
+    t, dil = x.shape[0], cfg.qwen4.ngram_size
     out = np.zeros_like(x)
     for j in range(weight.shape[1]):  # out[t] = sum_j w[:, j] * padded[t + j * dilation]
         out += weight[:, j] * padded[j * dil:j * dil + t]
@@ -133,7 +133,7 @@ def ple(cfg: ModelConfig, dense, layer: int, rows: NgramRows, state: PleState, s
     Shapes:
         streams [T, S], tokens [T] -> (out [T, S], PleState with T more positions)
     """
-    q, d, hc = Qwen4Names, cfg.hidden_size, cfg.hc_count
+    q, d, hc = Qwen4Names, cfg.hidden_size, cfg.qwen4.hc_count
     w = lambda name: dense[TensorNames.block(layer, name)]  # noqa: E731
     eps, t = cfg.rms_norm_eps, streams.shape[0]
     emb = ple_embeddings(cfg, ple_layers(cfg).index(layer), rows, state.context, tokens)  # [T, E]

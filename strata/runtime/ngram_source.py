@@ -3,7 +3,7 @@
 A PLE model (Qwen4-Exp) looks up, per token and PLE layer, one row per n-gram head. Where the
 tables live decides the source:
 
-- in the model file (the made test models; `cfg.ple_row_store` False): the dense tables,
+- in the model file (the made test models; `cfg.qwen4.ple_row_store` False): the dense tables,
   resident already (`resident_rows`);
 - in the row store (`<name>.ngrams`, what `strata convert` writes): an all-resident engine may
   read the tables whole only when they fit what the budget rule leaves after the experts
@@ -40,7 +40,7 @@ class ModelRowIds:
 
     def __init__(self, cfg) -> None:
         self.hashes = [NgramHash.of(cfg, i) for i in range(len(ple_layers(cfg)))]
-        self.context_tokens = cfg.ngram_size - 1
+        self.context_tokens = cfg.qwen4.ngram_size - 1
 
     def __call__(self, context: np.ndarray, tokens: np.ndarray) -> dict[int, np.ndarray]:
         out = {}
@@ -141,6 +141,6 @@ def ple_rows_for(model, config, *, stream: bool | None = None, hook=None, latenc
             return PleRows(_read_whole(store), None, None,
                            f"PLE rows resident ({fmt_bytes(need)} of tables within {fmt_bytes(room)})")
     rows, plan = open_row_cache(store, config, rows_per_position=rows_per_position(cfg), row_ids=ModelRowIds(cfg),
-                                context_tokens=cfg.ngram_size - 1, hook=hook, reader=reader,
+                                context_tokens=cfg.qwen4.ngram_size - 1, hook=hook, reader=reader,
                                 latency=latency)
     return PleRows(rows, rows, plan, f"PLE rows streamed: {plan.reason}")

@@ -76,8 +76,6 @@ def move_tables_to_store(cfg, dense: dict, path, qtype: QuantType) -> tuple:
     """A made PLE model's n-gram tables written into a row store at `path` (keyed by PLE index)
     and taken out of its dense weights: -> (cfg with ple_row_store, dense without the tables,
     the store's identity for the model file)."""
-    from dataclasses import replace
-
     from strata.model_config import TensorNames
     from strata.families.qwen4_exp import Qwen4Names, ple_layers
 
@@ -87,4 +85,4 @@ def move_tables_to_store(cfg, dense: dict, path, qtype: QuantType) -> tuple:
     with write_ngram_rows(path, qtype=qtype, shapes=shapes, pieces=tables.items()) as store:
         identity = store.identity
     kept = {k: v for k, v in dense.items() if k not in set(names)}
-    return replace(cfg, ple_row_store=True), kept, identity
+    return cfg.with_fields(ple_row_store=True), kept, identity
