@@ -171,12 +171,14 @@ def test_doctor_plans_a_tier2_directory_with_the_engines_rule(made):
     text = full.text()
     assert "verdict: fits resident on tier 2" in text and "tier: 2 as it is" in text
     assert "predicted decode: none for tier 2" in text and "not supported" not in text
-    # memory for the base process, the dense weights, keep and 40 slots: the budget rule streams at 40
-    slots = 40
+    # memory for the base process, the dense weights, keep and a number of slots between the
+    # smallest legal arena and every expert: the budget rule streams at that number
+    assert t2.min_slots < t.n_records
+    slots = (t2.min_slots + t.n_records) // 2
     short = _doctor(d, PROFILE.base_rss + model.dense_bytes + PROCESS_RESERVE + slots * t.slot_bytes).tier2
     assert short.verdict == "streams" and short.arena_slots == slots
     # an explicit arena: the slots the engine itself opens with
-    config = Config(arena="50%")
+    config = Config(arena=f"{slots + 1}slots")
     asked = _doctor(d, 20 * GB, config).tier2
     with Tier2Engine.open(model, config) as engine:
         assert asked.arena_slots == engine.arena.capacity
