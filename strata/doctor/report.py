@@ -65,7 +65,7 @@ class Diagnosis:
                      + ("; the quick probe's: `strata doctor --calibrate` measures fully, for the documented error)"
                         if m.quick else ")"))
         t2 = self.tier2
-        if t2 is not None and t2.verdict != "not supported":  # the run `strata generate DIR` makes: tier 2's plan and verdict
+        if t2 is not None and t2.verdict != "not supported":  # `strata generate DIR` runs tier 2: its plan, verdict
             lines.append(t2.why)
             lines += t2.lines()
             if _needs_convert(self.source) and p.verdict != "not supported":
