@@ -192,3 +192,44 @@ def test_doctor_says_when_tier2_will_not_run(made):
     assert "verdict: will not run on tier 2" in low.text()
     moce = _doctor(d, 20 * GB, Config(moce_lambda=0.5)).tier2
     assert moce.verdict == "will not run" and "MoCE" in moce.refusal
+
+
+# ---------------------------------------------------------------- convert: the experts as aligned records
+
+
+def test_convert_repacks_the_experts_bits_unchanged(tmp_path, capsys):
+    """`strata convert DIR` writes the experts as aligned records; tier 2 then reads one record per
+    expert and every score is the in-place run's, bit for bit, at full residency and at the
+    smallest legal arena; a shard changed after the repack is refused naming the fix."""
+    import os
+
+    from strata.tier2.records import RECORDS_NAME
+
+    d = tier2_models.make_checkpoint("qwen3_moe_a4g32", tmp_path / "q")
+    config = Config(prefetch=2)
+
+    def scores(arena):
+        with strata.load(d) as model:
+            least = arena_plan_for(model, config.replace(arena="1000000slots")).min_slots
+            cap = least if arena == "min" else model.tensors.n_records
+            with Tier2Engine(model, config, cap) as engine:
+                rows = [engine.prefill(TOKENS)] + [engine.decode(t) for t in TOKENS[:5]]
+                return np.stack(rows), model.tensors.records, engine.io.note
+
+    before = {a: scores(a) for a in ("min", "all")}
+    assert before["min"][1] is None
+    assert main(["convert", str(d), "--quiet"]) == 0
+    assert "wrote" in capsys.readouterr().out and (d / RECORDS_NAME).exists()
+    for a in ("min", "all"):
+        got, records, note = scores(a)
+        assert records == d / RECORDS_NAME and "aligned records" in note
+        np.testing.assert_array_equal(got, before[a][0])
+    shard = next(d.glob("*.safetensors"))
+    os.utime(shard, ns=(0, 0))
+    with pytest.raises(Exception, match="strata convert"):
+        strata.load(d)
+    assert main(["convert", str(d), "--quiet"]) == 0  # repacked again from the shards as they are now
+    with strata.load(d) as model:
+        assert model.tensors.records is not None
+    assert main(["convert", str(tmp_path / "nowhere")]) != 0
+    assert "give OUT" in capsys.readouterr().err

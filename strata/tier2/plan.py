@@ -100,7 +100,10 @@ def checkpoint_layout(directory: str | Path) -> CheckpointLayout:
     if not found:
         raise ConfigError(f"{directory}: {model_type} has no routed experts in mlx-lm's model (no switch layer); "
                           "tier 2 streams MoE models only")
-    tensors = locate_experts(directory, [(p, dict(tree_flatten(m.parameters()))) for p, m in found])
+    from strata.tier2.records import use_records
+
+    # the aligned records `strata convert DIR` wrote, where they were made from these shards
+    tensors = use_records(locate_experts(directory, [(p, dict(tree_flatten(m.parameters()))) for p, m in found]))
     total = sum(a.nbytes for _, a in tree_flatten(model.parameters()))  # shapes only: nothing is read
     experts = sum(a.nbytes for _, m in found for _, a in tree_flatten(m.parameters()))
     top_k = config_value(config, TOP_K_KEYS)
@@ -122,5 +125,6 @@ def arena_plan(*, tensors, top_k: int, dense_bytes: int, config, available: int 
     fit). `available` / `total`: the memory figures to plan with (default: this machine now)."""
     least = cache_config(tensors.n_layers, tensors.n_experts, top_k, config, 1).min_capacity
     return plan_arena(config=config, slot_bytes=tensors.slot_bytes, total_experts=tensors.n_records,
-                      min_slots=least, dense_bytes=dense_bytes, model_files=tensors.shards, available=available,
+                      min_slots=least, dense_bytes=dense_bytes, model_files=tuple(dict.fromkeys(tensors.shards + tensors.read_files)),
+                      available=available,
                       total=total)
