@@ -19,8 +19,13 @@ MiniMax-M2 (minimax_m2), gpt-oss (gpt_oss), Qwen4-Exp (qwen4_exp, qwen4_exp_text
 HF_DIR may be a hub id (Qwen/Qwen3-30B-A3B): its snapshot in the local Hugging Face cache
 (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); strata does not download.
 
+Without OUT, HF_DIR is a checkpoint directory run on tier 2 (docs/tier2.md): its experts are
+repacked, bits unchanged, into one aligned record each (HF_DIR/strata-experts.records), which
+tier 2 then reads with one read per expert instead of one per piece.
+
 examples:
   strata convert ~/models/Qwen3-30B-A3B /data/qwen3-30b --experts q2_0
+  strata convert ~/models/GLM-5-mlx-4bit                repack a tier-2 checkpoint's experts in place
   strata convert Qwen/Qwen3-30B-A3B /data/qwen3-30b     the checkpoint in the local hub cache"""
 
 
@@ -29,7 +34,8 @@ def add_parser(sub, name: str) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory (float, block-wise FP8, or an mlx-lm one; "
                                                     "or a llama.cpp .gguf), or a hub id in the local Hugging Face cache")
-    p.add_argument("out", metavar="OUT", help="output path (OUT.gguf and OUT.experts are written)")
+    p.add_argument("out", metavar="OUT", nargs="?", help="output path (OUT.gguf and OUT.experts are written); "
+                                                         "none: repack a tier-2 checkpoint's experts")
     p.add_argument("--experts", default=None, help="routed expert type: q2_0, q4_0, q8_0, f16, f32 (default q2_0; an "
                                                 "MLX-quantized checkpoint's or a llama.cpp GGUF's experts keep "
                                                 "their own types, bit for bit)")
@@ -53,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.cli.paths import check_output_path
 
+    if args.out is None:
+        return _repack(args)
     try:
         expert_type = None if args.experts is None else parse_quant_type(args.experts)
         dense_type = None if args.dense is None else parse_quant_type(args.dense)
@@ -77,4 +85,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if r.requant_kld is not None:
         print(r.requant_kld.line(r.expert_type))
+    return 0
+
+
+def _repack(args: argparse.Namespace) -> int:
+    """`strata convert DIR`: a tier-2 checkpoint's experts as aligned records (strata.tier2.records)."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from strata.errors import ConfigError
+    from strata.tier2.source import is_tier2_source, require_mlx_lm
+
+    source = Path(args.hf_dir)
+    if not is_tier2_source(source):
+        raise ConfigError(f"{source}: give OUT (`strata convert {source} OUT`); without it HF_DIR must be a checkpoint "
+                          "directory (config.json and .safetensors) whose experts tier 2 repacks")
+    if args.experts is not None or args.dense is not None:
+        raise ConfigError("--experts / --dense: the repack keeps the checkpoint's own bits; give OUT to convert")
+    require_mlx_lm(source)
+    from strata.tier2.plan import checkpoint_layout
+    from strata.tier2.records import RECORDS_NAME, write_records
+
+    (source / RECORDS_NAME).unlink(missing_ok=True)  # an earlier repack: the experts are read from the shards
+    tensors = checkpoint_layout(source).tensors
+    start = time.perf_counter()
+    with tqdm(total=tensors.n_records, desc="repacking experts", unit="expert", disable=args.quiet, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        path = write_records(tensors, progress=lambda n: bar.update(n - bar.n))
+    print(f"wrote {path}: {tensors.n_records} experts ({tensors.n_layers} MoE layers x {tensors.n_experts}), one "
+          f"record of {tensors.slot_bytes} bytes each (the pieces' {tensors.record_bytes} bytes unchanged), "
+          f"{time.perf_counter() - start:.1f} s")
     return 0

@@ -26,6 +26,7 @@ examples:
   strata doctor model.gguf --trace trace.npz           hit rate from the model's own routing trace
   strata doctor config.json --experts q4_0 --json      as JSON, for Q4_0 experts
   strata doctor ~/hf/DeepSeek-V3                       an unsupported family still gets a byte budget
+  strata doctor ~/models/GLM-5-mlx-4bit                an mlx-lm checkpoint: tier 2's own plan and verdict
 """
 
 

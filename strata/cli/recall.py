@@ -7,7 +7,8 @@ import argparse
 HELP = """\
 Recall of the read-ahead guess W_router(l+a)·h(l), made after layer l, against layer l+a's real
 (λ = 0) selection, for a = 1 and 2: recall@K of the real top-k, the real top-1 in the guessed
-top-K, and the real routing weight the top-K covers.
+top-K, and the real routing weight the top-K covers. A tier-2 trace holds the guesses its gate
+modules gave (no weights: its weight recall is n/a).
 
 example:
   strata recall t.npz --K 10,16,32 -o /tmp/recall.json"""
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     from strata.errors import ConfigError
 
+    if args.q8 and trace.family_routing:
+        raise ConfigError("--q8: this tier-2 trace recorded the read-ahead scores its gate modules gave (the "
+                          "runtime's own guesses); there is no Q8_0 router copy on tier 2: leave --q8 off")
     ks = parse_list(args.K, int, "--K")
     bad = [k for k in ks if not 1 <= k <= trace.n_experts]
     if bad or not ks:

@@ -18,6 +18,9 @@ examples:
   strata replay t.npz --caps 20%,30%,40% --preset seed --opt     # the reference engine's experiments
   strata replay t.npz --caps min,30% --windows 2,4 --suffix-draft 1,2,3 --lambda 0   # speculative windows
 
+A tier-2 model's trace (its family's own routing, recorded) replays at λ = 0, the default for
+it: MoCE re-routing needs a native module's selection score, and is refused.
+
 With --windows or --suffix-draft each configuration also runs windows of several positions
 (strata.tools.windows): T positions all accepted, or the suffix drafter's windows over the
 trace's tokens; the table gives reads, bytes and urgent misses per decided token against T=1."""
@@ -32,6 +35,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--caps", default="25%", help="arena capacities, comma-separated (default 25%%)")
     add_cache_options(p, lists=True)
     add_policy_options(p, lists=True)
+    p.set_defaults(lam=None)  # the stock λ, or 0 for a tier-2 trace (run)
     p.add_argument("--preset", choices=[SEED_PRESET], help="run the reference engine's list of variants at each capacity")
     p.add_argument("--opt", action="store_true",
                    help="Belady MIN on the λ = 0 selection stream and on each run's routed stream")
@@ -57,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     from strata.tools.tables import replay_rows, table
     from strata.tools.trace import load_trace
 
+    from strata.tools.options import STOCK_BONUS
+
     trace = load_trace(args.trace)
+    if args.lam is None:
+        args.lam = "0" if trace.family_routing else str(STOCK_BONUS)
     if args.tokens > 0:
         trace = trace.truncated(args.tokens)
     L, E, k = trace.n_layers, trace.n_experts, trace.top_k
@@ -66,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
 
         return run_windows(args, trace)
     configs = loop_configs(args, parse_list(args.caps, str, "--caps"), n_layers=L, n_experts=E, top_k=k)
+    if trace.family_routing:
+        from strata.tools.closed_loop import check_family_routing
+
+        for c in configs:
+            check_family_routing(c)
     runnable = []
     for c in configs:
         least = c.cache_config(L, E, k).min_capacity

@@ -13,6 +13,7 @@ from strata.doctor.predict import Prediction, predict
 from strata.doctor.probe import first_answer_profile, machine_profile
 from strata.doctor.profile import MachineProfile
 from strata.doctor.source import Source, read_source
+from strata.doctor.tier2 import Tier2Diagnosis
 from strata.formats.quant_types import QuantType
 from strata.runtime.budget import fmt_bytes
 from strata.runtime.memory import MemoryInfo, machine_memory
@@ -28,6 +29,7 @@ class Diagnosis:
     budget: ByteBudget
     profile: MachineProfile
     prediction: Prediction
+    tier2: Tier2Diagnosis | None = None  # a checkpoint directory tier 2 can run here (strata.doctor.tier2)
 
     @property
     def counts(self) -> PartCounts:
@@ -62,6 +64,13 @@ class Diagnosis:
                      f"backend {m.backend} (profile measured at load {m.load_avg:.1f}"
                      + ("; the quick probe's: `strata doctor --calibrate` measures fully, for the documented error)"
                         if m.quick else ")"))
+        t2 = self.tier2
+        if t2 is not None and t2.verdict != "not supported":  # `strata generate DIR` runs tier 2: its plan, verdict
+            lines.append(t2.why)
+            lines += t2.lines()
+            if _needs_convert(self.source) and p.verdict != "not supported":
+                lines.append(f"native path (once converted with `strata convert`): {p.summary}")
+            return "\n".join(lines)
         lines.append(f"arena: {p.arena_slots} slots ({fmt_bytes(p.arena_bytes)}; at least {p.min_slots}) from "
                      f"{p.plan_reason}" if p.streaming else f"arena: none needed ({p.plan_reason})")
         if p.locality is not None:
@@ -74,13 +83,10 @@ class Diagnosis:
                      f"peak memory {fmt_bytes(p.peak_memory)}")
         after = " (once converted with `strata convert`)" if _needs_convert(self.source) and p.verdict != "not supported" else ""
         lines.append(f"verdict: {p.summary}{after}")
-        where = Path(self.source.path)
         if self.source.kind in ("hf", "mlx"):  # a checkpoint directory may run as it is (tier 2, docs/tier2.md)
-            from strata.convert.architectures import BY_MODEL_TYPE
-            from strata.tier2.source import tier_line
-
-            t = self.source.counts.model_type
-            lines.append(tier_line(where if where.is_dir() else where.parent, t, t in BY_MODEL_TYPE))
+            lines.append(_tier_line(self.source))
+            if t2 is not None:
+                lines.append(t2.summary)
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -101,6 +107,7 @@ class Diagnosis:
                       "context": self.budget.context, "stored": s.stored, "expert_qtype": self.budget.expert_qtype.name},
             "machine": self.profile.to_dict(),
             "prediction": self.prediction.to_dict(),
+            "tier2": None if self.tier2 is None else self.tier2.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -109,6 +116,38 @@ class Diagnosis:
 
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _directory(source: Source) -> Path:
+    where = Path(source.path)
+    return where if where.is_dir() else where.parent
+
+
+def _tier_line(source: Source) -> str:
+    from strata.convert.architectures import BY_MODEL_TYPE
+    from strata.tier2.source import tier_line
+
+    t = source.counts.model_type
+    return tier_line(_directory(source), t, t in BY_MODEL_TYPE)
+
+
+def _tier2(source: Source, config, memory: MemoryInfo, profile: MachineProfile) -> Tier2Diagnosis | None:
+    """Tier 2's plan for a checkpoint directory it can run here (mlx-lm importable, with a model
+    file for its model_type); None for anything else."""
+    from strata.errors import ConfigError
+    from strata.tier2.source import is_tier2_source, require_mlx_lm, tier2_has
+
+    where = _directory(source)
+    if source.kind not in ("hf", "mlx") or not is_tier2_source(where) or not tier2_has(source.counts.model_type):
+        return None
+    why = _tier_line(source)
+    try:
+        require_mlx_lm(where)
+    except ConfigError as e:
+        return Tier2Diagnosis("not supported", f"not supported on tier 2: {e}", why)
+    from strata.doctor.tier2 import diagnose_tier2
+
+    return diagnose_tier2(where, config=config, memory=memory, base_rss=profile.base_rss, why=why)
 
 
 def _needs_convert(source: Source) -> bool:
@@ -154,4 +193,4 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
                    supported=src.counts.supported and src.kind != "mlx",
                    why_not=src.note if src.kind == "mlx" else src.counts.why_not,
                    model_files=src.model_files, trace=src.trace, horizon=horizon, prompt=prompt)
-    return Diagnosis(src, budget, profile, pred)
+    return Diagnosis(src, budget, profile, pred, _tier2(src, config, memory, profile))

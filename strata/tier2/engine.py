@@ -26,13 +26,13 @@ from strata.cache.types import CacheConfig, stats_delta, stats_sum
 from strata.config import Backend, Config
 from strata.reference.attention import KVPrecision
 from strata.errors import ArenaTooSmallError, ConfigError
-from strata.runtime.budget import plan_arena
 from strata.runtime.decode import Ledger
 from strata.runtime.memory import PagingDelta, paging_snapshot
 from strata.runtime.report import StreamReport, build_report
 from strata.runtime.streamer import Streamer
 from strata.session import SessionEngine
 from strata.tier2.arena import PieceArena
+from strata.tier2.plan import arena_plan, cache_config
 from strata.tier2.reader import ShardReaderPool
 from strata.tier2.switch import ExpertStream
 
@@ -43,17 +43,14 @@ PREFILL_STEP = 2048  # mlx-lm's generate_step default (prefill_step_size): the s
 
 def cache_config_for(model, config: Config, capacity: int) -> CacheConfig:
     cfg = model.cfg
-    return CacheConfig(capacity=capacity, n_layers=cfg.n_moe_layers, n_experts=cfg.n_experts,
-                       top_k=cfg.n_experts_per_token, window=config.window, prefetch_depth=config.prefetch,
-                       prefetch_touch=config.prefetch_touch, prefetch2=config.prefetch2, split_turn=config.split_turn)
+    return cache_config(cfg.n_moe_layers, cfg.n_experts, cfg.n_experts_per_token, config, capacity)
 
 
 def arena_plan_for(model, config: Config):
-    """`--arena` or the budget rule over the model's experts (a slot per expert when all fit)."""
-    t = model.tensors
-    least = cache_config_for(model, config, 1).min_capacity
-    return plan_arena(config=config, slot_bytes=t.slot_bytes, total_experts=t.n_records, min_slots=least,
-                      dense_bytes=model.dense_bytes, model_files=t.shards)
+    """`--arena` or the budget rule over the model's experts (a slot per expert when all fit):
+    strata.tier2.plan's rule, the one `strata doctor` predicts with."""
+    return arena_plan(tensors=model.tensors, top_k=model.cfg.n_experts_per_token, dense_bytes=model.dense_bytes,
+                      config=config)
 
 
 def check_tier2_config(config: Config) -> None:

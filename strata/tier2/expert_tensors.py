@@ -54,6 +54,13 @@ class ExpertTensors:
     shards: tuple[Path, ...]
     n_experts: int
     directory: Path
+    records: Path | None = None  # the aligned records file read instead of the shards (strata.tier2.records)
+    records_offset: int = 0  # its first record's offset
+
+    @property
+    def read_files(self) -> tuple[Path, ...]:
+        """The files the reader pool opens: the records file, else the shards."""
+        return (self.records,) if self.records is not None else self.shards
 
     @property
     def n_layers(self) -> int:
@@ -88,11 +95,20 @@ class ExpertTensors:
         if not (0 <= layer < self.n_layers and 0 <= expert < self.n_experts):
             raise FormatError(f"{self.directory}: no MoE layer {layer} expert {expert} "
                               f"({self.n_layers} MoE layers of {self.n_experts} experts)")
+        if self.records is not None:
+            return self.records_offset + (layer * self.n_experts + expert) * self.slot_bytes
         shard, begin = self.offsets[layer][0]
         return begin + expert * self.pieces[0].nbytes
 
     def piece_ranges(self, layer: int, expert: int) -> list[tuple[int, int, int]]:
-        """(shard index, file offset, byte count) of each piece of one expert, in slot order."""
+        """(index in `read_files`, file offset, byte count) of each piece of one expert, in slot
+        order (in a records file: back to back from the record's offset)."""
+        if self.records is not None:
+            out, at = [], self.record_offset(layer, expert)
+            for p in self.pieces:
+                out.append((0, at, p.nbytes))
+                at += p.nbytes
+            return out
         return [(s, begin + expert * p.nbytes, p.nbytes) for p, (s, begin) in zip(self.pieces, self.offsets[layer])]
 
 

@@ -11,23 +11,15 @@ and a StreamedSwitch takes its place. Nothing is written beside the checkpoint.
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata.errors import ConfigError, FormatError
 from strata.tokenizer import Tokenizer
+from strata.tier2.plan import DEFAULT_MAX_CONTEXT, TOP_K_KEYS, config_value, not_runnable
 from strata.tier2.source import require_mlx_lm
 
 __all__ = ["Tier2Config", "Tier2Model", "load_tier2", "not_runnable", "TOP_K_KEYS", "DEFAULT_MAX_CONTEXT"]
-
-# where configs name the experts a token selects (the first present wins)
-TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k", "top_k",
-              "top_k_experts", "n_activated_experts")
-DEFAULT_MAX_CONTEXT = 32768  # a config without max_position_embeddings: mlx-lm sets no limit either
-
 
 @dataclass(frozen=True)
 class Tier2Config:
@@ -103,28 +95,10 @@ class Tier2Model:
         self.close()
 
 
-def not_runnable(directory: Path, why: str) -> str:
-    """The one-line refusal of a checkpoint directory tier 2 cannot run, with the other way in."""
-    return (f"{directory}: a Hugging Face checkpoint directory that tier 2 cannot run as it is ({why}); for a "
-            f"native family run `strata convert {directory} OUT`, then `strata generate OUT.gguf PROMPT`")
-
-
-def _config_value(config: dict, keys) -> object:
-    for c in (config, config.get("text_config") or {}):
-        for k in keys:
-            if c.get(k) is not None:
-                return c[k]
-    return None
-
-
 def _native_model_types() -> frozenset:
     from strata.convert.architectures import BY_MODEL_TYPE
 
     return frozenset(BY_MODEL_TYPE)
-
-
-def _layer_key(path: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\.(\d+)(?=\.|$)", path))
 
 
 def _parent(model, path: str):
@@ -156,33 +130,14 @@ def load_tier2(directory: str | Path) -> Tier2Model:
     require_mlx_lm(directory)
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
-    from mlx_lm.utils import load_model
 
     from strata.convert.tokenizer_files import read_tokenizer_files
-    from strata.tier2.expert_tensors import locate_experts
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise FormatError(f"{directory / 'config.json'}: unreadable ({e})") from None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type is None:
-        raise FormatError(not_runnable(directory, "its config.json names no model_type"))
-    try:
-        model, config = load_model(directory, lazy=True)
-    except (ValueError, RuntimeError, OSError, KeyError, TypeError, AttributeError) as e:
-        # mlx-lm's words for an unknown model_type, a config it cannot read, a damaged shard
-        why = (str(e).splitlines() or [type(e).__name__])[0]
-        raise FormatError(not_runnable(directory, f"mlx-lm cannot load it: {why}")) from None
-    found = sorted(((p, m) for p, m in model.named_modules() if isinstance(m, (SwitchGLU, SwitchMLP))),
-                   key=lambda t: _layer_key(t[0]))  # MoE layers in forward order
-    if not found:
-        raise ConfigError(f"{directory}: {model_type} has no routed experts in mlx-lm's model (no switch layer); "
-                          "tier 2 streams MoE models only")
-    layers = [(p, dict(tree_flatten(m.parameters()))) for p, m in found]
-    tensors = locate_experts(directory, layers)
+    from strata.tier2.plan import checkpoint_layout
+
+    layout = checkpoint_layout(directory)
+    model, config, tensors = layout.model, layout.config, layout.tensors
     switches, scorers = [], []
-    for path, inner in found:
+    for path, inner in layout.found:
         parent, attr = _parent(model, path)
         switches.append((path, parent, attr, inner))
         first = inner["gate_proj"] if "gate_proj" in inner else inner["fc1"]  # SwitchGLU's / SwitchMLP's
@@ -192,17 +147,14 @@ def load_tier2(directory: str | Path) -> Tier2Model:
     params = [a for _, a in tree_flatten(model.parameters())]
     mx.eval(params)
     dense = sum(a.nbytes for a in params)
-    top_k = _config_value(config, TOP_K_KEYS)
-    if not isinstance(top_k, int) or not 1 <= top_k <= tensors.n_experts:
-        raise ConfigError(f"{directory}: config.json names no experts per token ({' / '.join(TOP_K_KEYS[:3])}, ...)")
-    vocab = _config_value(config, ("vocab_size",))
-    limit = _config_value(config, ("max_position_embeddings",)) or DEFAULT_MAX_CONTEXT
+    vocab = config_value(config, ("vocab_size",))
+    limit = config_value(config, ("max_position_embeddings",)) or DEFAULT_MAX_CONTEXT
     tf = read_tokenizer_files(directory)
     eos = tf.special_tokens.get("eos_token")
     tok = Tokenizer.from_json(tf.tokenizer_json, chat_template=tf.chat_template, source=str(directory),
                               eos_tokens=(eos,) if eos else ())
-    cfg = Tier2Config(model_type=str(model_type), vocab_size=int(vocab or tf.vocab_size), max_context=int(limit),
-                      n_moe_layers=tensors.n_layers, n_experts=tensors.n_experts, n_experts_per_token=top_k,
-                      native=model_type in _native_model_types())
+    cfg = Tier2Config(model_type=layout.model_type, vocab_size=int(vocab or tf.vocab_size), max_context=int(limit),
+                      n_moe_layers=tensors.n_layers, n_experts=tensors.n_experts, n_experts_per_token=layout.top_k,
+                      native=layout.model_type in _native_model_types())
     return Tier2Model(cfg=cfg, mlx_model=model, tokenizer=tok, tensors=tensors, switches=switches, scorers=scorers,
                       model_path=directory, dense_bytes=dense)

@@ -3,7 +3,8 @@
 strata.runtime.io's ReaderPool does the scheduling (urgent before read-ahead, cancel, wait with a
 timeout, completions fed back to the cache machine, the check at the moment of use); this pool
 only changes what one read is: each piece of the expert (strata.tier2.expert_tensors) preadd from
-its shard into the slot's piece buffer, buffered (safetensors pieces are not 4096-aligned).
+its shard into the slot's piece buffer, buffered (safetensors pieces are not 4096-aligned); from
+a records file (strata.tier2.records), one preadv of the whole record into every piece buffer.
 
 Verification: a safetensors shard carries no checksums, so the first read of each expert records
 the CRC-32 of its bytes and every later read of it must match (a file changed or torn under a
@@ -36,7 +37,9 @@ class ShardReaderPool(ReaderPool):
         super().__init__(tensors, arena, **kw)
 
     def _open(self, direct: bool) -> tuple[int, bool, str]:
-        self._shard_fds = [os.open(p, os.O_RDONLY) for p in self.tensors.shards]
+        self._shard_fds = [os.open(p, os.O_RDONLY) for p in self.tensors.read_files]
+        if self.tensors.records is not None:
+            return -1, False, f"buffered reads of aligned records, one per expert ({self.tensors.records.name})"
         return -1, False, "buffered reads in place from the checkpoint's safetensors shards"
 
     def _read(self, r: ReadRequest) -> None:
@@ -46,16 +49,22 @@ class ShardReaderPool(ReaderPool):
         try:
             if hook is not None:
                 hook.before(r)
-            for buf, (shard, offset, nbytes) in zip(bufs, self.tensors.piece_ranges(r.layer, r.expert)):
-                got = os.preadv(fds[shard], [buf], offset)
+            ranges = self.tensors.piece_ranges(r.layer, r.expert)
+            if self.tensors.records is not None:  # the pieces are back to back: one read fills every buffer
+                reads = [(bufs, (0, ranges[0][1], sum(n for _, _, n in ranges)))]
+            else:
+                reads = [([b], rng) for b, rng in zip(bufs, ranges)]
+            for group, (shard, offset, nbytes) in reads:
+                got = os.preadv(fds[shard], group, offset)
                 if hook is not None:
-                    got = hook.after(r, buf, got)
+                    got = hook.after(r, group[0], got)
                 if got != nbytes:
                     raise ExpertReadError(f"{self._where(r)}: short read: {got} of {nbytes} bytes "
-                                          f"({self.tensors.shards[shard].name} at {offset})")
+                                          f"({self.tensors.read_files[shard].name} at {offset})")
                 got_all += got
                 if self.verify:
-                    crc = checksum_update(buf, crc)
+                    for b in group:
+                        crc = checksum_update(b, crc)
         except OSError as e:
             if isinstance(e, ExpertReadError):
                 raise

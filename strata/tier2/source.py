@@ -10,7 +10,7 @@ from pathlib import Path
 
 from strata.errors import ConfigError
 
-__all__ = ["is_tier2_source", "require_mlx_lm", "tier_line", "MLX_LM_VERSION", "EXTRA_HINT"]
+__all__ = ["is_tier2_source", "require_mlx_lm", "tier_line", "tier2_has", "MLX_LM_VERSION", "EXTRA_HINT"]
 
 MLX_LM_VERSION = "0.32.2"  # the version pyproject's `mlx-lm` extra pins (tested against it)
 EXTRA_HINT = "pip install 'strata-moe[mlx-lm]'"
@@ -46,6 +46,13 @@ def _mlx_lm_has(model_type: str) -> bool:
 
     mapped = MODEL_REMAPPING.get(model_type)
     return mapped is not None and importlib.util.find_spec(f"mlx_lm.models.{mapped}") is not None
+
+
+def tier2_has(model_type: str | None) -> bool:
+    """Whether tier 2 can run `model_type` here: mlx-lm importable, with a model file for it."""
+    import importlib.util
+
+    return bool(model_type) and importlib.util.find_spec("mlx_lm") is not None and _mlx_lm_has(model_type)
 
 
 def tier_line(path: Path | str, model_type: str | None, native: bool) -> str:

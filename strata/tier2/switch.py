@@ -34,7 +34,9 @@ class ExpertStream:
     """The turns of every streamed layer of one model, in MoE-layer order, through one Streamer.
 
     scorers: per MoE layer, its gate's read-ahead scorer (strata.tier2.guesses) or None.
-    `held` is set by the engine while a prompt chunk runs (several passes may come)."""
+    `held` is set by the engine while a prompt chunk runs (several passes may come).
+    `observer(m, x, indices)`, where set, sees every layer's input and the family's own
+    selections (host int array [..., k]) before its turn: `strata trace` records them."""
 
     def __init__(self, streamer: Streamer, scorers: list, *, prefetch: int, prefetch2: bool,
                  split_turn: bool) -> None:
@@ -43,11 +45,14 @@ class ExpertStream:
         self.prefetch, self.prefetch2, self.split_turn = prefetch, prefetch2, split_turn
         self.held = False
         self.split_layers = 0  # layer turns that ran in more than one pass (prompt chunks on a small arena)
+        self.observer = None
 
     def routed(self, m: int, inner: nn.Module, x: mx.array, indices: mx.array) -> mx.array:
         """The switch layer's output on arena slots (mlx-lm's shapes: x [..., D], indices
         [..., k] -> [..., k, D])."""
         idx = np.array(indices)  # [..., k]: the family's own selections (a host sync, as every streamer's)
+        if self.observer is not None:
+            self.observer(m, x, idx)
         selected = tuple(dict.fromkeys(idx.reshape(-1).tolist()))
         passes: list[tuple[np.ndarray, mx.array]] = []
 

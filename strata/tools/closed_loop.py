@@ -23,7 +23,7 @@ from strata.reference.routing import (
     update_logit_range,
 )
 
-__all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters"]
+__all__ = ["GuessRanking", "LoopConfig", "ClosedLoop", "GuessRouters", "check_family_routing"]
 
 
 class GuessRanking(enum.Enum):
@@ -133,6 +133,16 @@ class LoopConfig:
         }
 
 
+def check_family_routing(config: LoopConfig) -> None:
+    """A tier-2 trace replays the family's own routing: refuse, in one line, a policy that would
+    change it (MoCE's bonus and drop-tail need a native module's selection score)."""
+    p = config.policy
+    if p is not None and (p.bonus != 0 or p.drop_tail_weight != 0):
+        raise ConfigError(f"{config.label}: this trace records a tier-2 model's own routing (mlx-lm's), which MoCE "
+                          "cannot re-route; replay it at --lambda 0 without --drop-tail (a native model's trace "
+                          "replays MoCE)")
+
+
 def _has_bonus(p: MoCEPolicy | None) -> bool:
     return p is not None and p.bonus > 0
 
@@ -198,6 +208,11 @@ class ClosedLoop:
                     self._rank_fix[pos] -= n
                     self._rank_fix[sel.ranks[pos]] += n
         return sel
+
+    def take(self, layer: int, experts) -> None:
+        """Take the layer's turn with a selection made elsewhere (a tier-2 trace's family routing,
+        or a window's union of them), rank order."""
+        self.state, _ = step(self.state, AtLayer(layer, [int(e) for e in experts]))
 
     def route_window(self, layer: int, zs: np.ndarray) -> list[Selection]:
         """Route every position of a window (logits zs [T, E]) against the residency now, then

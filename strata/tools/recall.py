@@ -63,5 +63,5 @@ def readahead_recall(trace: Trace, ks=DEFAULT_KS, *, ahead: int = 1, warmup: int
         inside = pos < k  # [T', L-a, k]
         recall[k] = float(inside.mean())
         top1[k] = float(inside[..., 0].mean())
-        wrec[k] = float(((inside * w).sum(-1) / w.sum(-1)).mean())
+        wrec[k] = float(((inside * w).sum(-1) / w.sum(-1)).mean())  # NaN where weights are not recorded (tier 2)
     return RecallResult(ahead, int(truth.shape[0] * truth.shape[1]), recall, top1, wrec)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.cache.types import CacheStats, stats_delta
-from strata.tools.closed_loop import ClosedLoop, LoopConfig
+from strata.tools.closed_loop import ClosedLoop, LoopConfig, check_family_routing
 from strata.tools.trace import Trace
 
 __all__ = ["ReplayResult", "ReplayInputs", "replay", "replay_grid", "save_dump"]
@@ -101,13 +101,16 @@ def replay(trace: Trace | ReplayInputs, config: LoopConfig, *, warmup: int = 0,
     """Replay the trace through the closed loop under `config`.
 
     Tokens before `warmup` fill the cache but are not counted (the reference engine counted tokens
-    128..1021). `keep_selections` records what was routed (for Belady and `--dump`).
+    128..1021). `keep_selections` records what was routed (for Belady and `--dump`). A tier-2
+    trace (`family_routing`) takes its recorded selections at λ = 0 (another policy is refused).
     """
     inputs = trace if isinstance(trace, ReplayInputs) else ReplayInputs(trace)
     tr = inputs.trace
     T, L, k = tr.n_tokens, tr.n_layers, tr.top_k
     if not 0 <= warmup < max(T, 1):
         raise ValueError(f"warmup {warmup} must leave tokens to count (trace has {T})")
+    if tr.family_routing:
+        check_family_routing(config)
     loop = ClosedLoop(config, tr.rule, L, tr.n_experts, rules=tr.rules)
     sels = np.full((T, L, k), NO_EXPERT, np.int64) if keep_selections else None
     urgent = np.zeros((T, L), np.int64) if keep_selections else None
@@ -121,9 +124,15 @@ def replay(trace: Trace | ReplayInputs, config: LoopConfig, *, warmup: int = 0,
             before, dropped_before = loop.totals(), loop.dropped
         loop.begin_token()
         for layer in range(L):
-            sel = loop.route(layer, z[t, layer])
+            if tr.family_routing:
+                loop.take(layer, tr.selected[t, layer])
+                if keep_selections:
+                    sels[t, layer] = tr.selected[t, layer]
+            else:
+                sel = loop.route(layer, z[t, layer])
+                if keep_selections:
+                    sels[t, layer, sel.ranks] = sel.experts
             if keep_selections:
-                sels[t, layer, sel.ranks] = sel.experts
                 urgent[t, layer] = loop.state.turn.urgent_misses
             loop.after(layer, g1[t, layer] if g1 is not None and layer + 1 < L else None,
                        g2[t, layer] if g2 is not None and layer + 2 < L else None)

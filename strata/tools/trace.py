@@ -7,6 +7,13 @@ models: the rule is then per layer) and its own (λ = 0) selections. That is all
 tools need (the read-ahead guesses W_router(l+1)·h(l) are recomputed from it), so they never
 need the model files.
 
+A tier-2 model's trace (strata.tools.tier2_trace) records the family's own routing instead:
+mlx-lm's gate modules are of many forms (quantized, biased, grouped, sqrt-softplus, ...) that no
+RouterRule re-derives, so it holds the selections the family's gate made (`family_routing`), the
+read-ahead scores each next gate gave on this layer's input exactly as the tier-2 runtime ranks
+them (`guesses`), and no router matrices (router inputs and routers of width 0). Replaying it
+takes the recorded selections at λ = 0 (MoCE needs a native module) and the recorded guesses.
+
 The λ = 0 router inputs are what a replay re-routes under MoCE. Under a bonus the real hidden
 states drift from them (a swapped expert changes the residual stream); the replay ignores that
 drift, as the reference engine's replay did. `strata quality` runs the model itself, in decode order, and
@@ -32,8 +39,8 @@ from strata.tools.quality import decode_token, engine_params
 
 __all__ = ["Trace", "record_trace", "save_trace", "load_trace", "TRACE_VERSION"]
 
-TRACE_VERSION = 2  # 2: the rule's groups and scaling, and per-layer selection biases (1 is still read)
-_READ_VERSIONS = (1, 2)
+TRACE_VERSION = 3  # 3: tier 2's family routing and recorded guesses; 2: the rule's groups and scaling, and
+_READ_VERSIONS = (1, 2, 3)  # per-layer selection biases (1 and 2 are still read)
 _INPUT_DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
@@ -49,9 +56,13 @@ class Trace:
         selected:      int64 [T, L, k]                the model's own selection, rank order
         weights:       float32 [T, L, k]              its combine weights
         biases:        float32 [L, E] or None         each layer's selection bias (SIGMOID_TOPK)
+        guesses:       {a: float32 [T, L - a, E]}     recorded read-ahead scores for layer l+a after
+                                                      layer l (tier 2); empty: computed from routers
 
     `rules` are the per-layer rules (`rule` with each layer's bias): what routing, the replay
-    and `reroute_check` use.
+    and `reroute_check` use. `family_routing` (tier 2): `selected` is the family's own routing,
+    which `rule` does not re-derive from `logits` (those are its gate's selection scores, NaN
+    where the gate is of a form tier 2 does not score); `weights` are NaN (not recorded).
     """
 
     tokens: np.ndarray
@@ -63,6 +74,8 @@ class Trace:
     rule: RouterRule
     meta: dict = field(default_factory=dict)
     biases: np.ndarray | None = field(default=None, repr=False)
+    guesses: dict = field(default_factory=dict, repr=False)
+    family_routing: bool = False
 
     def __post_init__(self) -> None:
         if self.biases is None:
@@ -96,11 +109,19 @@ class Trace:
         one [1, D] row at a time as decoding computes it (so it is bit-identical to the
         runtime's guess; a [T, D] matmul may round differently). `pred_q8`: on the Q8_0 copy.
 
+        A trace with recorded guesses (tier 2) returns those: they are the scores the gate
+        module gave, as the runtime ranked them (`pred_q8` has no meaning there).
+
         Shapes: -> float32 [T, L - ahead, E]; row l is the guess made after layer l.
         """
         T, L, E = self.n_tokens, self.n_layers, self.n_experts
         if ahead < 1 or ahead >= L:
             return np.zeros((T, 0, E), np.float32)
+        if self.family_routing:
+            if ahead not in self.guesses:
+                raise ConfigError(f"this tier-2 trace recorded read-ahead scores {sorted(self.guesses)} layers "
+                                  f"ahead, not {ahead}")
+            return self.guesses[ahead]
         routers = GuessRouters(self.routers, pred_q8=pred_q8)
         h = self.router_inputs.astype(np.float32, copy=False)
         out = np.empty((T, L - ahead, E), np.float32)
@@ -112,7 +133,8 @@ class Trace:
     def truncated(self, n_tokens: int) -> "Trace":
         """The first n_tokens tokens."""
         return Trace(self.tokens[:n_tokens], self.router_inputs[:n_tokens], self.routers, self.logits[:n_tokens],
-                     self.selected[:n_tokens], self.weights[:n_tokens], self.rule, dict(self.meta), self.biases)
+                     self.selected[:n_tokens], self.weights[:n_tokens], self.rule, dict(self.meta), self.biases,
+                     {a: g[:n_tokens] for a, g in self.guesses.items()}, self.family_routing)
 
 
 def record_trace(params: ModelParams, tokens, *, input_dtype: str = "f32", decode_order: bool = True,
@@ -176,8 +198,10 @@ def save_trace(path: str | Path, trace: Trace) -> Path:
     header = {
         "version": TRACE_VERSION, "k": r.k, "order": r.order.name, "norm_topk_prob": r.norm_topk_prob,
         "n_group": r.n_group, "topk_group": r.topk_group, "scaling": r.scaling, "meta": trace.meta,
+        "routing": "family" if trace.family_routing else "rule",
     }
     extra = {} if trace.biases is None else {"biases": np.asarray(trace.biases, np.float32)}
+    extra.update({f"guesses{a}": np.asarray(g, np.float32) for a, g in trace.guesses.items()})
     np.savez(path, tokens=trace.tokens, router_inputs=trace.router_inputs, routers=trace.routers,
              logits=trace.logits, selected=trace.selected, weights=trace.weights, header=np.array(json.dumps(header)),
              **extra)
@@ -196,6 +220,8 @@ def load_trace(path: str | Path) -> Trace:
             header = json.loads(str(z["header"]))
             arrays = {k: z[k] for k in ("tokens", "router_inputs", "routers", "logits", "selected", "weights")}
             biases = z["biases"] if "biases" in z.files else None
+            guesses = {int(k.removeprefix("guesses")): z[k] for k in z.files
+                       if k.startswith("guesses") and k.removeprefix("guesses").isdigit()}
     except (OSError, KeyError, ValueError) as e:
         raise FormatError(f"{path}: not a strata trace ({e})") from None
     if header.get("version") not in _READ_VERSIONS:
@@ -210,18 +236,23 @@ def load_trace(path: str | Path) -> Trace:
     t, l, d = arrays["router_inputs"].shape
     e = arrays["routers"].shape[1]
     if (arrays["routers"].shape != (l, e, d) or arrays["selected"].shape != (t, l, rule.k)
-            or arrays["logits"].shape != (t, l, e) or (biases is not None and biases.shape != (l, e))):
+            or arrays["logits"].shape != (t, l, e) or (biases is not None and biases.shape != (l, e))
+            or any(g.shape != (t, l - a, e) for a, g in guesses.items())):
         raise FormatError(f"{path}: inconsistent trace shapes "
                           f"{ {k: v.shape for k, v in arrays.items()} }")
     try:  # the per-layer rules: biases only with SIGMOID_TOPK, finite
-        return Trace(rule=rule, meta=header.get("meta", {}), biases=biases, **arrays)
+        return Trace(rule=rule, meta=header.get("meta", {}), biases=biases, guesses=guesses,
+                     family_routing=header.get("routing") == "family", **arrays)
     except ConfigError as e:
         raise FormatError(f"{path}: not a strata trace (its selection biases: {e})") from None
 
 
 def reroute_check(trace: Trace) -> float:
     """Fraction of (token, layer) whose λ = 0 selection recomputed from the stored logits equals
-    the stored one (1.0 unless the file was edited)."""
+    the stored one (1.0 unless the file was edited). A tier-2 trace's selections are the
+    family's own routing, which no rule re-derives: NaN."""
+    if trace.family_routing:
+        return float("nan")
     z = trace.logits
     same = [np.array_equal(route(z[t, l], trace.rules[l]).experts, trace.selected[t, l])
             for t in range(trace.n_tokens) for l in range(trace.n_layers)]

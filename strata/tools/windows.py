@@ -27,7 +27,7 @@ import numpy as np
 
 from strata.cache.types import CacheStats, stats_delta
 from strata.speculative.suffix import SuffixDrafter
-from strata.tools.closed_loop import ClosedLoop, LoopConfig
+from strata.tools.closed_loop import ClosedLoop, check_family_routing, LoopConfig
 from strata.tools.replay import ReplayInputs
 from strata.tools.trace import Trace
 
@@ -124,6 +124,8 @@ def replay_windows(trace: Trace | ReplayInputs, config: LoopConfig, plan: Window
     tr = inputs.trace
     L = tr.n_layers
     config = replace(config, window=max(config.window, plan.max_positions))
+    if tr.family_routing:
+        check_family_routing(config)
     loop = ClosedLoop(config, tr.rule, L, tr.n_experts)
     ahead = config.prefetch_depth > 0
     g1 = inputs.guess_logits(1, config.pred_q8) if ahead else None
@@ -137,9 +139,14 @@ def replay_windows(trace: Trace | ReplayInputs, config: LoopConfig, plan: Window
         rows = slice(w.start, w.start + w.positions)
         loop.begin_token()
         for layer in range(L):
-            sels = loop.route_window(layer, tr.logits[rows, layer])
+            if tr.family_routing:  # a tier-2 trace: the family's own selections, their union in order
+                union = list(dict.fromkeys(tr.selected[rows, layer].reshape(-1).tolist()))
+                loop.take(layer, union)
+            else:
+                sels = loop.route_window(layer, tr.logits[rows, layer])
+                union = {e for s in sels for e in s.experts.tolist()}
             if w.start >= warmup:
-                unions += len({e for s in sels for e in s.experts.tolist()})
+                unions += len(union)
             loop.after(layer, _mean(g1, rows, layer, L - 1), _mean(g2, rows, layer, L - 2))
     return WindowReplay(
         plan=plan.name, config=config, windows=len(counted), positions=sum(w.positions for w in counted),
