@@ -75,6 +75,25 @@ def build_wide_checkpoint(directory: Path, seed: int = 0, layers: int = 2) -> Pa
     return directory
 
 
+def add_tokenizer(w, hf_dir: Path, n_vocab: int) -> None:
+    """The checkpoint's tokenizer as llama.cpp writes a byte-level BPE: `tokenizer.ggml.*` (model
+    gpt2, pre gpt2, the vocab padded to the embedding, specials as control tokens, eos <|im_end|>)."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {t["content"] for t in tok["added_tokens"] if t.get("special")}
+    pad = [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]  # llama.cpp pads the vocab to the embedding
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens + pad)
+    w.add_token_types([3 if t in special else 1 for t in tokens] + [5] * len(pad))
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    if tcfg.get("chat_template"):
+        w.add_chat_template(tcfg["chat_template"])
+
+
 def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None) -> Path:
     """A llama.cpp-style GGUF of the checkpoint in `hf_dir`; routed experts quantized to the ggml
     type named `experts` (or per layer: a sequence of (gate, up, down) type names, as unsloth's
@@ -86,7 +105,6 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", 
 
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch, moe, projections = ARCH[cfg["model_type"]]
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
     w = gguf.GGUFWriter(str(path), arch)
     if alignment is not None:
         w.add_custom_alignment(alignment)
@@ -108,21 +126,7 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", 
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     if cfg.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    # tokenizer: byte-level BPE, as llama.cpp's gpt2-style vocab
-    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = {t["content"] for t in tok["added_tokens"] if t.get("special")}
-    n_vocab = cfg["vocab_size"]
-    pad = [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]  # llama.cpp pads the vocab to the embedding
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens + pad)
-    w.add_token_types([3 if t in special else 1 for t in tokens] + [5] * len(pad))
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    if tcfg.get("chat_template"):
-        w.add_chat_template(tcfg["chat_template"])
+    add_tokenizer(w, hf_dir, cfg["vocab_size"])
 
     def add(name: str, x: np.ndarray, qtype: str) -> None:
         t = getattr(gguf.GGMLQuantizationType, qtype)

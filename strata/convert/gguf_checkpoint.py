@@ -36,9 +36,10 @@ from strata.reference.quants import dequantize, from_blocks
 GGUF_MAGIC = b"GGUF"
 # llama.cpp architecture -> (transformers model_type, MoE block name)
 ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
-                 "llama": ("mixtral", "block_sparse_moe")}
-# llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others)
-NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False}
+                 "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp")}
+# llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
+# loader's default for deepseek2 where `expert_weights_norm` is absent)
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -51,6 +52,26 @@ PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "ffn_down_shexp.weight": "{moe}.shared_expert.down_proj.weight",
     "ffn_gate_inp_shexp.weight": "{moe}.shared_expert_gate.weight",
 }
+# an architecture's own names, over PER_LAYER: DeepSeek's latent attention (MLA), its selection
+# bias, its shared experts (plural) and its dense leading layers
+ARCH_PER_LAYER = {
+    "deepseek2": {
+        "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+        "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_q.weight": "self_attn.q_proj.weight",
+        "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+        "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+        "exp_probs_b.bias": "{moe}.gate.e_score_correction_bias",
+        "ffn_gate_shexp.weight": "{moe}.shared_experts.gate_proj.weight",
+        "ffn_up_shexp.weight": "{moe}.shared_experts.up_proj.weight",
+        "ffn_down_shexp.weight": "{moe}.shared_experts.down_proj.weight",
+        "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+        "ffn_down.weight": "mlp.down_proj.weight",
+    },
+}
+# llama.cpp's converter splits DeepSeek's kv_b_proj [H (nope + v), c] per head into k_b
+# [H, c, nope] (transposed, for its absorbed attention) and v_b [H, v, c]; the checkpoint's
+# kv_b_proj is put back together from the two (exact: rows and columns moved, values dequantized)
+SPLIT_KV_B = ("attn_k_b.weight", "attn_v_b.weight", "self_attn.kv_b_proj.weight")
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
@@ -104,22 +125,62 @@ class GgufCheckpoint:
             raise ConfigError(f"{path}: llama.cpp architecture {self.arch!r} not supported; supported: "
                               f"{', '.join(ARCHITECTURES)}")
         self.model_type, self.moe = ARCHITECTURES[self.arch]
+        self.per_layer = {**PER_LAYER, **ARCH_PER_LAYER.get(self.arch, {})}
         self.gguf_tensors = dict(self.reader.tensors)  # name -> TensorInfo, in file order
         self.tensors: dict[str, str] = {}  # Hugging Face name -> GGUF name
+        self.split_kv_b: dict[str, tuple[str, str]] = {}  # kv_b_proj -> (its k_b, its v_b) (SPLIT_KV_B)
+        k_b, v_b, kv_b = SPLIT_KV_B
         for name in self.gguf_tensors:
             hf = self._hf_name(name)
             if hf is not None:
                 self.tensors[hf] = name
+            elif self.arch == "deepseek2" and name.startswith("blk.") and name.endswith(k_b):
+                layer = name.split(".")[1]
+                pair = (name, f"blk.{layer}.{v_b}")
+                if pair[1] not in self.gguf_tensors:
+                    raise FormatError(f"{self.path}: tensor {name} without its pair {pair[1]} (llama.cpp's split kv_b)")
+                self.split_kv_b[f"model.layers.{layer}.{kv_b}"] = pair
+            elif self.arch == "deepseek2" and name.startswith("blk.") and name.endswith(v_b):
+                if name.replace(v_b, k_b) not in self.gguf_tensors:
+                    raise FormatError(f"{self.path}: tensor {name} without its pair {name.replace(v_b, k_b)} "
+                                      "(llama.cpp's split kv_b)")
             elif not name.endswith(EXPERT_SUFFIXES):
                 self.tensors[name] = name  # unknown: check_unused names it
+        for hf, pair in self.split_kv_b.items():
+            if hf in self.tensors:
+                raise FormatError(f"{self.path}: both {self.tensors[hf]} and {pair[0]} / {pair[1]}: one kv_b, "
+                                  "whole or split, per layer")
+            self.tensors[hf] = hf
 
     def _hf_name(self, name: str) -> str | None:
         if name in GLOBAL:
             return GLOBAL[name]
         parts = name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] in PER_LAYER:
-            return f"model.layers.{parts[1]}." + PER_LAYER[parts[2]].format(moe=self.moe)
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in self.per_layer:
+            return f"model.layers.{parts[1]}." + self.per_layer[parts[2]].format(moe=self.moe)
         return None
+
+    def _split_shapes(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The (k_b, v_b) shapes of a split kv_b, checked to be one head split: [H, c, nope], [H, v, c]."""
+        k_shape, v_shape = (tuple(int(n) for n in self.gguf_tensors[g].shape) for g in self.split_kv_b[name])
+        if len(k_shape) != 3 or len(v_shape) != 3 or k_shape[:2] != (v_shape[0], v_shape[2]):
+            raise FormatError(f"{self.path}: tensors {' and '.join(self.split_kv_b[name])}: shapes {list(k_shape)} "
+                              f"and {list(v_shape)}, expected [H, c, nope] and [H, v, c]")
+        return k_shape, v_shape
+
+    def _read_kv_b(self, name: str) -> np.ndarray:
+        """kv_b_proj [H (nope + v), c] from llama.cpp's k_b [H, c, nope] and v_b [H, v, c]."""
+        k_shape, v_shape = self._split_shapes(name)
+        k_b, v_b = (self._read_gguf(g, s) for g, s in zip(self.split_kv_b[name], (k_shape, v_shape)))
+        kv = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)  # [H, nope + v, c]
+        return np.ascontiguousarray(kv.reshape(-1, kv.shape[-1]))
+
+    def _read_gguf(self, gname: str, shape: tuple[int, ...]) -> np.ndarray:
+        t = self.gguf_tensors[gname]
+        if _type_name(t) not in KEPT:
+            raise FormatError(f"{self.path}: tensor {gname}: type {_type_name(t)} is not a weight type "
+                              f"(supported: {', '.join(KEPT)})")
+        return _dequantize(self.reader.raw(t), _type_name(t), shape[-1]).reshape(shape)
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors or name in self.gguf_tensors
@@ -131,13 +192,22 @@ class GgufCheckpoint:
         return self.gguf_tensors[gname]
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.split_kv_b:
+            (heads, c, nope), (_, v, _) = self._split_shapes(name)
+            return heads * (nope + v), c
         return tuple(int(n) for n in self._tensor(name).shape)  # numpy order (ggml's ne reversed)
 
     def ggml_type(self, name: str) -> int:
-        """The tensor's ggml type id."""
+        """The tensor's ggml type id (F32 for a kv_b put back together: it is float values)."""
+        if name in self.split_kv_b:
+            return int(QuantType.F32)
         return int(self._tensor(name).ggml_type)
 
     def check_dtype(self, name: str) -> None:
+        if name in self.split_kv_b:
+            for g in self.split_kv_b[name]:
+                self.check_dtype(g)
+            return
         t = self._tensor(name)
         if _type_name(t) not in KEPT:
             raise FormatError(f"{self.path}: tensor {t.name}: type {_type_name(t)} is not a weight type "
@@ -164,6 +234,8 @@ class GgufCheckpoint:
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """The tensor in float32, in the Hugging Face layout. Shapes: -> shape(name) (without index)"""
+        if name in self.split_kv_b and index is None:
+            return self._read_kv_b(name)
         self.check_dtype(name)
         t = self._tensor(name)
         data = self.reader.raw(t) if index is None else self.reader.raw(t)[index]
@@ -228,6 +300,8 @@ def _string_list(ckpt: GgufCheckpoint, key: str, default=_REQUIRED) -> list[str]
 def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     """The config.json keys the families read, from the GGUF's `{arch}.*` metadata (each checked
     present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
+    if ckpt.arch == "deepseek2":
+        return _deepseek2_config(ckpt)
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
     number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
@@ -258,6 +332,71 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
 
 
+# llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*: the router's scores
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+YARN_LOG_MUL_PER_MSCALE = 0.1  # llama.cpp's converter writes yarn_log_multiplier = 0.1 * mscale_all_dim
+
+
+def _deepseek2_config(ckpt: GgufCheckpoint) -> HFConfig:
+    """DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash as llama.cpp's `deepseek2` writes them, as the
+    deepseek_v3 config.json keys. Its MLA keys come in two generations: today's (head_count_kv 1,
+    key_length = kv_lora_rank + rope, key_length_mla = nope + rope, value_length_mla = v) and the
+    first (head_count_kv = heads, key_length = nope + rope, value_length = v); both are read.
+    Refused in one line naming the key: softmax gating (DeepSeek-V2's, `expert_gating_func` 1 or
+    absent), a rope scaling other than none / yarn."""
+    a = ckpt.arch
+    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+
+    def number(key: str, default=_REQUIRED) -> float:
+        """The value as the checkpoint's config wrote it: llama.cpp stores float32, whose shortest
+        round-trip decimal is the config's number (1e-06, not 9.99999997e-07)."""
+        return float(str(np.float32(metadata(ckpt, f"{a}.{key}", "a number", default))))
+
+    n_experts = integer("expert_count", 0)
+    if not n_experts:
+        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    gating = integer("expert_gating_func", GATING_SOFTMAX)
+    if gating != GATING_SIGMOID:
+        raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func = {gating} (softmax scores: DeepSeek-V2); "
+                          f"supported: {GATING_SIGMOID} (sigmoid: DeepSeek-V3, Kimi-K2, GLM-4.7-Flash)")
+    heads = integer("attention.head_count")
+    rope = integer("rope.dimension_count")
+    key = integer("attention.key_length_mla", None)
+    key = integer("attention.key_length") if key is None else key
+    value = integer("attention.value_length_mla", None)
+    value = integer("attention.value_length") if value is None else value
+    if key <= rope:
+        raise FormatError(f"{ckpt.path}: {a}.attention.key_length(_mla) = {key} is not more than "
+                          f"{a}.rope.dimension_count = {rope} (nope + rope per head)")
+    raw = dict(
+        model_type=ckpt.model_type, vocab_size=ckpt.shape("model.embed_tokens.weight")[0],
+        hidden_size=integer("embedding_length"), num_hidden_layers=integer("block_count"),
+        num_attention_heads=heads, num_key_value_heads=heads, n_routed_experts=n_experts,
+        num_experts_per_tok=integer("expert_used_count"), moe_intermediate_size=integer("expert_feed_forward_length"),
+        intermediate_size=integer("feed_forward_length"), rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
+        rope_theta=number("rope.freq_base", 10000.0), max_position_embeddings=integer("context_length"),
+        hidden_act="silu", q_lora_rank=integer("attention.q_lora_rank", 0) or None,
+        kv_lora_rank=integer("attention.kv_lora_rank"), qk_rope_head_dim=rope, qk_nope_head_dim=key - rope,
+        v_head_dim=value, first_k_dense_replace=integer("leading_dense_block_count", 0),
+        n_shared_experts=integer("expert_shared_count", 0), routed_scaling_factor=number("expert_weights_scale", 1.0),
+        norm_topk_prob=bool(metadata(ckpt, f"{a}.expert_weights_norm", "a bool", NORM_TOPK[a])),
+        n_group=integer("expert_group_count", 1), topk_group=integer("expert_group_used_count", 1),
+        scoring_func="sigmoid", topk_method="noaux_tc", rope_interleave=True,
+        tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
+    )
+    scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
+    if scaling == "yarn":  # llama.cpp keeps one mscale (yarn_log_multiplier): mscale = mscale_all_dim
+        mscale = number("rope.scaling.yarn_log_multiplier", 0.0) / YARN_LOG_MUL_PER_MSCALE
+        raw["rope_scaling"] = dict(rope_type="yarn", factor=number("rope.scaling.factor"),
+                                   original_max_position_embeddings=integer("rope.scaling.original_context_length"),
+                                   mscale=mscale, mscale_all_dim=mscale,
+                                   beta_fast=number("rope.scaling.yarn_beta_fast", 32.0),
+                                   beta_slow=number("rope.scaling.yarn_beta_slow", 1.0))
+    elif scaling != "none":
+        raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none, yarn")
+    return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
+
+
 class GgufExpertTensors:
     """The stacked experts of a GGUF, kept as stored: `layer_qtypes[l]` is the (gate, up, down)
     strata types of MoE layer l, `qtype` their one type where every projection of every layer
@@ -265,7 +404,7 @@ class GgufExpertTensors:
 
     def __init__(self, ckpt: GgufCheckpoint, cfg: ModelConfig, moe: str = "", projections=None) -> None:
         self._ckpt = ckpt
-        self.names = [tuple(f"blk.{l}.{s}" for s in EXPERT_SUFFIXES) for l in range(cfg.n_layers)]
+        self.names = [tuple(f"blk.{l}.{s}" for s in EXPERT_SUFFIXES) for l in cfg.moe_layers]
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
         layer_qtypes = []

@@ -1,0 +1,80 @@
+"""`strata convert` of a llama.cpp `deepseek2` GGUF (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash; written
+by tests/gguf_deepseek2.py in llama.cpp's layout from the checked-in tiny checkpoints): its MLA
+metadata, the split kv_b put back together, dense leading layers, shared experts and the
+selection bias land where the Hugging Face converter puts them: with every tensor stored F32 the
+converted model's logits equal those of the same checkpoint converted from Hugging Face (F32
+experts and dense) bit for bit; with Q8_0 experts, the experts are kept as stored."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from strata.convert import convert
+from strata.errors import ConfigError
+from strata.formats.quant_types import QuantType
+from strata.loader import load
+from strata.reference.model import ModelState, forward
+from tests import hf_models
+from tests.gguf_deepseek2 import write_deepseek2_gguf
+
+
+def _logits(model_path) -> np.ndarray:
+    model = load(model_path)
+    tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
+    out, _ = forward(model.resident_params(), ModelState.empty(model.cfg), tokens)
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["deepseek_v3", "glm4_moe_lite"])
+def test_deepseek2_gguf_logits_equal_the_hugging_face_conversion(fixture, tmp_path, tmp_path_factory):
+    hf_dir, _ = hf_models.cached_checkpoint(fixture, tmp_path_factory)
+    path = write_deepseek2_gguf(hf_dir, tmp_path / "m.gguf")
+    from_gguf = convert(path, tmp_path / "gguf")
+    from_hf = convert(hf_dir, tmp_path / "hf", expert_type=QuantType.F32, dense_type=QuantType.F32)
+    assert from_gguf.expert_type is QuantType.F32
+    # GLM-4.7-Flash is DeepSeek-V3's model under another name: llama.cpp writes both as deepseek2
+    assert from_gguf.family == "DeepSeek-V3"
+    assert dataclasses.replace(from_gguf.cfg, architecture=from_hf.cfg.architecture) == from_hf.cfg
+    np.testing.assert_array_equal(_logits(from_gguf.model_path), _logits(from_hf.model_path))
+    # the tokenizer rebuilt from tokenizer.ggml.* encodes as the checkpoint's
+    from tokenizers import Tokenizer
+
+    original = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    model = load(from_gguf.model_path)
+    text = hf_models.PARITY_TEXT + " naïve café 🙂 <|im_start|>user\nhi<|im_end|>"
+    assert list(model.tokenizer.encode(text)) == original.encode(text).ids
+
+
+def test_deepseek2_gguf_q8_0_experts_kept_as_stored(tmp_path, tmp_path_factory):
+    import gguf
+
+    from strata.reference.quants import to_blocks
+
+    hf_dir, _ = hf_models.cached_checkpoint("deepseek_v3", tmp_path_factory)
+    path = write_deepseek2_gguf(hf_dir, tmp_path / "m.gguf", experts="Q8_0", dense="F16")
+    r = convert(path, tmp_path / "out")
+    model = load(r.model_path)
+    assert model.experts_file.header.qtype is QuantType.Q8_0
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    for i, layer in enumerate(model.cfg.moe_layers):
+        stored = np.asarray(tensors[f"blk.{layer}.ffn_down_exps.weight"].data)[3]
+        assert to_blocks(model.experts_file.expert(i, 3).projection("down")).tobytes() == stored.tobytes()
+
+
+def test_deepseek2_gguf_with_softmax_gating_is_refused_naming_the_key(tmp_path, tmp_path_factory):
+    import gguf
+
+    hf_dir, _ = hf_models.cached_checkpoint("deepseek_v3", tmp_path_factory)
+    path = write_deepseek2_gguf(hf_dir, tmp_path / "m.gguf")
+    # rewrite the one metadata value in place: the u32 after the key's name and type
+    data = bytearray(path.read_bytes())
+    key = b"deepseek2.expert_gating_func"
+    at = data.index(key) + len(key) + 4
+    assert int.from_bytes(data[at:at + 4], "little") == int(gguf.ExpertGatingFuncType.SIGMOID)
+    data[at:at + 4] = int(gguf.ExpertGatingFuncType.SOFTMAX).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"deepseek2\.expert_gating_func = 1 .*supported: 2"):
+        convert(path, tmp_path / "out")
