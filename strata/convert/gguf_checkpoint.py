@@ -36,10 +36,12 @@ from strata.reference.quants import dequantize, from_blocks
 GGUF_MAGIC = b"GGUF"
 # llama.cpp architecture -> (transformers model_type, MoE block name)
 ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
-                 "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp")}
+                 "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp"),
+                 "glm4moe": ("glm4_moe", "mlp")}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
-NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False}
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
+             "glm4moe": False}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -52,21 +54,34 @@ PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "ffn_down_shexp.weight": "{moe}.shared_expert.down_proj.weight",
     "ffn_gate_inp_shexp.weight": "{moe}.shared_expert_gate.weight",
 }
-# an architecture's own names, over PER_LAYER: DeepSeek's latent attention (MLA), its selection
-# bias, its shared experts (plural) and its dense leading layers
+# the sigmoid-routed families' names, over PER_LAYER: the selection bias, shared experts
+# (plural), the dense leading layers' FFN
+_SIGMOID_LAYER = {
+    "exp_probs_b.bias": "{moe}.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "{moe}.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "{moe}.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "{moe}.shared_experts.down_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+# the multi-token-prediction layer llama.cpp keeps after the model's (block_count counts it;
+# strata skips it, as transformers does): its own tensors, under their Hugging Face names
+_NEXTN_LAYER = {
+    "nextn.eh_proj.weight": "eh_proj.weight", "nextn.embed_tokens.weight": "embed_tokens.weight",
+    "nextn.enorm.weight": "enorm.weight", "nextn.hnorm.weight": "hnorm.weight",
+    "nextn.shared_head_head.weight": "shared_head.head.weight",
+    "nextn.shared_head_norm.weight": "shared_head.norm.weight",
+}
+# an architecture's own names, over PER_LAYER: DeepSeek's latent attention (MLA)
 ARCH_PER_LAYER = {
     "deepseek2": {
+        **_SIGMOID_LAYER,
         "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
         "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_q.weight": "self_attn.q_proj.weight",
         "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
         "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
-        "exp_probs_b.bias": "{moe}.gate.e_score_correction_bias",
-        "ffn_gate_shexp.weight": "{moe}.shared_experts.gate_proj.weight",
-        "ffn_up_shexp.weight": "{moe}.shared_experts.up_proj.weight",
-        "ffn_down_shexp.weight": "{moe}.shared_experts.down_proj.weight",
-        "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-        "ffn_down.weight": "mlp.down_proj.weight",
     },
+    "glm4moe": {**_SIGMOID_LAYER, **_NEXTN_LAYER},
 }
 # llama.cpp's converter splits DeepSeek's kv_b_proj [H (nope + v), c] per head into k_b
 # [H, c, nope] (transposed, for its absorbed attention) and v_b [H, v, c]; the checkpoint's
@@ -300,8 +315,8 @@ def _string_list(ckpt: GgufCheckpoint, key: str, default=_REQUIRED) -> list[str]
 def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     """The config.json keys the families read, from the GGUF's `{arch}.*` metadata (each checked
     present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
-    if ckpt.arch == "deepseek2":
-        return _deepseek2_config(ckpt)
+    if ckpt.arch in ("deepseek2", "glm4moe"):
+        return _sigmoid_config(ckpt)
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
     number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
@@ -337,13 +352,19 @@ GATING_SOFTMAX, GATING_SIGMOID = 1, 2
 YARN_LOG_MUL_PER_MSCALE = 0.1  # llama.cpp's converter writes yarn_log_multiplier = 0.1 * mscale_all_dim
 
 
-def _deepseek2_config(ckpt: GgufCheckpoint) -> HFConfig:
-    """DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash as llama.cpp's `deepseek2` writes them, as the
-    deepseek_v3 config.json keys. Its MLA keys come in two generations: today's (head_count_kv 1,
-    key_length = kv_lora_rank + rope, key_length_mla = nope + rope, value_length_mla = v) and the
-    first (head_count_kv = heads, key_length = nope + rope, value_length = v); both are read.
-    Refused in one line naming the key: softmax gating (DeepSeek-V2's, `expert_gating_func` 1 or
-    absent), a rope scaling other than none / yarn."""
+def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
+    """The sigmoid-routed families as llama.cpp writes them, as their config.json keys:
+    `deepseek2` (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash, as deepseek_v3) and `glm4moe` (GLM-4.5 /
+    4.6 / 4.7). Routing: `expert_gating_func` (2: sigmoid; 1 or absent: softmax, refused),
+    `expert_weights_scale`, `expert_weights_norm`, `expert_group_count` / `expert_group_used_count`
+    (absent: one group, as llama.cpp runs it), `expert_shared_count`, `leading_dense_block_count`.
+    deepseek2's MLA keys come in two generations: today's (head_count_kv 1, key_length =
+    kv_lora_rank + rope, key_length_mla = nope + rope, value_length_mla = v) and the first
+    (head_count_kv = heads, key_length = nope + rope, value_length = v); both are read. glm4moe:
+    block_count counts the multi-token-prediction layers after the model's (`nextn_predict_layers`,
+    skipped), partial rotary is rope.dimension_count of key_length, q/k norms and q/k/v biases are
+    there when their tensors are. A rope scaling other than none (and yarn for deepseek2) is refused
+    in one line naming the key."""
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
 
@@ -358,34 +379,45 @@ def _deepseek2_config(ckpt: GgufCheckpoint) -> HFConfig:
     gating = integer("expert_gating_func", GATING_SOFTMAX)
     if gating != GATING_SIGMOID:
         raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func = {gating} (softmax scores: DeepSeek-V2); "
-                          f"supported: {GATING_SIGMOID} (sigmoid: DeepSeek-V3, Kimi-K2, GLM-4.7-Flash)")
+                          f"supported: {GATING_SIGMOID} (sigmoid)")
     heads = integer("attention.head_count")
     rope = integer("rope.dimension_count")
-    key = integer("attention.key_length_mla", None)
-    key = integer("attention.key_length") if key is None else key
-    value = integer("attention.value_length_mla", None)
-    value = integer("attention.value_length") if value is None else value
-    if key <= rope:
-        raise FormatError(f"{ckpt.path}: {a}.attention.key_length(_mla) = {key} is not more than "
-                          f"{a}.rope.dimension_count = {rope} (nope + rope per head)")
+    layers = integer("block_count")
     raw = dict(
         model_type=ckpt.model_type, vocab_size=ckpt.shape("model.embed_tokens.weight")[0],
-        hidden_size=integer("embedding_length"), num_hidden_layers=integer("block_count"),
-        num_attention_heads=heads, num_key_value_heads=heads, n_routed_experts=n_experts,
+        hidden_size=integer("embedding_length"), num_attention_heads=heads, n_routed_experts=n_experts,
         num_experts_per_tok=integer("expert_used_count"), moe_intermediate_size=integer("expert_feed_forward_length"),
         intermediate_size=integer("feed_forward_length"), rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
         rope_theta=number("rope.freq_base", 10000.0), max_position_embeddings=integer("context_length"),
-        hidden_act="silu", q_lora_rank=integer("attention.q_lora_rank", 0) or None,
-        kv_lora_rank=integer("attention.kv_lora_rank"), qk_rope_head_dim=rope, qk_nope_head_dim=key - rope,
-        v_head_dim=value, first_k_dense_replace=integer("leading_dense_block_count", 0),
+        hidden_act="silu", first_k_dense_replace=integer("leading_dense_block_count", 0),
         n_shared_experts=integer("expert_shared_count", 0), routed_scaling_factor=number("expert_weights_scale", 1.0),
         norm_topk_prob=bool(metadata(ckpt, f"{a}.expert_weights_norm", "a bool", NORM_TOPK[a])),
         n_group=integer("expert_group_count", 1), topk_group=integer("expert_group_used_count", 1),
-        scoring_func="sigmoid", topk_method="noaux_tc", rope_interleave=True,
+        scoring_func="sigmoid", topk_method="noaux_tc",
         tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
     )
+    if a == "deepseek2":
+        key = integer("attention.key_length_mla", None)
+        key = integer("attention.key_length") if key is None else key
+        value = integer("attention.value_length_mla", None)
+        value = integer("attention.value_length") if value is None else value
+        if key <= rope:
+            raise FormatError(f"{ckpt.path}: {a}.attention.key_length(_mla) = {key} is not more than "
+                              f"{a}.rope.dimension_count = {rope} (nope + rope per head)")
+        raw.update(num_hidden_layers=layers, num_key_value_heads=heads,
+                   q_lora_rank=integer("attention.q_lora_rank", 0) or None, kv_lora_rank=integer("attention.kv_lora_rank"),
+                   qk_rope_head_dim=rope, qk_nope_head_dim=key - rope, v_head_dim=value, rope_interleave=True)
+    else:  # glm4moe
+        head_dim = integer("attention.key_length", raw["hidden_size"] // heads)
+        nextn = integer("nextn_predict_layers", 0)
+        if nextn >= layers:
+            raise FormatError(f"{ckpt.path}: {a}.nextn_predict_layers = {nextn} is not less than {a}.block_count = {layers}")
+        raw.update(num_hidden_layers=layers - nextn, num_key_value_heads=integer("attention.head_count_kv", heads),
+                   head_dim=head_dim, partial_rotary_factor=rope / head_dim,
+                   use_qk_norm="blk.0.attn_q_norm.weight" in ckpt.gguf_tensors,
+                   attention_bias="blk.0.attn_q.bias" in ckpt.gguf_tensors)
     scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
-    if scaling == "yarn":  # llama.cpp keeps one mscale (yarn_log_multiplier): mscale = mscale_all_dim
+    if scaling == "yarn" and a == "deepseek2":  # llama.cpp keeps one mscale (yarn_log_multiplier): mscale = mscale_all_dim
         mscale = number("rope.scaling.yarn_log_multiplier", 0.0) / YARN_LOG_MUL_PER_MSCALE
         raw["rope_scaling"] = dict(rope_type="yarn", factor=number("rope.scaling.factor"),
                                    original_max_position_embeddings=integer("rope.scaling.original_context_length"),
@@ -393,7 +425,8 @@ def _deepseek2_config(ckpt: GgufCheckpoint) -> HFConfig:
                                    beta_fast=number("rope.scaling.yarn_beta_fast", 32.0),
                                    beta_slow=number("rope.scaling.yarn_beta_slow", 1.0))
     elif scaling != "none":
-        raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none, yarn")
+        supported = "none, yarn" if a == "deepseek2" else "none"
+        raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: {supported}")
     return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
 
 

@@ -1,5 +1,5 @@
-"""`strata convert` of a llama.cpp `deepseek2` GGUF (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash; written
-by tests/gguf_deepseek2.py in llama.cpp's layout from the checked-in tiny checkpoints): its MLA
+"""`strata convert` of llama.cpp's `glm4moe` GGUF (GLM-4.5 / 4.6 / 4.7) and its `deepseek2` GGUF (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash; written
+by tests/gguf_sigmoid_models.py in llama.cpp's layout from the checked-in tiny checkpoints): its MLA
 metadata, the split kv_b put back together, dense leading layers, shared experts and the
 selection bias land where the Hugging Face converter puts them: with every tensor stored F32 the
 converted model's logits equal those of the same checkpoint converted from Hugging Face (F32
@@ -18,7 +18,7 @@ from strata.formats.quant_types import QuantType
 from strata.loader import load
 from strata.reference.model import ModelState, forward
 from tests import hf_models
-from tests.gguf_deepseek2 import write_deepseek2_gguf
+from tests.gguf_sigmoid_models import write_deepseek2_gguf, write_glm4moe_gguf
 
 
 def _logits(model_path) -> np.ndarray:
@@ -78,3 +78,25 @@ def test_deepseek2_gguf_with_softmax_gating_is_refused_naming_the_key(tmp_path, 
     path.write_bytes(bytes(data))
     with pytest.raises(ConfigError, match=r"deepseek2\.expert_gating_func = 1 .*supported: 2"):
         convert(path, tmp_path / "out")
+
+
+def test_glm4moe_gguf_logits_equal_the_hugging_face_conversion(tmp_path, tmp_path_factory):
+    """llama.cpp writes no expert-group keys for glm4moe (GLM-4.5's configs have one group): the
+    checkpoint compared is the fixture with n_group = topk_group = 1. The GGUF's
+    multi-token-prediction layer (block_count 4, nextn_predict_layers 1) is skipped with a note."""
+    import json
+    import shutil
+
+    fixture, _ = hf_models.cached_checkpoint("glm4_moe", tmp_path_factory)
+    hf_dir = tmp_path / "hf_one_group"
+    shutil.copytree(fixture, hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.update(n_group=1, topk_group=1)
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    path = write_glm4moe_gguf(hf_dir, tmp_path / "m.gguf")
+    from_gguf = convert(path, tmp_path / "gguf")
+    from_hf = convert(hf_dir, tmp_path / "hf", expert_type=QuantType.F32, dense_type=QuantType.F32)
+    assert from_gguf.family == from_hf.family == "GLM-4.5" and from_gguf.cfg == from_hf.cfg
+    assert any("multi-token-prediction" in note for note in from_gguf.notes)
+    assert from_gguf.cfg.n_layers == 3 and from_gguf.cfg.rotary_dim == 8
+    np.testing.assert_array_equal(_logits(from_gguf.model_path), _logits(from_hf.model_path))
