@@ -7,6 +7,11 @@ weights scale and norm, no group keys (llama.cpp runs GLM-4.5 without groups), b
 the multi-token-prediction layer after the model (`nextn_predict_layers`), whose `nextn.*` tensors
 follow its ordinary ones; q/k rows as the checkpoint holds them (rotate-half already).
 
+`write_minimax_m2_gguf` (MiniMaxM2Model): the base keys, expert_feed_forward_length =
+intermediate_size, rope.dimension_count = rotary_dim, sigmoid gating; q/k norms [H * head_dim]
+as `attn_{q,k}_norm`, the block's `e_score_correction_bias` as `exp_probs_b.bias`, w1 / w3 / w2 stacked
+as gate / up / down.
+
 `write_deepseek2_gguf` (DeepseekV2Model; DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash):
 today's MLA keys (head_count_kv 1, key_length = kv_lora_rank + rope, key_length_mla = nope +
 rope, value_length = kv_lora_rank, value_length_mla = v_head_dim), kv_b_proj split per head into
@@ -124,6 +129,56 @@ def write_glm4moe_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense:
                           "shared_head_head": (vocab, d), "shared_head_norm": (d,)}
                 for t in NEXTN:
                     _add(w, f"blk.{l}.nextn.{t}.weight", rng.standard_normal(shapes[t]).astype(np.float32), "F32")
+    return _finish(w, path)
+
+
+MINIMAX = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+           "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+           "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+           "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+           "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+           "block_sparse_moe.e_score_correction_bias": "exp_probs_b.bias"}
+
+
+def write_minimax_m2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32") -> Path:
+    """The GGUF of the MiniMax-M2-layout checkpoint in `hf_dir`."""
+    import gguf
+
+    from strata.convert.safetensors_reader import Checkpoint
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    params = cfg.get("rope_parameters") or {}
+    w = gguf.GGUFWriter(str(path), "minimax-m2")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(params.get("rope_theta", cfg.get("rope_theta")))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    w.add_rope_dimension_count(cfg["rotary_dim"])
+    add_tokenizer(w, hf_dir, cfg["vocab_size"])
+    with Checkpoint(hf_dir) as ck:
+        _add(w, "token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
+        _add(w, "output_norm.weight", ck.read("model.norm.weight"), "F32")
+        _add(w, "output.weight", ck.read("lm_head.weight"), dense)
+        for l in range(cfg["num_hidden_layers"]):
+            base = f"model.layers.{l}."
+            for hf_suffix, g_suffix in MINIMAX.items():
+                x = ck.read(base + hf_suffix)
+                two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
+                _add(w, f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
+            for proj, g in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+                stack = np.stack([ck.read(base + f"block_sparse_moe.experts.{e}.{proj}.weight")
+                                  for e in range(cfg["num_local_experts"])])
+                _add(w, f"blk.{l}.ffn_{g}_exps.weight", stack, experts)
     return _finish(w, path)
 
 

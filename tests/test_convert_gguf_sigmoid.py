@@ -1,4 +1,4 @@
-"""`strata convert` of llama.cpp's `glm4moe` GGUF (GLM-4.5 / 4.6 / 4.7) and its `deepseek2` GGUF (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash; written
+"""`strata convert` of llama.cpp's `glm4moe` (GLM-4.5 / 4.6 / 4.7), `minimax-m2` and `deepseek2` GGUFs (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash; written
 by tests/gguf_sigmoid_models.py in llama.cpp's layout from the checked-in tiny checkpoints): its MLA
 metadata, the split kv_b put back together, dense leading layers, shared experts and the
 selection bias land where the Hugging Face converter puts them: with every tensor stored F32 the
@@ -18,7 +18,7 @@ from strata.formats.quant_types import QuantType
 from strata.loader import load
 from strata.reference.model import ModelState, forward
 from tests import hf_models
-from tests.gguf_sigmoid_models import write_deepseek2_gguf, write_glm4moe_gguf
+from tests.gguf_sigmoid_models import write_deepseek2_gguf, write_glm4moe_gguf, write_minimax_m2_gguf
 
 
 def _logits(model_path) -> np.ndarray:
@@ -99,4 +99,13 @@ def test_glm4moe_gguf_logits_equal_the_hugging_face_conversion(tmp_path, tmp_pat
     assert from_gguf.family == from_hf.family == "GLM-4.5" and from_gguf.cfg == from_hf.cfg
     assert any("multi-token-prediction" in note for note in from_gguf.notes)
     assert from_gguf.cfg.n_layers == 3 and from_gguf.cfg.rotary_dim == 8
+    np.testing.assert_array_equal(_logits(from_gguf.model_path), _logits(from_hf.model_path))
+
+
+def test_minimax_m2_gguf_logits_equal_the_hugging_face_conversion(tmp_path, tmp_path_factory):
+    hf_dir, _ = hf_models.cached_checkpoint("minimax_m2", tmp_path_factory)
+    path = write_minimax_m2_gguf(hf_dir, tmp_path / "m.gguf")
+    from_gguf = convert(path, tmp_path / "gguf")
+    from_hf = convert(hf_dir, tmp_path / "hf", expert_type=QuantType.F32, dense_type=QuantType.F32)
+    assert from_gguf.family == from_hf.family == "MiniMax-M2" and from_gguf.cfg == from_hf.cfg
     np.testing.assert_array_equal(_logits(from_gguf.model_path), _logits(from_hf.model_path))

@@ -37,11 +37,11 @@ GGUF_MAGIC = b"GGUF"
 # llama.cpp architecture -> (transformers model_type, MoE block name)
 ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
                  "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp"),
-                 "glm4moe": ("glm4_moe", "mlp")}
+                 "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe")}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
-             "glm4moe": False}
+             "glm4moe": False, "minimax-m2": True}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -82,6 +82,7 @@ ARCH_PER_LAYER = {
         "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
     },
     "glm4moe": {**_SIGMOID_LAYER, **_NEXTN_LAYER},
+    "minimax-m2": {"exp_probs_b.bias": "{moe}.e_score_correction_bias"},  # the bias on the block
 }
 # llama.cpp's converter splits DeepSeek's kv_b_proj [H (nope + v), c] per head into k_b
 # [H, c, nope] (transposed, for its absorbed attention) and v_b [H, v, c]; the checkpoint's
@@ -315,7 +316,7 @@ def _string_list(ckpt: GgufCheckpoint, key: str, default=_REQUIRED) -> list[str]
 def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     """The config.json keys the families read, from the GGUF's `{arch}.*` metadata (each checked
     present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
-    if ckpt.arch in ("deepseek2", "glm4moe"):
+    if ckpt.arch in ("deepseek2", "glm4moe", "minimax-m2"):
         return _sigmoid_config(ckpt)
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
@@ -354,8 +355,9 @@ YARN_LOG_MUL_PER_MSCALE = 0.1  # llama.cpp's converter writes yarn_log_multiplie
 
 def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
     """The sigmoid-routed families as llama.cpp writes them, as their config.json keys:
-    `deepseek2` (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash, as deepseek_v3) and `glm4moe` (GLM-4.5 /
-    4.6 / 4.7). Routing: `expert_gating_func` (2: sigmoid; 1 or absent: softmax, refused),
+    `deepseek2` (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash, as deepseek_v3), `glm4moe` (GLM-4.5 /
+    4.6 / 4.7) and `minimax-m2` (rope.dimension_count its rotary_dim, its q/k norms over the whole
+    projection; gating absent means sigmoid, its only one). Routing: `expert_gating_func` (2: sigmoid; 1 or absent: softmax, refused),
     `expert_weights_scale`, `expert_weights_norm`, `expert_group_count` / `expert_group_used_count`
     (absent: one group, as llama.cpp runs it), `expert_shared_count`, `leading_dense_block_count`.
     deepseek2's MLA keys come in two generations: today's (head_count_kv 1, key_length =
@@ -376,7 +378,8 @@ def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
     n_experts = integer("expert_count", 0)
     if not n_experts:
         raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
-    gating = integer("expert_gating_func", GATING_SOFTMAX)
+    # absent: DeepSeek-V2's softmax for deepseek2 (llama.cpp's default); MiniMax-M2 has only sigmoid
+    gating = integer("expert_gating_func", GATING_SIGMOID if a == "minimax-m2" else GATING_SOFTMAX)
     if gating != GATING_SIGMOID:
         raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func = {gating} (softmax scores: DeepSeek-V2); "
                           f"supported: {GATING_SIGMOID} (sigmoid)")
@@ -407,6 +410,13 @@ def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
         raw.update(num_hidden_layers=layers, num_key_value_heads=heads,
                    q_lora_rank=integer("attention.q_lora_rank", 0) or None, kv_lora_rank=integer("attention.kv_lora_rank"),
                    qk_rope_head_dim=rope, qk_nope_head_dim=key - rope, v_head_dim=value, rope_interleave=True)
+    elif a == "minimax-m2":  # no shared expert, no dense layer, no groups: refused where a key says otherwise
+        for key in ("expert_shared_count", "leading_dense_block_count"):
+            if integer(key, 0):
+                raise ConfigError(f"{ckpt.path}: {a}.{key} = {integer(key)}; supported: 0 (MiniMax-M2)")
+        raw.update(num_hidden_layers=layers, num_key_value_heads=integer("attention.head_count_kv", heads),
+                   head_dim=integer("attention.key_length", raw["hidden_size"] // heads), rotary_dim=rope,
+                   num_local_experts=n_experts, intermediate_size=raw["moe_intermediate_size"])
     else:  # glm4moe
         head_dim = integer("attention.key_length", raw["hidden_size"] // heads)
         nextn = integer("nextn_predict_layers", 0)
