@@ -483,16 +483,46 @@ class GgufExpertTensors:
 
 # ---------------------------------------------------------------- tokenizer
 
-# tokenizer.ggml.pre -> the pre-tokenizer split regex of the Hugging Face tokenizer it came from
-_GPT2 = None  # ByteLevel's own regex
+# tokenizer.ggml.pre -> the pre-tokenizer split regexes of the Hugging Face tokenizer it came from,
+# applied in turn (each splits the pieces of the one before, isolating its matches, as llama.cpp's
+# `unicode_regex_split` over its list in src/llama-vocab.cpp), then byte-level; None: ByteLevel's own
+# regex (GPT-2's). Where llama.cpp rewrote a regex for its engine (case-insensitive groups spelled
+# out, \p{Lu}-style classes as look-aheads) the Hugging Face original it stands for is used.
+_GPT2 = None
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          r"|\s+(?!\S)|\s+")
-PRE_TOKENIZERS = {"gpt2": _GPT2, "default": _GPT2, "qwen2": _QWEN2, "olmo": _GPT2}
+          r"|\s+(?!\S)|\s+",)
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+",)
+# llama 3's, digits in runs of up to three: GLM-4.5 / 4.6 / 4.7 (`glm4`, `chatglm-bpe`)
+_CHATGLM4 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+",)
+# DeepSeek-V3 / R1: digits in runs of up to three, CJK runs, then the word regex
+_DEEPSEEK3 = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (gpt-oss's `gpt-4o`, MiniMax-M2's `minimax-m2`): case runs split, contractions kept on the word
+_O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",)
+PRE_TOKENIZERS = {"gpt2": _GPT2, "default": _GPT2, "olmo": _GPT2, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+                  "qwen35": _QWEN35, "glm4": _CHATGLM4, "chatglm-bpe": _CHATGLM4, "deepseek-v3": _DEEPSEEK3,
+                  "gpt-4o": _O200K, "minimax-m2": _O200K}
+
+
+def pre_tokenizer(pre: str):
+    """The Hugging Face pre-tokenizer of llama.cpp's `tokenizer.ggml.pre` value (a key of PRE_TOKENIZERS)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    regexes = PRE_TOKENIZERS[pre]
+    if regexes is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+                                   + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
     """A tokenizer.json rebuilt from the GGUF's byte-level BPE (`tokenizer.ggml.model` gpt2)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
     r = ckpt.reader
     kind = metadata(ckpt, "tokenizer.ggml.model", "a string", None)
@@ -511,13 +541,7 @@ def tokenizer_of(ckpt: GgufCheckpoint) -> TokenizerFiles:
                           f"expected {len(tokens)} integers (one per token)")
     types = list(f.value) if f is not None else [1] * len(tokens)
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    regex = PRE_TOKENIZERS[pre]
-    if regex is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL])
