@@ -26,7 +26,7 @@ import numpy as np
 from strata.convert.hf_config import HFConfig
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError, FormatError
-from strata.formats.expert_record import ExpertWeights
+from strata.formats.expert_record import ExpertBiases, ExpertWeights
 from strata.formats import gguf_file
 from strata.formats.gguf_file import GGUFFile, TensorInfo, open_gguf
 from strata.formats.quant_types import QuantType, row_bytes
@@ -37,11 +37,12 @@ GGUF_MAGIC = b"GGUF"
 # llama.cpp architecture -> (transformers model_type, MoE block name)
 ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
                  "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp"),
-                 "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe")}
+                 "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe"),
+                 "gpt-oss": ("gpt_oss", "mlp")}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
-             "glm4moe": False, "minimax-m2": True}
+             "glm4moe": False, "minimax-m2": True, "gpt-oss": True}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -83,7 +84,11 @@ ARCH_PER_LAYER = {
     },
     "glm4moe": {**_SIGMOID_LAYER, **_NEXTN_LAYER},
     "minimax-m2": {"exp_probs_b.bias": "{moe}.e_score_correction_bias"},  # the bias on the block
+    "gpt-oss": {"attn_sinks.weight": "self_attn.sinks", "attn_output.bias": "self_attn.o_proj.bias",
+                "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias"},
 }
+EXPERT_BIAS_SUFFIXES = ("ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")  # gpt-oss's, [E, F|D]
 # llama.cpp's converter splits DeepSeek's kv_b_proj [H (nope + v), c] per head into k_b
 # [H, c, nope] (transposed, for its absorbed attention) and v_b [H, v, c]; the checkpoint's
 # kv_b_proj is put back together from the two (exact: rows and columns moved, values dequantized)
@@ -160,7 +165,7 @@ class GgufCheckpoint:
                 if name.replace(v_b, k_b) not in self.gguf_tensors:
                     raise FormatError(f"{self.path}: tensor {name} without its pair {name.replace(v_b, k_b)} "
                                       "(llama.cpp's split kv_b)")
-            elif not name.endswith(EXPERT_SUFFIXES):
+            elif not name.endswith(EXPERT_SUFFIXES) and not (self.arch == "gpt-oss" and name.endswith(EXPERT_BIAS_SUFFIXES)):
                 self.tensors[name] = name  # unknown: check_unused names it
         for hf, pair in self.split_kv_b.items():
             if hf in self.tensors:
@@ -318,6 +323,8 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
     if ckpt.arch in ("deepseek2", "glm4moe", "minimax-m2"):
         return _sigmoid_config(ckpt)
+    if ckpt.arch == "gpt-oss":
+        return _gpt_oss_config(ckpt)
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
     number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
@@ -440,6 +447,54 @@ def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
     return HFConfig(ckpt.path, {k: v for k, v in raw.items() if v is not None})
 
 
+def _gpt_oss_config(ckpt: GgufCheckpoint) -> HFConfig:
+    """gpt-oss as llama.cpp's `gpt-oss` writes it, as its config.json keys: the base keys,
+    `attention.sliding_window` (llama.cpp runs every even layer windowed, as the released
+    `layer_types` say), expert_feed_forward_length, YaRN from `rope.scaling.*` (beta fast / slow
+    its defaults 32 / 1 where absent; llama.cpp's correction range is truncated to whole dims,
+    transformers' `truncate` true). The clamped SwiGLU's alpha and limit are not in the file:
+    llama.cpp's graph fixes them at 1.702 and 7.0, and so are they here."""
+    from strata.convert.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
+
+    a = ckpt.arch
+    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+
+    def number(key: str, default=_REQUIRED) -> float:
+        return float(str(np.float32(metadata(ckpt, f"{a}.{key}", "a number", default))))
+
+    n_experts = integer("expert_count", 0)
+    if not n_experts:
+        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    heads, layers = integer("attention.head_count"), integer("block_count")
+    head_dim = integer("attention.key_length")
+    rope = integer("rope.dimension_count", head_dim)
+    if rope != head_dim:
+        raise ConfigError(f"{ckpt.path}: {a}.rope.dimension_count = {rope}; supported: {head_dim} "
+                          f"({a}.attention.key_length: rotary over the whole head)")
+    rope_parameters = dict(rope_type="default", rope_theta=number("rope.freq_base", 150000.0))
+    scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
+    if scaling == "yarn":
+        rope_parameters.update(rope_type="yarn", factor=number("rope.scaling.factor"),
+                               original_max_position_embeddings=integer("rope.scaling.original_context_length"),
+                               beta_fast=number("rope.scaling.yarn_beta_fast", 32.0),
+                               beta_slow=number("rope.scaling.yarn_beta_slow", 1.0), truncate=True)
+    elif scaling != "none":
+        raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none, yarn")
+    raw = dict(
+        model_type=ckpt.model_type, vocab_size=ckpt.shape("model.embed_tokens.weight")[0],
+        hidden_size=integer("embedding_length"), num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=integer("attention.head_count_kv", heads), head_dim=head_dim,
+        num_local_experts=n_experts, num_experts_per_tok=integer("expert_used_count"),
+        intermediate_size=integer("expert_feed_forward_length"), rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
+        max_position_embeddings=integer("context_length"), sliding_window=integer("attention.sliding_window"),
+        layer_types=["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)],
+        rope_parameters=rope_parameters, swiglu_alpha=DEFAULT_ALPHA, swiglu_limit=DEFAULT_LIMIT,
+        attention_bias="blk.0.attn_q.bias" in ckpt.gguf_tensors,
+        tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
+    )
+    return HFConfig(ckpt.path, raw)
+
+
 class GgufExpertTensors:
     """The stacked experts of a GGUF, kept as stored: `layer_qtypes[l]` is the (gate, up, down)
     strata types of MoE layer l, `qtype` their one type where every projection of every layer
@@ -465,6 +520,17 @@ class GgufExpertTensors:
         types = {q for t in self.layer_qtypes for q in t}
         self.source_types = sorted(q.name.removeprefix("GGML_") for q in types)
         self.qtype: QuantType | None = next(iter(types)) if len(types) == 1 else None
+
+    def read_biases(self, layer: int, expert: int) -> ExpertBiases:
+        """gpt-oss's expert biases, `blk.L.ffn_{gate,up,down}_exps.bias` [E, F | D] (float32)."""
+        out = []
+        for name in (n.removesuffix(".weight") + ".bias" for n in self.names[layer]):
+            if name not in self._ckpt.gguf_tensors:
+                raise FormatError(f"{self._ckpt.path}: no tensor {name} (gpt-oss's expert biases)")
+            t = self._ckpt.gguf_tensors[name]
+            shape = tuple(int(n) for n in t.shape)
+            out.append(np.ascontiguousarray(self._ckpt._read_gguf(name, shape)[expert]))
+        return ExpertBiases(*out)
 
     def read(self, layer: int, expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gguf's dequantization: gate [F, D], up [F, D], down [D, F] float32."""
