@@ -182,9 +182,12 @@ def write_minimax_m2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", den
     return _finish(w, path)
 
 
-def write_deepseek2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32") -> Path:
+def write_deepseek2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32",
+                         first_generation: bool = False) -> Path:
     """The GGUF of the DeepSeek-V3-layout checkpoint in `hf_dir`: routed experts as ggml type
-    `experts`, 2-D dense matrices as `dense` (k_b / v_b too), norms, routers and biases F32."""
+    `experts`, 2-D dense matrices as `dense` (k_b / v_b too), norms, routers and biases F32.
+    first_generation: llama.cpp's first deepseek2 layout (head_count_kv = heads, key_length =
+    nope + rope, value_length = v, no *_mla keys, kv_b_proj whole as `attn_kv_b`)."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
@@ -198,7 +201,7 @@ def write_deepseek2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(1)
+    w.add_head_count_kv(heads if first_generation else 1)
     params = cfg.get("rope_parameters") or {}
     w.add_rope_freq_base(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
@@ -206,10 +209,14 @@ def write_deepseek2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     if cfg.get("q_lora_rank"):
         w.add_q_lora_rank(cfg["q_lora_rank"])
     w.add_kv_lora_rank(c)
-    w.add_key_length(c + rope)
-    w.add_value_length(c)
-    w.add_key_length_mla(nope + rope)
-    w.add_value_length_mla(v)
+    if first_generation:
+        w.add_key_length(nope + rope)
+        w.add_value_length(v)
+    else:
+        w.add_key_length(c + rope)
+        w.add_value_length(c)
+        w.add_key_length_mla(nope + rope)
+        w.add_value_length_mla(v)
     w.add_rope_dimension_count(rope)
     w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
@@ -241,9 +248,13 @@ def write_deepseek2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
                     x = ck.read(base + hf_suffix)
                     two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
                     add(f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
-            kv_b = ck.read(base + "self_attn.kv_b_proj.weight").reshape(heads, nope + v, c)
-            add(f"blk.{l}.attn_k_b.weight", kv_b[:, :nope].transpose(0, 2, 1), dense)  # [H, c, nope]
-            add(f"blk.{l}.attn_v_b.weight", kv_b[:, nope:], dense)  # [H, v, c]
+            kv_b = ck.read(base + "self_attn.kv_b_proj.weight")
+            if first_generation:
+                add(f"blk.{l}.attn_kv_b.weight", kv_b, dense)
+            else:
+                kv_b = kv_b.reshape(heads, nope + v, c)
+                add(f"blk.{l}.attn_k_b.weight", kv_b[:, :nope].transpose(0, 2, 1), dense)  # [H, c, nope]
+                add(f"blk.{l}.attn_v_b.weight", kv_b[:, nope:], dense)  # [H, v, c]
             if l < cfg["first_k_dense_replace"]:
                 continue
             for proj in ("gate_proj", "up_proj", "down_proj"):

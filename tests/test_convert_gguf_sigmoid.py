@@ -15,6 +15,7 @@ import pytest
 from strata.convert import convert
 from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
+from strata.model_config import RopeScaling
 from strata.loader import load
 from strata.reference.model import ModelState, forward
 from tests import hf_models
@@ -109,3 +110,39 @@ def test_minimax_m2_gguf_logits_equal_the_hugging_face_conversion(tmp_path, tmp_
     from_hf = convert(hf_dir, tmp_path / "hf", expert_type=QuantType.F32, dense_type=QuantType.F32)
     assert from_gguf.family == from_hf.family == "MiniMax-M2" and from_gguf.cfg == from_hf.cfg
     np.testing.assert_array_equal(_logits(from_gguf.model_path), _logits(from_hf.model_path))
+
+
+def test_deepseek2_gguf_first_generation_layout_converts_alike(tmp_path, tmp_path_factory):
+    """llama.cpp's first deepseek2 layout (kv_b whole, key_length = nope + rope, no *_mla keys)
+    gives the same model as today's split one: the same config, the same logits bit for bit."""
+    hf_dir, _ = hf_models.cached_checkpoint("deepseek_v3", tmp_path_factory)
+    old = convert(write_deepseek2_gguf(hf_dir, tmp_path / "old.gguf", first_generation=True), tmp_path / "old")
+    new = convert(write_deepseek2_gguf(hf_dir, tmp_path / "new.gguf"), tmp_path / "new")
+    assert old.cfg == new.cfg
+    np.testing.assert_array_equal(_logits(old.model_path), _logits(new.model_path))
+
+
+def test_deepseek2_gguf_yarn_reads_as_the_released_configs(tmp_path, tmp_path_factory):
+    """YaRN from rope.scaling.*: factor, original context and yarn_log_multiplier = 0.1
+    mscale_all_dim, read back with mscale = mscale_all_dim (DeepSeek-V3's and Kimi-K2's released
+    configs); the checkpoint compared is the YaRN fixture with mscale set equal to mscale_all_dim."""
+    import json
+    import shutil
+
+    fixture, _ = hf_models.cached_checkpoint("deepseek_v3_yarn", tmp_path_factory)
+    hf_dir = tmp_path / "hf_dir"
+    shutil.copytree(fixture, hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["rope_parameters"]["mscale"] = cfg["rope_parameters"]["mscale_all_dim"]
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    from_gguf = convert(write_deepseek2_gguf(hf_dir, tmp_path / "m.gguf"), tmp_path / "gguf")
+    from_hf = convert(hf_dir, tmp_path / "hf", expert_type=QuantType.F32, dense_type=QuantType.F32)
+    ours, theirs_yarn = from_gguf.cfg.yarn, from_hf.cfg.yarn
+    assert ours.rope_scaling is theirs_yarn.rope_scaling is RopeScaling.YARN
+    for field in ("yarn_factor", "yarn_original_context", "yarn_attention_factor", "yarn_mscale_all_dim",
+                  "yarn_beta_fast", "yarn_beta_slow", "yarn_truncate"):
+        assert getattr(ours, field) == pytest.approx(getattr(theirs_yarn, field), rel=1e-6), field
+    assert dataclasses.replace(from_gguf.cfg, yarn=theirs_yarn) == from_hf.cfg
+    theirs = _logits(from_hf.model_path)
+    rel = float(np.abs(_logits(from_gguf.model_path) - theirs).max()) / float(np.abs(theirs).max())
+    assert rel <= 1e-5  # mscale_all_dim through float32 and back: 0.8 -> 0.08 (f32) -> 0.8000001
