@@ -94,18 +94,21 @@ def add_tokenizer(w, hf_dir: Path, n_vocab: int) -> None:
         w.add_chat_template(tcfg["chat_template"])
 
 
-def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None) -> Path:
+def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None,
+               split_max_tensors: int = 0) -> Path:
     """A llama.cpp-style GGUF of the checkpoint in `hf_dir`; routed experts quantized to the ggml
     type named `experts` (or per layer: a sequence of (gate, up, down) type names, as unsloth's
     dynamic quants mix them), 2-D dense weights to `dense` (norms, routers and biases stay F32);
-    `alignment`: a `general.alignment` other than the default 32."""
+    `alignment`: a `general.alignment` other than the default 32. split_max_tensors: split into
+    parts of at most that many tensors, as llama.cpp's gguf-split does (`path`'s stem with
+    -00001-of-0000N; the first part's path is returned)."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
 
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch, moe, projections = ARCH[cfg["model_type"]]
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     if alignment is not None:
         w.add_custom_alignment(alignment)
     n_exp = cfg.get("num_experts") or cfg["num_local_experts"]
@@ -165,7 +168,8 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", 
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = w.format_shard_names(path)
+    return parts[0]
 
 
 def dequantized_checkpoint(gguf_path: Path, hf_dir: Path, out: Path) -> Path:

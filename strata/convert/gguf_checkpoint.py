@@ -28,7 +28,7 @@ from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError, FormatError
 from strata.formats.expert_record import ExpertBiases, ExpertWeights
 from strata.formats import gguf_file
-from strata.formats.gguf_file import GGUFFile, TensorInfo, open_gguf
+from strata.formats.gguf_file import GGUFFile, TensorInfo
 from strata.formats.quant_types import QuantType, row_bytes
 from strata.model_config import ModelConfig
 from strata.reference.quants import dequantize, from_blocks
@@ -112,8 +112,11 @@ def is_gguf(path: str | Path) -> bool:
 
 def _reader(path: Path) -> GGUFFile:
     """The file, checked by ggml's loader's rules before a byte of it is used (gguf_file.py): a
-    relabelled type, a moved offset, truncation or a changed alignment is one FormatError line."""
-    return open_gguf(path)
+    relabelled type, a moved offset, truncation or a changed alignment is one FormatError line;
+    the first part of a split GGUF is read with all its parts (gguf_split.py)."""
+    from strata.convert.gguf_split import open_split
+
+    return open_split(path)
 
 
 def _value(reader: GGUFFile, key: str, default=None):
