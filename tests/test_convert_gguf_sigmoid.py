@@ -1,9 +1,11 @@
-"""`strata convert` of llama.cpp's `glm4moe` (GLM-4.5 / 4.6 / 4.7), `minimax-m2` and `deepseek2` GGUFs (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash; written
-by tests/gguf_sigmoid_models.py in llama.cpp's layout from the checked-in tiny checkpoints): its MLA
-metadata, the split kv_b put back together, dense leading layers, shared experts and the
-selection bias land where the Hugging Face converter puts them: with every tensor stored F32 the
-converted model's logits equal those of the same checkpoint converted from Hugging Face (F32
-experts and dense) bit for bit; with Q8_0 experts, the experts are kept as stored."""
+"""`strata convert` of llama.cpp's GGUFs of the sigmoid-routed families: `glm4moe` (GLM-4.5 /
+4.6 / 4.7), `minimax-m2` and `deepseek2` (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash), written by
+tests/gguf_sigmoid_models.py in llama.cpp's layout from the checked-in tiny checkpoints. Their
+metadata (MLA keys of both generations, partial rotary, groups, scales, dense leading layers,
+shared experts, the multi-token-prediction layer), deepseek2's split kv_b put back together and
+the selection bias land where the Hugging Face converter puts them: with every tensor stored F32
+the converted model's logits equal those of the same checkpoint converted from Hugging Face (F32
+experts and dense) bit for bit; Q8_0 experts are kept as stored; softmax gating is refused."""
 
 from __future__ import annotations
 
