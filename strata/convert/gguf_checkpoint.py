@@ -38,11 +38,12 @@ GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
                  "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp"),
                  "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe"),
-                 "gpt-oss": ("gpt_oss", "mlp")}
+                 "gpt-oss": ("gpt_oss", "mlp"), "qwen3next": ("qwen3_next", "mlp")}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
-             "glm4moe": False, "minimax-m2": True, "gpt-oss": True}
+             "glm4moe": False, "minimax-m2": True, "gpt-oss": True,
+             "qwen3next": True}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -206,6 +207,11 @@ class GgufCheckpoint:
                               f"(supported: {', '.join(KEPT)})")
         return _dequantize(self.reader.raw(t), _type_name(t), shape[-1]).reshape(shape)
 
+    def key(self, gguf_name: str) -> str:
+        """The name `tensors` lists a GGUF tensor under: its Hugging Face name where PER_LAYER /
+        GLOBAL map it, else its own (a family's GGUF tensor plan names sources by these)."""
+        return self._hf_name(gguf_name) or gguf_name
+
     def __contains__(self, name: str) -> bool:
         return name in self.tensors or name in self.gguf_tensors
 
@@ -328,6 +334,8 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
         return _sigmoid_config(ckpt)
     if ckpt.arch == "gpt-oss":
         return _gpt_oss_config(ckpt)
+    if ckpt.arch == "qwen3next":
+        return _qwen3next_config(ckpt)
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
     number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
@@ -493,6 +501,52 @@ def _gpt_oss_config(ckpt: GgufCheckpoint) -> HFConfig:
         layer_types=["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)],
         rope_parameters=rope_parameters, swiglu_alpha=DEFAULT_ALPHA, swiglu_limit=DEFAULT_LIMIT,
         attention_bias="blk.0.attn_q.bias" in ckpt.gguf_tensors,
+        tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
+    )
+    return HFConfig(ckpt.path, raw)
+
+
+def _qwen3next_config(ckpt: GgufCheckpoint) -> HFConfig:
+    """Qwen3-Next as llama.cpp's `qwen3next` writes it, as its config.json keys: the base keys, the
+    gated DeltaNet's `ssm.*` (conv_kernel the conv width, state_size the key head dim, group_count
+    the key heads, time_step_rank the value heads, inner_size value heads x value head dim),
+    `full_attention_interval`, rope.dimension_count / key_length the partial rotary factor, the
+    shared expert's width. Its tensors are read by strata's hybrid plan for GGUF
+    (convert/qwen_hybrid.py `gguf_tensor_plan`)."""
+    a = ckpt.arch
+    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+
+    def number(key: str, default=_REQUIRED) -> float:
+        return float(str(np.float32(metadata(ckpt, f"{a}.{key}", "a number", default))))
+
+    n_experts = integer("expert_count", 0)
+    if not n_experts:
+        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
+    if scaling != "none":
+        raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none")
+    heads = integer("attention.head_count")
+    head_dim = integer("attention.key_length")
+    v_heads = integer("ssm.time_step_rank")
+    inner = integer("ssm.inner_size")
+    if not v_heads or inner % v_heads:
+        raise FormatError(f"{ckpt.path}: {a}.ssm.inner_size = {inner} is not a multiple of "
+                          f"{a}.ssm.time_step_rank = {v_heads} (value heads x value head dim)")
+    raw = dict(
+        model_type=ckpt.model_type, vocab_size=ckpt.shape("model.embed_tokens.weight")[0],
+        hidden_size=integer("embedding_length"), num_hidden_layers=integer("block_count"),
+        num_attention_heads=heads, num_key_value_heads=integer("attention.head_count_kv", heads), head_dim=head_dim,
+        num_experts=n_experts, num_experts_per_tok=integer("expert_used_count"),
+        moe_intermediate_size=integer("expert_feed_forward_length"),
+        shared_expert_intermediate_size=integer("expert_shared_feed_forward_length"),
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon"), rope_theta=number("rope.freq_base", 10000.0),
+        partial_rotary_factor=integer("rope.dimension_count") / head_dim,
+        max_position_embeddings=integer("context_length"), hidden_act="silu",
+        full_attention_interval=integer("full_attention_interval", 4),
+        linear_conv_kernel_dim=integer("ssm.conv_kernel"), linear_key_head_dim=integer("ssm.state_size"),
+        linear_num_key_heads=integer("ssm.group_count"), linear_num_value_heads=v_heads,
+        linear_value_head_dim=inner // v_heads,
+        norm_topk_prob=bool(metadata(ckpt, f"{a}.expert_weights_norm", "a bool", NORM_TOPK[a])),
         tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
     )
     return HFConfig(ckpt.path, raw)

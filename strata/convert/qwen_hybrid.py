@@ -26,6 +26,7 @@ import dataclasses
 import numpy as np
 
 from strata.convert.common import ExpertTensors, Family, base_fields
+from strata.convert.gguf_checkpoint import GgufCheckpoint, GgufExpertTensors
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, TensorPlan
@@ -282,8 +283,54 @@ def skipped_by_prefix(ckpt: Checkpoint, prefixes: dict[str, str]) -> tuple[list[
     return skipped, notes
 
 
+def gguf_tensor_plan(cfg: ModelConfig, ckpt: GgufCheckpoint) -> TensorPlan:
+    """Where every strata tensor of llama.cpp's `qwen3next` GGUF comes from. Its converter already
+    made most of them what strata computes with: the zero-centred norms hold 1 + w, `ssm_a` is
+    -exp(A_log), `ssm_conv1d` is [C, K], in_proj_qkvz is regrouped into flat `attn_qkv` (q | k | v)
+    and `attn_gate` (z); what is left: `attn_q` holds each head's [query; gate] (split as from
+    Hugging Face) and `ssm_beta_alpha` is in_proj_ba as the checkpoint groups it ([b, a] per key
+    head). The legacy fused `ssm_in` (in_proj_qkvz as stored) is not read: refused by name."""
+    n, d = TensorNames, cfg.hidden_size
+    key = lambda name: ckpt.key(name)  # noqa: E731  the name ckpt.tensors lists it under
+    sources: dict[str, str | Derived] = {n.token_embd: key("token_embd.weight"),
+                                         n.output_norm: key("output_norm.weight")}
+    if not cfg.tie_embeddings:
+        sources[n.output] = key("output.weight")
+    hk, r = cfg.deltanet.linear_k_heads, cfg.deltanet.linear_v_heads // max(cfg.deltanet.linear_k_heads, 1)
+    for layer in range(cfg.n_layers):
+        b = f"blk.{layer}."
+        if b + "ssm_in.weight" in ckpt.gguf_tensors:
+            raise ConfigError(f"{ckpt.path}: tensor {b}ssm_in.weight: llama.cpp's legacy fused q/k/v/z layout is not "
+                              "read; convert the checkpoint again with a current llama.cpp (attn_qkv + attn_gate)")
+        out: dict[str, str | Derived] = {
+            n.attn_norm: key(b + "attn_norm.weight"), n.ffn_norm: key(b + "post_attention_norm.weight"),
+            n.router: key(b + "ffn_gate_inp.weight"), n.shexp_gate: key(b + "ffn_gate_shexp.weight"),
+            n.shexp_up: key(b + "ffn_up_shexp.weight"), n.shexp_down: key(b + "ffn_down_shexp.weight"),
+            n.shexp_gate_inp: key(b + "ffn_gate_inp_shexp.weight"),
+        }
+        if cfg.kinds[layer].mixer is Mixer.ATTENTION:
+            q = key(b + "attn_q.weight")
+            out.update({n.attn_q: _split_q_gate(cfg, q, 0), n.attn_gate: _split_q_gate(cfg, q, 1),
+                        n.attn_k: key(b + "attn_k.weight"), n.attn_v: key(b + "attn_v.weight"),
+                        n.attn_output: key(b + "attn_output.weight"), n.attn_q_norm: key(b + "attn_q_norm.weight"),
+                        n.attn_k_norm: key(b + "attn_k_norm.weight")})
+        else:
+            ba = (key(b + "ssm_beta_alpha.weight"), (hk * 2 * r, d))
+            out.update({
+                n.ssm_qkv: key(b + "attn_qkv.weight"), n.ssm_z: key(b + "attn_gate.weight"),
+                n.ssm_beta: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, :r].reshape(-1, d), "b rows"),
+                n.ssm_alpha: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, r:].reshape(-1, d), "a rows"),
+                n.ssm_conv: key(b + "ssm_conv1d.weight"), n.ssm_a: key(b + "ssm_a"),
+                n.ssm_dt_bias: key(b + "ssm_dt.bias"), n.ssm_norm: key(b + "ssm_norm.weight"),
+                n.ssm_out: key(b + "ssm_out.weight")})
+        sources.update({n.block(layer, k): v for k, v in out.items()})
+    return TensorPlan(GgufExpertTensors(ckpt, cfg), sources)
+
+
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     """Where every strata tensor of a hybrid checkpoint comes from (see the module doc)."""
+    if isinstance(ckpt, GgufCheckpoint):
+        return gguf_tensor_plan(cfg, ckpt)
     n = TensorNames
     prefix = PREFIX.get(cfg.architecture, "model.")
     sources: dict[str, str | Derived] = {n.token_embd: prefix + "embed_tokens.weight",
