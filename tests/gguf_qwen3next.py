@@ -7,7 +7,14 @@ factor; the zero-centred norms stored as 1 + w (not the DeltaNet's gated norm), 
 from [q, k, v, z] per key head into flat `attn_qkv` (q | k | v) and `attn_gate` (z), in_proj_ba as
 `ssm_beta_alpha` unchanged, q_proj ([query; gate] per head) as `attn_q`, the post-attention norm as
 `post_attention_norm`, experts stacked, the shared expert as `*_shexp`. The float32 arithmetic is
-the Hugging Face converter's (w + 1, -exp), so the values are the ones it computes."""
+the Hugging Face converter's (w + 1, -exp), so the values are the ones it computes.
+
+`write_qwen35moe_gguf` (Qwen3.5 / 3.6-MoE text, llama.cpp's `qwen35moe`): the same keys and
+transforms over Qwen3.5's separate projections (in_proj_qkv as `attn_qkv`, in_proj_z as
+`attn_gate`, in_proj_b / in_proj_a as `ssm_beta` / `ssm_alpha`) plus `rope.dimension_sections`, and,
+with more value heads than key heads, llama.cpp's reorder of the value heads from grouped (by key
+head) to tiled: the v rows of attn_qkv and of the conv channels, attn_gate, ssm_beta / ssm_alpha,
+ssm_a, ssm_dt and ssm_out's columns."""
 
 from __future__ import annotations
 
@@ -31,8 +38,20 @@ PLUS_ONE = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layern
             "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
 
 
+def tile_value_heads(x: np.ndarray, axis: int, k_heads: int, per_k: int, head_dim: int) -> np.ndarray:
+    """llama.cpp's `_reorder_v_heads`: grouped [k_heads, per_k, head_dim] -> tiled [per_k, k_heads, head_dim]."""
+    x = np.moveaxis(x, axis, 0)
+    rest = x.shape[1:]
+    x = x.reshape(k_heads, per_k, head_dim, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.ascontiguousarray(np.moveaxis(x, 0, axis))
+
+
+def write_qwen35moe_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32") -> Path:
+    return write_qwen3next_gguf(hf_dir, path, experts=experts, dense=dense, arch="qwen35moe")
+
+
 def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32",
-                         legacy_ssm_in: bool = False) -> Path:
+                         legacy_ssm_in: bool = False, arch: str = "qwen3next") -> Path:
     """legacy_ssm_in: in_proj_qkvz as stored under `ssm_in` (llama.cpp's first qwen3next layout)."""
     import gguf
 
@@ -43,11 +62,11 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     head_dim = cfg["head_dim"]
     hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv, d = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["hidden_size"]
-    w = gguf.GGUFWriter(str(path), "qwen3next")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(d)
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_feed_forward_length(cfg.get("intermediate_size", cfg["moe_intermediate_size"]))
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(params["rope_theta"])
@@ -65,6 +84,8 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     w.add_ssm_inner_size(dv * hv)
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(head_dim * params.get("partial_rotary_factor", 0.25)))
+    if arch == "qwen35moe":
+        w.add_rope_dimension_sections(params.get("mrope_section", [11, 11, 10]) + [0])
     add_tokenizer(w, hf_dir, cfg["vocab_size"])
     one = np.float32(1.0)
     with Checkpoint(hf_dir) as ck:
@@ -77,6 +98,8 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
                 if base + hf_suffix in ck:
                     _add(w, f"blk.{l}.{g_suffix}", ck.read(base + hf_suffix) + one, "F32")
             for hf_suffix, g_suffix in COMMON.items():
+                if arch == "qwen35moe" and hf_suffix.startswith("linear_attn."):
+                    continue  # written below, value heads tiled
                 if base + hf_suffix in ck:
                     x = ck.read(base + hf_suffix)
                     if g_suffix == "ffn_gate_inp_shexp.weight":
@@ -84,7 +107,22 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
                     two_d = x.ndim == 2 and g_suffix not in ("ffn_gate_inp.weight", "ssm_beta_alpha.weight")
                     _add(w, f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
             a = base + "linear_attn."
-            if a + "A_log" in ck:
+            if arch == "qwen35moe" and a + "A_log" in ck:
+                r = hv // hk
+                tile = lambda x, axis, hd: tile_value_heads(x, axis, hk, r, hd)  # noqa: E731
+                qk = 2 * hk * dk
+                qkv = ck.read(a + "in_proj_qkv.weight")
+                conv = ck.read(a + "conv1d.weight").squeeze(1)
+                _add(w, f"blk.{l}.attn_qkv.weight", np.concatenate([qkv[:qk], tile(qkv[qk:], 0, dv)]), dense)
+                _add(w, f"blk.{l}.attn_gate.weight", tile(ck.read(a + "in_proj_z.weight"), 0, dv), dense)
+                _add(w, f"blk.{l}.ssm_beta.weight", tile(ck.read(a + "in_proj_b.weight"), 0, 1), "F32")
+                _add(w, f"blk.{l}.ssm_alpha.weight", tile(ck.read(a + "in_proj_a.weight"), 0, 1), "F32")
+                _add(w, f"blk.{l}.ssm_a", tile(-np.exp(ck.read(a + "A_log")), 0, 1), "F32")
+                _add(w, f"blk.{l}.ssm_dt.bias", tile(ck.read(a + "dt_bias"), 0, 1), "F32")
+                _add(w, f"blk.{l}.ssm_conv1d.weight", np.concatenate([conv[:qk], tile(conv[qk:], 0, dv)]), "F32")
+                _add(w, f"blk.{l}.ssm_norm.weight", ck.read(a + "norm.weight"), "F32")
+                _add(w, f"blk.{l}.ssm_out.weight", tile(ck.read(a + "out_proj.weight"), 1, dv), dense)
+            elif a + "A_log" in ck:
                 _add(w, f"blk.{l}.ssm_a", -np.exp(ck.read(a + "A_log")), "F32")
                 _add(w, f"blk.{l}.ssm_conv1d.weight", ck.read(a + "conv1d.weight").squeeze(1), "F32")
                 r = hv // hk

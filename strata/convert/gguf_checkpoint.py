@@ -38,12 +38,13 @@ GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "mlp"), "olmoe": ("olmoe", "mlp"),
                  "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp"),
                  "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe"),
-                 "gpt-oss": ("gpt_oss", "mlp"), "qwen3next": ("qwen3_next", "mlp")}
+                 "gpt-oss": ("gpt_oss", "mlp"), "qwen3next": ("qwen3_next", "mlp"),
+                 "qwen35moe": ("qwen3_5_moe_text", "mlp")}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
              "glm4moe": False, "minimax-m2": True, "gpt-oss": True,
-             "qwen3next": True}
+             "qwen3next": True, "qwen35moe": True}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -334,7 +335,7 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
         return _sigmoid_config(ckpt)
     if ckpt.arch == "gpt-oss":
         return _gpt_oss_config(ckpt)
-    if ckpt.arch == "qwen3next":
+    if ckpt.arch in ("qwen3next", "qwen35moe"):
         return _qwen3next_config(ckpt)
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
@@ -507,12 +508,14 @@ def _gpt_oss_config(ckpt: GgufCheckpoint) -> HFConfig:
 
 
 def _qwen3next_config(ckpt: GgufCheckpoint) -> HFConfig:
-    """Qwen3-Next as llama.cpp's `qwen3next` writes it, as its config.json keys: the base keys, the
+    """Qwen3-Next (`qwen3next`) and Qwen3.5 / 3.6-MoE (`qwen35moe`) as llama.cpp writes them, as
+    their config.json keys: the base keys, the
     gated DeltaNet's `ssm.*` (conv_kernel the conv width, state_size the key head dim, group_count
     the key heads, time_step_rank the value heads, inner_size value heads x value head dim),
     `full_attention_interval`, rope.dimension_count / key_length the partial rotary factor, the
-    shared expert's width. Its tensors are read by strata's hybrid plan for GGUF
-    (convert/qwen_hybrid.py `gguf_tensor_plan`)."""
+    shared expert's width. Qwen3.5's `rope.dimension_sections` (MRoPE) are not read: a text
+    token has one position in all sections, plain RoPE. The tensors are read by strata's hybrid
+    plan for GGUF (convert/qwen_hybrid.py `gguf_tensor_plan`)."""
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
 
