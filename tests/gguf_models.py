@@ -95,13 +95,15 @@ def add_tokenizer(w, hf_dir: Path, n_vocab: int) -> None:
 
 
 def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None,
-               split_max_tensors: int = 0) -> Path:
+               split_max_tensors: int = 0, fuse_gate_up: bool = False) -> Path:
     """A llama.cpp-style GGUF of the checkpoint in `hf_dir`; routed experts quantized to the ggml
     type named `experts` (or per layer: a sequence of (gate, up, down) type names, as unsloth's
     dynamic quants mix them), 2-D dense weights to `dense` (norms, routers and biases stay F32);
     `alignment`: a `general.alignment` other than the default 32. split_max_tensors: split into
     parts of at most that many tensors, as llama.cpp's gguf-split does (`path`'s stem with
-    -00001-of-0000N; the first part's path is returned)."""
+    -00001-of-0000N; the first part's path is returned). fuse_gate_up: gate and up stacked as one
+    `ffn_gate_up_exps` [E, 2F, D] (per expert the gate rows, then the up rows), as llama.cpp's
+    converter writes them with --fuse-gate-up-exps."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
@@ -161,8 +163,13 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", 
                 two_d = x.ndim == 2 and not g_suffix.startswith("ffn_gate_inp")
                 add(f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
             layer_types = (experts,) * 3 if isinstance(experts, str) else experts[l]
-            for proj, g, qtype in zip(projections, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), layer_types):
-                stack = np.stack([ck.read(base + f"{moe}.experts.{e}.{proj}.weight") for e in range(n_exp)])
+            stacks = [np.stack([ck.read(base + f"{moe}.experts.{e}.{proj}.weight") for e in range(n_exp)])
+                      for proj in projections]
+            if fuse_gate_up:
+                add(f"blk.{l}.ffn_gate_up_exps.weight", np.concatenate(stacks[:2], axis=1), layer_types[0])
+                add(f"blk.{l}.ffn_down_exps.weight", stacks[2], layer_types[2])
+                continue
+            for stack, g, qtype in zip(stacks, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), layer_types):
                 add(f"blk.{l}.{g}.weight", stack, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -89,3 +89,4 @@ def test_a_wrong_tensor_count_is_refused(split, tmp_path):
     first.write_bytes(bytes(data))
     with pytest.raises(FormatError, match=rf"split\.tensors\.count = {n + 1}, but the {len(parts)} parts hold {n} tensors"):
         convert(first, tmp_path / "out")
+

@@ -98,6 +98,9 @@ SPLIT_KV_B = ("attn_k_b.weight", "attn_v_b.weight", "self_attn.kv_b_proj.weight"
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 EXPERT_SUFFIXES = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+# llama.cpp's fused alternative to gate and up (its converter's --fuse-gate-up-exps): per expert
+# the gate rows, then the up rows, [E, 2F, D]; rows are whole blocks, so each half is kept as stored
+FUSED_GATE_UP = "ffn_gate_up_exps.weight"
 # ggml type name -> the strata type that keeps it as stored (every ggml weight type has one;
 # ggml's MXFP4 / NVFP4 are GGML_MXFP4 / GGML_NVFP4 here, MLX's MXFP4 being another layout)
 KEPT = {q.name.removeprefix("GGML_"): q for q in QuantType if q.value < 200}
@@ -170,7 +173,8 @@ class GgufCheckpoint:
                 if name.replace(v_b, k_b) not in self.gguf_tensors:
                     raise FormatError(f"{self.path}: tensor {name} without its pair {name.replace(v_b, k_b)} "
                                       "(llama.cpp's split kv_b)")
-            elif not name.endswith(EXPERT_SUFFIXES) and not (self.arch == "gpt-oss" and name.endswith(EXPERT_BIAS_SUFFIXES)):
+            elif not name.endswith(EXPERT_SUFFIXES + (FUSED_GATE_UP,)) and not (
+                    self.arch == "gpt-oss" and name.endswith(EXPERT_BIAS_SUFFIXES)):
                 self.tensors[name] = name  # unknown: check_unused names it
         for hf, pair in self.split_kv_b.items():
             if hf in self.tensors:
@@ -565,10 +569,22 @@ class GgufExpertTensors:
         self.names = [tuple(f"blk.{l}.{s}" for s in EXPERT_SUFFIXES) for l in cfg.moe_layers]
         self.consumed: set[str] = set()
         f, d, n_exp = cfg.expert_ffn_size, cfg.hidden_size, cfg.n_experts
+        self._ffn = f
+        # MoE layers whose gate and up are one fused tensor (FUSED_GATE_UP): names[l] = (fused, fused, down)
+        self.fused: set[int] = set()
+        for i, l in enumerate(cfg.moe_layers):
+            fused = f"blk.{l}.{FUSED_GATE_UP}"
+            if fused in ckpt.gguf_tensors:
+                if self.names[i][0] in ckpt.gguf_tensors or self.names[i][1] in ckpt.gguf_tensors:
+                    raise FormatError(f"{ckpt.path}: both {fused} and {self.names[i][0]} / {self.names[i][1]}: "
+                                      "one gate/up per layer, fused or not")
+                self.fused.add(i)
+                self.names[i] = (fused, fused, self.names[i][2])
         layer_qtypes = []
-        for layer in self.names:
+        for i, layer in enumerate(self.names):
             kinds = []
-            for name, shape in zip(layer, ((n_exp, f, d), (n_exp, f, d), (n_exp, d, f))):
+            gate_up = (n_exp, 2 * f, d) if i in self.fused else (n_exp, f, d)
+            for name, shape in zip(layer, (gate_up, gate_up, (n_exp, d, f))):
                 if name not in ckpt.gguf_tensors:
                     raise FormatError(f"{ckpt.path}: no tensor {name} (llama.cpp's stacked experts)")
                 if ckpt.shape(name) != shape:
@@ -594,16 +610,22 @@ class GgufExpertTensors:
 
     def read(self, layer: int, expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """gguf's dequantization: gate [F, D], up [F, D], down [D, F] float32."""
+        if layer in self.fused:
+            gate_up = self._ckpt.read(self.names[layer][0], expert)
+            return gate_up[:self._ffn], gate_up[self._ffn:], self._ckpt.read(self.names[layer][2], expert)
         return tuple(self._ckpt.read(n, expert) for n in self.names[layer])  # type: ignore[return-value]
 
     def read_quantized(self, layer: int, expert: int) -> ExpertWeights:
         """The stored blocks as strata's, each projection its own type (ggml's blocks are strata's
         `to_blocks` form of the same type: split into planes for Q8_0 / Q4_0, whole otherwise)."""
         mats = []
-        for name, qtype in zip(self.names[layer], self.layer_qtypes[layer]):
+        for part, (name, qtype) in enumerate(zip(self.names[layer], self.layer_qtypes[layer])):
             _, data = self._ckpt.raw(name, expert)
             cols = self._ckpt.shape(name)[-1]
-            mats.append(from_blocks(qtype, cols, np.ascontiguousarray(data).view(np.uint8)))
+            rows = np.ascontiguousarray(data).view(np.uint8).reshape(self._ckpt.shape(name)[-2], -1)
+            if layer in self.fused and part < 2:  # the gate half, then the up half (whole rows of blocks)
+                rows = rows[:self._ffn] if part == 0 else rows[self._ffn:]
+            mats.append(from_blocks(qtype, cols, np.ascontiguousarray(rows)))
         return ExpertWeights(*mats)
 
 
