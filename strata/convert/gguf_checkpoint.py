@@ -374,6 +374,8 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
 # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*: the router's scores
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
 YARN_LOG_MUL_PER_MSCALE = 0.1  # llama.cpp's converter writes yarn_log_multiplier = 0.1 * mscale_all_dim
+# gpt-oss's clamped SwiGLU as llama.cpp's graph fixes it (LLM_FFN_SWIGLU_OAI_MOE; not in the file)
+LLAMA_CPP_SWIGLU_ALPHA, LLAMA_CPP_SWIGLU_LIMIT = 1.702, 7.0
 
 
 def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
@@ -470,8 +472,6 @@ def _gpt_oss_config(ckpt: GgufCheckpoint) -> HFConfig:
     its defaults 32 / 1 where absent; llama.cpp's correction range is truncated to whole dims,
     transformers' `truncate` true). The clamped SwiGLU's alpha and limit are not in the file:
     llama.cpp's graph fixes them at 1.702 and 7.0, and so are they here."""
-    from strata.convert.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
-
     a = ckpt.arch
     integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
 
@@ -504,7 +504,7 @@ def _gpt_oss_config(ckpt: GgufCheckpoint) -> HFConfig:
         intermediate_size=integer("expert_feed_forward_length"), rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
         max_position_embeddings=integer("context_length"), sliding_window=integer("attention.sliding_window"),
         layer_types=["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)],
-        rope_parameters=rope_parameters, swiglu_alpha=DEFAULT_ALPHA, swiglu_limit=DEFAULT_LIMIT,
+        rope_parameters=rope_parameters, swiglu_alpha=LLAMA_CPP_SWIGLU_ALPHA, swiglu_limit=LLAMA_CPP_SWIGLU_LIMIT,
         attention_bias="blk.0.attn_q.bias" in ckpt.gguf_tensors,
         tie_word_embeddings="output.weight" not in ckpt.gguf_tensors,
     )
