@@ -46,6 +46,8 @@ def _add(w, name: str, x: np.ndarray, qtype: str) -> None:
     import gguf
 
     t = getattr(gguf.GGMLQuantizationType, qtype)
+    if x.shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:  # rows not whole blocks: llama.cpp keeps them float
+        t = gguf.GGMLQuantizationType.F32
     if t == gguf.GGMLQuantizationType.F32:
         w.add_tensor(name, np.ascontiguousarray(x, np.float32))
     elif t == gguf.GGMLQuantizationType.F16:
