@@ -15,6 +15,14 @@ for another expert type with --experts, which requantizes); `tokenizer_of` rebui
 
 llama.cpp's converter permutes the rows of Q and K for its `llama` architecture (Mixtral), to
 its interleaved rotary order; `read` undoes that so the values are the checkpoint's.
+
+Architectures (ARCHITECTURES, by llama.cpp's `general.architecture`): qwen3moe, qwen2moe, olmoe,
+llama (MoE) read by the base keys; deepseek2, glm4moe, minimax-m2 by `_sigmoid_config` (deepseek2's
+per-head split `attn_k_b` / `attn_v_b` presented as the checkpoint's kv_b_proj); gpt-oss by
+`_gpt_oss_config` (its expert biases read by GgufExpertTensors.read_biases); qwen3next and qwen35moe
+by `_qwen3next_config`, their tensors by qwen_hybrid.gguf_tensor_plan. A split GGUF is read from its
+first part (convert/gguf_split.py); a fused `ffn_gate_up_exps` as gate and up. Anything else, an
+unknown gating function, rope scaling or pre-tokenizer is refused in one line naming the key.
 """
 
 from __future__ import annotations
