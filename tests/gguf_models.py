@@ -75,19 +75,42 @@ def build_wide_checkpoint(directory: Path, seed: int = 0, layers: int = 2) -> Pa
     return directory
 
 
-def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None) -> Path:
+def add_tokenizer(w, hf_dir: Path, n_vocab: int) -> None:
+    """The checkpoint's tokenizer as llama.cpp writes a byte-level BPE: `tokenizer.ggml.*` (model
+    gpt2, pre gpt2, the vocab padded to the embedding, specials as control tokens, eos <|im_end|>)."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {t["content"] for t in tok["added_tokens"] if t.get("special")}
+    pad = [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]  # llama.cpp pads the vocab to the embedding
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens + pad)
+    w.add_token_types([3 if t in special else 1 for t in tokens] + [5] * len(pad))
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    if tcfg.get("chat_template"):
+        w.add_chat_template(tcfg["chat_template"])
+
+
+def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", alignment: int | None = None,
+               split_max_tensors: int = 0, fuse_gate_up: bool = False) -> Path:
     """A llama.cpp-style GGUF of the checkpoint in `hf_dir`; routed experts quantized to the ggml
     type named `experts` (or per layer: a sequence of (gate, up, down) type names, as unsloth's
     dynamic quants mix them), 2-D dense weights to `dense` (norms, routers and biases stay F32);
-    `alignment`: a `general.alignment` other than the default 32."""
+    `alignment`: a `general.alignment` other than the default 32. split_max_tensors: split into
+    parts of at most that many tensors, as llama.cpp's gguf-split does (`path`'s stem with
+    -00001-of-0000N; the first part's path is returned). fuse_gate_up: gate and up stacked as one
+    `ffn_gate_up_exps` [E, 2F, D] (per expert the gate rows, then the up rows), as llama.cpp's
+    converter writes them with --fuse-gate-up-exps."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
 
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch, moe, projections = ARCH[cfg["model_type"]]
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     if alignment is not None:
         w.add_custom_alignment(alignment)
     n_exp = cfg.get("num_experts") or cfg["num_local_experts"]
@@ -108,21 +131,7 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", 
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     if cfg.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    # tokenizer: byte-level BPE, as llama.cpp's gpt2-style vocab
-    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = {t["content"] for t in tok["added_tokens"] if t.get("special")}
-    n_vocab = cfg["vocab_size"]
-    pad = [f"[PAD{i}]" for i in range(len(tokens), n_vocab)]  # llama.cpp pads the vocab to the embedding
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens + pad)
-    w.add_token_types([3 if t in special else 1 for t in tokens] + [5] * len(pad))
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    if tcfg.get("chat_template"):
-        w.add_chat_template(tcfg["chat_template"])
+    add_tokenizer(w, hf_dir, cfg["vocab_size"])
 
     def add(name: str, x: np.ndarray, qtype: str) -> None:
         t = getattr(gguf.GGMLQuantizationType, qtype)
@@ -154,14 +163,20 @@ def write_gguf(hf_dir: Path, path: Path, *, experts="Q8_0", dense: str = "F16", 
                 two_d = x.ndim == 2 and not g_suffix.startswith("ffn_gate_inp")
                 add(f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
             layer_types = (experts,) * 3 if isinstance(experts, str) else experts[l]
-            for proj, g, qtype in zip(projections, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), layer_types):
-                stack = np.stack([ck.read(base + f"{moe}.experts.{e}.{proj}.weight") for e in range(n_exp)])
+            stacks = [np.stack([ck.read(base + f"{moe}.experts.{e}.{proj}.weight") for e in range(n_exp)])
+                      for proj in projections]
+            if fuse_gate_up:
+                add(f"blk.{l}.ffn_gate_up_exps.weight", np.concatenate(stacks[:2], axis=1), layer_types[0])
+                add(f"blk.{l}.ffn_down_exps.weight", stacks[2], layer_types[2])
+                continue
+            for stack, g, qtype in zip(stacks, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), layer_types):
                 add(f"blk.{l}.{g}.weight", stack, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = w.format_shard_names(path)
+    return parts[0]
 
 
 def dequantized_checkpoint(gguf_path: Path, hf_dir: Path, out: Path) -> Path:

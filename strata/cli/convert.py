@@ -16,6 +16,10 @@ Mixtral (mixtral), Qwen3-Next (qwen3_next), Qwen3.5-MoE (qwen3_5_moe, qwen3_5_mo
 DeepSeek-V3 (deepseek_v3, kimi_k2), GLM-4.7-Flash (glm4_moe_lite), GLM-4.5 (glm4_moe),
 MiniMax-M2 (minimax_m2), gpt-oss (gpt_oss), Qwen4-Exp (qwen4_exp, qwen4_exp_text).
 
+llama.cpp GGUFs (general.architecture): qwen3moe, qwen2moe, olmoe, llama (MoE), qwen3next,
+qwen35moe, deepseek2 (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash), glm4moe, minimax-m2, gpt-oss; a split
+GGUF by its first part (name-00001-of-0000N.gguf).
+
 HF_DIR may be a hub id (Qwen/Qwen3-30B-A3B): its snapshot in the local Hugging Face cache
 (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); strata does not download.
 
@@ -26,7 +30,8 @@ tier 2 then reads with one read per expert instead of one per piece.
 examples:
   strata convert ~/models/Qwen3-30B-A3B /data/qwen3-30b --experts q2_0
   strata convert ~/models/GLM-5-mlx-4bit                repack a tier-2 checkpoint's experts in place
-  strata convert Qwen/Qwen3-30B-A3B /data/qwen3-30b     the checkpoint in the local hub cache"""
+  strata convert Qwen/Qwen3-30B-A3B /data/qwen3-30b     the checkpoint in the local hub cache
+  strata convert GLM-4.5-Air-Q4_K_M-00001-of-00002.gguf /data/glm45   experts kept as stored"""
 
 
 def add_parser(sub, name: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from strata.convert.common import Family
+from strata.convert.gguf_checkpoint import GgufCheckpoint, GgufExpertTensors
 from strata.convert.gpt_oss_experts import GptOssExpertTensors
 from strata.convert.hf_config import HFConfig
 from strata.convert.mlx_checkpoint import MlxCheckpoint
@@ -161,6 +162,8 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
                           n.attn_v_bias: "self_attn.v_proj.bias", n.attn_output_bias: "self_attn.o_proj.bias"})
     for layer in range(cfg.n_layers):
         sources.update({n.block(layer, k): f"model.layers.{layer}.{v}" for k, v in per_layer.items()})
+    if isinstance(ckpt, GgufCheckpoint):  # llama.cpp's stacked *_exps and their biases, kept as stored
+        return TensorPlan(GgufExpertTensors(ckpt, cfg), sources)
     mxfp4 = "model.layers.0.mlp.experts.gate_up_proj_blocks" in ckpt
     return TensorPlan(GptOssExpertTensors(ckpt, cfg, mxfp4), sources)
 

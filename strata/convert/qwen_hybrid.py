@@ -26,6 +26,7 @@ import dataclasses
 import numpy as np
 
 from strata.convert.common import ExpertTensors, Family, base_fields
+from strata.convert.gguf_checkpoint import GgufCheckpoint, GgufExpertTensors
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, TensorPlan
@@ -282,8 +283,101 @@ def skipped_by_prefix(ckpt: Checkpoint, prefixes: dict[str, str]) -> tuple[list[
     return skipped, notes
 
 
+def untile_value_heads(x: np.ndarray, axis: int, k_heads: int, per_k: int, head_dim: int) -> np.ndarray:
+    """Inverse of llama.cpp's Qwen3.5 value-head reorder along `axis` (its rows per value head:
+    `head_dim`): tiled [per_k, k_heads, head_dim] (v0 of every key head, then v1, ...) back to
+    the checkpoint's grouped [k_heads, per_k, head_dim]."""
+    x = np.moveaxis(x, axis, 0)
+    rest = x.shape[1:]
+    x = x.reshape(per_k, k_heads, head_dim, *rest).swapaxes(0, 1).reshape(-1, *rest)
+    return np.ascontiguousarray(np.moveaxis(x, 0, axis))
+
+
+def gguf_tensor_plan(cfg: ModelConfig, ckpt: GgufCheckpoint) -> TensorPlan:
+    """Where every strata tensor of llama.cpp's `qwen3next` / `qwen35moe` GGUF comes from. Its
+    converter already made most of them what strata computes with: the zero-centred norms hold
+    1 + w, `ssm_a` is -exp(A_log), `ssm_conv1d` is [C, K], Qwen3-Next's in_proj_qkvz is regrouped
+    into flat `attn_qkv` (q | k | v) and `attn_gate` (z); what is left: `attn_q` holds each head's
+    [query; gate] (split as from Hugging Face); Qwen3-Next's `ssm_beta_alpha` is in_proj_ba as the
+    checkpoint groups it ([b, a] per key head); Qwen3.5's value heads, where there are more than
+    key heads, are tiled by llama.cpp (v rows of attn_qkv, attn_gate, ssm_beta / ssm_alpha,
+    ssm_a, ssm_dt, the v channels of ssm_conv1d, ssm_out's columns) and are put back grouped
+    (`untile_value_heads`, rows moved only). The legacy fused `ssm_in` is refused by name."""
+    n, d = TensorNames, cfg.hidden_size
+    key = lambda name: ckpt.key(name)  # noqa: E731  the name ckpt.tensors lists it under
+    sources: dict[str, str | Derived] = {n.token_embd: key("token_embd.weight"),
+                                         n.output_norm: key("output_norm.weight")}
+    if not cfg.tie_embeddings:
+        sources[n.output] = key("output.weight")
+    hk, r = cfg.deltanet.linear_k_heads, cfg.deltanet.linear_v_heads // max(cfg.deltanet.linear_k_heads, 1)
+    for layer in range(cfg.n_layers):
+        b = f"blk.{layer}."
+        if b + "ssm_in.weight" in ckpt.gguf_tensors:
+            raise ConfigError(f"{ckpt.path}: tensor {b}ssm_in.weight: llama.cpp's legacy fused q/k/v/z layout is not "
+                              "read; convert the checkpoint again with a current llama.cpp (attn_qkv + attn_gate)")
+        out: dict[str, str | Derived] = {
+            n.attn_norm: key(b + "attn_norm.weight"), n.ffn_norm: key(b + "post_attention_norm.weight"),
+            n.router: key(b + "ffn_gate_inp.weight"), n.shexp_gate: key(b + "ffn_gate_shexp.weight"),
+            n.shexp_up: key(b + "ffn_up_shexp.weight"), n.shexp_down: key(b + "ffn_down_shexp.weight"),
+            n.shexp_gate_inp: key(b + "ffn_gate_inp_shexp.weight"),
+        }
+        if cfg.kinds[layer].mixer is Mixer.ATTENTION:
+            q = key(b + "attn_q.weight")
+            out.update({n.attn_q: _split_q_gate(cfg, q, 0), n.attn_gate: _split_q_gate(cfg, q, 1),
+                        n.attn_k: key(b + "attn_k.weight"), n.attn_v: key(b + "attn_v.weight"),
+                        n.attn_output: key(b + "attn_output.weight"), n.attn_q_norm: key(b + "attn_q_norm.weight"),
+                        n.attn_k_norm: key(b + "attn_k_norm.weight")})
+        elif ckpt.arch == "qwen3next":
+            ba = (key(b + "ssm_beta_alpha.weight"), (hk * 2 * r, d))
+            out.update({
+                n.ssm_qkv: key(b + "attn_qkv.weight"), n.ssm_z: key(b + "attn_gate.weight"),
+                n.ssm_beta: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, :r].reshape(-1, d), "b rows"),
+                n.ssm_alpha: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, r:].reshape(-1, d), "a rows"),
+                n.ssm_conv: key(b + "ssm_conv1d.weight"), n.ssm_a: key(b + "ssm_a"),
+                n.ssm_dt_bias: key(b + "ssm_dt.bias"), n.ssm_norm: key(b + "ssm_norm.weight"),
+                n.ssm_out: key(b + "ssm_out.weight")})
+        else:  # qwen35moe
+            out.update(_qwen35_gguf_deltanet(cfg, ckpt, b))
+        sources.update({n.block(layer, k): v for k, v in out.items()})
+    return TensorPlan(GgufExpertTensors(ckpt, cfg), sources)
+
+
+def _qwen35_gguf_deltanet(cfg: ModelConfig, ckpt: GgufCheckpoint, b: str) -> dict[str, str | Derived]:
+    """A Qwen3.5 DeltaNet layer of llama.cpp's GGUF, its value heads grouped again where llama.cpp
+    tiled them (gguf_tensor_plan's doc)."""
+    n, d, dn = TensorNames, cfg.hidden_size, cfg.deltanet
+    hk, hv, dk, dv = dn.linear_k_heads, dn.linear_v_heads, dn.linear_k_head_dim, dn.linear_v_head_dim
+    r = hv // hk
+    names = {t: ckpt.key(b + g) for t, g in (
+        (n.ssm_qkv, "attn_qkv.weight"), (n.ssm_z, "attn_gate.weight"), (n.ssm_beta, "ssm_beta.weight"),
+        (n.ssm_alpha, "ssm_alpha.weight"), (n.ssm_conv, "ssm_conv1d.weight"), (n.ssm_a, "ssm_a"),
+        (n.ssm_dt_bias, "ssm_dt.bias"), (n.ssm_norm, "ssm_norm.weight"), (n.ssm_out, "ssm_out.weight"))}
+    if r == 1:  # as many value heads as key heads: llama.cpp moves nothing
+        return names
+    qk = 2 * hk * dk
+    untile = lambda axis, hd: lambda w: untile_value_heads(w, axis, hk, r, hd)  # noqa: E731
+
+    def rows_after_qk(w):  # attn_qkv [2 Hk dk + Hv dv, D], ssm_conv1d [2 Hk dk + Hv dv, K]: only the v rows
+        return np.concatenate([w[:qk], untile_value_heads(w[qk:], 0, hk, r, dv)])
+
+    conv_shape = ckpt.shape(names[n.ssm_conv])
+    return {
+        n.ssm_qkv: Derived(((names[n.ssm_qkv], (qk + hv * dv, d)),), rows_after_qk, "value heads grouped"),
+        n.ssm_z: Derived(((names[n.ssm_z], (hv * dv, d)),), untile(0, dv), "value heads grouped"),
+        n.ssm_beta: Derived(((names[n.ssm_beta], (hv, d)),), untile(0, 1), "value heads grouped"),
+        n.ssm_alpha: Derived(((names[n.ssm_alpha], (hv, d)),), untile(0, 1), "value heads grouped"),
+        n.ssm_conv: Derived(((names[n.ssm_conv], tuple(conv_shape)),), rows_after_qk, "value heads grouped"),
+        n.ssm_a: Derived(((names[n.ssm_a], (hv,)),), untile(0, 1), "value heads grouped"),
+        n.ssm_dt_bias: Derived(((names[n.ssm_dt_bias], (hv,)),), untile(0, 1), "value heads grouped"),
+        n.ssm_norm: names[n.ssm_norm],
+        n.ssm_out: Derived(((names[n.ssm_out], (d, hv * dv)),), untile(1, dv), "value columns grouped"),
+    }
+
+
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     """Where every strata tensor of a hybrid checkpoint comes from (see the module doc)."""
+    if isinstance(ckpt, GgufCheckpoint):
+        return gguf_tensor_plan(cfg, ckpt)
     n = TensorNames
     prefix = PREFIX.get(cfg.architecture, "model.")
     sources: dict[str, str | Derived] = {n.token_embd: prefix + "embed_tokens.weight",

@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from strata.convert.common import ExpertTensors, base_fields, dense_sources
+from strata.convert.gguf_checkpoint import GgufCheckpoint, GgufExpertTensors
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, TensorPlan
@@ -112,6 +113,10 @@ def sigmoid_tensor_plan(layer_sources: tuple[tuple[str, str], ...], *, moe: str 
                     sources[name] = Derived(((src, shapes[name]),), make, what)
         skipped = tuple(t for t in ckpt.tensors if mtp_layer(cfg.n_layers, t))
         notes = (f"skipped the multi-token-prediction layers: {len(skipped)} tensors",) if skipped else ()
-        return TensorPlan(ExpertTensors(ckpt, cfg, moe, projections), sources, skipped, notes)
+        if isinstance(ckpt, GgufCheckpoint):  # llama.cpp's stacked *_exps, kept as stored
+            experts = GgufExpertTensors(ckpt, cfg)
+        else:
+            experts = ExpertTensors(ckpt, cfg, moe, projections)
+        return TensorPlan(experts, sources, skipped, notes)
 
     return plan
