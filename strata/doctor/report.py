@@ -147,8 +147,10 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
         budget = dataclasses.replace(budget, dense_resident=src.stored["dense"], dense_file=src.stored["dense"])
     backend = resolve_backend(config, src.expert_qtype)
     if profile is None and quick:
-        profile = first_answer_profile(backend, cache_dir, remeasure=remeasure, progress=progress)
-    profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress)
+        profile = first_answer_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
+                                       cpu_kernels=config.cpu_kernels)
+    profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
+                                         cpu_kernels=config.cpu_kernels)
     memory = memory or machine_memory()
     pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
                    supported=src.counts.supported and src.kind != "mlx",
