@@ -7,10 +7,15 @@ Decode time per token (seconds):
     streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · (read_s + read_byte_s · slot)
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
-    ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
-          + widen[type](dense GEMV calls, stored bytes/token of that type)   (F16, Q8_0 dense: numpy)
-          + k · moe_layers · (expert_call_s + expert(record) − expert(calibration record))
-          and never less than the token's bytes at the measured memory bandwidth
+    ops = gemv(float32 calls, float32 dense bytes/token)   (seconds per call at the mean bytes per call)
+          + kernel_gemv[type](dense calls − routers, stored bytes/token of that type)   (Q8_0 dense on
+            the compiled CPU kernel: read as stored, never widened)
+          + widen[type](dense GEMV calls, stored bytes/token of that type)   (the other stored types: numpy)
+          + k · moe_layers · (expert_call_s + expert[type](record) − expert(calibration record))
+          and never less than the token's bytes (`token_bytes`) at the measured memory bandwidth
+
+The tables are the profile's, measured on the products the run will use (`profile.products`:
+the compiled kernels under Config.cpu_kernels where they build, else numpy's float32 ones).
 
 Peak memory: the process's base (measured) + the dense weights as held (as stored; on MLX twice:
 the loader's copy and MLX's, `dense_held`) + every
@@ -19,9 +24,9 @@ mapped pages are not added: measured peaks of the embedded and made models sit w
 this sum and 6-16% below it with the file's size added (the map is let go as the copies fill).
 
 The arena is the budget rule's as it will be at engine start: today's available memory less
-what loading takes first (the base process and the dense weights), less keep, through
-`strata.runtime.budget.plan_arena` itself, so `--arena`, `--keep` and the refusals behave as
-in a run.
+what loading takes first (the base process and the dense weights), with the container's active
+file pages, through `strata.runtime.budget.engine_arena_plan`, the function the engines decide
+with, so `--arena`, `--keep`, the legal least and the refusals are a run's.
 """
 
 from __future__ import annotations

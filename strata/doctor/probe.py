@@ -8,7 +8,12 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 - memory bandwidth: a 64 MB array copy (bytes read + written per second); on MLX its largest
   GEMV's bytes per second on the device (the floor a token's bytes set);
 - compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
-  backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
+  backend's own path: seconds per call as a function of bytes read (`OpCost`, a table). On
+  numpy the products are the ones a run computes with (`numpy_ops`: the compiled CPU kernels
+  under Config.cpu_kernels where they build, `products` "compiled", else numpy's float32
+  widen + BLAS, "float32"); on the compiled ones also a Q8_0 dense GEMV (`kernel_gemv`) and
+  Q8_0 / Q4_0 experts (`expert_kernels`). A float32 profile is cached apart
+  (`machine-numpy-float32.json`): a profile answers only for runs on its own products;
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
   all-resident at top-4 and at top-1 (the difference is the engine's own cost per routed
   expert, `expert_call_s`; the microbenchmark only scales it with the record's size), then

@@ -59,7 +59,8 @@ class Diagnosis:
         lines.append(f"this machine: {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available "
                      f"({mem['source']}); disk {m.disk_latency_s * 1e6:.0f} us/4 KiB, "
                      f"{fmt_bytes(m.disk_bytes_per_s)}/s; memory {fmt_bytes(m.mem_bytes_per_s)}/s; "
-                     f"backend {m.backend} (profile measured at load {m.load_avg:.1f}"
+                     f"backend {m.backend}" + (f", {m.products} products" if m.products else "")
+                     + f" (profile measured at load {m.load_avg:.1f}"
                      + ("; the quick probe's: `strata doctor --calibrate` measures fully, for the documented error)"
                         if m.quick else ")"))
         lines.append(f"arena: {p.arena_slots} slots ({fmt_bytes(p.arena_bytes)}; at least {p.min_slots}) from "
