@@ -329,3 +329,24 @@ def test_compiled_products_price_q8_0_dense_on_their_kernel_and_stay_cached_apar
     assert cached_profile("numpy", tmp_path, cpu_kernels=True).products == here
     assert cached_profile("numpy", tmp_path, cpu_kernels=False).products == FLOAT32
     assert (tmp_path / "machine-numpy-float32.json").exists()
+
+
+def test_the_probe_times_the_products_a_run_computes_with(monkeypatch):
+    """With the compiled kernels (Config.cpu_kernels, where they build) the probe adds the Q8_0
+    dense kernel's table and the Q8_0 / Q4_0 experts' own; on numpy's float32 products neither
+    (the widened path's tables price every type)."""
+    from strata.doctor import probe
+    from strata.doctor.profile import COMPILED, FLOAT32
+
+    monkeypatch.setattr(probe, "GEMV_SIZES", (64, 128))
+    monkeypatch.setattr(probe, "EXPERT_SIZES", ((64, 32), (128, 64)))
+    assert probe.products_of("numpy", cpu_kernels=False) == FLOAT32 and probe.products_of("mlx") == ""
+    f32 = probe._compute_numpy(1, probe.numpy_ops(False))
+    assert f32["kernel_gemv"] == {} and f32["expert_kernels"] == {} and len(f32["expert"].points) == 2
+    ops = probe.numpy_ops(True)
+    if not ops.compiled:
+        pytest.skip(f"no compiled kernels here: {ops.note}")
+    assert probe.products_of("numpy") == COMPILED
+    compiled = probe._compute_numpy(1, ops)
+    assert set(compiled["kernel_gemv"]) == {"Q8_0"} and set(compiled["expert_kernels"]) == {"Q8_0", "Q4_0"}
+    assert all(t > 0 for _, t in compiled["kernel_gemv"]["Q8_0"].points)
