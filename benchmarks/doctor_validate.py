@@ -4,6 +4,7 @@ several arenas. Prints a markdown table and, last, one JSON line.
 
     PYTHONPATH=$PWD python benchmarks/doctor_validate.py [--backend numpy|mlx] [--tokens 48]
         [--remeasure] [--cache-dir DIR] [--json-out PATH] [--quick] [--budget-s S] [--case-timeout S]
+        [--expert-type q8_0] [--dense-type q8_0]   (the made models' types; give them again with --replay)
     PYTHONPATH=$PWD python benchmarks/doctor_validate.py --replay OUTPUT [--refit]
 
 Each measured run is a fresh process (`strata.doctor.measure`), so its peak memory is its own;
@@ -93,14 +94,23 @@ def _median_run(runs):
     return sorted(runs, key=lambda r: -r.tps)[len(runs) // 2]
 
 
-def _models(names: str, d: Path) -> dict[str, Path]:
-    """--models (a comma list) -> name: model path; `default` the embedded model, others made in d."""
+def _models(names: str, d: Path, types: dict | None = None) -> dict[str, Path]:
+    """--models (a comma list) -> name: model path; `default` the embedded model, others made in d
+    (`types`: make_model's expert_type / dense_type, from --expert-type / --dense-type)."""
     from strata.default_model import default_model_path
     from strata.testing.models import make_model
 
     wanted = [m.strip() for m in names.split(",") if m.strip()]
-    return {name: default_model_path() if name == "default" else make_model(d / name, name).model_path
+    return {name: default_model_path() if name == "default" else make_model(d / name, name, **(types or {})).model_path
             for name in wanted}
+
+
+def _types(args) -> dict:
+    """make_model's types from --expert-type / --dense-type (absent: its defaults, Q2_0 and F32)."""
+    from strata.formats.quant_types import QuantType
+
+    return {key: QuantType[value.upper()] for key, value in
+            (("expert_type", args.expert_type), ("dense_type", args.dense_type)) if value}
 
 
 def _cases(models: dict[str, Path], fractions: tuple[float, ...]) -> list[tuple[str, Path, str]]:
@@ -227,6 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--one-process", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the probe's cases and these over one pool of warmed processes, a process a "
                         "model's all-resident or streaming cases (--quick: yes), not a fresh process a run")
+    p.add_argument("--expert-type", default=None, help="the made models' expert type (q2_0, q4_0, q8_0; q2_0)")
+    p.add_argument("--dense-type", default=None, help="the made models' dense matrices' type (f32, f16, q8_0; f32)")
     p.add_argument("--replay", default=None, help="predict again the cases an earlier run's output measured")
     p.add_argument("--refit", action="store_true", help="with --replay: refit the profile's engine costs too")
     p.add_argument("--refit-clock", default="wall", choices=("wall", "cpu"),
@@ -266,7 +278,7 @@ def main(argv=None) -> int:
     rows, cut = [], []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        models = _models(args.models, d)
+        models = _models(args.models, d, _types(args))
         traces = {name: _trace(path, d / f"{name}.trace.npz") for name, path in models.items()}
         cases = _cases(models, fractions) if not replayed else [
             (r["model"], models[r["model"]], "" if r["arena"] == "resident" else r["arena"]) for r in replayed[1]]
@@ -340,7 +352,7 @@ def _pooled(args, fractions: tuple[float, ...], t0: float, cache: Path) -> int:
     deadline = time.monotonic() + budget - (time.time() - t0) - RESERVE_S
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        models = _models(args.models, d)
+        models = _models(args.models, d, _types(args))
         cases = _cases(models, fractions)
         # a model's all-resident and streaming cases compile different kernels: two children
         keyed = [(i, path, {"profile": True, **({"arena": arena} if arena else {})},

@@ -121,9 +121,9 @@ def test_qwen3_on_a_24gb_machine_streams(tmp_path):
 def test_cached_profile_is_read_not_remeasured(tmp_path):
     import dataclasses
 
-    from strata.doctor.probe import _machine_id
+    from strata.doctor.probe import _machine_id, products_of
 
-    prof = dataclasses.replace(PROFILE, machine=_machine_id())
+    prof = dataclasses.replace(PROFILE, machine=_machine_id(), products=products_of("numpy"))
     (tmp_path / "machine-numpy.json").write_text(json.dumps(prof.to_dict()))
     assert machine_profile("numpy", tmp_path) == prof
 
@@ -220,11 +220,12 @@ def test_the_first_answer_prefers_a_calibrated_profile_then_the_quick_probes(tmp
     """No probe runs here: each profile is cached, and measuring fails the test."""
     from strata.cli.main import main
     from strata.doctor import probe
-    from strata.doctor.probe import QUICK_NOTE, _machine_id, first_answer_profile
+    from strata.doctor.probe import QUICK_NOTE, _machine_id, first_answer_profile, products_of
 
     monkeypatch.setattr(probe, "measure_machine", lambda *a, **k: pytest.fail("measured instead of reading the cache"))
-    quick = dataclasses.replace(PROFILE, machine=_machine_id(), notes=(f"{QUICK_NOTE}: warmed processes",))
-    full = dataclasses.replace(PROFILE, machine=_machine_id(), layer_s=7e-4)
+    here = {"machine": _machine_id(), "products": products_of("numpy")}
+    quick = dataclasses.replace(PROFILE, **here, notes=(f"{QUICK_NOTE}: warmed processes",))
+    full = dataclasses.replace(PROFILE, **here, layer_s=7e-4)
     (tmp_path / "machine-numpy-quick.json").write_text(json.dumps(quick.to_dict()))
     assert first_answer_profile("numpy", tmp_path) == quick and quick.quick and not full.quick
     assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
@@ -244,7 +245,7 @@ def test_calibrate_measures_the_full_probe_and_says_how_far_it_got(tmp_path, mon
 
     asked = []
 
-    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600, rounds=None):
+    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600, rounds=None, cpu_kernels=True):
         asked.append((quick, rounds))
         progress("disk")
         return dataclasses.replace(PROFILE, machine=_machine_id())
@@ -257,3 +258,95 @@ def test_calibrate_measures_the_full_probe_and_says_how_far_it_got(tmp_path, mon
     assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path / "cold")]) == 0
     assert asked == [(False, None), (True, 1)]  # a cold cache: the quick probe, one round
     assert "measuring this machine (quick probe, about half a minute; 0 s): disk" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("share", [1.2, 0.6, 0.3, 0.0])
+def test_the_printed_plan_is_the_one_open_engine_runs(made, tmp_path, monkeypatch, share):
+    """Under memory for `share` of the experts (beside the base process, the dense weights and
+    keep; 0: less than the legal least), inside a container whose active file pages hold part of
+    the model file: the plan `strata doctor` prints (all-resident, or streaming on N slots, or
+    refused) is the one `open_engine` picks when the engine starts with the memory the doctor
+    predicts for that moment (available now, less the base process and the dense weights)."""
+    from strata.engines import open_engine
+    from strata.errors import ArenaTooSmallError
+    from strata.runtime import budget as runtime_budget
+    from strata.runtime.decode import StreamingEngine
+
+    b = _diag(made.model_path).budget
+    config = Config(backend="numpy")
+    keep = runtime_budget.keep_bytes(config.keep, 24 * GB)
+    cached = 3 * b.slot_bytes  # the model file's pages the container counts as used: the arena's to take
+    monkeypatch.setattr(runtime_budget, "cached_file_bytes", lambda p: cached if Path(p) == made.model_path else 0)
+    now = MemoryInfo(total=24 * GB, available=PROFILE.base_rss + b.dense_resident + keep
+                     + int(share * b.experts_resident), source="test", active_file=cached)
+    d = diagnose(made.model_path, cache_dir=None, config=config, profile=PROFILE, memory=now)
+    p = d.prediction
+    at_start = dataclasses.replace(now, available=now.available - PROFILE.base_rss - b.dense_resident)
+    monkeypatch.setattr(runtime_budget, "machine_memory", lambda: at_start)
+    try:
+        engine = open_engine(made.model_path, config)
+    except ArenaTooSmallError as e:
+        assert p.verdict == "will not run" and str(e) in d.text()
+        assert share == 0.0
+        return
+    try:
+        streaming = isinstance(engine, StreamingEngine)
+        slots = engine.arena.capacity if streaming else 0
+    finally:
+        engine.close()
+    assert (p.streaming, p.arena_slots) == (streaming, slots)
+    assert p.verdict == ("streams" if streaming else "fits resident") and (share < 1) == streaming
+    if streaming:
+        assert f"arena {slots} slots" in d.text() and slots > share * b.total_experts  # the model's cache added
+
+
+def test_compiled_products_price_q8_0_dense_on_their_kernel_and_stay_cached_apart(made, tmp_path):
+    """A profile measured on the compiled kernels prices a Q8_0 dense matrix on its kernel table
+    (read as stored, never widened) and Q8_0 experts on their own table; a profile of the other
+    products is not read for the run (it is cached apart and re-measured)."""
+    from strata.doctor.families import count_strata
+    from strata.doctor.byte_budget import byte_budget
+    from strata.doctor.predict import ops_seconds, token_bytes
+    from strata.doctor.probe import _machine_id, cached_profile, products_of, save_profile
+    from strata.doctor.profile import COMPILED, FLOAT32
+    from strata.formats.quant_types import QuantType
+
+    counts = count_strata(made.cfg)
+    q8 = byte_budget(counts, expert_qtype=QuantType.Q8_0, dense_qtype=QuantType.Q8_0)
+    slow = OpCost(((1e3, 1.0), (1e9, 1.0)))  # a second a call: any use of it shows
+    widening = dataclasses.replace(PROFILE, widen={"Q8_0": slow})
+    kernel = dataclasses.replace(widening, products=COMPILED, kernel_gemv={"Q8_0": OpCost(((1e3, 1e-6), (1e9, 1e-6)))},
+                                 expert_kernels={"Q8_0": OpCost(((1e3, 2e-5), (1e9, 2e-5)))})
+    assert ops_seconds(counts, q8, widening) > 1.0 > ops_seconds(counts, q8, kernel)
+    assert kernel.expert_seconds(q8.record_bytes, "Q8_0") == pytest.approx(
+        PROFILE.expert_call_s + 2e-5 - PROFILE.expert.each(PROFILE.calibration_record_bytes))
+    f32_dense = sum(q8.widened_per_token.values()) * 32 / 34 * 4  # what widened matmuls read of the same weights
+    assert token_bytes(q8, kernel) == pytest.approx(q8.per_token - f32_dense + sum(q8.widened_per_token.values()), rel=1e-3)
+    assert token_bytes(q8, widening) == q8.per_token
+    for products in (COMPILED, FLOAT32):
+        save_profile(dataclasses.replace(PROFILE, machine=_machine_id(), products=products), tmp_path)
+    here = products_of("numpy", cpu_kernels=True)
+    assert cached_profile("numpy", tmp_path, cpu_kernels=True).products == here
+    assert cached_profile("numpy", tmp_path, cpu_kernels=False).products == FLOAT32
+    assert (tmp_path / "machine-numpy-float32.json").exists()
+
+
+def test_the_probe_times_the_products_a_run_computes_with(monkeypatch):
+    """With the compiled kernels (Config.cpu_kernels, where they build) the probe adds the Q8_0
+    dense kernel's table and the Q8_0 / Q4_0 experts' own; on numpy's float32 products neither
+    (the widened path's tables price every type)."""
+    from strata.doctor import probe
+    from strata.doctor.profile import COMPILED, FLOAT32
+
+    monkeypatch.setattr(probe, "GEMV_SIZES", (64, 128))
+    monkeypatch.setattr(probe, "EXPERT_SIZES", ((64, 32), (128, 64)))
+    assert probe.products_of("numpy", cpu_kernels=False) == FLOAT32 and probe.products_of("mlx") == ""
+    f32 = probe._compute_numpy(1, probe.numpy_ops(False))
+    assert f32["kernel_gemv"] == {} and f32["expert_kernels"] == {} and len(f32["expert"].points) == 2
+    ops = probe.numpy_ops(True)
+    if not ops.compiled:
+        pytest.skip(f"no compiled kernels here: {ops.note}")
+    assert probe.products_of("numpy") == COMPILED
+    compiled = probe._compute_numpy(1, ops)
+    assert set(compiled["kernel_gemv"]) == {"Q8_0"} and set(compiled["expert_kernels"]) == {"Q8_0", "Q4_0"}
+    assert all(t > 0 for _, t in compiled["kernel_gemv"]["Q8_0"].points)

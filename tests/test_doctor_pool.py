@@ -63,10 +63,10 @@ def test_joint_measures_the_callers_cases_in_rounds_beside_a_cached_profile(tmp_
     import dataclasses
 
     from strata.doctor.joint import measure_joint
-    from strata.doctor.probe import _machine_id, save_profile
+    from strata.doctor.probe import _machine_id, products_of, save_profile
     from test_doctor import PROFILE
 
-    cached = dataclasses.replace(PROFILE, machine=_machine_id())
+    cached = dataclasses.replace(PROFILE, machine=_machine_id(), products=products_of("numpy"))
     save_profile(cached, tmp_path, quick=True)
     cases = [("res", demo.model_path, {}, "demo-resident"), ("str", demo.model_path, {"arena": "76slots"}, "demo-str")]
     worked = []

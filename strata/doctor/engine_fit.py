@@ -150,7 +150,8 @@ def fit_streaming(rows: list, n_layers: int, fallback_miss_s: float, clock: str 
 
 
 def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, expert, widen: dict, sync_s: float,
-               backend: str, gpu: bool, fallback_miss_s: float, clock: str = "wall") -> EngineCosts:
+               backend: str, gpu: bool, fallback_miss_s: float, clock: str = "wall", kernel_gemv: dict | None = None,
+               expert_kernels: dict | None = None) -> EngineCosts:
     """The engine fields (module docstring) from `runs`: "resident", "top1" and capacity -> run."""
     from scipy.optimize import nnls
 
@@ -163,7 +164,8 @@ def fit_engine(runs: dict, *, cfg, slot_bytes: int, record_bytes: int, gemv, exp
     # the engine's own cost per routed expert at the calibration size: top-k vs top-1, the rest equal
     expert_call_s = max(0.0, (resident_s - token_s(top1, clock)) / (L * (k - 1)))
     partial = placeholder_profile(gemv=gemv, expert=expert, expert_call_s=expert_call_s,
-                                  calibration_record_bytes=record_bytes, widen=widen)
+                                  calibration_record_bytes=record_bytes, widen=widen, kernel_gemv=kernel_gemv or {},
+                                  expert_kernels=expert_kernels or {})
 
     def rest(run, c) -> float:  # what the ops and the round trip leave of an all-resident token
         nc = count_strata(c)
@@ -219,7 +221,8 @@ def refit(profile, clock: str = "wall"):
         raise ValueError("this profile keeps no engine runs (measured before profile version 6): remeasure")
     costs = fit_engine(stored_runs(profile.calibration), cfg=calibration_config(),
                        slot_bytes=profile.calibration_slot_bytes, record_bytes=profile.calibration_record_bytes,
-                       gemv=profile.gemv, expert=profile.expert, widen=profile.widen, sync_s=profile.sync_s,
+                       gemv=profile.gemv, expert=profile.expert, widen=profile.widen, kernel_gemv=profile.kernel_gemv,
+                       expert_kernels=profile.expert_kernels, sync_s=profile.sync_s,
                        backend=profile.backend,
                        gpu=profile.gpu, fallback_miss_s=profile.read_seconds(profile.calibration_slot_bytes),
                        clock=clock)

@@ -7,10 +7,15 @@ Decode time per token (seconds):
     streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · (read_s + read_byte_s · slot)
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
-    ops = gemv(dense GEMV calls, dense bytes/token)      (seconds per call at the mean bytes per call)
-          + widen[type](dense GEMV calls, stored bytes/token of that type)   (F16, Q8_0 dense: numpy)
-          + k · moe_layers · (expert_call_s + expert(record) − expert(calibration record))
-          and never less than the token's bytes at the measured memory bandwidth
+    ops = gemv(float32 calls, float32 dense bytes/token)   (seconds per call at the mean bytes per call)
+          + kernel_gemv[type](dense calls − routers, stored bytes/token of that type)   (Q8_0 dense on
+            the compiled CPU kernel: read as stored, never widened)
+          + widen[type](dense GEMV calls, stored bytes/token of that type)   (the other stored types: numpy)
+          + k · moe_layers · (expert_call_s + expert[type](record) − expert(calibration record))
+          and never less than the token's bytes (`token_bytes`) at the measured memory bandwidth
+
+The tables are the profile's, measured on the products the run will use (`profile.products`:
+the compiled kernels under Config.cpu_kernels where they build, else numpy's float32 ones).
 
 Peak memory: the process's base (measured) + the dense weights as held (as stored; on MLX twice:
 the loader's copy and MLX's, `dense_held`) + every
@@ -19,9 +24,9 @@ mapped pages are not added: measured peaks of the embedded and made models sit w
 this sum and 6-16% below it with the file's size added (the map is let go as the copies fill).
 
 The arena is the budget rule's as it will be at engine start: today's available memory less
-what loading takes first (the base process and the dense weights), less keep, through
-`strata.runtime.budget.plan_arena` itself, so `--arena`, `--keep` and the refusals behave as
-in a run.
+what loading takes first (the base process and the dense weights), with the container's active
+file pages, through `strata.runtime.budget.engine_arena_plan`, the function the engines decide
+with, so `--arena`, `--keep`, the legal least and the refusals are a run's.
 """
 
 from __future__ import annotations
@@ -29,15 +34,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from strata.doctor.byte_budget import ByteBudget
+from strata.doctor.byte_budget import COMPUTE_TYPE, ByteBudget, bytes_per_weight
 from strata.doctor.families import PartCounts
 from strata.doctor.locality import Locality, from_curve, from_trace
 from strata.doctor.profile import MachineProfile
 from strata.errors import StrataError
-from strata.runtime.budget import ArenaPlan, fmt_bytes, plan_arena
+from strata.formats.quant_types import QuantType
+from strata.runtime.budget import ArenaPlan, engine_arena_plan, engine_min_slots, fmt_bytes
 from strata.runtime.memory import MemoryInfo
 
-__all__ = ["Prediction", "predict", "ops_seconds", "dense_held"]
+__all__ = ["Prediction", "predict", "ops_seconds", "token_bytes", "dense_held"]
 
 ATTENTION_GEMVS = 4  # q, k, v, o per layer
 SHARED_GEMVS = 3  # gate, up, down of a shared expert (or a dense MLP layer)
@@ -56,6 +62,21 @@ def dense_held(budget: ByteBudget, backend: str, gpu: bool | None = None) -> int
     return budget.dense_resident + (budget.dense_resident // 2 if gpu and f32_file else budget.dense_resident)
 
 
+def _kernel_bytes(budget: ByteBudget, profile: MachineProfile) -> tuple[dict, int]:
+    """(stored type -> stored bytes per token, their float32 bytes per token) of the dense types
+    the profile's engine computes on compiled kernels (read as stored, never widened)."""
+    kernel = {q: n for q, n in budget.widened_per_token.items() if q in profile.kernel_gemv}
+    as_f32 = sum(int(n / bytes_per_weight(QuantType[q]) * bytes_per_weight(COMPUTE_TYPE)) for q, n in kernel.items())
+    return kernel, as_f32
+
+
+def token_bytes(budget: ByteBudget, profile: MachineProfile) -> int:
+    """The bytes a decoded token reads: dense matrices on a compiled kernel as stored, the rest as
+    float32 (what a widened matmul reads), the experts' records."""
+    kernel, as_f32 = _kernel_bytes(budget, profile)
+    return budget.per_token - as_f32 + sum(kernel.values())
+
+
 def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile) -> float:
     """The weight-reading part of one decoded token (module docstring)."""
     L, moe = counts.n_layers, counts.moe_layers
@@ -65,10 +86,16 @@ def ops_seconds(counts: PartCounts, budget: ByteBudget, profile: MachineProfile)
     if counts.dense.get("dense_ffn"):
         calls += (L - moe) * SHARED_GEMVS
     n_experts = moe * counts.top_k
-    experts = n_experts * profile.expert_seconds(budget.expert_per_token / n_experts) if n_experts else 0.0
-    # dense weights kept as stored are widened to float32 by every matmul that reads them
-    widen = sum(profile.widen[q].seconds(calls, n) for q, n in budget.widened_per_token.items() if q in profile.widen)
-    return profile.gemv.seconds(calls, budget.dense_per_token) + experts + widen
+    experts = n_experts * profile.expert_seconds(budget.expert_per_token / n_experts, budget.expert_qtype.name) \
+        if n_experts else 0.0
+    # dense matrices of a type with a compiled kernel: every call but the routers' (float32) reads them as stored
+    kernel, as_f32 = _kernel_bytes(budget, profile)
+    kernel_calls = calls - moe if kernel else 0
+    on_kernel = sum(profile.kernel_gemv[q].seconds(kernel_calls, n) for q, n in kernel.items())
+    # the other dense weights kept as stored are widened to float32 by every matmul that reads them
+    widen = sum(profile.widen[q].seconds(calls, n) for q, n in budget.widened_per_token.items()
+                if q in profile.widen and q not in kernel)
+    return profile.gemv.seconds(calls - kernel_calls, budget.dense_per_token - as_f32) + on_kernel + experts + widen
 
 
 @dataclass(frozen=True)
@@ -94,19 +121,12 @@ class Prediction:
         return d
 
 
-def _min_slots(counts: PartCounts, config) -> int:
-    from strata.cache.types import min_capacity
-
-    return min_capacity(counts.moe_layers, counts.top_k, config.prefetch, split_turn=config.split_turn,
-                        prefetch2=config.prefetch2, n_experts=counts.n_experts)
-
-
 def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, config, memory: MemoryInfo,
             supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None,
             horizon: int = 0, prompt: int = 0) -> Prediction:
     """horizon 0: steady-state decode; N: the mean over a run of N tokens after `prompt` from a
     cold arena (what a short `strata generate` reports)."""
-    least = _min_slots(counts, config)
+    least = engine_min_slots(config, moe_layers=counts.moe_layers, top_k=counts.top_k, n_experts=counts.n_experts)
     base = profile.base_rss
     dense = dense_held(budget, profile.backend, gpu=profile.gpu)  # as on the machine the profile measured
     after_load = memory.available - base - dense  # the file's mapped pages are let go after load
@@ -115,9 +135,11 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     plan: ArenaPlan | None = None
     refusal = ""
     try:
-        plan = plan_arena(config=config, slot_bytes=budget.slot_bytes, total_experts=budget.total_experts,
-                          min_slots=least, dense_bytes=budget.dense_resident, model_files=model_files,
-                          available=after_load, total=memory.total, ple_bytes=budget.ple_reserve or None)
+        plan = engine_arena_plan(config=config, slot_bytes=budget.slot_bytes, moe_layers=counts.moe_layers,
+                                 top_k=counts.top_k, n_experts=counts.n_experts, total_experts=budget.total_experts,
+                                 dense_bytes=budget.dense_resident, model_files=model_files, available=after_load,
+                                 total=memory.total, active_file=memory.active_file,
+                                 ple_bytes=budget.ple_reserve or None)
     except StrataError as e:
         refusal = str(e)
     streaming = plan.streaming if plan else True
@@ -130,7 +152,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
             locality = from_curve(slots / max(budget.total_experts, 1), counts.moe_layers * counts.top_k,
                                   fill_per_token=slots / (prompt + horizon) if horizon else 0.0)
     # never faster than reading the bytes once at the measured memory bandwidth
-    ops = max(ops_seconds(counts, budget, profile), budget.per_token / profile.mem_bytes_per_s)
+    ops = max(ops_seconds(counts, budget, profile), token_bytes(budget, profile) / profile.mem_bytes_per_s)
     terms = {"step": profile.step_s, "layers": counts.n_layers * profile.layer_s, "weights": ops,
              "round_trip": profile.sync_s}
     if streaming and locality is not None:

@@ -8,7 +8,12 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
 - memory bandwidth: a 64 MB array copy (bytes read + written per second); on MLX its largest
   GEMV's bytes per second on the device (the floor a token's bytes set);
 - compute: a float32 GEMV at five sizes and one routed expert's SwiGLU at six sizes on the
-  backend's own path: seconds per call as a function of bytes read (`OpCost`, a table);
+  backend's own path: seconds per call as a function of bytes read (`OpCost`, a table). On
+  numpy the products are the ones a run computes with (`numpy_ops`: the compiled CPU kernels
+  under Config.cpu_kernels where they build, `products` "compiled", else numpy's float32
+  widen + BLAS, "float32"); on the compiled ones also a Q8_0 dense GEMV (`kernel_gemv`) and
+  Q8_0 / Q4_0 experts (`expert_kernels`). A float32 profile is cached apart
+  (`machine-numpy-float32.json`): a profile answers only for runs on its own products;
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
   all-resident at top-4 and at top-1 (the difference is the engine's own cost per routed
   expert, `expert_call_s`; the microbenchmark only scales it with the record's size), then
@@ -41,7 +46,7 @@ import numpy as np
 
 from strata.doctor.engine_fit import device_bandwidth, fit_engine, run_name
 from strata.doctor.probe_engine import POOL_ROUNDS
-from strata.doctor.profile import PROFILE_VERSION, QUICK_NOTE, MachineProfile, OpCost
+from strata.doctor.profile import COMPILED, FLOAT32, PROFILE_VERSION, QUICK_NOTE, MachineProfile, OpCost
 
 __all__ = ["MachineProfile", "machine_profile", "first_answer_profile", "default_cache_dir", "measure_machine", "measure_parts",
            "profile_from_runs", "save_profile", "cached_profile", "PROFILE_VERSION"]
@@ -78,46 +83,55 @@ def _machine_id() -> str:
 
 
 def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
-                    quick: bool = False, timeout: float = 600, rounds: int | None = None) -> MachineProfile:
+                    quick: bool = False, timeout: float = 600, rounds: int | None = None,
+                    cpu_kernels: bool = True) -> MachineProfile:
     """The cached profile of this machine for `backend`, measured now if absent or stale
     (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`; `rounds`: its measured
-    rounds, default POOL_ROUNDS)."""
-    prof = None if remeasure else cached_profile(backend, cache_dir, quick=quick)
+    rounds, default POOL_ROUNDS; `cpu_kernels`: Config.cpu_kernels of the run it answers for:
+    a numpy profile on float32 products is cached apart, `machine-numpy-float32.json`)."""
+    prof = None if remeasure else cached_profile(backend, cache_dir, quick=quick, cpu_kernels=cpu_kernels)
     if prof is not None:
         return prof
     kwargs = {"rounds": rounds} if rounds is not None else {}
-    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout, **kwargs)
+    prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout,
+                           cpu_kernels=cpu_kernels, **kwargs)
     save_profile(prof, cache_dir, quick=quick)
     return prof
 
 
-def first_answer_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None) -> MachineProfile:
+def first_answer_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
+                         cpu_kernels: bool = True) -> MachineProfile:
     """The profile `strata doctor` answers from without --calibrate: the full probe's where it is
     cached (it was calibrated), else the quick probe's, measured now if absent (about half a
     minute on a quiet 2-core machine, against several minutes for the full probe's fresh
     processes: docs/doctor.md, "The machine probe")."""
     if not remeasure:
-        full = cached_profile(backend, cache_dir)
+        full = cached_profile(backend, cache_dir, cpu_kernels=cpu_kernels)
         if full is not None:
             return full
     return machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress, quick=True,
-                           rounds=FIRST_ANSWER_ROUNDS)
+                           rounds=FIRST_ANSWER_ROUNDS, cpu_kernels=cpu_kernels)
 
 
-def _profile_path(backend: str, cache_dir: Path, quick: bool) -> Path:
-    return Path(cache_dir) / f"machine-{backend}{'-quick' if quick else ''}.json"
+def _profile_path(backend: str, cache_dir: Path, quick: bool, products: str = "") -> Path:
+    kind = f"-{FLOAT32}" if products == FLOAT32 else ""
+    return Path(cache_dir) / f"machine-{backend}{kind}{'-quick' if quick else ''}.json"
 
 
-def cached_profile(backend: str, cache_dir: Path, *, quick: bool = False) -> MachineProfile | None:
-    """The cached profile of this machine, or None (absent, stale or of another machine)."""
-    path = _profile_path(backend, cache_dir, quick)
+def cached_profile(backend: str, cache_dir: Path, *, quick: bool = False,
+                   cpu_kernels: bool = True) -> MachineProfile | None:
+    """The cached profile of this machine, or None (absent, stale, of another machine, or
+    measured on other products than a run under `cpu_kernels` computes with)."""
+    products = products_of(backend, cpu_kernels)
+    path = _profile_path(backend, cache_dir, quick, products)
     if not path.exists():
         return None
     try:
         prof = MachineProfile.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError, KeyError):
         return None  # an old or broken cache: measure again
-    return prof if prof.version == PROFILE_VERSION and prof.machine == _machine_id() else None
+    fresh = prof.version == PROFILE_VERSION and prof.machine == _machine_id() and prof.products == products
+    return prof if fresh else None
 
 
 # ---------------------------------------------------------------- disk
@@ -211,6 +225,7 @@ def _mem_bw() -> float:
 GEMV_SIZES = (64, 256, 1024, 2048, 4096)  # square float32 matrices: 16 kB .. 64 MB
 EXPERT_SIZES = ((64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048, 768))  # (D, F)
 COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its median
+EXPERT_STACK = 4  # distinct experts per timed call: a decode token's experts go to the kernel together
 
 
 def _table(cases, repeats: int = 5, rounds: int = COMPUTE_ROUNDS) -> OpCost:
@@ -236,27 +251,66 @@ def _table(cases, repeats: int = 5, rounds: int = COMPUTE_ROUNDS) -> OpCost:
     return OpCost(tuple(pts))
 
 
-def _compute_numpy(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost]:
-    from strata.formats.expert_record import ExpertWeights, RecordLayout
-    from strata.formats.quant_types import QuantType
-    from strata.reference.experts import swiglu_expert
-    from strata.reference.quants import quantize
+def _random_matrix(rng, qtype, n_rows: int, n_cols: int):
+    """A matrix of `qtype` with random codes and small scales: what a product costs does not
+    depend on the values, and quantizing the probe's largest experts took seconds."""
+    from strata.formats.quant_matrix import QuantMatrix
+    from strata.formats.quant_types import layout
 
+    lay = layout(qtype)
+    codes = rng.integers(0, 256, (n_rows, n_cols // lay.block_size * (lay.block_bytes - 2)), dtype=np.uint8)
+    scales = (0.01 * rng.random((n_rows, n_cols // lay.block_size))).astype(np.float16)
+    return QuantMatrix(qtype, n_rows, n_cols, codes, scales)
+
+
+def _expert_table(ops, qtype, rounds: int) -> OpCost:
+    """Seconds per routed expert of `qtype` on the engine's products `ops` (CpuOps), by record
+    bytes: EXPERT_STACK distinct experts per call through the engine's one-token call (`ops.stack`,
+    else expert by expert), divided by their count."""
+    from strata.formats.expert_record import ExpertWeights, RecordLayout
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for d, f in EXPERT_SIZES:
+        ws = [ExpertWeights(_random_matrix(rng, qtype, f, d), _random_matrix(rng, qtype, f, d),
+                            _random_matrix(rng, qtype, d, f)) for _ in range(EXPERT_STACK)]
+        x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
+        run = (lambda ws=ws, x=x: ops.stack(ws, x)) if ops.stack else \
+            (lambda ws=ws, x=x: [ops.expert(w, x) for w in ws])
+        cases.append((RecordLayout(qtype, d, f).record_bytes, run))
+    table = _table(cases, repeats=3, rounds=rounds)
+    return OpCost(tuple((b, t / EXPERT_STACK) for b, t in table.points))
+
+
+def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
+    """The numpy engines' products as `ops` (strata.numpy_backend.quant_kernels.CpuOps; default
+    the float32 reference's) compute them: "gemv" (float32 BLAS, the dense matrices held as
+    float32 and the widened ones), "expert" (a Q2_0 expert, the calibration model's type), and
+    on compiled products "kernel_gemv" (a Q8_0 dense matrix on its kernel, by stored bytes) and
+    "expert_kernels" (Q8_0 and Q4_0 experts on theirs)."""
+    from strata.formats.quant_types import QuantType
+    from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, gemv as kernel_gemv
+
+    ops = ops or REFERENCE_OPS
     rng = np.random.default_rng(0)
     cases = []
     for n in GEMV_SIZES:
         w = rng.standard_normal((n, n), dtype=np.float32)
         x = rng.standard_normal(n, dtype=np.float32)
         cases.append((w.nbytes, lambda w=w, x=x: x @ w.T))
-    gemv = _table(cases, rounds=rounds)
+    out = {"gemv": _table(cases, rounds=rounds), "expert": _expert_table(ops, QuantType.Q2_0, rounds),
+           "kernel_gemv": {}, "expert_kernels": {}}
+    if not ops.compiled:
+        return out
     cases = []
-    for d, f in EXPERT_SIZES:
-        ew = ExpertWeights(quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
-                           quantize(QuantType.Q2_0, rng.standard_normal((f, d), dtype=np.float32)),
-                           quantize(QuantType.Q2_0, rng.standard_normal((d, f), dtype=np.float32)))
-        x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
-        cases.append((RecordLayout(QuantType.Q2_0, d, f).record_bytes, lambda ew=ew, x=x: swiglu_expert(ew, x)))
-    return gemv, _table(cases, repeats=3, rounds=rounds)
+    for n in GEMV_SIZES:
+        m = _random_matrix(rng, QuantType.Q8_0, n, n)
+        x = rng.standard_normal(n, dtype=np.float32)
+        cases.append((m.codes.nbytes + m.scales.nbytes, lambda m=m, x=x: kernel_gemv(m, x, threads=ops.threads)))
+    out["kernel_gemv"] = {QuantType.Q8_0.name: _table(cases, rounds=rounds)}
+    out["expert_kernels"] = {q.name: _expert_table(ops, q, rounds) for q in sorted(COMPILED_TYPES, key=int)
+                             if q is not QuantType.Q2_0}
+    return out
 
 
 WIDEN_SIZES = (64, 256, 1024, 2048)  # square matrices, widened from their stored type to float32
@@ -316,13 +370,17 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
 # ---------------------------------------------------------------- the engine
 
 
-def _engine(backend: str, progress, quick: bool = False, timeout: float = 600, rounds: int = POOL_ROUNDS) -> dict:
+def _engine(backend: str, progress, quick: bool = False, timeout: float = 600, rounds: int = POOL_ROUNDS,
+            float32: bool = False) -> dict:
     """The probe's engine runs (probe_engine.py): fresh processes, or (quick) a pool of warmed ones
-    measured in up to `rounds` rounds."""
+    measured in up to `rounds` rounds (`float32`: with the compiled CPU kernels off)."""
     from strata.doctor.probe_engine import engine_cases, run_fresh, run_pooled
 
     with tempfile.TemporaryDirectory() as d:
         eng = engine_cases(Path(d), quick=quick)
+        if float32:
+            eng = dataclasses.replace(eng, cases=tuple((key, path, {**o, "cpu_kernels": False}, group)
+                                                       for key, path, o, group in eng.cases))
         if quick:  # a fresh MLX process costs seconds on a GPU, and every case's kernels compile (pool.py)
             runs, missing = run_pooled(eng, backend, timeout, progress, rounds=rounds)
             return {"runs": runs, "eng": eng, "missing": missing}
@@ -330,14 +388,38 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600, r
 
 
 
-def measure_parts(backend: str, cache_dir: Path, *, progress=None, quick: bool = False) -> dict:
-    """What the probe measures outside strata's engine: disk, compute, memory (module docstring)."""
+def numpy_ops(cpu_kernels: bool = True):
+    """The products a numpy engine opened now would compute with (Config.cpu_kernels; the
+    compiled kernels where they build here, on the threads strata.threads chooses)."""
+    from strata.numpy_backend.quant_kernels import REFERENCE_OPS, compiled_ops
+    from strata.threads import compute_threads
+
+    return compiled_ops(compute_threads(0)) if cpu_kernels else REFERENCE_OPS
+
+
+def products_of(backend: str, cpu_kernels: bool = True) -> str:
+    """A profile's `products` for `backend` under Config.cpu_kernels = `cpu_kernels`."""
+    if backend == "mlx":
+        return ""
+    return COMPILED if numpy_ops(cpu_kernels).compiled else FLOAT32
+
+
+def measure_parts(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
+                  cpu_kernels: bool = True) -> dict:
+    """What the probe measures outside strata's engine: disk, compute, memory (module docstring),
+    on the products a run under Config.cpu_kernels = `cpu_kernels` computes with."""
     say = progress or (lambda _msg: None)
     say("disk")
     lat, bw, direct = _disk(cache_dir)
     say("compute")
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
-    gemv, expert, sync = _compute_mlx(rounds) if backend == "mlx" else (*_compute_numpy(rounds), 0.0)
+    ops = None if backend == "mlx" else numpy_ops(cpu_kernels)
+    if backend == "mlx":
+        gemv, expert, sync = _compute_mlx(rounds)
+        kernels = {"kernel_gemv": {}, "expert_kernels": {}}
+    else:
+        kernels = _compute_numpy(rounds, ops)
+        gemv, expert, sync = kernels.pop("gemv"), kernels.pop("expert"), 0.0
     say("memory")
     mem = device_bandwidth(gemv) if backend == "mlx" else _mem_bw()
     gpu = False
@@ -347,14 +429,15 @@ def measure_parts(backend: str, cache_dir: Path, *, progress=None, quick: bool =
         gpu = mlx_gpu_available()
     return {"disk_latency_s": lat, "disk_bytes_per_s": bw, "disk_direct": direct, "gemv": gemv, "expert": expert,
             "sync_s": sync, "mem_bytes_per_s": mem, "widen": {} if backend == "mlx" else _widen_numpy(rounds),
-            "gpu": gpu}
+            "gpu": gpu, "products": "" if ops is None else (COMPILED if ops.compiled else FLOAT32), **kernels}
 
 
 def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool = False,
                       missing: tuple = ()) -> MachineProfile:
     """The profile from `measure_parts` and the engine runs of `eng` (probe_engine.EngineCases)."""
     costs = fit_engine(runs, cfg=eng.cfg, slot_bytes=eng.slot, record_bytes=eng.record, gemv=parts["gemv"],
-                       expert=parts["expert"], widen=parts["widen"], sync_s=parts["sync_s"], backend=backend,
+                       expert=parts["expert"], widen=parts["widen"], kernel_gemv=parts["kernel_gemv"],
+                       expert_kernels=parts["expert_kernels"], sync_s=parts["sync_s"], backend=backend,
                        gpu=parts["gpu"], fallback_miss_s=parts["disk_latency_s"] + eng.slot / parts["disk_bytes_per_s"])
     notes: list[str] = []
     if not parts["disk_direct"]:
@@ -370,17 +453,19 @@ def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool
 
 
 def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
-                    timeout: float = 600, rounds: int = POOL_ROUNDS) -> MachineProfile:
+                    timeout: float = 600, rounds: int = POOL_ROUNDS, cpu_kernels: bool = True) -> MachineProfile:
     """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs over
-    a pool of warmed processes in up to `rounds` rounds within `timeout` seconds)."""
-    parts = measure_parts(backend, Path(cache_dir), progress=progress, quick=quick)
-    eng = _engine(backend, progress or (lambda _msg: None), quick, timeout, rounds)
+    a pool of warmed processes in up to `rounds` rounds within `timeout` seconds; `cpu_kernels`:
+    Config.cpu_kernels of the runs it answers for)."""
+    parts = measure_parts(backend, Path(cache_dir), progress=progress, quick=quick, cpu_kernels=cpu_kernels)
+    eng = _engine(backend, progress or (lambda _msg: None), quick, timeout, rounds,
+                  float32=parts["products"] == FLOAT32)
     return profile_from_runs(backend, parts, eng["eng"], eng["runs"], quick=quick, missing=tuple(eng["missing"]))
 
 
 def save_profile(prof: MachineProfile, cache_dir: Path, *, quick: bool = False) -> Path:
     """Cache `prof` where `machine_profile` reads it."""
-    path = _profile_path(prof.backend, cache_dir, quick)
+    path = _profile_path(prof.backend, cache_dir, quick, prof.products)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
     return path

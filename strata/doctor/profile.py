@@ -11,8 +11,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-PROFILE_VERSION = 7  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
-# 7: a base RSS per engine kind (base_rss_streaming)
+PROFILE_VERSION = 8  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
+# 7: a base RSS per engine kind (base_rss_streaming); 8: the products the engine computes with
+# (`products`: the compiled CPU kernels' tables, `kernel_gemv` and `expert_kernels`)
+COMPILED, FLOAT32 = "compiled", "float32"  # a numpy profile's `products` (MLX: "")
 QUICK_NOTE = "quick probe"  # how a quick probe's profile says so (its first note)
 
 
@@ -81,6 +83,16 @@ class MachineProfile:
     step_s: float = 0.0  # a decoded token's fixed cost beyond its layers (sampling, bookkeeping, a compiled replay)
     read_byte_s: float = 0.0  # a read's cost per byte of its slot, beyond read_s (MLX on CUDA: managed memory)
     base_rss_streaming: int = 0  # a streaming run's base RSS (engine_fit.py); 0: base_rss for both kinds
+    # the numpy engines' products when measured: COMPILED (Config.cpu_kernels, the kernels built
+    # here) or FLOAT32 (numpy's widen + BLAS); "" on MLX. `expert` and the engine runs were
+    # measured on these products, so a profile answers only for runs that use them.
+    products: str = ""
+    # stored dense type name -> seconds per compiled GEMV on the stored bytes, by stored bytes (a
+    # type here is not widened: `widen` and `gemv` do not price it); empty: every dense matrix widened
+    kernel_gemv: dict = field(default_factory=dict)
+    # expert type name -> seconds per routed expert on its compiled kernel, by record bytes, for the
+    # types other than the calibration model's (Q2_0, priced by `expert`)
+    expert_kernels: dict = field(default_factory=dict)
 
     @property
     def quick(self) -> bool:
@@ -90,17 +102,20 @@ class MachineProfile:
     def read_seconds(self, nbytes: int) -> float:
         return self.disk_latency_s + nbytes / self.disk_bytes_per_s
 
-    def expert_seconds(self, record_bytes: float) -> float:
+    def expert_seconds(self, record_bytes: float, qtype: str = "") -> float:
         """One routed expert in the engine: its in-engine cost at the calibration size, plus
-        what the microbenchmark says a record of this size costs beyond that one."""
-        extra = self.expert.each(record_bytes) - self.expert.each(self.calibration_record_bytes)
+        what the microbenchmark says a record of this size (and type `qtype`, where it has a
+        compiled table of its own) costs beyond that one."""
+        table = self.expert_kernels.get(qtype, self.expert)
+        extra = table.each(record_bytes) - self.expert.each(self.calibration_record_bytes)
         return self.expert_call_s + max(0.0, extra)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["notes"] = list(self.notes)
         d["gemv"], d["expert"] = self.gemv.to_dict(), self.expert.to_dict()
-        d["widen"] = {k: v.to_dict() for k, v in self.widen.items()}
+        for name in ("widen", "kernel_gemv", "expert_kernels"):
+            d[name] = {k: v.to_dict() for k, v in getattr(self, name).items()}
         return d
 
     @classmethod
@@ -108,7 +123,8 @@ class MachineProfile:
         d = dict(d)
         d["gemv"], d["expert"] = OpCost.from_dict(d["gemv"]), OpCost.from_dict(d["expert"])
         d["notes"] = tuple(d.get("notes", ()))
-        d["widen"] = {k: OpCost.from_dict(v) for k, v in d.get("widen", {}).items()}
+        for name in ("widen", "kernel_gemv", "expert_kernels"):
+            d[name] = {k: OpCost.from_dict(v) for k, v in d.get(name, {}).items()}
         return cls(**d)
 
 

@@ -61,7 +61,8 @@ class Diagnosis:
         lines.append(f"this machine: {fmt_bytes(mem['total'])} total, {fmt_bytes(mem['available'])} available "
                      f"({mem['source']}); disk {m.disk_latency_s * 1e6:.0f} us/4 KiB, "
                      f"{fmt_bytes(m.disk_bytes_per_s)}/s; memory {fmt_bytes(m.mem_bytes_per_s)}/s; "
-                     f"backend {m.backend} (profile measured at load {m.load_avg:.1f}"
+                     f"backend {m.backend}" + (f", {m.products} products" if m.products else "")
+                     + f" (profile measured at load {m.load_avg:.1f}"
                      + ("; the quick probe's: `strata doctor --calibrate` measures fully, for the documented error)"
                         if m.quick else ")"))
         t2 = self.tier2
@@ -186,8 +187,10 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
         budget = dataclasses.replace(budget, dense_resident=src.stored["dense"], dense_file=src.stored["dense"])
     backend = resolve_backend(config, src.expert_qtype)
     if profile is None and quick:
-        profile = first_answer_profile(backend, cache_dir, remeasure=remeasure, progress=progress)
-    profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress)
+        profile = first_answer_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
+                                       cpu_kernels=config.cpu_kernels)
+    profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
+                                         cpu_kernels=config.cpu_kernels)
     memory = memory or machine_memory()
     pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
                    supported=src.counts.supported and src.kind != "mlx",

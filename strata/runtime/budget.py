@@ -37,7 +37,7 @@ from strata.sizes import SizeSpec, fmt_bytes, parse_size
 from strata.runtime.memory import machine_memory, metal_wired_budget
 from strata.option_names import option
 
-__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "keep_bytes", "mem_available", "cached_file_bytes",
+__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "engine_arena_plan", "engine_min_slots", "keep_bytes", "mem_available", "cached_file_bytes",
            "model_cache_in_use", "fmt_bytes", "budget_bytes", "check_wired", "PROCESS_RESERVE"]
 
 # What a run needs beyond its arena once the engine has started: measured 350-450 MB (peak RSS
@@ -168,6 +168,29 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
             plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, budget_reason)
     check_wired(plan, dense_bytes, config, wired_budget)
     return plan
+
+
+def engine_min_slots(config, *, moe_layers: int, top_k: int, n_experts: int) -> int:
+    """The smallest legal arena of a streaming engine under `config` (the cache machine's
+    `min_capacity` for its MoE layers, window, read-ahead depth and turn order)."""
+    from strata.cache.types import min_capacity
+
+    return min_capacity(moe_layers, top_k, config.prefetch, window=config.window, split_turn=config.split_turn,
+                        prefetch2=config.prefetch2, n_experts=n_experts)
+
+
+def engine_arena_plan(*, config, slot_bytes: int, moe_layers: int, top_k: int, n_experts: int, total_experts: int,
+                      dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None,
+                      total: int | None = None, active_file: int | None = None,
+                      ple_bytes: int | None = None) -> ArenaPlan:
+    """The plan a decoding engine runs (all-resident, or streaming on so many slots): `plan_arena`
+    at `engine_min_slots`. The engines (strata.runtime.decode.arena_plan_for) and `strata doctor`
+    both decide through this one function; the doctor passes the memory it predicts at engine
+    start (available now less what loading takes)."""
+    least = engine_min_slots(config, moe_layers=moe_layers, top_k=top_k, n_experts=n_experts)
+    return plan_arena(config=config, slot_bytes=slot_bytes, total_experts=total_experts, min_slots=least,
+                      dense_bytes=dense_bytes, model_files=model_files, available=available, total=total,
+                      active_file=active_file, ple_bytes=ple_bytes)
 
 
 def check_wired(plan: ArenaPlan, dense_bytes: int, config, wired_budget: int | None | str = "auto") -> None:

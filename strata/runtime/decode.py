@@ -36,7 +36,7 @@ from strata.errors import ArenaTooSmallError, ConfigError, NonFiniteError
 from strata.formats.dense_weights import stored_bytes
 from strata.model_config import Ffn, LayerRange
 from strata.runtime.arena import Arena
-from strata.runtime.budget import ArenaPlan, plan_arena
+from strata.runtime.budget import ArenaPlan, engine_arena_plan
 from strata.runtime.compute import LayerCompute
 from strata.runtime.io import ReaderPool
 from strata.runtime.memory import PagingDelta, paging_snapshot
@@ -70,11 +70,13 @@ def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_b
     stage's for its own MoE layers. ple_bytes: a PLE model's row cache (RowCachePlan.nbytes),
     reserved from the budget."""
     h = model.experts_file.header
-    least = cache_config_for(model, config, 1, stage).min_capacity
+    moe = model.cfg.n_moe_layers if stage is None else len(stage.moe_layers(model.cfg))
     dense = stored_bytes(model.dense)  # as held: the stored bytes, not float32's
-    total = h.n_records if stage is None else len(stage.moe_layers(model.cfg)) * h.n_experts
-    return plan_arena(config=config, slot_bytes=h.padded_bytes, total_experts=total, min_slots=least,
-                      dense_bytes=dense, model_files=(model.model_path, model.experts_file.path), ple_bytes=ple_bytes)
+    total = h.n_records if stage is None else moe * h.n_experts
+    return engine_arena_plan(config=config, slot_bytes=h.padded_bytes, moe_layers=moe,
+                             top_k=model.cfg.n_experts_per_token, n_experts=model.cfg.n_experts, total_experts=total,
+                             dense_bytes=dense, model_files=(model.model_path, model.experts_file.path),
+                             ple_bytes=ple_bytes)
 
 
 @dataclass(frozen=True)
