@@ -78,7 +78,7 @@ def _write_qwen4exp_header(path: Path) -> Path:
 def test_qwen4exp_gguf_is_refused_naming_the_architecture_and_why(tmp_path, capsys):
     path = _write_qwen4exp_header(tmp_path / "qwen4exp.gguf")
     with pytest.raises(ConfigError, match=r"general\.architecture = 'qwen4exp' not supported: .*sigmoid.*"
-                                          r"convert the Hugging Face checkpoint instead"):
+                                          r"from Hugging Face checkpoints with a silu gate only"):
         convert(path, tmp_path / "out")
     assert main(["convert", str(path), str(tmp_path / "cli"), "--quiet"]) == 2
     err_lines = capsys.readouterr().err.strip().splitlines()

@@ -54,9 +54,9 @@ ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "ml
 # strata's: refused by name, with the reason and what to convert instead
 REFUSED_ARCHITECTURES = {
     "qwen4exp": "llama.cpp's graph gates its DeltaNet output with sigmoid (fixed, no key), which strata's "
-                "Qwen4-Exp does not compute (silu), and keeps one n-gram table (per_layer_token_embd) with "
-                "stored hash constants where strata derives one table per PLE layer from the seed; convert "
-                "the Hugging Face checkpoint instead",
+                "Qwen4-Exp does not compute yet (silu only), and keeps one n-gram table (per_layer_token_embd) "
+                "with stored hash constants where strata derives one table per PLE layer from the seed; strata "
+                "reads Qwen4-Exp from Hugging Face checkpoints with a silu gate only",
 }
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
