@@ -10,39 +10,19 @@ torch = pytest.importorskip("torch")
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
 from strata.reference.mtp import MtpShape, MtpWeights, mtp_logits  # noqa: E402
+from tests.hf_mtp import mtp_layer  # noqa: E402
 
 D, V, E, F, T = 64, 97, 8, 32, 7
 
 
 def _published(seed: int):
-    """(tensors under the published `mtp.*` names, embedding, head, torch modules)."""
-    torch.manual_seed(seed)
-    c = qwen3_next.Qwen3NextConfig(hidden_size=D, num_hidden_layers=1, layer_types=["full_attention"],
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=E,
-                                   num_experts_per_tok=3, moe_intermediate_size=F,
-                                   shared_expert_intermediate_size=48, vocab_size=V)
-    c._attn_implementation = "eager"
-    layer = qwen3_next.Qwen3NextDecoderLayer(c, 0).eval()
-    norms = {n: qwen3_next.Qwen3NextRMSNorm(D, eps=c.rms_norm_eps) for n in
-             ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
-    fc = torch.nn.Linear(2 * D, D, bias=False)
-    with torch.no_grad():  # noise on every parameter, the norms' zero init included
-        for p in [*layer.parameters(), *fc.parameters(), *(q for n in norms.values() for q in n.parameters())]:
-            p.copy_(torch.randn_like(p) * 0.2)
-    tensors = {"mtp.fc.weight": fc.weight.detach().numpy()}
-    tensors.update({f"mtp.{n}.weight": m.weight.detach().numpy() for n, m in norms.items()})
-    for k, v in layer.state_dict().items():
-        if k == "mlp.experts.gate_up_proj":  # transformers fuses them; the checkpoint has one per expert
-            for e in range(E):
-                tensors[f"mtp.layers.0.mlp.experts.{e}.gate_proj.weight"] = v[e, :F].numpy()
-                tensors[f"mtp.layers.0.mlp.experts.{e}.up_proj.weight"] = v[e, F:].numpy()
-        elif k == "mlp.experts.down_proj":
-            for e in range(E):
-                tensors[f"mtp.layers.0.mlp.experts.{e}.down_proj.weight"] = v[e].numpy()
-        else:
-            tensors[f"mtp.layers.0.{k}"] = v.numpy()
+    """(config, tensors under the published `mtp.*` names, embedding, head, torch modules)."""
+    config = qwen3_next.Qwen3NextConfig(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                        num_experts=E, num_experts_per_tok=3, moe_intermediate_size=F,
+                                        shared_expert_intermediate_size=48, vocab_size=V)
+    c, tensors, modules = mtp_layer(config, seed)
     embed, head = torch.randn(V, D), torch.randn(V, D) * 0.1
-    return c, tensors, embed, head, (layer, norms, fc)
+    return c, tensors, embed, head, modules
 
 
 def _serving_forward(c, modules, embed, head, hidden, next_tokens, positions):

@@ -15,8 +15,9 @@ as in the target model. This follows the published serving code (vLLM's `qwen3_n
 whose decoder layer is the family's `Qwen3NextDecoderLayer`); transformers computes the target
 model only and drops `mtp.*` when it loads a checkpoint.
 
-`MtpWeights.from_checkpoint` reads the published tensor names; `mtp_logits` is the reference
-over a whole sequence (its attention attends over the MTP layer's own earlier positions).
+`MtpWeights.from_checkpoint` reads the published tensor names, `MtpWeights.from_dense` the model
+file's (strata/families/qwen_hybrid.py: MTP_NAMES); `mtp_logits` is the reference over a whole
+sequence (its attention attends over the MTP layer's own earlier positions).
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MtpWeights:
-    """One MTP layer's weights, float32, in the published layout (norm weights zero-centred: the
-    scale applied is 1 + w).
+    """One MTP layer's weights, float32, in the published layout except the norms, which hold the
+    scale applied (1 + the checkpoint's zero-centred w).
 
     Shapes (D hidden, H/Hkv heads of hd, E experts of F, S shared width):
         fc [D, 2D]; norm_embedding, norm_hidden, norm, input_norm, post_attention_norm [D];
         q [H * 2 hd, D] (per head [query; gate]); k, v [Hkv * hd, D]; o [D, H * hd];
         q_norm, k_norm [hd]; router [E, D]; gate, up [E, F, D]; down [E, D, F];
-        shared_gate, shared_up [S, D]; shared_down [D, S]; shared_expert_gate [1, D]
+        shared_gate, shared_up [S, D]; shared_down [D, S]; shared_expert_gate [D]
     """
 
     fc: np.ndarray
@@ -81,7 +82,8 @@ class MtpWeights:
             key = prefix + name
             if key not in tensors:
                 raise KeyError(f"the MTP layer needs tensor {key!r}; the checkpoint has no such tensor")
-            return np.asarray(tensors[key], dtype=np.float32)
+            w = np.asarray(tensors[key], dtype=np.float32)
+            return w + np.float32(1.0) if name.endswith(_ZERO_CENTRED) else w
 
         layer, mlp = "layers.0.", "layers.0.mlp."
         experts = [f"{mlp}experts.{e}." for e in range(n_experts)]
@@ -99,7 +101,20 @@ class MtpWeights:
             down=np.stack([get(e + "down_proj.weight") for e in experts]),
             shared_gate=get(mlp + "shared_expert.gate_proj.weight"), shared_up=get(mlp + "shared_expert.up_proj.weight"),
             shared_down=get(mlp + "shared_expert.down_proj.weight"),
-            shared_expert_gate=get(mlp + "shared_expert_gate.weight"))
+            shared_expert_gate=get(mlp + "shared_expert_gate.weight").reshape(-1))
+
+
+    @classmethod
+    def from_dense(cls, dense: Mapping[str, np.ndarray], n_experts: int) -> "MtpWeights":
+        """The layer from a model file's dense tensors (MTP_NAMES; norms already 1 + w)."""
+        from strata.families.qwen_hybrid import MTP_NAMES, mtp_expert_name
+
+        get = lambda name: np.asarray(dense[name], dtype=np.float32)  # noqa: E731
+        experts = {p: np.stack([get(mtp_expert_name(p, e)) for e in range(n_experts)]) for p in ("gate", "up", "down")}
+        return cls(**{field: get(name) for field, name in MTP_NAMES.items()}, **experts)
+
+
+_ZERO_CENTRED = ("norm.weight", "norm_embedding.weight", "norm_hidden.weight", "layernorm.weight")
 
 
 @dataclass(frozen=True)
@@ -116,8 +131,8 @@ class MtpShape:
     eps: float
 
 
-def _norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return rms_norm(x, np.float32(1.0) + w, eps)  # zero-centred
+def _norm(x: np.ndarray, scale: np.ndarray, eps: float) -> np.ndarray:
+    return rms_norm(x, scale, eps)
 
 
 def _attention(w: MtpWeights, s: MtpShape, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -151,7 +166,7 @@ def _moe(w: MtpWeights, s: MtpShape, x: np.ndarray) -> np.ndarray:
         for e, c in zip(top, weights):
             out[t] += c * (w.down[e] @ (silu(w.gate[e] @ x[t]) * (w.up[e] @ x[t])))
     shared = (silu(x @ w.shared_gate.T) * (x @ w.shared_up.T)) @ w.shared_down.T
-    return out + _sigmoid(x @ w.shared_expert_gate.T) * shared
+    return out + _sigmoid(x @ w.shared_expert_gate)[:, None] * shared
 
 
 def mtp_hidden(w: MtpWeights, s: MtpShape, hidden: np.ndarray, next_embeddings: np.ndarray,
