@@ -130,6 +130,13 @@ class MtpShape:
     norm_topk_prob: bool
     eps: float
 
+    @classmethod
+    def of(cls, cfg) -> "MtpShape":
+        """The shape a model config (strata.model_config.ModelConfig) gives its MTP layer."""
+        return cls(n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, rotary_dim=cfg.rope_dim,
+                   rope_theta=cfg.rope_theta, top_k=cfg.n_experts_per_token, norm_topk_prob=cfg.norm_topk_prob,
+                   eps=cfg.rms_norm_eps)
+
 
 def _norm(x: np.ndarray, scale: np.ndarray, eps: float) -> np.ndarray:
     return rms_norm(x, scale, eps)
