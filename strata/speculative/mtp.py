@@ -11,8 +11,9 @@ This is the numpy reference drafter: it computes the target's hidden states itse
 reference forward (every expert resident, the same arithmetic as the reference engine, one
 position behind the context), and the MTP layer over every position it has (the layer attends
 over its own earlier positions, as the serving code's MTP KV cache does). Its draft costs a
-target decode step besides the window and the gate does not count that time: it shows what the
-MTP layer predicts and that verification keeps output lossless, not a speed-up. Reading h_p
+target decode step besides the window (the gate's ms count it; its expert reads are not in the
+gate's bytes, being outside the arena): it shows what the MTP layer predicts and that
+verification keeps output lossless, not a speed-up. Reading h_p
 from the engine that already computed it is what a fast MTP drafter needs next.
 """
 
