@@ -76,7 +76,8 @@ class MtpWeights:
     def from_checkpoint(cls, tensors: Mapping[str, np.ndarray], n_experts: int,
                         prefix: str = MTP_PREFIX) -> "MtpWeights":
         """The layer from a checkpoint's published names (`mtp.fc.weight`, `mtp.layers.0.*`,
-        experts one tensor each). A missing name is a one-line KeyError naming it."""
+        experts one tensor each; the zero-centred norms get their 1 added). A missing name is a
+        one-line KeyError naming it."""
 
         def get(name: str) -> np.ndarray:
             key = prefix + name
@@ -114,7 +115,8 @@ class MtpWeights:
         return cls(**{field: get(name) for field, name in MTP_NAMES.items()}, **experts)
 
 
-_ZERO_CENTRED = ("norm.weight", "norm_embedding.weight", "norm_hidden.weight", "layernorm.weight")
+# the published names of the zero-centred RMSNorms (x * (1 + w)): every one ending in these
+_ZERO_CENTRED = ("norm.weight", "norm_embedding.weight", "norm_hidden.weight")
 
 
 @dataclass(frozen=True)
