@@ -78,3 +78,8 @@ def test_mtp_draft_is_refused_where_it_cannot_work(tmp_path):
         with pytest.raises(ParameterError, match="has no MTP layer") as err:
             drafter_for(Config(mtp_draft=True), plain)
         assert "\n" not in str(err.value)
+
+
+def test_mtp_draft_needs_the_engines_model():
+    with pytest.raises(ParameterError, match="no model to read the MTP layer from"):
+        drafter_for(Config(mtp_draft=True), None)

@@ -43,6 +43,9 @@ class MtpDrafter:
     name = "mtp"
 
     def __init__(self, model) -> None:
+        if model is None:
+            raise ParameterError("mtp_draft: this engine has no model to read the MTP layer from; open it from "
+                                 "a loaded model (strata.load)")
         cfg = model.cfg
         if not cfg.deltanet.mtp_layers:
             raise ParameterError(f"mtp_draft: {model.model_path.name} has no MTP layer; convert a Qwen3-Next / "
