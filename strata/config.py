@@ -90,6 +90,8 @@ class Config:
     # speculative windows (strata.speculative): drafted tokens verified in one decode window
     suffix_draft: int = knob(0, "speculate: draft up to N tokens (1..3) from a suffix index over prompt and "
                                 "generation, verified in one window (raises window to N+1; default 0: off)")
+    mtp_draft: bool = knob(False, "speculate: draft one token per window through the model's MTP layer (a Qwen3-Next "
+                                  "/ Qwen3.5 conversion that kept mtp.*; numpy reference drafter; default off)")
     spec_gate: bool = knob(True, "speculation switches itself off while it stops paying in bytes and ms per "
                                  "token (default on)")
     # issue 19 (long-context decode): the attention caches' precision (reference.attention.KVPrecision)
@@ -139,8 +141,11 @@ class Config:
             raise ConfigError(f"threads must be >= 0 (0: auto), got {self.threads}")
         if not 0 <= self.suffix_draft <= MAX_SUFFIX_DRAFT:
             raise ConfigError(f"suffix_draft must be in 0..{MAX_SUFFIX_DRAFT} (0: off), got {self.suffix_draft}")
-        if self.window < self.suffix_draft + 1:  # a draft and the token before it are one cache window
-            object.__setattr__(self, "window", self.suffix_draft + 1)
+        if self.mtp_draft and self.suffix_draft:
+            raise ConfigError("mtp_draft and suffix_draft are two drafters; choose one")
+        drafted = 1 if self.mtp_draft else self.suffix_draft
+        if self.window < drafted + 1:  # a draft and the token before it are one cache window
+            object.__setattr__(self, "window", drafted + 1)
         from strata.sizes import parse_size
 
         for name in ("arena", "keep", "ple_reserve"):

@@ -119,7 +119,7 @@ def stream_generate(
     engine a Model or path gets, or a mapping of its fields (read as `Config(**mapping)`); an
     engine keeps its own. Bad arguments raise ParameterError naming the parameter, before any work.
     `drafter`: speculate with it (strata.speculative); default: the one the engine's config names
-    (`suffix_draft`), none when that is 0. Greedy output is the same with or without; sampled
+    (`suffix_draft`, `mtp_draft`), none when both are off. Greedy output is the same with or without; sampled
     output has the same distribution (not the same draws).
     Threads and interleaved iterators may share one model or engine: each call gives what it
     gives alone (strata/sharing.py). An engine that cannot keep a suspended call's state apart
@@ -219,7 +219,7 @@ def _steps(engine: Engine, logits, sampler: SamplerConfig, drafter: Drafter | No
            history: list[int]) -> TokenSource:
     """Plain decoding (greedy: on the engine's device where it offers that), or speculative
     windows where a drafter is given or the config names one."""
-    drafter = drafter if drafter is not None else drafter_for(engine.config)
+    drafter = drafter if drafter is not None else drafter_for(engine.config, engine.model)
     if drafter is None:
         pipe = engine.greedy_pipeline() if takes_pipeline(sampler) else None
         if pipe is not None:

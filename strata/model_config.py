@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from strata import layer_kinds
 from strata.errors import ConfigError
 from strata.families.qwen4_exp import qwen4_tensor_shapes
+from strata.families.qwen_hybrid import mtp_tensor_shapes
 from strata.families.registry import FAMILIES, FamilyFields
 from strata.layer_kinds import (  # noqa: F401  (re-exported: the model's vocabulary, spoken through this module)
     MOE_LAYER, ExpertKind, Ffn, LayerType, Mixer, QKNorm, ResidualKind, RopeScaling, RoutingOrder,
@@ -232,6 +233,7 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[b(n.shexp_down)] = (cfg.hidden_size, cfg.shared_ffn_size)
             if cfg.shared_expert_gated:
                 shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
+    shapes.update(mtp_tensor_shapes(cfg))  # the hybrids' kept MTP layer (strata/families/qwen_hybrid.py)
     return shapes
 
 

@@ -21,7 +21,9 @@ llama (MoE) read by the base keys; deepseek2, glm4moe, minimax-m2 by `_sigmoid_c
 per-head split `attn_k_b` / `attn_v_b` presented as the checkpoint's kv_b_proj); gpt-oss by
 `_gpt_oss_config` (its expert biases read by GgufExpertTensors.read_biases); qwen3next and qwen35moe
 by `_qwen3next_config`, their tensors by qwen_hybrid.gguf_tensor_plan. A split GGUF is read from its
-first part (convert/gguf_split.py); a fused `ffn_gate_up_exps` as gate and up. Anything else, an
+first part (convert/gguf_split.py); a fused `ffn_gate_up_exps` as gate and up. `qwen4exp`
+(REFUSED_ARCHITECTURES) is refused with its reason: its file means a computation strata's
+Qwen4-Exp does not do (docs/convert.md). Anything else, an
 unknown gating function, rope scaling or pre-tokenizer is refused in one line naming the key.
 """
 
@@ -48,6 +50,14 @@ ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "ml
                  "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe"),
                  "gpt-oss": ("gpt_oss", "mlp"), "qwen3next": ("qwen3_next", "mlp"),
                  "qwen35moe": ("qwen3_5_moe_text", "mlp")}
+# llama.cpp architectures of families strata runs whose GGUF means another computation than
+# strata's: refused by name, with the reason and what to convert instead
+REFUSED_ARCHITECTURES = {
+    "qwen4exp": "llama.cpp's graph gates its DeltaNet output with sigmoid (fixed, no key), which strata's "
+                "Qwen4-Exp does not compute yet (silu only), and keeps one n-gram table (per_layer_token_embd) "
+                "with stored hash constants where strata derives one table per PLE layer from the seed; strata "
+                "reads Qwen4-Exp from Hugging Face checkpoints with a silu gate only",
+}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
@@ -158,6 +168,9 @@ class GgufCheckpoint:
         self.path = self.directory = Path(path)
         self.reader = _reader(self.path)
         self.arch = _value(self.reader, "general.architecture")
+        if self.arch in REFUSED_ARCHITECTURES:
+            raise ConfigError(f"{path}: general.architecture = {self.arch!r} not supported: "
+                              f"{REFUSED_ARCHITECTURES[self.arch]}")
         if self.arch not in ARCHITECTURES:
             raise ConfigError(f"{path}: llama.cpp architecture {self.arch!r} not supported; supported: "
                               f"{', '.join(ARCHITECTURES)}")

@@ -16,7 +16,11 @@ Tensors are mapped by `tensor_plan`, with these derivations (transformers' model
   [b, a] per group of value heads) and are de-interleaved into the flat q | k | v, z, beta,
   alpha that Qwen3.5's separate projections already have;
 - `A_log` becomes the decay rate a = -exp(A_log); `conv1d.weight` [C, 1, K] becomes [C, K].
-The multi-token-prediction head (`mtp.*`) is skipped with a note (strata decodes one token).
+The multi-token-prediction layer (`mtp.*`: fc, its norms, one gated-attention MoE decoder layer)
+is kept as dense tensors (`mtp_layers` = 1; names in strata/families/qwen_hybrid.py, its
+reference strata/reference/mtp.py): the MTP drafter (strata/speculative/mtp.py) runs it. Its
+norms get the +1 folded in like the others; its q_proj stays [query; gate] per head; its
+experts are kept one dense tensor each (not in the `.experts` file).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_plan import Derived, TensorPlan
 from strata.errors import ConfigError
+from strata.families.qwen_hybrid import MTP_NAMES, mtp_expert_name
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, QKNorm, RoutingOrder, TensorNames
 
 MULTIMODAL = "qwen3_5_moe"
@@ -38,8 +43,8 @@ PREFIX = {MULTIMODAL: "model.language_model."}  # else "model."
 DEFAULT_PARTIAL_ROTARY = 0.25  # transformers' default for both configs
 DEFAULT_FULL_ATTENTION_INTERVAL = 4
 DEFAULT_ROPE_THETA = 10000.0
-SKIPPED_PREFIXES = {"mtp.": "the multi-token-prediction head (mtp.*)",
-                    "model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
+MTP_PREFIX = "mtp."
+SKIPPED_PREFIXES = {"model.visual.": "the vision tower (model.visual.*): strata runs the language model on text"}
 
 # every text-config key and how it is handled: read (used), check (only a value strata computes
 # is accepted), or ignore (no effect on inference: training, generation defaults, bookkeeping)
@@ -201,8 +206,20 @@ def hybrid_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
     if shared <= 0:
         raise ConfigError(f"{hf.path}: shared_expert_intermediate_size must be positive, got {shared}")
     fields.update(gated_hybrid_fields(hf, text, fields, rope=rope, layer_types=_layer_types(text, fields["n_layers"])),
-                  shared_ffn_size=shared)
+                  shared_ffn_size=shared, mtp_layers=_mtp_layers(hf, ckpt))
     return ModelConfig.from_dict(fields)
+
+
+def _mtp_layers(hf: HFConfig, ckpt: Checkpoint) -> int:
+    """1 where the checkpoint carries the MTP layer (`mtp.fc.weight`), else 0; more than one
+    layer, or dedicated MTP embeddings, are refused by name."""
+    if isinstance(ckpt, GgufCheckpoint) or MTP_PREFIX + "fc.weight" not in ckpt:
+        return 0
+    if any(t.startswith(MTP_PREFIX + "layers.") and not t.startswith(MTP_PREFIX + "layers.0.") for t in ckpt.tensors):
+        raise hf.unsupported("more than one MTP layer (mtp.layers.1.*)", "one MTP layer (mtp.layers.0)")
+    if MTP_PREFIX + "embed_tokens.weight" in ckpt:
+        raise hf.unsupported("dedicated MTP embeddings (mtp.embed_tokens)", "the MTP layer sharing the model's")
+    return 1
 
 
 # ---------------------------------------------------------------- tensors
@@ -268,6 +285,27 @@ def _layer_sources(cfg: ModelConfig, layer: int, prefix: str) -> dict[str, str |
     out.update({n.ssm_conv: a + "conv1d.weight",  # [C, 1, K] -> [C, K]: a unit axis
                 n.ssm_a: Derived(((a + "A_log", (hv,)),), lambda w: -np.exp(w), "-exp"),
                 n.ssm_dt_bias: a + "dt_bias", n.ssm_norm: a + "norm.weight", n.ssm_out: a + "out_proj.weight"})
+    return out
+
+
+def _mtp_sources(cfg: ModelConfig) -> dict[str, str | Derived]:
+    """The MTP layer's dense tensors (MTP_NAMES) from the checkpoint's `mtp.*`."""
+    d, m = cfg.hidden_size, MTP_PREFIX
+    lp, a, mlp = m + "layers.0.", m + "layers.0.self_attn.", m + "layers.0.mlp."
+    hf_names = {"fc": m + "fc.weight", "q": a + "q_proj.weight", "k": a + "k_proj.weight", "v": a + "v_proj.weight",
+                "o": a + "o_proj.weight", "router": mlp + "gate.weight",
+                "shared_gate": mlp + "shared_expert.gate_proj.weight", "shared_up": mlp + "shared_expert.up_proj.weight",
+                "shared_down": mlp + "shared_expert.down_proj.weight",
+                "shared_expert_gate": mlp + "shared_expert_gate.weight"}
+    norms = {"norm_embedding": (m + "pre_fc_norm_embedding.weight", (d,)),
+             "norm_hidden": (m + "pre_fc_norm_hidden.weight", (d,)), "norm": (m + "norm.weight", (d,)),
+             "input_norm": (lp + "input_layernorm.weight", (d,)),
+             "post_attention_norm": (lp + "post_attention_layernorm.weight", (d,)),
+             "q_norm": (a + "q_norm.weight", (cfg.head_dim,)), "k_norm": (a + "k_norm.weight", (cfg.head_dim,))}
+    out: dict[str, str | Derived] = {MTP_NAMES[f]: src for f, src in hf_names.items()}
+    out.update({MTP_NAMES[f]: _plus_one(src, shape) for f, (src, shape) in norms.items()})
+    for e in range(cfg.n_experts):
+        out.update({mtp_expert_name(p, e): f"{mlp}experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down")})
     return out
 
 
@@ -386,6 +424,8 @@ def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
         sources[n.output] = "lm_head.weight"
     for layer in range(cfg.n_layers):
         sources.update({n.block(layer, k): v for k, v in _layer_sources(cfg, layer, prefix).items()})
+    if cfg.deltanet.mtp_layers:
+        sources.update(_mtp_sources(cfg))
     experts = ExpertTensors(ckpt, cfg, "mlp", ("gate_proj", "up_proj", "down_proj"),
                             layer_prefix=prefix + "layers.{}.")
     skipped, notes = skipped_by_prefix(ckpt, SKIPPED_PREFIXES)

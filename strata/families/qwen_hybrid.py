@@ -30,10 +30,50 @@ class DeltaNetConfig:
     linear_k_head_dim: int = 0
     linear_v_head_dim: int = 0
     linear_conv_kernel: int = 0  # width of the causal depthwise conv over the q/k/v channels
+    mtp_layers: int = 0  # multi-token-prediction layers kept from the checkpoint (`mtp.*`; 0 or 1)
+
+
+# The MTP layer's dense tensors in the model file (strata/reference/mtp.py: MtpWeights' fields);
+# norms hold their applied scale (1 + w); experts one tensor per expert and projection.
+MTP_NAMES = {
+    "fc": "mtp.eh_proj.weight", "norm_embedding": "mtp.enorm.weight", "norm_hidden": "mtp.hnorm.weight",
+    "norm": "mtp.shared_head_norm.weight", "input_norm": "mtp.attn_norm.weight",
+    "post_attention_norm": "mtp.ffn_norm.weight", "q": "mtp.attn_q_gate.weight", "k": "mtp.attn_k.weight",
+    "v": "mtp.attn_v.weight", "o": "mtp.attn_output.weight", "q_norm": "mtp.attn_q_norm.weight",
+    "k_norm": "mtp.attn_k_norm.weight", "router": "mtp.ffn_gate_inp.weight", "shared_gate": "mtp.ffn_gate_shexp.weight",
+    "shared_up": "mtp.ffn_up_shexp.weight", "shared_down": "mtp.ffn_down_shexp.weight",
+    "shared_expert_gate": "mtp.ffn_gate_inp_shexp.weight",
+}
+
+
+def mtp_expert_name(projection: str, e: int) -> str:
+    """Expert e's `projection` ("gate", "up", "down") of the MTP layer."""
+    return f"mtp.ffn_{projection}.{e}.weight"
+
+
+def mtp_tensor_shapes(cfg: "ModelConfig") -> dict[str, tuple[int, ...]]:
+    """The MTP layer's dense tensors and shapes; none where the model keeps no MTP layer."""
+    if not cfg.deltanet.mtp_layers:
+        return {}
+    d, hd, f, s = cfg.hidden_size, cfg.head_dim, cfg.expert_ffn_size, cfg.shared_ffn_size
+    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    by_field = {"fc": (d, 2 * d), "q": (2 * q, d), "k": (kv, d), "v": (kv, d), "o": (d, q), "q_norm": (hd,),
+                "k_norm": (hd,), "router": (cfg.n_experts, d), "shared_gate": (s, d), "shared_up": (s, d),
+                "shared_down": (d, s)}
+    shapes = {name: by_field.get(field, (d,)) for field, name in MTP_NAMES.items()}
+    for e in range(cfg.n_experts):
+        shapes.update({mtp_expert_name("gate", e): (f, d), mtp_expert_name("up", e): (f, d),
+                       mtp_expert_name("down", e): (d, f)})
+    return shapes
 
 
 def check_hybrid_fields(cfg: "ModelConfig") -> None:
-    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them."""
+    """The hybrid fields (Qwen3-Next, Qwen3.5): DeltaNet sizes where a layer needs them; at most
+    one MTP layer, with the shared expert and gated attention its layer has."""
+    if cfg.deltanet.mtp_layers not in (0, 1):
+        raise ConfigError(f"model config: mtp_layers must be 0 or 1 (one MTP layer is kept), got {cfg.deltanet.mtp_layers}")
+    if cfg.deltanet.mtp_layers and not (cfg.has_shared_expert and cfg.attention_output_gate):
+        raise ConfigError("model config: an MTP layer needs the hybrids' gated attention and shared expert")
     if not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
         return
     dn = cfg.deltanet

@@ -49,6 +49,7 @@ def forward(
     rows: NgramRows | None = None,
     moe_output: MoeOutputFn | None = None,
     last_only: bool = False,
+    hidden: bool = False,
 ) -> tuple[np.ndarray, ModelState] | tuple[np.ndarray, ModelState, ForwardTrace]:
     """Process `tokens` after the `state.length` cached positions.
 
@@ -62,7 +63,8 @@ def forward(
     `rows`: the PLE layers' n-gram row source (Qwen4-Exp; default the tables among the dense weights).
     `moe_output(params, layer, h, selections)`: how an MoE block's output is computed (default the
     reference's, per token; the numpy prompt path passes its grouped one). `last_only`: the head
-    on the last position only (a prefill's logits).
+    on the last position only (a prefill's logits). `hidden`: return the last layer's output
+    [T, D] (before the final norm) instead of logits (the MTP drafter's input).
 
     Shapes:
         tokens: [T] (or float32 [T, D]) -> logits [T, vocab] float32 ([1, vocab] with last_only;
@@ -95,7 +97,7 @@ def forward(
         if trace:
             inputs.append(h)
             all_sel.append(tuple(selections))
-    logits = residual.head(params, x, last_only=last_only) if layers.heads else x
+    logits = residual.head(params, x, last_only=last_only) if layers.heads and not hidden else x
     new_state = ModelState(tuple(new_layers))
     if trace:
         return logits, new_state, ForwardTrace(np.stack(inputs), tuple(all_sel))

@@ -7,10 +7,10 @@ proposes up to n tokens that may follow it. The engine verifies the proposal in 
 Two kinds fit the protocol:
 - a deterministic drafter (the suffix index, strata.speculative.suffix): `Draft.probs` is None,
   the draft's distribution is a point mass on each proposed token;
-- a drafter with a distribution (a model's multi-token-prediction layers, once a converter keeps
-  them): `Draft.probs[i]` is the distribution token i was drawn from, which speculative sampling
-  needs to stay distribution-preserving. Such a drafter holds what it reads itself (an MTP head
-  reads the target's last hidden state from its engine); the protocol only passes tokens.
+- a drafter with a distribution (one that samples its draft): `Draft.probs[i]` is the
+  distribution token i was drawn from, which speculative sampling needs to stay
+  distribution-preserving. A drafter holds what it reads itself (the MTP drafter,
+  strata.speculative.mtp, the target's hidden states); the protocol only passes tokens.
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ class SpeculativeSteps:
         e = self.engine
         before = e.length
         depth = min(room - 1, self.limit - before - 1)
+        reads, start = self._reads(), time.perf_counter()  # the draft's time counts: an MTP draft computes
         draft = self.drafter.draft(depth) if depth > 0 and self.gate.wants_draft() else NO_DRAFT
         window = [int(token), *draft.tokens]
-        reads, start = self._reads(), time.perf_counter()
         logits = e.decode_window(window)  # [1 + k, V]
         verdict = accept(draft, logits, self.sampler, n + 1)
         self._keep(before + 1 + verdict.accepted)
