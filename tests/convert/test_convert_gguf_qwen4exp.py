@@ -18,7 +18,7 @@ from strata.cli.main import main
 from strata.convert import convert
 from strata.errors import ConfigError
 
-FIXTURE = Path(__file__).parent / "fixtures" / "hf" / "qwen4_exp_text"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "qwen4_exp_text"
 ARCH = "qwen4exp"
 
 
