@@ -83,8 +83,8 @@ if ! grep -q "strata default [0-9.e-]*e-0[6-9]" "$OUT/env.log"; then
 fi
 
 # the emulated path is CPU-only and runs in CI: deselected here
-wanted tests && run tests 220 gpu_pytest --durations=15 tests/test_mlx_engine.py tests/test_mlx_kernels.py \
-  tests/test_mlx_compiled.py tests/test_mlx_twins.py tests/test_mlx_native_kernel.py tests/test_gpt_oss_engines.py \
+wanted tests && run tests 220 gpu_pytest --durations=15 tests/mlx_backend/test_mlx_engine.py tests/mlx_backend/test_mlx_kernels.py \
+  tests/mlx_backend/test_mlx_compiled.py tests/mlx_backend/test_mlx_twins.py tests/mlx_backend/test_mlx_native_kernel.py tests/families/test_gpt_oss_engines.py \
   -k "not emulated" $TEST_SELECT
 wanted gpu-tests && run gpu-tests 280 bash benchmarks/gpu_tests.sh 250  # logs in /tmp/strata-gpu-tests
 wanted kernels && run kernels 100 python3 benchmarks/kernels.py
@@ -94,34 +94,34 @@ wanted decode-context && run decode-context 200 python3 benchmarks/decode_contex
   --forms default,unchained --also 8/no_views
 wanted prompt && run prompt 300 bash -c 'python3 benchmarks/prompt.py --mlx --lengths 128,512,2048 --repeat 3;
   PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree -rfEs \
-  tests/test_mlx_prompt.py tests/test_mlx_q2_mma.py tests/test_mlx_prompt_rows.py tests/test_mlx_pair_sort.py \
+  tests/mlx_backend/test_mlx_prompt.py tests/mlx_backend/test_mlx_q2_mma.py tests/mlx_backend/test_mlx_prompt_rows.py tests/mlx_backend/test_mlx_pair_sort.py \
   -k "not emulated"'
 # mlx-lm's wheel installed for the benchmark only (--no-deps: peers.py loads its model files alone)
 wanted peers && run peers 240 python3 benchmarks/peers.py
 wanted peers-medians && run peers-medians 540 python3 benchmarks/peers.py --tokens 16 --processes 5
 wanted host-turn && run host-turn 60 python3 benchmarks/host_turn.py --backend numpy,mlx --layers 16 --tokens 16 --repeat 3
 wanted speculative && run speculative 240 bash -c 'python3 benchmarks/speculative.py --backend mlx --repeat 3 &&
-  PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative_generate.py'
+  PYTHONPATH="tests:${PYTHONPATH:-}" python3 -m pytest -q -p no:cacheprovider tests/speculative/test_speculative_generate.py'
 wanted doctor && run doctor 150 python3 benchmarks/doctor_validate.py --backend mlx --quick --remeasure \
   --models small,demo --arenas 0.15,0.3,0.6 --budget-s 120 --case-timeout 30 --cache-dir /tmp/strata-doctor-cache
 wanted dense && run dense 150 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device python3 -m pytest -q \
-  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs tests/test_mlx_dense.py -k "not emulated";
+  -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs tests/mlx_backend/test_mlx_dense.py -k "not emulated";
   python3 benchmarks/dense_stored.py --backend mlx --shape demo --hidden 1024 --layers 8 --tokens 32 --case-timeout 40'
 # Qwen3.5-397B's 60 layers fit neither all-resident (148 GB) nor as a /dev/shm file (121 GB) on
 # one H200 machine: its per-layer shape with fewer layers (decode.py says why it skips a part)
 wanted hybrid && run hybrid 300 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 110 \
   python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
-  tests/test_mlx_deltanet_kernel.py tests/test_hybrid_engines.py -k "not emulated";
+  tests/mlx_backend/test_mlx_deltanet_kernel.py tests/families/test_hybrid_engines.py -k "not emulated";
   timeout 60 python3 benchmarks/deltanet.py;
   timeout 120 python3 benchmarks/decode.py --shape qwen3.5-397b --layers 40 --skip streaming,handshake'
 # DeepSeek-V3's 61 layers are ~246 GB all-resident: its per-layer shape with 16 layers
 wanted deepseek && run deepseek 300 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 110 \
   python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs -m gpu \
-  tests/test_mlx_mla_kernel.py tests/test_mlx_mla.py tests/test_sigmoid_engines.py;
+  tests/mlx_backend/test_mlx_mla_kernel.py tests/mlx_backend/test_mlx_mla.py tests/families/test_sigmoid_engines.py;
   timeout 60 python3 benchmarks/mla.py;
   timeout 120 python3 benchmarks/decode.py --shape deepseek-v3 --layers 16 --tokens 8 --skip streaming,handshake'
 wanted qwen4 && run qwen4 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" timeout 200 python3 -m pytest -q \
-  -p no:cacheprovider --tb=short -rfEs tests/test_mlx_qwen4.py tests/test_qwen4_engines.py tests/test_mlx_qwen4_ple_rows.py;
+  -p no:cacheprovider --tb=short -rfEs tests/mlx_backend/test_mlx_qwen4.py tests/families/test_qwen4_engines.py tests/mlx_backend/test_mlx_qwen4_ple_rows.py;
   timeout 80 python3 benchmarks/qwen4_decode.py --tokens 16;
   timeout 110 python3 benchmarks/decode.py --shape qwen4-seed --ple-gb 4 --tokens 8 --prompt 1'
 wanted ngram-rows && run ngram-rows 180 python3 benchmarks/ngram_rows.py --gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5

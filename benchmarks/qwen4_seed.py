@@ -23,7 +23,7 @@ file (17 GB at 48 layers) and the reads per token; not full size unless `--ple-g
 store (the tables' row counts), whose reads per token are the same. Engines through `strata.open_engine` on MLX where it has a GPU, else numpy:
 all-resident, and streaming through a quarter of the experts. PLE rows are streamed in both, as
 the reference engine streams them (the row cache: ple_reserve's default, read ahead by the
-streaming engine). `--tiny` is the same structure at test sizes (tests/test_bench_qwen4_seed.py).
+streaming engine). `--tiny` is the same structure at test sizes (tests/benchmarks/test_bench_qwen4_seed.py).
 Each step's seconds are printed as it ends (`step ...`: a run cut short by a time limit still says
 where its time went); then a table, then one JSON line.
 """

@@ -68,14 +68,14 @@ Q2_KLD_SANITY = 1.0  # nats: q2_0 is lossy; this only catches a broken conversio
 # the hybrid families (Qwen3-Next, Qwen3.5-MoE) are held to their issue's tighter bound; seen:
 # 4.0e-4 and 3.7e-4 with f16 experts, 1.8e-6 with f32 experts (the rest is f16 rounding)
 HYBRID_F16_LOGIT_BUDGET = 5e-4
-# Qwen4-Exp (tests/test_convert_qwen4.py): f16 experts vs transformers, as the hybrids
+# Qwen4-Exp (tests/convert/test_convert_qwen4.py): f16 experts vs transformers, as the hybrids
 QWEN4_F16_LOGIT_BUDGET = 5e-4
 # the QSA parity is only meaningful where no tie decides a selection: the last chosen block's
 # score must exceed the first left out by this fraction of the best score: 10x the float32
 # reordering error the logits show (8e-7 of scale)
 QSA_TIE_MARGIN = 1e-5
 # the sigmoid-routed families (DeepSeek-V3 with and without YaRN, GLM-4.5, GLM-4.7-Flash,
-# MiniMax-M2: tests/test_convert_sigmoid.py, tests/test_convert_deepseek_yarn.py) are held to
+# MiniMax-M2: tests/convert/test_convert_sigmoid.py, tests/convert/test_convert_deepseek_yarn.py) are held to
 # their issue's bound, as the hybrids; f16 experts, the rest float32
 SIGMOID_F16_LOGIT_BUDGET = 5e-4
 
@@ -99,7 +99,7 @@ GGUF_DEQUANT_LOGIT_BUDGET = 1e-5  # max |Δlogit| / max |logit|
 # KLD the converter prints; same argmax at this fraction of positions (seen 100%)
 REQUANT_ARGMAX_AGREEMENT = 0.95
 
-# pipeline tests (tests/test_pipeline.py): the wall-clock bounds on a run of local processes on a
+# pipeline tests (tests/pipeline/test_pipeline.py): the wall-clock bounds on a run of local processes on a
 # loaded 2-core machine (a healthy 3-rank run takes ~6 s here), and the deadline each rank's
 # watchdog gives a neighbour in the failure tests (a hang would otherwise be the test's timeout)
 PIPELINE_RUN_S = 120.0
@@ -130,21 +130,21 @@ GPT_OSS_MXFP4_LOGIT_BUDGET = 1e-5
 # the reference in float64: a few float32 roundings apart
 ROPE_F32_RTOL = 1e-6
 
-# PLE read-ahead timing (tests/test_runtime_ngram_rows.py): a sleep-timed layer loop (100 ms a
+# PLE read-ahead timing (tests/runtime/test_runtime_ngram_rows.py): a sleep-timed layer loop (100 ms a
 # layer) on a loaded 2-core machine. A wait the read-ahead hid is this close to zero (seen under
 # 1 ms idle); a wait it could not hide is the delay less the layers before, to within the same
 # slack. Thread wake-ups under a load average of 500 added up to 26 ms (seen), hence 40.
 PLE_WAIT_SLACK_S = 0.04
 # ... a wait it could only partly hide, from above, in the full suite's -n 2 run beside the
 # emulator's compiles: the reader threads' wake-ups added 45 ms (seen). Half of the 200 ms layer
-# that tests/test_runtime_ngram_rows.py's read-ahead hides is 100: this still tells "one layer
+# that tests/runtime/test_runtime_ngram_rows.py's read-ahead hides is 100: this still tells "one layer
 # hidden" (delay - 200 ms) from "nothing hidden" (the delay).
 PLE_WAIT_LOADED_S = 0.08
 # peak RSS of writing and streaming a row store, beyond the row cache and one shard: allocator
 # arenas, lazily imported modules, numpy's temporaries (as test_convert_streaming's RSS_SLACK)
 PLE_RSS_SLACK = 32 << 20
 
-# dense weights as stored (tests/test_formats_dense_weights.py): a made model whose dense part is
+# dense weights as stored (tests/formats/test_formats_dense_weights.py): a made model whose dense part is
 # 120 MB in float32, loaded with Q8_0 dense and decoded on the reference in a fresh process, may
 # grow its peak resident set by at most this share of the float32 size. Measured 0.48 here (57 MB):
 # the stored 32 MB (0.27), the tensors a layer widens at once and the heap numpy keeps after them

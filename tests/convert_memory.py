@@ -1,5 +1,5 @@
 """The peak memory of one `strata convert`, measured in a fresh Python (the memory tests of the
-converter: tests/test_convert_streaming.py, tests/test_convert_qwen4_tables_memory.py)."""
+converter: tests/convert/test_convert_streaming.py, tests/convert/test_convert_qwen4_tables_memory.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the converter parity tests share (tests/test_convert*.py): the parity text's tokens, the
+"""What the converter parity tests share (tests/convert/test_convert*.py): the parity text's tokens, the
 reference forward's logits on them, the KLD between two logit sets, and the edits the refusal
 and layout tests make to a copied checkpoint (its config.json, its tensors as one file)."""
 

@@ -1,4 +1,4 @@
-"""FP8 checkpoints in the published layout, made offline from a float checkpoint (tests/test_convert_fp8.py).
+"""FP8 checkpoints in the published layout, made offline from a float checkpoint (tests/convert/test_convert_fp8.py).
 
 `write_fp8_checkpoint` quantizes a checkpoint's linear weights the way transformers'
 `Fp8Quantize` (and DeepSeek's `fp8_cast`) do: per block of `block` [bn, bk] (ragged at the

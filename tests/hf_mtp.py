@@ -1,6 +1,6 @@
 """A Qwen3-Next MTP layer under the published names (`mtp.*`), made from transformers' own
 decoder layer and norms with noise on every parameter (the norms' zero init included), for the
-reference test (tests/test_mtp_reference.py) and the converter's (tests/test_convert_mtp.py)."""
+reference test (tests/reference/test_mtp_reference.py) and the converter's (tests/convert/test_convert_mtp.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tiny Qwen4-Exp checkpoints drawn at random over the family's configuration space, for the
-randomized parity test (tests/test_qwen4_random_parity.py); checked in under tests/fixtures/hf/
+randomized parity test (tests/reference/test_qwen4_random_parity.py); checked in under tests/fixtures/hf/
 with transformers' outputs by scripts/make_hf_fixtures.py, like tests/hf_qwen4.py's two.
 
 Each fixture `qwen4_exp_random_<seed>` draws, from random.Random(seed): the text-only or the

@@ -55,7 +55,7 @@ def moce_policies(drop_tail: bool = True, max_bonus: float = 4.0):
 logit_ranges = st.floats(0.0, 32.0)
 
 
-# ---------------------------------------------------------------- expert cache (tests/test_cache_*.py)
+# ---------------------------------------------------------------- expert cache (tests/cache/test_cache_*.py)
 
 from strata.cache.types import (  # noqa: E402
     AfterLayer, AtLayer, BeginWindow, CacheConfig, HoldRegion, min_capacity,

@@ -33,10 +33,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 PARSE_ONLY = {
     'strata generate /data/qwen3.gguf "Hi" --hosts 10.0.0.1,10.0.0.2': "needs two pipeline hosts",
     "strata serve /data/qwen3.gguf --name qwen3 --arena 8GB --prefetch 16": "a server runs until stopped "
-                                                                            "(tests/test_serve_cli.py serves)",
+                                                                            "(tests/serve/test_serve_cli.py serves)",
     "strata serve": "a server runs until stopped (test_the_readme_openai_snippet_chats_with_the_embedded_model "
                     "serves what it builds)",
-    'strata chat --system "Answer in Python."': "interactive (tests/test_cli_chat.py drives it through a "
+    'strata chat --system "Answer in Python."': "interactive (tests/cli/test_cli_chat.py drives it through a "
                                                 "pseudo-terminal)",
 }
 SKIPPED = {  # (prefix, why): not strata's command line

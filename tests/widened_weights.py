@@ -1,6 +1,6 @@
 """A model file's dense tensors widened as the loader used to hold them (float32 at load, through
 gguf's own dequantize): the weights every engine computed with before dense weights were held
-as stored (tests/test_formats_dense_weights.py, tests/test_mlx_dense.py compare against them)."""
+as stored (tests/formats/test_formats_dense_weights.py, tests/mlx_backend/test_mlx_dense.py compare against them)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 `FastCache(config).step(event)` returns exactly the actions that `strata.cache.machine.step`
 returns for the same event sequence: same types, fields, order and tickets. It is held to the
-reference by tests/test_cache_fast.py (a differential hypothesis test over every knob, with
+reference by tests/cache/test_cache_fast.py (a differential hypothesis test over every knob, with
 ReadDone notices and errors) and by the runtime tests, which replay the runtime's turns
 through the reference. The reference stays the definition; read docs/cache.md there.
 

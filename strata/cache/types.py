@@ -56,7 +56,7 @@ def min_capacity(n_layers: int, top_k: int, prefetch_depth: int, *, window: int 
     - old in-turn order: unused read-aheads are freed before the lookups, no limbo -> K;
     - prefetch2 adds a second layer ahead: up to 2K PRE for the next layer (two guesses at it),
       K for the one after, and (split) 2K in limbo -> 5K split, 3K old order.
-    The split-turn bound without prefetch2 is tight (tests/test_cache_golden.py builds the
+    The split-turn bound without prefetch2 is tight (tests/cache/test_cache_golden.py builds the
     case that fails at one slot less); the others are sufficient (tests check that they are).
     """
     per_layer, k = top_k * window, prefetch_depth

@@ -64,7 +64,7 @@ VERSIONS = (VERSION, VERSION_BIASES, VERSION_MIXED)
 MIXED_QTYPE = 0xFFFFFFFF  # the fixed header's qtype in a version 3 file (no one type)
 FLAG_BIASES = 1
 
-# (name, struct code), in file order. The offsets are pinned by tests/test_experts_file.py.
+# (name, struct code), in file order. The offsets are pinned by tests/formats/test_experts_file.py.
 HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("magic", "8s"),  # 0
     ("version", "I"),  # 8

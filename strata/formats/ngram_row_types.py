@@ -4,7 +4,7 @@ A row is one record: `width` values in one of ROW_TYPES, in the block layout of
 strata/formats/quant_types.py (the one definition of every block): F32 and F16 as plain floats,
 Q8_0 and Q4_0 (the 4-bit type) as ggml blocks, `d` then `qs`, block after block. The quantizer is
 gguf's, as for the model file's Q8_0 matrices: it follows ggml's `quantize_row_*_ref` and agrees
-byte for byte with strata's reference quantizer (tests/test_ngram_rows_file.py checks both types
+byte for byte with strata's reference quantizer (tests/formats/test_ngram_rows_file.py checks both types
 against `strata.reference.quants`).
 """
 

@@ -3,7 +3,7 @@
 The weights of the prompt path's matmuls are float16-exact (float16 dense weights; Q2_0's
 d (q - 2) of a float16 d), so only the activations lose bits when a product runs on float16
 matrix units. Rounding them alone cost the made shapes 0.1-1% of their logits (relative L2,
-tests/test_mlx_prompt.py), most of it in the attention and expert projections. So an activation
+tests/mlx_backend/test_mlx_prompt.py), most of it in the attention and expert projections. So an activation
 x goes in as two float16 terms, hi = f16(x) and lo = f16(x - hi) (x = hi + lo to ~2^-22
 relative): each product of float16 values is exact in the float32 accumulator, and W x = W hi +
 W lo is one GEMM over twice the rows, the weights read once. Twice the flops (~28 ms instead of

@@ -4,7 +4,7 @@ norm and the QKV GEMM's float16 terms, the QKV epilogue (join, bias, q / k norms
 float16 and float32 layouts), and the residual with the FFN norm. Why (ncu, a 2048-token layer):
 the residual with the FFN norm ~90 us over 12 launches, the attention's norm with its terms ~100
 us over 15, the QKV epilogue ~400 us over ~45. Each kernel is held to the ops it replaces within
-FAST (tests/test_mlx_prompt_rows.py) and the whole prompt to the reference within PROMPT.
+FAST (tests/mlx_backend/test_mlx_prompt_rows.py) and the whole prompt to the reference within PROMPT.
 
 Shapes: T positions, D hidden, H / KVH heads of HD.
 """

@@ -1,6 +1,6 @@
 """The twin table (STYLE §1): each reference function and its MLX twin, by name.
 
-The differential tests (tests/test_mlx_twins.py) iterate over `TWINS`; each entry names the error
+The differential tests (tests/mlx_backend/test_mlx_twins.py) iterate over `TWINS`; each entry names the error
 budget its comparison uses (tests/mlx_agree.py). A twin shares its reference's name and argument
 order; where the MLX side holds weights differently (MlxParams, MlxLayerKV), `adapt` in the test
 builds them from the reference's inputs.

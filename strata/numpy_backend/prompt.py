@@ -5,7 +5,7 @@ grouped by expert and the head only where logits are returned.
 loop and its residual strategy, so every layer kind and residual goes through the reference's
 dispatch) with two differences: each selected expert is computed once over all the tokens that
 chose it (strata.numpy_backend.grouped), and the prefill head runs on the last position alone.
-Held to `forward` within FLOAT32_REORDER (tests/test_numpy_prompt.py).
+Held to `forward` within FLOAT32_REORDER (tests/numpy_backend/test_numpy_prompt.py).
 """
 
 from __future__ import annotations

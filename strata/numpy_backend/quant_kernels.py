@@ -13,7 +13,7 @@ The products run in native/quant_gemv.c (built at first use: native_build.py) st
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
 copy of the matrix, which is where the numpy path spent its time (two thirds of a decode token
 on a made Q8_0 model went to `dequantize`). Only the float32 summation order (and the fused
-experts' `expf`) differs from the reference; tests/test_numpy_quant_kernels.py holds each twin
+experts' `expf`) differs from the reference; tests/numpy_backend/test_numpy_quant_kernels.py holds each twin
 to it within FAST (tests/budgets.py).
 
 `CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)

@@ -4,7 +4,7 @@
 Written from ggml's C semantics, one function per type, over the block records of
 strata/formats/ggml_blocks.py. Every value is computed in float32 with the operations in C's
 order (`d * sc` first, then `* q`, then `- m`: each product rounded on its own, no fused
-multiply-add), so the result is ggml's to the bit; tests/test_ggml_quants.py holds each type to
+multiply-add), so the result is ggml's to the bit; tests/reference/test_ggml_quants.py holds each type to
 the `gguf` package's dequantizer bit for bit. Notation below: `b` the block records [N],
 the result [N, weights per block]; "sub-block" a run of 16 or 32 weights sharing a scale.
 """

@@ -2,7 +2,7 @@
 (strata/formats/mlx_affine.py) and MXFP4 (strata/formats/mxfp4.py).
 
 The quantizers follow `mx.quantize` step for step, in float32, and give its bytes exactly
-(tests/test_mlx_quants.py checks every type against MLX's CPU build):
+(tests/mlx_backend/test_mlx_quants.py checks every type against MLX's CPU build):
 
 - affine: per group, w_max and w_min; the side of larger magnitude is the edge;
   scale = max((w_max - w_min) / (2**bits - 1), 1e-7), negated unless the edge is w_min;

@@ -3,7 +3,7 @@
 Selections come from `strata.reference.routing.route` with the run's MoCE policy and the
 cache's residency. Guesses are the experts of `route` with the rule "top-K" (no policy): the K
 largest logits, ties to the lower index. `top_k_experts` is that ranking's twin (held to `route`
-by tests/test_runtime_selector.py): a partition instead of route's full sort of E logits plus
+by tests/runtime/test_runtime_selector.py): a partition instead of route's full sort of E logits plus
 the combine weights and Selection a guess never uses (~35 µs -> ~6 µs at E = 256, K = 16). One
 `LogitRange` per layer feeds the RANGE form of the bonus (updated with each token's logits
 before routing that token).

@@ -167,7 +167,7 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
         arena = _DeviceArena(random_records(rec, cfg.n_moe_layers * cfg.n_experts, kk[2], distinct=distinct_records))
     out_norm = mx.ones((d,), mx.float16)
     # every weight evaluated here: a lazy one would be recomputed into the first forward's graph
-    # (the launch count of a decoded token, tests/test_mlx_kernels.py, reads that graph)
+    # (the launch count of a decoded token, tests/mlx_backend/test_mlx_kernels.py, reads that graph)
     mx.eval(embed, output, out_norm, *[x for lw in layers for x in _weights(lw)])
     return MlxParams(cfg, tuple(layers), embed, out_norm, output, mx.float16, arena, rec)
 

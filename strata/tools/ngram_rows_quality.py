@@ -5,7 +5,7 @@ own precision for Qwen4-Exp's bfloat16 tables is closest to F16 of the row types
 The model enters as a forward function over a row source, `forward(rows, tokens) -> logits
 [T, V]` (teacher-forced: every position's logits), so the measurement needs nothing of the
 model's code: the real Qwen4-Exp forward with `NgramRows` plumbed in, or a stand-in
-(tests/test_tools_ngram_rows_quality.py). The sources are any `NgramRows`: resident tables
+(tests/tools/test_tools_ngram_rows_quality.py). The sources are any `NgramRows`: resident tables
 quantized in memory (`stored_rows`, small models) or row stores on disk written in each type
 (`StreamedNgramRows` / `NgramRowsFile`, the full-size tables).
 """

@@ -107,7 +107,7 @@ def engine_params(params: ModelParams, ops: CpuOps = REFERENCE_OPS) -> ModelPara
 def decode_token(params: ModelParams, state: ModelState, token: int, select: Callable[[int, np.ndarray], Selection],
                  observe: Observer | None = None, *, ops: CpuOps = REFERENCE_OPS) -> tuple[np.ndarray, ModelState]:
     """One decode step through the public layer pieces, exactly `forward(params, state, [token],
-    select=select)`'s ops in its order (tests/test_tools_quality.py checks the bits), with a hook
+    select=select)`'s ops in its order (tests/tools/test_tools_quality.py checks the bits), with a hook
     after each layer's MoE that sees the router input h (for the read-ahead guess). The routed
     experts are the numpy engines' (`grouped_moe_output` on `ops`: with the reference's ops,
     `moe_output`'s arithmetic); the dense products are `params.dense.linear` (`engine_params`).

@@ -9,7 +9,7 @@ evaluates the read-ahead scorers of this layer (its own selection scores, `logit
 next two MoE layers (the guesses, exactly the runtime's `ExpertStream._guesses` inputs). The run
 takes the arena the budget rule gives (routing does not depend on it: tier 2 is exact), in decode
 order by default: one position per forward, as generation computes it, so a replay at the run's
-arena makes the runtime's cache decisions (tests/test_tier2_tools.py holds that).
+arena makes the runtime's cache decisions (tests/tools/test_tier2_tools.py holds that).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ NEW_PER_ROUND = 4  # NEWMAX: the chunk's own positions made at once (a decoded t
 # shape): the split chain's launch 34.3 us a layer against 41.5 (a chain's timeline: the cached
 # rows scored 9.5 kcycles after the wait against 23.5); ncu by graph 3232 against 3404 us a token
 # for the split chain, 3692 against 3871 for the six launches (docs/perf.md). The same bits (the
-# xor levels of warp_sum; tests/test_mlx_attend_split.py, emulated and on the H200). The kernel
+# xor levels of warp_sum; tests/mlx_backend/test_mlx_attend_split.py, emulated and on the H200). The kernel
 # plan's spread_scores: off on Metal (its warp_sum is simd_sum, whose order this does not follow:
 # Metal keeps the per-score sums).
 

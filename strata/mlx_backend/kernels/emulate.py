@@ -83,7 +83,7 @@ struct half {  // IEEE binary16 storage with float conversion (what the kernels 
 // A block's GPU threads are fibers on the launching OS thread, switched at barriers: a barrier
 // costs one context switch per thread. With one OS thread per GPU thread it cost an OS wake-up
 // per thread, most of a launch's time on two shared cores. A 3-token forward of a small model
-// (tests/test_mlx_compiled.py SMALL, 2 layers, ~40 launches) took 13-15 s of CPU that way, 1.1 s
+// (tests/mlx_backend/test_mlx_compiled.py SMALL, 2 layers, ~40 launches) took 13-15 s of CPU that way, 1.1 s
 // with ucontext's swapcontext (a system call per switch: it saves the signal mask), 0.13 s with
 // strata_emu_switch below (x86-64 Linux: push the callee-saved registers, swap stacks); other
 // machines use swapcontext.

@@ -28,7 +28,7 @@ products back. Here a tile reads its rows where they are:
 The bodies behind this interface (`TileForm`; each step takes its fastest, `BEST`):
 kernels/q2_tiles_cols.py (COLS) and kernels/q2_tiles_breg.py (BREG, B dequantized in registers)
 split the tile between the warps by columns, which cuts the shared-memory traffic per mma
-(docs/mlx_backend.md counts it), with the same bits (tests/test_mlx_q2_tiles_forms.py).
+(docs/mlx_backend.md counts it), with the same bits (tests/mlx_backend/test_mlx_q2_tiles_forms.py).
 
 Shapes:
     x float32 [X, C]; src, dst int32 [N]; wts float32 [N]; tiles int32 [NT, 4]; records uint8 [E, SLOT]

@@ -5,7 +5,7 @@ returns the dialect's (header, body) pair as `mx.fast.metal_kernel` / `mx.fast.c
 them; `full_source(...)` returns the whole translation unit the way MLX assembles it (MLX
 generates the signature from the input/output names and dtypes; see MLX's
 `mlx/backend/metal/custom_kernel.cpp::write_signature` and `mlx/backend/cuda/custom_kernel.cpp::
-build_kernel`), which is what the compile checks (tests/test_metal_compile.py) and the emulator
+build_kernel`), which is what the compile checks (tests/mlx_backend/test_metal_compile.py) and the emulator
 build.
 
 Rules every body keeps (they make the dialects agree):

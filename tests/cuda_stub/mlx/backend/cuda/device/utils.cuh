@@ -1,5 +1,5 @@
 // A stand-in for what MLX's CUDA custom-kernel header provides (CUDA's device builtins and
-// cuda_fp16 types), so g++ can syntax-check strata's CUDA kernels (tests/test_metal_compile.py).
+// cuda_fp16 types), so g++ can syntax-check strata's CUDA kernels (tests/mlx_backend/test_metal_compile.py).
 // Only what the kernels may use is declared: `uint` is deliberately absent (CUDA has none).
 #pragma once
 #include <cstddef>
