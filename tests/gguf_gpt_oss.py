@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.gguf_models import add_tokenizer
-from tests.gguf_sigmoid_models import _add, _finish
+from tests.gguf_sigmoid_models import _add, _add_head, _add_mapped, _finish
 
 ATTENTION = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
              "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
@@ -55,15 +55,10 @@ def write_gpt_oss_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense:
     w.add_expert_feed_forward_length(cfg["intermediate_size"])
     add_tokenizer(w, hf_dir, cfg["vocab_size"])
     with Checkpoint(hf_dir) as ck:
-        _add(w, "token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
-        _add(w, "output_norm.weight", ck.read("model.norm.weight"), "F32")
-        _add(w, "output.weight", ck.read("lm_head.weight"), dense)
+        _add_head(w, ck, dense)
         for l in range(cfg["num_hidden_layers"]):
             base = f"model.layers.{l}."
-            for hf_suffix, g_suffix in ATTENTION.items():
-                x = ck.read(base + hf_suffix)
-                two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
-                _add(w, f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
+            _add_mapped(w, ck, ATTENTION, base, l, dense)
             gate_up = ck.read(base + "mlp.experts.gate_up_proj").transpose(0, 2, 1)  # [E, 2F, D]
             gate_up_bias = ck.read(base + "mlp.experts.gate_up_proj_bias")  # [E, 2F]
             _add(w, f"blk.{l}.ffn_gate_exps.weight", gate_up[:, 0::2], experts)

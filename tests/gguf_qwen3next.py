@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.gguf_models import add_tokenizer
-from tests.gguf_sigmoid_models import _add, _finish
+from tests.gguf_sigmoid_models import _add, _add_head, _finish
 
 COMMON = {"mlp.gate.weight": "ffn_gate_inp.weight", "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
           "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
@@ -89,9 +89,7 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     add_tokenizer(w, hf_dir, cfg["vocab_size"])
     one = np.float32(1.0)
     with Checkpoint(hf_dir) as ck:
-        _add(w, "token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
-        _add(w, "output_norm.weight", ck.read("model.norm.weight") + one, "F32")
-        _add(w, "output.weight", ck.read("lm_head.weight"), dense)
+        _add_head(w, ck, dense, norm_plus_one=True)
         for l in range(cfg["num_hidden_layers"]):
             base = f"model.layers.{l}."
             for hf_suffix, g_suffix in PLUS_ONE.items():

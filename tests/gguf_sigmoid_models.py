@@ -56,6 +56,27 @@ def _add(w, name: str, x: np.ndarray, qtype: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(x, np.float32), t), raw_dtype=t)
 
 
+def _add_head(w, ck, dense: str, *, norm_plus_one: bool = False) -> None:
+    """The embedding, the final norm (F32; `norm_plus_one`: stored as 1 + w, as llama.cpp's
+    converter stores the hybrids' zero-centred norms) and the head."""
+    norm = ck.read("model.norm.weight")
+    _add(w, "token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
+    _add(w, "output_norm.weight", norm + np.float32(1.0) if norm_plus_one else norm, "F32")
+    _add(w, "output.weight", ck.read("lm_head.weight"), dense)
+
+
+def _add_mapped(w, ck, table: dict, base: str, layer: int, dense: str, *, required: bool = True) -> None:
+    """Each Hugging Face tensor of `table` under `base` as `blk.{layer}.<its GGUF name>`: matrices
+    in `dense`, the rest (norms, biases, the router, kept float by llama.cpp's converter) in F32.
+    `required` False: a tensor the checkpoint lacks is left out."""
+    for hf_suffix, g_suffix in table.items():
+        if not required and base + hf_suffix not in ck:
+            continue
+        x = ck.read(base + hf_suffix)
+        two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
+        _add(w, f"blk.{layer}.{g_suffix}", x, dense if two_d else "F32")
+
+
 def _finish(w, path: Path) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -110,17 +131,11 @@ def write_glm4moe_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense:
     rng = np.random.default_rng(0)
     d, vocab = cfg["hidden_size"], cfg["vocab_size"]
     with Checkpoint(hf_dir) as ck:
-        _add(w, "token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
-        _add(w, "output_norm.weight", ck.read("model.norm.weight"), "F32")
-        _add(w, "output.weight", ck.read("lm_head.weight"), dense)
+        _add_head(w, ck, dense)
         for l in range(n + nextn):
             src = min(l, n - 1)  # the MTP layer: the last layer's tensors again
             base = f"model.layers.{src}."
-            for hf_suffix, g_suffix in GLM.items():
-                if base + hf_suffix in ck:
-                    x = ck.read(base + hf_suffix)
-                    two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
-                    _add(w, f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
+            _add_mapped(w, ck, GLM, base, l, dense, required=False)
             if src >= cfg["first_k_dense_replace"]:
                 for proj in ("gate_proj", "up_proj", "down_proj"):
                     stack = np.stack([ck.read(base + f"mlp.experts.{e}.{proj}.weight")
@@ -168,15 +183,10 @@ def write_minimax_m2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", den
     w.add_rope_dimension_count(cfg["rotary_dim"])
     add_tokenizer(w, hf_dir, cfg["vocab_size"])
     with Checkpoint(hf_dir) as ck:
-        _add(w, "token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
-        _add(w, "output_norm.weight", ck.read("model.norm.weight"), "F32")
-        _add(w, "output.weight", ck.read("lm_head.weight"), dense)
+        _add_head(w, ck, dense)
         for l in range(cfg["num_hidden_layers"]):
             base = f"model.layers.{l}."
-            for hf_suffix, g_suffix in MINIMAX.items():
-                x = ck.read(base + hf_suffix)
-                two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
-                _add(w, f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
+            _add_mapped(w, ck, MINIMAX, base, l, dense)
             for proj, g in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
                 stack = np.stack([ck.read(base + f"block_sparse_moe.experts.{e}.{proj}.weight")
                                   for e in range(cfg["num_local_experts"])])
@@ -240,16 +250,10 @@ def write_deepseek2_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     add = lambda name, x, qtype: _add(w, name, x, qtype)  # noqa: E731
 
     with Checkpoint(hf_dir) as ck:
-        add("token_embd.weight", ck.read("model.embed_tokens.weight"), dense)
-        add("output_norm.weight", ck.read("model.norm.weight"), "F32")
-        add("output.weight", ck.read("lm_head.weight"), dense)
+        _add_head(w, ck, dense)
         for l in range(cfg["num_hidden_layers"]):  # MTP layers (l >= num_hidden_layers) left out
             base = f"model.layers.{l}."
-            for hf_suffix, g_suffix in MLA.items():
-                if base + hf_suffix in ck:
-                    x = ck.read(base + hf_suffix)
-                    two_d = x.ndim == 2 and g_suffix != "ffn_gate_inp.weight"
-                    add(f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
+            _add_mapped(w, ck, MLA, base, l, dense, required=False)
             kv_b = ck.read(base + "self_attn.kv_b_proj.weight")
             if first_generation:
                 add(f"blk.{l}.attn_kv_b.weight", kv_b, dense)

@@ -57,7 +57,7 @@ from strata.runtime.decode import arena_plan_for  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 from strata.testing.sharing import REFUSED, call_kwargs, run_threads  # noqa: E402
 
-from outcomes import OUTCOMES, close  # noqa: E402  (beside this file)
+from outcomes import OUTCOMES, close, table, totals_of  # noqa: E402  (beside this file)
 
 PROMPTS = (list(b"def f(x):"), list(b"def f(x): return x"), list(b"hello"), list(b"def g"))
 SERVE_BODY_TIMEOUT = 0.5
@@ -324,18 +324,13 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - start
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'group':8} {'mode':10} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
-    for (group, mode), c in counts.items():
-        print(f"{group:8} {mode:10} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
-    totals = collections.Counter()
-    for c in counts.values():
-        totals.update(c)
+    table(counts, "mode", 10)
+    totals = totals_of(counts)
     print(f"{sum(totals.values())} runs in {seconds:.0f} s; WRONG {totals['WRONG']}, TRACEBACK {totals['TRACEBACK']}, "
           f"HANG {totals['HANG']}")
     if args.by_kind:
-        print(f"\n{'group':8} {'kind':30} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
-        for (group, kind), c in sorted(by_kind.items()):
-            print(f"{group:8} {kind:30} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
+        print()
+        table(dict(sorted(by_kind.items())), "kind", 30)
     print(json.dumps({"bench": "fuzz_api", "runs": sum(totals.values()), **{o: totals[o] for o in OUTCOMES},
                       "seconds": round(seconds, 1)}))
     return close(bad=bad, counts=counts, by_kind=by_kind, totals=totals, seconds=seconds, args=args)

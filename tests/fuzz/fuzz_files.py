@@ -58,7 +58,7 @@ from strata.testing.faults import Faults, RandomDelays  # noqa: E402
 from strata.testing.engines import open_numpy_streaming  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 
-from outcomes import OUTCOMES, close  # noqa: E402  (beside this file)
+from outcomes import close, table, totals_of  # noqa: E402  (beside this file)
 
 PROMPT = list(b"def fib(n):")
 N_TOKENS = 6
@@ -522,19 +522,14 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{'group':8} {'mode':10} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
-    for (group, mode), c in counts.items():
-        print(f"{group:8} {mode:10} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
-    totals = collections.Counter()
-    for c in counts.values():
-        totals.update(c)
+    table(counts, "mode", 10)
+    totals = totals_of(counts)
     print(f"cases: {args.experts} .experts, {args.gguf} .gguf, {args.faults} fault schedules; "
           f"{sum(totals.values())} runs in {seconds:.0f} s; WRONG {totals['WRONG']}, TRACEBACK {totals['TRACEBACK']}, "
           f"HANG {totals['HANG']}")
     if args.by_kind:
-        print(f"\n{'group':8} {'kind':34} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
-        for (group, kind), c in sorted(by_kind.items()):
-            print(f"{group:8} {kind:34} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
+        print()
+        table(dict(sorted(by_kind.items())), "kind", 34)
     return close(bad=bad, counts=counts, by_kind=by_kind, totals=totals, seconds=seconds, args=args)
 
 

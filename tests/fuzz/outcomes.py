@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import collections
 import json
 
 OUTCOMES = ("refused", "same", "WRONG", "TRACEBACK", "HANG")
 FAILURES = ("WRONG", "TRACEBACK", "HANG")
+
+
+def table(rows: dict, label: str, width: int) -> None:
+    """One line per (group, `label`) key of `rows` (its outcome counts), `label` `width` wide."""
+    print(f"{'group':8} {label:{width}} {'runs':>5} " + " ".join(f"{o:>9}" for o in OUTCOMES))
+    for (group, key), c in rows.items():
+        print(f"{group:8} {key:{width}} {sum(c.values()):5d} " + " ".join(f"{c[o]:9d}" for o in OUTCOMES))
+
+
+def totals_of(counts: dict) -> collections.Counter:
+    """Every outcome's count over all (group, mode) rows."""
+    totals = collections.Counter()
+    for c in counts.values():
+        totals.update(c)
+    return totals
 
 
 def close(*, bad: list[dict], counts: dict, by_kind: dict, totals: dict, seconds: float, args) -> int:
