@@ -353,6 +353,31 @@ def _string_list(ckpt: GgufCheckpoint, key: str, default=_REQUIRED) -> list[str]
     return list(f.value)
 
 
+def _key_readers(ckpt: GgufCheckpoint, *, as_written: bool = False):
+    """(integer, number): readers of `{arch}.KEY` metadata, each `(key, default=required)` and
+    checked as `metadata` checks. as_written: a number as the checkpoint's config wrote it:
+    llama.cpp stores float32, whose shortest round-trip decimal is the config's number (1e-06, not
+    9.99999997e-07); otherwise the stored value as it reads."""
+    a = ckpt.arch
+
+    def integer(key: str, default=_REQUIRED):
+        return metadata(ckpt, f"{a}.{key}", "an integer", default)
+
+    def number(key: str, default=_REQUIRED):
+        value = metadata(ckpt, f"{a}.{key}", "a number", default)
+        return float(str(np.float32(value))) if as_written else value
+
+    return integer, number
+
+
+def _expert_count(ckpt: GgufCheckpoint) -> int:
+    """`{arch}.expert_count`, refused in one line where it is missing or 0 (a dense model)."""
+    n = metadata(ckpt, f"{ckpt.arch}.expert_count", "an integer", 0)
+    if not n:
+        raise ConfigError(f"{ckpt.path}: {ckpt.arch}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    return n
+
+
 def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     """The config.json keys the families read, from the GGUF's `{arch}.*` metadata (each checked
     present where llama.cpp requires it, and of its type: one line naming the key otherwise)."""
@@ -363,11 +388,8 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
     if ckpt.arch in ("qwen3next", "qwen35moe"):
         return _qwen3next_config(ckpt)
     a = ckpt.arch
-    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
-    number = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "a number", default)  # noqa: E731
-    n_experts = integer("expert_count", 0)
-    if not n_experts:
-        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    integer, number = _key_readers(ckpt)
+    n_experts = _expert_count(ckpt)
     scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
     if scaling != "none":
         raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none")
@@ -414,16 +436,9 @@ def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
     there when their tensors are. A rope scaling other than none (and yarn for deepseek2) is refused
     in one line naming the key."""
     a = ckpt.arch
-    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+    integer, number = _key_readers(ckpt, as_written=True)
 
-    def number(key: str, default=_REQUIRED) -> float:
-        """The value as the checkpoint's config wrote it: llama.cpp stores float32, whose shortest
-        round-trip decimal is the config's number (1e-06, not 9.99999997e-07)."""
-        return float(str(np.float32(metadata(ckpt, f"{a}.{key}", "a number", default))))
-
-    n_experts = integer("expert_count", 0)
-    if not n_experts:
-        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    n_experts = _expert_count(ckpt)
     # absent: DeepSeek-V2's softmax for deepseek2 (llama.cpp's default); MiniMax-M2 has only sigmoid
     gating = integer("expert_gating_func", GATING_SIGMOID if a == "minimax-m2" else GATING_SOFTMAX)
     if gating != GATING_SIGMOID:
@@ -494,14 +509,9 @@ def _gpt_oss_config(ckpt: GgufCheckpoint) -> HFConfig:
     transformers' `truncate` true). The clamped SwiGLU's alpha and limit are not in the file:
     llama.cpp's graph fixes them at 1.702 and 7.0, and so are they here."""
     a = ckpt.arch
-    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+    integer, number = _key_readers(ckpt, as_written=True)
 
-    def number(key: str, default=_REQUIRED) -> float:
-        return float(str(np.float32(metadata(ckpt, f"{a}.{key}", "a number", default))))
-
-    n_experts = integer("expert_count", 0)
-    if not n_experts:
-        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    n_experts = _expert_count(ckpt)
     heads, layers = integer("attention.head_count"), integer("block_count")
     head_dim = integer("attention.key_length")
     rope = integer("rope.dimension_count", head_dim)
@@ -542,14 +552,9 @@ def _qwen3next_config(ckpt: GgufCheckpoint) -> HFConfig:
     token has one position in all sections, plain RoPE. The tensors are read by strata's hybrid
     plan for GGUF (convert/qwen_hybrid.py `gguf_tensor_plan`)."""
     a = ckpt.arch
-    integer = lambda key, default=_REQUIRED: metadata(ckpt, f"{a}.{key}", "an integer", default)  # noqa: E731
+    integer, number = _key_readers(ckpt, as_written=True)
 
-    def number(key: str, default=_REQUIRED) -> float:
-        return float(str(np.float32(metadata(ckpt, f"{a}.{key}", "a number", default))))
-
-    n_experts = integer("expert_count", 0)
-    if not n_experts:
-        raise ConfigError(f"{ckpt.path}: {a}.expert_count is missing or 0: not a Mixture-of-Experts model")
+    n_experts = _expert_count(ckpt)
     scaling = metadata(ckpt, f"{a}.rope.scaling.type", "a string", "none")
     if scaling != "none":
         raise ConfigError(f"{ckpt.path}: {a}.rope.scaling.type = {scaling!r}; supported: none")
