@@ -79,7 +79,7 @@ class Tier2Model:
         from strata.tier2.switch import StreamedSwitch
 
         for m, (path, parent, attr, inner) in enumerate(self.switches):
-            inner.update(tree_unflatten(list(arena.arrays.items())))
+            inner.update(tree_unflatten(list(arena.arrays_of(m).items())))
             setattr(parent, attr, StreamedSwitch(inner, m, stream))
         self.installed = owner
 

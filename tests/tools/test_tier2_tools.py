@@ -195,7 +195,8 @@ def test_doctor_says_when_tier2_will_not_run(made):
 # ---------------------------------------------------------------- convert: the experts as aligned records
 
 
-def test_convert_repacks_the_experts_bits_unchanged(tmp_path, capsys):
+@pytest.mark.parametrize("recipe", ["qwen3_moe_a4g32", "qwen3_next_mixed_4_6"])  # one form; two (a mixed recipe)
+def test_convert_repacks_the_experts_bits_unchanged(recipe, tmp_path, capsys):
     """`strata convert DIR` writes the experts as aligned records; tier 2 then reads one record per
     expert and every score is the in-place run's, bit for bit, at full residency and at the
     smallest legal arena; a shard changed after the repack is refused naming the fix."""
@@ -203,7 +204,7 @@ def test_convert_repacks_the_experts_bits_unchanged(tmp_path, capsys):
 
     from strata.tier2.records import RECORDS_NAME
 
-    d = tier2_models.make_checkpoint("qwen3_moe_a4g32", tmp_path / "q")
+    d = tier2_models.make_checkpoint(recipe, tmp_path / "q")
     config = Config(prefetch=2)
 
     def scores(arena):
