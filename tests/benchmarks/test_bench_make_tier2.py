@@ -70,3 +70,16 @@ def test_a_non_empty_directory_is_refused(tmp_path, capsys):
     assert maker.main(["qwen3_next", "--out", str(tmp_path), "--quiet", *TINY["qwen3_next"]]) == 2
     assert "not empty" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_a_mixed_recipe_is_convert_s_own(tmp_path, capsys):
+    """`--recipe mixed_4_6`: convert's own predicate, so some layers' experts in 6 bits (the
+    config records each module's), and tier 2 still gives mlx-lm's tokens."""
+    out = tmp_path / "mixed"
+    assert maker.main(["qwen3_next", "--out", str(out), "--quiet", "--recipe", "mixed_4_6", *TINY["qwen3_next"]]) == 0
+    quant = json.loads((out / "config.json").read_text())["quantization"]
+    down = {k: v["bits"] for k, v in quant.items() if k.endswith("switch_mlp.down_proj")}
+    assert sorted(set(down.values())) == [4, 6]
+    with strata.load(out) as model:
+        assert len(model.tensors.formats) == 2
+        assert generate(model, PROMPT, max_tokens=4).tokens == tier2_models.mlx_lm_generate(out, PROMPT, 4)
