@@ -188,8 +188,13 @@ def test_doctor_says_when_tier2_will_not_run(made):
     low = _doctor(d, 1000)
     assert low.tier2.verdict == "will not run" and "needs at least" in low.tier2.refusal
     assert "verdict: will not run on tier 2" in low.text()
-    moce = _doctor(d, 20 * GB, Config(moce_lambda=0.5)).tier2
+    moce = _doctor(d, 20 * GB, Config(moce_lambda=0.5, moce_drop_tail=0.05)).tier2
     assert moce.verdict == "will not run" and "MoCE" in moce.refusal
+    from strata.tier2.moce import MOCE_MODEL_TYPES
+
+    bonus = _doctor(d, 20 * GB, Config(moce_lambda=0.5)).tier2  # a bonus alone runs where tier 2 replaces the gate
+    assert bonus.runs == (bonus.model_type in MOCE_MODEL_TYPES)
+    assert bonus.runs or "routes inside its MoE block" in bonus.refusal
 
 
 # ---------------------------------------------------------------- convert: the experts as aligned records
