@@ -211,7 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="a new (or empty) directory for the checkpoint")
     ap.add_argument("--layers", type=int, help="decoder layers (default: qwen3_next 8, deepseek_v3 4)")
     ap.add_argument("--hidden", type=int, help="hidden size (default: the real model's)")
-    ap.add_argument("--experts", type=int, help="routed experts per MoE layer (default: qwen3_next 512, deepseek_v3 64)")
+    ap.add_argument("--experts", type=int,
+                    help="routed experts per MoE layer (default: qwen3_next 512, deepseek_v3 64)")
     ap.add_argument("--moe-hidden", type=int, help="one expert's intermediate size (default: the real model's)")
     ap.add_argument("--top-k", type=int, help="experts a token selects (default: the real model's)")
     ap.add_argument("--vocab", type=int, help="vocabulary size (default: the real model's)")

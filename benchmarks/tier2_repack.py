@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     print(f"{'form':10} {'ms/token':>9} {'waiting ms/tok':>14} {'expert reads/tok':>16} {'read calls/tok':>14} "
           f"{'MB/tok':>7} {'misses/tok':>10} {'us/expert warm':>14} {'us/expert cold':>14}")
     for name, r in rows.items():
-        print(f"{name:10} {r['ms_per_token']:9.2f} {r['waiting_ms_per_token']:14.2f} {r['expert_reads_per_token']:16.2f} "
+        print(f"{name:10} {r['ms_per_token']:9.2f} {r['waiting_ms_per_token']:14.2f} "
+              f"{r['expert_reads_per_token']:16.2f} "
               f"{r['read_calls_per_token']:14.2f} {r['mb_per_token']:7.2f} {r['urgent_misses_per_token']:10.2f} "
               f"{r['us_per_expert_read_warm']:14.1f} {r['us_per_expert_read_cold']:14.1f}")
     print(json.dumps({"benchmark": "tier2_repack", "model": args.directory.name, "slots": slots,

@@ -239,7 +239,8 @@ class Tier2Engine(SessionEngine):
             waiting_s=led.waiting_s, after_s=led.after_s, slot_bytes=self.arena.slot_bytes,
             arena_slots=self.arena.capacity, io=self.io.note + "".join(f"; {n}" for n in self.notes),
             policy=(self.policy.describe() + " (tier 2: strata's rule in the family's gate)" if self.gates
-                    else "the family's own routing (λ = 0, exact)"), prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
+                    else "the family's own routing (λ = 0, exact)"),
+            prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued, paging=paging)
 
     def close(self) -> None:

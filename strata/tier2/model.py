@@ -162,5 +162,5 @@ def load_tier2(directory: str | Path) -> Tier2Model:
     cfg = Tier2Config(model_type=layout.model_type, vocab_size=int(vocab or tf.vocab_size), max_context=int(limit),
                       n_moe_layers=tensors.n_layers, n_experts=tensors.n_experts, n_experts_per_token=layout.top_k,
                       native=layout.model_type in _native_model_types())
-    return Tier2Model(cfg=cfg, mlx_model=model, tokenizer=tok, tensors=tensors, switches=switches, scorers=scorers, gates=gates,
-                      model_path=directory, dense_bytes=dense)
+    return Tier2Model(cfg=cfg, mlx_model=model, tokenizer=tok, tensors=tensors, switches=switches, scorers=scorers,
+                      gates=gates, model_path=directory, dense_bytes=dense)

@@ -11,9 +11,9 @@ Layout: MAGIC (16 bytes), the JSON header's length (little-endian u64), the JSON
 geometry: pieces, layers, experts, slot bytes; and the shards it was made from: each one's name,
 size, mtime and the SHA-256 of its safetensors header), zero padding to RECORD_ALIGN, then the
 records in (layer, expert) order (a layer stored in fewer bits than the largest, under a mixed
-recipe, fills its records' first bytes; every record is a whole slot). `use_records` swaps a checkpoint's in-place experts for the
-records when the file is there and was made from these very shards, and refuses it in one
-line (naming the fix) when it was not.
+recipe, fills its records' first bytes; every record is a whole slot). `use_records` swaps a
+checkpoint's in-place experts for the records when the file is there and was made from these
+very shards, and refuses it in one line (naming the fix) when it was not.
 """
 
 from __future__ import annotations
