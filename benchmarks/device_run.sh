@@ -27,6 +27,9 @@
 #   deepseek        DeepSeek-V3's MLA: its GPU tests, benchmarks/mla.py, decode at its per-layer shape
 #   qwen4           Qwen4-Exp: its tests on the GPU, qwen4_decode.py, the seed shape's decode
 #   ngram-rows      benchmarks/ngram_rows.py: the PLE row store from this machine's disk, cold page cache
+#   tier2           tier 2 on mlx-lm's model files: a hybrid (qwen3_next) and an MLA (deepseek_v3) checkpoint at the
+#                   real per-layer shapes made here (benchmarks/make_tier2_checkpoint.py), then benchmarks/tier2.py on each
+#   tier2-repack    benchmarks/tier2_repack.py --cold on the qwen3_next one: experts in place vs `strata convert DIR`'s records
 #   ncu             ncu's GPU time of the expert kernel's block shapes and of a decoded token's kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/strata-device-out}
@@ -39,7 +42,7 @@ SUITES=${SUITES// /,}
 DECODE_ARGS=${STRATA_DECODE_ARGS:-} TEST_SELECT=${STRATA_TEST_SELECT:-}
 # strata reads every STRATA_* variable as a config key and rejects unknown ones: none reach the suites
 unset STRATA_SUITES STRATA_DEVICE_BUDGET STRATA_DECODE_ARGS STRATA_TEST_SELECT
-KNOWN=",tests,gpu-tests,kernels,native,decode,decode-context,prompt,peers,peers-medians,host-turn,speculative,doctor,dense,hybrid,deepseek,qwen4,ngram-rows,ncu,"
+KNOWN=",tests,gpu-tests,kernels,native,decode,decode-context,prompt,peers,peers-medians,host-turn,speculative,doctor,dense,hybrid,deepseek,qwen4,ngram-rows,tier2,tier2-repack,ncu,"
 for s in ${SUITES//,/ }; do
   case "$KNOWN" in *",$s,"*) ;; *) echo "device_run.sh: unknown suite '$s' (known: ${KNOWN:1:-1})" >&2; exit 2 ;; esac
 done
@@ -125,6 +128,16 @@ wanted qwen4 && run qwen4 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" timeou
   timeout 80 python3 benchmarks/qwen4_decode.py --tokens 16;
   timeout 110 python3 benchmarks/decode.py --shape qwen4-seed --ple-gb 4 --tokens 8 --prompt 1'
 wanted ngram-rows && run ngram-rows 180 python3 benchmarks/ngram_rows.py --gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5
+# mlx-lm's wheel installed for tier 2 as for peers (with its imports: transformers and the rest are the image's).
+# The checkpoints (random weights, mlx-lm's own classes and 4-bit quantization) stay in /tmp/strata-tier2
+# while the machine is warm: a config.json there means a whole one (written last)
+wanted tier2 && run tier2 500 bash -c 'for f in qwen3_next deepseek_v3; do d=/tmp/strata-tier2/$f;
+  if [ ! -f $d/config.json ]; then rm -rf $d;
+    timeout 150 python3 benchmarks/make_tier2_checkpoint.py $f --out $d --quiet || continue; fi;
+  timeout 180 python3 benchmarks/tier2.py $d --tokens 32; done'
+wanted tier2-repack && run tier2-repack 400 bash -c 'd=/tmp/strata-tier2/qwen3_next; if [ ! -f $d/config.json ]; then
+  rm -rf $d; timeout 150 python3 benchmarks/make_tier2_checkpoint.py qwen3_next --out $d --quiet || exit 1; fi;
+  python3 benchmarks/tier2_repack.py $d --tokens 32 --repeat 2 --cold'
 if wanted ncu; then
   if command -v ncu >/dev/null; then
     # the expert kernel's 64-token launches (one per block shape) with the sections that say why,

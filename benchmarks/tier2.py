@@ -5,8 +5,9 @@
 Rows: mlx-lm's own `generate_step` with every expert resident; tier 2 with every expert in the
 arena (the acceptance bound: within 10% of mlx-lm); tier 2 streaming a quarter of the experts
 with the read-ahead on (depth 16) and off, with urgent misses and read-ahead hits per token from
-the stream report. DIR is an mlx-community checkpoint (the GPU runs: one hybrid family such as
-qwen3_next / qwen3_5_moe, one MLA family such as deepseek_v3 / glm_moe_dsa). Greedy, the same
+the stream report. DIR is an mlx-community checkpoint, or one made at a real model's per-layer
+shape by benchmarks/make_tier2_checkpoint.py (the GPU runs: `bash benchmarks/device_run.sh tier2`
+makes a qwen3_next and a deepseek_v3 one and runs this on each). Greedy, the same
 prompt token ids for every row, one warm-up call each. Prints a table and one JSON line.
 """
 

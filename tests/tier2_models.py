@@ -166,6 +166,11 @@ RECIPES = {
     "granitemoe_a4g32": ("granitemoe", dict(group_size=32, bits=4)),
     "phimoe_a4g32": ("phimoe", dict(group_size=32, bits=4)),
     "lfm2_moe_a4g32": ("lfm2_moe", dict(group_size=32, bits=4)),
+    # mlx-lm convert's mixed per-module recipes (`--quant-predicate`): the experts' down projection
+    # in more bits in some layers than in others (its rule picks layers by index)
+    "qwen3_moe_mixed_3_6": ("qwen3_moe", dict(group_size=32, bits=4, recipe="mixed_3_6")),
+    "qwen3_next_mixed_4_6": ("qwen3_next", dict(group_size=32, bits=4, recipe="mixed_4_6")),
+    "deepseek_v3_mixed_2_6": ("deepseek_v3", dict(group_size=32, bits=4, recipe="mixed_2_6")),
 }
 
 
@@ -199,8 +204,10 @@ def _randomize(model, seed: int) -> None:
 
 def make_checkpoint(recipe: str, out: Path, *, seed: int = 0, quant_predicate=None) -> Path:
     """A tiny checkpoint of `recipe` in `out` (created); -> out. quant_predicate: mlx-lm's
-    per-module override (path, module) -> bool or quantization parameters (mixed recipes)."""
+    per-module override (path, module) -> bool or quantization parameters; a recipe naming one of
+    mlx-lm convert's mixed recipes gets convert's own predicate for it."""
     import mlx.core as mx
+    from mlx_lm.convert import mixed_quant_predicate_builder
     from mlx_lm.utils import quantize_model, save_config, save_model
 
     from strata.tokenizer import byte_level_tokenizer_json
@@ -211,6 +218,8 @@ def make_checkpoint(recipe: str, out: Path, *, seed: int = 0, quant_predicate=No
     model = module.Model(module.ModelArgs.from_dict(config))
     _randomize(model, seed)
     model.update(tree_map_floats(model.parameters(), mx.bfloat16))
+    if "recipe" in quant:
+        quant_predicate = mixed_quant_predicate_builder(quant["recipe"], model, quant["group_size"])
     model, config = quantize_model(model, config, quant["group_size"], quant["bits"], mode=quant.get("mode", "affine"),
                                    quant_predicate=quant_predicate)
     save_model(out, model)

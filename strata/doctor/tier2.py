@@ -93,7 +93,7 @@ def diagnose_tier2(directory: Path, *, config, memory: MemoryInfo, base_rss: int
                  record_bytes=t.record_bytes, slot_bytes=t.slot_bytes, pieces=len(t.pieces),
                  dense_bytes=layout.dense_bytes, available=memory.available, available_at_engine_start=after_load)
     try:
-        check_tier2_config(config)
+        check_tier2_config(config, layout.model_type)
         plan: ArenaPlan = arena_plan(tensors=t, top_k=layout.top_k, dense_bytes=layout.dense_bytes, config=config,
                                      available=after_load, total=memory.total)
     except StrataError as e:

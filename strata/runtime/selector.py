@@ -32,10 +32,25 @@ class Selector:
         """rules: one per MoE layer of `moe_layers` (a sigmoid rule carries its layer's selection
         bias: `reference.model.router_rules`); None: the model's rule, the same for every layer.
         moe_layers: the model layers routed here (default every MoE layer; a pipeline stage's own)."""
-        self.rule = RouterRule.from_model_config(cfg)
+        rule = RouterRule.from_model_config(cfg)
         # MoE index -> model layer (errors name the model layer); a pipeline stage's local ones
-        self.moe_layers = cfg.moe_layers if moe_layers is None else moe_layers
-        self.rules = rules if rules is not None else (self.rule,) * len(self.moe_layers)
+        layers = cfg.moe_layers if moe_layers is None else moe_layers
+        self._setup(rule, rules if rules is not None else (rule,) * len(layers), layers, policy)
+
+    @classmethod
+    def for_rules(cls, rules: tuple[RouterRule, ...], policy: MoCEPolicy,
+                  moe_layers: tuple[int, ...]) -> "Selector":
+        """A Selector over one rule per MoE layer given as they are, with no ModelConfig (tier 2
+        reads each layer's rule from the family's own gate module: strata.tier2.moce)."""
+        self = cls.__new__(cls)
+        self._setup(rules[0], tuple(rules), tuple(moe_layers), policy)
+        return self
+
+    def _setup(self, rule: RouterRule, rules: tuple[RouterRule, ...], moe_layers: tuple[int, ...],
+               policy: MoCEPolicy) -> None:
+        self.rule = rule
+        self.moe_layers = moe_layers
+        self.rules = rules
         if len(self.rules) != len(self.moe_layers):
             raise ValueError(f"Selector: {len(self.rules)} rules for {len(self.moe_layers)} MoE layers")
         check_policy_for_rule(policy, self.rule)

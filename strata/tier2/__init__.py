@@ -14,6 +14,8 @@ mlx-lm's own bit for bit. mlx-lm is an optional extra (`strata-moe[mlx-lm]`).
     reader.py          the reader pool over the shards (scattered reads, verified)
     guesses.py         read-ahead scores from a MoE block's own gate module
     switch.py          the streamed expert layer (replaces SwitchGLU / SwitchMLP) and its turns
+    moce.py            MoCE where the family routes in a replaceable gate module (DeepSeek-style)
+    records.py         the experts repacked into aligned records (`strata convert DIR`)
     model.py           Tier2Model and `load_tier2`: mlx-lm's model with the layers replaced
     engine.py          Tier2Engine: the Engine protocol over mlx-lm's forward and KV cache
 """

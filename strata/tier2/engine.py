@@ -32,6 +32,7 @@ from strata.runtime.report import StreamReport, build_report
 from strata.runtime.streamer import Streamer
 from strata.session import SessionEngine
 from strata.tier2.arena import PieceArena
+from strata.tier2.moce import check_moce, moce_gates
 from strata.tier2.plan import arena_plan, cache_config
 from strata.tier2.reader import ShardReaderPool
 from strata.tier2.switch import ExpertStream
@@ -53,13 +54,11 @@ def arena_plan_for(model, config: Config):
                       config=config)
 
 
-def check_tier2_config(config: Config) -> None:
+def check_tier2_config(config: Config, model_type: str | None = None) -> None:
     """Refuse, in one line, a setting tier 2 would otherwise ignore: it runs mlx-lm's forward on
-    MLX with the family's own routing and mlx-lm's KV cache."""
-    policy = config.moce_policy()
-    if policy.bonus != 0.0 or policy.drop_tail_weight != 0.0:
-        raise ConfigError("tier 2 runs the family's own routing (mlx-lm's): MoCE (its bonus, drop-tail) needs a "
-                          "native module; run with --moce-lambda 0 and no drop-tail (the defaults)")
+    MLX with the family's own routing (MoCE only where strata.tier2.moce replaces the gate) and
+    mlx-lm's KV cache. `model_type`: the checkpoint's (None: not known yet)."""
+    check_moce(config.moce_policy(), model_type)
     if config.backend is Backend.NUMPY:
         raise ConfigError("--backend numpy: tier 2 runs mlx-lm's model files on MLX; the numpy engines need a "
                           "converted model (`strata convert DIR OUT`)")
@@ -79,7 +78,7 @@ class Tier2Engine(SessionEngine):
         super().__init__(model, config)
         from mlx_lm.models.cache import make_prompt_cache
 
-        check_tier2_config(config)
+        check_tier2_config(config, model.cfg.model_type)
         self.cache_config = cache_config_for(model, config, capacity)
         least = self.cache_config.min_capacity
         if capacity < least:
@@ -93,7 +92,10 @@ class Tier2Engine(SessionEngine):
                                      reference=config.reference_cache)
             self.stream = ExpertStream(self.streamer, model.scorers, prefetch=config.prefetch,
                                        prefetch2=config.prefetch2, split_turn=config.split_turn)
-            model.install(self.arena, self.stream, self)
+            self.policy = config.moce_policy()
+            # MoCE: the family's gates replaced by ones that route with the cache's residency
+            self.gates = None if self.policy.exact else moce_gates(model, self.policy, self.streamer)
+            model.install(self.arena, self.stream, self, gates=self.gates)
         except BaseException:
             self.io.close()
             raise
@@ -111,7 +113,7 @@ class Tier2Engine(SessionEngine):
         """The engine strata.engines.open_engine gives a Tier2Model: an arena of `plan.slots`
         slots (`--arena` or the budget rule), or a slot per expert where every expert fits or
         `stream` is False (full residency through the same layer: each expert read once)."""
-        check_tier2_config(config)  # before the plan: a setting tier 2 ignores is the first thing said
+        check_tier2_config(config, model.cfg.model_type)  # before the plan: a setting tier 2 ignores is said first
         plan = plan or arena_plan_for(model, config)
         capacity = plan.slots if plan.streaming else max(plan.total_experts, plan.min_slots)
         if stream is False:
@@ -124,7 +126,7 @@ class Tier2Engine(SessionEngine):
         import mlx.core as mx
 
         if self.model.installed is not self:  # another engine over this model ran since
-            self.model.install(self.arena, self.stream, self)
+            self.model.install(self.arena, self.stream, self, gates=self.gates)
         return self.model.mlx_model(mx.array(tokens, dtype=mx.int32)[None], cache=self.kv)
 
     @staticmethod
@@ -236,7 +238,9 @@ class Tier2Engine(SessionEngine):
             decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
             waiting_s=led.waiting_s, after_s=led.after_s, slot_bytes=self.arena.slot_bytes,
             arena_slots=self.arena.capacity, io=self.io.note + "".join(f"; {n}" for n in self.notes),
-            policy="the family's own routing (λ = 0, exact)", prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
+            policy=(self.policy.describe() + " (tier 2: strata's rule in the family's gate)" if self.gates
+                    else "the family's own routing (λ = 0, exact)"),
+            prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued, paging=paging)
 
     def close(self) -> None:

@@ -6,9 +6,13 @@ one). Expert e of a stacked tensor is the e-th of E equal row-major slices, so i
 one contiguous range of the shard: `begin + e * piece_bytes` (from the safetensors header).
 
 One slot of the arena holds one expert of any MoE layer: a fixed list of *pieces* (projection
-part, per-expert shape, dtype), the same for every layer. A checkpoint whose layers store their
-experts differently (mixed per-layer bit widths) is refused in one line, as is one whose stacked
-tensors are not stored as mlx-lm holds them (per-expert tensors, a transposed layout).
+part, dtype), the same names and dtypes in every layer. mlx-lm's mixed recipes (convert's
+`--quant-predicate mixed_4_6` and the like) give some layers' projections more bits, so a piece's
+per-expert shape and byte count may differ per layer (`layer_pieces`): the slot holds the largest
+of each piece, and a layer's expert fills the first bytes of each. A checkpoint whose layers
+store different pieces (one layer's experts unquantized, another's quantized) is refused in one
+line, as is one whose stacked tensors are not stored as mlx-lm holds them (per-expert tensors, a
+transposed layout).
 """
 
 from __future__ import annotations
@@ -45,11 +49,14 @@ class Piece:
 class ExpertTensors:
     """Every MoE layer's stacked expert tensors in the shards.
 
-    pieces: what one slot holds, in order; `offsets[m][p]` = (shard index, byte offset of expert
-    0 of piece p of MoE layer m); `shards`: the shard paths. Quacks, for the reader pool, like the
-    parts of an ExpertsFile it reads (`header`, `path`, `record_offset`)."""
+    pieces: what one slot holds, in order (each the largest of that piece over the layers);
+    `layer_pieces[m]`: MoE layer m's pieces as stored (the same names and dtypes; mixed recipes
+    differ in shapes and bytes); `offsets[m][p]` = (shard index, byte offset of expert 0 of piece p
+    of MoE layer m); `shards`: the shard paths. Quacks, for the reader pool, like the parts of an
+    ExpertsFile it reads (`header`, `path`, `record_offset`)."""
 
     pieces: tuple[Piece, ...]
+    layer_pieces: tuple[tuple[Piece, ...], ...]
     offsets: tuple[tuple[tuple[int, int], ...], ...]
     shards: tuple[Path, ...]
     n_experts: int
@@ -67,14 +74,29 @@ class ExpertTensors:
         return len(self.offsets)
 
     @property
+    def formats(self) -> tuple[tuple[Piece, ...], ...]:
+        """The distinct ways the layers store an expert, in order of first appearance (one
+        unless a mixed recipe made the checkpoint)."""
+        return tuple(dict.fromkeys(self.layer_pieces))
+
+    def layer_format(self, layer: int) -> int:
+        """MoE layer `layer`'s index in `formats`."""
+        return self.formats.index(self.layer_pieces[layer])
+
+    def layer_record_bytes(self, layer: int) -> int:
+        """One expert of MoE layer `layer`, all pieces as stored."""
+        return sum(p.nbytes for p in self.layer_pieces[layer])
+
+    @property
     def record_bytes(self) -> int:
-        """One expert's bytes, all pieces."""
-        return sum(p.nbytes for p in self.pieces)
+        """The largest expert's bytes, all pieces (every layer's where all store alike)."""
+        return max(sum(p.nbytes for p in f) for f in self.formats)
 
     @property
     def slot_bytes(self) -> int:
-        """`record_bytes` rounded up to the arena's slot alignment (the budget rule's unit)."""
-        return -(-self.record_bytes // RECORD_ALIGN) * RECORD_ALIGN
+        """One slot (every piece at its largest) rounded up to the arena's slot alignment (the
+        budget rule's unit)."""
+        return -(-sum(p.nbytes for p in self.pieces) // RECORD_ALIGN) * RECORD_ALIGN
 
     @property
     def n_records(self) -> int:
@@ -98,18 +120,19 @@ class ExpertTensors:
         if self.records is not None:
             return self.records_offset + (layer * self.n_experts + expert) * self.slot_bytes
         shard, begin = self.offsets[layer][0]
-        return begin + expert * self.pieces[0].nbytes
+        return begin + expert * self.layer_pieces[layer][0].nbytes
 
     def piece_ranges(self, layer: int, expert: int) -> list[tuple[int, int, int]]:
         """(index in `read_files`, file offset, byte count) of each piece of one expert, in slot
         order (in a records file: back to back from the record's offset)."""
         if self.records is not None:
             out, at = [], self.record_offset(layer, expert)
-            for p in self.pieces:
+            for p in self.layer_pieces[layer]:
                 out.append((0, at, p.nbytes))
                 at += p.nbytes
             return out
-        return [(s, begin + expert * p.nbytes, p.nbytes) for p, (s, begin) in zip(self.pieces, self.offsets[layer])]
+        return [(s, begin + expert * p.nbytes, p.nbytes)
+                for p, (s, begin) in zip(self.layer_pieces[layer], self.offsets[layer])]
 
 
 def locate_experts(directory: Path, layers: list[tuple[str, dict]]) -> ExpertTensors:
@@ -121,7 +144,7 @@ def locate_experts(directory: Path, layers: list[tuple[str, dict]]) -> ExpertTen
     try:
         shards = sorted({info.shard for info in ckpt.tensors.values()})
         index = {p: i for i, p in enumerate(shards)}
-        pieces: tuple[Piece, ...] | None = None
+        layer_pieces: list[tuple[Piece, ...]] = []
         offsets = []
         n_experts = None
         for path, arrays in layers:
@@ -149,18 +172,25 @@ def locate_experts(directory: Path, layers: list[tuple[str, dict]]) -> ExpertTen
                     raise FormatError(f"{directory}: {key}: {info.end - info.begin} bytes, expected {e * per}")
                 mine.append(Piece(name, tuple(info.shape[1:]), dtype[0], per))
                 where.append((index[info.shard], info.begin))
-            if pieces is None:
-                pieces = tuple(mine)
-            elif tuple(mine) != pieces:
+            first = layer_pieces[0] if layer_pieces else mine
+            if [(p.name, p.dtype, len(p.shape)) for p in mine] != [(p.name, p.dtype, len(p.shape)) for p in first]:
                 raise FormatError(f"{directory}: the experts of {path} are stored unlike the first MoE layer's "
-                                  f"({_describe(mine)} vs {_describe(pieces)}): mixed per-layer expert formats are "
-                                  "not run on tier 2 yet")
+                                  f"({_describe(mine)} vs {_describe(first)}): mixed per-layer expert formats "
+                                  "run on tier 2 only where every layer stores the same pieces (mlx-lm's mixed "
+                                  "recipes: more bits, the same parts)")
+            layer_pieces.append(tuple(mine))
             offsets.append(tuple(where))
-        if pieces is None:
+        if not layer_pieces:
             raise FormatError(f"{directory}: no routed experts (no switch layer) in this model")
-        return ExpertTensors(pieces, tuple(offsets), tuple(shards), int(n_experts), Path(directory))
+        return ExpertTensors(pieces=_largest(layer_pieces), layer_pieces=tuple(layer_pieces), offsets=tuple(offsets),
+                             shards=tuple(shards), n_experts=int(n_experts), directory=Path(directory))
     finally:
         ckpt.close()
+
+
+def _largest(layer_pieces: list[tuple[Piece, ...]]) -> tuple[Piece, ...]:
+    """The slot's pieces: each piece as the layer storing it in the most bytes does."""
+    return tuple(max(column, key=lambda p: p.nbytes) for column in zip(*layer_pieces))
 
 
 def _describe(pieces) -> str:

@@ -46,6 +46,7 @@ class Tier2Model:
     tensors: object  # ExpertTensors
     switches: list
     scorers: list  # per MoE layer: its gate's read-ahead scorer or None (strata.tier2.guesses)
+    gates: list  # per MoE layer: the family's own `gate` module of its block (None where it has none)
     model_path: Path
     dense_bytes: int
     session: object = field(default=None, repr=False)
@@ -70,17 +71,21 @@ class Tier2Model:
                     f"path needs `strata convert {self.model_path} OUT` first)")
         return f"tier 2: mlx-lm's {t} model file, experts streamed from the checkpoint (no native {t} module in strata)"
 
-    def install(self, arena, stream, owner) -> None:
+    def install(self, arena, stream, owner, *, gates=None) -> None:
         """Point every switch layer's stacked tensors at `arena` and route its calls through
         `stream`, for the engine `owner` (`installed`): engines over one model each install
-        theirs before a forward, so two open at once never read each other's arena."""
+        theirs before a forward, so two open at once never read each other's arena. `gates`:
+        per MoE layer the gate module that routes in its block (strata.tier2.moce), or None for
+        the family's own."""
         from mlx.utils import tree_unflatten
 
         from strata.tier2.switch import StreamedSwitch
 
         for m, (path, parent, attr, inner) in enumerate(self.switches):
-            inner.update(tree_unflatten(list(arena.arrays.items())))
+            inner.update(tree_unflatten(list(arena.arrays_of(m).items())))
             setattr(parent, attr, StreamedSwitch(inner, m, stream))
+            if self.gates[m] is not None:
+                setattr(parent, "gate", self.gates[m] if gates is None else gates[m])
         self.installed = owner
 
     def close(self) -> None:
@@ -136,10 +141,11 @@ def load_tier2(directory: str | Path) -> Tier2Model:
 
     layout = checkpoint_layout(directory)
     model, config, tensors = layout.model, layout.config, layout.tensors
-    switches, scorers = [], []
+    switches, scorers, gates = [], [], []
     for path, inner in layout.found:
         parent, attr = _parent(model, path)
         switches.append((path, parent, attr, inner))
+        gates.append(parent.get("gate"))
         first = inner["gate_proj"] if "gate_proj" in inner else inner["fc1"]  # SwitchGLU's / SwitchMLP's
         scorers.append(_scorer(model, path, tensors.n_experts, first.input_dims))
         # the lazy file arrays go: the experts are read per slot, never whole
@@ -157,4 +163,4 @@ def load_tier2(directory: str | Path) -> Tier2Model:
                       n_moe_layers=tensors.n_layers, n_experts=tensors.n_experts, n_experts_per_token=layout.top_k,
                       native=layout.model_type in _native_model_types())
     return Tier2Model(cfg=cfg, mlx_model=model, tokenizer=tok, tensors=tensors, switches=switches, scorers=scorers,
-                      model_path=directory, dense_bytes=dense)
+                      gates=gates, model_path=directory, dense_bytes=dense)

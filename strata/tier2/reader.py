@@ -44,7 +44,7 @@ class ShardReaderPool(ReaderPool):
 
     def _read(self, r: ReadRequest) -> None:
         hook, fds = self.hook, self._shard_fds
-        bufs = self.arena.piece_buffers(r.slot)
+        bufs = self.arena.piece_buffers(r.slot, r.layer)
         crc = got_all = 0
         try:
             if hook is not None:

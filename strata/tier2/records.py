@@ -10,9 +10,10 @@ bit for bit.
 Layout: MAGIC (16 bytes), the JSON header's length (little-endian u64), the JSON header (the
 geometry: pieces, layers, experts, slot bytes; and the shards it was made from: each one's name,
 size, mtime and the SHA-256 of its safetensors header), zero padding to RECORD_ALIGN, then the
-records in (layer, expert) order. `use_records` swaps a checkpoint's in-place experts for the
-records when the file is there and was made from these very shards, and refuses it in one
-line (naming the fix) when it was not.
+records in (layer, expert) order (a layer stored in fewer bits than the largest, under a mixed
+recipe, fills its records' first bytes; every record is a whole slot). `use_records` swaps a
+checkpoint's in-place experts for the records when the file is there and was made from these
+very shards, and refuses it in one line (naming the fix) when it was not.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["RECORDS_NAME", "MAGIC", "write_records", "use_records"]
 
 RECORDS_NAME = "strata-experts.records"
 MAGIC = b"STRATA-T2RECORDS"
-VERSION = 1
+VERSION = 2  # 2: each layer's piece bytes in the header (mixed recipes store some layers in more bits)
 
 
 def _fingerprint(shards) -> list[dict]:
@@ -49,7 +50,8 @@ def _fingerprint(shards) -> list[dict]:
 
 def _geometry(t: ExpertTensors) -> dict:
     return {"pieces": [[p.name, list(p.shape), p.dtype, p.nbytes] for p in t.pieces], "n_layers": t.n_layers,
-            "n_experts": t.n_experts, "slot_bytes": t.slot_bytes}
+            "n_experts": t.n_experts, "slot_bytes": t.slot_bytes,
+            "layer_piece_bytes": [[p.nbytes for p in layer] for layer in t.layer_pieces]}
 
 
 def write_records(tensors: ExpertTensors, *, progress=None) -> Path:
@@ -64,9 +66,9 @@ def write_records(tensors: ExpertTensors, *, progress=None) -> Path:
         with open(tmp, "wb") as f:
             f.write(MAGIC + struct.pack("<Q", len(header)) + header)
             f.write(b"\0" * (data_offset - f.tell()))
-            pad = b"\0" * (tensors.slot_bytes - tensors.record_bytes)
             n = 0
             for m in range(tensors.n_layers):
+                pad = b"\0" * (tensors.slot_bytes - tensors.layer_record_bytes(m))
                 for e in range(tensors.n_experts):
                     for shard, offset, nbytes in _in_place_ranges(tensors, m, e):
                         got = os.pread(fds[shard], nbytes, offset)
@@ -89,7 +91,7 @@ def write_records(tensors: ExpertTensors, *, progress=None) -> Path:
 
 
 def _in_place_ranges(t: ExpertTensors, layer: int, expert: int):
-    return [(s, begin + expert * p.nbytes, p.nbytes) for p, (s, begin) in zip(t.pieces, t.offsets[layer])]
+    return [(s, begin + expert * p.nbytes, p.nbytes) for p, (s, begin) in zip(t.layer_pieces[layer], t.offsets[layer])]
 
 
 def use_records(tensors: ExpertTensors) -> ExpertTensors:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from strata.config import Config
+from strata.errors import ConfigError
 from strata.layer_kinds import RoutingOrder
 from strata.reference.routing import RouterRule
 from strata.tools.trace import Trace
@@ -79,6 +80,9 @@ def record_tier2_trace(model, tokens, *, decode_order: bool = True, meta: dict |
     """
     from strata.tier2.engine import Tier2Engine
 
+    if config is not None and not config.moce_policy().exact:
+        raise ConfigError("a tier-2 trace records the family's own routing: run `strata trace` with --moce-lambda 0 "
+                          "(a replay then tries MoCE policies on a native model's trace)")
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError(f"a trace needs a non-empty token sequence, got shape {tokens.shape}")

@@ -149,16 +149,41 @@ def test_serve_runs_the_directory(qwen3):
     assert r.json()["choices"][0]["text"] == model.tokenizer.decode(want)
 
 
-def test_experts_of_mixed_widths_refused_in_one_line(tmp_path):
+def test_experts_stored_in_other_pieces_refused_in_one_line(tmp_path):
+    """Layers whose experts differ in bits run (the mixed recipes above); a layer whose experts
+    are other pieces (left unquantized beside quantized ones) is refused."""
     from strata.errors import FormatError
 
-    def first_layer_8_bits(path, module):
-        return {"group_size": 32, "bits": 8, "mode": "affine"} if path.startswith("model.layers.0.mlp.switch") else True
+    def first_layer_unquantized(path, module):
+        return not path.startswith("model.layers.0.mlp.switch")
 
-    d = tier2_models.make_checkpoint("qwen3_moe_a4g32", tmp_path / "mixed", quant_predicate=first_layer_8_bits)
+    d = tier2_models.make_checkpoint("qwen3_moe_a4g32", tmp_path / "mixed", quant_predicate=first_layer_unquantized)
     with pytest.raises(FormatError) as e:
         strata.load(d)
     assert "mixed per-layer expert formats" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("recipe", [r for r in sorted(tier2_models.RECIPES) if "_mixed_" in r])
+def test_mixed_recipes_stream_each_layer_in_its_own_bits(recipe, tmp_path_factory):
+    """Under mlx-lm's mixed recipes the layers store experts in two forms: each layer reads its
+    own bytes per expert, into a slot sized for the largest (the scores' bit-for-bit equality at
+    the smallest arena, where slots pass between layers of both forms, is test_scores_bit_for_bit)."""
+    _, d, _, _ = _made(recipe, tmp_path_factory)
+    with strata.load(d) as model:
+        t = model.tensors
+        assert len(t.formats) == 2
+        sizes = {t.layer_record_bytes(m) for m in range(t.n_layers)}
+        assert len(sizes) == 2 and t.record_bytes == max(sizes) <= t.slot_bytes
+        assert sum(p.nbytes for p in t.pieces) == max(sizes)  # the largest form holds every piece's largest
+        with open_engine(model, SMALL.replace(arena="1000000slots")) as engine:
+            for m in range(t.n_layers):
+                stored = {p.name: p for p in t.layer_pieces[m]}
+                assert [b.nbytes for b in engine.arena.piece_buffers(0, m)] == [p.nbytes for p in stored.values()]
+                down = model.switches[m][3]["down_proj"]  # mlx-lm's layer, its arrays now the arena's
+                assert down["weight"] is engine.arena.arrays_of(m)["down_proj.weight"]
+                assert tuple(down["weight"].shape[1:]) == stored["down_proj.weight"].shape
+                assert down["weight"].shape[-1] * 32 == down.bits * down.input_dims
+        assert len({model.switches[m][3]["down_proj"].bits for m in range(t.n_layers)}) == 2
 
 
 @pytest.fixture(scope="module")

@@ -188,14 +188,20 @@ def test_doctor_says_when_tier2_will_not_run(made):
     low = _doctor(d, 1000)
     assert low.tier2.verdict == "will not run" and "needs at least" in low.tier2.refusal
     assert "verdict: will not run on tier 2" in low.text()
-    moce = _doctor(d, 20 * GB, Config(moce_lambda=0.5)).tier2
+    moce = _doctor(d, 20 * GB, Config(moce_lambda=0.5, moce_drop_tail=0.05)).tier2
     assert moce.verdict == "will not run" and "MoCE" in moce.refusal
+    from strata.tier2.moce import MOCE_MODEL_TYPES
+
+    bonus = _doctor(d, 20 * GB, Config(moce_lambda=0.5)).tier2  # a bonus alone runs where tier 2 replaces the gate
+    assert bonus.runs == (bonus.model_type in MOCE_MODEL_TYPES)
+    assert bonus.runs or "routes inside its MoE block" in bonus.refusal
 
 
 # ---------------------------------------------------------------- convert: the experts as aligned records
 
 
-def test_convert_repacks_the_experts_bits_unchanged(tmp_path, capsys):
+@pytest.mark.parametrize("recipe", ["qwen3_moe_a4g32", "qwen3_next_mixed_4_6"])  # one form; two (a mixed recipe)
+def test_convert_repacks_the_experts_bits_unchanged(recipe, tmp_path, capsys):
     """`strata convert DIR` writes the experts as aligned records; tier 2 then reads one record per
     expert and every score is the in-place run's, bit for bit, at full residency and at the
     smallest legal arena; a shard changed after the repack is refused naming the fix."""
@@ -203,7 +209,7 @@ def test_convert_repacks_the_experts_bits_unchanged(tmp_path, capsys):
 
     from strata.tier2.records import RECORDS_NAME
 
-    d = tier2_models.make_checkpoint("qwen3_moe_a4g32", tmp_path / "q")
+    d = tier2_models.make_checkpoint(recipe, tmp_path / "q")
     config = Config(prefetch=2)
 
     def scores(arena):
