@@ -148,7 +148,7 @@ class LazyTensor:
         return x if dtype is None else x.astype(dtype, copy=False)
 
 
-def _kept_dense(ckpt: gguf_checkpoint.GgufCheckpoint, name: str, src, shape: tuple[int, ...], bar):
+def kept_dense(ckpt: gguf_checkpoint.GgufCheckpoint, name: str, src, shape: tuple[int, ...], bar):
     """A GGUF's dense matrix as it is stored (its ggml type and bytes), or None where it is not a
     plain matrix of its own (a router and 1-D tensors are F32 by the format's rule; a derived or
     reshaped tensor; an F32 one, which F32 writes as it is). Its values are checked finite."""
@@ -235,7 +235,7 @@ class _Plan:
     kept_layers: tuple | None = None  # a GGUF's (gate, up, down) types per layer where they mix, kept as stored
 
 
-def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
+def plan_checkpoint(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
     family = family_for(hf)
     hf = dataclasses.replace(hf, family=family.name)
     cfg = family.model_config(hf, ckpt)
@@ -314,7 +314,7 @@ def convert(
         else:
             source = Checkpoint(hf_dir)
     with source as ckpt:
-        plan = _plan(hf_dir, ckpt, hf, expert_type)
+        plan = plan_checkpoint(hf_dir, ckpt, hf, expert_type)
         # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
         kept = plan.kept is not None or plan.kept_layers is not None
         expert_type = plan.kept if kept else (DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
@@ -369,7 +369,7 @@ def convert(
                 dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
                 if keep_dense:
                     for name, src in plan.sources.items():
-                        kept_tensor = _kept_dense(ckpt, name, src, shapes[name], bar)
+                        kept_tensor = kept_dense(ckpt, name, src, shapes[name], bar)
                         dense[name] = dense[name] if kept_tensor is None else kept_tensor
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
                             chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra,
