@@ -18,7 +18,7 @@ import struct
 import numpy as np
 import pytest
 
-from engine_kinds import EXACT0, open_kind
+from engine_kinds import EXACT0, min_slots, open_kind
 from strata.cli.main import main
 from strata.convert import convert
 from strata.errors import FormatError
@@ -233,7 +233,9 @@ def test_a_non_finite_expert_block_is_refused_on_its_first_read(qwen3, tmp_path)
 
 def test_generate_runs_in_place_and_writes_nothing(qwen3, tmp_path, capsys):
     path = _copy(qwen3, tmp_path)
+    with load(path) as model:
+        slots = min_slots(model)
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert main(["generate", str(path), "Hello", "-n", "4", "--arena", "50%"]) == 0
+    assert main(["generate", str(path), "Hello", "-n", "4", "--arena", f"{slots}slots"]) == 0
     assert capsys.readouterr().out.strip()
     assert sorted(p.name for p in tmp_path.iterdir()) == before
