@@ -5,11 +5,11 @@
 matrix is its own tensor) and OUT.experts (each expert one aligned record, types as stored). This
 module does the same reading and keeps the result in memory instead of writing it:
 
-- the plan is the conversion's own (`driver.plan_checkpoint`: the family, the ModelConfig, which
+- the plan is the conversion's own (`checkpoint_plan.plan_checkpoint`: the family, the ModelConfig, which
   GGUF tensor each dense weight comes from, the tokenizer), so every check the conversion makes
   before writing a byte is made here too, with its messages;
 - each dense weight is what the converted model file holds after a load: a matrix kept as stored
-  (`driver.kept_dense`) is held as `read_model` holds those bytes (F16 / BF16 / Q8_0 as stored,
+  (`checkpoint_plan.kept_dense`) is held as `read_model` holds those bytes (F16 / BF16 / Q8_0 as stored,
   other types widened to float32 by the same `held_dense`), every other one in float32 as the
   converter writes it (`LazyTensor`). So the dense weights are the converted run's, bit for bit;
 - the routed experts stay in the user's file: a `PieceStore` (strata/formats/expert_pieces.py)
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.convert import gguf_checkpoint
-from strata.convert.driver import LazyTensor, kept_dense, plan_checkpoint
+from strata.convert.checkpoint_plan import LazyTensor, kept_dense, plan_checkpoint
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError
 from strata.formats.dense_weights import DenseWeights

@@ -25,7 +25,6 @@ from strata.errors import FormatError
 from strata.formats.expert_pieces import READ_ALIGN, PieceStore
 from strata.formats.gguf_file import open_gguf
 from strata.loader import load
-from strata.reference.model import ModelState, forward
 from tests import gguf_models, hf_models
 from tests.gguf_gpt_oss import write_gpt_oss_gguf
 from tests.gguf_qwen3next import write_qwen35moe_gguf, write_qwen3next_gguf
