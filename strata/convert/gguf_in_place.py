@@ -39,7 +39,7 @@ from strata.formats.expert_record import RecordLayout
 from strata.formats.model_file import held_dense
 from strata.model_config import ModelConfig, dense_tensor_shapes
 
-__all__ = ["InPlace", "open_in_place"]
+__all__ = ["InPlace", "open_in_place", "open_expert_store"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,6 +67,15 @@ def open_in_place(path: str | Path) -> InPlace:
         dense = _dense(ckpt, plan, cfg)
         experts = _expert_store(ckpt, plan.experts, cfg)
     return InPlace(cfg, DenseWeights(dense), plan.tokenizer, experts, plan.family.name)
+
+
+def open_expert_store(path: str | Path) -> PieceStore:
+    """The expert store a run in place reads, without the dense weights (what `strata doctor`
+    looks at): refused in one line where a load would be."""
+    path = Path(path)
+    with gguf_checkpoint.GgufCheckpoint(path) as ckpt:
+        plan = plan_checkpoint(path, ckpt, gguf_checkpoint.hf_config_of(ckpt), None)
+        return _expert_store(ckpt, plan.experts, plan.cfg)
 
 
 def _dense(ckpt: gguf_checkpoint.GgufCheckpoint, plan, cfg: ModelConfig) -> dict:

@@ -169,6 +169,7 @@ class PieceStore:
         self._crc: dict[tuple[int, int], int] = {}  # (layer, expert) -> CRC-32 of its first read
         self._lock = threading.Lock()
         self._fds: list[int] | None = None  # for read_record, opened on first use
+        self._counts: tuple[float, float] | None = None  # (reads per record, share needing more than one)
         self._stats = [(os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self.files]  # as opened
 
     # -------------------------------------------------------- geometry
@@ -209,9 +210,19 @@ class PieceStore:
 
     @property
     def reads_per_record(self) -> float:
-        """Reads per record, the mean over layers (the expert's place in its tensors does not
-        change how many windows touch)."""
-        return float(np.mean([len(self.reads(l, 0)) for l in range(self.header.n_layers)]))
+        """Reads per record, the mean over every record."""
+        return self._read_counts()[0]
+
+    @property
+    def multi_read_share(self) -> float:
+        """The share of records that need more than one read (an `.experts` record: none)."""
+        return self._read_counts()[1]
+
+    def _read_counts(self) -> tuple[float, float]:
+        if self._counts is None:
+            n = [len(self.reads(l, e)) for l in range(self.header.n_layers) for e in range(self.header.n_experts)]
+            self._counts = (float(np.mean(n)), float(np.mean(np.asarray(n) > 1)))
+        return self._counts
 
     @property
     def read_bytes_per_record(self) -> float:

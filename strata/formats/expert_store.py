@@ -31,6 +31,10 @@ class ExpertStore(Protocol):
         """Reads that fill one slot (1 for an `.experts` file)."""
 
     @property
+    def multi_read_share(self) -> float:
+        """The share of records that need more than one read."""
+
+    @property
     def read_bytes_per_record(self) -> float:
         """Bytes those reads ask for (the mean over records)."""
 

@@ -460,6 +460,11 @@ class ExpertsFile(OpenFile):
         return 1.0
 
     @property
+    def multi_read_share(self) -> float:
+        """No record needs more than one read."""
+        return 0.0
+
+    @property
     def read_bytes_per_record(self) -> float:
         """The record stride: what one read asks for."""
         return float(self.header.padded_bytes)
