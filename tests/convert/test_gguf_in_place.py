@@ -238,3 +238,20 @@ def test_generate_runs_in_place_and_writes_nothing(qwen3, tmp_path, capsys):
     assert main(["generate", str(path), "Hello", "-n", "4", "--arena", f"{slots}slots"]) == 0
     assert capsys.readouterr().out.strip()
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_serve_answers_from_a_gguf_in_place(qwen3):
+    """`strata serve model.gguf` loads it as `generate` does: a completion, the same text as the
+    library's greedy generation on the same file."""
+    from starlette.testclient import TestClient
+
+    from serve_support import make_app
+    from strata import generate
+
+    with load(qwen3) as model:
+        want = generate(model, "Hello", max_tokens=6).text
+        with TestClient(make_app(model)) as client:
+            r = client.post("/v1/completions", json={"model": "m", "prompt": "Hello", "max_tokens": 6,
+                                                     "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want
