@@ -21,7 +21,7 @@ import pytest
 from engine_kinds import EXACT0, min_slots, open_kind
 from strata.cli.main import main
 from strata.convert import convert
-from strata.errors import FormatError
+from strata.errors import ExpertReadError, FormatError
 from strata.formats.expert_pieces import READ_ALIGN, PieceStore
 from strata.formats.gguf_file import open_gguf
 from strata.loader import load
@@ -212,6 +212,28 @@ def test_an_expert_changed_under_the_run_is_caught_on_its_next_read(qwen3, tmp_p
         store.read_record(0, 0)  # another record is read as it was
     finally:
         model.close()
+
+
+def test_the_reader_pool_catches_experts_changed_under_the_run(qwen3, tmp_path):
+    """Streaming at the smallest arena: records read before the file changed are read again, and
+    the first such read is refused naming the record (the CRC-32 of its first read kept)."""
+    path = _copy(qwen3, tmp_path)
+    with load(path) as model:
+        store, h = model.experts_file, model.experts_file.header
+        with open_kind(model, "numpy-min", EXACT0) as eng:
+            logits = eng.prefill(list(model.tokenizer.encode("The quick brown fox")))
+            with open(path, "r+b") as f:  # every record's first code byte flipped on disk
+                for layer in range(h.n_layers):
+                    for e in range(h.n_experts):
+                        r = store.reads(layer, e)[0]
+                        at = r.start + r.pieces[0][1] + 8
+                        f.seek(at)
+                        b = f.read(1)
+                        f.seek(at)
+                        f.write(bytes([b[0] ^ 0xFF]))
+            with pytest.raises(ExpertReadError, match=r"MoE layer \d+ expert \d+: checksum mismatch"):
+                for _ in range(GREEDY_TOKENS):
+                    logits = eng.decode(int(np.argmax(logits)))
 
 
 def test_a_non_finite_expert_block_is_refused_on_its_first_read(qwen3, tmp_path):
