@@ -10,6 +10,7 @@ from pathlib import Path
 from strata.errors import FormatError, ParameterError
 from strata.formats.dense_weights import DenseWeights
 from strata.formats.expert_record import ExpertWeights
+from strata.formats.expert_store import ExpertStore
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
@@ -51,7 +52,7 @@ class Model:
     cfg: ModelConfig
     dense: DenseWeights  # as the file stores them; dense[name] widens to float32 (formats/dense_weights.py)
     tokenizer: Tokenizer
-    experts_file: ExpertsFile  # or a PieceStore: a llama.cpp GGUF's experts read in place (formats/expert_store.py)
+    experts_file: ExpertStore  # an ExpertsFile, or a PieceStore: a llama.cpp GGUF's experts read in place
     model_path: Path
     session: object = field(default=None, repr=False)
     ngrams_file: object = None  # a PLE model's row store (NgramRowsFile, strata/ple_store.py); None: none

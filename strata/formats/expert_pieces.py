@@ -131,6 +131,11 @@ def files_identity(files: Sequence[tuple[str, int]]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[: 2 * IDENTITY_BYTES]
 
 
+def _size_mtime(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
 def _gaps(rec: RecordLayout) -> tuple[tuple[int, int], ...]:
     """The spans of [0, record_bytes) that no plane covers (alignment padding between planes)."""
     out, end = [], 0
@@ -170,7 +175,7 @@ class PieceStore:
         self._lock = threading.Lock()
         self._fds: list[int] | None = None  # for read_record, opened on first use
         self._counts: tuple[float, float] | None = None  # (reads per record, share needing more than one)
-        self._stats = [(os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self.files]  # as opened
+        self._stats = [_size_mtime(f) for f in self.files]  # as opened, for messages
 
     # -------------------------------------------------------- geometry
 
@@ -244,7 +249,8 @@ class PieceStore:
 
     # -------------------------------------------------------- filling a record
 
-    def fill(self, layer: int, expert: int, read: Read, window: np.ndarray, out: np.ndarray) -> None:
+    @staticmethod
+    def fill(read: Read, window: np.ndarray, out: np.ndarray) -> None:
         """Place the pieces of one `read` (its bytes in `window`) into the record buffer `out`."""
         for p, at in read.pieces:
             p.place(window[at:at + p.nbytes], out)
@@ -311,7 +317,7 @@ class PieceStore:
             if got < r.need:
                 raise FormatError(f"{self.files[r.file]}: short read of MoE layer {layer} expert {expert} at "
                                   f"{r.start}: {got} of {r.need} bytes (the file is truncated?)")
-            self.fill(layer, expert, r, window, out)
+            self.fill(r, window, out)
         self.zero_gaps(layer, out)
         if verify:
             self.check_record(layer, expert, out)

@@ -107,7 +107,7 @@ class PieceReaderPool(ReaderPool):
                 if got < read.need:
                     raise ExpertReadError(f"{self._where(r)}: short read: {got} of {read.need} bytes "
                                           f"({os.path.basename(store.files[read.file])} at {read.start})")
-                store.fill(r.layer, r.expert, read, window, buf)
+                store.fill(read, window, buf)
                 total += read.length
         except OSError as e:
             if isinstance(e, ExpertReadError):
