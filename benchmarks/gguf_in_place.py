@@ -58,9 +58,8 @@ def _run(path: Path, args, cold: bool) -> dict:
         smallest = arena_plan_for(model, base.replace(arena="100000slots")).min_slots
         slots = max(smallest, int(round(args.arena * total)))
         prompt = list(model.tokenizer.encode(PROMPT))
-        files = getattr(store, "files", (store.path,))
         if cold:
-            for f in files:
+            for f in store.files:
                 drop_cache(Path(f))
         with open_engine(model, base.replace(arena=f"{slots}slots"), stream=True) as eng:
             logits = eng.prefill(prompt)

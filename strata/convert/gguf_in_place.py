@@ -24,6 +24,7 @@ each); each record is verified on its reads (strata/formats/expert_pieces.py).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,15 +80,21 @@ def open_expert_store(path: str | Path) -> PieceStore:
 
 
 def _dense(ckpt: gguf_checkpoint.GgufCheckpoint, plan, cfg: ModelConfig) -> dict:
-    """Each dense weight as a load of the converted model file holds it (module doc)."""
+    """Each dense weight as a load of the converted model file holds it (module doc), with a
+    progress bar on a terminal (a large model's dense weights take a while to read and widen)."""
+    from tqdm import tqdm
+
     shapes = dense_tensor_shapes(cfg)
     out = {}
-    for name, src in plan.sources.items():
-        kept = kept_dense(ckpt, name, src, shapes[name], None)
-        if kept is None:  # written as float32 by the conversion, read back as it was written
-            out[name] = np.ascontiguousarray(LazyTensor(ckpt, src, shapes[name]), dtype=np.float32)
-        else:
-            out[name] = held_dense(str(ckpt.path), name, kept.ggml_type, kept.read(), shapes[name])
+    with tqdm(total=len(plan.sources), desc=f"{ckpt.path.name} (dense weights, in place)", unit="tensor",
+              disable=None, file=sys.stderr, dynamic_ncols=True, leave=False) as bar:  # disable=None: only on a tty
+        for name, src in plan.sources.items():
+            kept = kept_dense(ckpt, name, src, shapes[name], None)
+            if kept is None:  # written as float32 by the conversion, read back as it was written
+                out[name] = np.ascontiguousarray(LazyTensor(ckpt, src, shapes[name]), dtype=np.float32)
+            else:
+                out[name] = held_dense(str(ckpt.path), name, kept.ggml_type, kept.read(), shapes[name])
+            bar.update(1)
     return out
 
 

@@ -27,6 +27,10 @@ class ExpertStore(Protocol):
     identity: str  # names this expert set (what a model, trace or pipeline ties itself to)
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The files its records are read from (a split GGUF's parts; an `.experts` file itself)."""
+
+    @property
     def reads_per_record(self) -> float:
         """Reads that fill one slot (1 for an `.experts` file)."""
 

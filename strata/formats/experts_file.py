@@ -455,6 +455,11 @@ class ExpertsFile(OpenFile):
         return self.header.data_offset + (layer * self.header.n_experts + expert) * self.header.padded_bytes
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The files its records are read from (strata.formats.expert_store)."""
+        return (self.path,)
+
+    @property
     def reads_per_record(self) -> float:
         """One read fills a slot (strata.formats.expert_store)."""
         return 1.0

@@ -81,8 +81,9 @@ def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_b
 
 
 def _model_files(model) -> tuple[Path, ...]:
-    """The files the model reads, each once (a GGUF run in place is both the model and its experts)."""
-    return tuple(dict.fromkeys(Path(p) for p in (model.model_path, model.experts_file.path)))
+    """The files the model reads, each once (a GGUF run in place is both the model and its
+    experts, and a split one every part)."""
+    return tuple(dict.fromkeys(Path(p) for p in (model.model_path, *model.experts_file.files)))
 
 
 @dataclass(frozen=True)
