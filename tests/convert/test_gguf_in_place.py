@@ -235,3 +235,14 @@ def test_serve_answers_from_a_gguf_in_place(qwen3):
                                                      "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == want
+
+
+def test_a_later_part_of_a_split_gguf_names_the_first(tmp_path, tmp_path_factory, capsys):
+    hf_dir, _ = hf_models.cached_checkpoint("qwen3_moe", tmp_path_factory)
+    first = gguf_models.write_gguf(hf_dir, tmp_path / "m.gguf", split_max_tensors=10)
+    second = sorted(tmp_path.glob("m-*-of-*.gguf"))[1]
+    with pytest.raises(FormatError, match=r"part 2 of a \d+-part split GGUF; give the first part \(" + first.name):
+        load(second)
+    capsys.readouterr()
+    assert main(["generate", str(second), "hi"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
