@@ -289,8 +289,10 @@ class PieceStore:
                 st = os.stat(f)
             except OSError as e:
                 return f"{f}: {e.strerror} since it was opened"
-            if (st.st_size, st.st_mtime_ns) != then:
+            if st.st_size != then[0]:
                 return f"{os.path.basename(f)} changed since it was opened: size {then[0]} -> {st.st_size}"
+            if st.st_mtime_ns != then[1]:
+                return f"{os.path.basename(f)} was written to since it was opened (its mtime moved)"
         return "the bytes changed with the file's size and mtime unchanged: a failing disk?"
 
     def read_record(self, layer: int, expert: int, *, verify: bool = True, out: np.ndarray | None = None) -> np.ndarray:
