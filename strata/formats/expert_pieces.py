@@ -156,6 +156,8 @@ class PieceStore:
     def __init__(self, files: Sequence[str], layouts: Sequence[RecordLayout], n_experts: int,
                  pieces: Sequence[tuple[Piece, ...]], identity: str) -> None:
         check_layer_layouts(layouts)
+        if len(pieces) != len(layouts):
+            raise ValueError(f"PieceStore: pieces for {len(pieces)} layers, layouts for {len(layouts)}")
         self.files = tuple(os.fspath(f) for f in files)
         self.path = self.files[0]
         self.identity = identity
@@ -199,7 +201,7 @@ class PieceStore:
     def reads(self, layer: int, expert: int) -> tuple[Read, ...]:
         """The aligned reads that fill record (layer, expert) (module doc), in file order."""
         self._check_index(layer, expert)
-        spans = sorted((p.file, p.offset + expert * p.stride, p) for p in self._pieces[layer])
+        spans = sorted(((p.file, p.offset + expert * p.stride, p) for p in self._pieces[layer]), key=lambda t: t[:2])
         out: list[list] = []  # [file, start, end, need_end, [(piece, at)]]
         for file, at, p in spans:
             lo = at - at % READ_ALIGN
