@@ -5,13 +5,13 @@
 matrix is its own tensor) and OUT.experts (each expert one aligned record, types as stored). This
 module does the same reading and keeps the result in memory instead of writing it:
 
-- the plan is the conversion's own (`checkpoint_plan.plan_checkpoint`: the family, the ModelConfig, which
-  GGUF tensor each dense weight comes from, the tokenizer), so every check the conversion makes
-  before writing a byte is made here too, with its messages;
+- the plan is the conversion's own (`checkpoint_plan.plan_checkpoint`: the family, the
+  ModelConfig, which GGUF tensor each dense weight comes from, the tokenizer), so every check the
+  conversion makes before writing a byte is made here too, with its messages;
 - each dense weight is what the converted model file holds after a load: a matrix kept as stored
-  (`checkpoint_plan.kept_dense`) is held as `read_model` holds those bytes (F16 / BF16 / Q8_0 as stored,
-  other types widened to float32 by the same `held_dense`), every other one in float32 as the
-  converter writes it (`LazyTensor`). So the dense weights are the converted run's, bit for bit;
+  (`checkpoint_plan.kept_dense`) is held as `read_model` holds those bytes (F16 / BF16 / Q8_0 as
+  stored, other types widened to float32 by the same `held_dense`), every other one in float32 as
+  the converter writes it (`LazyTensor`). So the dense weights are the converted run's, bit for bit;
 - the routed experts stay in the user's file: a `PieceStore` (strata/formats/expert_pieces.py)
   whose records are put together from each expert's slices of the stacked `*_exps` tensors
   (`GgufExpertTensors.slices`, the map the conversion copies by), read by the reader pool
