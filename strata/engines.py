@@ -198,8 +198,8 @@ def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, ki
     read ahead by the engine when streamed; row_faults: faults on its reads). note: a line for
     the report."""
     from strata.runtime.decode import StreamingEngine
-    from strata.runtime.io import ReaderPool
     from strata.runtime.ngram_source import ple_rows_for
+    from strata.runtime.piece_reader import reader_pool_for
 
     ple = ple_rows_for(model, config, stream=True, **row_faults)
     pool = None
@@ -210,7 +210,7 @@ def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, ki
             arena, compute, notes = parts(model, config, plan, rows=ple.rows)
             notes = (*notes, ple.reason)
         notes = (*notes, note) if note else notes
-        pool = ReaderPool(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
+        pool = reader_pool_for(model.experts_file, arena, threads=config.io_threads, direct=config.direct_io,
                           verify=config.verify_reads, timeout=config.io_timeout, hook=hook,
                           switch_interval=config.io_switch_ms / 1e3)
         return StreamingEngine(model, config, arena, compute, pool, keep_trace=keep_trace, notes=notes, kind=kind,

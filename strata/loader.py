@@ -10,10 +10,17 @@ from pathlib import Path
 from strata.errors import FormatError, ParameterError
 from strata.formats.dense_weights import DenseWeights
 from strata.formats.expert_record import ExpertWeights
+from strata.formats.expert_store import ExpertStore
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
 from strata.model_config import ModelConfig
-from strata.model_source import EMBEDDED_NAME, check_model_source, resolve_model_name, strata_model_in
+from strata.model_source import (
+    EMBEDDED_NAME,
+    check_model_source,
+    is_llama_cpp_gguf,
+    resolve_model_name,
+    strata_model_in,
+)
 from strata.hub_cache import looks_like_hub_id
 from strata.ple_store import open_ngram_store
 from strata.reference.model import ModelParams
@@ -45,7 +52,7 @@ class Model:
     cfg: ModelConfig
     dense: DenseWeights  # as the file stores them; dense[name] widens to float32 (formats/dense_weights.py)
     tokenizer: Tokenizer
-    experts_file: ExpertsFile
+    experts_file: ExpertStore  # an ExpertsFile, or a PieceStore: a llama.cpp GGUF's experts read in place
     model_path: Path
     session: object = field(default=None, repr=False)
     ngrams_file: object = None  # a PLE model's row store (NgramRowsFile, strata/ple_store.py); None: none
@@ -88,8 +95,11 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     name "default" where no such file is, loads the embedded default model (docs/model-card.md).
     A checkpoint directory (config.json + safetensors) loads as tier 2: a `strata.tier2.model.
     Tier2Model`, mlx-lm's model file with strata's streamed experts (needs the `mlx-lm` extra;
-    docs/tier2.md). Another directory, a checkpoint's weights file or another program's GGUF
-    (llama.cpp's) is refused in one line naming `strata convert` (strata/model_source.py). A model written
+    docs/tier2.md). A llama.cpp GGUF (or the first part of a split one) runs as it is, nothing
+    converted or written: its dense weights read as its conversion would hold them, its experts
+    read in place from it (strata/convert/gguf_in_place.py; docs/convert.md). Another directory
+    or a checkpoint's weights file is refused in one line naming `strata convert`
+    (strata/model_source.py). A model written
     with an expert set records that set's identity; loading it with another set (another model's
     experts of the same shape, or a conversion interrupted between its two renames) is refused
     unless `allow_foreign_experts=True`, which is how a deliberately swapped set (for example a
@@ -138,6 +148,8 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
 
         return load_tier2(model_path)
     check_model_source(model_path)
+    if is_llama_cpp_gguf(model_path):  # run as it is: dense weights read from it, experts streamed in place
+        return _load_in_place(model_path, experts=experts, layers=layers, max_context=max_context)
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
@@ -145,11 +157,7 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     if layers is not None:
         names = frozenset(layers.dense_names(read_model_config(model_path)))
     mf = read_model(model_path, names=names)
-    cfg, native = mf.cfg, None
-    if max_context is not None and max_context < cfg.max_context:
-        cfg, native = dataclasses.replace(cfg, max_context=max_context), cfg.max_context
-    elif max_context is not None and max_context > cfg.max_context:
-        raise ParameterError(f"max_context: {max_context} is more than the model's context of {cfg.max_context}")
+    cfg, native = _context(mf.cfg, max_context)
     xf = ExpertsFile.open(experts_path)
     try:
         _check_pair(mf, xf, model_path, experts_path, allow_foreign_experts)
@@ -162,6 +170,35 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
                               eos_tokens=(eos,) if isinstance(eos, str) else ())
     return Model(cfg=cfg, dense=mf.dense, tokenizer=tok, experts_file=xf, model_path=model_path,
                  ngrams_file=store, native_context=native)
+
+
+def _context(cfg: ModelConfig, max_context: int | None) -> tuple[ModelConfig, int | None]:
+    """cfg held to `max_context` positions, and the file's own context where that lowered it."""
+    if max_context is not None and max_context < cfg.max_context:
+        return dataclasses.replace(cfg, max_context=max_context), cfg.max_context
+    if max_context is not None and max_context > cfg.max_context:
+        raise ParameterError(f"max_context: {max_context} is more than the model's context of {cfg.max_context}")
+    return cfg, None
+
+
+def _load_in_place(model_path: Path, *, experts, layers, max_context: int | None) -> Model:
+    """A llama.cpp GGUF as it is (strata/convert/gguf_in_place.py): the Model a load of its
+    conversion gives, its experts a PieceStore over the user's file."""
+    from strata.convert.gguf_in_place import open_in_place
+
+    if experts is not None:
+        raise ParameterError(f"{model_path}: a llama.cpp GGUF holds its own experts (read in place); experts= "
+                             "names a strata model's .experts file")
+    if layers is not None:
+        raise ParameterError(f"{model_path}: pipeline stages run converted models only; run "
+                             f"`strata convert {model_path} OUT` first")
+    got = open_in_place(model_path)
+    cfg, native = _context(got.cfg, max_context)
+    eos = got.tokenizer.special_tokens.get("eos_token")
+    tok = Tokenizer.from_json(got.tokenizer.tokenizer_json, chat_template=got.tokenizer.chat_template,
+                              source=str(model_path), eos_tokens=(eos,) if isinstance(eos, str) else ())
+    return Model(cfg=cfg, dense=got.dense, tokenizer=tok, experts_file=got.experts, model_path=model_path,
+                 native_context=native)
 
 
 def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:

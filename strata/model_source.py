@@ -4,6 +4,7 @@ at once with the command that fixes it instead of "no such experts file"."""
 
 from __future__ import annotations
 
+import re
 import stat
 import struct
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 from strata.errors import FormatError
 from strata.hub_cache import looks_like_hub_id, snapshot_dir
 
-__all__ = ["check_model_source", "gguf_architecture", "resolve_model_name", "strata_model_in", "WEIGHT_SUFFIXES"]
+__all__ = ["check_model_source", "gguf_architecture", "is_llama_cpp_gguf", "resolve_model_name", "strata_model_in", "WEIGHT_SUFFIXES"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".npz", ".mlx")
 GGUF_MAGIC = b"GGUF"
@@ -45,10 +46,9 @@ def gguf_architecture(path: Path) -> str | None:
 
 def check_model_source(path: Path) -> None:
     """Raise a one-line FormatError when `path` (which exists) is not a strata model file:
-    a directory (a Hugging Face checkpoint or not), a weights file, something that is not a
-    regular file (a named pipe would block the reader), or a GGUF of another architecture."""
-    from strata.formats.model_file import ARCHITECTURE
-
+    a directory (a Hugging Face checkpoint or not), a weights file, or something that is not a
+    regular file (a named pipe would block the reader). A llama.cpp GGUF passes: it runs in place
+    (`is_llama_cpp_gguf`)."""
     try:
         mode = path.stat().st_mode
     except OSError as e:
@@ -63,10 +63,25 @@ def check_model_source(path: Path) -> None:
     if path.suffix.lower() in WEIGHT_SUFFIXES:
         raise FormatError(f"{path}: a {path.suffix} weights file, not a strata model; "
                           f"{_convert_hint(path.parent)} (the checkpoint's directory)")
+
+
+SPLIT_PART = re.compile(r"^.+-\d{5}-of-\d{5}\.gguf$")  # llama.cpp's gguf-split part names
+
+
+def is_llama_cpp_gguf(path: Path) -> bool:
+    """A GGUF that is not a strata model file: llama.cpp's (its `general.architecture` names its
+    family), or a part of a split one (later parts carry no architecture). Runs in place."""
+    from strata.formats.model_file import ARCHITECTURE
+
     arch = gguf_architecture(path)
-    if arch is not None and arch != ARCHITECTURE:
-        raise FormatError(f"{path}: a GGUF file of architecture {arch!r} (llama.cpp's format), not a strata model; "
-                          f"{_convert_hint(path)}")
+    if arch is not None:
+        return arch != ARCHITECTURE
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(GGUF_MAGIC))
+    except OSError:
+        return False
+    return magic == GGUF_MAGIC and SPLIT_PART.match(path.name) is not None
 
 
 EMBEDDED_NAME = "default"  # names the embedded model wherever a model is named (where no such file is)

@@ -24,6 +24,7 @@ import pytest
 from fp8_checkpoints import write_fp8_checkpoint
 from hf_fixtures import checkpoint_dir, copy_checkpoint
 from tier2_models import make_checkpoint
+from tests import gguf_models
 from strata.cli.main import build_parser, main
 from strata.testing.models import make_model
 
@@ -72,6 +73,7 @@ def workdir(tmp_path_factory) -> Path:
     copy_checkpoint("qwen3_moe", d / "hf" / "Qwen3-30B-A3B")
     write_fp8_checkpoint(checkpoint_dir("qwen3_moe"), d / "hf" / "Qwen3-30B-A3B-FP8")  # the published FP8 layout
     make_checkpoint("glm_moe_dsa_a4g32", d / "models" / "GLM-5-mlx-4bit")  # tier 2: as mlx-lm's convert writes it
+    gguf_models.write_gguf(d / "hf" / "Qwen3-30B-A3B", d / "models" / "Qwen3-30B-A3B-Q8_0.gguf")  # llama.cpp's, in place
     # the hub id's snapshot, laid out as the hub client does (tests/test_hub_cache.py)
     repo = d / "hub" / "models--Qwen--Qwen3-30B-A3B"
     (repo / "refs").mkdir(parents=True)

@@ -24,6 +24,7 @@ examples:
   strata doctor Qwen/Qwen3-30B-A3B                     a checkpoint in the local Hugging Face cache
   strata doctor model.gguf --arena 2GB                 a strata model at a given arena
   strata doctor model.gguf --trace trace.npz           hit rate from the model's own routing trace
+  strata doctor llama.gguf                             a llama.cpp GGUF: its reads in place against converted
   strata doctor config.json --experts q4_0 --json      as JSON, for Q4_0 experts
   strata doctor ~/hf/DeepSeek-V3                       an unsupported family still gets a byte budget
   strata doctor ~/models/GLM-5-mlx-4bit                an mlx-lm checkpoint: tier 2's own plan and verdict

@@ -14,8 +14,9 @@ HELP = """\
 Generate text. With one positional argument it is the prompt and the embedded default model
 is used; with two, the first is a model (`name.gguf`, its experts in `name.experts`; `default`
 names the embedded one; a hub id such as Qwen/Qwen3-30B-A3B is looked up in the local Hugging
-Face cache; a checkpoint directory as mlx-lm's convert writes it runs as tier 2: mlx-lm's model
-file, experts streamed from the shards, with the `mlx-lm` extra). PROMPT is the text, @FILE reads
+Face cache; a llama.cpp GGUF, or the first part of a split one, runs as it is: its experts read in
+place, nothing converted or written; a checkpoint directory as mlx-lm's convert writes it runs as
+tier 2: mlx-lm's model file, experts streamed from the shards, with the `mlx-lm` extra). PROMPT is the text, @FILE reads
 it from a file, - from standard input (@@text is the literal @text). Greedy by default (--temp 0);
 --top-k, --min-p, --top-p filter a sampled step, --repeat-penalty lowers tokens seen in the last
 64, --frequency-penalty and --presence-penalty are OpenAI's (all off by default); --seed makes

@@ -33,6 +33,7 @@ resident, routed experts are paged from disk into a fixed arena of slots.
 examples:
   strata generate "def fibonacci(n):"            the embedded default model
   strata generate model.gguf "Once upon" -n 64    a converted model (model.gguf + model.experts)
+  strata generate llama.gguf "Once upon"          a llama.cpp GGUF as it is (experts read in place)
   strata chat                                     chat in the terminal (history, --system, /reset)
   strata serve model.gguf --port 8000             OpenAI/Anthropic-compatible HTTP on 127.0.0.1
   strata generate model.gguf @prompt.txt          the prompt from a file (- reads standard input)

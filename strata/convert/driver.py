@@ -1,7 +1,7 @@
 """`convert(hf_dir, out)`: a Hugging Face MoE checkpoint -> `out.gguf` + `out.experts`, streamed.
 
 Order of work, and why:
-1. Everything is checked before a byte is written: config (architecture, features), every
+1. Everything is checked before a byte is written (strata/convert/checkpoint_plan.py): config (architecture, features), every
    shard's header (missing shard, truncation), every tensor's name and shape, the tokenizer,
    and that the expert sizes fit the requested quant type. A bad checkpoint fails in seconds.
 2. Routed experts (the bulk: ~95% of a large MoE) are written first, one (layer, expert) at a
@@ -31,36 +31,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from strata.convert.architectures import family_for
 from strata.chat_template import SPECIAL_TOKEN_KEY_PREFIX
-from strata.convert.common import (
-    ExpertTensors,
-    Family,
-    check_unused,
-    dense_sources,
-    find_moe_block,
-    reshape_to,
-    same_up_to_unit_axes,
+from strata.convert import fp8_checkpoint, gguf_checkpoint, mlx_checkpoint
+from strata.convert.checkpoint_plan import (
+    DEFAULT_EXPERT_TYPE,
+    LazyTensor,
+    check_finite,
+    check_stored_finite,
+    kept_dense,
+    plan_checkpoint,
 )
 from strata.convert.hf_config import HFConfig
-from strata.convert import fp8_checkpoint, gguf_checkpoint, mlx_checkpoint
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.tensor_plan import Derived, source_names
-from strata.convert.tokenizer_files import TokenizerFiles, read_tokenizer_files
-from strata.errors import ConfigError, FormatError
-from strata.formats.expert_record import ExpertWeights, RecordLayout
+from strata.errors import ConfigError
+from strata.formats.expert_record import ExpertWeights
 from strata.formats.experts_file import ExpertsFile, write_experts
-from strata.formats.model_file import DENSE_TYPES, StoredBlocks, write_model
+from strata.formats.model_file import DENSE_TYPES, write_model
 from strata.formats.quant_types import QuantType
-from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes
+from strata.model_config import ModelConfig, dense_tensor_shapes
 from strata.ple_store import NGRAMS_SUFFIX
 from strata.reference.quants import quantize
-from strata.option_names import option
 
-EXPERT_TYPES = (QuantType.Q2_0, QuantType.Q4_0, QuantType.Q8_0, QuantType.F16, QuantType.F32)
-DEFAULT_EXPERT_TYPE = QuantType.Q2_0  # design §4: routed experts are Q2_0
 DEFAULT_DENSE_TYPE = QuantType.F32
 DEFAULT_NGRAM_TYPE = QuantType.F16  # a PLE row store's rows: a bfloat16 table's values in its size
 PARTIAL_SUFFIX = ".partial"
@@ -103,85 +94,6 @@ def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
     return out.with_name(out.name + ".gguf"), out.with_name(out.name + ".experts")
 
 
-def _check_expert_type(cfg: ModelConfig, qtype: QuantType) -> None:
-    if qtype not in EXPERT_TYPES:
-        raise ConfigError(f"expert type {qtype.name.lower()} not supported; use one of "
-                          f"{', '.join(q.name.lower() for q in EXPERT_TYPES)} (or no --experts: a llama.cpp "
-                          "GGUF's or an MLX checkpoint's experts keep their own types)")
-    try:
-        RecordLayout(qtype, cfg.hidden_size, cfg.expert_ffn_size)
-    except ValueError as e:
-        raise ConfigError(f"cannot store experts as {qtype.name.lower()}: {str(e).removeprefix('record layout: ')} "
-                          f"(hidden_size and the expert ffn size; use {option('experts', 'f16', python='expert_type')})") \
-            from None
-
-
-def _check_tokenizer(tok: TokenizerFiles, cfg: ModelConfig, where: Path) -> None:
-    if tok.vocab_size > cfg.vocab_size:
-        raise ConfigError(f"{where}: the tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
-                          f"{cfg.vocab_size}")
-
-
-class LazyTensor:
-    """A dense tensor that is read from the checkpoint only when numpy asks for its values.
-
-    `write_model` takes a dict of arrays; it checks shapes with `np.shape` (this `.shape`) and
-    converts each tensor with `np.ascontiguousarray(x, dtype=float32)` (this `__array__`), then
-    keeps only what it stores. Handing it these instead of arrays means the float32 copies are
-    never all held at once: with --dense f16 or q8_0 the dense weights cost their stored size,
-    not their float32 size (measured in docs/convert.md).
-
-    Shapes: shape = dense_tensor_shapes(cfg)[name]; the checkpoint's [1, D] gate becomes [D]
-    """
-
-    def __init__(self, ckpt: Checkpoint, source: str | Derived, shape: tuple[int, ...], bar=None) -> None:
-        self._ckpt, self._source, self._bar = ckpt, source, bar
-        self.shape = tuple(shape)
-        self.ndim = len(self.shape)
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        x = self._source.read(self._ckpt) if isinstance(self._source, Derived) else self._ckpt.read(self._source)
-        x = reshape_to(x, self.shape, f"{self._ckpt.directory}: tensor {self._source}")
-        check_finite(x, f"{self._ckpt.directory}: tensor {self._source}")
-        if self._bar is not None:
-            self._bar.update(1)
-        return x if dtype is None else x.astype(dtype, copy=False)
-
-
-def _kept_dense(ckpt: gguf_checkpoint.GgufCheckpoint, name: str, src, shape: tuple[int, ...], bar):
-    """A GGUF's dense matrix as it is stored (its ggml type and bytes), or None where it is not a
-    plain matrix of its own (a router and 1-D tensors are F32 by the format's rule; a derived or
-    reshaped tensor; an F32 one, which F32 writes as it is). Its values are checked finite."""
-    if (not isinstance(src, str) or len(shape) != 2 or name.endswith("." + TensorNames.router)
-            or ckpt.shape(src) != tuple(shape) or ckpt.ggml_type(src) == int(QuantType.F32)):
-        return None
-
-    def read() -> np.ndarray:
-        check_finite(ckpt.read(src), f"{ckpt.directory}: tensor {src}")
-        if bar is not None:
-            bar.update(1)
-        return ckpt.stored(src)[1]
-
-    return StoredBlocks(ckpt.ggml_type(src), tuple(shape), read)
-
-
-def check_finite(x: np.ndarray, where: str) -> None:
-    """A FormatError naming `where` if x holds a NaN or an infinity (a model that cannot run)."""
-    finite = np.isfinite(x)
-    if not finite.all():
-        bad = int(finite.size - np.count_nonzero(finite))
-        raise FormatError(f"{where}: {bad} non-finite values (NaN or inf); the checkpoint is damaged")
-
-
-def check_stored_finite(m, where: str) -> None:
-    """check_finite for a matrix copied through in its stored type (a QuantMatrix), read from its
-    planes: a block is finite when its scales are (QuantMatrix.non_finite)."""
-    bad = m.non_finite()
-    if bad:
-        raise FormatError(f"{where}: {bad} non-finite values (NaN or inf, {m.qtype.name} blocks copied as stored); "
-                          "the checkpoint is damaged")
-
-
 def _install(model_partial: Path, experts_partial: Path, model_path: Path, experts_path: Path,
              ngrams: tuple[Path, Path] | None = None) -> None:
     """Put the pair in place (and a PLE model's row store: ngrams = (partial, final)). A crash
@@ -218,57 +130,6 @@ def _unlink(*paths: Path) -> None:
                 q.unlink()
             except FileNotFoundError:
                 pass
-
-
-@dataclass(frozen=True, eq=False)
-class _Plan:
-    """Everything checked before writing: the model, where each tensor comes from, the tokenizer."""
-
-    hf: HFConfig
-    family: Family
-    cfg: ModelConfig
-    experts: ExpertTensors | mlx_checkpoint.MlxExpertTensors
-    kept: QuantType | None  # the experts' own type, passed through bit for bit (an MLX checkpoint, a GGUF)
-    sources: dict[str, str | Derived]  # strata dense name -> checkpoint tensor name (or tensors derived from)
-    tokenizer: TokenizerFiles
-    notes: tuple[str, ...] = ()  # what was deliberately left out (a vision tower, an MTP head)
-    kept_layers: tuple | None = None  # a GGUF's (gate, up, down) types per layer where they mix, kept as stored
-
-
-def _plan(hf_dir: Path, ckpt: Checkpoint, hf: HFConfig, expert_type: QuantType | None) -> _Plan:
-    family = family_for(hf)
-    hf = dataclasses.replace(hf, family=family.name)
-    cfg = family.model_config(hf, ckpt)
-    shapes = dense_tensor_shapes(cfg)
-    skipped, notes = set(), ()
-    if family.tensor_plan is not None:  # a prefix, derived tensors, skipped towers (convert.tensor_plan)
-        tplan = family.tensor_plan(cfg, ckpt)
-        experts, sources, skipped, notes = tplan.experts, tplan.sources, set(tplan.skipped), tplan.notes
-        tplan.check(ckpt, shapes)
-    else:
-        moe = find_moe_block(family, ckpt)
-        if isinstance(ckpt, mlx_checkpoint.MlxCheckpoint):  # mlx-lm's stacked (maybe quantized) experts
-            experts = mlx_checkpoint.MlxExpertTensors(ckpt, cfg, moe)
-        elif isinstance(ckpt, gguf_checkpoint.GgufCheckpoint):  # llama.cpp's stacked *_exps
-            experts = gguf_checkpoint.GgufExpertTensors(ckpt, cfg)
-        else:
-            experts = ExpertTensors(ckpt, cfg, moe, family.expert_projections)
-        sources = dense_sources(cfg, moe)
-    kept = getattr(experts, "qtype", None) if expert_type is None else None
-    kept_layers = getattr(experts, "layer_qtypes", None) if expert_type is None and kept is None else None
-    if kept is None and kept_layers is None:
-        _check_expert_type(cfg, DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
-    for name, src in sources.items():  # names, shapes and dtypes now; values after the experts
-        if isinstance(src, Derived):
-            continue  # checked by tplan.check
-        if not same_up_to_unit_axes(ckpt.shape(src), shapes[name]):
-            raise FormatError(f"{hf_dir}: tensor {src}: shape {list(ckpt.shape(src))}, expected {list(shapes[name])}")
-        ckpt.check_dtype(src)
-    check_unused(ckpt, experts.consumed | source_names(sources) | skipped, cfg, family)
-    tok = gguf_checkpoint.tokenizer_of(ckpt) if isinstance(ckpt, gguf_checkpoint.GgufCheckpoint) else \
-        read_tokenizer_files(hf_dir)
-    _check_tokenizer(tok, cfg, hf_dir)
-    return _Plan(hf, family, cfg, experts, kept, sources, tok, notes, kept_layers)
 
 
 def convert(
@@ -314,7 +175,7 @@ def convert(
         else:
             source = Checkpoint(hf_dir)
     with source as ckpt:
-        plan = _plan(hf_dir, ckpt, hf, expert_type)
+        plan = plan_checkpoint(hf_dir, ckpt, hf, expert_type)
         # `is None`, not `or`: QuantType.F32 is 0, and `or` turned it into the default q2_0
         kept = plan.kept is not None or plan.kept_layers is not None
         expert_type = plan.kept if kept else (DEFAULT_EXPERT_TYPE if expert_type is None else expert_type)
@@ -369,7 +230,7 @@ def convert(
                 dense = {name: LazyTensor(ckpt, src, shapes[name], bar) for name, src in plan.sources.items()}
                 if keep_dense:
                     for name, src in plan.sources.items():
-                        kept_tensor = _kept_dense(ckpt, name, src, shapes[name], bar)
+                        kept_tensor = kept_dense(ckpt, name, src, shapes[name], bar)
                         dense[name] = dense[name] if kept_tensor is None else kept_tensor
                 write_model(model_partial, cfg, dense, tokenizer_json=plan.tokenizer.tokenizer_json,
                             chat_template=plan.tokenizer.chat_template, dense_type=dense_type, extra_metadata=extra,

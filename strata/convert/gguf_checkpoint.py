@@ -29,6 +29,7 @@ unknown gating function, rope scaling or pre-tokenizer is refused in one line na
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -585,6 +586,20 @@ def _qwen3next_config(ckpt: GgufCheckpoint) -> HFConfig:
     return HFConfig(ckpt.path, raw)
 
 
+@dataclass(frozen=True)
+class StackedSlice:
+    """One projection of one expert in a stacked tensor: expert e's bytes are
+    [offset + e * stride, + nbytes) of tensor `name`'s data, whole rows of `qtype` blocks of
+    `cols` weights each."""
+
+    name: str
+    offset: int
+    stride: int
+    nbytes: int
+    qtype: QuantType
+    cols: int
+
+
 class GgufExpertTensors:
     """The stacked experts of a GGUF, kept as stored: `layer_qtypes[l]` is the (gate, up, down)
     strata types of MoE layer l, `qtype` their one type where every projection of every layer
@@ -641,17 +656,46 @@ class GgufExpertTensors:
             return gate_up[:self._ffn], gate_up[self._ffn:], self._ckpt.read(self.names[layer][2], expert)
         return tuple(self._ckpt.read(n, expert) for n in self.names[layer])  # type: ignore[return-value]
 
+    def slices(self, layer: int) -> tuple[StackedSlice, StackedSlice, StackedSlice]:
+        """Where each projection (gate, up, down) of an expert of MoE layer `layer` is in its
+        stacked tensor: the one map of a GGUF's expert bytes, which the conversion copies
+        (`read_quantized`) and the in-place run reads (strata/convert/gguf_in_place.py)."""
+        out = []
+        for part, (name, qtype) in enumerate(zip(self.names[layer], self.layer_qtypes[layer])):
+            rows, cols = self._ckpt.shape(name)[-2:]  # [E, R, C]: expert e is the e-th of E runs of R rows
+            row = row_bytes(qtype, cols)
+            if layer in self.fused and part < 2:  # the gate half, then the up half (whole rows of blocks)
+                out.append(StackedSlice(name, part * self._ffn * row, rows * row, self._ffn * row, qtype, cols))
+            else:
+                out.append(StackedSlice(name, 0, rows * row, rows * row, qtype, cols))
+        return tuple(out)
+
+    def bias_slices(self, layer: int) -> tuple[StackedSlice, StackedSlice, StackedSlice]:
+        """gpt-oss's expert biases `blk.L.ffn_{gate,up,down}_exps.bias` [E, F | D] as stored, for
+        a reader that takes their bytes as they are: F32 only (llama.cpp writes them so)."""
+        if layer in self.fused:
+            raise FormatError(f"{self._ckpt.path}: MoE layer {layer}: expert biases with a fused gate/up tensor")
+        out = []
+        for name in (n.removesuffix(".weight") + ".bias" for n in self.names[layer]):
+            if name not in self._ckpt.gguf_tensors:
+                raise FormatError(f"{self._ckpt.path}: no tensor {name} (gpt-oss's expert biases)")
+            t = self._ckpt.gguf_tensors[name]
+            if t.ggml_type != int(QuantType.F32):
+                raise FormatError(f"{self._ckpt.path}: tensor {name} is {_type_name(t)}; expert biases are read in "
+                                  f"place as F32 only: run `strata convert {self._ckpt.path} OUT`")
+            n = int(t.shape[-1])
+            out.append(StackedSlice(name, 0, 4 * n, 4 * n, QuantType.F32, n))
+        return tuple(out)
+
     def read_quantized(self, layer: int, expert: int) -> ExpertWeights:
         """The stored blocks as strata's, each projection its own type (ggml's blocks are strata's
         `to_blocks` form of the same type: split into planes for Q8_0 / Q4_0, whole otherwise)."""
         mats = []
-        for part, (name, qtype) in enumerate(zip(self.names[layer], self.layer_qtypes[layer])):
-            _, data = self._ckpt.raw(name, expert)
-            cols = self._ckpt.shape(name)[-1]
-            rows = np.ascontiguousarray(data).view(np.uint8).reshape(self._ckpt.shape(name)[-2], -1)
-            if layer in self.fused and part < 2:  # the gate half, then the up half (whole rows of blocks)
-                rows = rows[:self._ffn] if part == 0 else rows[self._ffn:]
-            mats.append(from_blocks(qtype, cols, np.ascontiguousarray(rows)))
+        for s in self.slices(layer):
+            _, data = self._ckpt.raw(s.name)
+            flat = np.ascontiguousarray(data).view(np.uint8).reshape(-1)  # the map's bytes, no copy
+            start = s.offset + expert * s.stride
+            mats.append(from_blocks(s.qtype, s.cols, flat[start:start + s.nbytes]))
         return ExpertWeights(*mats)
 
 

@@ -41,6 +41,13 @@ class SplitGGUF:
     def raw(self, info: TensorInfo) -> np.ndarray:
         return self._part_of[info.name].raw(info)
 
+    def location(self, info: TensorInfo) -> tuple[str, int]:
+        return self._part_of[info.name].location(info)
+
+    @property
+    def files(self) -> tuple[tuple[str, int], ...]:
+        return tuple(f for part in self.parts for f in part.files)
+
     def close(self) -> None:
         for part in self.parts:
             part.close()

@@ -54,6 +54,8 @@ class Diagnosis:
                          f"{fmt_bytes(b.ple_reserve)} in memory")
         if self.source.stored:
             lines.append("  as stored: " + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in self.source.stored.items()))
+        if self.source.in_place:
+            lines.append(_in_place_line(self.source, c.top_k * c.moe_layers))
         lines.append(f"memory all-resident: {fmt_bytes(b.all_resident)} (dense {fmt_bytes(b.dense_resident)} as stored "
                      f"+ experts {fmt_bytes(b.experts_resident)} + KV {fmt_bytes(b.kv_bytes)} at {b.context} positions"
                      + (f" + PLE row cache {fmt_bytes(b.ple_reserve)}" if b.ple_reserve else "") + ")")
@@ -105,7 +107,8 @@ class Diagnosis:
                       "record": self.budget.record_bytes, "slot": self.budget.slot_bytes,
                       "all_resident": self.budget.all_resident, "dense_resident": self.budget.dense_resident,
                       "experts_resident": self.budget.experts_resident, "kv": self.budget.kv_bytes,
-                      "context": self.budget.context, "stored": s.stored, "expert_qtype": self.budget.expert_qtype.name},
+                      "context": self.budget.context, "stored": s.stored, "expert_qtype": self.budget.expert_qtype.name,
+                      "in_place": s.in_place or None},
             "machine": self.profile.to_dict(),
             "prediction": self.prediction.to_dict(),
             "tier2": None if self.tier2 is None else self.tier2.to_dict(),
@@ -113,6 +116,16 @@ class Diagnosis:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _in_place_line(source: Source, selections: int) -> str:
+    """A llama.cpp GGUF: its experts read in place against the converted records (reads, bytes)."""
+    ip = source.in_place
+    here, converted = ip["read_bytes_per_record"], ip["converted_bytes_per_record"]
+    return (f"  in place (`strata generate {source.path}`, nothing converted): {ip['reads_per_record']:.1f} reads per "
+            f"expert ({100 * ip['multi_read_share']:.0f}% of experts need more than one), {fmt_bytes(here)} read per "
+            f"expert; converted (`strata convert`): 1 read of {fmt_bytes(converted)}; with every selection a miss "
+            f"{fmt_bytes(here * selections)}/token in place vs {fmt_bytes(converted * selections)}/token converted")
 
 
 def _count(n: int) -> str:

@@ -41,6 +41,8 @@ class Source:
     trace: Path | None = None
     stored: dict = field(default_factory=dict)  # the checkpoint's own bytes by part
     note: str = ""
+    # a llama.cpp GGUF run in place: its experts' reads against the converted records' (expert_pieces.PieceStore)
+    in_place: dict = field(default_factory=dict)
 
     @property
     def runnable(self) -> bool:
@@ -168,14 +170,31 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
     moe_layers = max(1, sum(1 for t in reader.tensors.values() if t.name.endswith("ffn_down_exps.weight")))
     per_expert = expert_weights // (moe_layers * n_exp) if expert_weights else 3 * hidden * (ffn or 0)
     vocab = embedding // hidden if hidden else 0
-    counts = PartCounts(family=f"llama.cpp {arch}", model_type=arch, supported=False,
-                        why_not=f"a llama.cpp GGUF: run `strata convert {p} OUT` first (its byte budget is below)",
+    in_place, refusal = _in_place_reads(p)
+    why_not = f"a llama.cpp GGUF neither a run in place nor `strata convert` reads: {refusal}" if refusal else ""
+    counts = PartCounts(family=f"llama.cpp {arch}", model_type=arch, supported=bool(in_place), why_not=why_not,
                         hidden=hidden, vocab=vocab, n_layers=n_layers, moe_layers=moe_layers, n_experts=n_exp,
                         top_k=top_k, expert_ffn=ffn or per_expert // (3 * hidden), expert_weights=per_expert,
                         embedding=embedding, dense={"dense": dense})
     qtype, slot = _kept_expert_types(reader, hidden, counts.expert_ffn)
-    return Source(str(p), "gguf", counts, qtype, QuantType.F32, slot_bytes=slot,
-                  stored={"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())) - experts, "experts": experts})
+    return Source(str(p), "gguf", counts, qtype, QuantType.F32, slot_bytes=slot, model_files=(p,),
+                  stored={"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())) - experts, "experts": experts},
+                  in_place=in_place)
+
+
+def _in_place_reads(p: Path) -> tuple[dict, str]:
+    """How a run in place reads the GGUF's experts, against the records `strata convert` writes
+    (one read of `converted_bytes_per_record` each), and ""; ({}, the one-line refusal) where
+    strata reads the file neither way."""
+    from strata.convert.gguf_in_place import open_expert_store
+
+    try:
+        with open_expert_store(p) as store:
+            return {"reads_per_record": store.reads_per_record, "multi_read_share": store.multi_read_share,
+                    "read_bytes_per_record": store.read_bytes_per_record,
+                    "converted_bytes_per_record": store.header.padded_bytes}, ""
+    except (ConfigError, FormatError) as e:
+        return {}, str(e)
 
 
 def _kept_expert_types(reader, hidden: int, ffn: int) -> tuple[QuantType, int | None]:

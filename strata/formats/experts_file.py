@@ -454,6 +454,26 @@ class ExpertsFile(OpenFile):
         self._check_index(layer, expert)
         return self.header.data_offset + (layer * self.header.n_experts + expert) * self.header.padded_bytes
 
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files its records are read from (strata.formats.expert_store)."""
+        return (self.path,)
+
+    @property
+    def reads_per_record(self) -> float:
+        """One read fills a slot (strata.formats.expert_store)."""
+        return 1.0
+
+    @property
+    def multi_read_share(self) -> float:
+        """No record needs more than one read."""
+        return 0.0
+
+    @property
+    def read_bytes_per_record(self) -> float:
+        """The record stride: what one read asks for."""
+        return float(self.header.padded_bytes)
+
     def checksum(self, layer: int, expert: int) -> int:
         """The stored CRC-32 of record (layer, expert)."""
         self._check_index(layer, expert)

@@ -111,6 +111,16 @@ class GGUFFile:
             return buf.view(dtypes[gtype]).reshape(info.shape)
         return buf.reshape(gguf.quants.quant_shape_to_byte_shape(info.shape, gtype))
 
+    def location(self, info: TensorInfo) -> tuple[str, int]:
+        """(the file that holds a tensor, the file offset of its first byte): where a reader
+        `pread`s it without the map (experts read in place, strata/convert/gguf_in_place.py)."""
+        return self.path, self.data_offset + info.offset
+
+    @property
+    def files(self) -> tuple[tuple[str, int], ...]:
+        """(path, bytes before the tensor data: the header and tensor index) of each file read."""
+        return ((self.path, self.data_offset),)
+
     def crc32_without(self, start: int, n: int) -> int:
         """CRC-32 of the whole file with bytes [start, start + n) read as zeros (a checksum stored
         inside the file it covers)."""

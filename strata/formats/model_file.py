@@ -367,23 +367,29 @@ def _check_type(path: str, name: str, shape: tuple[int, ...], ggml_type) -> None
 
 
 def _dequantize(gf: GGUFFile, name: str, info, want: tuple[int, ...]) -> np.ndarray | StoredTensor:
-    """The tensor as it is kept in memory: F16, BF16 and Q8_0 as stored (a StoredTensor, widened
-    per use: strata.formats.dense_weights), any other type widened to float32 now."""
+    return held_dense(gf.path, name, info.ggml_type, gf.raw(info), want)
+
+
+def held_dense(path: str, name: str, ggml_type: int, raw: np.ndarray, want: tuple[int, ...]) -> np.ndarray | StoredTensor:
+    """A tensor as it is kept in memory: F16, BF16 and Q8_0 as stored (a StoredTensor, widened
+    per use: strata.formats.dense_weights), any other type widened to float32 now; checked finite.
+    raw: its stored bytes (`GGUFFile.raw`'s view, or the uint8 rows of blocks: the same bytes),
+    from a model file or from a llama.cpp GGUF read in place (strata/convert/gguf_in_place.py)."""
     gguf = _gguf()
-    ggml_type = gguf.GGMLQuantizationType(info.ggml_type)
-    _check_type(gf.path, name, want, ggml_type)
+    ggml_type = gguf.GGMLQuantizationType(ggml_type)
+    _check_type(path, name, want, ggml_type)
     stored = StoredType.of(int(ggml_type))
     if stored is not None and len(want) >= 1:
-        t = StoredTensor.from_gguf(stored, gf.raw(info), want)
+        t = StoredTensor.from_gguf(stored, raw, want)
         if not _stored_finite(t):  # rare: the full check below names the count and the first place
-            _check_finite(gf.path, name, t.widen(), want)
+            _check_finite(path, name, t.widen(), want)
         return t
     try:
-        x = gguf.quants.dequantize(gf.raw(info), ggml_type)
+        x = gguf.quants.dequantize(raw, ggml_type)
     except Exception as e:
-        raise FormatError(f"{gf.path}: tensor {name}: cannot dequantize {ggml_type.name}: {_one_line(e)}") from e
+        raise FormatError(f"{path}: tensor {name}: cannot dequantize {ggml_type.name}: {_one_line(e)}") from e
     x = np.array(x, dtype=np.float32).reshape(want)  # a copy: no view into the map
-    _check_finite(gf.path, name, x, want)
+    _check_finite(path, name, x, want)
     return x
 
 

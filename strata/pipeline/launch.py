@@ -31,7 +31,9 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
     return None. `arena`: this rank's arena ("min" for the smallest legal; default the config's)."""
     from strata.formats.experts_file import ExpertsFile
     from strata.formats.model_file import read_model_config
+    from strata.errors import ParameterError
     from strata.loader import experts_path_for, load
+    from strata.model_source import is_llama_cpp_gguf
     from strata.pipeline.engine import PipelineEngine, hello, serve_stage
     from strata.pipeline.stage import backend_note, open_stage
     from strata.pipeline.transport import connect
@@ -40,6 +42,9 @@ def open_pipeline(model_path, config: Config, options: PipelineOptions, *, arena
     engine, error, files = None, None, ""
     model_path = Path(model_path)
     try:
+        if is_llama_cpp_gguf(model_path):  # run in place by one process only (strata/convert/gguf_in_place.py)
+            raise ParameterError(f"{model_path}: pipeline stages run converted models only; run "
+                                 f"`strata convert {model_path} OUT` first")
         cfg = read_model_config(model_path)
         with ExpertsFile.open(experts_path_for(model_path)) as xf:
             slot_bytes = xf.header.padded_bytes

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -75,8 +76,14 @@ def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_b
     total = h.n_records if stage is None else moe * h.n_experts
     return engine_arena_plan(config=config, slot_bytes=h.padded_bytes, moe_layers=moe,
                              top_k=model.cfg.n_experts_per_token, n_experts=model.cfg.n_experts, total_experts=total,
-                             dense_bytes=dense, model_files=(model.model_path, model.experts_file.path),
+                             dense_bytes=dense, model_files=_model_files(model),
                              ple_bytes=ple_bytes)
+
+
+def _model_files(model) -> tuple[Path, ...]:
+    """The files the model reads, each once (a GGUF run in place is both the model and its
+    experts, and a split one every part)."""
+    return tuple(dict.fromkeys(Path(p) for p in (model.model_path, *model.experts_file.files)))
 
 
 @dataclass(frozen=True)
@@ -319,6 +326,7 @@ class StreamingEngine(SessionEngine):
         return build_report(
             decode=asdict(led.decode_counts), tokens=led.decode_tokens, seconds=led.decode_s, host_s=led.host_s,
             waiting_s=led.waiting_s, after_s=led.after_s, slot_bytes=self.arena.slot_bytes,
+            read_bytes=self.model.experts_file.read_bytes_per_record,
             arena_slots=self.arena.capacity, io=io, policy=self.selector.policy.describe(),
             prompt_tokens=led.prompt_tokens, prompt_s=led.prompt_s,
             prompt_reads=led.prompt_counts.reads_issued,

@@ -300,7 +300,7 @@ class ReaderPool:
                     continue  # cancelled while queued: its token is spent
                 job.status = _RUNNING
             try:
-                self._read(job.req)
+                got = self._read(job.req)  # bytes read; None: the record's `nbytes` (one read)
                 error = None
             except ExpertReadError as e:
                 error = e
@@ -312,7 +312,7 @@ class ReaderPool:
                 job.error = error
                 job.status = _DONE
                 if error is None:
-                    self.bytes_read += self.nbytes
+                    self.bytes_read += self.nbytes if got is None else got
                     self.reads_done += 1
                 else:
                     self.errors += 1

@@ -85,16 +85,19 @@ def build_report(*, decode: dict, tokens: int, seconds: float, host_s: float, wa
                  after_s: float, slot_bytes: int, arena_slots: int, io: str, policy: str = "", prompt_tokens: int = 0,
                  prompt_s: float = 0.0, prompt_reads: int = 0, profile: dict[str, float] | None = None,
                  paging: PagingDelta | None = None, ple_rows_read: int = 0, ple_rows_hit: int = 0,
-                 ple_bytes: int = 0, ple_wait_s: float = 0.0) -> StreamReport:
+                 ple_bytes: int = 0, ple_wait_s: float = 0.0, read_bytes: float | None = None) -> StreamReport:
     """The report of `tokens` decode windows whose cache counts are `decode` (asdict of a
-    `stats_delta`); ple_*: the row cache's totals over the same windows (RowStats.total)."""
+    `stats_delta`); ple_*: the row cache's totals over the same windows (RowStats.total).
+    read_bytes: the bytes one expert read asks for (its store's `read_bytes_per_record`: a GGUF
+    read in place reads pages around each slice); None: `slot_bytes`."""
     d, n = decode, tokens
+    read_bytes = slot_bytes if read_bytes is None else read_bytes
     per = 1.0 / n if n else 0.0
     lookups = d["lookups"]
     return StreamReport(
         tokens=n, ms_per_token=1e3 * seconds * per,
         urgent_misses_per_token=d["urgent_misses"] * per, readahead_hits_per_token=d["readahead_hits"] * per,
-        reads_per_token=d["reads_issued"] * per, bytes_per_token=d["reads_issued"] * slot_bytes * per,
+        reads_per_token=d["reads_issued"] * per, bytes_per_token=d["reads_issued"] * read_bytes * per,
         hit_rate=(d["hits"] + d["readahead_hits"]) / lookups if lookups else 0.0,
         host_ms_per_window=1e3 * host_s * per, waiting_ms_per_window=1e3 * waiting_s * per,
         late=d["late_readaheads"], after_ms=1e3 * after_s * per,

@@ -96,13 +96,16 @@ def test_tokenizer_rebuilt_from_gguf_encodes_like_the_original(converted):
         assert list(model.tokenizer.encode(text)) == original.encode(text).ids
 
 
-def test_generate_on_a_llama_cpp_gguf_says_convert(converted, capsys):
+def test_generate_on_a_llama_cpp_gguf_runs_it_in_place(converted, capsys):
+    """No conversion needed (strata/convert/gguf_in_place.py; tests/convert/test_gguf_in_place.py
+    holds it to the converted run bit for bit)."""
+    from strata.formats.expert_pieces import PieceStore
+
     _, _, path, _, work = converted
-    with pytest.raises(FormatError, match=r"not a strata model; run `strata convert"):
-        load(path)
-    assert main(["generate", str(path), "hi"]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"strata convert {path}" in err[0]
+    with load(path) as model:
+        assert isinstance(model.experts_file, PieceStore)
+    assert main(["generate", str(path), "hi", "-n", "2"]) == 0
+    assert capsys.readouterr().out.strip()
 
 
 def test_k_quant_gguf_converts_with_kld_and_matches_dequantized_weights(tmp_path, capsys):

@@ -3,7 +3,8 @@ in a converted model of other weights: a tensor type relabelled with its bytes u
 offset moved by +1 (misaligned), +32, -32, to 2^64 - 1, into another tensor or by one flipped
 bit, a shape changed, a changed alignment, truncation. ggml's own loader rejects each (gguf.cpp: offsets in
 order, aligned, sized by type and shape, inside the file); strata's reader holds the file to the
-same rules before converting a byte (strata/formats/gguf_file.py)."""
+same rules before converting a byte (strata/formats/gguf_file.py), and before a run in place
+reads one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests import gguf_models, hf_models
 from strata.cli.main import main
 from strata.convert import convert
 from strata.errors import FormatError, StrataError
+from strata.loader import load
 
 EXPERTS = "blk.0.ffn_down_exps.weight"  # a Q8_0 tensor in the middle of the file
 Q8_0, Q4_0, I32 = 8, 2, 26  # ggml type ids
@@ -115,6 +117,24 @@ def test_a_corrupt_gguf_ends_in_one_line(good, tmp_path, capsys, what):
     assert main(["convert", str(bad), str(tmp_path / "cli"), "--quiet"]) == 2
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert len(err_lines) == 1 and err_lines[0].startswith("error: ") and "internal error" not in err_lines[0]
+
+
+@pytest.mark.parametrize("what", list(CORRUPTIONS))
+def test_a_corrupt_gguf_run_in_place_ends_in_one_line(good, tmp_path, capsys, what):
+    """The same files given to `strata generate` (run in place, no conversion:
+    strata/convert/gguf_in_place.py): refused at load by the same reader, one line each."""
+    make, fragment = CORRUPTIONS[what]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(make(good))
+    with pytest.raises(StrataError) as err:
+        load(bad)
+    msg = str(err.value)
+    assert "\n" not in msg and str(bad) in msg and fragment in msg, msg
+    capsys.readouterr()
+    assert main(["generate", str(bad), "hi", "-n", "2"]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and err_lines[0].startswith("error: ") and "internal error" not in err_lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]  # nothing written beside it
 
 
 def test_the_good_file_converts(good, tmp_path):
