@@ -85,12 +85,21 @@ def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
     return layer_types_of(hf, n_layers, kinds, "indexed_attention")
 
 
+OUTPUT_GATES = ("silu", "sigmoid")  # the DeltaNet's gated RMSNorm (reference/deltanet.py output_gate)
+
+
+def _output_gate(hf: HFConfig) -> str:
+    """The DeltaNet's output gate: output_gate_type, else hidden_act (transformers' rule)."""
+    gate = hf.get("output_gate_type", default=None) or hf.get("hidden_act", default="silu")
+    if gate not in OUTPUT_GATES:
+        raise hf.unsupported(f"output_gate_type = {gate!r}", " or ".join(repr(g) for g in OUTPUT_GATES))
+    return gate
+
+
 def _check_values(hf: HFConfig) -> None:
     """The _CHECK keys: only what strata computes."""
     refuse_attention_bias(hf)
-    gate = hf.get("output_gate_type", default=None) or hf.get("hidden_act", default="silu")
-    if gate != "silu":  # the DeltaNet's gated RMSNorm: strata computes silu(z) (reference/deltanet.py)
-        raise hf.unsupported(f"output_gate_type = {gate!r}", "'silu'")
+    _output_gate(hf)
     if hf.get_int("indexer_kv_heads", default=1) != 1:
         raise hf.unsupported(f"indexer_kv_heads = {hf.get('indexer_kv_heads')}", "one indexer key head")
     refuse_dense_layers(hf)
@@ -140,6 +149,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         indexer_head_dim=text.get_int("indexer_head_dim", default=0),
         indexer_budget=text.get_int("indexer_budget", default=0),
         indexer_block=text.get_int("indexer_compress_ratio", default=0),
+        deltanet_sigmoid_gate=_output_gate(text) == "sigmoid",
         # transformers numbers PLE layers from 1; strata's layers are 0-based
         ple_layer_ids=",".join(str(i - 1) for i in sorted(set(ple))),
     )

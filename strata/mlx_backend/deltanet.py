@@ -81,6 +81,11 @@ def _l2norm(x: mx.array) -> mx.array:
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2NORM_EPS)
 
 
+def _output_gate(cfg: ModelConfig, z: mx.array) -> mx.array:
+    """Twin of the reference's output_gate: sigmoid(z) (cfg.qwen4.deltanet_sigmoid_gate), else silu(z)."""
+    return mx.sigmoid(z) if cfg.qwen4.deltanet_sigmoid_gate else z * mx.sigmoid(z)
+
+
 def _inputs(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.array):
     """Norm, projections, conv, heads: q, k [Hv, T, dk], v [Hv, T, dv], g, beta [Hv, T], z [T, V],
     and the padded conv inputs [K-1+T, C]."""
@@ -191,7 +196,8 @@ def _kernel_step(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: 
     y, conv, rec = step_kernel.deltanet_step(proj, state.conv, w.conv, w.a, w.dt_bias, w.out_norm, state.recurrent,
                                              k_heads=cfg.deltanet.linear_k_heads, eps=cfg.rms_norm_eps,
                                              l2_eps=L2NORM_EPS,
-                                             softplus_max=SOFTPLUS_THRESHOLD)
+                                             softplus_max=SOFTPLUS_THRESHOLD,
+                                             sigmoid_gate=cfg.qwen4.deltanet_sigmoid_gate)
     out = dense_kernel.dense_gemv(w.wo, y)  # [1, D]
     n = state.length + 1
     new = DeltaNetState(conv, rec, n, state.kept).keep([Snapshot(n, conv, rec)])
@@ -224,6 +230,6 @@ def deltanet_partials(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState
     last = snaps[-1]
     new = DeltaNetState(last.conv, last.recurrent, state.length + t, state.kept).keep(snaps)
     o = o.transpose(1, 0, 2)  # [T, Hv, dv]
-    normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * (z.reshape(o.shape) * mx.sigmoid(z.reshape(o.shape)))
+    normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * _output_gate(cfg, z.reshape(o.shape))
     out = linear(normed.reshape(t, -1), w.wo)
     return out[:, None, :], new
