@@ -156,6 +156,14 @@ def stored_hash_constants(cfg: "ModelConfig", ple_index: int) -> StoredHashConst
     return StoredHashConstants(m, sizes, offsets)
 
 
+def hash_constant_fields(layers: list[StoredHashConstants]) -> dict[str, str]:
+    """The config fields (STORED_HASH_FIELDS) that store these constants, one per PLE layer in order."""
+    text = lambda arrays: ";".join(",".join(str(int(v)) for v in a) for a in arrays)  # noqa: E731
+    return {"ngram_multipliers": text([c.multipliers for c in layers]),
+            "ngram_head_sizes": text([c.head_sizes for c in layers]),
+            "ngram_head_offsets": text([c.head_offsets for c in layers])}
+
+
 def padded_rows(cfg: "ModelConfig", used: int) -> int:
     """A table's rows for heads that use rows [0, used): ngram_table_rows where stored, else
     `used` padded to ngram_vocab_divisor."""
@@ -229,10 +237,11 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
     """The Qwen4-Exp fields' rules, one ConfigError naming the field (nothing when hc_count is 0)."""
     q = cfg.qwen4
     indexed = [layer for layer, t in enumerate(cfg.kinds) if t.mixer is Mixer.INDEXED_ATTENTION]
-    if not q.hc_count:
-        if indexed or q.ple_layer_ids or q.deltanet_sigmoid_gate:
-            raise ConfigError("model config: indexed attention, PLE layers and deltanet_sigmoid_gate need "
-                              "hc_count > 0 (Qwen4-Exp)")
+    if q.deltanet_sigmoid_gate and not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
+        raise ConfigError("model config: deltanet_sigmoid_gate is set, but no layer is a DeltaNet")
+    if not q.hc_count:  # (the DeltaNet's gate is the one field a model of DeltaNet layers may set alone)
+        if indexed or q.ple_layer_ids:
+            raise ConfigError("model config: indexed attention and PLE layers need hc_count > 0 (Qwen4-Exp)")
         return
     if q.hc_count < 2 or q.hc_lowrank <= 0:
         raise ConfigError(f"model config: hc_count must be > 1 and hc_lowrank > 0, got {q.hc_count}, "
