@@ -16,6 +16,11 @@ transformers' modeling file (models/qwen4_exp), with these derivations:
   checked equal to what strata derives from the config (reference/ngram_hash.py) and not stored;
 - a checkpoint whose experts were pruned (fewer router rows and experts than its config's
   `num_experts`) converts as an ordinary model of that many experts (read from the router).
+- the DeltaNet's output gate: `output_gate_type` (else `hidden_act`), silu or sigmoid (the
+  released checkpoint's: `deltanet_sigmoid_gate`).
+llama.cpp's `qwen4exp` GGUF (a GgufCheckpoint) is read by `gguf_tensor_plan`: its config keys come
+from gguf_checkpoint's `_qwen4exp_config`, its one n-gram table and stored hash constants give
+the config's stored constants (`_gguf_hash_fields`), its trailing MTP block is skipped.
 The n-gram tables (tens of GB in the published checkpoint) do not go into the model file: the
 config says `ple_row_store` and `write_row_store` streams them, shard by shard, into the row store
 `<name>.ngrams` (strata.convert.ngram_tables; docs/formats.md §7), whose identity the model file
