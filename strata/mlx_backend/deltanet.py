@@ -39,7 +39,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig
 from strata.reference.deltanet import L2NORM_EPS, SOFTPLUS_THRESHOLD, DeltaNetState, Snapshot, conv_channels
 
-__all__ = ["DeltaNetWeights", "empty_state", "deltanet_partials", "recurrent", "chunked", "CHUNK", "kernel_applies"]
+__all__ = ["DeltaNetWeights", "empty_state", "deltanet_partials", "recurrent", "chunked", "CHUNK", "kernel_applies", "output_gate"]
 
 CHUNK = 64  # positions per chunk of the prompt path (transformers' and fla's default)
 
@@ -81,7 +81,7 @@ def _l2norm(x: mx.array) -> mx.array:
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2NORM_EPS)
 
 
-def _output_gate(cfg: ModelConfig, z: mx.array) -> mx.array:
+def output_gate(cfg: ModelConfig, z: mx.array) -> mx.array:
     """Twin of the reference's output_gate: sigmoid(z) (cfg.qwen4.deltanet_sigmoid_gate), else silu(z)."""
     return mx.sigmoid(z) if cfg.qwen4.deltanet_sigmoid_gate else z * mx.sigmoid(z)
 
@@ -230,6 +230,6 @@ def deltanet_partials(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState
     last = snaps[-1]
     new = DeltaNetState(last.conv, last.recurrent, state.length + t, state.kept).keep(snaps)
     o = o.transpose(1, 0, 2)  # [T, Hv, dv]
-    normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * _output_gate(cfg, z.reshape(o.shape))
+    normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * output_gate(cfg, z.reshape(o.shape))
     out = linear(normed.reshape(t, -1), w.wo)
     return out[:, None, :], new
