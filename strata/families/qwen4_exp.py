@@ -288,9 +288,10 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
 
 
 def _check_stored_hash(cfg: "ModelConfig", n_ple: int) -> None:
-    """The stored hash constants (where there are any): a list per PLE layer, ngram_size odd
-    multipliers below 2^63 / vocab (token x multiplier must not wrap, as the derived ones never do),
-    N positive head sizes and offsets inside the table."""
+    """The stored hash constants (where there are any): a list per PLE layer, ngram_size multipliers
+    in [0, 2^63 / vocab] (token x multiplier must not pass 2^63: the hash is int64 here, uint64 in
+    llama.cpp, and the two agree only below it, as they do for the derived ones), N positive head
+    sizes and offsets inside the table."""
     q = cfg.qwen4
     given = [name for name in STORED_HASH_FIELDS if getattr(q, name).strip()]
     if not given:
@@ -314,9 +315,9 @@ def _check_stored_hash(cfg: "ModelConfig", n_ple: int) -> None:
                               f"{want[name]} values, got {[len(g) for g in groups]}")
     bound = ((1 << 63) - 1) // max(cfg.vocab_size, 1)
     for m in lists["ngram_multipliers"]:
-        if np.any(m <= 0) or np.any(m % 2 == 0) or np.any(m > bound):
-            raise ConfigError(f"model config: ngram_multipliers {m.tolist()} must be odd, positive and at most "
-                              f"{bound} (2^63 / vocab_size: a token times one must not wrap)")
+        if np.any(m < 0) or np.any(m > bound):
+            raise ConfigError(f"model config: ngram_multipliers {m.tolist()} must be in [0, {bound}] "
+                              "(2^63 / vocab_size: a token times one must stay below 2^63)")
     for layer, (sizes, offsets) in enumerate(zip(lists["ngram_head_sizes"], lists["ngram_head_offsets"])):
         rows = padded_rows(cfg, int((sizes + offsets).max()))
         if np.any(sizes <= 0) or np.any(offsets < 0) or int((sizes + offsets).max()) > rows:

@@ -92,7 +92,7 @@ def _with(**fields):
 
 @pytest.mark.parametrize("make, field", [
     (_with(ngram_multipliers="3,5"), "ngram_multipliers"),  # one list for two PLE layers
-    (_with(ngram_multipliers="3,5,7;4,5,9"), "ngram_multipliers"),  # an even multiplier
+    (_with(ngram_multipliers="3,5,7;-3,5,9"), "ngram_multipliers"),  # a negative multiplier
     (_with(ngram_multipliers=f"{2 ** 62 + 1},5,7;3,5,9"), "ngram_multipliers"),  # token x it would wrap
     (_with(ngram_head_sizes="7,11,13;17,19,23,29,31"), "ngram_head_sizes"),  # 3 heads, not 4
     (_with(ngram_head_offsets="-1,101,204,313;0,1,2,3"), "ngram_head_offsets"),  # before the table
