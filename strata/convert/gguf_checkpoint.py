@@ -22,7 +22,7 @@ per-head split `attn_k_b` / `attn_v_b` presented as the checkpoint's kv_b_proj);
 `_gpt_oss_config` (its expert biases read by GgufExpertTensors.read_biases); qwen3next and qwen35moe
 by `_qwen3next_config`, their tensors by qwen_hybrid.gguf_tensor_plan. A split GGUF is read from its
 first part (convert/gguf_split.py); a fused `ffn_gate_up_exps` as gate and up. `qwen4exp`
-(Qwen3.8-Flash-Next) by `_qwen4exp_config`, its tensors by qwen4_exp.gguf_tensor_plan, its one
+(Qwen3.8-Flash-Next) by `_qwen4exp_config`, its tensors by qwen4_exp_gguf.gguf_tensor_plan, its one
 n-gram table `per_layer_token_embd` presented as its PLE layer's table and its stored hash
 constants read by `qwen4exp_hash_constants`. Anything else, an
 unknown gating function, rope scaling or pre-tokenizer is refused in one line naming the key.
