@@ -72,10 +72,13 @@ def _table(ck, base: str) -> np.ndarray:
 
 
 def write_qwen4exp_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32",
-                        table: str = "F32", mtp: bool = True, compress_ratios: list[int] | None = None) -> Path:
+                        table: str = "F32", mtp: bool = True, compress_ratios: list[int] | None = None,
+                        recurrent_layers: bool = False) -> Path:
     """The GGUF of the single-PLE-layer Qwen4-Exp checkpoint in `hf_dir` (text class): routed experts
     as ggml type `experts`, 2-D dense matrices as `dense`, the n-gram table as `table`, the rest F32.
-    compress_ratios: written instead of the converter's (for the refusals)."""
+    compress_ratios: written instead of the converter's (for the refusals). recurrent_layers: the
+    layer pattern as `attention.recurrent_layers` (a bool per block), which llama.cpp's loader reads
+    before `full_attention_interval`, beside an interval of 2 that would mean another pattern."""
     import gguf
 
     from strata.convert.safetensors_reader import Checkpoint
@@ -112,7 +115,13 @@ def write_qwen4exp_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense
     w.add_ssm_group_count(hk)
     w.add_ssm_time_step_rank(hv)
     w.add_ssm_inner_size(dv * hv)
-    w.add_full_attention_interval(_interval(cfg["layer_types"]))
+    if recurrent_layers:
+        linear = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * (blocks - n)
+        w.add_key_value(f"{ARCH}.attention.recurrent_layers", linear, gguf.GGUFValueType.ARRAY,
+                        sub_type=gguf.GGUFValueType.BOOL)
+        w.add_full_attention_interval(2)
+    else:
+        w.add_full_attention_interval(_interval(cfg["layer_types"]))
     w.add_rope_dimension_count(int(head_dim * params["partial_rotary_factor"]))
     w.add_rope_dimension_sections(list(params["mrope_section"]) + [0])
     if mtp:

@@ -86,6 +86,13 @@ def test_the_gguf_is_the_hugging_face_conversion(from_hf, from_gguf):
     np.testing.assert_array_equal(_logits(from_gguf.model_path), _logits(from_hf.model_path))
 
 
+def test_the_layer_pattern_as_recurrent_layers(checkpoint, from_gguf, tmp_path):
+    """`attention.recurrent_layers` (a bool per block) is the layer pattern where the file has it,
+    before a `full_attention_interval` (2 here) that would mean another."""
+    path = write_qwen4exp_gguf(checkpoint[0], tmp_path / "m.gguf", recurrent_layers=True)
+    assert convert(path, tmp_path / "out").cfg == from_gguf.cfg
+
+
 def test_a_quantized_gguf_keeps_its_types(checkpoint, tmp_path):
     """Q5_1 experts, Q8_0 dense matrices and table (types the UD recipes use; the K-types need rows
     of 256, wider than this model's 64) are kept as stored and compute what their values do: the
