@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.gguf_models import add_tokenizer
+from tests.gguf_models import K_QUANTIZERS, add_tokenizer
 from tests.gguf_qwen3next import tile_value_heads
 from tests.gguf_sigmoid_models import _add, _finish
 
@@ -150,7 +150,12 @@ def write_qwen4exp_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense
         _add(w, "output_hc_norm.weight", ck.read(mixer + "hc_norm.weight") + one, "F32")
         _add(w, "output_hc_down.weight", ck.read(mixer + "input_mix_weight_down.weight"), dense)
         _add(w, "output_hc_up.weight", ck.read(mixer + "input_mix_weight_up.weight"), dense)
-        _add(w, "per_layer_token_embd.weight", _table(ck, f"model.layers.{ple}."), table)
+        rows = _table(ck, f"model.layers.{ple}.")
+        if table in K_QUANTIZERS:  # gguf has no quantizer for these (IQ4_NL: a UD file's table type)
+            w.add_tensor("per_layer_token_embd.weight", K_QUANTIZERS[table](rows),
+                         raw_dtype=getattr(gguf.GGMLQuantizationType, table))
+        else:
+            _add(w, "per_layer_token_embd.weight", rows, table)
         for l in range(blocks):
             base = f"model.layers.{min(l, n - 1)}."  # the MTP block: the last layer's tensors again
             for hf_hc, g_hc in (("attn_hyper_connection.", "hc_attn_"), ("mlp_hyper_connection.", "hc_ffn_")):

@@ -10,7 +10,9 @@ what the released config says where it differs from tests/hf_qwen4.py's fixtures
 - the shapes llama.cpp's `qwen4exp` loader takes (so tests/gguf_qwen4exp.py can write its GGUF):
   key and value heads of one width (dk = dv = 16, 2 key heads of 2 value heads each: llama.cpp
   tiles those), `ple_embed_dim` = hidden (its ple_key / ple_value are [hc D, D] / [D, D]),
-  `norm_topk_prob` true (its graph normalizes the top-k weights, fixed), an integer eos id.
+  `norm_topk_prob` true (its graph normalizes the top-k weights, fixed), an integer eos id;
+- n-gram rows of 32 values, so the table can be stored in a 32-value block type (Q8_0, IQ4_NL: the
+  UD files' table types).
 
 Every parameter transformers initializes to a constant gets noise and the model trains briefly,
 as tests/hf_qwen4_random.py does, then is saved in BF16.
@@ -27,6 +29,7 @@ ARCHS = ("qwen4_exp_released",)
 SEED = 38
 PLE_LAYER_IDS = [2]
 NGRAM_SHARDS = 3
+HEADS_PER_NGRAM = 1  # 3-grams: 2 heads, rows of 32 (ple_embed_dim 64 / 2): whole Q8_0 / IQ4_NL blocks
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 
 
@@ -35,7 +38,7 @@ def text_fields() -> dict:
     fields.update(layer_types=LAYER_TYPES, ple_layer_ids=PLE_LAYER_IDS, split_ngram_parts=NGRAM_SHARDS,
                   ple_embed_dim=hf_models.HIDDEN, linear_key_head_dim=16, linear_value_head_dim=16,
                   linear_num_key_heads=2, linear_num_value_heads=4, output_gate_type="sigmoid",
-                  norm_topk_prob=True)
+                  norm_topk_prob=True, heads_per_ngram=HEADS_PER_NGRAM)
     return fields
 
 

@@ -19,6 +19,7 @@ from strata.cli.main import main
 from strata.convert import convert
 from strata.errors import ConfigError, FormatError
 from strata.families.qwen4_exp import ple_layers
+from strata.formats.ngram_rows_file import NgramRowsFile
 from strata.formats.quant_types import QuantType
 from strata.generate import generate
 from strata.loader import load
@@ -93,17 +94,31 @@ def test_the_layer_pattern_as_recurrent_layers(checkpoint, from_gguf, tmp_path):
     assert convert(path, tmp_path / "out").cfg == from_gguf.cfg
 
 
-def test_a_quantized_gguf_keeps_its_types(checkpoint, tmp_path):
-    """Q5_1 experts, Q8_0 dense matrices and table (types the UD recipes use; the K-types need rows
-    of 256, wider than this model's 64) are kept as stored and compute what their values do: the
-    logits equal, bit for bit, those of the same file converted to F32 experts and dense (its
-    values dequantized exactly)."""
-    path = write_qwen4exp_gguf(checkpoint[0], tmp_path / "q.gguf", experts="Q5_1", dense="Q8_0", table="Q8_0")
-    kept = convert(path, tmp_path / "kept")
+@pytest.mark.parametrize("table", ["Q8_0", "IQ4_NL"])
+def test_a_quantized_gguf_keeps_its_types(checkpoint, tmp_path, table):
+    """Q5_1 experts, Q8_0 dense matrices, a Q8_0 or IQ4_NL table (types the UD recipes use; the
+    K-types need rows of 256, wider than this model's 64): the experts and dense matrices are kept
+    as stored and compute what their values do, the table's rows are read as the file stores them:
+    the logits equal, bit for bit, those of the same file converted to F32 experts and dense (its
+    values dequantized exactly), the row store's rows the table's dequantized rows."""
+    import gguf
+
+    path = write_qwen4exp_gguf(checkpoint[0], tmp_path / "q.gguf", experts="Q5_1", dense="Q8_0", table=table)
+    stored = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert stored["per_layer_token_embd.weight"] == table and stored["blk.0.ffn_down_exps.weight"] == "Q5_1"
+    assert stored["blk.3.attn_q.weight"] == "Q8_0"
+    kept = convert(path, tmp_path / "kept", ngram_type=QuantType.F32)
     assert kept.expert_type is QuantType.Q5_1 and kept.dense_kept
-    widened = convert(path, tmp_path / "f32", expert_type=QuantType.F32, dense_type=QuantType.F32)
+    widened = convert(path, tmp_path / "f32", expert_type=QuantType.F32, dense_type=QuantType.F32,
+                      ngram_type=QuantType.F32)
     assert kept.cfg == widened.cfg
     np.testing.assert_array_equal(_logits(kept.model_path), _logits(widened.model_path))
+    rows = NgramRowsFile.open(kept.ngrams_path)
+    ids = np.arange(kept.cfg.qwen4.ngram_table_rows)
+    want = gguf.dequantize(gguf.GGUFReader(str(path)).get_tensor(
+        [t.name for t in gguf.GGUFReader(str(path)).tensors].index("per_layer_token_embd.weight")).data,
+        getattr(gguf.GGMLQuantizationType, table))
+    np.testing.assert_array_equal(rows.rows(0, ids), want.reshape(len(ids), -1))
 
 
 @pytest.mark.parametrize("change, error, message", [
