@@ -76,7 +76,7 @@ def sweep_one(seed: int, work: Path, overrides: dict, train: bool) -> dict:
     ties = 0 if same else transformers_ties(model, tokens)
     verdict = "agree" if same else ("tie" if ties else "DISAGREE")
     return {"seed": seed, "verdict": verdict, "max_rel_logit_error": err, "greedy_same": ours == theirs,
-            "tied_selections": ties}
+            "tied_selections": ties, "output_gate": hf_qwen4_random.output_gate_type(seed) or "unset"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             row = sweep_one(seed, Path(tmp), overrides, not args.no_train)
             rows.append(row)
             print(f"seed {seed:4d}  {row['verdict']:8s}  max|dlogit|/scale {row['max_rel_logit_error']:.2e}  "
-                  f"greedy {'same' if row['greedy_same'] else 'differs'}  tied selections {row['tied_selections']}",
+                  f"greedy {'same' if row['greedy_same'] else 'differs'}  tied selections {row['tied_selections']}  "
+                  f"gate {row['output_gate']}",
                   flush=True)
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("agree", "tie", "DISAGREE")}
     print(json.dumps({"sweep": "qwen4_parity", "seeds": list(args.seeds), "overrides": overrides,
                       "trained": not args.no_train, **counts,
+                      "sigmoid_gates": sum(r["output_gate"] == "sigmoid" for r in rows),
                       "worst_agreeing_error": max((r["max_rel_logit_error"] for r in rows
                                                    if r["verdict"] == "agree"), default=None)}))
     return 1 if counts["DISAGREE"] else 0

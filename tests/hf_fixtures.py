@@ -1,7 +1,7 @@
 """The checked-in tiny Hugging Face checkpoints and what transformers computes on them (no torch).
 
 tests/fixtures/hf/<arch>/ holds a checkpoint exactly as transformers' `save_pretrained` wrote
-it (tests/hf_models.py, tests/hf_hybrid.py, tests/hf_gpt_oss.py, tests/hf_qwen4.py and tests/hf_qwen4_random.py build and train them; gpt-oss's
+it (tests/hf_models.py, tests/hf_hybrid.py, tests/hf_gpt_oss.py, tests/hf_qwen4.py, tests/hf_qwen4_random.py and tests/hf_qwen4_released.py build and train them; gpt-oss's
 MXFP4 form has its experts rewritten as the released blocks), its tokenizer files, and
 expected.npz: transformers' float32 outputs on it. tests/fixtures/gguf/<case>.npz holds
 transformers' logits on the dequantized weights of each llama.cpp GGUF that tests/gguf_models.py
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests import hf_deepseek_yarn, hf_gpt_oss, hf_hybrid, hf_models, hf_qwen4, hf_qwen4_random
+from tests import hf_deepseek_yarn, hf_gpt_oss, hf_hybrid, hf_models, hf_qwen4, hf_qwen4_random, hf_qwen4_released
 
 ROOT = Path(__file__).resolve().parent / "fixtures"
 HF_ROOT = ROOT / "hf"
@@ -36,7 +36,7 @@ PROMPT_TOKENS = 8
 # the modules that build checkpoints: each has ARCHS and build_checkpoint(arch, directory) -> the
 # model as transformers loads it back. A family in one of them gets its fixture by being in its
 # ARCHS; a family with a builder module of its own adds that module here (one line).
-FAMILIES = (hf_models, hf_hybrid, hf_gpt_oss, hf_qwen4, hf_deepseek_yarn, hf_qwen4_random)
+FAMILIES = (hf_models, hf_hybrid, hf_gpt_oss, hf_qwen4, hf_deepseek_yarn, hf_qwen4_random, hf_qwen4_released)
 
 
 def fixture_archs() -> tuple[str, ...]:

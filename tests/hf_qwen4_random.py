@@ -10,7 +10,9 @@ their interleaving, rope_theta; attention and DeltaNet head counts and widths; t
 heads, width, block and budget; the n-gram size, heads per order, table base, divisor, hash seed
 and the number of row shards the tables are saved in; the conv kernels; the eos id (the parity
 text's most frequent token, another token, or a list whose first entry counts); experts, top-k,
-norm_topk_prob, tied embeddings. Every parameter transformers initializes to a constant (the
+norm_topk_prob, tied embeddings; from seed GATE_DRAWN_FROM on, the DeltaNet's output gate
+(`output_gate_type` unset, "silu" or "sigmoid", from its own random stream so the other draws
+stay those of the earlier seeds, whose fixtures predate the key and leave it unset). Every parameter transformers initializes to a constant (the
 zero-centred norms, the DeltaNet's gated norm, dt_bias, the PLE conv) gets noise; then the model
 trains briefly (hf_models.train_briefly) so its argmax is not luck, and is saved in BF16.
 
@@ -26,7 +28,8 @@ from pathlib import Path
 
 from tests import hf_models, hf_qwen4
 
-SEEDS = (6, 7, 9, 14, 17)
+SEEDS = (6, 7, 9, 14, 17, 24, 27)
+GATE_DRAWN_FROM = 20  # the first seed whose output_gate_type is drawn (the earlier ones leave it unset: silu)
 PREFIX = "qwen4_exp_random_"
 ARCHS = tuple(f"{PREFIX}{s}" for s in SEEDS)
 CONSTANT_NOISE_STD = 0.3  # the spread given to constant-initialized parameters (norm weights near 0 or 1)
@@ -41,6 +44,14 @@ def _sections(r: random.Random, half_rotary: int) -> list[int]:
     a = r.randint(1, half_rotary - 2)
     b = r.randint(1, half_rotary - a - 1)
     return [a, b, half_rotary - a - b]
+
+
+def output_gate_type(seed: int) -> str | None:
+    """The DeltaNet's output gate of fixture `seed`: None (transformers' hidden_act, silu), "silu"
+    or "sigmoid" (the released checkpoint's), from a stream of its own."""
+    if seed < GATE_DRAWN_FROM:
+        return None
+    return random.Random(seed * 104_729).choice([None, "silu", "sigmoid"])
 
 
 def text_fields(seed: int) -> dict:
@@ -89,6 +100,8 @@ def text_fields(seed: int) -> dict:
         eos_token_id=eos, num_experts=r.choice([4, 6]), num_experts_per_tok=r.choice([1, 2, 3]),
         moe_intermediate_size=r.choice([16, 32]), shared_expert_intermediate_size=r.choice([16, 32]),
         norm_topk_prob=r.choice([True, False]), tie_word_embeddings=r.random() < 0.3, **layer_keys)
+    if output_gate_type(seed) is not None:
+        fields["output_gate_type"] = output_gate_type(seed)
     return fields
 
 

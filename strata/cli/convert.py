@@ -17,7 +17,8 @@ DeepSeek-V3 (deepseek_v3, kimi_k2), GLM-4.7-Flash (glm4_moe_lite), GLM-4.5 (glm4
 MiniMax-M2 (minimax_m2), gpt-oss (gpt_oss), Qwen4-Exp (qwen4_exp, qwen4_exp_text).
 
 llama.cpp GGUFs (general.architecture): qwen3moe, qwen2moe, olmoe, llama (MoE), qwen3next,
-qwen35moe, deepseek2 (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash), glm4moe, minimax-m2, gpt-oss; a split
+qwen35moe, qwen4exp (Qwen3.8-Flash-Next), deepseek2 (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash), glm4moe,
+minimax-m2, gpt-oss; a split
 GGUF by its first part (name-00001-of-0000N.gguf).
 
 HF_DIR may be a hub id (Qwen/Qwen3-30B-A3B): its snapshot in the local Hugging Face cache

@@ -22,8 +22,9 @@ per-head split `attn_k_b` / `attn_v_b` presented as the checkpoint's kv_b_proj);
 `_gpt_oss_config` (its expert biases read by GgufExpertTensors.read_biases); qwen3next and qwen35moe
 by `_qwen3next_config`, their tensors by qwen_hybrid.gguf_tensor_plan. A split GGUF is read from its
 first part (convert/gguf_split.py); a fused `ffn_gate_up_exps` as gate and up. `qwen4exp`
-(REFUSED_ARCHITECTURES) is refused with its reason: its file means a computation strata's
-Qwen4-Exp does not do (docs/convert.md). Anything else, an
+(Qwen3.8-Flash-Next) by `_qwen4exp_config`, its tensors by qwen4_exp_gguf.gguf_tensor_plan, its one
+n-gram table `per_layer_token_embd` presented as its PLE layer's table and its stored hash
+constants read by `qwen4exp_hash_constants`. Anything else, an
 unknown gating function, rope scaling or pre-tokenizer is refused in one line naming the key.
 """
 
@@ -37,6 +38,7 @@ import numpy as np
 from strata.convert.hf_config import HFConfig
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError, FormatError
+from strata.families.qwen4_exp import StoredHashConstants
 from strata.formats.expert_record import ExpertBiases, ExpertWeights
 from strata.formats import gguf_file
 from strata.formats.gguf_file import GGUFFile, TensorInfo
@@ -50,20 +52,15 @@ ARCHITECTURES = {"qwen3moe": ("qwen3_moe", "mlp"), "qwen2moe": ("qwen2_moe", "ml
                  "llama": ("mixtral", "block_sparse_moe"), "deepseek2": ("deepseek_v3", "mlp"),
                  "glm4moe": ("glm4_moe", "mlp"), "minimax-m2": ("minimax_m2", "block_sparse_moe"),
                  "gpt-oss": ("gpt_oss", "mlp"), "qwen3next": ("qwen3_next", "mlp"),
-                 "qwen35moe": ("qwen3_5_moe_text", "mlp")}
+                 "qwen35moe": ("qwen3_5_moe_text", "mlp"), "qwen4exp": ("qwen4_exp_text", "mlp")}
 # llama.cpp architectures of families strata runs whose GGUF means another computation than
-# strata's: refused by name, with the reason and what to convert instead
-REFUSED_ARCHITECTURES = {
-    "qwen4exp": "llama.cpp's graph gates its DeltaNet output with sigmoid (fixed, no key), which strata's "
-                "Qwen4-Exp does not compute yet (silu only), and keeps one n-gram table (per_layer_token_embd) "
-                "with stored hash constants where strata derives one table per PLE layer from the seed; strata "
-                "reads Qwen4-Exp from Hugging Face checkpoints with a silu gate only",
-}
+# strata's: refused by name, with the reason and what to convert instead (none today)
+REFUSED_ARCHITECTURES: dict[str, str] = {}
 # llama.cpp's graph for these normalizes the top-k weights (qwen3moe) or not (the others; its
 # loader's default for deepseek2 where `expert_weights_norm` is absent)
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": False, "deepseek2": False,
              "glm4moe": False, "minimax-m2": True, "gpt-oss": True,
-             "qwen3next": True, "qwen35moe": True}
+             "qwen3next": True, "qwen35moe": True, "qwen4exp": True}
 PER_LAYER = {  # GGUF suffix -> Hugging Face suffix ("{moe}" the MoE block)
     "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
@@ -124,6 +121,10 @@ FUSED_GATE_UP = "ffn_gate_up_exps.weight"
 # ggml's MXFP4 / NVFP4 are GGML_MXFP4 / GGML_NVFP4 here, MLX's MXFP4 being another layout)
 KEPT = {q.name.removeprefix("GGML_"): q for q in QuantType if q.value < 200}
 TOKEN_TYPE_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: special tokens
+# qwen4exp's one n-gram table ([rows, one head's width]) and the Hugging Face name it is presented
+# under: the table of its one PLE layer (`{arch}.ple.layers`, 0-based)
+PLE_TABLE = "per_layer_token_embd.weight"
+PLE_TABLE_HF = "model.layers.{}.ple.ple_embedding.ngram_embedding.weight"
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -178,6 +179,9 @@ class GgufCheckpoint:
         self.model_type, self.moe = ARCHITECTURES[self.arch]
         self.per_layer = {**PER_LAYER, **ARCH_PER_LAYER.get(self.arch, {})}
         self.gguf_tensors = dict(self.reader.tensors)  # name -> TensorInfo, in file order
+        self.ple_table: str | None = None  # qwen4exp: the Hugging Face name its n-gram table is read under
+        if self.arch == "qwen4exp" and PLE_TABLE in self.gguf_tensors:
+            self.ple_table = PLE_TABLE_HF.format(_ple_layer(self))
         self.tensors: dict[str, str] = {}  # Hugging Face name -> GGUF name
         self.split_kv_b: dict[str, tuple[str, str]] = {}  # kv_b_proj -> (its k_b, its v_b) (SPLIT_KV_B)
         k_b, v_b, kv_b = SPLIT_KV_B
@@ -207,6 +211,8 @@ class GgufCheckpoint:
     def _hf_name(self, name: str) -> str | None:
         if name in GLOBAL:
             return GLOBAL[name]
+        if name == PLE_TABLE and self.ple_table is not None:
+            return self.ple_table
         parts = name.split(".", 2)
         if len(parts) == 3 and parts[0] == "blk" and parts[2] in self.per_layer:
             return f"model.layers.{parts[1]}." + self.per_layer[parts[2]].format(moe=self.moe)
@@ -302,6 +308,15 @@ class GgufCheckpoint:
             x = self._unpermute(x, t.name)
         return x
 
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of a 2-D tensor in float32, from the map alone (an n-gram table is
+        never read whole). Shapes: -> [stop - start, width]"""
+        self.check_dtype(name)
+        t = self._tensor(name)
+        width = self.shape(name)[-1]
+        rows = np.asarray(self.reader.raw(t)).view(np.uint8).reshape(self.shape(name)[0], -1)
+        return _dequantize(rows[start:stop], _type_name(t), width).reshape(stop - start, width)
+
     def _unpermute(self, w: np.ndarray, name: str) -> np.ndarray:
         """Inverse of llama.cpp's `LlamaModel.permute` (rows of each head: [2, half] -> [half, 2])."""
         heads = int(_value(self.reader, "llama.attention.head_count"))
@@ -388,6 +403,8 @@ def hf_config_of(ckpt: GgufCheckpoint) -> HFConfig:
         return _gpt_oss_config(ckpt)
     if ckpt.arch in ("qwen3next", "qwen35moe"):
         return _qwen3next_config(ckpt)
+    if ckpt.arch == "qwen4exp":
+        return _qwen4exp_config(ckpt)
     a = ckpt.arch
     integer, number = _key_readers(ckpt)
     n_experts = _expert_count(ckpt)
@@ -598,6 +615,111 @@ class StackedSlice:
     nbytes: int
     qtype: QuantType
     cols: int
+
+
+def _int_list(ckpt: GgufCheckpoint, key: str, *, scalar_ok: bool = False, default=_REQUIRED) -> list[int] | None:
+    """The integer (or bool) array at metadata `key`; scalar_ok: a single integer is taken as it is
+    (llama.cpp's get_key_or_arr), returned as a one-entry list."""
+    f = ckpt.reader.fields.get(key)
+    if f is None:
+        if default is _REQUIRED:
+            raise FormatError(f"{ckpt.path}: missing metadata key {key} (llama.cpp's loader requires it)")
+        return default
+    if scalar_ok and f.type in _INTEGERS:
+        return [int(f.value)]
+    if f.type != gguf_file.ARRAY or f.item_type not in _INTEGERS | {gguf_file.BOOL}:
+        raise FormatError(f"{ckpt.path}: metadata key {key} is {f.type_name}, expected an array of integers")
+    values = [int(v) for v in f.value]
+    if any(v < 0 for v in values):
+        raise FormatError(f"{ckpt.path}: metadata key {key} holds a negative entry")
+    return values
+
+
+def _ple_layer(ckpt: GgufCheckpoint) -> int:
+    """qwen4exp's one PLE layer (0-based), from `{arch}.ple.layers` (llama.cpp's loader holds one set
+    of hash constants, so it refuses several, and so does this)."""
+    layers = _int_list(ckpt, f"{ckpt.arch}.ple.layers")
+    if len(layers) != 1:
+        raise FormatError(f"{ckpt.path}: {ckpt.arch}.ple.layers lists {len(layers)} layers; a qwen4exp file "
+                          "holds one PLE layer (one n-gram table, one set of hash constants)")
+    return layers[0]
+
+
+def qwen4exp_hash_constants(ckpt: GgufCheckpoint, ngram_size: int, heads: int) -> StoredHashConstants:
+    """The n-gram hash constants a qwen4exp file stores (UINT64 arrays `{arch}.ple.layer_multipliers`
+    [ngram_size], `ple.head_vocab_sizes` and `ple.head_offsets` [heads]), each of exactly that length."""
+    a = ckpt.arch
+    values = {}
+    for key, n in (("layer_multipliers", ngram_size), ("head_vocab_sizes", heads), ("head_offsets", heads)):
+        got = _int_list(ckpt, f"{a}.ple.{key}")
+        if len(got) != n:
+            raise FormatError(f"{ckpt.path}: {a}.ple.{key} has {len(got)} entries, expected {n}")
+        values[key] = np.asarray(got, np.int64) if max(got) < 1 << 63 else None
+        if values[key] is None:
+            raise FormatError(f"{ckpt.path}: {a}.ple.{key} holds an entry of 2^63 or more")
+    return StoredHashConstants(values["layer_multipliers"], values["head_vocab_sizes"], values["head_offsets"])
+
+
+def _qwen4exp_config(ckpt: GgufCheckpoint) -> HFConfig:
+    """Qwen3.8-Flash-Next (`qwen4exp`) as llama.cpp writes it, as `qwen4_exp_text` config.json keys:
+    the `qwen35moe` keys (_qwen3next_config) and the layer pattern (`attention.recurrent_layers`,
+    else `full_attention_interval`), `nextn_predict_layers` (the MTP block after the model's,
+    skipped), `hyper_connection.count` / `low_rank`, `attention.indexer.head_count` / `key_length` /
+    `top_k`, `attention.compress_ratios` (the indexer's block per layer; 0: dense attention, which
+    strata's Qwen4-Exp does not compute: refused), the PLE keys (`ple.layers`, one layer;
+    `ngram_size`, `heads_per_ngram`, `conv_kernel`, `eos_token_id`; `embedding_length_per_layer_input`
+    one head's row width), and `output_gate_type` "sigmoid": llama.cpp's graph gates the DeltaNet
+    output with sigmoid, fixed (no key). The hash constants are read by qwen4exp_hash_constants."""
+    a = ckpt.arch
+    integer, _ = _key_readers(ckpt)
+    raw = dict(_qwen3next_config(ckpt).raw)
+    nextn = integer("nextn_predict_layers", 0)
+    blocks = raw["num_hidden_layers"]
+    if nextn >= blocks:
+        raise FormatError(f"{ckpt.path}: {a}.nextn_predict_layers = {nextn} is not less than {a}.block_count = {blocks}")
+    n = blocks - nextn
+    recurrent = _int_list(ckpt, f"{a}.attention.recurrent_layers", default=None)
+    if recurrent is not None:
+        if len(recurrent) < n:
+            raise FormatError(f"{ckpt.path}: {a}.attention.recurrent_layers has {len(recurrent)} entries, "
+                              f"expected {blocks}")
+        linear = [bool(r) for r in recurrent[:n]]
+    else:
+        every = raw.pop("full_attention_interval")
+        if every <= 0:
+            raise FormatError(f"{ckpt.path}: {a}.full_attention_interval must be greater than zero, got {every}")
+        linear = [(i + 1) % every != 0 for i in range(n)]
+    raw.pop("full_attention_interval", None)
+    ratios = _int_list(ckpt, f"{a}.attention.compress_ratios", scalar_ok=True, default=[0])
+    ratios = ratios * blocks if len(ratios) == 1 else ratios
+    if len(ratios) < n:
+        raise FormatError(f"{ckpt.path}: {a}.attention.compress_ratios has {len(ratios)} entries, expected {blocks}")
+    blocks_of = {ratios[i] for i in range(n) if not linear[i]}
+    if 0 in blocks_of:
+        dense = next(i for i in range(n) if not linear[i] and ratios[i] == 0)
+        raise ConfigError(f"{ckpt.path}: {a}.attention.compress_ratios is 0 at attention layer {dense}: dense "
+                          "attention, which llama.cpp runs where the checkpoint said `indexed_attention` (its "
+                          "converter writes a ratio only for `full_attention` layers); strata's Qwen4-Exp computes "
+                          "its attention layers indexed (QSA): convert the Hugging Face checkpoint")
+    if len(blocks_of) > 1:
+        raise ConfigError(f"{ckpt.path}: {a}.attention.compress_ratios differ between attention layers "
+                          f"({sorted(blocks_of)}); supported: one indexer block")
+    raw.update(
+        num_hidden_layers=n, hidden_act="silu", output_gate_type="sigmoid", norm_topk_prob=NORM_TOPK[a],
+        layer_types=["linear_attention" if lin else "full_attention" for lin in linear],
+        hc_count=integer("hyper_connection.count"), hc_lowrank=integer("hyper_connection.low_rank"),
+        indexer_n_heads=integer("attention.indexer.head_count"), indexer_kv_heads=1,
+        indexer_head_dim=integer("attention.indexer.key_length"), indexer_budget=integer("attention.indexer.top_k"),
+    )
+    if blocks_of:
+        raw["indexer_compress_ratio"] = blocks_of.pop()
+    if f"{a}.ple.layers" in ckpt.reader.fields:
+        ngram, per_order = integer("ple.ngram_size"), integer("ple.heads_per_ngram")
+        raw.update(ple_layer_ids=[_ple_layer(ckpt) + 1],  # transformers numbers them from 1
+                   ngram_size=ngram, heads_per_ngram=per_order, ple_conv_kernel_size=integer("ple.conv_kernel"),
+                   ple_embed_dim=integer("embedding_length_per_layer_input") * (ngram - 1) * per_order,
+                   eos_token_id=integer("ple.eos_token_id"))
+    return HFConfig(ckpt.path, raw)
 
 
 class GgufExpertTensors:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.convert.fp8_checkpoint import Fp8Checkpoint
+from strata.convert.gguf_checkpoint import GgufCheckpoint
 from strata.convert.safetensors_reader import DTYPES, Checkpoint, bf16_bits_to_f32
 from strata.errors import FormatError
 from strata.formats.ngram_rows_file import PAGE_BYTES, NgramRowsFile
@@ -78,6 +79,8 @@ def find_ngram_tables(ckpt: Checkpoint, *, prefix: str | None = None) -> dict[in
 def _rows(ckpt: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) of a 2-D tensor as float32, read from disk alone. Shapes: -> [stop - start, width]"""
     if isinstance(ckpt, Fp8Checkpoint) and name in ckpt.fp8:  # an FP8 table: dequantized by its reader
+        return ckpt.read_rows(name, start, stop)
+    if isinstance(ckpt, GgufCheckpoint):  # llama.cpp's one table, in its stored type: dequantized rows
         return ckpt.read_rows(name, start, stop)
     info = ckpt.info(name)
     size, dtype = DTYPES[info.dtype]

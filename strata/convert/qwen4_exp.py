@@ -16,6 +16,10 @@ transformers' modeling file (models/qwen4_exp), with these derivations:
   checked equal to what strata derives from the config (reference/ngram_hash.py) and not stored;
 - a checkpoint whose experts were pruned (fewer router rows and experts than its config's
   `num_experts`) converts as an ordinary model of that many experts (read from the router).
+- the DeltaNet's output gate: `output_gate_type` (else `hidden_act`), silu or sigmoid (the
+  released checkpoint's: `deltanet_sigmoid_gate`).
+llama.cpp's `qwen4exp` GGUF (a GgufCheckpoint): its config keys come from gguf_checkpoint's
+`_qwen4exp_config`, its stored hash constants and tensors from strata.convert.qwen4_exp_gguf.
 The n-gram tables (tens of GB in the published checkpoint) do not go into the model file: the
 config says `ple_row_store` and `write_row_store` streams them, shard by shard, into the row store
 `<name>.ngrams` (strata.convert.ngram_tables; docs/formats.md §7), whose identity the model file
@@ -29,7 +33,9 @@ import dataclasses
 import numpy as np
 
 from strata.convert.common import ExpertTensors, Family, base_fields
+from strata.convert.gguf_checkpoint import GgufCheckpoint
 from strata.convert.hf_config import HFConfig
+from strata.convert.qwen4_exp_gguf import gguf_hash_fields, gguf_tensor_plan
 from strata.convert.qwen_hybrid import (_plus_one, _refuse_unknown, _rope, _split_q_gate, gated_hybrid_fields,
                                         layer_types_of, nested_text_config, refuse_attention_bias,
                                         refuse_dense_layers, skipped_by_prefix)
@@ -85,12 +91,21 @@ def _layer_types(hf: HFConfig, n_layers: int) -> tuple[LayerType, ...]:
     return layer_types_of(hf, n_layers, kinds, "indexed_attention")
 
 
+OUTPUT_GATES = ("silu", "sigmoid")  # the DeltaNet's gated RMSNorm (reference/deltanet.py output_gate)
+
+
+def _output_gate(hf: HFConfig) -> str:
+    """The DeltaNet's output gate: output_gate_type, else hidden_act (transformers' rule)."""
+    gate = hf.get("output_gate_type", default=None) or hf.get("hidden_act", default="silu")
+    if gate not in OUTPUT_GATES:
+        raise hf.unsupported(f"output_gate_type = {gate!r}", " or ".join(repr(g) for g in OUTPUT_GATES))
+    return gate
+
+
 def _check_values(hf: HFConfig) -> None:
     """The _CHECK keys: only what strata computes."""
     refuse_attention_bias(hf)
-    gate = hf.get("output_gate_type", default=None) or hf.get("hidden_act", default="silu")
-    if gate != "silu":  # the DeltaNet's gated RMSNorm: strata computes silu(z) (reference/deltanet.py)
-        raise hf.unsupported(f"output_gate_type = {gate!r}", "'silu'")
+    _output_gate(hf)
     if hf.get_int("indexer_kv_heads", default=1) != 1:
         raise hf.unsupported(f"indexer_kv_heads = {hf.get('indexer_kv_heads')}", "one indexer key head")
     refuse_dense_layers(hf)
@@ -140,6 +155,7 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         indexer_head_dim=text.get_int("indexer_head_dim", default=0),
         indexer_budget=text.get_int("indexer_budget", default=0),
         indexer_block=text.get_int("indexer_compress_ratio", default=0),
+        deltanet_sigmoid_gate=_output_gate(text) == "sigmoid",
         # transformers numbers PLE layers from 1; strata's layers are 0-based
         ple_layer_ids=",".join(str(i - 1) for i in sorted(set(ple))),
     )
@@ -154,6 +170,8 @@ def qwen4_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
             ngram_seed=text.get_int("seed", default=1234), ngram_eos_token=_eos(text),
             ple_row_store=True,  # the tables go to <name>.ngrams (write_row_store), not the model file
         )
+        if isinstance(ckpt, GgufCheckpoint):
+            fields.update(gguf_hash_fields(ckpt, fields))
     return ModelConfig.from_dict(fields)
 
 
@@ -253,6 +271,8 @@ def _layer_sources(cfg: ModelConfig, ckpt: Checkpoint, layer: int, prefix: str):
 
 def tensor_plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
     """Where every strata tensor of a Qwen4-Exp checkpoint comes from (see the module doc)."""
+    if isinstance(ckpt, GgufCheckpoint):
+        return gguf_tensor_plan(cfg, ckpt)
     n = TensorNames
     prefix = PREFIX.get(cfg.architecture, "model.")
     sources: dict[str, str | Derived] = {n.token_embd: prefix + "embed_tokens.weight"}
@@ -289,7 +309,8 @@ def write_row_store(cfg: ModelConfig, ckpt: Checkpoint, path, *, qtype: QuantTyp
                     progress: bool = False):
     """The checkpoint's n-gram tables into the row store at `path` (atomically), streamed a row
     range at a time (strata.convert.ngram_tables), keyed by PLE index; -> the open NgramRowsFile."""
-    tables = find_ngram_tables(ckpt, prefix=PREFIX.get(cfg.architecture, "model."))
+    prefix = "model." if isinstance(ckpt, GgufCheckpoint) else PREFIX.get(cfg.architecture, "model.")
+    tables = find_ngram_tables(ckpt, prefix=prefix)
     want = {layer: ckpt_table_shape(cfg, layer) for layer in ple_layers(cfg)}
     found = {layer: (t.rows, t.width) for layer, t in tables.items()}
     if found != want:

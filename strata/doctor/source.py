@@ -27,6 +27,7 @@ from strata.formats.quant_types import QuantType
 __all__ = ["Source", "read_source"]
 
 GGUF_MAGIC = b"GGUF"
+LLAMA_CPP_PLE_TABLE = "per_layer_token_embd.weight"  # qwen4exp's one n-gram table (the row store's part)
 
 
 @dataclass(frozen=True)
@@ -159,10 +160,16 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
         raise ConfigError(f"{p}: a {arch} GGUF without expert metadata: not a Mixture-of-Experts model strata knows")
     experts = dense = embedding = 0
     expert_weights = 0
+    ple: dict = {}  # qwen4exp's n-gram table: the row store's after conversion, not a dense weight
+    table = 0
     for t in reader.tensors.values():
         if "_exps" in t.name:
             experts += int(t.nbytes)
             expert_weights += math.prod(t.shape)
+        elif t.name == LLAMA_CPP_PLE_TABLE:
+            ple = dict(ple_table_values=math.prod(t.shape), ple_row_width=int(t.shape[-1]),
+                       ple_rows_per_token=(meta("ple.ngram_size", 1) - 1) * meta("ple.heads_per_ngram", 0))
+            table += int(t.nbytes)
         elif t.name.startswith("token_embd"):
             embedding += math.prod(t.shape)
         else:
@@ -175,11 +182,15 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
     counts = PartCounts(family=f"llama.cpp {arch}", model_type=arch, supported=bool(in_place), why_not=why_not,
                         hidden=hidden, vocab=vocab, n_layers=n_layers, moe_layers=moe_layers, n_experts=n_exp,
                         top_k=top_k, expert_ffn=ffn or per_expert // (3 * hidden), expert_weights=per_expert,
-                        embedding=embedding, dense={"dense": dense})
+                        embedding=embedding, dense={"dense": dense},
+                        **ple)
     qtype, slot = _kept_expert_types(reader, hidden, counts.expert_ffn)
+    stored = {"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())) - experts - table,
+              "experts": experts}
+    if table:
+        stored["ple rows"] = table
     return Source(str(p), "gguf", counts, qtype, QuantType.F32, slot_bytes=slot, model_files=(p,),
-                  stored={"dense": int(sum(int(t.nbytes) for t in reader.tensors.values())) - experts, "experts": experts},
-                  in_place=in_place)
+                  stored=stored, in_place=in_place)
 
 
 def _in_place_reads(p: Path) -> tuple[dict, str]:

@@ -53,6 +53,16 @@ class Qwen4Config:
     ngram_vocab_divisor: int = 1  # a layer's table rows are padded to a multiple of it
     ngram_seed: int = 0  # seeds the per-layer hash multipliers
     ngram_eos_token: int = 0  # the n-gram shifts stop at this token
+    # the hash constants as a file stores them (llama.cpp's `ple.layer_multipliers`,
+    # `ple.head_vocab_sizes`, `ple.head_offsets`): per PLE layer a comma-separated list, the layers'
+    # lists joined by ";". "": derived from ngram_seed and ngram_vocab_base (stored_hash_constants)
+    ngram_multipliers: str = ""
+    ngram_head_sizes: str = ""
+    ngram_head_offsets: str = ""
+    ngram_table_rows: int = 0  # every PLE table's rows as stored (0: its heads' rows padded to ngram_vocab_divisor)
+    # the DeltaNet's gated RMSNorm multiplies by sigmoid(z), not silu(z) (the released
+    # Qwen3.8-Flash-Next's `output_gate_type: "sigmoid"`; llama.cpp's qwen4exp graph)
+    deltanet_sigmoid_gate: bool = False
     # the n-gram tables are in the row store `<name>.ngrams` (docs/formats.md §7), not among the
     # dense tensors: what `strata convert` writes; the made test models may keep them dense
     ple_row_store: bool = False
@@ -118,17 +128,68 @@ def primes_from(base: int, count: int) -> tuple[int, ...]:
     return tuple(found[:count])
 
 
-def ngram_table_sizes(cfg: "ModelConfig", ple_index: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """A PLE layer's table: each head's prime size and offset, and its rows (padded to
-    ngram_vocab_divisor). Every head of every PLE layer has its own prime: the successive primes
-    from ngram_vocab_base, layer by layer. -> (sizes int64 [N], offsets int64 [N], rows)"""
+@dataclass(frozen=True)
+class StoredHashConstants:
+    """One PLE layer's hash constants as the file holds them. Shapes: multipliers [ngram_size],
+    head_sizes / head_offsets [N]"""
+
+    multipliers: np.ndarray
+    head_sizes: np.ndarray
+    head_offsets: np.ndarray
+
+
+STORED_HASH_FIELDS = ("ngram_multipliers", "ngram_head_sizes", "ngram_head_offsets")
+
+
+def _stored_lists(cfg: "ModelConfig", name: str) -> list[np.ndarray]:
+    """A stored constant field split per PLE layer (";") into int64 arrays (",")."""
+    text = getattr(cfg.qwen4, name).strip()
+    return [np.asarray([int(v) for v in group.split(",")], np.int64) for group in text.split(";")] if text else []
+
+
+def stored_hash_constants(cfg: "ModelConfig", ple_index: int) -> StoredHashConstants | None:
+    """The hash constants the file stores for PLE layer `ple_index`; None where the config derives
+    them (no ngram_multipliers). check_qwen4_fields has checked their counts."""
+    if not cfg.qwen4.ngram_multipliers.strip():
+        return None
+    m, sizes, offsets = (_stored_lists(cfg, name)[ple_index] for name in STORED_HASH_FIELDS)
+    return StoredHashConstants(m, sizes, offsets)
+
+
+def hash_constant_fields(layers: list[StoredHashConstants]) -> dict[str, str]:
+    """The config fields (STORED_HASH_FIELDS) that store these constants, one per PLE layer in order."""
+    text = lambda arrays: ";".join(",".join(str(int(v)) for v in a) for a in arrays)  # noqa: E731
+    return {"ngram_multipliers": text([c.multipliers for c in layers]),
+            "ngram_head_sizes": text([c.head_sizes for c in layers]),
+            "ngram_head_offsets": text([c.head_offsets for c in layers])}
+
+
+def padded_rows(cfg: "ModelConfig", used: int) -> int:
+    """A table's rows for heads that use rows [0, used): ngram_table_rows where stored, else
+    `used` padded to ngram_vocab_divisor."""
+    if cfg.qwen4.ngram_table_rows:
+        return cfg.qwen4.ngram_table_rows
+    return -(-used // cfg.qwen4.ngram_vocab_divisor) * cfg.qwen4.ngram_vocab_divisor
+
+
+def derived_table_sizes(cfg: "ModelConfig", ple_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each head's prime size and offset as derived from the config: every head of every PLE layer
+    has its own prime, the successive primes from ngram_vocab_base, layer by layer.
+    -> (sizes int64 [N], offsets int64 [N])"""
     heads = ngram_heads(cfg)
     # every PLE layer's primes at once (one cached sieve per config, not one per layer)
     every = primes_from(cfg.qwen4.ngram_vocab_base, max(len(ple_layers(cfg)), ple_index + 1) * heads)
     sizes = np.asarray(every[ple_index * heads:(ple_index + 1) * heads], np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    rows = -(-int(sizes.sum()) // cfg.qwen4.ngram_vocab_divisor) * cfg.qwen4.ngram_vocab_divisor
-    return sizes, offsets, rows
+    return sizes, offsets
+
+
+def ngram_table_sizes(cfg: "ModelConfig", ple_index: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """A PLE layer's table: each head's size and offset (stored, else derived_table_sizes), and its
+    rows (padded_rows). -> (sizes int64 [N], offsets int64 [N], rows)"""
+    stored = stored_hash_constants(cfg, ple_index)
+    sizes, offsets = (stored.head_sizes, stored.head_offsets) if stored else derived_table_sizes(cfg, ple_index)
+    return sizes, offsets, padded_rows(cfg, int((sizes + offsets).max()))
 
 
 def hc_shapes(cfg: "ModelConfig", prefix: str, *, inject: bool = True) -> dict[str, tuple[int, ...]]:
@@ -176,7 +237,9 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
     """The Qwen4-Exp fields' rules, one ConfigError naming the field (nothing when hc_count is 0)."""
     q = cfg.qwen4
     indexed = [layer for layer, t in enumerate(cfg.kinds) if t.mixer is Mixer.INDEXED_ATTENTION]
-    if not q.hc_count:
+    if q.deltanet_sigmoid_gate and not any(t.mixer is Mixer.DELTANET for t in cfg.kinds):
+        raise ConfigError("model config: deltanet_sigmoid_gate is set, but no layer is a DeltaNet")
+    if not q.hc_count:  # (the DeltaNet's gate is the one field a model of DeltaNet layers may set alone)
         if indexed or q.ple_layer_ids:
             raise ConfigError("model config: indexed attention and PLE layers need hc_count > 0 (Qwen4-Exp)")
         return
@@ -210,8 +273,8 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
     deltanet = {l for l, t in enumerate(cfg.kinds) if t.mixer is Mixer.DELTANET}
     if list(layers) != sorted(set(layers)) or not set(layers) <= deltanet:
         raise ConfigError(f"model config: ple_layer_ids {q.ple_layer_ids!r} must be ascending DeltaNet layers")
-    for name in ("ple_embed_dim", "ple_conv_kernel", "ngram_heads_per_order", "ngram_vocab_base",
-                 "ngram_vocab_divisor"):
+    derived = ("ngram_vocab_base",) if not q.ngram_multipliers.strip() else ()  # the primes' start
+    for name in ("ple_embed_dim", "ple_conv_kernel", "ngram_heads_per_order", "ngram_vocab_divisor") + derived:
         if getattr(q, name) <= 0:
             raise ConfigError(f"model config: PLE layers need {name} > 0, got {getattr(q, name)}")
     if q.ngram_size < 2:
@@ -219,8 +282,47 @@ def check_qwen4_fields(cfg: "ModelConfig") -> None:
     if q.ple_embed_dim % ngram_heads(cfg):
         raise ConfigError(f"model config: ple_embed_dim={q.ple_embed_dim} is not a multiple of the "
                           f"{ngram_heads(cfg)} n-gram heads")
+    _check_stored_hash(cfg, len(layers))
     if not 0 <= q.ngram_eos_token < cfg.vocab_size:
         raise ConfigError(f"model config: ngram_eos_token={q.ngram_eos_token} is not a token id")
+
+
+def _check_stored_hash(cfg: "ModelConfig", n_ple: int) -> None:
+    """The stored hash constants (where there are any): a list per PLE layer, ngram_size multipliers
+    in [0, 2^63 / vocab] (token x multiplier must not pass 2^63: the hash is int64 here, uint64 in
+    llama.cpp, and the two agree only below it, as they do for the derived ones), N positive head
+    sizes and offsets inside the table."""
+    q = cfg.qwen4
+    given = [name for name in STORED_HASH_FIELDS if getattr(q, name).strip()]
+    if not given:
+        if q.ngram_table_rows:
+            raise ConfigError("model config: ngram_table_rows is set without the stored hash constants "
+                              f"({', '.join(STORED_HASH_FIELDS)})")
+        return
+    if len(given) != len(STORED_HASH_FIELDS):
+        raise ConfigError(f"model config: {', '.join(STORED_HASH_FIELDS)} are stored together, got only "
+                          f"{', '.join(given)}")
+    try:
+        lists = {name: _stored_lists(cfg, name) for name in STORED_HASH_FIELDS}
+    except (ValueError, OverflowError):
+        raise ConfigError(f"model config: {', '.join(STORED_HASH_FIELDS)} must be comma-separated integers, "
+                          "one list per PLE layer joined by ';'")
+    want = {"ngram_multipliers": q.ngram_size, "ngram_head_sizes": ngram_heads(cfg),
+            "ngram_head_offsets": ngram_heads(cfg)}
+    for name, groups in lists.items():
+        if len(groups) != n_ple or any(len(g) != want[name] for g in groups):
+            raise ConfigError(f"model config: {name} must hold {n_ple} list(s) (one per PLE layer) of "
+                              f"{want[name]} values, got {[len(g) for g in groups]}")
+    bound = ((1 << 63) - 1) // max(cfg.vocab_size, 1)
+    for m in lists["ngram_multipliers"]:
+        if np.any(m < 0) or np.any(m > bound):
+            raise ConfigError(f"model config: ngram_multipliers {m.tolist()} must be in [0, {bound}] "
+                              "(2^63 / vocab_size: a token times one must stay below 2^63)")
+    for layer, (sizes, offsets) in enumerate(zip(lists["ngram_head_sizes"], lists["ngram_head_offsets"])):
+        rows = padded_rows(cfg, int((sizes + offsets).max()))
+        if np.any(sizes <= 0) or np.any(offsets < 0) or int((sizes + offsets).max()) > rows:
+            raise ConfigError(f"model config: PLE layer {layer}'s ngram_head_sizes {sizes.tolist()} / "
+                              f"ngram_head_offsets {offsets.tolist()} must be positive and fit its {rows} rows")
 
 
 MADE_SHAPES = {

@@ -39,7 +39,7 @@ from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.model_config import ModelConfig
 from strata.reference.deltanet import L2NORM_EPS, SOFTPLUS_THRESHOLD, DeltaNetState, Snapshot, conv_channels
 
-__all__ = ["DeltaNetWeights", "empty_state", "deltanet_partials", "recurrent", "chunked", "CHUNK", "kernel_applies"]
+__all__ = ["DeltaNetWeights", "empty_state", "deltanet_partials", "recurrent", "chunked", "CHUNK", "kernel_applies", "output_gate"]
 
 CHUNK = 64  # positions per chunk of the prompt path (transformers' and fla's default)
 
@@ -79,6 +79,11 @@ def _softplus(x: mx.array) -> mx.array:
 
 def _l2norm(x: mx.array) -> mx.array:
     return x * mx.rsqrt(mx.sum(x * x, axis=-1, keepdims=True) + L2NORM_EPS)
+
+
+def output_gate(cfg: ModelConfig, z: mx.array) -> mx.array:
+    """Twin of the reference's output_gate: sigmoid(z) (cfg.qwen4.deltanet_sigmoid_gate), else silu(z)."""
+    return mx.sigmoid(z) if cfg.qwen4.deltanet_sigmoid_gate else z * mx.sigmoid(z)
 
 
 def _inputs(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: mx.array):
@@ -191,7 +196,8 @@ def _kernel_step(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState, x: 
     y, conv, rec = step_kernel.deltanet_step(proj, state.conv, w.conv, w.a, w.dt_bias, w.out_norm, state.recurrent,
                                              k_heads=cfg.deltanet.linear_k_heads, eps=cfg.rms_norm_eps,
                                              l2_eps=L2NORM_EPS,
-                                             softplus_max=SOFTPLUS_THRESHOLD)
+                                             softplus_max=SOFTPLUS_THRESHOLD,
+                                             sigmoid_gate=cfg.qwen4.deltanet_sigmoid_gate)
     out = dense_kernel.dense_gemv(w.wo, y)  # [1, D]
     n = state.length + 1
     new = DeltaNetState(conv, rec, n, state.kept).keep([Snapshot(n, conv, rec)])
@@ -224,6 +230,6 @@ def deltanet_partials(cfg: ModelConfig, w: DeltaNetWeights, state: DeltaNetState
     last = snaps[-1]
     new = DeltaNetState(last.conv, last.recurrent, state.length + t, state.kept).keep(snaps)
     o = o.transpose(1, 0, 2)  # [T, Hv, dv]
-    normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * (z.reshape(o.shape) * mx.sigmoid(z.reshape(o.shape)))
+    normed = rms_norm(o, w.out_norm, cfg.rms_norm_eps) * output_gate(cfg, z.reshape(o.shape))
     out = linear(normed.reshape(t, -1), w.wo)
     return out[:, None, :], new

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from strata.mlx_backend import attention as mlx_attention
+from strata.mlx_backend import deltanet as mlx_deltanet
 from strata.mlx_backend import experts as mlx_experts
 from strata.mlx_backend import mla as mlx_mla
 from strata.mlx_backend import model as mlx_model
 from strata.mlx_backend import quants as mlx_quants
 from strata.mlx_backend import routing as mlx_routing
 from strata.reference import attention as ref_attention
+from strata.reference import deltanet as ref_deltanet
 from strata.reference import experts as ref_experts
 from strata.reference import mla as ref_mla
 from strata.reference import model as ref_model
@@ -51,6 +53,7 @@ TWINS: tuple[Twin, ...] = (
     Twin("model.attention_block", ref_model.attention_block, mlx_model.attention_block, "FAST", True),
     Twin("model.head", ref_model.head, mlx_model.head, "FAST", True),
     Twin("model.forward", ref_model.forward, mlx_model.forward, "FORWARD", True),
+    Twin("deltanet.output_gate", ref_deltanet.output_gate, mlx_deltanet.output_gate, "FAST", False),
 )
 
 BY_NAME = {t.name: t for t in TWINS}

@@ -8,7 +8,10 @@ Per layer, for the normed input x [T, D] (C = 2 K + V channels, K = Hk dk, V = H
     beta = sigmoid(x Wbeta^T), g = a * softplus(x Walpha^T + dt_bias)     [T, Hv], a = -exp(A_log) < 0
     per position, per v head (S: [dk, dv], the recurrent state):
         S <- exp(g) S;  S <- S + k ((v - S^T k) beta)^T;  o = S^T q      (the gated delta rule)
-    out = (rms_norm(o) * w_norm * silu(z)) Wout^T,  z = x Wz^T           (the gated RMSNorm, per head)
+    out = (rms_norm(o) * w_norm * gate(z)) Wout^T,  z = x Wz^T           (the gated RMSNorm, per head)
+
+gate is silu, or sigmoid where the config says so (`cfg.qwen4.deltanet_sigmoid_gate`: the
+released Qwen3.8-Flash-Next's `output_gate_type: "sigmoid"`).
 
 The recurrence is computed position by position (the definition; the MLX twin adds the chunked
 form). A recurrent layer keeps only its latest state, so `DeltaNetState` also keeps snapshots
@@ -175,12 +178,17 @@ def split_heads(cfg: ModelConfig, mixed: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.repeat(q, r, axis=1), np.repeat(k, r, axis=1), v  # v head h reads k head h // r
 
 
+def output_gate(cfg: ModelConfig, z: np.ndarray) -> np.ndarray:
+    """The gated RMSNorm's gate: sigmoid(z) where cfg.qwen4.deltanet_sigmoid_gate, else silu(z)."""
+    return sigmoid(z).astype(np.float32) if cfg.qwen4.deltanet_sigmoid_gate else silu(z)
+
+
 def gated_output(cfg: ModelConfig, dense, layer: int, o: np.ndarray, z: np.ndarray) -> np.ndarray:
     """The gated RMSNorm per head and the output projection. o [T, Hv, dv], z [T, V] -> [T, D]"""
     n = TensorNames
     dense = as_dense_weights(dense)
     t = o.shape[0]
-    normed = rms_norm(o, dense[n.block(layer, n.ssm_norm)], cfg.rms_norm_eps) * silu(z.reshape(o.shape))
+    normed = rms_norm(o, dense[n.block(layer, n.ssm_norm)], cfg.rms_norm_eps) * output_gate(cfg, z.reshape(o.shape))
     return dense.linear(n.block(layer, n.ssm_out), normed.reshape(t, -1)).astype(np.float32)
 
 

@@ -13,7 +13,8 @@ sequence) read as the EOS token. The EOS token itself ends the segment it belong
 Because the ids are known as soon as a token is, the streaming runtime can compute them before
 layer 0 and issue every PLE layer's row reads at once: `ngram_row_ids` (the ids) and
 `ngram_context_after` (the state it needs for the next call: the last ngram_size - 1 tokens).
-The constants and derivations are transformers' (models/qwen4_exp, `Qwen4ExpTextNGramEmbedding`).
+The constants and derivations are transformers' (models/qwen4_exp, `Qwen4ExpTextNGramEmbedding`);
+a file that stores the constants (llama.cpp's GGUF) is hashed with them as stored.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.model_config import ModelConfig
-from strata.families.qwen4_exp import ngram_table_sizes, primes_from  # noqa: F401  (primes_from: re-exported)
+from strata.families.qwen4_exp import ngram_table_sizes, primes_from, stored_hash_constants  # noqa: F401
 
 _MASK64 = (1 << 64) - 1
 _SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
@@ -52,7 +53,9 @@ def layer_multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: in
 
 @dataclass(frozen=True)
 class NgramHash:
-    """One PLE layer's hash parameters (all derived from the config and the layer's PLE index).
+    """One PLE layer's hash parameters: the constants the file stores (a llama.cpp GGUF's
+    `ple.*` arrays: the config's ngram_multipliers, ...), else derived from the config and the
+    layer's PLE index (transformers' derivation; the two agree where a file holds both).
 
     Shapes: multipliers [ngram_size], head_sizes / head_offsets [N] (N = (ngram_size - 1) * heads_per_order)"""
 
@@ -67,9 +70,11 @@ class NgramHash:
     @staticmethod
     def of(cfg: ModelConfig, ple_index: int) -> "NgramHash":
         sizes, offsets, rows = ngram_table_sizes(cfg, ple_index)
+        stored = stored_hash_constants(cfg, ple_index)
+        multipliers = stored.multipliers if stored else layer_multipliers(
+            cfg.vocab_size, cfg.qwen4.ngram_size, ple_index, cfg.qwen4.ngram_seed)
         return NgramHash(cfg.qwen4.ngram_size, cfg.qwen4.ngram_heads_per_order, cfg.qwen4.ngram_eos_token,
-                         layer_multipliers(cfg.vocab_size, cfg.qwen4.ngram_size, ple_index, cfg.qwen4.ngram_seed),
-                         sizes, offsets, rows)
+                         multipliers, sizes, offsets, rows)
 
     @property
     def context_len(self) -> int:

@@ -216,7 +216,7 @@ def test_without_a_partial_rotary_factor_the_whole_head_rotates(arch, checkpoint
 
 REFUSALS = [
     (lambda c: c.update(some_new_feature=1), "config key 'some_new_feature'"),
-    (lambda c: c.update(output_gate_type="sigmoid"), "output_gate_type = 'sigmoid'"),
+    (lambda c: c.update(output_gate_type="gelu"), "output_gate_type = 'gelu'"),
     (lambda c: c.update(indexer_kv_heads=2), "indexer_kv_heads = 2"),
     (lambda c: c.update(layer_types=["linear_attention", "sliding_attention", "linear_attention",
                                      "indexed_attention"]), "layer type 'sliding_attention'"),

@@ -1,6 +1,6 @@
 """The DeltaNet decode-step kernel (kernels/deltanet.py) on the emulated path against the reference:
 decoded positions after a prompt, on heads of one row slice (the made `hybrid` shape: dk = dv =
-16), of four slices (dk = dv = 128, Qwen3.5's heads: 512 threads a block) and of a ragged shape
+16; again with the sigmoid output gate, `deltanet_sigmoid_gate`), of four slices (dk = dv = 128, Qwen3.5's heads: 512 threads a block) and of a ragged shape
 (dk = 48: a partial second slice; dv = 40: idle threads in the last warp; r = 3 v heads per k
 head); the output and both new states after every step (FAST), three launches a position,
 determinism, the snapshot the step keeps; and the Metal / CUDA compile check of every
@@ -35,6 +35,7 @@ HEADS = {  # (k heads, v heads, dk, dv)
     "hybrid_16": (2, 4, 16, 16),
     "qwen35_128": (1, 2, 128, 128),
     "ragged_48x40_r3": (1, 3, 48, 40),
+    "hybrid_16_sigmoid_gate": (2, 4, 16, 16),  # the released Qwen3.8-Flash-Next's output gate
 }
 PROMPT, STEPS = 5, 3
 RECORDED: list = []  # specialisations launched here, for the compile check
@@ -42,7 +43,8 @@ RECORDED: list = []  # specialisations launched here, for the compile check
 
 def _cfg(name: str):
     hk, hv, dk, dv = HEADS[name]
-    return BASE.with_fields(linear_k_heads=hk, linear_v_heads=hv, linear_k_head_dim=dk, linear_v_head_dim=dv)
+    return BASE.with_fields(linear_k_heads=hk, linear_v_heads=hv, linear_k_head_dim=dk, linear_v_head_dim=dv,
+                            deltanet_sigmoid_gate=name.endswith("_sigmoid_gate"))
 
 
 def _fp16_exact(dense: dict) -> dict:

@@ -62,6 +62,22 @@ def test_mlx_streaming_at_the_smallest_arena_agrees_with_the_reference(model):
     _agrees(model, stream=True)
 
 
+def test_mlx_twin_agrees_with_the_sigmoid_output_gate(tmp_path):
+    """The released checkpoint's DeltaNet gate (sigmoid(z), `deltanet_sigmoid_gate`), with the hash
+    constants stored as a llama.cpp GGUF holds them (the derived ones, the seeds cleared)."""
+    from strata.families.qwen4_exp import StoredHashConstants, hash_constant_fields, stored_hash_constants
+    from strata.reference.ngram_hash import NgramHash
+    from strata.testing.models import SHAPES
+
+    hashes = [NgramHash.of(SHAPES["qwen4"], i) for i in range(2)]
+    stored = hash_constant_fields([StoredHashConstants(h.multipliers, h.head_sizes, h.head_offsets) for h in hashes])
+    made = make_model(tmp_path / "qwen4", "qwen4", seed=7, expert_type=QuantType.Q2_0, deltanet_sigmoid_gate=True,
+                      ngram_seed=0, ngram_vocab_base=0, **stored)
+    with strata.load(made.model_path) as m:
+        assert m.cfg.qwen4.deltanet_sigmoid_gate and stored_hash_constants(m.cfg, 1) is not None
+        _agrees(m)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_dialect() is None, reason="no MLX GPU here")
 @pytest.mark.parametrize("stream", [False, True], ids=["resident", "streaming"])

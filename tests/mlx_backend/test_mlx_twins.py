@@ -104,6 +104,17 @@ def case_gemv(rng, path):
     return [(f"{qt.name} {rows}x{cols}", t.reference(m, x), t.fast(m, x))]
 
 
+def case_output_gate(rng, path):
+    """The DeltaNet's gated-RMSNorm gate: silu, and sigmoid (the released Qwen3.8-Flash-Next's)."""
+    z = (rng.standard_normal((3, 4, 16)) * rng.uniform(0.1, 30)).astype(np.float32)
+    t = BY_NAME["deltanet.output_gate"]
+    out = []
+    for sigmoid in (False, True):
+        cfg = SHAPES["hybrid"].with_fields(deltanet_sigmoid_gate=sigmoid)
+        out.append(("sigmoid" if sigmoid else "silu", t.reference(cfg, z), t.fast(cfg, mx.array(z))))
+    return out
+
+
 def case_router_logits(rng, path):
     w = rng.standard_normal((16, 64)).astype(np.float32)
     x = rng.standard_normal((3, 64)).astype(np.float32)
@@ -239,7 +250,7 @@ CASES = {
     "experts.routed_experts": case_routed_experts, "experts.shared_expert": case_shared_expert,
     "experts.gated_hidden": case_gated_hidden, "attention.softmax_with_sinks": case_softmax_with_sinks,
     "model.embed": case_embed, "model.attention_block": case_attention_block, "model.head": case_head,
-    "model.forward": case_forward, "mla.mla": case_mla,
+    "model.forward": case_forward, "mla.mla": case_mla, "deltanet.output_gate": case_output_gate,
 }
 
 

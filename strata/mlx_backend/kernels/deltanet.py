@@ -19,7 +19,9 @@ hides behind the conv phase). Then, in the block:
    merged in threadgroup memory in a fixed order); delta = (v - kv) beta; S <- S + k delta^T,
    written to s_out; o = S^T q (merged likewise). One read and one write of the state: each
    column is independent once its two dot products are known.
-4. the gated RMSNorm of the head's o over dv, times silu(z) -> y.
+4. the gated RMSNorm of the head's o over dv, times silu(z) -> y (sigmoid(z) where SIGMOID_GATE:
+   the released Qwen3.8-Flash-Next's output gate; a template constant, so one specialisation
+   each).
 
 Why a block per head: the gated RMSNorm needs all dv of a head's outputs, and a block boundary
 there would cost a second launch. At Qwen3.5-397B's shape (64 v heads of dk = dv = 128) that is
@@ -132,7 +134,7 @@ BODY = r"""
   }
   if (live) rb[ks * DV + v] = po;
   BARRIER();
-  // 4. o, its RMSNorm over the head (warp 0), times the norm weight and silu(z)
+  // 4. o, its RMSNorm over the head (warp 0), times the norm weight and silu(z) (sigmoid(z))
   float o = 0.0f;
   for (int j = 0; j < KS; ++j) o += rb[j * DV + v];
   if (live && ks == 0) osh[v] = o;
@@ -146,7 +148,8 @@ BODY = r"""
   BARRIER();
   if (live && ks == 0) {
     const float z = proj[C + h * DV + v];
-    y[h * DV + v] = o * nrm[2] * F32(norm_w[v]) * (z / (1.0f + exp_f(-z)));
+    const float gate = SIGMOID_GATE ? 1.0f / (1.0f + exp_f(-z)) : z / (1.0f + exp_f(-z));
+    y[h * DV + v] = o * nrm[2] * F32(norm_w[v]) * gate;
   }
 """
 
@@ -166,9 +169,10 @@ def fits(dk: int, dv: int, conv_kernel: int) -> bool:
 
 def deltanet_step(proj: mx.array, conv_in: mx.array, conv_w: mx.array, a: mx.array, dt_bias: mx.array,
                   norm_w: mx.array, s_in: mx.array, *, k_heads: int, eps: float, l2_eps: float,
-                  softplus_max: float) -> tuple[mx.array, mx.array, mx.array]:
+                  softplus_max: float, sigmoid_gate: bool = False) -> tuple[mx.array, mx.array, mx.array]:
     """Kernel path: one decoded position of a DeltaNet layer after its input projection (module doc).
-    softplus_max: softplus(x) = x above it (a whole number: a template constant).
+    softplus_max: softplus(x) = x above it (a whole number: a template constant). sigmoid_gate: the
+    gated RMSNorm multiplies by sigmoid(z), not silu(z).
 
     Shapes:
         proj float32 [1, C + V + 2 Hv], conv_in float32 [C, K-1], conv_w float16 [C, K],
@@ -191,4 +195,4 @@ def deltanet_step(proj: mx.array, conv_in: mx.array, conv_w: mx.array, a: mx.arr
         SOURCE, [proj, conv_in, conv_w, a, dt_bias, norm_w, s_in, consts],
         [(1, hv * dv), (c, kc - 1), (hv, dk, dv)], [mx.float32] * 3, blocks=(hv, 1, 1), threads=nt,
         template=(("HK", k_heads), ("HV", hv), ("DK", dk), ("DV", dv), ("KC", kc), ("KR", ROWS_PER_THREAD),
-                  ("SOFTPLUS_MAX", int(softplus_max)), ("NT", nt))))
+                  ("SOFTPLUS_MAX", int(softplus_max)), ("SIGMOID_GATE", int(sigmoid_gate)), ("NT", nt))))
