@@ -25,9 +25,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["library", "reason", "build", "SOURCE", "FLAG_SETS", "PORTABLE_FLAGS"]
+__all__ = ["library", "reason", "build", "SOURCE", "FLAG_SETS", "PORTABLE_FLAGS", "GEMV_TYPES"]
 
 SOURCE = Path(__file__).with_name("native") / "quant_gemv.c"
+# the types whose GEMV the source defines, by the lower-case name in its symbol (strata_<name>_gemv)
+GEMV_TYPES = ("q8_0", "q4_0", "q2_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "mxfp4", "q5_1")
 # tried in order: the first that compiles is used (-march=native is not accepted by every
 # compiler for every target: Apple clang on arm64 takes -mcpu=native)
 PORTABLE_FLAGS = ("-O3",)  # the target's baseline instruction set: the portable C loops (tests build it too)
@@ -95,11 +97,13 @@ def build(flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> tuple[ctypes.CD
         return None, why
     lib = ctypes.CDLL(str(so))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for qtype in ("q8_0", "q4_0", "q2_0"):
-        gemv, swiglu = getattr(lib, f"strata_{qtype}_gemv"), getattr(lib, f"strata_{qtype}_swiglu")
+    for name in GEMV_TYPES:
+        gemv = getattr(lib, f"strata_{name}_gemv")
         gemv.argtypes = [p, p, i64, i64, p, i64, p, i64, i64]
-        swiglu.argtypes = [i64, p, p, p, p, p, p, i64, i64, p, p, p]
-        gemv.restype = swiglu.restype = None
+        gemv.restype = None
+    # the fused experts: the three projections' GEMVs (addresses of the functions above), then the planes
+    lib.strata_swiglu.argtypes = [p, p, p, i64, p, p, p, p, p, p, i64, i64, p, p, p]
+    lib.strata_swiglu.restype = None
     return lib, ""
 
 

@@ -6,7 +6,8 @@
     CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
                                 Q8_0 (attention's projections, the head)
 
-The routed experts' kernels compute Q8_0, Q4_0 and Q2_0 (COMPILED_TYPES); the dense matrices are
+The routed experts' kernels compute Q8_0, Q4_0, Q2_0 and llama.cpp's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
+IQ4_NL, IQ4_XS, MXFP4 and Q5_1 as a GGUF stores them (COMPILED_TYPES); the dense matrices are
 stored Q8_0 or float.
 
 The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
@@ -44,18 +45,21 @@ from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "run_stack_kernel",
+__all__ = ["COMPILED_TYPES", "KERNELS", "kernel", "run_kernel", "expert_stack", "stack_kernel", "run_stack_kernel",
            "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
-# every type native/quant_gemv.c computes, and its symbol there
-KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
-                                 QuantType.Q2_0: "strata_q2_0_gemv"}
-# the fused experts' kernel of each type (expert_stack)
-SWIGLU_KERNELS: dict[QuantType, str] = {q: name.replace("_gemv", "_swiglu") for q, name in KERNELS.items()}
+# every type native/quant_gemv.c computes, and its symbol there: strata's two-plane Q8_0, Q4_0,
+# Q2_0, and llama.cpp's block types kept as a GGUF stores them (whole blocks, scales inside)
+_NAMES = {
+    QuantType.Q8_0: "q8_0", QuantType.Q4_0: "q4_0", QuantType.Q2_0: "q2_0", QuantType.Q4_K: "q4_k",
+    QuantType.Q5_K: "q5_k", QuantType.Q6_K: "q6_k", QuantType.Q3_K: "q3_k", QuantType.Q2_K: "q2_k",
+    QuantType.IQ4_NL: "iq4_nl", QuantType.IQ4_XS: "iq4_xs", QuantType.GGML_MXFP4: "mxfp4", QuantType.Q5_1: "q5_1"}
+KERNELS: dict[QuantType, str] = {q: f"strata_{name}_gemv" for q, name in _NAMES.items()}
+assert set(_NAMES.values()) == set(native_build.GEMV_TYPES)
 # the types the engines compute on their kernel (every one in KERNELS). The runtime's bit-for-bit
 # tests compare a streaming engine with the all-resident engine, and with the analysis tools, on
 # the same products (strata.testing.engines.open_numpy_reference, strata.tools.options.tool_ops).
-COMPILED_TYPES = frozenset({QuantType.Q8_0, QuantType.Q4_0, QuantType.Q2_0})
+COMPILED_TYPES = frozenset(KERNELS)
 # Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
 # product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
 # measured on a 768 x 2048 Q8_0 matrix, one BLAS thread, 2-core machine under load: the kernel
@@ -141,24 +145,35 @@ def _address(a: np.ndarray) -> int:
 def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SWIGLU, *,
                  threads: int = 1) -> np.ndarray:
     """One token's experts: row i is swiglu_expert(ws[i], x, act), the whole stack in one call of
-    the fused kernel (a SwiGLU without biases, every expert of one compiled type; else expert by
-    expert). threads > 1: the experts are split over that many threads.
+    the fused kernel (a SwiGLU without biases whose gate, up and down are each of one compiled type
+    over the experts, the three types free to differ; else expert by expert). threads > 1: the
+    experts are split over that many threads.
 
     Shapes:
         ws: k experts; x: [D] -> [k, D] float32
     """
-    qtypes = {p.qtype for w in ws for p in (w.gate, w.up, w.down)}
-    if (act.kind is not ExpertKind.SWIGLU or any(w.biases is not None for w in ws) or len(qtypes) != 1
-            or next(iter(qtypes)) not in COMPILED_TYPES or native_build.library() is None):
+    types = [{getattr(w, p).qtype for w in ws} for p in PROJECTIONS]  # each projection's types over the experts
+    lib = native_build.library()
+    if (act.kind is not ExpertKind.SWIGLU or any(w.biases is not None for w in ws) or lib is None
+            or any(len(t) != 1 or not t <= COMPILED_TYPES for t in types)):
         return np.stack([swiglu_expert(w, x, act, threads=threads) for w in ws]) if ws else \
             np.zeros((0, np.shape(x)[-1]), np.float32)
-    return run_stack_kernel(getattr(native_build.library(), SWIGLU_KERNELS[next(iter(qtypes))]), ws, x,
-                            threads=threads)
+    return run_stack_kernel(stack_kernel(lib, *(next(iter(t)) for t in types)), ws, x, threads=threads)
+
+
+PROJECTIONS = ("gate", "up", "down")
+
+
+def stack_kernel(lib, gate: QuantType, up: QuantType, down: QuantType) -> Callable[..., None]:
+    """The fused experts' kernel of `lib` (a build of native/quant_gemv.c) for experts whose
+    gate, up and down are of these compiled types: `strata_swiglu` with the three GEMVs bound."""
+    gemvs = [ctypes.cast(getattr(lib, KERNELS[q]), ctypes.c_void_p).value for q in (gate, up, down)]
+    return functools.partial(lib.strata_swiglu, *gemvs)
 
 
 def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads: int = 1) -> np.ndarray:
-    """The fused experts' kernel `fn` (a SWIGLU_KERNELS function) on ws, split over `threads`
-    by expert. ws: k experts of fn's type, no biases; x [D] -> [k, D] float32"""
+    """The fused experts' kernel `fn` (a `stack_kernel`) on ws, split over `threads` by expert.
+    ws: k experts of fn's types, no biases; x [D] -> [k, D] float32"""
     x = np.ascontiguousarray(x, np.float32)
     hidden, ffn = ws[0].down.n_rows, ws[0].gate.n_rows
     out = np.empty((len(ws), hidden), np.float32)  # [k, D]
@@ -166,7 +181,7 @@ def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads:
     def run(lo: int, hi: int) -> None:
         group = ws[lo:hi]
         planes = [(ctypes.c_void_p * len(group))(*[_address(getattr(getattr(w, p), part)) for w in group])
-                  for p in ("gate", "up", "down") for part in ("codes", "scales")]
+                  for p in PROJECTIONS for part in ("codes", "scales")]
         scratch = np.empty(2 * ffn, np.float32)
         fn(len(group), *planes, hidden, ffn, x.ctypes.data, out[lo:hi].ctypes.data, scratch.ctypes.data)
 
