@@ -302,8 +302,9 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
     the float32 reference's) compute them: "gemv" (float32 BLAS, the dense matrices held as
     float32 and the widened ones), "expert" (a Q2_0 expert, the calibration model's type), and
     on compiled products "kernel_gemv" (a Q8_0 dense matrix on its kernel, by stored bytes) and
-    "expert_kernels" (experts of every compiled type but the calibration's Q2_0 on theirs)."""
-    from strata.formats.quant_types import QuantType
+    "expert_kernels" (experts of every compiled type but the calibration's Q2_0 on theirs, at the
+    EXPERT_SIZES that are whole blocks of the type)."""
+    from strata.formats.quant_types import QuantType, layout
     from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, gemv as kernel_gemv
 
     ops = ops or REFERENCE_OPS
@@ -323,8 +324,10 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
         x = rng.standard_normal(n, dtype=np.float32)
         cases.append((m.codes.nbytes + m.scales.nbytes, lambda m=m, x=x: kernel_gemv(m, x, threads=ops.threads)))
     out["kernel_gemv"] = {QuantType.Q8_0.name: _table(cases, rounds=rounds)}
+    block = lambda q: layout(q).block_size  # noqa: E731
     out["expert_kernels"] = {q.name: _expert_table(ops, q, rounds) for q in sorted(COMPILED_TYPES, key=int)
-                             if q is not QuantType.Q2_0}
+                             if q is not QuantType.Q2_0 and any(d % block(q) == 0 and f % block(q) == 0
+                                                                for d, f in EXPERT_SIZES)}
     return out
 
 
