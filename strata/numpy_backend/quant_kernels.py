@@ -4,11 +4,11 @@
     swiglu_expert(w, x, act)    twin of strata.reference.experts.swiglu_expert (its gemvs compiled)
     expert_stack(ws, x, act)    one token's experts in one call: [swiglu_expert(w, x, act) for w in ws]
     CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
-                                Q8_0 (attention's projections, the head)
+                                Q8_0 or a block type with a kernel (attention's projections, the head)
 
 The routed experts' kernels compute Q8_0, Q4_0, Q2_0 and llama.cpp's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
-IQ4_NL, IQ4_XS, MXFP4 and Q5_1 as a GGUF stores them (COMPILED_TYPES); the dense matrices are
-stored Q8_0 or float.
+IQ4_NL, IQ4_XS, MXFP4 and Q5_1 as a GGUF stores them (COMPILED_TYPES); the dense matrices those
+of them strata.formats.dense_weights keeps as stored (Q8_0 and the block types), or float.
 
 The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
@@ -208,8 +208,9 @@ def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU, *, t
 
 
 class CompiledDense(DenseWeights):
-    """The same held weights (no copy), with `linear` on the stored Q8_0 bytes where a matrix is
-    held so; every other use (widening, rows, other types) is DenseWeights' own."""
+    """The same held weights (no copy), with `linear` on the stored bytes where a matrix is held
+    as Q8_0 or as one of llama.cpp's block types with a kernel (a GGUF's Q6_K head and
+    attention); every other use (widening, rows, other types) is DenseWeights' own."""
 
     def __init__(self, dense: DenseWeights, *, threads: int = 1) -> None:
         super().__init__(dense.held)
@@ -218,12 +219,18 @@ class CompiledDense(DenseWeights):
     def linear(self, name: str, x: np.ndarray) -> np.ndarray:
         """Twin of DenseWeights.linear. x [T, C] -> [T, R]"""
         t = self.stored(name)
-        fn = _kernel(QuantType.Q8_0)
-        if fn is None or not isinstance(t, StoredTensor) or t.qtype is not StoredType.Q8_0 or t.ndim != 2 \
+        if not isinstance(t, StoredTensor) or t.qtype in (StoredType.F16, StoredType.BF16) or t.ndim != 2 \
                 or _rows(x) > MAX_COMPILED_ROWS:
             return super().linear(name, x)
+        fn = _kernel(t.qtype.quant_type)
+        if fn is None:
+            return super().linear(name, x)
         rows, cols = t.rows_cols
-        return run_kernel(fn, t.codes, t.scales, rows, cols, x, threads=self.threads)
+        scales = t.scales if t.scales is not None else _NO_SCALES  # block types: scales inside the blocks
+        return run_kernel(fn, t.codes, scales, rows, cols, x, threads=self.threads)
+
+
+_NO_SCALES = np.zeros((0,), np.float16)  # a block type's (unread) scales plane
 
 
 def _as_is(dense: DenseWeights) -> DenseWeights:

@@ -16,6 +16,7 @@ import pytest
 import strata
 from engine_kinds import EXACT0, open_kind
 from strata.formats import ggml_blocks
+from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import ExpertWeights
 from strata.formats.quant_types import QuantType, ggml_block_name, layout
 from strata.numpy_backend import native_build, quant_kernels
@@ -188,3 +189,20 @@ def test_engine_on_block_kernels_matches_the_reference(block_model, kind):
         finally:
             for e in engines:
                 e.close()
+
+
+@needs_compiler
+@pytest.mark.parametrize("stored", [t for t in StoredType if t.whole_blocks], ids=lambda t: t.name)
+def test_compiled_dense_linear_on_block_types(stored, monkeypatch):
+    """A dense matrix held as one of llama.cpp's block types (a GGUF's Q6_K head, its attention)
+    goes to the kernel, within FAST of DenseWeights' own product (widened with gguf's dequantizer)."""
+    rng = np.random.default_rng(14)
+    m = _matrix(rng, stored.quant_type, 96, 512)
+    dense = DenseWeights({"w": StoredTensor(stored, (96, 512), m.codes)})
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    _agree(dense.linear("w", x), quant_kernels.CompiledDense(dense).linear("w", x), stored.name)
+    calls = []
+    run = quant_kernels.run_kernel
+    monkeypatch.setattr(quant_kernels, "run_kernel", lambda *a, **k: calls.append(a[0]) or run(*a, **k))
+    quant_kernels.CompiledDense(dense).linear("w", x)
+    assert calls == [getattr(native_build.library(), quant_kernels.KERNELS[stored.quant_type])]  # not widened
