@@ -8,6 +8,12 @@ dispatching at run time. It costs ~0.3-0.8 s once (2-core machine), then a cache
 ~1 ms. Where no compiler is found or the build fails, `library()` returns None and `reason()`
 says why in one line: the numpy engines then compute with the float32 reference (docs/cpu.md).
 
+What a machine needs: a C99 compiler on PATH (`cc`, `gcc` or `clang`, or `$CC`) and its math
+library; no Python headers (the library is loaded through ctypes, not imported). x86_64 gets the
+AVX2 path where `-march=native` offers AVX2, FMA and F16C; every other target the portable loops
+(the compiler vectorizes them: NEON on arm64). Debian / Ubuntu: `apt-get install gcc`; macOS:
+`xcode-select --install`.
+
 The library is named by a hash of the source, the compiler's version line and the flags, so an
 edited source or another compiler builds anew; several processes building at once each compile
 to their own file and rename it into place (the last one wins; all are the same bytes' worth).
