@@ -8,8 +8,6 @@ build; the fused experts with mixed projection types; the engines on these types
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -23,7 +21,7 @@ from strata.numpy_backend import native_build, quant_kernels
 from strata.reference import experts as ref_experts
 from strata.reference.quants import gemv
 from strata.testing.ggml_random import random_block_matrix
-from strata.testing.models import SHAPES, make_model
+from strata.testing.models import make_model
 from tests.mlx_agree import assert_backends_agree
 
 needs_compiler = pytest.mark.skipif(native_build.library() is None, reason=native_build.reason() or "no build")
