@@ -20,7 +20,7 @@ to it within FAST (tests/budgets.py).
 `CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
 or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
 note). A matrix of a type without a compiled kernel goes to the reference's product, per call,
-and so does a product over more than MAX_COMPILED_ROWS rows (a long prompt's: BLAS's).
+and so does a product over more than `max_compiled_rows` rows (a long prompt's: BLAS's).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import ExpertWeights
-from strata.formats.quant_types import QuantType
+from strata.formats.quant_types import QuantType, is_whole_blocks
 from strata.model_config import ExpertKind
 from strata.numpy_backend import native_build
 from strata.reference import experts as ref_experts
@@ -66,6 +66,16 @@ COMPILED_TYPES = frozenset(KERNELS)
 # 99x faster at 1 row, 10x at 16, 1.2-1.5x at 32-64 (docs/cpu.md), so prompts' longer products
 # go to BLAS, where a quiet many-core machine gains most.
 MAX_COMPILED_ROWS = 16
+# The same for llama.cpp's block types, whose widening (the reference's numpy dequantization) costs
+# 3-10x Q8_0's: on 768 x 2048 matrices, one BLAS thread, the kernel against the reference took
+# 5-14 ms against 13-104 ms at 64 rows (Q4_K, Q6_K, IQ4_NL, Q3_K) and lost only Q4_K's at 128
+# (docs/cpu.md).
+MAX_COMPILED_ROWS_BLOCKS = 64
+
+
+def max_compiled_rows(qtype: QuantType) -> int:
+    """Rows of x up to which a product of `qtype` runs on its kernel (above: the reference's)."""
+    return MAX_COMPILED_ROWS_BLOCKS if is_whole_blocks(qtype) else MAX_COMPILED_ROWS
 
 
 def kernel(qtype: QuantType):
@@ -129,7 +139,7 @@ def gemv(m: QuantMatrix, x: np.ndarray, *, threads: int = 1) -> np.ndarray:
         x: [n_cols] or [T, n_cols] -> y: [n_rows] or [T, n_rows]
     """
     fn = _kernel(m.qtype)
-    if fn is None or _rows(x) > MAX_COMPILED_ROWS:
+    if fn is None or _rows(x) > max_compiled_rows(m.qtype):
         return ref_quants.gemv(m, x)
     if np.shape(x)[-1] != m.n_cols:
         raise ValueError(f"gemv: x has {np.shape(x)[-1]} features, the matrix wants {m.n_cols}")
@@ -220,7 +230,7 @@ class CompiledDense(DenseWeights):
         """Twin of DenseWeights.linear. x [T, C] -> [T, R]"""
         t = self.stored(name)
         if not isinstance(t, StoredTensor) or t.qtype in (StoredType.F16, StoredType.BF16) or t.ndim != 2 \
-                or _rows(x) > MAX_COMPILED_ROWS:
+                or _rows(x) > max_compiled_rows(t.qtype.quant_type):
             return super().linear(name, x)
         fn = _kernel(t.qtype.quant_type)
         if fn is None:

@@ -104,16 +104,26 @@ def test_block_kernel_agrees_with_the_reference(qtype, build, portable_library):
 
 @needs_compiler
 @pytest.mark.parametrize("qtype", [QuantType.Q4_K, QuantType.GGML_MXFP4], ids=lambda q: q.name)
-def test_block_gemv_twin_threads_and_long_prompts(qtype):
+def test_block_gemv_twin_threads_and_long_prompts(qtype, monkeypatch):
     """quant_kernels.gemv takes these types: split over threads bit for bit the one-thread
-    result; more than MAX_COMPILED_ROWS rows the reference's product."""
+    result; up to max_compiled_rows (64 for the block types, whose widening costs more than
+    Q8_0's) on the kernel, more the reference's product."""
     rng = np.random.default_rng(11)
     m = random_block_matrix(qtype, 1031, 1024, rng)  # above PARALLEL_MIN_WEIGHTS
     x = rng.standard_normal((2, 1024)).astype(np.float32)
     _agree(gemv(m, x), quant_kernels.gemv(m, x), qtype.name)
     np.testing.assert_array_equal(quant_kernels.gemv(m, x, threads=3), quant_kernels.gemv(m, x))
-    long = rng.standard_normal((quant_kernels.MAX_COMPILED_ROWS + 1, 1024)).astype(np.float32)
+    most = quant_kernels.max_compiled_rows(qtype)
+    assert most == quant_kernels.MAX_COMPILED_ROWS_BLOCKS > quant_kernels.MAX_COMPILED_ROWS
+    calls = []
+    run = quant_kernels.run_kernel
+    monkeypatch.setattr(quant_kernels, "run_kernel", lambda *a, **k: calls.append(1) or run(*a, **k))
+    at_most = rng.standard_normal((most, 1024)).astype(np.float32)
+    assert_backends_agree(gemv(m, at_most), quant_kernels.gemv(m, at_most), "FAST", what=f"{qtype.name} {most} rows")
+    assert calls == [1]
+    long = rng.standard_normal((most + 1, 1024)).astype(np.float32)
     np.testing.assert_array_equal(quant_kernels.gemv(m, long), gemv(m, long))
+    assert calls == [1]
 
 
 def _expert(rng, gate, up, down, hidden=256, ffn=512):
