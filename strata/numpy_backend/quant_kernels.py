@@ -60,6 +60,7 @@ assert set(_NAMES.values()) == set(native_build.GEMV_TYPES)
 # tests compare a streaming engine with the all-resident engine, and with the analysis tools, on
 # the same products (strata.testing.engines.open_numpy_reference, strata.tools.options.tool_ops).
 COMPILED_TYPES = frozenset(KERNELS)
+PROJECTIONS = ("gate", "up", "down")  # an expert's matrices, in the fused kernel's order
 # Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
 # product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
 # measured on a 768 x 2048 Q8_0 matrix, one BLAS thread, 2-core machine under load: the kernel
@@ -171,9 +172,7 @@ def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SW
     return run_stack_kernel(stack_kernel(lib, *(next(iter(t)) for t in types)), ws, x, threads=threads)
 
 
-PROJECTIONS = ("gate", "up", "down")
-
-
+@functools.cache  # per library and types: a decode token asks once per layer
 def stack_kernel(lib, gate: QuantType, up: QuantType, down: QuantType) -> Callable[..., None]:
     """The fused experts' kernel of `lib` (a build of native/quant_gemv.c) for experts whose
     gate, up and down are of these compiled types: `strata_swiglu` with the three GEMVs bound."""
