@@ -188,10 +188,12 @@ DEFINE_GEMV(strata_q2_0_gemv, q2_0_levels, 8)
  * half's sum is scaled by its a (one multiply-add per unit where a_lo = a_hi, two where the scales
  * cover 16 weights). With one (K-quants' -dmin * m, Q5_1's m) the unit's 32 weights are built in
  * float32 first, a * level + o in one fused multiply-add (the reference rounds a * level first:
- * at most an ulp of each weight apart), then multiplied with x. Measured on a 2048 x 2048 Q4_K
- * GEMV: 1.42 ms with the offsets kept apart as o * (x's 16-weight sums), their scalar sum a chain
- * through memory, against the time in docs/cpu.md built this way. a and o are computed as the
- * reference computes them (d * sc, dmin * m in float32). */
+ * at most an ulp of each weight apart), then multiplied with x: faster than keeping the offsets
+ * apart as o * (x's 16-weight sums), whose scalar sum per token chained through memory (a 2048 x
+ * 2048 Q4_K GEMV: 0.495 against 0.696 ms; docs/cpu.md). a and o are computed as the reference
+ * computes them (d * sc, dmin * m in float32). A super-block's 8 units are unrolled, so each
+ * unit's shifts and masks are constants. Portable builds (no AVX2) build every unit's weights
+ * a * level + o in float32 and multiply them with x. */
 
 static inline float f16_at(const uint8_t *p) {
     uint16_t h;
