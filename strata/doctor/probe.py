@@ -11,7 +11,7 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
   backend's own path: seconds per call as a function of bytes read (`OpCost`, a table). On
   numpy the products are the ones a run computes with (`numpy_ops`: the compiled CPU kernels
   under Config.cpu_kernels where they build, `products` "compiled", else numpy's float32
-  widen + BLAS, "float32"); on the compiled ones also a Q8_0 dense GEMV (`kernel_gemv`) and
+  widen + BLAS, "float32"); on the compiled ones also a Q8_0 and a Q6_K dense GEMV (`kernel_gemv`) and
   experts of every compiled type but Q2_0 (`expert_kernels`: Q8_0, Q4_0 and llama.cpp's
   K-quants, IQ4_NL / IQ4_XS, MXFP4, Q5_1). A float32 profile is cached apart
   (`machine-numpy-float32.json`): a profile answers only for runs on its own products;
@@ -226,6 +226,10 @@ def _mem_bw() -> float:
 GEMV_SIZES = (64, 256, 1024, 2048, 4096)  # square float32 matrices: 16 kB .. 64 MB
 EXPERT_SIZES = ((64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048, 768))  # (D, F)
 COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its median
+# the dense types whose GEMV the probe times on its compiled kernel: strata's Q8_0 and the type of
+# llama.cpp files' dense matrices (a GGUF's Q6_K head and attention); the others are priced as
+# float32 products
+DENSE_KERNEL_TYPES = ("Q8_0", "Q6_K")
 EXPERT_STACK = 4  # distinct experts per timed call: a decode token's experts go to the kernel together
 
 
@@ -301,7 +305,8 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
     """The numpy engines' products as `ops` (strata.numpy_backend.quant_kernels.CpuOps; default
     the float32 reference's) compute them: "gemv" (float32 BLAS, the dense matrices held as
     float32 and the widened ones), "expert" (a Q2_0 expert, the calibration model's type), and
-    on compiled products "kernel_gemv" (a Q8_0 dense matrix on its kernel, by stored bytes) and
+    on compiled products "kernel_gemv" (a dense matrix of each DENSE_KERNEL_TYPES on its kernel,
+    by stored bytes) and
     "expert_kernels" (experts of every compiled type but the calibration's Q2_0 on theirs, at the
     EXPERT_SIZES that are whole blocks of the type)."""
     from strata.formats.quant_types import QuantType, layout
@@ -318,13 +323,15 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
            "kernel_gemv": {}, "expert_kernels": {}}
     if not ops.compiled:
         return out
-    cases = []
-    for n in GEMV_SIZES:
-        m = _random_matrix(rng, QuantType.Q8_0, n, n)
-        x = rng.standard_normal(n, dtype=np.float32)
-        cases.append((m.codes.nbytes + m.scales.nbytes, lambda m=m, x=x: kernel_gemv(m, x, threads=ops.threads)))
-    out["kernel_gemv"] = {QuantType.Q8_0.name: _table(cases, rounds=rounds)}
     block = lambda q: layout(q).block_size  # noqa: E731
+    for qtype in map(QuantType.__getitem__, DENSE_KERNEL_TYPES):
+        cases = []
+        for n in (n for n in GEMV_SIZES if n % block(qtype) == 0):  # whole blocks (Q6_K: 256)
+            m = _random_matrix(rng, qtype, n, n)
+            x = rng.standard_normal(n, dtype=np.float32)
+            cases.append((m.nbytes, lambda m=m, x=x: kernel_gemv(m, x, threads=ops.threads)))
+        if cases:
+            out["kernel_gemv"][qtype.name] = _table(cases, rounds=rounds)
     out["expert_kernels"] = {q.name: _expert_table(ops, q, rounds) for q in sorted(COMPILED_TYPES, key=int)
                              if q is not QuantType.Q2_0 and any(d % block(q) == 0 and f % block(q) == 0
                                                                 for d, f in EXPERT_SIZES)}
