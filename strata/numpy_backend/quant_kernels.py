@@ -68,9 +68,9 @@ PROJECTIONS = ("gate", "up", "down")  # an expert's matrices, in the fused kerne
 # go to BLAS, where a quiet many-core machine gains most.
 MAX_COMPILED_ROWS = 16
 # The same for llama.cpp's block types, whose widening (the reference's numpy dequantization) costs
-# 3-10x Q8_0's: on 768 x 2048 matrices, one BLAS thread, the kernel against the reference took
-# 5-14 ms against 13-104 ms at 64 rows (Q4_K, Q6_K, IQ4_NL, Q3_K) and lost only Q4_K's at 128
-# (docs/cpu.md).
+# 2-10x Q8_0's: on 768 x 2048 matrices, one thread, the kernel against the reference took 5.1-6.4
+# ms against 15-36 ms at 64 rows (Q4_K, Q6_K, IQ4_NL, Q3_K) and lost only Q4_K's at 128
+# (benchmarks/cpu_kernels.py, docs/cpu.md).
 MAX_COMPILED_ROWS_BLOCKS = 64
 
 
