@@ -38,6 +38,10 @@ def random_block_matrix(qtype: QuantType, n_rows: int, n_cols: int, rng: np.rand
         raise ValueError("random_block_matrix: IQ1_M keeps its float16 scale in the scales' top nibbles; not made here")
     codes = rng.integers(0, 256, (n_rows, row_bytes(qtype, n_cols)), dtype=np.uint8)
     blocks = ggml_blocks.view_blocks(name, codes)  # a view: writing its fields writes codes
+
+    def values() -> np.ndarray:  # the matrix's values as its fields stand now
+        return dequantize(QuantMatrix(qtype, n_rows, n_cols, codes, np.zeros((n_rows, 0), np.float16)))
+
     factor = rng.uniform(0.5, 1.5, len(blocks)).astype(np.float32)
     if name == "MXFP4":
         blocks["e"] = 127
@@ -47,17 +51,16 @@ def random_block_matrix(qtype: QuantType, n_rows: int, n_cols: int, rng: np.rand
     if name in MEAN_LEVEL:
         blocks["m"] = -factor * MEAN_LEVEL[name]
     elif "dmin" in blocks.dtype.names:  # K-quants: value = d * sc * q - dmin * m; cancel the mean
-        w = dequantize(QuantMatrix(qtype, n_rows, n_cols, codes, np.zeros((n_rows, 0), np.float16)))
+        w = values()
         blocks["dmin"] = 0.0
-        no_offset = dequantize(QuantMatrix(qtype, n_rows, n_cols, codes, np.zeros((n_rows, 0), np.float16)))
+        no_offset = values()
         offsets = no_offset - w  # dmin * m per weight at dmin = factor
         ratio = float(no_offset.mean() / offsets.mean()) if offsets.mean() else 0.0
         blocks["dmin"] = factor * np.float32(ratio)
-    w = dequantize(QuantMatrix(qtype, n_rows, n_cols, codes, np.zeros((n_rows, 0), np.float16)))
-    measured = float(np.sqrt(np.mean(np.square(w, dtype=np.float64))))
+    measured = float(np.sqrt(np.mean(np.square(values(), dtype=np.float64))))
     if measured > 0:
         if name == "MXFP4":
-            blocks["e"] = 127 + int(np.round(np.log2(rms / measured)))
+            blocks["e"] = int(np.clip(127 + np.round(np.log2(rms / measured)), 1, 254))
         else:
             for field in SCALE_FIELDS:
                 if field in blocks.dtype.names:
