@@ -13,6 +13,8 @@ greedy tokens are the same and the largest logit difference relative to the logi
     python benchmarks/cpu_compute.py --layers 8 --tokens 32 --arena 50%
     python benchmarks/cpu_compute.py --hidden 2048 --ffn 768 --threads 4   # a many-core machine
     python benchmarks/cpu_compute.py --expert-type q2_0                    # Q2_0 experts (or q4_0)
+    python benchmarks/cpu_compute.py --expert-type q4_k --tokens 8         # llama.cpp's Q4_K experts (random
+                                      # blocks; q5_k, q6_k, q3_k, q2_k, iq4_nl, iq4_xs, mxfp4, q5_1 alike)
 
 llama.cpp is not part of this run: it is not installed here (building it from the
 llama-cpp-python source package takes ~30 minutes on 2 cores). Prints a table and one JSON line.
@@ -34,13 +36,17 @@ import numpy as np  # noqa: E402
 
 import strata  # noqa: E402
 from strata.engines import open_engine  # noqa: E402
-from strata.formats.quant_types import QuantType  # noqa: E402
+from strata.formats.quant_types import QuantType, layout  # noqa: E402
 from strata.numpy_backend import native_build  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 from strata.threads import compute_threads  # noqa: E402
 
 PROMPT_TOKENS = 32
-EXPERT_TYPES = {"q8_0": QuantType.Q8_0, "q4_0": QuantType.Q4_0, "q2_0": QuantType.Q2_0}  # each on its kernel
+# each on its kernel; llama.cpp's types (Q4_K ... Q5_1, MXFP4 ggml's) as random blocks at the same scale
+EXPERT_TYPES = {"q8_0": QuantType.Q8_0, "q4_0": QuantType.Q4_0, "q2_0": QuantType.Q2_0, "q4_k": QuantType.Q4_K,
+                "q5_k": QuantType.Q5_K, "q6_k": QuantType.Q6_K, "q3_k": QuantType.Q3_K, "q2_k": QuantType.Q2_K,
+                "iq4_nl": QuantType.IQ4_NL, "iq4_xs": QuantType.IQ4_XS, "mxfp4": QuantType.GGML_MXFP4,
+                "q5_1": QuantType.Q5_1}
 
 
 def made_model(args, directory: Path):
@@ -69,9 +75,14 @@ def main() -> None:
     ap.add_argument("--arena", default="", help="a streaming arena (e.g. 50%%); default: all-resident")
     ap.add_argument("--threads", type=int, default=0, help="Config.threads for both sides (default 0: auto)")
     ap.add_argument("--expert-type", choices=sorted(EXPERT_TYPES), default="q8_0",
-                    help="the experts' type (default q8_0); the dense matrices are Q8_0")
+                    help="the experts' type (default q8_0; llama.cpp's K / IQ4 / MXFP4 / Q5_1 types as random "
+                         "blocks, hidden and ffn multiples of 256 for the K-quants and IQ4_XS); the dense "
+                         "matrices are Q8_0")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "strata-bench-cpu"))
     args = ap.parse_args()
+    block = layout(EXPERT_TYPES[args.expert_type]).block_size
+    if args.hidden % block or args.ffn % block:
+        raise SystemExit(f"cpu_compute: {args.expert_type} experts need --hidden and --ffn multiples of {block}")
     lib = native_build.library()
     if lib is None:
         raise SystemExit(f"cpu_compute: {native_build.reason()}")

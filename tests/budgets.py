@@ -15,7 +15,9 @@ class Budget:
 
 
 # The MLX twin vs the float32 reference. FAST: the same (float16-exact) weights; only the order
-# of float32 sums and the GPU's exp/sqrt differ. FORWARD: the same for whole-model logits, where
+# of float32 sums and the GPU's exp/sqrt differ (the compiled CPU kernels too, every type: x stays
+# float32; a K-quant's or Q5_1's weight a * level + o built in one fused multiply-add, an ulp at
+# most from the reference's; seen 1e-7 to 4e-7 relative). FORWARD: the same for whole-model logits, where
 # that rounding compounds through every layer's norms, softmaxes and residual sums (seen: 2.3e-5
 # relative on the tiny model's ops path). QUANTIZED: a quantized stand-in vs its float original
 # (the Q8_0 read-ahead router vs the F32 router). EXACT: bit for bit. ROUTING: selected experts

@@ -8,8 +8,8 @@ Decode time per token (seconds):
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
     ops = gemv(float32 calls, float32 dense bytes/token)   (seconds per call at the mean bytes per call)
-          + kernel_gemv[type](dense calls − routers, stored bytes/token of that type)   (Q8_0 dense on
-            the compiled CPU kernel: read as stored, never widened)
+          + kernel_gemv[type](dense calls − routers, stored bytes/token of that type)   (Q8_0 and Q6_K
+            dense on the compiled CPU kernels: read as stored, never widened)
           + widen[type](dense GEMV calls, stored bytes/token of that type)   (the other stored types: numpy)
           + k · moe_layers · (expert_call_s + expert[type](record) − expert(calibration record))
           and never less than the token's bytes (`token_bytes`) at the measured memory bandwidth

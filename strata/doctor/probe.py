@@ -11,8 +11,9 @@ measures one (about 15-30 s) and caches it as `cache_dir/machine-<backend>.json`
   backend's own path: seconds per call as a function of bytes read (`OpCost`, a table). On
   numpy the products are the ones a run computes with (`numpy_ops`: the compiled CPU kernels
   under Config.cpu_kernels where they build, `products` "compiled", else numpy's float32
-  widen + BLAS, "float32"); on the compiled ones also a Q8_0 dense GEMV (`kernel_gemv`) and
-  Q8_0 / Q4_0 experts (`expert_kernels`). A float32 profile is cached apart
+  widen + BLAS, "float32"); on the compiled ones also a Q8_0 and a Q6_K dense GEMV (`kernel_gemv`) and
+  experts of every compiled type but Q2_0 (`expert_kernels`: Q8_0, Q4_0 and llama.cpp's
+  K-quants, IQ4_NL / IQ4_XS, MXFP4, Q5_1). A float32 profile is cached apart
   (`machine-numpy-float32.json`): a profile answers only for runs on its own products;
 - the engine: a made model (`tiny` shape, 6 layers of 64 experts) run in a fresh process
   all-resident at top-4 and at top-1 (the difference is the engine's own cost per routed
@@ -225,6 +226,10 @@ def _mem_bw() -> float:
 GEMV_SIZES = (64, 256, 1024, 2048, 4096)  # square float32 matrices: 16 kB .. 64 MB
 EXPERT_SIZES = ((64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (2048, 768))  # (D, F)
 COMPUTE_ROUNDS = 3  # interleaved rounds over the sizes; each point is its median
+# the dense types whose GEMV the probe times on its compiled kernel: strata's Q8_0 and the type of
+# llama.cpp files' dense matrices (a GGUF's Q6_K head and attention); the others are priced as
+# float32 products
+DENSE_KERNEL_TYPES = ("Q8_0", "Q6_K")
 EXPERT_STACK = 4  # distinct experts per timed call: a decode token's experts go to the kernel together
 
 
@@ -254,10 +259,20 @@ def _table(cases, repeats: int = 5, rounds: int = COMPUTE_ROUNDS) -> OpCost:
 def _random_matrix(rng, qtype, n_rows: int, n_cols: int):
     """A matrix of `qtype` with random codes and small scales: what a product costs does not
     depend on the values, and quantizing the probe's largest experts took seconds."""
+    from strata.formats import ggml_blocks
     from strata.formats.quant_matrix import QuantMatrix
-    from strata.formats.quant_types import layout
+    from strata.formats.quant_types import ggml_block_name, layout, row_bytes
 
     lay = layout(qtype)
+    if lay.whole_blocks:  # llama.cpp's blocks, scales inside: small finite ones (no subnormal's slow path)
+        codes = rng.integers(0, 256, (n_rows, row_bytes(qtype, n_cols)), dtype=np.uint8)
+        blocks = ggml_blocks.view_blocks(ggml_block_name(qtype), codes)
+        for name in ("d", "dmin", "m"):
+            if name in blocks.dtype.names:
+                blocks[name] = 0.01
+        if "e" in blocks.dtype.names:
+            blocks["e"] = 120
+        return QuantMatrix(qtype, n_rows, n_cols, codes, np.zeros((n_rows, 0), np.float16))
     codes = rng.integers(0, 256, (n_rows, n_cols // lay.block_size * (lay.block_bytes - 2)), dtype=np.uint8)
     scales = (0.01 * rng.random((n_rows, n_cols // lay.block_size))).astype(np.float16)
     return QuantMatrix(qtype, n_rows, n_cols, codes, scales)
@@ -268,10 +283,14 @@ def _expert_table(ops, qtype, rounds: int) -> OpCost:
     bytes: EXPERT_STACK distinct experts per call through the engine's one-token call (`ops.stack`,
     else expert by expert), divided by their count."""
     from strata.formats.expert_record import ExpertWeights, RecordLayout
+    from strata.formats.quant_types import layout
 
     rng = np.random.default_rng(0)
     cases = []
+    block = layout(qtype).block_size
     for d, f in EXPERT_SIZES:
+        if d % block or f % block:  # a K-quant's experts are whole super-blocks of 256
+            continue
         ws = [ExpertWeights(_random_matrix(rng, qtype, f, d), _random_matrix(rng, qtype, f, d),
                             _random_matrix(rng, qtype, d, f)) for _ in range(EXPERT_STACK)]
         x = 0.01 * rng.standard_normal(d, dtype=np.float32)  # small: silu stays finite
@@ -286,9 +305,11 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
     """The numpy engines' products as `ops` (strata.numpy_backend.quant_kernels.CpuOps; default
     the float32 reference's) compute them: "gemv" (float32 BLAS, the dense matrices held as
     float32 and the widened ones), "expert" (a Q2_0 expert, the calibration model's type), and
-    on compiled products "kernel_gemv" (a Q8_0 dense matrix on its kernel, by stored bytes) and
-    "expert_kernels" (Q8_0 and Q4_0 experts on theirs)."""
-    from strata.formats.quant_types import QuantType
+    on compiled products "kernel_gemv" (a dense matrix of each DENSE_KERNEL_TYPES on its kernel,
+    by stored bytes) and
+    "expert_kernels" (experts of every compiled type but the calibration's Q2_0 on theirs, at the
+    EXPERT_SIZES that are whole blocks of the type)."""
+    from strata.formats.quant_types import QuantType, layout
     from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, gemv as kernel_gemv
 
     ops = ops or REFERENCE_OPS
@@ -302,14 +323,18 @@ def _compute_numpy(rounds: int = COMPUTE_ROUNDS, ops=None) -> dict:
            "kernel_gemv": {}, "expert_kernels": {}}
     if not ops.compiled:
         return out
-    cases = []
-    for n in GEMV_SIZES:
-        m = _random_matrix(rng, QuantType.Q8_0, n, n)
-        x = rng.standard_normal(n, dtype=np.float32)
-        cases.append((m.codes.nbytes + m.scales.nbytes, lambda m=m, x=x: kernel_gemv(m, x, threads=ops.threads)))
-    out["kernel_gemv"] = {QuantType.Q8_0.name: _table(cases, rounds=rounds)}
+    block = lambda q: layout(q).block_size  # noqa: E731
+    for qtype in map(QuantType.__getitem__, DENSE_KERNEL_TYPES):
+        cases = []
+        for n in (n for n in GEMV_SIZES if n % block(qtype) == 0):  # whole blocks (Q6_K: 256)
+            m = _random_matrix(rng, qtype, n, n)
+            x = rng.standard_normal(n, dtype=np.float32)
+            cases.append((m.nbytes, lambda m=m, x=x: kernel_gemv(m, x, threads=ops.threads)))
+        if cases:
+            out["kernel_gemv"][qtype.name] = _table(cases, rounds=rounds)
     out["expert_kernels"] = {q.name: _expert_table(ops, q, rounds) for q in sorted(COMPILED_TYPES, key=int)
-                             if q is not QuantType.Q2_0}
+                             if q is not QuantType.Q2_0 and any(d % block(q) == 0 and f % block(q) == 0
+                                                                for d, f in EXPERT_SIZES)}
     return out
 
 

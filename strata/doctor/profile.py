@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-PROFILE_VERSION = 8  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
+PROFILE_VERSION = 9  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
 # 7: a base RSS per engine kind (base_rss_streaming); 8: the products the engine computes with
-# (`products`: the compiled CPU kernels' tables, `kernel_gemv` and `expert_kernels`)
+# (`products`: the compiled CPU kernels' tables, `kernel_gemv` and `expert_kernels`); 9: expert
+# tables of llama.cpp's compiled block types (Q4_K ... Q5_1), a Q6_K dense kernel table
 COMPILED, FLOAT32 = "compiled", "float32"  # a numpy profile's `products` (MLX: "")
 QUICK_NOTE = "quick probe"  # how a quick probe's profile says so (its first note)
 

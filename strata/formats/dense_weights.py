@@ -10,8 +10,12 @@ biases, rows that are not whole Q8_0 blocks) are plain float32 arrays, returned 
     F16   float16 [shape]                        2 bytes per weight
     BF16  uint16 [shape] (the bfloat16 bits)     2 bytes per weight
     Q8_0  int8 codes [R, C], float16 d [R, C/32] 34 bytes per 32 weights (value = d * code)
+    Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4, Q5_1 (llama.cpp's block types a CPU
+          matmul computes on their stored bytes: docs/cpu.md)
+          uint8 [R, C / block * block bytes]: the rows of whole ggml blocks, scales inside;
+          widened with the `gguf` package's dequantizer, the values loading gave before
 
-R is the product of the leading dims, C the last (the row length a Q8_0 block runs along).
+R is the product of the leading dims, C the last (the row length a block runs along).
 """
 
 from __future__ import annotations
@@ -22,21 +26,42 @@ from typing import Iterator, Mapping, MutableMapping
 
 import numpy as np
 
-from strata.formats.quant_types import QuantType, layout
+from strata.formats import ggml_blocks
+from strata.formats.quant_types import QuantType, ggml_block_name, layout, row_bytes
 
-__all__ = ["StoredType", "StoredTensor", "DenseWeights", "as_dense_weights", "stored_bytes"]
+__all__ = ["StoredType", "StoredTensor", "DenseWeights", "as_dense_weights", "stored_bytes", "non_finite_blocks"]
 
 Q8 = layout(QuantType.Q8_0)
 
 
 class StoredType(enum.Enum):
     """The dense types kept in memory as stored (ggml's type ids): the ones a matmul widens
-    cheaply per use. Their own enum, not QuantType: which types memory keeps is this module's
-    choice, not the file format's (a file may hold any QuantType; the rest are widened at load)."""
+    cheaply per use, and llama.cpp's block types the CPU's compiled kernels compute on their
+    stored bytes (a GGUF's Q6_K head and attention: 0.82 bytes a weight held, not float32's 4).
+    Their own enum, not QuantType: which types memory keeps is this module's choice, not the
+    file format's (a file may hold any QuantType; the rest are widened at load)."""
 
     F16 = 1
     BF16 = 30
     Q8_0 = 8
+    Q5_1 = 7
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    IQ4_NL = 20
+    IQ4_XS = 23
+    MXFP4 = 39  # ggml's (QuantType.GGML_MXFP4)
+
+    @property
+    def whole_blocks(self) -> bool:
+        """Held as rows of whole ggml blocks (scales inside), not as codes and a scales plane."""
+        return self not in (StoredType.F16, StoredType.BF16, StoredType.Q8_0)
+
+    @property
+    def quant_type(self) -> QuantType:
+        return QuantType(self.value)
 
     @classmethod
     def of(cls, ggml_type: int) -> "StoredType | None":
@@ -54,6 +79,7 @@ class StoredTensor:
 
     Shapes:
         codes: F16 float16 [shape]; BF16 uint16 [shape]; Q8_0 int8 [R, C]
+        (llama.cpp's block types: uint8 [R, row bytes], whole blocks)
         scales: Q8_0 float16 [R, C/32]; else None
         widen() -> float32 [shape]
     """
@@ -64,7 +90,8 @@ class StoredTensor:
     scales: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        want = {StoredType.F16: np.float16, StoredType.BF16: np.uint16, StoredType.Q8_0: np.int8}[self.qtype]
+        want = {StoredType.F16: np.float16, StoredType.BF16: np.uint16, StoredType.Q8_0: np.int8}.get(self.qtype,
+                                                                                                    np.uint8)
         if self.codes.dtype != want:
             raise ValueError(f"StoredTensor {self.qtype.name}: codes must be {np.dtype(want)}, got {self.codes.dtype}")
         if self.qtype is StoredType.Q8_0:
@@ -74,6 +101,12 @@ class StoredTensor:
                 raise ValueError(f"StoredTensor Q8_0 {self.shape}: codes {self.codes.shape}, rows must be whole blocks")
             if self.scales is None or self.scales.dtype != np.float16 or self.scales.shape != blocks:
                 raise ValueError(f"StoredTensor Q8_0 {self.shape}: scales must be float16 {blocks}")
+        elif self.qtype.whole_blocks:
+            rows, cols = self.rows_cols
+            want_shape = (rows, row_bytes(self.qtype.quant_type, cols))  # validates whole blocks
+            if self.codes.shape != want_shape or self.scales is not None:
+                raise ValueError(f"StoredTensor {self.qtype.name} {self.shape}: codes {self.codes.shape}, "
+                                 f"want uint8 {want_shape} and no scales")
         elif self.codes.shape != self.shape:
             raise ValueError(f"StoredTensor {self.qtype.name}: codes shape {self.codes.shape}, want {self.shape}")
 
@@ -108,6 +141,12 @@ class StoredTensor:
         return self._widen(self.codes[ids], None if self.scales is None else self.scales[ids])
 
     def _widen(self, codes: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+        if self.qtype.whole_blocks:  # gguf's dequantizer: what loading widened these to before
+            import gguf
+
+            cols = self.shape[-1]
+            out = gguf.quants.dequantize(codes, gguf.GGMLQuantizationType(self.qtype.value))
+            return np.asarray(out, np.float32).reshape(codes.shape[0], cols)
         if self.qtype is StoredType.F16:
             return codes.astype(np.float32)
         if self.qtype is StoredType.BF16:
@@ -120,8 +159,11 @@ class StoredTensor:
     @classmethod
     def from_gguf(cls, qtype: StoredType, raw: np.ndarray, shape: tuple[int, ...]) -> "StoredTensor":
         """From the bytes `GGUFFile.raw` gives (copied: the result owns its memory, no view into
-        the file's map). F16: float16 [shape]; BF16, Q8_0: uint8 rows of blocks."""
+        the file's map). F16: float16 [shape]; BF16, Q8_0 and the block types: uint8 rows of blocks."""
         raw = np.ascontiguousarray(raw)
+        if qtype.whole_blocks:
+            rows = int(np.prod(shape[:-1], dtype=np.int64))
+            return cls(qtype, shape, raw.view(np.uint8).reshape(rows, -1).copy())
         if qtype is StoredType.F16:
             return cls(qtype, shape, raw.view(np.float16).reshape(shape).copy())
         if qtype is StoredType.BF16:
@@ -132,6 +174,12 @@ class StoredTensor:
         scales = blocks[:, :2].copy().view(np.float16).reshape(rows, cols // Q8.block_size)
         codes = blocks[:, 2:].copy().view(np.int8).reshape(rows, cols)
         return cls(qtype, shape, codes, scales)
+
+
+def non_finite_blocks(t: StoredTensor) -> int:
+    """How many of a block type's blocks widen to a NaN or an infinity, read from their scale
+    fields (strata.formats.ggml_blocks.non_finite_blocks), never by widening."""
+    return int(np.count_nonzero(ggml_blocks.non_finite_blocks(ggml_block_name(t.qtype.quant_type), t.codes)))
 
 
 Dense = np.ndarray | StoredTensor

@@ -21,7 +21,7 @@ import numpy as np
 
 from strata.errors import ConfigError, FormatError, MissingTensorError
 from strata.formats.atomic import atomic_output
-from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
+from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType, non_finite_blocks
 from strata.formats.gguf_file import GGUFFile, open_gguf
 from strata.formats.quant_types import QuantType
 from strata.model_config import ModelConfig, TensorNames, dense_tensor_shapes, stored_enum
@@ -371,8 +371,9 @@ def _dequantize(gf: GGUFFile, name: str, info, want: tuple[int, ...]) -> np.ndar
 
 
 def held_dense(path: str, name: str, ggml_type: int, raw: np.ndarray, want: tuple[int, ...]) -> np.ndarray | StoredTensor:
-    """A tensor as it is kept in memory: F16, BF16 and Q8_0 as stored (a StoredTensor, widened
-    per use: strata.formats.dense_weights), any other type widened to float32 now; checked finite.
+    """A tensor as it is kept in memory: F16, BF16, Q8_0 and the block types with a compiled CPU
+    kernel as stored (a StoredTensor, widened per use: strata.formats.dense_weights), any other
+    type widened to float32 now; checked finite.
     raw: its stored bytes (`GGUFFile.raw`'s view, or the uint8 rows of blocks: the same bytes),
     from a model file or from a llama.cpp GGUF read in place (strata/convert/gguf_in_place.py)."""
     gguf = _gguf()
@@ -400,6 +401,8 @@ def _stored_finite(t: StoredTensor) -> bool:
         return bool(np.isfinite(t.codes).all())
     if t.qtype is StoredType.BF16:
         return not bool(((t.codes & 0x7F80) == 0x7F80).any())  # exponent all ones: inf or NaN
+    if t.qtype.whole_blocks:
+        return non_finite_blocks(t) == 0
     return bool(np.isfinite(t.scales).all())
 
 

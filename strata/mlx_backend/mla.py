@@ -110,6 +110,8 @@ def _column_blocks(t, dtype: mx.Dtype) -> tuple[Weight, ...]:
     """A stored matrix (float32 numpy or StoredTensor) held as column blocks of at most MAX_COLS,
     each contiguous (a kernel input that is a view would be copied on every launch)."""
     cols, step = t.shape[1], dense_kernel.MAX_COLS
+    if isinstance(t, StoredTensor) and t.qtype.whole_blocks:  # llama.cpp's blocks (a GGUF's Q6_K): rows of
+        t = t.widen()                                         # 256-weight blocks cut by column only when widened
     out = []
     for i in range(0, cols, step):
         j = min(cols, i + step)

@@ -8,6 +8,12 @@ dispatching at run time. It costs ~0.3-0.8 s once (2-core machine), then a cache
 ~1 ms. Where no compiler is found or the build fails, `library()` returns None and `reason()`
 says why in one line: the numpy engines then compute with the float32 reference (docs/cpu.md).
 
+What a machine needs: a C99 compiler on PATH (`cc`, `gcc` or `clang`, or `$CC`) and its math
+library; no Python headers (the library is loaded through ctypes, not imported). x86_64 gets the
+AVX2 path where `-march=native` offers AVX2, FMA and F16C; every other target the portable loops
+(the compiler vectorizes them: NEON on arm64). Debian / Ubuntu: `apt-get install gcc`; macOS:
+`xcode-select --install`.
+
 The library is named by a hash of the source, the compiler's version line and the flags, so an
 edited source or another compiler builds anew; several processes building at once each compile
 to their own file and rename it into place (the last one wins; all are the same bytes' worth).
@@ -25,9 +31,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["library", "reason", "build", "SOURCE", "FLAG_SETS", "PORTABLE_FLAGS"]
+__all__ = ["library", "reason", "build", "SOURCE", "FLAG_SETS", "PORTABLE_FLAGS", "GEMV_TYPES"]
 
 SOURCE = Path(__file__).with_name("native") / "quant_gemv.c"
+# the types whose GEMV the source defines, by the lower-case name in its symbol (strata_<name>_gemv)
+GEMV_TYPES = ("q8_0", "q4_0", "q2_0", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "mxfp4", "q5_1")
 # tried in order: the first that compiles is used (-march=native is not accepted by every
 # compiler for every target: Apple clang on arm64 takes -mcpu=native)
 PORTABLE_FLAGS = ("-O3",)  # the target's baseline instruction set: the portable C loops (tests build it too)
@@ -95,11 +103,13 @@ def build(flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> tuple[ctypes.CD
         return None, why
     lib = ctypes.CDLL(str(so))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for qtype in ("q8_0", "q4_0", "q2_0"):
-        gemv, swiglu = getattr(lib, f"strata_{qtype}_gemv"), getattr(lib, f"strata_{qtype}_swiglu")
+    for name in GEMV_TYPES:
+        gemv = getattr(lib, f"strata_{name}_gemv")
         gemv.argtypes = [p, p, i64, i64, p, i64, p, i64, i64]
-        swiglu.argtypes = [i64, p, p, p, p, p, p, i64, i64, p, p, p]
-        gemv.restype = swiglu.restype = None
+        gemv.restype = None
+    # the fused experts: the three projections' GEMVs (addresses of the functions above), then the planes
+    lib.strata_swiglu.argtypes = [p, p, p, i64, p, p, p, p, p, p, i64, i64, p, p, p]
+    lib.strata_swiglu.restype = None
     return lib, ""
 
 

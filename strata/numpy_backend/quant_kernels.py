@@ -4,10 +4,11 @@
     swiglu_expert(w, x, act)    twin of strata.reference.experts.swiglu_expert (its gemvs compiled)
     expert_stack(ws, x, act)    one token's experts in one call: [swiglu_expert(w, x, act) for w in ws]
     CompiledDense.linear        twin of DenseWeights.linear: x W^T on a dense matrix stored as
-                                Q8_0 (attention's projections, the head)
+                                Q8_0 or a block type with a kernel (attention's projections, the head)
 
-The routed experts' kernels compute Q8_0, Q4_0 and Q2_0 (COMPILED_TYPES); the dense matrices are
-stored Q8_0 or float.
+The routed experts' kernels compute Q8_0, Q4_0, Q2_0 and llama.cpp's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
+IQ4_NL, IQ4_XS, MXFP4 and Q5_1 as a GGUF stores them (COMPILED_TYPES); the dense matrices those
+of them strata.formats.dense_weights keeps as stored (Q8_0 and the block types), or float.
 
 The products run in native/quant_gemv.c (built at first use: native_build.py) straight on the
 stored codes and float16 block scales, with x kept in float32: nothing is widened to a float32
@@ -19,7 +20,7 @@ to it within FAST (tests/budgets.py).
 `CpuOps` bundles the products an engine computes with: `REFERENCE_OPS` (the float32 reference)
 or `compiled_ops()` (these twins, where the library builds; else the reference with a one-line
 note). A matrix of a type without a compiled kernel goes to the reference's product, per call,
-and so does a product over more than MAX_COMPILED_ROWS rows (a long prompt's: BLAS's).
+and so does a product over more than `max_compiled_rows` rows (a long prompt's: BLAS's).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import numpy as np
 
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import ExpertWeights
-from strata.formats.quant_types import QuantType
+from strata.formats.quant_types import QuantType, is_whole_blocks
 from strata.model_config import ExpertKind
 from strata.numpy_backend import native_build
 from strata.reference import experts as ref_experts
@@ -44,24 +45,38 @@ from strata.reference import quants as ref_quants
 from strata.reference.experts import SWIGLU, ExpertAct
 from strata.reference.quants import QuantMatrix
 
-__all__ = ["COMPILED_TYPES", "KERNELS", "SWIGLU_KERNELS", "kernel", "run_kernel", "expert_stack", "run_stack_kernel",
+__all__ = ["COMPILED_TYPES", "KERNELS", "kernel", "run_kernel", "expert_stack", "stack_kernel", "run_stack_kernel",
            "CompiledDense", "CpuOps", "REFERENCE_OPS", "compiled_ops", "gemv", "swiglu_expert"]
 
-# every type native/quant_gemv.c computes, and its symbol there
-KERNELS: dict[QuantType, str] = {QuantType.Q8_0: "strata_q8_0_gemv", QuantType.Q4_0: "strata_q4_0_gemv",
-                                 QuantType.Q2_0: "strata_q2_0_gemv"}
-# the fused experts' kernel of each type (expert_stack)
-SWIGLU_KERNELS: dict[QuantType, str] = {q: name.replace("_gemv", "_swiglu") for q, name in KERNELS.items()}
+# every type native/quant_gemv.c computes, and its symbol there: strata's two-plane Q8_0, Q4_0,
+# Q2_0, and llama.cpp's block types kept as a GGUF stores them (whole blocks, scales inside)
+_NAMES = {
+    QuantType.Q8_0: "q8_0", QuantType.Q4_0: "q4_0", QuantType.Q2_0: "q2_0", QuantType.Q4_K: "q4_k",
+    QuantType.Q5_K: "q5_k", QuantType.Q6_K: "q6_k", QuantType.Q3_K: "q3_k", QuantType.Q2_K: "q2_k",
+    QuantType.IQ4_NL: "iq4_nl", QuantType.IQ4_XS: "iq4_xs", QuantType.GGML_MXFP4: "mxfp4", QuantType.Q5_1: "q5_1"}
+KERNELS: dict[QuantType, str] = {q: f"strata_{name}_gemv" for q, name in _NAMES.items()}
+assert set(_NAMES.values()) == set(native_build.GEMV_TYPES)
 # the types the engines compute on their kernel (every one in KERNELS). The runtime's bit-for-bit
 # tests compare a streaming engine with the all-resident engine, and with the analysis tools, on
 # the same products (strata.testing.engines.open_numpy_reference, strata.tools.options.tool_ops).
-COMPILED_TYPES = frozenset({QuantType.Q8_0, QuantType.Q4_0, QuantType.Q2_0})
+COMPILED_TYPES = frozenset(KERNELS)
+PROJECTIONS = ("gate", "up", "down")  # an expert's matrices, in the fused kernel's order
 # Rows of x above which the reference's product (widen the matrix once, one float32 BLAS matrix
 # product) takes over. The kernel serves 4 rows per pass over the matrix (TILE in the C source);
 # measured on a 768 x 2048 Q8_0 matrix, one BLAS thread, 2-core machine under load: the kernel
 # 99x faster at 1 row, 10x at 16, 1.2-1.5x at 32-64 (docs/cpu.md), so prompts' longer products
 # go to BLAS, where a quiet many-core machine gains most.
 MAX_COMPILED_ROWS = 16
+# The same for llama.cpp's block types, whose widening (the reference's numpy dequantization) costs
+# 2-10x Q8_0's: on 768 x 2048 matrices, one thread, the kernel against the reference took 5.1-6.4
+# ms against 15-36 ms at 64 rows (Q4_K, Q6_K, IQ4_NL, Q3_K) and lost only Q4_K's at 128
+# (benchmarks/cpu_kernels.py, docs/cpu.md).
+MAX_COMPILED_ROWS_BLOCKS = 64
+
+
+def max_compiled_rows(qtype: QuantType) -> int:
+    """Rows of x up to which a product of `qtype` runs on its kernel (above: the reference's)."""
+    return MAX_COMPILED_ROWS_BLOCKS if is_whole_blocks(qtype) else MAX_COMPILED_ROWS
 
 
 def kernel(qtype: QuantType):
@@ -125,7 +140,7 @@ def gemv(m: QuantMatrix, x: np.ndarray, *, threads: int = 1) -> np.ndarray:
         x: [n_cols] or [T, n_cols] -> y: [n_rows] or [T, n_rows]
     """
     fn = _kernel(m.qtype)
-    if fn is None or _rows(x) > MAX_COMPILED_ROWS:
+    if fn is None or _rows(x) > max_compiled_rows(m.qtype):
         return ref_quants.gemv(m, x)
     if np.shape(x)[-1] != m.n_cols:
         raise ValueError(f"gemv: x has {np.shape(x)[-1]} features, the matrix wants {m.n_cols}")
@@ -141,24 +156,33 @@ def _address(a: np.ndarray) -> int:
 def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SWIGLU, *,
                  threads: int = 1) -> np.ndarray:
     """One token's experts: row i is swiglu_expert(ws[i], x, act), the whole stack in one call of
-    the fused kernel (a SwiGLU without biases, every expert of one compiled type; else expert by
-    expert). threads > 1: the experts are split over that many threads.
+    the fused kernel (a SwiGLU without biases whose gate, up and down are each of one compiled type
+    over the experts, the three types free to differ; else expert by expert). threads > 1: the
+    experts are split over that many threads.
 
     Shapes:
         ws: k experts; x: [D] -> [k, D] float32
     """
-    qtypes = {p.qtype for w in ws for p in (w.gate, w.up, w.down)}
-    if (act.kind is not ExpertKind.SWIGLU or any(w.biases is not None for w in ws) or len(qtypes) != 1
-            or next(iter(qtypes)) not in COMPILED_TYPES or native_build.library() is None):
+    types = [{getattr(w, p).qtype for w in ws} for p in PROJECTIONS]  # each projection's types over the experts
+    lib = native_build.library()
+    if (act.kind is not ExpertKind.SWIGLU or any(w.biases is not None for w in ws) or lib is None
+            or any(len(t) != 1 or not t <= COMPILED_TYPES for t in types)):
         return np.stack([swiglu_expert(w, x, act, threads=threads) for w in ws]) if ws else \
             np.zeros((0, np.shape(x)[-1]), np.float32)
-    return run_stack_kernel(getattr(native_build.library(), SWIGLU_KERNELS[next(iter(qtypes))]), ws, x,
-                            threads=threads)
+    return run_stack_kernel(stack_kernel(lib, *(next(iter(t)) for t in types)), ws, x, threads=threads)
+
+
+@functools.cache  # per library and types: a decode token asks once per layer
+def stack_kernel(lib, gate: QuantType, up: QuantType, down: QuantType) -> Callable[..., None]:
+    """The fused experts' kernel of `lib` (a build of native/quant_gemv.c) for experts whose
+    gate, up and down are of these compiled types: `strata_swiglu` with the three GEMVs bound."""
+    gemvs = [ctypes.cast(getattr(lib, KERNELS[q]), ctypes.c_void_p).value for q in (gate, up, down)]
+    return functools.partial(lib.strata_swiglu, *gemvs)
 
 
 def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads: int = 1) -> np.ndarray:
-    """The fused experts' kernel `fn` (a SWIGLU_KERNELS function) on ws, split over `threads`
-    by expert. ws: k experts of fn's type, no biases; x [D] -> [k, D] float32"""
+    """The fused experts' kernel `fn` (a `stack_kernel`) on ws, split over `threads` by expert.
+    ws: k experts of fn's types, no biases; x [D] -> [k, D] float32"""
     x = np.ascontiguousarray(x, np.float32)
     hidden, ffn = ws[0].down.n_rows, ws[0].gate.n_rows
     out = np.empty((len(ws), hidden), np.float32)  # [k, D]
@@ -166,7 +190,7 @@ def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads:
     def run(lo: int, hi: int) -> None:
         group = ws[lo:hi]
         planes = [(ctypes.c_void_p * len(group))(*[_address(getattr(getattr(w, p), part)) for w in group])
-                  for p in ("gate", "up", "down") for part in ("codes", "scales")]
+                  for p in PROJECTIONS for part in ("codes", "scales")]
         scratch = np.empty(2 * ffn, np.float32)
         fn(len(group), *planes, hidden, ffn, x.ctypes.data, out[lo:hi].ctypes.data, scratch.ctypes.data)
 
@@ -193,8 +217,9 @@ def swiglu_expert(w: ExpertWeights, x: np.ndarray, act: ExpertAct = SWIGLU, *, t
 
 
 class CompiledDense(DenseWeights):
-    """The same held weights (no copy), with `linear` on the stored Q8_0 bytes where a matrix is
-    held so; every other use (widening, rows, other types) is DenseWeights' own."""
+    """The same held weights (no copy), with `linear` on the stored bytes where a matrix is held
+    as Q8_0 or as one of llama.cpp's block types with a kernel (a GGUF's Q6_K head and
+    attention); every other use (widening, rows, other types) is DenseWeights' own."""
 
     def __init__(self, dense: DenseWeights, *, threads: int = 1) -> None:
         super().__init__(dense.held)
@@ -203,12 +228,18 @@ class CompiledDense(DenseWeights):
     def linear(self, name: str, x: np.ndarray) -> np.ndarray:
         """Twin of DenseWeights.linear. x [T, C] -> [T, R]"""
         t = self.stored(name)
-        fn = _kernel(QuantType.Q8_0)
-        if fn is None or not isinstance(t, StoredTensor) or t.qtype is not StoredType.Q8_0 or t.ndim != 2 \
-                or _rows(x) > MAX_COMPILED_ROWS:
+        if not isinstance(t, StoredTensor) or t.qtype in (StoredType.F16, StoredType.BF16) or t.ndim != 2 \
+                or _rows(x) > max_compiled_rows(t.qtype.quant_type):
+            return super().linear(name, x)
+        fn = _kernel(t.qtype.quant_type)
+        if fn is None:
             return super().linear(name, x)
         rows, cols = t.rows_cols
-        return run_kernel(fn, t.codes, t.scales, rows, cols, x, threads=self.threads)
+        scales = t.scales if t.scales is not None else _NO_SCALES  # block types: scales inside the blocks
+        return run_kernel(fn, t.codes, scales, rows, cols, x, threads=self.threads)
+
+
+_NO_SCALES = np.zeros((0,), np.float16)  # a block type's (unread) scales plane
 
 
 def _as_is(dense: DenseWeights) -> DenseWeights:

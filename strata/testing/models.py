@@ -24,11 +24,13 @@ from strata.formats.experts_file import ExpertsFile, write_experts
 from strata.formats.model_file import write_model
 from strata.families.family import MADE_VOCAB
 from strata.families.registry import FAMILIES
-from strata.formats.quant_types import QuantType
+from strata.formats.quant_matrix import QuantMatrix
+from strata.formats.quant_types import QuantType, is_whole_blocks
 from strata.model_config import (
     MOE_LAYER, Ffn, LayerType, Mixer, ModelConfig, QKNorm, TensorNames,
     dense_tensor_shapes,
 )
+from strata.testing.ggml_random import random_block_matrix
 from strata.testing.gpt_oss import expert_biases, gpt_oss_dense
 from strata.reference.quants import quantize
 from strata.testing.hybrid import deltanet_dense
@@ -146,13 +148,21 @@ def make_dense(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 def make_expert(cfg: ModelConfig, seed: int, layer: int, expert: int, qtype: QuantType) -> ExpertWeights:
-    """One routed expert, random, drawn from its own seeded stream (so writing can stream)."""
+    """One routed expert, random, drawn from its own seeded stream (so writing can stream).
+    llama.cpp's block types (Q4_K, IQ4_NL, ...: strata keeps them, never makes them) are random
+    blocks at the same scale (strata.testing.ggml_random)."""
     rng = np.random.default_rng([seed, 1, layer, expert])
     d, f = cfg.hidden_size, cfg.expert_ffn_size
+
+    def matrix(rows: int, cols: int) -> QuantMatrix:
+        if is_whole_blocks(qtype):
+            return random_block_matrix(qtype, rows, cols, rng, rms=1.0 / np.sqrt(cols))
+        return quantize(qtype, _normal(rng, (rows, cols), 1.0 / np.sqrt(cols)))
+
     return ExpertWeights(
-        gate=quantize(qtype, _normal(rng, (f, d), 1.0 / np.sqrt(d))),
-        up=quantize(qtype, _normal(rng, (f, d), 1.0 / np.sqrt(d))),
-        down=quantize(qtype, _normal(rng, (d, f), 1.0 / np.sqrt(f))),
+        gate=matrix(f, d),
+        up=matrix(f, d),
+        down=matrix(d, f),
         biases=expert_biases(cfg, rng),
     )
 

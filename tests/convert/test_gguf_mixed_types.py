@@ -82,6 +82,18 @@ def test_dense_matrices_are_kept_as_stored(models):
         theirs.close()
 
 
+def test_dense_q6_k_is_held_as_stored(models):
+    """Loaded, the Q6_K matrices stay in their bytes (0.82 bytes a weight, not float32's 4): the
+    CPU kernels compute on them, other paths widen per use."""
+    from strata.formats.dense_weights import StoredType, as_dense_weights
+
+    _, _, model, _ = models
+    dense = as_dense_weights(model.dense)
+    matrices = [n for n in dense if len(dense.stored(n).shape) == 2 and "ffn_gate_inp" not in n]
+    assert len(matrices) >= 2 + 4 * len(gguf_models.UD_MIX)
+    assert all(dense.stored_type(n) is StoredType.Q6_K for n in matrices), {n: dense.stored_type(n) for n in matrices}
+
+
 def test_logits_equal_the_reference_on_gguf_s_dequantized_weights(models):
     _, _, model, ref = models
     tokens = np.asarray(model.tokenizer.encode(hf_models.PARITY_TEXT))
@@ -104,8 +116,8 @@ def _greedy(engine, prompt: list[int]) -> tuple[list[int], np.ndarray]:
 @pytest.mark.parametrize("kind", ["reference", "numpy-min"])
 def test_greedy_tokens_identical_resident_and_at_the_smallest_arena(models, kind):
     """On the float32 products (cpu_kernels off) the engines compute the reference's arithmetic:
-    bit for bit. With the compiled CPU kernels (the default; its Q8_0 layer and dense matrices)
-    the same tokens, logits within FORWARD."""
+    bit for bit. With the compiled CPU kernels (the default: the experts of every compiled type in
+    the mix, the Q6_K dense matrices) the same tokens, logits within FORWARD."""
     _, _, model, ref = models
     prompt = list(model.tokenizer.encode("The quick brown fox"))
     exact = EXACT0.replace(cpu_kernels=False)

@@ -319,7 +319,7 @@ def test_compiled_products_price_q8_0_dense_on_their_kernel_and_stay_cached_apar
 
 def test_the_probe_times_the_products_a_run_computes_with(monkeypatch):
     """With the compiled kernels (Config.cpu_kernels, where they build) the probe adds the Q8_0
-    dense kernel's table and the Q8_0 / Q4_0 experts' own; on numpy's float32 products neither
+    dense kernel's table and every compiled expert type's own; on numpy's float32 products neither
     (the widened path's tables price every type)."""
     from strata.doctor import probe
     from strata.doctor.profile import COMPILED, FLOAT32
@@ -334,5 +334,24 @@ def test_the_probe_times_the_products_a_run_computes_with(monkeypatch):
         pytest.skip(f"no compiled kernels here: {ops.note}")
     assert probe.products_of("numpy") == COMPILED
     compiled = probe._compute_numpy(1, ops)
-    assert set(compiled["kernel_gemv"]) == {"Q8_0"} and set(compiled["expert_kernels"]) == {"Q8_0", "Q4_0"}
+    # every compiled type but Q2_0 (the calibration's) whose blocks fit these sizes: not the 256-weight K-quants
+    assert set(compiled["kernel_gemv"]) == {"Q8_0"} and set(compiled["expert_kernels"]) == {
+        "Q8_0", "Q4_0", "IQ4_NL", "GGML_MXFP4", "Q5_1"}
     assert all(t > 0 for _, t in compiled["kernel_gemv"]["Q8_0"].points)
+
+
+def test_the_probe_times_q6_k_dense_and_k_quant_experts_at_whole_super_blocks(monkeypatch):
+    """A GGUF's Q6_K dense matrices are held as stored and computed on their kernel: the probe
+    times that kernel, and the K-quants' experts, where the sizes are whole super-blocks of 256."""
+    from strata.doctor import probe
+
+    ops = probe.numpy_ops(True)
+    if not ops.compiled:
+        pytest.skip(f"no compiled kernels here: {ops.note}")
+    monkeypatch.setattr(probe, "GEMV_SIZES", (64, 256, 512))
+    monkeypatch.setattr(probe, "EXPERT_SIZES", ((64, 32), (256, 256)))
+    compiled = probe._compute_numpy(1, ops)
+    assert set(compiled["kernel_gemv"]) == {"Q8_0", "Q6_K"}
+    assert len(compiled["kernel_gemv"]["Q8_0"].points) == 3 and len(compiled["kernel_gemv"]["Q6_K"].points) == 2
+    assert len(compiled["expert_kernels"]["Q4_K"].points) == 1 and len(compiled["expert_kernels"]["Q8_0"].points) == 2
+    assert all(t > 0 for table in compiled["kernel_gemv"].values() for _, t in table.points)

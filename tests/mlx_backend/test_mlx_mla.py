@@ -106,3 +106,18 @@ def test_mlx_engines_agree_with_the_reference(model, kind):
         eng.trim(len(PROMPT) - 3)
         got += [eng.decode(t) for t in PROMPT[4:7]]
     agree(kind, np.stack(want), np.stack(got), f"mla, {kind}")
+
+
+def test_column_blocks_of_a_llama_cpp_block_type_are_its_widened_columns():
+    """A GGUF's Q6_K dense matrix (held as stored: rows of 256-weight blocks) is cut into column
+    blocks from its widened values, never by slicing its block bytes."""
+    from strata.formats.dense_weights import StoredTensor, StoredType
+    from strata.mlx_backend.kernels import dense_gemv
+    from strata.mlx_backend.mla import _column_blocks
+    from strata.testing.ggml_random import random_block_matrix
+
+    cols = dense_gemv.MAX_COLS + 256  # two column blocks, the second a super-block wide
+    m = random_block_matrix(QuantType.Q6_K, 4, cols, np.random.default_rng(0))
+    t = StoredTensor(StoredType.Q6_K, (4, cols), m.codes)
+    got = np.concatenate([np.asarray(b) for b in _column_blocks(t, mx.float32)], axis=1)
+    np.testing.assert_array_equal(got, t.widen())

@@ -14,7 +14,7 @@ import pytest
 import strata
 from engine_kinds import EXACT0, open_kind
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
-from strata.formats.quant_types import QuantType
+from strata.formats.quant_types import QuantType, is_whole_blocks
 from strata.model_config import ExpertKind
 from strata.numpy_backend import native_build, quant_kernels
 from strata.numpy_backend.engine import cpu_ops
@@ -25,6 +25,8 @@ from tests.mlx_agree import assert_backends_agree
 
 needs_compiler = pytest.mark.skipif(native_build.library() is None, reason=native_build.reason() or "no build")
 
+# strata's two-plane types (llama.cpp's block types: test_numpy_ggml_kernels.py)
+PLANE_TYPES = [q for q in quant_kernels.KERNELS if not is_whole_blocks(q)]
 SHAPES_RC = [(32, 64), (768, 2048), (2048, 768), (257, 96)]
 GREEDY_TOKENS = 32
 
@@ -73,7 +75,7 @@ def portable_library():
 
 
 @needs_compiler
-@pytest.mark.parametrize("qtype", list(quant_kernels.KERNELS), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", PLANE_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("build", ["native", "portable"])
 def test_every_kernel_agrees(qtype, build, portable_library):
     """Every type's kernel (Q4_0 and Q2_0 too, which the engines do not use yet), in the
@@ -145,14 +147,14 @@ def test_expert_stack_agrees(qtype, threads):
 
 
 @needs_compiler
-@pytest.mark.parametrize("qtype", list(quant_kernels.SWIGLU_KERNELS), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", PLANE_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("build", ["native", "portable"])
 def test_every_fused_experts_kernel_agrees(qtype, build, portable_library):
     lib = native_build.library() if build == "native" else portable_library
     cfg = replace(SHAPES["tiny"], hidden_size=128, expert_ffn_size=64)
     ws = [make_expert(cfg, 1, 0, e, qtype) for e in range(3)]
     x = np.random.default_rng(10).standard_normal(128).astype(np.float32)
-    got = quant_kernels.run_stack_kernel(getattr(lib, quant_kernels.SWIGLU_KERNELS[qtype]), ws, x)
+    got = quant_kernels.run_stack_kernel(quant_kernels.stack_kernel(lib, qtype, qtype, qtype), ws, x)
     for i, w in enumerate(ws):
         assert_backends_agree(ref_experts.swiglu_expert(w, x), got[i], "FAST", what=f"{qtype.name} {build} expert {i}")
 

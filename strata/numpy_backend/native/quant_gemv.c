@@ -1,5 +1,8 @@
-/* Quantized GEMV on the CPU: y[t] = W x[t] with W in Q8_0, Q4_0 or Q2_0 as strata stores it (two
- * planes: the codes, then one float16 scale d per block of 32 weights), x and y float32.
+/* Quantized GEMV on the CPU: y[t] = W x[t] with W as strata stores it, x and y float32.
+ *
+ * Q8_0, Q4_0, Q2_0: two planes, the codes, then one float16 scale d per block of 32 weights.
+ * llama.cpp's Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4 and Q5_1: whole ggml blocks,
+ * scales inside (the second half of this file).
  *
  * x stays float32 (no activation quantization, unlike ggml's q8_0 x q8_0 dot): each block's 32
  * products are summed in float32 and times the block's scale d; so against the reference (widen W
@@ -174,27 +177,393 @@ DEFINE_GEMV(strata_q8_0_gemv, q8_0_levels, 32)
 DEFINE_GEMV(strata_q4_0_gemv, q4_0_levels, 16)
 DEFINE_GEMV(strata_q2_0_gemv, q2_0_levels, 8)
 
-/* ---------------------------------------------------------------- one token's experts */
+/* ================================================================ llama.cpp's block types, as stored
+ *
+ * Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, MXFP4 (ggml's) and Q5_1, each row a run of whole
+ * ggml blocks (scales inside; the scales plane is empty), layouts as strata/formats/ggml_blocks.py
+ * defines them. Every type is read as units of 32 weights (a 32-weight block is one unit, a
+ * 256-weight super-block eight): a unit gives its 32 small signed levels and, for each half of 16
+ * weights, a scale a and an offset o, so that weight j = a * level_j + o. Without an offset
+ * the levels multiply x as the 32-weight types' above (widened to float32, FMA with x) and each
+ * half's sum is scaled by its a (one multiply-add per unit where a_lo = a_hi, two where the scales
+ * cover 16 weights). With one (K-quants' -dmin * m, Q5_1's m) the unit's 32 weights are built in
+ * float32 first, a * level + o in one fused multiply-add (the reference rounds a * level first:
+ * at most an ulp of each weight apart), then multiplied with x: faster than keeping the offsets
+ * apart as o * (x's 16-weight sums), whose scalar sum per token chained through memory (a 2048 x
+ * 2048 Q4_K GEMV: 0.495 against 0.696 ms; docs/cpu.md). a and o are computed as the reference
+ * computes them (d * sc, dmin * m in float32). A super-block's 8 units are unrolled, so each
+ * unit's shifts and masks are constants. Portable builds (no AVX2) build every unit's weights
+ * a * level + o in float32 and multiply them with x. */
 
-/* out[i] = down_i(silu(gate_i x) * (up_i x)) for experts i < n_experts (SwiGLU, no biases), one
- * token: gate_i, up_i [ffn, hidden] and down_i [hidden, ffn] given by their planes' addresses.
- * silu(g) * u is computed as the reference writes it: g / (1 + exp(-g)), then times u.
- * scratch: 2 ffn floats. out: [n_experts, hidden]. One call per layer instead of three per expert:
- * the per-call overhead of Python is what a decode token's many small products add up to. */
-#define DEFINE_SWIGLU(NAME, GEMV)                                                                    \
-    void NAME(int64_t n_experts, const uint8_t *const *gate_codes, const uint16_t *const *gate_scales, \
-              const uint8_t *const *up_codes, const uint16_t *const *up_scales,                     \
-              const uint8_t *const *down_codes, const uint16_t *const *down_scales, int64_t hidden,  \
-              int64_t ffn, const float *x, float *out, float *scratch) {                             \
-        float *g = scratch, *u = scratch + ffn;                                                      \
-        for (int64_t i = 0; i < n_experts; i++) {                                                    \
-            GEMV(gate_codes[i], gate_scales[i], ffn, hidden, x, 1, g, 0, ffn);                       \
-            GEMV(up_codes[i], up_scales[i], ffn, hidden, x, 1, u, 0, ffn);                           \
-            for (int64_t j = 0; j < ffn; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];             \
-            GEMV(down_codes[i], down_scales[i], hidden, ffn, g, 1, out + i * hidden, 0, hidden);     \
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
+static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* e2m1 values doubled; the half lives in the e8m0 scale (ggml's GGML_E8M0_TO_FP32_HALF) */
+static const int8_t KVALUES_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define UNROLL_UNITS _Pragma("GCC unroll 8")
+#elif defined(__clang__)
+#define UNROLL_UNITS _Pragma("unroll 8")
+#else
+#define UNROLL_UNITS
+#endif
+
+/* ---------------------------------------------------------------- each unit's scales and offsets
+ * blk: the block (super-block) start; u: the unit in it; a[2], o[2]: the halves' scale, offset */
+
+static inline void k4_scale_min(const uint8_t *s, int u, int *sc, int *m) { /* ggml's get_scale_min_k4 */
+    if (u < 4) {
+        *sc = s[u] & 63;
+        *m = s[u + 4] & 63;
+    } else {
+        *sc = (s[u + 4] & 0xF) | ((s[u - 4] >> 6) << 4);
+        *m = (s[u + 4] >> 4) | ((s[u] >> 6) << 4);
+    }
+}
+
+static inline void q4_k_scales(const uint8_t *blk, int u, float *a, float *o) { /* also Q5_K */
+    int sc, m;
+    k4_scale_min(blk + 4, u, &sc, &m);
+    a[0] = a[1] = f16_at(blk) * (float)sc;
+    o[0] = o[1] = -(f16_at(blk + 2) * (float)m);
+}
+#define q5_k_scales q4_k_scales
+
+static inline void q6_k_scales(const uint8_t *blk, int u, float *a, float *o) {
+    const float d = f16_at(blk + 208);
+    a[0] = d * (float)(int8_t)blk[192 + 2 * u];
+    a[1] = d * (float)(int8_t)blk[192 + 2 * u + 1];
+    o[0] = o[1] = 0.0f;
+}
+
+static inline int q3_k_scale(const uint8_t *s, int k) {
+    return (((s[k % 8] >> (4 * (k / 8))) & 0xF) | (((s[8 + k % 4] >> (2 * (k / 4))) & 3) << 4)) - 32;
+}
+
+static inline void q3_k_scales(const uint8_t *blk, int u, float *a, float *o) {
+    const float d = f16_at(blk + 108);
+    a[0] = d * (float)q3_k_scale(blk + 96, 2 * u);
+    a[1] = d * (float)q3_k_scale(blk + 96, 2 * u + 1);
+    o[0] = o[1] = 0.0f;
+}
+
+static inline void q2_k_scales(const uint8_t *blk, int u, float *a, float *o) {
+    const float d = f16_at(blk + 80), dmin = f16_at(blk + 82);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t s = blk[2 * u + h];
+        a[h] = d * (float)(s & 0xF);
+        o[h] = -(dmin * (float)(s >> 4));
+    }
+}
+
+static inline void iq4_nl_scales(const uint8_t *blk, int u, float *a, float *o) {
+    (void)u;
+    a[0] = a[1] = f16_at(blk);
+    o[0] = o[1] = 0.0f;
+}
+
+static inline void iq4_xs_scales(const uint8_t *blk, int u, float *a, float *o) {
+    uint16_t sh;
+    memcpy(&sh, blk + 2, 2);
+    const int ls = ((blk[4 + u / 2] >> (4 * (u % 2))) & 0xF) | (((sh >> (2 * u)) & 3) << 4);
+    a[0] = a[1] = f16_at(blk) * (float)(ls - 32);
+    o[0] = o[1] = 0.0f;
+}
+
+static inline void mxfp4_scales(const uint8_t *blk, int u, float *a, float *o) {
+    (void)u;
+    a[0] = a[1] = e8m0_half(blk[0]);
+    o[0] = o[1] = 0.0f;
+}
+
+static inline void q5_1_scales(const uint8_t *blk, int u, float *a, float *o) {
+    (void)u;
+    a[0] = a[1] = f16_at(blk);
+    o[0] = o[1] = f16_at(blk + 2);
+}
+
+/* ---------------------------------------------------------------- each unit's 32 levels, portable */
+
+static inline void q4_k_levels(const uint8_t *blk, int u, int8_t *out) {
+    const uint8_t *qs = blk + 16 + 32 * (u / 2);
+    const int sh = 4 * (u % 2);
+    for (int l = 0; l < BLOCK; l++) out[l] = (int8_t)((qs[l] >> sh) & 0xF);
+}
+
+static inline void q5_k_levels(const uint8_t *blk, int u, int8_t *out) {
+    const uint8_t *qh = blk + 16, *qs = blk + 48 + 32 * (u / 2);
+    const int sh = 4 * (u % 2);
+    for (int l = 0; l < BLOCK; l++) out[l] = (int8_t)(((qs[l] >> sh) & 0xF) | (((qh[l] >> u) & 1) << 4));
+}
+
+static inline void q6_k_levels(const uint8_t *blk, int u, int8_t *out) {
+    const int h = u / 4, k = u % 4;
+    const uint8_t *ql = blk + 64 * h + 32 * (k % 2), *qh = blk + 128 + 32 * h;
+    for (int l = 0; l < BLOCK; l++)
+        out[l] = (int8_t)((((ql[l] >> (4 * (k / 2))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
+}
+
+static inline void q3_k_levels(const uint8_t *blk, int u, int8_t *out) {
+    const int h = u / 4, j = u % 4;
+    const uint8_t *hmask = blk, *qs = blk + 32 + 32 * h;
+    for (int l = 0; l < BLOCK; l++)
+        out[l] = (int8_t)(((qs[l] >> (2 * j)) & 3) - ((hmask[l] >> u) & 1 ? 0 : 4));
+}
+
+static inline void q2_k_levels(const uint8_t *blk, int u, int8_t *out) {
+    const int h = u / 4, j = u % 4;
+    const uint8_t *qs = blk + 16 + 32 * h;
+    for (int l = 0; l < BLOCK; l++) out[l] = (int8_t)((qs[l] >> (2 * j)) & 3);
+}
+
+static inline void table_levels(const uint8_t *qs, const int8_t *table, int8_t *out) {
+    for (int l = 0; l < 16; l++) {
+        out[l] = table[qs[l] & 0xF];
+        out[l + 16] = table[qs[l] >> 4];
+    }
+}
+
+static inline void iq4_nl_levels(const uint8_t *blk, int u, int8_t *out) { (void)u; table_levels(blk + 2, KVALUES_IQ4NL, out); }
+static inline void iq4_xs_levels(const uint8_t *blk, int u, int8_t *out) { table_levels(blk + 8 + 16 * u, KVALUES_IQ4NL, out); }
+static inline void mxfp4_levels(const uint8_t *blk, int u, int8_t *out) { (void)u; table_levels(blk + 1, KVALUES_MXFP4, out); }
+
+static inline void q5_1_levels(const uint8_t *blk, int u, int8_t *out) {
+    (void)u;
+    uint32_t qh;
+    memcpy(&qh, blk + 4, 4);
+    for (int l = 0; l < 16; l++) {
+        out[l] = (int8_t)((blk[8 + l] & 0xF) | (((qh >> l) & 1) << 4));
+        out[l + 16] = (int8_t)((blk[8 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4));
+    }
+}
+
+#if defined(STRATA_AVX2)
+/* ---------------------------------------------------------------- the same levels in registers */
+
+static inline __m128i srl_bytes(__m128i v, int n) { return _mm_srl_epi16(v, _mm_cvtsi32_si128(n)); } /* then mask */
+static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+/* 0xFF where v has all the bits of `bit`, else 0 */
+static inline __m128i has_bit(__m128i v, __m128i bit) { return _mm_cmpeq_epi8(_mm_and_si128(v, bit), bit); }
+
+static inline void q4_k_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    const uint8_t *qs = blk + 16 + 32 * (u / 2);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    *lo = _mm_and_si128(srl_bytes(load16(qs), 4 * (u % 2)), m4);
+    *hi = _mm_and_si128(srl_bytes(load16(qs + 16), 4 * (u % 2)), m4);
+}
+
+static inline void q5_k_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    const uint8_t *qh = blk + 16, *qs = blk + 48 + 32 * (u / 2);
+    const __m128i m4 = _mm_set1_epi8(0x0F), bit = _mm_set1_epi8((char)(1 << u)), sixteen = _mm_set1_epi8(16);
+    *lo = _mm_or_si128(_mm_and_si128(srl_bytes(load16(qs), 4 * (u % 2)), m4),
+                       _mm_and_si128(has_bit(load16(qh), bit), sixteen));
+    *hi = _mm_or_si128(_mm_and_si128(srl_bytes(load16(qs + 16), 4 * (u % 2)), m4),
+                       _mm_and_si128(has_bit(load16(qh + 16), bit), sixteen));
+}
+
+static inline void q6_k_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    const int h = u / 4, k = u % 4;
+    const uint8_t *ql = blk + 64 * h + 32 * (k % 2), *qh = blk + 128 + 32 * h;
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(3), bias = _mm_set1_epi8(32);
+    for (int half = 0; half < 2; half++) {
+        const __m128i low = _mm_and_si128(srl_bytes(load16(ql + 16 * half), 4 * (k / 2)), m4);
+        const __m128i high = _mm_and_si128(srl_bytes(load16(qh + 16 * half), 2 * k), m2);
+        const __m128i v = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), bias);
+        *(half ? hi : lo) = v;
+    }
+}
+
+static inline void q3_k_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    const int h = u / 4, j = u % 4;
+    const uint8_t *qs = blk + 32 + 32 * h;
+    const __m128i m2 = _mm_set1_epi8(3), four = _mm_set1_epi8(4), bit = _mm_set1_epi8((char)(1 << u));
+    for (int half = 0; half < 2; half++) {
+        const __m128i q = _mm_and_si128(srl_bytes(load16(qs + 16 * half), 2 * j), m2);
+        const __m128i v = _mm_sub_epi8(q, _mm_andnot_si128(has_bit(load16(blk + 16 * half), bit), four));
+        *(half ? hi : lo) = v;
+    }
+}
+
+static inline void q2_k_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    const uint8_t *qs = blk + 16 + 32 * (u / 4);
+    const __m128i m2 = _mm_set1_epi8(3);
+    *lo = _mm_and_si128(srl_bytes(load16(qs), 2 * (u % 4)), m2);
+    *hi = _mm_and_si128(srl_bytes(load16(qs + 16), 2 * (u % 4)), m2);
+}
+
+static inline void table_levels_x(const uint8_t *qs, const int8_t *table, __m128i *lo, __m128i *hi) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)table), b = load16(qs), m4 = _mm_set1_epi8(0x0F);
+    *lo = _mm_shuffle_epi8(t, _mm_and_si128(b, m4));
+    *hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+}
+
+static inline void iq4_nl_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    (void)u;
+    table_levels_x(blk + 2, KVALUES_IQ4NL, lo, hi);
+}
+static inline void iq4_xs_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    table_levels_x(blk + 8 + 16 * u, KVALUES_IQ4NL, lo, hi);
+}
+static inline void mxfp4_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    (void)u;
+    table_levels_x(blk + 1, KVALUES_MXFP4, lo, hi);
+}
+
+static inline void q5_1_levels_x(const uint8_t *blk, int u, __m128i *lo, __m128i *hi) {
+    (void)u;
+    /* bit j of the 32-bit qh is weight j's fifth bit: byte j / 8 of qh copied to byte j, then its bit j % 8 */
+    int32_t qh;
+    memcpy(&qh, blk + 4, 4);
+    const __m128i v = _mm_cvtsi32_si128(qh), sixteen = _mm_set1_epi8(16), m4 = _mm_set1_epi8(0x0F);
+    const __m128i bits = _mm_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m128i spread_lo = _mm_shuffle_epi8(v, _mm_set_epi64x(0x0101010101010101LL, 0));
+    const __m128i spread_hi = _mm_shuffle_epi8(v, _mm_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL));
+    const __m128i b = load16(blk + 8);
+    *lo = _mm_or_si128(_mm_and_si128(b, m4), _mm_and_si128(has_bit(spread_lo, bits), sixteen));
+    *hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(has_bit(spread_hi, bits), sixteen));
+}
+
+/* one row of whole blocks against up to TILE tokens. SPLIT: the halves have their own scales.
+ * OFFSET: the unit's weights are built in float32 first (a * level + o, one multiply-add per 8),
+ * then multiplied with x; else the levels multiply x and the sum is scaled once per half. */
+#define UNIT_ROW(T, BLOCK_BYTES, UNITS, SPLIT, OFFSET)                                               \
+    static inline void T##_row(const uint8_t *c, int64_t n_units, const float *x, int64_t n_cols,   \
+                               int nt, float *out) {                                                 \
+        __m256 acc[TILE];                                                                            \
+        for (int t = 0; t < TILE; t++) acc[t] = _mm256_setzero_ps();                                 \
+        for (int64_t b = 0; b < n_units / (UNITS); b++)                                              \
+        UNROLL_UNITS for (int u = 0; u < (UNITS); u++) { /* u constant in each copy: shifts, masks */ \
+            const uint8_t *blk = c + b * (BLOCK_BYTES);                                              \
+            const int64_t k = b * (UNITS) + u;                                                       \
+            __m128i lo, hi;                                                                          \
+            float a[2], o[2];                                                                        \
+            T##_levels_x(blk, u, &lo, &hi);                                                          \
+            T##_scales(blk, u, a, o);                                                                \
+            __m256 w0 = widen8(lo), w1 = widen8(_mm_srli_si128(lo, 8));                              \
+            __m256 w2 = widen8(hi), w3 = widen8(_mm_srli_si128(hi, 8));                              \
+            const __m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]);                       \
+            if (OFFSET) {                                                                            \
+                const __m256 o0 = _mm256_set1_ps(o[0]), o1 = _mm256_set1_ps(o[1]);                   \
+                w0 = _mm256_fmadd_ps(a0, w0, o0);                                                    \
+                w1 = _mm256_fmadd_ps(a0, w1, o0);                                                    \
+                w2 = _mm256_fmadd_ps(a1, w2, o1);                                                    \
+                w3 = _mm256_fmadd_ps(a1, w3, o1);                                                    \
+            }                                                                                        \
+            for (int t = 0; t < nt; t++) {                                                           \
+                const float *xb = x + t * n_cols + k * BLOCK;                                        \
+                __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));                                   \
+                p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), p);                                 \
+                if (OFFSET) {                                                                        \
+                    p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), p);                            \
+                    p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), p);                            \
+                    acc[t] = _mm256_add_ps(acc[t], p);                                               \
+                } else if (SPLIT) {                                                                  \
+                    __m256 q = _mm256_mul_ps(w2, _mm256_loadu_ps(xb + 16));                          \
+                    q = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), q);                            \
+                    acc[t] = _mm256_fmadd_ps(a1, q, _mm256_fmadd_ps(a0, p, acc[t]));                 \
+                } else {                                                                             \
+                    p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), p);                            \
+                    p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), p);                            \
+                    acc[t] = _mm256_fmadd_ps(a0, p, acc[t]);                                         \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int t = 0; t < nt; t++) {                                                               \
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1)); \
+            s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                                  \
+            s = _mm_add_ss(s, _mm_movehdup_ps(s));                                                   \
+            out[t] = _mm_cvtss_f32(s);                                                               \
         }                                                                                            \
     }
+#else
+#define UNIT_ROW(T, BLOCK_BYTES, UNITS, SPLIT, OFFSET)                                               \
+    static inline void T##_row(const uint8_t *c, int64_t n_units, const float *x, int64_t n_cols,   \
+                               int nt, float *out) {                                                 \
+        float acc[TILE][LANES] = {{0}}, w[BLOCK];                                                    \
+        int8_t lv[BLOCK];                                                                            \
+        for (int64_t b = 0; b < n_units / (UNITS); b++)                                              \
+        UNROLL_UNITS for (int u = 0; u < (UNITS); u++) { /* u constant in each copy: shifts, masks */ \
+            const uint8_t *blk = c + b * (BLOCK_BYTES);                                              \
+            const int64_t k = b * (UNITS) + u;                                                       \
+            float a[2], o[2];                                                                        \
+            T##_levels(blk, u, lv);                                                                  \
+            T##_scales(blk, u, a, o);                                                                \
+            for (int j = 0; j < BLOCK; j++) w[j] = a[j / LANES] * (float)lv[j] + o[j / LANES];       \
+            for (int t = 0; t < nt; t++) {                                                           \
+                const float *xb = x + t * n_cols + k * BLOCK;                                        \
+                for (int j = 0; j < LANES; j++) acc[t][j] += w[j] * xb[j] + w[j + LANES] * xb[j + LANES]; \
+            }                                                                                        \
+        }                                                                                            \
+        for (int t = 0; t < nt; t++) {                                                               \
+            for (int v = LANES / 2; v; v /= 2)                                                       \
+                for (int j = 0; j < v; j++) acc[t][j] += acc[t][j + v];                              \
+            out[t] = acc[t][0];                                                                      \
+        }                                                                                            \
+    }
+#endif
 
-DEFINE_SWIGLU(strata_q8_0_swiglu, strata_q8_0_gemv)
-DEFINE_SWIGLU(strata_q4_0_swiglu, strata_q4_0_gemv)
-DEFINE_SWIGLU(strata_q2_0_swiglu, strata_q2_0_gemv)
+/* the entry point of one block type: the same arguments as the 32-weight types' (scales unused:
+ * a row's scales are inside its blocks) */
+#define DEFINE_UNIT_GEMV(T, BLOCK_BYTES, UNITS, SPLIT, OFFSET)                                       \
+    UNIT_ROW(T, BLOCK_BYTES, UNITS, SPLIT, OFFSET)                                                   \
+    void strata_##T##_gemv(const uint8_t *codes, const uint16_t *scales, int64_t n_rows, int64_t n_cols, \
+                           const float *x, int64_t n_tokens, float *y, int64_t r0, int64_t r1) {     \
+        (void)scales;                                                                                \
+        const int64_t n_units = n_cols / BLOCK, row_bytes = n_units / (UNITS) * (BLOCK_BYTES);       \
+        float out[TILE];                                                                             \
+        for (int64_t r = r0; r < r1; r++)                                                            \
+            for (int64_t t0 = 0; t0 < n_tokens; t0 += TILE) {                                        \
+                const int nt = n_tokens - t0 < TILE ? (int)(n_tokens - t0) : TILE;                   \
+                T##_row(codes + r * row_bytes, n_units, x + t0 * n_cols, n_cols, nt, out);          \
+                for (int t = 0; t < nt; t++) y[(t0 + t) * n_rows + r] = out[t];                      \
+            }                                                                                        \
+    }
+
+/*               type    block bytes  units  split  offset */
+DEFINE_UNIT_GEMV(q4_k,   144,         8,     0,     1)
+DEFINE_UNIT_GEMV(q5_k,   176,         8,     0,     1)
+DEFINE_UNIT_GEMV(q6_k,   210,         8,     1,     0)
+DEFINE_UNIT_GEMV(q3_k,   110,         8,     1,     0)
+DEFINE_UNIT_GEMV(q2_k,   84,          8,     1,     1)
+DEFINE_UNIT_GEMV(iq4_nl, 18,          1,     0,     0)
+DEFINE_UNIT_GEMV(iq4_xs, 136,         8,     0,     0)
+DEFINE_UNIT_GEMV(mxfp4,  17,          1,     0,     0)
+DEFINE_UNIT_GEMV(q5_1,   24,          1,     0,     1)
+
+/* ---------------------------------------------------------------- one token's experts */
+
+typedef void (*gemv_fn)(const uint8_t *, const uint16_t *, int64_t, int64_t, const float *, int64_t, float *,
+                        int64_t, int64_t);
+
+/* out[i] = down_i(silu(gate_i x) * (up_i x)) for experts i < n_experts (SwiGLU, no biases), one
+ * token: gate_i, up_i [ffn, hidden] and down_i [hidden, ffn] given by their planes' addresses, each
+ * projection computed by its type's GEMV above (gate, up and down may differ in type: a llama.cpp
+ * file's Q4_K gate and up with a Q5_1 down). silu(g) * u is computed as the reference writes it:
+ * g / (1 + exp(-g)), then times u. scratch: 2 ffn floats. out: [n_experts, hidden]. One call per
+ * layer instead of three per expert: the per-call overhead of Python is what a decode token's many
+ * small products add up to. */
+void strata_swiglu(gemv_fn gate, gemv_fn up, gemv_fn down, int64_t n_experts, const uint8_t *const *gate_codes,
+                   const uint16_t *const *gate_scales, const uint8_t *const *up_codes,
+                   const uint16_t *const *up_scales, const uint8_t *const *down_codes,
+                   const uint16_t *const *down_scales, int64_t hidden, int64_t ffn, const float *x, float *out,
+                   float *scratch) {
+    float *g = scratch, *u = scratch + ffn;
+    for (int64_t i = 0; i < n_experts; i++) {
+        gate(gate_codes[i], gate_scales[i], ffn, hidden, x, 1, g, 0, ffn);
+        up(up_codes[i], up_scales[i], ffn, hidden, x, 1, u, 0, ffn);
+        for (int64_t j = 0; j < ffn; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        down(down_codes[i], down_scales[i], hidden, ffn, g, 1, out + i * hidden, 0, hidden);
+    }
+}
