@@ -124,3 +124,39 @@ def test_supports_names_what_it_cannot_run():
     assert moe_ggml.supports(_layout(MIXES[0])) is None
     assert "IQ3_S" in moe_ggml.supports(RecordLayout(QuantType.IQ3_S, *SMALL))
     assert "biases" in moe_ggml.supports(RecordLayout(QuantType.Q4_K, *SMALL, biases=True))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS[:1])
+def test_shared_expert_blocks_ride_in_the_ggml_launch(path):
+    rec = _layout(MIXES[2])
+    host, x, slots, weights, _ = _case(rec, seed=9)
+    rng = np.random.default_rng(10)
+    fs = 64
+    sh = tuple(mx.array((rng.standard_normal(s) / 16).astype(np.float16)) for s in ((fs, rec.hidden),) * 2 + ((rec.hidden, fs),))
+    with using_path(path):
+        routed, shared = moe_ggml.moe_slots(mx.array(host), rec, mx.array(x), slots, weights, shared=sh)
+        alone = moe_ggml.moe_slots(mx.array(host), rec, mx.array(x), slots, weights)
+        np.testing.assert_array_equal(np.array(routed), np.array(alone))
+        from strata.mlx_backend.kernels import shared as shared_kernel
+        np.testing.assert_array_equal(np.array(shared), np.array(shared_kernel.shared_partials(mx.array(x), *sh)))
+
+
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+def test_every_ggml_specialisation_compiles(tmp_path, dialect):
+    """Metal: compile-checked (g++ against tests/metal_stub), never run here; CUDA likewise."""
+    from test_metal_compile import _check
+
+    rec = _layout(MIXES[0])
+    host = mx.array(random_records(rec, 2, seed=3))
+    x = mx.array(np.ones((1, rec.hidden), np.float32))
+    with using_path(KernelPath.EMULATED), recording() as specs:
+        for types in [(q,) * 3 for q in TYPES] + MIXES:
+            r = _layout(types)
+            mx.eval(moe_ggml.moe_slots(mx.array(random_records(r, 1, seed=1)), r, x, np.array([[0]]),
+                                       np.ones((1, 1), np.float32)))
+        mx.eval(moe_ggml.moe_route(host, rec, x, mx.zeros((1, 2)), 0, 1, RoutingOrder.SOFTMAX_TOPK, True))
+        sh = tuple(mx.zeros(s, mx.float16) for s in ((64, rec.hidden),) * 2 + ((rec.hidden, 64),))
+        mx.eval(moe_ggml.moe_slots(host, rec, x, np.array([[0]]), np.ones((1, 1), np.float32), shared=sh))
+    assert len(specs) >= len(TYPES) + len(MIXES) + 2
+    errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
+    assert not errors, "\n\n".join(errors)
