@@ -109,7 +109,8 @@ ROUTE_SOURCE = KernelSource("strata_moe_ggml_route", ("arena", "x", "z", "slot_b
 
 
 @functools.cache
-def _template(rec: RecordLayout, k: int) -> tuple[tuple[str, int], ...]:
+def _template(rec: RecordLayout, k: int, slot_bytes: int) -> tuple[tuple[str, int], ...]:
+    """slot_bytes: the arena's stride, the largest layer's record where a file's layers differ."""
     if (why := supports(rec)) is not None:
         raise ValueError(f"fused ggml experts: {why}")
     ints = []
@@ -119,7 +120,7 @@ def _template(rec: RecordLayout, k: int) -> tuple[tuple[str, int], ...]:
         p = PREFIX[proj]
         ints += ggml_dot.projection_ints(p, q, cols, rec.codes(proj).offset, rec.scales(proj).offset)
     return (("D", rec.hidden), ("F", rec.expert_ffn), ("FC", FC), ("NCH", rec.expert_ffn // FC), ("K", k),
-            ("SLOT", rec.padded_bytes), ("NT", THREADS), *ints)
+            ("SLOT", slot_bytes), ("NT", THREADS), *ints)
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *, shared=None):
@@ -128,7 +129,7 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *
     down float16), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
     t, k = slots.shape
     slots, weights = moe.slot_inputs(slots, weights)
-    out, sout = moe._launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, FC, _template(rec, k),
+    out, sout = moe._launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, FC, _template(rec, k, arena.shape[1]),
                             shared, THREADS)
     return out if shared is None else (out, sout)
 
@@ -142,5 +143,5 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
     e = z.shape[1]
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
     out, sout = moe._launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_const(slot_base)], x.shape[0], k,
-                            FC, _template(rec, k) + routing, shared, THREADS)
+                            FC, _template(rec, k, arena.shape[1]) + routing, shared, THREADS)
     return out if shared is None else (out, sout)
