@@ -18,7 +18,7 @@ from ggml_random import random_blocks
 from mlx_agree import assert_backends_agree
 from strata.formats.expert_record import PROJECTIONS, RecordLayout, unpack_record
 from strata.formats.quant_types import QuantType, layout
-from strata.mlx_backend.kernels import ggml_dot, moe_ggml
+from strata.mlx_backend.kernels import ggml_dot, ggml_gemv, moe_ggml
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.reference.experts import routed_experts
@@ -158,5 +158,55 @@ def test_every_ggml_specialisation_compiles(tmp_path, dialect):
         sh = tuple(mx.zeros(s, mx.float16) for s in ((64, rec.hidden),) * 2 + ((rec.hidden, 64),))
         mx.eval(moe_ggml.moe_slots(host, rec, x, np.array([[0]]), np.ones((1, 1), np.float32), shared=sh))
     assert len(specs) >= len(TYPES) + len(MIXES) + 2
+    errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
+    assert not errors, "\n\n".join(errors)
+
+
+# ---------------------------------------------------------------- the dense GEMV
+
+DENSE_TYPES = [QuantType.Q6_K, QuantType.Q5_K, QuantType.Q4_K, QuantType.Q8_0, QuantType.IQ4_XS]
+
+
+def _dense_case(qtype: QuantType, rows: int, cols: int, seed: int):
+    """(w, scales or None, x, the reference's y): rows of random blocks, dequantized by the
+    reference, then a float32 matmul."""
+    from strata.formats.quant_matrix import QuantMatrix
+    from strata.formats.quant_types import row_bytes
+
+    rng = np.random.default_rng(seed)
+    lay = layout(qtype)
+    if qtype is QuantType.Q8_0:
+        codes = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+        d = (rng.standard_normal((rows, cols // 32)) * 0.01).astype(np.float16)
+        m = QuantMatrix(qtype, rows, cols, codes, d)
+        w, scales = codes, d.view(np.uint8)
+    else:
+        codes = random_blocks(qtype, rows * cols // lay.block_size, seed, edges=False).reshape(rows, -1)
+        assert codes.shape[1] == row_bytes(qtype, cols)
+        m = QuantMatrix.from_planes(qtype, rows, cols, codes, np.zeros(0, np.uint8))
+        w, scales = codes, None
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    x = (x / np.float32(np.std(gemv(m, x[0])) + 1e-30)).astype(np.float32)
+    return w, scales, x, np.stack([gemv(m, x[t]) for t in range(2)])
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize("qtype", DENSE_TYPES, ids=[q.name for q in DENSE_TYPES])
+def test_dense_ggml_gemv_against_reference(path, qtype):
+    w, scales, x, ref = _dense_case(qtype, 20, 768, seed=int(qtype))  # 20 rows: a partial block of warps
+    with using_path(path):
+        got = ggml_gemv.ggml_gemv(qtype, mx.array(w), mx.array(x), None if scales is None else mx.array(scales))
+        assert_backends_agree(ref, got, "GGML_KERNEL", what=f"GEMV {qtype.name}")
+
+
+@pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
+def test_every_dense_gemv_specialisation_compiles(tmp_path, dialect):
+    from test_metal_compile import _check
+
+    with using_path(KernelPath.EMULATED), recording() as specs:
+        for qtype in TYPES:
+            w, scales, x, _ = _dense_case(qtype, 8, 256, seed=1)
+            mx.eval(ggml_gemv.ggml_gemv(qtype, mx.array(w), mx.array(x), None if scales is None else mx.array(scales)))
+    assert len(specs) == len(TYPES)
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
