@@ -29,9 +29,10 @@ from tests.kernel_paths import KERNEL_PATHS
 
 TYPES = list(ggml_dot.TYPES)
 SMALL = (512, 256)  # D: 2 super-blocks a row, 16 groups (a partial lane step); F: 8 chunks of 32
-# unsloth's mixes: (gate, up, down) per record
+# unsloth's mixes, and llama.cpp's own fallback: (gate, up, down) per record
 MIXES = [(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_1), (QuantType.IQ4_XS, QuantType.IQ4_XS, QuantType.IQ4_NL),
-         (QuantType.Q6_K, QuantType.Q6_K, QuantType.Q8_0), (QuantType.Q3_K, QuantType.Q2_K, QuantType.GGML_MXFP4)]
+         (QuantType.Q6_K, QuantType.Q6_K, QuantType.Q8_0), (QuantType.Q3_K, QuantType.Q2_K, QuantType.GGML_MXFP4),
+         (QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_0)]  # the last: llama.cpp's fallback for a 576-wide down
 N_RECORDS = 6
 
 

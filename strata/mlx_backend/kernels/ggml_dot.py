@@ -16,8 +16,8 @@ Byte layouts are ggml's (strata/formats/ggml_blocks.py: the one definition); the
 below are asserted against those numpy dtypes at import, and the small tables (IQ4_NL's and
 MXFP4's 16 values) are packed into words from ggml_blocks' arrays, never retyped. Words are read
 as uint32 where the block size and field offset are multiples of 4 (Q4_K, Q5_K, Q2_K, IQ4_XS,
-Q5_1, Q8_0's planes), else byte by byte (Q6_K's 210-byte blocks, Q3_K's 110, IQ4_NL's 18, MXFP4's
-17): a row of them is not 4-byte aligned past its first block.
+Q5_1, Q8_0's planes), else byte by byte (Q6_K's 210-byte blocks, Q3_K's 110, IQ4_NL's 18, Q5_0's 22,
+MXFP4's 17): a row of them is not 4-byte aligned past its first block.
 
 Shapes:
     row: one weight row's blocks, uint8 [cols / QK * bb]; p: float [32] -> float
@@ -32,7 +32,7 @@ from strata.formats.quant_types import QuantType, ggml_block_name, layout
 
 # the types with a decoder here; Q8_0 is read from its two planes (codes, then float16 scales)
 TYPES = (QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0, QuantType.Q5_K, QuantType.IQ4_NL, QuantType.IQ4_XS,
-         QuantType.GGML_MXFP4, QuantType.Q5_1, QuantType.Q3_K, QuantType.Q2_K)
+         QuantType.GGML_MXFP4, QuantType.Q5_1, QuantType.Q5_0, QuantType.Q3_K, QuantType.Q2_K)
 GROUP = 32  # weights per group (gg_dot32's unit)
 
 
@@ -54,7 +54,8 @@ _OFFSETS = {("Q4_K", "d"): 0, ("Q4_K", "dmin"): 2, ("Q4_K", "scales"): 4, ("Q4_K
             ("Q2_K", "scales"): 0, ("Q2_K", "qs"): 16, ("Q2_K", "d"): 80, ("Q2_K", "dmin"): 82,
             ("IQ4_NL", "d"): 0, ("IQ4_NL", "qs"): 2, ("IQ4_XS", "d"): 0, ("IQ4_XS", "scales_h"): 2,
             ("IQ4_XS", "scales_l"): 4, ("IQ4_XS", "qs"): 8, ("MXFP4", "e"): 0, ("MXFP4", "qs"): 1,
-            ("Q5_1", "d"): 0, ("Q5_1", "m"): 2, ("Q5_1", "qh"): 4, ("Q5_1", "qs"): 8}
+            ("Q5_1", "d"): 0, ("Q5_1", "m"): 2, ("Q5_1", "qh"): 4, ("Q5_1", "qs"): 8,
+            ("Q5_0", "d"): 0, ("Q5_0", "qh"): 2, ("Q5_0", "qs"): 6}
 for (_name, _f), _off in _OFFSETS.items():
     assert _field(_name, _f) == _off, (_name, _f)
 for _q in TYPES:
@@ -117,10 +118,10 @@ INLINE float gg_dot32(int ty, int bb, const DEVICE uint8_t* row, const DEVICE ui
     }
     return gg_f16(srow, 2 * g) * s;
   }
-  if (ty == GG_IQ4_NL || ty == GG_MXFP4 || ty == GG_Q5_1) {  // 32-weight blocks, ggml's nibble order
+  if (ty == GG_IQ4_NL || ty == GG_MXFP4 || ty == GG_Q5_1 || ty == GG_Q5_0) {  // 32-weight blocks, ggml's nibble order
     const DEVICE uint8_t* b = row + (uint64_t)g * (uint32_t)bb;
-    const int qo = ty == GG_IQ4_NL ? 2 : (ty == GG_MXFP4 ? 1 : 8);
-    const uint32_t qh = ty == GG_Q5_1 ? gg_u32(b, 4, al) : 0u;
+    const int qo = ty == GG_IQ4_NL ? 2 : (ty == GG_MXFP4 ? 1 : (ty == GG_Q5_0 ? 6 : 8));
+    const uint32_t qh = ty == GG_Q5_1 ? gg_u32(b, 4, al) : (ty == GG_Q5_0 ? gg_u32(b, 2, false) : 0u);
     float s = 0.0f, sx = 0.0f;
     UNROLL for (int w = 0; w < 4; ++w) {
       const uint32_t v = gg_u32(b, qo + 4 * w, al && (qo & 3) == 0);
@@ -132,6 +133,9 @@ INLINE float gg_dot32(int ty, int bb, const DEVICE uint8_t* row, const DEVICE ui
           vl = F32((int)(lo | (((qh >> j) & 1u) << 4)));
           vh = F32((int)(hi | (((qh >> (j + 16)) & 1u) << 4)));
           sx += p[j] + p[j + 16];
+        } else if (ty == GG_Q5_0) {  // q - 16
+          vl = F32((int)(lo | (((qh >> j) & 1u) << 4)) - 16);
+          vh = F32((int)(hi | (((qh >> (j + 16)) & 1u) << 4)) - 16);
         } else if (ty == GG_IQ4_NL) {
           vl = F32(gg_iq4nl(lo)); vh = F32(gg_iq4nl(hi));
         } else {
@@ -141,7 +145,7 @@ INLINE float gg_dot32(int ty, int bb, const DEVICE uint8_t* row, const DEVICE ui
       }
     }
     if (ty == GG_Q5_1) return gg_f16(b, 0) * s + gg_f16(b, 2) * sx;
-    if (ty == GG_IQ4_NL) return gg_f16(b, 0) * s;
+    if (ty == GG_IQ4_NL || ty == GG_Q5_0) return gg_f16(b, 0) * s;
     return gg_e8m0_half(gg_u8(b, 0)) * s;
   }
   // 256-weight super-blocks: sub-block j = g % 8 of block g / 8

@@ -1,7 +1,9 @@
 """The fused routed-expert kernel for llama.cpp's types kept as stored (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
-Q8_0, Q5_1, IQ4_NL, IQ4_XS and ggml's MXFP4: kernels/ggml_dot.py), read straight out of the arena
+Q8_0, Q5_1, Q5_0, IQ4_NL, IQ4_XS and ggml's MXFP4: kernels/ggml_dot.py), read straight out of the arena
 by slot index, each projection in its own type (a record's gate, up and down types are template
-ints: unsloth's mixes put Q5_1 or IQ4_NL downs under Q4_K or IQ3_S gate/ups).
+ints: unsloth's mixes put Q5_1 or IQ4_NL downs under Q4_K or IQ3_S gate/ups, and llama.cpp's
+quantizer itself falls back to Q5_0 / Q5_1 / Q8_0 / IQ4_NL for rows that are not whole 256-weight
+super-blocks, like a 576- or 640-wide down).
 
 The work split is the Q2_0 kernel's (kernels/moe.py): block (rank i, chunk c, token t) computes FC
 = 32 hidden units of one selected expert, h = silu(gate . x) * (up . x), and its share of the down
