@@ -22,7 +22,7 @@ from strata.mlx_backend.kernels import ggml_dot, ggml_gemv, moe_ggml
 from strata.mlx_backend.kernels.launch import KernelPath, recording, using_path
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.reference.experts import routed_experts
-from strata.reference.quants import gemv
+from strata.reference.quants import dequantize, gemv
 from strata.reference.routing import RouterRule, route
 from strata.model_config import RoutingOrder
 from tests.kernel_paths import KERNEL_PATHS
@@ -211,3 +211,19 @@ def test_every_dense_gemv_specialisation_compiles(tmp_path, dialect):
     assert len(specs) == len(TYPES)
     errors = [e for e in (_check(tmp_path, dialect, s) for s in specs) if e]
     assert not errors, "\n\n".join(errors)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[q.name for q in TYPES])
+def test_benchmark_records_are_valid_and_finite(qtype):
+    """strata.testing.ggml_records (the benchmarks' device-made records): llama.cpp's layout for the
+    seed's 576-wide down (its fallback type where rows are not whole super-blocks), finite weights."""
+    from strata.testing.ggml_records import LLAMA_FALLBACK, ggml_layout, random_ggml_records
+
+    rec = ggml_layout(qtype, 512, 576)
+    assert rec.qtype_of("down") is (qtype if 576 % layout(qtype).block_size == 0 else LLAMA_FALLBACK[qtype])
+    host = np.array(random_ggml_records(rec, 4, mx.random.key(int(qtype)), distinct=2))
+    np.testing.assert_array_equal(host[0], host[2])
+    w = unpack_record(host[1], rec)
+    for proj in PROJECTIONS:
+        v = dequantize(w.projection(proj))
+        assert np.all(np.isfinite(v)) and np.abs(v).max() < 128 and np.abs(v).max() > 0, proj  # |d sc q| <= 0.02 x 127 x 32
