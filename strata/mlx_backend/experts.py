@@ -82,8 +82,9 @@ def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
     only types whose codes plane is MLX's packing (Q2_0, MLX's own types) can be re-viewed without repacking."""
     if rec.qtype in NATIVE:
         return _with_expert_biases(native_slot_planes(records, rec), records, rec)
-    if rec.qtype is not QuantType.Q2_0:
-        raise ValueError(f"arena records must be Q2_0 for the MLX path, got {rec.qtype.name}")
+    if rec.qtype is not QuantType.Q2_0 or rec.mixed:
+        raise ValueError(f"MLX's ops path reads Q2_0 or MLX's own expert types, not {rec.type_names} "
+                         "(llama.cpp's types run on the GPU kernel, kernels/moe_ggml.py, or the numpy backend)")
     bits, _, bias = AFFINE[rec.qtype]
     n = records.shape[0]
     out = {}

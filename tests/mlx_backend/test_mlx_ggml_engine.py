@@ -1,6 +1,6 @@
 """A llama.cpp GGUF whose experts mix K / IQ types and ggml's MXFP4 per layer and projection, kept as
 stored, run by the MLX engines through the fused ggml expert kernel (kernels/moe_ggml.py) on the
-emulated path: `--backend auto` picks MLX where a GPU is present, and the logits of 8 greedy
+emulated path (and the GPU where MLX has one): `--backend auto` picks MLX where a GPU is present, and the logits of 8 greedy
 steps (all resident, and streamed at the smallest legal arena: a slot of the largest layer's
 record) agree with the numpy reference within FORWARD. A file with a type no kernel reads stays
 on numpy, with the note naming the types."""
@@ -19,9 +19,9 @@ from mlx_agree import assert_backends_agree  # noqa: E402
 from strata.config import Backend  # noqa: E402
 from strata.convert import convert  # noqa: E402
 from strata.engines import open_engine, resolve_backend  # noqa: E402
-from strata.mlx_backend.kernels.launch import LAUNCHES, KernelPath, using_path  # noqa: E402
+from strata.mlx_backend.kernels.launch import LAUNCHES, using_path  # noqa: E402
 from tests import gguf_models  # noqa: E402
-from tests.kernel_paths import emulated  # noqa: E402
+from tests.kernel_paths import KERNEL_PATHS  # noqa: E402
 
 # unsloth-like: Q4_K with a Q5_1 down, an IQ4_NL layer, ggml's MXFP4, Q6_K with Q8_0 (the layers'
 # records differ in size: the arena's slot is the largest). The types the test writers quantize to
@@ -59,9 +59,9 @@ def test_auto_picks_mlx_on_a_gpu_for_experts_every_kernel_reads(model, monkeypat
     assert resolve_backend(model, EXACT0) is Backend.NUMPY  # no ops path for these types off a GPU
 
 
-@emulated
+@pytest.mark.parametrize("path", KERNEL_PATHS)
 @pytest.mark.parametrize("stream", [False, True], ids=["resident", "smallest-arena"])
-def test_mlx_engine_on_the_ggml_kernel_agrees_with_the_reference(model, monkeypatch, stream):
+def test_mlx_engine_on_the_ggml_kernel_agrees_with_the_reference(model, monkeypatch, stream, path):
     prompt = list(model.tokenizer.encode("The quick brown fox"))
     with open_kind(model, "reference") as eng:
         want = _greedy(eng, prompt)
@@ -70,7 +70,7 @@ def test_mlx_engine_on_the_ggml_kernel_agrees_with_the_reference(model, monkeypa
     if stream:
         config = config.replace(arena=f"{min_slots(model, config)}slots")
     before = sum(n for name, n in LAUNCHES.items() if "moe_ggml" in name)
-    with using_path(KernelPath.EMULATED), open_engine(model, config, stream=stream) as eng:
+    with using_path(path), open_engine(model, config, stream=stream) as eng:
         got = _greedy(eng, prompt)
     assert sum(n for name, n in LAUNCHES.items() if "moe_ggml" in name) > before  # the kernel ran
     for step, (g, w) in enumerate(zip(got, want)):
