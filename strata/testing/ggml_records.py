@@ -23,7 +23,8 @@ CHUNK_RECORDS, CHUNK_BYTES = 1024, 1 << 30  # records made per step: bounded tem
 # llama.cpp's quantizer (llama-quant.cpp): a tensor whose rows are not whole 256-weight
 # super-blocks is written in this type instead (a 576- or 640-wide expert down)
 LLAMA_FALLBACK = {QuantType.Q2_K: QuantType.IQ4_NL, QuantType.Q3_K: QuantType.IQ4_NL,
-                  QuantType.IQ4_XS: QuantType.IQ4_NL, QuantType.Q4_K: QuantType.Q5_0,
+                  QuantType.IQ4_XS: QuantType.IQ4_NL, QuantType.IQ3_S: QuantType.IQ4_NL,
+                  QuantType.IQ2_XXS: QuantType.IQ4_NL, QuantType.Q4_K: QuantType.Q5_0,
                   QuantType.Q5_K: QuantType.Q5_1, QuantType.Q6_K: QuantType.Q8_0}
 
 

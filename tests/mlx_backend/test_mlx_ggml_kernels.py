@@ -32,7 +32,8 @@ SMALL = (512, 256)  # D: 2 super-blocks a row, 16 groups (a partial lane step); 
 # unsloth's mixes, and llama.cpp's own fallback: (gate, up, down) per record
 MIXES = [(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_1), (QuantType.IQ4_XS, QuantType.IQ4_XS, QuantType.IQ4_NL),
          (QuantType.Q6_K, QuantType.Q6_K, QuantType.Q8_0), (QuantType.Q3_K, QuantType.Q2_K, QuantType.GGML_MXFP4),
-         (QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_0)]  # the last: llama.cpp's fallback for a 576-wide down
+         (QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_0),  # llama.cpp's fallback for a 576-wide down
+         (QuantType.IQ3_S, QuantType.IQ3_S, QuantType.IQ4_NL), (QuantType.IQ2_XXS, QuantType.IQ2_XXS, QuantType.Q4_K)]
 N_RECORDS = 6
 
 
@@ -123,7 +124,7 @@ def test_fused_ggml_experts_routing_on_the_device(path):
 
 def test_supports_names_what_it_cannot_run():
     assert moe_ggml.supports(_layout(MIXES[0])) is None
-    assert "IQ3_S" in moe_ggml.supports(RecordLayout(QuantType.IQ3_S, *SMALL))
+    assert "IQ2_XS" in moe_ggml.supports(RecordLayout(QuantType.IQ2_XS, *SMALL))
     assert "biases" in moe_ggml.supports(RecordLayout(QuantType.Q4_K, *SMALL, biases=True))
 
 

@@ -32,7 +32,8 @@ from strata.formats.quant_types import QuantType, ggml_block_name, layout
 
 # the types with a decoder here; Q8_0 is read from its two planes (codes, then float16 scales)
 TYPES = (QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0, QuantType.Q5_K, QuantType.IQ4_NL, QuantType.IQ4_XS,
-         QuantType.GGML_MXFP4, QuantType.Q5_1, QuantType.Q5_0, QuantType.Q3_K, QuantType.Q2_K)
+         QuantType.GGML_MXFP4, QuantType.Q5_1, QuantType.Q5_0, QuantType.Q3_K, QuantType.Q2_K, QuantType.IQ3_S,
+         QuantType.IQ2_XXS)
 GROUP = 32  # weights per group (gg_dot32's unit)
 
 
@@ -55,7 +56,9 @@ _OFFSETS = {("Q4_K", "d"): 0, ("Q4_K", "dmin"): 2, ("Q4_K", "scales"): 4, ("Q4_K
             ("IQ4_NL", "d"): 0, ("IQ4_NL", "qs"): 2, ("IQ4_XS", "d"): 0, ("IQ4_XS", "scales_h"): 2,
             ("IQ4_XS", "scales_l"): 4, ("IQ4_XS", "qs"): 8, ("MXFP4", "e"): 0, ("MXFP4", "qs"): 1,
             ("Q5_1", "d"): 0, ("Q5_1", "m"): 2, ("Q5_1", "qh"): 4, ("Q5_1", "qs"): 8,
-            ("Q5_0", "d"): 0, ("Q5_0", "qh"): 2, ("Q5_0", "qs"): 6}
+            ("Q5_0", "d"): 0, ("Q5_0", "qh"): 2, ("Q5_0", "qs"): 6,
+            ("IQ3_S", "d"): 0, ("IQ3_S", "qs"): 2, ("IQ3_S", "qh"): 66, ("IQ3_S", "signs"): 74, ("IQ3_S", "scales"): 106,
+            ("IQ2_XXS", "d"): 0, ("IQ2_XXS", "qs"): 2}
 for (_name, _f), _off in _OFFSETS.items():
     assert _field(_name, _f) == _off, (_name, _f)
 for _q in TYPES:
@@ -63,6 +66,28 @@ for _q in TYPES:
         assert block_bytes(_q) == ggml_blocks.BLOCK_BYTES[ggml_block_name(_q)], _q
 assert layout(QuantType.Q8_0).code_bytes == GROUP and layout(QuantType.Q8_0).scale_bytes == 2
 del _name, _f, _off, _q
+
+
+# The grids the IQ types index (ggml's iq3s_grid: 512 rows of 4 bytes; iq2xxs_grid: 256 rows of 8),
+# packed as uint32 words into one device table every kernel of these types takes as an input
+# (`tables()`): a row's byte k is its value k, as ggml's uint32 / uint64 entries hold them.
+IQ3S_GRID, IQ2XXS_GRID = 0, 512  # word offsets in the table
+
+
+def table_words() -> np.ndarray:
+    """The grids as one uint32 table (IQ3S_GRID, IQ2XXS_GRID offsets). [1024] uint32"""
+    iq3s = ggml_blocks.grid("iq3s").astype(np.uint8)  # [512, 4]
+    iq2xxs = ggml_blocks.grid("iq2xxs").astype(np.uint8)  # [256, 8]
+    words = np.concatenate([iq3s.reshape(-1), iq2xxs.reshape(-1)]).view("<u4")
+    assert words.size == IQ2XXS_GRID + 512 and iq3s.shape == (512, 4) and iq2xxs.shape == (256, 8)
+    return np.ascontiguousarray(words, np.uint32)
+
+
+def tables():
+    """`table_words` as a device constant, made once (a kernel input; kernels/launch.device_const)."""
+    from strata.mlx_backend.kernels.launch import device_const
+
+    return device_const(table_words())
 
 
 def _words(values: np.ndarray) -> str:
@@ -80,7 +105,8 @@ def _table(name: str, values: np.ndarray) -> str:
             f"  return ((int32_t)(w << (24u - 8u * (n & 3u)))) >> 24;\n}}\n")
 
 
-_DEFINES = "".join(f"#define GG_{ggml_block_name(q)} {int(q)}\n" for q in TYPES)
+_DEFINES = "".join(f"#define GG_{ggml_block_name(q)} {int(q)}\n" for q in TYPES) + (
+    f"#define GG_IQ3S_GRID {IQ3S_GRID}\n#define GG_IQ2XXS_GRID {IQ2XXS_GRID}\n")
 
 HELPERS = _DEFINES + _table("gg_iq4nl", ggml_blocks.KVALUES_IQ4NL) + _table("gg_mxfp4", ggml_blocks.KVALUES_MXFP4) + r"""
 INLINE uint32_t gg_u8(const DEVICE uint8_t* p, int i) { return (uint32_t)p[i]; }
@@ -104,10 +130,26 @@ INLINE int gg_q3k_scale(const DEVICE uint8_t* s, int k) {
   const uint32_t lo = (gg_u8(s, k % 8) >> (4 * (k / 8))) & 0xFu, hi = (gg_u8(s, 8 + k % 4) >> (2 * (k / 4))) & 3u;
   return (int)(lo | (hi << 4)) - 32;
 }
+// ggml's ksigns_iq2xs: 7 sign bits and their parity as the 8th (an even number of minus signs)
+INLINE uint32_t gg_ksigns(uint32_t i) {
+  uint32_t q = i ^ (i >> 4);
+  q ^= q >> 2;
+  q ^= q >> 1;
+  return i | ((q & 1u) << 7);
+}
+// Σ over 8 weights of grid bytes (two words) x signs (bit k: weight k negative) x p[k]
+INLINE float gg_grid8(uint32_t lo, uint32_t hi, uint32_t signs, const SHARED_PTR(float) p) {
+  float s = 0.0f;
+  UNROLL for (int k = 0; k < 8; ++k) {
+    const float v = F32((int)(((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xFFu));
+    s += ((signs >> k) & 1u ? -v : v) * p[k];
+  }
+  return s;
+}
 // Σ_j w_j p[j] over the 32 weights of group g of a row of type ty (blocks of bb bytes at row;
-// Q8_0's float16 scales at srow)
+// Q8_0's float16 scales at srow; tab: the IQ grids, `table_words`)
 INLINE float gg_dot32(int ty, int bb, const DEVICE uint8_t* row, const DEVICE uint8_t* srow, int g,
-                      const SHARED_PTR(float) p) {
+                      const SHARED_PTR(float) p, const DEVICE uint32_t* tab) {
   const bool al = (bb & 3) == 0;
   if (ty == GG_Q8_0) {  // codes plane: 32 int8 a group; scales plane: float16 d a group
     const DEVICE uint8_t* q = row + (uint64_t)g * 32u;
@@ -165,6 +207,26 @@ INLINE float gg_dot32(int ty, int bb, const DEVICE uint8_t* row, const DEVICE ui
       }
     }
     return (gg_f16(b, 0) * sc) * s - (gg_f16(b, 2) * mn) * sx;
+  }
+  if (ty == GG_IQ3_S) {  // 8 grid rows (qs byte | bit i of qh[j] << 8) of 4, a sign byte per 8; db = d (1 + 2 scale)
+    const uint32_t qh = gg_u8(b, 66 + j);
+    float s = 0.0f;
+    UNROLL for (int l = 0; l < 4; ++l) {  // weights 8l .. 8l + 7: grid rows 2l, 2l + 1
+      const uint32_t i0 = gg_u8(b, 2 + 8 * j + 2 * l) | (((qh >> (2 * l)) & 1u) << 8);
+      const uint32_t i1 = gg_u8(b, 3 + 8 * j + 2 * l) | (((qh >> (2 * l + 1)) & 1u) << 8);
+      s += gg_grid8(tab[GG_IQ3S_GRID + i0], tab[GG_IQ3S_GRID + i1], gg_u8(b, 74 + 4 * j + l), p + 8 * l);
+    }
+    const uint32_t sc = (gg_u8(b, 106 + j / 2) >> (4 * (j & 1))) & 0xFu;
+    return (gg_f16(b, 0) * F32((int)(1u + 2u * sc))) * s;
+  }
+  if (ty == GG_IQ2_XXS) {  // two u32: 4 grid rows of 8 (bytes of the first), 4 x 7 sign bits + a scale (the second)
+    const uint32_t a0 = gg_u32(b, 2 + 8 * j, false), a1 = gg_u32(b, 6 + 8 * j, false);
+    float s = 0.0f;
+    UNROLL for (int l = 0; l < 4; ++l) {
+      const uint32_t r = GG_IQ2XXS_GRID + 2u * ((a0 >> (8 * l)) & 0xFFu);
+      s += gg_grid8(tab[r], tab[r + 1u], gg_ksigns((a1 >> (7 * l)) & 127u), p + 8 * l);
+    }
+    return ((gg_f16(b, 0) * (0.5f + F32((int)(a1 >> 28)))) * 0.25f) * s;
   }
   if (ty == GG_IQ4_XS) {  // dl = d (6-bit scale - 32); the 16 bytes of sub-block j as IQ4_NL's
     const uint32_t sl = (gg_u8(b, 4 + j / 2) >> (4 * (j & 1))) & 0xFu;

@@ -38,13 +38,13 @@ BODY = r"""
     const DEVICE uint8_t* row = w + (uint64_t)r * WRB;
     const DEVICE uint8_t* srow = scales + (uint64_t)r * WSR;
     float acc = 0.0f;
-    for (int g = (int)lane; g < GPR; g += 32) acc += gg_dot32(WTY, WBB, row, srow, g, xs + 32 * g);
+    for (int g = (int)lane; g < GPR; g += 32) acc += gg_dot32(WTY, WBB, row, srow, g, xs + 32 * g, tables);
     acc = warp_sum(acc);
     if (lane == 0) y[(uint64_t)t * R + r] = acc;
   }
 """
 
-SOURCE = KernelSource("strata_ggml_gemv", ("w", "scales", "x"), ("y",), BODY, ggml_dot.HELPERS)
+SOURCE = KernelSource("strata_ggml_gemv", ("w", "scales", "x", "tables"), ("y",), BODY, ggml_dot.HELPERS)
 
 
 def supports(qtype: QuantType, cols: int) -> str | None:
@@ -69,5 +69,5 @@ def ggml_gemv(qtype: QuantType, w: mx.array, x: mx.array, scales: mx.array | Non
         raise ValueError(f"ggml GEMV: {qtype.name} rows of {c} weights are {dict(ints)['WRB']} bytes, got {w.shape[1]}")
     sc = absent(np.uint8) if scales is None else scales.reshape(r, -1).view(mx.uint8)
     nw = THREADS // WARP
-    return launch(SOURCE, [w, sc, as_f32(x)], [(t, r)], [mx.float32], blocks=((r + nw - 1) // nw, t, 1),
+    return launch(SOURCE, [w, sc, as_f32(x), ggml_dot.tables()], [(t, r)], [mx.float32], blocks=((r + nw - 1) // nw, t, 1),
                   threads=THREADS, template=(("R", r), ("C", c), ("NT", THREADS), *ints))[0]

@@ -1,5 +1,5 @@
 """The fused routed-expert kernel for llama.cpp's types kept as stored (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K,
-Q8_0, Q5_1, Q5_0, IQ4_NL, IQ4_XS and ggml's MXFP4: kernels/ggml_dot.py), read straight out of the arena
+Q8_0, Q5_1, Q5_0, IQ4_NL, IQ4_XS, IQ3_S, IQ2_XXS and ggml's MXFP4: kernels/ggml_dot.py), read straight out of the arena
 by slot index, each projection in its own type (a record's gate, up and down types are template
 ints: unsloth's mixes put Q5_1 or IQ4_NL downs under Q4_K or IQ3_S gate/ups, and llama.cpp's
 quantizer itself falls back to Q5_0 / Q5_1 / Q8_0 / IQ4_NL for rows that are not whole 256-weight
@@ -77,8 +77,8 @@ BODY = r"""
         const DEVICE uint8_t* gs = rec + GSO + f * GSR;
         const DEVICE uint8_t* us = rec + USO + f * USR;
         for (int i = (int)lane; i < GPR; i += 32) {
-          g += gg_dot32(GTY, GBB, gr, gs, i, xsh + 32 * i);
-          u += gg_dot32(UTY, UBB, ur, us, i, xsh + 32 * i);
+          g += gg_dot32(GTY, GBB, gr, gs, i, xsh + 32 * i, tables);
+          u += gg_dot32(UTY, UBB, ur, us, i, xsh + 32 * i, tables);
         }
       }
       g = warp_sum(g);
@@ -93,7 +93,7 @@ BODY = r"""
     if (live) {
       const DEVICE uint8_t* dr = rec + DCO + (uint64_t)d * DRB;
       const DEVICE uint8_t* ds = rec + DSO + (uint64_t)d * DSR;
-      UNROLL for (int q = 0; q < GPC; ++q) acc += gg_dot32(DTY, DBB, dr, ds, (int)c * GPC + q, hs + 32 * q);
+      UNROLL for (int q = 0; q < GPC; ++q) acc += gg_dot32(DTY, DBB, dr, ds, (int)c * GPC + q, hs + 32 * q, tables);
     }
     dst[d] = wt * acc;
   }
@@ -104,9 +104,9 @@ DECLS = r"""
 """
 BRANCH = moe.BRANCH.replace(moe.COMMON, BODY)
 assert BRANCH != moe.BRANCH
-SLOTS_SOURCE = KernelSource("strata_moe_ggml_slots", ("arena", "x", "slots", "weights") + moe.INPUTS_SHARED,
+SLOTS_SOURCE = KernelSource("strata_moe_ggml_slots", ("arena", "x", "slots", "weights", "tables") + moe.INPUTS_SHARED,
                             ("out", "sout"), moe.SLOTS_PREAMBLE + DECLS + BRANCH, ggml_dot.HELPERS)
-ROUTE_SOURCE = KernelSource("strata_moe_ggml_route", ("arena", "x", "z", "slot_base") + moe.INPUTS_SHARED,
+ROUTE_SOURCE = KernelSource("strata_moe_ggml_route", ("arena", "x", "z", "slot_base", "tables") + moe.INPUTS_SHARED,
                             ("out", "sout"), moe.ROUTE_PREAMBLE + DECLS + BRANCH, ggml_dot.HELPERS)
 
 
@@ -131,8 +131,8 @@ def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *
     down float16), (routed partials, shared partials [T, Fs/FCS, D]) from one launch."""
     t, k = slots.shape
     slots, weights = moe.slot_inputs(slots, weights)
-    out, sout = moe._launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights], t, k, FC, _template(rec, k, arena.shape[1]),
-                            shared, THREADS)
+    out, sout = moe._launch(SLOTS_SOURCE, rec, [arena, as_f32(x), slots, weights, ggml_dot.tables()], t, k, FC,
+                            _template(rec, k, arena.shape[1]), shared, THREADS)
     return out if shared is None else (out, sout)
 
 
@@ -144,6 +144,7 @@ def moe_route(arena: mx.array, rec: RecordLayout, x: mx.array, z: mx.array, slot
         raise ConfigError(f"moe_route: the routing kernel has no rule {order.value} (route with routing.select_device)")
     e = z.shape[1]
     routing = (("E", e), ("ORDER", 0 if order is RoutingOrder.SOFTMAX_TOPK else 1), ("NORM", int(norm_topk_prob)))
-    out, sout = moe._launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_const(slot_base)], x.shape[0], k,
+    out, sout = moe._launch(ROUTE_SOURCE, rec, [arena, as_f32(x), as_f32(z), index_const(slot_base), ggml_dot.tables()],
+                            x.shape[0], k,
                             FC, _template(rec, k, arena.shape[1]) + routing, shared, THREADS)
     return out if shared is None else (out, sout)
