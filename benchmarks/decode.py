@@ -376,7 +376,7 @@ def main() -> int:
                          "so it compiles nothing more; 8 adds the many-token expert and combine kernels)")
     ap.add_argument("--expert-type", default="Q2_0",
                     help="all-resident experts of llama.cpp's type kept as stored (Q4_K, Q6_K, Q8_0, Q5_K, IQ4_NL, "
-                         "IQ4_XS, MXFP4, Q5_1, Q5_0, Q3_K, Q2_K: kernels/moe_ggml.py), a projection whose rows are not "
+                         "IQ4_XS, MXFP4, Q5_1, Q5_0, Q3_K, Q2_K, IQ3_S, IQ2_XXS: kernels/moe_ggml.py), a projection whose rows are not "
                          "whole blocks in llama.cpp's fallback type; streaming stays Q2_0 (skipped for another type)")
     ap.add_argument("--no-eval-sweep", action="store_true",
                     help="all-resident: only the default evaluation interval uncompiled, then the compiled step "

@@ -161,7 +161,7 @@ def main() -> int:
                     help="copy bandwidth, the fused expert kernel of llama.cpp's types and their dense GEMV only")
     ap.add_argument("--expert-type", default=None, metavar="TYPES",
                     help="with --ggml / --ncu ggml: a comma list of expert types (Q4_K,Q6_K,Q8_0,Q5_K,IQ4_NL,IQ4_XS,"
-                         "MXFP4,Q5_1,Q5_0,Q3_K,Q2_K; default all)")
+                         "MXFP4,Q5_1,Q5_0,Q3_K,Q2_K,IQ3_S,IQ2_XXS; default all)")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
     if args.ncu == "ggml":
