@@ -28,6 +28,8 @@ from strata.model_config import RoutingOrder
 from tests.kernel_paths import KERNEL_PATHS
 
 TYPES = list(ggml_dot.TYPES)
+# the emulator-only tests carry the id too, so the device run's -k "not emulated" leaves them to CI
+EMULATED_ONLY = pytest.mark.parametrize("path", KERNEL_PATHS[:1])
 SMALL = (512, 256)  # D: 2 super-blocks a row, 16 groups (a partial lane step); F: 8 chunks of 32
 # unsloth's mixes, and llama.cpp's own fallback: (gate, up, down) per record
 MIXES = [(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q5_1), (QuantType.IQ4_XS, QuantType.IQ4_XS, QuantType.IQ4_NL),
@@ -128,7 +130,7 @@ def test_supports_names_what_it_cannot_run():
     assert "biases" in moe_ggml.supports(RecordLayout(QuantType.Q4_K, *SMALL, biases=True))
 
 
-@pytest.mark.parametrize("path", KERNEL_PATHS[:1])
+@EMULATED_ONLY
 def test_shared_expert_blocks_ride_in_the_ggml_launch(path):
     rec = _layout(MIXES[2])
     host, x, slots, weights, _ = _case(rec, seed=9)
@@ -143,8 +145,9 @@ def test_shared_expert_blocks_ride_in_the_ggml_launch(path):
         np.testing.assert_array_equal(np.array(shared), np.array(shared_kernel.shared_partials(mx.array(x), *sh)))
 
 
+@EMULATED_ONLY
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-def test_every_ggml_specialisation_compiles(tmp_path, dialect):
+def test_every_ggml_specialisation_compiles(tmp_path, dialect, path):
     """Metal: compile-checked (g++ against tests/metal_stub), never run here; CUDA likewise."""
     from test_metal_compile import _check
 
@@ -201,8 +204,9 @@ def test_dense_ggml_gemv_against_reference(path, qtype):
         assert_backends_agree(ref, got, "GGML_KERNEL", what=f"GEMV {qtype.name}")
 
 
+@EMULATED_ONLY
 @pytest.mark.parametrize("dialect", [Dialect.METAL, Dialect.CUDA], ids=["metal", "cuda"])
-def test_every_dense_gemv_specialisation_compiles(tmp_path, dialect):
+def test_every_dense_gemv_specialisation_compiles(tmp_path, dialect, path):
     from test_metal_compile import _check
 
     with using_path(KernelPath.EMULATED), recording() as specs:
