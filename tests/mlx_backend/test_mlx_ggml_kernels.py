@@ -106,6 +106,18 @@ def test_fused_ggml_experts_mixed_per_projection(path, types):
         assert_backends_agree(ref, got.sum(axis=1), "GGML_KERNEL", what=f"fused {rec.type_names}")
 
 
+@EMULATED_ONLY
+def test_fused_ggml_experts_partial_batches(path):
+    """D = 1280: 40 groups a row (a partial second lane step) and 5 down rows a thread (a full
+    batch of DOWN_ROWS, then a partial one)."""
+    rec = RecordLayout(QuantType.Q4_K, 1280, 64, up_qtype=QuantType.Q6_K, down_qtype=QuantType.Q5_0)
+    assert (rec.hidden + moe_ggml.THREADS - 1) // moe_ggml.THREADS % moe_ggml.DOWN_ROWS
+    host, x, slots, weights, ref = _case(rec, seed=5, k=2, tokens=1)
+    with using_path(path):
+        got = moe_ggml.moe_slots(mx.array(host), rec, mx.array(x), slots, weights)
+        assert_backends_agree(ref, got.sum(axis=1), "GGML_KERNEL", what="D=1280")
+
+
 @pytest.mark.parametrize("path", KERNEL_PATHS)
 def test_fused_ggml_experts_routing_on_the_device(path):
     """moe_route: every expert resident at slot_base + e, the softmax rule ranked in the kernel."""

@@ -41,6 +41,7 @@ FC = 32  # hidden units per block: one group of every down row
 THREADS = 256
 MAX_HIDDEN = moe.MAX_HIDDEN  # x in threadgroup memory: D floats (32 KB at 8192)
 PREFIX = {"gate": "G", "up": "U", "down": "D"}
+DOWN_ROWS = 4  # down rows a thread has in flight (ptxas, sm_90: 4 keeps every type under 128 registers)
 
 
 def supports(rec: RecordLayout) -> str | None:
@@ -59,43 +60,57 @@ def supports(rec: RecordLayout) -> str | None:
 BODY = r"""
   constexpr int NW = NT / 32;
   constexpr int GPR = D / 32;                 // 32-weight groups of a gate/up row
+  constexpr int GPL = (GPR + 31) / 32;        // lane steps over a row's groups
   constexpr int RPW = (FC + NW - 1) / NW;     // gate/up rows per warp
   constexpr int GPC = FC / 32;                // groups of a down row in this chunk
+  constexpr int DPT = (D + NT - 1) / NT;      // down rows per thread
+  constexpr int DB = DPT < DOWN_ROWS ? DPT : DOWN_ROWS;  // down rows in flight
   const uint32_t c = rb % NCH;                // chunk of FC hidden units
   const bool live = slot >= 0;
   const DEVICE uint8_t* rec = arena + (uint64_t)(live ? slot : 0) * (uint64_t)SLOT;  // 64-bit: arenas pass 4 GB
   for (uint32_t d = tid; d < (uint32_t)D; d += NT) xsh[d] = x[(uint64_t)t * D + d];
   BARRIER();
+  // gate/up: the lane steps outside, the warp's RPW rows inside, both unrolled, so a step's 2 RPW
+  // groups are independent work whose loads can all be in flight (a loop over a row's groups
+  // inside a loop over rows waits for memory once per row and step)
+  float ga[RPW], ua[RPW];
+  UNROLL for (int rr = 0; rr < RPW; ++rr) { ga[rr] = 0.0f; ua[rr] = 0.0f; }
+  UNROLL for (int s = 0; s < GPL; ++s) {
+    const int i = (int)lane + 32 * s;
+    if (live && i < GPR) {
+      UNROLL for (int rr = 0; rr < RPW; ++rr) {
+        const int r = (int)warp_id + NW * rr;
+        if (r < FC) {
+          const uint64_t f = (uint64_t)c * FC + r;
+          ga[rr] += gg_dot32(GTY, GBB, rec + GCO + f * GRB, rec + GSO + f * GSR, i, xsh + 32 * i, tables);
+          ua[rr] += gg_dot32(UTY, UBB, rec + UCO + f * URB, rec + USO + f * USR, i, xsh + 32 * i, tables);
+        }
+      }
+    }
+  }
   UNROLL for (int rr = 0; rr < RPW; ++rr) {
     const int r = (int)warp_id + NW * rr;  // warp-uniform
     if (r < FC) {
-      float g = 0.0f, u = 0.0f;
-      if (live) {
-        const uint64_t f = (uint64_t)c * FC + r;
-        const DEVICE uint8_t* gr = rec + GCO + f * GRB;
-        const DEVICE uint8_t* ur = rec + UCO + f * URB;
-        const DEVICE uint8_t* gs = rec + GSO + f * GSR;
-        const DEVICE uint8_t* us = rec + USO + f * USR;
-        for (int i = (int)lane; i < GPR; i += 32) {
-          g += gg_dot32(GTY, GBB, gr, gs, i, xsh + 32 * i, tables);
-          u += gg_dot32(UTY, UBB, ur, us, i, xsh + 32 * i, tables);
-        }
-      }
-      g = warp_sum(g);
-      u = warp_sum(u);
+      const float g = warp_sum(ga[rr]), u = warp_sum(ua[rr]);
       if (lane == 0) hs[r] = g / (1.0f + exp_f(-g)) * u;
     }
   }
   BARRIER();
+  // down: thread d takes rows d, d + NT, ...; DB of them unrolled at a time (their loads in flight)
   DEVICE float* dst = out + ((uint64_t)t * (K * NCH) + rb) * D;
-  for (uint32_t d = tid; d < (uint32_t)D; d += NT) {
-    float acc = 0.0f;
-    if (live) {
-      const DEVICE uint8_t* dr = rec + DCO + (uint64_t)d * DRB;
-      const DEVICE uint8_t* ds = rec + DSO + (uint64_t)d * DSR;
-      UNROLL for (int q = 0; q < GPC; ++q) acc += gg_dot32(DTY, DBB, dr, ds, (int)c * GPC + q, hs + 32 * q, tables);
+  for (int i0 = 0; i0 < DPT; i0 += DB) {
+    UNROLL for (int b = 0; b < DB; ++b) {
+      const uint32_t d = tid + NT * (uint32_t)(i0 + b);
+      if (i0 + b < DPT && d < (uint32_t)D) {
+        float acc = 0.0f;
+        if (live) {
+          const DEVICE uint8_t* dr = rec + DCO + (uint64_t)d * DRB;
+          const DEVICE uint8_t* ds = rec + DSO + (uint64_t)d * DSR;
+          UNROLL for (int q = 0; q < GPC; ++q) acc += gg_dot32(DTY, DBB, dr, ds, (int)c * GPC + q, hs + 32 * q, tables);
+        }
+        dst[d] = wt * acc;
+      }
     }
-    dst[d] = wt * acc;
   }
 """
 DECLS = r"""
@@ -122,7 +137,7 @@ def _template(rec: RecordLayout, k: int, slot_bytes: int) -> tuple[tuple[str, in
         p = PREFIX[proj]
         ints += ggml_dot.projection_ints(p, q, cols, rec.codes(proj).offset, rec.scales(proj).offset)
     return (("D", rec.hidden), ("F", rec.expert_ffn), ("FC", FC), ("NCH", rec.expert_ffn // FC), ("K", k),
-            ("SLOT", slot_bytes), ("NT", THREADS), *ints)
+            ("SLOT", slot_bytes), ("NT", THREADS), ("DOWN_ROWS", DOWN_ROWS), *ints)
 
 
 def moe_slots(arena: mx.array, rec: RecordLayout, x: mx.array, slots, weights, *, shared=None):
