@@ -21,11 +21,11 @@ import numpy as np
 
 from _measure import median_time, part
 from strata.formats.expert_record import RecordLayout, unpack_record
-from strata.formats.quant_types import QuantType, layout
+from strata.formats.quant_types import QuantType
 from strata.mlx_backend.kernels import ggml_dot, ggml_gemv, moe_ggml
 from strata.mlx_backend.kernels.launch import KernelPath, using_path
 from strata.reference.experts import routed_experts
-from strata.testing.ggml_records import random_ggml_records
+from strata.testing.ggml_records import random_ggml_matrix, random_ggml_records
 
 EXPERT_TYPES = ggml_dot.TYPES  # the issue's order
 DENSE_TYPES = (QuantType.Q6_K, QuantType.Q5_K, QuantType.Q4_K, QuantType.Q8_0)
@@ -118,13 +118,7 @@ def ggml_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: bool,
 
 def _dense(qtype: QuantType, rows: int, cols: int, seed: int) -> tuple[mx.array, mx.array | None]:
     """A random valid matrix of `qtype` rows: (blocks uint8 [R, row bytes], Q8_0's scales or None)."""
-    rec = RecordLayout(qtype, cols, rows)  # its down projection is [cols, rows]: use gate [rows, cols]
-    one = random_ggml_records(rec, 1, mx.random.key(seed))[0]
-    c, s = rec.codes("gate"), rec.scales("gate")
-    w = one[c.offset:c.end].reshape(rows, -1)
-    scales = one[s.offset:s.end].reshape(rows, -1) if layout(qtype).scale_bytes else None
-    mx.eval(w, *(() if scales is None else (scales,)))
-    return w, scales
+    return random_ggml_matrix(qtype, rows, cols, mx.random.key(seed))
 
 
 def ncu_ggml_launches(types=EXPERT_TYPES) -> None:

@@ -16,7 +16,7 @@ from strata.formats import ggml_blocks
 from strata.formats.expert_record import PROJECTIONS, RecordLayout
 from strata.formats.quant_types import QuantType, ggml_block_name, layout
 
-__all__ = ["LLAMA_FALLBACK", "ggml_layout", "random_ggml_records"]
+__all__ = ["LLAMA_FALLBACK", "ggml_layout", "random_ggml_records", "random_ggml_matrix"]
 
 CHUNK_RECORDS, CHUNK_BYTES = 1024, 1 << 30  # records made per step: bounded temporaries (int32 randint: 4x)
 
@@ -56,6 +56,19 @@ def _plane(qtype: QuantType, nbytes: int, m: int, key: mx.array) -> mx.array:
         elif qtype is QuantType.GGML_MXFP4 and name == "e":
             blocks[:, :, off:off + 1] = (small[:, :, :1] % 6) + 122  # e8m0 122..127: a weight's scale 2^-6 .. 2^-1
     return blocks.reshape(m, nbytes)
+
+
+def random_ggml_matrix(qtype: QuantType, rows: int, cols: int, key: mx.array) -> tuple[mx.array, mx.array | None]:
+    """A valid dense matrix of `qtype` rows as a GGUF stores them: (blocks uint8 [R, row bytes],
+    Q8_0's float16 scales as uint8 [R, cols / 32 * 2], else None)."""
+    lay = layout(qtype)
+    k1, k2 = mx.random.split(key)
+    w = _plane(qtype, cols // lay.block_size * lay.code_bytes, rows, k1)
+    scales = None
+    if lay.scale_bytes:
+        scales = mx.random.uniform(1e-3, 2e-2, (rows, cols // lay.block_size), key=k2).astype(mx.float16).view(mx.uint8)
+    mx.eval(w, *(() if scales is None else (scales,)))
+    return w, scales
 
 
 def random_ggml_records(rec: RecordLayout, n: int, key: mx.array, *, distinct: int = 0) -> mx.array:
