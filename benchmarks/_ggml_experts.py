@@ -98,7 +98,6 @@ def ggml_part(res: dict, rows: list, copy_Bps: float, *, small: bool, gpu: bool,
                                              for i in range(PER_CALL)])) / PER_CALL
             _rate(rows, res, f"{name} fused_decode", f"{name}: 1 token, {PER_CALL} calls per eval (dispatch in)", t,
                   k * rec.record_bytes, copy_Bps)
-            del records, xs, ss
     r, c = SMALL_DENSE if small else DENSE_SHAPE
     for qtype in DENSE_TYPES:
         name = f"ggml GEMV {ggml_dot.ggml_block_name(qtype)}"
