@@ -169,8 +169,8 @@ def test_every_ggml_specialisation_compiles(tmp_path, dialect, path):
     with using_path(KernelPath.EMULATED), recording() as specs:
         for types in [(q,) * 3 for q in TYPES] + MIXES:
             r = _layout(types)
-            mx.eval(moe_ggml.moe_slots(mx.array(random_records(r, 1, seed=1)), r, x, np.array([[0]]),
-                                       np.ones((1, 1), np.float32)))
+            mx.eval(moe_ggml.moe_slots(mx.array(random_records(r, 2, seed=1)), r, x, np.array([[0, 1, -1]]),
+                                       np.ones((1, 3), np.float32)))  # k = 3: the emulator builds of the tests above
         mx.eval(moe_ggml.moe_route(host, rec, x, mx.zeros((1, 2)), 0, 1, RoutingOrder.SOFTMAX_TOPK, True))
         sh = tuple(mx.zeros(s, mx.float16) for s in ((64, rec.hidden),) * 2 + ((rec.hidden, 64),))
         mx.eval(moe_ggml.moe_slots(host, rec, x, np.array([[0]]), np.ones((1, 1), np.float32), shared=sh))
