@@ -136,11 +136,12 @@ def mlx_refusal(header) -> str | None:
 def resolve_backend(model, config: Config) -> Backend:
     """`Backend.AUTO`: MLX where it has a GPU and a fused kernel reads every layer's experts as
     stored (`gpu_kernel_refusal`: Q2_0, MLX's own types, llama.cpp's K / IQ types with a kernel,
-    mixed per layer and projection), numpy otherwise (with a note: `auto_backend_note`). On a CPU-only machine numpy is the faster choice where it matters most:
-    it processes prompts 2.5-10x faster than MLX's CPU build, and MLX decodes within 0.69-1.11x
-    of its time (benchmarks/backends.py; docs/perf.md, "Backend choice"); numpy's arithmetic is
-    also the reference's (bit-exact at λ = 0). An explicit backend is taken as asked; MLX asked
-    for experts it cannot compute (`mlx_refusal`) is a one-line ConfigError."""
+    mixed per layer and projection), numpy otherwise (with a note: `auto_backend_note`). On a
+    CPU-only machine numpy is the faster choice where it matters most: it processes prompts
+    2.5-10x faster than MLX's CPU build, and MLX decodes within 0.69-1.11x of its time
+    (benchmarks/backends.py; docs/perf.md, "Backend choice"); numpy's arithmetic is also the
+    reference's (bit-exact at λ = 0). An explicit backend is taken as asked; MLX asked for
+    experts it cannot compute (`mlx_refusal`) is a one-line ConfigError."""
     header = model.experts_file.header
     why = mlx_refusal(header) if config.backend is Backend.MLX else None
     if why is not None:
