@@ -1,9 +1,9 @@
 """A llama.cpp GGUF whose experts mix K / IQ types and ggml's MXFP4 per layer and projection, kept as
 stored, run by the MLX engines through the fused ggml expert kernel (kernels/moe_ggml.py) on the
 emulated path (and the GPU where MLX has one): `--backend auto` picks MLX where a GPU is present,
-and the logits of 8 greedy steps (all resident, and streamed at the smallest legal arena: a slot of the largest layer's
-record) agree with the numpy reference within FORWARD. A file with a type no kernel reads stays
-on numpy, with the note naming the types."""
+and the logits of 8 greedy steps (all resident, and streamed at the smallest legal arena: a slot
+of the largest layer's record) agree with the numpy reference within FORWARD. (A file with a type
+no kernel reads, BF16 experts, stays on numpy with the note: tests/convert/test_gguf_mixed_types.py.)"""
 
 from __future__ import annotations
 
