@@ -15,6 +15,8 @@ Prints a table, then one JSON line.
     python benchmarks/decode.py --shape qwen3.5-397b --small       # a small hybrid (smoke test)
     python benchmarks/decode.py --shape qwen4-seed --ple-gb 24     # the reference engine's own model (qwen4_seed.py)
     python benchmarks/decode.py --shape deepseek-v3 --layers 8     # DeepSeek-V3's per-layer shape, 8 layers
+    python benchmarks/decode.py --expert-type Q4_K --skip streaming  # llama.cpp's Q4_K experts kept as stored
+                                    # (gate/up Q4_K, the 576-wide down in Q5_0 as llama.cpp writes it), all-resident
 
 Memory is checked before anything is built: all-resident needs the dense weights, every expert,
 the KV caches and the DeltaNet snapshots in device memory (Qwen3.5-397B's 60 layers: ~146 GB, past
@@ -101,10 +103,11 @@ def bytes_per_token(p: MlxParams, context: int) -> int:
 
 
 def all_resident(cfg: ModelConfig, n_prompt: int, n_decode: int, costs: dict, bw: dict, rows: list, res: dict, *,
-                 sweep_eval: bool = True) -> None:
+                 sweep_eval: bool = True, expert_layout=None) -> None:
+    """expert_layout: records of llama.cpp's types (ggml_records.ggml_layout) instead of Q2_0."""
     t0 = time.time()
     t = time.perf_counter()
-    p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg))
+    p = random_params(cfg, seed=0, pred_q8=False, distinct_records=resident_distinct(cfg), expert_layout=expert_layout)
     res["build_s"] = time.time() - t0
     res["resident_distinct_records"] = resident_distinct(cfg)
     t = phase(res, "resident_build", t)
@@ -371,6 +374,10 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=8,
                     help="prompt tokens before decoding (1: the prefill launches only what a decoded token does, "
                          "so it compiles nothing more; 8 adds the many-token expert and combine kernels)")
+    ap.add_argument("--expert-type", default="Q2_0",
+                    help="all-resident experts of llama.cpp's type kept as stored (Q4_K, Q6_K, Q8_0, Q5_K, IQ4_NL, "
+                         "IQ4_XS, MXFP4, Q5_1, Q5_0, Q3_K, Q2_K, IQ3_S, IQ2_XXS: kernels/moe_ggml.py), a projection whose rows are not "
+                         "whole blocks in llama.cpp's fallback type; streaming stays Q2_0 (skipped for another type)")
     ap.add_argument("--no-eval-sweep", action="store_true",
                     help="all-resident: only the default evaluation interval uncompiled, then the compiled step "
                          "(fewer positions, fewer kernel specialisations to compile: a run under a tight limit)")
@@ -385,9 +392,17 @@ def main() -> int:
             ap.error(f"--layers must be in [1, {cfg.n_layers}]")
         cfg = replace(cfg, n_layers=args.layers, layer_types=cfg.layer_types[:args.layers])
     skip = set(filter(None, args.skip.split(",")))
+    expert_layout = None
+    if args.expert_type.upper() != "Q2_0":
+        from _ggml_experts import parse_types
+        from strata.testing.ggml_records import ggml_layout
+
+        expert_layout = ggml_layout(parse_types(args.expert_type)[0], cfg.hidden_size, cfg.expert_ffn_size)
+        skip.add("streaming")  # its .experts file is made of Q2_0 records
     res: dict = {"device": device_name(), "path": current_path().value, "layers": cfg.n_layers, "experts": cfg.n_experts,
                  "k": cfg.n_experts_per_token, "hidden": cfg.hidden_size, "expert_ffn": cfg.expert_ffn_size,
-                 "mlx_max_ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER")}  # MLX CUDA: graph size
+                 "mlx_max_ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER"),  # MLX CUDA: graph size
+                 "expert_type": "Q2_0" if expert_layout is None else expert_layout.type_names}
     rows: list = []
     t_setup = time.perf_counter()
     bw = copy_bandwidth((64 << 20) if args.small else (1 << 30))
@@ -417,7 +432,7 @@ def main() -> int:
     res["resident_bytes_needed"] = resident_bytes(cfg)
     res["deltanet_layers"] = sum(1 for t in cfg.kinds if t.mixer.value == "deltanet")
     for name, fn in (("resident", lambda: all_resident(cfg, n_prompt, args.tokens, costs, bw, rows, res,
-                                                         sweep_eval=not args.no_eval_sweep)),
+                                                         sweep_eval=not args.no_eval_sweep, expert_layout=expert_layout)),
                      ("handshake", lambda: handshake(48, 4 << 20, rows, res)),
                      ("streaming", lambda: streaming(cfg, n_prompt, args.tokens, slots, rows, res))):
         if name in skip:
@@ -434,7 +449,8 @@ def main() -> int:
     if args.shape == "deepseek-v3":
         rows += deepseek_extrapolation(full, cfg, res)
     print(f"\n## decode on {res['device']} (path {res['path']}, MLX {mx.__version__}; {cfg.n_layers} layers, "
-          f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size})")
+          f"{cfg.n_experts} experts, top-{cfg.n_experts_per_token}, D={cfg.hidden_size}, F={cfg.expert_ffn_size}, "
+          f"experts {res['expert_type']})")
     print_rows(rows, value_width=22)
     print("JSON " + json.dumps(res, sort_keys=True, default=str))
     return 0

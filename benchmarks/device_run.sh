@@ -31,6 +31,10 @@
 #                   real per-layer shapes made here (benchmarks/make_tier2_checkpoint.py), then benchmarks/tier2.py on each
 #   tier2-repack    benchmarks/tier2_repack.py --cold on the qwen3_next one: experts in place vs `strata convert DIR`'s records
 #   ncu             ncu's GPU time of the expert kernel's block shapes and of a decoded token's kernels
+#   ggml            llama.cpp's types kept as stored: their GPU tests, kernels.py --ggml (each expert type's
+#                   share of copy bandwidth, the dense GEMV), decode ms/token of the seed shape with Q4_K experts
+#                   (Q5_0 downs, as llama.cpp writes a 576-wide down) against the same in Q2_0
+#   ggml-ncu        ncu's GPU time of the ggml expert kernel (1 and 64 tokens per type) and the dense GEMV
 set -uo pipefail
 OUT=${OUT:-/tmp/strata-device-out}
 mkdir -p "$OUT"
@@ -42,7 +46,7 @@ SUITES=${SUITES// /,}
 DECODE_ARGS=${STRATA_DECODE_ARGS:-} TEST_SELECT=${STRATA_TEST_SELECT:-}
 # strata reads every STRATA_* variable as a config key and rejects unknown ones: none reach the suites
 unset STRATA_SUITES STRATA_DEVICE_BUDGET STRATA_DECODE_ARGS STRATA_TEST_SELECT
-KNOWN=",tests,gpu-tests,kernels,native,decode,decode-context,prompt,peers,peers-medians,host-turn,speculative,doctor,dense,hybrid,deepseek,qwen4,ngram-rows,tier2,tier2-repack,ncu,"
+KNOWN=",tests,gpu-tests,kernels,native,decode,decode-context,prompt,peers,peers-medians,host-turn,speculative,doctor,dense,hybrid,deepseek,qwen4,ngram-rows,tier2,tier2-repack,ncu,ggml,ggml-ncu,"
 for s in ${SUITES//,/ }; do
   case "$KNOWN" in *",$s,"*) ;; *) echo "device_run.sh: unknown suite '$s' (known: ${KNOWN:1:-1})" >&2; exit 2 ;; esac
 done
@@ -127,6 +131,21 @@ wanted qwen4 && run qwen4 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" timeou
   -p no:cacheprovider --tb=short -rfEs tests/mlx_backend/test_mlx_qwen4.py tests/families/test_qwen4_engines.py tests/mlx_backend/test_mlx_qwen4_ple_rows.py;
   timeout 80 python3 benchmarks/qwen4_decode.py --tokens 16;
   timeout 110 python3 benchmarks/decode.py --shape qwen4-seed --ple-gb 4 --tokens 8 --prompt 1'
+wanted ggml && run ggml 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 150 \
+  python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \
+  tests/mlx_backend/test_mlx_ggml_kernels.py tests/mlx_backend/test_mlx_ggml_engine.py -k "not emulated";
+  timeout 120 python3 benchmarks/kernels.py --ggml;
+  timeout 100 python3 benchmarks/decode.py --expert-type Q4_K --skip streaming,handshake --no-eval-sweep;
+  timeout 100 python3 benchmarks/decode.py --expert-type Q2_0 --skip streaming,handshake --no-eval-sweep'
+if wanted ggml-ncu; then
+  if command -v ncu >/dev/null; then
+    run ggml-ncu 300 bash -c 'ncu --clock-control none -k "regex:strata_(moe_ggml|ggml_gemv)" --csv --metrics \
+      gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+      python3 benchmarks/kernels.py --ncu ggml'
+  else
+    echo "== ggml-ncu skipped (no ncu here)" | tee -a "$OUT/summary.log"
+  fi
+fi
 wanted ngram-rows && run ngram-rows 180 python3 benchmarks/ngram_rows.py --gb 8 --tokens 100 --threads 8 --layer-ms 0,0.5
 # mlx-lm's wheel installed for tier 2 as for peers (with its imports: transformers and the rest are the image's).
 # The checkpoints (random weights, mlx-lm's own classes and 4-bit quantization) stay in /tmp/strata-tier2

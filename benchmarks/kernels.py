@@ -19,6 +19,9 @@ cost of the call, not of the kernel; the dispatch rows measure it separately ("f
     python benchmarks/kernels.py --native   # the native kernel instead: MLX's types (affine 4/8-bit, MXFP4),
                                             # fused vs gather_qmm (benchmarks/_native_experts.py)
     python benchmarks/kernels.py --ncu native  # its launches for ncu
+    python benchmarks/kernels.py --ggml [--expert-type Q4_K,Q6_K]  # llama.cpp's types kept as stored: the
+                                            # fused expert kernel per type, the dense GEMV (benchmarks/_ggml_experts.py)
+    python benchmarks/kernels.py --ncu ggml [--expert-type Q4_K]   # their launches for ncu (1 and 64 tokens)
     python benchmarks/kernels.py --decode   # a decoded token's kernels one by one (wall time, 48 a chain)
     python benchmarks/kernels.py --ncu decode  # a decoded token's launches for ncu, chained and not
     ncu --clock-control none --metrics gpu__time_duration.sum --csv python3 benchmarks/kernels.py --ncu chains \
@@ -42,6 +45,7 @@ import numpy as np  # noqa: E402
 
 from _measure import copy_bandwidth, device_name, dispatch_costs, median_time, part, print_rows  # noqa: E402
 from _native_experts import native_part, ncu_launches  # noqa: E402
+from _ggml_experts import ggml_part, ncu_ggml_launches, parse_types  # noqa: E402
 from _decode_kernels import decode_part, ncu_chain_forms, ncu_decode_launches, ncu_expert_launches  # noqa: E402
 from strata.formats.expert_record import RecordLayout, unpack_record  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
@@ -142,17 +146,32 @@ def gather_qmm_experts(stack, x16: mx.array, idx: mx.array, weights: mx.array) -
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="tiny sizes: a smoke test on any machine")
-    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native", "experts", "chains"), nargs="?", const="all",
+    ap.add_argument("--ncu", choices=("all", "moe", "decode", "native", "experts", "chains", "ggml"), nargs="?",
+                    const="all",
                     default=None,
                     help="only a few launches for ncu to time: the expert kernel at 1 and 64 tokens and "
                          "gather_qmm (moe), every kernel of a decoded token (decode), or both (all); the "
                          "native kernel and gather_qmm per MLX type (native); a decoded token's expert step "
                          "in each form (experts: _decode_kernels.EXPERT_FORMS); a decoded token of 4 layers "
-                         "chained and unchained (chains: _decode_kernels.CHAIN_PLANS)")
+                         "chained and unchained (chains: _decode_kernels.CHAIN_PLANS); the ggml expert kernel at "
+                         "1 and 64 tokens per --expert-type and the dense GEMV (ggml)")
     ap.add_argument("--native", action="store_true", help="copy bandwidth and the native kernel (MLX's types) only")
     ap.add_argument("--decode", action="store_true", help="a decoded token's kernels one by one only (_decode_kernels.py)")
+    ap.add_argument("--ggml", action="store_true",
+                    help="copy bandwidth, the fused expert kernel of llama.cpp's types and their dense GEMV only")
+    ap.add_argument("--expert-type", default=None, metavar="TYPES",
+                    help="with --ggml / --ncu ggml: a comma list of expert types (Q4_K,Q6_K,Q8_0,Q5_K,IQ4_NL,IQ4_XS,"
+                         "MXFP4,Q5_1,Q5_0,Q3_K,Q2_K,IQ3_S,IQ2_XXS; default all)")
     args = ap.parse_args()
     gpu = current_path() is KernelPath.GPU
+    if args.ncu == "ggml":
+        if not gpu:
+            print("--ncu needs the GPU path")
+            return 1
+        ncu_ggml_launches(parse_types(args.expert_type))
+        return 0
+    if args.ggml:
+        return ggml_only(args.small, gpu, parse_types(args.expert_type))
     if args.decode:
         return decode_only(args.small)
     if args.ncu == "experts":
@@ -348,6 +367,18 @@ def decode_only(small: bool) -> int:
         print("--decode needs the GPU path (--small runs a tiny shape anywhere a kernel path is)")
         return 1
     decode_part(res, rows, small=small)
+    _table(res, rows)
+    print("JSON " + json.dumps(res, sort_keys=True))
+    return 0
+
+
+def ggml_only(small: bool, gpu: bool, types) -> int:
+    """Copy bandwidth, then the ggml part: a table and one JSON line."""
+    res: dict = {"device": device_name(), "path": current_path().value}
+    bw = copy_bandwidth((64 << 20) if small else (2 << 30))
+    res["copy_GBps"] = bw["copy_Bps"] / 1e9
+    rows = [("copy bandwidth (read+write)", f"{res['copy_GBps']:.0f} GB/s", f"{bw['bytes'] / 2**30:.2f} GiB")]
+    ggml_part(res, rows, bw["copy_Bps"], small=small, gpu=gpu, types=types)
     _table(res, rows)
     print("JSON " + json.dumps(res, sort_keys=True))
     return 0

@@ -23,7 +23,7 @@ from strata.reference.routing import STOCK_DROP_TAIL_RANK, BonusScale, MoCEPolic
 
 
 class Backend(enum.Enum):
-    AUTO = "auto"  # MLX where a GPU is and the experts are Q2_0, numpy otherwise (docs/perf.md)
+    AUTO = "auto"  # MLX where a GPU is and a fused kernel reads the experts, numpy otherwise (docs/perf.md)
     NUMPY = "numpy"
     MLX = "mlx"
 
@@ -48,7 +48,7 @@ def knob(default, help: str, *, flag: bool = True):
 
 @dataclass(frozen=True)
 class Config:
-    backend: Backend = knob(Backend.AUTO, "auto, numpy or mlx (auto: MLX where a GPU is and the experts are Q2_0)")
+    backend: Backend = knob(Backend.AUTO, "auto, numpy or mlx (auto: MLX where a GPU is and a fused kernel reads the experts)")
     prefetch: int = knob(STOCK_PREFETCH, "read-ahead depth K (default 10; 16 recommended; 0 off)")
     prefetch_touch: bool = knob(False, "move resident guesses to the LRU front (default off)")
     prefetch2: bool = knob(False, "also read ahead two MoE layers ahead (default off)")

@@ -93,25 +93,55 @@ def mlx_expert_types() -> frozenset:
     return frozenset(q for q in (QuantType.Q2_0, QuantType.MXFP4, *AFFINE_SPECS) if native_refusal(q) is None)
 
 
+def header_layouts(header) -> frozenset:
+    """The distinct record layouts of an `.experts` header's layers."""
+    from strata.formats.expert_record import RecordLayout
+
+    triples = header.layer_qtypes or ((header.qtype,) * 3,)
+    return frozenset(RecordLayout(g, header.hidden, header.expert_ffn, header.biases, up_qtype=u, down_qtype=d)
+                     for g, u, d in triples)
+
+
+def gpu_kernel_refusal(header) -> str | None:
+    """Why no fused MLX expert kernel reads every layer's records of an `.experts` header on a GPU
+    (None: one does, a type per layer and projection as stored: Q2_0's, MLX's own types', and
+    llama.cpp's K / IQ types', kernels/moe_ggml.py)."""
+    from strata.mlx_backend.experts import fused_refusal
+
+    whys = sorted({why for rec in header_layouts(header) if (why := fused_refusal(rec)) is not None})
+    return "; ".join(whys) or None
+
+
 def mlx_refusal(header) -> str | None:
-    """Why the MLX backend cannot compute the experts of an `.experts` header (None: it can): a
-    type without an MLX kernel or ops path (llama.cpp's K / IQ types, ggml's MXFP4, ...), or types
-    that differ per layer or projection (MLX's experts path reads one type per file)."""
+    """Why the MLX backend cannot compute the experts of an `.experts` header (None: it can). On a
+    GPU, every layer's records read by a fused kernel suffice (`gpu_kernel_refusal`); MLX's ops
+    path reads one type per file of those `mlx_expert_types` names. Otherwise: a type without an
+    MLX kernel or ops path (IQ3_S, BF16, ...; llama.cpp's types off a GPU), or, off a GPU, types
+    that differ per layer or projection."""
+    gpu = mlx_gpu_available()
+    no_kernel = gpu_kernel_refusal(header) if gpu else None
+    if gpu and no_kernel is None:
+        return None
     known = ", ".join(q.name for q in sorted(mlx_expert_types(), key=int))
     if header.mixed:
+        if gpu:
+            return f"MLX has no GPU kernel for this model's mix {header.type_names} ({no_kernel})"
         return f"MLX computes experts of one type per file ({known}); this model's mix {header.type_names}"
     if QuantType(header.qtype) not in mlx_expert_types():
-        return f"MLX computes experts of {known}; this model's are {QuantType(header.qtype).name}"
+        kernels = f" ({no_kernel})" if gpu else " off a GPU"
+        return f"MLX computes experts of {known}{kernels}; this model's are {QuantType(header.qtype).name}"
     return None
 
 
 def resolve_backend(model, config: Config) -> Backend:
-    """`Backend.AUTO`: MLX where it has a GPU and its kernels read the model's experts (Q2_0),
-    numpy otherwise. On a CPU-only machine numpy is the faster choice where it matters most:
-    it processes prompts 2.5-10x faster than MLX's CPU build, and MLX decodes within 0.69-1.11x
-    of its time (benchmarks/backends.py; docs/perf.md, "Backend choice"); numpy's arithmetic is
-    also the reference's (bit-exact at λ = 0). An explicit backend is taken as asked; MLX asked
-    for experts it cannot compute (`mlx_refusal`) is a one-line ConfigError."""
+    """`Backend.AUTO`: MLX where it has a GPU and a fused kernel reads every layer's experts as
+    stored (`gpu_kernel_refusal`: Q2_0, MLX's own types, llama.cpp's K / IQ types with a kernel,
+    mixed per layer and projection), numpy otherwise (with a note: `auto_backend_note`). On a
+    CPU-only machine numpy is the faster choice where it matters most: it processes prompts
+    2.5-10x faster than MLX's CPU build, and MLX decodes within 0.69-1.11x of its time
+    (benchmarks/backends.py; docs/perf.md, "Backend choice"); numpy's arithmetic is also the
+    reference's (bit-exact at λ = 0). An explicit backend is taken as asked; MLX asked for
+    experts it cannot compute (`mlx_refusal`) is a one-line ConfigError."""
     header = model.experts_file.header
     why = mlx_refusal(header) if config.backend is Backend.MLX else None
     if why is not None:
@@ -122,7 +152,7 @@ def resolve_backend(model, config: Config) -> Backend:
                           f"{option('experts', 'q2_0', python='expert_type')})")
     if config.backend is not Backend.AUTO:
         return config.backend
-    if mlx_gpu_available() and not header.mixed and header.qtype == QuantType.Q2_0:
+    if mlx_gpu_available() and gpu_kernel_refusal(header) is None:
         return Backend.MLX
     return Backend.NUMPY
 
@@ -132,8 +162,9 @@ def auto_backend_note(model, config: Config) -> str | None:
     because MLX cannot compute these experts (never a silent change of engine); else None."""
     if config.backend is not Backend.AUTO or not mlx_gpu_available():
         return None
-    why = mlx_refusal(model.experts_file.header)
-    return None if why is None else f"backend auto: numpy computes these experts ({why})"
+    header = model.experts_file.header
+    why = gpu_kernel_refusal(header)
+    return None if why is None else f"backend auto: numpy computes these experts ({header.type_names}: {why})"
 
 
 def open_engine(model, config: Config | None = None, *, stream: bool | None = None, plan=None, hook=None,

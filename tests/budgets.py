@@ -43,6 +43,10 @@ BUDGETS = {
     # query, the latent sums split over row groups and flash-decoding splits; float32 reordering
     # as FAST, held to FAST's bound (seen 3e-7 to 6e-7 relative on the emulator)
     "MLA_KERNEL": Budget(rel_l2=2e-5, max_rel=1e-4),
+    # the kernels for llama.cpp's types (kernels/ggml_dot.py) vs the reference's dequantize-then-
+    # matmul: per 32 or 16 weights scale x Σ q p (minus min x Σ p) where the reference rounds
+    # (d·sc)·q − dmin·m per weight; float32 reordering, held to FAST's bound
+    "GGML_KERNEL": Budget(rel_l2=2e-5, max_rel=1e-4),
 }
 
 # float32 reference vs float32 reference computed another way (reordered sums, chunked prefill,

@@ -175,7 +175,13 @@ def resolve_backend(config, expert_qtype: QuantType) -> str:
 
     if config.backend is not Backend.AUTO:
         return config.backend.value
-    return "mlx" if mlx_gpu_available() and expert_qtype is QuantType.Q2_0 else "numpy"
+    if not mlx_gpu_available() or expert_qtype is None:
+        return "numpy"
+    from strata.formats.expert_record import RecordLayout
+    from strata.mlx_backend.experts import fused_refusal
+
+    block = 256  # a shape every kernel type divides (K / IQ super-blocks), so only the type decides
+    return "mlx" if fused_refusal(RecordLayout(expert_qtype, block, block)) is None else "numpy"
 
 
 def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | Path | None = None,

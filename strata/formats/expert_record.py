@@ -142,11 +142,11 @@ class RecordLayout:
             object.__setattr__(self, name, None if q is None or QuantType(q) is qtype else QuantType(q))
         if self.hidden <= 0 or self.expert_ffn <= 0:
             raise ValueError(f"record layout: hidden={self.hidden} and expert_ffn={self.expert_ffn} must be positive")
-        for q in set(self.qtypes):
+        for proj, q in zip(PROJECTIONS, self.qtypes):  # a row is whole blocks: its columns (ggml's rule)
             block = layout(q).block_size
-            for name, n in (("hidden", self.hidden), ("expert_ffn", self.expert_ffn)):
-                if n % block:
-                    raise ValueError(f"record layout: {q.name} needs {name} a multiple of {block}, got {n}")
+            name, n = ("expert_ffn", self.expert_ffn) if proj == "down" else ("hidden", self.hidden)
+            if n % block:
+                raise ValueError(f"record layout: {q.name} needs {name} a multiple of {block}, got {n}")
         planes: list[PlaneSpan] = []
         end = 0
         for proj in PROJECTIONS:

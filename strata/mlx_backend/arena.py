@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from strata.formats.expert_record import RECORD_ALIGN
+from strata.formats.expert_record import RECORD_ALIGN, RecordLayout
 from strata.mlx_backend.kernels.launch import gpu_dialect
 from strata.mlx_backend.kernels.preludes import Dialect
 from strata.runtime.arena import SlotArena, check_slot_geometry
@@ -141,3 +141,18 @@ def load_resident_arena(experts_file, *, verify: bool = False, progress: bool | 
                 experts_file.read_record(l, e, verify=verify, out=arena.slot_buffer(l * h.n_experts + e))
             bar.update(h.n_experts * h.padded_bytes)
     return arena
+
+
+def record_layouts(experts_file) -> tuple[RecordLayout, tuple[RecordLayout, ...] | None]:
+    """(rec, layer_recs): the record layout every MoE layer's experts share, and None; or, in a
+    file whose layers differ (unsloth's mixes put Q8_0 in a few layers), the largest layout and
+    each MoE layer's own. A file mixed per projection alike in every layer has one layout."""
+    layouts = tuple(experts_file.layer_layout(l) for l in range(experts_file.header.n_layers))
+    if len(set(layouts)) == 1:
+        return layouts[0], None
+    return max(layouts, key=lambda r: r.padded_bytes), layouts
+
+
+def layer_record(rec: RecordLayout, layer_recs: tuple[RecordLayout, ...] | None, moe_index: int) -> RecordLayout:
+    """The record layout of MoE layer `moe_index` (`record_layouts`' pair)."""
+    return rec if layer_recs is None else layer_recs[moe_index]

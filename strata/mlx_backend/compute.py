@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.formats.expert_record import RecordLayout
-from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.arena import MlxArena, layer_record
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
 from strata.mlx_backend.model import (
     MlxModelState, MlxParams, dense_ffn, embed, ffn_input, head, mixer_partials, router_stage,
@@ -81,8 +81,12 @@ class MlxCompute(StatefulCompute):
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
 
     def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True,
-                 kv_precision: KVPrecision = KVPrecision.F32) -> None:
+                 kv_precision: KVPrecision = KVPrecision.F32,
+                 layer_layouts: tuple[RecordLayout, ...] | None = None) -> None:
+        """layout: the arena's record layout; layer_layouts: each MoE layer's, where they differ
+        (arena.record_layouts)."""
         self.params, self.arena, self.layout, self.pred_q8 = params, arena, layout, pred_q8
+        self.layer_layouts = layer_layouts
         self.state = MlxModelState.empty(params.cfg, kv_precision)
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
@@ -147,7 +151,8 @@ class MlxCompute(StatefulCompute):
             out = slot_experts(self.arena.array, self.layout, h.h, slots, weights, dtype=prompt_dtype(self.params),
                                act=expert_act(self.params.cfg))
         else:
-            out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
+            rec = layer_record(self.layout, self.layer_layouts, self.params.cfg.moe_index(layer))
+            out = routed_partials(self.arena.array, rec, h.h, np.asarray(slots, np.int32),
                                   np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
         return hand_off(out, slots)
 

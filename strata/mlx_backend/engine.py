@@ -24,7 +24,7 @@ from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
-from strata.mlx_backend.arena import MlxArena, load_resident_arena
+from strata.mlx_backend.arena import MlxArena, load_resident_arena, record_layouts
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
@@ -69,8 +69,9 @@ class MlxEngine(StateEngine):
         xf = model.experts_file
         params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
         wire_mlx(xf.header.n_records * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
+        rec, layer_recs = record_layouts(xf)
         params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
-                           load_resident_arena(xf, verify=config.verify_reads), xf.layout)
+                           load_resident_arena(xf, verify=config.verify_reads), rec, layer_recs)
         return cls(params, model=model, config=config, expert_reads=xf.header.n_records)
 
     def _expert_reads(self) -> int:
@@ -188,7 +189,9 @@ def _plain_streaming_parts(model, config: Config, plan, rows) -> tuple:
     params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
     wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
-    return arena, MlxCompute(params, arena, xf.layout, pred_q8=config.pred_q8, kv_precision=config.kv_cache), ("mlx backend",)
+    rec, layer_recs = record_layouts(xf)
+    return arena, MlxCompute(params, arena, rec, pred_q8=config.pred_q8, kv_precision=config.kv_cache,
+                             layer_layouts=layer_recs), ("mlx backend",)
 
 
 def _hyper_resident(model, config: Config, row_faults: dict):
@@ -214,7 +217,8 @@ def _hyper_streaming_parts(model, config: Config, plan, rows) -> tuple:
     arena = MlxArena(plan.slots, xf.header.padded_bytes)
     params = to_hyper_params(model.cfg, model.dense, resident=False)
     rows = rows if rows is not None else resident_rows(model.cfg, model.dense)
-    return arena, HyperMlxCompute(params, arena, xf.layout, rows, pred_q8=config.pred_q8), ("mlx backend",)
+    rec, layer_recs = record_layouts(xf)
+    return arena, HyperMlxCompute(params, arena, rec, rows, pred_q8=config.pred_q8, layer_layouts=layer_recs), ("mlx backend",)
 
 
 # Each residual kind's engines on MLX: (the all-resident engine, the streaming engine's parts).

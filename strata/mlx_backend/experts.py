@@ -6,6 +6,9 @@ A layer's routed output is kept as *partials* [T, P, D] (P terms whose sum, time
 is sum_i w_i expert_i(x)); `combine` adds them and the shared expert to the residual. The kernel
 path produces one partial per (rank, F-chunk), the ops path one per rank.
 
+llama.cpp's types kept as stored (Q4_K, Q6_K, Q8_0, IQ4_XS, ... kernels/ggml_dot.py), a type per
+projection, take theirs (kernels/moe_ggml.py: the plain SwiGLU, no biases); they have no ops path
+(engines.mlx_refusal sends them to numpy off a GPU, with a note).
 MLX's own types (affine 4/8-bit, MXFP4) take their own fused kernel (kernels/moe_native.py),
 gpt-oss's experts included (the clamped SwiGLU, biases in the records: `ExpertAct`,
 `RecordLayout.biases`); the Q2_0 kernel computes the plain SwiGLU without biases. On the ops
@@ -28,7 +31,7 @@ from strata.errors import ConfigError
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.dense import linear
 from strata.mlx_backend.kernels import combine as combine_kernel
-from strata.mlx_backend.kernels import moe, moe_native
+from strata.mlx_backend.kernels import moe, moe_ggml, moe_native
 from strata.mlx_backend.kernels import shared as shared_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 from strata.mlx_backend.quants import AFFINE, GROUP, NATIVE, native_refusal, native_scale_view
@@ -39,7 +42,7 @@ from strata.reference.routing import RouterRule
 
 __all__ = ["silu", "swiglu_expert", "routed_experts", "shared_expert", "ExpertStack", "stack_experts",
            "slot_planes", "routed_partials", "routed_partials_route", "experts_route", "shared_partials", "combine",
-           "SharedWeights"]
+           "SharedWeights", "fused_refusal"]
 
 
 def silu(x: mx.array) -> mx.array:
@@ -79,8 +82,9 @@ def slot_planes(records: mx.array, rec: RecordLayout) -> ExpertStack:
     only types whose codes plane is MLX's packing (Q2_0, MLX's own types) can be re-viewed without repacking."""
     if rec.qtype in NATIVE:
         return _with_expert_biases(native_slot_planes(records, rec), records, rec)
-    if rec.qtype is not QuantType.Q2_0:
-        raise ValueError(f"arena records must be Q2_0 for the MLX path, got {rec.qtype.name}")
+    if rec.qtype is not QuantType.Q2_0 or rec.mixed:
+        raise ValueError(f"MLX's ops path reads Q2_0 or MLX's own expert types, not {rec.type_names} "
+                         "(llama.cpp's types run on the GPU kernel, kernels/moe_ggml.py, or the numpy backend)")
     bits, _, bias = AFFINE[rec.qtype]
     n = records.shape[0]
     out = {}
@@ -214,6 +218,18 @@ def _kernel_path() -> bool:
     return current_path() is not KernelPath.OPS
 
 
+def fused_refusal(rec: RecordLayout) -> str | None:
+    """Why no fused expert kernel reads these records on a GPU (None: one does; the activation
+    aside): Q2_0's (kernels/moe.py), MLX's own types' (moe_native.py), llama.cpp's (moe_ggml.py)."""
+    if rec.qtype in moe_native.TYPES and not rec.mixed:
+        return moe_native.supports(rec)
+    if rec.qtype is QuantType.Q2_0 and not rec.mixed:
+        if rec.biases or rec.hidden > moe.MAX_HIDDEN:
+            return f"Q2_0 experts with biases or hidden over {moe.MAX_HIDDEN}"
+        return None
+    return moe_ggml.supports(rec)
+
+
 def _routed_kernel_ok(rec: RecordLayout, act: ExpertAct = SWIGLU) -> bool:
     """A fused expert kernel runs these records (else the gather_qmm ops path): Q2_0's computes
     the plain SwiGLU without biases; the native one (MLX's types) also gpt-oss's experts."""
@@ -221,6 +237,8 @@ def _routed_kernel_ok(rec: RecordLayout, act: ExpertAct = SWIGLU) -> bool:
         return False
     if rec.qtype in moe_native.TYPES:
         return moe_native.supports(rec) is None and act.kind in moe_native.ACT_KINDS
+    if rec.qtype in moe_ggml.TYPES:
+        return moe_ggml.supports(rec) is None and act.kind is ExpertKind.SWIGLU
     return (rec.qtype is QuantType.Q2_0 and rec.hidden <= moe.MAX_HIDDEN
             and not rec.biases and act.kind is ExpertKind.SWIGLU)
 
@@ -228,6 +246,8 @@ def _routed_kernel_ok(rec: RecordLayout, act: ExpertAct = SWIGLU) -> bool:
 def _fused_slots(arena, rec: RecordLayout, x, slots, weights, act: ExpertAct, shared=None):
     if rec.qtype in moe_native.TYPES:
         return moe_native.moe_slots(arena, rec, x, slots, weights, act=act, shared=shared)
+    if rec.qtype in moe_ggml.TYPES:
+        return moe_ggml.moe_slots(arena, rec, x, slots, weights, shared=shared)
     return moe.moe_slots(arena, rec, x, slots, weights, shared=shared)
 
 
@@ -235,6 +255,8 @@ def _fused_route(arena, rec: RecordLayout, x, z, slot_base: int, rule: RouterRul
     if rec.qtype in moe_native.TYPES:
         return moe_native.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob, act=act,
                                     shared=shared)
+    if rec.qtype in moe_ggml.TYPES:
+        return moe_ggml.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob, shared=shared)
     return moe.moe_route(arena, rec, x, z, slot_base, rule.k, rule.order, rule.norm_topk_prob, shared=shared)
 
 

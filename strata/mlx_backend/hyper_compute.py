@@ -23,7 +23,7 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.formats.expert_record import RecordLayout
-from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.arena import MlxArena, layer_record
 from strata.mlx_backend.compute import hand_off
 from strata.mlx_backend.experts import combine, routed_partials, shared_partials
 from strata.formats.quant_types import QuantType
@@ -54,8 +54,10 @@ class HyperMlxCompute(StatefulCompute):
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
 
     def __init__(self, params: HyperMlxParams, arena: MlxArena, layout: RecordLayout, rows: NgramRows, *,
-                 pred_q8: bool = True) -> None:
+                 pred_q8: bool = True, layer_layouts: tuple[RecordLayout, ...] | None = None) -> None:
+        """layer_layouts: each MoE layer's record layout, where they differ (arena.record_layouts)."""
         self.params, self.arena, self.layout, self.rows = params, arena, layout, rows
+        self.layer_layouts = layer_layouts
         self.residual = HyperConnections(rows)
         self.state = empty_hyper_state(params.cfg)
         self._tokens = np.zeros(0, np.int64)
@@ -108,7 +110,8 @@ class HyperMlxCompute(StatefulCompute):
         return out
 
     def routed(self, layer: int, h: _Streams, slots: np.ndarray, weights: np.ndarray) -> mx.array:
-        out = routed_partials(self.arena.array, self.layout, h.h, np.asarray(slots, np.int32),
+        rec = layer_record(self.layout, self.layer_layouts, self.params.cfg.moe_index(layer))
+        out = routed_partials(self.arena.array, rec, h.h, np.asarray(slots, np.int32),
                               np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
         return hand_off(out, slots)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.config import Config
-from strata.mlx_backend.arena import load_resident_arena
+from strata.mlx_backend.arena import load_resident_arena, record_layouts
 from strata.mlx_backend.hyper_model import HyperMlxParams, empty_hyper_state, hyper_forward, to_hyper_params
 from strata.reference.ple import resident_rows
 from strata.reference.ngram_rows import NgramRows
@@ -34,7 +34,8 @@ class MlxHyperEngine(RowCacheOwner, StateEngine):
         row source (strata.runtime.ngram_source.PleRows; the engine closes its cache)."""
         xf = model.experts_file
         arena = load_resident_arena(xf, verify=config.verify_reads)
-        params = to_hyper_params(model.cfg, model.dense, arena=arena, rec=xf.layout)
+        rec, layer_recs = record_layouts(xf)
+        params = to_hyper_params(model.cfg, model.dense, arena=arena, rec=rec, layer_recs=layer_recs)
         rows = ple.rows if ple is not None else resident_rows(model.cfg, model.dense)
         engine = cls(params, rows, model=model, config=config, expert_reads=xf.header.n_records)
         engine._own_row_cache(ple)

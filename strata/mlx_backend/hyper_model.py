@@ -22,7 +22,7 @@ import numpy as np
 from strata.errors import ConfigError
 from strata.formats.dense_weights import DenseWeights, StoredTensor, StoredType
 from strata.formats.expert_record import RecordLayout, pack_record
-from strata.mlx_backend.arena import MlxArena
+from strata.mlx_backend.arena import MlxArena, layer_record
 from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
@@ -71,6 +71,7 @@ class HyperMlxParams:
     hc_out: HcWeights
     arena: MlxArena | None  # every expert (slot m*E + e); None when experts stream (hyper_compute.py)
     rec: RecordLayout | None
+    layer_recs: tuple[RecordLayout, ...] | None = None  # each MoE layer's, where a file's layers differ
 
 
 def _hc(get, prefix: str, inject: bool = True) -> HcWeights:
@@ -154,9 +155,10 @@ def _layer(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, rule: 
 
 def to_hyper_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], experts: ExpertSource | None = None, *,
                     arena: MlxArena | None = None, rec: RecordLayout | None = None,
-                    resident: bool = True) -> HyperMlxParams:
+                    layer_recs: tuple[RecordLayout, ...] | None = None, resident: bool = True) -> HyperMlxParams:
     """MLX weights (float32) from the reference's dense dict, every routed expert in one arena
-    (slot m*E + e): packed from `experts`, or an arena already filled (with its record layout);
+    (slot m*E + e): packed from `experts`, or an arena already filled (with its record layout, and
+    each MoE layer's where they differ: arena.record_layouts);
     resident=False: no experts (they stream through a runtime arena). The n-gram tables stay
     where the row source has them."""
     n = TensorNames
@@ -170,7 +172,7 @@ def to_hyper_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], experts: 
         rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
-    return HyperMlxParams(cfg, layers, embed_w, output, _hc(get, HC_FINAL, inject=False), arena, rec)
+    return HyperMlxParams(cfg, layers, embed_w, output, _hc(get, HC_FINAL, inject=False), arena, rec, layer_recs)
 
 
 def empty_hyper_state(cfg: ModelConfig) -> ModelState:
@@ -257,13 +259,14 @@ def hyper_forward(p: HyperMlxParams, state: ModelState, tokens, rows: NgramRows,
         h, inject = residual.ffn_read(p, layer, streams)
         z = h @ lw.router.T  # [T, E]
         base = cfg.moe_index(layer) * cfg.n_experts
+        rec = layer_record(p.rec, p.layer_recs, cfg.moe_index(layer))
         if device_routing:  # the model's rule on the device (selects exactly as the host: ROUTING)
-            routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, act)
+            routed, shared = experts_route(p.arena.array, rec, h, z, base, lw.rule, lw.shared, act)
         else:  # one host round trip: the reference's rule decides
             zh = np.array(z)
             slots, weights = selections_to_slots([route(zh[t], lw.rule) for t in range(len(zh))],
                                                  cfg.n_experts_per_token, base)
-            routed, shared = routed_partials(p.arena.array, p.rec, h, slots, weights, act=act), shared_partials(
+            routed, shared = routed_partials(p.arena.array, rec, h, slots, weights, act=act), shared_partials(
                 h, lw.shared)
         moe = combine(mx.zeros_like(h), routed, shared, h, lw.shared.gate_inp)
         streams = residual.ffn_write(streams, inject, moe)

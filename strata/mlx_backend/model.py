@@ -82,6 +82,11 @@ class MlxParams:
     dtype: mx.Dtype
     arena: MlxArena | None = None
     rec: RecordLayout | None = None
+    layer_recs: tuple[RecordLayout, ...] | None = None  # each MoE layer's, where a file's layers differ
+
+    def rec_of(self, layer: int) -> RecordLayout | None:
+        """Model layer `layer`'s record layout (arena.record_layouts)."""
+        return self.rec if self.layer_recs is None else self.layer_recs[self.cfg.moe_index(layer)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,7 +162,8 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
     arena = rec = None
     if experts is not None:
         first = experts.expert(0, 0)
-        rec = RecordLayout(first.qtype, first.hidden, first.expert_ffn, first.biases is not None)
+        g, u, d = first.qtypes
+        rec = RecordLayout(g, first.hidden, first.expert_ffn, first.biases is not None, up_qtype=u, down_qtype=d)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
     mx.eval(*_flat([embed_w, output, out_norm] + [a for lw in layers for a in _arrays(lw)]))
@@ -328,8 +334,9 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
+    rec = p.rec_of(layer) if lw.dense is None else p.rec
     experts_on_device = select is None and lw.dense is None and decode_experts.applies(
-        p.rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0])
+        rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0])
     if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
         # h and z handed to the expert launch in the attention launch's buffer (attend_project.routed_chain)
         x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos,
@@ -342,15 +349,15 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if experts_on_device:
-        return decode_experts.routed_residual(p.arena.array, p.rec, x_mid, h, z, base, lw.rule, lw.shared), kv
+        return decode_experts.routed_residual(p.arena.array, rec, x_mid, h, z, base, lw.rule, lw.shared), kv
     if select is None:
-        routed, shared = experts_route(p.arena.array, p.rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
+        routed, shared = experts_route(p.arena.array, rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:
         shared = shared_partials(h, lw.shared) if lw.shared is not None else None
         zh = np.array(z)
         sels = [select(m, zh[t]) for t in range(zh.shape[0])]
         slots, weights = selections_to_slots(sels, cfg.n_experts_per_token, base)
-        routed = routed_partials(p.arena.array, p.rec, h, slots, weights, act=expert_act(cfg))
+        routed = routed_partials(p.arena.array, rec, h, slots, weights, act=expert_act(cfg))
         if trace is not None:
             trace.append((np.array(h), tuple(sels)))
     gate_inp = lw.shared.gate_inp if lw.shared is not None else None

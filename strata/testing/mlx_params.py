@@ -120,9 +120,10 @@ def q8_router(e: int, d: int, key: mx.array) -> MlxQuantMatrix:
 
 
 def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool = True,
-                  pred_q8: bool = True, distinct_records: int = 0) -> MlxParams:
+                  pred_q8: bool = True, distinct_records: int = 0, expert_layout: RecordLayout | None = None) -> MlxParams:
     """MlxParams with random float16 dense weights (and, with `experts`, a resident arena of every
-    expert, slot l*E + e; distinct_records: see `random_records`)."""
+    expert, slot l*E + e; distinct_records: see `random_records`). expert_layout: records of
+    llama.cpp's types instead of Q2_0 (strata.testing.ggml_records.ggml_layout)."""
     key = mx.random.key(seed)
     d, hd = cfg.hidden_size, cfg.head_dim
     qr, kr = cfg.n_heads * hd, cfg.n_kv_heads * hd
@@ -162,7 +163,12 @@ def random_params(cfg: ModelConfig = SEED_SHAPE, seed: int = 0, *, experts: bool
     embed = _normal((cfg.vocab_size, d), 1.0, kk[0])
     output = _normal((cfg.vocab_size, d), d ** -0.5, kk[1])
     arena = rec = None
-    if experts:
+    if experts and expert_layout is not None and expert_layout.qtype is not QuantType.Q2_0:
+        from strata.testing.ggml_records import random_ggml_records
+
+        rec = expert_layout
+        arena = _DeviceArena(random_ggml_records(rec, cfg.n_moe_layers * cfg.n_experts, kk[2], distinct=distinct_records))
+    elif experts:
         rec = RecordLayout(QuantType.Q2_0, d, cfg.expert_ffn_size)
         arena = _DeviceArena(random_records(rec, cfg.n_moe_layers * cfg.n_experts, kk[2], distinct=distinct_records))
     out_norm = mx.ones((d,), mx.float16)
