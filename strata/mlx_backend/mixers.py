@@ -80,7 +80,8 @@ def deltanet_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: i
     # no attn_norm where a hyper-connection norms the input (Qwen4-Exp)
     norm = arr(get(n.attn_norm)) if n.block(layer, n.attn_norm) in dense else None
     # the decay parameters stay float32: exp(a * softplus(...)) compounds over every position
-    return DeltaNetWeights(norm, w_in, arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
+    conv = held_weight(as_dense_weights(dense).stored(n.block(layer, n.ssm_conv)), dtype)  # widened per op
+    return DeltaNetWeights(norm, w_in, conv, mx.array(get(n.ssm_a)),
                            mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), wo)
 
 

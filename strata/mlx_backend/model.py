@@ -210,11 +210,22 @@ def holds_q8_dense(p: MlxParams) -> bool:
     return any(isinstance(w, Q8Dense) for w in [p.embed, p.output] + [w for lw in p.layers for w in _arrays(lw)])
 
 
-def dense_arrays(p: MlxParams) -> list[mx.array]:
-    """Every dense weight's arrays, each once (every layer's, the embedding, the head — a tied head
-    is the embedding itself — and the Q8_0 read-ahead copies of the routers)."""
+def dense_weights(p: MlxParams) -> list:
+    """Every dense weight (an mx.array, or a Q8Dense: a stored Q8_0 matrix), each once (every
+    layer's, the embedding, the head — a tied head is the embedding itself — and the Q8_0
+    read-ahead copies of the routers)."""
     seen, out = set(), []
-    for a in _flat(_head_arrays(p.embed, p.output, p.out_norm, p.hc_out) + [w for lw in p.layers for w in _arrays(lw)]):
+    for w in _head_arrays(p.embed, p.output, p.out_norm, p.hc_out) + [w for lw in p.layers for w in _arrays(lw)]:
+        if id(w) not in seen:
+            seen.add(id(w))
+            out.append(w)
+    return out
+
+
+def dense_arrays(p: MlxParams) -> list[mx.array]:
+    """Every dense weight's arrays, each once (`dense_weights`, a Q8_0 matrix as its planes)."""
+    seen, out = set(), []
+    for a in _flat(dense_weights(p)):
         if id(a) not in seen:
             seen.add(id(a))
             out.append(a)
@@ -384,5 +395,6 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
 
 
 __all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
-            "ffn_input", "dense_ffn", "empty_layer_state", "dense_nbytes", "holds_q8_dense"]
+            "ffn_input", "dense_ffn", "empty_layer_state", "dense_weights", "dense_arrays", "dense_nbytes",
+            "holds_q8_dense"]
 _ = field  # dataclasses.field kept for frozen defaults above

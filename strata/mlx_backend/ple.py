@@ -26,7 +26,7 @@ __all__ = ["PleWeights", "empty_ple_state", "grouped_rms_norm", "ple"]
 
 @dataclass(frozen=True, eq=False)
 class PleWeights:
-    """key and value as stored (mlx_backend/dense.py), the rest float32. Shapes: key [S, E],
+    """key, value and conv as stored (mlx_backend/dense.py), the norms float32. Shapes: key [S, E],
     value [D, E], key_norm / query_norm / conv_norm [S], conv [S, K]"""
 
     key: Weight
@@ -34,7 +34,7 @@ class PleWeights:
     key_norm: mx.array
     query_norm: mx.array
     conv_norm: mx.array
-    conv: mx.array
+    conv: Weight  # [S, K]: never Q8_0 (K is not a multiple of its block)
 
     def arrays(self) -> list:
         return [self.key, self.value, self.key_norm, self.query_norm, self.conv_norm, self.conv]
@@ -68,7 +68,8 @@ def ple(cfg: ModelConfig, w: PleWeights, layer: int, rows: NgramRows, state: Ple
     normed = grouped_rms_norm(gated, w.conv_norm, d, eps)
     padded = mx.concatenate([state.conv, normed], axis=0)  # [L + T, S]
     dil = cfg.qwen4.ngram_size
-    conv = sum(w.conv[:, j] * padded[j * dil:j * dil + t] for j in range(cfg.qwen4.ple_conv_kernel))
+    wc = w.conv.astype(mx.float32)  # widened per op (exact)
+    conv = sum(wc[:, j] * padded[j * dil:j * dil + t] for j in range(cfg.qwen4.ple_conv_kernel))
     conv = conv * mx.sigmoid(conv)
     keep, snaps = conv_state_len(cfg), []
     h = NgramHash.of(cfg, index)

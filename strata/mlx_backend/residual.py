@@ -289,7 +289,7 @@ class HyperConnections:
             m = lambda s: held_weight(stored(b(s)), dtype)  # noqa: E731  as stored
             v = lambda s: _vector(dense, b(s), mx.float32)  # noqa: E731
             ple_w = PleWeights(m(q.ple_key), m(q.ple_value), v(q.ple_key_norm), v(q.ple_query_norm),
-                               v(q.ple_conv_norm), v(q.ple_conv))
+                               v(q.ple_conv_norm), m(q.ple_conv))
         return None, HyperLayerWeights(_hc_weights(dense, b("hc_attn"), dtype), _hc_weights(dense, b("hc_ffn"), dtype),
                                        ple_w)
 
