@@ -6,13 +6,13 @@
 A made model (strata.testing.models, the `qwen4` shape scaled: hidden, layers (one indexed-
 attention layer in four, PLE modules on every other DeltaNet layer), experts top-8, Q2_0 experts)
 is decoded by the numpy reference engine, the numpy streaming engine (a quarter of the experts in
-the arena; PLE rows resident) and the MLX twin (MLX ops; every expert resident, and streaming
+the arena; PLE rows resident) and the MLX engines (MLX ops; every expert resident, and streaming
 through the same quarter arena; on the GPU where MLX has one). Prints a table and one JSON line;
 the byte budget per decoded token is what the weights say: dense matrices read once, one
 embedding row, each PLE layer's N rows, and k expert records per MoE layer.
 
 With MLX, also what the MLX engines hold and read per token of dense weights: as stored (the
-file's types: mlx_backend/dense.py) against float32 (what the ops twin held before it kept them
+file's types: mlx_backend/dense.py) against float32 (what the MLX engines held before it kept them
 as stored: every dense weight widened). --bytes-only prints those and the budget, untimed (MLX's
 CPU build: its times say nothing of a GPU's).
 """
