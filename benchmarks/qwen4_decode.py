@@ -12,7 +12,7 @@ the byte budget per decoded token is what the weights say: dense matrices read o
 embedding row, each PLE layer's N rows, and k expert records per MoE layer.
 
 With MLX, also what the MLX engines hold and read per token of dense weights: as stored (the
-file's types: mlx_backend/dense.py) against float32 (what the MLX engines held before it kept them
+file's types: mlx_backend/dense.py) against float32 (what the MLX engines held before they kept them
 as stored: every dense weight widened). --bytes-only prints those and the budget, untimed (MLX's
 CPU build: its times say nothing of a GPU's).
 """
