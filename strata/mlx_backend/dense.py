@@ -29,10 +29,11 @@ import numpy as np
 
 from strata.formats.dense_weights import StoredTensor, StoredType, as_dense_weights
 from strata.formats.quant_types import QuantType, layout
+from strata.mlx_backend.kernels import dense_gemv as f16_kernel
 from strata.mlx_backend.kernels import q8_gemv as q8_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 
-__all__ = ["Q8Dense", "held", "held_rows_of", "widen", "linear", "rows", "nbytes_of"]
+__all__ = ["Q8Dense", "held", "held_rows_of", "widen", "linear", "project", "rows", "nbytes_of"]
 
 Q8 = layout(QuantType.Q8_0)
 
@@ -85,6 +86,21 @@ def linear(x: mx.array, w: Weight) -> mx.array:
     if isinstance(w, Q8Dense) and current_path() is not KernelPath.OPS:
         return q8_kernel.q8_gemv(w.codes.view(mx.uint8), w.scales, x)
     return x @ widen(w).T
+
+
+GEMV_ROWS = 8  # project: positions up to which a float16 matrix takes the GEMV (a decode, a window)
+
+
+def project(x: mx.array, w: Weight) -> mx.array:
+    """`linear`, with a float16 matrix on a kernel path read as stored by the float16 GEMV kernel
+    (kernels/dense_gemv.py: float32 activations and accumulation) for up to GEMV_ROWS positions,
+    where `linear` would widen it to a float32 copy per op (2 bytes read, then 4 written and read
+    again, per weight). For the layers whose matrices no fused kernel serves (the hyper-connection
+    residual's: mlx_backend/residual.py). x [T, C] -> float32 [T, R]"""
+    if (isinstance(w, mx.array) and w.dtype == mx.float16 and current_path() is not KernelPath.OPS
+            and x.shape[0] <= GEMV_ROWS and w.shape[1] % 8 == 0 and w.shape[1] <= f16_kernel.MAX_COLS):
+        return f16_kernel.dense_gemv(w, x.astype(mx.float32))
+    return linear(x, w)
 
 
 def rows(w: Weight, ids: mx.array) -> mx.array:

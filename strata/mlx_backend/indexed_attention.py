@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import rms_norm
-from strata.mlx_backend.dense import Weight, linear
+from strata.mlx_backend.dense import Weight, project
 from strata.model_config import ModelConfig
 from strata.reference.attention import LayerKV
 from strata.reference.indexed_attention import IndexedKV
@@ -97,14 +97,14 @@ def indexed_attention(cfg: ModelConfig, w: IndexedWeights, state: IndexedKV, x: 
     h, kvh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     hi, di = cfg.qwen4.indexer_heads, cfg.qwen4.indexer_head_dim
     positions = np.arange(start, start + t)
-    qk = linear(x, w.idx_qk)  # [T, (Hi + 1) di]
+    qk = project(x, w.idx_qk)  # [T, (Hi + 1) di]
     q_idx = rms_norm(qk[:, :hi * di].reshape(t, hi, di), w.idx_q_norm, cfg.rms_norm_eps)
     q_idx = rope(cfg, q_idx.transpose(1, 0, 2), positions).transpose(1, 0, 2)
     raw_keys = mx.concatenate([state.index_keys, qk[:, hi * di:]], axis=0)
     keep = _keep(cfg, w, q_idx, raw_keys, start)  # [T, S]
-    q = rms_norm(linear(x, w.wq).reshape(t, h, hd).transpose(1, 0, 2), w.q_norm, cfg.rms_norm_eps)
-    k = rms_norm(linear(x, w.wk).reshape(t, kvh, hd).transpose(1, 0, 2), w.k_norm, cfg.rms_norm_eps)
-    v = linear(x, w.wv).reshape(t, kvh, hd).transpose(1, 0, 2)
+    q = rms_norm(project(x, w.wq).reshape(t, h, hd).transpose(1, 0, 2), w.q_norm, cfg.rms_norm_eps)
+    k = rms_norm(project(x, w.wk).reshape(t, kvh, hd).transpose(1, 0, 2), w.k_norm, cfg.rms_norm_eps)
+    v = project(x, w.wv).reshape(t, kvh, hd).transpose(1, 0, 2)
     q, k = rope(cfg, q, positions), rope(cfg, k, positions)
     keys = mx.concatenate([state.kv.keys, k], axis=1)  # [KVH, S, hd]
     values = mx.concatenate([state.kv.values, v], axis=1)
@@ -113,5 +113,5 @@ def indexed_attention(cfg: ModelConfig, w: IndexedWeights, state: IndexedKV, x: 
     scores = mx.where(keep[None], scores, -np.inf)
     probs = mx.softmax(scores, axis=-1, precise=True)
     out = (probs @ mx.repeat(values, group, axis=0)).transpose(1, 0, 2).reshape(t, h * hd)
-    out = linear(out * mx.sigmoid(linear(x, w.wgate)), w.wo)  # weights widened per op (dense.py)
+    out = project(out * mx.sigmoid(project(x, w.wgate)), w.wo)  # weights as stored (dense.py)
     return out, IndexedKV(LayerKV(keys, values), raw_keys)

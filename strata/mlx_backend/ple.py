@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from strata.mlx_backend.dense import Weight, linear
+from strata.mlx_backend.dense import Weight, project
 from strata.model_config import ModelConfig
 from strata.families.qwen4_exp import ple_layers
 from strata.reference.deltanet import KEPT_SNAPSHOTS
@@ -59,8 +59,8 @@ def ple(cfg: ModelConfig, w: PleWeights, layer: int, rows: NgramRows, state: Ple
     d, hc, eps, t = cfg.hidden_size, cfg.qwen4.hc_count, cfg.rms_norm_eps, streams.shape[0]
     index = ple_layers(cfg).index(layer)
     emb = mx.array(ple_embeddings(cfg, index, rows, state.context, tokens))  # [T, E]
-    key = grouped_rms_norm(linear(emb, w.key), w.key_norm, d, eps).reshape(t, hc, d)
-    value = linear(emb, w.value)  # [T, D]; weights widened per op (dense.py)
+    key = grouped_rms_norm(project(emb, w.key), w.key_norm, d, eps).reshape(t, hc, d)
+    value = project(emb, w.value)  # [T, D]; weights as stored (dense.py)
     query = grouped_rms_norm(streams, w.query_norm, d, eps).reshape(t, hc, d)
     gate = (key * query).sum(axis=-1) / np.float32(np.sqrt(d))  # [T, hc]
     gate = mx.sqrt(mx.maximum(mx.abs(gate), GATE_FLOOR)) * mx.sign(gate)

@@ -36,7 +36,7 @@ import numpy as np
 from strata.formats.dense_weights import as_dense_weights
 from strata.families.qwen4_exp import HC_FINAL, Qwen4Names, ple_layers
 from strata.mlx_backend.attention import attention_router, rms_norm, routes_with_attention
-from strata.mlx_backend.dense import Weight, linear
+from strata.mlx_backend.dense import Weight, linear, project
 from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.experts import combine, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
@@ -249,12 +249,12 @@ def hc_read(cfg: ModelConfig, w: HcWeights, streams: mx.array) -> tuple[mx.array
     """Twin of reference `hc_read`. streams [T, S] -> (input [T, D], inject [T, hc] or None)"""
     hc, d, t = cfg.qwen4.hc_count, cfg.hidden_size, streams.shape[0]
     normed = grouped_rms_norm(streams, w.norm, d, cfg.rms_norm_eps)
-    low = linear(normed, w.down) / hc
-    mix = mx.sigmoid(linear(low * mx.sigmoid(low), w.up))
+    low = project(normed, w.down) / hc
+    mix = mx.sigmoid(project(low * mx.sigmoid(low), w.up))
     block_input = (mix * normed).reshape(t, hc, d).mean(axis=1)
     if w.inject is None:
         return block_input, None
-    return block_input, 2.0 * mx.sigmoid(linear(normed, w.inject) / hc)
+    return block_input, 2.0 * mx.sigmoid(project(normed, w.inject) / hc)
 
 
 def hc_write(streams: mx.array, inject: mx.array, out: mx.array) -> mx.array:
@@ -348,7 +348,7 @@ class HyperConnections:
     def head(self, p, r: mx.array) -> mx.array:
         """The last hyper-connection and the LM head. [T, S] -> float32 [T, V]"""
         final, _ = hc_read(p.cfg, p.hc_out, r)
-        return linear(final, p.output)
+        return project(final, p.output)
 
 
 # each residual kind's strategy; `with_rows(rows)` builds it
