@@ -157,3 +157,23 @@ def test_the_prompt_path_refuses_q8_0_dense_matrices(stored_model):
         p = to_mlx_params(m.cfg, m.dense, experts=m.resident_params().experts, pred_q8=False)
         why = prompt_refusal(p)
         assert (why == "Q8_0 dense matrices") if qtype is QuantType.Q8_0 else why is None
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_project_reads_a_float16_matrix_through_the_gemv_for_a_few_positions(path, monkeypatch):
+    """dense.project: up to GEMV_ROWS positions of a float16 matrix take the float16 GEMV (no
+    float32 copy of the weights), more take `linear`; both within FAST of float32 products."""
+    from strata.mlx_backend import dense
+
+    rng = np.random.default_rng(3)
+    w = mx.array(rng.standard_normal((48, 64)).astype(np.float16))
+    launches = []
+    inner = dense.f16_kernel.dense_gemv
+    monkeypatch.setattr(dense.f16_kernel, "dense_gemv", lambda *a, **k: launches.append(1) or inner(*a, **k))
+    for t, gemv in ((1, 1), (dense.GEMV_ROWS, 1), (dense.GEMV_ROWS + 1, 0)):
+        x = rng.standard_normal((t, 64)).astype(np.float32)
+        launches.clear()
+        with using_path(path):
+            got = np.array(dense.project(mx.array(x), w))
+        assert len(launches) == gemv, t
+        assert_backends_agree(x @ np.array(w, np.float32).T, got, "FAST", what=f"{t} positions")
