@@ -174,7 +174,8 @@ class PlainResidual:
                     window: bool = False, mix=None, fuse_router: bool = False, hand_on: bool = False):
         """The mixer's partials, lazily (the router kernel adds them), or with fuse_router (an MoE
         layer's forward) the attention and its router in one launch where it can. mix: the
-        mixer's partials function (default model.mixer_partials'; the prompt path's)."""
+        partials function (p, layer, state, x, *, window) to use (the prompt path's; default the
+        layer's mixer from the table, mixers.py)."""
         lw = p.layers[layer]
         if fuse_router and _routes_with_mixer(p, layer, state, r.shape[0]):
             # h and z handed to the expert launch in the attention launch's buffer (attend_project.routed_chain)
@@ -320,7 +321,8 @@ class HyperConnections:
 
     def mixer_block(self, p, layer: int, state, r: mx.array, tokens: np.ndarray, *, pos: mx.array | None = None,
                     window: bool = False, mix=None, fuse_router: bool = False, hand_on: bool = False):
-        """The PLE term (on PLE layers) and the mixer with its hyper-connection. [T, S] -> ([T, S], state)"""
+        """The PLE term (on PLE layers) and the mixer with its hyper-connection. [T, S] -> ([T, S], state)
+        (MLX ops: pos, mix, fuse_router and hand_on, the plain stream's kernel options, do not apply.)"""
         cfg, lw = p.cfg, p.layers[layer]
         hw, mixer = lw.hyper, mixer_for(cfg.kinds[layer].mixer, layer)
         if isinstance(state, PleLayerState):
