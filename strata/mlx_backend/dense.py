@@ -33,7 +33,7 @@ from strata.mlx_backend.kernels import dense_gemv as f16_kernel
 from strata.mlx_backend.kernels import q8_gemv as q8_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 
-__all__ = ["Q8Dense", "held", "held_rows_of", "widen", "linear", "project", "rows", "nbytes_of"]
+__all__ = ["Q8Dense", "held", "held_rows_of", "held_column_blocks", "widen", "linear", "project", "rows", "nbytes_of"]
 
 Q8 = layout(QuantType.Q8_0)
 
@@ -140,6 +140,26 @@ def held_rows_of(dense: Mapping, names: Sequence[str], dtype: mx.Dtype) -> Weigh
         shape = (codes.shape[0], first.shape[1])
         return held(StoredTensor(first.qtype, shape, codes, scales), dtype)
     return held(np.concatenate([d[n] for n in names]), dtype)
+
+
+def held_column_blocks(t: np.ndarray | StoredTensor, dtype: mx.Dtype, width: int) -> tuple[Weight, ...]:
+    """A matrix held as `held` would hold it, in contiguous blocks of `width` columns (a multiple
+    of Q8_0's block for a Q8_0 matrix), so that each block fits what `project`'s GEMV reads: the
+    hyper-connection's matrices over all streams are wider than one block of its threadgroup
+    memory at full size (S = 4 x 2560 columns). [R, C] -> C / width x [R, width]"""
+    r, c = t.shape
+    if c % width:
+        raise ValueError(f"held_column_blocks: {c} columns are not whole blocks of {width}")
+    out = []
+    for a in range(0, c, width):
+        if not isinstance(t, StoredTensor):
+            out.append(held(np.ascontiguousarray(np.asarray(t)[:, a:a + width]), dtype))
+            continue
+        b = Q8.block_size
+        scales = None if t.scales is None else np.ascontiguousarray(t.scales[:, a // b:(a + width) // b])
+        out.append(held(StoredTensor(t.qtype, (r, width), np.ascontiguousarray(t.codes[:, a:a + width]), scales),
+                        dtype))
+    return tuple(out)
 
 
 def nbytes_of(weights: Sequence[Weight | None]) -> int:

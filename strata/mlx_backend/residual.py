@@ -36,7 +36,7 @@ import numpy as np
 from strata.formats.dense_weights import as_dense_weights
 from strata.families.qwen4_exp import HC_FINAL, Qwen4Names, ple_layers
 from strata.mlx_backend.attention import attention_router, rms_norm, routes_with_attention
-from strata.mlx_backend.dense import Weight, linear, project
+from strata.mlx_backend.dense import Weight, held_column_blocks, linear, project
 from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.experts import combine, shared_partials
 from strata.mlx_backend.kernels import dense_gemv as dense_kernel
@@ -215,16 +215,17 @@ PLAIN = PlainResidual()
 
 @dataclass(frozen=True, eq=False)
 class HcWeights:
-    """Shapes: norm float32 [S], down [r, S], up [S, r], inject [hc, S] or None (before the head);
-    the matrices as stored (dense.py)."""
+    """The matrices as stored (dense.py); down and inject, which read every stream, in one block of
+    columns per stream (each within what `project`'s GEMV reads). Shapes: norm float32 [S];
+    down hc x [r, D]; up [S, r]; inject hc x [hc, D], or None (before the head)."""
 
     norm: mx.array
-    down: Weight
+    down: tuple[Weight, ...]
     up: Weight
-    inject: Weight | None
+    inject: tuple[Weight, ...] | None
 
     def arrays(self) -> list:
-        return [a for a in (self.norm, self.down, self.up, self.inject) if a is not None]
+        return [self.norm, *self.down, self.up, *(self.inject or ())]
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,23 +240,32 @@ class HyperLayerWeights:
         return self.hc_attn.arrays() + self.hc_ffn.arrays() + (self.ple.arrays() if self.ple is not None else [])
 
 
-def _hc_weights(dense, prefix: str, dtype: mx.Dtype, inject: bool = True) -> HcWeights:
+def _hc_weights(cfg: ModelConfig, dense, prefix: str, dtype: mx.Dtype, inject: bool = True) -> HcWeights:
     q, stored = Qwen4Names, as_dense_weights(dense).stored
-    m = lambda part: held_weight(stored(q.hc(prefix, part)), dtype)  # noqa: E731  as stored
-    return HcWeights(_vector(dense, q.hc(prefix, q.hc_norm), mx.float32), m(q.hc_down), m(q.hc_up),
-                     m(q.hc_inject) if inject else None)
+    per_stream = lambda part: held_column_blocks(stored(q.hc(prefix, part)), dtype, cfg.hidden_size)  # noqa: E731
+    return HcWeights(_vector(dense, q.hc(prefix, q.hc_norm), mx.float32), per_stream(q.hc_down),
+                     held_weight(stored(q.hc(prefix, q.hc_up)), dtype), per_stream(q.hc_inject) if inject else None)
+
+
+def _over_streams(normed: mx.array, blocks: tuple[Weight, ...], d: int) -> mx.array:
+    """normed @ W.T for W held as one column block per stream: the streams' products summed.
+    normed [T, S] -> [T, R]"""
+    out = project(normed[:, :d], blocks[0])
+    for i, w in enumerate(blocks[1:], 1):
+        out = out + project(normed[:, i * d:(i + 1) * d], w)
+    return out
 
 
 def hc_read(cfg: ModelConfig, w: HcWeights, streams: mx.array) -> tuple[mx.array, mx.array | None]:
     """Twin of reference `hc_read`. streams [T, S] -> (input [T, D], inject [T, hc] or None)"""
     hc, d, t = cfg.qwen4.hc_count, cfg.hidden_size, streams.shape[0]
     normed = grouped_rms_norm(streams, w.norm, d, cfg.rms_norm_eps)
-    low = project(normed, w.down) / hc
+    low = _over_streams(normed, w.down, d) / hc
     mix = mx.sigmoid(project(low * mx.sigmoid(low), w.up))
     block_input = (mix * normed).reshape(t, hc, d).mean(axis=1)
     if w.inject is None:
         return block_input, None
-    return block_input, 2.0 * mx.sigmoid(project(normed, w.inject) / hc)
+    return block_input, 2.0 * mx.sigmoid(_over_streams(normed, w.inject, d) / hc)
 
 
 def hc_write(streams: mx.array, inject: mx.array, out: mx.array) -> mx.array:
@@ -291,13 +301,13 @@ class HyperConnections:
             v = lambda s: _vector(dense, b(s), mx.float32)  # noqa: E731
             ple_w = PleWeights(m(q.ple_key), m(q.ple_value), v(q.ple_key_norm), v(q.ple_query_norm),
                                v(q.ple_conv_norm), m(q.ple_conv))
-        return None, HyperLayerWeights(_hc_weights(dense, b("hc_attn"), dtype), _hc_weights(dense, b("hc_ffn"), dtype),
-                                       ple_w)
+        return None, HyperLayerWeights(_hc_weights(cfg, dense, b("hc_attn"), dtype),
+                                       _hc_weights(cfg, dense, b("hc_ffn"), dtype), ple_w)
 
     @staticmethod
     def head_weights(cfg: ModelConfig, dense, dtype: mx.Dtype) -> tuple[None, HcWeights]:
         """(no final norm: the last hyper-connection norms, that hyper-connection's weights)."""
-        return None, _hc_weights(dense, HC_FINAL, dtype, inject=False)
+        return None, _hc_weights(cfg, dense, HC_FINAL, dtype, inject=False)
 
     @staticmethod
     def empty_layer_state(cfg: ModelConfig, layer: int, kv_precision: KVPrecision = KVPrecision.F32):

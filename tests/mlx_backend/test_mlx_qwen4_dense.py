@@ -64,7 +64,7 @@ def test_mlx_holds_the_files_dense_bytes(stored):
                          for v in ("deltanet", "indexed_attention"))
     ple = ple_layers(cfg)[0]
     held = [p.embed, p.output, p.layers[deltanet].attn.w_in, p.layers[deltanet].attn.wo, p.layers[indexed].attn.wq,
-            p.layers[indexed].attn.idx_qk, p.layers[indexed].attn.wo, p.layers[0].hyper.hc_attn.down,
+            p.layers[indexed].attn.idx_qk, p.layers[indexed].attn.wo, *p.layers[0].hyper.hc_attn.down,
             p.layers[ple].hyper.ple.key, p.layers[0].shared.gate, p.layers[0].shared.down]
     assert all(isinstance(w, kind) for w in held)
     if qtype is QuantType.F16:
