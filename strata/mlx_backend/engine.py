@@ -7,9 +7,9 @@
   `compiled=False` or its kernel plan's compiled_decode is off; prefill stays uncompiled.
 - streaming: `streaming_parts` gives an `MlxArena` and `MlxCompute`; strata.engines puts them
   in the runtime's StreamingEngine with a reader pool, as it does the numpy ones.
-- either serves every residual kind (residual.py: the plain stream, or Qwen4-Exp's
-  hyper-connections, whose forward is MLX ops only and whose PLE rows come from the model's row
-  source: the engine owns it and asks it for a call's rows before layer 0).
+- both serve every residual kind (residual.py: the plain stream, or Qwen4-Exp's
+  hyper-connections, MLX ops only); for a PLE model the all-resident engine owns the row source
+  and asks it for a call's rows before layer 0, the streaming compute reads the one it is given.
 
 strata.engines.open_engine picks between them by the arena plan (design §7).
 """
