@@ -25,7 +25,7 @@
 #   dense           dense weights as stored (F32 / F16 / Q8_0): the MLX dense tests and dense_stored.py
 #   hybrid          Qwen3.5's DeltaNet: its GPU tests, benchmarks/deltanet.py, decode at its per-layer shape
 #   deepseek        DeepSeek-V3's MLA: its GPU tests, benchmarks/mla.py, decode at its per-layer shape
-#   qwen4           Qwen4-Exp: its tests on the GPU, qwen4_decode.py, the seed shape's decode
+#   qwen4           Qwen4-Exp: its tests on the GPU, qwen4_decode.py (F32 and F16 dense), the seed shape's decode
 #   ngram-rows      benchmarks/ngram_rows.py: the PLE row store from this machine's disk, cold page cache
 #   tier2           tier 2 on mlx-lm's model files: a hybrid (qwen3_next) and an MLA (deepseek_v3) checkpoint at the
 #                   real per-layer shapes made here (benchmarks/make_tier2_checkpoint.py), then benchmarks/tier2.py on each
@@ -127,9 +127,11 @@ wanted deepseek && run deepseek 300 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" 
   tests/mlx_backend/test_mlx_mla_kernel.py tests/mlx_backend/test_mlx_mla.py tests/families/test_sigmoid_engines.py;
   timeout 60 python3 benchmarks/mla.py;
   timeout 120 python3 benchmarks/decode.py --shape deepseek-v3 --layers 16 --tokens 8 --skip streaming,handshake'
-wanted qwen4 && run qwen4 400 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" timeout 200 python3 -m pytest -q \
-  -p no:cacheprovider --tb=short -rfEs tests/mlx_backend/test_mlx_qwen4.py tests/families/test_qwen4_engines.py tests/mlx_backend/test_mlx_qwen4_ple_rows.py;
+wanted qwen4 && run qwen4 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" timeout 200 python3 -m pytest -q \
+  -p no:cacheprovider --tb=short -rfEs tests/mlx_backend/test_mlx_qwen4.py tests/families/test_qwen4_engines.py tests/mlx_backend/test_mlx_qwen4_ple_rows.py \
+  tests/mlx_backend/test_mlx_qwen4_dense.py tests/mlx_backend/test_mlx_hyper_compute.py;
   timeout 80 python3 benchmarks/qwen4_decode.py --tokens 16;
+  timeout 80 python3 benchmarks/qwen4_decode.py --tokens 16 --dense f16;
   timeout 110 python3 benchmarks/decode.py --shape qwen4-seed --ple-gb 4 --tokens 8 --prompt 1'
 wanted ggml && run ggml 480 bash -c 'PYTHONPATH="tests:${PYTHONPATH:-}" HYPOTHESIS_PROFILE=device timeout 150 \
   python3 -m pytest -q -p no:randomly -p no:cacheprovider -p mlx_agree --tb=short -rfEs \

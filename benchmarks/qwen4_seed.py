@@ -15,7 +15,7 @@ the store is about G GB (a 64 GiB-disk machine holds the model file, the 17 GB o
 store of ~24 GB: `--ple-gb 24`); a token reads the same rows either way (8 per PLE layer).
 
 Files (`--dir`, default a temporary directory; kept with `--keep`): the model file (dense weights
-random normal, stored F16, held as float32: each tensor a window of one pool of normals,
+random normal, stored F16 (routers and 1-D tensors F32), held as stored: each tensor a window of one pool of normals,
 benchmarks/_pooled_random.py, so 48 layers build in seconds), the `.experts` (a pool of random
 valid Q2_0 records repeated, benchmarks/_random_experts.py: values do not matter), the `.ngrams` (one random shard of rows
 repeated, written shard by shard, never a table in memory). Full size: every shape, the experts
@@ -48,7 +48,7 @@ from _random_experts import make_experts_file  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.expert_record import RecordLayout  # noqa: E402
 from strata.formats.experts_file import ExpertsFile  # noqa: E402
-from strata.formats.model_file import write_model  # noqa: E402
+from strata.formats.model_file import stored_type_of, write_model  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.model_config import Ffn, LayerType, Mixer, ModelConfig, RoutingOrder, TensorNames  # noqa: E402
 from strata.model_config import dense_tensor_shapes  # noqa: E402
@@ -61,6 +61,7 @@ from _pooled_random import pooled_normals, write_pooled_store  # noqa: E402
 FULL_LAYERS = 48
 FULL_PLE_BASE = 2_000_003  # the first prime of the full-size tables: ~74 GB of F16 rows
 ROW_TYPE = QuantType.F16
+DENSE_TYPE = QuantType.F16  # the model file's dense type (`build`; routers and 1-D tensors F32)
 F16_FROM = 1 << 16  # tensors of at least this many weights are made float16, as the model file stores them
 # The reference engine's measured reads per decoded token, MB (its own quant types): 3.6 GB dense
 # + 0.66 GB of experts. Its names; `PARTS` says which strata tensors each one is.
@@ -129,7 +130,7 @@ def build(base: Path, cfg: ModelConfig, seed: int = 0) -> Path:
         t = step(f"build .ngrams ({store.n_pages * store.page_bytes / 1e9:.1f} GB)", t)
     with pooled_normals(seed, f16_from=F16_FROM):
         dense = make_dense(cfg, seed)
-    write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(), dense_type=QuantType.F16,
+    write_model(model_path, cfg, dense, tokenizer_json=byte_level_tokenizer_json(), dense_type=DENSE_TYPE,
                 experts_identity=experts_identity, ngrams_identity=ngrams_identity)
     step(f"build model file ({model_path.stat().st_size / 1e9:.1f} GB)", t)
     return model_path
@@ -186,13 +187,16 @@ def files_dir(cfg: ModelConfig) -> str | None:
     return str(shm) if avail > 2 * need else None  # the files, and the engines' own host memory beside them
 
 
-def token_budget(cfg: ModelConfig) -> dict[str, int]:
+def token_budget(cfg: ModelConfig, *, float32: bool = False) -> dict[str, int]:
     """Bytes one decoded token reads, by the reference engine's parts, as strata holds them: dense
-    matrices float32 once each (the embedding one row), the read-ahead router's Q8_0 copy, one
-    ROW_TYPE row per n-gram head of each PLE layer, k expert records per MoE layer."""
+    tensors once each as the model file stores them (the embedding one row), the read-ahead
+    router's Q8_0 copy, one ROW_TYPE row per n-gram head of each PLE layer, k expert records per
+    MoE layer. float32: the dense tensors as float32 instead (what the MLX engines held before
+    they kept dense weights as stored)."""
     out: dict[str, int] = {}
     for name, shape in dense_tensor_shapes(cfg).items():
-        n = 4 * int(np.prod(shape))
+        stored = stored_type_of(name, shape, DENSE_TYPE)
+        n = (4 if float32 or stored is QuantType.F32 else 2) * int(np.prod(shape))
         if name == TensorNames.token_embd:
             out["embedding row"] = n // shape[0]
             continue
@@ -313,7 +317,7 @@ def main(argv=None) -> int:
                     prompt=args.prompt, profile_top=args.profile_top)
             store = model.ngrams_file
             store_gb = store.n_pages * store.page_bytes / 1e9
-    budget = token_budget(cfg)
+    budget, before = token_budget(cfg), token_budget(cfg, float32=True)
     print(f"qwen4-seed: {cfg.n_layers} layers ({len(ple_layers(cfg))} PLE), hidden {cfg.hidden_size}, "
           f"{cfg.n_experts} experts top-{cfg.n_experts_per_token}, row store {store_gb:.2f} GB; "
           f"built in {build_s:.0f} s")
@@ -324,7 +328,7 @@ def main(argv=None) -> int:
     if rep is not None:
         print(f"  streaming: {rep.text()}")
     scale = cfg.n_layers / FULL_LAYERS  # the reference's figures are for 48 layers: per-layer parts scale
-    print(f"{'bytes per token':40} {'strata (float32 dense)':>24} {'reference engine':>17}")
+    print(f"{'bytes per token':40} {'strata (dense as stored)':>24} {'reference engine':>17}")
     for part in sorted(set(budget) | set(REFERENCE_MB), key=lambda p: -budget.get(p, 0)):
         mine = f"{budget[part] / 1e6:.1f} MB" if part in budget else "-"
         per_layer = scale if part != "output head" else 1.0  # the head is read once whatever the depth
@@ -333,8 +337,11 @@ def main(argv=None) -> int:
     experts = budget["experts"]
     print(f"  {'total: dense + PLE rows / experts':38} {(sum(budget.values()) - experts) / 1e9:>20.2f} GB / "
           f"{experts / 1e9:.2f} GB   reference {0.521 + (3.6 - 0.521) * scale:.2f} GB / {0.66 * scale:.2f} GB")
+    print(f"  {'dense + PLE rows with float32 dense':38} {(sum(before.values()) - experts) / 1e9:>20.2f} GB   "
+          "(before the MLX engines held dense weights as stored)")
     print(json.dumps({"bench": "qwen4_seed", "layers": cfg.n_layers, "tiny": args.tiny, "store_GB": store_gb,
-                      "ms_per_token": runs, "bytes_per_token": budget, "reference_MB_48_layers": REFERENCE_MB,
+                      "ms_per_token": runs, "bytes_per_token": budget,
+                      "bytes_per_token_float32_dense": before, "reference_MB_48_layers": REFERENCE_MB,
                       "build_s": build_s, "ple": None if rep is None else {
                           "rows_read_per_token": rep.ple_rows_read_per_token,
                           "rows_hit_per_token": rep.ple_rows_hit_per_token,

@@ -121,7 +121,7 @@ class ModelFile:
 # ---------------------------------------------------------------- writer
 
 
-def _tensor_type(name: str, shape: tuple[int, ...], dense_type: QuantType) -> QuantType:
+def stored_type_of(name: str, shape: tuple[int, ...], dense_type: QuantType) -> QuantType:
     """Routers and 1-D tensors are always F32. Matrices take dense_type, except that a row
     length that is not a whole number of Q8_0 blocks stays F32 (documented in docs/formats.md)."""
     if len(shape) == 1 or name.endswith("." + TensorNames.router):
@@ -211,10 +211,10 @@ def write_model(
         for key, value in (extra_metadata or {}).items():
             _add_value(w, key, value)
         for name, shape in shapes.items():
-            qt = _tensor_type(name, shape, dense_type)
+            qt = stored_type_of(name, shape, dense_type)
             if isinstance(dense[name], StoredBlocks):
                 kept = dense[name]
-                if _tensor_type(name, shape, QuantType.F16) is QuantType.F32 and kept.ggml_type != int(QuantType.F32):
+                if stored_type_of(name, shape, QuantType.F16) is QuantType.F32 and kept.ggml_type != int(QuantType.F32):
                     raise ConfigError(f"write_model: tensor {name} must be F32 (a router or 1-D tensor), "
                                       f"got stored type {kept.ggml_type}")
                 ggml_type = gguf.GGMLQuantizationType(kept.ggml_type)

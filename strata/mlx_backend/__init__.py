@@ -7,7 +7,8 @@ Modules (one concept each; the same names as strata/reference/ where they twin i
     experts    SwiGLU experts: fused kernel, gather_qmm ops path, shared expert, combine
     attention  attention with a preallocated KV cache written in place
     mixers     the mixers' table by kind (weights, empty state, partials), the twin of reference/mixers.py
-    model      MlxParams, the layer steps and forward
+    residual   the residual stream's strategies (plain, hyper-connections), the twin of reference/residual.py
+    model      MlxParams, the layer steps and forward (one loop over the residual's strategy)
     arena      MlxArena: the runtime's Arena over MLX memory (zero-copy slot writes)
     compute    MlxCompute: the runtime's LayerCompute
     engine     MlxEngine (all-resident), streaming_parts (arena + compute for the runtime's engine)

@@ -46,6 +46,7 @@ from strata.mlx_backend.kernels.source import MIN_INPUT_SIZE
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
 from strata.mlx_backend.mla import kernel_applies as mla_applies
 from strata.mlx_backend.model import MlxModelState, MlxParams, decode_device, dense_arrays
+from strata.mlx_backend.residual import RESIDUALS
 from strata.reference.deltanet import DeltaNetState, Snapshot
 from strata.reference.model import check_token_ids
 
@@ -62,6 +63,8 @@ def unsupported(p: MlxParams, *, traced: bool = True) -> str | None:
         return "the ops path (the position would be a Python int in its attention)"
     if p.arena is None:
         return "experts are not all resident (streaming decodes through MlxCompute)"
+    if (why := RESIDUALS[p.cfg.residual].ops_only) is not None:
+        return why
     # latent attention decodes in its kernels (a device position); its ops forms slice by a Python int
     latent = [l for l, lw in enumerate(p.layers) if isinstance(lw.attn, MlaWeights) and not mla_applies(p.cfg, lw.attn)]
     if latent:

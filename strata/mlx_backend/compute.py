@@ -1,12 +1,17 @@
 """`MlxCompute`: the runtime's LayerCompute seam (strata.runtime.compute) on MLX arrays.
 
 The streaming loop calls mixer -> router_input -> router_logits (host) -> shared (during the
-host turn) -> routed -> guess_logits (after the turn) -> combine for each layer. Here:
+host turn) -> routed -> guess_logits (after the turn) -> combine for each layer. How the layer
+reads and writes the residual is the model's strategy (residual.py: the plain stream, or
+hyper-connection streams [T, hc * D] with a PLE row source); here:
 
-- mixer returns a lazy `_Residual` (the residual in, the mixer's partials);
-- router_input launches the router kernel once: residual after attention, h, the router logits
-  and the next MoE layer's Q8_0 guess logits together; router_logits is the layer's one host round
-  trip (evaluating z evaluates the guess too, so guess_logits costs a copy, not a sync);
+- mixer returns what the strategy's `mixer_block` gives (the plain stream: a lazy `Mixed`, the
+  residual in and the mixer's partials);
+- router_input computes h, the router logits and the next MoE layer's Q8_0 guess logits together
+  (the plain stream: one launch of the router kernel, with the residual after attention);
+  router_logits is the layer's one host round trip, for z and the guess together, so
+  guess_logits costs a copy, not a sync (a second sync there waited for the layer's routed
+  experts, once per layer and per prompt chunk);
 - shared and routed are started with `mx.async_eval`, so the GPU runs them while the host takes
   its turn (design §4: the shared expert between signal and wait) and does its after-layer work;
 - combine adds the partials (one list per pass; several passes in a prompt) and the shared expert;
@@ -29,17 +34,17 @@ import numpy as np
 
 from strata.formats.expert_record import RecordLayout
 from strata.mlx_backend.arena import MlxArena, layer_record
-from strata.mlx_backend.experts import combine, routed_partials, shared_partials
-from strata.mlx_backend.model import (
-    MlxModelState, MlxParams, dense_ffn, embed, ffn_input, head, mixer_partials, router_stage,
-)
+from strata.mlx_backend.experts import routed_partials, shared_partials
+from strata.mlx_backend.model import MlxModelState, MlxParams, dense_ffn, embed, ffn_input, mixer_partials
 from strata.mlx_backend.kernels.launch import KernelPath, using_path
 from strata.mlx_backend.prompt import (
     prompt_dtype, prompt_mixer, prompt_refusal, slot_experts, swiglu, uses_prompt_path,
 )
 from strata.mlx_backend.quants import gemv
+from strata.mlx_backend.residual import residual_for
 from strata.reference.attention import KVPrecision
 from strata.reference.experts import expert_act
+from strata.reference.ngram_rows import NgramRows
 from strata.runtime.compute import StatefulCompute
 
 __all__ = ["MlxCompute", "hand_off"]
@@ -56,84 +61,101 @@ def hand_off(out: mx.array, slots: np.ndarray) -> mx.array:
     return out
 
 
-class _Residual:
-    """What `attention` hands the loop: the layer's input residual and attention partials; after
-    `router_input`, also the residual after attention and the router input."""
+class _Mixed:
+    """What `mixer` hands the loop: the strategy's mixed residual r (for T positions); after
+    `router_input`, also the router input h and the carry the strategy's `ffn_write` takes."""
 
-    __slots__ = ("layer", "x", "parts", "x_mid", "h")
+    __slots__ = ("layer", "r", "t", "h", "carry")
 
-    def __init__(self, layer: int, x: mx.array, parts: mx.array) -> None:
-        self.layer, self.x, self.parts = layer, x, parts
-        self.x_mid = self.h = None
+    def __init__(self, layer: int, r, t: int) -> None:
+        self.layer, self.r, self.t = layer, r, t
+        self.h = self.carry = None
 
 
 class _RouterInput:
-    __slots__ = ("layer", "h", "z", "g", "g_layer", "residual")
+    """h [T, D], z [T, E] and the guess g for MoE layer g_layer."""
 
-    def __init__(self, layer: int, h: mx.array, z: mx.array, g: mx.array | None, g_layer: int | None,
-                 residual: _Residual) -> None:
-        self.layer, self.h, self.z, self.g, self.g_layer, self.residual = layer, h, z, g, g_layer, residual
+    __slots__ = ("layer", "h", "z", "g", "g_layer")
+
+    def __init__(self, layer: int, h: mx.array, z: mx.array, g: mx.array | None, g_layer: int | None) -> None:
+        self.layer, self.h, self.z, self.g, self.g_layer = layer, h, z, g, g_layer
 
 
 class MlxCompute(StatefulCompute):
-    """LayerCompute over MlxParams (dense, resident) and an MlxArena (experts by slot)."""
+    """LayerCompute over MlxParams (dense, resident) and an MlxArena (experts by slot). rows: the
+    PLE row source of a hyper-connection model (residual.py)."""
 
     synchronous = False  # `routed` hands the experts to the device (async_eval): hand-off after it
 
     def __init__(self, params: MlxParams, arena: MlxArena, layout: RecordLayout, *, pred_q8: bool = True,
-                 kv_precision: KVPrecision = KVPrecision.F32,
+                 kv_precision: KVPrecision = KVPrecision.F32, rows: NgramRows | None = None,
                  layer_layouts: tuple[RecordLayout, ...] | None = None) -> None:
         """layout: the arena's record layout; layer_layouts: each MoE layer's, where they differ
-        (arena.record_layouts)."""
+        (arena.record_layouts); rows: a PLE model's row source."""
         self.params, self.arena, self.layout, self.pred_q8 = params, arena, layout, pred_q8
         self.layer_layouts = layer_layouts
+        self.residual = residual_for(params.cfg, rows)
         self.state = MlxModelState.empty(params.cfg, kv_precision)
+        self._tokens = np.zeros(0, np.int64)
         moe = params.cfg.moe_layers
         self._next_moe = {l: (moe[i + 1] if i + 1 < len(moe) else None) for i, l in enumerate(moe)}
         self._refusal = prompt_refusal(params, layout)  # asked once: `_prompt` runs 5 times a layer
 
     def embed(self, tokens: np.ndarray) -> mx.array:
-        return embed(self.params, tokens)
+        self._tokens = np.asarray(tokens, np.int64).reshape(-1)
+        return self.residual.expand(self.params, embed(self.params, self._tokens), self._tokens)
 
     def _prompt(self, x: mx.array) -> bool:
         """Whether these positions take the prompt path's pieces (prompt.py: matmuls, grouped GEMMs)."""
-        return uses_prompt_path(self.params, x.shape[0], refusal=self._refusal)
+        return self._prompt_rows(x.shape[0])
 
-    def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Residual:
+    def _prompt_rows(self, t: int) -> bool:
+        return uses_prompt_path(self.params, t, refusal=self._refusal)
+
+    def mixer(self, layer: int, x: mx.array, *, window: bool = False) -> _Mixed:
         layers = list(self.state.layers)
         mix = prompt_mixer if self._prompt(x) else mixer_partials
-        parts, layers[layer] = mix(self.params, layer, layers[layer], x, window=window)
+        r, layers[layer] = self.residual.mixer_block(self.params, layer, layers[layer], x, self._tokens,
+                                                     window=window, mix=mix)
         self.state = MlxModelState(tuple(layers))
-        return _Residual(layer, x, parts)
+        return _Mixed(layer, r, x.shape[0])
 
-    def dense_ffn(self, layer: int, x: _Residual) -> mx.array:
-        x_mid, h = ffn_input(self.params, layer, x.x, x.parts)
-        if self._prompt(x.x):
+    def dense_ffn(self, layer: int, x: _Mixed) -> mx.array:
+        """A dense FFN layer (the plain stream's families only: hyper-connection models have none)."""
+        x_mid, h = ffn_input(self.params, layer, x.r.x, x.r.parts)
+        if self._prompt(x.r.x):
             return x_mid + swiglu(h, self.params.layers[layer].dense, prompt_dtype(self.params))
         return dense_ffn(self.params, layer, x_mid, h)
 
-    def router_input(self, layer: int, x: _Residual) -> _RouterInput:
-        nxt = self._next_moe[layer]  # the router kernel computes the next MoE layer's guess with z
+    def router_input(self, layer: int, x: _Mixed) -> _RouterInput:
+        nxt = self._next_moe[layer]  # computed with z: the next MoE layer's guess
         guess = self.params.layers[nxt].guess if self.pred_q8 and nxt is not None else None
-        if self._prompt(x.x):  # the router kernel is a GEMV per position: MLX ops (matmuls) here
+        if self._prompt_rows(x.t):  # the router kernel is a GEMV per position: MLX ops (matmuls) here
             with using_path(KernelPath.OPS):
-                x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
+                x.h, z, g, x.carry = self.residual.ffn_read(self.params, layer, x.r, guess)
         else:
-            x.x_mid, x.h, z, g = router_stage(self.params, layer, x.x, x.parts, guess)
-        return _RouterInput(layer, x.h, z, g, nxt if guess is not None else None, x)
+            x.h, z, g, x.carry = self.residual.ffn_read(self.params, layer, x.r, guess)
+        return _RouterInput(layer, x.h, z, g, nxt if guess is not None else None)
 
     def router_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
-        return np.array(h.z, dtype=np.float32)  # the layer's host round trip
+        if h.g is not None:
+            mx.eval(h.z, h.g)  # the layer's one host round trip, for both (module doc)
+        return np.array(h.z, dtype=np.float32)
 
     def guess_logits(self, layer: int, h: _RouterInput) -> np.ndarray:
         lw = self.params.layers[layer]
         if h.g is not None and layer == h.g_layer:
-            g = h.g  # computed with z by the router kernel
+            g = h.g  # computed and brought over with z
         else:
-            g = gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T
+            g = self._guess_device(layer, h)  # another layer's (prefetch2): a sync
         if lw.router_logit_bias is not None:  # gpt-oss: the guessed layer's own logit bias
             g = g + lw.router_logit_bias
         return np.array(g, dtype=np.float32)
+
+    def _guess_device(self, layer: int, h: _RouterInput) -> mx.array:
+        """MoE layer `layer`'s guess logits on this layer's router input: [T, D] -> [T, E]"""
+        lw = self.params.layers[layer]
+        return gemv(lw.guess, h.h) if self.pred_q8 and lw.guess is not None else h.h @ lw.router.T
 
     def shared(self, layer: int, h: _RouterInput):
         sw = self.params.layers[layer].shared
@@ -156,10 +178,9 @@ class MlxCompute(StatefulCompute):
                                   np.asarray(weights, np.float32), act=expert_act(self.params.cfg))
         return hand_off(out, slots)
 
-    def combine(self, x: _Residual, parts: Sequence[mx.array], shared) -> mx.array:
+    def combine(self, x: _Mixed, parts: Sequence[mx.array], shared) -> mx.array:
         routed = parts[0] if len(parts) == 1 else mx.concatenate(list(parts), axis=1)
-        sw = self.params.layers[x.layer].shared
-        return combine(x.x_mid, routed, shared, x.h, sw.gate_inp if sw is not None else None)
+        return self.residual.ffn_write(self.params, x.layer, x.carry, routed, shared, x.h)
 
     def head(self, x: mx.array) -> np.ndarray:
-        return np.array(head(self.params, x), dtype=np.float32)
+        return np.array(self.residual.head(self.params, x), dtype=np.float32)

@@ -29,10 +29,11 @@ import numpy as np
 
 from strata.formats.dense_weights import StoredTensor, StoredType, as_dense_weights
 from strata.formats.quant_types import QuantType, layout
+from strata.mlx_backend.kernels import dense_gemv as f16_kernel
 from strata.mlx_backend.kernels import q8_gemv as q8_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path
 
-__all__ = ["Q8Dense", "held", "held_rows_of", "widen", "linear", "rows", "nbytes_of"]
+__all__ = ["Q8Dense", "held", "held_rows_of", "held_column_blocks", "widen", "linear", "project", "rows", "nbytes_of"]
 
 Q8 = layout(QuantType.Q8_0)
 
@@ -87,6 +88,21 @@ def linear(x: mx.array, w: Weight) -> mx.array:
     return x @ widen(w).T
 
 
+GEMV_ROWS = 8  # project: positions up to which a float16 matrix takes the GEMV (a decode, a window)
+
+
+def project(x: mx.array, w: Weight) -> mx.array:
+    """`linear`, with a float16 matrix on a kernel path read as stored by the float16 GEMV kernel
+    (kernels/dense_gemv.py: float32 activations and accumulation) for up to GEMV_ROWS positions,
+    where `linear` would widen it to a float32 copy per op (2 bytes read, then 4 written and read
+    again, per weight). For the layers whose matrices no fused kernel serves (the hyper-connection
+    residual's: mlx_backend/residual.py). x [T, C] -> float32 [T, R]"""
+    if (isinstance(w, mx.array) and w.dtype == mx.float16 and current_path() is not KernelPath.OPS
+            and x.shape[0] <= GEMV_ROWS and w.shape[1] % 8 == 0 and w.shape[1] <= f16_kernel.MAX_COLS):
+        return f16_kernel.dense_gemv(w, x.astype(mx.float32))
+    return linear(x, w)
+
+
 def rows(w: Weight, ids: mx.array) -> mx.array:
     """Rows `ids` of a matrix in float32, widening only those (an embedding lookup).
     ids int32 [T] -> [T, C]"""
@@ -124,6 +140,26 @@ def held_rows_of(dense: Mapping, names: Sequence[str], dtype: mx.Dtype) -> Weigh
         shape = (codes.shape[0], first.shape[1])
         return held(StoredTensor(first.qtype, shape, codes, scales), dtype)
     return held(np.concatenate([d[n] for n in names]), dtype)
+
+
+def held_column_blocks(t: np.ndarray | StoredTensor, dtype: mx.Dtype, width: int) -> tuple[Weight, ...]:
+    """A matrix held as `held` would hold it, in contiguous blocks of `width` columns (a multiple
+    of Q8_0's block for a Q8_0 matrix), so that each block fits what `project`'s GEMV reads: the
+    hyper-connection's matrices over all streams are wider than one block of its threadgroup
+    memory at full size (S = 4 x 2560 columns). [R, C] -> C / width x [R, width]"""
+    r, c = t.shape
+    if c % width:
+        raise ValueError(f"held_column_blocks: {c} columns are not whole blocks of {width}")
+    out = []
+    for a in range(0, c, width):
+        if not isinstance(t, StoredTensor):
+            out.append(held(np.ascontiguousarray(np.asarray(t)[:, a:a + width]), dtype))
+            continue
+        b = Q8.block_size
+        scales = None if t.scales is None else np.ascontiguousarray(t.scales[:, a // b:(a + width) // b])
+        out.append(held(StoredTensor(t.qtype, (r, width), np.ascontiguousarray(t.codes[:, a:a + width]), scales),
+                        dtype))
+    return tuple(out)
 
 
 def nbytes_of(weights: Sequence[Weight | None]) -> int:

@@ -7,8 +7,9 @@
   `compiled=False` or its kernel plan's compiled_decode is off; prefill stays uncompiled.
 - streaming: `streaming_parts` gives an `MlxArena` and `MlxCompute`; strata.engines puts them
   in the runtime's StreamingEngine with a reader pool, as it does the numpy ones.
-- a hyper-connection model (Qwen4-Exp): `MlxHyperEngine` and `HyperMlxCompute`, chosen by the
-  residual kind (`RESIDUAL_ENGINES`).
+- both serve every residual kind (residual.py: the plain stream, or Qwen4-Exp's
+  hyper-connections, MLX ops only); for a PLE model the all-resident engine owns the row source
+  and asks it for a call's rows before layer 0, the streaming compute reads the one it is given.
 
 strata.engines.open_engine picks between them by the arena plan (design §7).
 """
@@ -16,11 +17,11 @@ strata.engines.open_engine picks between them by the arena plan (design §7).
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from strata.config import Config
-from strata.formats.dense_weights import stored_bytes
 from strata.mlx_backend import compiled as compiled_step
 from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernel_plan import KernelPlan, using_plan
@@ -28,33 +29,35 @@ from strata.mlx_backend.arena import MlxArena, load_resident_arena, record_layou
 from strata.mlx_backend.compute import MlxCompute
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, dense_nbytes, forward, to_mlx_params
+from strata.mlx_backend.residual import RESIDUALS
 from strata.mlx_backend.device_pipeline import DevicePipeline
 from strata.mlx_backend.prompt import prompt_forward, uses_prompt_path
-from strata.model_config import ResidualKind
 from strata.reference.attention import KVPrecision
 from strata.runtime.memory import wire_mlx
+from strata.runtime.ngram_source import RowCacheOwner, ple_rows_for
 from strata.session import StateEngine
 
 __all__ = ["MlxEngine", "open_resident", "streaming_parts", "load_resident_arena"]
 
 
-class MlxEngine(StateEngine):
+class MlxEngine(RowCacheOwner, StateEngine):
     """The Engine protocol over MlxParams with resident experts.
 
     plan: the kernel plan its kernels follow (kernel_plan.py; None: the plan in force where it
     is called, the backend's by default). compiled: decode through a `CompiledDecode` where it can
     run (the GPU kernel path); None: the plan's compiled_decode. If its first (tracing) call raises, the engine warns once,
     keeps the reason in `compile_error` and decodes uncompiled from then on. `trim` trims the
-    state (StateEngine): the same KV buffers, so the compiled step stays bound."""
+    state (StateEngine): the same KV buffers, so the compiled step stays bound. rows: a PLE
+    model's row source (residual.py; None for the plain stream)."""
 
     kind = "mlx resident"
 
     def __init__(self, params: MlxParams, *, compiled: bool | None = None, plan: KernelPlan | None = None,
-                 model=None, config=None, expert_reads: int = 0) -> None:
+                 model=None, config=None, expert_reads: int = 0, rows=None) -> None:
         super().__init__(model, config)
         if params.arena is None:
             raise ValueError("MlxEngine needs every expert resident (MlxParams.arena)")
-        self.params = params
+        self.params, self.rows = params, rows
         self.state = MlxModelState.empty(params.cfg, config.kv_cache if config is not None else KVPrecision.F32)
         self.plan = plan
         self._compiled = compiled
@@ -64,34 +67,41 @@ class MlxEngine(StateEngine):
         self._reads = expert_reads
 
     @classmethod
-    def open(cls, model, config: Config) -> "MlxEngine":
-        """Every expert of `model` (a strata.loader.Model) read once into an MLX arena."""
+    def open(cls, model, config: Config, *, ple=None) -> "MlxEngine":
+        """Every expert of `model` (a strata.loader.Model) read once into an MLX arena. ple: a PLE
+        model's row source (strata.runtime.ngram_source.PleRows; the engine closes its cache)."""
         xf = model.experts_file
         params = to_mlx_params(model.cfg, model.dense, pred_q8=False)
         wire_mlx(xf.header.n_records * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
         rec, layer_recs = record_layouts(xf)
-        params = MlxParams(params.cfg, params.layers, params.embed, params.out_norm, params.output, params.dtype,
-                           load_resident_arena(xf, verify=config.verify_reads), rec, layer_recs)
-        return cls(params, model=model, config=config, expert_reads=xf.header.n_records)
+        params = replace(params, arena=load_resident_arena(xf, verify=config.verify_reads), rec=rec,
+                         layer_recs=layer_recs)
+        rows = RESIDUALS[model.cfg.residual].rows_for(model.cfg, model.dense, ple.rows if ple is not None else None)
+        engine = cls(params, model=model, config=config, expert_reads=xf.header.n_records, rows=rows)
+        engine._own_row_cache(ple)
+        return engine
 
     def _expert_reads(self) -> int:
         return self._reads
 
     def _prefill(self, tokens: np.ndarray) -> np.ndarray:
+        self._read_ahead(tokens)
         with using_plan(self.plan):
             out = self._prompt(tokens, all_logits=False)
             if out is not None:
                 return out[-1]
-            logits, self.state = forward(self.params, self.state, tokens, eval_every=kernel_plan.current().eval_every)
+            logits, self.state = forward(self.params, self.state, tokens, eval_every=kernel_plan.current().eval_every,
+                                         rows=self.rows)
             return np.array(logits[-1], dtype=np.float32)
 
     def _window(self, tokens: np.ndarray) -> np.ndarray:
+        self._read_ahead(tokens)
         with using_plan(self.plan):
             out = self._prompt(tokens, all_logits=True)
             if out is not None:
                 return out
             logits, self.state = forward(self.params, self.state, tokens, window=True,
-                                         eval_every=kernel_plan.current().eval_every)
+                                         eval_every=kernel_plan.current().eval_every, rows=self.rows)
             return np.array(logits, dtype=np.float32)
 
     def _prompt(self, tokens: np.ndarray, *, all_logits: bool) -> np.ndarray | None:
@@ -112,6 +122,7 @@ class MlxEngine(StateEngine):
         return out
 
     def _decode(self, token: int) -> np.ndarray:
+        self._read_ahead(np.asarray([token]))
         with using_plan(self.plan):
             return self._decode_planned(token)
 
@@ -131,12 +142,14 @@ class MlxEngine(StateEngine):
                 self.state = state
                 return out
         logits, self.state = forward(self.params, self.state, np.asarray([token]),
-                                     eval_every=kernel_plan.current().eval_every)
+                                     eval_every=kernel_plan.current().eval_every, rows=self.rows)
         return np.array(logits[-1], dtype=np.float32)
 
     def greedy_pipeline(self) -> DevicePipeline | None:
         """Greedy decoding with each next token chosen on the device (device_pipeline.py), unless
-        the plan's pipelined is off."""
+        the plan's pipelined is off or the residual runs MLX ops only (residual.py)."""
+        if RESIDUALS[self.params.cfg.residual].ops_only is not None:
+            return None
         with using_plan(self.plan):
             return DevicePipeline(self) if kernel_plan.current().pipelined else None
 
@@ -180,66 +193,29 @@ class MlxEngine(StateEngine):
 
 
 
-def _plain_resident(model, config: Config, row_faults: dict) -> MlxEngine:
-    return MlxEngine.open(model, config)
-
-
-def _plain_streaming_parts(model, config: Config, plan, rows) -> tuple:
-    xf = model.experts_file
-    params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
-    wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
-    arena = MlxArena(plan.slots, xf.header.padded_bytes)
-    rec, layer_recs = record_layouts(xf)
-    return arena, MlxCompute(params, arena, rec, pred_q8=config.pred_q8, kv_precision=config.kv_cache,
-                             layer_layouts=layer_recs), ("mlx backend",)
-
-
-def _hyper_resident(model, config: Config, row_faults: dict):
-    from strata.mlx_backend.hyper_engine import MlxHyperEngine
-    from strata.runtime.ngram_source import ple_rows_for
-
-    ple = ple_rows_for(model, config, **row_faults)
+def open_resident(model, config: Config, *, row_faults: dict | None = None):
+    """The all-resident MLX engine for `model`; a model with PLE rows opens its row source here
+    (strata.runtime.ngram_source; row_faults: hook and latency faults on its reads)."""
+    ple = ple_rows_for(model, config, **(row_faults or {}))
     try:
-        return MlxHyperEngine.open(model, config, ple=ple)
+        return MlxEngine.open(model, config, ple=ple)
     except BaseException:
         if ple is not None:
             ple.close()
         raise
 
 
-def _hyper_streaming_parts(model, config: Config, plan, rows) -> tuple:
-    from strata.mlx_backend.hyper_compute import HyperMlxCompute
-    from strata.mlx_backend.hyper_model import to_hyper_params
-    from strata.reference.ple import resident_rows
-
-    xf = model.experts_file
-    wire_mlx(plan.slots * xf.header.padded_bytes + stored_bytes(model.dense))  # Metal: within its ceiling
-    arena = MlxArena(plan.slots, xf.header.padded_bytes)
-    params = to_hyper_params(model.cfg, model.dense, resident=False)
-    rows = rows if rows is not None else resident_rows(model.cfg, model.dense)
-    rec, layer_recs = record_layouts(xf)
-    return arena, HyperMlxCompute(params, arena, rec, rows, pred_q8=config.pred_q8, layer_layouts=layer_recs), ("mlx backend",)
-
-
-# Each residual kind's engines on MLX: (the all-resident engine, the streaming engine's parts).
-# The plain stream's residual adds live inside the decode kernels (router, combine; model.py);
-# hyper-connections (Qwen4-Exp) are an ops twin of reference/residual.py (hyper_model.py, with
-# hyper_engine.py and hyper_compute.py over it), imported only for such a model.
-RESIDUAL_ENGINES = {
-    ResidualKind.PLAIN: (_plain_resident, _plain_streaming_parts),
-    ResidualKind.HYPER_CONNECTIONS: (_hyper_resident, _hyper_streaming_parts),
-}
-
-
-def open_resident(model, config: Config, *, row_faults: dict | None = None):
-    """The all-resident MLX engine for `model`'s residual kind; a model with PLE rows opens its row
-    source here (strata.runtime.ngram_source; row_faults: hook and latency faults on its reads)."""
-    return RESIDUAL_ENGINES[model.cfg.residual][0](model, config, row_faults or {})
-
-
 def streaming_parts(model, config: Config, plan, *, rows=None) -> tuple:
     """(arena, compute, notes) of an MLX streaming engine: an MlxArena of `plan.slots` slots and
-    the compute of the model's residual kind over its dense weights (strata.engines adds the pool
-    and the loop). rows: a PLE model's row source (default: the tables in the model file)."""
-    return RESIDUAL_ENGINES[model.cfg.residual][1](model, config, plan, rows)
+    an MlxCompute over the dense weights (strata.engines adds the pool and the loop). rows: a PLE
+    model's row source (default: the tables in the model file)."""
+    xf = model.experts_file
+    params = to_mlx_params(model.cfg, model.dense, pred_q8=config.pred_q8)
+    wire_mlx(plan.slots * xf.header.padded_bytes + dense_nbytes(params))  # Metal: within its ceiling
+    arena = MlxArena(plan.slots, xf.header.padded_bytes)
+    rows = RESIDUALS[model.cfg.residual].rows_for(model.cfg, model.dense, rows)
+    rec, layer_recs = record_layouts(xf)
+    compute = MlxCompute(params, arena, rec, pred_q8=config.pred_q8, kv_precision=config.kv_cache, rows=rows,
+                         layer_layouts=layer_recs)
+    return arena, compute, ("mlx backend",)
 

@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from strata.mlx_backend.attention import rms_norm
+from strata.mlx_backend.dense import Weight, project
 from strata.model_config import ModelConfig
 from strata.reference.attention import LayerKV
 from strata.reference.indexed_attention import IndexedKV
@@ -22,19 +23,23 @@ __all__ = ["IndexedWeights", "empty_indexed_state", "indexed_attention"]
 
 @dataclass(frozen=True, eq=False)
 class IndexedWeights:
-    """float32. Shapes: wq, wgate [H hd, D]; wk, wv [KVH hd, D]; wo [D, H hd]; q_norm, k_norm [hd];
-    idx_qk [(Hi + 1) di, D]; idx_q_norm, idx_k_norm [di]"""
+    """Matrices as stored (mlx_backend/dense.py), norms float32. Shapes: wq, wgate [H hd, D];
+    wk, wv [KVH hd, D]; wo [D, H hd]; q_norm, k_norm [hd]; idx_qk [(Hi + 1) di, D]; idx_q_norm, idx_k_norm [di]"""
 
-    wq: mx.array
-    wgate: mx.array
-    wk: mx.array
-    wv: mx.array
-    wo: mx.array
+    wq: Weight
+    wgate: Weight
+    wk: Weight
+    wv: Weight
+    wo: Weight
     q_norm: mx.array
     k_norm: mx.array
-    idx_qk: mx.array
+    idx_qk: Weight
     idx_q_norm: mx.array
     idx_k_norm: mx.array
+
+    def arrays(self) -> list:
+        return [self.wq, self.wgate, self.wk, self.wv, self.wo, self.q_norm, self.k_norm, self.idx_qk,
+                self.idx_q_norm, self.idx_k_norm]
 
 
 def empty_indexed_state(cfg: ModelConfig) -> IndexedKV:
@@ -92,14 +97,14 @@ def indexed_attention(cfg: ModelConfig, w: IndexedWeights, state: IndexedKV, x: 
     h, kvh, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     hi, di = cfg.qwen4.indexer_heads, cfg.qwen4.indexer_head_dim
     positions = np.arange(start, start + t)
-    qk = x @ w.idx_qk.T  # [T, (Hi + 1) di]
+    qk = project(x, w.idx_qk)  # [T, (Hi + 1) di]
     q_idx = rms_norm(qk[:, :hi * di].reshape(t, hi, di), w.idx_q_norm, cfg.rms_norm_eps)
     q_idx = rope(cfg, q_idx.transpose(1, 0, 2), positions).transpose(1, 0, 2)
     raw_keys = mx.concatenate([state.index_keys, qk[:, hi * di:]], axis=0)
     keep = _keep(cfg, w, q_idx, raw_keys, start)  # [T, S]
-    q = rms_norm((x @ w.wq.T).reshape(t, h, hd).transpose(1, 0, 2), w.q_norm, cfg.rms_norm_eps)
-    k = rms_norm((x @ w.wk.T).reshape(t, kvh, hd).transpose(1, 0, 2), w.k_norm, cfg.rms_norm_eps)
-    v = (x @ w.wv.T).reshape(t, kvh, hd).transpose(1, 0, 2)
+    q = rms_norm(project(x, w.wq).reshape(t, h, hd).transpose(1, 0, 2), w.q_norm, cfg.rms_norm_eps)
+    k = rms_norm(project(x, w.wk).reshape(t, kvh, hd).transpose(1, 0, 2), w.k_norm, cfg.rms_norm_eps)
+    v = project(x, w.wv).reshape(t, kvh, hd).transpose(1, 0, 2)
     q, k = rope(cfg, q, positions), rope(cfg, k, positions)
     keys = mx.concatenate([state.kv.keys, k], axis=1)  # [KVH, S, hd]
     values = mx.concatenate([state.kv.values, v], axis=1)
@@ -108,5 +113,5 @@ def indexed_attention(cfg: ModelConfig, w: IndexedWeights, state: IndexedKV, x: 
     scores = mx.where(keep[None], scores, -np.inf)
     probs = mx.softmax(scores, axis=-1, precise=True)
     out = (probs @ mx.repeat(values, group, axis=0)).transpose(1, 0, 2).reshape(t, h * hd)
-    out = (out * mx.sigmoid(x @ w.wgate.T)) @ w.wo.T
+    out = project(out * mx.sigmoid(project(x, w.wgate)), w.wo)  # weights as stored (dense.py)
     return out, IndexedKV(LayerKV(keys, values), raw_keys)

@@ -4,8 +4,9 @@ The twin of reference/mixers.py for the plain-residual model (model.py, the stre
 the prompt path): each entry builds a layer's mixer weights from the dense weights (as stored:
 mlx_backend/dense.py), gives its empty state, and computes its output as partials
 (their sum over axis 1 is the output; the router kernel adds x + sum_p parts). A new mixer is
-its reference file, its twin here and one entry in each table. Indexed attention is refused here:
-it runs only inside a hyper-connection model, whose own table is hyper_model.py's.
+its reference file, its twin here and one entry in each table. Indexed attention is Qwen4-Exp's,
+whose hyper-connection norms each block's input (residual.py): its partials take that input,
+as a DeltaNet layer without an attn_norm does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from strata.mlx_backend.deltanet import DeltaNetWeights, deltanet_partials
 from strata.mlx_backend.deltanet import empty_state as empty_deltanet_state
 from strata.mlx_backend.dense import held as held_weight
 from strata.mlx_backend.dense import held_rows_of
+from strata.mlx_backend.indexed_attention import IndexedWeights, empty_indexed_state, indexed_attention
 from strata.mlx_backend.mla import MlxLatentKV, mla_partials, mla_weights
+from strata.families.qwen4_exp import Qwen4Names
 from strata.model_config import Mixer, ModelConfig, QKNorm, TensorNames
 from strata.reference.attention import KVPrecision, window_of
 
@@ -74,9 +77,23 @@ def deltanet_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: i
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     w_in = held_rows_of(dense, [n.block(layer, s) for s in (n.ssm_qkv, n.ssm_z, n.ssm_beta, n.ssm_alpha)], dtype)
     wo = held_weight(as_dense_weights(dense).stored(n.block(layer, n.ssm_out)), dtype)  # as stored (dense.py)
+    # no attn_norm where a hyper-connection norms the input (Qwen4-Exp)
+    norm = arr(get(n.attn_norm)) if n.block(layer, n.attn_norm) in dense else None
     # the decay parameters stay float32: exp(a * softplus(...)) compounds over every position
-    return DeltaNetWeights(arr(get(n.attn_norm)), w_in, arr(get(n.ssm_conv)), mx.array(get(n.ssm_a)),
+    conv = held_weight(as_dense_weights(dense).stored(n.block(layer, n.ssm_conv)), dtype)  # widened per op
+    return DeltaNetWeights(norm, w_in, conv, mx.array(get(n.ssm_a)),
                            mx.array(get(n.ssm_dt_bias)), arr(get(n.ssm_norm)), wo)
+
+
+def indexed_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int,
+                    dtype: mx.Dtype) -> IndexedWeights:
+    """An indexed-attention layer's weights: matrices as stored (dense.py), norms float32."""
+    n, q = TensorNames, Qwen4Names
+    stored = lambda s: held_weight(as_dense_weights(dense).stored(n.block(layer, s)), dtype)  # noqa: E731
+    vec = lambda s: mx.array(np.asarray(dense[n.block(layer, s)], np.float32))  # noqa: E731
+    return IndexedWeights(stored(n.attn_q), stored(n.attn_gate), stored(n.attn_k), stored(n.attn_v),
+                          stored(n.attn_output), vec(n.attn_q_norm), vec(n.attn_k_norm), stored(q.idx_qk),
+                          vec(q.idx_q_norm), vec(q.idx_k_norm))
 
 
 def _attention_partials(cfg, w, kv, x, *, pos=None, window=False):
@@ -85,6 +102,11 @@ def _attention_partials(cfg, w, kv, x, *, pos=None, window=False):
 
 def _deltanet_partials(cfg, w, state, x, *, pos=None, window=False):
     return deltanet_partials(cfg, w, state, x, window=window)
+
+
+def _indexed_partials(cfg, w, state, x, *, pos=None, window=False):
+    out, state = indexed_attention(cfg, w, state, x)  # x: the hyper-connection's block input
+    return out[:, None, :], state
 
 
 def _mla_partials(cfg, w, kv, x, *, pos=None, window=False):
@@ -100,12 +122,13 @@ MIXERS: dict[Mixer, MlxMixer] = {
                              _deltanet_partials),
     Mixer.MLA: MlxMixer(mla_weights, lambda cfg, kv_precision=KVPrecision.F32: MlxLatentKV.empty(cfg),
                         _mla_partials),
+    Mixer.INDEXED_ATTENTION: MlxMixer(indexed_weights,
+                                      lambda cfg, kv_precision=KVPrecision.F32: empty_indexed_state(cfg),
+                                      _indexed_partials),
 }
 
 # kinds this table refuses, each with the one line that says where they run
-REFUSED: dict[Mixer, str] = {
-    Mixer.INDEXED_ATTENTION: "indexed attention runs only in a hyper-connection model (mlx_backend/hyper_model.py)",
-}
+REFUSED: dict[Mixer, str] = {}
 
 
 def mixer_for(kind: Mixer, layer: int | None = None) -> MlxMixer:

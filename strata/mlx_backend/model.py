@@ -24,22 +24,27 @@ from strata.formats.dense_weights import as_dense_weights
 from strata.formats.expert_record import RecordLayout, pack_record
 from strata.formats.quant_types import QuantType
 from strata.mlx_backend.arena import MlxArena
-from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV, attention_router, rms_norm, routes_with_attention
+from strata.mlx_backend.attention import AttentionWeights, MlxLayerKV
 from strata.mlx_backend.deltanet import DeltaNetWeights
 from strata.mlx_backend import decode_experts
-from strata.mlx_backend.dense import Q8Dense, linear, rows
+from strata.mlx_backend.dense import Q8Dense, rows
 from strata.mlx_backend.dense import held as held_weight
-from strata.mlx_backend.experts import SharedWeights, combine, experts_route, routed_partials, shared_partials
-from strata.mlx_backend.kernels import dense_gemv as dense_kernel
+from strata.mlx_backend.experts import SharedWeights, experts_route, routed_partials, shared_partials
+from strata.mlx_backend.indexed_attention import IndexedWeights
 from strata.mlx_backend.kernels import embed as embed_kernel
-from strata.mlx_backend.kernels import router as router_kernel
 from strata.mlx_backend.kernels.launch import KernelPath, current_path, index_param, index_view
 from strata.mlx_backend.mixers import mixer_for
 from strata.mlx_backend.mla import MlaWeights, MlxLatentKV
-from strata.mlx_backend.quants import MlxQuantMatrix, gemv, to_mlx
+from strata.mlx_backend.quants import MlxQuantMatrix, to_mlx
+from strata.mlx_backend.residual import (
+    PLAIN, RESIDUALS, HcWeights, HyperLayerWeights, dense_ffn, ffn_input, head, residual_for, router_stage,
+)
 from strata.model_config import Ffn, ModelConfig, TensorNames
 from strata.reference.attention import KVPrecision
 from strata.reference.deltanet import DeltaNetState, kept_position
+from strata.reference.indexed_attention import IndexedKV
+from strata.reference.ngram_rows import NgramRows
+from strata.reference.ple import PleLayerState
 from strata.reference.experts import expert_act
 from strata.reference.model import ExpertSource, ForwardTrace, ModelParams, SelectFn, check_token_ids, router_rule
 from strata.reference.quants import quantize
@@ -59,30 +64,33 @@ class LayerWeights:
     """One layer's resident weights. MoE layers: router, guess, shared; dense FFN layers: dense
     (its SwiGLU, in SharedWeights' form without the gate) and no router."""
 
-    attn: AttentionWeights | DeltaNetWeights | MlaWeights  # the mixer's weights, by its kind
-    ffn_norm: mx.array  # [D]
+    attn: AttentionWeights | DeltaNetWeights | MlaWeights | IndexedWeights  # the mixer's weights, by its kind
+    ffn_norm: mx.array | None  # [D]; None under hyper-connections (they norm the FFN input)
     router: mx.array | None  # float32 [E, D]
     guess: MlxQuantMatrix | None  # Q8_0 copy of this layer's router (read by the previous MoE layer)
     shared: SharedWeights | None
     dense: SharedWeights | None = None
     rule: RouterRule | None = None  # MoE layers: the model's rule with this layer's selection bias
     router_logit_bias: mx.array | None = None  # float32 [E]: the router's logit bias (gpt-oss)
+    hyper: HyperLayerWeights | None = None  # the layer's hyper-connections and PLE module (residual.py)
 
 
 @dataclass(frozen=True, eq=False)
 class MlxParams:
     """Resident weights. `arena` holds every expert (slot l*E + e) for the all-resident engine,
-    or is None when experts stream through a runtime arena."""
+    or is None when experts stream through a runtime arena. The residual's own weights (residual.py):
+    out_norm for the plain stream, hc_out (the last hyper-connection) for hyper-connections."""
 
     cfg: ModelConfig
     layers: tuple[LayerWeights, ...]
     embed: mx.array  # [V, D]
-    out_norm: mx.array  # [D]
+    out_norm: mx.array | None  # [D]
     output: mx.array  # [V, D]
     dtype: mx.Dtype
     arena: MlxArena | None = None
     rec: RecordLayout | None = None
     layer_recs: tuple[RecordLayout, ...] | None = None  # each MoE layer's, where a file's layers differ
+    hc_out: HcWeights | None = None
 
     def rec_of(self, layer: int) -> RecordLayout | None:
         """Model layer `layer`'s record layout (arena.record_layouts)."""
@@ -106,18 +114,21 @@ class MlxModelState:
         """The first n positions: the same KV buffers with a shorter length (later positions are
         written over), so a compiled step bound to these buffers stays bound. A DeltaNet layer
         restores a kept snapshot (the reference's DeltaNetState.trim)."""
-        return MlxModelState(tuple(s.trim(n) if isinstance(s, (DeltaNetState, MlxLatentKV))
+        return MlxModelState(tuple(s.trim(n) if isinstance(s, (DeltaNetState, MlxLatentKV, PleLayerState, IndexedKV))
                                    else MlxLayerKV(s.keys, s.values, n)
                                    for s in self.layers))
 
     def kept_position(self, n: int) -> int:
         """The largest m <= n every layer can restore (twin of the reference's)."""
-        return kept_position(self.layers, max(0, min(int(n), self.length)))
+        # a PLE module keeps snapshots where its DeltaNet does
+        held = tuple(s.mixer if isinstance(s, PleLayerState) else s for s in self.layers)
+        return kept_position(held, max(0, min(int(n), self.length)))
 
 
 def empty_layer_state(cfg: ModelConfig, layer: int, kv_precision: KVPrecision = KVPrecision.F32) -> MlxLayerKV:
-    """The state layer `layer` starts from, by its mixer kind (twin of the reference's; mixers.py)."""
-    return mixer_for(cfg.kinds[layer].mixer, layer).empty_state(cfg, kv_precision)
+    """The state layer `layer` starts from, by its mixer kind (twin of the reference's; mixers.py),
+    with what its residual keeps beside it (residual.py: a PLE module's state)."""
+    return RESIDUALS[cfg.residual].empty_layer_state(cfg, layer, kv_precision)
 
 
 def _layer_weights(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dtype: mx.Dtype,
@@ -132,9 +143,10 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
     get = lambda s: np.asarray(dense[n.block(layer, s)], np.float32)  # noqa: E731
     arr = lambda a: mx.array(a).astype(dtype)  # noqa: E731
     w = lambda s: held_weight(as_dense_weights(dense).stored(n.block(layer, s)), dtype)  # noqa: E731  as stored
+    ffn_norm, hyper = RESIDUALS[cfg.residual].layer_weights(cfg, dense, layer, dtype)
     if cfg.kinds[layer].ffn is Ffn.DENSE:
         dense_ffn = SharedWeights(w(n.ffn_gate), w(n.ffn_up), w(n.ffn_down), None)
-        return LayerWeights(attn, arr(get(n.ffn_norm)), None, None, None, dense_ffn)
+        return LayerWeights(attn, ffn_norm, None, None, None, dense_ffn, hyper=hyper)
     shared = None
     if cfg.has_shared_expert:
         gi = arr(get(n.shexp_gate_inp)) if cfg.shared_expert_gated else None
@@ -143,22 +155,24 @@ def _with_ffn(cfg: ModelConfig, dense: Mapping[str, np.ndarray], layer: int, dty
     guess = to_mlx(quantize(QuantType.Q8_0, router)) if pred_q8 else None
     rule = router_rule(cfg).for_layer(get(n.exp_probs_b) if cfg.sigmoid.router_bias else None)
     bias = mx.array(get(n.router_logit_bias)) if cfg.gpt_oss.router_logit_bias else None
-    return LayerWeights(attn, arr(get(n.ffn_norm)), mx.array(router), guess, shared, rule=rule,
-                        router_logit_bias=bias)
+    return LayerWeights(attn, ffn_norm, mx.array(router), guess, shared, rule=rule, router_logit_bias=bias,
+                        hyper=hyper)
 
 
 def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts: ExpertSource | None = None,
                   dtype: mx.Dtype | None = None, pred_q8: bool = True) -> MlxParams:
     """MLX weights from the reference's dense weights (as stored: `dense.stored(name)`; a plain
     dict of float32 arrays is held as float32 was). With `experts`, every routed
-    expert is packed into a resident MLX arena (slot m*E + e, m the MoE index)."""
-    dtype = dtype or default_dtype()
+    expert is packed into a resident MLX arena (slot m*E + e, m the MoE index). dtype: the float
+    type of the kernels' path (default `default_dtype`, or float32 where the residual runs MLX ops)."""
+    residual = RESIDUALS[cfg.residual]
+    dtype = dtype or residual.dtype(default_dtype())
     n = TensorNames
     layers = tuple(_layer_weights(cfg, dense, l, dtype, pred_q8) for l in range(cfg.n_layers))
     stored = as_dense_weights(dense).stored
     embed_w = held_weight(stored(n.token_embd), dtype)
     output = embed_w if cfg.tie_embeddings else held_weight(stored(n.output), dtype)
-    out_norm = mx.array(np.asarray(dense[n.output_norm], np.float32)).astype(dtype)
+    out_norm, hc_out = residual.head_weights(cfg, dense, dtype)
     arena = rec = None
     if experts is not None:
         first = experts.expert(0, 0)
@@ -166,14 +180,18 @@ def to_mlx_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray], *, experts:
         rec = RecordLayout(g, first.hidden, first.expert_ffn, first.biases is not None, up_qtype=u, down_qtype=d)
         arena = MlxArena(cfg.n_moe_layers * cfg.n_experts, rec.padded_bytes)
         fill_resident_arena(arena, cfg, lambda l, e: pack_record(experts.expert(l, e), rec))
-    mx.eval(*_flat([embed_w, output, out_norm] + [a for lw in layers for a in _arrays(lw)]))
-    return MlxParams(cfg, layers, embed_w, out_norm, output, dtype, arena, rec)
+    mx.eval(*_flat(_head_arrays(embed_w, output, out_norm, hc_out) + [a for lw in layers for a in _arrays(lw)]))
+    return MlxParams(cfg, layers, embed_w, out_norm, output, dtype, arena, rec, hc_out=hc_out)
+
+
+def _head_arrays(embed_w, output, out_norm, hc_out: HcWeights | None) -> list:
+    return [a for a in [embed_w, output, out_norm] if a is not None] + (hc_out.arrays() if hc_out is not None else [])
 
 
 def _arrays(lw: LayerWeights) -> list:
     """The layer's weights (mx.array, or Q8Dense: a stored Q8_0 matrix)."""
     a = lw.attn
-    if isinstance(a, (DeltaNetWeights, MlaWeights)):
+    if isinstance(a, (DeltaNetWeights, MlaWeights, IndexedWeights)):
         out = a.arrays() + [x for x in (lw.ffn_norm, lw.router) if x is not None]
     else:
         out = [a.norm, a.wqkv, a.wo, lw.ffn_norm] + [x for x in (a.bqkv, a.q_norm, a.k_norm, lw.router, a.sinks, a.bo,
@@ -181,6 +199,8 @@ def _arrays(lw: LayerWeights) -> list:
     for sw in (lw.shared, lw.dense):
         if sw is not None:
             out += [sw.gate, sw.up, sw.down] + ([sw.gate_inp] if sw.gate_inp is not None else [])
+    if lw.hyper is not None:
+        out += lw.hyper.arrays()
     if lw.guess is not None:
         out += [lw.guess.w, lw.guess.codes, lw.guess.raw_scales] + [x for x in (lw.guess.scales, lw.guess.biases)
                                                                    if x is not None]
@@ -196,11 +216,22 @@ def holds_q8_dense(p: MlxParams) -> bool:
     return any(isinstance(w, Q8Dense) for w in [p.embed, p.output] + [w for lw in p.layers for w in _arrays(lw)])
 
 
-def dense_arrays(p: MlxParams) -> list[mx.array]:
-    """Every dense weight's arrays, each once (every layer's, the embedding, the head — a tied head
-    is the embedding itself — and the Q8_0 read-ahead copies of the routers)."""
+def dense_weights(p: MlxParams) -> list:
+    """Every dense weight (an mx.array, or a Q8Dense: a stored Q8_0 matrix), each once (every
+    layer's, the embedding, the head — a tied head is the embedding itself — and the Q8_0
+    read-ahead copies of the routers)."""
     seen, out = set(), []
-    for a in _flat([p.embed, p.output, p.out_norm] + [w for lw in p.layers for w in _arrays(lw)]):
+    for w in _head_arrays(p.embed, p.output, p.out_norm, p.hc_out) + [w for lw in p.layers for w in _arrays(lw)]:
+        if id(w) not in seen:
+            seen.add(id(w))
+            out.append(w)
+    return out
+
+
+def dense_arrays(p: MlxParams) -> list[mx.array]:
+    """Every dense weight's arrays, each once (`dense_weights`, a Q8_0 matrix as its planes)."""
+    seen, out = set(), []
+    for a in _flat(dense_weights(p)):
         if id(a) not in seen:
             seen.add(id(a))
             out.append(a)
@@ -255,68 +286,6 @@ def attention_block(p: MlxParams, layer: int, kv: MlxLayerKV, x: mx.array) -> tu
     return x + parts.sum(axis=1), kv
 
 
-def _router_kernel_ok(p: MlxParams) -> bool:
-    # the router kernel computes W h only: a router with a logit bias (gpt-oss) takes MLX ops
-    return (current_path() is not KernelPath.OPS and p.dtype == mx.float16 and p.cfg.hidden_size % 32 == 0
-            and not p.cfg.gpt_oss.router_logit_bias)
-
-
-def _routes_with_mixer(p: MlxParams, layer: int, kv, t: int) -> bool:
-    """Whether the layer's attention and its router (the kernel, no guess) run as one launch."""
-    return (mixer_for(p.cfg.kinds[layer].mixer).softmax_attention and _router_kernel_ok(p)
-            and routes_with_attention(p.cfg, p.layers[layer].attn, kv, t))
-
-
-def router_stage(p: MlxParams, layer: int, x: mx.array, parts: mx.array, guess: MlxQuantMatrix | None = None
-                 ) -> tuple[mx.array, mx.array, mx.array, mx.array | None]:
-    """The residual after attention, the router input h, router logits z, and (with `guess`, the
-    next layer's Q8_0 router) the read-ahead guess logits.
-
-    Shapes:
-        x [T, D], parts [T, P, D] -> x_mid [T, D], h [T, D], z float32 [T, E], g [T, E] or None
-    """
-    lw, cfg = p.layers[layer], p.cfg
-    if _router_kernel_ok(p):
-        g_codes = guess.codes if guess is not None else None
-        g_scales = guess.raw_scales if guess is not None else None
-        x_mid, h, z, g = router_kernel.router(x, parts, lw.ffn_norm, lw.router, g_codes, g_scales, cfg.rms_norm_eps)
-        return x_mid, h, z, (g if guess is not None else None)
-    x_mid = x + parts.sum(axis=1)
-    h = rms_norm(x_mid, lw.ffn_norm, cfg.rms_norm_eps)
-    z = h @ lw.router.T
-    g = gemv(guess, h) if guess is not None else None
-    if lw.router_logit_bias is not None:  # this layer's logit bias; g is the next layer's W h (MlxCompute adds its bias)
-        z = z + lw.router_logit_bias
-    return x_mid, h, z, g
-
-
-def ffn_input(p: MlxParams, layer: int, x: mx.array, parts: mx.array) -> tuple[mx.array, mx.array]:
-    """A dense FFN layer's residual after its mixer and its FFN input h (no router: MLX ops).
-
-    Shapes:
-        x [T, D], parts [T, P, D] -> x_mid [T, D], h [T, D]
-    """
-    x_mid = x + parts.sum(axis=1)
-    return x_mid, rms_norm(x_mid, p.layers[layer].ffn_norm, p.cfg.rms_norm_eps)
-
-
-def dense_ffn(p: MlxParams, layer: int, x_mid: mx.array, h: mx.array) -> mx.array:
-    """x + ffn(h) for a dense FFN layer (the shared-expert body without its gate). [T, D] -> [T, D]"""
-    return x_mid + shared_partials(h, p.layers[layer].dense).sum(axis=1)
-
-
-def head(p: MlxParams, x: mx.array) -> mx.array:
-    """Twin of reference `head`: final norm and LM head. [T, D] -> float32 [T, V]
-
-    Kernel path: one launch (the norm fused into the head GEMV; the ops path takes nine)."""
-    d = p.cfg.hidden_size
-    if (current_path() is not KernelPath.OPS and p.output.dtype == mx.float16 and p.out_norm.dtype == mx.float16
-            and d % 8 == 0 and d <= dense_kernel.MAX_COLS):
-        return dense_kernel.dense_gemv(p.output, x, p.out_norm, p.cfg.rms_norm_eps)
-    xn = rms_norm(x, p.out_norm, p.cfg.rms_norm_eps)
-    return linear(xn, p.output)
-
-
 def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, pos: mx.array | None = None,
                    window: bool = False) -> tuple[mx.array, MlxLayerKV]:
     """The layer's mixer (by kind: mixers.py) as partials of its output, and its new state. window: a
@@ -326,30 +295,28 @@ def mixer_partials(p: MlxParams, layer: int, state: MlxLayerKV, x: mx.array, *, 
 
 
 def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn | None = None,
-                  trace: list | None = None, *, pos: mx.array | None = None,
-                  window: bool = False) -> tuple[mx.array, MlxLayerKV]:
+                  trace: list | None = None, *, pos: mx.array | None = None, window: bool = False,
+                  residual=PLAIN, tokens: np.ndarray | None = None) -> tuple[mx.array, MlxLayerKV]:
     """One decoder layer over all-resident experts. select None: the model's own rule on the
     GPU (no host round trip); else one host round trip for the router logits. pos: kv.length on
-    the device (attention_partials; kernel path only)."""
+    the device (attention_partials; kernel path only). residual: how the layer reads and writes
+    x (residual.py; tokens: the positions' ids, which a PLE term reads)."""
     cfg, lw = p.cfg, p.layers[layer]
     if p.arena is None:
         raise ValueError("layer_forward needs resident experts (MlxParams.arena); streaming goes through MlxCompute")
     rec = p.rec_of(layer) if lw.dense is None else p.rec
-    experts_on_device = select is None and lw.dense is None and decode_experts.applies(
+    experts_on_device = residual.fuses_residual and select is None and lw.dense is None and decode_experts.applies(
         rec, lw.rule, lw.shared, expert_act(cfg), x.shape[0])
-    if lw.dense is None and _routes_with_mixer(p, layer, kv, x.shape[0]):  # attention and the router in one launch
-        # h and z handed to the expert launch in the attention launch's buffer (attend_project.routed_chain)
-        x_mid, h, z, kv = attention_router(cfg, lw.attn, kv, x, lw.ffn_norm, lw.router, pos=pos,
-                                           hand_on=experts_on_device)
-    else:
-        parts, kv = mixer_partials(p, layer, kv, x, pos=pos, window=window)
-        if lw.dense is not None:  # a dense FFN layer: no router, no experts
-            return dense_ffn(p, layer, *ffn_input(p, layer, x, parts)), kv
-        x_mid, h, z, _ = router_stage(p, layer, x, parts)
+    # an MoE layer's attention and router in one launch where they can (residual.py)
+    mixed, kv = residual.mixer_block(p, layer, kv, x, tokens, pos=pos, window=window, fuse_router=lw.dense is None,
+                                     hand_on=experts_on_device)
+    h, z, _, carry = residual.ffn_read(p, layer, mixed)
+    if lw.dense is not None:  # a dense FFN layer: no router, no experts
+        return dense_ffn(p, layer, carry, h), kv
     m = cfg.moe_index(layer)
     base = m * cfg.n_experts
     if experts_on_device:
-        return decode_experts.routed_residual(p.arena.array, rec, x_mid, h, z, base, lw.rule, lw.shared), kv
+        return decode_experts.routed_residual(p.arena.array, rec, carry, h, z, base, lw.rule, lw.shared), kv
     if select is None:
         routed, shared = experts_route(p.arena.array, rec, h, z, base, lw.rule, lw.shared, expert_act(cfg))
     else:
@@ -360,8 +327,7 @@ def layer_forward(p: MlxParams, layer: int, kv: MlxLayerKV, x, select: SelectFn 
         routed = routed_partials(p.arena.array, rec, h, slots, weights, act=expert_act(cfg))
         if trace is not None:
             trace.append((np.array(h), tuple(sels)))
-    gate_inp = lw.shared.gate_inp if lw.shared is not None else None
-    return combine(x_mid, routed, shared, h, gate_inp), kv
+    return residual.ffn_write(p, layer, carry, routed, shared, h), kv
 
 
 def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -376,8 +342,9 @@ def selections_to_slots(sels: list[Selection], k: int, base: int) -> tuple[np.nd
 
 
 def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | None = None, trace: bool = False,
-            eval_every: int = 0, window: bool = False):
-    """Twin of reference `forward`: process `tokens` after the cached positions.
+            eval_every: int = 0, window: bool = False, rows: NgramRows | None = None):
+    """Twin of reference `forward`: process `tokens` after the cached positions, the residual
+    stream by the model's strategy (residual.py; rows: the PLE row source hyper-connections read).
 
     select None (and no trace): routing on the device by the model's rule. A `select` (or trace)
     routes each token on the host, like the reference. eval_every: layers per asynchronous
@@ -390,24 +357,29 @@ def forward(p: MlxParams, state: MlxModelState, tokens, *, select: SelectFn | No
     if trace and select is None:  # the model's rule per MoE layer (each with its selection bias)
         rules = [p.layers[l].rule for l in p.cfg.moe_layers]
         select = lambda m, z: route(z, rules[m])  # noqa: E731
-    x = embed(p, tokens)
+    residual = residual_for(p.cfg, rows)
+    tokens = np.asarray(tokens, np.int64).reshape(-1)
+    x = residual.expand(p, embed(p, tokens), tokens)
     records = [] if trace else None
     every = eval_every if current_path() is KernelPath.GPU else 0
-    logits, new_state = _layers_and_head(p, state, x, select, records, every, window=window)
+    logits, new_state = _layers_and_head(p, state, x, select, records, every, window=window, residual=residual,
+                                         tokens=tokens)
     if trace:
         return logits, new_state, ForwardTrace(np.stack([r[0] for r in records]), tuple(r[1] for r in records))
     return logits, new_state
 
 
 def _layers_and_head(p: MlxParams, state: MlxModelState, x: mx.array, select: SelectFn | None, records: list | None,
-                     every: int, pos: mx.array | None = None, *, window: bool = False) -> tuple[mx.array, MlxModelState]:
+                     every: int, pos: mx.array | None = None, *, window: bool = False, residual=PLAIN,
+                     tokens: np.ndarray | None = None) -> tuple[mx.array, MlxModelState]:
     layers, n = [], p.cfg.n_layers
     for layer in range(n):
-        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window)
+        x, kv = layer_forward(p, layer, state.layers[layer], x, select, records, pos=pos, window=window,
+                              residual=residual, tokens=tokens)
         layers.append(kv)
         if every and (layer + 1) % every == 0:
             mx.async_eval(x)
-    return head(p, x), MlxModelState(tuple(layers))
+    return residual.head(p, x), MlxModelState(tuple(layers))
 
 
 def decode_device(p: MlxParams, state: MlxModelState, ids: mx.array, pos: mx.array) -> tuple[mx.array, MlxModelState]:
@@ -430,5 +402,6 @@ def from_reference(params: ModelParams, *, dtype: mx.Dtype | None = None) -> Mlx
 
 
 __all__ += ["layer_forward", "selections_to_slots", "from_reference", "embed_token", "decode_device", "mixer_partials",
-            "ffn_input", "dense_ffn", "empty_layer_state", "dense_nbytes", "holds_q8_dense"]
+            "ffn_input", "dense_ffn", "empty_layer_state", "dense_weights", "dense_arrays", "dense_nbytes",
+            "holds_q8_dense"]
 _ = field  # dataclasses.field kept for frozen defaults above

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from strata.mlx_backend.dense import Weight, project
 from strata.model_config import ModelConfig
 from strata.families.qwen4_exp import ple_layers
 from strata.reference.deltanet import KEPT_SNAPSHOTS
@@ -25,14 +26,18 @@ __all__ = ["PleWeights", "empty_ple_state", "grouped_rms_norm", "ple"]
 
 @dataclass(frozen=True, eq=False)
 class PleWeights:
-    """float32. Shapes: key [S, E], value [D, E], key_norm / query_norm / conv_norm [S], conv [S, K]"""
+    """key, value and conv as stored (mlx_backend/dense.py), the norms float32. Shapes: key [S, E],
+    value [D, E], key_norm / query_norm / conv_norm [S], conv [S, K]"""
 
-    key: mx.array
-    value: mx.array
+    key: Weight
+    value: Weight
     key_norm: mx.array
     query_norm: mx.array
     conv_norm: mx.array
-    conv: mx.array
+    conv: Weight  # [S, K]: never Q8_0 (K is not a multiple of its block)
+
+    def arrays(self) -> list:
+        return [self.key, self.value, self.key_norm, self.query_norm, self.conv_norm, self.conv]
 
 
 def grouped_rms_norm(x: mx.array, weight: mx.array, group: int, eps: float) -> mx.array:
@@ -54,8 +59,8 @@ def ple(cfg: ModelConfig, w: PleWeights, layer: int, rows: NgramRows, state: Ple
     d, hc, eps, t = cfg.hidden_size, cfg.qwen4.hc_count, cfg.rms_norm_eps, streams.shape[0]
     index = ple_layers(cfg).index(layer)
     emb = mx.array(ple_embeddings(cfg, index, rows, state.context, tokens))  # [T, E]
-    key = grouped_rms_norm(emb @ w.key.T, w.key_norm, d, eps).reshape(t, hc, d)
-    value = emb @ w.value.T  # [T, D]
+    key = grouped_rms_norm(project(emb, w.key), w.key_norm, d, eps).reshape(t, hc, d)
+    value = project(emb, w.value)  # [T, D]; weights as stored (dense.py)
     query = grouped_rms_norm(streams, w.query_norm, d, eps).reshape(t, hc, d)
     gate = (key * query).sum(axis=-1) / np.float32(np.sqrt(d))  # [T, hc]
     gate = mx.sqrt(mx.maximum(mx.abs(gate), GATE_FLOOR)) * mx.sign(gate)
@@ -63,7 +68,8 @@ def ple(cfg: ModelConfig, w: PleWeights, layer: int, rows: NgramRows, state: Ple
     normed = grouped_rms_norm(gated, w.conv_norm, d, eps)
     padded = mx.concatenate([state.conv, normed], axis=0)  # [L + T, S]
     dil = cfg.qwen4.ngram_size
-    conv = sum(w.conv[:, j] * padded[j * dil:j * dil + t] for j in range(cfg.qwen4.ple_conv_kernel))
+    wc = w.conv.astype(mx.float32)  # widened per op (exact)
+    conv = sum(wc[:, j] * padded[j * dil:j * dil + t] for j in range(cfg.qwen4.ple_conv_kernel))
     conv = conv * mx.sigmoid(conv)
     keep, snaps = conv_state_len(cfg), []
     h = NgramHash.of(cfg, index)

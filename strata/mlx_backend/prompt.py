@@ -34,6 +34,7 @@ from strata.mlx_backend.grouped import grouped_experts, grouped_pays, grouped_re
 from strata.mlx_backend import kernel_plan
 from strata.mlx_backend.kernels.launch import current_path
 from strata.mlx_backend.model import MlxModelState, MlxParams, embed, head, holds_q8_dense, mixer_partials
+from strata.mlx_backend.residual import RESIDUALS
 from strata.mlx_backend.lowp import lowp_matmul
 from strata.mlx_backend.mixers import mixer_for
 from strata.mlx_backend.prompt_attention import attention_refusal, prompt_attention
@@ -61,6 +62,8 @@ def prompt_refusal(p: MlxParams, rec=None) -> str | None:
     """Why the prompt path cannot run this model (None: it can). rec: the streaming arena's record
     layout (default: the resident arena's, `p.rec`)."""
     cfg = p.cfg
+    if (why := RESIDUALS[cfg.residual].ops_only) is not None:
+        return why
     if cfg.n_moe_layers and (why := grouped_refusal(rec or p.rec, expert_act(cfg))) is not None:
         return why
     if any(lw.router_logit_bias is not None for lw in p.layers):

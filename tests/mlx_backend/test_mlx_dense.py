@@ -157,3 +157,45 @@ def test_the_prompt_path_refuses_q8_0_dense_matrices(stored_model):
         p = to_mlx_params(m.cfg, m.dense, experts=m.resident_params().experts, pred_q8=False)
         why = prompt_refusal(p)
         assert (why == "Q8_0 dense matrices") if qtype is QuantType.Q8_0 else why is None
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+def test_project_reads_a_float16_matrix_through_the_gemv_for_a_few_positions(path, monkeypatch):
+    """dense.project: up to GEMV_ROWS positions of a float16 matrix take the float16 GEMV (no
+    float32 copy of the weights), more take `linear`; both within FAST of float32 products."""
+    from strata.mlx_backend import dense
+
+    rng = np.random.default_rng(3)
+    w = mx.array(rng.standard_normal((48, 64)).astype(np.float16))
+    launches = []
+    inner = dense.f16_kernel.dense_gemv
+    monkeypatch.setattr(dense.f16_kernel, "dense_gemv", lambda *a, **k: launches.append(1) or inner(*a, **k))
+    for t, gemv in ((1, 1), (dense.GEMV_ROWS, 1), (dense.GEMV_ROWS + 1, 0)):
+        x = rng.standard_normal((t, 64)).astype(np.float32)
+        launches.clear()
+        with using_path(path):
+            got = np.array(dense.project(mx.array(x), w))
+        assert len(launches) == gemv, t
+        assert_backends_agree(x @ np.array(w, np.float32).T, got, "FAST", what=f"{t} positions")
+
+
+def test_column_blocks_hold_the_matrix_as_stored_in_pieces():
+    """dense.held_column_blocks: each block held as `held` holds the whole (its type, its bytes),
+    and the blocks side by side are the whole matrix's values."""
+    from strata.formats.dense_weights import StoredTensor, StoredType
+    from strata.mlx_backend.dense import held, held_column_blocks, widen
+    from strata.reference.quants import quantize
+
+    x = np.random.default_rng(5).standard_normal((6, 128)).astype(np.float32)
+    q = quantize(QuantType.Q8_0, x)
+    f16 = StoredTensor(StoredType.F16, x.shape, x.astype(np.float16))
+    q8 = StoredTensor(StoredType.Q8_0, x.shape, q.codes.reshape(6, 128).view(np.int8), q.scales.reshape(6, 4)
+                      .astype(np.float16))
+    for t in (x, f16, q8):
+        whole, blocks = held(t, mx.float32), held_column_blocks(t, mx.float32, 64)
+        assert len(blocks) == 2 and all(type(b) is type(whole) and b.shape == (6, 64) for b in blocks)
+        assert sum(b.nbytes for b in blocks) == whole.nbytes
+        np.testing.assert_array_equal(np.concatenate([np.array(widen(b)) for b in blocks], axis=1),
+                                      np.array(widen(whole)))
+    with pytest.raises(ValueError, match="whole blocks"):
+        held_column_blocks(x, mx.float32, 48)

@@ -1,5 +1,6 @@
-"""strata/mlx_backend/hyper_compute.py: the read-ahead guess comes to the host with the router
-logits (one sync per layer), and it is the guess a separate computation would give."""
+"""strata/mlx_backend/compute.py over hyper-connection streams (Qwen4-Exp): the read-ahead guess
+comes to the host with the router logits (one sync per layer), and it is the guess a separate
+computation would give."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import strata  # noqa: E402
 from engine_kinds import min_slots  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
-from strata.mlx_backend.hyper_compute import HyperMlxCompute  # noqa: E402
+from strata.mlx_backend.compute import MlxCompute  # noqa: E402
 from strata.mlx_backend.kernels.launch import gpu_dialect  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
 
@@ -28,10 +29,10 @@ def model(tmp_path_factory):
 
 
 class _Spy:
-    """Wraps a HyperMlxCompute's guess paths: counts the guess computations `guess_logits` makes
+    """Wraps a MlxCompute's guess paths: counts the guess computations `guess_logits` makes
     itself (each one a second sync) and keeps what it returned."""
 
-    def __init__(self, compute: HyperMlxCompute) -> None:
+    def __init__(self, compute: MlxCompute) -> None:
         self.compute, self.in_guess, self.returned = compute, 0, []
         inner_guess, inner_device = compute.guess_logits, compute._guess_device
         self.inside = False
@@ -90,20 +91,3 @@ def test_prefetch2_guesses_the_layer_after_next_apart(model):
         moe = model.cfg.moe_layers
         # m+1 from the lookup, m+2 computed apart (one per layer that has a layer after next)
         assert spy.in_guess == 2 * max(len(moe) - 2, 0)
-
-
-def test_f16_weights_widen_on_the_device_to_the_hosts_values(tmp_path):
-    from strata.formats.dense_weights import StoredTensor, StoredType
-    from strata.mlx_backend.hyper_model import _float32
-
-    made = make_model(tmp_path / "qwen4", "qwen4", seed=5, dense_type=QuantType.F16)
-    model = strata.load(made.model_path)
-
-    f16 = [n for n in model.dense if isinstance(model.dense.stored(n), StoredTensor)
-           and model.dense.stored(n).qtype is StoredType.F16]
-    assert f16, "the made model stores no F16 tensor: the device path is not exercised"
-    for name in f16 + [n for n in model.dense if n not in f16][:3]:
-        got = np.array(_float32(model.dense, name))
-        assert got.dtype == np.float32
-        np.testing.assert_array_equal(got, model.dense[name])  # exact: f16 -> f32 is
-    model.close()

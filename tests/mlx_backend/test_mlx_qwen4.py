@@ -1,7 +1,7 @@
-"""The MLX twin of Qwen4-Exp (mlx_backend/hyper_model.py through MlxHyperEngine) against the
-reference forward on the made shape `qwen4`, within FORWARD: a prompt holding the PLE's EOS
-token, decoded positions past the QSA budget, a decode window and a trim at a kept position;
-all-resident (MlxHyperEngine) and streaming at the smallest legal arena (HyperMlxCompute). Runs
+"""The MLX forward of Qwen4-Exp (mlx_backend/model.py under the hyper-connection residual,
+residual.py) against the reference forward on the made shape `qwen4`, within FORWARD: a prompt
+holding the PLE's EOS token, decoded positions past the QSA budget, a decode window and a trim at
+a kept position; all-resident (MlxEngine) and streaming at the smallest legal arena (MlxCompute). Runs
 on MLX's default device (the CPU build here; marked `gpu` where a GPU must run it)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import strata  # noqa: E402
 from mlx_agree import assert_backends_agree  # noqa: E402
 from strata.config import Backend, Config  # noqa: E402
 from strata.formats.quant_types import QuantType  # noqa: E402
-from strata.mlx_backend.hyper_engine import MlxHyperEngine  # noqa: E402
+from strata.mlx_backend.engine import MlxEngine  # noqa: E402
 from strata.mlx_backend.kernels.launch import gpu_dialect  # noqa: E402
 from strata.reference.model import ModelState, forward  # noqa: E402
 from strata.testing.models import make_model  # noqa: E402
@@ -43,7 +43,7 @@ def _agrees(model, stream: bool = False):
     whole, _ = forward(model.resident_params(), ModelState.empty(model.cfg), tokens)
     config = MLX.replace(arena=f"{min_slots(model, MLX)}slots") if stream else MLX
     with strata.open_engine(model, config, stream=stream) as engine:
-        assert isinstance(engine, MlxHyperEngine) != stream
+        assert isinstance(engine, MlxEngine) != stream
         got = [engine.prefill(tokens[:10])] + [engine.decode(int(t)) for t in tokens[10:30]]
         window = engine.decode_window(tokens[30:])
         assert_backends_agree(whole[9:30], np.stack(got), "FORWARD", what="prefill + decode")
@@ -91,10 +91,10 @@ def test_mlx_twin_agrees_on_the_gpu(model, stream):
 
 @pytest.fixture(scope="module")
 def pieces(model):
-    from strata.mlx_backend.hyper_model import to_hyper_params
+    from strata.mlx_backend.model import to_mlx_params
 
     params = model.resident_params()
-    return params, to_hyper_params(model.cfg, params.dense, params.experts)
+    return params, to_mlx_params(model.cfg, params.dense, experts=params.experts)
 
 
 def _streams(cfg, t: int, seed: int) -> np.ndarray:
@@ -102,13 +102,13 @@ def _streams(cfg, t: int, seed: int) -> np.ndarray:
 
 
 def test_hyper_connection_read_and_write_agree(model, pieces):
-    from strata.mlx_backend import hyper_model as mhm
+    from strata.mlx_backend import residual as mhm
     from strata.reference import hyper_connections as rhc
 
     ref_p, mlx_p = pieces
     cfg, streams = model.cfg, _streams(model.cfg, 7, 1)
     want_in, want_inj = rhc.hc_read(cfg, ref_p.dense, "blk.1.hc_ffn", streams)
-    got_in, got_inj = mhm.hc_read(cfg, mlx_p.layers[1].hc_ffn, mx.array(streams))
+    got_in, got_inj = mhm.hc_read(cfg, mlx_p.layers[1].hyper.hc_ffn, mx.array(streams))
     assert_backends_agree(want_in, got_in, "FAST", what="hc_read input")
     assert_backends_agree(want_inj, got_inj, "FAST", what="hc_read inject")
     out = np.random.default_rng(2).standard_normal((7, cfg.hidden_size)).astype(np.float32)
@@ -130,7 +130,7 @@ def test_ple_agrees_over_calls(model, pieces):
     for part, seed in ((slice(0, 9), 3), (slice(9, 12), 4)):
         s = _streams(cfg, part.stop - part.start, seed)
         want, want_state = rple.ple(cfg, ref_p.dense, layer, rows, want_state, s, tokens[part])
-        got, got_state = mple.ple(cfg, mlx_p.layers[layer].ple, layer, rows, got_state, mx.array(s), tokens[part])
+        got, got_state = mple.ple(cfg, mlx_p.layers[layer].hyper.ple, layer, rows, got_state, mx.array(s), tokens[part])
         assert_backends_agree(want, got, "FAST", what=f"ple {part}")
     np.testing.assert_array_equal(got_state.context, want_state.context)
     assert_backends_agree(want_state.conv, got_state.conv, "FAST", what="ple conv state")
@@ -144,21 +144,24 @@ def test_indexed_attention_agrees_past_the_budget(model, pieces):
     cfg, layer = model.cfg, 3
     x = np.random.default_rng(5).standard_normal((40, cfg.hidden_size)).astype(np.float32)
     want, want_state = ria.indexed_attention(cfg, ref_p.dense, layer, ria.IndexedKV.empty(cfg), x[:30])
-    got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].mixer, mia.empty_indexed_state(cfg),
+    got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].attn, mia.empty_indexed_state(cfg),
                                            mx.array(x[:30]))
     assert_backends_agree(want, got, "FAST", what="prompt")
     for t in range(30, 40):  # decoded positions: 8 blocks and more, the budget takes 2
         want, want_state = ria.indexed_attention(cfg, ref_p.dense, layer, want_state, x[t:t + 1])
-        got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].mixer, got_state, mx.array(x[t:t + 1]))
+        got, got_state = mia.indexed_attention(cfg, mlx_p.layers[layer].attn, got_state, mx.array(x[t:t + 1]))
         assert_backends_agree(want, got, "FAST", what=f"decode {t}")
 
 
 def test_device_and_host_routing_agree(model, pieces):
-    from strata.mlx_backend.hyper_model import empty_hyper_state, hyper_forward
+    from strata.mlx_backend.model import MlxModelState, forward as mlx_forward
     from strata.reference.ple import resident_rows
+    from strata.reference.routing import route
 
     ref_p, mlx_p = pieces
     rows, tokens = resident_rows(model.cfg, ref_p.dense), _tokens(model)
-    on_device, _ = hyper_forward(mlx_p, empty_hyper_state(model.cfg), tokens, rows)
-    on_host, _ = hyper_forward(mlx_p, empty_hyper_state(model.cfg), tokens, rows, device_routing=False)
+    rules = [mlx_p.layers[l].rule for l in model.cfg.moe_layers]
+    on_device, _ = mlx_forward(mlx_p, MlxModelState.empty(model.cfg), tokens, rows=rows)
+    on_host, _ = mlx_forward(mlx_p, MlxModelState.empty(model.cfg), tokens, rows=rows,
+                             select=lambda m, z: route(z, rules[m]))  # the reference's rule on the host
     assert_backends_agree(on_host, on_device, "FAST", what="device vs host routing")

@@ -27,7 +27,7 @@ SHAPE_OF = {Mixer.ATTENTION: "tiny", Mixer.SLIDING_ATTENTION: "gpt-oss", Mixer.D
 # the modules that run a layer loop or build a layer: none may branch on `Mixer.<kind>`
 LOOPS = ("strata/reference/model.py", "strata/reference/layers.py", "strata/reference/model_state.py",
          "strata/reference/residual.py", "strata/numpy_backend", "strata/mlx_backend/model.py",
-         "strata/mlx_backend/hyper_model.py", "strata/mlx_backend/compute.py", "strata/mlx_backend/hyper_compute.py",
+         "strata/mlx_backend/residual.py", "strata/mlx_backend/compute.py",
          "strata/mlx_backend/prompt.py", "strata/runtime")
 
 
@@ -59,7 +59,6 @@ def test_tensor_table(kind):
 def test_mlx_tables(kind):
     pytest.importorskip("mlx.core")
     from strata.mlx_backend import mixers as mlx_mixers
-    from strata.mlx_backend.hyper_model import HYPER_MIXERS, hyper_mixer_for
 
     assert (kind in mlx_mixers.MIXERS) != (kind in mlx_mixers.REFUSED), kind
     cfg = SHAPES[SHAPE_OF[kind]]
@@ -69,13 +68,9 @@ def test_mlx_tables(kind):
         with pytest.raises(ConfigError) as e:
             mlx_mixers.mixer_for(kind, 3)
         assert "\n" not in str(e.value) and kind.value in str(e.value) and "layer 3" in str(e.value)
-    # inside a hyper-connection model: every kind the family allows, and a one-line refusal of the others
+    # a hyper-connection model's mixers come from the same table (mlx_backend/residual.py)
     if kind in QWEN4_MIXERS:
-        assert hyper_mixer_for(kind).empty_state(cfg).length == 0
-    else:
-        assert kind not in HYPER_MIXERS
-        with pytest.raises(ConfigError, match=kind.value):
-            hyper_mixer_for(kind)
+        assert kind in mlx_mixers.MIXERS
 
 
 def _mixer_branches(path: Path) -> list[str]:

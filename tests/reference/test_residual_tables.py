@@ -18,7 +18,8 @@ from strata.testing.models import SHAPES, make_dense
 ROOT = Path(__file__).resolve().parents[2]
 # the layer loops and the engine choosers: the residual is the strategy's business, not theirs
 CHOOSERS = ("strata/reference/model.py", "strata/reference/layers.py", "strata/numpy_backend", "strata/engines.py",
-            "strata/mlx_backend/engine.py", "strata/runtime/decode.py", "strata/runtime/prompt.py")
+            "strata/mlx_backend/engine.py", "strata/mlx_backend/model.py", "strata/mlx_backend/compute.py",
+            "strata/runtime/decode.py", "strata/runtime/prompt.py")
 
 
 def _params(shape: str) -> ModelParams:
@@ -30,11 +31,11 @@ def test_every_kind_has_a_reference_strategy():
     assert set(RESIDUALS) == set(ResidualKind)
 
 
-def test_every_kind_has_mlx_engines():
+def test_every_kind_has_an_mlx_strategy():
     pytest.importorskip("mlx.core")
-    from strata.mlx_backend.engine import RESIDUAL_ENGINES
+    from strata.mlx_backend.residual import RESIDUALS as MLX_RESIDUALS
 
-    assert set(RESIDUAL_ENGINES) == set(ResidualKind)
+    assert set(MLX_RESIDUALS) == set(ResidualKind)
 
 
 @pytest.mark.parametrize("shape, kind, strategy", [("tiny", ResidualKind.PLAIN, PlainResidual),

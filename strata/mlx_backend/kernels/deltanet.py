@@ -176,7 +176,8 @@ def deltanet_step(proj: mx.array, conv_in: mx.array, conv_w: mx.array, a: mx.arr
 
     Shapes:
         proj float32 [1, C + V + 2 Hv], conv_in float32 [C, K-1], conv_w float16 [C, K],
-        a / dt_bias float32 [Hv], norm_w float16 [dv], s_in float32 [Hv, dk, dv]
+        a / dt_bias float32 [Hv], norm_w float16 [dv] (float32 under hyper-connections, whose
+        vectors stay as an F32 file stores them), s_in float32 [Hv, dk, dv]
         -> (y float32 [1, V], conv_out float32 [C, K-1], s_out float32 [Hv, dk, dv])
     """
     hv, dk, dv = s_in.shape
@@ -195,4 +196,5 @@ def deltanet_step(proj: mx.array, conv_in: mx.array, conv_w: mx.array, a: mx.arr
         SOURCE, [proj, conv_in, conv_w, a, dt_bias, norm_w, s_in, consts],
         [(1, hv * dv), (c, kc - 1), (hv, dk, dv)], [mx.float32] * 3, blocks=(hv, 1, 1), threads=nt,
         template=(("HK", k_heads), ("HV", hv), ("DK", dk), ("DV", dv), ("KC", kc), ("KR", ROWS_PER_THREAD),
-                  ("SOFTPLUS_MAX", int(softplus_max)), ("SIGMOID_GATE", int(sigmoid_gate)), ("NT", nt))))
+                  ("SOFTPLUS_MAX", int(softplus_max)), ("SIGMOID_GATE", int(sigmoid_gate)), ("NT", nt),
+                  ("NORM_F32", int(norm_w.dtype == mx.float32)))))  # one build per norm_w dtype (launch.py)
