@@ -12,7 +12,7 @@ or the seeded wide random one for the 256-weight rows K- and IQ-quants need), co
 llama.cpp's converter, then quantized from F32 with a base type and per-tensor `--tensor-type`
 overrides (IQ2_XXS needs an importance matrix: llama-imatrix on PARITY_TEXT). The one change to
 llama.cpp's converter: our tiny tokenizer's pre-tokenizer hash is not in its table, so
-`get_vocab_base_pre` answers "gpt2" (the fixtures' tokenizer is GPT-2's byte-level regex). Prints
+`get_vocab_base_pre` answers "gpt-2" (the fixtures' tokenizer is GPT-2's byte-level regex). Prints
 every command it runs, each file's size and the total (keep it under ~2 MB).
 """
 
@@ -38,7 +38,7 @@ import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
 import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt2"
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 sys.argv[0] = src + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

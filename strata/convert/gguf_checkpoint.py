@@ -678,7 +678,8 @@ _DEEPSEEK3 = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
 _O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",)
-PRE_TOKENIZERS = {"gpt2": _GPT2, "default": _GPT2, "olmo": _GPT2, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+# "gpt-2" is llama.cpp's own name for GPT-2's (its converter writes it, its loader knows no "gpt2")
+PRE_TOKENIZERS = {"gpt2": _GPT2, "gpt-2": _GPT2, "default": _GPT2, "olmo": _GPT2, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
                   "qwen35": _QWEN35, "glm4": _CHATGLM4, "chatglm-bpe": _CHATGLM4, "deepseek-v3": _DEEPSEEK3,
                   "gpt-4o": _O200K, "minimax-m2": _O200K}
 

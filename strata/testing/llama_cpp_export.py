@@ -125,7 +125,7 @@ def _add_tokenizer(w, tokenizer, n_vocab: int) -> None:
                          f"make the model with vocab_size > {len(tokens)}")
     types = [3 if t in special else 1 for t in tokens] + [1] * len(merges)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for GPT-2's pre-tokenizer
     w.add_token_list(tokens + [a + b for a, b in merges])
     w.add_token_types(types)
     w.add_token_merges([f"{a} {b}" for a, b in merges])
