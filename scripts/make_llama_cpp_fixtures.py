@@ -1,8 +1,8 @@
 """Regenerate tests/fixtures/llama_cpp/: GGUF files written by llama.cpp itself, from the repo's
 tiny checkpoints, with llama.cpp's own `convert_hf_to_gguf.py` (and the gguf-py it bundles) and
 quantized by its `llama-quantize` to mixes like unsloth's dynamic (UD) recipes. Needs torch (the
-converter imports it) and a llama.cpp source tree with its CPU tools built (docs/llama_cpp.md
-says how: the llama-cpp-python source package vendors one):
+converter imports it) and a llama.cpp source tree with its CPU tools built (docs/cpu.md says
+how: the llama-cpp-python source package vendors one):
 
     python scripts/make_llama_cpp_fixtures.py --llama-cpp SRC --build BUILD [CASE ...]
 

@@ -1,7 +1,7 @@
 """The GGUF files under tests/fixtures/llama_cpp/, written by llama.cpp itself: its own
 `convert_hf_to_gguf.py` on the repo's tiny checkpoints, then its `llama-quantize` with per-tensor
 overrides to mixes like unsloth's dynamic (UD) recipes. `scripts/make_llama_cpp_fixtures.py`
-makes them from these cases (it needs a llama.cpp build; the tests do not); docs/llama_cpp.md has
+makes them from these cases (it needs a llama.cpp build; the tests do not); docs/testing.md has
 the exact commands. `dequantized_gguf` writes the reference side of their parity tests.
 """
 

@@ -440,7 +440,14 @@ def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
 
     n_experts = _expert_count(ckpt)
     # absent: DeepSeek-V2's softmax for deepseek2 (llama.cpp's default); MiniMax-M2 has only sigmoid
-    gating = integer("expert_gating_func", GATING_SIGMOID if a == "minimax-m2" else GATING_SOFTMAX)
+    gating = integer("expert_gating_func", None)
+    if gating is None and a == "deepseek2":
+        # llama.cpp's converter writes the key only where config.json names `scoring_func`
+        # (DeepSeek-V3's own does; a config saved by transformers 5 drops it)
+        raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func is absent, which llama.cpp reads as softmax scores "
+                          f"(DeepSeek-V2); supported: {GATING_SIGMOID} (sigmoid): convert the checkpoint again with "
+                          '"scoring_func": "sigmoid" in its config.json')
+    gating = GATING_SIGMOID if gating is None else gating
     if gating != GATING_SIGMOID:
         raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func = {gating} (softmax scores: DeepSeek-V2); "
                           f"supported: {GATING_SIGMOID} (sigmoid)")
