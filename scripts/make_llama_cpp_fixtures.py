@@ -44,8 +44,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def _run(cmd: list[str]) -> None:
-    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+def _run(cmd: list[str], shown: list[str] | None = None) -> None:
+    print("$ " + " ".join(shlex.quote(c) for c in shown or cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -64,8 +64,9 @@ def _source_checkpoint(case: LlamaCppCase, tmp: Path) -> Path:
 def build_case(case: LlamaCppCase, src: Path, build: Path, tmp: Path) -> Path:
     hf_dir = _source_checkpoint(case, tmp)
     f32 = tmp / "f32.gguf"
-    _run([sys.executable, "-c", _CONVERT, str(src), str(hf_dir), "--outfile", str(f32), "--outtype", "f32",
-          *case.convert_args])
+    args = [str(hf_dir), "--outfile", str(f32), "--outtype", "f32", *case.convert_args]
+    _run([sys.executable, "-c", _CONVERT, str(src), *args],
+         ["python", f"{src}/convert_hf_to_gguf.py", *args, "# tokenizer.ggml.pre: gpt-2"])
     quantize = [str(build / "bin" / "llama-quantize")]
     if case.needs_imatrix:
         text = tmp / "calibration.txt"

@@ -51,18 +51,19 @@ def _expect(layer: int, gate: str, up: str, down: str) -> tuple[tuple[str, str],
 
 
 _WIDE_LAYERS = (("iq3_s", "iq3_s", "iq4_nl"),   # UD-IQ4_XS: IQ3_S gate/up, IQ4_NL down
-                ("q4_k", "q4_k", "q5_1"),       # UD-Q4_K_XL: Q4_K gate/up, Q5_1 down
-                ("iq2_xxs", "iq4_xs", "q8_0"))  # a different layer: IQ2_XXS (imatrix), IQ4_XS, Q8_0
+                ("iq2_xxs", "q4_k", "q5_1"))    # UD-Q4_K_XL's Q4_K / Q5_1, and an IQ2_XXS gate (imatrix)
 _SMALL_LAYERS = (("iq4_nl", "iq4_nl", "q5_1"), ("q5_0", "q4_1", "q8_0"))  # rows of 64: 32-blocks only
 
 CASES = (
     # hidden 256, head_dim 64, expert ffn 32 (downs of 32-weight rows, as UD's Q5_1 / IQ4_NL downs);
-    # Q6_K dense by llama.cpp's own Q6_K mixture rules, one layer's attention Q8_0
-    LlamaCppCase("qwen3moe_wide-ud", "wide", "Q6_K",
-                 sum((_experts(l, *t) for l, t in enumerate(_WIDE_LAYERS)), ()) + ((r"blk\.2\.attn_", "q8_0"),),
+    # dense by llama.cpp's own Q4_K_M mixture rules (Q4_K, Q5_K, Q8_0 k/v, a Q6_K head), one layer's
+    # attn_q IQ4_XS
+    LlamaCppCase("qwen3moe_wide-ud", "wide", "Q4_K",
+                 sum((_experts(l, *t) for l, t in enumerate(_WIDE_LAYERS)), ()) + ((r"blk\.1\.attn_q", "iq4_xs"),),
                  sum((_expect(l, *t) for l, t in enumerate(_WIDE_LAYERS)), ())
-                 + (("blk.0.attn_q.weight", "Q6_K"), ("blk.2.attn_q.weight", "Q8_0"), ("output.weight", "Q6_K")),
-                 wide={"layers": 3, "experts": 8, "hidden": 256, "ffn": 32, "shards": 1, "seed": 0, "std": 0.15}),
+                 + (("blk.0.attn_q.weight", "Q4_K"), ("blk.1.attn_q.weight", "IQ4_XS"), ("blk.0.attn_v.weight", "Q8_0"),
+                    ("output.weight", "Q6_K")),
+                 wide={"layers": 2, "experts": 8, "hidden": 256, "ffn": 32, "shards": 1, "seed": 0, "std": 0.15}),
     LlamaCppCase("qwen3moe-ud", "qwen3_moe", "Q8_0",
                  sum((_experts(l, *t) for l, t in enumerate(_SMALL_LAYERS)), ()),
                  sum((_expect(l, *t) for l, t in enumerate(_SMALL_LAYERS)), ()) + (("blk.0.attn_q.weight", "Q8_0"),)),
@@ -75,9 +76,10 @@ CASES = (
     # gpt-oss's released MXFP4 experts, kept as MXFP4 by the converter and by llama-quantize
     LlamaCppCase("gpt-oss-mxfp4", "gpt_oss_mxfp4", "Q8_0", ((r"ffn_.*_exps", "mxfp4"),),
                  _expect(0, "mxfp4", "mxfp4", "mxfp4") + (("blk.0.attn_q.weight", "Q8_0"),)),
-    LlamaCppCase("qwen3next-ud", "qwen3_next", "Q8_0",
+    LlamaCppCase("qwen3next-ud", "qwen3_next", "Q5_0",
                  _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(1, "q4_0", "q4_0", "q8_0"),
-                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(1, "q4_0", "q4_0", "q8_0"),
+                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(1, "q4_0", "q4_0", "q8_0")
+                 + (("blk.3.attn_q.weight", "Q5_0"),),
                  convert_args=("--no-mtp",)),
 )
 

@@ -48,14 +48,14 @@ def test_the_file_holds_the_recipe_s_types(models):
 
 def test_every_expert_is_kept_in_its_stored_type(models):
     case, r, model, _ = models
-    assert r.requant_kld is None and "as stored" in r.experts_described
+    assert r.requant_kld is None  # nothing requantized
     tensors = {t.name: t for t in gguf.GGUFReader(case.path).tensors}
     h = model.experts_file.header
     for i, layer in enumerate(model.cfg.moe_layers):
         for proj in ("gate", "up", "down"):
             t = tensors[f"blk.{layer}.ffn_{proj}_exps.weight"]
             stored_type = QuantType[STRATA_NAMES.get(t.tensor_type.name, t.tensor_type.name)]
-            assert h.layer_qtypes[i][("gate", "up", "down").index(proj)] is stored_type
+            assert model.experts_file.layer_layout(i).qtype_of(proj) is stored_type
             stored = np.asarray(t.data)
             for e in (0, h.n_experts - 1):
                 got = to_blocks(model.experts_file.expert(i, e).projection(proj))
