@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _memory_limit import evict, limit_support, run_limited, warm  # noqa: E402
 
 HERE = Path(__file__).resolve()
-RUN_TIMEOUT_S = 900  # one tool's run at one limit; a thrashing run past it is reported as such
+RUN_TIMEOUT_S = 600  # one tool's run at one limit; a thrashing run past it is reported as such
 
 
 def _parse_limits(text: str) -> list[float | None]:
@@ -81,13 +81,15 @@ def made_gguf(args, work: Path) -> Path:
 
 
 def converted(gguf_path: Path, work: Path) -> Path:
+    """`strata convert` of the GGUF (blocks kept as stored), once: the strata model's .gguf."""
     from strata.convert import convert
 
-    out = work / (gguf_path.name.removesuffix(".gguf").removesuffix(".llama") + ".strata")
-    if not out.with_suffix(".experts").exists():
+    out = work / (gguf_path.name.removesuffix(".gguf").removesuffix(".llama") + "-strata")
+    model, experts = out.parent / (out.name + ".gguf"), out.parent / (out.name + ".experts")
+    if not experts.exists():
         print(f"strata convert {gguf_path} {out} ...", file=sys.stderr)
         convert(gguf_path, out)
-    return out.with_suffix(".gguf")
+    return model
 
 
 def llama_cpp_run(build: Path, gguf_path: Path, limit: int | None, form, args) -> dict:
