@@ -158,17 +158,19 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
     t = time.perf_counter()
     logits = eng.prefill(prompt)
     prompt_s = time.perf_counter() - t
-    reads_before = eng.stats().expert_reads
+    before = eng.stats().cache
     t = time.perf_counter()
     for _ in range(n_tokens):
         logits = eng.decode(int(np.argmax(logits)))
     decode_s = time.perf_counter() - t
     stats = eng.stats()
     eng.close()
+    reads = None  # a streaming engine's decode reads per token (all-resident: none)
+    if stats.cache is not None:
+        reads = round((stats.cache.reads_issued - before.reads_issued) / n_tokens, 1)
     print("WORKER " + json.dumps(dict(decode_tok_s=round(n_tokens / decode_s, 2),
                                       prompt_tok_s=round(prompt_len / prompt_s, 2), open_s=round(opened, 1),
-                                      engine=stats.engine,
-                                      decode_reads_per_token=round((stats.expert_reads - reads_before) / n_tokens, 1))))
+                                      engine=stats.engine, decode_reads_per_token=reads)))
 
 
 def main() -> None:
