@@ -14,8 +14,8 @@ greedy tokens are the same and the largest logit difference relative to the logi
     python benchmarks/cpu_compute.py --hidden 2048 --ffn 768 --threads 4   # a many-core machine
     python benchmarks/cpu_compute.py --expert-type q2_0                    # Q2_0 experts (or q4_0)
 
-llama.cpp is not part of this run: it is not installed here (building it from the
-llama-cpp-python source package takes ~30 minutes on 2 cores). Prints a table and one JSON line.
+llama.cpp is not part of this run (benchmarks/llama_cpp_side_by_side.py runs both on one GGUF).
+Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main() -> None:
                decode_tok_s={n: round(args.tokens / decode_s[n], 2) for n in sides},
                prompt_tok_s={n: round(PROMPT_TOKENS / prompt_s[n], 1) for n in sides},
                decode_ratio=round(decode_s["numpy float32"] / decode_s["compiled"], 2),
-               same_greedy_tokens=same, max_rel_logit_diff=rel, llama_cpp="not installed here")
+               same_greedy_tokens=same, max_rel_logit_diff=rel)
     print(f"\n{args.expert_type.upper()} experts, Q8_0 dense, made model: D {args.hidden}, F {args.ffn}, {args.layers} layers, {args.experts} experts top-"
           f"{args.top_k}, vocab {args.vocab}, {res['arena']}; {args.tokens} greedy tokens each; {res['threads']} "
           f"thread(s); load avg {res['load_avg']}\n")

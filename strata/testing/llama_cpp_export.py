@@ -45,10 +45,14 @@ def export_qwen3moe_gguf(model_path: str | Path, out: str | Path, *, progress: b
 
     model = strata.load(model_path)
     cfg, experts = model.cfg, model.experts_file
-    _check_exportable(cfg)
     qtype = QuantType(experts.header.qtype)
-    if qtype not in (QuantType.Q8_0, QuantType.Q4_0, QuantType.F32, QuantType.F16):
-        raise ValueError(f"export_qwen3moe_gguf: {qtype.name} experts have no ggml type (Q8_0, Q4_0, F16, F32 do)")
+    try:
+        _check_exportable(cfg)
+        if qtype not in (QuantType.Q8_0, QuantType.Q4_0, QuantType.F32, QuantType.F16):
+            raise ValueError(f"export_qwen3moe_gguf: {qtype.name} experts have no ggml type (Q8_0, Q4_0, F16, F32 do)")
+    except ValueError:
+        model.close()
+        raise
     dense = open_gguf(model.model_path)
     w = gguf.GGUFWriter(str(out), ARCH)
     w.add_block_count(cfg.n_layers)
