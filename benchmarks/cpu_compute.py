@@ -16,8 +16,8 @@ greedy tokens are the same and the largest logit difference relative to the logi
     python benchmarks/cpu_compute.py --expert-type q4_k --tokens 8         # llama.cpp's Q4_K experts (random
                                       # blocks; q5_k, q6_k, q3_k, q2_k, iq4_nl, iq4_xs, mxfp4, q5_1 alike)
 
-llama.cpp is not part of this run: it is not installed here (building it from the
-llama-cpp-python source package takes ~30 minutes on 2 cores). Prints a table and one JSON line.
+llama.cpp is not part of this run (benchmarks/llama_cpp_side_by_side.py runs both on one GGUF).
+Prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main() -> None:
                decode_tok_s={n: round(args.tokens / decode_s[n], 2) for n in sides},
                prompt_tok_s={n: round(PROMPT_TOKENS / prompt_s[n], 1) for n in sides},
                decode_ratio=round(decode_s["numpy float32"] / decode_s["compiled"], 2),
-               same_greedy_tokens=same, max_rel_logit_diff=rel, llama_cpp="not installed here")
+               same_greedy_tokens=same, max_rel_logit_diff=rel)
     print(f"\n{args.expert_type.upper()} experts, Q8_0 dense, made model: D {args.hidden}, F {args.ffn}, {args.layers} layers, {args.experts} experts top-"
           f"{args.top_k}, vocab {args.vocab}, {res['arena']}; {args.tokens} greedy tokens each; {res['threads']} "
           f"thread(s); load avg {res['load_avg']}\n")

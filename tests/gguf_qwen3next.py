@@ -5,7 +5,7 @@ convert_hf_to_gguf.py (Qwen3NextModel) lays it out: the base keys plus `ssm.conv
 factor; the zero-centred norms stored as 1 + w (not the DeltaNet's gated norm), A_log as
 `ssm_a` = -exp(A_log), conv1d squeezed to [C, K], dt_bias as `ssm_dt.bias`, in_proj_qkvz regrouped
 from [q, k, v, z] per key head into flat `attn_qkv` (q | k | v) and `attn_gate` (z), in_proj_ba as
-`ssm_beta_alpha` unchanged, q_proj ([query; gate] per head) as `attn_q`, the post-attention norm as
+`ssm_ba` unchanged, q_proj ([query; gate] per head) as `attn_q`, the post-attention norm as
 `post_attention_norm`, experts stacked, the shared expert as `*_shexp`. The float32 arithmetic is
 the Hugging Face converter's (w + 1, -exp), so the values are the ones it computes.
 
@@ -32,7 +32,7 @@ COMMON = {"mlp.gate.weight": "ffn_gate_inp.weight", "mlp.shared_expert.gate_proj
           "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
           "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
           "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-          "linear_attn.in_proj_ba.weight": "ssm_beta_alpha.weight", "linear_attn.dt_bias": "ssm_dt.bias",
+          "linear_attn.in_proj_ba.weight": "ssm_ba.weight", "linear_attn.dt_bias": "ssm_dt.bias",
           "linear_attn.norm.weight": "ssm_norm.weight", "linear_attn.out_proj.weight": "ssm_out.weight"}
 PLUS_ONE = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
             "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
@@ -102,7 +102,7 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
                     x = ck.read(base + hf_suffix)
                     if g_suffix == "ffn_gate_inp_shexp.weight":
                         x = x.reshape(-1)
-                    two_d = x.ndim == 2 and g_suffix not in ("ffn_gate_inp.weight", "ssm_beta_alpha.weight")
+                    two_d = x.ndim == 2 and g_suffix not in ("ffn_gate_inp.weight", "ssm_ba.weight")
                     _add(w, f"blk.{l}.{g_suffix}", x, dense if two_d else "F32")
             a = base + "linear_attn."
             if arch == "qwen35moe" and a + "A_log" in ck:

@@ -458,7 +458,14 @@ def _sigmoid_config(ckpt: GgufCheckpoint) -> HFConfig:
 
     n_experts = _expert_count(ckpt)
     # absent: DeepSeek-V2's softmax for deepseek2 (llama.cpp's default); MiniMax-M2 has only sigmoid
-    gating = integer("expert_gating_func", GATING_SIGMOID if a == "minimax-m2" else GATING_SOFTMAX)
+    gating = integer("expert_gating_func", None)
+    if gating is None and a == "deepseek2":
+        # llama.cpp's converter writes the key only where config.json names `scoring_func`
+        # (DeepSeek-V3's own does; a config saved by transformers 5 drops it)
+        raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func is absent, which llama.cpp reads as softmax scores "
+                          f"(DeepSeek-V2); supported: {GATING_SIGMOID} (sigmoid): convert the checkpoint again with "
+                          '"scoring_func": "sigmoid" in its config.json')
+    gating = GATING_SIGMOID if gating is None else gating
     if gating != GATING_SIGMOID:
         raise ConfigError(f"{ckpt.path}: {a}.expert_gating_func = {gating} (softmax scores: DeepSeek-V2); "
                           f"supported: {GATING_SIGMOID} (sigmoid)")
@@ -844,7 +851,8 @@ _DEEPSEEK3 = (r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
 _O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",)
-PRE_TOKENIZERS = {"gpt2": _GPT2, "default": _GPT2, "olmo": _GPT2, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+# "gpt-2" is llama.cpp's own name for GPT-2's (its converter writes it, its loader knows no "gpt2")
+PRE_TOKENIZERS = {"gpt2": _GPT2, "gpt-2": _GPT2, "default": _GPT2, "olmo": _GPT2, "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
                   "qwen35": _QWEN35, "glm4": _CHATGLM4, "chatglm-bpe": _CHATGLM4, "deepseek-v3": _DEEPSEEK3,
                   "gpt-4o": _O200K, "minimax-m2": _O200K}
 

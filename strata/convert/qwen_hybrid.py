@@ -336,7 +336,7 @@ def gguf_tensor_plan(cfg: ModelConfig, ckpt: GgufCheckpoint) -> TensorPlan:
     converter already made most of them what strata computes with: the zero-centred norms hold
     1 + w, `ssm_a` is -exp(A_log), `ssm_conv1d` is [C, K], Qwen3-Next's in_proj_qkvz is regrouped
     into flat `attn_qkv` (q | k | v) and `attn_gate` (z); what is left: `attn_q` holds each head's
-    [query; gate] (split as from Hugging Face); Qwen3-Next's `ssm_beta_alpha` is in_proj_ba as the
+    [query; gate] (split as from Hugging Face); Qwen3-Next's `ssm_ba` is in_proj_ba as the
     checkpoint groups it ([b, a] per key head); Qwen3.5's value heads, where there are more than
     key heads, are tiled by llama.cpp (v rows of attn_qkv, attn_gate, ssm_beta / ssm_alpha,
     ssm_a, ssm_dt, the v channels of ssm_conv1d, ssm_out's columns) and are put back grouped
@@ -366,7 +366,7 @@ def gguf_tensor_plan(cfg: ModelConfig, ckpt: GgufCheckpoint) -> TensorPlan:
                         n.attn_output: key(b + "attn_output.weight"), n.attn_q_norm: key(b + "attn_q_norm.weight"),
                         n.attn_k_norm: key(b + "attn_k_norm.weight")})
         elif ckpt.arch == "qwen3next":
-            ba = (key(b + "ssm_beta_alpha.weight"), (hk * 2 * r, d))
+            ba = (key(b + "ssm_ba.weight"), (hk * 2 * r, d))
             out.update({
                 n.ssm_qkv: key(b + "attn_qkv.weight"), n.ssm_z: key(b + "attn_gate.weight"),
                 n.ssm_beta: Derived((ba,), lambda w: w.reshape(hk, 2 * r, d)[:, :r].reshape(-1, d), "b rows"),

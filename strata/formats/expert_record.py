@@ -142,11 +142,13 @@ class RecordLayout:
             object.__setattr__(self, name, None if q is None or QuantType(q) is qtype else QuantType(q))
         if self.hidden <= 0 or self.expert_ffn <= 0:
             raise ValueError(f"record layout: hidden={self.hidden} and expert_ffn={self.expert_ffn} must be positive")
-        for proj, q in zip(PROJECTIONS, self.qtypes):  # a row is whole blocks: its columns (ggml's rule)
+        # blocks run along rows: gate/up rows are `hidden` long, down rows `expert_ffn` (llama.cpp's
+        # UD files pair K-quant gate/up with 32-block downs where expert_ffn is no multiple of 256)
+        for proj, q in zip(PROJECTIONS, self.qtypes):
             block = layout(q).block_size
             name, n = ("expert_ffn", self.expert_ffn) if proj == "down" else ("hidden", self.hidden)
             if n % block:
-                raise ValueError(f"record layout: {q.name} needs {name} a multiple of {block}, got {n}")
+                raise ValueError(f"record layout: {q.name} {proj} needs {name} a multiple of {block}, got {n}")
         planes: list[PlaneSpan] = []
         end = 0
         for proj in PROJECTIONS:

@@ -357,12 +357,15 @@ def _quant_type(ggml_type) -> Any:
         return ggml_type
 
 
+INTEGER_TYPES = frozenset({"I8", "I16", "I32", "I64"})  # ggml's integer tensor types
+
+
 def _check_type(path: str, name: str, shape: tuple[int, ...], ggml_type) -> None:
     """Routers and 1-D tensors are F32 (docs/formats.md); no tensor is an integer type. A type
     of the same byte size swapped in (F32 <-> I32) is what the offsets cannot catch."""
     if (len(shape) == 1 or name.endswith("." + TensorNames.router)) and int(ggml_type) != int(QuantType.F32):
         raise FormatError(f"{path}: tensor {name}: stored as {ggml_type.name}, but routers and 1-D tensors are F32")
-    if ggml_type.name.startswith("I"):
+    if ggml_type.name in INTEGER_TYPES:  # I8..I64; the IQ* names are weight types
         raise FormatError(f"{path}: tensor {name}: integer type {ggml_type.name} is not a weight type")
 
 

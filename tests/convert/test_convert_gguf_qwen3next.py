@@ -1,6 +1,6 @@
 """`strata convert` of llama.cpp's `qwen3next` and `qwen35moe` GGUFs (tests/gguf_qwen3next.py writes it from the
 checked-in Qwen3-Next checkpoint in llama.cpp's layout): its `ssm.*` keys, the norms it stores as
-1 + w, `ssm_a` = -exp(A_log), the regrouped attn_qkv / attn_gate, the grouped ssm_beta_alpha and
+1 + w, `ssm_a` = -exp(A_log), the regrouped attn_qkv / attn_gate, the grouped ssm_ba and
 the [query; gate] attn_q land where the Hugging Face converter puts them: with every tensor F32
 the logits equal those of the checkpoint converted from Hugging Face (F32 experts and dense) bit
 for bit. llama.cpp's legacy fused `ssm_in` is refused naming the tensor."""

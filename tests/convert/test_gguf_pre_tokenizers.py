@@ -19,7 +19,7 @@ EXPECTED = {
     "deepseek-v3": ["HelloWorld", "Ġit", "'s", "Ġ", "123", "456", "7", "Ġ", "æĹ¥æľ¬èªŀ", "Ġx"],
     "gpt-4o": ["Hello", "World", "Ġit's", "Ġ", "123", "456", "7", "ĠæĹ¥æľ¬èªŀ", "Ġx"],
 }
-SAME = {"default": "gpt2", "olmo": "gpt2", "deepseek-r1-qwen": "qwen2", "chatglm-bpe": "glm4", "minimax-m2": "gpt-4o"}
+SAME = {"gpt-2": "gpt2", "default": "gpt2", "olmo": "gpt2", "deepseek-r1-qwen": "qwen2", "chatglm-bpe": "glm4", "minimax-m2": "gpt-4o"}
 
 
 @pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
