@@ -46,6 +46,30 @@ def tile_value_heads(x: np.ndarray, axis: int, k_heads: int, per_k: int, head_di
     return np.ascontiguousarray(np.moveaxis(x, 0, axis))
 
 
+def add_hybrid_keys(w, cfg: dict) -> None:
+    """The keys llama.cpp's `qwen35moe` family writes for attention, routing and the DeltaNet
+    (`ssm.*`), from a Hugging Face config (qwen3next, qwen35moe and qwen4exp share them)."""
+    params = cfg.get("rope_parameters") or {}
+    head_dim = cfg["head_dim"]
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(params["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(hk)
+    w.add_ssm_time_step_rank(hv)
+    w.add_ssm_inner_size(dv * hv)
+
+
 def write_qwen35moe_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense: str = "F32") -> Path:
     return write_qwen3next_gguf(hf_dir, path, experts=experts, dense=dense, arch="qwen35moe")
 
@@ -67,21 +91,7 @@ def write_qwen3next_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dens
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(d)
     w.add_feed_forward_length(cfg.get("intermediate_size", cfg["moe_intermediate_size"]))
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(params["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(cfg["num_experts"])
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
-    w.add_ssm_state_size(dk)
-    w.add_ssm_group_count(hk)
-    w.add_ssm_time_step_rank(hv)
-    w.add_ssm_inner_size(dv * hv)
+    add_hybrid_keys(w, cfg)
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(head_dim * params.get("partial_rotary_factor", 0.25)))
     if arch == "qwen35moe":

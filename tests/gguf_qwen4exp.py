@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.gguf_models import K_QUANTIZERS, add_tokenizer
-from tests.gguf_qwen3next import tile_value_heads
+from tests.gguf_qwen3next import add_hybrid_keys, tile_value_heads
 from tests.gguf_sigmoid_models import _add, _finish
 
 ARCH = "qwen4exp"
@@ -100,21 +100,7 @@ def write_qwen4exp_gguf(hf_dir: Path, path: Path, *, experts: str = "F32", dense
     w.add_block_count(blocks)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(d)
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(params["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(cfg["num_experts"])
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
-    w.add_ssm_state_size(dk)
-    w.add_ssm_group_count(hk)
-    w.add_ssm_time_step_rank(hv)
-    w.add_ssm_inner_size(dv * hv)
+    add_hybrid_keys(w, cfg)
     if recurrent_layers:
         linear = [t == "linear_attention" for t in cfg["layer_types"]] + [False] * (blocks - n)
         w.add_key_value(f"{ARCH}.attention.recurrent_layers", linear, gguf.GGUFValueType.ARRAY,
