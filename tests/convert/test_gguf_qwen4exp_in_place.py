@@ -5,7 +5,8 @@ the file (strata/convert/ngram_table_in_place.py), against the same file convert
 With the table F32 (every tensor F32) or quantized as the UD files are (Q8_0 / IQ4_NL table, Q5_1
 experts, Q8_0 dense): every row equals the conversion's, and the logits and 32 greedy tokens equal
 the converted run's bit for bit, all resident, with every expert in the arena and at the smallest
-legal arena (the rows streamed through the row cache). A table changed under a run is caught on
+legal arena (the rows streamed through the row cache); a Q8_0 table equals the conversion that
+keeps its rows Q8_0 (`--ngrams q8_0`) too. A table changed under a run is caught on
 the next read of its page, a NaN row on its first; a moved table offset or a truncated file ends
 in one line; nothing is written beside the file."""
 
@@ -89,6 +90,24 @@ def test_the_rows_stream_at_the_smallest_arena(pair):
     with open_kind(in_place, "numpy-min", EXACT0) as eng:
         eng.prefill(list(in_place.tokenizer.encode("The quick brown fox")))
         assert eng.ngram_rows is not None and eng.ngram_rows.stats().total.pages_read > 0
+
+
+def test_a_q8_0_table_equals_the_conversion_that_keeps_q8_0(quantized, tmp_path):
+    """The Q8_0 table in place against the conversion that stores its rows as Q8_0 again
+    (`--ngrams q8_0`: gguf's quantizer gives the stored blocks back): the same rows and the same
+    run at the smallest arena, bit for bit."""
+    converted = convert(quantized, tmp_path / "q8", ngram_type=QuantType.Q8_0)
+    with load(quantized) as in_place, load(converted.model_path) as kept:
+        assert kept.ngrams_file.qtype is in_place.ngrams_file.qtype is QuantType.Q8_0
+        ids = np.arange(kept.ngrams_file.tables[0].rows)
+        np.testing.assert_array_equal(in_place.ngrams_file.rows(0, ids), kept.ngrams_file.rows(0, ids))
+        prompt = list(kept.tokenizer.encode("The quick brown fox"))
+        with open_kind(kept, "numpy-min", EXACT0) as eng:
+            want_tokens, want_logits = _greedy(eng, prompt)
+        with open_kind(in_place, "numpy-min", EXACT0) as eng:
+            got_tokens, got_logits = _greedy(eng, prompt)
+    assert got_tokens == want_tokens
+    np.testing.assert_array_equal(got_logits, want_logits)
 
 
 # ---------------------------------------------------------------- changed and corrupt files
