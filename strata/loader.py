@@ -183,7 +183,8 @@ def _context(cfg: ModelConfig, max_context: int | None) -> tuple[ModelConfig, in
 
 def _load_in_place(model_path: Path, *, experts, layers, max_context: int | None) -> Model:
     """A llama.cpp GGUF as it is (strata/convert/gguf_in_place.py): the Model a load of its
-    conversion gives, its experts a PieceStore over the user's file."""
+    conversion gives, its experts a PieceStore over the user's file, a qwen4exp file's n-gram table
+    its row store (a GgufNgramTable over the same file)."""
     from strata.convert.gguf_in_place import open_in_place
 
     if experts is not None:
@@ -198,7 +199,7 @@ def _load_in_place(model_path: Path, *, experts, layers, max_context: int | None
     tok = Tokenizer.from_json(got.tokenizer.tokenizer_json, chat_template=got.tokenizer.chat_template,
                               source=str(model_path), eos_tokens=(eos,) if isinstance(eos, str) else ())
     return Model(cfg=cfg, dense=got.dense, tokenizer=tok, experts_file=got.experts, model_path=model_path,
-                 native_context=native)
+                 ngrams_file=got.ngrams, native_context=native)
 
 
 def _check_pair(mf, xf: ExpertsFile, model_path: Path, experts_path: Path, allow_foreign: bool) -> None:

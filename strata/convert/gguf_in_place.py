@@ -15,7 +15,11 @@ module does the same reading and keeps the result in memory instead of writing i
 - the routed experts stay in the user's file: a `PieceStore` (strata/formats/expert_pieces.py)
   whose records are put together from each expert's slices of the stacked `*_exps` tensors
   (`GgufExpertTensors.slices`, the map the conversion copies by), read by the reader pool
-  (strata/runtime/piece_reader.py) into the arena's slots.
+  (strata/runtime/piece_reader.py) into the arena's slots;
+- a `qwen4exp` file's n-gram table (`per_layer_token_embd.weight`, tens of GB) stays in the file
+  too: the PLE row store is a `GgufNgramTable` over it (strata/convert/ngram_table_in_place.py),
+  its rows read into the row cache in their stored type and dequantized per row, so they are the
+  rows a conversion with F32 rows stores.
 
 A split GGUF runs from its first part, its pieces read from whichever part holds each tensor. The
 file's structure is checked at open (a moved offset, a relabelled type, truncation: one line
@@ -32,6 +36,7 @@ import numpy as np
 
 from strata.convert import gguf_checkpoint
 from strata.convert.checkpoint_plan import LazyTensor, kept_dense, plan_checkpoint
+from strata.convert.ngram_table_in_place import GgufNgramTable
 from strata.convert.tokenizer_files import TokenizerFiles
 from strata.errors import ConfigError
 from strata.formats.dense_weights import DenseWeights
@@ -39,6 +44,7 @@ from strata.formats.expert_pieces import PieceStore, files_identity, record_piec
 from strata.formats.expert_record import RecordLayout
 from strata.formats.model_file import held_dense
 from strata.model_config import ModelConfig, dense_tensor_shapes
+from strata.ple_store import table_shapes
 
 __all__ = ["InPlace", "open_in_place", "open_expert_store"]
 
@@ -46,13 +52,15 @@ __all__ = ["InPlace", "open_in_place", "open_expert_store"]
 @dataclass(frozen=True, eq=False)
 class InPlace:
     """What a load needs of a llama.cpp GGUF run in place: the config, the dense weights as the
-    converted model file would hold them, the tokenizer files, and the expert store."""
+    converted model file would hold them, the tokenizer files, the expert store, and a PLE model's
+    row store (None for any other)."""
 
     cfg: ModelConfig
     dense: DenseWeights
     tokenizer: TokenizerFiles
     experts: PieceStore
     family: str
+    ngrams: GgufNgramTable | None = None  # qwen4exp: its n-gram table, the PLE row store read in place
 
 
 def open_in_place(path: str | Path) -> InPlace:
@@ -63,11 +71,14 @@ def open_in_place(path: str | Path) -> InPlace:
         hf = gguf_checkpoint.hf_config_of(ckpt)
         plan = plan_checkpoint(path, ckpt, hf, None)
         cfg = plan.cfg
-        if cfg.qwen4.ple_row_store:  # qwen4exp: its n-gram table goes to a row store, which a conversion writes
-            raise ConfigError(f"{path}: n-gram tables are not read in place yet; run `strata convert {path} OUT`")
         dense = _dense(ckpt, plan, cfg)
         experts = _expert_store(ckpt, plan.experts, cfg)
-    return InPlace(cfg, DenseWeights(dense), plan.tokenizer, experts, plan.family.name)
+        try:
+            ngrams = _ngram_table(ckpt, cfg, experts.identity) if cfg.qwen4.ple_row_store else None
+        except BaseException:
+            experts.close()
+            raise
+    return InPlace(cfg, DenseWeights(dense), plan.tokenizer, experts, plan.family.name, ngrams)
 
 
 def open_expert_store(path: str | Path) -> PieceStore:
@@ -120,3 +131,20 @@ def _expert_store(ckpt: gguf_checkpoint.GgufCheckpoint, experts: gguf_checkpoint
         pieces.append(record_pieces(rec, sources(experts.slices(m)),
                                     sources(experts.bias_slices(m)) if biases else ()))
     return PieceStore([p for p, _ in files], layouts, cfg.n_experts, pieces, files_identity(files))
+
+
+def _ngram_table(ckpt: gguf_checkpoint.GgufCheckpoint, cfg: ModelConfig, identity: str) -> GgufNgramTable:
+    """A qwen4exp file's one n-gram table as the PLE row store, read in place (its rows must be the
+    config's table: the rows its hash addresses, one head's width)."""
+    from strata.convert.gguf_checkpoint import PLE_TABLE
+
+    info = ckpt.gguf_tensors.get(PLE_TABLE)
+    if info is None:
+        raise ConfigError(f"{ckpt.path}: ple.layers names a PLE layer, but the file has no {PLE_TABLE} "
+                          "(the n-gram table)")
+    (want,) = table_shapes(cfg).values()  # llama.cpp's loader holds one PLE layer (gguf_checkpoint)
+    if tuple(info.shape) != want:
+        raise ConfigError(f"{ckpt.path}: tensor {PLE_TABLE} is {list(info.shape)}; the config's n-gram hash "
+                          f"addresses a table of {list(want)} (rows, width)")
+    file, begin = ckpt.reader.location(info)
+    return GgufNgramTable.open_table(file, PLE_TABLE, info.ggml_type, begin, *want, layer=0, identity=identity)

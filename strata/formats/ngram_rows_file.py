@@ -267,7 +267,12 @@ class NgramRowsFile(OpenFile):
         by_row = np.lib.stride_tricks.as_strided(  # [P, rows_per_page, row_bytes], a view: no copy
             pages, shape=(pages.shape[0], t.rows_per_page, t.row_bytes), strides=(pages.strides[0], t.row_bytes, 1),
             writeable=False)
-        return decode_rows(self.qtype, by_row[which, within], t.width)
+        return self.decode_rows(by_row[which, within], t.width)
+
+    def decode_rows(self, raw: np.ndarray, width: int) -> np.ndarray:
+        """Stored rows of this store's row type as float32 (`decode_rows` of ngram_row_types).
+        Shapes: uint8 [n, row_bytes] -> float32 [n, width]"""
+        return decode_rows(self.qtype, raw, width)
 
     def rows(self, layer: int, row_ids: np.ndarray, *, verify: bool = True) -> np.ndarray:
         """The rows, read page by page (no cache). Shapes: row_ids int [*S] -> float32 [*S, width]"""

@@ -17,6 +17,7 @@ import numpy as np
 
 from strata.formats import ggml_blocks as gb
 from strata.formats.ggml_blocks import IQ1_DELTA, KSIGNS_IQ2XS, KVALUES_IQ4NL, KVALUES_MXFP4, TQ_POW3
+from strata.formats.quant_types import QuantType, ggml_block_name
 
 F32 = np.float32
 
@@ -362,3 +363,21 @@ def bf16(raw: np.ndarray) -> np.ndarray:
     """Raw bfloat16 bytes -> float32 (the bits << 16, exact). [..., 2n] uint8 -> [..., n]"""
     u = np.ascontiguousarray(raw, np.uint8).view("<u2")
     return (u.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def dequantize_rows(qtype: int, raw: np.ndarray, n_cols: int) -> np.ndarray:
+    """Rows of any type a GGUF tensor holds (the floats too) -> float32, as ggml widens them: F32
+    as stored, F16 and BF16 exactly, the block types by `dequantize_blocks`. qtype: ggml's type id.
+
+    Shapes:
+        raw: uint8 [R, row bytes] (or any shape holding those bytes) -> [R, n_cols]
+    """
+    qtype = QuantType(qtype)
+    raw = np.ascontiguousarray(raw, np.uint8)
+    if qtype is QuantType.F32:
+        return raw.view("<f4").reshape(-1, n_cols).astype(np.float32)
+    if qtype is QuantType.F16:
+        return raw.view("<f2").astype(np.float32).reshape(-1, n_cols)
+    if qtype is QuantType.BF16:
+        return bf16(raw).reshape(-1, n_cols)
+    return dequantize_blocks(ggml_block_name(qtype), raw, n_cols)

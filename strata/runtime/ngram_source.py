@@ -19,6 +19,7 @@ Never the whole store in memory when it does not fit: the cache is the reserve's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -111,7 +112,8 @@ def resident_room(model, config) -> int:
     budget with no row cache reserved, less the expert records."""
     from strata.runtime.budget import budget_bytes
 
-    files = (model.model_path, model.experts_file.path, model.ngrams_file.path)
+    files = tuple(dict.fromkeys(Path(p) for p in (model.model_path, model.experts_file.path,
+                                                  model.ngrams_file.path)))  # one file, read in place: once
     budget, _ = budget_bytes(config, model_files=files, ple_bytes=0)
     h = model.experts_file.header
     return budget - h.n_records * h.padded_bytes

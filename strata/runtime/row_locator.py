@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from strata.formats.ngram_row_types import ROW_TYPES, decode_rows
+from strata.formats.ngram_row_types import ROW_TYPES
 from strata.formats.ngram_rows_file import NgramRowsFile, TableInfo
 from strata.formats.quant_types import FLOAT_DTYPES, QuantType
 
@@ -104,9 +104,9 @@ class RowLocator:
     def decode(self, layer: int, slots: np.ndarray, within: np.ndarray, out: np.ndarray) -> None:
         """out[i] = row within[i] of the page in slot slots[i], as float32: a float row type is
         viewed in its dtype over the slots and cast (exact, as `decode_rows`), a quantized one
-        decoded by `decode_rows`. Shapes: slots [n], within [n] -> out float32 [n, width]"""
+        decoded by the store's `decode_rows`. Shapes: slots [n], within [n] -> out float32 [n, width]"""
         view, typed = self._row_views[layer]
         if typed:
             out[:] = view[slots, within]
         else:
-            out[:] = decode_rows(self.store.qtype, view[slots, within], out.shape[1])
+            out[:] = self.store.decode_rows(view[slots, within], out.shape[1])

@@ -172,15 +172,3 @@ def test_bad_ple_metadata_is_one_line_naming_the_key(checkpoint, tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0] and "internal error" not in err[0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "cli").exists()
-
-
-def test_a_run_in_place_is_refused_in_one_line_naming_convert(checkpoint, tmp_path, capsys):
-    """The n-gram table is not read in place yet: `strata generate model.gguf` says so and names the
-    conversion, never a traceback or another model's output; nothing is written beside the file."""
-    path = write_qwen4exp_gguf(checkpoint[0], tmp_path / "m.gguf", mtp=False)
-    with pytest.raises(ConfigError, match="not read in place yet"):
-        load(path)
-    assert main(["generate", str(path), "hi", "-n", "2"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"strata convert {path}" in err[0] and "internal error" not in err[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]

@@ -5,7 +5,9 @@ Q4_K / IQ4_NL / Q4_0 / Q4_1 / Q5_0 gate and up with IQ4_NL / Q5_1 / Q8_0 downs, 
 Q6_K / IQ4_XS / Q8_0 / Q5_0 dense, MXFP4, across qwen3moe, deepseek2, gpt-oss and qwen3next). Each converts with every expert kept in its stored type; its
 logits equal the reference forward on the `gguf` package's dequantization of the same file
 within GGUF_DEQUANT_LOGIT_BUDGET; 32 greedy tokens of the default engine (compiled CPU kernels),
-all-resident and streamed at the smallest legal arena, are the reference's on those weights."""
+all-resident and streamed at the smallest legal arena, are the reference's on those weights. Run
+in place (`strata generate file.gguf`, nothing converted), each file's logits and 32 greedy tokens
+at the smallest legal arena are its conversion's, bit for bit."""
 
 from __future__ import annotations
 
@@ -92,3 +94,30 @@ def test_32_greedy_tokens_equal_the_reference_s(models, kind):
     with open_kind(model, kind) as eng:
         got = _greedy(eng, prompt)
     assert got == want
+
+
+def _greedy_logits(engine, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    logits = engine.prefill(prompt)
+    tokens, steps = [], [logits]
+    for _ in range(GREEDY_TOKENS):
+        tokens.append(int(np.argmax(logits)))
+        logits = engine.decode(tokens[-1])
+        steps.append(logits)
+    return tokens, np.stack(steps)
+
+
+def test_the_file_run_in_place_is_its_conversion_s_run(models):
+    """The file as llama.cpp wrote it, read in place (experts from its stacked tensors, dense
+    weights as its conversion holds them), streamed at the smallest legal arena with the default
+    configuration: 32 greedy tokens and every step's logits equal the conversion's, bit for bit."""
+    case, _, kept, _ = models
+    prompt = list(kept.tokenizer.encode("The quick brown fox"))
+    with open_kind(kept, "numpy-min", strata.Config()) as eng:
+        want_tokens, want_logits = _greedy_logits(eng, prompt)
+    with strata.load(case.path) as in_place:
+        assert in_place.experts_file.path == str(case.path) and in_place.cfg == kept.cfg
+        with open_kind(in_place, "numpy-min", strata.Config()) as eng:
+            got_tokens, got_logits = _greedy_logits(eng, prompt)
+            assert eng.io.bytes_read > 0 and eng.io.errors == 0
+    assert got_tokens == want_tokens
+    np.testing.assert_array_equal(got_logits, want_logits)

@@ -128,3 +128,24 @@ def test_non_finite_blocks_are_the_blocks_gguf_dequantizes_to_nan_or_inf(qtype):
     want = int(np.count_nonzero(~np.isfinite(values).all(axis=1))) * block_size
     m = QuantMatrix(qtype, 64, 8 * block_size, raw, np.zeros((64, 0), np.float16))
     assert m.non_finite() == want
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")  # e8m0 255: 12 * 2^127
+@pytest.mark.parametrize("qtype", TWIN_TYPES + FLOAT_TWINS, ids=lambda q: q.name)
+def test_rows_of_any_stored_type_equal_gguf_bit_for_bit(qtype):
+    """`dequantize_rows` (a GGUF tensor's rows as stored, by ggml type id: what an n-gram table read
+    in place decodes with) is gguf's dequantization, floats included."""
+    gtype = gguf.GGMLQuantizationType[qtype.name if qtype in FLOAT_TWINS else ggml_block_name(qtype)]
+    if qtype in FLOAT_TWINS:
+        raw = np.random.default_rng(5).integers(0, 256, (4, 64), dtype=np.uint8)
+        n_cols = 64 // layout(qtype).block_bytes
+        theirs = raw.view(np.float32) if qtype is QuantType.F32 else \
+            raw.view(np.float16).astype(np.float32) if qtype is QuantType.F16 else gguf.quants.dequantize(raw, gtype)
+    else:
+        block, dt = ggml_blocks.BLOCK_DTYPES[ggml_block_name(qtype)]
+        raw = random_blocks(qtype, N_BLOCKS, 4).reshape(4, -1)
+        n_cols = raw.shape[1] // dt.itemsize * block
+        theirs = gguf.quants.dequantize(raw, gtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ours = ggml_quants.dequantize_rows(int(gtype), raw, n_cols)
+    assert_bitwise_equal(ours, np.asarray(theirs, np.float32))
