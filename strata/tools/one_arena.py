@@ -89,14 +89,16 @@ class _Pool:
 
 
 def simulate(selected: np.ndarray, guesses: np.ndarray | None, pages: list, *, record_bytes: int, page_bytes: int,
-             budget: int, ple_bytes: int | None, ple_layers: tuple[int, ...], prefetch_depth: int = 10
-             ) -> ArenaCounts:
+             budget: int, ple_bytes: int | None, ple_layers: tuple[int, ...], prefetch_depth: int = 10,
+             used_pages_last: bool = False) -> ArenaCounts:
     """Replay decode tokens through one budget (`ple_bytes` None) or two (`ple_bytes` for the row
     cache, `budget - ple_bytes` for the arena, each rounded down to whole items as the runtime does).
 
     Shapes: selected int [T, L, k] (rank order); guesses int [T, L, G] (after layer l, ranked
     guesses for l+1) or None; pages: per token, per PLE index (`ple_layers[i]` is its layer), the
     global page ids its rows fall in (module docstring; `ple_pages_per_token`).
+    used_pages_last: a used PLE page goes to the LRU back, the first victim, instead of the front
+    (hashed n-gram pages come back only where the text repeats itself).
     Raises ArenaTooSmallError when a victim search finds nothing.
     """
     if ple_bytes is None:
@@ -125,7 +127,8 @@ def simulate(selected: np.ndarray, guesses: np.ndarray | None, pages: list, *, r
         settle()
         for layer in range(n_layers):
             if layer in ple_at:
-                _ple_use(ple, pages[t][ple_at[layer]], held.pop(ple_at[layer], None), page_bytes, c, evicted)
+                _ple_use(ple, pages[t][ple_at[layer]], held.pop(ple_at[layer], None), page_bytes, c, evicted,
+                         used_pages_last)
                 settle()
             for e in sel[t][layer]:
                 key = (layer, e)
@@ -185,20 +188,18 @@ def _ple_read_ahead(pool: _Pool, token_pages: list, page_bytes: int, c: dict, ev
     return held
 
 
-def _ple_use(pool: _Pool, pages, held, page_bytes: int, c: dict, evicted: list) -> None:
-    """A PLE layer's turn: its read-ahead pages are used (unpinned, to the LRU front); pages not
-    read ahead are read now, each a wait."""
+def _ple_use(pool: _Pool, pages, held, page_bytes: int, c: dict, evicted: list, last: bool) -> None:
+    """A PLE layer's turn: its read-ahead pages are used (unpinned, to the LRU front, or the back
+    when `last`); pages not read ahead are read now, each a wait."""
     for key in dict.fromkeys(("ple", p) for p in pages):
         if held is not None and key in held:
             pool.protected.discard(key)
-            pool.touch(key)
-        elif key in pool.lru:
-            pool.touch(key)
-        else:
+        elif key not in pool.lru:
             pool.admit(key, page_bytes, evicted)
             c["ple_reads"] += 1
             c["ple_waits"] += 1
             c["bytes"] += page_bytes
+        pool.lru.move_to_end(key, last=not last)
 
 
 def ple_pages_per_token(cfg, tokens: np.ndarray, tables) -> list:
