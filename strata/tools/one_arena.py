@@ -173,7 +173,7 @@ def _ple_read_ahead(pool: _Pool, token_pages: list, page_bytes: int, c: dict, ev
     held = {}
     for i, pages in enumerate(token_pages):
         mine = {("ple", p) for p in pages}
-        new = [k for k in dict.fromkeys(("ple", p) for p in pages) if k not in pool.lru]
+        new = [k for k in (("ple", p) for p in sorted(set(pages))) if k not in pool.lru]
         if len(new) * page_bytes + page_bytes > pool.room(exclude=mine):
             break
         for key in mine:
@@ -191,7 +191,7 @@ def _ple_read_ahead(pool: _Pool, token_pages: list, page_bytes: int, c: dict, ev
 def _ple_use(pool: _Pool, pages, held, page_bytes: int, c: dict, evicted: list, last: bool) -> None:
     """A PLE layer's turn: its read-ahead pages are used (unpinned, to the LRU front, or the back
     when `last`); pages not read ahead are read now, each a wait."""
-    for key in dict.fromkeys(("ple", p) for p in pages):
+    for key in (("ple", p) for p in sorted(set(pages))):  # the row cache's order: pages ascending
         if held is not None and key in held:
             pool.protected.discard(key)
         elif key not in pool.lru:

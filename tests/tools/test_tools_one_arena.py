@@ -116,3 +116,37 @@ def test_pages_of_the_made_shape_fall_in_their_tables():
     for per_token in pages:
         for t, page_ids in zip(tables, per_token):
             assert all(t.first_page <= p < t.first_page + t.n_pages for p in page_ids)
+
+
+@pytest.mark.parametrize("capacity", [9, 16, 40])
+def test_the_ple_side_reads_what_the_row_cache_reads(tmp_path, capacity):
+    """The model's page counts against the runtime's row cache over a real store, token by token
+    as the streaming engine asks (read ahead, then each PLE layer's rows), at the smallest reserve
+    the budget rule allows (one position's 8 pages + 1) and above. Below it (refused by the rule)
+    the row cache reads at use in chunks and its counts part from the model's: 760 against 767
+    pages here at 5 pages."""
+    from strata.families.qwen4_exp import ple_layers
+    from strata.runtime.ngram_rows import StreamedNgramRows
+    from strata.runtime.ngram_source import ModelRowIds
+    from strata.testing.ngram_rows import write_synthetic_store
+
+    cfg = SHAPES["qwen4"].with_fields(ngram_vocab_base=1009, ple_embed_dim=512)
+    store = write_synthetic_store(tmp_path / "t.ngrams", shapes=table_shapes(cfg))
+    tokens = np.frombuffer(b"the cat sat on the mat; the cat sat on the hat. " * 2, np.uint8).astype(np.int64)
+    hash_ids = ModelRowIds(cfg)
+    cache = StreamedNgramRows(store, capacity=capacity, row_ids=hash_ids, context_tokens=2, reader="threads")
+    try:
+        for t in range(len(tokens)):
+            ids = cache.read_ahead(tokens[:t], tokens[t:t + 1])
+            for i in sorted(ids):
+                cache.rows(i, ids[i])
+        want = cache.stats().total.pages_read
+    finally:
+        cache.close()
+        store.close()
+    pages = ple_pages_per_token(cfg, tokens, store.tables.values())
+    got = simulate(np.zeros((len(tokens), cfg.n_layers, 1), np.int64), None, pages, record_bytes=RECORD,
+                   page_bytes=PAGE, budget=cfg.n_layers * RECORD + capacity * PAGE, ple_bytes=capacity * PAGE,
+                   ple_layers=ple_layers(cfg), prefetch_depth=0)
+    assert got.ple_pages_read == want
+    assert got.ple_waits == 0
