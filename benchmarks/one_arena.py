@@ -125,7 +125,17 @@ def main(argv=None) -> None:
     ap.add_argument("--record-bytes", default="made,seed", help="made, seed or bytes; comma-separated (default both)")
     ap.add_argument("--budgets", default="0.25,0.5", help="budgets as fractions of all records' bytes")
     ap.add_argument("--out", default="/tmp/strata_one_arena", help="where the made model is written")
-    out = run(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    try:
+        fractions = [float(f) for f in args.budgets.split(",")]
+        for choice in args.record_bytes.split(","):
+            if choice not in ("made", "seed") and int(choice) < 1:
+                raise ValueError
+    except ValueError:
+        ap.error("--budgets takes fractions like 0.25,0.5; --record-bytes takes made, seed or a positive number")
+    if not all(0 < f <= 1 for f in fractions) or args.tokens < 2:
+        ap.error("--budgets: fractions in (0, 1]; --tokens: at least 2")
+    out = run(args)
     print(f"one arena vs two caches: {out['tokens']} tokens, {out['layers']} layers x {out['experts']} experts "
           f"top-{out['top_k']}, PLE on layers {out['ple_layers']} ({out['ple_pages_per_token']} pages a token), "
           f"read-ahead {out['prefetch_depth']}")
