@@ -139,9 +139,11 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
                                  top_k=counts.top_k, n_experts=counts.n_experts, total_experts=budget.total_experts,
                                  dense_bytes=budget.dense_resident, model_files=model_files, available=after_load,
                                  total=memory.total, active_file=memory.active_file,
-                                 ple_bytes=budget.ple_reserve or None)
+                                 ple_bytes=budget.ple_reserve or None, synchronous=profile.backend == "numpy")
     except StrataError as e:
         refusal = str(e)
+    if plan is not None:  # a short arena's fitted knobs: the run's read-ahead depth, pins and least
+        config, least = plan.applied(config), plan.min_slots
     streaming = plan.streaming if plan else True
     slots = plan.slots if plan and plan.streaming else (0 if plan else least)
     locality = None
@@ -182,5 +184,5 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
         verdict, summary = "fits resident", f"fits resident: {tps:.3g} tok/s, peak {fmt_bytes(peak)}"
     return Prediction(verdict=verdict, summary=summary, backend=profile.backend, streaming=streaming,
                       arena_slots=slots, arena_bytes=slots * budget.slot_bytes, min_slots=least,
-                      plan_reason=plan.reason if plan else refusal, locality=locality, token_s=token_s,
+                      plan_reason=(plan.reason + (f"; {plan.knobs}" if plan.knobs else "")) if plan else refusal, locality=locality, token_s=token_s,
                       tok_per_s=tps, breakdown={k: 1e3 * v for k, v in terms.items()}, peak_memory=peak, memory=mem)
