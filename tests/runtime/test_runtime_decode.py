@@ -7,7 +7,7 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.errors import ArenaTooSmallError, ExpertReadError
+from strata.errors import ArenaTooSmallError, ConfigError, ExpertReadError
 from strata.formats.experts_file import checksum
 from strata.cache.machine import decision_view, initial_state, step
 from strata.cache.types import WaitFor
