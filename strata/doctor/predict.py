@@ -123,13 +123,16 @@ class Prediction:
 
 def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, config, memory: MemoryInfo,
             supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None,
-            horizon: int = 0, prompt: int = 0) -> Prediction:
+            horizon: int = 0, prompt: int = 0, own_rss: int = 0) -> Prediction:
     """horizon 0: steady-state decode; N: the mean over a run of N tokens after `prompt` from a
-    cold arena (what a short `strata generate` reports)."""
+    cold arena (what a short `strata generate` reports). own_rss: the asking process's resident
+    bytes where `memory` was measured in it (0: `memory` is the run's, as given): the run's base
+    process takes their place, so only the base beyond them is taken from `available`."""
     least = engine_min_slots(config, moe_layers=counts.moe_layers, top_k=counts.top_k, n_experts=counts.n_experts)
     base = profile.base_rss
     dense = dense_held(budget, profile.backend, gpu=profile.gpu)  # as on the machine the profile measured
-    after_load = memory.available - base - dense  # the file's mapped pages are let go after load
+    # the file's mapped pages are let go after load; the doctor's own process is gone by then
+    after_load = memory.available - max(0, base - own_rss) - dense
     mem = {"total": memory.total, "available": memory.available, "source": memory.source,
            "available_at_engine_start": after_load}
     plan: ArenaPlan | None = None

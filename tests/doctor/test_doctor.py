@@ -363,3 +363,19 @@ def test_the_probe_times_q6_k_dense_and_k_quant_experts_at_whole_super_blocks(mo
     assert len(compiled["kernel_gemv"]["Q8_0"].points) == 3 and len(compiled["kernel_gemv"]["Q6_K"].points) == 2
     assert len(compiled["expert_kernels"]["Q4_K"].points) == 1 and len(compiled["expert_kernels"]["Q8_0"].points) == 2
     assert all(t > 0 for table in compiled["kernel_gemv"].values() for _, t in table.points)
+
+
+def test_the_doctors_own_process_is_replaced_by_the_runs(made):
+    """Memory measured in the doctor's process counts the doctor as used; the run's base process
+    takes its place, so only the base beyond the doctor's resident bytes is taken."""
+    b = _diag(made.model_path).budget
+    now = MemoryInfo(total=24 * GB, available=4 * GB, source="test")
+    d = diagnose(made.model_path, cache_dir=None, config=Config(backend="numpy"), profile=PROFILE, memory=now)
+    start = d.prediction.memory["available_at_engine_start"]
+    assert start == now.available - PROFILE.base_rss - b.dense_resident  # memory given: the run's own
+    from strata.doctor.predict import predict
+
+    src_counts = d.source.counts
+    own = predict(counts=src_counts, budget=d.budget, profile=PROFILE, config=Config(backend="numpy"), memory=now,
+                  supported=True, own_rss=PROFILE.base_rss - (5 << 20))
+    assert own.memory["available_at_engine_start"] == now.available - (5 << 20) - b.dense_resident
