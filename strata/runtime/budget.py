@@ -187,7 +187,7 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
             raise ConfigError(f"{option('arena', config.arena)} ({fmt_bytes(slots * slot_bytes)}) is above this "
                               f"machine's {budget_reason}; give a smaller {option('arena')}, or "
                               f"{option('force_arena', True)} to run it anyway")
-        _check(slots, min_slots, slot_bytes, reason)
+        _check(slots, min_slots, slot_bytes, reason, _least_clause(fits, slot_bytes))
         plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
     else:
         slots = max(0, budget) // slot_bytes
@@ -198,11 +198,7 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
             plan = ArenaPlan(True, slots, slot_bytes, fit.min_slots, total_experts, budget_reason, fit.prefetch,
                              fit.layer_pins, _knobs_line(config, fit, slots, min_slots))
         else:
-            least = min(fits, key=lambda f: f.min_slots, default=None)
-            _check(slots, min_slots, slot_bytes, budget_reason, least and (
-                f"; the least this backend runs: {least.min_slots} slots "
-                f"({fmt_bytes(least.min_slots * slot_bytes)}) with {option('prefetch', least.prefetch)}"
-                + (f" and {_layer_pins_on()}" if least.layer_pins else "")))
+            _check(slots, min_slots, slot_bytes, budget_reason, _least_clause(fits, slot_bytes))
             plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, budget_reason)
     check_wired(plan, dense_bytes, config, wired_budget)
     return plan
@@ -281,6 +277,15 @@ def check_wired(plan: ArenaPlan, dense_bytes: int, config, wired_budget: int | N
             f"but this GPU may keep at most {fmt_bytes(ceiling)} wired (max_recommended_working_set_size); "
             f"give a smaller {option('arena')}, or {option('force_arena', True)} "
             "to run it anyway")
+
+
+def _least_clause(fits: tuple[KnobFit, ...], slot_bytes: int) -> str:
+    """A refusal's clause naming the smallest arena any fit runs on ('' without fits)."""
+    least = min(fits, key=lambda f: f.min_slots, default=None)
+    if least is None:
+        return ""
+    return (f"; the least this backend runs: {least.min_slots} slots ({fmt_bytes(least.min_slots * slot_bytes)}) "
+            f"with {option('prefetch', least.prefetch)}" + (f" and {_layer_pins_on()}" if least.layer_pins else ""))
 
 
 def _layer_pins_on() -> str:

@@ -261,7 +261,7 @@ def test_a_short_arena_is_fitted_and_says_so():
             engine_arena_plan(config=config, available=available, synchronous=sync, **common)
         least = {False: "128 slots .* prefetch=0$", True: "8 slots .* prefetch=0 and layer_pins=True$"}.get(sync)
         assert least is None and "the least this backend runs" not in str(err.value) or re.search(least, str(err.value))
-    with pytest.raises(ArenaTooSmallError):
+    with pytest.raises(ArenaTooSmallError, match="8 slots .* prefetch=0 and layer_pins=True$"):  # named, not taken
         engine_arena_plan(config=config.replace(arena="60slots"), available=200 * MB, synchronous=True, **common)
     full = engine_arena_plan(config=config, available=200 * MB, synchronous=True, **common)
     assert (full.min_slots, full.knobs, full.applied(config)) == (148, "", config)  # nothing changed where it fits
