@@ -185,7 +185,8 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
                    f"{locality.urgent_per_token:.2f} urgent misses/token")
     else:
         verdict, summary = "fits resident", f"fits resident: {tps:.3g} tok/s, peak {fmt_bytes(peak)}"
+    reason = (plan.reason + (f"; {plan.knobs}" if plan.knobs else "")) if plan else refusal
     return Prediction(verdict=verdict, summary=summary, backend=profile.backend, streaming=streaming,
                       arena_slots=slots, arena_bytes=slots * budget.slot_bytes, min_slots=least,
-                      plan_reason=(plan.reason + (f"; {plan.knobs}" if plan.knobs else "")) if plan else refusal, locality=locality, token_s=token_s,
+                      plan_reason=reason, locality=locality, token_s=token_s,
                       tok_per_s=tps, breakdown={k: 1e3 * v for k, v in terms.items()}, peak_memory=peak, memory=mem)

@@ -12,10 +12,12 @@ model's pages among the active file pages (which `available` counts as used) are
 (`model_cache_in_use`: min(the model files' cached bytes, the cgroup's active file bytes)).
 `keep` ("auto") is what the process itself still needs beyond its arena once the engine starts
 (KV cache, activations, read buffers, the interpreter's growth): RESERVE_SHARE of the machine,
-at least the measured PROCESS_GROWTH, at most PROCESS_RESERVE (`keep_bytes`). `dense_unwired` is the part of the dense
-weights that sits in reclaimable file pages: 0 here (anonymous copies, already outside
-`available` once loaded), and 0 by definition with `mlock_dense`. The rule never grows an arena
-past its budget; it only decides a size once, at engine start.
+at least the measured PROCESS_GROWTH, at most PROCESS_RESERVE (`keep_bytes`). `dense_unwired`
+is the part of the dense weights that sits in reclaimable file pages: 0 here (anonymous copies,
+already outside `available` once loaded), and 0 by definition with `mlock_dense`. The rule never
+grows an arena past its budget; it only decides a size once, at engine start. A budget arena
+below the settings' least is fitted where a shallower read-ahead or (a synchronous backend)
+decode pins of one layer let it run (`fit_knobs`); the plan's `knobs` line says which.
 
 Memory figures come from `strata.runtime.memory.machine_memory` (psutil, bounded by a container's
 cgroup limit: inside a container the limit is the machine). An explicit `--arena` above the
@@ -37,9 +39,9 @@ from strata.sizes import SizeSpec, fmt_bytes, parse_size
 from strata.runtime.memory import machine_memory, metal_wired_budget
 from strata.option_names import option
 
-__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "KnobFit", "fit_knobs", "plan_arena", "engine_arena_plan", "engine_min_slots", "keep_bytes", "mem_available", "cached_file_bytes",
-           "model_cache_in_use", "fmt_bytes", "budget_bytes", "check_wired", "PROCESS_RESERVE", "PROCESS_GROWTH",
-           "RESERVE_SHARE"]
+__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "KnobFit", "fit_knobs", "plan_arena", "engine_arena_plan",
+           "engine_min_slots", "keep_bytes", "mem_available", "cached_file_bytes", "model_cache_in_use", "fmt_bytes",
+           "budget_bytes", "check_wired", "PROCESS_RESERVE", "PROCESS_GROWTH", "RESERVE_SHARE"]
 
 # What a run needs beyond its arena once the engine has started (the process's growth after the
 # budget was taken: compiled kernels, reader buffers, a prompt chunk's activations and widened
