@@ -158,6 +158,7 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
     t0 = time.perf_counter()
     try:
         model = strata.load(model_path)
+        loaded_rss = _status_bytes("VmRSS")
         eng = strata.open_engine(model)
     except StrataError as e:
         print("WORKER " + json.dumps(dict(error=f"refused: {e}")))
@@ -173,13 +174,29 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
         logits = eng.decode(int(np.argmax(logits)))
     decode_s = time.perf_counter() - t
     stats = eng.stats()
+    arena = getattr(eng, "arena", None)  # a streaming engine's: its slots and the plan's knobs line
+    arena_bytes = arena.capacity * arena.slot_bytes if arena is not None else 0
+    plan = dict(arena_slots=arena.capacity, io=eng.report().io) if arena is not None else {}
     eng.close()
     reads = None  # a streaming engine's decode reads per token (all-resident: none)
     if stats.cache is not None:
         reads = round((stats.cache.reads_issued - before.reads_issued) / n_tokens, 1)
+    # the process's growth after loading beyond its arena: what the budget's keep must hold
+    growth = _status_bytes("VmHWM") - loaded_rss - arena_bytes
     print("WORKER " + json.dumps(dict(decode_tok_s=round(n_tokens / decode_s, 2),
                                       prompt_tok_s=round(prompt_len / prompt_s, 2), open_s=round(opened, 1),
-                                      engine=stats.engine, decode_reads_per_token=reads)))
+                                      engine=stats.engine, decode_reads_per_token=reads,
+                                      growth_beyond_arena_mb=round(growth / 1e6, 1), **plan)))
+
+
+def _status_bytes(field: str) -> int:
+    """A /proc/self/status figure (VmRSS, VmHWM) in bytes; 0 where there is none (not Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next((l for l in f if l.startswith(field + ":")), None)
+    except OSError:
+        return 0
+    return int(line.split()[1]) << 10 if line else 0
 
 
 def main() -> None:

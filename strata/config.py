@@ -53,6 +53,9 @@ class Config:
     prefetch_touch: bool = knob(False, "move resident guesses to the LRU front (default off)")
     prefetch2: bool = knob(False, "also read ahead two MoE layers ahead (default off)")
     split_turn: bool = knob(True, "read-ahead bookkeeping after compute is handed off (default on)")
+    layer_pins: bool = knob(False, "numpy: a decode pin lasts one layer, not the window, so the smallest arena holds "
+                                   "one layer's experts (default off; the budget rule turns it on, and lowers "
+                                   "prefetch, where the arena is short, and says so)", flag=False)
     shexp_overlap: bool = knob(True, "shared expert during the host turn (default on)")
     pred_q8: bool = knob(True, "read-ahead guess on a Q8_0 router copy (default on)")
     moce_j: int = knob(STOCK_MOCE_J, "MoCE: protected top-J (default 3)")
@@ -65,8 +68,8 @@ class Config:
     moce_pre: bool = knob(False, "MoCE: unclaimed read-aheads count as resident (default off)")
     arena: str = knob("", "arena size: 2GB or 512MB (bytes), 300 or 300slots (slots), 25% (of all experts); "
                             "default: the budget rule; streams when set")
-    keep: str = knob("auto", "memory the budget rule leaves beside the arena, with a unit (default auto: 512MiB, "
-                          "or 7/24 of a machine under 1.75GB; docs/runtime.md)")
+    keep: str = knob("auto", "memory the budget rule leaves beside the arena, with a unit (default auto: a 16th "
+                          "of the machine, at least 40MiB, at most 512MiB; docs/runtime.md)")
     ple_reserve: str = knob("0", "memory the budget rule reserves for per-layer embeddings", flag=False)
     mlock_dense: bool = knob(False, "wire the dense weights (default off)")
     wire_arena: bool = knob(False, "wire the arena (default off)")

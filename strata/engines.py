@@ -199,8 +199,9 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
 
         return Tier2Engine.open(model, config, stream=stream, plan=plan, hook=hook, keep_trace=keep_trace)
     apply_threads(config.threads, model.cfg.hidden_size)  # process-wide BLAS threads (strata/threads.py)
-    plan = plan or arena_plan_for(model, config, ple_bytes=row_cache_bytes(model, config))
     mlx = resolve_backend(model, config) is Backend.MLX
+    plan = plan or arena_plan_for(model, config, ple_bytes=row_cache_bytes(model, config), synchronous=not mlx)
+    config = plan.applied(config)  # a short arena's fitted read-ahead depth and pins (plan.knobs says which)
     if config.kv_cache is not KVPrecision.F32 and not mlx:
         from strata.errors import ConfigError
 
@@ -217,9 +218,10 @@ def open_engine(model, config: Config | None = None, *, stream: bool | None = No
         from strata.mlx_backend.engine import streaming_parts
     else:
         from strata.numpy_backend.engine import streaming_parts
+    notes = (plan.knobs, None if mlx else auto_backend_note(model, config))
     return _streaming(model, config, plan, streaming_parts, hook=hook, keep_trace=keep_trace,
                       kind="mlx streaming" if mlx else "numpy streaming", row_faults=row_faults,
-                      note=None if mlx else auto_backend_note(model, config))
+                      note="; ".join(n for n in notes if n) or None)
 
 
 def _streaming(model, config: Config, plan, parts, *, hook, keep_trace: bool, kind: str, row_faults: dict,

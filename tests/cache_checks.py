@@ -80,7 +80,8 @@ def check_victim(state: CacheState) -> None:
 class IoModel:
     """What the runtime would do with the actions, with the checks a real one relies on."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, layer_pins: bool = False):
+        self.layer_pins = layer_pins  # the GPU has finished layer l's reads when AtLayer(l+1) comes
         self.content: list = [None] * capacity  # (layer, expert) the slot holds or is receiving
         self.reading: list = [None] * capacity  # ticket of a read that may still be writing
         self.last_ticket: list = [None] * capacity
@@ -94,6 +95,8 @@ class IoModel:
             self.window = set()  # the previous window's command buffer has finished
             if isinstance(event, HoldRegion):
                 self.prompt = event.begin
+        elif isinstance(event, AtLayer) and self.layer_pins:
+            self.window = set()  # the last layer's compute has finished
 
     def apply(self, actions) -> None:
         for a in actions:

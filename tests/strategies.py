@@ -71,13 +71,13 @@ def cache_configs(draw, *, max_layers: int = 4, max_experts: int = 8, below_min:
     top_k = draw(st.integers(1, min(3, n_experts)))
     window = draw(st.integers(1, 2))
     k = draw(st.integers(0, 4))
-    split, prefetch2 = draw(st.booleans()), draw(st.booleans())
+    split, prefetch2, layer_pins = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     least = min_capacity(n_layers, top_k, k, window=window, split_turn=split, prefetch2=prefetch2,
-                         n_experts=n_experts)
+                         n_experts=n_experts, layer_pins=layer_pins)
     capacity = draw(st.integers(1, least + 2) if below_min else st.integers(least, least + 6))
     return CacheConfig(capacity=capacity, n_layers=n_layers, n_experts=n_experts, top_k=top_k,
                        window=window, prefetch_depth=k, prefetch_touch=draw(st.booleans()),
-                       prefetch2=prefetch2, split_turn=split)
+                       prefetch2=prefetch2, split_turn=split, layer_pins=layer_pins)
 
 
 @st.composite

@@ -167,6 +167,7 @@ class FastCache:
         self._n_layers = cfg.n_layers
         self._max_selected = cfg.max_selected
         self._split = cfg.split_turn
+        self._layer_pins = cfg.layer_pins
         # the reference's arrays, as lists
         self._state = [FREE] * cap
         self._key = [_NONE] * cap
@@ -236,6 +237,8 @@ class FastCache:
                         count[_LOOKUPS] += n
                         count[_DECODE_TURNS] += 1
                         self._phase = _AFTER
+                        if self._layer_pins:  # `_at_layer`'s: the held pins settle with this turn's stamp
+                            self._new_stamp()
                         self._held, self._held_front = found, self._front
                         self._front += n
                         use = _new(Use)
@@ -343,7 +346,7 @@ class FastCache:
         count = self._count
         self._mark = count[:]
         self._phase = _AFTER
-        if prompt:
+        if prompt or self._layer_pins:  # a prompt's or a layer-pinned decode's stamp lasts one layer
             self._new_stamp()
         if not self._split:
             self._retire_unused_pre(layer, keep=selected, to_limbo=False)

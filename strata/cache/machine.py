@@ -113,7 +113,7 @@ class _Turn:
         self._check_experts(ev.selected, limit, "selected")  # may be empty: drop-tail can skip all
         self.turn_counts = np.zeros_like(self.turn_counts)
         self.phase = _AFTER
-        if self.prompt:
+        if self.prompt or self.cfg.layer_pins:  # a prompt's or a layer-pinned decode's stamp lasts one layer
             self.stamp += 1
         if not self.cfg.split_turn:
             self.retire_unused_pre(ev.layer, keep=ev.selected, to_limbo=False)

@@ -47,10 +47,12 @@ class CacheProtocolError(StrataError, ValueError):
 
 
 def min_capacity(n_layers: int, top_k: int, prefetch_depth: int, *, window: int = 1,
-                 split_turn: bool = True, prefetch2: bool = False, n_experts: int | None = None) -> int:
+                 split_turn: bool = True, prefetch2: bool = False, n_experts: int | None = None,
+                 layer_pins: bool = False) -> int:
     """The smallest arena (in slots) on which `victim()` can never fail in decode.
 
-    A window pins every layer's selections (n_layers × top_k × window distinct slots at most);
+    A window pins every layer's selections (n_layers × top_k × window distinct slots at most;
+    with `layer_pins` a pin lasts one layer's turn, so one layer's: top_k × window);
     read-aheads need slots beside them. Unclaimed read-aheads alive at one victim search:
     - split turn: one layer's PRE (K) + the previous layer's retired ones in LIMBO (K) -> 2K;
     - old in-turn order: unused read-aheads are freed before the lookups, no limbo -> K;
@@ -63,7 +65,7 @@ def min_capacity(n_layers: int, top_k: int, prefetch_depth: int, *, window: int 
     if n_experts is not None:  # a turn can't select, nor guess, more experts than there are
         per_layer, k = min(per_layer, n_experts), min(k, n_experts)
     ahead = {(True, False): 2 * k, (False, False): k, (True, True): 5 * k, (False, True): 3 * k}
-    return n_layers * per_layer + ahead[(split_turn, prefetch2)]
+    return (1 if layer_pins else n_layers) * per_layer + ahead[(split_turn, prefetch2)]
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class CacheConfig:
     prefetch_touch: bool = False  # move resident guesses to the LRU front (the old behaviour)
     prefetch2: bool = False  # also read ahead two layers ahead (AfterLayer.guesses2)
     split_turn: bool = True  # retire/read ahead after the GPU is released (False: the old in-turn order)
+    # a decode pin lasts one layer's turn, not the window: for a runtime whose compute of layer l
+    # has finished before AtLayer(l+1) (numpy's); the arena then needs one layer's selections only
+    layer_pins: bool = False
 
     def __post_init__(self) -> None:
         for name in ("capacity", "n_layers", "n_experts", "top_k", "window"):
@@ -89,7 +94,7 @@ class CacheConfig:
             raise ConfigError(f"cache config: top_k {self.top_k} > n_experts {self.n_experts}")
         if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 0:
             raise ConfigError(f"cache config: prefetch_depth must be an int >= 0, got {self.prefetch_depth!r}")
-        for name in ("prefetch_touch", "prefetch2", "split_turn"):
+        for name in ("prefetch_touch", "prefetch2", "split_turn", "layer_pins"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"cache config: {name} must be a bool, got {getattr(self, name)!r}")
 
@@ -101,7 +106,8 @@ class CacheConfig:
     @property
     def min_capacity(self) -> int:
         return min_capacity(self.n_layers, self.top_k, self.prefetch_depth, window=self.window,
-                            split_turn=self.split_turn, prefetch2=self.prefetch2, n_experts=self.n_experts)
+                            split_turn=self.split_turn, prefetch2=self.prefetch2, n_experts=self.n_experts,
+                            layer_pins=self.layer_pins)
 
 
 # ------------------------------------------------------------------ events

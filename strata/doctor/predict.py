@@ -123,13 +123,16 @@ class Prediction:
 
 def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, config, memory: MemoryInfo,
             supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None,
-            horizon: int = 0, prompt: int = 0) -> Prediction:
+            horizon: int = 0, prompt: int = 0, own_rss: int = 0) -> Prediction:
     """horizon 0: steady-state decode; N: the mean over a run of N tokens after `prompt` from a
-    cold arena (what a short `strata generate` reports)."""
+    cold arena (what a short `strata generate` reports). own_rss: the asking process's resident
+    bytes where `memory` was measured in it (0: `memory` is the run's, as given): the run's base
+    process takes their place, so only the base beyond them is taken from `available`."""
     least = engine_min_slots(config, moe_layers=counts.moe_layers, top_k=counts.top_k, n_experts=counts.n_experts)
     base = profile.base_rss
     dense = dense_held(budget, profile.backend, gpu=profile.gpu)  # as on the machine the profile measured
-    after_load = memory.available - base - dense  # the file's mapped pages are let go after load
+    # the file's mapped pages are let go after load; the doctor's own process is gone by then
+    after_load = memory.available - max(0, base - own_rss) - dense
     mem = {"total": memory.total, "available": memory.available, "source": memory.source,
            "available_at_engine_start": after_load}
     plan: ArenaPlan | None = None
@@ -139,9 +142,11 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
                                  top_k=counts.top_k, n_experts=counts.n_experts, total_experts=budget.total_experts,
                                  dense_bytes=budget.dense_resident, model_files=model_files, available=after_load,
                                  total=memory.total, active_file=memory.active_file,
-                                 ple_bytes=budget.ple_reserve or None)
+                                 ple_bytes=budget.ple_reserve or None, synchronous=profile.backend == "numpy")
     except StrataError as e:
         refusal = str(e)
+    if plan is not None:  # a short arena's fitted knobs: the run's read-ahead depth, pins and least
+        config, least = plan.applied(config), plan.min_slots
     streaming = plan.streaming if plan else True
     slots = plan.slots if plan and plan.streaming else (0 if plan else least)
     locality = None
@@ -180,7 +185,8 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
                    f"{locality.urgent_per_token:.2f} urgent misses/token")
     else:
         verdict, summary = "fits resident", f"fits resident: {tps:.3g} tok/s, peak {fmt_bytes(peak)}"
+    reason = (plan.reason + (f"; {plan.knobs}" if plan.knobs else "")) if plan else refusal
     return Prediction(verdict=verdict, summary=summary, backend=profile.backend, streaming=streaming,
                       arena_slots=slots, arena_bytes=slots * budget.slot_bytes, min_slots=least,
-                      plan_reason=plan.reason if plan else refusal, locality=locality, token_s=token_s,
+                      plan_reason=reason, locality=locality, token_s=token_s,
                       tok_per_s=tps, breakdown={k: 1e3 * v for k, v in terms.items()}, peak_memory=peak, memory=mem)

@@ -210,9 +210,21 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
                                        cpu_kernels=config.cpu_kernels)
     profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
                                          cpu_kernels=config.cpu_kernels)
+    # measured here: this process's own memory is counted as used, and the run replaces it
+    own_rss = 0 if memory is not None else _own_rss()
     memory = memory or machine_memory()
     pred = predict(counts=src.counts, budget=budget, profile=profile, config=config, memory=memory,
                    supported=src.counts.supported and src.kind != "mlx",
                    why_not=src.note if src.kind == "mlx" else src.counts.why_not,
-                   model_files=src.model_files, trace=src.trace, horizon=horizon, prompt=prompt)
+                   model_files=src.model_files, trace=src.trace, horizon=horizon, prompt=prompt, own_rss=own_rss)
     return Diagnosis(src, budget, profile, pred, _tier2(src, config, memory, profile))
+
+
+def _own_rss() -> int:
+    """This process's resident bytes (psutil), 0 where they cannot be read."""
+    import psutil
+
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except (psutil.Error, OSError):
+        return 0

@@ -11,11 +11,13 @@ psutil's MemAvailable already counts that cache as available; inside a container
 model's pages among the active file pages (which `available` counts as used) are added back
 (`model_cache_in_use`: min(the model files' cached bytes, the cgroup's active file bytes)).
 `keep` ("auto") is what the process itself still needs beyond its arena once the engine starts
-(KV cache, activations, read buffers, the interpreter's growth): PROCESS_RESERVE, or
-SEED_KEEP_FRACTION of a machine too small for that. `dense_unwired` is the part of the dense
-weights that sits in reclaimable file pages: 0 here (anonymous copies, already outside
-`available` once loaded), and 0 by definition with `mlock_dense`. The rule never grows an arena
-past its budget; it only decides a size once, at engine start.
+(KV cache, activations, read buffers, the interpreter's growth): RESERVE_SHARE of the machine,
+at least the measured PROCESS_GROWTH, at most PROCESS_RESERVE (`keep_bytes`). `dense_unwired`
+is the part of the dense weights that sits in reclaimable file pages: 0 here (anonymous copies,
+already outside `available` once loaded), and 0 by definition with `mlock_dense`. The rule never
+grows an arena past its budget; it only decides a size once, at engine start. A budget arena
+below the settings' least is fitted where a shallower read-ahead or (a synchronous backend)
+decode pins of one layer let it run (`fit_knobs`); the plan's `knobs` line says which.
 
 Memory figures come from `strata.runtime.memory.machine_memory` (psutil, bounded by a container's
 cgroup limit: inside a container the limit is the machine). An explicit `--arena` above the
@@ -37,23 +39,31 @@ from strata.sizes import SizeSpec, fmt_bytes, parse_size
 from strata.runtime.memory import machine_memory, metal_wired_budget
 from strata.option_names import option
 
-__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "plan_arena", "engine_arena_plan", "engine_min_slots", "keep_bytes", "mem_available", "cached_file_bytes",
-           "model_cache_in_use", "fmt_bytes", "budget_bytes", "check_wired", "PROCESS_RESERVE"]
+__all__ = ["SizeSpec", "parse_size", "ArenaPlan", "KnobFit", "fit_knobs", "plan_arena", "engine_arena_plan",
+           "engine_min_slots", "keep_bytes", "mem_available", "cached_file_bytes", "model_cache_in_use", "fmt_bytes",
+           "budget_bytes", "check_wired", "PROCESS_RESERVE", "PROCESS_GROWTH", "RESERVE_SHARE"]
 
-# What a run needs beyond its arena once the engine has started: measured 350-450 MB (peak RSS
-# less the arena, numpy engine, a 24-layer 128-expert Q8_0 Qwen3-MoE under cgroup limits), with
-# a margin. The rule used to keep SEED_KEEP_FRACTION of the machine (~29%: 7 GB of 24 GB), which
-# at a 15% limit left no arena where the run fits.
+# What a run needs beyond its arena once the engine has started (the process's growth after the
+# budget was taken: compiled kernels, reader buffers, a prompt chunk's activations and widened
+# experts, the KV cache of a short run). Measured as peak RSS less the RSS after loading less the
+# arena: 27-31 MB (numpy engine, compiled kernels, 32 prompt + 16 decode tokens, a 16-layer
+# 64-expert D 1024 Qwen3-MoE, Q4_0 and Q8_0, under cgroup limits of 137-506 MiB); PROCESS_GROWTH
+# is that with a margin. On a large machine PROCESS_RESERVE (350-450 MB measured as peak RSS less
+# the arena, dense weights included, on a 24-layer 128-expert Q8_0 model) caps the reserve; between
+# the two a share of the machine, RESERVE_SHARE (8 GiB's 512 MiB). The rule used to keep 7/24 of a
+# small machine (84 MB at a 276 MiB limit), which refused runs that fit.
 PROCESS_RESERVE = 512 << 20
-SEED_KEEP_FRACTION = 7 / 24  # the reference engine's 7 GB of a 24 GB Mac: the most "auto" keeps of a small machine
+PROCESS_GROWTH = 40 << 20
+RESERVE_SHARE = 1 / 16
 
 
 def keep_bytes(keep: str, total: int | None = None) -> int:
-    """`keep` in bytes; "auto" is PROCESS_RESERVE, or SEED_KEEP_FRACTION of this machine's memory
-    (`total`, default `machine_memory().total`: a container's limit where one is set) where that
-    is less, so a small machine is not told to keep more than it has."""
+    """`keep` in bytes; "auto" is RESERVE_SHARE of this machine's memory (`total`, default
+    `machine_memory().total`: a container's limit where one is set), at least PROCESS_GROWTH and
+    at most PROCESS_RESERVE."""
     if keep == "auto":
-        return min(PROCESS_RESERVE, int((machine_memory().total if total is None else total) * SEED_KEEP_FRACTION))
+        share = int((machine_memory().total if total is None else total) * RESERVE_SHARE)
+        return min(PROCESS_RESERVE, max(PROCESS_GROWTH, share))
     return parse_size(keep, what="keep", allow_slots=False).nbytes
 
 
@@ -92,10 +102,30 @@ class ArenaPlan:
     min_slots: int  # the smallest legal arena for this configuration
     total_experts: int  # n_layers * n_experts
     reason: str  # one line: where the size came from
+    # the budget rule's fit when the arena is short (`fit_knobs`): the read-ahead depth and pin
+    # scope the run takes instead of the configuration's, and the line that says so (empty: none)
+    prefetch: int | None = None
+    layer_pins: bool = False
+    knobs: str = ""
 
     @property
     def nbytes(self) -> int:
         return self.slots * self.slot_bytes
+
+    def applied(self, config):
+        """`config` with the knobs this plan changed (itself when it changed none)."""
+        if not self.knobs:
+            return config
+        return config.replace(prefetch=self.prefetch, layer_pins=self.layer_pins)
+
+
+@dataclass(frozen=True)
+class KnobFit:
+    """One way to run a short arena: its smallest legal arena under `prefetch` and `layer_pins`."""
+
+    min_slots: int
+    prefetch: int
+    layer_pins: bool
 
 
 def model_cache_in_use(model_files: tuple[Path, ...], active_file: int) -> int:
@@ -134,15 +164,17 @@ def budget_bytes(config, *, model_files: tuple[Path, ...] = (), available: int |
 def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
                dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None,
                total: int | None = None, active_file: int | None = None, wired_budget: int | None | str = "auto",
-               ple_bytes: int | None = None) -> ArenaPlan:
+               ple_bytes: int | None = None, fits: tuple[KnobFit, ...] = ()) -> ArenaPlan:
     """Decide the arena from `config.arena` or the budget rule (module docstring).
 
     An explicit size always streams (capped at one slot per expert: more can never be used),
     and is refused (ConfigError, one line) when it is above the budget unless
     `config.force_arena`; the budget rule streams only when the experts do not all fit. Raises
     ArenaTooSmallError when the size cannot hold one window's selections plus the read-ahead
-    depth (`min_slots`). `available`, `total`, `active_file`: budget_bytes'. `wired_budget`: the GPU's wired ceiling ("auto": asked of MLX on a
-    Mac, None elsewhere); a plan over it is refused by `check_wired`.
+    depth (`min_slots`), unless the budget rule's arena holds one of `fits` (in order: the first
+    that fits is taken and named in the plan's `knobs`). `available`, `total`, `active_file`:
+    budget_bytes'. `wired_budget`: the GPU's wired ceiling ("auto": asked of MLX on a Mac, None
+    elsewhere); a plan over it is refused by `check_wired`.
     """
     budget, budget_reason = budget_bytes(config, model_files=model_files, available=available, total=total,
                                          active_file=active_file, ple_bytes=ple_bytes)
@@ -157,40 +189,75 @@ def plan_arena(*, config, slot_bytes: int, total_experts: int, min_slots: int,
             raise ConfigError(f"{option('arena', config.arena)} ({fmt_bytes(slots * slot_bytes)}) is above this "
                               f"machine's {budget_reason}; give a smaller {option('arena')}, or "
                               f"{option('force_arena', True)} to run it anyway")
-        _check(slots, min_slots, slot_bytes, reason)
+        _check(slots, min_slots, slot_bytes, reason, _least_clause(fits, slot_bytes))
         plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, reason)
     else:
         slots = max(0, budget) // slot_bytes
+        fit = next((f for f in fits if f.min_slots <= slots), None) if slots < min_slots else None
         if slots >= total_experts:
             plan = ArenaPlan(False, 0, slot_bytes, min_slots, total_experts, budget_reason + ": every expert fits")
+        elif fit is not None:
+            plan = ArenaPlan(True, slots, slot_bytes, fit.min_slots, total_experts, budget_reason, fit.prefetch,
+                             fit.layer_pins, _knobs_line(config, fit, slots, min_slots))
         else:
-            _check(slots, min_slots, slot_bytes, budget_reason)
+            _check(slots, min_slots, slot_bytes, budget_reason, _least_clause(fits, slot_bytes))
             plan = ArenaPlan(True, slots, slot_bytes, min_slots, total_experts, budget_reason)
     check_wired(plan, dense_bytes, config, wired_budget)
     return plan
 
 
-def engine_min_slots(config, *, moe_layers: int, top_k: int, n_experts: int) -> int:
+def engine_min_slots(config, *, moe_layers: int, top_k: int, n_experts: int, prefetch: int | None = None,
+                     layer_pins: bool | None = None) -> int:
     """The smallest legal arena of a streaming engine under `config` (the cache machine's
-    `min_capacity` for its MoE layers, window, read-ahead depth and turn order)."""
+    `min_capacity` for its MoE layers, window, read-ahead depth and turn order); `prefetch`,
+    `layer_pins`: instead of the configuration's."""
     from strata.cache.types import min_capacity
 
-    return min_capacity(moe_layers, top_k, config.prefetch, window=config.window, split_turn=config.split_turn,
-                        prefetch2=config.prefetch2, n_experts=n_experts)
+    return min_capacity(moe_layers, top_k, config.prefetch if prefetch is None else prefetch, window=config.window,
+                        split_turn=config.split_turn, prefetch2=config.prefetch2, n_experts=n_experts,
+                        layer_pins=config.layer_pins if layer_pins is None else layer_pins)
+
+
+def fit_knobs(config, *, moe_layers: int, top_k: int, n_experts: int, synchronous: bool) -> tuple[KnobFit, ...]:
+    """How a budget-rule arena shorter than the configuration's least may still run, best first:
+    a synchronous backend's compute of a layer is over before the next layer's turn, so its
+    decode pins may last one layer (`layer_pins`: one layer's selections resident, not every
+    layer's) at the configured read-ahead depth; then the depth lowered one step at a time to 0.
+    An asynchronous backend (MLX: a window's layers are one command buffer) keeps its window pins
+    and only lowers the depth."""
+    pins = synchronous or config.layer_pins  # window pins never need less than layer pins at one depth
+    return tuple(KnobFit(engine_min_slots(config, moe_layers=moe_layers, top_k=top_k, n_experts=n_experts,
+                                          prefetch=k, layer_pins=pins), k, pins)
+                 for k in range(config.prefetch, -1, -1) if (k, pins) != (config.prefetch, config.layer_pins))
+
+
+def _knobs_line(config, fit: KnobFit, slots: int, least: int) -> str:
+    """The report's line for a fitted plan: which knob changed and why."""
+    changed = []
+    if fit.layer_pins != config.layer_pins:
+        changed.append("decode pins last one layer (layer_pins on)")
+    if fit.prefetch != config.prefetch:
+        changed.append(f"read-ahead depth {config.prefetch} -> {fit.prefetch} (prefetch)")
+    return (f"arena short: the budget holds {slots} slots where these settings need {least}; "
+            f"{' and '.join(changed)}, which need {fit.min_slots}")
 
 
 def engine_arena_plan(*, config, slot_bytes: int, moe_layers: int, top_k: int, n_experts: int, total_experts: int,
                       dense_bytes: int, model_files: tuple[Path, ...] = (), available: int | None = None,
                       total: int | None = None, active_file: int | None = None,
-                      ple_bytes: int | None = None) -> ArenaPlan:
+                      ple_bytes: int | None = None, synchronous: bool | None = None) -> ArenaPlan:
     """The plan a decoding engine runs (all-resident, or streaming on so many slots): `plan_arena`
     at `engine_min_slots`. The engines (strata.runtime.decode.arena_plan_for) and `strata doctor`
     both decide through this one function; the doctor passes the memory it predicts at engine
-    start (available now less what loading takes)."""
+    start (available now less what loading takes). synchronous: whether the backend finishes a
+    layer's compute before the next layer's turn (numpy), which lets a short arena be fitted
+    (`fit_knobs`); None: no fitting (a caller that does not apply the plan's knobs)."""
     least = engine_min_slots(config, moe_layers=moe_layers, top_k=top_k, n_experts=n_experts)
+    fits = () if synchronous is None else fit_knobs(config, moe_layers=moe_layers, top_k=top_k,
+                                                      n_experts=n_experts, synchronous=synchronous)
     return plan_arena(config=config, slot_bytes=slot_bytes, total_experts=total_experts, min_slots=least,
                       dense_bytes=dense_bytes, model_files=model_files, available=available, total=total,
-                      active_file=active_file, ple_bytes=ple_bytes)
+                      active_file=active_file, ple_bytes=ple_bytes, fits=fits)
 
 
 def check_wired(plan: ArenaPlan, dense_bytes: int, config, wired_budget: int | None | str = "auto") -> None:
@@ -214,10 +281,26 @@ def check_wired(plan: ArenaPlan, dense_bytes: int, config, wired_budget: int | N
             "to run it anyway")
 
 
-def _check(slots: int, min_slots: int, slot_bytes: int, reason: str) -> None:
+def _least_clause(fits: tuple[KnobFit, ...], slot_bytes: int) -> str:
+    """A refusal's clause naming the smallest arena any fit runs on ('' without fits)."""
+    least = min(fits, key=lambda f: f.min_slots, default=None)
+    if least is None:
+        return ""
+    return (f"; the least this backend runs: {least.min_slots} slots ({fmt_bytes(least.min_slots * slot_bytes)}) "
+            f"with {option('prefetch', least.prefetch)}" + (f" and {_layer_pins_on()}" if least.layer_pins else ""))
+
+
+def _layer_pins_on() -> str:
+    """layer_pins has no flag of its own: `--set layer_pins=on` on the command line."""
+    spelled = option("set", "layer_pins=on")
+    return spelled if spelled.startswith("--") else option("layer_pins", True)
+
+
+def _check(slots: int, min_slots: int, slot_bytes: int, reason: str, fitted: str = "") -> None:
+    """Refuse an arena below `min_slots`; fitted: a clause naming the least a fitted plan needs."""
     if slots < min_slots:
         raise ArenaTooSmallError(
             f"arena of {slots} slots ({fmt_bytes(slots * slot_bytes)}, from {reason}) cannot hold one "
             f"window's selections of every layer plus the read-ahead depth: this configuration needs at "
             f"least {min_slots} slots ({fmt_bytes(min_slots * slot_bytes)}); give {option('arena', f'{min_slots}slots')} "
-            f"or more, or lower {option('prefetch')}")
+            f"or more, or lower {option('prefetch')}{fitted}")

@@ -63,13 +63,15 @@ def cache_config_for(model, config: Config, capacity: int, stage: LayerRange | N
     return CacheConfig(capacity=capacity, n_layers=n_moe, n_experts=cfg.n_experts,
                        top_k=cfg.n_experts_per_token, window=config.window, prefetch_depth=config.prefetch,
                        prefetch_touch=config.prefetch_touch, prefetch2=config.prefetch2,
-                       split_turn=config.split_turn)
+                       split_turn=config.split_turn, layer_pins=config.layer_pins)
 
 
-def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_bytes: int | None = None) -> ArenaPlan:
+def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_bytes: int | None = None,
+                   synchronous: bool | None = None) -> ArenaPlan:
     """The arena this model and configuration get (`--arena` or the budget rule); a pipeline
     stage's for its own MoE layers. ple_bytes: a PLE model's row cache (RowCachePlan.nbytes),
-    reserved from the budget."""
+    reserved from the budget. synchronous: engine_arena_plan's (a caller that runs the plan's
+    `applied(config)`)."""
     h = model.experts_file.header
     moe = model.cfg.n_moe_layers if stage is None else len(stage.moe_layers(model.cfg))
     dense = stored_bytes(model.dense)  # as held: the stored bytes, not float32's
@@ -77,7 +79,7 @@ def arena_plan_for(model, config: Config, stage: LayerRange | None = None, ple_b
     return engine_arena_plan(config=config, slot_bytes=h.padded_bytes, moe_layers=moe,
                              top_k=model.cfg.n_experts_per_token, n_experts=model.cfg.n_experts, total_experts=total,
                              dense_bytes=dense, model_files=_model_files(model),
-                             ple_bytes=ple_bytes)
+                             ple_bytes=ple_bytes, synchronous=synchronous)
 
 
 def _model_files(model) -> tuple[Path, ...]:
@@ -137,6 +139,9 @@ class StreamingEngine(SessionEngine):
         self.arena, self.compute, self.io = arena, compute, io
         # a pipeline stage runs its layer range only; its cache and `io` see its MoE layers only
         self.stage = stage or LayerRange.whole(model.cfg)
+        if config.layer_pins and not compute.synchronous:
+            raise ConfigError("layer_pins: this backend computes a window's layers after the turns (MLX); "
+                              "set layer_pins=off, or use the numpy backend")
         self.cache_config = cache_config_for(model, config, arena.capacity, self.stage)
         least = self.cache_config.min_capacity
         if arena.capacity < least:

@@ -66,6 +66,9 @@ def check_tier2_config(config: Config, model_type: str | None = None) -> None:
         raise ConfigError(f"--kv-cache {config.kv_cache.value}: tier 2 keeps mlx-lm's own KV cache; leave it at f32")
     if config.logpos:
         raise ConfigError("--logpos: not on tier 2 yet (the logit dump is the native engines')")
+    if config.layer_pins:
+        raise ConfigError("layer_pins: tier 2 computes a window's layers on MLX after the turns; set "
+                          "layer_pins=off (the numpy engines of a converted model take it)")
 
 
 class Tier2Engine(SessionEngine):

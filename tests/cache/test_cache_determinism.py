@@ -23,7 +23,7 @@ NEVER, AT_ONCE = "never", "at once"
 def run(config, turns, notices):
     """Returns per turn event: (decisions, decision view, waited slots), and the final state.
     `notices`: NEVER, AT_ONCE, or a hypothesis `data` drawing which reads complete when."""
-    state, io, trace = initial_state(config), IoModel(config.capacity), []
+    state, io, trace = initial_state(config), IoModel(config.capacity, config.layer_pins), []
     for event in turns:
         pending = pending_reads(state)
         if notices == AT_ONCE:

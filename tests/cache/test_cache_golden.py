@@ -230,6 +230,21 @@ def test_min_capacity_is_tight_with_the_split_turn():
         play(events, config=tight)
 
 
+def test_layer_pins_need_one_layers_selections_and_are_tight():
+    """With layer_pins a decode pin lasts one layer's turn: the same turns run on one layer's
+    selections plus PRE and limbo (1 + 2 = 3 slots, not 5), earlier layers' slots are reused,
+    and one slot less has no victim."""
+    events = [BeginWindow(), AtLayer(0, (0,)), AfterLayer(0, (1,)), AtLayer(1, (2,)), AfterLayer(1, (3,)),
+              AtLayer(2, (4,))]
+    cfg = CacheConfig(capacity=3, n_layers=3, n_experts=8, top_k=1, prefetch_depth=1, layer_pins=True)
+    assert cfg.min_capacity == 3 and min_capacity(48, 10, 16, layer_pins=True) == 10 + 2 * 16
+    s, _ = play(events, config=cfg)
+    assert slot_table(s) == ("P2:3", "L", "R2:4*")  # layer 0's slot took layer 2's read-ahead
+    tight = CacheConfig(capacity=2, n_layers=3, n_experts=8, top_k=1, prefetch_depth=1, layer_pins=True)
+    with pytest.raises(CacheFullError):
+        play(events, config=tight)
+
+
 def test_stale_read_done_changes_nothing():
     s, _ = play(_up_to_readahead())
     assert step(s, ReadDone(2, 99)) == (s, ())  # wrong ticket

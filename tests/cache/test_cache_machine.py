@@ -40,7 +40,7 @@ class CacheMachine(RuleBasedStateMachine):
     def setup(self, data):
         self.config = data.draw(cache_configs(below_min=self.below_min), label="config")
         self.state = initial_state(self.config)
-        self.io = IoModel(self.config.capacity)
+        self.io = IoModel(self.config.capacity, self.config.layer_pins)
         self.live = True
 
     def apply(self, event):
@@ -51,7 +51,7 @@ class CacheMachine(RuleBasedStateMachine):
             assert self.config.capacity < self.config.min_capacity, f"legal arena reported full: {err}"
             assert f"{self.config.capacity} slots" in str(err) and "needs at least" in str(err)
             assert_unchanged(old, before)
-            self.state, self.io = initial_state(self.config), IoModel(self.config.capacity)  # start over
+            self.state, self.io = initial_state(self.config), IoModel(self.config.capacity, self.config.layer_pins)  # start over
             return None
         self.state = new
         _check_decode_transition(old, new, event, actions)
@@ -129,25 +129,26 @@ class CacheMachine(RuleBasedStateMachine):
 
 
 def _check_decode_transition(old, new, event, actions) -> None:
-    """Inside a decode window the stamp is fixed: what it pins keeps its key, and victims are
-    never LIMBO or PRE slots."""
+    """Inside a decode window the stamp is fixed (with layer_pins: inside a layer's turn; AtLayer
+    starts a new one): what it pins keeps its key, and victims are never LIMBO or PRE slots."""
     if old.prompt or not isinstance(event, (AtLayer, AfterLayer)):
         return
-    assert new.stamp == old.stamp
+    new_turn = isinstance(event, AtLayer) and old.config.layer_pins
+    assert new.stamp == old.stamp + new_turn
     E, layer = old.config.n_experts, event.layer
     freed_now = set()  # the old in-turn order frees this layer's unused read-aheads first
     if isinstance(event, AtLayer) and not old.config.split_turn:
         freed_now = {s for s in range(old.config.capacity) if old.slot_state[s] == PRE
                      and old.slot_key[s] // E == layer and old.slot_key[s] % E not in event.selected}
     for a in actions:
-        if isinstance(a, (Read, Evict)) and a.slot not in freed_now:
+        if isinstance(a, (Read, Evict)) and a.slot not in freed_now and not new_turn:
             assert not old.pinned(a.slot), f"{a} hits a slot pinned by the current window"
         if isinstance(a, Evict):
             assert old.slot_state[a.slot] == RES, f"{a}: decode victims are claimed slots only"
     for s in range(old.config.capacity):
         st_old, key = int(old.slot_state[s]), int(old.slot_key[s])
         st_new, key_new = int(new.slot_state[s]), int(new.slot_key[s])
-        if st_old == RES and old.pinned(s):
+        if st_old == RES and old.pinned(s) and not new_turn:
             assert (st_new, key_new) == (RES, key) and new.pinned(s)
         if st_old == PRE and s not in freed_now:
             retired = isinstance(event, AfterLayer) and key // E == layer and old.config.split_turn

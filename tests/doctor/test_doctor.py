@@ -246,13 +246,15 @@ def test_calibrate_measures_the_full_probe_and_says_how_far_it_got(tmp_path, mon
     assert "measuring this machine (quick probe, about half a minute; 0 s): disk" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("share", [1.2, 0.6, 0.3, 0.0])
+@pytest.mark.parametrize("share", [1.2, 0.6, 0.3, 0.1, 0.0])
 def test_the_printed_plan_is_the_one_open_engine_runs(made, tmp_path, monkeypatch, share):
     """Under memory for `share` of the experts (beside the base process, the dense weights and
-    keep; 0: less than the legal least), inside a container whose active file pages hold part of
-    the model file: the plan `strata doctor` prints (all-resident, or streaming on N slots, or
-    refused) is the one `open_engine` picks when the engine starts with the memory the doctor
-    predicts for that moment (available now, less the base process and the dense weights)."""
+    keep; 0.1: less than the default settings' least, 0: less than any legal arena but the
+    model file's cached pages), inside a container whose active file pages hold part of the
+    model file: the plan `strata doctor` prints (all-resident, or streaming on N slots with the
+    read-ahead depth and pins a short arena is fitted with, or refused) is the one `open_engine`
+    picks when the engine starts with the memory the doctor predicts for that moment (available
+    now, less the base process and the dense weights)."""
     from strata.engines import open_engine
     from strata.errors import ArenaTooSmallError
     from strata.runtime import budget as runtime_budget
@@ -278,9 +280,15 @@ def test_the_printed_plan_is_the_one_open_engine_runs(made, tmp_path, monkeypatc
     try:
         streaming = isinstance(engine, StreamingEngine)
         slots = engine.arena.capacity if streaming else 0
+        cache = engine.cache_config if streaming else None
+        notes = engine.report().io if streaming else ""
     finally:
         engine.close()
     assert (p.streaming, p.arena_slots) == (streaming, slots)
+    if streaming:  # the same least, so the same read-ahead depth and pins, and both say so
+        assert p.min_slots == cache.min_capacity
+        fitted = (cache.prefetch_depth, cache.layer_pins) != (config.prefetch, config.layer_pins)
+        assert fitted == ("arena short" in d.text()) == ("arena short" in notes) == (share < 0.2)
     assert p.verdict == ("streams" if streaming else "fits resident") and (share < 1) == streaming
     if streaming:
         assert f"arena {slots} slots" in d.text() and slots > share * b.total_experts  # the model's cache added
@@ -355,3 +363,19 @@ def test_the_probe_times_q6_k_dense_and_k_quant_experts_at_whole_super_blocks(mo
     assert len(compiled["kernel_gemv"]["Q8_0"].points) == 3 and len(compiled["kernel_gemv"]["Q6_K"].points) == 2
     assert len(compiled["expert_kernels"]["Q4_K"].points) == 1 and len(compiled["expert_kernels"]["Q8_0"].points) == 2
     assert all(t > 0 for table in compiled["kernel_gemv"].values() for _, t in table.points)
+
+
+def test_the_doctors_own_process_is_replaced_by_the_runs(made):
+    """Memory measured in the doctor's process counts the doctor as used; the run's base process
+    takes its place, so only the base beyond the doctor's resident bytes is taken."""
+    b = _diag(made.model_path).budget
+    now = MemoryInfo(total=24 * GB, available=4 * GB, source="test")
+    d = diagnose(made.model_path, cache_dir=None, config=Config(backend="numpy"), profile=PROFILE, memory=now)
+    start = d.prediction.memory["available_at_engine_start"]
+    assert start == now.available - PROFILE.base_rss - b.dense_resident  # memory given: the run's own
+    from strata.doctor.predict import predict
+
+    src_counts = d.source.counts
+    own = predict(counts=src_counts, budget=d.budget, profile=PROFILE, config=Config(backend="numpy"), memory=now,
+                  supported=True, own_rss=PROFILE.base_rss - (5 << 20))
+    assert own.memory["available_at_engine_start"] == now.available - (5 << 20) - b.dense_resident

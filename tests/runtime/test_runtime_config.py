@@ -81,11 +81,13 @@ def test_budget_rule_and_explicit_arena():
 
 
 def test_keep_auto_is_the_process_reserve_on_this_machine():
-    """auto: the process reserve (tests/runtime/test_runtime_memory.py), 7/24 of a machine too small for it."""
-    from strata.runtime.budget import PROCESS_RESERVE, SEED_KEEP_FRACTION, keep_bytes
+    """auto: a 16th of the machine between the measured process growth and the process reserve
+    (tests/runtime/test_runtime_memory.py)."""
+    from strata.runtime.budget import PROCESS_GROWTH, PROCESS_RESERVE, RESERVE_SHARE, keep_bytes
     from strata.runtime.memory import machine_memory
 
-    assert keep_bytes("auto") == min(PROCESS_RESERVE, int(machine_memory().total * SEED_KEEP_FRACTION))
+    share = int(machine_memory().total * RESERVE_SHARE)
+    assert keep_bytes("auto") == min(PROCESS_RESERVE, max(PROCESS_GROWTH, share))
     assert keep_bytes("7GB") == 7_000_000_000
     assert Config().keep == "auto"
 

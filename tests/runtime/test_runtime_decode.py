@@ -7,7 +7,7 @@ import pytest
 
 import strata
 from strata.config import Config
-from strata.errors import ArenaTooSmallError, ExpertReadError
+from strata.errors import ArenaTooSmallError, ConfigError, ExpertReadError
 from strata.formats.experts_file import checksum
 from strata.cache.machine import decision_view, initial_state, step
 from strata.cache.types import WaitFor
@@ -75,6 +75,7 @@ SWITCHES = [
     dict(prefetch=0), dict(prefetch=16), dict(prefetch_touch=True), dict(prefetch2=True),
     dict(split_turn=False), dict(shexp_overlap=False), dict(pred_q8=False), dict(io_threads=1),
     dict(direct_io=False), dict(verify_reads=True), dict(prefill_chunk=3), dict(moce_pre=True),
+    dict(layer_pins=True), dict(layer_pins=True, prefetch=1), dict(layer_pins=True, split_turn=False),
 ]
 
 
@@ -103,7 +104,8 @@ def replay_decisions(engine):
 @pytest.mark.parametrize("config", [
     Config(prefetch=16), Config(moce_j=1, moce_lambda=1.5, prefill_chunk=4), Config(split_turn=False),
     Config(prefetch2=True, moce_drop_tail=0.2, moce_drop_rank=2), Config(moce_scale="range", moce_lambda=0.3),
-], ids=["k16", "j1", "nosplit", "pf2-droptail", "range"])
+    Config(layer_pins=True),
+], ids=["k16", "j1", "nosplit", "pf2-droptail", "range", "layer-pins"])
 def test_runtime_decisions_are_the_reference_machines(model, config):
     config = config.replace(arena=f"{min_slots(model, config) + 3}slots")
     _, engine = stream(model, config, keep_trace=True, hook=RandomDelays(seed=3, max_ms=1))
@@ -113,25 +115,32 @@ def test_runtime_decisions_are_the_reference_machines(model, config):
 
 
 class CheckingCompute(NumpyCompute):
-    """Checks, at the moment of use, that every slot holds the record the cache says it does."""
+    """Checks, at the moment of use and again when the compute returns (read-aheads for the next
+    layer run meanwhile), that every slot holds the record the cache says it does."""
 
     engine = None
     checked = 0
 
     def routed(self, layer, h, slots, weights):
         xf, state = self.engine.model.experts_file, self.engine.streamer.state
-        for s in np.unique(slots[slots >= 0]).tolist():
-            key = int(state.slot_key[s])
-            assert key // xf.header.n_experts == layer
-            rec = self.arena.slot_buffer(s)[: xf.header.record_bytes]
-            assert checksum(rec) == xf.checksum(layer, key % xf.header.n_experts)
-            self.checked += 1
-        return super().routed(layer, h, slots, weights)
+        used = [(s, int(state.slot_key[s])) for s in np.unique(slots[slots >= 0]).tolist()]
+
+        def check():
+            for s, key in used:
+                assert key // xf.header.n_experts == layer
+                rec = self.arena.slot_buffer(s)[: xf.header.record_bytes]
+                assert checksum(rec) == xf.checksum(layer, key % xf.header.n_experts)
+                self.checked += 1
+
+        check()
+        out = super().routed(layer, h, slots, weights)
+        check()
+        return out
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_expert_computed_with_is_the_expert_requested(model, reference, seed):
-    config = Config(moce_lambda=0.0, prefetch=16, io_threads=3, prefill_chunk=5)
+@pytest.mark.parametrize("seed, layer_pins", [(0, False), (1, False), (2, False), (0, True), (1, True)])
+def test_every_expert_computed_with_is_the_expert_requested(model, reference, seed, layer_pins):
+    config = Config(moce_lambda=0.0, prefetch=16, io_threads=3, prefill_chunk=5, layer_pins=layer_pins)
     capacity = min_slots(model, config)
     arena = NumpyArena(capacity, model.experts_file.header.padded_bytes)
     pool = ReaderPool(model.experts_file, arena, threads=3, hook=RandomDelays(seed, max_ms=1.5))
@@ -219,3 +228,22 @@ def test_waiting_is_part_of_the_host_turn(tmp_path, split_turn):
     times = engine.streamer.times
     assert times.waiting > 0
     assert times.waiting <= times.host
+
+
+def test_layer_pins_are_refused_where_compute_runs_after_the_turns(model):
+    """An asynchronous backend (MLX) computes a window's layers after their turns: a pin of one
+    layer would let a read overwrite a slot still to be read, so such an engine refuses it."""
+
+    class Deferred(NumpyCompute):
+        synchronous = False
+
+    config = Config(layer_pins=True)
+    config = config.replace(arena=f"{min_slots(model, config)}slots")
+    arena = NumpyArena(min_slots(model, config), model.experts_file.header.padded_bytes)
+    pool = ReaderPool(model.experts_file, arena, threads=1)
+    compute = Deferred(ModelParams(model.cfg, model.dense, _NoResidentExperts()), arena, model.experts_file.layout)
+    try:
+        with pytest.raises(ConfigError, match="layer_pins: this backend computes"):
+            StreamingEngine(model, config, arena, compute, pool)
+    finally:
+        pool.close()

@@ -3,13 +3,15 @@ counters reach the stream report, the wired-memory calls run where MLX has Metal
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from strata.config import Backend, Config
-from strata.errors import ConfigError
+from strata.errors import ArenaTooSmallError, ConfigError
 from strata.cache.types import CacheConfig
 from strata.runtime import budget
-from strata.runtime.budget import PROCESS_RESERVE, ArenaPlan, budget_bytes, check_wired, keep_bytes, plan_arena
+from strata.runtime.budget import PROCESS_GROWTH, PROCESS_RESERVE, ArenaPlan, budget_bytes, check_wired, keep_bytes, plan_arena
 from strata.sizes import parse_size
 from strata.runtime.memory import (PagingDelta, PagingSnapshot, cgroup_limit, machine_memory, metal_wired_budget,
                                    paging_snapshot, wire_mlx)
@@ -65,13 +67,14 @@ def test_no_cgroup_files(tmp_path):
 
 
 def test_container_limit_sizes_the_budget(tmp_path):
-    """The 300 MB container: keep scales with the limit and the arena with what is left in it."""
+    """The 300 MB container: keep is the measured process growth (more than a 16th of it) and the
+    arena what is left in it."""
     root, proc = _v2(tmp_path)
     mem = machine_memory(cgroup_root=root, proc_self_cgroup=proc)
     common = dict(slot_bytes=1 * MB, total_experts=10_000, min_slots=10, dense_bytes=0)
     plan = plan_arena(config=Config(backend="numpy"), available=mem.available, total=mem.total, **common)
     keep = keep_bytes("auto", mem.total)
-    assert keep == int(300 * MB * 7 / 24)
+    assert keep == PROCESS_GROWTH
     assert plan.streaming and plan.slots == (240 * MB - keep) // MB
 
 
@@ -83,10 +86,12 @@ def test_a_container_reports_its_active_file_pages(tmp_path):
 
 
 def test_keep_auto_is_the_process_reserve():
-    """What the process needs beyond its arena (measured 350-450 MB), not 7/24 of the machine;
-    a machine too small for that keeps 7/24 of itself, as before."""
+    """What the process needs beyond its arena, not 7/24 of the machine: PROCESS_RESERVE on a large
+    machine (measured 350-450 MB), the measured growth after engine start (27-31 MB, with a
+    margin) on a small one, a 16th of the machine between."""
     assert keep_bytes("auto", 24 << 30) == PROCESS_RESERVE == 512 << 20
-    assert keep_bytes("auto", 300 * MB) == int(300 * MB * 7 / 24)
+    assert keep_bytes("auto", 300 * MB) == PROCESS_GROWTH == 40 << 20
+    assert keep_bytes("auto", 2 << 30) == (2 << 30) // 16 == 128 << 20
     assert keep_bytes("2GB") == parse_size("2GB", allow_slots=False).nbytes  # an explicit keep is kept
 
 
@@ -225,3 +230,38 @@ def test_paging_in_the_stream_report():
     assert "paging 7 major faults" in rep.text()
     assert rep.to_dict()["paging"] == {"major_faults": 7, "swap_in_bytes": 4096, "swap_out_bytes": 0, "page_ins": 0}
     assert '"major_faults": 7' in rep.to_json()
+
+
+def test_a_short_arena_is_fitted_and_says_so():
+    """Below the default settings' least (16 x 8 + 2 x 10 = 148 slots), a synchronous backend's
+    budget arena runs with decode pins of one layer (8 + 2K) at the configured read-ahead depth
+    where that fits, else at the deepest depth that does; the plan names the knobs it changed,
+    and the config it hands the engine carries them. An asynchronous backend keeps window pins
+    (only the depth may go), a caller that does not apply knobs (None) and an explicit --arena
+    are refused as before."""
+    from strata.runtime.budget import engine_arena_plan
+
+    common = dict(slot_bytes=MB, moe_layers=16, top_k=8, n_experts=64, total_experts=1024, dense_bytes=0,
+                  total=10**10, active_file=0)
+    config = Config(backend="numpy", keep="0")
+    plan = engine_arena_plan(config=config, available=60 * MB, synchronous=True, **common)
+    assert (plan.slots, plan.min_slots, plan.prefetch, plan.layer_pins) == (60, 28, 10, True)
+    assert "148" in plan.knobs and "layer_pins on" in plan.knobs and "read-ahead depth" not in plan.knobs
+    plan = engine_arena_plan(config=config, available=20 * MB, synchronous=True, **common)
+    assert (plan.slots, plan.min_slots, plan.prefetch, plan.layer_pins) == (20, 20, 6, True)
+    assert "read-ahead depth 10 -> 6 (prefetch)" in plan.knobs
+    ran = plan.applied(config)
+    assert (ran.prefetch, ran.layer_pins) == (6, True)
+    assert CacheConfig(capacity=20, n_layers=16, n_experts=64, top_k=8, prefetch_depth=ran.prefetch,
+                       layer_pins=ran.layer_pins).min_capacity == 20
+    plan = engine_arena_plan(config=config, available=140 * MB, synchronous=False, **common)
+    assert (plan.min_slots, plan.prefetch, plan.layer_pins) == (140, 6, False)  # window pins, depth 6
+    for sync, available in ((False, 100 * MB), (None, 140 * MB), (True, 7 * MB)):
+        with pytest.raises(ArenaTooSmallError, match="needs at least 148 slots") as err:
+            engine_arena_plan(config=config, available=available, synchronous=sync, **common)
+        least = {False: "128 slots .* prefetch=0$", True: "8 slots .* prefetch=0 and layer_pins=True$"}.get(sync)
+        assert least is None and "the least this backend runs" not in str(err.value) or re.search(least, str(err.value))
+    with pytest.raises(ArenaTooSmallError, match="8 slots .* prefetch=0 and layer_pins=True$"):  # named, not taken
+        engine_arena_plan(config=config.replace(arena="60slots"), available=200 * MB, synchronous=True, **common)
+    full = engine_arena_plan(config=config, available=200 * MB, synchronous=True, **common)
+    assert (full.min_slots, full.knobs, full.applied(config)) == (148, "", config)  # nothing changed where it fits

@@ -263,7 +263,7 @@ def test_the_benchmark_runs_and_reports_every_row(qwen3, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("setting", [dict(moce_lambda=0.85), dict(moce_drop_tail=0.05), dict(backend="numpy"),
-                                     dict(kv_cache="f16"), dict(logpos="/tmp/x")])
+                                     dict(kv_cache="f16"), dict(logpos="/tmp/x"), dict(layer_pins=True)])
 def test_settings_tier_2_would_ignore_are_refused(qwen3, setting):
     _, d, _, _ = qwen3
     with strata.load(d) as model, pytest.raises(ConfigError) as e:
