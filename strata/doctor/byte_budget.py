@@ -124,8 +124,9 @@ def byte_budget(counts: PartCounts, *, expert_qtype: QuantType = QuantType.Q2_0,
         from strata.formats.ngram_rows_file import PAGE_BYTES
         from strata.runtime.ngram_budget import DEFAULT_CACHE_POSITIONS
 
-        one = int(counts.ple_row_width * bytes_per_weight(PLE_ROW_TYPE))
-        rows.append(ByteRow(PLE_PART, PLE_ROW_TYPE.name, counts.ple_table_values, 0, counts.ple_rows_per_token * one))
+        row_type = QuantType[counts.ple_row_type] if counts.ple_row_type else PLE_ROW_TYPE
+        one = int(counts.ple_row_width * bytes_per_weight(row_type))
+        rows.append(ByteRow(PLE_PART, row_type.name, counts.ple_table_values, 0, counts.ple_rows_per_token * one))
         ple_reserve = (DEFAULT_CACHE_POSITIONS * counts.ple_rows_per_token + 1) * PAGE_BYTES  # plan_row_cache's
     dense_resident = sum(r.resident_bytes for r in rows if r.part not in ("experts", PLE_PART))
     dense_file = dense_resident

@@ -168,7 +168,8 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
             expert_weights += math.prod(t.shape)
         elif t.name == LLAMA_CPP_PLE_TABLE:
             ple = dict(ple_table_values=math.prod(t.shape), ple_row_width=int(t.shape[-1]),
-                       ple_rows_per_token=(meta("ple.ngram_size", 1) - 1) * meta("ple.heads_per_ngram", 0))
+                       ple_rows_per_token=(meta("ple.ngram_size", 1) - 1) * meta("ple.heads_per_ngram", 0),
+                       ple_row_type=QuantType(int(t.ggml_type)).name)  # a run in place reads rows as stored
             table += int(t.nbytes)
         elif t.name.startswith("token_embd"):
             embedding += math.prod(t.shape)

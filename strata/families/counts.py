@@ -46,6 +46,8 @@ class PartCounts:
     ple_table_values: int = 0  # every table's values
     ple_rows_per_token: int = 0
     ple_row_width: int = 0
+    ple_row_type: str = ""  # the rows' type where they are read as stored (a llama.cpp GGUF's table, run in
+    #                         place); "": the row store's own (what `strata convert` writes)
 
     @property
     def dense_weights(self) -> int:

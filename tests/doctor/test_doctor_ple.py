@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from strata.doctor.byte_budget import PLE_PART, PLE_ROW_TYPE, byte_budget, bytes_per_weight
 from strata.doctor.families import count_strata
 from strata.doctor.source import read_source
@@ -64,3 +66,17 @@ def test_a_llama_cpp_qwen4exp_gguf_counts_its_table_as_the_row_stores(tmp_path, 
     reader.close()
     assert c.dense_weights + c.total_experts * c.expert_weights + c.ple_table_values == total
     assert _ple_row(byte_budget(c)).resident_bytes == 0
+
+
+@pytest.mark.parametrize("table, row_bytes", [("Q8_0", 34 / 32), ("IQ4_NL", 18 / 32)])
+def test_a_qwen4exp_gguf_run_in_place_reads_rows_in_their_stored_type(tmp_path, tmp_path_factory, table, row_bytes):
+    """`strata generate model.gguf` reads the table's rows as the file stores them, so the doctor
+    prices a token's rows in that type, not in the conversion's F16."""
+    from tests import hf_qwen4_released
+    from tests.gguf_qwen4exp import write_qwen4exp_gguf
+
+    hf_dir, _ = hf_qwen4_released.cached_checkpoint(hf_qwen4_released.ARCHS[0], tmp_path_factory)
+    c = read_source(write_qwen4exp_gguf(hf_dir, tmp_path / "m.gguf", table=table)).counts
+    row = _ple_row(byte_budget(c))
+    assert c.ple_row_type == row.qtype == table
+    assert row.per_token_bytes == c.ple_rows_per_token * int(c.ple_row_width * row_bytes) > 0
