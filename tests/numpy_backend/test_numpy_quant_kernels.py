@@ -5,6 +5,8 @@ tokens, and the fallback where no compiler builds them (the reference's products
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from dataclasses import replace
 
@@ -99,6 +101,35 @@ def test_threaded_products_equal_one_threads(threads):
     assert m.n_rows * m.n_cols >= quant_kernels.PARALLEL_MIN_WEIGHTS
     x = rng.standard_normal((2, 1024)).astype(np.float32)
     np.testing.assert_array_equal(quant_kernels.gemv(m, x, threads=threads), quant_kernels.gemv(m, x))
+
+
+@needs_compiler
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_threaded_products_run_in_a_forked_child():
+    """A child forked after the library's workers started has none of them: its threaded
+    product is still right and returns (the caller claims the chunks no worker takes; a fixed
+    share per thread would wait forever for the parent's workers)."""
+    rng = np.random.default_rng(11)
+    m = _matrix(rng, 1031, 1024)
+    x = rng.standard_normal(1024).astype(np.float32)
+    want = quant_kernels.gemv(m, x, threads=2)  # the workers start here, in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its threaded product is the parent's
+        ok = False
+        try:
+            ok = np.array_equal(quant_kernels.gemv(m, x, threads=2), want)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's threaded product hung")
 
 
 @needs_compiler
