@@ -173,13 +173,15 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
         logits = eng.decode(int(np.argmax(logits)))
     decode_s = time.perf_counter() - t
     stats = eng.stats()
+    ops = getattr(eng, "ops", None)  # the compiled kernels' threads the engine chose at open (strata.threads)
     eng.close()
     reads = None  # a streaming engine's decode reads per token (all-resident: none)
     if stats.cache is not None:
         reads = round((stats.cache.reads_issued - before.reads_issued) / n_tokens, 1)
     print("WORKER " + json.dumps(dict(decode_tok_s=round(n_tokens / decode_s, 2),
                                       prompt_tok_s=round(prompt_len / prompt_s, 2), open_s=round(opened, 1),
-                                      engine=stats.engine, decode_reads_per_token=reads)))
+                                      engine=stats.engine, decode_reads_per_token=reads,
+                                      kernel_threads=ops.threads if ops is not None else None)))
 
 
 def main() -> None:
