@@ -173,7 +173,7 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
         logits = eng.decode(int(np.argmax(logits)))
     decode_s = time.perf_counter() - t
     stats = eng.stats()
-    ops = getattr(eng, "ops", None)  # the compiled kernels' threads the engine chose at open (strata.threads)
+    ops = getattr(eng, "ops", None)  # the kernels' threads the all-resident engine chose at open (a streaming one: None)
     eng.close()
     reads = None  # a streaming engine's decode reads per token (all-resident: none)
     if stats.cache is not None:
