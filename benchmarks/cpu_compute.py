@@ -107,6 +107,8 @@ def main() -> None:
             t = time.perf_counter()
             last[name] = eng.decode(tok)
             decode_s[name] += time.perf_counter() - t
+    ops = getattr(engines["compiled"], "ops", None)  # the count the engine chose at open (strata.threads.kernel_threads)
+    kernel_threads = ops.threads if ops is not None else None
     for eng in engines.values():
         eng.close()
     ref, fast = np.stack(logits["numpy float32"]), np.stack(logits["compiled"])
@@ -115,14 +117,14 @@ def main() -> None:
     res = dict(bench="cpu_compute", cores=os.cpu_count(), load_avg=round(os.getloadavg()[0], 2),
                expert_type=args.expert_type, hidden=args.hidden, ffn=args.ffn, layers=args.layers, experts=args.experts, top_k=args.top_k,
                vocab=args.vocab, arena=args.arena or "all-resident", tokens=args.tokens,
-               threads=compute_threads(args.threads, args.hidden),
+               threads=compute_threads(args.threads, args.hidden), kernel_threads=kernel_threads,
                decode_tok_s={n: round(args.tokens / decode_s[n], 2) for n in sides},
                prompt_tok_s={n: round(PROMPT_TOKENS / prompt_s[n], 1) for n in sides},
                decode_ratio=round(decode_s["numpy float32"] / decode_s["compiled"], 2),
                same_greedy_tokens=same, max_rel_logit_diff=rel)
     print(f"\n{args.expert_type.upper()} experts, Q8_0 dense, made model: D {args.hidden}, F {args.ffn}, {args.layers} layers, {args.experts} experts top-"
           f"{args.top_k}, vocab {args.vocab}, {res['arena']}; {args.tokens} greedy tokens each; {res['threads']} "
-          f"thread(s); load avg {res['load_avg']}\n")
+          f"BLAS thread(s), {kernel_threads} kernel thread(s); load avg {res['load_avg']}\n")
     print("| compute | decode tok/s | prompt tok/s |")
     print("|---|---|---|")
     for n in sides:

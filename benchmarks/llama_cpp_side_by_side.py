@@ -177,6 +177,7 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
     arena = getattr(eng, "arena", None)  # a streaming engine's: its slots and the plan's knobs line
     arena_bytes = arena.capacity * arena.slot_bytes if arena is not None else 0
     plan = dict(arena_slots=arena.capacity, io=eng.report().io) if arena is not None else {}
+    ops = getattr(eng, "ops", None)  # the kernels' threads the all-resident engine chose at open (a streaming one: None)
     eng.close()
     reads = None  # a streaming engine's decode reads per token (all-resident: none)
     if stats.cache is not None:
@@ -186,7 +187,8 @@ def strata_worker(model_path: str, prompt_len: int, n_tokens: int) -> None:
     print("WORKER " + json.dumps(dict(decode_tok_s=round(n_tokens / decode_s, 2),
                                       prompt_tok_s=round(prompt_len / prompt_s, 2), open_s=round(opened, 1),
                                       engine=stats.engine, decode_reads_per_token=reads,
-                                      growth_beyond_arena_mb=round(growth / 1e6, 1), **plan)))
+                                      growth_beyond_arena_mb=round(growth / 1e6, 1),
+                                      kernel_threads=ops.threads if ops is not None else None, **plan)))
 
 
 def _status_bytes(field: str) -> int:

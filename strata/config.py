@@ -84,8 +84,8 @@ class Config:
     reference_cache: bool = knob(False, "drive the runtime with the pure reference cache machine (slow; A/B)",
                                  flag=False)
     logpos: str = knob("", "append every position's logits (float32 rows) to this file, for KLD")
-    # entry points (issue 23): the CPU path's BLAS threads
-    threads: int = knob(0, "BLAS threads numpy's matrix products use (default 0: auto, strata/threads.py)")
+    # entry points (issue 23): the CPU path's threads (BLAS and the compiled kernels)
+    threads: int = knob(0, "threads of numpy's BLAS and the compiled CPU kernels (default 0: auto, strata/threads.py)")
     cpu_kernels: bool = knob(True, "numpy backend: quantized products (experts, dense, head) on compiled CPU kernels, "
                                    "built at first use (default on; off: the float32 reference's; docs/cpu.md)")
     force_arena: bool = knob(False, "run an --arena above this machine's budget (or the GPU's wired ceiling) anyway "

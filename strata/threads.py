@@ -25,7 +25,7 @@ import os
 from typing import Mapping, MutableMapping, Sequence
 
 __all__ = ["BLAS_ENV", "auto_threads", "usable_cores", "busy_cores", "compute_threads", "apply_threads",
-           "preset_environment", "blas_threads"]
+           "preset_environment", "blas_threads", "busy_cores_now", "kernel_threads"]
 
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 WIDE_HIDDEN = 2048  # products of narrower models are cheaper than a thread handoff (see the docstring)
@@ -48,6 +48,51 @@ def busy_cores() -> int:
         return int(round(os.getloadavg()[0]))
     except (AttributeError, OSError):
         return 0
+
+
+BUSY_SAMPLE_S = 0.1  # the window busy_cores_now watches
+
+
+def busy_cores_now(window_s: float = BUSY_SAMPLE_S) -> float:
+    """Cores other processes keep busy right now: the non-idle share of all CPUs' time over
+    `window_s` (Linux's /proc/stat; this thread sleeps through it), times the cores; elsewhere
+    the 1-minute load average. The load average lags by a minute: right after a benchmark (or a
+    build) it still counts cores that are idle now."""
+    def sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+
+    first = sample()
+    if first is None:
+        return float(busy_cores())
+    import time
+
+    time.sleep(window_s)
+    second = sample()
+    total, idle = second[0] - first[0], second[1] - first[1]
+    if total <= 0:
+        return float(busy_cores())
+    return (total - idle) / total * (os.cpu_count() or 1)
+
+
+def kernel_threads(threads: int, cores: int | None = None, busy: float | None = None) -> int:
+    """The compiled CPU kernels' thread count for `threads` (Config.threads): itself, or under 0
+    every core the machine leaves idle now (`busy`: busy_cores_now(), rounded), at most
+    MAX_AUTO_THREADS, at least one. Unlike BLAS's (auto_threads) no width rule: the kernels' own
+    workers spin between products and hand work over in microseconds, small products stay on
+    one thread (quant_kernels.PARALLEL_MIN_WEIGHTS), and a worker descheduled by another process
+    costs little (the caller takes the chunks it has not claimed). Measured on the 2-core
+    machine, a D 1024 model (docs/cpu.md, "Threads"): 2 threads 1.6x one thread's decode when
+    idle; 0.93x beside one busy process, hence a core counts as busy from half a core up."""
+    if threads:
+        return threads
+    cores = usable_cores() if cores is None else cores
+    busy = busy_cores_now() if busy is None else busy
+    return max(1, min(MAX_AUTO_THREADS, cores - int(busy + 0.5)))
 
 
 def user_threads(environ: Mapping[str, str] | None = None) -> int | None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from strata.threads import MAX_AUTO_THREADS, WIDE_HIDDEN, auto_threads, compute_threads
+import os
+
+from strata.threads import (MAX_AUTO_THREADS, WIDE_HIDDEN, auto_threads, busy_cores_now, compute_threads,
+                            kernel_threads)
 
 
 def test_narrow_models_get_one_thread_whatever_the_machine():
@@ -26,3 +29,19 @@ def test_an_explicit_count_or_the_environments_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert compute_threads(0, WIDE_HIDDEN) == 5
     assert compute_threads(2, WIDE_HIDDEN) == 2
+
+
+def test_the_kernels_get_every_idle_core_at_any_width():
+    """The compiled kernels' count (kernel_threads): an explicit count wins; auto is the cores the
+    machine leaves idle (a core counts as busy from half a core up), at most MAX_AUTO_THREADS, never 0."""
+    assert kernel_threads(3, cores=64, busy=0) == 3
+    assert kernel_threads(0, cores=2, busy=0.2) == 2  # the 2-core machine, quiet: both
+    assert kernel_threads(0, cores=2, busy=0.6) == 1  # one competing process: one
+    assert kernel_threads(0, cores=16, busy=11.6) == 4
+    assert kernel_threads(0, cores=64, busy=0) == MAX_AUTO_THREADS
+    assert kernel_threads(0, cores=2, busy=7) == 1
+
+
+def test_busy_cores_now_is_a_share_of_the_cores():
+    busy = busy_cores_now(0.02)
+    assert 0 <= busy <= (os.cpu_count() or 1) + 0.5

@@ -417,9 +417,9 @@ def numpy_ops(cpu_kernels: bool = True):
     """The products a numpy engine opened now would compute with (Config.cpu_kernels; the
     compiled kernels where they build here, on the threads strata.threads chooses)."""
     from strata.numpy_backend.quant_kernels import REFERENCE_OPS, compiled_ops
-    from strata.threads import compute_threads
+    from strata.threads import kernel_threads
 
-    return compiled_ops(compute_threads(0)) if cpu_kernels else REFERENCE_OPS
+    return compiled_ops(kernel_threads(0)) if cpu_kernels else REFERENCE_OPS
 
 
 def products_of(backend: str, cpu_kernels: bool = True) -> str:

@@ -15,7 +15,7 @@ from strata.formats.quant_types import QuantType
 from strata.numpy_backend.quant_kernels import COMPILED_TYPES, REFERENCE_OPS, CpuOps, compiled_ops
 from strata.reference.model import ModelParams, ModelState, SelectFn, forward
 from strata.runtime.ngram_source import RowCacheOwner, ple_rows_for
-from strata.threads import compute_threads
+from strata.threads import kernel_threads
 from strata.session import StateEngine
 
 __all__ = ["ReferenceEngine", "open_resident", "streaming_parts"]
@@ -51,7 +51,7 @@ class ReferenceEngine(RowCacheOwner, StateEngine):
         if ple is not None:
             params = dataclasses.replace(params, rows=ple.rows)
         engine = cls(params, model=model, config=config, expert_reads=model.experts_file.header.n_records,
-                     ops=cpu_ops(config, model.cfg.hidden_size))
+                     ops=cpu_ops(config))
         engine._own_row_cache(ple)
         return engine
 
@@ -103,14 +103,14 @@ def open_resident(model, config, *, row_faults: dict | None = None) -> Reference
         raise
 
 
-def cpu_ops(config, hidden_size: int | None = None) -> CpuOps:
+def cpu_ops(config) -> CpuOps:
     """The products a numpy engine computes with under `config`: the compiled twins where
     `cpu_kernels` is on (the default) and they build here, on the threads strata.threads chooses
-    (the same count as BLAS's), else the float32 reference's. Where they were asked for and
-    cannot build, one warning says why (once per process and place)."""
+    for them (kernel_threads: the idle cores under auto), else the float32 reference's. Where
+    they were asked for and cannot build, one warning says why (once per process and place)."""
     if config is not None and not config.cpu_kernels:
         return REFERENCE_OPS
-    ops = compiled_ops(compute_threads(config.threads if config is not None else 0, hidden_size))
+    ops = compiled_ops(kernel_threads(config.threads if config is not None else 0))
     if ops.note:
         warnings.warn(ops.note, RuntimeWarning, stacklevel=2)
     return ops
@@ -151,7 +151,7 @@ def streaming_parts(model, config, plan, *, layers=None, rows=None) -> tuple:
     params = ModelParams(model.cfg, model.dense, _NoResidentExperts())
     xf, cfg = model.experts_file, model.cfg
     layouts = lambda layer: xf.layer_layout(cfg.moe_index(layer))  # noqa: E731 - a layer's own types
-    ops = cpu_ops(config, model.cfg.hidden_size)
+    ops = cpu_ops(config)
     note = ops.note or expert_type_note(ops, model.experts_file.header)
     if note:
         notes.append(note)  # in the stream report

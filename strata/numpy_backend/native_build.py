@@ -78,7 +78,7 @@ def _build(cc: str, code: bytes, flag_sets: tuple[tuple[str, ...], ...]) -> tupl
         if so.exists():
             return so, ""
         tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [cc, *flags, "-fPIC", "-shared", "-o", str(tmp), str(SOURCE), "-lm"]
+        cmd = [cc, *flags, "-fPIC", "-shared", "-pthread", "-o", str(tmp), str(SOURCE), "-lm"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:
@@ -110,6 +110,12 @@ def build(flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> tuple[ctypes.CD
     # the fused experts: the three projections' GEMVs (addresses of the functions above), then the planes
     lib.strata_swiglu.argtypes = [p, p, p, i64, p, p, p, p, p, p, i64, i64, p, p, p]
     lib.strata_swiglu.restype = None
+    # the same split over threads inside the call (its own workers): the GEMV's address first, then
+    # its arguments less the row range, then the thread count; the experts' with one scratch per thread
+    lib.strata_gemv_threads.argtypes = [p, p, p, i64, i64, p, i64, p, i64]
+    lib.strata_gemv_threads.restype = None
+    lib.strata_swiglu_threads.argtypes = [p, p, p, i64, p, p, p, p, p, p, i64, i64, p, p, p, i64]
+    lib.strata_swiglu_threads.restype = None
     return lib, ""
 
 

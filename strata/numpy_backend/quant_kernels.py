@@ -28,8 +28,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -90,27 +88,22 @@ def _kernel(qtype: QuantType):
     return kernel(qtype) if qtype in COMPILED_TYPES else None
 
 
-# Weights below which a product runs on one thread: handing rows to a pool thread costs ~20-50 us,
-# and a 1M-weight Q8_0 product takes ~0.1 ms on one AVX2 core from cache.
+# Weights below which a product runs on one thread: handing rows to the workers costs a few
+# microseconds while they spin (native/quant_gemv.c's workers), far more once they sleep, and a
+# 1M-weight Q8_0 product takes ~0.1-0.2 ms on one AVX2 core.
 PARALLEL_MIN_WEIGHTS = 1 << 20
 
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
 
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    with _pools_lock:
-        if workers not in _pools:
-            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="strata-cpu")
-        return _pools[workers]
+def _address_of(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def run_kernel(fn, codes: np.ndarray, scales: np.ndarray, n_rows: int, n_cols: int, x: np.ndarray, *,
                threads: int = 1) -> np.ndarray:
     """y = W x on the stored planes (C-contiguous codes [R, *] and float16 scales [R, C/32]).
-    threads > 1: a product of at least PARALLEL_MIN_WEIGHTS is split into that many row ranges,
-    one on this thread, the rest on a pool's (ctypes releases the GIL for the call); each row's
-    arithmetic is the same whoever computes it.
+    threads > 1: a product of at least PARALLEL_MIN_WEIGHTS is split into that many row ranges in
+    one call (strata_gemv_threads: this thread computes one, the library's workers the rest); each
+    row's arithmetic is the same whoever computes it.
     x [.., C] -> [.., R] float32"""
     flat = np.ascontiguousarray(x, np.float32).reshape(-1, n_cols)  # [T, C]
     y = np.empty((flat.shape[0], n_rows), np.float32)  # [T, R]
@@ -120,12 +113,8 @@ def run_kernel(fn, codes: np.ndarray, scales: np.ndarray, n_rows: int, n_cols: i
     parts = min(threads, n_rows) if n_rows * n_cols >= PARALLEL_MIN_WEIGHTS else 1
     if parts <= 1:
         fn(*args, 0, n_rows)
-    else:
-        bounds = np.linspace(0, n_rows, parts + 1).astype(np.int64).tolist()
-        rest = [_pool(parts - 1).submit(fn, *args, r0, r1) for r0, r1 in zip(bounds[1:-1], bounds[2:])]
-        fn(*args, bounds[0], bounds[1])
-        for f in rest:
-            f.result()
+    else:  # the split inside one call, on the library's workers
+        native_build.library().strata_gemv_threads(_address_of(fn), *args, parts)
     return y.reshape(*np.shape(x)[:-1], n_rows)
 
 
@@ -175,34 +164,24 @@ def expert_stack(ws: Sequence[ExpertWeights], x: np.ndarray, act: ExpertAct = SW
 @functools.cache  # per library and types: a decode token asks once per layer
 def stack_kernel(lib, gate: QuantType, up: QuantType, down: QuantType) -> Callable[..., None]:
     """The fused experts' kernel of `lib` (a build of native/quant_gemv.c) for experts whose
-    gate, up and down are of these compiled types: `strata_swiglu` with the three GEMVs bound."""
-    gemvs = [ctypes.cast(getattr(lib, KERNELS[q]), ctypes.c_void_p).value for q in (gate, up, down)]
-    return functools.partial(lib.strata_swiglu, *gemvs)
+    gate, up and down are of these compiled types: `strata_swiglu_threads` with the three GEMVs
+    bound (its last argument the thread count)."""
+    gemvs = [_address_of(getattr(lib, KERNELS[q])) for q in (gate, up, down)]
+    return functools.partial(lib.strata_swiglu_threads, *gemvs)
 
 
 def run_stack_kernel(fn, ws: Sequence[ExpertWeights], x: np.ndarray, *, threads: int = 1) -> np.ndarray:
-    """The fused experts' kernel `fn` (a `stack_kernel`) on ws, split over `threads` by expert.
+    """The fused experts' kernel `fn` (a `stack_kernel`) on ws, split over `threads` by expert in
+    one call (this thread takes the first group, the library's workers the others).
     ws: k experts of fn's types, no biases; x [D] -> [k, D] float32"""
     x = np.ascontiguousarray(x, np.float32)
     hidden, ffn = ws[0].down.n_rows, ws[0].gate.n_rows
     out = np.empty((len(ws), hidden), np.float32)  # [k, D]
-
-    def run(lo: int, hi: int) -> None:
-        group = ws[lo:hi]
-        planes = [(ctypes.c_void_p * len(group))(*[_address(getattr(getattr(w, p), part)) for w in group])
-                  for p in PROJECTIONS for part in ("codes", "scales")]
-        scratch = np.empty(2 * ffn, np.float32)
-        fn(len(group), *planes, hidden, ffn, x.ctypes.data, out[lo:hi].ctypes.data, scratch.ctypes.data)
-
-    parts = min(threads, len(ws))
-    if parts <= 1:
-        run(0, len(ws))
-    else:
-        bounds = np.linspace(0, len(ws), parts + 1).astype(np.int64).tolist()
-        rest = [_pool(parts - 1).submit(run, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
-        run(bounds[0], bounds[1])
-        for f in rest:
-            f.result()
+    parts = max(1, min(threads, len(ws)))
+    planes = [(ctypes.c_void_p * len(ws))(*[_address(getattr(getattr(w, p), part)) for w in ws])
+              for p in PROJECTIONS for part in ("codes", "scales")]
+    scratch = np.empty(parts * 2 * ffn, np.float32)  # one [gate | up] per thread
+    fn(len(ws), *planes, hidden, ffn, x.ctypes.data, out.ctypes.data, scratch.ctypes.data, parts)
     return out
 
 

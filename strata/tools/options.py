@@ -168,4 +168,4 @@ def tool_ops(model, config=None):
     from strata.config import from_env
     from strata.numpy_backend.engine import cpu_ops
 
-    return cpu_ops(from_env() if config is None else config, model.cfg.hidden_size)
+    return cpu_ops(from_env() if config is None else config)

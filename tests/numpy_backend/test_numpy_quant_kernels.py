@@ -5,6 +5,8 @@ tokens, and the fallback where no compiler builds them (the reference's products
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 from dataclasses import replace
 
@@ -102,6 +104,35 @@ def test_threaded_products_equal_one_threads(threads):
 
 
 @needs_compiler
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_threaded_products_run_in_a_forked_child():
+    """A child forked after the library's workers started has none of them: its threaded
+    product is still right and returns (the caller claims the chunks no worker takes; a fixed
+    share per thread would wait forever for the parent's workers)."""
+    rng = np.random.default_rng(11)
+    m = _matrix(rng, 1031, 1024)
+    x = rng.standard_normal(1024).astype(np.float32)
+    want = quant_kernels.gemv(m, x, threads=2)  # the workers start here, in the parent
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its threaded product is the parent's
+        ok = False
+        try:
+            ok = np.array_equal(quant_kernels.gemv(m, x, threads=2), want)
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child's threaded product hung")
+
+
+@needs_compiler
 def test_gemv_over_many_rows_is_the_reference():
     """A prompt's product (more than MAX_COMPILED_ROWS rows) is the reference's, bit for bit."""
     rng = np.random.default_rng(1)
@@ -154,9 +185,12 @@ def test_every_fused_experts_kernel_agrees(qtype, build, portable_library):
     cfg = replace(SHAPES["tiny"], hidden_size=128, expert_ffn_size=64)
     ws = [make_expert(cfg, 1, 0, e, qtype) for e in range(3)]
     x = np.random.default_rng(10).standard_normal(128).astype(np.float32)
-    got = quant_kernels.run_stack_kernel(quant_kernels.stack_kernel(lib, qtype, qtype, qtype), ws, x)
+    fn = quant_kernels.stack_kernel(lib, qtype, qtype, qtype)
+    got = quant_kernels.run_stack_kernel(fn, ws, x)
     for i, w in enumerate(ws):
         assert_backends_agree(ref_experts.swiglu_expert(w, x), got[i], "FAST", what=f"{qtype.name} {build} expert {i}")
+    # split over the library's workers in the same call: each expert's arithmetic unchanged
+    np.testing.assert_array_equal(quant_kernels.run_stack_kernel(fn, ws, x, threads=2), got)
 
 
 @needs_compiler

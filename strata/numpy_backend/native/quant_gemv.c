@@ -11,7 +11,8 @@
  * A block's signed levels (q for Q8_0, q - 8 for Q4_0, q - 2 for Q2_0) are unpacked to 32 int8,
  * then widened and multiplied with x in float32: AVX2 + FMA intrinsics where the build machine
  * has them (the levels unpacked in registers; 8 lanes, 4 multiply-adds per block; the row keeps
- * one 8-lane sum, reduced once at its end), a portable loop the compiler vectorizes elsewhere
+ * one 8-lane sum, reduced once at its end; with AVX-512 16 lanes, 2 multiply-adds per block, for
+ * Q8_0, Q4_0 and Q2_0), a portable loop the compiler vectorizes elsewhere
  * (NEON on arm64: 16 lanes). Code layouts as strata.formats.quant_types defines them: Q8_0 32 int8;
  * Q4_0 16 bytes, weight j < 16 the low nibble of byte j, j >= 16 the high nibble of byte j - 16;
  * Q2_0 8 bytes, weight j at bits 2 (j % 4) of byte j / 4.
@@ -97,6 +98,31 @@ static inline void q2_0_levels_x(const uint8_t *c, __m128i *lo, __m128i *hi) {
     *hi = _mm_sub_epi8(_mm_unpackhi_epi16(a01, a23), two);
 }
 
+#if defined(__AVX512F__)
+/* AVX-512 where the build machine has it: a block's 32 levels widen in two 16-lane steps instead
+ * of four 8-lane ones (the widening, not the memory, bounded a decode token's experts: a layer's
+ * ran as fast from memory as from cache); one 16-lane sum per row */
+static inline __m512 widen16(__m128i q8) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)); }
+#define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
+    static inline void LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,          \
+                                    const float *x, int64_t n_cols, int nt, float *out) {            \
+        __m512 acc[TILE];                                                                            \
+        for (int t = 0; t < TILE; t++) acc[t] = _mm512_setzero_ps();                                 \
+        for (int64_t b = 0; b < n_blocks; b++, c += (CODE_BYTES)) {                                  \
+            __m128i lo, hi;                                                                          \
+            LEVELS##_x(c, &lo, &hi);                                                                 \
+            const __m512 w0 = widen16(lo), w1 = widen16(hi);                                         \
+            const __m512 db = _mm512_set1_ps(half_to_float(d[b]));                                   \
+            for (int t = 0; t < nt; t++) {                                                           \
+                const float *xb = x + t * n_cols + b * BLOCK;                                        \
+                __m512 p = _mm512_mul_ps(w0, _mm512_loadu_ps(xb));                                   \
+                p = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), p);                                \
+                acc[t] = _mm512_fmadd_ps(db, p, acc[t]);                                             \
+            }                                                                                        \
+        }                                                                                            \
+        for (int t = 0; t < nt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);                          \
+    }
+#else
 /* one row against up to TILE tokens: each block's levels are widened once for all of them */
 #define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
     static inline void LEVELS##_row(const uint8_t *c, const uint16_t *d, int64_t n_blocks,          \
@@ -125,6 +151,7 @@ static inline void q2_0_levels_x(const uint8_t *c, __m128i *lo, __m128i *hi) {
             out[t] = _mm_cvtss_f32(s);                                                               \
         }                                                                                            \
     }
+#endif /* AVX-512 */
 #else
 #define LANES 16 /* partial sums the compiler keeps in vector registers (no -ffast-math needed) */
 #define ROW_DOT(LEVELS, CODE_BYTES)                                                                  \
@@ -566,4 +593,183 @@ void strata_swiglu(gemv_fn gate, gemv_fn up, gemv_fn down, int64_t n_experts, co
         for (int64_t j = 0; j < ffn; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
         down(down_codes[i], down_scales[i], hidden, ffn, g, 1, out + i * hidden, 0, hidden);
     }
+}
+
+/* ---------------------------------------------------------------- workers (one call, several threads) */
+
+/* A product split over threads inside one call: the work is cut into chunks (an expert, or a
+ * range of rows) that the caller and the library's workers claim one at a time. Why not Python's
+ * thread pool: waking a sleeping thread (a futex; on a VM an interrupt to an idle virtual core)
+ * took ~0.4-0.5 ms here, a fifth of a decode layer's experts (2.3 ms), so two threads gained
+ * nothing in decode. A worker here spins for SPIN_NS after its last chunk (the next product
+ * usually comes sooner), then sleeps. Why chunks claimed, not a fixed share per thread: on a
+ * shared machine a worker may be descheduled; the caller then computes the chunks it has not
+ * claimed instead of waiting for it (a fixed split waited a scheduler slice per product: 2
+ * threads fell to a third of one thread's speed under one competing process). Each chunk runs
+ * the one-thread code on its rows or experts, so results equal one thread's bit for bit. One
+ * dispatch at a time (a mutex); workers start at first use. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 63
+#define SPIN_NS 2000000 /* 2 ms: a decode step's Python between two products is ~0.1-1 ms */
+#define GEMV_CHUNK_ROWS 64
+
+typedef void (*chunk_fn)(const void *job, int64_t chunk, int64_t slot); /* slot: the thread's, < parts */
+
+static struct {
+    pthread_mutex_t dispatch, sleep;
+    pthread_cond_t wake;
+    _Atomic uint64_t work;   /* dispatch number << 32 | next unclaimed chunk */
+    atomic_llong finished;   /* chunks of the current dispatch done */
+    int started;             /* workers running */
+    pid_t pid;               /* the process that started them (a forked child has none) */
+    uint32_t start_gen;      /* dispatch number when the newest workers were started */
+    chunk_fn fn;             /* the current dispatch (read by workers only with a claim on it) */
+    const void *job;
+    int64_t n_chunks, parts;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline uint32_t dispatch_of(uint64_t work) { return (uint32_t)(work >> 32); }
+
+/* claim and run chunks of dispatch `gen` until none is left. A claim succeeds only while `gen` is
+ * current with chunks unclaimed, and the caller does not return before every claimed chunk is done,
+ * so fn and job read before a successful claim are that dispatch's. */
+static void run_chunks(uint32_t gen, int64_t slot) {
+    uint64_t v = atomic_load_explicit(&pool.work, memory_order_acquire);
+    for (;;) {
+        if (dispatch_of(v) != gen) return;
+        const chunk_fn fn = __atomic_load_n(&pool.fn, __ATOMIC_RELAXED);
+        const void *job = __atomic_load_n(&pool.job, __ATOMIC_RELAXED);
+        const int64_t n = __atomic_load_n(&pool.n_chunks, __ATOMIC_RELAXED);
+        const int64_t c = (int64_t)(v & 0xffffffffu);
+        if (c >= n || slot >= __atomic_load_n(&pool.parts, __ATOMIC_RELAXED)) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool.work, &v, v + 1, memory_order_acq_rel, memory_order_acquire))
+            continue; /* v reloaded */
+        fn(job, c, slot);
+        atomic_fetch_add_explicit(&pool.finished, 1, memory_order_release);
+        v = atomic_load_explicit(&pool.work, memory_order_acquire);
+    }
+}
+
+static void *worker_main(void *arg) {
+    const int64_t slot = (int64_t)(intptr_t)arg; /* 1.. */
+    uint32_t seen = __atomic_load_n(&pool.start_gen, __ATOMIC_ACQUIRE);
+    for (;;) {
+        const int64_t spin_from = now_ns();
+        for (int i = 0; dispatch_of(atomic_load_explicit(&pool.work, memory_order_acquire)) == seen; i++) {
+            cpu_relax();
+            if ((i & 255) == 255 && now_ns() - spin_from > SPIN_NS) {
+                pthread_mutex_lock(&pool.sleep);
+                while (dispatch_of(atomic_load(&pool.work)) == seen) pthread_cond_wait(&pool.wake, &pool.sleep);
+                pthread_mutex_unlock(&pool.sleep);
+            }
+        }
+        seen = dispatch_of(atomic_load_explicit(&pool.work, memory_order_acquire));
+        run_chunks(seen, slot);
+    }
+    return NULL;
+}
+
+/* fn(job, c, slot) for every chunk c < n_chunks, over this thread (slot 0) and up to parts - 1
+ * workers (slots 1..); returns when all are done */
+static void run_parts(chunk_fn fn, const void *job, int64_t n_chunks, int64_t parts) {
+    if (parts > MAX_WORKERS + 1) parts = MAX_WORKERS + 1;
+    if (pool.pid != getpid()) { /* first use, or a child forked from a process with workers */
+        pthread_mutex_init(&pool.dispatch, NULL), pthread_mutex_init(&pool.sleep, NULL);
+        pthread_cond_init(&pool.wake, NULL);
+        pool.started = 0, pool.pid = getpid();
+    }
+    pthread_mutex_lock(&pool.dispatch);
+    const uint32_t gen = dispatch_of(atomic_load(&pool.work)) + 1;
+    __atomic_store_n(&pool.start_gen, gen - 1, __ATOMIC_RELEASE);
+    while (pool.started < parts - 1) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, worker_main, (void *)(intptr_t)(pool.started + 1)) != 0) break;
+        pthread_detach(t);
+        pool.started++;
+    }
+    __atomic_store_n(&pool.fn, fn, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.job, job, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.n_chunks, n_chunks, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.parts, parts, __ATOMIC_RELAXED);
+    atomic_store(&pool.finished, 0);
+    pthread_mutex_lock(&pool.sleep);
+    atomic_store_explicit(&pool.work, (uint64_t)gen << 32, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.sleep);
+    run_chunks(gen, 0);
+    while (atomic_load_explicit(&pool.finished, memory_order_acquire) < n_chunks) cpu_relax();
+    pthread_mutex_unlock(&pool.dispatch);
+}
+
+struct gemv_job {
+    gemv_fn fn;
+    const uint8_t *codes;
+    const uint16_t *scales;
+    int64_t n_rows, n_cols, n_tokens;
+    const float *x;
+    float *y;
+};
+
+static void gemv_chunk(const void *p, int64_t chunk, int64_t slot) {
+    const struct gemv_job *j = p;
+    (void)slot;
+    const int64_t r0 = chunk * GEMV_CHUNK_ROWS, r1 = r0 + GEMV_CHUNK_ROWS < j->n_rows ? r0 + GEMV_CHUNK_ROWS : j->n_rows;
+    j->fn(j->codes, j->scales, j->n_rows, j->n_cols, j->x, j->n_tokens, j->y, r0, r1);
+}
+
+/* fn (a GEMV above) on all rows, in chunks of GEMV_CHUNK_ROWS over up to `threads` threads */
+void strata_gemv_threads(gemv_fn fn, const uint8_t *codes, const uint16_t *scales, int64_t n_rows, int64_t n_cols,
+                         const float *x, int64_t n_tokens, float *y, int64_t threads) {
+    const struct gemv_job j = {fn, codes, scales, n_rows, n_cols, n_tokens, x, y};
+    run_parts(gemv_chunk, &j, (n_rows + GEMV_CHUNK_ROWS - 1) / GEMV_CHUNK_ROWS, threads);
+}
+
+struct swiglu_job {
+    gemv_fn gate, up, down;
+    const uint8_t *const *gate_codes, *const *up_codes, *const *down_codes;
+    const uint16_t *const *gate_scales, *const *up_scales, *const *down_scales;
+    int64_t hidden, ffn;
+    const float *x;
+    float *out, *scratch;
+};
+
+static void swiglu_chunk(const void *p, int64_t e, int64_t slot) {
+    const struct swiglu_job *j = p;
+    strata_swiglu(j->gate, j->up, j->down, 1, j->gate_codes + e, j->gate_scales + e, j->up_codes + e,
+                  j->up_scales + e, j->down_codes + e, j->down_scales + e, j->hidden, j->ffn, j->x,
+                  j->out + e * j->hidden, j->scratch + slot * 2 * j->ffn);
+}
+
+/* strata_swiglu with each expert a chunk, over up to `threads` threads; scratch: 2 ffn floats per thread */
+void strata_swiglu_threads(gemv_fn gate, gemv_fn up, gemv_fn down, int64_t n_experts,
+                           const uint8_t *const *gate_codes, const uint16_t *const *gate_scales,
+                           const uint8_t *const *up_codes, const uint16_t *const *up_scales,
+                           const uint8_t *const *down_codes, const uint16_t *const *down_scales, int64_t hidden,
+                           int64_t ffn, const float *x, float *out, float *scratch, int64_t threads) {
+    if (threads <= 1) { /* no dispatch */
+        strata_swiglu(gate, up, down, n_experts, gate_codes, gate_scales, up_codes, up_scales, down_codes,
+                      down_scales, hidden, ffn, x, out, scratch);
+        return;
+    }
+    const struct swiglu_job j = {gate, up, down, gate_codes, up_codes, down_codes, gate_scales, up_scales,
+                                 down_scales, hidden, ffn, x, out, scratch};
+    run_parts(swiglu_chunk, &j, n_experts, threads < n_experts ? threads : n_experts);
 }
