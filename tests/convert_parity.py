@@ -40,6 +40,18 @@ def parity_tokens(model, expected=None) -> np.ndarray:
     return tokens
 
 
+def greedy_run(engine, prompt: list[int], steps: int = 32) -> tuple[list[int], np.ndarray]:
+    """`steps` greedy tokens from an engine after `prompt`, and the logits of every step (the
+    prompt's last position first): what two runs on the same weights must give alike."""
+    logits = engine.prefill(prompt)
+    tokens, seen = [], [logits]
+    for _ in range(steps):
+        tokens.append(int(np.argmax(logits)))
+        logits = engine.decode(tokens[-1])
+        seen.append(logits)
+    return tokens, np.stack(seen)
+
+
 def reference_logits(model, tokens: np.ndarray, **kw) -> np.ndarray:
     """The reference forward of a loaded Model over tokens [T] from an empty state -> [T, V]
     (kw: forward's, e.g. select)."""

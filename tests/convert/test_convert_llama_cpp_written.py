@@ -24,6 +24,7 @@ from strata.reference.quants import to_blocks
 from tests import hf_models
 from tests.budgets import GGUF_DEQUANT_LOGIT_BUDGET
 from tests.llama_cpp_fixtures import CASES, dequantized_gguf
+from tests.convert_parity import greedy_run
 
 GREEDY_TOKENS = 32
 STRATA_NAMES = {"MXFP4": "GGML_MXFP4"}  # ggml names strata spells otherwise
@@ -75,13 +76,6 @@ def test_logits_equal_the_reference_on_gguf_s_dequantized_weights(models):
     assert rel <= GGUF_DEQUANT_LOGIT_BUDGET
 
 
-def _greedy(engine, prompt: list[int]) -> list[int]:
-    logits, tokens = engine.prefill(prompt), []
-    for _ in range(GREEDY_TOKENS):
-        tokens.append(int(np.argmax(logits)))
-        logits = engine.decode(tokens[-1])
-    return tokens
-
 
 @pytest.mark.parametrize("kind", ["reference", "numpy-min"])
 def test_32_greedy_tokens_equal_the_reference_s(models, kind):
@@ -90,20 +84,11 @@ def test_32_greedy_tokens_equal_the_reference_s(models, kind):
     _, _, model, ref = models
     prompt = list(model.tokenizer.encode("The quick brown fox"))
     with open_kind(ref, "reference", EXACT0.replace(cpu_kernels=False)) as eng:
-        want = _greedy(eng, prompt)
+        want = greedy_run(eng, prompt, GREEDY_TOKENS)[0]
     with open_kind(model, kind) as eng:
-        got = _greedy(eng, prompt)
+        got = greedy_run(eng, prompt, GREEDY_TOKENS)[0]
     assert got == want
 
-
-def _greedy_logits(engine, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    logits = engine.prefill(prompt)
-    tokens, steps = [], [logits]
-    for _ in range(GREEDY_TOKENS):
-        tokens.append(int(np.argmax(logits)))
-        logits = engine.decode(tokens[-1])
-        steps.append(logits)
-    return tokens, np.stack(steps)
 
 
 def test_the_file_run_in_place_is_its_conversion_s_run(models):
@@ -113,11 +98,11 @@ def test_the_file_run_in_place_is_its_conversion_s_run(models):
     case, _, kept, _ = models
     prompt = list(kept.tokenizer.encode("The quick brown fox"))
     with open_kind(kept, "numpy-min", strata.Config()) as eng:
-        want_tokens, want_logits = _greedy_logits(eng, prompt)
+        want_tokens, want_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     with strata.load(case.path) as in_place:
         assert in_place.experts_file.path == str(case.path) and in_place.cfg == kept.cfg
         with open_kind(in_place, "numpy-min", strata.Config()) as eng:
-            got_tokens, got_logits = _greedy_logits(eng, prompt)
+            got_tokens, got_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
             assert eng.io.bytes_read > 0 and eng.io.errors == 0
     assert got_tokens == want_tokens
     np.testing.assert_array_equal(got_logits, want_logits)

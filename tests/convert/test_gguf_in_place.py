@@ -28,6 +28,7 @@ from tests import gguf_models, hf_models
 from tests.gguf_gpt_oss import write_gpt_oss_gguf
 from tests.gguf_qwen3next import write_qwen35moe_gguf, write_qwen3next_gguf
 from tests.gguf_sigmoid_models import write_deepseek2_gguf, write_glm4moe_gguf, write_minimax_m2_gguf
+from tests.convert_parity import greedy_run
 
 GREEDY_TOKENS = 32
 
@@ -111,24 +112,15 @@ def test_reads_are_whole_pages_around_each_slice(pair):
     assert store.reads_per_record > converted.experts_file.reads_per_record == 1
 
 
-def _greedy(engine, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    logits = engine.prefill(prompt)
-    tokens, steps = [], [logits]
-    for _ in range(GREEDY_TOKENS):
-        tokens.append(int(np.argmax(logits)))
-        logits = engine.decode(tokens[-1])
-        steps.append(logits)
-    return tokens, np.stack(steps)
-
 
 @pytest.mark.parametrize("kind", ["reference", "numpy-full", "numpy-min"])
 def test_logits_and_greedy_tokens_are_the_converted_run_s(pair, kind):
     _, _, converted, in_place = pair
     prompt = list(converted.tokenizer.encode("The quick brown fox"))
     with open_kind(converted, kind, EXACT0) as eng:
-        want_tokens, want_logits = _greedy(eng, prompt)
+        want_tokens, want_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     with open_kind(in_place, kind, EXACT0) as eng:
-        got_tokens, got_logits = _greedy(eng, prompt)
+        got_tokens, got_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
         if kind != "reference":
             assert eng.io.bytes_read > 0 and eng.io.errors == 0
             assert "aligned reads per record in place" in eng.report().io

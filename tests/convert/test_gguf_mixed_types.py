@@ -24,6 +24,7 @@ from strata.formats.quant_types import QuantType
 from strata.reference.model import ModelState, forward
 from strata.reference.quants import to_blocks
 from tests import gguf_models, hf_models
+from tests.convert_parity import greedy_run
 
 GREEDY_TOKENS = 32
 KEPT = {"MXFP4": QuantType.GGML_MXFP4}  # ggml names whose strata type is spelled otherwise
@@ -103,15 +104,6 @@ def test_logits_equal_the_reference_on_gguf_s_dequantized_weights(models):
     np.testing.assert_array_equal(ours, theirs)  # the same float32 weights, the same arithmetic
 
 
-def _greedy(engine, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    logits = engine.prefill(prompt)
-    tokens, steps = [], [logits]
-    for _ in range(GREEDY_TOKENS):
-        tokens.append(int(np.argmax(logits)))
-        logits = engine.decode(tokens[-1])
-        steps.append(logits)
-    return tokens, np.stack(steps)
-
 
 @pytest.mark.parametrize("kind", ["reference", "numpy-min"])
 def test_greedy_tokens_identical_resident_and_at_the_smallest_arena(models, kind):
@@ -122,13 +114,13 @@ def test_greedy_tokens_identical_resident_and_at_the_smallest_arena(models, kind
     prompt = list(model.tokenizer.encode("The quick brown fox"))
     exact = EXACT0.replace(cpu_kernels=False)
     with open_kind(ref, "reference", exact) as eng:
-        want_tokens, want_logits = _greedy(eng, prompt)
+        want_tokens, want_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     with open_kind(model, kind, exact) as eng:
-        got_tokens, got_logits = _greedy(eng, prompt)
+        got_tokens, got_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     assert got_tokens == want_tokens
     np.testing.assert_array_equal(got_logits, want_logits)
     with open_kind(model, kind) as eng:
-        fast_tokens, fast_logits = _greedy(eng, prompt)
+        fast_tokens, fast_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     assert fast_tokens == want_tokens
     for step, (fast, want) in enumerate(zip(fast_logits, want_logits)):
         assert_backends_agree(want, fast, "FORWARD", what=f"{kind} step {step}")

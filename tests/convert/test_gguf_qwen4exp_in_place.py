@@ -27,6 +27,7 @@ from strata.formats.quant_types import QuantType
 from strata.loader import load
 from tests import hf_qwen4_released
 from tests.gguf_qwen4exp import write_qwen4exp_gguf
+from tests.convert_parity import greedy_run
 
 GREEDY_TOKENS = 32
 TABLE = "per_layer_token_embd.weight"
@@ -62,24 +63,15 @@ def test_the_rows_are_the_conversion_s(pair):
     np.testing.assert_array_equal(store.rows(0, ids), want.rows(0, ids))
 
 
-def _greedy(engine, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    logits = engine.prefill(prompt)
-    tokens, steps = [], [logits]
-    for _ in range(GREEDY_TOKENS):
-        tokens.append(int(np.argmax(logits)))
-        logits = engine.decode(tokens[-1])
-        steps.append(logits)
-    return tokens, np.stack(steps)
-
 
 @pytest.mark.parametrize("kind", ["reference", "numpy-full", "numpy-min"])
 def test_logits_and_greedy_tokens_are_the_converted_run_s(pair, kind):
     _, _, converted, in_place = pair
     prompt = list(converted.tokenizer.encode("The quick brown fox"))
     with open_kind(converted, kind, EXACT0) as eng:
-        want_tokens, want_logits = _greedy(eng, prompt)
+        want_tokens, want_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     with open_kind(in_place, kind, EXACT0) as eng:
-        got_tokens, got_logits = _greedy(eng, prompt)
+        got_tokens, got_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     assert got_tokens == want_tokens
     np.testing.assert_array_equal(got_logits, want_logits)
 
@@ -103,9 +95,9 @@ def test_a_q8_0_table_equals_the_conversion_that_keeps_q8_0(quantized, tmp_path)
         np.testing.assert_array_equal(in_place.ngrams_file.rows(0, ids), kept.ngrams_file.rows(0, ids))
         prompt = list(kept.tokenizer.encode("The quick brown fox"))
         with open_kind(kept, "numpy-min", EXACT0) as eng:
-            want_tokens, want_logits = _greedy(eng, prompt)
+            want_tokens, want_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
         with open_kind(in_place, "numpy-min", EXACT0) as eng:
-            got_tokens, got_logits = _greedy(eng, prompt)
+            got_tokens, got_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     assert got_tokens == want_tokens
     np.testing.assert_array_equal(got_logits, want_logits)
 
