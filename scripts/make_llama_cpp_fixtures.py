@@ -46,7 +46,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def _run(cmd: list[str], shown: list[str] | None = None) -> None:
     print("$ " + " ".join(shlex.quote(c) for c in shown or cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.exit(f"{cmd[0]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
 def _source_checkpoint(case: LlamaCppCase, tmp: Path) -> Path:
@@ -55,6 +57,13 @@ def _source_checkpoint(case: LlamaCppCase, tmp: Path) -> Path:
         hf_models.write_synthetic_checkpoint(out, **case.wide)
     else:
         shutil.copytree(hf_fixtures.checkpoint_dir(case.source), out)
+    if case.added_tokens:
+        tok = json.loads((out / "tokenizer.json").read_text())
+        first = 1 + max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"])])
+        tok["added_tokens"] += [{"id": first + i, "content": text, "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": True}
+                                for i, text in enumerate(case.added_tokens)]
+        (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     if case.config_extra:
         cfg = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**cfg, **case.config_extra}, indent=1))
