@@ -35,10 +35,14 @@ from tests.llama_cpp_fixtures import CASES, FIXTURE_ROOT, LlamaCppCase  # noqa: 
 # run as `python -c`: llama.cpp's converter with the tokenizer's pre-tokenizer named
 _CONVERT = """
 import runpy, sys
-src = sys.argv.pop(1)
+src, config_json_only = sys.argv.pop(1), sys.argv.pop(1) == "config.json"
 sys.path[:0] = [src, src + "/gguf-py"]
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+if config_json_only:  # the converter's own fallback where transformers does not know the model
+    def _unknown(*args, **kwargs):
+        raise ValueError("architecture unknown to transformers")
+    base.AutoConfig.from_pretrained = _unknown
 sys.argv[0] = src + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -74,8 +78,9 @@ def build_case(case: LlamaCppCase, src: Path, build: Path, tmp: Path) -> Path:
     hf_dir = _source_checkpoint(case, tmp)
     f32 = tmp / "f32.gguf"
     args = [str(hf_dir), "--outfile", str(f32), "--outtype", "f32", *case.convert_args]
-    _run([sys.executable, "-c", _CONVERT, str(src), *args],
-         ["python", f"{src}/convert_hf_to_gguf.py", *args, "# tokenizer.ggml.pre: gpt-2"])
+    hparams = "config.json" if case.config_json_only else "transformers"
+    _run([sys.executable, "-c", _CONVERT, str(src), hparams, *args],
+         ["python", f"{src}/convert_hf_to_gguf.py", *args, f"# tokenizer.ggml.pre: gpt-2; hparams: {hparams}"])
     quantize = [str(build / "bin" / "llama-quantize")]
     if case.needs_imatrix:
         text = tmp / "calibration.txt"

@@ -23,7 +23,8 @@ class LlamaCppCase:
     llama-quantize's base type and its `--tensor-type` (regex, type) overrides, first match wins;
     `expected` the ggml type names the file must then hold for (tensor, type) pairs; `added_tokens`
     special tokens given ids after the tokenizer's last (inside the config's vocab_size), for a
-    converter that looks them up by name."""
+    converter that looks them up by name; `config_json_only` runs the converter as it runs where
+    transformers does not know the architecture (its own fallback: config.json read as written)."""
 
     name: str
     source: str
@@ -34,6 +35,7 @@ class LlamaCppCase:
     config_extra: dict = field(default_factory=dict)
     wide: dict = field(default_factory=dict)
     added_tokens: tuple[str, ...] = ()
+    config_json_only: bool = False
 
     @property
     def path(self) -> Path:
@@ -104,6 +106,17 @@ CASES = (
                  _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(3, "q4_0", "q4_0", "q8_0")
                  + (("blk.1.ffn_down_exps.weight", "Q8_0"),),
                  convert_args=("--no-mtp",)),
+    # the released config.json spells the indexed layer `full_attention`, and the converter writes
+    # its compress ratio only for that spelling; transformers (5.x) rewrites it to
+    # `indexed_attention` when it knows Qwen4-Exp, and the converter then writes ratio 0 (dense
+    # attention) everywhere, which strata refuses: the file as made where transformers does not.
+    # Layers 1-2's experts IQ4_NL (every projection), to keep the file small
+    LlamaCppCase("qwen4exp-ud", "qwen4_exp_released", "Q8_0",
+                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(3, "q4_0", "q4_0", "q8_0")
+                 + ((r"blk\.[12]\.ffn_.*_exps", "iq4_nl"),),
+                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(3, "q4_0", "q4_0", "q8_0")
+                 + _expect(2, "iq4_nl", "iq4_nl", "iq4_nl"),
+                 config_json_only=True),
 )
 
 
