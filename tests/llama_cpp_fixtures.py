@@ -101,10 +101,12 @@ CASES = (
                  _experts(1, "iq4_nl", "iq4_nl", "q5_1") + _experts(2, "q4_1", "q4_1", "q8_0"),
                  _expect(1, "iq4_nl", "iq4_nl", "q5_1") + _expect(2, "q4_1", "q4_1", "q8_0"),
                  convert_args=("--no-mtp",), added_tokens=("[gMASK]", "<|user|>", "<|observation|>")),
+    # layers 1-2's experts IQ4_NL (every projection), to keep the file small
     LlamaCppCase("qwen35moe-ud", "qwen3_5_moe_text", "Q8_0",
-                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(3, "q4_0", "q4_0", "q8_0"),
+                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(3, "q4_0", "q4_0", "q8_0")
+                 + ((r"blk\.[12]\.ffn_.*_exps", "iq4_nl"),),
                  _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(3, "q4_0", "q4_0", "q8_0")
-                 + (("blk.1.ffn_down_exps.weight", "Q8_0"),),
+                 + _expect(1, "iq4_nl", "iq4_nl", "iq4_nl") + (("blk.0.attn_qkv.weight", "Q8_0"),),
                  convert_args=("--no-mtp",)),
     # the released config.json spells the indexed layer `full_attention`, and the converter writes
     # its compress ratio only for that spelling; transformers (5.x) rewrites it to

@@ -33,8 +33,10 @@ STRATA_NAMES = {"MXFP4": "GGML_MXFP4"}  # ggml names strata spells otherwise
 def models(request, tmp_path_factory):
     case = request.param
     work = tmp_path_factory.mktemp(case.name)
-    kept = convert(case.path, work / "kept")
-    ref = convert(dequantized_gguf(case.path, work / "dequantized.gguf"), work / "f32", expert_type=QuantType.F32)
+    # a PLE model's n-gram rows as F32: the stored Q8_0 rows' values exactly (the default f16 rounds them)
+    kept = convert(case.path, work / "kept", ngram_type=QuantType.F32)
+    ref = convert(dequantized_gguf(case.path, work / "dequantized.gguf"), work / "f32", expert_type=QuantType.F32,
+                  ngram_type=QuantType.F32)
     a, b = strata.load(kept.model_path), strata.load(ref.model_path)
     yield case, kept, a, b
     a.close()
