@@ -10,10 +10,12 @@ SRC is llama.cpp's source root (convert_hf_to_gguf.py, gguf-py/), BUILD its cmak
 (bin/llama-quantize, bin/llama-imatrix). Each case: the checkpoint (a checked-in trained fixture,
 or the seeded wide random one for the 256-weight rows K- and IQ-quants need), converted to F32 by
 llama.cpp's converter, then quantized from F32 with a base type and per-tensor `--tensor-type`
-overrides (IQ2_XXS needs an importance matrix: llama-imatrix on PARITY_TEXT). The one change to
-llama.cpp's converter: our tiny tokenizer's pre-tokenizer hash is not in its table, so
-`get_vocab_base_pre` answers "gpt-2" (the fixtures' tokenizer is GPT-2's byte-level regex). Prints
-every command it runs, each file's size and the total (keep it under ~2 MB).
+overrides (IQ2_XXS needs an importance matrix: llama-imatrix on PARITY_TEXT). The changes to
+llama.cpp's converter's run: our tiny tokenizer's pre-tokenizer hash is not in its table, so
+`get_vocab_base_pre` answers "gpt-2" (the fixtures' tokenizer is GPT-2's byte-level regex); and for
+a case with `config_json_only` (qwen4exp) the converter takes its own fallback for a model
+transformers does not know, config.json as written (docs/testing.md says why). Prints
+every command it runs, each file's size and the total (about 4 MB for all eleven).
 """
 
 from __future__ import annotations

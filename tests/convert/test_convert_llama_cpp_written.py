@@ -2,7 +2,8 @@
 scripts/make_llama_cpp_fixtures.py: llama.cpp's own convert_hf_to_gguf.py on the repo's tiny
 checkpoints, then its llama-quantize with per-tensor overrides to UD-like mixes: IQ3_S / IQ2_XXS /
 Q4_K / IQ4_NL / Q4_0 / Q4_1 / Q5_0 gate and up with IQ4_NL / Q5_1 / Q8_0 downs, Q4_K / Q5_K /
-Q6_K / IQ4_XS / Q8_0 / Q5_0 dense, MXFP4, across qwen3moe, deepseek2, gpt-oss and qwen3next). Each converts with every expert kept in its stored type; its
+Q6_K / IQ4_XS / Q8_0 / Q5_0 dense, MXFP4, across qwen3moe, deepseek2, gpt-oss, qwen3next,
+qwen2moe, olmoe, minimax-m2, glm4moe, qwen35moe and qwen4exp with its Q8_0 n-gram table). Each converts with every expert kept in its stored type; its
 logits equal the reference forward on the `gguf` package's dequantization of the same file
 within GGUF_DEQUANT_LOGIT_BUDGET; 32 greedy tokens of the default engine (compiled CPU kernels),
 all-resident and streamed at the smallest legal arena, are the reference's on those weights. Run
