@@ -119,6 +119,9 @@ def test_the_file_run_in_place_is_its_conversion_s_run(models):
         want_tokens, want_logits = _greedy_logits(eng, prompt)
     with strata.load(case.path) as in_place:
         assert in_place.experts_file.path == str(case.path) and in_place.cfg == kept.cfg
+        # a PLE model's n-gram table is read as rows of its stored type from the same file
+        assert (kept.ngrams_file is None) == (in_place.ngrams_file is None)
+        assert in_place.ngrams_file is None or in_place.ngrams_file.path == str(case.path)
         with open_kind(in_place, "numpy-min", strata.Config()) as eng:
             got_tokens, got_logits = _greedy_logits(eng, prompt)
             assert eng.io.bytes_read > 0 and eng.io.errors == 0
