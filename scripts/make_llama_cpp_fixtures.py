@@ -10,10 +10,12 @@ SRC is llama.cpp's source root (convert_hf_to_gguf.py, gguf-py/), BUILD its cmak
 (bin/llama-quantize, bin/llama-imatrix). Each case: the checkpoint (a checked-in trained fixture,
 or the seeded wide random one for the 256-weight rows K- and IQ-quants need), converted to F32 by
 llama.cpp's converter, then quantized from F32 with a base type and per-tensor `--tensor-type`
-overrides (IQ2_XXS needs an importance matrix: llama-imatrix on PARITY_TEXT). The one change to
-llama.cpp's converter: our tiny tokenizer's pre-tokenizer hash is not in its table, so
-`get_vocab_base_pre` answers "gpt-2" (the fixtures' tokenizer is GPT-2's byte-level regex). Prints
-every command it runs, each file's size and the total (keep it under ~2 MB).
+overrides (IQ2_XXS needs an importance matrix: llama-imatrix on PARITY_TEXT). The changes to
+llama.cpp's converter's run: our tiny tokenizer's pre-tokenizer hash is not in its table, so
+`get_vocab_base_pre` answers "gpt-2" (the fixtures' tokenizer is GPT-2's byte-level regex); and for
+a case with `config_json_only` (qwen4exp) the converter takes its own fallback for a model
+transformers does not know, config.json as written (docs/testing.md says why). Prints
+every command it runs, each file's size and the total (about 4 MB for all eleven).
 """
 
 from __future__ import annotations
@@ -35,10 +37,14 @@ from tests.llama_cpp_fixtures import CASES, FIXTURE_ROOT, LlamaCppCase  # noqa: 
 # run as `python -c`: llama.cpp's converter with the tokenizer's pre-tokenizer named
 _CONVERT = """
 import runpy, sys
-src = sys.argv.pop(1)
+src, config_json_only = sys.argv.pop(1), sys.argv.pop(1) == "config.json"
 sys.path[:0] = [src, src + "/gguf-py"]
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+if config_json_only:  # the converter's own fallback where transformers does not know the model
+    def _unknown(*args, **kwargs):
+        raise ValueError("architecture unknown to transformers")
+    base.AutoConfig.from_pretrained = _unknown
 sys.argv[0] = src + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -46,7 +52,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def _run(cmd: list[str], shown: list[str] | None = None) -> None:
     print("$ " + " ".join(shlex.quote(c) for c in shown or cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.exit(f"{cmd[0]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
 
 
 def _source_checkpoint(case: LlamaCppCase, tmp: Path) -> Path:
@@ -55,6 +63,13 @@ def _source_checkpoint(case: LlamaCppCase, tmp: Path) -> Path:
         hf_models.write_synthetic_checkpoint(out, **case.wide)
     else:
         shutil.copytree(hf_fixtures.checkpoint_dir(case.source), out)
+    if case.added_tokens:
+        tok = json.loads((out / "tokenizer.json").read_text())
+        first = 1 + max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"])])
+        tok["added_tokens"] += [{"id": first + i, "content": text, "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": False, "special": True}
+                                for i, text in enumerate(case.added_tokens)]
+        (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     if case.config_extra:
         cfg = json.loads((out / "config.json").read_text())
         (out / "config.json").write_text(json.dumps({**cfg, **case.config_extra}, indent=1))
@@ -65,8 +80,9 @@ def build_case(case: LlamaCppCase, src: Path, build: Path, tmp: Path) -> Path:
     hf_dir = _source_checkpoint(case, tmp)
     f32 = tmp / "f32.gguf"
     args = [str(hf_dir), "--outfile", str(f32), "--outtype", "f32", *case.convert_args]
-    _run([sys.executable, "-c", _CONVERT, str(src), *args],
-         ["python", f"{src}/convert_hf_to_gguf.py", *args, "# tokenizer.ggml.pre: gpt-2"])
+    hparams = "config.json" if case.config_json_only else "transformers"
+    _run([sys.executable, "-c", _CONVERT, str(src), hparams, *args],
+         ["python", f"{src}/convert_hf_to_gguf.py", *args, f"# tokenizer.ggml.pre: gpt-2; hparams: {hparams}"])
     quantize = [str(build / "bin" / "llama-quantize")]
     if case.needs_imatrix:
         text = tmp / "calibration.txt"

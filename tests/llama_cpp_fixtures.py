@@ -21,7 +21,10 @@ class LlamaCppCase:
     "wide" (hf_models.write_synthetic_checkpoint with `wide`'s arguments: rows of 256 weights, which
     K- and IQ-quants need); `config_extra` keys added to its config.json before converting;
     llama-quantize's base type and its `--tensor-type` (regex, type) overrides, first match wins;
-    `expected` the ggml type names the file must then hold for (tensor, type) pairs."""
+    `expected` the ggml type names the file must then hold for (tensor, type) pairs; `added_tokens`
+    special tokens given ids after the tokenizer's last (inside the config's vocab_size), for a
+    converter that looks them up by name; `config_json_only` runs the converter as it runs where
+    transformers does not know the architecture (its own fallback: config.json read as written)."""
 
     name: str
     source: str
@@ -31,6 +34,8 @@ class LlamaCppCase:
     convert_args: tuple[str, ...] = ()
     config_extra: dict = field(default_factory=dict)
     wide: dict = field(default_factory=dict)
+    added_tokens: tuple[str, ...] = ()
+    config_json_only: bool = False
 
     @property
     def path(self) -> Path:
@@ -81,6 +86,39 @@ CASES = (
                  _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(1, "q4_0", "q4_0", "q8_0")
                  + (("blk.3.attn_q.weight", "Q5_0"),),
                  convert_args=("--no-mtp",)),
+    LlamaCppCase("qwen2moe-ud", "qwen2_moe", "Q8_0",
+                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(1, "q4_0", "q4_0", "q8_0"),
+                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(1, "q4_0", "q4_0", "q8_0")
+                 + (("blk.0.ffn_gate_shexp.weight", "Q8_0"),)),
+    LlamaCppCase("olmoe-ud", "olmoe", "Q8_0",
+                 sum((_experts(l, *t) for l, t in enumerate(_SMALL_LAYERS)), ()),
+                 sum((_expect(l, *t) for l, t in enumerate(_SMALL_LAYERS)), ()) + (("blk.0.attn_q.weight", "Q8_0"),)),
+    LlamaCppCase("minimax-m2-ud", "minimax_m2", "Q8_0",
+                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(1, "q5_0", "q5_0", "q8_0"),
+                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(1, "q5_0", "q5_0", "q8_0")),
+    # llama.cpp's GLM vocabulary reads GLM's own special tokens by name ([gMASK] is its BOS)
+    LlamaCppCase("glm4moe-ud", "glm4_moe", "Q8_0",
+                 _experts(1, "iq4_nl", "iq4_nl", "q5_1") + _experts(2, "q4_1", "q4_1", "q8_0"),
+                 _expect(1, "iq4_nl", "iq4_nl", "q5_1") + _expect(2, "q4_1", "q4_1", "q8_0"),
+                 convert_args=("--no-mtp",), added_tokens=("[gMASK]", "<|user|>", "<|observation|>")),
+    # layers 1-2's experts IQ4_NL (every projection), to keep the file small
+    LlamaCppCase("qwen35moe-ud", "qwen3_5_moe_text", "Q8_0",
+                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(3, "q4_0", "q4_0", "q8_0")
+                 + ((r"blk\.[12]\.ffn_.*_exps", "iq4_nl"),),
+                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(3, "q4_0", "q4_0", "q8_0")
+                 + _expect(1, "iq4_nl", "iq4_nl", "iq4_nl") + (("blk.0.attn_qkv.weight", "Q8_0"),),
+                 convert_args=("--no-mtp",)),
+    # the released config.json spells the indexed layer `full_attention`, and the converter writes
+    # its compress ratio only for that spelling; transformers (5.x) rewrites it to
+    # `indexed_attention` when it knows Qwen4-Exp, and the converter then writes ratio 0 (dense
+    # attention) everywhere, which strata refuses: the file as made where transformers does not.
+    # Layers 1-2's experts IQ4_NL (every projection), to keep the file small
+    LlamaCppCase("qwen4exp-ud", "qwen4_exp_released", "Q8_0",
+                 _experts(0, "iq4_nl", "iq4_nl", "q5_1") + _experts(3, "q4_0", "q4_0", "q8_0")
+                 + ((r"blk\.[12]\.ffn_.*_exps", "iq4_nl"),),
+                 _expect(0, "iq4_nl", "iq4_nl", "q5_1") + _expect(3, "q4_0", "q4_0", "q8_0")
+                 + _expect(2, "iq4_nl", "iq4_nl", "iq4_nl"),
+                 config_json_only=True),
 )
 
 

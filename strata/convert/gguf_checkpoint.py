@@ -100,7 +100,8 @@ ARCH_PER_LAYER = {
         "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
         "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
     },
-    "glm4moe": {**_SIGMOID_LAYER, **_NEXTN_LAYER},
+    # llama.cpp's GLM-4.5 layers name the norm before the MLP post_attention_norm (ATTN_POST_NORM)
+    "glm4moe": {**_SIGMOID_LAYER, **_NEXTN_LAYER, "post_attention_norm.weight": "post_attention_layernorm.weight"},
     "minimax-m2": {"exp_probs_b.bias": "{moe}.e_score_correction_bias"},  # the bias on the block
     "gpt-oss": {"attn_sinks.weight": "self_attn.sinks", "attn_output.bias": "self_attn.o_proj.bias",
                 "post_attention_norm.weight": "post_attention_layernorm.weight",

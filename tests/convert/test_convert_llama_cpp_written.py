@@ -2,7 +2,8 @@
 scripts/make_llama_cpp_fixtures.py: llama.cpp's own convert_hf_to_gguf.py on the repo's tiny
 checkpoints, then its llama-quantize with per-tensor overrides to UD-like mixes: IQ3_S / IQ2_XXS /
 Q4_K / IQ4_NL / Q4_0 / Q4_1 / Q5_0 gate and up with IQ4_NL / Q5_1 / Q8_0 downs, Q4_K / Q5_K /
-Q6_K / IQ4_XS / Q8_0 / Q5_0 dense, MXFP4, across qwen3moe, deepseek2, gpt-oss and qwen3next). Each converts with every expert kept in its stored type; its
+Q6_K / IQ4_XS / Q8_0 / Q5_0 dense, MXFP4, across qwen3moe, deepseek2, gpt-oss, qwen3next,
+qwen2moe, olmoe, minimax-m2, glm4moe, qwen35moe and qwen4exp with its Q8_0 n-gram table). Each converts with every expert kept in its stored type; its
 logits equal the reference forward on the `gguf` package's dequantization of the same file
 within GGUF_DEQUANT_LOGIT_BUDGET; 32 greedy tokens of the default engine (compiled CPU kernels),
 all-resident and streamed at the smallest legal arena, are the reference's on those weights. Run
@@ -34,8 +35,10 @@ STRATA_NAMES = {"MXFP4": "GGML_MXFP4"}  # ggml names strata spells otherwise
 def models(request, tmp_path_factory):
     case = request.param
     work = tmp_path_factory.mktemp(case.name)
-    kept = convert(case.path, work / "kept")
-    ref = convert(dequantized_gguf(case.path, work / "dequantized.gguf"), work / "f32", expert_type=QuantType.F32)
+    # a PLE model's n-gram rows as F32: the stored Q8_0 rows' values exactly (the default f16 rounds them)
+    kept = convert(case.path, work / "kept", ngram_type=QuantType.F32)
+    ref = convert(dequantized_gguf(case.path, work / "dequantized.gguf"), work / "f32", expert_type=QuantType.F32,
+                  ngram_type=QuantType.F32)
     a, b = strata.load(kept.model_path), strata.load(ref.model_path)
     yield case, kept, a, b
     a.close()
@@ -101,6 +104,9 @@ def test_the_file_run_in_place_is_its_conversion_s_run(models):
         want_tokens, want_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
     with strata.load(case.path) as in_place:
         assert in_place.experts_file.path == str(case.path) and in_place.cfg == kept.cfg
+        # a PLE model's n-gram table is read as rows of its stored type from the same file
+        assert (kept.ngrams_file is None) == (in_place.ngrams_file is None)
+        assert in_place.ngrams_file is None or in_place.ngrams_file.path == str(case.path)
         with open_kind(in_place, "numpy-min", strata.Config()) as eng:
             got_tokens, got_logits = greedy_run(eng, prompt, GREEDY_TOKENS)
             assert eng.io.bytes_read > 0 and eng.io.errors == 0
