@@ -73,3 +73,23 @@ def nextn_logits(config, tensors, layer, hidden: np.ndarray, next_embeddings: np
                   position_embeddings=rotary(xt, positions))
     y = (y[0] if isinstance(y, tuple) else y)[0].numpy()
     return _rms(y, tensors[pre + "shared_head.norm.weight"], eps) @ tensors[pre + "shared_head.head.weight"].T
+
+
+def checkpoint_with_nextn(tmp_path_factory, seed: int = 3):
+    """(the checked-in deepseek_v3 checkpoint with a nextn layer added, its nextn tensors by
+    published name, transformers' decoder layer, the DeepseekV3Config)."""
+    import shutil
+
+    from strata.convert.safetensors_reader import Checkpoint
+    from tests import hf_models
+    from tests.convert_parity import save_as_one_file
+
+    plain = hf_models.cached_checkpoint("deepseek_v3", tmp_path_factory)[0]
+    src = tmp_path_factory.mktemp("nextn") / "ckpt"
+    shutil.copytree(plain, src)
+    with Checkpoint(src) as ck:
+        tensors = {n: ck.read(n) for n in ck.tensors}
+    config = hf_models.hf_config("deepseek_v3")
+    nextn, layer = nextn_layer(config, seed)
+    save_as_one_file(src, {**tensors, **nextn})
+    return src, nextn, layer, config
