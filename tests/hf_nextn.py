@@ -31,8 +31,9 @@ def nextn_layer(config, seed: int, scale: float = 0.2):
             norm.weight.add_(1.0)
         layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(c.n_routed_experts) * 0.1)
     rng, pre = np.random.default_rng(seed), f"model.layers.{n}."
-    tensors = {pre + "eh_proj.weight": rng.normal(0, scale, (d, 2 * d)), pre + "enorm.weight": 1 + rng.normal(0, scale, d),
-               pre + "hnorm.weight": 1 + rng.normal(0, scale, d), pre + "shared_head.norm.weight": 1 + rng.normal(0, scale, d),
+    tensors = {pre + "eh_proj.weight": rng.normal(0, scale, (d, 2 * d)),
+               pre + "enorm.weight": 1 + rng.normal(0, scale, d), pre + "hnorm.weight": 1 + rng.normal(0, scale, d),
+               pre + "shared_head.norm.weight": 1 + rng.normal(0, scale, d),
                pre + "shared_head.head.weight": rng.normal(0, scale, (v, d)),
                pre + "embed_tokens.weight": rng.normal(0, scale, (v, d))}  # the published copy (unused)
     tensors = {k: w.astype(np.float32) for k, w in tensors.items()}

@@ -19,8 +19,8 @@ partial rotary factors, an attention bias, other scoring functions.
 The multi-token-prediction ("nextn") layer (`num_nextn_predict_layers`: model.layers.{n}.* with
 enorm, hnorm, eh_proj, shared_head.{norm, head} and one MLA + MoE decoder layer) is kept where the
 checkpoint has one (`nextn_layers` = 1; convert/sigmoid_common.py nextn_sources, its rope rows
-de-interleaved as the model's): the MTP drafter (strata/speculative/mtp.py, over strata/reference/nextn.py) runs it. Its copy
-of the embedding is skipped (the model's own is read); more than one such layer is refused.
+de-interleaved as the model's): the MTP drafter (strata/speculative/mtp.py, over
+strata/reference/nextn.py) runs it. Its copy of the embedding is skipped (the model's own is read); more than one such layer is refused.
 """
 
 from __future__ import annotations

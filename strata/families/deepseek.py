@@ -100,7 +100,8 @@ def check_sigmoid_fields(cfg: "ModelConfig") -> None:
             raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
                               "or attention_output_gate")
     if mla.nextn_layers not in (0, 1):
-        raise ConfigError(f"model config: nextn_layers must be 0 or 1 (one nextn layer is kept), got {mla.nextn_layers}")
+        raise ConfigError(f"model config: nextn_layers must be 0 or 1 (one nextn layer is kept), "
+                          f"got {mla.nextn_layers}")
     if mla.nextn_layers and not (cfg.kinds and all(t.mixer is Mixer.MLA for t in cfg.kinds) and cfg.n_experts):
         raise ConfigError("model config: a nextn layer needs latent attention layers and routed experts")
 

@@ -1,9 +1,9 @@
 """The MTP drafter over DeepSeek-V3's nextn layer (strata/reference/nextn.py) through
 `strata.generate`: the tiny checked-in deepseek_v3 checkpoint with a nextn layer added
 (tests/hf_nextn.py; random weights, so drafts are mostly rejected, which exercises the rollback)
-converts (Q2_0 experts: what MLX computes off a GPU); greedy output is identical with and without MTP drafting on every engine (the
-reference, numpy streaming with every slot and at the smallest legal arena; MLX where it is
-installed); and the drafter's logits are the published module's, computed independently from the
+converts (Q2_0 experts: what MLX computes off a GPU); greedy output is identical with and
+without MTP drafting on every engine (the reference, numpy streaming with every slot and at the
+smallest legal arena; MLX where it is installed); and the drafter's logits are the published module's, computed independently from the
 checkpoint's tensors (numpy for enorm / hnorm / eh_proj / shared_head, transformers' own
 DeepseekV3DecoderLayer for the decoder layer, its rope interleaved as published)."""
 
