@@ -78,3 +78,20 @@ def test_what_strata_does_not_keep_is_refused_in_one_line(with_nextn, tmp_path, 
     tensors[extra] = np.zeros((4, 4), np.float32)
     save_as_one_file(bad, tensors)
     assert_refused_in_one_line(bad, tmp_path / "out", message)
+
+
+def test_an_fp8_checkpoint_keeps_its_nextn_layer_dequantized(with_nextn, tmp_path):
+    """The published form (FP8 blocks with `weight_scale_inv`, tests/fp8_checkpoints.py): the
+    nextn layer's tensors are those of the float checkpoint it stands for, bit for bit."""
+    from tests import fp8_checkpoints
+
+    quantized = fp8_checkpoints.write_fp8_checkpoint(with_nextn[0], tmp_path / "fp8")
+    pre = f"model.layers.{with_nextn[3].num_hidden_layers}."
+    assert any(name.startswith(pre) for name in quantized)  # the nextn layer's projections are FP8 too
+    fp8_checkpoints.write_dequantized(with_nextn[0], quantized, tmp_path / "deq")
+    a, b = _convert(tmp_path / "fp8", tmp_path / "a"), _convert(tmp_path / "deq", tmp_path / "b")
+    assert a.cfg.mla.nextn_layers == 1
+    names = [n for n in b.dense if n.startswith("nextn.")]
+    assert len(names) > 3 * a.cfg.n_experts
+    for name in names:
+        np.testing.assert_array_equal(a.dense[name], b.dense[name], err_msg=name)
