@@ -216,9 +216,9 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for l in range(cfg.n_layers):
         shapes.update(layer_tensor_shapes(cfg, l, cfg.kinds[l]))
     shapes.update(mtp_tensor_shapes(cfg))  # the hybrids' kept MTP layer (strata/families/qwen_hybrid.py)
-    # DeepSeek-V3's kept nextn layer (strata/families/deepseek.py): an MLA + MoE layer's tensors and its own
-    if cfg.mla.nextn_layers:
-        shapes.update(nextn_tensor_shapes(cfg, layer_tensor_shapes(cfg, 0, LayerType(Mixer.MLA, Ffn.MOE))))
+    # the sigmoid families' kept nextn layer (strata/families/deepseek.py): an MoE layer's tensors and its own
+    if cfg.sigmoid.nextn_layers:
+        shapes.update(nextn_tensor_shapes(cfg, layer_tensor_shapes(cfg, 0, cfg.kinds[cfg.moe_layers[0]])))
     return shapes
 
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.convert.common import LAYER, Family
-from strata.convert.gguf_checkpoint import GgufCheckpoint
+from strata.convert.common import Family
 from strata.convert.gpt_oss import yarn_rope_fields
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.sigmoid_common import layer_kinds, routing_fields, sigmoid_base_fields, sigmoid_tensor_plan
+from strata.convert.sigmoid_common import (layer_kinds, nextn_layers, routing_fields, sigmoid_base_fields,
+                                           sigmoid_tensor_plan)
 from strata.families.deepseek import NEXTN_PREFIX
 from strata.model_config import Mixer, ModelConfig, RopeScaling, TensorNames
 
@@ -65,24 +65,11 @@ def deepseek_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         max_context=hf.max_context(None), **deepseek_rope(hf),
         q_lora_rank=hf.get_int("q_lora_rank", default=0), kv_lora_rank=hf.get_int("kv_lora_rank"),
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=hf.get_int("v_head_dim"),
-        nextn_layers=_nextn_layers(hf, ckpt, fields["n_layers"]),
+        nextn_layers=nextn_layers(hf, ckpt, fields["n_layers"]),
     )
     if not hf.get_bool("rope_interleave", default=True):
         raise hf.unsupported("rope_interleave = false", "the released (interleaved) rope layout")
     return ModelConfig.from_dict(fields)
-
-
-def _nextn_layers(hf: HFConfig, ckpt: Checkpoint, n_layers: int) -> int:
-    """1 where the checkpoint carries a nextn layer (model.layers.{n_layers}.eh_proj), else 0;
-    more than one, or one without routed experts, is refused by name."""
-    layer = LAYER.format(n_layers)
-    if isinstance(ckpt, GgufCheckpoint) or layer + "eh_proj.weight" not in ckpt:
-        return 0
-    if LAYER.format(n_layers + 1) + "eh_proj.weight" in ckpt:
-        raise hf.unsupported("more than one nextn layer", "one nextn layer (num_nextn_predict_layers = 1)")
-    if layer + "mlp.gate.weight" not in ckpt:
-        raise hf.unsupported(f"a nextn layer without routed experts ({layer}mlp.gate.weight)", "an MoE nextn layer")
-    return 1
 
 
 def deepseek_rope(hf: HFConfig) -> dict:

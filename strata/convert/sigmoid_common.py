@@ -10,10 +10,10 @@ alike: the routing fields, the dense-first layers, partial rotary, and their MTP
   experts, dense FFN layers); a family's rewrite of a tensor (DeepSeek's rope de-interleave) is a
   `Derived` tensor. Multi-token-prediction layers (`num_nextn_predict_layers`: DeepSeek-V3's and
   GLM-4.5's layer 61 / 92 ...) are a speculative-decoding head beside the model; transformers
-  does not load them. A family whose config keeps one (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash:
-  `nextn_layers` = 1) gets its tensors as dense tensors (`nextn_sources`; names in
-  strata/families/deepseek.py), computed by strata/reference/nextn.py; the others' (GLM-4.5,
-  MiniMax-M2) and what a kept layer does not use (its copy of the embedding) are skipped, with a note.
+  does not load them. A family whose config keeps one (DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash,
+  GLM-4.5: `nextn_layers` = 1) gets its tensors as dense tensors (`nextn_sources`; names in
+  strata/families/deepseek.py), computed by strata/reference/nextn.py; MiniMax-M2's, and what a
+  kept layer does not use (its copy of the embedding), are skipped, with a note.
 """
 
 from __future__ import annotations
@@ -96,6 +96,19 @@ def mtp_layer(n_layers: int, name: str) -> bool:
     return m is not None and int(m.group(1)) >= n_layers
 
 
+def nextn_layers(hf: HFConfig, ckpt: Checkpoint, n_layers: int) -> int:
+    """1 where the checkpoint carries a nextn layer (model.layers.{n_layers}.eh_proj), else 0;
+    more than one, or one without routed experts, is refused by name."""
+    layer = LAYER.format(n_layers)
+    if isinstance(ckpt, GgufCheckpoint) or layer + "eh_proj.weight" not in ckpt:
+        return 0
+    if LAYER.format(n_layers + 1) + "eh_proj.weight" in ckpt:
+        raise hf.unsupported("more than one nextn layer", "one nextn layer (num_nextn_predict_layers = 1)")
+    if layer + "mlp.gate.weight" not in ckpt:
+        raise hf.unsupported(f"a nextn layer without routed experts ({layer}mlp.gate.weight)", "an MoE nextn layer")
+    return 1
+
+
 # the nextn layer's own tensors: strata name (families/deepseek.py NEXTN_NAMES) -> checkpoint suffix
 _NEXTN_OWN = {"eh_proj": "eh_proj.weight", "enorm": "enorm.weight", "hnorm": "hnorm.weight",
               "shared_head_norm": "shared_head.norm.weight", "shared_head_head": "shared_head.head.weight"}
@@ -126,11 +139,11 @@ def sigmoid_tensor_plan(layer_sources: tuple[tuple[str, str], ...], *, moe: str 
                         rewrite: Rewrite | None = None, what: str = "") -> Callable[[ModelConfig, Checkpoint], TensorPlan]:
     """A `Family.tensor_plan`: `dense_sources` with `layer_sources` over its per-layer table
     ("{moe}": the MoE block), each tensor `rewrite` names derived, a kept nextn layer's tensors
-    (`cfg.mla.nextn_layers`) read, the other MTP tensors skipped."""
+    (`cfg.sigmoid.nextn_layers`) read, the other MTP tensors skipped."""
 
     def plan(cfg: ModelConfig, ckpt: Checkpoint) -> TensorPlan:
         sources: dict[str, str | Derived] = dict(dense_sources(cfg, moe, layer_sources))
-        if cfg.mla.nextn_layers:
+        if cfg.sigmoid.nextn_layers:
             sources.update(nextn_sources(cfg, dict(sources), moe, projections))  # type: ignore[arg-type]
         if rewrite is not None:
             shapes = dense_tensor_shapes(cfg)
@@ -140,7 +153,7 @@ def sigmoid_tensor_plan(layer_sources: tuple[tuple[str, str], ...], *, moe: str 
                     sources[name] = Derived(((src, shapes[name]),), make, what)
         read = {src for src in sources.values() if isinstance(src, str)}
         skipped = tuple(t for t in ckpt.tensors if mtp_layer(cfg.n_layers, t) and t not in read)
-        kept = "kept the nextn layer; " if cfg.mla.nextn_layers else ""
+        kept = "kept the nextn layer; " if cfg.sigmoid.nextn_layers else ""
         notes = (f"{kept}skipped {len(skipped)} multi-token-prediction tensors",) if skipped else ()
         if isinstance(ckpt, GgufCheckpoint):  # llama.cpp's stacked *_exps, kept as stored
             experts = GgufExpertTensors(ckpt, cfg)

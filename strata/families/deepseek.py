@@ -29,6 +29,7 @@ class SigmoidRoutingConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
     router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
+    nextn_layers: int = 0  # multi-token-prediction ("nextn") layers kept from the checkpoint (0 or 1)
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,11 @@ class LatentAttentionConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
-    nextn_layers: int = 0  # DeepSeek-V3's multi-token-prediction layers kept from the checkpoint (0 or 1)
 
 
-# DeepSeek-V3's kept multi-token-prediction ("nextn") layer in the model file: its own tensors
-# (llama.cpp's names), and one MLA + MoE decoder layer whose tensors are a model layer's names
+# DeepSeek-V3's / GLM-4.5's kept multi-token-prediction ("nextn") layer in the model file: its own
+# tensors (llama.cpp's names), and one decoder layer of the model's MoE layers' kind (MLA + MoE;
+# attention + MoE for GLM-4.5) whose tensors are a model layer's names
 # under `NEXTN_PREFIX` (`nextn.blk.0.*`: strip the prefix and the reference computes it as layer
 # 0 of a one-layer model, strata/reference/nextn.py); its routed experts are dense tensors, one
 # per expert and projection (the `.experts` file indexes records by the model's own MoE layers).
@@ -62,9 +63,9 @@ def nextn_expert_name(projection: str, e: int) -> str:
 
 
 def nextn_tensor_shapes(cfg: "ModelConfig", layer_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """The nextn layer's dense tensors and shapes, given an MLA + MoE layer 0's (`layer_shapes`,
-    `blk.0.*`); none where the model keeps no nextn layer."""
-    if not cfg.mla.nextn_layers:
+    """The nextn layer's dense tensors and shapes, given layer 0's as an MoE layer of the model's
+    kind (`layer_shapes`, `blk.0.*`); none where the model keeps no nextn layer."""
+    if not cfg.sigmoid.nextn_layers:
         return {}
     d, f = cfg.hidden_size, cfg.expert_ffn_size
     shapes = {NEXTN_PREFIX + name: shape for name, shape in layer_shapes.items()}
@@ -99,11 +100,11 @@ def check_sigmoid_fields(cfg: "ModelConfig") -> None:
         if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
             raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
                               "or attention_output_gate")
-    if mla.nextn_layers not in (0, 1):
+    if r.nextn_layers not in (0, 1):
         raise ConfigError(f"model config: nextn_layers must be 0 or 1 (one nextn layer is kept), "
-                          f"got {mla.nextn_layers}")
-    if mla.nextn_layers and not (cfg.kinds and all(t.mixer is Mixer.MLA for t in cfg.kinds) and cfg.n_experts):
-        raise ConfigError("model config: a nextn layer needs latent attention layers and routed experts")
+                          f"got {r.nextn_layers}")
+    if r.nextn_layers and (not cfg.moe_layers or len({t.mixer for t in cfg.kinds}) != 1):
+        raise ConfigError("model config: a nextn layer needs MoE layers and one mixer kind (its decoder layer's)")
 
 
 def count_published(c: dict, t: str) -> PartCounts:

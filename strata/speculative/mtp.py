@@ -41,7 +41,7 @@ MTP_DEPTH = 1  # one MTP layer: one drafted token per window
 
 class MtpDrafter:
     """Drafts one token per window through `model`'s MTP layer (a strata.loader.Model whose
-    converter kept one: `cfg.deltanet.mtp_layers`, or DeepSeek-V3's `cfg.mla.nextn_layers`)."""
+    converter kept one: `cfg.deltanet.mtp_layers`, or DeepSeek-V3's `cfg.sigmoid.nextn_layers`)."""
 
     name = "mtp"
 
@@ -50,14 +50,14 @@ class MtpDrafter:
             raise ParameterError("mtp_draft: this engine has no model to read the MTP layer from; open it from "
                                  "a loaded model (strata.load)")
         cfg = model.cfg
-        if not (cfg.deltanet.mtp_layers or cfg.mla.nextn_layers):
+        if not (cfg.deltanet.mtp_layers or cfg.sigmoid.nextn_layers):
             raise ParameterError(f"mtp_draft: {model.model_path.name} has no MTP layer; convert a Qwen3-Next / "
                                  "Qwen3.5 checkpoint that ships mtp.* tensors (or a DeepSeek-V3 one with its "
                                  "nextn layer), or use suffix_draft")
         n = TensorNames
         self.params = model.resident_params()
         self.embedding = np.asarray(model.dense[n.token_embd], np.float32)
-        if cfg.mla.nextn_layers:
+        if cfg.sigmoid.nextn_layers:
             self.nextn = NextnLayer(cfg, model.dense)
         else:
             self.nextn = None

@@ -38,7 +38,7 @@ def test_the_nextn_layer_is_kept_as_published(with_nextn, tmp_path_factory, tmp_
     src, nextn, _, config = with_nextn
     model = _convert(src, tmp_path / "with")
     cfg, pre = model.cfg, f"model.layers.{config.num_hidden_layers}."
-    assert cfg.mla.nextn_layers == 1 and cfg.n_layers == config.num_hidden_layers
+    assert cfg.sigmoid.nextn_layers == 1 and cfg.n_layers == config.num_hidden_layers
     own = {"eh_proj": "eh_proj.weight", "enorm": "enorm.weight", "hnorm": "hnorm.weight",
            "shared_head_norm": "shared_head.norm.weight", "shared_head_head": "shared_head.head.weight"}
     for key, published in own.items():
@@ -60,7 +60,7 @@ def test_the_nextn_layer_is_kept_as_published(with_nextn, tmp_path_factory, tmp_
                                   np.concatenate([kv_a[:rank], deinterleave(kv_a[rank:])]))
     plain = hf_models.cached_checkpoint("deepseek_v3", tmp_path_factory)[0]
     without = _convert(plain, tmp_path / "without")  # the rest of the model: the same tensors
-    assert without.cfg.mla.nextn_layers == 0
+    assert without.cfg.sigmoid.nextn_layers == 0
     assert not [n for n in without.dense if n.startswith("nextn.")]
     for name in without.dense:
         np.testing.assert_array_equal(model.dense[name], without.dense[name], err_msg=name)
@@ -90,7 +90,7 @@ def test_an_fp8_checkpoint_keeps_its_nextn_layer_dequantized(with_nextn, tmp_pat
     assert any(name.startswith(pre) for name in quantized)  # the nextn layer's projections are FP8 too
     fp8_checkpoints.write_dequantized(with_nextn[0], quantized, tmp_path / "deq")
     a, b = _convert(tmp_path / "fp8", tmp_path / "a"), _convert(tmp_path / "deq", tmp_path / "b")
-    assert a.cfg.mla.nextn_layers == 1
+    assert a.cfg.sigmoid.nextn_layers == 1
     names = [n for n in b.dense if n.startswith("nextn.")]
     assert len(names) > 3 * a.cfg.n_experts
     for name in names:
