@@ -1,5 +1,5 @@
-"""The DeepSeek-V3 converter keeps the multi-token-prediction ("nextn") layer: the tiny checked-in
-checkpoint with a nextn layer added (tests/hf_nextn.py: transformers' own decoder layer, noise on
+"""The DeepSeek-V3 and GLM-4.5 converters keep the multi-token-prediction ("nextn") layer: the tiny
+checked-in checkpoint with a nextn layer added (tests/hf_nextn.py: transformers' own decoder layer, noise on
 every parameter) converts with `nextn_layers` = 1 and the layer's tensors as published (rope rows
 de-interleaved as the model's), the rest of the model unchanged, and what strata keeps only one of
 is refused by name."""
@@ -25,9 +25,9 @@ from strata.formats.quant_types import QuantType  # noqa: E402
 from strata.loader import load  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def with_nextn(tmp_path_factory):
-    return checkpoint_with_nextn(tmp_path_factory)
+@pytest.fixture(scope="module", params=["deepseek_v3", "glm4_moe"])
+def with_nextn(request, tmp_path_factory):
+    return checkpoint_with_nextn(tmp_path_factory, request.param)
 
 
 def _convert(src, out):
@@ -37,7 +37,7 @@ def _convert(src, out):
 def test_the_nextn_layer_is_kept_as_published(with_nextn, tmp_path_factory, tmp_path):
     src, nextn, _, config = with_nextn
     model = _convert(src, tmp_path / "with")
-    cfg, pre = model.cfg, f"model.layers.{config.num_hidden_layers}."
+    cfg, pre, arch = model.cfg, f"model.layers.{config.num_hidden_layers}.", config.model_type
     assert cfg.sigmoid.nextn_layers == 1 and cfg.n_layers == config.num_hidden_layers
     own = {"eh_proj": "eh_proj.weight", "enorm": "enorm.weight", "hnorm": "hnorm.weight",
            "shared_head_norm": "shared_head.norm.weight", "shared_head_head": "shared_head.head.weight"}
@@ -49,16 +49,20 @@ def test_the_nextn_layer_is_kept_as_published(with_nextn, tmp_path_factory, tmp_
                                           nextn[f"{pre}mlp.experts.{e}.{p}_proj.weight"], err_msg=f"{p} {e}")
     layer = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
              "ffn_gate_inp.weight": "mlp.gate.weight", "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-             "attn_kv_b.weight": "self_attn.kv_b_proj.weight", "attn_output.weight": "self_attn.o_proj.weight"}
+             "attn_output.weight": "self_attn.o_proj.weight",
+             "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight"}
+    layer.update({"attn_kv_b.weight": "self_attn.kv_b_proj.weight"} if arch == "deepseek_v3" else
+                 {"attn_k.weight": "self_attn.k_proj.weight", "attn_q.bias": "self_attn.q_proj.bias"})
     for suffix, published in layer.items():
         name = "nextn.blk.0." + suffix
         assert name in model.dense, name
         np.testing.assert_array_equal(model.dense[name], nextn[pre + published], err_msg=suffix)
-    kv_a = nextn[pre + "self_attn.kv_a_proj_with_mqa.weight"]  # its rope rows de-interleaved, as the model's
-    rank = cfg.mla.kv_lora_rank
-    np.testing.assert_array_equal(model.dense["nextn.blk.0.attn_kv_a_mqa.weight"],
-                                  np.concatenate([kv_a[:rank], deinterleave(kv_a[rank:])]))
-    plain = hf_models.cached_checkpoint("deepseek_v3", tmp_path_factory)[0]
+    if arch == "deepseek_v3":
+        kv_a = nextn[pre + "self_attn.kv_a_proj_with_mqa.weight"]  # its rope rows de-interleaved, as the model's
+        rank = cfg.mla.kv_lora_rank
+        np.testing.assert_array_equal(model.dense["nextn.blk.0.attn_kv_a_mqa.weight"],
+                                      np.concatenate([kv_a[:rank], deinterleave(kv_a[rank:])]))
+    plain = hf_models.cached_checkpoint(arch, tmp_path_factory)[0]
     without = _convert(plain, tmp_path / "without")  # the rest of the model: the same tensors
     assert without.cfg.sigmoid.nextn_layers == 0
     assert not [n for n in without.dense if n.startswith("nextn.")]

@@ -1,11 +1,12 @@
-"""The MTP drafter over DeepSeek-V3's nextn layer (strata/reference/nextn.py) through
-`strata.generate`: the tiny checked-in deepseek_v3 checkpoint with a nextn layer added
+"""The MTP drafter over DeepSeek-V3's and GLM-4.5's nextn layer (strata/reference/nextn.py) through
+`strata.generate`: the tiny checked-in deepseek_v3 / glm4_moe checkpoint with a nextn layer added
 (tests/hf_nextn.py; random weights, so drafts are mostly rejected, which exercises the rollback)
 converts (Q2_0 experts: what MLX computes off a GPU); greedy output is identical with and
 without MTP drafting on every engine (the reference, numpy streaming with every slot and at the
 smallest legal arena; MLX where it is installed); and the drafter's logits are the published module's, computed independently from the
 checkpoint's tensors (numpy for enorm / hnorm / eh_proj / shared_head, transformers' own
-DeepseekV3DecoderLayer for the decoder layer, its rope interleaved as published)."""
+DeepseekV3DecoderLayer / Glm4MoeDecoderLayer for the decoder layer, DeepSeek's rope interleaved
+as published)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ KINDS = ["reference", "numpy-full", "numpy-min", "mlx-resident", "mlx-min"]
 LOGITS_ATOL = 2e-5  # float32 numpy vs torch float32 over one decoder layer (measured 2.9e-6 on logits spanning ~10)
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    src, nextn, layer, config = checkpoint_with_nextn(tmp_path_factory)
+@pytest.fixture(scope="module", params=["deepseek_v3", "glm4_moe"])
+def made(request, tmp_path_factory):
+    src, nextn, layer, config = checkpoint_with_nextn(tmp_path_factory, request.param)
     out = tmp_path_factory.mktemp("nextn_model") / "model"
     model = strata.load(convert(src, out, expert_type=QuantType.Q2_0, dense_type=QuantType.F32).model_path)
     yield model, nextn, layer, config
