@@ -38,14 +38,14 @@ __all__ = ["NextnLayer", "nextn_params"]
 
 class _NextnExperts:
     """The nextn layer's routed experts (dense tensors, one per expert and projection) as the
-    one-layer model's MoE layer 0."""
+    one-layer model's MoE layer 0, widened to float32 when a token routes to them."""
 
-    def __init__(self, dense: Mapping[str, np.ndarray], n_experts: int) -> None:
-        self._w = [ExpertWeights(*(quantize(QuantType.F32, np.asarray(dense[nextn_expert_name(p, e)], np.float32))
-                                   for p in ("gate", "up", "down"))) for e in range(n_experts)]
+    def __init__(self, dense: Mapping[str, np.ndarray]) -> None:
+        self._dense = dense
 
     def expert(self, layer: int, expert: int) -> ExpertWeights:
-        return self._w[expert]
+        widen = lambda p: np.asarray(self._dense[nextn_expert_name(p, expert)], np.float32)  # noqa: E731
+        return ExpertWeights(*(quantize(QuantType.F32, widen(p)) for p in ("gate", "up", "down")))
 
 
 def nextn_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray]) -> ModelParams:
@@ -54,7 +54,7 @@ def nextn_params(cfg: ModelConfig, dense: Mapping[str, np.ndarray]) -> ModelPara
                               sigmoid=dataclasses.replace(cfg.sigmoid, nextn_layers=0))
     layer = {name[len(NEXTN_PREFIX):]: np.asarray(dense[name], np.float32) for name in dense
              if name.startswith(NEXTN_PREFIX + "blk.0.")}
-    return ModelParams(one, layer, _NextnExperts(dense, cfg.n_experts))
+    return ModelParams(one, layer, _NextnExperts(dense))
 
 
 class NextnLayer:
