@@ -1,8 +1,8 @@
 """The MTP drafter: the model's own multi-token-prediction layer proposes the next token.
 
 Qwen3-Next / Qwen3.5 checkpoints ship one MTP layer (kept by the converter as `mtp.*` dense
-tensors; its reference strata/reference/mtp.py), DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash one
-"nextn" layer (kept as `nextn.*`; its reference strata/reference/nextn.py): the same module in
+tensors; its reference strata/reference/mtp.py), DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash and
+GLM-4.5 one "nextn" layer (kept as `nextn.*`; its reference strata/reference/nextn.py): the same module in
 two forms. At a window's start the session holds positions
 0..p and `token` (sampled from position p's logits) opens the window; the MTP layer reads the
 target's last hidden state h_p (after the final norm) and embed(token) and gives the logits of
@@ -41,7 +41,7 @@ MTP_DEPTH = 1  # one MTP layer: one drafted token per window
 
 class MtpDrafter:
     """Drafts one token per window through `model`'s MTP layer (a strata.loader.Model whose
-    converter kept one: `cfg.deltanet.mtp_layers`, or DeepSeek-V3's `cfg.sigmoid.nextn_layers`)."""
+    converter kept one: `cfg.deltanet.mtp_layers`, or DeepSeek-V3 / GLM-4.5's `cfg.sigmoid.nextn_layers`)."""
 
     name = "mtp"
 
@@ -52,7 +52,7 @@ class MtpDrafter:
         cfg = model.cfg
         if not (cfg.deltanet.mtp_layers or cfg.sigmoid.nextn_layers):
             raise ParameterError(f"mtp_draft: {model.model_path.name} has no MTP layer; convert a Qwen3-Next / "
-                                 "Qwen3.5 checkpoint that ships mtp.* tensors (or a DeepSeek-V3 one with its "
+                                 "Qwen3.5 checkpoint that ships mtp.* tensors (or a DeepSeek-V3 / GLM-4.5 one with its "
                                  "nextn layer), or use suffix_draft")
         n = TensorNames
         self.params = model.resident_params()
