@@ -151,10 +151,12 @@ def sigmoid_tensor_plan(layer_sources: tuple[tuple[str, str], ...], *, moe: str 
                 make = rewrite(cfg, name)
                 if make is not None:
                     sources[name] = Derived(((src, shapes[name]),), make, what)
-        read = {src for src in sources.values() if isinstance(src, str)}
+        read = {name for src in sources.values()
+                for name in ((src,) if isinstance(src, str) else (inp for inp, _ in src.inputs))}
         skipped = tuple(t for t in ckpt.tensors if mtp_layer(cfg.n_layers, t) and t not in read)
-        kept = "kept the nextn layer; " if cfg.sigmoid.nextn_layers else ""
-        notes = (f"{kept}skipped {len(skipped)} multi-token-prediction tensors",) if skipped else ()
+        notes = ((f"kept the multi-token-prediction (nextn) layer {LAYER.format(cfg.n_layers)}* for MTP drafting",)
+                 if cfg.sigmoid.nextn_layers else ())
+        notes += (f"skipped {len(skipped)} multi-token-prediction tensors",) if skipped else ()
         if isinstance(ckpt, GgufCheckpoint):  # llama.cpp's stacked *_exps, kept as stored
             experts = GgufExpertTensors(ckpt, cfg)
         else:

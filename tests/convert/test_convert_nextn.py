@@ -99,3 +99,10 @@ def test_an_fp8_checkpoint_keeps_its_nextn_layer_dequantized(with_nextn, tmp_pat
     assert len(names) > 3 * a.cfg.n_experts
     for name in names:
         np.testing.assert_array_equal(a.dense[name], b.dense[name], err_msg=name)
+
+
+def test_the_conversion_says_what_it_kept_and_skipped(with_nextn, tmp_path):
+    result = convert(with_nextn[0], tmp_path / "m", expert_type=QuantType.F16, dense_type=QuantType.F32)
+    n = with_nextn[3].num_hidden_layers
+    assert any(f"nextn) layer model.layers.{n}.*" in note for note in result.notes), result.notes
+    assert "skipped 1 multi-token-prediction tensors" in result.notes, result.notes  # its copy of the embedding
