@@ -94,7 +94,8 @@ class Config:
     suffix_draft: int = knob(0, "speculate: draft up to N tokens (1..3) from a suffix index over prompt and "
                                 "generation, verified in one window (raises window to N+1; default 0: off)")
     mtp_draft: bool = knob(False, "speculate: draft one token per window through the model's MTP layer (a Qwen3-Next "
-                                  "/ Qwen3.5 conversion that kept mtp.*; numpy reference drafter; default off)")
+                                  "/ Qwen3.5 conversion that kept mtp.*, or a DeepSeek-V3 / GLM-4.5 one that kept its "
+                                  "nextn layer; numpy reference drafter; default off)")
     spec_gate: bool = knob(True, "speculation switches itself off while it stops paying in bytes and ms per "
                                  "token (default on)")
     # issue 19 (long-context decode): the attention caches' precision (reference.attention.KVPrecision)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from strata import layer_kinds
 from strata.errors import ConfigError
+from strata.families.deepseek import nextn_tensor_shapes
 from strata.families.qwen4_exp import qwen4_tensor_shapes
 from strata.families.qwen_hybrid import mtp_tensor_shapes
 from strata.families.registry import FAMILIES, FamilyFields
@@ -213,27 +214,37 @@ def dense_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tie_embeddings:
         shapes[n.output] = (cfg.vocab_size, cfg.hidden_size)
     for l in range(cfg.n_layers):
-        b = lambda s: n.block(l, s)  # noqa: E731
-        shapes[b(n.attn_norm)] = (cfg.hidden_size,)
-        shapes.update(MIXER_TENSORS[cfg.kinds[l].mixer](cfg, l))
-        shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
-        if cfg.kinds[l].ffn is Ffn.DENSE:
-            shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
-            shapes[b(n.ffn_up)] = (cfg.dense_ffn_size, cfg.hidden_size)
-            shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
-            continue
-        shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
-        if cfg.sigmoid.router_bias:
-            shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
-        if cfg.gpt_oss.router_logit_bias:
-            shapes[b(n.router_logit_bias)] = (cfg.n_experts,)
-        if cfg.has_shared_expert:
-            shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
-            shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)
-            shapes[b(n.shexp_down)] = (cfg.hidden_size, cfg.shared_ffn_size)
-            if cfg.shared_expert_gated:
-                shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
+        shapes.update(layer_tensor_shapes(cfg, l, cfg.kinds[l]))
     shapes.update(mtp_tensor_shapes(cfg))  # the hybrids' kept MTP layer (strata/families/qwen_hybrid.py)
+    # the sigmoid families' kept nextn layer (strata/families/deepseek.py): an MoE layer's tensors and its own
+    if cfg.sigmoid.nextn_layers:
+        shapes.update(nextn_tensor_shapes(cfg, layer_tensor_shapes(cfg, 0, cfg.kinds[cfg.moe_layers[0]])))
+    return shapes
+
+
+def layer_tensor_shapes(cfg: ModelConfig, l: int, kind: LayerType) -> dict[str, tuple[int, ...]]:
+    """Layer l's dense tensors (`blk.{l}.*`) for a layer of `kind`, with their shapes."""
+    n = TensorNames
+    b = lambda s: n.block(l, s)  # noqa: E731
+    shapes = {b(n.attn_norm): (cfg.hidden_size,)}
+    shapes.update(MIXER_TENSORS[kind.mixer](cfg, l))
+    shapes[b(n.ffn_norm)] = (cfg.hidden_size,)
+    if kind.ffn is Ffn.DENSE:
+        shapes[b(n.ffn_gate)] = (cfg.dense_ffn_size, cfg.hidden_size)
+        shapes[b(n.ffn_up)] = (cfg.dense_ffn_size, cfg.hidden_size)
+        shapes[b(n.ffn_down)] = (cfg.hidden_size, cfg.dense_ffn_size)
+        return shapes
+    shapes[b(n.router)] = (cfg.n_experts, cfg.hidden_size)
+    if cfg.sigmoid.router_bias:
+        shapes[b(n.exp_probs_b)] = (cfg.n_experts,)
+    if cfg.gpt_oss.router_logit_bias:
+        shapes[b(n.router_logit_bias)] = (cfg.n_experts,)
+    if cfg.has_shared_expert:
+        shapes[b(n.shexp_gate)] = (cfg.shared_ffn_size, cfg.hidden_size)
+        shapes[b(n.shexp_up)] = (cfg.shared_ffn_size, cfg.hidden_size)
+        shapes[b(n.shexp_down)] = (cfg.hidden_size, cfg.shared_ffn_size)
+        if cfg.shared_expert_gated:
+            shapes[b(n.shexp_gate_inp)] = (cfg.hidden_size,)
     return shapes
 
 

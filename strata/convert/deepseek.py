@@ -14,7 +14,13 @@ mscale_all_dim, original_max_position_embeddings) is read as gpt-oss's is (refer
 over the qk_rope_head_dim rope dims, cos and sin times the attention factor
 mscale(factor, mscale) / mscale(factor, mscale_all_dim)), and the softmax scale is multiplied by
 mscale(factor, mscale_all_dim)^2 (`yarn_mscale_all_dim`). Refused: other rope scaling types,
-partial rotary factors, an attention bias, other scoring functions. MTP layers are skipped.
+partial rotary factors, an attention bias, other scoring functions.
+
+The multi-token-prediction ("nextn") layer (`num_nextn_predict_layers`: model.layers.{n}.* with
+enorm, hnorm, eh_proj, shared_head.{norm, head} and one MLA + MoE decoder layer) is kept where the
+checkpoint has one (`nextn_layers` = 1; convert/sigmoid_common.py nextn_sources, its rope rows
+de-interleaved as the model's): the MTP drafter (strata/speculative/mtp.py, over
+strata/reference/nextn.py) runs it. Its copy of the embedding is skipped (the model's own is read); more than one such layer is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from strata.convert.common import Family
 from strata.convert.gpt_oss import yarn_rope_fields
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.sigmoid_common import layer_kinds, routing_fields, sigmoid_base_fields, sigmoid_tensor_plan
+from strata.convert.sigmoid_common import (layer_kinds, nextn_layers, routing_fields, sigmoid_base_fields,
+                                           sigmoid_tensor_plan)
+from strata.families.deepseek import NEXTN_PREFIX
 from strata.model_config import Mixer, ModelConfig, RopeScaling, TensorNames
 
 DEFAULT_ROPE_THETA = 10000.0  # DeepseekV3Config's default
@@ -57,6 +65,7 @@ def deepseek_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         max_context=hf.max_context(None), **deepseek_rope(hf),
         q_lora_rank=hf.get_int("q_lora_rank", default=0), kv_lora_rank=hf.get_int("kv_lora_rank"),
         qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=hf.get_int("v_head_dim"),
+        nextn_layers=nextn_layers(hf, ckpt, fields["n_layers"]),
     )
     if not hf.get_bool("rope_interleave", default=True):
         raise hf.unsupported("rope_interleave = false", "the released (interleaved) rope layout")
@@ -84,6 +93,7 @@ def rope_rows(cfg: ModelConfig, name: str):
     """The de-interleave of the rope rows of an MLA layer's query projection (per head) or of
     its shared rope key, as a function of the checkpoint tensor; None for any other tensor."""
     n = TensorNames
+    name = name.removeprefix(NEXTN_PREFIX)  # the nextn layer's decoder layer: an MLA layer 0's names
     if not name.startswith("blk.") or cfg.kinds[int(name.split(".")[1])].mixer is not Mixer.MLA:
         return None
     suffix = name.split(".", 2)[-1]

@@ -2,7 +2,9 @@
 (`partial_rotary_factor`, 0.5 in the released configs: RoPE on the first half of each head),
 optional per-head q/k RMSNorm (`use_qk_norm`), q/k/v biases (`attention_bias`; o_proj has none),
 sigmoid routing with a selection bias in expert groups, `routed_scaling_factor`, shared experts
-and dense first layers (`first_k_dense_replace`). MTP layers are skipped.
+and dense first layers (`first_k_dense_replace`). The multi-token-prediction ("nextn") layer is
+kept as DeepSeek-V3's is (convert/sigmoid_common.py nextn_sources; its decoder layer an attention
++ MoE layer like the model's).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from strata.convert.common import Family
 from strata.convert.deepseek import LAYER_SOURCES
 from strata.convert.hf_config import HFConfig
 from strata.convert.safetensors_reader import Checkpoint
-from strata.convert.sigmoid_common import (layer_kinds, rope_fields, routing_fields, sigmoid_base_fields,
-                                           sigmoid_tensor_plan)
+from strata.convert.sigmoid_common import (layer_kinds, nextn_layers, rope_fields, routing_fields,
+                                           sigmoid_base_fields, sigmoid_tensor_plan)
 from strata.model_config import Mixer, ModelConfig, QKNorm
 
 DEFAULT_ROPE_THETA = 10000.0  # Glm4MoeConfig's default
@@ -27,7 +29,7 @@ def glm4_moe_config(hf: HFConfig, ckpt: Checkpoint) -> ModelConfig:
         expert_ffn_size=moe_ffn, shared_ffn_size=hf.get_int("n_shared_experts", default=0) * moe_ffn,
         layer_types=layer_kinds(hf, Mixer.ATTENTION), dense_ffn_size=hf.get_int("intermediate_size"),
         qk_norm=QKNorm.PER_HEAD if hf.get_bool("use_qk_norm", default=False) else QKNorm.NONE,
-        max_context=hf.max_context(None),
+        max_context=hf.max_context(None), nextn_layers=nextn_layers(hf, ckpt, fields["n_layers"]),
     )
     return ModelConfig.from_dict(fields)
 

@@ -29,6 +29,7 @@ class SigmoidRoutingConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0  # the routed combine weights are multiplied by it
     router_bias: bool = False  # each MoE layer has a selection-only bias (exp_probs_b): chooses, never weights
+    nextn_layers: int = 0  # multi-token-prediction ("nextn") layers kept from the checkpoint (0 or 1)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,39 @@ class LatentAttentionConfig:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+
+
+# DeepSeek-V3's / GLM-4.5's kept multi-token-prediction ("nextn") layer in the model file: its own
+# tensors (llama.cpp's names), and one decoder layer of the model's MoE layers' kind (MLA + MoE;
+# attention + MoE for GLM-4.5) whose tensors are a model layer's names
+# under `NEXTN_PREFIX` (`nextn.blk.0.*`: strip the prefix and the reference computes it as layer
+# 0 of a one-layer model, strata/reference/nextn.py); its routed experts are dense tensors, one
+# per expert and projection (the `.experts` file indexes records by the model's own MoE layers).
+NEXTN_PREFIX = "nextn."
+NEXTN_NAMES = {
+    "eh_proj": "nextn.eh_proj.weight", "enorm": "nextn.enorm.weight", "hnorm": "nextn.hnorm.weight",
+    "shared_head_norm": "nextn.shared_head_norm.weight", "shared_head_head": "nextn.shared_head_head.weight",
+}
+
+
+def nextn_expert_name(projection: str, e: int) -> str:
+    """Expert e's `projection` ("gate", "up", "down") of the nextn layer."""
+    return f"{NEXTN_PREFIX}ffn_{projection}.{e}.weight"
+
+
+def nextn_tensor_shapes(cfg: "ModelConfig", layer_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The nextn layer's dense tensors and shapes, given layer 0's as an MoE layer of the model's
+    kind (`layer_shapes`, `blk.0.*`); none where the model keeps no nextn layer."""
+    if not cfg.sigmoid.nextn_layers:
+        return {}
+    d, f = cfg.hidden_size, cfg.expert_ffn_size
+    shapes = {NEXTN_PREFIX + name: shape for name, shape in layer_shapes.items()}
+    shapes.update({NEXTN_NAMES["eh_proj"]: (d, 2 * d), NEXTN_NAMES["enorm"]: (d,), NEXTN_NAMES["hnorm"]: (d,),
+                   NEXTN_NAMES["shared_head_norm"]: (d,), NEXTN_NAMES["shared_head_head"]: (cfg.vocab_size, d)})
+    for e in range(cfg.n_experts):
+        shapes.update({nextn_expert_name("gate", e): (f, d), nextn_expert_name("up", e): (f, d),
+                       nextn_expert_name("down", e): (d, f)})
+    return shapes
 
 
 def check_sigmoid_fields(cfg: "ModelConfig") -> None:
@@ -66,6 +100,11 @@ def check_sigmoid_fields(cfg: "ModelConfig") -> None:
         if cfg.attention_bias or cfg.qk_norm is not QKNorm.NONE or cfg.rotary_dim or cfg.attention_output_gate:
             raise ConfigError("model config: latent attention takes no attention_bias, qk_norm, rotary_dim "
                               "or attention_output_gate")
+    if r.nextn_layers not in (0, 1):
+        raise ConfigError(f"model config: nextn_layers must be 0 or 1 (one nextn layer is kept), "
+                          f"got {r.nextn_layers}")
+    if r.nextn_layers and (not cfg.moe_layers or len({t.mixer for t in cfg.kinds}) != 1):
+        raise ConfigError("model config: a nextn layer needs MoE layers and one mixer kind (its decoder layer's)")
 
 
 def count_published(c: dict, t: str) -> PartCounts:

@@ -1,7 +1,9 @@
 """The MTP drafter: the model's own multi-token-prediction layer proposes the next token.
 
 Qwen3-Next / Qwen3.5 checkpoints ship one MTP layer (kept by the converter as `mtp.*` dense
-tensors; its reference strata/reference/mtp.py). At a window's start the session holds positions
+tensors; its reference strata/reference/mtp.py), DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash and
+GLM-4.5 one "nextn" layer (kept as `nextn.*`; its reference strata/reference/nextn.py): the same module in
+two forms. At a window's start the session holds positions
 0..p and `token` (sampled from position p's logits) opens the window; the MTP layer reads the
 target's last hidden state h_p (after the final norm) and embed(token) and gives the logits of
 the token after it: the one draft (argmax, a point mass: `Draft.probs` None), verified by the
@@ -29,6 +31,7 @@ from strata.reference.attention import rms_norm
 from strata.reference.model import forward
 from strata.reference.model_state import ModelState
 from strata.reference.mtp import MtpShape, MtpWeights, mtp_logits
+from strata.reference.nextn import NextnLayer
 from strata.speculative.drafter import NO_DRAFT, Draft
 
 __all__ = ["MtpDrafter", "MTP_DEPTH"]
@@ -38,7 +41,7 @@ MTP_DEPTH = 1  # one MTP layer: one drafted token per window
 
 class MtpDrafter:
     """Drafts one token per window through `model`'s MTP layer (a strata.loader.Model whose
-    converter kept one: `cfg.deltanet.mtp_layers`)."""
+    converter kept one: `cfg.deltanet.mtp_layers`, or DeepSeek-V3 / GLM-4.5's `cfg.sigmoid.nextn_layers`)."""
 
     name = "mtp"
 
@@ -47,15 +50,20 @@ class MtpDrafter:
             raise ParameterError("mtp_draft: this engine has no model to read the MTP layer from; open it from "
                                  "a loaded model (strata.load)")
         cfg = model.cfg
-        if not cfg.deltanet.mtp_layers:
+        if not (cfg.deltanet.mtp_layers or cfg.sigmoid.nextn_layers):
             raise ParameterError(f"mtp_draft: {model.model_path.name} has no MTP layer; convert a Qwen3-Next / "
-                                 "Qwen3.5 checkpoint that ships mtp.* tensors, or use suffix_draft")
+                                 "Qwen3.5 checkpoint that ships mtp.* tensors (or a DeepSeek-V3 / GLM-4.5 one with its "
+                                 "nextn layer), or use suffix_draft")
         n = TensorNames
         self.params = model.resident_params()
-        self.weights = MtpWeights.from_dense(model.dense, cfg.n_experts)
-        self.shape = MtpShape.of(cfg)
         self.embedding = np.asarray(model.dense[n.token_embd], np.float32)
-        self.head = self.embedding if cfg.tie_embeddings else np.asarray(model.dense[n.output], np.float32)
+        if cfg.sigmoid.nextn_layers:
+            self.nextn = NextnLayer(cfg, model.dense)
+        else:
+            self.nextn = None
+            self.weights = MtpWeights.from_dense(model.dense, cfg.n_experts)
+            self.shape = MtpShape.of(cfg)
+            self.head = self.embedding if cfg.tie_embeddings else np.asarray(model.dense[n.output], np.float32)
         self.output_norm = np.asarray(model.dense[n.output_norm], np.float32)
         self.start(())
 
@@ -74,8 +82,12 @@ class MtpDrafter:
             return NO_DRAFT
         self._catch_up()
         hidden = np.stack(self._hidden)  # positions 0..p, p = len(context) - 2
-        logits = mtp_logits(self.weights, self.shape, hidden, np.asarray(self._context[1:]), self.embedding,
-                            self.head, np.arange(len(hidden)))
+        following = np.asarray(self._context[1:])  # the token at t + 1 for each position t
+        if self.nextn is not None:
+            logits = self.nextn.logits(hidden, self.embedding[following])
+        else:
+            logits = mtp_logits(self.weights, self.shape, hidden, following, self.embedding, self.head,
+                                np.arange(len(hidden)))
         return Draft((int(np.argmax(logits[-1])),))
 
     def _catch_up(self) -> None:
