@@ -13,7 +13,7 @@ from strata.formats.expert_record import ExpertWeights
 from strata.formats.expert_store import ExpertStore
 from strata.formats.experts_file import ExpertsFile
 from strata.formats.model_file import read_model, read_model_config
-from strata.model_config import ModelConfig
+from strata.model_config import ModelConfig, dense_tensor_shapes
 from strata.model_source import (
     EMBEDDED_NAME,
     check_model_source,
@@ -24,6 +24,7 @@ from strata.model_source import (
 from strata.hub_cache import looks_like_hub_id
 from strata.ple_store import open_ngram_store
 from strata.reference.model import ModelParams
+from strata.tensor_names import drafter_only
 from strata.tokenizer import Tokenizer
 
 EOS_TOKEN_KEY = "tokenizer.huggingface.eos_token"  # written by strata convert (strata/chat_template.py)
@@ -153,10 +154,10 @@ def load(model: str | Path | None = None, *, experts: str | Path | None = None,
     experts_path = Path(experts) if experts else experts_path_for(model_path)
     if not experts_path.exists():
         raise FormatError(f"{experts_path}: no such experts file (expected beside {model_path.name})")
-    names = None
-    if layers is not None:
-        names = frozenset(layers.dense_names(read_model_config(model_path)))
-    mf = read_model(model_path, names=names)
+    file_cfg = read_model_config(model_path)
+    names = layers.dense_names(file_cfg) if layers is not None else dense_tensor_shapes(file_cfg)
+    # a drafter's MTP / nextn layer stays in the file until drafting asks for it (strata.speculative.mtp)
+    mf = read_model(model_path, names=frozenset(n for n in names if not drafter_only(n)))
     cfg, native = _context(mf.cfg, max_context)
     xf = ExpertsFile.open(experts_path)
     try:

@@ -15,6 +15,17 @@ if TYPE_CHECKING:  # annotations only: a config is read, never built, here
     from strata.model_config import ModelConfig
 
 
+# Tensors only a drafter reads (a checkpoint's MTP / nextn layer: `mtp.*` for the Qwen hybrids,
+# `nextn.*` for DeepSeek-V3 / GLM-4.5): kept in the model file, but not loaded with the model,
+# since they would be resident dense bytes (DeepSeek-V3's nextn layer holds ~11 B expert
+# weights) that a run without drafting never reads; strata.speculative.mtp loads them itself.
+DRAFTER_ONLY_PREFIXES = ("mtp.", "nextn.")
+
+
+def drafter_only(name: str) -> bool:
+    return name.startswith(DRAFTER_ONLY_PREFIXES)
+
+
 class TensorNames:
     """Dense tensor names (llama.cpp's GGUF spelling); numpy shapes are [out, in]."""
 

@@ -21,6 +21,7 @@ from strata.families.qwen4_exp import Qwen4Names, ple_layers
 from strata.families.registry import published_counter
 from strata.layer_kinds import Mixer
 from strata.model_config import TensorNames, dense_tensor_shapes
+from strata.tensor_names import drafter_only
 from strata.ple_store import table_shapes
 
 __all__ = ["PartCounts", "count_hf", "count_strata", "text_config"]
@@ -69,6 +70,8 @@ def count_strata(cfg, family: str = "strata") -> PartCounts:
         for d in shape:
             n *= d
         if name.endswith(Qwen4Names.ple_ngram):  # a made model's table among the dense: the row store's part
+            continue
+        if drafter_only(name):  # the MTP / nextn layer: left in the file unless drafting (strata.tensor_names)
             continue
         part = _strata_part(name)
         parts[part] = parts.get(part, 0) + n

@@ -21,18 +21,21 @@ from the engine that already computed it is what a fast MTP drafter needs next.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections import ChainMap
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from strata.errors import ParameterError
-from strata.model_config import TensorNames
+from strata.formats.model_file import read_model
+from strata.model_config import TensorNames, dense_tensor_shapes
 from strata.reference.attention import rms_norm
 from strata.reference.model import forward
 from strata.reference.model_state import ModelState
 from strata.reference.mtp import MtpShape, MtpWeights, mtp_logits
 from strata.reference.nextn import NextnLayer
 from strata.speculative.drafter import NO_DRAFT, Draft
+from strata.tensor_names import drafter_only
 
 __all__ = ["MtpDrafter", "MTP_DEPTH"]
 
@@ -57,11 +60,12 @@ class MtpDrafter:
         n = TensorNames
         self.params = model.resident_params()
         self.embedding = np.asarray(model.dense[n.token_embd], np.float32)
+        dense = drafter_dense(model)
         if cfg.sigmoid.nextn_layers:
-            self.nextn = NextnLayer(cfg, model.dense)
+            self.nextn = NextnLayer(cfg, dense)
         else:
             self.nextn = None
-            self.weights = MtpWeights.from_dense(model.dense, cfg.n_experts)
+            self.weights = MtpWeights.from_dense(dense, cfg.n_experts)
             self.shape = MtpShape.of(cfg)
             self.head = self.embedding if cfg.tie_embeddings else np.asarray(model.dense[n.output], np.float32)
         self.output_norm = np.asarray(model.dense[n.output_norm], np.float32)
@@ -99,3 +103,10 @@ class MtpDrafter:
         x, self._state = forward(self.params, self._state, np.asarray(self._context[done:want]), hidden=True)
         normed = rms_norm(x, self.output_norm, self.params.cfg.rms_norm_eps)
         self._hidden.extend(normed)
+
+
+def drafter_dense(model) -> Mapping[str, np.ndarray]:
+    """`model`'s dense weights with its drafter-only tensors (the MTP / nextn layer), which a load
+    leaves in the model file (strata.tensor_names.drafter_only), read from it now."""
+    names = frozenset(n for n in dense_tensor_shapes(model.cfg) if drafter_only(n))
+    return ChainMap(read_model(model.model_path, names=names).dense, model.dense) if names else model.dense

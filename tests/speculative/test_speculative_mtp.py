@@ -20,6 +20,7 @@ from strata.reference.model import forward
 from strata.reference.model_state import ModelState
 from strata.reference.mtp import MtpShape, MtpWeights, mtp_logits
 from strata.speculative import MtpDrafter, drafter_for
+from strata.speculative.mtp import drafter_dense
 from strata.testing.models import make_model
 from engine_kinds import open_kind  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_the_draft_is_the_mtp_layers_argmax_over_the_targets_hidden_states(model
     got = drafter.draft(3)
     x, _ = forward(model.resident_params(), ModelState.empty(cfg), np.asarray(context[:-1]), hidden=True)
     hidden = rms_norm(x, model.dense[n.output_norm], cfg.rms_norm_eps)
-    logits = mtp_logits(MtpWeights.from_dense(model.dense, cfg.n_experts), MtpShape.of(cfg), hidden,
+    logits = mtp_logits(MtpWeights.from_dense(drafter_dense(model), cfg.n_experts), MtpShape.of(cfg), hidden,
                         np.asarray(context[1:]), model.dense[n.token_embd], model.dense[n.output],
                         np.arange(len(hidden)))
     assert got.tokens == (int(np.argmax(logits[-1])),) and got.probs is None
