@@ -61,7 +61,12 @@ def main() -> None:
     ap.add_argument("--limits", default="none,75%,50%,30%,15%", help="shares of llama.cpp's GGUF (default: %(default)s)")
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens per run (default 16)")
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per run (default 32)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="the kernels' threads of the doctor and the run (STRATA_THREADS; default 0: each picks "
+                         "the cores idle at its own start, as a user's would)")
     args = ap.parse_args()
+    if args.threads:  # both children read it (Config's STRATA_<FIELD>)
+        os.environ["STRATA_THREADS"] = str(args.threads)
     stem = f"qwen3moe_{args.expert_type}_d1024_f512_l16_e64k8_v4096"
     gguf, model = args.bench_dir / f"{stem}.llama.gguf", args.bench_dir / f"{stem}-strata.gguf"
     if not (gguf.exists() and model.exists()):
@@ -82,11 +87,14 @@ def main() -> None:
         run = strata_run(model, limit, form, args)
         row = dict(limit="none" if share is None else f"{share:.0%}", limit_bytes=limit, doctor=doc, run=run,
                    load_avg=[round(load_before, 2), round(os.getloadavg()[0], 2)])
+        if args.threads and "decode_tok_s" in run:
+            run["kernel_threads"] = args.threads
         if "tok_s" in doc and "decode_tok_s" in run:
             row["error"] = round(doc["tok_s"] / run["decode_tok_s"] - 1, 3)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"\n{args.expert_type.upper()} experts ({model.name}); {args.prompt} prompt + {args.tokens} decode tokens\n")
+    print(f"\n{args.expert_type.upper()} experts ({model.name}); {args.prompt} prompt + {args.tokens} decode tokens; "
+          f"kernel threads {args.threads or 'auto'}\n")
     print("| limit | doctor plan | run plan | doctor threads | run threads | predicted tok/s | measured tok/s | error "
           "| doctor ms/token (layers, weights, reads, turns, urgent waits) | load avg |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -101,7 +109,8 @@ def main() -> None:
               f"{d.get('tok_s', '-')} | {g.get('decode_tok_s', '-')} | {err} | {parts} | "
               f"{r['load_avg'][0]}-{r['load_avg'][1]} |")
     print("JSON " + json.dumps(dict(bench="doctor_under_limits", expert_type=args.expert_type, limits_by=how,
-                                    tokens=args.tokens, prompt=args.prompt, rows=rows), sort_keys=True))
+                                    tokens=args.tokens, prompt=args.prompt, threads=args.threads or "auto",
+                                    rows=rows), sort_keys=True))
 
 
 if __name__ == "__main__":
