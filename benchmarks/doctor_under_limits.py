@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def doctor_run(model: Path, limit: int | None, form) -> dict:
         return dict(error=(r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:160])
     d = json.loads(r.stdout)
     p = d["prediction"]
-    depth = re.search(r"depth (\d+)", p.get("plan_reason", ""))
+    depth = re.search(r"depth \d+ -> (\d+)", p.get("plan_reason", ""))  # a short arena's fitted read-ahead
     return dict(tok_s=round(p["tok_per_s"], 2), verdict=p["verdict"], arena_slots=p["arena_slots"],
                 depth=int(depth.group(1)) if depth else None, plan=p.get("plan_reason", ""),
                 kernel_threads=d["machine"].get("kernel_threads"),
@@ -100,7 +99,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         d, g = r["doctor"], r["run"]
-        dp = "resident" if not d.get("arena_slots") else f"{d['arena_slots']} slots, depth {d['depth']}"
+        dp = "resident" if not d.get("arena_slots") else f"{d['arena_slots']} slots" + (
+            f", read-ahead depth {d['depth']}" if d.get("depth") is not None else "")
         gp = "resident" if not g.get("arena_slots") else f"{g['arena_slots']} slots ({g.get('io', '')[:40]})"
         ms = d.get("ms_per_token", {})
         parts = ", ".join(f"{ms.get(k, 0):.1f}" for k in ("layers", "weights", "reads", "turns", "urgent_waits"))
