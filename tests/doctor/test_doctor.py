@@ -420,3 +420,15 @@ def test_the_doctors_own_process_is_replaced_by_the_runs(made):
     own = predict(counts=src_counts, budget=d.budget, profile=PROFILE, config=Config(backend="numpy"), memory=now,
                   supported=True, own_rss=PROFILE.base_rss - (5 << 20))
     assert own.memory["available_at_engine_start"] == now.available - (5 << 20) - b.dense_resident
+
+
+def test_a_read_costs_at_least_its_bytes_at_the_disks_bandwidth():
+    """The fit's per-byte read cost comes from the probe's 4 KiB slots; a fit of 0 s a byte would
+    price a megabyte slot's read at its per-read cost alone (faster than the disk delivers it)."""
+    from strata.doctor.predict import read_seconds
+
+    slot = 1_671_168  # a Q8_0 expert of 1024 x 512 (three matrices)
+    free = dataclasses.replace(PROFILE, read_s=1e-4, read_byte_s=0.0, disk_bytes_per_s=1e9)
+    assert read_seconds(free, slot) == pytest.approx(1e-4 + slot / 1e9)
+    slow = dataclasses.replace(free, read_byte_s=2e-9)  # a fit above the disk's rate stands
+    assert read_seconds(slow, slot) == pytest.approx(1e-4 + 2e-9 * slot)
