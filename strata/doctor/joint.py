@@ -14,6 +14,7 @@ never started in the 36 s left (pool.py says why a pool does better).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ def measure_joint(backend: str, cache_dir: Path, cases: list[tuple], *, tokens: 
         if profile is None:
             parts = measure_parts(backend, Path(cache_dir), progress=say, quick=True)
             eng = engine_cases(Path(d), quick=True)
+            if parts["kernel_threads"]:  # the engine runs on the threads the products were timed on
+                eng = dataclasses.replace(eng, cases=tuple((key, path, {**o, "threads": parts["kernel_threads"]}, group)
+                                                           for key, path, o, group in eng.cases))
             probe_groups = eng.groups()
         seconds["parts"] = time.monotonic() - t
         mine: dict[str, list] = {}

@@ -4,7 +4,8 @@ tok/s and peak memory, from a source's byte budget and this machine's profile.
 Decode time per token (seconds):
 
     resident:  step_s + n_layers · layer_s + ops + sync_s   (sync_s: the token's host round trip, MLX)
-    streaming: resident + moe_layers · (turn_s + turn_slot_s · slots) + reads/token · (read_s + read_byte_s · slot)
+    streaming: resident + moe_layers · (turn_s + turn_slot_s · slots)
+               + reads/token · (read_s + max(read_byte_s, 1 / disk bytes/s) · slot)
                + urgent misses/token · (miss_s + (slot − calibration slot) / disk bytes/s)
 
     ops = gemv(float32 calls, float32 dense bytes/token)   (seconds per call at the mean bytes per call)
@@ -121,6 +122,16 @@ class Prediction:
         return d
 
 
+
+def read_seconds(profile: MachineProfile, slot_bytes: int) -> float:
+    """One expert read's cost to a token: the fitted per-read cost, its bytes at no more than the
+    disk's measured bandwidth. The fit's per-byte term comes from the probe's 4 KiB slots, so on
+    a model of megabyte slots it is an extrapolation: one quick probe here
+    fitted 0 s a byte (1.7 MB read in 0.11 ms, 15 GB/s from a 0.9 GB/s disk) where another fitted
+    8.5e-10 (about the disk's own 1/1.2 GB/s); the disk's rate keeps the first from pricing reads
+    at memory speed (docs/doctor.md, "Under cgroup limits")."""
+    return profile.read_s + max(profile.read_byte_s, 1.0 / profile.disk_bytes_per_s) * slot_bytes
+
 def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, config, memory: MemoryInfo,
             supported: bool, why_not: str = "", model_files: tuple[Path, ...] = (), trace: Path | None = None,
             horizon: int = 0, prompt: int = 0, own_rss: int = 0) -> Prediction:
@@ -163,7 +174,7 @@ def predict(*, counts: PartCounts, budget: ByteBudget, profile: MachineProfile, 
     if streaming and locality is not None:
         miss = profile.miss_s + (budget.slot_bytes - profile.calibration_slot_bytes) / profile.disk_bytes_per_s
         terms["turns"] = counts.moe_layers * (profile.turn_s + profile.turn_slot_s * slots)
-        terms["reads"] = locality.reads_per_token * (profile.read_s + profile.read_byte_s * budget.slot_bytes)
+        terms["reads"] = locality.reads_per_token * read_seconds(profile, budget.slot_bytes)
         terms["urgent_waits"] = locality.urgent_per_token * max(miss, 0.0)
     token_s = sum(terms.values())
     experts_held = plan.nbytes if plan and plan.streaming else budget.experts_resident

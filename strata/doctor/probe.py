@@ -85,53 +85,72 @@ def _machine_id() -> str:
 
 def machine_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
                     quick: bool = False, timeout: float = 600, rounds: int | None = None,
-                    cpu_kernels: bool = True) -> MachineProfile:
+                    cpu_kernels: bool = True, threads: int = 0) -> MachineProfile:
     """The cached profile of this machine for `backend`, measured now if absent or stale
     (`quick`: the quick probe's, cached as `machine-<backend>-quick.json`; `rounds`: its measured
     rounds, default POOL_ROUNDS; `cpu_kernels`: Config.cpu_kernels of the run it answers for:
-    a numpy profile on float32 products is cached apart, `machine-numpy-float32.json`)."""
-    prof = None if remeasure else cached_profile(backend, cache_dir, quick=quick, cpu_kernels=cpu_kernels)
+    a numpy profile on float32 products is cached apart, `machine-numpy-float32.json`; `threads`:
+    the compiled kernels' count the run will use, 0 for kernel_threads(0) now: a profile per
+    count, `machine-numpy-t2.json`)."""
+    threads = run_kernel_threads(backend, cpu_kernels, threads)
+    prof = None if remeasure else cached_profile(backend, cache_dir, quick=quick, cpu_kernels=cpu_kernels,
+                                                 threads=threads)
     if prof is not None:
         return prof
     kwargs = {"rounds": rounds} if rounds is not None else {}
     prof = measure_machine(backend, Path(cache_dir), progress=progress, quick=quick, timeout=timeout,
-                           cpu_kernels=cpu_kernels, **kwargs)
+                           cpu_kernels=cpu_kernels, threads=threads, **kwargs)
     save_profile(prof, cache_dir, quick=quick)
     return prof
 
 
 def first_answer_profile(backend: str, cache_dir: Path, *, remeasure: bool = False, progress=None,
-                         cpu_kernels: bool = True) -> MachineProfile:
+                         cpu_kernels: bool = True, threads: int = 0) -> MachineProfile:
     """The profile `strata doctor` answers from without --calibrate: the full probe's where it is
     cached (it was calibrated), else the quick probe's, measured now if absent (about half a
     minute on a quiet 2-core machine, against several minutes for the full probe's fresh
     processes: docs/doctor.md, "The machine probe")."""
+    threads = run_kernel_threads(backend, cpu_kernels, threads)
     if not remeasure:
-        full = cached_profile(backend, cache_dir, cpu_kernels=cpu_kernels)
+        full = cached_profile(backend, cache_dir, cpu_kernels=cpu_kernels, threads=threads)
         if full is not None:
             return full
     return machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress, quick=True,
-                           rounds=FIRST_ANSWER_ROUNDS, cpu_kernels=cpu_kernels)
+                           rounds=FIRST_ANSWER_ROUNDS, cpu_kernels=cpu_kernels, threads=threads)
 
 
-def _profile_path(backend: str, cache_dir: Path, quick: bool, products: str = "") -> Path:
-    kind = f"-{FLOAT32}" if products == FLOAT32 else ""
+def run_kernel_threads(backend: str, cpu_kernels: bool, threads: int = 0) -> int:
+    """The compiled kernels' thread count a numpy run under Config.threads = `threads` computes
+    with (strata.threads.kernel_threads: under 0 the cores idle now); 0 where it computes on none
+    of them (MLX, float32 products)."""
+    from strata.threads import kernel_threads
+
+    if backend == "mlx" or not numpy_ops(cpu_kernels, 1).compiled:
+        return 0
+    return kernel_threads(threads)
+
+
+def _profile_path(backend: str, cache_dir: Path, quick: bool, products: str = "", threads: int = 0) -> Path:
+    kind = f"-{FLOAT32}" if products == FLOAT32 else f"-t{threads}" if products == COMPILED and threads else ""
     return Path(cache_dir) / f"machine-{backend}{kind}{'-quick' if quick else ''}.json"
 
 
 def cached_profile(backend: str, cache_dir: Path, *, quick: bool = False,
-                   cpu_kernels: bool = True) -> MachineProfile | None:
+                   cpu_kernels: bool = True, threads: int = 0) -> MachineProfile | None:
     """The cached profile of this machine, or None (absent, stale, of another machine, or
-    measured on other products than a run under `cpu_kernels` computes with)."""
+    measured on other products or another kernel thread count than a run under `cpu_kernels`
+    and Config.threads = `threads` computes with)."""
     products = products_of(backend, cpu_kernels)
-    path = _profile_path(backend, cache_dir, quick, products)
+    threads = run_kernel_threads(backend, cpu_kernels, threads)
+    path = _profile_path(backend, cache_dir, quick, products, threads)
     if not path.exists():
         return None
     try:
         prof = MachineProfile.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError, KeyError):
         return None  # an old or broken cache: measure again
-    fresh = prof.version == PROFILE_VERSION and prof.machine == _machine_id() and prof.products == products
+    fresh = (prof.version == PROFILE_VERSION and prof.machine == _machine_id() and prof.products == products
+             and prof.kernel_threads == threads)
     return prof if fresh else None
 
 
@@ -396,15 +415,19 @@ def _compute_mlx(rounds: int = COMPUTE_ROUNDS) -> tuple[OpCost, OpCost, float]:
 
 
 def _engine(backend: str, progress, quick: bool = False, timeout: float = 600, rounds: int = POOL_ROUNDS,
-            float32: bool = False) -> dict:
+            float32: bool = False, threads: int = 0) -> dict:
     """The probe's engine runs (probe_engine.py): fresh processes, or (quick) a pool of warmed ones
-    measured in up to `rounds` rounds (`float32`: with the compiled CPU kernels off)."""
+    measured in up to `rounds` rounds (`float32`: with the compiled CPU kernels off; `threads`:
+    the compiled kernels' count, 0 for each engine's own choice at its open)."""
     from strata.doctor.probe_engine import engine_cases, run_fresh, run_pooled
 
     with tempfile.TemporaryDirectory() as d:
         eng = engine_cases(Path(d), quick=quick)
         if float32:
             eng = dataclasses.replace(eng, cases=tuple((key, path, {**o, "cpu_kernels": False}, group)
+                                                       for key, path, o, group in eng.cases))
+        elif threads:
+            eng = dataclasses.replace(eng, cases=tuple((key, path, {**o, "threads": threads}, group)
                                                        for key, path, o, group in eng.cases))
         if quick:  # a fresh MLX process costs seconds on a GPU, and every case's kernels compile (pool.py)
             runs, missing = run_pooled(eng, backend, timeout, progress, rounds=rounds)
@@ -413,13 +436,14 @@ def _engine(backend: str, progress, quick: bool = False, timeout: float = 600, r
 
 
 
-def numpy_ops(cpu_kernels: bool = True):
+def numpy_ops(cpu_kernels: bool = True, threads: int = 0):
     """The products a numpy engine opened now would compute with (Config.cpu_kernels; the
-    compiled kernels where they build here, on the threads strata.threads chooses)."""
+    compiled kernels where they build here, on `threads` threads, under 0 those strata.threads
+    chooses now)."""
     from strata.numpy_backend.quant_kernels import REFERENCE_OPS, compiled_ops
     from strata.threads import kernel_threads
 
-    return compiled_ops(kernel_threads(0)) if cpu_kernels else REFERENCE_OPS
+    return compiled_ops(kernel_threads(threads)) if cpu_kernels else REFERENCE_OPS
 
 
 def products_of(backend: str, cpu_kernels: bool = True) -> str:
@@ -430,15 +454,16 @@ def products_of(backend: str, cpu_kernels: bool = True) -> str:
 
 
 def measure_parts(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
-                  cpu_kernels: bool = True) -> dict:
+                  cpu_kernels: bool = True, threads: int = 0) -> dict:
     """What the probe measures outside strata's engine: disk, compute, memory (module docstring),
-    on the products a run under Config.cpu_kernels = `cpu_kernels` computes with."""
+    on the products a run under Config.cpu_kernels = `cpu_kernels` computes with (the compiled
+    kernels on `threads` threads, under 0 strata.threads's choice now)."""
     say = progress or (lambda _msg: None)
     say("disk")
     lat, bw, direct = _disk(cache_dir)
     say("compute")
     rounds = QUICK_COMPUTE_ROUNDS if quick else COMPUTE_ROUNDS
-    ops = None if backend == "mlx" else numpy_ops(cpu_kernels)
+    ops = None if backend == "mlx" else numpy_ops(cpu_kernels, threads)
     if backend == "mlx":
         gemv, expert, sync = _compute_mlx(rounds)
         kernels = {"kernel_gemv": {}, "expert_kernels": {}}
@@ -454,7 +479,8 @@ def measure_parts(backend: str, cache_dir: Path, *, progress=None, quick: bool =
         gpu = mlx_gpu_available()
     return {"disk_latency_s": lat, "disk_bytes_per_s": bw, "disk_direct": direct, "gemv": gemv, "expert": expert,
             "sync_s": sync, "mem_bytes_per_s": mem, "widen": {} if backend == "mlx" else _widen_numpy(rounds),
-            "gpu": gpu, "products": "" if ops is None else (COMPILED if ops.compiled else FLOAT32), **kernels}
+            "gpu": gpu, "products": "" if ops is None else (COMPILED if ops.compiled else FLOAT32),
+            "kernel_threads": ops.threads if ops is not None and ops.compiled else 0, **kernels}
 
 
 def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool = False,
@@ -478,19 +504,22 @@ def profile_from_runs(backend: str, parts: dict, eng, runs: dict, *, quick: bool
 
 
 def measure_machine(backend: str, cache_dir: Path, *, progress=None, quick: bool = False,
-                    timeout: float = 600, rounds: int = POOL_ROUNDS, cpu_kernels: bool = True) -> MachineProfile:
+                    timeout: float = 600, rounds: int = POOL_ROUNDS, cpu_kernels: bool = True,
+                    threads: int = 0) -> MachineProfile:
     """Measure this machine now (module docstring; `quick`: the quick probe, its engine runs over
     a pool of warmed processes in up to `rounds` rounds within `timeout` seconds; `cpu_kernels`:
-    Config.cpu_kernels of the runs it answers for)."""
-    parts = measure_parts(backend, Path(cache_dir), progress=progress, quick=quick, cpu_kernels=cpu_kernels)
+    Config.cpu_kernels of the runs it answers for; `threads`: the compiled kernels' count they
+    compute with, under 0 strata.threads's choice now, every product and engine run on it)."""
+    parts = measure_parts(backend, Path(cache_dir), progress=progress, quick=quick, cpu_kernels=cpu_kernels,
+                          threads=threads)
     eng = _engine(backend, progress or (lambda _msg: None), quick, timeout, rounds,
-                  float32=parts["products"] == FLOAT32)
+                  float32=parts["products"] == FLOAT32, threads=parts["kernel_threads"])
     return profile_from_runs(backend, parts, eng["eng"], eng["runs"], quick=quick, missing=tuple(eng["missing"]))
 
 
 def save_profile(prof: MachineProfile, cache_dir: Path, *, quick: bool = False) -> Path:
     """Cache `prof` where `machine_profile` reads it."""
-    path = _profile_path(prof.backend, cache_dir, quick, prof.products)
+    path = _profile_path(prof.backend, cache_dir, quick, prof.products, prof.kernel_threads)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
     return path

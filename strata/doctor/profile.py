@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-PROFILE_VERSION = 9  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
+PROFILE_VERSION = 10  # 5: the widening tables (dense weights kept as stored); 6: steady rates, NNLS fit;
 # 7: a base RSS per engine kind (base_rss_streaming); 8: the products the engine computes with
 # (`products`: the compiled CPU kernels' tables, `kernel_gemv` and `expert_kernels`); 9: expert
-# tables of llama.cpp's compiled block types (Q4_K ... Q5_1), a Q6_K dense kernel table
+# tables of llama.cpp's compiled block types (Q4_K ... Q5_1), a Q6_K dense kernel table; 10: the
+# compiled kernels' thread count (`kernel_threads`), a profile per count
 COMPILED, FLOAT32 = "compiled", "float32"  # a numpy profile's `products` (MLX: "")
 QUICK_NOTE = "quick probe"  # how a quick probe's profile says so (its first note)
 
@@ -94,6 +95,9 @@ class MachineProfile:
     # expert type name -> seconds per routed expert on its compiled kernel, by record bytes, for the
     # types other than the calibration model's (Q2_0, priced by `expert`)
     expert_kernels: dict = field(default_factory=dict)
+    # the compiled kernels' threads every product and engine run was measured on (the count a run
+    # computes with: strata.threads.kernel_threads); 0 on float32 products and MLX
+    kernel_threads: int = 0
 
     @property
     def quick(self) -> bool:

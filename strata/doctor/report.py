@@ -64,6 +64,8 @@ class Diagnosis:
                      f"({mem['source']}); disk {m.disk_latency_s * 1e6:.0f} us/4 KiB, "
                      f"{fmt_bytes(m.disk_bytes_per_s)}/s; memory {fmt_bytes(m.mem_bytes_per_s)}/s; "
                      f"backend {m.backend}" + (f", {m.products} products" if m.products else "")
+                     + (f" on {m.kernel_threads} kernel thread{'s' if m.kernel_threads > 1 else ''}"
+                        if m.kernel_threads else "")
                      + f" (profile measured at load {m.load_avg:.1f}"
                      + ("; the quick probe's: `strata doctor --calibrate` measures fully, for the documented error)"
                         if m.quick else ")"))
@@ -207,9 +209,9 @@ def diagnose(source: str | Path, *, cache_dir: Path, config=None, trace: str | P
     backend = resolve_backend(config, src.expert_qtype)
     if profile is None and quick:
         profile = first_answer_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
-                                       cpu_kernels=config.cpu_kernels)
+                                       cpu_kernels=config.cpu_kernels, threads=config.threads)
     profile = profile or machine_profile(backend, cache_dir, remeasure=remeasure, progress=progress,
-                                         cpu_kernels=config.cpu_kernels)
+                                         cpu_kernels=config.cpu_kernels, threads=config.threads)
     # measured here: this process's own memory is counted as used, and the run replaces it
     own_rss = 0 if memory is not None else _own_rss()
     memory = memory or machine_memory()

@@ -104,14 +104,46 @@ def test_qwen3_on_a_24gb_machine_streams(tmp_path):
     assert "strata convert" in d.text()
 
 
-def test_cached_profile_is_read_not_remeasured(tmp_path):
+def test_cached_profile_is_read_not_remeasured(tmp_path, monkeypatch):
     import dataclasses
 
-    from strata.doctor.probe import _machine_id, products_of
+    from strata import threads
+    from strata.doctor.probe import _machine_id, products_of, run_kernel_threads, save_profile
 
-    prof = dataclasses.replace(PROFILE, machine=_machine_id(), products=products_of("numpy"))
-    (tmp_path / "machine-numpy.json").write_text(json.dumps(prof.to_dict()))
+    monkeypatch.setattr(threads, "busy_cores_now", lambda *a, **k: 0.0)  # the run's kernel threads: fixed
+    prof = dataclasses.replace(PROFILE, machine=_machine_id(), products=products_of("numpy"),
+                               kernel_threads=run_kernel_threads("numpy", True))
+    save_profile(prof, tmp_path)
     assert machine_profile("numpy", tmp_path) == prof
+
+
+def test_a_compiled_profile_answers_only_for_its_kernel_thread_count(tmp_path, monkeypatch):
+    """The kernels' tables and the engine runs scale with the threads they ran on (2 threads
+    ~1.5-2x one's here), so a profile is cached per count and read only for a run on that count;
+    the report names it."""
+    import dataclasses
+
+    from strata import threads
+    from strata.doctor import probe
+    from strata.doctor.profile import COMPILED
+
+    if not probe.numpy_ops(True, 1).compiled:
+        pytest.skip("no compiled kernels here")
+    monkeypatch.setattr(threads, "busy_cores_now", lambda *a, **k: 0.0)
+    here = {"machine": probe._machine_id(), "products": COMPILED}
+    for n in (1, 2):
+        probe.save_profile(dataclasses.replace(PROFILE, **here, layer_s=n * 1e-3, kernel_threads=n), tmp_path)
+    assert (tmp_path / "machine-numpy-t1.json").exists() and (tmp_path / "machine-numpy-t2.json").exists()
+    assert probe.cached_profile("numpy", tmp_path, threads=1).layer_s == 1e-3
+    assert probe.cached_profile("numpy", tmp_path, threads=2).layer_s == 2e-3
+    assert probe.cached_profile("numpy", tmp_path, threads=3) is None  # never measured on 3: measure again
+    assert probe.run_kernel_threads("numpy", True, 3) == 3 and probe.numpy_ops(True, 3).threads == 3
+    assert probe.run_kernel_threads("numpy", False) == 0 and probe.run_kernel_threads("mlx", True) == 0
+    assert probe.run_kernel_threads("numpy", True) == threads.kernel_threads(0, busy=0.0)  # auto: the idle cores
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    d = diagnose(tmp_path / "config.json", cache_dir=None, config=Config(backend="numpy"), memory=_mem(20 * GB),
+                 profile=dataclasses.replace(PROFILE, **here, kernel_threads=2))
+    assert "compiled products on 2 kernel threads" in d.text()
 
 
 def test_op_cost_table():
@@ -206,19 +238,22 @@ def test_the_first_answer_prefers_a_calibrated_profile_then_the_quick_probes(tmp
     """No probe runs here: each profile is cached, and measuring fails the test."""
     from strata.cli.main import main
     from strata.doctor import probe
-    from strata.doctor.probe import QUICK_NOTE, _machine_id, first_answer_profile, products_of
+    from strata import threads
+    from strata.doctor.probe import QUICK_NOTE, _machine_id, first_answer_profile, products_of, run_kernel_threads
 
     monkeypatch.setattr(probe, "measure_machine", lambda *a, **k: pytest.fail("measured instead of reading the cache"))
-    here = {"machine": _machine_id(), "products": products_of("numpy")}
+    monkeypatch.setattr(threads, "busy_cores_now", lambda *a, **k: 0.0)  # the run's kernel threads: fixed
+    here = {"machine": _machine_id(), "products": products_of("numpy"),
+            "kernel_threads": run_kernel_threads("numpy", True)}
     quick = dataclasses.replace(PROFILE, **here, notes=(f"{QUICK_NOTE}: warmed processes",))
     full = dataclasses.replace(PROFILE, **here, layer_s=7e-4)
-    (tmp_path / "machine-numpy-quick.json").write_text(json.dumps(quick.to_dict()))
+    probe.save_profile(quick, tmp_path, quick=True)
     assert first_answer_profile("numpy", tmp_path) == quick and quick.quick and not full.quick
     assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(str(Path("strata") / "data" / "default.gguf")) or "default.gguf" in out.splitlines()[0]
     assert "the quick probe's: `strata doctor --calibrate` measures fully" in out
-    (tmp_path / "machine-numpy.json").write_text(json.dumps(full.to_dict()))  # what --calibrate leaves
+    probe.save_profile(full, tmp_path)  # what --calibrate leaves
     assert first_answer_profile("numpy", tmp_path) == full
     assert main(["doctor", "default", "--backend", "numpy", "--cache-dir", str(tmp_path)]) == 0
     assert "--calibrate" not in capsys.readouterr().out
@@ -231,7 +266,8 @@ def test_calibrate_measures_the_full_probe_and_says_how_far_it_got(tmp_path, mon
 
     asked = []
 
-    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600, rounds=None, cpu_kernels=True):
+    def measure(backend, cache_dir, *, progress=None, quick=False, timeout=600, rounds=None, cpu_kernels=True,
+                threads=0):
         asked.append((quick, rounds))
         progress("disk")
         return dataclasses.replace(PROFILE, machine=_machine_id())
@@ -294,7 +330,7 @@ def test_the_printed_plan_is_the_one_open_engine_runs(made, tmp_path, monkeypatc
         assert f"arena {slots} slots" in d.text() and slots > share * b.total_experts  # the model's cache added
 
 
-def test_compiled_products_price_q8_0_dense_on_their_kernel_and_stay_cached_apart(made, tmp_path):
+def test_compiled_products_price_q8_0_dense_on_their_kernel_and_stay_cached_apart(made, tmp_path, monkeypatch):
     """A profile measured on the compiled kernels prices a Q8_0 dense matrix on its kernel table
     (read as stored, never widened) and Q8_0 experts on their own table; a profile of the other
     products is not read for the run (it is cached apart and re-measured)."""
@@ -317,8 +353,13 @@ def test_compiled_products_price_q8_0_dense_on_their_kernel_and_stay_cached_apar
     f32_dense = sum(q8.widened_per_token.values()) * 32 / 34 * 4  # what widened matmuls read of the same weights
     assert token_bytes(q8, kernel) == pytest.approx(q8.per_token - f32_dense + sum(q8.widened_per_token.values()), rel=1e-3)
     assert token_bytes(q8, widening) == q8.per_token
+    from strata import threads
+    from strata.doctor.probe import run_kernel_threads
+
+    monkeypatch.setattr(threads, "busy_cores_now", lambda *a, **k: 0.0)  # the run's kernel threads: fixed
     for products in (COMPILED, FLOAT32):
-        save_profile(dataclasses.replace(PROFILE, machine=_machine_id(), products=products), tmp_path)
+        save_profile(dataclasses.replace(PROFILE, machine=_machine_id(), products=products,
+                                         kernel_threads=run_kernel_threads("numpy", products == COMPILED)), tmp_path)
     here = products_of("numpy", cpu_kernels=True)
     assert cached_profile("numpy", tmp_path, cpu_kernels=True).products == here
     assert cached_profile("numpy", tmp_path, cpu_kernels=False).products == FLOAT32
@@ -379,3 +420,15 @@ def test_the_doctors_own_process_is_replaced_by_the_runs(made):
     own = predict(counts=src_counts, budget=d.budget, profile=PROFILE, config=Config(backend="numpy"), memory=now,
                   supported=True, own_rss=PROFILE.base_rss - (5 << 20))
     assert own.memory["available_at_engine_start"] == now.available - (5 << 20) - b.dense_resident
+
+
+def test_a_read_costs_at_least_its_bytes_at_the_disks_bandwidth():
+    """The fit's per-byte read cost comes from the probe's 4 KiB slots; a fit of 0 s a byte would
+    price a megabyte slot's read at its per-read cost alone (faster than the disk delivers it)."""
+    from strata.doctor.predict import read_seconds
+
+    slot = 1_671_168  # a Q8_0 expert of 1024 x 512 (three matrices)
+    free = dataclasses.replace(PROFILE, read_s=1e-4, read_byte_s=0.0, disk_bytes_per_s=1e9)
+    assert read_seconds(free, slot) == pytest.approx(1e-4 + slot / 1e9)
+    slow = dataclasses.replace(free, read_byte_s=2e-9)  # a fit above the disk's rate stands
+    assert read_seconds(slow, slot) == pytest.approx(1e-4 + 2e-9 * slot)

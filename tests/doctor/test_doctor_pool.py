@@ -57,16 +57,19 @@ def test_pool_reports_a_failing_child(tmp_path):
     assert "warm-up" in pool.failed[0] and len(pool.failed[0]) > len("warm-up not finished in time or failed")
 
 
-def test_joint_measures_the_callers_cases_in_rounds_beside_a_cached_profile(tmp_path, demo):
+def test_joint_measures_the_callers_cases_in_rounds_beside_a_cached_profile(tmp_path, demo, monkeypatch):
     """With a cached quick profile nothing is probed: the caller's groups alone, warmed while the
     caller works, measured in interleaved rounds; the profile comes back as cached."""
     import dataclasses
 
     from strata.doctor.joint import measure_joint
-    from strata.doctor.probe import _machine_id, products_of, save_profile
+    from strata import threads
+    from strata.doctor.probe import _machine_id, products_of, run_kernel_threads, save_profile
     from doctor_profile import PROFILE
 
-    cached = dataclasses.replace(PROFILE, machine=_machine_id(), products=products_of("numpy"))
+    monkeypatch.setattr(threads, "busy_cores_now", lambda *a, **k: 0.0)  # the run's kernel threads: fixed
+    cached = dataclasses.replace(PROFILE, machine=_machine_id(), products=products_of("numpy"),
+                                 kernel_threads=run_kernel_threads("numpy", True))
     save_profile(cached, tmp_path, quick=True)
     cases = [("res", demo.model_path, {}, "demo-resident"), ("str", demo.model_path, {"arena": "76slots"}, "demo-str")]
     worked = []
