@@ -22,7 +22,7 @@ from strata.reference.mtp import MtpShape, MtpWeights, mtp_logits
 from strata.speculative import MtpDrafter, drafter_for
 from strata.speculative.mtp import drafter_dense
 from strata.testing.models import make_model
-from engine_kinds import open_kind  # noqa: E402
+from mtp_checks import assert_mtp_drafting_is_lossless  # noqa: E402
 
 PROMPT = list(b"x = f(a)\ny = f(b)\nz = f(")
 TOKENS = 16
@@ -41,15 +41,8 @@ def model(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_output_is_the_same_with_mtp_drafting(model, kind):
-    with open_kind(model, kind, EXACT0) as eng:
-        want = strata.generate(eng, PROMPT, max_tokens=TOKENS).tokens
-    with open_kind(model, kind, EXACT0.replace(mtp_draft=True)) as eng:
-        got = strata.generate(eng, PROMPT, max_tokens=TOKENS)
-        assert eng.length == len(PROMPT) + TOKENS - 1  # what plain decoding holds at the end
-    assert got.tokens == want
-    spec = got.speculation
-    assert spec.drafter == "mtp" and spec.tokens == TOKENS - 1
-    assert spec.drafted == TOKENS - 2  # one per window but the last (no room after it)
+    assert_mtp_drafting_is_lossless(model, kind, PROMPT, TOKENS, EXACT0)
+
 
 
 def test_the_draft_is_the_mtp_layers_argmax_over_the_targets_hidden_states(model):

@@ -26,7 +26,7 @@ from strata.reference.model import forward  # noqa: E402
 from strata.reference.model_state import ModelState  # noqa: E402
 from strata.speculative import MtpDrafter  # noqa: E402
 from tests.hf_nextn import checkpoint_with_nextn, nextn_logits  # noqa: E402
-from engine_kinds import open_kind  # noqa: E402
+from mtp_checks import assert_mtp_drafting_is_lossless  # noqa: E402
 
 PROMPT = [5, 17, 40, 5, 17, 41, 5, 17]
 TOKENS = 12
@@ -46,16 +46,8 @@ def made(request, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_output_is_the_same_with_mtp_drafting(made, kind):
-    model = made[0]
-    with open_kind(model, kind, EXACT0) as eng:
-        want = strata.generate(eng, PROMPT, max_tokens=TOKENS).tokens
-    with open_kind(model, kind, EXACT0.replace(mtp_draft=True)) as eng:
-        got = strata.generate(eng, PROMPT, max_tokens=TOKENS)
-        assert eng.length == len(PROMPT) + TOKENS - 1  # what plain decoding holds at the end
-    assert got.tokens == want
-    spec = got.speculation
-    assert spec.drafter == "mtp" and spec.tokens == TOKENS - 1
-    assert spec.drafted == TOKENS - 2  # one per window but the last (no room after it)
+    assert_mtp_drafting_is_lossless(made[0], kind, PROMPT, TOKENS, EXACT0)
+
 
 
 def test_the_draft_is_the_published_modules_argmax(made):
