@@ -91,8 +91,28 @@ def kernel_threads(threads: int, cores: int | None = None, busy: float | None = 
     if threads:
         return threads
     cores = usable_cores() if cores is None else cores
-    busy = busy_cores_now() if busy is None else busy
+    busy = _recent_busy_cores() if busy is None else busy
     return max(1, min(MAX_AUTO_THREADS, cores - int(busy + 0.5)))
+
+
+BUSY_REUSE_S = 2.0  # a sample this recent answers again: engines opened together see one load
+_last_busy: tuple[float, object, float] | None = None  # (monotonic time, the sampler, busy cores)
+
+
+def _recent_busy_cores() -> float:
+    """busy_cores_now(), or its answer of the last BUSY_REUSE_S seconds: each sample sleeps
+    BUSY_SAMPLE_S, which a server opening sessions (or a test suite opening engines) would pay at
+    every open, for a load that has not changed. Kept per sampler, so a replaced one samples anew."""
+    global _last_busy
+    import time
+
+    sampler, now = busy_cores_now, time.monotonic()
+    last = _last_busy
+    if last is not None and last[1] is sampler and now - last[0] < BUSY_REUSE_S:
+        return last[2]
+    busy = sampler()
+    _last_busy = (time.monotonic(), sampler, busy)
+    return busy
 
 
 def user_threads(environ: Mapping[str, str] | None = None) -> int | None:

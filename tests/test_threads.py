@@ -45,3 +45,21 @@ def test_the_kernels_get_every_idle_core_at_any_width():
 def test_busy_cores_now_is_a_share_of_the_cores():
     busy = busy_cores_now(0.02)
     assert 0 <= busy <= (os.cpu_count() or 1) + 0.5
+
+
+def test_engines_opened_together_share_one_load_sample(monkeypatch):
+    """Each load sample sleeps BUSY_SAMPLE_S: a second open within BUSY_REUSE_S reuses the first's
+    answer; a later one, or another sampler (a test's replacement), samples anew."""
+    import strata.threads as threads
+
+    calls = []
+    monkeypatch.setattr(threads, "busy_cores_now", lambda: calls.append(1) or 0.0)
+    clock = [100.0]
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    assert threads.kernel_threads(0, cores=2) == 2 and threads.kernel_threads(0, cores=2) == 2
+    assert len(calls) == 1
+    clock[0] += threads.BUSY_REUSE_S + 0.1
+    threads.kernel_threads(0, cores=2)
+    assert len(calls) == 2
+    monkeypatch.setattr(threads, "busy_cores_now", lambda: 1.0)  # another sampler: not the cached answer
+    assert threads.kernel_threads(0, cores=2) == 1
