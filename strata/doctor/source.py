@@ -190,7 +190,7 @@ def _read_llama_cpp(p: Path, reader, arch: str) -> Source:
               "experts": experts}
     if table:
         stored["ple rows"] = table
-    return Source(str(p), "gguf", counts, qtype, QuantType.F32, slot_bytes=slot, model_files=(p,),
+    return Source(str(p), "gguf", counts, qtype, _held_dense_type(reader), slot_bytes=slot, model_files=(p,),
                   stored=stored, in_place=in_place)
 
 
@@ -227,3 +227,18 @@ def _kept_expert_types(reader, hidden: int, ffn: int) -> tuple[QuantType, int | 
     except (KeyError, ValueError):  # a missing projection, a type strata does not read, a partial block
         return QuantType.Q2_0, None
     return types[0][0], slot
+
+
+def _held_dense_type(reader) -> QuantType:
+    """The type a llama.cpp GGUF's dense matrices are held in, standing for all of them: the type of
+    most of their weights (not the experts' or the n-gram table's), where a load keeps it as
+    stored (strata.formats.dense_weights.StoredType: F16, BF16, Q8_0 and the block types with a
+    compiled CPU kernel); F32 where it widens it."""
+    from strata.formats.dense_weights import StoredType
+
+    weights: dict[int, int] = {}
+    for t in reader.tensors.values():
+        if len(t.shape) > 1 and "_exps" not in t.name and t.name != LLAMA_CPP_PLE_TABLE:
+            weights[int(t.ggml_type)] = weights.get(int(t.ggml_type), 0) + math.prod(t.shape)
+    most = max(weights, key=weights.get, default=int(QuantType.F32))
+    return QuantType(most) if StoredType.of(most) is not None else QuantType.F32

@@ -53,3 +53,28 @@ def test_a_gguf_neither_path_reads_is_not_supported_naming_why(tmp_path):
     # no context length, no attention: the reading's own one line, as a load or a conversion would say it
     assert "neither a run in place nor `strata convert` reads" in d.source.counts.why_not
     assert "missing metadata key" in d.source.counts.why_not
+
+
+def test_a_llama_cpp_gguf_s_dense_matrices_are_priced_as_held():
+    """A UD-like file written by llama.cpp (dense in K-types): the doctor prices its dense matrices
+    in the type most of their weights have, which a load keeps as stored, not as float32."""
+    from pathlib import Path
+
+    from strata.doctor.byte_budget import byte_budget
+    from strata.doctor.source import read_source
+    from strata.formats.gguf_file import open_gguf
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "llama_cpp" / "qwen3moe_wide-ud.gguf"
+    src = read_source(path)
+    reader = open_gguf(path)
+    weights: dict[int, int] = {}
+    for t in reader.tensors.values():
+        if len(t.shape) > 1 and "_exps" not in t.name:
+            n = 1
+            for d in t.shape:
+                n *= d
+            weights[int(t.ggml_type)] = weights.get(int(t.ggml_type), 0) + n
+    reader.close()
+    assert src.dense_qtype is QuantType(max(weights, key=weights.get)) is not QuantType.F32
+    dense = next(r for r in byte_budget(src.counts, dense_qtype=src.dense_qtype).rows if r.part == "dense")
+    assert dense.qtype == src.dense_qtype.name and dense.resident_bytes < dense.weights  # under a byte a weight
