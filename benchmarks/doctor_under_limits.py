@@ -26,10 +26,9 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
 from _memory_limit import evict, limit_support, run_limited, warm  # noqa: E402
-from llama_cpp_side_by_side import _parse_limits, strata_run  # noqa: E402
+from llama_cpp_side_by_side import DEFAULT_WORK, _parse_limits, strata_run  # noqa: E402
 
 DOCTOR_TIMEOUT_S = 300
-BENCH_DIR = Path("/work/llamacpp-build/bench")  # the default models (docs/cpu.md: made there)
 
 
 def doctor_run(model: Path, limit: int | None, form) -> dict:
@@ -56,7 +55,8 @@ def doctor_run(model: Path, limit: int | None, form) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--expert-type", choices=("q8_0", "q4_0"), default="q8_0")
-    ap.add_argument("--bench-dir", type=Path, default=BENCH_DIR, help="folder of the side-by-side's models")
+    ap.add_argument("--bench-dir", type=Path, default=DEFAULT_WORK,
+                    help="folder of the side-by-side's models (its --work; default: %(default)s)")
     ap.add_argument("--limits", default="none,75%,50%,30%,15%", help="shares of llama.cpp's GGUF (default: %(default)s)")
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens per run (default 16)")
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per run (default 32)")

@@ -41,6 +41,8 @@ HERE = Path(__file__).resolve()
 RUN_TIMEOUT_S = 600  # one tool's run at one limit; a thrashing run past it is reported as such
 
 
+DEFAULT_WORK = Path(tempfile.gettempdir()) / "strata-bench-llama-cpp"  # the made models, GGUFs and logs
+
 def _parse_limits(text: str) -> list[float | None]:
     out: list[float | None] = []
     for part in text.split(","):
@@ -225,7 +227,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per run (default 32)")
     ap.add_argument("--threads", default="1,2", help="llama.cpp's thread counts (default 1,2); strata's: auto")
     ap.add_argument("--strata-only", action="store_true", help="skip llama.cpp (its rows from an earlier run)")
-    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "strata-bench-llama-cpp")
+    ap.add_argument("--work", type=Path, default=DEFAULT_WORK)
     args = ap.parse_args()
     if not (args.llama_cpp_build / "bin" / "llama-bench").exists():
         raise SystemExit(f"llama_cpp_side_by_side: no bin/llama-bench under {args.llama_cpp_build}; build llama.cpp's "
